@@ -1,0 +1,1 @@
+"""Reusable computations shipped with millwheel."""

@@ -1,0 +1,148 @@
+"""The ``Computation`` base class users subclass (MillWheel §4.1, §5.1, Fig. 7).
+
+Override :meth:`Computation.process_record` and, if you set timers,
+:meth:`Computation.process_timer`. Inside them the framework gives you, for the key being
+processed: ``self.key``, ``self.state`` (get/set/clear), ``self.set_timer`` /
+``self.delete_timer``, ``self.produce``, and read-only ``self.now`` (wall time) and
+``self.low_watermark`` (the input low watermark). Processing is serial per key and the
+framework may run keys in parallel (§4.1): keep nothing per key on ``self`` yourself.
+
+>>> from millwheel import Computation, Record
+>>> class Counter(Computation):
+...     def process_record(self, record: Record) -> None:
+...         self.state.set((self.state.get() or 0) + 1)
+...         self.produce("counts", self.state.get())
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from millwheel._errors import ComputationError
+from millwheel._options import ComputationOptions
+from millwheel._record import Key, Record, TimeDomain, Timer
+
+if TYPE_CHECKING:
+    from millwheel._step import _KeyContext
+
+
+class State:
+    """One key's persistent state (§4.4): ``get``, ``set``, ``clear``.
+
+    The value is decoded at most once per step and encoded once at its end, and only if
+    ``set`` or ``clear`` was called: call ``set`` after mutating what ``get`` returned.
+    """
+
+    __slots__ = ("_codec", "_raw", "_value", "_loaded", "dirty")
+
+    def __init__(self, codec: Any, raw: bytes | None) -> None:
+        self._codec = codec
+        self._raw = raw
+        self._value: Any = None
+        self._loaded = raw is None
+        self.dirty = False
+
+    def get(self, default: Any = None) -> Any:
+        """The key's state, or ``default`` when it has none."""
+        if not self._loaded:
+            self._value = self._codec.decode(self._raw)
+            self._loaded = True
+        return default if self._value is None else self._value
+
+    def set(self, value: Any) -> None:
+        """Replace the key's state; ``None`` is the same as :meth:`clear`."""
+        self._value = value
+        self._loaded = True
+        self.dirty = True
+
+    def clear(self) -> None:
+        """Drop the key's state."""
+        self.set(None)
+
+    def encoded(self) -> bytes | None:
+        if not self.dirty:
+            return self._raw
+        return None if self._value is None else self._codec.encode(self._value)
+
+
+class Computation:
+    """Base class of user computations. See the module docstring for the API."""
+
+    #: default options for this computation class; ``Topology.computation(options=...)`` overrides
+    options: ClassVar[ComputationOptions] = ComputationOptions()
+
+    #: set by the framework: the computation's name in its topology
+    name: str = ""
+
+    _ctx: _KeyContext | None = None
+
+    # ---- hooks ---------------------------------------------------------------
+    def setup(self) -> None:
+        """Called once per worker before any record; open clients or load models here."""
+
+    def process_record(self, record: Record) -> None:
+        """Called once per input record, serially per key (§5.1)."""
+        msg = f"computation {self.name or type(self).__name__!r} must override process_record(self, record)"
+        raise NotImplementedError(msg)
+
+    def process_timer(self, timer: Timer) -> None:
+        """Called when a timer fires (§4.6). Override it if you call ``set_timer``."""
+        msg = (
+            f"computation {self.name or type(self).__name__!r} set timer {timer.tag!r} "
+            "but does not override process_timer(self, timer)"
+        )
+        raise ComputationError(msg)
+
+    # ---- accessors -----------------------------------------------------------
+    def _context(self) -> _KeyContext:
+        ctx = self._ctx
+        if ctx is None:
+            msg = f"{type(self).__name__}: key, state, timers and produce are only available inside process_record/process_timer"
+            raise ComputationError(msg)
+        return ctx
+
+    @property
+    def key(self) -> Key:
+        """The key being processed (§4.2)."""
+        return self._context().key
+
+    @property
+    def state(self) -> State:
+        """The key's persistent state (§4.4)."""
+        return self._context().state
+
+    @property
+    def now(self) -> int:
+        """Wall time in ms, fixed for the duration of one step."""
+        return self._context().now
+
+    @property
+    def low_watermark(self) -> int:
+        """The input low watermark (§4.5): no future input record is older, barring late data."""
+        return self._context().low_watermark
+
+    def set_timer(self, tag: str, timestamp: int, domain: TimeDomain = TimeDomain.LOW_WATERMARK) -> None:
+        """Set (or replace: same tag) a timer for this key (§4.6, Fig. 7 ``SetTimer``).
+
+        A low-watermark timer fires once the input low watermark reaches ``timestamp`` and
+        holds this computation's low watermark at ``timestamp`` until then (§7.2). A
+        wall-time timer fires once wall time reaches ``timestamp``; it holds nothing.
+        """
+        self._context().set_timer(tag, timestamp, domain)
+
+    def delete_timer(self, tag: str) -> None:
+        """Cancel this key's timer ``tag``; no error if there is none."""
+        self._context().delete_timer(tag)
+
+    def pending_timers(self) -> list[Timer]:
+        """This key's pending timers, earliest first."""
+        return self._context().pending_timers()
+
+    def produce(self, stream: str, value: Any, timestamp: int | None = None, key: Key | None = None) -> None:
+        """Produce a record to ``stream`` (§5.1 ``ProduceRecord``).
+
+        ``timestamp`` defaults to the timestamp of the record or low-watermark timer being
+        processed; it should be no smaller than the source records' (§4.5). ``key`` is
+        informational: each consumer extracts its own key (§4.2).
+        """
+        self._context().produce(stream, value, timestamp, key)

@@ -1,0 +1,383 @@
+"""The per-key step: the one pure function both backends run (design.md "One semantics, two backends").
+
+``StepRunner.step(key, envelope, records, low_watermark=..., now=...)`` takes one key's
+stored envelope and its new input, and returns the new envelope, the productions, the
+dead letters and counters. It performs, per record, MillWheel's exactly-once sequence
+(§6.1.1): dedup check, late check (§4.5), user code; then it fires the key's due timers in
+timestamp order (§4.6), including timers that ``process_timer`` sets and that are
+already due; then it folds the new record ids into the dedup index and garbage-collects
+old ones. The in-memory harness and the Spark runtime differ only in where envelopes are
+stored and how productions travel.
+
+Failure handling: if user code raises, the key is rolled back to the envelope it started
+with and the step is re-run without the failing record (or timer), which goes to the
+dead-letter stream with the reason. Other records of the key, and other keys, go on.
+"""
+
+from __future__ import annotations
+
+import heapq
+import traceback
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import xxhash
+
+from millwheel._computation import Computation, State
+from millwheel._envelope import DedupStats, Envelope, PendingProduction, decode_value, encode_value
+from millwheel._errors import ComputationError
+from millwheel._options import ComputationOptions, ErrorPolicy, LateAction
+from millwheel._record import Key, Production, Record, TimeDomain, Timer
+
+#: the stream every computation's dead letters go to
+DEAD_LETTER_STREAM = "dead_letters"
+
+_LW = int(TimeDomain.LOW_WATERMARK)
+_WALL = int(TimeDomain.WALL_TIME)
+_DOMAINS = {_LW: TimeDomain.LOW_WATERMARK, _WALL: TimeDomain.WALL_TIME}
+
+
+def production_id(computation: str, key: Key | None, seq: int) -> str:
+    """Deterministic id of a computation's ``seq``-th production for ``key``.
+
+    Determinism matters: a step replayed from the same committed envelope assigns the same
+    ids, so consumers' dedup drops re-deliveries (§6.1.1, §6.1.3).
+    """
+    return xxhash.xxh3_128_hexdigest(f"{computation}\x00{key!r}\x00{seq}".encode())
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What one step returns for one key."""
+
+    #: the new envelope, or ``None`` if the key keeps nothing (delete its row)
+    envelope: bytes | None
+    #: productions in the order user code made them (strong and weak)
+    productions: list[Production]
+    #: records and timers that failed, as productions to :data:`DEAD_LETTER_STREAM`
+    dead_letters: list[Production]
+    metrics: dict[str, int]
+    #: oldest pending work kept in the envelope: low-watermark timers, pending productions
+    hold: int | None
+    #: earliest pending low-watermark timer and wall-time timer, for scheduling the next fire
+    next_low_watermark_timer: int | None = None
+    next_wall_timer: int | None = None
+
+
+class _Failure(Exception):
+    """User code raised while processing ``record`` or ``timer``; ``skip`` identifies it."""
+
+    def __init__(self, skip: Any, exc: BaseException, what: str, record: Record | None = None, timer: Timer | None = None) -> None:
+        super().__init__(what)
+        self.skip = skip
+        self.exc = exc
+        self.what = what
+        self.record = record
+        self.timer = timer
+
+
+@dataclass(slots=True)
+class _Counters:
+    records_in: int = 0
+    duplicates: int = 0
+    late: int = 0
+    late_dropped: int = 0
+    late_to_stream: int = 0
+    processed: int = 0
+    timers_fired: int = 0
+    timers_deferred: int = 0
+    productions: int = 0
+    dead_letters: int = 0
+    dedup: DedupStats = field(default_factory=DedupStats)
+
+    def as_dict(self) -> dict[str, int]:
+        d = {
+            "records_in": self.records_in,
+            "duplicates": self.duplicates,
+            "late": self.late,
+            "late_dropped": self.late_dropped,
+            "late_to_stream": self.late_to_stream,
+            "processed": self.processed,
+            "timers_fired": self.timers_fired,
+            "timers_deferred": self.timers_deferred,
+            "productions": self.productions,
+            "dead_letters": self.dead_letters,
+            "bloom_maybe": self.dedup.bloom_maybe,
+            "bloom_false_positive": self.dedup.bloom_false_positive,
+            "dedup_gc_runs": self.dedup.gc_runs,
+            "dedup_ids_collected": self.dedup.ids_collected,
+        }
+        return d
+
+
+class _KeyContext:
+    """What ``self.key``, ``self.state``, ``self.set_timer`` ... reach during one step."""
+
+    __slots__ = (
+        "runner", "key", "state", "now", "low_watermark", "timers", "productions",
+        "seq", "default_ts", "due_heap", "firing",
+    )
+
+    def __init__(self, runner: StepRunner, key: Key, env: Envelope, low_watermark: int, now: int) -> None:
+        self.runner = runner
+        self.key = key
+        self.state = State(runner.codec, env.state)
+        self.now = now
+        self.low_watermark = low_watermark
+        self.timers = env.timers
+        self.productions: list[Production] = []
+        self.seq = env.seq
+        self.default_ts = low_watermark
+        self.due_heap: list[tuple[int, int, str]] = []
+        self.firing = False
+
+    def _is_due(self, ts: int, domain: int) -> bool:
+        return ts <= (self.low_watermark if domain == _LW else self.now)
+
+    def set_timer(self, tag: str, timestamp: int, domain: TimeDomain) -> None:
+        if type(tag) is not str:
+            msg = f"{self.runner.name}: set_timer tag must be a str, got {type(tag).__name__} {tag!r}"
+            raise ComputationError(msg)
+        if type(timestamp) is not int:
+            msg = f"{self.runner.name}: set_timer({tag!r}) timestamp must be an int (ms since epoch), got {type(timestamp).__name__} {timestamp!r}"
+            raise ComputationError(msg)
+        d = int(domain)
+        if d not in _DOMAINS:
+            msg = f"{self.runner.name}: set_timer({tag!r}) domain must be a TimeDomain, got {domain!r}"
+            raise ComputationError(msg)
+        self.timers[tag] = (timestamp, d)
+        if self.firing and self._is_due(timestamp, d):
+            heapq.heappush(self.due_heap, (timestamp, d, tag))
+
+    def delete_timer(self, tag: str) -> None:
+        self.timers.pop(tag, None)
+
+    def pending_timers(self) -> list[Timer]:
+        return [
+            Timer(tag, ts, _DOMAINS[d])
+            for tag, (ts, d) in sorted(self.timers.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0]))
+        ]
+
+    def produce(self, stream: str, value: Any, timestamp: int | None, key: Key | None) -> None:
+        runner = self.runner
+        if stream not in runner.outputs:
+            declared = ", ".join(sorted(runner.outputs)) or "none"
+            msg = (
+                f"computation {runner.name!r} produced to stream {stream!r}, which it does not declare "
+                f"(declared outputs: {declared}); add it to outputs=[...] in Topology.computation"
+            )
+            raise ComputationError(msg)
+        ts = self.default_ts if timestamp is None else timestamp
+        if type(ts) is not int:
+            msg = f"computation {runner.name!r}: produce({stream!r}) timestamp must be an int (ms), got {type(ts).__name__} {ts!r}"
+            raise ComputationError(msg)
+        rkey = self.key if key is None else key
+        rid = production_id(runner.name, self.key, self.seq)
+        self.seq += 1
+        self.productions.append(Production(stream, Record(rkey, value, ts, rid)))
+
+
+class StepRunner:
+    """Runs the per-key step for one computation instance."""
+
+    def __init__(
+        self,
+        computation: Computation,
+        *,
+        name: str,
+        outputs: Iterable[str],
+        options: ComputationOptions | None = None,
+    ) -> None:
+        self.computation = computation
+        self.name = name
+        self.options = options or type(computation).options
+        self.codec = self.options.state_codec
+        outs = set(outputs)
+        if self.options.late.action is LateAction.TO_STREAM and self.options.late.stream:
+            outs.add(self.options.late.stream)
+        self.outputs = frozenset(outs)
+        computation.name = name
+
+    # ------------------------------------------------------------------------------
+    def step(
+        self,
+        key: Key,
+        envelope: bytes | None,
+        records: Sequence[Record] = (),
+        *,
+        low_watermark: int,
+        now: int,
+        late_watermark: int | None = None,
+    ) -> StepResult:
+        """Process ``records`` for ``key`` then fire its due timers; see the module docstring.
+
+        ``low_watermark`` is the input low watermark: low-watermark timers at or before it
+        fire, and dedup ids older than it minus the slack are collected. A record is late
+        if its timestamp is below ``late_watermark`` (default: ``low_watermark``): the
+        backend passes the watermark that was in force when the records were delivered.
+        """
+        late_wm = low_watermark if late_watermark is None else late_watermark
+        skips: set[Any] = set()
+        failures: list[_Failure] = []
+        while True:
+            try:
+                result = self._attempt(key, envelope, records, low_watermark, now, late_wm, skips, failures)
+            except _Failure as failure:
+                if self.options.on_error is ErrorPolicy.RAISE:
+                    raise failure.exc from None
+                skips.add(failure.skip)
+                failures.append(failure)
+                continue
+            finally:
+                self.computation._ctx = None
+            return result
+
+    def _dead_letter(self, key: Key, failure: _Failure, now: int) -> Production:
+        item = failure.record if failure.record is not None else failure.timer
+        reason = "".join(traceback.format_exception_only(type(failure.exc), failure.exc)).strip()
+        value = {
+            "computation": self.name,
+            "key": key,
+            "what": failure.what,
+            "reason": reason,
+            "item": item,
+        }
+        ts = item.timestamp if item is not None else now
+        rid = xxhash.xxh3_128_hexdigest(f"dl\x00{self.name}\x00{key!r}\x00{failure.skip!r}".encode())
+        return Production(DEAD_LETTER_STREAM, Record(key, value, ts, rid))
+
+    def _attempt(
+        self,
+        key: Key,
+        envelope: bytes | None,
+        records: Sequence[Record],
+        low_watermark: int,
+        now: int,
+        late_wm: int,
+        skips: set[Any],
+        failures: list[_Failure],
+    ) -> StepResult:
+        opts = self.options
+        comp = self.computation
+        env = Envelope.decode(envelope)
+        ctx = _KeyContext(self, key, env, low_watermark, now)
+        comp._ctx = ctx
+        c = _Counters()
+        dedup = env.dedup if opts.exactly_once else None
+        late = opts.late
+        failed_by_skip = {f.skip: f for f in failures}
+        process_record = comp.process_record
+        stats = c.dedup
+
+        for i, rec in enumerate(records):
+            c.records_in += 1
+            rid = rec.id
+            if dedup is not None and dedup.contains(rid, stats):
+                c.duplicates += 1
+                continue
+            ts = rec.timestamp
+            if ts < late_wm:
+                c.late += 1
+                if late.action is LateAction.DROP:
+                    c.late_dropped += 1
+                    continue
+                if late.action is LateAction.TO_STREAM:
+                    c.late_to_stream += 1
+                    if dedup is not None:
+                        dedup.add(rid, ts)
+                    ctx.productions.append(Production(late.stream, rec))  # type: ignore[arg-type]
+                    continue
+            if dedup is not None:
+                dedup.add(rid, ts)
+            if i in failed_by_skip:
+                continue
+            ctx.default_ts = ts
+            try:
+                process_record(rec)
+            except Exception as exc:
+                raise _Failure(i, exc, "process_record", record=rec) from None
+            c.processed += 1
+
+        # ---- timers (§4.6): due ones in timestamp order, incl. ones set while firing ----
+        timers = ctx.timers
+        if timers:
+            heap = ctx.due_heap
+            for tag, (ts, d) in timers.items():
+                if ts <= (low_watermark if d == _LW else now):
+                    heap.append((ts, d, tag))
+            if heap:
+                heapq.heapify(heap)
+                ctx.firing = True
+                budget = opts.max_timer_fires_per_step
+                process_timer = comp.process_timer
+                while heap:
+                    ts, d, tag = heapq.heappop(heap)
+                    if timers.get(tag) != (ts, d):
+                        continue  # replaced or deleted since it was queued
+                    if budget == 0:
+                        c.timers_deferred += 1 + sum(1 for t in heap if timers.get(t[2]) == (t[0], t[1]))
+                        break
+                    budget -= 1
+                    del timers[tag]
+                    skip = ("timer", tag, ts, d)
+                    if skip in failed_by_skip:
+                        continue
+                    timer = Timer(tag, ts, _DOMAINS[d])
+                    ctx.default_ts = ts if d == _LW else low_watermark
+                    try:
+                        process_timer(timer)
+                    except Exception as exc:
+                        raise _Failure(skip, exc, "process_timer", timer=timer) from None
+                    c.timers_fired += 1
+                ctx.firing = False
+
+        # ---- checkpoint -------------------------------------------------------------
+        env.state = ctx.state.encoded()
+        env.seq = ctx.seq
+        productions = ctx.productions
+        c.productions = len(productions)
+        if opts.strong_productions and productions:
+            env.pending.extend(
+                PendingProduction(p.stream, p.record.key, encode_value(p.record.value), p.record.timestamp, p.record.id)
+                for p in productions
+            )
+        if dedup is not None:
+            dd = opts.dedup
+            dedup.finish(low_watermark - dd.slack_ms, dd.bloom_fpr, dd.bloom_capacity, dd.gc_interval_ms, stats)
+        dead = [self._dead_letter(key, f, now) for f in failures]
+        c.dead_letters = len(dead)
+        next_lw = next_wall = None
+        for ts, d in timers.values():
+            if d == _LW:
+                next_lw = ts if next_lw is None or ts < next_lw else next_lw
+            else:
+                next_wall = ts if next_wall is None or ts < next_wall else next_wall
+        return StepResult(
+            envelope=None if env.is_empty() else env.encode(),
+            productions=productions,
+            dead_letters=dead,
+            metrics=c.as_dict(),
+            hold=env.hold(),
+            next_low_watermark_timer=next_lw,
+            next_wall_timer=next_wall,
+        )
+
+
+def pending_productions(envelope: bytes | None) -> list[Production]:
+    """The strong productions checkpointed in an envelope and not yet acknowledged (§6.1.2)."""
+    env = Envelope.decode(envelope)
+    return [Production(p.stream, Record(p.key, decode_value(p.value), p.timestamp, p.id)) for p in env.pending]
+
+
+def acknowledge(envelope: bytes | None, ids: Iterable[str] | None = None) -> bytes | None:
+    """Drop acknowledged pending productions (all if ``ids`` is None) from an envelope."""
+    env = Envelope.decode(envelope)
+    if not env.pending:
+        return envelope
+    if ids is None:
+        env.pending = []
+    else:
+        acked = set(ids)
+        env.pending = [p for p in env.pending if p.id not in acked]
+    return None if env.is_empty() else env.encode()

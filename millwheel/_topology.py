@@ -1,0 +1,309 @@
+"""Topologies: injectors, computations and sinks wired by named streams (MillWheel §3, §4.2–4.3).
+
+Streams are identified by name only; any computation may subscribe to any stream, and
+the *consumer* gives a key extractor per input stream (§4.2, Fig. 5). A topology is
+checked as it is built and again by :meth:`Topology.validate`; every message names the
+piece at fault and says how to fix it.
+
+>>> from millwheel import Computation, Topology
+>>> class Echo(Computation):
+...     def process_record(self, record):
+...         self.produce("out", record.value)
+>>> t = Topology("demo")
+>>> _ = t.injector("words")
+>>> _ = t.computation(Echo, inputs={"words": lambda r: r.value}, outputs=["out"])
+>>> t.validate().name
+'demo'
+>>> t.computation(Echo, inputs={"wrods": lambda r: r.value}, outputs=["out2"], name="Echo2").name
+'Echo2'
+>>> t.validate()
+Traceback (most recent call last):
+...
+millwheel._errors.TopologyError: topology 'demo' is not valid:
+  - computation 'Echo2' reads stream 'wrods', which nothing produces (streams: dead_letters, out, out2, words); did you mean 'words'?
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from millwheel._computation import Computation
+from millwheel._errors import TopologyError
+from millwheel._options import ComputationOptions, LateAction
+from millwheel._record import Key, Record
+from millwheel._sources import Source
+from millwheel._step import DEAD_LETTER_STREAM
+
+KeyExtractor = Callable[[Record], Key]
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+
+
+def _check_name(kind: str, name: str) -> None:
+    if not isinstance(name, str) or not _NAME.match(name):
+        msg = f"{kind} name {name!r} is not valid: use letters, digits, '_', '.', '-', starting with a letter or '_'"
+        raise TopologyError(msg)
+
+
+def record_key(record: Record) -> Key:
+    """The default key extractor: the key the record already carries."""
+    return record.key  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class InjectorSpec:
+    """An injector: publishes records to ``stream`` and an injector low watermark (§5.2)."""
+
+    name: str
+    stream: str
+    source: Source | None = None
+
+
+@dataclass(frozen=True)
+class ComputationSpec:
+    """A computation node: its class, input streams with key extractors, output streams."""
+
+    name: str
+    cls: type[Computation]
+    inputs: Mapping[str, KeyExtractor]
+    outputs: tuple[str, ...]
+    options: ComputationOptions
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def instantiate(self) -> Computation:
+        """A fresh instance of the user's class, named, with ``setup()`` called."""
+        try:
+            comp = self.cls(**self.params)
+        except TypeError as exc:
+            msg = f"computation {self.name!r}: cannot construct {self.cls.__name__}(**{dict(self.params)!r}): {exc}"
+            raise TopologyError(msg) from exc
+        comp.name = self.name
+        comp.setup()
+        return comp
+
+    @property
+    def all_outputs(self) -> tuple[str, ...]:
+        """Declared outputs plus the late stream, if the late policy names one."""
+        late = self.options.late
+        if late.action is LateAction.TO_STREAM and late.stream not in self.outputs:
+            return (*self.outputs, late.stream)  # type: ignore[return-value]
+        return self.outputs
+
+
+@dataclass(frozen=True)
+class SinkSpec:
+    """A sink: sends a stream out of the system (``target`` is backend-specific)."""
+
+    name: str
+    stream: str
+    target: Any = None
+
+
+class Topology:
+    """A named graph of injectors, computations and sinks. See the module docstring."""
+
+    def __init__(self, name: str) -> None:
+        _check_name("topology", name)
+        self.name = name
+        self.injectors: dict[str, InjectorSpec] = {}
+        self.computations: dict[str, ComputationSpec] = {}
+        self.sinks: dict[str, SinkSpec] = {}
+
+    # ---- building ------------------------------------------------------------------
+    def _check_unique(self, name: str) -> None:
+        for kind, table in (("injector", self.injectors), ("computation", self.computations), ("sink", self.sinks)):
+            if name in table:
+                msg = f"topology {self.name!r} already has a {kind} named {name!r}; pass a unique name=..."
+                raise TopologyError(msg)
+
+    def injector(self, name: str, source: Source | None = None, *, stream: str | None = None) -> InjectorSpec:
+        """Add an injector publishing to ``stream`` (default: a stream named like the injector)."""
+        _check_name("injector", name)
+        stream = name if stream is None else stream
+        _check_name(f"injector {name!r} stream", stream)
+        self._check_unique(name)
+        if source is not None and not isinstance(source, Source):
+            msg = f"injector {name!r}: source must be a millwheel Source (e.g. SampleSource), got {type(source).__name__}"
+            raise TopologyError(msg)
+        spec = InjectorSpec(name, stream, source)
+        self.injectors[name] = spec
+        return spec
+
+    def computation(
+        self,
+        cls: type[Computation],
+        *,
+        inputs: Mapping[str, KeyExtractor | None] | Sequence[str],
+        outputs: Sequence[str] = (),
+        name: str | None = None,
+        options: ComputationOptions | None = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> ComputationSpec:
+        """Add a computation.
+
+        ``inputs`` maps each input stream to the key extractor this computation applies to
+        it (§4.2); a list of stream names, or ``None`` as extractor, keeps the record's key.
+        ``params`` are keyword arguments for the class's constructor.
+        """
+        if not (isinstance(cls, type) and issubclass(cls, Computation)):
+            msg = f"Topology.computation expects a Computation subclass, got {cls!r}"
+            raise TopologyError(msg)
+        name = cls.__name__ if name is None else name
+        _check_name("computation", name)
+        self._check_unique(name)
+        if cls.process_record is Computation.process_record:
+            msg = f"computation {name!r}: {cls.__name__} must override process_record(self, record)"
+            raise TopologyError(msg)
+        if isinstance(inputs, (str, bytes)) or not isinstance(inputs, (Mapping, Sequence)):
+            msg = f"computation {name!r}: inputs must be a dict {{stream: key_extractor}} or a list of streams, got {inputs!r}"
+            raise TopologyError(msg)
+        pairs = list(inputs.items()) if isinstance(inputs, Mapping) else [(s, None) for s in inputs]
+        if not pairs:
+            msg = f"computation {name!r} has no input streams; give inputs={{'stream': key_extractor}}"
+            raise TopologyError(msg)
+        checked: dict[str, KeyExtractor] = {}
+        for stream, extractor in pairs:
+            _check_name(f"computation {name!r} input stream", stream)
+            checked[stream] = self._check_extractor(name, stream, extractor)
+        if isinstance(outputs, str):
+            msg = f"computation {name!r}: outputs must be a list of stream names, got the string {outputs!r}; write outputs=[{outputs!r}]"
+            raise TopologyError(msg)
+        for stream in outputs:
+            _check_name(f"computation {name!r} output stream", stream)
+        if len(set(outputs)) != len(outputs):
+            msg = f"computation {name!r} lists an output stream twice: {list(outputs)}"
+            raise TopologyError(msg)
+        opts = options if options is not None else cls.options
+        if not isinstance(opts, ComputationOptions):
+            msg = f"computation {name!r}: options must be a ComputationOptions, got {type(opts).__name__}"
+            raise TopologyError(msg)
+        if params is not None and not isinstance(params, Mapping):
+            msg = f"computation {name!r}: params must be a dict of constructor keyword arguments"
+            raise TopologyError(msg)
+        params = dict(params or {})
+        try:
+            inspect.signature(cls).bind(**params)
+        except TypeError as exc:
+            msg = f"computation {name!r}: {cls.__name__}(**params) does not fit its constructor: {exc}"
+            raise TopologyError(msg) from exc
+        spec = ComputationSpec(name, cls, checked, tuple(outputs), opts, params)
+        self.computations[name] = spec
+        return spec
+
+    @staticmethod
+    def _check_extractor(name: str, stream: str, extractor: KeyExtractor | None) -> KeyExtractor:
+        if extractor is None:
+            return record_key
+        if not callable(extractor):
+            msg = f"computation {name!r}: key extractor for stream {stream!r} must be a function of the record, got {extractor!r}"
+            raise TopologyError(msg)
+        try:
+            inspect.signature(extractor).bind(None)
+        except TypeError:
+            msg = (
+                f"computation {name!r}: key extractor for stream {stream!r} must take exactly one "
+                f"argument (the record), e.g. lambda r: r.value['query']; got {getattr(extractor, '__name__', extractor)!r}"
+            )
+            raise TopologyError(msg) from None
+        except ValueError:
+            pass  # builtins without a signature: trust them
+        return extractor
+
+    def sink(self, stream: str, target: Any = None, *, name: str | None = None) -> SinkSpec:
+        """Send ``stream`` out of the system to ``target`` (backend-specific)."""
+        _check_name("sink stream", stream)
+        name = f"sink.{stream}" if name is None else name
+        self._check_unique(name)
+        spec = SinkSpec(name, stream, target)
+        self.sinks[name] = spec
+        return spec
+
+    # ---- reading -------------------------------------------------------------------
+    def producers(self, stream: str) -> list[str]:
+        """Names of the injectors and computations that publish ``stream``."""
+        out = [i.name for i in self.injectors.values() if i.stream == stream]
+        out += [c.name for c in self.computations.values() if stream in c.all_outputs]
+        if stream == DEAD_LETTER_STREAM:
+            out += [c.name for c in self.computations.values() if c.name not in out]
+        return out
+
+    def consumers(self, stream: str) -> list[ComputationSpec]:
+        return [c for c in self.computations.values() if stream in c.inputs]
+
+    def streams(self) -> list[str]:
+        names = {i.stream for i in self.injectors.values()}
+        for c in self.computations.values():
+            names.update(c.all_outputs)
+            names.update(c.inputs)
+        names.add(DEAD_LETTER_STREAM)
+        return sorted(names)
+
+    def upstream(self, name: str) -> list[str]:
+        """The injectors and computations that feed computation ``name`` (§4.5's "C outputs to A")."""
+        spec = self.computations[name]
+        seen: list[str] = []
+        for stream in spec.inputs:
+            for p in self.producers(stream):
+                if p not in seen and p != name:
+                    seen.append(p)
+        return seen
+
+    def order(self) -> list[str]:
+        """Computation names in topological order (upstream first)."""
+        order: list[str] = []
+        state: dict[str, int] = {}
+
+        def visit(n: str, path: list[str]) -> None:
+            if state.get(n) == 2:
+                return
+            if state.get(n) == 1:
+                cycle = " -> ".join(path[path.index(n):] + [n])
+                msg = f"topology {self.name!r} has a cycle ({cycle}); low watermarks need an acyclic graph (§4.5): break it with an injector"
+                raise TopologyError(msg)
+            state[n] = 1
+            for u in self.upstream(n):
+                if u in self.computations:
+                    visit(u, [*path, n])
+            state[n] = 2
+            order.append(n)
+
+        for n in self.computations:
+            visit(n, [])
+        return order
+
+    # ---- validation ----------------------------------------------------------------
+    def validate(self) -> Topology:
+        """Check the whole graph; raise one :class:`TopologyError` listing every problem."""
+        problems: list[str] = []
+        streams = self.streams()
+        produced = {s for s in streams if self.producers(s)}
+        for c in self.computations.values():
+            for stream in c.inputs:
+                if stream not in produced:
+                    problems.append(f"computation {c.name!r} reads stream {stream!r}, which nothing produces" + _hint(stream, produced))
+            if c.name in c.inputs or any(s in c.all_outputs for s in c.inputs):
+                problems.append(f"computation {c.name!r} reads a stream it produces; low watermarks need an acyclic graph (§4.5)")
+        for s in self.sinks.values():
+            if s.stream not in produced:
+                problems.append(f"sink {s.name!r} reads stream {s.stream!r}, which nothing produces" + _hint(s.stream, produced))
+        if not problems:
+            try:
+                self.order()
+            except TopologyError as exc:
+                problems.append(str(exc))
+        if problems:
+            msg = f"topology {self.name!r} is not valid:\n" + "\n".join(f"  - {p}" for p in problems)
+            raise TopologyError(msg)
+        return self
+
+
+def _hint(stream: str, known: set[str]) -> str:
+    listing = ", ".join(sorted(known)) or "none"
+    close = difflib.get_close_matches(stream, sorted(known), n=1)
+    suffix = f"; did you mean {close[0]!r}?" if close else "; add an injector or a computation with it in outputs=[...]"
+    return f" (streams: {listing}){suffix}"

@@ -1,0 +1,149 @@
+"""The ``millwheel`` command.
+
+    millwheel run TOPOLOGY.py [--backend harness]   run a topology on its built-in sources
+    millwheel validate TOPOLOGY.py                   check the wiring
+    millwheel graph TOPOLOGY.py [--dot]              print the topology as text or Graphviz DOT
+    millwheel authority serve [...]                  run the low-watermark authority service
+
+A topology module exposes a :class:`~millwheel.Topology` as ``topology`` (or a function
+``build()`` returning one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+from millwheel._errors import MillwheelError
+from millwheel._topology import Topology
+
+
+def load_topology(path: str) -> Topology:
+    """Import a topology module by path and return its ``topology`` (or ``build()``)."""
+    file = Path(path)
+    if not file.is_file():
+        msg = f"no topology file at {path!r}"
+        raise MillwheelError(msg)
+    root = str(file.resolve().parent)
+    for candidate in (root, str(Path.cwd())):
+        if candidate not in sys.path:
+            sys.path.insert(0, candidate)
+    spec = importlib.util.spec_from_file_location(f"_millwheel_topology_{file.stem}", file)
+    if spec is None or spec.loader is None:
+        msg = f"cannot import {path!r} as a Python module"
+        raise MillwheelError(msg)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    topo = getattr(module, "topology", None)
+    if topo is None and callable(getattr(module, "build", None)):
+        topo = module.build()
+    if not isinstance(topo, Topology):
+        found = [n for n, v in vars(module).items() if isinstance(v, Topology)]
+        if len(found) == 1:
+            topo = getattr(module, found[0])
+        else:
+            msg = f"{path}: define `topology = Topology(...)` (or `def build() -> Topology`) at module level"
+            raise MillwheelError(msg)
+    return topo
+
+
+def graph_text(t: Topology, dot: bool = False) -> str:
+    lines: list[str] = []
+    if dot:
+        lines.append(f'digraph "{t.name}" {{')
+        for i in t.injectors.values():
+            lines.append(f'  "{i.name}" [shape=invhouse];')
+        for s in t.sinks.values():
+            lines.append(f'  "{s.name}" [shape=house];')
+        for c in t.computations.values():
+            lines.append(f'  "{c.name}" [shape=box];')
+        for stream in t.streams():
+            for p in t.producers(stream):
+                for c in t.consumers(stream):
+                    lines.append(f'  "{p}" -> "{c.name}" [label="{stream}"];')
+                for s in t.sinks.values():
+                    if s.stream == stream:
+                        lines.append(f'  "{p}" -> "{s.name}" [label="{stream}"];')
+        lines.append("}")
+        return "\n".join(lines)
+    lines.append(f"topology {t.name}")
+    for i in t.injectors.values():
+        lines.append(f"  injector {i.name} -> [{i.stream}]")
+    for name in t.order():
+        c = t.computations[name]
+        ins = ", ".join(c.inputs)
+        outs = ", ".join(c.all_outputs)
+        lines.append(f"  computation {name} ({c.cls.__name__}): [{ins}] -> [{outs}]")
+    for s in t.sinks.values():
+        lines.append(f"  sink {s.name} <- [{s.stream}]")
+    return "\n".join(lines)
+
+
+def _run_harness(t: Topology) -> int:
+    from millwheel.testing import Harness
+
+    start = time.perf_counter()
+    h = Harness(t, raise_errors=False)
+    h.run_sources()
+    elapsed = time.perf_counter() - start
+    print(f"topology {t.name}: ran in memory (harness backend) in {elapsed:.2f}s")
+    for name in t.order():
+        m = h.metrics(name)
+        print(
+            f"  {name:<20} in={m.get('records_in', 0):>8} out={m.get('productions', 0):>7} "
+            f"dup={m.get('duplicates', 0)} late={m.get('late', 0)} dead={m.get('dead_letters', 0)} "
+            f"timers={m.get('timers_fired', 0)} lw={h.low_watermark(name)}"
+        )
+    for s in t.sinks.values():
+        out = h.values(s.stream)
+        print(f"  sink {s.stream}: {len(out)} records")
+        for v in out[:20]:
+            print(f"    {v}")
+    dead = h.dead_letters()
+    if dead:
+        print(f"  dead letters: {len(dead)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="millwheel", description="MillWheel-style stream computations on Spark")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_run = sub.add_parser("run", help="run a topology")
+    p_run.add_argument("topology")
+    p_run.add_argument("--backend", choices=["harness"], default="harness", help="where to run it")
+    p_val = sub.add_parser("validate", help="check a topology's wiring")
+    p_val.add_argument("topology")
+    p_graph = sub.add_parser("graph", help="print a topology")
+    p_graph.add_argument("topology")
+    p_graph.add_argument("--dot", action="store_true", help="Graphviz DOT instead of text")
+    p_auth = sub.add_parser("authority", help="the low-watermark authority service", add_help=False)
+    p_auth.add_argument("rest", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "authority":
+            from watermark_authority.cli import main as authority_main
+
+            return authority_main(args.rest)
+        topo = load_topology(args.topology)
+        if args.command == "validate":
+            topo.validate()
+            print(f"topology {topo.name!r} is valid: {len(topo.injectors)} injectors, {len(topo.computations)} computations, {len(topo.sinks)} sinks")
+            return 0
+        if args.command == "graph":
+            topo.validate()
+            print(graph_text(topo, dot=args.dot))
+            return 0
+        return _run_harness(topo.validate())
+    except MillwheelError as exc:
+        print(f"millwheel: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("millwheel: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

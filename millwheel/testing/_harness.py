@@ -1,0 +1,426 @@
+"""The in-memory harness: run a computation or a whole topology through the real per-key step.
+
+The test drives time: it injects records, advances injector low watermarks and wall
+time (never backwards), and runs the topology until nothing is left to do. It reads
+productions per stream, state and pending timers per key, low watermarks and counters.
+Envelopes are stored encoded, exactly as the Spark runtime stores them.
+
+Low watermarks follow MillWheel §4.5: the low watermark of computation A is
+``min(oldest work of A, low watermark of every C that outputs to A)``, where A's oldest
+work is its undelivered input, its pending low-watermark timers and its pending
+productions; injectors seed the recursion. Published values never go back.
+
+A windowed counter, tested end to end::
+
+    >>> from millwheel import Computation, Record
+    >>> from millwheel.testing import Harness
+    >>> class WindowCounter(Computation):
+    ...     def process_record(self, record):
+    ...         bucket = record.timestamp // 1_000 * 1_000
+    ...         counts = self.state.get({})
+    ...         counts[bucket] = counts.get(bucket, 0) + 1
+    ...         self.state.set(counts)
+    ...         self.set_timer(f"w{bucket}", bucket + 1_000)
+    ...     def process_timer(self, timer):
+    ...         counts = self.state.get()
+    ...         bucket = timer.timestamp - 1_000
+    ...         self.produce("window_counts", (bucket, counts.pop(bucket)))
+    ...         self.state.set(counts)
+    >>> h = Harness.for_computation(WindowCounter, inputs={"queries": lambda r: r.value}, outputs=["window_counts"])
+    >>> h.inject("queries", [Record(None, "cats", 1_100, "r1"), Record(None, "cats", 1_900, "r2")])
+    >>> h.run()
+    >>> h.values("window_counts")          # the window is not complete yet
+    []
+    >>> h.timers("WindowCounter", "cats")
+    [Timer(tag='w1000', timestamp=2000, domain=<TimeDomain.LOW_WATERMARK: 0>)]
+    >>> h.low_watermark("WindowCounter")   # held back by the pending timer... and the injector
+    -9223372036854775808
+    >>> h.advance_watermark("queries", 2_000)
+    >>> h.run()
+    >>> h.values("window_counts")
+    [(1000, 2)]
+    >>> h.advance_watermark("queries", 1_500)
+    Traceback (most recent call last):
+    ...
+    millwheel._errors.HarnessError: injector 'queries' low watermark cannot go back from 2000 to 1500
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+from millwheel._computation import Computation
+from millwheel._envelope import Envelope
+from millwheel._errors import HarnessError
+from millwheel._options import ComputationOptions, ErrorPolicy
+from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Key, Production, Record, TimeDomain, Timer
+from millwheel._step import DEAD_LETTER_STREAM, StepRunner, acknowledge, pending_productions
+from millwheel._topology import KeyExtractor, Topology
+
+
+class Crash(enum.Enum):
+    """Where :meth:`Harness.process` simulates a process crash (§6.1)."""
+
+    #: after user code ran and weak productions went out, before the checkpoint
+    BEFORE_COMMIT = "before_commit"
+    #: after the checkpoint and the input ACK, before strong productions are sent
+    AFTER_COMMIT = "after_commit"
+    #: after strong productions were delivered, before they were acknowledged in the envelope
+    AFTER_DELIVER = "after_deliver"
+
+
+@dataclass(slots=True)
+class _Queued:
+    record: Record  # already carries the consumer's key
+    arrival_watermark: int
+
+
+@dataclass(slots=True)
+class _Outgoing:
+    computation: str
+    key: Key | None
+    production: Production
+    strong: bool
+
+
+class Harness:
+    """Runs a :class:`~millwheel.Topology` in memory. See the module docstring."""
+
+    def __init__(self, topology: Topology, *, wall_time: int = 0, raise_errors: bool = True) -> None:
+        self.topology = topology.validate()
+        self._now = wall_time
+        self._order = topology.order()
+        self._runners: dict[str, StepRunner] = {}
+        for name in self._order:
+            spec = topology.computations[name]
+            opts = spec.options
+            if raise_errors and opts.on_error is not ErrorPolicy.RAISE:
+                opts = _with(opts, on_error=ErrorPolicy.RAISE)
+            self._runners[name] = StepRunner(spec.instantiate(), name=name, outputs=spec.all_outputs, options=opts)
+        self._injector_wm: dict[str, int] = {n: MIN_TIMESTAMP for n in topology.injectors}
+        self._published: dict[str, int] = {n: MIN_TIMESTAMP for n in topology.computations}
+        self._queues: dict[str, list[_Queued]] = {n: [] for n in topology.computations}
+        self._envelopes: dict[str, dict[Key, bytes]] = {n: {} for n in topology.computations}
+        self._holds: dict[str, dict[Key, int]] = {n: {} for n in topology.computations}
+        self._next_timers: dict[str, dict[Key, tuple[int | None, int | None]]] = {n: {} for n in topology.computations}
+        self._outbox: dict[str, list[_Outgoing]] = {n: [] for n in topology.computations}
+        self._streams: dict[str, list[Record]] = defaultdict(list)
+        self._metrics: dict[str, Counter[str]] = {n: Counter() for n in topology.computations}
+        self._injected = 0
+
+    @classmethod
+    def for_computation(
+        cls,
+        computation: type[Computation],
+        *,
+        inputs: Mapping[str, KeyExtractor | None] | Sequence[str],
+        outputs: Sequence[str] = (),
+        options: ComputationOptions | None = None,
+        params: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        wall_time: int = 0,
+        raise_errors: bool = True,
+    ) -> Harness:
+        """A harness around one computation, with an injector per input stream (named like it)."""
+        topo = Topology(f"test_{name or computation.__name__}")
+        for stream in inputs:
+            topo.injector(stream)
+        topo.computation(computation, inputs=inputs, outputs=outputs, options=options, params=params, name=name)
+        return cls(topo, wall_time=wall_time, raise_errors=raise_errors)
+
+    # ---- driving ---------------------------------------------------------------------
+    def _injector(self, name: str) -> str:
+        if name in self.topology.injectors:
+            return name
+        for inj in self.topology.injectors.values():
+            if inj.stream == name:
+                return inj.name
+        known = ", ".join(sorted(self.topology.injectors)) or "none"
+        msg = f"no injector or injected stream named {name!r} (injectors: {known})"
+        raise HarnessError(msg)
+
+    def inject(self, injector: str, records: Iterable[Record]) -> None:
+        """Deliver ``records`` from an injector (or its stream's name) to every consumer."""
+        inj = self.topology.injectors[self._injector(injector)]
+        for rec in records:
+            if not isinstance(rec, Record):
+                msg = f"inject({injector!r}) takes Record objects, got {type(rec).__name__}; use Harness.record(...) to build one"
+                raise HarnessError(msg)
+            self._injected += 1
+            self._publish(inj.stream, rec, self._injector_wm[inj.name])
+
+    def record(self, value: Any, timestamp: int, *, key: Key | None = None, id: str | None = None) -> Record:
+        """Build a record with a fresh unique id (``"in-<n>"``) unless one is given."""
+        if id is None:
+            self._injected += 1
+            id = f"in-{self._injected}"
+        return Record(key, value, timestamp, id)
+
+    def advance_watermark(self, injector: str, timestamp: int) -> None:
+        """Advance an injector's low watermark (§5.2). Going back raises :class:`HarnessError`."""
+        name = self._injector(injector)
+        current = self._injector_wm[name]
+        if timestamp < current:
+            msg = f"injector {name!r} low watermark cannot go back from {current} to {timestamp}"
+            raise HarnessError(msg)
+        self._injector_wm[name] = timestamp
+
+    def finish(self, injector: str) -> None:
+        """The injector will send nothing more: its low watermark becomes +infinity."""
+        self.advance_watermark(injector, MAX_TIMESTAMP)
+
+    def advance_wall_time(self, to: int | None = None, *, by: int | None = None) -> None:
+        """Move wall time to ``to`` or forward ``by`` ms. Going back raises :class:`HarnessError`."""
+        if (to is None) == (by is None):
+            msg = "advance_wall_time takes exactly one of to=... or by=..."
+            raise HarnessError(msg)
+        target = self._now + by if by is not None else to
+        if target < self._now:  # type: ignore[operator]
+            msg = f"wall time cannot go back from {self._now} to {target}"
+            raise HarnessError(msg)
+        self._now = target  # type: ignore[assignment]
+
+    @property
+    def now(self) -> int:
+        return self._now
+
+    def run(self, *, max_rounds: int = 100_000) -> None:
+        """Process and deliver until no computation has input, due timers or undelivered output."""
+        for _ in range(max_rounds):
+            busy = False
+            for name in self._order:
+                if self._has_work(name):
+                    busy = True
+                    self.process(name)
+                if self._outbox[name]:
+                    busy = True
+                    self.deliver(name)
+            if not busy:
+                return
+        msg = f"run() did not settle after {max_rounds} rounds; a timer may keep re-arming itself"
+        raise HarnessError(msg)
+
+    def run_sources(self) -> None:
+        """Feed every injector's source batch by batch, running the topology after each."""
+        iters = {n: i.source.batches() for n, i in self.topology.injectors.items() if i.source is not None}
+        while iters:
+            for name in list(iters):
+                batch = next(iters[name], None)
+                if batch is None:
+                    del iters[name]
+                    continue
+                self.inject(name, batch.records)
+                self.advance_watermark(name, max(batch.low_watermark, self._injector_wm[name]))
+                self.run()
+
+    # ---- one computation -----------------------------------------------------------
+    def _has_work(self, name: str) -> bool:
+        if self._queues[name]:
+            return True
+        lw, now = self._input_watermark(name), self._now
+        return any(
+            (t_lw is not None and t_lw <= lw) or (t_wall is not None and t_wall <= now)
+            for t_lw, t_wall in self._next_timers[name].values()
+        )
+
+    def process(self, name: str, *, deliver: bool = True, crash: Crash | None = None) -> None:
+        """Run one round of computation ``name``: its queued input, then its due timers.
+
+        Strong productions stay checkpointed in the envelopes (holding the low watermark)
+        until delivered; ``deliver=False`` leaves them pending. ``crash`` simulates a
+        process crash at that point; :meth:`restart` then recovers as MillWheel does.
+        """
+        runner = self._runner(name)
+        lw, now = self._input_watermark(name), self._now
+        queue, self._queues[name] = self._queues[name], []
+        runs: dict[Key, list[list[_Queued]]] = {}
+        for q in queue:
+            key_runs = runs.setdefault(q.record.key, [])  # type: ignore[arg-type]
+            if key_runs and key_runs[-1][-1].arrival_watermark == q.arrival_watermark:
+                key_runs[-1].append(q)
+            else:
+                key_runs.append([q])
+        for key, (t_lw, t_wall) in self._next_timers[name].items():
+            if key not in runs and ((t_lw is not None and t_lw <= lw) or (t_wall is not None and t_wall <= now)):
+                runs[key] = [[]]
+        envelopes = self._envelopes[name]
+        staged: dict[Key, Any] = {}
+        sent: list[_Outgoing] = []
+        strong = runner.options.strong_productions
+        for key, key_runs in runs.items():
+            env = envelopes.get(key)
+            for run in key_runs:
+                arrival = run[0].arrival_watermark if run else lw
+                result = runner.step(key, env, [q.record for q in run], low_watermark=lw, now=now, late_watermark=arrival)
+                env = result.envelope
+                self._metrics[name].update(result.metrics)
+                sent += [_Outgoing(name, key, p, strong) for p in result.productions]
+                sent += [_Outgoing(name, key, p, False) for p in result.dead_letters]
+            staged[key] = (env, result)
+        # weak productions go out optimistically, before the checkpoint (§6.1.3)
+        for out in sent:
+            if not out.strong:
+                self._deliver_one(name, out)
+        if crash is Crash.BEFORE_COMMIT:
+            self._queues[name] = queue + self._queues[name]  # not ACKed: the senders retry
+            return
+        for key, (env, result) in staged.items():
+            self._store(name, key, env, result.hold, (result.next_low_watermark_timer, result.next_wall_timer))
+        self._outbox[name] += [o for o in sent if o.strong]
+        if crash is Crash.AFTER_COMMIT:
+            self._outbox[name] = []  # the in-memory queue of productions dies with the process
+            return
+        if deliver:
+            self.deliver(name, crash=crash)
+
+    def deliver(self, name: str, *, crash: Crash | None = None) -> None:
+        """Send computation ``name``'s pending strong productions, then acknowledge them."""
+        outbox, self._outbox[name] = self._outbox[name], []
+        for out in outbox:
+            self._deliver_one(name, out)
+        if crash is Crash.AFTER_DELIVER:
+            return
+        by_key: dict[Key, list[str]] = defaultdict(list)
+        for out in outbox:
+            by_key[out.key].append(out.production.record.id)  # type: ignore[index]
+        for key, ids in by_key.items():
+            env = acknowledge(self._envelopes[name].get(key), ids)
+            self._store(name, key, env, Envelope.decode(env).hold() if env else None, self._next_timers[name].get(key, (None, None)))
+
+    def restart(self, name: str) -> None:
+        """Recover computation ``name`` after a crash: rescan envelopes for pending productions (§7.1)."""
+        runner = self.topology.computations[name]
+        self._runners[name] = StepRunner(runner.instantiate(), name=name, outputs=runner.all_outputs, options=self._runners[name].options)
+        self._outbox[name] = [
+            _Outgoing(name, key, p, True)
+            for key, env in self._envelopes[name].items()
+            for p in pending_productions(env)
+        ]
+
+    # ---- plumbing ------------------------------------------------------------------
+    def _runner(self, name: str) -> StepRunner:
+        if name not in self._runners:
+            known = ", ".join(self._order) or "none"
+            msg = f"no computation named {name!r} (computations: {known})"
+            raise HarnessError(msg)
+        return self._runners[name]
+
+    def _store(self, name: str, key: Key, env: bytes | None, hold: int | None, timers: tuple[int | None, int | None]) -> None:
+        envs, holds, nexts = self._envelopes[name], self._holds[name], self._next_timers[name]
+        if env is None:
+            envs.pop(key, None)
+        else:
+            envs[key] = env
+        if hold is None:
+            holds.pop(key, None)
+        else:
+            holds[key] = hold
+        if timers == (None, None):
+            nexts.pop(key, None)
+        else:
+            nexts[key] = timers
+
+    def _deliver_one(self, sender: str, out: _Outgoing) -> None:
+        self._publish(out.production.stream, out.production.record, self._published.get(sender, MIN_TIMESTAMP))
+
+    def _publish(self, stream: str, rec: Record, sender_watermark: int) -> None:
+        self._streams[stream].append(rec)
+        for consumer in self.topology.consumers(stream):
+            extractor = consumer.inputs[stream]
+            try:
+                key = extractor(rec)
+                if not isinstance(key, (str, int, bytes)) or isinstance(key, bool):
+                    msg = f"key extractor returned {type(key).__name__} {key!r}; keys must be str, int or bytes"
+                    raise TypeError(msg)
+            except Exception as exc:
+                if self._runners[consumer.name].options.on_error is ErrorPolicy.RAISE:
+                    raise
+                self._key_dead_letter(consumer.name, stream, rec, exc)
+                continue
+            arrival = min(sender_watermark, self._input_watermark(consumer.name))
+            self._queues[consumer.name].append(_Queued(Record(key, rec.value, rec.timestamp, rec.id), arrival))
+
+    def _key_dead_letter(self, consumer: str, stream: str, rec: Record, exc: Exception) -> None:
+        value = {"computation": consumer, "stream": stream, "what": "key_extractor", "reason": f"{type(exc).__name__}: {exc}", "item": rec}
+        rid = xxhash.xxh3_128_hexdigest(f"dlk\x00{consumer}\x00{stream}\x00{rec.id}".encode())
+        self._metrics[consumer]["dead_letters"] += 1
+        self._publish(DEAD_LETTER_STREAM, Record(None, value, rec.timestamp, rid), MIN_TIMESTAMP)
+
+    def _input_watermark(self, name: str) -> int:
+        ups = self.topology.upstream(name)
+        return min((self.low_watermark(u) for u in ups), default=MAX_TIMESTAMP)
+
+    def _oldest_work(self, name: str) -> int:
+        oldest = MAX_TIMESTAMP
+        for q in self._queues[name]:
+            oldest = min(oldest, q.record.timestamp)
+        if self._holds[name]:
+            oldest = min(oldest, min(self._holds[name].values()))
+        for out in self._outbox[name]:
+            oldest = min(oldest, out.production.record.timestamp)
+        return oldest
+
+    # ---- reading -------------------------------------------------------------------
+    def low_watermark(self, name: str) -> int:
+        """The published low watermark of an injector or computation (§4.5); never goes back."""
+        if name in self._injector_wm:
+            return self._injector_wm[name]
+        self._runner(name)
+        value = min(self._oldest_work(name), self._input_watermark(name))
+        published = max(self._published[name], value)
+        self._published[name] = published
+        return published
+
+    def output(self, stream: str) -> list[Record]:
+        """Every record published to ``stream``, in order (re-deliveries included)."""
+        return list(self._streams.get(stream, []))
+
+    def values(self, stream: str) -> list[Any]:
+        """The values of :meth:`output`."""
+        return [r.value for r in self._streams.get(stream, [])]
+
+    def dead_letters(self) -> list[Record]:
+        return self.output(DEAD_LETTER_STREAM)
+
+    def keys(self, computation: str) -> list[Key]:
+        """Keys of ``computation`` that keep anything (state, timers, pending productions, dedup ids)."""
+        self._runner(computation)
+        return list(self._envelopes[computation])
+
+    def envelope(self, computation: str, key: Key) -> Envelope:
+        """The decoded envelope of one key (state still encoded)."""
+        self._runner(computation)
+        return Envelope.decode(self._envelopes[computation].get(key))
+
+    def state(self, computation: str, key: Key) -> Any:
+        """The decoded state of one key, or ``None``."""
+        raw = self.envelope(computation, key).state
+        return None if raw is None else self._runner(computation).codec.decode(raw)
+
+    def timers(self, computation: str, key: Key) -> list[Timer]:
+        """Pending timers of one key, earliest first."""
+        env = self.envelope(computation, key)
+        items = sorted(env.timers.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0]))
+        return [Timer(tag, ts, TimeDomain(d)) for tag, (ts, d) in items]
+
+    def pending_productions(self, computation: str, key: Key) -> list[Production]:
+        """Strong productions checkpointed for one key and not yet acknowledged."""
+        self._runner(computation)
+        return pending_productions(self._envelopes[computation].get(key))
+
+    def metrics(self, computation: str) -> dict[str, int]:
+        """Counters summed over every step of ``computation``."""
+        self._runner(computation)
+        return dict(self._metrics[computation])
+
+
+def _with(options: ComputationOptions, **changes: Any) -> ComputationOptions:
+    import dataclasses
+
+    return dataclasses.replace(options, **changes)

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Set up millwheel on a fresh machine: Java (for Spark) if missing, a virtualenv in .venv
+# with the package and its pinned dependencies. With --test, also the test tools and
+# Debian's Chromium (for the dashboard's browser test).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+want_test=0
+[[ "${1:-}" == "--test" ]] && want_test=1
+
+apt_install() {
+    if command -v apt-get >/dev/null 2>&1; then
+        local sudo=""
+        [[ $(id -u) -ne 0 ]] && sudo="sudo"
+        $sudo apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+    else
+        echo "setup: please install $* (no apt-get here)" >&2
+        return 1
+    fi
+}
+
+if ! command -v java >/dev/null 2>&1; then
+    echo "setup: installing Java 17 for Spark"
+    apt_install openjdk-17-jre-headless
+fi
+if [[ $want_test -eq 1 ]] && ! command -v chromium >/dev/null 2>&1; then
+    echo "setup: installing Chromium for the dashboard test"
+    apt_install chromium || echo "setup: chromium not installed; browser tests will be skipped" >&2
+fi
+
+PY=${PYTHON:-python3}
+if [[ ! -x .venv/bin/python ]]; then
+    "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+if [[ $want_test -eq 1 ]]; then
+    .venv/bin/python -m pip install -q -e ".[test]"
+else
+    .venv/bin/python -m pip install -q -e .
+fi
+echo "setup: ready ($(.venv/bin/python --version), $(java -version 2>&1 | head -1))"
