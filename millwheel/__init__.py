@@ -22,13 +22,11 @@ from millwheel._topology import ComputationSpec, InjectorSpec, SinkSpec, Topolog
 __version__ = "0.1.0"
 
 __all__ = [
-    "DEAD_LETTER_STREAM",
-    "MAX_TIMESTAMP",
-    "MIN_TIMESTAMP",
     "Computation",
     "ComputationError",
     "ComputationOptions",
     "ComputationSpec",
+    "DEAD_LETTER_STREAM",
     "DedupOptions",
     "EnvelopeError",
     "ErrorPolicy",
@@ -36,6 +34,8 @@ __all__ = [
     "InjectorSpec",
     "LateAction",
     "LatePolicy",
+    "MAX_TIMESTAMP",
+    "MIN_TIMESTAMP",
     "MillwheelError",
     "MsgpackCodec",
     "PickleCodec",

@@ -1,0 +1,95 @@
+"""The per-key envelope: compact, versioned, lossless (design.md, MillWheel §6.2, §7.1)."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from millwheel import EnvelopeError, MsgpackCodec, PickleCodec, StateCodecError
+from millwheel._envelope import DedupIndex, DedupStats, Envelope, PendingProduction
+
+timestamps = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+keys = st.one_of(st.text(max_size=10), st.integers(min_value=-(2**63), max_value=2**63 - 1), st.binary(max_size=10))
+
+envelopes = st.builds(
+    lambda state, timers, pending, seq, ids: _build(state, timers, pending, seq, ids),
+    st.one_of(st.none(), st.binary(max_size=50)),
+    st.dictionaries(st.text(max_size=8), st.tuples(timestamps, st.sampled_from([0, 1])), max_size=10),
+    st.lists(st.builds(PendingProduction, st.text(min_size=1, max_size=8), st.one_of(st.none(), keys), st.binary(max_size=20), timestamps, st.text(min_size=1, max_size=12)), max_size=5),
+    st.integers(min_value=0, max_value=2**40),
+    st.lists(st.tuples(st.text(min_size=1, max_size=12), st.integers(min_value=-(2**40), max_value=2**40)), max_size=40),
+)
+
+
+def _build(state, timers, pending, seq, ids):
+    env = Envelope(state=state, timers=dict(timers), pending=list(pending), seq=seq)
+    half = len(ids) // 2
+    stats = DedupStats()
+    for rid, ts in ids[:half]:
+        env.dedup.add(rid, ts)
+    env.dedup.finish(-(2**62), 0.01, None, 0, stats)  # first chunk: built and filtered
+    for rid, ts in ids[half:]:
+        env.dedup.add(rid, ts)
+    env.dedup.finish(-(2**62), 0.01, None, 0, stats)  # second chunk: appended
+    return env, {rid for rid, _ in ids}
+
+
+@given(envelopes)
+def test_round_trip(built):
+    env, expected_ids = built
+    data = env.encode()
+    back = Envelope.decode(data)
+    assert back.state == env.state
+    assert back.timers == env.timers
+    assert back.pending == env.pending
+    assert back.seq == env.seq
+    assert back.encode() == data
+    stats = DedupStats()
+    assert all(back.dedup.contains(rid, stats) for rid in expected_ids)
+    assert set(back.dedup.ids()) == expected_ids
+
+
+@given(envelopes)
+def test_hold_is_the_oldest_low_watermark_timer_or_pending_production(built):
+    env, _ = built
+    candidates = [ts for ts, d in env.timers.values() if d == 0] + [p.timestamp for p in env.pending]
+    assert env.hold() == (min(candidates) if candidates else None)
+
+
+def test_empty_envelope_is_tiny_and_versioned():
+    data = Envelope().encode()
+    assert len(data) < 16
+    assert msgpack.unpackb(data)[0] == 1
+
+
+def test_unknown_version_and_corruption_are_clear_errors():
+    with pytest.raises(EnvelopeError, match="unknown envelope version 99"):
+        Envelope.decode(msgpack.packb([99, None, [], [], 0, None]))
+    with pytest.raises(EnvelopeError, match="corrupt envelope"):
+        Envelope.decode(b"\xc1garbage")
+
+
+def test_new_ids_are_found_without_parsing_the_stored_ids():
+    idx = DedupIndex()
+    idx.add("a", 1)
+    idx.finish(0, 0.01, None, 0, DedupStats())
+    back = DedupIndex.from_wire(idx.to_wire())
+    stats = DedupStats()
+    assert not back.contains("never-seen", stats)
+    assert back._exact is None  # the Bloom filter said no: the id list was never decoded
+    assert back.contains("a", stats) and stats.bloom_maybe == 1
+
+
+@given(st.recursive(st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**63), max_value=2**64 - 1), st.floats(allow_nan=False), st.text(), st.binary()),
+                    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.one_of(st.text(), st.integers(min_value=0, max_value=2**32)), inner, max_size=4)), max_leaves=20))
+def test_codecs_round_trip_plain_data(value):
+    for codec in (PickleCodec(), MsgpackCodec()):
+        assert codec.decode(codec.encode(value)) == value
+
+
+def test_codec_errors_say_what_to_do():
+    with pytest.raises(StateCodecError, match="use PickleCodec"):
+        MsgpackCodec().encode(object())
+    assert PickleCodec().decode(PickleCodec().encode(lambda x: x + 1))(1) == 2

@@ -1,0 +1,109 @@
+"""The harness itself, and the Zeitgeist-style WindowCounter -> DipDetector of MillWheel Fig. 9."""
+
+from __future__ import annotations
+
+import pytest
+
+from computations.anomalies import DipDetector
+from computations.windowing import WindowCounter
+from millwheel import ComputationOptions, HarnessError, LatePolicy, Record, SampleSource, Topology
+from millwheel.testing import Harness
+
+
+def fig9(late: LatePolicy) -> Harness:
+    t = Topology("fig9")
+    t.injector("queries")
+    t.computation(
+        WindowCounter,
+        inputs={"queries": lambda r: r.value["query"]},
+        outputs=["window_counts"],
+        options=ComputationOptions(late=late),
+        params={"trailing_empty": 3},
+    )
+    t.computation(DipDetector, inputs={"window_counts": lambda r: r.value["key"]}, outputs=["dips"],
+                  params={"warmup_windows": 3, "confidence_threshold": 2, "dip_ratio": 0.5})
+    return Harness(t)
+
+
+def traffic(h: Harness, per_second: dict[int, int], query: str = "cats") -> list[Record]:
+    return [h.record({"query": query}, s * 1_000 + (i * 37) % 1_000) for s, n in per_second.items() for i in range(n)]
+
+
+def test_windows_and_dips_end_to_end_with_a_late_record():
+    h = fig9(LatePolicy.to_stream("late_queries"))
+    normal = {s: 10 for s in range(0, 6)}
+    h.inject("queries", traffic(h, normal))
+    h.advance_watermark("queries", 6_000)
+    h.run()
+    counts = [(v["window_start"], v["count"]) for v in h.values("window_counts")]
+    assert counts == [(s * 1_000, 10) for s in range(6)]
+    assert h.values("dips") == []
+
+    # a late record for the already-closed window 2000-3000 goes to the late stream
+    h.inject("queries", [h.record({"query": "cats"}, 2_500, id="straggler")])
+    # then traffic collapses for two seconds and comes back
+    h.inject("queries", traffic(h, {6: 2, 7: 1, 8: 10, 9: 10}))
+    h.advance_watermark("queries", 8_000)
+    h.run()
+    assert [v["count"] for v in h.values("window_counts")][6:] == [2, 1]
+    (dip,) = h.values("dips")
+    assert (dip["key"], dip["window_start"], dip["actual"], dip["confidence"]) == ("cats", 7_000, 1, 2)
+    assert dip["predicted"] == pytest.approx(10.0)
+    (late,) = h.output("late_queries")
+    assert late.id == "straggler"
+    assert h.metrics("WindowCounter")["late_to_stream"] == 1
+    # no window was produced twice, and the closed window was not reopened
+    starts = [v["window_start"] for v in h.values("window_counts")]
+    assert len(starts) == len(set(starts))
+
+    h.finish("queries")
+    h.run()
+    assert [v["count"] for v in h.values("window_counts")][8:] == [10, 10]
+    assert h.timers("WindowCounter", "cats") == []
+
+
+def test_late_record_dropped_and_counted_by_default_policy():
+    h = fig9(LatePolicy.drop())
+    h.inject("queries", traffic(h, {0: 3}))
+    h.advance_watermark("queries", 1_000)
+    h.run()
+    h.inject("queries", [h.record({"query": "cats"}, 500)])
+    h.finish("queries")
+    h.run()
+    assert [v["count"] for v in h.values("window_counts")] == [3]
+    assert h.metrics("WindowCounter")["late_dropped"] == 1
+
+
+def test_run_sources_feeds_injectors_batch_by_batch():
+    recs = [Record(None, {"query": q}, ts, f"s{i}") for i, (q, ts) in enumerate([("a", 100), ("b", 1_200), ("a", 900), ("a", 2_100)])]
+    t = Topology("src")
+    t.injector("queries", SampleSource(recs, batch_size=2))
+    t.computation(WindowCounter, inputs={"queries": lambda r: r.value["query"]}, outputs=["window_counts"], params={"trailing_empty": 0})
+    h = Harness(t)
+    h.run_sources()
+    got = sorted((v["key"], v["window_start"], v["count"]) for v in h.values("window_counts"))
+    assert got == [("a", 0, 2), ("a", 2_000, 1), ("b", 1_000, 1)]
+    assert h.metrics("WindowCounter")["late"] == 0  # out-of-order within the source is not late
+
+
+def test_is_deterministic():
+    def once():
+        h = fig9(LatePolicy.drop())
+        h.inject("queries", traffic(h, {0: 5, 1: 7, 2: 1, 3: 0, 4: 9}) + traffic(h, {1: 3}, query="dogs"))
+        h.finish("queries")
+        h.run()
+        return h.output("window_counts"), h.output("dips")
+
+    assert once() == once()
+
+
+def test_helpful_errors():
+    h = fig9(LatePolicy.drop())
+    with pytest.raises(HarnessError, match=r"no injector or injected stream named 'querys' \(injectors: queries\)"):
+        h.inject("querys", [])
+    with pytest.raises(HarnessError, match="takes Record objects"):
+        h.inject("queries", [{"query": "cats"}])
+    with pytest.raises(HarnessError, match="no computation named 'Nope'"):
+        h.state("Nope", "k")
+    with pytest.raises(HarnessError, match="exactly one of"):
+        h.advance_wall_time()
