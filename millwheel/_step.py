@@ -213,9 +213,14 @@ class StepRunner:
         """Process ``records`` for ``key`` then fire its due timers; see the module docstring.
 
         ``low_watermark`` is the input low watermark: low-watermark timers at or before it
-        fire, and dedup ids older than it minus the slack are collected. A record is late
-        if its timestamp is below ``late_watermark`` (default: ``low_watermark``): the
-        backend passes the watermark that was in force when the records were delivered.
+        fire. A record is late if its timestamp is below ``late_watermark`` (default:
+        ``low_watermark``): the backend passes the watermark that was in force when the
+        records were delivered. Dedup ids older than the smaller of the two, minus the
+        slack, are collected.
+
+        The backend must not pass a ``low_watermark`` beyond input it has already
+        delivered for this key and not yet stepped: such records would find their windows
+        closed (the harness steps each key's deliveries in order, see ``Harness.process``).
         """
         late_wm = low_watermark if late_watermark is None else late_watermark
         skips: set[Any] = set()
@@ -344,7 +349,10 @@ class StepRunner:
             )
         if dedup is not None:
             dd = opts.dedup
-            dedup.finish(low_watermark - dd.slack_ms, dd.bloom_fpr, dd.bloom_capacity, dd.gc_interval_ms, stats)
+            # ids of records that may still be re-delivered: anything not behind the watermark
+            # these records arrived under (later deliveries are judged against a later one)
+            horizon = min(low_watermark, late_wm) - dd.slack_ms
+            dedup.finish(horizon, dd.bloom_fpr, dd.bloom_capacity, dd.gc_interval_ms, stats)
         dead = [self._dead_letter(key, f, now) for f in failures]
         c.dead_letters = len(dead)
         next_lw = next_wall = None

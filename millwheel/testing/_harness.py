@@ -255,9 +255,12 @@ class Harness:
         strong = runner.options.strong_productions
         for key, key_runs in runs.items():
             env = envelopes.get(key)
-            for run in key_runs:
+            for i, run in enumerate(key_runs):
                 arrival = run[0].arrival_watermark if run else lw
-                result = runner.step(key, env, [q.record for q in run], low_watermark=lw, now=now, late_watermark=arrival)
+                # timers may only fire up to what the key's next, still unprocessed, delivery
+                # allows: its records are not late, so their windows must still be open
+                run_lw = key_runs[i + 1][0].arrival_watermark if i + 1 < len(key_runs) else lw
+                result = runner.step(key, env, [q.record for q in run], low_watermark=run_lw, now=now, late_watermark=arrival)
                 env = result.envelope
                 self._metrics[name].update(result.metrics)
                 sent += [_Outgoing(name, key, p, strong) for p in result.productions]
