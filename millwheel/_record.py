@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 #: Keys are what consumers extract from records (§4.2). They must be hashable and
 #: encodable, so the framework accepts ``str``, ``int`` and ``bytes``.
-Key = Union[str, int, bytes]
+Key = str | int | bytes
 
 #: The smallest timestamp: "nothing is known yet" as a low watermark.
 MIN_TIMESTAMP = -(2**63)

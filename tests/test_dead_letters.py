@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from millwheel import DEAD_LETTER_STREAM, Computation, ComputationOptions, ErrorPolicy, Record, Topology
+import pytest
+
+from millwheel import (
+    DEAD_LETTER_STREAM,
+    Computation,
+    ComputationOptions,
+    ErrorPolicy,
+    Record,
+    Topology,
+)
 from millwheel.testing import Harness
 
 
@@ -54,12 +63,8 @@ def test_raise_policy_propagates():
     h = Harness.for_computation(Fragile, inputs=["in"], outputs=["out"], raise_errors=False,
                                 options=ComputationOptions(on_error=ErrorPolicy.RAISE))
     h.inject("in", [Record("a", -1, 1, "1")])
-    try:
+    with pytest.raises(ValueError, match="negative value -1"):
         h.run()
-    except ValueError as exc:
-        assert "negative" in str(exc)
-    else:  # pragma: no cover - the test fails here
-        raise AssertionError("expected the ValueError to propagate")
 
 
 def test_dead_letters_are_a_stream_others_can_read():

@@ -59,7 +59,15 @@ from millwheel._computation import Computation
 from millwheel._envelope import Envelope
 from millwheel._errors import HarnessError
 from millwheel._options import ComputationOptions, ErrorPolicy
-from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Key, Production, Record, TimeDomain, Timer
+from millwheel._record import (
+    MAX_TIMESTAMP,
+    MIN_TIMESTAMP,
+    Key,
+    Production,
+    Record,
+    TimeDomain,
+    Timer,
+)
 from millwheel._step import DEAD_LETTER_STREAM, StepRunner, acknowledge, pending_productions
 from millwheel._topology import KeyExtractor, Topology
 

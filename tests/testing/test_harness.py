@@ -4,10 +4,43 @@ from __future__ import annotations
 
 import pytest
 
-from computations.anomalies import DipDetector
 from computations.windowing import WindowCounter
-from millwheel import ComputationOptions, HarnessError, LatePolicy, Record, SampleSource, Topology
+from millwheel import (
+    Computation,
+    ComputationOptions,
+    HarnessError,
+    LatePolicy,
+    Record,
+    SampleSource,
+    Topology,
+)
 from millwheel.testing import Harness
+
+
+class DipDetector(Computation):
+    """MillWheel Fig. 9's ``DipDetector::ProcessRecord``, literally.
+
+    The prediction is the key's moving average of earlier complete windows (the shipped
+    Zeitgeist detector in ``computations/anomalies.py`` uses ``ModelCalculator`` instead).
+    """
+
+    def __init__(self, warmup_windows: int, confidence_threshold: int, dip_ratio: float) -> None:
+        self.warmup, self.threshold, self.ratio = warmup_windows, confidence_threshold, dip_ratio
+
+    def process_record(self, record):
+        s = self.state.get({"sum": 0, "n": 0, "confidence": 0})
+        actual = record.value["count"]  # GetBucketCount(input.data())
+        prediction = s["sum"] / s["n"] if s["n"] else None  # state.GetPrediction(...)
+        if prediction is not None and s["n"] >= self.warmup and actual < self.ratio * prediction:
+            s["confidence"] += 1  # state.UpdateConfidence(prediction, actual)
+        else:
+            s["confidence"] = 0
+            s["sum"], s["n"] = s["sum"] + actual, s["n"] + 1
+        if s["confidence"] >= self.threshold:  # state.confidence() > kConfidenceThreshold
+            dip = {"key": self.key, "window_start": record.value["window_start"], "actual": actual,
+                   "predicted": prediction, "confidence": s["confidence"]}
+            self.produce("dips", dip, timestamp=record.timestamp)
+        self.state.set(s)
 
 
 def fig9(late: LatePolicy) -> Harness:
