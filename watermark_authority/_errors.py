@@ -1,0 +1,84 @@
+"""Exceptions of the low-watermark authority, shared by the core, the server and the clients.
+
+Every error derives from :class:`AuthorityError`, itself a :class:`millwheel.MillwheelError`::
+
+    MillwheelError
+    └── AuthorityError              root of the authority's errors
+        ├── InvalidRequestError     malformed request: a missing field, a wrong type, a bad value (HTTP 400)
+        ├── UnknownNameError        no such computation, interval or injector (HTTP 404)
+        ├── StaleTokenError         the sequencer token was invalidated by a newer owner (HTTP 409)
+        ├── ConflictError           the request contradicts the authority's state (HTTP 409)
+        └── AuthorityUnavailableError   the client could not reach the service, even after retries
+
+The server answers each 4xx with ``{"error": CODE, "message": TEXT}``; the HTTP client turns
+``CODE`` back into the same class, so in-process and HTTP callers catch the same errors.
+"""
+
+from __future__ import annotations
+
+from millwheel import MillwheelError
+
+
+class AuthorityError(MillwheelError):
+    """Root of the watermark authority's errors."""
+
+    #: the machine-readable code the server sends with the error
+    code = "authority_error"
+    #: the HTTP status the server answers with
+    status = 500
+
+
+class InvalidRequestError(AuthorityError):
+    """The request is malformed; the message names the field and the fix. Nothing changed."""
+
+    code = "invalid_request"
+    status = 400
+
+
+class UnknownNameError(AuthorityError):
+    """No computation, interval or injector of that name is known. Nothing changed."""
+
+    code = "unknown_name"
+    status = 404
+
+
+class StaleTokenError(AuthorityError):
+    """A report or write carried a sequencer token that a newer acquire invalidated (§6.2, §7.2).
+
+    The caller is a zombie for that interval: it must stop writing for it. Nothing changed.
+    ``intervals`` lists the ``(computation, interval)`` pairs whose tokens were stale.
+    """
+
+    code = "stale_token"
+    status = 409
+
+    def __init__(self, message: str, intervals: list[tuple[str, str]] | None = None) -> None:
+        super().__init__(message)
+        self.intervals = list(intervals or [])
+
+
+class ConflictError(AuthorityError):
+    """The request contradicts the authority's state (e.g. a name in use as another kind)."""
+
+    code = "conflict"
+    status = 409
+
+
+class AuthorityUnavailableError(AuthorityError):
+    """The HTTP client could not reach the authority, even after its retries."""
+
+    code = "unavailable"
+    status = 503
+
+
+#: error code -> class, for the HTTP client
+ERRORS_BY_CODE: dict[str, type[AuthorityError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidRequestError,
+        UnknownNameError,
+        StaleTokenError,
+        ConflictError,
+        AuthorityUnavailableError,
+    )
+}
