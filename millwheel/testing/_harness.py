@@ -246,7 +246,9 @@ class Harness:
         """
         runner = self._runner(name)
         lw, now = self._input_watermark(name), self._now
-        queue, self._queues[name] = self._queues[name], []
+        # the input stays queued (pending work that holds the watermark, §4.5) until the
+        # checkpoint ACKs it: weak productions sent before then must not find it gone
+        queue = list(self._queues[name])
         runs: dict[Key, list[list[_Queued]]] = {}
         for q in queue:
             key_runs = runs.setdefault(q.record.key, [])  # type: ignore[arg-type]
@@ -279,8 +281,8 @@ class Harness:
             if not out.strong:
                 self._deliver_one(name, out)
         if crash is Crash.BEFORE_COMMIT:
-            self._queues[name] = queue + self._queues[name]  # not ACKed: the senders retry
-            return
+            return  # nothing ACKed: the input is delivered again
+        del self._queues[name][: len(queue)]  # the checkpoint ACKs the input
         for key, (env, result) in staged.items():
             self._store(name, key, env, result.hold, (result.next_low_watermark_timer, result.next_wall_timer))
         self._outbox[name] += [o for o in sent if o.strong]
