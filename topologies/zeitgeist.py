@@ -1,51 +1,138 @@
-"""Zeitgeist (MillWheel §2, Fig. 1, Fig. 9): query events -> WindowCounter -> DipDetector.
+"""Zeitgeist: spike and dip detection on search queries (MillWheel §2, Fig. 1, Fig. 2, Fig. 9).
 
-Run it with ``millwheel run topologies/zeitgeist.py``. The built-in sample is a seeded
-stream of search queries in which one popular query stops arriving for a few seconds.
+::
+
+    queries ──► WindowCounter ──window_counts──► ModelCalculator ──window_models──┬─► DipDetector ──┐
+       │        (per query, 1 s buckets,         (per query, seasonal model,      │   (LW timer per │
+       │         LW timer per bucket)             long-term state)                │    bucket)      ├─► anomalies
+       └──────────────────────────────────────────────────────────────────► SpikeDetector ───────┘
+                                                                               (no timers)
+
+* ``WindowCounter`` counts each query's events per 1-second bucket and emits a bucket once
+  the low watermark has passed it (Fig. 9 ``Windower``, §4.6); late records (behind the
+  injector low watermark) are dropped and counted (§4.5: Zeitgeist drops late data).
+* ``ModelCalculator`` keeps a per-query model of expected traffic for the long term (§2)
+  and attaches the prediction and a model snapshot to every window.
+* ``SpikeDetector`` reads the raw events as they arrive and the model snapshots: a spike
+  is evident before the bucket is complete, so it uses no timers (§4.6).
+* ``DipDetector`` judges a bucket only once the low watermark has passed it, with a
+  low-watermark timer per bucket (§2, §4.6, Fig. 9).
+
+``millwheel run topologies/zeitgeist.py`` runs :func:`build` on the default generated
+sample (``topologies/zeitgeist_tools.py`` generates it on first use);
+``python -m topologies.zeitgeist_tools run`` replays it in continuous mode and prints
+the evaluation. See ``docs/zeitgeist.md``.
+
+>>> import tempfile
+>>> from topologies.zeitgeist_tools import GeneratorConfig, generate
+>>> d = tempfile.mkdtemp()
+>>> _ = generate(d, GeneratorConfig(duration_s=20, rate=200, queries=20, spikes=0, dips=0))
+>>> print(build(d).name, sorted(build(d).computations))
+zeitgeist ['DipDetector', 'ModelCalculator', 'SpikeDetector', 'WindowCounter']
 """
 
 from __future__ import annotations
 
-import random
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-from computations.anomalies import DipDetector
+from computations.anomalies import ANOMALIES, DipDetector, SpikeDetector, Thresholds
+from computations.model import ModelCalculator
 from computations.windowing import WindowCounter
-from millwheel import Record, SampleSource, Topology
-
-QUERIES = ["weather", "news", "cats", "football", "recipes", "flights", "stocks", "movies"]
-
-
-def sample_events(seed: int = 7, seconds: int = 60, rate_per_s: int = 400, dip: tuple[str, int, int] = ("cats", 30, 36)) -> list[Record]:
-    """Seeded query events, Zipf-like popularity, with ``dip`` = (query, from_s, to_s) missing."""
-    rng = random.Random(seed)
-    weights = [1 / (i + 1) for i in range(len(QUERIES))]
-    out: list[Record] = []
-    n = 0
-    for second in range(seconds):
-        for _ in range(rate_per_s):
-            q = rng.choices(QUERIES, weights)[0]
-            if q == dip[0] and dip[1] <= second < dip[2]:
-                continue
-            ts = second * 1_000 + rng.randrange(1_000)
-            out.append(Record(None, {"query": q, "ts": ts}, ts, f"q-{n}"))
-            n += 1
-    # mild out-of-order arrival, as from several log files
-    out.sort(key=lambda r: r.timestamp + rng.randrange(300))
-    return out
+from millwheel import ComputationOptions, DedupOptions, LatePolicy, Source, Topology
+from topologies.zeitgeist_tools import LogDirectorySource, ensure_sample
 
 
-def build(events: list[Record] | None = None) -> Topology:
+@dataclass(frozen=True)
+class ZeitgeistConfig:
+    """The topology's settings: bucket size, model, detector thresholds (Fig. 9), dedup horizon."""
+
+    window_ms: int = 1_000
+    #: the model's short "day" and its slots (the generator's default day is 60 s)
+    day_ms: int = 60_000
+    slot_ms: int = 3_000
+    model_alpha: float = 0.1
+    model_gamma: float = 0.3
+    model_warmup_windows: int = 10
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    #: empty buckets the window counter still emits (as zeros) after a query goes quiet
+    trailing_empty: int = 10
+    #: how long record ids are kept for exactly-once (§6.1.1): beyond any redelivery delay
+    dedup_slack_ms: int = 30_000
+
+
+def make_source(data_dir: str | os.PathLike[str]) -> Source:
+    """The query-log injector source: the one place to switch to the Spark runtime's file source."""
+    return LogDirectorySource(data_dir, id_field="id", ts_field="ts")
+
+
+def build(data_dir: str | os.PathLike[str] | None = None, *, config: ZeitgeistConfig | None = None, source: Source | None = None) -> Topology:
+    """The Zeitgeist topology reading ``data_dir`` (default: the default sample, generated if missing)."""
+    cfg = config or ZeitgeistConfig()
+    if source is None:
+        source = make_source(ensure_sample(data_dir))
+    options = ComputationOptions(
+        late=LatePolicy.drop(),
+        dedup=DedupOptions(slack_ms=cfg.dedup_slack_ms, gc_interval_ms=max(1_000, cfg.dedup_slack_ms // 6)),
+    )
+    by_query = {"queries": lambda r: r.value["query"]}
+    by_key = {"window_models": lambda r: r.value["key"]}
     t = Topology("zeitgeist")
-    t.injector("queries", SampleSource(events if events is not None else sample_events(), batch_size=2_000))
-    t.computation(WindowCounter, inputs={"queries": lambda r: r.value["query"]}, outputs=["window_counts"])
+    t.injector("queries", source)
+    t.computation(
+        WindowCounter,
+        inputs={"queries": lambda r: r.value["query"]},
+        outputs=["window_counts"],
+        options=options,
+        params={"window_ms": cfg.window_ms, "trailing_empty": cfg.trailing_empty},
+    )
+    t.computation(
+        ModelCalculator,
+        inputs={"window_counts": lambda r: r.value["key"]},
+        outputs=["window_models"],
+        options=options,
+        params={
+            "day_ms": cfg.day_ms,
+            "slot_ms": cfg.slot_ms,
+            "alpha": cfg.model_alpha,
+            "gamma": cfg.model_gamma,
+            "warmup_windows": cfg.model_warmup_windows,
+            "window_ms": cfg.window_ms,
+        },
+    )
+    t.computation(
+        SpikeDetector,
+        inputs={**by_query, **by_key},
+        outputs=[ANOMALIES],
+        options=options,
+        params={"thresholds": cfg.thresholds, "window_ms": cfg.window_ms},
+    )
     t.computation(
         DipDetector,
-        inputs={"window_counts": lambda r: r.value["key"]},
-        outputs=["dips"],
-        params={"confidence_threshold": 2, "dip_ratio": 0.3},
+        inputs=by_key,
+        outputs=[ANOMALIES],
+        options=options,
+        params={"thresholds": cfg.thresholds, "window_ms": cfg.window_ms},
     )
-    t.sink("dips")
+    t.sink(ANOMALIES)
     return t
 
 
-topology = build()
+def on_finish(topology: Topology, streams: Mapping[str, list[Any]], metrics: Mapping[str, Mapping[str, int]], *, wall_clock: bool = False) -> str:
+    """The evaluation of a finished run, as text: for ``millwheel run`` to print after the run.
+
+    ``streams`` maps stream names to their values (at least ``anomalies`` and
+    ``dead_letters``), ``metrics`` computation names to their counters.
+    """
+    from topologies.zeitgeist_tools import RunResult, evaluate, load_truth, render
+
+    source = topology.injectors["queries"].source
+    directory = getattr(source, "directory", None)
+    if directory is None:
+        return "zeitgeist: no ground truth for this source; nothing to evaluate"
+    dead = [dict(v) if isinstance(v, Mapping) else {"value": v} for v in streams.get("dead_letters", [])]
+    dead += [{"what": "malformed_line", **m} for m in getattr(source, "malformed", [])]  # TEMPORARY, see LogDirectorySource
+    result = RunResult([dict(a) for a in streams.get(ANOMALIES, [])], {k: dict(v) for k, v in metrics.items()}, dead, wall_clock=wall_clock)
+    return render(evaluate(result, load_truth(directory)))
