@@ -14,6 +14,8 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import rbloom
 import xxhash
 
@@ -52,7 +54,7 @@ class BloomFilter:
     def add(self, item: str) -> None:
         self._bloom.add(item)
 
-    def update(self, items: object) -> None:
+    def update(self, items: Iterable[str]) -> None:
         self._bloom.update(items)
 
     def __contains__(self, item: str) -> bool:

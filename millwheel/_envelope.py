@@ -19,7 +19,7 @@ collection, so the common path (a new record) never decodes it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 
@@ -148,8 +148,8 @@ class DedupIndex:
             self._rebuild(exact, fpr, fixed_capacity)
         else:
             self.blob += _packb(new)
-            bloom = self._bloom_filter()
-            bloom.update(rid for rid, _ in new)  # type: ignore[union-attr]  # bloom_bytes is set here
+            bloom = cast(BloomFilter, self._bloom_filter())  # bloom_bytes is set on this branch
+            bloom.update(rid for rid, _ in new)
             self.bloom_bytes = bloom.to_bytes()
             self.count = total
             self.min_ts = min_ts

@@ -88,6 +88,7 @@ class _Counters:
     timers_fired: int = 0
     timers_deferred: int = 0
     productions: int = 0
+    productions_behind_watermark: int = 0
     dead_letters: int = 0
     dedup: DedupStats = field(default_factory=DedupStats)
 
@@ -102,6 +103,7 @@ class _Counters:
             "timers_fired": self.timers_fired,
             "timers_deferred": self.timers_deferred,
             "productions": self.productions,
+            "productions_behind_watermark": self.productions_behind_watermark,
             "dead_letters": self.dead_letters,
             "bloom_maybe": self.dedup.bloom_maybe,
             "bloom_false_positive": self.dedup.bloom_false_positive,
@@ -116,7 +118,7 @@ class _KeyContext:
 
     __slots__ = (
         "runner", "key", "state", "now", "low_watermark", "timers", "productions",
-        "seq", "default_ts", "due_heap", "firing",
+        "seq", "default_ts", "due_heap", "firing", "behind_watermark",
     )
 
     def __init__(self, runner: StepRunner, key: Key, env: Envelope, low_watermark: int, now: int) -> None:
@@ -131,6 +133,7 @@ class _KeyContext:
         self.default_ts = low_watermark
         self.due_heap: list[tuple[int, int, str]] = []
         self.firing = False
+        self.behind_watermark = 0
 
     def _is_due(self, ts: int, domain: int) -> bool:
         return ts <= (self.low_watermark if domain == _LW else self.now)
@@ -172,6 +175,10 @@ class _KeyContext:
         if type(ts) is not int:
             msg = f"computation {runner.name!r}: produce({stream!r}) timestamp must be an int (ms), got {type(ts).__name__} {ts!r}"
             raise ComputationError(msg)
+        if ts < self.low_watermark:
+            # §4.5: a production should be no older than its sources; this one will be
+            # late for every consumer
+            self.behind_watermark += 1
         rkey = self.key if key is None else key
         rid = production_id(runner.name, self.key, self.seq)
         self.seq += 1
@@ -342,6 +349,7 @@ class StepRunner:
         env.seq = ctx.seq
         productions = ctx.productions
         c.productions = len(productions)
+        c.productions_behind_watermark = ctx.behind_watermark
         if opts.strong_productions and productions:
             env.pending.extend(
                 PendingProduction(p.stream, p.record.key, encode_value(p.record.value), p.record.timestamp, p.record.id)

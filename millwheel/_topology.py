@@ -90,8 +90,8 @@ class ComputationSpec:
     def all_outputs(self) -> tuple[str, ...]:
         """Declared outputs plus the late stream, if the late policy names one."""
         late = self.options.late
-        if late.action is LateAction.TO_STREAM and late.stream not in self.outputs:
-            return (*self.outputs, late.stream)  # type: ignore[return-value]
+        if late.action is LateAction.TO_STREAM and late.stream is not None and late.stream not in self.outputs:
+            return (*self.outputs, late.stream)
         return self.outputs
 
 

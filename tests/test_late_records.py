@@ -65,3 +65,4 @@ def test_late_productions_downstream_are_late_too():
     h.inject("in", [Record("k", "x", 20_000, "a")])
     h.run()
     assert h.metrics("Collector")["late_dropped"] == 1
+    assert h.metrics("Forward")["productions_behind_watermark"] == 1  # the producer is told too
