@@ -10,7 +10,9 @@ The model here is a seasonal moving average with an EWMA level:
 * the "day" (``day_ms``, short by default because samples last minutes) is cut into
   ``slot_ms`` slots; ``profile[s]`` is an EWMA of the counts of the windows in slot ``s``;
 * once every slot has been seen for a whole day, ``shape[s] = profile[s] / mean(profile)``
-  is the seasonal shape; before that the shape is flat (1.0);
+  is the seasonal shape (and the level restarts from ``mean(profile)``); before that the
+  shape is flat (1.0) and, with ``require_season`` (the default), no prediction is
+  published: a query has no history to compare with before its first day;
 * ``level`` is an EWMA of de-seasonalised counts (``count / shape[s]``);
 * the prediction for a bucket in slot ``s`` is ``level * shape[s]``.
 
@@ -34,7 +36,7 @@ predict the buckets that are still filling (:func:`expected_count`).
 >>> [m["expected"] for m in out[:4]]            # warming up
 [None, None, None, None]
 >>> [round(m["expected"]) for m in out[-5:]]   # learnt the 10/20 seasonal pattern
-[9, 17, 9, 18, 9]
+[10, 20, 10, 20, 10]
 >>> out[-1]["count"], out[-1]["model"]["windows"]
 (40, 13)
 """
@@ -58,6 +60,7 @@ def new_model(day_ms: int, slot_ms: int, window_ms: int = 1_000) -> dict[str, An
         "level": None,
         "windows": 0,
         "last_window": None,
+        "seasonal": False,
     }
 
 
@@ -66,11 +69,13 @@ def slot_of(model: dict[str, Any], bucket_start: int) -> int:
     return (bucket_start % model["day_ms"]) // model["slot_ms"] % len(model["profile"])
 
 
+def is_seasonal(model: dict[str, Any] | None) -> bool:
+    """True once every slot of the day has a whole day of history (the shape is trusted)."""
+    return bool(model and model["seasonal"])
+
+
 def _shape(model: dict[str, Any], slot: int) -> float:
-    seen = model["seen"]
-    # the seasonal shape is only trusted once every slot has a whole day of history
-    slot_windows = max(1, model["slot_ms"] // model["window_ms"])
-    if min(seen) < slot_windows:
+    if not model["seasonal"]:
         return 1.0
     profile = model["profile"]
     mean = sum(profile) / len(profile)
@@ -134,6 +139,10 @@ def update_model(
         model["profile"][slot] = (1 - g) * model["profile"][slot] + g * x
     model["seen"][slot] += 1
     model["windows"] += 1
+    if not model["seasonal"] and min(model["seen"]) >= max(1, model["slot_ms"] // model["window_ms"]):
+        # a whole day seen: switch to the seasonal model, its level the day's mean
+        model["seasonal"] = True
+        model["level"] = sum(model["profile"]) / len(model["profile"])
     if last is None or bucket_start > last:
         model["last_window"] = bucket_start
     return predicted
@@ -152,8 +161,9 @@ class ModelCalculator(Computation):
 
     Consumes ``{"key", "window_start", "count"}`` (``WindowCounter``'s output); produces
     ``{"key", "window_start", "count", "expected", "model"}`` with the window's end as
-    timestamp (no smaller than the window's, §4.5). ``expected`` is ``None`` until the
-    model has seen ``warmup_windows`` windows.
+    timestamp (no smaller than the window's, §4.5). ``expected`` and ``model`` are
+    ``None`` until the model has seen ``warmup_windows`` windows and (``require_season``)
+    a whole day.
     """
 
     def __init__(
@@ -167,6 +177,7 @@ class ModelCalculator(Computation):
         outlier_weight: float = 0.05,
         warmup_windows: int = 10,
         window_ms: int = 1_000,
+        require_season: bool = True,
     ) -> None:
         self.output = output
         self.day_ms = day_ms
@@ -177,12 +188,13 @@ class ModelCalculator(Computation):
         self.outlier_weight = outlier_weight
         self.warmup_windows = warmup_windows
         self.window_ms = window_ms
+        self.require_season = require_season
 
     def process_record(self, record: Record) -> None:
         window = record.value
         start = window["window_start"]
         model = self.state.get() or new_model(self.day_ms, self.slot_ms, self.window_ms)
-        warm = model["windows"] >= self.warmup_windows
+        warm = model["windows"] >= self.warmup_windows and (model["seasonal"] or not self.require_season)
         predicted = update_model(
             model,
             start,
@@ -200,7 +212,7 @@ class ModelCalculator(Computation):
                 "window_start": start,
                 "count": window["count"],
                 "expected": predicted if warm else None,
-                "model": snapshot(model) if model["windows"] >= self.warmup_windows else None,
+                "model": snapshot(model) if warm else None,
             },
             timestamp=max(record.timestamp, start + self.window_ms),
         )
