@@ -243,7 +243,9 @@ def create_app(authority: Authority, *, history: History | None = None) -> Starl
 
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto=IPPROTO_TCP so asyncio sets TCP_NODELAY on accepted connections (else Nagle + delayed
+    # ACK add 40 ms to every response on a kept-alive connection)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -302,8 +304,16 @@ def serve(
                         f.write(url)
                     os.replace(tmp, ready_file)
 
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            super().handle_exit(sig, frame)
+            # SIGTERM/SIGINT mean "shut down cleanly and exit 0": uvicorn would re-raise them
+            captured = getattr(self, "_captured_signals", None)
+            if isinstance(captured, list):
+                captured.clear()
+
     app = create_app(authority, history=History(history_seconds, sample_interval))
     config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=3)
     server = _Server(config)
     server.run(sockets=[sock])
+    print("watermark authority stopped", flush=True)
     return 0

@@ -1,0 +1,133 @@
+"""The HTTP service: malformed requests get a 4xx with a reason and change nothing."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+
+@pytest.fixture
+def http(service):
+    with httpx.Client(base_url=service.url, timeout=10.0) as h:
+        yield h
+
+
+@pytest.fixture
+def seeded(http, ns):
+    """A computation with two reported intervals and an injector, and a snapshot function."""
+    c, inj = f"{ns}c", f"{ns}logs"
+    tokens = http.post("/v1/acquire", json={"computation": c, "intervals": ["a", "b"]}).json()["tokens"]
+    r = http.post("/v1/report", json={"computation": c, "reports": [["a", tokens["a"], 1_000], {"interval": "b", "token": tokens["b"], "oldest_work": 2_000, "pending": 4}]})
+    assert r.status_code == 200, r.text
+    assert http.post("/v1/injectors/expect", json={"injector": inj, "processes": ["p0"]}).status_code == 200
+    assert http.post("/v1/injectors/report", json={"injector": inj, "process": "p0", "low_watermark": 3_000}).status_code == 200
+
+    def snapshot():
+        return (
+            http.get("/v1/intervals", params={"computation": c}).json(),
+            http.get("/v1/watermarks").json()["watermarks"].get(c),
+            http.get("/v1/status").json()["injectors"][inj]["processes"],
+        )
+
+    return c, inj, tokens, snapshot
+
+
+def bad_requests(c, inj, tokens):
+    a, b = tokens["a"], tokens["b"]
+    return [
+        ("POST", "/v1/report", b"{not json", 400, "not valid JSON"),
+        ("POST", "/v1/report", b"[1, 2]", 400, "must be a JSON object"),
+        ("POST", "/v1/report", {"computation": c}, 400, "missing field(s) ['reports']"),
+        ("POST", "/v1/report", {"computation": c, "reports": [], "extra": 1}, 400, "unexpected field(s) ['extra']"),
+        ("POST", "/v1/report", {"computation": c, "reports": "a"}, 400, "must be a list"),
+        ("POST", "/v1/report", {"computation": c, "reports": [["a", a, 5_000], ["b", b]]}, 400, "report #1"),
+        ("POST", "/v1/report", {"computation": c, "reports": [["a", a, 5_000], ["b", b, "soon"]]}, 400, "integer timestamp"),
+        ("POST", "/v1/report", {"computation": c, "reports": [["a", a, 5_000], ["b", b, 1.5]]}, 400, "integer timestamp"),
+        ("POST", "/v1/report", {"computation": c, "reports": [["a", a, 5_000], ["b", b, 2**64]]}, 400, "MAX_TIMESTAMP"),
+        ("POST", "/v1/report", {"computation": c, "reports": [["a", a, 5_000], ["b", b, 6_000, -3]]}, 400, "pending must be a count"),
+        ("POST", "/v1/report", {"computation": c, "reports": [["a", a, 5_000], ["b", "x", 6_000]]}, 400, "token must be"),
+        ("POST", "/v1/report", {"computation": c, "reports": [["a", a, 5_000], {"interval": "b", "token": b}]}, 400, "oldest_work"),
+        ("POST", "/v1/report", {"computation": c, "reports": [["a", a, 5_000], ["zz", b, 6_000]]}, 404, "acquire an interval before reporting"),
+        ("POST", "/v1/report", {"computation": c, "reports": [["a", a, 5_000], ["b", b + 1000, 6_000]]}, 409, "stale sequencer token"),
+        ("POST", "/v1/report", {"computation": "", "reports": []}, 400, "non-empty string"),
+        ("POST", "/v1/acquire", {"computation": c, "intervals": "a"}, 400, "non-empty list"),
+        ("POST", "/v1/acquire", {"computation": c, "intervals": ["x", "x"]}, 400, "twice"),
+        ("POST", "/v1/acquire", {"computation": c, "intervals": ["x", "bad\x00name"]}, 400, "printable"),
+        ("POST", "/v1/acquire", {"computation": inj, "intervals": ["x"]}, 409, "namespace"),
+        ("POST", "/v1/split", {"computation": c, "interval": "a", "into": ["b", "a2"]}, 409, "already intervals"),
+        ("POST", "/v1/merge", {"computation": c, "intervals": ["a", "nope"], "into": "ab"}, 404, "no interval 'nope'"),
+        ("POST", "/v1/injectors/report", {"injector": inj, "process": "p9", "low_watermark": 9_000}, 404, "expected set"),
+        ("POST", "/v1/injectors/report", {"injector": inj, "process": "p0", "low_watermark": "9000"}, 400, "integer timestamp"),
+        ("POST", "/v1/injectors/expect", {"injector": inj, "processes": []}, 400, "non-empty list"),
+        ("POST", "/v1/token/check", {"computation": c, "interval": "a", "token": 0}, 400, "positive integer"),
+        ("GET", "/v1/watermark", None, 400, "missing query parameter 'name'"),
+        ("GET", "/v1/watermark?name=nobody-at-all", None, 404, "no computation or injector named 'nobody-at-all'"),
+        ("GET", f"/v1/watermark?name={c}&pct=abc", None, 400, "(0, 100]"),
+        ("GET", f"/v1/watermark?name={c}&pct=0", None, 400, "(0, 100]"),
+    ]
+
+
+def test_malformed_requests_get_a_4xx_with_a_reason_and_change_nothing(http, seeded):
+    c, inj, tokens, snapshot = seeded
+    before = snapshot()
+    for method, path, body, status, reason in bad_requests(c, inj, tokens):
+        if isinstance(body, bytes):
+            r = http.request(method, path, content=body)
+        else:
+            r = http.request(method, path, json=body)
+        assert r.status_code == status, (path, body, r.status_code, r.text)
+        payload = r.json()
+        assert reason in payload["message"], (path, body, payload)
+        assert payload["error"] in {"invalid_request", "unknown_name", "stale_token", "conflict"}
+        assert snapshot() == before, f"{path} {body!r} changed the authority's state"
+
+
+def test_reports_accept_arrays_and_objects(http, seeded):
+    c, _, tokens, _ = seeded
+    r = http.post("/v1/report", json={"computation": c, "reports": [["a", tokens["a"], 1_500, 2], {"interval": "b", "token": tokens["b"], "oldest_work": 1_700}]})
+    assert r.json() == {"accepted": 2}
+    assert http.get("/v1/watermark", params={"name": c}).json() == {"name": c, "low_watermark": 1_500}
+    assert http.get("/v1/intervals", params={"computation": c}).json()["intervals"]["a"]["pending"] == 2
+
+
+def test_status_names_what_holds_each_watermark(http, seeded):
+    c, inj, _, _ = seeded
+    status = http.get("/v1/status").json()
+    assert status["computations"][c]["holding"]["interval"] == "a"
+    assert status["computations"][c]["holding"]["value"] == 1_000
+    assert status["injectors"][inj]["holding"] == {"process": "p0", "value": 3_000, "reported": True}
+    assert set(status["computations"][c]["percentiles"]) == {"99.000"}
+
+
+def test_history_samples_watermarks_for_the_chart(http, seeded):
+    c = seeded[0]
+    hist = http.get("/v1/history", params={"seconds": "60"}).json()
+    assert hist["interval"] > 0 and isinstance(hist["samples"], list)
+    assert all(set(s) == {"t", "w"} for s in hist["samples"])
+    assert http.get("/v1/history", params={"seconds": "x"}).status_code == 400
+    # the sampler publishes what it samples, so the value seen in a later sample is c's watermark
+    import time
+
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        samples = http.get("/v1/history", params={"seconds": "60"}).json()["samples"]
+        if any(c in s["w"] for s in samples):
+            break
+        time.sleep(0.2)
+    assert [s["w"][c] for s in samples if c in s["w"]][-1] == 1_000
+
+
+def test_the_dashboard_and_its_chart_library_are_served(http):
+    page = http.get("/")
+    assert page.status_code == 200 and "uPlot.iife.min.js" in page.text
+    js = http.get("/static/uPlot.iife.min.js")
+    assert js.status_code == 200 and "uPlot" in js.text
+    assert http.get("/static/dashboard.js").status_code == 200
+
+
+def test_the_error_body_is_json_with_a_code(http):
+    r = http.post("/v1/acquire", content=json.dumps({"computation": 5, "intervals": ["a"]}))
+    assert r.status_code == 400
+    assert r.json() == {"error": "invalid_request", "message": "computation must be a non-empty string, got 5"}
