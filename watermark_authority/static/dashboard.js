@@ -93,6 +93,32 @@
       plotted.canvas = !!chart.querySelector("canvas");
     }
     document.getElementById("plotted").textContent = JSON.stringify(plotted);
+    // once uPlot has drawn (it paints in a microtask), count each series' pixels on the canvas
+    if (plot !== null && !empty) setTimeout(() => countPixels(names), 0);
+  }
+
+  function countPixels(names) {
+    const canvas = document.querySelector("#chart canvas");
+    if (!canvas) return;
+    const data = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+    const rgb = names.map((n, i) => {
+      const hex = COLORS[i % COLORS.length];
+      return [1, 3, 5].map((k) => parseInt(hex.slice(k, k + 2), 16));
+    });
+    const counts = names.map(() => 0);
+    for (let p = 0; p < data.length; p += 4) {
+      if (data[p + 3] < 200) continue;
+      for (let i = 0; i < rgb.length; i++) {
+        const c = rgb[i];
+        if (Math.abs(data[p] - c[0]) < 12 && Math.abs(data[p + 1] - c[1]) < 12 && Math.abs(data[p + 2] - c[2]) < 12) {
+          counts[i] += 1;
+          break;
+        }
+      }
+    }
+    const drawn = {};
+    names.forEach((n, i) => { drawn[n] = counts[i]; });
+    document.getElementById("drawn").textContent = JSON.stringify(drawn);
   }
 
   function renderTables(status) {
