@@ -8,7 +8,8 @@ Storage*): it is per-key persistent state (§4.4) that is never cleared.
 The model here is a seasonal moving average with an EWMA level:
 
 * the "day" (``day_ms``, short by default because samples last minutes) is cut into
-  ``slot_ms`` slots; ``profile[s]`` is an EWMA of the counts of the windows in slot ``s``;
+  ``slot_ms`` slots; ``profile[s]`` is an EWMA of the counts of the windows in slot ``s`` (a running
+  mean while it has fewer than ``1/gamma`` of them);
 * once every slot has been seen for a whole day, ``shape[s] = profile[s] / mean(profile)``
   is the seasonal shape (and the level restarts from ``mean(profile)``); before that the
   shape is flat (1.0) and, with ``require_season`` (the default), no prediction is
@@ -16,8 +17,9 @@ The model here is a seasonal moving average with an EWMA level:
 * ``level`` is an EWMA of de-seasonalised counts (``count / shape[s]``);
 * the prediction for a bucket in slot ``s`` is ``level * shape[s]``.
 
-Outliers (windows outside ``[1/outlier_ratio, outlier_ratio] x prediction``) update the
-model with a much smaller weight (``outlier_weight``) and clipped to the band, so a spike
+The shape is smoothed over neighbouring slots. Outliers (windows outside both
+``[1/outlier_ratio, outlier_ratio] x prediction`` and ``prediction ± 3 sqrt(prediction)``,
+Poisson noise) update the model with a much smaller weight (``outlier_weight``) and clipped to the band, so a spike
 or a dip does not become the norm, yet a lasting change is learnt eventually.
 
 For each window from ``WindowCounter`` the calculator produces one record to its output
@@ -27,22 +29,23 @@ predict the buckets that are still filling (:func:`expected_count`).
 
 >>> from millwheel.testing import Harness
 >>> h = Harness.for_computation(ModelCalculator, inputs={"w": lambda r: r.value["key"]},
-...                             outputs=["window_models"], params={"day_ms": 4_000, "slot_ms": 1_000, "warmup_windows": 4})
->>> counts = [10, 20, 10, 20] * 3 + [40]
+...                             outputs=["window_models"], params={"day_ms": 6_000, "slot_ms": 1_000, "warmup_windows": 4})
+>>> counts = [10, 20, 30, 30, 20, 10] * 3 + [40]
 >>> h.inject("w", [h.record({"key": "cats", "window_start": i * 1000, "count": c}, (i + 1) * 1000)
 ...                for i, c in enumerate(counts)])
 >>> h.finish("w"); h.run()
 >>> out = h.values("window_models")
->>> [m["expected"] for m in out[:4]]            # warming up
-[None, None, None, None]
->>> [round(m["expected"]) for m in out[-5:]]   # learnt the 10/20 seasonal pattern
-[10, 20, 10, 20, 10]
+>>> [m["expected"] for m in out[:6]]            # warming up: less than a day of history
+[None, None, None, None, None, None]
+>>> [round(m["expected"]) for m in out[-7:]]   # learnt the seasonal pattern (smoothed)
+[12, 19, 26, 26, 19, 12, 12]
 >>> out[-1]["count"], out[-1]["model"]["windows"]
-(40, 13)
+(40, 19)
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from millwheel import Computation, Record
@@ -78,10 +81,13 @@ def _shape(model: dict[str, Any], slot: int) -> float:
     if not model["seasonal"]:
         return 1.0
     profile = model["profile"]
-    mean = sum(profile) / len(profile)
+    n = len(profile)
+    mean = sum(profile) / n
     if mean <= 0:
         return 1.0
-    return max(profile[slot], 0.0) / mean
+    # seasonality is smooth: a [1, 2, 1] kernel over neighbouring slots (circular) damps noise
+    smoothed = (profile[(slot - 1) % n] + 2 * profile[slot] + profile[(slot + 1) % n]) / 4 if n >= 3 else profile[slot]
+    return max(smoothed, 0.0) / mean
 
 
 def expected_count(model: dict[str, Any] | None, bucket_start: int) -> float | None:
@@ -109,6 +115,7 @@ def update_model(
     gamma: float,
     outlier_ratio: float,
     outlier_weight: float,
+    outlier_z: float = 3.0,
 ) -> float | None:
     """Learn one window; return the prediction made for it *before* learning.
 
@@ -125,7 +132,10 @@ def update_model(
     weight = 1.0
     x = float(count)
     if predicted is not None and model["windows"] >= 3 and predicted > 0:
-        lo, hi = predicted / outlier_ratio, predicted * outlier_ratio
+        # outside both a ratio band and a Poisson-noise band (small counts are noisy)
+        noise = outlier_z * math.sqrt(predicted)
+        lo = min(predicted / outlier_ratio, predicted - noise)
+        hi = max(predicted * outlier_ratio, predicted + noise)
         if not lo <= x <= hi:
             weight = outlier_weight
             x = min(max(x, lo), hi)
@@ -133,11 +143,11 @@ def update_model(
     shape = _shape(model, slot)
     deseasonalised = x / shape if shape > 0 else x
     model["level"] = x if model["level"] is None else (1 - a) * model["level"] + a * deseasonalised
-    if model["seen"][slot] == 0:
-        model["profile"][slot] = x
-    else:
-        model["profile"][slot] = (1 - g) * model["profile"][slot] + g * x
-    model["seen"][slot] += 1
+    seen = model["seen"][slot] + 1
+    # a running mean until it would weigh less than the EWMA does (the first day), then the EWMA
+    g = max(g, 1.0 / seen) if weight == 1.0 else g
+    model["profile"][slot] = x if seen == 1 else (1 - g) * model["profile"][slot] + g * x
+    model["seen"][slot] = seen
     model["windows"] += 1
     if not model["seasonal"] and min(model["seen"]) >= max(1, model["slot_ms"] // model["window_ms"]):
         # a whole day seen: switch to the seasonal model, its level the day's mean

@@ -35,32 +35,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from computations.anomalies import ANOMALIES, DipDetector, SpikeDetector, Thresholds
+from computations.anomalies import ANOMALIES, DipDetector, SpikeDetector
 from computations.model import ModelCalculator
 from computations.windowing import WindowCounter
 from millwheel import ComputationOptions, DedupOptions, LatePolicy, Source, Topology
-from topologies.zeitgeist_tools import LogDirectorySource, ensure_sample
 
+# ZeitgeistConfig lives in zeitgeist_tools: `millwheel run` imports this file without
+# registering it in sys.modules, where @dataclass needs to find its module
+from topologies.zeitgeist_tools import LogDirectorySource, ZeitgeistConfig, ensure_sample
 
-@dataclass(frozen=True)
-class ZeitgeistConfig:
-    """The topology's settings: bucket size, model, detector thresholds (Fig. 9), dedup horizon."""
-
-    window_ms: int = 1_000
-    #: the model's short "day" and its slots (the generator's default day is 60 s)
-    day_ms: int = 60_000
-    slot_ms: int = 3_000
-    model_alpha: float = 0.1
-    model_gamma: float = 0.3
-    model_warmup_windows: int = 10
-    thresholds: Thresholds = field(default_factory=Thresholds)
-    #: empty buckets the window counter still emits (as zeros) after a query goes quiet
-    trailing_empty: int = 10
-    #: how long record ids are kept for exactly-once (§6.1.1): beyond any redelivery delay
-    dedup_slack_ms: int = 30_000
+__all__ = ["ZeitgeistConfig", "build", "make_source", "on_finish"]
 
 
 def make_source(data_dir: str | os.PathLike[str]) -> Source:

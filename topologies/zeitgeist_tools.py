@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from computations.anomalies import Thresholds
 from millwheel import MAX_TIMESTAMP, Record, Source, SourceBatch
 
 WORDS_A = [
@@ -71,6 +72,27 @@ WORDS_B = [
 
 DEFAULT_SEED = 42
 FILE_PATTERN = re.compile(r"^queries-(-?\d+)\.jsonl$")
+
+
+# =====================================================================================
+# topology settings
+# =====================================================================================
+@dataclass(frozen=True)
+class ZeitgeistConfig:
+    """The topology's settings: bucket size, model, detector thresholds (Fig. 9), dedup horizon."""
+
+    window_ms: int = 1_000
+    #: the model's short "day" and its slots (the generator's default day is 60 s)
+    day_ms: int = 60_000
+    slot_ms: int = 3_000
+    model_alpha: float = 0.1
+    model_gamma: float = 0.3
+    model_warmup_windows: int = 10
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    #: empty buckets the window counter still emits (as zeros) after a query goes quiet
+    trailing_empty: int = 10
+    #: how long record ids are kept for exactly-once (§6.1.1): beyond any redelivery delay
+    dedup_slack_ms: int = 30_000
 
 
 # =====================================================================================
@@ -277,7 +299,7 @@ def generate(out_dir: str | os.PathLike[str], cfg: GeneratorConfig | None = None
         "malformed_injected": cfg.malformed,
         "malformed": malformed,
         "files": files,
-        "queries": [{"query": q, "rate": round(float(r), 3)} for q, r in zip(names, base)],
+        "queries": [{"query": q, "rate": round(float(r), 3)} for q, r in zip(names, base, strict=True)],
     }
     (out / "ground_truth.json").write_text(json.dumps(truth, indent=1), encoding="utf-8")
     return truth
