@@ -21,7 +21,20 @@ INTERVALS = [f"i{k}" for k in range(16)]
 
 @pytest.mark.timeout(120)
 def test_kill_9_mid_stream_then_restart_never_goes_back(tmp_path):
-    rng = random.Random(11)
+    crash_loop(tmp_path, cycles=3, seed=11)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_kill_9_soak(tmp_path, request):
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("a 40-cycle soak (about a minute): run it with -m slow")
+    crash_loop(tmp_path, cycles=40, seed=12)
+
+
+def crash_loop(tmp_path, *, cycles: int, seed: int) -> None:
+    """Send reports and read watermarks, kill -9 the service at a random moment, restart, check; ``cycles`` times."""
+    rng = random.Random(seed)
     data_dir = str(tmp_path / "authority")
     svc = start_authority(data_dir)
     try:
@@ -34,7 +47,7 @@ def test_kill_9_mid_stream_then_restart_never_goes_back(tmp_path):
         acked: dict[tuple[str, str], int] = {}  # last acknowledged report per interval
         clock = {comp: 1_000 for comp in COMPUTATIONS}
 
-        for cycle in range(3):
+        for cycle in range(cycles):
             stop = threading.Event()
             in_flight: dict[tuple[str, str], int] = {}
 
