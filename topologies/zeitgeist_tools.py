@@ -2,12 +2,13 @@
 
 Commands (``python -m topologies.zeitgeist_tools ...``; ``main(argv)`` is the CLI entry)::
 
-    generate OUT_DIR [--seed N --duration S --rate R ...]   write a sample + ground_truth.json
+    generate OUT_DIR [--seed N --duration S --rate R ...]   write OUT_DIR/logs/*.jsonl + OUT_DIR/ground_truth.json
     run [DATA_DIR] [--mode continuous|batch] [--out DIR]     replay it through the topology, evaluate
     evaluate DATA_DIR ANOMALIES.jsonl [--metrics M.json]     evaluate an anomalies output
 
-**The generated logs.** ``OUT_DIR/queries-<time_ms>.jsonl`` files, one JSON object a
-line: ``{"id": "<unique id>", "ts": <int ms>, "query": "<text>"}``. Files rotate every
+**The generated logs.** ``OUT_DIR/logs/queries_<time_ms>.jsonl`` files (``_``, not ``-``,
+before the time, so no reader takes it for a minus sign) (and a ``_DONE``
+marker: the directory is complete), one JSON object a line: ``{"id": "<unique id>", "ts": <int ms>, "query": "<text>"}``. Files rotate every
 ``file_ms`` of *arrival* time, like logs: file ``k`` holds the events that arrived in
 ``[start + k*file_ms, start + (k+1)*file_ms)``, in arrival order. An event arrives up to
 ``max_delay_ms`` after its timestamp (out-of-order arrival), so a file's *time* — the
@@ -17,7 +18,8 @@ oldest unfinished file's time as its low watermark (MillWheel Fig. 10, §5.2) is
 never early for them. Injected on top:
 
 * spikes and dips (traffic x ``spike_factor`` / x ``dip_factor`` on a popular query for
-  a few seconds), listed in ``ground_truth.json`` with their ``[start_ms, end_ms)``;
+  a few seconds), listed in ``OUT_DIR/ground_truth.json`` (outside ``logs/``, so no log
+  reader takes it for a log) with their ``[start_ms, end_ms)``;
 * late records: delivered more than ``max_delay_ms + window + file_ms`` after their
   timestamp, i.e. into a file whose time is past the record's bucket (§4.5's late data);
 * duplicate deliveries: the same line again (same id and content), up to 3 s later,
@@ -34,6 +36,8 @@ seeded.
 >>> truth = generate(d, GeneratorConfig(duration_s=30, rate=300, queries=30, spikes=1, dips=1, warmup_s=10))
 >>> truth["duplicates_injected"] > 0, truth["malformed_injected"], len(truth["anomalies"])
 (True, 6, 2)
+>>> sorted(p.name for p in Path(d).iterdir()), len(list(Path(d, "logs").glob("*.jsonl"))) == len(truth["files"])
+(['ground_truth.json', 'logs'], True)
 >>> src = LogDirectorySource(d)
 >>> n = sum(len(b.records) for b in src.batches())
 >>> n == truth["lines"] - truth["malformed_injected"], len(src.malformed)
@@ -43,6 +47,7 @@ seeded.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -71,7 +76,7 @@ WORDS_B = [
 ]
 
 DEFAULT_SEED = 42
-FILE_PATTERN = re.compile(r"^queries-(-?\d+)\.jsonl$")
+FILE_PATTERN = re.compile(r"^queries_(-?\d+)\.jsonl$")
 
 
 # =====================================================================================
@@ -180,10 +185,11 @@ def generate(out_dir: str | os.PathLike[str], cfg: GeneratorConfig | None = None
     """Write a sample to ``out_dir`` (see the module docstring); return the ground truth."""
     cfg = cfg or GeneratorConfig()
     rng = np.random.default_rng(cfg.seed)
-    out = Path(out_dir)
+    root = Path(out_dir)
+    out = root / "logs"
     out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("queries-*.jsonl"):
-        old.unlink()
+    for old in [*out.glob("queries_*.jsonl"), out / "_DONE", root / "ground_truth.json"]:
+        old.unlink(missing_ok=True)
 
     names = query_names(cfg.queries, rng)
     ranks = np.arange(1, cfg.queries + 1, dtype=float)
@@ -239,7 +245,7 @@ def generate(out_dir: str | os.PathLike[str], cfg: GeneratorConfig | None = None
         return cfg.start_ms + k * cfg.file_ms - cfg.max_delay_ms
 
     def file_name(k: int) -> str:
-        return f"queries-{file_time(k)}.jsonl"
+        return f"queries_{file_time(k)}.jsonl"
 
     # malformed lines, at seeded places
     bad_kinds = [
@@ -273,13 +279,15 @@ def generate(out_dir: str | os.PathLike[str], cfg: GeneratorConfig | None = None
                 "lines": len(lines),
             }
         )
-    for m in malformed:  # line numbers once every insertion is done
-        lines = lines_by_file[int((int(m["file"][8:-6]) + cfg.max_delay_ms - cfg.start_ms) // cfg.file_ms)]
-        m["line"] = next(i + 1 for i, line in enumerate(lines) if f'"bad-{m["id"][4:]}"' in line)
+    for m in malformed:  # line numbers and byte offsets once every insertion is done
+        lines = lines_by_file[int((int(FILE_PATTERN.match(m["file"]).group(1)) + cfg.max_delay_ms - cfg.start_ms) // cfg.file_ms)]  # type: ignore[union-attr]
+        i = next(i for i, line in enumerate(lines) if f'"{m["id"]}"' in line)
+        m["line"] = i + 1
+        m["offset"] = sum(len(line.encode()) + 1 for line in lines[:i])
 
     truth = {
         "generator": asdict(cfg),
-        "injector": {"id_field": "id", "ts_field": "ts", "file_pattern": "queries-<time_ms>.jsonl", "file_ms": cfg.file_ms, "max_delay_ms": cfg.max_delay_ms},
+        "injector": {"id_field": "id", "ts_field": "ts", "file_pattern": "queries_<time_ms>.jsonl", "file_ms": cfg.file_ms, "max_delay_ms": cfg.max_delay_ms},
         "events": n,
         "lines": n + n_dup + cfg.malformed,
         "anomalies": [
@@ -301,7 +309,8 @@ def generate(out_dir: str | os.PathLike[str], cfg: GeneratorConfig | None = None
         "files": files,
         "queries": [{"query": q, "rate": round(float(r), 3)} for q, r in zip(names, base, strict=True)],
     }
-    (out / "ground_truth.json").write_text(json.dumps(truth, indent=1), encoding="utf-8")
+    (root / "ground_truth.json").write_text(json.dumps(truth, indent=1), encoding="utf-8")
+    (out / "_DONE").write_text("")  # the log directory is complete (a file injector may finish)
     return truth
 
 
@@ -317,7 +326,7 @@ def default_sample_dir() -> Path:
 def ensure_sample(directory: str | os.PathLike[str] | None = None, cfg: GeneratorConfig | None = None) -> Path:
     """The sample directory, generating it (seeded, so always the same) if it is missing."""
     path = Path(directory) if directory is not None else default_sample_dir()
-    if not (path / "ground_truth.json").is_file():
+    if not (path / "ground_truth.json").is_file() or not (path / "logs").is_dir():
         started = time.perf_counter()
         truth = generate(path, cfg)
         print(
@@ -328,8 +337,24 @@ def ensure_sample(directory: str | os.PathLike[str] | None = None, cfg: Generato
     return path
 
 
+def logs_dir(directory: str | os.PathLike[str]) -> Path:
+    """The log files of a sample: ``directory/logs`` if there is one, else ``directory``."""
+    p = Path(directory)
+    return p / "logs" if (p / "logs").is_dir() else p
+
+
+def truth_file(directory: str | os.PathLike[str]) -> Path:
+    """``ground_truth.json`` of a sample, given the sample or its ``logs`` directory."""
+    p = Path(directory)
+    for d in (p, p.parent):
+        if (d / "ground_truth.json").is_file():
+            return d / "ground_truth.json"
+    msg = f"no ground_truth.json in {p} or {p.parent}; generate the sample with `zeitgeist_tools generate`"
+    raise FileNotFoundError(msg)
+
+
 def load_truth(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    return json.loads((Path(directory) / "ground_truth.json").read_text(encoding="utf-8"))
+    return json.loads(truth_file(directory).read_text(encoding="utf-8"))
 
 
 # =====================================================================================
@@ -344,7 +369,7 @@ class LogFile:
 
 
 class LogDirectorySource(Source):
-    """Reads ``queries-<time_ms>.jsonl`` files in time order, one batch per file (Fig. 10).
+    """Reads ``queries_<time_ms>.jsonl`` files in time order, one batch per file (Fig. 10).
 
     After each file, the injector low watermark is the next file's time (the oldest
     unfinished file); after the last, ``MAX_TIMESTAMP``. Records behind it are late.
@@ -358,7 +383,7 @@ class LogDirectorySource(Source):
     """
 
     def __init__(self, directory: str | os.PathLike[str], *, id_field: str = "id", ts_field: str = "ts") -> None:
-        self.directory = Path(directory)
+        self.directory = logs_dir(directory)
         self.id_field = id_field
         self.ts_field = ts_field
         self.malformed: list[dict[str, Any]] = []
@@ -385,27 +410,30 @@ class LogDirectorySource(Source):
         recs: list[Record] = []
         id_f, ts_f = self.id_field, self.ts_field
         loads = json.loads
-        with path.open(encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
+        offset = 0
+        with path.open("rb") as fh:
+            for lineno, raw in enumerate(fh, 1):
+                line, at = raw.decode("utf-8", errors="replace"), offset
+                offset += len(raw)
                 if not line.strip():
                     continue
                 try:
                     value = loads(line)
                 except ValueError as exc:
-                    self.malformed.append({"file": path.name, "line": lineno, "reason": f"broken JSON: {exc}"})
+                    self.malformed.append({"file": path.name, "line": lineno, "offset": at, "reason": f"broken JSON: {exc}"})
                     continue
                 if not isinstance(value, dict):
-                    self.malformed.append({"file": path.name, "line": lineno, "reason": "not a JSON object"})
+                    self.malformed.append({"file": path.name, "line": lineno, "offset": at, "reason": "not a JSON object"})
                     continue
                 ts, rid = value.get(ts_f), value.get(id_f)
                 if ts is None:
-                    self.malformed.append({"file": path.name, "line": lineno, "reason": f"missing {ts_f!r}"})
+                    self.malformed.append({"file": path.name, "line": lineno, "offset": at, "reason": f"missing {ts_f!r}"})
                     continue
                 if type(ts) is not int:
-                    self.malformed.append({"file": path.name, "line": lineno, "reason": f"{ts_f!r} is not an integer: {ts!r}"})
+                    self.malformed.append({"file": path.name, "line": lineno, "offset": at, "reason": f"{ts_f!r} is not an integer: {ts!r}"})
                     continue
                 if not isinstance(rid, str) or not isinstance(value.get("query"), str):
-                    self.malformed.append({"file": path.name, "line": lineno, "reason": f"missing {id_f!r} or 'query'"})
+                    self.malformed.append({"file": path.name, "line": lineno, "offset": at, "reason": f"missing {id_f!r} or 'query'"})
                     continue
                 recs.append(Record(None, value, ts, rid))
         return recs
@@ -450,15 +478,17 @@ def replay(topology: Any, *, injector: str = "queries", tick_ms: int = 100, mode
 
     spec = topology.injectors[injector]
     source = spec.source
-    if not isinstance(source, LogDirectorySource):
-        msg = f"replay needs the injector {injector!r} to read a LogDirectorySource, got {type(source).__name__}"
+    directory = getattr(source, "directory", None)
+    if directory is None:
+        msg = f"replay needs the injector {injector!r} to read a log directory, got {type(source).__name__}"
         raise TypeError(msg)
+    # the continuous replay paces the files itself; batch mode runs the topology's own source
+    loader = source if isinstance(source, LogDirectorySource) else LogDirectorySource(directory)
     started = time.perf_counter()
-    files = source.files()
+    files = loader.files()
     written: dict[str, tuple[int, int]] = {}
-    truth_path = source.directory / "ground_truth.json"
-    if truth_path.is_file():
-        written = {f["name"]: (f["written_from_ms"], f["written_to_ms"]) for f in load_truth(source.directory)["files"]}
+    with contextlib.suppress(FileNotFoundError):
+        written = {f["name"]: (f["written_from_ms"], f["written_to_ms"]) for f in load_truth(directory)["files"]}
     first_wall = written.get(files[0].name, (files[0].time_ms, 0))[0] if files else 0
     h = Harness(topology, wall_time=first_wall, raise_errors=False)
     if mode == "batch":
@@ -480,7 +510,7 @@ def replay(topology: Any, *, injector: str = "queries", tick_ms: int = 100, mode
         h.run()
     metrics = {name: h.metrics(name) for name in topology.order()}
     dead = [dict(r.value) if isinstance(r.value, Mapping) else {"value": r.value} for r in h.dead_letters()]
-    for m in source.malformed:  # TEMPORARY: the runtime's file source will publish these as dead letters
+    for m in (source if mode == "batch" else loader).malformed:  # TEMPORARY: until the file source publishes dead letters
         dead.append({"what": "malformed_line", **m})
     anomalies = [dict(v) for v in h.values("anomalies")]
     return RunResult(anomalies, metrics, dead, wall_clock=(mode == "continuous"), elapsed_s=time.perf_counter() - started)
@@ -577,18 +607,25 @@ def evaluate(result: RunResult, truth: Mapping[str, Any], *, tolerance_ms: int =
         "seen_and_removed": {name: mm.get("duplicates", 0) for name, mm in result.metrics.items() if mm.get("duplicates", 0) or name == counter},
     }
     malformed_dead = [d for d in result.dead_letters if d.get("what") == "malformed_line"]
-    injected_at = {(x["file"], x["line"]) for x in truth.get("malformed", [])}
-    seen_at = {(d.get("file"), d.get("line")) for d in malformed_dead}
+    # a dead letter names its line by byte offset (the runtime's file source) or line number (the loader)
+    seen_at = {_where(d) for d in malformed_dead}
+    found = [("offset", x["file"], x.get("offset")) in seen_at or ("line", x["file"], x.get("line")) in seen_at for x in truth.get("malformed", [])]
     report["dead_letters"] = {
         "total": len(result.dead_letters),
         "malformed_lines": len(malformed_dead),
         "malformed_injected": truth.get("malformed_injected"),
-        "every_malformed_line_dead_lettered": injected_at <= seen_at,
+        "every_malformed_line_dead_lettered": all(found),
         "other": len(result.dead_letters) - len(malformed_dead),
     }
     report["elapsed_s"] = round(result.elapsed_s, 2)
     report["wall_clock"] = "continuous simulation" if result.wall_clock else "none (batch): no delay figures"
     return report
+
+
+def _where(dead: Mapping[str, Any]) -> tuple[str, Any, Any]:
+    if isinstance(dead.get("offset"), int):
+        return ("offset", dead.get("file"), dead["offset"])
+    return ("line", dead.get("file"), dead.get("line"))
 
 
 def _fmt(x: Any, pct: bool = False) -> str:

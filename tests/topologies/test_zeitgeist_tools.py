@@ -31,14 +31,14 @@ def sample(tmp_path_factory) -> Path:
 
 def lines(d: Path) -> list[tuple[str, int, str]]:
     out = []
-    for p in sorted(d.glob("queries-*.jsonl")):
+    for p in sorted((d / "logs").glob("queries_*.jsonl")):
         for i, line in enumerate(p.read_text().splitlines(), 1):
             out.append((p.name, i, line))
     return out
 
 
 def file_time(name: str) -> int:
-    return int(name[len("queries-"):-len(".jsonl")])
+    return int(name[len("queries_"):-len(".jsonl")])
 
 
 def test_seeded(tmp_path, sample):
@@ -49,7 +49,7 @@ def test_seeded(tmp_path, sample):
 
 def test_lines_are_the_documented_json_and_files_rotate_by_time(sample):
     truth = load_truth(sample)
-    names = sorted(p.name for p in sample.glob("queries-*.jsonl"))
+    names = sorted(p.name for p in (sample / "logs").glob("queries_*.jsonl"))
     assert len(names) == len(truth["files"]) >= SMALL.duration_s  # one file per second of arrival
     good = 0
     for _, _, text in lines(sample):
