@@ -192,6 +192,9 @@
     }
   }
 
+  window.addEventListener("resize", () => {
+    if (plot !== null) plot.setSize({ width: Math.max(600, document.getElementById("chart").clientWidth || 900), height: 320 });
+  });
   document.getElementById("window-label").textContent = String(Math.round(WINDOW_S / 60));
   refresh();
 })();
