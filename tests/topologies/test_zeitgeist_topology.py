@@ -81,10 +81,10 @@ def test_dip_delay_target_in_continuous_mode(report):
     assert d["p50"] is not None and d["p50"] <= 2_000
 
 
-def test_batch_replay_gives_the_same_evaluation(data, report):
+def test_batch_replay_gives_the_same_evaluation(data, continuous, report):
     """Delivery timing must not change what is detected: dips are exactly the same records."""
     batch = replay(build(data, config=CFG), mode="batch")
-    cont = replay(build(data, config=CFG), mode="continuous")
+    cont = continuous
     strip = lambda a: {k: v for k, v in a.items() if k not in ("detected_at", "low_watermark")}  # noqa: E731
     dips = lambda r: sorted((strip(a) for a in r.anomalies if a["kind"] == "dip"), key=lambda a: (a["query"], a["window_start"]))  # noqa: E731
     assert dips(batch) == dips(cont)
