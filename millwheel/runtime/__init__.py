@@ -1,0 +1,28 @@
+"""The Spark Structured Streaming runtime: the only part of millwheel that imports pyspark.
+
+Names are loaded lazily, so ``from millwheel.runtime import LogFileSource`` (a pure
+definition, for topology files) imports no pyspark.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["FileStreamLog", "LogFileSource", "RuntimeSettings", "SparkRuntime", "spark_session"]
+
+_WHERE = {
+    "FileStreamLog": "millwheel.runtime._streams",
+    "LogFileSource": "millwheel.runtime._logsource",
+    "RuntimeSettings": "millwheel.runtime._runtime",
+    "SparkRuntime": "millwheel.runtime._runtime",
+    "spark_session": "millwheel.runtime._session",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        import importlib
+
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    msg = f"module 'millwheel.runtime' has no attribute {name!r}"
+    raise AttributeError(msg)

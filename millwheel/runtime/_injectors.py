@@ -1,0 +1,169 @@
+"""Injectors on the Spark runtime (MillWheel §5.2): bring records into a stream log and
+publish an injector low watermark.
+
+* :class:`SourceInjector` — any :class:`millwheel.Source` (e.g. ``SampleSource``), run in
+  the driver: one source batch becomes one stream-log file, named by its position, and
+  the position is checkpointed after the file is published (a replay re-creates the same
+  file name and skips it). For demos and tests.
+* :class:`LogFileInjector` — a :class:`~millwheel.runtime.LogFileSource` read by a Spark
+  streaming query (``_logfiles.py``); byte offsets per file live in the query's
+  checkpoint, output goes through the same outbox as computations, malformed lines go to
+  ``dead_letters``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
+from millwheel._sources import Source, SourceBatch
+from millwheel._topology import InjectorSpec
+from millwheel.runtime._outbox import Outbox
+
+if TYPE_CHECKING:
+    from millwheel.runtime._runtime import SparkRuntime
+
+
+class SourceInjector:
+    """Feeds a :class:`~millwheel.Source` from the driver, ``batches_per_poll`` at a time."""
+
+    def __init__(self, rt: SparkRuntime, spec: InjectorSpec) -> None:
+        self.rt = rt
+        self.name = spec.name
+        self.stream = spec.stream
+        self.source: Source | None = spec.source
+        self.state_file = rt.root.child("injectors", f"{self.name}.json")
+        self.position = 0
+        self.low_watermark = MIN_TIMESTAMP
+        self.records_out = 0
+        self.dead_letters = 0
+        self._iter: Iterator[SourceBatch] | None = None
+        self.finished = self.source is None
+
+    def start(self) -> None:
+        self.rt.root.child("injectors").mkdirs()
+        text = self.state_file.read_text()
+        if text:
+            saved = json.loads(text)
+            self.position, self.low_watermark = saved["position"], saved["low_watermark"]
+            self.records_out = saved.get("records_out", 0)
+        if self.source is not None:
+            self._iter = iter(self.source.batches())
+            for _ in range(self.position):
+                if next(self._iter, None) is None:
+                    break
+        self.rt.watermarks.expect_injector_processes(self.name, ["driver"])
+        self.rt.watermarks.report_injector(self.name, "driver", self.low_watermark)
+
+    def poll(self) -> None:
+        if self._iter is None or self.finished:
+            return
+        for _ in range(self.rt.settings.injector_batches_per_poll):
+            batch = next(self._iter, None)
+            if batch is None:
+                self.finished = True
+                break
+            self.rt.streams.append(self.stream, self.name, f"s{self.position:010d}", batch.records)
+            self.position += 1
+            self.records_out += len(batch.records)
+            self.low_watermark = max(self.low_watermark, batch.low_watermark)
+            self.state_file.write_text(json.dumps({"position": self.position, "low_watermark": self.low_watermark, "records_out": self.records_out}))
+        self.rt.watermarks.report_injector(self.name, "driver", self.low_watermark)
+
+    def check(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def drained(self) -> bool:
+        return self.low_watermark >= MAX_TIMESTAMP
+
+    def status(self) -> dict[str, Any]:
+        return {"records_out": self.records_out, "dead_letters": self.dead_letters, "low_watermark": self.low_watermark}
+
+
+class LogFileInjector:
+    """Reads a :class:`~millwheel.runtime.LogFileSource` with a Spark streaming query."""
+
+    def __init__(self, rt: SparkRuntime, spec: InjectorSpec) -> None:
+        self.rt = rt
+        self.name = spec.name
+        self.stream = spec.stream
+        self.source = spec.source
+        self.checkpoint = rt.root.child("checkpoints", f"injector.{self.name}")
+        self.outbox = Outbox(
+            self.name, rt.root.child("outbox", f"injector.{self.name}"), self.checkpoint, rt.streams,
+            strong=True, on_summary=lambda _n, _v: None, on_published=self._published,
+        )  # fmt: skip
+        self.low_watermark = MIN_TIMESTAMP
+        self.query: Any = None
+        self.restarts = 0
+        self.finished = False
+
+    @property
+    def records_out(self) -> int:
+        return self.outbox.written
+
+    @property
+    def dead_letters(self) -> int:
+        return 0
+
+    def _published(self, n: int) -> None:
+        text = self.checkpoint.child("offsets", str(n)).read_text()
+        if not text:
+            return
+        offset = json.loads(text.strip().splitlines()[-1])
+        self.low_watermark = max(self.low_watermark, int(offset["lw"]))
+
+    def start(self) -> None:
+        from millwheel.runtime._logfiles import FORMAT, LogFileDataSource
+
+        self.outbox.recover()
+        if self.outbox.published >= 0:
+            self._published(self.outbox.published)
+        spark = self.rt.spark
+        spark.dataSource.register(LogFileDataSource)
+        options = dict(self.source.options())  # type: ignore[union-attr]
+        options.update(injector=self.name, stream=self.stream)
+        if self.rt.settings.drain:
+            options["finite"] = "1"
+        df = spark.readStream.format(FORMAT).options(**options).load()
+        writer = (
+            df.writeStream.queryName(f"millwheel.injector.{self.name}")
+            .foreachBatch(self.outbox.sink)
+            .option("checkpointLocation", self.checkpoint.uri)
+        )
+        if self.rt.settings.trigger_ms > 0:
+            writer = writer.trigger(processingTime=f"{self.rt.settings.trigger_ms} milliseconds")
+        self.rt.watermarks.expect_injector_processes(self.name, ["spark"])
+        self.rt.watermarks.report_injector(self.name, "spark", self.low_watermark)
+        self.query = writer.start()
+
+    def poll(self) -> None:
+        self.outbox.publish_committed()
+        self.rt.watermarks.report_injector(self.name, "spark", self.low_watermark)
+
+    def check(self) -> None:
+        q = self.query
+        if q is None or q.isActive or q.exception() is None:
+            return
+        self.restarts += 1
+        if self.restarts > self.rt.settings.max_restarts:
+            msg = f"injector {self.name!r}: query failed {self.restarts} times: {q.exception()}"
+            raise RuntimeError(msg)
+        self.rt.log(f"injector {self.name}: query failed; restarting from its checkpoint")
+        self.start()
+
+    def stop(self) -> None:
+        if self.query is not None:
+            self.query.stop()
+            self.query = None
+
+    def drained(self) -> bool:
+        return self.low_watermark >= MAX_TIMESTAMP and not self.outbox.loc.list()
+
+    def status(self) -> dict[str, Any]:
+        return {"records_out": self.records_out, "dead_letters": self.dead_letters, "low_watermark": self.low_watermark}

@@ -1,0 +1,196 @@
+"""The Spark reader of :class:`~millwheel.runtime.LogFileSource`: a Python streaming data source.
+
+Offsets are ``{"files": {name: [byte offset, file time, finished]}, "lw": injector low
+watermark}``: Spark keeps them in the query's offset log, so the byte offset reached in
+each file is in the checkpoint and a replayed batch reads exactly the same bytes
+(deterministic output, safe to republish). The driver reads ``lw`` from the committed
+offsets to publish the injector low watermark (MillWheel §5.2, Fig. 10).
+
+Rows are stream-log rows plus ``stream``: records go to the injector's stream, malformed
+lines to ``dead_letters`` with reason, file and byte offset.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import xxhash
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
+from millwheel._step import DEAD_LETTER_STREAM
+from millwheel.runtime._logsource import MalformedLine, file_time_from_name, is_log_file, parse_line
+from millwheel.runtime._wire import OUT_SCHEMA, encode_value
+
+FORMAT = "millwheel_logfiles"
+_TAIL = 1 << 16
+
+
+def _last_newline(path: str, start: int, size: int) -> int:
+    """Offset just past the last ``\\n`` in ``[start, size)``, or ``start`` if none."""
+    with open(path, "rb") as fh:
+        hi = size
+        while hi > start:
+            lo = max(start, hi - _TAIL)
+            fh.seek(lo)
+            chunk = fh.read(hi - lo)
+            i = chunk.rfind(b"\n")
+            if i >= 0:
+                return lo + i + 1
+            hi = lo
+    return start
+
+
+def _first_ts(path: str, ts_field: str, end: int) -> int | None:
+    import json
+
+    with open(path, "rb") as fh:
+        for line in fh:
+            if fh.tell() > end:
+                break
+            try:
+                v = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(v, dict) and type(v.get(ts_field)) is int:
+                return v[ts_field]
+    return None
+
+
+class _Range(InputPartition):
+    def __init__(self, name: str, start: int, end: int) -> None:
+        super().__init__((name, start, end))
+        self.name, self.start, self.end = name, start, end
+
+
+class LogFileStreamReader(DataSourceStreamReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.path = options["path"]
+        self.id_field = options.get("id_field", "id")
+        self.ts_field = options.get("ts_field", "ts")
+        idle = options.get("idle_finish_ms", "")
+        self.idle_ms = int(idle) if idle else None
+        self.finite = options.get("finite", "0") == "1"
+        self.lateness = int(options.get("lateness_ms", "0"))
+        self.max_bytes = int(options.get("max_bytes_per_batch", str(64 << 20)))
+        self.injector = options.get("injector", "injector")
+        self.stream = options.get("stream", "records")
+
+    def initialOffset(self) -> dict[str, Any]:
+        return {"files": {}, "lw": MIN_TIMESTAMP}
+
+    def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:  # noqa: ARG002
+        start = start or self.initialOffset()
+        prev: dict[str, list[Any]] = start["files"]
+        names = sorted(os.listdir(self.path)) if os.path.isdir(self.path) else []
+        present = set(names)
+        dir_done = "_DONE" in present
+        now_ms = int(time.time() * 1000)
+        files: dict[str, list[Any]] = {}
+        budget = self.max_bytes
+        for name in names:
+            if not is_log_file(name):
+                continue
+            full = os.path.join(self.path, name)
+            st = os.stat(full)
+            pos, ftime, _ = prev.get(name, [0, None, 0])
+            new_pos = pos
+            if st.st_size > pos and budget > 0:
+                end = min(st.st_size, pos + budget)
+                new_pos = _last_newline(full, pos, end)
+                if new_pos == pos and end < st.st_size:  # one line longer than the budget
+                    new_pos = _last_newline(full, pos, st.st_size)
+                budget -= new_pos - pos
+            if ftime is None:
+                ftime = file_time_from_name(name)
+                if ftime is None and new_pos > 0:
+                    ftime = _first_ts(full, self.ts_field, new_pos)
+            read_all = new_pos >= st.st_size
+            finished = read_all and (
+                dir_done
+                or f"{name}.done" in present
+                or self.finite
+                or (self.idle_ms is not None and now_ms - st.st_mtime * 1000 >= self.idle_ms)
+            )
+            files[name] = [new_pos, ftime, 1 if finished else 0]
+        for name, entry in prev.items():  # a file that disappeared keeps its entry (finished)
+            if name not in files:
+                files[name] = [entry[0], entry[1], 1]
+        unfinished = [f[1] for f in files.values() if not f[2]]
+        if any(t is None for t in unfinished):
+            lw = start["lw"]  # a new file whose time is not known yet holds the watermark
+        elif unfinished:
+            lw = min(unfinished) - self.lateness
+        elif dir_done or self.finite:
+            lw = MAX_TIMESTAMP
+        else:
+            lw = max((f[1] for f in files.values() if f[1] is not None), default=MIN_TIMESTAMP) - self.lateness
+        return {"files": files, "lw": max(lw, start["lw"])}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        parts: list[InputPartition] = []
+        for name, (pos, _, _) in sorted(end["files"].items()):
+            old = start["files"].get(name, [0, None, 0])[0]
+            if pos > old:
+                parts.append(_Range(name, old, pos))
+        return parts
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        name, start, end = partition.value  # type: ignore[attr-defined]
+        with open(os.path.join(self.path, name), "rb") as fh:
+            fh.seek(start)
+            data = fh.read(end - start)
+        streams: list[str] = []
+        ids: list[str] = []
+        tss: list[int] = []
+        vals: list[bytes] = []
+        id_f, ts_f, stream = self.id_field, self.ts_field, self.stream
+        pos = 0
+        n = len(data)
+        while pos < n:
+            nl = data.find(b"\n", pos)
+            if nl < 0:
+                nl = n
+            line = data[pos:nl]
+            offset = start + pos
+            pos = nl + 1
+            if not line.strip():
+                continue
+            try:
+                rid, ts, value = parse_line(line, id_f, ts_f, name, offset)
+            except MalformedLine as exc:
+                streams.append(DEAD_LETTER_STREAM)
+                ids.append(xxhash.xxh3_128_hexdigest(f"dlf\x00{self.injector}\x00{name}\x00{offset}".encode()))
+                ftime = file_time_from_name(name)
+                tss.append(ftime if ftime is not None else 0)
+                vals.append(encode_value({
+                    "injector": self.injector, "what": "malformed_line", "reason": str(exc),
+                    "file": name, "offset": offset, "line": line.decode(errors="replace"),
+                }))  # fmt: skip
+                continue
+            streams.append(stream)
+            ids.append(rid)
+            tss.append(ts)
+            vals.append(encode_value(value))
+        if ids:
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(streams, pa.string()), pa.array(ids, pa.string()), pa.array(tss, pa.int64()),
+                 pa.nulls(len(ids), pa.binary()), pa.array(vals, pa.binary())],
+                names=["stream", "id", "ts", "key", "value"],
+            )  # fmt: skip
+
+
+class LogFileDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> str:
+        return OUT_SCHEMA
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:  # noqa: ARG002
+        return LogFileStreamReader(dict(self.options))

@@ -1,0 +1,187 @@
+"""Strong productions: a batch's output becomes visible only once the batch is committed (§6.1.2).
+
+Each micro-batch of a query writes its whole output — productions, dead letters and the
+per-interval summaries — to ``<root>/outbox/<query>/<batch id>/stream=<stream>/`` in the
+``foreachBatch`` sink, *before* Spark writes the batch's commit-log entry. That directory
+is the checkpoint of the batch's productions: Spark's state store commits the key
+intervals' envelopes for the same batch, and the commit-log entry ``commits/<batch id>``
+makes both durable together.
+
+The driver *publishes* a batch — renames its files into the stream logs and applies its
+summaries — only once ``commits/<batch id>`` exists. If the driver dies before the commit,
+Spark re-runs the batch from the same offsets, the same watermark and the same starting
+state; the re-run overwrites the outbox (``mode("overwrite")``) and only that version is
+ever published. Record ids are derived from the committed per-key sequence number, so a
+version published before a crash and re-published after it (a crash in the middle of
+publishing) carries the same ids, and consumers drop the re-delivery (§6.1.1); file names
+are deterministic, so a file is never published twice.
+
+Weak productions (§6.1.3) are renamed into the stream logs right in the sink, before the
+commit, under a per-attempt name: a replay may publish a second version, which is the
+documented cost of skipping the checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from millwheel.runtime._fs import Location
+from millwheel.runtime._streams import FileStreamLog
+from millwheel.runtime._wire import SUMMARY_STREAM
+
+#: test hook: ``name:point:batch`` kills this process with SIGKILL at that point
+CRASH_ENV = "MILLWHEEL_CRASH"
+CRASH_POINTS = ("before_output", "after_output", "before_publish", "mid_publish")
+
+
+def crash_point(query: str, point: str, batch: int) -> None:
+    spec = os.environ.get(CRASH_ENV)
+    if not spec:
+        return
+    for item in spec.split(","):
+        name, where, at = item.split(":")
+        if name == query and where == point and int(at) == batch:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _numbers(loc: Location) -> list[int]:
+    out = []
+    for name in loc.list():
+        try:
+            out.append(int(name))
+        except ValueError:
+            continue
+    return sorted(out)
+
+
+def part_stats(loc: Location) -> tuple[int, int | None]:
+    """``(rows, min ts)`` of a Parquet file, from its footer."""
+    with loc.fs.open_input_file(loc.path) as f:
+        meta = pq.ParquetFile(f).metadata
+    rows = meta.num_rows
+    if rows == 0:
+        return 0, None
+    col = meta.schema.names.index("ts")
+    lo: int | None = None
+    for i in range(meta.num_row_groups):
+        stats = meta.row_group(i).column(col).statistics
+        if stats is None or not stats.has_min_max:
+            lo = None
+            break
+        lo = stats.min if lo is None else min(lo, stats.min)
+    if lo is None:
+        with loc.fs.open_input_file(loc.path) as f:
+            lo = min(pq.read_table(f, columns=["ts"]).column("ts").to_pylist())
+    return rows, lo
+
+
+class Outbox:
+    """The outbox of one query: stage in the sink, publish after commit."""
+
+    def __init__(
+        self,
+        name: str,
+        root: Location,
+        checkpoint: Location,
+        streams: FileStreamLog,
+        *,
+        strong: bool,
+        on_summary: Callable[[int, Any], None],
+        on_published: Callable[[int], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.loc = root
+        self.checkpoint = checkpoint
+        self.streams = streams
+        self.strong = strong
+        self.on_summary = on_summary
+        self.on_published = on_published
+        self.published = -1
+        self.lock = threading.Lock()
+        self.written = 0
+
+    # ---- the foreachBatch sink --------------------------------------------------------
+    def sink(self, df: Any, batch_id: int) -> None:
+        crash_point(self.name, "before_output", batch_id)
+        target = self.loc.child(str(batch_id))
+        df.write.mode("overwrite").partitionBy("stream").parquet(target.uri)
+        crash_point(self.name, "after_output", batch_id)
+        if not self.strong:
+            with self.lock:
+                self._publish_data(batch_id, target, attempt=uuid.uuid4().hex[:8])
+
+    # ---- publication -------------------------------------------------------------------
+    def committed(self) -> set[int]:
+        return set(_numbers(self.checkpoint.child("commits")))
+
+    def recover(self) -> None:
+        """At start: publish what committed, drop what did not (Spark re-runs those batches)."""
+        committed = self.committed()
+        for n in _numbers(self.loc):
+            if n not in committed:
+                self.loc.child(str(n)).delete()
+        self.publish_committed()
+        if committed:
+            self.published = max(self.published, max(committed))
+
+    def publish_committed(self) -> int:
+        """Publish every committed, unpublished batch in order; return how many."""
+        done = 0
+        with self.lock:
+            staged = _numbers(self.loc)
+            if not staged:
+                return 0
+            committed = self.committed()
+            for n in staged:
+                if n not in committed:
+                    break
+                crash_point(self.name, "before_publish", n)
+                self._publish(n)
+                done += 1
+        return done
+
+    def _publish(self, n: int) -> None:
+        batch = self.loc.child(str(n))
+        self._publish_data(n, batch, attempt=None)
+        summary = batch.child(f"stream={SUMMARY_STREAM}")
+        for part in sorted(summary.list()):
+            if part.endswith(".parquet"):
+                loc = summary.child(part)
+                with loc.fs.open_input_file(loc.path) as f:
+                    table = pq.read_table(f, columns=["value"])
+                self.on_summary(n, table.column("value").to_pylist())
+        if self.on_published is not None:
+            self.on_published(n)
+        batch.delete()
+        self.published = max(self.published, n)
+
+    def _publish_data(self, n: int, batch: Location, attempt: str | None) -> None:
+        first = True
+        for sub in sorted(batch.list()):
+            if not sub.startswith("stream=") or sub == f"stream={SUMMARY_STREAM}":
+                continue
+            stream = sub[len("stream="):]
+            d = batch.child(sub)
+            for part in sorted(d.list()):
+                if not part.endswith(".parquet") or part.startswith((".", "_")):
+                    continue
+                loc = d.child(part)
+                rows, lo = part_stats(loc)
+                if rows == 0 or lo is None:
+                    loc.delete()
+                    continue
+                stem = part[: -len(".parquet")].replace(".", "_")
+                tag = f"b{n:010d}-{stem}" if attempt is None else f"b{n:010d}-w{attempt}-{stem}"
+                self.streams.ensure(stream, self.name)
+                self.streams.publish(loc, stream, self.name, tag, lo)
+                self.written += rows
+                if first:
+                    first = False
+                    crash_point(self.name, "mid_publish", n)

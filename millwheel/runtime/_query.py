@@ -1,0 +1,296 @@
+"""One Spark Structured Streaming query per computation (design.md "The Spark runtime").
+
+::
+
+    heartbeats/<C>/*.parquet ─────────────────────────────┐  (input low watermark, ticks)
+    streams/<S>/<producer>/*.parquet ─► mapInPandas(key) ─┤  (one per input stream, §4.2)
+                                                          ▼
+        union ─► withWatermark("wm_ts", "0 seconds") ─► groupBy(shard)
+              ─► applyInPandasWithState(IntervalStep, EventTimeTimeout)
+              ─► foreachBatch(Outbox.sink)  ──(after commit)──► streams/<out>/<C>/
+
+The driver keeps, per computation, what it needs for the low watermark (§4.5, §7.2):
+which input files the committed batches consumed (from the query's file-source logs in
+its checkpoint), and each key interval's summary (oldest pending low-watermark timer,
+next timers) from the last published batch.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+from collections import Counter
+from functools import reduce
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
+from millwheel._topology import ComputationSpec
+from millwheel.runtime._fs import Location
+from millwheel.runtime._interval import METRICS, IntervalStep, make_key_extractor
+from millwheel.runtime._outbox import Outbox
+from millwheel.runtime._wire import (
+    HEARTBEAT_SCHEMA,
+    KEYED_SCHEMA,
+    LOG_SCHEMA,
+    OUT_SCHEMA,
+    STATE_SCHEMA,
+    to_spark,
+)
+
+if TYPE_CHECKING:
+    from millwheel.runtime._runtime import SparkRuntime
+
+_HB_SCHEMA = pa.schema([("shard", pa.int32()), ("wm", pa.int64()), ("now", pa.int64())])
+
+
+class _Consumed:
+    """Which stream-log files a query's committed batches consumed, from its checkpoint.
+
+    Each file source keeps its own log (``sources/<i>/<log offset>``: the files it added at
+    that offset); the query's offset log (``offsets/<batch>``) says which log offset of each
+    source a batch read up to.
+    """
+
+    def __init__(self, checkpoint: Location) -> None:
+        self.checkpoint = checkpoint
+        self.sources = checkpoint.child("sources")
+        self.seen: set[str] = set()
+        self.files: dict[tuple[str, str], dict[str, tuple[int, int]]] = {}
+        self._offsets: dict[int, dict[int, int]] = {}
+
+    def refresh(self) -> None:
+        for i in self.sources.list():
+            if not i.isdigit():
+                continue
+            d = self.sources.child(i)
+            for name in d.list():
+                if name.startswith(".") or f"{i}/{name}" in self.seen:
+                    continue
+                text = d.child(name).read_text()
+                if text is None:
+                    continue
+                for line in text.splitlines()[1:]:
+                    try:
+                        entry = json.loads(line)
+                    except ValueError:
+                        break  # a file being written: read it next time
+                    path = urllib.parse.unquote(entry["path"]).split("/")
+                    if len(path) >= 4 and path[-4] == "streams":
+                        self.files.setdefault((path[-3], path[-2]), {})[path[-1]] = (int(i), entry["batchId"])
+                else:
+                    self.seen.add(f"{i}/{name}")
+
+    def log_offsets(self, batch: int) -> dict[int, int]:
+        """Source index -> log offset read up to, for a query batch."""
+        if batch < 0:
+            return {}
+        cached = self._offsets.get(batch)
+        if cached is None:
+            text = self.checkpoint.child("offsets", str(batch)).read_text() or ""
+            cached = {}
+            for i, line in enumerate(text.splitlines()[2:]):
+                try:
+                    cached[i] = int(json.loads(line)["logOffset"])
+                except (ValueError, KeyError, TypeError):
+                    continue
+            self._offsets[batch] = cached
+        return cached
+
+    def names(self, stream: str, producer: str, upto: int) -> set[str]:
+        offs = self.log_offsets(upto)
+        return {n for n, (i, b) in self.files.get((stream, producer), {}).items() if b <= offs.get(i, -1)}
+
+
+class ComputationQuery:
+    """The Spark query of one computation and the driver's bookkeeping for it."""
+
+    def __init__(self, rt: SparkRuntime, spec: ComputationSpec) -> None:
+        self.rt = rt
+        self.spec = spec
+        self.name = spec.name
+        self.intervals = rt.settings.intervals
+        self.checkpoint = rt.root.child("checkpoints", self.name)
+        self.heartbeats = rt.root.child("heartbeats", self.name)
+        self.inputs = [(s, p) for s in spec.inputs for p in rt.producers(s)]
+        self.outbox = Outbox(
+            self.name, rt.root.child("outbox", self.name), self.checkpoint, rt.streams,
+            strong=spec.options.strong_productions, on_summary=self._on_summary,
+        )  # fmt: skip
+        self.consumed = _Consumed(self.checkpoint)
+        #: shard -> (hold, next low-watermark timer, next wall timer, keys); absent = not reported yet
+        self.shards: dict[int, tuple[int | None, int | None, int | None, int]] = {}
+        self.metrics: Counter[str] = Counter()
+        self.applied_watermark = MIN_TIMESTAMP
+        self.input_watermark = MIN_TIMESTAMP
+        self.low_watermark = MIN_TIMESTAMP
+        self._hb_sent = MIN_TIMESTAMP
+        self._hb_at = 0.0
+        self._hb_seq = 0
+        self._ticked: dict[int, int] = {}
+        self._tokens: dict[str, int] = {}
+        self.query: Any = None
+        self.restarts = 0
+        self.batches = 0
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        self.heartbeats.mkdirs()
+        self.outbox.recover()
+        self.shards.clear()
+        self._tokens = self.rt.watermarks.acquire_many(self.name, [f"shard-{i}" for i in range(self.intervals)])
+        nums = [int(n.split(".")[0]) for n in self.heartbeats.list() if n.endswith(".parquet") and n[0].isdigit()]
+        self._hb_seq = max(nums, default=-1) + 1
+        # every interval reports its summary once, so the low watermark knows all holds
+        now = int(time.time() * 1000)
+        self._write_heartbeat(None, [(s, now) for s in range(self.intervals)])
+        self.query = self._build().start()
+
+    def _build(self) -> Any:
+        from pyspark.sql import functions as F
+        from pyspark.sql.streaming.state import GroupStateTimeout
+
+        spark = self.rt.spark
+        settings = self.rt.settings
+        hb = (
+            spark.readStream.schema(HEARTBEAT_SCHEMA).option("maxFileAge", "36500d").parquet(self.heartbeats.uri)
+            .select(
+                F.col("shard"), F.lit(None).cast("binary").alias("key"), F.lit(None).cast("string").alias("id"),
+                F.lit(0).cast("long").alias("ts"), F.lit(None).cast("binary").alias("value"),
+                F.lit(None).cast("string").alias("err"), F.col("now"), F.timestamp_millis("wm").alias("wm_ts"),
+            )
+        )  # fmt: skip
+        parts = [hb]  # first: Spark plans sources in this order
+        for stream, extractor in self.spec.inputs.items():
+            readers = []
+            for producer in self.rt.producers(stream):
+                r = spark.readStream.schema(LOG_SCHEMA).option("maxFileAge", "36500d")
+                if settings.max_files_per_trigger:
+                    r = r.option("maxFilesPerTrigger", settings.max_files_per_trigger)
+                readers.append(r.parquet(self.rt.streams.location(stream, producer).uri))
+            raw = reduce(lambda a, b: a.unionByName(b), readers)
+            keyed = raw.mapInPandas(make_key_extractor(self.name, stream, extractor, self.intervals), KEYED_SCHEMA)
+            parts.append(keyed.withColumn("wm_ts", F.lit(None).cast("timestamp")))
+        union = reduce(lambda a, b: a.unionByName(b), parts).withWatermark("wm_ts", "0 seconds")
+        out = union.groupBy("shard").applyInPandasWithState(
+            IntervalStep(self.spec), OUT_SCHEMA, STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout
+        )
+        writer = (
+            out.writeStream.queryName(f"millwheel.{self.name}")
+            .foreachBatch(self.outbox.sink)
+            .option("checkpointLocation", self.checkpoint.uri)
+        )
+        if settings.trigger_ms > 0:
+            writer = writer.trigger(processingTime=f"{settings.trigger_ms} milliseconds")
+        return writer
+
+    def check(self) -> None:
+        """Restart the query from its checkpoint if it died (e.g. a Python worker was killed)."""
+        q = self.query
+        if q is None or q.isActive:
+            return
+        exc = q.exception()
+        if exc is None:
+            return
+        self.restarts += 1
+        if self.restarts > self.rt.settings.max_restarts:
+            msg = f"computation {self.name!r}: query failed {self.restarts} times; last error: {exc}"
+            raise RuntimeError(msg)
+        self.rt.log(f"computation {self.name}: query failed ({str(exc).splitlines()[0][:200]}); restarting from its checkpoint")
+        self.start()
+
+    def stop(self) -> None:
+        if self.query is not None:
+            self.query.stop()
+            self.query = None
+
+    # ---- summaries ------------------------------------------------------------------------
+    def _on_summary(self, batch: int, values: list[bytes]) -> None:
+        self.batches += 1
+        for raw in values:
+            shard, hold, nlw, nwall, nkeys, metrics, lw, _now = msgpack.unpackb(raw, raw=False)
+            self.shards[shard] = (hold, nlw, nwall, nkeys)
+            for name, v in zip(METRICS, metrics, strict=False):
+                self.metrics[name] += v
+            self.applied_watermark = max(self.applied_watermark, lw)
+
+    # ---- low watermark (§4.5) --------------------------------------------------------------
+    def update_watermark(self, now: int) -> int:
+        """Recompute this computation's input and output low watermarks; send heartbeats."""
+        self.outbox.publish_committed()
+        wm = self.rt.watermarks
+        upto = self.outbox.published
+        self.consumed.refresh()
+        in_lw = MAX_TIMESTAMP
+        for stream, producer in self.inputs:
+            in_lw = min(in_lw, self.rt.watermark_of(producer))  # before listing: see docs/runtime.md
+            consumed = self.consumed.names(stream, producer, upto)
+            for name, lo in self.rt.streams.files(stream, producer).items():
+                if lo < in_lw and name not in consumed:
+                    in_lw = lo
+        self.input_watermark = max(self.input_watermark, in_lw)
+        reports = []
+        for s in range(self.intervals):
+            info = self.shards.get(s)
+            if info is None:
+                continue
+            hold = info[0]
+            oldest = in_lw if hold is None else min(hold, in_lw)
+            reports.append((f"shard-{s}", self._tokens[f"shard-{s}"], oldest))
+        if reports:
+            wm.report_batch(self.name, reports)
+        self.low_watermark = wm.watermark(self.name)
+        self._heartbeat(in_lw, now)
+        return self.low_watermark
+
+    def _heartbeat(self, in_lw: int, now: int) -> None:
+        ticks = []
+        for s, (_h, _nlw, nwall, _k) in self.shards.items():
+            if nwall is not None and nwall <= now and self._ticked.get(s) != nwall:
+                ticks.append((s, now))
+                self._ticked[s] = nwall
+        advance = in_lw > self._hb_sent and to_spark(in_lw) > to_spark(self._hb_sent)
+        due = time.monotonic() - self._hb_at >= self.rt.settings.heartbeat_ms / 1000
+        if ticks or (advance and due):
+            self._write_heartbeat(to_spark(in_lw) if advance else None, ticks)
+            if advance:
+                self._hb_sent = in_lw
+
+    def _write_heartbeat(self, wm: int | None, ticks: list[tuple[int, int]]) -> None:
+        rows = ([(-1, wm, None)] if wm is not None else []) + [(s, None, t) for s, t in ticks]
+        if not rows:
+            return
+        table = pa.table(
+            {
+                "shard": pa.array([r[0] for r in rows], pa.int32()),
+                "wm": pa.array([r[1] for r in rows], pa.int64()),
+                "now": pa.array([r[2] for r in rows], pa.int64()),
+            },
+            schema=_HB_SCHEMA,
+        )
+        name = f"{self._hb_seq:012d}.parquet"
+        self._hb_seq += 1
+        tmp = self.heartbeats.child(f".{name}.tmp")
+        pq.write_table(table, tmp.path, filesystem=tmp.fs)
+        tmp.move_to(self.heartbeats.child(name))
+        self._hb_at = time.monotonic()
+
+    # ---- reading -----------------------------------------------------------------------------
+    def drained(self) -> bool:
+        return self.low_watermark >= MAX_TIMESTAMP and not self.outbox.loc.list()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "records_in": self.metrics["records_in"],
+            "productions": self.metrics["productions"],
+            "dead_letters": self.metrics["dead_letters"],
+            "duplicates": self.metrics["duplicates"],
+            "late": self.metrics["late"],
+            "timers_fired": self.metrics["timers_fired"],
+            "low_watermark": self.low_watermark,
+            "batches": self.batches,
+        }

@@ -1,0 +1,144 @@
+"""Streams between computations: durable, replayable logs (design.md "The Spark runtime").
+
+A stream is a directory per (stream, producer) of immutable Parquet files of
+stream-log rows (:data:`~millwheel.runtime._wire.LOG_SCHEMA`)::
+
+    <root>/streams/<stream>/<producer>/<tag>-m<min ts>.parquet
+
+A file appears under its final name only by an atomic rename, so a reader — a Spark file
+source, or :meth:`FileStreamLog.read` — only ever sees whole, committed files; hidden
+names (``.x``, ``_x``) are ignored by Spark. The oldest timestamp of a file is in its
+name, so the driver computes "oldest unconsumed input" (MillWheel §4.5) from a listing.
+
+One directory per producer keeps each producer's low watermark separate (a consumer
+takes the minimum over them). Any computation may read any stream: a new consumer is a
+new Spark query with its own checkpoint, reading the same directories from the start.
+
+The interface is deliberately narrow — :class:`StreamLog` — so a Kafka-backed log
+(topic per stream, producer in a header, offsets in the consumer's checkpoint) can
+replace it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from typing import Protocol
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from millwheel._record import Record
+from millwheel.runtime._fs import Location
+from millwheel.runtime._wire import decode_key, decode_value, encode_key, encode_value
+
+ARROW_LOG_SCHEMA = pa.schema(
+    [("id", pa.string()), ("ts", pa.int64()), ("key", pa.binary()), ("value", pa.binary())]
+)
+
+
+def file_name(tag: str, min_ts: int) -> str:
+    return f"{tag}-m{min_ts}.parquet"
+
+
+def min_ts_of(name: str) -> int | None:
+    """The oldest timestamp encoded in a stream-log file name, or None for other files."""
+    if name.startswith((".", "_")) or not name.endswith(".parquet"):
+        return None
+    try:
+        return int(name[: -len(".parquet")].rsplit("-m", 1)[1])
+    except (IndexError, ValueError):
+        return None
+
+
+class StreamLog(Protocol):
+    """What the runtime needs from a stream log."""
+
+    def location(self, stream: str, producer: str) -> Location: ...
+
+    def ensure(self, stream: str, producer: str) -> None: ...
+
+    def files(self, stream: str, producer: str) -> dict[str, int]: ...
+
+    def publish(self, src: Location, stream: str, producer: str, tag: str, min_ts: int) -> None: ...
+
+    def append(self, stream: str, producer: str, tag: str, records: list[Record]) -> None: ...
+
+    def read(self, stream: str) -> list[Record]: ...
+
+
+class FileStreamLog:
+    """The embedded stream log: a directory on a local disk or a distributed filesystem."""
+
+    def __init__(self, root: Location) -> None:
+        self.root = root.child("streams")
+
+    def location(self, stream: str, producer: str) -> Location:
+        return self.root.child(stream, producer)
+
+    def ensure(self, stream: str, producer: str) -> None:
+        self.location(stream, producer).mkdirs()
+
+    def files(self, stream: str, producer: str) -> dict[str, int]:
+        """Published files of one producer: name -> oldest timestamp."""
+        out: dict[str, int] = {}
+        for name in self.location(stream, producer).list():
+            ts = min_ts_of(name)
+            if ts is not None:
+                out[name] = ts
+        return out
+
+    def producers(self, stream: str) -> list[str]:
+        return sorted(n for n in self.root.child(stream).list() if not n.startswith((".", "_")))
+
+    def publish(self, src: Location, stream: str, producer: str, tag: str, min_ts: int) -> None:
+        """Make a finished file visible under its final name, atomically (idempotent)."""
+        dest = self.location(stream, producer).child(file_name(tag, min_ts))
+        if dest.exists():
+            src.delete()
+            return
+        src.move_to(dest)
+
+    def append(self, stream: str, producer: str, tag: str, records: list[Record]) -> None:
+        """Write records as one new file (driver side: injectors, tests). Idempotent per tag."""
+        if not records:
+            return
+        table = records_table(records)
+        min_ts = min(r.timestamp for r in records)
+        loc = self.location(stream, producer)
+        dest = loc.child(file_name(tag, min_ts))
+        if dest.exists():
+            return
+        tmp = loc.child(f".{tag}.{uuid.uuid4().hex}.tmp")
+        pq.write_table(table, tmp.path, filesystem=tmp.fs)
+        tmp.move_to(dest)
+
+    def read(self, stream: str) -> list[Record]:
+        """Every record published to ``stream`` (re-deliveries included), by producer and file."""
+        out: list[Record] = []
+        for producer in self.producers(stream):
+            loc = self.location(stream, producer)
+            for name in sorted(self.files(stream, producer)):
+                out += table_records(pq.read_table(loc.child(name).path, filesystem=loc.fs, columns=["id", "ts", "key", "value"]))
+        return out
+
+
+def records_table(records: Iterable[Record]) -> pa.Table:
+    recs = list(records)
+    return pa.table(
+        {
+            "id": pa.array([r.id for r in recs], pa.string()),
+            "ts": pa.array([r.timestamp for r in recs], pa.int64()),
+            "key": pa.array([None if r.key is None else encode_key(r.key) for r in recs], pa.binary()),
+            "value": pa.array([encode_value(r.value) for r in recs], pa.binary()),
+        },
+        schema=ARROW_LOG_SCHEMA,
+    )
+
+
+def table_records(table: pa.Table) -> list[Record]:
+    cols = table.to_pydict()
+    return [
+        Record(decode_key(k), decode_value(v), ts, rid)
+        for rid, ts, k, v in zip(cols["id"], cols["ts"], cols["key"], cols["value"], strict=False)
+    ]

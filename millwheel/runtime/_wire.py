@@ -1,0 +1,101 @@
+"""What travels between processes: stream-log rows, value and key encodings, Spark time.
+
+Pure Python (no pyspark): the driver, the Python workers and the stream-log readers
+share these definitions.
+
+* A **stream-log row** is ``(id string, ts long, key binary, value binary)``: the record id
+  (what exactly-once dedups on, MillWheel §6.1.1), its timestamp in ms, the producer's key
+  (msgpack) and the value (pickle, protocol 5; cloudpickle for what plain pickle refuses).
+* **Spark time.** Spark's event-time watermark is a non-negative timestamp and starts at
+  0; millwheel timestamps are signed ms with ``MIN_TIMESTAMP``/``MAX_TIMESTAMP`` as
+  "nothing known" / "finished". :func:`to_spark` shifts by :data:`SPARK_OFFSET` so that
+  Spark's initial 0 means ``MIN_TIMESTAMP`` and :data:`SPARK_CAP` (year 2255, inside pandas' range) means
+  ``MAX_TIMESTAMP``.
+
+>>> from_spark(to_spark(1_000))
+1000
+>>> from_spark(0) == MIN_TIMESTAMP, from_spark(to_spark(MAX_TIMESTAMP)) == MAX_TIMESTAMP
+(True, True)
+>>> decode_value(encode_value({"q": (1, 2)}))
+{'q': (1, 2)}
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import msgpack
+
+from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
+
+#: columns of every stream-log file (extra columns are ignored by readers)
+LOG_SCHEMA = "id string, ts long, key binary, value binary"
+#: heartbeat files: the computation's input low watermark (Spark time) and wall-clock ticks
+HEARTBEAT_SCHEMA = "shard int, wm long, now long"
+#: rows entering the per-interval step: records (err set when the key extractor failed) and heartbeats
+KEYED_SCHEMA = "shard int, key binary, id string, ts long, value binary, err string, now long"
+#: rows leaving the per-interval step and written to the outbox, partitioned by stream
+OUT_SCHEMA = "stream string, id string, ts long, key binary, value binary"
+#: the GroupState row of one key interval: key -> envelope, key -> [hold, next lw timer, next wall timer]
+STATE_SCHEMA = "envs binary, meta binary"
+
+#: pseudo-stream of the per-interval summary rows in the outbox
+SUMMARY_STREAM = "_summary"
+
+SPARK_OFFSET = 2**40
+SPARK_CAP = 9_000_000_000_000  # 2255-03-14: inside pandas' ns timestamps
+
+_dumps = pickle.dumps
+_loads = pickle.loads
+_HIGHEST = pickle.HIGHEST_PROTOCOL
+
+
+def to_spark(ts: int) -> int:
+    """A millwheel low watermark as a Spark event-time watermark (ms, >= 0)."""
+    if ts >= MAX_TIMESTAMP:
+        return SPARK_CAP
+    v = ts + SPARK_OFFSET
+    return 0 if v <= 0 else min(v, SPARK_CAP)
+
+
+def from_spark(v: int) -> int:
+    """Inverse of :func:`to_spark`."""
+    if v <= 0:
+        return MIN_TIMESTAMP
+    if v >= SPARK_CAP:
+        return MAX_TIMESTAMP
+    return v - SPARK_OFFSET
+
+
+def timer_timeout(ts: int) -> int:
+    """The Spark timeout timestamp at which a low-watermark timer at ``ts`` is due.
+
+    Spark times a group out when ``timeout < watermark``; a millwheel timer is due when
+    ``ts <= low watermark`` (§4.6), hence the ``- 1``.
+    """
+    if ts >= MAX_TIMESTAMP:
+        return SPARK_CAP - 1
+    return max(1, min(ts + SPARK_OFFSET - 1, SPARK_CAP - 1))
+
+
+def encode_value(value: Any) -> bytes:
+    try:
+        return _dumps(value, _HIGHEST)
+    except Exception:
+        import cloudpickle
+
+        return cloudpickle.dumps(value, _HIGHEST)
+
+
+decode_value = _loads
+
+
+def encode_key(key: Any) -> bytes:
+    return msgpack.packb(key, use_bin_type=True)
+
+
+def decode_key(data: bytes | None) -> Any:
+    if data is None:
+        return None
+    return msgpack.unpackb(data, raw=False)
