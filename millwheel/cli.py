@@ -1,6 +1,7 @@
 """The ``millwheel`` command.
 
-    millwheel run TOPOLOGY.py [--backend harness]   run a topology on its built-in sources
+    millwheel run TOPOLOGY.py [--backend spark|harness] [--until-drained] [--checkpoint DIR] ...
+                                                     run a topology (default: Spark, local[*])
     millwheel validate TOPOLOGY.py                   check the wiring
     millwheel graph TOPOLOGY.py [--dot]              print the topology as text or Graphviz DOT
     millwheel authority serve [...]                  run the low-watermark authority service
@@ -113,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="run a topology")
     p_run.add_argument("topology")
-    p_run.add_argument("--backend", choices=["harness"], default="harness", help="where to run it")
+    p_run.add_argument("--backend", choices=["spark", "harness"], default="spark", help="where to run it (default: Spark)")
+    from millwheel.runtime._cli import add_arguments as _spark_arguments
+
+    _spark_arguments(p_run)
     p_val = sub.add_parser("validate", help="check a topology's wiring")
     p_val.add_argument("topology")
     p_graph = sub.add_parser("graph", help="print a topology")
@@ -136,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
             topo.validate()
             print(graph_text(topo, dot=args.dot))
             return 0
+        if args.backend == "spark":
+            from millwheel.runtime._cli import run as _run_spark
+
+            return _run_spark(topo.validate(), args)
         return _run_harness(topo.validate())
     except MillwheelError as exc:
         print(f"millwheel: {exc}", file=sys.stderr)
