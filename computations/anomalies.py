@@ -105,6 +105,11 @@ class SpikeDetector(Computation):
     the buckets still filling. State keeps the latest model and the last ``keep_windows``
     buckets' counts; there is nothing to wait for, so there are no timers.
 
+    Buckets counted while the key has no model yet are judged when a model arrives: a
+    replay that reads the raw events faster than the model stream follows (Spark reading
+    a whole log directory) still finds its spikes. They are kept until then (at most
+    ``max_unjudged``), so memory grows with that skew (§8.4).
+
     >>> from millwheel.testing import Harness
     >>> from computations.model import new_model
     >>> model = new_model(60_000, 3_000); model.update(level=5.0, windows=20)
@@ -125,18 +130,23 @@ class SpikeDetector(Computation):
         thresholds: Thresholds | None = None,
         window_ms: int = 1_000,
         keep_windows: int = 30,
+        max_unjudged: int = 3_600,
     ) -> None:
         self.output = output
         self.thresholds = thresholds or Thresholds()
         self.window_ms = window_ms
         self.keep_windows = keep_windows
+        self.max_unjudged = max_unjudged
 
     def process_record(self, record: Record) -> None:
         value = record.value
-        s = self.state.get() or {"model": None, "counts": {}, "flagged": set(), "fired": set(), "newest": None}
+        s = self.state.get() or {"model": None, "counts": {}, "flagged": set(), "fired": set(), "newest": None, "unjudged": set()}
         if "window_start" in value:  # a model update from ModelCalculator
             if value.get("model") is not None:
                 s["model"] = value["model"]
+                for b in sorted(s["unjudged"]):  # counted before there was a model: judge now
+                    self._judge(s, b)
+                s["unjudged"] = set()
                 self.state.set(s)
             return
         w = self.window_ms
@@ -147,12 +157,21 @@ class SpikeDetector(Computation):
         if s["newest"] is None or bucket > s["newest"]:
             s["newest"] = bucket
             self._collect(s)
-        if bucket not in s["flagged"] and s["model"] is not None:
-            expected = expected_count(s["model"], bucket)
-            if expected is not None and self.thresholds.is_spike(count, expected=expected):
-                s["flagged"].add(bucket)
-                self._fire(s, bucket)
+        if s["model"] is None:
+            s["unjudged"].add(bucket)
+            if len(s["unjudged"]) > self.max_unjudged:
+                s["unjudged"].discard(min(s["unjudged"]))
+        else:
+            self._judge(s, bucket)
         self.state.set(s)
+
+    def _judge(self, s: dict[str, Any], bucket: int) -> None:
+        if bucket in s["flagged"] or bucket not in s["counts"]:
+            return
+        expected = expected_count(s["model"], bucket)
+        if expected is not None and self.thresholds.is_spike(s["counts"][bucket], expected=expected):
+            s["flagged"].add(bucket)
+            self._fire(s, bucket)
 
     def _fire(self, s: dict[str, Any], bucket: int) -> None:
         """Bucket ``bucket`` just became anomalous: fire it and any later run it completes."""
@@ -174,7 +193,8 @@ class SpikeDetector(Computation):
     def _collect(self, s: dict[str, Any]) -> None:
         horizon = s["newest"] - self.keep_windows * self.window_ms
         if min(s["counts"]) < horizon:
-            s["counts"] = {b: c for b, c in s["counts"].items() if b >= horizon}
+            keep = s["unjudged"]
+            s["counts"] = {b: c for b, c in s["counts"].items() if b >= horizon or b in keep}
             s["flagged"] = {b for b in s["flagged"] if b >= horizon}
             s["fired"] = {b for b in s["fired"] if b >= horizon}
 

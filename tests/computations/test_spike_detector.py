@@ -91,3 +91,16 @@ def test_old_buckets_are_collected():
         h.inject("queries", events(h, "cats", b, 3))
     h.run()
     assert min(h.state("SpikeDetector", "cats")["counts"]) >= 24_000
+
+
+def test_buckets_counted_before_the_model_arrives_are_judged_when_it_does():
+    """A replay can read the raw events faster than the model stream follows (e.g. Spark)."""
+    h = harness(keep_windows=5)
+    for b in range(0, 40_000, 1_000):
+        h.inject("queries", events(h, "cats", b, 80 if b in (20_000, 21_000, 22_000) else 10))
+    h.run()
+    assert h.values("anomalies") == []
+    h.inject("window_models", [h.record({"key": "cats", "window_start": 0, "model": model(10.0)}, 1_000)])
+    h.run()
+    assert [(a["window_start"], a["confidence"]) for a in h.values("anomalies")] == [(21_000, 2), (22_000, 3)]
+    assert h.state("SpikeDetector", "cats")["unjudged"] == set()
