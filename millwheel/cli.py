@@ -5,6 +5,7 @@
     millwheel validate TOPOLOGY.py                   check the wiring
     millwheel graph TOPOLOGY.py [--dot]              print the topology as text or Graphviz DOT
     millwheel authority serve [...]                  run the low-watermark authority service
+    millwheel zeitgeist generate|run|evaluate ...    Zeitgeist sample data and its evaluation
 
 A topology module exposes a :class:`~millwheel.Topology` as ``topology`` (or a function
 ``build()`` returning one).
@@ -37,7 +38,12 @@ def load_topology(path: str) -> Topology:
         msg = f"cannot import {path!r} as a Python module"
         raise MillwheelError(msg)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.modules[spec.name] = module  # dataclasses and pickling look the module up by name
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(spec.name, None)
+        raise
     topo = getattr(module, "topology", None)
     if topo is None and callable(getattr(module, "build", None)):
         topo = module.build()
@@ -109,7 +115,21 @@ def _run_harness(t: Topology) -> int:
     return 0
 
 
+def _delegate(command: str, rest: list[str]) -> int:
+    """Subcommands whose arguments belong to another module's own parser."""
+    if command == "authority":
+        from watermark_authority.cli import main as authority_main
+
+        return authority_main(rest)
+    from topologies.zeitgeist_tools import main as zeitgeist_main
+
+    return zeitgeist_main(rest)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("authority", "zeitgeist"):
+        return _delegate(argv[0], argv[1:])
     parser = argparse.ArgumentParser(prog="millwheel", description="MillWheel-style stream computations on Spark")
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="run a topology")
@@ -125,12 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     p_graph.add_argument("--dot", action="store_true", help="Graphviz DOT instead of text")
     p_auth = sub.add_parser("authority", help="the low-watermark authority service", add_help=False)
     p_auth.add_argument("rest", nargs=argparse.REMAINDER)
+    p_zg = sub.add_parser("zeitgeist", help="Zeitgeist sample data: generate, run, evaluate", add_help=False)
+    p_zg.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     try:
-        if args.command == "authority":
-            from watermark_authority.cli import main as authority_main
-
-            return authority_main(args.rest)
+        if args.command in ("authority", "zeitgeist"):
+            return _delegate(args.command, args.rest)
         topo = load_topology(args.topology)
         if args.command == "validate":
             topo.validate()
