@@ -65,7 +65,7 @@ class SourceInjector:
             if batch is None:
                 self.finished = True
                 break
-            self.rt.streams.append(self.stream, self.name, f"s{self.position:010d}", batch.records)
+            self.rt.streams.append(self.stream, self.name, f"s{self.position:010d}", batch.records, self.low_watermark)
             self.position += 1
             self.records_out += len(batch.records)
             self.low_watermark = max(self.low_watermark, batch.low_watermark)

@@ -34,7 +34,7 @@ import msgpack
 import pandas as pd
 import xxhash
 
-from millwheel._record import Record
+from millwheel._record import MIN_TIMESTAMP, Record
 from millwheel._step import DEAD_LETTER_STREAM, StepRunner
 from millwheel._topology import ComputationSpec
 from millwheel.runtime._wire import (
@@ -50,7 +50,10 @@ _unpackb = msgpack.unpackb
 _hash = xxhash.xxh3_64_intdigest
 
 #: step metrics summed per interval and reported in the summary row
-METRICS = ("records_in", "duplicates", "late", "processed", "timers_fired", "productions", "dead_letters")
+METRICS = (
+    "records_in", "duplicates", "late", "late_dropped", "late_to_stream", "processed",
+    "timers_fired", "productions", "dead_letters",
+)  # fmt: skip
 
 
 def shard_of(encoded_key: bytes, intervals: int) -> int:
@@ -91,7 +94,7 @@ def make_key_extractor(consumer: str, stream: str, extractor: Callable[[Record],
                     shards[i] = _hash(str(ids[i]).encode()) % intervals
                     errs[i] = f"{stream}\x00{type(exc).__name__}: {exc}"
             yield pd.DataFrame(
-                {"shard": shards, "key": keys, "id": ids, "ts": tss, "value": vals, "err": errs, "now": [None] * n}
+                {"shard": shards, "key": keys, "id": ids, "ts": tss, "value": vals, "wm": pdf["wm"], "err": errs, "now": [None] * n}
             )
 
     return extract
@@ -124,7 +127,7 @@ class IntervalStep:
         shard = int(group[0])
         lw = from_spark(state.getCurrentWatermarkMs())
         now = state.getCurrentProcessingTimeMs()
-        per_key: dict[bytes, list[tuple[str, int, bytes]]] = {}
+        per_key: dict[bytes, list[tuple[str, int, bytes, Any]]] = {}
         bad: list[tuple[str, int, bytes, str]] = []
         for pdf in frames:
             ids = pdf["id"].tolist()
@@ -135,6 +138,7 @@ class IntervalStep:
             vals = pdf["value"].tolist()
             errs = pdf["err"].tolist()
             nows = pdf["now"].tolist()
+            wms = pdf["wm"].tolist()
             for i in range(len(ids)):
                 rid = ids[i]
                 if rid is None:  # a tick: a wall timer of this interval is due
@@ -149,9 +153,9 @@ class IntervalStep:
                 kb = keys[i]
                 lst = per_key.get(kb)
                 if lst is None:
-                    per_key[kb] = [(rid, tss[i], vals[i])]
+                    per_key[kb] = [(rid, tss[i], vals[i], wms[i])]
                 else:
-                    lst.append((rid, tss[i], vals[i]))
+                    lst.append((rid, tss[i], vals[i], wms[i]))
         if shard < 0:
             return
         runner = self.runner()
@@ -175,9 +179,21 @@ class IntervalStep:
         unpack = _unpackb
         for kb, rows in per_key.items():
             key = unpack(kb, raw=False)
-            recs = [Record(key, loads(v), t, rid) for rid, t, v in rows]
-            res = step(key, envs.get(kb), recs, low_watermark=lw, now=now, late_watermark=lw)
-            env = res.envelope
+            env = envs.get(kb)
+            for late_wm, recs in _runs(key, rows, lw, loads):
+                res = step(key, env, recs, low_watermark=lw, now=now, late_watermark=late_wm)
+                env = res.envelope
+                m = res.metrics
+                for name in METRICS:
+                    totals[name] += m[name]
+                for plist in (res.productions, res.dead_letters):
+                    for p in plist:
+                        r = p.record
+                        o_stream.append(p.stream)
+                        o_id.append(r.id)
+                        o_ts.append(r.timestamp)
+                        o_key.append(None if r.key is None else _packb(r.key, use_bin_type=True))
+                        o_val.append(encode_value(r.value))
             if env is None:
                 envs.pop(kb, None)
                 meta.pop(kb, None)
@@ -187,17 +203,6 @@ class IntervalStep:
                     meta.pop(kb, None)
                 else:
                     meta[kb] = [res.hold, res.next_low_watermark_timer, res.next_wall_timer]
-            m = res.metrics
-            for name in METRICS:
-                totals[name] += m[name]
-            for plist in (res.productions, res.dead_letters):
-                for p in plist:
-                    r = p.record
-                    o_stream.append(p.stream)
-                    o_id.append(r.id)
-                    o_ts.append(r.timestamp)
-                    o_key.append(None if r.key is None else _packb(r.key, use_bin_type=True))
-                    o_val.append(encode_value(r.value))
         name = self.spec.name
         for rid, ts, val, err in bad:
             stream, reason = err.split("\x00", 1)
@@ -229,6 +234,35 @@ class IntervalStep:
         o_ts.append(0)
         o_key.append(None)
         o_val.append(_packb(summary, use_bin_type=True))
-        yield pd.DataFrame({"stream": o_stream, "id": o_id, "ts": o_ts, "key": o_key, "value": o_val})
+        yield pd.DataFrame({"stream": o_stream, "id": o_id, "ts": o_ts, "key": o_key, "value": o_val, "wm": [None] * len(o_id)})
+
+
+def _runs(key: Any, rows: list[tuple[str, int, bytes, Any]], lw: int, loads: Callable[[bytes], Any]) -> list[tuple[int, list[Record]]]:
+    """A key's records as runs sharing the watermark they arrived under (§4.5).
+
+    A record is late if it is behind the consumer's low watermark or behind the sender
+    watermark it was injected under, whichever is higher. Almost always one run.
+
+    Spark reads the files of one batch in no particular order, so records are put back in
+    the order they were sent: sender watermarks only grow, so a stable sort on them restores
+    the injector's order across files (a duplicate delivered in a later file must meet its
+    original first, as in the harness, or it would count as late instead of duplicate).
+    """
+    first = rows[0][3] if rows else None
+    if any(r[3] != first for r in rows):
+        rows = sorted(rows, key=lambda r: MIN_TIMESTAMP if r[3] is None or r[3] != r[3] else r[3])
+    out: list[tuple[int, list[Record]]] = []
+    cur_wm: int | None = None
+    cur: list[Record] = []
+    for rid, t, v, w in rows:
+        late_wm = lw if w is None or w != w or w <= lw else int(w)
+        if late_wm != cur_wm and cur:
+            out.append((cur_wm, cur))  # type: ignore[arg-type]
+            cur = []
+        cur_wm = late_wm
+        cur.append(Record(key, loads(v), int(t), rid))
+    if cur or not out:
+        out.append((lw if cur_wm is None else cur_wm, cur))
+    return out
 
 

@@ -62,9 +62,26 @@ def _first_ts(path: str, ts_field: str, end: int) -> int | None:
 
 
 class _Range(InputPartition):
-    def __init__(self, name: str, start: int, end: int) -> None:
-        super().__init__((name, start, end))
-        self.name, self.start, self.end = name, start, end
+    def __init__(self, name: str, start: int, end: int, sender_wm: int) -> None:
+        super().__init__((name, start, end, sender_wm))
+
+
+def sender_watermark(name: str, start: dict[str, Any], end: dict[str, Any]) -> int:
+    """The injector low watermark a record of file ``name`` is sent under (Fig. 10).
+
+    As if files were delivered one at a time in time order: the file's own time, or an
+    older file's that is still unfinished after the batch, and never below the watermark
+    already published. So a record older than its own file's time is late however the
+    files are cut into batches.
+    """
+    own = end["files"][name][1]
+    if own is None:
+        return int(start["lw"])
+    times = [own]
+    for other, (_, t, finished) in end["files"].items():
+        if other != name and t is not None and t <= own and not finished:
+            times.append(t)
+    return max(int(start["lw"]), min(times))
 
 
 class LogFileStreamReader(DataSourceStreamReader):
@@ -136,11 +153,11 @@ class LogFileStreamReader(DataSourceStreamReader):
         for name, (pos, _, _) in sorted(end["files"].items()):
             old = start["files"].get(name, [0, None, 0])[0]
             if pos > old:
-                parts.append(_Range(name, old, pos))
+                parts.append(_Range(name, old, pos, sender_watermark(name, start, end) - self.lateness))
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        name, start, end = partition.value  # type: ignore[attr-defined]
+        name, start, end, swm = partition.value  # type: ignore[attr-defined]
         with open(os.path.join(self.path, name), "rb") as fh:
             fh.seek(start)
             data = fh.read(end - start)
@@ -179,8 +196,8 @@ class LogFileStreamReader(DataSourceStreamReader):
         if ids:
             yield pa.RecordBatch.from_arrays(
                 [pa.array(streams, pa.string()), pa.array(ids, pa.string()), pa.array(tss, pa.int64()),
-                 pa.nulls(len(ids), pa.binary()), pa.array(vals, pa.binary())],
-                names=["stream", "id", "ts", "key", "value"],
+                 pa.nulls(len(ids), pa.binary()), pa.array(vals, pa.binary()), pa.array([swm] * len(ids), pa.int64())],
+                names=["stream", "id", "ts", "key", "value", "wm"],
             )  # fmt: skip
 
 

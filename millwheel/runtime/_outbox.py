@@ -36,18 +36,22 @@ from millwheel.runtime._fs import Location
 from millwheel.runtime._streams import FileStreamLog
 from millwheel.runtime._wire import SUMMARY_STREAM
 
-#: test hook: ``name:point:batch`` kills this process with SIGKILL at that point
+#: test hook: ``query:point:batch`` kills this process with SIGKILL at that point; ``batch``
+#: may be ``data``: the first batch whose output holds records (not only summaries)
 CRASH_ENV = "MILLWHEEL_CRASH"
-CRASH_POINTS = ("before_output", "after_output", "before_publish", "mid_publish")
+#: in order: the sink starts; the outbox is written; weak productions are published and the
+#: sink returns (Spark writes the commit next); a committed batch is about to be published;
+#: its first file is published
+CRASH_POINTS = ("before_output", "after_output", "before_commit", "before_publish", "mid_publish")
 
 
-def crash_point(query: str, point: str, batch: int) -> None:
+def crash_point(query: str, point: str, batch: int, has_data: bool = True) -> None:
     spec = os.environ.get(CRASH_ENV)
     if not spec:
         return
     for item in spec.split(","):
         name, where, at = item.split(":")
-        if name == query and where == point and int(at) == batch:
+        if name == query and where == point and ((at == "data" and has_data) or (at.isdigit() and int(at) == batch)):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -62,13 +66,24 @@ def _numbers(loc: Location) -> list[int]:
 
 
 def part_stats(loc: Location) -> tuple[int, int | None]:
-    """``(rows, min ts)`` of a Parquet file, from its footer."""
+    """``(rows, oldest timestamp that holds a watermark)`` of a stream-log Parquet file.
+
+    From the footer statistics; when rows carry a sender watermark, a late row (``ts < wm``)
+    holds nothing, so the oldest is ``min(max(ts, wm))``, read from the two columns.
+    """
     with loc.fs.open_input_file(loc.path) as f:
         meta = pq.ParquetFile(f).metadata
     rows = meta.num_rows
     if rows == 0:
         return 0, None
-    col = meta.schema.names.index("ts")
+    names = meta.schema.names
+    if "wm" in names:
+        wcol = names.index("wm")
+        if any(meta.row_group(i).column(wcol).statistics is None or meta.row_group(i).column(wcol).statistics.null_count < meta.row_group(i).num_rows for i in range(meta.num_row_groups)):
+            with loc.fs.open_input_file(loc.path) as f:
+                t = pq.read_table(f, columns=["ts", "wm"]).to_pydict()
+            return rows, min(ts if wm is None else max(ts, wm) for ts, wm in zip(t["ts"], t["wm"], strict=True))
+    col = names.index("ts")
     lo: int | None = None
     for i in range(meta.num_row_groups):
         stats = meta.row_group(i).column(col).statistics
@@ -112,10 +127,14 @@ class Outbox:
         crash_point(self.name, "before_output", batch_id)
         target = self.loc.child(str(batch_id))
         df.write.mode("overwrite").partitionBy("stream").parquet(target.uri)
-        crash_point(self.name, "after_output", batch_id)
+        has_data = os.environ.get(CRASH_ENV) is not None and any(
+            d.startswith("stream=") and d != f"stream={SUMMARY_STREAM}" for d in target.list()
+        )
+        crash_point(self.name, "after_output", batch_id, has_data)
         if not self.strong:
             with self.lock:
                 self._publish_data(batch_id, target, attempt=uuid.uuid4().hex[:8])
+        crash_point(self.name, "before_commit", batch_id, has_data)
 
     # ---- publication -------------------------------------------------------------------
     def committed(self) -> set[int]:

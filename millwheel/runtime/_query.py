@@ -161,7 +161,7 @@ class ComputationQuery:
             .select(
                 F.col("shard"), F.lit(None).cast("binary").alias("key"), F.lit(None).cast("string").alias("id"),
                 F.lit(0).cast("long").alias("ts"), F.lit(None).cast("binary").alias("value"),
-                F.lit(None).cast("string").alias("err"), F.col("now"), F.timestamp_millis("wm").alias("wm_ts"),
+                F.lit(None).cast("long").alias("wm"), F.lit(None).cast("string").alias("err"), F.col("now"), F.timestamp_millis("wm").alias("wm_ts"),
             )
         )  # fmt: skip
         parts = [hb]  # first: Spark plans sources in this order

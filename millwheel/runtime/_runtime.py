@@ -1,9 +1,10 @@
 """The Spark runtime: runs a :class:`~millwheel.Topology` as one Spark query per computation.
 
-    >>> from millwheel.runtime import SparkRuntime, RuntimeSettings    # doctest: +SKIP
-    >>> rt = SparkRuntime(topology, "/tmp/run", RuntimeSettings(drain=True))
-    >>> rt.run()                       # until finite inputs are drained and timers flushed
-    >>> rt.values("window_counts")
+    from millwheel.runtime import SparkRuntime, RuntimeSettings
+
+    rt = SparkRuntime(topology, "/tmp/run", RuntimeSettings(drain=True))
+    rt.run()                           # until finite inputs are drained and timers flushed
+    rt.values("window_counts")         # what the computations produced
 
 The driver loop (:meth:`SparkRuntime.poll`) feeds driver-side injectors, publishes the
 output of committed batches (strong productions, §6.1.2), computes each computation's

@@ -33,7 +33,7 @@ from millwheel.runtime._fs import Location
 from millwheel.runtime._wire import decode_key, decode_value, encode_key, encode_value
 
 ARROW_LOG_SCHEMA = pa.schema(
-    [("id", pa.string()), ("ts", pa.int64()), ("key", pa.binary()), ("value", pa.binary())]
+    [("id", pa.string()), ("ts", pa.int64()), ("key", pa.binary()), ("value", pa.binary()), ("wm", pa.int64())]
 )
 
 
@@ -99,12 +99,18 @@ class FileStreamLog:
             return
         src.move_to(dest)
 
-    def append(self, stream: str, producer: str, tag: str, records: list[Record]) -> None:
-        """Write records as one new file (driver side: injectors, tests). Idempotent per tag."""
+    def append(self, stream: str, producer: str, tag: str, records: list[Record], sender_watermark: int | None = None) -> None:
+        """Write records as one new file (driver side: injectors, tests). Idempotent per tag.
+
+        ``sender_watermark`` is the injector low watermark the records were sent under:
+        records behind it are late (§4.5) and do not hold the consumers' watermarks.
+        """
         if not records:
             return
-        table = records_table(records)
+        table = records_table(records, sender_watermark)
         min_ts = min(r.timestamp for r in records)
+        if sender_watermark is not None:
+            min_ts = max(min_ts, sender_watermark)
         loc = self.location(stream, producer)
         dest = loc.child(file_name(tag, min_ts))
         if dest.exists():
@@ -123,7 +129,7 @@ class FileStreamLog:
         return out
 
 
-def records_table(records: Iterable[Record]) -> pa.Table:
+def records_table(records: Iterable[Record], sender_watermark: int | None = None) -> pa.Table:
     recs = list(records)
     return pa.table(
         {
@@ -131,6 +137,7 @@ def records_table(records: Iterable[Record]) -> pa.Table:
             "ts": pa.array([r.timestamp for r in recs], pa.int64()),
             "key": pa.array([None if r.key is None else encode_key(r.key) for r in recs], pa.binary()),
             "value": pa.array([encode_value(r.value) for r in recs], pa.binary()),
+            "wm": pa.array([sender_watermark] * len(recs), pa.int64()),
         },
         schema=ARROW_LOG_SCHEMA,
     )

@@ -3,9 +3,13 @@
 Pure Python (no pyspark): the driver, the Python workers and the stream-log readers
 share these definitions.
 
-* A **stream-log row** is ``(id string, ts long, key binary, value binary)``: the record id
-  (what exactly-once dedups on, MillWheel §6.1.1), its timestamp in ms, the producer's key
-  (msgpack) and the value (pickle, protocol 5; cloudpickle for what plain pickle refuses).
+* A **stream-log row** is ``(id string, ts long, key binary, value binary, wm long)``: the
+  record id (what exactly-once dedups on, MillWheel §6.1.1), its timestamp in ms, the
+  producer's key (msgpack), the value (pickle, protocol 5; cloudpickle for what plain pickle
+  refuses) and the *sender watermark*: the injector low watermark in force when the record
+  was sent (null for computations' productions). A record with ``ts < wm`` is late (§4.5)
+  whatever batch it travels in, exactly as in the harness, where lateness is judged
+  against the watermark at arrival.
 * **Spark time.** Spark's event-time watermark is a non-negative timestamp and starts at
   0; millwheel timestamps are signed ms with ``MIN_TIMESTAMP``/``MAX_TIMESTAMP`` as
   "nothing known" / "finished". :func:`to_spark` shifts by :data:`SPARK_OFFSET` so that
@@ -30,13 +34,13 @@ import msgpack
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
 
 #: columns of every stream-log file (extra columns are ignored by readers)
-LOG_SCHEMA = "id string, ts long, key binary, value binary"
+LOG_SCHEMA = "id string, ts long, key binary, value binary, wm long"
 #: heartbeat files: the computation's input low watermark (Spark time) and wall-clock ticks
 HEARTBEAT_SCHEMA = "shard int, wm long, now long"
 #: rows entering the per-interval step: records (err set when the key extractor failed) and heartbeats
-KEYED_SCHEMA = "shard int, key binary, id string, ts long, value binary, err string, now long"
+KEYED_SCHEMA = "shard int, key binary, id string, ts long, value binary, wm long, err string, now long"
 #: rows leaving the per-interval step and written to the outbox, partitioned by stream
-OUT_SCHEMA = "stream string, id string, ts long, key binary, value binary"
+OUT_SCHEMA = "stream string, id string, ts long, key binary, value binary, wm long"
 #: the GroupState row of one key interval: key -> envelope, key -> [hold, next lw timer, next wall timer]
 STATE_SCHEMA = "envs binary, meta binary"
 

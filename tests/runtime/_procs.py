@@ -1,0 +1,97 @@
+"""Run the crash driver as a subprocess in its own process group; kill it, or one of its Python workers."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DRIVER = str(Path(__file__).with_name("crash_driver.py"))
+
+
+def start(root, data, kind, *extra, env=None, log=None):
+    e = dict(os.environ)
+    e.update(env or {})
+    e["PYSPARK_PYTHON"] = sys.executable
+    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
+    return subprocess.Popen(
+        [sys.executable, DRIVER, str(root), str(data), kind, *extra],
+        env=e, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+
+
+def kill_group(proc) -> None:
+    """kill -9 the driver, then everything it started (the JVM, the Python workers)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while _members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _members(pgid: int) -> list[tuple[int, int, str]]:
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+            fields = stat[stat.rindex(")") + 2:].split()
+            ppid, pg = int(fields[1]), int(fields[2])
+            if pg != pgid:
+                continue
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            out.append((int(d), ppid, cmd))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def python_workers(proc) -> list[int]:
+    """Pids of the Spark Python workers forked by the driver's ``pyspark.daemon``."""
+    members = _members(proc.pid)
+    daemons = {pid for pid, _, cmd in members if "pyspark.daemon" in cmd}
+    return [pid for pid, ppid, cmd in members if ppid in daemons and "pyspark" in cmd]
+
+
+def kill_a_worker(proc) -> bool:
+    workers = python_workers(proc)
+    if not workers:
+        return False
+    try:
+        os.kill(workers[0], signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def write_logs(data: Path, n: int, files: int, keys: int, seed: int = 3) -> list[dict]:
+    """``n`` JSON-lines records over ``files`` files, roughly time-ordered; returns the records."""
+    import json
+    import random
+
+    rng = random.Random(seed)
+    data.mkdir(parents=True, exist_ok=True)
+    per = n // files
+    out = []
+    start = 1_700_000_000_000
+    for f in range(files):
+        t0 = start + f * 1_000
+        lines = []
+        for i in range(per):
+            k = f * per + i
+            rec = {"id": f"e{k}", "ts": t0 + rng.randrange(1_000), "query": f"q{rng.randrange(keys)}"}
+            out.append(rec)
+            lines.append(json.dumps(rec))
+        (data / f"queries_{t0}.jsonl").write_text("\n".join(lines) + "\n")
+    (data / "_DONE").write_text("")
+    return out
