@@ -61,16 +61,39 @@ class SourceInjector:
         if self._iter is None or self.finished:
             return
         for _ in range(self.rt.settings.injector_batches_per_poll):
+            if self.rt.settings.lockstep and self.position and not self.rt.caught_up(self.low_watermark):
+                break
             batch = next(self._iter, None)
             if batch is None:
                 self.finished = True
                 break
             self.rt.streams.append(self.stream, self.name, f"s{self.position:010d}", batch.records, self.low_watermark)
+            self._dead_letters()
             self.position += 1
             self.records_out += len(batch.records)
             self.low_watermark = max(self.low_watermark, batch.low_watermark)
             self.state_file.write_text(json.dumps({"position": self.position, "low_watermark": self.low_watermark, "records_out": self.records_out}))
         self.rt.watermarks.report_injector(self.name, "driver", self.low_watermark)
+
+    def _dead_letters(self) -> None:
+        """Malformed input a source reports (``LogFileSource.malformed``) goes to ``dead_letters``."""
+        import xxhash
+
+        from millwheel._record import Record
+        from millwheel._step import DEAD_LETTER_STREAM
+
+        malformed = getattr(self.source, "malformed", None) or []
+        new = malformed[self.dead_letters:]
+        if not new:
+            return
+        recs = [
+            Record(None, {"injector": self.name, "what": "malformed_line", **m},
+                   0, xxhash.xxh3_128_hexdigest(f"dlf\x00{self.name}\x00{m.get('file')}\x00{m.get('offset', m.get('line'))}".encode()))
+            for m in new
+        ]  # fmt: skip
+        self.rt.streams.ensure(DEAD_LETTER_STREAM, self.name)
+        self.rt.streams.append(DEAD_LETTER_STREAM, self.name, f"d{self.position:010d}", recs)
+        self.dead_letters += len(new)
 
     def check(self) -> None:
         pass

@@ -43,6 +43,10 @@ class RuntimeSettings:
     * ``drain`` — stop once every injector is finished and every low watermark is +inf
       (finite inputs drained, timers flushed); log-file injectors treat their files as complete.
     * ``max_files_per_trigger`` — cap per input stream per batch (benchmarks).
+    * ``lockstep`` — every injector runs in the driver and releases its next source batch
+      only once every computation's low watermark has caught up with the injector's: the
+      low watermarks then move through the same values as in the harness's
+      ``run_sources`` (differential tests, reproducible demos). Slow: one round trip per batch.
     """
 
     intervals: int = 16
@@ -56,6 +60,7 @@ class RuntimeSettings:
     injector_batches_per_poll: int = 1
     max_restarts: int = 20
     status_every_s: float | None = None
+    lockstep: bool = False
 
 
 class SparkRuntime:
@@ -84,7 +89,7 @@ class SparkRuntime:
         self._log = log or (lambda msg: print(f"millwheel: {msg}", file=sys.stderr))
         self.injectors: dict[str, Any] = {}
         for name, spec in topology.injectors.items():
-            if isinstance(spec.source, LogFileSource):
+            if isinstance(spec.source, LogFileSource) and not self.settings.lockstep:
                 self.injectors[name] = LogFileInjector(self, spec)
             else:
                 self.injectors[name] = SourceInjector(self, spec)
@@ -108,6 +113,10 @@ class SparkRuntime:
         if stream == DEAD_LETTER_STREAM:
             out += [n for n, i in self.topology.injectors.items() if isinstance(i.source, LogFileSource) and n not in out]
         return out
+
+    def caught_up(self, low_watermark: int) -> bool:
+        """Every computation's low watermark has reached ``low_watermark`` (lockstep)."""
+        return all(c.low_watermark >= low_watermark for c in self.computations.values())
 
     def watermark_of(self, name: str) -> int:
         return self.watermarks.watermark(name)
