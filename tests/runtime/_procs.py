@@ -26,17 +26,29 @@ def start(root, data, kind, *extra, env=None, log=None):
 
 def kill_group(proc) -> None:
     """kill -9 the driver, then everything it started (the JVM, the Python workers)."""
+    family = [pid for pid, _, _ in _descendants(proc.pid)]
     with contextlib.suppress(ProcessLookupError):
         os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
+    for pid in family:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 20
-    while _members(proc.pid) and time.monotonic() < deadline:
+    while any(_alive(pid) for pid in family) and time.monotonic() < deadline:
         time.sleep(0.1)
 
 
-def _members(pgid: int) -> list[tuple[int, int, str]]:
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _processes() -> list[tuple[int, int, str]]:
     out = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -44,10 +56,7 @@ def _members(pgid: int) -> list[tuple[int, int, str]]:
         try:
             with open(f"/proc/{d}/stat") as f:
                 stat = f.read()
-            fields = stat[stat.rindex(")") + 2:].split()
-            ppid, pg = int(fields[1]), int(fields[2])
-            if pg != pgid:
-                continue
+            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
             with open(f"/proc/{d}/cmdline", "rb") as f:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
             out.append((int(d), ppid, cmd))
@@ -56,22 +65,37 @@ def _members(pgid: int) -> list[tuple[int, int, str]]:
     return out
 
 
+def _descendants(root: int) -> list[tuple[int, int, str]]:
+    """Every process below ``root`` (Spark's Python workers leave the process group)."""
+    procs = _processes()
+    children: dict[int, list[tuple[int, int, str]]] = {}
+    for p in procs:
+        children.setdefault(p[1], []).append(p)
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child[0])
+    return out
+
+
 def python_workers(proc) -> list[int]:
     """Pids of the Spark Python workers forked by the driver's ``pyspark.daemon``."""
-    members = _members(proc.pid)
+    members = _descendants(proc.pid)
     daemons = {pid for pid, _, cmd in members if "pyspark.daemon" in cmd}
-    return [pid for pid, ppid, cmd in members if ppid in daemons and "pyspark" in cmd]
+    return [pid for pid, ppid, _ in members if ppid in daemons]
 
 
 def kill_a_worker(proc) -> bool:
-    workers = python_workers(proc)
-    if not workers:
-        return False
-    try:
-        os.kill(workers[0], signal.SIGKILL)
-    except ProcessLookupError:
-        return False
-    return True
+    """kill -9 the Spark Python workers alive right now (at a random time one is mid-task)."""
+    killed = False
+    for pid in python_workers(proc):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed = True
+        except ProcessLookupError:
+            pass
+    return killed
 
 
 def write_logs(data: Path, n: int, files: int, keys: int, seed: int = 3) -> list[dict]:

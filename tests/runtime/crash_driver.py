@@ -54,9 +54,9 @@ class CountBySource(Computation):
         self.state.set(self.state.get(0) + 1)
 
 
-def build(kind: str, data: str, weak: bool) -> Topology:
+def build(kind: str, data: str, weak: bool, max_bytes: int = 64 << 20) -> Topology:
     t = Topology(kind)
-    t.injector("queries", LogFileSource(data, finite=True))
+    t.injector("queries", LogFileSource(data, finite=True, max_bytes_per_batch=max_bytes))
     if kind == "twostage":
         t.computation(WindowCounter, inputs={"queries": lambda r: r.value["query"]}, outputs=["window_counts"], params={"trailing_empty": 0})
         t.computation(Tally, inputs={"window_counts": lambda r: r.value["window_start"]}, outputs=["tallies"])
@@ -76,9 +76,12 @@ def main() -> int:
     p.add_argument("--dump")
     p.add_argument("--intervals", type=int, default=4)
     p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--max-bytes", type=int, default=64 << 20, help="log bytes per injector batch")
+    p.add_argument("--per-trigger", type=int, default=None, help="stream files per computation batch")
     args = p.parse_args()
-    topo = build(args.kind, args.data, args.weak)
-    rt = SparkRuntime(topo, args.root, RuntimeSettings(drain=True, intervals=args.intervals, master="local[2]"), log=lambda m: print(m, flush=True))
+    topo = build(args.kind, args.data, args.weak, args.max_bytes)
+    settings = RuntimeSettings(drain=True, intervals=args.intervals, master="local[2]", max_files_per_trigger=args.per_trigger)
+    rt = SparkRuntime(topo, args.root, settings, log=lambda m: print(m, flush=True))
     rt.run(timeout_s=args.timeout)
     if args.dump:
         states = {name: rt.states(name) for name in topo.computations}

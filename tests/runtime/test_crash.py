@@ -24,6 +24,9 @@ from ._procs import kill_a_worker, kill_group, start, write_logs
 pytestmark = pytest.mark.spark
 
 N = 100_000
+#: small injector batches and two stream files per computation batch: ~15 micro-batches
+#: per stage, so kills land between many output writes, commits and publications
+PACING = ("--max-bytes", "600000", "--per-trigger", "2")
 
 
 def _expected(records):
@@ -40,13 +43,13 @@ def _crash_loop(tmp_path, plan, seed):
     kills = Counter()
     for what, delay in plan:
         env = {"MILLWHEEL_CRASH": what.split(":", 1)[1]} if what.startswith("inject:") else None
-        proc = start(root, data, "twostage", env=env, log=log)
+        proc = start(root, data, "twostage", *PACING, env=env, log=log)
         try:
             if env:
                 proc.wait(timeout=300)
                 kills["injected"] += proc.returncode == -9
                 continue
-            deadline = time.monotonic() + delay + rng.uniform(0, 4)
+            deadline = time.monotonic() + delay + rng.uniform(0, 3)
             while time.monotonic() < deadline and proc.poll() is None:
                 time.sleep(0.2)
             if proc.poll() is not None:
@@ -61,7 +64,7 @@ def _crash_loop(tmp_path, plan, seed):
                 proc.wait(timeout=600)  # the driver restarts the failed query and finishes
         finally:
             kill_group(proc)
-    final = start(root, data, "twostage", log=log)
+    final = start(root, data, "twostage", *PACING, log=log)
     try:
         rc = final.wait(timeout=900)
     finally:
@@ -83,15 +86,16 @@ def _crash_loop(tmp_path, plan, seed):
 def test_crash_short(tmp_path):
     kills = _crash_loop(
         tmp_path,
-        [("inject:Tally:after_output:data", 0), ("driver", 18), ("worker", 10)],
+        [("inject:Tally:after_output:data", 0), ("driver", 14), ("worker", 9)],
         seed=1,
     )
     assert kills["injected"] == 1
+    assert kills["driver"] + kills["worker"] >= 1
 
 
 @pytest.mark.slow
 def test_crash_long(tmp_path):
-    plan = [("driver", d) for d in (12, 16, 20, 14, 25)] + [("worker", d) for d in (9, 12, 15, 10, 14)]
+    plan = [("driver", d) for d in (10, 13, 16, 11, 14, 12)] + [("worker", d) for d in (8, 10, 12, 9, 11, 10)]
     random.Random(7).shuffle(plan)
     kills = _crash_loop(tmp_path, [("inject:WindowCounter:mid_publish:data", 0), ("inject:Tally:before_commit:data", 0), *plan], seed=7)
     assert kills["driver"] >= 5 and kills["worker"] >= 5
