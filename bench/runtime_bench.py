@@ -218,6 +218,76 @@ def run_tws(spark, files: Path, work: Path, per_trigger: int) -> tuple[float, Co
     return elapsed, Counter({(q_, int(w)): int(c) for (q_, w), c in final.items()})
 
 
+# ---------------------------------------------------------------------------- latency
+class Paced(Source):
+    """``rate`` records/s in batches every ``every_s``, for ``seconds``; values carry the send time."""
+
+    def __init__(self, rate: int, seconds: float, every_s: float = 0.2) -> None:
+        self.rate, self.seconds, self.every_s = rate, seconds, every_s
+
+    def batches(self):
+        start = time.time()
+        n = 0
+        nxt = start
+        while time.time() - start < self.seconds:
+            if time.time() < nxt:
+                yield SourceBatch([], int((nxt - self.every_s) * 1000))
+                continue
+            now = time.time()
+            recs = [Record(None, {"k": i % 100, "sent": now}, int(now * 1000), f"p{n + i}") for i in range(int(self.rate * self.every_s))]
+            n += len(recs)
+            nxt += self.every_s
+            yield SourceBatch(recs, int(now * 1000))
+        yield SourceBatch([], MAX_TIMESTAMP)
+
+
+class PassA(Computation):
+    def process_record(self, record: Record) -> None:
+        self.produce("a_out", {"sent": record.value["sent"]})
+
+
+class PassB(Computation):
+    def process_record(self, record: Record) -> None:
+        self.produce("b_out", {"a_id": record.id})
+
+
+def latency(spark, work: Path, rate: int, seconds: float) -> dict[str, tuple[float, float]]:
+    """Per-stage latency p50/p95 (s) of injector -> A -> B in continuous mode (trigger 0)."""
+    from millwheel.runtime import RuntimeSettings, SparkRuntime
+
+    root = work / "latency"
+    shutil.rmtree(root, ignore_errors=True)
+    t = Topology("latency")
+    t.injector("events", Paced(rate, seconds))
+    t.computation(PassA, inputs={"events": lambda r: r.value["k"]}, outputs=["a_out"])
+    t.computation(PassB, inputs={"a_out": lambda r: r.id}, outputs=["b_out"], name="B")
+    settings = RuntimeSettings(drain=True, intervals=8, poll_ms=20, heartbeat_ms=100, injector_batches_per_poll=1)
+    rt = SparkRuntime(t, str(root), settings, spark=spark, log=lambda m: None)
+    rt.run(timeout_s=seconds + 600)
+    pub = {**rt.computations["PassA"].outbox.published_at, **rt.computations["B"].outbox.published_at}
+    a_at: dict[str, float] = {}
+    lat_a, lat_b = [], []
+    for (stream, name), at in pub.items():
+        if stream != "a_out":
+            continue
+        loc = rt.streams.location("a_out", "PassA").child(name)
+        for r in pq.read_table(loc.path, columns=["id", "value"]).to_pylist():
+            a_at[r["id"]] = at
+            lat_a.append(at - pickle.loads(r["value"])["sent"])
+    for (stream, name), at in pub.items():
+        if stream != "b_out":
+            continue
+        loc = rt.streams.location("b_out", "B").child(name)
+        for r in pq.read_table(loc.path, columns=["value"]).to_pylist():
+            lat_b.append(at - a_at[pickle.loads(r["value"])["a_id"]])
+
+    def pct(xs: list[float], p: float) -> float:
+        s = sorted(xs)
+        return s[max(0, min(len(s) - 1, int(round(p / 100 * len(s))) - 1))]
+
+    return {"A": (pct(lat_a, 50), pct(lat_a, 95), len(lat_a)), "B": (pct(lat_b, 50), pct(lat_b, 95), len(lat_b))}
+
+
 # --------------------------------------------------------------------------- dispatch
 def dispatch(records: int, keys: int, exactly_once: bool) -> tuple[float, float]:
     """Records/s through ``StepRunner.step`` (state + timer calls) vs a bare dict loop."""
@@ -259,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", default="mw_strong,mw_weak,native,tws")
     p.add_argument("--work", default=str(ROOT / ".millwheel" / "bench"))
     p.add_argument("--write", action="store_true", help="write the table into docs/performance.md")
+    p.add_argument("--latency-only", action="store_true", help="only the continuous-mode latency run")
+    p.add_argument("--latency-rate", type=int, default=2_000, help="records/s in the latency run")
+    p.add_argument("--latency-seconds", type=float, default=40)
     args = p.parse_args(argv)
 
     work = Path(args.work) / f"{args.records}-{args.keys}-{args.files}"
@@ -267,6 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     from millwheel.runtime import spark_session
 
     spark = spark_session("local[2]")
+    if args.latency_only:
+        for stage, (p50, p95, n) in latency(spark, work, args.latency_rate, args.latency_seconds).items():
+            print(f"per-stage latency, stage {stage} ({n} records, {args.latency_rate} records/s, trigger 0): p50 {p50:.2f}s, p95 {p95:.2f}s")
+        return 0
     variants = args.variants.split(",")
     runners = {
         "mw_strong": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, True),

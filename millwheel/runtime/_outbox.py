@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -33,7 +34,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from millwheel.runtime._fs import Location
-from millwheel.runtime._streams import FileStreamLog
+from millwheel.runtime._streams import FileStreamLog, file_name
 from millwheel.runtime._wire import SUMMARY_STREAM
 
 #: test hook: ``query:point:batch`` kills this process with SIGKILL at that point; ``batch``
@@ -121,6 +122,8 @@ class Outbox:
         self.published = -1
         self.lock = threading.Lock()
         self.written = 0
+        #: (stream, file name) -> wall time it became visible, for latency measurements
+        self.published_at: dict[tuple[str, str], float] = {}
 
     # ---- the foreachBatch sink --------------------------------------------------------
     def sink(self, df: Any, batch_id: int) -> None:
@@ -200,6 +203,7 @@ class Outbox:
                 tag = f"b{n:010d}-{stem}" if attempt is None else f"b{n:010d}-w{attempt}-{stem}"
                 self.streams.ensure(stream, self.name)
                 self.streams.publish(loc, stream, self.name, tag, lo)
+                self.published_at[(stream, file_name(tag, lo))] = time.time()
                 self.written += rows
                 if first:
                     first = False
