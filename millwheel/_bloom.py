@@ -1,14 +1,15 @@
-"""Bloom filter over record ids: the fast path of exactly-once dedup (MillWheel §6.1.1).
+"""Bloom filter over record fingerprints: the fast path of exactly-once dedup (MillWheel §6.1.1).
 
-A thin wrapper over `rbloom <https://github.com/KenanHanke/rbloom>`_ (Rust) with a
-stable 128-bit xxHash, so filters saved in one process load in another (Python's own
-``hash`` of a ``str`` is salted per process).
+A thin wrapper over `rbloom <https://github.com/KenanHanke/rbloom>`_ (Rust). Items are
+*fingerprints*: a stable 128-bit xxHash of the record id (:func:`fingerprint`), computed
+once per record and used for both the check and the insert, so filters saved in one
+process load in another (Python's own ``hash`` of a ``str`` is salted per process).
 
 >>> f = BloomFilter.create(capacity=100, fpr=0.01)
->>> f.add("r1"); "r1" in f
+>>> f.add(fingerprint("r1")); fingerprint("r1") in f
 True
 >>> g = BloomFilter.load(f.to_bytes(), capacity=100)
->>> "r1" in g
+>>> fingerprint("r1") in g
 True
 """
 
@@ -23,13 +24,18 @@ _OFFSET = 1 << 127
 _digest = xxhash.xxh3_128_intdigest
 
 
-def _hash_id(item: str) -> int:
-    # rbloom wants a signed 128-bit int
-    return _digest(item.encode()) - _OFFSET
+def fingerprint(record_id: str) -> int:
+    """The record id's fingerprint: xxh3-128 as the signed 128-bit int rbloom wants."""
+    return _digest(record_id.encode()) - _OFFSET
+
+
+# rbloom calls hash_func on every item; items are already fingerprints, and the builtin
+# ``int`` returns them unchanged at C speed
+_hash_id = int
 
 
 class BloomFilter:
-    """A fixed-size Bloom filter of record ids (``str``)."""
+    """A fixed-size Bloom filter of record fingerprints (see :func:`fingerprint`)."""
 
     __slots__ = ("_bloom", "capacity")
 
@@ -51,13 +57,13 @@ class BloomFilter:
     def to_bytes(self) -> bytes:
         return self._bloom.save_bytes()
 
-    def add(self, item: str) -> None:
+    def add(self, item: int) -> None:
         self._bloom.add(item)
 
-    def update(self, items: Iterable[str]) -> None:
+    def update(self, items: Iterable[int]) -> None:
         self._bloom.update(items)
 
-    def __contains__(self, item: str) -> bool:
+    def __contains__(self, item: int) -> bool:
         return item in self._bloom
 
     @property

@@ -65,6 +65,19 @@ class State:
         return None if self._value is None else self._codec.encode(self._value)
 
 
+class _NoKey:
+    """Stands in for the per-key context outside ``process_record``/``process_timer``."""
+
+    __slots__ = ("owner",)
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+
+    def __getattr__(self, name: str) -> Any:
+        msg = f"{self.owner}: key, state, timers and produce are only available inside process_record/process_timer"
+        raise ComputationError(msg)
+
+
 class Computation:
     """Base class of user computations. See the module docstring for the API."""
 
@@ -74,7 +87,9 @@ class Computation:
     #: set by the framework: the computation's name in its topology
     name: str = ""
 
-    _ctx: _KeyContext | None = None
+    #: the key being processed; set by the step for its duration (accessors read it directly:
+    #: they run once per record)
+    _ctx: _KeyContext = _NoKey("Computation")  # type: ignore[assignment]
 
     # ---- hooks ---------------------------------------------------------------
     def setup(self) -> None:
@@ -94,32 +109,25 @@ class Computation:
         raise ComputationError(msg)
 
     # ---- accessors -----------------------------------------------------------
-    def _context(self) -> _KeyContext:
-        ctx = self._ctx
-        if ctx is None:
-            msg = f"{type(self).__name__}: key, state, timers and produce are only available inside process_record/process_timer"
-            raise ComputationError(msg)
-        return ctx
-
     @property
     def key(self) -> Key:
         """The key being processed (§4.2)."""
-        return self._context().key
+        return self._ctx.key
 
     @property
     def state(self) -> State:
         """The key's persistent state (§4.4)."""
-        return self._context().state
+        return self._ctx.state
 
     @property
     def now(self) -> int:
         """Wall time in ms, fixed for the duration of one step."""
-        return self._context().now
+        return self._ctx.now
 
     @property
     def low_watermark(self) -> int:
         """The input low watermark (§4.5): no future input record is older, barring late data."""
-        return self._context().low_watermark
+        return self._ctx.low_watermark
 
     def set_timer(self, tag: str, timestamp: int, domain: TimeDomain = TimeDomain.LOW_WATERMARK) -> None:
         """Set (or replace: same tag) a timer for this key (§4.6, Fig. 7 ``SetTimer``).
@@ -128,15 +136,15 @@ class Computation:
         holds this computation's low watermark at ``timestamp`` until then (§7.2). A
         wall-time timer fires once wall time reaches ``timestamp``; it holds nothing.
         """
-        self._context().set_timer(tag, timestamp, domain)
+        self._ctx.set_timer(tag, timestamp, domain)
 
     def delete_timer(self, tag: str) -> None:
         """Cancel this key's timer ``tag``; no error if there is none."""
-        self._context().delete_timer(tag)
+        self._ctx.delete_timer(tag)
 
     def pending_timers(self) -> list[Timer]:
         """This key's pending timers, earliest first."""
-        return self._context().pending_timers()
+        return self._ctx.pending_timers()
 
     def produce(self, stream: str, value: Any, timestamp: int | None = None, key: Key | None = None) -> None:
         """Produce a record to ``stream`` (§5.1 ``ProduceRecord``).
@@ -145,4 +153,4 @@ class Computation:
         processed; it should be no smaller than the source records' (§4.5). ``key`` is
         informational: each consumer extracts its own key (§4.2).
         """
-        self._context().produce(stream, value, timestamp, key)
+        self._ctx.produce(stream, value, timestamp, key)

@@ -23,7 +23,7 @@ from typing import Any, cast
 
 import msgpack
 
-from millwheel._bloom import BloomFilter
+from millwheel._bloom import BloomFilter, fingerprint
 from millwheel._errors import EnvelopeError
 from millwheel._record import Key
 
@@ -78,7 +78,7 @@ class DedupIndex:
         self.capacity = capacity
         self._bloom: BloomFilter | None = None
         self._exact: dict[str, int] | None = None
-        self._new: list[tuple[str, int]] = []
+        self._new: list[tuple[str, int, int]] = []  # (id, timestamp, fingerprint)
         self._new_set: set[str] = set()
 
     # -- reading -----------------------------------------------------------------
@@ -99,29 +99,41 @@ class DedupIndex:
             self._bloom = BloomFilter.load(self.bloom_bytes, self.capacity)
         return self._bloom
 
-    def contains(self, rid: str, stats: DedupStats) -> bool:
-        """True if ``rid`` was seen: Bloom "no" is final, "maybe" checks the exact ids."""
+    def seen(self, rid: str, stats: DedupStats) -> int | None:
+        """``None`` if ``rid`` was seen, else its fingerprint (to pass to :meth:`add`).
+
+        A Bloom "no" is final; a "maybe" checks the exact ids, which are never parsed
+        otherwise. The fingerprint is computed once, for both the check and the insert.
+        """
         if rid in self._new_set:
-            return True
+            return None
+        fp = fingerprint(rid)
         if self.count == 0:
-            return False
-        bloom = self._bloom_filter()
-        if bloom is not None and rid not in bloom:
-            return False
+            return fp
+        bloom = self._bloom
+        if bloom is None:
+            bloom = self._bloom_filter()
+        if bloom is not None and fp not in bloom:
+            return fp
         stats.bloom_maybe += 1
         if rid in self._exact_ids():
-            return True
+            return None
         stats.bloom_false_positive += 1
-        return False
+        return fp
 
-    def add(self, rid: str, timestamp: int) -> None:
-        self._new.append((rid, timestamp))
+    def contains(self, rid: str, stats: DedupStats) -> bool:
+        """True if ``rid`` was seen."""
+        return self.seen(rid, stats) is None
+
+    def add(self, rid: str, timestamp: int, fp: int | None = None) -> None:
+        """Remember ``rid``; ``fp`` is its fingerprint if :meth:`seen` already computed it."""
+        self._new.append((rid, timestamp, fingerprint(rid) if fp is None else fp))
         self._new_set.add(rid)
 
     def ids(self) -> dict[str, int]:
         """Every id kept (for tests and inspection)."""
         out = dict(self._exact_ids())
-        out.update(self._new)
+        out.update((rid, ts) for rid, ts, _ in self._new)
         return out
 
     # -- writing -----------------------------------------------------------------
@@ -133,13 +145,13 @@ class DedupIndex:
             return
         min_ts = self.min_ts
         if new:
-            new_min = min(ts for _, ts in new)
+            new_min = min([t[1] for t in new])
             min_ts = new_min if min_ts is None else min(min_ts, new_min)
         needs_gc = min_ts is not None and horizon > min_ts + gc_interval_ms
         needs_grow = fixed_capacity is None and total > self.capacity
         if needs_gc or needs_grow or self.bloom_bytes is None:
             exact = self._exact_ids()
-            exact.update(new)
+            exact.update((rid, ts) for rid, ts, _ in new)
             if needs_gc:
                 stats.gc_runs += 1
                 before = len(exact)
@@ -147,9 +159,9 @@ class DedupIndex:
                 stats.ids_collected += before - len(exact)
             self._rebuild(exact, fpr, fixed_capacity)
         else:
-            self.blob += _packb(new)
+            self.blob += _packb([(rid, ts) for rid, ts, _ in new])
             bloom = cast(BloomFilter, self._bloom_filter())  # bloom_bytes is set on this branch
-            bloom.update(rid for rid, _ in new)
+            bloom.update([t[2] for t in new])
             self.bloom_bytes = bloom.to_bytes()
             self.count = total
             self.min_ts = min_ts
@@ -166,7 +178,7 @@ class DedupIndex:
         self.min_ts = min(exact.values())
         capacity = fixed_capacity if fixed_capacity is not None else max(64, 2 * len(exact))
         bloom = BloomFilter.create(capacity, fpr)
-        bloom.update(exact.keys())
+        bloom.update(map(fingerprint, exact))
         self._bloom = bloom
         self.capacity = capacity
         self.bloom_bytes = bloom.to_bytes()

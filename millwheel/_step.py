@@ -24,7 +24,7 @@ from typing import Any
 
 import xxhash
 
-from millwheel._computation import Computation, State
+from millwheel._computation import Computation, State, _NoKey
 from millwheel._envelope import DedupStats, Envelope, PendingProduction, decode_value, encode_value
 from millwheel._errors import ComputationError
 from millwheel._options import ComputationOptions, ErrorPolicy, LateAction
@@ -205,6 +205,7 @@ class StepRunner:
             outs.add(self.options.late.stream)
         self.outputs = frozenset(outs)
         computation.name = name
+        computation._ctx = _NoKey(name)  # type: ignore[assignment]
 
     # ------------------------------------------------------------------------------
     def step(
@@ -242,7 +243,7 @@ class StepRunner:
                 failures.append(failure)
                 continue
             finally:
-                self.computation._ctx = None
+                self.computation._ctx = _NoKey(self.name)  # type: ignore[assignment]
             return result
 
     def _dead_letter(self, key: Key, failure: _Failure, now: int) -> Production:
@@ -282,34 +283,41 @@ class StepRunner:
         process_record = comp.process_record
         stats = c.dedup
 
+        # the per-record path: keep it to local variables (it runs once per record)
+        c.records_in = len(records)
+        duplicates = late_n = processed = 0
+        fp: int | None = None
+        if dedup is not None:
+            seen, add = dedup.seen, dedup.add
         for i, rec in enumerate(records):
-            c.records_in += 1
-            rid = rec.id
-            if dedup is not None and dedup.contains(rid, stats):
-                c.duplicates += 1
-                continue
+            if dedup is not None:
+                fp = seen(rec.id, stats)
+                if fp is None:
+                    duplicates += 1
+                    continue
             ts = rec.timestamp
             if ts < late_wm:
-                c.late += 1
+                late_n += 1
                 if late.action is LateAction.DROP:
                     c.late_dropped += 1
                     continue
                 if late.action is LateAction.TO_STREAM:
                     c.late_to_stream += 1
                     if dedup is not None:
-                        dedup.add(rid, ts)
+                        add(rec.id, ts, fp)
                     ctx.productions.append(Production(late.stream, rec))  # type: ignore[arg-type]
                     continue
             if dedup is not None:
-                dedup.add(rid, ts)
-            if i in failed_by_skip:
+                add(rec.id, ts, fp)
+            if failed_by_skip and i in failed_by_skip:
                 continue
             ctx.default_ts = ts
             try:
                 process_record(rec)
             except Exception as exc:
                 raise _Failure(i, exc, "process_record", record=rec) from None
-            c.processed += 1
+            processed += 1
+        c.duplicates, c.late, c.processed = duplicates, late_n, processed
 
         # ---- timers (§4.6): due ones in timestamp order, incl. ones set while firing ----
         timers = ctx.timers
