@@ -24,7 +24,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fresh", action="store_true", help="delete the run directory first")
     g.add_argument("--trigger-ms", type=int, default=0, help="micro-batch trigger interval in ms (0: back to back)")
     g.add_argument("--intervals", type=int, default=16, help="key intervals (Spark groups) per computation")
-    g.add_argument("--until-drained", "--drain", dest="drain", action="store_true", help="stop once finite inputs are drained and timers flushed")
+    g.add_argument(
+        "--until-drained", "--drain", dest="drain", action="store_true",
+        help="treat log-file directories as complete (finite input); the run stops once every input is drained and timers are flushed, as it always does for finite sources",
+    )  # fmt: skip
     g.add_argument("--status-every", type=float, default=2.0, help="seconds between status lines (0: none)")
     g.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     g.add_argument("--authority", default=None, help="URL of a running watermark authority (default: an embedded one)")

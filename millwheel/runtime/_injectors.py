@@ -128,11 +128,13 @@ class LogFileInjector:
 
     @property
     def records_out(self) -> int:
-        return self.outbox.written
+        return self.outbox.written_by_stream.get(self.stream, 0)
 
     @property
     def dead_letters(self) -> int:
-        return 0
+        from millwheel._step import DEAD_LETTER_STREAM
+
+        return self.outbox.written_by_stream.get(DEAD_LETTER_STREAM, 0)
 
     def _published(self, n: int) -> None:
         text = self.checkpoint.child("offsets", str(n)).read_text()

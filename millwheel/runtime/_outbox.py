@@ -122,6 +122,8 @@ class Outbox:
         self.published = -1
         self.lock = threading.Lock()
         self.written = 0
+        #: rows published per stream
+        self.written_by_stream: dict[str, int] = {}
         #: (stream, file name) -> wall time it became visible, for latency measurements
         self.published_at: dict[tuple[str, str], float] = {}
 
@@ -205,6 +207,7 @@ class Outbox:
                 self.streams.publish(loc, stream, self.name, tag, lo)
                 self.published_at[(stream, file_name(tag, lo))] = time.time()
                 self.written += rows
+                self.written_by_stream[stream] = self.written_by_stream.get(stream, 0) + rows
                 if first:
                     first = False
                     crash_point(self.name, "mid_publish", n)

@@ -40,8 +40,10 @@ class RuntimeSettings:
       state rewritten per touched interval, fewer means less per-group overhead.
     * ``trigger_ms`` — micro-batch trigger interval (0: as soon as the previous ends).
     * ``poll_ms`` / ``heartbeat_ms`` — driver loop period; minimum gap between heartbeats.
-    * ``drain`` — stop once every injector is finished and every low watermark is +inf
-      (finite inputs drained, timers flushed); log-file injectors treat their files as complete.
+    * ``drain`` — log-file injectors treat their files as complete (finite input), so the
+      run ends. Whatever the setting, :meth:`SparkRuntime.run` returns once every injector
+      is finished and every low watermark is +inf (inputs drained, timers flushed):
+      nothing can happen after that.
     * ``max_files_per_trigger`` — cap per input stream per batch (benchmarks).
     * ``lockstep`` — every injector runs in the driver and releases its next source batch
       only once every computation's low watermark has caught up with the injector's: the
@@ -155,13 +157,13 @@ class SparkRuntime:
         return all(i.drained() for i in self.injectors.values()) and all(c.drained() for c in self.computations.values())
 
     def run(self, *, timeout_s: float | None = None, on_status: Callable[[SparkRuntime], None] | None = None) -> None:
-        """Start, loop until drained (``settings.drain``) or interrupted/timed out, then stop."""
+        """Start, loop until drained (every low watermark +inf), interrupted or timed out, then stop."""
         self.start()
         last_status = time.monotonic()
         try:
             while True:
                 self.poll()
-                if self.settings.drain and self.drained():
+                if self.drained():
                     break
                 if timeout_s is not None and time.monotonic() - self.started_at > timeout_s:
                     msg = f"topology {self.topology.name!r} did not drain within {timeout_s}s: {self.status()}"
