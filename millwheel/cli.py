@@ -18,6 +18,8 @@ import importlib.util
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 from millwheel._errors import MillwheelError
 from millwheel._topology import Topology
@@ -25,6 +27,17 @@ from millwheel._topology import Topology
 
 def load_topology(path: str) -> Topology:
     """Import a topology module by path and return its ``topology`` (or ``build()``)."""
+    return load_topology_module(path)[0]
+
+
+def load_topology_module(path: str) -> tuple[Topology, ModuleType]:
+    """Import a topology module by path: its ``topology`` (or ``build()``), and the module.
+
+    Besides the topology, a module may define ``on_finish(topology, streams, metrics) ->
+    str``: ``millwheel run`` prints what it returns once a run has drained its inputs
+    (``streams`` maps each stream to its values, ``metrics`` each computation to its
+    counters). Zeitgeist prints its evaluation this way.
+    """
     file = Path(path)
     if not file.is_file():
         msg = f"no topology file at {path!r}"
@@ -54,7 +67,7 @@ def load_topology(path: str) -> Topology:
         else:
             msg = f"{path}: define `topology = Topology(...)` (or `def build() -> Topology`) at module level"
             raise MillwheelError(msg)
-    return topo
+    return topo, module
 
 
 def graph_text(t: Topology, dot: bool = False) -> str:
@@ -89,7 +102,7 @@ def graph_text(t: Topology, dot: bool = False) -> str:
     return "\n".join(lines)
 
 
-def _run_harness(t: Topology) -> int:
+def _run_harness(t: Topology, on_finish: Any = None) -> int:
     from millwheel.testing import Harness
 
     start = time.perf_counter()
@@ -107,11 +120,15 @@ def _run_harness(t: Topology) -> int:
     for s in t.sinks.values():
         out = h.values(s.stream)
         print(f"  sink {s.stream}: {len(out)} records")
-        for v in out[:20]:
-            print(f"    {v}")
+        if on_finish is None:
+            for v in out[:20]:
+                print(f"    {v}")
     dead = h.dead_letters()
     if dead:
         print(f"  dead letters: {len(dead)}")
+    if on_finish is not None:
+        streams = {stream: h.values(stream) for stream in t.streams()}
+        print(on_finish(t, streams, {name: h.metrics(name) for name in t.order()}))
     return 0
 
 
@@ -151,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command in ("authority", "zeitgeist"):
             return _delegate(args.command, args.rest)
-        topo = load_topology(args.topology)
+        topo, module = load_topology_module(args.topology)
         if args.command == "validate":
             topo.validate()
             print(f"topology {topo.name!r} is valid: {len(topo.injectors)} injectors, {len(topo.computations)} computations, {len(topo.sinks)} sinks")
@@ -164,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             from millwheel.runtime._cli import run as _run_spark
 
             return _run_spark(topo.validate(), args)
-        return _run_harness(topo.validate())
+        return _run_harness(topo.validate(), getattr(module, "on_finish", None))
     except MillwheelError as exc:
         print(f"millwheel: {exc}", file=sys.stderr)
         return 2
