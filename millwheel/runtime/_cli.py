@@ -31,6 +31,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--status-every", type=float, default=2.0, help="seconds between status lines (0: none)")
     g.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     g.add_argument("--authority", default=None, help="URL of a running watermark authority (default: an embedded one)")
+    g.add_argument(
+        "--only", default=None,
+        help="comma-separated computations/injectors to run here; the others run in another driver on the same "
+        "--checkpoint and --authority (add a computation to a running topology)",
+    )  # fmt: skip
 
 
 def _ts(v: int) -> str:
@@ -67,11 +72,15 @@ def run(topology: Topology, args: argparse.Namespace) -> int:
     settings = RuntimeSettings(
         intervals=args.intervals, master=master, trigger_ms=args.trigger_ms, drain=args.drain,
         status_every_s=args.status_every or None,
+        only=tuple(n for n in (args.only or "").split(",") if n),
     )  # fmt: skip
     print(f"millwheel: running {topology.name!r} on Spark {master}; run directory {root} (a restart resumes from it)", file=sys.stderr)
     started = time.perf_counter()
     with open_authority(args.authority, data_dir=os.path.join(os.path.abspath(root), "authority")) as wm:
         rt = SparkRuntime(topology, root, settings, watermarks=wm)
+        url = getattr(wm, "url", None)
+        if url:
+            print(f"millwheel: watermark authority at {url} (pass --authority {url} to a second driver)", file=sys.stderr)
 
         def show(r: SparkRuntime) -> None:
             print(f"--- {time.perf_counter() - started:6.1f}s", file=sys.stderr)

@@ -49,6 +49,10 @@ class RuntimeSettings:
       only once every computation's low watermark has caught up with the injector's: the
       low watermarks then move through the same values as in the harness's
       ``run_sources`` (differential tests, reproducible demos). Slow: one round trip per batch.
+    * ``only`` — run only these injectors and computations; the others run in another
+      driver on the same run directory, and their low watermarks come from the shared
+      watermark authority. This is how a computation joins a running topology without
+      restarting the others (``docs/runtime.md``).
     """
 
     intervals: int = 16
@@ -63,6 +67,7 @@ class RuntimeSettings:
     max_restarts: int = 20
     status_every_s: float | None = None
     lockstep: bool = False
+    only: tuple[str, ...] = ()
 
 
 class SparkRuntime:
@@ -89,13 +94,20 @@ class SparkRuntime:
             watermarks = InProcessWatermarkClient()
         self.watermarks = watermarks
         self._log = log or (lambda msg: print(f"millwheel: {msg}", file=sys.stderr))
+        only = set(self.settings.only)
+        unknown = only - set(topology.injectors) - set(topology.computations)
+        if unknown:
+            msg = f"RuntimeSettings.only names {sorted(unknown)}, which topology {topology.name!r} does not have"
+            raise MillwheelError(msg)
         self.injectors: dict[str, Any] = {}
         for name, spec in topology.injectors.items():
+            if only and name not in only:
+                continue
             if isinstance(spec.source, LogFileSource) and not self.settings.lockstep:
                 self.injectors[name] = LogFileInjector(self, spec)
             else:
                 self.injectors[name] = SourceInjector(self, spec)
-        self.order = topology.order()
+        self.order = [n for n in topology.order() if not only or n in only]
         self.computations = {name: ComputationQuery(self, topology.computations[name]) for name in self.order}
         self.started = False
         self.started_at = 0.0
