@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.backend == "spark":
             from millwheel.runtime._cli import run as _run_spark
 
-            return _run_spark(topo.validate(), args)
+            return _run_spark(topo.validate(), args, getattr(module, "on_finish", None))
         return _run_harness(topo.validate(), getattr(module, "on_finish", None))
     except MillwheelError as exc:
         print(f"millwheel: {exc}", file=sys.stderr)

@@ -60,7 +60,8 @@ def status_lines(rt: Any) -> list[str]:
     return lines
 
 
-def run(topology: Topology, args: argparse.Namespace) -> int:
+def run(topology: Topology, args: argparse.Namespace, on_finish: Any = None) -> int:
+    """Run on Spark; ``on_finish(topology, streams, metrics)`` (from the topology module) is printed at the end."""
     from millwheel.runtime._runtime import RuntimeSettings, SparkRuntime
     from watermark_authority.client import open_authority
 
@@ -99,12 +100,16 @@ def run(topology: Topology, args: argparse.Namespace) -> int:
         for s in topology.sinks.values():
             out = rt.values(s.stream)
             print(f"  sink {s.stream}: {len(out)} records")
-            for v in out[:20]:
-                print(f"    {v}")
+            if on_finish is None:
+                for v in out[:20]:
+                    print(f"    {v}")
         dead = rt.dead_letters()
         if dead:
             print(f"  dead letters: {len(dead)}")
             for r in dead[:5]:
                 v = r.value
                 print(f"    {v.get('what') if isinstance(v, dict) else ''}: {v.get('reason') if isinstance(v, dict) else v}")
+        if on_finish is not None:
+            streams = {stream: rt.values(stream) for stream in topology.streams()}
+            print(on_finish(topology, streams, {name: dict(q.metrics) for name, q in rt.computations.items()}))
     return 0
