@@ -17,11 +17,13 @@ import argparse
 import importlib.util
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from millwheel._errors import MillwheelError
+from millwheel._record import Record
 from millwheel._topology import Topology
 
 
@@ -117,19 +119,31 @@ def _run_harness(t: Topology, on_finish: Any = None) -> int:
             f"dup={m.get('duplicates', 0)} late={m.get('late', 0)} dead={m.get('dead_letters', 0)} "
             f"timers={m.get('timers_fired', 0)} lw={h.low_watermark(name)}"
         )
+    print_finish(t, h.values, h.dead_letters(), {name: h.metrics(name) for name in t.order()}, on_finish)
+    return 0
+
+
+def print_finish(
+    t: Topology,
+    values: Callable[[str], list[Any]],
+    dead_letters: list[Record],
+    metrics: dict[str, dict[str, int]],
+    on_finish: Any = None,
+) -> None:
+    """The end of a run, whatever the backend: sinks, dead letters, the module's ``on_finish``."""
     for s in t.sinks.values():
-        out = h.values(s.stream)
+        out = values(s.stream)
         print(f"  sink {s.stream}: {len(out)} records")
         if on_finish is None:
             for v in out[:20]:
                 print(f"    {v}")
-    dead = h.dead_letters()
-    if dead:
-        print(f"  dead letters: {len(dead)}")
+    if dead_letters:
+        print(f"  dead letters: {len(dead_letters)}")
+        for r in dead_letters[:5]:
+            v = r.value
+            print(f"    {v.get('what') if isinstance(v, dict) else ''}: {v.get('reason') if isinstance(v, dict) else v}")
     if on_finish is not None:
-        streams = {stream: h.values(stream) for stream in t.streams()}
-        print(on_finish(t, streams, {name: h.metrics(name) for name in t.order()}))
-    return 0
+        print(on_finish(t, {stream: values(stream) for stream in t.streams()}, metrics))
 
 
 def _delegate(command: str, rest: list[str]) -> int:

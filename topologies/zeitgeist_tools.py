@@ -697,7 +697,8 @@ def render(report: Mapping[str, Any]) -> str:
             "  false positives: "
             + "; ".join(f"{a['kind']} {a['query']!r} @{a['window_start']} ({a['actual']} vs {a['expected']})" for a in report["false_positives"][:10])
         )
-    lines.append(f"  ran in {report['elapsed_s']} s")
+    if report["elapsed_s"]:  # `millwheel run` prints its own run time
+        lines.append(f"  ran in {report['elapsed_s']} s")
     return "\n".join(lines)
 
 

@@ -62,6 +62,7 @@ def status_lines(rt: Any) -> list[str]:
 
 def run(topology: Topology, args: argparse.Namespace, on_finish: Any = None) -> int:
     """Run on Spark; ``on_finish(topology, streams, metrics)`` (from the topology module) is printed at the end."""
+    from millwheel.cli import print_finish
     from millwheel.runtime._runtime import RuntimeSettings, SparkRuntime
     from watermark_authority.client import open_authority
 
@@ -81,7 +82,7 @@ def run(topology: Topology, args: argparse.Namespace, on_finish: Any = None) -> 
         rt = SparkRuntime(topology, root, settings, watermarks=wm)
         url = getattr(wm, "url", None)
         if url:
-            print(f"millwheel: watermark authority at {url} (pass --authority {url} to a second driver)", file=sys.stderr)
+            print(f"millwheel: watermark authority and its lag dashboard at {url}/ (pass --authority {url} to a second driver)", file=sys.stderr)
 
         def show(r: SparkRuntime) -> None:
             print(f"--- {time.perf_counter() - started:6.1f}s", file=sys.stderr)
@@ -97,19 +98,6 @@ def run(topology: Topology, args: argparse.Namespace, on_finish: Any = None) -> 
         print(f"topology {topology.name}: ran on Spark in {time.perf_counter() - started:.1f}s")
         for line in status_lines(rt):
             print("  " + line)
-        for s in topology.sinks.values():
-            out = rt.values(s.stream)
-            print(f"  sink {s.stream}: {len(out)} records")
-            if on_finish is None:
-                for v in out[:20]:
-                    print(f"    {v}")
-        dead = rt.dead_letters()
-        if dead:
-            print(f"  dead letters: {len(dead)}")
-            for r in dead[:5]:
-                v = r.value
-                print(f"    {v.get('what') if isinstance(v, dict) else ''}: {v.get('reason') if isinstance(v, dict) else v}")
-        if on_finish is not None:
-            streams = {stream: rt.values(stream) for stream in topology.streams()}
-            print(on_finish(topology, streams, {name: dict(q.metrics) for name, q in rt.computations.items()}))
+        metrics = {name: dict(q.metrics) for name, q in rt.computations.items()}
+        print_finish(topology, rt.values, rt.dead_letters(), metrics, on_finish)
     return 0
