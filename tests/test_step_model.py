@@ -49,32 +49,46 @@ ops = st.lists(
 )
 
 
+class Reference:
+    """The plain model, driven alongside a harness: the same deliveries and watermark moves."""
+
+    def __init__(self, harness: Harness, records: list[tuple[str, int, int]]) -> None:
+        self.h, self.records = harness, records
+        self.watermark = 0
+        self.seen: set[int] = set()
+        self.expected: Counter = Counter()
+
+    def inject(self, arg: int) -> None:
+        i = arg % len(self.records)
+        key, ts, value = self.records[i]
+        self.h.inject("in", [Record(key, value, ts, f"id{i}")])
+        if ts >= self.watermark and i not in self.seen:  # first delivery, not late
+            self.seen.add(i)
+            self.expected[(key, ts // 1_000 * 1_000)] += value
+
+    def advance(self, by: int) -> None:
+        self.watermark += by
+        self.h.advance_watermark("in", self.watermark)
+
+
 @given(pool, ops)
 def test_harness_matches_the_reference_model(records, operations):
     h = Harness.for_computation(WindowSum, inputs=["in"], outputs=["sums"])
-    watermark = 0
-    seen: set[int] = set()
-    expected: Counter = Counter()
+    ref = Reference(h, records)
     for op, arg in operations:
         if op == "inject":
-            i = arg % len(records)
-            key, ts, value = records[i]
-            h.inject("in", [Record(key, value, ts, f"id{i}")])
-            if ts >= watermark and i not in seen:
-                seen.add(i)
-                expected[(key, ts // 1_000 * 1_000)] += value
+            ref.inject(arg)
         elif op == "watermark":
-            watermark += arg
-            h.advance_watermark("in", watermark)
+            ref.advance(arg)
         else:
             h.run()
             for key, start, _ in h.values("sums"):
-                assert start + 1_000 <= watermark, f"window {key}@{start} emitted before the watermark passed it"
+                assert start + 1_000 <= ref.watermark, f"window {key}@{start} emitted before the watermark passed it"
     h.finish("in")
     h.run()
     got = Counter({(k, s): v for k, s, v in h.values("sums")})
     assert len(h.values("sums")) == len(got), "a window was emitted twice"
-    assert got == expected
+    assert got == ref.expected
     assert all(h.timers("WindowSum", k) == [] for k in "abc")
     assert all(h.state("WindowSum", k) is None for k in "abc")
 
@@ -103,20 +117,12 @@ def test_crashes_anywhere_change_nothing_downstream(records, operations, strong)
     t.computation(WindowSum, inputs=["in"], outputs=["sums"], options=ComputationOptions(strong_productions=strong))
     t.computation(Collect, inputs={"sums": lambda r: "all"})
     h = Harness(t)
-    watermark = 0
-    seen: set[int] = set()
-    expected: Counter = Counter()
+    ref = Reference(h, records)
     for op, arg in operations:
         if op == "inject":
-            i = arg % len(records)
-            key, ts, value = records[i]
-            h.inject("in", [Record(key, value, ts, f"id{i}")])
-            if ts >= watermark and i not in seen:
-                seen.add(i)
-                expected[(key, ts // 1_000 * 1_000)] += value
+            ref.inject(arg)
         elif op == "watermark":
-            watermark += arg
-            h.advance_watermark("in", watermark)
+            ref.advance(arg)
         elif op == "crash":
             h.process("WindowSum", crash=arg)
             h.restart("WindowSum")
@@ -125,5 +131,5 @@ def test_crashes_anywhere_change_nothing_downstream(records, operations, strong)
     h.finish("in")
     h.run()
     got = h.state("Collect", "all") or []
-    assert Counter((k, s) for k, s, _ in got) == Counter(expected.keys()), "a window was lost or duplicated"
-    assert {(k, s): v for k, s, v in got} == dict(expected)
+    assert Counter((k, s) for k, s, _ in got) == Counter(ref.expected.keys()), "a window was lost or duplicated"
+    assert {(k, s): v for k, s, v in got} == dict(ref.expected)
