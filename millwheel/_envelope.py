@@ -23,7 +23,7 @@ from typing import Any, cast
 
 import msgpack
 
-from millwheel._bloom import BloomFilter, fingerprint
+from millwheel._bloom import _OFFSET, BloomFilter, _digest, fingerprint
 from millwheel._errors import EnvelopeError
 from millwheel._record import Key
 
@@ -107,13 +107,13 @@ class DedupIndex:
         """
         if rid in self._new_set:
             return None
-        fp = fingerprint(rid)
+        fp = _digest(rid.encode()) - _OFFSET  # fingerprint(rid), inlined: once per record
         if self.count == 0:
             return fp
         bloom = self._bloom
         if bloom is None:
             bloom = self._bloom_filter()
-        if bloom is not None and fp not in bloom:
+        if bloom is not None and fp not in bloom._bloom:
             return fp
         stats.bloom_maybe += 1
         if rid in self._exact_ids():
@@ -157,7 +157,7 @@ class DedupIndex:
                 before = len(exact)
                 exact = {rid: ts for rid, ts in exact.items() if ts >= horizon}
                 stats.ids_collected += before - len(exact)
-            self._rebuild(exact, fpr, fixed_capacity)
+            self._rebuild(exact, fpr, fixed_capacity, {rid: fp for rid, _, fp in new})
         else:
             self.blob += _packb([(rid, ts) for rid, ts, _ in new])
             bloom = cast(BloomFilter, self._bloom_filter())  # bloom_bytes is set on this branch
@@ -168,7 +168,8 @@ class DedupIndex:
         self._new = []
         self._new_set = set()
 
-    def _rebuild(self, exact: dict[str, int], fpr: float, fixed_capacity: int | None) -> None:
+    def _rebuild(self, exact: dict[str, int], fpr: float, fixed_capacity: int | None, known: dict[str, int]) -> None:
+        """Re-encode the kept ids and rebuild the filter; ``known`` maps ids to fingerprints already computed."""
         self._exact = exact
         self.count = len(exact)
         if not exact:
@@ -178,7 +179,7 @@ class DedupIndex:
         self.min_ts = min(exact.values())
         capacity = fixed_capacity if fixed_capacity is not None else max(64, 2 * len(exact))
         bloom = BloomFilter.create(capacity, fpr)
-        bloom.update(map(fingerprint, exact))
+        bloom.update([known[rid] if rid in known else fingerprint(rid) for rid in exact])
         self._bloom = bloom
         self.capacity = capacity
         self.bloom_bytes = bloom.to_bytes()
