@@ -432,13 +432,7 @@ class Authority:
         Without a declaration the set is whoever has reported.
         """
         check_name("injector", injector)
-        if isinstance(processes, (str, bytes)) or not isinstance(processes, Sequence) or not processes:
-            msg = f"injector {injector!r}: processes must be a non-empty list of process names, got {processes!r}"
-            raise InvalidRequestError(msg)
-        procs = [check_name(f"injector {injector!r} process", p) for p in processes]
-        if len(set(procs)) != len(procs):
-            msg = f"injector {injector!r}: the expected processes contain duplicates: {procs!r}"
-            raise InvalidRequestError(msg)
+        procs = _name_list(f"injector {injector!r}", "processes", "process", processes)
         inj = self._injectors.get(injector)
         ops: list[Op] = []
         if inj is None:
@@ -726,14 +720,19 @@ class Authority:
 
     @staticmethod
     def _check_interval_list(computation: str, intervals: Any, what: str = "intervals") -> list[str]:
-        if isinstance(intervals, (str, bytes)) or not isinstance(intervals, Sequence) or not intervals:
-            msg = f"computation {computation!r}: {what} must be a non-empty list of interval names, got {intervals!r}"
-            raise InvalidRequestError(msg)
-        names = [check_name(f"computation {computation!r} interval", iv) for iv in intervals]
-        if len(set(names)) != len(names):
-            msg = f"computation {computation!r}: {what} lists an interval twice: {names!r}"
-            raise InvalidRequestError(msg)
-        return names
+        return _name_list(f"computation {computation!r}", what, "interval", intervals)
+
+
+def _name_list(owner: str, what: str, noun: str, items: Any) -> list[str]:
+    """A non-empty list of distinct, valid names, or an :class:`InvalidRequestError` saying why."""
+    if isinstance(items, (str, bytes)) or not isinstance(items, Sequence) or not items:
+        msg = f"{owner}: {what} must be a non-empty list of {noun} names, got {items!r}"
+        raise InvalidRequestError(msg)
+    names = [check_name(f"{owner} {noun}", item) for item in items]
+    if len(set(names)) != len(names):
+        msg = f"{owner}: {what} lists a {noun} twice: {names!r}"
+        raise InvalidRequestError(msg)
+    return names
 
 
 def summarize(watermarks: Mapping[str, int]) -> str:
