@@ -394,14 +394,17 @@ def pending_productions(envelope: bytes | None) -> list[Production]:
     return [Production(p.stream, Record(p.key, decode_value(p.value), p.timestamp, p.id)) for p in env.pending]
 
 
-def acknowledge(envelope: bytes | None, ids: Iterable[str] | None = None) -> bytes | None:
-    """Drop acknowledged pending productions (all if ``ids`` is None) from an envelope."""
+def acknowledge(envelope: bytes | None, ids: Iterable[str] | None = None) -> tuple[bytes | None, int | None]:
+    """Drop acknowledged pending productions (all if ``ids`` is None) from an envelope.
+
+    Returns the new envelope (``None``: nothing left to keep) and its hold (oldest pending work).
+    """
     env = Envelope.decode(envelope)
-    if not env.pending:
-        return envelope
-    if ids is None:
-        env.pending = []
-    else:
-        acked = set(ids)
-        env.pending = [p for p in env.pending if p.id not in acked]
-    return None if env.is_empty() else env.encode()
+    if env.pending:
+        if ids is None:
+            env.pending = []
+        else:
+            acked = set(ids)
+            env.pending = [p for p in env.pending if p.id not in acked]
+        envelope = None if env.is_empty() else env.encode()
+    return envelope, env.hold()

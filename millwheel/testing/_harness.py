@@ -303,8 +303,8 @@ class Harness:
         for out in outbox:
             by_key[out.key].append(out.production.record.id)  # type: ignore[index]
         for key, ids in by_key.items():
-            env = acknowledge(self._envelopes[name].get(key), ids)
-            self._store(name, key, env, Envelope.decode(env).hold() if env else None, self._next_timers[name].get(key, (None, None)))
+            env, hold = acknowledge(self._envelopes[name].get(key), ids)
+            self._store(name, key, env, hold, self._next_timers[name].get(key, (None, None)))
 
     def restart(self, name: str) -> None:
         """Recover computation ``name`` after a crash: rescan envelopes for pending productions (§7.1)."""
