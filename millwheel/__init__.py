@@ -4,7 +4,8 @@ The user API (this package) imports no pyspark; only ``millwheel.runtime`` does.
 """
 
 from millwheel._codec import MsgpackCodec, PickleCodec, StateCodec
-from millwheel._computation import Computation, State
+from millwheel._computation import Computation, KeyContext, State
+from millwheel._deadletter import DEAD_LETTER_STREAM, DeadLetter, Stage
 from millwheel._errors import (
     ComputationError,
     EnvelopeError,
@@ -13,10 +14,11 @@ from millwheel._errors import (
     StateCodecError,
     TopologyError,
 )
+from millwheel._logfile import LogFileSource, file_time
 from millwheel._options import ComputationOptions, DedupOptions, ErrorPolicy, LateAction, LatePolicy
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Production, Record, TimeDomain, Timer
 from millwheel._sources import SampleSource, Source, SourceBatch
-from millwheel._step import DEAD_LETTER_STREAM, StepResult, StepRunner
+from millwheel._step import StepResult, StepRunner
 from millwheel._topology import ComputationSpec, InjectorSpec, SinkSpec, Topology
 
 __version__ = "0.1.0"
@@ -27,13 +29,16 @@ __all__ = [
     "ComputationOptions",
     "ComputationSpec",
     "DEAD_LETTER_STREAM",
+    "DeadLetter",
     "DedupOptions",
     "EnvelopeError",
     "ErrorPolicy",
     "HarnessError",
     "InjectorSpec",
+    "KeyContext",
     "LateAction",
     "LatePolicy",
+    "LogFileSource",
     "MAX_TIMESTAMP",
     "MIN_TIMESTAMP",
     "MillwheelError",
@@ -45,6 +50,7 @@ __all__ = [
     "SinkSpec",
     "Source",
     "SourceBatch",
+    "Stage",
     "State",
     "StateCodec",
     "StateCodecError",
@@ -54,4 +60,5 @@ __all__ = [
     "Timer",
     "Topology",
     "TopologyError",
+    "file_time",
 ]

@@ -1,9 +1,18 @@
-"""State codecs: how per-key persistent state becomes bytes (MillWheel §4.4).
+"""The one value codec, and state codecs: how values and per-key state become bytes (MillWheel §4.4).
+
+:func:`encode_value` / :func:`decode_value` is the codec of every value the framework
+moves or keeps: record values in stream logs, strong productions checkpointed in an
+envelope, dead letters. It is pickle (protocol 5, fast) with a cloudpickle fallback for
+what plain pickle refuses (lambdas, classes defined in a topology file), and raises
+:class:`~millwheel.StateCodecError` naming the value's type when neither can encode it.
 
 MillWheel treats state as an opaque byte string with user-chosen serialisation. The
-default here is :class:`PickleCodec` (cloudpickle: anything goes); :class:`MsgpackCodec`
-is a faster typed codec for plain data (dicts, lists, numbers, strings, bytes).
+default state codec is :class:`PickleCodec` (the value codec above: anything goes);
+:class:`MsgpackCodec` is a faster typed codec for plain data (dicts, lists, numbers,
+strings, bytes).
 
+>>> decode_value(encode_value({"q": (1, 2)}))
+{'q': (1, 2)}
 >>> codec = MsgpackCodec()
 >>> codec.decode(codec.encode({"a": [1, 2]}))
 {'a': [1, 2]}
@@ -19,6 +28,25 @@ import msgpack
 
 from millwheel._errors import StateCodecError
 
+_dumps = pickle.dumps
+_HIGHEST = pickle.HIGHEST_PROTOCOL
+
+
+def encode_value(value: Any) -> bytes:
+    """Bytes of any picklable value: pickle first (fast), cloudpickle for what it refuses."""
+    try:
+        return _dumps(value, _HIGHEST)
+    except Exception:
+        try:
+            return cloudpickle.dumps(value, protocol=_HIGHEST)
+        except Exception as exc:
+            msg = f"cannot pickle a value of type {type(value).__name__}: {type(exc).__name__}: {str(exc)[:200]}"
+            raise StateCodecError(msg) from exc
+
+
+#: the inverse of :func:`encode_value` (plain ``pickle.loads``: cloudpickle output is pickle)
+decode_value = pickle.loads
+
 
 @runtime_checkable
 class StateCodec(Protocol):
@@ -32,16 +60,12 @@ class StateCodec(Protocol):
 
 
 class PickleCodec:
-    """cloudpickle out, pickle in: any Python object, including lambdas and local classes."""
+    """The value codec (:func:`encode_value`): any Python object, including lambdas and local classes."""
 
     name = "pickle"
 
     def encode(self, value: Any) -> bytes:
-        try:
-            return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:
-            msg = f"cannot pickle state value of type {type(value).__name__}: {exc}"
-            raise StateCodecError(msg) from exc
+        return encode_value(value)
 
     def decode(self, data: bytes) -> Any:
         try:

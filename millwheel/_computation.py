@@ -16,14 +16,29 @@ framework may run keys in parallel (§4.1): keep nothing per key on ``self`` you
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from millwheel._errors import ComputationError
 from millwheel._options import ComputationOptions
 from millwheel._record import Key, Record, TimeDomain, Timer
 
-if TYPE_CHECKING:
-    from millwheel._step import _KeyContext
+
+class KeyContext(Protocol):
+    """What a computation reaches for the key being processed; the per-key step implements it
+    (as Beam's ``UserStateContext``: the API declares it, the runner provides it)."""
+
+    key: Key
+    state: State
+    now: int
+    low_watermark: int
+
+    def set_timer(self, tag: str, timestamp: int, domain: TimeDomain) -> None: ...
+
+    def delete_timer(self, tag: str) -> None: ...
+
+    def pending_timers(self) -> list[Timer]: ...
+
+    def produce(self, stream: str, value: Any, timestamp: int | None, key: Key | None) -> None: ...
 
 
 class State:
@@ -89,7 +104,7 @@ class Computation:
 
     #: the key being processed; set by the step for its duration (accessors read it directly:
     #: they run once per record)
-    _ctx: _KeyContext = _NoKey("Computation")  # type: ignore[assignment]
+    _ctx: KeyContext = _NoKey("Computation")  # type: ignore[assignment]
 
     # ---- hooks ---------------------------------------------------------------
     def setup(self) -> None:

@@ -39,7 +39,7 @@ class PendingProduction:
 
     stream: str
     key: Key | None
-    value: bytes  # encoded with the production codec (cloudpickle)
+    value: bytes  # encoded with the value codec (millwheel._codec.encode_value)
     timestamp: int
     id: str
 
@@ -261,15 +261,3 @@ class Envelope:
             dedup=DedupIndex.from_wire(dedup),
         )
 
-
-def encode_value(value: Any) -> bytes:
-    """Encode a production's value for checkpointing (cloudpickle)."""
-    import cloudpickle
-
-    return cloudpickle.dumps(value)
-
-
-def decode_value(data: bytes) -> Any:
-    import pickle
-
-    return pickle.loads(data)

@@ -6,9 +6,61 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-#: Keys are what consumers extract from records (§4.2). They must be hashable and
-#: encodable, so the framework accepts ``str``, ``int`` and ``bytes``.
-Key = str | int | bytes
+import msgpack
+
+#: Keys are what consumers extract from records (§4.2). They must be hashable and have a
+#: stable encoding, so the framework accepts ``str``, ``int`` (64-bit), ``bytes`` and
+#: tuples of those (composite keys, e.g. ``(advertiser, query)``).
+Key = str | int | bytes | tuple[Any, ...]
+
+_packb = msgpack.packb
+_unpackb = msgpack.unpackb
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def key_problem(key: Any) -> str | None:
+    """Why ``key`` cannot be a key, or ``None`` if it can.
+
+    >>> key_problem(("cats", 3)) is None
+    True
+    >>> print(key_problem(["cats"]))
+    keys must be str, int, bytes or a tuple of those; got list ['cats']
+    """
+    t = type(key)
+    if t is str or t is bytes:
+        return None
+    if t is int:
+        if _INT64[0] <= key <= _INT64[1]:
+            return None
+        return f"int keys must fit in 64 bits; got {key}"
+    if t is tuple:
+        for part in key:
+            why = key_problem(part)
+            if why is not None:
+                return why
+        return None
+    return f"keys must be str, int, bytes or a tuple of those; got {t.__name__} {_short(key)}"
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def encode_key(key: Key) -> bytes:
+    """The stable byte encoding of a key (msgpack): equal keys, equal bytes, in every process.
+
+    >>> decode_key(encode_key(("cats", 3, b"x")))
+    ('cats', 3, b'x')
+    """
+    return _packb(key, use_bin_type=True)
+
+
+def decode_key(data: bytes | None) -> Key | None:
+    """The inverse of :func:`encode_key` (tuples come back as tuples)."""
+    if data is None:
+        return None
+    return _unpackb(data, raw=False, use_list=False)  # type: ignore[no-any-return]
 
 #: The smallest timestamp: "nothing is known yet" as a low watermark.
 MIN_TIMESTAMP = -(2**63)
@@ -32,6 +84,8 @@ class Record:
     ``key`` is the key the *consumer* extracted (§4.2); on a production it is the
     producer's key, for information only. ``timestamp`` is milliseconds since the epoch.
     ``id`` is unique per record and is what exactly-once delivery deduplicates on (§6.1.1).
+    ``stream`` says which input stream a record came from, so a computation with several
+    inputs (a join) can tell them apart.
 
     >>> r = Record(key="cats", value={"query": "cats"}, timestamp=1_000, id="q-1")
     >>> r.timestamp
@@ -42,6 +96,8 @@ class Record:
     value: Any
     timestamp: int
     id: str
+    #: the stream the record was read from, as the consumer sees it (``None`` when built by hand)
+    stream: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,12 @@
 """Injector sources (MillWheel §5.2): where external data enters, with an injector low watermark.
 
-A source yields :class:`SourceBatch` es: records plus the injector low watermark after
-them, the bound on the timestamps of records it may still deliver (Fig. 10: the oldest
-unfinished file's time). :class:`SampleSource` serves an in-memory list, for demos and
-tests; file-backed sources live with the runtime.
+A source yields :class:`SourceBatch` es: records, the dead letters of input it could
+not turn into records (with their reasons), and the injector low watermark after them:
+the bound on the timestamps of records it may still deliver (Fig. 10: the oldest
+unfinished file's time). Both backends run the same sources: the harness calls
+:meth:`Source.batches` directly, the Spark runtime from its driver (or, for
+:class:`~millwheel.LogFileSource`, through a Spark streaming reader built on the same
+parser). :class:`SampleSource` serves an in-memory list, for demos and tests.
 
 >>> src = SampleSource([{"q": "cats", "ts": 1_000}, {"q": "dogs", "ts": 2_500}], timestamp="ts", batch_size=1)
 >>> [(len(b.records), b.low_watermark) for b in src.batches()]
@@ -13,7 +16,7 @@ tests; file-backed sources live with the runtime.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from millwheel._errors import TopologyError
@@ -25,12 +28,19 @@ class SourceBatch:
     records: list[Record]
     #: the injector low watermark once these records are delivered
     low_watermark: int
+    #: records for the ``dead_letters`` stream: input that is not a record, with the reason
+    dead_letters: list[Record] = field(default_factory=list)
 
 
 class Source:
-    """Base class of injector sources."""
+    """Base class of injector sources.
 
-    def batches(self) -> Iterator[SourceBatch]:
+    ``batches`` is called with the injector's name and stream (for the dead letters it
+    makes) and yields :class:`SourceBatch` es in order; calling it again starts over, so
+    the Spark driver resumes a source by skipping the batches it already published.
+    """
+
+    def batches(self, injector: str = "injector", stream: str = "records") -> Iterator[SourceBatch]:
         raise NotImplementedError
 
 
@@ -72,7 +82,7 @@ class SampleSource(Source):
     def records(self) -> list[Record]:
         return [self._to_record(i, item) for i, item in enumerate(self._items)]
 
-    def batches(self) -> Iterator[SourceBatch]:
+    def batches(self, injector: str = "injector", stream: str = "records") -> Iterator[SourceBatch]:  # noqa: ARG002
         recs = self.records()
         n = len(recs)
         # suffix minima: the oldest timestamp not yet delivered after each batch

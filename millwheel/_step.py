@@ -17,21 +17,25 @@ dead-letter stream with the reason. Other records of the key, and other keys, go
 from __future__ import annotations
 
 import heapq
-import traceback
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import xxhash
 
+from millwheel._codec import decode_value, encode_value
 from millwheel._computation import Computation, State, _NoKey
-from millwheel._envelope import DedupStats, Envelope, PendingProduction, decode_value, encode_value
+from millwheel._deadletter import (
+    DEAD_LETTER_STREAM,
+    DeadLetter,
+    Stage,
+    dead_letter_record,
+    reason_of,
+)
+from millwheel._envelope import DedupStats, Envelope, PendingProduction
 from millwheel._errors import ComputationError
 from millwheel._options import ComputationOptions, ErrorPolicy, LateAction
 from millwheel._record import Key, Production, Record, TimeDomain, Timer
-
-#: the stream every computation's dead letters go to
-DEAD_LETTER_STREAM = "dead_letters"
 
 _LW = int(TimeDomain.LOW_WATERMARK)
 _WALL = int(TimeDomain.WALL_TIME)
@@ -90,6 +94,7 @@ class _Counters:
     productions: int = 0
     productions_behind_watermark: int = 0
     dead_letters: int = 0
+    dead_letters_dropped: int = 0
     dedup: DedupStats = field(default_factory=DedupStats)
 
     def as_dict(self) -> dict[str, int]:
@@ -105,6 +110,7 @@ class _Counters:
             "productions": self.productions,
             "productions_behind_watermark": self.productions_behind_watermark,
             "dead_letters": self.dead_letters,
+            "dead_letters_dropped": self.dead_letters_dropped,
             "bloom_maybe": self.dedup.bloom_maybe,
             "bloom_false_positive": self.dedup.bloom_false_positive,
             "dedup_gc_runs": self.dedup.gc_runs,
@@ -246,19 +252,19 @@ class StepRunner:
                 self.computation._ctx = _NoKey(self.name)  # type: ignore[assignment]
             return result
 
-    def _dead_letter(self, key: Key, failure: _Failure, now: int) -> Production:
-        item = failure.record if failure.record is not None else failure.timer
-        reason = "".join(traceback.format_exception_only(type(failure.exc), failure.exc)).strip()
-        value = {
-            "computation": self.name,
-            "key": key,
-            "what": failure.what,
-            "reason": reason,
-            "item": item,
-        }
-        ts = item.timestamp if item is not None else now
-        rid = xxhash.xxh3_128_hexdigest(f"dl\x00{self.name}\x00{key!r}\x00{failure.skip!r}".encode())
-        return Production(DEAD_LETTER_STREAM, Record(key, value, ts, rid))
+    def _dead_letter(self, key: Key, failure: _Failure, now: int) -> Production | None:
+        """The dead letter of a failure; ``None`` for a dead letter that failed (terminal rule)."""
+        rec, timer = failure.record, failure.timer
+        if rec is not None and rec.stream == DEAD_LETTER_STREAM:
+            return None
+        stage = Stage.PROCESS_RECORD if rec is not None else Stage.PROCESS_TIMER
+        letter = DeadLetter(stage, reason_of(failure.exc), computation=self.name, stream=rec.stream if rec else None, key=key, record=rec, timer=timer)
+        parts: tuple[Any, ...]
+        if timer is not None:
+            ts, parts = timer.timestamp, (key, timer.tag, timer.timestamp, int(timer.domain))
+        else:
+            ts, parts = (rec.timestamp if rec is not None else now), (rec.id if rec is not None else key,)
+        return Production(DEAD_LETTER_STREAM, dead_letter_record(letter, ts, *parts))
 
     def _attempt(
         self,
@@ -369,8 +375,10 @@ class StepRunner:
             # these records arrived under (later deliveries are judged against a later one)
             horizon = min(low_watermark, late_wm) - dd.slack_ms
             dedup.finish(horizon, dd.bloom_fpr, dd.bloom_capacity, dd.gc_interval_ms, stats)
-        dead = [self._dead_letter(key, f, now) for f in failures]
+        letters = [self._dead_letter(key, f, now) for f in failures]
+        dead = [d for d in letters if d is not None]
         c.dead_letters = len(dead)
+        c.dead_letters_dropped = len(letters) - len(dead)
         next_lw = next_wall = None
         for ts, d in timers.values():
             if d == _LW:

@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from millwheel._computation import Computation
+from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._errors import TopologyError
 from millwheel._options import ComputationOptions, LateAction
 from millwheel._record import Key, Record
 from millwheel._sources import Source
-from millwheel._step import DEAD_LETTER_STREAM
 
 KeyExtractor = Callable[[Record], Key]
 

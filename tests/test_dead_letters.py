@@ -10,6 +10,7 @@ from millwheel import (
     ComputationOptions,
     ErrorPolicy,
     Record,
+    Stage,
     Topology,
 )
 from millwheel.testing import Harness
@@ -36,10 +37,11 @@ def test_failing_record_is_rolled_back_and_dead_lettered_while_others_go_on():
     assert h.state("Fragile", "b") == [7]
     assert sorted(h.values("out")) == [1, 3, 7]  # nor its production
     (dead,) = h.dead_letters()
-    assert dead.value["computation"] == "Fragile"
-    assert dead.value["what"] == "process_record"
-    assert dead.value["reason"] == "ValueError: negative value -5"
-    assert dead.value["item"].id == "2"
+    assert dead.value.computation == "Fragile"
+    assert dead.value.stage == Stage.PROCESS_RECORD
+    assert dead.value.reason == "ValueError: negative value -5"
+    assert dead.value.record.id == "2"
+    assert dead.value.key == "a" and dead.value.stream == "in"
     assert h.metrics("Fragile")["dead_letters"] == 1
     # a retry of the dead-lettered record is a duplicate, not a second dead letter
     h.inject("in", [Record("a", -5, 2, "2")])
@@ -54,9 +56,11 @@ def test_key_extractor_failures_are_dead_lettered_with_the_stream():
     h = Harness(t, raise_errors=False)
     h.inject("in", [Record(None, {"user": "u1"}, 1, "ok"), Record(None, {"nouser": 1}, 1, "bad"), Record(None, {"user": 3.5}, 1, "float")])
     reasons = [d.value for d in h.dead_letters()]
-    assert [r["what"] for r in reasons] == ["key_extractor", "key_extractor"]
-    assert reasons[0]["stream"] == "in" and "KeyError" in reasons[0]["reason"]
-    assert "keys must be str, int or bytes" in reasons[1]["reason"]
+    assert [r.stage for r in reasons] == [Stage.KEY_EXTRACTOR, Stage.KEY_EXTRACTOR]
+    assert reasons[0].stream == "in" and "KeyError" in reasons[0].reason
+    assert "keys must be str, int, bytes or a tuple of those; got float 3.5" in reasons[1].reason
+    # counted the same way on both backends: the record came in and became a dead letter
+    assert h.metrics("Fragile")["records_in"] == 2 and h.metrics("Fragile")["dead_letters"] == 2
 
 
 def test_raise_policy_propagates():
@@ -75,7 +79,7 @@ def test_dead_letters_are_a_stream_others_can_read():
     t = Topology("dl")
     t.injector("in")
     t.computation(Fragile, inputs=["in"], outputs=["out"])
-    t.computation(Count, inputs={DEAD_LETTER_STREAM: lambda r: r.value["computation"]})
+    t.computation(Count, inputs={DEAD_LETTER_STREAM: lambda r: r.value.computation})
     h = Harness(t, raise_errors=False)
     h.inject("in", [Record("a", -1, 1, "1"), Record("b", -2, 1, "2")])
     h.run()

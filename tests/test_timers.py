@@ -155,6 +155,6 @@ def test_setting_a_timer_without_process_timer_is_reported():
     h.advance_watermark("in", 10)
     h.run()
     (dead,) = h.dead_letters()
-    assert dead.value["what"] == "process_timer"
-    assert "does not override process_timer" in dead.value["reason"]
+    assert dead.value.stage == "process_timer" and dead.value.timer is not None
+    assert "does not override process_timer" in dead.value.reason
     assert h.timers("NoHook", "k") == []  # the failing timer is not retried forever

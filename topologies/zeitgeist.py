@@ -40,11 +40,10 @@ from typing import Any
 from computations.anomalies import ANOMALIES, DipDetector, SpikeDetector
 from computations.model import ModelCalculator
 from computations.windowing import WindowCounter
-from millwheel import ComputationOptions, DedupOptions, LatePolicy, Source, Topology
+from millwheel import ComputationOptions, DedupOptions, LatePolicy, LogFileSource, Source, Topology
 
 # ZeitgeistConfig lives in zeitgeist_tools: `millwheel run` imports this file without
 # registering it in sys.modules, where @dataclass needs to find its module
-from millwheel.runtime import LogFileSource
 from topologies.zeitgeist_tools import ZeitgeistConfig, ensure_sample, logs_dir
 
 __all__ = ["ZeitgeistConfig", "build", "make_source", "on_finish"]
@@ -52,8 +51,7 @@ __all__ = ["ZeitgeistConfig", "build", "make_source", "on_finish"]
 
 def make_source(data_dir: str | os.PathLike[str]) -> Source:
     """The query-log injector source: the one place to switch to the Spark runtime's file source."""
-    # the runtime's log-file injector: Fig. 10 watermark; on Spark, malformed lines go to
-    # dead_letters (in the harness they are kept in .malformed, which on_finish reports)
+    # the log-file injector: Fig. 10 watermark; malformed lines go to dead_letters
     return LogFileSource(logs_dir(data_dir), id_field="id", ts_field="ts", finite=True)
 
 
@@ -118,10 +116,9 @@ def on_finish(topology: Topology, streams: Mapping[str, list[Any]], metrics: Map
     from topologies.zeitgeist_tools import RunResult, evaluate, load_truth, render
 
     source = topology.injectors["queries"].source
-    directory = getattr(source, "directory", None)
+    directory = getattr(source, "path", None)
     if directory is None:
         return "zeitgeist: no ground truth for this source; nothing to evaluate"
-    dead = [dict(v) if isinstance(v, Mapping) else {"value": v} for v in streams.get("dead_letters", [])]
-    dead += [{"what": "malformed_line", **m} for m in getattr(source, "malformed", [])]  # TEMPORARY, see LogDirectorySource
+    dead = [v.as_dict() if hasattr(v, "as_dict") else {"value": v} for v in streams.get("dead_letters", [])]
     result = RunResult([dict(a) for a in streams.get(ANOMALIES, [])], {k: dict(v) for k, v in metrics.items()}, dead, wall_clock=wall_clock)
     return render(evaluate(result, load_truth(directory)))

@@ -478,7 +478,7 @@ def replay(topology: Any, *, injector: str = "queries", tick_ms: int = 100, mode
 
     spec = topology.injectors[injector]
     source = spec.source
-    directory = getattr(source, "directory", None)
+    directory = getattr(source, "path", None)
     if directory is None:
         msg = f"replay needs the injector {injector!r} to read a log directory, got {type(source).__name__}"
         raise TypeError(msg)
@@ -509,9 +509,9 @@ def replay(topology: Any, *, injector: str = "queries", tick_ms: int = 100, mode
         h.finish(injector)
         h.run()
     metrics = {name: h.metrics(name) for name in topology.order()}
-    dead = [dict(r.value) if isinstance(r.value, Mapping) else {"value": r.value} for r in h.dead_letters()]
-    for m in (source if mode == "batch" else loader).malformed:  # TEMPORARY: until the file source publishes dead letters
-        dead.append({"what": "malformed_line", **m})
+    dead = [r.value.as_dict() for r in h.dead_letters()]
+    if mode != "batch":
+        dead += [{"stage": "malformed_line", **m} for m in loader.malformed]  # TEMPORARY: LogDirectorySource
     anomalies = [dict(v) for v in h.values("anomalies")]
     return RunResult(anomalies, metrics, dead, wall_clock=(mode == "continuous"), elapsed_s=time.perf_counter() - started)
 
@@ -534,7 +534,7 @@ def run_spark(topology: Any, root: str | os.PathLike[str], *, timeout_s: float =
     rt = SparkRuntime(topology, os.fspath(root), settings)
     rt.run(timeout_s=timeout_s)
     metrics = {name: dict(getattr(q, "metrics", None) or q.status()) for name, q in rt.computations.items()}
-    dead = [dict(r.value) if isinstance(r.value, Mapping) else {"value": r.value} for r in rt.dead_letters()]
+    dead = [r.value.as_dict() for r in rt.dead_letters()]
     anomalies = [dict(v) for v in rt.values("anomalies")]
     return RunResult(anomalies, metrics, dead, wall_clock=False, elapsed_s=time.perf_counter() - started)
 
@@ -629,7 +629,7 @@ def evaluate(result: RunResult, truth: Mapping[str, Any], *, tolerance_ms: int =
         "injected": truth.get("duplicates_injected"),
         "seen_and_removed": {name: mm.get("duplicates", 0) for name, mm in result.metrics.items() if mm.get("duplicates", 0) or name == counter},
     }
-    malformed_dead = [d for d in result.dead_letters if d.get("what") == "malformed_line"]
+    malformed_dead = [d for d in result.dead_letters if d.get("stage") == "malformed_line"]
     # a dead letter names its line by byte offset (the runtime's file source) or line number (the loader)
     seen_at = {_where(d) for d in malformed_dead}
     found = [("offset", x["file"], x.get("offset")) in seen_at or ("line", x["file"], x.get("line")) in seen_at for x in truth.get("malformed", [])]

@@ -1,18 +1,17 @@
 """The Spark Structured Streaming runtime: the only part of millwheel that imports pyspark.
 
-Names are loaded lazily, so ``from millwheel.runtime import LogFileSource`` (a pure
-definition, for topology files) imports no pyspark.
+Names are loaded lazily, so importing ``millwheel.runtime`` imports no pyspark until a
+name that needs it is used.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["FileStreamLog", "LogFileSource", "RuntimeSettings", "SparkRuntime", "spark_session"]
+__all__ = ["FileStreamLog", "RuntimeSettings", "SparkRuntime", "spark_session"]
 
 _WHERE = {
     "FileStreamLog": "millwheel.runtime._streams",
-    "LogFileSource": "millwheel.runtime._logsource",
     "RuntimeSettings": "millwheel.runtime._runtime",
     "SparkRuntime": "millwheel.runtime._runtime",
     "spark_session": "millwheel.runtime._session",

@@ -5,7 +5,7 @@ publish an injector low watermark.
   the driver: one source batch becomes one stream-log file, named by its position, and
   the position is checkpointed after the file is published (a replay re-creates the same
   file name and skips it). For demos and tests.
-* :class:`LogFileInjector` — a :class:`~millwheel.runtime.LogFileSource` read by a Spark
+* :class:`LogFileInjector` — a :class:`~millwheel.LogFileSource` read by a Spark
   streaming query (``_logfiles.py``); byte offsets per file live in the query's
   checkpoint, output goes through the same outbox as computations, malformed lines go to
   ``dead_letters``.
@@ -17,7 +17,9 @@ import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
+from millwheel._deadletter import DEAD_LETTER_STREAM
+from millwheel._delivery import invalid_record, record_problem
+from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel._sources import Source, SourceBatch
 from millwheel._topology import InjectorSpec
 from millwheel.runtime._outbox import Outbox
@@ -49,8 +51,9 @@ class SourceInjector:
             saved = json.loads(text)
             self.position, self.low_watermark = saved["position"], saved["low_watermark"]
             self.records_out = saved.get("records_out", 0)
+            self.dead_letters = saved.get("dead_letters", 0)
         if self.source is not None:
-            self._iter = iter(self.source.batches())
+            self._iter = iter(self.source.batches(self.name, self.stream))
             for _ in range(self.position):
                 if next(self._iter, None) is None:
                     break
@@ -67,33 +70,30 @@ class SourceInjector:
             if batch is None:
                 self.finished = True
                 break
-            self.rt.streams.append(self.stream, self.name, f"s{self.position:010d}", batch.records, self.low_watermark)
-            self._dead_letters()
+            good, dead = self._checked(batch.records)
+            self.rt.streams.append(self.stream, self.name, f"s{self.position:010d}", good, self.low_watermark)
+            dead += batch.dead_letters
+            if dead:
+                self.rt.streams.ensure(DEAD_LETTER_STREAM, self.name)
+                self.rt.streams.append(DEAD_LETTER_STREAM, self.name, f"d{self.position:010d}", dead)
+                self.dead_letters += len(dead)
             self.position += 1
-            self.records_out += len(batch.records)
+            self.records_out += len(good)
             self.low_watermark = max(self.low_watermark, batch.low_watermark)
-            self.state_file.write_text(json.dumps({"position": self.position, "low_watermark": self.low_watermark, "records_out": self.records_out}))
+            self.state_file.write_text(json.dumps({"position": self.position, "low_watermark": self.low_watermark, "records_out": self.records_out, "dead_letters": self.dead_letters}))
         self.rt.watermarks.report_injector(self.name, "driver", self.low_watermark)
 
-    def _dead_letters(self) -> None:
-        """Malformed input a source reports (``LogFileSource.malformed``) goes to ``dead_letters``."""
-        import xxhash
-
-        from millwheel._record import Record
-        from millwheel._step import DEAD_LETTER_STREAM
-
-        malformed = getattr(self.source, "malformed", None) or []
-        new = malformed[self.dead_letters:]
-        if not new:
-            return
-        recs = [
-            Record(None, {"injector": self.name, "what": "malformed_line", **m},
-                   0, xxhash.xxh3_128_hexdigest(f"dlf\x00{self.name}\x00{m.get('file')}\x00{m.get('offset', m.get('line'))}".encode()))
-            for m in new
-        ]  # fmt: skip
-        self.rt.streams.ensure(DEAD_LETTER_STREAM, self.name)
-        self.rt.streams.append(DEAD_LETTER_STREAM, self.name, f"d{self.position:010d}", recs)
-        self.dead_letters += len(new)
+    def _checked(self, records: list[Record]) -> tuple[list[Record], list[Record]]:
+        """Records fit to send, and dead letters for the others (bad id or timestamp)."""
+        good: list[Record] = []
+        dead: list[Record] = []
+        for i, rec in enumerate(records):
+            problem = record_problem(rec)
+            if problem is None:
+                good.append(rec)
+            else:
+                dead.append(invalid_record(self.name, self.stream, rec, problem, (self.position, i)))
+        return good, dead
 
     def check(self) -> None:
         pass
@@ -109,7 +109,7 @@ class SourceInjector:
 
 
 class LogFileInjector:
-    """Reads a :class:`~millwheel.runtime.LogFileSource` with a Spark streaming query."""
+    """Reads a :class:`~millwheel.LogFileSource` with a Spark streaming query."""
 
     def __init__(self, rt: SparkRuntime, spec: InjectorSpec) -> None:
         self.rt = rt
@@ -132,8 +132,6 @@ class LogFileInjector:
 
     @property
     def dead_letters(self) -> int:
-        from millwheel._step import DEAD_LETTER_STREAM
-
         return self.outbox.written_by_stream.get(DEAD_LETTER_STREAM, 0)
 
     def _published(self, n: int) -> None:

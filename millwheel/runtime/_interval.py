@@ -1,8 +1,12 @@
 """The worker side: key extraction, then the per-key step over one key interval (MillWheel §7.1).
 
-Spark groups a computation's input by *key interval* (a hash shard of the consumer's
-key), not by raw key: each Spark group costs a pandas frame in and out, so one group per
-key is two orders of magnitude slower (design.md). The interval's GroupState row holds
+This module is Arrow/pandas plumbing around the delivery core (``millwheel/_delivery.py``:
+keying, step planning, due timers) and the per-key step (``millwheel/_step.py``), the same
+calls the in-memory harness makes.
+
+Spark groups a computation's input by *key interval* (a hash range of the consumer's
+encoded key), not by raw key: each Spark group costs a pandas frame in and out, so one
+group per key is two orders of magnitude slower (``docs/architecture.md``). The interval's GroupState row holds
 ``envs`` (key -> envelope, msgpack) and ``meta`` (key -> [hold, next low-watermark timer,
 next wall timer]). A batch decodes the map once, runs :meth:`StepRunner.step` for the keys
 that have input or due timers, and re-encodes the map; envelopes of untouched keys stay
@@ -34,13 +38,16 @@ import msgpack
 import pandas as pd
 import xxhash
 
-from millwheel._record import MIN_TIMESTAMP, Record
-from millwheel._step import DEAD_LETTER_STREAM, StepRunner
+from millwheel._codec import decode_value, encode_value
+from millwheel._deadletter import DEAD_LETTER_STREAM
+from millwheel._delivery import key_record, plan_steps, timers_due
+from millwheel._record import Record, decode_key, encode_key
+from millwheel._step import StepRunner
 from millwheel._topology import ComputationSpec
 from millwheel.runtime._wire import (
     SUMMARY_STREAM,
-    decode_value,
-    encode_value,
+    IntervalSummary,
+    RowKind,
     from_spark,
     timer_timeout,
 )
@@ -52,19 +59,17 @@ _hash = xxhash.xxh3_64_intdigest
 #: step metrics summed per interval and reported in the summary row
 METRICS = (
     "records_in", "duplicates", "late", "late_dropped", "late_to_stream", "processed",
-    "timers_fired", "productions", "dead_letters",
+    "timers_fired", "productions", "dead_letters", "dead_letters_dropped",
 )  # fmt: skip
 
 
-def shard_of(encoded_key: bytes, intervals: int) -> int:
-    """The key interval of an encoded key: a stable hash shard (same in every process)."""
+def interval_of(encoded_key: bytes, intervals: int) -> int:
+    """The key interval of an encoded key: a stable hash range (same in every process)."""
     return _hash(encoded_key) % intervals
 
 
 def make_key_extractor(consumer: str, stream: str, extractor: Callable[[Record], Any], intervals: int) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
     """A ``mapInPandas`` function: stream-log rows -> rows keyed by the consumer's extractor (§4.2)."""
-    loads = decode_value
-    unpack = _unpackb
 
     def extract(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for pdf in frames:
@@ -73,31 +78,59 @@ def make_key_extractor(consumer: str, stream: str, extractor: Callable[[Record],
             pkeys = pdf["key"].tolist()
             vals = pdf["value"].tolist()
             n = len(ids)
-            shards = [0] * n
-            keys: list[bytes | None] = [None] * n
-            errs: list[str | None] = [None] * n
+            o_interval = [0] * n
+            o_kind = [int(RowKind.RECORD)] * n
+            o_key: list[bytes | None] = [None] * n
+            o_id = list(ids)
+            o_ts = list(tss)
+            o_val = list(vals)
             cache: dict[Any, tuple[bytes, int]] = {}
             for i in range(n):
-                pk = pkeys[i]
-                try:
-                    rec = Record(None if pk is None else unpack(pk, raw=False), loads(vals[i]), tss[i], ids[i])
-                    key = extractor(rec)
+                rec = Record(decode_key(pkeys[i]), decode_value(vals[i]), tss[i], ids[i])
+                keyed, dead = key_record(consumer, stream, extractor, rec)
+                if keyed is not None:
+                    key = keyed.key
                     hit = cache.get((type(key), key))
                     if hit is None:
-                        if not isinstance(key, (str, int, bytes)) or isinstance(key, bool):
-                            msg = f"key extractor returned {type(key).__name__} {key!r}; keys must be str, int or bytes"
-                            raise TypeError(msg)
-                        kb = _packb(key, use_bin_type=True)
+                        kb = encode_key(key)  # type: ignore[arg-type]
                         hit = cache[(type(key), key)] = (kb, _hash(kb) % intervals)
-                    keys[i], shards[i] = hit
-                except Exception as exc:
-                    shards[i] = _hash(str(ids[i]).encode()) % intervals
-                    errs[i] = f"{stream}\x00{type(exc).__name__}: {exc}"
+                    o_key[i], o_interval[i] = hit
+                    continue
+                o_interval[i] = _hash(str(ids[i]).encode()) % intervals
+                if dead is None:
+                    o_kind[i] = int(RowKind.DROPPED)
+                    continue
+                o_kind[i] = int(RowKind.DEAD_LETTER)
+                o_id[i], o_ts[i], o_val[i] = dead.id, dead.timestamp, encode_value(dead.value)
             yield pd.DataFrame(
-                {"shard": shards, "key": keys, "id": ids, "ts": tss, "value": vals, "wm": pdf["wm"], "err": errs, "now": [None] * n}
-            )
+                {"interval": o_interval, "kind": o_kind, "key": o_key, "id": o_id, "ts": o_ts, "value": o_val,
+                 "wm": pdf["wm"], "stream": [stream] * n, "now": [None] * n}
+            )  # fmt: skip
 
     return extract
+
+
+class _Out:
+    """The rows one interval emits: productions, dead letters, the summary."""
+
+    __slots__ = ("stream", "id", "ts", "key", "value")
+
+    def __init__(self) -> None:
+        self.stream: list[str] = []
+        self.id: list[str | None] = []
+        self.ts: list[int | None] = []
+        self.key: list[bytes | None] = []
+        self.value: list[bytes] = []
+
+    def add(self, stream: str, rid: str | None, ts: int | None, key: bytes | None, value: bytes) -> None:
+        self.stream.append(stream)
+        self.id.append(rid)
+        self.ts.append(ts)
+        self.key.append(key)
+        self.value.append(value)
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame({"stream": self.stream, "id": self.id, "ts": self.ts, "key": self.key, "value": self.value, "wm": [None] * len(self.id)})
 
 
 class IntervalStep:
@@ -124,42 +157,48 @@ class IntervalStep:
         return self._runner
 
     def __call__(self, group: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
-        shard = int(group[0])
+        interval = int(group[0])
         lw = from_spark(state.getCurrentWatermarkMs())
         now = state.getCurrentProcessingTimeMs()
-        per_key: dict[bytes, list[tuple[str, int, bytes, Any]]] = {}
-        bad: list[tuple[str, int, bytes, str]] = []
+        totals = dict.fromkeys(METRICS, 0)
+        out = _Out()
+        # key bytes -> [(id, ts, value bytes, sender watermark, stream)]
+        per_key: dict[bytes, list[tuple[str, int, bytes, Any, str]]] = {}
         for pdf in frames:
-            ids = pdf["id"].tolist()
-            if shard < 0:
+            if interval < 0:
                 continue  # the heartbeat group: it only moves Spark's watermark
+            ids = pdf["id"].tolist()
+            kinds = pdf["kind"].tolist()
             keys = pdf["key"].tolist()
             tss = pdf["ts"].tolist()
             vals = pdf["value"].tolist()
-            errs = pdf["err"].tolist()
             nows = pdf["now"].tolist()
             wms = pdf["wm"].tolist()
+            streams = pdf["stream"].tolist()
             for i in range(len(ids)):
-                rid = ids[i]
-                if rid is None:  # a tick: a wall timer of this interval is due
+                kind = kinds[i]
+                if kind != kind or kind is None:  # a tick: a wall timer of this interval is due
                     t = nows[i]
                     if t == t and t is not None and t > now:
                         now = int(t)
                     continue
-                err = errs[i]
-                if err is not None:
-                    bad.append((rid, tss[i], vals[i], err))
+                if kind != RowKind.RECORD:
+                    totals["records_in"] += 1
+                    if kind == RowKind.DROPPED:
+                        totals["dead_letters_dropped"] += 1
+                    else:
+                        totals["dead_letters"] += 1
+                        out.add(DEAD_LETTER_STREAM, ids[i], tss[i], None, vals[i])
                     continue
-                kb = keys[i]
-                lst = per_key.get(kb)
+                row = (ids[i], tss[i], vals[i], wms[i], streams[i])
+                lst = per_key.get(keys[i])
                 if lst is None:
-                    per_key[kb] = [(rid, tss[i], vals[i], wms[i])]
+                    per_key[keys[i]] = [row]
                 else:
-                    lst.append((rid, tss[i], vals[i], wms[i]))
-        if shard < 0:
+                    lst.append(row)
+        if interval < 0:
             return
-        runner = self.runner()
-        step = runner.step
+        step = self.runner().step
         if state.exists:
             envs_b, meta_b = state.get
             envs = _unpackb(envs_b, raw=False, strict_map_key=False)
@@ -167,21 +206,17 @@ class IntervalStep:
         else:
             envs, meta = {}, {}
         for kb, (_hold, nlw, nwall) in meta.items():
-            if kb not in per_key and ((nlw is not None and nlw <= lw) or (nwall is not None and nwall <= now)):
+            if kb not in per_key and timers_due(nlw, nwall, lw, now):
                 per_key[kb] = []
-        o_stream: list[str] = []
-        o_id: list[str | None] = []
-        o_ts: list[int | None] = []
-        o_key: list[bytes | None] = []
-        o_val: list[bytes] = []
-        totals = dict.fromkeys(METRICS, 0)
-        loads = decode_value
-        unpack = _unpackb
         for kb, rows in per_key.items():
-            key = unpack(kb, raw=False)
+            key = decode_key(kb)
             env = envs.get(kb)
-            for late_wm, recs in _runs(key, rows, lw, loads):
-                res = step(key, env, recs, low_watermark=lw, now=now, late_watermark=late_wm)
+            items = [
+                (Record(key, decode_value(v), int(t), rid, stream), None if w is None or w != w or w <= lw else int(w))
+                for rid, t, v, w, stream in rows
+            ]
+            for call in plan_steps(items, lw):
+                res = step(key, env, call.records, low_watermark=call.low_watermark, now=now, late_watermark=call.late_watermark)  # type: ignore[arg-type]
                 env = res.envelope
                 m = res.metrics
                 for name in METRICS:
@@ -189,11 +224,7 @@ class IntervalStep:
                 for plist in (res.productions, res.dead_letters):
                     for p in plist:
                         r = p.record
-                        o_stream.append(p.stream)
-                        o_id.append(r.id)
-                        o_ts.append(r.timestamp)
-                        o_key.append(None if r.key is None else _packb(r.key, use_bin_type=True))
-                        o_val.append(encode_value(r.value))
+                        out.add(p.stream, r.id, r.timestamp, None if r.key is None else encode_key(r.key), encode_value(r.value))
             if env is None:
                 envs.pop(kb, None)
                 meta.pop(kb, None)
@@ -203,17 +234,6 @@ class IntervalStep:
                     meta.pop(kb, None)
                 else:
                     meta[kb] = [res.hold, res.next_low_watermark_timer, res.next_wall_timer]
-        name = self.spec.name
-        for rid, ts, val, err in bad:
-            stream, reason = err.split("\x00", 1)
-            value = {"computation": name, "stream": stream, "what": "key_extractor", "reason": reason, "item": Record(None, loads(val), ts, rid)}
-            o_stream.append(DEAD_LETTER_STREAM)
-            o_id.append(xxhash.xxh3_128_hexdigest(f"dlk\x00{name}\x00{stream}\x00{rid}".encode()))
-            o_ts.append(ts)
-            o_key.append(None)
-            o_val.append(encode_value(value))
-            totals["records_in"] += 1
-            totals["dead_letters"] += 1
         if envs:
             state.update((_packb(envs, use_bin_type=True), _packb(meta, use_bin_type=True)))
         elif state.exists:
@@ -228,41 +248,6 @@ class IntervalStep:
                 nwall_min = t_wall
         if nlw_min is not None and envs:
             state.setTimeoutTimestamp(max(timer_timeout(nlw_min), state.getCurrentWatermarkMs()))
-        summary = [shard, hold, nlw_min, nwall_min, len(envs), [totals[m] for m in METRICS], lw, now]
-        o_stream.append(SUMMARY_STREAM)
-        o_id.append(None)
-        o_ts.append(0)
-        o_key.append(None)
-        o_val.append(_packb(summary, use_bin_type=True))
-        yield pd.DataFrame({"stream": o_stream, "id": o_id, "ts": o_ts, "key": o_key, "value": o_val, "wm": [None] * len(o_id)})
-
-
-def _runs(key: Any, rows: list[tuple[str, int, bytes, Any]], lw: int, loads: Callable[[bytes], Any]) -> list[tuple[int, list[Record]]]:
-    """A key's records as runs sharing the watermark they arrived under (§4.5).
-
-    A record is late if it is behind the consumer's low watermark or behind the sender
-    watermark it was injected under, whichever is higher. Almost always one run.
-
-    Spark reads the files of one batch in no particular order, so records are put back in
-    the order they were sent: sender watermarks only grow, so a stable sort on them restores
-    the injector's order across files (a duplicate delivered in a later file must meet its
-    original first, as in the harness, or it would count as late instead of duplicate).
-    """
-    first = rows[0][3] if rows else None
-    if any(r[3] != first for r in rows):
-        rows = sorted(rows, key=lambda r: MIN_TIMESTAMP if r[3] is None or r[3] != r[3] else r[3])
-    out: list[tuple[int, list[Record]]] = []
-    cur_wm: int | None = None
-    cur: list[Record] = []
-    for rid, t, v, w in rows:
-        late_wm = lw if w is None or w != w or w <= lw else int(w)
-        if late_wm != cur_wm and cur:
-            out.append((cur_wm, cur))  # type: ignore[arg-type]
-            cur = []
-        cur_wm = late_wm
-        cur.append(Record(key, loads(v), int(t), rid))
-    if cur or not out:
-        out.append((lw if cur_wm is None else cur_wm, cur))
-    return out
-
-
+        summary = IntervalSummary(interval, hold, nlw_min, nwall_min, len(envs), totals, lw, now)
+        out.add(SUMMARY_STREAM, None, 0, None, summary.encode())
+        yield out.frame()

@@ -1,4 +1,8 @@
-"""The Spark reader of :class:`~millwheel.runtime.LogFileSource`: a Python streaming data source.
+"""The Spark reader of :class:`~millwheel.LogFileSource`: a Python streaming data source.
+
+It parses with the same code as the in-memory source (``millwheel/_logfile.py``:
+:func:`~millwheel.file_time`, ``parse_chunk``), so both backends read the same records and
+make the same dead letters.
 
 Offsets are ``{"files": {name: [byte offset, file time, finished]}, "lw": injector low
 watermark}``: Spark keeps them in the query's offset log, so the byte offset reached in
@@ -18,13 +22,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
-import xxhash
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
-from millwheel._step import DEAD_LETTER_STREAM
-from millwheel.runtime._logsource import MalformedLine, file_time_from_name, is_log_file, parse_line
-from millwheel.runtime._wire import OUT_SCHEMA, encode_value
+from millwheel._codec import encode_value
+from millwheel._deadletter import DEAD_LETTER_STREAM
+from millwheel._logfile import file_time, first_timestamp, is_log_file, parse_chunk
+from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, encode_key
+from millwheel.runtime._wire import OUT_SCHEMA
 
 FORMAT = "millwheel_logfiles"
 _TAIL = 1 << 16
@@ -45,25 +49,30 @@ def _last_newline(path: str, start: int, size: int) -> int:
     return start
 
 
-def _first_ts(path: str, ts_field: str, end: int) -> int | None:
-    import json
-
+def _next_newline(path: str, start: int, size: int) -> int:
+    """Offset just past the first ``\n`` at or after ``start``, or ``start`` if none."""
     with open(path, "rb") as fh:
-        for line in fh:
-            if fh.tell() > end:
+        fh.seek(start)
+        pos = start
+        while pos < size:
+            chunk = fh.read(min(_TAIL, size - pos))
+            if not chunk:
                 break
-            try:
-                v = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(v, dict) and type(v.get(ts_field)) is int:
-                return v[ts_field]
-    return None
+            i = chunk.find(b"\n")
+            if i >= 0:
+                return pos + i + 1
+            pos += len(chunk)
+    return start
+
+
+def _first_ts(path: str, ts_field: str, end: int) -> int | None:
+    with open(path, "rb") as fh:
+        return first_timestamp(fh.read(end), ts_field)
 
 
 class _Range(InputPartition):
-    def __init__(self, name: str, start: int, end: int, sender_wm: int) -> None:
-        super().__init__((name, start, end, sender_wm))
+    def __init__(self, name: str, start: int, end: int, sender_wm: int, ftime: int) -> None:
+        super().__init__((name, start, end, sender_wm, ftime))
 
 
 def sender_watermark(name: str, start: dict[str, Any], end: dict[str, Any]) -> int:
@@ -119,11 +128,16 @@ class LogFileStreamReader(DataSourceStreamReader):
             if st.st_size > pos and budget > 0:
                 end = min(st.st_size, pos + budget)
                 new_pos = _last_newline(full, pos, end)
-                if new_pos == pos and end < st.st_size:  # one line longer than the budget
-                    new_pos = _last_newline(full, pos, st.st_size)
-                budget -= new_pos - pos
+                if new_pos == pos and end < st.st_size:
+                    # the next line does not fit what is left of the budget: a batch that
+                    # has read nothing yet takes it whole (one line longer than the budget),
+                    # any other batch stops here
+                    new_pos = _next_newline(full, pos, st.st_size) if budget == self.max_bytes else pos
+                    budget = 0 if new_pos == pos else budget - (new_pos - pos)
+                else:
+                    budget -= new_pos - pos
             if ftime is None:
-                ftime = file_time_from_name(name)
+                ftime = file_time(name)
                 if ftime is None and new_pos > 0:
                     ftime = _first_ts(full, self.ts_field, new_pos)
             read_all = new_pos >= st.st_size
@@ -153,52 +167,32 @@ class LogFileStreamReader(DataSourceStreamReader):
         for name, (pos, _, _) in sorted(end["files"].items()):
             old = start["files"].get(name, [0, None, 0])[0]
             if pos > old:
-                parts.append(_Range(name, old, pos, sender_watermark(name, start, end) - self.lateness))
+                ftime = end["files"][name][1]
+                parts.append(_Range(name, old, pos, sender_watermark(name, start, end) - self.lateness, MAX_TIMESTAMP if ftime is None else ftime))
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        name, start, end, swm = partition.value  # type: ignore[attr-defined]
+        name, start, end, swm, ftime = partition.value  # type: ignore[attr-defined]
         with open(os.path.join(self.path, name), "rb") as fh:
             fh.seek(start)
             data = fh.read(end - start)
-        streams: list[str] = []
-        ids: list[str] = []
-        tss: list[int] = []
-        vals: list[bytes] = []
-        id_f, ts_f, stream = self.id_field, self.ts_field, self.stream
-        pos = 0
-        n = len(data)
-        while pos < n:
-            nl = data.find(b"\n", pos)
-            if nl < 0:
-                nl = n
-            line = data[pos:nl]
-            offset = start + pos
-            pos = nl + 1
-            if not line.strip():
-                continue
-            try:
-                rid, ts, value = parse_line(line, id_f, ts_f, name, offset)
-            except MalformedLine as exc:
-                streams.append(DEAD_LETTER_STREAM)
-                ids.append(xxhash.xxh3_128_hexdigest(f"dlf\x00{self.injector}\x00{name}\x00{offset}".encode()))
-                ftime = file_time_from_name(name)
-                tss.append(ftime if ftime is not None else 0)
-                vals.append(encode_value({
-                    "injector": self.injector, "what": "malformed_line", "reason": str(exc),
-                    "file": name, "offset": offset, "line": line.decode(errors="replace"),
-                }))  # fmt: skip
-                continue
-            streams.append(stream)
-            ids.append(rid)
-            tss.append(ts)
-            vals.append(encode_value(value))
-        if ids:
+        chunk = parse_chunk(
+            data, start=start, file=name, file_time=ftime, injector=self.injector, stream=self.stream,
+            id_field=self.id_field, ts_field=self.ts_field,
+        )  # fmt: skip
+        rows = [(self.stream, r, swm) for r in chunk.records] + [(DEAD_LETTER_STREAM, r, None) for r in chunk.dead_letters]
+        if rows:
             yield pa.RecordBatch.from_arrays(
-                [pa.array(streams, pa.string()), pa.array(ids, pa.string()), pa.array(tss, pa.int64()),
-                 pa.nulls(len(ids), pa.binary()), pa.array(vals, pa.binary()), pa.array([swm] * len(ids), pa.int64())],
+                [
+                    pa.array([s for s, _, _ in rows], pa.string()),
+                    pa.array([r.id for _, r, _ in rows], pa.string()),
+                    pa.array([r.timestamp for _, r, _ in rows], pa.int64()),
+                    pa.array([None if r.key is None else encode_key(r.key) for _, r, _ in rows], pa.binary()),
+                    pa.array([encode_value(r.value) for _, r, _ in rows], pa.binary()),
+                    pa.array([w for _, _, w in rows], pa.int64()),
+                ],
                 names=["stream", "id", "ts", "key", "value", "wm"],
-            )  # fmt: skip
+            )
 
 
 class LogFileDataSource(DataSource):

@@ -5,7 +5,7 @@
     heartbeats/<C>/*.parquet ─────────────────────────────┐  (input low watermark, ticks)
     streams/<S>/<producer>/*.parquet ─► mapInPandas(key) ─┤  (one per input stream, §4.2)
                                                           ▼
-        union ─► withWatermark("wm_ts", "0 seconds") ─► groupBy(shard)
+        union ─► withWatermark("wm_ts", "0 seconds") ─► groupBy(interval)
               ─► applyInPandasWithState(IntervalStep, EventTimeTimeout)
               ─► foreachBatch(Outbox.sink)  ──(after commit)──► streams/<out>/<C>/
 
@@ -24,14 +24,13 @@ from collections import Counter
 from functools import reduce
 from typing import TYPE_CHECKING, Any
 
-import msgpack
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel._topology import ComputationSpec
 from millwheel.runtime._fs import Location
-from millwheel.runtime._interval import METRICS, IntervalStep, make_key_extractor
+from millwheel.runtime._interval import IntervalStep, make_key_extractor
 from millwheel.runtime._outbox import Outbox
 from millwheel.runtime._wire import (
     HEARTBEAT_SCHEMA,
@@ -39,13 +38,15 @@ from millwheel.runtime._wire import (
     LOG_SCHEMA,
     OUT_SCHEMA,
     STATE_SCHEMA,
+    IntervalSummary,
+    interval_name,
     to_spark,
 )
 
 if TYPE_CHECKING:
     from millwheel.runtime._runtime import SparkRuntime
 
-_HB_SCHEMA = pa.schema([("shard", pa.int32()), ("wm", pa.int64()), ("now", pa.int64())])
+_HB_SCHEMA = pa.schema([("interval", pa.int32()), ("wm", pa.int64()), ("now", pa.int64())])
 
 
 class _Consumed:
@@ -122,8 +123,8 @@ class ComputationQuery:
             strong=spec.options.strong_productions, on_summary=self._on_summary,
         )  # fmt: skip
         self.consumed = _Consumed(self.checkpoint)
-        #: shard -> (hold, next low-watermark timer, next wall timer, keys); absent = not reported yet
-        self.shards: dict[int, tuple[int | None, int | None, int | None, int]] = {}
+        #: key interval -> its last summary; absent = not reported yet
+        self.summaries: dict[int, IntervalSummary] = {}
         self.metrics: Counter[str] = Counter()
         self.applied_watermark = MIN_TIMESTAMP
         self.input_watermark = MIN_TIMESTAMP
@@ -141,8 +142,8 @@ class ComputationQuery:
     def start(self) -> None:
         self.heartbeats.mkdirs()
         self.outbox.recover()
-        self.shards.clear()
-        self._tokens = self.rt.watermarks.acquire_many(self.name, [f"shard-{i}" for i in range(self.intervals)])
+        self.summaries.clear()
+        self._tokens = self.rt.watermarks.acquire_many(self.name, [interval_name(i) for i in range(self.intervals)])
         nums = [int(n.split(".")[0]) for n in self.heartbeats.list() if n.endswith(".parquet") and n[0].isdigit()]
         self._hb_seq = max(nums, default=-1) + 1
         # every interval reports its summary once, so the low watermark knows all holds
@@ -159,9 +160,10 @@ class ComputationQuery:
         hb = (
             spark.readStream.schema(HEARTBEAT_SCHEMA).option("maxFileAge", "36500d").parquet(self.heartbeats.uri)
             .select(
-                F.col("shard"), F.lit(None).cast("binary").alias("key"), F.lit(None).cast("string").alias("id"),
-                F.lit(0).cast("long").alias("ts"), F.lit(None).cast("binary").alias("value"),
-                F.lit(None).cast("long").alias("wm"), F.lit(None).cast("string").alias("err"), F.col("now"), F.timestamp_millis("wm").alias("wm_ts"),
+                F.col("interval"), F.lit(None).cast("int").alias("kind"), F.lit(None).cast("binary").alias("key"),
+                F.lit(None).cast("string").alias("id"), F.lit(0).cast("long").alias("ts"), F.lit(None).cast("binary").alias("value"),
+                F.lit(None).cast("long").alias("wm"), F.lit(None).cast("string").alias("stream"), F.col("now"),
+                F.timestamp_millis("wm").alias("wm_ts"),
             )
         )  # fmt: skip
         parts = [hb]  # first: Spark plans sources in this order
@@ -176,7 +178,7 @@ class ComputationQuery:
             keyed = raw.mapInPandas(make_key_extractor(self.name, stream, extractor, self.intervals), KEYED_SCHEMA)
             parts.append(keyed.withColumn("wm_ts", F.lit(None).cast("timestamp")))
         union = reduce(lambda a, b: a.unionByName(b), parts).withWatermark("wm_ts", "0 seconds")
-        out = union.groupBy("shard").applyInPandasWithState(
+        out = union.groupBy("interval").applyInPandasWithState(
             IntervalStep(self.spec), OUT_SCHEMA, STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout
         )
         writer = (
@@ -212,11 +214,10 @@ class ComputationQuery:
     def _on_summary(self, batch: int, values: list[bytes]) -> None:
         self.batches += 1
         for raw in values:
-            shard, hold, nlw, nwall, nkeys, metrics, lw, _now = msgpack.unpackb(raw, raw=False)
-            self.shards[shard] = (hold, nlw, nwall, nkeys)
-            for name, v in zip(METRICS, metrics, strict=False):
-                self.metrics[name] += v
-            self.applied_watermark = max(self.applied_watermark, lw)
+            summary = IntervalSummary.decode(raw)
+            self.summaries[summary.interval] = summary
+            self.metrics.update(summary.metrics)
+            self.applied_watermark = max(self.applied_watermark, summary.low_watermark)
 
     # ---- low watermark (§4.5) --------------------------------------------------------------
     def update_watermark(self, now: int) -> int:
@@ -234,13 +235,14 @@ class ComputationQuery:
                     in_lw = lo
         self.input_watermark = max(self.input_watermark, in_lw)
         reports = []
-        for s in range(self.intervals):
-            info = self.shards.get(s)
-            if info is None:
+        for i in range(self.intervals):
+            summary = self.summaries.get(i)
+            if summary is None:
                 continue
-            hold = info[0]
+            hold = summary.hold
             oldest = in_lw if hold is None else min(hold, in_lw)
-            reports.append((f"shard-{s}", self._tokens[f"shard-{s}"], oldest))
+            name = interval_name(i)
+            reports.append((name, self._tokens[name], oldest))
         if reports:
             wm.report_batch(self.name, reports)
         self.low_watermark = wm.watermark(self.name)
@@ -249,10 +251,11 @@ class ComputationQuery:
 
     def _heartbeat(self, in_lw: int, now: int) -> None:
         ticks = []
-        for s, (_h, _nlw, nwall, _k) in self.shards.items():
-            if nwall is not None and nwall <= now and self._ticked.get(s) != nwall:
-                ticks.append((s, now))
-                self._ticked[s] = nwall
+        for i, summary in self.summaries.items():
+            nwall = summary.next_wall_timer
+            if nwall is not None and nwall <= now and self._ticked.get(i) != nwall:
+                ticks.append((i, now))
+                self._ticked[i] = nwall
         advance = in_lw > self._hb_sent and to_spark(in_lw) > to_spark(self._hb_sent)
         due = time.monotonic() - self._hb_at >= self.rt.settings.heartbeat_ms / 1000
         if ticks or (advance and due):
@@ -266,7 +269,7 @@ class ComputationQuery:
             return
         table = pa.table(
             {
-                "shard": pa.array([r[0] for r in rows], pa.int32()),
+                "interval": pa.array([r[0] for r in rows], pa.int32()),
                 "wm": pa.array([r[1] for r in rows], pa.int64()),
                 "now": pa.array([r[2] for r in rows], pa.int64()),
             },

@@ -20,14 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._envelope import Envelope
 from millwheel._errors import MillwheelError
+from millwheel._logfile import LogFileSource
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Key, Record
-from millwheel._step import DEAD_LETTER_STREAM
 from millwheel._topology import Topology
 from millwheel.runtime._fs import Location
 from millwheel.runtime._injectors import LogFileInjector, SourceInjector
-from millwheel.runtime._logsource import LogFileSource
 from millwheel.runtime._query import ComputationQuery
 from millwheel.runtime._streams import FileStreamLog
 

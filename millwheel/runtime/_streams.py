@@ -28,9 +28,9 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from millwheel._record import Record
+from millwheel._codec import decode_value, encode_value
+from millwheel._record import Record, decode_key, encode_key
 from millwheel.runtime._fs import Location
-from millwheel.runtime._wire import decode_key, decode_value, encode_key, encode_value
 
 ARROW_LOG_SCHEMA = pa.schema(
     [("id", pa.string()), ("ts", pa.int64()), ("key", pa.binary()), ("value", pa.binary()), ("wm", pa.int64())]

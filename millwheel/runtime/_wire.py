@@ -5,8 +5,8 @@ share these definitions.
 
 * A **stream-log row** is ``(id string, ts long, key binary, value binary, wm long)``: the
   record id (what exactly-once dedups on, MillWheel §6.1.1), its timestamp in ms, the
-  producer's key (msgpack), the value (pickle, protocol 5; cloudpickle for what plain pickle
-  refuses) and the *sender watermark*: the injector low watermark in force when the record
+  producer's key (:func:`millwheel._record.encode_key`), the value (the one value codec,
+  :func:`millwheel._codec.encode_value`) and the *sender watermark*: the injector low watermark in force when the record
   was sent (null for computations' productions). A record with ``ts < wm`` is late (§4.5)
   whatever batch it travels in, exactly as in the harness, where lateness is judged
   against the watermark at arrival.
@@ -20,14 +20,12 @@ share these definitions.
 1000
 >>> from_spark(0) == MIN_TIMESTAMP, from_spark(to_spark(MAX_TIMESTAMP)) == MAX_TIMESTAMP
 (True, True)
->>> decode_value(encode_value({"q": (1, 2)}))
-{'q': (1, 2)}
 """
 
 from __future__ import annotations
 
-import pickle
-from typing import Any
+import enum
+from dataclasses import asdict, dataclass, field
 
 import msgpack
 
@@ -36,9 +34,10 @@ from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
 #: columns of every stream-log file (extra columns are ignored by readers)
 LOG_SCHEMA = "id string, ts long, key binary, value binary, wm long"
 #: heartbeat files: the computation's input low watermark (Spark time) and wall-clock ticks
-HEARTBEAT_SCHEMA = "shard int, wm long, now long"
-#: rows entering the per-interval step: records (err set when the key extractor failed) and heartbeats
-KEYED_SCHEMA = "shard int, key binary, id string, ts long, value binary, wm long, err string, now long"
+HEARTBEAT_SCHEMA = "interval int, wm long, now long"
+#: rows entering the per-interval step: records, dead letters of keying (``kind``, see
+#: :class:`RowKind`) and heartbeats; ``stream`` is the input stream a record came from
+KEYED_SCHEMA = "interval int, kind int, key binary, id string, ts long, value binary, wm long, stream string, now long"
 #: rows leaving the per-interval step and written to the outbox, partitioned by stream
 OUT_SCHEMA = "stream string, id string, ts long, key binary, value binary, wm long"
 #: the GroupState row of one key interval: key -> envelope, key -> [hold, next lw timer, next wall timer]
@@ -47,12 +46,55 @@ STATE_SCHEMA = "envs binary, meta binary"
 #: pseudo-stream of the per-interval summary rows in the outbox
 SUMMARY_STREAM = "_summary"
 
+
+
+class RowKind(enum.IntEnum):
+    """What a keyed row carries (the ``kind`` column)."""
+
+    #: a record, keyed by the consumer's extractor
+    RECORD = 0
+    #: a dead letter of keying: ``value`` is the encoded :class:`~millwheel.DeadLetter`
+    DEAD_LETTER = 1
+    #: a dead letter whose consumer could not key it: counted, not dead-lettered again
+    DROPPED = 2
+
+
+@dataclass(slots=True)
+class IntervalSummary:
+    """What one key interval reports after a batch (a row of :data:`SUMMARY_STREAM`).
+
+    The driver derives the computation's low watermark from ``hold`` (§7.2: the oldest
+    pending work the interval keeps) and sends a tick when ``next_wall_timer`` is due.
+    """
+
+    interval: int
+    #: oldest pending work held in the interval's envelopes (low-watermark timers, pending productions)
+    hold: int | None
+    next_low_watermark_timer: int | None
+    next_wall_timer: int | None
+    #: keys that keep anything
+    keys: int
+    #: the step's counters summed over the batch
+    metrics: dict[str, int] = field(default_factory=dict)
+    #: the low watermark and wall time the batch ran under
+    low_watermark: int = MIN_TIMESTAMP
+    now: int = 0
+
+    def encode(self) -> bytes:
+        return msgpack.packb(asdict(self), use_bin_type=True)
+
+    @classmethod
+    def decode(cls, data: bytes) -> IntervalSummary:
+        return cls(**msgpack.unpackb(data, raw=False))
+
+
+def interval_name(i: int) -> str:
+    """The name of key interval ``i`` at the watermark authority (one sequencer each, §7.1)."""
+    return f"interval-{i}"
+
+
 SPARK_OFFSET = 2**40
 SPARK_CAP = 9_000_000_000_000  # 2255-03-14: inside pandas' ns timestamps
-
-_dumps = pickle.dumps
-_loads = pickle.loads
-_HIGHEST = pickle.HIGHEST_PROTOCOL
 
 
 def to_spark(ts: int) -> int:
@@ -82,24 +124,3 @@ def timer_timeout(ts: int) -> int:
         return SPARK_CAP - 1
     return max(1, min(ts + SPARK_OFFSET - 1, SPARK_CAP - 1))
 
-
-def encode_value(value: Any) -> bytes:
-    try:
-        return _dumps(value, _HIGHEST)
-    except Exception:
-        import cloudpickle
-
-        return cloudpickle.dumps(value, _HIGHEST)
-
-
-decode_value = _loads
-
-
-def encode_key(key: Any) -> bytes:
-    return msgpack.packb(key, use_bin_type=True)
-
-
-def decode_key(data: bytes | None) -> Any:
-    if data is None:
-        return None
-    return msgpack.unpackb(data, raw=False)

@@ -53,9 +53,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import xxhash
-
 from millwheel._computation import Computation
+from millwheel._deadletter import DEAD_LETTER_STREAM
+from millwheel._delivery import invalid_record, key_record, plan_steps, record_problem, timers_due
 from millwheel._envelope import Envelope
 from millwheel._errors import HarnessError
 from millwheel._options import ComputationOptions, ErrorPolicy
@@ -68,7 +68,7 @@ from millwheel._record import (
     TimeDomain,
     Timer,
 )
-from millwheel._step import DEAD_LETTER_STREAM, StepRunner, acknowledge, pending_productions
+from millwheel._step import StepRunner, acknowledge, pending_productions
 from millwheel._topology import KeyExtractor, Topology
 
 
@@ -154,13 +154,21 @@ class Harness:
         raise HarnessError(msg)
 
     def inject(self, injector: str, records: Iterable[Record]) -> None:
-        """Deliver ``records`` from an injector (or its stream's name) to every consumer."""
+        """Deliver ``records`` from an injector (or its stream's name) to every consumer.
+
+        A record whose id or timestamp is invalid goes to ``dead_letters`` with the reason,
+        as it would at a Spark injector; anything that is not a :class:`Record` raises.
+        """
         inj = self.topology.injectors[self._injector(injector)]
         for rec in records:
             if not isinstance(rec, Record):
                 msg = f"inject({injector!r}) takes Record objects, got {type(rec).__name__}; use Harness.record(...) to build one"
                 raise HarnessError(msg)
             self._injected += 1
+            problem = record_problem(rec)
+            if problem is not None:
+                self._publish(DEAD_LETTER_STREAM, invalid_record(inj.name, inj.stream, rec, problem, self._injected), MIN_TIMESTAMP)
+                continue
             self._publish(inj.stream, rec, self._injector_wm[inj.name])
 
     def record(self, value: Any, timestamp: int, *, key: Key | None = None, id: str | None = None) -> Record:
@@ -216,7 +224,7 @@ class Harness:
 
     def run_sources(self) -> None:
         """Feed every injector's source batch by batch, running the topology after each."""
-        iters = {n: i.source.batches() for n, i in self.topology.injectors.items() if i.source is not None}
+        iters = {n: i.source.batches(n, i.stream) for n, i in self.topology.injectors.items() if i.source is not None}
         while iters:
             for name in list(iters):
                 batch = next(iters[name], None)
@@ -224,6 +232,8 @@ class Harness:
                     del iters[name]
                     continue
                 self.inject(name, batch.records)
+                for dead in batch.dead_letters:
+                    self._publish(DEAD_LETTER_STREAM, dead, MIN_TIMESTAMP)
                 self.advance_watermark(name, max(batch.low_watermark, self._injector_wm[name]))
                 self.run()
 
@@ -232,10 +242,7 @@ class Harness:
         if self._queues[name]:
             return True
         lw, now = self._input_watermark(name), self._now
-        return any(
-            (t_lw is not None and t_lw <= lw) or (t_wall is not None and t_wall <= now)
-            for t_lw, t_wall in self._next_timers[name].values()
-        )
+        return any(timers_due(t_lw, t_wall, lw, now) for t_lw, t_wall in self._next_timers[name].values())
 
     def process(self, name: str, *, deliver: bool = True, crash: Crash | None = None) -> None:
         """Run one round of computation ``name``: its queued input, then its due timers.
@@ -249,28 +256,20 @@ class Harness:
         # the input stays queued (pending work that holds the watermark, §4.5) until the
         # checkpoint ACKs it: weak productions sent before then must not find it gone
         queue = list(self._queues[name])
-        runs: dict[Key, list[list[_Queued]]] = {}
+        per_key: dict[Key, list[tuple[Record, int | None]]] = {}
         for q in queue:
-            key_runs = runs.setdefault(q.record.key, [])  # type: ignore[arg-type]
-            if key_runs and key_runs[-1][-1].arrival_watermark == q.arrival_watermark:
-                key_runs[-1].append(q)
-            else:
-                key_runs.append([q])
+            per_key.setdefault(q.record.key, []).append((q.record, q.arrival_watermark))  # type: ignore[arg-type]
         for key, (t_lw, t_wall) in self._next_timers[name].items():
-            if key not in runs and ((t_lw is not None and t_lw <= lw) or (t_wall is not None and t_wall <= now)):
-                runs[key] = [[]]
+            if key not in per_key and timers_due(t_lw, t_wall, lw, now):
+                per_key[key] = []
         envelopes = self._envelopes[name]
         staged: dict[Key, Any] = {}
         sent: list[_Outgoing] = []
         strong = runner.options.strong_productions
-        for key, key_runs in runs.items():
+        for key, items in per_key.items():
             env = envelopes.get(key)
-            for i, run in enumerate(key_runs):
-                arrival = run[0].arrival_watermark if run else lw
-                # timers may only fire up to what the key's next, still unprocessed, delivery
-                # allows: its records are not late, so their windows must still be open
-                run_lw = key_runs[i + 1][0].arrival_watermark if i + 1 < len(key_runs) else lw
-                result = runner.step(key, env, [q.record for q in run], low_watermark=run_lw, now=now, late_watermark=arrival)
+            for call in plan_steps(items, lw):
+                result = runner.step(key, env, call.records, low_watermark=call.low_watermark, now=now, late_watermark=call.late_watermark)
                 env = result.envelope
                 self._metrics[name].update(result.metrics)
                 sent += [_Outgoing(name, key, p, strong) for p in result.productions]
@@ -345,25 +344,22 @@ class Harness:
     def _publish(self, stream: str, rec: Record, sender_watermark: int) -> None:
         self._streams[stream].append(rec)
         for consumer in self.topology.consumers(stream):
-            extractor = consumer.inputs[stream]
-            try:
-                key = extractor(rec)
-                if not isinstance(key, (str, int, bytes)) or isinstance(key, bool):
-                    msg = f"key extractor returned {type(key).__name__} {key!r}; keys must be str, int or bytes"
-                    raise TypeError(msg)
-            except Exception as exc:
-                if self._runners[consumer.name].options.on_error is ErrorPolicy.RAISE:
-                    raise
-                self._key_dead_letter(consumer.name, stream, rec, exc)
+            name = consumer.name
+            keyed, dead = key_record(name, stream, consumer.inputs[stream], rec)
+            if keyed is not None:
+                arrival = min(sender_watermark, self._input_watermark(name))
+                self._queues[name].append(_Queued(keyed, arrival))
                 continue
-            arrival = min(sender_watermark, self._input_watermark(consumer.name))
-            self._queues[consumer.name].append(_Queued(Record(key, rec.value, rec.timestamp, rec.id), arrival))
-
-    def _key_dead_letter(self, consumer: str, stream: str, rec: Record, exc: Exception) -> None:
-        value = {"computation": consumer, "stream": stream, "what": "key_extractor", "reason": f"{type(exc).__name__}: {exc}", "item": rec}
-        rid = xxhash.xxh3_128_hexdigest(f"dlk\x00{consumer}\x00{stream}\x00{rec.id}".encode())
-        self._metrics[consumer]["dead_letters"] += 1
-        self._publish(DEAD_LETTER_STREAM, Record(None, value, rec.timestamp, rid), MIN_TIMESTAMP)
+            metrics = self._metrics[name]
+            metrics["records_in"] += 1
+            if dead is None:
+                metrics["dead_letters_dropped"] += 1
+                continue
+            if self._runners[name].options.on_error is ErrorPolicy.RAISE:
+                msg = f"computation {name!r}: {dead.value.reason} (stream {stream!r}, record {rec.id!r})"
+                raise HarnessError(msg)
+            metrics["dead_letters"] += 1
+            self._publish(DEAD_LETTER_STREAM, dead, MIN_TIMESTAMP)
 
     def _input_watermark(self, name: str) -> int:
         ups = self.topology.upstream(name)

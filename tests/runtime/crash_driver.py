@@ -22,7 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from computations.windowing import WindowCounter  # noqa: E402
 from millwheel import Computation, ComputationOptions, Record, Topology  # noqa: E402
-from millwheel.runtime import LogFileSource, RuntimeSettings, SparkRuntime  # noqa: E402
+from millwheel import LogFileSource
+from millwheel.runtime import RuntimeSettings, SparkRuntime  # noqa: E402
 
 
 class Tally(Computation):

@@ -21,7 +21,8 @@ from collections import Counter
 
 import pytest
 
-from millwheel.runtime import LogFileSource, RuntimeSettings, SparkRuntime
+from millwheel import LogFileSource
+from millwheel.runtime import RuntimeSettings, SparkRuntime
 from millwheel.testing import Harness
 from topologies.zeitgeist import ZeitgeistConfig, build
 from topologies.zeitgeist_tools import GeneratorConfig, generate, logs_dir

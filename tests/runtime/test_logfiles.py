@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from millwheel import DEAD_LETTER_STREAM, MAX_TIMESTAMP, MIN_TIMESTAMP
-from millwheel.runtime import LogFileSource
+from millwheel import LogFileSource
 
 pytest.importorskip("pyspark.sql.datasource")
 from millwheel.runtime._logfiles import LogFileStreamReader  # noqa: E402

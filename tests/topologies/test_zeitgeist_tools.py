@@ -159,7 +159,7 @@ def test_evaluation_rule():
         _anomaly("c", "dip", 36_000, 38_000),  # too far after the event: false positive; c is missed
     ]
     metrics = {"WindowCounter": {"records_in": 1_003, "duplicates": 2, "late_dropped": 1}}
-    dead = [{"what": "malformed_line", "file": "f", "line": 3}]
+    dead = [{"stage": "malformed_line", "file": "f", "line": 3}]
     r = evaluate(RunResult(anomalies, metrics, dead, wall_clock=True), truth)
     spike, dip, all_ = (r["by_kind"][k] for k in ("spike", "dip", "all"))
     assert (spike["precision"], spike["recall"]) == (2 / 3, 1.0)

@@ -1,0 +1,154 @@
+"""Delivery: everything between a stream and the per-key step, shared by both backends.
+
+The per-key step (``_step.py``) is one pure function; this module is the rest of the
+delivery path, also pure, so that the in-memory harness is only queues and clocks and
+the Spark interval function only Arrow/pandas plumbing around the same calls:
+
+* :func:`record_problem` — what is wrong with a record's id or timestamp, checked where
+  records enter (injectors, ``Harness.inject``), so a bad one becomes a dead letter at
+  the boundary instead of stalling a key downstream;
+* :func:`key_record` — the consumer's key extractor applied to a record (MillWheel
+  §4.2): a keyed record carrying its input stream, or a dead letter with the reason;
+* :func:`plan_steps` — a key's delivered records cut into step calls: runs that share
+  the watermark they arrived under (lateness, §4.5), each allowed to fire timers only up
+  to what the key's next, still unprocessed, run allows (§4.6);
+* :func:`timers_due` — whether a key without input has a timer to fire.
+
+>>> from millwheel._record import Record
+>>> rec = Record(None, {"query": "cats"}, 1_500, "r1")
+>>> keyed, dead = key_record("Counter", "queries", lambda r: r.value["query"], rec)
+>>> keyed.key, keyed.stream, dead
+('cats', 'queries', None)
+>>> keyed, dead = key_record("Counter", "queries", lambda r: r.value["nope"], rec)
+>>> keyed, dead.value.stage, dead.value.reason
+(None, 'key_extractor', "KeyError: 'nope'")
+>>> [(len(s.records), s.late_watermark, s.low_watermark) for s in plan_steps([(rec, 1_000), (rec, 2_000)], 5_000)]
+[(1, 1000, 2000), (1, 2000, 5000)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from millwheel._deadletter import (
+    DEAD_LETTER_STREAM,
+    DeadLetter,
+    Stage,
+    dead_letter_record,
+    reason_of,
+)
+from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record, key_problem
+
+#: counters delivery adds to a computation's metrics (besides the step's)
+KEYING_METRICS = ("records_in", "dead_letters", "dead_letters_dropped")
+
+
+def record_problem(record: Any) -> str | None:
+    """Why ``record`` cannot enter a stream, or ``None`` if it can.
+
+    The id must be a non-empty ``str`` (exactly-once deduplicates on it, §6.1.1), the
+    timestamp an ``int`` of milliseconds strictly between ``MIN_TIMESTAMP`` and
+    ``MAX_TIMESTAMP`` (which mean "nothing known" and "finished", §4.5).
+
+    >>> record_problem(Record(None, 1, 1_000, "a")) is None
+    True
+    >>> record_problem(Record(None, 1, "1000", "a"))
+    "timestamp must be an int (ms since the epoch), got str '1000'"
+    """
+    if not isinstance(record, Record):
+        return f"expected a millwheel Record, got {type(record).__name__}"
+    rid = record.id
+    if type(rid) is not str or not rid:
+        return f"id must be a non-empty str (exactly-once deduplicates on it), got {type(rid).__name__} {_short(rid)}"
+    ts = record.timestamp
+    if type(ts) is not int:
+        return f"timestamp must be an int (ms since the epoch), got {type(ts).__name__} {_short(ts)}"
+    if not MIN_TIMESTAMP < ts < MAX_TIMESTAMP:
+        return f"timestamp {ts} is outside the 64-bit range of millwheel timestamps"
+    return None
+
+
+def invalid_record(injector: str, stream: str, record: Any, problem: str, seq: int) -> Record:
+    """The dead letter of a record refused at an injector boundary (``seq``: its position)."""
+    rec = record if isinstance(record, Record) else None
+    ts = rec.timestamp if rec is not None and type(rec.timestamp) is int and MIN_TIMESTAMP < rec.timestamp < MAX_TIMESTAMP else MIN_TIMESTAMP
+    letter = DeadLetter(Stage.INVALID_RECORD, problem, injector=injector, stream=stream, record=rec)
+    return dead_letter_record(letter, ts, _short(getattr(rec, "id", None)), seq)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def key_record(consumer: str, stream: str, extractor: Callable[[Record], Any], record: Record) -> tuple[Record | None, Record | None]:
+    """Apply ``consumer``'s key extractor for ``stream`` to ``record`` (§4.2).
+
+    Returns ``(keyed record, None)`` — the record with the consumer's key and ``stream`` —
+    or ``(None, dead letter)`` when the extractor raises or returns something that is not
+    a key. A dead letter read from :data:`DEAD_LETTER_STREAM` that its consumer cannot
+    key gives ``(None, None)``: dead letters of dead letters are not made (the caller
+    counts it as ``dead_letters_dropped``), so dead-letter consumers never loop.
+    """
+    try:
+        key = extractor(record)
+        why = key_problem(key)
+    except Exception as exc:
+        why = reason_of(exc)
+    else:
+        if why is None:
+            return Record(key, record.value, record.timestamp, record.id, stream), None
+        why = f"TypeError: the key extractor returned an invalid key: {why}"
+    if stream == DEAD_LETTER_STREAM:
+        return None, None
+    letter = DeadLetter(Stage.KEY_EXTRACTOR, why, computation=consumer, stream=stream, record=record)
+    return None, dead_letter_record(letter, record.timestamp, record.id)
+
+
+@dataclass(slots=True)
+class StepInput:
+    """One call of the per-key step: records, the timers' watermark, the lateness watermark."""
+
+    records: list[Record]
+    #: low-watermark timers at or before it fire
+    low_watermark: int
+    #: records older than it are late (§4.5)
+    late_watermark: int
+
+
+def plan_steps(items: Sequence[tuple[Record, int | None]], low_watermark: int) -> list[StepInput]:
+    """Cut one key's delivered ``(record, arrival watermark)`` pairs into step calls.
+
+    A record is late if it is older than the watermark it arrived under (``None``: the
+    current ``low_watermark``), whatever batch it travels in. Records are put back in the
+    order they were sent — arrival watermarks only grow, so a stable sort on them restores
+    it across files a Spark batch read in any order — and cut into runs of one arrival
+    watermark (almost always a single run). A run may fire low-watermark timers only up
+    to the next run's arrival watermark: the next run's records are not late, so their
+    windows must still be open. With no records, one call fires the due timers.
+    """
+    if not items:
+        return [StepInput([], low_watermark, low_watermark)]
+    late = [low_watermark if w is None else w for _, w in items]
+    order = list(range(len(items)))
+    if any(w != late[0] for w in late):
+        order.sort(key=late.__getitem__)  # stable
+    runs: list[StepInput] = []
+    for i in order:
+        w = late[i]
+        if runs and runs[-1].late_watermark == w:
+            runs[-1].records.append(items[i][0])
+        else:
+            runs.append(StepInput([items[i][0]], low_watermark, w))
+    for a, b in zip(runs, runs[1:], strict=False):
+        a.low_watermark = min(low_watermark, b.late_watermark)
+    return runs
+
+
+def timers_due(next_low_watermark_timer: int | None, next_wall_timer: int | None, low_watermark: int, now: int) -> bool:
+    """Whether a key whose earliest timers are these has one to fire (§4.6)."""
+    return (next_low_watermark_timer is not None and next_low_watermark_timer <= low_watermark) or (
+        next_wall_timer is not None and next_wall_timer <= now
+    )
