@@ -1,4 +1,4 @@
-"""The per-key step: the one pure function both backends run (design.md "One semantics, two backends").
+"""The per-key step: the one pure function both backends run (docs/architecture.md "One semantics, two backends").
 
 ``StepRunner.step(key, envelope, records, low_watermark=..., now=...)`` takes one key's
 stored envelope and its new input, and returns the new envelope, the productions, the

@@ -1,4 +1,4 @@
-"""The per-key envelope: compact, versioned, lossless (design.md, MillWheel §6.2, §7.1)."""
+"""The per-key envelope: compact, versioned, lossless (docs/architecture.md, MillWheel §6.2, §7.1)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ __all__ = ["FileStreamLog", "RuntimeSettings", "SparkRuntime", "spark_session"]
 
 _WHERE = {
     "FileStreamLog": "millwheel.runtime._streams",
-    "RuntimeSettings": "millwheel.runtime._runtime",
+    "RuntimeSettings": "millwheel.runtime._settings",
     "SparkRuntime": "millwheel.runtime._runtime",
     "spark_session": "millwheel.runtime._session",
 }

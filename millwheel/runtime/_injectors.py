@@ -15,23 +15,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._delivery import invalid_record, record_problem
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel._sources import Source, SourceBatch
 from millwheel._topology import InjectorSpec
+from millwheel.runtime._context import DriverContext
 from millwheel.runtime._outbox import Outbox
-
-if TYPE_CHECKING:
-    from millwheel.runtime._runtime import SparkRuntime
 
 
 class SourceInjector:
     """Feeds a :class:`~millwheel.Source` from the driver, ``batches_per_poll`` at a time."""
 
-    def __init__(self, rt: SparkRuntime, spec: InjectorSpec) -> None:
+    def __init__(self, rt: DriverContext, spec: InjectorSpec) -> None:
         self.rt = rt
         self.name = spec.name
         self.stream = spec.stream
@@ -111,7 +109,7 @@ class SourceInjector:
 class LogFileInjector:
     """Reads a :class:`~millwheel.LogFileSource` with a Spark streaming query."""
 
-    def __init__(self, rt: SparkRuntime, spec: InjectorSpec) -> None:
+    def __init__(self, rt: DriverContext, spec: InjectorSpec) -> None:
         self.rt = rt
         self.name = spec.name
         self.stream = spec.stream

@@ -1,4 +1,4 @@
-"""One Spark Structured Streaming query per computation (design.md "The Spark runtime").
+"""One Spark Structured Streaming query per computation (docs/runtime.md, docs/architecture.md).
 
 ::
 
@@ -22,13 +22,14 @@ import time
 import urllib.parse
 from collections import Counter
 from functools import reduce
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel._topology import ComputationSpec
+from millwheel.runtime._context import DriverContext
 from millwheel.runtime._fs import Location
 from millwheel.runtime._interval import IntervalStep, make_key_extractor
 from millwheel.runtime._outbox import Outbox
@@ -42,9 +43,6 @@ from millwheel.runtime._wire import (
     interval_name,
     to_spark,
 )
-
-if TYPE_CHECKING:
-    from millwheel.runtime._runtime import SparkRuntime
 
 _HB_SCHEMA = pa.schema([("interval", pa.int32()), ("wm", pa.int64()), ("now", pa.int64())])
 
@@ -110,7 +108,7 @@ class _Consumed:
 class ComputationQuery:
     """The Spark query of one computation and the driver's bookkeeping for it."""
 
-    def __init__(self, rt: SparkRuntime, spec: ComputationSpec) -> None:
+    def __init__(self, rt: DriverContext, spec: ComputationSpec) -> None:
         self.rt = rt
         self.spec = spec
         self.name = spec.name

@@ -17,7 +17,6 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from millwheel._deadletter import DEAD_LETTER_STREAM
@@ -29,49 +28,18 @@ from millwheel._topology import Topology
 from millwheel.runtime._fs import Location
 from millwheel.runtime._injectors import LogFileInjector, SourceInjector
 from millwheel.runtime._query import ComputationQuery
+from millwheel.runtime._settings import RuntimeSettings
 from millwheel.runtime._streams import FileStreamLog
 
-
-@dataclass(frozen=True)
-class RuntimeSettings:
-    """How the Spark runtime runs a topology.
-
-    * ``intervals`` — key intervals (Spark groups) per computation (§7.1): more means less
-      state rewritten per touched interval, fewer means less per-group overhead.
-    * ``trigger_ms`` — micro-batch trigger interval (0: as soon as the previous ends).
-    * ``poll_ms`` / ``heartbeat_ms`` — driver loop period; minimum gap between heartbeats.
-    * ``drain`` — log-file injectors treat their files as complete (finite input), so the
-      run ends. Whatever the setting, :meth:`SparkRuntime.run` returns once every injector
-      is finished and every low watermark is +inf (inputs drained, timers flushed):
-      nothing can happen after that.
-    * ``max_files_per_trigger`` — cap per input stream per batch (benchmarks).
-    * ``lockstep`` — every injector runs in the driver and releases its next source batch
-      only once every computation's low watermark has caught up with the injector's: the
-      low watermarks then move through the same values as in the harness's
-      ``run_sources`` (differential tests, reproducible demos). Slow: one round trip per batch.
-    * ``only`` — run only these injectors and computations; the others run in another
-      driver on the same run directory, and their low watermarks come from the shared
-      watermark authority. This is how a computation joins a running topology without
-      restarting the others (``docs/runtime.md``).
-    """
-
-    intervals: int = 16
-    master: str = "local[2]"
-    shuffle_partitions: int | None = None
-    trigger_ms: int = 0
-    poll_ms: int = 100
-    heartbeat_ms: int = 200
-    drain: bool = False
-    max_files_per_trigger: int | None = None
-    injector_batches_per_poll: int = 1
-    max_restarts: int = 20
-    status_every_s: float | None = None
-    lockstep: bool = False
-    only: tuple[str, ...] = ()
+__all__ = ["RuntimeSettings", "SparkRuntime", "lag_text"]
 
 
 class SparkRuntime:
-    """Runs a topology on Spark Structured Streaming; see the module docstring."""
+    """Runs a topology on Spark Structured Streaming; see the module docstring.
+
+    It is the :class:`~millwheel.runtime._context.DriverContext` its queries and injectors
+    are built with: they see that narrow interface, not the runtime.
+    """
 
     def __init__(
         self,

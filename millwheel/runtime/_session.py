@@ -8,7 +8,7 @@ from typing import Any
 
 
 def spark_session(master: str = "local[2]", *, shuffle_partitions: int | None = None, app_name: str = "millwheel", conf: dict[str, str] | None = None) -> Any:
-    """Get or create the session. ``PYSPARK_PYTHON`` is set to this interpreter (design.md)."""
+    """Get or create the session. ``PYSPARK_PYTHON`` is set to this interpreter (docs/runtime.md)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession

@@ -1,4 +1,4 @@
-"""Streams between computations: durable, replayable logs (design.md "The Spark runtime").
+"""Streams between computations: durable, replayable logs (docs/runtime.md "Streams between computations").
 
 A stream is a directory per (stream, producer) of immutable Parquet files of
 stream-log rows (:data:`~millwheel.runtime._wire.LOG_SCHEMA`)::

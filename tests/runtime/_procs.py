@@ -98,6 +98,28 @@ def kill_a_worker(proc) -> bool:
     return killed
 
 
+def committed_batches(root: Path, query: str) -> int:
+    """How many micro-batches of ``query`` (a computation, or ``injector.<name>``) have committed."""
+    commits = Path(root) / "checkpoints" / query / "commits"
+    if not commits.is_dir():
+        return 0
+    return sum(1 for n in os.listdir(commits) if n.isdigit())
+
+
+def wait_for_progress(proc, root: Path, query: str, batches: int, timeout: float = 300) -> bool:
+    """Wait until ``batches`` more batches of ``query`` committed; ``False`` if ``proc`` ended first."""
+    target = committed_batches(root, query) + batches
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        if committed_batches(root, query) >= target:
+            return True
+        time.sleep(0.05)
+    msg = f"{query} did not commit {batches} more batches within {timeout}s"
+    raise TimeoutError(msg)
+
+
 def write_logs(data: Path, n: int, files: int, keys: int, seed: int = 3) -> list[dict]:
     """``n`` JSON-lines records over ``files`` files, roughly time-ordered; returns the records."""
     import json

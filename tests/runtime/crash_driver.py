@@ -21,8 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from computations.windowing import WindowCounter  # noqa: E402
-from millwheel import Computation, ComputationOptions, Record, Topology  # noqa: E402
-from millwheel import LogFileSource
+from millwheel import Computation, ComputationOptions, LogFileSource, Record, Topology  # noqa: E402
 from millwheel.runtime import RuntimeSettings, SparkRuntime  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 """Differential test: every built-in computation gives the same productions and final state
-in the harness and on local Spark (design.md, "One semantics, two backends").
+in the harness and on local Spark (docs/architecture.md, "One semantics, two backends").
 
 The Zeitgeist topology exercises all of them — WindowCounter (low-watermark timers),
 ModelCalculator, SpikeDetector (two inputs, no timers), DipDetector (a timer per bucket) —

@@ -11,8 +11,7 @@ import pickle
 import pyarrow as pa
 import pytest
 
-from millwheel import DEAD_LETTER_STREAM, MAX_TIMESTAMP, MIN_TIMESTAMP
-from millwheel import LogFileSource
+from millwheel import DEAD_LETTER_STREAM, MAX_TIMESTAMP, MIN_TIMESTAMP, LogFileSource
 
 pytest.importorskip("pyspark.sql.datasource")
 from millwheel.runtime._logfiles import LogFileStreamReader  # noqa: E402

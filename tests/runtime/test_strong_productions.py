@@ -1,4 +1,4 @@
-"""Strong productions under replay (MillWheel §6.1.2, design.md "The Spark runtime, and the traps in it").
+"""Strong productions under replay (MillWheel §6.1.2, docs/runtime.md, docs/architecture.md "Where each guarantee is enforced").
 
 ``Stamp`` produces a random number and the wall time per record — a replayed batch
 computes *different* productions. The driver is killed with SIGKILL after the batch's

@@ -1,6 +1,6 @@
 """Differential test: the Zeitgeist topology in the harness and on local Spark give the same evaluation.
 
-Both backends run the same per-key step (design.md, "One semantics, two backends") on the
+Both backends run the same per-key step (docs/architecture.md, "One semantics, two backends") on the
 same generated logs through the runtime's ``LogFileSource``. Spark is not paced, so only
 delay-free figures are compared: detected events per kind, the dip records themselves
 (they depend only on complete windows), duplicates, late records and dead letters.

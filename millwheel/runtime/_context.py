@@ -1,0 +1,42 @@
+"""What a computation's query and an injector see of the driver: a narrow interface.
+
+The :class:`~millwheel.runtime.SparkRuntime` implements it; queries and injectors get it
+at construction instead of the whole runtime, so they cannot reach into each other and
+a test can drive one with a small fake.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from millwheel.runtime._fs import Location
+from millwheel.runtime._settings import RuntimeSettings
+from millwheel.runtime._streams import FileStreamLog
+
+
+class DriverContext(Protocol):
+    """The driver's services, as its queries and injectors use them."""
+
+    settings: RuntimeSettings
+    #: the run directory
+    root: Location
+    streams: FileStreamLog
+    #: a watermark-authority client (``watermark_authority.client``)
+    watermarks: Any
+
+    @property
+    def spark(self) -> Any: ...
+
+    def log(self, msg: str) -> None: ...
+
+    def producers(self, stream: str) -> list[str]:
+        """Who writes ``stream``: one stream-log directory each."""
+        ...
+
+    def watermark_of(self, name: str) -> int:
+        """The published low watermark of an injector or computation."""
+        ...
+
+    def caught_up(self, low_watermark: int) -> bool:
+        """Every computation's low watermark has reached ``low_watermark`` (lockstep)."""
+        ...

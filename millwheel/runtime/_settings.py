@@ -1,0 +1,43 @@
+"""How the Spark runtime runs a topology: one frozen settings object (not a 30-argument constructor)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """How the Spark runtime runs a topology.
+
+    * ``intervals`` — key intervals (Spark groups) per computation (§7.1): more means less
+      state rewritten per touched interval, fewer means less per-group overhead.
+    * ``trigger_ms`` — micro-batch trigger interval (0: as soon as the previous ends).
+    * ``poll_ms`` / ``heartbeat_ms`` — driver loop period; minimum gap between heartbeats.
+    * ``drain`` — log-file injectors treat their files as complete (finite input), so the
+      run ends. Whatever the setting, :meth:`SparkRuntime.run` returns once every injector
+      is finished and every low watermark is +inf (inputs drained, timers flushed):
+      nothing can happen after that.
+    * ``max_files_per_trigger`` — cap per input stream per batch (benchmarks).
+    * ``lockstep`` — every injector runs in the driver and releases its next source batch
+      only once every computation's low watermark has caught up with the injector's: the
+      low watermarks then move through the same values as in the harness's
+      ``run_sources`` (differential tests, reproducible demos). Slow: one round trip per batch.
+    * ``only`` — run only these injectors and computations; the others run in another
+      driver on the same run directory, and their low watermarks come from the shared
+      watermark authority. This is how a computation joins a running topology without
+      restarting the others (``docs/runtime.md``).
+    """
+
+    intervals: int = 16
+    master: str = "local[2]"
+    shuffle_partitions: int | None = None
+    trigger_ms: int = 0
+    poll_ms: int = 100
+    heartbeat_ms: int = 200
+    drain: bool = False
+    max_files_per_trigger: int | None = None
+    injector_batches_per_poll: int = 1
+    max_restarts: int = 20
+    status_every_s: float | None = None
+    lockstep: bool = False
+    only: tuple[str, ...] = ()
