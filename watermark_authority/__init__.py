@@ -4,18 +4,22 @@ A separate process, started with ``millwheel authority serve``, that keeps per c
 an interval map of the oldest pending work reported by the owners of its key intervals,
 fences zombie owners with sequencer tokens (§6.2), aggregates injector low watermarks
 (§5.2), journals everything to RocksDB, and publishes low watermarks that never go back.
-Workers and the harness talk to it through a :class:`WatermarkClient`:
+Every mutation needs the service's bearer secret (see ``docs/authority.md``). Workers and
+the harness talk to it through a :class:`WatermarkClient`:
 
 * :class:`HttpWatermarkClient` — the service over HTTP/JSON, with retries and timeouts;
 * :class:`InProcessWatermarkClient` — the same core in this process, for tests;
 * :func:`embedded_authority` — start the real service on a free loopback port;
 * :func:`open_authority` — a URL if one is given (cluster), else an embedded service (local).
 
-See ``docs/authority.md`` for the HTTP API, the percentile definition and the dashboard.
+The package imports nothing from ``millwheel`` (the user API): the service stands alone,
+on :mod:`servicekit`. See ``docs/authority.md`` for the HTTP API, the threat model, the
+percentile definition and the dashboard.
 """
 
 from watermark_authority._core import Authority, weighted_percentile
 from watermark_authority._errors import (
+    AuthenticationError,
     AuthorityError,
     AuthorityUnavailableError,
     ConflictError,
@@ -24,6 +28,7 @@ from watermark_authority._errors import (
     UnknownNameError,
 )
 from watermark_authority._journal import MemoryJournal, RocksJournal
+from watermark_authority._time import MAX_TIMESTAMP, MIN_TIMESTAMP
 from watermark_authority.client import (
     EmbeddedAuthority,
     HttpWatermarkClient,
@@ -34,6 +39,7 @@ from watermark_authority.client import (
 )
 
 __all__ = [
+    "AuthenticationError",
     "Authority",
     "AuthorityError",
     "AuthorityUnavailableError",
@@ -42,6 +48,8 @@ __all__ = [
     "HttpWatermarkClient",
     "InProcessWatermarkClient",
     "InvalidRequestError",
+    "MAX_TIMESTAMP",
+    "MIN_TIMESTAMP",
     "MemoryJournal",
     "RocksJournal",
     "StaleTokenError",

@@ -2,25 +2,30 @@
 
 :class:`Authority` is what the service runs and what :class:`InProcessWatermarkClient`
 wraps, so both behave identically. It keeps, per computation, an *interval map*: for each
-key interval the current sequencer token and the last report (the oldest pending work).
+key interval the current sequencer token, the process that owns it, and the last report
+(the oldest pending work).
 
 Rules, and where they come from:
 
-* **Sequencers** (§6.2, §7.1, §7.2). ``acquire`` hands out a token for an interval that is
-  greater than every token handed out before, and thereby invalidates the previous owner's.
-  A report must carry the current token, or it is refused with :class:`StaleTokenError`
-  and changes nothing. Splitting or merging an interval retires its token too (§7.1).
-* **Interval map** (§7.2). A computation's raw low watermark is the minimum over its
-  intervals of the last value each reported. An interval that stops reporting keeps its
-  last known value, so it holds the computation there; an interval acquired but never
-  reported holds it at ``MIN_TIMESTAMP`` ("nothing known"). A new owner, a split or a merge
-  keeps the last known value until the new owner reports.
+* **Sequencers** (§6.2, §7.1, §7.2). ``acquire`` hands out a token for a key interval that
+  is greater than every token handed out before, and thereby invalidates the previous
+  owner's. A report must carry the current token, or it is refused with
+  :class:`StaleTokenError` and changes nothing. Splitting or merging a key interval retires
+  its token too (§7.1).
+* **Interval map** (§7.2). A computation's raw low watermark is the minimum over its key
+  intervals of the last value each reported. A key interval that stops reporting keeps its
+  last known value, so it holds the computation there; one acquired but never reported
+  holds it at ``MIN_TIMESTAMP`` ("nothing known"). A new owner, a split or a merge keeps
+  the last known value until the new owner reports.
 * **Injectors** (§5.2). An injector's low watermark is the minimum over its processes; with
   an expected set declared, a process that has not reported holds it at ``MIN_TIMESTAMP``.
-* **Monotonic and durable** (§7.2). A watermark is *published* when the authority first
-  reveals it (a read, a broadcast, the dashboard); the published value is the maximum of
-  every value computed so far and is journaled before it is revealed, so it never goes back:
-  not after a late or out-of-order report, not after a restart.
+* **Monotonic and durable** (§7.2). After every write, each computation or injector whose
+  raw low watermark rose above its published value is *published* at the new value: the
+  value is journaled, and only then readable. So the published value is the maximum of
+  every raw value computed so far, and it never goes back: not after a late or
+  out-of-order report, not after a restart. Reads (:meth:`Authority.watermark`,
+  :meth:`Authority.published`) only read: they can be served from an immutable snapshot
+  on any thread while the writer works.
 * **Consumers take the minimum over their inputs** (§7.2): the authority publishes one value
   per computation and per injector, never a combination, so it is never ahead of a worker.
 * **Percentile watermarks** (§7.2): see :meth:`Authority.percentile_watermark`.
@@ -28,7 +33,6 @@ Rules, and where they come from:
 Every mutation validates the whole request first, then journals, then changes memory: an
 error (malformed, stale, unknown) changes nothing.
 
->>> from millwheel import MIN_TIMESTAMP
 >>> a = Authority(clock=lambda: 0)
 >>> t = a.acquire("counter", ["a-m", "n-z"])
 >>> a.report("counter", [("a-m", t["a-m"], 1_000, None)])
@@ -51,41 +55,62 @@ watermark_authority._errors.StaleTokenError: computation 'counter': stale sequen
 from __future__ import annotations
 
 import heapq
-import time
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
-from millwheel import MAX_TIMESTAMP, MIN_TIMESTAMP
+from servicekit import INT64_MAX, describe
 from watermark_authority._errors import (
     ConflictError,
     InvalidRequestError,
     StaleTokenError,
     UnknownNameError,
 )
-from watermark_authority._journal import Journal, NullJournal, Op
+from watermark_authority._journal import (
+    JOURNAL_FORMAT,
+    ComputationAdded,
+    FormatVersion,
+    InjectorAdded,
+    IntervalDropped,
+    IntervalRetired,
+    IntervalState,
+    IntervalUnretired,
+    Journal,
+    NullJournal,
+    PercentilePublished,
+    ProcessDropped,
+    ProcessReported,
+    Record,
+    TokenCounter,
+    WatermarkPublished,
+)
+from watermark_authority._time import MAX_TIMESTAMP, MIN_TIMESTAMP, wall_ms
+
+__all__ = ["MAX_TIMESTAMP", "MIN_TIMESTAMP", "Authority", "check_name", "summarize", "wall_ms", "weighted_percentile"]
 
 #: one interval's report: ``(interval, token, oldest_work, pending)``; ``pending`` is the
 #: amount of pending work (records, timers, productions) or ``None`` if not counted
 Report = tuple[str, int, int, "int | None"]
 
 MAX_NAME_LENGTH = 256
+#: a reported ``pending`` count is an int64 >= 0; as a percentile weight it saturates here,
+#: so that the sum over every key interval stays exact in 64 bits (up to 8M intervals)
+MAX_WEIGHT = 2**40
 
-
-def wall_ms() -> int:
-    """Wall time in integer milliseconds since the epoch."""
-    return time.time_ns() // 1_000_000
+log = logging.getLogger("watermark_authority")
 
 
 def check_name(what: str, name: Any) -> str:
-    """Return ``name`` if it is a usable computation, interval, injector or process name."""
+    """Return ``name`` if it is a usable computation, interval, injector, process or owner name."""
     if not isinstance(name, str) or not name:
-        msg = f"{what} must be a non-empty string, got {name!r}"
+        msg = f"{what} must be a non-empty string, got {describe(name)}"
         raise InvalidRequestError(msg)
     if len(name) > MAX_NAME_LENGTH or not name.isprintable():
-        msg = f"{what} {name[:40]!r}... must be at most {MAX_NAME_LENGTH} printable characters"
+        msg = f"{what} {describe(name, 60)} must be at most {MAX_NAME_LENGTH} printable characters"
         raise InvalidRequestError(msg)
     return name
 
@@ -95,7 +120,7 @@ def check_timestamp(what: str, value: Any) -> int:
     if type(value) is not int or not MIN_TIMESTAMP <= value <= MAX_TIMESTAMP:
         msg = (
             f"{what} must be an integer timestamp in milliseconds since the epoch, between "
-            f"MIN_TIMESTAMP and MAX_TIMESTAMP (use MAX_TIMESTAMP for 'finished'), got {value!r}"
+            f"MIN_TIMESTAMP and MAX_TIMESTAMP (use MAX_TIMESTAMP for 'finished'), got {describe(value)}"
         )
         raise InvalidRequestError(msg)
     return value
@@ -104,9 +129,16 @@ def check_timestamp(what: str, value: Any) -> int:
 def check_percentile(pct: Any) -> float:
     """Return ``pct`` as a float if it is a percentage in (0, 100]."""
     if isinstance(pct, bool) or not isinstance(pct, (int, float)) or not 0 < pct <= 100:
-        msg = f"percentile must be a number in (0, 100], e.g. 99 for the 99% watermark, got {pct!r}"
+        msg = f"percentile must be a number in (0, 100], e.g. 99 for the 99% watermark, got {describe(pct)}"
         raise InvalidRequestError(msg)
     return float(pct)
+
+
+def _check_token_value(what: str, token: Any) -> int:
+    if type(token) is not int or not 1 <= token <= INT64_MAX:
+        msg = f"{what}: token must be the positive integer that acquire returned, got {describe(token)}"
+        raise InvalidRequestError(msg)
+    return token
 
 
 def _pct_key(pct: float) -> str:
@@ -120,7 +152,8 @@ def weighted_percentile(values: Sequence[int], weights: Sequence[int], pct: floa
     what is left. Precisely: sort the intervals by value; let ``C(k)`` be the total weight of
     the intervals before the ``k``-th; the result is the value of the last interval ``k``
     with ``C(k) <= (100 - pct)% of the total weight``. With ``pct = 100`` this is the
-    minimum. An interval of weight 0 (no pending work) never holds the result back.
+    minimum. An interval of weight 0 (no pending work) never holds the result back. A
+    weight above ``MAX_WEIGHT`` (2**40) counts as ``MAX_WEIGHT``.
 
     >>> weighted_percentile(list(range(1, 101)), [1] * 100, 99)     # drop the oldest 1%
     2
@@ -130,18 +163,21 @@ def weighted_percentile(values: Sequence[int], weights: Sequence[int], pct: floa
     20
     >>> weighted_percentile([10, 20], [2, 98], 99)
     10
+    >>> weighted_percentile([10, 20], [2**63 - 1, 2**63 - 1], 50)   # huge counts stay exact
+    20
     """
     if len(values) == 0:
         return MIN_TIMESTAMP
     v = np.asarray(values, dtype=np.int64)
-    w = np.asarray(weights, dtype=np.int64)
+    w = np.minimum(np.asarray(weights, dtype=np.int64), MAX_WEIGHT)
     order = np.argsort(v, kind="stable")
     v, w = v[order], w[order]
     before = np.concatenate(([0], np.cumsum(w)[:-1]))  # C(k)
     p_milli = round(pct * 1000)
-    # C(k) <= total * (100 - pct) / 100, in exact integers (pct to 0.001)
-    ok = before * 100_000 <= int(w.sum()) * (100_000 - p_milli)
-    k = int(np.flatnonzero(ok)[-1])
+    # C(k) <= total * (100 - pct) / 100, in exact integers (pct to 0.001); C(k) is an integer,
+    # so this is C(k) <= floor(total * (100_000 - p_milli) / 100_000), computed in Python ints
+    limit = int(w.sum()) * (100_000 - p_milli) // 100_000
+    k = int(np.flatnonzero(before <= limit)[-1])
     return int(v[k])
 
 
@@ -151,6 +187,7 @@ class _Interval:
     value: int = MIN_TIMESTAMP
     pending: int | None = None
     updated_ms: int | None = None  # wall time of the last report, None: never reported
+    owner: str | None = None  # the process that acquired it, as it described itself
 
 
 class _MinMap:
@@ -209,7 +246,7 @@ class _Injector:
         self.name = name
         self.expected: list[str] | None = None
         self.values: dict[str, int] = {}
-        self.updated: dict[str, int] = {}
+        self.updated: dict[str, int | None] = {}
         self.published = MIN_TIMESTAMP
         self.pct_floors: dict[str, int] = {}
 
@@ -232,7 +269,9 @@ class Authority:
     nothing); the state it holds is loaded first, so a new ``Authority`` on the journal of a
     dead one carries on where it stopped. ``clock`` returns wall time in milliseconds.
 
-    Not thread-safe: the service calls it from one thread.
+    Not thread-safe, except :meth:`published` and :meth:`watermark`: one thread (the
+    service's writer) calls everything else; those two read an immutable snapshot that
+    each write replaces, and may be called from any thread.
     """
 
     def __init__(self, journal: Journal | None = None, *, clock: Callable[[], int] | None = None) -> None:
@@ -241,12 +280,18 @@ class Authority:
         self._next_token = 1
         self._computations: dict[str, _Computation] = {}
         self._injectors: dict[str, _Injector] = {}
-        for op in self._journal.load():
-            self._replay(op)
+        self._snapshot: dict[str, int] = {}
+        self._format = 1  # a journal without a FormatVersion record is format 1
+        for record in self._journal.load():
+            self._apply(record)
+        if self._format != JOURNAL_FORMAT:
+            self._journal.commit([FormatVersion(JOURNAL_FORMAT)])
+            self._format = JOURNAL_FORMAT
+        self._publish(self.names())  # values computed from the journal that were never published
 
     # ---------------------------------------------------------------- sequencers
 
-    def acquire(self, computation: str, intervals: Sequence[str]) -> dict[str, int]:
+    def acquire(self, computation: str, intervals: Sequence[str], *, owner: str | None = None) -> dict[str, int]:
         """Become the owner of ``intervals`` of ``computation``: return a fresh token for each.
 
         The previous token of each interval is invalidated (§6.2: "new workers invalidate
@@ -254,27 +299,32 @@ class Authority:
         joins its interval map at ``MIN_TIMESTAMP`` until its first report; a known one keeps
         its last reported value. Acquiring is how a computation declares its intervals:
         acquire all of them before reporting, or the watermark runs ahead of the missing ones.
+        ``owner`` describes the acquiring process (e.g. ``host:pid``) for the dashboard.
         """
         check_name("computation", computation)
         names = self._check_interval_list(computation, intervals)
+        if owner is not None:
+            check_name("owner", owner)
         comp = self._computations.get(computation)
         if comp is None:
             self._check_kind_free(computation, "computation")
-        ops: list[Op] = []
+        records: list[Record] = []
         if comp is None:
-            ops.append(("computation", computation))
+            records.append(ComputationAdded(computation))
         tokens: dict[str, int] = {}
         token = self._next_token
         for iv in names:
             old = comp.intervals.get(iv) if comp else None
-            entry = _Interval(token) if old is None else _Interval(token, old.value, old.pending, old.updated_ms)
-            ops.append(("interval", computation, iv, token, entry.value, entry.pending, entry.updated_ms))
+            if old is None:
+                records.append(IntervalState(computation, iv, token, MIN_TIMESTAMP, None, None, owner))
+            else:
+                records.append(IntervalState(computation, iv, token, old.value, old.pending, old.updated_ms, owner))
             if comp is not None and iv in comp.retired:
-                ops.append(("unretire", computation, iv))
+                records.append(IntervalUnretired(computation, iv))
             tokens[iv] = token
             token += 1
-        ops.append(("next_token", token))
-        self._commit(ops)
+        records.append(TokenCounter(token))
+        self._commit(records)
         return tokens
 
     def check_token(self, computation: str, interval: str, token: int) -> None:
@@ -285,7 +335,8 @@ class Authority:
         the interval (tokens only grow).
         """
         comp = self._computation(computation)
-        self._check_token_value(token)
+        check_name(f"computation {computation!r} interval", interval)
+        _check_token_value(f"computation {computation!r} interval {interval!r}", token)
         stale = self._stale(comp, interval, token)
         if stale is not None:
             raise StaleTokenError(stale, [(computation, interval)])
@@ -306,9 +357,9 @@ class Authority:
         Each report is ``(interval, token, oldest_work, pending)``: ``oldest_work`` is the
         timestamp of the interval's oldest pending work (records, timers, checkpointed
         productions, §7.2), ``MAX_TIMESTAMP`` if it has none and never will; ``pending`` is
-        how much work that is (the weight for percentile watermarks), or ``None``.
-        The last report of an interval replaces the previous one (a lower value holds the
-        computation back, the safe direction); the published watermark never goes back.
+        how much work that is (an int64 count >= 0: the weight for percentile watermarks),
+        or ``None``. The last report of an interval replaces the previous one (a lower value
+        holds the computation back, the safe direction); the published watermark never goes back.
 
         Raises :class:`StaleTokenError` listing every interval whose token is not current,
         :class:`UnknownNameError` for intervals never acquired, :class:`InvalidRequestError`
@@ -317,12 +368,12 @@ class Authority:
         comp = self._computation(computation)
         if not isinstance(reports, (list, tuple)):
             if isinstance(reports, (str, bytes, Mapping)) or not isinstance(reports, Iterable):
-                msg = f"computation {computation!r}: reports must be a list of (interval, token, oldest_work, pending), got {reports!r}"
+                msg = f"computation {computation!r}: reports must be a list of (interval, token, oldest_work, pending), got {describe(reports)}"
                 raise InvalidRequestError(msg)
             reports = list(reports)
         now = self._clock()
         intervals = comp.intervals
-        ops: list[Op] = []
+        records: list[Record] = []
         stale: list[str] = []
         unknown: list[str] = []
         for i, item in enumerate(reports):
@@ -336,9 +387,9 @@ class Authority:
             elif entry.token != token:
                 stale.append(iv)
             else:
-                ops.append(("interval", computation, iv, token, oldest, pending, now))
+                records.append(IntervalState(computation, iv, token, oldest, pending, now, entry.owner))
         if unknown:
-            shown = ", ".join(repr(u) for u in unknown[:5])
+            shown = ", ".join(describe(u, 60) for u in unknown[:5])
             msg = (
                 f"computation {computation!r}: no sequencer for interval(s) {shown}"
                 f"{' and more' if len(unknown) > 5 else ''}; acquire an interval before reporting it"
@@ -346,7 +397,7 @@ class Authority:
             raise UnknownNameError(msg)
         if stale:
             if len(stale) == 1:
-                msg = self._stale(comp, stale[0], self._token_sent(reports, stale[0]))
+                msg = self._stale(comp, stale[0], self._token_sent(reports, stale[0])) or "stale token"
             else:
                 shown = ", ".join(repr(s) for s in stale[:5])
                 msg = (
@@ -354,22 +405,26 @@ class Authority:
                     f"({shown}{', ...' if len(stale) > 5 else ''}); this worker no longer owns them: "
                     "stop writing for them, or acquire them again. Nothing in this batch was applied"
                 )
-            raise StaleTokenError(msg or "stale token", [(computation, s) for s in stale])
-        if ops:
-            self._commit(ops)
+            raise StaleTokenError(msg, [(computation, s) for s in stale])
+        if records:
+            self._commit(records)
 
     # ---------------------------------------------------------------- ownership moves
 
-    def split(self, computation: str, interval: str, into: Sequence[str]) -> dict[str, int]:
+    def split(self, computation: str, interval: str, into: Sequence[str], *, owner: str | None = None) -> dict[str, int]:
         """Split ``interval`` into the intervals ``into`` (§7.1); return their fresh tokens.
 
         The old interval's token is retired, so its owner's later reports are stale. Each new
         interval starts at the old one's last known value (the work was there), so the
         watermark is held exactly as before until the new owners report. ``pending`` is
-        shared out among them. ``into`` may reuse the old name.
+        shared out among them. ``into`` may reuse the old name. ``owner`` (the caller) owns
+        the new intervals; without it they keep the old interval's owner.
         """
         comp = self._computation(computation)
+        check_name(f"computation {computation!r} interval", interval)
         names = self._check_interval_list(computation, into, what="split into")
+        if owner is not None:
+            check_name("owner", owner)
         old = comp.intervals.get(interval)
         if old is None:
             raise UnknownNameError(self._unknown_interval(comp, interval))
@@ -377,29 +432,32 @@ class Authority:
         if taken:
             msg = f"computation {computation!r}: cannot split {interval!r} into {taken!r}: already intervals of it; merge them instead, or pick new names"
             raise ConflictError(msg)
-        ops: list[Op] = [("drop_interval", computation, interval), ("retired", computation, interval, old.token)]
+        records: list[Record] = [IntervalDropped(computation, interval), IntervalRetired(computation, interval, old.token)]
         tokens: dict[str, int] = {}
         token = self._next_token
         for i, iv in enumerate(names):
             pending = None if old.pending is None else old.pending // len(names) + (1 if i < old.pending % len(names) else 0)
-            ops.append(("interval", computation, iv, token, old.value, pending, old.updated_ms))
+            records.append(IntervalState(computation, iv, token, old.value, pending, old.updated_ms, owner or old.owner))
             if iv in comp.retired or iv == interval:
-                ops.append(("unretire", computation, iv))
+                records.append(IntervalUnretired(computation, iv))
             tokens[iv] = token
             token += 1
-        ops.append(("next_token", token))
-        self._commit(ops)
+        records.append(TokenCounter(token))
+        self._commit(records)
         return tokens
 
-    def merge(self, computation: str, intervals: Sequence[str], into: str) -> int:
+    def merge(self, computation: str, intervals: Sequence[str], into: str, *, owner: str | None = None) -> int:
         """Merge ``intervals`` into one interval ``into`` (§7.1); return its fresh token.
 
         The old tokens are retired. The merged interval starts at the minimum of their last
-        known values, with their pending work summed (an uncounted interval counts as 1).
+        known values, with their pending work summed (an uncounted interval counts as 1; the
+        sum stops at the int64 maximum). ``owner`` (the caller) owns it.
         """
         comp = self._computation(computation)
         names = self._check_interval_list(computation, intervals, what="merge")
         check_name("merge into", into)
+        if owner is not None:
+            check_name("owner", owner)
         missing = [n for n in names if n not in comp.intervals]
         if missing:
             raise UnknownNameError(self._unknown_interval(comp, missing[0]))
@@ -408,17 +466,17 @@ class Authority:
             raise ConflictError(msg)
         olds = [comp.intervals[n] for n in names]
         value = min(o.value for o in olds)
-        pending = None if all(o.pending is None for o in olds) else sum(1 if o.pending is None else o.pending for o in olds)
+        pending = None if all(o.pending is None for o in olds) else min(INT64_MAX, sum(1 if o.pending is None else o.pending for o in olds))
         updated = [o.updated_ms for o in olds if o.updated_ms is not None]
-        ops: list[Op] = []
+        records: list[Record] = []
         for n, o in zip(names, olds, strict=True):
-            ops += [("drop_interval", computation, n), ("retired", computation, n, o.token)]
+            records += [IntervalDropped(computation, n), IntervalRetired(computation, n, o.token)]
         token = self._next_token
-        ops.append(("interval", computation, into, token, value, pending, min(updated) if updated else None))
+        records.append(IntervalState(computation, into, token, value, pending, min(updated) if updated else None, owner or olds[0].owner))
         if into in comp.retired or into in names:
-            ops.append(("unretire", computation, into))
-        ops.append(("next_token", token + 1))
-        self._commit(ops)
+            records.append(IntervalUnretired(computation, into))
+        records.append(TokenCounter(token + 1))
+        self._commit(records)
         return token
 
     # ---------------------------------------------------------------- injectors
@@ -434,13 +492,12 @@ class Authority:
         check_name("injector", injector)
         procs = _name_list(f"injector {injector!r}", "processes", "process", processes)
         inj = self._injectors.get(injector)
-        ops: list[Op] = []
+        records: list[Record] = [InjectorAdded(injector, tuple(procs))]
         if inj is None:
             self._check_kind_free(injector, "injector")
         else:
-            ops += [("drop_process", injector, p) for p in inj.values if p not in procs]
-        ops.insert(0, ("injector", injector, procs))
-        self._commit(ops)
+            records += [ProcessDropped(injector, p) for p in inj.values if p not in procs]
+        self._commit(records)
 
     def report_injector(self, injector: str, process: str, low_watermark: int) -> None:
         """Record one injector process's low watermark (§5.2), e.g. the minimum creation time
@@ -449,43 +506,40 @@ class Authority:
         check_name(f"injector {injector!r} process", process)
         check_timestamp(f"injector {injector!r} process {process!r} low_watermark", low_watermark)
         inj = self._injectors.get(injector)
-        ops: list[Op] = []
+        records: list[Record] = []
         if inj is None:
             self._check_kind_free(injector, "injector")
-            ops.append(("injector", injector, None))
+            records.append(InjectorAdded(injector, None))
         elif inj.expected is not None and process not in inj.expected:
             msg = (
                 f"injector {injector!r}: process {process!r} is not in its expected set "
                 f"{inj.expected!r}; add it with expect_injector_processes first"
             )
             raise UnknownNameError(msg)
-        ops.append(("process", injector, process, low_watermark, self._clock()))
-        self._commit(ops)
+        records.append(ProcessReported(injector, process, low_watermark, self._clock()))
+        self._commit(records)
 
     # ---------------------------------------------------------------- broadcast
 
+    def published(self) -> Mapping[str, int]:
+        """Every published low watermark by name: an immutable snapshot, safe on any thread.
+
+        Each write that changes what is published replaces the snapshot (after journaling),
+        so a reader never waits for a writer and never sees a value that is not durable.
+        """
+        return MappingProxyType(self._snapshot)
+
     def watermark(self, name: str) -> int:
-        """Publish and return the low watermark of computation or injector ``name``."""
-        node = self._node(name)
-        raw, _ = node.raw()
-        if raw > node.published:
-            self._commit([("published", name, raw)])
-        return node.published
+        """The published low watermark of computation or injector ``name`` (safe on any thread)."""
+        value = self._snapshot.get(name)
+        if value is None:
+            check_name("name", name)
+            raise UnknownNameError(self._unknown(name, "computation or injector"))
+        return value
 
     def watermarks(self) -> dict[str, int]:
-        """Publish and return every low watermark, computations and injectors, by name."""
-        ops: list[Op] = []
-        out: dict[str, int] = {}
-        for name, node in (*self._computations.items(), *self._injectors.items()):
-            raw, _ = node.raw()
-            if raw > node.published:
-                ops.append(("published", name, raw))
-                out[name] = raw
-            else:
-                out[name] = node.published
-        if ops:
-            self._commit(ops)
-        return out
+        """Every published low watermark, computations and injectors, by name."""
+        return dict(self._snapshot)
 
     def percentile_watermark(self, name: str, pct: float) -> int:
         """Publish and return the ``pct`` percent watermark of ``name`` (§7.2).
@@ -495,11 +549,12 @@ class Authority:
         taken (see :func:`weighted_percentile`). For a computation the work is weighted by
         each interval's reported ``pending``, or 1 per interval where it was not reported;
         for an injector, 1 per process. The value is never below the low watermark
-        (``pct = 100`` gives the low watermark) and, per ``pct``, never goes back.
+        (``pct = 100`` gives the low watermark) and, per ``pct``, never goes back: it is
+        journaled before it is returned.
         """
         pct = check_percentile(pct)
         node = self._node(name)
-        low = self.watermark(name)
+        low = node.published
         key = _pct_key(pct)
         if isinstance(node, _Computation):
             cached = node._pct_cache.get(key)
@@ -516,7 +571,7 @@ class Authority:
             raw = weighted_percentile([node.values.get(p, MIN_TIMESTAMP) for p in members], [1] * len(members), pct)
         value = max(raw, low, node.pct_floors.get(key, MIN_TIMESTAMP))
         if value > node.pct_floors.get(key, MIN_TIMESTAMP):
-            self._commit([("pct", name, key, value)])
+            self._commit([PercentilePublished(name, key, value)])
         return value
 
     def names(self) -> dict[str, str]:
@@ -526,14 +581,15 @@ class Authority:
         return out
 
     def status(self, percentiles: Sequence[float] = (99.0,)) -> dict[str, Any]:
-        """Everything the dashboard shows; publishes every watermark it reports.
+        """Everything the dashboard shows; never a sequencer token (it is served without the secret).
 
-        Per name: the published low watermark, what holds it back (the interval or process
-        with the oldest value, and whether it has ever reported), the percentile watermarks,
-        and for injectors every process's last value.
+        Per name: the published low watermark, what holds it back (the key interval or
+        process with the oldest value, whether it has ever reported, and for a key interval
+        the process that owns it), the percentile watermarks (published, so journaled), and
+        for injectors every process's last value.
         """
         now = self._clock()
-        low = self.watermarks()
+        low = self._snapshot
         out: dict[str, Any] = {"now": now, "computations": {}, "injectors": {}}
         for name, comp in self._computations.items():
             raw, holder = comp.raw()
@@ -544,7 +600,7 @@ class Authority:
                 "intervals": len(comp.intervals),
                 "holding": None
                 if entry is None
-                else {"interval": holder, "value": entry.value, "pending": entry.pending, "updated_ms": entry.updated_ms, "token": entry.token},
+                else {"interval": holder, "value": entry.value, "pending": entry.pending, "updated_ms": entry.updated_ms, "owner": entry.owner},
                 "percentiles": {_pct_key(p): self.percentile_watermark(name, p) for p in percentiles},
             }
         for name, inj in self._injectors.items():
@@ -565,10 +621,13 @@ class Authority:
         return out
 
     def intervals(self, computation: str) -> dict[str, dict[str, Any]]:
-        """The interval map of ``computation``: token, last value, pending, last report time."""
+        """The interval map of ``computation``: token, owner, last value, pending, last report time.
+
+        It reveals the sequencer tokens: the service serves it only with the secret.
+        """
         comp = self._computation(computation)
         return {
-            iv: {"token": e.token, "value": e.value, "pending": e.pending, "updated_ms": e.updated_ms}
+            iv: {"token": e.token, "owner": e.owner, "value": e.value, "pending": e.pending, "updated_ms": e.updated_ms}
             for iv, e in comp.intervals.items()
         }
 
@@ -577,62 +636,102 @@ class Authority:
 
     # ---------------------------------------------------------------- internals
 
-    def _commit(self, ops: list[Op]) -> None:
-        self._journal.commit(ops)  # durable first; if this raises, memory is unchanged
-        for op in ops:
-            self._replay(op)
+    def _commit(self, records: list[Record]) -> None:
+        self._journal.commit(records)  # durable first; if this raises, memory is unchanged
+        touched = {name for r in records if (name := self._apply(r)) is not None}
+        self._publish(touched)
 
-    def _replay(self, op: Op) -> None:
-        """Apply one journaled op to memory (used both live and when loading)."""
-        kind = op[0]
-        if kind == "interval":
-            _, comp_name, iv, token, value, pending, updated = op
-            comp = self._computations.get(comp_name) or self._new_computation(comp_name)
-            entry = comp.intervals.get(iv)
-            if entry is None:
-                comp.intervals[iv] = _Interval(token, value, pending, updated)
+    def _publish(self, names: Iterable[str]) -> None:
+        """Publish the raw low watermark of each of ``names`` that rose (journal, then show)."""
+        records: list[Record] = []
+        nodes: list[_Computation | _Injector] = []
+        for name in names:
+            node = self._computations.get(name) or self._injectors.get(name)
+            if node is None:
+                continue
+            nodes.append(node)
+            raw, _ = node.raw()
+            if raw > node.published:
+                records.append(WatermarkPublished(name, raw))
+        if records:
+            try:
+                self._journal.commit(records)
+            except Exception:  # the write itself is durable; these values stay unpublished until the next write
+                log.exception("journaling published watermarks failed; keeping the previous published values")
             else:
-                entry.token, entry.value, entry.pending, entry.updated_ms = token, value, pending, updated
-            comp.mins.set(iv, value)
-            comp.version += 1
-        elif kind == "published":
-            node = self._computations.get(op[1]) or self._injectors.get(op[1])
-            if node is not None:
-                node.published = max(node.published, op[2])
-        elif kind == "next_token":
-            self._next_token = max(self._next_token, op[1])
-        elif kind == "process":
-            _, inj_name, proc, value, updated = op
-            inj = self._injectors.get(inj_name) or self._new_injector(inj_name)
-            inj.values[proc] = value
-            inj.updated[proc] = updated
-        elif kind == "computation":
-            if op[1] not in self._computations:
-                self._new_computation(op[1])
-        elif kind == "injector":
-            inj = self._injectors.get(op[1]) or self._new_injector(op[1])
-            if op[2] is not None:
-                inj.expected = list(op[2])
-        elif kind == "drop_interval":
-            comp = self._computations[op[1]]
-            comp.intervals.pop(op[2], None)
-            comp.mins.remove(op[2])
-            comp.version += 1
-        elif kind == "retired":
-            self._computations[op[1]].retired[op[2]] = op[3]
-        elif kind == "unretire":
-            self._computations[op[1]].retired.pop(op[2], None)
-        elif kind == "drop_process":
-            inj = self._injectors[op[1]]
-            inj.values.pop(op[2], None)
-            inj.updated.pop(op[2], None)
-        elif kind == "pct":
-            node = self._computations.get(op[1]) or self._injectors.get(op[1])
-            if node is not None:
-                node.pct_floors[op[2]] = max(node.pct_floors.get(op[2], MIN_TIMESTAMP), op[3])
-        else:  # pragma: no cover - a journal written by a newer version
-            msg = f"unknown journal op {kind!r}; was the journal written by a newer millwheel?"
-            raise ValueError(msg)
+                for r in records:
+                    self._apply(r)
+        snapshot = self._snapshot
+        if any(snapshot.get(node.name) != node.published for node in nodes):
+            fresh = dict(snapshot)
+            fresh.update({node.name: node.published for node in nodes})
+            self._snapshot = fresh  # replaced, never mutated: readers on other threads see one or the other
+
+    def _apply(self, record: Record) -> str | None:
+        """Apply one journaled record to memory (live and when loading); returns the name it touched."""
+        match record:
+            case IntervalState(comp_name, iv, token, value, pending, updated, owner):
+                comp = self._computations.get(comp_name) or self._new_computation(comp_name)
+                entry = comp.intervals.get(iv)
+                if entry is None:
+                    comp.intervals[iv] = _Interval(token, value, pending, updated, owner)
+                else:
+                    entry.token, entry.value, entry.pending, entry.updated_ms, entry.owner = token, value, pending, updated, owner
+                comp.mins.set(iv, value)
+                comp.version += 1
+                return comp_name
+            case WatermarkPublished(name, value):
+                node = self._computations.get(name) or self._injectors.get(name)
+                if node is not None:
+                    node.published = max(node.published, value)
+                return name
+            case TokenCounter(next_token):
+                self._next_token = max(self._next_token, next_token)
+                return None
+            case ProcessReported(inj_name, proc, value, updated):
+                inj = self._injectors.get(inj_name) or self._new_injector(inj_name)
+                inj.values[proc] = value
+                inj.updated[proc] = updated
+                return inj_name
+            case ComputationAdded(name):
+                if name not in self._computations:
+                    self._new_computation(name)
+                return name
+            case InjectorAdded(name, expected):
+                inj = self._injectors.get(name) or self._new_injector(name)
+                if expected is not None:
+                    inj.expected = list(expected)
+                return name
+            case IntervalDropped(comp_name, iv):
+                comp = self._computations[comp_name]
+                comp.intervals.pop(iv, None)
+                comp.mins.remove(iv)
+                comp.version += 1
+                return comp_name
+            case IntervalRetired(comp_name, iv, token):
+                self._computations[comp_name].retired[iv] = token
+                return comp_name
+            case IntervalUnretired(comp_name, iv):
+                self._computations[comp_name].retired.pop(iv, None)
+                return comp_name
+            case ProcessDropped(inj_name, proc):
+                inj = self._injectors[inj_name]
+                inj.values.pop(proc, None)
+                inj.updated.pop(proc, None)
+                return inj_name
+            case PercentilePublished(name, key, value):
+                node = self._computations.get(name) or self._injectors.get(name)
+                if node is not None:
+                    node.pct_floors[key] = max(node.pct_floors.get(key, MIN_TIMESTAMP), value)
+                return None
+            case FormatVersion(version):
+                if version > JOURNAL_FORMAT:
+                    msg = f"the journal is format {version}, newer than this millwheel reads ({JOURNAL_FORMAT}); upgrade millwheel"
+                    raise ValueError(msg)
+                self._format = version
+                return None
+        msg = f"no rule to apply journal record {record!r}"
+        raise TypeError(msg)
 
     def _new_computation(self, name: str) -> _Computation:
         comp = self._computations[name] = _Computation(name)
@@ -663,15 +762,15 @@ class Authority:
         return comp
 
     def _unknown(self, name: str, what: str) -> str:
-        known = sorted(self.names())
+        known = sorted(self._snapshot)  # every name, and safe to read on any thread
         hint = f"known: {', '.join(known[:10])}{', ...' if len(known) > 10 else ''}" if known else "nothing is known yet"
         extra = "; acquire an interval of it (or report an injector) first" if what != "injector" else ""
-        return f"no {what} named {name!r} ({hint}){extra}"
+        return f"no {what} named {describe(name, 60)} ({hint}){extra}"
 
     def _unknown_interval(self, comp: _Computation, interval: str) -> str:
         if interval in comp.retired:
             return f"computation {comp.name!r}: interval {interval!r} was split or merged away; use the intervals that replaced it"
-        return f"computation {comp.name!r} has no interval {interval!r} ({len(comp.intervals)} intervals); acquire it first"
+        return f"computation {comp.name!r} has no interval {describe(interval, 60)} ({len(comp.intervals)} intervals); acquire it first"
 
     def _stale(self, comp: _Computation, interval: str, token: int | None) -> str | None:
         entry = comp.intervals.get(interval)
@@ -693,28 +792,20 @@ class Authority:
                 token = item[1]
         return token
 
-    @staticmethod
-    def _check_token_value(token: Any) -> int:
-        if type(token) is not int or token < 1:
-            msg = f"token must be the positive integer that acquire returned, got {token!r}"
-            raise InvalidRequestError(msg)
-        return token
-
     def _check_report(self, computation: str, i: int, item: Any) -> Report:
         try:
             iv, token, oldest, pending = item
         except (TypeError, ValueError):
-            msg = f"computation {computation!r}: report #{i} must be (interval, token, oldest_work, pending), got {item!r}"
+            msg = f"computation {computation!r}: report #{i} must be (interval, token, oldest_work, pending), got {describe(item)}"
             raise InvalidRequestError(msg) from None
-        if type(iv) is not str:
-            check_name(f"report #{i} interval", iv)
-        if type(token) is not int or token < 1:
-            msg = f"computation {computation!r}: report #{i} ({iv!r}): token must be the positive integer that acquire returned, got {token!r}"
-            raise InvalidRequestError(msg)
+        if type(iv) is not str or not 0 < len(iv) <= MAX_NAME_LENGTH:
+            check_name(f"computation {computation!r}: report #{i} interval", iv)
+        if type(token) is not int or not 1 <= token <= INT64_MAX:
+            _check_token_value(f"computation {computation!r}: report #{i} ({iv!r})", token)
         if type(oldest) is not int or not MIN_TIMESTAMP <= oldest <= MAX_TIMESTAMP:
             check_timestamp(f"computation {computation!r}: report #{i} ({iv!r}) oldest_work", oldest)
-        if pending is not None and (type(pending) is not int or pending < 0):
-            msg = f"computation {computation!r}: report #{i} ({iv!r}): pending must be a count >= 0 or null, got {pending!r}"
+        if pending is not None and (type(pending) is not int or not 0 <= pending <= INT64_MAX):
+            msg = f"computation {computation!r}: report #{i} ({iv!r}): pending must be a count in [0, 2**63 - 1] or null, got {describe(pending)}"
             raise InvalidRequestError(msg)
         return iv, token, oldest, pending
 
@@ -726,12 +817,16 @@ class Authority:
 def _name_list(owner: str, what: str, noun: str, items: Any) -> list[str]:
     """A non-empty list of distinct, valid names, or an :class:`InvalidRequestError` saying why."""
     if isinstance(items, (str, bytes)) or not isinstance(items, Sequence) or not items:
-        msg = f"{owner}: {what} must be a non-empty list of {noun} names, got {items!r}"
+        msg = f"{owner}: {what} must be a non-empty list of {noun} names, got {describe(items)}"
         raise InvalidRequestError(msg)
     names = [check_name(f"{owner} {noun}", item) for item in items]
     if len(set(names)) != len(names):
-        msg = f"{owner}: {what} lists a {noun} twice: {names!r}"
-        raise InvalidRequestError(msg)
+        seen: set[str] = set()
+        for name in names:
+            if name in seen:
+                msg = f"{owner}: {what} lists a {noun} twice: {name!r}"
+                raise InvalidRequestError(msg)
+            seen.add(name)
     return names
 
 
@@ -741,6 +836,7 @@ def summarize(watermarks: Mapping[str, int]) -> str:
     >>> summarize({"a": 1_000, "b": MIN_TIMESTAMP, "c": MAX_TIMESTAMP})
     'a=1000 b=MIN c=MAX'
     """
+
     def show(v: int) -> str:
         return "MIN" if v == MIN_TIMESTAMP else "MAX" if v == MAX_TIMESTAMP else str(v)
 

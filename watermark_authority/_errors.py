@@ -1,25 +1,31 @@
 """Exceptions of the low-watermark authority, shared by the core, the server and the clients.
 
-Every error derives from :class:`AuthorityError`, itself a :class:`millwheel.MillwheelError`::
+Every error derives from :class:`AuthorityError`, itself a :class:`servicekit.ServiceError`
+(the base layer of millwheel's services; the authority imports nothing from ``millwheel``)::
 
-    MillwheelError
+    ServiceError (servicekit)
     └── AuthorityError              root of the authority's errors
-        ├── InvalidRequestError     malformed request: a missing field, a wrong type, a bad value (HTTP 400)
+        ├── InvalidRequestError     malformed or refused request: a missing field, a wrong type or value,
+        │                           a body too large, a host or origin not allowed (HTTP 400, 403, 413, 415, 421)
+        ├── AuthenticationError     no bearer secret, or the wrong one (HTTP 401)
         ├── UnknownNameError        no such computation, interval or injector (HTTP 404)
         ├── StaleTokenError         the sequencer token was invalidated by a newer owner (HTTP 409)
         ├── ConflictError           the request contradicts the authority's state (HTTP 409)
-        └── AuthorityUnavailableError   the client could not reach the service, even after retries
+        └── AuthorityUnavailableError   the client could not reach the service, or it kept failing, even after retries
 
 The server answers each 4xx with ``{"error": CODE, "message": TEXT}``; the HTTP client turns
 ``CODE`` back into the same class, so in-process and HTTP callers catch the same errors.
+In every case the request changed nothing.
 """
 
 from __future__ import annotations
 
-from millwheel import MillwheelError
+from typing import Any
+
+from servicekit import ServiceError
 
 
-class AuthorityError(MillwheelError):
+class AuthorityError(ServiceError):
     """Root of the watermark authority's errors."""
 
     #: the machine-readable code the server sends with the error
@@ -29,10 +35,18 @@ class AuthorityError(MillwheelError):
 
 
 class InvalidRequestError(AuthorityError):
-    """The request is malformed; the message names the field and the fix. Nothing changed."""
+    """The request is malformed or refused; the message names the field and the fix. Nothing changed."""
 
     code = "invalid_request"
     status = 400
+
+
+class AuthenticationError(AuthorityError):
+    """The service wants its bearer secret for this request (every mutation, and reads that
+    reveal sequencer tokens) and did not get it. Nothing changed."""
+
+    code = "unauthorized"
+    status = 401
 
 
 class UnknownNameError(AuthorityError):
@@ -56,6 +70,9 @@ class StaleTokenError(AuthorityError):
         super().__init__(message)
         self.intervals = list(intervals or [])
 
+    def extra(self) -> dict[str, Any]:
+        return {"intervals": [list(x) for x in self.intervals]}
+
 
 class ConflictError(AuthorityError):
     """The request contradicts the authority's state (e.g. a name in use as another kind)."""
@@ -65,20 +82,22 @@ class ConflictError(AuthorityError):
 
 
 class AuthorityUnavailableError(AuthorityError):
-    """The HTTP client could not reach the authority, even after its retries."""
+    """The HTTP client could not reach the authority, or it kept answering 5xx, even after its retries."""
 
     code = "unavailable"
     status = 503
 
 
-#: error code -> class, for the HTTP client
+#: error code -> class, for the HTTP client (servicekit's refusals are invalid requests)
 ERRORS_BY_CODE: dict[str, type[AuthorityError]] = {
     cls.code: cls
     for cls in (
         InvalidRequestError,
+        AuthenticationError,
         UnknownNameError,
         StaleTokenError,
         ConflictError,
         AuthorityUnavailableError,
     )
 }
+ERRORS_BY_CODE.update(dict.fromkeys(("forbidden", "payload_too_large", "unsupported_media_type", "misdirected_request"), InvalidRequestError))

@@ -1,39 +1,85 @@
-"""The authority's HTTP/JSON service (Starlette on uvicorn): a thin shell over the core.
+"""The authority's HTTP/JSON service (Starlette on uvicorn): a thin, locked-down shell over the core.
 
-Every request is parsed and checked here (a malformed one gets a 4xx with a reason),
-handed to :class:`~watermark_authority.Authority` on the event-loop thread (so the core
-sees one caller at a time), and answered after the journal write. The routes are listed
-in ``docs/authority.md``. A background task samples every watermark each
-``sample_interval`` seconds for the dashboard's lag chart (kept in memory only).
+Before a request reaches a route, :class:`servicekit.http.GuardMiddleware` checks its
+``Host`` (421), its ``Origin`` (403), the bearer secret on every mutation and on
+``GET /v1/intervals`` (401: it reveals sequencer tokens), and its body size from
+``Content-Length`` and while it streams (413). See ``docs/authority.md`` for the threat
+model and the routes.
+
+Two threads share the work, so that a read never queues behind a write:
+
+* the **event loop** parses HTTP, runs the guard, reads request bodies, and answers the
+  reads of published watermarks (``/v1/watermarks``, ``/v1/watermark`` without ``pct``,
+  ``/v1/history``) from :meth:`Authority.published`, an immutable snapshot that every
+  write replaces after journaling it (§7.2: a value is revealed only once durable);
+* one **writer thread** decodes and validates JSON bodies and calls the core for every
+  mutation and for the reads that journal or walk the interval maps (percentiles,
+  ``/v1/status``, ``/v1/intervals``), one at a time, so the core needs no locks.
+
+A background task samples the published watermarks every ``sample_interval`` seconds for
+the dashboard's lag chart (kept in memory only).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import socket
 import sys
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from watermark_authority._core import Authority, summarize, wall_ms
-from watermark_authority._errors import AuthorityError, InvalidRequestError, StaleTokenError
+from servicekit import (
+    ConfigurationError,
+    Secret,
+    check_fields,
+    describe,
+    load_secret,
+    parse_json,
+    parse_number,
+)
+from servicekit.http import (
+    DEFAULT_MAX_BODY_BYTES,
+    Guard,
+    GuardMiddleware,
+    hosts_for_bind,
+    json_endpoint,
+)
+from watermark_authority._core import Authority, check_percentile, summarize, wall_ms
+from watermark_authority._errors import InvalidRequestError
+from watermark_authority.client import SECRET_ENV, SECRET_FILE_ENV, SECRET_FILE_NAME
 
 STATIC_DIR = Path(__file__).parent / "static"
-MAX_BODY_BYTES = 64 * 1024 * 1024
+#: the authority's documents nest at most 3 levels ({"reports": [[...]]}); allow some slack
+MAX_JSON_DEPTH = 8
+#: reads that reveal sequencer tokens: served only with the secret
+PRIVATE_READS = frozenset({"/v1/intervals"})
+#: what a 401 tells the client about where the secret comes from
+SECRET_HINT = (
+    "the service reads its secret from --secret-file, else $MILLWHEEL_AUTHORITY_SECRET, else "
+    "$MILLWHEEL_AUTHORITY_SECRET_FILE, else DATA_DIR/secret (generated on first start, mode 0600); "
+    "clients take secret=..., $MILLWHEEL_AUTHORITY_SECRET or $MILLWHEEL_AUTHORITY_SECRET_FILE"
+)
+HOST_HINT = "start the authority with --allow-host NAME"
+#: the dashboard's page: scripts and styles from this origin only, never framed
+DASHBOARD_CSP = "default-src 'self'; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+#: the longest history a client may ask for (the sampler keeps at most --history seconds anyway)
+MAX_HISTORY_SECONDS = 7 * 24 * 3600.0
 
 log = logging.getLogger("watermark_authority")
+T = TypeVar("T")
 
 
 class History:
@@ -41,51 +87,41 @@ class History:
 
     def __init__(self, seconds: float = 600.0, interval: float = 1.0) -> None:
         self.interval = interval
-        self.samples: deque[tuple[int, dict[str, int]]] = deque(maxlen=max(2, int(seconds / interval) + 1))
+        self.samples: deque[tuple[int, Mapping[str, int]]] = deque(maxlen=max(2, int(seconds / interval) + 1))
 
-    def sample(self, authority: Authority) -> None:
-        self.samples.append((wall_ms(), authority.watermarks()))
+    def sample(self, published: Mapping[str, int]) -> None:
+        """Record ``published`` (an immutable snapshot, kept as is) at the current wall time."""
+        self.samples.append((wall_ms(), published))
 
     def since(self, start_ms: int) -> list[dict[str, Any]]:
-        return [{"t": t, "w": w} for t, w in self.samples if t >= start_ms]
+        return [{"t": t, "w": dict(w)} for t, w in self.samples if t >= start_ms]
 
 
-def _json(data: Any, status: int = 200) -> Response:
-    return Response(json.dumps(data, separators=(",", ":")), status_code=status, media_type="application/json")
+def authority_guard(
+    secret: Secret,
+    *,
+    bind_host: str = "127.0.0.1",
+    allow_hosts: Sequence[str] = (),
+    allow_origins: Sequence[str] = (),
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> Guard:
+    """The :class:`~servicekit.http.Guard` of an authority bound to ``bind_host``."""
+    return Guard(
+        secret=secret,
+        allowed_hosts=hosts_for_bind(bind_host, allow_hosts),
+        allowed_origins=frozenset(allow_origins),
+        max_body_bytes=max_body_bytes,
+        private_reads=PRIVATE_READS,
+        secret_hint=SECRET_HINT,
+        host_hint=HOST_HINT,
+        service="the watermark authority",
+    )
 
 
-def _error(exc: AuthorityError) -> Response:
-    body: dict[str, Any] = {"error": exc.code, "message": str(exc)}
-    if isinstance(exc, StaleTokenError):
-        body["intervals"] = [list(x) for x in exc.intervals]
-    return _json(body, exc.status)
-
-
-async def _body(request: Request, fields: dict[str, bool]) -> dict[str, Any]:
-    """The JSON object in the request, with the required (True) and optional (False) fields."""
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        msg = f"request body is {len(raw)} bytes, more than {MAX_BODY_BYTES}; send smaller batches"
-        raise InvalidRequestError(msg)
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        msg = f"request body is not valid JSON ({exc}); send a JSON object with fields {sorted(fields)}"
-        raise InvalidRequestError(msg) from None
-    if not isinstance(body, dict):
-        msg = f"request body must be a JSON object with fields {sorted(fields)}, got {type(body).__name__}"
-        raise InvalidRequestError(msg)
-    missing = [f for f, required in fields.items() if required and f not in body]
-    unexpected = [f for f in body if f not in fields]
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"missing field(s) {missing}")
-        if unexpected:
-            parts.append(f"unexpected field(s) {unexpected}")
-        msg = f"{request.url.path}: {' and '.join(parts)}; expected {sorted(fields)}"
-        raise InvalidRequestError(msg)
-    return body
+def _body(raw: bytes, path: str, fields: dict[str, bool]) -> dict[str, Any]:
+    """The JSON object in ``raw`` with the required (True) and optional (False) fields."""
+    value = parse_json(raw, max_depth=MAX_JSON_DEPTH, error=InvalidRequestError)
+    return check_fields(value, fields, where=path, error=InvalidRequestError)
 
 
 def _reports(value: Any) -> list[tuple[Any, Any, Any, Any]]:
@@ -99,11 +135,12 @@ def _reports(value: Any) -> list[tuple[Any, Any, Any, Any]]:
         elif isinstance(r, dict):
             extra = set(r) - {"interval", "token", "oldest_work", "pending"}
             if extra or not {"interval", "token", "oldest_work"} <= set(r):
-                msg = f"report #{i} must have fields interval, token, oldest_work and optionally pending; got {sorted(r)}"
+                shown = sorted(describe(k, 40) for k in list(r)[:8])
+                msg = f"report #{i} must have fields interval, token, oldest_work and optionally pending; got {shown}"
                 raise InvalidRequestError(msg)
             out.append((r["interval"], r["token"], r["oldest_work"], r.get("pending")))
         else:
-            msg = f"report #{i} must be [interval, token, oldest_work(, pending)] or an object, got {r!r}"
+            msg = f"report #{i} must be [interval, token, oldest_work(, pending)] or an object, got {describe(r)}"
             raise InvalidRequestError(msg)
     return out
 
@@ -116,57 +153,47 @@ def _query(request: Request, name: str) -> str:
     return value
 
 
-def create_app(authority: Authority, *, history: History | None = None) -> Starlette:
-    """The Starlette application serving ``authority`` (and its dashboard)."""
+def create_app(authority: Authority, *, guard: Guard, history: History | None = None) -> Starlette:
+    """The Starlette application serving ``authority`` (and its dashboard) behind ``guard``."""
     history = history if history is not None else History()
+    writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="authority-writer")
 
-    def handler(fn: Callable[[Request], Any]) -> Callable[[Request], Any]:
-        async def endpoint(request: Request) -> Response:
-            try:
-                return _json(await fn(request))
-            except AuthorityError as exc:
-                return _error(exc)
-            except Exception as exc:  # a bug, or the journal failed: nothing was acknowledged
-                log.exception("internal error on %s %s", request.method, request.url.path)
-                return _json({"error": "internal", "message": f"{type(exc).__name__}: {exc}"}, 500)
+    async def on_writer(fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the writer thread: the only thread that calls the core's mutations."""
+        return await asyncio.get_running_loop().run_in_executor(writer, fn)
 
-        return endpoint
+    def endpoint(fn: Callable[[Request], Any]) -> Callable[[Request], Any]:
+        return json_endpoint(fn, logger=log)
 
-    async def acquire(request: Request) -> Any:
-        b = await _body(request, {"computation": True, "intervals": True})
-        return {"tokens": authority.acquire(b["computation"], b["intervals"])}
+    def mutation(fields: dict[str, bool], apply: Callable[[dict[str, Any]], Any]) -> Callable[[Request], Any]:
+        """A POST route: the body is read on the loop, decoded and applied on the writer."""
 
-    async def report(request: Request) -> Any:
-        b = await _body(request, {"computation": True, "reports": True})
+        async def route(request: Request) -> Any:
+            raw = await request.body()
+            path = request.url.path
+            return await on_writer(lambda: apply(_body(raw, path, fields)))
+
+        return endpoint(route)
+
+    def report(b: dict[str, Any]) -> Any:
         reports = _reports(b["reports"])
         authority.report(b["computation"], reports)
         return {"accepted": len(reports)}
 
-    async def check_token(request: Request) -> Any:
-        b = await _body(request, {"computation": True, "interval": True, "token": True})
+    def check_token(b: dict[str, Any]) -> Any:
         authority.check_token(b["computation"], b["interval"], b["token"])
         return {"ok": True}
 
-    async def split(request: Request) -> Any:
-        b = await _body(request, {"computation": True, "interval": True, "into": True})
-        return {"tokens": authority.split(b["computation"], b["interval"], b["into"])}
-
-    async def merge(request: Request) -> Any:
-        b = await _body(request, {"computation": True, "intervals": True, "into": True})
-        return {"token": authority.merge(b["computation"], b["intervals"], b["into"])}
-
-    async def expect(request: Request) -> Any:
-        b = await _body(request, {"injector": True, "processes": True})
+    def expect(b: dict[str, Any]) -> Any:
         authority.expect_injector_processes(b["injector"], b["processes"])
         return {"ok": True}
 
-    async def report_injector(request: Request) -> Any:
-        b = await _body(request, {"injector": True, "process": True, "low_watermark": True})
+    def report_injector(b: dict[str, Any]) -> Any:
         authority.report_injector(b["injector"], b["process"], b["low_watermark"])
         return {"ok": True}
 
     async def watermarks(request: Request) -> Any:
-        return {"watermarks": authority.watermarks()}
+        return {"watermarks": dict(authority.published())}
 
     async def watermark(request: Request) -> Any:
         name = _query(request, "name")
@@ -176,23 +203,21 @@ def create_app(authority: Authority, *, history: History | None = None) -> Starl
         try:
             value = float(pct)
         except ValueError:
-            msg = f"query parameter 'pct' must be a number in (0, 100], got {pct!r}"
+            msg = f"query parameter 'pct' must be a number in (0, 100], got {describe(pct)}"
             raise InvalidRequestError(msg) from None
-        return {"name": name, "pct": value, "watermark": authority.percentile_watermark(name, value)}
+        check_percentile(value)
+        return {"name": name, "pct": value, "watermark": await on_writer(lambda: authority.percentile_watermark(name, value))}
 
     async def status(request: Request) -> Any:
-        return authority.status()
+        return await on_writer(authority.status)
 
     async def intervals(request: Request) -> Any:
-        return {"intervals": authority.intervals(_query(request, "computation"))}
+        computation = _query(request, "computation")
+        return {"intervals": await on_writer(lambda: authority.intervals(computation))}
 
     async def get_history(request: Request) -> Any:
-        seconds = request.query_params.get("seconds", "600")
-        try:
-            span = float(seconds)
-        except ValueError:
-            msg = f"query parameter 'seconds' must be a number, got {seconds!r}"
-            raise InvalidRequestError(msg) from None
+        text = request.query_params.get("seconds", "600")
+        span = parse_number("query parameter 'seconds'", text, lo=0, hi=MAX_HISTORY_SECONDS, error=InvalidRequestError)
         now = wall_ms()
         return {"now": now, "interval": history.interval, "samples": history.since(now - int(span * 1000))}
 
@@ -200,14 +225,14 @@ def create_app(authority: Authority, *, history: History | None = None) -> Starl
         return {"ok": True}
 
     async def dashboard(request: Request) -> Response:
-        return FileResponse(STATIC_DIR / "dashboard.html", headers={"Cache-Control": "no-store"})
+        return FileResponse(STATIC_DIR / "dashboard.html", headers={"Cache-Control": "no-store", "Content-Security-Policy": DASHBOARD_CSP})
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async def sampler() -> None:
             while True:
                 try:
-                    history.sample(authority)
+                    history.sample(authority.published())
                 except Exception:  # keep sampling; the error is logged
                     log.exception("sampling watermarks failed")
                 await asyncio.sleep(history.interval)
@@ -219,26 +244,30 @@ def create_app(authority: Authority, *, history: History | None = None) -> Starl
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            writer.shutdown(wait=True)
             authority.close()
 
+    acquire_fields = {"computation": True, "intervals": True, "owner": False}
+    split_fields = {"computation": True, "interval": True, "into": True, "owner": False}
+    merge_fields = {"computation": True, "intervals": True, "into": True, "owner": False}
     routes = [
         Route("/", dashboard),
-        Route("/healthz", handler(health)),
-        Route("/v1/acquire", handler(acquire), methods=["POST"]),
-        Route("/v1/report", handler(report), methods=["POST"]),
-        Route("/v1/token/check", handler(check_token), methods=["POST"]),
-        Route("/v1/split", handler(split), methods=["POST"]),
-        Route("/v1/merge", handler(merge), methods=["POST"]),
-        Route("/v1/injectors/expect", handler(expect), methods=["POST"]),
-        Route("/v1/injectors/report", handler(report_injector), methods=["POST"]),
-        Route("/v1/watermarks", handler(watermarks)),
-        Route("/v1/watermark", handler(watermark)),
-        Route("/v1/status", handler(status)),
-        Route("/v1/intervals", handler(intervals)),
-        Route("/v1/history", handler(get_history)),
+        Route("/healthz", endpoint(health)),
+        Route("/v1/acquire", mutation(acquire_fields, lambda b: {"tokens": authority.acquire(b["computation"], b["intervals"], owner=b.get("owner"))}), methods=["POST"]),
+        Route("/v1/report", mutation({"computation": True, "reports": True}, report), methods=["POST"]),
+        Route("/v1/token/check", mutation({"computation": True, "interval": True, "token": True}, check_token), methods=["POST"]),
+        Route("/v1/split", mutation(split_fields, lambda b: {"tokens": authority.split(b["computation"], b["interval"], b["into"], owner=b.get("owner"))}), methods=["POST"]),
+        Route("/v1/merge", mutation(merge_fields, lambda b: {"token": authority.merge(b["computation"], b["intervals"], b["into"], owner=b.get("owner"))}), methods=["POST"]),
+        Route("/v1/injectors/expect", mutation({"injector": True, "processes": True}, expect), methods=["POST"]),
+        Route("/v1/injectors/report", mutation({"injector": True, "process": True, "low_watermark": True}, report_injector), methods=["POST"]),
+        Route("/v1/watermarks", endpoint(watermarks)),
+        Route("/v1/watermark", endpoint(watermark)),
+        Route("/v1/status", endpoint(status)),
+        Route("/v1/intervals", endpoint(intervals)),
+        Route("/v1/history", endpoint(get_history)),
         Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(GuardMiddleware, guard=guard)])
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -262,6 +291,12 @@ def serve(
     host: str,
     port: int,
     data_dir: str,
+    secret_file: str | None = None,
+    allow_hosts: Sequence[str] = (),
+    allow_origins: Sequence[str] = (),
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ssl_certfile: str | None = None,
+    ssl_keyfile: str | None = None,
     sync: bool = False,
     ready_file: str | None = None,
     sample_interval: float = 1.0,
@@ -274,6 +309,20 @@ def serve(
     from watermark_authority._journal import RocksJournal
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        secret = load_secret(
+            file=secret_file,
+            env=SECRET_ENV,
+            env_file=SECRET_FILE_ENV,
+            default_file=os.path.join(data_dir, SECRET_FILE_NAME),
+            create=True,
+        )
+    except (ConfigurationError, OSError) as exc:
+        print(f"watermark authority: {exc}", file=sys.stderr)
+        return 2
+    if secret is None:  # pragma: no cover - create=True always yields one
+        print("watermark authority: no secret", file=sys.stderr)
+        return 2
     journal_dir = os.path.join(data_dir, "journal")
     try:
         journal = RocksJournal(journal_dir, sync=sync)
@@ -288,16 +337,27 @@ def serve(
     sock = _bind(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
     url_host = f"[{bound_host}]" if ":" in bound_host else bound_host
-    url = f"http://{url_host}:{bound_port}"
-    if bound_host not in ("127.0.0.1", "::1", "localhost"):
-        print(f"watermark authority: listening on {bound_host}, not loopback: it has no authentication", file=sys.stderr)
+    scheme = "https" if ssl_certfile else "http"
+    url = f"{scheme}://{url_host}:{bound_port}"
+    if bound_host not in ("127.0.0.1", "::1") and not ssl_certfile:
+        print(
+            f"watermark authority: listening on {bound_host}, beyond loopback, in plain HTTP: the secret "
+            "travels unencrypted; put TLS in front (a reverse proxy, or --ssl-certfile/--ssl-keyfile)",
+            file=sys.stderr,
+        )
+    # a read waits for the writer thread's interpreter lock at most this long (default 5 ms)
+    sys.setswitchinterval(0.001)
 
     class _Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
             if self.started:
                 known = authority.watermarks()
-                print(f"watermark authority listening on {url} (journal {journal_dir}; {len(known)} names: {summarize(known)[:200]})", flush=True)
+                print(
+                    f"watermark authority listening on {url} (journal {journal_dir}; secret from {secret.source}; "
+                    f"{len(known)} names: {summarize(known)[:200]})",
+                    flush=True,
+                )
                 if ready_file:
                     tmp = f"{ready_file}.tmp"
                     with open(tmp, "w", encoding="utf-8") as f:
@@ -311,8 +371,12 @@ def serve(
             if isinstance(captured, list):
                 captured.clear()
 
-    app = create_app(authority, history=History(history_seconds, sample_interval))
-    config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=3)
+    guard = authority_guard(secret, bind_host=bound_host, allow_hosts=allow_hosts, allow_origins=allow_origins, max_body_bytes=max_body_bytes)
+    app = create_app(authority, guard=guard, history=History(history_seconds, sample_interval))
+    config = uvicorn.Config(
+        app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=3,
+        ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, server_header=False,
+    )  # fmt: skip
     server = _Server(config)
     server.run(sockets=[sock])
     print("watermark authority stopped", flush=True)

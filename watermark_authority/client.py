@@ -10,12 +10,20 @@ One interface, :class:`WatermarkClient`, three ways to get one:
   is given (``url=`` or ``$MILLWHEEL_AUTHORITY_URL``, cluster runs) and an embedded
   service otherwise.
 
+Every mutation over HTTP carries the service's bearer secret. An HTTP client takes it from
+``secret=``, else ``$MILLWHEEL_AUTHORITY_SECRET`` (the secret itself), else the file named
+by ``$MILLWHEEL_AUTHORITY_SECRET_FILE``; :func:`open_authority` also looks in
+``DATA_DIR/secret``, where an embedded authority keeps the secret it generated (mode 0600),
+so a second driver on the same run directory finds it. Reads need no secret. Each client
+names its process (``owner``, default ``host:pid``) when it acquires key intervals, so the
+dashboard can say which process holds a watermark back.
+
 A worker's life, in the interface's words::
 
     >>> from watermark_authority import InProcessWatermarkClient
     >>> wm = InProcessWatermarkClient()
-    >>> tokens = wm.acquire_many("WindowCounter", ["shard-0", "shard-1"])   # own the intervals
-    >>> wm.report_batch("WindowCounter", [("shard-0", tokens["shard-0"], 1_000), ("shard-1", tokens["shard-1"], 2_000)])
+    >>> tokens = wm.acquire_many("WindowCounter", ["interval-0", "interval-1"])   # own the key intervals
+    >>> wm.report_batch("WindowCounter", [("interval-0", tokens["interval-0"], 1_000), ("interval-1", tokens["interval-1"], 2_000)])
     >>> wm.report_injector("queries", "reader-0", 5_000)
     >>> wm.watermark("WindowCounter"), wm.watermarks()
     (1000, {'WindowCounter': 1000, 'queries': 5000})
@@ -36,6 +44,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -45,9 +54,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from servicekit import ConfigurationError, Secret, describe, load_secret
 from watermark_authority._core import Authority, Report
 from watermark_authority._errors import (
     ERRORS_BY_CODE,
+    AuthenticationError,
     AuthorityError,
     AuthorityUnavailableError,
     InvalidRequestError,
@@ -56,6 +67,32 @@ from watermark_authority._errors import (
 
 #: environment variable naming a running authority (cluster runs)
 URL_ENV = "MILLWHEEL_AUTHORITY_URL"
+#: environment variable holding the authority's bearer secret
+SECRET_ENV = "MILLWHEEL_AUTHORITY_SECRET"
+#: environment variable naming a file that holds the authority's bearer secret
+SECRET_FILE_ENV = "MILLWHEEL_AUTHORITY_SECRET_FILE"
+#: the file in an authority's data directory where its generated secret is kept
+SECRET_FILE_NAME = "secret"
+
+
+def default_owner() -> str:
+    """How this process names itself to the authority: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def client_secret(secret: str | Secret | None = None, *, data_dir: str | None = None) -> Secret | None:
+    """The secret a client sends: ``secret``, else ``$MILLWHEEL_AUTHORITY_SECRET``, else the
+    file named by ``$MILLWHEEL_AUTHORITY_SECRET_FILE``, else ``DATA_DIR/secret`` if it
+    exists; ``None`` if there is none (reads still work)."""
+    if isinstance(secret, Secret):
+        return secret
+    if secret is not None:
+        return Secret(secret, source="secret= of the client")
+    default = os.path.join(data_dir, SECRET_FILE_NAME) if data_dir else None
+    try:
+        return load_secret(env=SECRET_ENV, env_file=SECRET_FILE_ENV, default_file=default)
+    except ConfigurationError as exc:
+        raise AuthenticationError(str(exc)) from None
 
 #: a report as given to :meth:`WatermarkClient.report_batch`: ``(interval, token, oldest_work)``
 #: or ``(interval, token, oldest_work, pending)``
@@ -152,13 +189,14 @@ class InProcessWatermarkClient(WatermarkClient):
     :class:`~watermark_authority.MemoryJournal` to test restarts), or get a fresh one.
     """
 
-    def __init__(self, authority: Authority | None = None) -> None:
+    def __init__(self, authority: Authority | None = None, *, owner: str | None = None) -> None:
         self.authority = authority if authority is not None else Authority()
+        self.owner = owner or default_owner()
         self._lock = threading.Lock()
 
     def acquire_many(self, computation: str, intervals: Sequence[str]) -> dict[str, int]:
         with self._lock:
-            return self.authority.acquire(computation, intervals)
+            return self.authority.acquire(computation, intervals, owner=self.owner)
 
     def check_token(self, computation: str, interval: str, token: int) -> None:
         with self._lock:
@@ -171,11 +209,11 @@ class InProcessWatermarkClient(WatermarkClient):
 
     def split(self, computation: str, interval: str, into: Sequence[str]) -> dict[str, int]:
         with self._lock:
-            return self.authority.split(computation, interval, into)
+            return self.authority.split(computation, interval, into, owner=self.owner)
 
     def merge(self, computation: str, intervals: Sequence[str], into: str) -> int:
         with self._lock:
-            return self.authority.merge(computation, intervals, into)
+            return self.authority.merge(computation, intervals, into, owner=self.owner)
 
     def expect_injector_processes(self, injector: str, processes: Sequence[str]) -> None:
         with self._lock:
@@ -186,12 +224,10 @@ class InProcessWatermarkClient(WatermarkClient):
             self.authority.report_injector(injector, process, low_watermark)
 
     def watermark(self, computation_or_injector: str) -> int:
-        with self._lock:
-            return self.authority.watermark(computation_or_injector)
+        return self.authority.watermark(computation_or_injector)  # a snapshot read: no lock
 
     def watermarks(self) -> dict[str, int]:
-        with self._lock:
-            return self.authority.watermarks()
+        return self.authority.watermarks()
 
     def percentile_watermark(self, name: str, pct: float) -> int:
         with self._lock:
@@ -204,13 +240,18 @@ class InProcessWatermarkClient(WatermarkClient):
 class HttpWatermarkClient(WatermarkClient):
     """The authority service over HTTP/JSON (see ``docs/authority.md`` for the API).
 
+    * ``secret`` — the service's bearer secret, sent with every request (see
+      :func:`client_secret` for where it is looked up when not given); without one,
+      reads work and mutations raise :class:`AuthenticationError`;
+    * ``owner`` — how this process names itself when it acquires (default ``host:pid``);
     * ``timeout`` — seconds for each attempt (connect, read, write);
     * ``retries`` — extra attempts after a connection failure or a 5xx answer, with
       exponential backoff from ``backoff`` seconds (jittered, capped at 2 s). A request that
       may have reached the service is retried only if repeating it is harmless (reports,
       reads, acquire: a repeated acquire only fences the token nobody received); split and
       merge are retried only when the connection was never made. A 4xx is never retried:
-      it raises the matching :class:`~watermark_authority.AuthorityError` at once;
+      it raises the matching :class:`~watermark_authority.AuthorityError` at once (401:
+      :class:`AuthenticationError`, saying where this client looked for the secret);
     * ``transport`` — an ``httpx`` transport, e.g. ``httpx.MockTransport`` in tests.
 
     After the retries, :class:`AuthorityUnavailableError`. Thread-safe (one connection pool).
@@ -220,6 +261,8 @@ class HttpWatermarkClient(WatermarkClient):
         self,
         url: str,
         *,
+        secret: str | Secret | None = None,
+        owner: str | None = None,
         timeout: float = 5.0,
         retries: int = 5,
         backoff: float = 0.05,
@@ -233,13 +276,17 @@ class HttpWatermarkClient(WatermarkClient):
         self.url = url.rstrip("/")
         self.retries = retries
         self.backoff = backoff
+        self.owner = owner or default_owner()
+        self.secret = client_secret(secret)
         self._httpx = httpx
-        self._client = httpx.Client(base_url=self.url, timeout=timeout, transport=transport)
+        headers = self.secret.header() if self.secret is not None else {}
+        self._client = httpx.Client(base_url=self.url, timeout=timeout, transport=transport, headers=headers)
         self._random = random.Random(0)
 
     # -- the interface
     def acquire_many(self, computation: str, intervals: Sequence[str]) -> dict[str, int]:
-        out = self._call("POST", "/v1/acquire", {"computation": computation, "intervals": list(intervals)})
+        body = {"computation": computation, "intervals": list(intervals), "owner": self.owner}
+        out = self._call("POST", "/v1/acquire", body)
         return {k: int(v) for k, v in out["tokens"].items()}
 
     def check_token(self, computation: str, interval: str, token: int) -> None:
@@ -250,11 +297,11 @@ class HttpWatermarkClient(WatermarkClient):
         self._call("POST", "/v1/report", {"computation": computation, "reports": batch})
 
     def split(self, computation: str, interval: str, into: Sequence[str]) -> dict[str, int]:
-        body = {"computation": computation, "interval": interval, "into": list(into)}
+        body = {"computation": computation, "interval": interval, "into": list(into), "owner": self.owner}
         return {k: int(v) for k, v in self._call("POST", "/v1/split", body, idempotent=False)["tokens"].items()}
 
     def merge(self, computation: str, intervals: Sequence[str], into: str) -> int:
-        body = {"computation": computation, "intervals": list(intervals), "into": into}
+        body = {"computation": computation, "intervals": list(intervals), "into": into, "owner": self.owner}
         return int(self._call("POST", "/v1/merge", body, idempotent=False)["token"])
 
     def expect_injector_processes(self, injector: str, processes: Sequence[str]) -> None:
@@ -278,6 +325,10 @@ class HttpWatermarkClient(WatermarkClient):
         """What the dashboard shows: per name the watermark, what holds it, percentiles."""
         return self._call("GET", "/v1/status")
 
+    def intervals(self, computation: str) -> dict[str, dict[str, Any]]:
+        """The interval map of ``computation``, tokens included (needs the secret)."""
+        return self._call("GET", "/v1/intervals", params={"computation": computation})["intervals"]
+
     def healthy(self) -> bool:
         """True if the service answers its health check (one attempt, no retries)."""
         try:
@@ -300,6 +351,7 @@ class HttpWatermarkClient(WatermarkClient):
     ) -> dict[str, Any]:
         httpx = self._httpx
         last = ""
+        answered = 0  # attempts answered with a 5xx (the service is up, but failing)
         for attempt in range(self.retries + 1):
             if attempt:
                 delay = min(2.0, self.backoff * 2 ** (attempt - 1)) * (0.5 + self._random.random() / 2)
@@ -324,23 +376,47 @@ class HttpWatermarkClient(WatermarkClient):
                 return response.json()
             if status < 500:
                 raise self._error(response)
-            last = f"HTTP {status}: {response.text[:200]}"
+            answered += 1
+            last = f"HTTP {status}: {self._message(response)}"
             if not idempotent:
                 raise self._error(response)
-        msg = (
-            f"{method} {path}: the watermark authority at {self.url} is unavailable after "
-            f"{self.retries + 1} attempts ({last}); is `millwheel authority serve` running there?"
-        )
+        if answered:
+            msg = (
+                f"{method} {path}: the watermark authority at {self.url} is running but failed "
+                f"{answered} of {self.retries + 1} attempts (last: {last}); see the service's log"
+            )
+        else:
+            msg = (
+                f"{method} {path}: the watermark authority at {self.url} is unreachable after "
+                f"{self.retries + 1} attempts ({last}); is `millwheel authority serve` running there?"
+            )
         raise AuthorityUnavailableError(msg)
 
     @staticmethod
-    def _error(response: Any) -> AuthorityError:
+    def _message(response: Any) -> str:
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if isinstance(body, dict) and isinstance(body.get("message"), str):
+            return str(body["message"])[:500]
+        return f"HTTP {response.status_code}: {describe(response.text, 200)}"
+
+    def _error(self, response: Any) -> AuthorityError:
         try:
             body = response.json()
         except ValueError:
             body = {}
-        message = body.get("message") or f"HTTP {response.status_code}: {response.text[:200]}"
-        cls = ERRORS_BY_CODE.get(body.get("error", ""), AuthorityError)
+        if not isinstance(body, dict):
+            body = {}
+        message = self._message(response)
+        cls = ERRORS_BY_CODE.get(str(body.get("error", "")), AuthorityError)
+        if response.status_code == 401:
+            cls = AuthenticationError
+            if self.secret is None:
+                message += f" (this client sent no secret: pass secret=..., or set ${SECRET_ENV} or ${SECRET_FILE_ENV})"
+            else:
+                message += f" (this client sent the secret from {self.secret.source})"
         if cls is StaleTokenError:
             return StaleTokenError(message, [tuple(x) for x in body.get("intervals", [])])
         return cls(message)
@@ -357,10 +433,13 @@ class EmbeddedAuthority:
     process: subprocess.Popen[bytes]
     data_dir: str
     log_path: str
+    #: the service's bearer secret, which :meth:`client` passes to its clients
+    secret: Secret | None = None
     _clients: list[HttpWatermarkClient] = field(default_factory=list, repr=False)
 
     def client(self, **options: Any) -> HttpWatermarkClient:
-        """A new HTTP client of this service (closed when the service is stopped)."""
+        """A new HTTP client of this service, holding its secret (closed when the service is stopped)."""
+        options.setdefault("secret", self.secret)
         c = HttpWatermarkClient(self.url, **options)
         self._clients.append(c)
         return c
@@ -411,23 +490,28 @@ def start_authority(
 ) -> EmbeddedAuthority:
     """Start ``python -m watermark_authority serve`` on ``data_dir`` and wait until it is healthy.
 
-    ``port=0`` lets the service pick a free port and report it back. The caller stops it
+    ``port=0`` lets the service pick a free port and report it back. The service's secret
+    is ``DATA_DIR/secret``, generated (mode 0600) on the first start and reused after; the
+    returned handle holds it and gives it to its clients. The caller stops the service
     (:meth:`EmbeddedAuthority.stop`); prefer :func:`embedded_authority`, which does.
     """
     import httpx
 
     os.makedirs(data_dir, exist_ok=True)
+    secret_file = os.path.join(data_dir, SECRET_FILE_NAME)
+    secret = load_secret(default_file=secret_file, create=True)
     fd, ready_file = tempfile.mkstemp(prefix="authority-ready-", suffix=".url")
     os.close(fd)
     os.unlink(ready_file)
     log_path = os.path.join(data_dir, "authority.log")
     cmd = [
         sys.executable, "-m", "watermark_authority", "serve",
-        "--host", host, "--port", str(port), "--data-dir", data_dir, "--ready-file", ready_file, *extra_args,
+        "--host", host, "--port", str(port), "--data-dir", data_dir, "--ready-file", ready_file,
+        "--secret-file", secret_file, *extra_args,
     ]  # fmt: skip
     with open(log_path, "ab") as log:
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    handle = EmbeddedAuthority("", process, data_dir, log_path)
+    handle = EmbeddedAuthority("", process, data_dir, log_path, secret)
     deadline = time.monotonic() + startup_timeout
     try:
         while True:
@@ -462,11 +546,11 @@ def embedded_authority(data_dir: str | None = None, **options: Any) -> Iterator[
 
     It listens on a free loopback port; ``data_dir=None`` journals to a temporary directory
     removed afterwards. Options go to :func:`start_authority`. Yields an
-    :class:`EmbeddedAuthority` (``.url``, ``.client()``)::
+    :class:`EmbeddedAuthority` (``.url``, ``.secret``, ``.client()``)::
 
         with embedded_authority() as service:
-            wm = service.client()
-            token = wm.acquire("WindowCounter", "shard-0")
+            wm = service.client()                  # holds the service's secret
+            token = wm.acquire("WindowCounter", "interval-0")
     """
     temporary = data_dir is None
     path = tempfile.mkdtemp(prefix="millwheel-authority-") if data_dir is None else data_dir
@@ -482,12 +566,19 @@ def embedded_authority(data_dir: str | None = None, **options: Any) -> Iterator[
 
 
 @contextlib.contextmanager
-def open_authority(url: str | None = None, *, data_dir: str | None = None, **client_options: Any) -> Iterator[WatermarkClient]:
+def open_authority(
+    url: str | None = None, *, data_dir: str | None = None, secret: str | Secret | None = None, **client_options: Any
+) -> Iterator[WatermarkClient]:
     """A client for the runtime: of the service at ``url`` (or ``$MILLWHEEL_AUTHORITY_URL``)
-    for cluster runs, else of an embedded service started for the ``with`` block."""
+    for cluster runs, else of an embedded service started for the ``with`` block.
+
+    With a URL, the secret is ``secret``, else ``$MILLWHEEL_AUTHORITY_SECRET``, else the file
+    named by ``$MILLWHEEL_AUTHORITY_SECRET_FILE``, else ``DATA_DIR/secret`` (the one an
+    embedded authority on that data directory generated). The URL itself carries nothing secret.
+    """
     url = url or os.environ.get(URL_ENV) or None
     if url:
-        with HttpWatermarkClient(url, **client_options) as client:
+        with HttpWatermarkClient(url, secret=client_secret(secret, data_dir=data_dir), **client_options) as client:
             yield client
         return
     with embedded_authority(data_dir) as service, service.client(**client_options) as client:

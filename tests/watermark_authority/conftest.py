@@ -1,8 +1,10 @@
 """Fixtures for the watermark authority's tests.
 
 ``client`` runs a test on both backends: the core in this process, and the real service
-over HTTP (one service per test session, started on a free loopback port). Tests name
-their computations and injectors with ``ns`` so they never see each other's.
+over HTTP (one service per test session, started on a free loopback port, its secret
+generated in its data directory). ``http`` is a raw HTTP client of that service holding
+its secret, ``anon`` one without. Tests name their computations and injectors with ``ns``
+so they never see each other's.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import itertools
 import tempfile
 
+import httpx
 import pytest
 
 from watermark_authority import InProcessWatermarkClient
@@ -35,6 +38,41 @@ def client(request):
     c = svc.client(timeout=10.0, retries=2)
     yield c
     c.close()
+
+
+@pytest.fixture
+def http(service):
+    """Raw HTTP to the session's service, with its secret (``Authorization: Bearer ...``)."""
+    with httpx.Client(base_url=service.url, timeout=10.0, headers=service.secret.header()) as h:
+        yield h
+
+
+@pytest.fixture
+def anon(service):
+    """Raw HTTP to the session's service without the secret: what anyone on the network has."""
+    with httpx.Client(base_url=service.url, timeout=10.0) as h:
+        yield h
+
+
+@pytest.fixture
+def seeded(http, ns):
+    """A computation with two reported intervals and an injector, and a snapshot function."""
+    c, inj = f"{ns}c", f"{ns}logs"
+    tokens = http.post("/v1/acquire", json={"computation": c, "intervals": ["a", "b"]}).json()["tokens"]
+    r = http.post("/v1/report", json={"computation": c, "reports": [["a", tokens["a"], 1_000], {"interval": "b", "token": tokens["b"], "oldest_work": 2_000, "pending": 4}]})
+    assert r.status_code == 200, r.text
+    assert http.post("/v1/injectors/expect", json={"injector": inj, "processes": ["p0"]}).status_code == 200
+    assert http.post("/v1/injectors/report", json={"injector": inj, "process": "p0", "low_watermark": 3_000}).status_code == 200
+
+    def snapshot():
+        return (
+            http.get("/v1/intervals", params={"computation": c}).json(),
+            http.get("/v1/watermarks").json()["watermarks"].get(c),
+            http.get("/v1/status").json()["injectors"][inj]["processes"],
+            http.get("/v1/watermark", params={"name": c, "pct": "99"}).json(),
+        )
+
+    return c, inj, tokens, snapshot
 
 
 @pytest.fixture

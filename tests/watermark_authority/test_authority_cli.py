@@ -26,14 +26,21 @@ def test_millwheel_authority_serve_runs_the_service(tmp_path):
         url = ready.read_text()
         assert url.startswith("http://127.0.0.1:")  # loopback by default
         assert httpx.get(f"{url}/healthz").json() == {"ok": True}
-        httpx.post(f"{url}/v1/injectors/report", json={"injector": "logs", "process": "p0", "low_watermark": 42})
+        report = {"injector": "logs", "process": "p0", "low_watermark": 42}
+        assert httpx.post(f"{url}/v1/injectors/report", json=report).status_code == 401  # writes need the secret
+        secret_file = tmp_path / "d" / "secret"  # generated on the first start, readable by its owner only
+        assert secret_file.stat().st_mode & 0o777 == 0o600
+        headers = {"Authorization": f"Bearer {secret_file.read_text().strip()}"}
+        assert httpx.post(f"{url}/v1/injectors/report", json=report, headers=headers).status_code == 200
         out = subprocess.run([sys.executable, "-m", "millwheel.cli", "authority", "watermarks", "--url", url], capture_output=True, text=True, timeout=30)
         assert out.returncode == 0 and out.stdout.strip() == "logs=42"
     finally:
         proc.terminate()
         proc.wait(10)
     assert proc.returncode == 0
-    assert "listening on http://127.0.0.1:" in proc.stdout.read()
+    out = proc.stdout.read()
+    assert "listening on http://127.0.0.1:" in out and "secret from the file given with --secret-file" not in out
+    assert secret_file.read_text().strip() not in out  # the secret is never printed
 
 
 def test_a_second_service_on_the_same_data_dir_is_refused(service, capsys):
@@ -47,4 +54,4 @@ def test_bad_arguments(capsys):
     with pytest.raises(SystemExit):
         main(["bogus"])
     assert main(["watermarks", "--url", "http://127.0.0.1:9"]) == 2
-    assert "unavailable" in capsys.readouterr().err
+    assert "unreachable" in capsys.readouterr().err

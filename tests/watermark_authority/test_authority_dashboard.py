@@ -16,8 +16,7 @@ import time
 
 import pytest
 
-from millwheel import MIN_TIMESTAMP
-from watermark_authority import embedded_authority
+from watermark_authority import MIN_TIMESTAMP, embedded_authority
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

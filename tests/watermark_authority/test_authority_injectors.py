@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from millwheel import MAX_TIMESTAMP, MIN_TIMESTAMP
-from watermark_authority import ConflictError, UnknownNameError
+from watermark_authority import MAX_TIMESTAMP, MIN_TIMESTAMP, ConflictError, UnknownNameError
 
 
 def test_a_missing_expected_process_holds_the_injector(client, ns):

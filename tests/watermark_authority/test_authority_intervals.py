@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from millwheel import MAX_TIMESTAMP, MIN_TIMESTAMP
-from watermark_authority import ConflictError, UnknownNameError
+from watermark_authority import MAX_TIMESTAMP, MIN_TIMESTAMP, ConflictError, UnknownNameError
 
 
 def test_an_interval_that_never_reported_holds_the_watermark_at_min(client, ns):

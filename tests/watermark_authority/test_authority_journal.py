@@ -2,11 +2,34 @@
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 
-from millwheel import MIN_TIMESTAMP
-from watermark_authority import Authority, MemoryJournal, RocksJournal, StaleTokenError
-from watermark_authority._journal import decode, encode
+from watermark_authority import (
+    MIN_TIMESTAMP,
+    Authority,
+    MemoryJournal,
+    RocksJournal,
+    StaleTokenError,
+)
+from watermark_authority._journal import (
+    JOURNAL_FORMAT,
+    RECORDS,
+    ComputationAdded,
+    FormatVersion,
+    InjectorAdded,
+    IntervalDropped,
+    IntervalRetired,
+    IntervalState,
+    IntervalUnretired,
+    PercentilePublished,
+    ProcessDropped,
+    ProcessReported,
+    TokenCounter,
+    WatermarkPublished,
+    decode,
+    encode,
+)
 
 
 @pytest.fixture(params=["memory", "rocksdb"])
@@ -83,21 +106,64 @@ def test_nothing_is_applied_when_the_journal_fails():
 
 
 @pytest.mark.parametrize(
-    "op",
+    "record",
     [
-        ("next_token", 12),
-        ("computation", "c/with:odd chars"),
-        ("interval", "c", "a-m", 3, -(2**63), None, None),
-        ("interval", "c", "n-z", 4, 2**63 - 1, 17, 1_700_000_000_000),
-        ("injector", "logs", ["p0", "p1"]),
-        ("injector", "logs", None),
-        ("process", "logs", "p0", 12, 34),
-        ("published", "c", 99),
-        ("pct", "c", "99.000", 100),
-        ("retired", "c", "a", 2),
+        TokenCounter(12),
+        ComputationAdded("c/with:odd chars"),
+        IntervalState("c", "a-m", 3, -(2**63), None, None),
+        IntervalState("c", "n-z", 4, 2**63 - 1, 17, 1_700_000_000_000, "host:42"),
+        InjectorAdded("logs", ("p0", "p1")),
+        InjectorAdded("logs", None),
+        ProcessReported("logs", "p0", 12, 34),
+        WatermarkPublished("c", 99),
+        PercentilePublished("c", "99.000", 100),
+        IntervalRetired("c", "a", 2),
+        FormatVersion(JOURNAL_FORMAT),
     ],
 )
-def test_ops_round_trip_through_the_encoding(op):
-    key, value = encode(op)
+def test_records_round_trip_through_the_encoding(record):
+    key, value = encode(record)
     assert value is not None
-    assert decode(key, value) == op
+    back = decode(key, value)
+    assert back == record and type(back) is type(record)
+
+
+def test_every_record_kind_has_its_own_class_and_deletes_share_the_key_of_what_they_delete():
+    assert set(RECORDS) == {
+        "next_token", "computation", "interval", "drop_interval", "retired", "unretire",
+        "injector", "process", "drop_process", "published", "pct", "format",
+    }  # fmt: skip
+    for delete, of in [(IntervalDropped("c", "a"), IntervalState("c", "a", 1, 0, None, None)), (IntervalUnretired("c", "a"), IntervalRetired("c", "a", 1)), (ProcessDropped("l", "p"), ProcessReported("l", "p", 1, 2))]:
+        assert encode(delete) == (encode(of)[0], None)
+
+
+def test_a_format_1_journal_is_read_and_upgraded():
+    """Format 1 wrote positional tuples without an owner and no format key; it still loads."""
+    j = MemoryJournal()
+    sep = "\x00"
+    j.data = {
+        b"c\x00c": msgpack.packb(()),
+        sep.join(("i", "c", "a")).encode(): msgpack.packb((3, 1_000, 5, 77)),  # token, value, pending, updated (no owner)
+        sep.join(("i", "c", "b")).encode(): msgpack.packb((4, 2_000, None, 78)),
+        b"p\x00c": msgpack.packb((900,)),
+        b"t": msgpack.packb((5,)),
+    }
+    a = Authority(j, clock=lambda: 0)
+    assert a.intervals("c") == {
+        "a": {"token": 3, "owner": None, "value": 1_000, "pending": 5, "updated_ms": 77},
+        "b": {"token": 4, "owner": None, "value": 2_000, "pending": None, "updated_ms": 78},
+    }
+    assert a.watermark("c") == 1_000  # published on load: the raw value had risen above 900
+    assert a.acquire("c", ["z"])["z"] == 5
+    assert decode(b"_", j.data[b"_"]) == FormatVersion(JOURNAL_FORMAT)  # now marked as the current format
+
+
+def test_a_journal_of_a_newer_format_is_refused_with_a_reason():
+    j = MemoryJournal()
+    j.commit([FormatVersion(JOURNAL_FORMAT + 1)])
+    with pytest.raises(ValueError, match=f"format {JOURNAL_FORMAT + 1}, newer than this millwheel reads"):
+        Authority(j)
+    j = MemoryJournal()
+    j.data[b"e\x00x"] = msgpack.packb((1,))
+    with pytest.raises(ValueError, match="prefix 'e', unknown to this version"):
+        Authority(j)

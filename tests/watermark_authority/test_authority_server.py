@@ -1,37 +1,13 @@
-"""The HTTP service: malformed requests get a 4xx with a reason and change nothing."""
+"""The HTTP service: malformed requests get a 4xx with a reason and change nothing.
+
+(Attacks, as opposed to mistakes, are in ``test_authority_security``.)
+"""
 
 from __future__ import annotations
 
 import json
 
-import httpx
-import pytest
-
-
-@pytest.fixture
-def http(service):
-    with httpx.Client(base_url=service.url, timeout=10.0) as h:
-        yield h
-
-
-@pytest.fixture
-def seeded(http, ns):
-    """A computation with two reported intervals and an injector, and a snapshot function."""
-    c, inj = f"{ns}c", f"{ns}logs"
-    tokens = http.post("/v1/acquire", json={"computation": c, "intervals": ["a", "b"]}).json()["tokens"]
-    r = http.post("/v1/report", json={"computation": c, "reports": [["a", tokens["a"], 1_000], {"interval": "b", "token": tokens["b"], "oldest_work": 2_000, "pending": 4}]})
-    assert r.status_code == 200, r.text
-    assert http.post("/v1/injectors/expect", json={"injector": inj, "processes": ["p0"]}).status_code == 200
-    assert http.post("/v1/injectors/report", json={"injector": inj, "process": "p0", "low_watermark": 3_000}).status_code == 200
-
-    def snapshot():
-        return (
-            http.get("/v1/intervals", params={"computation": c}).json(),
-            http.get("/v1/watermarks").json()["watermarks"].get(c),
-            http.get("/v1/status").json()["injectors"][inj]["processes"],
-        )
-
-    return c, inj, tokens, snapshot
+JSON = {"Content-Type": "application/json"}
 
 
 def bad_requests(c, inj, tokens):
@@ -47,6 +23,9 @@ def bad_requests(c, inj, tokens):
         ("POST", "/v1/report", {"computation": c, "reports": [["a", a, 5_000], ["b", b, 1.5]]}, 400, "integer timestamp"),
         ("POST", "/v1/report", {"computation": c, "reports": [["a", a, 5_000], ["b", b, 2**64]]}, 400, "MAX_TIMESTAMP"),
         ("POST", "/v1/report", {"computation": c, "reports": [["a", a, 5_000], ["b", b, 6_000, -3]]}, 400, "pending must be a count"),
+        ("POST", "/v1/report", {"computation": c, "reports": [["a", a, 5_000], ["b", b, 6_000, True]]}, 400, "pending must be a count"),
+        ("POST", "/v1/report", {"computation": c, "reports": [["a", a, 5_000], ["b", 2**63, 6_000]]}, 400, "token must be"),
+        ("POST", "/v1/acquire", {"computation": c, "intervals": ["x"], "owner": ""}, 400, "owner must be a non-empty string"),
         ("POST", "/v1/report", {"computation": c, "reports": [["a", a, 5_000], ["b", "x", 6_000]]}, 400, "token must be"),
         ("POST", "/v1/report", {"computation": c, "reports": [["a", a, 5_000], {"interval": "b", "token": b}]}, 400, "oldest_work"),
         ("POST", "/v1/report", {"computation": c, "reports": [["a", a, 5_000], ["zz", b, 6_000]]}, 404, "acquire an interval before reporting"),
@@ -66,6 +45,8 @@ def bad_requests(c, inj, tokens):
         ("GET", "/v1/watermark?name=nobody-at-all", None, 404, "no computation or injector named 'nobody-at-all'"),
         ("GET", f"/v1/watermark?name={c}&pct=abc", None, 400, "(0, 100]"),
         ("GET", f"/v1/watermark?name={c}&pct=0", None, 400, "(0, 100]"),
+        ("GET", f"/v1/watermark?name={c}&pct=nan", None, 400, "(0, 100]"),
+        ("GET", "/v1/intervals?computation=nobody-at-all", None, 404, "no computation named 'nobody-at-all'"),
     ]
 
 
@@ -74,7 +55,7 @@ def test_malformed_requests_get_a_4xx_with_a_reason_and_change_nothing(http, see
     before = snapshot()
     for method, path, body, status, reason in bad_requests(c, inj, tokens):
         if isinstance(body, bytes):
-            r = http.request(method, path, content=body)
+            r = http.request(method, path, content=body, headers=JSON)
         else:
             r = http.request(method, path, json=body)
         assert r.status_code == status, (path, body, r.status_code, r.text)
@@ -92,11 +73,13 @@ def test_reports_accept_arrays_and_objects(http, seeded):
     assert http.get("/v1/intervals", params={"computation": c}).json()["intervals"]["a"]["pending"] == 2
 
 
-def test_status_names_what_holds_each_watermark(http, seeded):
+def test_status_names_what_holds_each_watermark_and_its_owner(http, seeded):
     c, inj, _, _ = seeded
     status = http.get("/v1/status").json()
-    assert status["computations"][c]["holding"]["interval"] == "a"
-    assert status["computations"][c]["holding"]["value"] == 1_000
+    holding = status["computations"][c]["holding"]
+    assert holding["interval"] == "a" and holding["value"] == 1_000
+    assert holding["owner"] is None  # acquired over raw HTTP without an owner
+    assert "token" not in holding  # status is served without the secret: it never shows tokens
     assert status["injectors"][inj]["holding"] == {"process": "p0", "value": 3_000, "reported": True}
     assert set(status["computations"][c]["percentiles"]) == {"99.000"}
 
@@ -106,7 +89,9 @@ def test_history_samples_watermarks_for_the_chart(http, seeded):
     hist = http.get("/v1/history", params={"seconds": "60"}).json()
     assert hist["interval"] > 0 and isinstance(hist["samples"], list)
     assert all(set(s) == {"t", "w"} for s in hist["samples"])
-    assert http.get("/v1/history", params={"seconds": "x"}).status_code == 400
+    for bad in ("x", "nan", "inf", "-1", "1e30"):
+        r = http.get("/v1/history", params={"seconds": bad})
+        assert r.status_code == 400 and "finite number" in r.json()["message"], (bad, r.text)
     # the sampler publishes what it samples, so the value seen in a later sample is c's watermark
     import time
 
@@ -128,6 +113,23 @@ def test_the_dashboard_and_its_chart_library_are_served(http):
 
 
 def test_the_error_body_is_json_with_a_code(http):
-    r = http.post("/v1/acquire", content=json.dumps({"computation": 5, "intervals": ["a"]}))
+    r = http.post("/v1/acquire", content=json.dumps({"computation": 5, "intervals": ["a"]}), headers=JSON)
     assert r.status_code == 400
     assert r.json() == {"error": "invalid_request", "message": "computation must be a non-empty string, got 5"}
+
+
+def test_the_client_names_its_process_as_the_owner(service, http, ns):
+    c = f"{ns}c"
+    with service.client(owner="worker-7:4242") as wm:
+        t = wm.acquire(c, "interval-0")
+        assert http.get("/v1/intervals", params={"computation": c}).json()["intervals"]["interval-0"]["owner"] == "worker-7:4242"
+        wm.report(c, "interval-0", t, 5)
+        assert http.get("/v1/status").json()["computations"][c]["holding"]["owner"] == "worker-7:4242"
+        wm.split(c, "interval-0", ["interval-0a", "interval-0b"])
+    with service.client() as wm:  # the default owner: host:pid
+        wm.acquire(c, "interval-0a")
+    import os
+    import socket
+
+    owners = {iv: v["owner"] for iv, v in http.get("/v1/intervals", params={"computation": c}).json()["intervals"].items()}
+    assert owners == {"interval-0a": f"{socket.gethostname()}:{os.getpid()}", "interval-0b": "worker-7:4242"}

@@ -1,0 +1,314 @@
+"""The HTTP side of servicekit: one ASGI guard in front of a Starlette app, and JSON endpoints.
+
+:class:`GuardMiddleware` checks every request before the app sees it, cheapest first,
+and answers a refusal itself as ``{"error": code, "message": text}``:
+
+1. ``Host`` must be one of :attr:`Guard.allowed_hosts` (port ignored) or an IP address,
+   else **421**: a page on ``evil.example`` whose name was re-pointed at this machine
+   (DNS rebinding) names ``evil.example`` in ``Host``, while an address typed as such
+   can never be the origin of another site's page;
+2. a request from a browser page of another origin is refused with **403**: an
+   ``Origin`` header that is not this service's own origin (or one of
+   :attr:`Guard.allowed_origins`), ``Origin: null``, or ``Sec-Fetch-Site`` other than
+   ``same-origin``/``none`` (a top-level navigation, e.g. following a link to a
+   dashboard, is let through when it is a ``GET``);
+3. every request other than ``GET``/``HEAD`` (every mutation), and a ``GET`` of one of
+   :attr:`Guard.private_reads`, must carry ``Authorization: Bearer <secret>``, compared
+   in constant time, else **401** with a message saying where the secret comes from;
+4. a body over :attr:`Guard.max_body_bytes` is refused with **413** from its
+   ``Content-Length`` before a byte of it is read, and while it streams in when it has
+   none; a body not declared ``application/json`` gets **415**. These answers close the
+   connection, so the rest of the body is never read.
+
+Every response also gets ``X-Content-Type-Options: nosniff`` and ``X-Frame-Options:
+DENY``. Endpoints wrapped in :func:`json_endpoint` turn a :class:`ServiceError` into its
+status and an unexpected exception into a 500 whose message is cut short and names
+the route. The JSON body itself is checked by :mod:`servicekit.checks` (depth, NaN,
+required and unexpected fields).
+
+::
+
+    guard = Guard(secret=load_secret(...), allowed_hosts=hosts_for_bind("127.0.0.1"))
+    app = Starlette(routes=[Route("/v1/thing", json_endpoint(thing), methods=["POST"])],
+                    middleware=[Middleware(GuardMiddleware, guard=guard)])
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from servicekit.checks import describe, truncate
+from servicekit.errors import (
+    BadRequestError,
+    ForbiddenError,
+    MisdirectedRequestError,
+    PayloadTooLargeError,
+    ServiceError,
+    UnauthorizedError,
+    UnsupportedMediaTypeError,
+)
+from servicekit.secret import Secret
+
+#: default request body limit: 16 MiB (a report of 100k key intervals is about 4 MB)
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+#: names that always mean this machine
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+_WILDCARDS = frozenset({"", "0.0.0.0", "::"})
+_SAFE_METHODS = frozenset({"GET", "HEAD"})
+_ALWAYS_HEADERS = [(b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY")]
+
+log = logging.getLogger("servicekit")
+
+
+def hosts_for_bind(bind_host: str, extra: Iterable[str] = ()) -> frozenset[str]:
+    """The ``Host`` names a service bound to ``bind_host`` answers: loopback names, the bound
+    address itself (unless it is a wildcard such as ``0.0.0.0``), and ``extra``.
+
+    >>> sorted(hosts_for_bind("0.0.0.0", ["authority.example.com"]))
+    ['127.0.0.1', '::1', 'authority.example.com', 'localhost']
+    """
+    hosts = set(LOOPBACK_HOSTS)
+    if bind_host.strip("[]") not in _WILDCARDS:
+        hosts.add(normalize_host(bind_host))
+    hosts.update(normalize_host(h) for h in extra)
+    return frozenset(hosts)
+
+
+def normalize_host(host: str) -> str:
+    """``Host`` header or name -> lower-case name without port, brackets or trailing dot.
+
+    >>> normalize_host("LocalHost.:7300"), normalize_host("[::1]:80"), normalize_host("10.0.0.5")
+    ('localhost', '::1', '10.0.0.5')
+    """
+    host = host.strip().lower()
+    if host.startswith("["):
+        host = host[1 : host.find("]")] if "]" in host else host[1:]
+    elif host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    return host.rstrip(".")
+
+
+@dataclass(frozen=True)
+class Guard:
+    """What a service lets in; see the module docstring for the order of the checks.
+
+    * ``secret`` — the bearer secret every mutation (and every private read) must carry;
+    * ``allowed_hosts`` — ``Host`` names served (see :func:`hosts_for_bind`); IP
+      addresses are always served unless ``ip_hosts=False``;
+    * ``allowed_origins`` — other browser origins allowed to call (``"https://ops.example.com"``);
+    * ``max_body_bytes`` — the request body limit;
+    * ``private_reads`` — ``GET`` paths that need the secret (those that reveal credentials);
+    * ``secret_hint`` — where a client finds the secret, for the 401 message;
+    * ``host_hint`` — how an operator allows another host name, for the 421 message;
+    * ``service`` — the service's name in messages and in ``WWW-Authenticate``.
+    """
+
+    secret: Secret
+    allowed_hosts: frozenset[str] = LOOPBACK_HOSTS
+    allowed_origins: frozenset[str] = frozenset()
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    private_reads: frozenset[str] = frozenset()
+    secret_hint: str = "ask the operator of the service for it"
+    host_hint: str = "ask the operator to allow it"
+    service: str = "the service"
+    ip_hosts: bool = True
+    _origins: frozenset[str] = field(init=False, repr=False, default=frozenset())
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1:
+            msg = f"{self.service}: max_body_bytes must be >= 1, got {self.max_body_bytes}"
+            raise ValueError(msg)
+        object.__setattr__(self, "_origins", frozenset(o.rstrip("/").lower() for o in self.allowed_origins))
+
+    # -- the checks, each raising the ServiceError it is answered with
+    def check_host(self, headers: Headers) -> None:
+        raw = headers.get("host")
+        if raw is None:
+            msg = f"the request has no Host header; {self.service} answers for {sorted(self.allowed_hosts)}"
+            raise BadRequestError(msg)
+        host = normalize_host(raw)
+        if host not in self.allowed_hosts and not (self.ip_hosts and _is_ip(host)):
+            msg = (
+                f"{self.service} does not answer for host {describe(raw, 60)} (it answers for "
+                f"{', '.join(sorted(self.allowed_hosts))}); if that name is really this service, {self.host_hint}"
+            )
+            raise MisdirectedRequestError(msg)
+
+    def check_origin(self, method: str, headers: Headers) -> None:
+        origin = headers.get("origin")
+        if origin is not None:
+            normalized = origin.strip().rstrip("/").lower()
+            try:
+                netloc = urlsplit(normalized).netloc
+            except ValueError:
+                netloc = ""
+            same = netloc != "" and netloc == headers.get("host", "").strip().lower()
+            if not same and normalized not in self._origins:
+                msg = (
+                    f"{self.service} refuses requests from pages of another site (Origin {describe(origin, 60)}); "
+                    "open its own page, or have the operator allow that origin"
+                )
+                raise ForbiddenError(msg)
+        site = headers.get("sec-fetch-site")
+        if site is not None and site not in ("same-origin", "none") and origin is None:
+            navigation = method in _SAFE_METHODS and headers.get("sec-fetch-mode") == "navigate"
+            if not navigation:
+                msg = f"{self.service} refuses requests from pages of another site (Sec-Fetch-Site: {describe(site, 30)}); open its own page"
+                raise ForbiddenError(msg)
+
+    def check_secret(self, method: str, path: str, headers: Headers) -> None:
+        if method in _SAFE_METHODS and path not in self.private_reads:
+            return
+        what = f"{method} {describe(path, 60)}"
+        auth = headers.get("authorization")
+        if auth is None:
+            msg = f"{what} needs {self.service}'s secret: send the header 'Authorization: Bearer <secret>'; {self.secret_hint}"
+            raise UnauthorizedError(msg)
+        scheme, _, presented = auth.partition(" ")
+        if scheme.lower() != "bearer" or not self.secret.matches(presented.strip()):
+            msg = f"{what}: the bearer secret sent is not {self.service}'s secret; {self.secret_hint}"
+            raise UnauthorizedError(msg)
+
+    def check_body(self, method: str, headers: Headers) -> None:
+        length = headers.get("content-length")
+        if length is not None:
+            if not length.strip().isdigit():
+                msg = f"Content-Length must be a number of bytes, got {describe(length, 30)}"
+                raise BadRequestError(msg)
+            if int(length) > self.max_body_bytes:
+                msg = f"the request body is {int(length):,} bytes, more than the {self.max_body_bytes:,} {self.service} accepts; send smaller batches"
+                raise PayloadTooLargeError(msg)
+        has_body = (length is not None and int(length) > 0) or "chunked" in headers.get("transfer-encoding", "").lower()
+        if has_body:
+            ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+            if ctype != "application/json" and not ctype.endswith("+json"):
+                msg = f"the request body must be JSON sent with 'Content-Type: application/json', got {describe(ctype or 'no Content-Type', 60)}"
+                raise UnsupportedMediaTypeError(msg)
+
+    def check(self, method: str, path: str, headers: Headers) -> None:
+        """Every check, in order; raises the first refusal."""
+        self.check_host(headers)
+        self.check_origin(method, headers)
+        self.check_secret(method, path, headers)
+        self.check_body(method, headers)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """``data`` as compact JSON (``NaN`` is never sent: it is not JSON)."""
+    body = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
+
+
+def error_response(exc: ServiceError, *, close: bool = False, realm: str = "service") -> Response:
+    """The answer to ``exc``: its status and ``{"error", "message", **extra}``, the message cut short.
+
+    ``close=True`` (always for 413) adds ``Connection: close``, so a body the service did
+    not read is never read.
+    """
+    body: dict[str, Any] = {"error": exc.code, "message": truncate(str(exc)), **exc.extra()}
+    headers: dict[str, str] = {"Cache-Control": "no-store"}
+    if isinstance(exc, UnauthorizedError):
+        headers["WWW-Authenticate"] = f'Bearer realm="{realm}"'
+    if close or isinstance(exc, PayloadTooLargeError):
+        headers["Connection"] = "close"
+    return json_response(body, exc.status, headers)
+
+
+def json_endpoint(fn: Callable[[Request], Awaitable[Any]], *, logger: logging.Logger | None = None) -> Callable[[Request], Awaitable[Response]]:
+    """A Starlette endpoint from ``fn(request) -> JSON-able data`` (or a Response).
+
+    A :class:`ServiceError` becomes its status; any other exception is logged with its
+    traceback and answered 500 ``internal`` with a short message naming the route (the
+    request was not acknowledged, so a client may retry).
+    """
+    logger = logger or log
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            data = await fn(request)
+        except ServiceError as exc:
+            return error_response(exc)
+        except Exception as exc:
+            logger.exception("internal error on %s %s", request.method, request.url.path)
+            message = f"{request.method} {request.url.path} failed inside the service ({type(exc).__name__}: {truncate(str(exc), 300)}); see the service's log"
+            return json_response({"error": "internal", "message": message}, 500)
+        return data if isinstance(data, Response) else json_response(data)
+
+    return endpoint
+
+
+class GuardMiddleware:
+    """ASGI middleware applying a :class:`Guard` to every HTTP request (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp, guard: Guard) -> None:
+        self.app = app
+        self.guard = guard
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        method = scope["method"]
+        try:
+            self.guard.check(method, scope["path"], headers)
+        except ServiceError as exc:
+            # the body (if any) was not read: close, so the client's upload stops here
+            close = method not in _SAFE_METHODS or headers.get("content-length", "0") != "0"
+            await error_response(exc, close=close)(scope, receive, _with_headers(send))
+            return
+        limit = self.guard.max_body_bytes
+        received = 0
+        started = False
+        send_with_headers = _with_headers(send)
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    msg = f"the request body is more than the {limit:,} bytes {self.guard.service} accepts; send smaller batches"
+                    raise PayloadTooLargeError(msg)
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send_with_headers(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except PayloadTooLargeError as exc:  # raised while an app that is not a json_endpoint read
+            if started:
+                raise
+            await error_response(exc)(scope, receive, send_with_headers)
+
+
+def _with_headers(send: Send) -> Send:
+    async def wrapped(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *_ALWAYS_HEADERS]}
+        await send(message)
+
+    return wrapped
