@@ -38,6 +38,8 @@ class KeyContext(Protocol):
 
     def pending_timers(self) -> list[Timer]: ...
 
+    def hold_watermark(self, timestamp: int | None) -> None: ...
+
     def produce(self, stream: str, value: Any, timestamp: int | None, key: Key | None) -> None: ...
 
 
@@ -160,6 +162,18 @@ class Computation:
     def pending_timers(self) -> list[Timer]:
         """This key's pending timers, earliest first."""
         return self._ctx.pending_timers()
+
+    def hold_watermark(self, timestamp: int | None) -> None:
+        """Hold this computation's low watermark at ``timestamp`` for this key (§7.2), or release it (``None``).
+
+        MillWheel counts persisted state among a computation's pending work: a window kept
+        in state, to be emitted later stamped with its oldest (or newest) source record,
+        must keep consumers from moving past that timestamp, or the emission arrives late.
+        A low-watermark timer holds the watermark at *its* timestamp; use this when what
+        you will produce is older than that. The hold is checkpointed with the key's state
+        and stays until replaced or released.
+        """
+        self._ctx.hold_watermark(timestamp)
 
     def produce(self, stream: str, value: Any, timestamp: int | None = None, key: Key | None = None) -> None:
         """Produce a record to ``stream`` (§5.1 ``ProduceRecord``).

@@ -27,7 +27,8 @@ from millwheel._bloom import _OFFSET, BloomFilter, _digest, fingerprint
 from millwheel._errors import EnvelopeError
 from millwheel._record import Key
 
-ENVELOPE_VERSION = 1
+#: version 2 adds ``held`` (a state-kept hold of the low watermark); version 1 still decodes
+ENVELOPE_VERSION = 2
 
 _packb = msgpack.packb
 _unpackb = msgpack.unpackb
@@ -206,6 +207,8 @@ class Envelope:
     pending: list[PendingProduction] = field(default_factory=list)
     seq: int = 0
     dedup: DedupIndex = field(default_factory=DedupIndex)
+    #: the oldest timestamp the key's state still stands for (``Computation.hold_watermark``, §7.2)
+    held: int | None = None
 
     def is_empty(self) -> bool:
         """An empty envelope need not be stored at all."""
@@ -215,11 +218,13 @@ class Envelope:
             and not self.pending
             and self.dedup.count == 0
             and not self.dedup._new
+            and self.held is None
         )
 
     def hold(self) -> int | None:
-        """The oldest pending work of this key (§7.2): low-watermark timers and pending productions."""
-        hold: int | None = None
+        """The oldest pending work of this key (§7.2): low-watermark timers, pending
+        productions and what its state holds."""
+        hold: int | None = self.held
         for ts, domain in self.timers.values():
             if domain == 0 and (hold is None or ts < hold):
                 hold = ts
@@ -234,7 +239,7 @@ class Envelope:
             timers += (tag, ts, domain)
         pending = [[p.stream, p.key, p.value, p.timestamp, p.id] for p in self.pending]
         return _packb(
-            [ENVELOPE_VERSION, self.state, timers, pending, self.seq, self.dedup.to_wire()],
+            [ENVELOPE_VERSION, self.state, timers, pending, self.seq, self.dedup.to_wire(), self.held],
             use_bin_type=True,
         )
 
@@ -243,15 +248,19 @@ class Envelope:
         if data is None:
             return cls()
         try:
-            wire = _unpackb(data, raw=False, strict_map_key=False)
+            wire = _unpackb(data, raw=False, strict_map_key=False, use_list=False)
         except Exception as exc:
             msg = f"corrupt envelope ({len(data)} bytes): {exc}"
             raise EnvelopeError(msg) from exc
-        if not isinstance(wire, list) or not wire or wire[0] != ENVELOPE_VERSION:
-            version = wire[0] if isinstance(wire, list) and wire else None
-            msg = f"unknown envelope version {version!r}; this millwheel reads version {ENVELOPE_VERSION}"
+        if not isinstance(wire, tuple) or not wire or wire[0] not in (1, ENVELOPE_VERSION):
+            version = wire[0] if isinstance(wire, tuple) and wire else None
+            msg = f"unknown envelope version {version!r}; this millwheel reads versions 1 to {ENVELOPE_VERSION}"
             raise EnvelopeError(msg)
-        _, state, flat, pending, seq, dedup = wire
+        if wire[0] == 1:
+            _, state, flat, pending, seq, dedup = wire
+            held = None
+        else:
+            _, state, flat, pending, seq, dedup, held = wire
         timers = {flat[i]: (flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)}
         return cls(
             state=state,
@@ -259,5 +268,6 @@ class Envelope:
             pending=[PendingProduction(*p) for p in pending],
             seq=seq,
             dedup=DedupIndex.from_wire(dedup),
+            held=held,
         )
 

@@ -115,7 +115,12 @@ class Timer:
 
 @dataclass(frozen=True, slots=True)
 class Production:
-    """A record produced by a computation to a named stream (§5.1)."""
+    """A record produced by a computation to a named stream (§5.1).
+
+    ``encoded`` is the value's bytes (the value codec), made when it was produced: what a
+    backend stores and sends, so the value is encoded once.
+    """
 
     stream: str
     record: Record
+    encoded: bytes | None = None

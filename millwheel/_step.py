@@ -9,9 +9,13 @@ already due; then it folds the new record ids into the dedup index and garbage-c
 old ones. The in-memory harness and the Spark runtime differ only in where envelopes are
 stored and how productions travel.
 
-Failure handling: if user code raises, the key is rolled back to the envelope it started
-with and the step is re-run without the failing record (or timer), which goes to the
-dead-letter stream with the reason. Other records of the key, and other keys, go on.
+Failure handling: everything that can fail for one record or timer — user code, a value
+that cannot be encoded (checked when produced), state that cannot be encoded — fails that
+record or timer only. The step then runs again from the stored envelope in *careful
+mode*: a savepoint before each record and timer, a rollback to it on failure, so the
+key keeps the effects of every other record, and each failure costs one rollback (linear
+time). The failed record or timer goes to the dead-letter stream with the reason
+(``millwheel/_deadletter.py``). Other records of the key, and other keys, go on.
 """
 
 from __future__ import annotations
@@ -33,9 +37,18 @@ from millwheel._deadletter import (
     reason_of,
 )
 from millwheel._envelope import DedupStats, Envelope, PendingProduction
-from millwheel._errors import ComputationError
+from millwheel._errors import ComputationError, StateCodecError
 from millwheel._options import ComputationOptions, ErrorPolicy, LateAction
-from millwheel._record import Key, Production, Record, TimeDomain, Timer
+from millwheel._record import (
+    MAX_TIMESTAMP,
+    MIN_TIMESTAMP,
+    Key,
+    Production,
+    Record,
+    TimeDomain,
+    Timer,
+    key_problem,
+)
 
 _LW = int(TimeDomain.LOW_WATERMARK)
 _WALL = int(TimeDomain.WALL_TIME)
@@ -70,11 +83,10 @@ class StepResult:
 
 
 class _Failure(Exception):
-    """User code raised while processing ``record`` or ``timer``; ``skip`` identifies it."""
+    """A record or timer failed at ``what`` (a :class:`~millwheel.Stage`)."""
 
-    def __init__(self, skip: Any, exc: BaseException, what: str, record: Record | None = None, timer: Timer | None = None) -> None:
+    def __init__(self, exc: BaseException, what: str, record: Record | None = None, timer: Timer | None = None) -> None:
         super().__init__(what)
-        self.skip = skip
         self.exc = exc
         self.what = what
         self.record = record
@@ -124,8 +136,8 @@ class _KeyContext:
 
     __slots__ = (
         "runner", "key", "state", "now", "low_watermark", "timers", "productions",
-        "seq", "default_ts", "due_heap", "firing", "behind_watermark",
-    )
+        "seq", "default_ts", "due_heap", "firing", "behind_watermark", "held",
+    )  # fmt: skip
 
     def __init__(self, runner: StepRunner, key: Key, env: Envelope, low_watermark: int, now: int) -> None:
         self.runner = runner
@@ -140,20 +152,25 @@ class _KeyContext:
         self.due_heap: list[tuple[int, int, str]] = []
         self.firing = False
         self.behind_watermark = 0
+        self.held = env.held
 
     def _is_due(self, ts: int, domain: int) -> bool:
         return ts <= (self.low_watermark if domain == _LW else self.now)
 
     def set_timer(self, tag: str, timestamp: int, domain: TimeDomain) -> None:
+        name = self.runner.name
         if type(tag) is not str:
-            msg = f"{self.runner.name}: set_timer tag must be a str, got {type(tag).__name__} {tag!r}"
+            msg = f"{name}: set_timer tag must be a str, got {type(tag).__name__} {_short(tag)}"
             raise ComputationError(msg)
         if type(timestamp) is not int:
-            msg = f"{self.runner.name}: set_timer({tag!r}) timestamp must be an int (ms since epoch), got {type(timestamp).__name__} {timestamp!r}"
+            msg = f"{name}: set_timer({tag!r}) timestamp must be an int (ms since epoch), got {type(timestamp).__name__} {_short(timestamp)}"
+            raise ComputationError(msg)
+        if not MIN_TIMESTAMP < timestamp < MAX_TIMESTAMP:
+            msg = f"{name}: set_timer({tag!r}) timestamp {timestamp} is outside the 64-bit range of millwheel timestamps"
             raise ComputationError(msg)
         d = int(domain)
         if d not in _DOMAINS:
-            msg = f"{self.runner.name}: set_timer({tag!r}) domain must be a TimeDomain, got {domain!r}"
+            msg = f"{name}: set_timer({tag!r}) domain must be a TimeDomain, got {domain!r}"
             raise ComputationError(msg)
         self.timers[tag] = (timestamp, d)
         if self.firing and self._is_due(timestamp, d):
@@ -168,6 +185,12 @@ class _KeyContext:
             for tag, (ts, d) in sorted(self.timers.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0]))
         ]
 
+    def hold_watermark(self, timestamp: int | None) -> None:
+        if timestamp is not None and (type(timestamp) is not int or not MIN_TIMESTAMP < timestamp < MAX_TIMESTAMP):
+            msg = f"{self.runner.name}: hold_watermark takes an int timestamp (ms) or None, got {_short(timestamp)}"
+            raise ComputationError(msg)
+        self.held = timestamp
+
     def produce(self, stream: str, value: Any, timestamp: int | None, key: Key | None) -> None:
         runner = self.runner
         if stream not in runner.outputs:
@@ -178,9 +201,22 @@ class _KeyContext:
             )
             raise ComputationError(msg)
         ts = self.default_ts if timestamp is None else timestamp
-        if type(ts) is not int:
-            msg = f"computation {runner.name!r}: produce({stream!r}) timestamp must be an int (ms), got {type(ts).__name__} {ts!r}"
+        if type(ts) is not int or not MIN_TIMESTAMP < ts < MAX_TIMESTAMP:
+            msg = f"computation {runner.name!r}: produce({stream!r}) timestamp must be an int of ms inside the 64-bit range, got {type(ts).__name__} {_short(ts)}"
             raise ComputationError(msg)
+        if key is not None:
+            why = key_problem(key)
+            if why is not None:
+                msg = f"computation {runner.name!r}: produce({stream!r}, key=...): {why}"
+                raise ComputationError(msg)
+        # the value is encoded now: a value that cannot be stored fails the record (or
+        # timer) that produced it, inside the per-key error boundary, and later mutations
+        # of the object by user code do not change what was produced
+        try:
+            encoded = encode_value(value)
+        except StateCodecError as exc:
+            msg = f"computation {runner.name!r}: produce({stream!r}): {exc}"
+            raise ComputationError(msg) from None
         if ts < self.low_watermark:
             # §4.5: a production should be no older than its sources; this one will be
             # late for every consumer
@@ -188,7 +224,23 @@ class _KeyContext:
         rkey = self.key if key is None else key
         rid = production_id(runner.name, self.key, self.seq)
         self.seq += 1
-        self.productions.append(Production(stream, Record(rkey, value, ts, rid)))
+        self.productions.append(Production(stream, Record(rkey, value, ts, rid, stream), encoded))
+
+    # ---- careful mode: a savepoint before each record or timer -----------------------
+    def savepoint(self, state_bytes: bytes | None) -> tuple[Any, ...]:
+        return (state_bytes, dict(self.timers), len(self.productions), self.seq, self.behind_watermark, self.held)
+
+    def rollback(self, sp: tuple[Any, ...]) -> None:
+        state_bytes, timers, n, self.seq, self.behind_watermark, self.held = sp
+        self.state = State(self.runner.codec, state_bytes)
+        self.timers.clear()
+        self.timers.update(timers)
+        del self.productions[n:]
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class StepRunner:
@@ -234,31 +286,31 @@ class StepRunner:
 
         The backend must not pass a ``low_watermark`` beyond input it has already
         delivered for this key and not yet stepped: such records would find their windows
-        closed (the harness steps each key's deliveries in order, see ``Harness.process``).
+        closed (``millwheel/_delivery.py``'s ``plan_steps`` cuts a key's input so).
         """
         late_wm = low_watermark if late_watermark is None else late_watermark
-        skips: set[Any] = set()
-        failures: list[_Failure] = []
-        while True:
+        try:
             try:
-                result = self._attempt(key, envelope, records, low_watermark, now, late_wm, skips, failures)
+                return self._attempt(key, envelope, records, low_watermark, now, late_wm, None)
             except _Failure as failure:
                 if self.options.on_error is ErrorPolicy.RAISE:
                     raise failure.exc from None
-                skips.add(failure.skip)
-                failures.append(failure)
-                continue
-            finally:
-                self.computation._ctx = _NoKey(self.name)  # type: ignore[assignment]
-            return result
+            # something failed: run the step again from the stored envelope, with a
+            # savepoint before each record and timer, so each failure costs one rollback
+            # (linear in the step's input however many records fail)
+            return self._attempt(key, envelope, records, low_watermark, now, late_wm, [])
+        finally:
+            self.computation._ctx = _NoKey(self.name)  # type: ignore[assignment]
 
     def _dead_letter(self, key: Key, failure: _Failure, now: int) -> Production | None:
         """The dead letter of a failure; ``None`` for a dead letter that failed (terminal rule)."""
         rec, timer = failure.record, failure.timer
         if rec is not None and rec.stream == DEAD_LETTER_STREAM:
             return None
-        stage = Stage.PROCESS_RECORD if rec is not None else Stage.PROCESS_TIMER
-        letter = DeadLetter(stage, reason_of(failure.exc), computation=self.name, stream=rec.stream if rec else None, key=key, record=rec, timer=timer)
+        letter = DeadLetter(
+            failure.what, reason_of(failure.exc), computation=self.name, stream=rec.stream if rec else None,
+            key=key, record=rec, timer=timer,
+        )  # fmt: skip
         parts: tuple[Any, ...]
         if timer is not None:
             ts, parts = timer.timestamp, (key, timer.tag, timer.timestamp, int(timer.domain))
@@ -274,9 +326,11 @@ class StepRunner:
         low_watermark: int,
         now: int,
         late_wm: int,
-        skips: set[Any],
-        failures: list[_Failure],
+        failures: list[_Failure] | None,
     ) -> StepResult:
+        """One run of the step. ``failures is None``: the fast path, which raises
+        :class:`_Failure` at the first failure; a list: careful mode, which rolls back to
+        a savepoint and collects each failure."""
         opts = self.options
         comp = self.computation
         env = Envelope.decode(envelope)
@@ -285,9 +339,11 @@ class StepRunner:
         c = _Counters()
         dedup = env.dedup if opts.exactly_once else None
         late = opts.late
-        failed_by_skip = {f.skip: f for f in failures}
         process_record = comp.process_record
         stats = c.dedup
+        careful = failures is not None
+        codec = self.codec
+        saved = ctx.state.encoded() if careful else None
 
         # the per-record path: keep it to local variables (it runs once per record)
         c.records_in = len(records)
@@ -295,7 +351,7 @@ class StepRunner:
         fp: int | None = None
         if dedup is not None:
             seen, add = dedup.seen, dedup.add
-        for i, rec in enumerate(records):
+        for rec in records:
             if dedup is not None:
                 fp = seen(rec.id, stats)
                 if fp is None:
@@ -304,24 +360,40 @@ class StepRunner:
             ts = rec.timestamp
             if ts < late_wm:
                 late_n += 1
+                if dedup is not None:
+                    # remembered like any record, under the watermark it was late for, so a
+                    # re-delivery is a duplicate and not counted late again
+                    add(rec.id, late_wm, fp)
                 if late.action is LateAction.DROP:
                     c.late_dropped += 1
                     continue
                 if late.action is LateAction.TO_STREAM:
                     c.late_to_stream += 1
-                    if dedup is not None:
-                        add(rec.id, ts, fp)
                     ctx.productions.append(Production(late.stream, rec))  # type: ignore[arg-type]
                     continue
-            if dedup is not None:
+            elif dedup is not None:
                 add(rec.id, ts, fp)
-            if failed_by_skip and i in failed_by_skip:
-                continue
             ctx.default_ts = ts
+            if not careful:
+                try:
+                    process_record(rec)
+                except Exception as exc:
+                    raise _Failure(exc, Stage.PROCESS_RECORD, record=rec) from None
+                processed += 1
+                continue
+            sp = ctx.savepoint(saved)
             try:
                 process_record(rec)
             except Exception as exc:
-                raise _Failure(i, exc, "process_record", record=rec) from None
+                ctx.rollback(sp)
+                failures.append(_Failure(exc, Stage.PROCESS_RECORD, record=rec))  # type: ignore[union-attr]
+                continue
+            try:
+                saved = _encoded(ctx.state, codec)
+            except Exception as exc:
+                ctx.rollback(sp)
+                failures.append(_Failure(exc, Stage.CHECKPOINT, record=rec))  # type: ignore[union-attr]
+                continue
             processed += 1
         c.duplicates, c.late, c.processed = duplicates, late_n, processed
 
@@ -346,27 +418,45 @@ class StepRunner:
                         break
                     budget -= 1
                     del timers[tag]
-                    skip = ("timer", tag, ts, d)
-                    if skip in failed_by_skip:
-                        continue
                     timer = Timer(tag, ts, _DOMAINS[d])
                     ctx.default_ts = ts if d == _LW else low_watermark
+                    if not careful:
+                        try:
+                            process_timer(timer)
+                        except Exception as exc:
+                            raise _Failure(exc, Stage.PROCESS_TIMER, timer=timer) from None
+                        c.timers_fired += 1
+                        continue
+                    sp = ctx.savepoint(saved)
                     try:
                         process_timer(timer)
+                        saved = _encoded(ctx.state, codec)
                     except Exception as exc:
-                        raise _Failure(skip, exc, "process_timer", timer=timer) from None
+                        ctx.rollback(sp)  # the timer stays deleted: it is dead-lettered
+                        failures.append(_Failure(exc, Stage.PROCESS_TIMER, timer=timer))  # type: ignore[union-attr]
+                        continue
                     c.timers_fired += 1
                 ctx.firing = False
 
         # ---- checkpoint -------------------------------------------------------------
-        env.state = ctx.state.encoded()
+        if careful:
+            env.state = saved
+        else:
+            try:
+                env.state = ctx.state.encoded()
+            except Exception as exc:
+                raise _Failure(exc, Stage.CHECKPOINT) from None  # careful mode finds the culprit
         env.seq = ctx.seq
+        env.held = ctx.held
         productions = ctx.productions
         c.productions = len(productions)
         c.productions_behind_watermark = ctx.behind_watermark
         if opts.strong_productions and productions:
             env.pending.extend(
-                PendingProduction(p.stream, p.record.key, encode_value(p.record.value), p.record.timestamp, p.record.id)
+                PendingProduction(
+                    p.stream, p.record.key, p.encoded if p.encoded is not None else encode_value(p.record.value),
+                    p.record.timestamp, p.record.id,
+                )
                 for p in productions
             )
         if dedup is not None:
@@ -375,7 +465,7 @@ class StepRunner:
             # these records arrived under (later deliveries are judged against a later one)
             horizon = min(low_watermark, late_wm) - dd.slack_ms
             dedup.finish(horizon, dd.bloom_fpr, dd.bloom_capacity, dd.gc_interval_ms, stats)
-        letters = [self._dead_letter(key, f, now) for f in failures]
+        letters = [self._dead_letter(key, f, now) for f in failures or ()]
         dead = [d for d in letters if d is not None]
         c.dead_letters = len(dead)
         c.dead_letters_dropped = len(letters) - len(dead)
@@ -396,10 +486,17 @@ class StepRunner:
         )
 
 
+def _encoded(state: State, codec: Any) -> bytes | None:
+    """The state's bytes as of now (careful mode), without changing what the step stores."""
+    if not state.dirty:
+        return state._raw
+    return None if state._value is None else codec.encode(state._value)
+
+
 def pending_productions(envelope: bytes | None) -> list[Production]:
     """The strong productions checkpointed in an envelope and not yet acknowledged (§6.1.2)."""
     env = Envelope.decode(envelope)
-    return [Production(p.stream, Record(p.key, decode_value(p.value), p.timestamp, p.id)) for p in env.pending]
+    return [Production(p.stream, Record(p.key, decode_value(p.value), p.timestamp, p.id, p.stream), p.value) for p in env.pending]
 
 
 def acknowledge(envelope: bytes | None, ids: Iterable[str] | None = None) -> tuple[bytes | None, int | None]:

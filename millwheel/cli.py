@@ -5,71 +5,36 @@
     millwheel validate TOPOLOGY.py                   check the wiring
     millwheel graph TOPOLOGY.py [--dot]              print the topology as text or Graphviz DOT
     millwheel authority serve [...]                  run the low-watermark authority service
-    millwheel zeitgeist generate|run|evaluate ...    Zeitgeist sample data and its evaluation
+    millwheel NAME ...                               a registered command, e.g. zeitgeist
 
-A topology module exposes a :class:`~millwheel.Topology` as ``topology`` (or a function
-``build()`` returning one).
+``TOPOLOGY`` is a ``.py`` file or a package directory exposing a
+:class:`~millwheel.Topology` as ``topology`` (or a function ``build()`` returning one);
+see :mod:`millwheel._runner`. Built-in topologies bring their own commands by
+registering them as entry points in the group ``millwheel.commands``
+(``zeitgeist = "topologies.zeitgeist.cli:main"`` in ``pyproject.toml``): a command is a
+function ``main(argv) -> int`` that gets the arguments after its name. This module
+imports no topology.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
-from types import ModuleType
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from millwheel._errors import MillwheelError
-from millwheel._record import Record
+from millwheel._runner import load_topology, load_topology_module, print_finish
 from millwheel._topology import Topology
 
+__all__ = ["COMMAND_GROUP", "graph_text", "load_topology", "load_topology_module", "main", "registered_commands"]
 
-def load_topology(path: str) -> Topology:
-    """Import a topology module by path and return its ``topology`` (or ``build()``)."""
-    return load_topology_module(path)[0]
+#: the entry-point group of the commands that packages add to ``millwheel``
+COMMAND_GROUP = "millwheel.commands"
 
-
-def load_topology_module(path: str) -> tuple[Topology, ModuleType]:
-    """Import a topology module by path: its ``topology`` (or ``build()``), and the module.
-
-    Besides the topology, a module may define ``on_finish(topology, streams, metrics) ->
-    str``: ``millwheel run`` prints what it returns once a run has drained its inputs
-    (``streams`` maps each stream to its values, ``metrics`` each computation to its
-    counters). Zeitgeist prints its evaluation this way.
-    """
-    file = Path(path)
-    if not file.is_file():
-        msg = f"no topology file at {path!r}"
-        raise MillwheelError(msg)
-    root = str(file.resolve().parent)
-    for candidate in (root, str(Path.cwd())):
-        if candidate not in sys.path:
-            sys.path.insert(0, candidate)
-    spec = importlib.util.spec_from_file_location(f"_millwheel_topology_{file.stem}", file)
-    if spec is None or spec.loader is None:
-        msg = f"cannot import {path!r} as a Python module"
-        raise MillwheelError(msg)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses and pickling look the module up by name
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(spec.name, None)
-        raise
-    topo = getattr(module, "topology", None)
-    if topo is None and callable(getattr(module, "build", None)):
-        topo = module.build()
-    if not isinstance(topo, Topology):
-        found = [n for n, v in vars(module).items() if isinstance(v, Topology)]
-        if len(found) == 1:
-            topo = getattr(module, found[0])
-        else:
-            msg = f"{path}: define `topology = Topology(...)` (or `def build() -> Topology`) at module level"
-            raise MillwheelError(msg)
-    return topo, module
+_BUILT_IN = ("run", "validate", "graph", "authority")
 
 
 def graph_text(t: Topology, dot: bool = False) -> str:
@@ -123,44 +88,41 @@ def _run_harness(t: Topology, on_finish: Any = None) -> int:
     return 0
 
 
-def print_finish(
-    t: Topology,
-    values: Callable[[str], list[Any]],
-    dead_letters: list[Record],
-    metrics: dict[str, dict[str, int]],
-    on_finish: Any = None,
-) -> None:
-    """The end of a run, whatever the backend: sinks, dead letters, the module's ``on_finish``."""
-    for s in t.sinks.values():
-        out = values(s.stream)
-        print(f"  sink {s.stream}: {len(out)} records")
-        if on_finish is None:
-            for v in out[:20]:
-                print(f"    {v}")
-    if dead_letters:
-        print(f"  dead letters: {len(dead_letters)}")
-        for r in dead_letters[:5]:
-            v = r.value
-            print(f"    {v.get('what') if isinstance(v, dict) else ''}: {v.get('reason') if isinstance(v, dict) else v}")
-    if on_finish is not None:
-        print(on_finish(t, {stream: values(stream) for stream in t.streams()}, metrics))
+def registered_commands() -> dict[str, EntryPoint]:
+    """The commands other packages register (entry points in :data:`COMMAND_GROUP`), by name.
+
+    A name of a built-in command is not taken over.
+    """
+    return {ep.name: ep for ep in entry_points(group=COMMAND_GROUP) if ep.name not in _BUILT_IN}
 
 
-def _delegate(command: str, rest: list[str]) -> int:
+def _command_help(ep: EntryPoint, load: bool) -> str:
+    """The first line of the command's docstring when ``load`` (top-level ``--help``), else its target."""
+    if load:
+        try:
+            doc = (ep.load().__doc__ or "").strip()
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not break `millwheel --help`
+            return f"{ep.value} (cannot be loaded: {type(exc).__name__}: {exc})"
+        if doc:
+            return doc.splitlines()[0]
+    return ep.value
+
+
+def _delegate(command: str, rest: list[str], commands: dict[str, EntryPoint]) -> int:
     """Subcommands whose arguments belong to another module's own parser."""
     if command == "authority":
         from watermark_authority.cli import main as authority_main
 
         return authority_main(rest)
-    from topologies.zeitgeist_tools import main as zeitgeist_main
-
-    return zeitgeist_main(rest)
+    command_main: Callable[[list[str]], int] = commands[command].load()
+    return command_main(rest)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in ("authority", "zeitgeist"):
-        return _delegate(argv[0], argv[1:])
+    commands = registered_commands()
+    if argv and (argv[0] == "authority" or argv[0] in commands):
+        return _delegate(argv[0], argv[1:], commands)
     parser = argparse.ArgumentParser(prog="millwheel", description="MillWheel-style stream computations on Spark")
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="run a topology")
@@ -176,12 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     p_graph.add_argument("--dot", action="store_true", help="Graphviz DOT instead of text")
     p_auth = sub.add_parser("authority", help="the low-watermark authority service", add_help=False)
     p_auth.add_argument("rest", nargs=argparse.REMAINDER)
-    p_zg = sub.add_parser("zeitgeist", help="Zeitgeist sample data: generate, run, evaluate", add_help=False)
-    p_zg.add_argument("rest", nargs=argparse.REMAINDER)
+    top_help = not argv or argv[0] in ("-h", "--help")
+    for name, ep in sorted(commands.items()):
+        p_cmd = sub.add_parser(name, help=_command_help(ep, load=top_help), add_help=False)
+        p_cmd.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     try:
-        if args.command in ("authority", "zeitgeist"):
-            return _delegate(args.command, args.rest)
         topo, module = load_topology_module(args.topology)
         if args.command == "validate":
             topo.validate()

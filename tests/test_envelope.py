@@ -8,7 +8,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from millwheel import EnvelopeError, MsgpackCodec, PickleCodec, StateCodecError
-from millwheel._envelope import DedupIndex, DedupStats, Envelope, PendingProduction
+from millwheel._envelope import (
+    ENVELOPE_VERSION,
+    DedupIndex,
+    DedupStats,
+    Envelope,
+    PendingProduction,
+)
 
 timestamps = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 keys = st.one_of(st.text(max_size=10), st.integers(min_value=-(2**63), max_value=2**63 - 1), st.binary(max_size=10))
@@ -61,7 +67,15 @@ def test_hold_is_the_oldest_low_watermark_timer_or_pending_production(built):
 def test_empty_envelope_is_tiny_and_versioned():
     data = Envelope().encode()
     assert len(data) < 16
-    assert msgpack.unpackb(data)[0] == 1
+    assert msgpack.unpackb(data)[0] == ENVELOPE_VERSION == 2
+
+
+def test_version_1_envelopes_still_decode_and_hold_counts_state_holds():
+    v1 = msgpack.packb([1, b"s", ["t", 5, 0], [], 3, None], use_bin_type=True)
+    env = Envelope.decode(v1)
+    assert (env.state, env.timers, env.seq, env.held) == (b"s", {"t": (5, 0)}, 3, None)
+    env.held = 2
+    assert Envelope.decode(env.encode()).hold() == 2
 
 
 def test_unknown_version_and_corruption_are_clear_errors():

@@ -62,7 +62,7 @@ def status_lines(rt: Any) -> list[str]:
 
 def run(topology: Topology, args: argparse.Namespace, on_finish: Any = None) -> int:
     """Run on Spark; ``on_finish(topology, streams, metrics)`` (from the topology module) is printed at the end."""
-    from millwheel.cli import print_finish
+    from millwheel._runner import print_finish
     from millwheel.runtime._runtime import RuntimeSettings, SparkRuntime
     from watermark_authority.client import open_authority
 

@@ -53,6 +53,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from millwheel._codec import decode_value
 from millwheel._computation import Computation
 from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._delivery import invalid_record, key_record, plan_steps, record_problem, timers_due
@@ -266,12 +267,13 @@ class Harness:
         staged: dict[Key, Any] = {}
         sent: list[_Outgoing] = []
         strong = runner.options.strong_productions
+        metrics: Counter[str] = Counter()  # counted when the checkpoint commits, not before
         for key, items in per_key.items():
             env = envelopes.get(key)
             for call in plan_steps(items, lw):
                 result = runner.step(key, env, call.records, low_watermark=call.low_watermark, now=now, late_watermark=call.late_watermark)
                 env = result.envelope
-                self._metrics[name].update(result.metrics)
+                metrics.update(result.metrics)
                 sent += [_Outgoing(name, key, p, strong) for p in result.productions]
                 sent += [_Outgoing(name, key, p, False) for p in result.dead_letters]
             staged[key] = (env, result)
@@ -282,6 +284,7 @@ class Harness:
         if crash is Crash.BEFORE_COMMIT:
             return  # nothing ACKed: the input is delivered again
         del self._queues[name][: len(queue)]  # the checkpoint ACKs the input
+        self._metrics[name].update(metrics)
         for key, (env, result) in staged.items():
             self._store(name, key, env, result.hold, (result.next_low_watermark_timer, result.next_wall_timer))
         self._outbox[name] += [o for o in sent if o.strong]
@@ -339,7 +342,11 @@ class Harness:
             nexts[key] = timers
 
     def _deliver_one(self, sender: str, out: _Outgoing) -> None:
-        self._publish(out.production.stream, out.production.record, self._published.get(sender, MIN_TIMESTAMP))
+        p = out.production
+        rec = p.record
+        if p.encoded is not None:  # consumers get a copy, as from a stream log
+            rec = Record(rec.key, decode_value(p.encoded), rec.timestamp, rec.id, rec.stream)
+        self._publish(p.stream, rec, self._publish_watermark(sender))
 
     def _publish(self, stream: str, rec: Record, sender_watermark: int) -> None:
         self._streams[stream].append(rec)
@@ -363,7 +370,18 @@ class Harness:
 
     def _input_watermark(self, name: str) -> int:
         ups = self.topology.upstream(name)
-        return min((self.low_watermark(u) for u in ups), default=MAX_TIMESTAMP)
+        return min((self._publish_watermark(u) for u in ups), default=MAX_TIMESTAMP)
+
+    def _publish_watermark(self, name: str) -> int:
+        """Publish ``name``'s low watermark as of now (§7.2: published values never go back)."""
+        if name in self._injector_wm:
+            return self._injector_wm[name]
+        value = max(self._published[name], self._current_watermark(name))
+        self._published[name] = value
+        return value
+
+    def _current_watermark(self, name: str) -> int:
+        return min(self._oldest_work(name), self._input_watermark(name))
 
     def _oldest_work(self, name: str) -> int:
         oldest = MAX_TIMESTAMP
@@ -377,14 +395,19 @@ class Harness:
 
     # ---- reading -------------------------------------------------------------------
     def low_watermark(self, name: str) -> int:
-        """The published low watermark of an injector or computation (§4.5); never goes back."""
+        """The low watermark of an injector or computation as of now (§4.5); never goes back.
+
+        Reading it changes nothing: the harness publishes watermarks only where the
+        topology itself reads them (when it delivers and processes), so a test that
+        looks at a watermark runs exactly as one that does not.
+        """
         if name in self._injector_wm:
             return self._injector_wm[name]
         self._runner(name)
-        value = min(self._oldest_work(name), self._input_watermark(name))
-        published = max(self._published[name], value)
-        self._published[name] = published
-        return published
+        return max(self._published[name], min(self._oldest_work(name), self._pure_input_watermark(name)))
+
+    def _pure_input_watermark(self, name: str) -> int:
+        return min((self.low_watermark(u) for u in self.topology.upstream(name)), default=MAX_TIMESTAMP)
 
     def output(self, stream: str) -> list[Record]:
         """Every record published to ``stream``, in order (re-deliveries included)."""

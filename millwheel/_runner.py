@@ -1,0 +1,122 @@
+"""What ``millwheel run`` does on every backend: load a topology module, report the end of a run.
+
+Pure Python (no pyspark, no built-in topology): :mod:`millwheel.cli` and the Spark
+runtime's CLI (``millwheel/runtime/_cli.py``) both import it.
+
+A topology module is a ``.py`` file or a package directory (its ``__init__.py``, imported
+as a package so its relative imports work). It exposes a :class:`~millwheel.Topology` as
+``topology`` (or a function ``build()`` returning one) and may define
+``on_finish(topology, streams, metrics) -> str``: ``millwheel run`` prints what it
+returns once a run has drained its inputs (``streams`` maps each stream to its values,
+``metrics`` each computation to its counters). Zeitgeist prints its evaluation this way.
+
+>>> import os, tempfile
+>>> d = os.path.join(tempfile.mkdtemp(), "demo")
+>>> os.mkdir(d)
+>>> with open(os.path.join(d, "__init__.py"), "w") as f:
+...     _ = f.write("from .wiring import topology\\n")
+>>> with open(os.path.join(d, "wiring.py"), "w") as f:
+...     _ = f.write("from millwheel import Topology\\ntopology = Topology('demo')\\n")
+>>> topology, module = load_topology_module(d)
+>>> topology.name, module.__name__
+('demo', '_millwheel_topology_demo')
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from millwheel._deadletter import DeadLetter
+from millwheel._errors import MillwheelError
+from millwheel._record import Record
+from millwheel._topology import Topology
+
+
+def load_topology(path: str) -> Topology:
+    """Import a topology module (a ``.py`` file or a package directory) and return its topology."""
+    return load_topology_module(path)[0]
+
+
+def load_topology_module(path: str) -> tuple[Topology, ModuleType]:
+    """Import a topology module by path: its ``topology`` (or ``build()``), and the module."""
+    target = Path(path)
+    if target.is_dir():
+        file, search = target / "__init__.py", [str(target.resolve())]
+        if not file.is_file():
+            msg = f"{path!r} is a directory without __init__.py; give a topology .py file or a package directory"
+            raise MillwheelError(msg)
+    elif target.is_file():
+        file, search = target, None
+    else:
+        msg = f"no topology file or package at {path!r}"
+        raise MillwheelError(msg)
+    # the directory holding the file or package, and the working directory, for its imports
+    for candidate in (str(target.resolve().parent), str(Path.cwd())):
+        if candidate not in sys.path:
+            sys.path.insert(0, candidate)
+    name = f"_millwheel_topology_{target.resolve().name if search else file.stem}"
+    spec = importlib.util.spec_from_file_location(name, file, submodule_search_locations=search)
+    if spec is None or spec.loader is None:
+        msg = f"cannot import {path!r} as a Python module"
+        raise MillwheelError(msg)
+    _forget(name)  # a package loaded before under this name must not lend its submodules
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses, pickling and relative imports look it up by name
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        _forget(name)
+        raise
+    topo = getattr(module, "topology", None)  # in a package, maybe its submodule topology.py
+    if not isinstance(topo, Topology) and callable(getattr(module, "build", None)):
+        topo = module.build()
+    if not isinstance(topo, Topology):
+        found = [n for n, v in vars(module).items() if isinstance(v, Topology)]
+        if len(found) == 1:
+            topo = getattr(module, found[0])
+        else:
+            msg = f"{path}: define `topology = Topology(...)` (or `def build() -> Topology`) at module level"
+            raise MillwheelError(msg)
+    return topo, module
+
+
+def _forget(name: str) -> None:
+    for loaded in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+        del sys.modules[loaded]
+
+
+def print_finish(
+    t: Topology,
+    values: Callable[[str], list[Any]],
+    dead_letters: list[Record],
+    metrics: dict[str, dict[str, int]],
+    on_finish: Any = None,
+) -> None:
+    """The end of a run, whatever the backend: sinks, dead letters, the module's ``on_finish``."""
+    for s in t.sinks.values():
+        out = values(s.stream)
+        print(f"  sink {s.stream}: {len(out)} records")
+        if on_finish is None:
+            for v in out[:20]:
+                print(f"    {v}")
+    if dead_letters:
+        print(f"  dead letters: {len(dead_letters)}")
+        for r in dead_letters[:5]:
+            print(f"    {_describe(r.value)}")
+    if on_finish is not None:
+        print(on_finish(t, {stream: values(stream) for stream in t.streams()}, metrics))
+
+
+def _describe(letter: Any) -> str:
+    """One line for a dead letter: stage, where (computation or injector; file and offset), reason."""
+    if not isinstance(letter, DeadLetter):  # a computation may produce anything to the stream
+        return repr(letter)[:200]
+    where = letter.computation or letter.injector or "?"
+    if letter.file is not None:
+        where += f" {letter.file}@{letter.offset}"
+    return f"{letter.stage} ({where}): {letter.reason}"
