@@ -122,7 +122,7 @@ def plan_steps(items: Sequence[tuple[Record, int | None]], low_watermark: int) -
     """Cut one key's delivered ``(record, arrival watermark)`` pairs into step calls.
 
     A record is late if it is older than the watermark it arrived under (``None``: the
-    current ``low_watermark``), whatever batch it travels in. Records are put back in the
+    current ``low_watermark``), whatever batch it travels in; dead letters are never late. Records are put back in the
     order they were sent — arrival watermarks only grow, so a stable sort on them restores
     it across files a Spark batch read in any order — and cut into runs of one arrival
     watermark (almost always a single run). A run may fire low-watermark timers only up
@@ -131,7 +131,8 @@ def plan_steps(items: Sequence[tuple[Record, int | None]], low_watermark: int) -
     """
     if not items:
         return [StepInput([], low_watermark, low_watermark)]
-    late = [low_watermark if w is None else w for _, w in items]
+    # dead letters are never late: they record that something failed, whenever it happens
+    late = [MIN_TIMESTAMP if r.stream == DEAD_LETTER_STREAM else low_watermark if w is None else w for r, w in items]
     order = list(range(len(items)))
     if any(w != late[0] for w in late):
         order.sort(key=late.__getitem__)  # stable

@@ -54,6 +54,8 @@ def load_topology_module(path: str) -> tuple[Topology, ModuleType]:
         file, search = target, None
     else:
         msg = f"no topology file or package at {path!r}"
+        if (target.with_suffix("") / "__init__.py").is_file():
+            msg += f"; did you mean the package {str(target.with_suffix(''))!r}?"
         raise MillwheelError(msg)
     # the directory holding the file or package, and the working directory, for its imports
     for candidate in (str(target.resolve().parent), str(Path.cwd())):

@@ -244,13 +244,23 @@ class Topology:
         return sorted(names)
 
     def upstream(self, name: str) -> list[str]:
-        """The injectors and computations that feed computation ``name`` (§4.5's "C outputs to A")."""
+        """The injectors and computations whose low watermarks bound ``name``'s (§4.5's "C outputs to A").
+
+        Every computation may produce dead letters, so a computation reading
+        ``dead_letters`` is downstream of all the others — except of the other readers of
+        ``dead_letters``: two such readers would otherwise wait for each other. Dead
+        letters are never late (``millwheel/_delivery.py``), so one a reader makes still
+        reaches the other readers whatever their watermarks.
+        """
         spec = self.computations[name]
         seen: list[str] = []
         for stream in spec.inputs:
             for p in self.producers(stream):
-                if p not in seen and p != name:
-                    seen.append(p)
+                if p in seen or p == name:
+                    continue
+                if stream == DEAD_LETTER_STREAM and p in self.computations and DEAD_LETTER_STREAM in self.computations[p].inputs:
+                    continue
+                seen.append(p)
         return seen
 
     def order(self) -> list[str]:

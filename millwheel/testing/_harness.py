@@ -278,9 +278,11 @@ class Harness:
                 sent += [_Outgoing(name, key, p, False) for p in result.dead_letters]
             staged[key] = (env, result)
         # weak productions go out optimistically, before the checkpoint (§6.1.3)
-        for out in sent:
-            if not out.strong:
-                self._deliver_one(name, out)
+        weak = [out for out in sent if not out.strong]
+        if weak:
+            wm = self._publish_watermark(name)
+            for out in weak:
+                self._deliver_one(out, wm)
         if crash is Crash.BEFORE_COMMIT:
             return  # nothing ACKed: the input is delivered again
         del self._queues[name][: len(queue)]  # the checkpoint ACKs the input
@@ -297,8 +299,9 @@ class Harness:
     def deliver(self, name: str, *, crash: Crash | None = None) -> None:
         """Send computation ``name``'s pending strong productions, then acknowledge them."""
         outbox, self._outbox[name] = self._outbox[name], []
+        wm = self._publish_watermark(name) if outbox else MIN_TIMESTAMP
         for out in outbox:
-            self._deliver_one(name, out)
+            self._deliver_one(out, wm)
         if crash is Crash.AFTER_DELIVER:
             return
         by_key: dict[Key, list[str]] = defaultdict(list)
@@ -341,12 +344,12 @@ class Harness:
         else:
             nexts[key] = timers
 
-    def _deliver_one(self, sender: str, out: _Outgoing) -> None:
+    def _deliver_one(self, out: _Outgoing, sender_watermark: int) -> None:
         p = out.production
         rec = p.record
         if p.encoded is not None:  # consumers get a copy, as from a stream log
             rec = Record(rec.key, decode_value(p.encoded), rec.timestamp, rec.id, rec.stream)
-        self._publish(p.stream, rec, self._publish_watermark(sender))
+        self._publish(p.stream, rec, sender_watermark)
 
     def _publish(self, stream: str, rec: Record, sender_watermark: int) -> None:
         self._streams[stream].append(rec)
