@@ -21,7 +21,7 @@ from collections import Counter
 
 import pytest
 
-from millwheel import LogFileSource
+from millwheel import LogFileSource, Stage
 from millwheel.runtime import RuntimeSettings, SparkRuntime
 from millwheel.testing import Harness
 from topologies.zeitgeist import ZeitgeistConfig, build
@@ -100,6 +100,8 @@ def test_same_counters_and_dead_letters(runs):
             if name == "SpikeDetector" and counter == "productions":
                 continue
             assert sm[counter] == hm.get(counter, 0), (name, counter)
-    malformed = [r.value for r in rt.dead_letters() if r.value.get("what") == "malformed_line"]
+    malformed = [r.value for r in rt.dead_letters() if r.value.stage == Stage.MALFORMED]
     assert len(malformed) == GEN.malformed
-    assert all({"reason", "file", "offset"} <= set(v) for v in malformed)
+    assert all(v.reason and v.file and v.offset is not None for v in malformed)
+    # the harness makes the same dead letters of the same lines
+    assert sorted(r.id for r in rt.dead_letters()) == sorted(r.id for r in h.dead_letters())
