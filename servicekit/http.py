@@ -170,7 +170,7 @@ class Guard:
     def check_secret(self, method: str, path: str, headers: Headers) -> None:
         if method in _SAFE_METHODS and path not in self.private_reads:
             return
-        what = f"{method} {describe(path, 60)}"
+        what = f"{method} {path if len(path) <= 80 else describe(path, 80)}"
         auth = headers.get("authorization")
         if auth is None:
             msg = f"{what} needs {self.service}'s secret: send the header 'Authorization: Bearer <secret>'; {self.secret_hint}"

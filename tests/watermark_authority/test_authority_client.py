@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from watermark_authority import (
+    AuthenticationError,
     AuthorityUnavailableError,
     HttpWatermarkClient,
     InvalidRequestError,
@@ -16,7 +17,13 @@ from watermark_authority import (
     embedded_authority,
     open_authority,
 )
-from watermark_authority.client import URL_ENV
+from watermark_authority.client import SECRET_ENV, SECRET_FILE_ENV, URL_ENV
+
+
+@pytest.fixture(autouse=True)
+def no_secret_in_the_environment(monkeypatch):
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    monkeypatch.delenv(SECRET_FILE_ENV, raising=False)
 
 
 def flaky(failures: int, error: type[Exception] = httpx.ConnectError, answer: tuple[int, dict] = (200, {"tokens": {"a": 7}})):
@@ -45,9 +52,57 @@ def test_connection_errors_are_retried_with_backoff():
 def test_after_the_retries_the_client_says_the_authority_is_unavailable():
     transport, calls = flaky(10)
     c = HttpWatermarkClient("http://127.0.0.1:9", retries=2, backoff=0.001, transport=transport)
-    with pytest.raises(AuthorityUnavailableError, match="after 3 attempts.*millwheel authority serve"):
+    with pytest.raises(AuthorityUnavailableError, match="unreachable after 3 attempts.*millwheel authority serve"):
         c.watermarks()
     assert len(calls) == 3
+
+
+def test_a_service_answering_5xx_is_said_to_be_failing_not_missing():
+    body = {"error": "internal", "message": "POST /v1/report failed inside the service (OSError: disk full); see the service's log"}
+    transport = httpx.MockTransport(lambda request: httpx.Response(500, json=body))
+    c = HttpWatermarkClient("http://127.0.0.1:9", secret="s" * 20, retries=2, backoff=0.001, transport=transport)
+    with pytest.raises(AuthorityUnavailableError) as err:
+        c.report("c", "a", 1, 5)
+    message = str(err.value)
+    assert "is running but failed 3 of 3 attempts" in message and "OSError: disk full" in message
+    assert "millwheel authority serve" not in message
+
+
+def test_the_secret_is_sent_and_a_401_says_where_the_client_looked(tmp_path, monkeypatch):
+    seen = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization"))
+        return httpx.Response(401, json={"error": "unauthorized", "message": "POST /v1/acquire needs the watermark authority's secret"})
+
+    c = HttpWatermarkClient("http://127.0.0.1:9", retries=3, transport=httpx.MockTransport(handle))
+    with pytest.raises(AuthenticationError, match=f"needs the watermark authority's secret.*sent no secret: pass secret=..., or set \\${SECRET_ENV}"):
+        c.acquire("c", "a")
+    assert seen == [None]  # never retried
+    monkeypatch.setenv(SECRET_ENV, "from-the-environment-1234")
+    c = HttpWatermarkClient("http://127.0.0.1:9", transport=httpx.MockTransport(handle))
+    with pytest.raises(AuthenticationError, match=f"sent the secret from \\${SECRET_ENV}"):
+        c.acquire("c", "a")
+    assert seen[-1] == "Bearer from-the-environment-1234"
+    monkeypatch.delenv(SECRET_ENV)
+    (tmp_path / "s").write_text("from-a-named-file-5678\n")
+    (tmp_path / "s").chmod(0o600)
+    monkeypatch.setenv(SECRET_FILE_ENV, str(tmp_path / "s"))
+    with pytest.raises(AuthenticationError):
+        HttpWatermarkClient("http://127.0.0.1:9", transport=httpx.MockTransport(handle)).watermarks()
+    assert seen[-1] == "Bearer from-a-named-file-5678"
+    assert HttpWatermarkClient("http://127.0.0.1:9", secret="explicit-secret-wins-90").secret.reveal() == "explicit-secret-wins-90"
+
+
+def test_without_the_secret_a_client_reads_but_cannot_write(service, ns):
+    with HttpWatermarkClient(service.url, retries=0) as anon, service.client() as owner:
+        t = owner.acquire(f"{ns}c", "a")
+        owner.report(f"{ns}c", "a", t, 1_234)
+        assert anon.watermark(f"{ns}c") == 1_234 and anon.watermarks()[f"{ns}c"] == 1_234
+        for write in (lambda: anon.acquire(f"{ns}c", "a"), lambda: anon.report(f"{ns}c", "a", t, 9_999), lambda: anon.intervals(f"{ns}c")):
+            with pytest.raises(AuthenticationError, match="sent no secret"):
+                write()
+        assert owner.watermark(f"{ns}c") == 1_234 and owner.intervals(f"{ns}c")["a"]["token"] == t
 
 
 def test_5xx_answers_are_retried():
@@ -106,14 +161,22 @@ def test_the_embedded_authority_starts_serves_and_stops(tmp_path):
         pid = svc.pid
     assert svc.process.poll() is not None, f"authority {pid} still running"
     assert (tmp_path / "wa" / "journal").is_dir()
-    assert "listening on http://127.0.0.1:" in svc.log()
+    log = svc.log()
+    assert "listening on http://127.0.0.1:" in log and "secret from the file given with --secret-file" in log
+    assert svc.secret is not None and svc.secret.reveal() not in log
+    assert (tmp_path / "wa" / "secret").stat().st_mode & 0o777 == 0o600
 
 
-def test_open_authority_uses_a_url_when_given(service, monkeypatch):
+def test_open_authority_uses_a_url_when_given(service, monkeypatch, ns):
     monkeypatch.setenv(URL_ENV, service.url)
     with open_authority() as wm:
         assert isinstance(wm, HttpWatermarkClient) and wm.url == service.url
         assert isinstance(wm.watermarks(), dict)
+        assert wm.secret is None  # nothing in the environment: reads only
+    # a second driver on the same run directory finds the secret the embedded authority generated
+    with open_authority(service.url, data_dir=service.data_dir) as wm:
+        assert wm.secret == service.secret  # type: ignore[attr-defined]
+        wm.acquire(f"{ns}second-driver", "a")
 
 
 def test_open_authority_starts_an_embedded_one_otherwise(monkeypatch):

@@ -8,7 +8,7 @@ import importlib
 
 import pytest
 
-MODULES = ["watermark_authority", "watermark_authority._core", "watermark_authority._journal", "watermark_authority._errors", "watermark_authority.client", "watermark_authority._server", "watermark_authority.cli"]
+MODULES = ["watermark_authority", "watermark_authority._core", "watermark_authority._journal", "watermark_authority._errors", "watermark_authority._time", "watermark_authority.client", "watermark_authority._server", "watermark_authority.cli"]
 
 
 @pytest.mark.parametrize("name", MODULES)
