@@ -1,12 +1,17 @@
-"""The ``millwheel`` command: validate, graph, run --backend harness, topology loading."""
+"""The ``millwheel`` command: validate, graph, run --backend harness, topology loading, registered commands."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
+from importlib.metadata import EntryPoint
 
 import pytest
 
-from millwheel.cli import load_topology, main
+from millwheel import DEAD_LETTER_STREAM, DeadLetter, Record, SampleSource, Topology
+from millwheel._runner import print_finish
+from millwheel.cli import load_topology, main, registered_commands
 
 TOPOLOGY = textwrap.dedent(
     '''
@@ -62,8 +67,96 @@ def test_run_in_the_harness(topology_file, capsys):
 
 def test_clear_errors(tmp_path, capsys):
     assert main(["validate", str(tmp_path / "missing.py")]) == 2
-    assert "no topology file" in capsys.readouterr().err
+    assert "no topology file or package" in capsys.readouterr().err
+    assert main(["validate", str(tmp_path)]) == 2
+    assert "a directory without __init__.py" in capsys.readouterr().err
     empty = tmp_path / "empty.py"
     empty.write_text("x = 1\n")
     assert main(["validate", str(empty)]) == 2
     assert "define `topology = Topology(...)`" in capsys.readouterr().err
+
+
+def _package(root, name, wiring):
+    pkg = root / name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from .wiring import topology\n")
+    (pkg / "wiring.py").write_text(textwrap.dedent(wiring))
+    return pkg
+
+
+def test_a_package_directory_is_a_topology_module_with_relative_imports(tmp_path, capsys):
+    """``millwheel run topologies/zeitgeist``: the package's ``__init__.py``, its submodules relative to it."""
+    one = _package(tmp_path, "demo", TOPOLOGY)
+    assert load_topology(str(one)).name == "cli_demo"
+    assert main(["validate", str(one) + ".py"]) == 2
+    assert f"did you mean the package {str(one)!r}?" in capsys.readouterr().err
+    assert main(["run", "--backend", "harness", str(one)]) == 0
+    assert "sink doubled: 5 records" in capsys.readouterr().out
+    # another package of the same name gets its own submodules, not the first one's
+    (tmp_path / "other").mkdir()
+    two = _package(tmp_path / "other", "demo", "from millwheel import Topology\ntopology = Topology('second')\n")
+    assert load_topology(str(two)).name == "second"
+
+
+def test_a_package_with_a_topology_submodule_and_build(tmp_path):
+    """Like ``topologies/zeitgeist``: ``topology`` names the submodule topology.py, ``build()`` the topology."""
+    pkg = tmp_path / "built"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from .topology import build\n")
+    (pkg / "topology.py").write_text("from millwheel import Topology\n\ndef build():\n    return Topology('built')\n")
+    assert load_topology(str(pkg)).name == "built"
+
+
+def test_print_finish_names_each_dead_letters_stage_and_reason(capsys):
+    t = Topology("t")
+    t.injector("numbers", SampleSource([]))
+    malformed = DeadLetter("malformed_line", "broken JSON: oops", injector="numbers", stream="numbers", file="q_1.jsonl", offset=40)
+    failed = DeadLetter("process_record", "KeyError: 'query'", computation="Counter", stream="numbers")
+    letters = [Record(None, v, 0, f"d{i}", DEAD_LETTER_STREAM) for i, v in enumerate([malformed, failed, "not a DeadLetter"])]
+    print_finish(t, lambda stream: [], letters, {})
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "  dead letters: 3",
+        "    malformed_line (numbers q_1.jsonl@40): broken JSON: oops",
+        "    process_record (Counter): KeyError: 'query'",
+        "    'not a DeadLetter'",
+    ]
+
+
+def test_registered_commands_are_listed_and_delegated(monkeypatch, capsys):
+    """Packages add commands through entry points (group ``millwheel.commands``); built-in names stay."""
+    calls = []
+    fake = {
+        "hello": EntryPoint("hello", "tests_fake:main", "millwheel.commands"),
+        "run": EntryPoint("run", "tests_fake:main", "millwheel.commands"),
+    }
+
+    def load(ep):
+        def command(argv):
+            """Say hello."""
+            calls.append((ep.name, argv))
+            return 7
+
+        return command
+
+    monkeypatch.setattr("millwheel.cli.entry_points", lambda group: [ep for ep in fake.values() if group == "millwheel.commands"])
+    monkeypatch.setattr(EntryPoint, "load", load)
+    assert set(registered_commands()) == {"hello"}
+    assert main(["hello", "--x", "1"]) == 7 and calls == [("hello", ["--x", "1"])]
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "Say hello." in capsys.readouterr().out
+
+
+def test_the_installed_zeitgeist_command_is_registered(capsys):
+    assert registered_commands()["zeitgeist"].value == "topologies.zeitgeist.cli:main"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = capsys.readouterr().out
+    assert "zeitgeist" in help_text and "Zeitgeist sample data: generate, run, evaluate." in help_text
+
+
+def test_the_command_imports_no_topology():
+    code = "import sys, millwheel.cli; print(sorted(m for m in sys.modules if m.split('.')[0] == 'topologies'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -1,0 +1,115 @@
+"""The Zeitgeist topology (MillWheel §2, Fig. 1, Fig. 9): :func:`build`, its source, its ``on_finish``.
+
+``millwheel run topologies/zeitgeist`` imports the package, calls :func:`build` (the
+default sample, generated on first use) and prints :func:`on_finish` once the run has
+drained its input.
+
+>>> from millwheel import SampleSource
+>>> t = build(source=SampleSource([]))
+>>> t.order()
+['WindowCounter', 'ModelCalculator', 'SpikeDetector', 'DipDetector']
+>>> on_finish(t, {}, {})
+'zeitgeist: no ground truth for this source; nothing to evaluate'
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from computations.anomalies import ANOMALIES, DipDetector, SpikeDetector
+from computations.model import ModelCalculator
+from computations.windowing import WindowCounter
+from millwheel import (
+    DEAD_LETTER_STREAM,
+    ComputationOptions,
+    DedupOptions,
+    LatePolicy,
+    LogFileSource,
+    Source,
+    Topology,
+)
+
+from .config import ZeitgeistConfig
+from .evaluation import RunResult, evaluate, load_truth, render
+from .generator import ensure_sample, logs_dir
+
+__all__ = ["build", "make_source", "on_finish"]
+
+
+def make_source(data_dir: str | os.PathLike[str]) -> LogFileSource:
+    """The query-log injector source, for both backends: the one place that names it.
+
+    :class:`millwheel.LogFileSource`: the injector low watermark is the oldest unfinished
+    file's time (Fig. 10); malformed lines go to ``dead_letters`` with file and offset.
+    """
+    return LogFileSource(logs_dir(data_dir), id_field="id", ts_field="ts", finite=True)
+
+
+def build(data_dir: str | os.PathLike[str] | None = None, *, config: ZeitgeistConfig | None = None, source: Source | None = None) -> Topology:
+    """The Zeitgeist topology reading ``data_dir`` (default: the default sample, generated if missing)."""
+    cfg = config or ZeitgeistConfig()
+    if source is None:
+        source = make_source(ensure_sample(data_dir))
+    options = ComputationOptions(
+        late=LatePolicy.drop(),
+        dedup=DedupOptions(slack_ms=cfg.dedup_slack_ms, gc_interval_ms=max(1_000, cfg.dedup_slack_ms // 6)),
+    )
+    by_query = {"queries": lambda r: r.value["query"]}
+    by_key = {"window_models": lambda r: r.value["key"]}
+    t = Topology("zeitgeist")
+    t.injector("queries", source)
+    t.computation(
+        WindowCounter,
+        inputs={"queries": lambda r: r.value["query"]},
+        outputs=["window_counts"],
+        options=options,
+        params={"window_ms": cfg.window_ms, "trailing_empty": cfg.trailing_empty},
+    )
+    t.computation(
+        ModelCalculator,
+        inputs={"window_counts": lambda r: r.value["key"]},
+        outputs=["window_models"],
+        options=options,
+        params={
+            "day_ms": cfg.day_ms,
+            "slot_ms": cfg.slot_ms,
+            "alpha": cfg.model_alpha,
+            "gamma": cfg.model_gamma,
+            "warmup_windows": cfg.model_warmup_windows,
+            "window_ms": cfg.window_ms,
+        },
+    )
+    t.computation(
+        SpikeDetector,
+        inputs={**by_query, **by_key},
+        outputs=[ANOMALIES],
+        options=options,
+        params={"thresholds": cfg.thresholds, "window_ms": cfg.window_ms},
+    )
+    t.computation(
+        DipDetector,
+        inputs=by_key,
+        outputs=[ANOMALIES],
+        options=options,
+        params={"thresholds": cfg.thresholds, "window_ms": cfg.window_ms},
+    )
+    t.sink(ANOMALIES)
+    return t
+
+
+def on_finish(topology: Topology, streams: Mapping[str, list[Any]], metrics: Mapping[str, Mapping[str, int]], *, wall_clock: bool = False) -> str:
+    """The evaluation of a finished run, as text: for ``millwheel run`` to print after the run.
+
+    ``streams`` maps stream names to their values (at least ``anomalies`` and
+    ``dead_letters``, whose values are :class:`millwheel.DeadLetter`), ``metrics``
+    computation names to their counters.
+    """
+    directory = getattr(topology.injectors["queries"].source, "path", None)
+    if directory is None:
+        return "zeitgeist: no ground truth for this source; nothing to evaluate"
+    dead = [v.as_dict() for v in streams.get(DEAD_LETTER_STREAM, [])]
+    anomalies = [dict(a) for a in streams.get(ANOMALIES, [])]
+    result = RunResult(anomalies, {k: dict(v) for k, v in metrics.items()}, dead, wall_clock=wall_clock)
+    return render(evaluate(result, load_truth(directory)))
