@@ -1,8 +1,9 @@
-"""The dashboard renders live data in real headless Chromium (MillWheel Fig. 15-style lag chart).
+"""The dashboard renders live data in real headless Chromium (MillWheel Fig. 15-style lag charts).
 
-The page writes what it plotted (``#plotted``: the lag series handed to uPlot and what
-uPlot holds) and how many pixels of each series' colour ended up on the chart's canvas
-(``#drawn``) into the DOM; the test reads them back with ``chromium --dump-dom``.
+The page writes what it plotted (``#plotted``: per chart the lag series, what was handed to
+uPlot, what uPlot holds and where it put each line) and how many pixels of each series'
+colour ended up on each chart's canvas (``#drawn``) into the DOM; the test reads them back
+with ``chromium --dump-dom``.
 """
 
 from __future__ import annotations
@@ -12,11 +13,15 @@ import json
 import re
 import shutil
 import subprocess
+import threading
 import time
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from watermark_authority import MIN_TIMESTAMP, embedded_authority
+from watermark_authority import embedded_authority
+from watermark_authority._server import STATIC_DIR
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -26,16 +31,15 @@ pytestmark = [
 ]
 
 
-def render(url: str, profile: str, *, budget_ms: int = 3_000, screenshot: str | None = None) -> str:
+def render(url: str, profile: str, *, budget_ms: int = 3_000) -> str:
     """Load ``url`` in headless Chromium, let it run ``budget_ms`` of virtual time, return the DOM."""
     cmd = [
         CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync",
         "--disable-dev-shm-usage", f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}",
-        "--window-size=1200,1000",
+        "--window-size=1200,1400", "--dump-dom", url,
     ]  # fmt: skip
-    cmd += [f"--screenshot={screenshot}"] if screenshot else ["--dump-dom"]
-    out = subprocess.run([*cmd, url], capture_output=True, text=True, timeout=90)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout
 
@@ -53,68 +57,138 @@ def row(dom: str, table: str, name: str) -> str:
     return m.group(0)
 
 
+def wait_for_samples(wm, names: list[str], n: int = 3) -> None:
+    deadline = time.monotonic() + 10
+    while sum(all(x in s["w"] for x in names) for s in wm._call("GET", "/v1/history", params={"seconds": "60"})["samples"]) < n:
+        assert time.monotonic() < deadline, "the authority is not sampling"
+        time.sleep(0.1)
+
+
 @pytest.mark.timeout(180)
-def test_the_dashboard_plots_the_lag_of_known_reports(tmp_path):
+def test_the_dashboard_plots_wall_and_event_time_lag_and_shows_what_is_stuck(tmp_path):
     with embedded_authority(str(tmp_path / "wa"), extra_args=["--sample-interval", "0.2"]) as svc:
-        wm = svc.client()
+        wm, worker = svc.client(owner="driver-1:100"), svc.client(owner="worker-9:77")
         now = int(time.time() * 1000)
-        low = {"WindowCounter": now - 5_000, "DipDetector": now - 30_000}
+        low = {"WindowCounter": now - 5_000, "SpikeDetector": now - 1_000, "DipDetector": now - 120_000}
         t = wm.acquire_many("WindowCounter", ["a-m", "n-z"])
         wm.report_batch("WindowCounter", [("a-m", t["a-m"], low["WindowCounter"], 3), ("n-z", t["n-z"], now - 2_000, 40)])
-        d = wm.acquire("DipDetector", "all")
-        wm.report("DipDetector", "all", d, low["DipDetector"])
+        wm.report("SpikeDetector", "all", wm.acquire("SpikeDetector", "all"), low["SpikeDetector"])
+        wm.report("DipDetector", "all", wm.acquire("DipDetector", "all"), low["DipDetector"])  # a 120 s outlier
+        s = worker.acquire_many("Stuck", ["interval-0", "interval-1"])
+        worker.report("Stuck", "interval-0", s["interval-0"], now - 1_000)  # interval-1 never reports: nothing known
         wm.expect_injector_processes("queries", ["reader-0", "reader-1"])
-        wm.report_injector("queries", "reader-0", now - 1_000)
-        deadline = time.monotonic() + 10
-        while sum("DipDetector" in s["w"] for s in wm._call("GET", "/v1/history", params={"seconds": "60"})["samples"]) < 3:
-            assert time.monotonic() < deadline, "the authority is not sampling"
-            time.sleep(0.1)
+        wm.report_injector("queries", "reader-0", now - 1_000)  # reader-1 has not reported: MIN
+        computations = ["DipDetector", "SpikeDetector", "Stuck", "WindowCounter"]
+        wait_for_samples(wm, [*computations, "queries"])
 
         dom = render(svc.url + "/", str(tmp_path / "profile"))
         assert re.search(r'<body[^>]*data-rendered="1"', dom), "the page never rendered a chart"
-        refreshes = int(re.search(r'data-refreshes="(\d+)"', dom).group(1))
-        assert refreshes >= 2, "the page did not refresh itself"
+        assert int(re.search(r'data-refreshes="(\d+)"', dom).group(1)) >= 2, "the page did not refresh itself"
+        assert re.search(r'<span id="connection" class="ok" data-status="200">live</span>', dom)
 
         plotted = embedded_json(dom, "plotted")
-        assert plotted["names"] == ["DipDetector", "WindowCounter", "queries"]
-        assert plotted["canvas"] is True
-        assert plotted["plot"]["series"] == ["DipDetector", "WindowCounter", "queries (injector)"]
-        assert plotted["plot"]["points"] == plotted["samples"] >= 3
-        for name, lw in low.items():
-            lags = plotted["series"][name]
-            points = [(x, lag) for x, lag in zip(plotted["x"], lags, strict=True) if lag is not None]
+        wall = plotted["wall"]
+        assert plotted["names"] == [*computations, "queries"] and plotted["injectors"] == ["queries"]
+        assert wall["canvas"] is True and wall["plot"]["distr"] == 3  # a log axis
+        assert wall["plot"]["series"] == [*computations, "queries (injector)"]
+        assert wall["plot"]["points"] == wall["samples"] >= 3
+        for name, lw in low.items():  # every plotted lag is exactly (sample time - low watermark)
+            points = [(x, lag) for x, lag in zip(wall["x"], wall["series"][name], strict=True) if lag is not None]
             assert len(points) >= 3, name
-            for x, lag in points:  # every plotted point is exactly (sample time - low watermark)
+            for x, lag in points:
                 assert lag == pytest.approx(x - lw / 1000, abs=1e-3), (name, x, lag)
-            assert lw / 1000 < points[-1][0]  # and the lag is positive: wall time is ahead
-        assert 5 <= plotted["last"]["WindowCounter"] < 5 + 120
-        assert 30 <= plotted["last"]["DipDetector"] < 30 + 120
-        assert plotted["last"]["queries"] is None  # reader-1 never reported: nothing known, no lag
-        y_min, y_max = plotted["plot"]["y"]
-        assert y_min <= 0 and y_max >= plotted["last"]["DipDetector"]  # both lines fit on the axis
+        assert 5 <= wall["last"]["WindowCounter"] < 5 + 120
+        assert 120 <= wall["last"]["DipDetector"] < 120 + 120
+
+        # stuck at MIN ("nothing known", the worst state): drawn, pinned above every real lag
+        assert wall["stuck"] == ["Stuck", "queries"]
+        assert set(wall["series"]["Stuck"]) - {None} == {"stuck"} and wall["last"]["Stuck"] == "stuck"  # None: before it existed
+        assert wall["ceiling"] >= 3 * wall["last"]["DipDetector"]
+        assert set(wall["drawn"]["Stuck"]) - {None} == {wall["levels"]["Stuck"]} and wall["levels"]["Stuck"] >= wall["ceiling"]
+        assert wall["levels"]["queries"] > wall["levels"]["Stuck"]  # stacked, not hidden behind each other
+        assert wall["plot"]["y"][1] > wall["levels"]["queries"]  # inside the axis
+        pos = wall["positions"]
+        assert pos["queries"] < pos["Stuck"] < pos["DipDetector"] < pos["WindowCounter"] < pos["SpikeDetector"]  # y grows downwards
+        # the 120 s outlier does not flatten the others against the axis: a linear axis up to 120 s puts
+        # a lag of a few seconds within ~12 px of zero; the log axis puts it far above its floor (0.1 s)
+        for name in ("SpikeDetector", "WindowCounter"):
+            assert wall["plot"]["floor_position"] - pos[name] >= 40, (name, pos, wall["plot"])
 
         drawn = embedded_json(dom, "drawn")
-        assert drawn["DipDetector"] > 50 and drawn["WindowCounter"] > 50, f"lines not drawn on the canvas: {drawn}"
+        for name in ("DipDetector", "SpikeDetector", "WindowCounter", "Stuck"):
+            assert drawn["wall"][name] > 50, f"{name} not drawn on the wall-time chart: {drawn}"
+        # no injector watermark is known yet (reader-1 is missing): no lag behind the inputs, except "stuck"
+        event = plotted["event"]
+        assert event["names"] == computations and event["stuck"] == ["Stuck"]
+        assert all(v is None for n in ("DipDetector", "SpikeDetector", "WindowCounter") for v in event["series"][n])
+        assert drawn["event"]["Stuck"] > 50 and drawn["event"]["WindowCounter"] == 0
 
         wc = row(dom, "computations", "WindowCounter")
         assert f'data-low-watermark="{low["WindowCounter"]}"' in wc
-        assert 'data-interval="a-m"' in wc  # a-m holds the watermark back
-        assert f'data-low-watermark="{low["DipDetector"]}"' in row(dom, "computations", "DipDetector")
+        assert 'data-interval="a-m"' in wc and 'data-owner="driver-1:100"' in wc  # a-m holds it back; its owner
+        assert "inputs: nothing known" in wc
+        stuck = row(dom, "computations", "Stuck")
+        assert re.match(r'<tr data-name="Stuck" data-low-watermark="-9\d+" class="stuck">', stuck), stuck[:200]  # MIN, as a double
+        assert "MIN — nothing known" in stuck and "stuck: nothing known" in stuck
+        assert 'data-interval="interval-1"' in stuck and "interval-1 (never reported)" in stuck and 'data-owner="worker-9:77"' in stuck
         q = row(dom, "injectors", "queries")
-        assert f'data-low-watermark="{MIN_TIMESTAMP}"' in q or "MIN (nothing known)" in q
+        assert 'class="stuck"' in q and "MIN — nothing known" in q
         assert 'data-process="reader-1"' in q and "missing (never reported)" in q
 
-        # live: new reports show up on the next load, and the chart follows
-        wm.report_batch("WindowCounter", [("a-m", t["a-m"], now - 1_000), ("n-z", t["n-z"], now - 500)])
-        wm.report_injector("queries", "reader-1", now - 3_000)
+        # the inputs become known: lag behind them = min injector watermark - computation watermark
+        wm.report_injector("queries", "reader-1", now - 1_500)
         time.sleep(0.5)
+        wait_for_samples(wm, [*computations, "queries"])
         dom = render(svc.url + "/", str(tmp_path / "profile2"))
-        plotted = embedded_json(dom, "plotted")
-        assert plotted["last"]["WindowCounter"] < plotted["last"]["DipDetector"] - 20
-        assert f'data-low-watermark="{now - 1_000}"' in row(dom, "computations", "WindowCounter")
-        assert plotted["last"]["queries"] is not None and plotted["last"]["queries"] >= 3
+        plotted, drawn = embedded_json(dom, "plotted"), embedded_json(dom, "drawn")
+        event = plotted["event"]
+        assert event["last"]["WindowCounter"] == pytest.approx(3.5, abs=1e-3)  # (now - 1.5 s) - (now - 5 s)
+        assert event["last"]["DipDetector"] == pytest.approx(118.5, abs=1e-3)
+        assert event["last"]["SpikeDetector"] == pytest.approx(-0.5, abs=1e-3)  # (now - 1.5 s) - (now - 1 s): ahead of these inputs, drawn at the floor
+        assert event["drawn"]["SpikeDetector"][-1] == event["floor"]
+        assert event["stuck"] == ["Stuck"] and plotted["wall"]["stuck"] == ["Stuck"]
+        assert drawn["event"]["WindowCounter"] > 50 and drawn["event"]["DipDetector"] > 50
+        assert ">3.5 s<" in row(dom, "computations", "WindowCounter")
         assert 'data-process="reader-1"' in row(dom, "injectors", "queries")  # now it is the one holding
+        assert 'class="stuck"' not in row(dom, "injectors", "queries")
 
-        shot = tmp_path / "dashboard.png"
-        render(svc.url + "/", str(tmp_path / "profile3"), screenshot=str(shot))
-        assert shot.stat().st_size > 10_000
+
+class _FailingStatus(SimpleHTTPRequestHandler):
+    """The dashboard's files, and a /v1/status that answers 401 (e.g. a proxy in front that wants a login)."""
+
+    def do_GET(self) -> None:  # noqa: N802 - the http.server hook
+        if self.path.startswith("/v1/status"):
+            self._json(401, {"error": "unauthorized", "message": "GET /v1/status needs the secret"})
+        elif self.path.startswith("/v1/history"):
+            self._json(200, {"now": 0, "interval": 1.0, "samples": []})
+        else:
+            self.path = self.path.removeprefix("/static") if self.path.startswith("/static/") else "/dashboard.html"
+            super().do_GET()
+
+    def _json(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        return
+
+
+@pytest.mark.timeout(60)
+def test_an_http_error_is_shown_with_its_status_not_as_unreachable(tmp_path):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_FailingStatus, directory=str(STATIC_DIR)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        dom = render(f"http://127.0.0.1:{server.server_address[1]}/", str(tmp_path / "profile"), budget_ms=1_500)
+    finally:
+        server.shutdown()
+        server.server_close()
+    m = re.search(r'<span id="connection" class="bad" data-status="401">(.*?)</span>', dom)
+    assert m, re.search(r'<span id="connection".*?</span>', dom).group(0)
+    assert m.group(1).startswith("HTTP 401: secret required — GET /v1/status needs the secret")
+    assert "unreachable" not in m.group(1)
+    assert re.search(r'<body[^>]*data-rendered="0"', dom)
