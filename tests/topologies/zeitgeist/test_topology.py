@@ -27,7 +27,7 @@ def test_wiring_follows_fig_1(sample, config):
 def test_the_source_is_the_log_file_injector_of_the_samples_logs(sample):
     source = make_source(sample)
     assert isinstance(source, LogFileSource)
-    assert source.path == str(sample / "logs") and source.finite
+    assert source.path == str(sample / "logs") and source.options()["finite"] == "1"
     assert build(sample).injectors["queries"].source.path == source.path
 
 
