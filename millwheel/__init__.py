@@ -11,6 +11,7 @@ from millwheel._errors import (
     EnvelopeError,
     HarnessError,
     MillwheelError,
+    RunError,
     StateCodecError,
     TopologyError,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "PickleCodec",
     "Production",
     "Record",
+    "RunError",
     "SampleSource",
     "SinkSpec",
     "Source",

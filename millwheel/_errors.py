@@ -7,7 +7,8 @@ Every error derives from one root, so ``except MillwheelError`` catches them all
     ├── ComputationError     user code broke a rule at run time (undeclared stream, bad timestamp)
     ├── StateCodecError      a state value could not be encoded or decoded
     ├── EnvelopeError        a stored per-key envelope is corrupt or of an unknown version
-    └── HarnessError         the in-memory harness was driven wrongly (e.g. time moved backwards)
+    ├── HarnessError         the in-memory harness was driven wrongly (e.g. time moved backwards)
+    └── RunError             a run stopped: a Spark query failed in a way retrying will not fix
 """
 
 from __future__ import annotations
@@ -35,3 +36,7 @@ class EnvelopeError(MillwheelError):
 
 class HarnessError(MillwheelError):
     """The test harness was driven wrongly, e.g. a clock moved backwards."""
+
+
+class RunError(MillwheelError):
+    """A run stopped: a query failed deterministically or too often; the message has the Python traceback."""

@@ -42,7 +42,8 @@ import json
 import os
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from millwheel._deadletter import malformed_line
 from millwheel._errors import TopologyError
@@ -193,13 +194,218 @@ def first_timestamp(data: bytes, ts_field: str) -> int | None:
     return None
 
 
+# ---- reading plan: the same on both backends ------------------------------------------------
+#
+# An *offset* is ``{"files": {name: [byte offset, file time, finished, reached]}, "lw": ...}``:
+# how far each file has been read, its time, whether it is finished, the newest record
+# timestamp read from it so far, and the injector low watermark. The Spark reader keeps
+# offsets in Spark's offset log (so a replayed batch reads exactly the same bytes); the
+# in-memory source walks the same plans, so both backends cut the input into the same
+# batches and send every record under the same watermark.
+
+_TAIL = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOptions:
+    """How a log directory is read; see :class:`LogFileSource`."""
+
+    path: str
+    id_field: str = "id"
+    ts_field: str = "ts"
+    idle_finish_ms: int | None = 60_000
+    finite: bool = False
+    lateness_ms: int = 0
+    max_bytes_per_batch: int = 64 << 20
+    finish_on_rotation: bool = True
+
+
+def initial_offset() -> dict[str, object]:
+    return {"files": {}, "lw": MIN_TIMESTAMP}
+
+
+def _entry(files: dict[str, list[object]], name: str) -> list[object]:
+    e = files.get(name)
+    if e is None:
+        return [0, None, 0, None]
+    return list(e) + [None] * (4 - len(e))  # offsets written before ``reached`` existed
+
+
+def _last_newline(path: str, start: int, size: int) -> int:
+    """Offset just past the last ``\\n`` in ``[start, size)``, or ``start`` if none."""
+    with open(path, "rb") as fh:
+        hi = size
+        while hi > start:
+            lo = max(start, hi - _TAIL)
+            fh.seek(lo)
+            chunk = fh.read(hi - lo)
+            i = chunk.rfind(b"\n")
+            if i >= 0:
+                return lo + i + 1
+            hi = lo
+    return start
+
+
+def _next_newline(path: str, start: int, size: int) -> int:
+    """Offset just past the first ``\\n`` at or after ``start``, or ``start`` if none."""
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        pos = start
+        while pos < size:
+            chunk = fh.read(min(_TAIL, size - pos))
+            if not chunk:
+                break
+            i = chunk.find(b"\n")
+            if i >= 0:
+                return pos + i + 1
+            pos += len(chunk)
+    return start
+
+
+def _last_timestamp(path: str, start: int, end: int, ts_field: str) -> int | None:
+    """The timestamp of the last valid record in ``[start, end)`` (read from the end)."""
+    with open(path, "rb") as fh:
+        lo = max(start, end - _TAIL)
+        fh.seek(lo)
+        lines = fh.read(end - lo).split(b"\n")
+    for line in reversed(lines[1:] if lo > start else lines):
+        ts = first_timestamp(line, ts_field)
+        if ts is not None:
+            return ts
+    return None
+
+
+def plan_offset(start: dict[str, Any], opts: ReadOptions, now_ms: int) -> dict[str, Any]:
+    """The next offset: how far to read each file in one batch, and the injector low watermark.
+
+    * Files are read in name order up to ``max_bytes_per_batch`` bytes, complete lines
+      only; a batch that has read nothing yet takes one line longer than the budget whole.
+    * A file is *finished* once read to its end and: a ``<name>.done`` or ``_DONE`` marker
+      exists, or the source is ``finite``, or a newer file exists (rotation, when
+      ``finish_on_rotation``), or it has not grown for ``idle_finish_ms``.
+    * The injector low watermark (Fig. 10, with progress): each unfinished file promises
+      ``max(its time, newest timestamp read from it) - lateness_ms``; the watermark is the
+      smallest promise, ``MAX_TIMESTAMP`` once every file is finished and the input is
+      complete (``_DONE`` or ``finite``), and never goes back.
+    """
+    prev: dict[str, list[Any]] = start["files"]
+    path = opts.path
+    names = sorted(os.listdir(path)) if os.path.isdir(path) else []
+    present = set(names)
+    dir_done = "_DONE" in present
+    logs = [n for n in names if is_log_file(n)]
+    files: dict[str, list[Any]] = {}
+    budget = opts.max_bytes_per_batch
+    times: dict[str, int | None] = {}
+    for name in logs:
+        full = os.path.join(path, name)
+        st = os.stat(full)
+        pos, ftime, _, reached = _entry(prev, name)
+        new_pos = pos
+        if st.st_size > pos and budget > 0:
+            end = min(st.st_size, pos + budget)
+            new_pos = _last_newline(full, pos, end)
+            if new_pos == pos and end < st.st_size:
+                # the next line does not fit what is left of the budget: a batch that has
+                # read nothing yet takes it whole, any other batch stops here
+                new_pos = _next_newline(full, pos, st.st_size) if budget == opts.max_bytes_per_batch else pos
+                budget = 0 if new_pos == pos else budget - (new_pos - pos)
+            else:
+                budget -= new_pos - pos
+        if ftime is None:
+            ftime = file_time(name)
+            if ftime is None and new_pos > 0:
+                with open(full, "rb") as fh:
+                    ftime = first_timestamp(fh.read(min(new_pos, _TAIL)), opts.ts_field)
+        if new_pos > pos:
+            last = _last_timestamp(full, pos, new_pos, opts.ts_field)
+            if last is not None and (reached is None or last > reached):
+                reached = last
+        times[name] = ftime
+        files[name] = [new_pos, ftime, 0, reached, st.st_size, st.st_mtime]
+    for name in logs:
+        new_pos, ftime, _, reached, size, mtime = files[name]
+        read_all = new_pos >= size
+        newer = opts.finish_on_rotation and ftime is not None and any(t is not None and t > ftime for t in times.values())
+        finished = bool(_entry(prev, name)[2]) or (read_all and (
+            dir_done or f"{name}.done" in present or opts.finite or newer
+            or (opts.idle_finish_ms is not None and now_ms - mtime * 1000 >= opts.idle_finish_ms)
+        ))  # fmt: skip
+        files[name] = [new_pos, ftime, 1 if finished else 0, reached]
+    for name in prev:  # a file that disappeared keeps its entry (finished)
+        if name not in files:
+            e = _entry(prev, name)
+            files[name] = [e[0], e[1], 1, e[3]]
+    lateness = opts.lateness_ms
+    unfinished = [f for f in files.values() if not f[2]]
+    if any(f[1] is None for f in unfinished):
+        lw = start["lw"]  # a new file whose time is not known yet holds the watermark
+    elif unfinished:
+        lw = min(max(f[1], f[3] if f[3] is not None else f[1]) for f in unfinished) - lateness
+    elif dir_done or opts.finite:
+        lw = MAX_TIMESTAMP
+    else:
+        newest = [max(f[1], f[3] if f[3] is not None else f[1]) for f in files.values() if f[1] is not None]
+        lw = max(newest, default=MIN_TIMESTAMP) - lateness
+    return {"files": files, "lw": max(lw, start["lw"])}
+
+
+@dataclass(frozen=True, slots=True)
+class ByteRange:
+    """Bytes ``[begin, end)`` of one file to read in a batch, and the watermark they are sent under."""
+
+    name: str
+    begin: int
+    end: int
+    sender_watermark: int
+    file_time: int
+
+
+def plan_ranges(start: dict[str, Any], end: dict[str, Any], lateness_ms: int) -> list[ByteRange]:
+    """What a batch from ``start`` to ``end`` reads, in the order records are sent.
+
+    A range is sent under the injector watermark already published (``start``), or under
+    its own file's time if that is higher, but never above an older file still unfinished
+    after the batch: as if files were sent one at a time, in time order, so a record older
+    than its own file's time (minus ``lateness_ms``) is late however the files are cut
+    into batches.
+    """
+    out: list[ByteRange] = []
+    ends = end["files"]
+    for name in sorted(ends):
+        pos, ftime = ends[name][0], ends[name][1]
+        old = _entry(start["files"], name)[0]
+        if pos <= old:
+            continue
+        swm = start["lw"]
+        if ftime is not None:
+            bound = min([ftime] + [e[1] for n, e in ends.items() if n != name and e[1] is not None and e[1] <= ftime and not e[2]])
+            swm = max(swm, bound - lateness_ms)
+        out.append(ByteRange(name, old, pos, swm, MAX_TIMESTAMP if ftime is None else ftime))
+    out.sort(key=lambda r: (r.sender_watermark, r.file_time, r.name))
+    return out
+
+
+def read_range(opts: ReadOptions, r: ByteRange, injector: str, stream: str) -> Chunk:
+    with open(os.path.join(opts.path, r.name), "rb") as fh:
+        fh.seek(r.begin)
+        data = fh.read(r.end - r.begin)
+    return parse_chunk(
+        data, start=r.begin, file=r.name, file_time=r.file_time, injector=injector, stream=stream,
+        id_field=opts.id_field, ts_field=opts.ts_field,
+    )  # fmt: skip
+
+
+
 class LogFileSource(Source):
     """A directory of JSON-lines log files; see the module docstring.
 
-    ``lateness_ms`` is the declared disorder: how far behind its file's time a record may
-    be and still not be late. ``idle_finish_ms`` finishes a file that has not grown for
-    that long; a ``<name>.done`` marker, a ``_DONE`` marker in the directory or
-    ``finite=True`` finish files too. ``max_bytes_per_batch`` bounds one Spark batch.
+    ``lateness_ms`` is the declared disorder: how far behind its file's time, or behind
+    the newest record already read from its file, a record may be and still not be late.
+    A file is finished when read to its end and a ``<name>.done`` marker or a ``_DONE``
+    marker in the directory exists, or ``finite=True``, or a newer file has appeared
+    (``finish_on_rotation``), or it has not grown for ``idle_finish_ms`` (default one
+    minute; ``None``: never). ``max_bytes_per_batch`` bounds one batch.
     """
 
     def __init__(
@@ -208,10 +414,11 @@ class LogFileSource(Source):
         *,
         id_field: str = "id",
         ts_field: str = "ts",
-        idle_finish_ms: int | None = None,
+        idle_finish_ms: int | None = 60_000,
         finite: bool = False,
         lateness_ms: int = 0,
         max_bytes_per_batch: int = 64 << 20,
+        finish_on_rotation: bool = True,
     ) -> None:
         if lateness_ms < 0 or max_bytes_per_batch < 1 or (idle_finish_ms is not None and idle_finish_ms < 0):
             msg = (
@@ -219,54 +426,59 @@ class LogFileSource(Source):
                 f"max_bytes_per_batch >= 1; got {lateness_ms}, {idle_finish_ms}, {max_bytes_per_batch}"
             )
             raise TopologyError(msg)
-        self.path = os.fspath(path)
-        self.id_field = id_field
-        self.ts_field = ts_field
-        self.idle_finish_ms = idle_finish_ms
-        self.finite = finite
-        self.lateness_ms = lateness_ms
-        self.max_bytes_per_batch = max_bytes_per_batch
+        self.read_options = ReadOptions(
+            os.fspath(path), id_field, ts_field, idle_finish_ms, finite, lateness_ms, max_bytes_per_batch, finish_on_rotation
+        )
+
+    @property
+    def path(self) -> str:
+        return self.read_options.path
 
     def options(self) -> dict[str, str]:
         """The Spark data source options for this source."""
+        o = self.read_options
         return {
-            "path": self.path,
-            "id_field": self.id_field,
-            "ts_field": self.ts_field,
-            "idle_finish_ms": "" if self.idle_finish_ms is None else str(self.idle_finish_ms),
-            "finite": "1" if self.finite else "0",
-            "lateness_ms": str(self.lateness_ms),
-            "max_bytes_per_batch": str(self.max_bytes_per_batch),
+            "path": o.path,
+            "id_field": o.id_field,
+            "ts_field": o.ts_field,
+            "idle_finish_ms": "" if o.idle_finish_ms is None else str(o.idle_finish_ms),
+            "finite": "1" if o.finite else "0",
+            "lateness_ms": str(o.lateness_ms),
+            "max_bytes_per_batch": str(o.max_bytes_per_batch),
+            "finish_on_rotation": "1" if o.finish_on_rotation else "0",
         }
 
-    def log_files(self) -> list[str]:
-        return sorted(n for n in os.listdir(self.path) if is_log_file(n)) if os.path.isdir(self.path) else []
+    @staticmethod
+    def read_options_from(options: dict[str, str]) -> ReadOptions:
+        """The inverse of :meth:`options` (the Spark reader's side)."""
+        idle = options.get("idle_finish_ms", "")
+        return ReadOptions(
+            path=options["path"],
+            id_field=options.get("id_field", "id"),
+            ts_field=options.get("ts_field", "ts"),
+            idle_finish_ms=int(idle) if idle else None,
+            finite=options.get("finite", "0") == "1",
+            lateness_ms=int(options.get("lateness_ms", "0")),
+            max_bytes_per_batch=int(options.get("max_bytes_per_batch", str(64 << 20))),
+            finish_on_rotation=options.get("finish_on_rotation", "1") == "1",
+        )
 
     def batches(self, injector: str = "injector", stream: str = "records") -> Iterator[SourceBatch]:
-        """In memory: the files as they are now, one batch per file in time order.
+        """In memory: the directory as it is now, read as a finished input, batch by batch.
 
-        Before each file, the watermark moves to that file's time (minus ``lateness_ms``),
-        so its records are sent under it, as on Spark; after the last, to ``MAX_TIMESTAMP``.
+        The batches are the Spark reader's (:func:`plan_offset`, :func:`plan_ranges`); each
+        byte range's records come after a batch that moves the watermark to the one they
+        are sent under, and each plan ends with the injector low watermark it reached.
         """
-        files: list[tuple[int, str, Chunk]] = []
-        for name in self.log_files():
-            with open(os.path.join(self.path, name), "rb") as fh:
-                data = fh.read()
-            data = data[: data.rfind(b"\n") + 1]
-            t = file_time(name)
-            if t is None:
-                t = first_timestamp(data, self.ts_field)
-            t = MAX_TIMESTAMP if t is None else t  # no record at all: holds nothing
-            chunk = parse_chunk(
-                data, start=0, file=name, file_time=t, injector=injector, stream=stream,
-                id_field=self.id_field, ts_field=self.ts_field,
-            )  # fmt: skip
-            files.append((t, name, chunk))
-        files.sort(key=lambda f: (f[0], f[1]))
-        wm = MIN_TIMESTAMP
-        for t, _, chunk in files:
-            if t - self.lateness_ms > wm and t < MAX_TIMESTAMP:
-                wm = t - self.lateness_ms
-                yield SourceBatch([], wm)
-            yield SourceBatch(chunk.records, wm, chunk.dead_letters)
-        yield SourceBatch([], MAX_TIMESTAMP)
+        opts = replace(self.read_options, finite=True)
+        offset = initial_offset()
+        while True:
+            end = plan_offset(offset, opts, now_ms=0)
+            for r in plan_ranges(offset, end, opts.lateness_ms):
+                chunk = read_range(opts, r, injector, stream)
+                yield SourceBatch([], r.sender_watermark)
+                yield SourceBatch(chunk.records, r.sender_watermark, chunk.dead_letters)
+            yield SourceBatch([], end["lw"])
+            if end["lw"] >= MAX_TIMESTAMP or end == offset:
+                return
+            offset = end

@@ -24,6 +24,7 @@ from millwheel._sources import Source, SourceBatch
 from millwheel._topology import InjectorSpec
 from millwheel.runtime._context import DriverContext
 from millwheel.runtime._outbox import Outbox
+from millwheel.runtime._usercode import RestartPolicy
 
 
 class SourceInjector:
@@ -118,10 +119,11 @@ class LogFileInjector:
         self.outbox = Outbox(
             self.name, rt.root.child("outbox", f"injector.{self.name}"), self.checkpoint, rt.streams,
             strong=True, on_summary=lambda _n, _v: None, on_published=self._published,
+            tally=rt.root.child("tallies", f"injector.{self.name}.json"),
         )  # fmt: skip
         self.low_watermark = MIN_TIMESTAMP
         self.query: Any = None
-        self.restarts = 0
+        self.restart_policy = RestartPolicy(f"injector {self.name!r}", rt.settings.max_restarts)
         self.finished = False
 
     @property
@@ -171,11 +173,7 @@ class LogFileInjector:
         q = self.query
         if q is None or q.isActive or q.exception() is None:
             return
-        self.restarts += 1
-        if self.restarts > self.rt.settings.max_restarts:
-            msg = f"injector {self.name!r}: query failed {self.restarts} times: {q.exception()}"
-            raise RuntimeError(msg)
-        self.rt.log(f"injector {self.name}: query failed; restarting from its checkpoint")
+        self.rt.log(self.restart_policy.failed(q.exception()))
         self.start()
 
     def stop(self) -> None:

@@ -23,11 +23,13 @@ documented cost of skipping the checkpoint.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +37,7 @@ import pyarrow.parquet as pq
 
 from millwheel.runtime._fs import Location
 from millwheel.runtime._streams import FileStreamLog, file_name
-from millwheel.runtime._wire import SUMMARY_STREAM
+from millwheel.runtime._wire import SUMMARY_STREAM, IntervalSummary
 
 #: test hook: ``query:point:batch`` kills this process with SIGKILL at that point; ``batch``
 #: may be ``data``: the first batch whose output holds records (not only summaries)
@@ -109,8 +111,9 @@ class Outbox:
         streams: FileStreamLog,
         *,
         strong: bool,
-        on_summary: Callable[[int, Any], None],
+        on_summary: Callable[[int, list[IntervalSummary]], None],
         on_published: Callable[[int], None] | None = None,
+        tally: Location | None = None,
     ) -> None:
         self.name = name
         self.loc = root
@@ -122,8 +125,13 @@ class Outbox:
         self.published = -1
         self.lock = threading.Lock()
         self.written = 0
-        #: rows published per stream
+        #: rows published per stream, and the step counters of published batches: durable,
+        #: in ``tally`` (written before a published batch's outbox is deleted), so a
+        #: resumed run reports totals and a batch re-published after a crash counts once
         self.written_by_stream: dict[str, int] = {}
+        self.metrics: Counter[str] = Counter()
+        self.tally = tally
+        self.tallied = -1
         #: (stream, file name) -> wall time it became visible, for latency measurements
         self.published_at: dict[tuple[str, str], float] = {}
 
@@ -138,15 +146,32 @@ class Outbox:
         crash_point(self.name, "after_output", batch_id, has_data)
         if not self.strong:
             with self.lock:
-                self._publish_data(batch_id, target, attempt=uuid.uuid4().hex[:8])
+                self._publish_data(batch_id, target, attempt=uuid.uuid4().hex[:8], count=True)
         crash_point(self.name, "before_commit", batch_id, has_data)
 
     # ---- publication -------------------------------------------------------------------
     def committed(self) -> set[int]:
         return set(_numbers(self.checkpoint.child("commits")))
 
+    def _load_tally(self) -> None:
+        text = self.tally.read_text() if self.tally is not None else None
+        if not text:
+            return
+        saved = json.loads(text)
+        self.tallied = saved["published"]
+        self.published = max(self.published, self.tallied)
+        self.written_by_stream = dict(saved["written_by_stream"])
+        self.written = sum(self.written_by_stream.values())
+        self.metrics = Counter(saved["metrics"])
+
+    def _save_tally(self, n: int) -> None:
+        self.tallied = n
+        if self.tally is not None:
+            self.tally.write_text(json.dumps({"published": n, "written_by_stream": self.written_by_stream, "metrics": dict(self.metrics)}))
+
     def recover(self) -> None:
         """At start: publish what committed, drop what did not (Spark re-runs those batches)."""
+        self._load_tally()
         committed = self.committed()
         for n in _numbers(self.loc):
             if n not in committed:
@@ -173,20 +198,27 @@ class Outbox:
 
     def _publish(self, n: int) -> None:
         batch = self.loc.child(str(n))
-        self._publish_data(n, batch, attempt=None)
+        count = n > self.tallied  # not counted yet (a crash may have cut the last publication short)
+        self._publish_data(n, batch, attempt=None, count=count)
         summary = batch.child(f"stream={SUMMARY_STREAM}")
+        summaries: list[IntervalSummary] = []
         for part in sorted(summary.list()):
             if part.endswith(".parquet"):
                 loc = summary.child(part)
                 with loc.fs.open_input_file(loc.path) as f:
                     table = pq.read_table(f, columns=["value"])
-                self.on_summary(n, table.column("value").to_pylist())
+                summaries += [IntervalSummary.decode(v) for v in table.column("value").to_pylist()]
+        if count:
+            for s in summaries:
+                self.metrics.update(s.metrics)
+            self._save_tally(n)
+        self.on_summary(n, summaries)
         if self.on_published is not None:
             self.on_published(n)
         batch.delete()
         self.published = max(self.published, n)
 
-    def _publish_data(self, n: int, batch: Location, attempt: str | None) -> None:
+    def _publish_data(self, n: int, batch: Location, attempt: str | None, count: bool) -> None:
         first = True
         for sub in sorted(batch.list()):
             if not sub.startswith("stream=") or sub == f"stream={SUMMARY_STREAM}":
@@ -206,8 +238,9 @@ class Outbox:
                 self.streams.ensure(stream, self.name)
                 self.streams.publish(loc, stream, self.name, tag, lo)
                 self.published_at[(stream, file_name(tag, lo))] = time.time()
-                self.written += rows
-                self.written_by_stream[stream] = self.written_by_stream.get(stream, 0) + rows
+                if count:
+                    self.written += rows
+                    self.written_by_stream[stream] = self.written_by_stream.get(stream, 0) + rows
                 if first:
                     first = False
                     crash_point(self.name, "mid_publish", n)

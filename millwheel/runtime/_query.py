@@ -33,6 +33,7 @@ from millwheel.runtime._context import DriverContext
 from millwheel.runtime._fs import Location
 from millwheel.runtime._interval import IntervalStep, make_key_extractor
 from millwheel.runtime._outbox import Outbox
+from millwheel.runtime._usercode import RestartPolicy
 from millwheel.runtime._wire import (
     HEARTBEAT_SCHEMA,
     KEYED_SCHEMA,
@@ -119,11 +120,11 @@ class ComputationQuery:
         self.outbox = Outbox(
             self.name, rt.root.child("outbox", self.name), self.checkpoint, rt.streams,
             strong=spec.options.strong_productions, on_summary=self._on_summary,
+            tally=rt.root.child("tallies", f"{self.name}.json"),
         )  # fmt: skip
         self.consumed = _Consumed(self.checkpoint)
         #: key interval -> its last summary; absent = not reported yet
         self.summaries: dict[int, IntervalSummary] = {}
-        self.metrics: Counter[str] = Counter()
         self.applied_watermark = MIN_TIMESTAMP
         self.input_watermark = MIN_TIMESTAMP
         self.low_watermark = MIN_TIMESTAMP
@@ -133,7 +134,7 @@ class ComputationQuery:
         self._ticked: dict[int, int] = {}
         self._tokens: dict[str, int] = {}
         self.query: Any = None
-        self.restarts = 0
+        self.restart_policy = RestartPolicy(f"computation {self.name!r}", rt.settings.max_restarts)
         self.batches = 0
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -196,11 +197,7 @@ class ComputationQuery:
         exc = q.exception()
         if exc is None:
             return
-        self.restarts += 1
-        if self.restarts > self.rt.settings.max_restarts:
-            msg = f"computation {self.name!r}: query failed {self.restarts} times; last error: {exc}"
-            raise RuntimeError(msg)
-        self.rt.log(f"computation {self.name}: query failed ({str(exc).splitlines()[0][:200]}); restarting from its checkpoint")
+        self.rt.log(self.restart_policy.failed(exc))
         self.start()
 
     def stop(self) -> None:
@@ -209,12 +206,15 @@ class ComputationQuery:
             self.query = None
 
     # ---- summaries ------------------------------------------------------------------------
-    def _on_summary(self, batch: int, values: list[bytes]) -> None:
+    @property
+    def metrics(self) -> Counter[str]:
+        """The step counters of every published batch, over every driver of this run."""
+        return self.outbox.metrics
+
+    def _on_summary(self, batch: int, summaries: list[IntervalSummary]) -> None:
         self.batches += 1
-        for raw in values:
-            summary = IntervalSummary.decode(raw)
+        for summary in summaries:
             self.summaries[summary.interval] = summary
-            self.metrics.update(summary.metrics)
             self.applied_watermark = max(self.applied_watermark, summary.low_watermark)
 
     # ---- low watermark (§4.5) --------------------------------------------------------------

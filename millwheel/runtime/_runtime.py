@@ -30,6 +30,7 @@ from millwheel.runtime._injectors import LogFileInjector, SourceInjector
 from millwheel.runtime._query import ComputationQuery
 from millwheel.runtime._settings import RuntimeSettings
 from millwheel.runtime._streams import FileStreamLog
+from millwheel.runtime._usercode import ship_user_code
 
 __all__ = ["RuntimeSettings", "SparkRuntime", "lag_text"]
 
@@ -111,6 +112,8 @@ class SparkRuntime:
         if self.started:
             return
         self.root.mkdirs()
+        self.root.child("tallies").mkdirs()
+        ship_user_code(self.topology)
         for stream in self.topology.streams():
             for producer in self.producers(stream):
                 self.streams.ensure(stream, producer)

@@ -30,8 +30,35 @@ def spark_session(master: str = "local[2]", *, shuffle_partitions: int | None = 
     for k, v in (conf or {}).items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(os.environ.get("MILLWHEEL_SPARK_LOG_LEVEL", "ERROR"))
+    level = os.environ.get("MILLWHEEL_SPARK_LOG_LEVEL", "ERROR")
+    spark.sparkContext.setLogLevel(level)
+    if level == "ERROR":
+        _quiet_task_failures(spark)
     return spark
+
+
+#: loggers that print a failed task's or query's whole Java trace; the runtime reports the
+#: failure itself, with the Python traceback (``_usercode.py``)
+_TASK_FAILURE_LOGGERS = (
+    "org.apache.spark.executor.Executor",
+    "org.apache.spark.scheduler.TaskSetManager",
+    "org.apache.spark.sql.execution.streaming.MicroBatchExecution",
+    "org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",
+    "org.apache.spark.sql.execution.streaming.StreamExecution",
+    "org.apache.spark.sql.execution.streaming.runtime.StreamExecution",
+    "org.apache.spark.api.python.PythonRunner",
+)
+
+
+def _quiet_task_failures(spark: Any) -> None:
+    try:
+        jvm = spark.sparkContext._jvm
+        level = jvm.org.apache.logging.log4j.Level.OFF
+        configurator = jvm.org.apache.logging.log4j.core.config.Configurator
+        for name in _TASK_FAILURE_LOGGERS:
+            configurator.setLevel(name, level)
+    except Exception:  # noqa: S110 - only log noise is at stake
+        pass
 
 
 def _cores(master: str) -> int:
