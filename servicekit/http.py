@@ -44,7 +44,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -247,6 +247,8 @@ def json_endpoint(fn: Callable[[Request], Awaitable[Any]], *, logger: logging.Lo
             data = await fn(request)
         except ServiceError as exc:
             return error_response(exc)
+        except ClientDisconnect:  # the client left while sending its body: nothing was done, nobody to tell
+            return Response(status_code=400)
         except Exception as exc:
             logger.exception("internal error on %s %s", request.method, request.url.path)
             message = f"{request.method} {request.url.path} failed inside the service ({type(exc).__name__}: {truncate(str(exc), 300)}); see the service's log"

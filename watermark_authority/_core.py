@@ -282,6 +282,21 @@ class Authority:
         self._injectors: dict[str, _Injector] = {}
         self._snapshot: dict[str, int] = {}
         self._format = 1  # a journal without a FormatVersion record is format 1
+        # one rule per record type: how it changes memory, and which name it touches
+        self._appliers: dict[type[Record], Callable[[Any], str | None]] = {
+            IntervalState: self._apply_interval,
+            WatermarkPublished: self._apply_published,
+            TokenCounter: self._apply_token_counter,
+            ProcessReported: self._apply_process,
+            ComputationAdded: self._apply_computation,
+            InjectorAdded: self._apply_injector,
+            IntervalDropped: self._apply_interval_dropped,
+            IntervalRetired: self._apply_retired,
+            IntervalUnretired: self._apply_unretired,
+            ProcessDropped: self._apply_process_dropped,
+            PercentilePublished: self._apply_percentile,
+            FormatVersion: self._apply_format,
+        }
         for record in self._journal.load():
             self._apply(record)
         if self._format != JOURNAL_FORMAT:
@@ -638,8 +653,10 @@ class Authority:
 
     def _commit(self, records: list[Record]) -> None:
         self._journal.commit(records)  # durable first; if this raises, memory is unchanged
-        touched = {name for r in records if (name := self._apply(r)) is not None}
-        self._publish(touched)
+        apply = self._apply
+        touched = {apply(r) for r in records}
+        touched.discard(None)
+        self._publish(touched)  # type: ignore[arg-type]
 
     def _publish(self, names: Iterable[str]) -> None:
         """Publish the raw low watermark of each of ``names`` that rose (journal, then show)."""
@@ -669,69 +686,80 @@ class Authority:
 
     def _apply(self, record: Record) -> str | None:
         """Apply one journaled record to memory (live and when loading); returns the name it touched."""
-        match record:
-            case IntervalState(comp_name, iv, token, value, pending, updated, owner):
-                comp = self._computations.get(comp_name) or self._new_computation(comp_name)
-                entry = comp.intervals.get(iv)
-                if entry is None:
-                    comp.intervals[iv] = _Interval(token, value, pending, updated, owner)
-                else:
-                    entry.token, entry.value, entry.pending, entry.updated_ms, entry.owner = token, value, pending, updated, owner
-                comp.mins.set(iv, value)
-                comp.version += 1
-                return comp_name
-            case WatermarkPublished(name, value):
-                node = self._computations.get(name) or self._injectors.get(name)
-                if node is not None:
-                    node.published = max(node.published, value)
-                return name
-            case TokenCounter(next_token):
-                self._next_token = max(self._next_token, next_token)
-                return None
-            case ProcessReported(inj_name, proc, value, updated):
-                inj = self._injectors.get(inj_name) or self._new_injector(inj_name)
-                inj.values[proc] = value
-                inj.updated[proc] = updated
-                return inj_name
-            case ComputationAdded(name):
-                if name not in self._computations:
-                    self._new_computation(name)
-                return name
-            case InjectorAdded(name, expected):
-                inj = self._injectors.get(name) or self._new_injector(name)
-                if expected is not None:
-                    inj.expected = list(expected)
-                return name
-            case IntervalDropped(comp_name, iv):
-                comp = self._computations[comp_name]
-                comp.intervals.pop(iv, None)
-                comp.mins.remove(iv)
-                comp.version += 1
-                return comp_name
-            case IntervalRetired(comp_name, iv, token):
-                self._computations[comp_name].retired[iv] = token
-                return comp_name
-            case IntervalUnretired(comp_name, iv):
-                self._computations[comp_name].retired.pop(iv, None)
-                return comp_name
-            case ProcessDropped(inj_name, proc):
-                inj = self._injectors[inj_name]
-                inj.values.pop(proc, None)
-                inj.updated.pop(proc, None)
-                return inj_name
-            case PercentilePublished(name, key, value):
-                node = self._computations.get(name) or self._injectors.get(name)
-                if node is not None:
-                    node.pct_floors[key] = max(node.pct_floors.get(key, MIN_TIMESTAMP), value)
-                return None
-            case FormatVersion(version):
-                if version > JOURNAL_FORMAT:
-                    msg = f"the journal is format {version}, newer than this millwheel reads ({JOURNAL_FORMAT}); upgrade millwheel"
-                    raise ValueError(msg)
-                self._format = version
-                return None
-        msg = f"no rule to apply journal record {record!r}"
-        raise TypeError(msg)
+        apply = self._appliers.get(type(record))
+        if apply is None:
+            msg = f"no rule to apply journal record {record!r}"
+            raise TypeError(msg)
+        return apply(record)
+
+    def _apply_interval(self, r: IntervalState) -> str:
+        comp = self._computations.get(r.computation) or self._new_computation(r.computation)
+        entry = comp.intervals.get(r.interval)
+        if entry is None:
+            comp.intervals[r.interval] = _Interval(r.token, r.value, r.pending, r.updated_ms, r.owner)
+        else:
+            entry.token, entry.value, entry.pending, entry.updated_ms, entry.owner = r.token, r.value, r.pending, r.updated_ms, r.owner
+        comp.mins.set(r.interval, r.value)
+        comp.version += 1
+        return r.computation
+
+    def _apply_published(self, r: WatermarkPublished) -> str:
+        node = self._computations.get(r.name) or self._injectors.get(r.name)
+        if node is not None:
+            node.published = max(node.published, r.value)
+        return r.name
+
+    def _apply_token_counter(self, r: TokenCounter) -> None:
+        self._next_token = max(self._next_token, r.next_token)
+
+    def _apply_process(self, r: ProcessReported) -> str:
+        inj = self._injectors.get(r.injector) or self._new_injector(r.injector)
+        inj.values[r.process] = r.value
+        inj.updated[r.process] = r.updated_ms
+        return r.injector
+
+    def _apply_computation(self, r: ComputationAdded) -> str:
+        if r.name not in self._computations:
+            self._new_computation(r.name)
+        return r.name
+
+    def _apply_injector(self, r: InjectorAdded) -> str:
+        inj = self._injectors.get(r.name) or self._new_injector(r.name)
+        if r.expected is not None:
+            inj.expected = list(r.expected)
+        return r.name
+
+    def _apply_interval_dropped(self, r: IntervalDropped) -> str:
+        comp = self._computations[r.computation]
+        comp.intervals.pop(r.interval, None)
+        comp.mins.remove(r.interval)
+        comp.version += 1
+        return r.computation
+
+    def _apply_retired(self, r: IntervalRetired) -> str:
+        self._computations[r.computation].retired[r.interval] = r.token
+        return r.computation
+
+    def _apply_unretired(self, r: IntervalUnretired) -> str:
+        self._computations[r.computation].retired.pop(r.interval, None)
+        return r.computation
+
+    def _apply_process_dropped(self, r: ProcessDropped) -> str:
+        inj = self._injectors[r.injector]
+        inj.values.pop(r.process, None)
+        inj.updated.pop(r.process, None)
+        return r.injector
+
+    def _apply_percentile(self, r: PercentilePublished) -> None:
+        node = self._computations.get(r.name) or self._injectors.get(r.name)
+        if node is not None:
+            node.pct_floors[r.pct] = max(node.pct_floors.get(r.pct, MIN_TIMESTAMP), r.value)
+
+    def _apply_format(self, r: FormatVersion) -> None:
+        if r.version > JOURNAL_FORMAT:
+            msg = f"the journal is format {r.version}, newer than this millwheel reads ({JOURNAL_FORMAT}); upgrade millwheel"
+            raise ValueError(msg)
+        self._format = r.version
 
     def _new_computation(self, name: str) -> _Computation:
         comp = self._computations[name] = _Computation(name)
