@@ -12,7 +12,7 @@ buckets once the input is finished), so its output depends on the values the low
 watermark moves through, not only on the data: the Spark run uses ``lockstep=True``,
 which releases each source batch once every computation has caught up, as the
 harness's ``run_sources`` does. Free-running, the same topology gives the same dips and
-evaluation (``tests/topologies/test_zeitgeist_spark.py``).
+evaluation (``tests/topologies/zeitgeist/test_spark.py``).
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ import pytest
 from millwheel import LogFileSource, Stage
 from millwheel.runtime import RuntimeSettings, SparkRuntime
 from millwheel.testing import Harness
-from topologies.zeitgeist import ZeitgeistConfig, build
-from topologies.zeitgeist_tools import GeneratorConfig, generate, logs_dir
+from topologies.zeitgeist import GeneratorConfig, ZeitgeistConfig, build, generate, logs_dir
 
 pytestmark = pytest.mark.spark
 
