@@ -350,6 +350,25 @@ def plan_offset(start: dict[str, Any], opts: ReadOptions, now_ms: int) -> dict[s
     return {"files": files, "lw": max(lw, start["lw"])}
 
 
+def holding_file(offset: dict[str, Any], lateness_ms: int) -> str | None:
+    """The unfinished file that holds the injector low watermark of ``offset``, if any.
+
+    >>> holding_file({"files": {"a.jsonl": [10, 1_000, 0, 1_500], "b.jsonl": [5, 2_000, 0, None]}, "lw": 1_500}, 0)
+    'a.jsonl'
+    """
+    best: tuple[int, str] | None = None
+    for name in offset["files"]:
+        _, ftime, finished, reached = _entry(offset["files"], name)
+        if finished:
+            continue
+        if ftime is None:
+            return name
+        promise = max(ftime, reached if reached is not None else ftime) - lateness_ms
+        if best is None or promise < best[0]:
+            best = (promise, name)
+    return None if best is None else best[1]
+
+
 @dataclass(frozen=True, slots=True)
 class ByteRange:
     """Bytes ``[begin, end)`` of one file to read in a batch, and the watermark they are sent under."""

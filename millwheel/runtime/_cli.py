@@ -57,6 +57,7 @@ def status_lines(rt: Any) -> list[str]:
         rin = s.get("records_in", "")
         rout = s.get("productions", s.get("records_out", 0))
         lines.append(f"{name:<22} {rin!s:>9} {rout:>9} {s.get('dead_letters', 0):>6} {_ts(lw):>16} {lag:>10}")
+    lines += [f"warning: {s['warning']}" for s in rt.status().values() if s.get("warning")]
     return lines
 
 

@@ -14,11 +14,13 @@ publish an injector low watermark.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._delivery import invalid_record, record_problem
+from millwheel._logfile import holding_file
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel._sources import Source, SourceBatch
 from millwheel._topology import InjectorSpec
@@ -125,6 +127,9 @@ class LogFileInjector:
         self.query: Any = None
         self.restart_policy = RestartPolicy(f"injector {self.name!r}", rt.settings.max_restarts)
         self.finished = False
+        self.offset: dict[str, Any] | None = None
+        self._moved_at = time.monotonic()
+        self._warned = False
 
     @property
     def records_out(self) -> int:
@@ -139,7 +144,25 @@ class LogFileInjector:
         if not text:
             return
         offset = json.loads(text.strip().splitlines()[-1])
-        self.low_watermark = max(self.low_watermark, int(offset["lw"]))
+        self.offset = offset
+        lw = max(self.low_watermark, int(offset["lw"]))
+        if lw != self.low_watermark:
+            self.low_watermark = lw
+            self._moved_at = time.monotonic()
+            self._warned = False
+
+    def stalled(self) -> str | None:
+        """Why the injector low watermark has not moved for ``stall_warning_s``, naming the file holding it."""
+        waited = time.monotonic() - self._moved_at
+        if self.low_watermark >= MAX_TIMESTAMP or waited < self.rt.settings.stall_warning_s or self.offset is None:
+            return None
+        name = holding_file(self.offset, self.source.read_options.lateness_ms)  # type: ignore[union-attr]
+        if name is None:
+            return None
+        return (
+            f"injector {self.name}: low watermark unchanged for {waited:.0f}s, held by {name!r}, which is not "
+            f"finished; finish it with a {name}.done marker, a newer file, _DONE, or LogFileSource(idle_finish_ms=...)"
+        )
 
     def start(self) -> None:
         from millwheel.runtime._logfiles import FORMAT, LogFileDataSource
@@ -168,6 +191,10 @@ class LogFileInjector:
     def poll(self) -> None:
         self.outbox.publish_committed()
         self.rt.watermarks.report_injector(self.name, "spark", self.low_watermark)
+        warning = self.stalled()
+        if warning is not None and not self._warned:
+            self.rt.log(warning)
+            self._warned = True
 
     def check(self) -> None:
         q = self.query
@@ -185,4 +212,8 @@ class LogFileInjector:
         return self.low_watermark >= MAX_TIMESTAMP and not self.outbox.loc.list()
 
     def status(self) -> dict[str, Any]:
-        return {"records_out": self.records_out, "dead_letters": self.dead_letters, "low_watermark": self.low_watermark}
+        out = {"records_out": self.records_out, "dead_letters": self.dead_letters, "low_watermark": self.low_watermark}
+        warning = self.stalled()
+        if warning is not None:
+            out["warning"] = warning
+        return out

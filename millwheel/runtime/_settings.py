@@ -26,6 +26,9 @@ class RuntimeSettings:
       driver on the same run directory, and their low watermarks come from the shared
       watermark authority. This is how a computation joins a running topology without
       restarting the others (``docs/runtime.md``).
+    * ``stall_warning_s`` — warn (log line, ``status()["warning"]``) when a log-file
+      injector's low watermark has not moved for this long, naming the unfinished file
+      that holds it.
     """
 
     intervals: int = 16
@@ -41,3 +44,4 @@ class RuntimeSettings:
     status_every_s: float | None = None
     lockstep: bool = False
     only: tuple[str, ...] = ()
+    stall_warning_s: float = 60.0
