@@ -87,11 +87,6 @@ def check_int(what: str, value: Any, *, lo: int = INT64_MIN, hi: int = INT64_MAX
     _fail(error, f"{what} must be an integer in [{lo}, {hi}]{hint}, got {describe(value)}")
 
 
-def check_int64(what: str, value: Any, *, hint: str = "", error: ErrorClass = BadRequestError) -> int:
-    """:func:`check_int` over the whole signed 64-bit range."""
-    return check_int(what, value, hint=hint, error=error)
-
-
 def check_number(what: str, value: Any, *, lo: float, hi: float, hint: str = "", error: ErrorClass = BadRequestError) -> float:
     """Return ``value`` as a float if it is a finite ``int`` or ``float`` in ``[lo, hi]``."""
     if not isinstance(value, bool) and isinstance(value, (int, float)):

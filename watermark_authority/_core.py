@@ -63,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from servicekit import INT64_MAX, describe
+from servicekit import INT64_MAX, check_int, describe
 from watermark_authority._errors import (
     ConflictError,
     InvalidRequestError,
@@ -135,10 +135,7 @@ def check_percentile(pct: Any) -> float:
 
 
 def _check_token_value(what: str, token: Any) -> int:
-    if type(token) is not int or not 1 <= token <= INT64_MAX:
-        msg = f"{what}: token must be the positive integer that acquire returned, got {describe(token)}"
-        raise InvalidRequestError(msg)
-    return token
+    return check_int(f"{what}: token", token, lo=1, hint=" (the token that acquire returned)", error=InvalidRequestError)
 
 
 def _pct_key(pct: float) -> str:
@@ -833,8 +830,8 @@ class Authority:
         if type(oldest) is not int or not MIN_TIMESTAMP <= oldest <= MAX_TIMESTAMP:
             check_timestamp(f"computation {computation!r}: report #{i} ({iv!r}) oldest_work", oldest)
         if pending is not None and (type(pending) is not int or not 0 <= pending <= INT64_MAX):
-            msg = f"computation {computation!r}: report #{i} ({iv!r}): pending must be a count in [0, 2**63 - 1] or null, got {describe(pending)}"
-            raise InvalidRequestError(msg)
+            what = f"computation {computation!r}: report #{i} ({iv!r}): pending"
+            check_int(what, pending, lo=0, hint=" (a count of pending work) or null", error=InvalidRequestError)
         return iv, token, oldest, pending
 
     @staticmethod

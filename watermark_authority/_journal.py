@@ -47,7 +47,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from operator import attrgetter
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, cast
 
 import msgpack
 
@@ -308,8 +308,8 @@ class RocksJournal:
         self._write_options.sync = sync
 
     def load(self) -> Iterator[Record]:
-        for key, value in self._db.items():
-            yield decode(key, value)
+        for key, value in self._db.items():  # raw mode: bytes keys and values
+            yield decode(cast(bytes, key), cast(bytes, value))
 
     def commit(self, records: Sequence[Record]) -> None:
         from rocksdict import WriteBatch

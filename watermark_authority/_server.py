@@ -323,6 +323,7 @@ def serve(
     if secret is None:  # pragma: no cover - create=True always yields one
         print("watermark authority: no secret", file=sys.stderr)
         return 2
+    secret_source = secret.source
     journal_dir = os.path.join(data_dir, "journal")
     try:
         journal = RocksJournal(journal_dir, sync=sync)
@@ -354,7 +355,7 @@ def serve(
             if self.started:
                 known = authority.watermarks()
                 print(
-                    f"watermark authority listening on {url} (journal {journal_dir}; secret from {secret.source}; "
+                    f"watermark authority listening on {url} (journal {journal_dir}; secret from {secret_source}; "
                     f"{len(known)} names: {summarize(known)[:200]})",
                     flush=True,
                 )

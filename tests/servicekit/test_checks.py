@@ -14,7 +14,6 @@ from servicekit import (
     BadRequestError,
     check_fields,
     check_int,
-    check_int64,
     check_number,
     describe,
     parse_json,
@@ -49,10 +48,10 @@ def test_truncate_says_how_much_it_cut():
 
 
 def test_check_int_takes_int64_and_refuses_the_rest():
-    assert check_int64("n", INT64_MAX) == INT64_MAX and check_int64("n", INT64_MIN) == INT64_MIN
+    assert check_int("n", INT64_MAX) == INT64_MAX and check_int("n", INT64_MIN) == INT64_MIN  # int64 by default
     for bad in (INT64_MAX + 1, INT64_MIN - 1, 10**30, 1.0, "1", True, None, float("nan")):
-        with pytest.raises(BadRequestError, match=r"n must be an integer in \["):
-            check_int64("n", bad)
+        with pytest.raises(BadRequestError, match=r"n must be an integer in \[-9223372036854775808, 9223372036854775807\], got"):
+            check_int("n", bad)
     with pytest.raises(MyError, match=r"pending must be an integer in \[0, 10\] \(a count\), got -1"):
         check_int("pending", -1, lo=0, hi=10, hint=" (a count)", error=MyError)
 
