@@ -276,7 +276,7 @@ class GuardMiddleware:
         except ServiceError as exc:
             # the body (if any) was not read: close, so the client's upload stops here
             close = method not in _SAFE_METHODS or headers.get("content-length", "0") != "0"
-            await error_response(exc, close=close)(scope, receive, _with_headers(send))
+            await error_response(exc, close=close, realm=self.guard.service)(scope, receive, _with_headers(send))
             return
         limit = self.guard.max_body_bytes
         received = 0
