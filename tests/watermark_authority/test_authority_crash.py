@@ -45,6 +45,7 @@ def crash_loop(tmp_path, *, cycles: int, seed: int) -> None:
                 tokens[comp]["i0"] = c.acquire(comp, "i0")
         broadcast: dict[str, int] = dict.fromkeys(COMPUTATIONS, -(2**63))  # highest value seen published
         acked: dict[tuple[str, str], int] = {}  # last acknowledged report per interval
+        acks = [0]  # acknowledged batches, all cycles
         clock = {comp: 1_000 for comp in COMPUTATIONS}
 
         for cycle in range(cycles):
@@ -68,6 +69,7 @@ def crash_loop(tmp_path, *, cycles: int, seed: int) -> None:
                     for iv, _, v in batch:
                         acked[(comp, iv)] = v
                         in_flight.pop((comp, iv), None)
+                    acks[0] += 1
 
             def reader(client, stop=stop) -> None:
                 while not stop.is_set():
@@ -82,7 +84,12 @@ def crash_loop(tmp_path, *, cycles: int, seed: int) -> None:
             threads = [threading.Thread(target=writer, args=(w_client,)), threading.Thread(target=reader, args=(r_client,))]
             for t in threads:
                 t.start()
-            time.sleep(0.3 + rng.random() * 0.5)
+            # kill by progress, not by seconds: once some reports are acknowledged and a
+            # watermark was broadcast, after a random number of further acknowledgements
+            target = acks[0] + 3 + rng.randint(0, 20)
+            deadline = time.monotonic() + 60
+            while (acks[0] < target or not all(v > -(2**63) for v in broadcast.values())) and time.monotonic() < deadline:
+                time.sleep(0.005)
             svc.kill()  # SIGKILL mid-stream
             stop.set()
             for t in threads:
