@@ -41,7 +41,7 @@ import xxhash
 from millwheel._codec import decode_value, encode_value
 from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._delivery import key_record, plan_steps, timers_due
-from millwheel._record import Record, decode_key, encode_key
+from millwheel._record import MIN_TIMESTAMP, Record, decode_key, encode_key
 from millwheel._step import StepRunner
 from millwheel._topology import ComputationSpec
 from millwheel.runtime._wire import (
@@ -72,7 +72,12 @@ def make_key_extractor(consumer: str, stream: str, extractor: Callable[[Record],
     """A ``mapInPandas`` function: stream-log rows -> rows keyed by the consumer's extractor (§4.2)."""
 
     def extract(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        rows_read: dict[str, int] = {}  # rows of each file seen so far in this partition
         for pdf in frames:
+            srcs = pdf["src"].tolist()
+            o_row = [0] * len(srcs)
+            for i, src in enumerate(srcs):
+                o_row[i] = rows_read[src] = rows_read.get(src, -1) + 1
             ids = pdf["id"].tolist()
             tss = pdf["ts"].tolist()
             pkeys = pdf["key"].tolist()
@@ -104,10 +109,15 @@ def make_key_extractor(consumer: str, stream: str, extractor: Callable[[Record],
                 o_id[i], o_ts[i], o_val[i] = dead.id, dead.timestamp, encode_value(dead.value)
             yield pd.DataFrame(
                 {"interval": o_interval, "kind": o_kind, "key": o_key, "id": o_id, "ts": o_ts, "value": o_val,
-                 "wm": pdf["wm"], "stream": [stream] * n, "now": [None] * n}
+                 "wm": pdf["wm"], "stream": [stream] * n, "src": srcs, "row": o_row, "now": [None] * n}
             )  # fmt: skip
 
     return extract
+
+
+def _send_order(row: tuple[Any, ...]) -> tuple[int, str, int]:
+    w = row[3]
+    return (MIN_TIMESTAMP if w is None or w != w else int(w), row[5] or "", row[6] or 0)
 
 
 class _Out:
@@ -162,8 +172,8 @@ class IntervalStep:
         now = state.getCurrentProcessingTimeMs()
         totals = dict.fromkeys(METRICS, 0)
         out = _Out()
-        # key bytes -> [(id, ts, value bytes, sender watermark, stream)]
-        per_key: dict[bytes, list[tuple[str, int, bytes, Any, str]]] = {}
+        # key bytes -> [(id, ts, value bytes, sender watermark, stream, source file, row)]
+        per_key: dict[bytes, list[tuple[str, int, bytes, Any, str, str, int]]] = {}
         for pdf in frames:
             if interval < 0:
                 continue  # the heartbeat group: it only moves Spark's watermark
@@ -175,6 +185,8 @@ class IntervalStep:
             nows = pdf["now"].tolist()
             wms = pdf["wm"].tolist()
             streams = pdf["stream"].tolist()
+            srcs = pdf["src"].tolist()
+            rownos = pdf["row"].tolist()
             for i in range(len(ids)):
                 kind = kinds[i]
                 if kind != kind or kind is None:  # a tick: a wall timer of this interval is due
@@ -190,7 +202,7 @@ class IntervalStep:
                         totals["dead_letters"] += 1
                         out.add(DEAD_LETTER_STREAM, ids[i], tss[i], None, vals[i])
                     continue
-                row = (ids[i], tss[i], vals[i], wms[i], streams[i])
+                row = (ids[i], tss[i], vals[i], wms[i], streams[i], srcs[i], rownos[i])
                 lst = per_key.get(keys[i])
                 if lst is None:
                     per_key[keys[i]] = [row]
@@ -211,9 +223,13 @@ class IntervalStep:
         for kb, rows in per_key.items():
             key = decode_key(kb)
             env = envs.get(kb)
+            if len(rows) > 1:
+                # send order: Spark reads a batch's files in any order; sender watermarks
+                # only grow, and file names sort in publication order
+                rows.sort(key=_send_order)
             items = [
-                (Record(key, decode_value(v), int(t), rid, stream), None if w is None or w != w or w <= lw else int(w))
-                for rid, t, v, w, stream in rows
+                (Record(key, decode_value(v), int(t), rid, stream), None if w is None or w != w else int(w))
+                for rid, t, v, w, stream, _, _ in rows
             ]
             for call in plan_steps(items, lw):
                 res = step(key, env, call.records, low_watermark=call.low_watermark, now=now, late_watermark=call.late_watermark)  # type: ignore[arg-type]

@@ -161,7 +161,8 @@ class ComputationQuery:
             .select(
                 F.col("interval"), F.lit(None).cast("int").alias("kind"), F.lit(None).cast("binary").alias("key"),
                 F.lit(None).cast("string").alias("id"), F.lit(0).cast("long").alias("ts"), F.lit(None).cast("binary").alias("value"),
-                F.lit(None).cast("long").alias("wm"), F.lit(None).cast("string").alias("stream"), F.col("now"),
+                F.lit(None).cast("long").alias("wm"), F.lit(None).cast("string").alias("stream"), F.lit(None).cast("string").alias("src"),
+                F.lit(None).cast("long").alias("row"), F.col("now"),
                 F.timestamp_millis("wm").alias("wm_ts"),
             )
         )  # fmt: skip
@@ -172,7 +173,9 @@ class ComputationQuery:
                 r = spark.readStream.schema(LOG_SCHEMA).option("maxFileAge", "36500d")
                 if settings.max_files_per_trigger:
                     r = r.option("maxFilesPerTrigger", settings.max_files_per_trigger)
-                readers.append(r.parquet(self.rt.streams.location(stream, producer).uri))
+                # the file a row came from: rows are put back in send order (file names
+                # sort in publication order) so a key's records are stepped as sent
+                readers.append(r.parquet(self.rt.streams.location(stream, producer).uri).withColumn("src", F.col("_metadata.file_name")))
             raw = reduce(lambda a, b: a.unionByName(b), readers)
             keyed = raw.mapInPandas(make_key_extractor(self.name, stream, extractor, self.intervals), KEYED_SCHEMA)
             parts.append(keyed.withColumn("wm_ts", F.lit(None).cast("timestamp")))

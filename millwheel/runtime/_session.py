@@ -1,41 +1,35 @@
-"""A Spark session for millwheel: this interpreter for the workers, sane local defaults."""
+"""A Spark session for millwheel: this interpreter for the workers, sane defaults, a quiet log.
+
+* **Workers run this interpreter** (``PYSPARK_PYTHON``, docs/runtime.md).
+* **Loopback unless told otherwise.** For ``local[...]`` and a standalone master on this
+  machine (``spark://127.0.0.1:...``, ``spark://localhost:...``) ``SPARK_LOCAL_IP`` defaults
+  to ``127.0.0.1``: the driver, its block manager and the Spark UI listen on loopback only,
+  and Spark does not warn that the host name resolves to a loopback address. Set
+  ``SPARK_LOCAL_IP`` (or ``spark.driver.host``) to the address the cluster reaches the
+  driver at when the workers are elsewhere.
+* **The Spark UI** is off unless asked for (``ui=True``: ``millwheel run`` does, tests do
+  not); :func:`ui_url` says where it is.
+* **Known noise is quiet.** The driver JVM gets a log4j2 configuration
+  (:data:`LOG4J2_PROPERTIES`) at level ``$MILLWHEEL_SPARK_LOG_LEVEL`` (default ``ERROR``)
+  that also drops the lines that say nothing to a millwheel user: the native-Hadoop
+  notice, the AQE-in-streaming notices (AQE is off: streaming ignores it anyway), a failed
+  task's or query's whole Java trace (the runtime reports failures itself, with the Python
+  traceback: ``_usercode.py``), and the ``StackOverflowError`` Spark 4.3 logs from the
+  stream-execution thread when a query is stopped while its ``foreachBatch`` call is
+  in flight (``docs/deployment.md``).
+* **Under spark-submit** the JVM, the master and the deploy mode are spark-submit's:
+  :func:`under_spark_submit` tells, and the session takes them as given.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import sys
+import tempfile
+from collections.abc import Iterator
 from typing import Any
-
-
-def spark_session(master: str = "local[2]", *, shuffle_partitions: int | None = None, app_name: str = "millwheel", conf: dict[str, str] | None = None) -> Any:
-    """Get or create the session. ``PYSPARK_PYTHON`` is set to this interpreter (docs/runtime.md)."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    if shuffle_partitions is None:
-        shuffle_partitions = _cores(master)
-    builder = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.sql.streaming.fileSource.log.compactInterval", "1000")
-        .config("spark.python.worker.reuse", "true")
-        .config("spark.driver.memory", os.environ.get("MILLWHEEL_DRIVER_MEMORY", "2g"))
-    )
-    for k, v in (conf or {}).items():
-        builder = builder.config(k, v)
-    spark = builder.getOrCreate()
-    level = os.environ.get("MILLWHEEL_SPARK_LOG_LEVEL", "ERROR")
-    spark.sparkContext.setLogLevel(level)
-    if level == "ERROR":
-        _quiet_task_failures(spark)
-    return spark
-
 
 #: loggers that print a failed task's or query's whole Java trace; the runtime reports the
 #: failure itself, with the Python traceback (``_usercode.py``)
@@ -47,22 +41,203 @@ _TASK_FAILURE_LOGGERS = (
     "org.apache.spark.sql.execution.streaming.StreamExecution",
     "org.apache.spark.sql.execution.streaming.runtime.StreamExecution",
     "org.apache.spark.api.python.PythonRunner",
+    "org.apache.spark.sql.execution.datasources.FileFormatWriter",
+    "org.apache.spark.util.Utils",
+)
+
+#: loggers whose messages are known noise for a millwheel run, at any level
+_NOISE_LOGGERS = (
+    "org.apache.hadoop.util.NativeCodeLoader",  # "Unable to load native-hadoop library"
+    "org.apache.spark.sql.catalyst.analysis.ResolveWriteToStream",  # "AQE is not supported in streaming"
+    "org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager",  # rename fallbacks on local disk
+    "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",  # "state store ... aborted"
+)
+
+LOG4J2_PROPERTIES = """\
+# millwheel's log4j2 configuration for the driver JVM (millwheel/runtime/_session.py)
+rootLogger.level = {level}
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
+{loggers}
+"""
+
+
+#: what a Java error says when a stopping query interrupts the job of its ``foreachBatch`` call
+_INTERRUPTIONS = (
+    "java.lang.InterruptedException",
+    "java.io.InterruptedIOException",
+    "java.nio.channels.ClosedByInterruptException",
+    "cancelled part of cancelled job group",
+    "cancelled because SparkContext was shut down",
 )
 
 
+class QueryInterrupted(Exception):  # noqa: N818 - it is what happened, not an error of the user's
+    """A ``foreachBatch`` call cut short by its query's stop (see :func:`compact_interruption`)."""
+
+
+def compact_interruption(exc: BaseException) -> Exception | None:
+    r"""The short form of an error that means "the query is being stopped", for a ``foreachBatch`` function.
+
+    Spark 4.3 tells its own stop from a failure by matching the error's text against
+    ``py4j.protocol.Py4JJavaError: An error occurred while calling((.|\r\n|\r|\n)*)(java.lang.InterruptedException|...)``
+    (``StreamExecution.PROXY_ERROR``). ``java.util.regex`` recurses once per character on
+    that group, so the Java stack trace a ``Py4JJavaError`` carries — thousands of
+    characters — overflows the stream thread's stack, and the JVM prints ``Exception in
+    thread "stream execution thread for ..." java.lang.StackOverflowError``. Raising the
+    same error as one short line instead keeps the match (the stop is recognised and
+    nothing is logged) and the stack small. Anything else: ``None``, raise it as it is.
+
+    >>> class Py4JJavaError(Exception): ...
+    >>> big = Py4JJavaError("An error occurred while calling o42.parquet.\n: java.lang.InterruptedException\n" + "\tat x\n" * 5000)
+    >>> str(compact_interruption(big)).splitlines()
+    ['py4j.protocol.Py4JJavaError: An error occurred while calling o42.parquet.', ': java.lang.InterruptedException (the query is stopping)']
+    >>> compact_interruption(ValueError("java.lang.InterruptedException")) is None
+    True
+    """
+    text = str(exc)
+    if type(exc).__name__ != "Py4JJavaError" or not any(m in text for m in _INTERRUPTIONS):
+        return None
+    first = text.strip().split("\n", 1)[0].strip()
+    return QueryInterrupted(f"py4j.protocol.Py4JJavaError: {first}\n: java.lang.InterruptedException (the query is stopping)")
+
+
+def under_spark_submit() -> bool:
+    """Is this interpreter the Python side of a ``spark-submit`` (the JVM already runs)?"""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def loopback_master(master: str | None) -> bool:
+    """A master on this machine: ``local[...]`` or a standalone master on a loopback address."""
+    if master is None:
+        return False
+    if master.startswith("local"):
+        return True
+    return master.startswith(("spark://127.0.0.1:", "spark://localhost:", "spark://[::1]:"))
+
+
+def log4j2_file(level: str) -> str:
+    """Write (once) the driver's log4j2 configuration for ``level``; returns its path."""
+    loggers = []
+    for i, name in enumerate(_NOISE_LOGGERS):
+        loggers += [f"logger.noise{i}.name = {name}", f"logger.noise{i}.level = off"]
+    if level.upper() in ("ERROR", "FATAL", "OFF"):
+        for i, name in enumerate(_TASK_FAILURE_LOGGERS):
+            loggers += [f"logger.task{i}.name = {name}", f"logger.task{i}.level = off"]
+    text = LOG4J2_PROPERTIES.format(level=level.lower(), loggers="\n".join(loggers))
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    path = os.path.join(tempfile.gettempdir(), f"millwheel-log4j2-{os.getuid()}-{digest}.properties")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    return path
+
+
+def spark_session(
+    master: str | None = "local[2]",
+    *,
+    shuffle_partitions: int | None = None,
+    app_name: str = "millwheel",
+    conf: dict[str, str] | None = None,
+    ui: bool = False,
+) -> Any:
+    """Get or create the session. ``PYSPARK_PYTHON`` is set to this interpreter (docs/runtime.md).
+
+    ``master=None`` takes the master from spark-submit (or ``local[*]`` outside it).
+    """
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    submitted = under_spark_submit()
+    if master is None and not submitted:
+        master = "local[*]"
+    if loopback_master(master) and not submitted:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    if shuffle_partitions is None:
+        shuffle_partitions = _cores(master)
+    level = os.environ.get("MILLWHEEL_SPARK_LOG_LEVEL", "ERROR").upper()
+    settings = {
+        "spark.ui.enabled": "true" if ui else "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": str(shuffle_partitions),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.adaptive.enabled": "false",  # streaming ignores AQE; saying so is noise
+        "spark.sql.streaming.fileSource.log.compactInterval": "1000",
+        "spark.python.worker.reuse": "true",
+        "spark.driver.memory": os.environ.get("MILLWHEEL_DRIVER_MEMORY", "2g"),
+    }
+    if not submitted:  # the driver JVM starts here: it reads its log configuration at start
+        java_options = f"-Dlog4j2.configurationFile=file:{log4j2_file(level)}"
+        extra = (conf or {}).get("spark.driver.extraJavaOptions")
+        settings["spark.driver.extraJavaOptions"] = f"{extra} {java_options}" if extra else java_options
+    settings.update({k: v for k, v in (conf or {}).items() if k != "spark.driver.extraJavaOptions"})
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None and not submitted:
+        builder = builder.master(master)
+    for k, v in settings.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(level)
+    if level in ("ERROR", "FATAL", "OFF"):
+        _quiet_task_failures(spark)
+    return spark
+
+
+@contextlib.contextmanager
+def quiet_while_stopping(spark: Any) -> Iterator[None]:
+    """Nothing logged while queries stop, at the default level (``ERROR``): the errors of the
+    jobs a stop cancels (``Aborting job``, ``Error in TaskCompletionListener``, a broadcast
+    that failed to store) are the stop itself, not news. The level is restored afterwards."""
+    if spark is None:
+        yield
+        return
+    previous = None
+    try:
+        level = str(spark.sparkContext._jvm.org.apache.logging.log4j.LogManager.getRootLogger().getLevel())
+        if level == "ERROR":  # at WARN and below someone is looking: show them everything
+            spark.sparkContext.setLogLevel("OFF")
+            previous = level
+    except Exception:  # noqa: BLE001, S110 - only log noise is at stake
+        pass
+    try:
+        yield
+    finally:
+        if previous is not None:
+            with contextlib.suppress(Exception):
+                spark.sparkContext.setLogLevel(previous)
+
+
+def ui_url(spark: Any) -> str | None:
+    """The Spark UI's address, or ``None`` when it is off."""
+    try:
+        url = spark.sparkContext.uiWebUrl
+    except Exception:  # noqa: BLE001 - the UI is a convenience
+        return None
+    return url or None
+
+
 def _quiet_task_failures(spark: Any) -> None:
+    """The same as the log4j2 file, for a JVM that started without it (spark-submit, a test's session)."""
     try:
         jvm = spark.sparkContext._jvm
-        level = jvm.org.apache.logging.log4j.Level.OFF
+        off = jvm.org.apache.logging.log4j.Level.OFF
         configurator = jvm.org.apache.logging.log4j.core.config.Configurator
-        for name in _TASK_FAILURE_LOGGERS:
-            configurator.setLevel(name, level)
+        for name in (*_TASK_FAILURE_LOGGERS, *_NOISE_LOGGERS):
+            configurator.setLevel(name, off)
     except Exception:  # noqa: S110 - only log noise is at stake
         pass
 
 
-def _cores(master: str) -> int:
-    if master.startswith("local["):
+def _cores(master: str | None) -> int:
+    if master is not None and master.startswith("local["):
         inner = master[len("local["):-1].split(",")[0]
         if inner == "*":
             return os.cpu_count() or 2

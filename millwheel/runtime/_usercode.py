@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import importlib.machinery
 import os
-import re
 import sys
 import sysconfig
 from typing import Any
@@ -32,6 +31,9 @@ TOPOLOGY_MODULE_PREFIX = "_millwheel_topology_"
 
 _TRANSIENT = (
     "Python worker exited unexpectedly",
+    "Python worker failed to connect back",
+    "CANNOT_OPEN_SOCKET",
+    "SocketTimeoutException",
     "crashed",
     "EOFError",
     "Connection reset",
@@ -100,16 +102,25 @@ def ship_user_code(topology: Any) -> list[str]:
     return shipped
 
 
-_TRACEBACK = re.compile(r"Traceback \(most recent call last\):\n.*?(?=\n\s*at [a-z]|\n\tat |\nJVM stacktrace|\Z)", re.S)
-
-
 def python_error(exc: Any) -> str:
-    """The Python traceback inside a Spark exception (the last one), or its first line."""
+    """The Python traceback inside a Spark exception (the last one), or its first line.
+
+    Spark wraps it in Java exceptions and appends the query's plan; the traceback is
+    what follows the last ``Traceback (most recent call last):`` up to and including the
+    first line that is not indented (``SomeError: message``).
+    """
     text = str(exc)
-    found = _TRACEBACK.findall(text)
-    if found:
-        lines = [ln for ln in found[-1].rstrip().splitlines() if ln.strip()]
-        return "\n".join(lines[-40:])
+    at = text.rfind("Traceback (most recent call last):")
+    if at >= 0:
+        lines = text[at:].splitlines()
+        out = [lines[0]]
+        for line in lines[1:]:
+            if not line.strip():
+                continue
+            out.append(line)
+            if not line[0].isspace():
+                break
+        return "\n".join(out[-40:])
     first = text.strip().splitlines()[0] if text.strip() else repr(exc)
     return first[:500]
 
@@ -139,10 +150,12 @@ class RestartPolicy:
         message = python_error(exc)
         self.restarts += 1
         if not is_transient(exc):
-            if message == self._last:
+            # the same exception (its last line: type and message), whatever Spark's task ids
+            signature = message.strip().splitlines()[-1] if message.strip() else message
+            if signature == self._last:
                 msg = f"{self.what} failed twice with the same error, so it is not retried again:\n{message}"
                 raise RunError(msg)
-            self._last = message
+            self._last = signature
         if self.restarts > self.max_restarts:
             msg = f"{self.what} failed {self.restarts} times; last error:\n{message}"
             raise RunError(msg)

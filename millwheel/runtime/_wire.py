@@ -36,8 +36,9 @@ LOG_SCHEMA = "id string, ts long, key binary, value binary, wm long"
 #: heartbeat files: the computation's input low watermark (Spark time) and wall-clock ticks
 HEARTBEAT_SCHEMA = "interval int, wm long, now long"
 #: rows entering the per-interval step: records, dead letters of keying (``kind``, see
-#: :class:`RowKind`) and heartbeats; ``stream`` is the input stream a record came from
-KEYED_SCHEMA = "interval int, kind int, key binary, id string, ts long, value binary, wm long, stream string, now long"
+#: :class:`RowKind`) and heartbeats; ``stream`` is the input stream a record came from,
+#: ``src`` and ``row`` the stream-log file and row it was read from (its send order)
+KEYED_SCHEMA = "interval int, kind int, key binary, id string, ts long, value binary, wm long, stream string, src string, row long, now long"
 #: rows leaving the per-interval step and written to the outbox, partitioned by stream
 OUT_SCHEMA = "stream string, id string, ts long, key binary, value binary, wm long"
 #: the GroupState row of one key interval: key -> envelope, key -> [hold, next lw timer, next wall timer]
