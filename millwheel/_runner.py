@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -98,20 +98,50 @@ def print_finish(
     dead_letters: list[Record],
     metrics: dict[str, dict[str, int]],
     on_finish: Any = None,
+    *,
+    where: Mapping[str, str] | None = None,
 ) -> None:
-    """The end of a run, whatever the backend: sinks, dead letters, the module's ``on_finish``."""
+    """The end of a run, whatever the backend: sinks, dead letters, the module's ``on_finish``.
+
+    ``where`` maps a sink's name to where all of its output is (its target, a command).
+    """
     for s in t.sinks.values():
         out = values(s.stream)
-        print(f"  sink {s.stream}: {len(out)} records")
+        hint = (where or {}).get(s.name)
+        print(f"  sink {s.stream}: {len(out)} records" + (f"; {hint}" if hint else ""))
         if on_finish is None:
             for v in out[:20]:
                 print(f"    {v}")
+            if len(out) > 20:
+                print(f"    ... and {len(out) - 20} more")
     if dead_letters:
         print(f"  dead letters: {len(dead_letters)}")
         for r in dead_letters[:5]:
             print(f"    {_describe(r.value)}")
     if on_finish is not None:
-        print(on_finish(t, {stream: values(stream) for stream in t.streams()}, metrics))
+        print(on_finish(t, _Streams(t.streams(), values), metrics))
+
+
+class _Streams(Mapping[str, list[Any]]):
+    """``on_finish``'s streams: each read when it is first looked up, not all of them up front."""
+
+    def __init__(self, names: list[str], values: Callable[[str], list[Any]]) -> None:
+        self._names = list(names)
+        self._values = values
+        self._read: dict[str, list[Any]] = {}
+
+    def __getitem__(self, stream: str) -> list[Any]:
+        if stream not in self._names:
+            raise KeyError(stream)
+        if stream not in self._read:
+            self._read[stream] = self._values(stream)
+        return self._read[stream]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
 def _describe(letter: Any) -> str:

@@ -5,6 +5,9 @@
     millwheel validate TOPOLOGY.py                   check the wiring
     millwheel graph TOPOLOGY.py [--dot]              print the topology as text or Graphviz DOT
     millwheel authority serve [...]                  run the low-watermark authority service
+    millwheel read RUN [STREAM] [--format F]         print a stream of a run directory (JSON lines, CSV, Parquet)
+    millwheel state RUN COMPUTATION [--key K]        a computation's committed per-key state and timers
+    millwheel cluster up|down|status|launcher        a Spark standalone cluster on this machine
     millwheel NAME ...                               a registered command, e.g. zeitgeist
 
 ``TOPOLOGY`` is a ``.py`` file or a package directory exposing a
@@ -34,7 +37,13 @@ __all__ = ["COMMAND_GROUP", "graph_text", "load_topology", "load_topology_module
 #: the entry-point group of the commands that packages add to ``millwheel``
 COMMAND_GROUP = "millwheel.commands"
 
-_BUILT_IN = ("run", "validate", "graph", "authority")
+_BUILT_IN = ("run", "validate", "graph", "authority", "read", "state", "cluster")
+#: built-in commands whose arguments belong to a runtime module's own parser: name -> (module, function, help)
+_RUNTIME_COMMANDS = {
+    "read": ("millwheel.runtime._sinks", "read_main", "print a stream of a run directory as JSON lines, CSV or Parquet"),
+    "state": ("millwheel.runtime._state_reader", "state_main", "a computation's committed per-key state, timers and dedup ids"),
+    "cluster": ("millwheel.runtime._cluster", "cluster_main", "a Spark standalone cluster on this machine (up, down, status)"),
+}
 
 
 def graph_text(t: Topology, dot: bool = False) -> str:
@@ -84,7 +93,10 @@ def _run_harness(t: Topology, on_finish: Any = None) -> int:
             f"dup={m.get('duplicates', 0)} late={m.get('late', 0)} dead={m.get('dead_letters', 0)} "
             f"timers={m.get('timers_fired', 0)} lw={h.low_watermark(name)}"
         )
-    print_finish(t, h.values, h.dead_letters(), {name: h.metrics(name) for name in t.order()}, on_finish)
+    from millwheel.runtime._sinks import write_harness_sinks
+
+    where = write_harness_sinks(t, h.output)
+    print_finish(t, h.values, h.dead_letters(), {name: h.metrics(name) for name in t.order()}, on_finish, where=where)
     return 0
 
 
@@ -114,6 +126,12 @@ def _delegate(command: str, rest: list[str], commands: dict[str, EntryPoint]) ->
         from watermark_authority.cli import main as authority_main
 
         return authority_main(rest)
+    if command in _RUNTIME_COMMANDS:
+        import importlib
+
+        module, function, _ = _RUNTIME_COMMANDS[command]
+        runtime_main: Callable[[list[str]], int] = getattr(importlib.import_module(module), function)
+        return runtime_main(rest)
     command_main: Callable[[list[str]], int] = commands[command].load()
     return command_main(rest)
 
@@ -121,7 +139,7 @@ def _delegate(command: str, rest: list[str], commands: dict[str, EntryPoint]) ->
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     commands = registered_commands()
-    if argv and (argv[0] == "authority" or argv[0] in commands):
+    if argv and (argv[0] == "authority" or argv[0] in _RUNTIME_COMMANDS or argv[0] in commands):
         return _delegate(argv[0], argv[1:], commands)
     parser = argparse.ArgumentParser(prog="millwheel", description="MillWheel-style stream computations on Spark")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -138,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     p_graph.add_argument("--dot", action="store_true", help="Graphviz DOT instead of text")
     p_auth = sub.add_parser("authority", help="the low-watermark authority service", add_help=False)
     p_auth.add_argument("rest", nargs=argparse.REMAINDER)
+    for name, (_, _, text) in _RUNTIME_COMMANDS.items():
+        sub.add_parser(name, help=text, add_help=False).add_argument("rest", nargs=argparse.REMAINDER)
     top_help = not argv or argv[0] in ("-h", "--help")
     for name, ep in sorted(commands.items()):
         p_cmd = sub.add_parser(name, help=_command_help(ep, load=top_help), add_help=False)

@@ -11,6 +11,8 @@ from hypothesis import HealthCheck, settings
 # Spark workers must run this interpreter (the project's venv), never a system python.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+# `millwheel run` serves the Spark UI by default; tests (and their subprocesses) do not
+os.environ.setdefault("MILLWHEEL_SPARK_UI", "0")
 
 settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=200, deadline=None)

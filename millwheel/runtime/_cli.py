@@ -1,34 +1,59 @@
-"""``millwheel run --backend spark``: run a topology on Spark with a live status display.
+"""``millwheel run --backend spark``: run a topology on Spark, with a live status, the Spark UI and metrics.
 
 Called by :mod:`millwheel.cli`; kept here so that ``millwheel/cli.py`` imports no pyspark.
+What it prints, in order (to stderr, except the final report):
+
+1. where the run goes (master, run directory), the watermark authority's dashboard, the
+   metrics endpoint, Spark starting and its UI, each query as it starts — so the ~10–20 s
+   before the first micro-batch are not silent;
+2. the live status (``_status.py``): a table redrawn in place on a terminal, one compact
+   line per ``--status-every`` seconds in a log, nothing with ``--quiet``;
+3. on stdout, the final table, the sinks and the topology module's ``on_finish``.
+
+A run directory whose run finished (every input drained, every low watermark +inf) has a
+``finished.json``: running it again prints its results at once, without starting Spark.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
-from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel._topology import Topology
+from millwheel.runtime._status import Row, Sampler, Snapshot, display_for, table_lines
+
+FINISHED = "finished.json"
+#: ``MILLWHEEL_SPARK_UI=0`` turns the Spark UI off by default (the test suite sets it)
+UI_ENV = "MILLWHEEL_SPARK_UI"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("spark backend")
-    g.add_argument("--master", default=None, help="Spark master (default local[*]; e.g. spark://host:7077)")
+    g.add_argument("--master", default=None, help="Spark master (default local[*], or spark-submit's; e.g. spark://host:7077)")
     g.add_argument("--checkpoint", default=None, help="run directory: stream logs, checkpoints; a restart resumes from it (default .millwheel/runs/<topology>)")
     g.add_argument("--fresh", action="store_true", help="delete the run directory first")
     g.add_argument("--trigger-ms", type=int, default=0, help="micro-batch trigger interval in ms (0: back to back)")
     g.add_argument("--intervals", type=int, default=16, help="key intervals (Spark groups) per computation")
+    g.add_argument("--shuffle-partitions", type=int, default=None, help="Spark shuffle partitions (default: the cores of local[N], else 8); fixed by a run's first start")
     g.add_argument(
         "--until-drained", "--drain", dest="drain", action="store_true",
         help="treat log-file directories as complete (finite input); the run stops once every input is drained and timers are flushed, as it always does for finite sources",
     )  # fmt: skip
-    g.add_argument("--status-every", type=float, default=2.0, help="seconds between status lines (0: none)")
+    g.add_argument("--status-every", type=float, default=2.0, help="seconds between status updates (0: none)")
+    g.add_argument("-q", "--quiet", action="store_true", help="no live status and no progress lines; only the final report")
+    g.add_argument("--ui", dest="ui", action="store_true", default=None, help="serve the Spark UI (the default)")
+    g.add_argument("--no-ui", dest="ui", action="store_false", help="no Spark UI")
+    g.add_argument("--metrics-port", type=int, default=0, help="port of the Prometheus endpoint /metrics (default: any free port)")
+    g.add_argument("--metrics-host", default="127.0.0.1", help="address the metrics endpoint listens on (default loopback)")
+    g.add_argument("--no-metrics", dest="metrics", action="store_false", help="no metrics endpoint")
     g.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     g.add_argument("--authority", default=None, help="URL of a running watermark authority (default: an embedded one)")
     g.add_argument(
@@ -38,67 +63,157 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _ts(v: int) -> str:
-    if v >= MAX_TIMESTAMP:
-        return "+inf (done)"
-    if v <= MIN_TIMESTAMP:
-        return "-inf"
-    if v > 10**11:
-        return dt.datetime.fromtimestamp(v / 1000, dt.timezone.utc).strftime("%H:%M:%S.%f")[:-3]
-    return str(v)
+def _components(topology: Topology, only: tuple[str, ...]) -> list[str]:
+    names = [*topology.injectors, *topology.computations]
+    return sorted(n for n in names if not only or n in only)
 
 
-def status_lines(rt: Any) -> list[str]:
-    now = int(time.time() * 1000)
-    lines = [f"{'name':<22} {'in':>9} {'out':>9} {'dead':>6} {'low watermark':>16} {'lag':>10}"]
-    for name, s in rt.status().items():
-        lw = s["low_watermark"]
-        lag = "-" if lw in (MIN_TIMESTAMP, MAX_TIMESTAMP) else f"{(now - lw) / 1000:.1f}s"
-        rin = s.get("records_in", "")
-        rout = s.get("productions", s.get("records_out", 0))
-        lines.append(f"{name:<22} {rin!s:>9} {rout:>9} {s.get('dead_letters', 0):>6} {_ts(lw):>16} {lag:>10}")
-    lines += [f"warning: {s['warning']}" for s in rt.status().values() if s.get("warning")]
-    return lines
+def _sink_hints(topology: Topology, root: str) -> dict[str, str]:
+    from millwheel.runtime._sinks import parse_target
+
+    out = {}
+    for s in topology.sinks.values():
+        if s.target is not None:
+            t = parse_target(s.target, f"sink {s.name!r}")
+            out[s.name] = f"written to {t.path} ({t.format}); all of them: millwheel read {root} {s.stream}"
+        else:
+            out[s.name] = f"all of them: millwheel read {root} {s.stream}"
+    return out
+
+
+def _stream_values(root: str) -> tuple[Callable[[str], list[Any]], Callable[[], list[Any]]]:
+    from millwheel._deadletter import DEAD_LETTER_STREAM
+    from millwheel.runtime._fs import Location
+    from millwheel.runtime._streams import FileStreamLog
+
+    streams = FileStreamLog(Location.of(root))
+    if not Location.of(root).child("streams").exists():
+        return (lambda _s: []), list
+    return (lambda s: [r.value for r in streams.read(s)] if s in streams.root.list() else []), (lambda: streams.read(DEAD_LETTER_STREAM) if DEAD_LETTER_STREAM in streams.root.list() else [])
+
+
+def _finished(root: str, topology: Topology, only: tuple[str, ...]) -> dict[str, Any] | None:
+    path = os.path.join(root, FINISHED)
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if saved.get("topology") != topology.name or saved.get("components") != _components(topology, only):
+        return None
+    return dict(saved)
+
+
+def _report(topology: Topology, root: str, snapshot: Snapshot | None, metrics: dict[str, dict[str, int]], on_finish: Any, headline: str) -> None:
+    from millwheel._runner import print_finish
+
+    print(headline)
+    if snapshot is not None:
+        for line in table_lines(snapshot):
+            print("  " + line)
+    values, dead = _stream_values(root)
+    print_finish(topology, values, dead(), metrics, on_finish, where=_sink_hints(topology, root))
 
 
 def run(topology: Topology, args: argparse.Namespace, on_finish: Any = None) -> int:
     """Run on Spark; ``on_finish(topology, streams, metrics)`` (from the topology module) is printed at the end."""
-    from millwheel._runner import print_finish
-    from millwheel.runtime._runtime import RuntimeSettings, SparkRuntime
-    from watermark_authority.client import open_authority
+    from millwheel.runtime._session import under_spark_submit
 
     root = args.checkpoint or os.path.join(".millwheel", "runs", topology.name)
     if args.fresh and os.path.isdir(root):
         shutil.rmtree(root)
+    only = tuple(n for n in (args.only or "").split(",") if n)
+    saved = None if args.fresh else _finished(root, topology, only)
+    if saved is not None:
+        rows = tuple(Row(**r) for r in saved["rows"])
+        snapshot = Snapshot(saved["elapsed_s"], saved["finished_at_ms"], rows)
+        when = dt.datetime.fromtimestamp(saved["finished_at_ms"] / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        print(f"millwheel: the run in {root} finished on {when}; nothing is left to do (--fresh runs it again)", file=sys.stderr)
+        _report(topology, root, snapshot, saved["metrics"], on_finish, f"topology {topology.name}: finished on Spark in {saved['elapsed_s']:.1f}s (on {when})")
+        return 0
     os.makedirs(root, exist_ok=True)
-    master = args.master or "local[*]"
-    settings = RuntimeSettings(
-        intervals=args.intervals, master=master, trigger_ms=args.trigger_ms, drain=args.drain,
-        status_every_s=args.status_every or None,
-        only=tuple(n for n in (args.only or "").split(",") if n),
-    )  # fmt: skip
-    print(f"millwheel: running {topology.name!r} on Spark {master}; run directory {root} (a restart resumes from it)", file=sys.stderr)
+    master = args.master or (None if under_spark_submit() else "local[*]")
+    ui = args.ui if args.ui is not None else os.environ.get(UI_ENV, "1") != "0"
+    quiet = args.quiet
+    say: Callable[[str], None] = (lambda _m: None) if quiet else (lambda m: print(f"millwheel: {m}", file=sys.stderr, flush=True))
     started = time.perf_counter()
-    with open_authority(args.authority, data_dir=os.path.join(os.path.abspath(root), "authority")) as wm:
-        rt = SparkRuntime(topology, root, settings, watermarks=wm)
-        url = getattr(wm, "url", None)
-        if url:
-            print(f"millwheel: watermark authority and its lag dashboard at {url}/ (pass --authority {url} to a second driver)", file=sys.stderr)
+    say(f"running {topology.name!r} on Spark {master or '(spark-submit)'}; run directory {root} (a restart resumes from it)")
+    try:
+        return _run(topology, args, on_finish, root, master, ui, only, say, started)
+    except KeyboardInterrupt:
+        print("millwheel: stopped (Ctrl-C); run again with the same --checkpoint to resume", file=sys.stderr)
+        return 130
 
-        def show(r: SparkRuntime) -> None:
-            print(f"--- {time.perf_counter() - started:6.1f}s", file=sys.stderr)
-            for line in status_lines(r):
-                print("  " + line, file=sys.stderr)
 
-        try:
-            rt.run(timeout_s=args.timeout, on_status=show)
-        except KeyboardInterrupt:
-            print("millwheel: stopping (Ctrl-C); run again with the same --checkpoint to resume", file=sys.stderr)
-            rt.stop()
-            return 130
-        print(f"topology {topology.name}: ran on Spark in {time.perf_counter() - started:.1f}s")
-        for line in status_lines(rt):
-            print("  " + line)
-        metrics = {name: dict(q.metrics) for name, q in rt.computations.items()}
-        print_finish(topology, rt.values, rt.dead_letters(), metrics, on_finish)
+def _run(
+    topology: Topology, args: argparse.Namespace, on_finish: Any, root: str, master: str | None, ui: bool,
+    only: tuple[str, ...], say: Callable[[str], None], started: float,
+) -> int:  # fmt: skip
+    from millwheel.runtime._metrics import serve
+    from millwheel.runtime._runtime import RuntimeSettings, SparkRuntime
+    from millwheel.runtime._session import spark_session, ui_url
+    from watermark_authority.client import open_authority
+
+    sampler: Sampler | None = None
+    metrics_server = serve(lambda: sampler.last if sampler else None, topology.name, args.metrics_host, args.metrics_port) if args.metrics else None
+    try:
+        with open_authority(args.authority, data_dir=os.path.join(os.path.abspath(root), "authority")) as wm:
+            url = getattr(wm, "url", None)
+            if url:
+                link = f"{url}/#metrics={metrics_server.url}" if metrics_server else f"{url}/"
+                say(f"watermark authority and its lag dashboard at {link} (pass --authority {url} to a second driver)")
+            if metrics_server:
+                say(f"metrics (Prometheus) at {metrics_server.url}")
+            say(f"starting Spark ({master or 'as spark-submit set it'}){' with its UI' if ui else ''}...")
+            t0 = time.perf_counter()
+            spark = spark_session(master, shuffle_partitions=args.shuffle_partitions, ui=ui)
+            where = ui_url(spark) if ui else None
+            say(f"Spark {spark.version} up in {time.perf_counter() - t0:.1f}s on {spark.sparkContext.master}" + (f"; Spark UI at {where}" if where else ""))
+            settings = RuntimeSettings(
+                intervals=args.intervals, master=spark.sparkContext.master, trigger_ms=args.trigger_ms, drain=args.drain,
+                status_every_s=args.status_every or 2.0, shuffle_partitions=args.shuffle_partitions, only=only,
+            )  # fmt: skip
+            display = display_for(args.quiet or not args.status_every, title=f"{topology.name} on {spark.sparkContext.master}")
+            t_start = [time.perf_counter()]
+
+            def progress(what: str) -> None:
+                say(f"  starting {what} ({time.perf_counter() - t_start[0]:.1f}s)")
+
+            rt = SparkRuntime(topology, root, settings, spark=spark, watermarks=wm, log=lambda m: display.message(f"millwheel: {m}"), progress=progress)
+            sampler = Sampler(rt, started=time.monotonic() - (time.perf_counter() - started))
+            t_start[0] = time.perf_counter()
+            rt.start()
+            say(f"{len(rt.injectors)} injector(s) and {len(rt.computations)} computation(s) started in {time.perf_counter() - t_start[0]:.1f}s; waiting for the first batches")
+
+            def show(_rt: Any) -> None:
+                display.show(sampler.sample())  # type: ignore[union-attr]
+
+            try:
+                rt.run(timeout_s=args.timeout, on_status=show)
+            finally:
+                display.close()
+            elapsed = time.perf_counter() - started
+            final = sampler.sample()
+            metrics = {name: dict(q.metrics) for name, q in rt.computations.items()}
+            _save_finished(root, topology, only, final, metrics, elapsed)
+            _report(topology, root, final, metrics, on_finish, f"topology {topology.name}: ran on Spark in {elapsed:.1f}s")
+    finally:
+        if metrics_server is not None:
+            metrics_server.stop()
     return 0
+
+
+def _save_finished(root: str, topology: Topology, only: tuple[str, ...], snapshot: Snapshot, metrics: dict[str, dict[str, int]], elapsed: float) -> None:
+    """Mark the run finished, with what its report needs (see the module docstring)."""
+    data = {
+        "topology": topology.name,
+        "components": _components(topology, only),
+        "finished_at_ms": int(time.time() * 1000),
+        "elapsed_s": round(elapsed, 1),
+        "rows": [{**asdict(r), "in_rate": None, "out_rate": None, "lag_ms": None, "event_lag_ms": None} for r in snapshot.rows],
+        "metrics": metrics,
+    }
+    tmp = os.path.join(root, f".{FINISHED}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+    os.replace(tmp, os.path.join(root, FINISHED))

@@ -36,6 +36,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from millwheel.runtime._fs import Location
+from millwheel.runtime._session import compact_interruption
 from millwheel.runtime._streams import FileStreamLog, file_name
 from millwheel.runtime._wire import SUMMARY_STREAM, IntervalSummary
 
@@ -139,7 +140,13 @@ class Outbox:
     def sink(self, df: Any, batch_id: int) -> None:
         crash_point(self.name, "before_output", batch_id)
         target = self.loc.child(str(batch_id))
-        df.write.mode("overwrite").partitionBy("stream").parquet(target.uri)
+        try:
+            df.write.mode("overwrite").partitionBy("stream").parquet(target.uri)
+        except Exception as exc:
+            short = compact_interruption(exc)  # a stop, not a failure: see _session.py
+            if short is None:
+                raise
+            raise short from None
         has_data = os.environ.get(CRASH_ENV) is not None and any(
             d.startswith("stream=") and d != f"stream={SUMMARY_STREAM}" for d in target.list()
         )

@@ -23,16 +23,17 @@ from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._envelope import Envelope
 from millwheel._errors import MillwheelError
 from millwheel._logfile import LogFileSource
-from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Key, Record
+from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Key, Record, decode_key
 from millwheel._topology import Topology
 from millwheel.runtime._fs import Location
 from millwheel.runtime._injectors import LogFileInjector, SourceInjector
 from millwheel.runtime._query import ComputationQuery
 from millwheel.runtime._settings import RuntimeSettings
+from millwheel.runtime._sinks import sink_writers
 from millwheel.runtime._streams import FileStreamLog
 from millwheel.runtime._usercode import ship_user_code
 
-__all__ = ["RuntimeSettings", "SparkRuntime", "lag_text"]
+__all__ = ["RuntimeSettings", "SparkRuntime", "committed_envelopes", "lag_text"]
 
 
 class SparkRuntime:
@@ -51,6 +52,7 @@ class SparkRuntime:
         spark: Any = None,
         watermarks: Any = None,
         log: Callable[[str], None] | None = None,
+        progress: Callable[[str], None] | None = None,
     ) -> None:
         self.topology = topology.validate()
         self.settings = settings or RuntimeSettings()
@@ -63,6 +65,8 @@ class SparkRuntime:
             watermarks = InProcessWatermarkClient()
         self.watermarks = watermarks
         self._log = log or (lambda msg: print(f"millwheel: {msg}", file=sys.stderr))
+        #: called with "injector NAME" / "computation NAME" as each query starts (``millwheel run`` shows it)
+        self._progress = progress or (lambda _what: None)
         only = set(self.settings.only)
         unknown = only - set(topology.injectors) - set(topology.computations)
         if unknown:
@@ -78,6 +82,9 @@ class SparkRuntime:
                 self.injectors[name] = SourceInjector(self, spec)
         self.order = [n for n in topology.order() if not only or n in only]
         self.computations = {name: ComputationQuery(self, topology.computations[name]) for name in self.order}
+        #: sinks with a target: each follows its stream log and writes committed files once (``_sinks.py``)
+        here = set(self.injectors) | set(self.computations)
+        self.sinks = [s for s in sink_writers(topology, self.streams, self.root) if here & set(self.producers(s.spec.stream))]
         self.started = False
         self.started_at = 0.0
 
@@ -117,10 +124,14 @@ class SparkRuntime:
         for stream in self.topology.streams():
             for producer in self.producers(stream):
                 self.streams.ensure(stream, producer)
+        for sink in self.sinks:
+            sink.start()
         _ = self.spark
         for inj in self.injectors.values():
+            self._progress(f"injector {inj.name}")
             inj.start()
         for name in self.order:
+            self._progress(f"computation {name}")
             self.computations[name].start()
         self.started = True
         self.started_at = time.monotonic()
@@ -135,6 +146,8 @@ class SparkRuntime:
             c = self.computations[name]
             c.check()
             c.update_watermark(now)
+        for sink in self.sinks:
+            sink.poll()
 
     def drained(self) -> bool:
         return all(i.drained() for i in self.injectors.values()) and all(c.drained() for c in self.computations.values())
@@ -160,10 +173,13 @@ class SparkRuntime:
             self.stop()
 
     def stop(self) -> None:
-        for c in self.computations.values():
-            c.stop()
-        for inj in self.injectors.values():
-            inj.stop()
+        from millwheel.runtime._session import quiet_while_stopping
+
+        with quiet_while_stopping(self._spark):
+            for c in self.computations.values():
+                c.stop()
+            for inj in self.injectors.values():
+                inj.stop()
         self.started = False
 
     # ---- reading -----------------------------------------------------------------------
@@ -191,19 +207,7 @@ class SparkRuntime:
 
     def envelopes(self, computation: str) -> dict[Key, bytes]:
         """The committed envelopes of a computation's keys, read from Spark's state store."""
-        import msgpack
-
-        ckpt = self.computations[computation].checkpoint
-        if not ckpt.child("state").exists():
-            return {}
-        df = self.spark.read.format("statestore").load(ckpt.uri)
-        out: dict[Key, bytes] = {}
-        for row in df.select("value.groupState.envs").collect():
-            if row[0] is None:
-                continue
-            for kb, env in msgpack.unpackb(row[0], raw=False, strict_map_key=False).items():
-                out[msgpack.unpackb(kb, raw=False)] = env
-        return out
+        return committed_envelopes(self.spark, self.computations[computation].checkpoint)
 
     def states(self, computation: str) -> dict[Key, Any]:
         """Decoded user state of every key of ``computation`` (for tests and inspection)."""
@@ -214,6 +218,31 @@ class SparkRuntime:
             if raw is not None:
                 out[key] = codec.decode(raw)
         return out
+
+
+def committed_envelopes(spark: Any, checkpoint: Location, batch_id: int | None = None) -> dict[Key, bytes]:
+    """The envelopes of a computation's keys as of committed batch ``batch_id`` (default: the last).
+
+    The one reader of the state layout (``_wire.STATE_SCHEMA``: a key interval's GroupState
+    row maps keys to envelopes): ``SparkRuntime.envelopes`` and ``millwheel state``
+    (``_state_reader.py``) both go through it. Read-only: Spark's state data source reads the
+    checkpoint's state files and writes nothing, so it is safe while the run goes on.
+    """
+    import msgpack
+
+    if not checkpoint.child("state").exists():
+        return {}
+    reader = spark.read.format("statestore")
+    if batch_id is not None:
+        reader = reader.option("batchId", batch_id)
+    df = reader.load(checkpoint.uri)
+    out: dict[Key, bytes] = {}
+    for row in df.select("value.groupState.envs").collect():
+        if row[0] is None:
+            continue
+        for kb, env in msgpack.unpackb(row[0], raw=False, strict_map_key=False).items():
+            out[decode_key(kb)] = env  # type: ignore[index]
+    return out
 
 
 def lag_text(lw: int, now_ms: int | None = None) -> str:

@@ -9,14 +9,15 @@
   driver at when the workers are elsewhere.
 * **The Spark UI** is off unless asked for (``ui=True``: ``millwheel run`` does, tests do
   not); :func:`ui_url` says where it is.
-* **Known noise is quiet.** The driver JVM gets a log4j2 configuration
+* **Known noise is quiet.** The driver JVM starts with a log4j2 configuration
   (:data:`LOG4J2_PROPERTIES`) at level ``$MILLWHEEL_SPARK_LOG_LEVEL`` (default ``ERROR``)
-  that also drops the lines that say nothing to a millwheel user: the native-Hadoop
-  notice, the AQE-in-streaming notices (AQE is off: streaming ignores it anyway), a failed
-  task's or query's whole Java trace (the runtime reports failures itself, with the Python
-  traceback: ``_usercode.py``), and the ``StackOverflowError`` Spark 4.3 logs from the
-  stream-execution thread when a query is stopped while its ``foreachBatch`` call is
-  in flight (``docs/deployment.md``).
+  from its first line, so the start-up warnings (host name, native Hadoop, "Setting
+  default log level") never print; it also drops the AQE-in-streaming notices (AQE is off:
+  streaming ignores it anyway) and a failed task's or query's whole Java trace (the
+  runtime reports failures itself, with the Python traceback: ``_usercode.py``). Stopping
+  queries logs nothing at the default level (:func:`quiet_while_stopping`), and a stop
+  that interrupts a ``foreachBatch`` call no longer overflows the stream thread's stack
+  (:func:`compact_interruption`).
 * **Under spark-submit** the JVM, the master and the deploy mode are spark-submit's:
   :func:`under_spark_submit` tells, and the session takes them as given.
 """
@@ -49,8 +50,6 @@ _TASK_FAILURE_LOGGERS = (
 _NOISE_LOGGERS = (
     "org.apache.hadoop.util.NativeCodeLoader",  # "Unable to load native-hadoop library"
     "org.apache.spark.sql.catalyst.analysis.ResolveWriteToStream",  # "AQE is not supported in streaming"
-    "org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager",  # rename fallbacks on local disk
-    "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",  # "state store ... aborted"
 )
 
 LOG4J2_PROPERTIES = """\
@@ -122,7 +121,8 @@ def loopback_master(master: str | None) -> bool:
 
 def log4j2_file(level: str) -> str:
     """Write (once) the driver's log4j2 configuration for ``level``; returns its path."""
-    loggers = []
+    # the shell's logger at the root's level: else Spark prints "Setting default log level to WARN"
+    loggers = ["logger.repl.name = org.apache.spark.repl.Main", f"logger.repl.level = {level.lower()}"]
     for i, name in enumerate(_NOISE_LOGGERS):
         loggers += [f"logger.noise{i}.name = {name}", f"logger.noise{i}.level = off"]
     if level.upper() in ("ERROR", "FATAL", "OFF"):
@@ -188,7 +188,25 @@ def spark_session(
     spark.sparkContext.setLogLevel(level)
     if level in ("ERROR", "FATAL", "OFF"):
         _quiet_task_failures(spark)
+    _quiet_accumulator_eof(spark)
     return spark
+
+
+def _quiet_accumulator_eof(spark: Any) -> None:
+    """PySpark's accumulator server prints a whole traceback when the JVM closes its connection
+    mid-update (``EOFError``, seen when a stop cancels tasks); millwheel uses no accumulators."""
+    server = getattr(spark.sparkContext, "_accumulatorServer", None)
+    if server is None or getattr(server, "_millwheel_quiet", False):
+        return
+    report = server.handle_error
+
+    def handle_error(request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], EOFError):
+            return
+        report(request, client_address)
+
+    server.handle_error = handle_error
+    server._millwheel_quiet = True
 
 
 @contextlib.contextmanager

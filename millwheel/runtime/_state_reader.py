@@ -1,0 +1,246 @@
+"""``millwheel state RUN COMPUTATION [--key K]``: a computation's committed per-key state.
+
+Reads what the last committed micro-batch of the computation's query left in Spark's
+state store (through :func:`~millwheel.runtime._runtime.committed_envelopes`, the one
+reader of the state layout) and decodes each key's envelope (``millwheel/_envelope.py``):
+the user state, the pending timers, the dedup ids kept for exactly-once (§6.1.1), the
+oldest timestamp the key holds the low watermark at (§7.2), and the output of committed
+batches that the driver has not published yet. Read-only, and safe while the run goes on:
+it reads a committed version, and its own Spark session (``local[1]``, no UI) writes
+nothing into the run directory.
+
+The state is decoded with the pickle codec, else the msgpack codec; a computation with
+another codec needs ``--topology T`` (its options say the codec).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from millwheel._codec import MsgpackCodec, PickleCodec
+from millwheel._envelope import Envelope
+from millwheel._errors import MillwheelError
+from millwheel._record import Key, TimeDomain
+from millwheel.runtime._fs import Location
+from millwheel.runtime._outbox import _numbers
+from millwheel.runtime._sinks import jsonable
+from millwheel.runtime._status import timestamp_text
+from millwheel.runtime._wire import SUMMARY_STREAM
+
+SHOWN = 160
+
+
+@dataclass
+class KeyState:
+    """One key's committed envelope, decoded."""
+
+    key: Key
+    state: Any
+    #: tag -> (timestamp, "low_watermark" | "wall_time")
+    timers: dict[str, tuple[int, str]]
+    dedup_ids: int
+    hold: int | None
+    pending_productions: int
+    state_bytes: int
+    undecodable: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "key": jsonable(self.key),
+            "state": jsonable(self.state),
+            "timers": {tag: {"ts": ts, "domain": d} for tag, (ts, d) in sorted(self.timers.items(), key=lambda x: x[1][0])},
+            "dedup_ids": self.dedup_ids,
+            "hold": self.hold,
+            "pending_productions": self.pending_productions,
+            "state_bytes": self.state_bytes,
+            **({"undecodable": self.undecodable} if self.undecodable else {}),
+        }
+
+
+@dataclass
+class ComputationState:
+    """A computation's committed state as of one batch."""
+
+    computation: str
+    batch: int | None
+    keys: list[KeyState]
+    #: committed but not yet published output rows, by stream
+    unpublished: dict[str, int] = field(default_factory=dict)
+
+
+def computations_of(root: Location) -> list[str]:
+    return sorted(n for n in root.child("checkpoints").list() if not n.startswith((".", "_", "injector.")))
+
+
+def _decoder(codec: Any | None) -> Callable[[bytes], tuple[Any, str | None]]:
+    codecs = [codec] if codec is not None else [PickleCodec(), MsgpackCodec()]
+
+    def decode(raw: bytes) -> tuple[Any, str | None]:
+        problem = None
+        for c in codecs:
+            try:
+                return c.decode(raw), None
+            except Exception as exc:  # noqa: BLE001 - say which codec failed and go on
+                problem = f"{type(c).__name__}: {type(exc).__name__}: {exc}"
+        return None, f"cannot decode {len(raw)} bytes of state ({problem}); pass --topology T to use its codec"
+
+    return decode
+
+
+def decode_envelope(key: Key, raw: bytes, decode: Callable[[bytes], tuple[Any, str | None]]) -> KeyState:
+    env = Envelope.decode(raw)
+    state, problem = (None, None) if env.state is None else decode(env.state)
+    timers = {tag: (ts, TimeDomain(domain).name.lower()) for tag, (ts, domain) in env.timers.items()}
+    return KeyState(key, state, timers, env.dedup.count, env.hold(), len(env.pending), len(env.state or b""), problem)
+
+
+def unpublished_output(root: Location, computation: str) -> dict[str, int]:
+    """Rows of committed batches not published yet, by stream (read from the outbox)."""
+    import pyarrow.parquet as pq
+
+    outbox = root.child("outbox", computation)
+    committed = set(_numbers(root.child("checkpoints", computation, "commits")))
+    out: dict[str, int] = {}
+    for n in _numbers(outbox):
+        if n not in committed:
+            continue
+        batch = outbox.child(str(n))
+        try:
+            for sub in batch.list():
+                if not sub.startswith("stream=") or sub == f"stream={SUMMARY_STREAM}":
+                    continue
+                d = batch.child(sub)
+                for part in d.list():
+                    if part.endswith(".parquet") and not part.startswith((".", "_")):
+                        with d.fs.open_input_file(d.child(part).path) as f:
+                            out[sub[len("stream="):]] = out.get(sub[len("stream="):], 0) + pq.ParquetFile(f).metadata.num_rows
+        except (FileNotFoundError, OSError):
+            continue  # published (and deleted) while we looked: nothing pending from it
+    return out
+
+
+def read_state(spark: Any, run: str, computation: str, *, codec: Any | None = None, key: Key | None = None) -> ComputationState:
+    """The committed state of ``computation`` in run directory ``run``."""
+    from millwheel.runtime._runtime import committed_envelopes
+
+    root = Location.of(run)
+    known = computations_of(root)
+    if computation not in known:
+        msg = f"run {run} has no computation {computation!r}; its computations: {', '.join(known) or 'none (is it a run directory?)'}"
+        raise MillwheelError(msg)
+    commits = _numbers(root.child("checkpoints", computation, "commits"))
+    batch = commits[-1] if commits else None
+    envelopes = committed_envelopes(spark, root.child("checkpoints", computation), batch) if batch is not None else {}
+    decode = _decoder(codec)
+    items = sorted(envelopes.items(), key=lambda kv: repr(kv[0]))
+    if key is not None:
+        items = [(k, v) for k, v in items if k == key]
+    keys = [decode_envelope(k, raw, decode) for k, raw in items]
+    return ComputationState(computation, batch, keys, unpublished_output(root, computation))
+
+
+def parse_key(text: str) -> Key:
+    """``--key``: JSON for an int or a list (a tuple key), else the text itself.
+
+    >>> parse_key("cats"), parse_key("42"), parse_key('["cats", 3]'), parse_key('"42"')
+    ('cats', 42, ('cats', 3), '42')
+    """
+    try:
+        v = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(v, list):
+        return tuple(v)
+    if isinstance(v, (int, str)) and not isinstance(v, bool):
+        return v
+    return text
+
+
+def _short(v: Any, width: int = SHOWN) -> str:
+    text = repr(v)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def render(cs: ComputationState, run: str, *, detail: bool, limit: int) -> str:
+    lines = []
+    where = f"batch {cs.batch}" if cs.batch is not None else "no committed batch yet"
+    lines.append(f"computation {cs.computation} of run {run}: committed state as of {where} (read-only)")
+    timers = sum(len(k.timers) for k in cs.keys)
+    lw_timers = sum(1 for k in cs.keys for _, d in k.timers.values() if d == "low_watermark")
+    holds = [(k.hold, k.key) for k in cs.keys if k.hold is not None]
+    oldest = min(holds, key=lambda h: h[0]) if holds else None
+    lines.append(
+        f"  keys {len(cs.keys):,} · pending timers {timers:,} ({lw_timers:,} low-watermark, {timers - lw_timers:,} wall-time)"
+        f" · dedup ids {sum(k.dedup_ids for k in cs.keys):,}"
+        + (f" · oldest hold {timestamp_text(oldest[0])} (key {oldest[1]!r})" if oldest else " · holds nothing")
+    )
+    pending = sum(k.pending_productions for k in cs.keys)
+    unpublished = ", ".join(f"{s} {n:,}" for s, n in sorted(cs.unpublished.items())) or "none"
+    lines.append(f"  pending productions: {pending:,} in envelopes; committed output not yet published: {unpublished}")
+    shown = cs.keys if detail else cs.keys[:limit]
+    for k in shown:
+        if detail:
+            lines.append(f"key {k.key!r}")
+            lines.append(f"  state ({k.state_bytes:,} bytes): {k.undecodable or _short(k.state, 2_000)}")
+            for tag, (ts, domain) in sorted(k.timers.items(), key=lambda x: x[1][0]):
+                lines.append(f"  timer {tag!r} at {timestamp_text(ts)} ({ts}, {domain.replace('_', ' ')})")
+            lines.append(f"  dedup ids {k.dedup_ids:,} · hold {timestamp_text(k.hold) if k.hold is not None else 'none'}"
+                         f" · pending productions {k.pending_productions}")  # fmt: skip
+        else:
+            nxt = min((ts for ts, _ in k.timers.values()), default=None)
+            lines.append(
+                f"  {_short(k.key, 30):<30} timers {len(k.timers):>4} next {timestamp_text(nxt) if nxt is not None else '-':<19}"
+                f" dedup {k.dedup_ids:>6} state {k.undecodable or _short(k.state, 60)}"
+            )
+    if not detail and len(cs.keys) > limit:
+        lines.append(f"  ... {len(cs.keys) - limit:,} more keys (--limit N, or --key K for one key, --json for all)")
+    return "\n".join(lines)
+
+
+def state_main(argv: list[str]) -> int:
+    """``millwheel state``: a computation's committed per-key state, timers and dedup ids."""
+    p = argparse.ArgumentParser(prog="millwheel state", description="print a computation's committed per-key state (read-only, safe during a run)")
+    p.add_argument("run", help="the run directory (millwheel run --checkpoint DIR; default .millwheel/runs/<topology>)")
+    p.add_argument("computation", nargs="?", help="the computation (without it: list the run's computations)")
+    p.add_argument("--key", default=None, help="only this key (JSON for an int or a tuple key: 42, '[\"cats\", 3]')")
+    p.add_argument("--limit", type=int, default=20, help="keys shown in the table (default 20)")
+    p.add_argument("--json", action="store_true", help="print JSON: one object with every key")
+    p.add_argument("--topology", default=None, help="the topology file, to decode state with its codec")
+    args = p.parse_args(argv)
+    try:
+        root = Location.of(args.run)
+        if not root.child("checkpoints").exists():
+            msg = f"{args.run} is not a millwheel run directory (no checkpoints/ in it); give the --checkpoint of a run"
+            raise MillwheelError(msg)
+        if args.computation is None:
+            for name in computations_of(root):
+                print(name)
+            return 0
+        codec = None
+        if args.topology:
+            from millwheel._runner import load_topology
+
+            spec = load_topology(args.topology).computations.get(args.computation)
+            codec = spec.options.state_codec if spec is not None else None
+        key = parse_key(args.key) if args.key is not None else None
+        from millwheel.runtime._session import spark_session
+
+        spark = spark_session("local[1]", shuffle_partitions=1, app_name="millwheel-state")
+        cs = read_state(spark, args.run, args.computation, codec=codec, key=key)
+        if args.json:
+            print(json.dumps({"computation": cs.computation, "batch": cs.batch, "unpublished": cs.unpublished,
+                              "keys": [k.as_dict() for k in cs.keys]}, ensure_ascii=False, indent=1))  # fmt: skip
+        elif key is not None and not cs.keys:
+            print(f"computation {cs.computation}: no committed state for key {key!r} (as of batch {cs.batch})")
+            return 1
+        else:
+            print(render(cs, args.run, detail=key is not None, limit=args.limit))
+    except MillwheelError as exc:
+        print(f"millwheel state: {exc}", file=sys.stderr)
+        return 2
+    return 0
