@@ -40,7 +40,7 @@ class KeyContext(Protocol):
 
     def hold_watermark(self, timestamp: int | None) -> None: ...
 
-    def produce(self, stream: str, value: Any, timestamp: int | None, key: Key | None) -> None: ...
+    def produce(self, stream: str, value: Any, timestamp: int | None, key: Key | None, once_id: str | None = None) -> None: ...
 
 
 class State:
@@ -175,11 +175,17 @@ class Computation:
         """
         self._ctx.hold_watermark(timestamp)
 
-    def produce(self, stream: str, value: Any, timestamp: int | None = None, key: Key | None = None) -> None:
+    def produce(
+        self, stream: str, value: Any, timestamp: int | None = None, key: Key | None = None, *, once_id: str | None = None
+    ) -> None:
         """Produce a record to ``stream`` (§5.1 ``ProduceRecord``).
 
         ``timestamp`` defaults to the timestamp of the record or low-watermark timer being
         processed; it should be no smaller than the source records' (§4.5). ``key`` is
         informational: each consumer extracts its own key (§4.2).
+
+        ``once_id`` makes the production conditional (Photon §2): of all pipelines sharing
+        an IdRegistry, only the first to commit ``once_id`` (e.g. a click id) produces it;
+        the others drop it (``once_conflicts``). Commits are made in bulk per batch.
         """
-        self._ctx.produce(stream, value, timestamp, key)
+        self._ctx.produce(stream, value, timestamp, key, once_id)

@@ -52,6 +52,8 @@ class Stage:
     PROCESS_TIMER = "process_timer"
     #: the key's state, a production or the envelope could not be encoded at the checkpoint
     CHECKPOINT = "checkpoint"
+    #: a production with ``once_id`` older than the IdRegistry's garbage-collection boundary
+    ONCE_TOO_OLD = "once_too_old"
 
 
 @dataclass(frozen=True, slots=True)

@@ -220,11 +220,11 @@ class ReadOptions:
     finish_on_rotation: bool = True
 
 
-def initial_offset() -> dict[str, object]:
+def initial_offset() -> dict[str, Any]:
     return {"files": {}, "lw": MIN_TIMESTAMP}
 
 
-def _entry(files: dict[str, list[object]], name: str) -> list[object]:
+def _entry(files: dict[str, list[Any]], name: str) -> list[Any]:
     e = files.get(name)
     if e is None:
         return [0, None, 0, None]

@@ -124,3 +124,5 @@ class Production:
     stream: str
     record: Record
     encoded: bytes | None = None
+    #: at most once across pipelines sharing an IdRegistry (``millwheel/_once.py``)
+    once_id: str | None = None

@@ -191,8 +191,11 @@ class _KeyContext:
             raise ComputationError(msg)
         self.held = timestamp
 
-    def produce(self, stream: str, value: Any, timestamp: int | None, key: Key | None) -> None:
+    def produce(self, stream: str, value: Any, timestamp: int | None, key: Key | None, once_id: str | None = None) -> None:
         runner = self.runner
+        if once_id is not None and (type(once_id) is not str or not once_id):
+            msg = f"computation {runner.name!r}: produce({stream!r}, once_id=...) takes a non-empty str, got {_short(once_id)}"
+            raise ComputationError(msg)
         if stream not in runner.outputs:
             declared = ", ".join(sorted(runner.outputs)) or "none"
             msg = (
@@ -224,7 +227,7 @@ class _KeyContext:
         rkey = self.key if key is None else key
         rid = production_id(runner.name, self.key, self.seq)
         self.seq += 1
-        self.productions.append(Production(stream, Record(rkey, value, ts, rid, stream), encoded))
+        self.productions.append(Production(stream, Record(rkey, value, ts, rid, stream), encoded, once_id))
 
     # ---- careful mode: a savepoint before each record or timer -----------------------
     def savepoint(self, state_bytes: bytes | None) -> tuple[Any, ...]:

@@ -41,7 +41,8 @@ import xxhash
 from millwheel._codec import decode_value, encode_value
 from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._delivery import key_record, plan_steps, timers_due
-from millwheel._record import MIN_TIMESTAMP, Record, decode_key, encode_key
+from millwheel._once import resolve_once
+from millwheel._record import MIN_TIMESTAMP, Production, Record, decode_key, encode_key
 from millwheel._step import StepRunner
 from millwheel._topology import ComputationSpec
 from millwheel.runtime._wire import (
@@ -59,7 +60,7 @@ _hash = xxhash.xxh3_64_intdigest
 #: step metrics summed per interval and reported in the summary row
 METRICS = (
     "records_in", "duplicates", "late", "late_dropped", "late_to_stream", "processed",
-    "timers_fired", "productions", "dead_letters", "dead_letters_dropped",
+    "timers_fired", "productions", "dead_letters", "dead_letters_dropped", "once_committed", "once_conflicts",
 )  # fmt: skip
 
 
@@ -139,6 +140,11 @@ class _Out:
         self.key.append(key)
         self.value.append(value)
 
+    def add_production(self, p: Production) -> None:
+        r = p.record
+        value = p.encoded if p.encoded is not None else encode_value(r.value)
+        self.add(p.stream, r.id, r.timestamp, None if r.key is None else encode_key(r.key), value)
+
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame({"stream": self.stream, "id": self.id, "ts": self.ts, "key": self.key, "value": self.value, "wm": [None] * len(self.id)})
 
@@ -147,16 +153,28 @@ class IntervalStep:
     """The ``applyInPandasWithState`` function of one computation. Picklable; builds its
     :class:`StepRunner` lazily, once per Python worker."""
 
-    def __init__(self, spec: ComputationSpec) -> None:
+    def __init__(self, spec: ComputationSpec, *, pipeline: str = "default", registry: Callable[[], Any] | None = None) -> None:
         self.spec = spec
+        self.pipeline = pipeline
+        #: a picklable factory of the IdRegistry client that ``once_id`` productions commit to
+        self.registry_factory = registry
         self._runner: StepRunner | None = None
+        self._registry: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"spec": self.spec}
+        return {"spec": self.spec, "pipeline": self.pipeline, "registry": self.registry_factory}
 
     def __setstate__(self, d: dict[str, Any]) -> None:
         self.spec = d["spec"]
+        self.pipeline = d["pipeline"]
+        self.registry_factory = d["registry"]
         self._runner = None
+        self._registry = None
+
+    def registry(self) -> Any:
+        if self._registry is None and self.registry_factory is not None:
+            self._registry = self.registry_factory()
+        return self._registry
 
     def runner(self) -> StepRunner:
         if self._runner is None:
@@ -172,6 +190,7 @@ class IntervalStep:
         now = state.getCurrentProcessingTimeMs()
         totals = dict.fromkeys(METRICS, 0)
         out = _Out()
+        once: list[tuple[Any, Production]] = []
         # key bytes -> [(id, ts, value bytes, sender watermark, stream, source file, row)]
         per_key: dict[bytes, list[tuple[str, int, bytes, Any, str, str, int]]] = {}
         for pdf in frames:
@@ -239,8 +258,10 @@ class IntervalStep:
                     totals[name] += m[name]
                 for plist in (res.productions, res.dead_letters):
                     for p in plist:
-                        r = p.record
-                        out.add(p.stream, r.id, r.timestamp, None if r.key is None else encode_key(r.key), encode_value(r.value))
+                        if p.once_id is not None:
+                            once.append((key, p))
+                            continue
+                        out.add_production(p)
             if env is None:
                 envs.pop(kb, None)
                 meta.pop(kb, None)
@@ -250,6 +271,18 @@ class IntervalStep:
                     meta.pop(kb, None)
                 else:
                     meta[kb] = [res.hold, res.next_low_watermark_timer, res.next_wall_timer]
+        if once:
+            # one IdRegistry round trip for the interval's whole batch (Photon §2); a replay
+            # commits the same ids with the same tokens and gets the same answers
+            outcome = resolve_once(once, self.registry(), pipeline=self.pipeline, computation=self.spec.name)
+            totals["once_committed"] += outcome.committed
+            totals["once_conflicts"] += outcome.conflicts
+            totals["dead_letters"] += len(outcome.dead_letters)
+            for _, p in once:
+                if p.record.id not in outcome.dropped:
+                    out.add_production(p)
+            for p in outcome.dead_letters:
+                out.add_production(p)
         if envs:
             state.update((_packb(envs, use_bin_type=True), _packb(meta, use_bin_type=True)))
         elif state.exists:

@@ -181,7 +181,8 @@ class ComputationQuery:
             parts.append(keyed.withColumn("wm_ts", F.lit(None).cast("timestamp")))
         union = reduce(lambda a, b: a.unionByName(b), parts).withWatermark("wm_ts", "0 seconds")
         out = union.groupBy("interval").applyInPandasWithState(
-            IntervalStep(self.spec), OUT_SCHEMA, STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout
+            IntervalStep(self.spec, pipeline=settings.pipeline, registry=settings.registry),
+            OUT_SCHEMA, STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout,
         )
         writer = (
             out.writeStream.queryName(f"millwheel.{self.name}")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,10 @@ class RuntimeSettings:
       driver on the same run directory, and their low watermarks come from the shared
       watermark authority. This is how a computation joins a running topology without
       restarting the others (``docs/runtime.md``).
+    * ``pipeline`` / ``registry`` — this pipeline's name and a picklable zero-argument
+      factory of the IdRegistry client that ``produce(..., once_id=...)`` commits to
+      (Photon §2; ``millwheel/_once.py``). Pipelines reading the same input share a
+      registry under different names.
     * ``stall_warning_s`` — warn (log line, ``status()["warning"]``) when a log-file
       injector's low watermark has not moved for this long, naming the unfinished file
       that holds it.
@@ -45,3 +51,5 @@ class RuntimeSettings:
     lockstep: bool = False
     only: tuple[str, ...] = ()
     stall_warning_s: float = 60.0
+    pipeline: str = "default"
+    registry: Callable[[], Any] | None = None

@@ -47,6 +47,7 @@ A windowed counter, tested end to end::
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -59,6 +60,7 @@ from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._delivery import invalid_record, key_record, plan_steps, record_problem, timers_due
 from millwheel._envelope import Envelope
 from millwheel._errors import HarnessError
+from millwheel._once import MemoryOnceRegistry, OnceRegistry, resolve_once
 from millwheel._options import ComputationOptions, ErrorPolicy
 from millwheel._record import (
     MAX_TIMESTAMP,
@@ -101,8 +103,21 @@ class _Outgoing:
 class Harness:
     """Runs a :class:`~millwheel.Topology` in memory. See the module docstring."""
 
-    def __init__(self, topology: Topology, *, wall_time: int = 0, raise_errors: bool = True) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        *,
+        wall_time: int = 0,
+        raise_errors: bool = True,
+        registry: OnceRegistry | None = None,
+        pipeline: str = "harness",
+    ) -> None:
+        """``registry`` and ``pipeline``: the IdRegistry that ``produce(..., once_id=...)``
+        commits to (default: a fresh in-memory one) and this pipeline's name; two harnesses
+        sharing a registry under different names are two pipelines (Photon §2)."""
         self.topology = topology.validate()
+        self.registry: OnceRegistry = MemoryOnceRegistry() if registry is None else registry
+        self.pipeline = pipeline
         self._now = wall_time
         self._order = topology.order()
         self._runners: dict[str, StepRunner] = {}
@@ -135,13 +150,15 @@ class Harness:
         name: str | None = None,
         wall_time: int = 0,
         raise_errors: bool = True,
+        registry: OnceRegistry | None = None,
+        pipeline: str = "harness",
     ) -> Harness:
         """A harness around one computation, with an injector per input stream (named like it)."""
         topo = Topology(f"test_{name or computation.__name__}")
         for stream in inputs:
             topo.injector(stream)
         topo.computation(computation, inputs=inputs, outputs=outputs, options=options, params=params, name=name)
-        return cls(topo, wall_time=wall_time, raise_errors=raise_errors)
+        return cls(topo, wall_time=wall_time, raise_errors=raise_errors, registry=registry, pipeline=pipeline)
 
     # ---- driving ---------------------------------------------------------------------
     def _injector(self, name: str) -> str:
@@ -277,6 +294,7 @@ class Harness:
                 sent += [_Outgoing(name, key, p, strong) for p in result.productions]
                 sent += [_Outgoing(name, key, p, False) for p in result.dead_letters]
             staged[key] = (env, result)
+        sent = self._resolve_once(name, sent, staged, metrics)
         # weak productions go out optimistically, before the checkpoint (§6.1.3)
         weak = [out for out in sent if not out.strong]
         if weak:
@@ -295,6 +313,26 @@ class Harness:
             return
         if deliver:
             self.deliver(name, crash=crash)
+
+    def _resolve_once(self, name: str, sent: list[_Outgoing], staged: dict[Key, Any], metrics: Counter[str]) -> list[_Outgoing]:
+        """Commit the round's ``once_id`` productions to the registry in one call (Photon §2);
+        drop those another pipeline holds, from the outgoing list and from the checkpoint."""
+        outcome = resolve_once([(o.key, o.production) for o in sent], self.registry, pipeline=self.pipeline, computation=name)
+        metrics["once_committed"] += outcome.committed
+        metrics["once_conflicts"] += outcome.conflicts
+        if not outcome.dropped:
+            return sent
+        by_key: dict[Key, list[str]] = defaultdict(list)
+        for o in sent:
+            if o.production.record.id in outcome.dropped:
+                by_key[o.key].append(o.production.record.id)  # type: ignore[index]
+        for key, ids in by_key.items():
+            env, result = staged[key]
+            env, hold = acknowledge(env, ids)
+            staged[key] = (env, dataclasses.replace(result, envelope=env, hold=hold))
+        metrics["dead_letters"] += len(outcome.dead_letters)
+        kept = [o for o in sent if o.production.record.id not in outcome.dropped]
+        return kept + [_Outgoing(name, o.record.key, o, False) for o in outcome.dead_letters]
 
     def deliver(self, name: str, *, crash: Crash | None = None) -> None:
         """Send computation ``name``'s pending strong productions, then acknowledge them."""
@@ -456,6 +494,4 @@ class Harness:
 
 
 def _with(options: ComputationOptions, **changes: Any) -> ComputationOptions:
-    import dataclasses
-
     return dataclasses.replace(options, **changes)

@@ -1,0 +1,142 @@
+"""Productions that happen at most once across pipelines (Photon §2: the IdRegistry).
+
+Exactly-once inside one pipeline comes from the per-key step (dedup, checkpoints). Two
+pipelines reading the same logs in two datacenters (Photon, multi-homing) need more: an
+event must be joined and emitted by one of them only. A computation asks for it with
+``self.produce(stream, value, once_id=click_id)``; the backend commits every such id of a
+step batch to a shared registry **in one call** (one round trip per micro-batch and key
+interval, not per record), and keeps the production only if its commit succeeded:
+
+* ``COMMITTED`` — this pipeline holds the id; the production goes out. A retry or a
+  replayed batch commits the same id with the same token and succeeds again, so the
+  replay still produces its output (the token is derived from the pipeline, the
+  computation and the key, never from wall time or randomness);
+* ``CONFLICT`` — another pipeline (another token) holds it: the production is dropped
+  and counted (``once_conflicts``): the event was joined elsewhere;
+* ``TOO_OLD`` — the event is older than the registry's garbage-collection boundary
+  (§2.3): it can no longer be deduplicated, so it goes to ``dead_letters`` with the
+  reason (stage ``once_too_old``) instead of risking a duplicate.
+
+:class:`MemoryOnceRegistry` is the in-process registry (tests, the harness, one
+pipeline); ``id_registry`` is the service with durable, replicated backends.
+
+>>> reg = MemoryOnceRegistry()
+>>> reg.commit_many([("c1", "dc1", 10), ("c1", "dc1", 10), ("c1", "dc2", 10)])
+[<OnceResult.COMMITTED: 'committed'>, <OnceResult.COMMITTED: 'committed'>, <OnceResult.CONFLICT: 'conflict'>]
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import xxhash
+
+from millwheel._deadletter import DEAD_LETTER_STREAM, DeadLetter, Stage, dead_letter_record
+from millwheel._record import Key, Production
+
+
+class OnceResult(str, enum.Enum):
+    COMMITTED = "committed"
+    CONFLICT = "conflict"
+    TOO_OLD = "too_old"
+
+
+class OnceRegistry(Protocol):
+    """What the backends need from an IdRegistry: conditional commits, in bulk."""
+
+    def commit_many(self, items: Sequence[tuple[str, str, int]]) -> list[OnceResult]:
+        """Commit ``(id, token, event time)`` items; one result per item, in order."""
+        ...
+
+
+class MemoryOnceRegistry:
+    """An in-process registry: first token wins; a garbage-collection boundary that only moves forward."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self.gc_boundary: int | None = None
+        self.calls = 0
+
+    def commit_many(self, items: Sequence[tuple[str, str, int]]) -> list[OnceResult]:
+        out: list[OnceResult] = []
+        with self._lock:
+            self.calls += 1
+            for rid, token, ts in items:
+                if self.gc_boundary is not None and ts < self.gc_boundary:
+                    out.append(OnceResult.TOO_OLD)
+                    continue
+                holder = self._held.setdefault(rid, token)
+                out.append(OnceResult.COMMITTED if holder == token else OnceResult.CONFLICT)
+        return out
+
+    def holder(self, rid: str) -> str | None:
+        return self._held.get(rid)
+
+    def clear(self, rid: str) -> None:
+        """Forget an id (verification's recovery: a registered click missing from the output)."""
+        with self._lock:
+            self._held.pop(rid, None)
+
+
+def once_token(pipeline: str, computation: str, key: Key | None) -> str:
+    """The token a pipeline commits a key's once-ids with: the same on every replay."""
+    return xxhash.xxh3_128_hexdigest(f"{pipeline}\x00{computation}\x00{key!r}".encode())
+
+
+@dataclass(slots=True)
+class OnceOutcome:
+    """What resolving a batch's once-productions decided."""
+
+    #: ids of productions to drop (conflicts and too-old ones)
+    dropped: set[str] = field(default_factory=set)
+    #: dead letters for too-old ones
+    dead_letters: list[Production] = field(default_factory=list)
+    conflicts: int = 0
+    committed: int = 0
+
+
+def resolve_once(
+    productions: Sequence[tuple[Key | None, Production]],
+    registry: OnceRegistry | None,
+    *,
+    pipeline: str,
+    computation: str,
+) -> OnceOutcome:
+    """Commit the once-ids of ``(key, production)`` pairs in one call; say which to drop."""
+    outcome = OnceOutcome()
+    todo = [(key, p) for key, p in productions if p.once_id is not None]
+    if not todo:
+        return outcome
+    if registry is None:
+        msg = (
+            f"computation {computation!r} produced with once_id=..., which needs an IdRegistry shared by the "
+            "pipelines: pass registry=... to the Harness or to the runtime (RuntimeSettings.registry_url)"
+        )
+        raise RuntimeError(msg)
+    items = [(p.once_id, once_token(pipeline, computation, key), p.record.timestamp) for key, p in todo]
+    results = registry.commit_many(items)  # type: ignore[arg-type]
+    if len(results) != len(items):
+        msg = f"the IdRegistry answered {len(results)} results for {len(items)} commits"
+        raise RuntimeError(msg)
+    for (key, p), result in zip(todo, results, strict=True):
+        status = OnceResult(getattr(result, "value", result))
+        if status is OnceResult.COMMITTED:
+            outcome.committed += 1
+            continue
+        outcome.dropped.add(p.record.id)
+        if status is OnceResult.CONFLICT:
+            outcome.conflicts += 1
+            continue
+        letter = DeadLetter(
+            Stage.ONCE_TOO_OLD,
+            f"once_id {p.once_id!r} (event time {p.record.timestamp}) is older than the IdRegistry's "
+            "garbage-collection boundary: it can no longer be deduplicated across pipelines",
+            computation=computation, stream=p.stream, key=key, record=p.record,
+        )  # fmt: skip
+        outcome.dead_letters.append(Production(DEAD_LETTER_STREAM, dead_letter_record(letter, p.record.timestamp, p.once_id)))
+    return outcome
