@@ -1,0 +1,405 @@
+"""The IdRegistry's logic (Photon §2): conditional commits, lookups, clears, GC, resharding.
+
+A :class:`Registry` is used by one thread at a time (the service's registry thread, see
+:mod:`id_registry._worker`); it keeps the metadata it last read from its backend and
+re-reads it when the backend says another server changed it.
+
+>>> r = Registry(clock=lambda: 10_000)
+>>> r.commit_many([("click-1", "joiner-a", 1_000), ("click-2", "joiner-a", 1_000)])
+[CommitResult(status=Status.COMMITTED, holder=None), CommitResult(status=Status.COMMITTED, holder=None)]
+>>> r.commit_many([("click-1", "joiner-a", 1_000), ("click-1", "joiner-b", 1_000)])   # a retry; another joiner
+[CommitResult(status=Status.COMMITTED, holder=None), CommitResult(status=Status.CONFLICT, holder='joiner-a')]
+>>> r.advance_gc(2_000)
+GcResult(boundary_ms=2000, deleted=2)
+>>> r.commit_many([("click-3", "joiner-a", 1_999)])
+[CommitResult(status=Status.TOO_OLD, holder=None)]
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, TypeVar
+
+import msgpack  # type: ignore[import-untyped]
+
+from id_registry._backend import Backend, MemoryBackend, MetaChangedError, NewEntry, Replace
+from id_registry._errors import GcBackwardsError, InvalidRequestError, ReshardError
+from id_registry._model import (
+    COMMITTED,
+    TOO_OLD,
+    ClearResult,
+    CommitResult,
+    Item,
+    LookupResult,
+    Meta,
+    ShardConfig,
+    ShardMap,
+    Status,
+    check_ids,
+    check_items,
+    check_shard_count,
+    check_time,
+    check_tokens,
+    entry_key,
+    index_key,
+    pack_entry,
+    shard_hash,
+    unpack_entry,
+)
+from servicekit import INT64_MIN
+
+#: shards of a new registry (key prefixes: what a later scale-out can move as a unit)
+DEFAULT_SHARD_COUNT = 16
+#: a new shard configuration takes effect at least this far in the future (Photon's S, the clock-skew bound)
+DEFAULT_RESHARD_LEAD_MS = 60_000
+#: garbage collection deletes this many entries per durable write
+GC_CHUNK = 10_000
+#: how often an operation is retried when another server changed the metadata meanwhile
+META_RETRIES = 20
+
+T = TypeVar("T")
+_OFFSET = 2**63
+_packb = msgpack.packb
+_unpackb = msgpack.unpackb
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class GcResult(NamedTuple):
+    """What :meth:`Registry.advance_gc` did: the boundary now in force and how many entries it deleted."""
+
+    boundary_ms: int
+    deleted: int
+
+
+class Stats:
+    """Counters for the status page; written by the registry thread only, read by anyone."""
+
+    #: the commits/s figure is averaged over this many seconds
+    RATE_WINDOW = 10
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.committed = 0  # ids committed for the first time
+        self.repeated = 0  # COMMITTED again with the holder's token: retries, replays
+        self.conflicts = 0
+        self.too_old = 0
+        self.lookups = 0
+        self.cleared = 0
+        self.throttled = 0
+        self.groups = 0  # commit groups, each at most one durable write
+        self.requests = 0  # commit requests answered
+        #: groups by size: bucket k counts groups of 2**k .. 2**(k+1) - 1 items
+        self.group_sizes = [0] * 24
+        self._seconds: deque[list[int]] = deque(maxlen=self.RATE_WINDOW + 1)
+
+    def record_group(self, items: int, new: int, repeated: int, conflicts: int, too_old: int) -> None:
+        self.groups += 1
+        self.committed += new
+        self.repeated += repeated
+        self.conflicts += conflicts
+        self.too_old += too_old
+        self.group_sizes[min(max(items, 1).bit_length() - 1, len(self.group_sizes) - 1)] += 1
+        second = int(self.clock())
+        if self._seconds and self._seconds[-1][0] == second:
+            self._seconds[-1][1] += new + repeated
+        else:
+            self._seconds.append([second, new + repeated])
+
+    def commits_per_second(self) -> float:
+        """COMMITTED answers per second over the last :attr:`RATE_WINDOW` full seconds."""
+        now = int(self.clock())
+        total = sum(n for s, n in list(self._seconds) if now - self.RATE_WINDOW <= s < now)
+        return total / self.RATE_WINDOW
+
+    def snapshot(self) -> dict[str, Any]:
+        sizes = {f"{2**k}-{2 ** (k + 1) - 1}": n for k, n in enumerate(self.group_sizes) if n}
+        return {
+            "commits_per_s": self.commits_per_second(),
+            "committed": self.committed,
+            "repeated": self.repeated,
+            "conflicts": self.conflicts,
+            "too_old": self.too_old,
+            "lookups": self.lookups,
+            "cleared": self.cleared,
+            "throttled": self.throttled,
+            "requests": self.requests,
+            "groups": self.groups,
+            "group_sizes": sizes,
+        }
+
+
+class Registry:
+    """The IdRegistry over a :class:`~id_registry._backend.Backend` (default: in memory).
+
+    * ``shard_count`` — the shards of a new registry (ignored when the store has a map already);
+    * ``reshard_lead_ms`` — how far in the future a new shard configuration must start at the
+      earliest (Photon's clock-skew bound S, §2.2.2);
+    * ``clock`` — wall time in ms (tests pass their own).
+
+    Not thread-safe: one caller at a time (the service's registry thread).
+    """
+
+    def __init__(
+        self,
+        backend: Backend | None = None,
+        *,
+        shard_count: int = DEFAULT_SHARD_COUNT,
+        reshard_lead_ms: int = DEFAULT_RESHARD_LEAD_MS,
+        clock: Callable[[], int] = wall_ms,
+    ) -> None:
+        self.backend = backend if backend is not None else MemoryBackend()
+        self.reshard_lead_ms = reshard_lead_ms
+        self.clock = clock
+        self.stats = Stats()
+        meta = self.backend.read_meta()
+        if meta is None:
+            try:
+                meta = self.backend.write_meta(Meta(INT64_MIN, ShardMap.single(check_shard_count(shard_count))), expected=None)
+            except MetaChangedError:  # another server created it first
+                meta = self.backend.read_meta()
+        if meta is None:  # pragma: no cover - a store that loses what it just wrote
+            msg = "the registry's store did not keep its metadata"
+            raise RuntimeError(msg)
+        self.meta: Meta = meta
+
+    def _retrying(self, fn: Callable[[Meta], T]) -> T:
+        """``fn(meta)``, again with fresh metadata each time another server changed it meanwhile."""
+        for _ in range(META_RETRIES):
+            try:
+                return fn(self.meta)
+            except MetaChangedError:
+                fresh = self.backend.read_meta()
+                if fresh is not None:
+                    self.meta = fresh
+        msg = f"the registry's metadata changed {META_RETRIES} times in a row during one operation; is something rewriting it in a loop?"
+        raise RuntimeError(msg)
+
+    # ------------------------------------------------------------------ commits (§2.1, §2.2.1, §3.3.2)
+    def commit_many(self, items: Sequence[Item], *, checked: bool = False) -> list[CommitResult]:
+        """Commit each ``(event_id, token, event_time_ms)`` if its id is free; see :class:`~id_registry.Status`.
+
+        The first item of an id wins inside one call too (application-level conflict
+        resolution in a batch, §2.2.1); one call is at most one durable write.
+        """
+        checked_items = items if checked else check_items(items)
+        return self._retrying(lambda meta: self._commit(checked_items, meta))
+
+    def _commit(self, items: Sequence[Item], meta: Meta) -> list[CommitResult]:
+        gc = meta.gc_boundary_ms
+        configs = meta.shards.configs
+        single = configs[0].shard_count if len(configs) == 1 else 0
+        config_at = meta.shards.config_at
+        results: list[CommitResult | None] = [None] * len(items)
+        first: dict[str, int] = {}
+        entries: list[NewEntry] = []
+        too_old = 0
+        for i, (event_id, token, t) in enumerate(items):
+            if t < gc:
+                results[i] = TOO_OLD
+                too_old += 1
+                continue
+            if event_id in first:
+                continue
+            first[event_id] = i
+            b = event_id.encode()
+            shard = shard_hash(b) % (single or config_at(t).shard_count)
+            entries.append((b"e/%d/%s" % (shard, b), b"g/%016x/%d/%s" % (t + _OFFSET, shard, b), _packb((token, t))))
+        stored = self.backend.insert_if_absent(entries, meta) if entries else []
+        holders: dict[str, str | None] = {}
+        new = repeated = conflicts = 0
+        for (event_id, i), old in zip(first.items(), stored, strict=True):
+            holders[event_id] = items[i][1] if old is None else _unpackb(old)[0]
+            new += old is None
+        for i, (event_id, token, _) in enumerate(items):
+            if results[i] is None:
+                holder = holders[event_id]
+                if holder == token:
+                    results[i] = COMMITTED
+                else:
+                    results[i] = CommitResult(Status.CONFLICT, holder)
+                    conflicts += 1
+        repeated = len(items) - too_old - conflicts - new
+        self.stats.record_group(len(items), new, repeated, conflicts, too_old)
+        return results  # type: ignore[return-value]  # every slot is filled
+
+    # ------------------------------------------------------------------ lookups (§3.2, §3.3.3)
+    def lookup_many(self, ids: Sequence[str]) -> list[LookupResult]:
+        """For each id: ``FOUND`` with its token and event time, ``NOT_FOUND``, or ``TOO_OLD``."""
+        checked = check_ids(ids)
+        found = self._retrying(lambda meta: self._find(checked, meta))
+        self.stats.lookups += len(checked)
+        gc = self.meta.gc_boundary_ms
+        out = []
+        for hit in found:
+            if hit is None:
+                out.append(LookupResult(Status.NOT_FOUND))
+                continue
+            token, t = unpack_entry(hit[2])
+            out.append(LookupResult(Status.TOO_OLD, token, t) if t < gc else LookupResult(Status.FOUND, token, t))
+        return out
+
+    def _find(self, ids: Sequence[str], meta: Meta) -> list[tuple[int, bytes, bytes] | None]:
+        """For each id, ``(shard, id bytes, stored value)`` of its entry, or ``None``: looked up in
+        the shard of every configuration that may still hold it."""
+        probes: list[tuple[int, int, bytes]] = []  # (position, shard, id bytes)
+        for pos, event_id in enumerate(ids):
+            b = event_id.encode()
+            for shard in meta.shards.candidates(shard_hash(b), meta.gc_boundary_ms):
+                probes.append((pos, shard, b))
+        values = self.backend.get_many([entry_key(s, b) for _, s, b in probes], meta)
+        out: list[tuple[int, bytes, bytes] | None] = [None] * len(ids)
+        for (pos, shard, b), value in zip(probes, values, strict=True):
+            if value is not None and out[pos] is None:
+                out[pos] = (shard, b, value)
+        return out
+
+    # ------------------------------------------------------------------ clears (§3.3.3)
+    def clear_many(self, ids: Sequence[str], *, only_if_token: str | Sequence[str | None] | None = None, keep_id: bool = False) -> list[ClearResult]:
+        """Recovery (§3.3.3). ``keep_id=False``: delete the entries, so the events can be joined
+        again (a registered click missing from the output, whose joiner is known to be dead).
+        ``keep_id=True``: keep the ids committed and drop their tokens (clicks safely in the
+        output: the id still refuses every commit). ``only_if_token``: one token, or one per id
+        (or ``None``): clear only if the id is held by it, else ``TOKEN_MISMATCH``.
+        """
+        checked = check_ids(ids)
+        tokens = check_tokens(only_if_token, len(checked))
+        if type(keep_id) is not bool:
+            msg = f"keep_id must be true or false, got {keep_id!r}"
+            raise InvalidRequestError(msg)
+        wanted: dict[str, str | None] = {}
+        for event_id, token in zip(checked, tokens, strict=True):
+            wanted.setdefault(event_id, token)  # the first of a repeated id decides
+        answers = self._retrying(lambda meta: self._clear(wanted, keep_id, meta))
+        return [answers[event_id] for event_id in checked]
+
+    def _clear(self, wanted: dict[str, str | None], keep_id: bool, meta: Meta) -> dict[str, ClearResult]:
+        answers: dict[str, ClearResult] = {}
+        pending = list(wanted)
+        for _ in range(META_RETRIES):
+            if not pending:
+                return answers
+            ops: list[Replace] = []
+            op_ids: list[str] = []
+            for event_id, hit in zip(pending, self._find(pending, meta), strict=True):
+                if hit is None:
+                    answers[event_id] = ClearResult(Status.NOT_FOUND)
+                    continue
+                shard, b, raw = hit
+                holder, t = unpack_entry(raw)
+                expected = wanted[event_id]
+                if t < meta.gc_boundary_ms:
+                    answers[event_id] = ClearResult(Status.TOO_OLD, holder)
+                elif expected is not None and holder != expected:
+                    answers[event_id] = ClearResult(Status.TOKEN_MISMATCH, holder)
+                elif keep_id and holder is None:
+                    answers[event_id] = ClearResult(Status.CLEARED)  # already
+                else:
+                    ops.append((entry_key(shard, b), index_key(t, shard, b), raw, pack_entry(None, t) if keep_id else None))
+                    op_ids.append(event_id)
+            done = self.backend.replace_if(ops, meta) if ops else []
+            pending = []
+            for event_id, ok in zip(op_ids, done, strict=True):
+                if ok:
+                    answers[event_id] = ClearResult(Status.CLEARED)
+                    self.stats.cleared += 1
+                else:  # changed since we read it (another server): look again
+                    pending.append(event_id)
+        msg = "clear_many: entries kept changing under this call; try again"
+        raise RuntimeError(msg)
+
+    # ------------------------------------------------------------------ garbage collection (§2.3)
+    def set_gc_boundary(self, boundary_ms: int) -> int:
+        """Move the GC boundary forward to ``boundary_ms`` (a repeat is harmless); commits of events
+        before it get ``TOO_OLD`` from now on. Refused if it would go back or into the future."""
+        check_time("boundary_ms", boundary_ms)
+
+        def move(meta: Meta) -> int:
+            if boundary_ms < meta.gc_boundary_ms:
+                msg = (
+                    f"the garbage-collection boundary only moves forward: it is {meta.gc_boundary_ms}, "
+                    f"and {boundary_ms} is before it (entries older than the boundary may already be deleted; "
+                    "moving it back would let their events be joined a second time)"
+                )
+                raise GcBackwardsError(msg, meta.gc_boundary_ms)
+            if boundary_ms == meta.gc_boundary_ms:
+                return boundary_ms
+            now = self.clock()
+            if boundary_ms > now:
+                msg = f"boundary_ms {boundary_ms} is in the future (now is {now}): it would refuse every new event as too old; use a time in the past, e.g. now minus N days"
+                raise InvalidRequestError(msg)
+            self.meta = self.backend.write_meta(Meta(boundary_ms, meta.shards), expected=meta)
+            return boundary_ms
+
+        return self._retrying(move)
+
+    def collect_garbage(self, limit: int = GC_CHUNK) -> int:
+        """Delete up to ``limit`` entries older than the boundary (one durable write); returns how many."""
+        keys = self.backend.index_below(self.meta.gc_boundary_ms, limit)
+        return self.backend.delete_indexed(keys)
+
+    def advance_gc(self, boundary_ms: int) -> GcResult:
+        """:meth:`set_gc_boundary`, then delete every entry older than it."""
+        boundary = self.set_gc_boundary(boundary_ms)
+        deleted = 0
+        while True:
+            n = self.collect_garbage()
+            deleted += n
+            if n < GC_CHUNK:
+                return GcResult(boundary, deleted)
+
+    # ------------------------------------------------------------------ sharding (§2.2.2)
+    def shard_configs(self) -> list[ShardConfig]:
+        return list(self.meta.shards.configs)
+
+    def reshard(self, effective_from_ms: int, shard_count: int) -> list[ShardConfig]:
+        """Spread ids of events at or after ``effective_from_ms`` over ``shard_count`` shards.
+
+        Refused (:class:`~id_registry.ReshardError`) unless ``effective_from_ms`` is later than
+        every configuration's start, at least ``reshard_lead_ms`` in the future, and later
+        than every event already committed: the shard of a decided id never changes. The
+        same configuration again is a no-op.
+        """
+        check_time("effective_from_ms", effective_from_ms)
+        check_shard_count(shard_count)
+
+        def add(meta: Meta) -> list[ShardConfig]:
+            last = meta.shards.configs[-1]
+            if (last.effective_from_ms, last.shard_count) == (effective_from_ms, shard_count):
+                return list(meta.shards.configs)
+            if effective_from_ms <= last.effective_from_ms:
+                msg = (
+                    f"shard configurations only append: the latest takes effect from {last.effective_from_ms}, "
+                    f"so {effective_from_ms} would re-shard events already decided; choose a later time"
+                )
+                raise ReshardError(msg)
+            earliest = self.clock() + self.reshard_lead_ms
+            if effective_from_ms < earliest:
+                msg = (
+                    f"a new shard configuration takes effect from a future time at least {self.reshard_lead_ms} ms ahead "
+                    f"(the clock-skew bound, Photon §2.2.2), so that no event already in flight is moved: "
+                    f"{effective_from_ms} is too early, the earliest is {earliest}"
+                )
+                raise ReshardError(msg)
+            shards = ShardMap([*meta.shards.configs, ShardConfig(effective_from_ms, shard_count)])
+            self.meta = self.backend.write_meta(Meta(meta.gc_boundary_ms, shards), expected=meta, no_entries_from=effective_from_ms)
+            return list(shards.configs)
+
+        return self._retrying(add)
+
+    # ------------------------------------------------------------------ status
+    def status(self) -> dict[str, Any]:
+        """The figures for a dashboard (no ids, no tokens)."""
+        return {
+            "backend": self.backend.describe(),
+            "gc_boundary_ms": self.meta.gc_boundary_ms,
+            "shards": self.meta.shards.to_json(),
+            "stats": self.stats.snapshot(),
+        }
+
+    def close(self) -> None:
+        self.backend.close()

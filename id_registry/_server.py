@@ -1,0 +1,292 @@
+"""The IdRegistry's HTTP/JSON service (Starlette on uvicorn), locked down by servicekit.
+
+Before a request reaches a route, :class:`servicekit.http.GuardMiddleware` checks its
+``Host`` (421), its ``Origin`` and ``Sec-Fetch-Site`` (403), the bearer secret on every
+``POST`` (401: every route but ``/v1/status`` and ``/healthz`` is a POST, lookups included,
+since they reveal joiners' tokens) and the body size (413). See ``docs/registry.md``.
+
+Work is shared as in Photon's Fig. 3: the event loop reads request bodies; a small pool of
+threads decodes and checks them (JSON, ids, tokens, times) and encodes the answers; the
+registry thread (:class:`~id_registry._worker.RegistryWorker`) coalesces waiting commits
+into one durable write and answers each request once it is durable. A request beyond the
+in-flight limits is answered **429** with ``Retry-After`` (seconds) and ``retry_after_ms``
+at once, before its body is decoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from id_registry._core import Registry
+from id_registry._errors import InvalidRequestError, ThrottledError
+from id_registry._model import ClearResult, CommitResult, LookupResult, check_items, check_time
+from id_registry._worker import RegistryWorker
+from id_registry.client import SECRET_ENV, SECRET_FILE_ENV, SECRET_FILE_NAME
+from servicekit import ConfigurationError, Secret, check_fields, load_secret, parse_json
+from servicekit.http import (
+    DEFAULT_MAX_BODY_BYTES,
+    Guard,
+    GuardMiddleware,
+    error_response,
+    hosts_for_bind,
+    json_endpoint,
+)
+
+#: the registry's documents nest at most 3 levels ({"items": [[...]]}); allow some slack
+MAX_JSON_DEPTH = 6
+SECRET_HINT = (
+    "the registry reads its secret from --secret-file, else $MILLWHEEL_REGISTRY_SECRET, else "
+    "$MILLWHEEL_REGISTRY_SECRET_FILE, else DATA_DIR/secret (generated on first start, mode 0600); "
+    "clients take secret=..., $MILLWHEEL_REGISTRY_SECRET or $MILLWHEEL_REGISTRY_SECRET_FILE"
+)
+
+log = logging.getLogger("id_registry")
+
+
+def registry_guard(
+    secret: Secret,
+    *,
+    bind_host: str = "127.0.0.1",
+    allow_hosts: Sequence[str] = (),
+    allow_origins: Sequence[str] = (),
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> Guard:
+    """The :class:`~servicekit.http.Guard` of a registry bound to ``bind_host``."""
+    return Guard(
+        secret=secret,
+        allowed_hosts=hosts_for_bind(bind_host, allow_hosts),
+        allowed_origins=frozenset(allow_origins),
+        max_body_bytes=max_body_bytes,
+        secret_hint=SECRET_HINT,
+        host_hint="start the registry with --allow-host NAME",
+        service="the id registry",
+    )
+
+
+def _body(raw: bytes, path: str, fields: dict[str, bool]) -> dict[str, Any]:
+    value = parse_json(raw, max_depth=MAX_JSON_DEPTH, error=InvalidRequestError)
+    return check_fields(value, fields, where=path, error=InvalidRequestError)
+
+
+def _json(data: Any) -> Response:
+    return Response(json.dumps(data, separators=(",", ":")), media_type="application/json")
+
+
+def encode_commit(results: Sequence[CommitResult]) -> list[list[Any]]:
+    return [[r.status.value, r.holder] for r in results]
+
+
+def encode_lookup(results: Sequence[LookupResult]) -> list[list[Any]]:
+    return [[r.status.value, r.token, r.event_time_ms] for r in results]
+
+
+def encode_clear(results: Sequence[ClearResult]) -> list[list[Any]]:
+    return [[r.status.value, r.holder] for r in results]
+
+
+def throttled_response(exc: ThrottledError) -> Response:
+    """429 with ``Retry-After`` in whole seconds (the header's unit) and ``retry_after_ms`` in the body."""
+    response = error_response(exc)
+    response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_ms / 1000)))
+    return response
+
+
+def create_app(worker: RegistryWorker, *, guard: Guard, parsers: int = 2) -> Starlette:
+    """The Starlette application serving ``worker``'s registry behind ``guard``."""
+    registry = worker.registry
+    pool = ThreadPoolExecutor(max_workers=parsers, thread_name_prefix="id-registry-http")
+    in_progress = [0]  # requests between arrival and answer
+
+    async def off_loop(fn: Callable[[], Any]) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(pool, fn)
+
+    def route(handler: Callable[[dict[str, Any]], Awaitable[Any]], fields: dict[str, bool]) -> Callable[[Request], Awaitable[Response]]:
+        """A POST route: admitted if not too busy, body decoded off the loop, answer encoded off the loop."""
+
+        async def endpoint(request: Request) -> Any:
+            try:
+                if in_progress[0] >= worker.max_inflight_requests:
+                    registry.stats.throttled += 1
+                    msg = f"the registry is busy ({in_progress[0]} requests in progress): nothing was done; retry shortly"
+                    raise ThrottledError(msg, 50)
+                in_progress[0] += 1
+                try:
+                    raw = await request.body()
+                    path = request.url.path
+                    body = await off_loop(lambda: _body(raw, path, fields))
+                    data = await handler(body)
+                finally:
+                    in_progress[0] -= 1
+            except ThrottledError as exc:
+                return throttled_response(exc)
+            return await off_loop(lambda: _json(data))
+
+        return json_endpoint(endpoint, logger=log)
+
+    async def commit(body: dict[str, Any]) -> Any:
+        items = await off_loop(lambda: check_items(body["items"]))
+        results = await asyncio.wrap_future(worker.submit_commit(items))
+        return {"results": encode_commit(results)}
+
+    async def lookup(body: dict[str, Any]) -> Any:
+        results = await asyncio.wrap_future(worker.call(lambda: registry.lookup_many(body["ids"])))
+        return {"results": encode_lookup(results)}
+
+    async def clear(body: dict[str, Any]) -> Any:
+        def run() -> list[ClearResult]:
+            return registry.clear_many(body["ids"], only_if_token=body.get("only_if_token"), keep_id=body.get("keep_id", False))
+
+        return {"results": encode_clear(await asyncio.wrap_future(worker.call(run)))}
+
+    async def gc(body: dict[str, Any]) -> Any:
+        result = await asyncio.wrap_future(worker.advance_gc(check_time("boundary_ms", body["boundary_ms"])))
+        return {"boundary_ms": result.boundary_ms, "deleted": result.deleted}
+
+    async def shards(body: dict[str, Any]) -> Any:
+        configs = await asyncio.wrap_future(worker.call(lambda: registry.reshard(body["effective_from_ms"], body["shard_count"])))
+        return {"shards": [[c.effective_from_ms, c.shard_count] for c in configs]}
+
+    async def status(request: Request) -> Any:
+        return await off_loop(worker.status)
+
+    async def health(request: Request) -> Any:
+        return {"ok": True}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            worker.close()
+            pool.shutdown(wait=True)
+            registry.close()
+
+    routes = [
+        Route("/healthz", json_endpoint(health, logger=log)),
+        Route("/v1/status", json_endpoint(status, logger=log)),
+        Route("/v1/commit", route(commit, {"items": True}), methods=["POST"]),
+        Route("/v1/lookup", route(lookup, {"ids": True}), methods=["POST"]),
+        Route("/v1/clear", route(clear, {"ids": True, "only_if_token": False, "keep_id": False}), methods=["POST"]),
+        Route("/v1/gc", route(gc, {"boundary_ms": True}), methods=["POST"]),
+        Route("/v1/shards", route(shards, {"effective_from_ms": True, "shard_count": True}), methods=["POST"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(GuardMiddleware, guard=guard)])
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # IPPROTO_TCP: asyncio sets TCP_NODELAY
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        msg = f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port (0 for any free one)"
+        raise SystemExit(msg) from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def open_backend(
+    data_dir: str,
+    *,
+    backend: str = "rocksdb",
+    sync: bool = True,
+    etcd_endpoints: Sequence[str] = (),
+    etcd_prefix: str | None = None,
+    etcd_max_txn_ops: int | None = None,
+) -> Any:
+    """The backend ``serve`` runs on: RocksDB in ``DATA_DIR/entries``, or etcd."""
+    if backend == "etcd":
+        from id_registry._etcd import DEFAULT_MAX_TXN_OPS, DEFAULT_PREFIX, EtcdBackend
+
+        return EtcdBackend(etcd_endpoints, prefix=etcd_prefix or DEFAULT_PREFIX, max_txn_ops=etcd_max_txn_ops or DEFAULT_MAX_TXN_OPS)
+    from id_registry._backend import RocksBackend
+
+    return RocksBackend(os.path.join(data_dir, "entries"), sync=sync)
+
+
+def serve(
+    *,
+    host: str,
+    port: int,
+    data_dir: str,
+    secret_file: str | None = None,
+    allow_hosts: Sequence[str] = (),
+    allow_origins: Sequence[str] = (),
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ssl_certfile: str | None = None,
+    ssl_keyfile: str | None = None,
+    backend_options: dict[str, Any] | None = None,
+    registry_options: dict[str, Any] | None = None,
+    worker_options: dict[str, Any] | None = None,
+    ready_file: str | None = None,
+    log_level: str = "warning",
+) -> int:
+    """Run the service until SIGINT/SIGTERM; returns the exit code."""
+    import uvicorn
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        secret = load_secret(file=secret_file, env=SECRET_ENV, env_file=SECRET_FILE_ENV, default_file=os.path.join(data_dir, SECRET_FILE_NAME), create=True)
+    except (ConfigurationError, OSError) as exc:
+        print(f"id registry: {exc}", file=sys.stderr)
+        return 2
+    if secret is None:  # pragma: no cover - create=True always yields one
+        return 2
+    secret_source = secret.source
+    try:
+        store = open_backend(data_dir, **(backend_options or {}))
+        registry = Registry(store, **(registry_options or {}))
+    except Exception as exc:
+        print(f"id registry: cannot open its store ({type(exc).__name__}: {exc}); is another registry using this --data-dir, or is etcd down?", file=sys.stderr)
+        return 2
+    worker = RegistryWorker(registry, **(worker_options or {}))
+    sock = _bind(host, port)
+    bound_host, bound_port = sock.getsockname()[:2]
+    url_host = f"[{bound_host}]" if ":" in bound_host else bound_host
+    url = f"{'https' if ssl_certfile else 'http'}://{url_host}:{bound_port}"
+    if bound_host not in ("127.0.0.1", "::1") and not ssl_certfile:
+        print(f"id registry: listening on {bound_host}, beyond loopback, in plain HTTP: the secret travels unencrypted; put TLS in front", file=sys.stderr)
+    sys.setswitchinterval(0.001)  # the loop thread gets the interpreter back quickly from the registry thread
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                print(f"id registry listening on {url} ({store.kind} store; secret from {secret_source}; shards {registry.meta.shards.to_json()})", flush=True)
+                if ready_file:
+                    with open(f"{ready_file}.tmp", "w", encoding="utf-8") as f:
+                        f.write(url)
+                    os.replace(f"{ready_file}.tmp", ready_file)
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            super().handle_exit(sig, frame)
+            captured = getattr(self, "_captured_signals", None)  # exit 0 on SIGTERM, not re-raise it
+            if isinstance(captured, list):
+                captured.clear()
+
+    guard = registry_guard(secret, bind_host=bound_host, allow_hosts=allow_hosts, allow_origins=allow_origins, max_body_bytes=max_body_bytes)
+    config = uvicorn.Config(
+        create_app(worker, guard=guard), log_level=log_level, access_log=False, lifespan="on",
+        timeout_graceful_shutdown=5, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, server_header=False,
+    )  # fmt: skip
+    _Server(config).run(sockets=[sock])
+    print("id registry stopped", flush=True)
+    return 0

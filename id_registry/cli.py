@@ -1,0 +1,138 @@
+"""``millwheel registry ...``: run Photon's IdRegistry, or ask one for its status.
+
+    millwheel registry serve [--port 7310] [--host 127.0.0.1] [--data-dir .millwheel/registry]
+                             [--secret-file FILE] [--backend rocksdb|etcd] [--etcd-endpoint URL ...]
+                             [--shards 16] [--max-inflight-items N] [--max-inflight-requests N] ...
+    millwheel registry status [--url http://127.0.0.1:7310]
+    millwheel registry gc --boundary-ms T [--url ...]
+    millwheel registry reshard --effective-from-ms T --shards N [--url ...]
+
+Every request but the status needs the service's secret (``--secret-file``,
+``$MILLWHEEL_REGISTRY_SECRET``, ``$MILLWHEEL_REGISTRY_SECRET_FILE``, or ``DATA_DIR/secret``,
+generated on the first start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+DEFAULT_PORT = 7310
+DEFAULT_DATA_DIR = ".millwheel/registry"
+
+
+def _parser() -> argparse.ArgumentParser:
+    from id_registry._core import DEFAULT_RESHARD_LEAD_MS, DEFAULT_SHARD_COUNT
+    from id_registry._worker import (
+        DEFAULT_MAX_GROUP_ITEMS,
+        DEFAULT_MAX_INFLIGHT_ITEMS,
+        DEFAULT_MAX_INFLIGHT_REQUESTS,
+    )
+    from servicekit.http import DEFAULT_MAX_BODY_BYTES
+
+    parser = argparse.ArgumentParser(prog="millwheel registry", description="Photon's IdRegistry: conditional commits of event ids (Photon §2)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run the registry service")
+    s.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT}; 0 picks a free one)")
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: loopback only; beyond it, use TLS)")
+    s.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"where the RocksDB store and the generated secret live (default {DEFAULT_DATA_DIR})")
+    s.add_argument("--secret-file", help="file holding the bearer secret (default: $MILLWHEEL_REGISTRY_SECRET, $MILLWHEEL_REGISTRY_SECRET_FILE, else DATA_DIR/secret, generated on the first start)")
+    s.add_argument("--allow-host", action="append", default=[], metavar="NAME", help="also answer for this Host name (repeatable)")
+    s.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN", help="let pages of this origin call the service (repeatable)")
+    s.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help=f"largest request body accepted (default {DEFAULT_MAX_BODY_BYTES})")
+    s.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (PEM); needs --ssl-keyfile")
+    s.add_argument("--ssl-keyfile", help="the certificate's private key (PEM)")
+    s.add_argument("--backend", choices=["rocksdb", "etcd"], default="rocksdb", help="rocksdb: embedded, one node (default); etcd: replicated (Raft)")
+    s.add_argument("--no-sync", action="store_true", help="rocksdb: do not fsync each write batch (survives kill -9, not a machine crash)")
+    s.add_argument("--etcd-endpoint", action="append", default=[], metavar="URL", help="etcd: a member's client URL (repeatable)")
+    s.add_argument("--etcd-prefix", help="etcd: the key prefix of this registry (default millwheel/id_registry/)")
+    s.add_argument("--etcd-max-txn-ops", type=int, help="etcd: the cluster's --max-txn-ops (default 128)")
+    s.add_argument("--shards", type=int, default=DEFAULT_SHARD_COUNT, help=f"shards of a new registry (default {DEFAULT_SHARD_COUNT}; ignored once it has a map)")
+    s.add_argument("--reshard-lead-ms", type=int, default=DEFAULT_RESHARD_LEAD_MS, help=f"a new shard configuration starts at least this far ahead (default {DEFAULT_RESHARD_LEAD_MS})")
+    s.add_argument("--max-inflight-items", type=int, default=DEFAULT_MAX_INFLIGHT_ITEMS, help=f"items queued or being written before commits get 429 (default {DEFAULT_MAX_INFLIGHT_ITEMS})")
+    s.add_argument("--max-inflight-requests", type=int, default=DEFAULT_MAX_INFLIGHT_REQUESTS, help=f"requests in progress before new ones get 429 (default {DEFAULT_MAX_INFLIGHT_REQUESTS})")
+    s.add_argument("--max-group-items", type=int, default=DEFAULT_MAX_GROUP_ITEMS, help=f"most items in one durable write (default {DEFAULT_MAX_GROUP_ITEMS})")
+    s.add_argument("--ready-file", help="write the service URL to this file once it is listening")
+    s.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    for name, text in (("status", "print a running registry's status"), ("gc", "move the GC boundary forward"), ("reshard", "add a shard configuration")):
+        c = sub.add_parser(name, help=text)
+        c.add_argument("--url", default=f"http://127.0.0.1:{DEFAULT_PORT}")
+        c.add_argument("--data-dir", help="find the secret in DATA_DIR/secret (else $MILLWHEEL_REGISTRY_SECRET[_FILE])")
+        if name == "gc":
+            c.add_argument("--boundary-ms", type=int, required=True, help="entries of events before this time are deleted")
+        if name == "reshard":
+            c.add_argument("--effective-from-ms", type=int, required=True, help="the event time from which the new count applies")
+            c.add_argument("--shards", type=int, required=True, help="the new shard count")
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from id_registry._server import serve
+
+    problem = None
+    positive = {"--max-inflight-items": args.max_inflight_items, "--max-inflight-requests": args.max_inflight_requests, "--max-group-items": args.max_group_items}
+    if not 0 <= args.port <= 65535:
+        problem = f"--port must be in 0..65535, got {args.port}"
+    elif args.max_body_bytes < 1024:
+        problem = f"--max-body-bytes must be at least 1024, got {args.max_body_bytes}"
+    elif bool(args.ssl_certfile) != bool(args.ssl_keyfile):
+        problem = "--ssl-certfile and --ssl-keyfile go together: give both, or neither"
+    elif args.backend == "etcd" and not args.etcd_endpoint:
+        problem = "--backend etcd needs --etcd-endpoint URL (once per member, e.g. http://127.0.0.1:2379)"
+    elif args.reshard_lead_ms < 0:
+        problem = f"--reshard-lead-ms must be >= 0, got {args.reshard_lead_ms}"
+    else:
+        problem = next((f"{flag} must be at least 1, got {value}" for flag, value in positive.items() if value < 1), None)
+    if problem:
+        print(f"millwheel registry: {problem}", file=sys.stderr)
+        return 2
+    return serve(
+        host=args.host,
+        port=args.port,
+        data_dir=args.data_dir,
+        secret_file=args.secret_file,
+        allow_hosts=args.allow_host,
+        allow_origins=args.allow_origin,
+        max_body_bytes=args.max_body_bytes,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
+        backend_options={
+            "backend": args.backend,
+            "sync": not args.no_sync,
+            "etcd_endpoints": args.etcd_endpoint,
+            "etcd_prefix": args.etcd_prefix,
+            "etcd_max_txn_ops": args.etcd_max_txn_ops,
+        },
+        registry_options={"shard_count": args.shards, "reshard_lead_ms": args.reshard_lead_ms},
+        worker_options={
+            "max_inflight_items": args.max_inflight_items,
+            "max_inflight_requests": args.max_inflight_requests,
+            "max_group_items": args.max_group_items,
+        },
+        ready_file=args.ready_file,
+        log_level=args.log_level,
+    )
+
+
+def main(argv: list[str]) -> int:
+    """Photon's IdRegistry: ``millwheel registry serve|status|gc|reshard``."""
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    from id_registry._errors import RegistryError
+    from id_registry.client import HttpRegistryClient, client_secret
+
+    try:
+        with HttpRegistryClient(args.url, secret=client_secret(data_dir=args.data_dir), retries=1, throttle_timeout=10.0) as client:
+            if args.command == "status":
+                out: object = client.status()
+            elif args.command == "gc":
+                out = client.advance_gc(args.boundary_ms)._asdict()
+            else:
+                out = {"shards": [[c.effective_from_ms, c.shard_count] for c in client.reshard(args.effective_from_ms, args.shards)]}
+    except RegistryError as exc:
+        print(f"millwheel registry: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(out, indent=2, sort_keys=True))
+    return 0
