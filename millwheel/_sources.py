@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from millwheel._delivery import invalid_record, record_problem
 from millwheel._errors import TopologyError
 from millwheel._record import MAX_TIMESTAMP, Record
 
@@ -76,21 +77,27 @@ class SampleSource(Source):
         if ts_of is None:
             msg = "SampleSource: plain values need timestamp='field' or timestamp=function"
             raise TopologyError(msg)
-        ts = item[ts_of] if isinstance(ts_of, str) else ts_of(item)
-        return Record(None, item, int(ts), f"{self._prefix}-{i}")
+        if isinstance(ts_of, str):
+            ts = item.get(ts_of) if isinstance(item, dict) else item[ts_of]
+        else:
+            ts = ts_of(item)
+        return Record(None, item, ts, f"{self._prefix}-{i}")
 
     def records(self) -> list[Record]:
         return [self._to_record(i, item) for i, item in enumerate(self._items)]
 
-    def batches(self, injector: str = "injector", stream: str = "records") -> Iterator[SourceBatch]:  # noqa: ARG002
+    def batches(self, injector: str = "injector", stream: str = "records") -> Iterator[SourceBatch]:
+        """Batches of ``batch_size`` items; an item whose id or timestamp is invalid is a dead letter."""
         recs = self.records()
+        good = [record_problem(r) is None for r in recs]
         n = len(recs)
         # suffix minima: the oldest timestamp not yet delivered after each batch
         suffix = [MAX_TIMESTAMP] * (n + 1)
         for i in range(n - 1, -1, -1):
-            suffix[i] = min(recs[i].timestamp, suffix[i + 1])
+            suffix[i] = min(recs[i].timestamp, suffix[i + 1]) if good[i] else suffix[i + 1]
         for start in range(0, n, self._batch_size):
             end = min(n, start + self._batch_size)
-            yield SourceBatch(recs[start:end], suffix[end])
+            dead = [invalid_record(injector, stream, recs[i], record_problem(recs[i]) or "", i) for i in range(start, end) if not good[i]]
+            yield SourceBatch([recs[i] for i in range(start, end) if good[i]], suffix[end], dead)
         if n == 0:
             yield SourceBatch([], MAX_TIMESTAMP)

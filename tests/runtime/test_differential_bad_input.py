@@ -5,7 +5,9 @@ The logs are what users really have: files named ``clicks-2026-01-01T10-00.jsonl
 ``part-0003.jsonl`` (no time in the name), a duplicate in a later file, a late record,
 malformed lines (broken JSON, an int id, a string timestamp, a 2**70 timestamp), records
 whose key extractor fails or returns a float, a record on which user code raises, and a
-tuple key. The Spark run reads them with the runtime's streaming reader and a byte budget
+tuple key, a value that cannot be stored, a timer beyond 64 bits, a driver-side source
+sending bad ids and timestamps, and a dead-letter reader that fails on every dead letter.
+The Spark run reads them with the runtime's streaming reader and a byte budget
 of a few lines per batch, free-running (no lockstep). Both backends must give the same
 productions, the same dead letters (same ids, stages, reasons, files and offsets) and the
 same counters.
@@ -14,11 +16,21 @@ same counters.
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 
 import pytest
 
-from millwheel import MAX_TIMESTAMP, Computation, LogFileSource, Record, Stage, Timer, Topology
+from millwheel import (
+    MAX_TIMESTAMP,
+    Computation,
+    LogFileSource,
+    Record,
+    SampleSource,
+    Stage,
+    Timer,
+    Topology,
+)
 from millwheel.runtime import RuntimeSettings, SparkRuntime
 from millwheel.testing import Harness
 
@@ -34,6 +46,11 @@ class CountPerUser(Computation):
         if record.value.get("boom"):
             msg = f"boom on {record.id}"
             raise RuntimeError(msg)
+        if record.value.get("lock"):  # a value that cannot be stored: fails this record only
+            self.state.set(threading.Lock())
+            return
+        if record.value.get("far"):
+            self.set_timer("far", 2**70)
         self.state.set(self.state.get(0) + 1)
         self.produce("seen", {"id": record.id, "stream": record.stream, "key": list(self.key)})
         self.set_timer("end", MAX_TIMESTAMP - 1)
@@ -66,6 +83,8 @@ def write_logs(d) -> dict:
         f.write(_line(id="strts", ts="soon", user="u1"))
         f.write(_line(id="huge", ts=2**70, user="u1"))
         f.write(_line(id="boom1", ts=T0 + 61_500, user="u9", boom=True))
+        f.write(_line(id="lock1", ts=T0 + 61_600, user="u0", lock=True))  # u0's other records still count
+        f.write(_line(id="far1", ts=T0 + 61_700, user="u1", far=True))
     with open(d / "part-0003.jsonl", "w") as f:  # no time in the name: its first record's
         for i in range(6):
             f.write(_line(id=f"c{i}", ts=T0 + 120_000 + i * 1_000, user="u1", region="us"))
@@ -73,14 +92,24 @@ def write_logs(d) -> dict:
     return {"good": good}
 
 
+class FailsOnDeadLetters(Computation):
+    """Reads dead_letters and fails on every one: its failures must not loop."""
+
+    def process_record(self, record: Record) -> None:
+        msg = f"cannot handle {record.value.stage}"
+        raise ValueError(msg)
+
+
 def topology(d) -> Topology:
     t = Topology("badinput")
     t.injector("clicks", LogFileSource(d, finite=True, max_bytes_per_batch=300))
-    t.computation(
-        CountPerUser,
-        inputs={"clicks": lambda r: (r.value["user"], r.value.get("region", "-"))},
-        outputs=["seen", "totals"],
-    )
+    # a driver-side source with records a buggy injector could send
+    bad = [Record(None, {"user": "s1"}, T0 + 1, "ok1"), Record(None, {"user": "s1"}, "soon", "badts"),
+           Record(None, {"user": "s1"}, T0 + 2, 42), Record(None, {"user": "s1"}, 2**64, "hugets")]  # fmt: skip
+    t.injector("more", SampleSource(bad), stream="clicks_more")
+    by_user = lambda r: (r.value["user"], r.value.get("region", "-"))  # noqa: E731
+    t.computation(CountPerUser, inputs={"clicks": by_user, "clicks_more": by_user}, outputs=["seen", "totals"])
+    t.computation(FailsOnDeadLetters, inputs={"dead_letters": lambda r: r.value.stage})
     return t
 
 
@@ -119,19 +148,25 @@ def test_same_productions_as_each_other_and_as_the_plain_answer(runs):
         expected[(f"u{i % 4}", "-")] += 1
     for _ in range(6):
         expected[("u1", "us")] += 1
+    expected[("s1", "-")] += 1
     assert totals == dict(expected)
-    assert sum(totals.values()) == facts["good"]
-    assert {v["stream"] for v in h.values("seen")} == {"clicks"}
+    assert sum(totals.values()) == facts["good"] + 1
+    assert {v["stream"] for v in h.values("seen")} == {"clicks", "clicks_more"}
 
 
 def test_same_dead_letters_with_reasons(runs):
     h, rt, _ = runs
     assert _dead(rt.dead_letters()) == _dead(h.dead_letters())
     by_stage = Counter(r.value.stage for r in h.dead_letters())
-    assert by_stage == {Stage.MALFORMED: 4, Stage.KEY_EXTRACTOR: 2, Stage.PROCESS_RECORD: 1}
+    assert by_stage == {Stage.MALFORMED: 4, Stage.KEY_EXTRACTOR: 2, Stage.PROCESS_RECORD: 2, Stage.CHECKPOINT: 1, Stage.INVALID_RECORD: 3}
     reasons = " | ".join(r.value.reason for r in h.dead_letters())
-    for part in ("broken JSON", "must be a non-empty string, got int", "not an integer", "64-bit", "KeyError", "got float 2.5", "boom on boom1"):
-        assert part in reasons
+    for part in ("broken JSON", "must be a non-empty string, got int", "not an integer", "64-bit", "KeyError", "got float 2.5",
+                 "boom on boom1", "cannot pickle", "set_timer('far')", "timestamp must be an int", "id must be a non-empty str"):  # fmt: skip
+        assert part in reasons, part
+    assert len({r.id for r in h.dead_letters()}) == len(h.dead_letters())  # unique ids
+    # the reader that fails on every dead letter made none of its own: no loop
+    assert h.metrics("FailsOnDeadLetters")["dead_letters_dropped"] == len(h.dead_letters())
+    assert rt.computations["FailsOnDeadLetters"].metrics["dead_letters_dropped"] == len(rt.dead_letters())
     malformed = [r for r in h.dead_letters() if r.value.stage == Stage.MALFORMED]
     assert all(r.timestamp in (T0, T0 + 60_000) for r in malformed)  # the file's time, on both backends
 
@@ -141,4 +176,4 @@ def test_same_counters(runs):
     hm, sm = h.metrics("CountPerUser"), rt.computations["CountPerUser"].metrics
     for counter in ("records_in", "duplicates", "late", "late_dropped", "processed", "productions", "dead_letters"):
         assert sm[counter] == hm.get(counter, 0), counter
-    assert hm["late"] == 1 and hm["duplicates"] == 1 and hm["dead_letters"] == 3
+    assert hm["late"] == 1 and hm["duplicates"] == 1 and hm["dead_letters"] == 5
