@@ -81,7 +81,7 @@ class SampleSource(Source):
             ts = item.get(ts_of) if isinstance(item, dict) else item[ts_of]
         else:
             ts = ts_of(item)
-        return Record(None, item, ts, f"{self._prefix}-{i}")
+        return Record(None, item, ts, f"{self._prefix}-{i}")  # type: ignore[arg-type]  # checked in batches()
 
     def records(self) -> list[Record]:
         return [self._to_record(i, item) for i, item in enumerate(self._items)]
