@@ -1,0 +1,100 @@
+"""Photon's two settings objects: the topology's (:class:`PhotonConfig`) and the generator's.
+
+Both are frozen. The defaults are the default sample and the settings it is evaluated
+with (``docs/photon.md``): the generator delays a query's logging by at most
+``max_query_delay_ms``, which :class:`PhotonConfig` declares as the query log's disorder
+(``query_lateness_ms``), so a click's query has always arrived once the low watermark
+passes the click (the unjoinable rule is exact on the default sample).
+
+>>> PhotonConfig().retention_ms, GeneratorConfig().seed, GeneratorConfig(seed=1).derived_name()[:9]
+(60000, 42, 'photon-1-')
+>>> PhotonConfig().backoff(0), PhotonConfig().backoff(3), PhotonConfig().backoff(30)
+(500, 4000, 8000)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+DEFAULT_SEED = 42
+
+
+@dataclass(frozen=True)
+class PhotonConfig:
+    """The join's settings: field names, the EventStore's retention, retries, the unjoinable rule."""
+
+    #: field names (the logs' JSON keys): a query's id, a click's id, the query id a click refers to, timestamps
+    query_id_field: str = "query_id"
+    click_id_field: str = "click_id"
+    click_query_field: str = "query_id"
+    ts_field: str = "ts"
+    #: how long a query stays in the EventStore's cache (the joiner's state) once the low
+    #: watermark has passed its timestamp (§3.4.1: "several minutes worth of query events")
+    retention_ms: int = 60_000
+    #: a click still unjoined once the low watermark passes ``click ts + max_delay_ms`` is
+    #: unjoinable (§3.2.1: "older than a threshold")
+    max_delay_ms: int = 10_000
+    #: the query log's declared disorder (the delayed primary stream, §1.2): how long after
+    #: its timestamp a query may be logged and still not be late; it holds the low watermark
+    query_lateness_ms: int = 30_000
+    click_lateness_ms: int = 0
+    #: the dispatcher's retries (§3.2.1): the first after ``backoff_initial_ms``, then doubling, at most ``backoff_max_ms``
+    backoff_initial_ms: int = 500
+    backoff_max_ms: int = 8_000
+    #: how long click ids are remembered to drop duplicate deliveries (§6.1.1 of MillWheel);
+    #: a click older than this behind the low watermark cannot be deduplicated and is unjoinable
+    dedup_slack_ms: int = 600_000
+    #: on a cache miss, look the query up in the query logs (LogsEventStore, §3.4.2)
+    log_store: bool = True
+    #: how far around the time encoded in a query id the log store looks for its file
+    log_store_window_ms: int = 120_000
+    #: live runs: a log file that has not grown for this long is finished (rotation finishes the others)
+    idle_finish_ms: int = 60_000
+
+    def backoff(self, attempt: int) -> int:
+        """The wait before retry ``attempt + 1`` (exponential, capped)."""
+        return min(self.backoff_max_ms, self.backoff_initial_ms << min(attempt, 40))
+
+
+@dataclass(frozen=True)
+class GeneratorConfig:
+    """Everything the generator does, seeded. Defaults: the default sample."""
+
+    seed: int = DEFAULT_SEED
+    #: queries per second (each shows one ad), and for how long
+    rate: float = 400.0
+    duration_s: int = 120
+    start_ms: int = 1_700_000_000_000
+    #: servers and processes that log queries (both are in the query id, §3.1)
+    servers: int = 8
+    processes: int = 4
+    advertisers: int = 50
+    #: share of queries clicked; a clicked query has a second click with this probability
+    click_rate: float = 0.08
+    second_click_rate: float = 0.1
+    #: a click comes this long after its query: exponential with this mean, capped
+    click_delay_mean_ms: int = 3_000
+    click_delay_max_ms: int = 40_000
+    #: log shipping: a line is written up to this long after its event
+    max_ship_delay_ms: int = 300
+    #: the delayed primary stream: this share of queries is logged late, by up to max_query_delay_ms
+    delayed_query_fraction: float = 0.03
+    min_query_delay_ms: int = 2_000
+    max_query_delay_ms: int = 25_000
+    #: the same click (or query) delivered again, up to 3 s later
+    duplicate_click_fraction: float = 0.02
+    duplicate_query_fraction: float = 0.002
+    #: clicks whose query is never logged
+    orphan_click_fraction: float = 0.01
+    #: broken lines in each log, and clicks without a query id
+    malformed_queries: int = 3
+    malformed_clicks: int = 3
+    clicks_without_query_id: int = 2
+    file_ms: int = 1_000
+
+    def derived_name(self) -> str:
+        """A directory name that changes with every setting (for the cached default sample)."""
+        digest = hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:10]
+        return f"photon-{self.seed}-{digest}"

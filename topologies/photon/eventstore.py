@@ -1,0 +1,146 @@
+"""The second level of Photon's EventStore: queries looked up in the query logs (LogsEventStore, §3.4.2).
+
+The first level, the CacheEventStore of §3.4.1, is the joiner's own per-key state: the
+query reader (the ``queries`` injector) fills it, the low watermark and a retention
+setting bound it (:class:`~.joiner.Joiner`). A click that misses it — its query was
+evicted, or has been logged but not read yet — is looked up here.
+
+Photon keeps a *log file map* (an entry every W seconds or M bytes, in BigTable) and
+finds an event from the server, process and timestamp encoded in its id (§3.1). Here
+the timestamp in the query id picks the candidate files by their time (the number in
+their name, :func:`millwheel.file_time`): those within ``window_ms`` before it and the
+declared lateness after it, nearest first; each candidate file is indexed once (query id
+-> byte offset; a growing file is indexed further as it grows) and the line re-read on a
+hit. The index lives in the worker process: it is a cache of immutable bytes, rebuilt
+on demand after a restart, never part of a key's state.
+
+>>> import json, os, tempfile
+>>> d = tempfile.mkdtemp()
+>>> q = {"query_id": "10.0.0.1:4000:1700000000500:1", "ts": 1700000000500, "ad_text": "buy flowers"}
+>>> with open(os.path.join(d, "queries_1700000000000.jsonl"), "w") as f:
+...     _ = f.write("{broken\\n" + json.dumps(q) + "\\n")
+>>> store = LogsEventStore(d)
+>>> store.lookup("10.0.0.1:4000:1700000000500:1")["ad_text"], store.lookup("10.0.0.1:4000:1700000000500:2")
+('buy flowers', None)
+>>> store.lookup("not-a-photon-id") is None      # no time in the id: no file to look in
+True
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from millwheel import file_time
+
+from .generator import query_time
+
+
+class _FileIndex:
+    """Query id -> byte offset of one log file, as far as it has been read."""
+
+    __slots__ = ("upto", "offsets")
+
+    def __init__(self) -> None:
+        self.upto = 0
+        self.offsets: dict[Any, int] = {}
+
+
+class LogsEventStore:
+    """Find a query in a directory of query logs by its id (see the module docstring)."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        id_field: str = "query_id",
+        ts_field: str = "ts",
+        time_of: Callable[[str], int | None] = query_time,
+        window_ms: int = 120_000,
+        lateness_ms: int = 30_000,
+        max_files: int = 256,
+    ) -> None:
+        self.directory = os.fspath(directory)
+        self.id_field = id_field
+        self.ts_field = ts_field
+        self.time_of = time_of
+        self.window_ms = window_ms
+        self.lateness_ms = lateness_ms
+        self.max_files = max_files
+        self._index: OrderedDict[str, _FileIndex] = OrderedDict()
+        self.lookups = self.hits = self.lines_indexed = 0
+
+    def lookup(self, query_id: Any) -> dict[str, Any] | None:
+        """The query logged under ``query_id``, or ``None`` if no candidate file holds it (yet)."""
+        self.lookups += 1
+        t = self.time_of(query_id) if isinstance(query_id, str) else None
+        if t is None:
+            return None
+        for name in self._candidates(t):
+            offset = self._indexed(name).offsets.get(query_id)
+            if offset is None:
+                continue
+            value = self._read(name, offset)
+            if value is not None and value.get(self.id_field) == query_id:
+                self.hits += 1
+                return value
+        return None
+
+    def _candidates(self, t: int) -> list[str]:
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        found = []
+        for name in names:
+            if name.startswith((".", "_")) or not name.endswith((".jsonl", ".json", ".ndjson", ".log")):
+                continue
+            ft = file_time(name)
+            if ft is None or t - self.window_ms <= ft <= t + self.lateness_ms:
+                found.append((abs(ft - t) if ft is not None else 0, name))
+        return [name for _, name in sorted(found)]
+
+    def _indexed(self, name: str) -> _FileIndex:
+        idx = self._index.get(name)
+        if idx is None:
+            idx = self._index[name] = _FileIndex()
+            while len(self._index) > self.max_files:
+                self._index.popitem(last=False)
+        else:
+            self._index.move_to_end(name)
+        path = os.path.join(self.directory, name)
+        try:
+            size = os.path.getsize(path)
+        except FileNotFoundError:
+            return idx
+        if size <= idx.upto:
+            return idx
+        with open(path, "rb") as fh:
+            fh.seek(idx.upto)
+            data = fh.read(size - idx.upto)
+        end = data.rfind(b"\n") + 1  # complete lines only: the file may be growing
+        pos = 0
+        while pos < end:
+            nl = data.index(b"\n", pos)
+            try:
+                value = json.loads(data[pos:nl])
+                qid = value.get(self.id_field) if isinstance(value, dict) else None
+                if isinstance(qid, str):
+                    idx.offsets.setdefault(qid, idx.upto + pos)
+            except ValueError:
+                pass  # a malformed line: the query injector dead-letters it
+            self.lines_indexed += 1
+            pos = nl + 1
+        idx.upto += end
+        return idx
+
+    def _read(self, name: str, offset: int) -> dict[str, Any] | None:
+        with open(os.path.join(self.directory, name), "rb") as fh:
+            fh.seek(offset)
+            value = json.loads(fh.readline())
+        if not isinstance(value, dict) or type(value.get(self.ts_field)) is not int:
+            return None
+        return value
