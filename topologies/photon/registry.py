@@ -1,0 +1,68 @@
+"""The IdRegistry (Photon §2) as the backends and verification use it.
+
+The backends commit ``once_id`` productions through anything with
+``commit_many(items) -> [OnceResult]`` (``millwheel/_once.py``); the ``id_registry``
+service's clients answer :class:`id_registry.CommitResult` tuples (status and holder).
+:class:`OnceRegistryAdapter` is the small translation, and passes ``lookup_many`` and
+``clear_many`` (verification, §3.3.3) through. :class:`RegistryFactory` is the picklable
+zero-argument factory that ``RuntimeSettings(registry=...)`` ships to Spark's workers:
+each Python worker opens its own HTTP client, with the secret read from a file (never
+pickled).
+
+>>> from id_registry import InProcessRegistryClient
+>>> with InProcessRegistryClient() as client:
+...     reg = OnceRegistryAdapter(client)
+...     reg.commit_many([("c1", "dc1", 10), ("c1", "dc2", 10)])
+[<OnceResult.COMMITTED: 'committed'>, <OnceResult.CONFLICT: 'conflict'>]
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from millwheel._once import OnceResult
+
+__all__ = ["OnceRegistryAdapter", "RegistryFactory", "open_client"]
+
+
+class OnceRegistryAdapter:
+    """An ``id_registry`` client seen as the backends' once-registry (see the module docstring)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def commit_many(self, items: Sequence[tuple[str, str, int]]) -> list[OnceResult]:
+        return [OnceResult(r.status.value) for r in self.client.commit_many(list(items))]
+
+    def lookup_many(self, ids: Sequence[str]) -> list[Any]:
+        return list(self.client.lookup_many(list(ids)))
+
+    def clear_many(self, ids: Sequence[str], **options: Any) -> list[Any]:
+        return list(self.client.clear_many(list(ids), **options))
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def open_client(url: str, secret_file: str | None = None) -> Any:
+    """An HTTP client of the registry service at ``url``; the secret from ``secret_file``,
+    else as :func:`id_registry.client.client_secret` finds it (environment, files)."""
+    from id_registry import HttpRegistryClient
+    from servicekit import load_secret
+
+    secret = load_secret(file=secret_file) if secret_file else None
+    return HttpRegistryClient(url, secret=secret)
+
+
+@dataclass(frozen=True)
+class RegistryFactory:
+    """``RuntimeSettings(registry=RegistryFactory(url, secret_file))``: one client per Python worker."""
+
+    url: str
+    secret_file: str | None = None
+
+    def __call__(self) -> OnceRegistryAdapter:
+        return OnceRegistryAdapter(open_client(self.url, self.secret_file and os.fspath(self.secret_file)))
