@@ -84,6 +84,11 @@ class CommitResult(NamedTuple):
         """True if this caller may write the joined event out (it holds the id)."""
         return self.status is Status.COMMITTED
 
+    @property
+    def value(self) -> str:
+        """The status as a string (``"committed"``, ...), for callers that read results as bare statuses."""
+        return self.status.value
+
 
 class LookupResult(NamedTuple):
     """The answer for one id of :meth:`~id_registry.RegistryClient.lookup_many`."""

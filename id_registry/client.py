@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import json
 import os
 import random
 import shutil
@@ -257,9 +258,12 @@ class HttpRegistryClient(RegistryClient):
         throttled_until: float | None = None
         throttles = 0
         last = ""
+        # ASCII JSON: a lone surrogate travels as an escape and is refused by the service, by name
+        content = None if body is None else json.dumps(body, separators=(",", ":")).encode("ascii")
+        headers = None if body is None else {"Content-Type": "application/json"}
         while True:
             try:
-                response = self._client.request(method, path, json=body)
+                response = self._client.request(method, path, content=content, headers=headers)
             except httpx.TransportError as exc:  # every call is safe to repeat, even if it arrived
                 last = f"{type(exc).__name__}: {exc}"
             else:
