@@ -39,7 +39,7 @@ from millwheel._deadletter import (
     dead_letter_record,
     reason_of,
 )
-from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record, key_problem
+from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record, key_problem, short_repr
 
 #: counters delivery adds to a computation's metrics (besides the step's)
 KEYING_METRICS = ("records_in", "dead_letters", "dead_letters_dropped")
@@ -61,10 +61,10 @@ def record_problem(record: Any) -> str | None:
         return f"expected a millwheel Record, got {type(record).__name__}"
     rid = record.id
     if type(rid) is not str or not rid:
-        return f"id must be a non-empty str (exactly-once deduplicates on it), got {type(rid).__name__} {_short(rid)}"
+        return f"id must be a non-empty str (exactly-once deduplicates on it), got {type(rid).__name__} {short_repr(rid)}"
     ts = record.timestamp
     if type(ts) is not int:
-        return f"timestamp must be an int (ms since the epoch), got {type(ts).__name__} {_short(ts)}"
+        return f"timestamp must be an int (ms since the epoch), got {type(ts).__name__} {short_repr(ts)}"
     if not MIN_TIMESTAMP < ts < MAX_TIMESTAMP:
         return f"timestamp {ts} is outside the 64-bit range of millwheel timestamps"
     return None
@@ -75,12 +75,7 @@ def invalid_record(injector: str, stream: str, record: Any, problem: str, seq: i
     rec = record if isinstance(record, Record) else None
     ts = rec.timestamp if rec is not None and type(rec.timestamp) is int and MIN_TIMESTAMP < rec.timestamp < MAX_TIMESTAMP else MIN_TIMESTAMP
     letter = DeadLetter(Stage.INVALID_RECORD, problem, injector=injector, stream=stream, record=rec)
-    return dead_letter_record(letter, ts, _short(getattr(rec, "id", None)), seq)
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return dead_letter_record(letter, ts, short_repr(getattr(rec, "id", None)), seq)
 
 
 def key_record(consumer: str, stream: str, extractor: Callable[[Record], Any], record: Record) -> tuple[Record | None, Record | None]:

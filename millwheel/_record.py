@@ -39,10 +39,11 @@ def key_problem(key: Any) -> str | None:
             if why is not None:
                 return why
         return None
-    return f"keys must be str, int, bytes or a tuple of those; got {t.__name__} {_short(key)}"
+    return f"keys must be str, int, bytes or a tuple of those; got {t.__name__} {short_repr(key)}"
 
 
-def _short(value: Any, limit: int = 80) -> str:
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters: error messages never echo a huge input."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
