@@ -73,7 +73,7 @@ class BatchAnswer:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _records(directory: Path, id_field: str, ts_field: str) -> tuple[list[dict[str, Any]], int]:
+def read_records(directory: Path, id_field: str, ts_field: str) -> tuple[list[dict[str, Any]], int]:
     """Valid records of a log directory (what ``LogFileSource`` accepts) and the count of malformed lines."""
     good: list[dict[str, Any]] = []
     bad = 0
@@ -98,8 +98,8 @@ def batch_join(data_dir: str | os.PathLike[str], config: PhotonConfig | None = N
     """The join as a batch job in pandas: dedup by id, one inner join on the query id."""
     c = config or PhotonConfig()
     root = Path(data_dir)
-    qs, bad_q = _records(root / "queries", c.query_id_field, c.ts_field)
-    cs, bad_c = _records(root / "clicks", c.click_id_field, c.ts_field)
+    qs, bad_q = read_records(root / "queries", c.query_id_field, c.ts_field)
+    cs, bad_c = read_records(root / "clicks", c.click_id_field, c.ts_field)
     queries = pd.DataFrame(qs).drop_duplicates(subset=[c.query_id_field])
     clicks_all = pd.DataFrame(cs)
     no_query = clicks_all[c.click_query_field].isna() if c.click_query_field in clicks_all else pd.Series(True, index=clicks_all.index)

@@ -1,0 +1,193 @@
+"""``millwheel photon generate|run|verify|evaluate``: the sample, a pipeline, verification, the evaluation.
+
+Registered with the ``millwheel`` command as an entry point (``pyproject.toml``, group
+``millwheel.commands``)::
+
+    millwheel photon generate OUT_DIR [--seed N --duration-s S --rate R ...]      write a sample
+    millwheel photon run [DATA_DIR] [--backend harness|spark] [--mode continuous|batch]
+                         [--checkpoint RUN --pipeline NAME --registry URL [--follow]]   run one pipeline, evaluate
+    millwheel photon verify RUN [RUN ...] [--registry URL] [--dry-run] [--json]  verification and recovery (§3.3.3)
+    millwheel photon evaluate DATA_DIR RUN [RUN ...] [--json]                    the union of runs' outputs vs a batch join
+
+On Spark, ``run`` commits to the registry at ``--registry`` (``millwheel registry serve``),
+or to one it starts for the run (``RUN/registry``) when none is given. Two pipelines
+reading the same logs with different ``--pipeline`` names and ``--checkpoint`` directories
+and the same ``--registry`` are Photon's multi-homing (§2, Fig. 6).
+
+>>> import contextlib, io, tempfile
+>>> d = tempfile.mkdtemp()
+>>> with contextlib.redirect_stdout(io.StringIO()) as out:
+...     code = main(["generate", d, "--duration-s", "5", "--rate", "40"])
+>>> code, out.getvalue().split(" (")[0]
+(0, 'wrote 200 queries and 13 clicks')
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from .config import GeneratorConfig, PhotonConfig
+from .drivers import read_manifest, read_run, replay, run_spark
+from .evaluation import RunResult, evaluate, render
+from .generator import ensure_sample, generate, load_truth
+from .registry import OnceRegistryAdapter, RegistryFactory, open_client
+from .verify import report_dict, verify_runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Photon: the click-query join across pipelines (generate, run, verify, evaluate)."""
+    args = _parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"millwheel photon {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _generate(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    truth = generate(args.out_dir, GeneratorConfig(**{f.name: getattr(args, f.name) for f in fields(GeneratorConfig)}))
+    print(
+        f"wrote {truth['queries']} queries and {truth['clicks']} clicks ({truth['orphan_clicks']} orphans, "
+        f"{truth['clicks_before_query']} logged before their query, {truth['duplicate_clicks']} duplicate clicks, "
+        f"{truth['malformed_injected']} malformed lines) to {args.out_dir} in {time.perf_counter() - started:.1f}s"
+    )
+    return 0
+
+
+def _config(args: argparse.Namespace) -> PhotonConfig:
+    return PhotonConfig(**{f.name: getattr(args, f.name) for f in fields(PhotonConfig)})
+
+
+def _run(args: argparse.Namespace) -> int:
+    data = ensure_sample(args.data_dir)
+    config = _config(args)
+    if args.backend == "harness":
+        with _registry(args.registry, args.secret_file) as reg:
+            result = replay(data, config=config, mode=args.mode, registry=reg, pipeline=args.pipeline)
+    else:
+        if not args.checkpoint:
+            msg = "--backend spark needs --checkpoint RUN_DIR (the pipeline's own run directory)"
+            raise ValueError(msg)
+        result = _run_spark(args, data, config)
+    if (Path(data) / "ground_truth.json").is_file():
+        print(render(evaluate(result, data, load_truth(data), config)))
+    else:
+        print(f"photon: {len(result.joined)} joined clicks, {len(result.unjoinable)} unjoinable, {len(result.dead_letters)} dead letters")
+    return 0
+
+
+def _run_spark(args: argparse.Namespace, data: Path, config: PhotonConfig) -> RunResult:
+    from millwheel.runtime import RuntimeSettings
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    settings = RuntimeSettings(master=args.master, intervals=args.intervals, trigger_ms=args.trigger_ms)
+    with contextlib.ExitStack() as stack:
+        url, secret_file = args.registry, args.secret_file
+        if url is None:
+            from id_registry import embedded_registry
+
+            service = stack.enter_context(embedded_registry(str(Path(args.checkpoint) / "registry")))
+            url, secret_file = service.url, str(Path(service.data_dir) / "secret")
+            print(f"photon: IdRegistry for this run at {url} (give --registry URL to share one between pipelines)", file=sys.stderr)
+        try:
+            return run_spark(
+                data, args.checkpoint, config=config, settings=settings, pipeline=args.pipeline,
+                registry=RegistryFactory(url, secret_file), registry_url=url, follow=args.follow,
+                finite=not args.live, timeout_s=args.timeout, stop=stop,
+                log=lambda m: print(f"millwheel: {m}", file=sys.stderr, flush=True),
+            )  # fmt: skip
+        except KeyboardInterrupt:
+            stop.set()
+            raise
+
+
+@contextlib.contextmanager
+def _registry(url: str | None, secret_file: str | None) -> Iterator[Any]:
+    if url is None:
+        yield None  # the harness's own in-memory registry
+        return
+    client = open_client(url, secret_file)
+    try:
+        yield OnceRegistryAdapter(client)
+    finally:
+        client.close()
+
+
+def _verify(args: argparse.Namespace) -> int:
+    url = args.registry or next((m["registry"] for m in map(read_manifest, args.runs) if m and m.get("registry")), None)
+    if url is None:
+        msg = "no --registry URL, and the runs' manifests name none"
+        raise ValueError(msg)
+    with _registry(url, args.secret_file) as reg:
+        report = verify_runs(args.runs, reg, clear_tokens=not args.keep_tokens, dry_run=args.dry_run)
+    print(json.dumps(report_dict(report), indent=1) if args.json else report.text())
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    runs = [read_run(r) for r in args.runs]
+    union = RunResult(
+        [j for r in runs for j in r.joined], [u for r in runs for u in r.unjoinable], [d for r in runs[:1] for d in r.dead_letters], runs[0].metrics,
+    )  # fmt: skip
+    manifest = read_manifest(args.runs[0])
+    config = PhotonConfig(**manifest["config"]) if manifest else PhotonConfig()
+    report = evaluate(union, args.data_dir, load_truth(args.data_dir), config)
+    print(json.dumps(report, indent=1, default=str) if args.json else render(report))
+    return 0 if report["ok"] else 1
+
+
+_COMMANDS = {"generate": _generate, "run": _run, "verify": _verify, "evaluate": _evaluate}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="millwheel photon", description="Photon: clicks joined with their queries, exactly once across pipelines")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_gen = sub.add_parser("generate", help="write query and click logs and their ground truth")
+    p_gen.add_argument("out_dir")
+    for f in fields(GeneratorConfig):  # every setting is an option: --seed, --duration-s, ...
+        p_gen.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default, dest=f.name)
+    p_run = sub.add_parser("run", help="run one pipeline (harness or Spark) and evaluate it")
+    p_run.add_argument("data_dir", nargs="?", default=None, help="default: the default sample (generated if missing)")
+    p_run.add_argument("--backend", choices=["harness", "spark"], default="harness")
+    p_run.add_argument("--mode", choices=["continuous", "batch"], default="continuous", help="harness: paced or as fast as possible")
+    p_run.add_argument("--pipeline", default="dc1", help="this pipeline's name (its registry token)")
+    p_run.add_argument("--registry", default=None, help="URL of the shared IdRegistry (default: in memory / one started for the run)")
+    p_run.add_argument("--secret-file", default=None, help="the registry's secret (default: $MILLWHEEL_REGISTRY_SECRET, ...)")
+    p_run.add_argument("--checkpoint", default=None, help="spark: the pipeline's run directory (a restart resumes it)")
+    p_run.add_argument("--follow", action="store_true", help="spark: keep running once drained, serving re-injections")
+    p_run.add_argument("--live", action="store_true", help="spark: the logs keep growing (never drained)")
+    p_run.add_argument("--master", default="local[2]")
+    p_run.add_argument("--intervals", type=int, default=8)
+    p_run.add_argument("--trigger-ms", type=int, default=0)
+    p_run.add_argument("--timeout", type=float, default=None)
+    for f in fields(PhotonConfig):
+        kind = type(f.default)
+        if kind is bool:
+            p_run.add_argument(f"--{f.name.replace('_', '-')}", type=lambda s: s.lower() in ("1", "true", "yes"), default=f.default, dest=f.name)
+        else:
+            p_run.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default, dest=f.name)
+    p_ver = sub.add_parser("verify", help="check registered clicks against the outputs; recover lost ones (§3.3.3)")
+    p_ver.add_argument("runs", nargs="+", help="the pipelines' run directories")
+    p_ver.add_argument("--registry", default=None, help="default: the one the runs' manifests name")
+    p_ver.add_argument("--secret-file", default=None)
+    p_ver.add_argument("--dry-run", action="store_true", help="report only: clear nothing, re-inject nothing")
+    p_ver.add_argument("--keep-tokens", action="store_true", help="do not clear the tokens of clicks safely in the output")
+    p_ver.add_argument("--json", action="store_true")
+    p_eval = sub.add_parser("evaluate", help="evaluate the union of runs' outputs against a batch join of the logs")
+    p_eval.add_argument("data_dir")
+    p_eval.add_argument("runs", nargs="+")
+    p_eval.add_argument("--json", action="store_true")
+    return parser
+
