@@ -156,15 +156,17 @@ class LocalEtcdCluster:
                 out.append(f"--- {name}\n" + (self.base_dir / f"{name}.log").read_text(errors="replace")[-1500:])
         return "\n".join(out)
 
-    def stop(self) -> None:
-        """Stop every member (SIGTERM, then SIGKILL)."""
+    def stop(self, timeout: float = 3.0) -> None:
+        """Stop every member: SIGTERM, then SIGKILL after ``timeout`` seconds (a member that lost
+        its peers may spend long trying to hand its leadership over)."""
         for process in self.processes:
             if process is not None and process.poll() is None:
                 process.terminate()
+        deadline = time.monotonic() + timeout
         for i, process in enumerate(self.processes):
             if process is not None:
                 try:
-                    process.wait(10)
+                    process.wait(max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     self.kill(i)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up millwheel on a fresh machine: Java (for Spark) if missing, a virtualenv in .venv
 # with the package and its pinned dependencies. With --test, also the test tools and
-# Debian's Chromium (for the dashboard's browser test).
+# Debian's Chromium (for the dashboard's browser test) and etcd (the IdRegistry's replicated backend).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,6 +27,10 @@ fi
 if [[ $want_test -eq 1 ]] && ! command -v chromium >/dev/null 2>&1; then
     echo "setup: installing Chromium for the dashboard test"
     apt_install chromium || echo "setup: chromium not installed; browser tests will be skipped" >&2
+fi
+if [[ $want_test -eq 1 ]] && ! command -v etcd >/dev/null 2>&1; then
+    echo "setup: installing etcd for the IdRegistry's replicated backend tests"
+    apt_install etcd-server || echo "setup: etcd not installed; the registry's etcd tests will be skipped" >&2
 fi
 
 PY=${PYTHON:-python3}
