@@ -164,10 +164,10 @@ def _run(
                 say(f"watermark authority and its lag dashboard at {link} (pass --authority {url} to a second driver)")
             if metrics_server:
                 say(f"metrics (Prometheus) at {metrics_server.url}")
-            say(f"starting Spark ({master or 'as spark-submit set it'}){' with its UI' if ui else ''}...")
+            say(f"starting Spark ({master or 'as spark-submit set it'})...")
             t0 = time.perf_counter()
-            spark = spark_session(master, shuffle_partitions=args.shuffle_partitions, ui=ui)
-            where = ui_url(spark) if ui else None
+            spark = spark_session(master, shuffle_partitions=args.shuffle_partitions, ui=ui, conf=_worker_env(topology))
+            where = ui_url(spark)
             say(f"Spark {spark.version} up in {time.perf_counter() - t0:.1f}s on {spark.sparkContext.master}" + (f"; Spark UI at {where}" if where else ""))
             settings = RuntimeSettings(
                 intervals=args.intervals, master=spark.sparkContext.master, trigger_ms=args.trigger_ms, drain=args.drain,
@@ -201,6 +201,17 @@ def _run(
         if metrics_server is not None:
             metrics_server.stop()
     return 0
+
+
+def _worker_env(topology: Topology) -> dict[str, str]:
+    """Ship the topology's code before the JVM starts (local workers inherit ``PYTHONPATH``), and
+    put the same import path in the executors' environment: a standalone worker's executors get
+    the worker's environment, not the driver's (``_usercode.ship_user_code``)."""
+    from millwheel.runtime._usercode import ship_user_code
+
+    ship_user_code(topology)
+    path = os.environ.get("PYTHONPATH", "")
+    return {"spark.executorEnv.PYTHONPATH": path} if path else {}
 
 
 def _save_finished(root: str, topology: Topology, only: tuple[str, ...], snapshot: Snapshot, metrics: dict[str, dict[str, int]], elapsed: float) -> None:

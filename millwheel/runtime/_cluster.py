@@ -60,7 +60,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _alive(pid: int, marker: str) -> bool:
-    """Is ``pid`` running and still the process we started (its command line names ``marker``)?"""
+    """Is ``pid`` running and still the process we started (its command line names ``marker``)?
+
+    An empty command line is a process between ``bin/spark-class`` and the ``exec`` of its
+    JVM: still ours.
+    """
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmd = f.read().decode(errors="replace")
@@ -68,7 +72,7 @@ def _alive(pid: int, marker: str) -> bool:
             zombie = f.read().split(") ", 1)[1][0] == "Z"
     except (OSError, IndexError):
         return False
-    return marker in cmd and not zombie
+    return (marker in cmd or not cmd) and not zombie
 
 
 def _children(pid: int) -> list[int]:
@@ -298,8 +302,13 @@ class StandaloneCluster:
         return "\n".join(lines)
 
 
+def launcher_path() -> str:
+    """The file ``spark-submit`` runs to run ``millwheel`` (``_launcher.py``)."""
+    return str(Path(__file__).with_name("_launcher.py").resolve())
+
+
 def cluster_main(argv: list[str]) -> int:
-    """``millwheel cluster up|down|status``: a Spark standalone cluster on this machine."""
+    """``millwheel cluster up|down|status|launcher``: a Spark standalone cluster on this machine."""
     p = argparse.ArgumentParser(prog="millwheel cluster", description="a Spark standalone cluster on this machine (loopback), from the installed pyspark")
     sub = p.add_subparsers(dest="action", required=True)
     up = sub.add_parser("up", help="start a master and workers; print the master URL")
@@ -309,10 +318,14 @@ def cluster_main(argv: list[str]) -> int:
     up.add_argument("--port", type=int, default=7077, help="master port (0: any free port)")
     up.add_argument("--ui-port", type=int, default=8080, help="master web UI port (0: any free port)")
     up.add_argument("--timeout", type=float, default=120)
+    sub.add_parser("launcher", help="print the path of the Python file to give spark-submit (then: run T.py ...)")
     for s in (up, sub.add_parser("down", help="stop the cluster started from --dir"), sub.add_parser("status", help="the master and its workers")):
         s.add_argument("--dir", default=DEFAULT_DIR, help=f"the cluster directory: state, logs, work (default {DEFAULT_DIR})")
     args = p.parse_args(argv)
     try:
+        if args.action == "launcher":
+            print(launcher_path())
+            return 0
         if args.action == "up":
             if args.workers < 1 or args.cores < 1:
                 msg = f"--workers and --cores must be >= 1, got {args.workers} and {args.cores}"

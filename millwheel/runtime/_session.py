@@ -121,8 +121,9 @@ def loopback_master(master: str | None) -> bool:
 
 def log4j2_file(level: str) -> str:
     """Write (once) the driver's log4j2 configuration for ``level``; returns its path."""
-    # the shell's logger at the root's level: else Spark prints "Setting default log level to WARN"
-    loggers = ["logger.repl.name = org.apache.spark.repl.Main", f"logger.repl.level = {level.lower()}"]
+    # PySpark's gateway logs as a shell: unless its logger is configured at the root's level,
+    # Spark prints "Setting default log level to WARN" and lets WARN through
+    loggers = ["logger.repl.name = org.apache.spark.api.python.PythonGatewayServer", f"logger.repl.level = {level.lower()}"]
     for i, name in enumerate(_NOISE_LOGGERS):
         loggers += [f"logger.noise{i}.name = {name}", f"logger.noise{i}.level = off"]
     if level.upper() in ("ERROR", "FATAL", "OFF"):
@@ -178,6 +179,12 @@ def spark_session(
         java_options = f"-Dlog4j2.configurationFile=file:{log4j2_file(level)}"
         extra = (conf or {}).get("spark.driver.extraJavaOptions")
         settings["spark.driver.extraJavaOptions"] = f"{extra} {java_options}" if extra else java_options
+    else:  # spark-submit's --conf and spark-defaults.conf win over these defaults; the JVM's memory is set
+        from pyspark import SparkConf, SparkContext
+
+        SparkContext._ensure_initialized()  # the gateway spark-submit started: its conf is the JVM's
+        given = {k for k, _ in SparkConf().getAll()}
+        settings = {k: v for k, v in settings.items() if k not in given and k != "spark.driver.memory"}
     settings.update({k: v for k, v in (conf or {}).items() if k != "spark.driver.extraJavaOptions"})
     builder = SparkSession.builder.appName(app_name)
     if master is not None and not submitted:

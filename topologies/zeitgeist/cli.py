@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "generate":
         started = time.perf_counter()
-        truth = generate(args.out_dir, GeneratorConfig(**{f.name: getattr(args, f.name) for f in fields(GeneratorConfig)}))
+        cfg = GeneratorConfig(**{f.name: getattr(args, f.name) for f in fields(GeneratorConfig)})
+        truth = _with_progress(lambda: generate(args.out_dir, cfg), Path(args.out_dir) / "logs", -(-cfg.duration_s * 1_000 // cfg.file_ms))
         print(
             f"wrote {truth['lines']} lines ({truth['events']} events, {truth['duplicates_injected']} duplicates, "
             f"{truth['late_injected']} late, {truth['malformed_injected']} malformed) in {len(truth['files'])} files, "
@@ -60,6 +63,27 @@ def main(argv: list[str] | None = None) -> int:
     report = evaluate(result, load_truth(args.data_dir), tolerance_ms=args.tolerance_ms)
     print(json.dumps(report, default=str, indent=1) if args.json else render(report))
     return 0
+
+
+def _with_progress(work: Callable[[], Any], logs: Path, expected: int) -> Any:
+    """``work()``; on a terminal, one progress line (log files written so far) redrawn while it runs."""
+    if not sys.stderr.isatty():
+        return work()
+    done, started = threading.Event(), time.perf_counter()
+
+    def show() -> None:
+        while not done.wait(0.2):
+            n = len(list(logs.glob("queries_*.jsonl"))) if logs.is_dir() else 0
+            print(f"\rgenerating: {min(n, expected)}/{expected} files, {time.perf_counter() - started:.1f}s", end="", file=sys.stderr, flush=True)
+        print("\r\x1b[K", end="", file=sys.stderr, flush=True)
+
+    ticker = threading.Thread(target=show, daemon=True)
+    ticker.start()
+    try:
+        return work()
+    finally:
+        done.set()
+        ticker.join()
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,0 +1,120 @@
+"""The live status of ``millwheel run``: snapshots, the table, the log line, the displays."""
+
+from __future__ import annotations
+
+import io
+
+from millwheel import MAX_TIMESTAMP, MIN_TIMESTAMP
+from millwheel.runtime._status import (
+    LiveTable,
+    LogLines,
+    Row,
+    Sampler,
+    Silent,
+    Snapshot,
+    compact_line,
+    display_for,
+    table_lines,
+)
+
+T0 = 1_700_000_000_000
+
+
+class FakeRuntime:
+    """What the sampler reads: ``status()``, and queries without Spark progress."""
+
+    def __init__(self) -> None:
+        self.computations: dict = {}
+        self.injectors: dict = {}
+        self.rows = {
+            "queries": {"kind": "injector", "records_out": 100, "dead_letters": 2, "low_watermark": T0},
+            "Counter": {"kind": "computation", "records_in": 90, "productions": 9, "dead_letters": 0,
+                        "duplicates": 4, "late": 1, "timers_fired": 9, "low_watermark": T0 - 3_000, "batches": 5},
+        }  # fmt: skip
+
+    def status(self):
+        return {k: dict(v) for k, v in self.rows.items()}
+
+
+def test_rates_lags_and_counts_come_from_the_runtime_status():
+    rt = FakeRuntime()
+    sampler = Sampler(rt)
+    first = sampler.sample()
+    rows = {r.name: r for r in first.rows}
+    assert rows["Counter"].in_rate is None  # no earlier snapshot
+    assert rows["Counter"].event_lag_ms == 3_000  # lowest injector watermark - computation watermark
+    assert rows["queries"].event_lag_ms is None
+    assert rows["Counter"].lag_ms is not None and rows["Counter"].lag_ms > 0
+    rt.rows["Counter"]["records_in"] = 190
+    rt.rows["queries"]["records_out"] = 300
+    rows = {r.name: r for r in sampler.sample().rows}
+    assert rows["Counter"].in_rate > 0 and rows["queries"].out_rate > 0
+    assert rows["Counter"].duplicates == 4 and rows["Counter"].late == 1
+
+
+def test_lags_are_unknown_before_anything_is_known_and_after_the_end():
+    rt = FakeRuntime()
+    rt.rows["queries"]["low_watermark"] = MAX_TIMESTAMP
+    rt.rows["Counter"]["low_watermark"] = MIN_TIMESTAMP
+    rows = {r.name: r for r in Sampler(rt).sample().rows}
+    assert rows["Counter"].lag_ms is None and rows["Counter"].event_lag_ms is None
+    assert rows["queries"].lag_ms is None
+
+
+def test_the_table_shows_duplicates_late_records_dates_and_warnings():
+    rt = FakeRuntime()
+    rt.rows["queries"]["warning"] = "injector queries: low watermark unchanged for 61s, held by 'a.jsonl'"
+    lines = table_lines(Sampler(rt).sample())
+    header = lines[0]
+    for title in ("late", "dup", "dead", "low watermark (UTC)", "lag", "lag (inputs)"):
+        assert title in header
+    counter = next(line for line in lines if line.startswith("Counter"))
+    assert "2023-11-14 22:13:17" in counter  # a date, not just a time of day
+    assert " 4 " in counter and " 1 " in counter and "3.0s" in counter
+    assert lines[-1].startswith("warning: injector queries: low watermark unchanged")
+
+
+def test_a_replay_of_old_data_lags_days_behind_wall_time_but_seconds_behind_its_inputs():
+    snap = Snapshot(10.0, T0 + 95_000_000_000, (Row("C", "computation", 1, 0, 0, 0, 0, T0, lag_ms=95_000_000_000, event_lag_ms=2_500),))
+    line = table_lines(snap)[1]
+    assert "1099.5d" in line and "2.5s" in line
+
+
+def test_the_log_line_is_one_compact_line_with_only_nonzero_problems():
+    rt = FakeRuntime()
+    line = compact_line(Sampler(rt).sample())
+    assert "\n" not in line
+    assert "queries out=100" in line and "dead=2" in line
+    assert "Counter in=90 out=9 lag_in=3.0s dup=4 late=1" in line
+
+
+def test_the_live_table_is_redrawn_in_place():
+    out = io.StringIO()
+    table = LiveTable(out, title="demo")
+    sampler = Sampler(FakeRuntime())
+    table.show(sampler.sample())
+    first = out.getvalue()
+    assert first.startswith("\r\x1b[J") and "demo" in first
+    drawn = first.count("\n")
+    table.show(sampler.sample())
+    second = out.getvalue()[len(first):]
+    assert second.startswith(f"\x1b[{drawn}F\x1b[J")  # back to the table's first line, clear, redraw
+    table.message("millwheel: a restart")
+    third = out.getvalue()[len(first) + len(second):]
+    assert third.startswith(f"\x1b[{drawn}F\x1b[J") and "millwheel: a restart\n" in third
+    assert third.index("millwheel: a restart") < third.index("demo")  # the table follows the message
+
+
+def test_log_lines_print_a_warning_once_and_quiet_prints_nothing():
+    out = io.StringIO()
+    display = LogLines(out)
+    rt = FakeRuntime()
+    rt.rows["queries"]["warning"] = "stalled"
+    sampler = Sampler(rt)
+    display.show(sampler.sample())
+    display.show(sampler.sample())
+    assert out.getvalue().count("warning: stalled") == 1
+    assert out.getvalue().count("queries out=100") == 2
+    assert isinstance(display_for(quiet=True), Silent)
+    assert isinstance(display_for(quiet=False, out=io.StringIO()), LogLines)  # not a terminal
+    assert isinstance(display_for(quiet=False, out=io.StringIO(), interactive=True), LiveTable)
