@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import msgpack  # type: ignore[import-untyped]
+from xxhash import xxh3_64_intdigest
 
 from id_registry._backend import Backend, MemoryBackend, MetaChangedError, NewEntry, Replace
 from id_registry._errors import GcBackwardsError, InvalidRequestError, ReshardError
@@ -166,6 +167,7 @@ class Registry:
             msg = "the registry's store did not keep its metadata"
             raise RuntimeError(msg)
         self.meta: Meta = meta
+        self._pack = msgpack.Packer().pack  # one per registry: a Packer is not thread-safe
 
     def _retrying(self, fn: Callable[[Meta], T]) -> T:
         """``fn(meta)``, again with fresh metadata each time another server changed it meanwhile."""
@@ -194,38 +196,41 @@ class Registry:
         configs = meta.shards.configs
         single = configs[0].shard_count if len(configs) == 1 else 0
         config_at = meta.shards.config_at
-        results: list[CommitResult | None] = [None] * len(items)
-        first: dict[str, int] = {}
+        pack = self._pack
+        first: dict[str, int] = {}  # id -> position of its first item: the one that decides (§2.2.1)
         entries: list[NewEntry] = []
+        append = entries.append
         too_old = 0
         for i, (event_id, token, t) in enumerate(items):
             if t < gc:
-                results[i] = TOO_OLD
                 too_old += 1
                 continue
             if event_id in first:
                 continue
             first[event_id] = i
             b = event_id.encode()
-            shard = shard_hash(b) % (single or config_at(t).shard_count)
-            entries.append((b"e/%d/%s" % (shard, b), b"g/%016x/%d/%s" % (t + _OFFSET, shard, b), _packb((token, t))))
+            shard = xxh3_64_intdigest(b) % (single or config_at(t).shard_count)
+            append((b"e/%d/%s" % (shard, b), b"g/%016x/%d/%s" % (t + _OFFSET, shard, b), pack((token, t))))
         stored = self.backend.insert_if_absent(entries, meta) if entries else []
+        new = stored.count(None)
+        if new == len(items):  # the common case: every id new, once, in time
+            self.stats.record_group(len(items), new, 0, 0, 0)
+            return [COMMITTED] * len(items)
         holders: dict[str, str | None] = {}
-        new = repeated = conflicts = 0
         for (event_id, i), old in zip(first.items(), stored, strict=True):
             holders[event_id] = items[i][1] if old is None else _unpackb(old)[0]
-            new += old is None
-        for i, (event_id, token, _) in enumerate(items):
-            if results[i] is None:
-                holder = holders[event_id]
-                if holder == token:
-                    results[i] = COMMITTED
-                else:
-                    results[i] = CommitResult(Status.CONFLICT, holder)
-                    conflicts += 1
-        repeated = len(items) - too_old - conflicts - new
-        self.stats.record_group(len(items), new, repeated, conflicts, too_old)
-        return results  # type: ignore[return-value]  # every slot is filled
+        results: list[CommitResult] = []
+        conflicts = 0
+        for event_id, token, t in items:
+            if t < gc:
+                results.append(TOO_OLD)
+            elif holders[event_id] == token:
+                results.append(COMMITTED)
+            else:
+                results.append(CommitResult(Status.CONFLICT, holders[event_id]))
+                conflicts += 1
+        self.stats.record_group(len(items), new, len(items) - too_old - conflicts - new, conflicts, too_old)
+        return results
 
     # ------------------------------------------------------------------ lookups (§3.2, §3.3.3)
     def lookup_many(self, ids: Sequence[str]) -> list[LookupResult]:

@@ -35,7 +35,14 @@ from starlette.routing import Route
 
 from id_registry._core import Registry
 from id_registry._errors import InvalidRequestError, ThrottledError
-from id_registry._model import ClearResult, CommitResult, LookupResult, check_items, check_time
+from id_registry._model import (
+    COMMITTED,
+    ClearResult,
+    CommitResult,
+    LookupResult,
+    check_items,
+    check_time,
+)
 from id_registry._worker import RegistryWorker
 from id_registry.client import SECRET_ENV, SECRET_FILE_ENV, SECRET_FILE_NAME
 from servicekit import ConfigurationError, Secret, check_fields, load_secret, parse_json
@@ -85,11 +92,17 @@ def _body(raw: bytes, path: str, fields: dict[str, bool]) -> dict[str, Any]:
 
 
 def _json(data: Any) -> Response:
-    return Response(json.dumps(data, separators=(",", ":")), media_type="application/json")
+    """``data`` as JSON; a ``str`` is JSON already."""
+    return Response(data if isinstance(data, str) else json.dumps(data, separators=(",", ":")), media_type="application/json")
 
 
-def encode_commit(results: Sequence[CommitResult]) -> list[list[Any]]:
-    return [[r.status.value, r.holder] for r in results]
+_COMMITTED_JSON = json.dumps([COMMITTED.status.value, None], separators=(",", ":"))
+
+
+def encode_commit(results: Sequence[CommitResult]) -> str:
+    """``{"results": [[status, holder], ...]}``, the common answer pasted in as is."""
+    parts = [_COMMITTED_JSON if r is COMMITTED else json.dumps([r.status.value, r.holder]) for r in results]
+    return '{"results":[' + ",".join(parts) + "]}"
 
 
 def encode_lookup(results: Sequence[LookupResult]) -> list[list[Any]]:
@@ -135,6 +148,8 @@ def create_app(worker: RegistryWorker, *, guard: Guard, parsers: int = 2) -> Sta
                     in_progress[0] -= 1
             except ThrottledError as exc:
                 return throttled_response(exc)
+            if isinstance(data, str):  # encoded already
+                return _json(data)
             return await off_loop(lambda: _json(data))
 
         return json_endpoint(endpoint, logger=log)
@@ -142,7 +157,7 @@ def create_app(worker: RegistryWorker, *, guard: Guard, parsers: int = 2) -> Sta
     async def commit(body: dict[str, Any]) -> Any:
         items = await off_loop(lambda: check_items(body["items"]))
         results = await asyncio.wrap_future(worker.submit_commit(items))
-        return {"results": encode_commit(results)}
+        return await off_loop(lambda: encode_commit(results))
 
     async def lookup(body: dict[str, Any]) -> Any:
         results = await asyncio.wrap_future(worker.call(lambda: registry.lookup_many(body["ids"])))
