@@ -23,6 +23,8 @@ class DriverContext(Protocol):
     streams: FileStreamLog
     #: a watermark-authority client (``watermark_authority.client``)
     watermarks: Any
+    #: the run's audit trail (``_audit.AuditLog``)
+    audit: Any
 
     @property
     def spark(self) -> Any: ...

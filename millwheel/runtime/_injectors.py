@@ -25,6 +25,7 @@ from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel._sources import Source, SourceBatch
 from millwheel._topology import InjectorSpec
 from millwheel.runtime._context import DriverContext
+from millwheel.runtime._lease import Lease
 from millwheel.runtime._outbox import Outbox
 from millwheel.runtime._usercode import RestartPolicy
 
@@ -44,9 +45,12 @@ class SourceInjector:
         self.dead_letters = 0
         self._iter: Iterator[SourceBatch] | None = None
         self.finished = self.source is None
+        #: fences this injector's stream files and position against a zombie driver (``_lease.py``)
+        self.lease = Lease(rt.root.child("leases", f"injector.{self.name}"), f"injector {self.name!r}")
 
     def start(self) -> None:
         self.rt.root.child("injectors").mkdirs()
+        self.lease.acquire()
         text = self.state_file.read_text()
         if text:
             saved = json.loads(text)
@@ -97,7 +101,7 @@ class SourceInjector:
         return good, dead
 
     def check(self) -> None:
-        pass
+        self.lease.check()
 
     def stop(self) -> None:
         pass
@@ -122,6 +126,7 @@ class LogFileInjector:
             self.name, rt.root.child("outbox", f"injector.{self.name}"), self.checkpoint, rt.streams,
             strong=True, on_summary=lambda _n, _v: None, on_published=self._published,
             tally=rt.root.child("tallies", f"injector.{self.name}.json"),
+            lease=Lease(rt.root.child("leases", f"injector.{self.name}"), f"injector {self.name!r}"),
         )  # fmt: skip
         self.low_watermark = MIN_TIMESTAMP
         self.query: Any = None
@@ -167,6 +172,11 @@ class LogFileInjector:
     def start(self) -> None:
         from millwheel.runtime._logfiles import FORMAT, LogFileDataSource
 
+        lease = self.outbox.lease
+        if lease is not None and lease.epoch:
+            lease.check()  # a restart after a failure: only if no other driver took over
+        else:
+            lease.acquire()  # type: ignore[union-attr]
         self.outbox.recover()
         if self.outbox.published >= 0:
             self._published(self.outbox.published)
@@ -197,6 +207,7 @@ class LogFileInjector:
             self._warned = True
 
     def check(self) -> None:
+        self.outbox.fence()
         q = self.query
         if q is None or q.isActive or q.exception() is None:
             return

@@ -19,6 +19,12 @@ are deterministic, so a file is never published twice.
 Weak productions (§6.1.3) are renamed into the stream logs right in the sink, before the
 commit, under a per-attempt name: a replay may publish a second version, which is the
 documented cost of skipping the checkpoint.
+
+**Zombie drivers.** Each attempt stages its batch under its driver's lease epoch
+(``<batch id>/e<epoch>/``, see ``_lease.py``), checks the lease before staging, before
+returning (so a fenced attempt is never committed) and before publishing, and a batch is
+published from its newest epoch's version only; a batch at or below the last one
+published is never published again (a zombie's late copy of it is deleted).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from millwheel.runtime._fs import Location
+from millwheel.runtime._lease import Lease
 from millwheel.runtime._session import compact_interruption
 from millwheel.runtime._streams import FileStreamLog, file_name
 from millwheel.runtime._wire import SUMMARY_STREAM, IntervalSummary
@@ -67,6 +74,12 @@ def _numbers(loc: Location) -> list[int]:
         except ValueError:
             continue
     return sorted(out)
+
+
+def staged_version(batch: Location) -> Location | None:
+    """The version of a staged batch to publish: its newest epoch's (``e<epoch>``), or ``None``."""
+    epochs = [int(n[1:]) for n in batch.list() if n.startswith("e") and n[1:].isdigit()]
+    return batch.child(f"e{max(epochs)}") if epochs else None
 
 
 def part_stats(loc: Location) -> tuple[int, int | None]:
@@ -115,6 +128,7 @@ class Outbox:
         on_summary: Callable[[int, list[IntervalSummary]], None],
         on_published: Callable[[int], None] | None = None,
         tally: Location | None = None,
+        lease: Lease | None = None,
     ) -> None:
         self.name = name
         self.loc = root
@@ -135,11 +149,20 @@ class Outbox:
         self.tallied = -1
         #: (stream, file name) -> wall time it became visible, for latency measurements
         self.published_at: dict[tuple[str, str], float] = {}
+        #: who may write this outbox (``None``: no fencing, for tests that build one directly)
+        self.lease = lease
+
+    def fence(self) -> None:
+        """Raise :class:`~millwheel.runtime._lease.FencedError` if another driver took this query over."""
+        if self.lease is not None:
+            self.lease.check()
 
     # ---- the foreachBatch sink --------------------------------------------------------
     def sink(self, df: Any, batch_id: int) -> None:
         crash_point(self.name, "before_output", batch_id)
-        target = self.loc.child(str(batch_id))
+        self.fence()  # a fenced attempt stages nothing
+        epoch = self.lease.epoch if self.lease is not None else 0
+        target = self.loc.child(str(batch_id), f"e{epoch}")
         try:
             df.write.mode("overwrite").partitionBy("stream").parquet(target.uri)
         except Exception as exc:
@@ -151,6 +174,7 @@ class Outbox:
             d.startswith("stream=") and d != f"stream={SUMMARY_STREAM}" for d in target.list()
         )
         crash_point(self.name, "after_output", batch_id, has_data)
+        self.fence()  # raising here fails the batch: Spark does not commit it
         if not self.strong:
             with self.lock:
                 self._publish_data(batch_id, target, attempt=uuid.uuid4().hex[:8], count=True)
@@ -198,17 +222,27 @@ class Outbox:
             for n in staged:
                 if n not in committed:
                     break
+                if n <= self.published:
+                    self.loc.child(str(n)).delete()  # published already: a fenced attempt's late copy
+                    continue
+                self.fence()
                 crash_point(self.name, "before_publish", n)
                 self._publish(n)
                 done += 1
         return done
 
     def _publish(self, n: int) -> None:
-        batch = self.loc.child(str(n))
+        staged = self.loc.child(str(n))
+        batch = staged_version(staged)
         count = n > self.tallied  # not counted yet (a crash may have cut the last publication short)
+        summaries: list[IntervalSummary] = []
+        if batch is None:  # staged and committed, but its files are gone: nothing to publish
+            self.on_summary(n, summaries)
+            staged.delete()
+            self.published = max(self.published, n)
+            return
         self._publish_data(n, batch, attempt=None, count=count)
         summary = batch.child(f"stream={SUMMARY_STREAM}")
-        summaries: list[IntervalSummary] = []
         for part in sorted(summary.list()):
             if part.endswith(".parquet"):
                 loc = summary.child(part)
@@ -222,7 +256,7 @@ class Outbox:
         self.on_summary(n, summaries)
         if self.on_published is not None:
             self.on_published(n)
-        batch.delete()
+        staged.delete()
         self.published = max(self.published, n)
 
     def _publish_data(self, n: int, batch: Location, attempt: str | None, count: bool) -> None:

@@ -32,6 +32,7 @@ from millwheel._topology import ComputationSpec
 from millwheel.runtime._context import DriverContext
 from millwheel.runtime._fs import Location
 from millwheel.runtime._interval import IntervalStep, make_key_extractor
+from millwheel.runtime._lease import FencedError, Lease
 from millwheel.runtime._outbox import Outbox
 from millwheel.runtime._usercode import RestartPolicy
 from millwheel.runtime._wire import (
@@ -44,6 +45,7 @@ from millwheel.runtime._wire import (
     interval_name,
     to_spark,
 )
+from watermark_authority._errors import StaleTokenError
 
 _HB_SCHEMA = pa.schema([("interval", pa.int32()), ("wm", pa.int64()), ("now", pa.int64())])
 
@@ -121,6 +123,7 @@ class ComputationQuery:
             self.name, rt.root.child("outbox", self.name), self.checkpoint, rt.streams,
             strong=spec.options.strong_productions, on_summary=self._on_summary,
             tally=rt.root.child("tallies", f"{self.name}.json"),
+            lease=Lease(rt.root.child("leases", self.name), f"computation {self.name!r}"),
         )  # fmt: skip
         self.consumed = _Consumed(self.checkpoint)
         #: key interval -> its last summary; absent = not reported yet
@@ -140,6 +143,11 @@ class ComputationQuery:
     # ---- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
         self.heartbeats.mkdirs()
+        lease = self.outbox.lease
+        if lease is not None and lease.epoch:
+            lease.check()  # a restart after a failure: only if no other driver took over
+        else:
+            lease.acquire()  # type: ignore[union-attr]
         self.outbox.recover()
         self.summaries.clear()
         self._tokens = self.rt.watermarks.acquire_many(self.name, [interval_name(i) for i in range(self.intervals)])
@@ -194,7 +202,12 @@ class ComputationQuery:
         return writer
 
     def check(self) -> None:
-        """Restart the query from its checkpoint if it died (e.g. a Python worker was killed)."""
+        """Restart the query from its checkpoint if it died (e.g. a Python worker was killed).
+
+        First of all, :class:`~millwheel.runtime._lease.FencedError` if another driver took
+        this query over: a fenced driver stops, and never restarts a query (``_lease.py``).
+        """
+        self.outbox.fence()
         q = self.query
         if q is None or q.isActive:
             return
@@ -220,6 +233,10 @@ class ComputationQuery:
         for summary in summaries:
             self.summaries[summary.interval] = summary
             self.applied_watermark = max(self.applied_watermark, summary.low_watermark)
+        if summaries:
+            fired = sum(s.metrics.get("timers_fired", 0) for s in summaries)
+            lw = max(s.low_watermark for s in summaries)
+            self.rt.audit.batch(self.name, batch, lw, fired, self.outbox.lease.epoch if self.outbox.lease else 0)
 
     # ---- low watermark (§4.5) --------------------------------------------------------------
     def update_watermark(self, now: int) -> int:
@@ -246,8 +263,12 @@ class ComputationQuery:
             name = interval_name(i)
             reports.append((name, self._tokens[name], oldest))
         if reports:
-            wm.report_batch(self.name, reports)
-        self.low_watermark = wm.watermark(self.name)
+            try:
+                wm.report_batch(self.name, reports)
+            except StaleTokenError as exc:
+                msg = f"computation {self.name!r}: the watermark authority refused this driver's report, another driver owns its key intervals now ({exc}); this driver stops"
+                raise FencedError(msg) from exc
+        self.low_watermark = self.rt.watermark_of(self.name)
         self._heartbeat(in_lw, now)
         return self.low_watermark
 

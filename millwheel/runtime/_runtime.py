@@ -25,6 +25,7 @@ from millwheel._errors import MillwheelError
 from millwheel._logfile import LogFileSource
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Key, Record, decode_key
 from millwheel._topology import Topology
+from millwheel.runtime._audit import AuditLog
 from millwheel.runtime._fs import Location
 from millwheel.runtime._injectors import LogFileInjector, SourceInjector
 from millwheel.runtime._query import ComputationQuery
@@ -64,6 +65,8 @@ class SparkRuntime:
 
             watermarks = InProcessWatermarkClient()
         self.watermarks = watermarks
+        #: the audit trail a checker reads (``_audit.py``): published watermarks, batches
+        self.audit = AuditLog(self.root)
         self._log = log or (lambda msg: print(f"millwheel: {msg}", file=sys.stderr))
         #: called with "injector NAME" / "computation NAME" as each query starts (``millwheel run`` shows it)
         self._progress = progress or (lambda _what: None)
@@ -109,7 +112,7 @@ class SparkRuntime:
         return all(c.low_watermark >= low_watermark for c in self.computations.values())
 
     def watermark_of(self, name: str) -> int:
-        return self.watermarks.watermark(name)
+        return self.audit.watermark(name, self.watermarks.watermark)
 
     def log(self, msg: str) -> None:
         self._log(msg)

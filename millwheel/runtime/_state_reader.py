@@ -27,7 +27,7 @@ from millwheel._envelope import Envelope
 from millwheel._errors import MillwheelError
 from millwheel._record import Key, TimeDomain
 from millwheel.runtime._fs import Location
-from millwheel.runtime._outbox import _numbers
+from millwheel.runtime._outbox import _numbers, staged_version
 from millwheel.runtime._sinks import jsonable
 from millwheel.runtime._status import timestamp_text
 from millwheel.runtime._wire import SUMMARY_STREAM
@@ -109,7 +109,9 @@ def unpublished_output(root: Location, computation: str) -> dict[str, int]:
     for n in _numbers(outbox):
         if n not in committed:
             continue
-        batch = outbox.child(str(n))
+        batch = staged_version(outbox.child(str(n)))
+        if batch is None:
+            continue
         try:
             for sub in batch.list():
                 if not sub.startswith("stream=") or sub == f"stream={SUMMARY_STREAM}":

@@ -1,0 +1,254 @@
+"""A randomised fault campaign over the ledger topology, then the checker (``docs/reliability.md``).
+
+    from faults.campaign import Campaign
+    result = Campaign(workdir, records=100_000, faults=10, seed=7).run()
+    assert result.report.clean, result.report.text()
+
+One seed decides everything random: the input, the order of the fault classes, which query's
+progress each fault waits for and how many committed batches. It is printed first, so a
+failure reproduces with the same seed. Each fault waits for progress (committed batches),
+never for seconds. Fault classes (``CLASSES``):
+
+* ``driver`` — kill -9 of the driver and everything it started; a new driver resumes;
+* ``workers`` — kill -9 of Spark's Python workers; the driver restarts the failed query;
+* ``authority`` — kill -9 of ``millwheel authority serve``, restarted on the same port and
+  journal; the driver's client retries meanwhile;
+* ``zombie`` — SIGSTOP the driver's process tree, start a second driver on the same run
+  directory, let it commit, SIGCONT the first: it must stop, fenced, without a trace;
+* ``disk`` — fill the run directory's tmpfs: the driver stops with an error naming the
+  full disk; the ballast is deleted and a new driver resumes;
+* ``clock`` — the JVM's wall clock jumps an hour ahead (libfaketime), and later back.
+
+The executor-JVM kill needs a standalone cluster (``Campaign(cluster=True)``, used by the
+soak and ``tests/faults/test_executor.py``): every driver then runs with
+``--master spark://...`` and the ``executor`` class kills a worker's executor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from faults import inject
+from faults.check import Report, check_run
+from faults.driver import FENCED_EXIT
+from faults.ledger import write_input
+
+CLASSES = ("driver", "workers", "authority", "zombie", "disk", "clock")
+QUERIES = ("injector.queries", "LedgerWindow", "LedgerTally")
+
+
+@dataclass
+class Result:
+    seed: int
+    records: int
+    faults: Counter[str] = field(default_factory=Counter)
+    plan: list[str] = field(default_factory=list)
+    drivers: int = 0
+    elapsed_s: float = 0.0
+    report: Report | None = None
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def line(self) -> str:
+        clean = "clean" if self.report is not None and self.report.clean else "VIOLATIONS"
+        return (
+            f"seed {self.seed}: {self.records} records, {sum(self.faults.values())} faults {dict(self.faults)}, "
+            f"{self.drivers} drivers, {self.elapsed_s:.0f}s, checker {clean}"
+        )
+
+
+class Campaign:
+    """See the module docstring. ``workdir`` holds the input, the run directory and the logs."""
+
+    def __init__(
+        self,
+        workdir: Path | str,
+        *,
+        records: int = 100_000,
+        faults: int = 10,
+        seed: int = 0,
+        classes: tuple[str, ...] = CLASSES,
+        max_bytes: int = 150_000,
+        cluster: Any = None,
+        log: Callable[[str], None] = print,
+        disk_mb: int = 768,
+    ) -> None:
+        self.work = Path(workdir)
+        self.records = records
+        self.n_faults = faults
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.cluster = cluster
+        self.log = log
+        self.max_bytes = max_bytes
+        self.result = Result(seed, records)
+        self.classes = list(classes)
+        why = inject.SmallDisk.available() if "disk" in classes else None
+        if why:
+            self.classes.remove("disk")
+            self.result.skipped["disk"] = why
+        why = inject.ClockJump.available() if "clock" in classes else None
+        if why:
+            self.classes.remove("clock")
+            self.result.skipped["clock"] = why
+        if cluster is not None:
+            self.classes.append("executor")
+        self.data = self.work / "data"
+        self.disk = inject.SmallDisk(self.work / "disk", disk_mb) if "disk" in self.classes else None
+        self.root = (self.work / "disk" if self.disk else self.work) / "run"
+        self.driver_log = self.work / "driver.log"
+        self.clock = inject.ClockJump(self.work / "faketimerc") if "clock" in self.classes else None
+        self.authority = inject.AuthorityProcess(self.work / "authority")
+
+    # ---- the plan ----------------------------------------------------------------------------
+    def plan(self) -> list[str]:
+        """Every class at least once (when there is room), the rest at random, shuffled."""
+        plan = list(self.classes)[: self.n_faults]
+        while len(plan) < self.n_faults:
+            plan.append(self.rng.choice(self.classes))
+        self.rng.shuffle(plan)
+        return plan
+
+    # ---- drivers -------------------------------------------------------------------------------
+    def _start(self) -> Any:
+        extra = ["--authority", self.authority.url, "--max-bytes", str(self.max_bytes), "--per-trigger", "1"]
+        if self.clock is not None:
+            extra += ["--faketime", str(self.clock.path)]
+        if self.cluster is not None:
+            extra += ["--master", self.cluster.url]
+        self.result.drivers += 1
+        return inject.start_driver(self.root, self.data, *extra, env=self.authority.env(), log=self.driver_log)
+
+    def _progress(self, proc: Any) -> bool:
+        """Wait for a random query to commit 1-3 more batches; False if the driver ended first."""
+        query = self.rng.choice(QUERIES)
+        return inject.wait_for_progress(proc, self.root, query, self.rng.randint(1, 3), timeout=600)
+
+    def _tail(self) -> str:
+        return self.driver_log.read_text(errors="replace")[-3000:] if self.driver_log.exists() else ""
+
+    # ---- one fault -------------------------------------------------------------------------------
+    def _apply(self, what: str, proc: Any) -> Any:
+        """Inject ``what`` into the running driver ``proc``; return the driver running afterwards."""
+        if what == "driver":
+            inject.kill_tree(proc)
+            return self._start()
+        if what == "workers":
+            deadline = time.monotonic() + 60
+            while proc.poll() is None and time.monotonic() < deadline:
+                root = self.cluster.workers[0].pid if self.cluster is not None else proc.pid
+                killed = inject.kill_python_workers(root)
+                if self.cluster is not None:
+                    killed += sum(inject.kill_python_workers(w.pid) for w in self.cluster.workers[1:])
+                if killed:
+                    return proc
+                time.sleep(0.05)
+            return proc
+        if what == "executor":
+            inject.kill_executor(self.cluster, self.rng.randrange(len(self.cluster.workers)))
+            return proc
+        if what == "authority":
+            self.authority.restart()
+            return proc
+        if what == "clock":
+            self.clock.jump(3600 if self.clock.offset_s == 0 else -self.clock.offset_s)  # type: ignore[union-attr]
+            return proc
+        if what == "zombie":
+            return self._zombie(proc)
+        if what == "disk":
+            return self._disk(proc)
+        msg = f"unknown fault class {what!r}; known: {', '.join(CLASSES)}, executor"
+        raise ValueError(msg)
+
+    def _zombie(self, proc: Any) -> Any:
+        stopped = inject.pause(proc)
+        second = self._start()
+        try:
+            # the second driver takes over and publishes past the batch the first was in
+            inject.wait_for_progress(second, self.root, "LedgerWindow", 2, timeout=600)
+        finally:
+            inject.resume(stopped)
+        try:
+            rc = proc.wait(timeout=300)
+        except Exception:  # noqa: BLE001 - a zombie that does not stop is a failure of the fence
+            inject.kill_tree(proc)
+            msg = f"the zombie driver (pid {proc.pid}) did not stop within 300s after SIGCONT:\n{self._tail()}"
+            raise AssertionError(msg) from None
+        inject.kill_tree(proc)
+        if rc not in (FENCED_EXIT, 0):
+            msg = f"the zombie driver exited {rc}, not fenced ({FENCED_EXIT}):\n{self._tail()}"
+            raise AssertionError(msg)
+        self.result.faults["zombie_fenced" if rc == FENCED_EXIT else "zombie_finished_first"] += 0
+        return second
+
+    def _disk(self, proc: Any) -> Any:
+        assert self.disk is not None
+        self.disk.fill()
+        try:
+            rc = proc.wait(timeout=600)
+        except Exception:  # noqa: BLE001
+            inject.kill_tree(proc)
+            msg = f"the driver did not stop within 600s on a full disk:\n{self._tail()}"
+            raise AssertionError(msg) from None
+        inject.kill_tree(proc)
+        tail = self._tail()
+        if rc != 0 and "DISK FULL" not in tail:
+            msg = f"the driver stopped on a full disk (exit {rc}) without saying so:\n{tail}"
+            raise AssertionError(msg)
+        self.disk.free()
+        return self._start()
+
+    # ---- the campaign ------------------------------------------------------------------------------
+    def run(self) -> Result:
+        started = time.monotonic()
+        self.log(f"fault campaign: seed {self.seed}, {self.records} records, {self.n_faults} faults over {self.classes}"
+                 + (f"; skipped: {self.result.skipped}" if self.result.skipped else ""))  # fmt: skip
+        self.work.mkdir(parents=True, exist_ok=True)
+        write_input(self.data, self.records, seed=self.seed)
+        plan = self.result.plan = self.plan()
+        if self.disk is not None:
+            self.disk.mount()
+        self.authority.start()
+        proc = None
+        try:
+            proc = self._start()
+            for what in plan:
+                if proc.poll() is not None:
+                    break  # drained before every fault landed: the result says how many did
+                if not self._progress(proc):
+                    break
+                self.log(f"  fault {sum(self.result.faults.values()) + 1}: {what}")
+                proc = self._apply(what, proc)
+                self.result.faults[what] += 1
+            proc = self._finish(proc)
+        finally:
+            if proc is not None:
+                inject.kill_tree(proc)
+            self.authority.stop()
+        self.result.report = check_run(str(self.root), str(self.data), authority_dir=self.authority.data_dir)
+        self.result.elapsed_s = time.monotonic() - started
+        self.log(self.result.line())
+        if self.disk is not None:
+            with contextlib.suppress(Exception):
+                self.disk.unmount()
+        return self.result
+
+    def _finish(self, proc: Any) -> Any:
+        """Run drivers until one drains; a driver that died of a fault is replaced."""
+        for _ in range(5):
+            rc = proc.wait(timeout=1800)
+            if rc == 0:
+                return proc
+            self.log(f"  driver exited {rc}; starting another")
+            inject.kill_tree(proc)
+            if self.disk is not None:
+                self.disk.free()
+            proc = self._start()
+        msg = f"no driver drained after 5 restarts:\n{self._tail()}"
+        raise AssertionError(msg)

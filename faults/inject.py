@@ -1,0 +1,343 @@
+"""The faults, each a small reusable helper (pytest fixtures wrap them in ``tests/faults/conftest.py``).
+
+Kill points are chosen by *progress* — a number of committed micro-batches of a query,
+read from its checkpoint (:func:`wait_for_progress`) — never by seconds, so a fault means
+the same on a fast and on a loaded machine.
+
+========================  ==================================================================
+fault                     helper
+========================  ==================================================================
+kill -9 of the driver     :func:`kill_tree` on a :func:`start_driver` process (its JVM and
+                          Python workers go with it, as with a lost machine)
+kill -9 of Python workers :func:`kill_python_workers`: the workers of ``pyspark.daemon``
+kill -9 of an executor    :func:`kill_executor`: the ``CoarseGrainedExecutorBackend`` JVM of a
+                          standalone cluster's worker (``millwheel cluster``); the worker
+                          starts a new one
+kill -9 of the authority  :class:`AuthorityProcess`: ``millwheel authority serve`` in a
+                          subprocess, killed and restarted on the same port and journal
+zombie driver             :func:`pause` (SIGSTOP of the driver's whole process tree), a
+                          second driver on the same run directory, :func:`resume` (SIGCONT)
+full disk                 :class:`SmallDisk`: the run directory on a tmpfs of a few hundred
+                          MB; :meth:`SmallDisk.fill` writes a ballast file until ENOSPC,
+                          :meth:`SmallDisk.free` deletes it
+wall-clock jump           :class:`ClockJump`: the JVM runs under Debian's libfaketime, whose
+                          offset file this rewrites (``+3600s``: an hour ahead)
+========================  ==================================================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# ---- processes --------------------------------------------------------------------------------
+
+
+def processes() -> list[tuple[int, int, str]]:
+    """``(pid, parent pid, command line)`` of every process, from ``/proc``."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            out.append((int(d), ppid, cmd))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def descendants(root: int) -> list[tuple[int, int, str]]:
+    """Every process below ``root`` (Spark's Python workers leave the process group)."""
+    children: dict[int, list[tuple[int, int, str]]] = {}
+    for p in processes():
+        children.setdefault(p[1], []).append(p)
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child[0])
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """kill -9 a process, then everything it started (the JVM, the Python workers)."""
+    family = [pid for pid, _, _ in descendants(proc.pid)]
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pid in family:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while any(alive(pid) for pid in family) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def python_workers(root: int) -> list[int]:
+    """Pids of the Spark Python workers forked by a ``pyspark.daemon`` below ``root``."""
+    members = descendants(root)
+    daemons = {pid for pid, _, cmd in members if "pyspark.daemon" in cmd}
+    return [pid for pid, ppid, _ in members if ppid in daemons]
+
+
+def kill_python_workers(root: int) -> int:
+    """kill -9 the Spark Python workers below ``root`` alive right now; how many were killed."""
+    killed = 0
+    for pid in python_workers(root):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+    return killed
+
+
+def kill_executor(cluster: object, index: int = 0) -> int | None:
+    """kill -9 the executor JVM of worker ``index`` of a ``millwheel cluster`` (its pid, or ``None``)."""
+    from millwheel.runtime._cluster import EXECUTOR_CLASS
+
+    worker = cluster.workers[index]  # type: ignore[attr-defined]
+    for pid, _, cmd in descendants(worker.pid):
+        if EXECUTOR_CLASS in cmd:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                return pid
+    return None
+
+
+def pause(proc: subprocess.Popen[bytes]) -> list[int]:
+    """SIGSTOP a driver and its whole tree (JVM, workers): a zombie-to-be. Returns the pids stopped."""
+    family = [proc.pid, *(pid for pid, _, _ in descendants(proc.pid))]
+    for pid in family:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    return family
+
+
+def resume(pids: list[int]) -> None:
+    """SIGCONT what :func:`pause` stopped."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+# ---- progress ------------------------------------------------------------------------------------
+
+
+def committed_batches(root: Path | str, query: str) -> int:
+    """How many micro-batches of ``query`` (a computation, or ``injector.<name>``) have committed."""
+    commits = Path(root) / "checkpoints" / query / "commits"
+    if not commits.is_dir():
+        return 0
+    return sum(1 for n in os.listdir(commits) if n.isdigit())
+
+
+def wait_for_progress(proc: subprocess.Popen[bytes], root: Path | str, query: str, batches: int, timeout: float = 300) -> bool:
+    """Wait until ``batches`` more batches of ``query`` committed; ``False`` if ``proc`` ended first."""
+    target = committed_batches(root, query) + batches
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        if committed_batches(root, query) >= target:
+            return True
+        time.sleep(0.05)
+    msg = f"{query} did not commit {batches} more batches within {timeout}s (is the machine overloaded? see the driver's log)"
+    raise TimeoutError(msg)
+
+
+# ---- the driver ---------------------------------------------------------------------------------
+
+
+def start_driver(root: Path | str, data: Path | str, *extra: str, env: dict[str, str] | None = None, log: Path | str | None = None) -> subprocess.Popen[bytes]:
+    """``python -m faults.driver ROOT DATA EXTRA...`` in its own session, output appended to ``log``."""
+    e = dict(os.environ)
+    e.update(env or {})
+    e["PYSPARK_PYTHON"] = sys.executable
+    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - the child keeps it
+    return subprocess.Popen(
+        [sys.executable, "-m", "faults.driver", str(root), str(data), *extra],
+        env=e, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+
+
+# ---- the watermark authority ------------------------------------------------------------------
+
+
+class AuthorityProcess:
+    """``millwheel authority serve`` as a subprocess, on a fixed port and journal, that can be killed -9 and restarted."""
+
+    def __init__(self, data_dir: Path | str, port: int | None = None) -> None:
+        from millwheel.runtime._cluster import free_port
+
+        self.data_dir = str(data_dir)
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.kills = 0
+
+    @property
+    def secret_file(self) -> str:
+        return os.path.join(self.data_dir, "secret")
+
+    def start(self, timeout: float = 60) -> AuthorityProcess:
+        from watermark_authority.client import HttpWatermarkClient
+
+        os.makedirs(self.data_dir, exist_ok=True)
+        log = open(os.path.join(self.data_dir, "authority.log"), "ab")  # noqa: SIM115 - the child keeps it
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "watermark_authority", "serve", "--port", str(self.port), "--data-dir", self.data_dir],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        with HttpWatermarkClient(self.url, retries=0) as probe:
+            while not probe.healthy():
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    tail = Path(self.data_dir, "authority.log").read_text(errors="replace")[-2000:]
+                    msg = f"the watermark authority on port {self.port} did not start:\n{tail}"
+                    raise RuntimeError(msg)
+                time.sleep(0.05)
+        return self
+
+    def kill9(self) -> None:
+        """kill -9: the journal is all that survives."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+            self.kills += 1
+
+    def restart(self) -> None:
+        self.kill9()
+        self.start()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def env(self) -> dict[str, str]:
+        """What a driver needs to write to this authority: where its secret is."""
+        return {"MILLWHEEL_AUTHORITY_SECRET_FILE": self.secret_file}
+
+
+# ---- a full disk -----------------------------------------------------------------------------------
+
+
+class SmallDisk:
+    """A tmpfs of ``size_mb`` at ``path`` (needs root and ``mount``); :meth:`fill` makes it full."""
+
+    def __init__(self, path: Path | str, size_mb: int = 512) -> None:
+        self.path = Path(path)
+        self.size_mb = size_mb
+        self.ballast = self.path / ".ballast"
+        self.mounted = False
+
+    @staticmethod
+    def available() -> str | None:
+        """``None`` if a tmpfs can be mounted here, else why not."""
+        probe = Path(tempfile.mkdtemp(prefix="millwheel-tmpfs-probe-"))
+        try:
+            r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(probe)], capture_output=True, text=True, check=False)
+            if r.returncode != 0:
+                return f"cannot mount a tmpfs ({r.stderr.strip() or r.returncode}): the full-disk fault needs root"
+            subprocess.run(["umount", str(probe)], check=False)
+            return None
+        except OSError as exc:
+            return f"cannot run mount: {exc}"
+        finally:
+            with contextlib.suppress(OSError):
+                probe.rmdir()
+
+    def mount(self) -> SmallDisk:
+        self.path.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.size_mb}m", "tmpfs", str(self.path)], check=True, capture_output=True)
+        self.mounted = True
+        return self
+
+    def fill(self) -> int:
+        """Write a ballast file until the device is full; returns its size in bytes."""
+        chunk = b"\0" * (1 << 20)
+        written = 0
+        with open(self.ballast, "ab") as f:
+            try:
+                while True:
+                    f.write(chunk)
+                    f.flush()
+                    written += len(chunk)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+        # fill the last partial MB too
+        with contextlib.suppress(OSError), open(self.ballast, "ab") as f:
+            for _ in range(1 << 10):
+                f.write(b"\0" * 1024)
+                f.flush()
+        return written
+
+    def free(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.ballast.unlink()
+
+    def used_mb(self) -> float:
+        st = os.statvfs(self.path)
+        return (st.f_blocks - st.f_bfree) * st.f_frsize / 2**20
+
+    def unmount(self) -> None:
+        if self.mounted:
+            subprocess.run(["umount", "-l", str(self.path)], check=False, capture_output=True)
+            self.mounted = False
+
+
+# ---- a wall clock that jumps -------------------------------------------------------------------------
+
+
+class ClockJump:
+    """The offset file of libfaketime for a driver's JVM (``faults.driver --faketime FILE``)."""
+
+    LIBRARY = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.offset_s = 0
+        self.jumps = 0
+        self.set(0)
+
+    @classmethod
+    def available(cls) -> str | None:
+        return None if os.path.exists(cls.LIBRARY) else f"{cls.LIBRARY} is missing: apt-get install faketime"
+
+    def set(self, offset_s: int) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(f"{offset_s:+d}s\n")
+        tmp.replace(self.path)
+        if offset_s != self.offset_s:
+            self.jumps += 1
+        self.offset_s = offset_s
+
+    def jump(self, by_s: int) -> None:
+        """Move the JVM's wall clock by ``by_s`` seconds (forward or back); seen within a second."""
+        self.set(self.offset_s + by_s)
