@@ -21,6 +21,17 @@
     return text !== null && Number.isFinite(n) && n > 0 ? n : otherwise;
   }
 
+  // #metrics=URL (`millwheel run` prints the dashboard's address with it): a link to the run's
+  // Prometheus endpoint in the header; only an http(s) URL, set as an href, never as markup
+  (function metricsLink() {
+    let url;
+    try { url = new URL(new URLSearchParams(location.hash.slice(1)).get("metrics") || ""); } catch (e) { return; }
+    if (url.protocol !== "http:" && url.protocol !== "https:") return;
+    const a = document.createElement("a");
+    a.id = "metrics-link"; a.href = url.href; a.rel = "noopener noreferrer"; a.textContent = "metrics";
+    document.querySelector("header").appendChild(a);
+  })();
+
   // int64 timestamps arrive as doubles: anything this far out is MIN / MAX_TIMESTAMP
   const isMin = (v) => v <= -4e18;
   const isMax = (v) => v >= 4e18;
