@@ -153,6 +153,9 @@ def spark_session(
     ``master=None`` takes the master from spark-submit (or ``local[*]`` outside it).
     """
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    # a Python worker or streaming-source runner connects back to the JVM within this many
+    # seconds (PySpark's default, 15, is missed on a loaded machine and fails the query)
+    os.environ.setdefault("SPARK_AUTH_SOCKET_TIMEOUT", "120")
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
