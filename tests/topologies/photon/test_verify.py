@@ -1,0 +1,95 @@
+"""Multi-homing, verification and recovery (topologies/photon/verify.py; Photon §2, §3.3.2, §3.3.3).
+
+Two harness pipelines read the same logs and share one IdRegistry (``id_registry``, in
+process). ``dc1`` is killed right after the registry answers a commit — the click ids
+are registered, the joined events were never written — and ``dc2`` carries on without
+any action. The union of the two outputs then lacks exactly those clicks (``dc2`` got a
+conflict for each), until either verification recovers them into ``dc2``, or ``dc1``
+comes back and replays its batch under the same token.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from topologies.photon import Pipeline, evaluate, verify
+from topologies.photon.verify import output_ids, token
+
+
+def _pipeline(p, *, running=False):
+    r = p.result()
+    return Pipeline(p.name, output_ids(r.joined, r.unjoinable), running=running, reinject=p.reinject)
+
+
+def _clicks(sample):
+    from topologies.photon.evaluation import read_records
+
+    return read_records(sample / "clicks", "click_id", "ts")[0]
+
+
+@pytest.mark.parametrize("kill_at", [1, 3, 7])
+def test_a_killed_pipeline_loses_nothing_after_verification_and_its_restart_duplicates_nothing(
+    kill_at, sample, truth, registry, pipelines, union
+):
+    dc1, dc2 = pipelines(sample, registry, ["dc1", "dc2"])
+    dc1.run(kill_at_commit=kill_at)
+    assert dc1.dead
+    dc2.run()  # no operator action: dc2 just goes on
+    lost = evaluate(union(dc2.result(), dc1.result()), sample, truth)
+    assert lost["duplicates_in_output"] == 0 and lost["joined"]["missing"] > 0  # at most once, not yet exactly once
+    # verification: the missing clicks are registered under dc1's token, and dc1 is not running
+    report = verify(_clicks(sample), [_pipeline(dc1), _pipeline(dc2, running=True)], registry)
+    assert report.missing == report.recovered > 0 and report.reinjected_into == {"dc2": report.recovered}
+    assert report.in_flight == report.unknown_holder == report.duplicated == 0
+    assert report.tokens_cleared == report.in_output
+    healed = evaluate(union(dc2.result(), dc1.result()), sample, truth)
+    assert healed["ok"], healed
+    # a second verification finds nothing to do
+    again = verify(_clicks(sample), [_pipeline(dc1), _pipeline(dc2, running=True)], registry)
+    assert again.missing == again.recovered == 0 and again.in_output == report.in_output + report.recovered
+    # dc1 comes back: it replays its batch and reads the rest of the logs, and writes nothing twice
+    dc1.restart()
+    dc1.run()
+    final = evaluate(union(dc2.result(), dc1.result()), sample, truth)
+    assert final["ok"], final
+    assert dc1.result().metrics["Joiner"]["once_conflicts"] > 0
+
+
+def test_a_restarted_pipeline_writes_what_it_registered_without_verification(sample, truth, registry, pipelines, union):
+    """The token is derived from the pipeline, so its replay commits the same ids again (§3.3.2)."""
+    dc1, dc2 = pipelines(sample, registry, ["dc1", "dc2"])
+    dc1.run(kill_at_commit=4)
+    dc2.run()
+    assert evaluate(union(dc2.result(), dc1.result()), sample, truth)["joined"]["missing"] > 0
+    dc1.restart()
+    dc1.run()
+    final = evaluate(union(dc2.result(), dc1.result()), sample, truth)
+    assert final["ok"], final
+
+
+def test_clicks_held_by_a_running_pipeline_are_in_flight_and_left_alone(sample, registry, pipelines):
+    dc1, dc2 = pipelines(sample, registry, ["dc1", "dc2"])
+    dc1.run(kill_at_commit=2)
+    report = verify(_clicks(sample), [_pipeline(dc1, running=True), _pipeline(dc2)], registry)
+    assert report.missing == report.in_flight > 0 and report.recovered == 0
+    assert dc2.result().joined == []  # nothing was re-injected
+
+
+def test_dry_run_reports_and_changes_nothing(sample, registry, pipelines):
+    dc1, dc2 = pipelines(sample, registry, ["dc1", "dc2"])
+    dc1.run(kill_at_commit=2)
+    dc2.run(batches=4)
+    clicks = _clicks(sample)
+    before = [r.token for r in registry.lookup_many([c["click_id"] for c in clicks])]
+    report = verify(clicks, [_pipeline(dc1), _pipeline(dc2, running=True)], registry, dry_run=True)
+    assert report.recovered > 0 and report.dry_run and "would be cleared" in report.text()
+    assert [r.token for r in registry.lookup_many([c["click_id"] for c in clicks])] == before
+
+
+def test_a_click_held_by_an_unknown_joiner_is_reported_not_touched(sample, registry):
+    clicks = _clicks(sample)[:1]
+    c = clicks[0]
+    registry.commit_many([(c["click_id"], token("dc9", c["query_id"]), c["ts"])])
+    out: list = []
+    report = verify(clicks, [Pipeline("dc1", set(), reinject=out.extend)], registry)
+    assert report.unknown_holder == 1 and out == []
