@@ -21,7 +21,6 @@ import json
 import logging
 import math
 import os
-import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from id_registry import _service
 from id_registry._core import Registry
 from id_registry._errors import InvalidRequestError, ThrottledError
 from id_registry._model import (
@@ -211,20 +211,6 @@ def create_app(worker: RegistryWorker, *, guard: Guard, parsers: int = 2) -> Sta
     return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(GuardMiddleware, guard=guard)])
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # IPPROTO_TCP: asyncio sets TCP_NODELAY
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        msg = f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port (0 for any free one)"
-        raise SystemExit(msg) from None
-    sock.set_inheritable(True)
-    return sock
-
-
 def open_backend(
     data_dir: str,
     *,
@@ -262,8 +248,6 @@ def serve(
     log_level: str = "warning",
 ) -> int:
     """Run the service until SIGINT/SIGTERM; returns the exit code."""
-    import uvicorn
-
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         secret = load_secret(file=secret_file, env=SECRET_ENV, env_file=SECRET_FILE_ENV, default_file=os.path.join(data_dir, SECRET_FILE_NAME), create=True)
@@ -280,35 +264,21 @@ def serve(
         print(f"id registry: cannot open its store ({type(exc).__name__}: {exc}); is another registry using this --data-dir, or is etcd down?", file=sys.stderr)
         return 2
     worker = RegistryWorker(registry, **(worker_options or {}))
-    sock = _bind(host, port)
-    bound_host, bound_port = sock.getsockname()[:2]
-    url_host = f"[{bound_host}]" if ":" in bound_host else bound_host
-    url = f"{'https' if ssl_certfile else 'http'}://{url_host}:{bound_port}"
+    sock = _service.bind(host, port)
+    bound_host = sock.getsockname()[0]
     if bound_host not in ("127.0.0.1", "::1") and not ssl_certfile:
         print(f"id registry: listening on {bound_host}, beyond loopback, in plain HTTP: the secret travels unencrypted; put TLS in front", file=sys.stderr)
     sys.setswitchinterval(0.001)  # the loop thread gets the interpreter back quickly from the registry thread
-
-    class _Server(uvicorn.Server):
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets=sockets)
-            if self.started:
-                print(f"id registry listening on {url} ({store.kind} store; secret from {secret_source}; shards {registry.meta.shards.to_json()})", flush=True)
-                if ready_file:
-                    with open(f"{ready_file}.tmp", "w", encoding="utf-8") as f:
-                        f.write(url)
-                    os.replace(f"{ready_file}.tmp", ready_file)
-
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            super().handle_exit(sig, frame)
-            captured = getattr(self, "_captured_signals", None)  # exit 0 on SIGTERM, not re-raise it
-            if isinstance(captured, list):
-                captured.clear()
-
+    url = _service.url_of(sock, tls=bool(ssl_certfile))
     guard = registry_guard(secret, bind_host=bound_host, allow_hosts=allow_hosts, allow_origins=allow_origins, max_body_bytes=max_body_bytes)
-    config = uvicorn.Config(
-        create_app(worker, guard=guard), log_level=log_level, access_log=False, lifespan="on",
-        timeout_graceful_shutdown=5, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, server_header=False,
-    )  # fmt: skip
-    _Server(config).run(sockets=[sock])
+    _service.run_app(
+        create_app(worker, guard=guard),
+        sock,
+        banner=lambda: f"id registry listening on {url} ({store.kind} store; secret from {secret_source}; shards {registry.meta.shards.to_json()})",
+        ready_file=ready_file,
+        ssl_certfile=ssl_certfile,
+        ssl_keyfile=ssl_keyfile,
+        log_level=log_level,
+    )
     print("id registry stopped", flush=True)
     return 0

@@ -35,15 +35,12 @@ import json
 import os
 import random
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
+from id_registry import _service
 from id_registry._core import GcResult, Registry
 from id_registry._errors import (
     ERRORS_BY_CODE,
@@ -56,7 +53,7 @@ from id_registry._errors import (
 )
 from id_registry._model import ClearResult, CommitResult, Item, LookupResult, ShardConfig, Status
 from id_registry._worker import RegistryWorker
-from servicekit import ConfigurationError, Secret, describe, load_secret
+from servicekit import Secret
 
 #: environment variable naming a running registry
 URL_ENV = "MILLWHEEL_REGISTRY_URL"
@@ -156,15 +153,7 @@ class InProcessRegistryClient(RegistryClient):
 def client_secret(secret: str | Secret | None = None, *, data_dir: str | None = None) -> Secret | None:
     """``secret``, else ``$MILLWHEEL_REGISTRY_SECRET``, else the file named by
     ``$MILLWHEEL_REGISTRY_SECRET_FILE``, else ``DATA_DIR/secret`` if it exists, else ``None``."""
-    if isinstance(secret, Secret):
-        return secret
-    if secret is not None:
-        return Secret(secret, source="secret= of the client")
-    default = os.path.join(data_dir, SECRET_FILE_NAME) if data_dir else None
-    try:
-        return load_secret(env=SECRET_ENV, env_file=SECRET_FILE_ENV, default_file=default)
-    except ConfigurationError as exc:
-        raise AuthenticationError(str(exc)) from None
+    return _service.client_secret(secret, env=SECRET_ENV, env_file=SECRET_FILE_ENV, data_dir=data_dir, secret_file_name=SECRET_FILE_NAME, error=AuthenticationError)
 
 
 class HttpRegistryClient(RegistryClient):
@@ -283,7 +272,7 @@ class HttpRegistryClient(RegistryClient):
                 if status < 500:
                     raise self._error(response)
                 answered += 1
-                last = f"HTTP {status}: {self._message(response)}"
+                last = f"HTTP {status}: {_service.error_message(response)}"
             failures += 1
             if failures > self.retries:
                 break
@@ -306,23 +295,13 @@ class HttpRegistryClient(RegistryClient):
         header = response.headers.get("retry-after", "")
         return min(60.0, float(header)) if header.isdigit() else 1.0
 
-    @staticmethod
-    def _message(response: Any) -> str:
-        try:
-            body = response.json()
-        except ValueError:
-            body = None
-        if isinstance(body, dict) and isinstance(body.get("message"), str):
-            return str(body["message"])[:500]
-        return f"HTTP {response.status_code}: {describe(response.text, 200)}"
-
     def _error(self, response: Any) -> RegistryError:
         try:
             body = response.json()
         except ValueError:
             body = {}
         body = body if isinstance(body, dict) else {}
-        message = self._message(response)
+        message = _service.error_message(response)
         cls = ERRORS_BY_CODE.get(str(body.get("error", "")), RegistryError)
         if response.status_code == 401:
             cls = AuthenticationError
@@ -340,58 +319,16 @@ class HttpRegistryClient(RegistryClient):
 # ---------------------------------------------------------------------------- embedded service
 
 
-@dataclass
-class EmbeddedRegistry:
-    """A registry service started by this process (see :func:`start_registry`)."""
-
-    url: str
-    process: subprocess.Popen[bytes]
-    data_dir: str
-    log_path: str
-    #: the service's bearer secret, which :meth:`client` passes to its clients
-    secret: Secret | None = None
-    _clients: list[HttpRegistryClient] = field(default_factory=list, repr=False)
+class EmbeddedRegistry(_service.ServiceProcess):
+    """A registry service started by this process (see :func:`start_registry`): ``.url``,
+    ``.secret``, ``.pid``, ``.kill()`` (kill -9), ``.stop()``, ``.log()``."""
 
     def client(self, **options: Any) -> HttpRegistryClient:
         """A new HTTP client of this service holding its secret (closed when the service stops)."""
         options.setdefault("secret", self.secret)
         c = HttpRegistryClient(self.url, **options)
-        self._clients.append(c)
+        self.closing.append(c)
         return c
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def kill(self) -> None:
-        """kill -9: no shutdown of any kind (for crash tests)."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-        self.process.wait(10)
-        self._close_clients()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop gracefully (SIGTERM), or kill after ``timeout`` seconds."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-        self._close_clients()
-
-    def log(self) -> str:
-        """The service's output so far."""
-        try:
-            with open(self.log_path, encoding="utf-8", errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
-
-    def _close_clients(self) -> None:
-        while self._clients:
-            self._clients.pop().close()
 
 
 def start_registry(data_dir: str, *, host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 30.0, extra_args: Sequence[str] = ()) -> EmbeddedRegistry:
@@ -402,42 +339,11 @@ def start_registry(data_dir: str, *, host: str = "127.0.0.1", port: int = 0, sta
     gives it to its clients. ``extra_args`` go to ``serve`` (e.g. ``["--backend", "etcd",
     "--etcd-endpoint", URL]``). The caller stops it; prefer :func:`embedded_registry`.
     """
-    import httpx
-
-    os.makedirs(data_dir, exist_ok=True)
-    secret_file = os.path.join(data_dir, SECRET_FILE_NAME)
-    secret = load_secret(default_file=secret_file, create=True)
-    ready_file = os.path.join(data_dir, f"ready-{os.getpid()}-{time.monotonic_ns()}.url")
-    log_path = os.path.join(data_dir, "registry.log")
-    cmd = [
-        sys.executable, "-m", "id_registry", "serve", "--host", host, "--port", str(port),
-        "--data-dir", data_dir, "--ready-file", ready_file, "--secret-file", secret_file, *extra_args,
-    ]  # fmt: skip
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    handle = EmbeddedRegistry("", process, data_dir, log_path, secret)
-    deadline = time.monotonic() + startup_timeout
-    try:
-        while not handle.url:
-            if process.poll() is not None:
-                msg = f"the id registry exited with code {process.returncode} while starting:\n{handle.log()[-2000:]}"
-                raise RegistryUnavailableError(msg)
-            with contextlib.suppress(OSError, httpx.HTTPError), open(ready_file, encoding="utf-8") as f:
-                url = f.read().strip()
-                if url and httpx.get(f"{url}/healthz", timeout=2.0).status_code == 200:
-                    handle.url = url
-                    break
-            if time.monotonic() > deadline:
-                msg = f"the id registry did not become healthy within {startup_timeout}s:\n{handle.log()[-2000:]}"
-                raise RegistryUnavailableError(msg)
-            time.sleep(0.02)
-    except BaseException:
-        handle.stop(timeout=2.0)
-        raise
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(ready_file)
-    return handle
+    started = _service.start_process(
+        "id_registry", data_dir, name="id registry", secret_file_name=SECRET_FILE_NAME, host=host, port=port,
+        startup_timeout=startup_timeout, extra_args=extra_args, unavailable=RegistryUnavailableError,
+    )  # fmt: skip
+    return EmbeddedRegistry(started.url, started.process, started.data_dir, started.log_path, started.secret)
 
 
 @contextlib.contextmanager
