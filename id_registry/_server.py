@@ -113,9 +113,10 @@ def encode_clear(results: Sequence[ClearResult]) -> list[list[Any]]:
     return [[r.status.value, r.holder] for r in results]
 
 
-def throttled_response(exc: ThrottledError) -> Response:
-    """429 with ``Retry-After`` in whole seconds (the header's unit) and ``retry_after_ms`` in the body."""
-    response = error_response(exc)
+def throttled_response(exc: ThrottledError, *, close: bool = False) -> Response:
+    """429 with ``Retry-After`` in whole seconds (the header's unit) and ``retry_after_ms`` in the body;
+    ``close``: the body was not read, so the connection is closed (servicekit's rule)."""
+    response = error_response(exc, close=close)
     response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_ms / 1000)))
     return response
 
@@ -138,21 +139,20 @@ def create_app(worker: RegistryWorker, *, guard: Guard, parsers: int = 2) -> Sta
         trip off the loop; the answer encoded off the loop."""
 
         async def endpoint(request: Request) -> Any:
+            if in_progress[0] >= worker.max_inflight_requests:  # refused before a byte of the body is read
+                registry.stats.throttled += 1
+                msg = f"the registry is busy ({in_progress[0]} requests in progress): nothing was done; retry shortly"
+                return throttled_response(ThrottledError(msg, 50), close=True)
+            in_progress[0] += 1
             try:
-                if in_progress[0] >= worker.max_inflight_requests:
-                    registry.stats.throttled += 1
-                    msg = f"the registry is busy ({in_progress[0]} requests in progress): nothing was done; retry shortly"
-                    raise ThrottledError(msg, 50)
-                in_progress[0] += 1
-                try:
-                    raw = await request.body()
-                    path = request.url.path
-                    body = await off_loop(lambda: prepare(_body(raw, path, fields)))
-                    data = await handler(body)
-                finally:
-                    in_progress[0] -= 1
+                raw = await request.body()
+                path = request.url.path
+                body = await off_loop(lambda: prepare(_body(raw, path, fields)))
+                data = await handler(body)
             except ThrottledError as exc:
                 return throttled_response(exc)
+            finally:
+                in_progress[0] -= 1
             if isinstance(data, str):  # encoded already
                 return _json(data)
             return await off_loop(lambda: _json(data))

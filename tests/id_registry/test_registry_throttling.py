@@ -101,3 +101,22 @@ def test_the_client_gives_up_after_its_throttle_timeout(clock, gated, serve_app,
                 c.commit_many([(f"r{i}", "t", 1_000) for i in range(50)])
         finally:
             gated.gate.set()
+
+
+def test_http_refuses_requests_beyond_the_bound_before_reading_them(clock, gated, serve_app, secret):
+    worker = RegistryWorker(Registry(gated, clock=clock), max_inflight_requests=2)
+    with serve_app(worker) as url, HttpRegistryClient(url, secret=secret) as c, httpx.Client(base_url=url, headers=secret.header(), timeout=10) as raw:
+        gated.gate.clear()
+        pending = [threading.Thread(target=c.commit_many, args=([(f"a{i}", "t", 1_000)],)) for i in range(2)]
+        for t in pending:
+            t.start()
+        deadline = time.monotonic() + 10
+        while worker.inflight_requests < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        r = raw.post("/v1/lookup", json={"ids": ["a0"]})
+        assert r.status_code == 429 and r.headers["connection"] == "close", r.text
+        assert r.json()["error"] == "throttled" and "2 requests in progress" in r.json()["message"]
+        gated.gate.set()
+        for t in pending:
+            t.join(10)
+        assert raw.post("/v1/lookup", json={"ids": ["a0"]}).json()["results"][0][0] == "found"
