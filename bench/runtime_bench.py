@@ -113,7 +113,7 @@ class WindowCount(Computation):
 class Finished(Source):
     """An injector whose records are already in its stream log: its watermark is +inf."""
 
-    def batches(self):
+    def batches(self, injector="injector", stream="records"):
         yield SourceBatch([], MAX_TIMESTAMP)
 
 
@@ -225,7 +225,7 @@ class Paced(Source):
     def __init__(self, rate: int, seconds: float, every_s: float = 0.2) -> None:
         self.rate, self.seconds, self.every_s = rate, seconds, every_s
 
-    def batches(self):
+    def batches(self, injector="injector", stream="records"):
         start = time.time()
         n = 0
         nxt = start

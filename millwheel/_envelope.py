@@ -14,6 +14,11 @@ the per-key consistency envelope" (§6.2). The envelope is that row:
 The encoding is msgpack with a leading version number. The exact id list is an
 append-only byte string that is only parsed on a Bloom "maybe" or at garbage
 collection, so the common path (a new record) never decodes it.
+
+Versions: 1 (the first); 2 adds ``held``; 3 keeps each step's new ids as two columns
+(``[ids, timestamps]``, a third smaller and faster to pack than ``[id, ts]`` pairs) and
+builds the Bloom filter over 64-bit fingerprints. Older envelopes decode; their id list
+and filter are rewritten in the version 3 form the first time the key gets new ids.
 """
 
 from __future__ import annotations
@@ -23,12 +28,18 @@ from typing import Any, cast
 
 import msgpack
 
-from millwheel._bloom import _OFFSET, BloomFilter, _digest, fingerprint
+from millwheel._bloom import (
+    BloomFilter,
+    fingerprint,
+    fingerprints,
+    legacy_fingerprint,
+    legacy_fingerprints,
+)
 from millwheel._errors import EnvelopeError
 from millwheel._record import Key
 
-#: version 2 adds ``held`` (a state-kept hold of the low watermark); version 1 still decodes
-ENVELOPE_VERSION = 2
+#: version 3: columnar id chunks, 64-bit fingerprints; versions 1 and 2 still decode
+ENVELOPE_VERSION = 3
 
 _packb = msgpack.packb
 _unpackb = msgpack.unpackb
@@ -58,11 +69,22 @@ class DedupStats:
 class DedupIndex:
     """Record ids seen by one key, garbage-collected behind a horizon (§6.1.1).
 
-    ``blob`` is a concatenation of msgpack lists of ``[id, timestamp]`` pairs, one list
-    per step that added ids; ``bloom`` is a Bloom filter over every id in ``blob``.
+    ``blob`` is a concatenation of msgpack chunks ``[ids, timestamps]``, one per step that
+    added ids; ``bloom`` is a Bloom filter over the fingerprints of every id in ``blob``.
+    ``legacy`` marks an index read from an envelope before version 3 (chunks of
+    ``[id, timestamp]`` pairs, 128-bit fingerprints): it is checked as it was written and
+    rewritten in the current form by the next :meth:`finish` that has new ids.
+
+    The step calls :meth:`admit` once with all its records' ids: fingerprints and Bloom
+    checks are computed for the whole list in C-level passes (no Python code per id on
+    the common path), and the new ids are kept as three parallel lists until
+    :meth:`finish` folds them into ``blob`` and the filter.
     """
 
-    __slots__ = ("blob", "count", "min_ts", "bloom_bytes", "capacity", "_bloom", "_exact", "_new", "_new_set")
+    __slots__ = (
+        "blob", "count", "min_ts", "bloom_bytes", "capacity", "_bloom", "_exact",
+        "_new_ids", "_new_ts", "_new_fps", "_new_set", "_repeats", "legacy",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -71,7 +93,9 @@ class DedupIndex:
         min_ts: int | None = None,
         bloom_bytes: bytes | None = None,
         capacity: int = 0,
+        legacy: bool = False,
     ) -> None:
+        self.legacy = legacy
         self.blob = blob
         self.count = count
         self.min_ts = min_ts
@@ -79,8 +103,11 @@ class DedupIndex:
         self.capacity = capacity
         self._bloom: BloomFilter | None = None
         self._exact: dict[str, int] | None = None
-        self._new: list[tuple[str, int, int]] = []  # (id, timestamp, fingerprint)
-        self._new_set: set[str] = set()
+        self._new_ids: list[str] = []
+        self._new_ts: list[int] = []
+        self._new_fps: list[int] = []
+        self._new_set: set[str] | None = None  # built only if single-id calls need it
+        self._repeats = False  # add() was given an id twice (admit() never does)
 
     # -- reading -----------------------------------------------------------------
     def _exact_ids(self) -> dict[str, int]:
@@ -89,9 +116,12 @@ class DedupIndex:
             if self.blob:
                 unpacker = msgpack.Unpacker(raw=False)
                 unpacker.feed(self.blob)
-                for chunk in unpacker:
-                    for rid, ts in chunk:
-                        exact[rid] = ts
+                if self.legacy:
+                    for chunk in unpacker:
+                        exact.update(chunk)
+                else:
+                    for ids, tss in unpacker:
+                        exact.update(zip(ids, tss, strict=False))
             self._exact = exact
         return self._exact
 
@@ -100,21 +130,68 @@ class DedupIndex:
             self._bloom = BloomFilter.load(self.bloom_bytes, self.capacity)
         return self._bloom
 
-    def seen(self, rid: str, stats: DedupStats) -> int | None:
-        """``None`` if ``rid`` was seen, else its fingerprint (to pass to :meth:`add`).
+    def _added(self) -> set[str]:
+        if self._new_set is None:
+            self._new_set = set(self._new_ids)
+        return self._new_set
 
-        A Bloom "no" is final; a "maybe" checks the exact ids, which are never parsed
-        otherwise. The fingerprint is computed once, for both the check and the insert.
+    def admit(self, ids: list[str], timestamps: list[int], stats: DedupStats) -> list[bool] | None:
+        """Check a step's record ids in one call and remember the new ones (§6.1.1).
+
+        Returns ``None`` when every id is new (the common case), else a list saying which
+        are. A new id is remembered with its entry of ``timestamps``; an id repeated in
+        ``ids`` is new only the first time. A Bloom "no" is final; a "maybe" checks the
+        exact ids, which are never parsed otherwise.
         """
-        if rid in self._new_set:
+        n = len(ids)
+        if n == 0:
             return None
-        fp = _digest(rid.encode()) - _OFFSET  # fingerprint(rid), inlined: once per record
+        fps = fingerprints(ids)
+        unique = len(set(ids)) == n
+        earlier = self._new_set if self._new_set is not None else (set(self._new_ids) if self._new_ids else None)
+        if self.count == 0:
+            hits = None
+        else:
+            bloom = self._bloom_filter()
+            probes = legacy_fingerprints(ids) if self.legacy else fps
+            hits = list(map(bloom._bloom.__contains__, probes)) if bloom is not None else [True] * n
+            if not any(hits):
+                hits = None
+        if hits is None and unique and not earlier:
+            self._new_ids += ids
+            self._new_ts += timestamps
+            self._new_fps += fps
+            if self._new_set is not None:
+                self._new_set.update(ids)
+            return None
+        keep = [True] * n
+        added = self._added()
+        for i in range(n):
+            rid = ids[i]
+            if rid in added:
+                keep[i] = False
+                continue
+            if hits is not None and hits[i]:
+                stats.bloom_maybe += 1
+                if rid in self._exact_ids():
+                    keep[i] = False
+                    continue
+                stats.bloom_false_positive += 1
+            added.add(rid)
+            self._new_ids.append(rid)
+            self._new_ts.append(timestamps[i])
+            self._new_fps.append(fps[i])
+        return keep
+
+    def seen(self, rid: str, stats: DedupStats) -> int | None:
+        """``None`` if ``rid`` was seen, else its fingerprint (to pass to :meth:`add`)."""
+        if self._new_ids and rid in self._added():
+            return None
+        fp = fingerprint(rid)
         if self.count == 0:
             return fp
-        bloom = self._bloom
-        if bloom is None:
-            bloom = self._bloom_filter()
-        if bloom is not None and fp not in bloom._bloom:
+        bloom = self._bloom_filter()
+        if bloom is not None and (legacy_fingerprint(rid) if self.legacy else fp) not in bloom._bloom:
             return fp
         stats.bloom_maybe += 1
         if rid in self._exact_ids():
@@ -127,75 +204,88 @@ class DedupIndex:
         return self.seen(rid, stats) is None
 
     def add(self, rid: str, timestamp: int, fp: int | None = None) -> None:
-        """Remember ``rid``; ``fp`` is its fingerprint if :meth:`seen` already computed it."""
-        self._new.append((rid, timestamp, fingerprint(rid) if fp is None else fp))
-        self._new_set.add(rid)
+        """Remember one id (:meth:`admit` is the batched form); ``fp`` is its fingerprint if known."""
+        added = self._added()
+        if rid in added:
+            self._repeats = True
+        added.add(rid)
+        self._new_ids.append(rid)
+        self._new_ts.append(timestamp)
+        self._new_fps.append(fingerprint(rid) if fp is None else fp)
 
     def ids(self) -> dict[str, int]:
         """Every id kept (for tests and inspection)."""
         out = dict(self._exact_ids())
-        out.update((rid, ts) for rid, ts, _ in self._new)
+        out.update(zip(self._new_ids, self._new_ts, strict=False))
         return out
 
     # -- writing -----------------------------------------------------------------
     def finish(self, horizon: int, fpr: float, fixed_capacity: int | None, gc_interval_ms: int, stats: DedupStats) -> None:
         """Fold this step's new ids in, and collect ids older than ``horizon``."""
-        new = self._new
-        total = self.count + len(new)
+        new_ids = self._new_ids
+        total = self.count + len(new_ids)
         if total == 0:
             return
         min_ts = self.min_ts
-        if new:
-            new_min = min([t[1] for t in new])
+        if new_ids:
+            new_min = min(self._new_ts)
             min_ts = new_min if min_ts is None else min(min_ts, new_min)
         needs_gc = min_ts is not None and horizon > min_ts + gc_interval_ms
-        needs_grow = fixed_capacity is None and total > self.capacity
-        if needs_gc or needs_grow or self.bloom_bytes is None:
+        needs_grow = (fixed_capacity is None and total > self.capacity) or self.legacy
+        if self.count == 0 and not needs_gc and self.bloom_bytes is None and not self._repeats:
+            # a key's first ids (or the first after all were collected): nothing to merge
+            self._build(new_ids, self._new_ts, self._new_fps, fpr, fixed_capacity)
+        elif needs_gc or needs_grow or self.bloom_bytes is None:
             exact = self._exact_ids()
-            exact.update((rid, ts) for rid, ts, _ in new)
+            exact.update(zip(new_ids, self._new_ts, strict=False))
             if needs_gc:
                 stats.gc_runs += 1
                 before = len(exact)
                 exact = {rid: ts for rid, ts in exact.items() if ts >= horizon}
                 stats.ids_collected += before - len(exact)
-            self._rebuild(exact, fpr, fixed_capacity, {rid: fp for rid, _, fp in new})
+            kept = list(exact)
+            self._build(kept, list(exact.values()), fingerprints(kept), fpr, fixed_capacity)
+            self._exact = exact
         else:
-            self.blob += _packb([(rid, ts) for rid, ts, _ in new])
+            self.blob += _packb([new_ids, self._new_ts])
             bloom = cast(BloomFilter, self._bloom_filter())  # bloom_bytes is set on this branch
-            bloom.update([t[2] for t in new])
+            bloom.update(self._new_fps)
             self.bloom_bytes = bloom.to_bytes()
             self.count = total
             self.min_ts = min_ts
-        self._new = []
-        self._new_set = set()
+            if self._exact is not None:
+                self._exact.update(zip(new_ids, self._new_ts, strict=False))
+        self._new_ids, self._new_ts, self._new_fps, self._new_set, self._repeats = [], [], [], None, False
 
-    def _rebuild(self, exact: dict[str, int], fpr: float, fixed_capacity: int | None, known: dict[str, int]) -> None:
-        """Re-encode the kept ids and rebuild the filter; ``known`` maps ids to fingerprints already computed."""
-        self._exact = exact
-        self.count = len(exact)
-        if not exact:
+    def _build(self, ids: list[str], timestamps: list[int], fps: list[int], fpr: float, fixed_capacity: int | None) -> None:
+        """Encode ``ids`` (distinct) as the whole id list and build a filter over their fingerprints."""
+        self._exact = None
+        self.legacy = False
+        self.count = len(ids)
+        if not ids:
             self.blob, self.min_ts, self.bloom_bytes, self.capacity, self._bloom = b"", None, None, 0, None
+            self._exact = {}
             return
-        self.blob = _packb(list(exact.items()))
-        self.min_ts = min(exact.values())
-        capacity = fixed_capacity if fixed_capacity is not None else max(64, 2 * len(exact))
+        self.blob = _packb([ids, timestamps])
+        self.min_ts = min(timestamps)
+        capacity = fixed_capacity if fixed_capacity is not None else max(64, 2 * len(ids))
         bloom = BloomFilter.create(capacity, fpr)
-        bloom.update([known[rid] if rid in known else fingerprint(rid) for rid in exact])
+        bloom.update(fps)
         self._bloom = bloom
         self.capacity = capacity
         self.bloom_bytes = bloom.to_bytes()
 
     def to_wire(self) -> list[Any] | None:
-        if self.count == 0 and not self._new:
+        if self.count == 0 and not self._new_ids:
             return None
         return [self.blob, self.count, self.min_ts, self.bloom_bytes, self.capacity]
 
     @classmethod
-    def from_wire(cls, wire: list[Any] | None) -> DedupIndex:
+    def from_wire(cls, wire: list[Any] | None, version: int = ENVELOPE_VERSION) -> DedupIndex:
         if wire is None:
             return cls()
         blob, count, min_ts, bloom_bytes, capacity = wire
-        return cls(blob, count, min_ts, bloom_bytes, capacity)
+        return cls(blob, count, min_ts, bloom_bytes, capacity, legacy=version < 3)
 
 
 @dataclass(slots=True)
@@ -217,7 +307,7 @@ class Envelope:
             and not self.timers
             and not self.pending
             and self.dedup.count == 0
-            and not self.dedup._new
+            and not self.dedup._new_ids
             and self.held is None
         )
 
@@ -238,8 +328,10 @@ class Envelope:
         for tag, (ts, domain) in self.timers.items():
             timers += (tag, ts, domain)
         pending = [[p.stream, p.key, p.value, p.timestamp, p.id] for p in self.pending]
+        # an index still in the version 2 form (no step has rewritten it yet) is written as such
+        version = 2 if self.dedup.legacy else ENVELOPE_VERSION
         return _packb(
-            [ENVELOPE_VERSION, self.state, timers, pending, self.seq, self.dedup.to_wire(), self.held],
+            [version, self.state, timers, pending, self.seq, self.dedup.to_wire(), self.held],
             use_bin_type=True,
         )
 
@@ -252,11 +344,12 @@ class Envelope:
         except Exception as exc:
             msg = f"corrupt envelope ({len(data)} bytes): {exc}"
             raise EnvelopeError(msg) from exc
-        if not isinstance(wire, tuple) or not wire or wire[0] not in (1, ENVELOPE_VERSION):
+        if not isinstance(wire, tuple) or not wire or wire[0] not in (1, 2, ENVELOPE_VERSION):
             version = wire[0] if isinstance(wire, tuple) and wire else None
             msg = f"unknown envelope version {version!r}; this millwheel reads versions 1 to {ENVELOPE_VERSION}"
             raise EnvelopeError(msg)
-        if wire[0] == 1:
+        version = wire[0]
+        if version == 1:
             _, state, flat, pending, seq, dedup = wire
             held = None
         else:
@@ -267,7 +360,7 @@ class Envelope:
             timers=timers,
             pending=[PendingProduction(*p) for p in pending],
             seq=seq,
-            dedup=DedupIndex.from_wire(dedup),
+            dedup=DedupIndex.from_wire(dedup, version),
             held=held,
         )
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import Any
 
 import xxhash
@@ -48,6 +49,7 @@ from millwheel._record import (
     TimeDomain,
     Timer,
     key_problem,
+    short_repr,
 )
 
 _LW = int(TimeDomain.LOW_WATERMARK)
@@ -160,10 +162,10 @@ class _KeyContext:
     def set_timer(self, tag: str, timestamp: int, domain: TimeDomain) -> None:
         name = self.runner.name
         if type(tag) is not str:
-            msg = f"{name}: set_timer tag must be a str, got {type(tag).__name__} {_short(tag)}"
+            msg = f"{name}: set_timer tag must be a str, got {type(tag).__name__} {short_repr(tag)}"
             raise ComputationError(msg)
         if type(timestamp) is not int:
-            msg = f"{name}: set_timer({tag!r}) timestamp must be an int (ms since epoch), got {type(timestamp).__name__} {_short(timestamp)}"
+            msg = f"{name}: set_timer({tag!r}) timestamp must be an int (ms since epoch), got {type(timestamp).__name__} {short_repr(timestamp)}"
             raise ComputationError(msg)
         if not MIN_TIMESTAMP < timestamp < MAX_TIMESTAMP:
             msg = f"{name}: set_timer({tag!r}) timestamp {timestamp} is outside the 64-bit range of millwheel timestamps"
@@ -187,14 +189,14 @@ class _KeyContext:
 
     def hold_watermark(self, timestamp: int | None) -> None:
         if timestamp is not None and (type(timestamp) is not int or not MIN_TIMESTAMP < timestamp < MAX_TIMESTAMP):
-            msg = f"{self.runner.name}: hold_watermark takes an int timestamp (ms) or None, got {_short(timestamp)}"
+            msg = f"{self.runner.name}: hold_watermark takes an int timestamp (ms) or None, got {short_repr(timestamp)}"
             raise ComputationError(msg)
         self.held = timestamp
 
     def produce(self, stream: str, value: Any, timestamp: int | None, key: Key | None, once_id: str | None = None) -> None:
         runner = self.runner
         if once_id is not None and (type(once_id) is not str or not once_id):
-            msg = f"computation {runner.name!r}: produce({stream!r}, once_id=...) takes a non-empty str, got {_short(once_id)}"
+            msg = f"computation {runner.name!r}: produce({stream!r}, once_id=...) takes a non-empty str, got {short_repr(once_id)}"
             raise ComputationError(msg)
         if stream not in runner.outputs:
             declared = ", ".join(sorted(runner.outputs)) or "none"
@@ -205,7 +207,7 @@ class _KeyContext:
             raise ComputationError(msg)
         ts = self.default_ts if timestamp is None else timestamp
         if type(ts) is not int or not MIN_TIMESTAMP < ts < MAX_TIMESTAMP:
-            msg = f"computation {runner.name!r}: produce({stream!r}) timestamp must be an int of ms inside the 64-bit range, got {type(ts).__name__} {_short(ts)}"
+            msg = f"computation {runner.name!r}: produce({stream!r}) timestamp must be an int of ms inside the 64-bit range, got {type(ts).__name__} {short_repr(ts)}"
             raise ComputationError(msg)
         if key is not None:
             why = key_problem(key)
@@ -239,11 +241,6 @@ class _KeyContext:
         self.timers.clear()
         self.timers.update(timers)
         del self.productions[n:]
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class StepRunner:
@@ -349,24 +346,38 @@ class StepRunner:
         saved = ctx.state.encoded() if careful else None
 
         # the per-record path: keep it to local variables (it runs once per record)
-        c.records_in = len(records)
+        n = c.records_in = len(records)
         duplicates = late_n = processed = 0
-        fp: int | None = None
-        if dedup is not None:
-            seen, add = dedup.seen, dedup.add
-        for rec in records:
+        if n:
+            tss = [r.timestamp for r in records]
+            any_late = min(tss) < late_wm
             if dedup is not None:
-                fp = seen(rec.id, stats)
-                if fp is None:
-                    duplicates += 1
-                    continue
+                # one call for the whole step: fingerprints and Bloom checks in C-level
+                # passes. A late record is remembered under the watermark it was late for,
+                # so a re-delivery is a duplicate and not counted late again
+                kept = dedup.admit(
+                    [r.id for r in records], [t if t >= late_wm else late_wm for t in tss] if any_late else tss, stats
+                )
+                if kept is not None:
+                    records = list(compress(records, kept))
+                    duplicates = n - len(records)
+        else:
+            any_late = False
+        if not any_late and not careful:
+            # the common case: no record is late, nothing has failed yet
+            rec = None
+            try:
+                for rec in records:
+                    ctx.default_ts = rec.timestamp
+                    process_record(rec)
+            except Exception as exc:
+                raise _Failure(exc, Stage.PROCESS_RECORD, record=rec) from None
+            processed = len(records)
+            records = ()
+        for rec in records:
             ts = rec.timestamp
             if ts < late_wm:
                 late_n += 1
-                if dedup is not None:
-                    # remembered like any record, under the watermark it was late for, so a
-                    # re-delivery is a duplicate and not counted late again
-                    add(rec.id, late_wm, fp)
                 if late.action is LateAction.DROP:
                     c.late_dropped += 1
                     continue
@@ -374,8 +385,6 @@ class StepRunner:
                     c.late_to_stream += 1
                     ctx.productions.append(Production(late.stream, rec))  # type: ignore[arg-type]
                     continue
-            elif dedup is not None:
-                add(rec.id, ts, fp)
             ctx.default_ts = ts
             if not careful:
                 try:

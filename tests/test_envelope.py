@@ -67,7 +67,7 @@ def test_hold_is_the_oldest_low_watermark_timer_or_pending_production(built):
 def test_empty_envelope_is_tiny_and_versioned():
     data = Envelope().encode()
     assert len(data) < 16
-    assert msgpack.unpackb(data)[0] == ENVELOPE_VERSION == 2
+    assert msgpack.unpackb(data)[0] == ENVELOPE_VERSION == 3
 
 
 def test_version_1_envelopes_still_decode_and_hold_counts_state_holds():
@@ -107,3 +107,49 @@ def test_codec_errors_say_what_to_do():
     with pytest.raises(StateCodecError, match="use PickleCodec"):
         MsgpackCodec().encode(object())
     assert PickleCodec().decode(PickleCodec().encode(lambda x: x + 1))(1) == 2
+
+
+def _version_2_envelope(ids):
+    """An envelope as version 2 wrote it: ``[id, ts]`` pair chunks, a filter over xxh3-128."""
+    from millwheel._bloom import BloomFilter, legacy_fingerprint
+
+    bloom = BloomFilter.create(64, 0.01)
+    bloom.update([legacy_fingerprint(rid) for rid, _ in ids])
+    blob = msgpack.packb(ids[:2]) + msgpack.packb(ids[2:])
+    dedup = [blob, len(ids), min(ts for _, ts in ids), bloom.to_bytes(), 64]
+    return msgpack.packb([2, b"s", ["t", 5, 0], [], 3, dedup, None], use_bin_type=True)
+
+
+def test_version_2_dedup_ids_are_kept_across_the_upgrade_to_version_3():
+    old = [(f"old-{i}", 100 + i) for i in range(5)]
+    data = _version_2_envelope(old)
+    env = Envelope.decode(data)
+    assert env.encode() == data  # untouched: still written as version 2
+    stats = DedupStats()
+    kept = env.dedup.admit(["old-1", "new-1", "old-4", "new-2"], [101, 200, 104, 201], stats)
+    assert kept == [False, True, False, True]
+    env.dedup.finish(-(2**62), 0.01, None, 0, stats)
+    upgraded = env.encode()
+    assert msgpack.unpackb(upgraded)[0] == 3
+    back = Envelope.decode(upgraded)
+    assert set(back.dedup.ids()) == {rid for rid, _ in old} | {"new-1", "new-2"}
+    assert back.dedup.admit([rid for rid, _ in old] + ["new-1", "new-2", "new-3"], [0] * 8, DedupStats()) == [False] * 7 + [True]
+
+
+@given(st.lists(st.text(min_size=1, max_size=6), max_size=60), st.lists(st.text(min_size=1, max_size=6), max_size=60))
+def test_admit_is_the_batched_form_of_seen_and_add(first, second):
+    batched, single = DedupIndex(), DedupIndex()
+    for ids in (first, second):
+        stats = DedupStats()
+        kept = batched.admit(ids, list(range(len(ids))), stats)
+        one_by_one = []
+        for i, rid in enumerate(ids):
+            fp = single.seen(rid, stats)
+            one_by_one.append(fp is not None)
+            if fp is not None:
+                single.add(rid, i, fp)
+        assert (kept if kept is not None else [True] * len(ids)) == one_by_one
+        for idx in (batched, single):
+            idx.finish(-(2**62), 0.01, None, 0, stats)
+        batched, single = DedupIndex.from_wire(batched.to_wire()), DedupIndex.from_wire(single.to_wire())
+    assert batched.ids() == single.ids()
