@@ -30,7 +30,9 @@ from __future__ import annotations
 import abc
 import bisect
 import os
+from collections import deque
 from collections.abc import Iterator, Sequence
+from itertools import compress, repeat
 from typing import Any, ClassVar, cast
 
 from id_registry._errors import ReshardError
@@ -43,8 +45,6 @@ from id_registry._model import (
     index_time_key,
 )
 
-#: ``(entry key, time-index key, value)`` to store if the entry key is absent
-NewEntry = tuple[bytes, bytes, bytes]
 #: ``(entry key, time-index key, expected value, new value or None to delete both keys)``
 Replace = tuple[bytes, bytes, bytes, bytes | None]
 
@@ -75,8 +75,9 @@ class Backend(abc.ABC):
         ``meta`` with its new revision."""
 
     @abc.abstractmethod
-    def insert_if_absent(self, entries: Sequence[NewEntry], meta: Meta) -> list[bytes | None]:
-        """For each entry: store it if its key is absent (``None``), else return the stored value."""
+    def insert_if_absent(self, keys: Sequence[bytes], index_keys: Sequence[bytes], values: Sequence[bytes], meta: Meta) -> list[bytes | None]:
+        """For each entry key (distinct): if absent, store it with its value and its time-index key
+        (answer ``None``), else answer the stored value."""
 
     @abc.abstractmethod
     def get_many(self, keys: Sequence[bytes], meta: Meta) -> list[bytes | None]:
@@ -151,19 +152,13 @@ class _LocalBackend(Backend):
         if meta.revision != self._revision:
             raise MetaChangedError
 
-    def insert_if_absent(self, entries: Sequence[NewEntry], meta: Meta) -> list[bytes | None]:
+    def insert_if_absent(self, keys: Sequence[bytes], index_keys: Sequence[bytes], values: Sequence[bytes], meta: Meta) -> list[bytes | None]:
         self._check(meta)
-        get = self._get
-        puts: list[tuple[bytes, bytes]] = []
-        out: list[bytes | None] = []
-        for key, index, value in entries:
-            old = get(key)
-            if old is None:
-                puts.append((key, value))
-                puts.append((index, b""))
-            out.append(old)
-        if puts:
-            self._write(puts, [])
+        out = list(map(self._get, keys))
+        new = [old is None for old in out]
+        if any(new):
+            puts = list(zip(compress(keys, new), compress(values, new), strict=True))
+            self._write(puts + [(k, b"") for k in compress(index_keys, new)], [])
         return out
 
     def get_many(self, keys: Sequence[bytes], meta: Meta) -> list[bytes | None]:
@@ -273,22 +268,16 @@ class RocksBackend(_LocalBackend):
     def _get(self, key: bytes) -> bytes | None:
         return cast("bytes | None", self._db.get(key))
 
-    def insert_if_absent(self, entries: Sequence[NewEntry], meta: Meta) -> list[bytes | None]:
+    def insert_if_absent(self, keys: Sequence[bytes], index_keys: Sequence[bytes], values: Sequence[bytes], meta: Meta) -> list[bytes | None]:
         from rocksdict import WriteBatch
 
         self._check(meta)
-        get = self._db.get
-        batch = WriteBatch(raw_mode=True)
-        put = batch.put
-        out: list[bytes | None] = []
-        append = out.append
-        for key, index, value in entries:  # the hot loop of every commit: straight into the write batch
-            old = get(key)
-            if old is None:
-                put(key, value)
-                put(index, b"")
-            append(old)
-        if None in out:
+        out = list(map(self._db.get, keys))  # the hot path of every commit: C loops, straight into one batch
+        new = [old is None for old in out]
+        if any(new):
+            batch = WriteBatch(raw_mode=True)
+            deque(map(batch.put, compress(keys, new), compress(values, new)), maxlen=0)
+            deque(map(batch.put, compress(index_keys, new), repeat(b"")), maxlen=0)
             self._db.write(batch, self._write_options)
             self.writes += 1
         return out

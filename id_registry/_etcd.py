@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
-from id_registry._backend import Backend, MetaChangedError, NewEntry, Replace, reshard_refused
+from id_registry._backend import Backend, MetaChangedError, Replace, reshard_refused
 from id_registry._errors import BackendUnavailableError, InvalidRequestError
 from id_registry._model import (
     INDEX_END,
@@ -201,10 +201,11 @@ class EtcdBackend(Backend):
         latest = self.latest_event_time()
         raise reshard_refused(no_entries_from, latest if latest is not None else no_entries_from)
 
-    def insert_if_absent(self, entries: Sequence[NewEntry], meta: Meta) -> list[bytes | None]:
+    def insert_if_absent(self, keys: Sequence[bytes], index_keys: Sequence[bytes], values: Sequence[bytes], meta: Meta) -> list[bytes | None]:
         compare = [self._meta_compare(meta)]
+        entries = list(zip(keys, index_keys, values, strict=True))
 
-        def chunk(part: Sequence[NewEntry]) -> list[bytes | None]:
+        def chunk(part: Sequence[tuple[bytes, bytes, bytes]]) -> list[bytes | None]:
             ops = []
             for key, index, value in part:
                 k = self._key(key)
