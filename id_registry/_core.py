@@ -17,7 +17,6 @@ GcResult(boundary_ms=2000, deleted=2)
 
 from __future__ import annotations
 
-import operator
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -30,6 +29,12 @@ from id_registry._backend import Backend, MemoryBackend, MetaChangedError, Repla
 from id_registry._errors import GcBackwardsError, InvalidRequestError, ReshardError
 from id_registry._model import (
     COMMITTED,
+    ENTRY_KEY,
+    EVENT_ID,
+    EVENT_TIME,
+    INDEX_KEY,
+    TIME_OFFSET,
+    TOKEN,
     TOO_OLD,
     ClearResult,
     CommitResult,
@@ -62,12 +67,6 @@ GC_CHUNK = 10_000
 META_RETRIES = 20
 
 T = TypeVar("T")
-_OFFSET = 2**63
-_FIRST, _SECOND, _THIRD = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(2)
-#: ``e/<shard>/<id>`` and ``g/<time>/<shard>/<id>`` from a tuple of their parts (see :mod:`id_registry._model`)
-_ENTRY_KEY = b"e/%d/%s".__mod__
-_INDEX_KEY = b"g/%016x/%d/%s".__mod__
-_packb = msgpack.packb
 _unpackb = msgpack.unpackb
 
 
@@ -199,8 +198,8 @@ class Registry:
     def _commit(self, items: Sequence[Item], meta: Meta) -> list[CommitResult]:
         """One durable write for ``items``; the per-item work is done a column at a time (C loops)."""
         gc = meta.gc_boundary_ms
-        ids = list(map(_FIRST, items))
-        times = list(map(_THIRD, items))
+        ids = list(map(EVENT_ID, items))
+        times = list(map(EVENT_TIME, items))
         if not items or (min(times) >= gc and len(set(ids)) == len(ids)):
             deciding: Sequence[Item] = items  # the common case: every id once, every event in time
         else:
@@ -210,7 +209,7 @@ class Registry:
                     first[item[0]] = item
             deciding = list(first.values())
         if deciding is not items:
-            ids, times = list(map(_FIRST, deciding)), list(map(_THIRD, deciding))
+            ids, times = list(map(EVENT_ID, deciding)), list(map(EVENT_TIME, deciding))
         encoded = list(map(str.encode, ids))
         configs = meta.shards.configs
         if len(configs) == 1:
@@ -219,9 +218,9 @@ class Registry:
         else:
             config_at = meta.shards.config_at
             shards = [h % config_at(t).shard_count for h, t in zip(map(xxh3_64_intdigest, encoded), times, strict=True)]
-        keys = list(map(_ENTRY_KEY, zip(shards, encoded, strict=True)))
-        index = list(map(_INDEX_KEY, zip([t + _OFFSET for t in times], shards, encoded, strict=True)))
-        values = list(map(self._pack, zip(map(_SECOND, deciding), times, strict=True)))
+        keys = list(map(ENTRY_KEY, zip(shards, encoded, strict=True)))
+        index = list(map(INDEX_KEY, zip([t + TIME_OFFSET for t in times], shards, encoded, strict=True)))
+        values = list(map(self._pack, zip(map(TOKEN, deciding), times, strict=True)))
         stored = self.backend.insert_if_absent(keys, index, values, meta) if keys else []
         new = stored.count(None)
         if new == len(items):

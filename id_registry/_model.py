@@ -46,7 +46,8 @@ ENTRY_PREFIX = b"e/"
 INDEX_PREFIX = b"g/"
 #: the first key after every index key
 INDEX_END = b"g0"
-_OFFSET = 2**63
+#: event times are stored as ``time + TIME_OFFSET`` in 16 hex digits, so that they sort as numbers
+TIME_OFFSET = 2**63
 
 
 class Status(str, enum.Enum):
@@ -205,23 +206,29 @@ class Meta:
 # ---------------------------------------------------------------------------- keys and values
 
 
+#: ``e/<shard>/<id>`` from ``(shard, id bytes)``, and ``g/<time + 2**63>/<shard>/<id>`` from
+#: ``(time + 2**63, shard, id bytes)`` (``map`` them over columns of a batch)
+ENTRY_KEY = b"e/%d/%s".__mod__
+INDEX_KEY = b"g/%016x/%d/%s".__mod__
+
+
 def entry_key(shard: int, id_bytes: bytes) -> bytes:
-    return b"e/%d/%s" % (shard, id_bytes)
+    return ENTRY_KEY((shard, id_bytes))
 
 
 def index_key(event_time_ms: int, shard: int, id_bytes: bytes) -> bytes:
-    return b"g/%016x/%d/%s" % (event_time_ms + _OFFSET, shard, id_bytes)
+    return INDEX_KEY((event_time_ms + TIME_OFFSET, shard, id_bytes))
 
 
 def index_time_key(event_time_ms: int) -> bytes:
     """The first index key of events at ``event_time_ms`` (every earlier event sorts before it)."""
-    return b"g/%016x/" % (event_time_ms + _OFFSET)
+    return b"g/%016x/" % (event_time_ms + TIME_OFFSET)
 
 
 def entry_of_index(key: bytes) -> tuple[bytes, int]:
     """``(entry key, event time)`` of a time-index key."""
     _, time_hex, shard, id_bytes = key.split(b"/", 3)
-    return b"e/%s/%s" % (shard, id_bytes), int(time_hex, 16) - _OFFSET
+    return b"e/%s/%s" % (shard, id_bytes), int(time_hex, 16) - TIME_OFFSET
 
 
 def pack_entry(token: str | None, event_time_ms: int) -> bytes:
@@ -237,7 +244,8 @@ def unpack_entry(raw: bytes) -> tuple[str | None, int]:
 
 #: an item of :meth:`commit_many`: ``(event_id, token, event_time_ms)``
 Item = tuple[str, str, int]
-_FIRST, _SECOND, _THIRD = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(2)
+#: the columns of items: ``list(map(EVENT_ID, items))``
+EVENT_ID, TOKEN, EVENT_TIME = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(2)
 
 
 def _text_ok(value: Any, limit: int) -> bool:
@@ -296,7 +304,7 @@ def _check_items_fast(items: Sequence[Any]) -> list[Item] | None:
         return []
     if not set(map(type, items)) <= {list, tuple} or set(map(len, items)) != {3}:
         return None
-    ids, tokens, times = list(map(_FIRST, items)), list(map(_SECOND, items)), list(map(_THIRD, items))
+    ids, tokens, times = list(map(EVENT_ID, items)), list(map(TOKEN, items)), list(map(EVENT_TIME, items))
     if set(map(type, ids)) != {str} or set(map(type, tokens)) != {str} or set(map(type, times)) != {int}:
         return None
     id_lengths, token_lengths = set(map(len, ids)), set(map(len, tokens))
