@@ -15,7 +15,8 @@ Scenarios (fresh click ids, one token per client thread, event times of now):
   requests server-side batching folds into one durable write;
 * ``etcd`` — the service on the etcd backend, three etcd members on loopback (Raft: every
   transaction is on a majority's disk), the ``embedded`` client load with ``--etcd-batch``
-  items per call. Skipped if etcd is not installed.
+  items per call; ``etcd_1024`` the same with etcd's ``--max-txn-ops`` raised from 128 to
+  1024 (fewer, larger transactions). Skipped if etcd is not installed.
 
 Prints a table and writes ``bench/results/registry.json``. Target: >= 50k commits/s on the
 embedded backend on 2 cores. The clients run on the same machine and share its cores with
@@ -188,18 +189,21 @@ def main(argv: list[str] | None = None) -> int:
     small = {"procs": 2, "threads": 16, "batch": 100, "seconds": args.seconds}
     results["embedded"], results["embedded_small"] = bench_service([], [big, small])
     if args.skip_etcd or etcd_binary() is None:
-        results["etcd"] = {"skipped": "etcd is not installed" if etcd_binary() is None else "--skip-etcd"}
+        results["etcd"] = results["etcd_1024"] = {"skipped": "etcd is not installed" if etcd_binary() is None else "--skip-etcd"}
     else:
         print(f"etcd service (three members on loopback; {args.procs}x{args.threads} clients x {args.etcd_batch} items) ...", flush=True)
-        with tempfile.TemporaryDirectory(prefix="registry-bench-etcd-") as d, LocalEtcdCluster(d) as cluster:
-            endpoints = [a for e in cluster.endpoints for a in ("--etcd-endpoint", e)]
-            results["etcd"] = bench_service(["--backend", "etcd", *endpoints], [{**big, "batch": args.etcd_batch}])[0]
-            results["etcd"]["members"] = len(cluster.endpoints)
+        for name, ops in (("etcd", None), ("etcd_1024", 1024)):
+            cluster_args = ["--max-txn-ops", str(ops)] if ops else []
+            with tempfile.TemporaryDirectory(prefix="registry-bench-etcd-") as d, LocalEtcdCluster(d, extra_args=cluster_args) as cluster:
+                endpoints = [a for e in cluster.endpoints for a in ("--etcd-endpoint", e)]
+                registry_args = ["--etcd-max-txn-ops", str(ops)] if ops else []
+                results[name] = bench_service(["--backend", "etcd", *endpoints, *registry_args], [{**big, "batch": args.etcd_batch}])[0]
+                results[name].update(members=len(cluster.endpoints), max_txn_ops=ops or 128)
     results["machine"]["load_average_1min_at_end"] = round(os.getloadavg()[0], 2)
 
     print()
     print(f"{'scenario':<16} {'commits/s':>10} {'clients x items':>16} {'ms/call p50':>12} {'p99':>8} {'requests/write':>15} {'items/write':>12}")
-    for name in ("core", "embedded", "embedded_small", "etcd"):
+    for name in ("core", "embedded", "embedded_small", "etcd", "etcd_1024"):
         r = results[name]
         if "skipped" in r:
             print(f"{name:<16} skipped: {r['skipped']}")

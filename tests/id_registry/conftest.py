@@ -58,7 +58,7 @@ def served(worker: RegistryWorker, secret: Secret = SECRET) -> Iterator[str]:
     import uvicorn
 
     port = free_port()
-    config = uvicorn.Config(create_app(worker, guard=registry_guard(secret)), host="127.0.0.1", port=port, log_level="error", lifespan="on")
+    config = uvicorn.Config(create_app(worker, guard=registry_guard(secret)), host="127.0.0.1", port=port, log_level="error", lifespan="on", timeout_graceful_shutdown=1)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
