@@ -78,6 +78,7 @@ class Campaign:
         cluster: Any = None,
         log: Callable[[str], None] = print,
         disk_mb: int = 768,
+        every_s: tuple[float, float] | None = None,
     ) -> None:
         self.work = Path(workdir)
         self.records = records
@@ -87,6 +88,8 @@ class Campaign:
         self.cluster = cluster
         self.log = log
         self.max_bytes = max_bytes
+        #: soak: a fault every ``every_s`` seconds (a random pause in that range), until drained
+        self.every_s = every_s
         self.result = Result(seed, records)
         self.classes = list(classes)
         why = inject.SmallDisk.available() if "disk" in classes else None
@@ -108,8 +111,11 @@ class Campaign:
 
     # ---- the plan ----------------------------------------------------------------------------
     def plan(self) -> list[str]:
-        """Every class at least once (when there is room), the rest at random, shuffled."""
-        plan = list(self.classes)[: self.n_faults]
+        """Every class at least once (when there is room), the rest at random, shuffled.
+
+        ``faults=0`` (the soak): every class once, shuffled; then random classes until drained.
+        """
+        plan = list(self.classes)[: self.n_faults or None]
         while len(plan) < self.n_faults:
             plan.append(self.rng.choice(self.classes))
         self.rng.shuffle(plan)
@@ -126,7 +132,14 @@ class Campaign:
         return inject.start_driver(self.root, self.data, *extra, env=self.authority.env(), log=self.driver_log)
 
     def _progress(self, proc: Any) -> bool:
-        """Wait for a random query to commit 1-3 more batches; False if the driver ended first."""
+        """Wait for a random query to commit 1-3 more batches (the soak: 30-120 s); False if the driver ended first."""
+        if self.every_s is not None:
+            deadline = time.monotonic() + self.rng.uniform(*self.every_s)
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    return False
+                time.sleep(0.2)
+            return True
         query = self.rng.choice(QUERIES)
         return inject.wait_for_progress(proc, self.root, query, self.rng.randint(1, 3), timeout=600)
 
@@ -184,7 +197,7 @@ class Campaign:
         if rc not in (FENCED_EXIT, 0):
             msg = f"the zombie driver exited {rc}, not fenced ({FENCED_EXIT}):\n{self._tail()}"
             raise AssertionError(msg)
-        self.result.faults["zombie_fenced" if rc == FENCED_EXIT else "zombie_finished_first"] += 0
+        self.log(f"    zombie (pid {proc.pid}) exited {rc}: {'fenced' if rc == FENCED_EXIT else 'finished first'}")
         return second
 
     def _disk(self, proc: Any) -> Any:
@@ -218,7 +231,10 @@ class Campaign:
         proc = None
         try:
             proc = self._start()
-            for what in plan:
+            i = 0
+            while not self.n_faults or i < self.n_faults:
+                what = plan[i] if i < len(plan) else self.rng.choice(self.classes)
+                i += 1
                 if proc.poll() is not None:
                     break  # drained before every fault landed: the result says how many did
                 if not self._progress(proc):

@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        # inherited by the JVM spark-submit starts, and by its Python workers; this process keeps the real clock
+        # inherited by the JVM spark-submit starts; this process keeps the real clock, and so do
+        # Spark's Python workers (spark.executorEnv below): under libfaketime their socket
+        # timeouts misfire ("Python worker failed to connect back")
         os.environ.update(
             LD_PRELOAD=LIBFAKETIME,
             FAKETIME_TIMESTAMP_FILE=args.faketime,
@@ -82,9 +84,13 @@ def main(argv: list[str] | None = None) -> int:
         watermarks = HttpWatermarkClient(
             args.authority, secret=client_secret(None, data_dir=None), retries=12, backoff=0.1
         )
-    rt = SparkRuntime(
-        topo, args.run, settings, watermarks=watermarks, log=lambda m: print(m, flush=True)
-    )
+    spark = None
+    if args.faketime:
+        from millwheel.runtime._session import spark_session
+
+        spark = spark_session(args.master, conf={"spark.executorEnv.LD_PRELOAD": ""})
+        os.environ.pop("LD_PRELOAD")  # the JVM has started with it; nothing else started from here gets it
+    rt = SparkRuntime(topo, args.run, settings, spark=spark, watermarks=watermarks, log=lambda m: print(m, flush=True))
     try:
         rt.run(timeout_s=args.timeout)
     except FencedError as exc:
