@@ -51,6 +51,16 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds used so far by processes ``pids`` (all their threads), from /proc."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def percentiles_ms(samples: list[float]) -> dict[str, Any]:
     lat = sorted(samples)
     if not lat:
@@ -63,18 +73,28 @@ def bench_core(batch: int, seconds: float) -> dict[str, Any]:
         registry = Registry(RocksBackend(d))
         n = calls = 0
         latencies = []
+        cpu = 0.0
         started = time.perf_counter()
         while time.perf_counter() - started < seconds:
             now = wall_ms()
             items = [(f"core-{calls}-{i:06d}", "joiner-core", now) for i in range(batch)]
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             n += sum(r.committed for r in registry.commit_many(items))
             latencies.append(time.perf_counter() - t0)
+            cpu += time.process_time() - c0
             calls += 1
         elapsed = time.perf_counter() - started
         writes = registry.backend.writes
         registry.close()
-    return {"commits_per_s": round(n / elapsed), "commits": n, "seconds": round(elapsed, 2), "durable_writes": writes, **percentiles_ms(latencies)}
+    return {
+        "commits_per_s": round(n / elapsed),
+        "commits": n,
+        "seconds": round(elapsed, 2),
+        "durable_writes": writes,
+        "server_cpu_us_per_commit": round(cpu / max(1, n) * 1e6, 2),
+        "commits_per_server_core_s": round(n / max(cpu, 1e-9)),
+        **percentiles_ms(latencies),
+    }
 
 
 def _client_process(url: str, secret: str, name: str, threads: int, batch: int, seconds: float, start_at: float, out: Any) -> None:
@@ -105,8 +125,12 @@ def _client_process(url: str, secret: str, name: str, threads: int, batch: int, 
     workers = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
     for w in workers:
         w.start()
+    while time.time() < start_at:
+        time.sleep(0.001)
+    cpu_start = time.process_time()
     for w in workers:
         w.join()
+    results[0]["cpu"] = time.process_time() - cpu_start
     out.put(results)
 
 
@@ -123,6 +147,7 @@ def load(url: str, secret: str, *, procs: int, threads: int, batch: int, seconds
         p.join(30)
     elapsed = max(r["ended"] for r in rows) - start_at
     committed = sum(r["committed"] for r in rows)
+    client_cpu = sum(r.get("cpu", 0.0) for r in rows)
     latencies = [x for r in rows for x in r["latencies"]]
     return {
         "commits_per_s": round(committed / elapsed),
@@ -132,6 +157,7 @@ def load(url: str, secret: str, *, procs: int, threads: int, batch: int, seconds
         "clients": procs * threads,
         "batch": batch,
         "throttled_retries": sum(r["throttled"] for r in rows),
+        "client_cpu_us_per_commit": round(client_cpu / max(1, committed) * 1e6, 2),
         **percentiles_ms(latencies),
     }
 
@@ -144,14 +170,16 @@ def with_server_figures(result: dict[str, Any], before: dict[str, Any], after: d
         durable_writes=writes,
         requests_per_durable_write=round(requests / max(1, writes), 2),
         items_per_durable_write=round(result["commits"] / max(1, writes)),
-        group_sizes=after["stats"]["group_sizes"],
+        group_sizes={k: n - before["stats"]["group_sizes"].get(k, 0) for k, n in after["stats"]["group_sizes"].items() if n > before["stats"]["group_sizes"].get(k, 0)},
     )
     if "txns" in after["backend"]:
         result["etcd_txns"] = after["backend"]["txns"] - before["backend"]["txns"]
     return result
 
 
-def bench_service(extra_args: list[str], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def bench_service(extra_args: list[str], runs: list[dict[str, Any]], store_pids: list[int] | None = None) -> list[dict[str, Any]]:
+    """The service with ``extra_args`` under each client load of ``runs``; with the CPU the service
+    (and ``store_pids``, etcd's members) spent per commit, whatever else the machine was doing."""
     with tempfile.TemporaryDirectory(prefix="registry-bench-") as d:
         svc = start_registry(d, extra_args=extra_args)
         try:
@@ -160,7 +188,14 @@ def bench_service(extra_args: list[str], runs: list[dict[str, Any]]) -> list[dic
                 out = []
                 for run in runs:
                     before = c.status()
+                    cpu = cpu_seconds([svc.pid]), cpu_seconds(store_pids or [])
                     result = load(svc.url, secret, **run)
+                    used = cpu_seconds([svc.pid]) - cpu[0], cpu_seconds(store_pids or []) - cpu[1]
+                    result["server_cpu_us_per_commit"] = round(used[0] / max(1, result["commits"]) * 1e6, 2)
+                    result["server_cpu_share"] = round(used[0] / result["seconds"], 2)  # cores the service got
+                    result["commits_per_server_core_s"] = round(result["commits"] / max(used[0], 1e-9))
+                    if store_pids:
+                        result["etcd_cpu_us_per_commit"] = round(used[1] / max(1, result["commits"]) * 1e6, 2)
                     out.append(with_server_figures(result, before, c.status()))
                 return out
         finally:
@@ -197,12 +232,13 @@ def main(argv: list[str] | None = None) -> int:
             with tempfile.TemporaryDirectory(prefix="registry-bench-etcd-") as d, LocalEtcdCluster(d, extra_args=cluster_args) as cluster:
                 endpoints = [a for e in cluster.endpoints for a in ("--etcd-endpoint", e)]
                 registry_args = ["--etcd-max-txn-ops", str(ops)] if ops else []
-                results[name] = bench_service(["--backend", "etcd", *endpoints, *registry_args], [{**big, "batch": args.etcd_batch}])[0]
+                pids = [p.pid for p in cluster.processes if p is not None]
+                results[name] = bench_service(["--backend", "etcd", *endpoints, *registry_args], [{**big, "batch": args.etcd_batch}], pids)[0]
                 results[name].update(members=len(cluster.endpoints), max_txn_ops=ops or 128)
     results["machine"]["load_average_1min_at_end"] = round(os.getloadavg()[0], 2)
 
     print()
-    print(f"{'scenario':<16} {'commits/s':>10} {'clients x items':>16} {'ms/call p50':>12} {'p99':>8} {'requests/write':>15} {'items/write':>12}")
+    print(f"{'scenario':<16} {'commits/s':>10} {'clients x items':>16} {'ms/call p50':>12} {'p99':>8} {'requests/write':>15} {'items/write':>12} {'server CPU us/commit':>21} {'per server core':>16}")
     for name in ("core", "embedded", "embedded_small", "etcd", "etcd_1024"):
         r = results[name]
         if "skipped" in r:
@@ -211,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         shape = f"{r.get('clients', 1)} x {r.get('batch', args.batch)}"
         print(
             f"{name:<16} {r['commits_per_s']:>10,} {shape:>16} {r['ms_p50']:>12} {r['ms_p99']:>8} "
-            f"{r.get('requests_per_durable_write', '-'):>15} {r.get('items_per_durable_write', '-'):>12}"
+            f"{r.get('requests_per_durable_write', '-'):>15} {r.get('items_per_durable_write', '-'):>12} "
+            f"{r.get('server_cpu_us_per_commit', '-'):>21} {r.get('commits_per_server_core_s', '-'):>16}"
         )
     print(f"load average (1 min): {results['machine']['load_average_1min_at_start']} at start, {results['machine']['load_average_1min_at_end']} at end")
     Path(args.results).parent.mkdir(parents=True, exist_ok=True)
