@@ -115,8 +115,7 @@ class RegistryWorker:
         """Run ``fn()`` on the registry thread, alone, after what is queued before it."""
         future: Future[T] = Future()
         with self._cond:
-            if throttle:
-                self._admit(0)
+            self._admit(0, throttle=throttle)
             self._push(_Op(fn, future), 0)
         return future
 
@@ -151,10 +150,12 @@ class RegistryWorker:
             self._push(_Op(start, None), 0)
         return done
 
-    def _admit(self, items: int) -> None:
+    def _admit(self, items: int, *, throttle: bool = True) -> None:
         if self._closed:
             msg = "the registry is shutting down; send the request to another registry server or retry later"
             raise RegistryUnavailableError(msg)
+        if not throttle:
+            return
         too_many = self.inflight_requests >= self.max_inflight_requests
         too_much = self.inflight_items > 0 and self.inflight_items + items > self.max_inflight_items
         if too_many or too_much:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from id_registry import CommitResult, HttpRegistryClient, Registry, Status
+import pytest
+
+from id_registry import CommitResult, HttpRegistryClient, Registry, RegistryUnavailableError, Status
 from id_registry._worker import RegistryWorker
 
 
@@ -98,3 +100,17 @@ def test_the_real_service_coalesces_concurrent_requests(service, ns):
     writes = after["backend"]["durable_writes"] - before["backend"]["durable_writes"]
     assert requests == 128
     assert writes < requests
+
+
+def test_a_closed_worker_refuses_at_once_and_answered_what_was_queued(clock, gated):
+    worker = RegistryWorker(Registry(gated, clock=clock))
+    gated.gate.clear()
+    first = worker.commit([("a", "t", 1_000)])
+    assert gated.waiting.wait(10)
+    queued = worker.commit([("b", "t", 1_000)])
+    threading.Timer(0.2, gated.gate.set).start()
+    worker.close()  # drains: everything queued before the close is answered
+    assert first.result(10)[0].committed and queued.result(10)[0].committed
+    for submit in (lambda: worker.commit([("c", "t", 1_000)]), lambda: worker.call(lambda: 1, throttle=False), worker.status):
+        with pytest.raises(RegistryUnavailableError, match="shutting down"):
+            submit()
