@@ -135,7 +135,10 @@ class EtcdBackend(Backend):
                     return response.json()  # type: ignore[no-any-return]
                 last = f"HTTP {response.status_code} from {endpoint}: {describe(response.text, 300)}"
                 if response.status_code < 500 and "leader" not in response.text:
-                    msg = f"etcd refused {path}: {last}"
+                    hint = ""
+                    if "too many operations" in response.text:
+                        hint = f"; this registry sends up to {self.max_txn_ops} operations per transaction: give it the cluster's --max-txn-ops (--etcd-max-txn-ops)"
+                    msg = f"etcd refused {path}: {last}{hint}"
                     raise BackendUnavailableError(msg)
             except httpx.TransportError as exc:
                 last = f"{type(exc).__name__} from {endpoint}: {exc}"

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from id_registry import EtcdBackend, Registry, RegistryError, Status
+from id_registry import BackendUnavailableError, EtcdBackend, Registry, RegistryError, Status
 from id_registry.client import start_registry
 from id_registry.testing import LocalEtcdCluster, etcd_binary
 
@@ -94,3 +94,32 @@ def test_killing_the_leader_mid_stream_loses_nothing_and_admits_no_duplicate(tmp
         assert [(f.status, f.token) for f in found] == [(Status.FOUND, expected[i]) for i in ids]
         local.close()
         reader.close()
+
+
+@pytest.mark.skipif(etcd_binary() is None, reason="etcd is not installed (scripts/setup.sh --test installs Debian's etcd-server; CI has it)")
+def test_a_registry_sending_larger_transactions_than_the_cluster_takes_says_what_to_set(etcd_cluster):
+    backend = EtcdBackend(etcd_cluster.endpoints, prefix=f"too-many-{time.monotonic_ns()}/", max_txn_ops=1024, timeout=5.0)
+    registry = Registry(backend)
+    with pytest.raises(BackendUnavailableError, match=r"too many operations.*--etcd-max-txn-ops"):
+        registry.commit_many([(f"x{i}", "t", 1_000) for i in range(500)])
+    assert registry.lookup_many(["x0"])[0].status is Status.NOT_FOUND  # refused whole: nothing stored
+    registry.close()
+
+
+@pytest.mark.skipif(etcd_binary() is None, reason="etcd is not installed (scripts/setup.sh --test installs Debian's etcd-server; CI has it)")
+def test_two_registry_servers_on_one_cluster_see_each_others_metadata(etcd_cluster):
+    """A GC boundary or shard configuration set through one server binds the other at once (§2.2.2, §2.3)."""
+    prefix = f"two-servers-{time.monotonic_ns()}/"
+    now = [10_000_000]
+    a = Registry(EtcdBackend(etcd_cluster.endpoints, prefix=prefix), clock=lambda: now[0])
+    b = Registry(EtcdBackend(etcd_cluster.endpoints[::-1], prefix=prefix), clock=lambda: now[0])
+    assert b.commit_many([("c1", "dc2", 1_000)])[0].committed
+    a.advance_gc(2_000)
+    assert b.commit_many([("c2", "dc2", 1_500)])[0].status is Status.TOO_OLD  # b's cached boundary was stale
+    a.reshard(now[0] + 60_000, 5)
+    now[0] += 120_000
+    assert b.commit_many([("c3", "dc2", now[0])])[0].committed
+    assert a.commit_many([("c3", "dc1", now[0])])[0] == (Status.CONFLICT, "dc2")  # both servers put c3 in the same shard
+    assert b.shard_configs() == a.shard_configs()
+    a.close()
+    b.close()
