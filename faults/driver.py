@@ -84,12 +84,14 @@ def main(argv: list[str] | None = None) -> int:
         watermarks = HttpWatermarkClient(
             args.authority, secret=client_secret(None, data_dir=None), retries=12, backoff=0.1
         )
-    spark = None
-    if args.faketime:
-        from millwheel.runtime._session import spark_session
+    from millwheel.runtime._session import spark_session
 
-        spark = spark_session(args.master, conf={"spark.executorEnv.LD_PRELOAD": ""})
-        os.environ.pop("LD_PRELOAD")  # the JVM has started with it; nothing else started from here gets it
+    # a Python worker that starts slowly on a loaded machine is not a fault: wait for it
+    conf = {"spark.python.authenticate.socketTimeout": "120s"}
+    if args.faketime:
+        conf["spark.executorEnv.LD_PRELOAD"] = ""
+    spark = spark_session(args.master, conf=conf)
+    os.environ.pop("LD_PRELOAD", None)  # the JVM has started with it; nothing else started from here gets it
     rt = SparkRuntime(topo, args.run, settings, spark=spark, watermarks=watermarks, log=lambda m: print(m, flush=True))
     try:
         rt.run(timeout_s=args.timeout)

@@ -40,35 +40,19 @@ from pathlib import Path
 # ---- processes --------------------------------------------------------------------------------
 
 
-def processes() -> list[tuple[int, int, str]]:
-    """``(pid, parent pid, command line)`` of every process, from ``/proc``."""
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                stat = f.read()
-            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            out.append((int(d), ppid, cmd))
-        except (OSError, ValueError):
-            continue
-    return out
-
-
-def descendants(root: int) -> list[tuple[int, int, str]]:
+def descendants(root: int) -> list[int]:
     """Every process below ``root`` (Spark's Python workers leave the process group)."""
-    children: dict[int, list[tuple[int, int, str]]] = {}
-    for p in processes():
-        children.setdefault(p[1], []).append(p)
-    out, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child[0])
-    return out
+    from millwheel.runtime._cluster import _children
+
+    return _children(root)
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def alive(pid: int) -> bool:
@@ -81,7 +65,7 @@ def alive(pid: int) -> bool:
 
 def kill_tree(proc: subprocess.Popen[bytes]) -> None:
     """kill -9 a process, then everything it started (the JVM, the Python workers)."""
-    family = [pid for pid, _, _ in descendants(proc.pid)]
+    family = descendants(proc.pid)
     with contextlib.suppress(ProcessLookupError):
         os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -97,9 +81,8 @@ def kill_tree(proc: subprocess.Popen[bytes]) -> None:
 
 def python_workers(root: int) -> list[int]:
     """Pids of the Spark Python workers forked by a ``pyspark.daemon`` below ``root``."""
-    members = descendants(root)
-    daemons = {pid for pid, _, cmd in members if "pyspark.daemon" in cmd}
-    return [pid for pid, ppid, _ in members if ppid in daemons]
+    daemons = [pid for pid in descendants(root) if "pyspark.daemon" in cmdline(pid)]
+    return [pid for daemon in daemons for pid in descendants(daemon)]
 
 
 def kill_python_workers(root: int) -> int:
@@ -117,8 +100,8 @@ def kill_executor(cluster: object, index: int = 0) -> int | None:
     from millwheel.runtime._cluster import EXECUTOR_CLASS
 
     worker = cluster.workers[index]  # type: ignore[attr-defined]
-    for pid, _, cmd in descendants(worker.pid):
-        if EXECUTOR_CLASS in cmd:
+    for pid in descendants(worker.pid):
+        if EXECUTOR_CLASS in cmdline(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
                 return pid
@@ -127,7 +110,7 @@ def kill_executor(cluster: object, index: int = 0) -> int | None:
 
 def pause(proc: subprocess.Popen[bytes]) -> list[int]:
     """SIGSTOP a driver and its whole tree (JVM, workers): a zombie-to-be. Returns the pids stopped."""
-    family = [proc.pid, *(pid for pid, _, _ in descendants(proc.pid))]
+    family = [proc.pid, *descendants(proc.pid)]
     for pid in family:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGSTOP)

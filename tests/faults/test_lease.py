@@ -1,0 +1,85 @@
+"""The zombie-driver fence without Spark: leases, and what the outbox publishes (``millwheel/runtime/_lease.py``).
+
+A paused driver that resumes after a second driver took over must not make anything visible:
+its staged copy of a batch is never the one published, a batch already published is never
+published again, and every write path raises :class:`FencedError` once a newer epoch exists.
+"""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+
+from millwheel import Record
+from millwheel.runtime._fs import Location
+from millwheel.runtime._lease import FencedError, Lease
+from millwheel.runtime._outbox import Outbox
+from millwheel.runtime._streams import FileStreamLog, records_table
+
+
+def _stage(root, batch, epoch, job, ids):
+    """What a sink attempt of driver ``epoch`` writes for ``batch``: one Parquet part under ``stream=out``."""
+    d = root / "outbox" / "C" / str(batch) / f"e{epoch}" / "stream=out"
+    d.mkdir(parents=True, exist_ok=True)
+    table = records_table([Record(None, {"v": i}, 1_000 + k, i) for k, i in enumerate(ids)])
+    pq.write_table(table, d / f"part-00000-{job}.c000.snappy.parquet")
+
+
+def _outbox(root, lease):
+    (root / "checkpoints" / "C" / "commits").mkdir(parents=True, exist_ok=True)
+    loc = Location.of(str(root))
+    return Outbox("C", loc.child("outbox", "C"), loc.child("checkpoints", "C"), FileStreamLog(loc), strong=True,
+                  on_summary=lambda _n, _s: None, lease=lease)  # fmt: skip
+
+
+def _commit(root, n):
+    (root / "checkpoints" / "C" / "commits" / str(n)).write_text("v1\n{}\n")
+
+
+def _published(root):
+    return sorted(r.id for r in FileStreamLog(Location.of(str(root))).read("out"))
+
+
+def test_a_newer_epoch_fences_the_older(tmp_path):
+    loc = Location.of(str(tmp_path)).child("leases", "C")
+    first, second = Lease(loc, "computation 'C'"), Lease(loc, "computation 'C'")
+    assert first.acquire() == 1
+    first.check()
+    assert second.acquire() == 2
+    second.check()
+    with pytest.raises(FencedError, match=r"computation 'C': another driver .* epoch 2\) took over .* \(epoch 1\)"):
+        first.check()
+
+
+def test_publication_takes_the_newest_epoch_and_never_republishes(tmp_path):
+    zombie_lease = Lease(Location.of(str(tmp_path)).child("leases", "C"), "computation 'C'")
+    zombie_lease.acquire()
+    lease = Lease(Location.of(str(tmp_path)).child("leases", "C"), "computation 'C'")
+    lease.acquire()
+    box = _outbox(tmp_path, lease)
+    # the zombie staged batch 0 (a different version) after the new driver staged its own
+    _stage(tmp_path, 0, 2, "a" * 8 + "-0000-4000-8000-000000000001", ["x1", "x2"])
+    _stage(tmp_path, 0, 1, "b" * 8 + "-0000-4000-8000-000000000002", ["z1", "z2", "z3"])
+    _commit(tmp_path, 0)
+    assert box.publish_committed() == 1
+    assert _published(tmp_path) == ["x1", "x2"]
+    # the zombie resumes and stages batch 0 again, after it was published and deleted
+    _stage(tmp_path, 0, 1, "c" * 8 + "-0000-4000-8000-000000000003", ["z1", "z2", "z3"])
+    assert box.publish_committed() == 0
+    assert _published(tmp_path) == ["x1", "x2"]
+    assert not (tmp_path / "outbox" / "C" / "0").exists()
+
+
+def test_a_fenced_outbox_publishes_nothing(tmp_path):
+    loc = Location.of(str(tmp_path)).child("leases", "C")
+    zombie = Lease(loc, "computation 'C'")
+    zombie.acquire()
+    box = _outbox(tmp_path, zombie)
+    _stage(tmp_path, 0, 1, "d" * 8 + "-0000-4000-8000-000000000004", ["z1"])
+    _commit(tmp_path, 0)
+    Lease(loc, "computation 'C'").acquire()  # a second driver starts
+    with pytest.raises(FencedError):
+        box.publish_committed()
+    with pytest.raises(FencedError):
+        box.sink(None, 1)  # the sink stages nothing once fenced
+    assert _published(tmp_path) == []
