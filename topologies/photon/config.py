@@ -52,6 +52,8 @@ class PhotonConfig:
     log_store_window_ms: int = 120_000
     #: live runs: a log file that has not grown for this long is finished (rotation finishes the others)
     idle_finish_ms: int = 60_000
+    #: log bytes an injector reads per batch (smaller: more, smaller micro-batches)
+    max_bytes_per_batch: int = 64 << 20
 
     def backoff(self, attempt: int) -> int:
         """The wait before retry ``attempt + 1`` (exponential, capped)."""

@@ -52,7 +52,7 @@ def make_sources(data_dir: str | os.PathLike[str], config: PhotonConfig | None =
     """
     c = config or PhotonConfig()
     root = Path(data_dir)
-    common = {"ts_field": c.ts_field, "finite": finite, "idle_finish_ms": c.idle_finish_ms}
+    common = {"ts_field": c.ts_field, "finite": finite, "idle_finish_ms": c.idle_finish_ms, "max_bytes_per_batch": c.max_bytes_per_batch}
     return {
         "queries": LogFileSource(root / "queries", id_field=c.query_id_field, lateness_ms=c.query_lateness_ms, **common),
         "clicks": LogFileSource(root / "clicks", id_field=c.click_id_field, lateness_ms=c.click_lateness_ms, **common),

@@ -7,6 +7,8 @@
   no sources (the test injects); ``query`` / ``click`` build their records;
   ``union`` merges pipelines' outputs;
 * ``registry`` — a real IdRegistry in this process (``id_registry``), as the backends use it;
+  ``registry_service`` — the real service, for Spark pipelines in other processes;
+  ``spark_sample`` — a smaller sample for Spark runs;
 * ``pipelines`` — ``pipelines(data, registry, names)``: one harness pipeline per name over
   the same logs, fed in slices (``Stepper``), killable right after a registry commit.
 """
@@ -92,6 +94,23 @@ def joiner():
         return h
 
     return make
+
+
+@pytest.fixture(scope="session")
+def spark_sample(tmp_path_factory) -> Path:
+    """A smaller sample for Spark runs (~600 queries, ~55 clicks, every difficulty)."""
+    d = tmp_path_factory.mktemp("photon-spark-sample")
+    generate(d, GeneratorConfig(seed=8, duration_s=10, rate=60, orphan_click_fraction=0.03, duplicate_click_fraction=0.05))
+    return d
+
+
+@pytest.fixture(scope="session")
+def registry_service(tmp_path_factory):
+    """The real IdRegistry service (``python -m id_registry serve``) on loopback, for the session."""
+    from id_registry import embedded_registry
+
+    with embedded_registry(str(tmp_path_factory.mktemp("photon-registry"))) as service:
+        yield service
 
 
 @pytest.fixture
