@@ -153,9 +153,6 @@ def spark_session(
     ``master=None`` takes the master from spark-submit (or ``local[*]`` outside it).
     """
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    # a Python worker or streaming-source runner connects back to the JVM within this many
-    # seconds (PySpark's default, 15, is missed on a loaded machine and fails the query)
-    os.environ.setdefault("SPARK_AUTH_SOCKET_TIMEOUT", "120")
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
@@ -176,6 +173,9 @@ def spark_session(
         "spark.sql.adaptive.enabled": "false",  # streaming ignores AQE; saying so is noise
         "spark.sql.streaming.fileSource.log.compactInterval": "1000",
         "spark.python.worker.reuse": "true",
+        # how long the JVM waits for a Python worker or data-source runner to connect back
+        # (default 15 s: missed on a loaded machine, which fails the query)
+        "spark.python.authenticate.socketTimeout": "120s",
         "spark.driver.memory": os.environ.get("MILLWHEEL_DRIVER_MEMORY", "2g"),
     }
     if not submitted:  # the driver JVM starts here: it reads its log configuration at start
