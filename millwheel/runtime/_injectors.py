@@ -43,6 +43,8 @@ class SourceInjector:
         self.low_watermark = MIN_TIMESTAMP
         self.records_out = 0
         self.dead_letters = 0
+        #: the newest record timestamp sent since this driver started (the live status's "head" of the input)
+        self.newest = MIN_TIMESTAMP
         self._iter: Iterator[SourceBatch] | None = None
         self.finished = self.source is None
         #: fences this injector's stream files and position against a zombie driver (``_lease.py``)
@@ -84,6 +86,7 @@ class SourceInjector:
                 self.dead_letters += len(dead)
             self.position += 1
             self.records_out += len(good)
+            self.newest = max([self.newest, *(r.timestamp for r in good)])
             self.low_watermark = max(self.low_watermark, batch.low_watermark)
             self.state_file.write_text(json.dumps({"position": self.position, "low_watermark": self.low_watermark, "records_out": self.records_out, "dead_letters": self.dead_letters}))
         self.rt.watermarks.report_injector(self.name, "driver", self.low_watermark)
@@ -110,7 +113,8 @@ class SourceInjector:
         return self.low_watermark >= MAX_TIMESTAMP
 
     def status(self) -> dict[str, Any]:
-        return {"records_out": self.records_out, "dead_letters": self.dead_letters, "low_watermark": self.low_watermark}
+        newest = self.newest if self.newest > MIN_TIMESTAMP else None
+        return {"records_out": self.records_out, "dead_letters": self.dead_letters, "low_watermark": self.low_watermark, "newest_event_ms": newest}
 
 
 class LogFileInjector:
@@ -224,6 +228,9 @@ class LogFileInjector:
 
     def status(self) -> dict[str, Any]:
         out = {"records_out": self.records_out, "dead_letters": self.dead_letters, "low_watermark": self.low_watermark}
+        # the newest timestamp read from any file, from the last published offset (the live status's "head")
+        reached = [e[3] for e in (self.offset or {}).get("files", {}).values() if isinstance(e, list) and len(e) > 3 and e[3] is not None]
+        out["newest_event_ms"] = max(reached) if reached else None
         warning = self.stalled()
         if warning is not None:
             out["warning"] = warning

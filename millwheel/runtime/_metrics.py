@@ -55,7 +55,7 @@ _METRICS: tuple[tuple[str, str, str, Callable[[Row], float | int | None]], ...] 
     ("millwheel_batch_duration_seconds", "gauge", "Duration of the last micro-batch of the query, from Spark's progress.", lambda r: None if r.batch_ms is None else r.batch_ms / 1000),
     ("millwheel_low_watermark_seconds", "gauge", "Low watermark, seconds since the epoch (+Inf once finished; absent while nothing is known).", lambda r: _watermark(r.low_watermark)),
     ("millwheel_lag_seconds", "gauge", "Wall time minus the low watermark.", lambda r: None if r.lag_ms is None else r.lag_ms / 1000),
-    ("millwheel_event_time_lag_seconds", "gauge", "Lowest injector low watermark minus the computation's low watermark (event time).", lambda r: None if r.event_lag_ms is None else r.event_lag_ms / 1000),
+    ("millwheel_event_time_lag_seconds", "gauge", "Newest event time read by the injectors minus the computation's low watermark.", lambda r: None if r.event_lag_ms is None else r.event_lag_ms / 1000),
 )  # fmt: skip
 
 

@@ -6,10 +6,12 @@ the inputs, the last micro-batch's duration, and a row's ``warning`` (e.g. a sta
 log-file injector). The same snapshot feeds the terminal and the metrics endpoint
 (``_metrics.py``), so they never disagree.
 
-*Lag behind the inputs* is the dashboard's (``watermark_authority/static``): the lowest
-injector low watermark minus the computation's low watermark, in event time. A replay of
-old data lags days behind wall time; this column says how far the computation trails the
-data it is reading.
+*Lag behind the inputs* is in event time: the newest record timestamp the injectors have
+read (the "head" of the input, ``newest_event_ms`` in an injector's status) minus the
+computation's low watermark. A replay of old data lags days behind wall time; this column
+says how far the computation trails the data it has been given, during the replay and
+after the injectors have finished (the authority's dashboard measures from the lowest
+injector low watermark instead, which stops at +inf when the inputs are done).
 
 Three ways to show it (:func:`display_for`):
 
@@ -57,7 +59,7 @@ class Row:
     out_rate: float | None = None
     #: wall time minus the low watermark (ms); ``None`` when unknown or done
     lag_ms: int | None = None
-    #: lowest injector low watermark minus this low watermark (ms), computations only
+    #: the newest event time the injectors read minus this low watermark (ms), computations only
     event_lag_ms: int | None = None
     #: the last micro-batch's duration, from Spark's progress
     batch_ms: int | None = None
@@ -90,16 +92,16 @@ class Sampler:
     def sample(self) -> Snapshot:
         mono, now = time.monotonic(), int(time.time() * 1000)
         status = self.rt.status()
-        injectors = [s["low_watermark"] for s in status.values() if s.get("kind") == "injector"]
-        inputs = min(injectors) if injectors else None
+        heads = [s["newest_event_ms"] for s in status.values() if s.get("kind") == "injector" and s.get("newest_event_ms") is not None]
+        head = max(heads) if heads else None
         rows = []
         for name, s in status.items():
             lw = s["low_watermark"]
             known = MIN_TIMESTAMP < lw < MAX_TIMESTAMP
             computation = s.get("kind") == "computation"
             event_lag = None
-            if computation and known and inputs is not None and MIN_TIMESTAMP < inputs < MAX_TIMESTAMP:
-                event_lag = max(0, inputs - lw)
+            if computation and known and head is not None:
+                event_lag = max(0, head - lw)
             rows.append(
                 Row(
                     name=name,

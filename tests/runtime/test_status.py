@@ -27,7 +27,7 @@ class FakeRuntime:
         self.computations: dict = {}
         self.injectors: dict = {}
         self.rows = {
-            "queries": {"kind": "injector", "records_out": 100, "dead_letters": 2, "low_watermark": T0},
+            "queries": {"kind": "injector", "records_out": 100, "dead_letters": 2, "low_watermark": T0 - 1_000, "newest_event_ms": T0},
             "Counter": {"kind": "computation", "records_in": 90, "productions": 9, "dead_letters": 0,
                         "duplicates": 4, "late": 1, "timers_fired": 9, "low_watermark": T0 - 3_000, "batches": 5},
         }  # fmt: skip
@@ -42,7 +42,7 @@ def test_rates_lags_and_counts_come_from_the_runtime_status():
     first = sampler.sample()
     rows = {r.name: r for r in first.rows}
     assert rows["Counter"].in_rate is None  # no earlier snapshot
-    assert rows["Counter"].event_lag_ms == 3_000  # lowest injector watermark - computation watermark
+    assert rows["Counter"].event_lag_ms == 3_000  # newest event time read - computation watermark
     assert rows["queries"].event_lag_ms is None
     assert rows["Counter"].lag_ms is not None and rows["Counter"].lag_ms > 0
     rt.rows["Counter"]["records_in"] = 190
@@ -55,10 +55,16 @@ def test_rates_lags_and_counts_come_from_the_runtime_status():
 def test_lags_are_unknown_before_anything_is_known_and_after_the_end():
     rt = FakeRuntime()
     rt.rows["queries"]["low_watermark"] = MAX_TIMESTAMP
+    rows = {r.name: r for r in Sampler(rt).sample().rows}
+    assert rows["queries"].lag_ms is None
+    assert rows["Counter"].event_lag_ms == 3_000  # the inputs are finished: still behind their newest record
     rt.rows["Counter"]["low_watermark"] = MIN_TIMESTAMP
     rows = {r.name: r for r in Sampler(rt).sample().rows}
     assert rows["Counter"].lag_ms is None and rows["Counter"].event_lag_ms is None
-    assert rows["queries"].lag_ms is None
+    rt.rows["Counter"]["low_watermark"] = MAX_TIMESTAMP
+    rt.rows["queries"]["newest_event_ms"] = None
+    rows = {r.name: r for r in Sampler(rt).sample().rows}
+    assert rows["Counter"].lag_ms is None and rows["Counter"].event_lag_ms is None
 
 
 def test_the_table_shows_duplicates_late_records_dates_and_warnings():

@@ -1,0 +1,179 @@
+"""A real Spark standalone cluster: a master and two workers on loopback, started by ``millwheel cluster up``.
+
+* A topology submitted with ``spark-submit`` (client mode) runs on both workers — each
+  worker's executor runs tasks — and its sink holds exactly the harness's answer, which is
+  also the plain answer computed in pandas.
+* The same topology run with ``millwheel run --master spark://...``, with one worker JVM
+  (and everything it started) killed with SIGKILL mid-run, as a lost machine: Spark
+  reschedules the lost tasks on the other worker and the output is still exactly the
+  answer, no loss and no duplicate (MillWheel §6: exactly-once under failures).
+
+The kill is placed by progress (the first windows published), not by seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from millwheel.cli import load_topology
+from millwheel.runtime._cluster import StandaloneCluster, launcher_path
+from millwheel.testing import Harness
+
+from ._procs import committed_batches, write_logs
+
+pytestmark = [pytest.mark.spark, pytest.mark.skipif(shutil.which("java") is None and "JAVA_HOME" not in os.environ, reason="needs Java")]
+
+BIN = Path(sys.executable).parent
+N, FILES, KEYS = 6_000, 6, 30
+
+TOPOLOGY = """
+from computations.windowing import WindowCounter
+from millwheel import LogFileSource, Topology
+
+topology = Topology("cluster_counts")
+topology.injector("queries", LogFileSource({data!r}, finite=True, max_bytes_per_batch=25_000, lateness_ms=1_000))
+topology.computation(WindowCounter, inputs={{"queries": lambda r: r.value["query"]}}, outputs=["window_counts"],
+                     params={{"trailing_empty": 0}})
+topology.sink("window_counts", {out!r})
+"""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1", "MILLWHEEL_SPARK_UI": "0", **extra}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cluster")
+    up = subprocess.run(
+        [str(BIN / "millwheel"), "cluster", "up", "--dir", str(d), "--workers", "2", "--cores", "1", "--memory", "1g", "--port", "0", "--ui-port", "0"],
+        env=_env(), capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert up.returncode == 0, up.stderr + up.stdout
+    assert "master spark://127.0.0.1:" in up.stdout
+    try:
+        yield StandaloneCluster.load(str(d))
+    finally:
+        down = subprocess.run([str(BIN / "millwheel"), "cluster", "down", "--dir", str(d)], env=_env(), capture_output=True, text=True, timeout=120, check=False)
+        assert down.returncode == 0, down.stderr
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("logs")
+    return d, write_logs(d, N, files=FILES, keys=KEYS)
+
+
+@pytest.fixture(scope="module")
+def answer(data, tmp_path_factory):
+    """The harness's output for the topology, checked against the plain answer (pandas)."""
+    d, records = data
+    path = tmp_path_factory.mktemp("harness") / "topology.py"
+    path.write_text(TOPOLOGY.format(data=str(d), out=str(path.parent / "unused.jsonl")))
+    h = Harness(load_topology(str(path)))
+    h.run_sources()
+    got = Counter((v["key"], v["window_start"], v["count"]) for v in h.values("window_counts"))
+    df = pd.DataFrame(records)
+    df["w"] = df["ts"] // 1000 * 1000
+    plain = Counter((q, int(w), int(c)) for (q, w), c in df.groupby(["query", "w"]).size().items())
+    assert got == plain
+    return got
+
+
+def _topology(tmp_path: Path, data_dir: Path) -> tuple[Path, Path]:
+    out = tmp_path / "out" / "window_counts.jsonl"
+    path = tmp_path / "topology.py"
+    path.write_text(textwrap.dedent(TOPOLOGY.format(data=str(data_dir), out=str(out))))
+    return path, out
+
+
+def _sink_rows(out: Path) -> list[dict]:
+    rows = []
+    for f in sorted(out.glob("*.jsonl")):
+        rows += [json.loads(line) for line in f.read_text().splitlines() if line]
+    return rows
+
+
+def _said(text: str) -> str:
+    """What a run said, without Spark's INFO log (spark-submit logs at INFO until the session starts)."""
+    return "\n".join(line for line in text.splitlines() if " INFO " not in line)[-4000:]
+
+
+def _output(out: Path) -> Counter:
+    rows = _sink_rows(out)
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)), "a production was written twice"
+    return Counter((r["value"]["key"], r["value"]["window_start"], r["value"]["count"]) for r in rows)
+
+
+def _executors_that_ran_tasks(cluster: StandaloneCluster, before: set[Path]) -> set[str]:
+    """Workers whose executor of the newest application logged a task."""
+    ran = set()
+    for stderr in Path(cluster.directory, "work").glob("worker-*/app-*/*/stderr"):
+        app = stderr.parent.parent
+        if app not in before and "Running task" in stderr.read_text(errors="replace"):
+            ran.add(app.parent.name)
+    return ran
+
+
+def _apps(cluster: StandaloneCluster) -> set[Path]:
+    return set(Path(cluster.directory, "work").glob("worker-*/app-*"))
+
+
+def test_spark_submit_on_two_workers_equals_the_local_answer(cluster, data, answer, tmp_path):
+    path, out = _topology(tmp_path, data[0])
+    before = _apps(cluster)
+    done = subprocess.run(
+        [str(BIN / "spark-submit"), "--master", cluster.url, "--deploy-mode", "client",
+         "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
+         launcher_path(), "run", str(path), "--checkpoint", str(tmp_path / "run"), "--intervals", "2",
+         "--status-every", "0", "--no-metrics"],
+        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, _said(done.stderr) + done.stdout
+    said = done.stdout + done.stderr  # spark-submit may merge the driver's stderr into its stdout
+    assert f"on {cluster.url}" in said
+    assert "ran on Spark" in said
+    assert _output(out) == answer
+    assert _executors_that_ran_tasks(cluster, before) == {"worker-0", "worker-1"}
+
+
+def test_a_worker_killed_mid_run_changes_nothing_in_the_output(cluster, data, answer, tmp_path):
+    path, out = _topology(tmp_path, data[0])
+    run = tmp_path / "run"
+    log = tmp_path / "driver.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(
+            [str(BIN / "millwheel"), "run", str(path), "--master", cluster.url, "--checkpoint", str(run),
+             "--intervals", "2", "--shuffle-partitions", "2", "--status-every", "5", "--no-metrics", "--no-ui"],
+            cwd=tmp_path, env=_env(), stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240  # the kill point: the first windows are out
+        while not list(out.glob("*.jsonl")) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert committed_batches(run, "WindowCounter") >= 1
+        assert proc.poll() is None, "the run ended before the kill point:\n" + log.read_text()[-3000:]
+        killed = cluster.kill_worker(0)
+        assert killed, "worker-0 was not running"
+        rc = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert rc == 0, _said(text)
+    assert cluster.alive_workers() == 1
+    assert _output(out) == answer
+    cluster.add_worker()  # the module's cluster has two workers again
