@@ -92,7 +92,10 @@ def _run_spark(args: argparse.Namespace, data: Path, config: PhotonConfig) -> Ru
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    settings = RuntimeSettings(master=args.master, intervals=args.intervals, trigger_ms=args.trigger_ms, max_files_per_trigger=args.max_files_per_trigger)
+    settings = RuntimeSettings(
+        master=args.master, intervals=args.intervals, trigger_ms=args.trigger_ms, max_files_per_trigger=args.max_files_per_trigger,
+        max_restarts=args.max_restarts,
+    )
     with contextlib.ExitStack() as stack:
         url, secret_file = args.registry, args.secret_file
         if url is None:
@@ -172,6 +175,7 @@ def _parser() -> argparse.ArgumentParser:
     p_run.add_argument("--intervals", type=int, default=8)
     p_run.add_argument("--trigger-ms", type=int, default=0)
     p_run.add_argument("--max-files-per-trigger", type=int, default=None, help="spark: stream files per computation batch")
+    p_run.add_argument("--max-restarts", type=int, default=20, help="spark: restarts of a failed query (from its checkpoint) before giving up")
     p_run.add_argument("--timeout", type=float, default=None)
     for f in fields(PhotonConfig):
         kind = type(f.default)

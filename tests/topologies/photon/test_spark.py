@@ -86,7 +86,8 @@ def _drained(run: Path) -> bool:
 def test_two_pipelines_one_registry_kill_9_verify_restart(tmp_path, spark_sample, registry_service):
     secret = str(Path(registry_service.data_dir) / "secret")
     common = ["--backend", "spark", "--registry", registry_service.url, "--secret-file", secret, "--intervals", "4",
-              "--max-bytes-per-batch", "20000", "--max-files-per-trigger", "2"]  # fmt: skip
+              "--max-bytes-per-batch", "20000", "--max-files-per-trigger", "2",
+              "--max-restarts", "200"]  # a loaded machine: Python workers that fail to connect back are retried  # fmt: skip
     run_a, run_b = tmp_path / "dc1", tmp_path / "dc2"
     log_a, log_b = tmp_path / "dc1.log", tmp_path / "dc2.log"
     a = _start(_photon("run", str(spark_sample), "--checkpoint", str(run_a), "--pipeline", "dc1", *common), log_a,

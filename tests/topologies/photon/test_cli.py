@@ -1,0 +1,50 @@
+"""``millwheel photon generate|run|verify|evaluate`` (topologies/photon/cli.py) through the ``millwheel`` command."""
+
+from __future__ import annotations
+
+import json
+
+from millwheel.cli import main as millwheel_main
+
+
+def test_generate_then_run_on_the_harness_then_evaluate(tmp_path, capsys):
+    data = tmp_path / "sample"
+    assert millwheel_main(["photon", "generate", str(data), "--duration-s", "8", "--rate", "80", "--seed", "4"]) == 0
+    assert "wrote 640 queries" in capsys.readouterr().out
+    for mode in ("batch", "continuous"):
+        assert millwheel_main(["photon", "run", str(data), "--mode", mode]) == 0
+        out = capsys.readouterr().out
+        assert "exact match: True" in out and "all checks: PASS" in out
+        assert ("latency click logged" in out) == (mode == "continuous")
+
+
+def test_settings_are_options(tmp_path, capsys):
+    data = tmp_path / "sample"
+    millwheel_main(["photon", "generate", str(data), "--duration-s", "8", "--rate", "80"])
+    capsys.readouterr()
+    # a tiny retention and no log store: clicks that come after their query was evicted are lost to the
+    # join, and the evaluation says so (it can fail)
+    assert millwheel_main(["photon", "run", str(data), "--mode", "batch", "--retention-ms", "1", "--query-lateness-ms", "0", "--log-store", "false"]) == 0
+    out = capsys.readouterr().out
+    assert "all checks: FAIL" in out
+
+
+def test_evaluate_and_verify_report_errors_clearly(tmp_path, capsys):
+    assert millwheel_main(["photon", "verify", str(tmp_path / "nowhere"), "--registry", "http://127.0.0.1:9"]) == 2
+    assert "not a Photon run directory" in capsys.readouterr().err
+    assert millwheel_main(["photon", "run", str(tmp_path), "--backend", "spark"]) == 2
+    assert "--checkpoint" in capsys.readouterr().err
+
+
+def test_verify_json_on_run_directories(tmp_path, capsys, spark_sample, registry_service):
+    """A pipeline's run directory as ``verify`` reads it, without Spark: the manifest and no output yet."""
+    from topologies.photon import PhotonConfig
+    from topologies.photon.drivers import prepare_run
+
+    secret = str(registry_service.data_dir) + "/secret"
+    for name in ("dc1", "dc2"):
+        prepare_run(tmp_path / name, spark_sample, PhotonConfig(), name, registry_service.url)
+    code = millwheel_main(["photon", "verify", str(tmp_path / "dc1"), str(tmp_path / "dc2"), "--secret-file", secret, "--json", "--dry-run"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["clicks"] > 0 and report["in_output"] == report["missing"] == 0 and report["dry_run"]
