@@ -332,8 +332,8 @@ def cluster_main(argv: list[str]) -> int:
                 raise MillwheelError(msg)
             for flag, port in (("--port", args.port), ("--ui-port", args.ui_port)):
                 if port:
-                    with socket.socket() as s:
-                        if s.connect_ex(("127.0.0.1", port)) == 0:
+                    with socket.socket() as probe:
+                        if probe.connect_ex(("127.0.0.1", port)) == 0:
                             msg = f"port {port} is taken; pass {flag} with another port (0: any free port)"
                             raise MillwheelError(msg)
             started = time.monotonic()

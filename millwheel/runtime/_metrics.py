@@ -119,8 +119,8 @@ class MetricsServer:
         except OSError as exc:
             msg = f"cannot serve metrics on {host}:{port} ({exc.strerror or exc}); pass another --metrics-port, or --no-metrics"
             raise OSError(msg) from exc
-        bound_host, bound_port = self.httpd.server_address[:2]
-        shown = f"[{bound_host}]" if ":" in str(bound_host) else bound_host
+        bound_host, bound_port = str(self.httpd.server_address[0]), int(self.httpd.server_address[1])
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
         self.url = f"http://{shown}:{bound_port}/metrics"
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="millwheel-metrics", daemon=True)
 

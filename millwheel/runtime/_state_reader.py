@@ -78,7 +78,7 @@ def computations_of(root: Location) -> list[str]:
 
 
 def _decoder(codec: Any | None) -> Callable[[bytes], tuple[Any, str | None]]:
-    codecs = [codec] if codec is not None else [PickleCodec(), MsgpackCodec()]
+    codecs: list[Any] = [codec] if codec is not None else [PickleCodec(), MsgpackCodec()]
 
     def decode(raw: bytes) -> tuple[Any, str | None]:
         problem = None
