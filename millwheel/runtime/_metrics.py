@@ -8,7 +8,9 @@ port; ``--no-metrics`` turns it off) from the same snapshots as the live status
 Secure by default, like every millwheel service:
 
 * it listens on ``127.0.0.1`` unless given another host, and answers only ``Host`` names
-  of the address it is bound to (a re-pointed DNS name — DNS rebinding — gets 421);
+  of the address it is bound to (a re-pointed DNS name — DNS rebinding — gets 421) and no
+  page of another site (403): servicekit's :class:`~servicekit.http.Guard` checks both, as
+  for every millwheel service;
 * it has two read-only resources (``/metrics``, ``/``); any other method gets 405, a
   request with a body 413, any other path 404;
 * it reveals names and numbers, no path, no secret, no user data;
@@ -28,16 +30,20 @@ True
 from __future__ import annotations
 
 import http.server
-import ipaddress
+import secrets
 import socket
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from starlette.datastructures import Headers
+
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel.runtime._status import Row, Snapshot
-from servicekit.http import hosts_for_bind, normalize_host
+from servicekit.errors import ServiceError
+from servicekit.http import Guard, hosts_for_bind
+from servicekit.secret import Secret
 
 MAX_CONNECTIONS = 8
 REQUEST_TIMEOUT_S = 5.0
@@ -111,7 +117,12 @@ class MetricsServer:
     def __init__(self, source: Callable[[], Snapshot | None], topology: str, host: str = "127.0.0.1", port: int = 0) -> None:
         self.source = source
         self.topology = topology
-        self.allowed = hosts_for_bind(host)
+        # the endpoint takes no writes: the guard's secret is a random one nobody is given
+        self.guard = Guard(
+            secret=Secret(secrets.token_urlsafe(32), source="nowhere (the metrics endpoint takes no writes)"),
+            allowed_hosts=hosts_for_bind(host), host_hint="scrape it by its address, http://127.0.0.1:PORT/metrics",
+            service="the metrics endpoint",
+        )  # fmt: skip
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         handler = _handler(self)
         try:
@@ -176,9 +187,12 @@ def _handler(server: MetricsServer) -> type[http.server.BaseHTTPRequestHandler]:
                 self.wfile.write(data)
 
         def _refusal(self) -> tuple[int, str, dict[str, str]] | None:
-            host = normalize_host(self.headers.get("Host", ""))
-            if host not in server.allowed and not _is_ip(host):
-                return 421, f"this metrics endpoint does not answer for host {host!r}; use http://127.0.0.1:PORT/metrics\n", {}
+            headers = Headers(raw=[(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()])
+            try:
+                server.guard.check_host(headers)
+                server.guard.check_origin("GET", headers)
+            except ServiceError as exc:
+                return exc.status, f"{exc}\n", {}
             if self.command not in ("GET", "HEAD"):
                 return 405, "read-only: GET /metrics\n", {"Allow": "GET, HEAD"}
             length = self.headers.get("Content-Length")
@@ -206,14 +220,6 @@ def _handler(server: MetricsServer) -> type[http.server.BaseHTTPRequestHandler]:
         do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _answer
 
     return Handler
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 def serve(source: Callable[[], Snapshot | None], topology: str, host: str, port: int) -> MetricsServer | None:

@@ -325,21 +325,31 @@ def _write_out(rows: Iterable[dict[str, Any]], fmt: str, out: str | None) -> Non
             f.close()
 
 
+def run_argument(p: argparse.ArgumentParser) -> None:
+    """The ``RUN`` argument of ``millwheel read`` and ``millwheel state``."""
+    p.add_argument("run", help="the run directory (millwheel run --checkpoint DIR; default .millwheel/runs/<topology>)")
+
+
+def run_directory(run: str, inside: str) -> Location:
+    """The run directory ``run``, which must hold ``inside`` (``streams``, ``checkpoints``)."""
+    root = Location.of(run)
+    if not root.child(inside).exists():
+        msg = f"{run} is not a millwheel run directory (no {inside}/ in it); give the --checkpoint of a run, e.g. .millwheel/runs/<topology>"
+        raise MillwheelError(msg)
+    return root
+
+
 def read_main(argv: list[str]) -> int:
     """``millwheel read``: print a stream of a run directory as JSON lines, CSV or Parquet."""
     p = argparse.ArgumentParser(prog="millwheel read", description="print a stream of a run directory as plain rows (id, ts, key, value)")
-    p.add_argument("run", help="the run directory (millwheel run --checkpoint DIR; default .millwheel/runs/<topology>)")
+    run_argument(p)
     p.add_argument("stream", nargs="?", help="the stream, e.g. anomalies or dead_letters (without it: list the streams)")
     p.add_argument("--format", choices=FORMATS, default="jsonl")
     p.add_argument("--limit", type=int, default=None, help="at most this many records")
     p.add_argument("--out", default=None, help="write to this file instead of standard output")
     args = p.parse_args(argv)
     try:
-        root = Location.of(args.run)
-        if not root.child("streams").exists():
-            msg = f"{args.run} is not a millwheel run directory (no streams/ in it); give the --checkpoint of a run, e.g. .millwheel/runs/<topology>"
-            raise MillwheelError(msg)
-        streams = FileStreamLog(root)
+        streams = FileStreamLog(run_directory(args.run, "streams"))
         counts = stream_counts(streams)
         if args.stream is None:
             for name, n in counts.items():

@@ -28,7 +28,7 @@ from millwheel._errors import MillwheelError
 from millwheel._record import Key, TimeDomain
 from millwheel.runtime._fs import Location
 from millwheel.runtime._outbox import _numbers, staged_version
-from millwheel.runtime._sinks import jsonable
+from millwheel.runtime._sinks import jsonable, run_argument, run_directory
 from millwheel.runtime._status import timestamp_text
 from millwheel.runtime._wire import SUMMARY_STREAM
 
@@ -207,7 +207,7 @@ def render(cs: ComputationState, run: str, *, detail: bool, limit: int) -> str:
 def state_main(argv: list[str]) -> int:
     """``millwheel state``: a computation's committed per-key state, timers and dedup ids."""
     p = argparse.ArgumentParser(prog="millwheel state", description="print a computation's committed per-key state (read-only, safe during a run)")
-    p.add_argument("run", help="the run directory (millwheel run --checkpoint DIR; default .millwheel/runs/<topology>)")
+    run_argument(p)
     p.add_argument("computation", nargs="?", help="the computation (without it: list the run's computations)")
     p.add_argument("--key", default=None, help="only this key (JSON for an int or a tuple key: 42, '[\"cats\", 3]')")
     p.add_argument("--limit", type=int, default=20, help="keys shown in the table (default 20)")
@@ -215,10 +215,7 @@ def state_main(argv: list[str]) -> int:
     p.add_argument("--topology", default=None, help="the topology file, to decode state with its codec")
     args = p.parse_args(argv)
     try:
-        root = Location.of(args.run)
-        if not root.child("checkpoints").exists():
-            msg = f"{args.run} is not a millwheel run directory (no checkpoints/ in it); give the --checkpoint of a run"
-            raise MillwheelError(msg)
+        root = run_directory(args.run, "checkpoints")
         if args.computation is None:
             for name in computations_of(root):
                 print(name)

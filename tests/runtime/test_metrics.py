@@ -76,6 +76,7 @@ def test_the_endpoint_serves_on_loopback_only_what_it_is_asked(server):
     ("method", "path", "headers", "body", "status"),
     [
         ("GET", "/metrics", {"Host": "evil.example"}, None, 421),  # DNS rebinding
+        ("GET", "/metrics", {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"}, None, 403),  # another site's page
         ("POST", "/metrics", {}, b"x", 405),
         ("DELETE", "/metrics", {}, None, 405),
         ("GET", "/metrics", {"Content-Length": "3"}, b"abc", 413),
