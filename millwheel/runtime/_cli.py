@@ -151,7 +151,7 @@ def _run(
 ) -> int:  # fmt: skip
     from millwheel.runtime._metrics import serve
     from millwheel.runtime._runtime import RuntimeSettings, SparkRuntime
-    from millwheel.runtime._session import spark_session, ui_url
+    from millwheel.runtime._session import spark_session, ui_url, under_spark_submit
     from watermark_authority.client import open_authority
 
     sampler: Sampler | None = None
@@ -166,9 +166,12 @@ def _run(
                 say(f"metrics (Prometheus) at {metrics_server.url}")
             say(f"starting Spark ({master or 'as spark-submit set it'})...")
             t0 = time.perf_counter()
-            spark = spark_session(master, shuffle_partitions=args.shuffle_partitions, ui=ui, conf=_worker_env(topology))
+            jvm_log = os.path.join(root, "spark.log")
+            spark = spark_session(master, shuffle_partitions=args.shuffle_partitions, ui=ui, conf=_worker_env(topology), jvm_log=jvm_log)
             where = ui_url(spark)
             say(f"Spark {spark.version} up in {time.perf_counter() - t0:.1f}s on {spark.sparkContext.master}" + (f"; Spark UI at {where}" if where else ""))
+            if not under_spark_submit():
+                say(f"Spark's own log (its JVM and Python workers): {jvm_log}")
             settings = RuntimeSettings(
                 intervals=args.intervals, master=spark.sparkContext.master, trigger_ms=args.trigger_ms, drain=args.drain,
                 status_every_s=args.status_every or 2.0, shuffle_partitions=args.shuffle_partitions, only=only,

@@ -147,10 +147,14 @@ def spark_session(
     app_name: str = "millwheel",
     conf: dict[str, str] | None = None,
     ui: bool = False,
+    jvm_log: str | None = None,
 ) -> Any:
     """Get or create the session. ``PYSPARK_PYTHON`` is set to this interpreter (docs/runtime.md).
 
     ``master=None`` takes the master from spark-submit (or ``local[*]`` outside it).
+    ``jvm_log``: a file for the driver JVM's standard error — its log, and whatever the
+    Python processes it starts print (a worker that cannot connect back, ...) — instead of
+    this process's (``millwheel run`` keeps the terminal for its own status).
     """
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -194,7 +198,8 @@ def spark_session(
         builder = builder.master(master)
     for k, v in settings.items():
         builder = builder.config(k, v)
-    spark = builder.getOrCreate()
+    with _stderr_to(jvm_log if not submitted else None):
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(level)
     if level in ("ERROR", "FATAL", "OFF"):
         _quiet_task_failures(spark)
@@ -241,6 +246,24 @@ def quiet_while_stopping(spark: Any) -> Iterator[None]:
         if previous is not None:
             with contextlib.suppress(Exception):
                 spark.sparkContext.setLogLevel(previous)
+
+
+@contextlib.contextmanager
+def _stderr_to(path: str | None) -> Iterator[None]:
+    """File descriptor 2 is ``path`` while the block runs: a process started in it keeps it."""
+    if path is None:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "ab") as log:
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def ui_url(spark: Any) -> str | None:
