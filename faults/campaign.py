@@ -54,12 +54,14 @@ class Result:
     elapsed_s: float = 0.0
     report: Report | None = None
     skipped: dict[str, str] = field(default_factory=dict)
+    #: drivers that stopped with an error outside a planned fault (and were replaced)
+    unplanned_exits: int = 0
 
     def line(self) -> str:
         clean = "clean" if self.report is not None and self.report.clean else "VIOLATIONS"
         return (
             f"seed {self.seed}: {self.records} records, {sum(self.faults.values())} faults {dict(self.faults)}, "
-            f"{self.drivers} drivers, {self.elapsed_s:.0f}s, checker {clean}"
+            f"{self.drivers} drivers ({self.unplanned_exits} unplanned exits), {self.elapsed_s:.0f}s, checker {clean}"
         )
 
 
@@ -79,6 +81,7 @@ class Campaign:
         log: Callable[[str], None] = print,
         disk_mb: int = 768,
         every_s: tuple[float, float] | None = None,
+        injector: str = "driver",
     ) -> None:
         self.work = Path(workdir)
         self.records = records
@@ -90,6 +93,9 @@ class Campaign:
         self.max_bytes = max_bytes
         #: soak: a fault every ``every_s`` seconds (a random pause in that range), until drained
         self.every_s = every_s
+        #: who reads the logs: "driver" (``faults.ledger.InDriver``) or "spark" (a Spark query)
+        self.injector = injector
+        self.queries = QUERIES if injector == "spark" else QUERIES[1:]
         self.result = Result(seed, records)
         self.classes = list(classes)
         why = inject.SmallDisk.available() if "disk" in classes else None
@@ -123,7 +129,7 @@ class Campaign:
 
     # ---- drivers -------------------------------------------------------------------------------
     def _start(self) -> Any:
-        extra = ["--authority", self.authority.url, "--max-bytes", str(self.max_bytes), "--per-trigger", "1"]
+        extra = ["--authority", self.authority.url, "--max-bytes", str(self.max_bytes), "--per-trigger", "1", "--injector", self.injector]
         if self.clock is not None:
             extra += ["--faketime", str(self.clock.path)]
         if self.cluster is not None:
@@ -140,7 +146,7 @@ class Campaign:
                     return False
                 time.sleep(0.2)
             return True
-        query = self.rng.choice(QUERIES)
+        query = self.rng.choice(self.queries)
         return inject.wait_for_progress(proc, self.root, query, self.rng.randint(1, 3), timeout=600)
 
     def _tail(self) -> str:
@@ -223,7 +229,8 @@ class Campaign:
         self.log(f"fault campaign: seed {self.seed}, {self.records} records, {self.n_faults} faults over {self.classes}"
                  + (f"; skipped: {self.result.skipped}" if self.result.skipped else ""))  # fmt: skip
         self.work.mkdir(parents=True, exist_ok=True)
-        write_input(self.data, self.records, seed=self.seed)
+        if not (self.data / "_DONE").exists():  # written by an earlier attempt with the same seed: reuse it
+            write_input(self.data, self.records, seed=self.seed)
         plan = self.result.plan = self.plan()
         if self.disk is not None:
             self.disk.mount()
@@ -235,10 +242,11 @@ class Campaign:
             while not self.n_faults or i < self.n_faults:
                 what = plan[i] if i < len(plan) else self.rng.choice(self.classes)
                 i += 1
-                if proc.poll() is not None:
-                    break  # drained before every fault landed: the result says how many did
                 if not self._progress(proc):
-                    break
+                    if proc.wait() == 0:
+                        break  # drained before every fault landed: the result says how many did
+                    proc = self._replace(proc)  # stopped on its own (see _replace); the faults go on
+                    continue
                 self.log(f"  fault {sum(self.result.faults.values()) + 1}: {what}")
                 proc = self._apply(what, proc)
                 self.result.faults[what] += 1
@@ -255,16 +263,25 @@ class Campaign:
                 self.disk.unmount()
         return self.result
 
+    def _replace(self, proc: Any) -> Any:
+        """A driver that stopped with an error outside a planned fault: counted, and replaced.
+
+        On a heavily loaded machine Spark gives a new Python worker 10 s to connect back (a
+        constant in Spark), and a query that keeps failing that way stops its driver after
+        ``max_restarts``; the checker then judges what the replacement makes of it.
+        """
+        self.result.unplanned_exits += 1
+        self.log(f"  driver exited {proc.returncode} outside a planned fault; starting another")
+        inject.kill_tree(proc)
+        if self.disk is not None:
+            self.disk.free()
+        return self._start()
+
     def _finish(self, proc: Any) -> Any:
         """Run drivers until one drains; a driver that died of a fault is replaced."""
         for _ in range(5):
-            rc = proc.wait(timeout=1800)
-            if rc == 0:
+            if proc.wait(timeout=1800) == 0:
                 return proc
-            self.log(f"  driver exited {rc}; starting another")
-            inject.kill_tree(proc)
-            if self.disk is not None:
-                self.disk.free()
-            proc = self._start()
+            proc = self._replace(proc)
         msg = f"no driver drained after 5 restarts:\n{self._tail()}"
         raise AssertionError(msg)

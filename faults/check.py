@@ -173,7 +173,9 @@ def check_published(root: Location, report: Report) -> None:
                     continue
                 if query not in commits:
                     commits[query] = _commits(root, query)
-                if n not in commits[query]:
+                # Spark keeps the last 100 commit-log entries (minBatchesToRetain) and purges
+                # only committed batches: a batch below the oldest entry kept has committed
+                if n not in commits[query] and n >= min(commits[query], default=0):
                     report.uncommitted_visible.append(
                         f"{stream}/{producer}/{name}: batch {n} of {query} never committed"
                     )
@@ -261,11 +263,13 @@ def check_timers(root: Location, report: Report) -> None:
         for n, lw, flw in zip(order, lws, fired_lws, strict=True):
             top_all.append(max(top_all[-1], (lw, n)) if top_all else (lw, n))
             top_fired.append(max(top_fired[-1], (flw, n)) if top_fired else (flw, n))
+        unmapped = 0
         for (stream, producer), files in consumed.files.items():
             for name, (source, log_batch) in files.items():
                 lo = min_ts_of(name)
                 at = next((m for m, offs in offsets if offs.get(source, -1) >= log_batch), None)
                 if lo is None or at is None:
+                    unmapped += 1  # consumed by a batch whose offsets Spark has purged (it keeps 100)
                     continue
                 k = bisect.bisect_right(order, at)
                 if not k:
@@ -282,6 +286,8 @@ def check_timers(root: Location, report: Report) -> None:
                         f"{computation}: batch {n} ran under low watermark {lw}, past input from {lo} that batch {at} "
                         f"consumed ({stream}/{producer}/{name})"
                     )
+        if unmapped:
+            report.notes.append(f"{computation}: {unmapped} input files consumed by batches whose offsets Spark no longer keeps: not checked for early timers")
 
 
 # ---- ledger runs ---------------------------------------------------------------------------------

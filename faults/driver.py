@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-trigger", type=int, default=2, help="stream files per computation batch")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--faketime", default=None, help="libfaketime offset file for the JVM")
+    p.add_argument("--injector", choices=["spark", "driver"], default="spark", help="who reads the logs: a Spark query (LogFileSource) or the driver")
     args = p.parse_args(argv)
     if args.faketime:
         if not os.path.exists(LIBFAKETIME):
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     from millwheel.runtime._lease import FencedError
     from watermark_authority.client import HttpWatermarkClient, client_secret
 
-    topo = build(args.data, max_bytes=args.max_bytes)
+    topo = build(args.data, max_bytes=args.max_bytes, in_driver=args.injector == "driver")
     settings = RuntimeSettings(
         drain=True,
         intervals=args.intervals,
@@ -86,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     from millwheel.runtime._session import spark_session
 
-    # a Python worker that starts slowly on a loaded machine is not a fault: wait for it
-    conf = {"spark.python.authenticate.socketTimeout": "120s"}
+    # the checker maps every input file to the batch that consumed it: keep every batch's offsets
+    conf = {"spark.sql.streaming.minBatchesToRetain": "1000000"}
     if args.faketime:
         conf["spark.executorEnv.LD_PRELOAD"] = ""
     spark = spark_session(args.master, conf=conf)

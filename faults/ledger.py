@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from millwheel import Computation, LogFileSource, Record, TimeDomain, Timer, Topology
+from millwheel._sources import Source, SourceBatch
 
 WINDOW_MS = 1_000
 WALL_MS = 5_000
@@ -100,10 +102,31 @@ class LedgerTally(Computation):
         )
 
 
-def build(data: str, *, max_bytes: int = 64 << 20, name: str = "ledger") -> Topology:
-    """The ledger topology over the log directory ``data`` (finite: it drains)."""
+class InDriver(Source):
+    """A :class:`~millwheel.LogFileSource` read by the driver itself, batch by batch.
+
+    The same reading plan, sender watermarks and dead letters as the Spark reader (both walk
+    ``millwheel/_logfile.py``), but without the Python process Spark starts for a streaming
+    data source: on a heavily loaded machine that process often misses Spark's 10 s to
+    connect back (``docs/reliability.md``). Any source that is not a ``LogFileSource`` runs in
+    the driver (``runtime/_injectors.py``, ``SourceInjector``).
+    """
+
+    def __init__(self, inner: LogFileSource) -> None:
+        self.inner = inner
+
+    def batches(self, injector: str = "injector", stream: str = "records") -> Iterator[SourceBatch]:
+        return self.inner.batches(injector, stream)
+
+
+def build(data: str, *, max_bytes: int = 64 << 20, name: str = "ledger", in_driver: bool = False) -> Topology:
+    """The ledger topology over the log directory ``data`` (finite: it drains).
+
+    ``in_driver``: the driver reads the logs (:class:`InDriver`) instead of a Spark query.
+    """
     t = Topology(name)
-    t.injector("queries", LogFileSource(data, finite=True, max_bytes_per_batch=max_bytes))
+    logs = LogFileSource(data, finite=True, max_bytes_per_batch=max_bytes)
+    t.injector("queries", InDriver(logs) if in_driver else logs)
     t.computation(
         LedgerWindow, inputs={"queries": lambda r: r.value["query"]}, outputs=[WINDOWS, WALL_FIRES]
     )
