@@ -126,6 +126,10 @@ def plan_steps(items: Sequence[tuple[Record, int | None]], low_watermark: int) -
     """
     if not items:
         return [StepInput([], low_watermark, low_watermark)]
+    w0 = items[0][1]
+    if all(w == w0 for _, w in items) and all(r.stream != DEAD_LETTER_STREAM for r, _ in items):
+        # the common case, without the general path's bookkeeping: one arrival watermark, one run
+        return [StepInput([r for r, _ in items], low_watermark, low_watermark if w0 is None else w0)]
     # dead letters are never late: they record that something failed, whenever it happens
     late = [MIN_TIMESTAMP if r.stream == DEAD_LETTER_STREAM else low_watermark if w is None else w for r, w in items]
     order = list(range(len(items)))

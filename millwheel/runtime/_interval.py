@@ -31,11 +31,12 @@ batch's outbox, which commits with the state (see ``_query.py`` and ``docs/runti
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import msgpack
 import pandas as pd
+import pyarrow as pa
 import xxhash
 
 from millwheel._codec import decode_value, encode_value
@@ -46,6 +47,7 @@ from millwheel._record import MIN_TIMESTAMP, Production, Record, decode_key, enc
 from millwheel._step import StepRunner
 from millwheel._topology import ComputationSpec
 from millwheel.runtime._wire import (
+    KEYED_ARROW_SCHEMA,
     SUMMARY_STREAM,
     IntervalSummary,
     RowKind,
@@ -71,56 +73,62 @@ def interval_of(encoded_key: bytes, intervals: int) -> int:
     return _hash(encoded_key) % intervals
 
 
-def make_key_extractor(consumer: str, stream: str, extractor: Callable[[Record], Any], intervals: int) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
-    """A ``mapInPandas`` function: stream-log rows -> rows keyed by the consumer's extractor (§4.2)."""
+def make_key_extractor(consumer: str, stream: str, extractor: Callable[[Record], Any], intervals: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A ``mapInArrow`` function: stream-log rows -> rows keyed by the consumer's extractor (§4.2).
 
-    def extract(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        rows_read: dict[str, int] = {}  # rows of each file seen so far in this partition
-        for pdf in frames:
-            srcs = pdf["src"].tolist()
-            o_row = [0] * len(srcs)
-            for i, src in enumerate(srcs):
-                o_row[i] = rows_read[src] = rows_read.get(src, -1) + 1
-            ids = pdf["id"].tolist()
-            tss = pdf["ts"].tolist()
-            pkeys = pdf["key"].tolist()
-            vals = pdf["value"].tolist()
-            n = len(ids)
+    Arrow in, Arrow out: the id, timestamp, value, sender watermark and file columns pass
+    through as they are (no pandas object columns, no copy); only the key, its interval
+    and the row kind are computed, with one :func:`~millwheel._delivery.key_record` call
+    per record and a per-batch cache of key -> (encoded key, interval).
+    """
+    kind_record = int(RowKind.RECORD)
+
+    def extract(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for b in batches:
+            n = b.num_rows
+            if n == 0:
+                continue
+            ids = b.column("id").to_pylist()
+            tss = b.column("ts").to_pylist()
+            pkeys = b.column("key")
+            pkeys_l = [None] * n if pkeys.null_count == n else pkeys.to_pylist()
+            vals = b.column("value").to_pylist()
             o_interval = [0] * n
-            o_kind = [int(RowKind.RECORD)] * n
             o_key: list[bytes | None] = [None] * n
-            o_id = list(ids)
-            o_ts = list(tss)
-            o_val = list(vals)
+            dead_rows: list[tuple[int, int, Record | None]] = []
             cache: dict[Any, tuple[bytes, int]] = {}
             for i in range(n):
-                rec = Record(decode_key(pkeys[i]), decode_value(vals[i]), tss[i], ids[i])
+                pk = pkeys_l[i]
+                rec = Record(None if pk is None else decode_key(pk), decode_value(vals[i]), tss[i], ids[i])
                 keyed, dead = key_record(consumer, stream, extractor, rec)
                 if keyed is not None:
                     key = keyed.key
-                    hit = cache.get((type(key), key))
+                    ck = (type(key), key)
+                    hit = cache.get(ck)
                     if hit is None:
                         kb = encode_key(key)  # type: ignore[arg-type]
-                        hit = cache[(type(key), key)] = (kb, _hash(kb) % intervals)
+                        hit = cache[ck] = (kb, _hash(kb) % intervals)
                     o_key[i], o_interval[i] = hit
                     continue
                 o_interval[i] = _hash(str(ids[i]).encode()) % intervals
-                if dead is None:
-                    o_kind[i] = int(RowKind.DROPPED)
-                    continue
-                o_kind[i] = int(RowKind.DEAD_LETTER)
-                o_id[i], o_ts[i], o_val[i] = dead.id, dead.timestamp, encode_value(dead.value)
-            yield pd.DataFrame(
-                {"interval": o_interval, "kind": o_kind, "key": o_key, "id": o_id, "ts": o_ts, "value": o_val,
-                 "wm": pdf["wm"], "stream": [stream] * n, "src": srcs, "row": o_row, "now": [None] * n}
+                dead_rows.append((i, int(RowKind.DROPPED) if dead is None else int(RowKind.DEAD_LETTER), dead))
+            id_col, ts_col, val_col = b.column("id"), b.column("ts"), b.column("value")
+            kinds = pa.array([kind_record] * n, pa.int32())
+            if dead_rows:
+                o_kind = [kind_record] * n
+                for i, kind, dead in dead_rows:
+                    o_kind[i] = kind
+                    if dead is not None:
+                        ids[i], tss[i], vals[i] = dead.id, dead.timestamp, encode_value(dead.value)
+                kinds = pa.array(o_kind, pa.int32())
+                id_col, ts_col, val_col = pa.array(ids, pa.string()), pa.array(tss, pa.int64()), pa.array(vals, pa.binary())
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(o_interval, pa.int32()), kinds, pa.array(o_key, pa.binary()), id_col, ts_col, val_col,
+                 b.column("wm"), pa.array([stream] * n, pa.string()), b.column("src"), b.column("row"), pa.nulls(n, pa.int64())],
+                schema=KEYED_ARROW_SCHEMA,
             )  # fmt: skip
 
     return extract
-
-
-def _send_order(row: tuple[Any, ...]) -> tuple[int, str, int]:
-    w = row[3]
-    return (MIN_TIMESTAMP if w is None or w != w else int(w), row[5] or "", row[6] or 0)
 
 
 class _Out:
@@ -142,18 +150,175 @@ class _Out:
         self.key.append(key)
         self.value.append(value)
 
-    def add_production(self, p: Production) -> None:
+    def add_production(self, p: Production, key: Any = None, kb: bytes | None = None) -> None:
+        """One production; its value's bytes are the ones ``produce()`` made (never re-encoded),
+        and its key's bytes ``kb`` when it carries the stepped key ``key`` (the common case)."""
         r = p.record
         value = p.encoded if p.encoded is not None else encode_value(r.value)
-        self.add(p.stream, r.id, r.timestamp, None if r.key is None else encode_key(r.key), value)
+        rk = r.key
+        self.add(p.stream, r.id, r.timestamp, None if rk is None else kb if rk is key and kb is not None else encode_key(rk), value)
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame({"stream": self.stream, "id": self.id, "ts": self.ts, "key": self.key, "value": self.value, "wm": [None] * len(self.id)})
 
 
+#: what a batch leaves for one key: (envelope or None, hold, next low-watermark timer, next wall timer)
+KeyOutcome = tuple[bytes | None, int | None, int | None, int | None]
+
+
+class IntervalBatch:
+    """One key interval's share of one micro-batch, whatever the state layout.
+
+    Both layouts — interval rows (:class:`IntervalStep`, the default) and per-key rows
+    (``_mapstate.py``) — feed it the interval's input frames, tell it which stored keys
+    have due timers, hand it the envelopes of the keys it will step, and store what
+    :meth:`run` returns. It groups rows by key in one pass, puts each key's records back
+    in send order, decodes each value once (when its key's step runs), and runs
+    :func:`~millwheel._delivery.plan_steps` and :meth:`StepRunner.step` per key.
+    """
+
+    __slots__ = ("interval", "low_watermark", "now", "per_key", "out", "totals")
+
+    def __init__(self, interval: int, low_watermark: int, now: int) -> None:
+        self.interval = interval
+        self.low_watermark = low_watermark
+        self.now = now
+        #: key bytes -> [(send order..., id, ts, value bytes, stream, sender watermark)]
+        self.per_key: dict[bytes, list[tuple[Any, ...]]] = {}
+        self.out = _Out()
+        self.totals = dict.fromkeys(METRICS, 0)
+
+    def add_frame(self, pdf: pd.DataFrame) -> None:
+        """The rows of one input frame: records, keying dead letters, wall-time ticks."""
+        n = len(pdf)
+        if n == 0:
+            return
+        kind = pdf["kind"]
+        ticks = kind.isna()
+        if ticks.any():  # a tick: a wall timer of this interval is due
+            t = pdf["now"][ticks].max()
+            if t == t and t is not None and int(t) > self.now:
+                self.now = int(t)
+            pdf = pdf[~ticks]
+            kind = pdf["kind"]
+            n = len(pdf)
+        if n and (kind != int(RowKind.RECORD)).any():
+            self._dead_letters(pdf[kind != int(RowKind.RECORD)])
+            pdf = pdf[kind == int(RowKind.RECORD)]
+            n = len(pdf)
+        if n == 0:
+            return
+        wm = pdf["wm"]
+        nulls = wm.isna()
+        if nulls.all():
+            sent = None
+            order: list[Any] = [MIN_TIMESTAMP] * n
+        elif not nulls.any():
+            sent = order = wm.astype("int64").tolist()
+        else:
+            sent = [None if w != w else int(w) for w in wm.tolist()]
+            order = [MIN_TIMESTAMP if w is None else w for w in sent]
+        srcs = pdf["src"].tolist()
+        rows = zip(order, srcs, pdf["row"].tolist(), pdf["id"].tolist(), pdf["ts"].tolist(), pdf["value"].tolist(),
+                   pdf["stream"].tolist(), [None] * n if sent is None else sent, strict=True)  # fmt: skip
+        per_key = self.per_key
+        for kb, row in zip(pdf["key"].tolist(), rows, strict=True):
+            lst = per_key.get(kb)
+            if lst is None:
+                per_key[kb] = [row]
+            else:
+                lst.append(row)
+
+    def _dead_letters(self, pdf: pd.DataFrame) -> None:
+        totals = self.totals
+        for kind, rid, ts, value in zip(pdf["kind"].tolist(), pdf["id"].tolist(), pdf["ts"].tolist(), pdf["value"].tolist(), strict=True):
+            totals["records_in"] += 1
+            if kind == RowKind.DROPPED:
+                totals["dead_letters_dropped"] += 1
+            else:
+                totals["dead_letters"] += 1
+                self.out.add(DEAD_LETTER_STREAM, rid, ts, None, value)
+
+    def add_due(self, meta: Iterable[tuple[bytes, Any]]) -> None:
+        """Keys without input whose earliest timer is due: ``(key bytes, [hold, next lw timer, next wall timer])``."""
+        lw, now, per_key = self.low_watermark, self.now, self.per_key
+        for kb, (_hold, nlw, nwall) in meta:
+            if kb not in per_key and timers_due(nlw, nwall, lw, now):
+                per_key[kb] = []
+
+    def run(self, owner: IntervalStep, envelopes: Callable[[bytes], bytes | None]) -> dict[bytes, KeyOutcome]:
+        """Step every key with input or due timers; return what each key keeps."""
+        step = owner.runner().step
+        lw, now, totals, out = self.low_watermark, self.now, self.totals, self.out
+        once: list[tuple[Any, Production]] = []
+        outcomes: dict[bytes, KeyOutcome] = {}
+        for kb, rows in self.per_key.items():
+            key = decode_key(kb)
+            env = envelopes(kb)
+            if len(rows) > 1:
+                # send order: Spark reads a batch's files in any order; sender watermarks
+                # only grow, and file names (then rows) sort in publication order. Rows
+                # are tuples that start with (sender watermark, file, row): sorted natively
+                rows.sort()
+            items = [(Record(key, decode_value(v), t, rid, stream), w) for _, _, _, rid, t, v, stream, w in rows]
+            res = None
+            for call in plan_steps(items, lw):
+                res = step(key, env, call.records, low_watermark=call.low_watermark, now=now, late_watermark=call.late_watermark)  # type: ignore[arg-type]
+                env = res.envelope
+                m = res.metrics
+                for name in STEP_METRICS:
+                    totals[name] += m[name]
+                for plist in (res.productions, res.dead_letters):
+                    for p in plist:
+                        if p.once_id is not None:
+                            once.append((key, p))
+                        else:
+                            out.add_production(p, key, kb)
+            if res is None or env is None:
+                outcomes[kb] = (env, None, None, None)
+            else:
+                outcomes[kb] = (env, res.hold, res.next_low_watermark_timer, res.next_wall_timer)
+        if once:
+            # one IdRegistry round trip for the interval's whole batch (Photon §2); a replay
+            # commits the same ids with the same tokens and gets the same answers
+            outcome = resolve_once(once, owner.registry(), pipeline=owner.pipeline, computation=owner.spec.name)
+            totals["once_committed"] += outcome.committed
+            totals["once_conflicts"] += outcome.conflicts
+            totals["dead_letters"] += len(outcome.dead_letters)
+            for _, p in once:
+                if p.record.id not in outcome.dropped:
+                    out.add_production(p)
+            for p in outcome.dead_letters:
+                out.add_production(p)
+        return outcomes
+
+    def summary(self, hold: int | None, next_lw: int | None, next_wall: int | None, keys: int) -> pd.DataFrame:
+        """The batch's output frame, closed by the interval's summary row."""
+        summary = IntervalSummary(self.interval, hold, next_lw, next_wall, keys, self.totals, self.low_watermark, self.now)
+        self.out.add(SUMMARY_STREAM, None, 0, None, summary.encode())
+        return self.out.frame()
+
+
+def earliest(metas: Iterable[Any]) -> tuple[int | None, int | None, int | None]:
+    """The interval's hold, earliest low-watermark timer and earliest wall timer, from its keys' ``[hold, nlw, nwall]``."""
+    hold = nlw_min = nwall_min = None
+    for h, t_lw, t_wall in metas:
+        if h is not None and (hold is None or h < hold):
+            hold = h
+        if t_lw is not None and (nlw_min is None or t_lw < nlw_min):
+            nlw_min = t_lw
+        if t_wall is not None and (nwall_min is None or t_wall < nwall_min):
+            nwall_min = t_wall
+    return hold, nlw_min, nwall_min
+
+
 class IntervalStep:
-    """The ``applyInPandasWithState`` function of one computation. Picklable; builds its
-    :class:`StepRunner` lazily, once per Python worker."""
+    """The ``applyInPandasWithState`` function of one computation: the interval-row layout.
+
+    Picklable; builds its :class:`StepRunner` (and IdRegistry client) lazily, once per
+    Python worker. The interval's GroupState row is ``(envs, meta)``: key -> envelope and
+    key -> ``[hold, next lw timer, next wall timer]`` (only keys that have one), msgpack.
+    """
 
     def __init__(self, spec: ComputationSpec, *, pipeline: str = "default", registry: Callable[[], Any] | None = None) -> None:
         self.spec = spec
@@ -188,117 +353,35 @@ class IntervalStep:
 
     def __call__(self, group: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
         interval = int(group[0])
-        lw = from_spark(state.getCurrentWatermarkMs())
-        now = state.getCurrentProcessingTimeMs()
-        totals = dict.fromkeys(METRICS, 0)
-        out = _Out()
-        once: list[tuple[Any, Production]] = []
-        # key bytes -> [(id, ts, value bytes, sender watermark, stream, source file, row)]
-        per_key: dict[bytes, list[tuple[str, int, bytes, Any, str, str, int]]] = {}
-        for pdf in frames:
-            if interval < 0:
-                continue  # the heartbeat group: it only moves Spark's watermark
-            ids = pdf["id"].tolist()
-            kinds = pdf["kind"].tolist()
-            keys = pdf["key"].tolist()
-            tss = pdf["ts"].tolist()
-            vals = pdf["value"].tolist()
-            nows = pdf["now"].tolist()
-            wms = pdf["wm"].tolist()
-            streams = pdf["stream"].tolist()
-            srcs = pdf["src"].tolist()
-            rownos = pdf["row"].tolist()
-            for i in range(len(ids)):
-                kind = kinds[i]
-                if kind != kind or kind is None:  # a tick: a wall timer of this interval is due
-                    t = nows[i]
-                    if t == t and t is not None and t > now:
-                        now = int(t)
-                    continue
-                if kind != RowKind.RECORD:
-                    totals["records_in"] += 1
-                    if kind == RowKind.DROPPED:
-                        totals["dead_letters_dropped"] += 1
-                    else:
-                        totals["dead_letters"] += 1
-                        out.add(DEAD_LETTER_STREAM, ids[i], tss[i], None, vals[i])
-                    continue
-                row = (ids[i], tss[i], vals[i], wms[i], streams[i], srcs[i], rownos[i])
-                lst = per_key.get(keys[i])
-                if lst is None:
-                    per_key[keys[i]] = [row]
-                else:
-                    lst.append(row)
         if interval < 0:
+            for _ in frames:
+                pass  # the heartbeat group: it only moves Spark's watermark
             return
-        step = self.runner().step
+        batch = IntervalBatch(interval, from_spark(state.getCurrentWatermarkMs()), state.getCurrentProcessingTimeMs())
+        for pdf in frames:
+            batch.add_frame(pdf)
         if state.exists:
             envs_b, meta_b = state.get
             envs = _unpackb(envs_b, raw=False, strict_map_key=False)
             meta = _unpackb(meta_b, raw=False, strict_map_key=False)
         else:
             envs, meta = {}, {}
-        for kb, (_hold, nlw, nwall) in meta.items():
-            if kb not in per_key and timers_due(nlw, nwall, lw, now):
-                per_key[kb] = []
-        for kb, rows in per_key.items():
-            key = decode_key(kb)
-            env = envs.get(kb)
-            if len(rows) > 1:
-                # send order: Spark reads a batch's files in any order; sender watermarks
-                # only grow, and file names sort in publication order
-                rows.sort(key=_send_order)
-            items = [
-                (Record(key, decode_value(v), int(t), rid, stream), None if w is None or w != w else int(w))
-                for rid, t, v, w, stream, _, _ in rows
-            ]
-            for call in plan_steps(items, lw):
-                res = step(key, env, call.records, low_watermark=call.low_watermark, now=now, late_watermark=call.late_watermark)  # type: ignore[arg-type]
-                env = res.envelope
-                m = res.metrics
-                for name in STEP_METRICS:
-                    totals[name] += m[name]
-                for plist in (res.productions, res.dead_letters):
-                    for p in plist:
-                        if p.once_id is not None:
-                            once.append((key, p))
-                            continue
-                        out.add_production(p)
+        batch.add_due(meta.items())
+        for kb, (env, hold, nlw, nwall) in batch.run(self, envs.get).items():
             if env is None:
                 envs.pop(kb, None)
                 meta.pop(kb, None)
             else:
                 envs[kb] = env
-                if res.hold is None and res.next_low_watermark_timer is None and res.next_wall_timer is None:
+                if hold is None and nlw is None and nwall is None:
                     meta.pop(kb, None)
                 else:
-                    meta[kb] = [res.hold, res.next_low_watermark_timer, res.next_wall_timer]
-        if once:
-            # one IdRegistry round trip for the interval's whole batch (Photon §2); a replay
-            # commits the same ids with the same tokens and gets the same answers
-            outcome = resolve_once(once, self.registry(), pipeline=self.pipeline, computation=self.spec.name)
-            totals["once_committed"] += outcome.committed
-            totals["once_conflicts"] += outcome.conflicts
-            totals["dead_letters"] += len(outcome.dead_letters)
-            for _, p in once:
-                if p.record.id not in outcome.dropped:
-                    out.add_production(p)
-            for p in outcome.dead_letters:
-                out.add_production(p)
+                    meta[kb] = [hold, nlw, nwall]
         if envs:
             state.update((_packb(envs, use_bin_type=True), _packb(meta, use_bin_type=True)))
         elif state.exists:
             state.remove()
-        hold = nlw_min = nwall_min = None
-        for h, t_lw, t_wall in meta.values():
-            if h is not None and (hold is None or h < hold):
-                hold = h
-            if t_lw is not None and (nlw_min is None or t_lw < nlw_min):
-                nlw_min = t_lw
-            if t_wall is not None and (nwall_min is None or t_wall < nwall_min):
-                nwall_min = t_wall
+        hold, nlw_min, nwall_min = earliest(meta.values())
         if nlw_min is not None and envs:
             state.setTimeoutTimestamp(max(timer_timeout(nlw_min), state.getCurrentWatermarkMs()))
-        summary = IntervalSummary(interval, hold, nlw_min, nwall_min, len(envs), totals, lw, now)
-        out.add(SUMMARY_STREAM, None, 0, None, summary.encode())
-        yield out.frame()
+        yield batch.summary(hold, nlw_min, nwall_min, len(envs))

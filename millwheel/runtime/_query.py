@@ -33,6 +33,7 @@ from millwheel.runtime._context import DriverContext
 from millwheel.runtime._fs import Location
 from millwheel.runtime._interval import IntervalStep, make_key_extractor
 from millwheel.runtime._lease import FencedError, Lease
+from millwheel.runtime._mapstate import make_processor
 from millwheel.runtime._outbox import Outbox
 from millwheel.runtime._usercode import RestartPolicy
 from millwheel.runtime._wire import (
@@ -46,6 +47,17 @@ from millwheel.runtime._wire import (
     to_spark,
 )
 from watermark_authority._errors import StaleTokenError
+
+#: Spark configuration of each state layout's state store (``RuntimeSettings.state_layout``)
+STATE_STORE_CONF: dict[str, dict[str, str]] = {
+    "intervals": {},
+    # transformWithState needs the RocksDB provider; changelog checkpointing makes a
+    # commit write the rows a batch changed, not a snapshot of the store
+    "keys": {
+        "spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    },
+}
 
 _HB_SCHEMA = pa.schema([("interval", pa.int32()), ("wm", pa.int64()), ("now", pa.int64())])
 
@@ -156,7 +168,24 @@ class ComputationQuery:
         # every interval reports its summary once, so the low watermark knows all holds
         now = int(time.time() * 1000)
         self._write_heartbeat(None, [(s, now) for s in range(self.intervals)])
-        self.query = self._build().start()
+        self.query = self._start(self._build())
+
+    def _start(self, writer: Any) -> Any:
+        """Start the query with its layout's state store (a query keeps its session's
+        configuration from its start; the checkpoint then pins the provider)."""
+        conf = self.rt.spark.conf
+        wanted = STATE_STORE_CONF[self.rt.settings.state_layout]
+        saved = {k: conf.get(k, None) for k in wanted}
+        for k, v in wanted.items():
+            conf.set(k, v)
+        try:
+            return writer.start()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    conf.unset(k)
+                else:
+                    conf.set(k, v)
 
     def _build(self) -> Any:
         from pyspark.sql import functions as F
@@ -181,17 +210,27 @@ class ComputationQuery:
                 r = spark.readStream.schema(LOG_SCHEMA).option("maxFileAge", "36500d")
                 if settings.max_files_per_trigger:
                     r = r.option("maxFilesPerTrigger", settings.max_files_per_trigger)
-                # the file a row came from: rows are put back in send order (file names
-                # sort in publication order) so a key's records are stepped as sent
-                readers.append(r.parquet(self.rt.streams.location(stream, producer).uri).withColumn("src", F.col("_metadata.file_name")))
+                # the file and row a record came from: rows are put back in send order
+                # (file names sort in publication order) so a key's records are stepped as sent
+                readers.append(
+                    r.parquet(self.rt.streams.location(stream, producer).uri)
+                    .withColumn("src", F.col("_metadata.file_name")).withColumn("row", F.col("_metadata.row_index"))
+                )
             raw = reduce(lambda a, b: a.unionByName(b), readers)
-            keyed = raw.mapInPandas(make_key_extractor(self.name, stream, extractor, self.intervals), KEYED_SCHEMA)
+            keyed = raw.mapInArrow(make_key_extractor(self.name, stream, extractor, self.intervals), KEYED_SCHEMA)
             parts.append(keyed.withColumn("wm_ts", F.lit(None).cast("timestamp")))
         union = reduce(lambda a, b: a.unionByName(b), parts).withWatermark("wm_ts", "0 seconds")
-        out = union.groupBy("interval").applyInPandasWithState(
-            IntervalStep(self.spec, pipeline=settings.pipeline, registry=settings.registry),
-            OUT_SCHEMA, STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout,
-        )
+        if settings.state_layout == "keys":
+            # one state-store row per key (``_mapstate.py``): transformWithStateInPandas
+            out = union.groupBy("interval").transformWithStateInPandas(
+                statefulProcessor=make_processor(self.spec, pipeline=settings.pipeline, registry=settings.registry),
+                outputStructType=OUT_SCHEMA, outputMode="Append", timeMode="EventTime",
+            )
+        else:
+            out = union.groupBy("interval").applyInPandasWithState(
+                IntervalStep(self.spec, pipeline=settings.pipeline, registry=settings.registry),
+                OUT_SCHEMA, STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout,
+            )
         writer = (
             out.writeStream.queryName(f"millwheel.{self.name}")
             .foreachBatch(self.outbox.sink)

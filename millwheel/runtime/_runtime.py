@@ -226,26 +226,16 @@ class SparkRuntime:
 def committed_envelopes(spark: Any, checkpoint: Location, batch_id: int | None = None) -> dict[Key, bytes]:
     """The envelopes of a computation's keys as of committed batch ``batch_id`` (default: the last).
 
-    The one reader of the state layout (``_wire.STATE_SCHEMA``: a key interval's GroupState
-    row maps keys to envelopes): ``SparkRuntime.envelopes`` and ``millwheel state``
+    The one reader of the state layouts (``_mapstate.read_envelopes``: interval rows or
+    per-key rows): ``SparkRuntime.envelopes`` and ``millwheel state``
     (``_state_reader.py``) both go through it. Read-only: Spark's state data source reads the
     checkpoint's state files and writes nothing, so it is safe while the run goes on.
     """
-    import msgpack
+    from millwheel.runtime._mapstate import read_envelopes
 
     if not checkpoint.child("state").exists():
         return {}
-    reader = spark.read.format("statestore")
-    if batch_id is not None:
-        reader = reader.option("batchId", batch_id)
-    df = reader.load(checkpoint.uri)
-    out: dict[Key, bytes] = {}
-    for row in df.select("value.groupState.envs").collect():
-        if row[0] is None:
-            continue
-        for kb, env in msgpack.unpackb(row[0], raw=False, strict_map_key=False).items():
-            out[decode_key(kb)] = env  # type: ignore[index]
-    return out
+    return {decode_key(kb): env for kb, env in read_envelopes(spark, checkpoint.uri, batch_id).items()}  # type: ignore[misc]
 
 
 def lag_text(lw: int, now_ms: int | None = None) -> str:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -32,6 +33,11 @@ class RuntimeSettings:
       factory of the IdRegistry client that ``produce(..., once_id=...)`` commits to
       (Photon §2; ``millwheel/_once.py``). Pipelines reading the same input share a
       registry under different names.
+    * ``state_layout`` — where envelopes live (``docs/runtime.md``): ``"intervals"`` (the
+      default: one ``applyInPandasWithState`` row per key interval) or ``"keys"`` (one
+      state-store row per key, ``transformWithStateInPandas`` + RocksDB: a batch costs the
+      keys it touches, for very large key spaces). Fixed for the life of a checkpoint.
+      ``$MILLWHEEL_STATE_LAYOUT`` sets the default (how the test suite runs on either).
     * ``stall_warning_s`` — warn (log line, ``status()["warning"]``) when a log-file
       injector's low watermark has not moved for this long, naming the unfinished file
       that holds it.
@@ -53,3 +59,13 @@ class RuntimeSettings:
     stall_warning_s: float = 60.0
     pipeline: str = "default"
     registry: Callable[[], Any] | None = None
+    state_layout: str = field(default_factory=lambda: os.environ.get("MILLWHEEL_STATE_LAYOUT", "intervals"))
+
+    def __post_init__(self) -> None:
+        if self.state_layout not in STATE_LAYOUTS:
+            msg = f"RuntimeSettings.state_layout must be one of {', '.join(map(repr, STATE_LAYOUTS))}, got {self.state_layout!r}"
+            raise ValueError(msg)
+
+
+#: ``RuntimeSettings.state_layout`` values
+STATE_LAYOUTS = ("intervals", "keys")

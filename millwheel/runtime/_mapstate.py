@@ -1,0 +1,247 @@
+"""Per-key rows: the opt-in state layout for very large key spaces (``RuntimeSettings(state_layout="keys")``).
+
+The default layout (:class:`~millwheel.runtime._interval.IntervalStep`) keeps one
+GroupState row per key interval holding every envelope of the interval: a batch rewrites
+every *held* key of every interval it touches. MillWheel keeps per-key rows in Bigtable
+(§7.1): a batch should cost what it touches. This layout gets there with Spark's
+``transformWithStateInPandas`` (RocksDB state store), grouped by the same key intervals:
+
+* ``envs`` — a MapState of key -> envelope, one state-store row per key: a batch reads and
+  writes only the keys it steps;
+* ``meta`` — a ValueState per interval: how many keys keep anything, and
+  ``key -> [hold, next low-watermark timer, next wall timer]`` for the keys that have one
+  (what the interval summary and the due-timer check need, without reading envelopes);
+* ``timer`` — the interval's registered event-time timer: its earliest low-watermark
+  timer, so Spark calls the interval when the heartbeat watermark passes it (§4.6).
+
+The per-key step, the grouping by key, send order, step plans and outputs are the same
+code as the default layout (:class:`~millwheel.runtime._interval.IntervalBatch`); only
+where envelopes come from and go to differs. State, timers and dedup ids still commit
+with Spark's state store at the end of the micro-batch (§6.2).
+
+**Round trips.** Every state call of ``transformWithStateInPandas`` is a request to a
+state server in the JVM over a socket, answered in order; one call per key per read and
+per write would pay a round trip each (measured ~0.3-0.7 ms on the 2-core machine, see
+``docs/performance.md``). :class:`_Pipeline` writes a chunk of requests before reading
+their answers, so a batch pays one round trip per chunk. It uses the request and answer
+encoding of PySpark's own state client (``StatefulProcessorApiClient``), which
+``pyspark==4.3.0`` pins.
+
+**Limits.** ``meta`` holds an entry for every key with a pending timer or hold, and is
+rewritten when one changes: a batch costs the keys it touches plus ~30 bytes per key
+with pending timers in the interval. Keys that only keep state (and dedup ids) cost
+nothing until touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+import pandas as pd
+
+from millwheel._topology import ComputationSpec
+from millwheel.runtime._interval import IntervalBatch, IntervalStep, earliest
+from millwheel.runtime._wire import from_spark, to_spark
+
+_packb = msgpack.packb
+_unpackb = msgpack.unpackb
+
+ENVS_KEY_SCHEMA = "key binary"
+ENVS_VALUE_SCHEMA = "env binary"
+META_SCHEMA = "meta binary"
+TIMER_SCHEMA = "ts long"
+
+#: a chunk of read requests stays under this many bytes: the server may block writing
+#: answers until they are read, and the requests still unsent must fit in socket buffers
+_READ_CHUNK_BYTES = 48 * 1024
+#: write answers are a few bytes each, so the server never blocks on them
+_WRITE_CHUNK = 2_000
+
+
+class _Pipeline:
+    """MapState reads and writes for many user keys, a chunk of requests per round trip."""
+
+    def __init__(self, map_state: Any) -> None:
+        import pyspark.sql.streaming.proto.StateMessage_pb2 as msg
+
+        client = map_state._mapStateClient
+        self.api = client._stateful_processor_api_client
+        self.name = map_state._stateName
+        self.key_schema = client.user_key_schema
+        self.value_schema = client.value_schema
+        self.msg = msg
+
+    def _request(self, call: Any) -> bytes:
+        msg = self.msg
+        return msg.StateRequest(stateVariableRequest=msg.StateVariableRequest(mapStateCall=call)).SerializeToString()
+
+    def _send(self, requests: list[bytes]) -> None:
+        f = self.api.sockfile
+        for r in requests:
+            f.write(b"\x00\x00\x00\x00" + len(r).to_bytes(4, "big"))  # version 0, length
+            f.write(r)
+        f.flush()
+
+    def _answers(self, n: int, what: str) -> list[bytes]:
+        out = []
+        for _ in range(n):
+            status, error, value = self.api._receive_proto_message()
+            if status != 0:
+                msg = f"state server: {what} failed: {error}"
+                raise RuntimeError(msg)
+            out.append(value)
+        return out
+
+    def get_many(self, keys: list[bytes]) -> dict[bytes, bytes | None]:
+        """Each key's value (``None``: absent)."""
+        msg, ser = self.msg, self.api._serialize_to_bytes
+        out: dict[bytes, bytes | None] = {}
+        i = 0
+        while i < len(keys):
+            chunk: list[bytes] = []
+            size = 0
+            while i < len(keys) and (not chunk or size < _READ_CHUNK_BYTES):
+                r = self._request(msg.MapStateCall(stateName=self.name, getValue=msg.GetValue(userKey=ser(self.key_schema, (keys[i],)))))
+                chunk.append(r)
+                size += len(r) + 8
+                i += 1
+            self._send(chunk)
+            start = i - len(chunk)
+            for k, value in zip(keys[start:i], self._answers(len(chunk), "getValue"), strict=True):
+                out[k] = self.api._deserialize_from_bytes(value)[0] if value else None
+        return out
+
+    def write_many(self, updates: list[tuple[bytes, bytes]], removals: list[bytes]) -> None:
+        msg, ser = self.msg, self.api._serialize_to_bytes
+        requests = [
+            self._request(msg.MapStateCall(stateName=self.name, updateValue=msg.UpdateValue(userKey=ser(self.key_schema, (k,)), value=ser(self.value_schema, (v,)))))
+            for k, v in updates
+        ] + [self._request(msg.MapStateCall(stateName=self.name, removeKey=msg.RemoveKey(userKey=ser(self.key_schema, (k,))))) for k in removals]
+        for start in range(0, len(requests), _WRITE_CHUNK):
+            chunk = requests[start : start + _WRITE_CHUNK]
+            self._send(chunk)
+            self._answers(len(chunk), "updateValue/removeKey")
+
+
+def make_processor(spec: ComputationSpec, *, pipeline: str = "default", registry: Any = None) -> Any:
+    """The ``StatefulProcessor`` of one computation in the per-key layout."""
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    class KeyRows(StatefulProcessor):  # type: ignore[misc]
+        """One computation's key intervals, with one state-store row per key."""
+
+        def __init__(self) -> None:
+            self.owner = IntervalStep(spec, pipeline=pipeline, registry=registry)
+
+        def init(self, handle: Any) -> None:
+            self.handle = handle
+            self.envs = handle.getMapState("envs", ENVS_KEY_SCHEMA, ENVS_VALUE_SCHEMA)
+            self.meta = handle.getValueState("meta", META_SCHEMA)
+            self.timer = handle.getValueState("timer", TIMER_SCHEMA)
+
+        def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
+            interval = int(key[0])
+            if interval < 0:
+                for _ in rows:
+                    pass  # the heartbeat group: it only moves Spark's watermark
+                return
+            batch = IntervalBatch(interval, from_spark(timerValues.getCurrentWatermarkInMs()), timerValues.getCurrentProcessingTimeInMs())
+            for pdf in rows:
+                batch.add_frame(pdf)
+            yield self._run(batch, timerValues.getCurrentWatermarkInMs(), expired=False)
+
+        def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:
+            interval = int(key[0])
+            batch = IntervalBatch(interval, from_spark(timerValues.getCurrentWatermarkInMs()), timerValues.getCurrentProcessingTimeInMs())
+            yield self._run(batch, timerValues.getCurrentWatermarkInMs(), expired=True)
+
+        def _run(self, batch: IntervalBatch, watermark: int, expired: bool) -> pd.DataFrame:
+            stored = self.meta.get()
+            count, meta = (0, {}) if stored is None else _unpackb(stored[0], raw=False, strict_map_key=False)
+            batch.add_due(meta.items())
+            envs = _Pipeline(self.envs)
+            keys = list(batch.per_key)
+            before = envs.get_many(keys) if keys else {}
+            outcomes = batch.run(self.owner, before.__getitem__)
+            updates: list[tuple[bytes, bytes]] = []
+            removals: list[bytes] = []
+            kept = count
+            changed = False
+            for kb, (env, hold, nlw, nwall) in outcomes.items():
+                old = before[kb]
+                if env is None:
+                    if old is not None:
+                        removals.append(kb)
+                        kept -= 1
+                else:
+                    if env != old:
+                        updates.append((kb, env))
+                    if old is None:
+                        kept += 1
+                m = None if env is None or (hold is None and nlw is None and nwall is None) else [hold, nlw, nwall]
+                if m is None:
+                    changed |= meta.pop(kb, None) is not None
+                elif meta.get(kb) != m:
+                    meta[kb] = m
+                    changed = True
+            if updates or removals:
+                envs.write_many(updates, removals)
+            if changed or kept != count:
+                if kept or meta:
+                    self.meta.update((_packb([kept, meta], use_bin_type=True),))
+                else:
+                    self.meta.clear()
+            hold, nlw_min, nwall_min = earliest(meta.values())
+            self._schedule(nlw_min, watermark, expired)
+            return batch.summary(hold, nlw_min, nwall_min, kept)
+
+        def _schedule(self, nlw_min: int | None, watermark: int, expired: bool) -> None:
+            """Keep one event-time timer per interval, at its earliest low-watermark timer.
+
+            A timer at ``ts`` is due once the low watermark reaches it (§4.6); Spark fires a
+            registered timer once the watermark reaches its time, so it is registered at
+            ``to_spark(ts)``, and never at or below the current watermark (Spark deletes
+            the timer it has just fired after this call).
+            """
+            current = self.timer.get()
+            stored = None if current is None else current[0]
+            live = None if stored is None or (expired and stored <= watermark) else stored
+            want = None if nlw_min is None else max(to_spark(nlw_min), watermark + 1)
+            if want != live:
+                if live is not None:
+                    self.handle.deleteTimer(live)
+                if want is not None:
+                    self.handle.registerTimer(want)
+            if want != stored:
+                if want is None:
+                    self.timer.clear()
+                else:
+                    self.timer.update((want,))
+
+        def close(self) -> None:
+            pass
+
+    return KeyRows()
+
+
+def read_envelopes(spark: Any, checkpoint_uri: str, batch_id: int | None = None) -> dict[bytes, bytes]:
+    """Every key's committed envelope (key bytes -> envelope), in either state layout.
+
+    Read-only, through Spark's state data sources: the query's operator (state metadata)
+    says the layout; interval rows are unpacked, per-key rows read as they are.
+    """
+    meta = spark.read.format("state-metadata").load(checkpoint_uri).select("operatorName").collect()
+    per_key = any("transformWithState" in row[0] for row in meta)
+    reader = spark.read.format("statestore")
+    if batch_id is not None:
+        reader = reader.option("batchId", batch_id)
+    if per_key:
+        df = reader.option("stateVarName", "envs").load(checkpoint_uri)
+        return {row[0]: row[1] for row in df.select("user_map_key.key", "user_map_value.env").collect()}
+    out: dict[bytes, bytes] = {}
+    for row in reader.load(checkpoint_uri).select("value.groupState.envs").collect():
+        if row[0] is not None:
+            out.update(_unpackb(row[0], raw=False, strict_map_key=False))
+    return out
