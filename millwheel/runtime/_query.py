@@ -35,6 +35,7 @@ from millwheel.runtime._interval import IntervalStep, make_key_extractor
 from millwheel.runtime._lease import FencedError, Lease
 from millwheel.runtime._mapstate import make_processor
 from millwheel.runtime._outbox import Outbox
+from millwheel.runtime._streams import FileStreamLog
 from millwheel.runtime._usercode import RestartPolicy
 from millwheel.runtime._wire import (
     HEARTBEAT_SCHEMA,
@@ -75,6 +76,8 @@ class _Consumed:
         self.sources = checkpoint.child("sources")
         self.seen: set[str] = set()
         self.files: dict[tuple[str, str], dict[str, tuple[int, int]]] = {}
+        #: the query's own heartbeat files: name -> (source index, file-source batch)
+        self.heartbeat_files: dict[str, tuple[int, int]] = {}
         self._offsets: dict[int, dict[int, int]] = {}
 
     def refresh(self) -> None:
@@ -96,6 +99,8 @@ class _Consumed:
                     path = urllib.parse.unquote(entry["path"]).split("/")
                     if len(path) >= 4 and path[-4] == "streams":
                         self.files.setdefault((path[-3], path[-2]), {})[path[-1]] = (int(i), entry["batchId"])
+                    elif len(path) >= 3 and path[-3] == "heartbeats":
+                        self.heartbeat_files[path[-1]] = (int(i), entry["batchId"])
                 else:
                     self.seen.add(f"{i}/{name}")
 
@@ -118,6 +123,20 @@ class _Consumed:
     def names(self, stream: str, producer: str, upto: int) -> set[str]:
         offs = self.log_offsets(upto)
         return {n for n, (i, b) in self.files.get((stream, producer), {}).items() if b <= offs.get(i, -1)}
+
+    def heartbeat_names(self, upto: int) -> set[str]:
+        offs = self.log_offsets(upto)
+        return {n for n, (i, b) in self.heartbeat_files.items() if b <= offs.get(i, -1)}
+
+    def forget(self, stream: str | None, producer: str | None, names: set[str]) -> None:
+        """Stop tracking pruned files (``stream=None``: heartbeat files), so lookups stay
+        proportional to the files still live; offsets of old batches are dropped too."""
+        files = self.heartbeat_files if stream is None else self.files.get((stream, producer or ""), {})
+        for n in names:
+            files.pop(n, None)
+        if len(self._offsets) > 64:
+            for b in sorted(self._offsets)[:-8]:
+                del self._offsets[b]
 
 
 class ComputationQuery:
@@ -288,7 +307,7 @@ class ComputationQuery:
         for stream, producer in self.inputs:
             in_lw = min(in_lw, self.rt.watermark_of(producer))  # before listing: see docs/runtime.md
             consumed = self.consumed.names(stream, producer, upto)
-            for name, lo in self.rt.streams.files(stream, producer).items():
+            for name, lo in self.rt.streams.files(stream, producer, live_only=True).items():
                 if lo < in_lw and name not in consumed:
                     in_lw = lo
         self.input_watermark = max(self.input_watermark, in_lw)
@@ -309,7 +328,17 @@ class ComputationQuery:
                 raise FencedError(msg) from exc
         self.low_watermark = self.rt.watermark_of(self.name)
         self._heartbeat(in_lw, now)
+        self._prune_heartbeats(upto)
         return self.low_watermark
+
+    def _prune_heartbeats(self, upto: int) -> None:
+        """Delete the heartbeat files committed batches have read: only this query reads
+        them, and a committed batch is never run again (its listing stays short)."""
+        names = self.consumed.heartbeat_names(upto)
+        for name in names:
+            self.heartbeats.child(name).delete()
+        if names:
+            self.consumed.forget(None, None, names)
 
     def _heartbeat(self, in_lw: int, now: int) -> None:
         ticks = []
@@ -359,3 +388,24 @@ class ComputationQuery:
             "low_watermark": self.low_watermark,
             "batches": self.batches,
         }
+
+
+def prune_streams(queries: list[ComputationQuery], streams: FileStreamLog) -> int:
+    """Move stream files that every consumer among ``queries`` has consumed in a published
+    batch into their directory's ``_done/`` (``_streams.py``, "Pruning"); returns how many."""
+    consumers: dict[tuple[str, str], list[ComputationQuery]] = {}
+    for q in queries:
+        for pair in q.inputs:
+            consumers.setdefault(pair, []).append(q)
+    moved = 0
+    for (stream, producer), qs in consumers.items():
+        done = set(streams.files(stream, producer, live_only=True))
+        for q in qs:
+            done &= q.consumed.names(stream, producer, q.outbox.published)
+            if not done:
+                break
+        if done:
+            moved += streams.prune(stream, producer, sorted(done))
+            for q in qs:
+                q.consumed.forget(stream, producer, done)
+    return moved

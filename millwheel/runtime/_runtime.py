@@ -28,7 +28,7 @@ from millwheel._topology import Topology
 from millwheel.runtime._audit import AuditLog
 from millwheel.runtime._fs import Location
 from millwheel.runtime._injectors import LogFileInjector, SourceInjector
-from millwheel.runtime._query import ComputationQuery
+from millwheel.runtime._query import ComputationQuery, prune_streams
 from millwheel.runtime._settings import RuntimeSettings
 from millwheel.runtime._sinks import sink_writers
 from millwheel.runtime._streams import FileStreamLog
@@ -89,6 +89,7 @@ class SparkRuntime:
         here = set(self.injectors) | set(self.computations)
         self.sinks = [s for s in sink_writers(topology, self.streams, self.root) if here & set(self.producers(s.spec.stream))]
         self.started = False
+        self._pruned_at = 0.0
         self.started_at = 0.0
 
     # ---- wiring ------------------------------------------------------------------------
@@ -149,6 +150,9 @@ class SparkRuntime:
             c = self.computations[name]
             c.check()
             c.update_watermark(now)
+        if self.settings.prune_streams and not self.settings.only and time.monotonic() - self._pruned_at >= 1.0:
+            prune_streams(list(self.computations.values()), self.streams)
+            self._pruned_at = time.monotonic()
         for sink in self.sinks:
             sink.poll()
 

@@ -38,6 +38,11 @@ class RuntimeSettings:
       state-store row per key, ``transformWithStateInPandas`` + RocksDB: a batch costs the
       keys it touches, for very large key spaces). Fixed for the life of a checkpoint.
       ``$MILLWHEEL_STATE_LAYOUT`` sets the default (how the test suite runs on either).
+    * ``prune_streams`` — move stream-log files that every computation of this driver has
+      consumed in a committed batch out of the directories consumers list (``_done/``), so
+      listings stay short in long runs (``_streams.py``, "Pruning"). Off by default: a
+      computation added later with ``only`` reads a stream from its live files. Heartbeat
+      files, which only their own query reads, are always pruned.
     * ``stall_warning_s`` — warn (log line, ``status()["warning"]``) when a log-file
       injector's low watermark has not moved for this long, naming the unfinished file
       that holds it.
@@ -59,6 +64,7 @@ class RuntimeSettings:
     stall_warning_s: float = 60.0
     pipeline: str = "default"
     registry: Callable[[], Any] | None = None
+    prune_streams: bool = False
     state_layout: str = field(default_factory=lambda: os.environ.get("MILLWHEEL_STATE_LAYOUT", "intervals"))
 
     def __post_init__(self) -> None:

@@ -14,6 +14,15 @@ One directory per producer keeps each producer's low watermark separate (a consu
 takes the minimum over them). Any computation may read any stream: a new consumer is a
 new Spark query with its own checkpoint, reading the same directories from the start.
 
+**Pruning.** Every consumer lists its input directories once per micro-batch, and the
+driver lists them for the input low watermark, so a directory that only grows makes
+every batch slower. With ``RuntimeSettings(prune_streams=True)`` the driver moves a file
+that every consumer has consumed in a committed batch into the directory's ``_done/``
+(:meth:`FileStreamLog.prune`): hidden from Spark's listing and from the watermark's,
+still read by :meth:`FileStreamLog.read` and the sinks (:meth:`FileStreamLog.files`
+names it ``_done/<name>``). A consumer added later with ``--only`` starts from the files
+still live, so runs that will be extended keep it off (the default).
+
 The interface is deliberately narrow — :class:`StreamLog` — so a Kafka-backed log
 (topic per stream, producer in a header, offsets in the consumer's checkpoint) can
 replace it.
@@ -37,6 +46,10 @@ ARROW_LOG_SCHEMA = pa.schema(
 )
 
 
+#: where consumed files go when streams are pruned (hidden from Spark's file listing)
+DONE = "_done"
+
+
 def file_name(tag: str, min_ts: int) -> str:
     return f"{tag}-m{min_ts}.parquet"
 
@@ -58,7 +71,7 @@ class StreamLog(Protocol):
 
     def ensure(self, stream: str, producer: str) -> None: ...
 
-    def files(self, stream: str, producer: str) -> dict[str, int]: ...
+    def files(self, stream: str, producer: str, live_only: bool = False) -> dict[str, int]: ...
 
     def publish(self, src: Location, stream: str, producer: str, tag: str, min_ts: int) -> None: ...
 
@@ -79,14 +92,39 @@ class FileStreamLog:
     def ensure(self, stream: str, producer: str) -> None:
         self.location(stream, producer).mkdirs()
 
-    def files(self, stream: str, producer: str) -> dict[str, int]:
-        """Published files of one producer: name -> oldest timestamp."""
+    def files(self, stream: str, producer: str, live_only: bool = False) -> dict[str, int]:
+        """Published files of one producer: name -> oldest timestamp.
+
+        Pruned files are named ``_done/<name>`` (and sort first: they are the oldest);
+        ``live_only`` leaves them out (what consumers have still to read).
+        """
         out: dict[str, int] = {}
-        for name in self.location(stream, producer).list():
+        loc = self.location(stream, producer)
+        if not live_only:
+            for name in loc.child(DONE).list():
+                ts = min_ts_of(name)
+                if ts is not None:
+                    out[f"{DONE}/{name}"] = ts
+        for name in loc.list():
             ts = min_ts_of(name)
             if ts is not None:
                 out[name] = ts
         return out
+
+    def prune(self, stream: str, producer: str, names: Iterable[str]) -> int:
+        """Move consumed live files into ``_done/`` (see the module docstring); returns how many."""
+        loc = self.location(stream, producer)
+        done = loc.child(DONE)
+        moved = 0
+        for name in names:
+            if moved == 0:
+                done.mkdirs()
+            try:
+                loc.child(name).move_to(done.child(name))
+            except FileNotFoundError:
+                continue
+            moved += 1
+        return moved
 
     def producers(self, stream: str) -> list[str]:
         return sorted(n for n in self.root.child(stream).list() if not n.startswith((".", "_")))

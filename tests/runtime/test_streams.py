@@ -46,6 +46,17 @@ def test_stream_log_append_is_atomic_idempotent_and_readable(tmp_path):
     assert not [p for p in (tmp_path / "streams" / "words" / "inj").iterdir() if p.name.startswith(".")]
 
 
+def test_pruned_files_leave_the_live_listing_but_not_the_log(tmp_path):
+    log = FileStreamLog(Location.of(str(tmp_path)))
+    log.ensure("words", "inj")
+    for i in range(3):
+        log.append("words", "inj", f"s{i}", [Record(None, i, 1_000 + i, f"r{i}")])
+    assert log.prune("words", "inj", ["s0-m1000.parquet", "s1-m1001.parquet", "gone-m5.parquet"]) == 2
+    assert log.files("words", "inj", live_only=True) == {"s2-m1002.parquet": 1002}
+    assert sorted(log.files("words", "inj")) == ["_done/s0-m1000.parquet", "_done/s1-m1001.parquet", "s2-m1002.parquet"]
+    assert [r.value for r in log.read("words")] == [0, 1, 2]
+
+
 def test_importing_the_runtime_package_and_file_source_imports_no_pyspark():
     import subprocess
 
