@@ -19,13 +19,22 @@ error: it is a per-item result (:class:`id_registry.CommitResult`). Every error 
 the request changed nothing, except :class:`BackendUnavailableError` and
 :class:`RegistryUnavailableError` after a commit was sent: it may or may not have been
 applied, and sending it again with the same tokens is safe (that is what tokens are for).
+The invalid-request, authentication and unavailable errors are also servicekit's
+``BadRequestError``, ``UnauthorizedError`` and ``ServiceUnavailableError``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from servicekit import ServiceError
+from servicekit import (
+    BadRequestError,
+    ErrorSet,
+    ServiceError,
+    ServiceUnavailableError,
+    UnauthorizedError,
+)
 
 
 class RegistryError(ServiceError):
@@ -35,18 +44,12 @@ class RegistryError(ServiceError):
     status = 500
 
 
-class InvalidRequestError(RegistryError):
+class InvalidRequestError(BadRequestError, RegistryError):
     """The request is malformed or refused; the message names the field and the fix. Nothing changed."""
 
-    code = "invalid_request"
-    status = 400
 
-
-class AuthenticationError(RegistryError):
+class AuthenticationError(UnauthorizedError, RegistryError):
     """The service wants its bearer secret (every request but the status and the health check)."""
-
-    code = "unauthorized"
-    status = 401
 
 
 class GcBackwardsError(RegistryError):
@@ -61,6 +64,10 @@ class GcBackwardsError(RegistryError):
 
     def extra(self) -> dict[str, Any]:
         return {"boundary_ms": self.boundary_ms}
+
+    @classmethod
+    def from_answer(cls, message: str, body: Mapping[str, Any]) -> GcBackwardsError:
+        return cls(message, body.get("boundary_ms"))
 
 
 class ReshardError(RegistryError):
@@ -83,6 +90,10 @@ class ThrottledError(RegistryError):
     def extra(self) -> dict[str, Any]:
         return {"retry_after_ms": self.retry_after_ms}
 
+    @classmethod
+    def from_answer(cls, message: str, body: Mapping[str, Any]) -> ThrottledError:
+        return cls(message, int(body.get("retry_after_ms") or 0))
+
 
 class BackendUnavailableError(RegistryError):
     """The store behind the registry did not answer in time; a commit may or may not be applied."""
@@ -91,24 +102,11 @@ class BackendUnavailableError(RegistryError):
     status = 503
 
 
-class RegistryUnavailableError(RegistryError):
+class RegistryUnavailableError(ServiceUnavailableError, RegistryError):
     """The HTTP client could not reach the registry, or it kept answering 5xx, even after its retries."""
 
-    code = "unavailable"
-    status = 503
 
-
-#: error code -> class, for the HTTP client (servicekit's refusals are invalid requests)
-ERRORS_BY_CODE: dict[str, type[RegistryError]] = {
-    cls.code: cls
-    for cls in (
-        InvalidRequestError,
-        AuthenticationError,
-        GcBackwardsError,
-        ReshardError,
-        ThrottledError,
-        BackendUnavailableError,
-        RegistryUnavailableError,
-    )
-}
-ERRORS_BY_CODE.update(dict.fromkeys(("forbidden", "payload_too_large", "unsupported_media_type", "misdirected_request"), InvalidRequestError))
+#: the registry's errors, for its HTTP client (servicekit's refusals are invalid requests)
+ERRORS = ErrorSet(RegistryError, InvalidRequestError, AuthenticationError, RegistryUnavailableError, (GcBackwardsError, ReshardError, ThrottledError, BackendUnavailableError))
+#: error code -> class
+ERRORS_BY_CODE = ERRORS.by_code()

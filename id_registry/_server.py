@@ -32,7 +32,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from id_registry import _service
 from id_registry._core import Registry
 from id_registry._errors import InvalidRequestError, ThrottledError
 from id_registry._model import (
@@ -44,46 +43,27 @@ from id_registry._model import (
     check_time,
 )
 from id_registry._worker import RegistryWorker
-from id_registry.client import SECRET_ENV, SECRET_FILE_ENV, SECRET_FILE_NAME
-from servicekit import ConfigurationError, Secret, check_fields, load_secret, parse_json
+from id_registry.client import SERVICE
+from servicekit import Secret, check_fields, parse_json, service
 from servicekit.http import (
-    DEFAULT_MAX_BODY_BYTES,
     Guard,
     GuardMiddleware,
     error_response,
-    hosts_for_bind,
     json_endpoint,
 )
+from servicekit.service import ServeFlags
 
 #: the registry's documents nest at most 3 levels ({"items": [[...]]}); allow some slack
 MAX_JSON_DEPTH = 6
-SECRET_HINT = (
-    "the registry reads its secret from --secret-file, else $MILLWHEEL_REGISTRY_SECRET, else "
-    "$MILLWHEEL_REGISTRY_SECRET_FILE, else DATA_DIR/secret (generated on first start, mode 0600); "
-    "clients take secret=..., $MILLWHEEL_REGISTRY_SECRET or $MILLWHEEL_REGISTRY_SECRET_FILE"
-)
+SECRET_HINT = SERVICE.secret_hint("the registry")
 
 log = logging.getLogger("id_registry")
 
 
-def registry_guard(
-    secret: Secret,
-    *,
-    bind_host: str = "127.0.0.1",
-    allow_hosts: Sequence[str] = (),
-    allow_origins: Sequence[str] = (),
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-) -> Guard:
-    """The :class:`~servicekit.http.Guard` of a registry bound to ``bind_host``."""
-    return Guard(
-        secret=secret,
-        allowed_hosts=hosts_for_bind(bind_host, allow_hosts),
-        allowed_origins=frozenset(allow_origins),
-        max_body_bytes=max_body_bytes,
-        secret_hint=SECRET_HINT,
-        host_hint="start the registry with --allow-host NAME",
-        service="the id registry",
-    )
+def registry_guard(secret: Secret, **flags: Any) -> Guard:
+    """The :class:`~servicekit.http.Guard` of a registry; ``flags``: ``bind_host``,
+    ``allow_hosts``, ``allow_origins``, ``max_body_bytes`` (see :meth:`Guard.for_bind <servicekit.http.Guard.for_bind>`)."""
+    return Guard.for_bind(secret, secret_hint=SECRET_HINT, host_hint="start the registry with --allow-host NAME", service=SERVICE.the, **flags)
 
 
 def _body(raw: bytes, path: str, fields: dict[str, bool]) -> dict[str, Any]:
@@ -231,54 +211,31 @@ def open_backend(
 
 
 def serve(
+    flags: ServeFlags,
     *,
-    host: str,
-    port: int,
-    data_dir: str,
-    secret_file: str | None = None,
-    allow_hosts: Sequence[str] = (),
-    allow_origins: Sequence[str] = (),
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    ssl_certfile: str | None = None,
-    ssl_keyfile: str | None = None,
     backend_options: dict[str, Any] | None = None,
     registry_options: dict[str, Any] | None = None,
     worker_options: dict[str, Any] | None = None,
-    ready_file: str | None = None,
-    log_level: str = "warning",
 ) -> int:
     """Run the service until SIGINT/SIGTERM; returns the exit code."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        secret = load_secret(file=secret_file, env=SECRET_ENV, env_file=SECRET_FILE_ENV, default_file=os.path.join(data_dir, SECRET_FILE_NAME), create=True)
-    except (ConfigurationError, OSError) as exc:
-        print(f"id registry: {exc}", file=sys.stderr)
+    logging.basicConfig(level=flags.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    secret = service.server_secret(SERVICE, flags)
+    if secret is None:
         return 2
-    if secret is None:  # pragma: no cover - create=True always yields one
-        return 2
-    secret_source = secret.source
     try:
-        store = open_backend(data_dir, **(backend_options or {}))
+        store = open_backend(flags.data_dir, **(backend_options or {}))
         registry = Registry(store, **(registry_options or {}))
     except Exception as exc:
         print(f"id registry: cannot open its store ({type(exc).__name__}: {exc}); is another registry using this --data-dir, or is etcd down?", file=sys.stderr)
         return 2
     worker = RegistryWorker(registry, **(worker_options or {}))
-    sock = _service.bind(host, port)
-    bound_host = sock.getsockname()[0]
-    if bound_host not in ("127.0.0.1", "::1") and not ssl_certfile:
-        print(f"id registry: listening on {bound_host}, beyond loopback, in plain HTTP: the secret travels unencrypted; put TLS in front", file=sys.stderr)
+    sock, url = service.listen(SERVICE, flags)
     sys.setswitchinterval(0.001)  # the loop thread gets the interpreter back quickly from the registry thread
-    url = _service.url_of(sock, tls=bool(ssl_certfile))
-    guard = registry_guard(secret, bind_host=bound_host, allow_hosts=allow_hosts, allow_origins=allow_origins, max_body_bytes=max_body_bytes)
-    _service.run_app(
-        create_app(worker, guard=guard),
+    service.run_app(
+        create_app(worker, guard=registry_guard(secret, **flags.guard_options(sock))),
         sock,
-        banner=lambda: f"id registry listening on {url} ({store.kind} store; secret from {secret_source}; shards {registry.meta.shards.to_json()})",
-        ready_file=ready_file,
-        ssl_certfile=ssl_certfile,
-        ssl_keyfile=ssl_keyfile,
-        log_level=log_level,
+        banner=lambda: f"id registry listening on {url} ({store.kind} store; secret from {secret.source}; shards {registry.meta.shards.to_json()})",
+        **flags.run_options(),
     )
     print("id registry stopped", flush=True)
     return 0

@@ -29,20 +29,13 @@ def _parser() -> argparse.ArgumentParser:
         DEFAULT_MAX_INFLIGHT_ITEMS,
         DEFAULT_MAX_INFLIGHT_REQUESTS,
     )
-    from servicekit.http import DEFAULT_MAX_BODY_BYTES
+    from id_registry.client import SERVICE
+    from servicekit.cli import add_serve_arguments
 
     parser = argparse.ArgumentParser(prog="millwheel registry", description="Photon's IdRegistry: conditional commits of event ids (Photon §2)")
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the registry service")
-    s.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT}; 0 picks a free one)")
-    s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: loopback only; beyond it, use TLS)")
-    s.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"where the RocksDB store and the generated secret live (default {DEFAULT_DATA_DIR})")
-    s.add_argument("--secret-file", help="file holding the bearer secret (default: $MILLWHEEL_REGISTRY_SECRET, $MILLWHEEL_REGISTRY_SECRET_FILE, else DATA_DIR/secret, generated on the first start)")
-    s.add_argument("--allow-host", action="append", default=[], metavar="NAME", help="also answer for this Host name (repeatable)")
-    s.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN", help="let pages of this origin call the service (repeatable)")
-    s.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help=f"largest request body accepted (default {DEFAULT_MAX_BODY_BYTES})")
-    s.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (PEM); needs --ssl-keyfile")
-    s.add_argument("--ssl-keyfile", help="the certificate's private key (PEM)")
+    add_serve_arguments(s, SERVICE, default_port=DEFAULT_PORT, default_data_dir=DEFAULT_DATA_DIR, data_dir_help="where the RocksDB store and the generated secret live")
     s.add_argument("--backend", choices=["rocksdb", "etcd"], default="rocksdb", help="rocksdb: embedded, one node (default); etcd: replicated (Raft)")
     s.add_argument("--no-sync", action="store_true", help="rocksdb: do not fsync each write batch (survives kill -9, not a machine crash)")
     s.add_argument("--etcd-endpoint", action="append", default=[], metavar="URL", help="etcd: a member's client URL (repeatable)")
@@ -53,8 +46,6 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-inflight-items", type=int, default=DEFAULT_MAX_INFLIGHT_ITEMS, help=f"items queued or being written before commits get 429 (default {DEFAULT_MAX_INFLIGHT_ITEMS})")
     s.add_argument("--max-inflight-requests", type=int, default=DEFAULT_MAX_INFLIGHT_REQUESTS, help=f"requests in progress before new ones get 429 (default {DEFAULT_MAX_INFLIGHT_REQUESTS})")
     s.add_argument("--max-group-items", type=int, default=DEFAULT_MAX_GROUP_ITEMS, help=f"most items in one durable write (default {DEFAULT_MAX_GROUP_ITEMS})")
-    s.add_argument("--ready-file", help="write the service URL to this file once it is listening")
-    s.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     for name, text in (("status", "print a running registry's status"), ("gc", "move the GC boundary forward"), ("reshard", "add a shard configuration")):
         c = sub.add_parser(name, help=text)
         c.add_argument("--url", default=f"http://127.0.0.1:{DEFAULT_PORT}")
@@ -67,36 +58,26 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the registry's own flags of ``serve``; ``None`` if nothing."""
+    positive = {"--max-inflight-items": args.max_inflight_items, "--max-inflight-requests": args.max_inflight_requests, "--max-group-items": args.max_group_items}
+    if args.backend == "etcd" and not args.etcd_endpoint:
+        return "--backend etcd needs --etcd-endpoint URL (once per member, e.g. http://127.0.0.1:2379)"
+    if args.reshard_lead_ms < 0:
+        return f"--reshard-lead-ms must be >= 0, got {args.reshard_lead_ms}"
+    return next((f"{flag} must be at least 1, got {value}" for flag, value in positive.items() if value < 1), None)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from id_registry._server import serve
+    from servicekit.cli import serve_flags, serve_problem
 
-    problem = None
-    positive = {"--max-inflight-items": args.max_inflight_items, "--max-inflight-requests": args.max_inflight_requests, "--max-group-items": args.max_group_items}
-    if not 0 <= args.port <= 65535:
-        problem = f"--port must be in 0..65535, got {args.port}"
-    elif args.max_body_bytes < 1024:
-        problem = f"--max-body-bytes must be at least 1024, got {args.max_body_bytes}"
-    elif bool(args.ssl_certfile) != bool(args.ssl_keyfile):
-        problem = "--ssl-certfile and --ssl-keyfile go together: give both, or neither"
-    elif args.backend == "etcd" and not args.etcd_endpoint:
-        problem = "--backend etcd needs --etcd-endpoint URL (once per member, e.g. http://127.0.0.1:2379)"
-    elif args.reshard_lead_ms < 0:
-        problem = f"--reshard-lead-ms must be >= 0, got {args.reshard_lead_ms}"
-    else:
-        problem = next((f"{flag} must be at least 1, got {value}" for flag, value in positive.items() if value < 1), None)
+    problem = serve_problem(args) or _problem(args)
     if problem:
         print(f"millwheel registry: {problem}", file=sys.stderr)
         return 2
     return serve(
-        host=args.host,
-        port=args.port,
-        data_dir=args.data_dir,
-        secret_file=args.secret_file,
-        allow_hosts=args.allow_host,
-        allow_origins=args.allow_origin,
-        max_body_bytes=args.max_body_bytes,
-        ssl_certfile=args.ssl_certfile,
-        ssl_keyfile=args.ssl_keyfile,
+        serve_flags(args),
         backend_options={
             "backend": args.backend,
             "sync": not args.no_sync,
@@ -110,8 +91,6 @@ def _serve(args: argparse.Namespace) -> int:
             "max_inflight_requests": args.max_inflight_requests,
             "max_group_items": args.max_group_items,
         },
-        ready_file=args.ready_file,
-        log_level=args.log_level,
     )
 
 

@@ -30,39 +30,26 @@ way (connection errors, timeouts, 5xx); a 4xx is never retried.
 from __future__ import annotations
 
 import abc
-import contextlib
-import json
-import os
-import random
-import shutil
-import tempfile
-import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
-from id_registry import _service
 from id_registry._core import GcResult, Registry
-from id_registry._errors import (
-    ERRORS_BY_CODE,
-    AuthenticationError,
-    GcBackwardsError,
-    InvalidRequestError,
-    RegistryError,
-    RegistryUnavailableError,
-    ThrottledError,
-)
+from id_registry._errors import ERRORS, AuthenticationError, RegistryUnavailableError
 from id_registry._model import ClearResult, CommitResult, Item, LookupResult, ShardConfig, Status
 from id_registry._worker import RegistryWorker
-from servicekit import Secret
+from servicekit import Secret, service
+from servicekit import client as _client
+from servicekit.service import ServiceInfo, ServiceProcess
 
-#: environment variable naming a running registry
-URL_ENV = "MILLWHEEL_REGISTRY_URL"
-#: environment variable holding the registry's bearer secret
-SECRET_ENV = "MILLWHEEL_REGISTRY_SECRET"
-#: environment variable naming a file that holds it
-SECRET_FILE_ENV = "MILLWHEEL_REGISTRY_SECRET_FILE"
-#: the file in a registry's data directory where its generated secret is kept
-SECRET_FILE_NAME = "secret"
+#: the registry as servicekit sees it: its name, module and command, and the environment variables
+#: naming a running one (cluster runs), holding its bearer secret, and naming a file that holds it
+SERVICE = ServiceInfo(
+    "id registry", "id_registry", "millwheel registry",
+    url_env="MILLWHEEL_REGISTRY_URL", secret_env="MILLWHEEL_REGISTRY_SECRET", secret_file_env="MILLWHEEL_REGISTRY_SECRET_FILE",
+)  # fmt: skip
+#: the same as constants; ``SECRET_FILE_NAME``: the file in a data directory where a generated secret is kept
+URL_ENV, SECRET_ENV, SECRET_FILE_ENV, SECRET_FILE_NAME = SERVICE.url_env, SERVICE.secret_env, SERVICE.secret_file_env, SERVICE.secret_file_name
 
 _COMMIT_ANSWERS = {"committed": CommitResult(Status.COMMITTED), "too_old": CommitResult(Status.TOO_OLD)}
 
@@ -153,11 +140,12 @@ class InProcessRegistryClient(RegistryClient):
 def client_secret(secret: str | Secret | None = None, *, data_dir: str | None = None) -> Secret | None:
     """``secret``, else ``$MILLWHEEL_REGISTRY_SECRET``, else the file named by
     ``$MILLWHEEL_REGISTRY_SECRET_FILE``, else ``DATA_DIR/secret`` if it exists, else ``None``."""
-    return _service.client_secret(secret, env=SECRET_ENV, env_file=SECRET_FILE_ENV, data_dir=data_dir, secret_file_name=SECRET_FILE_NAME, error=AuthenticationError)
+    return _client.client_secret(secret, SERVICE, data_dir=data_dir, error=AuthenticationError)
 
 
-class HttpRegistryClient(RegistryClient):
-    """The registry service over HTTP/JSON (see ``docs/registry.md`` for the routes).
+class HttpRegistryClient(_client.JsonHttpClient, RegistryClient):
+    """The registry service over HTTP/JSON (see ``docs/registry.md`` for the routes), on
+    :class:`servicekit.client.JsonHttpClient`.
 
     * ``secret`` — the service's bearer secret (see :func:`client_secret`); every route but
       the status needs it, so without one every call raises :class:`AuthenticationError`;
@@ -172,6 +160,9 @@ class HttpRegistryClient(RegistryClient):
     After the retries, :class:`RegistryUnavailableError`. Thread-safe (one connection pool).
     """
 
+    info = SERVICE
+    errors = ERRORS
+
     def __init__(
         self,
         url: str,
@@ -183,22 +174,7 @@ class HttpRegistryClient(RegistryClient):
         throttle_timeout: float = 60.0,
         transport: Any = None,
     ) -> None:
-        import httpx
-
-        if retries < 0 or timeout <= 0 or backoff < 0 or throttle_timeout < 0:
-            msg = f"HttpRegistryClient: need timeout > 0, retries >= 0, backoff >= 0, throttle_timeout >= 0; got {timeout}, {retries}, {backoff}, {throttle_timeout}"
-            raise InvalidRequestError(msg)
-        self.url = url.rstrip("/")
-        self.retries = retries
-        self.backoff = backoff
-        self.throttle_timeout = throttle_timeout
-        self.secret = client_secret(secret)
-        #: requests the service throttled and this client sent again
-        self.throttled = 0
-        self._httpx = httpx
-        headers = self.secret.header() if self.secret is not None else {}
-        self._client = httpx.Client(base_url=self.url, timeout=timeout, transport=transport, headers=headers)
-        self._random = random.Random()
+        super().__init__(url, secret=secret, timeout=timeout, retries=retries, backoff=backoff, throttle_timeout=throttle_timeout, transport=transport)
 
     def commit_many(self, items: Iterable[Item]) -> list[CommitResult]:
         body = {"items": items if isinstance(items, list) else list(items)}
@@ -229,106 +205,17 @@ class HttpRegistryClient(RegistryClient):
     def status(self) -> dict[str, Any]:
         return self._call("GET", "/v1/status")
 
-    def healthy(self) -> bool:
-        """True if the service answers its health check (one attempt)."""
-        try:
-            return self._client.get("/healthz").status_code == 200
-        except self._httpx.HTTPError:
-            return False
-
-    def close(self) -> None:
-        self._client.close()
-
-    # -- the transport
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        httpx = self._httpx
-        failures = 0  # attempts that failed on the way or with a 5xx
-        answered = 0  # of which the service answered 5xx
-        throttled_until: float | None = None
-        throttles = 0
-        last = ""
-        # ASCII JSON: a lone surrogate travels as an escape and is refused by the service, by name
-        content = None if body is None else json.dumps(body, separators=(",", ":")).encode("ascii")
-        headers = None if body is None else {"Content-Type": "application/json"}
-        while True:
-            try:
-                response = self._client.request(method, path, content=content, headers=headers)
-            except httpx.TransportError as exc:  # every call is safe to repeat, even if it arrived
-                last = f"{type(exc).__name__}: {exc}"
-            else:
-                status = response.status_code
-                if status < 400:
-                    return response.json()  # type: ignore[no-any-return]
-                if status == 429:
-                    throttles += 1
-                    self.throttled += 1
-                    now = time.monotonic()
-                    throttled_until = throttled_until if throttled_until is not None else now + self.throttle_timeout
-                    if now >= throttled_until:
-                        raise self._error(response)
-                    wait = max(self._retry_after(response), self.backoff * 2 ** min(throttles, 6))
-                    time.sleep(min(wait, 5.0, max(0.0, throttled_until - now)) * (0.75 + self._random.random() / 2))
-                    continue
-                if status < 500:
-                    raise self._error(response)
-                answered += 1
-                last = f"HTTP {status}: {_service.error_message(response)}"
-            failures += 1
-            if failures > self.retries:
-                break
-            time.sleep(min(2.0, self.backoff * 2 ** (failures - 1)) * (0.5 + self._random.random() / 2))
-        if answered:
-            msg = f"{method} {path}: the id registry at {self.url} is running but failed {answered} of {failures} attempts (last: {last}); see the service's log"
-        else:
-            msg = f"{method} {path}: the id registry at {self.url} is unreachable after {failures} attempts ({last}); is `millwheel registry serve` running there?"
-        raise RegistryUnavailableError(msg)
-
-    @staticmethod
-    def _retry_after(response: Any) -> float:
-        """Seconds the service asked to wait: ``retry_after_ms`` in the body, else ``Retry-After``."""
-        try:
-            ms = response.json().get("retry_after_ms")
-            if isinstance(ms, int) and 0 <= ms <= 60_000:
-                return ms / 1000
-        except (ValueError, AttributeError):
-            pass
-        header = response.headers.get("retry-after", "")
-        return min(60.0, float(header)) if header.isdigit() else 1.0
-
-    def _error(self, response: Any) -> RegistryError:
-        try:
-            body = response.json()
-        except ValueError:
-            body = {}
-        body = body if isinstance(body, dict) else {}
-        message = _service.error_message(response)
-        cls = ERRORS_BY_CODE.get(str(body.get("error", "")), RegistryError)
-        if response.status_code == 401:
-            cls = AuthenticationError
-            if self.secret is None:
-                message += f" (this client sent no secret: pass secret=..., or set ${SECRET_ENV} or ${SECRET_FILE_ENV})"
-            else:
-                message += f" (this client sent the secret from {self.secret.source})"
-        if cls is GcBackwardsError:
-            return GcBackwardsError(message, body.get("boundary_ms"))
-        if cls is ThrottledError:
-            return ThrottledError(message, int(body.get("retry_after_ms") or 0))
-        return cls(message)
-
 
 # ---------------------------------------------------------------------------- embedded service
 
 
-class EmbeddedRegistry(_service.ServiceProcess):
+class EmbeddedRegistry(ServiceProcess):
     """A registry service started by this process (see :func:`start_registry`): ``.url``,
     ``.secret``, ``.pid``, ``.kill()`` (kill -9), ``.stop()``, ``.log()``."""
 
     def client(self, **options: Any) -> HttpRegistryClient:
         """A new HTTP client of this service holding its secret (closed when the service stops)."""
-        options.setdefault("secret", self.secret)
-        c = HttpRegistryClient(self.url, **options)
-        self.closing.append(c)
-        return c
+        return self._client(HttpRegistryClient, **options)
 
 
 def start_registry(data_dir: str, *, host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 30.0, extra_args: Sequence[str] = ()) -> EmbeddedRegistry:
@@ -339,45 +226,27 @@ def start_registry(data_dir: str, *, host: str = "127.0.0.1", port: int = 0, sta
     gives it to its clients. ``extra_args`` go to ``serve`` (e.g. ``["--backend", "etcd",
     "--etcd-endpoint", URL]``). The caller stops it; prefer :func:`embedded_registry`.
     """
-    started = _service.start_process(
-        "id_registry", data_dir, name="id registry", secret_file_name=SECRET_FILE_NAME, host=host, port=port,
+    return EmbeddedRegistry.start(
+        SERVICE, data_dir, host=host, port=port,
         startup_timeout=startup_timeout, extra_args=extra_args, unavailable=RegistryUnavailableError,
     )  # fmt: skip
-    return EmbeddedRegistry(started.url, started.process, started.data_dir, started.log_path, started.secret)
 
 
-@contextlib.contextmanager
-def embedded_registry(data_dir: str | None = None, **options: Any) -> Iterator[EmbeddedRegistry]:
+def embedded_registry(data_dir: str | None = None, **options: Any) -> AbstractContextManager[EmbeddedRegistry]:
     """Run the real registry service for a ``with`` block on a free loopback port.
 
     ``data_dir=None`` keeps its store in a temporary directory removed afterwards.
     Options go to :func:`start_registry`. Yields an :class:`EmbeddedRegistry`
     (``.url``, ``.secret``, ``.client()``).
     """
-    path = tempfile.mkdtemp(prefix="millwheel-registry-") if data_dir is None else data_dir
-    try:
-        service = start_registry(path, **options)
-        try:
-            yield service
-        finally:
-            service.stop()
-    finally:
-        if data_dir is None:
-            shutil.rmtree(path, ignore_errors=True)
+    return service.running(lambda path: start_registry(path, **options), data_dir, temp_prefix="millwheel-registry-")
 
 
-@contextlib.contextmanager
-def open_registry(url: str | None = None, *, data_dir: str | None = None, secret: str | Secret | None = None, **client_options: Any) -> Iterator[RegistryClient]:
+def open_registry(url: str | None = None, *, data_dir: str | None = None, secret: str | Secret | None = None, **client_options: Any) -> AbstractContextManager[RegistryClient]:
     """A client of the service at ``url`` (or ``$MILLWHEEL_REGISTRY_URL``), else of an embedded
     service started for the ``with`` block (its secret generated and handed to the client).
 
     With a URL, the secret is ``secret``, else ``$MILLWHEEL_REGISTRY_SECRET``, else the file
     named by ``$MILLWHEEL_REGISTRY_SECRET_FILE``, else ``DATA_DIR/secret``.
     """
-    url = url or os.environ.get(URL_ENV) or None
-    if url:
-        with HttpRegistryClient(url, secret=client_secret(secret, data_dir=data_dir), **client_options) as client:
-            yield client
-        return
-    with embedded_registry(data_dir) as service, service.client(**client_options) as client:
-        yield client
+    return _client.open_client(HttpRegistryClient, url, embed=embedded_registry, data_dir=data_dir, secret=secret, **client_options)

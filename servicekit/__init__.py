@@ -17,7 +17,18 @@ The Starlette side is :mod:`servicekit.http` (import it in servers only):
 :class:`~servicekit.http.Guard` and :class:`~servicekit.http.GuardMiddleware` check
 ``Host`` (DNS rebinding), ``Origin`` / ``Sec-Fetch-Site`` (cross-site requests), the
 bearer secret on every mutation and on private reads, and the body size before reading
-it; :func:`~servicekit.http.json_endpoint` answers every error as JSON with its status.
+it; :func:`~servicekit.http.json_endpoint` answers every error as JSON with its status;
+:meth:`Guard.for_bind <servicekit.http.Guard.for_bind>` builds a service's guard from its flags.
+
+What every service does around its app is shared too (import each where it is used):
+
+* :mod:`servicekit.service` — bind a port, load the server's secret, run the app on uvicorn
+  with a ready file, and :class:`~servicekit.service.ServiceProcess`: a service run as a
+  subprocess (embedded use, tests);
+* :mod:`servicekit.client` — :func:`~servicekit.client.client_secret` and
+  :class:`~servicekit.client.JsonHttpClient`, the base of each service's HTTP client
+  (retries with backoff, 429s, the service's own error classes, health check, close);
+* :mod:`servicekit.cli` — the flags of ``serve`` every service takes, and their checks.
 
 servicekit imports nothing from millwheel or from any service built on it.
 """
@@ -36,10 +47,12 @@ from servicekit.checks import (
 from servicekit.errors import (
     BadRequestError,
     ConfigurationError,
+    ErrorSet,
     ForbiddenError,
     MisdirectedRequestError,
     PayloadTooLargeError,
     ServiceError,
+    ServiceUnavailableError,
     UnauthorizedError,
     UnsupportedMediaTypeError,
 )
@@ -56,11 +69,13 @@ __all__ = [
     "INT64_MIN",
     "BadRequestError",
     "ConfigurationError",
+    "ErrorSet",
     "ForbiddenError",
     "MisdirectedRequestError",
     "PayloadTooLargeError",
     "Secret",
     "ServiceError",
+    "ServiceUnavailableError",
     "UnauthorizedError",
     "UnsupportedMediaTypeError",
     "check_fields",

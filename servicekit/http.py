@@ -59,9 +59,8 @@ from servicekit.errors import (
     UnsupportedMediaTypeError,
 )
 from servicekit.secret import Secret
+from servicekit.service import DEFAULT_MAX_BODY_BYTES
 
-#: default request body limit: 16 MiB (a report of 100k key intervals is about 4 MB)
-DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 #: names that always mean this machine
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 _WILDCARDS = frozenset({"", "0.0.0.0", "::"})
@@ -124,6 +123,28 @@ class Guard:
     service: str = "the service"
     ip_hosts: bool = True
     _origins: frozenset[str] = field(init=False, repr=False, default=frozenset())
+
+    @classmethod
+    def for_bind(
+        cls,
+        secret: Secret,
+        *,
+        bind_host: str = "127.0.0.1",
+        allow_hosts: Iterable[str] = (),
+        allow_origins: Iterable[str] = (),
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        **options: Any,
+    ) -> Guard:
+        """The guard of a service bound to ``bind_host`` that also answers for ``allow_hosts``
+        and lets pages of ``allow_origins`` call it (its ``--allow-host``/``--allow-origin``);
+        ``options``: the other fields (``private_reads``, the hints, ``service``)."""
+        return cls(
+            secret=secret,
+            allowed_hosts=hosts_for_bind(bind_host, allow_hosts),
+            allowed_origins=frozenset(allow_origins),
+            max_body_bytes=max_body_bytes,
+            **options,
+        )
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:

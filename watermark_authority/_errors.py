@@ -15,14 +15,23 @@ Every error derives from :class:`AuthorityError`, itself a :class:`servicekit.Se
 
 The server answers each 4xx with ``{"error": CODE, "message": TEXT}``; the HTTP client turns
 ``CODE`` back into the same class, so in-process and HTTP callers catch the same errors.
-In every case the request changed nothing.
+In every case the request changed nothing. The invalid-request, authentication and
+unavailable errors are also servicekit's ``BadRequestError``, ``UnauthorizedError`` and
+``ServiceUnavailableError`` (whose codes and statuses they take).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from servicekit import ServiceError
+from servicekit import (
+    BadRequestError,
+    ErrorSet,
+    ServiceError,
+    ServiceUnavailableError,
+    UnauthorizedError,
+)
 
 
 class AuthorityError(ServiceError):
@@ -34,19 +43,13 @@ class AuthorityError(ServiceError):
     status = 500
 
 
-class InvalidRequestError(AuthorityError):
+class InvalidRequestError(BadRequestError, AuthorityError):
     """The request is malformed or refused; the message names the field and the fix. Nothing changed."""
 
-    code = "invalid_request"
-    status = 400
 
-
-class AuthenticationError(AuthorityError):
+class AuthenticationError(UnauthorizedError, AuthorityError):
     """The service wants its bearer secret for this request (every mutation, and reads that
     reveal sequencer tokens) and did not get it. Nothing changed."""
-
-    code = "unauthorized"
-    status = 401
 
 
 class UnknownNameError(AuthorityError):
@@ -73,6 +76,10 @@ class StaleTokenError(AuthorityError):
     def extra(self) -> dict[str, Any]:
         return {"intervals": [list(x) for x in self.intervals]}
 
+    @classmethod
+    def from_answer(cls, message: str, body: Mapping[str, Any]) -> StaleTokenError:
+        return cls(message, [tuple(x) for x in body.get("intervals", [])])
+
 
 class ConflictError(AuthorityError):
     """The request contradicts the authority's state (e.g. a name in use as another kind)."""
@@ -81,23 +88,11 @@ class ConflictError(AuthorityError):
     status = 409
 
 
-class AuthorityUnavailableError(AuthorityError):
+class AuthorityUnavailableError(ServiceUnavailableError, AuthorityError):
     """The HTTP client could not reach the authority, or it kept answering 5xx, even after its retries."""
 
-    code = "unavailable"
-    status = 503
 
-
-#: error code -> class, for the HTTP client (servicekit's refusals are invalid requests)
-ERRORS_BY_CODE: dict[str, type[AuthorityError]] = {
-    cls.code: cls
-    for cls in (
-        InvalidRequestError,
-        AuthenticationError,
-        UnknownNameError,
-        StaleTokenError,
-        ConflictError,
-        AuthorityUnavailableError,
-    )
-}
-ERRORS_BY_CODE.update(dict.fromkeys(("forbidden", "payload_too_large", "unsupported_media_type", "misdirected_request"), InvalidRequestError))
+#: the authority's errors, for its HTTP client (servicekit's refusals are invalid requests)
+ERRORS = ErrorSet(AuthorityError, InvalidRequestError, AuthenticationError, AuthorityUnavailableError, (UnknownNameError, StaleTokenError, ConflictError))
+#: error code -> class
+ERRORS_BY_CODE = ERRORS.by_code()

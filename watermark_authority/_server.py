@@ -26,10 +26,9 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
 import sys
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -41,25 +40,16 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from servicekit import (
-    ConfigurationError,
-    Secret,
-    check_fields,
-    describe,
-    load_secret,
-    parse_json,
-    parse_number,
-)
+from servicekit import Secret, check_fields, describe, parse_json, parse_number, service
 from servicekit.http import (
-    DEFAULT_MAX_BODY_BYTES,
     Guard,
     GuardMiddleware,
-    hosts_for_bind,
     json_endpoint,
 )
+from servicekit.service import ServeFlags
 from watermark_authority._core import Authority, check_percentile, summarize, wall_ms
 from watermark_authority._errors import InvalidRequestError
-from watermark_authority.client import SECRET_ENV, SECRET_FILE_ENV, SECRET_FILE_NAME
+from watermark_authority.client import SERVICE
 
 STATIC_DIR = Path(__file__).parent / "static"
 #: the authority's documents nest at most 3 levels ({"reports": [[...]]}); allow some slack
@@ -67,11 +57,7 @@ MAX_JSON_DEPTH = 8
 #: reads that reveal sequencer tokens: served only with the secret
 PRIVATE_READS = frozenset({"/v1/intervals"})
 #: what a 401 tells the client about where the secret comes from
-SECRET_HINT = (
-    "the service reads its secret from --secret-file, else $MILLWHEEL_AUTHORITY_SECRET, else "
-    "$MILLWHEEL_AUTHORITY_SECRET_FILE, else DATA_DIR/secret (generated on first start, mode 0600); "
-    "clients take secret=..., $MILLWHEEL_AUTHORITY_SECRET or $MILLWHEEL_AUTHORITY_SECRET_FILE"
-)
+SECRET_HINT = SERVICE.secret_hint()
 HOST_HINT = "start the authority with --allow-host NAME"
 #: the dashboard's page: scripts and styles from this origin only, never framed
 DASHBOARD_CSP = "default-src 'self'; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
@@ -97,25 +83,10 @@ class History:
         return [{"t": t, "w": dict(w)} for t, w in self.samples if t >= start_ms]
 
 
-def authority_guard(
-    secret: Secret,
-    *,
-    bind_host: str = "127.0.0.1",
-    allow_hosts: Sequence[str] = (),
-    allow_origins: Sequence[str] = (),
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-) -> Guard:
-    """The :class:`~servicekit.http.Guard` of an authority bound to ``bind_host``."""
-    return Guard(
-        secret=secret,
-        allowed_hosts=hosts_for_bind(bind_host, allow_hosts),
-        allowed_origins=frozenset(allow_origins),
-        max_body_bytes=max_body_bytes,
-        private_reads=PRIVATE_READS,
-        secret_hint=SECRET_HINT,
-        host_hint=HOST_HINT,
-        service="the watermark authority",
-    )
+def authority_guard(secret: Secret, **flags: Any) -> Guard:
+    """The :class:`~servicekit.http.Guard` of an authority; ``flags``: ``bind_host``,
+    ``allow_hosts``, ``allow_origins``, ``max_body_bytes`` (see :meth:`Guard.for_bind <servicekit.http.Guard.for_bind>`)."""
+    return Guard.for_bind(secret, private_reads=PRIVATE_READS, secret_hint=SECRET_HINT, host_hint=HOST_HINT, service=SERVICE.the, **flags)
 
 
 def _body(raw: bytes, path: str, fields: dict[str, bool]) -> dict[str, Any]:
@@ -270,115 +241,31 @@ def create_app(authority: Authority, *, guard: Guard, history: History | None = 
     return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(GuardMiddleware, guard=guard)])
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # proto=IPPROTO_TCP so asyncio sets TCP_NODELAY on accepted connections (else Nagle + delayed
-    # ACK add 40 ms to every response on a kept-alive connection)
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        msg = f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port (0 for any free one)"
-        raise SystemExit(msg) from None
-    sock.set_inheritable(True)
-    return sock
-
-
-def serve(
-    *,
-    host: str,
-    port: int,
-    data_dir: str,
-    secret_file: str | None = None,
-    allow_hosts: Sequence[str] = (),
-    allow_origins: Sequence[str] = (),
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    ssl_certfile: str | None = None,
-    ssl_keyfile: str | None = None,
-    sync: bool = False,
-    ready_file: str | None = None,
-    sample_interval: float = 1.0,
-    history_seconds: float = 600.0,
-    log_level: str = "warning",
-) -> int:
+def serve(flags: ServeFlags, *, sync: bool = False, sample_interval: float = 1.0, history_seconds: float = 600.0) -> int:
     """Run the service until SIGINT/SIGTERM; returns the exit code."""
-    import uvicorn
-
     from watermark_authority._journal import RocksJournal
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        secret = load_secret(
-            file=secret_file,
-            env=SECRET_ENV,
-            env_file=SECRET_FILE_ENV,
-            default_file=os.path.join(data_dir, SECRET_FILE_NAME),
-            create=True,
-        )
-    except (ConfigurationError, OSError) as exc:
-        print(f"watermark authority: {exc}", file=sys.stderr)
+    logging.basicConfig(level=flags.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    secret = service.server_secret(SERVICE, flags)
+    if secret is None:
         return 2
-    if secret is None:  # pragma: no cover - create=True always yields one
-        print("watermark authority: no secret", file=sys.stderr)
-        return 2
-    secret_source = secret.source
-    journal_dir = os.path.join(data_dir, "journal")
+    journal_dir = os.path.join(flags.data_dir, "journal")
     try:
         journal = RocksJournal(journal_dir, sync=sync)
     except Exception as exc:
-        print(
-            f"watermark authority: cannot open the journal at {journal_dir} ({exc}); "
-            "is another authority using this --data-dir?",
-            file=sys.stderr,
-        )
+        print(f"watermark authority: cannot open the journal at {journal_dir} ({exc}); is another authority using this --data-dir?", file=sys.stderr)
         return 2
     authority = Authority(journal)
-    sock = _bind(host, port)
-    bound_host, bound_port = sock.getsockname()[:2]
-    url_host = f"[{bound_host}]" if ":" in bound_host else bound_host
-    scheme = "https" if ssl_certfile else "http"
-    url = f"{scheme}://{url_host}:{bound_port}"
-    if bound_host not in ("127.0.0.1", "::1") and not ssl_certfile:
-        print(
-            f"watermark authority: listening on {bound_host}, beyond loopback, in plain HTTP: the secret "
-            "travels unencrypted; put TLS in front (a reverse proxy, or --ssl-certfile/--ssl-keyfile)",
-            file=sys.stderr,
-        )
+    sock, url = service.listen(SERVICE, flags)
     # a read waits for the writer thread's interpreter lock at most this long (default 5 ms)
     sys.setswitchinterval(0.001)
 
-    class _Server(uvicorn.Server):
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets=sockets)
-            if self.started:
-                known = authority.watermarks()
-                print(
-                    f"watermark authority listening on {url} (journal {journal_dir}; secret from {secret_source}; "
-                    f"{len(known)} names: {summarize(known)[:200]})",
-                    flush=True,
-                )
-                if ready_file:
-                    tmp = f"{ready_file}.tmp"
-                    with open(tmp, "w", encoding="utf-8") as f:
-                        f.write(url)
-                    os.replace(tmp, ready_file)
+    def banner() -> str:
+        known = authority.watermarks()
+        return f"watermark authority listening on {url} (journal {journal_dir}; secret from {secret.source}; {len(known)} names: {summarize(known)[:200]})"
 
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            super().handle_exit(sig, frame)
-            # SIGTERM/SIGINT mean "shut down cleanly and exit 0": uvicorn would re-raise them
-            captured = getattr(self, "_captured_signals", None)
-            if isinstance(captured, list):
-                captured.clear()
-
-    guard = authority_guard(secret, bind_host=bound_host, allow_hosts=allow_hosts, allow_origins=allow_origins, max_body_bytes=max_body_bytes)
+    guard = authority_guard(secret, **flags.guard_options(sock))
     app = create_app(authority, guard=guard, history=History(history_seconds, sample_interval))
-    config = uvicorn.Config(
-        app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=3,
-        ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, server_header=False,
-    )  # fmt: skip
-    server = _Server(config)
-    server.run(sockets=[sock])
+    service.run_app(app, sock, banner=banner, graceful_timeout=3, **flags.run_options())
     print("watermark authority stopped", flush=True)
     return 0

@@ -39,40 +39,27 @@ with a fenced token raises :class:`StaleTokenError`; 4xx answers are never retri
 from __future__ import annotations
 
 import abc
-import contextlib
 import os
-import random
-import shutil
-import signal
 import socket
-import subprocess
-import sys
-import tempfile
 import threading
-import time
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
-from servicekit import ConfigurationError, Secret, describe, load_secret
+from servicekit import Secret, service
+from servicekit import client as _client
+from servicekit.service import ServiceInfo, ServiceProcess
 from watermark_authority._core import Authority, Report
-from watermark_authority._errors import (
-    ERRORS_BY_CODE,
-    AuthenticationError,
-    AuthorityError,
-    AuthorityUnavailableError,
-    InvalidRequestError,
-    StaleTokenError,
-)
+from watermark_authority._errors import ERRORS, AuthenticationError, AuthorityUnavailableError
 
-#: environment variable naming a running authority (cluster runs)
-URL_ENV = "MILLWHEEL_AUTHORITY_URL"
-#: environment variable holding the authority's bearer secret
-SECRET_ENV = "MILLWHEEL_AUTHORITY_SECRET"
-#: environment variable naming a file that holds the authority's bearer secret
-SECRET_FILE_ENV = "MILLWHEEL_AUTHORITY_SECRET_FILE"
-#: the file in an authority's data directory where its generated secret is kept
-SECRET_FILE_NAME = "secret"
+#: the authority as servicekit sees it: its name, module and command, and the environment variables
+#: naming a running one (cluster runs), holding its bearer secret, and naming a file that holds it
+SERVICE = ServiceInfo(
+    "watermark authority", "watermark_authority", "millwheel authority",
+    url_env="MILLWHEEL_AUTHORITY_URL", secret_env="MILLWHEEL_AUTHORITY_SECRET", secret_file_env="MILLWHEEL_AUTHORITY_SECRET_FILE",
+)  # fmt: skip
+#: the same as constants; ``SECRET_FILE_NAME``: the file in a data directory where a generated secret is kept
+URL_ENV, SECRET_ENV, SECRET_FILE_ENV, SECRET_FILE_NAME = SERVICE.url_env, SERVICE.secret_env, SERVICE.secret_file_env, SERVICE.secret_file_name
 
 
 def default_owner() -> str:
@@ -84,15 +71,8 @@ def client_secret(secret: str | Secret | None = None, *, data_dir: str | None = 
     """The secret a client sends: ``secret``, else ``$MILLWHEEL_AUTHORITY_SECRET``, else the
     file named by ``$MILLWHEEL_AUTHORITY_SECRET_FILE``, else ``DATA_DIR/secret`` if it
     exists; ``None`` if there is none (reads still work)."""
-    if isinstance(secret, Secret):
-        return secret
-    if secret is not None:
-        return Secret(secret, source="secret= of the client")
-    default = os.path.join(data_dir, SECRET_FILE_NAME) if data_dir else None
-    try:
-        return load_secret(env=SECRET_ENV, env_file=SECRET_FILE_ENV, default_file=default)
-    except ConfigurationError as exc:
-        raise AuthenticationError(str(exc)) from None
+    return _client.client_secret(secret, SERVICE, data_dir=data_dir, error=AuthenticationError)
+
 
 #: a report as given to :meth:`WatermarkClient.report_batch`: ``(interval, token, oldest_work)``
 #: or ``(interval, token, oldest_work, pending)``
@@ -237,8 +217,9 @@ class InProcessWatermarkClient(WatermarkClient):
         return None
 
 
-class HttpWatermarkClient(WatermarkClient):
-    """The authority service over HTTP/JSON (see ``docs/authority.md`` for the API).
+class HttpWatermarkClient(_client.JsonHttpClient, WatermarkClient):
+    """The authority service over HTTP/JSON (see ``docs/authority.md`` for the API), on
+    :class:`servicekit.client.JsonHttpClient`.
 
     * ``secret`` — the service's bearer secret, sent with every request (see
       :func:`client_secret` for where it is looked up when not given); without one,
@@ -257,6 +238,10 @@ class HttpWatermarkClient(WatermarkClient):
     After the retries, :class:`AuthorityUnavailableError`. Thread-safe (one connection pool).
     """
 
+    info = SERVICE
+    errors = ERRORS
+    not_retried_hint = "check the authority's state (GET /v1/status) before trying again"
+
     def __init__(
         self,
         url: str,
@@ -268,20 +253,8 @@ class HttpWatermarkClient(WatermarkClient):
         backoff: float = 0.05,
         transport: Any = None,
     ) -> None:
-        import httpx
-
-        if retries < 0 or timeout <= 0 or backoff < 0:
-            msg = f"HttpWatermarkClient: need timeout > 0, retries >= 0, backoff >= 0; got {timeout}, {retries}, {backoff}"
-            raise InvalidRequestError(msg)
-        self.url = url.rstrip("/")
-        self.retries = retries
-        self.backoff = backoff
+        super().__init__(url, secret=secret, timeout=timeout, retries=retries, backoff=backoff, transport=transport)
         self.owner = owner or default_owner()
-        self.secret = client_secret(secret)
-        self._httpx = httpx
-        headers = self.secret.header() if self.secret is not None else {}
-        self._client = httpx.Client(base_url=self.url, timeout=timeout, transport=transport, headers=headers)
-        self._random = random.Random(0)
 
     # -- the interface
     def acquire_many(self, computation: str, intervals: Sequence[str]) -> dict[str, int]:
@@ -329,155 +302,18 @@ class HttpWatermarkClient(WatermarkClient):
         """The interval map of ``computation``, tokens included (needs the secret)."""
         return self._call("GET", "/v1/intervals", params={"computation": computation})["intervals"]
 
-    def healthy(self) -> bool:
-        """True if the service answers its health check (one attempt, no retries)."""
-        try:
-            return self._client.get("/healthz").status_code == 200
-        except self._httpx.HTTPError:
-            return False
-
-    def close(self) -> None:
-        self._client.close()
-
-    # -- the transport
-    def _call(
-        self,
-        method: str,
-        path: str,
-        body: dict[str, Any] | None = None,
-        *,
-        params: dict[str, str] | None = None,
-        idempotent: bool = True,
-    ) -> dict[str, Any]:
-        httpx = self._httpx
-        last = ""
-        answered = 0  # attempts answered with a 5xx (the service is up, but failing)
-        for attempt in range(self.retries + 1):
-            if attempt:
-                delay = min(2.0, self.backoff * 2 ** (attempt - 1)) * (0.5 + self._random.random() / 2)
-                time.sleep(delay)
-            try:
-                response = self._client.request(method, path, json=body, params=params)
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-                last = f"{type(exc).__name__}: {exc}"
-                continue  # the request never left: always safe to retry
-            except httpx.TransportError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-                if idempotent:
-                    continue
-                msg = (
-                    f"{method} {path} to the watermark authority at {self.url} failed after it may "
-                    f"have been received ({last}); not retried because repeating it is not harmless: "
-                    "check the authority's state (GET /v1/status) before trying again"
-                )
-                raise AuthorityUnavailableError(msg) from exc
-            status = response.status_code
-            if status < 400:
-                return response.json()
-            if status < 500:
-                raise self._error(response)
-            answered += 1
-            last = f"HTTP {status}: {self._message(response)}"
-            if not idempotent:
-                raise self._error(response)
-        if answered:
-            msg = (
-                f"{method} {path}: the watermark authority at {self.url} is running but failed "
-                f"{answered} of {self.retries + 1} attempts (last: {last}); see the service's log"
-            )
-        else:
-            msg = (
-                f"{method} {path}: the watermark authority at {self.url} is unreachable after "
-                f"{self.retries + 1} attempts ({last}); is `millwheel authority serve` running there?"
-            )
-        raise AuthorityUnavailableError(msg)
-
-    @staticmethod
-    def _message(response: Any) -> str:
-        try:
-            body = response.json()
-        except ValueError:
-            body = None
-        if isinstance(body, dict) and isinstance(body.get("message"), str):
-            return str(body["message"])[:500]
-        return f"HTTP {response.status_code}: {describe(response.text, 200)}"
-
-    def _error(self, response: Any) -> AuthorityError:
-        try:
-            body = response.json()
-        except ValueError:
-            body = {}
-        if not isinstance(body, dict):
-            body = {}
-        message = self._message(response)
-        cls = ERRORS_BY_CODE.get(str(body.get("error", "")), AuthorityError)
-        if response.status_code == 401:
-            cls = AuthenticationError
-            if self.secret is None:
-                message += f" (this client sent no secret: pass secret=..., or set ${SECRET_ENV} or ${SECRET_FILE_ENV})"
-            else:
-                message += f" (this client sent the secret from {self.secret.source})"
-        if cls is StaleTokenError:
-            return StaleTokenError(message, [tuple(x) for x in body.get("intervals", [])])
-        return cls(message)
-
 
 # ---------------------------------------------------------------------------- embedded service
 
 
-@dataclass
-class EmbeddedAuthority:
-    """A running authority service started by this process (see :func:`start_authority`)."""
-
-    url: str
-    process: subprocess.Popen[bytes]
-    data_dir: str
-    log_path: str
-    #: the service's bearer secret, which :meth:`client` passes to its clients
-    secret: Secret | None = None
-    _clients: list[HttpWatermarkClient] = field(default_factory=list, repr=False)
+class EmbeddedAuthority(ServiceProcess):
+    """A running authority service started by this process (see :func:`start_authority`):
+    ``.url``, ``.secret`` (which :meth:`client` passes to its clients), ``.pid``, ``.kill()``
+    (kill -9), ``.stop()``, ``.log()``."""
 
     def client(self, **options: Any) -> HttpWatermarkClient:
         """A new HTTP client of this service, holding its secret (closed when the service is stopped)."""
-        options.setdefault("secret", self.secret)
-        c = HttpWatermarkClient(self.url, **options)
-        self._clients.append(c)
-        return c
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def kill(self) -> None:
-        """kill -9: no shutdown of any kind (for crash tests)."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-        self.process.wait(10)
-        self._close_clients()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop gracefully (SIGTERM), or kill after ``timeout`` seconds."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-        self._close_clients()
-
-    def log(self) -> str:
-        """The service's output so far."""
-        try:
-            with open(self.log_path, encoding="utf-8", errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
-
-    def _close_clients(self) -> None:
-        for c in self._clients:
-            c.close()
-        self._clients.clear()
+        return self._client(HttpWatermarkClient, **options)
 
 
 def start_authority(
@@ -492,56 +328,18 @@ def start_authority(
 
     ``port=0`` lets the service pick a free port and report it back. The service's secret
     is ``DATA_DIR/secret``, generated (mode 0600) on the first start and reused after; the
-    returned handle holds it and gives it to its clients. The caller stops the service
+    returned handle holds it and gives it to its clients. Its output goes to
+    ``DATA_DIR/authority.log``. The caller stops the service
     (:meth:`EmbeddedAuthority.stop`); prefer :func:`embedded_authority`, which does.
     """
-    import httpx
-
-    os.makedirs(data_dir, exist_ok=True)
-    secret_file = os.path.join(data_dir, SECRET_FILE_NAME)
-    secret = load_secret(default_file=secret_file, create=True)
-    fd, ready_file = tempfile.mkstemp(prefix="authority-ready-", suffix=".url")
-    os.close(fd)
-    os.unlink(ready_file)
-    log_path = os.path.join(data_dir, "authority.log")
-    cmd = [
-        sys.executable, "-m", "watermark_authority", "serve",
-        "--host", host, "--port", str(port), "--data-dir", data_dir, "--ready-file", ready_file,
-        "--secret-file", secret_file, *extra_args,
-    ]  # fmt: skip
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    handle = EmbeddedAuthority("", process, data_dir, log_path, secret)
-    deadline = time.monotonic() + startup_timeout
-    try:
-        while True:
-            if process.poll() is not None:
-                msg = f"the watermark authority exited with code {process.returncode} while starting:\n{handle.log()[-2000:]}"
-                raise AuthorityUnavailableError(msg)
-            if os.path.exists(ready_file):
-                with open(ready_file, encoding="utf-8") as f:
-                    url = f.read().strip()
-                if url:
-                    try:
-                        if httpx.get(f"{url}/healthz", timeout=2.0).status_code == 200:
-                            handle.url = url
-                            return handle
-                    except httpx.HTTPError:
-                        pass
-            if time.monotonic() > deadline:
-                msg = f"the watermark authority did not become healthy within {startup_timeout}s:\n{handle.log()[-2000:]}"
-                raise AuthorityUnavailableError(msg)
-            time.sleep(0.02)
-    except BaseException:
-        handle.stop(timeout=2.0)
-        raise
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(ready_file)
+    return EmbeddedAuthority.start(
+        SERVICE, data_dir,
+        log_name="authority.log", host=host, port=port, startup_timeout=startup_timeout, extra_args=extra_args,
+        unavailable=AuthorityUnavailableError,
+    )  # fmt: skip
 
 
-@contextlib.contextmanager
-def embedded_authority(data_dir: str | None = None, **options: Any) -> Iterator[EmbeddedAuthority]:
+def embedded_authority(data_dir: str | None = None, **options: Any) -> AbstractContextManager[EmbeddedAuthority]:
     """Run the real authority service for the duration of a ``with`` block (local runs).
 
     It listens on a free loopback port; ``data_dir=None`` journals to a temporary directory
@@ -552,23 +350,12 @@ def embedded_authority(data_dir: str | None = None, **options: Any) -> Iterator[
             wm = service.client()                  # holds the service's secret
             token = wm.acquire("WindowCounter", "interval-0")
     """
-    temporary = data_dir is None
-    path = tempfile.mkdtemp(prefix="millwheel-authority-") if data_dir is None else data_dir
-    try:
-        service = start_authority(path, **options)
-        try:
-            yield service
-        finally:
-            service.stop()
-    finally:
-        if temporary:
-            shutil.rmtree(path, ignore_errors=True)
+    return service.running(lambda path: start_authority(path, **options), data_dir, temp_prefix="millwheel-authority-")
 
 
-@contextlib.contextmanager
 def open_authority(
     url: str | None = None, *, data_dir: str | None = None, secret: str | Secret | None = None, **client_options: Any
-) -> Iterator[WatermarkClient]:
+) -> AbstractContextManager[WatermarkClient]:
     """A client for the runtime: of the service at ``url`` (or ``$MILLWHEEL_AUTHORITY_URL``)
     for cluster runs, else of an embedded service started for the ``with`` block.
 
@@ -576,10 +363,4 @@ def open_authority(
     named by ``$MILLWHEEL_AUTHORITY_SECRET_FILE``, else ``DATA_DIR/secret`` (the one an
     embedded authority on that data directory generated). The URL itself carries nothing secret.
     """
-    url = url or os.environ.get(URL_ENV) or None
-    if url:
-        with HttpWatermarkClient(url, secret=client_secret(secret, data_dir=data_dir), **client_options) as client:
-            yield client
-        return
-    with embedded_authority(data_dir) as service, service.client(**client_options) as client:
-        yield client
+    return _client.open_client(HttpWatermarkClient, url, embed=embedded_authority, data_dir=data_dir, secret=secret, **client_options)

@@ -20,7 +20,6 @@ import threading
 import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from id_registry import (
@@ -35,7 +34,10 @@ from id_registry._server import create_app, registry_guard
 from id_registry._worker import RegistryWorker
 from id_registry.client import embedded_registry
 from id_registry.testing import LocalEtcdCluster, etcd_binary, free_port
-from servicekit import Secret
+from servicekit import Secret, testing
+
+#: ``http`` / ``anon``: raw HTTP clients of ``service``, with and without its secret
+http, anon = testing.http, testing.anon
 
 SECRET = Secret("registry-secret-for-the-tests", source="the tests")
 #: wall time of the tests' registries (ms): event times in the tests are well before it
@@ -172,17 +174,3 @@ def service(tmp_path_factory):
     """The real registry service (a subprocess on 127.0.0.1, RocksDB, fsync), shared by the session."""
     with embedded_registry(str(tmp_path_factory.mktemp("registry"))) as svc:
         yield svc
-
-
-@pytest.fixture
-def http(service):
-    """Raw HTTP to the session's service, with its secret."""
-    with httpx.Client(base_url=service.url, timeout=10.0, headers=service.secret.header()) as h:
-        yield h
-
-
-@pytest.fixture
-def anon(service):
-    """Raw HTTP to the session's service without the secret: what anyone on the machine has."""
-    with httpx.Client(base_url=service.url, timeout=10.0) as h:
-        yield h

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -13,20 +12,12 @@ import httpx
 import pytest
 
 from id_registry.cli import main
+from servicekit.testing import start_serve
 
 
 def start(tmp_path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     """``millwheel registry serve --port 0 ARGS`` through the ``millwheel`` command's entry point."""
-    ready = tmp_path / "url"
-    cmd = [sys.executable, "-m", "millwheel.cli", "registry", "serve", "--port", "0", "--data-dir", str(tmp_path / "d"), "--ready-file", str(ready), *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
-    deadline = time.monotonic() + 30
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"the service did not start: {proc.stdout.read()}")
-        time.sleep(0.05)
-    return proc, ready.read_text()
+    return start_serve([sys.executable, "-m", "millwheel.cli", "registry", "serve"], tmp_path, *args, env=env)
 
 
 def stop(proc: subprocess.Popen) -> str:

@@ -12,11 +12,14 @@ from __future__ import annotations
 import itertools
 import tempfile
 
-import httpx
 import pytest
 
+from servicekit import testing
 from watermark_authority import InProcessWatermarkClient
 from watermark_authority.client import embedded_authority
+
+#: ``http`` / ``anon``: raw HTTP clients of ``service``, with and without its secret
+http, anon = testing.http, testing.anon
 
 _names = itertools.count()
 
@@ -38,20 +41,6 @@ def client(request):
     c = svc.client(timeout=10.0, retries=2)
     yield c
     c.close()
-
-
-@pytest.fixture
-def http(service):
-    """Raw HTTP to the session's service, with its secret (``Authorization: Bearer ...``)."""
-    with httpx.Client(base_url=service.url, timeout=10.0, headers=service.secret.header()) as h:
-        yield h
-
-
-@pytest.fixture
-def anon(service):
-    """Raw HTTP to the session's service without the secret: what anyone on the network has."""
-    with httpx.Client(base_url=service.url, timeout=10.0) as h:
-        yield h
 
 
 @pytest.fixture

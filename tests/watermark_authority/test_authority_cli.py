@@ -6,26 +6,17 @@ import shutil
 import ssl
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
+from servicekit.testing import start_serve
 from watermark_authority.cli import main
 
 
 def start(tmp_path, *args: str) -> tuple[subprocess.Popen, str]:
     """``millwheel authority serve --port 0 ARGS`` on ``tmp_path/d``; returns the process and its URL."""
-    ready = tmp_path / "url"
-    cmd = [sys.executable, "-m", "millwheel.cli", "authority", "serve", "--port", "0", "--data-dir", str(tmp_path / "d"), "--ready-file", str(ready), *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 30
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"the service did not start: {proc.stdout.read()}")
-        time.sleep(0.05)
-    return proc, ready.read_text()
+    return start_serve([sys.executable, "-m", "millwheel.cli", "authority", "serve"], tmp_path, *args)
 
 
 @pytest.mark.timeout(60)
