@@ -103,15 +103,15 @@ class VerifyReport:
     dry_run: bool = False
 
     def text(self) -> str:
-        verb = "would be" if self.dry_run else "were"
+        dry = self.dry_run
         return (
-            f"photon verify: {self.clicks} clicks in the input logs; {self.in_output} in the outputs "
-            f"({self.duplicated} in more than one); {self.registered} registered\n"
-            f"  registered but missing from every output: {self.missing} — {self.recovered} {verb} cleared and "
-            f"re-injected {self.reinjected_into}, {self.in_flight} in flight (holder running), "
-            f"{self.unknown_holder} held by no known pipeline\n"
+            f"photon verify{' (dry run: nothing changed)' if dry else ''}: {self.clicks} clicks in the input logs; "
+            f"{self.in_output} in the outputs ({self.duplicated} in more than one); {self.registered} registered\n"
+            f"  registered but in no output: {self.missing}; {'to recover' if dry else 'recovered'} (cleared, re-injected): "
+            f"{self.recovered} {self.reinjected_into}; in flight (holder running): {self.in_flight}; "
+            f"held by no known pipeline: {self.unknown_holder}\n"
             f"  not registered and in no output: {self.not_registered}; too old for the registry: {self.too_old}\n"
-            f"  tokens of clicks safely in the output {verb} cleared: {self.tokens_cleared}"
+            f"  tokens of clicks safely in the output {'to clear' if dry else 'cleared'}: {self.tokens_cleared}"
         )
 
 

@@ -31,6 +31,7 @@ pytestmark = pytest.mark.spark
 SMALL_BATCHES = PhotonConfig(max_bytes_per_batch=20_000)
 
 
+@pytest.mark.timeout(1800)  # about 1 min alone on 2 cores; much longer on a machine shared with other Spark jobs
 def test_a_spark_pipeline_equals_the_batch_join_and_the_harness(tmp_path, spark_sample, registry_service):
     from millwheel.runtime import RuntimeSettings
     from topologies.photon import replay
@@ -83,6 +84,7 @@ def _drained(run: Path) -> bool:
     return False
 
 
+@pytest.mark.timeout(3600)  # three Spark driver starts: a few minutes alone, far longer on a loaded machine
 def test_two_pipelines_one_registry_kill_9_verify_restart(tmp_path, spark_sample, registry_service):
     secret = str(Path(registry_service.data_dir) / "secret")
     common = ["--backend", "spark", "--registry", registry_service.url, "--secret-file", secret, "--intervals", "4",
