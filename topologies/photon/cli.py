@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _generate(args: argparse.Namespace) -> int:
     started = time.perf_counter()
-    truth = generate(args.out_dir, GeneratorConfig(**{f.name: getattr(args, f.name) for f in fields(GeneratorConfig)}))
+    truth = generate(args.out_dir, _settings(GeneratorConfig, args))
     print(
         f"wrote {truth['queries']} queries and {truth['clicks']} clicks ({truth['orphan_clicks']} orphans, "
         f"{truth['clicks_before_query']} logged before their query, {truth['duplicate_clicks']} duplicate clicks, "
@@ -65,8 +65,21 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _settings(cls: Any, args: argparse.Namespace) -> Any:
+    """A settings dataclass from the options :func:`_options` added for it."""
+    return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+def _options(parser: argparse.ArgumentParser, cls: Any) -> None:
+    """Every field of a settings dataclass as an option: ``--seed``, ``--retention-ms``, ``--log-store false``."""
+    for f in fields(cls):
+        kind = type(f.default)
+        parse = (lambda text: text.lower() in ("1", "true", "yes")) if kind is bool else kind
+        parser.add_argument(f"--{f.name.replace('_', '-')}", type=parse, default=f.default, dest=f.name)
+
+
 def _config(args: argparse.Namespace) -> PhotonConfig:
-    return PhotonConfig(**{f.name: getattr(args, f.name) for f in fields(PhotonConfig)})
+    return _settings(PhotonConfig, args)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -159,8 +172,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p_gen = sub.add_parser("generate", help="write query and click logs and their ground truth")
     p_gen.add_argument("out_dir")
-    for f in fields(GeneratorConfig):  # every setting is an option: --seed, --duration-s, ...
-        p_gen.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default, dest=f.name)
+    _options(p_gen, GeneratorConfig)
     p_run = sub.add_parser("run", help="run one pipeline (harness or Spark) and evaluate it")
     p_run.add_argument("data_dir", nargs="?", default=None, help="default: the default sample (generated if missing)")
     p_run.add_argument("--backend", choices=["harness", "spark"], default="harness")
@@ -177,12 +189,7 @@ def _parser() -> argparse.ArgumentParser:
     p_run.add_argument("--max-files-per-trigger", type=int, default=None, help="spark: stream files per computation batch")
     p_run.add_argument("--max-restarts", type=int, default=20, help="spark: restarts of a failed query (from its checkpoint) before giving up")
     p_run.add_argument("--timeout", type=float, default=None)
-    for f in fields(PhotonConfig):
-        kind = type(f.default)
-        if kind is bool:
-            p_run.add_argument(f"--{f.name.replace('_', '-')}", type=lambda s: s.lower() in ("1", "true", "yes"), default=f.default, dest=f.name)
-        else:
-            p_run.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default, dest=f.name)
+    _options(p_run, PhotonConfig)
     p_ver = sub.add_parser("verify", help="check registered clicks against the outputs; recover lost ones (§3.3.3)")
     p_ver.add_argument("runs", nargs="+", help="the pipelines' run directories")
     p_ver.add_argument("--registry", default=None, help="default: the one the runs' manifests name")
