@@ -40,6 +40,9 @@ from millwheel._record import Key
 
 #: version 3: columnar id chunks, 64-bit fingerprints; versions 1 and 2 still decode
 ENVELOPE_VERSION = 3
+#: a key with at most this many ids keeps no Bloom filter: the list is smaller than a filter
+#: (~77 bytes at 64 ids and 1%), and reading it costs about what loading a filter does
+SMALL_IDS = 16
 
 _packb = msgpack.packb
 _unpackb = msgpack.unpackb
@@ -83,7 +86,7 @@ class DedupIndex:
 
     __slots__ = (
         "blob", "count", "min_ts", "bloom_bytes", "capacity", "_bloom", "_exact",
-        "_new_ids", "_new_ts", "_new_fps", "_new_set", "_repeats", "legacy",
+        "_new_ids", "_new_ts", "_new_set", "_repeats", "legacy",
     )  # fmt: skip
 
     def __init__(
@@ -105,7 +108,6 @@ class DedupIndex:
         self._exact: dict[str, int] | None = None
         self._new_ids: list[str] = []
         self._new_ts: list[int] = []
-        self._new_fps: list[int] = []
         self._new_set: set[str] | None = None  # built only if single-id calls need it
         self._repeats = False  # add() was given an id twice (admit() never does)
 
@@ -141,26 +143,29 @@ class DedupIndex:
         Returns ``None`` when every id is new (the common case), else a list saying which
         are. A new id is remembered with its entry of ``timestamps``; an id repeated in
         ``ids`` is new only the first time. A Bloom "no" is final; a "maybe" checks the
-        exact ids, which are never parsed otherwise.
+        exact ids, which are never parsed otherwise. A key with few ids (at most
+        :data:`SMALL_IDS`) keeps no filter: its id list is smaller than one, and is read.
         """
         n = len(ids)
         if n == 0:
             return None
-        fps = fingerprints(ids)
         unique = len(set(ids)) == n
         earlier = self._new_set if self._new_set is not None else (set(self._new_ids) if self._new_ids else None)
+        exact_hits = False
         if self.count == 0:
             hits = None
+        elif self.bloom_bytes is None:
+            exact = self._exact_ids()
+            hits = list(map(exact.__contains__, ids))
+            exact_hits = True
         else:
-            bloom = self._bloom_filter()
-            probes = legacy_fingerprints(ids) if self.legacy else fps
-            hits = list(map(bloom._bloom.__contains__, probes)) if bloom is not None else [True] * n
-            if not any(hits):
-                hits = None
+            bloom = cast(BloomFilter, self._bloom_filter())
+            hits = list(map(bloom._bloom.__contains__, legacy_fingerprints(ids) if self.legacy else fingerprints(ids)))
+        if hits is not None and not any(hits):
+            hits = None
         if hits is None and unique and not earlier:
             self._new_ids += ids
             self._new_ts += timestamps
-            self._new_fps += fps
             if self._new_set is not None:
                 self._new_set.update(ids)
             return None
@@ -172,6 +177,9 @@ class DedupIndex:
                 keep[i] = False
                 continue
             if hits is not None and hits[i]:
+                if exact_hits:
+                    keep[i] = False
+                    continue
                 stats.bloom_maybe += 1
                 if rid in self._exact_ids():
                     keep[i] = False
@@ -180,7 +188,6 @@ class DedupIndex:
             added.add(rid)
             self._new_ids.append(rid)
             self._new_ts.append(timestamps[i])
-            self._new_fps.append(fps[i])
         return keep
 
     def seen(self, rid: str, stats: DedupStats) -> int | None:
@@ -190,6 +197,8 @@ class DedupIndex:
         fp = fingerprint(rid)
         if self.count == 0:
             return fp
+        if self.bloom_bytes is None:
+            return None if rid in self._exact_ids() else fp
         bloom = self._bloom_filter()
         if bloom is not None and (legacy_fingerprint(rid) if self.legacy else fp) not in bloom._bloom:
             return fp
@@ -203,15 +212,14 @@ class DedupIndex:
         """True if ``rid`` was seen."""
         return self.seen(rid, stats) is None
 
-    def add(self, rid: str, timestamp: int, fp: int | None = None) -> None:
-        """Remember one id (:meth:`admit` is the batched form); ``fp`` is its fingerprint if known."""
+    def add(self, rid: str, timestamp: int, fp: int | None = None) -> None:  # noqa: ARG002 - fp: the old signature
+        """Remember one id (:meth:`admit` is the batched form)."""
         added = self._added()
         if rid in added:
             self._repeats = True
         added.add(rid)
         self._new_ids.append(rid)
         self._new_ts.append(timestamp)
-        self._new_fps.append(fingerprint(rid) if fp is None else fp)
 
     def ids(self) -> dict[str, int]:
         """Every id kept (for tests and inspection)."""
@@ -234,7 +242,7 @@ class DedupIndex:
         needs_grow = (fixed_capacity is None and total > self.capacity) or self.legacy
         if self.count == 0 and not needs_gc and self.bloom_bytes is None and not self._repeats:
             # a key's first ids (or the first after all were collected): nothing to merge
-            self._build(new_ids, self._new_ts, self._new_fps, fpr, fixed_capacity)
+            self._build(new_ids, self._new_ts, fpr, fixed_capacity)
         elif needs_gc or needs_grow or self.bloom_bytes is None:
             exact = self._exact_ids()
             exact.update(zip(new_ids, self._new_ts, strict=False))
@@ -243,22 +251,22 @@ class DedupIndex:
                 before = len(exact)
                 exact = {rid: ts for rid, ts in exact.items() if ts >= horizon}
                 stats.ids_collected += before - len(exact)
-            kept = list(exact)
-            self._build(kept, list(exact.values()), fingerprints(kept), fpr, fixed_capacity)
+            self._build(list(exact), list(exact.values()), fpr, fixed_capacity)
             self._exact = exact
         else:
             self.blob += _packb([new_ids, self._new_ts])
             bloom = cast(BloomFilter, self._bloom_filter())  # bloom_bytes is set on this branch
-            bloom.update(self._new_fps)
+            bloom.update(fingerprints(new_ids))
             self.bloom_bytes = bloom.to_bytes()
             self.count = total
             self.min_ts = min_ts
             if self._exact is not None:
                 self._exact.update(zip(new_ids, self._new_ts, strict=False))
-        self._new_ids, self._new_ts, self._new_fps, self._new_set, self._repeats = [], [], [], None, False
+        self._new_ids, self._new_ts, self._new_set, self._repeats = [], [], None, False
 
-    def _build(self, ids: list[str], timestamps: list[int], fps: list[int], fpr: float, fixed_capacity: int | None) -> None:
-        """Encode ``ids`` (distinct) as the whole id list and build a filter over their fingerprints."""
+    def _build(self, ids: list[str], timestamps: list[int], fpr: float, fixed_capacity: int | None) -> None:
+        """Encode ``ids`` (distinct) as the whole id list and build a filter over their
+        fingerprints (none for at most :data:`SMALL_IDS` ids, unless the capacity is fixed)."""
         self._exact = None
         self.legacy = False
         self.count = len(ids)
@@ -268,9 +276,12 @@ class DedupIndex:
             return
         self.blob = _packb([ids, timestamps])
         self.min_ts = min(timestamps)
+        if fixed_capacity is None and len(ids) <= SMALL_IDS:
+            self.bloom_bytes, self.capacity, self._bloom = None, 0, None
+            return
         capacity = fixed_capacity if fixed_capacity is not None else max(64, 2 * len(ids))
         bloom = BloomFilter.create(capacity, fpr)
-        bloom.update(fps)
+        bloom.update(fingerprints(ids))
         self._bloom = bloom
         self.capacity = capacity
         self.bloom_bytes = bloom.to_bytes()

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from millwheel import EnvelopeError, MsgpackCodec, PickleCodec, StateCodecError
 from millwheel._envelope import (
     ENVELOPE_VERSION,
+    SMALL_IDS,
     DedupIndex,
     DedupStats,
     Envelope,
@@ -88,6 +89,8 @@ def test_unknown_version_and_corruption_are_clear_errors():
 def test_new_ids_are_found_without_parsing_the_stored_ids():
     idx = DedupIndex()
     idx.add("a", 1)
+    for i in range(SMALL_IDS):  # a key with more ids than SMALL_IDS keeps a Bloom filter
+        idx.add(f"b{i}", 1)
     idx.finish(0, 0.01, None, 0, DedupStats())
     back = DedupIndex.from_wire(idx.to_wire())
     stats = DedupStats()
@@ -118,6 +121,20 @@ def _version_2_envelope(ids):
     blob = msgpack.packb(ids[:2]) + msgpack.packb(ids[2:])
     dedup = [blob, len(ids), min(ts for _, ts in ids), bloom.to_bytes(), 64]
     return msgpack.packb([2, b"s", ["t", 5, 0], [], 3, dedup, None], use_bin_type=True)
+
+
+def test_a_key_with_few_ids_keeps_no_filter_and_still_finds_them():
+    idx = DedupIndex()
+    assert idx.admit(["a", "b", "a"], [1, 2, 3], DedupStats()) == [True, True, False]
+    idx.finish(0, 0.01, None, 0, DedupStats())
+    assert idx.bloom_bytes is None and idx.count == 2
+    back = DedupIndex.from_wire(idx.to_wire())
+    assert back.admit(["b", "c"], [4, 5], DedupStats()) == [False, True]
+    back.finish(0, 0.01, None, 0, DedupStats())
+    for i in range(SMALL_IDS):
+        back.add(f"n{i}", 6)
+    back.finish(0, 0.01, None, 0, DedupStats())
+    assert back.bloom_bytes is not None and back.count == 3 + SMALL_IDS  # grown past SMALL_IDS: a filter
 
 
 def test_version_2_dedup_ids_are_kept_across_the_upgrade_to_version_3():
