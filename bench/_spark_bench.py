@@ -1,0 +1,55 @@
+"""What the Spark runtime benches share (``runtime_bench``, ``state_bench``, ``latency_bench``).
+
+Not a benchmark: a finished injector, running a topology while collecting Spark's
+progress reports, and writing a results file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+from millwheel import MAX_TIMESTAMP, Source, SourceBatch
+
+
+class Finished(Source):
+    """An injector whose records are already in its stream log: its watermark is +inf."""
+
+    def batches(self, injector: str = "injector", stream: str = "records"):
+        yield SourceBatch([], MAX_TIMESTAMP)
+
+
+def collect(rt: Any, progress: dict[str, dict[int, dict]]) -> None:
+    """Add the queries' recent progress reports to ``progress`` (computation -> batch id -> report)."""
+    for name, c in rt.computations.items():
+        if c.query is not None:
+            for p in c.query.recentProgress:
+                progress.setdefault(name, {})[p["batchId"]] = p
+
+
+def run_collecting(rt: Any, *, timeout_s: float, poll_s: float) -> dict[str, dict[int, dict]]:
+    """Start ``rt``, poll it until drained (or ``timeout_s``), stop it; the queries' progress reports."""
+    progress: dict[str, dict[int, dict]] = {}
+    started = time.monotonic()
+    rt.start()
+    try:
+        while not rt.drained() and time.monotonic() - started < timeout_s:
+            rt.poll()
+            collect(rt, progress)
+            time.sleep(poll_s)
+    finally:
+        collect(rt, progress)
+        rt.stop()
+    return progress
+
+
+def write_results(path: Path, results: dict[str, Any]) -> None:
+    """``results`` with the machine and its load, as JSON at ``path``."""
+    results = {"machine": {"python": platform.python_version(), "cores": os.cpu_count(), "load_avg_at_end": os.getloadavg()}, **results}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print(f"written to {path}")
