@@ -20,10 +20,7 @@ Figures go to stdout and ``bench/results/latency.json``.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import pickle
-import platform
 import shutil
 import sys
 import threading
@@ -34,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import pyarrow.parquet as pq  # noqa: E402
+from _spark_bench import collect, run_collecting, write_results  # noqa: E402
 
 from millwheel import MAX_TIMESTAMP, Computation, Record, Source, SourceBatch, Topology  # noqa: E402
 
@@ -79,13 +77,6 @@ class PassB(Computation):
         self.produce("b_out", {"a_id": record.id})
 
 
-def _collect(rt, progress: dict[str, dict[int, dict]]) -> None:
-    for name, c in rt.computations.items():
-        if c.query is not None:
-            for p in c.query.recentProgress:
-                progress.setdefault(name, {})[p["batchId"]] = p
-
-
 def _batches(progress: dict[int, dict]) -> dict:
     ps = [p for p in progress.values() if p["numInputRows"] > 0]
     times = [p["durationMs"]["triggerExecution"] for p in ps]
@@ -106,19 +97,7 @@ def stages(spark, work: Path, rate: int, seconds: float, intervals: int) -> dict
     t.computation(PassB, inputs={"a_out": lambda r: r.id}, outputs=["b_out"], name="B")
     settings = RuntimeSettings(drain=True, intervals=intervals, poll_ms=20, heartbeat_ms=100, prune_streams=True)
     rt = SparkRuntime(t, str(root), settings, spark=spark, log=lambda m: None)
-    progress: dict[str, dict[int, dict]] = {}
-    started = time.monotonic()
-    rt.start()
-    try:
-        while not rt.drained():
-            rt.poll()
-            _collect(rt, progress)
-            if time.monotonic() - started > seconds + 900:
-                break
-            time.sleep(settings.poll_ms / 1000)
-    finally:
-        _collect(rt, progress)
-        rt.stop()
+    progress = run_collecting(rt, timeout_s=seconds + 900, poll_s=settings.poll_ms / 1000)
     pub = {**rt.computations["PassA"].outbox.published_at, **rt.computations["B"].outbox.published_at}
     a_at: dict[str, float] = {}
     lat_a, lat_b = [], []
@@ -194,11 +173,11 @@ def zeitgeist(spark, work: Path, duration_s: int, intervals: int) -> dict:
         deadline = time.monotonic() + 60 + duration_s + 900
         while not rt.drained() and time.monotonic() < deadline:
             rt.poll()
-            _collect(rt, progress)
+            collect(rt, progress)
             time.sleep(settings.poll_ms / 1000)
     finally:
         stop.set()
-        _collect(rt, progress)
+        collect(rt, progress)
         rt.stop()
     metrics = {name: dict(q.metrics) for name, q in rt.computations.items()}
     anomalies = [dict(v) for v in rt.values("anomalies")]
@@ -221,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     from millwheel.runtime import spark_session
 
     spark = spark_session("local[2]")
-    out: dict = {"machine": {"python": platform.python_version(), "cores": os.cpu_count()}}
+    out: dict = {"args": vars(args)}
     out["stages"] = s = stages(spark, work, args.rate, args.seconds, args.intervals)
     for stage in ("A", "B"):
         b = s[stage]["batches"]
@@ -235,10 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"zeitgeist {kind}s: recall {k['recall']}, precision {k['precision']}; delay beyond bucket end p50 {d.get('p50')} ms, p95 {d.get('p95')} ms (n={d.get('n')})")
         for name, b in z["batches"].items():
             print(f"  {name}: micro-batch p50 {b.get('trigger_ms_p50')} ms, p95 {b.get('trigger_ms_p95')} ms")
-    out["load_avg_at_end"] = os.getloadavg()
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2, default=str) + "\n")
-    print(f"written to {RESULTS}")
+    write_results(RESULTS, out)
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

@@ -26,10 +26,8 @@ Figures go to stdout and ``bench/results/runtime.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pickle
-import platform
 import shutil
 import statistics
 import sys
@@ -42,17 +40,9 @@ sys.path.insert(0, str(ROOT))
 
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
+from _spark_bench import Finished, run_collecting, write_results  # noqa: E402
 
-from millwheel import (  # noqa: E402
-    MAX_TIMESTAMP,
-    Computation,
-    ComputationOptions,
-    Record,
-    Source,
-    SourceBatch,
-    StepRunner,
-    Topology,
-)
+from millwheel import Computation, ComputationOptions, Record, StepRunner, Topology  # noqa: E402
 
 WINDOW = 10_000
 START = 1_700_000_000_000
@@ -118,13 +108,6 @@ class WindowCount(Computation):
             self.state.clear()
 
 
-class Finished(Source):
-    """An injector whose records are already in its stream log: its watermark is +inf."""
-
-    def batches(self, injector="injector", stream="records"):
-        yield SourceBatch([], MAX_TIMESTAMP)
-
-
 def run_millwheel(spark, files: Path, work: Path, per_trigger: int, intervals: int, strong: bool, layout: str = "intervals") -> tuple[float, Counter]:
     from millwheel.runtime import RuntimeSettings, SparkRuntime
 
@@ -141,19 +124,8 @@ def run_millwheel(spark, files: Path, work: Path, per_trigger: int, intervals: i
     t.computation(WindowCount, inputs={"events": lambda r: r.value["query"]}, outputs=["counts"], options=opts)
     settings = RuntimeSettings(drain=True, intervals=intervals, max_files_per_trigger=per_trigger, poll_ms=50, heartbeat_ms=100, state_layout=layout)
     rt = SparkRuntime(t, str(root), settings, spark=spark, log=lambda m: None)
-    progress: dict[int, dict] = {}
     started = time.perf_counter()
-    rt.start()
-    try:
-        while True:
-            rt.poll()
-            _progress(rt, progress)
-            if rt.drained():
-                break
-            time.sleep(settings.poll_ms / 1000)
-    finally:
-        _progress(rt, progress)
-        rt.stop()
+    progress = run_collecting(rt, timeout_s=1800, poll_s=settings.poll_ms / 1000).get("WindowCount", {})
     elapsed = time.perf_counter() - started
     got = Counter({(k, w): c for k, w, c in rt.values("counts")})
     BREAKDOWN.append(_breakdown(progress))
@@ -162,13 +134,6 @@ def run_millwheel(spark, files: Path, work: Path, per_trigger: int, intervals: i
 
 #: per millwheel run: where the data batches' time went (Spark's durationMs, summed)
 BREAKDOWN: list[dict] = []
-
-
-def _progress(rt, progress: dict[int, dict]) -> None:
-    q = rt.computations["WindowCount"].query
-    if q is not None:
-        for p in q.recentProgress:
-            progress[p["batchId"]] = p
 
 
 def _breakdown(progress: dict[int, dict]) -> dict:
@@ -316,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", default=str(ROOT / ".millwheel" / "bench"))
     args = p.parse_args(argv)
 
-    results: dict = {"machine": {"python": platform.python_version(), "cores": os.cpu_count()}, "args": vars(args)}
+    results: dict = {"args": vars(args)}
     lines = []
     if not args.dispatch_only:
         work = Path(args.work) / f"{args.records}-{args.keys}-{args.files}"
@@ -380,10 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             f"({d['step_records_per_wall_s']:,} per wall s); bare dict loop {d['bare_records_per_cpu_s']:,} per CPU s"
         )
     print("\n".join(lines))
-    results["load_avg_at_end"] = os.getloadavg()
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"written to {RESULTS}")
+    write_results(RESULTS, results)
     return 0
 
 

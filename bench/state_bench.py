@@ -18,10 +18,8 @@ go to stdout and ``bench/results/state.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pickle
-import platform
 import shutil
 import statistics
 import sys
@@ -34,8 +32,9 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
+from _spark_bench import Finished, run_collecting, write_results  # noqa: E402
 
-from millwheel import MAX_TIMESTAMP, Computation, Record, Source, SourceBatch, Topology  # noqa: E402
+from millwheel import Computation, Record, Topology  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "state.json"
 START = 1_700_000_000_000
@@ -46,13 +45,6 @@ class Tally(Computation):
 
     def process_record(self, record: Record) -> None:
         self.state.set(self.state.get(0) + 1)
-
-
-class Finished(Source):
-    """An injector whose records are already in its stream log: its watermark is +inf."""
-
-    def batches(self, injector: str = "injector", stream: str = "records"):
-        yield SourceBatch([], MAX_TIMESTAMP)
 
 
 def _write(dest: Path, name: str, keys: np.ndarray, first_ts: int, first_id: int) -> int:
@@ -96,25 +88,8 @@ def run(spark, work: Path, layout: str, held: int, touched: int, batches: int, i
     t.computation(Tally, inputs={"events": lambda r: r.value["k"]}, outputs=[])
     settings = RuntimeSettings(drain=True, intervals=intervals, max_files_per_trigger=1, poll_ms=50, heartbeat_ms=100, state_layout=layout)
     rt = SparkRuntime(t, str(root), settings, spark=spark, log=lambda m: None)
-    progress: dict[int, dict] = {}
     started = time.perf_counter()
-    rt.start()
-    try:
-        while True:
-            rt.poll()
-            q = rt.computations["Tally"].query
-            if q is not None:
-                for p in q.recentProgress:
-                    progress[p["batchId"]] = p
-            if rt.drained():
-                break
-            time.sleep(0.05)
-    finally:
-        q = rt.computations["Tally"].query
-        if q is not None:
-            for p in q.recentProgress:
-                progress[p["batchId"]] = p
-        rt.stop()
+    progress = run_collecting(rt, timeout_s=24 * 3600, poll_s=0.05).get("Tally", {})
     elapsed = time.perf_counter() - started
     data = [p for _, p in sorted(progress.items()) if p["numInputRows"] > 0]
     measured = [p for p in data if p["numInputRows"] == touched][-batches:]
@@ -160,10 +135,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({r['vs_smallest_held']}x the smallest held)  commit {r['commit_ms_median']} ms  state on disk {r['checkpoint_state_bytes'] / 1e6:,.0f} MB  "
               f"run {r['run_s']} s", flush=True)  # fmt: skip
         shutil.rmtree(work / f"{layout}-{held}", ignore_errors=True)
-    out = {"machine": {"python": platform.python_version(), "cores": os.cpu_count(), "load_avg_at_end": os.getloadavg()}, "results": results}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"written to {RESULTS}")
+    write_results(RESULTS, {"args": vars(args), "results": results})
     return 0
 
 

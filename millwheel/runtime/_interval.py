@@ -188,6 +188,20 @@ class IntervalBatch:
         self.out = _Out()
         self.totals = dict.fromkeys(METRICS, 0)
 
+    @classmethod
+    def of(cls, group: tuple[Any, ...], frames: Iterable[pd.DataFrame], spark_watermark: int, now: int) -> IntervalBatch | None:
+        """The batch of Spark group ``group`` (a key interval) with its input frames; ``None``
+        for the heartbeat group, which only moves Spark's watermark."""
+        interval = int(group[0])
+        if interval < 0:
+            for _ in frames:
+                pass
+            return None
+        batch = cls(interval, from_spark(spark_watermark), now)
+        for pdf in frames:
+            batch.add_frame(pdf)
+        return batch
+
     def add_frame(self, pdf: pd.DataFrame) -> None:
         """The rows of one input frame: records, keying dead letters, wall-time ticks."""
         n = len(pdf)
@@ -352,14 +366,9 @@ class IntervalStep:
         return self._runner
 
     def __call__(self, group: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
-        interval = int(group[0])
-        if interval < 0:
-            for _ in frames:
-                pass  # the heartbeat group: it only moves Spark's watermark
+        batch = IntervalBatch.of(group, frames, state.getCurrentWatermarkMs(), state.getCurrentProcessingTimeMs())
+        if batch is None:
             return
-        batch = IntervalBatch(interval, from_spark(state.getCurrentWatermarkMs()), state.getCurrentProcessingTimeMs())
-        for pdf in frames:
-            batch.add_frame(pdf)
         if state.exists:
             envs_b, meta_b = state.get
             envs = _unpackb(envs_b, raw=False, strict_map_key=False)

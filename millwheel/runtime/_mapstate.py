@@ -43,7 +43,7 @@ import pandas as pd
 
 from millwheel._topology import ComputationSpec
 from millwheel.runtime._interval import IntervalBatch, IntervalStep, earliest
-from millwheel.runtime._wire import from_spark, to_spark
+from millwheel.runtime._wire import to_spark
 
 _packb = msgpack.packb
 _unpackb = msgpack.unpackb
@@ -142,20 +142,16 @@ def make_processor(spec: ComputationSpec, *, pipeline: str = "default", registry
             self.timer = handle.getValueState("timer", TIMER_SCHEMA)
 
         def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
-            interval = int(key[0])
-            if interval < 0:
-                for _ in rows:
-                    pass  # the heartbeat group: it only moves Spark's watermark
-                return
-            batch = IntervalBatch(interval, from_spark(timerValues.getCurrentWatermarkInMs()), timerValues.getCurrentProcessingTimeInMs())
-            for pdf in rows:
-                batch.add_frame(pdf)
-            yield self._run(batch, timerValues.getCurrentWatermarkInMs(), expired=False)
+            watermark = timerValues.getCurrentWatermarkInMs()
+            batch = IntervalBatch.of(key, rows, watermark, timerValues.getCurrentProcessingTimeInMs())
+            if batch is not None:
+                yield self._run(batch, watermark, expired=False)
 
         def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:
-            interval = int(key[0])
-            batch = IntervalBatch(interval, from_spark(timerValues.getCurrentWatermarkInMs()), timerValues.getCurrentProcessingTimeInMs())
-            yield self._run(batch, timerValues.getCurrentWatermarkInMs(), expired=True)
+            watermark = timerValues.getCurrentWatermarkInMs()
+            batch = IntervalBatch.of(key, (), watermark, timerValues.getCurrentProcessingTimeInMs())
+            if batch is not None:
+                yield self._run(batch, watermark, expired=True)
 
         def _run(self, batch: IntervalBatch, watermark: int, expired: bool) -> pd.DataFrame:
             stored = self.meta.get()
