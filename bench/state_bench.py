@@ -10,9 +10,11 @@ key drawn from the held ones. The figure is the median ``triggerExecution`` of t
 batches (Spark's own measure of a micro-batch, commit included), and its ratio to the
 same layout's batch at the smallest held count, measured in the same run.
 
-Defaults: layouts ``intervals`` (the default layout) at 10k and 1M held keys, ``keys`` at
-10k, 1M and 10M; 16 key intervals; ``local[2]``. ``--quick`` runs 10k and 100k. Figures
-go to stdout and ``bench/results/state.json``.
+Defaults: layouts ``intervals`` (the default layout) at 10k and 1M held keys on Spark's
+HDFS-backed state store (the session default) and on RocksDB with changelog
+checkpointing, ``keys`` (always RocksDB + changelog) at 10k, 1M and 10M; 16 key
+intervals; ``local[2]``. ``--quick`` runs 10k and 100k. Figures go to stdout and
+``bench/results/state.json``.
 """
 
 from __future__ import annotations
@@ -64,10 +66,21 @@ def _write(dest: Path, name: str, keys: np.ndarray, first_ts: int, first_id: int
     return first_ts + n
 
 
-def run(spark, work: Path, layout: str, held: int, touched: int, batches: int, intervals: int, load_batch: int, seed: int) -> dict:
+PROVIDERS = {
+    "hdfs": {"spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"},
+    "rocksdb": {
+        "spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    },
+}
+
+
+def run(spark, work: Path, layout: str, provider: str, held: int, touched: int, batches: int, intervals: int, load_batch: int, seed: int) -> dict:
     from millwheel.runtime import RuntimeSettings, SparkRuntime
 
-    root = work / f"{layout}-{held}"
+    for k, v in PROVIDERS[provider].items():  # the interval layout takes the session's provider
+        spark.conf.set(k, v)
+    root = work / f"{layout}-{provider}-{held}"
     shutil.rmtree(root, ignore_errors=True)
     dest = root / "streams" / "events" / "events"
     dest.mkdir(parents=True)
@@ -98,7 +111,7 @@ def run(spark, work: Path, layout: str, held: int, touched: int, batches: int, i
     ops = [p["stateOperators"][0] for p in measured if p["stateOperators"]]
     state_bytes = sum(f.stat().st_size for f in (root / "checkpoints" / "Tally" / "state").rglob("*") if f.is_file())
     return {
-        "layout": layout, "held": held, "touched": touched, "load_batches": loads, "measured_batches": len(times),
+        "layout": layout, "provider": provider, "held": held, "touched": touched, "load_batches": loads, "measured_batches": len(times),
         "batch_ms_median": statistics.median(times) if times else None, "batch_ms": times,
         "add_batch_ms_median": statistics.median(add) if add else None,
         "commit_ms_median": statistics.median([o.get("commitTimeMs", 0) for o in ops]) if ops else None,
@@ -110,6 +123,7 @@ def run(spark, work: Path, layout: str, held: int, touched: int, batches: int, i
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--intervals-held", default="10000,1000000", help="held counts for the interval-row layout")
+    p.add_argument("--interval-providers", default="hdfs,rocksdb", help="state stores for the interval-row layout")
     p.add_argument("--keys-held", default="10000,1000000,10000000", help="held counts for the per-key layout")
     p.add_argument("--touched", type=int, default=10_000)
     p.add_argument("--batches", type=int, default=5)
@@ -124,17 +138,18 @@ def main(argv: list[str] | None = None) -> int:
     from millwheel.runtime import spark_session
 
     spark = spark_session("local[2]", conf={"spark.driver.memory": os.environ.get("MILLWHEEL_DRIVER_MEMORY", "6g")})
-    plan = [("intervals", int(h)) for h in args.intervals_held.split(",") if h] + [("keys", int(h)) for h in args.keys_held.split(",") if h]
+    plan = [("intervals", pr, int(h)) for pr in args.interval_providers.split(",") for h in args.intervals_held.split(",") if h]
+    plan += [("keys", "rocksdb", int(h)) for h in args.keys_held.split(",") if h]
     results = []
-    for layout, held in plan:
-        r = run(spark, work, layout, held, args.touched, args.batches, args.intervals, args.load_batch, seed=7)
-        base = next((x for x in results if x["layout"] == layout), r)
+    for layout, provider, held in plan:
+        r = run(spark, work, layout, provider, held, args.touched, args.batches, args.intervals, args.load_batch, seed=7)
+        base = next((x for x in results if (x["layout"], x["provider"]) == (layout, provider)), r)
         r["vs_smallest_held"] = round(r["batch_ms_median"] / base["batch_ms_median"], 2) if r["batch_ms_median"] and base["batch_ms_median"] else None
         results.append(r)
-        print(f"{layout:<9} held {held:>10,}  batch of {args.touched:,} touched: median {r['batch_ms_median']} ms "
+        print(f"{layout:<9} {provider:<7} held {held:>10,}  batch of {args.touched:,} touched: median {r['batch_ms_median']} ms "
               f"({r['vs_smallest_held']}x the smallest held)  commit {r['commit_ms_median']} ms  state on disk {r['checkpoint_state_bytes'] / 1e6:,.0f} MB  "
               f"run {r['run_s']} s", flush=True)  # fmt: skip
-        shutil.rmtree(work / f"{layout}-{held}", ignore_errors=True)
+        shutil.rmtree(work / f"{layout}-{provider}-{held}", ignore_errors=True)
     write_results(RESULTS, {"args": vars(args), "results": results})
     return 0
 
