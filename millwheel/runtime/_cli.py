@@ -24,7 +24,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any
 
 from millwheel._topology import Topology
@@ -99,9 +99,11 @@ def _finished(root: str, topology: Topology, only: tuple[str, ...]) -> dict[str,
             saved = json.load(f)
     except (OSError, ValueError):
         return None
-    if saved.get("topology") != topology.name or saved.get("components") != _components(topology, only):
+    if not isinstance(saved, dict) or saved.get("topology") != topology.name or saved.get("components") != _components(topology, only):
         return None
-    return dict(saved)
+    if not all(k in saved for k in ("rows", "elapsed_s", "finished_at_ms", "metrics")):
+        return None  # written by another version: run normally (a finished run ends at once)
+    return saved
 
 
 def _report(topology: Topology, root: str, snapshot: Snapshot | None, metrics: dict[str, dict[str, int]], on_finish: Any, headline: str) -> None:
@@ -125,7 +127,8 @@ def run(topology: Topology, args: argparse.Namespace, on_finish: Any = None) -> 
     only = tuple(n for n in (args.only or "").split(",") if n)
     saved = None if args.fresh else _finished(root, topology, only)
     if saved is not None:
-        rows = tuple(Row(**r) for r in saved["rows"])
+        known = {f.name for f in fields(Row)}
+        rows = tuple(Row(**{k: v for k, v in r.items() if k in known}) for r in saved["rows"])
         snapshot = Snapshot(saved["elapsed_s"], saved["finished_at_ms"], rows)
         when = dt.datetime.fromtimestamp(saved["finished_at_ms"] / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
         print(f"millwheel: the run in {root} finished on {when}; nothing is left to do (--fresh runs it again)", file=sys.stderr)

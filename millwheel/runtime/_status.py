@@ -31,7 +31,6 @@ import datetime as dt
 import shutil
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
@@ -331,15 +330,3 @@ def display_for(quiet: bool, out: TextIO | None = None, title: str = "", interac
     if interactive is None:
         interactive = out.isatty()
     return LiveTable(out, title) if interactive else LogLines(out)
-
-
-def every(seconds: float, fn: Callable[[], None]) -> Callable[[], None]:
-    """``fn`` at most once per ``seconds`` (the first call runs it)."""
-    last = [float("-inf")]
-
-    def tick() -> None:
-        if time.monotonic() - last[0] >= seconds:
-            last[0] = time.monotonic()
-            fn()
-
-    return tick
