@@ -198,8 +198,19 @@ def spark_session(
         builder = builder.master(master)
     for k, v in settings.items():
         builder = builder.config(k, v)
-    with _stderr_to(jvm_log if not submitted else None):
-        spark = builder.getOrCreate()
+    redirect = jvm_log if not submitted else None
+    try:
+        with _stderr_to(redirect):
+            spark = builder.getOrCreate()
+    except Exception as exc:
+        if redirect is None:
+            raise
+        from millwheel._errors import MillwheelError
+
+        with open(redirect, encoding="utf-8", errors="replace") as f:
+            tail = "".join(f.readlines()[-15:])
+        msg = f"Spark did not start ({type(exc).__name__}); its log {redirect} ends with:\n{tail}"
+        raise MillwheelError(msg) from exc
     spark.sparkContext.setLogLevel(level)
     if level in ("ERROR", "FATAL", "OFF"):
         _quiet_task_failures(spark)

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -229,7 +231,8 @@ def state_main(argv: list[str]) -> int:
         key = parse_key(args.key) if args.key is not None else None
         from millwheel.runtime._session import spark_session
 
-        spark = spark_session("local[1]", shuffle_partitions=1, app_name="millwheel-state")
+        jvm_log = os.path.join(tempfile.gettempdir(), f"millwheel-state-{os.getuid()}.log")
+        spark = spark_session("local[1]", shuffle_partitions=1, app_name="millwheel-state", jvm_log=jvm_log)
         cs = read_state(spark, args.run, args.computation, codec=codec, key=key)
         if args.json:
             print(json.dumps({"computation": cs.computation, "batch": cs.batch, "unpublished": cs.unpublished,
