@@ -16,6 +16,8 @@ from faults.campaign import CLASSES, Campaign
 pytestmark = pytest.mark.spark
 
 
+# about 5 minutes on an idle 2-core machine; a driver start takes minutes when other Spark runs share it
+@pytest.mark.timeout(3600)
 def test_fault_campaign(tmp_path, fault_seed):
     result = Campaign(tmp_path, records=100_000, faults=10, seed=fault_seed).run()
     report = result.report
