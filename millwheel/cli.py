@@ -42,7 +42,7 @@ _BUILT_IN = ("run", "validate", "graph", "authority", "read", "state", "cluster"
 _RUNTIME_COMMANDS = {
     "read": ("millwheel.runtime._sinks", "read_main", "print a stream of a run directory as JSON lines, CSV or Parquet"),
     "state": ("millwheel.runtime._state_reader", "state_main", "a computation's committed per-key state, timers and dedup ids"),
-    "cluster": ("millwheel.runtime._cluster", "cluster_main", "a Spark standalone cluster on this machine (up, down, status)"),
+    "cluster": ("millwheel.runtime._cluster", "cluster_main", "a Spark standalone cluster on this machine (up, down, status); the file to give spark-submit (launcher)"),
 }
 
 

@@ -308,7 +308,7 @@ def launcher_path() -> str:
 
 
 def cluster_main(argv: list[str]) -> int:
-    """``millwheel cluster up|down|status|launcher``: a Spark standalone cluster on this machine."""
+    """``millwheel cluster up|down|status|launcher|log-config``: a Spark standalone cluster on this machine."""
     p = argparse.ArgumentParser(prog="millwheel cluster", description="a Spark standalone cluster on this machine (loopback), from the installed pyspark")
     sub = p.add_subparsers(dest="action", required=True)
     up = sub.add_parser("up", help="start a master and workers; print the master URL")
@@ -319,12 +319,18 @@ def cluster_main(argv: list[str]) -> int:
     up.add_argument("--ui-port", type=int, default=8080, help="master web UI port (0: any free port)")
     up.add_argument("--timeout", type=float, default=120)
     sub.add_parser("launcher", help="print the path of the Python file to give spark-submit (then: run T.py ...)")
+    sub.add_parser("log-config", help="print the path of millwheel's log4j2 file, for spark-submit --driver-java-options")
     for s in (up, sub.add_parser("down", help="stop the cluster started from --dir"), sub.add_parser("status", help="the master and its workers")):
         s.add_argument("--dir", default=DEFAULT_DIR, help=f"the cluster directory: state, logs, work (default {DEFAULT_DIR})")
     args = p.parse_args(argv)
     try:
         if args.action == "launcher":
             print(launcher_path())
+            return 0
+        if args.action == "log-config":
+            from millwheel.runtime._session import log4j2_file
+
+            print(log4j2_file(os.environ.get("MILLWHEEL_SPARK_LOG_LEVEL", "ERROR").upper()))
             return 0
         if args.action == "up":
             if args.workers < 1 or args.cores < 1:
