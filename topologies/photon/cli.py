@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import GeneratorConfig, PhotonConfig
-from .drivers import read_manifest, read_run, replay, run_spark
+from .drivers import PipelineBusyError, read_manifest, read_run, replay, run_spark
 from .evaluation import RunResult, evaluate, render
 from .generator import ensure_sample, generate, load_truth
 from .registry import OnceRegistryAdapter, RegistryFactory, open_client
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _COMMANDS[args.command](args)
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, PipelineBusyError) as exc:
         print(f"millwheel photon {args.command}: {exc}", file=sys.stderr)
         return 2
 

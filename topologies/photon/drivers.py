@@ -190,7 +190,7 @@ def run_lock(root: str | os.PathLike[str], *, wait: bool = False) -> Iterator[No
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
-            msg = f"the pipeline in {os.fspath(root)} is running (another process holds {LOCK})"
+            msg = f"the pipeline in {os.fspath(root)} is running, or being verified (another process holds {LOCK})"
             raise PipelineBusyError(msg) from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())

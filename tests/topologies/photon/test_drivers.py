@@ -37,7 +37,7 @@ def test_a_bad_mode_is_refused(sample):
 
 
 def test_the_run_lock_is_exclusive_and_released_with_its_holder(tmp_path):
-    with run_lock(tmp_path), pytest.raises(PipelineBusyError, match="is running"), run_lock(tmp_path):
+    with run_lock(tmp_path), pytest.raises(PipelineBusyError, match="is running, or being verified"), run_lock(tmp_path):
         pass
     with run_lock(tmp_path):  # released
         pass
