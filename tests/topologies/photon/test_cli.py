@@ -48,3 +48,13 @@ def test_verify_json_on_run_directories(tmp_path, capsys, spark_sample, registry
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     assert report["clicks"] > 0 and report["in_output"] == report["missing"] == 0 and report["dry_run"]
+
+
+def test_a_second_driver_on_a_running_pipelines_directory_is_refused(tmp_path, capsys, sample):
+    from topologies.photon.drivers import run_lock
+
+    run = tmp_path / "dc1"
+    with run_lock(run):  # the pipeline runs (or is being verified)
+        code = millwheel_main(["photon", "run", str(sample), "--backend", "spark", "--checkpoint", str(run), "--registry", "http://127.0.0.1:9"])
+    assert code == 2
+    assert "is running, or being verified" in capsys.readouterr().err
