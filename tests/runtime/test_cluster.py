@@ -28,6 +28,7 @@ import pytest
 
 from millwheel.cli import load_topology
 from millwheel.runtime._cluster import StandaloneCluster, launcher_path
+from millwheel.runtime._session import log4j2_file
 from millwheel.testing import Harness
 
 from ._procs import committed_batches, write_logs
@@ -42,7 +43,7 @@ from computations.windowing import WindowCounter
 from millwheel import LogFileSource, Topology
 
 topology = Topology("cluster_counts")
-topology.injector("queries", LogFileSource({data!r}, finite=True, max_bytes_per_batch=25_000, lateness_ms=1_000))
+topology.injector("queries", LogFileSource({data!r}, finite=True, max_bytes_per_batch={max_bytes}, lateness_ms=1_000))
 topology.computation(WindowCounter, inputs={{"queries": lambda r: r.value["query"]}}, outputs=["window_counts"],
                      params={{"trailing_empty": 0}})
 topology.sink("window_counts", {out!r})
@@ -80,7 +81,7 @@ def answer(data, tmp_path_factory):
     """The harness's output for the topology, checked against the plain answer (pandas)."""
     d, records = data
     path = tmp_path_factory.mktemp("harness") / "topology.py"
-    path.write_text(TOPOLOGY.format(data=str(d), out=str(path.parent / "unused.jsonl")))
+    path.write_text(TOPOLOGY.format(data=str(d), out=str(path.parent / "unused.jsonl"), max_bytes=25_000))
     h = Harness(load_topology(str(path)))
     h.run_sources()
     got = Counter((v["key"], v["window_start"], v["count"]) for v in h.values("window_counts"))
@@ -91,10 +92,11 @@ def answer(data, tmp_path_factory):
     return got
 
 
-def _topology(tmp_path: Path, data_dir: Path) -> tuple[Path, Path]:
+def _topology(tmp_path: Path, data_dir: Path, max_bytes: int) -> tuple[Path, Path]:
+    """The topology file; ``max_bytes`` per injector batch sets how many micro-batches the run takes."""
     out = tmp_path / "out" / "window_counts.jsonl"
     path = tmp_path / "topology.py"
-    path.write_text(textwrap.dedent(TOPOLOGY.format(data=str(data_dir), out=str(out))))
+    path.write_text(textwrap.dedent(TOPOLOGY.format(data=str(data_dir), out=str(out), max_bytes=max_bytes)))
     return path, out
 
 
@@ -132,11 +134,12 @@ def _apps(cluster: StandaloneCluster) -> set[Path]:
 
 
 def test_spark_submit_on_two_workers_equals_the_local_answer(cluster, data, answer, tmp_path):
-    path, out = _topology(tmp_path, data[0])
+    path, out = _topology(tmp_path, data[0], max_bytes=1 << 20)  # the input in one batch: few micro-batches
     before = _apps(cluster)
     done = subprocess.run(
         [str(BIN / "spark-submit"), "--master", cluster.url, "--deploy-mode", "client",
          "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
+         "--driver-java-options", f"-Dlog4j2.configurationFile=file:{log4j2_file('ERROR')}",
          launcher_path(), "run", str(path), "--checkpoint", str(tmp_path / "run"), "--intervals", "2",
          "--status-every", "0", "--no-metrics"],
         cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300, check=False,
@@ -150,7 +153,7 @@ def test_spark_submit_on_two_workers_equals_the_local_answer(cluster, data, answ
 
 
 def test_a_worker_killed_mid_run_changes_nothing_in_the_output(cluster, data, answer, tmp_path):
-    path, out = _topology(tmp_path, data[0])
+    path, out = _topology(tmp_path, data[0], max_bytes=25_000)  # ~12 batches: the kill lands mid-run
     run = tmp_path / "run"
     log = tmp_path / "driver.log"
     with open(log, "wb") as f:
