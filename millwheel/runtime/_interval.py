@@ -6,12 +6,17 @@ calls the in-memory harness makes.
 
 Spark groups a computation's input by *key interval* (a hash range of the consumer's
 encoded key), not by raw key: each Spark group costs a pandas frame in and out, so one
-group per key is two orders of magnitude slower (``docs/architecture.md``). The interval's GroupState row holds
-``envs`` (key -> envelope, msgpack) and ``meta`` (key -> [hold, next low-watermark timer,
-next wall timer]). A batch decodes the map once, runs :meth:`StepRunner.step` for the keys
-that have input or due timers, and re-encodes the map; envelopes of untouched keys stay
-opaque bytes, so they cost a copy, not a decode. State, timers and dedup ids of every key
-commit atomically with Spark's state store at the end of the micro-batch (§6.2).
+group per key is two orders of magnitude slower (``docs/performance.md``).
+:class:`IntervalBatch` is one interval's share of a micro-batch, whatever the state
+layout: rows grouped by key in one pass, each key's records in send order, each value
+decoded once, the step run per key, productions written with the bytes ``produce()``
+made. :class:`IntervalStep` is the default layout (``applyInPandasWithState``): the
+interval's GroupState row holds ``envs`` (key -> envelope, msgpack) and ``meta`` (key ->
+[hold, next low-watermark timer, next wall timer]); a batch decodes the map once, steps
+the keys that have input or due timers, and re-encodes the map; envelopes of untouched
+keys stay opaque bytes, so they cost a copy, not a decode. ``_mapstate.py`` is the
+per-key layout. Either way, state, timers and dedup ids of every key commit atomically
+with Spark's state store at the end of the micro-batch (§6.2).
 
 Time (§4.5, §4.6, §7.2):
 
