@@ -1,7 +1,7 @@
 """Soak: millions of ledger records with a fault every 30-120 s, then the checker (``docs/reliability.md``).
 
     .venv/bin/python bench/soak.py [--records 10000000] [--min-minutes 30] [--seed S] [--workdir DIR]
-                                   [--cluster] [--disk-mb 6144]
+                                   [--cluster] [--disk-mb 3072] [--classes driver,workers,...]
 
 Runs the fault campaign of ``faults/campaign.py`` in its soak form: the input is written up
 front (the ledger's Zeitgeist-like generator), then, until the run drains and at least
@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from faults.campaign import Campaign  # noqa: E402
+from faults.campaign import CLASSES, Campaign  # noqa: E402
 
 RESULTS = Path(__file__).with_name("results") / "soak.json"
 
@@ -41,8 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--workdir", default=None, help="where input, run directory and logs go (default a new directory under /tmp)")
     p.add_argument("--cluster", action="store_true", help="run on a local standalone cluster and kill its executors too")
-    p.add_argument("--disk-mb", type=int, default=6144, help="size of the run directory's tmpfs (the full-disk fault)")
+    p.add_argument("--disk-mb", type=int, default=3072, help="size of the run directory's tmpfs (the full-disk fault)")
     p.add_argument("--every", default="30,120", help="seconds between faults: MIN,MAX")
+    p.add_argument("--classes", default=",".join(CLASSES), help=f"fault classes (default all: {','.join(CLASSES)}; --cluster adds executor)")
     args = p.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
     lo, hi = (float(x) for x in args.every.split(","))
@@ -64,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         while True:
             campaign = Campaign(
                 work / f"round{r}", records=args.records, faults=0, seed=seed + r, cluster=cluster,
-                every_s=(lo, hi), max_bytes=2_000_000, disk_mb=args.disk_mb, log=lambda m: print(m, flush=True),
+                every_s=(lo, hi), max_bytes=600_000, disk_mb=args.disk_mb, log=lambda m: print(m, flush=True),
+                classes=tuple(c for c in args.classes.split(",") if c),
             )  # fmt: skip
             result = campaign.run()
             report = result.report
@@ -84,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             cluster.down()
     minutes = (time.monotonic() - started) / 60
     summary = {"seed": seed, "minutes": round(minutes, 1), "records": sum(x["records"] for x in rounds), "faults": dict(faults),
-               "clean": clean, "rounds": rounds, "cluster": args.cluster, "cores": os.cpu_count()}  # fmt: skip
+               "clean": clean, "rounds": rounds, "cluster": args.cluster, "cores": os.cpu_count(), "every_s": [lo, hi],
+               "load_average_at_end": os.getloadavg()[0]}  # fmt: skip
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(summary, indent=1) + "\n")
     print(f"soak: {summary['records']} records in {minutes:.1f} minutes, {sum(faults.values())} faults {dict(faults)}, "
