@@ -170,7 +170,9 @@ class Campaign:
                 time.sleep(0.05)
             return proc
         if what == "executor":
-            inject.kill_executor(self.cluster, self.rng.randrange(len(self.cluster.workers)))
+            index = self.rng.randrange(len(self.cluster.workers))
+            pid = inject.kill_executor(self.cluster, index)
+            self.log(f"    executor of worker {index}: " + (f"pid {pid} killed" if pid else "none running at that moment"))
             return proc
         if what == "authority":
             self.authority.restart()
