@@ -229,6 +229,9 @@ class Topology:
         out = [i.name for i in self.injectors.values() if i.stream == stream]
         out += [c.name for c in self.computations.values() if stream in c.all_outputs]
         if stream == DEAD_LETTER_STREAM:
+            # every injector dead-letters the records it cannot send (``_delivery.record_problem``),
+            # every computation the records and timers it cannot process
+            out += [i.name for i in self.injectors.values() if i.name not in out]
             out += [c.name for c in self.computations.values() if c.name not in out]
         return out
 

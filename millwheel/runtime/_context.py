@@ -35,6 +35,10 @@ class DriverContext(Protocol):
         """Who writes ``stream``: one stream-log directory each."""
         ...
 
+    def upstream(self, name: str) -> list[str]:
+        """Whose low watermarks bound computation ``name``'s (``Topology.upstream``)."""
+        ...
+
     def watermark_of(self, name: str) -> int:
         """The published low watermark of an injector or computation."""
         ...

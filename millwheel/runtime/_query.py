@@ -150,6 +150,8 @@ class ComputationQuery:
         self.checkpoint = rt.root.child("checkpoints", self.name)
         self.heartbeats = rt.root.child("heartbeats", self.name)
         self.inputs = [(s, p) for s in spec.inputs for p in rt.producers(s)]
+        #: whose low watermarks bound this one's: not itself nor the other dead-letter readers
+        self.upstream = rt.upstream(self.name)
         self.outbox = Outbox(
             self.name, rt.root.child("outbox", self.name), self.checkpoint, rt.streams,
             strong=spec.options.strong_productions, on_summary=self._on_summary,
@@ -304,8 +306,11 @@ class ComputationQuery:
         upto = self.outbox.published
         self.consumed.refresh()
         in_lw = MAX_TIMESTAMP
-        for stream, producer in self.inputs:
+        for producer in self.upstream:
             in_lw = min(in_lw, self.rt.watermark_of(producer))  # before listing: see docs/runtime.md
+        for stream, producer in self.inputs:
+            # pending files hold it too, also those of a producer that is not upstream (another
+            # reader of dead letters, or this one): they are read whatever the watermarks
             consumed = self.consumed.names(stream, producer, upto)
             for name, lo in self.rt.streams.files(stream, producer, live_only=True).items():
                 if lo < in_lw and name not in consumed:
@@ -333,8 +338,13 @@ class ComputationQuery:
 
     def _prune_heartbeats(self, upto: int) -> None:
         """Delete the heartbeat files committed batches have read: only this query reads
-        them, and a committed batch is never run again (its listing stays short)."""
+        them, and a committed batch is never run again (its listing stays short).
+
+        The newest file is kept: the next driver numbers its heartbeats after it, and a
+        file source skips a name it has seen, so a number used again would be a
+        heartbeat no batch reads (the query would wait for ever)."""
         names = self.consumed.heartbeat_names(upto)
+        names.discard(f"{self._hb_seq - 1:012d}.parquet")
         for name in names:
             self.heartbeats.child(name).delete()
         if names:

@@ -103,10 +103,10 @@ class SparkRuntime:
 
     def producers(self, stream: str) -> list[str]:
         """Who writes ``stream``: one stream-log directory each."""
-        out = list(self.topology.producers(stream))
-        if stream == DEAD_LETTER_STREAM:
-            out += [n for n, i in self.topology.injectors.items() if isinstance(i.source, LogFileSource) and n not in out]
-        return out
+        return self.topology.producers(stream)
+
+    def upstream(self, name: str) -> list[str]:
+        return self.topology.upstream(name)
 
     def caught_up(self, low_watermark: int) -> bool:
         """Every computation's low watermark has reached ``low_watermark`` (lockstep)."""

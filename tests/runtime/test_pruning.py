@@ -42,3 +42,8 @@ def test_consumed_files_are_pruned_and_every_record_arrives(spark, run_dir):
     for name in ("Double", "Sum"):
         heartbeats = [p for p in (root / "heartbeats" / name).iterdir() if p.suffix == ".parquet"]
         assert len(heartbeats) <= 3, heartbeats
+    # a second driver on the finished run: its heartbeats are numbered after the kept
+    # newest one (a number used again is a file the source skips: it would never drain)
+    again = SparkRuntime(t, run_dir, RuntimeSettings(drain=True, intervals=2, prune_streams=True, poll_ms=50), spark=spark)
+    again.run(timeout_s=300)
+    assert sorted(again.values("doubled")) == [2 * i for i in range(60)]

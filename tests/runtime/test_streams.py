@@ -60,6 +60,9 @@ def test_pruned_files_leave_the_live_listing_but_not_the_log(tmp_path):
 def test_importing_the_runtime_package_and_file_source_imports_no_pyspark():
     import subprocess
 
-    code = "import sys, millwheel, millwheel.runtime; from millwheel.runtime import LogFileSource; print('pyspark' in sys.modules)"
+    code = (
+        "import sys, millwheel, millwheel.runtime; from millwheel import LogFileSource; "
+        "from millwheel.runtime import RuntimeSettings; print('pyspark' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
