@@ -284,7 +284,9 @@ def plan_offset(start: dict[str, Any], opts: ReadOptions, now_ms: int) -> dict[s
       exists, or the source is ``finite``, or a newer file exists (rotation, when
       ``finish_on_rotation``), or it has not grown for ``idle_finish_ms``.
     * The injector low watermark (Fig. 10, with progress): each unfinished file promises
-      ``max(its time, newest timestamp read from it) - lateness_ms``; the watermark is the
+      ``max(its time, newest timestamp read from it) - lateness_ms``, where progress is
+      taken only when a batch has read the file up to its end (tailing a live file): a
+      batch cut inside a file by the byte budget promises the file's time; the watermark is the
       smallest promise, ``MAX_TIMESTAMP`` once every file is finished and the input is
       complete (``_DONE`` or ``finite``), and never goes back.
     """
@@ -302,8 +304,10 @@ def plan_offset(start: dict[str, Any], opts: ReadOptions, now_ms: int) -> dict[s
         st = os.stat(full)
         pos, ftime, _, reached = _entry(prev, name)
         new_pos = pos
+        caught_up = False  # read every complete line the file has now
         if st.st_size > pos and budget > 0:
             end = min(st.st_size, pos + budget)
+            caught_up = end >= st.st_size
             new_pos = _last_newline(full, pos, end)
             if new_pos == pos and end < st.st_size:
                 # the next line does not fit what is left of the budget: a batch that has
@@ -317,7 +321,10 @@ def plan_offset(start: dict[str, Any], opts: ReadOptions, now_ms: int) -> dict[s
             if ftime is None and new_pos > 0:
                 with open(full, "rb") as fh:
                     ftime = first_timestamp(fh.read(min(new_pos, _TAIL)), opts.ts_field)
-        if new_pos > pos:
+        if new_pos > pos and caught_up:
+            # progress counts once the reader is at the file's end (a live file being
+            # tailed); a batch that stops inside a file because of the byte budget promises
+            # only the file's time, so where batches are cut never makes records late
             last = _last_timestamp(full, pos, new_pos, opts.ts_field)
             if last is not None and (reached is None or last > reached):
                 reached = last

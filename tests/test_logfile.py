@@ -137,3 +137,19 @@ def test_malformed_lines_are_dead_letters_with_reason_file_offset_and_the_files_
     assert "non-empty string, got int" in reasons[4] and "64-bit" in reasons[5]
     assert [d.id for d in dead] == [d.id for b in src.batches() for d in b.dead_letters]  # deterministic ids
     assert len({d.id for d in dead}) == len(dead)
+
+
+def test_a_file_cut_by_the_byte_budget_promises_only_its_time(tmp_path):
+    """Records shuffled inside a replayed file are never late because of where a batch
+    stopped in it: progress counts only once the reader is at the file's end."""
+    lines = [_line(i, T + ts) for i, ts in enumerate([900, 100, 800, 200, 700, 300])]
+    (tmp_path / f"a-{T}.jsonl").write_text("".join(lines))
+    src = LogFileSource(tmp_path, idle_finish_ms=None, max_bytes_per_batch=3 * len(lines[0]))
+    o1 = _plan(src)
+    assert o1["lw"] == T  # cut after e2 (ts T+800): the rest may be older
+    o2 = _plan(src, o1)
+    assert o2["lw"] == T + 300  # at the end of a live file: its newest line
+    # one line per batch: every record is sent under a watermark it is not behind
+    batches = list(LogFileSource(tmp_path, finite=True, max_bytes_per_batch=len(lines[0])).batches())
+    sent = [(r.timestamp, b.low_watermark) for b in batches for r in b.records]
+    assert len(sent) == 6 and all(ts >= wm for ts, wm in sent), sent
