@@ -79,7 +79,7 @@ class Campaign:
         max_bytes: int = 150_000,
         cluster: Any = None,
         log: Callable[[str], None] = print,
-        disk_mb: int = 768,
+        disk_mb: int = 2048,
         every_s: tuple[float, float] | None = None,
         injector: str = "driver",
     ) -> None:
@@ -249,7 +249,8 @@ class Campaign:
                         break  # drained before every fault landed: the result says how many did
                     proc = self._replace(proc)  # stopped on its own (see _replace); the faults go on
                     continue
-                self.log(f"  fault {sum(self.result.faults.values()) + 1}: {what}")
+                used = f" (run directory's tmpfs: {self.disk.used_mb():.0f} of {self.disk.size_mb} MB used)" if self.disk else ""
+                self.log(f"  fault {sum(self.result.faults.values()) + 1}: {what}{used}")
                 proc = self._apply(what, proc)
                 self.result.faults[what] += 1
             proc = self._finish(proc)
