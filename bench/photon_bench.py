@@ -76,7 +76,7 @@ def run_photon(data: Path, work: Path, intervals: int) -> tuple[float, dict[str,
     shutil.rmtree(run, ignore_errors=True)
     with embedded_registry() as service:
         factory = RegistryFactory(service.url, str(Path(service.data_dir) / "secret"))
-        settings = RuntimeSettings(intervals=intervals, poll_ms=50, heartbeat_ms=100)
+        settings = RuntimeSettings(intervals=intervals, poll_ms=50, heartbeat_ms=100, max_restarts=500)
         started = time.perf_counter()
         result = run_spark(data, run, settings=settings, pipeline="bench", registry=factory, registry_url=service.url, timeout_s=3600)
         elapsed = time.perf_counter() - started
@@ -205,7 +205,7 @@ def latency(spark: Any, work: Path, rate: float, seconds: int, intervals: int) -
         prepare_run(run, live, cfg, "latency", service.url)
         t = build(live, config=cfg, reinject_dir=run / REINJECT, finite=False)
         factory = RegistryFactory(service.url, str(Path(service.data_dir) / "secret"))
-        settings = RuntimeSettings(intervals=intervals, poll_ms=20, heartbeat_ms=100, pipeline="latency", registry=factory)
+        settings = RuntimeSettings(intervals=intervals, poll_ms=20, heartbeat_ms=100, pipeline="latency", registry=factory, max_restarts=500)
         rt = SparkRuntime(t, str(run), settings, spark=spark, log=lambda m: None)
         rt.start()
         writer = _Writer(sample, live, lead_s=2.0)
