@@ -16,8 +16,9 @@ Plain Python, importable anywhere (no web framework):
 The Starlette side is :mod:`servicekit.http` (import it in servers only):
 :class:`~servicekit.http.Guard` and :class:`~servicekit.http.GuardMiddleware` check
 ``Host`` (DNS rebinding), ``Origin`` / ``Sec-Fetch-Site`` (cross-site requests), the
-bearer secret on every mutation and on private reads, and the body size before reading
-it; :func:`~servicekit.http.json_endpoint` answers every error as JSON with its status;
+bearer secret on every mutation and on private reads (the secret or its read key on *keyed
+reads*, the one route kind pages of loopback origins may read), and the body size before
+reading it; :func:`~servicekit.http.json_endpoint` answers every error as JSON with its status;
 :meth:`Guard.for_bind <servicekit.http.Guard.for_bind>` builds a service's guard from its flags.
 
 What every service does around its app is shared too (import each where it is used):

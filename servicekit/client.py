@@ -22,6 +22,8 @@ releases the connection pool. ``httpx`` is imported when a client is made.
 
 :func:`open_client` gives a client of the service at a URL when there is one (an argument
 or the service's ``$..._URL``), else of one started for the ``with`` block.
+:func:`fragment_url` writes a page's address with its other sources in the fragment (the
+authority's dashboard: ``#metrics=URL``, ``#registry=URL&registry_key=KEY``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Self, TypeVar
+from urllib.parse import quote
 
 from servicekit.checks import describe
 from servicekit.errors import (
@@ -67,6 +70,18 @@ def client_secret(
         return load_secret(env=info.secret_env, env_file=info.secret_file_env, default_file=default)
     except ConfigurationError as exc:
         raise error(str(exc)) from None
+
+
+def fragment_url(url: str, **params: str | None) -> str:
+    """``url`` with ``#name=value&...`` (``None`` values left out): how a page is told where its
+    other sources are (the authority's dashboard: ``#metrics=URL``, ``#registry=URL&registry_key=KEY``).
+    A fragment never reaches a server, not even in ``Referer``.
+
+    >>> fragment_url("http://127.0.0.1:7300/", metrics="http://127.0.0.1:9464/metrics", registry=None)
+    'http://127.0.0.1:7300/#metrics=http://127.0.0.1:9464/metrics'
+    """
+    pairs = [f"{name}={quote(value, safe=':/[]@')}" for name, value in params.items() if value is not None]
+    return f"{url}#{'&'.join(pairs)}" if pairs else url
 
 
 def error_message(response: Any) -> str:

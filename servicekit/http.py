@@ -15,10 +15,21 @@ and answers a refusal itself as ``{"error": code, "message": text}``:
 3. every request other than ``GET``/``HEAD`` (every mutation), and a ``GET`` of one of
    :attr:`Guard.private_reads`, must carry ``Authorization: Bearer <secret>``, compared
    in constant time, else **401** with a message saying where the secret comes from;
+   a ``GET`` of one of :attr:`Guard.keyed_reads` needs the secret or its read key
+   (:meth:`Secret.read_key <servicekit.secret.Secret.read_key>`);
 4. a body over :attr:`Guard.max_body_bytes` is refused with **413** from its
    ``Content-Length`` before a byte of it is read, and while it streams in when it has
    none; a body not declared ``application/json`` gets **415**. These answers close the
    connection, so the rest of the body is never read.
+
+**Keyed reads**, the one cross-origin pattern: a ``GET`` of a path in
+:attr:`Guard.keyed_reads` (read-only figures, e.g. the IdRegistry's ``/v1/stats`` that the
+authority's dashboard plots) may come from a browser page of a loopback origin
+(``http(s)://127.0.0.1``, ``localhost`` or ``[::1]``, any port) or of
+:attr:`Guard.allowed_origins`, with the secret or its read key; its answers, refusals
+included, carry ``Access-Control-Allow-Origin`` (that origin; never credentials), and its
+CORS preflight (``OPTIONS`` asking for ``GET`` with at most an ``Authorization`` header) is
+answered **204** by the guard. Any other origin, method or header is refused (403) as above.
 
 Every response also gets ``X-Content-Type-Options: nosniff`` and ``X-Frame-Options:
 DENY``. Endpoints wrapped in :func:`json_endpoint` turn a :class:`ServiceError` into its
@@ -66,6 +77,8 @@ LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 _WILDCARDS = frozenset({"", "0.0.0.0", "::"})
 _SAFE_METHODS = frozenset({"GET", "HEAD"})
 _ALWAYS_HEADERS = [(b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY")]
+#: what the CORS preflight of a keyed read allows, and how long a browser may remember it
+_PREFLIGHT_HEADERS = {"Access-Control-Allow-Methods": "GET, HEAD", "Access-Control-Allow-Headers": "Authorization", "Access-Control-Max-Age": "600"}
 
 log = logging.getLogger("servicekit")
 
@@ -82,6 +95,21 @@ def hosts_for_bind(bind_host: str, extra: Iterable[str] = ()) -> frozenset[str]:
         hosts.add(normalize_host(bind_host))
     hosts.update(normalize_host(h) for h in extra)
     return frozenset(hosts)
+
+
+def is_loopback_origin(origin: str) -> bool:
+    """True for the origin of a page served by this machine's loopback: ``http(s)://`` and
+    ``localhost``, ``127.0.0.1`` or ``[::1]``, any port.
+
+    >>> is_loopback_origin("http://127.0.0.1:7300"), is_loopback_origin("https://localhost"), is_loopback_origin("http://localhost.evil.example")
+    (True, True, False)
+    """
+    try:
+        parts = urlsplit(origin.strip().lower())
+        bare = parts.username is None and not parts.path.strip("/") and not parts.query and not parts.fragment
+        return parts.scheme in ("http", "https") and parts.hostname in LOOPBACK_HOSTS and bare and parts.port != 0
+    except ValueError:
+        return False
 
 
 def normalize_host(host: str) -> str:
@@ -108,6 +136,8 @@ class Guard:
     * ``allowed_origins`` — other browser origins allowed to call (``"https://ops.example.com"``);
     * ``max_body_bytes`` — the request body limit;
     * ``private_reads`` — ``GET`` paths that need the secret (those that reveal credentials);
+    * ``keyed_reads`` — ``GET`` paths that need the secret or its read key, readable by pages of
+      loopback origins and ``allowed_origins`` too (CORS; see the module docstring);
     * ``secret_hint`` — where a client finds the secret, for the 401 message;
     * ``host_hint`` — how an operator allows another host name, for the 421 message;
     * ``service`` — the service's name in messages and in ``WWW-Authenticate``.
@@ -118,11 +148,13 @@ class Guard:
     allowed_origins: frozenset[str] = frozenset()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     private_reads: frozenset[str] = frozenset()
+    keyed_reads: frozenset[str] = frozenset()
     secret_hint: str = "ask the operator of the service for it"
     host_hint: str = "ask the operator to allow it"
     service: str = "the service"
     ip_hosts: bool = True
     _origins: frozenset[str] = field(init=False, repr=False, default=frozenset())
+    _read_key: Secret | None = field(init=False, repr=False, default=None)
 
     @classmethod
     def for_bind(
@@ -151,6 +183,7 @@ class Guard:
             msg = f"{self.service}: max_body_bytes must be >= 1, got {self.max_body_bytes}"
             raise ValueError(msg)
         object.__setattr__(self, "_origins", frozenset(o.rstrip("/").lower() for o in self.allowed_origins))
+        object.__setattr__(self, "_read_key", self.secret.read_key() if self.keyed_reads else None)
 
     # -- the checks, each raising the ServiceError it is answered with
     def check_host(self, headers: Headers) -> None:
@@ -166,16 +199,28 @@ class Guard:
             )
             raise MisdirectedRequestError(msg)
 
-    def check_origin(self, method: str, headers: Headers) -> None:
+    def reader_origin(self, path: str, headers: Headers) -> str | None:
+        """The ``Origin`` of a browser page allowed to make a keyed read of ``path`` (its own,
+        a loopback one, or one of :attr:`allowed_origins`), as sent; ``None`` otherwise."""
+        origin = headers.get("origin")
+        if origin is None or path not in self.keyed_reads:
+            return None
+        return origin if self._known_origin(origin, headers) or is_loopback_origin(origin) else None
+
+    def _known_origin(self, origin: str, headers: Headers) -> bool:
+        """``origin`` is this service's own or one of :attr:`allowed_origins`."""
+        normalized = origin.strip().rstrip("/").lower()
+        try:
+            netloc = urlsplit(normalized).netloc
+        except ValueError:
+            netloc = ""
+        return (netloc != "" and netloc == headers.get("host", "").strip().lower()) or normalized in self._origins
+
+    def check_origin(self, method: str, headers: Headers, path: str = "") -> None:
         origin = headers.get("origin")
         if origin is not None:
-            normalized = origin.strip().rstrip("/").lower()
-            try:
-                netloc = urlsplit(normalized).netloc
-            except ValueError:
-                netloc = ""
-            same = netloc != "" and netloc == headers.get("host", "").strip().lower()
-            if not same and normalized not in self._origins:
+            keyed = method in _SAFE_METHODS and self.reader_origin(path, headers) is not None
+            if not keyed and not self._known_origin(origin, headers):
                 msg = (
                     f"{self.service} refuses requests from pages of another site (Origin {describe(origin, 60)}); "
                     "open its own page, or have the operator allow that origin"
@@ -189,17 +234,35 @@ class Guard:
                 raise ForbiddenError(msg)
 
     def check_secret(self, method: str, path: str, headers: Headers) -> None:
-        if method in _SAFE_METHODS and path not in self.private_reads:
+        keyed = method in _SAFE_METHODS and path in self.keyed_reads
+        if method in _SAFE_METHODS and path not in self.private_reads and not keyed:
             return
         what = f"{method} {path if len(path) <= 80 else describe(path, 80)}"
+        needed = f"{self.service}'s secret or its read key" if keyed else f"{self.service}'s secret"
         auth = headers.get("authorization")
         if auth is None:
-            msg = f"{what} needs {self.service}'s secret: send the header 'Authorization: Bearer <secret>'; {self.secret_hint}"
+            msg = f"{what} needs {needed}: send the header 'Authorization: Bearer <secret>'; {self.secret_hint}"
             raise UnauthorizedError(msg)
         scheme, _, presented = auth.partition(" ")
-        if scheme.lower() != "bearer" or not self.secret.matches(presented.strip()):
-            msg = f"{what}: the bearer secret sent is not {self.service}'s secret; {self.secret_hint}"
+        presented = presented.strip()
+        accepted = self.secret.matches(presented) or (keyed and self._read_key is not None and self._read_key.matches(presented))
+        if scheme.lower() != "bearer" or not accepted:
+            msg = f"{what}: the bearer credential sent is not {needed}; {self.secret_hint}"
             raise UnauthorizedError(msg)
+
+    def check_preflight(self, path: str, headers: Headers) -> dict[str, str]:
+        """A CORS preflight (``OPTIONS`` with ``Access-Control-Request-Method``) of a keyed read from
+        a reader origin, asking for ``GET`` with at most ``Authorization``: the headers of its 204
+        answer; anything else raises :class:`ForbiddenError`."""
+        if self.reader_origin(path, headers) is None:
+            msg = f"{self.service} refuses requests from pages of another site (Origin {describe(headers.get('origin', 'none'), 60)}); open its own page"
+            raise ForbiddenError(msg)
+        method = headers.get("access-control-request-method", "")
+        asked = {h.strip().lower() for h in headers.get("access-control-request-headers", "").split(",") if h.strip()}
+        if method not in _SAFE_METHODS or not asked <= {"authorization"}:
+            msg = f"{describe(path, 80)} may be read from another page with GET and an Authorization header only, not {describe(method, 20)} with {sorted(asked)[:5]}"
+            raise ForbiddenError(msg)
+        return dict(_PREFLIGHT_HEADERS)
 
     def check_body(self, method: str, headers: Headers) -> None:
         length = headers.get("content-length")
@@ -220,7 +283,7 @@ class Guard:
     def check(self, method: str, path: str, headers: Headers) -> None:
         """Every check, in order; raises the first refusal."""
         self.check_host(headers)
-        self.check_origin(method, headers)
+        self.check_origin(method, headers, path)
         self.check_secret(method, path, headers)
         self.check_body(method, headers)
 
@@ -291,18 +354,23 @@ class GuardMiddleware:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        method = scope["method"]
+        method, path = scope["method"], scope["path"]
+        send_with_headers = _with_headers(send, _cors_headers(self.guard, path, headers))
         try:
-            self.guard.check(method, scope["path"], headers)
+            if method == "OPTIONS" and path in self.guard.keyed_reads and "access-control-request-method" in headers:
+                self.guard.check_host(headers)
+                allowed = self.guard.check_preflight(path, headers)
+                await Response(status_code=204, headers={**allowed, "Cache-Control": "no-store"})(scope, receive, send_with_headers)
+                return
+            self.guard.check(method, path, headers)
         except ServiceError as exc:
             # the body (if any) was not read: close, so the client's upload stops here
             close = method not in _SAFE_METHODS or headers.get("content-length", "0") != "0"
-            await error_response(exc, close=close, realm=self.guard.service)(scope, receive, _with_headers(send))
+            await error_response(exc, close=close, realm=self.guard.service)(scope, receive, send_with_headers)
             return
         limit = self.guard.max_body_bytes
         received = 0
         started = False
-        send_with_headers = _with_headers(send)
 
         async def limited_receive() -> Message:
             nonlocal received
@@ -328,10 +396,22 @@ class GuardMiddleware:
             await error_response(exc)(scope, receive, send_with_headers)
 
 
-def _with_headers(send: Send) -> Send:
+def _cors_headers(guard: Guard, path: str, headers: Headers) -> list[tuple[bytes, bytes]]:
+    """``Access-Control-Allow-Origin`` for a keyed read from a reader origin (refusals included, so
+    the page can show them), and ``Vary: Origin`` on every answer of a keyed read."""
+    if path not in guard.keyed_reads:
+        return []
+    origin = guard.reader_origin(path, headers)
+    allow = [] if origin is None else [(b"access-control-allow-origin", origin.encode("latin-1"))]
+    return [*allow, (b"vary", b"Origin")]
+
+
+def _with_headers(send: Send, extra: list[tuple[bytes, bytes]] | None = None) -> Send:
+    added = [*_ALWAYS_HEADERS, *(extra or [])]
+
     async def wrapped(message: Message) -> None:
         if message["type"] == "http.response.start":
-            message = {**message, "headers": [*message.get("headers", []), *_ALWAYS_HEADERS]}
+            message = {**message, "headers": [*message.get("headers", []), *added]}
         await send(message)
 
     return wrapped

@@ -19,6 +19,8 @@ Sources, in the order :func:`load_secret` tries them:
 Secret(from a test)
 >>> s.matches("correct-horse-battery-staple"), s.matches("guess"), s.matches(None)
 (True, False, False)
+>>> s.read_key()                       # a read-only credential derived from it (see Secret.read_key)
+Secret(from the read key of the secret from a test)
 >>> Secret("short", source="a test")
 Traceback (most recent call last):
 ...
@@ -27,6 +29,8 @@ servicekit.errors.ConfigurationError: the secret from a test is 5 characters; us
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
 import os
 import secrets
@@ -40,6 +44,8 @@ from servicekit.errors import ConfigurationError
 #: a secret shorter than this is refused
 MIN_SECRET_LENGTH = 16
 _GENERATE_HINT = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+#: what a read key is derived for (changing it changes every service's read key)
+_READ_KEY_LABEL = b"servicekit read key v1"
 
 
 class Secret:
@@ -68,6 +74,15 @@ class Secret:
     def reveal(self) -> str:
         """The secret itself: for a client's header or a child process, never for a log."""
         return self._value
+
+    def read_key(self) -> Secret:
+        """The read key of this secret: HMAC-SHA256 of a fixed label under it, URL-safe base64
+        (43 characters). A guard accepts it in place of the secret for its keyed reads only
+        (:attr:`servicekit.http.Guard.keyed_reads`: figures a browser page of another origin may
+        read), never for a mutation; it reveals nothing of the secret, and a new secret gives a
+        new read key."""
+        digest = hmac.new(self._bytes, _READ_KEY_LABEL, hashlib.sha256).digest()
+        return Secret(base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii"), source=f"the read key of the secret from {self.source}")
 
     def header(self) -> dict[str, str]:
         """The ``Authorization`` header that proves a client holds this secret."""

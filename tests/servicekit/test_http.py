@@ -23,11 +23,12 @@ from servicekit.http import Guard, GuardMiddleware, hosts_for_bind, json_endpoin
 
 SECRET = Secret("s3cret-for-the-tests-only", source="the test")
 AUTH = SECRET.header()
+READ_KEY = SECRET.read_key().header()
 
 
 @pytest.fixture
 def app():
-    """A service with one mutation, one public read, one private read, one failing route."""
+    """A service with one mutation, one public read, one private read, one keyed read, one failing route."""
     calls: list[str] = []
 
     async def write(request: Request):
@@ -53,6 +54,7 @@ def app():
         allowed_origins=frozenset({"https://ops.example.com"}),
         max_body_bytes=1_000,
         private_reads=frozenset({"/private"}),
+        keyed_reads=frozenset({"/figures"}),
         secret_hint="find it in /etc/svc/secret",
         host_hint="add --allow-host",
         service="the test service",
@@ -61,6 +63,7 @@ def app():
         Route("/write", json_endpoint(write), methods=["POST"]),
         Route("/read", json_endpoint(read)),
         Route("/private", json_endpoint(read)),
+        Route("/figures", json_endpoint(read)),
         Route("/refuse", json_endpoint(refuse)),
         Route("/crash", json_endpoint(crash)),
     ]
@@ -183,3 +186,50 @@ def test_hosts_for_bind():
 def test_a_guard_needs_a_positive_body_limit():
     with pytest.raises(ValueError, match="max_body_bytes must be >= 1"):
         Guard(secret=SECRET, max_body_bytes=0)
+
+
+def test_a_keyed_read_takes_the_secret_or_its_read_key_and_the_key_opens_nothing_else(client, app):
+    refused(client.get("/figures"), 401, "unauthorized", "GET /figures needs the test service's secret or its read key")
+    refused(client.get("/figures", headers={"Authorization": "Bearer " + "k" * 43}), 401, "unauthorized", "is not the test service's secret or its read key")
+    assert app.state.calls == []
+    assert client.get("/figures", headers=READ_KEY).json() == {"value": 1}
+    assert client.get("/figures", headers=AUTH).json() == {"value": 1}
+    refused(client.post("/write", json={}, headers=READ_KEY), 401, "unauthorized", "is not the test service's secret;")
+    refused(client.get("/private", headers=READ_KEY), 401, "unauthorized", "is not the test service's secret;")
+    refused(client.post("/figures", json={}, headers=READ_KEY), 401, "unauthorized", "POST /figures: the bearer credential sent is not the test service's secret;")
+
+
+ASK = {"Access-Control-Request-Method": "GET", "Access-Control-Request-Headers": "authorization"}
+
+
+@pytest.mark.parametrize(
+    ("origin", "allowed"),
+    [("http://127.0.0.1:9999", True), ("http://localhost", True), ("https://[::1]:1", True), ("https://ops.example.com", True), ("http://127.0.0.1:7300", True),
+     ("http://evil.example", False), ("null", False), ("http://127.0.0.1.evil.example", False), ("http://localhost:0", False), ("http://localhost:99999", False),
+     ("file://", False), ("http://me@localhost:80", False), ("http://localhost/path", False), ("ftp://127.0.0.1", False)],
+)  # fmt: skip
+def test_pages_of_loopback_and_allowed_origins_may_make_keyed_reads_and_nothing_else(client, app, origin, allowed):
+    r = client.get("/figures", headers={**READ_KEY, "Origin": origin, "Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "cors"})
+    pre = client.options("/figures", headers={"Origin": origin, **ASK})
+    if allowed:
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == origin and r.headers["vary"] == "Origin", r.text
+        assert pre.status_code == 204 and pre.headers["access-control-allow-origin"] == origin, pre.text
+        assert pre.headers["access-control-allow-headers"] == "Authorization" and pre.headers["access-control-allow-methods"] == "GET, HEAD"
+        assert "access-control-allow-credentials" not in r.headers and "access-control-allow-credentials" not in pre.headers
+        assert client.get("/figures", headers={"Origin": origin}).headers["access-control-allow-origin"] == origin  # a 401 the page can read
+    else:
+        refused(r, 403, "forbidden", "refuses requests from pages of another site")
+        refused(pre, 403, "forbidden", "refuses requests from pages of another site")
+        assert "access-control-allow-origin" not in r.headers and "access-control-allow-origin" not in pre.headers
+    if origin not in ("https://ops.example.com", "http://127.0.0.1:7300"):  # not this service's own page nor an allowed one
+        assert client.get("/read", headers={"Origin": origin}).status_code == 403  # other reads stay same-origin
+        assert client.post("/write", json={}, headers={**AUTH, "Origin": origin}).status_code == 403
+    assert client.options("/write", headers={"Origin": origin, "Access-Control-Request-Method": "POST"}).status_code in (401, 403)
+    assert "access-control-allow-origin" not in client.get("/read").headers
+    assert app.state.calls == ["read"] * (2 if allowed else 1)  # the keyed read ran only for an allowed page
+
+
+@pytest.mark.parametrize(("method", "asked"), [("POST", "authorization"), ("PUT", ""), ("GET", "authorization, content-type"), ("GET", "x-anything"), ("", "")])
+def test_a_preflight_may_ask_for_a_get_with_an_authorization_header_only(client, method, asked):
+    r = client.options("/figures", headers={"Origin": "http://127.0.0.1:9999", "Access-Control-Request-Method": method, "Access-Control-Request-Headers": asked})
+    refused(r, 403, "forbidden", "with GET and an Authorization header only")

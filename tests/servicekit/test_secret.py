@@ -88,3 +88,18 @@ def test_write_never_overwrites(tmp_path):
     with pytest.raises(FileExistsError):
         write_secret_file(path)
     assert read_secret_file(path).reveal() == GOOD
+
+
+def test_the_read_key_is_derived_and_reveals_nothing_of_the_secret():
+    import base64
+    import hashlib
+    import hmac
+
+    s = Secret(GOOD, source="a test")
+    key = s.read_key()
+    expected = base64.urlsafe_b64encode(hmac.new(GOOD.encode(), b"servicekit read key v1", hashlib.sha256).digest()).rstrip(b"=").decode()
+    assert key.reveal() == expected and len(expected) == 43  # pinned: a client computes the same key
+    assert GOOD not in key.reveal() and key != s and not s.matches(key.reveal())
+    assert key == Secret(GOOD, source="elsewhere").read_key()  # the same secret, the same key
+    assert key != Secret(GOOD + "x", source="a test").read_key()  # a new secret, a new key
+    assert repr(key) == "Secret(from the read key of the secret from a test)"
