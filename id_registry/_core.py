@@ -17,6 +17,7 @@ GcResult(boundary_ms=2000, deleted=2)
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -82,13 +83,33 @@ class GcResult(NamedTuple):
 
 
 class Stats:
-    """Counters for the status page; written by the registry thread only, read by anyone."""
+    """Counters for the status page, and the last :attr:`HISTORY_SECONDS` seconds of them second by
+    second for the stats page (``/v1/stats``); written by the registry thread only, read by anyone.
+
+    A *group* is one call of :meth:`Registry.commit_many`: at most one durable write, carrying
+    every request the registry thread coalesced (Photon §2.2.1).
+
+    >>> now = [1_000.5]
+    >>> st = Stats(clock=lambda: now[0])
+    >>> st.record_group(3, new=2, repeated=0, conflicts=1, too_old=0)
+    >>> st.record_requests(2)
+    >>> now[0] = 1_002.0
+    >>> h = st.history(3)
+    >>> h["t"], h["commits"], h["conflicts"], h["requests"], h["groups"], h["group_items"], h["group_max"]
+    ([999000, 1000000, 1001000], [0, 2, 0], [0, 1, 0], [0, 2, 0], [0, 1, 0], [0, 3, 0], [0, 3, 0])
+    """
 
     #: the commits/s figure is averaged over this many seconds
     RATE_WINDOW = 10
+    #: seconds of per-second figures kept
+    HISTORY_SECONDS = 600
+    #: the per-second figures: COMMITTED answers (first commits and same-token repeats), CONFLICT and
+    #: TOO_OLD answers, commit requests answered, groups, their items, the largest group's items
+    COLUMNS = ("commits", "conflicts", "too_old", "requests", "groups", "group_items", "group_max")
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
+        self.started_ms = int(clock() * 1000)
         self.committed = 0  # ids committed for the first time
         self.repeated = 0  # COMMITTED again with the holder's token: retries, replays
         self.conflicts = 0
@@ -97,29 +118,59 @@ class Stats:
         self.cleared = 0
         self.throttled = 0
         self.groups = 0  # commit groups, each at most one durable write
+        self.group_items = 0  # items in them
         self.requests = 0  # commit requests answered
         #: groups by size: bucket k counts groups of 2**k .. 2**(k+1) - 1 items
         self.group_sizes = [0] * 24
-        self._seconds: deque[list[int]] = deque(maxlen=self.RATE_WINDOW + 1)
+        #: [second, *COLUMNS] per second with any commit, oldest first
+        self._seconds: deque[list[int]] = deque(maxlen=self.HISTORY_SECONDS + 1)
+        self._lock = threading.Lock()
+
+    def _bucket(self) -> list[int]:
+        second = int(self.clock())
+        if not self._seconds or self._seconds[-1][0] != second:
+            self._seconds.append([second] + [0] * len(self.COLUMNS))
+        return self._seconds[-1]
 
     def record_group(self, items: int, new: int, repeated: int, conflicts: int, too_old: int) -> None:
         self.groups += 1
+        self.group_items += items
         self.committed += new
         self.repeated += repeated
         self.conflicts += conflicts
         self.too_old += too_old
         self.group_sizes[min(max(items, 1).bit_length() - 1, len(self.group_sizes) - 1)] += 1
-        second = int(self.clock())
-        if self._seconds and self._seconds[-1][0] == second:
-            self._seconds[-1][1] += new + repeated
-        else:
-            self._seconds.append([second, new + repeated])
+        with self._lock:
+            b = self._bucket()
+            b[1] += new + repeated
+            b[2] += conflicts
+            b[3] += too_old
+            b[5] += 1
+            b[6] += items
+            b[7] = max(b[7], items)
+
+    def record_requests(self, requests: int) -> None:
+        """``requests`` commit requests were answered (the registry thread, once per group)."""
+        self.requests += requests
+        with self._lock:
+            self._bucket()[4] += requests
+
+    def history(self, seconds: int) -> dict[str, list[int]]:
+        """The last ``seconds`` full seconds (the current one is still counting), as columns: ``t``
+        (each second's start, wall ms) and one list per name of :attr:`COLUMNS`, zeros included."""
+        end = int(self.clock())
+        start = end - seconds
+        with self._lock:
+            rows = [list(row) for row in self._seconds if start <= row[0] < end]
+        out = {"t": [(start + i) * 1000 for i in range(seconds)], **{name: [0] * seconds for name in self.COLUMNS}}
+        for second, *values in rows:
+            for name, value in zip(self.COLUMNS, values, strict=True):
+                out[name][second - start] = value
+        return out
 
     def commits_per_second(self) -> float:
         """COMMITTED answers per second over the last :attr:`RATE_WINDOW` full seconds."""
-        now = int(self.clock())
-        total = sum(n for s, n in list(self._seconds) if now - self.RATE_WINDOW <= s < now)
-        return total / self.RATE_WINDOW
+        return sum(self.history(self.RATE_WINDOW)["commits"]) / self.RATE_WINDOW
 
     def snapshot(self) -> dict[str, Any]:
         sizes = {f"{2**k}-{2 ** (k + 1) - 1}": n for k, n in enumerate(self.group_sizes) if n}
@@ -134,6 +185,7 @@ class Stats:
             "throttled": self.throttled,
             "requests": self.requests,
             "groups": self.groups,
+            "group_items": self.group_items,
             "group_sizes": sizes,
         }
 

@@ -2,8 +2,11 @@
 
 Before a request reaches a route, :class:`servicekit.http.GuardMiddleware` checks its
 ``Host`` (421), its ``Origin`` and ``Sec-Fetch-Site`` (403), the bearer secret on every
-``POST`` (401: every route but ``/v1/status`` and ``/healthz`` is a POST, lookups included,
-since they reveal joiners' tokens) and the body size (413). See ``docs/registry.md``.
+``POST`` (401: every route but ``/v1/status``, ``/v1/stats`` and ``/healthz`` is a POST,
+lookups included, since they reveal joiners' tokens) and the body size (413). ``GET
+/v1/stats``, the second-by-second figures the authority's dashboard plots, is a *keyed read*:
+it needs the secret or its read key, and pages of loopback origins (and ``--allow-origin``
+ones) may read it (CORS). See ``docs/registry.md``.
 
 Work is shared as in Photon's Fig. 3: the event loop reads request bodies; a small pool of
 threads decodes and checks them (JSON, ids, tokens, times) and encodes the answers; the
@@ -32,7 +35,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from id_registry._core import Registry
+from id_registry._core import Registry, Stats
 from id_registry._errors import InvalidRequestError, ThrottledError
 from id_registry._model import (
     COMMITTED,
@@ -44,7 +47,7 @@ from id_registry._model import (
 )
 from id_registry._worker import RegistryWorker
 from id_registry.client import SERVICE
-from servicekit import Secret, check_fields, parse_json, service
+from servicekit import Secret, check_fields, parse_json, parse_number, service
 from servicekit.http import (
     Guard,
     GuardMiddleware,
@@ -55,7 +58,11 @@ from servicekit.service import ServeFlags
 
 #: the registry's documents nest at most 3 levels ({"items": [[...]]}); allow some slack
 MAX_JSON_DEPTH = 6
-SECRET_HINT = SERVICE.secret_hint("the registry")
+SECRET_HINT = SERVICE.secret_hint("the registry") + "; GET /v1/stats also takes its read key"
+#: reads that take the secret or its read key, from pages of loopback origins too (the dashboard's registry panel)
+KEYED_READS = frozenset({"/v1/stats"})
+#: the window ``/v1/stats`` answers when the query does not say
+DEFAULT_STATS_SECONDS = 300
 
 log = logging.getLogger("id_registry")
 
@@ -63,7 +70,7 @@ log = logging.getLogger("id_registry")
 def registry_guard(secret: Secret, **flags: Any) -> Guard:
     """The :class:`~servicekit.http.Guard` of a registry; ``flags``: ``bind_host``,
     ``allow_hosts``, ``allow_origins``, ``max_body_bytes`` (see :meth:`Guard.for_bind <servicekit.http.Guard.for_bind>`)."""
-    return Guard.for_bind(secret, secret_hint=SECRET_HINT, host_hint="start the registry with --allow-host NAME", service=SERVICE.the, **flags)
+    return Guard.for_bind(secret, keyed_reads=KEYED_READS, secret_hint=SECRET_HINT, host_hint="start the registry with --allow-host NAME", service=SERVICE.the, **flags)
 
 
 def _body(raw: bytes, path: str, fields: dict[str, bool]) -> dict[str, Any]:
@@ -167,6 +174,11 @@ def create_app(worker: RegistryWorker, *, guard: Guard, parsers: int = 2) -> Sta
     async def status(request: Request) -> Any:
         return await off_loop(worker.status)
 
+    async def stats(request: Request) -> Any:
+        text = request.query_params.get("seconds", str(DEFAULT_STATS_SECONDS))
+        seconds = parse_number("query parameter 'seconds'", text, lo=1, hi=Stats.HISTORY_SECONDS, error=InvalidRequestError)
+        return worker.stats(int(seconds))
+
     async def health(request: Request) -> Any:
         return {"ok": True}
 
@@ -182,6 +194,7 @@ def create_app(worker: RegistryWorker, *, guard: Guard, parsers: int = 2) -> Sta
     routes = [
         Route("/healthz", json_endpoint(health, logger=log)),
         Route("/v1/status", json_endpoint(status, logger=log)),
+        Route("/v1/stats", json_endpoint(stats, logger=log)),
         Route("/v1/commit", route(commit, {"items": True}, check_commit), methods=["POST"]),
         Route("/v1/lookup", route(lookup, {"ids": True}), methods=["POST"]),
         Route("/v1/clear", route(clear, {"ids": True, "only_if_token": False, "keep_id": False}), methods=["POST"]),

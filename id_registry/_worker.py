@@ -229,7 +229,7 @@ class RegistryWorker:
         if items:
             per_item = (time.perf_counter() - started) / len(items)
             self._seconds_per_item = 0.8 * self._seconds_per_item + 0.2 * per_item
-        self.registry.stats.requests += len(group)
+        self.registry.stats.record_requests(len(group))
         self._done(group, len(items))
         for job, answer in zip(group, split_results(results, sizes), strict=True):
             job.future.set_result(answer)
@@ -238,14 +238,28 @@ class RegistryWorker:
     def status(self) -> dict[str, Any]:
         """The registry's status (read on the registry thread) with what is in flight now."""
         out: dict[str, Any] = self.call(self.registry.status, throttle=False).result()
-        with self._cond:
-            out["in_flight"] = {"requests": self.inflight_requests, "items": self.inflight_items}
-        out["limits"] = {
-            "max_inflight_requests": self.max_inflight_requests,
-            "max_inflight_items": self.max_inflight_items,
-            "max_group_items": self.max_group_items,
+        return {**out, **self._load()}
+
+    def stats(self, seconds: int) -> dict[str, Any]:
+        """The figures of ``GET /v1/stats``: the counters, what is in flight, and the last ``seconds``
+        seconds of them second by second (:meth:`Stats.history <id_registry._core.Stats.history>`).
+        Read without the registry thread, so a poll never waits behind a durable write."""
+        stats = self.registry.stats
+        return {
+            "now_ms": int(stats.clock() * 1000),
+            "started_ms": stats.started_ms,
+            "interval_ms": 1000,
+            "totals": stats.snapshot(),
+            **self._load(),
+            "history": stats.history(seconds),
         }
-        return out
+
+    def _load(self) -> dict[str, Any]:
+        """What is queued or being written now, and the limits (throttling, §3.3.2; group size, §2.2.1)."""
+        with self._cond:
+            in_flight = {"requests": self.inflight_requests, "items": self.inflight_items}
+        limits = {"max_inflight_requests": self.max_inflight_requests, "max_inflight_items": self.max_inflight_items, "max_group_items": self.max_group_items}
+        return {"in_flight": in_flight, "limits": limits}
 
     def close(self, timeout: float = 30.0) -> None:
         """Refuse new requests, answer those queued, stop the thread (the registry stays open)."""

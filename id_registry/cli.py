@@ -4,12 +4,16 @@
                              [--secret-file FILE] [--backend rocksdb|etcd] [--etcd-endpoint URL ...]
                              [--shards 16] [--max-inflight-items N] [--max-inflight-requests N] ...
     millwheel registry status [--url http://127.0.0.1:7310]
+    millwheel registry stats [--seconds 60] [--url ...]
+    millwheel registry dashboard-link --authority http://127.0.0.1:7300 [--url ...]
     millwheel registry gc --boundary-ms T [--url ...]
     millwheel registry reshard --effective-from-ms T --shards N [--url ...]
 
 Every request but the status needs the service's secret (``--secret-file``,
 ``$MILLWHEEL_REGISTRY_SECRET``, ``$MILLWHEEL_REGISTRY_SECRET_FILE``, or ``DATA_DIR/secret``,
-generated on the first start).
+generated on the first start). ``dashboard-link`` prints the address of the authority's
+dashboard with this registry's panel: ``#registry=URL&registry_key=KEY``, the secret's read
+key, which reads ``/v1/stats`` and nothing else.
 """
 
 from __future__ import annotations
@@ -46,10 +50,19 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-inflight-items", type=int, default=DEFAULT_MAX_INFLIGHT_ITEMS, help=f"items queued or being written before commits get 429 (default {DEFAULT_MAX_INFLIGHT_ITEMS})")
     s.add_argument("--max-inflight-requests", type=int, default=DEFAULT_MAX_INFLIGHT_REQUESTS, help=f"requests in progress before new ones get 429 (default {DEFAULT_MAX_INFLIGHT_REQUESTS})")
     s.add_argument("--max-group-items", type=int, default=DEFAULT_MAX_GROUP_ITEMS, help=f"most items in one durable write (default {DEFAULT_MAX_GROUP_ITEMS})")
-    for name, text in (("status", "print a running registry's status"), ("gc", "move the GC boundary forward"), ("reshard", "add a shard configuration")):
+    commands = (
+        ("status", "print a running registry's status"), ("stats", "print its figures second by second (GET /v1/stats)"),
+        ("dashboard-link", "print the authority dashboard's address with this registry's panel"),
+        ("gc", "move the GC boundary forward"), ("reshard", "add a shard configuration"),
+    )  # fmt: skip
+    for name, text in commands:
         c = sub.add_parser(name, help=text)
         c.add_argument("--url", default=f"http://127.0.0.1:{DEFAULT_PORT}")
         c.add_argument("--data-dir", help="find the secret in DATA_DIR/secret (else $MILLWHEEL_REGISTRY_SECRET[_FILE])")
+        if name == "stats":
+            c.add_argument("--seconds", type=int, default=60, help="how many seconds of figures (1 to 600; default 60)")
+        if name == "dashboard-link":
+            c.add_argument("--authority", required=True, help="the watermark authority's URL (its dashboard), e.g. http://127.0.0.1:7300")
         if name == "gc":
             c.add_argument("--boundary-ms", type=int, required=True, help="entries of events before this time are deleted")
         if name == "reshard":
@@ -94,18 +107,34 @@ def _serve(args: argparse.Namespace) -> int:
     )
 
 
+def _dashboard_link(args: argparse.Namespace) -> int:
+    from id_registry._errors import RegistryError
+    from id_registry.client import dashboard_link
+
+    try:
+        print(dashboard_link(args.authority, args.url, data_dir=args.data_dir))
+    except RegistryError as exc:
+        print(f"millwheel registry: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str]) -> int:
-    """Photon's IdRegistry: ``millwheel registry serve|status|gc|reshard``."""
+    """Photon's IdRegistry: ``millwheel registry serve|status|stats|dashboard-link|gc|reshard``."""
     args = _parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
     from id_registry._errors import RegistryError
     from id_registry.client import HttpRegistryClient, client_secret
 
+    if args.command == "dashboard-link":
+        return _dashboard_link(args)
     try:
         with HttpRegistryClient(args.url, secret=client_secret(data_dir=args.data_dir), retries=1, throttle_timeout=10.0) as client:
             if args.command == "status":
                 out: object = client.status()
+            elif args.command == "stats":
+                out = client.stats(args.seconds)
             elif args.command == "gc":
                 out = client.advance_gc(args.boundary_ms)._asdict()
             else:

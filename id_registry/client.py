@@ -34,8 +34,13 @@ from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from id_registry._core import GcResult, Registry
-from id_registry._errors import ERRORS, AuthenticationError, RegistryUnavailableError
+from id_registry._core import GcResult, Registry, Stats
+from id_registry._errors import (
+    ERRORS,
+    AuthenticationError,
+    InvalidRequestError,
+    RegistryUnavailableError,
+)
 from id_registry._model import ClearResult, CommitResult, Item, LookupResult, ShardConfig, Status
 from id_registry._worker import RegistryWorker
 from servicekit import Secret, service
@@ -87,6 +92,11 @@ class RegistryClient(abc.ABC):
     def status(self) -> dict[str, Any]:
         """The registry's figures (no ids, no tokens)."""
 
+    @abc.abstractmethod
+    def stats(self, seconds: int = 300) -> dict[str, Any]:
+        """Its counters and the last ``seconds`` (1 to 600) of them second by second: commits,
+        conflicts, too-old answers, requests and the durable writes' sizes (``GET /v1/stats``)."""
+
     def shard_configs(self) -> list[ShardConfig]:
         return [ShardConfig(a, b) for a, b in self.status()["shards"]]
 
@@ -131,6 +141,12 @@ class InProcessRegistryClient(RegistryClient):
     def status(self) -> dict[str, Any]:
         return self.worker.status()
 
+    def stats(self, seconds: int = 300) -> dict[str, Any]:
+        if not 1 <= seconds <= Stats.HISTORY_SECONDS:
+            msg = f"seconds must be in [1, {Stats.HISTORY_SECONDS}], got {seconds}"
+            raise InvalidRequestError(msg)
+        return self.worker.stats(seconds)
+
     def close(self) -> None:
         self.worker.close()
         if self._owned:
@@ -141,6 +157,22 @@ def client_secret(secret: str | Secret | None = None, *, data_dir: str | None = 
     """``secret``, else ``$MILLWHEEL_REGISTRY_SECRET``, else the file named by
     ``$MILLWHEEL_REGISTRY_SECRET_FILE``, else ``DATA_DIR/secret`` if it exists, else ``None``."""
     return _client.client_secret(secret, SERVICE, data_dir=data_dir, error=AuthenticationError)
+
+
+def dashboard_link(authority_url: str, registry_url: str, secret: str | Secret | None = None, *, data_dir: str | None = None) -> str:
+    """The address of the watermark authority's dashboard with the panel of the registry at
+    ``registry_url``: ``AUTHORITY/#registry=URL&registry_key=KEY``, where KEY is the read key of
+    the registry's secret (found as :func:`client_secret` finds it): it reads ``/v1/stats`` and
+    nothing else. :class:`AuthenticationError` if there is no secret.
+
+    >>> dashboard_link("http://127.0.0.1:7300", "http://127.0.0.1:7310", "registry-secret-for-a-doctest")
+    'http://127.0.0.1:7300/#registry=http://127.0.0.1:7310&registry_key=...'
+    """
+    found = client_secret(secret, data_dir=data_dir)
+    if found is None:
+        msg = f"the registry panel needs the read key of {SERVICE.the}'s secret; {SERVICE.secret_hint()}"
+        raise AuthenticationError(msg)
+    return _client.fragment_url(authority_url.rstrip("/") + "/", registry=registry_url.rstrip("/"), registry_key=found.read_key().reveal())
 
 
 class HttpRegistryClient(_client.JsonHttpClient, RegistryClient):
@@ -204,6 +236,9 @@ class HttpRegistryClient(_client.JsonHttpClient, RegistryClient):
 
     def status(self) -> dict[str, Any]:
         return self._call("GET", "/v1/status")
+
+    def stats(self, seconds: int = 300) -> dict[str, Any]:
+        return self._call("GET", "/v1/stats", params={"seconds": str(seconds)})
 
 
 # ---------------------------------------------------------------------------- embedded service

@@ -1,5 +1,5 @@
 """``millwheel registry serve`` runs the service (loopback, a generated secret, fsync'd RocksDB);
-``status``, ``gc`` and ``reshard`` talk to it; bad flags are refused by name."""
+``status``, ``stats``, ``dashboard-link``, ``gc`` and ``reshard`` talk to it; bad flags are refused by name."""
 
 from __future__ import annotations
 
@@ -50,6 +50,16 @@ def test_millwheel_registry_serve_runs_the_service(tmp_path, capsys):
         status = json.loads(capsys.readouterr().out)
         assert status["backend"] == {"kind": "rocksdb", "durable_writes": status["backend"]["durable_writes"], "sync": True, "estimated_keys": status["backend"]["estimated_keys"]}
         assert status["gc_boundary_ms"] == 2 and status["stats"]["committed"] == 1
+        assert main(["stats", "--url", url, "--data-dir", data_dir, "--seconds", "5"]) == 0
+        stats = json.loads(capsys.readouterr().out)
+        assert stats["totals"]["committed"] == 1 and len(stats["history"]["t"]) == 5
+        assert main(["stats", "--url", url]) == 2  # no secret at hand: refused, by name
+        assert "needs the id registry's secret or its read key" in capsys.readouterr().err
+        assert main(["dashboard-link", "--url", url, "--data-dir", data_dir, "--authority", "http://127.0.0.1:7300"]) == 0
+        link = capsys.readouterr().out.strip()
+        assert link.startswith(f"http://127.0.0.1:7300/#registry={url}&registry_key=")
+        key = link.rsplit("registry_key=", 1)[1]
+        assert key not in auth["Authorization"] and httpx.get(f"{url}/v1/stats", headers={"Authorization": f"Bearer {key}"}).status_code == 200
     finally:
         out = stop(proc)
     assert "id registry listening on http://127.0.0.1:" in out and "rocksdb store" in out
