@@ -26,9 +26,10 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import sys
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -59,8 +60,11 @@ PRIVATE_READS = frozenset({"/v1/intervals"})
 #: what a 401 tells the client about where the secret comes from
 SECRET_HINT = SERVICE.secret_hint()
 HOST_HINT = "start the authority with --allow-host NAME"
-#: the dashboard's page: scripts and styles from this origin only, never framed
-DASHBOARD_CSP = "default-src 'self'; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+#: where the dashboard's page may read from besides its own origin: services on this machine's
+#: loopback (an IdRegistry's /v1/stats for its panel; CSP cannot name [::1]), and --dashboard-source
+DASHBOARD_CONNECT = ("http://127.0.0.1:*", "http://localhost:*", "https://127.0.0.1:*", "https://localhost:*")
+#: an origin --dashboard-source takes: a scheme, a host name or IPv4 address, a port
+_SOURCE = re.compile(r"https?://[a-z0-9.-]{1,253}(:[0-9]{1,5})?")
 #: the longest history a client may ask for (the sampler keeps at most --history seconds anyway)
 MAX_HISTORY_SECONDS = 7 * 24 * 3600.0
 
@@ -81,6 +85,26 @@ class History:
 
     def since(self, start_ms: int) -> list[dict[str, Any]]:
         return [{"t": t, "w": dict(w)} for t, w in self.samples if t >= start_ms]
+
+
+def dashboard_csp(sources: Sequence[str] = ()) -> str:
+    """The dashboard page's Content-Security-Policy: scripts and styles from this origin only, never
+    framed; it may read this origin, loopback services and ``sources`` (origins, see :func:`check_source`).
+
+    >>> dashboard_csp(["https://registry.example.com"]).split("; ")[1]
+    "connect-src 'self' http://127.0.0.1:* http://localhost:* https://127.0.0.1:* https://localhost:* https://registry.example.com"
+    """
+    connect = " ".join(["'self'", *DASHBOARD_CONNECT, *(check_source(s) for s in sources)])
+    return f"default-src 'self'; connect-src {connect}; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+
+
+def check_source(origin: str) -> str:
+    """``origin`` (``https://registry.example.com[:port]``) lower-cased, or :class:`ValueError` naming the form."""
+    value = origin.strip().rstrip("/").lower()
+    if not _SOURCE.fullmatch(value):
+        msg = f"--dashboard-source takes an origin such as https://registry.example.com:7310 (a scheme, a host, a port), got {describe(origin, 80)}"
+        raise ValueError(msg)
+    return value
 
 
 def authority_guard(secret: Secret, **flags: Any) -> Guard:
@@ -124,9 +148,11 @@ def _query(request: Request, name: str) -> str:
     return value
 
 
-def create_app(authority: Authority, *, guard: Guard, history: History | None = None) -> Starlette:
-    """The Starlette application serving ``authority`` (and its dashboard) behind ``guard``."""
+def create_app(authority: Authority, *, guard: Guard, history: History | None = None, dashboard_sources: Sequence[str] = ()) -> Starlette:
+    """The Starlette application serving ``authority`` (and its dashboard) behind ``guard``;
+    ``dashboard_sources``: origins the dashboard may read beyond loopback (``--dashboard-source``)."""
     history = history if history is not None else History()
+    csp = dashboard_csp(dashboard_sources)
     writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="authority-writer")
 
     async def on_writer(fn: Callable[[], T]) -> T:
@@ -196,7 +222,7 @@ def create_app(authority: Authority, *, guard: Guard, history: History | None = 
         return {"ok": True}
 
     async def dashboard(request: Request) -> Response:
-        return FileResponse(STATIC_DIR / "dashboard.html", headers={"Cache-Control": "no-store", "Content-Security-Policy": DASHBOARD_CSP})
+        return FileResponse(STATIC_DIR / "dashboard.html", headers={"Cache-Control": "no-store", "Content-Security-Policy": csp})
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -241,7 +267,9 @@ def create_app(authority: Authority, *, guard: Guard, history: History | None = 
     return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(GuardMiddleware, guard=guard)])
 
 
-def serve(flags: ServeFlags, *, sync: bool = False, sample_interval: float = 1.0, history_seconds: float = 600.0) -> int:
+def serve(
+    flags: ServeFlags, *, sync: bool = False, sample_interval: float = 1.0, history_seconds: float = 600.0, dashboard_sources: Sequence[str] = (),
+) -> int:
     """Run the service until SIGINT/SIGTERM; returns the exit code."""
     from watermark_authority._journal import RocksJournal
 
@@ -265,7 +293,7 @@ def serve(flags: ServeFlags, *, sync: bool = False, sample_interval: float = 1.0
         return f"watermark authority listening on {url} (journal {journal_dir}; secret from {secret.source}; {len(known)} names: {summarize(known)[:200]})"
 
     guard = authority_guard(secret, **flags.guard_options(sock))
-    app = create_app(authority, guard=guard, history=History(history_seconds, sample_interval))
+    app = create_app(authority, guard=guard, history=History(history_seconds, sample_interval), dashboard_sources=dashboard_sources)
     service.run_app(app, sock, banner=banner, graceful_timeout=3, **flags.run_options())
     print("watermark authority stopped", flush=True)
     return 0

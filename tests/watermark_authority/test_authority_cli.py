@@ -66,6 +66,21 @@ def test_serve_https_and_answer_for_an_allowed_host_name(tmp_path):
     assert "beyond loopback" not in proc.stdout.read()
 
 
+@pytest.mark.timeout(60)
+def test_the_dashboard_may_read_loopback_services_and_the_origins_given(tmp_path):
+    """Its page's Content-Security-Policy: ``connect-src`` is this origin, loopback (an IdRegistry's
+    /v1/stats for the registry panel) and ``--dashboard-source`` origins; nothing else."""
+    proc, url = start(tmp_path, "--dashboard-source", "https://Registry.example.com:7310/")
+    try:
+        csp = dict(d.strip().split(" ", 1) for d in httpx.get(f"{url}/").headers["content-security-policy"].split(";"))
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    connect = csp["connect-src"].split()
+    assert connect == ["'self'", "http://127.0.0.1:*", "http://localhost:*", "https://127.0.0.1:*", "https://localhost:*", "https://registry.example.com:7310"]
+    assert csp["default-src"] == "'self'" and csp["frame-ancestors"] == "'none'"
+
+
 def test_a_second_service_on_the_same_data_dir_is_refused(service, capsys):
     assert main(["serve", "--port", "0", "--data-dir", service.data_dir]) == 2
     assert "is another authority using this --data-dir" in capsys.readouterr().err
@@ -88,6 +103,9 @@ def test_bad_arguments(capsys):
     assert "--ssl-certfile and --ssl-keyfile go together" in capsys.readouterr().err
     assert main(["serve", "--max-body-bytes", "10"]) == 2
     assert "--max-body-bytes must be at least 1024" in capsys.readouterr().err
+    for bad in ("https://a.example; script-src *", "*", "javascript:x", "https://a.example/path", "http://[::1]:7310"):
+        assert main(["serve", "--dashboard-source", bad]) == 2, bad
+        assert "--dashboard-source takes an origin such as https://registry.example.com:7310" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["bogus"])
     assert main(["watermarks", "--url", "http://127.0.0.1:9"]) == 2

@@ -20,6 +20,8 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from id_registry import embedded_registry
+from id_registry.client import dashboard_link
 from watermark_authority import embedded_authority
 from watermark_authority._server import STATIC_DIR
 
@@ -55,6 +57,13 @@ def row(dom: str, table: str, name: str) -> str:
     m = re.search(rf'<tr data-name="{re.escape(name)}"[^>]*>.*?</tr>', body, re.S)
     assert m, f"no row for {name} in #{table}"
     return m.group(0)
+
+
+def connection(dom: str, element_id: str) -> tuple[str, str, str]:
+    """An indicator's class, ``data-status`` and text."""
+    m = re.search(rf'<span id="{element_id}" class="(\w*)" data-status="(\d*)">(.*?)</span>', dom, re.S)
+    assert m, re.search(rf'<span id="{element_id}".*?</span>', dom, re.S)
+    return m.group(1), m.group(2), html.unescape(m.group(3))
 
 
 def wait_for_samples(wm, names: list[str], n: int = 3) -> None:
@@ -192,3 +201,103 @@ def test_an_http_error_is_shown_with_its_status_not_as_unreachable(tmp_path):
     assert m.group(1).startswith("HTTP 401: secret required — GET /v1/status needs the secret")
     assert "unreachable" not in m.group(1)
     assert re.search(r'<body[^>]*data-rendered="0"', dom)
+
+
+def registry_traffic(client, seconds: float) -> None:
+    """Two pipelines' worth of commits for ``seconds``, from 3 threads (some requests share a
+    durable write, Photon §2.2.1): new ids, a replay of some (COMMITTED again), the other pipeline's
+    commits of some (CONFLICT), and events behind the GC boundary (TOO_OLD)."""
+    now = int(time.time() * 1000)
+    client.advance_gc(now - 60_000)
+
+    def pipeline(n: int) -> None:
+        i = 0
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            batch = [(f"p{n}-{i}-{k}", "dc1", now) for k in range(200)]
+            client.commit_many(batch)
+            client.commit_many(batch[:20])  # a replayed micro-batch: same token
+            client.commit_many([(click, "dc2", t) for click, _, t in batch[:5]])  # joined elsewhere already
+            client.commit_many([(f"p{n}-{i}-old", "dc1", now - 120_000)])  # before the GC boundary
+            i += 1
+            time.sleep(0.05)
+
+    workers = [threading.Thread(target=pipeline, args=(n,)) for n in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    time.sleep(1.05 - time.time() % 1)  # its last second is over: the registry's figures are final
+
+
+@pytest.mark.timeout(180)
+def test_the_registry_panel_plots_a_live_registrys_commits_conflicts_and_batches(tmp_path):
+    with embedded_authority(str(tmp_path / "wa")) as svc, embedded_registry(str(tmp_path / "reg")) as reg:
+        registry_traffic(reg.client(), 2.5)
+        expected = reg.client().stats(300)
+        h = expected["history"]
+        link = dashboard_link(svc.url, reg.url, reg.secret) + "&metrics=http://127.0.0.1:9/metrics"  # both sources
+        assert reg.secret.reveal() not in link
+
+        dom = render(link, str(tmp_path / "profile"))
+        assert connection(dom, "registry-connection") == ("ok", "200", "live")
+        assert connection(dom, "connection")[:2] == ("ok", "200")  # the authority's own part is unaffected
+        assert 'id="metrics-link" href="http://127.0.0.1:9/metrics"' in dom
+        assert re.search(r'<section id="registry">', dom), "the panel stayed hidden"
+        assert int(re.search(r'data-registry-refreshes="(\d+)"', dom).group(1)) >= 2, "the panel did not refresh itself"
+
+        plotted = embedded_json(dom, "registry-plotted")
+        assert plotted["url"] == reg.url and plotted["seconds"] == 300
+        sums = plotted["sums"]
+        # the page shows the registry's own figures, second by second
+        assert sums == {name: sum(h[name]) for name in ("commits", "conflicts", "too_old", "requests", "groups", "group_items")}
+        assert sums["commits"] > sums["conflicts"] > 0 and sums["too_old"] > 0 and sums["groups"] > 0
+        assert plotted["group_max"] == max(h["group_max"]) >= 200
+        totals = {k: v for k, v in plotted["totals"].items() if k != "commits_per_s"}
+        assert totals == {k: v for k, v in expected["totals"].items() if k != "commits_per_s"}
+        assert totals["committed"] + totals["repeated"] == sums["commits"] and totals["conflicts"] == sums["conflicts"]
+        series = plotted["series"]
+        seconds = {t / 1000: i for i, t in enumerate(h["t"])}
+        for i, x in enumerate(plotted["x"]):  # the same seconds on the x axis (the page asked later: shifted)
+            j = seconds.get(x)
+            if j is not None:
+                assert (series["commits"][i], series["conflicts"][i], series["too_old"][i]) == (h["commits"][j], h["conflicts"][j], h["too_old"][j])
+                if h["groups"][j]:
+                    assert series["ids_mean"][i] == pytest.approx(h["group_items"][j] / h["groups"][j])
+                    assert series["ids_max"][i] == h["group_max"][j] and series["requests_per_write"][i] == pytest.approx(h["requests"][j] / h["groups"][j])
+                else:
+                    assert series["ids_mean"][i] is None and series["ids_max"][i] is None
+        rates, batches = plotted["rates"], plotted["batches"]
+        assert rates["canvas"] and rates["plot"]["series"] == ["commits/s", "conflicts/s", "too old/s"] and rates["plot"]["points"] == 300
+        assert rates["plot"]["scales"]["n"][2] == 4  # one asinh axis: thousands of commits and a few conflicts both show, 0 at 0
+        assert batches["canvas"] and batches["plot"]["series"] == ["ids per write (mean)", "ids per write (max)", "requests per write (mean)"]
+        assert batches["plot"]["scales"]["ids"][2] == 3 and batches["plot"]["scales"]["ids"][1] >= plotted["group_max"]  # a log axis that holds them
+
+        drawn = embedded_json(dom, "registry-drawn")
+        for chart, names in (("rates", ("commits", "conflicts", "too_old")), ("batches", ("ids_mean", "ids_max", "requests_per_write"))):
+            for name in names:
+                assert drawn[chart][name] > 20, f"{name} not drawn on the {chart} chart: {drawn}"
+
+        totals_row = re.search(r'<table id="registry-totals">.*?</table>', dom, re.S).group(0)
+        for cls, value in (("committed", totals["committed"]), ("conflicts", totals["conflicts"]), ("too-old", totals["too_old"]), ("groups", totals["groups"])):
+            assert f'class="{cls}" data-value="{value}"' in totals_row, (cls, value)
+
+
+@pytest.mark.timeout(180)
+def test_the_registry_panel_says_when_the_key_is_wrong_or_the_registry_is_unreachable(tmp_path):
+    with embedded_authority(str(tmp_path / "wa")) as svc, embedded_registry(str(tmp_path / "reg")) as reg:
+        dom = render(f"{svc.url}/#registry={reg.url}&registry_key={'x' * 43}", str(tmp_path / "p1"), budget_ms=1_500)
+        cls, status, text = connection(dom, "registry-connection")
+        assert (cls, status) == ("bad", "401"), text
+        assert text.startswith("HTTP 401: the registry's read key is missing or wrong") and "not the id registry's secret or its read key" in text
+        assert "unreachable" not in text and connection(dom, "connection")[:2] == ("ok", "200")
+
+        dom = render(f"{svc.url}/#registry={reg.url}", str(tmp_path / "p2"), budget_ms=1_500)  # no key at all
+        assert connection(dom, "registry-connection")[:2] == ("bad", "401")
+        gone = reg.url
+    with embedded_authority(str(tmp_path / "wa2")) as svc:
+        dom = render(f"{svc.url}/#registry={gone}&registry_key={'k' * 43}", str(tmp_path / "p3"), budget_ms=1_500)
+        cls, status, text = connection(dom, "registry-connection")
+        assert (cls, status) == ("bad", "0") and text.startswith("registry unreachable"), text
+        assert connection(dom, "connection")[:2] == ("ok", "200")
+        assert re.search(r'<body[^>]*data-registry-refreshes', dom) is None

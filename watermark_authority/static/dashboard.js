@@ -3,6 +3,9 @@
 // watermark back and which process owns it; injector status. Polls /v1/status and /v1/history,
 // which reveal no sequencer token and so need no secret.
 // ?window=SECONDS (default 300) and ?refresh=MILLISECONDS (default 1000) tune it.
+// #registry=URL&registry_key=KEY adds a panel of an IdRegistry's figures (Photon §2.2.1, §3.3.2), read
+// from its /v1/stats with its read key (`millwheel photon run --dashboard` and
+// `millwheel registry dashboard-link` print such an address); #metrics=URL links a run's metrics.
 (function () {
   "use strict";
   const params = new URLSearchParams(location.search);
@@ -14,19 +17,29 @@
   const STUCK_STEP = 1.15; // each stuck line sits this factor above the previous one
   const STUCK = "stuck"; // a sample at MIN_TIMESTAMP: nothing known
   const charts = {}; // element id -> {plot, key, state}
+  const REGISTRY_WINDOW_S = Math.min(600, Math.max(1, Math.round(WINDOW_S))); // the registry keeps 10 minutes
   let refreshes = 0;
+  let registryRefreshes = 0;
 
   function positive(text, otherwise) {
     const n = Number(text);
     return text !== null && Number.isFinite(n) && n > 0 ? n : otherwise;
   }
 
-  // #metrics=URL (`millwheel run` prints the dashboard's address with it): a link to the run's
-  // Prometheus endpoint in the header; only an http(s) URL, set as an href, never as markup
-  (function metricsLink() {
+  // the page's other sources, from its fragment (never sent to any server): only http(s) URLs,
+  // used as hrefs and fetch targets, never as markup
+  const fragment = new URLSearchParams(location.hash.slice(1));
+  function httpUrl(text) {
     let url;
-    try { url = new URL(new URLSearchParams(location.hash.slice(1)).get("metrics") || ""); } catch (e) { return; }
-    if (url.protocol !== "http:" && url.protocol !== "https:") return;
+    try { url = new URL(text || ""); } catch (e) { return null; }
+    return url.protocol === "http:" || url.protocol === "https:" ? url : null;
+  }
+
+  // #metrics=URL (`millwheel run` prints the dashboard's address with it): a link to the run's
+  // Prometheus endpoint in the header
+  (function metricsLink() {
+    const url = httpUrl(fragment.get("metrics"));
+    if (url === null) return;
     const a = document.createElement("a");
     a.id = "metrics-link"; a.href = url.href; a.rel = "noopener noreferrer"; a.textContent = "metrics";
     document.querySelector("header").appendChild(a);
@@ -99,19 +112,32 @@
       this.status = status;
     }
   }
-  function explain(status) {
-    if (status === 401) return "HTTP 401: secret required";
-    if (status === 403) return "HTTP 403: refused, this page's origin is not allowed";
-    if (status === 421) return "HTTP 421: host name not allowed (start the authority with --allow-host)";
-    if (status >= 500) return "HTTP " + status + ": the authority failed";
+  // what each source's failures mean, by HTTP status
+  const AUTHORITY = {
+    unreachable: "authority unreachable",
+    401: "secret required",
+    403: "refused, this page's origin is not allowed",
+    421: "host name not allowed (start the authority with --allow-host)",
+    failed: "the authority failed",
+  };
+  const REGISTRY = {
+    unreachable: "registry unreachable, or it refused this page (it answers pages of loopback origins and of its --allow-origin ones)",
+    401: "the registry's read key is missing or wrong (open the address `millwheel photon run --dashboard` or `millwheel registry dashboard-link` prints)",
+    403: "the registry refuses this page's origin (start it with --allow-origin " + location.origin + ")",
+    421: "host name not allowed (start the registry with --allow-host)",
+    failed: "the registry failed",
+  };
+  function explain(status, source) {
+    if (source[status]) return "HTTP " + status + ": " + source[status];
+    if (status >= 500) return "HTTP " + status + ": " + source.failed;
     return "HTTP " + status;
   }
-  async function get(path) {
+  async function get(url, source, init) {
     let r;
     try {
-      r = await fetch(path, { cache: "no-store" });
+      r = await fetch(url, Object.assign({ cache: "no-store" }, init));
     } catch (e) {
-      throw new HttpError(0, "authority unreachable (" + e.message + ")");
+      throw new HttpError(0, source.unreachable + " (" + e.message + ")");
     }
     if (!r.ok) {
       let detail = "";
@@ -120,7 +146,7 @@
       } catch (e) {
         detail = r.statusText;
       }
-      throw new HttpError(r.status, explain(r.status) + (detail ? " — " + String(detail).slice(0, 300) : ""));
+      throw new HttpError(r.status, explain(r.status, source) + (detail ? " — " + String(detail).slice(0, 300) : ""));
     }
     return r.json();
   }
@@ -345,26 +371,195 @@
     }
   }
 
-  async function refresh() {
-    const conn = document.getElementById("connection");
-    try {
-      const [status, hist] = await Promise.all([get("/v1/status"), get("/v1/history?seconds=" + WINDOW_S)]);
-      renderCharts(status, hist);
-      renderTables(status);
-      document.getElementById("clock").textContent = "authority time " + new Date(status.now).toISOString();
-      conn.textContent = "live";
-      conn.className = "ok";
-      conn.dataset.status = "200";
-      refreshes += 1;
-      document.body.dataset.refreshes = String(refreshes);
-      if (hist.samples.length > 0) document.body.dataset.rendered = "1";
-    } catch (e) {
-      conn.textContent = e instanceof HttpError ? e.message : "dashboard error: " + e.message;
-      conn.className = "bad";
-      conn.dataset.status = e instanceof HttpError ? String(e.status) : "";
-    } finally {
-      setTimeout(refresh, REFRESH_MS);
+  // run ``step`` every REFRESH_MS; the indicator ``connectionId`` says "live" or what failed (HTTP
+  // status and message, or unreachable); ``what`` names the part in an unexpected error
+  function poll(connectionId, what, step) {
+    const conn = document.getElementById(connectionId);
+    async function once() {
+      try {
+        await step();
+        conn.textContent = "live";
+        conn.className = "ok";
+        conn.dataset.status = "200";
+      } catch (e) {
+        conn.textContent = e instanceof HttpError ? e.message : what + " error: " + e.message;
+        conn.className = "bad";
+        conn.dataset.status = e instanceof HttpError ? String(e.status) : "";
+      } finally {
+        setTimeout(once, REFRESH_MS);
+      }
     }
+    once();
+  }
+
+  async function refresh() {
+    const [status, hist] = await Promise.all([get("/v1/status", AUTHORITY), get("/v1/history?seconds=" + WINDOW_S, AUTHORITY)]);
+    renderCharts(status, hist);
+    renderTables(status);
+    document.getElementById("clock").textContent = "authority time " + new Date(status.now).toISOString();
+    refreshes += 1;
+    document.body.dataset.refreshes = String(refreshes);
+    if (hist.samples.length > 0) document.body.dataset.rendered = "1";
+  }
+
+  // ---------------------------------------------------------------- the IdRegistry panel
+  // Its /v1/stats: counters, and per second the COMMITTED, CONFLICT and TOO_OLD answers, the commit
+  // requests, and the durable writes (groups: Photon §2.2.1 server-side batching) with their ids.
+  const REGISTRY_COLORS = {
+    commits: "#1f77b4", conflicts: "#d62728", too_old: "#ff7f0e",
+    ids_mean: "#2ca02c", ids_max: "#9467bd", requests_per_write: "#8c564b",
+  };
+  // one axis, asinh (linear near 0, logarithmic beyond): 5,000 commits/s and 3 conflicts/s both show, and 0 is 0
+  const RATES = [
+    { key: "commits", label: "commits/s", scale: "n" },
+    { key: "conflicts", label: "conflicts/s", scale: "n" },
+    { key: "too_old", label: "too old/s", scale: "n" },
+  ];
+  const BATCHES = [
+    { key: "ids_mean", label: "ids per write (mean)", scale: "ids" },
+    { key: "ids_max", label: "ids per write (max)", scale: "ids", dash: [6, 4] },
+    { key: "requests_per_write", label: "requests per write (mean)", scale: "req" },
+  ];
+  const fmtCount = (n) => (typeof n === "number" ? n.toLocaleString("en-US") : "—");
+  const fmtRate = (v) => (v === null || v === undefined ? "—" : Number.isInteger(v) ? fmtCount(v) : v.toFixed(1));
+
+  // #registry=URL: the registry's base address; #registry_key=KEY: the read key of its secret
+  const registry = (function () {
+    const base = httpUrl(fragment.get("registry"));
+    if (base === null) return null;
+    const root = base.href.endsWith("/") ? base.href : base.href + "/";
+    const key = fragment.get("registry_key");
+    return {
+      base: root.slice(0, -1),
+      stats: new URL("v1/stats?seconds=" + REGISTRY_WINDOW_S, root).href,
+      status: new URL("v1/status", root).href,
+      badKey: key !== null && !/^[A-Za-z0-9_-]{16,200}$/.test(key),
+      // the read key travels in a header (a CORS preflight), never in a URL; no cookies, no referrer
+      init: {
+        mode: "cors", credentials: "omit", referrerPolicy: "no-referrer",
+        headers: key !== null && /^[A-Za-z0-9_-]{16,200}$/.test(key) ? { Authorization: "Bearer " + key } : {},
+      },
+    };
+  })();
+
+  // a chart of fixed series (the registry's), made once and then fed
+  function renderSeriesChart(id, specs, x, ys, options) {
+    const el = document.getElementById(id);
+    const empty = x.length === 0 || !ys.some((s) => s.some((v) => v !== null));
+    document.getElementById(id + "-empty").style.display = empty ? "" : "none";
+    let chart = charts[id];
+    if (!empty && chart === undefined) {
+      chart = charts[id] = { key: id, plot: null };
+      const series = [{}].concat(specs.map((s) => ({
+        label: s.label, stroke: REGISTRY_COLORS[s.key], width: 2, dash: s.dash, scale: s.scale, spanGaps: false,
+        value: (u, v) => fmtRate(v),
+        // a second with writes between seconds without any is a point, not nothing
+        points: s.scale === "ids" || s.scale === "req" ? { show: true, size: 5, fill: REGISTRY_COLORS[s.key] } : undefined,
+      })));
+      chart.plot = new uPlot(Object.assign({
+        width: Math.max(600, el.clientWidth || 900), height: 300, series: series, legend: { live: true },
+      }, options), [x].concat(ys), el);
+    } else if (!empty) {
+      chart.plot.setData([x].concat(ys));
+    }
+    const out = { canvas: !!el.querySelector("canvas"), empty: empty };
+    if (chart !== undefined && !empty) {
+      const p = chart.plot;
+      out.plot = { series: p.series.slice(1).map((s) => s.label), points: p.data[0].length,
+        scales: Object.fromEntries(specs.map((s) => [s.scale, [p.scales[s.scale].min, p.scales[s.scale].max, p.scales[s.scale].distr]])) };
+    }
+    return out;
+  }
+
+  // label 0 and the powers of ten only (uPlot hands null for ticks it skips)
+  function fmtDecade(v) {
+    if (v === null || v === undefined || v < 0) return "";
+    if (v === 0) return "0";
+    return Math.abs(Math.log10(v) - Math.round(Math.log10(v))) < 1e-6 ? fmtCount(v) : "";
+  }
+
+  // a linear axis from 0 to a little above the highest value, at least to ``floor``
+  function upTo(floor) {
+    return (u, lo, hi) => [0, Math.max(floor, (hi || 0) * 1.15)];
+  }
+
+  function renderRegistry(stats) {
+    const h = stats.history;
+    const x = h.t.map((t) => t / 1000);
+    const per = (fn) => h.t.map((t, i) => fn(i));
+    const series = {
+      commits: h.commits.slice(),
+      conflicts: h.conflicts.slice(),
+      too_old: h.too_old.slice(),
+      ids_mean: per((i) => (h.groups[i] ? h.group_items[i] / h.groups[i] : null)),
+      ids_max: per((i) => (h.groups[i] ? h.group_max[i] : null)),
+      requests_per_write: per((i) => (h.groups[i] ? h.requests[i] / h.groups[i] : null)),
+    };
+    const decade = (v) => Math.pow(10, Math.ceil(Math.log10(Math.max(v, 1) * 2)));
+    const top = decade(Math.max(1, ...h.group_max));
+    const rateTop = decade(Math.max(1, ...h.commits, ...h.conflicts, ...h.too_old));
+    const rates = renderSeriesChart("registry-rates", RATES, x, RATES.map((s) => series[s.key]), {
+      scales: { x: { time: true }, n: { distr: 4, asinh: 1, range: () => [0, rateTop] } },
+      axes: [{}, { scale: "n", label: "answers per second", size: 70, values: (u, splits) => splits.map(fmtDecade) }],
+    });
+    const batches = renderSeriesChart("registry-batches", BATCHES, x, BATCHES.map((s) => series[s.key]), {
+      scales: { x: { time: true }, ids: { distr: 3, log: 10, range: () => [1, top] }, req: { range: upTo(2) } },
+      axes: [{}, { scale: "ids", label: "ids per durable write", size: 70, values: (u, splits) => splits.map(fmtDecade) },
+        { scale: "req", side: 1, label: "requests per write", size: 60, grid: { show: false } }],
+    });
+    renderRegistryTotals(stats);
+
+    const sum = (xs) => xs.reduce((a, b) => a + b, 0);
+    const plotted = {
+      url: registry.base, seconds: x.length, x: x, series: series, totals: stats.totals, in_flight: stats.in_flight,
+      sums: { commits: sum(h.commits), conflicts: sum(h.conflicts), too_old: sum(h.too_old), requests: sum(h.requests),
+        groups: sum(h.groups), group_items: sum(h.group_items) },
+      group_max: Math.max(0, ...h.group_max), rates: rates, batches: batches,
+    };
+    document.getElementById("registry-plotted").textContent = JSON.stringify(plotted);
+    setTimeout(() => {
+      const colorOf = (k) => REGISTRY_COLORS[k];
+      const drawn = {
+        rates: countPixels("registry-rates", RATES.map((s) => s.key), colorOf),
+        batches: countPixels("registry-batches", BATCHES.map((s) => s.key), colorOf),
+      };
+      document.getElementById("registry-drawn").textContent = JSON.stringify(drawn);
+    }, 0);
+  }
+
+  function renderRegistryTotals(stats) {
+    const t = stats.totals;
+    const tr = document.createElement("tr");
+    const put = (name, value, text) => { cell(tr, text === undefined ? fmtCount(value) : text, name).dataset.value = String(value); };
+    put("committed", t.committed);
+    put("repeated", t.repeated);
+    put("conflicts", t.conflicts);
+    put("too-old", t.too_old);
+    put("requests", t.requests);
+    put("groups", t.groups);
+    const mean = t.groups ? t.group_items / t.groups : 0;
+    put("ids-per-write", mean, t.groups ? mean.toFixed(1) : "—");
+    put("sizes", Object.keys(t.group_sizes).length, Object.entries(t.group_sizes).map(([k, n]) => k.replace(/^(\d+)-\1$/, "$1") + ": " + fmtCount(n)).join(" · ") || "—");
+    put("throttled", t.throttled);
+    const f = stats.in_flight;
+    put("in-flight", f.requests, fmtCount(f.requests) + " requests, " + fmtCount(f.items) + " ids");
+    document.querySelector("#registry-totals tbody").replaceChildren(tr);
+  }
+
+  async function refreshRegistry() {
+    if (registry.badKey) throw new HttpError(0, "the registry_key in this page's address is not a read key (43 letters, digits, - and _)");
+    renderRegistry(await get(registry.stats, REGISTRY, registry.init));
+    registryRefreshes += 1;
+    document.body.dataset.registryRefreshes = String(registryRefreshes);
+  }
+
+  if (registry !== null) {
+    const section = document.getElementById("registry");
+    section.hidden = false;
+    const a = document.getElementById("registry-link");
+    a.href = registry.status;
+    a.textContent = registry.base;
+    poll("registry-connection", "registry panel", refreshRegistry);
   }
 
   window.addEventListener("resize", () => {
@@ -374,5 +569,6 @@
     }
   });
   for (const label of document.querySelectorAll(".window-label")) label.textContent = String(Math.round(WINDOW_S / 60));
-  refresh();
+  document.getElementById("registry-window-label").textContent = String(Math.round(REGISTRY_WINDOW_S / 60));
+  poll("connection", "dashboard", refresh);
 })();
