@@ -155,6 +155,7 @@ def _run(
     from millwheel.runtime._metrics import serve
     from millwheel.runtime._runtime import RuntimeSettings, SparkRuntime
     from millwheel.runtime._session import spark_session, ui_url, under_spark_submit
+    from servicekit.client import fragment_url
     from watermark_authority.client import open_authority
 
     sampler: Sampler | None = None
@@ -163,7 +164,7 @@ def _run(
         with open_authority(args.authority, data_dir=os.path.join(os.path.abspath(root), "authority")) as wm:
             url = getattr(wm, "url", None)
             if url:
-                link = f"{url}/#metrics={metrics_server.url}" if metrics_server else f"{url}/"
+                link = fragment_url(f"{url}/", metrics=metrics_server.url if metrics_server else None)
                 say(f"watermark authority and its lag dashboard at {link} (pass --authority {url} to a second driver)")
             if metrics_server:
                 say(f"metrics (Prometheus) at {metrics_server.url}")

@@ -5,14 +5,19 @@ Registered with the ``millwheel`` command as an entry point (``pyproject.toml``,
 
     millwheel photon generate OUT_DIR [--seed N --duration-s S --rate R ...]      write a sample
     millwheel photon run [DATA_DIR] [--backend harness|spark] [--mode continuous|batch]
-                         [--checkpoint RUN --pipeline NAME --registry URL [--follow]]   run one pipeline, evaluate
+                         [--checkpoint RUN --pipeline NAME --registry URL [--follow] [--dashboard]]
+                                                                                 run one pipeline, evaluate
     millwheel photon verify RUN [RUN ...] [--registry URL] [--dry-run] [--json]  verification and recovery (§3.3.3)
     millwheel photon evaluate DATA_DIR RUN [RUN ...] [--json]                    the union of runs' outputs vs a batch join
 
 On Spark, ``run`` commits to the registry at ``--registry`` (``millwheel registry serve``),
 or to one it starts for the run (``RUN/registry``) when none is given. Two pipelines
 reading the same logs with different ``--pipeline`` names and ``--checkpoint`` directories
-and the same ``--registry`` are Photon's multi-homing (§2, Fig. 6).
+and the same ``--registry`` are Photon's multi-homing (§2, Fig. 6). With ``--dashboard``
+the pipeline reports its watermarks to an authority of its own (``RUN/authority``) and prints
+the address of its lag dashboard with the registry's panel (commits, conflicts, too-old
+answers and server-side batch sizes per second, §2.2.1): ``#registry=URL&registry_key=KEY``,
+where KEY, the read key of the registry's secret, reads those figures and nothing else.
 
 >>> import contextlib, io, tempfile
 >>> d = tempfile.mkdtemp()
@@ -37,10 +42,10 @@ from pathlib import Path
 from typing import Any
 
 from .config import GeneratorConfig, PhotonConfig
-from .drivers import PipelineBusyError, read_manifest, read_run, replay, run_spark
+from .drivers import PipelineBusyError, read_manifest, read_run, replay, run_lock, run_spark
 from .evaluation import RunResult, evaluate, render
 from .generator import ensure_sample, generate, load_truth
-from .registry import OnceRegistryAdapter, RegistryFactory, open_client
+from .registry import OnceRegistryAdapter, RegistryFactory, open_client, registry_secret
 from .verify import report_dict, verify_runs
 
 
@@ -86,6 +91,9 @@ def _run(args: argparse.Namespace) -> int:
     data = ensure_sample(args.data_dir)
     config = _config(args)
     if args.backend == "harness":
+        if args.dashboard:
+            msg = "--dashboard needs --backend spark (the harness keeps its watermarks in memory)"
+            raise ValueError(msg)
         with _registry(args.registry, args.secret_file) as reg:
             result = replay(data, config=config, mode=args.mode, registry=reg, pipeline=args.pipeline)
     else:
@@ -109,6 +117,8 @@ def _run_spark(args: argparse.Namespace, data: Path, config: PhotonConfig) -> Ru
         master=args.master, intervals=args.intervals, trigger_ms=args.trigger_ms, max_files_per_trigger=args.max_files_per_trigger,
         max_restarts=args.max_restarts,
     )
+    with run_lock(args.checkpoint):  # a running pipeline is refused here, before the services of its run directory start
+        pass
     with contextlib.ExitStack() as stack:
         url, secret_file = args.registry, args.secret_file
         if url is None:
@@ -117,9 +127,10 @@ def _run_spark(args: argparse.Namespace, data: Path, config: PhotonConfig) -> Ru
             service = stack.enter_context(embedded_registry(str(Path(args.checkpoint) / "registry")))
             url, secret_file = service.url, str(Path(service.data_dir) / "secret")
             print(f"photon: IdRegistry for this run at {url} (give --registry URL to share one between pipelines)", file=sys.stderr)
+        watermarks = _dashboard(stack, args.checkpoint, url, secret_file) if args.dashboard else None
         try:
             return run_spark(
-                data, args.checkpoint, config=config, settings=settings, pipeline=args.pipeline,
+                data, args.checkpoint, config=config, settings=settings, pipeline=args.pipeline, watermarks=watermarks,
                 registry=RegistryFactory(url, secret_file), registry_url=url, follow=args.follow,
                 finite=not args.live, timeout_s=args.timeout, stop=stop,
                 log=lambda m: print(f"millwheel: {m}", file=sys.stderr, flush=True),
@@ -127,6 +138,24 @@ def _run_spark(args: argparse.Namespace, data: Path, config: PhotonConfig) -> Ru
         except KeyboardInterrupt:
             stop.set()
             raise
+
+
+def _dashboard(stack: contextlib.ExitStack, run: str, registry_url: str, secret_file: str | None) -> Any:
+    """A watermark authority of this run's own (``RUN/authority``: two pipelines' computations share
+    names, so they never share an authority) for the ``with`` block; prints its dashboard's address
+    with the registry's panel. Returns a client of it, for the runtime."""
+    from id_registry import AuthenticationError
+    from id_registry.client import dashboard_link
+    from watermark_authority import embedded_authority
+
+    authority = stack.enter_context(embedded_authority(str(Path(run) / "authority")))
+    try:
+        link = dashboard_link(authority.url, registry_url, registry_secret(secret_file))
+        say = f"photon: watermark authority and its lag dashboard, with the IdRegistry panel, at {link}"
+    except AuthenticationError:
+        say = f"photon: watermark authority and its lag dashboard at {authority.url}/ (no registry secret at hand here: no registry panel)"
+    print(say, file=sys.stderr, flush=True)
+    return authority.client()
 
 
 @contextlib.contextmanager
@@ -182,6 +211,10 @@ def _parser() -> argparse.ArgumentParser:
     p_run.add_argument("--secret-file", default=None, help="the registry's secret (default: $MILLWHEEL_REGISTRY_SECRET, ...)")
     p_run.add_argument("--checkpoint", default=None, help="spark: the pipeline's run directory (a restart resumes it)")
     p_run.add_argument("--follow", action="store_true", help="spark: keep running once drained, serving re-injections")
+    p_run.add_argument(
+        "--dashboard", action="store_true",
+        help="spark: report watermarks to an authority of this run's own (RUN/authority) and print its lag dashboard's address, with the IdRegistry's panel",
+    )  # fmt: skip
     p_run.add_argument("--live", action="store_true", help="spark: the logs keep growing (never drained)")
     p_run.add_argument("--master", default="local[2]")
     p_run.add_argument("--intervals", type=int, default=8)

@@ -231,6 +231,7 @@ def run_spark(
     pipeline: str = "dc1",
     registry: Any = None,
     registry_url: str | None = None,
+    watermarks: Any = None,
     adapter: Adapter | None = None,
     follow: bool = False,
     finite: bool = True,
@@ -242,6 +243,7 @@ def run_spark(
 
     ``registry``: a picklable zero-argument factory of the IdRegistry client (e.g.
     :class:`~.registry.RegistryFactory`); ``registry_url`` is recorded for verification.
+    ``watermarks``: a watermark authority's client (default: one in this process).
     Returns once the logs are drained (``finite``), or, with ``follow``, once ``stop`` is
     set; a finite run that does not drain within ``timeout_s`` raises.
     """
@@ -253,7 +255,7 @@ def run_spark(
     with run_lock(run):
         t = build(data_dir, config=c, adapter=adapter, reinject_dir=run / REINJECT, finite=finite)
         settings = dataclasses.replace(settings or RuntimeSettings(), drain=finite, pipeline=pipeline, registry=registry)
-        rt = SparkRuntime(t, os.fspath(run), settings, log=log)
+        rt = SparkRuntime(t, os.fspath(run), settings, watermarks=watermarks, log=log)
         _write_status(run, pipeline, drained=False)
         try:
             rt.start()

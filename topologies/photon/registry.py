@@ -25,7 +25,7 @@ from typing import Any
 
 from millwheel._once import OnceResult
 
-__all__ = ["OnceRegistryAdapter", "RegistryFactory", "open_client"]
+__all__ = ["OnceRegistryAdapter", "RegistryFactory", "open_client", "registry_secret"]
 
 
 class OnceRegistryAdapter:
@@ -47,14 +47,20 @@ class OnceRegistryAdapter:
         self.client.close()
 
 
-def open_client(url: str, secret_file: str | None = None) -> Any:
-    """An HTTP client of the registry service at ``url``; the secret from ``secret_file``,
+def registry_secret(secret_file: str | None = None) -> Any:
+    """The registry's secret (a :class:`servicekit.Secret`, or ``None``): from ``secret_file``,
     else as :func:`id_registry.client.client_secret` finds it (environment, files)."""
-    from id_registry import HttpRegistryClient
+    from id_registry.client import client_secret
     from servicekit import load_secret
 
-    secret = load_secret(file=secret_file) if secret_file else None
-    return HttpRegistryClient(url, secret=secret)
+    return load_secret(file=secret_file) if secret_file else client_secret()
+
+
+def open_client(url: str, secret_file: str | None = None) -> Any:
+    """An HTTP client of the registry service at ``url``, with :func:`registry_secret`."""
+    from id_registry import HttpRegistryClient
+
+    return HttpRegistryClient(url, secret=registry_secret(secret_file))
 
 
 @dataclass(frozen=True)

@@ -56,5 +56,46 @@ def test_a_second_driver_on_a_running_pipelines_directory_is_refused(tmp_path, c
     run = tmp_path / "dc1"
     with run_lock(run):  # the pipeline runs (or is being verified)
         code = millwheel_main(["photon", "run", str(sample), "--backend", "spark", "--checkpoint", str(run), "--registry", "http://127.0.0.1:9"])
-    assert code == 2
-    assert "is running, or being verified" in capsys.readouterr().err
+        code_with_dashboard = millwheel_main(["photon", "run", str(sample), "--backend", "spark", "--checkpoint", str(run), "--dashboard"])
+    assert code == 2 and code_with_dashboard == 2
+    err = capsys.readouterr().err
+    assert err.count("is running, or being verified") == 2
+    assert not (run / "authority").exists() and not (run / "registry").exists()  # refused before its services start
+
+
+def test_a_spark_run_with_a_dashboard_prints_its_address_with_the_registry_panel(tmp_path, capsys, monkeypatch, sample, registry_service):
+    """``--dashboard``: an authority of the run's own, its dashboard's address with ``#registry=URL&registry_key=KEY``
+    (KEY reads the registry's figures, nothing else). Spark itself is replaced: what is checked is what the
+    command starts, prints and hands the runtime."""
+    import re
+
+    import httpx
+
+    from topologies.photon import cli
+    from topologies.photon.evaluation import RunResult
+
+    handed: dict = {}
+
+    def run_spark(data, root, **options):
+        wm = options["watermarks"]
+        handed.update(options, healthy=wm.healthy(), url=wm.url)
+        return RunResult([], [], [], {})
+
+    monkeypatch.setattr(cli, "run_spark", run_spark)
+    secret = registry_service.data_dir + "/secret"
+    run = tmp_path / "dc1"
+    code = millwheel_main(["photon", "run", str(sample), "--backend", "spark", "--checkpoint", str(run), "--registry", registry_service.url, "--secret-file", secret, "--dashboard"])
+    assert code == 0
+    err = capsys.readouterr().err
+    m = re.search(r"lag dashboard, with the IdRegistry panel, at (http://127\.0\.0\.1:\d+)/#registry=(\S+)&registry_key=(\S+)", err)
+    assert m, err
+    assert handed["healthy"] and handed["url"] == m.group(1)  # the runtime reports to the authority whose dashboard is printed
+    assert (run / "authority" / "secret").is_file()  # the run's own authority
+    assert m.group(2) == registry_service.url and m.group(3) == registry_service.secret.read_key().reveal()
+    assert registry_service.secret.reveal() not in err
+    key = {"Authorization": f"Bearer {m.group(3)}"}
+    assert httpx.get(f"{registry_service.url}/v1/stats", headers=key).status_code == 200
+    assert httpx.post(f"{registry_service.url}/v1/lookup", json={"ids": ["a"]}, headers=key).status_code == 401
+
+    assert millwheel_main(["photon", "run", str(sample), "--dashboard"]) == 2
+    assert "--dashboard needs --backend spark" in capsys.readouterr().err
