@@ -105,7 +105,8 @@ def run(spark, work: Path, layout: str, provider: str, held: int, touched: int, 
     progress = run_collecting(rt, timeout_s=24 * 3600, poll_s=0.05).get("Tally", {})
     elapsed = time.perf_counter() - started
     data = [p for _, p in sorted(progress.items()) if p["numInputRows"] > 0]
-    measured = [p for p in data if p["numInputRows"] == touched][-batches:]
+    # a data batch also reads the query's heartbeat rows (one per key interval at most)
+    measured = [p for p in data if touched <= p["numInputRows"] <= touched + intervals + 8][-batches:]
     times = [p["durationMs"]["triggerExecution"] for p in measured]
     add = [p["durationMs"].get("addBatch", 0) for p in measured]
     ops = [p["stateOperators"][0] for p in measured if p["stateOperators"]]
