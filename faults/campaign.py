@@ -108,6 +108,7 @@ class Campaign:
             self.result.skipped["clock"] = why
         if cluster is not None:
             self.classes.append("executor")
+        self.work.mkdir(parents=True, exist_ok=True)  # the clock's offset file is written at once
         self.data = self.work / "data"
         self.disk = inject.SmallDisk(self.work / "disk", disk_mb) if "disk" in self.classes else None
         self.root = (self.work / "disk" if self.disk else self.work) / "run"
