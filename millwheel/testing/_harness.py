@@ -49,6 +49,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import heapq
+import itertools
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -100,6 +102,68 @@ class _Outgoing:
     strong: bool
 
 
+
+class _MinIndex:
+    """Per-key integers with their smallest value and the keys at or below a bound in
+    O(log n) and O(answer), not O(keys): a heap with lazy deletion beside a dict.
+
+    The harness keeps one for the keys' holds and one per timer domain, so a round of a
+    computation with many idle keys costs what is due, as on the Spark runtime.
+
+    >>> ix = _MinIndex()
+    >>> ix.put("a", 5); ix.put("b", 3); ix.put("b", 9); ix.put("c", 4)
+    >>> ix.min(), sorted(ix.at_most(5)), ix.get("b")
+    (4, ['a', 'c'], 9)
+    >>> ix.put("c", None); ix.min()
+    5
+    """
+
+    __slots__ = ("_heap", "_tie", "values")
+
+    def __init__(self) -> None:
+        self.values: dict[Any, int] = {}
+        self._heap: list[tuple[int, int, Any]] = []
+        self._tie = itertools.count()  # keys need not be comparable with each other
+
+    def get(self, key: Any) -> int | None:
+        return self.values.get(key)
+
+    def put(self, key: Any, value: int | None) -> None:
+        if value is None:
+            self.values.pop(key, None)
+            return
+        if self.values.get(key) == value:
+            return
+        self.values[key] = value
+        heapq.heappush(self._heap, (value, next(self._tie), key))
+        if len(self._heap) > 2 * len(self.values) + 64:  # mostly stale: rebuild
+            self._heap = [(v, next(self._tie), k) for k, v in self.values.items()]
+            heapq.heapify(self._heap)
+
+    def min(self) -> int | None:
+        heap, values = self._heap, self.values
+        while heap:
+            value, _, key = heap[0]
+            if values.get(key) == value:
+                return value
+            heapq.heappop(heap)
+        return None
+
+    def at_most(self, bound: int) -> set[Any]:
+        """The keys whose value is <= ``bound``."""
+        heap, values, out = self._heap, self.values, set()
+        stack = [0] if heap else []
+        while stack:
+            i = stack.pop()
+            value, _, key = heap[i]
+            if value > bound:
+                continue  # the heap property: nothing below it is smaller
+            if values.get(key) == value:
+                out.add(key)
+            stack += [j for j in (2 * i + 1, 2 * i + 2) if j < len(heap)]
+        return out
+
+
 class Harness:
     """Runs a :class:`~millwheel.Topology` in memory. See the module docstring."""
 
@@ -131,8 +195,13 @@ class Harness:
         self._published: dict[str, int] = {n: MIN_TIMESTAMP for n in topology.computations}
         self._queues: dict[str, list[_Queued]] = {n: [] for n in topology.computations}
         self._envelopes: dict[str, dict[Key, bytes]] = {n: {} for n in topology.computations}
-        self._holds: dict[str, dict[Key, int]] = {n: {} for n in topology.computations}
+        self._holds: dict[str, _MinIndex] = {n: _MinIndex() for n in topology.computations}
         self._next_timers: dict[str, dict[Key, tuple[int | None, int | None]]] = {n: {} for n in topology.computations}
+        #: each key's next timer per time domain, indexed (a round looks at due keys only)
+        self._lw_timers: dict[str, _MinIndex] = {n: _MinIndex() for n in topology.computations}
+        self._wall_timers: dict[str, _MinIndex] = {n: _MinIndex() for n in topology.computations}
+        self._timer_order: dict[str, dict[Key, int]] = {n: {} for n in topology.computations}
+        self._timer_seq = itertools.count()
         self._outbox: dict[str, list[_Outgoing]] = {n: [] for n in topology.computations}
         self._streams: dict[str, list[Record]] = defaultdict(list)
         self._metrics: dict[str, Counter[str]] = {n: Counter() for n in topology.computations}
@@ -260,7 +329,16 @@ class Harness:
         if self._queues[name]:
             return True
         lw, now = self._input_watermark(name), self._now
-        return any(timers_due(t_lw, t_wall, lw, now) for t_lw, t_wall in self._next_timers[name].values())
+        return timers_due(self._lw_timers[name].min(), self._wall_timers[name].min(), lw, now)
+
+    def _due_keys(self, name: str, lw: int, now: int) -> list[Key]:
+        """Keys with a timer to fire, in the order of :attr:`_next_timers` (their order of
+        arrival there), found through the indexes."""
+        due = self._lw_timers[name].at_most(lw) | self._wall_timers[name].at_most(now)
+        if len(due) > 1:
+            order = self._timer_order[name]
+            return sorted(due, key=order.__getitem__)
+        return list(due)
 
     def process(self, name: str, *, deliver: bool = True, crash: Crash | None = None) -> None:
         """Run one round of computation ``name``: its queued input, then its due timers.
@@ -277,8 +355,8 @@ class Harness:
         per_key: dict[Key, list[tuple[Record, int | None]]] = {}
         for q in queue:
             per_key.setdefault(q.record.key, []).append((q.record, q.arrival_watermark))  # type: ignore[arg-type]
-        for key, (t_lw, t_wall) in self._next_timers[name].items():
-            if key not in per_key and timers_due(t_lw, t_wall, lw, now):
+        for key in self._due_keys(name, lw, now):
+            if key not in per_key:
                 per_key[key] = []
         envelopes = self._envelopes[name]
         staged: dict[Key, Any] = {}
@@ -373,14 +451,16 @@ class Harness:
             envs.pop(key, None)
         else:
             envs[key] = env
-        if hold is None:
-            holds.pop(key, None)
-        else:
-            holds[key] = hold
+        holds.put(key, hold)
         if timers == (None, None):
             nexts.pop(key, None)
+            self._timer_order[name].pop(key, None)
         else:
+            if key not in nexts:
+                self._timer_order[name][key] = next(self._timer_seq)
             nexts[key] = timers
+        self._lw_timers[name].put(key, timers[0])
+        self._wall_timers[name].put(key, timers[1])
 
     def _deliver_one(self, out: _Outgoing, sender_watermark: int) -> None:
         p = out.production
@@ -428,8 +508,9 @@ class Harness:
         oldest = MAX_TIMESTAMP
         for q in self._queues[name]:
             oldest = min(oldest, q.record.timestamp)
-        if self._holds[name]:
-            oldest = min(oldest, min(self._holds[name].values()))
+        held = self._holds[name].min()
+        if held is not None:
+            oldest = min(oldest, held)
         for out in self._outbox[name]:
             oldest = min(oldest, out.production.record.timestamp)
         return oldest
