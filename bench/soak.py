@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cluster", action="store_true", help="run on a local standalone cluster and kill its executors too")
     p.add_argument("--disk-mb", type=int, default=3072, help="size of the run directory's tmpfs (the full-disk fault)")
     p.add_argument("--every", default="30,120", help="seconds between faults: MIN,MAX")
+    p.add_argument("--max-bytes", type=int, default=8_000_000, help="log bytes per injector batch (the CI campaign: 150,000)")
+    p.add_argument("--per-trigger", type=int, default=2, help="stream files per computation micro-batch (the CI campaign: 1)")
     p.add_argument("--classes", default=",".join(CLASSES), help=f"fault classes (default all: {','.join(CLASSES)}; --cluster adds executor)")
     args = p.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         while True:
             campaign = Campaign(
                 work / f"round{r}", records=args.records, faults=0, seed=seed + r, cluster=cluster,
-                every_s=(lo, hi), max_bytes=600_000, disk_mb=args.disk_mb, log=lambda m: print(m, flush=True),
+                every_s=(lo, hi), max_bytes=args.max_bytes, per_trigger=args.per_trigger, disk_mb=args.disk_mb, log=lambda m: print(m, flush=True),
                 classes=tuple(c for c in args.classes.split(",") if c),
             )  # fmt: skip
             result = campaign.run()

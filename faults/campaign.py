@@ -77,6 +77,7 @@ class Campaign:
         seed: int = 0,
         classes: tuple[str, ...] = CLASSES,
         max_bytes: int = 150_000,
+        per_trigger: int = 1,
         cluster: Any = None,
         log: Callable[[str], None] = print,
         disk_mb: int = 2048,
@@ -91,6 +92,8 @@ class Campaign:
         self.cluster = cluster
         self.log = log
         self.max_bytes = max_bytes
+        #: stream files per computation micro-batch (1: many small batches for faults to land between)
+        self.per_trigger = per_trigger
         #: soak: a fault every ``every_s`` seconds (a random pause in that range), until drained
         self.every_s = every_s
         #: who reads the logs: "driver" (``faults.ledger.InDriver``) or "spark" (a Spark query)
@@ -130,7 +133,7 @@ class Campaign:
 
     # ---- drivers -------------------------------------------------------------------------------
     def _start(self) -> Any:
-        extra = ["--authority", self.authority.url, "--max-bytes", str(self.max_bytes), "--per-trigger", "1", "--injector", self.injector]
+        extra = ["--authority", self.authority.url, "--max-bytes", str(self.max_bytes), "--per-trigger", str(self.per_trigger), "--injector", self.injector]
         if self.clock is not None:
             extra += ["--faketime", str(self.clock.path)]
         if self.cluster is not None:
