@@ -104,9 +104,11 @@ def spark_sample(tmp_path_factory) -> Path:
     return d
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def registry_service(tmp_path_factory):
-    """The real IdRegistry service (``python -m id_registry serve``) on loopback, for the session."""
+    """The real IdRegistry service (``python -m id_registry serve``) on loopback, empty for each
+    test: tests that run the same sample would otherwise find each other's click ids held
+    (the two-pipeline test then saw every click "held by no known pipeline")."""
     from id_registry import embedded_registry
 
     with embedded_registry(str(tmp_path_factory.mktemp("photon-registry"))) as service:

@@ -103,12 +103,12 @@ def test_two_pipelines_one_registry_kill_9_verify_restart(tmp_path, spark_sample
         b = _start(_photon("run", str(spark_sample), "--checkpoint", str(run_b), "--pipeline", "dc2", "--follow", *common), log_b)
         _wait(lambda: _drained(run_b), "dc2 drains", 1800, b, log_b)
         before = evaluate(read_run(run_b), spark_sample)
-        assert before["duplicates_in_output"] == 0 and before["joined"]["missing"] > 0  # at most once: dc1 holds them
+        assert before["duplicates_in_output"] == 0 and before["joined"]["missing"] > 0, before  # at most once: dc1 holds them
         out = subprocess.run(_photon("verify", str(run_a), str(run_b), "--secret-file", secret, "--json"),
                              capture_output=True, text=True, timeout=300, check=True)  # fmt: skip
         report = json.loads(out.stdout)
-        assert report["missing"] == report["recovered"] > 0 and report["reinjected_into"] == {"dc2": report["recovered"]}
-        assert report["in_flight"] == report["unknown_holder"] == report["duplicated"] == 0
+        assert report["missing"] == report["recovered"] > 0 and report["reinjected_into"] == {"dc2": report["recovered"]}, report
+        assert report["in_flight"] == report["unknown_holder"] == report["duplicated"] == 0, report
 
         def healed():
             r = evaluate(read_run(run_b), spark_sample)
