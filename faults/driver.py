@@ -24,6 +24,16 @@ FENCED_EXIT = 3
 LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 
 
+def _in_chain(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first exception of type ``kind`` in ``exc``'s chain (causes and contexts)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, kind):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def _disk_full(exc: BaseException) -> bool:
     seen: BaseException | None = exc
     while seen is not None:
@@ -100,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FENCED: {exc}", flush=True)
         return FENCED_EXIT
     except Exception as exc:
+        fenced = _in_chain(exc, FencedError)
+        if fenced is not None:  # fenced, then something failed while stopping (e.g. a write refused)
+            print(f"FENCED: {fenced} (then, while stopping: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})", flush=True)
+            return FENCED_EXIT
         if _disk_full(exc):
             print(f"DISK FULL: the run directory {args.run} (or Spark's) has no space left: {str(exc).splitlines()[0][:300]}; "
                   "free space, then run again with the same run directory to resume", flush=True)  # fmt: skip
