@@ -115,7 +115,8 @@ class Campaign:
         self.data = self.work / "data"
         self.disk = inject.SmallDisk(self.work / "disk", disk_mb) if "disk" in self.classes else None
         self.root = (self.work / "disk" if self.disk else self.work) / "run"
-        self.driver_log = self.work / "driver.log"
+        #: each driver's own log (``driver-<n>.log``), so a failing driver's tail is its own
+        self._logs: dict[int, Path] = {}
         self.clock = inject.ClockJump(self.work / "faketimerc") if "clock" in self.classes else None
         self.authority = inject.AuthorityProcess(self.work / "authority")
 
@@ -139,7 +140,10 @@ class Campaign:
         if self.cluster is not None:
             extra += ["--master", self.cluster.url]
         self.result.drivers += 1
-        return inject.start_driver(self.root, self.data, *extra, env=self.authority.env(), log=self.driver_log)
+        log = self.work / f"driver-{self.result.drivers}.log"
+        proc = inject.start_driver(self.root, self.data, *extra, env=self.authority.env(), log=log)
+        self._logs[proc.pid] = log
+        return proc
 
     def _progress(self, proc: Any) -> bool:
         """Wait for a random query to commit 1-3 more batches (the soak: 30-120 s); False if the driver ended first."""
@@ -153,8 +157,14 @@ class Campaign:
         query = self.rng.choice(self.queries)
         return inject.wait_for_progress(proc, self.root, query, self.rng.randint(1, 3), timeout=600)
 
-    def _tail(self) -> str:
-        return self.driver_log.read_text(errors="replace")[-3000:] if self.driver_log.exists() else ""
+    def _tail(self, proc: Any = None) -> str:
+        """The end of ``proc``'s own log (default: the newest driver's), named."""
+        log = self._logs.get(proc.pid) if proc is not None else None
+        if log is None and self._logs:
+            log = list(self._logs.values())[-1]
+        if log is None or not log.exists():
+            return ""
+        return f"[{log.name}]\n" + log.read_text(errors="replace")[-3000:]
 
     # ---- one fault -------------------------------------------------------------------------------
     def _apply(self, what: str, proc: Any) -> Any:
@@ -203,11 +213,11 @@ class Campaign:
             rc = proc.wait(timeout=300)
         except Exception:  # noqa: BLE001 - a zombie that does not stop is a failure of the fence
             inject.kill_tree(proc)
-            msg = f"the zombie driver (pid {proc.pid}) did not stop within 300s after SIGCONT:\n{self._tail()}"
+            msg = f"the zombie driver (pid {proc.pid}) did not stop within 300s after SIGCONT:\n{self._tail(proc)}"
             raise AssertionError(msg) from None
         inject.kill_tree(proc)
         if rc not in (FENCED_EXIT, 0):
-            msg = f"the zombie driver exited {rc}, not fenced ({FENCED_EXIT}):\n{self._tail()}"
+            msg = f"the zombie driver exited {rc}, not fenced ({FENCED_EXIT}):\n{self._tail(proc)}\nthe driver that took over:\n{self._tail(second)}"
             raise AssertionError(msg)
         self.log(f"    zombie (pid {proc.pid}) exited {rc}: {'fenced' if rc == FENCED_EXIT else 'finished first'}")
         return second
@@ -219,10 +229,10 @@ class Campaign:
             rc = proc.wait(timeout=600)
         except Exception:  # noqa: BLE001
             inject.kill_tree(proc)
-            msg = f"the driver did not stop within 600s on a full disk:\n{self._tail()}"
+            msg = f"the driver did not stop within 600s on a full disk:\n{self._tail(proc)}"
             raise AssertionError(msg) from None
         inject.kill_tree(proc)
-        tail = self._tail()
+        tail = self._tail(proc)
         if rc != 0 and "DISK FULL" not in tail:
             msg = f"the driver stopped on a full disk (exit {rc}) without saying so:\n{tail}"
             raise AssertionError(msg)
@@ -290,5 +300,5 @@ class Campaign:
             if proc.wait(timeout=1800) == 0:
                 return proc
             proc = self._replace(proc)
-        msg = f"no driver drained after 5 restarts:\n{self._tail()}"
+        msg = f"no driver drained after 5 restarts:\n{self._tail(proc)}"
         raise AssertionError(msg)
