@@ -196,10 +196,10 @@ class Harness:
         self._queues: dict[str, list[_Queued]] = {n: [] for n in topology.computations}
         self._envelopes: dict[str, dict[Key, bytes]] = {n: {} for n in topology.computations}
         self._holds: dict[str, _MinIndex] = {n: _MinIndex() for n in topology.computations}
-        self._next_timers: dict[str, dict[Key, tuple[int | None, int | None]]] = {n: {} for n in topology.computations}
         #: each key's next timer per time domain, indexed (a round looks at due keys only)
         self._lw_timers: dict[str, _MinIndex] = {n: _MinIndex() for n in topology.computations}
         self._wall_timers: dict[str, _MinIndex] = {n: _MinIndex() for n in topology.computations}
+        #: keys with a timer -> when they got one: due keys fire in that order
         self._timer_order: dict[str, dict[Key, int]] = {n: {} for n in topology.computations}
         self._timer_seq = itertools.count()
         self._outbox: dict[str, list[_Outgoing]] = {n: [] for n in topology.computations}
@@ -332,8 +332,7 @@ class Harness:
         return timers_due(self._lw_timers[name].min(), self._wall_timers[name].min(), lw, now)
 
     def _due_keys(self, name: str, lw: int, now: int) -> list[Key]:
-        """Keys with a timer to fire, in the order of :attr:`_next_timers` (their order of
-        arrival there), found through the indexes."""
+        """Keys with a timer to fire, in the order they got a timer, found through the indexes."""
         due = self._lw_timers[name].at_most(lw) | self._wall_timers[name].at_most(now)
         if len(due) > 1:
             order = self._timer_order[name]
@@ -425,7 +424,7 @@ class Harness:
             by_key[out.key].append(out.production.record.id)  # type: ignore[index]
         for key, ids in by_key.items():
             env, hold = acknowledge(self._envelopes[name].get(key), ids)
-            self._store(name, key, env, hold, self._next_timers[name].get(key, (None, None)))
+            self._store(name, key, env, hold, (self._lw_timers[name].get(key), self._wall_timers[name].get(key)))
 
     def restart(self, name: str) -> None:
         """Recover computation ``name`` after a crash: rescan envelopes for pending productions (§7.1)."""
@@ -446,19 +445,16 @@ class Harness:
         return self._runners[name]
 
     def _store(self, name: str, key: Key, env: bytes | None, hold: int | None, timers: tuple[int | None, int | None]) -> None:
-        envs, holds, nexts = self._envelopes[name], self._holds[name], self._next_timers[name]
+        envs, holds, order = self._envelopes[name], self._holds[name], self._timer_order[name]
         if env is None:
             envs.pop(key, None)
         else:
             envs[key] = env
         holds.put(key, hold)
         if timers == (None, None):
-            nexts.pop(key, None)
-            self._timer_order[name].pop(key, None)
-        else:
-            if key not in nexts:
-                self._timer_order[name][key] = next(self._timer_seq)
-            nexts[key] = timers
+            order.pop(key, None)
+        elif key not in order:
+            order[key] = next(self._timer_seq)
         self._lw_timers[name].put(key, timers[0])
         self._wall_timers[name].put(key, timers[1])
 
