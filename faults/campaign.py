@@ -244,7 +244,6 @@ class Campaign:
         started = time.monotonic()
         self.log(f"fault campaign: seed {self.seed}, {self.records} records, {self.n_faults} faults over {self.classes}"
                  + (f"; skipped: {self.result.skipped}" if self.result.skipped else ""))  # fmt: skip
-        self.work.mkdir(parents=True, exist_ok=True)
         if not (self.data / "_DONE").exists():  # written by an earlier attempt with the same seed: reuse it
             write_input(self.data, self.records, seed=self.seed)
         plan = self.result.plan = self.plan()

@@ -17,6 +17,7 @@ import argparse
 import errno
 import os
 import sys
+from collections.abc import Iterator
 
 from millwheel._errors import MillwheelError
 
@@ -24,25 +25,21 @@ FENCED_EXIT = 3
 LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 
 
-def _in_chain(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
-    """The first exception of type ``kind`` in ``exc``'s chain (causes and contexts)."""
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then its causes and contexts."""
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, kind):
-            return seen
+        yield seen
         seen = seen.__cause__ or seen.__context__
-    return None
+
+
+def _in_chain(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first exception of type ``kind`` in ``exc``'s chain."""
+    return next((e for e in _chain(exc) if isinstance(e, kind)), None)
 
 
 def _disk_full(exc: BaseException) -> bool:
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
-            return True
-        if "No space left on device" in str(seen):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    return any((isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e) for e in _chain(exc))
 
 
 def main(argv: list[str] | None = None) -> int:
