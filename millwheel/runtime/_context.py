@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from millwheel.runtime._fs import Location
+from millwheel.runtime._keying import Keyer
 from millwheel.runtime._settings import RuntimeSettings
 from millwheel.runtime._streams import FileStreamLog
 
@@ -21,6 +22,8 @@ class DriverContext(Protocol):
     #: the run directory
     root: Location
     streams: FileStreamLog
+    #: every consumer's key extractor (``_keying.py``): what producers key their rows with
+    keyer: Keyer
     #: a watermark-authority client (``watermark_authority.client``)
     watermarks: Any
     #: the run's audit trail (``_audit.AuditLog``)

@@ -174,7 +174,7 @@ class LogFileInjector:
         )
 
     def start(self) -> None:
-        from millwheel.runtime._logfiles import FORMAT, LogFileDataSource
+        from millwheel.runtime._logfiles import FORMAT, LogFileDataSource, keyer_options
 
         lease = self.outbox.lease
         if lease is not None and lease.epoch:
@@ -188,6 +188,7 @@ class LogFileInjector:
         spark.dataSource.register(LogFileDataSource)
         options = dict(self.source.options())  # type: ignore[union-attr]
         options.update(injector=self.name, stream=self.stream)
+        options.update(keyer_options(self.rt.keyer, self.stream))
         if self.rt.settings.drain:
             options["finite"] = "1"
         df = spark.readStream.format(FORMAT).options(**options).load()

@@ -36,13 +36,12 @@ batch's outbox, which commits with the state (see ``_query.py`` and ``docs/runti
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import msgpack
 import pandas as pd
 import pyarrow as pa
-import xxhash
 
 from millwheel._codec import decode_value, encode_value
 from millwheel._deadletter import DEAD_LETTER_STREAM
@@ -51,8 +50,10 @@ from millwheel._once import resolve_once
 from millwheel._record import MIN_TIMESTAMP, Production, Record, decode_key, encode_key
 from millwheel._step import StepRunner
 from millwheel._topology import ComputationSpec
+from millwheel.runtime._keying import Keyer, cached_key, dead_interval, wants_dead_letters
 from millwheel.runtime._wire import (
     KEYED_ARROW_SCHEMA,
+    OUT_SCHEMA,
     SUMMARY_STREAM,
     IntervalSummary,
     RowKind,
@@ -62,7 +63,6 @@ from millwheel.runtime._wire import (
 
 _packb = msgpack.packb
 _unpackb = msgpack.unpackb
-_hash = xxhash.xxh3_64_intdigest
 
 #: step metrics summed per interval and reported in the summary row
 METRICS = (
@@ -73,22 +73,19 @@ METRICS = (
 STEP_METRICS = METRICS[:-2]
 
 
-def interval_of(encoded_key: bytes, intervals: int) -> int:
-    """The key interval of an encoded key: a stable hash range (same in every process)."""
-    return _hash(encoded_key) % intervals
-
-
 def make_key_extractor(consumer: str, stream: str, extractor: Callable[[Record], Any], intervals: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """A ``mapInArrow`` function: stream-log rows -> rows keyed by the consumer's extractor (§4.2).
 
-    Arrow in, Arrow out: the id, timestamp, value, sender watermark and file columns pass
-    through as they are (no pandas object columns, no copy); only the key, its interval
-    and the row kind are computed, with one :func:`~millwheel._delivery.key_record` call
-    per record and a per-batch cache of key -> (encoded key, interval).
+    The consumer's own keying pass, for the rows their producer did not key for it
+    (``_keying.py``: a failed extractor, or a file written before this consumer read
+    the stream). Arrow in, Arrow out: the id, timestamp, value, sender watermark and file
+    columns pass through as they are; only the key, its interval and the row kind are
+    computed, with one :func:`~millwheel._delivery.key_record` call per record.
     """
     kind_record = int(RowKind.RECORD)
 
     def extract(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        cache: dict[Any, tuple[bytes, int]] = {}
         for b in batches:
             n = b.num_rows
             if n == 0:
@@ -101,21 +98,14 @@ def make_key_extractor(consumer: str, stream: str, extractor: Callable[[Record],
             o_interval = [0] * n
             o_key: list[bytes | None] = [None] * n
             dead_rows: list[tuple[int, int, Record | None]] = []
-            cache: dict[Any, tuple[bytes, int]] = {}
             for i in range(n):
                 pk = pkeys_l[i]
-                rec = Record(None if pk is None else decode_key(pk), decode_value(vals[i]), tss[i], ids[i])
+                rec = Record(None if pk is None else decode_key(pk), decode_value(vals[i]), tss[i], ids[i], stream)
                 keyed, dead = key_record(consumer, stream, extractor, rec)
                 if keyed is not None:
-                    key = keyed.key
-                    ck = (type(key), key)
-                    hit = cache.get(ck)
-                    if hit is None:
-                        kb = encode_key(key)  # type: ignore[arg-type]
-                        hit = cache[ck] = (kb, _hash(kb) % intervals)
-                    o_key[i], o_interval[i] = hit
+                    o_key[i], o_interval[i] = cached_key(keyed.key, intervals, cache)
                     continue
-                o_interval[i] = _hash(str(ids[i]).encode()) % intervals
+                o_interval[i] = dead_interval(ids[i], intervals)
                 dead_rows.append((i, int(RowKind.DROPPED) if dead is None else int(RowKind.DEAD_LETTER), dead))
             id_col, ts_col, val_col = b.column("id"), b.column("ts"), b.column("value")
             kinds = pa.array([kind_record] * n, pa.int32())
@@ -137,9 +127,13 @@ def make_key_extractor(consumer: str, stream: str, extractor: Callable[[Record],
 
 
 class _Out:
-    """The rows one interval emits: productions, dead letters, the summary."""
+    """The rows one interval emits: productions, dead letters, the summary.
 
-    __slots__ = ("stream", "id", "ts", "key", "value")
+    Each row is keyed for the consumers of its stream where it is made (``_keying.py``):
+    :meth:`frame` adds their ``key:C`` / ``interval:C`` columns from the records kept in
+    ``recs`` (``None`` for rows with nothing to key: the summary)."""
+
+    __slots__ = ("stream", "id", "ts", "key", "value", "recs")
 
     def __init__(self) -> None:
         self.stream: list[str] = []
@@ -147,13 +141,15 @@ class _Out:
         self.ts: list[int | None] = []
         self.key: list[bytes | None] = []
         self.value: list[bytes] = []
+        self.recs: list[tuple[str, Record | None]] = []
 
-    def add(self, stream: str, rid: str | None, ts: int | None, key: bytes | None, value: bytes) -> None:
+    def add(self, stream: str, rid: str | None, ts: int | None, key: bytes | None, value: bytes, rec: Record | None = None) -> None:
         self.stream.append(stream)
         self.id.append(rid)
         self.ts.append(ts)
         self.key.append(key)
         self.value.append(value)
+        self.recs.append((stream, rec))
 
     def add_production(self, p: Production, key: Any = None, kb: bytes | None = None) -> None:
         """One production; its value's bytes are the ones ``produce()`` made (never re-encoded),
@@ -161,10 +157,14 @@ class _Out:
         r = p.record
         value = p.encoded if p.encoded is not None else encode_value(r.value)
         rk = r.key
-        self.add(p.stream, r.id, r.timestamp, None if rk is None else kb if rk is key and kb is not None else encode_key(rk), value)
+        self.add(p.stream, r.id, r.timestamp, None if rk is None else kb if rk is key and kb is not None else encode_key(rk), value, r)
 
-    def frame(self) -> pd.DataFrame:
-        return pd.DataFrame({"stream": self.stream, "id": self.id, "ts": self.ts, "key": self.key, "value": self.value, "wm": [None] * len(self.id)})
+    def frame(self, keyer: Keyer | None = None, consumers: Sequence[str] = ()) -> pd.DataFrame:
+        cols: dict[str, Any] = {"stream": self.stream, "id": self.id, "ts": self.ts, "key": self.key, "value": self.value, "wm": [None] * len(self.id)}
+        if keyer is not None and consumers:
+            for name, values in keyer.rows(self.recs, consumers).items():
+                cols[name] = pd.array(values, dtype="Int32") if name.startswith("interval:") else values
+        return pd.DataFrame(cols)
 
 
 #: what a batch leaves for one key: (envelope or None, hold, next low-watermark timer, next wall timer)
@@ -182,9 +182,10 @@ class IntervalBatch:
     :func:`~millwheel._delivery.plan_steps` and :meth:`StepRunner.step` per key.
     """
 
-    __slots__ = ("interval", "low_watermark", "now", "per_key", "out", "totals")
+    __slots__ = ("owner", "interval", "low_watermark", "now", "per_key", "out", "totals")
 
-    def __init__(self, interval: int, low_watermark: int, now: int) -> None:
+    def __init__(self, owner: IntervalStep, interval: int, low_watermark: int, now: int) -> None:
+        self.owner = owner
         self.interval = interval
         self.low_watermark = low_watermark
         self.now = now
@@ -194,15 +195,15 @@ class IntervalBatch:
         self.totals = dict.fromkeys(METRICS, 0)
 
     @classmethod
-    def of(cls, group: tuple[Any, ...], frames: Iterable[pd.DataFrame], spark_watermark: int, now: int) -> IntervalBatch | None:
-        """The batch of Spark group ``group`` (a key interval) with its input frames; ``None``
-        for the heartbeat group, which only moves Spark's watermark."""
+    def of(cls, owner: IntervalStep, group: tuple[Any, ...], frames: Iterable[pd.DataFrame], spark_watermark: int, now: int) -> IntervalBatch | None:
+        """The batch of Spark group ``group`` (a key interval) of ``owner``'s computation with
+        its input frames; ``None`` for the heartbeat group, which only moves Spark's watermark."""
         interval = int(group[0])
         if interval < 0:
             for _ in frames:
                 pass
             return None
-        batch = cls(interval, from_spark(spark_watermark), now)
+        batch = cls(owner, interval, from_spark(spark_watermark), now)
         for pdf in frames:
             batch.add_frame(pdf)
         return batch
@@ -222,7 +223,7 @@ class IntervalBatch:
             kind = pdf["kind"]
             n = len(pdf)
         if n and (kind != int(RowKind.RECORD)).any():
-            self._dead_letters(pdf[kind != int(RowKind.RECORD)])
+            self._dead_letters(pdf[kind != int(RowKind.RECORD)], wants_dead_letters(self.owner.keyer))
             pdf = pdf[kind == int(RowKind.RECORD)]
             n = len(pdf)
         if n == 0:
@@ -248,7 +249,9 @@ class IntervalBatch:
             else:
                 lst.append(row)
 
-    def _dead_letters(self, pdf: pd.DataFrame) -> None:
+    def _dead_letters(self, pdf: pd.DataFrame, keyed: bool) -> None:
+        """Dead letters of keying, forwarded to :data:`DEAD_LETTER_STREAM` (decoded only if
+        ``keyed``: something reads dead letters and they are keyed for it here)."""
         totals = self.totals
         for kind, rid, ts, value in zip(pdf["kind"].tolist(), pdf["id"].tolist(), pdf["ts"].tolist(), pdf["value"].tolist(), strict=True):
             totals["records_in"] += 1
@@ -256,7 +259,8 @@ class IntervalBatch:
                 totals["dead_letters_dropped"] += 1
             else:
                 totals["dead_letters"] += 1
-                self.out.add(DEAD_LETTER_STREAM, rid, ts, None, value)
+                rec = Record(None, decode_value(value), ts, rid, DEAD_LETTER_STREAM) if keyed else None
+                self.out.add(DEAD_LETTER_STREAM, rid, ts, None, value, rec)
 
     def add_due(self, meta: Iterable[tuple[bytes, Any]]) -> None:
         """Keys without input whose earliest timer is due: ``(key bytes, [hold, next lw timer, next wall timer])``."""
@@ -265,8 +269,9 @@ class IntervalBatch:
             if kb not in per_key and timers_due(nlw, nwall, lw, now):
                 per_key[kb] = []
 
-    def run(self, owner: IntervalStep, envelopes: Callable[[bytes], bytes | None]) -> dict[bytes, KeyOutcome]:
+    def run(self, envelopes: Callable[[bytes], bytes | None]) -> dict[bytes, KeyOutcome]:
         """Step every key with input or due timers; return what each key keeps."""
+        owner = self.owner
         step = owner.runner().step
         lw, now, totals, out = self.low_watermark, self.now, self.totals, self.out
         once: list[tuple[Any, Production]] = []
@@ -315,7 +320,7 @@ class IntervalBatch:
         """The batch's output frame, closed by the interval's summary row."""
         summary = IntervalSummary(self.interval, hold, next_lw, next_wall, keys, self.totals, self.low_watermark, self.now)
         self.out.add(SUMMARY_STREAM, None, 0, None, summary.encode())
-        return self.out.frame()
+        return self.out.frame(self.owner.keyer, self.owner.out_consumers)
 
 
 def earliest(metas: Iterable[Any]) -> tuple[int | None, int | None, int | None]:
@@ -337,25 +342,31 @@ class IntervalStep:
     Picklable; builds its :class:`StepRunner` (and IdRegistry client) lazily, once per
     Python worker. The interval's GroupState row is ``(envs, meta)``: key -> envelope and
     key -> ``[hold, next lw timer, next wall timer]`` (only keys that have one), msgpack.
+    With a :class:`~millwheel.runtime._keying.Keyer`, its output rows carry the key columns
+    of every consumer of its output streams (:meth:`out_schema`).
     """
 
-    def __init__(self, spec: ComputationSpec, *, pipeline: str = "default", registry: Callable[[], Any] | None = None) -> None:
+    def __init__(self, spec: ComputationSpec, *, pipeline: str = "default", registry: Callable[[], Any] | None = None, keyer: Keyer | None = None) -> None:
         self.spec = spec
         self.pipeline = pipeline
         #: a picklable factory of the IdRegistry client that ``once_id`` productions commit to
         self.registry_factory = registry
+        self.keyer = keyer
+        #: the consumers its output rows are keyed for
+        self.out_consumers = [] if keyer is None else keyer.consumers_of([*spec.all_outputs, DEAD_LETTER_STREAM])
         self._runner: StepRunner | None = None
         self._registry: Any = None
 
+    def out_schema(self) -> str:
+        """The Spark schema of its output rows: :data:`OUT_SCHEMA` and the key columns."""
+        extra = Keyer.ddl(self.out_consumers)
+        return f"{OUT_SCHEMA}, {extra}" if extra else OUT_SCHEMA
+
     def __getstate__(self) -> dict[str, Any]:
-        return {"spec": self.spec, "pipeline": self.pipeline, "registry": self.registry_factory}
+        return {"spec": self.spec, "pipeline": self.pipeline, "registry": self.registry_factory, "keyer": self.keyer}
 
     def __setstate__(self, d: dict[str, Any]) -> None:
-        self.spec = d["spec"]
-        self.pipeline = d["pipeline"]
-        self.registry_factory = d["registry"]
-        self._runner = None
-        self._registry = None
+        self.__init__(d["spec"], pipeline=d["pipeline"], registry=d["registry"], keyer=d["keyer"])  # type: ignore[misc]
 
     def registry(self) -> Any:
         if self._registry is None and self.registry_factory is not None:
@@ -371,7 +382,7 @@ class IntervalStep:
         return self._runner
 
     def __call__(self, group: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
-        batch = IntervalBatch.of(group, frames, state.getCurrentWatermarkMs(), state.getCurrentProcessingTimeMs())
+        batch = IntervalBatch.of(self, group, frames, state.getCurrentWatermarkMs(), state.getCurrentProcessingTimeMs())
         if batch is None:
             return
         if state.exists:
@@ -381,7 +392,7 @@ class IntervalStep:
         else:
             envs, meta = {}, {}
         batch.add_due(meta.items())
-        for kb, (env, hold, nlw, nwall) in batch.run(self, envs.get).items():
+        for kb, (env, hold, nlw, nwall) in batch.run(envs.get).items():
             if env is None:
                 envs.pop(kb, None)
                 meta.pop(kb, None)

@@ -11,16 +11,22 @@ each file is in the checkpoint and a replayed batch reads exactly the same bytes
 offsets to publish the injector low watermark (MillWheel §5.2, Fig. 10).
 
 Rows are stream-log rows plus ``stream``: records go to the injector's stream, malformed
-lines to ``dead_letters`` with reason, file and byte offset.
+lines to ``dead_letters`` with reason, file and byte offset; each row is keyed for the
+consumers of its stream (``_keying.py``: the ``keyer`` option, a pickled
+:class:`~millwheel.runtime._keying.Keyer`, names them).
 """
 
 from __future__ import annotations
 
+import base64
+import json
+import pickle
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
+from pyspark import cloudpickle  # the one ``ship_user_code`` registers by-value modules with
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from millwheel._codec import encode_value
@@ -34,6 +40,7 @@ from millwheel._logfile import (
     read_range,
 )
 from millwheel._record import encode_key
+from millwheel.runtime._keying import Keyer
 from millwheel.runtime._wire import OUT_SCHEMA
 
 FORMAT = "millwheel_logfiles"
@@ -53,6 +60,7 @@ class LogFileStreamReader(DataSourceStreamReader):
         self.opts = LogFileSource.read_options_from(options)
         self.injector = options.get("injector", "injector")
         self.stream = options.get("stream", "records")
+        self.keyer, self.consumers = keyer_of(options)
 
     def initialOffset(self) -> dict[str, Any]:
         return initial_offset()
@@ -68,17 +76,19 @@ class LogFileStreamReader(DataSourceStreamReader):
         chunk = read_range(self.opts, ByteRange(name, begin, end, swm, ftime), self.injector, self.stream)
         rows = [(self.stream, r, swm) for r in chunk.records] + [(DEAD_LETTER_STREAM, r, None) for r in chunk.dead_letters]
         if rows:
-            yield pa.RecordBatch.from_arrays(
-                [
-                    pa.array([s for s, _, _ in rows], pa.string()),
-                    pa.array([r.id for _, r, _ in rows], pa.string()),
-                    pa.array([r.timestamp for _, r, _ in rows], pa.int64()),
-                    pa.array([None if r.key is None else encode_key(r.key) for _, r, _ in rows], pa.binary()),
-                    pa.array([encode_value(r.value) for _, r, _ in rows], pa.binary()),
-                    pa.array([w for _, _, w in rows], pa.int64()),
-                ],
-                names=["stream", "id", "ts", "key", "value", "wm"],
-            )
+            arrays = [
+                pa.array([s for s, _, _ in rows], pa.string()),
+                pa.array([r.id for _, r, _ in rows], pa.string()),
+                pa.array([r.timestamp for _, r, _ in rows], pa.int64()),
+                pa.array([None if r.key is None else encode_key(r.key) for _, r, _ in rows], pa.binary()),
+                pa.array([encode_value(r.value) for _, r, _ in rows], pa.binary()),
+                pa.array([w for _, _, w in rows], pa.int64()),
+            ]
+            names = ["stream", "id", "ts", "key", "value", "wm"]
+            if self.keyer is not None:
+                arrays += self.keyer.arrays([(s, r) for s, r, _ in rows], self.consumers)
+                names += [f.name for f in Keyer.arrow_fields(self.consumers)]
+            yield pa.RecordBatch.from_arrays(arrays, names=names)
 
 
 class LogFileDataSource(DataSource):
@@ -87,7 +97,26 @@ class LogFileDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> str:
-        return OUT_SCHEMA
+        consumers = json.loads(self.options.get("keyed_for", "[]"))
+        return f"{OUT_SCHEMA}, {Keyer.ddl(consumers)}" if consumers else OUT_SCHEMA
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:  # noqa: ARG002
         return LogFileStreamReader(dict(self.options))
+
+
+def keyer_options(keyer: Keyer, stream: str) -> dict[str, str]:
+    """The reader options that make it key its rows for the consumers of ``stream`` and of dead letters."""
+    consumers = keyer.consumers_of([stream, DEAD_LETTER_STREAM])
+    if not consumers:
+        return {}
+    # extractors may be lambdas or live in a topology file (``_usercode.py``)
+    blob = cloudpickle.dumps(keyer, protocol=pickle.HIGHEST_PROTOCOL)
+    return {"keyer": base64.b64encode(blob).decode(), "keyed_for": json.dumps(consumers)}
+
+
+def keyer_of(options: dict[str, str]) -> tuple[Keyer | None, list[str]]:
+    """The keyer and consumers :func:`keyer_options` put in the options (``(None, [])``: none)."""
+    if "keyer" not in options:
+        return None, []
+    keyer: Keyer = pickle.loads(base64.b64decode(options["keyer"]))
+    return keyer, list(json.loads(options["keyed_for"]))

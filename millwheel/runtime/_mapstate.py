@@ -125,7 +125,7 @@ class _Pipeline:
             self._answers(len(chunk), "updateValue/removeKey")
 
 
-def make_processor(spec: ComputationSpec, *, pipeline: str = "default", registry: Any = None) -> Any:
+def make_processor(spec: ComputationSpec, *, pipeline: str = "default", registry: Any = None, keyer: Any = None) -> Any:
     """The ``StatefulProcessor`` of one computation in the per-key layout."""
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
@@ -133,7 +133,7 @@ def make_processor(spec: ComputationSpec, *, pipeline: str = "default", registry
         """One computation's key intervals, with one state-store row per key."""
 
         def __init__(self) -> None:
-            self.owner = IntervalStep(spec, pipeline=pipeline, registry=registry)
+            self.owner = IntervalStep(spec, pipeline=pipeline, registry=registry, keyer=keyer)
 
         def init(self, handle: Any) -> None:
             self.handle = handle
@@ -143,13 +143,13 @@ def make_processor(spec: ComputationSpec, *, pipeline: str = "default", registry
 
         def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
             watermark = timerValues.getCurrentWatermarkInMs()
-            batch = IntervalBatch.of(key, rows, watermark, timerValues.getCurrentProcessingTimeInMs())
+            batch = IntervalBatch.of(self.owner, key, rows, watermark, timerValues.getCurrentProcessingTimeInMs())
             if batch is not None:
                 yield self._run(batch, watermark, expired=False)
 
         def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:
             watermark = timerValues.getCurrentWatermarkInMs()
-            batch = IntervalBatch.of(key, (), watermark, timerValues.getCurrentProcessingTimeInMs())
+            batch = IntervalBatch.of(self.owner, key, (), watermark, timerValues.getCurrentProcessingTimeInMs())
             if batch is not None:
                 yield self._run(batch, watermark, expired=True)
 
@@ -160,7 +160,7 @@ def make_processor(spec: ComputationSpec, *, pipeline: str = "default", registry
             envs = _Pipeline(self.envs)
             keys = list(batch.per_key)
             before = envs.get_many(keys) if keys else {}
-            outcomes = batch.run(self.owner, before.__getitem__)
+            outcomes = batch.run(before.__getitem__)
             updates: list[tuple[bytes, bytes]] = []
             removals: list[bytes] = []
             kept = count

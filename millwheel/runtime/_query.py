@@ -32,6 +32,7 @@ from millwheel._topology import ComputationSpec
 from millwheel.runtime._context import DriverContext
 from millwheel.runtime._fs import Location
 from millwheel.runtime._interval import IntervalStep, make_key_extractor
+from millwheel.runtime._keying import Keyer, key_columns
 from millwheel.runtime._lease import FencedError, Lease
 from millwheel.runtime._mapstate import make_processor
 from millwheel.runtime._outbox import Outbox
@@ -41,9 +42,9 @@ from millwheel.runtime._wire import (
     HEARTBEAT_SCHEMA,
     KEYED_SCHEMA,
     LOG_SCHEMA,
-    OUT_SCHEMA,
     STATE_SCHEMA,
     IntervalSummary,
+    RowKind,
     interval_name,
     to_spark,
 )
@@ -225,10 +226,12 @@ class ComputationQuery:
             )
         )  # fmt: skip
         parts = [hb]  # first: Spark plans sources in this order
+        kcol, icol = (f"`{c}`" for c in key_columns(self.name))
+        schema = f"{LOG_SCHEMA}, {Keyer.ddl([self.name])}"
         for stream, extractor in self.spec.inputs.items():
             readers = []
             for producer in self.rt.producers(stream):
-                r = spark.readStream.schema(LOG_SCHEMA).option("maxFileAge", "36500d")
+                r = spark.readStream.schema(schema).option("maxFileAge", "36500d")
                 if settings.max_files_per_trigger:
                     r = r.option("maxFilesPerTrigger", settings.max_files_per_trigger)
                 # the file and row a record came from: rows are put back in send order
@@ -238,20 +241,28 @@ class ComputationQuery:
                     .withColumn("src", F.col("_metadata.file_name")).withColumn("row", F.col("_metadata.row_index"))
                 )
             raw = reduce(lambda a, b: a.unionByName(b), readers)
-            keyed = raw.mapInArrow(make_key_extractor(self.name, stream, extractor, self.intervals), KEYED_SCHEMA)
-            parts.append(keyed.withColumn("wm_ts", F.lit(None).cast("timestamp")))
+            # keyed by their producer (``_keying.py``): key and interval are columns, no Python here
+            keyed = raw.where(F.col(icol).isNotNull()).select(
+                F.col(icol).alias("interval"), F.lit(int(RowKind.RECORD)).alias("kind"), F.col(kcol).alias("key"),
+                "id", "ts", "value", "wm", F.lit(stream).alias("stream"), "src", "row", F.lit(None).cast("long").alias("now"),
+            )  # fmt: skip
+            # the rest (a failed extractor, a file keyed before this consumer read the stream): its own pass
+            rest = raw.where(F.col(icol).isNull()).drop(kcol, icol)
+            rest = rest.mapInArrow(make_key_extractor(self.name, stream, extractor, self.intervals), KEYED_SCHEMA)
+            parts.append(keyed.unionByName(rest).withColumn("wm_ts", F.lit(None).cast("timestamp")))
         union = reduce(lambda a, b: a.unionByName(b), parts).withWatermark("wm_ts", "0 seconds")
+        keyer = self.rt.keyer
         if settings.state_layout == "keys":
             # one state-store row per key (``_mapstate.py``): transformWithStateInPandas
+            processor = make_processor(self.spec, pipeline=settings.pipeline, registry=settings.registry, keyer=keyer)
             out = union.groupBy("interval").transformWithStateInPandas(
-                statefulProcessor=make_processor(self.spec, pipeline=settings.pipeline, registry=settings.registry),
-                outputStructType=OUT_SCHEMA, outputMode="Append", timeMode="EventTime",
-            )
+                statefulProcessor=processor, outputStructType=processor.owner.out_schema(), outputMode="Append", timeMode="EventTime",
+            )  # fmt: skip
         else:
+            step = IntervalStep(self.spec, pipeline=settings.pipeline, registry=settings.registry, keyer=keyer)
             out = union.groupBy("interval").applyInPandasWithState(
-                IntervalStep(self.spec, pipeline=settings.pipeline, registry=settings.registry),
-                OUT_SCHEMA, STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout,
-            )
+                step, step.out_schema(), STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout,
+            )  # fmt: skip
         writer = (
             out.writeStream.queryName(f"millwheel.{self.name}")
             .foreachBatch(self.outbox.sink)

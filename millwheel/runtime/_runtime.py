@@ -28,6 +28,7 @@ from millwheel._topology import Topology
 from millwheel.runtime._audit import AuditLog
 from millwheel.runtime._fs import Location
 from millwheel.runtime._injectors import LogFileInjector, SourceInjector
+from millwheel.runtime._keying import Keyer
 from millwheel.runtime._query import ComputationQuery, prune_streams
 from millwheel.runtime._settings import RuntimeSettings
 from millwheel.runtime._sinks import sink_writers
@@ -58,7 +59,9 @@ class SparkRuntime:
         self.topology = topology.validate()
         self.settings = settings or RuntimeSettings()
         self.root = Location.of(root)
-        self.streams = FileStreamLog(self.root)
+        #: every consumer's key extractor: producers key what they write (``_keying.py``)
+        self.keyer = Keyer.of(self.topology, self.settings.intervals)
+        self.streams = FileStreamLog(self.root, self.keyer)
         self._spark = spark
         if watermarks is None:
             from watermark_authority.client import InProcessWatermarkClient

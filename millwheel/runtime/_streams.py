@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 from millwheel._codec import decode_value, encode_value
 from millwheel._record import Record, decode_key, encode_key
 from millwheel.runtime._fs import Location
+from millwheel.runtime._keying import Keyer
 
 ARROW_LOG_SCHEMA = pa.schema(
     [("id", pa.string()), ("ts", pa.int64()), ("key", pa.binary()), ("value", pa.binary()), ("wm", pa.int64())]
@@ -83,8 +84,10 @@ class StreamLog(Protocol):
 class FileStreamLog:
     """The embedded stream log: a directory on a local disk or a distributed filesystem."""
 
-    def __init__(self, root: Location) -> None:
+    def __init__(self, root: Location, keyer: Keyer | None = None) -> None:
         self.root = root.child("streams")
+        #: keys what :meth:`append` writes for the stream's consumers (``_keying.py``)
+        self.keyer = keyer
 
     def location(self, stream: str, producer: str) -> Location:
         return self.root.child(stream, producer)
@@ -145,7 +148,7 @@ class FileStreamLog:
         """
         if not records:
             return
-        table = records_table(records, sender_watermark)
+        table = records_table(records, sender_watermark, self.keyer, stream)
         min_ts = min(r.timestamp for r in records)
         if sender_watermark is not None:
             min_ts = max(min_ts, sender_watermark)
@@ -167,18 +170,22 @@ class FileStreamLog:
         return out
 
 
-def records_table(records: Iterable[Record], sender_watermark: int | None = None) -> pa.Table:
+def records_table(records: Iterable[Record], sender_watermark: int | None = None, keyer: Keyer | None = None, stream: str = "") -> pa.Table:
+    """Stream-log rows of ``records``; with a ``keyer``, keyed for the consumers of ``stream``."""
     recs = list(records)
-    return pa.table(
-        {
-            "id": pa.array([r.id for r in recs], pa.string()),
-            "ts": pa.array([r.timestamp for r in recs], pa.int64()),
-            "key": pa.array([None if r.key is None else encode_key(r.key) for r in recs], pa.binary()),
-            "value": pa.array([encode_value(r.value) for r in recs], pa.binary()),
-            "wm": pa.array([sender_watermark] * len(recs), pa.int64()),
-        },
-        schema=ARROW_LOG_SCHEMA,
-    )
+    arrays = [
+        pa.array([r.id for r in recs], pa.string()),
+        pa.array([r.timestamp for r in recs], pa.int64()),
+        pa.array([None if r.key is None else encode_key(r.key) for r in recs], pa.binary()),
+        pa.array([encode_value(r.value) for r in recs], pa.binary()),
+        pa.array([sender_watermark] * len(recs), pa.int64()),
+    ]
+    fields = list(ARROW_LOG_SCHEMA)
+    consumers = [] if keyer is None else keyer.consumers_of([stream])
+    if keyer is not None and consumers:
+        arrays += keyer.arrays([(stream, r) for r in recs], consumers)
+        fields += Keyer.arrow_fields(consumers)
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
 def table_records(table: pa.Table) -> list[Record]:

@@ -467,6 +467,8 @@ class Harness:
 
     def _publish(self, stream: str, rec: Record, sender_watermark: int) -> None:
         self._streams[stream].append(rec)
+        if rec.stream != stream:  # extractors see the stream a record is read from
+            rec = Record(rec.key, rec.value, rec.timestamp, rec.id, stream)
         for consumer in self.topology.consumers(stream):
             name = consumer.name
             keyed, dead = key_record(name, stream, consumer.inputs[stream], rec)

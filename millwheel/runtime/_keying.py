@@ -1,0 +1,175 @@
+"""Keying at the producer: each record is keyed for its consumers where it is written (§4.2).
+
+MillWheel applies the consumer's key extraction function to a record when the record is
+*sent* — the producer must know the key to deliver the record to the worker that owns it
+(MillWheel §4.2, §7.1). Here the producer is the writer of a stream-log file: the
+interval function writing a computation's productions (``_interval.py``), the log-file
+reader (``_logfiles.py``) and the driver-side injectors (``_streams.py``). Each has the
+record's value decoded in hand, so keying there costs the extractor call and nothing
+else; the consumer's query then takes key, key interval and row kind from three columns
+of the file, in the JVM, and its one Python stage decodes each value once (for the step).
+
+Per consumer ``C`` of the file's stream, a stream-log row carries ``key:C``, the key
+``C``'s extractor returned, encoded (:func:`~millwheel._record.encode_key`), and
+``interval:C``, its key interval (:func:`interval_of`). **A null ``interval:C`` means
+"not keyed for C"**: the extractor failed (the consumer makes the dead letter, with its
+reason), or the file was written before ``C`` read the stream, by a writer without a
+:class:`Keyer` or by an older millwheel. Such rows are keyed by the consumer's own Python
+pass (:func:`~millwheel.runtime._interval.make_key_extractor`) exactly as before, so
+both paths give the same rows, and the rare path (bad input) keeps its one
+implementation (:func:`~millwheel._delivery.key_record`). The extractor sees the record as it
+was produced: its key, value, timestamp, id and ``stream`` (as in the harness), keyed
+once for every consumer. A value changed by user code after ``produce()`` is keyed as it
+is when the step returns (values are meant to be immutable once produced).
+
+>>> from millwheel._record import Record
+>>> k = Keyer({"queries": [("Counter", lambda r: r.value["q"])]}, intervals=16)
+>>> cols = k.rows([("queries", Record(None, {"q": "cats"}, 1, "a")), ("queries", Record(None, {}, 2, "b"))], ["Counter"])
+>>> [decode_key(b) if b else b for b in cols["key:Counter"]], cols["interval:Counter"][1] is None
+(['cats', None], True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import pyarrow as pa
+import xxhash
+
+from millwheel._deadletter import DEAD_LETTER_STREAM
+from millwheel._delivery import key_record
+from millwheel._record import Record, decode_key, encode_key
+
+__all__ = ["Keyer", "decode_key", "interval_of", "key_row"]
+
+_hash = xxhash.xxh3_64_intdigest
+
+#: a consumer's name -> its key extractor for one stream
+Extractor = Callable[[Record], Any]
+
+
+def interval_of(encoded_key: bytes, intervals: int) -> int:
+    """The key interval of an encoded key: a stable hash range (same in every process)."""
+    return _hash(encoded_key) % intervals
+
+
+def dead_interval(rid: Any, intervals: int) -> int:
+    """Where a dead letter of keying is emitted from: any stable choice (it carries no state)."""
+    return _hash(str(rid).encode()) % intervals
+
+
+def key_columns(consumer: str) -> tuple[str, str]:
+    """The two columns ``key:C`` and ``interval:C`` of consumer ``C``."""
+    return f"key:{consumer}", f"interval:{consumer}"
+
+
+def cached_key(key: Any, intervals: int, cache: dict[Any, tuple[bytes, int]]) -> tuple[bytes, int]:
+    """``(encoded key, interval)``; ``cache`` maps ``(type(key), key)`` to it within a batch,
+    so a key is encoded and hashed once however many records carry it."""
+    ck = (type(key), key)
+    hit = cache.get(ck)
+    if hit is None:
+        kb = encode_key(key)
+        hit = cache[ck] = (kb, interval_of(kb, intervals))
+    return hit
+
+
+def key_row(
+    consumer: str,
+    stream: str,
+    extractor: Extractor,
+    record: Record,
+    intervals: int,
+    cache: dict[Any, tuple[bytes, int]],
+) -> tuple[bytes | None, int | None]:
+    """``(key bytes, interval)`` of one record for one consumer, or ``(None, None)`` when
+    its extractor fails (the consumer's own pass then makes the dead letter)."""
+    keyed, _dead = key_record(consumer, stream, extractor, record)
+    if keyed is None:
+        return None, None
+    return cached_key(keyed.key, intervals, cache)
+
+
+class Keyer:
+    """Every consumer's key extractor, by stream: what a producer needs to key what it writes.
+
+    Picklable (extractors travel as the computations' code does: ``_usercode.py``).
+    ``consumers`` maps a stream to ``[(consumer name, extractor)]``.
+    """
+
+    def __init__(self, consumers: dict[str, list[tuple[str, Extractor]]], intervals: int) -> None:
+        self.consumers = {s: list(cs) for s, cs in consumers.items() if cs}
+        self.intervals = intervals
+
+    @classmethod
+    def of(cls, topology: Any, intervals: int) -> Keyer:
+        """The keyer of a :class:`~millwheel.Topology`: every stream's consumers."""
+        return cls(
+            {s: [(c.name, c.inputs[s]) for c in topology.consumers(s)] for s in topology.streams()},
+            intervals,
+        )
+
+    def consumers_of(self, streams: Iterable[str]) -> list[str]:
+        """The consumers of any of ``streams``, sorted: the key columns a writer of them carries."""
+        return sorted({c for s in streams for c, _ in self.consumers.get(s, ())})
+
+    @staticmethod
+    def arrow_fields(consumers: Sequence[str]) -> list[pa.Field]:
+        out = []
+        for c in consumers:
+            k, i = key_columns(c)
+            out += [pa.field(k, pa.binary()), pa.field(i, pa.int32())]
+        return out
+
+    @staticmethod
+    def ddl(consumers: Sequence[str]) -> str:
+        """The columns as a Spark DDL fragment (``""`` for none)."""
+        parts = []
+        for c in consumers:
+            k, i = key_columns(c)
+            parts += [f"`{k}` binary", f"`{i}` int"]
+        return ", ".join(parts)
+
+    def rows(
+        self, rows: Sequence[tuple[str, Record | None]], consumers: Sequence[str]
+    ) -> dict[str, list[Any]]:
+        """The key columns of ``consumers`` for ``(stream, record)`` rows; a row whose stream
+        the consumer does not read, or whose record is ``None`` (e.g. a summary), gets nulls."""
+        n = len(rows)
+        out: dict[str, list[Any]] = {}
+        wanted = set(consumers)
+        by_stream: dict[str, list[tuple[str, Extractor]]] = {}
+        for c in consumers:
+            k, i = key_columns(c)
+            out[k], out[i] = [None] * n, [None] * n
+        caches: dict[str, dict[Any, tuple[bytes, int]]] = {}
+        intervals = self.intervals
+        for j, (stream, rec) in enumerate(rows):
+            if rec is None:
+                continue
+            if rec.stream != stream:  # extractors see the stream a record is read from
+                rec = Record(rec.key, rec.value, rec.timestamp, rec.id, stream)
+            targets = by_stream.get(stream)
+            if targets is None:
+                targets = by_stream[stream] = [
+                    (c, e) for c, e in self.consumers.get(stream, ()) if c in wanted
+                ]
+            for c, extractor in targets:
+                k, i = key_columns(c)
+                out[k][j], out[i][j] = key_row(
+                    c, stream, extractor, rec, intervals, caches.setdefault(c, {})
+                )
+        return out
+
+    def arrays(
+        self, rows: Sequence[tuple[str, Record | None]], consumers: Sequence[str]
+    ) -> list[pa.Array]:
+        """:meth:`rows` as Arrow arrays, in :meth:`arrow_fields` order."""
+        cols = self.rows(rows, consumers)
+        return [pa.array(cols[f.name], f.type) for f in self.arrow_fields(consumers)]
+
+
+def wants_dead_letters(keyer: Keyer | None) -> bool:
+    """Whether anything consumes dead letters (then a dead letter's value is decoded to key it)."""
+    return keyer is not None and DEAD_LETTER_STREAM in keyer.consumers
