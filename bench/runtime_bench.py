@@ -7,7 +7,12 @@ read from the same Parquet files (``maxFilesPerTrigger`` batches) by:
   a low-watermark timer, on the Spark runtime: the default interval-row layout
   (applyInPandasWithState over key intervals) with exactly-once + strong productions (the
   default options, ``mw_strong``) and without (weak, no dedup, ``mw_weak``), and the
-  per-key layout (``state_layout="keys"``, ``mw_keys``) with exactly-once + strong;
+  per-key layout (``state_layout="keys"``, ``mw_keys``) with exactly-once + strong. The
+  files are written as a millwheel producer writes them, keyed for their consumer
+  (``key:WindowCount`` / ``interval:WindowCount``, ``millwheel/runtime/_keying.py``), as
+  native Spark's input has its ``query`` column; ``mw_unkeyed`` reads the same records
+  without those columns, so the consumer runs its own Python keying pass (the runtime
+  before producer keying, and what files from an older writer still get);
 * **native** — ``groupBy(window(ts, "10 seconds"), query).count()`` in update mode;
 * **tws** — the same logic in ``transformWithStateInPandas`` (MapState per key, per-batch
   vectorised counts).
@@ -49,15 +54,21 @@ START = 1_700_000_000_000
 
 
 # ------------------------------------------------------------------------------------ data
-def make_data(d: Path, records: int, keys: int, files: int, seed: int = 1) -> Path:
-    """Stream-log Parquet files of ``{"query", "ts"}`` records, plus a plain ``query`` column."""
+def make_data(d: Path, records: int, keys: int, files: int, intervals: int, seed: int = 1) -> tuple[Path, Path]:
+    """Stream-log Parquet files of ``{"query", "ts"}`` records, plus a plain ``query`` column:
+    keyed for ``WindowCount`` as its producer would write them, and the same without the key
+    columns (``files-unkeyed``)."""
     import numpy as np
 
-    out = d / "files"
-    if (out / "_READY").exists():
-        return out
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
+    from millwheel.runtime._keying import Keyer
+
+    out, bare = d / f"files-i{intervals}", d / "files-unkeyed"
+    if (out / "_READY").exists() and (bare / "_READY").exists():
+        return out, bare
+    for x in (out, bare):
+        shutil.rmtree(x, ignore_errors=True)
+        x.mkdir(parents=True)
+    keyer = Keyer({"events": [("WindowCount", _query)]}, intervals)
     rng = np.random.default_rng(seed)
     per = records // files
     span = 100_000  # 100 s of event time: 10 windows
@@ -75,9 +86,19 @@ def make_data(d: Path, records: int, keys: int, files: int, seed: int = 1) -> Pa
             "wm": pa.nulls(per, pa.int64()),
             "query": pa.array(queries, pa.string()),
         })  # fmt: skip
-        pq.write_table(table, out / f"f{f:05d}-m{int(ts.min())}.parquet")
-    (out / "_READY").write_text("")
-    return out
+        name = f"f{f:05d}-m{int(ts.min())}.parquet"
+        pq.write_table(table, bare / name)
+        recs = [Record(None, {"query": s}, 0, "") for s in queries]
+        for field, array in zip(Keyer.arrow_fields(["WindowCount"]), keyer.arrays([("events", r) for r in recs], ["WindowCount"]), strict=True):
+            table = table.append_column(field, array)
+        pq.write_table(table, out / name)
+    for x in (out, bare):
+        (x / "_READY").write_text("")
+    return out, bare
+
+
+def _query(r: Record) -> str:
+    return r.value["query"]
 
 
 def expected_counts(files: Path) -> Counter:
@@ -121,7 +142,7 @@ def run_millwheel(spark, files: Path, work: Path, per_trigger: int, intervals: i
     opts = ComputationOptions() if strong else ComputationOptions(exactly_once=False, strong_productions=False)
     t = Topology("bench")
     t.injector("events", Finished())
-    t.computation(WindowCount, inputs={"events": lambda r: r.value["query"]}, outputs=["counts"], options=opts)
+    t.computation(WindowCount, inputs={"events": _query}, outputs=["counts"], options=opts)
     settings = RuntimeSettings(drain=True, intervals=intervals, max_files_per_trigger=per_trigger, poll_ms=50, heartbeat_ms=100, state_layout=layout)
     rt = SparkRuntime(t, str(root), settings, spark=spark, log=lambda m: None)
     started = time.perf_counter()
@@ -276,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-trigger", type=int, default=10)
     p.add_argument("--intervals", type=int, default=16)
     p.add_argument("--reps", type=int, default=2)
-    p.add_argument("--variants", default="mw_strong,mw_weak,mw_keys,native,tws")
+    p.add_argument("--variants", default="mw_strong,mw_unkeyed,mw_weak,mw_keys,native,tws")
     p.add_argument("--dispatch-only", action="store_true", help="only the in-process dispatch figures (no Spark)")
     p.add_argument("--work", default=str(ROOT / ".millwheel" / "bench"))
     args = p.parse_args(argv)
@@ -285,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = []
     if not args.dispatch_only:
         work = Path(args.work) / f"{args.records}-{args.keys}-{args.files}"
-        files = make_data(work, args.records, args.keys, args.files)
+        files, unkeyed = make_data(work, args.records, args.keys, args.files, args.intervals)
         expected = expected_counts(files)
         from millwheel.runtime import spark_session
 
@@ -293,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         variants = args.variants.split(",")
         runners = {
             "mw_strong": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, True),
+            "mw_unkeyed": lambda: run_millwheel(spark, unkeyed, work, args.per_trigger, args.intervals, True),
             "mw_weak": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, False),
             "mw_keys": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, True, layout="keys"),
             "native": lambda: run_native(spark, files, work, args.per_trigger),

@@ -2,14 +2,21 @@
 
     .venv/bin/python bench/worker_profile.py [--records 1000000] [--profile]
 
-Runs the two Python stages of the windowed count of ``bench/runtime_bench.py`` on the same
-data, in one process: keying (the ``mapInArrow`` function, on Arrow batches as Spark hands
-them over) and the per-interval step (``IntervalStep``, the default layout, on pandas
-frames grouped by key interval, state carried from batch to batch), 10 batches, 16 key
-intervals. It reports CPU seconds per stage and per record; ``--profile`` adds a cProfile
-of both, sorted by own time. What Spark adds around these (reading files, the shuffle,
-Arrow transfers, the state store, the outbox) is the difference from the Spark run's
-time in ``bench/runtime_bench.py``.
+Runs the Python work of the windowed count of ``bench/runtime_bench.py`` on the same data,
+in one process, 10 batches, 16 key intervals:
+
+* the consumer's one Python stage, the per-interval step (``IntervalStep``, the default
+  layout, on pandas frames grouped by key interval, state carried from batch to batch),
+  fed as Spark feeds it: key and interval taken from the producer's ``key:C`` /
+  ``interval:C`` columns (``millwheel/runtime/_keying.py``) with Arrow, no Python per row;
+* what keying costs where it happens: the producer's (:class:`Keyer` on records whose
+  values it has in hand) and, for comparison, the consumer's own keying pass
+  (``make_key_extractor``, what rows not keyed for it still pay: it decodes each value).
+
+It reports CPU seconds per part and per record; ``--profile`` adds a cProfile of the step
+stage, sorted by own time. What Spark adds around these (reading files, the shuffle, Arrow
+transfers, the state store, the outbox) is the difference from the Spark run's time in
+``bench/runtime_bench.py``.
 """
 
 from __future__ import annotations
@@ -25,11 +32,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
-from runtime_bench import WINDOW, WindowCount, make_data  # noqa: E402
+from runtime_bench import WINDOW, WindowCount, _query, make_data  # noqa: E402
 
-from millwheel import Topology  # noqa: E402
+from millwheel import Record, Topology  # noqa: E402
+from millwheel._codec import decode_value  # noqa: E402
 from millwheel.runtime._interval import IntervalStep, make_key_extractor  # noqa: E402
+from millwheel.runtime._keying import Keyer, key_columns  # noqa: E402
 from millwheel.runtime._wire import to_spark  # noqa: E402
 
 
@@ -60,41 +70,68 @@ class _State:
         self.timeout = t
 
 
-def run(files: list[Path], intervals: int) -> dict[str, float]:
+def _keyed_frame(table: pa.Table) -> pa.Table:
+    """What the consumer's query hands its step for producer-keyed rows (``_query.py``):
+    columns renamed and added in the JVM there, with Arrow here."""
+    kcol, icol = key_columns("WindowCount")
+    n = table.num_rows
+    return pa.table({
+        "interval": table.column(icol), "kind": pa.array([0] * n, pa.int32()), "key": table.column(kcol),
+        "id": table.column("id"), "ts": table.column("ts"), "value": table.column("value"), "wm": table.column("wm"),
+        "stream": pa.array(["events"] * n, pa.string()), "src": table.column("src"), "row": table.column("row"),
+        "now": pa.nulls(n, pa.int64()),
+    })  # fmt: skip
+
+
+def run(files: list[Path], intervals: int, profile: cProfile.Profile | None = None) -> dict[str, float]:
     t = Topology("bench")
     t.injector("events", _finished())
-    t.computation(WindowCount, inputs={"events": lambda r: r.value["query"]}, outputs=["counts"])
+    t.computation(WindowCount, inputs={"events": _query}, outputs=["counts"])
     spec = t.validate().computations["WindowCount"]
     extract = make_key_extractor("WindowCount", "events", spec.inputs["events"], intervals)
+    keyer = Keyer.of(t, intervals)
     step = IntervalStep(spec)
     states = [_State() for _ in range(intervals)]
     per_batch = max(1, len(files) // 10)
-    keying = stepping = 0.0
+    consumer_keying = producer_keying = stepping = 0.0
     records = 0
     wm = 0
     for b in range(0, len(files), per_batch):
         batch = []
         for f in files[b : b + per_batch]:
-            table = pq.read_table(f, columns=["id", "ts", "key", "value", "wm"])
+            table = pq.read_table(f)
             n = table.num_rows
             table = table.append_column("src", pa.array([f.name] * n, pa.string())).append_column("row", pa.array(range(n), pa.int64()))
-            batch += table.to_batches()
-        records += sum(x.num_rows for x in batch)
+            batch.append(table)
+        table = pa.concat_tables(batch)
+        records += table.num_rows
+        # keying, where it happens (for the record; the step below does not use these)
         c0 = time.process_time()
-        keyed = pa.Table.from_batches(list(extract(iter(batch)))).to_pandas()
+        list(extract(iter(table.select(["id", "ts", "key", "value", "wm", "src", "row"]).to_batches())))
         c1 = time.process_time()
+        recs = [("events", Record(None, decode_value(v), 0, "")) for v in table.column("value").to_pylist()]
+        c2 = time.process_time()
+        keyer.rows(recs, ["WindowCount"])
+        c3 = time.process_time()
+        consumer_keying += c1 - c0
+        producer_keying += c3 - c2
+        # the consumer's one Python stage on producer-keyed rows
+        c4 = time.process_time()
+        if profile is not None:
+            profile.enable()
+        keyed = _keyed_frame(table).to_pandas()
         for iv, frame in keyed.groupby("interval"):
             st = states[int(iv)]
             st.watermark = wm
             for _ in step((iv,), iter([frame]), st):
                 pass
-        c2 = time.process_time()
-        keying += c1 - c0
-        stepping += c2 - c1
-        newest = int(keyed["ts"].max())
+        if profile is not None:
+            profile.disable()
+        stepping += time.process_time() - c4
+        newest = int(pc.max(table.column("ts")).as_py())
         wm = to_spark(newest // WINDOW * WINDOW - 1)
     state_bytes = sum(len(a) + len(b) for a, b in (st.value for st in states if st.value is not None))
-    return {"records": records, "keying_cpu_s": keying, "step_cpu_s": stepping, "state_bytes": state_bytes}
+    return {"records": records, "consumer_keying_cpu_s": consumer_keying, "producer_keying_cpu_s": producer_keying, "step_cpu_s": stepping, "state_bytes": state_bytes}
 
 
 def _finished():
@@ -113,17 +150,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", default=str(ROOT / ".millwheel" / "bench"))
     args = p.parse_args(argv)
     work = Path(args.work) / f"{args.records}-{args.keys}-{args.files}"
-    files = sorted(f for f in make_data(work, args.records, args.keys, args.files).iterdir() if f.suffix == ".parquet")
-    if args.profile:
-        prof = cProfile.Profile()
-        r = prof.runcall(run, files, args.intervals)
+    keyed, _ = make_data(work, args.records, args.keys, args.files, args.intervals)
+    files = sorted(f for f in keyed.iterdir() if f.suffix == ".parquet")
+    prof = cProfile.Profile() if args.profile else None
+    r = run(files, args.intervals, prof)
+    if prof is not None:
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
-    else:
-        r = run(files, args.intervals)
     n = r["records"]
-    print(f"{n:,} records: keying {r['keying_cpu_s']:.2f} CPU s ({r['keying_cpu_s'] / n * 1e6:.2f} us a record), "
-          f"step stage {r['step_cpu_s']:.2f} CPU s ({r['step_cpu_s'] / n * 1e6:.2f} us a record); "
-          f"interval state rows at the end {r['state_bytes'] / 1e6:.1f} MB")  # fmt: skip
+    us = {k: r[f"{k}_cpu_s"] / n * 1e6 for k in ("step", "producer_keying", "consumer_keying")}
+    print(f"{n:,} records: the consumer's step stage {r['step_cpu_s']:.2f} CPU s ({us['step']:.2f} us a record); "
+          f"keying at the producer {us['producer_keying']:.2f} us a record (the consumer's own keying pass, for unkeyed rows: "
+          f"{us['consumer_keying']:.2f} us a record); interval state rows at the end {r['state_bytes'] / 1e6:.1f} MB")  # fmt: skip
     return 0
 
 

@@ -6,8 +6,8 @@ MillWheel applies the consumer's key extraction function to a record when the re
 interval function writing a computation's productions (``_interval.py``), the log-file
 reader (``_logfiles.py``) and the driver-side injectors (``_streams.py``). Each has the
 record's value decoded in hand, so keying there costs the extractor call and nothing
-else; the consumer's query then takes key, key interval and row kind from three columns
-of the file, in the JVM, and its one Python stage decodes each value once (for the step).
+else; the consumer's query then takes key and key interval from two columns of the
+file, in the JVM, and its one Python stage decodes each value once (for the step).
 
 Per consumer ``C`` of the file's stream, a stream-log row carries ``key:C``, the key
 ``C``'s extractor returned, encoded (:func:`~millwheel._record.encode_key`), and
@@ -22,7 +22,7 @@ was produced: its key, value, timestamp, id and ``stream`` (as in the harness), 
 once for every consumer. A value changed by user code after ``produce()`` is keyed as it
 is when the step returns (values are meant to be immutable once produced).
 
->>> from millwheel._record import Record
+>>> from millwheel._record import Record, decode_key
 >>> k = Keyer({"queries": [("Counter", lambda r: r.value["q"])]}, intervals=16)
 >>> cols = k.rows([("queries", Record(None, {"q": "cats"}, 1, "a")), ("queries", Record(None, {}, 2, "b"))], ["Counter"])
 >>> [decode_key(b) if b else b for b in cols["key:Counter"]], cols["interval:Counter"][1] is None
@@ -38,10 +38,9 @@ import pyarrow as pa
 import xxhash
 
 from millwheel._deadletter import DEAD_LETTER_STREAM
-from millwheel._delivery import key_record
-from millwheel._record import Record, decode_key, encode_key
+from millwheel._record import Record, encode_key, key_problem
 
-__all__ = ["Keyer", "decode_key", "interval_of", "key_row"]
+__all__ = ["Keyer", "cached_key", "interval_of", "key_columns"]
 
 _hash = xxhash.xxh3_64_intdigest
 
@@ -73,22 +72,6 @@ def cached_key(key: Any, intervals: int, cache: dict[Any, tuple[bytes, int]]) ->
         kb = encode_key(key)
         hit = cache[ck] = (kb, interval_of(kb, intervals))
     return hit
-
-
-def key_row(
-    consumer: str,
-    stream: str,
-    extractor: Extractor,
-    record: Record,
-    intervals: int,
-    cache: dict[Any, tuple[bytes, int]],
-) -> tuple[bytes | None, int | None]:
-    """``(key bytes, interval)`` of one record for one consumer, or ``(None, None)`` when
-    its extractor fails (the consumer's own pass then makes the dead letter)."""
-    keyed, _dead = key_record(consumer, stream, extractor, record)
-    if keyed is None:
-        return None, None
-    return cached_key(keyed.key, intervals, cache)
 
 
 class Keyer:
@@ -139,11 +122,13 @@ class Keyer:
         n = len(rows)
         out: dict[str, list[Any]] = {}
         wanted = set(consumers)
-        by_stream: dict[str, list[tuple[str, Extractor]]] = {}
+        #: stream -> [(extractor, key column, interval column, key cache)]
+        by_stream: dict[str, list[tuple[Extractor, list[Any], list[Any], dict[Any, tuple[bytes, int]]]]] = {}
+        caches: dict[str, dict[Any, tuple[bytes, int]]] = {}
         for c in consumers:
             k, i = key_columns(c)
             out[k], out[i] = [None] * n, [None] * n
-        caches: dict[str, dict[Any, tuple[bytes, int]]] = {}
+            caches[c] = {}
         intervals = self.intervals
         for j, (stream, rec) in enumerate(rows):
             if rec is None:
@@ -153,13 +138,24 @@ class Keyer:
             targets = by_stream.get(stream)
             if targets is None:
                 targets = by_stream[stream] = [
-                    (c, e) for c, e in self.consumers.get(stream, ()) if c in wanted
+                    (e, out[key_columns(c)[0]], out[key_columns(c)[1]], caches[c])
+                    for c, e in self.consumers.get(stream, ())
+                    if c in wanted
                 ]
-            for c, extractor in targets:
-                k, i = key_columns(c)
-                out[k][j], out[i][j] = key_row(
-                    c, stream, extractor, rec, intervals, caches.setdefault(c, {})
-                )
+            for extractor, kcol, icol, cache in targets:
+                # the per-record path: a valid key seen before costs the extractor and a
+                # dict lookup; anything else (an exception, an invalid or unhashable key)
+                # leaves the row unkeyed for the consumer's own pass, which says why
+                try:
+                    key = extractor(rec)
+                    hit = cache.get((type(key), key))
+                except Exception:
+                    continue
+                if hit is None:
+                    if key_problem(key) is not None:
+                        continue
+                    hit = cached_key(key, intervals, cache)
+                kcol[j], icol[j] = hit
         return out
 
     def arrays(
