@@ -2,9 +2,10 @@
 
 ::
 
-    heartbeats/<C>/*.parquet ─────────────────────────────┐  (input low watermark, ticks)
-    streams/<S>/<producer>/*.parquet ─► mapInPandas(key) ─┤  (one per input stream, §4.2)
-                                                          ▼
+    heartbeats/<C>/*.parquet ─────────────────────────────────────────┐  (input low watermark, ticks)
+    streams/<S>/<producer>/*.parquet ─┬─ interval:C set: key:C, interval:C ┤  (keyed by the producer, §4.2)
+                                      └─ interval:C null ─► mapInArrow(key) ┤  (the consumer's own pass)
+                                                                          ▼
         union ─► withWatermark("wm_ts", "0 seconds") ─► groupBy(interval)
               ─► applyInPandasWithState(IntervalStep, EventTimeTimeout)
               ─► foreachBatch(Outbox.sink)  ──(after commit)──► streams/<out>/<C>/
