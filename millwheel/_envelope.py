@@ -23,6 +23,7 @@ and filter are rewritten in the version 3 form the first time the key gets new i
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -307,12 +308,35 @@ class DedupIndex:
 
 def _chunks(ids: list[str], timestamps: list[int], gc_interval_ms: int) -> tuple[bytes, list[int], int]:
     """``ids`` as msgpack chunks ``[ids, timestamp]``, one per ``gc_interval_ms`` bucket of
-    their timestamps, each under the newest of its ids; returns the bytes, each id's
-    stored timestamp and the oldest chunk's."""
+    their timestamps (in bucket order), each under the newest of its ids; returns the bytes,
+    each id's stored timestamp and the oldest chunk's."""
     width = max(1, gc_interval_ms)
     lo, hi = min(timestamps), max(timestamps)
     if lo // width == hi // width:  # the common case: one step's ids, one bucket
         return _packb([ids, hi]), [hi] * len(ids), hi
+    if timestamps == sorted(timestamps):  # records usually arrive in time order
+        return _chunks_sorted(ids, timestamps, width)
+    return _chunks_by_dict(ids, timestamps, width)
+
+
+def _chunks_sorted(ids: list[str], timestamps: list[int], width: int) -> tuple[bytes, list[int], int]:
+    """:func:`_chunks` of ids whose timestamps are sorted: each bucket is a slice, found by
+    bisection (Python work per bucket, not per id)."""
+    n = len(ids)
+    parts: list[bytes] = []
+    stamps: list[int] = []
+    i = 0
+    while i < n:
+        j = bisect_left(timestamps, (timestamps[i] // width + 1) * width, i)
+        top = timestamps[j - 1]
+        parts.append(_packb([ids[i:j], top]))
+        stamps += [top] * (j - i)
+        i = j
+    return b"".join(parts), stamps, stamps[0]
+
+
+def _chunks_by_dict(ids: list[str], timestamps: list[int], width: int) -> tuple[bytes, list[int], int]:
+    """:func:`_chunks` of ids in any order."""
     buckets: dict[int, tuple[list[str], list[int]]] = {}
     for rid, ts in zip(ids, timestamps, strict=True):
         b = buckets.get(ts // width)
@@ -322,7 +346,7 @@ def _chunks(ids: list[str], timestamps: list[int], gc_interval_ms: int) -> tuple
             b[0].append(rid)
             b[1].append(ts)
     parts, stamps_of = [], {}
-    for b_ids, b_ts in buckets.values():
+    for _, (b_ids, b_ts) in sorted(buckets.items()):
         top = max(b_ts)
         parts.append(_packb([b_ids, top]))
         stamps_of.update(dict.fromkeys(b_ids, top))

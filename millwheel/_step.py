@@ -24,6 +24,7 @@ import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
+from operator import attrgetter
 from typing import Any
 
 import xxhash
@@ -349,14 +350,14 @@ class StepRunner:
         n = c.records_in = len(records)
         duplicates = late_n = processed = 0
         if n:
-            tss = [r.timestamp for r in records]
+            tss = list(map(_timestamp_of, records))
             any_late = min(tss) < late_wm
             if dedup is not None:
                 # one call for the whole step: fingerprints and Bloom checks in C-level
                 # passes. A late record is remembered under the watermark it was late for,
                 # so a re-delivery is a duplicate and not counted late again
                 kept = dedup.admit(
-                    [r.id for r in records], [t if t >= late_wm else late_wm for t in tss] if any_late else tss, stats
+                    list(map(_id_of, records)), [t if t >= late_wm else late_wm for t in tss] if any_late else tss, stats
                 )
                 if kept is not None:
                     records = list(compress(records, kept))
@@ -496,6 +497,11 @@ class StepRunner:
             next_low_watermark_timer=next_lw,
             next_wall_timer=next_wall,
         )
+
+
+#: a record's timestamp and id, for C-level passes over a step's records
+_timestamp_of = attrgetter("timestamp")
+_id_of = attrgetter("id")
 
 
 def _encoded(state: State, codec: Any) -> bytes | None:

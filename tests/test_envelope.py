@@ -15,6 +15,8 @@ from millwheel._envelope import (
     DedupStats,
     Envelope,
     PendingProduction,
+    _chunks_by_dict,
+    _chunks_sorted,
 )
 
 timestamps = st.integers(min_value=-(2**63), max_value=2**63 - 1)
@@ -170,3 +172,21 @@ def test_admit_is_the_batched_form_of_seen_and_add(first, second):
             idx.finish(-(2**62), 0.01, None, 0, stats)
         batched, single = DedupIndex.from_wire(batched.to_wire()), DedupIndex.from_wire(single.to_wire())
     assert batched.ids() == single.ids()
+
+
+@given(
+    st.lists(st.tuples(st.text(min_size=1, max_size=6), st.integers(min_value=-(10**6), max_value=10**6)), min_size=1, max_size=120, unique_by=lambda x: x[0]),
+    st.sampled_from([1, 1_000, 60_000]),
+)
+def test_id_chunks_of_sorted_timestamps_are_found_by_bisection_as_by_a_dict(pairs, width):
+    ids, tss = [rid for rid, _ in pairs], sorted(ts for _, ts in pairs)
+    by_dict = _chunks_by_dict(ids, tss, width)
+    assert _chunks_sorted(ids, tss, width) == by_dict
+    blob, stamps, oldest = by_dict
+    # every id is stored once, under the newest timestamp of its bucket, never below its own
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(blob)
+    stored = {rid: ts for chunk_ids, ts in unpacker for rid in chunk_ids}
+    assert stored == dict(zip(ids, stamps, strict=True))
+    assert all(s >= t and s // width == t // width for s, t in zip(stamps, tss, strict=True))
+    assert oldest == min(stamps)

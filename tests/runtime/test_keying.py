@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from millwheel import Computation, Record, SampleSource, Topology
+from millwheel import Record
 from millwheel._codec import decode_value, encode_value
 from millwheel._record import decode_key, encode_key
 from millwheel.runtime._fs import Location
@@ -18,9 +18,7 @@ from millwheel.runtime._keying import Keyer, interval_of
 from millwheel.runtime._streams import FileStreamLog, records_table
 from millwheel.runtime._wire import RowKind
 
-
-def _by_n(r: Record) -> int:
-    return r.value["n"] % 3
+from ._chain import by_n, chain
 
 
 def _seen_stream(r: Record) -> str:
@@ -28,7 +26,7 @@ def _seen_stream(r: Record) -> str:
 
 
 def test_rows_are_keyed_for_the_consumers_of_their_stream_only():
-    keyer = Keyer({"in": [("A", _by_n), ("B", _seen_stream)], "out": [("C", _by_n)]}, intervals=8)
+    keyer = Keyer({"in": [("A", by_n), ("B", _seen_stream)], "out": [("C", by_n)]}, intervals=8)
     assert keyer.consumers_of(["in"]) == ["A", "B"] and keyer.consumers_of(["out", "nothing"]) == ["C"]
     rows = [("in", Record(None, {"n": 4}, 1, "a")), ("out", Record(None, {"n": 5}, 2, "b")), ("_summary", None), ("in", Record(None, {}, 3, "c"))]
     cols = keyer.rows(rows, ["A", "B", "C"])
@@ -43,7 +41,7 @@ def test_rows_are_keyed_for_the_consumers_of_their_stream_only():
 
 def test_the_consumer_pass_gives_the_rows_the_producer_would():
     recs = [Record(None, {"n": n}, 1_000 + n, f"r{n}") for n in range(20)] + [Record(None, {"x": 1}, 5, "bad")]
-    keyer = Keyer({"in": [("A", _by_n)]}, intervals=4)
+    keyer = Keyer({"in": [("A", by_n)]}, intervals=4)
     table = records_table(recs, None, keyer, "in")
     assert table.column_names[-2:] == ["key:A", "interval:A"]
     batch = pa.RecordBatch.from_pydict({
@@ -51,32 +49,17 @@ def test_the_consumer_pass_gives_the_rows_the_producer_would():
         "value": [encode_value(r.value) for r in recs], "wm": pa.nulls(len(recs), pa.int64()),
         "src": ["f"] * len(recs), "row": list(range(len(recs))),
     })  # fmt: skip
-    (out,) = make_key_extractor("A", "in", _by_n, 4)(iter([batch]))
+    (out,) = make_key_extractor("A", "in", by_n, 4)(iter([batch]))
     assert out.column("key").to_pylist()[:-1] == table.column("key:A").to_pylist()[:-1]
     assert out.column("interval").to_pylist()[:-1] == table.column("interval:A").to_pylist()[:-1]
     assert out.column("kind").to_pylist()[-1] == RowKind.DEAD_LETTER and table.column("interval:A")[-1].as_py() is None
-
-
-class Double(Computation):
-    def process_record(self, record: Record) -> None:
-        self.produce("doubled", record.value["n"] * 2)
-
-
-class Sum(Computation):
-    def process_record(self, record: Record) -> None:
-        total = self.state.get(0) + record.value
-        self.state.set(total)
-        self.produce("sums", total)
 
 
 @pytest.mark.spark
 def test_producers_key_their_rows_and_unkeyed_files_still_arrive(spark, run_dir):
     """Injector and computation files carry ``key:C``/``interval:C``; a file written without
     them (an older writer) and a record whose extractor fails go through the consumer's pass."""
-    t = Topology("keying")
-    t.injector("in", SampleSource([Record(None, {"n": i}, 1_000 + i, f"r{i}") for i in range(30)], batch_size=10))
-    t.computation(Double, inputs={"in": _by_n}, outputs=["doubled"])
-    t.computation(Sum, inputs={"doubled": lambda r: "all"}, outputs=["sums"])
+    t = chain("keying", [Record(None, {"n": i}, 1_000 + i, f"r{i}") for i in range(30)], batch_size=10)
     legacy = FileStreamLog(Location.of(run_dir))  # no keyer: the rows carry no key columns
     legacy.ensure("in", "in")
     legacy.append("in", "in", "legacy", [Record(None, {"n": 100 + i}, 1_050 + i, f"old{i}") for i in range(5)] + [Record(None, {"x": 0}, 1_060, "bad")])
@@ -93,7 +76,7 @@ def test_producers_key_their_rows_and_unkeyed_files_still_arrive(spark, run_dir)
     assert keyed and all(t.column_names[-2:] == ["key:Double", "interval:Double"] for t in keyed)
     for table in keyed:
         for kb, iv, value in zip(table.column("key:Double").to_pylist(), table.column("interval:Double").to_pylist(), table.column("value").to_pylist(), strict=True):
-            assert kb == encode_key(_by_n(Record(None, decode_value(value), 0, "x")))
+            assert kb == encode_key(by_n(Record(None, decode_value(value), 0, "x")))
             assert iv == interval_of(kb, 4)
     doubled = [pq.read_table(p) for p in (streams / "doubled" / "Double").glob("*.parquet")]
     assert doubled and all(decode_key(k) == "all" for t in doubled for k in t.column("key:Sum").to_pylist())

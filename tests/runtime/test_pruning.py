@@ -7,30 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from millwheel import Computation, Record, SampleSource, Topology
+from millwheel import Record
 from millwheel.runtime import RuntimeSettings, SparkRuntime
+
+from ._chain import chain
 
 pytestmark = pytest.mark.spark
 
 
-class Double(Computation):
-    def process_record(self, record: Record) -> None:
-        self.produce("doubled", record.value["n"] * 2)
-
-
-class Sum(Computation):
-    def process_record(self, record: Record) -> None:
-        total = self.state.get(0) + record.value
-        self.state.set(total)
-        self.produce("sums", total)
-
-
 def test_consumed_files_are_pruned_and_every_record_arrives(spark, run_dir):
     records = [Record(None, {"n": i}, 1_000 + i, f"r{i}") for i in range(60)]
-    t = Topology("pruning")
-    t.injector("in", SampleSource(records, batch_size=6))
-    t.computation(Double, inputs={"in": lambda r: r.value["n"] % 3}, outputs=["doubled"])
-    t.computation(Sum, inputs={"doubled": lambda r: "all"}, outputs=["sums"])
+    t = chain("pruning", records, batch_size=6)
     rt = SparkRuntime(t, run_dir, RuntimeSettings(drain=True, intervals=2, prune_streams=True, poll_ms=50), spark=spark)
     rt.run(timeout_s=600)
     assert sorted(rt.values("doubled")) == [2 * i for i in range(60)]
