@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load-batch", type=int, default=500_000)
     p.add_argument("--quick", action="store_true", help="10k and 100k held keys, both layouts")
     p.add_argument("--work", default=str(ROOT / ".millwheel" / "bench" / "state"))
+    p.add_argument("--out", default=str(RESULTS), help="results file (a partial run: give another one)")
     args = p.parse_args(argv)
     if args.quick:
         args.intervals_held = args.keys_held = "10000,100000"
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({r['vs_smallest_held']}x the smallest held)  commit {r['commit_ms_median']} ms  state on disk {r['checkpoint_state_bytes'] / 1e6:,.0f} MB  "
               f"run {r['run_s']} s", flush=True)  # fmt: skip
         shutil.rmtree(work / f"{layout}-{provider}-{held}", ignore_errors=True)
-    write_results(RESULTS, {"args": vars(args), "results": results})
+    write_results(Path(args.out), {"args": vars(args), "results": results})
     return 0
 
 
