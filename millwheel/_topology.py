@@ -148,7 +148,10 @@ class Topology:
 
         ``inputs`` maps each input stream to the key extractor this computation applies to
         it (§4.2); a list of stream names, or ``None`` as extractor, keeps the record's key.
-        ``params`` are keyword arguments for the class's constructor.
+        An extractor gets the record as produced, with ``stream`` set to the input stream;
+        it should be a pure function of the record (the Spark runtime applies it where the
+        record is written, once for every consumer, and again in the consumer only for a
+        record it failed on). ``params`` are keyword arguments for the class's constructor.
         """
         if not (isinstance(cls, type) and issubclass(cls, Computation)):
             msg = f"Topology.computation expects a Computation subclass, got {cls!r}"

@@ -50,7 +50,13 @@ from millwheel._once import resolve_once
 from millwheel._record import MIN_TIMESTAMP, Production, Record, decode_key, encode_key
 from millwheel._step import StepRunner
 from millwheel._topology import ComputationSpec
-from millwheel.runtime._keying import Keyer, cached_key, dead_interval, wants_dead_letters
+from millwheel.runtime._keying import (
+    Keyer,
+    cached_key,
+    dead_interval,
+    key_columns,
+    wants_dead_letters,
+)
 from millwheel.runtime._wire import (
     KEYED_ARROW_SCHEMA,
     OUT_SCHEMA,
@@ -74,31 +80,47 @@ STEP_METRICS = METRICS[:-2]
 
 
 def make_key_extractor(consumer: str, stream: str, extractor: Callable[[Record], Any], intervals: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """A ``mapInArrow`` function: stream-log rows -> rows keyed by the consumer's extractor (§4.2).
+    """A ``mapInArrow`` function: stream-log rows -> rows keyed for ``consumer`` (§4.2).
 
-    The consumer's own keying pass, for the rows their producer did not key for it
-    (``_keying.py``: a failed extractor, or a file written before this consumer read
-    the stream). Arrow in, Arrow out: the id, timestamp, value, sender watermark and file
-    columns pass through as they are; only the key, its interval and the row kind are
-    computed, with one :func:`~millwheel._delivery.key_record` call per record.
+    Rows their producer keyed for this consumer (``_keying.py``: the ``key:C`` and
+    ``interval:C`` columns) pass through as Arrow arrays, with no Python per row and no
+    value decoded. The others — a failed extractor, or a file written before this
+    consumer read the stream — are keyed here, one :func:`~millwheel._delivery.key_record`
+    call per record, which makes the dead letter of a failure with its reason. The id,
+    timestamp, value, sender watermark and file columns pass through as they are.
     """
     kind_record = int(RowKind.RECORD)
+    kcol, icol = key_columns(consumer)
 
     def extract(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         cache: dict[Any, tuple[bytes, int]] = {}
+        names: list[str] = []
         for b in batches:
             n = b.num_rows
             if n == 0:
+                continue
+            if not names:
+                names = b.schema.names
+            given = b.column(icol) if icol in names else None
+            if given is not None and given.null_count == 0:  # the common case: keyed by the producer
+                yield pa.RecordBatch.from_arrays(
+                    [given, pa.repeat(pa.scalar(kind_record, pa.int32()), n), b.column(kcol), b.column("id"), b.column("ts"),
+                     b.column("value"), b.column("wm"), pa.repeat(pa.scalar(stream, pa.string()), n), b.column("src"),
+                     b.column("row"), pa.nulls(n, pa.int64())],
+                    schema=KEYED_ARROW_SCHEMA,
+                )  # fmt: skip
                 continue
             ids = b.column("id").to_pylist()
             tss = b.column("ts").to_pylist()
             pkeys = b.column("key")
             pkeys_l = [None] * n if pkeys.null_count == n else pkeys.to_pylist()
             vals = b.column("value").to_pylist()
-            o_interval = [0] * n
-            o_key: list[bytes | None] = [None] * n
+            o_interval = [0] * n if given is None else given.to_pylist()
+            o_key: list[bytes | None] = [None] * n if given is None else b.column(kcol).to_pylist()
             dead_rows: list[tuple[int, int, Record | None]] = []
             for i in range(n):
+                if o_key[i] is not None:
+                    continue  # keyed by the producer
                 pk = pkeys_l[i]
                 rec = Record(None if pk is None else decode_key(pk), decode_value(vals[i]), tss[i], ids[i], stream)
                 keyed, dead = key_record(consumer, stream, extractor, rec)
@@ -108,7 +130,7 @@ def make_key_extractor(consumer: str, stream: str, extractor: Callable[[Record],
                 o_interval[i] = dead_interval(ids[i], intervals)
                 dead_rows.append((i, int(RowKind.DROPPED) if dead is None else int(RowKind.DEAD_LETTER), dead))
             id_col, ts_col, val_col = b.column("id"), b.column("ts"), b.column("value")
-            kinds = pa.array([kind_record] * n, pa.int32())
+            kinds = pa.repeat(pa.scalar(kind_record, pa.int32()), n)
             if dead_rows:
                 o_kind = [kind_record] * n
                 for i, kind, dead in dead_rows:
@@ -119,7 +141,7 @@ def make_key_extractor(consumer: str, stream: str, extractor: Callable[[Record],
                 id_col, ts_col, val_col = pa.array(ids, pa.string()), pa.array(tss, pa.int64()), pa.array(vals, pa.binary())
             yield pa.RecordBatch.from_arrays(
                 [pa.array(o_interval, pa.int32()), kinds, pa.array(o_key, pa.binary()), id_col, ts_col, val_col,
-                 b.column("wm"), pa.array([stream] * n, pa.string()), b.column("src"), b.column("row"), pa.nulls(n, pa.int64())],
+                 b.column("wm"), pa.repeat(pa.scalar(stream, pa.string()), n), b.column("src"), b.column("row"), pa.nulls(n, pa.int64())],
                 schema=KEYED_ARROW_SCHEMA,
             )  # fmt: skip
 

@@ -2,10 +2,9 @@
 
 ::
 
-    heartbeats/<C>/*.parquet ─────────────────────────────────────────┐  (input low watermark, ticks)
-    streams/<S>/<producer>/*.parquet ─┬─ interval:C set: key:C, interval:C ┤  (keyed by the producer, §4.2)
-                                      └─ interval:C null ─► mapInArrow(key) ┤  (the consumer's own pass)
-                                                                          ▼
+    heartbeats/<C>/*.parquet ─────────────────────────────┐  (input low watermark, ticks)
+    streams/<S>/<producer>/*.parquet ─► mapInArrow(key) ──┤  (one per input stream, §4.2: rows keyed
+                                                          ▼   by their producer pass through)
         union ─► withWatermark("wm_ts", "0 seconds") ─► groupBy(interval)
               ─► applyInPandasWithState(IntervalStep, EventTimeTimeout)
               ─► foreachBatch(Outbox.sink)  ──(after commit)──► streams/<out>/<C>/
@@ -33,7 +32,7 @@ from millwheel._topology import ComputationSpec
 from millwheel.runtime._context import DriverContext
 from millwheel.runtime._fs import Location
 from millwheel.runtime._interval import IntervalStep, make_key_extractor
-from millwheel.runtime._keying import Keyer, key_columns
+from millwheel.runtime._keying import Keyer
 from millwheel.runtime._lease import FencedError, Lease
 from millwheel.runtime._mapstate import make_processor
 from millwheel.runtime._outbox import Outbox
@@ -45,7 +44,6 @@ from millwheel.runtime._wire import (
     LOG_SCHEMA,
     STATE_SCHEMA,
     IntervalSummary,
-    RowKind,
     interval_name,
     to_spark,
 )
@@ -227,7 +225,6 @@ class ComputationQuery:
             )
         )  # fmt: skip
         parts = [hb]  # first: Spark plans sources in this order
-        kcol, icol = (f"`{c}`" for c in key_columns(self.name))
         schema = f"{LOG_SCHEMA}, {Keyer.ddl([self.name])}"
         for stream, extractor in self.spec.inputs.items():
             readers = []
@@ -242,15 +239,11 @@ class ComputationQuery:
                     .withColumn("src", F.col("_metadata.file_name")).withColumn("row", F.col("_metadata.row_index"))
                 )
             raw = reduce(lambda a, b: a.unionByName(b), readers)
-            # keyed by their producer (``_keying.py``): key and interval are columns, no Python here
-            keyed = raw.where(F.col(icol).isNotNull()).select(
-                F.col(icol).alias("interval"), F.lit(int(RowKind.RECORD)).alias("kind"), F.col(kcol).alias("key"),
-                "id", "ts", "value", "wm", F.lit(stream).alias("stream"), "src", "row", F.lit(None).cast("long").alias("now"),
-            )  # fmt: skip
-            # the rest (a failed extractor, a file keyed before this consumer read the stream): its own pass
-            rest = raw.where(F.col(icol).isNull()).drop(kcol, icol)
-            rest = rest.mapInArrow(make_key_extractor(self.name, stream, extractor, self.intervals), KEYED_SCHEMA)
-            parts.append(keyed.unionByName(rest).withColumn("wm_ts", F.lit(None).cast("timestamp")))
+            # one Python pass per input: rows keyed by their producer (``_keying.py``) pass
+            # through as Arrow arrays; the rest are keyed there. One plan node per input
+            # directory: a file source read twice would be two entries of the offset log
+            keyed = raw.mapInArrow(make_key_extractor(self.name, stream, extractor, self.intervals), KEYED_SCHEMA)
+            parts.append(keyed.withColumn("wm_ts", F.lit(None).cast("timestamp")))
         union = reduce(lambda a, b: a.unionByName(b), parts).withWatermark("wm_ts", "0 seconds")
         keyer = self.rt.keyer
         if settings.state_layout == "keys":

@@ -53,6 +53,15 @@ def test_the_consumer_pass_gives_the_rows_the_producer_would():
     assert out.column("key").to_pylist()[:-1] == table.column("key:A").to_pylist()[:-1]
     assert out.column("interval").to_pylist()[:-1] == table.column("interval:A").to_pylist()[:-1]
     assert out.column("kind").to_pylist()[-1] == RowKind.DEAD_LETTER and table.column("interval:A")[-1].as_py() is None
+    # the producer's columns: keyed rows pass through (values never decoded), the failed one is keyed here
+    with_keys = batch.append_column("key:A", table.column("key:A").combine_chunks()).append_column("interval:A", table.column("interval:A").combine_chunks())
+    (mixed,) = make_key_extractor("A", "in", by_n, 4)(iter([with_keys]))
+    assert mixed.to_pydict() == out.to_pydict()
+    keyed_only = with_keys.slice(0, len(recs) - 1).replace_schema_metadata()
+    garbage = keyed_only.set_column(keyed_only.schema.get_field_index("value"), "value", pa.array([b"not a pickle"] * keyed_only.num_rows))
+    (passed,) = make_key_extractor("A", "in", by_n, 4)(iter([garbage]))
+    assert passed.column("key").to_pylist() == out.column("key").to_pylist()[:-1]
+    assert set(passed.column("kind").to_pylist()) == {RowKind.RECORD}
 
 
 @pytest.mark.spark
@@ -80,3 +89,10 @@ def test_producers_key_their_rows_and_unkeyed_files_still_arrive(spark, run_dir)
             assert iv == interval_of(kb, 4)
     doubled = [pq.read_table(p) for p in (streams / "doubled" / "Double").glob("*.parquet")]
     assert doubled and all(decode_key(k) == "all" for t in doubled for k in t.column("key:Sum").to_pylist())
+    # one source per input directory, plus the heartbeats: the driver reads which files a
+    # batch consumed from the offset log by source position (``_query._Consumed``), so an
+    # input directory must appear in the plan once
+    for name in ("Double", "Sum"):
+        offsets = Path(run_dir) / "checkpoints" / name / "offsets"
+        last = max(offsets.iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1)
+        assert len(last.read_text().splitlines()[2:]) == 2, last.read_text()
