@@ -8,7 +8,8 @@ in one process, 10 batches, 16 key intervals:
 * the consumer's one Python stage, the per-interval step (``IntervalStep``, the default
   layout, on pandas frames grouped by key interval, state carried from batch to batch),
   fed as Spark feeds it: key and interval taken from the producer's ``key:C`` /
-  ``interval:C`` columns (``millwheel/runtime/_keying.py``) with Arrow, no Python per row;
+  ``interval:C`` columns (``millwheel/runtime/_keying.py``) with Arrow, no Python per row,
+  as the consumer's keying function passes them through;
 * what keying costs where it happens: the producer's (:class:`Keyer` on records whose
   values it has in hand) and, for comparison, the consumer's own keying pass
   (``make_key_extractor``, what rows not keyed for it still pay: it decodes each value).
@@ -71,8 +72,8 @@ class _State:
 
 
 def _keyed_frame(table: pa.Table) -> pa.Table:
-    """What the consumer's query hands its step for producer-keyed rows (``_query.py``):
-    columns renamed and added in the JVM there, with Arrow here."""
+    """What the consumer's query hands its step for producer-keyed rows: the columns its
+    keying function passes through (``make_key_extractor``), renamed and added with Arrow."""
     kcol, icol = key_columns("WindowCount")
     n = table.num_rows
     return pa.table({

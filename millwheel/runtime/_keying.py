@@ -6,8 +6,8 @@ MillWheel applies the consumer's key extraction function to a record when the re
 interval function writing a computation's productions (``_interval.py``), the log-file
 reader (``_logfiles.py``) and the driver-side injectors (``_streams.py``). Each has the
 record's value decoded in hand, so keying there costs the extractor call and nothing
-else; the consumer's query then takes key and key interval from two columns of the
-file, in the JVM, and its one Python stage decodes each value once (for the step).
+else; the consumer's keying function passes such rows through as Arrow arrays (no
+value decoded there), so the consumer decodes each value once, for the step.
 
 Per consumer ``C`` of the file's stream, a stream-log row carries ``key:C``, the key
 ``C``'s extractor returned, encoded (:func:`~millwheel._record.encode_key`), and
