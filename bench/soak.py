@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import sys
 import time
 from collections import Counter
@@ -32,6 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from faults.campaign import CLASSES, Campaign  # noqa: E402
 
 RESULTS = Path(__file__).with_name("results") / "soak.json"
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-trigger", type=int, default=2, help="stream files per computation micro-batch (the CI campaign: 1)")
     p.add_argument("--classes", default=",".join(CLASSES), help=f"fault classes (default all: {','.join(CLASSES)}; --cluster adds executor)")
     args = p.parse_args(argv)
+    # a SIGTERM stops the soak as Ctrl-C does: the campaign kills its driver and authority
+    # and unmounts the run directory's tmpfs on the way out
+    signal.signal(signal.SIGTERM, _terminate)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
     lo, hi = (float(x) for x in args.every.split(","))
     work = Path(args.workdir or f"/tmp/millwheel-soak-{seed}")

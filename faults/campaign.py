@@ -249,6 +249,14 @@ class Campaign:
         plan = self.result.plan = self.plan()
         if self.disk is not None:
             self.disk.mount()
+        try:
+            return self._run(plan, started)
+        finally:
+            if self.disk is not None:
+                with contextlib.suppress(Exception):
+                    self.disk.unmount()
+
+    def _run(self, plan: list[str], started: float) -> Result:
         self.authority.start()
         proc = None
         try:
@@ -274,9 +282,6 @@ class Campaign:
         self.result.report = check_run(str(self.root), str(self.data), authority_dir=self.authority.data_dir)
         self.result.elapsed_s = time.monotonic() - started
         self.log(self.result.line())
-        if self.disk is not None:
-            with contextlib.suppress(Exception):
-                self.disk.unmount()
         return self.result
 
     def _replace(self, proc: Any) -> Any:
