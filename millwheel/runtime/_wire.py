@@ -9,7 +9,8 @@ share these definitions.
   :func:`millwheel._codec.encode_value`) and the *sender watermark*: the injector low watermark in force when the record
   was sent (null for computations' productions). A record with ``ts < wm`` is late (§4.5)
   whatever batch it travels in, exactly as in the harness, where lateness is judged
-  against the watermark at arrival.
+  against the watermark at arrival. Then, per consumer ``C`` of the stream, ``key:C`` and
+  ``interval:C``: the record keyed for ``C`` by its producer (``_keying.py``).
 * **Spark time.** Spark's event-time watermark is a non-negative timestamp and starts at
   0; millwheel timestamps are signed ms with ``MIN_TIMESTAMP``/``MAX_TIMESTAMP`` as
   "nothing known" / "finished". :func:`to_spark` shifts by :data:`SPARK_OFFSET` so that
