@@ -94,14 +94,11 @@ def make_key_extractor(consumer: str, stream: str, extractor: Callable[[Record],
 
     def extract(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         cache: dict[Any, tuple[bytes, int]] = {}
-        names: list[str] = []
         for b in batches:
             n = b.num_rows
             if n == 0:
                 continue
-            if not names:
-                names = b.schema.names
-            given = b.column(icol) if icol in names else None
+            given = b.column(icol) if b.schema.get_field_index(icol) >= 0 else None
             if given is not None and given.null_count == 0:  # the common case: keyed by the producer
                 yield pa.RecordBatch.from_arrays(
                     [given, pa.repeat(pa.scalar(kind_record, pa.int32()), n), b.column(kcol), b.column("id"), b.column("ts"),

@@ -106,11 +106,14 @@ class LogFileDataSource(DataSource):
 
 def keyer_options(keyer: Keyer, stream: str) -> dict[str, str]:
     """The reader options that make it key its rows for the consumers of ``stream`` and of dead letters."""
-    consumers = keyer.consumers_of([stream, DEAD_LETTER_STREAM])
+    streams = [stream, DEAD_LETTER_STREAM]
+    consumers = keyer.consumers_of(streams)
     if not consumers:
         return {}
-    # extractors may be lambdas or live in a topology file (``_usercode.py``)
-    blob = cloudpickle.dumps(keyer, protocol=pickle.HIGHEST_PROTOCOL)
+    # only the extractors of what the reader writes; they may be lambdas or live in a
+    # topology file (``_usercode.py``)
+    mine = Keyer({s: keyer.consumers.get(s, []) for s in streams}, keyer.intervals)
+    blob = cloudpickle.dumps(mine, protocol=pickle.HIGHEST_PROTOCOL)
     return {"keyer": base64.b64encode(blob).decode(), "keyed_for": json.dumps(consumers)}
 
 
