@@ -76,6 +76,13 @@ class State:
         """Drop the key's state."""
         self.set(None)
 
+    def reset(self, raw: bytes | None) -> None:
+        """Back to ``raw`` as stored, undecoded (a rollback to a savepoint)."""
+        self._raw = raw
+        self._value = None
+        self._loaded = raw is None
+        self.dirty = False
+
     def encoded(self) -> bytes | None:
         if not self.dirty:
             return self._raw
@@ -93,6 +100,21 @@ class _NoKey:
     def __getattr__(self, name: str) -> Any:
         msg = f"{self.owner}: key, state, timers and produce are only available inside process_record/process_timer"
         raise ComputationError(msg)
+
+
+class _StateSlot:
+    """``Computation.state``, the key's persistent state (§4.4).
+
+    User code reads ``self.state`` once or twice per record, so it costs one dict lookup:
+    the step puts the key's :class:`State` in the computation's ``__dict__`` for its
+    duration (this is a non-data descriptor, so the instance's entry wins). Outside a
+    step there is no entry and this reaches the per-key context, which raises.
+    """
+
+    def __get__(self, obj: Any, cls: Any = None) -> Any:
+        if obj is None:
+            return self
+        return obj._ctx.state
 
 
 class Computation:
@@ -131,10 +153,7 @@ class Computation:
         """The key being processed (§4.2)."""
         return self._ctx.key
 
-    @property
-    def state(self) -> State:
-        """The key's persistent state (§4.4)."""
-        return self._ctx.state
+    state: State = _StateSlot()  # type: ignore[assignment]
 
     @property
     def now(self) -> int:

@@ -238,7 +238,7 @@ class _KeyContext:
 
     def rollback(self, sp: tuple[Any, ...]) -> None:
         state_bytes, timers, n, self.seq, self.behind_watermark, self.held = sp
-        self.state = State(self.runner.codec, state_bytes)
+        self.state.reset(state_bytes)  # the same object: the computation holds it for the step
         self.timers.clear()
         self.timers.update(timers)
         del self.productions[n:]
@@ -302,6 +302,7 @@ class StepRunner:
             return self._attempt(key, envelope, records, low_watermark, now, late_wm, [])
         finally:
             self.computation._ctx = _NoKey(self.name)  # type: ignore[assignment]
+            self.computation.__dict__.pop("state", None)
 
     def _dead_letter(self, key: Key, failure: _Failure, now: int) -> Production | None:
         """The dead letter of a failure; ``None`` for a dead letter that failed (terminal rule)."""
@@ -337,6 +338,7 @@ class StepRunner:
         env = Envelope.decode(envelope)
         ctx = _KeyContext(self, key, env, low_watermark, now)
         comp._ctx = ctx
+        comp.__dict__["state"] = ctx.state  # see Computation.state
         c = _Counters()
         dedup = env.dedup if opts.exactly_once else None
         late = opts.late

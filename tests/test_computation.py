@@ -33,6 +33,8 @@ def test_accessors_inside_a_step_and_setup_is_called():
 def test_accessors_outside_a_step_name_the_computation():
     h = Harness.for_computation(Greeter, inputs=["in"], outputs=["out"])
     comp = h._runner("Greeter").computation
+    h.inject("in", [Record("bob", None, 5, "a")])
+    h.run()  # after a step too: the step takes its key's state away again
     with pytest.raises(ComputationError, match=r"Greeter: key, state, timers and produce are only available inside process_record"):
         comp.state.get()
     with pytest.raises(ComputationError, match="only available inside"):
