@@ -9,6 +9,7 @@ rename and need the Kafka-backed stream instead (see ``docs/runtime.md``).
 from __future__ import annotations
 
 import os
+import uuid
 from dataclasses import dataclass
 
 import pyarrow.fs as pafs
@@ -57,9 +58,10 @@ class Location:
             return None
 
     def write_text(self, text: str) -> None:
-        """Write atomically: a hidden temporary file, then a rename."""
+        """Write atomically: a hidden temporary file, then a rename. The temporary file's
+        name is unique, so two writers (a driver and its zombie) never rename each other's."""
         parent, name = self.path.rsplit("/", 1)
-        tmp = f"{parent}/.{name}.tmp"
+        tmp = f"{parent}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
         with self.fs.open_output_stream(tmp) as f:
             f.write(text.encode())
         self.fs.move(tmp, self.path)

@@ -38,7 +38,10 @@ class SourceInjector:
         self.name = spec.name
         self.stream = spec.stream
         self.source: Source | None = spec.source
-        self.state_file = rt.root.child("injectors", f"{self.name}.json")
+        #: the position, one file per lease epoch (``<epoch>.json``): a zombie driver that
+        #: writes after it was fenced writes an older epoch's file, which nobody reads
+        self.state_dir = rt.root.child("injectors", self.name)
+        self._older_removed = False
         self.position = 0
         self.low_watermark = MIN_TIMESTAMP
         self.records_out = 0
@@ -51,9 +54,9 @@ class SourceInjector:
         self.lease = Lease(rt.root.child("leases", f"injector.{self.name}"), f"injector {self.name!r}")
 
     def start(self) -> None:
-        self.rt.root.child("injectors").mkdirs()
+        self.state_dir.mkdirs()
         self.lease.acquire()
-        text = self.state_file.read_text()
+        text = self._saved_position()
         if text:
             saved = json.loads(text)
             self.position, self.low_watermark = saved["position"], saved["low_watermark"]
@@ -77,6 +80,9 @@ class SourceInjector:
             if batch is None:
                 self.finished = True
                 break
+            # before each batch's writes, not only once per driver round: a driver paused
+            # here for long enough to be replaced stops instead of writing on
+            self.lease.check()
             good, dead = self._checked(batch.records)
             self.rt.streams.append(self.stream, self.name, f"s{self.position:010d}", good, self.low_watermark)
             dead += batch.dead_letters
@@ -88,8 +94,26 @@ class SourceInjector:
             self.records_out += len(good)
             self.newest = max([self.newest, *(r.timestamp for r in good)])
             self.low_watermark = max(self.low_watermark, batch.low_watermark)
-            self.state_file.write_text(json.dumps({"position": self.position, "low_watermark": self.low_watermark, "records_out": self.records_out, "dead_letters": self.dead_letters}))
+            self._save_position()
         self.rt.watermarks.report_injector(self.name, "driver", self.low_watermark)
+
+    def _saved_position(self) -> str | None:
+        """The newest epoch's position file (a driver's own epoch is the newest once it has
+        written); a run directory from before the per-epoch files has ``injectors/<name>.json``."""
+        epochs = sorted(int(n[:-5]) for n in self.state_dir.list() if n.endswith(".json") and n[:-5].isdigit())
+        if epochs:
+            return self.state_dir.child(f"{epochs[-1]:012d}.json").read_text()
+        return self.rt.root.child("injectors", f"{self.name}.json").read_text()
+
+    def _save_position(self) -> None:
+        saved = {"position": self.position, "low_watermark": self.low_watermark, "records_out": self.records_out, "dead_letters": self.dead_letters}
+        self.state_dir.child(f"{self.lease.epoch:012d}.json").write_text(json.dumps(saved))
+        if not self._older_removed:  # older epochs' files: ours is the newest now
+            for name in self.state_dir.list():
+                if name.endswith(".json") and name[:-5].isdigit() and int(name[:-5]) < self.lease.epoch:
+                    self.state_dir.child(name).delete()
+            self.rt.root.child("injectors", f"{self.name}.json").delete()
+            self._older_removed = True
 
     def _checked(self, records: list[Record]) -> tuple[list[Record], list[Record]]:
         """Records fit to send, and dead letters for the others (bad id or timestamp)."""

@@ -14,6 +14,7 @@ heartbeats that carry the input low watermark into each query. See ``docs/runtim
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -36,6 +37,45 @@ from millwheel.runtime._streams import FileStreamLog
 from millwheel.runtime._usercode import ship_user_code
 
 __all__ = ["RuntimeSettings", "SparkRuntime", "committed_envelopes", "lag_text"]
+
+
+#: what a run directory is bound to from its first start (``run.json``): the key intervals
+#: decide which Spark group and which ``interval:C`` column each key's state and input
+#: belong to, and the state layout decides the state stores' schema and provider
+PINNED_SETTINGS = ("intervals", "state_layout")
+
+
+def pin_run_settings(root: Location, settings: RuntimeSettings) -> None:
+    """Record :data:`PINNED_SETTINGS` in ``run.json`` on a run directory's first start, and
+    refuse to resume it with others.
+
+    Resuming with another interval count would put keys in groups whose state stores do not
+    hold their state and read input keyed for the old count (``docs/runtime.md``); another
+    layout would meet state stores of the other schema. Both fail late and obscurely inside
+    Spark, or worse, not at all — so they are refused here, before anything is written.
+    A run directory from before ``run.json`` gets one written with the settings it resumes with.
+    """
+    wanted = {name: getattr(settings, name) for name in PINNED_SETTINGS}
+    pin = root.child("run.json")
+    text = pin.read_text()
+    if text is None:
+        root.mkdirs()
+        pin.write_text(json.dumps(wanted, indent=1) + "\n")
+        return
+    try:
+        held = json.loads(text)
+    except ValueError as exc:
+        msg = f"{pin.uri} is not JSON ({exc}); it records the settings the run directory was started with"
+        raise MillwheelError(msg) from None
+    differ = [f"{k}={held[k]!r} (this run: {wanted[k]!r})" for k in PINNED_SETTINGS if k in held and held[k] != wanted[k]]
+    if differ:
+        msg = (
+            f"run directory {root.uri} was started with {', '.join(differ)}; "
+            "resume it with the same settings, or start the new settings in a new run directory"
+        )
+        raise MillwheelError(msg)
+    if any(k not in held for k in PINNED_SETTINGS):
+        pin.write_text(json.dumps({**wanted, **held}, indent=1) + "\n")
 
 
 class SparkRuntime:
@@ -126,6 +166,7 @@ class SparkRuntime:
         if self.started:
             return
         self.root.mkdirs()
+        pin_run_settings(self.root, self.settings)
         self.root.child("tallies").mkdirs()
         ship_user_code(self.topology)
         for stream in self.topology.streams():

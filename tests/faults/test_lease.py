@@ -83,3 +83,38 @@ def test_a_fenced_outbox_publishes_nothing(tmp_path):
     with pytest.raises(FencedError):
         box.sink(None, 1)  # the sink stages nothing once fenced
     assert _published(tmp_path) == []
+
+
+def _driver(root):
+    """A driver's injector on ``root``, without Spark: a SampleSource read in the driver."""
+    from millwheel import Computation, SampleSource, Topology
+    from millwheel.runtime import RuntimeSettings, SparkRuntime
+
+    class Sink(Computation):
+        def process_record(self, record):
+            pass
+
+    t = Topology("zombie")
+    t.injector("in", SampleSource([Record(None, i, 1_000 + i, f"r{i}") for i in range(40)], batch_size=5))
+    t.computation(Sink, inputs={"in": lambda r: "k"})
+    rt = SparkRuntime(t, str(root), RuntimeSettings(injector_batches_per_poll=1))
+    rt.streams.ensure("in", "in")
+    inj = rt.injectors["in"]
+    inj.start()
+    return inj
+
+
+def test_a_fenced_source_injector_stops_and_its_position_is_never_read(tmp_path):
+    zombie = _driver(tmp_path)
+    zombie.poll()
+    zombie.poll()
+    assert zombie.position == 2
+    taken_over = _driver(tmp_path)  # resumes from the zombie's position
+    assert taken_over.position == 2
+    for _ in range(3):
+        taken_over.poll()
+    with pytest.raises(FencedError):
+        zombie.poll()  # checked before the batch's writes
+    zombie._save_position()  # a zombie paused between the check and its write: an older epoch's file
+    assert _driver(tmp_path).position == 5
+    assert len(list((tmp_path / "streams" / "in" / "in").glob("s*.parquet"))) == 5
