@@ -86,7 +86,7 @@ def _batches(progress: dict[int, dict]) -> dict:
     return {"data_batches": len(ps), "trigger_ms_p50": pct(times, 50), "trigger_ms_p95": pct(times, 95), "median_batch_parts_ms": median}
 
 
-def stages(spark, work: Path, rate: int, seconds: float, intervals: int) -> dict:
+def stages(spark, work: Path, rate: int, seconds: float, intervals: int, writer: str = "spark") -> dict:
     from millwheel.runtime import RuntimeSettings, SparkRuntime
 
     root = work / "stages"
@@ -95,7 +95,7 @@ def stages(spark, work: Path, rate: int, seconds: float, intervals: int) -> dict
     t.injector("events", Paced(rate, seconds))
     t.computation(PassA, inputs={"events": lambda r: r.value["k"]}, outputs=["a_out"])
     t.computation(PassB, inputs={"a_out": lambda r: r.id}, outputs=["b_out"], name="B")
-    settings = RuntimeSettings(drain=True, intervals=intervals, poll_ms=20, heartbeat_ms=100, prune_streams=True)
+    settings = RuntimeSettings(drain=True, intervals=intervals, poll_ms=20, heartbeat_ms=100, prune_streams=True, outbox_writer=writer)
     rt = SparkRuntime(t, str(root), settings, spark=spark, log=lambda m: None)
     progress = run_collecting(rt, timeout_s=seconds + 900, poll_s=settings.poll_ms / 1000)
     pub = {**rt.computations["PassA"].outbox.published_at, **rt.computations["B"].outbox.published_at}
@@ -111,7 +111,7 @@ def stages(spark, work: Path, rate: int, seconds: float, intervals: int) -> dict
             for r in _rows(rt, "b_out", "B", name):
                 lat_b.append(at - a_at[pickle.loads(r["value"])["a_id"]])
     return {
-        "rate": rate, "seconds": seconds,
+        "rate": rate, "seconds": seconds, "intervals": intervals, "outbox_writer": writer,
         "A": {"records": len(lat_a), "p50_s": pct(lat_a, 50), "p95_s": pct(lat_a, 95), "batches": _batches(progress.get("PassA", {}))},
         "B": {"records": len(lat_b), "p50_s": pct(lat_b, 50), "p95_s": pct(lat_b, 95), "batches": _batches(progress.get("B", {}))},
     }  # fmt: skip
@@ -145,7 +145,7 @@ def _writer(truth: dict, staged: Path, live: Path, stop: threading.Event) -> Non
     (live / "_DONE").write_text("")
 
 
-def zeitgeist(spark, work: Path, duration_s: int, intervals: int) -> dict:
+def zeitgeist(spark, work: Path, duration_s: int, intervals: int, writer: str = "spark") -> dict:
     from millwheel import LogFileSource
     from millwheel.runtime import RuntimeSettings, SparkRuntime
     from topologies.zeitgeist import GeneratorConfig, ZeitgeistConfig, build, generate
@@ -162,7 +162,7 @@ def zeitgeist(spark, work: Path, duration_s: int, intervals: int) -> dict:
     truth = generate(staged, gen)
     cfg = ZeitgeistConfig(day_ms=20_000, slot_ms=2_000)
     topology = build(staged, config=cfg, source=LogFileSource(live, lateness_ms=gen.max_delay_ms, idle_finish_ms=None))
-    settings = RuntimeSettings(intervals=intervals, poll_ms=20, heartbeat_ms=100, prune_streams=True)
+    settings = RuntimeSettings(intervals=intervals, poll_ms=20, heartbeat_ms=100, prune_streams=True, outbox_writer=writer)
     rt = SparkRuntime(topology, str(root / "run"), settings, spark=spark, log=lambda m: None)
     rt.start()  # before the first line is written: Spark's start-up is not in the figures
     stop = threading.Event()
@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=int, default=2_000, help="records/s in the per-stage run")
     p.add_argument("--seconds", type=float, default=40)
     p.add_argument("--intervals", type=int, default=8)
+    p.add_argument("--writers", default="spark", help="outbox writers to run the per-stage run with, in turn (same session): spark,driver")
     p.add_argument("--zeitgeist-seconds", type=int, default=60, help="0 skips the Zeitgeist run")
     p.add_argument("--work", default=str(ROOT / ".millwheel" / "bench" / "latency"))
     args = p.parse_args(argv)
@@ -201,13 +202,17 @@ def main(argv: list[str] | None = None) -> int:
 
     spark = spark_session("local[2]")
     out: dict = {"args": vars(args)}
-    out["stages"] = s = stages(spark, work, args.rate, args.seconds, args.intervals)
-    for stage in ("A", "B"):
-        b = s[stage]["batches"]
-        print(f"stage {stage}: {s[stage]['records']} records at {args.rate}/s: latency p50 {s[stage]['p50_s']:.2f} s, p95 {s[stage]['p95_s']:.2f} s; "
-              f"micro-batch p50 {b.get('trigger_ms_p50')} ms, p95 {b.get('trigger_ms_p95')} ms; median batch {b.get('median_batch_parts_ms')}", flush=True)  # fmt: skip
+    writers = args.writers.split(",")
+    out["by_writer"] = {}
+    for writer in writers:
+        out["by_writer"][writer] = s = stages(spark, work, args.rate, args.seconds, args.intervals, writer)
+        for stage in ("A", "B"):
+            b = s[stage]["batches"]
+            print(f"outbox writer {writer}, stage {stage}: {s[stage]['records']} records at {args.rate}/s: latency p50 {s[stage]['p50_s']:.2f} s, p95 {s[stage]['p95_s']:.2f} s; "
+                  f"micro-batch p50 {b.get('trigger_ms_p50')} ms, p95 {b.get('trigger_ms_p95')} ms; median batch {b.get('median_batch_parts_ms')}", flush=True)  # fmt: skip
+    out["stages"] = out["by_writer"][writers[-1]]
     if args.zeitgeist_seconds:
-        out["zeitgeist"] = z = zeitgeist(spark, work, args.zeitgeist_seconds, args.intervals)
+        out["zeitgeist"] = z = zeitgeist(spark, work, args.zeitgeist_seconds, args.intervals, writers[-1])
         for kind in ("dip", "spike"):
             k = z["by_kind"][kind]
             d = k.get("delay_beyond_bucket_end_ms", {})

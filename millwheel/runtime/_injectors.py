@@ -155,6 +155,7 @@ class LogFileInjector:
             strong=True, on_summary=lambda _n, _v: None, on_published=self._published,
             tally=rt.root.child("tallies", f"injector.{self.name}.json"),
             lease=Lease(rt.root.child("leases", f"injector.{self.name}"), f"injector {self.name!r}"),
+            writer=rt.settings.outbox_writer,
         )  # fmt: skip
         self.low_watermark = MIN_TIMESTAMP
         self.query: Any = None

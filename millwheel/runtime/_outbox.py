@@ -39,6 +39,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from millwheel.runtime._fs import Location
@@ -80,6 +82,34 @@ def staged_version(batch: Location) -> Location | None:
     """The version of a staged batch to publish: its newest epoch's (``e<epoch>``), or ``None``."""
     epochs = [int(n[1:]) for n in batch.list() if n.startswith("e") and n[1:].isdigit()]
     return batch.child(f"e{max(epochs)}") if epochs else None
+
+
+def stage_arrow(table: pa.Table, target: Location) -> None:
+    """Write a batch's output rows as Spark's ``partitionBy("stream")`` would lay them out:
+    ``target/stream=<stream>/part-00000-<uuid>.c000.parquet``, one file per stream, without
+    the ``stream`` column — so publication reads either writer's outbox the same way.
+
+    Types are those Spark's Parquet writer gives (``string``/``binary``, not the large
+    variants Arrow collection may use), so every stream-log file has one schema.
+    """
+    fields = [pa.field(f.name, _small(f.type), f.nullable) for f in table.schema if f.name != "stream"]
+    schema = pa.schema(fields)
+    target.mkdirs()  # as Spark's writer does for an empty batch: the batch is staged, with no rows
+    streams = table.column("stream")
+    run = uuid.uuid4().hex
+    for stream in pc.unique(streams).to_pylist():
+        part = table.filter(pc.equal(streams, stream)).drop_columns(["stream"]).cast(schema)
+        d = target.child(f"stream={stream}")
+        d.mkdirs()
+        pq.write_table(part, f"{d.path}/part-00000-{run}.c000.parquet", filesystem=d.fs, compression="snappy")
+
+
+def _small(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_large_binary(t):
+        return pa.binary()
+    return t
 
 
 def part_stats(loc: Location) -> tuple[int, int | None]:
@@ -129,8 +159,13 @@ class Outbox:
         on_published: Callable[[int], None] | None = None,
         tally: Location | None = None,
         lease: Lease | None = None,
+        writer: str = "spark",
     ) -> None:
         self.name = name
+        #: who writes a batch's outbox (``RuntimeSettings.outbox_writer``): ``"spark"``, the
+        #: executors through Spark's Parquet writer; ``"driver"``, the driver from the
+        #: batch's rows collected as Arrow (:func:`stage_arrow`)
+        self.writer = writer
         self.loc = root
         self.checkpoint = checkpoint
         self.streams = streams
@@ -164,7 +199,11 @@ class Outbox:
         epoch = self.lease.epoch if self.lease is not None else 0
         target = self.loc.child(str(batch_id), f"e{epoch}")
         try:
-            df.write.mode("overwrite").partitionBy("stream").parquet(target.uri)
+            if self.writer == "driver":
+                target.delete()  # a re-run of the batch by this driver replaces its version
+                stage_arrow(df.toArrow(), target)
+            else:
+                df.write.mode("overwrite").partitionBy("stream").parquet(target.uri)
         except Exception as exc:
             short = compact_interruption(exc)  # a stop, not a failure: see _session.py
             if short is None:

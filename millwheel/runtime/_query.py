@@ -157,6 +157,7 @@ class ComputationQuery:
             strong=spec.options.strong_productions, on_summary=self._on_summary,
             tally=rt.root.child("tallies", f"{self.name}.json"),
             lease=Lease(rt.root.child("leases", self.name), f"computation {self.name!r}"),
+            writer=rt.settings.outbox_writer,
         )  # fmt: skip
         self.consumed = _Consumed(self.checkpoint)
         #: key interval -> its last summary; absent = not reported yet

@@ -66,12 +66,18 @@ class RuntimeSettings:
     registry: Callable[[], Any] | None = None
     prune_streams: bool = False
     state_layout: str = field(default_factory=lambda: os.environ.get("MILLWHEEL_STATE_LAYOUT", "intervals"))
+    outbox_writer: str = field(default_factory=lambda: os.environ.get("MILLWHEEL_OUTBOX_WRITER", "spark"))
 
     def __post_init__(self) -> None:
         if self.state_layout not in STATE_LAYOUTS:
             msg = f"RuntimeSettings.state_layout must be one of {', '.join(map(repr, STATE_LAYOUTS))}, got {self.state_layout!r}"
             raise ValueError(msg)
+        if self.outbox_writer not in OUTBOX_WRITERS:
+            msg = f"RuntimeSettings.outbox_writer must be one of {', '.join(map(repr, OUTBOX_WRITERS))}, got {self.outbox_writer!r}"
+            raise ValueError(msg)
 
 
+#: ``RuntimeSettings.outbox_writer`` values
+OUTBOX_WRITERS = ("spark", "driver")
 #: ``RuntimeSettings.state_layout`` values
 STATE_LAYOUTS = ("intervals", "keys")
