@@ -125,6 +125,19 @@ def python_error(exc: Any) -> str:
     return first[:500]
 
 
+#: how a full disk reads in a Java or Python error, wherever Spark wrapped it
+_DISK_FULL = ("No space left on device", "[Errno 28]")
+
+
+def disk_full(exc: Any) -> str | None:
+    """The line of ``exc``'s text (Java causes and Python tracebacks included) that says
+    a write found the disk full, or ``None``."""
+    for line in str(exc).splitlines():
+        if any(marker in line for marker in _DISK_FULL):
+            return line.strip().removeprefix("Caused by: ")[:300]
+    return None
+
+
 def is_transient(exc: Any) -> bool:
     """A lost worker or executor (retry from the checkpoint), not an error in the code."""
     text = str(exc)
@@ -147,6 +160,15 @@ class RestartPolicy:
 
     def failed(self, exc: Any) -> str:
         """Record a failure; return the line to log, or raise :class:`~millwheel.RunError` to stop."""
+        full = disk_full(exc)
+        if full is not None:
+            # restarting cannot help, and each restart would fail the same way: stop now
+            msg = (
+                f"{self.what} failed: no space left on device ({full}). Free space on the run "
+                "directory's disk (or Spark's local directory), then run again with the same run "
+                "directory to resume: what was committed is kept, the failed batch is recomputed"
+            )
+            raise RunError(msg)
         message = python_error(exc)
         self.restarts += 1
         if not is_transient(exc):

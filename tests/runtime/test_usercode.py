@@ -1,0 +1,41 @@
+"""When a failed query is restarted, and when the run stops (``millwheel/runtime/_usercode.py``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from millwheel._errors import RunError
+from millwheel.runtime._usercode import RestartPolicy, disk_full
+
+#: the shape of a query failure whose sink's Parquet write found the disk full: the Python
+#: traceback of the foreachBatch function, then the Java causes (abridged from a real one)
+FULL = """[STREAM_FAILED] Query [id = 1] terminated with exception: An exception was raised by the Python Proxy. Return Message: Traceback (most recent call last):
+  File "/x/millwheel/runtime/_outbox.py", line 167, in sink
+    df.write.mode("overwrite").partitionBy("stream").parquet(target.uri)
+py4j.protocol.Py4JJavaError: An error occurred while calling o5096.parquet.
+: org.apache.spark.SparkException: [TASK_WRITE_FAILED] Task failed while writing rows to file:/run/outbox/C/7/e1.
+\tat org.apache.spark.sql.errors.QueryExecutionErrors$.taskFailedWhileWritingRowsError(QueryExecutionErrors.scala:774)
+Caused by: org.apache.hadoop.fs.FSError: java.io.IOException: No space left on device
+Caused by: java.io.IOException: No space left on device
+"""
+
+
+class Failure(Exception):
+    pass
+
+
+def test_a_full_disk_stops_the_run_at_once_with_what_to_do():
+    policy = RestartPolicy("computation 'C'", max_restarts=20)
+    with pytest.raises(RunError, match=r"computation 'C' failed: no space left on device \(org\.apache\.hadoop\.fs\.FSError: java\.io\.IOException: No space left on device\)\. Free space .* same run directory to resume"):
+        policy.failed(Failure(FULL))
+    assert disk_full(Failure("OSError: [Errno 28] No space left on device: '/run/tallies/C.json'")) is not None
+
+
+def test_other_failures_are_retried_and_a_repeated_code_error_stops():
+    policy = RestartPolicy("computation 'C'", max_restarts=20)
+    assert disk_full(Failure("Python worker exited unexpectedly (crashed)")) is None
+    assert "restarting from its checkpoint" in policy.failed(Failure("Python worker exited unexpectedly (crashed)"))
+    bug = Failure("Traceback (most recent call last):\n  File \"t.py\", line 1, in f\nKeyError: 'x'\n")
+    assert "restarting" in policy.failed(bug)
+    with pytest.raises(RunError, match="failed twice with the same error"):
+        policy.failed(bug)
