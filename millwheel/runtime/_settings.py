@@ -38,6 +38,12 @@ class RuntimeSettings:
       state-store row per key, ``transformWithStateInPandas`` + RocksDB: a batch costs the
       keys it touches, for very large key spaces). Fixed for the life of a checkpoint.
       ``$MILLWHEEL_STATE_LAYOUT`` sets the default (how the test suite runs on either).
+    * ``outbox_writer`` — who writes a micro-batch's output to the outbox before the commit
+      (``_outbox.py``): ``"spark"`` (the default: the executors, through Spark's Parquet
+      writer, one file per stream and key interval) or ``"driver"`` (the batch's rows
+      collected as Arrow and written by the driver, one file per stream: no write job and
+      fewer, larger stream-log files, for a single machine or modest outputs; the driver
+      holds one batch's output). ``$MILLWHEEL_OUTBOX_WRITER`` sets the default.
     * ``prune_streams`` — move stream-log files that every computation of this driver has
       consumed in a committed batch out of the directories consumers list (``_done/``), so
       listings stay short in long runs (``_streams.py``, "Pruning"). Off by default: a
