@@ -194,13 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=40)
     p.add_argument("--intervals", type=int, default=8)
     p.add_argument("--writers", default="spark", help="outbox writers to run the per-stage run with, in turn (same session): spark,driver")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark configuration (repeatable)")
     p.add_argument("--zeitgeist-seconds", type=int, default=60, help="0 skips the Zeitgeist run")
     p.add_argument("--work", default=str(ROOT / ".millwheel" / "bench" / "latency"))
     args = p.parse_args(argv)
     work = Path(args.work)
     from millwheel.runtime import spark_session
 
-    spark = spark_session("local[2]")
+    spark = spark_session("local[2]", conf=dict(c.split("=", 1) for c in args.conf))
     out: dict = {"args": vars(args)}
     writers = args.writers.split(",")
     out["by_writer"] = {}
