@@ -28,6 +28,8 @@ class DriverContext(Protocol):
     watermarks: Any
     #: the run's audit trail (``_audit.AuditLog``)
     audit: Any
+    #: the epoch this driver's queries take their leases under (``_lease.DriverEpoch``)
+    driver_epoch: Any
 
     @property
     def spark(self) -> Any: ...

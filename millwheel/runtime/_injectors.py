@@ -55,7 +55,7 @@ class SourceInjector:
 
     def start(self) -> None:
         self.state_dir.mkdirs()
-        self.lease.acquire()
+        self.lease.acquire(self.rt.driver_epoch.get())
         text = self._saved_position()
         if text:
             saved = json.loads(text)
@@ -205,7 +205,7 @@ class LogFileInjector:
         if lease is not None and lease.epoch:
             lease.check()  # a restart after a failure: only if no other driver took over
         else:
-            lease.acquire()  # type: ignore[union-attr]
+            lease.acquire(self.rt.driver_epoch.get())  # type: ignore[union-attr]
         self.outbox.recover()
         if self.outbox.published >= 0:
             self._published(self.outbox.published)

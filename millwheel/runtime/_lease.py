@@ -7,9 +7,10 @@ files: without a fence, the zombie's Spark query would finish its micro-batch, o
 the outbox of a batch the new driver published, and the new driver would publish that
 second version (new file names, the same record ids: duplicates downstream).
 
-So each query (a computation, or ``injector.<name>``) takes a lease when it starts: an
-*epoch* one above every epoch taken before for that query, created exclusively as
-``<run>/leases/<query>/<epoch>``. A newer epoch fences every older one. The driver checks
+So each query (a computation, or ``injector.<name>``) takes a lease when it starts, created
+exclusively as ``<run>/leases/<query>/<epoch>``, under its driver's *epoch*
+(:class:`DriverEpoch`: one per driver start, above every epoch taken before in the run
+directory). A newer epoch fences every older one. The driver checks
 its epoch (one directory listing) before it stages a batch's output, before it returns
 from the sink (so a fenced attempt is never committed), before it publishes a batch and at
 every round of its loop; a fenced driver raises :class:`FencedError` and stops, and never
@@ -37,6 +38,52 @@ def _epochs(loc: Location) -> list[int]:
     return sorted(int(n) for n in loc.list() if n.isdigit())
 
 
+def _create(loc: Location, epoch: int) -> bool:
+    """Create ``loc/<epoch>`` only if nobody has: ``O_EXCL`` on a local disk, create-then-list elsewhere."""
+    target = loc.child(f"{epoch:012d}")
+    if isinstance(loc.fs, pafs.LocalFileSystem):
+        try:
+            fd = os.open(target.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.uname().nodename}:{os.getpid()}\n")
+        return True
+    if target.exists():
+        return False
+    target.write_text(f"{os.uname().nodename}:{os.getpid()}\n")
+    return max(_epochs(loc), default=0) == epoch
+
+
+class DriverEpoch:
+    """One epoch per driver start, above every epoch any query of the run directory has had.
+
+    Every query a driver starts takes its lease under this one epoch
+    (``Lease.acquire(epoch)``). Were each query to take one above its own newest, a driver
+    paused in the middle of starting its queries (a zombie) would, on resuming, take the
+    queries it had not reached yet with epochs above those of the driver that replaced it,
+    and fence *that* driver: both would stop (the soak of 2026-11-23 saw it). Epochs taken
+    in driver-start order cannot cross so. Created exclusively as ``leases/_drivers/<epoch>``.
+    """
+
+    DIR = "_drivers"
+
+    def __init__(self, leases: Location) -> None:
+        self.leases = leases
+        self.value = 0
+
+    def get(self) -> int:
+        if not self.value:
+            own = self.leases.child(self.DIR)
+            own.mkdirs()
+            while True:
+                newest = max((max(_epochs(self.leases.child(q)), default=0) for q in self.leases.list()), default=0)
+                if _create(own, newest + 1):
+                    self.value = newest + 1
+                    break
+        return self.value
+
+
 class Lease:
     """The lease of one query of one run directory: :meth:`acquire` at start, :meth:`check` before writes."""
 
@@ -46,31 +93,26 @@ class Lease:
         #: this driver's epoch (0: not acquired yet)
         self.epoch = 0
 
-    def acquire(self) -> int:
-        """Take an epoch above every epoch taken so far; the previous owner is fenced from now on."""
+    def acquire(self, epoch: int | None = None) -> int:
+        """Take this query: the previous owner is fenced from now on.
+
+        ``epoch`` is the driver's (:class:`DriverEpoch`): one epoch for all the queries a
+        driver starts, so a driver that started later holds the higher epoch on every query
+        whatever order they are taken in. If a newer epoch already holds this query — this
+        driver was paused while starting and another took over — raise :class:`FencedError`
+        without fencing it. Without ``epoch``: one above every epoch this query has seen.
+        """
         self.loc.mkdirs()
+        if epoch is not None:
+            _create(self.loc, epoch)  # exists already: this driver took it before (a restart)
+            self.epoch = epoch
+            self.check()
+            return epoch
         while True:
             epoch = max(_epochs(self.loc), default=0) + 1
-            if self._create(epoch):
+            if _create(self.loc, epoch):
                 self.epoch = epoch
                 return epoch
-
-    def _create(self, epoch: int) -> bool:
-        """Create ``<epoch>`` only if nobody has: ``O_EXCL`` on a local disk, create-then-list elsewhere."""
-        name = f"{epoch:012d}"
-        target = self.loc.child(name)
-        if isinstance(self.loc.fs, pafs.LocalFileSystem):
-            try:
-                fd = os.open(target.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                return False
-            with os.fdopen(fd, "w") as f:
-                f.write(f"{os.uname().nodename}:{os.getpid()}\n")
-            return True
-        if target.exists():
-            return False
-        target.write_text(f"{os.uname().nodename}:{os.getpid()}\n")
-        return max(_epochs(self.loc), default=0) == epoch
 
     def newest(self) -> int:
         return max(_epochs(self.loc), default=0)

@@ -181,7 +181,7 @@ class ComputationQuery:
         if lease is not None and lease.epoch:
             lease.check()  # a restart after a failure: only if no other driver took over
         else:
-            lease.acquire()  # type: ignore[union-attr]
+            lease.acquire(self.rt.driver_epoch.get())  # type: ignore[union-attr]
         self.outbox.recover()
         self.summaries.clear()
         self._tokens = self.rt.watermarks.acquire_many(self.name, [interval_name(i) for i in range(self.intervals)])

@@ -30,6 +30,7 @@ from millwheel.runtime._audit import AuditLog
 from millwheel.runtime._fs import Location
 from millwheel.runtime._injectors import LogFileInjector, SourceInjector
 from millwheel.runtime._keying import Keyer
+from millwheel.runtime._lease import DriverEpoch
 from millwheel.runtime._query import ComputationQuery, prune_streams
 from millwheel.runtime._settings import RuntimeSettings
 from millwheel.runtime._sinks import sink_writers
@@ -102,6 +103,8 @@ class SparkRuntime:
         #: every consumer's key extractor: producers key what they write (``_keying.py``)
         self.keyer = Keyer.of(self.topology, self.settings.intervals)
         self.streams = FileStreamLog(self.root, self.keyer)
+        #: the epoch every query's lease is taken under (``_lease.py``): one per driver start
+        self.driver_epoch = DriverEpoch(self.root.child("leases"))
         self._spark = spark
         if watermarks is None:
             from watermark_authority.client import InProcessWatermarkClient

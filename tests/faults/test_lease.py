@@ -12,7 +12,7 @@ import pytest
 
 from millwheel import Record
 from millwheel.runtime._fs import Location
-from millwheel.runtime._lease import FencedError, Lease
+from millwheel.runtime._lease import DriverEpoch, FencedError, Lease
 from millwheel.runtime._outbox import Outbox
 from millwheel.runtime._streams import FileStreamLog, records_table
 
@@ -118,3 +118,27 @@ def test_a_fenced_source_injector_stops_and_its_position_is_never_read(tmp_path)
     zombie._save_position()  # a zombie paused between the check and its write: an older epoch's file
     assert _driver(tmp_path).position == 5
     assert len(list((tmp_path / "streams" / "in" / "in").glob("s*.parquet"))) == 5
+
+
+def test_a_driver_paused_while_starting_fences_nobody_when_it_resumes(tmp_path):
+    """Epochs are per driver start: a zombie that resumes in the middle of taking its
+    queries finds the newer driver's epoch there and stops, instead of fencing it."""
+    leases = Location.of(str(tmp_path)).child("leases")
+    zombie_epoch = DriverEpoch(leases).get()
+    Lease(leases.child("injector.in"), "injector 'in'").acquire(zombie_epoch)
+    # ... paused here; another driver starts and takes every query
+    epoch = DriverEpoch(leases).get()
+    assert epoch > zombie_epoch
+    live = [Lease(leases.child(q), q) for q in ("injector.in", "C")]
+    for lease in live:
+        lease.acquire(epoch)
+    # the zombie resumes and goes on to its next query
+    with pytest.raises(FencedError, match=r"another driver .* took over"):
+        Lease(leases.child("C"), "computation 'C'").acquire(zombie_epoch)
+    for lease in live:
+        lease.check()  # still the owner
+    # a run directory whose queries have epochs from before: the next driver is above them all
+    Lease(leases.child("D"), "computation 'D'").acquire()
+    Lease(leases.child("D"), "computation 'D'").acquire()
+    Lease(leases.child("D"), "computation 'D'").acquire()
+    assert DriverEpoch(leases).get() == 4
