@@ -157,19 +157,17 @@ class Campaign:
         query = self.rng.choice(self.queries)
         return inject.wait_for_progress(proc, self.root, query, self.rng.randint(1, 3), timeout=600)
 
-    def _log_text(self, proc: Any) -> str:
-        """The whole of ``proc``'s own log."""
-        log = self._logs.get(proc.pid)
-        return log.read_text(errors="replace") if log is not None and log.exists() else ""
-
-    def _tail(self, proc: Any = None) -> str:
-        """The end of ``proc``'s own log (default: the newest driver's), named."""
+    def _log(self, proc: Any = None) -> Path | None:
+        """``proc``'s own log (default: the newest driver's), if it exists."""
         log = self._logs.get(proc.pid) if proc is not None else None
         if log is None and self._logs:
             log = list(self._logs.values())[-1]
-        if log is None or not log.exists():
-            return ""
-        return f"[{log.name}]\n" + log.read_text(errors="replace")[-3000:]
+        return log if log is not None and log.exists() else None
+
+    def _tail(self, proc: Any = None) -> str:
+        """The end of ``proc``'s own log (default: the newest driver's), named."""
+        log = self._log(proc)
+        return f"[{log.name}]\n" + log.read_text(errors="replace")[-3000:] if log is not None else ""
 
     # ---- one fault -------------------------------------------------------------------------------
     def _apply(self, what: str, proc: Any) -> Any:
@@ -238,7 +236,8 @@ class Campaign:
             raise AssertionError(msg) from None
         inject.kill_tree(proc)
         # anywhere in its log: the JVM may log its own shutdown after the driver's last line
-        if rc != 0 and "DISK FULL" not in self._log_text(proc):
+        log = self._log(proc)
+        if rc != 0 and (log is None or "DISK FULL" not in log.read_text(errors="replace")):
             msg = f"the driver stopped on a full disk (exit {rc}) without saying so:\n{self._tail(proc)}"
             raise AssertionError(msg)
         self.disk.free()

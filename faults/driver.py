@@ -20,6 +20,7 @@ import sys
 from collections.abc import Iterator
 
 from millwheel._errors import MillwheelError
+from millwheel.runtime._usercode import disk_full
 
 FENCED_EXIT = 3
 LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
@@ -39,7 +40,7 @@ def _in_chain(exc: BaseException, kind: type[BaseException]) -> BaseException | 
 
 
 def _disk_full(exc: BaseException) -> bool:
-    return any((isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e) for e in _chain(exc))
+    return any((isinstance(e, OSError) and e.errno == errno.ENOSPC) or disk_full(e) is not None for e in _chain(exc))
 
 
 def main(argv: list[str] | None = None) -> int:

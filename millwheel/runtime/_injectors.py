@@ -97,20 +97,24 @@ class SourceInjector:
             self._save_position()
         self.rt.watermarks.report_injector(self.name, "driver", self.low_watermark)
 
+    def _position_files(self) -> dict[int, str]:
+        """Epoch -> name of each position file (``<epoch>.json``)."""
+        return {int(n[:-5]): n for n in self.state_dir.list() if n.endswith(".json") and n[:-5].isdigit()}
+
     def _saved_position(self) -> str | None:
         """The newest epoch's position file (a driver's own epoch is the newest once it has
         written); a run directory from before the per-epoch files has ``injectors/<name>.json``."""
-        epochs = sorted(int(n[:-5]) for n in self.state_dir.list() if n.endswith(".json") and n[:-5].isdigit())
-        if epochs:
-            return self.state_dir.child(f"{epochs[-1]:012d}.json").read_text()
+        files = self._position_files()
+        if files:
+            return self.state_dir.child(files[max(files)]).read_text()
         return self.rt.root.child("injectors", f"{self.name}.json").read_text()
 
     def _save_position(self) -> None:
         saved = {"position": self.position, "low_watermark": self.low_watermark, "records_out": self.records_out, "dead_letters": self.dead_letters}
         self.state_dir.child(f"{self.lease.epoch:012d}.json").write_text(json.dumps(saved))
         if not self._older_removed:  # older epochs' files: ours is the newest now
-            for name in self.state_dir.list():
-                if name.endswith(".json") and name[:-5].isdigit() and int(name[:-5]) < self.lease.epoch:
+            for epoch, name in self._position_files().items():
+                if epoch < self.lease.epoch:
                     self.state_dir.child(name).delete()
             self.rt.root.child("injectors", f"{self.name}.json").delete()
             self._older_removed = True

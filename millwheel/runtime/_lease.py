@@ -93,26 +93,20 @@ class Lease:
         #: this driver's epoch (0: not acquired yet)
         self.epoch = 0
 
-    def acquire(self, epoch: int | None = None) -> int:
-        """Take this query: the previous owner is fenced from now on.
+    def acquire(self, epoch: int) -> int:
+        """Take this query under the driver's ``epoch`` (:class:`DriverEpoch`): the previous
+        owner is fenced from now on.
 
-        ``epoch`` is the driver's (:class:`DriverEpoch`): one epoch for all the queries a
-        driver starts, so a driver that started later holds the higher epoch on every query
-        whatever order they are taken in. If a newer epoch already holds this query — this
-        driver was paused while starting and another took over — raise :class:`FencedError`
-        without fencing it. Without ``epoch``: one above every epoch this query has seen.
+        One epoch for all the queries a driver starts, so a driver that started later holds
+        the higher epoch on every query whatever order they are taken in. If a newer epoch
+        already holds this query — this driver was paused while starting and another took
+        over — raise :class:`FencedError` without fencing it.
         """
         self.loc.mkdirs()
-        if epoch is not None:
-            _create(self.loc, epoch)  # exists already: this driver took it before (a restart)
-            self.epoch = epoch
-            self.check()
-            return epoch
-        while True:
-            epoch = max(_epochs(self.loc), default=0) + 1
-            if _create(self.loc, epoch):
-                self.epoch = epoch
-                return epoch
+        _create(self.loc, epoch)  # exists already: this driver took it before (a restart)
+        self.epoch = epoch
+        self.check()
+        return epoch
 
     def newest(self) -> int:
         return max(_epochs(self.loc), default=0)

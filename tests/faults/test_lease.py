@@ -41,21 +41,22 @@ def _published(root):
 
 
 def test_a_newer_epoch_fences_the_older(tmp_path):
-    loc = Location.of(str(tmp_path)).child("leases", "C")
-    first, second = Lease(loc, "computation 'C'"), Lease(loc, "computation 'C'")
-    assert first.acquire() == 1
+    leases = Location.of(str(tmp_path)).child("leases")
+    first, second = Lease(leases.child("C"), "computation 'C'"), Lease(leases.child("C"), "computation 'C'")
+    assert first.acquire(DriverEpoch(leases).get()) == 1
     first.check()
-    assert second.acquire() == 2
+    assert second.acquire(DriverEpoch(leases).get()) == 2
     second.check()
     with pytest.raises(FencedError, match=r"computation 'C': another driver .* epoch 2\) took over .* \(epoch 1\)"):
         first.check()
 
 
 def test_publication_takes_the_newest_epoch_and_never_republishes(tmp_path):
-    zombie_lease = Lease(Location.of(str(tmp_path)).child("leases", "C"), "computation 'C'")
-    zombie_lease.acquire()
-    lease = Lease(Location.of(str(tmp_path)).child("leases", "C"), "computation 'C'")
-    lease.acquire()
+    leases = Location.of(str(tmp_path)).child("leases")
+    zombie_lease = Lease(leases.child("C"), "computation 'C'")
+    zombie_lease.acquire(DriverEpoch(leases).get())
+    lease = Lease(leases.child("C"), "computation 'C'")
+    lease.acquire(DriverEpoch(leases).get())
     box = _outbox(tmp_path, lease)
     # the zombie staged batch 0 (a different version) after the new driver staged its own
     _stage(tmp_path, 0, 2, "a" * 8 + "-0000-4000-8000-000000000001", ["x1", "x2"])
@@ -71,13 +72,13 @@ def test_publication_takes_the_newest_epoch_and_never_republishes(tmp_path):
 
 
 def test_a_fenced_outbox_publishes_nothing(tmp_path):
-    loc = Location.of(str(tmp_path)).child("leases", "C")
-    zombie = Lease(loc, "computation 'C'")
-    zombie.acquire()
+    leases = Location.of(str(tmp_path)).child("leases")
+    zombie = Lease(leases.child("C"), "computation 'C'")
+    zombie.acquire(DriverEpoch(leases).get())
     box = _outbox(tmp_path, zombie)
     _stage(tmp_path, 0, 1, "d" * 8 + "-0000-4000-8000-000000000004", ["z1"])
     _commit(tmp_path, 0)
-    Lease(loc, "computation 'C'").acquire()  # a second driver starts
+    Lease(leases.child("C"), "computation 'C'").acquire(DriverEpoch(leases).get())  # a second driver starts
     with pytest.raises(FencedError):
         box.publish_committed()
     with pytest.raises(FencedError):
@@ -137,8 +138,8 @@ def test_a_driver_paused_while_starting_fences_nobody_when_it_resumes(tmp_path):
         Lease(leases.child("C"), "computation 'C'").acquire(zombie_epoch)
     for lease in live:
         lease.check()  # still the owner
-    # a run directory whose queries have epochs from before: the next driver is above them all
-    Lease(leases.child("D"), "computation 'D'").acquire()
-    Lease(leases.child("D"), "computation 'D'").acquire()
-    Lease(leases.child("D"), "computation 'D'").acquire()
+    # a run directory whose queries took epochs per query before: the next driver is above them all
+    (tmp_path / "leases" / "D").mkdir()
+    for e in (1, 2, 3):
+        (tmp_path / "leases" / "D" / f"{e:012d}").write_text("vm:1\n")
     assert DriverEpoch(leases).get() == 4
