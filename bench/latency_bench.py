@@ -192,11 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rate", type=int, default=2_000, help="records/s in the per-stage run")
     p.add_argument("--seconds", type=float, default=40)
-    p.add_argument("--intervals", type=int, default=8)
+    p.add_argument("--intervals", default="8", help="key intervals per computation; a comma list runs the per-stage run once per count, in turn (same session)")
     p.add_argument("--writers", default="spark", help="outbox writers to run the per-stage run with, in turn (same session): spark,driver")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark configuration (repeatable)")
     p.add_argument("--zeitgeist-seconds", type=int, default=60, help="0 skips the Zeitgeist run")
     p.add_argument("--work", default=str(ROOT / ".millwheel" / "bench" / "latency"))
+    p.add_argument("--out", default=str(RESULTS), help="results file")
     args = p.parse_args(argv)
     work = Path(args.work)
     from millwheel.runtime import spark_session
@@ -204,23 +205,25 @@ def main(argv: list[str] | None = None) -> int:
     spark = spark_session("local[2]", conf=dict(c.split("=", 1) for c in args.conf))
     out: dict = {"args": vars(args)}
     writers = args.writers.split(",")
-    out["by_writer"] = {}
-    for writer in writers:
-        out["by_writer"][writer] = s = stages(spark, work, args.rate, args.seconds, args.intervals, writer)
+    counts = [int(n) for n in args.intervals.split(",")]
+    out["by_writer"], out["runs"] = {}, []
+    for writer, intervals in [(w, n) for w in writers for n in counts]:
+        out["by_writer"][writer] = s = stages(spark, work, args.rate, args.seconds, intervals, writer)
+        out["runs"].append(s)
         for stage in ("A", "B"):
             b = s[stage]["batches"]
-            print(f"outbox writer {writer}, stage {stage}: {s[stage]['records']} records at {args.rate}/s: latency p50 {s[stage]['p50_s']:.2f} s, p95 {s[stage]['p95_s']:.2f} s; "
+            print(f"outbox writer {writer}, {intervals} intervals, stage {stage}: {s[stage]['records']} records at {args.rate}/s: latency p50 {s[stage]['p50_s']:.2f} s, p95 {s[stage]['p95_s']:.2f} s; "
                   f"micro-batch p50 {b.get('trigger_ms_p50')} ms, p95 {b.get('trigger_ms_p95')} ms; median batch {b.get('median_batch_parts_ms')}", flush=True)  # fmt: skip
     out["stages"] = out["by_writer"][writers[-1]]
     if args.zeitgeist_seconds:
-        out["zeitgeist"] = z = zeitgeist(spark, work, args.zeitgeist_seconds, args.intervals, writers[-1])
+        out["zeitgeist"] = z = zeitgeist(spark, work, args.zeitgeist_seconds, counts[-1], writers[-1])
         for kind in ("dip", "spike"):
             k = z["by_kind"][kind]
             d = k.get("delay_beyond_bucket_end_ms", {})
             print(f"zeitgeist {kind}s: recall {k['recall']}, precision {k['precision']}; delay beyond bucket end p50 {d.get('p50')} ms, p95 {d.get('p95')} ms (n={d.get('n')})")
         for name, b in z["batches"].items():
             print(f"  {name}: micro-batch p50 {b.get('trigger_ms_p50')} ms, p95 {b.get('trigger_ms_p95')} ms")
-    write_results(RESULTS, out)
+    write_results(Path(args.out), out)
     shutil.rmtree(work, ignore_errors=True)
     return 0
 
