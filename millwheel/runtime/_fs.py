@@ -31,6 +31,11 @@ class Location:
         fs, path = pafs.FileSystem.from_uri(root)
         return cls(root.rstrip("/"), fs, path.rstrip("/"))
 
+    @property
+    def local(self) -> bool:
+        """On this machine's filesystem (a path or a ``file:`` URI)."""
+        return isinstance(self.fs, pafs.LocalFileSystem)
+
     def child(self, *parts: str) -> Location:
         sub = "/".join(parts)
         return Location(f"{self.uri}/{sub}", self.fs, f"{self.path}/{sub}")

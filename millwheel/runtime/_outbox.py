@@ -104,6 +104,17 @@ def stage_arrow(table: pa.Table, target: Location) -> None:
         pq.write_table(part, f"{d.path}/part-00000-{run}.c000.parquet", filesystem=d.fs, compression="snappy")
 
 
+def resolve_writer(master: str) -> str:
+    """The outbox writer ``"auto"`` stands for on ``master``: ``"driver"`` when the executors
+    run in the driver's JVM (``local``, ``local[N]``), where collecting a batch's output
+    moves nothing between machines; ``"spark"`` on a cluster, where it would.
+
+    >>> resolve_writer("local[2]"), resolve_writer("spark://127.0.0.1:7077")
+    ('driver', 'spark')
+    """
+    return "driver" if master == "local" or master.startswith("local[") else "spark"
+
+
 def _small(t: pa.DataType) -> pa.DataType:
     if pa.types.is_large_string(t):
         return pa.string()
@@ -164,7 +175,8 @@ class Outbox:
         self.name = name
         #: who writes a batch's outbox (``RuntimeSettings.outbox_writer``): ``"spark"``, the
         #: executors through Spark's Parquet writer; ``"driver"``, the driver from the
-        #: batch's rows collected as Arrow (:func:`stage_arrow`)
+        #: batch's rows collected as Arrow (:func:`stage_arrow`); ``"auto"``, decided by
+        #: the session's master at the first batch (:func:`resolve_writer`)
         self.writer = writer
         self.loc = root
         self.checkpoint = checkpoint
@@ -198,6 +210,8 @@ class Outbox:
         self.fence()  # a fenced attempt stages nothing
         epoch = self.lease.epoch if self.lease is not None else 0
         target = self.loc.child(str(batch_id), f"e{epoch}")
+        if self.writer == "auto":
+            self.writer = resolve_writer(df.sparkSession.sparkContext.master)
         try:
             if self.writer == "driver":
                 target.delete()  # a re-run of the batch by this driver replaces its version

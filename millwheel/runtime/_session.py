@@ -72,6 +72,9 @@ _INTERRUPTIONS = (
     "java.nio.channels.ClosedByInterruptException",
     "cancelled part of cancelled job group",
     "cancelled because SparkContext was shut down",
+    # a job the stop cancelled, as the driver-side outbox writer's collect reports it:
+    # "[SPARK_JOB_CANCELLED] Job 9 cancelled Query millwheel.A [id = ..., runId = ...] was stopped"
+    "] was stopped",
 )
 
 
@@ -95,6 +98,10 @@ def compact_interruption(exc: BaseException) -> Exception | None:
     >>> big = Py4JJavaError("An error occurred while calling o42.parquet.\n: java.lang.InterruptedException\n" + "\tat x\n" * 5000)
     >>> str(compact_interruption(big)).splitlines()
     ['py4j.protocol.Py4JJavaError: An error occurred while calling o42.parquet.', ': java.lang.InterruptedException (the query is stopping)']
+    >>> collect = Py4JJavaError("An error occurred while calling o9.getResult.\n: org.apache.spark.SparkException: Exception thrown in awaitResult: \n"
+    ...     "Caused by: org.apache.spark.SparkException: [SPARK_JOB_CANCELLED] Job 9 cancelled Query millwheel.A [id = 1, runId = 2] was stopped SQLSTATE: XXKDA")
+    >>> str(compact_interruption(collect)).splitlines()[-1]
+    ': java.lang.InterruptedException (the query is stopping)'
     >>> compact_interruption(ValueError("java.lang.InterruptedException")) is None
     True
     """
@@ -140,6 +147,45 @@ def log4j2_file(level: str) -> str:
     return path
 
 
+#: Spark's checkpoint file manager for checkpoints on a local disk (docs/runtime.md,
+#: "Checkpoints on a local disk"): Hadoop's ``FileSystem`` API renames with one system
+#: call, where the default ``FileContext`` one runs ``readlink`` as a child process of the
+#: JVM for every file it renames (no native Hadoop library), ~30 per micro-batch
+LOCAL_CHECKPOINT_CONF = {
+    "spark.sql.streaming.checkpointFileManagerClass": "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
+}
+
+
+#: the warning filter of Spark's Python workers (``PYTHONWARNINGS`` syntax)
+PYSPARK_WORKER_WARNINGS = "ignore:The behavior of DataFrame concatenation with empty or all-NA entries:FutureWarning"
+
+
+def start_query(writer: Any, spark: Any, conf: dict[str, str]) -> Any:
+    """Start a streaming query (``writer.start()``) with ``conf`` set for it.
+
+    A query keeps the session configuration of its start (it runs on a clone of the
+    session) and its checkpoint then pins what must not change (the state store
+    provider), so the settings are set in the session for the start only and restored.
+    """
+    session = spark.conf
+    saved = {k: session.get(k, None) for k in conf}
+    for k, v in conf.items():
+        session.set(k, v)
+    try:
+        return writer.start()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                session.unset(k)
+            else:
+                session.set(k, v)
+
+
+def checkpoint_conf(checkpoint: Any) -> dict[str, str]:
+    """Session settings for a query whose checkpoint is ``checkpoint`` (a ``Location``)."""
+    return dict(LOCAL_CHECKPOINT_CONF) if checkpoint.local else {}
+
+
 def spark_session(
     master: str | None = "local[2]",
     *,
@@ -181,6 +227,9 @@ def spark_session(
         # (default 15 s: missed on a loaded machine, which fails the query)
         "spark.python.authenticate.socketTimeout": "120s",
         "spark.driver.memory": os.environ.get("MILLWHEEL_DRIVER_MEMORY", "2g"),
+        # PySpark's applyInPandasWithState worker pads its output with all-NA frames and
+        # pandas 2.x warns about that on every group (PySpark's code, not millwheel's)
+        "spark.executorEnv.PYTHONWARNINGS": PYSPARK_WORKER_WARNINGS,
     }
     if not submitted:  # the driver JVM starts here: it reads its log configuration at start
         java_options = f"-Dlog4j2.configurationFile=file:{log4j2_file(level)}"

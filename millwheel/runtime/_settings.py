@@ -39,11 +39,13 @@ class RuntimeSettings:
       keys it touches, for very large key spaces). Fixed for the life of a checkpoint.
       ``$MILLWHEEL_STATE_LAYOUT`` sets the default (how the test suite runs on either).
     * ``outbox_writer`` — who writes a micro-batch's output to the outbox before the commit
-      (``_outbox.py``): ``"spark"`` (the default: the executors, through Spark's Parquet
-      writer, one file per stream and key interval) or ``"driver"`` (the batch's rows
-      collected as Arrow and written by the driver, one file per stream: no write job and
-      fewer, larger stream-log files, for a single machine or modest outputs; the driver
-      holds one batch's output). ``$MILLWHEEL_OUTBOX_WRITER`` sets the default.
+      (``_outbox.py``): ``"driver"`` (the batch's rows collected as Arrow and written by the
+      driver, one file per stream: no write job, no Hadoop output committer, fewer and
+      larger stream-log files; the driver holds one batch's output), ``"spark"`` (the
+      executors, through Spark's Parquet writer, one file per stream and key interval: a
+      batch's output never passes through the driver), or ``"auto"`` (the default:
+      ``"driver"`` on a ``local[...]`` master, where the executors are the driver's JVM,
+      and ``"spark"`` on a cluster). ``$MILLWHEEL_OUTBOX_WRITER`` sets the default.
     * ``prune_streams`` — move stream-log files that every computation of this driver has
       consumed in a committed batch out of the directories consumers list (``_done/``), so
       listings stay short in long runs (``_streams.py``, "Pruning"). Off by default: a
@@ -72,7 +74,7 @@ class RuntimeSettings:
     registry: Callable[[], Any] | None = None
     prune_streams: bool = False
     state_layout: str = field(default_factory=lambda: os.environ.get("MILLWHEEL_STATE_LAYOUT", "intervals"))
-    outbox_writer: str = field(default_factory=lambda: os.environ.get("MILLWHEEL_OUTBOX_WRITER", "spark"))
+    outbox_writer: str = field(default_factory=lambda: os.environ.get("MILLWHEEL_OUTBOX_WRITER", "auto"))
 
     def __post_init__(self) -> None:
         if self.state_layout not in STATE_LAYOUTS:
@@ -84,6 +86,6 @@ class RuntimeSettings:
 
 
 #: ``RuntimeSettings.outbox_writer`` values
-OUTBOX_WRITERS = ("spark", "driver")
+OUTBOX_WRITERS = ("auto", "driver", "spark")
 #: ``RuntimeSettings.state_layout`` values
 STATE_LAYOUTS = ("intervals", "keys")

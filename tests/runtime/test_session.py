@@ -1,0 +1,66 @@
+"""Session settings a query is started with (``millwheel/runtime/_session.py``), without Spark."""
+
+from __future__ import annotations
+
+import pyarrow.fs as pafs
+
+from millwheel.runtime._fs import Location
+from millwheel.runtime._session import LOCAL_CHECKPOINT_CONF, checkpoint_conf, start_query
+
+
+def test_a_checkpoint_on_a_local_disk_gets_the_filesystem_checkpoint_manager(tmp_path) -> None:
+    assert checkpoint_conf(Location.of(str(tmp_path))) == LOCAL_CHECKPOINT_CONF
+    assert checkpoint_conf(Location.of(f"file://{tmp_path}")) == LOCAL_CHECKPOINT_CONF
+
+
+def test_a_checkpoint_elsewhere_keeps_spark_s_default_manager() -> None:
+    # HDFS's FileContext renames atomically without overwriting: Spark's default stays
+    remote = Location("mock:///runs/r", pafs._MockFileSystem(), "/runs/r")
+    assert checkpoint_conf(remote) == {}
+
+
+class _Conf:
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = dict(values)
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.values.get(key, default)
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value
+
+    def unset(self, key: str) -> None:
+        self.values.pop(key, None)
+
+
+class _Spark:
+    def __init__(self, values: dict[str, str]) -> None:
+        self.conf = _Conf(values)
+
+
+class _Writer:
+    def __init__(self, spark: _Spark, fail: bool = False) -> None:
+        self.spark, self.fail, self.seen = spark, fail, None
+
+    def start(self) -> str:
+        self.seen = dict(self.spark.conf.values)
+        if self.fail:
+            raise RuntimeError("query did not start")
+        return "query"
+
+
+def test_start_query_sets_the_settings_for_the_start_only() -> None:
+    spark = _Spark({"a": "session", "keep": "1"})
+    writer = _Writer(spark)
+    assert start_query(writer, spark, {"a": "query", "b": "query"}) == "query"
+    assert writer.seen == {"a": "query", "b": "query", "keep": "1"}
+    assert spark.conf.values == {"a": "session", "keep": "1"}
+
+
+def test_start_query_restores_the_session_when_the_start_fails() -> None:
+    spark = _Spark({"a": "session"})
+    try:
+        start_query(_Writer(spark, fail=True), spark, {"a": "query", "b": "query"})
+    except RuntimeError:
+        pass
+    assert spark.conf.values == {"a": "session"}
