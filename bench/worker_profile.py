@@ -12,7 +12,7 @@ in one process, 10 batches, 16 key intervals:
   as the consumer's keying function passes them through;
 * what keying costs where it happens: the producer's (:class:`Keyer` on records whose
   values it has in hand) and, for comparison, the consumer's own keying pass
-  (``make_key_extractor``, what rows not keyed for it still pay: it decodes each value).
+  (``make_keying``, what rows not keyed for it still pay: it decodes each value).
 
 It reports CPU seconds per part and per record; ``--profile`` adds a cProfile of the step
 stage, sorted by own time. What Spark adds around these (reading files, the shuffle, Arrow
@@ -39,7 +39,7 @@ from runtime_bench import WINDOW, WindowCount, _query, make_data  # noqa: E402
 
 from millwheel import Record, Topology  # noqa: E402
 from millwheel._codec import decode_value  # noqa: E402
-from millwheel.runtime._interval import IntervalStep, make_key_extractor  # noqa: E402
+from millwheel.runtime._interval import IntervalStep, make_keying  # noqa: E402
 from millwheel.runtime._keying import Keyer, key_columns  # noqa: E402
 from millwheel.runtime._wire import to_spark  # noqa: E402
 
@@ -72,8 +72,8 @@ class _State:
 
 
 def _keyed_frame(table: pa.Table) -> pa.Table:
-    """What the consumer's query hands its step for producer-keyed rows: the columns its
-    keying function passes through (``make_key_extractor``), renamed and added with Arrow."""
+    """What the consumer's query hands its step for producer-keyed rows: the producer's key
+    columns, taken in the JVM (``_query.ComputationQuery._keyed``), renamed and added with Arrow."""
     kcol, icol = key_columns("WindowCount")
     n = table.num_rows
     return pa.table({
@@ -89,7 +89,7 @@ def run(files: list[Path], intervals: int, profile: cProfile.Profile | None = No
     t.injector("events", _finished())
     t.computation(WindowCount, inputs={"events": _query}, outputs=["counts"])
     spec = t.validate().computations["WindowCount"]
-    extract = make_key_extractor("WindowCount", "events", spec.inputs["events"], intervals)
+    key = make_keying("WindowCount", "events", spec.inputs["events"], intervals)
     keyer = Keyer.of(t, intervals)
     step = IntervalStep(spec)
     states = [_State() for _ in range(intervals)]
@@ -108,7 +108,8 @@ def run(files: list[Path], intervals: int, profile: cProfile.Profile | None = No
         records += table.num_rows
         # keying, where it happens (for the record; the step below does not use these)
         c0 = time.process_time()
-        list(extract(iter(table.select(["id", "ts", "key", "value", "wm", "src", "row"]).to_batches())))
+        for rb in table.to_batches():
+            key(pa.repeat(True, rb.num_rows), rb.column("id"), rb.column("ts"), rb.column("key"), rb.column("value"))
         c1 = time.process_time()
         recs = [("events", Record(None, decode_value(v), 0, "")) for v in table.column("value").to_pylist()]
         c2 = time.process_time()

@@ -1,4 +1,4 @@
-"""The worker side: key extraction, then the per-key step over one key interval (MillWheel §7.1).
+"""The worker side: the consumer's keying, then the per-key step over one key interval (MillWheel §7.1).
 
 This module is Arrow/pandas plumbing around the delivery core (``millwheel/_delivery.py``:
 keying, step planning, due timers) and the per-key step (``millwheel/_step.py``), the same
@@ -42,6 +42,7 @@ from typing import Any
 import msgpack
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from millwheel._codec import decode_value, encode_value
 from millwheel._deadletter import DEAD_LETTER_STREAM
@@ -54,11 +55,9 @@ from millwheel.runtime._keying import (
     Keyer,
     cached_key,
     dead_interval,
-    key_columns,
     wants_dead_letters,
 )
 from millwheel.runtime._wire import (
-    KEYED_ARROW_SCHEMA,
     OUT_SCHEMA,
     SUMMARY_STREAM,
     IntervalSummary,
@@ -79,70 +78,67 @@ METRICS = (
 STEP_METRICS = METRICS[:-2]
 
 
-def make_key_extractor(consumer: str, stream: str, extractor: Callable[[Record], Any], intervals: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """A ``mapInArrow`` function: stream-log rows -> rows keyed for ``consumer`` (§4.2).
+#: what the consumer's keying function returns per row (:func:`make_keying`), as a Spark type
+KEYING_RESULT = "interval int, kind int, key binary, id string, ts long, value binary"
+_KEYING_FIELDS = [
+    pa.field("interval", pa.int32()), pa.field("kind", pa.int32()), pa.field("key", pa.binary()),
+    pa.field("id", pa.string()), pa.field("ts", pa.int64()), pa.field("value", pa.binary()),
+]  # fmt: skip
 
-    Rows their producer keyed for this consumer (``_keying.py``: the ``key:C`` and
-    ``interval:C`` columns) pass through as Arrow arrays, with no Python per row and no
-    value decoded. The others — a failed extractor, or a file written before this
-    consumer read the stream — are keyed here, one :func:`~millwheel._delivery.key_record`
-    call per record, which makes the dead letter of a failure with its reason. The id,
-    timestamp, value, sender watermark and file columns pass through as they are.
+
+def make_keying(consumer: str, stream: str, extractor: Callable[[Record], Any], intervals: int) -> Callable[..., pa.StructArray]:
+    """The consumer's own keying of the rows its producer did not key (§4.2), as an Arrow UDF.
+
+    Arguments, one array each: ``needed`` (the row has no ``interval:C``: a failed
+    extractor at the producer, or a file written before this consumer read the stream or
+    by a writer without a keyer), then the row's ``id``, ``ts``, ``key`` and ``value`` —
+    which the query passes only where ``needed`` (``_query.py``): the rows their producer
+    keyed, the common case, cost a few null columns, not their values, on the way to
+    Python and back. Those rows get an all-null result and keep their producer's
+    ``key:C`` / ``interval:C``. The others are keyed here, one
+    :func:`~millwheel._delivery.key_record` call per record: ``interval``, ``kind`` and
+    ``key``; a failed extractor gives the dead letter's ``kind``, and its ``id``, ``ts``
+    and ``value`` replace the row's (null for a row keyed here: it keeps its own).
     """
-    kind_record = int(RowKind.RECORD)
-    kcol, icol = key_columns(consumer)
+    kind_record, kind_dropped, kind_dead = int(RowKind.RECORD), int(RowKind.DROPPED), int(RowKind.DEAD_LETTER)
+    cache: dict[Any, tuple[bytes, int]] = {}
 
-    def extract(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        cache: dict[Any, tuple[bytes, int]] = {}
-        for b in batches:
-            n = b.num_rows
-            if n == 0:
+    def key(needed: pa.Array, ids: pa.Array, tss: pa.Array, pkeys: pa.Array, vals: pa.Array) -> pa.Array:  # a StructArray; PySpark reads the hints as "scalar Arrow UDF"
+        n = len(needed)
+        if n == 0 or not pc.any(needed).as_py():  # every row keyed by its producer
+            return pa.StructArray.from_arrays([pa.nulls(n, f.type) for f in _KEYING_FIELDS], fields=_KEYING_FIELDS)
+        if len(cache) > 100_000:
+            cache.clear()
+        o_interval: list[int | None] = [None] * n
+        o_kind: list[int | None] = [None] * n
+        o_key: list[bytes | None] = [None] * n
+        o_id: list[str | None] = [None] * n
+        o_ts: list[int | None] = [None] * n
+        o_val: list[bytes | None] = [None] * n
+        id_l, ts_l, pk_l, val_l = ids.to_pylist(), tss.to_pylist(), pkeys.to_pylist(), vals.to_pylist()
+        for i, need in enumerate(needed.to_pylist()):
+            if not need:
                 continue
-            given = b.column(icol) if b.schema.get_field_index(icol) >= 0 else None
-            if given is not None and given.null_count == 0:  # the common case: keyed by the producer
-                yield pa.RecordBatch.from_arrays(
-                    [given, pa.repeat(pa.scalar(kind_record, pa.int32()), n), b.column(kcol), b.column("id"), b.column("ts"),
-                     b.column("value"), b.column("wm"), pa.repeat(pa.scalar(stream, pa.string()), n), b.column("src"),
-                     b.column("row"), pa.nulls(n, pa.int64())],
-                    schema=KEYED_ARROW_SCHEMA,
-                )  # fmt: skip
+            pk = pk_l[i]
+            rec = Record(None if pk is None else decode_key(pk), decode_value(val_l[i]), ts_l[i], id_l[i], stream)
+            keyed, dead = key_record(consumer, stream, extractor, rec)
+            if keyed is not None:
+                o_key[i], o_interval[i] = cached_key(keyed.key, intervals, cache)
+                o_kind[i] = kind_record
                 continue
-            ids = b.column("id").to_pylist()
-            tss = b.column("ts").to_pylist()
-            pkeys = b.column("key")
-            pkeys_l = [None] * n if pkeys.null_count == n else pkeys.to_pylist()
-            vals = b.column("value").to_pylist()
-            o_interval = [0] * n if given is None else given.to_pylist()
-            o_key: list[bytes | None] = [None] * n if given is None else b.column(kcol).to_pylist()
-            dead_rows: list[tuple[int, int, Record | None]] = []
-            for i in range(n):
-                if o_key[i] is not None:
-                    continue  # keyed by the producer
-                pk = pkeys_l[i]
-                rec = Record(None if pk is None else decode_key(pk), decode_value(vals[i]), tss[i], ids[i], stream)
-                keyed, dead = key_record(consumer, stream, extractor, rec)
-                if keyed is not None:
-                    o_key[i], o_interval[i] = cached_key(keyed.key, intervals, cache)
-                    continue
-                o_interval[i] = dead_interval(ids[i], intervals)
-                dead_rows.append((i, int(RowKind.DROPPED) if dead is None else int(RowKind.DEAD_LETTER), dead))
-            id_col, ts_col, val_col = b.column("id"), b.column("ts"), b.column("value")
-            kinds = pa.repeat(pa.scalar(kind_record, pa.int32()), n)
-            if dead_rows:
-                o_kind = [kind_record] * n
-                for i, kind, dead in dead_rows:
-                    o_kind[i] = kind
-                    if dead is not None:
-                        ids[i], tss[i], vals[i] = dead.id, dead.timestamp, encode_value(dead.value)
-                kinds = pa.array(o_kind, pa.int32())
-                id_col, ts_col, val_col = pa.array(ids, pa.string()), pa.array(tss, pa.int64()), pa.array(vals, pa.binary())
-            yield pa.RecordBatch.from_arrays(
-                [pa.array(o_interval, pa.int32()), kinds, pa.array(o_key, pa.binary()), id_col, ts_col, val_col,
-                 b.column("wm"), pa.repeat(pa.scalar(stream, pa.string()), n), b.column("src"), b.column("row"), pa.nulls(n, pa.int64())],
-                schema=KEYED_ARROW_SCHEMA,
-            )  # fmt: skip
+            o_interval[i] = dead_interval(id_l[i], intervals)
+            if dead is None:
+                o_kind[i] = kind_dropped
+            else:
+                o_kind[i] = kind_dead
+                o_id[i], o_ts[i], o_val[i] = dead.id, dead.timestamp, encode_value(dead.value)
+        return pa.StructArray.from_arrays(
+            [pa.array(o_interval, pa.int32()), pa.array(o_kind, pa.int32()), pa.array(o_key, pa.binary()),
+             pa.array(o_id, pa.string()), pa.array(o_ts, pa.int64()), pa.array(o_val, pa.binary())],
+            fields=_KEYING_FIELDS,
+        )  # fmt: skip
 
-    return extract
+    return key
 
 
 class _Out:

@@ -31,8 +31,8 @@ from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel._topology import ComputationSpec
 from millwheel.runtime._context import DriverContext
 from millwheel.runtime._fs import Location
-from millwheel.runtime._interval import IntervalStep, make_key_extractor
-from millwheel.runtime._keying import Keyer
+from millwheel.runtime._interval import KEYING_RESULT, IntervalStep, make_keying
+from millwheel.runtime._keying import Keyer, key_columns
 from millwheel.runtime._lease import FencedError, Lease
 from millwheel.runtime._mapstate import make_processor
 from millwheel.runtime._outbox import Outbox
@@ -41,10 +41,10 @@ from millwheel.runtime._streams import FileStreamLog
 from millwheel.runtime._usercode import RestartPolicy
 from millwheel.runtime._wire import (
     HEARTBEAT_SCHEMA,
-    KEYED_SCHEMA,
     LOG_SCHEMA,
     STATE_SCHEMA,
     IntervalSummary,
+    RowKind,
     interval_name,
     to_spark,
 )
@@ -230,11 +230,7 @@ class ComputationQuery:
                     .withColumn("src", F.col("_metadata.file_name")).withColumn("row", F.col("_metadata.row_index"))
                 )
             raw = reduce(lambda a, b: a.unionByName(b), readers)
-            # one Python pass per input: rows keyed by their producer (``_keying.py``) pass
-            # through as Arrow arrays; the rest are keyed there. One plan node per input
-            # directory: a file source read twice would be two entries of the offset log
-            keyed = raw.mapInArrow(make_key_extractor(self.name, stream, extractor, self.intervals), KEYED_SCHEMA)
-            parts.append(keyed.withColumn("wm_ts", F.lit(None).cast("timestamp")))
+            parts.append(self._keyed(raw, stream, extractor).withColumn("wm_ts", F.lit(None).cast("timestamp")))
         union = reduce(lambda a, b: a.unionByName(b), parts).withWatermark("wm_ts", "0 seconds")
         keyer = self.rt.keyer
         if settings.state_layout == "keys":
@@ -256,6 +252,32 @@ class ComputationQuery:
         if settings.trigger_ms > 0:
             writer = writer.trigger(processingTime=f"{settings.trigger_ms} milliseconds")
         return writer
+
+    def _keyed(self, raw: Any, stream: str, extractor: Any) -> Any:
+        """Rows of one input keyed for this computation (§4.2), as :data:`KEYED_SCHEMA`.
+
+        Key and interval come from the producer's ``key:C`` / ``interval:C`` columns
+        (``_keying.py``), taken in the JVM. The consumer's own keying
+        (:func:`~millwheel.runtime._interval.make_keying`, an Arrow UDF) gets the id,
+        timestamp, key and value only of rows without them, so a keyed row's value never
+        travels to Python here. One plan node per input directory: a file source read
+        twice would be two entries of the offset log (``docs/runtime.md``).
+        """
+        from pyspark.sql import functions as F
+
+        kcol, icol = key_columns(self.name)
+        keying = F.arrow_udf(make_keying(self.name, stream, extractor, self.intervals), KEYING_RESULT)
+        need = F.col(f"`{icol}`").isNull()
+        k = keying(need, *(F.when(need, F.col(c)) for c in ("id", "ts", "key", "value")))
+        return raw.withColumn("_k", k).select(
+            F.coalesce(F.col(f"`{icol}`"), F.col("_k.interval")).alias("interval"),
+            F.coalesce(F.col("_k.kind"), F.lit(int(RowKind.RECORD))).alias("kind"),
+            F.coalesce(F.col(f"`{kcol}`"), F.col("_k.key")).alias("key"),
+            F.coalesce(F.col("_k.id"), F.col("id")).alias("id"),
+            F.coalesce(F.col("_k.ts"), F.col("ts")).alias("ts"),
+            F.coalesce(F.col("_k.value"), F.col("value")).alias("value"),
+            F.col("wm"), F.lit(stream).alias("stream"), F.col("src"), F.col("row"), F.lit(None).cast("long").alias("now"),
+        )  # fmt: skip
 
     def check(self) -> None:
         """Restart the query from its checkpoint if it died (e.g. a Python worker was killed).

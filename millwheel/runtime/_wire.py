@@ -29,7 +29,6 @@ import enum
 from dataclasses import asdict, dataclass, field
 
 import msgpack
-import pyarrow as pa
 
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
 
@@ -41,12 +40,6 @@ HEARTBEAT_SCHEMA = "interval int, wm long, now long"
 #: :class:`RowKind`) and heartbeats; ``stream`` is the input stream a record came from,
 #: ``src`` and ``row`` the stream-log file and row it was read from (its send order)
 KEYED_SCHEMA = "interval int, kind int, key binary, id string, ts long, value binary, wm long, stream string, src string, row long, now long"
-#: :data:`KEYED_SCHEMA` as Arrow (the keying ``mapInArrow`` function builds batches of it)
-KEYED_ARROW_SCHEMA = pa.schema([
-    ("interval", pa.int32()), ("kind", pa.int32()), ("key", pa.binary()), ("id", pa.string()), ("ts", pa.int64()),
-    ("value", pa.binary()), ("wm", pa.int64()), ("stream", pa.string()), ("src", pa.string()), ("row", pa.int64()),
-    ("now", pa.int64()),
-])  # fmt: skip
 #: rows leaving the per-interval step and written to the outbox, partitioned by stream
 OUT_SCHEMA = "stream string, id string, ts long, key binary, value binary, wm long"
 #: the GroupState row of one key interval: key -> envelope, key -> [hold, next lw timer, next wall timer]

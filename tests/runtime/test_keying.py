@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -13,7 +14,7 @@ from millwheel import Record
 from millwheel._codec import decode_value, encode_value
 from millwheel._record import decode_key, encode_key
 from millwheel.runtime._fs import Location
-from millwheel.runtime._interval import make_key_extractor
+from millwheel.runtime._interval import make_keying
 from millwheel.runtime._keying import Keyer, interval_of
 from millwheel.runtime._streams import FileStreamLog, records_table
 from millwheel.runtime._wire import RowKind
@@ -39,29 +40,38 @@ def test_rows_are_keyed_for_the_consumers_of_their_stream_only():
     assert cols["interval:A"][3] is None and cols["key:A"][3] is None
 
 
+def _keying_args(table: pa.Table, needed: list[bool]) -> list[pa.Array]:
+    """What the query passes the consumer's keying function: the row's columns where it is needed."""
+    mask = pa.array([not x for x in needed])
+    return [pa.array(needed)] + [pc.if_else(mask, pa.nulls(len(needed), table.schema.field(c).type), table.column(c).combine_chunks()) for c in ("id", "ts", "key", "value")]
+
+
 def test_the_consumer_pass_gives_the_rows_the_producer_would():
     recs = [Record(None, {"n": n}, 1_000 + n, f"r{n}") for n in range(20)] + [Record(None, {"x": 1}, 5, "bad")]
     keyer = Keyer({"in": [("A", by_n)]}, intervals=4)
     table = records_table(recs, None, keyer, "in")
     assert table.column_names[-2:] == ["key:A", "interval:A"]
-    batch = pa.RecordBatch.from_pydict({
-        "id": [r.id for r in recs], "ts": [r.timestamp for r in recs], "key": pa.nulls(len(recs), pa.binary()),
-        "value": [encode_value(r.value) for r in recs], "wm": pa.nulls(len(recs), pa.int64()),
-        "src": ["f"] * len(recs), "row": list(range(len(recs))),
-    })  # fmt: skip
-    (out,) = make_key_extractor("A", "in", by_n, 4)(iter([batch]))
-    assert out.column("key").to_pylist()[:-1] == table.column("key:A").to_pylist()[:-1]
-    assert out.column("interval").to_pylist()[:-1] == table.column("interval:A").to_pylist()[:-1]
-    assert out.column("kind").to_pylist()[-1] == RowKind.DEAD_LETTER and table.column("interval:A")[-1].as_py() is None
-    # the producer's columns: keyed rows pass through (values never decoded), the failed one is keyed here
-    with_keys = batch.append_column("key:A", table.column("key:A").combine_chunks()).append_column("interval:A", table.column("interval:A").combine_chunks())
-    (mixed,) = make_key_extractor("A", "in", by_n, 4)(iter([with_keys]))
-    assert mixed.to_pydict() == out.to_pydict()
-    keyed_only = with_keys.slice(0, len(recs) - 1).replace_schema_metadata()
-    garbage = keyed_only.set_column(keyed_only.schema.get_field_index("value"), "value", pa.array([b"not a pickle"] * keyed_only.num_rows))
-    (passed,) = make_key_extractor("A", "in", by_n, 4)(iter([garbage]))
-    assert passed.column("key").to_pylist() == out.column("key").to_pylist()[:-1]
-    assert set(passed.column("kind").to_pylist()) == {RowKind.RECORD}
+    key = make_keying("A", "in", by_n, 4)
+    # a file without the producer's columns: every row is keyed by the consumer
+    out = key(*_keying_args(table, [True] * len(recs))).to_pylist()
+    assert [o["key"] for o in out[:-1]] == table.column("key:A").to_pylist()[:-1]
+    assert [o["interval"] for o in out[:-1]] == table.column("interval:A").to_pylist()[:-1]
+    assert {o["kind"] for o in out[:-1]} == {RowKind.RECORD} and all(o["id"] is None and o["value"] is None for o in out[:-1])
+    # the failed extractor: a dead letter replaces the row (the producer left it unkeyed)
+    assert table.column("interval:A")[-1].as_py() is None
+    dead = out[-1]
+    assert dead["kind"] == RowKind.DEAD_LETTER and dead["key"] is None and dead["id"] != "bad"
+    letter = decode_value(dead["value"])
+    assert letter.record.id == "bad" and letter.computation == "A" and "KeyError" in letter.reason
+    # rows the producer keyed: nothing is passed for them and nothing comes back (values never decoded)
+    needed = [v is None for v in table.column("interval:A").to_pylist()]
+    garbage = table.set_column(table.schema.get_field_index("value"), "value", pa.array([b"not a pickle"] * (len(recs) - 1) + [encode_value(recs[-1].value)]))
+    mixed = key(*_keying_args(garbage, needed)).to_pylist()
+    assert all(all(v is None for v in o.values()) for o in mixed[:-1])
+    assert mixed[-1] == dead
+    # a batch the producer keyed whole: one vectorised check, an all-null result
+    keyed_only = key(*_keying_args(garbage.slice(0, len(recs) - 1), needed[:-1]))
+    assert keyed_only.null_count == 0 and all(keyed_only.field(i).null_count == len(recs) - 1 for i in range(6))
 
 
 @pytest.mark.spark

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pyarrow.fs as pafs
+import pytest
 
 from millwheel.runtime._fs import Location
 from millwheel.runtime._session import LOCAL_CHECKPOINT_CONF, checkpoint_conf, start_query
@@ -45,7 +46,8 @@ class _Writer:
     def start(self) -> str:
         self.seen = dict(self.spark.conf.values)
         if self.fail:
-            raise RuntimeError("query did not start")
+            msg = "query did not start"
+            raise RuntimeError(msg)
         return "query"
 
 
@@ -59,8 +61,6 @@ def test_start_query_sets_the_settings_for_the_start_only() -> None:
 
 def test_start_query_restores_the_session_when_the_start_fails() -> None:
     spark = _Spark({"a": "session"})
-    try:
+    with pytest.raises(RuntimeError, match="did not start"):
         start_query(_Writer(spark, fail=True), spark, {"a": "query", "b": "query"})
-    except RuntimeError:
-        pass
     assert spark.conf.values == {"a": "session"}
