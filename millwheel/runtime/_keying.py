@@ -6,16 +6,16 @@ MillWheel applies the consumer's key extraction function to a record when the re
 interval function writing a computation's productions (``_interval.py``), the log-file
 reader (``_logfiles.py``) and the driver-side injectors (``_streams.py``). Each has the
 record's value decoded in hand, so keying there costs the extractor call and nothing
-else; the consumer's keying function passes such rows through as Arrow arrays (no
-value decoded there), so the consumer decodes each value once, for the step.
+else; the consumer's query takes those columns in the JVM (the value does not even
+reach Python there), so the consumer decodes each value once, for the step.
 
 Per consumer ``C`` of the file's stream, a stream-log row carries ``key:C``, the key
 ``C``'s extractor returned, encoded (:func:`~millwheel._record.encode_key`), and
 ``interval:C``, its key interval (:func:`interval_of`). **A null ``interval:C`` means
 "not keyed for C"**: the extractor failed (the consumer makes the dead letter, with its
 reason), or the file was written before ``C`` read the stream, by a writer without a
-:class:`Keyer` or by an older millwheel. Such rows are keyed by the consumer's own Python
-pass (:func:`~millwheel.runtime._interval.make_key_extractor`) exactly as before, so
+:class:`Keyer` or by an older millwheel. Such rows are keyed by the consumer's own keying
+UDF (:func:`~millwheel.runtime._interval.make_keying`), so
 both paths give the same rows, and the rare path (bad input) keeps its one
 implementation (:func:`~millwheel._delivery.key_record`). The extractor sees the record as it
 was produced: its key, value, timestamp, id and ``stream`` (as in the harness), keyed

@@ -3,8 +3,8 @@
 ::
 
     heartbeats/<C>/*.parquet ─────────────────────────────┐  (input low watermark, ticks)
-    streams/<S>/<producer>/*.parquet ─► mapInArrow(key) ──┤  (one per input stream, §4.2: rows keyed
-                                                          ▼   by their producer pass through)
+    streams/<S>/<producer>/*.parquet ─► key (JVM + UDF) ──┤  (one per input stream, §4.2: the
+                                                          ▼   producer's key columns; a UDF keys the rest)
         union ─► withWatermark("wm_ts", "0 seconds") ─► groupBy(interval)
               ─► applyInPandasWithState(IntervalStep, EventTimeTimeout)
               ─► foreachBatch(Outbox.sink)  ──(after commit)──► streams/<out>/<C>/
