@@ -86,7 +86,7 @@ def _batches(progress: dict[int, dict]) -> dict:
     return {"data_batches": len(ps), "trigger_ms_p50": pct(times, 50), "trigger_ms_p95": pct(times, 95), "median_batch_parts_ms": median}
 
 
-def stages(spark, work: Path, rate: int, seconds: float, intervals: int, writer: str = "spark") -> dict:
+def stages(spark, work: Path, rate: int, seconds: float, intervals: int, writer: str = "auto") -> dict:
     from millwheel.runtime import RuntimeSettings, SparkRuntime
 
     root = work / "stages"
@@ -145,7 +145,7 @@ def _writer(truth: dict, staged: Path, live: Path, stop: threading.Event) -> Non
     (live / "_DONE").write_text("")
 
 
-def zeitgeist(spark, work: Path, duration_s: int, intervals: int, writer: str = "spark") -> dict:
+def zeitgeist(spark, work: Path, duration_s: int, intervals: int, writer: str = "auto") -> dict:
     from millwheel import LogFileSource
     from millwheel.runtime import RuntimeSettings, SparkRuntime
     from topologies.zeitgeist import GeneratorConfig, ZeitgeistConfig, build, generate
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=int, default=2_000, help="records/s in the per-stage run")
     p.add_argument("--seconds", type=float, default=40)
     p.add_argument("--intervals", default="8", help="key intervals per computation; a comma list runs the per-stage run once per count, in turn (same session)")
-    p.add_argument("--writers", default="spark", help="outbox writers to run the per-stage run with, in turn (same session): spark,driver")
+    p.add_argument("--writers", default="auto", help="outbox writers to run the per-stage run with, in turn (same session): auto,spark,driver (auto: the runtime's default)")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark configuration (repeatable)")
     p.add_argument("--zeitgeist-seconds", type=int, default=60, help="0 skips the Zeitgeist run")
     p.add_argument("--work", default=str(ROOT / ".millwheel" / "bench" / "latency"))

@@ -197,11 +197,16 @@ class SparkRuntime:
             c = self.computations[name]
             c.check()
             c.update_watermark(now)
-        if self.settings.prune_streams and not self.settings.only and time.monotonic() - self._pruned_at >= 1.0:
-            prune_streams(list(self.computations.values()), self.streams)
-            self._pruned_at = time.monotonic()
+        self._prune()
         for sink in self.sinks:
             sink.poll()
+
+    def _prune(self, *, now: bool = False) -> None:
+        """With ``prune_streams``: move consumed stream files to ``_done/`` (at most once a
+        second while running; ``now`` at the end of a drained run, so none is left live)."""
+        if self.settings.prune_streams and not self.settings.only and (now or time.monotonic() - self._pruned_at >= 1.0):
+            prune_streams(list(self.computations.values()), self.streams)
+            self._pruned_at = time.monotonic()
 
     def drained(self) -> bool:
         return all(i.drained() for i in self.injectors.values()) and all(c.drained() for c in self.computations.values())
@@ -214,6 +219,7 @@ class SparkRuntime:
             while True:
                 self.poll()
                 if self.drained():
+                    self._prune(now=True)
                     break
                 if timeout_s is not None and time.monotonic() - self.started_at > timeout_s:
                     msg = f"topology {self.topology.name!r} did not drain within {timeout_s}s: {self.status()}"
