@@ -27,7 +27,6 @@ from millwheel._topology import InjectorSpec
 from millwheel.runtime._context import DriverContext
 from millwheel.runtime._lease import Lease
 from millwheel.runtime._outbox import Outbox
-from millwheel.runtime._session import checkpoint_conf, start_query
 from millwheel.runtime._usercode import RestartPolicy
 
 
@@ -231,7 +230,7 @@ class LogFileInjector:
             writer = writer.trigger(processingTime=f"{self.rt.settings.trigger_ms} milliseconds")
         self.rt.watermarks.expect_injector_processes(self.name, ["spark"])
         self.rt.watermarks.report_injector(self.name, "spark", self.low_watermark)
-        self.query = start_query(writer, spark, checkpoint_conf(self.checkpoint))
+        self.query = writer.start()
 
     def poll(self) -> None:
         self.outbox.publish_committed()

@@ -36,7 +36,7 @@ from millwheel.runtime._keying import Keyer, key_columns
 from millwheel.runtime._lease import FencedError, Lease
 from millwheel.runtime._mapstate import make_processor
 from millwheel.runtime._outbox import Outbox
-from millwheel.runtime._session import checkpoint_conf, start_query
+from millwheel.runtime._session import start_query
 from millwheel.runtime._streams import FileStreamLog
 from millwheel.runtime._usercode import RestartPolicy
 from millwheel.runtime._wire import (
@@ -194,10 +194,9 @@ class ComputationQuery:
         self.query = self._start(self._build())
 
     def _start(self, writer: Any) -> Any:
-        """Start the query with its layout's state store and its checkpoint's file manager
-        (``_session.start_query``: the checkpoint pins the provider from its first start)."""
-        conf = {**STATE_STORE_CONF[self.rt.settings.state_layout], **checkpoint_conf(self.checkpoint)}
-        return start_query(writer, self.rt.spark, conf)
+        """Start the query with its layout's state store (``_session.start_query``: the
+        checkpoint pins the provider from its first start)."""
+        return start_query(writer, self.rt.spark, STATE_STORE_CONF[self.rt.settings.state_layout])
 
     def _build(self) -> Any:
         from pyspark.sql import functions as F

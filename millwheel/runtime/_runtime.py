@@ -32,6 +32,7 @@ from millwheel.runtime._injectors import LogFileInjector, SourceInjector
 from millwheel.runtime._keying import Keyer
 from millwheel.runtime._lease import DriverEpoch
 from millwheel.runtime._query import ComputationQuery, prune_streams
+from millwheel.runtime._session import checkpoint_conf, restore_conf, set_conf
 from millwheel.runtime._settings import RuntimeSettings
 from millwheel.runtime._sinks import sink_writers
 from millwheel.runtime._streams import FileStreamLog
@@ -135,6 +136,8 @@ class SparkRuntime:
         here = set(self.injectors) | set(self.computations)
         self.sinks = [s for s in sink_writers(topology, self.streams, self.root) if here & set(self.producers(s.spec.stream))]
         self.started = False
+        #: session settings this run changed, to restore at :meth:`stop` (``_session.set_conf``)
+        self._saved_conf: dict[str, str | None] | None = None
         self._pruned_at = 0.0
         self.started_at = 0.0
 
@@ -177,7 +180,8 @@ class SparkRuntime:
                 self.streams.ensure(stream, producer)
         for sink in self.sinks:
             sink.start()
-        _ = self.spark
+        # for the whole run: the file sources' logs take it on the queries' own threads
+        self._saved_conf = set_conf(self.spark, checkpoint_conf(self.root))
         for inj in self.injectors.values():
             self._progress(f"injector {inj.name}")
             inj.start()
@@ -240,6 +244,9 @@ class SparkRuntime:
                 c.stop()
             for inj in self.injectors.values():
                 inj.stop()
+        if self._saved_conf is not None:
+            restore_conf(self._spark, self._saved_conf)
+            self._saved_conf = None
         self.started = False
 
     # ---- reading -----------------------------------------------------------------------

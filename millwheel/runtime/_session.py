@@ -160,30 +160,49 @@ LOCAL_CHECKPOINT_CONF = {
 PYSPARK_WORKER_WARNINGS = "ignore:The behavior of DataFrame concatenation with empty or all-NA entries:FutureWarning"
 
 
-def start_query(writer: Any, spark: Any, conf: dict[str, str]) -> Any:
-    """Start a streaming query (``writer.start()``) with ``conf`` set for it.
-
-    A query keeps the session configuration of its start (it runs on a clone of the
-    session) and its checkpoint then pins what must not change (the state store
-    provider), so the settings are set in the session for the start only and restored.
-    """
+def set_conf(spark: Any, conf: dict[str, str]) -> dict[str, str | None]:
+    """Set ``conf`` in the session; returns what to give :func:`restore_conf` to undo it."""
     session = spark.conf
     saved = {k: session.get(k, None) for k in conf}
     for k, v in conf.items():
         session.set(k, v)
+    return saved
+
+
+def restore_conf(spark: Any, saved: dict[str, str | None]) -> None:
+    """Undo :func:`set_conf` (a key that was not set is unset)."""
+    for k, v in saved.items():
+        if v is None:
+            spark.conf.unset(k)
+        else:
+            spark.conf.set(k, v)
+
+
+def start_query(writer: Any, spark: Any, conf: dict[str, str]) -> Any:
+    """Start a streaming query (``writer.start()``) with ``conf`` set for its start.
+
+    A query keeps the session configuration of its start for what it plans (it runs on a
+    clone of the session) and its checkpoint then pins what must not change (the state
+    store provider), so these settings are set in the session for the start only and
+    restored. Not for settings its sources read: Spark creates a query's sources on its
+    stream thread after ``start()`` returns, from the session itself
+    (:func:`checkpoint_conf` is set for the whole run, by the runtime).
+    """
+    saved = set_conf(spark, conf)
     try:
         return writer.start()
     finally:
-        for k, v in saved.items():
-            if v is None:
-                session.unset(k)
-            else:
-                session.set(k, v)
+        restore_conf(spark, saved)
 
 
-def checkpoint_conf(checkpoint: Any) -> dict[str, str]:
-    """Session settings for a query whose checkpoint is ``checkpoint`` (a ``Location``)."""
-    return dict(LOCAL_CHECKPOINT_CONF) if checkpoint.local else {}
+def checkpoint_conf(root: Any) -> dict[str, str]:
+    """Session settings for a run whose checkpoints are under ``root`` (a ``Location``).
+
+    Set for the whole run (``SparkRuntime.start`` to ``stop``): the offset and commit logs
+    and the state stores take the checkpoint manager when a query starts, but the file
+    sources' logs (``sources/<i>/``) take it when Spark creates the sources, on the
+    query's thread after the start, and again when a failed query restarts."""
+    return dict(LOCAL_CHECKPOINT_CONF) if root.local else {}
 
 
 def spark_session(
