@@ -30,6 +30,8 @@ class DriverContext(Protocol):
     audit: Any
     #: the epoch this driver's queries take their leases under (``_lease.DriverEpoch``)
     driver_epoch: Any
+    #: the Spark grouping value of each key interval (``_runtime.pin_groups``)
+    groups: list[int]
 
     @property
     def spark(self) -> Any: ...

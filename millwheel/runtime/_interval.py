@@ -211,9 +211,10 @@ class IntervalBatch:
 
     @classmethod
     def of(cls, owner: IntervalStep, group: tuple[Any, ...], frames: Iterable[pd.DataFrame], spark_watermark: int, now: int) -> IntervalBatch | None:
-        """The batch of Spark group ``group`` (a key interval) of ``owner``'s computation with
-        its input frames; ``None`` for the heartbeat group, which only moves Spark's watermark."""
-        interval = int(group[0])
+        """The batch of Spark group ``group`` (a key interval's group value) of ``owner``'s
+        computation with its input frames; ``None`` for the heartbeat group, which only moves
+        Spark's watermark."""
+        interval = owner.interval_of(int(group[0]))
         if interval < 0:
             for _ in frames:
                 pass
@@ -361,8 +362,14 @@ class IntervalStep:
     of every consumer of its output streams (:meth:`out_schema`).
     """
 
-    def __init__(self, spec: ComputationSpec, *, pipeline: str = "default", registry: Callable[[], Any] | None = None, keyer: Keyer | None = None) -> None:
+    def __init__(
+        self, spec: ComputationSpec, *, pipeline: str = "default", registry: Callable[[], Any] | None = None,
+        keyer: Keyer | None = None, groups: Sequence[int] | None = None,
+    ) -> None:  # fmt: skip
         self.spec = spec
+        #: the Spark grouping value of each key interval (``_runtime.pin_groups``; ``None``: the interval number)
+        self.groups = None if groups is None else list(groups)
+        self._interval_of = None if groups is None else {g: i for i, g in enumerate(groups)}
         self.pipeline = pipeline
         #: a picklable factory of the IdRegistry client that ``once_id`` productions commit to
         self.registry_factory = registry
@@ -378,10 +385,16 @@ class IntervalStep:
         return f"{OUT_SCHEMA}, {extra}" if extra else OUT_SCHEMA
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"spec": self.spec, "pipeline": self.pipeline, "registry": self.registry_factory, "keyer": self.keyer}
+        return {"spec": self.spec, "pipeline": self.pipeline, "registry": self.registry_factory, "keyer": self.keyer, "groups": self.groups}
 
     def __setstate__(self, d: dict[str, Any]) -> None:
-        self.__init__(d["spec"], pipeline=d["pipeline"], registry=d["registry"], keyer=d["keyer"])  # type: ignore[misc]
+        self.__init__(d["spec"], pipeline=d["pipeline"], registry=d["registry"], keyer=d["keyer"], groups=d.get("groups"))  # type: ignore[misc]
+
+    def interval_of(self, group: int) -> int:
+        """The key interval of Spark group ``group`` (negative: the heartbeat group)."""
+        if group < 0 or self._interval_of is None:
+            return group
+        return self._interval_of[group]
 
     def registry(self) -> Any:
         if self._registry is None and self.registry_factory is not None:

@@ -125,7 +125,7 @@ class _Pipeline:
             self._answers(len(chunk), "updateValue/removeKey")
 
 
-def make_processor(spec: ComputationSpec, *, pipeline: str = "default", registry: Any = None, keyer: Any = None) -> Any:
+def make_processor(spec: ComputationSpec, *, pipeline: str = "default", registry: Any = None, keyer: Any = None, groups: Any = None) -> Any:
     """The ``StatefulProcessor`` of one computation in the per-key layout."""
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
@@ -133,7 +133,7 @@ def make_processor(spec: ComputationSpec, *, pipeline: str = "default", registry
         """One computation's key intervals, with one state-store row per key."""
 
         def __init__(self) -> None:
-            self.owner = IntervalStep(spec, pipeline=pipeline, registry=registry, keyer=keyer)
+            self.owner = IntervalStep(spec, pipeline=pipeline, registry=registry, keyer=keyer, groups=groups)
 
         def init(self, handle: Any) -> None:
             self.handle = handle

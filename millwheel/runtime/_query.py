@@ -231,16 +231,19 @@ class ComputationQuery:
             raw = reduce(lambda a, b: a.unionByName(b), readers)
             parts.append(self._keyed(raw, stream, extractor).withColumn("wm_ts", F.lit(None).cast("timestamp")))
         union = reduce(lambda a, b: a.unionByName(b), parts).withWatermark("wm_ts", "0 seconds")
+        # the Spark group of each key interval (``_runtime.pin_groups``): heartbeats keep -1
+        groups = F.array(*(F.lit(g) for g in self.rt.groups))
+        union = union.withColumn("group", F.when(F.col("interval") < 0, F.col("interval")).otherwise(F.element_at(groups, F.col("interval") + 1)))
         keyer = self.rt.keyer
         if settings.state_layout == "keys":
             # one state-store row per key (``_mapstate.py``): transformWithStateInPandas
-            processor = make_processor(self.spec, pipeline=settings.pipeline, registry=settings.registry, keyer=keyer)
-            out = union.groupBy("interval").transformWithStateInPandas(
+            processor = make_processor(self.spec, pipeline=settings.pipeline, registry=settings.registry, keyer=keyer, groups=self.rt.groups)
+            out = union.groupBy("group").transformWithStateInPandas(
                 statefulProcessor=processor, outputStructType=processor.owner.out_schema(), outputMode="Append", timeMode="EventTime",
             )  # fmt: skip
         else:
-            step = IntervalStep(self.spec, pipeline=settings.pipeline, registry=settings.registry, keyer=keyer)
-            out = union.groupBy("interval").applyInPandasWithState(
+            step = IntervalStep(self.spec, pipeline=settings.pipeline, registry=settings.registry, keyer=keyer, groups=self.rt.groups)
+            out = union.groupBy("group").applyInPandasWithState(
                 step, step.out_schema(), STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout,
             )  # fmt: skip
         writer = (

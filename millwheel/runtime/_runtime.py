@@ -37,6 +37,7 @@ from millwheel.runtime._settings import RuntimeSettings
 from millwheel.runtime._sinks import sink_writers
 from millwheel.runtime._streams import FileStreamLog
 from millwheel.runtime._usercode import ship_user_code
+from millwheel.runtime._wire import interval_groups
 
 __all__ = ["RuntimeSettings", "SparkRuntime", "committed_envelopes", "lag_text"]
 
@@ -78,6 +79,29 @@ def pin_run_settings(root: Location, settings: RuntimeSettings) -> None:
         raise MillwheelError(msg)
     if any(k not in held for k in PINNED_SETTINGS):
         pin.write_text(json.dumps({**wanted, **held}, indent=1) + "\n")
+
+
+def pin_groups(root: Location, intervals: int, partitions: int) -> list[int]:
+    """The Spark grouping value of each key interval, pinned in ``run.json`` (``"groups"``).
+
+    A run directory's first start deals its intervals round-robin over the session's
+    shuffle partitions (:func:`~millwheel.runtime._wire.interval_groups`); the grouping
+    value is the key of each interval's state-store rows, and Spark keeps the partition
+    count a checkpoint started with, so both hold for the directory's life. A directory
+    whose queries started before groups were pinned grouped by the interval number itself
+    and keeps doing so.
+    """
+    pin = root.child("run.json")
+    held = json.loads(pin.read_text() or "{}")
+    groups = held.get("groups")
+    if groups is None:
+        started = any(c.child("commits").exists() or c.child("offsets").exists() for c in (root.child("checkpoints", n) for n in root.child("checkpoints").list()))
+        groups = list(range(intervals)) if started else interval_groups(intervals, partitions)
+        pin.write_text(json.dumps({**held, "groups": groups}, indent=1) + "\n")
+    if len(groups) != intervals:
+        msg = f"{pin.uri} pins {len(groups)} key-interval groups for {intervals} intervals; it was edited by hand or is damaged"
+        raise MillwheelError(msg)
+    return [int(g) for g in groups]
 
 
 class SparkRuntime:
@@ -136,6 +160,8 @@ class SparkRuntime:
         here = set(self.injectors) | set(self.computations)
         self.sinks = [s for s in sink_writers(topology, self.streams, self.root) if here & set(self.producers(s.spec.stream))]
         self.started = False
+        #: the Spark grouping value of each key interval (:func:`pin_groups`), known at start
+        self.groups: list[int] = list(range(self.settings.intervals))
         #: session settings this run changed, to restore at :meth:`stop` (``_session.set_conf``)
         self._saved_conf: dict[str, str | None] | None = None
         self._pruned_at = 0.0
@@ -182,6 +208,7 @@ class SparkRuntime:
             sink.start()
         # for the whole run: the file sources' logs take it on the queries' own threads
         self._saved_conf = set_conf(self.spark, checkpoint_conf(self.root))
+        self.groups = pin_groups(self.root, self.settings.intervals, int(self.spark.conf.get("spark.sql.shuffle.partitions")))
         for inj in self.injectors.values():
             self._progress(f"injector {inj.name}")
             inj.start()

@@ -10,7 +10,8 @@ from millwheel import Computation, Record, SampleSource, Topology
 from millwheel._errors import MillwheelError
 from millwheel.runtime import RuntimeSettings, SparkRuntime
 from millwheel.runtime._fs import Location
-from millwheel.runtime._runtime import pin_run_settings
+from millwheel.runtime._runtime import pin_groups, pin_run_settings
+from millwheel.runtime._wire import interval_groups, spark_hash_int
 
 pytestmark = pytest.mark.spark
 
@@ -42,6 +43,10 @@ def test_counters_survive_a_restart_and_count_each_batch_once(spark, run_dir):
     assert (m2["records_in"], m2["duplicates"], m2["processed"], m2["productions"]) == (201, 1, 200, 200)
     assert again.injectors["in"].status()["records_out"] == 201
     assert len(again.output("counted")) == 200
+    # the intervals were dealt over the shuffle partitions at the first start, and kept
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    with open(f"{run_dir}/run.json") as f:
+        assert json.load(f)["groups"] == interval_groups(2, partitions)
 
 
 def test_a_run_directory_refuses_other_intervals_or_layout(tmp_path):
@@ -66,3 +71,25 @@ def test_a_run_directory_from_before_the_pin_gets_one(tmp_path):
     (tmp_path / "run.json").write_text("{not json")
     with pytest.raises(MillwheelError, match="is not JSON"):
         pin_run_settings(Location.of(str(tmp_path)), RuntimeSettings(intervals=2))
+
+
+def test_a_new_run_directory_deals_its_intervals_over_the_partitions_and_keeps_them(tmp_path):
+    root = Location.of(str(tmp_path))
+    groups = pin_groups(root, 8, 2)
+    assert groups == interval_groups(8, 2) and len(set(groups)) == 8 and min(groups) >= 0
+    assert [spark_hash_int(g) % 2 for g in groups] == [0, 1] * 4  # 4 and 4, not 3 and 5
+    assert json.loads((tmp_path / "run.json").read_text())["groups"] == groups
+    # Spark keeps a checkpoint's partition count; the groups stay whatever the session says now
+    assert pin_groups(root, 8, 5) == groups
+    (tmp_path / "run.json").write_text(json.dumps({"groups": groups[:4]}))
+    with pytest.raises(MillwheelError, match="pins 4 key-interval groups for 8 intervals"):
+        pin_groups(root, 8, 2)
+
+
+def test_a_run_directory_started_before_groups_keeps_grouping_by_interval(tmp_path):
+    """Its state stores hold rows keyed by the interval number: a directory whose queries
+    have checkpoints and whose ``run.json`` pins no groups keeps the identity."""
+    (tmp_path / "checkpoints" / "Count" / "offsets").mkdir(parents=True)
+    (tmp_path / "run.json").write_text('{"intervals": 8, "state_layout": "intervals"}')
+    assert pin_groups(Location.of(str(tmp_path)), 8, 2) == list(range(8))
+    assert json.loads((tmp_path / "run.json").read_text()) == {"intervals": 8, "state_layout": "intervals", "groups": list(range(8))}
