@@ -5,7 +5,7 @@
     heartbeats/<C>/*.parquet ─────────────────────────────┐  (input low watermark, ticks)
     streams/<S>/<producer>/*.parquet ─► key (JVM + UDF) ──┤  (one per input stream, §4.2: the
                                                           ▼   producer's key columns; a UDF keys the rest)
-        union ─► withWatermark("wm_ts", "0 seconds") ─► groupBy(interval)
+        union ─► withWatermark("wm_ts", "0 seconds") ─► groupBy(group of interval)
               ─► applyInPandasWithState(IntervalStep, EventTimeTimeout)
               ─► foreachBatch(Outbox.sink)  ──(after commit)──► streams/<out>/<C>/
 
