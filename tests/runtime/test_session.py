@@ -1,6 +1,8 @@
-"""Session settings a query is started with (``millwheel/runtime/_session.py``), without Spark."""
+"""Session settings a run and its queries start with (``millwheel/runtime/_session.py``)."""
 
 from __future__ import annotations
+
+import time
 
 import pyarrow.fs as pafs
 import pytest
@@ -64,3 +66,27 @@ def test_start_query_restores_the_session_when_the_start_fails() -> None:
     with pytest.raises(RuntimeError, match="did not start"):
         start_query(_Writer(spark, fail=True), spark, {"a": "query", "b": "query"})
     assert spark.conf.values == {"a": "session"}
+
+
+@pytest.mark.spark
+def test_a_run_on_a_local_disk_sets_the_manager_for_its_whole_run_and_writes_from_the_driver(spark, run_dir) -> None:
+    from millwheel import Record
+    from millwheel.runtime import RuntimeSettings, SparkRuntime
+
+    from ._chain import chain
+
+    key = next(iter(LOCAL_CHECKPOINT_CONF))
+    before = spark.conf.get(key, None)
+    rt = SparkRuntime(chain("session", [Record(None, {"n": i}, 1_000 + i, f"r{i}") for i in range(12)], batch_size=4), run_dir, RuntimeSettings(drain=True, intervals=2, poll_ms=50), spark=spark)
+    rt.start()
+    try:
+        assert spark.conf.get(key) == LOCAL_CHECKPOINT_CONF[key]  # while the run goes on (sources are made later)
+        while not rt.drained():
+            rt.poll()
+            time.sleep(0.05)
+    finally:
+        rt.stop()
+    assert spark.conf.get(key, None) == before
+    assert sorted(rt.values("doubled")) == [2 * i for i in range(12)]
+    # outbox_writer="auto" on a local master: the driver wrote the outboxes
+    assert {q.outbox.writer for q in rt.computations.values()} == {"driver"}
