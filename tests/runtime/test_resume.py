@@ -93,3 +93,17 @@ def test_a_run_directory_started_before_groups_keeps_grouping_by_interval(tmp_pa
     (tmp_path / "run.json").write_text('{"intervals": 8, "state_layout": "intervals"}')
     assert pin_groups(Location.of(str(tmp_path)), 8, 2) == list(range(8))
     assert json.loads((tmp_path / "run.json").read_text()) == {"intervals": 8, "state_layout": "intervals", "groups": list(range(8))}
+
+
+def test_the_groups_land_where_spark_puts_them(spark):
+    """``spark_hash_int`` is Spark's own hash of an int, and a group's partition is its
+    pmod: checked against Spark itself, not against our formula."""
+    from pyspark.sql import functions as F
+
+    rows = spark.range(-50, 2_000).select(F.col("id").cast("int").alias("v"), F.hash(F.col("id").cast("int")).alias("h")).collect()
+    assert [spark_hash_int(r.v) for r in rows] == [r.h for r in rows]
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    groups = interval_groups(16, partitions)
+    df = spark.createDataFrame([(g,) for g in groups], "g int").repartition(partitions, "g").select("g", F.spark_partition_id().alias("p"))
+    placed = {r.g: r.p for r in df.collect()}
+    assert [placed[g] for g in groups] == [i % partitions for i in range(16)]
