@@ -13,6 +13,10 @@ read from the same Parquet files (``maxFilesPerTrigger`` batches) by:
   native Spark's input has its ``query`` column; ``mw_unkeyed`` reads the same records
   without those columns, so the consumer runs its own Python keying pass (the runtime
   before producer keying, and what files from an older writer still get);
+* **the runtime's floor** (not in the default list; ``bench/_floor.py``): ``mw_noop``, a
+  computation that does nothing with its records (weak, no dedup), and ``mw_floor``, the
+  per-key step skipped altogether: what the runtime costs around the user's code and
+  around the step;
 * **native** — ``groupBy(window(ts, "10 seconds"), query).count()`` in update mode;
 * **tws** — the same logic in ``transformWithStateInPandas`` (MapState per key, per-batch
   vectorised counts).
@@ -130,7 +134,11 @@ class WindowCount(Computation):
             self.state.clear()
 
 
-def run_millwheel(spark, files: Path, work: Path, per_trigger: int, intervals: int, strong: bool, layout: str = "intervals") -> tuple[float, Counter]:
+def run_millwheel(
+    spark, files: Path, work: Path, per_trigger: int, intervals: int, strong: bool, layout: str = "intervals", comp: type[Computation] | None = None,
+) -> tuple[float, Counter]:
+    """One millwheel run; its output windows (``comp``, a computation without output: the
+    records it took in, processed and dead-lettered, from its metrics)."""
     from millwheel.runtime import RuntimeSettings, SparkRuntime
 
     root = work / "mw"
@@ -143,13 +151,17 @@ def run_millwheel(spark, files: Path, work: Path, per_trigger: int, intervals: i
     opts = ComputationOptions() if strong else ComputationOptions(exactly_once=False, strong_productions=False)
     t = Topology("bench")
     t.injector("events", Finished())
-    t.computation(WindowCount, inputs={"events": _query}, outputs=["counts"], options=opts)
+    t.computation(comp or WindowCount, inputs={"events": _query}, outputs=["counts"], options=opts)
     settings = RuntimeSettings(drain=True, intervals=intervals, max_files_per_trigger=per_trigger, poll_ms=50, heartbeat_ms=100, state_layout=layout)
     rt = SparkRuntime(t, str(root), settings, spark=spark, log=lambda m: None)
     started = time.perf_counter()
     progress = run_collecting(rt, timeout_s=1800, poll_s=settings.poll_ms / 1000).get("WindowCount", {})
     elapsed = time.perf_counter() - started
-    got = Counter({(k, w): c for k, w, c in rt.values("counts")})
+    if comp is None:
+        got = Counter({(k, w): c for k, w, c in rt.values("counts")})
+    else:
+        m = rt.computations[comp.__name__].metrics
+        got = Counter({k: m[k] for k in ("records_in", "processed", "dead_letters")})
     BREAKDOWN.append(_breakdown(progress))
     return elapsed, got
 
@@ -315,13 +327,22 @@ def main(argv: list[str] | None = None) -> int:
         expected = expected_counts(files)
         from millwheel.runtime import spark_session
 
-        spark = spark_session("local[2]")
         variants = args.variants.split(",")
+        floors = {}
+        if "mw_noop" in variants or "mw_floor" in variants:
+            # the Python workers import _floor by name (see its docstring): bench/ on their path
+            os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p)
+            from _floor import Floor, Noop
+
+            floors = {"mw_noop": Noop, "mw_floor": Floor}
+        spark = spark_session("local[2]")
         runners = {
             "mw_strong": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, True),
             "mw_unkeyed": lambda: run_millwheel(spark, unkeyed, work, args.per_trigger, args.intervals, True),
             "mw_weak": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, False),
             "mw_keys": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, True, layout="keys"),
+            "mw_noop": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, False, comp=floors["mw_noop"]),
+            "mw_floor": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, False, comp=floors["mw_floor"]),
             "native": lambda: run_native(spark, files, work, args.per_trigger),
             "tws": lambda: run_tws(spark, files, work, args.per_trigger),
         }
@@ -331,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             order = variants[rep % len(variants):] + variants[: rep % len(variants)]
             for v in order:
                 elapsed, got = runners[v]()
-                ok = got == expected
+                ok = got == (Counter({"records_in": args.records, "processed": args.records}) if v in floors else expected)
                 print(f"rep {rep}{' (warm-up, discarded)' if rep == 0 else ''}: {v:<10} {elapsed:7.2f}s  {args.records / elapsed:>10,.0f} rec/s  output {'OK' if ok else 'DIFFERS'}", flush=True)
                 if not ok:
                     print(f"  expected {len(expected)} windows, got {len(got)}; missing {list((expected - got).items())[:3]} extra {list((got - expected).items())[:3]}")

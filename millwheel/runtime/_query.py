@@ -233,7 +233,9 @@ class ComputationQuery:
         union = reduce(lambda a, b: a.unionByName(b), parts).withWatermark("wm_ts", "0 seconds")
         # the Spark group of each key interval (``_runtime.pin_groups``): heartbeats keep -1
         groups = F.array(*(F.lit(g) for g in self.rt.groups))
-        union = union.withColumn("group", F.when(F.col("interval") < 0, F.col("interval")).otherwise(F.element_at(groups, F.col("interval") + 1)))
+        # the worker takes the interval from the group, so the column stops here: one
+        # column less through the shuffle and the Arrow/pandas round trip
+        union = union.withColumn("group", F.when(F.col("interval") < 0, F.col("interval")).otherwise(F.element_at(groups, F.col("interval") + 1))).drop("interval")
         keyer = self.rt.keyer
         if settings.state_layout == "keys":
             # one state-store row per key (``_mapstate.py``): transformWithStateInPandas

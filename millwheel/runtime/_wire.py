@@ -38,7 +38,9 @@ LOG_SCHEMA = "id string, ts long, key binary, value binary, wm long"
 HEARTBEAT_SCHEMA = "interval int, wm long, now long"
 #: rows entering the per-interval step: records, dead letters of keying (``kind``, see
 #: :class:`RowKind`) and heartbeats; ``stream`` is the input stream a record came from,
-#: ``src`` and ``row`` the stream-log file and row it was read from (its send order)
+#: ``src`` and ``row`` the stream-log file and row it was read from (its send order).
+#: The step gets them grouped by the Spark group of ``interval`` (the column itself stays
+#: in the JVM: ``_query.py``)
 KEYED_SCHEMA = "interval int, kind int, key binary, id string, ts long, value binary, wm long, stream string, src string, row long, now long"
 #: rows leaving the per-interval step and written to the outbox, partitioned by stream
 OUT_SCHEMA = "stream string, id string, ts long, key binary, value binary, wm long"
