@@ -54,4 +54,5 @@ class Floor(Computation):
     """Never runs: its keys' step is skipped (module docstring)."""
 
     def process_record(self, record: Record) -> None:  # pragma: no cover - replaced in the worker
-        raise AssertionError("the floor variant's step should have been skipped")
+        msg = "the floor variant's step should have been skipped"
+        raise AssertionError(msg)
