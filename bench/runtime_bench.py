@@ -155,7 +155,7 @@ def run_millwheel(
     settings = RuntimeSettings(drain=True, intervals=intervals, max_files_per_trigger=per_trigger, poll_ms=50, heartbeat_ms=100, state_layout=layout)
     rt = SparkRuntime(t, str(root), settings, spark=spark, log=lambda m: None)
     started = time.perf_counter()
-    progress = run_collecting(rt, timeout_s=1800, poll_s=settings.poll_ms / 1000).get("WindowCount", {})
+    progress = run_collecting(rt, timeout_s=1800, poll_s=settings.poll_ms / 1000).get((comp or WindowCount).__name__, {})
     elapsed = time.perf_counter() - started
     if comp is None:
         got = Counter({(k, w): c for k, w, c in rt.values("counts")})
