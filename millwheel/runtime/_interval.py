@@ -141,6 +141,18 @@ def make_keying(consumer: str, stream: str, extractor: Callable[[Record], Any], 
     return key
 
 
+#: what the message of :class:`KeyingStageNeeded` starts with: the driver looks for it in a
+#: failed query's error (``_query.ComputationQuery.check``)
+KEYING_STAGE_NEEDED = "millwheel: a row not keyed for this computation belongs to another key interval"
+
+
+class KeyingStageNeeded(RuntimeError):
+    """A row its producer did not key (:attr:`RowKind.UNKEYED`) reached a query planned
+    without the keying stage, and its key falls in another interval than the one it was
+    sent to. The batch fails before anything commits; the driver restarts the query with
+    the keying stage, and the batch runs again from its checkpoint."""
+
+
 class _Out:
     """The rows one interval emits: productions, dead letters, the summary.
 
@@ -239,8 +251,14 @@ class IntervalBatch:
             kind = pdf["kind"]
             n = len(pdf)
         if n and (kind != int(RowKind.RECORD)).any():
-            self._dead_letters(pdf[kind != int(RowKind.RECORD)], wants_dead_letters(self.owner.keyer))
+            unkeyed = kind == int(RowKind.UNKEYED)
+            letters = (kind != int(RowKind.RECORD)) & ~unkeyed
+            if letters.any():
+                self._dead_letters(pdf[letters], wants_dead_letters(self.owner.keyer))
+            keyed_here = self._key_here(pdf[unkeyed]) if unkeyed.any() else None
             pdf = pdf[kind == int(RowKind.RECORD)]
+            if keyed_here is not None:
+                pdf = pd.concat([pdf, keyed_here]) if len(pdf) else keyed_here
             n = len(pdf)
         if n == 0:
             return
@@ -264,6 +282,51 @@ class IntervalBatch:
                 per_key[kb] = [row]
             else:
                 lst.append(row)
+
+    def _key_here(self, pdf: pd.DataFrame) -> pd.DataFrame | None:
+        """Rows their producer did not key for this computation (:attr:`RowKind.UNKEYED`),
+        keyed here with the one :func:`~millwheel._delivery.key_record`, as the keying stage
+        would have. A failed extractor's dead letter is emitted from this interval (any
+        stable choice: it carries no state); a record whose key falls in this interval
+        comes back as a keyed row, to be stepped with the others; one whose key falls in
+        another raises :class:`KeyingStageNeeded`."""
+        owner = self.owner
+        spec = owner.spec
+        if owner.intervals is None:
+            msg = f"computation {spec.name!r}: rows to key in the step, but the step was built without its key intervals (groups)"
+            raise RuntimeError(msg)
+        totals, out = self.totals, self.out
+        keyed_letters = wants_dead_letters(owner.keyer)
+        cache: dict[Any, tuple[bytes, int]] = {}
+        keep: list[int] = []
+        keys: list[bytes] = []
+        cols = (pdf["key"].tolist(), pdf["id"].tolist(), pdf["ts"].tolist(), pdf["value"].tolist(), pdf["stream"].tolist())
+        for i, (pk, rid, ts, value, stream) in enumerate(zip(*cols, strict=True)):
+            rec = Record(None if pk is None else decode_key(pk), decode_value(value), ts, rid, stream)
+            keyed, dead = key_record(spec.name, stream, spec.inputs[stream], rec)
+            if keyed is None:
+                totals["records_in"] += 1
+                if dead is None:
+                    totals["dead_letters_dropped"] += 1
+                else:
+                    totals["dead_letters"] += 1
+                    out.add(DEAD_LETTER_STREAM, dead.id, dead.timestamp, None, encode_value(dead.value), dead if keyed_letters else None)
+                continue
+            kb, interval = cached_key(keyed.key, owner.intervals, cache)
+            if interval != self.interval:
+                msg = (
+                    f"{KEYING_STAGE_NEEDED}: computation {spec.name!r}, record {rid!r} of stream {stream!r} "
+                    f"(key interval {interval}, sent to {self.interval}); the query restarts with its keying stage"
+                )
+                raise KeyingStageNeeded(msg)
+            keep.append(i)
+            keys.append(kb)
+        if not keep:
+            return None
+        rows = pdf.iloc[keep].copy()
+        rows["key"] = keys
+        rows["kind"] = int(RowKind.RECORD)
+        return rows
 
     def _dead_letters(self, pdf: pd.DataFrame, keyed: bool) -> None:
         """Dead letters of keying, forwarded to :data:`DEAD_LETTER_STREAM` (decoded only if
@@ -369,6 +432,8 @@ class IntervalStep:
         self.spec = spec
         #: the Spark grouping value of each key interval (``_runtime.pin_groups``; ``None``: the interval number)
         self.groups = None if groups is None else list(groups)
+        #: how many key intervals (for rows keyed in the step: :meth:`IntervalBatch._key_here`)
+        self.intervals = None if groups is None else len(self.groups)
         self._interval_of = None if groups is None else {g: i for i, g in enumerate(groups)}
         self.pipeline = pipeline
         #: a picklable factory of the IdRegistry client that ``once_id`` productions commit to

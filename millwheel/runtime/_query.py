@@ -31,7 +31,12 @@ from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel._topology import ComputationSpec
 from millwheel.runtime._context import DriverContext
 from millwheel.runtime._fs import Location
-from millwheel.runtime._interval import KEYING_RESULT, IntervalStep, make_keying
+from millwheel.runtime._interval import (
+    KEYING_RESULT,
+    KEYING_STAGE_NEEDED,
+    IntervalStep,
+    make_keying,
+)
 from millwheel.runtime._keying import Keyer, key_columns
 from millwheel.runtime._lease import FencedError, Lease
 from millwheel.runtime._mapstate import make_processor
@@ -174,6 +179,12 @@ class ComputationQuery:
         self.query: Any = None
         self.restart_policy = RestartPolicy(f"computation {self.name!r}", rt.settings.max_restarts)
         self.batches = 0
+        #: whether the query has its keying stage (decided at each start: :meth:`_unkeyed_input`)
+        self.keying_stage = False
+        #: a row not keyed for it met a query without the stage: the stage stays for this driver
+        self._keying_forced = False
+        #: input files known to carry this computation's key columns (files never change)
+        self._keyed_files: set[tuple[str, str, str]] = set()
 
     # ---- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -191,7 +202,28 @@ class ComputationQuery:
         # every interval reports its summary once, so the low watermark knows all holds
         now = int(time.time() * 1000)
         self._write_heartbeat(None, [(s, now) for s in range(self.intervals)])
+        self.keying_stage = self._keying_forced or self._unkeyed_input()
         self.query = self._start(self._build())
+
+    def _unkeyed_input(self) -> bool:
+        """Whether a live input file lacks this computation's ``interval:C`` column (written
+        before it read the stream, by an older millwheel or by a writer without a keyer):
+        then its query needs the keying stage. Each file's footer is read once per driver."""
+        _, icol = key_columns(self.name)
+        for stream, producer in self.inputs:
+            loc = self.rt.streams.location(stream, producer)
+            for name in self.rt.streams.files(stream, producer, live_only=True):
+                if (stream, producer, name) in self._keyed_files:
+                    continue
+                f = loc.child(name)
+                try:
+                    names = pq.read_schema(f.path, filesystem=f.fs).names
+                except FileNotFoundError:
+                    continue  # pruned meanwhile: consumed by every reader
+                if icol not in names:
+                    return True
+                self._keyed_files.add((stream, producer, name))
+        return False
 
     def _start(self, writer: Any) -> Any:
         """Start the query with its layout's state store (``_session.start_query``: the
@@ -229,7 +261,8 @@ class ComputationQuery:
                     .withColumn("src", F.col("_metadata.file_name")).withColumn("row", F.col("_metadata.row_index"))
                 )
             raw = reduce(lambda a, b: a.unionByName(b), readers)
-            parts.append(self._keyed(raw, stream, extractor).withColumn("wm_ts", F.lit(None).cast("timestamp")))
+            keyed = self._keyed(raw, stream, extractor) if self.keying_stage else self._keyed_by_producer(raw, stream)
+            parts.append(keyed.withColumn("wm_ts", F.lit(None).cast("timestamp")))
         union = reduce(lambda a, b: a.unionByName(b), parts).withWatermark("wm_ts", "0 seconds")
         # the Spark group of each key interval (``_runtime.pin_groups``): heartbeats keep -1
         groups = F.array(*(F.lit(g) for g in self.rt.groups))
@@ -256,6 +289,30 @@ class ComputationQuery:
         if settings.trigger_ms > 0:
             writer = writer.trigger(processingTime=f"{settings.trigger_ms} milliseconds")
         return writer
+
+    def _keyed_by_producer(self, raw: Any, stream: str) -> Any:
+        """Rows of one input as :data:`KEYED_SCHEMA`, without the keying stage: what the
+        query reads when every input file carries this computation's key columns.
+
+        Key and interval are the producer's ``key:C`` / ``interval:C``. A row without them
+        (its extractor failed at the producer; or a file without them that appeared after
+        the query started) goes to an interval chosen by a hash of its id, as
+        :attr:`RowKind.UNKEYED` with its own key, and the step there keys it
+        (``IntervalBatch._key_here``): a dead letter is emitted from there; a record whose
+        key is in another interval fails the batch, and :meth:`check` restarts the query
+        with the keying stage.
+        """
+        from pyspark.sql import functions as F
+
+        kcol, icol = key_columns(self.name)
+        unkeyed = F.col(f"`{icol}`").isNull()
+        return raw.select(
+            F.when(unkeyed, F.pmod(F.xxhash64(F.col("id")), F.lit(self.intervals)).cast("int")).otherwise(F.col(f"`{icol}`")).alias("interval"),
+            F.when(unkeyed, F.lit(int(RowKind.UNKEYED))).otherwise(F.lit(int(RowKind.RECORD))).alias("kind"),
+            F.when(unkeyed, F.col("key")).otherwise(F.col(f"`{kcol}`")).alias("key"),
+            F.col("id"), F.col("ts"), F.col("value"),
+            F.col("wm"), F.lit(stream).alias("stream"), F.col("src"), F.col("row"), F.lit(None).cast("long").alias("now"),
+        )  # fmt: skip
 
     def _keyed(self, raw: Any, stream: str, extractor: Any) -> Any:
         """Rows of one input keyed for this computation (§4.2), as :data:`KEYED_SCHEMA`.
@@ -296,7 +353,12 @@ class ComputationQuery:
         exc = q.exception()
         if exc is None:
             return
-        self.rt.log(self.restart_policy.failed(exc))
+        if not self.keying_stage and KEYING_STAGE_NEEDED in str(exc):
+            # not a failure of the code: input not keyed for it arrived after it started
+            self.rt.log(f"computation {self.name!r}: a record its producer did not key for it arrived; restarting its query with the keying stage")
+            self._keying_forced = True
+        else:
+            self.rt.log(self.restart_policy.failed(exc))
         self.start()
 
     def stop(self) -> None:

@@ -61,6 +61,10 @@ class RowKind(enum.IntEnum):
     DEAD_LETTER = 1
     #: a dead letter whose consumer could not key it: counted, not dead-lettered again
     DROPPED = 2
+    #: a row its producer did not key for this consumer, in a query planned without the
+    #: keying stage: sent to a key interval by a hash of its id, and keyed by the step there
+    #: (``_interval.IntervalBatch``; docs/runtime.md "A keying stage only when needed")
+    UNKEYED = 3
 
 
 @dataclass(slots=True)

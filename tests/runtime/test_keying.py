@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from millwheel import Record
+from millwheel import MAX_TIMESTAMP, Record, Source, SourceBatch, Topology
 from millwheel._codec import decode_value, encode_value
 from millwheel._record import decode_key, encode_key
 from millwheel.runtime._fs import Location
@@ -19,7 +19,7 @@ from millwheel.runtime._keying import Keyer, interval_of
 from millwheel.runtime._streams import FileStreamLog, records_table
 from millwheel.runtime._wire import RowKind
 
-from ._chain import by_n, chain
+from ._chain import Double, Sum, by_n, chain
 
 
 def _seen_stream(r: Record) -> str:
@@ -86,6 +86,9 @@ def test_producers_key_their_rows_and_unkeyed_files_still_arrive(spark, run_dir)
 
     rt = SparkRuntime(t, run_dir, RuntimeSettings(drain=True, intervals=4, poll_ms=50), spark=spark)
     rt.run(timeout_s=600)
+    # the file without key columns was there at start: Double's query has the keying
+    # stage; Sum's input is all keyed by Double, so its query has none
+    assert rt.computations["Double"].keying_stage and not rt.computations["Sum"].keying_stage
     expected = [2 * i for i in range(30)] + [2 * (100 + i) for i in range(5)]
     assert sorted(rt.values("doubled")) == sorted(expected)
     assert max(rt.values("sums")) == sum(expected)
@@ -106,3 +109,47 @@ def test_producers_key_their_rows_and_unkeyed_files_still_arrive(spark, run_dir)
         offsets = Path(run_dir) / "checkpoints" / name / "offsets"
         last = max(offsets.iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1)
         assert len(last.read_text().splitlines()[2:]) == 2, last.read_text()
+
+
+class _UnkeyedFileMidRun(Source):
+    """The injector's own batches are keyed for their consumer; after the first one, a file
+    without key columns (an external writer) appears in the same stream directory."""
+
+    def __init__(self, run_dir: str, first: list[Record], legacy: list[Record], rest: list[Record]) -> None:
+        self.run_dir, self.first, self.legacy, self.rest = run_dir, first, legacy, rest
+
+    def batches(self, injector: str = "in", stream: str = "in"):
+        yield SourceBatch(self.first, min(r.timestamp for r in self.legacy + self.rest))
+        FileStreamLog(Location.of(self.run_dir)).append("in", "in", "external", self.legacy)
+        yield SourceBatch(self.rest, MAX_TIMESTAMP)
+
+
+@pytest.mark.spark
+def test_a_query_without_the_keying_stage_keys_what_it_must_and_restarts_with_it_when_needed(spark, run_dir):
+    """All input keyed at start: no keying stage. A record whose extractor fails at the
+    producer is dead-lettered by the step; a file without key columns that appears later
+    fails the batch once, and the query restarts with the keying stage: every record
+    arrives exactly once, and the restart is not counted as a failure."""
+    first = [Record(None, {"n": i}, 1_000 + i, f"r{i}") for i in range(10)] + [Record(None, {"x": 0}, 1_005, "bad")]
+    # ids chosen so that some rows are sent (by Spark's hash of the id) to another interval
+    # than their key's: the batch must fail and be run again with the keying stage
+    legacy = [Record(None, {"n": 100 + i}, 1_050 + i, f"old{i}") for i in range(6)]
+    sent_to = spark.sql("SELECT " + ", ".join(f"pmod(xxhash64('{r.id}'), 4)" for r in legacy)).collect()[0]
+    assert any(iv != interval_of(encode_key(by_n(r)), 4) for iv, r in zip(sent_to, legacy, strict=True))
+    rest = [Record(None, {"n": 200 + i}, 1_100 + i, f"s{i}") for i in range(10)]
+    t = Topology("midrun")
+    t.injector("in", _UnkeyedFileMidRun(run_dir, first, legacy, rest))
+    t.computation(Double, inputs={"in": by_n}, outputs=["doubled"])
+    t.computation(Sum, inputs={"doubled": lambda r: "all"}, outputs=["sums"])
+    from millwheel.runtime import RuntimeSettings, SparkRuntime
+
+    lines: list[str] = []
+    rt = SparkRuntime(t, run_dir, RuntimeSettings(drain=True, intervals=4, poll_ms=50), spark=spark, log=lines.append)
+    rt.run(timeout_s=600)
+    double = rt.computations["Double"]
+    assert double._keying_forced and double.keying_stage and double.restart_policy.restarts == 0
+    assert any("restarting its query with the keying stage" in line for line in lines)
+    expected = [2 * r.value["n"] for r in first[:-1] + legacy + rest]
+    assert sorted(rt.values("doubled")) == sorted(expected)
+    assert max(rt.values("sums")) == sum(expected)
+    assert [(r.value.record.id, r.value.reason) for r in rt.dead_letters()] == [("bad", "KeyError: 'n'")]

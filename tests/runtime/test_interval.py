@@ -1,0 +1,100 @@
+"""The worker's per-interval step (``millwheel/runtime/_interval.py``) without Spark: rows a
+producer did not key, reaching a query planned without the keying stage."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from millwheel import Record, Topology
+from millwheel._codec import decode_value, encode_value
+from millwheel._deadletter import DEAD_LETTER_STREAM
+from millwheel._record import decode_key, encode_key
+from millwheel.runtime._interval import KEYING_STAGE_NEEDED, IntervalStep, KeyingStageNeeded
+from millwheel.runtime._keying import interval_of
+from millwheel.runtime._wire import SUMMARY_STREAM, IntervalSummary, RowKind
+
+from ._chain import Double, by_n
+
+INTERVALS = 4
+
+
+class _GroupState:
+    """The ``GroupState`` surface ``IntervalStep`` uses, in memory."""
+
+    def __init__(self) -> None:
+        self.value = None
+
+    exists = property(lambda self: self.value is not None)
+    get = property(lambda self: self.value)
+
+    def update(self, v) -> None:
+        self.value = v
+
+    def remove(self) -> None:
+        self.value = None
+
+    def getCurrentWatermarkMs(self) -> int:  # noqa: N802 - Spark's name
+        return 0
+
+    def getCurrentProcessingTimeMs(self) -> int:  # noqa: N802
+        return 0
+
+    def setTimeoutTimestamp(self, t: int) -> None:  # noqa: N802
+        pass
+
+
+@pytest.fixture
+def step() -> IntervalStep:
+    t = Topology("interval")
+    t.injector("in", None)
+    t.computation(Double, inputs={"in": by_n}, outputs=["doubled"])
+    return IntervalStep(t.validate().computations["Double"], groups=list(range(INTERVALS)))
+
+
+def _frame(rows: list[tuple[RowKind, bytes | None, Record]]) -> pd.DataFrame:
+    """Input rows as the query hands them to the step (``_query.py``: ``KEYED_SCHEMA``)."""
+    return pd.DataFrame({
+        "kind": [int(k) for k, _, _ in rows], "key": [kb for _, kb, _ in rows], "id": [r.id for _, _, r in rows],
+        "ts": [r.timestamp for _, _, r in rows], "value": [encode_value(r.value) for _, _, r in rows],
+        "wm": pd.array([None] * len(rows), dtype="Int64"), "stream": ["in"] * len(rows), "src": ["f0.parquet"] * len(rows),
+        "row": list(range(len(rows))), "now": pd.array([None] * len(rows), dtype="Int64"),
+    })  # fmt: skip
+
+
+def _run(step: IntervalStep, interval: int, frame: pd.DataFrame) -> pd.DataFrame:
+    return pd.concat(list(step((interval,), iter([frame]), _GroupState())))
+
+
+def _interval_of_n(n: int) -> int:
+    return interval_of(encode_key(n % 3), INTERVALS)
+
+
+def test_a_row_its_producer_did_not_key_is_keyed_and_stepped_where_its_key_lives(step):
+    here = _interval_of_n(1)
+    keyed = Record(None, {"n": 1}, 10, "k1")
+    unkeyed = Record(None, {"n": 4}, 11, "u4")  # the same key as n=1, so the same interval
+    out = _run(step, here, _frame([(RowKind.RECORD, encode_key(1), keyed), (RowKind.UNKEYED, None, unkeyed)]))
+    doubled = out[out["stream"] == "doubled"]
+    assert sorted(decode_value(v) for v in doubled["value"]) == [2, 8]
+    assert {decode_key(k) for k in doubled["key"]} == {1}
+    summary = IntervalSummary.decode(out[out["stream"] == SUMMARY_STREAM]["value"].iloc[0])
+    assert summary.metrics["records_in"] == 2 and summary.metrics["processed"] == 2 and summary.keys == 1
+
+
+def test_a_failed_extractor_becomes_a_dead_letter_in_the_interval_it_was_sent_to(step):
+    bad = Record(None, {"x": 0}, 12, "bad")
+    out = _run(step, 3, _frame([(RowKind.UNKEYED, None, bad)]))
+    letters = out[out["stream"] == DEAD_LETTER_STREAM]
+    assert len(letters) == 1
+    letter = decode_value(letters["value"].iloc[0])
+    assert letter.record.id == "bad" and letter.computation == "Double" and "KeyError" in letter.reason
+    summary = IntervalSummary.decode(out[out["stream"] == SUMMARY_STREAM]["value"].iloc[0])
+    assert summary.metrics["dead_letters"] == 1 and summary.metrics["records_in"] == 1
+
+
+def test_a_row_whose_key_lives_elsewhere_fails_the_batch_for_the_keying_stage(step):
+    elsewhere = next(i for i in range(INTERVALS) if i != _interval_of_n(2))
+    with pytest.raises(KeyingStageNeeded, match=KEYING_STAGE_NEEDED) as info:
+        _run(step, elsewhere, _frame([(RowKind.UNKEYED, None, Record(None, {"n": 2}, 13, "u2"))]))
+    assert "'u2'" in str(info.value) and f"sent to {elsewhere}" in str(info.value)
