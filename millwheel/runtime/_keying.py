@@ -15,9 +15,10 @@ Per consumer ``C`` of the file's stream, a stream-log row carries ``key:C``, the
 "not keyed for C"**: the extractor failed (the consumer makes the dead letter, with its
 reason), or the file was written before ``C`` read the stream, by a writer without a
 :class:`Keyer` or by an older millwheel. Such rows are keyed by the consumer's own keying
-UDF (:func:`~millwheel.runtime._interval.make_keying`), so
-both paths give the same rows, and the rare path (bad input) keeps its one
-implementation (:func:`~millwheel._delivery.key_record`). The extractor sees the record as it
+UDF (:func:`~millwheel.runtime._interval.make_keying`) when its query has that stage, or
+by its step otherwise (``IntervalBatch._key_here``; the query has the stage only when an
+input file lacks its columns: ``_query.py``), so both paths give the same rows, and the
+rare path (bad input) keeps its one implementation (:func:`~millwheel._delivery.key_record`). The extractor sees the record as it
 was produced: its key, value, timestamp, id and ``stream`` (as in the harness), keyed
 once for every consumer. A value changed by user code after ``produce()`` is keyed as it
 is when the step returns (values are meant to be immutable once produced).

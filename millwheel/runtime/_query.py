@@ -3,8 +3,9 @@
 ::
 
     heartbeats/<C>/*.parquet ─────────────────────────────┐  (input low watermark, ticks)
-    streams/<S>/<producer>/*.parquet ─► key (JVM + UDF) ──┤  (one per input stream, §4.2: the
-                                                          ▼   producer's key columns; a UDF keys the rest)
+    streams/<S>/<producer>/*.parquet ─► key (JVM [+ UDF]) ┤  (one per input stream, §4.2: the
+                                                          ▼   producer's key columns; the rest keyed
+                                                              by a UDF, or by the step: see _keyed_by_producer)
         union ─► withWatermark("wm_ts", "0 seconds") ─► groupBy(group of interval)
               ─► applyInPandasWithState(IntervalStep, EventTimeTimeout)
               ─► foreachBatch(Outbox.sink)  ──(after commit)──► streams/<out>/<C>/
