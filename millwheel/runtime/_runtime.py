@@ -32,7 +32,7 @@ from millwheel.runtime._injectors import LogFileInjector, SourceInjector
 from millwheel.runtime._keying import Keyer
 from millwheel.runtime._lease import DriverEpoch
 from millwheel.runtime._query import ComputationQuery, prune_streams
-from millwheel.runtime._session import checkpoint_conf, restore_conf, set_conf
+from millwheel.runtime._session import checkpoint_conf, restore_conf, set_conf, warm_python_workers
 from millwheel.runtime._settings import RuntimeSettings
 from millwheel.runtime._sinks import sink_writers
 from millwheel.runtime._streams import FileStreamLog
@@ -209,6 +209,10 @@ class SparkRuntime:
         # for the whole run: the file sources' logs take it on the queries' own threads
         self._saved_conf = set_conf(self.spark, checkpoint_conf(self.root))
         self.groups = pin_groups(self.root, self.settings.intervals, int(self.spark.conf.get("spark.sql.shuffle.partitions")))
+        try:
+            warm_python_workers(self.spark)
+        except Exception as exc:  # noqa: BLE001 - an optimisation: the queries start their own workers
+            self.log(f"warming the Python workers failed ({str(exc).strip().splitlines()[0][:200]}); the queries start their own")
         for inj in self.injectors.values():
             self._progress(f"injector {inj.name}")
             inj.start()

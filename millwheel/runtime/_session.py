@@ -195,6 +195,22 @@ def start_query(writer: Any, spark: Any, conf: dict[str, str]) -> Any:
         restore_conf(spark, saved)
 
 
+def _warm(batches: Iterator[Any]) -> Iterator[Any]:
+    import millwheel.runtime._interval  # noqa: F401 - what a step's worker imports: pandas, pyarrow, msgpack, millwheel
+
+    yield from batches
+
+
+def warm_python_workers(spark: Any) -> None:
+    """Start one Python worker per core before the queries start (one tiny job).
+
+    With ``spark.python.worker.reuse`` the queries' tasks take these idle workers instead
+    of starting their own, and the modules every step needs are already imported in them:
+    otherwise a run's first micro-batches pay for both (docs/performance.md, "Latency")."""
+    n = max(1, int(spark.sparkContext.defaultParallelism))
+    spark.range(0, n, 1, n).mapInArrow(_warm, "id long").collect()
+
+
 def checkpoint_conf(root: Any) -> dict[str, str]:
     """Session settings for a run whose checkpoints are under ``root`` (a ``Location``).
 

@@ -90,3 +90,42 @@ def test_a_run_on_a_local_disk_sets_the_manager_for_its_whole_run_and_writes_fro
     assert sorted(rt.values("doubled")) == [2 * i for i in range(12)]
     # outbox_writer="auto" on a local master: the driver wrote the outboxes
     assert {q.outbox.writer for q in rt.computations.values()} == {"driver"}
+
+
+def test_warming_the_python_workers_runs_on_a_real_session(spark) -> None:
+    """The warm-up job runs (its function is importable in the workers, its schema right),
+    and the workers a job takes next have the step's modules. The suite's shared session
+    may have warm workers already, so the second part only holds the end state."""
+    import sys
+
+    from millwheel.runtime._session import warm_python_workers
+
+    warm_python_workers(spark)
+
+    def modules(batches):
+        import pyarrow as pa
+
+        for b in batches:
+            yield pa.RecordBatch.from_pylist([{"warm": "millwheel.runtime._interval" in sys.modules}] * b.num_rows)
+
+    n = spark.sparkContext.defaultParallelism
+    # the workers are reused: a job right after runs in them
+    assert {r.warm for r in spark.range(0, n, 1, n).mapInArrow(modules, "warm boolean").collect()} == {True}
+
+
+def test_a_run_whose_warm_up_fails_says_so_and_goes_on(spark, run_dir, monkeypatch) -> None:
+    from millwheel import Record
+    from millwheel.runtime import RuntimeSettings, SparkRuntime, _runtime
+
+    from ._chain import chain
+
+    def fails(_spark) -> None:
+        msg = "no Python worker today"
+        raise RuntimeError(msg)
+
+    monkeypatch.setattr(_runtime, "warm_python_workers", fails)
+    lines: list[str] = []
+    rt = SparkRuntime(chain("warm", [Record(None, {"n": i}, 1_000 + i, f"r{i}") for i in range(4)], batch_size=2), run_dir, RuntimeSettings(drain=True, intervals=2, poll_ms=50), spark=spark, log=lines.append)
+    rt.run(timeout_s=300)
+    assert any("warming the Python workers failed (no Python worker today)" in line for line in lines)
+    assert sorted(rt.values("doubled")) == [2 * i for i in range(4)]
