@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +38,10 @@ from typing import Any
 from millwheel import file_time
 
 from .generator import query_time
+
+#: how long a directory must have been unchanged for a listing of it to be reused (2 s:
+#: coarse file-system timestamps, and clocks of a network file system a little apart)
+QUIET_NS = 2_000_000_000
 
 
 class _FileIndex:
@@ -71,6 +76,9 @@ class LogsEventStore:
         self.lateness_ms = lateness_ms
         self.max_files = max_files
         self._index: OrderedDict[str, _FileIndex] = OrderedDict()
+        #: the directory's log files and their times, as of the directory's modification
+        #: time; and whether that listing may have raced a change (listed again next time)
+        self._listing: tuple[int, list[tuple[str, int | None]], bool] | None = None
         self.lookups = self.hits = self.lines_indexed = 0
 
     def lookup(self, query_id: Any) -> dict[str, Any] | None:
@@ -89,16 +97,30 @@ class LogsEventStore:
                 return value
         return None
 
-    def _candidates(self, t: int) -> list[str]:
+    def _files(self) -> list[tuple[str, int | None]]:
+        """The log files and their times; listed again only when the directory changed (a
+        file added, renamed or removed changes its modification time; a file growing does
+        not, and :meth:`_indexed` reads what it grew by).
+
+        File-system timestamps are coarse (a tick of a few ms): a file added in the same
+        tick as the listing would leave the time unchanged. So a listing taken less than
+        :data:`QUIET_NS` after the directory last changed is not trusted, and the next
+        lookup lists again."""
         try:
-            names = os.listdir(self.directory)
+            mtime = os.stat(self.directory).st_mtime_ns
         except FileNotFoundError:
             return []
+        cached = self._listing
+        if cached is None or cached[0] != mtime or cached[2]:
+            racy = time.time_ns() - mtime < QUIET_NS
+            names = os.listdir(self.directory)
+            files = [(name, file_time(name)) for name in names if not name.startswith((".", "_")) and name.endswith((".jsonl", ".json", ".ndjson", ".log"))]
+            cached = self._listing = (mtime, files, racy)
+        return cached[1]
+
+    def _candidates(self, t: int) -> list[str]:
         found = []
-        for name in names:
-            if name.startswith((".", "_")) or not name.endswith((".jsonl", ".json", ".ndjson", ".log")):
-                continue
-            ft = file_time(name)
+        for name, ft in self._files():
             if ft is None or t - self.window_ms <= ft <= t + self.lateness_ms:
                 found.append((abs(ft - t) if ft is not None else 0, name))
         return [name for _, name in sorted(found)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from topologies.photon.eventstore import LogsEventStore
 
@@ -48,3 +49,35 @@ def test_only_files_near_the_time_in_the_id_are_read(tmp_path):
 
 def test_a_missing_directory_finds_nothing(tmp_path):
     assert LogsEventStore(tmp_path / "nope").lookup(_q(1, 1_700_000_000_000)["query_id"]) is None
+
+
+def _log(d, q) -> None:
+    (d / f"queries_{q['ts'] // 1000 * 1000}.jsonl").write_text(json.dumps(q) + "\n")
+
+
+def test_the_listing_is_reused_until_the_directory_changes(tmp_path, monkeypatch):
+    a, b = _q(1, 1_700_000_000_100), _q(2, 1_700_000_001_100)
+    _log(tmp_path, a)
+    old = 1_600_000_000_000_000_000  # a directory unchanged for long: its listing is kept
+    os.utime(tmp_path, ns=(old, old))
+    listed = []
+    real = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda p: listed.append(p) or real(p))
+    store = LogsEventStore(tmp_path)
+    assert store.lookup(a["query_id"]) == a and store.lookup(a["query_id"]) == a
+    assert len(listed) == 1
+    _log(tmp_path, b)  # a new file changes the directory's time: listed again, found
+    assert store.lookup(b["query_id"]) == b and len(listed) == 2
+
+
+def test_a_listing_taken_as_the_directory_changed_is_not_trusted(tmp_path):
+    """A file added in the same file-system tick as the listing leaves the directory's time
+    as it was: the listing right after a change is taken again next time."""
+    a, b = _q(1, 1_700_000_000_100), _q(2, 1_700_000_001_100)
+    _log(tmp_path, a)
+    store = LogsEventStore(tmp_path)
+    assert store.lookup(a["query_id"]) == a  # the directory changed just now: a racy listing
+    mtime = os.stat(tmp_path).st_mtime_ns
+    _log(tmp_path, b)
+    os.utime(tmp_path, ns=(mtime, mtime))  # as if in the same tick
+    assert store.lookup(b["query_id"]) == b
