@@ -21,6 +21,9 @@
    joined event became visible (its output file published after the batch commit) minus
    the wall time its line was written. p50 / p90 / p99, and the Spark progress of each query.
 3. **Profile**: cProfile of the joiner's Python work in process (the harness, same step code).
+4. **Log-store lookups** (``lookups``): the LogsEventStore (§3.4.2) alone on the sample's
+   query logs, its index warm: lookups per CPU second (best of 3) of 5,000 logged query
+   ids (hits) and of 5,000 ids that are not logged (misses: every candidate file checked).
 
 Writes ``bench/results/photon.json``. ``--quick`` for a smoke run.
 """
@@ -266,6 +269,31 @@ def profile(data: Path) -> dict[str, Any]:
     return {"harness_seconds": elapsed, "harness_lines_per_s": lines / elapsed, "joined": len(result.joined), "top_tottime": buf.getvalue()}
 
 
+def lookups(data: Path, n: int = 5_000) -> dict[str, Any]:
+    import random
+
+    from topologies.photon.eventstore import LogsEventStore
+
+    logs = data / "queries"
+    ids = [json.loads(line)["query_id"] for p in sorted(logs.glob("*.jsonl")) for line in p.read_text().splitlines() if line.startswith('{"query_id"')]
+    hits = random.Random(1).sample(ids, min(n, len(ids)))
+    misses = [q[:-1] + "x" for q in hits]
+    store = LogsEventStore(logs)
+    for q in hits:  # every candidate file indexed: what is measured is the lookup
+        store.lookup(q)
+    out: dict[str, Any] = {}
+    for name, qs in (("hits", hits), ("misses", misses)):
+        best = float("inf")
+        for _ in range(3):
+            c = time.process_time()
+            for q in qs:
+                store.lookup(q)
+            best = min(best, time.process_time() - c)
+        out[f"{name}_per_cpu_s"] = round(len(qs) / best)
+    print(f"log-store lookups per CPU s: hits {out['hits_per_cpu_s']:,}, misses {out['misses_per_cpu_s']:,}", flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rate", type=float, default=1_000.0, help="queries/s of the throughput sample")
@@ -274,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--intervals", type=int, default=8)
     p.add_argument("--latency-rate", type=float, default=400.0)
     p.add_argument("--latency-s", type=int, default=90)
-    p.add_argument("--skip", default="", help="comma-separated: throughput, latency, profile")
+    p.add_argument("--skip", default="", help="comma-separated: throughput, latency, profile, lookups")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "photon.json"))
     args = p.parse_args(argv)
@@ -301,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
             out["latency"] = latency(spark, work, args.latency_rate, args.latency_s, args.intervals)
         if "profile" not in skip:
             out["profile"] = profile(data)
+        if "lookups" not in skip:
+            out["lookups"] = lookups(data)
     finally:
         out["load_after"] = os.getloadavg()
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
