@@ -248,6 +248,15 @@ class DedupIndex:
         if self.count == 0 and not needs_gc and self.bloom_bytes is None and not self._repeats:
             # a key's first ids (or the first after all were collected): nothing to merge
             self._build(new_ids, blob, chunk_min, fpr, fixed_capacity)
+        elif self.bloom_bytes is None and total <= SMALL_IDS and fixed_capacity is None and not (needs_gc or self.legacy or self._repeats):
+            # a key with few ids keeps no filter: its new chunk is appended, the others are
+            # not re-read (the exact ids are parsed only if the step's check needed them)
+            if new_ids:
+                self.blob += blob
+                if self._exact is not None:
+                    self._exact.update(zip(new_ids, stamps, strict=True))
+            self.count = total
+            self.min_ts = min_ts
         elif needs_gc or needs_grow or self.bloom_bytes is None:
             exact = self._exact_ids()
             exact.update(zip(new_ids, stamps, strict=True))

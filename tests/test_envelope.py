@@ -190,3 +190,31 @@ def test_id_chunks_of_sorted_timestamps_are_found_by_bisection_as_by_a_dict(pair
     assert stored == dict(zip(ids, stamps, strict=True))
     assert all(s >= t and s // width == t // width for s, t in zip(stamps, tss, strict=True))
     assert oldest == min(stamps)
+
+
+@given(
+    st.lists(st.lists(st.tuples(st.sampled_from([f"id{n}" for n in range(40)]), st.integers(min_value=0, max_value=9)), max_size=6), max_size=14),
+    st.integers(min_value=1, max_value=20),
+)
+def test_a_key_fed_few_ids_a_step_keeps_exactly_the_ids_a_model_keeps(steps, lag):
+    """Small steps (a key with few ids keeps no filter and appends a chunk per step, then
+    grows a filter), stored and read back between steps, collected behind a horizon: the
+    index admits and keeps what a plain dict does."""
+    idx, model = DedupIndex(), {}
+    for n, step in enumerate(steps):
+        ids, tss = [rid for rid, _ in step], [10 * n + t for _, t in step]
+        expected, now = [], set()
+        for rid, ts in zip(ids, tss, strict=True):
+            new = rid not in model and rid not in now
+            expected.append(new)
+            if new:
+                now.add(rid)
+                model[rid] = ts
+        kept = idx.admit(ids, tss, DedupStats())
+        assert (kept if kept is not None else [True] * len(ids)) == expected
+        horizon = 10 * (n - lag)
+        idx.finish(horizon, 0.01, None, 0, DedupStats())
+        model = {rid: ts for rid, ts in model.items() if ts >= horizon}
+        idx = DedupIndex.from_wire(idx.to_wire())
+        assert idx.ids() == model
+        assert (idx.bloom_bytes is None) == (len(model) <= SMALL_IDS)
