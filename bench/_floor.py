@@ -29,7 +29,7 @@ _real_run = IntervalBatch.run
 
 
 def _floor_run(self: IntervalBatch, envelopes):  # noqa: ANN001, ANN202 - IntervalBatch.run's signature
-    if self.owner.spec.name != "Floor":
+    if self.owner.spec.cls is not Floor:
         return _real_run(self, envelopes)
     totals = self.totals
     outcomes = {}

@@ -151,16 +151,17 @@ def run_millwheel(
     opts = ComputationOptions() if strong else ComputationOptions(exactly_once=False, strong_productions=False)
     t = Topology("bench")
     t.injector("events", Finished())
-    t.computation(comp or WindowCount, inputs={"events": _query}, outputs=["counts"], options=opts)
+    # named as the consumer the files are keyed for (``make_data``), whatever the class
+    t.computation(comp or WindowCount, name="WindowCount", inputs={"events": _query}, outputs=["counts"], options=opts)
     settings = RuntimeSettings(drain=True, intervals=intervals, max_files_per_trigger=per_trigger, poll_ms=50, heartbeat_ms=100, state_layout=layout)
     rt = SparkRuntime(t, str(root), settings, spark=spark, log=lambda m: None)
     started = time.perf_counter()
-    progress = run_collecting(rt, timeout_s=1800, poll_s=settings.poll_ms / 1000).get((comp or WindowCount).__name__, {})
+    progress = run_collecting(rt, timeout_s=1800, poll_s=settings.poll_ms / 1000).get("WindowCount", {})
     elapsed = time.perf_counter() - started
     if comp is None:
         got = Counter({(k, w): c for k, w, c in rt.values("counts")})
     else:
-        m = rt.computations[comp.__name__].metrics
+        m = rt.computations["WindowCount"].metrics
         got = Counter({k: m[k] for k in ("records_in", "processed", "dead_letters")})
     BREAKDOWN.append(_breakdown(progress))
     return elapsed, got
