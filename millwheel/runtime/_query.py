@@ -211,19 +211,21 @@ class ComputationQuery:
         before it read the stream, by an older millwheel or by a writer without a keyer):
         then its query needs the keying stage. Each file's footer is read once per driver."""
         _, icol = key_columns(self.name)
+        known, self._keyed_files = self._keyed_files, set()  # only live files are remembered
         for stream, producer in self.inputs:
             loc = self.rt.streams.location(stream, producer)
             for name in self.rt.streams.files(stream, producer, live_only=True):
-                if (stream, producer, name) in self._keyed_files:
-                    continue
-                f = loc.child(name)
-                try:
-                    names = pq.read_schema(f.path, filesystem=f.fs).names
-                except FileNotFoundError:
-                    continue  # pruned meanwhile: consumed by every reader
-                if icol not in names:
-                    return True
-                self._keyed_files.add((stream, producer, name))
+                entry = (stream, producer, name)
+                if entry not in known:
+                    f = loc.child(name)
+                    try:
+                        names = pq.read_schema(f.path, filesystem=f.fs).names
+                    except FileNotFoundError:
+                        continue  # pruned meanwhile: consumed by every reader
+                    if icol not in names:
+                        self._keyed_files |= known
+                        return True
+                self._keyed_files.add(entry)
         return False
 
     def _start(self, writer: Any) -> Any:

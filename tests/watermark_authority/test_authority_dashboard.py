@@ -274,9 +274,14 @@ def test_the_registry_panel_plots_a_live_registrys_commits_conflicts_and_batches
         assert batches["plot"]["scales"]["ids"][2] == 3 and batches["plot"]["scales"]["ids"][1] >= plotted["group_max"]  # a log axis that holds them
 
         drawn = embedded_json(dom, "registry-drawn")
-        for chart, names in (("rates", ("commits", "conflicts", "too_old")), ("batches", ("ids_mean", "ids_max", "requests_per_write"))):
+        for chart, names in (("rates", ("commits", "conflicts", "too_old")), ("batches", ("ids_mean",))):
             for name in names:
                 assert drawn[chart][name] > 20, f"{name} not drawn on the {chart} chart: {drawn}"
+        # ids per write (max, ~200 on a log axis up to 1,000) and requests per write (~1.5 on
+        # its own axis up to 2) sit at about the same height here: the line drawn last may
+        # cover most of the other, so each is only required to show
+        b = drawn["batches"]
+        assert b["ids_max"] > 0 and b["requests_per_write"] > 0 and b["ids_max"] + b["requests_per_write"] > 40, f"not drawn on the batches chart: {drawn}"
 
         totals_row = re.search(r'<table id="registry-totals">.*?</table>', dom, re.S).group(0)
         for cls, value in (("committed", totals["committed"]), ("conflicts", totals["conflicts"]), ("too-old", totals["too_old"]), ("groups", totals["groups"])):
