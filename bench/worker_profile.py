@@ -39,36 +39,9 @@ from runtime_bench import WINDOW, WindowCount, _query, make_data  # noqa: E402
 
 from millwheel import Record, Topology  # noqa: E402
 from millwheel._codec import decode_value  # noqa: E402
-from millwheel.runtime._interval import IntervalStep, make_keying  # noqa: E402
+from millwheel.runtime._interval import IntervalStep, MemoryGroupState, make_keying  # noqa: E402
 from millwheel.runtime._keying import Keyer, key_columns  # noqa: E402
 from millwheel.runtime._wire import to_spark  # noqa: E402
-
-
-class _State:
-    """The GroupState surface ``IntervalStep`` uses, in memory."""
-
-    def __init__(self) -> None:
-        self.value = None
-        self.watermark = 0
-        self.timeout = None
-
-    exists = property(lambda self: self.value is not None)
-    get = property(lambda self: self.value)
-
-    def update(self, v) -> None:
-        self.value = v
-
-    def remove(self) -> None:
-        self.value = None
-
-    def getCurrentWatermarkMs(self) -> int:  # noqa: N802 - Spark's name
-        return self.watermark
-
-    def getCurrentProcessingTimeMs(self) -> int:  # noqa: N802
-        return 0
-
-    def setTimeoutTimestamp(self, t: int) -> None:  # noqa: N802
-        self.timeout = t
 
 
 def _keyed_frame(table: pa.Table) -> pa.Table:
@@ -92,7 +65,7 @@ def run(files: list[Path], intervals: int, profile: cProfile.Profile | None = No
     key = make_keying("WindowCount", "events", spec.inputs["events"], intervals)
     keyer = Keyer.of(t, intervals)
     step = IntervalStep(spec)
-    states = [_State() for _ in range(intervals)]
+    states = [MemoryGroupState() for _ in range(intervals)]
     per_batch = max(1, len(files) // 10)
     consumer_keying = producer_keying = stepping = 0.0
     records = 0

@@ -86,6 +86,22 @@ _KEYING_FIELDS = [
 ]  # fmt: skip
 
 
+def key_row(
+    consumer: str, stream: str, extractor: Callable[[Record], Any], intervals: int, cache: dict[Any, tuple[bytes, int]],
+    pk: bytes | None, value: bytes, ts: int, rid: str,
+) -> tuple[tuple[bytes, int] | None, Record | None]:  # fmt: skip
+    """One stream-log row keyed by its consumer (§4.2): the value decoded, the record built as
+    its producer made it, :func:`~millwheel._delivery.key_record`. Returns ``((encoded key,
+    interval), None)``, or ``(None, dead letter)`` — ``(None, None)``: a dead letter the
+    consumer could not key, dropped. Both places a consumer keys rows call it: the keying
+    stage (:func:`make_keying`) and the step (:meth:`IntervalBatch._key_here`)."""
+    rec = Record(None if pk is None else decode_key(pk), decode_value(value), ts, rid, stream)
+    keyed, dead = key_record(consumer, stream, extractor, rec)
+    if keyed is None:
+        return None, dead
+    return cached_key(keyed.key, intervals, cache), None
+
+
 def make_keying(consumer: str, stream: str, extractor: Callable[[Record], Any], intervals: int) -> Callable[..., pa.StructArray]:
     """The consumer's own keying of the rows its producer did not key (§4.2), as an Arrow UDF.
 
@@ -119,11 +135,9 @@ def make_keying(consumer: str, stream: str, extractor: Callable[[Record], Any], 
         for i, need in enumerate(needed.to_pylist()):
             if not need:
                 continue
-            pk = pk_l[i]
-            rec = Record(None if pk is None else decode_key(pk), decode_value(val_l[i]), ts_l[i], id_l[i], stream)
-            keyed, dead = key_record(consumer, stream, extractor, rec)
+            keyed, dead = key_row(consumer, stream, extractor, intervals, cache, pk_l[i], val_l[i], ts_l[i], id_l[i])
             if keyed is not None:
-                o_key[i], o_interval[i] = cached_key(keyed.key, intervals, cache)
+                o_key[i], o_interval[i] = keyed
                 o_kind[i] = kind_record
                 continue
             o_interval[i] = dead_interval(id_l[i], intervals)
@@ -302,8 +316,7 @@ class IntervalBatch:
         keys: list[bytes] = []
         cols = (pdf["key"].tolist(), pdf["id"].tolist(), pdf["ts"].tolist(), pdf["value"].tolist(), pdf["stream"].tolist())
         for i, (pk, rid, ts, value, stream) in enumerate(zip(*cols, strict=True)):
-            rec = Record(None if pk is None else decode_key(pk), decode_value(value), ts, rid, stream)
-            keyed, dead = key_record(spec.name, stream, spec.inputs[stream], rec)
+            keyed, dead = key_row(spec.name, stream, spec.inputs[stream], owner.intervals, cache, pk, value, ts, rid)
             if keyed is None:
                 totals["records_in"] += 1
                 if dead is None:
@@ -312,7 +325,7 @@ class IntervalBatch:
                     totals["dead_letters"] += 1
                     out.add(DEAD_LETTER_STREAM, dead.id, dead.timestamp, None, encode_value(dead.value), dead if keyed_letters else None)
                 continue
-            kb, interval = cached_key(keyed.key, owner.intervals, cache)
+            kb, interval = keyed
             if interval != self.interval:
                 msg = (
                     f"{KEYING_STAGE_NEEDED}: computation {spec.name!r}, record {rid!r} of stream {stream!r} "
@@ -413,6 +426,42 @@ def earliest(metas: Iterable[Any]) -> tuple[int | None, int | None, int | None]:
         if t_wall is not None and (nwall_min is None or t_wall < nwall_min):
             nwall_min = t_wall
     return hold, nlw_min, nwall_min
+
+
+class MemoryGroupState:
+    """The part of Spark's ``GroupState`` that :class:`IntervalStep` uses, kept in memory:
+    its contract with Spark, and what runs an interval's step without Spark (the tests,
+    ``bench/worker_profile.py``). ``watermark`` and ``now`` are what the batch sees; the
+    last timeout set is kept in ``timeout``."""
+
+    def __init__(self, watermark: int = 0, now: int = 0) -> None:
+        self.value: tuple[bytes, bytes] | None = None
+        self.watermark = watermark
+        self.now = now
+        self.timeout: int | None = None
+
+    @property
+    def exists(self) -> bool:
+        return self.value is not None
+
+    @property
+    def get(self) -> tuple[bytes, bytes] | None:
+        return self.value
+
+    def update(self, value: tuple[bytes, bytes]) -> None:
+        self.value = value
+
+    def remove(self) -> None:
+        self.value = None
+
+    def getCurrentWatermarkMs(self) -> int:  # noqa: N802 - Spark's name
+        return self.watermark
+
+    def getCurrentProcessingTimeMs(self) -> int:  # noqa: N802
+        return self.now
+
+    def setTimeoutTimestamp(self, t: int) -> None:  # noqa: N802
+        self.timeout = t
 
 
 class IntervalStep:

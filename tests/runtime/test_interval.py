@@ -10,38 +10,18 @@ from millwheel import Record, Topology
 from millwheel._codec import decode_value, encode_value
 from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._record import decode_key, encode_key
-from millwheel.runtime._interval import KEYING_STAGE_NEEDED, IntervalStep, KeyingStageNeeded
+from millwheel.runtime._interval import (
+    KEYING_STAGE_NEEDED,
+    IntervalStep,
+    KeyingStageNeeded,
+    MemoryGroupState,
+)
 from millwheel.runtime._keying import interval_of
 from millwheel.runtime._wire import SUMMARY_STREAM, IntervalSummary, RowKind
 
 from ._chain import Double, by_n
 
 INTERVALS = 4
-
-
-class _GroupState:
-    """The ``GroupState`` surface ``IntervalStep`` uses, in memory."""
-
-    def __init__(self) -> None:
-        self.value = None
-
-    exists = property(lambda self: self.value is not None)
-    get = property(lambda self: self.value)
-
-    def update(self, v) -> None:
-        self.value = v
-
-    def remove(self) -> None:
-        self.value = None
-
-    def getCurrentWatermarkMs(self) -> int:  # noqa: N802 - Spark's name
-        return 0
-
-    def getCurrentProcessingTimeMs(self) -> int:  # noqa: N802
-        return 0
-
-    def setTimeoutTimestamp(self, t: int) -> None:  # noqa: N802
-        pass
 
 
 @pytest.fixture
@@ -63,7 +43,7 @@ def _frame(rows: list[tuple[RowKind, bytes | None, Record]]) -> pd.DataFrame:
 
 
 def _run(step: IntervalStep, interval: int, frame: pd.DataFrame) -> pd.DataFrame:
-    return pd.concat(list(step((interval,), iter([frame]), _GroupState())))
+    return pd.concat(list(step((interval,), iter([frame]), MemoryGroupState())))
 
 
 def _interval_of_n(n: int) -> int:
