@@ -19,6 +19,55 @@ settings.register_profile("dev", max_examples=200, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
+def _bucket_count_class():
+    from millwheel import Computation, ComputationOptions, LatePolicy
+
+    class SecondCounts(Computation):
+        options = ComputationOptions(late=LatePolicy.drop())
+
+        def process_record(self, record):
+            second = record.timestamp // 1_000 * 1_000
+            counts = self.state.get({})
+            counts[second] = counts.get(second, 0) + 1
+            self.state.set(counts)
+            self.set_timer(str(second), second + 999)
+
+        def process_timer(self, timer):
+            counts = self.state.get({})
+            second = timer.timestamp - 999
+            self.produce("counts", {"key": self.key, "second": second, "count": counts.pop(second)})
+            self.state.set(counts or None)
+
+    return SecondCounts
+
+
+@pytest.fixture
+def second_counts():
+    """``second_counts(source)``: a topology counting each key's records per second from
+    ``source`` (``LatePolicy.drop()``), its output stream ``counts``; and ``.answer(output)``
+    turns the output into ``{(key, second): count}`` to compare with a batch answer."""
+    from collections import Counter
+
+    from millwheel import Topology
+
+    cls = _bucket_count_class()
+
+    def topology(source):
+        t = Topology("second-counts")
+        t.injector("logs", source, stream="events")
+        t.computation(cls, inputs={"events": lambda r: r.value["key"]}, outputs=["counts"])
+        return t
+
+    def answer(records):
+        out = Counter()
+        for r in records:
+            out[(r.value["key"], r.value["second"])] += r.value["count"]
+        return out
+
+    topology.answer = answer
+    return topology
+
+
 @pytest.fixture
 def make_record():
     """Build records with unique ids: ``make_record(value, ts, key=None, id=None)``."""
@@ -30,3 +79,51 @@ def make_record():
         return Record(key, value, timestamp, id if id is not None else f"r{next(counter)}")
 
     return make
+
+
+@pytest.fixture
+def real_logs():
+    """Write JSON-lines logs shaped like real ones; return the plain batch answer.
+
+    ``real_logs(directory, events=..., files=..., disorder_ms=...)`` writes ``events`` events
+    in arrival order, cut into ``files`` consecutive files named ``part-0000.jsonl`` …
+    (names without times), each event stamped up to ``disorder_ms`` before its arrival (so
+    records run behind across file boundaries), about 1% duplicates re-sent a few lines
+    later, and a few malformed lines. It returns ``{(key, second): count}`` of the distinct
+    events — what a per-key one-second count must produce — and the paths written.
+    ``only_lines=True`` returns the lines instead of writing them (a caller that appends
+    them over time).
+    """
+    import json
+    import random
+    from collections import Counter
+
+    def write(directory, *, events=20_000, files=8, disorder_ms=5_000, keys=40, rate_per_s=400, seed=7,
+              start_ms=1_767_261_600_000, names="part-{:04d}.jsonl", only_lines=False):  # fmt: skip
+        rng = random.Random(seed)
+        lines, truth = [], Counter()
+        recent = []
+        for i in range(events):
+            arrival = start_ms + i * 1_000 // rate_per_s
+            ts = arrival - rng.randint(0, disorder_ms)
+            key = f"k{rng.randrange(keys)}"
+            line = json.dumps({"id": f"e{i}", "ts": ts, "key": key, "path": f"/p/{rng.randrange(100)}"})
+            truth[(key, ts // 1_000 * 1_000)] += 1
+            lines.append(line)
+            recent.append(line)
+            if rng.random() < 0.01:  # a client retry: the same event again, a little later
+                lines.append(rng.choice(recent[-50:]))
+            if rng.random() < 0.001:
+                lines.append('{"id": "broken-%d", "ts": %d, "key": ' % (i, ts))
+        if only_lines:
+            return truth, lines
+        directory.mkdir(parents=True, exist_ok=True)
+        per = -(-len(lines) // files)
+        paths = []
+        for f in range(files):
+            path = directory / names.format(f)
+            path.write_text("".join(x + "\n" for x in lines[f * per : (f + 1) * per]))
+            paths.append(path)
+        return truth, paths
+
+    return write

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from millwheel import MAX_TIMESTAMP, MIN_TIMESTAMP, LogFileSource, Stage, file_time
+from millwheel.testing import Harness
 from millwheel._logfile import initial_offset, plan_offset, plan_ranges, read_range
 
 T = 1_767_261_600_000  # 2026-01-01T10:00:00Z
@@ -56,7 +57,7 @@ def test_the_watermark_follows_read_progress_and_rotation_finishes_files(tmp_pat
     f1.write_text(_line(1, T + 100) + _line(2, T + 200) + '{"id": "e3", "ts": 17')  # last line still being written
     src = LogFileSource(tmp_path, idle_finish_ms=None)
     o1 = _plan(src)
-    assert o1["files"][f1.name][0] == len(_line(1, T + 100) + _line(2, T + 200))
+    assert o1["files"][f1.name]["pos"] == len(_line(1, T + 100) + _line(2, T + 200))
     assert o1["lw"] == T + 200  # the newest record read, not the file's open time
     assert _records(src, initial_offset(), o1) == ["e1", "e2"]
 
@@ -66,7 +67,7 @@ def test_the_watermark_follows_read_progress_and_rotation_finishes_files(tmp_pat
     f2.write_text(_line(4, T + 2_100))
     o2 = _plan(src, o1)
     assert _records(src, o1, o2) == ["e3", "e4"]  # exactly the new bytes
-    assert o2["files"][f1.name][2] == 1  # read to the end and a newer file exists: rotated, finished
+    assert o2["files"][f1.name]["finished"]  # read to the end and a newer file exists: rotated, finished
     assert o2["lw"] == T + 2_100
     assert _plan(src, o2) == o2  # nothing new: the same offset
 
@@ -153,3 +154,71 @@ def test_a_file_cut_by_the_byte_budget_promises_only_its_time(tmp_path):
     batches = list(LogFileSource(tmp_path, finite=True, max_bytes_per_batch=len(lines[0])).batches())
     sent = [(r.timestamp, b.low_watermark) for b in batches for r in b.records]
     assert len(sent) == 6 and all(ts >= wm for ts, wm in sent), sent
+
+
+def test_finished_part_files_with_cross_file_disorder_lose_nothing_with_defaults(tmp_path, real_logs, second_counts):
+    # names without times; each file's records run up to 5 s behind the previous file's
+    # newest: a finished file's promise is its smallest timestamp, so none is late
+    truth, _ = real_logs(tmp_path / "logs", events=20_000, files=8, disorder_ms=5_000)
+    h = Harness(second_counts(LogFileSource(tmp_path / "logs", id_field="id", ts_field="ts", finite=True)), raise_errors=False)
+    h.run_sources()
+    assert h.metrics("SecondCounts")["late"] == 0
+    assert second_counts.answer(h.output("counts")) == truth
+    assert h.metrics("SecondCounts")["duplicates"] > 100  # the retries were there, and deduplicated
+
+
+def test_the_watermark_still_moves_file_by_file_through_a_backlog_of_named_files(tmp_path, real_logs):
+    real_logs(tmp_path, events=2_000, files=4, disorder_ms=0, names="events-2026-01-01T10-0{}.jsonl")
+    src = LogFileSource(tmp_path, finite=True, max_bytes_per_batch=20_000)
+    marks = [b.low_watermark for b in src.batches()]
+    assert len(set(marks)) > 4 and marks == sorted(marks)
+
+
+def test_an_unread_file_without_a_time_holds_the_watermark_and_a_partly_read_one_too(tmp_path, real_logs):
+    real_logs(tmp_path, events=4_000, files=3, disorder_ms=5_000)
+    src = LogFileSource(tmp_path, finite=True, max_bytes_per_batch=50_000)  # several batches per file
+    o = initial_offset()
+    while o["lw"] < MAX_TIMESTAMP:
+        nxt = _plan(src, o)
+        unread = [n for n, f in nxt["files"].items() if not f["finished"]]
+        if unread:
+            assert nxt["lw"] == MIN_TIMESTAMP  # what is left in a file nobody has read is unknown
+        o = nxt
+    # and in memory the whole directory counts exactly however it was batched
+    batches = list(src.batches())
+    late = [r for b in batches for r in b.records if r.timestamp < b.low_watermark]
+    assert late == []
+
+
+def test_a_growing_file_without_a_time_promises_its_oldest_record(tmp_path, real_logs, second_counts):
+    # a live log tailed while it is written: appended in chunks, the reader caught up after
+    # each; with no declared disorder the file holds the watermark at its oldest record, so
+    # nothing it goes on to write is late; once finished, every count is exact
+    truth, lines = real_logs(tmp_path, events=6_000, disorder_ms=5_000, only_lines=True)
+    log = tmp_path / "logs" / "events.jsonl"
+    log.parent.mkdir()
+    log.write_text("")
+    src = LogFileSource(log.parent, idle_finish_ms=None)
+    h = Harness(second_counts(src), raise_errors=False)
+    o = initial_offset()
+    chunk = len(lines) // 6
+    for i in range(7):
+        with log.open("a") as fh:
+            fh.write("".join(x + "\n" for x in lines[i * chunk : (i + 1) * chunk]))
+        if i == 6:
+            (log.parent / "_DONE").write_text("")
+        end = _plan(src, o)
+        for r in plan_ranges(o, end, 0):
+            chunk_read = read_range(src.read_options, r, "logs", "events")
+            h.advance_watermark("logs", r.sender_watermark)
+            h.inject("logs", chunk_read.records)
+            h.run()
+        h.advance_watermark("logs", end["lw"])
+        h.run()
+        if i < 6:
+            written = [json.loads(x)["ts"] for x in lines[: (i + 1) * chunk] if not x.startswith('{"id": "broken')]
+            assert end["lw"] == min(written)  # held at the oldest record read, not the first or newest
+        o = end
+    assert o["lw"] == MAX_TIMESTAMP
+    assert h.metrics("SecondCounts")["late"] == 0
+    assert second_counts.answer(h.output("counts")) == truth

@@ -20,7 +20,7 @@ from typing import Any
 
 from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._delivery import invalid_record, record_problem
-from millwheel._logfile import holding_file
+from millwheel._logfile import holding_file, progress_of
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel._sources import Source, SourceBatch
 from millwheel._topology import InjectorSpec
@@ -259,8 +259,9 @@ class LogFileInjector:
     def status(self) -> dict[str, Any]:
         out = {"records_out": self.records_out, "dead_letters": self.dead_letters, "low_watermark": self.low_watermark}
         # the newest timestamp read from any file, from the last published offset (the live status's "head")
-        reached = [e[3] for e in (self.offset or {}).get("files", {}).values() if isinstance(e, list) and len(e) > 3 and e[3] is not None]
-        out["newest_event_ms"] = max(reached) if reached else None
+        files = progress_of(self.offset).values() if self.offset else ()
+        newest = [p.newest for p in files if p.newest is not None]
+        out["newest_event_ms"] = max(newest) if newest else None
         warning = self.stalled()
         if warning is not None:
             out["warning"] = warning

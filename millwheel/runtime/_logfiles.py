@@ -4,8 +4,8 @@ It plans and parses with the same code as the in-memory source (``millwheel/_log
 ``plan_offset``, ``plan_ranges``, ``read_range``), so both backends cut the input into the
 same batches, send each record under the same watermark and make the same dead letters.
 
-Offsets are ``{"files": {name: [byte offset, file time, finished, newest timestamp read]},
-"lw": injector low watermark}``: Spark keeps them in the query's offset log, so the byte offset reached in
+Offsets are ``{"files": {name: FileProgress as a dict}, "lw": injector low watermark}``
+(each file's named read state, :class:`~millwheel._logfile.FileProgress`): Spark keeps them in the query's offset log, so the byte offset reached in
 each file is in the checkpoint and a replayed batch reads exactly the same bytes
 (deterministic output, safe to republish). The driver reads ``lw`` from the committed
 offsets to publish the injector low watermark (MillWheel §5.2, Fig. 10).

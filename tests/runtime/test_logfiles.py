@@ -52,3 +52,51 @@ def test_the_reader_reads_the_shared_plan_as_stream_log_rows(tmp_path):
     sent = dict(wms)
     assert sent["e4"] >= T + 1_000 and sent["e1"] == T
     assert initial_offset() == reader.initialOffset()
+
+
+@pytest.mark.spark
+def test_finished_part_files_with_cross_file_disorder_count_exactly_on_spark(tmp_path, spark, real_logs, second_counts):
+    # the harness twin is tests/test_logfile.py; both equal the batch answer, not only each other
+    from millwheel.runtime import RuntimeSettings, SparkRuntime
+
+    truth, _ = real_logs(tmp_path / "logs", events=20_000, files=8, disorder_ms=5_000)
+    t = second_counts(LogFileSource(tmp_path / "logs", id_field="id", ts_field="ts", finite=True))
+    rt = SparkRuntime(t, str(tmp_path / "run"), RuntimeSettings(drain=True, intervals=2), spark=spark)
+    rt.run(timeout_s=600)
+    assert rt.computations["SecondCounts"].metrics["late"] == 0
+    assert second_counts.answer(rt.output("counts")) == truth
+
+
+@pytest.mark.spark
+def test_a_growing_file_without_a_time_counts_exactly_on_spark(tmp_path, spark, real_logs, second_counts):
+    import time
+
+    from millwheel.runtime import RuntimeSettings, SparkRuntime
+
+    truth, lines = real_logs(tmp_path, events=6_000, disorder_ms=5_000, only_lines=True)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    log = logs / "events.jsonl"
+    log.write_text("")
+    rt = SparkRuntime(second_counts(LogFileSource(logs)), str(tmp_path / "run"),
+                      RuntimeSettings(intervals=2, poll_ms=50), spark=spark)  # fmt: skip
+    rt.start()
+    try:
+        chunk = len(lines) // 6
+        for i in range(7):
+            with log.open("a") as fh:
+                fh.write("".join(x + "\n" for x in lines[i * chunk : (i + 1) * chunk]))
+            until = time.monotonic() + 1.5
+            while time.monotonic() < until:
+                rt.poll()
+                time.sleep(0.05)
+        (logs / "_DONE").write_text("")
+        deadline = time.monotonic() + 120
+        while not rt.drained() and time.monotonic() < deadline:
+            rt.poll()
+            time.sleep(0.05)
+    finally:
+        rt.stop()
+    assert rt.drained()
+    assert rt.computations["SecondCounts"].metrics["late"] == 0
+    assert second_counts.answer(rt.output("counts")) == truth
