@@ -25,14 +25,23 @@ Every call is safe to repeat: a commit with the same token is ``COMMITTED`` agai
 reads, a clear of what is gone says ``NOT_FOUND``, a GC boundary or shard configuration
 already in force is a no-op. So the HTTP client retries everything that fails on the
 way (connection errors, timeouts, 5xx); a 4xx is never retried.
+
+A call of any size is accepted: ``commit_many``, ``lookup_many`` and ``clear_many`` are sent
+as consecutive requests of at most :data:`~id_registry._model.MAX_ITEMS_PER_CALL` items (the
+bound the service enforces) and, over HTTP, of a JSON body under the service's
+``--max-body-bytes``; the answers come back in the order of the items. A backlog therefore
+never becomes a request the service refuses on every replay (issue 21, observation 7).
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Sequence
+import bisect
+import itertools
+import json
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, TypeVar
 
 from id_registry._core import GcResult, Registry, Stats
 from id_registry._errors import (
@@ -41,11 +50,24 @@ from id_registry._errors import (
     InvalidRequestError,
     RegistryUnavailableError,
 )
-from id_registry._model import ClearResult, CommitResult, Item, LookupResult, ShardConfig, Status
+from id_registry._model import (
+    EVENT_ID,
+    MAX_ITEMS_PER_CALL,
+    TOKEN,
+    ClearResult,
+    CommitResult,
+    Item,
+    LookupResult,
+    ShardConfig,
+    Status,
+)
 from id_registry._worker import RegistryWorker
 from servicekit import Secret, service
 from servicekit import client as _client
-from servicekit.service import ServiceInfo, ServiceProcess
+from servicekit.service import DEFAULT_MAX_BODY_BYTES, ServiceInfo, ServiceProcess
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 #: the registry as servicekit sees it: its name, module and command, and the environment variables
 #: naming a running one (cluster runs), holding its bearer secret, and naming a file that holds it
@@ -57,6 +79,98 @@ SERVICE = ServiceInfo(
 URL_ENV, SECRET_ENV, SECRET_FILE_ENV, SECRET_FILE_NAME = SERVICE.url_env, SERVICE.secret_env, SERVICE.secret_file_env, SERVICE.secret_file_name
 
 _COMMIT_ANSWERS = {"committed": CommitResult(Status.COMMITTED), "too_old": CommitResult(Status.TOO_OLD)}
+#: JSON around one item beyond its strings: brackets, quotes, commas, a 20-character time or null
+_ITEM_JSON_OVERHEAD = 40
+#: JSON around the items of a request (the other fields, the braces)
+_BODY_JSON_OVERHEAD = 4096
+#: the ASCII characters JSON writes as they are
+_UNESCAPED = bytes(c for c in range(0x20, 0x80) if c not in b'"\\')
+
+
+def plain_size(texts: Sequence[str]) -> int | None:
+    """The JSON size of ``texts`` (each string, quoted) if none needs escaping, as the usual ids and
+    tokens do (measured at C speed); else ``None``.
+
+    >>> plain_size(["click-1", "dc1/b7"]), plain_size(['a"b']), plain_size(["\u00e9"])
+    (17, None, None)
+    """
+    joined = "".join(texts)
+    if joined.isascii() and not joined.encode("ascii").translate(None, _UNESCAPED):
+        return len(joined) + 2 * len(texts)
+    return None
+
+
+def json_lengths(texts: Sequence[str]) -> list[int]:
+    """The length of each string as this client's JSON encodes it (``ensure_ascii``).
+
+    >>> json_lengths(["click-1", 'a"b', "\u00e9"])
+    [9, 6, 8]
+    """
+    if plain_size(texts) is not None:
+        return [n + 2 for n in map(len, texts)]
+    return [len(json.dumps(t)) for t in texts]
+
+
+def spans(count: int, max_items: int, costs: Callable[[], list[int]] | None = None, budget: int | None = None) -> list[tuple[int, int]]:
+    """``[start, end)`` ranges cutting ``count`` items into consecutive runs of at most ``max_items``
+    items and, when ``costs`` (each item's bytes, computed only if needed) and ``budget`` are given,
+    at most ``budget`` bytes (an item larger than the budget alone goes alone).
+
+    >>> spans(5, 2)
+    [(0, 2), (2, 4), (4, 5)]
+    >>> spans(4, 10, lambda: [3, 3, 3, 3], budget=7)
+    [(0, 2), (2, 4)]
+    """
+    if count == 0:
+        return []
+    if costs is None or budget is None:
+        return [(i, min(i + max_items, count)) for i in range(0, count, max_items)]
+    cumulative = list(itertools.accumulate(costs()))
+    if count <= max_items and cumulative[-1] <= budget:
+        return [(0, count)]
+    out, start = [], 0
+    while start < count:
+        before = cumulative[start - 1] if start else 0
+        end = min(start + max_items, bisect.bisect_right(cumulative, before + budget, lo=start))
+        end = max(end, start + 1)
+        out.append((start, end))
+        start = end
+    return out
+
+
+def in_spans(call: Callable[[int, int], list[R]], ranges: list[tuple[int, int]]) -> list[R]:
+    """``call(start, end)`` for each range in turn, the answers joined in order."""
+    if len(ranges) == 1:
+        return call(*ranges[0])
+    return [answer for start, end in ranges for answer in call(start, end)]
+
+
+def split_clear(
+    ids: Sequence[str],
+    only_if_token: str | Sequence[str | None] | None,
+    clear: Callable[[list[str], str | list[str | None] | None], list[ClearResult]],
+    ranges: Callable[[list[str], list[str | None] | None], list[tuple[int, int]]],
+) -> list[ClearResult]:
+    """``clear_many`` cut into requests: the ids once each (the first of a repeated id decides, as
+    in one call), each request ``clear(ids, tokens)``, the answers given back to every repeat."""
+    ids = list(ids)
+    per_id = list(only_if_token) if isinstance(only_if_token, (list, tuple)) else None
+    if (per_id is None and only_if_token is not None and not isinstance(only_if_token, str)) or (per_id is not None and len(per_id) != len(ids)):
+        return clear(ids, only_if_token)  # type: ignore[arg-type]  # refused by the registry, with its message
+    first: dict[str, int] = {}
+    for i, event_id in enumerate(ids):
+        first.setdefault(event_id, i)
+    unique = list(first) if len(first) < len(ids) else ids
+    tokens = None if per_id is None else (per_id if unique is ids else [per_id[i] for i in first.values()])
+    cuts = ranges(unique, tokens)
+    if len(cuts) == 1 and unique is ids:
+        return clear(ids, only_if_token if per_id is None else per_id)
+
+    def part(start: int, end: int) -> list[ClearResult]:
+        return clear(unique[start:end], only_if_token if tokens is None else tokens[start:end])  # type: ignore[arg-type]
+
+    answers = dict(zip(unique, in_spans(part, cuts), strict=True))
+    return [answers[event_id] for event_id in ids]
 
 
 class RegistryClient(abc.ABC):
@@ -66,7 +180,8 @@ class RegistryClient(abc.ABC):
     def commit_many(self, items: Iterable[Item]) -> list[CommitResult]:
         """Conditionally commit each ``(event_id, token, event_time_ms)``: ``COMMITTED`` (first,
         or again with the same token), ``CONFLICT`` (another token holds it: ``holder``), or
-        ``TOO_OLD`` (before the GC boundary). Send a whole micro-batch in one call."""
+        ``TOO_OLD`` (before the GC boundary). Send a whole micro-batch in one call: a call larger
+        than the service takes in one request is sent in several, answered in order."""
 
     def commit(self, event_id: str, token: str, event_time_ms: int) -> CommitResult:
         return self.commit_many([(event_id, token, event_time_ms)])[0]
@@ -124,13 +239,18 @@ class InProcessRegistryClient(RegistryClient):
         self.worker = RegistryWorker(self.registry, **worker_options)
 
     def commit_many(self, items: Iterable[Item]) -> list[CommitResult]:
-        return self.worker.commit(list(items)).result()
+        listed = list(items)
+        return in_spans(lambda a, b: self.worker.commit(listed[a:b]).result(), spans(len(listed), MAX_ITEMS_PER_CALL))
 
     def lookup_many(self, ids: Sequence[str]) -> list[LookupResult]:
-        return self.worker.call(lambda: self.registry.lookup_many(ids)).result()
+        listed = list(ids)
+        return in_spans(lambda a, b: self.worker.call(lambda: self.registry.lookup_many(listed[a:b])).result(), spans(len(listed), MAX_ITEMS_PER_CALL))
 
     def clear_many(self, ids: Sequence[str], *, only_if_token: str | Sequence[str | None] | None = None, keep_id: bool = False) -> list[ClearResult]:
-        return self.worker.call(lambda: self.registry.clear_many(ids, only_if_token=only_if_token, keep_id=keep_id)).result()
+        def clear(part: list[str], tokens: str | list[str | None] | None) -> list[ClearResult]:
+            return self.worker.call(lambda: self.registry.clear_many(part, only_if_token=tokens, keep_id=keep_id)).result()
+
+        return split_clear(ids, only_if_token, clear, lambda unique, tokens: spans(len(unique), MAX_ITEMS_PER_CALL))
 
     def advance_gc(self, boundary_ms: int) -> GcResult:
         return self.worker.advance_gc(boundary_ms).result()
@@ -187,7 +307,11 @@ class HttpRegistryClient(_client.JsonHttpClient, RegistryClient):
     * ``throttle_timeout`` — how long to keep retrying a request the service throttles (429),
       waiting what its ``Retry-After`` says (growing, jittered) between attempts; then
       :class:`ThrottledError`;
-    * ``transport`` — an ``httpx`` transport, e.g. ``httpx.MockTransport`` in tests.
+    * ``transport`` — an ``httpx`` transport, e.g. ``httpx.MockTransport`` in tests;
+    * ``max_body_bytes`` — the service's ``--max-body-bytes`` (its default unless it was
+      lowered): ``commit_many``, ``lookup_many`` and ``clear_many`` are sent in requests of at
+      most :data:`~id_registry._model.MAX_ITEMS_PER_CALL` items and a body under this size,
+      one after another, the answers joined in order.
 
     After the retries, :class:`RegistryUnavailableError`. Thread-safe (one connection pool).
     """
@@ -205,26 +329,69 @@ class HttpRegistryClient(_client.JsonHttpClient, RegistryClient):
         backoff: float = 0.05,
         throttle_timeout: float = 60.0,
         transport: Any = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ) -> None:
         super().__init__(url, secret=secret, timeout=timeout, retries=retries, backoff=backoff, throttle_timeout=throttle_timeout, transport=transport)
+        if max_body_bytes < 2 * _BODY_JSON_OVERHEAD:
+            msg = f"max_body_bytes must be at least {2 * _BODY_JSON_OVERHEAD}, got {max_body_bytes}"
+            raise InvalidRequestError(msg)
+        self.max_body_bytes = max_body_bytes
+
+    def _spans(self, *columns: Sequence[str]) -> list[tuple[int, int]]:
+        """The requests a call's items go in: ``columns`` are their strings (ids, tokens)."""
+
+        count, budget = len(columns[0]), self.max_body_bytes - _BODY_JSON_OVERHEAD
+        if count <= MAX_ITEMS_PER_CALL:  # the usual call: one request, its size measured at C speed
+            sizes = [plain_size(c) for c in columns]
+            if None not in sizes and sum(sizes) + count * _ITEM_JSON_OVERHEAD <= budget:  # type: ignore[arg-type]
+                return [(0, count)] if count else []
+
+        def costs() -> list[int]:
+            return [sum(c) + _ITEM_JSON_OVERHEAD for c in zip(*map(json_lengths, columns), strict=True)]
+
+        return spans(count, MAX_ITEMS_PER_CALL, costs, budget)
 
     def commit_many(self, items: Iterable[Item]) -> list[CommitResult]:
-        body = {"items": items if isinstance(items, list) else list(items)}
+        listed = items if isinstance(items, list) else list(items)
+        try:
+            ranges = self._spans(list(map(EVENT_ID, listed)), list(map(TOKEN, listed)))
+        except (TypeError, IndexError, KeyError):  # not ids and tokens: one request, which the service refuses naming the bad item
+            ranges = [(0, len(listed))]
+        return in_spans(lambda a, b: self._commit(listed if (a, b) == (0, len(listed)) else listed[a:b]), ranges)
+
+    def _commit(self, items: list[Item]) -> list[CommitResult]:
         answers = _COMMIT_ANSWERS
         out = []
-        for status, holder in self._call("POST", "/v1/commit", body)["results"]:
+        for status, holder in self._call("POST", "/v1/commit", {"items": items})["results"]:
             known = answers.get(status) if holder is None else None
             out.append(known if known is not None else CommitResult(Status(status), holder))
         return out
 
     def lookup_many(self, ids: Sequence[str]) -> list[LookupResult]:
-        results = self._call("POST", "/v1/lookup", {"ids": list(ids)})["results"]
-        return [LookupResult(Status(s), token, t) for s, token, t in results]
+        listed = list(ids)
+
+        def lookup(a: int, b: int) -> list[LookupResult]:
+            results = self._call("POST", "/v1/lookup", {"ids": listed[a:b]})["results"]
+            return [LookupResult(Status(s), token, t) for s, token, t in results]
+
+        try:
+            ranges = self._spans(listed)
+        except TypeError:
+            ranges = [(0, len(listed))]
+        return in_spans(lookup, ranges)
 
     def clear_many(self, ids: Sequence[str], *, only_if_token: str | Sequence[str | None] | None = None, keep_id: bool = False) -> list[ClearResult]:
-        tokens = only_if_token if only_if_token is None or isinstance(only_if_token, str) else list(only_if_token)
-        body = {"ids": list(ids), "only_if_token": tokens, "keep_id": keep_id}
-        return [ClearResult(Status(s), holder) for s, holder in self._call("POST", "/v1/clear", body)["results"]]
+        def clear(part: list[str], tokens: str | list[str | None] | None) -> list[ClearResult]:
+            body = {"ids": part, "only_if_token": tokens, "keep_id": keep_id}
+            return [ClearResult(Status(s), holder) for s, holder in self._call("POST", "/v1/clear", body)["results"]]
+
+        def ranges(unique: list[str], tokens: list[str | None] | None) -> list[tuple[int, int]]:
+            try:
+                return self._spans(unique) if tokens is None else self._spans(unique, [t or "" for t in tokens])
+            except TypeError:
+                return [(0, len(unique))]
+
+        return split_clear(ids, only_if_token, clear, ranges)
 
     def advance_gc(self, boundary_ms: int) -> GcResult:
         out = self._call("POST", "/v1/gc", {"boundary_ms": boundary_ms})

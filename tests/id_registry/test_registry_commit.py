@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 
 from id_registry import CommitResult, InvalidRequestError, Registry, Status
+from id_registry._model import MAX_ITEMS_PER_CALL
+from id_registry.client import embedded_registry
 
 C = CommitResult(Status.COMMITTED)
 
@@ -92,3 +94,28 @@ def test_a_bad_item_refuses_the_whole_call(client, ns, item, says):
 def test_non_ascii_ids_and_tokens_are_fine(client):
     assert client.commit("clic-é-😀", "jöiner", 1_000).committed
     assert client.lookup_many(["clic-é-😀"])[0].token == "jöiner"
+
+
+def test_a_call_over_the_services_item_bound_is_split_and_answered_in_order(service, ns):
+    """Issue 21, observation 7: a backlog's commit (one call for every once-id of a batch) larger than
+    the service takes in one request is sent as several, one answer per item, in order; lookups and
+    clears too. Before, the service refused it with a 400 the client never retried, on every replay."""
+    n = MAX_ITEMS_PER_CALL + 3
+    items = [(f"{ns}{i}", "joiner-a" if i % 3 else "joiner-b", 1_000 + i) for i in range(n)]
+    with service.client(timeout=60.0) as c:
+        assert all(r.committed for r in c.commit_many(items))
+        again = c.commit_many([(f"{ns}{i}", "joiner-a", 1_000 + i) for i in range(n)])
+        assert [r.status for r in again] == [Status.COMMITTED if i % 3 else Status.CONFLICT for i in range(n)]
+        found = c.lookup_many([f"{ns}{i}" for i in range(n)])
+        assert [r.token for r in found] == [t for _, t, _ in items]
+        cleared = c.clear_many([f"{ns}{i}" for i in range(n)], only_if_token="joiner-b", keep_id=True)
+        assert [r.status for r in cleared] == [Status.TOKEN_MISMATCH if i % 3 else Status.CLEARED for i in range(n)]
+
+
+def test_a_call_over_a_lowered_body_limit_is_split_under_it(tmp_path, ns):
+    """A service started with a smaller ``--max-body-bytes``: a client told so keeps each request under it."""
+    items = [(f"{ns}{'x' * 200}{i}", "joiner-a", 1_000 + i) for i in range(2_000)]  # ~500 KB of JSON
+    with embedded_registry(str(tmp_path), extra_args=["--max-body-bytes", "65536"]) as svc, svc.client(max_body_bytes=65_536) as c:
+        assert c.commit_many(items) == [C] * len(items)
+        ids = [i for i, _, _ in items] + [items[0][0]]  # a repeated id is answered like its first
+        assert [r.status for r in c.clear_many(ids, only_if_token=["joiner-a"] * len(ids))] == [Status.CLEARED] * len(ids)
