@@ -243,12 +243,25 @@ class Registry:
 
         The first item of an id wins inside one call too (application-level conflict
         resolution in a batch, §2.2.1); one call is at most one durable write.
+
+        A call the store refuses part-way because another server changed the metadata (etcd
+        applies a group as several transactions, some of which may be in before the change) is
+        retried with the new metadata; an item the retry finds too old that its own token holds
+        (an earlier transaction of this call stored it) is answered ``COMMITTED``: the entry is
+        there, so the caller must write its event out (issue 21, observation 8).
         """
         checked_items = items if checked else check_items(items)
-        return self._retrying(lambda meta: self._commit(checked_items, meta))
+        attempts = [0]
 
-    def _commit(self, items: Sequence[Item], meta: Meta) -> list[CommitResult]:
-        """One durable write for ``items``; the per-item work is done a column at a time (C loops)."""
+        def attempt(meta: Meta) -> list[CommitResult]:
+            attempts[0] += 1
+            return self._commit(checked_items, meta, look_again=attempts[0] > 1)
+
+        return self._retrying(attempt)
+
+    def _commit(self, items: Sequence[Item], meta: Meta, *, look_again: bool = False) -> list[CommitResult]:
+        """One durable write for ``items``; the per-item work is done a column at a time (C loops).
+        ``look_again``: a retry after the metadata changed: a too-old item its token holds is ``COMMITTED``."""
         gc = meta.gc_boundary_ms
         ids = list(map(EVENT_ID, items))
         times = list(map(EVENT_TIME, items))
@@ -279,10 +292,14 @@ class Registry:
             self.stats.record_group(len(items), new, 0, 0, 0)
             return [COMMITTED] * len(items)
         holders = {item[0]: item[1] if old is None else _unpackb(old)[0] for item, old in zip(deciding, stored, strict=True)}
+        kept = self._held_too_old(items, meta) if look_again else set()
         results: list[CommitResult] = []
         conflicts = too_old = 0
         for event_id, token, t in items:
             if t < gc:
+                if (event_id, token) in kept:
+                    results.append(COMMITTED)
+                    continue
                 results.append(TOO_OLD)
                 too_old += 1
             elif holders[event_id] == token:
@@ -292,6 +309,15 @@ class Registry:
                 conflicts += 1
         self.stats.record_group(len(items), new, len(items) - too_old - conflicts - new, conflicts, too_old)
         return results
+
+    def _held_too_old(self, items: Sequence[Item], meta: Meta) -> set[tuple[str, str]]:
+        """``(id, token)`` of the items before the GC boundary whose entry is stored under their own token."""
+        old = [(event_id, token, t) for event_id, token, t in items if t < meta.gc_boundary_ms]
+        if not old:
+            return set()
+        keys = [entry_key(meta.shards.shard_of(event_id, t), event_id.encode()) for event_id, _, t in old]
+        values = self.backend.get_many(keys, meta)
+        return {(event_id, token) for (event_id, token, _), raw in zip(old, values, strict=True) if raw is not None and unpack_entry(raw)[0] == token}
 
     # ------------------------------------------------------------------ lookups (§3.2, §3.3.3)
     def lookup_many(self, ids: Sequence[str]) -> list[LookupResult]:

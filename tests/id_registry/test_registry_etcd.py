@@ -123,3 +123,37 @@ def test_two_registry_servers_on_one_cluster_see_each_others_metadata(etcd_clust
     assert b.shard_configs() == a.shard_configs()
     a.close()
     b.close()
+
+
+class _SlowGroupEtcd(EtcdBackend):
+    """An :class:`EtcdBackend` that runs ``between()`` once, after the first transaction of a commit group succeeded."""
+
+    between = None
+
+    def _txn(self, body):
+        out = super()._txn(body)
+        hook = self.between
+        if hook is not None and out.get("succeeded") and any("request_txn" in op for op in body.get("success", [])):
+            self.between = None
+            hook()
+        return out
+
+
+@pytest.mark.skipif(etcd_binary() is None, reason="etcd is not installed (scripts/setup.sh --test installs Debian's etcd-server; CI has it)")
+def test_a_group_partly_applied_when_another_server_moves_the_boundary_answers_what_it_stored(etcd_cluster):
+    """Issue 21, observation 8, on etcd: a group cut into transactions (2 ids each, one at a time);
+    after the first, another server moves the GC boundary past every item, so the rest is refused
+    (the metadata compare) and retried. The two ids the first transaction stored are COMMITTED to
+    the group's token; before, the retry answered TOO_OLD for them: registered, never written."""
+    prefix = f"partly-applied-{time.monotonic_ns()}/"
+    now = 10_000_000
+    a = Registry(_SlowGroupEtcd(etcd_cluster.endpoints, prefix=prefix, max_txn_ops=4, parallel=1), clock=lambda: now)
+    b = Registry(EtcdBackend(etcd_cluster.endpoints, prefix=prefix), clock=lambda: now)
+    a.backend.between = lambda: b.set_gc_boundary(2_000)
+    items = [(f"c{i}", "dc1/b7", 1_000 + i) for i in range(6)]
+    out = a.commit_many(items)
+    assert a.meta.gc_boundary_ms == 2_000
+    assert [x.status for x in out] == [Status.COMMITTED] * 2 + [Status.TOO_OLD] * 4
+    assert [(x.status, x.token) for x in a.lookup_many([i for i, _, _ in items])] == [(Status.TOO_OLD, "dc1/b7")] * 2 + [(Status.NOT_FOUND, None)] * 4
+    a.close()
+    b.close()

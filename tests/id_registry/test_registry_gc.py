@@ -14,7 +14,7 @@ from id_registry import (
     RocksBackend,
     Status,
 )
-from id_registry._backend import MemoryBackend
+from id_registry._backend import MemoryBackend, MetaChangedError
 
 
 def test_boundary_only_moves_forward(store, clock):
@@ -87,3 +87,36 @@ def test_gc_over_http_refuses_going_back_with_its_code(client):
         client.advance_gc(10)
     assert info.value.boundary_ms == 1_000
     assert client.commit("x", "t", 999).status is Status.TOO_OLD
+
+
+class BoundaryMovesMidGroup(MemoryBackend):
+    """A store that applies a commit group in two parts, as etcd applies its transactions, and between
+    them another server moves the GC boundary: the first part stays stored, the second is refused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.other_server: Registry | None = None
+
+    def insert_if_absent(self, keys, index_keys, values, meta):
+        if self.other_server is None:
+            return super().insert_if_absent(keys, index_keys, values, meta)
+        other, self.other_server = self.other_server, None
+        half = len(keys) // 2
+        first = super().insert_if_absent(keys[:half], index_keys[:half], values[:half], meta)
+        assert first == [None] * half
+        other.set_gc_boundary(2_000)
+        raise MetaChangedError
+
+
+def test_ids_an_earlier_part_of_a_group_stored_are_committed_when_the_boundary_moves_meanwhile(clock):
+    """Issue 21, observation 8: the retry after the metadata changed answered TOO_OLD for ids the
+    group had already stored (registered, never written, never recovered); they are COMMITTED."""
+    store = BoundaryMovesMidGroup()
+    r, other = Registry(store, clock=clock), Registry(store, clock=clock)
+    items = [(f"c{i}", "dc1/b7", 1_000 + i) for i in range(10)]
+    store.other_server = other
+    out = r.commit_many(items)
+    assert r.meta.gc_boundary_ms == 2_000
+    held = [found.status is Status.TOO_OLD and found.token == "dc1/b7" for found in r.lookup_many([i for i, _, _ in items])]
+    assert held == [True] * 5 + [False] * 5  # the first part is stored under the group's token
+    assert [x.status for x in out] == [Status.COMMITTED] * 5 + [Status.TOO_OLD] * 5
