@@ -37,7 +37,9 @@ from millwheel._bloom import (
     legacy_fingerprints,
 )
 from millwheel._errors import EnvelopeError
-from millwheel._record import Key
+from millwheel._record import MAX_TIMESTAMP, Key
+
+_LAST = MAX_TIMESTAMP - 1  # the latest timestamp a record may carry
 
 #: version 3: columnar id chunks, 64-bit fingerprints; versions 1 and 2 still decode
 ENVELOPE_VERSION = 3
@@ -391,7 +393,9 @@ class Envelope:
         hold: int | None = self.held
         for ts, domain in self.timers.values():
             if domain == 0 and (hold is None or ts < hold):
-                hold = ts
+                # a timer set at MAX_TIMESTAMP (fire when the input is finished) holds the
+                # watermark just below it: what it produces is on time downstream
+                hold = ts if ts < _LAST else _LAST
         for p in self.pending:
             if hold is None or p.timestamp < hold:
                 hold = p.timestamp

@@ -512,6 +512,27 @@ def holding_file(offset: dict[str, Any], lateness_ms: int) -> str | None:
     return None if best is None else best[1]
 
 
+def disorder(offset: dict[str, Any]) -> tuple[int, str] | None:
+    """How far out of order the records read so far ran, and in which file, or ``None``.
+
+    The most a record was behind the newest one read before it in its file, or before the
+    time in its file's name: the ``lateness_ms`` that would have kept every record read
+    on time (the injector's measured disorder; a run's summary and status report it).
+
+    >>> a = FileProgress(time=1_000, oldest=400, behind=300).to_json()
+    >>> disorder({"files": {"a.jsonl": a, "b.jsonl": FileProgress(behind=700).to_json()}, "lw": 0})
+    (700, 'b.jsonl')
+    """
+    worst: tuple[int, str] | None = None
+    for name, p in progress_of(offset).items():
+        d = p.behind
+        if p.time is not None and p.oldest is not None:
+            d = max(d, p.time - p.oldest)
+        if d > 0 and (worst is None or d > worst[0]):
+            worst = (d, name)
+    return worst
+
+
 @dataclass(frozen=True, slots=True)
 class ByteRange:
     """Bytes ``[begin, end)`` of one file to read in a batch, and the watermark they are sent under."""
@@ -593,6 +614,8 @@ class LogFileSource(Source):
                 f"max_bytes_per_batch >= 1; got {lateness_ms}, {idle_finish_ms}, {max_bytes_per_batch}"
             )
             raise TopologyError(msg)
+        #: the offset the newest :meth:`batches` reached (its files' progress, for reports)
+        self.last_offset: dict[str, Any] | None = None
         self.read_options = ReadOptions(
             os.fspath(path), id_field, ts_field, idle_finish_ms, finite, lateness_ms, max_bytes_per_batch, finish_on_rotation
         )
@@ -641,6 +664,7 @@ class LogFileSource(Source):
         offset = initial_offset()
         while True:
             end = plan_offset(offset, opts, now_ms=0)
+            self.last_offset = end
             for r in plan_ranges(offset, end, opts.lateness_ms):
                 chunk = read_range(opts, r, injector, stream)
                 yield SourceBatch([], r.sender_watermark)

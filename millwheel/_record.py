@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import enum
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +68,57 @@ def decode_key(data: bytes | None) -> Key | None:
 MIN_TIMESTAMP = -(2**63)
 #: The largest timestamp: an injector that is finished publishes this low watermark.
 MAX_TIMESTAMP = 2**63 - 1
+
+
+def production_time(watermark_or_timer: int) -> int:
+    """The timestamp a production gets by default: the low watermark (or the firing
+    event-time timer's time), kept inside the range records may carry.
+
+    Records carry timestamps strictly between :data:`MIN_TIMESTAMP` and :data:`MAX_TIMESTAMP`
+    (the two ends are watermarks: "nothing known yet" and "finished"). A wall-time timer
+    that produces before the input watermark has moved produces at the earliest record
+    time; one that fires after the input is finished, or an event-time timer set at
+    ``MAX_TIMESTAMP`` (it fires when the input is finished), produces at the latest, which
+    the timer held the watermark below (:meth:`Envelope.hold`), so it is not late.
+
+    >>> production_time(MIN_TIMESTAMP) == MIN_TIMESTAMP + 1, production_time(5), production_time(MAX_TIMESTAMP) == MAX_TIMESTAMP - 1
+    (True, 5, True)
+    """
+    return min(max(watermark_or_timer, MIN_TIMESTAMP + 1), MAX_TIMESTAMP - 1)
+
+
+def timestamp_text(v: int) -> str:
+    """A timestamp or low watermark for people, the one spelling every summary and status
+    uses: a UTC date and time, ``+inf (done)`` or ``-inf``.
+
+    >>> timestamp_text(1_700_000_000_000), timestamp_text(MAX_TIMESTAMP), timestamp_text(42)
+    ('2023-11-14 22:13:20', '+inf (done)', '42')
+    """
+    if v >= MAX_TIMESTAMP:
+        return "+inf (done)"
+    if v <= MIN_TIMESTAMP:
+        return "-inf"
+    if v > 10**11:
+        return datetime.datetime.fromtimestamp(v / 1000, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return str(v)
+
+
+def duration_text(ms: int | float | None) -> str:
+    """A lag for people.
+
+    >>> [duration_text(x) for x in (None, 420, 12_300, 185_000, 9_000_000, 95_371_279_600)]
+    ['-', '0.4s', '12.3s', '3m05s', '2.5h', '1103.8d']
+    """
+    if ms is None:
+        return "-"
+    s = ms / 1000
+    if s < 60:
+        return f"{s:.1f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m{int(s % 60):02d}s"
+    if s < 86400:
+        return f"{s / 3600:.1f}h"
+    return f"{s / 86400:.1f}d"
 
 
 class TimeDomain(enum.IntEnum):

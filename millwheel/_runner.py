@@ -33,7 +33,7 @@ from typing import Any
 
 from millwheel._deadletter import DeadLetter
 from millwheel._errors import MillwheelError
-from millwheel._record import Record
+from millwheel._record import Record, duration_text
 from millwheel._topology import Topology
 
 
@@ -92,6 +92,55 @@ def _forget(name: str) -> None:
         del sys.modules[loaded]
 
 
+#: the share of a computation's records that may arrive late before a run warns about it
+LATE_WARNING_SHARE = 0.001
+
+
+def late_lines(
+    t: Topology, metrics: Mapping[str, Mapping[str, int]], disorder: Mapping[str, tuple[int, str] | None] | None = None
+) -> list[str]:
+    """What a run says about late records (§4.5), whatever the backend: per computation with
+    any, how many, which injectors feed it and how far out of order they read records, and
+    the ``lateness_ms`` that would have kept them. A line starts with ``warning:`` once
+    late records pass :data:`LATE_WARNING_SHARE` of the computation's input.
+
+    >>> from millwheel import Computation, Topology
+    >>> class C(Computation):
+    ...     def process_record(self, record): ...
+    >>> t = Topology("t"); _ = t.injector("logs", stream="events"); _ = t.computation(C, inputs=["events"])
+    >>> late_lines(t, {"C": {"records_in": 1_000, "late": 9, "late_dropped": 9}}, {"logs": (5_000, "part-0003.jsonl")})
+    ['warning: C: 9 records late (0.90% of 1,000), 9 dropped; injector logs read records up to 5.0s out of order (part-0003.jsonl): LogFileSource(lateness_ms=5000) would have kept them']
+    """
+    out = []
+    for name in t.order():
+        m = metrics.get(name) or {}
+        late = int(m.get("late", 0) or 0)
+        if not late:
+            continue
+        n = max(int(m.get("records_in", 0) or 0), late)
+        what = [f"{late:,} records late ({late / n:.2%} of {n:,})"]
+        for action in ("dropped", "to_stream"):
+            k = int(m.get(f"late_{action}", 0) or 0)
+            if k:
+                what.append(f"{k:,} {'dropped' if action == 'dropped' else 'sent to the late stream'}")
+        spec = t.computations[name]
+        sources = []
+        for inj in t.injectors.values():
+            if inj.stream not in spec.inputs:
+                continue
+            d = (disorder or {}).get(inj.name)
+            if d is None:
+                sources.append(f"from injector {inj.name}")
+            else:
+                sources.append(
+                    f"injector {inj.name} read records up to {duration_text(d[0])} out of order ({d[1]}): "
+                    f"LogFileSource(lateness_ms={d[0]}) would have kept them"
+                )
+        text = f"{name}: " + ", ".join(what) + ("; " + "; ".join(sources) if sources else "; behind its input low watermark on arrival")
+        out.append(("warning: " if late / n > LATE_WARNING_SHARE else "") + text)
+    return out
+
+
 def print_finish(
     t: Topology,
     values: Callable[[str], list[Any]],
@@ -100,10 +149,12 @@ def print_finish(
     on_finish: Any = None,
     *,
     where: Mapping[str, str] | None = None,
+    disorder: Mapping[str, tuple[int, str] | None] | None = None,
 ) -> None:
-    """The end of a run, whatever the backend: sinks, dead letters, the module's ``on_finish``.
+    """The end of a run, whatever the backend: sinks, dead letters, late records, the module's ``on_finish``.
 
-    ``where`` maps a sink's name to where all of its output is (its target, a command).
+    ``where`` maps a sink's name to where all of its output is (its target, a command);
+    ``disorder`` an injector's name to how far out of order it read records (:func:`late_lines`).
     """
     for s in t.sinks.values():
         out = values(s.stream)
@@ -114,6 +165,8 @@ def print_finish(
                 print(f"    {v}")
             if len(out) > 20:
                 print(f"    ... and {len(out) - 20} more")
+    for line in late_lines(t, metrics, disorder):
+        print(f"  {line}")
     if dead_letters:
         print(f"  dead letters: {len(dead_letters)}")
         for r in dead_letters[:5]:

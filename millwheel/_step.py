@@ -50,6 +50,7 @@ from millwheel._record import (
     TimeDomain,
     Timer,
     key_problem,
+    production_time,
     short_repr,
 )
 
@@ -151,7 +152,7 @@ class _KeyContext:
         self.timers = env.timers
         self.productions: list[Production] = []
         self.seq = env.seq
-        self.default_ts = low_watermark
+        self.default_ts = production_time(low_watermark)
         self.due_heap: list[tuple[int, int, str]] = []
         self.firing = False
         self.behind_watermark = 0
@@ -168,12 +169,18 @@ class _KeyContext:
         if type(timestamp) is not int:
             msg = f"{name}: set_timer({tag!r}) timestamp must be an int (ms since epoch), got {type(timestamp).__name__} {short_repr(timestamp)}"
             raise ComputationError(msg)
-        if not MIN_TIMESTAMP < timestamp < MAX_TIMESTAMP:
-            msg = f"{name}: set_timer({tag!r}) timestamp {timestamp} is outside the 64-bit range of millwheel timestamps"
-            raise ComputationError(msg)
-        d = int(domain)
+        d = int(domain) if isinstance(domain, int) else -1
         if d not in _DOMAINS:
             msg = f"{name}: set_timer({tag!r}) domain must be a TimeDomain, got {domain!r}"
+            raise ComputationError(msg)
+        if timestamp == MAX_TIMESTAMP and d != _LW:
+            msg = (
+                f"{name}: set_timer({tag!r}, MAX_TIMESTAMP) on wall time would never fire; an event-time timer "
+                f"at MAX_TIMESTAMP fires when the input is finished, delete_timer({tag!r}) cancels one"
+            )
+            raise ComputationError(msg)
+        if not MIN_TIMESTAMP < timestamp <= MAX_TIMESTAMP:
+            msg = f"{name}: set_timer({tag!r}) timestamp {timestamp} is outside the 64-bit range of millwheel timestamps"
             raise ComputationError(msg)
         self.timers[tag] = (timestamp, d)
         if self.firing and self._is_due(timestamp, d):
@@ -434,7 +441,7 @@ class StepRunner:
                     budget -= 1
                     del timers[tag]
                     timer = Timer(tag, ts, _DOMAINS[d])
-                    ctx.default_ts = ts if d == _LW else low_watermark
+                    ctx.default_ts = production_time(ts if d == _LW else low_watermark)
                     if not careful:
                         try:
                             process_timer(timer)

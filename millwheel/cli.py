@@ -28,7 +28,9 @@ from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
+from millwheel import _logfile
 from millwheel._errors import MillwheelError
+from millwheel._record import timestamp_text
 from millwheel._runner import load_topology, load_topology_module, print_finish
 from millwheel._topology import Topology
 
@@ -91,12 +93,18 @@ def _run_harness(t: Topology, on_finish: Any = None) -> int:
         print(
             f"  {name:<20} in={m.get('records_in', 0):>8} out={m.get('productions', 0):>7} "
             f"dup={m.get('duplicates', 0)} late={m.get('late', 0)} dead={m.get('dead_letters', 0)} "
-            f"timers={m.get('timers_fired', 0)} lw={h.low_watermark(name)}"
+            f"timers={m.get('timers_fired', 0)} lw={timestamp_text(h.low_watermark(name))}"
         )
     from millwheel.runtime._sinks import write_harness_sinks
 
     where = write_harness_sinks(t, h.output)
-    print_finish(t, h.values, h.dead_letters(), {name: h.metrics(name) for name in t.order()}, on_finish, where=where)
+    disorder = {
+        name: _logfile.disorder(i.source.last_offset)
+        for name, i in t.injectors.items()
+        if isinstance(i.source, _logfile.LogFileSource) and i.source.last_offset is not None
+    }
+    metrics = {name: h.metrics(name) for name in t.order()}
+    print_finish(t, h.values, h.dead_letters(), metrics, on_finish, where=where, disorder=disorder)
     return 0
 
 

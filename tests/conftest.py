@@ -68,6 +68,50 @@ def second_counts():
     return topology
 
 
+def _edge_timer_classes():
+    from millwheel import MAX_TIMESTAMP, Computation, ComputationOptions, LatePolicy, TimeDomain
+
+    class Flusher(Computation):
+        """A periodic flush on wall time and a total when the input is finished (Beam's end-of-window timer)."""
+
+        def process_record(self, record):
+            self.state.set((self.state.get(0) or 0) + 1)
+            self.set_timer("flush", self.now, TimeDomain.WALL_TIME)  # due at once, whatever the watermark
+            self.set_timer("end", MAX_TIMESTAMP)
+
+        def process_timer(self, timer):
+            if timer.tag == "flush":
+                self.produce("flushes", {"key": self.key, "count": self.state.get(0)})  # no timestamp given
+            else:
+                self.produce("totals", {"key": self.key, "total": self.state.get(0)})
+
+    class Totals(Computation):
+        options = ComputationOptions(late=LatePolicy.drop())
+
+        def process_record(self, record):
+            self.state.set(record.value["total"])
+
+    return Flusher, Totals
+
+
+@pytest.fixture
+def edge_timers():
+    """``edge_timers(source)``: ``Flusher`` (a wall-time flush timer that produces without a
+    timestamp, an event-time timer at ``MAX_TIMESTAMP``) feeding ``Totals`` (drops late records)."""
+    from millwheel import Topology
+
+    flusher, totals = _edge_timer_classes()
+
+    def topology(source):
+        t = Topology("edges")
+        t.injector("words", source)
+        t.computation(flusher, inputs={"words": lambda r: r.value["word"]}, outputs=["flushes", "totals"])
+        t.computation(totals, inputs={"totals": lambda r: r.value["key"]})
+        return t
+
+    return topology
+
+
 @pytest.fixture
 def make_record():
     """Build records with unique ids: ``make_record(value, ts, key=None, id=None)``."""
@@ -114,7 +158,7 @@ def real_logs():
             if rng.random() < 0.01:  # a client retry: the same event again, a little later
                 lines.append(rng.choice(recent[-50:]))
             if rng.random() < 0.001:
-                lines.append('{"id": "broken-%d", "ts": %d, "key": ' % (i, ts))
+                lines.append(f'{{"id": "broken-{i}", "ts": {ts}, "key": ')
         if only_lines:
             return truth, lines
         directory.mkdir(parents=True, exist_ok=True)

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from millwheel import MAX_TIMESTAMP, MIN_TIMESTAMP, LogFileSource, Stage, file_time
-from millwheel.testing import Harness
 from millwheel._logfile import initial_offset, plan_offset, plan_ranges, read_range
+from millwheel.testing import Harness
 
 T = 1_767_261_600_000  # 2026-01-01T10:00:00Z
 

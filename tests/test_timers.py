@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from millwheel import MAX_TIMESTAMP, Computation, ComputationError, TimeDomain, Timer
+from millwheel import (
+    MAX_TIMESTAMP,
+    MIN_TIMESTAMP,
+    Computation,
+    ComputationError,
+    Record,
+    TimeDomain,
+    Timer,
+)
 from millwheel.testing import Harness
 
 
@@ -158,3 +166,35 @@ def test_setting_a_timer_without_process_timer_is_reported():
     assert dead.value.stage == "process_timer" and dead.value.timer is not None
     assert "does not override process_timer" in dead.value.reason
     assert h.timers("NoHook", "k") == []  # the failing timer is not retried forever
+
+
+def test_a_wall_time_timer_produces_before_any_watermark_progress(edge_timers):
+    # the commonest wall-time timer, a periodic flush, fires before the injector has said
+    # anything: its production defaults to the earliest record time, not MIN_TIMESTAMP
+    h = Harness(edge_timers(None))
+    h.inject("words", [Record(None, {"word": "cat"}, 1_000, "a")])
+    h.run()
+    assert h.low_watermark("Flusher") < 1_000
+    (flush,) = h.output("flushes")
+    assert flush.value == {"key": "cat", "count": 1} and flush.timestamp == MIN_TIMESTAMP + 1
+    assert h.dead_letters() == []
+
+
+def test_an_event_time_timer_at_max_timestamp_fires_when_the_input_is_finished(edge_timers):
+    h = Harness(edge_timers(None))
+    h.inject("words", [Record(None, {"word": "cat"}, 1_000, "a"), Record(None, {"word": "cat"}, 2_000, "b")])
+    h.advance_watermark("words", 5_000)
+    h.run()
+    assert h.output("totals") == []  # not before the input is finished
+    h.finish("words")
+    h.run()
+    assert h.values("totals") == [{"key": "cat", "total": 2}]
+    assert h.state("Totals", "cat") == 2 and h.metrics("Totals")["late"] == 0  # on time downstream
+    assert h.low_watermark("Totals") == MAX_TIMESTAMP
+
+
+def test_a_wall_time_timer_at_max_timestamp_is_refused_with_what_to_use():
+    h = harness()
+    h.inject("cmd", [Record(None, [("t", MAX_TIMESTAMP, WALL)], 1, "a")])
+    with pytest.raises(ComputationError, match="never fire; an event-time timer at MAX_TIMESTAMP fires when the input is finished"):
+        h.run()

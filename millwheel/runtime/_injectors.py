@@ -20,7 +20,7 @@ from typing import Any
 
 from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._delivery import invalid_record, record_problem
-from millwheel._logfile import holding_file, progress_of
+from millwheel._logfile import disorder, holding_file, progress_of
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel._sources import Source, SourceBatch
 from millwheel._topology import InjectorSpec
@@ -262,6 +262,9 @@ class LogFileInjector:
         files = progress_of(self.offset).values() if self.offset else ()
         newest = [p.newest for p in files if p.newest is not None]
         out["newest_event_ms"] = max(newest) if newest else None
+        measured = disorder(self.offset) if self.offset else None
+        if measured is not None:
+            out["disorder_ms"], out["disorder_file"] = measured
         warning = self.stalled()
         if warning is not None:
             out["warning"] = warning

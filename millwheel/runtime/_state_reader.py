@@ -27,11 +27,10 @@ from typing import Any
 from millwheel._codec import MsgpackCodec, PickleCodec
 from millwheel._envelope import Envelope
 from millwheel._errors import MillwheelError
-from millwheel._record import Key, TimeDomain
+from millwheel._record import Key, TimeDomain, timestamp_text
 from millwheel.runtime._fs import Location
 from millwheel.runtime._outbox import _numbers, staged_version
 from millwheel.runtime._sinks import jsonable, run_argument, run_directory
-from millwheel.runtime._status import timestamp_text
 from millwheel.runtime._wire import SUMMARY_STREAM
 
 SHOWN = 160

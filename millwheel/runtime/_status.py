@@ -27,14 +27,14 @@ Three ways to show it (:func:`display_for`):
 
 from __future__ import annotations
 
-import datetime as dt
 import shutil
 import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
-from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
+from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, duration_text, timestamp_text
+from millwheel._runner import late_lines
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +63,9 @@ class Row:
     #: the last micro-batch's duration, from Spark's progress
     batch_ms: int | None = None
     warning: str | None = None
+    #: how far out of order a log injector has read records, ms, and in which file (:func:`~millwheel._logfile.disorder`)
+    disorder_ms: int | None = None
+    disorder_file: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +80,23 @@ class Snapshot:
     @property
     def warnings(self) -> list[str]:
         return [r.warning for r in self.rows if r.warning]
+
+
+def disorder_of(rows: tuple[Row, ...] | list[Row]) -> dict[str, tuple[int, str] | None]:
+    """Each injector's measured disorder, from its row."""
+    return {r.name: (r.disorder_ms, r.disorder_file or "?") if r.disorder_ms else None for r in rows if r.kind == "injector"}
+
+
+def _with_late_warnings(topology: Any, rows: list[Row]) -> list[Row]:
+    """A computation whose late records passed a small share warns, with the fix (:func:`late_lines`)."""
+    metrics = {r.name: {"late": r.late or 0, "records_in": r.records_in or 0} for r in rows if r.kind == "computation"}
+    if not any(m["late"] for m in metrics.values()):
+        return rows
+    warns = {}
+    for line in late_lines(topology, metrics, disorder_of(rows)):
+        if line.startswith("warning: "):
+            warns[line.split(":", 2)[1].strip()] = line.removeprefix("warning: ")
+    return [replace(r, warning=warns[r.name]) if r.name in warns and not r.warning else r for r in rows]
 
 
 class Sampler:
@@ -117,8 +137,13 @@ class Sampler:
                     event_lag_ms=event_lag,
                     batch_ms=_batch_ms(self.rt, name),
                     warning=s.get("warning"),
+                    disorder_ms=s.get("disorder_ms"),
+                    disorder_file=s.get("disorder_file"),
                 )
             )
+        topology = getattr(self.rt, "topology", None)  # a test double may have none
+        if topology is not None:
+            rows = _with_late_warnings(topology, rows)
         counts = {r.name: (r.records_in, r.records_out) for r in rows}
         if self._prev is not None and mono > self._prev[0]:
             dt_s, before = mono - self._prev[0], self._prev[1]
@@ -152,39 +177,6 @@ def _batch_ms(rt: Any, name: str) -> int | None:
 
 
 # ---- formatting ----------------------------------------------------------------------------
-def timestamp_text(v: int) -> str:
-    """A low watermark for people: a UTC date and time, ``+inf (done)`` or ``-inf``.
-
-    >>> timestamp_text(1_700_000_000_000), timestamp_text(MAX_TIMESTAMP), timestamp_text(42)
-    ('2023-11-14 22:13:20', '+inf (done)', '42')
-    """
-    if v >= MAX_TIMESTAMP:
-        return "+inf (done)"
-    if v <= MIN_TIMESTAMP:
-        return "-inf"
-    if v > 10**11:
-        return dt.datetime.fromtimestamp(v / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-    return str(v)
-
-
-def duration_text(ms: int | float | None) -> str:
-    """A lag for people.
-
-    >>> [duration_text(x) for x in (None, 420, 12_300, 185_000, 9_000_000, 95_371_279_600)]
-    ['-', '0.4s', '12.3s', '3m05s', '2.5h', '1103.8d']
-    """
-    if ms is None:
-        return "-"
-    s = ms / 1000
-    if s < 60:
-        return f"{s:.1f}s"
-    if s < 3600:
-        return f"{int(s // 60)}m{int(s % 60):02d}s"
-    if s < 86400:
-        return f"{s / 3600:.1f}h"
-    return f"{s / 86400:.1f}d"
-
-
 def count_text(n: int | None) -> str:
     return "" if n is None else f"{n:,}"
 

@@ -153,20 +153,36 @@ SPARK_OFFSET = 2**40
 SPARK_CAP = 9_000_000_000_000  # 2255-03-14: inside pandas' ns timestamps
 
 
+#: the Spark value of every millwheel time from there to ``MAX_TIMESTAMP - 1``: "the end of
+#: time, not finished" (an event-time timer at ``MAX_TIMESTAMP`` holds its computation's
+#: watermark there until it fires, so what it produces is not late downstream)
+SPARK_END = SPARK_CAP - 1
+
+
 def to_spark(ts: int) -> int:
-    """A millwheel low watermark as a Spark event-time watermark (ms, >= 0)."""
+    """A millwheel low watermark as a Spark event-time watermark (ms, >= 0).
+
+    Spark's timestamps cover a shorter range: times before it become ``0`` ("nothing
+    known"), times after it up to ``MAX_TIMESTAMP - 1`` become :data:`SPARK_END`, and only
+    ``MAX_TIMESTAMP`` itself ("finished") becomes ``SPARK_CAP``.
+
+    >>> [to_spark(t) for t in (MIN_TIMESTAMP, 0, MAX_TIMESTAMP - 1, MAX_TIMESTAMP)] == [0, SPARK_OFFSET, SPARK_END, SPARK_CAP]
+    True
+    """
     if ts >= MAX_TIMESTAMP:
         return SPARK_CAP
     v = ts + SPARK_OFFSET
-    return 0 if v <= 0 else min(v, SPARK_CAP)
+    return 0 if v <= 0 else min(v, SPARK_END)
 
 
 def from_spark(v: int) -> int:
-    """Inverse of :func:`to_spark`."""
+    """Inverse of :func:`to_spark` (:data:`SPARK_END` is ``MAX_TIMESTAMP - 1``)."""
     if v <= 0:
         return MIN_TIMESTAMP
     if v >= SPARK_CAP:
         return MAX_TIMESTAMP
+    if v >= SPARK_END:
+        return MAX_TIMESTAMP - 1
     return v - SPARK_OFFSET
 
 
@@ -177,6 +193,6 @@ def timer_timeout(ts: int) -> int:
     ``ts <= low watermark`` (§4.6), hence the ``- 1``.
     """
     if ts >= MAX_TIMESTAMP:
-        return SPARK_CAP - 1
-    return max(1, min(ts + SPARK_OFFSET - 1, SPARK_CAP - 1))
+        return SPARK_CAP - 1  # due only once the input is finished
+    return max(1, min(ts + SPARK_OFFSET - 1, SPARK_END - 1))
 

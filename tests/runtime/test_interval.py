@@ -78,3 +78,21 @@ def test_a_row_whose_key_lives_elsewhere_fails_the_batch_for_the_keying_stage(st
     with pytest.raises(KeyingStageNeeded, match=KEYING_STAGE_NEEDED) as info:
         _run(step, elsewhere, _frame([(RowKind.UNKEYED, None, Record(None, {"n": 2}, 13, "u2"))]))
     assert "'u2'" in str(info.value) and f"sent to {elsewhere}" in str(info.value)
+
+
+@pytest.mark.spark
+def test_the_timestamp_edges_on_spark(tmp_path, spark, edge_timers):
+    # the harness twins are in tests/test_timers.py: a wall-time flush that produces without
+    # a timestamp (whatever the watermark is when it fires) and an event-time timer at
+    # MAX_TIMESTAMP that fires when the input is finished, on time for a consumer that drops late records
+    from millwheel import SampleSource
+    from millwheel.runtime import RuntimeSettings, SparkRuntime
+
+    words = [{"word": w, "ts": 1_000 + i} for i, w in enumerate(["cat", "dog", "cat"])]
+    rt = SparkRuntime(edge_timers(SampleSource(words, timestamp="ts")), str(tmp_path / "run"),
+                      RuntimeSettings(drain=True, intervals=2), spark=spark)  # fmt: skip
+    rt.run(timeout_s=300)
+    assert rt.dead_letters() == []
+    assert sorted((v["key"], v["total"]) for v in rt.values("totals")) == [("cat", 2), ("dog", 1)]
+    assert rt.computations["Totals"].metrics["late"] == 0
+    assert {v["key"] for v in rt.values("flushes")} == {"cat", "dog"}
