@@ -113,6 +113,42 @@ def edge_timers():
 
 
 @pytest.fixture
+def late_log_topology(tmp_path):
+    """A user's topology file over log files named with their open times, where a writer
+    opened the second file 3 s after its first records were stamped: ``(path, logs)``.
+    ``LATENESS_MS`` in the environment sets the source's ``lateness_ms``."""
+    import json
+    import textwrap
+
+    logs = tmp_path / "my-logs"
+    logs.mkdir()
+    t0 = 1_767_261_600_000  # 2026-01-01T10:00:00Z
+    first = [{"id": f"a{i}", "ts": t0 + i * 100, "key": f"k{i % 3}"} for i in range(300)]
+    second = [{"id": f"b{i}", "ts": t0 + 27_000 + i * 100, "key": f"k{i % 3}"} for i in range(300)]
+    (logs / "events-2026-01-01T10-00-00.jsonl").write_text("".join(json.dumps(r) + "\n" for r in first))
+    (logs / "events-2026-01-01T10-00-30.jsonl").write_text("".join(json.dumps(r) + "\n" for r in second))
+    path = tmp_path / "late_counts.py"
+    path.write_text(textwrap.dedent(
+        f"""
+        import os
+
+        from millwheel import Computation, ComputationOptions, LatePolicy, LogFileSource, Topology
+
+        class Count(Computation):
+            options = ComputationOptions(late=LatePolicy.drop())
+
+            def process_record(self, record):
+                self.state.set((self.state.get(0) or 0) + 1)
+
+        topology = Topology("late_counts")
+        topology.injector("logs", LogFileSource({str(logs)!r}, finite=True, lateness_ms=int(os.environ.get("LATENESS_MS", "0"))))
+        topology.computation(Count, inputs={{"logs": lambda r: r.value["key"]}})
+        """
+    ))  # fmt: skip
+    return path, logs
+
+
+@pytest.fixture
 def make_record():
     """Build records with unique ids: ``make_record(value, ts, key=None, id=None)``."""
     from millwheel import Record

@@ -160,3 +160,17 @@ def test_the_command_imports_no_topology():
     code = "import sys, millwheel.cli; print(sorted(m for m in sys.modules if m.split('.')[0] == 'topologies'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_run_says_how_many_records_were_late_and_the_lateness_that_keeps_them(late_log_topology, capsys, monkeypatch):
+    path, _ = late_log_topology
+    assert main(["run", "--backend", "harness", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "warning: Count: 30 records late (5.00% of 600), 30 dropped; injector logs read records up to 3.0s out of order "
+        "(events-2026-01-01T10-00-30.jsonl): LogFileSource(lateness_ms=3000) would have kept them"
+    ) in out
+    monkeypatch.setenv("LATENESS_MS", "3000")
+    assert main(["run", "--backend", "harness", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "late=0" in out and "records late" not in out and "lw=+inf (done)" in out  # one spelling of "finished"

@@ -95,3 +95,14 @@ def test_a_deterministic_worker_failure_stops_with_the_python_traceback(tmp_path
     assert "not retried again" in done.stderr
     assert done.stderr.count("\n") < 150, done.stderr[-3000:]
     assert took < 240
+
+
+def test_a_spark_run_says_how_many_records_were_late_and_the_lateness_that_keeps_them(tmp_path, late_log_topology):
+    # the harness twin is in tests/test_cli.py: the same words, the same counts
+    path, _ = late_log_topology
+    done = _run(tmp_path, path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (
+        "warning: Count: 30 records late (5.00% of 600), 30 dropped; injector logs read records up to 3.0s out of order "
+        "(events-2026-01-01T10-00-30.jsonl): LogFileSource(lateness_ms=3000) would have kept them"
+    ) in done.stdout, done.stdout
