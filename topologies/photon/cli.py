@@ -10,6 +10,11 @@ Registered with the ``millwheel`` command as an entry point (``pyproject.toml``,
     millwheel photon verify RUN [RUN ...] [--registry URL] [--dry-run] [--json]  verification and recovery (§3.3.3)
     millwheel photon evaluate DATA_DIR RUN [RUN ...] [--json]                    the union of runs' outputs vs a batch join
 
+``run`` and ``evaluate`` read ``DATA_DIR`` and never write it: only the default sample's
+location (no ``DATA_DIR``) is generated into, when missing. On logs that are not a generated
+sample (no ``ground_truth.json``) ``run`` reports what it joined and ``evaluate`` compares
+against a batch join of the logs themselves.
+
 On Spark, ``run`` commits to the registry at ``--registry`` (``millwheel registry serve``),
 or to one it starts for the run (``RUN/registry``) when none is given. Two pipelines
 reading the same logs with different ``--pipeline`` names and ``--checkpoint`` directories
@@ -36,6 +41,7 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
@@ -44,7 +50,7 @@ from typing import Any
 from .config import GeneratorConfig, PhotonConfig
 from .drivers import PipelineBusyError, read_manifest, read_run, replay, run_lock, run_spark
 from .evaluation import RunResult, evaluate, render
-from .generator import ensure_sample, generate, load_truth
+from .generator import check_logs, generate, has_truth, load_truth, resolve_data_dir
 from .registry import OnceRegistryAdapter, RegistryFactory, open_client, registry_secret
 from .verify import report_dict, verify_runs
 
@@ -88,24 +94,47 @@ def _config(args: argparse.Namespace) -> PhotonConfig:
 
 
 def _run(args: argparse.Namespace) -> int:
-    data = ensure_sample(args.data_dir)
     config = _config(args)
+    if args.backend == "harness" and args.dashboard:
+        msg = "--dashboard needs --backend spark (the harness keeps its watermarks in memory)"
+        raise ValueError(msg)
+    if args.backend == "spark" and not args.checkpoint:
+        msg = "--backend spark needs --checkpoint RUN_DIR (the pipeline's own run directory)"
+        raise ValueError(msg)
+    data = resolve_data_dir(args.data_dir)  # the default sample (generated if missing), or logs read and never written
+    sample = has_truth(data)
     if args.backend == "harness":
-        if args.dashboard:
-            msg = "--dashboard needs --backend spark (the harness keeps its watermarks in memory)"
+        mode = args.mode or ("continuous" if sample else "batch")
+        if mode == "continuous" and not sample:
+            msg = (
+                f"--mode continuous paces the logs by when each file was written, which only a generated sample "
+                f"records (ground_truth.json); {data} has none: run it with --mode batch (the default on such logs)"
+            )
             raise ValueError(msg)
         with _registry(args.registry, args.secret_file) as reg:
-            result = replay(data, config=config, mode=args.mode, registry=reg, pipeline=args.pipeline)
+            result = replay(data, config=config, mode=mode, registry=reg, pipeline=args.pipeline)
     else:
-        if not args.checkpoint:
-            msg = "--backend spark needs --checkpoint RUN_DIR (the pipeline's own run directory)"
-            raise ValueError(msg)
         result = _run_spark(args, data, config)
-    if (Path(data) / "ground_truth.json").is_file():
+    if sample:
         print(render(evaluate(result, data, load_truth(data), config)))
     else:
-        print(f"photon: {len(result.joined)} joined clicks, {len(result.unjoinable)} unjoinable, {len(result.dead_letters)} dead letters")
+        print(_joined_report(result, data, args.checkpoint if args.backend == "spark" else None))
     return 0
+
+
+def _joined_report(result: RunResult, data: Path, run: str | None) -> str:
+    """What a run joined from logs that are not a generated sample (there is no ground truth to check)."""
+    files = {log: sum(1 for p in (data / log).iterdir() if p.is_file() and not p.name.startswith((".", "_"))) for log in ("queries", "clicks")}
+    reasons = Counter(str(u.get("reason_code")) for u in result.unjoinable)
+    lines = [
+        f"photon: joined {len(result.joined)} clicks from the logs in {data} (query files: {files['queries']}, click files: {files['clicks']}; "
+        f"read, nothing written there)",
+        f"  unjoinable: {len(result.unjoinable)}" + (f" ({', '.join(f'{r}: {n}' for r, n in sorted(reasons.items()))})" if reasons else ""),
+        f"  dead letters (malformed lines, clicks without a query id): {len(result.dead_letters)}",
+    ]
+    if run is not None:
+        lines.append(f"  compare with a batch join of the same logs: millwheel photon evaluate {data} {run}")
+    return "\n".join(lines)
 
 
 def _run_spark(args: argparse.Namespace, data: Path, config: PhotonConfig) -> RunResult:
@@ -188,7 +217,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     )  # fmt: skip
     manifest = read_manifest(args.runs[0])
     config = PhotonConfig(**manifest["config"]) if manifest else PhotonConfig()
-    report = evaluate(union, args.data_dir, load_truth(args.data_dir), config)
+    data = check_logs(args.data_dir)
+    report = evaluate(union, data, load_truth(data) if has_truth(data) else None, config)  # a user's logs: the batch join alone
     print(json.dumps(report, indent=1, default=str) if args.json else render(report))
     return 0 if report["ok"] else 1
 
@@ -203,9 +233,15 @@ def _parser() -> argparse.ArgumentParser:
     p_gen.add_argument("out_dir")
     _options(p_gen, GeneratorConfig)
     p_run = sub.add_parser("run", help="run one pipeline (harness or Spark) and evaluate it")
-    p_run.add_argument("data_dir", nargs="?", default=None, help="default: the default sample (generated if missing)")
+    p_run.add_argument(
+        "data_dir", nargs="?", default=None,
+        help="DATA/queries/ and DATA/clicks/ of JSON-lines logs, read and never written (default: the default sample, generated if missing)",
+    )  # fmt: skip
     p_run.add_argument("--backend", choices=["harness", "spark"], default="harness")
-    p_run.add_argument("--mode", choices=["continuous", "batch"], default="continuous", help="harness: paced or as fast as possible")
+    p_run.add_argument(
+        "--mode", choices=["continuous", "batch"], default=None,
+        help="harness: paced as the files were written (a generated sample's default) or as fast as possible (the default on other logs)",
+    )  # fmt: skip
     p_run.add_argument("--pipeline", default="dc1", help="this pipeline's name (its registry token)")
     p_run.add_argument("--registry", default=None, help="URL of the shared IdRegistry (default: in memory / one started for the run)")
     p_run.add_argument("--secret-file", default=None, help="the registry's secret (default: $MILLWHEEL_REGISTRY_SECRET, ...)")
@@ -231,7 +267,7 @@ def _parser() -> argparse.ArgumentParser:
     p_ver.add_argument("--keep-tokens", action="store_true", help="do not clear the tokens of clicks safely in the output")
     p_ver.add_argument("--json", action="store_true")
     p_eval = sub.add_parser("evaluate", help="evaluate the union of runs' outputs against a batch join of the logs")
-    p_eval.add_argument("data_dir")
+    p_eval.add_argument("data_dir", help="the logs the runs read (a sample's ground truth is checked too if there is one)")
     p_eval.add_argument("runs", nargs="+")
     p_eval.add_argument("--json", action="store_true")
     return parser

@@ -38,7 +38,7 @@ from millwheel.testing import Harness
 
 from .config import PhotonConfig
 from .evaluation import RunResult
-from .generator import load_truth
+from .generator import has_truth, load_truth
 from .joiner import JOINED, UNJOINABLE, Adapter
 from .topology import build, join_topology, make_sources
 
@@ -66,6 +66,9 @@ def replay(
     once-registry (default: a fresh in-memory one) and ``pipeline`` this pipeline's name."""
     if mode not in ("continuous", "batch"):
         msg = f"replay: mode must be 'continuous' or 'batch', got {mode!r}"
+        raise ValueError(msg)
+    if mode == "continuous" and not has_truth(data_dir):
+        msg = f"replay: a paced replay needs a generated sample's record of when each file was written (ground_truth.json), and {os.fspath(data_dir)} has none: use mode='batch'"
         raise ValueError(msg)
     c = config or PhotonConfig()
     started = time.perf_counter()

@@ -235,18 +235,69 @@ def default_sample_dir() -> Path:
     return root / ".millwheel" / "data" / GeneratorConfig().derived_name()
 
 
+def is_default_sample_dir(directory: str | os.PathLike[str]) -> bool:
+    """True if ``directory`` is the default sample's location (the only one a run generates into)."""
+    return Path(directory).resolve() == default_sample_dir().resolve()
+
+
 def ensure_sample(directory: str | os.PathLike[str] | None = None, cfg: GeneratorConfig | None = None) -> Path:
-    """The sample directory, generating it (seeded, so always the same) if it is missing."""
+    """The default sample's directory, generating it (seeded, so always the same) if it is missing.
+
+    ``directory`` may name that location (``None``: :func:`default_sample_dir`); any other
+    directory is returned only if it already holds a sample (``ground_truth.json``), and is
+    never written: it may be a user's logs (issue 21, observation 9). ``millwheel photon
+    generate DIR`` (:func:`generate`) writes a sample anywhere it is told to.
+    """
     path = Path(directory) if directory is not None else default_sample_dir()
-    if not (path / "ground_truth.json").is_file():
-        started = time.perf_counter()
-        truth = generate(path, cfg)
-        print(
-            f"photon: generated {truth['queries']} queries and {truth['clicks']} clicks at {path} "
-            f"in {time.perf_counter() - started:.1f}s",
-            file=sys.stderr,
+    if (path / "ground_truth.json").is_file():
+        return path
+    if not is_default_sample_dir(path):
+        msg = (
+            f"{path} holds no generated sample (no ground_truth.json), and photon generates one only at the "
+            f"default sample's location ({default_sample_dir()}); `millwheel photon generate {path}` writes one there"
         )
+        raise ValueError(msg)
+    started = time.perf_counter()
+    truth = generate(path, cfg)
+    print(
+        f"photon: generated {truth['queries']} queries and {truth['clicks']} clicks at {path} "
+        f"in {time.perf_counter() - started:.1f}s",
+        file=sys.stderr,
+    )
     return path
+
+
+def check_logs(directory: str | os.PathLike[str]) -> Path:
+    """``directory`` if it is laid out as Photon reads logs: ``queries/`` and ``clicks/``
+    directories of JSON-lines files (e.g. ``queries/queries-2026-01-01.jsonl``); else
+    :class:`FileNotFoundError` saying what is missing."""
+    path = Path(directory)
+    if not path.is_dir():
+        msg = f"{path}: no such directory"
+        raise FileNotFoundError(msg)
+    missing = [name for name in ("queries", "clicks") if not (path / name).is_dir()]
+    if missing:
+        msg = (
+            f"{path} has no {' and no '.join(f'{m}/' for m in missing)} directory: Photon reads query logs from "
+            f"DATA/queries/ and click logs from DATA/clicks/, one JSON object a line (e.g. DATA/queries/queries-2026-01-01.jsonl, "
+            f"DATA/clicks/clicks-2026-01-01.jsonl); run without DATA for the default sample, or `millwheel photon generate DIR` for a sample"
+        )
+        raise FileNotFoundError(msg)
+    return path
+
+
+def resolve_data_dir(directory: str | os.PathLike[str] | None = None) -> Path:
+    """The logs a run reads: the default sample when ``directory`` is ``None`` or its location
+    (generated there if missing); else ``directory`` as it is, a sample or a user's logs, read and
+    never written (:func:`check_logs`)."""
+    if directory is None or is_default_sample_dir(directory):
+        return ensure_sample(directory)
+    return check_logs(directory)
+
+
+def has_truth(directory: str | os.PathLike[str]) -> bool:
+    """True if ``directory`` is a generated sample (it has the ground truth); a user's logs do not."""
+    return (Path(directory) / "ground_truth.json").is_file()
 
 
 def load_truth(directory: str | os.PathLike[str]) -> dict[str, Any]:

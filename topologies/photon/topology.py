@@ -36,7 +36,7 @@ from millwheel import (
 
 from .config import PhotonConfig
 from .evaluation import RunResult, evaluate, render
-from .generator import ensure_sample, load_truth
+from .generator import load_truth, resolve_data_dir
 from .joiner import JOINED, REINJECT_ID, UNJOINABLE, Adapter, Joiner
 
 __all__ = ["build", "join_topology", "make_sources", "on_finish"]
@@ -111,16 +111,14 @@ def build(
     reinject_dir: str | os.PathLike[str] | None = None,
     finite: bool = True,
 ) -> Topology:
-    """The Photon topology reading ``data_dir`` (default: the default sample, generated if missing).
+    """The Photon topology reading ``data_dir`` (default: the default sample, generated if missing;
+    any other directory is read, never written).
 
     ``reinject_dir``: this pipeline's re-injection directory (``verify.py``); ``finite``:
     the logs are complete (``False`` for a live run over growing logs).
     """
     c = config or PhotonConfig()
-    if data_dir is None or not (Path(data_dir) / "queries").is_dir():
-        root = ensure_sample(data_dir)  # the default sample, or a sample generated into an empty directory
-    else:
-        root = Path(data_dir)
+    root = resolve_data_dir(data_dir)  # the default sample (generated if missing), or logs read as they are
     sources: dict[str, Source | None] = dict(make_sources(root, c, finite=finite))
     if reinject_dir is not None:
         sources["reinjected"] = reinject_source(reinject_dir, c)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
+
+import pytest
 
 from millwheel.cli import main as millwheel_main
 
@@ -99,3 +103,104 @@ def test_a_spark_run_with_a_dashboard_prints_its_address_with_the_registry_panel
 
     assert millwheel_main(["photon", "run", str(sample), "--dashboard"]) == 2
     assert "--dashboard needs --backend spark" in capsys.readouterr().err
+
+
+#: a user's logs, written by hand: a duplicate query and click, an orphan click, a click without a
+#: query id, two malformed lines; file names carry a date, as rotated logs' do
+USER_LOGS = {
+    "queries/queries-2026-01-01.jsonl": [
+        {"query_id": "q1", "ts": 1767225601000, "advertiser_id": "adv-1", "terms": ["tea"]},
+        {"query_id": "q2", "ts": 1767225602000, "advertiser_id": "adv-2", "terms": ["chess"]},
+        {"query_id": "q2", "ts": 1767225602000, "advertiser_id": "adv-2", "terms": ["chess"]},
+        '{"query_id": "q3", "ts"',
+    ],
+    "queries/queries-2026-01-02.jsonl": [{"query_id": "q4", "ts": 1767312001000, "advertiser_id": "adv-1", "terms": ["tent"]}],
+    "clicks/clicks-2026-01-01.jsonl": [
+        {"click_id": "c1", "query_id": "q1", "ts": 1767225601500, "ad_slot": 1},
+        {"click_id": "c2", "query_id": "q2", "ts": 1767225603000, "ad_slot": 2},
+        {"click_id": "c2", "query_id": "q2", "ts": 1767225603000, "ad_slot": 2},
+        {"click_id": "c3", "query_id": "q-never-logged", "ts": 1767225604000, "ad_slot": 1},
+        {"click_id": "c4", "ts": 1767225605000, "ad_slot": 1},
+        "not json",
+    ],
+    "clicks/clicks-2026-01-02.jsonl": [{"click_id": "c5", "query_id": "q4", "ts": 1767312002000, "ad_slot": 3}],
+}
+
+
+def _write_logs(root: Path, logs: dict) -> Path:
+    for name, lines in logs.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
+    return root
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    """Every path under ``root`` with its bytes (``None`` for a directory)."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
+
+
+def test_a_run_on_a_users_logs_joins_them_writes_nothing_there_and_evaluates_against_their_batch_join(tmp_path, capsys, monkeypatch):
+    """Issue 21, observation 9: ``photon run DATA`` on a user's logs without ``ground_truth.json``
+    generated the built-in sample into DATA (48,000 queries and ``_DONE`` markers beside the user's
+    logs) and joined the mixture. Now it joins what is there and writes nothing there; ``evaluate``
+    compares a run with a batch join of those logs, without a ground truth file."""
+    from topologies.photon import cli, replay
+
+    data = _write_logs(tmp_path / "logs", USER_LOGS)
+    before = _tree(data)
+    code = millwheel_main(["photon", "run", str(data)])  # the harness; --mode batch is the default on such logs
+    assert _tree(data) == before
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "joined 3 clicks" in out and "query files: 2, click files: 2" in out and "unjoinable: 1 (no_query: 1)" in out, out
+    assert "dead letters (malformed lines, clicks without a query id): 3" in out
+    assert _tree(data) == before
+    assert not [p for p in data.rglob("*") if p.name in ("ground_truth.json", "_DONE")]
+
+    result = replay(data, mode="batch")  # what a pipeline's run directory would hold (Spark: test below)
+    monkeypatch.setattr(cli, "read_run", lambda run: result)
+    assert millwheel_main(["photon", "evaluate", str(data), str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "3 output, 3 expected; missing 0, unexpected 0; exact match: True" in out and "all checks: PASS" in out, out
+    monkeypatch.setattr(cli, "read_run", lambda run: dataclasses.replace(result, joined=result.joined[1:]))
+    assert millwheel_main(["photon", "evaluate", str(data), str(tmp_path / "run")]) == 1
+    assert "missing 1" in capsys.readouterr().out
+    assert _tree(data) == before
+
+    assert millwheel_main(["photon", "run", str(data), "--mode", "continuous"]) == 2  # pacing needs a sample's record of its files
+    assert "--mode batch" in capsys.readouterr().err
+    assert _tree(data) == before
+
+
+@pytest.mark.parametrize("layout", ["empty", "flat"])
+def test_a_directory_not_laid_out_as_photon_reads_logs_is_refused_and_left_alone(tmp_path, capsys, layout):
+    """An empty directory, or logs not in ``queries/`` and ``clicks/``: a clear error, nothing generated there."""
+    data = tmp_path / "logs"
+    data.mkdir()
+    if layout == "flat":
+        _write_logs(data, {Path(name).name: lines for name, lines in USER_LOGS.items()})
+    before = _tree(data)
+    assert millwheel_main(["photon", "run", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert "has no queries/ and no clicks/ directory" in err and "DATA/queries/queries-2026-01-01.jsonl" in err
+    assert millwheel_main(["photon", "evaluate", str(data), str(tmp_path / "run")]) == 2
+    assert "has no queries/" in capsys.readouterr().err
+    assert _tree(data) == before
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(1200)
+def test_a_spark_run_on_a_users_logs_writes_only_its_run_directory_and_evaluates_against_their_batch_join(tmp_path, capsys, registry_service):
+    """Observation 9 on Spark, the user's path: ``run DATA --backend spark --checkpoint RUN``, then ``evaluate DATA RUN``."""
+    data = _write_logs(tmp_path / "logs", USER_LOGS)
+    before = _tree(data)
+    run = tmp_path / "run"
+    secret = str(Path(registry_service.data_dir) / "secret")
+    code = millwheel_main(["photon", "run", str(data), "--backend", "spark", "--checkpoint", str(run), "--registry", registry_service.url, "--secret-file", secret, "--intervals", "2"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "joined 3 clicks" in out and f"millwheel photon evaluate {data} {run}" in out, out
+    assert _tree(data) == before
+    assert millwheel_main(["photon", "evaluate", str(data), str(run)]) == 0
+    assert "exact match: True" in capsys.readouterr().out
+    assert _tree(data) == before
