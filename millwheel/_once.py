@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import enum
 import threading
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import xxhash
 
@@ -77,6 +78,11 @@ class MemoryOnceRegistry:
     def holder(self, rid: str) -> str | None:
         return self._held.get(rid)
 
+    def holders(self, ids: Sequence[str]) -> list[str | None]:
+        """The token holding each id (``None``: not held)."""
+        with self._lock:
+            return [self._held.get(rid) for rid in ids]
+
     def clear(self, rid: str) -> None:
         """Forget an id (verification's recovery: a registered click missing from the output)."""
         with self._lock:
@@ -84,8 +90,131 @@ class MemoryOnceRegistry:
 
 
 def once_token(pipeline: str, computation: str, key: Key | None) -> str:
-    """The token a pipeline commits a key's once-ids with: the same on every replay."""
-    return xxhash.xxh3_128_hexdigest(f"{pipeline}\x00{computation}\x00{key!r}".encode())
+    """The token a pipeline commits a key's once-ids with: the same on every replay.
+
+    ``pipeline`` is the pipeline's identity, :func:`pipeline_id`: its name and the epoch of
+    its run directory. A token of an identity with an epoch names it in clear
+    (``dc1#3f2a…:<hash>``), so verification tells from the registry alone which pipeline
+    and epoch hold an id (:func:`holder_of`); an identity without one (a run directory
+    started before epochs) keeps the bare hash its replays committed with.
+
+    >>> once_token("dc1#e1", "Joiner", "q1").startswith("dc1#e1:"), once_token("dc1#e1", "Joiner", "q1") == once_token("dc1#e2", "Joiner", "q1")
+    (True, False)
+    """
+    digest = xxhash.xxh3_128_hexdigest(f"{pipeline}\x00{computation}\x00{key!r}".encode())
+    return f"{pipeline}:{digest}" if "#" in pipeline else digest
+
+
+def pipeline_id(name: str, epoch: str) -> str:
+    """A pipeline's identity in its once-tokens: ``name#epoch`` (``name`` alone without an epoch).
+
+    The epoch is drawn when a run directory first starts and kept with its checkpoint, so a
+    replay commits with the same tokens, and a second run directory — or the same one
+    started again from a lost or deleted checkpoint — is a new epoch whose commits
+    *conflict* with the old one's instead of repeating them.
+    """
+    if not name or "#" in name or ":" in name or len(name) > 64:
+        msg = f"a pipeline name is 1 to 64 characters without '#' or ':', got {name!r}"
+        raise ValueError(msg)
+    return f"{name}#{epoch}" if epoch else name
+
+
+def new_epoch() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def holder_of(token: str | None) -> str | None:
+    """The pipeline identity (``name#epoch``) a once-token names, or ``None`` (a bare or cleared token).
+
+    >>> holder_of(once_token("dc1#e1", "Joiner", "q1")), holder_of("0f" * 16), holder_of(None)
+    ('dc1#e1', None, None)
+    """
+    if not token or ":" not in token:
+        return None
+    head = token.rsplit(":", 1)[0]
+    return head if "#" in head else None
+
+
+# ---- the roster: which pipelines share a registry -----------------------------------------
+#: roster entries are registry ids ``ROSTER_PREFIX + slot``, committed with the member as token
+ROSTER_PREFIX = "millwheel.pipeline/"
+#: their event time: never behind a registry's garbage-collection boundary
+ROSTER_TIME = 2**62
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One pipeline identity that joined a registry, and where its run directory is."""
+
+    pipeline: str
+    epoch: str
+    where: str
+
+    @property
+    def id(self) -> str:
+        return pipeline_id(self.pipeline, self.epoch)
+
+    def token(self) -> str:
+        return f"{self.id}@{self.where}"[:256]
+
+    @classmethod
+    def parse(cls, token: str) -> Member | None:
+        ident, _, where = token.partition("@")
+        name, _, epoch = ident.partition("#")
+        return cls(name, epoch, where) if name else None
+
+
+class PipelineNameTaken(RuntimeError):
+    """Another run directory holds this pipeline name in the registry."""
+
+
+def roster(registry: Any) -> list[Member]:
+    """Every pipeline identity that joined ``registry`` (``[]`` when it cannot tell)."""
+    holders = getattr(registry, "holders", None)
+    if holders is None:
+        return []
+    out: list[Member] = []
+    slot = 0
+    while True:
+        ids = [f"{ROSTER_PREFIX}{i}" for i in range(slot, slot + 32)]
+        found = list(holders(ids))
+        for token in found:
+            if token is None:
+                return out
+            member = Member.parse(token)
+            if member is not None:
+                out.append(member)
+        slot += 32
+
+
+def join_roster(registry: Any, name: str, epoch: str, where: str) -> list[Member]:
+    """Enter this pipeline identity in the registry's roster; the roster as it is then.
+
+    Refused (:class:`PipelineNameTaken`) when another run directory (another ``where``)
+    holds ``name``: two run directories under one name would be one pipeline to
+    verification. The same directory under a new epoch (it lost its checkpoint) joins
+    beside its old epoch, whose commits now conflict with its own.
+    """
+    if not hasattr(registry, "holders"):
+        return []
+    me = Member(name, epoch, where)
+    while True:
+        members = roster(registry)
+        if any(m == me for m in members):
+            return members
+        other = next((m for m in members if m.pipeline == name and m.where != where), None)
+        if other is not None:
+            msg = (
+                f"pipeline name {name!r} is held in this IdRegistry by the run directory {other.where} "
+                f"(epoch {other.epoch or '-'}); two run directories under one name would emit a click twice. "
+                f"Give this run its own name (--pipeline NAME), or resume that run directory"
+            )
+            raise PipelineNameTaken(msg)
+        slot = f"{ROSTER_PREFIX}{len(members)}"
+        (result,) = registry.commit_many([(slot, me.token(), ROSTER_TIME)])
+        if OnceResult(getattr(result, "value", result)) is OnceResult.COMMITTED:
+            return [*members, me]
+        # another pipeline took the slot meanwhile: read the roster again
 
 
 @dataclass(slots=True)

@@ -11,7 +11,15 @@ from __future__ import annotations
 import pytest
 
 from millwheel import Computation, ComputationError, Record, Stage
-from millwheel._once import MemoryOnceRegistry, OnceResult
+from millwheel._once import (
+    Member,
+    MemoryOnceRegistry,
+    OnceResult,
+    PipelineNameTaken,
+    holder_of,
+    join_roster,
+    roster,
+)
 from millwheel.testing import Crash, Harness
 
 
@@ -101,3 +109,29 @@ def test_a_bad_once_id_fails_its_record():
         bad = Harness.for_computation(Bad, inputs=["clicks"], outputs=["joined"])
         bad.inject("clicks", [Record("k", 1, 1, "a")])
         bad.run()
+
+
+def test_two_pipelines_under_the_default_name_still_emit_each_event_once():
+    # issue 21 (1): the token was (name, computation, key); two harnesses left at the
+    # default name, sharing a registry, emitted every click twice
+    registry = MemoryOnceRegistry()
+    a = Harness.for_computation(JoinOnce, inputs={"clicks": lambda r: r.value["query"]}, outputs=["joined"], registry=registry)
+    b = Harness.for_computation(JoinOnce, inputs={"clicks": lambda r: r.value["query"]}, outputs=["joined"], registry=registry)
+    for h in (a, b):
+        h.inject("clicks", _clicks(1))
+        h.run()
+    assert [v["click"] for v in a.values("joined") + b.values("joined")] == ["c0"]
+    assert b.metrics("JoinOnce")["once_conflicts"] == 1
+    assert holder_of(registry.holder("c0")) == a.pipeline_id and a.pipeline_id.startswith("harness#")
+
+
+def test_the_roster_knows_the_pipelines_and_refuses_a_second_directory_under_one_name():
+    registry = MemoryOnceRegistry()
+    assert join_roster(registry, "dc1", "e1", "host:/runs/a") == [Member("dc1", "e1", "host:/runs/a")]
+    join_roster(registry, "dc2", "e2", "host:/runs/b")
+    assert join_roster(registry, "dc1", "e1", "host:/runs/a")[0].id == "dc1#e1"  # a restart: already in
+    with pytest.raises(PipelineNameTaken, match=r"held in this IdRegistry by the run directory host:/runs/a .*--pipeline NAME"):
+        join_roster(registry, "dc1", "e9", "host:/runs/c")
+    # the same directory under a new epoch (it lost its checkpoint) joins beside its old one
+    join_roster(registry, "dc1", "e3", "host:/runs/a")
+    assert [m.id for m in roster(registry)] == ["dc1#e1", "dc2#e2", "dc1#e3"]

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["FileStreamLog", "RuntimeSettings", "SparkRuntime", "spark_session"]
+__all__ = ["FileStreamLog", "RuntimeSettings", "SparkRuntime", "committed_unpublished", "run_identity", "spark_session"]
 
 _WHERE = {
     "FileStreamLog": "millwheel.runtime._streams",
     "RuntimeSettings": "millwheel.runtime._settings",
     "SparkRuntime": "millwheel.runtime._runtime",
+    "committed_unpublished": "millwheel.runtime._outbox",
+    "run_identity": "millwheel.runtime._runtime",
     "spark_session": "millwheel.runtime._session",
 }
 

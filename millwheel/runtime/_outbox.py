@@ -338,3 +338,37 @@ class Outbox:
                 if first:
                     first = False
                     crash_point(self.name, "mid_publish", n)
+
+
+def committed_unpublished(root: str, stream: str) -> list[Any]:
+    """Values a stopped run directory has committed to ``stream`` but not yet published.
+
+    A driver killed after Spark's commit-log entry and before publication leaves the
+    batch staged: nothing replays it, and its next start publishes it (:meth:`Outbox.recover`).
+    Until then it is output all the same — verification across pipelines (Photon §3.3.3)
+    counts it as such, so it never re-injects what the restart will publish. Read it only
+    while the run is stopped (a running driver publishes and deletes as it goes).
+    """
+    from millwheel._codec import decode_value
+
+    base = Location.of(root)
+    out: list[Any] = []
+    outbox = base.child("outbox")
+    for query in sorted(outbox.list()) if outbox.exists() else []:
+        commits = set(_numbers(base.child("checkpoints", query, "commits")))
+        text = base.child("tallies", f"{query}.json").read_text()
+        published = json.loads(text)["published"] if text else -1
+        for n in _numbers(outbox.child(query)):
+            if n not in commits or n <= published:
+                continue
+            batch = staged_version(outbox.child(query, str(n)))
+            d = batch.child(f"stream={stream}") if batch is not None else None
+            if d is None or not d.exists():
+                continue
+            for part in sorted(d.list()):
+                if part.endswith(".parquet") and not part.startswith((".", "_")):
+                    loc = d.child(part)
+                    with loc.fs.open_input_file(loc.path) as f:
+                        out += [decode_value(v) for v in pq.read_table(f, columns=["value"]).column("value").to_pylist()]
+    return out
+

@@ -275,12 +275,12 @@ class ComputationQuery:
         keyer = self.rt.keyer
         if settings.state_layout == "keys":
             # one state-store row per key (``_mapstate.py``): transformWithStateInPandas
-            processor = make_processor(self.spec, pipeline=settings.pipeline, registry=settings.registry, keyer=keyer, groups=self.rt.groups)
+            processor = make_processor(self.spec, pipeline=self.rt.pipeline_id, registry=settings.registry, keyer=keyer, groups=self.rt.groups)
             out = union.groupBy("group").transformWithStateInPandas(
                 statefulProcessor=processor, outputStructType=processor.owner.out_schema(), outputMode="Append", timeMode="EventTime",
             )  # fmt: skip
         else:
-            step = IntervalStep(self.spec, pipeline=settings.pipeline, registry=settings.registry, keyer=keyer, groups=self.rt.groups)
+            step = IntervalStep(self.spec, pipeline=self.rt.pipeline_id, registry=settings.registry, keyer=keyer, groups=self.rt.groups)
             out = union.groupBy("group").applyInPandasWithState(
                 step, step.out_schema(), STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout,
             )  # fmt: skip

@@ -15,15 +15,19 @@ heartbeats that carry the input low watermark into each query. See ``docs/runtim
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+import xxhash
+
 from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._envelope import Envelope
 from millwheel._errors import MillwheelError
 from millwheel._logfile import LogFileSource
+from millwheel._once import PipelineNameTaken, join_roster, new_epoch, pipeline_id
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Key, Record, decode_key
 from millwheel._topology import Topology
 from millwheel.runtime._audit import AuditLog
@@ -79,6 +83,52 @@ def pin_run_settings(root: Location, settings: RuntimeSettings) -> None:
         raise MillwheelError(msg)
     if any(k not in held for k in PINNED_SETTINGS):
         pin.write_text(json.dumps({**wanted, **held}, indent=1) + "\n")
+
+
+def pin_pipeline(root: Location, name: str) -> tuple[str, str]:
+    """This run directory's pipeline name and epoch (Photon §2; ``millwheel/_once.py``), kept in ``run.json``.
+
+    The epoch is drawn on the directory's first start and enters every once-token, so a
+    replay commits with the same tokens and another run directory never does. A directory
+    whose checkpoints are gone (lost, deleted: its state and read positions with them)
+    starts a new epoch: its commits conflict with the old epoch's instead of repeating
+    them. A directory from before epochs keeps its bare name (the tokens it committed
+    with); one started under another pipeline name is refused.
+    """
+    pin = root.child("run.json")
+    held = json.loads(pin.read_text() or "{}")
+    if held.get("pipeline", name) != name:
+        msg = (
+            f"run directory {root.uri} belongs to pipeline {held['pipeline']!r}, not {name!r}: its commits are that "
+            "pipeline's; resume it under its name, or start this pipeline in a new run directory"
+        )
+        raise MillwheelError(msg)
+    checkpoints = root.child("checkpoints")
+    has_state = checkpoints.exists() and bool(checkpoints.list())
+    epoch = held.get("epoch")
+    if epoch is None:
+        epoch = "" if has_state else new_epoch()  # a directory from before epochs keeps its tokens
+    elif not has_state:
+        epoch = new_epoch()  # first start, or its checkpoint is gone: a new epoch
+    if held.get("epoch") != epoch or held.get("pipeline") != name:
+        pin.write_text(json.dumps({**held, "pipeline": name, "epoch": epoch}, indent=1) + "\n")
+    return name, epoch
+
+
+def where_of(root: Location) -> str:
+    """Where a run directory is, for the registry's roster: host and path (bounded)."""
+    where = f"{socket.gethostname()}:{root.uri}"
+    return where if len(where) <= 160 else f"{where[:100]}…{xxhash.xxh3_64_hexdigest(where.encode())}"
+
+
+def run_identity(root: str) -> tuple[str, str, str] | None:
+    """A run directory's pipeline name, epoch and roster place (:func:`pin_pipeline`,
+    :func:`where_of`), or ``None`` if it has never started."""
+    loc = Location.of(root)
+    held = json.loads(loc.child("run.json").read_text() or "{}")
+    if "pipeline" not in held:
+        return None
+    return held["pipeline"], held.get("epoch") or "", where_of(loc)
 
 
 def pin_groups(root: Location, intervals: int, partitions: int) -> list[int]:
@@ -160,6 +210,8 @@ class SparkRuntime:
         here = set(self.injectors) | set(self.computations)
         self.sinks = [s for s in sink_writers(topology, self.streams, self.root) if here & set(self.producers(s.spec.stream))]
         self.started = False
+        #: this run directory's identity in once-tokens (:func:`pin_pipeline`), set by :meth:`start`
+        self.pipeline_id: str | None = None
         #: the Spark grouping value of each key interval (:func:`pin_groups`), known at start
         self.groups: list[int] = list(range(self.settings.intervals))
         #: session settings this run changed, to restore at :meth:`stop` (``_session.set_conf``)
@@ -199,6 +251,16 @@ class SparkRuntime:
             return
         self.root.mkdirs()
         pin_run_settings(self.root, self.settings)
+        name, epoch = pin_pipeline(self.root, self.settings.pipeline)
+        self.pipeline_id = pipeline_id(name, epoch)
+        if self.settings.registry is not None:
+            registry = self.settings.registry()
+            try:
+                join_roster(registry, name, epoch, where_of(self.root))
+            except PipelineNameTaken as exc:
+                raise MillwheelError(str(exc)) from None
+            finally:
+                getattr(registry, "close", lambda: None)()
         self.root.child("tallies").mkdirs()
         ship_user_code(self.topology)
         for stream in self.topology.streams():

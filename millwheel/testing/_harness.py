@@ -62,7 +62,7 @@ from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._delivery import invalid_record, key_record, plan_steps, record_problem, timers_due
 from millwheel._envelope import Envelope
 from millwheel._errors import HarnessError
-from millwheel._once import MemoryOnceRegistry, OnceRegistry, resolve_once
+from millwheel._once import MemoryOnceRegistry, OnceRegistry, new_epoch, pipeline_id, resolve_once
 from millwheel._options import ComputationOptions, ErrorPolicy
 from millwheel._record import (
     MAX_TIMESTAMP,
@@ -182,6 +182,9 @@ class Harness:
         self.topology = topology.validate()
         self.registry: OnceRegistry = MemoryOnceRegistry() if registry is None else registry
         self.pipeline = pipeline
+        #: this harness's identity in once-tokens: its name and an epoch of its own, so two
+        #: harnesses under one name are two pipelines whose commits conflict (Photon §2)
+        self.pipeline_id = pipeline_id(pipeline, new_epoch())
         self._now = wall_time
         self._order = topology.order()
         self._runners: dict[str, StepRunner] = {}
@@ -394,7 +397,7 @@ class Harness:
     def _resolve_once(self, name: str, sent: list[_Outgoing], staged: dict[Key, Any], metrics: Counter[str]) -> list[_Outgoing]:
         """Commit the round's ``once_id`` productions to the registry in one call (Photon §2);
         drop those another pipeline holds, from the outgoing list and from the checkpoint."""
-        outcome = resolve_once([(o.key, o.production) for o in sent], self.registry, pipeline=self.pipeline, computation=name)
+        outcome = resolve_once([(o.key, o.production) for o in sent], self.registry, pipeline=self.pipeline_id, computation=name)
         metrics["once_committed"] += outcome.committed
         metrics["once_conflicts"] += outcome.conflicts
         if not outcome.dropped:

@@ -107,3 +107,32 @@ def test_the_groups_land_where_spark_puts_them(spark):
     df = spark.createDataFrame([(g,) for g in groups], "g int").repartition(partitions, "g").select("g", F.spark_partition_id().alias("p"))
     placed = {r.g: r.p for r in df.collect()}
     assert [placed[g] for g in groups] == [i % partitions for i in range(16)]
+
+
+@pytest.mark.parametrize("lost", ["checkpoints", "run directory"])
+def test_a_run_directory_keeps_its_epoch_and_a_lost_checkpoint_starts_a_new_one(tmp_path, lost):
+    import shutil
+
+    from millwheel.runtime._runtime import pin_pipeline
+
+    root = Location.of(str(tmp_path / "run"))
+    root.mkdirs()
+    name, first = pin_pipeline(root, "dc1")
+    assert name == "dc1" and len(first) == 16
+    root.child("checkpoints", "Joiner", "commits").mkdirs()  # the run made progress
+    assert pin_pipeline(root, "dc1")[1] == first  # a restart: the same tokens
+    with pytest.raises(MillwheelError, match="belongs to pipeline 'dc1', not 'dc2'"):
+        pin_pipeline(root, "dc2")
+    shutil.rmtree(tmp_path / "run" / ("checkpoints" if lost == "checkpoints" else ""))
+    root.mkdirs()
+    assert pin_pipeline(root, "dc1")[1] not in ("", first)  # its commits now conflict with the old epoch's
+
+
+def test_a_run_directory_from_before_epochs_keeps_its_bare_tokens(tmp_path):
+    from millwheel.runtime._runtime import pin_pipeline
+
+    root = Location.of(str(tmp_path / "run"))
+    root.child("checkpoints", "Joiner", "commits").mkdirs()
+    root.child("run.json").write_text(json.dumps({"intervals": 4}))
+    assert pin_pipeline(root, "dc1") == ("dc1", "")
+    assert json.loads(root.child("run.json").read_text())["pipeline"] == "dc1"

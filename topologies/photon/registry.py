@@ -40,6 +40,10 @@ class OnceRegistryAdapter:
     def lookup_many(self, ids: Sequence[str]) -> list[Any]:
         return list(self.client.lookup_many(list(ids)))
 
+    def holders(self, ids: Sequence[str]) -> list[str | None]:
+        """The token holding each id (``None``: not registered, or its token cleared): the roster's reads."""
+        return [r.token if getattr(r.status, "value", r.status) == "found" else None for r in self.lookup_many(ids)]
+
     def clear_many(self, ids: Sequence[str], **options: Any) -> list[Any]:
         return list(self.client.clear_many(list(ids), **options))
 

@@ -7,37 +7,43 @@ joined event anywhere, and every other pipeline's commit of that click is a conf
 (A restarted pipeline replays the batch with the same token and writes the output
 itself: that case heals on its own.) :func:`verify`:
 
-1. reads every click of the input logs and looks its id up in the registry (``lookup_many``,
-   in chunks);
-2. a registered click present in some pipeline's output (``joined_clicks``, or
-   ``unjoinable`` with the click's once-id) is safe: its token is dropped (``clear_many(...,
-   keep_id=True)``; the id keeps refusing every commit), so the registry keeps tokens only
-   for clicks that may still need recovery (§3.3.3: "the IdRegistry will only store tokens
-   for lost events");
-3. a registered click missing from every output: its token names the pipeline that holds
-   it (tokens are derived from the pipeline's name, the computation and the key). If that
-   pipeline is *running* (its run lock is held), the click is in flight and left alone.
-   If it is not, the id is cleared — only if that token still holds it — and the click is
-   re-injected into *another* pipeline's ``reinject/`` directory, with a fresh record id;
-4. it reports the counts.
+1. learns every pipeline of the registry from the registry itself (its roster,
+   ``millwheel/_once.py``: each run directory's name, epoch and place) — not only the
+   runs it is given;
+2. reads every click of the input logs and looks its id up in the registry (``lookup_many``,
+   in chunks); a click's token names the pipeline identity (``name#epoch``) that holds it;
+3. a registered click in some given pipeline's output — ``joined_clicks``, ``unjoinable``
+   with the click's once-id, or a batch a stopped pipeline committed but did not publish
+   yet (its restart publishes it) — is safe and left alone;
+4. a registered click in no given output: if its holder is a given pipeline that is
+   *running* (its run lock is held), it is in flight and left alone. If the holder is a
+   given pipeline that is stopped, or an earlier epoch of a given run directory (it lost
+   its checkpoint: that epoch can never run again), the id is cleared — only if that
+   token still holds it — and the click is re-injected, with a fresh record id, into a
+   given pipeline (another one if there is one). If the holder is a pipeline whose run
+   is *not* given, or no pipeline the roster knows, it is reported and left alone;
+5. it reports the counts.
 
-Why it cannot duplicate: the holder is not running while it is cleared (verification
-holds the lock of every stopped pipeline it reads, so none can start meanwhile); the
-re-injected click goes to a different pipeline, whose token differs. If the holder comes
-back later and replays its batch, it commits the click again: whichever of the two
-commits first writes the click, the other gets a conflict.
+Why it cannot duplicate, whatever subset of runs it is given and whenever it runs: it
+acts only on holders whose whole output it has read (published and staged) and that
+cannot write meanwhile (it holds the lock of every stopped pipeline it reads, so none can
+start); it never clears the token of a click that is safe, so a later verification of
+other runs still knows who holds it; a re-injected click is committed under the target's
+own token, so if the holder came back it would conflict. Tokens of safe clicks are
+cleared only on request (``clear_tokens=True``, Photon's space saving), and an id whose
+token was cleared is recovered only when every pipeline of the roster is given.
 
 >>> from id_registry import InProcessRegistryClient
 >>> from topologies.photon.registry import OnceRegistryAdapter
 >>> with InProcessRegistryClient() as client:
 ...     reg = OnceRegistryAdapter(client)
 ...     clicks = [{"click_id": "c1", "query_id": "q1", "ts": 5}, {"click_id": "c2", "query_id": "q2", "ts": 6}]
-...     _ = reg.commit_many([("c1", token("dc1", "q1"), 5), ("c2", token("dc1", "q2"), 6)])  # dc1 then died
+...     _ = reg.commit_many([("c1", token("dc1#e1", "q1"), 5), ("c2", token("dc1#e1", "q2"), 6)])  # dc1 then died
 ...     out = []
-...     dc2 = Pipeline("dc2", output={"c1"}, running=True, reinject=out.extend)
-...     report = verify(clicks, [Pipeline("dc1", output=set()), dc2], reg)
->>> report.missing, report.recovered, report.tokens_cleared, [c["click_id"] for c in out]
-(1, 1, 1, ['c2'])
+...     dc2 = Pipeline("dc2", output={"c1"}, running=True, reinject=out.extend, epoch="e2")
+...     report = verify(clicks, [Pipeline("dc1", output=set(), epoch="e1"), dc2], reg)
+>>> report.missing, report.recovered, report.holder_not_given, [c["click_id"] for c in out]
+(1, 1, 0, ['c2'])
 """
 
 from __future__ import annotations
@@ -53,12 +59,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from millwheel._once import once_token
+from millwheel._once import holder_of, once_token, pipeline_id, roster
 
 from .config import PhotonConfig
 from .drivers import LOCK, REINJECT, read_manifest, read_run
 from .evaluation import read_records
-from .joiner import ADAPTER_SKIPPED, NO_QUERY, REINJECT_ID
+from .joiner import ADAPTER_SKIPPED, JOINED, NO_QUERY, REINJECT_ID, UNJOINABLE
 
 #: ids per registry call
 CHUNK = 10_000
@@ -76,10 +82,19 @@ class Pipeline:
     """One pipeline as verification sees it: its visible output, whether it runs, how to re-inject into it."""
 
     name: str
-    #: click ids in its ``joined_clicks``, and in its ``unjoinable`` with a once-id
+    #: click ids in its ``joined_clicks``, and in its ``unjoinable`` with a once-id (with
+    #: what a stopped pipeline committed and has not published yet)
     output: set[str] | Counter[str]
     running: bool = False
     reinject: Callable[[list[dict[str, Any]]], None] | None = None
+    #: its run directory's epoch (``""``: a run directory from before epochs)
+    epoch: str = ""
+    #: where its run directory is, as the registry's roster says (``None``: unknown)
+    where: str | None = None
+
+    @property
+    def identity(self) -> str:
+        return pipeline_id(self.name, self.epoch)
 
 
 @dataclass
@@ -91,10 +106,16 @@ class VerifyReport:
     registered: int = 0
     #: registered, in no output
     missing: int = 0
-    #: of which: cleared and re-injected (holder stopped), in flight (holder running), held by no known pipeline
+    #: of which: cleared and re-injected (holder stopped), in flight (holder running), held by a
+    #: pipeline whose run was not given (or one the roster does not know): left alone
     recovered: int = 0
     in_flight: int = 0
-    unknown_holder: int = 0
+    holder_not_given: int = 0
+    #: registered with a cleared token and in no given output: left alone unless every
+    #: pipeline of the roster is given
+    cleared_elsewhere: int = 0
+    #: pipelines of the registry's roster whose runs were not given
+    pipelines_not_given: list[str] = field(default_factory=list)
     #: in no output and not registered: not joined yet (or re-injected, pending)
     not_registered: int = 0
     too_old: int = 0
@@ -109,8 +130,10 @@ class VerifyReport:
             f"{self.in_output} in the outputs ({self.duplicated} in more than one); {self.registered} registered\n"
             f"  registered but in no output: {self.missing}; {'to recover' if dry else 'recovered'} (cleared, re-injected): "
             f"{self.recovered} {self.reinjected_into}; in flight (holder running): {self.in_flight}; "
-            f"held by no known pipeline: {self.unknown_holder}\n"
-            f"  not registered and in no output: {self.not_registered}; too old for the registry: {self.too_old}\n"
+            f"held by a pipeline whose run was not given: {self.holder_not_given}; token cleared, maybe in a "
+            f"run not given: {self.cleared_elsewhere}\n"
+            + (f"  pipelines of the registry not given (verify them too): {', '.join(self.pipelines_not_given)}\n" if self.pipelines_not_given else "")
+            + f"  not registered and in no output: {self.not_registered}; too old for the registry: {self.too_old}\n"
             f"  tokens of clicks safely in the output {'to clear' if dry else 'cleared'}: {self.tokens_cleared}"
         )
 
@@ -121,7 +144,7 @@ def verify(
     registry: Any,
     *,
     config: PhotonConfig | None = None,
-    clear_tokens: bool = True,
+    clear_tokens: bool = False,
     dry_run: bool = False,
     now_ms: int | None = None,
 ) -> VerifyReport:
@@ -139,10 +162,21 @@ def verify(
     report = VerifyReport(clicks=len(by_id), dry_run=dry_run)
     report.in_output = sum(1 for cid in by_id if seen[cid])
     report.duplicated = sum(1 for cid in by_id if seen[cid] > 1)
-    names = {p.name: p for p in pipelines}
+    given = {p.identity: p for p in pipelines}
+    # the registry's own list of pipelines: an earlier epoch of a given run directory is
+    # dead for good (its checkpoint is gone); any other member not given is left alone
+    members = roster(registry)
+    dead: dict[str, Pipeline] = {}
+    for m in members:
+        if m.id not in given:
+            same_dir = next((p for p in pipelines if p.where is not None and p.where == m.where and p.name == m.pipeline), None)
+            if same_dir is not None:
+                dead[m.id] = same_dir
+    report.pipelines_not_given = sorted({m.id for m in members} - set(given) - set(dead))
+    everyone = bool(members) and not report.pipelines_not_given
     ids = list(by_id)
     safe: list[tuple[str, str]] = []
-    lost: dict[str, list[tuple[str, str | None]]] = {}  # holder pipeline ("" for a cleared token) -> (id, token)
+    lost: dict[str, list[tuple[str, str | None]]] = {}  # holder identity ("" for a cleared token) -> (id, token)
     for start in range(0, len(ids), CHUNK):
         chunk = ids[start : start + CHUNK]
         for cid, found in zip(chunk, registry.lookup_many(chunk), strict=True):
@@ -159,22 +193,24 @@ def verify(
                     safe.append((cid, found.token))
                 continue
             report.missing += 1
-            qid = by_id[cid][qf]
-            holder = next((n for n in names if found.token is not None and token(n, qid) == found.token), None)
-            if found.token is None:
-                lost.setdefault("", []).append((cid, None))  # output lost after its token was cleared (§3.3.3 (b))
-            elif holder is None:
-                report.unknown_holder += 1
-            elif names[holder].running:
+            if found.token is None:  # output lost after its token was cleared (§3.3.3 (b)), or in a run not given
+                if everyone:
+                    lost.setdefault("", []).append((cid, None))
+                else:
+                    report.cleared_elsewhere += 1
+                continue
+            holder = _holder(found.token, by_id[cid][qf], pipelines)
+            if holder in given and given[holder].running:
                 report.in_flight += 1
-            else:
+            elif holder in given or holder in dead:
                 lost.setdefault(holder, []).append((cid, found.token))
+            else:
+                report.holder_not_given += 1
     for holder, items in lost.items():
-        targets = [p for p in pipelines if p.name != holder and p.reinject is not None]
-        if not targets:
-            report.unknown_holder += len(items)  # nowhere to re-inject: left registered
+        target = _target(holder, pipelines)
+        if target is None:
+            report.holder_not_given += len(items)  # nowhere to re-inject: left registered
             continue
-        target = next((p for p in targets if p.running), targets[0])
         cleared = [cid for cid, _ in items]
         if not dry_run:
             tokens = [t for _, t in items]
@@ -193,6 +229,24 @@ def verify(
         else:
             report.tokens_cleared = len(safe)
     return report
+
+
+def _holder(found_token: str, query_id: str, pipelines: Sequence[Pipeline]) -> str | None:
+    """The pipeline identity a token names; a bare token (a run directory from before epochs)
+    is matched against the given pipelines' names."""
+    named = holder_of(found_token)
+    if named is not None:
+        return named
+    return next((p.identity for p in pipelines if not p.epoch and token(p.name, query_id) == found_token), None)
+
+
+def _target(holder: str, pipelines: Sequence[Pipeline]) -> Pipeline | None:
+    """Where a lost click of ``holder`` is re-injected: another given pipeline (a running one
+    first), else the holder's own run directory (its restart consumes it)."""
+    others = [p for p in pipelines if p.identity != holder and p.reinject is not None]
+    if others:
+        return next((p for p in others if p.running), others[0])
+    return next((p for p in pipelines if p.identity == holder and p.reinject is not None), None)
 
 
 # ---------------------------------------------------------------------------------- run dirs
@@ -232,8 +286,14 @@ def _stopped_or_running(run: Path) -> Iterator[bool]:
         os.close(fd)
 
 
-def verify_runs(runs: Sequence[str | os.PathLike[str]], registry: Any, *, clear_tokens: bool = True, dry_run: bool = False) -> VerifyReport:
-    """:func:`verify` over pipelines' run directories (their manifests name the logs and the settings)."""
+def verify_runs(runs: Sequence[str | os.PathLike[str]], registry: Any, *, clear_tokens: bool = False, dry_run: bool = False) -> VerifyReport:
+    """:func:`verify` over pipelines' run directories (their manifests name the logs and the settings).
+
+    A stopped pipeline's output includes what it committed and has not published yet
+    (``millwheel.runtime.committed_unpublished``): its next start publishes that.
+    """
+    from millwheel.runtime import committed_unpublished, run_identity
+
     manifests = []
     for run in runs:
         m = read_manifest(run)
@@ -252,9 +312,15 @@ def verify_runs(runs: Sequence[str | os.PathLike[str]], registry: Any, *, clear_
         for run, m in zip(runs, manifests, strict=True):
             running = stack.enter_context(_stopped_or_running(Path(run)))
             out = read_run(run)
+            joined, unjoinable = list(out.joined), list(out.unjoinable)
+            if not running:
+                joined += committed_unpublished(os.fspath(run), JOINED)
+                unjoinable += committed_unpublished(os.fspath(run), UNJOINABLE)
+            ident = run_identity(os.fspath(run))
+            epoch, where = (ident[1], ident[2]) if ident is not None else ("", None)
             pipelines.append(Pipeline(
-                m["pipeline"], output_ids(out.joined, out.unjoinable, config), running=running,
-                reinject=lambda cl, run=run: write_reinjection(run, cl),
+                m["pipeline"], output_ids(joined, unjoinable, config), running=running,
+                reinject=lambda cl, run=run: write_reinjection(run, cl), epoch=epoch, where=where,
             ))  # fmt: skip
         return verify(clicks, pipelines, registry, config=config, clear_tokens=clear_tokens, dry_run=dry_run)
 

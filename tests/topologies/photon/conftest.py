@@ -182,6 +182,8 @@ class Stepper:
         t.injectors = {n: dataclasses.replace(i, source=self.sources[n]) for n, i in t.injectors.items()}
         self.switch = KillSwitch(registry)
         self.h = Harness(t, raise_errors=False, registry=self.switch, pipeline=name)
+        #: the harness's epoch (its once-tokens name ``name#epoch``)
+        self.epoch = self.h.pipeline_id.partition("#")[2]
         self.dead = False
 
     def run(self, batches: int | None = None, *, kill_at_commit: int | None = None) -> None:

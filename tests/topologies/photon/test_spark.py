@@ -108,7 +108,7 @@ def test_two_pipelines_one_registry_kill_9_verify_restart(tmp_path, spark_sample
                              capture_output=True, text=True, timeout=300, check=True)  # fmt: skip
         report = json.loads(out.stdout)
         assert report["missing"] == report["recovered"] > 0 and report["reinjected_into"] == {"dc2": report["recovered"]}, report
-        assert report["in_flight"] == report["unknown_holder"] == report["duplicated"] == 0, report
+        assert report["in_flight"] == report["holder_not_given"] == report["duplicated"] == 0, report
 
         def healed():
             r = evaluate(read_run(run_b), spark_sample)

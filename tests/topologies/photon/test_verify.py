@@ -18,7 +18,7 @@ from topologies.photon.verify import output_ids, token
 
 def _pipeline(p, *, running=False):
     r = p.result()
-    return Pipeline(p.name, output_ids(r.joined, r.unjoinable), running=running, reinject=p.reinject)
+    return Pipeline(p.name, output_ids(r.joined, r.unjoinable), running=running, reinject=p.reinject, epoch=p.epoch)
 
 
 def _clicks(sample):
@@ -38,9 +38,9 @@ def test_a_killed_pipeline_loses_nothing_after_verification_and_its_restart_dupl
     lost = evaluate(union(dc2.result(), dc1.result()), sample, truth)
     assert lost["duplicates_in_output"] == 0 and lost["joined"]["missing"] > 0  # at most once, not yet exactly once
     # verification: the missing clicks are registered under dc1's token, and dc1 is not running
-    report = verify(_clicks(sample), [_pipeline(dc1), _pipeline(dc2, running=True)], registry)
+    report = verify(_clicks(sample), [_pipeline(dc1), _pipeline(dc2, running=True)], registry, clear_tokens=True)
     assert report.missing == report.recovered > 0 and report.reinjected_into == {"dc2": report.recovered}
-    assert report.in_flight == report.unknown_holder == report.duplicated == 0
+    assert report.in_flight == report.holder_not_given == report.duplicated == 0
     assert report.tokens_cleared == report.in_output
     healed = evaluate(union(dc2.result(), dc1.result()), sample, truth)
     assert healed["ok"], healed
@@ -92,4 +92,24 @@ def test_a_click_held_by_an_unknown_joiner_is_reported_not_touched(sample, regis
     registry.commit_many([(c["click_id"], token("dc9", c["query_id"]), c["ts"])])
     out: list = []
     report = verify(clicks, [Pipeline("dc1", set(), reinject=out.extend)], registry)
-    assert report.unknown_holder == 1 and out == []
+    assert report.holder_not_given == 1 and out == []
+
+
+@pytest.mark.parametrize("cleared_first", [True, False])
+def test_verifying_a_subset_of_the_runs_duplicates_nothing(cleared_first, sample, truth, registry, pipelines, union):
+    # issue 21 (2): ``verify A B`` cleared the tokens of safe clicks; a later ``verify A``
+    # took B's clicks for lost output and re-injected them into A, which wrote them again
+    dc1, dc2 = pipelines(sample, registry, ["dc1", "dc2"])
+    dc1.run(batches=2)
+    dc2.run()
+    dc1.run()
+    assert evaluate(union(dc2.result(), dc1.result()), sample, truth)["ok"]
+    if cleared_first:
+        both = verify(_clicks(sample), [_pipeline(dc1), _pipeline(dc2)], registry, clear_tokens=True)
+        assert both.tokens_cleared == both.in_output > 0 and both.recovered == 0
+    alone = verify(_clicks(sample), [_pipeline(dc1)], registry)
+    assert alone.recovered == 0 and alone.reinjected_into == {}
+    assert alone.missing == len(dc2.result().joined) + len([u for u in dc2.result().unjoinable if u["reason_code"] != "too_old"])
+    assert (alone.cleared_elsewhere if cleared_first else alone.holder_not_given) == alone.missing
+    final = evaluate(union(dc2.result(), dc1.result()), sample, truth)
+    assert final["ok"] and final["duplicates_in_output"] == 0, final
