@@ -512,6 +512,26 @@ def holding_file(offset: dict[str, Any], lateness_ms: int) -> str | None:
     return None if best is None else best[1]
 
 
+def unread(offset: dict[str, Any], opts: ReadOptions) -> list[str]:
+    """Log files of the directory with complete lines beyond what ``offset`` read.
+
+    A finished directory's watermark is already ``MAX_TIMESTAMP``, so a file that lands
+    in it later (a re-injection) holds nothing: "drained" must also mean nothing is left
+    to read.
+    """
+    progress = offset["files"]
+    path = opts.path
+    out = []
+    for name in sorted(os.listdir(path)) if os.path.isdir(path) else []:
+        if not is_log_file(name):
+            continue
+        pos = FileProgress.of(name, progress.get(name)).pos
+        size = os.stat(os.path.join(path, name)).st_size
+        if size > pos and _last_newline(os.path.join(path, name), pos, size) > pos:
+            out.append(name)
+    return out
+
+
 def disorder(offset: dict[str, Any]) -> tuple[int, str] | None:
     """How far out of order the records read so far ran, and in which file, or ``None``.
 

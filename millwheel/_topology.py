@@ -41,12 +41,17 @@ from millwheel._sources import Source
 
 KeyExtractor = Callable[[Record], Key]
 
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+#: a name starts with a letter: names become directories of the run, and Spark's file
+#: sources skip paths that start with ``_`` or ``.`` (a computation named ``_Tally`` would
+#: publish files nobody reads)
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*$")
 
 
 def _check_name(kind: str, name: str) -> None:
     if not isinstance(name, str) or not _NAME.match(name):
-        msg = f"{kind} name {name!r} is not valid: use letters, digits, '_', '.', '-', starting with a letter or '_'"
+        msg = f"{kind} name {name!r} is not valid: use letters, digits, '_', '.', '-', starting with a letter"
+        if isinstance(name, str) and name[:1] in "_.":
+            msg += " (names become directories of the run, and Spark skips those starting with '_' or '.'); pass name=..."
         raise TopologyError(msg)
 
 

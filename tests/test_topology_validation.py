@@ -129,3 +129,14 @@ def test_late_stream_counts_as_an_output_and_sinks_are_checked():
     t.sink("nope")
     with pytest.raises(TopologyError, match=r"sink 'sink.nope' reads stream 'nope'"):
         t.validate()
+
+
+def test_a_name_spark_would_skip_is_refused_with_the_reason():
+    class _Private(Computation):
+        def process_record(self, record): ...
+
+    t = Topology("t")
+    t.injector("logs")
+    with pytest.raises(TopologyError, match=r"starting with a letter .*Spark skips those starting with '_' or '.'\); pass name=\.\.\."):
+        t.computation(_Private, inputs=["logs"])
+    t.computation(_Private, inputs=["logs"], name="Private")  # the fix the message names

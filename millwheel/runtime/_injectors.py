@@ -20,7 +20,7 @@ from typing import Any
 
 from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._delivery import invalid_record, record_problem
-from millwheel._logfile import disorder, holding_file, progress_of
+from millwheel._logfile import disorder, holding_file, initial_offset, progress_of, unread
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel._sources import Source, SourceBatch
 from millwheel._topology import InjectorSpec
@@ -254,7 +254,11 @@ class LogFileInjector:
             self.query = None
 
     def drained(self) -> bool:
-        return self.low_watermark >= MAX_TIMESTAMP and not self.outbox.loc.list()
+        """Finished, published, and nothing left in the directory to read (a file may land
+        in a finished directory later: verification's re-injections, Photon §3.3.3)."""
+        if self.low_watermark < MAX_TIMESTAMP or self.outbox.loc.list():
+            return False
+        return not unread(self.offset or initial_offset(), self.source.read_options)  # type: ignore[union-attr]
 
     def status(self) -> dict[str, Any]:
         out = {"records_out": self.records_out, "dead_letters": self.dead_letters, "low_watermark": self.low_watermark}

@@ -172,6 +172,7 @@ class ComputationQuery:
         self.applied_watermark = MIN_TIMESTAMP
         self.input_watermark = MIN_TIMESTAMP
         self.low_watermark = MIN_TIMESTAMP
+        self.pending_inputs = 0
         self._hb_sent = MIN_TIMESTAMP
         self._hb_at = 0.0
         self._hb_seq = 0
@@ -395,13 +396,19 @@ class ComputationQuery:
         in_lw = MAX_TIMESTAMP
         for producer in self.upstream:
             in_lw = min(in_lw, self.rt.watermark_of(producer))  # before listing: see docs/runtime.md
+        pending = 0
         for stream, producer in self.inputs:
             # pending files hold it too, also those of a producer that is not upstream (another
             # reader of dead letters, or this one): they are read whatever the watermarks
             consumed = self.consumed.names(stream, producer, upto)
             for name, lo in self.rt.streams.files(stream, producer, live_only=True).items():
-                if lo < in_lw and name not in consumed:
-                    in_lw = lo
+                if name not in consumed:
+                    pending += 1
+                    if lo < in_lw:
+                        in_lw = lo
+        #: input files published and not consumed yet: a computation is drained only without any
+        #: (a file sent under a finished watermark, a re-injection, holds no watermark)
+        self.pending_inputs = pending
         self.input_watermark = max(self.input_watermark, in_lw)
         reports = []
         for i in range(self.intervals):
@@ -472,7 +479,7 @@ class ComputationQuery:
 
     # ---- reading -----------------------------------------------------------------------------
     def drained(self) -> bool:
-        return self.low_watermark >= MAX_TIMESTAMP and not self.outbox.loc.list()
+        return self.low_watermark >= MAX_TIMESTAMP and not self.outbox.loc.list() and not self.pending_inputs
 
     def status(self) -> dict[str, Any]:
         return {

@@ -11,7 +11,14 @@ import pickle
 import pyarrow as pa
 import pytest
 
-from millwheel import DEAD_LETTER_STREAM, LogFileSource
+from millwheel import (
+    DEAD_LETTER_STREAM,
+    Computation,
+    ComputationOptions,
+    LatePolicy,
+    LogFileSource,
+    Topology,
+)
 from millwheel._logfile import initial_offset, plan_offset, plan_ranges
 
 pytest.importorskip("pyspark.sql.datasource")
@@ -100,3 +107,32 @@ def test_a_growing_file_without_a_time_counts_exactly_on_spark(tmp_path, spark, 
     assert rt.drained()
     assert rt.computations["SecondCounts"].metrics["late"] == 0
     assert second_counts.answer(rt.output("counts")) == truth
+
+
+class Tally(Computation):
+    def process_record(self, record):
+        self.state.set((self.state.get(0) or 0) + 1)
+        self.produce("seen", record.id)
+
+
+@pytest.mark.spark
+def test_a_rerun_reads_a_file_that_landed_in_a_finished_directory_before_it_says_drained(tmp_path, spark):
+    # issue 21 (4): verification re-injects clicks into a stopped pipeline's finished
+    # re-injection directory; a rerun reported drained at once (the watermark was already
+    # +inf) and never read them
+    from millwheel.runtime import RuntimeSettings, SparkRuntime
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "_DONE").write_text("")
+    (logs / "first.jsonl").write_text(_line(1, T + 1) + _line(2, T + 2))
+    t = Topology("rerun")
+    t.injector("logs", LogFileSource(logs))
+    t.computation(Tally, inputs={"logs": lambda r: "all"}, outputs=["seen"], options=ComputationOptions(late=LatePolicy.process()))
+    run = str(tmp_path / "run")
+    SparkRuntime(t, run, RuntimeSettings(drain=True, intervals=2), spark=spark).run(timeout_s=300)
+    (logs / "reinject_1767261600999_42.jsonl").write_text(_line(3, T + 3))  # lands after the run finished
+    rt = SparkRuntime(t, run, RuntimeSettings(drain=True, intervals=2), spark=spark)
+    rt.run(timeout_s=300)
+    assert sorted(rt.values("seen")) == ["e1", "e2", "e3"]
+    assert rt.states("Tally") == {"all": 3}
