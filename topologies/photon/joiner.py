@@ -24,9 +24,12 @@ carries its input stream, so it tells a query from a click by ``record.stream``)
   ``None`` to skip the click (it goes to ``unjoinable`` with reason ``adapter_skipped``).
 
 Duplicate deliveries of a click are dropped by exactly-once dedup on the click id (the
-record id); a click further behind the low watermark than ``dedup_slack_ms`` can no
-longer be told from a duplicate and goes to ``unjoinable`` as ``too_old`` (the rule
-Photon §2 applies to events older than the registry's N days). Re-injected clicks
+record id). A click further behind the low watermark than ``dedup_slack_ms`` (a click log
+shipped late) is beyond what the pipeline remembers, and is joined like any other: the
+IdRegistry judges it (§2.3) — its once-token comes from the production, so the same
+click delivered again is a ``CONFLICT`` and a replay of the batch is not — until the
+registry's garbage-collection boundary, below which the commit is ``TOO_OLD`` and the
+joined event a dead letter (``once_too_old``), never written. Re-injected clicks
 (verification, §3.3.3) arrive on their own stream with their own record ids.
 
 >>> from millwheel.testing import Harness
@@ -56,7 +59,6 @@ REINJECT_ID = "reinject_id"
 #: reason codes of ``unjoinable`` records
 NO_QUERY = "no_query"
 ADAPTER_SKIPPED = "adapter_skipped"
-TOO_OLD = "too_old"
 
 
 class Adapter:
@@ -141,13 +143,6 @@ class Joiner(Computation):
         if type(cid) is not str or not cid:
             msg = f"click {record.id!r}: field {c.click_id_field!r} must be a non-empty string, got {cid!r}"
             raise ValueError(msg)
-        if not reinjected and record.timestamp < self.low_watermark - c.dedup_slack_ms:
-            reason = (
-                f"click {cid!r} is {self.low_watermark - record.timestamp} ms behind the low watermark, beyond "
-                f"dedup_slack_ms={c.dedup_slack_ms}: it cannot be told from a duplicate"
-            )
-            self.produce(UNJOINABLE, _unjoinable(click, TOO_OLD, reason), timestamp=record.timestamp)
-            return
         st = self.state.get() or {}
         waiting = st.setdefault("w", {})
         if cid in waiting:

@@ -143,16 +143,24 @@ def test_bad_clicks_are_dead_letters_with_their_reason(joiner, query, click):
     assert letters["x7"].stage == Stage.PROCESS_RECORD and "'click_id' must be a non-empty string, got 7" in letters["x7"].reason
 
 
-def test_a_click_beyond_the_dedup_horizon_is_unjoinable_as_too_old(joiner, query, click):
+def test_a_click_beyond_the_dedup_horizon_is_judged_by_the_registry(joiner, query, click):
+    # issue 21 (6): a click log shipped later than dedup_slack_ms lost its clicks for good
+    # (``unjoinable``, ``too_old``, never recovered); the registry deduplicates for days
     h = joiner(PhotonConfig(log_store=False, dedup_slack_ms=1_000))
     h.inject("queries", [query("q1", 8_000)])
     _advance(h, 10_000)
-    h.inject("clicks", [click("c1", "q1", 8_500)])  # 1.5 s behind: could be a duplicate of a collected id
+    h.inject("clicks", [click("c1", "q1", 8_500)])  # 1.5 s behind: beyond what the pipeline remembers
     h.run()
-    assert _joined(h) == []
-    [u] = h.values("unjoinable")
-    assert u["reason_code"] == "too_old" and "dedup_slack_ms=1000" in u["reason"]
-    assert h.registry.holder("c1") is None  # not decided: a duplicate's first copy may have been joined
+    assert _joined(h) == [("c1", "q1")] and h.values("unjoinable") == []
+    # the same click again, long after the pipeline forgot its id: the registry says no
+    _advance(h, 60_000)
+    h.inject("clicks", [click("c2", "q1", 59_500)])  # a step of the key: its dedup forgets c1
+    h.run()
+    h.inject("clicks", [click("c1", "q1", 8_500)])
+    h.run()
+    assert _joined(h) == [("c1", "q1"), ("c2", "q1")]
+    m = h.metrics("Joiner")
+    assert (m["duplicates"], m["once_conflicts"]) == (0, 1), m  # not the pipeline's dedup: the registry
 
 
 def test_a_reinjected_click_joins_without_its_reinjection_id(joiner, query):
