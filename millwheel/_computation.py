@@ -40,7 +40,9 @@ class KeyContext(Protocol):
 
     def hold_watermark(self, timestamp: int | None) -> None: ...
 
-    def produce(self, stream: str, value: Any, timestamp: int | None, key: Key | None, once_id: str | None = None) -> None: ...
+    def produce(
+        self, stream: str, value: Any, timestamp: int | None, key: Key | None, once_id: str | None = None, once_tentative: bool = False
+    ) -> None: ...
 
 
 class State:
@@ -195,7 +197,14 @@ class Computation:
         self._ctx.hold_watermark(timestamp)
 
     def produce(
-        self, stream: str, value: Any, timestamp: int | None = None, key: Key | None = None, *, once_id: str | None = None
+        self,
+        stream: str,
+        value: Any,
+        timestamp: int | None = None,
+        key: Key | None = None,
+        *,
+        once_id: str | None = None,
+        once_tentative: bool = False,
     ) -> None:
         """Produce a record to ``stream`` (§5.1 ``ProduceRecord``).
 
@@ -206,5 +215,9 @@ class Computation:
         ``once_id`` makes the production conditional (Photon §2): of all pipelines sharing
         an IdRegistry, only the first to commit ``once_id`` (e.g. a click id) produces it;
         the others drop it (``once_conflicts``). Commits are made in bulk per batch.
+        ``once_tentative=True`` marks a decision that yields: it holds the id only until a
+        production of the same id that is not tentative comes, which takes the id over
+        (a give-up report, say, that must not stop another pipeline from joining: Photon
+        registers only joined events). Tentative productions among themselves are once.
         """
-        self._ctx.produce(stream, value, timestamp, key, once_id)
+        self._ctx.produce(stream, value, timestamp, key, once_id, once_tentative)

@@ -84,6 +84,21 @@ class MemoryOnceRegistry:
         with self._lock:
             return [self._held.get(rid) for rid in ids]
 
+    def clear_many(self, ids: Sequence[str], *, only_if_token: Sequence[str] | None = None) -> list[str]:
+        """Forget ids (only those still held by the given tokens): ``cleared``, ``not_found`` or ``token_mismatch`` each."""
+        out = []
+        with self._lock:
+            for i, rid in enumerate(ids):
+                held = self._held.get(rid)
+                if held is None:
+                    out.append("not_found")
+                elif only_if_token is not None and held != only_if_token[i]:
+                    out.append("token_mismatch")
+                else:
+                    del self._held[rid]
+                    out.append("cleared")
+        return out
+
     def clear(self, rid: str) -> None:
         """Forget an id (verification's recovery: a registered click missing from the output)."""
         with self._lock:
@@ -228,6 +243,39 @@ def join_roster(registry: Any, name: str, epoch: str, where: str) -> list[Member
         # another pipeline took the slot meanwhile: read the roster again
 
 
+#: the end of a tentative production's token: the id yields to a production that is not tentative
+TENTATIVE = "~"
+
+
+def _take_over(registry: Any, items: list[tuple[str, str, int]], results: list[OnceResult], tentative: list[bool], outcome: OnceOutcome) -> None:
+    """A production that is not tentative takes its id over from a tentative holder
+    (conditionally: only if that token still holds it), and commits it; ``results`` updated in place."""
+    want = [i for i, (r, t) in enumerate(zip(results, tentative, strict=True)) if r is OnceResult.CONFLICT and not t]
+    holders_of = getattr(registry, "holders", None)
+    clear_many = getattr(registry, "clear_many", None)
+    if not want or holders_of is None or clear_many is None:
+        return
+    holders = holders_of([items[i][0] for i in want])
+    steal = [(i, h) for i, h in zip(want, holders, strict=True) if h is not None and h.endswith(TENTATIVE)]
+    if not steal:
+        return
+    answers = clear_many([items[i][0] for i, _ in steal], only_if_token=[h for _, h in steal])
+    cleared = [i for (i, _), a in zip(steal, answers, strict=True) if _answer(a) in ("cleared", "not_found")]
+    if not cleared:
+        return
+    again = registry.commit_many([items[i] for i in cleared])
+    for i, r in zip(cleared, again, strict=True):
+        results[i] = OnceResult(getattr(r, "value", r))
+        if results[i] is OnceResult.COMMITTED:
+            outcome.taken_over += 1
+
+
+def _answer(a: Any) -> str:
+    """A clear answer's status as text, from a registry client's result or a plain string."""
+    status = getattr(a, "status", a)
+    return str(getattr(status, "value", status))
+
+
 @dataclass(slots=True)
 class OnceOutcome:
     """What resolving a batch's once-productions decided."""
@@ -238,6 +286,8 @@ class OnceOutcome:
     dead_letters: list[Production] = field(default_factory=list)
     conflicts: int = 0
     committed: int = 0
+    #: of the committed: ids taken over from a tentative holder
+    taken_over: int = 0
 
 
 def resolve_once(
@@ -258,13 +308,16 @@ def resolve_once(
             "pipelines: pass registry=... to the Harness or to the runtime (RuntimeSettings.registry_url)"
         )
         raise RuntimeError(msg)
-    items = [(p.once_id, once_token(pipeline, computation, key, p.record.id), p.record.timestamp) for key, p in todo]
-    results = registry.commit_many(items)  # type: ignore[arg-type]
+    items = [
+        (p.once_id, once_token(pipeline, computation, key, p.record.id) + (TENTATIVE if p.once_tentative else ""), p.record.timestamp)
+        for key, p in todo
+    ]
+    results = [OnceResult(getattr(r, "value", r)) for r in registry.commit_many(items)]  # type: ignore[arg-type]
     if len(results) != len(items):
         msg = f"the IdRegistry answered {len(results)} results for {len(items)} commits"
         raise RuntimeError(msg)
-    for (key, p), result in zip(todo, results, strict=True):
-        status = OnceResult(getattr(result, "value", result))
+    _take_over(registry, items, results, [p.once_tentative for _, p in todo], outcome)
+    for (key, p), status in zip(todo, results, strict=True):
         if status is OnceResult.COMMITTED:
             outcome.committed += 1
             continue

@@ -179,3 +179,5 @@ class Production:
     encoded: bytes | None = None
     #: at most once across pipelines sharing an IdRegistry (``millwheel/_once.py``)
     once_id: str | None = None
+    #: a once-production that yields its id to one that is not tentative
+    once_tentative: bool = False

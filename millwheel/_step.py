@@ -201,7 +201,9 @@ class _KeyContext:
             raise ComputationError(msg)
         self.held = timestamp
 
-    def produce(self, stream: str, value: Any, timestamp: int | None, key: Key | None, once_id: str | None = None) -> None:
+    def produce(
+        self, stream: str, value: Any, timestamp: int | None, key: Key | None, once_id: str | None = None, once_tentative: bool = False
+    ) -> None:
         runner = self.runner
         if once_id is not None and (type(once_id) is not str or not once_id):
             msg = f"computation {runner.name!r}: produce({stream!r}, once_id=...) takes a non-empty str, got {short_repr(once_id)}"
@@ -237,7 +239,7 @@ class _KeyContext:
         rkey = self.key if key is None else key
         rid = production_id(runner.name, self.key, self.seq)
         self.seq += 1
-        self.productions.append(Production(stream, Record(rkey, value, ts, rid, stream), encoded, once_id))
+        self.productions.append(Production(stream, Record(rkey, value, ts, rid, stream), encoded, once_id, once_tentative and once_id is not None))
 
     # ---- careful mode: a savepoint before each record or timer -----------------------
     def savepoint(self, state_bytes: bytes | None) -> tuple[Any, ...]:

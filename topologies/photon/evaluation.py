@@ -8,7 +8,9 @@ inner join on the query id (:func:`batch_join`). The rules:
   for field (the default :class:`~.joiner.Adapter`'s shape: both events' fields, with
   ``query_ts`` and ``click_ts``);
 * **no click twice** — no click id appears twice in ``joined_clicks`` (nor in
-  ``joined_clicks`` and ``unjoinable``);
+  ``joined_clicks`` and ``unjoinable`` with a decided reason); a click one pipeline gave
+  up (``no_query``, a tentative decision) and another joined is counted as a superseded
+  give-up, not an error;
 * **orphans** — every click whose query is never logged is in ``unjoinable`` with reason
   ``no_query``, and nothing else is;
 * **dead letters = malformed lines** — each malformed line is on ``dead_letters``, at its
@@ -157,10 +159,13 @@ def evaluate(result: RunResult, data_dir: str | os.PathLike[str], truth: dict[st
                    "unexpected": len(set(got) - set(want))},
         "exact_match": set(got) == set(want),
         "duplicates_in_output": sum(n - 1 for n in ids.values() if n > 1),
-        "joined_and_unjoinable": len(set(ids) & set(unjoinable_ids)),
+        # a click given up (``no_query``) by one pipeline and joined by another: the give-up
+        # yielded (``once_tentative``) and is superseded; joined and *decided* unjoinable is an error
+        "joined_and_unjoinable": len(set(ids) & (set(unjoinable_ids) - no_query)),
+        "superseded_give_ups": len(set(ids) & no_query),
         "orphans": {"expected": len(answer.orphans), "in_unjoinable": len(answer.orphans & no_query),
                     "all_in_unjoinable": answer.orphans <= no_query,
-                    "other_unjoinable": len(set(unjoinable_ids) - answer.orphans)},
+                    "other_unjoinable": len(set(unjoinable_ids) - answer.orphans - set(ids))},
         "dead_letters": _dead_letters(result.dead_letters, truth, answer),
         "input": {"queries": answer.queries, "clicks": answer.clicks, "duplicate_clicks": answer.duplicate_clicks},
     }  # fmt: skip

@@ -18,8 +18,12 @@ carries its input stream, so it tells a query from a click by ``record.stream``)
   bound has arrived by then, so the decision does not depend on processing speed.
 * **IdRegistry** (§2, §3.3.1). A joined click is produced to ``joined_clicks`` as a strong
   production with ``once_id=click_id``: of all pipelines sharing the registry, one only
-  writes it. An unjoinable click is produced with the same ``once_id``: a click's fate —
-  joined or unjoinable — is decided once.
+  writes it. A click given up (``no_query``) is produced with the same ``once_id``,
+  *tentatively* (``once_tentative=True``): of the pipelines that give it up, one reports
+  it, and a pipeline that can join it later takes the id over and joins it — Photon
+  registers joined events and prefers to join; the give-up report is then superseded
+  (verification and the evaluation count it so). An adapter's skip is a decision made
+  with the query in hand, and takes the id like a join.
 * **Adapter** (§3.3.1). :class:`Adapter` turns (query, click) into the joined event, or
   ``None`` to skip the click (it goes to ``unjoinable`` with reason ``adapter_skipped``).
 
@@ -184,7 +188,8 @@ class Joiner(Computation):
                 f"no query {self.key!r} by low watermark {timer.timestamp} (click ts + max_delay_ms="
                 f"{self.cfg.max_delay_ms}) after {entry[1]} retries"
             )
-            self.produce(UNJOINABLE, _unjoinable(click, NO_QUERY, reason), timestamp=click[self.cfg.ts_field], once_id=cid)
+            # a give-up is tentative: it yields the click to a pipeline that can join it
+            self.produce(UNJOINABLE, _unjoinable(click, NO_QUERY, reason), timestamp=click[self.cfg.ts_field], once_id=cid, once_tentative=True)
         self._save(st)
 
     # ---- helpers -------------------------------------------------------------------

@@ -59,7 +59,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from millwheel._once import holder_of, once_token, pipeline_id, roster
+from millwheel._once import TENTATIVE, holder_of, once_token, pipeline_id, roster
 
 from .config import PhotonConfig
 from .drivers import LOCK, REINJECT, read_manifest, read_run
@@ -87,6 +87,8 @@ class Pipeline:
     output: set[str] | Counter[str]
     running: bool = False
     reinject: Callable[[list[dict[str, Any]]], None] | None = None
+    #: click ids it gave up (``unjoinable``, ``no_query``): tentative, a join elsewhere supersedes them
+    gave_up: set[str] = field(default_factory=set)
     #: its run directory's epoch (``""``: a run directory from before epochs)
     epoch: str = ""
     #: where its run directory is, as the registry's roster says (``None``: unknown)
@@ -103,6 +105,8 @@ class VerifyReport:
     in_output: int = 0
     #: clicks in more than one output (must be 0)
     duplicated: int = 0
+    #: clicks one pipeline gave up and another joined: the give-up report is superseded
+    superseded_give_ups: int = 0
     registered: int = 0
     #: registered, in no output
     missing: int = 0
@@ -127,7 +131,8 @@ class VerifyReport:
         dry = self.dry_run
         return (
             f"photon verify{' (dry run: nothing changed)' if dry else ''}: {self.clicks} clicks in the input logs; "
-            f"{self.in_output} in the outputs ({self.duplicated} in more than one); {self.registered} registered\n"
+            f"{self.in_output} in the outputs ({self.duplicated} in more than one; {self.superseded_give_ups} given up in one "
+            f"pipeline and joined in another); {self.registered} registered\n"
             f"  registered but in no output: {self.missing}; {'to recover' if dry else 'recovered'} (cleared, re-injected): "
             f"{self.recovered} {self.reinjected_into}; in flight (holder running): {self.in_flight}; "
             f"held by a pipeline whose run was not given: {self.holder_not_given}; token cleared, maybe in a "
@@ -157,11 +162,14 @@ def verify(
         if isinstance(cid, str) and cid and qid is not None:
             by_id.setdefault(cid, click)
     seen: Counter[str] = Counter()
+    gave_up: set[str] = set()
     for p in pipelines:
         seen.update(p.output if isinstance(p.output, Counter) else Counter(p.output))
+        gave_up |= p.gave_up
     report = VerifyReport(clicks=len(by_id), dry_run=dry_run)
-    report.in_output = sum(1 for cid in by_id if seen[cid])
+    report.in_output = sum(1 for cid in by_id if seen[cid] or cid in gave_up)
     report.duplicated = sum(1 for cid in by_id if seen[cid] > 1)
+    report.superseded_give_ups = sum(1 for cid in by_id if seen[cid] and cid in gave_up)
     given = {p.identity: p for p in pipelines}
     # the registry's own list of pipelines: an earlier epoch of a given run directory is
     # dead for good (its checkpoint is gone); any other member not given is left alone
@@ -185,10 +193,12 @@ def verify(
                 report.too_old += 1
                 continue
             if status != "found":
-                report.not_registered += not seen[cid]
+                report.not_registered += not seen[cid] and cid not in gave_up
                 continue
             report.registered += 1
-            if seen[cid]:
+            # safe: in an output; or given up, and the id still held by a give-up (a tentative
+            # token: a join would have taken it over)
+            if seen[cid] or (cid in gave_up and (found.token is None or found.token.endswith(TENTATIVE))):
                 if found.token is not None:
                     safe.append((cid, found.token))
                 continue
@@ -251,11 +261,18 @@ def _target(holder: str, pipelines: Sequence[Pipeline]) -> Pipeline | None:
 
 # ---------------------------------------------------------------------------------- run dirs
 def output_ids(joined: Sequence[dict[str, Any]], unjoinable: Sequence[dict[str, Any]], config: PhotonConfig | None = None) -> Counter[str]:
-    """Click ids a pipeline's visible output decides: joined, or unjoinable under the click's once-id."""
+    """Click ids a pipeline's visible output decides: joined, or skipped by the adapter (a
+    decision made with the query, under the click's once-id)."""
     cf = (config or PhotonConfig()).click_id_field
     out: Counter[str] = Counter(j[cf] for j in joined)
-    out.update(u["click"][cf] for u in unjoinable if u.get("reason_code") in (NO_QUERY, ADAPTER_SKIPPED))
+    out.update(u["click"][cf] for u in unjoinable if u.get("reason_code") == ADAPTER_SKIPPED)
     return out
+
+
+def gave_up_ids(unjoinable: Sequence[dict[str, Any]], config: PhotonConfig | None = None) -> set[str]:
+    """Click ids a pipeline gave up (``no_query``): tentative decisions, which a join supersedes."""
+    cf = (config or PhotonConfig()).click_id_field
+    return {u["click"][cf] for u in unjoinable if u.get("reason_code") == NO_QUERY}
 
 
 def write_reinjection(run: str | os.PathLike[str], clicks: list[dict[str, Any]]) -> Path | None:
@@ -320,7 +337,8 @@ def verify_runs(runs: Sequence[str | os.PathLike[str]], registry: Any, *, clear_
             epoch, where = (ident[1], ident[2]) if ident is not None else ("", None)
             pipelines.append(Pipeline(
                 m["pipeline"], output_ids(joined, unjoinable, config), running=running,
-                reinject=lambda cl, run=run: write_reinjection(run, cl), epoch=epoch, where=where,
+                reinject=lambda cl, run=run: write_reinjection(run, cl), gave_up=gave_up_ids(unjoinable, config),
+                epoch=epoch, where=where,
             ))  # fmt: skip
         return verify(clicks, pipelines, registry, config=config, clear_tokens=clear_tokens, dry_run=dry_run)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from millwheel import MAX_TIMESTAMP, Record, Stage, TimeDomain, Timer
 from millwheel._once import MemoryOnceRegistry
 from topologies.photon import Adapter, PhotonConfig
@@ -186,3 +188,31 @@ def test_two_pipelines_sharing_a_registry_write_each_click_once(joiner, query, c
     dc1.inject("clicks", [click("c1", "q1", 1_100)])  # a re-delivery to the winner: deduplicated, not re-committed
     dc1.run()
     assert _joined(dc1) == [("c1", "q1")]
+
+
+@pytest.mark.parametrize("joins_first", [False, True])
+def test_giving_up_in_one_pipeline_does_not_block_the_join_in_another(joins_first, joiner, query, click):
+    # issue 21 (5): dc1's query log is late; it gave up on c1 first and took the click id, so
+    # dc2, which had the query, got a conflict and the joinable click was never joined
+    from millwheel._once import MemoryOnceRegistry, holder_of
+
+    registry = MemoryOnceRegistry()
+    cfg = PhotonConfig(log_store=False, max_delay_ms=5_000)
+    dc1, dc2 = joiner(cfg, registry=registry, pipeline="dc1"), joiner(cfg, registry=registry, pipeline="dc2")
+
+    def dc1_gives_up():
+        dc1.inject("clicks", [click("c1", "q1", 1_000)])
+        _advance(dc1, 10_000)  # no query by click ts + max_delay_ms
+
+    def dc2_joins():
+        dc2.inject("queries", [query("q1", 900)])
+        dc2.inject("clicks", [click("c1", "q1", 1_000)])
+        dc2.run()
+
+    for step in (dc2_joins, dc1_gives_up) if joins_first else (dc1_gives_up, dc2_joins):
+        step()
+    assert _joined(dc2) == [("c1", "q1")]
+    assert holder_of(registry.holder("c1")) == dc2.pipeline_id  # the join holds the id
+    gave_up = [u["click"]["click_id"] for u in dc1.values("unjoinable")]
+    assert gave_up == ([] if joins_first else ["c1"])  # reported only if nobody had joined it yet
+    assert dc2.metrics("Joiner")["once_conflicts"] == 0

@@ -13,12 +13,12 @@ from __future__ import annotations
 import pytest
 
 from topologies.photon import Pipeline, evaluate, verify
-from topologies.photon.verify import output_ids, token
+from topologies.photon.verify import gave_up_ids, output_ids, token
 
 
 def _pipeline(p, *, running=False):
     r = p.result()
-    return Pipeline(p.name, output_ids(r.joined, r.unjoinable), running=running, reinject=p.reinject, epoch=p.epoch)
+    return Pipeline(p.name, output_ids(r.joined, r.unjoinable), running=running, reinject=p.reinject, gave_up=gave_up_ids(r.unjoinable), epoch=p.epoch)
 
 
 def _clicks(sample):
