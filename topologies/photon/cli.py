@@ -93,8 +93,27 @@ def _config(args: argparse.Namespace) -> PhotonConfig:
     return _settings(PhotonConfig, args)
 
 
+def _pipeline_name(args: argparse.Namespace) -> str:
+    """The pipeline's name: given; else the run directory's (a resumed run); else ``dc1`` — but
+    never a silent default with a shared registry, where two runs under one name would be one
+    pipeline to every other (issue: two run directories emitting each click twice)."""
+    if args.pipeline is not None:
+        return str(args.pipeline)
+    held = read_manifest(args.checkpoint) if args.checkpoint else None
+    if held is not None:
+        return str(held["pipeline"])
+    if args.registry is not None:
+        msg = (
+            f"--registry {args.registry} is shared between pipelines: name this one with --pipeline NAME "
+            "(each run directory its own name; the registry refuses a name another run directory holds)"
+        )
+        raise ValueError(msg)
+    return "dc1" if args.backend == "spark" else "harness"
+
+
 def _run(args: argparse.Namespace) -> int:
     config = _config(args)
+    args.pipeline = _pipeline_name(args)
     if args.backend == "harness" and args.dashboard:
         msg = "--dashboard needs --backend spark (the harness keeps its watermarks in memory)"
         raise ValueError(msg)
@@ -242,7 +261,10 @@ def _parser() -> argparse.ArgumentParser:
         "--mode", choices=["continuous", "batch"], default=None,
         help="harness: paced as the files were written (a generated sample's default) or as fast as possible (the default on other logs)",
     )  # fmt: skip
-    p_run.add_argument("--pipeline", default="dc1", help="this pipeline's name (its registry token)")
+    p_run.add_argument(
+        "--pipeline", default=None,
+        help="this pipeline's name in the IdRegistry; required with a shared --registry (default: the run directory's, else dc1)",
+    )  # fmt: skip
     p_run.add_argument("--registry", default=None, help="URL of the shared IdRegistry (default: in memory / one started for the run)")
     p_run.add_argument("--secret-file", default=None, help="the registry's secret (default: $MILLWHEEL_REGISTRY_SECRET, ...)")
     p_run.add_argument("--checkpoint", default=None, help="spark: the pipeline's run directory (a restart resumes it)")

@@ -54,12 +54,39 @@ def test_verify_json_on_run_directories(tmp_path, capsys, spark_sample, registry
     assert report["clicks"] > 0 and report["in_output"] == report["missing"] == 0 and report["dry_run"]
 
 
+def test_a_shared_registry_needs_a_pipeline_name(tmp_path, capsys, sample):
+    # issue 21 (1): two run directories left at the default name were one pipeline to the registry
+    code = millwheel_main(["photon", "run", str(sample), "--backend", "spark", "--checkpoint", str(tmp_path / "a"), "--registry", "http://127.0.0.1:9"])
+    assert code == 2
+    assert "is shared between pipelines: name this one with --pipeline NAME" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_second_run_directory_under_a_name_another_holds_is_refused(tmp_path, sample):
+    from millwheel._errors import MillwheelError
+    from millwheel._once import MemoryOnceRegistry, join_roster
+    from millwheel.runtime import RuntimeSettings, SparkRuntime
+    from millwheel.runtime._runtime import pin_pipeline, where_of
+    from topologies.photon import PhotonConfig
+    from topologies.photon.topology import build
+
+    shared = MemoryOnceRegistry()
+    t = build(sample, config=PhotonConfig())
+    settings = RuntimeSettings(pipeline="dc1", registry=lambda: shared)
+    first = SparkRuntime(t, str(tmp_path / "a"), settings)
+    first.root.mkdirs()
+    join_roster(shared, *pin_pipeline(first.root, "dc1"), where_of(first.root))  # what dc1's start does
+    with pytest.raises(MillwheelError, match=r"pipeline name 'dc1' is held in this IdRegistry by the run directory .*/a "):
+        SparkRuntime(t, str(tmp_path / "b"), settings).start()  # refused before Spark starts
+
+
 def test_a_second_driver_on_a_running_pipelines_directory_is_refused(tmp_path, capsys, sample):
     from topologies.photon.drivers import run_lock
 
     run = tmp_path / "dc1"
     with run_lock(run):  # the pipeline runs (or is being verified)
-        code = millwheel_main(["photon", "run", str(sample), "--backend", "spark", "--checkpoint", str(run), "--registry", "http://127.0.0.1:9"])
+        code = millwheel_main(["photon", "run", str(sample), "--backend", "spark", "--checkpoint", str(run), "--registry", "http://127.0.0.1:9",
+                               "--pipeline", "dc1"])  # fmt: skip
         code_with_dashboard = millwheel_main(["photon", "run", str(sample), "--backend", "spark", "--checkpoint", str(run), "--dashboard"])
     assert code == 2 and code_with_dashboard == 2
     err = capsys.readouterr().err
