@@ -308,8 +308,8 @@ def resolve_once(
             "pipelines: pass registry=... to the Harness or to the runtime (RuntimeSettings.registry_url)"
         )
         raise RuntimeError(msg)
-    items = [
-        (p.once_id, once_token(pipeline, computation, key, p.record.id) + (TENTATIVE if p.once_tentative else ""), p.record.timestamp)
+    items: list[tuple[str, str, int]] = [
+        (str(p.once_id), once_token(pipeline, computation, key, p.record.id) + (TENTATIVE if p.once_tentative else ""), p.record.timestamp)
         for key, p in todo
     ]
     results = [OnceResult(getattr(r, "value", r)) for r in registry.commit_many(items)]  # type: ignore[arg-type]

@@ -2,7 +2,7 @@
 computation of the expected answer (docs/architecture.md, "One semantics, two backends").
 
 The logs are what users really have: files named ``clicks-2026-01-01T10-00.jsonl`` and
-``part-0003.jsonl`` (no time in the name), a duplicate in a later file, a late record,
+``0003.jsonl`` (no time in the name), a duplicate in a later file, a late record,
 malformed lines (broken JSON, an int id, a string timestamp, a 2**70 timestamp), records
 whose key extractor fails or returns a float, a record on which user code raises, and a
 tuple key, a value that cannot be stored, a timer beyond 64 bits, a driver-side source
@@ -85,7 +85,9 @@ def write_logs(d) -> dict:
         f.write(_line(id="boom1", ts=T0 + 61_500, user="u9", boom=True))
         f.write(_line(id="lock1", ts=T0 + 61_600, user="u0", lock=True))  # u0's other records still count
         f.write(_line(id="far1", ts=T0 + 61_700, user="u1", far=True))
-    with open(d / "part-0003.jsonl", "w") as f:  # no time in the name: its first record's
+    # no time in the name; it sorts first, so it is read (and finished) first: until then it
+    # would hold the watermark (nothing known of it), and no record could be late
+    with open(d / "0003.jsonl", "w") as f:
         for i in range(6):
             f.write(_line(id=f"c{i}", ts=T0 + 120_000 + i * 1_000, user="u1", region="us"))
             good += 1
