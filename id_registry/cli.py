@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     for name, text in commands:
         c = sub.add_parser(name, help=text)
-        c.add_argument("--url", default=f"http://127.0.0.1:{DEFAULT_PORT}")
+        c.add_argument("--url", default=f"http://127.0.0.1:{DEFAULT_PORT}", help=f"the registry's address (default http://127.0.0.1:{DEFAULT_PORT})")
         c.add_argument("--data-dir", help="find the secret in DATA_DIR/secret (else $MILLWHEEL_REGISTRY_SECRET[_FILE])")
         if name == "stats":
             c.add_argument("--seconds", type=int, default=60, help="how many seconds of figures (1 to 600; default 60)")

@@ -196,3 +196,20 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def options_reference(parser: argparse.ArgumentParser, prog: str) -> list[str]:
+    """Every subcommand and option of ``parser`` with its one-line help, as Markdown list
+    lines (the docs' command-line references are these lines; a test keeps them in step)."""
+    out: list[str] = []
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]  # noqa: SLF001 - argparse has no public walk
+    for sub in subs:
+        helps = {c.dest: c.help for c in sub._choices_actions}  # noqa: SLF001
+        for name, p in sub.choices.items():
+            out.append(f"* `{prog} {name}` — {helps.get(name) or ''}".rstrip(" —"))
+            for action in p._actions:  # noqa: SLF001
+                if action.help == argparse.SUPPRESS or isinstance(action, argparse._HelpAction):  # noqa: SLF001
+                    continue
+                flag = ", ".join(action.option_strings) or action.dest.upper()
+                out.append(f"  * `{flag}`: {' '.join(str(action.help or '').split())}")
+    return out

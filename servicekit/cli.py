@@ -33,7 +33,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser, info: ServiceInfo, *, d
     p("--ssl-certfile", help="serve HTTPS with this certificate (PEM); needs --ssl-keyfile")
     p("--ssl-keyfile", help="the certificate's private key (PEM)")
     p("--ready-file", help="write the service URL to this file once it is listening")
-    p("--log-level", default="warning", choices=LOG_LEVELS)
+    p("--log-level", default="warning", choices=LOG_LEVELS, help=f"what the service logs: {', '.join(LOG_LEVELS)} (default warning)")
 
 
 def serve_problem(args: argparse.Namespace) -> str | None:

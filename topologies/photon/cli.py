@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import signal
 import sys
@@ -82,11 +83,34 @@ def _settings(cls: Any, args: argparse.Namespace) -> Any:
 
 
 def _options(parser: argparse.ArgumentParser, cls: Any) -> None:
-    """Every field of a settings dataclass as an option: ``--seed``, ``--retention-ms``, ``--log-store false``."""
+    """Every field of a settings dataclass as an option: ``--seed``, ``--retention-ms``, ``--log-store false``,
+    its help the field's ``#:`` comment."""
+    docs = field_docs(cls)
     for f in fields(cls):
         kind = type(f.default)
         parse = (lambda text: text.lower() in ("1", "true", "yes")) if kind is bool else kind
-        parser.add_argument(f"--{f.name.replace('_', '-')}", type=parse, default=f.default, dest=f.name)
+        text = docs.get(f.name, f.name.replace("_", " "))
+        parser.add_argument(f"--{f.name.replace('_', '-')}", type=parse, default=f.default, dest=f.name, help=f"{text} (default {f.default})")
+
+
+def field_docs(cls: Any) -> dict[str, str]:
+    """Each field's ``#:`` comment (the lines right above it), on one line.
+
+    >>> field_docs(PhotonConfig)["max_delay_ms"][:40]
+    'a click still unjoined once the low wate'
+    """
+    out: dict[str, str] = {}
+    comment: list[str] = []
+    for line in inspect.getsource(cls).splitlines():
+        text = line.strip()
+        if text.startswith("#:"):
+            comment.append(text[2:].strip())
+            continue
+        name = text.split(":", 1)[0]
+        if comment and name.isidentifier() and ":" in text:
+            out[name] = " ".join(comment).replace("``", "")
+        comment = []
+    return out
 
 
 def _config(args: argparse.Namespace) -> PhotonConfig:
@@ -224,7 +248,7 @@ def _verify(args: argparse.Namespace) -> int:
         msg = "no --registry URL, and the runs' manifests name none"
         raise ValueError(msg)
     with _registry(url, args.secret_file) as reg:
-        report = verify_runs(args.runs, reg, clear_tokens=not args.keep_tokens, dry_run=args.dry_run)
+        report = verify_runs(args.runs, reg, clear_tokens=args.clear_tokens, dry_run=args.dry_run)
     print(json.dumps(report_dict(report), indent=1) if args.json else report.text())
     return 0
 
@@ -249,14 +273,14 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="millwheel photon", description="Photon: clicks joined with their queries, exactly once across pipelines")
     sub = parser.add_subparsers(dest="command", required=True)
     p_gen = sub.add_parser("generate", help="write query and click logs and their ground truth")
-    p_gen.add_argument("out_dir")
+    p_gen.add_argument("out_dir", help="the directory to write (queries/, clicks/, ground_truth.json)")
     _options(p_gen, GeneratorConfig)
     p_run = sub.add_parser("run", help="run one pipeline (harness or Spark) and evaluate it")
     p_run.add_argument(
         "data_dir", nargs="?", default=None,
         help="DATA/queries/ and DATA/clicks/ of JSON-lines logs, read and never written (default: the default sample, generated if missing)",
     )  # fmt: skip
-    p_run.add_argument("--backend", choices=["harness", "spark"], default="harness")
+    p_run.add_argument("--backend", choices=["harness", "spark"], default="harness", help="harness: in memory; spark: a pipeline on Spark in --checkpoint RUN (default harness)")
     p_run.add_argument(
         "--mode", choices=["continuous", "batch"], default=None,
         help="harness: paced as the files were written (a generated sample's default) or as fast as possible (the default on other logs)",
@@ -274,23 +298,26 @@ def _parser() -> argparse.ArgumentParser:
         help="spark: report watermarks to an authority of this run's own (RUN/authority) and print its lag dashboard's address, with the IdRegistry's panel",
     )  # fmt: skip
     p_run.add_argument("--live", action="store_true", help="spark: the logs keep growing (never drained)")
-    p_run.add_argument("--master", default="local[2]")
-    p_run.add_argument("--intervals", type=int, default=8)
-    p_run.add_argument("--trigger-ms", type=int, default=0)
+    p_run.add_argument("--master", default="local[2]", help="spark: the Spark master (default local[2])")
+    p_run.add_argument("--intervals", type=int, default=8, help="spark: key intervals, pinned by the run directory's first start (default 8)")
+    p_run.add_argument("--trigger-ms", type=int, default=0, help="spark: the micro-batch trigger interval (default 0: as soon as possible)")
     p_run.add_argument("--max-files-per-trigger", type=int, default=None, help="spark: stream files per computation batch")
     p_run.add_argument("--max-restarts", type=int, default=20, help="spark: restarts of a failed query (from its checkpoint) before giving up")
-    p_run.add_argument("--timeout", type=float, default=None)
+    p_run.add_argument("--timeout", type=float, default=None, help="spark: give up a finite run not drained after this many seconds (default none)")
     _options(p_run, PhotonConfig)
     p_ver = sub.add_parser("verify", help="check registered clicks against the outputs; recover lost ones (§3.3.3)")
     p_ver.add_argument("runs", nargs="+", help="the pipelines' run directories")
     p_ver.add_argument("--registry", default=None, help="default: the one the runs' manifests name")
-    p_ver.add_argument("--secret-file", default=None)
+    p_ver.add_argument("--secret-file", default=None, help="the registry's secret (default: $MILLWHEEL_REGISTRY_SECRET, ...)")
     p_ver.add_argument("--dry-run", action="store_true", help="report only: clear nothing, re-inject nothing")
-    p_ver.add_argument("--keep-tokens", action="store_true", help="do not clear the tokens of clicks safely in the output")
-    p_ver.add_argument("--json", action="store_true")
+    p_ver.add_argument(
+        "--clear-tokens", action="store_true",
+        help="drop the tokens of clicks safely in the output (saves registry space; a later verification of a subset then recovers less)",
+    )  # fmt: skip
+    p_ver.add_argument("--json", action="store_true", help="print the report as JSON")
     p_eval = sub.add_parser("evaluate", help="evaluate the union of runs' outputs against a batch join of the logs")
     p_eval.add_argument("data_dir", help="the logs the runs read (a sample's ground truth is checked too if there is one)")
-    p_eval.add_argument("runs", nargs="+")
-    p_eval.add_argument("--json", action="store_true")
+    p_eval.add_argument("runs", nargs="+", help="the pipelines' run directories, evaluated as one union")
+    p_eval.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
 

@@ -25,10 +25,13 @@ DEFAULT_SEED = 42
 class PhotonConfig:
     """The join's settings: field names, the EventStore's retention, retries, the unjoinable rule."""
 
-    #: field names (the logs' JSON keys): a query's id, a click's id, the query id a click refers to, timestamps
+    #: the query log's JSON key of a query's id
     query_id_field: str = "query_id"
+    #: the click log's JSON key of a click's id
     click_id_field: str = "click_id"
+    #: the click log's JSON key of the query a click refers to
     click_query_field: str = "query_id"
+    #: both logs' JSON key of the event time (integer ms since the epoch)
     ts_field: str = "ts"
     #: how long a query stays in the EventStore's cache (the joiner's state) once the low
     #: watermark has passed its timestamp (§3.4.1: "several minutes worth of query events")
@@ -39,12 +42,14 @@ class PhotonConfig:
     #: the query log's declared disorder (the delayed primary stream, §1.2): how long after
     #: its timestamp a query may be logged and still not be late; it holds the low watermark
     query_lateness_ms: int = 30_000
+    #: the click log's declared disorder (ms)
     click_lateness_ms: int = 0
-    #: the dispatcher's retries (§3.2.1): the first after ``backoff_initial_ms``, then doubling, at most ``backoff_max_ms``
+    #: the dispatcher's first retry of a click whose query is not found (§3.2.1), then doubling
     backoff_initial_ms: int = 500
+    #: the longest wait between two retries
     backoff_max_ms: int = 8_000
-    #: how long click ids are remembered to drop duplicate deliveries (§6.1.1 of MillWheel);
-    #: a click older than this behind the low watermark cannot be deduplicated and is unjoinable
+    #: how long a pipeline remembers click ids to drop duplicate deliveries (MillWheel §6.1.1);
+    #: an older click is judged by the IdRegistry (Photon §2.3)
     dedup_slack_ms: int = 600_000
     #: on a cache miss, look the query up in the query logs (LogsEventStore, §3.4.2)
     log_store: bool = True
@@ -64,36 +69,49 @@ class PhotonConfig:
 class GeneratorConfig:
     """Everything the generator does, seeded. Defaults: the default sample."""
 
+    #: the random seed: the same seed, the same logs
     seed: int = DEFAULT_SEED
-    #: queries per second (each shows one ad), and for how long
+    #: queries per second (each shows one ad)
     rate: float = 400.0
+    #: seconds of logs
     duration_s: int = 120
+    #: the event time of the first query (ms since the epoch)
     start_ms: int = 1_700_000_000_000
-    #: servers and processes that log queries (both are in the query id, §3.1)
+    #: servers that log queries (in the query id, §3.1)
     servers: int = 8
+    #: processes per server (in the query id, §3.1)
     processes: int = 4
+    #: advertisers the ads belong to
     advertisers: int = 50
-    #: share of queries clicked; a clicked query has a second click with this probability
+    #: share of queries clicked
     click_rate: float = 0.08
+    #: the probability a clicked query has a second click
     second_click_rate: float = 0.1
-    #: a click comes this long after its query: exponential with this mean, capped
+    #: the mean delay of a click after its query (exponential)
     click_delay_mean_ms: int = 3_000
+    #: the longest delay of a click after its query
     click_delay_max_ms: int = 40_000
     #: log shipping: a line is written up to this long after its event
     max_ship_delay_ms: int = 300
-    #: the delayed primary stream: this share of queries is logged late, by up to max_query_delay_ms
+    #: the delayed primary stream: the share of queries logged late
     delayed_query_fraction: float = 0.03
+    #: the shortest delay of a late-logged query
     min_query_delay_ms: int = 2_000
+    #: the longest delay of a late-logged query
     max_query_delay_ms: int = 25_000
-    #: the same click (or query) delivered again, up to 3 s later
+    #: share of clicks delivered again, up to 3 s later
     duplicate_click_fraction: float = 0.02
+    #: share of queries delivered again, up to 3 s later
     duplicate_query_fraction: float = 0.002
-    #: clicks whose query is never logged
+    #: share of clicks whose query is never logged
     orphan_click_fraction: float = 0.01
-    #: broken lines in each log, and clicks without a query id
+    #: broken lines in the query log
     malformed_queries: int = 3
+    #: broken lines in the click log
     malformed_clicks: int = 3
+    #: clicks logged without a query id
     clicks_without_query_id: int = 2
+    #: one log file per this many ms of writing (named with its opening time)
     file_ms: int = 1_000
 
     def derived_name(self) -> str:

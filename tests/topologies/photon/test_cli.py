@@ -231,3 +231,16 @@ def test_a_spark_run_on_a_users_logs_writes_only_its_run_directory_and_evaluates
     assert millwheel_main(["photon", "evaluate", str(data), str(run)]) == 0
     assert "exact match: True" in capsys.readouterr().out
     assert _tree(data) == before
+
+
+def test_every_photon_and_registry_option_is_in_the_docs_with_its_help():
+    from id_registry.cli import _parser as registry_parser
+    from millwheel.cli import options_reference
+    from topologies.photon.cli import _parser as photon_parser
+
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "photon.md").read_text()
+    lines = options_reference(photon_parser(), "millwheel photon") + options_reference(registry_parser(), "millwheel registry")
+    assert len(lines) > 100
+    missing = [line for line in lines if line not in docs]
+    assert missing == [], "docs/photon.md's command-line reference is out of date:\n" + "\n".join(missing)
+    assert all(not line.endswith(": ") for line in lines)  # every option says what it does
