@@ -115,7 +115,8 @@ def test_a_spark_run_with_a_dashboard_prints_its_address_with_the_registry_panel
     monkeypatch.setattr(cli, "run_spark", run_spark)
     secret = registry_service.data_dir + "/secret"
     run = tmp_path / "dc1"
-    code = millwheel_main(["photon", "run", str(sample), "--backend", "spark", "--checkpoint", str(run), "--registry", registry_service.url, "--secret-file", secret, "--dashboard"])
+    code = millwheel_main(["photon", "run", str(sample), "--backend", "spark", "--checkpoint", str(run), "--registry", registry_service.url,
+                           "--pipeline", "dc1", "--secret-file", secret, "--dashboard"])  # fmt: skip
     assert code == 0
     err = capsys.readouterr().err
     m = re.search(r"lag dashboard, with the IdRegistry panel, at (http://127\.0\.0\.1:\d+)/#registry=(\S+)&registry_key=(\S+)", err)
@@ -223,7 +224,8 @@ def test_a_spark_run_on_a_users_logs_writes_only_its_run_directory_and_evaluates
     before = _tree(data)
     run = tmp_path / "run"
     secret = str(Path(registry_service.data_dir) / "secret")
-    code = millwheel_main(["photon", "run", str(data), "--backend", "spark", "--checkpoint", str(run), "--registry", registry_service.url, "--secret-file", secret, "--intervals", "2"])
+    code = millwheel_main(["photon", "run", str(data), "--backend", "spark", "--checkpoint", str(run), "--registry", registry_service.url, "--secret-file", secret, "--intervals", "2",
+                           "--pipeline", "mine"])  # fmt: skip
     assert code == 0
     out = capsys.readouterr().out
     assert "joined 3 clicks" in out and f"millwheel photon evaluate {data} {run}" in out, out
