@@ -89,11 +89,12 @@ def pin_pipeline(root: Location, name: str) -> tuple[str, str]:
     """This run directory's pipeline name and epoch (Photon §2; ``millwheel/_once.py``), kept in ``run.json``.
 
     The epoch is drawn on the directory's first start and enters every once-token, so a
-    replay commits with the same tokens and another run directory never does. A directory
-    whose checkpoints are gone (lost, deleted: its state and read positions with them)
-    starts a new epoch: its commits conflict with the old epoch's instead of repeating
-    them. A directory from before epochs keeps its bare name (the tokens it committed
-    with); one started under another pipeline name is refused.
+    replay commits with the same tokens and another run directory never does. A run
+    directory deleted (its checkpoint lost) and started again under the same name is a new
+    epoch: its commits conflict with the old epoch's instead of repeating them. One that
+    lost only its checkpoints but keeps its published output is refused (resuming it would
+    mix two runs). A directory from before epochs keeps its bare name (the tokens it
+    committed with); one started under another pipeline name is refused.
     """
     pin = root.child("run.json")
     held = json.loads(pin.read_text() or "{}")
@@ -109,7 +110,16 @@ def pin_pipeline(root: Location, name: str) -> tuple[str, str]:
     if epoch is None:
         epoch = "" if has_state else new_epoch()  # a directory from before epochs keeps its tokens
     elif not has_state:
-        epoch = new_epoch()  # first start, or its checkpoint is gone: a new epoch
+        published = root.child("tallies")
+        if published.exists() and published.list():
+            msg = (
+                f"run directory {root.uri} has lost its checkpoints but still holds published output and counters; "
+                "resuming it would mix two runs. Restore the checkpoints, or delete the whole run directory to start "
+                "it again (a new epoch: its commits conflict with the old run's, and verification recovers what the "
+                "old run registered and never wrote)"
+            )
+            raise MillwheelError(msg)
+        epoch = new_epoch()  # first start (or one that died before its first batch): a new epoch
     if held.get("epoch") != epoch or held.get("pipeline") != name:
         pin.write_text(json.dumps({**held, "pipeline": name, "epoch": epoch}, indent=1) + "\n")
     return name, epoch

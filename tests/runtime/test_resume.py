@@ -123,7 +123,14 @@ def test_a_run_directory_keeps_its_epoch_and_a_lost_checkpoint_starts_a_new_one(
     assert pin_pipeline(root, "dc1")[1] == first  # a restart: the same tokens
     with pytest.raises(MillwheelError, match="belongs to pipeline 'dc1', not 'dc2'"):
         pin_pipeline(root, "dc2")
-    shutil.rmtree(tmp_path / "run" / ("checkpoints" if lost == "checkpoints" else ""))
+    if lost == "checkpoints":
+        root.child("tallies").mkdirs()
+        root.child("tallies", "Joiner.json").write_text("{}")  # it had published output
+        shutil.rmtree(tmp_path / "run" / "checkpoints")
+        with pytest.raises(MillwheelError, match="lost its checkpoints but still holds published output"):
+            pin_pipeline(root, "dc1")
+        return
+    shutil.rmtree(tmp_path / "run")
     root.mkdirs()
     assert pin_pipeline(root, "dc1")[1] not in ("", first)  # its commits now conflict with the old epoch's
 

@@ -266,7 +266,13 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0 if report["ok"] else 1
 
 
-_COMMANDS = {"generate": _generate, "run": _run, "verify": _verify, "evaluate": _evaluate}
+def _check(args: argparse.Namespace) -> int:
+    from .jepsen import main as check_main
+
+    return check_main(args)
+
+
+_COMMANDS = {"generate": _generate, "run": _run, "verify": _verify, "evaluate": _evaluate, "check": _check}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -319,5 +325,12 @@ def _parser() -> argparse.ArgumentParser:
     p_eval.add_argument("data_dir", help="the logs the runs read (a sample's ground truth is checked too if there is one)")
     p_eval.add_argument("runs", nargs="+", help="the pipelines' run directories, evaluated as one union")
     p_eval.add_argument("--json", action="store_true", help="print the report as JSON")
+    p_check = sub.add_parser("check", help="a Jepsen-style check: two Spark pipelines under kills, restarts and verification; exit 1 on any lost or duplicated click")
+    p_check.add_argument("--rounds", type=int, default=1, help="rounds to run, each with its own logs and faults (default 1)")
+    p_check.add_argument("--seed", type=int, default=1, help="decides every round's logs, faults and their order (default 1)")
+    p_check.add_argument("--workdir", default=".millwheel/photon-check", help="where the rounds' logs, run directories and check.json go")
+    from .jepsen import CheckSettings
+
+    _options(p_check, CheckSettings)
     return parser
 

@@ -318,12 +318,13 @@ def verify_runs(runs: Sequence[str | os.PathLike[str]], registry: Any, *, clear_
             msg = f"{run} is not a Photon run directory (no photon.json); run `millwheel photon run --checkpoint {run}` first"
             raise FileNotFoundError(msg)
         manifests.append(m)
-    data = {m["data_dir"] for m in manifests}
-    if len(data) != 1:
-        msg = f"the runs read different logs: {sorted(data)}; verify pipelines of the same input"
+    # the same click log (a pipeline may read its own copy of the query log, e.g. delayed)
+    logs = {os.path.realpath(Path(m["data_dir"]) / "clicks") for m in manifests}
+    if len(logs) != 1:
+        msg = f"the runs read different click logs: {sorted(logs)}; verify pipelines of the same input"
         raise ValueError(msg)
     config = PhotonConfig(**manifests[0]["config"])
-    clicks, _ = read_records(Path(data.pop()) / "clicks", config.click_id_field, config.ts_field)
+    clicks, _ = read_records(Path(logs.pop()), config.click_id_field, config.ts_field)
     with contextlib.ExitStack() as stack:
         pipelines = []
         for run, m in zip(runs, manifests, strict=True):
