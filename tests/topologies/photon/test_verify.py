@@ -10,9 +10,11 @@ comes back and replays its batch under the same token.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from topologies.photon import Pipeline, evaluate, verify
+from topologies.photon import PhotonConfig, Pipeline, evaluate, verify
 from topologies.photon.verify import gave_up_ids, output_ids, token
 
 
@@ -113,3 +115,40 @@ def test_verifying_a_subset_of_the_runs_duplicates_nothing(cleared_first, sample
     assert (alone.cleared_elsewhere if cleared_first else alone.holder_not_given) == alone.missing
     final = evaluate(union(dc2.result(), dc1.result()), sample, truth)
     assert final["ok"] and final["duplicates_in_output"] == 0, final
+
+
+@pytest.mark.parametrize("staged", [True, False])
+def test_a_batch_committed_but_not_published_counts_as_output(staged, tmp_path, sample, registry):
+    # issue 21 (3): a pipeline killed between Spark's commit and its publication: verification
+    # took its clicks for lost, re-injected them into the other pipeline, and the restart
+    # published the staged batch too
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from millwheel._codec import encode_value
+    from topologies.photon.drivers import prepare_run
+    from topologies.photon.evaluation import batch_join
+    from topologies.photon.verify import verify_runs
+
+    joined = batch_join(sample).joined[0]
+    runs = []
+    for name in ("dc1", "dc2"):
+        run = tmp_path / name
+        prepare_run(run, sample, PhotonConfig(), name, None)
+        (run / "run.json").write_text(json.dumps({"pipeline": name, "epoch": f"e-{name}"}))
+        runs.append(run)
+    registry.commit_many([(joined["click_id"], token("dc1#e-dc1", joined["query_id"]), joined["click_ts"])])
+    batch = runs[0] / "outbox" / "Joiner" / "5"
+    (runs[0] / "checkpoints" / "Joiner" / "commits").mkdir(parents=True)
+    (runs[0] / "checkpoints" / "Joiner" / "commits" / "5").write_text("v1\n{}")
+    (runs[0] / "tallies").mkdir()
+    (runs[0] / "tallies" / "Joiner.json").write_text(json.dumps({"published": 4, "written_by_stream": {}, "metrics": {}}))
+    if staged:
+        part = batch / "e0" / "stream=joined_clicks"
+        part.mkdir(parents=True)
+        pq.write_table(pa.table({"id": ["p1"], "ts": [joined["click_ts"]], "key": [None], "value": [encode_value(joined)], "wm": [None]},
+                                schema=pa.schema([("id", pa.string()), ("ts", pa.int64()), ("key", pa.binary()),
+                                                  ("value", pa.binary()), ("wm", pa.int64())])), part / "part-00000.parquet")  # fmt: skip
+    report = verify_runs(runs, registry)
+    assert report.missing == (0 if staged else 1) and report.recovered == (0 if staged else 1)
+    assert len(list((runs[1] / "reinject").glob("reinject_*.jsonl"))) == (0 if staged else 1)  # nothing re-injected
