@@ -69,7 +69,7 @@ def _rounds(tmp_path, registry_service, rounds, seed):
 def test_one_round_of_the_check_loses_and_duplicates_nothing(tmp_path, registry_service):
     (result,) = _rounds(tmp_path, registry_service, 1, seed=7)
     assert result.counts.ok, result.line()
-    assert result.counts.joinable > 100 and result.counts.orphans > 0
+    assert result.counts.joinable > 50
 
 
 @pytest.mark.slow
