@@ -89,6 +89,11 @@ class FileStreamLog:
         #: keys what :meth:`append` writes for the stream's consumers (``_keying.py``)
         self.keyer = keyer
 
+    @classmethod
+    def at(cls, run_dir: str) -> FileStreamLog:
+        """The stream log of the run directory ``run_dir`` (a path or URI), to read what a run published."""
+        return cls(Location.of(run_dir))
+
     def location(self, stream: str, producer: str) -> Location:
         return self.root.child(stream, producer)
 

@@ -291,9 +291,8 @@ def _write_status(run: Path, pipeline: str, *, drained: bool) -> None:
 def read_run(root: str | os.PathLike[str]) -> RunResult:
     """The visible output of a pipeline's run directory (committed, published files only)."""
     from millwheel.runtime import FileStreamLog
-    from millwheel.runtime._fs import Location
 
-    streams = FileStreamLog(Location.of(os.fspath(root)))
+    streams = FileStreamLog.at(os.fspath(root))
 
     def values(stream: str) -> list[Any]:
         return [r.value for r in streams.read(stream)]

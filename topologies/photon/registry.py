@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from millwheel._once import OnceResult
+from millwheel.once import OnceResult
 
 __all__ = ["OnceRegistryAdapter", "RegistryFactory", "open_client", "registry_secret"]
 

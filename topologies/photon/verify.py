@@ -59,7 +59,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from millwheel._once import TENTATIVE, holder_of, once_token, pipeline_id, roster
+from millwheel.once import TENTATIVE, holder_of, once_token, pipeline_id, roster
 
 from .config import PhotonConfig
 from .drivers import LOCK, REINJECT, read_manifest, read_run
