@@ -73,6 +73,7 @@ def test_one_round_of_the_check_loses_and_duplicates_nothing(tmp_path, registry_
 
 
 @pytest.mark.slow
+@pytest.mark.spark
 @pytest.mark.timeout(36_000)
 def test_twenty_rounds_of_the_check(tmp_path, registry_service):
     results = _rounds(tmp_path, registry_service, 20, seed=11)
