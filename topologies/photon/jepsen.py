@@ -228,7 +228,10 @@ class PhotonCheck:
             shutil.rmtree(base)
         data = base / "data"
         s = self.settings
-        generate(data, GeneratorConfig(seed=result.seed, duration_s=s.duration_s, rate=s.rate))
+        # each round its own event times (query and click ids carry them) and pipeline names: one
+        # registry serves every round, and its roster holds each name for one run directory
+        start_ms = GeneratorConfig.start_ms + number * 10**9
+        generate(data, GeneratorConfig(seed=result.seed, duration_s=s.duration_s, rate=s.rate, start_ms=start_ms))
         # a click log shipped late: files from the first half, held back
         clicks = sorted(p for p in (data / "clicks").glob("*.jsonl"))
         held = base / "held-clicks"
@@ -246,9 +249,10 @@ class PhotonCheck:
         pending_queries = queries[cut:]
         runs = {"dc1": base / "dc1", "dc2": base / "dc2"}
         pipes = {
-            "dc1": _Pipeline("dc1", d1, runs["dc1"], self._common(), base / "dc1.log"),
-            "dc2": _Pipeline("dc2", data, runs["dc2"], self._common(), base / "dc2.log"),
+            "dc1": _Pipeline(f"dc1-r{number}", d1, runs["dc1"], self._common(), base / "dc1.log"),
+            "dc2": _Pipeline(f"dc2-r{number}", data, runs["dc2"], self._common(), base / "dc2.log"),
         }
+        starts: Counter[str] = Counter()
         crashing = rng.choice(sorted(pipes))
         point = rng.choice(CRASH_POINTS)
         deleted_checkpoint = rng.choice(sorted(pipes))
@@ -257,6 +261,10 @@ class PhotonCheck:
 
         def restart(name: str, *, wipe: bool = False) -> None:
             p = pipes[name]
+            starts[name] += 1
+            if starts[name] > 40:  # a start refused for a reason that does not go away
+                msg = f"round {number}: {name} keeps exiting ({p.proc.returncode if p.proc else '?'}); see {p.log}"
+                raise RuntimeError(msg)
             p.kill()
             if wipe:  # its checkpoint (the run directory) is lost: it starts again as a new epoch
                 shutil.rmtree(p.run, ignore_errors=True)
