@@ -265,7 +265,10 @@ class PhotonCheck:
             if starts[name] > 40:  # a start refused for a reason that does not go away
                 msg = f"round {number}: {name} keeps exiting ({p.proc.returncode if p.proc else '?'}); see {p.log}"
                 raise RuntimeError(msg)
+            code = p.proc.returncode if p.proc is not None else None
             p.kill()
+            with open(p.log, "ab") as out:
+                out.write(f"==== {time.strftime('%H:%M:%S')} {name} exited with {code}\n".encode())
             if wipe:  # its checkpoint (the run directory) is lost: it starts again as a new epoch
                 shutil.rmtree(p.run, ignore_errors=True)
                 result.plan.append(f"{name} restarts from a deleted checkpoint")
@@ -291,7 +294,9 @@ class PhotonCheck:
             ops = list(OPERATIONS)
             rng.shuffle(ops)
             for op in ops:
-                wait(lambda: any(p.published() for p in pipes.values()), "first output", 600)
+                # progress first: some output, or a pipeline that has read everything (its
+                # clicks may all be held by a dead epoch until verification runs)
+                wait(lambda: any(p.published() or p.drained() for p in pipes.values()), "progress", 600)
                 time.sleep(rng.uniform(1.0, 6.0))
                 if op == "kill":
                     victim = next(n for n in sorted(pipes) if n != crashing)
