@@ -54,10 +54,13 @@ def test_the_checker_counts_lost_twice_unseen_and_both(tmp_path, sample):
     assert check_outputs(sample, [a, b], PhotonConfig()).ok
 
 
-def _rounds(tmp_path, registry_service, rounds, seed):
-    check = PhotonCheck(tmp_path, registry_service.url, str(registry_service.data_dir) + "/secret", seed=seed,
-                        settings=CheckSettings(), say=print)  # fmt: skip
-    results = list(check.run(rounds))
+def _rounds(tmp_path, rounds, seed):
+    from id_registry import embedded_registry
+
+    # a registry of its own: the rounds' click ids are not the other tests' business
+    with embedded_registry(str(tmp_path / "registry")) as service:
+        check = PhotonCheck(tmp_path, service.url, str(service.data_dir) + "/secret", seed=seed, settings=CheckSettings(), say=print)
+        results = list(check.run(rounds))
     for r in results:
         print(r.line())
     (tmp_path / "check.json").write_text(json.dumps([r.counts.line() for r in results]))
@@ -66,8 +69,8 @@ def _rounds(tmp_path, registry_service, rounds, seed):
 
 @pytest.mark.spark
 @pytest.mark.timeout(1800)
-def test_one_round_of_the_check_loses_and_duplicates_nothing(tmp_path, registry_service):
-    (result,) = _rounds(tmp_path, registry_service, 1, seed=7)
+def test_one_round_of_the_check_loses_and_duplicates_nothing(tmp_path):
+    (result,) = _rounds(tmp_path, 1, seed=7)
     assert result.counts.ok, result.line()
     assert result.counts.joinable > 50
 
@@ -75,6 +78,6 @@ def test_one_round_of_the_check_loses_and_duplicates_nothing(tmp_path, registry_
 @pytest.mark.slow
 @pytest.mark.spark
 @pytest.mark.timeout(36_000)
-def test_twenty_rounds_of_the_check(tmp_path, registry_service):
-    results = _rounds(tmp_path, registry_service, 20, seed=11)
+def test_twenty_rounds_of_the_check(tmp_path):
+    results = _rounds(tmp_path, 20, seed=11)
     assert all(r.counts.ok for r in results), "\n".join(r.line() for r in results if not r.counts.ok)
