@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 from millwheel._deadletter import DeadLetter
 from millwheel._errors import MillwheelError
@@ -96,13 +96,22 @@ def _forget(name: str) -> None:
 LATE_WARNING_SHARE = 0.001
 
 
+class LateNote(NamedTuple):
+    """What a run says about one computation's late records (:func:`late_notes`)."""
+
+    computation: str
+    #: late records passed :data:`LATE_WARNING_SHARE` of the computation's input
+    warning: bool
+    text: str
+
+    def line(self) -> str:
+        return ("warning: " if self.warning else "") + self.text
+
+
 def late_lines(
     t: Topology, metrics: Mapping[str, Mapping[str, int]], disorder: Mapping[str, tuple[int, str] | None] | None = None
 ) -> list[str]:
-    """What a run says about late records (§4.5), whatever the backend: per computation with
-    any, how many, which injectors feed it and how far out of order they read records, and
-    the ``lateness_ms`` that would have kept them. A line starts with ``warning:`` once
-    late records pass :data:`LATE_WARNING_SHARE` of the computation's input.
+    """:func:`late_notes` as the lines a run summary prints.
 
     >>> from millwheel import Computation, Topology
     >>> class C(Computation):
@@ -111,6 +120,16 @@ def late_lines(
     >>> late_lines(t, {"C": {"records_in": 1_000, "late": 9, "late_dropped": 9}}, {"logs": (5_000, "part-0003.jsonl")})
     ['warning: C: 9 records late (0.90% of 1,000), 9 dropped; injector logs read records up to 5.0s out of order (part-0003.jsonl): LogFileSource(lateness_ms=5000) would have kept them']
     """
+    return [note.line() for note in late_notes(t, metrics, disorder)]
+
+
+def late_notes(
+    t: Topology, metrics: Mapping[str, Mapping[str, int]], disorder: Mapping[str, tuple[int, str] | None] | None = None
+) -> list[LateNote]:
+    """What a run says about late records (§4.5), whatever the backend: per computation with
+    any, how many, which injectors feed it and how far out of order they read records, and
+    the ``lateness_ms`` that would have kept them; a warning once late records pass
+    :data:`LATE_WARNING_SHARE` of the computation's input."""
     out = []
     for name in t.order():
         m = metrics.get(name) or {}
@@ -137,7 +156,7 @@ def late_lines(
                     f"LogFileSource(lateness_ms={d[0]}) would have kept them"
                 )
         text = f"{name}: " + ", ".join(what) + ("; " + "; ".join(sources) if sources else "; behind its input low watermark on arrival")
-        out.append(("warning: " if late / n > LATE_WARNING_SHARE else "") + text)
+        out.append(LateNote(name, late / n > LATE_WARNING_SHARE, text))
     return out
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, duration_text, timestamp_text
-from millwheel._runner import late_lines
+from millwheel._runner import late_notes
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,14 +88,11 @@ def disorder_of(rows: tuple[Row, ...] | list[Row]) -> dict[str, tuple[int, str] 
 
 
 def _with_late_warnings(topology: Any, rows: list[Row]) -> list[Row]:
-    """A computation whose late records passed a small share warns, with the fix (:func:`late_lines`)."""
+    """A computation whose late records passed a small share warns, with the fix (:func:`~millwheel._runner.late_notes`)."""
     metrics = {r.name: {"late": r.late or 0, "records_in": r.records_in or 0} for r in rows if r.kind == "computation"}
     if not any(m["late"] for m in metrics.values()):
         return rows
-    warns = {}
-    for line in late_lines(topology, metrics, disorder_of(rows)):
-        if line.startswith("warning: "):
-            warns[line.split(":", 2)[1].strip()] = line.removeprefix("warning: ")
+    warns = {n.computation: n.text for n in late_notes(topology, metrics, disorder_of(rows)) if n.warning}
     return [replace(r, warning=warns[r.name]) if r.name in warns and not r.warning else r for r in rows]
 
 

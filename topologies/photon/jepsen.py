@@ -253,6 +253,7 @@ class PhotonCheck:
             "dc2": _Pipeline(f"dc2-r{number}", data, runs["dc2"], self._common(), base / "dc2.log"),
         }
         starts: Counter[str] = Counter()
+        wiped: set[str] = set()  # pipelines already restarted from a deleted run directory
         crashing = rng.choice(sorted(pipes))
         point = rng.choice(CRASH_POINTS)
         deleted_checkpoint = rng.choice(sorted(pipes))
@@ -270,6 +271,7 @@ class PhotonCheck:
             with open(p.log, "ab") as out:
                 out.write(f"==== {time.strftime('%H:%M:%S')} {name} exited with {code}\n".encode())
             if wipe:  # its checkpoint (the run directory) is lost: it starts again as a new epoch
+                wiped.add(name)
                 shutil.rmtree(p.run, ignore_errors=True)
                 result.plan.append(f"{name} restarts from a deleted checkpoint")
             else:
@@ -281,7 +283,7 @@ class PhotonCheck:
             while time.monotonic() < until:
                 for name, p in pipes.items():  # a driver that died (a crash point, a refused start) comes back
                     if p.proc is not None and not p.running() and p.proc.returncode not in (0,):
-                        restart(name, wipe=(name == deleted_checkpoint and f"{name} restarts from a deleted checkpoint" not in result.plan))
+                        restart(name, wipe=name == deleted_checkpoint and name not in wiped)
                 if predicate():
                     return True
                 time.sleep(1.0)
