@@ -23,6 +23,7 @@ keep the real step.
 from __future__ import annotations
 
 from millwheel import Computation, Record
+from millwheel._delivery import KeyOutcome
 from millwheel.runtime._interval import IntervalBatch
 
 _real_run = IntervalBatch.run
@@ -34,9 +35,9 @@ def _floor_run(self: IntervalBatch, envelopes):  # noqa: ANN001, ANN202 - Interv
     totals = self.totals
     outcomes = {}
     for kb, rows in self.per_key.items():
-        totals["records_in"] += len(rows)
-        totals["processed"] += len(rows)
-        outcomes[kb] = (b"\x01", None, None, None)  # a key's envelope: kept, never read
+        totals.records_in += len(rows)
+        totals.processed += len(rows)
+        outcomes[kb] = KeyOutcome(b"\x01")  # a key's envelope: kept, never read
     return outcomes
 
 

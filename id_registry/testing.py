@@ -39,9 +39,19 @@ def etcd_binary() -> str | None:
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports free on 127.0.0.1 right now: each socket stays bound until
+    all are chosen, so the kernel cannot hand the same port out twice."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(n):
+            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            s.bind(("127.0.0.1", 0))
+            ports.append(int(s.getsockname()[1]))
+        return ports
 
 
 class LocalEtcdCluster:
@@ -56,8 +66,8 @@ class LocalEtcdCluster:
         self.base_dir = Path(base_dir)
         self.extra_args = list(extra_args)
         self.names = [f"m{i}" for i in range(members)]
-        self.client_ports = [free_port() for _ in range(members)]
-        self.peer_ports = [free_port() for _ in range(members)]
+        ports = free_ports(2 * members)
+        self.client_ports, self.peer_ports = ports[:members], ports[members:]
         self.endpoints = [f"http://127.0.0.1:{p}" for p in self.client_ports]
         self.processes: list[subprocess.Popen[bytes] | None] = [None] * members
         self._token = f"millwheel-{os.getpid()}-{time.monotonic_ns()}"

@@ -12,7 +12,11 @@ the Spark interval function only Arrow/pandas plumbing around the same calls:
 * :func:`plan_steps` — a key's delivered records cut into step calls: runs that share
   the watermark they arrived under (lateness, §4.5), each allowed to fire timers only up
   to what the key's next, still unprocessed, run allows (§4.6);
-* :func:`timers_due` — whether a key without input has a timer to fire.
+* :func:`timers_due` — whether a key without input has a timer to fire;
+* :func:`run_key` — the per-key loop both backends run: a key's delivered records
+  through :func:`plan_steps` and the step, with its counters, into a :class:`KeyOutcome`;
+  :func:`commit_once` — a round's ``once_id`` productions committed in one call;
+* :func:`low_watermark` — the one formula of a computation's low watermark (§4.5, §7.2).
 
 >>> from millwheel._record import Record
 >>> rec = Record(None, {"query": "cats"}, 1_500, "r1")
@@ -29,9 +33,10 @@ the Spark interval function only Arrow/pandas plumbing around the same calls:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
+from millwheel._counters import StepMetrics
 from millwheel._deadletter import (
     DEAD_LETTER_STREAM,
     DeadLetter,
@@ -39,10 +44,25 @@ from millwheel._deadletter import (
     dead_letter_record,
     reason_of,
 )
-from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record, key_problem, short_repr
+from millwheel._errors import ComputationError
+from millwheel._once import OnceOutcome, OnceRegistry, resolve_once
+from millwheel._options import ErrorPolicy
+from millwheel._record import (
+    MAX_TIMESTAMP,
+    MIN_TIMESTAMP,
+    Key,
+    Production,
+    Record,
+    key_problem,
+    short_repr,
+)
 
-#: counters delivery adds to a computation's metrics (besides the step's)
-KEYING_METRICS = ("records_in", "dead_letters", "dead_letters_dropped")
+if TYPE_CHECKING:
+    from millwheel._step import StepRunner
+
+
+class KeyExtractorError(ComputationError):
+    """A consumer's key extractor failed under ``ErrorPolicy.RAISE`` (on both backends)."""
 
 
 def record_problem(record: Any) -> str | None:
@@ -78,7 +98,9 @@ def invalid_record(injector: str, stream: str, record: Any, problem: str, seq: i
     return dead_letter_record(letter, ts, short_repr(getattr(rec, "id", None)), seq)
 
 
-def key_record(consumer: str, stream: str, extractor: Callable[[Record], Any], record: Record) -> tuple[Record | None, Record | None]:
+def key_record(
+    consumer: str, stream: str, extractor: Callable[[Record], Any], record: Record, on_error: ErrorPolicy = ErrorPolicy.DEAD_LETTER
+) -> tuple[Record | None, Record | None]:
     """Apply ``consumer``'s key extractor for ``stream`` to ``record`` (§4.2).
 
     Returns ``(keyed record, None)`` — the record with the consumer's key and ``stream`` —
@@ -86,6 +108,11 @@ def key_record(consumer: str, stream: str, extractor: Callable[[Record], Any], r
     a key. A dead letter read from :data:`DEAD_LETTER_STREAM` that its consumer cannot
     key gives ``(None, None)``: dead letters of dead letters are not made (the caller
     counts it as ``dead_letters_dropped``), so dead-letter consumers never loop.
+
+    The one keying-failure rule of both backends: under ``ErrorPolicy.RAISE`` (the
+    consumer's ``on_error``) a failed extractor raises :class:`KeyExtractorError` instead
+    (the harness raises it to the test; on Spark it fails the consumer's query with this
+    message), as a failing ``process_record`` does.
     """
     try:
         key = extractor(record)
@@ -98,6 +125,9 @@ def key_record(consumer: str, stream: str, extractor: Callable[[Record], Any], r
         why = f"TypeError: the key extractor returned an invalid key: {why}"
     if stream == DEAD_LETTER_STREAM:
         return None, None
+    if on_error is ErrorPolicy.RAISE:
+        msg = f"computation {consumer!r}: its key extractor failed: {why} (stream {stream!r}, record {record.id!r})"
+        raise KeyExtractorError(msg)
     letter = DeadLetter(Stage.KEY_EXTRACTOR, why, computation=consumer, stream=stream, record=record)
     return None, dead_letter_record(letter, record.timestamp, record.id)
 
@@ -152,3 +182,79 @@ def timers_due(next_low_watermark_timer: int | None, next_wall_timer: int | None
     return (next_low_watermark_timer is not None and next_low_watermark_timer <= low_watermark) or (
         next_wall_timer is not None and next_wall_timer <= now
     )
+
+
+def count_keying(metrics: StepMetrics, dropped: bool) -> None:
+    """Count a record its consumer could not key: a dead letter, or (``dropped``) a dead
+    letter that failed again, which makes none."""
+    metrics.records_in += 1
+    if dropped:
+        metrics.dead_letters_dropped += 1
+    else:
+        metrics.dead_letters += 1
+
+
+@dataclass(slots=True)
+class KeyOutcome:
+    """What one key's share of a round leaves: its new envelope and what to schedule, and
+    what it sent."""
+
+    #: the new envelope, ``None``: the key keeps nothing
+    envelope: bytes | None
+    #: oldest pending work kept in the envelope (low-watermark timers, pending productions)
+    hold: int | None = None
+    next_low_watermark_timer: int | None = None
+    next_wall_timer: int | None = None
+    #: what user code produced, in order, and the dead letters of its failures
+    productions: list[Production] = field(default_factory=list)
+    dead_letters: list[Production] = field(default_factory=list)
+
+    @property
+    def keeps_nothing_to_schedule(self) -> bool:
+        return self.hold is None and self.next_low_watermark_timer is None and self.next_wall_timer is None
+
+
+def run_key(
+    runner: StepRunner, key: Key, envelope: bytes | None, items: Sequence[tuple[Record, int | None]],
+    *, low_watermark: int, now: int, metrics: StepMetrics,
+) -> KeyOutcome:  # fmt: skip
+    """The per-key loop of both backends: ``items`` (a key's delivered ``(record, arrival
+    watermark)`` pairs in send order; none: a timer is due) cut by :func:`plan_steps` and
+    run through :meth:`StepRunner.step` one call after the other, the envelope of each the
+    input of the next; the counters are added to ``metrics``."""
+    out = KeyOutcome(envelope)
+    res = None
+    for call in plan_steps(items, low_watermark):
+        res = runner.step(key, out.envelope, call.records, low_watermark=call.low_watermark, now=now, late_watermark=call.late_watermark)
+        out.envelope = res.envelope
+        metrics.add(res.metrics)
+        out.productions += res.productions
+        out.dead_letters += res.dead_letters
+    if res is not None and out.envelope is not None:
+        out.hold, out.next_low_watermark_timer, out.next_wall_timer = res.hold, res.next_low_watermark_timer, res.next_wall_timer
+    return out
+
+
+def commit_once(
+    productions: Sequence[tuple[Key | None, Production]], registry: OnceRegistry | None, *, pipeline: str, computation: str, metrics: StepMetrics
+) -> OnceOutcome:
+    """A round's ``once_id`` productions committed to the IdRegistry in one call (Photon §2),
+    counted in ``metrics`` (``once_committed``, ``once_conflicts`` and the dead letters of
+    ids too old to deduplicate); the caller drops ``outcome.dropped`` and sends
+    ``outcome.dead_letters``."""
+    outcome = resolve_once(productions, registry, pipeline=pipeline, computation=computation)
+    metrics.once_committed += outcome.committed
+    metrics.once_conflicts += outcome.conflicts
+    metrics.dead_letters += len(outcome.dead_letters)
+    return outcome
+
+
+def low_watermark(oldest_work: int | None, input_low_watermark: int) -> int:
+    """A computation's (or key interval's) low watermark (§4.5, §7.2): the older of its
+    oldest pending work (``None``: none) and its input low watermark — the one formula of
+    both backends; publishing then keeps the maximum (published values never go back).
+
+    >>> low_watermark(None, 5_000), low_watermark(3_000, 5_000), low_watermark(7_000, 5_000)
+    (5000, 3000, 5000)
+    """
+    return input_low_watermark if oldest_work is None or oldest_work > input_low_watermark else oldest_work

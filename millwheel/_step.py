@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import compress
 from operator import attrgetter
 from typing import Any
@@ -31,6 +31,7 @@ import xxhash
 
 from millwheel._codec import decode_value, encode_value
 from millwheel._computation import Computation, State, _NoKey
+from millwheel._counters import StepMetrics
 from millwheel._deadletter import (
     DEAD_LETTER_STREAM,
     DeadLetter,
@@ -78,7 +79,7 @@ class StepResult:
     productions: list[Production]
     #: records and timers that failed, as productions to :data:`DEAD_LETTER_STREAM`
     dead_letters: list[Production]
-    metrics: dict[str, int]
+    metrics: StepMetrics
     #: oldest pending work kept in the envelope: low-watermark timers, pending productions
     hold: int | None
     #: earliest pending low-watermark timer and wall-time timer, for scheduling the next fire
@@ -95,44 +96,6 @@ class _Failure(Exception):
         self.what = what
         self.record = record
         self.timer = timer
-
-
-@dataclass(slots=True)
-class _Counters:
-    records_in: int = 0
-    duplicates: int = 0
-    late: int = 0
-    late_dropped: int = 0
-    late_to_stream: int = 0
-    processed: int = 0
-    timers_fired: int = 0
-    timers_deferred: int = 0
-    productions: int = 0
-    productions_behind_watermark: int = 0
-    dead_letters: int = 0
-    dead_letters_dropped: int = 0
-    dedup: DedupStats = field(default_factory=DedupStats)
-
-    def as_dict(self) -> dict[str, int]:
-        d = {
-            "records_in": self.records_in,
-            "duplicates": self.duplicates,
-            "late": self.late,
-            "late_dropped": self.late_dropped,
-            "late_to_stream": self.late_to_stream,
-            "processed": self.processed,
-            "timers_fired": self.timers_fired,
-            "timers_deferred": self.timers_deferred,
-            "productions": self.productions,
-            "productions_behind_watermark": self.productions_behind_watermark,
-            "dead_letters": self.dead_letters,
-            "dead_letters_dropped": self.dead_letters_dropped,
-            "bloom_maybe": self.dedup.bloom_maybe,
-            "bloom_false_positive": self.dedup.bloom_false_positive,
-            "dedup_gc_runs": self.dedup.gc_runs,
-            "dedup_ids_collected": self.dedup.ids_collected,
-        }
-        return d
 
 
 class _KeyContext:
@@ -348,11 +311,11 @@ class StepRunner:
         ctx = _KeyContext(self, key, env, low_watermark, now)
         comp._ctx = ctx
         comp.__dict__["state"] = ctx.state  # see Computation.state
-        c = _Counters()
+        c = StepMetrics()
         dedup = env.dedup if opts.exactly_once else None
         late = opts.late
         process_record = comp.process_record
-        stats = c.dedup
+        stats = DedupStats()
         careful = failures is not None
         codec = self.codec
         saved = ctx.state.encoded() if careful else None
@@ -489,6 +452,8 @@ class StepRunner:
             # these records arrived under (later deliveries are judged against a later one)
             horizon = min(low_watermark, late_wm) - dd.slack_ms
             dedup.finish(horizon, dd.bloom_fpr, dd.bloom_capacity, dd.gc_interval_ms, stats)
+        c.bloom_maybe, c.bloom_false_positive = stats.bloom_maybe, stats.bloom_false_positive
+        c.dedup_gc_runs, c.dedup_ids_collected = stats.gc_runs, stats.ids_collected
         letters = [self._dead_letter(key, f, now) for f in failures or ()]
         dead = [d for d in letters if d is not None]
         c.dead_letters = len(dead)
@@ -503,7 +468,7 @@ class StepRunner:
             envelope=None if env.is_empty() else env.encode(),
             productions=productions,
             dead_letters=dead,
-            metrics=c.as_dict(),
+            metrics=c,
             hold=env.hold(),
             next_low_watermark_timer=next_lw,
             next_wall_timer=next_wall,

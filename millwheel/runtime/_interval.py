@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 import pandas as pd
@@ -45,9 +45,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from millwheel._codec import decode_value, encode_value
+from millwheel._counters import StepMetrics
 from millwheel._deadletter import DEAD_LETTER_STREAM
-from millwheel._delivery import key_record, plan_steps, timers_due
-from millwheel._once import resolve_once
+from millwheel._delivery import (
+    KeyOutcome,
+    commit_once,
+    count_keying,
+    key_record,
+    run_key,
+    timers_due,
+)
+from millwheel._options import ErrorPolicy
 from millwheel._record import MIN_TIMESTAMP, Production, Record, decode_key, encode_key
 from millwheel._step import StepRunner
 from millwheel._topology import ComputationSpec
@@ -69,13 +77,47 @@ from millwheel.runtime._wire import (
 _packb = msgpack.packb
 _unpackb = msgpack.unpackb
 
-#: step metrics summed per interval and reported in the summary row
-METRICS = (
-    "records_in", "duplicates", "late", "late_dropped", "late_to_stream", "processed",
-    "timers_fired", "productions", "dead_letters", "dead_letters_dropped", "once_committed", "once_conflicts",
-)  # fmt: skip
-#: the ones the per-key step counts (the others are counted around it)
-STEP_METRICS = METRICS[:-2]
+
+
+class KeyMeta(NamedTuple):
+    """What an interval keeps beside a key's envelope, to find its due timers and its hold
+    without decoding the envelope (stored as a msgpack list)."""
+
+    hold: int | None
+    next_low_watermark_timer: int | None
+    next_wall_timer: int | None
+
+    @classmethod
+    def of(cls, outcome: KeyOutcome) -> KeyMeta | None:
+        """``None``: the key has nothing to schedule (no entry)."""
+        if outcome.envelope is None or outcome.keeps_nothing_to_schedule:
+            return None
+        return cls(outcome.hold, outcome.next_low_watermark_timer, outcome.next_wall_timer)
+
+
+def unpack_meta(data: bytes) -> Any:
+    """A msgpack map (or list holding one) whose lists are :class:`KeyMeta`."""
+    return _unpackb(data, raw=False, strict_map_key=False, list_hook=_meta_or_list)
+
+
+def _meta_or_list(items: list[Any]) -> Any:
+    return KeyMeta._make(items) if len(items) == 3 else items
+
+
+class _Row(NamedTuple):
+    """One input row of a key, as :meth:`IntervalBatch.add_frame` keeps it until its key's
+    step runs: sorting rows (tuples) sorts them in send order."""
+
+    #: the sender watermark (``MIN_TIMESTAMP`` when unknown), then the file and the row in it
+    order: int
+    src: Any
+    row: int
+    id: str
+    ts: int
+    value: bytes
+    stream: str
+    #: the sender watermark it arrived under (``None``: not known)
+    sent: int | None
 
 
 #: what the consumer's keying function returns per row (:func:`make_keying`), as a Spark type
@@ -88,21 +130,24 @@ _KEYING_FIELDS = [
 
 def key_row(
     consumer: str, stream: str, extractor: Callable[[Record], Any], intervals: int, cache: dict[Any, tuple[bytes, int]],
-    pk: bytes | None, value: bytes, ts: int, rid: str,
+    pk: bytes | None, value: bytes, ts: int, rid: str, on_error: ErrorPolicy = ErrorPolicy.DEAD_LETTER,
 ) -> tuple[tuple[bytes, int] | None, Record | None]:  # fmt: skip
     """One stream-log row keyed by its consumer (§4.2): the value decoded, the record built as
     its producer made it, :func:`~millwheel._delivery.key_record`. Returns ``((encoded key,
     interval), None)``, or ``(None, dead letter)`` — ``(None, None)``: a dead letter the
-    consumer could not key, dropped. Both places a consumer keys rows call it: the keying
+    consumer could not key, dropped; under ``ErrorPolicy.RAISE`` a failed extractor raises
+    (:func:`~millwheel._delivery.key_record`). Both places a consumer keys rows call it: the keying
     stage (:func:`make_keying`) and the step (:meth:`IntervalBatch._key_here`)."""
     rec = Record(None if pk is None else decode_key(pk), decode_value(value), ts, rid, stream)
-    keyed, dead = key_record(consumer, stream, extractor, rec)
+    keyed, dead = key_record(consumer, stream, extractor, rec, on_error)
     if keyed is None:
         return None, dead
     return cached_key(keyed.key, intervals, cache), None
 
 
-def make_keying(consumer: str, stream: str, extractor: Callable[[Record], Any], intervals: int) -> Callable[..., pa.StructArray]:
+def make_keying(
+    consumer: str, stream: str, extractor: Callable[[Record], Any], intervals: int, on_error: ErrorPolicy = ErrorPolicy.DEAD_LETTER
+) -> Callable[..., pa.StructArray]:
     """The consumer's own keying of the rows its producer did not key (§4.2), as an Arrow UDF.
 
     Arguments, one array each: ``needed`` (the row has no ``interval:C``: a failed
@@ -135,7 +180,7 @@ def make_keying(consumer: str, stream: str, extractor: Callable[[Record], Any], 
         for i, need in enumerate(needed.to_pylist()):
             if not need:
                 continue
-            keyed, dead = key_row(consumer, stream, extractor, intervals, cache, pk_l[i], val_l[i], ts_l[i], id_l[i])
+            keyed, dead = key_row(consumer, stream, extractor, intervals, cache, pk_l[i], val_l[i], ts_l[i], id_l[i], on_error)
             if keyed is not None:
                 o_key[i], o_interval[i] = keyed
                 o_kind[i] = kind_record
@@ -208,10 +253,6 @@ class _Out:
         return pd.DataFrame(cols)
 
 
-#: what a batch leaves for one key: (envelope or None, hold, next low-watermark timer, next wall timer)
-KeyOutcome = tuple[bytes | None, int | None, int | None, int | None]
-
-
 class IntervalBatch:
     """One key interval's share of one micro-batch, whatever the state layout.
 
@@ -230,10 +271,10 @@ class IntervalBatch:
         self.interval = interval
         self.low_watermark = low_watermark
         self.now = now
-        #: key bytes -> [(send order..., id, ts, value bytes, stream, sender watermark)]
-        self.per_key: dict[bytes, list[tuple[Any, ...]]] = {}
+        #: key bytes -> its input rows
+        self.per_key: dict[bytes, list[_Row]] = {}
         self.out = _Out()
-        self.totals = dict.fromkeys(METRICS, 0)
+        self.totals = StepMetrics()
 
     @classmethod
     def of(cls, owner: IntervalStep, group: tuple[Any, ...], frames: Iterable[pd.DataFrame], spark_watermark: int, now: int) -> IntervalBatch | None:
@@ -287,8 +328,8 @@ class IntervalBatch:
             sent = [None if w != w else int(w) for w in wm.tolist()]
             order = [MIN_TIMESTAMP if w is None else w for w in sent]
         srcs = pdf["src"].tolist()
-        rows = zip(order, srcs, pdf["row"].tolist(), pdf["id"].tolist(), pdf["ts"].tolist(), pdf["value"].tolist(),
-                   pdf["stream"].tolist(), [None] * n if sent is None else sent, strict=True)  # fmt: skip
+        rows = map(_Row._make, zip(order, srcs, pdf["row"].tolist(), pdf["id"].tolist(), pdf["ts"].tolist(), pdf["value"].tolist(),
+                   pdf["stream"].tolist(), [None] * n if sent is None else sent, strict=True))  # fmt: skip
         per_key = self.per_key
         for kb, row in zip(pdf["key"].tolist(), rows, strict=True):
             lst = per_key.get(kb)
@@ -309,20 +350,17 @@ class IntervalBatch:
         if owner.intervals is None:
             msg = f"computation {spec.name!r}: rows to key in the step, but the step was built without its key intervals (groups)"
             raise RuntimeError(msg)
-        totals, out = self.totals, self.out
+        totals, out, on_error = self.totals, self.out, spec.options.on_error
         keyed_letters = wants_dead_letters(owner.keyer)
         cache: dict[Any, tuple[bytes, int]] = {}
         keep: list[int] = []
         keys: list[bytes] = []
         cols = (pdf["key"].tolist(), pdf["id"].tolist(), pdf["ts"].tolist(), pdf["value"].tolist(), pdf["stream"].tolist())
         for i, (pk, rid, ts, value, stream) in enumerate(zip(*cols, strict=True)):
-            keyed, dead = key_row(spec.name, stream, spec.inputs[stream], owner.intervals, cache, pk, value, ts, rid)
+            keyed, dead = key_row(spec.name, stream, spec.inputs[stream], owner.intervals, cache, pk, value, ts, rid, on_error)
             if keyed is None:
-                totals["records_in"] += 1
-                if dead is None:
-                    totals["dead_letters_dropped"] += 1
-                else:
-                    totals["dead_letters"] += 1
+                count_keying(totals, dead is None)
+                if dead is not None:
                     out.add(DEAD_LETTER_STREAM, dead.id, dead.timestamp, None, encode_value(dead.value), dead if keyed_letters else None)
                 continue
             kb, interval = keyed
@@ -346,77 +384,61 @@ class IntervalBatch:
         ``keyed``: something reads dead letters and they are keyed for it here)."""
         totals = self.totals
         for kind, rid, ts, value in zip(pdf["kind"].tolist(), pdf["id"].tolist(), pdf["ts"].tolist(), pdf["value"].tolist(), strict=True):
-            totals["records_in"] += 1
-            if kind == RowKind.DROPPED:
-                totals["dead_letters_dropped"] += 1
-            else:
-                totals["dead_letters"] += 1
+            count_keying(totals, kind == RowKind.DROPPED)
+            if kind != RowKind.DROPPED:
                 rec = Record(None, decode_value(value), ts, rid, DEAD_LETTER_STREAM) if keyed else None
                 self.out.add(DEAD_LETTER_STREAM, rid, ts, None, value, rec)
 
-    def add_due(self, meta: Iterable[tuple[bytes, Any]]) -> None:
-        """Keys without input whose earliest timer is due: ``(key bytes, [hold, next lw timer, next wall timer])``."""
+    def add_due(self, meta: Iterable[tuple[bytes, KeyMeta]]) -> None:
+        """Keys without input whose earliest timer is due: ``(key bytes, its KeyMeta)``."""
         lw, now, per_key = self.low_watermark, self.now, self.per_key
-        for kb, (_hold, nlw, nwall) in meta:
-            if kb not in per_key and timers_due(nlw, nwall, lw, now):
+        for kb, m in meta:
+            if kb not in per_key and timers_due(m.next_low_watermark_timer, m.next_wall_timer, lw, now):
                 per_key[kb] = []
 
     def run(self, envelopes: Callable[[bytes], bytes | None]) -> dict[bytes, KeyOutcome]:
-        """Step every key with input or due timers; return what each key keeps."""
+        """Step every key with input or due timers (:func:`~millwheel._delivery.run_key`);
+        return what each key keeps."""
         owner = self.owner
-        step = owner.runner().step
+        runner = owner.runner()
         lw, now, totals, out = self.low_watermark, self.now, self.totals, self.out
         once: list[tuple[Any, Production]] = []
         outcomes: dict[bytes, KeyOutcome] = {}
         for kb, rows in self.per_key.items():
             key = decode_key(kb)
-            env = envelopes(kb)
             if len(rows) > 1:
                 # send order: Spark reads a batch's files in any order; sender watermarks
-                # only grow, and file names (then rows) sort in publication order. Rows
-                # are tuples that start with (sender watermark, file, row): sorted natively
+                # only grow, and file names (then rows) sort in publication order: rows are
+                # tuples that start with (sender watermark, file, row), sorted natively
                 rows.sort()
-            items = [(Record(key, decode_value(v), t, rid, stream), w) for _, _, _, rid, t, v, stream, w in rows]
-            res = None
-            for call in plan_steps(items, lw):
-                res = step(key, env, call.records, low_watermark=call.low_watermark, now=now, late_watermark=call.late_watermark)  # type: ignore[arg-type]
-                env = res.envelope
-                m = res.metrics
-                for name in STEP_METRICS:
-                    totals[name] += m[name]
-                for plist in (res.productions, res.dead_letters):
-                    for p in plist:
-                        if p.once_id is not None:
-                            once.append((key, p))
-                        else:
-                            out.add_production(p, key, kb)
-            if res is None or env is None:
-                outcomes[kb] = (env, None, None, None)
-            else:
-                outcomes[kb] = (env, res.hold, res.next_low_watermark_timer, res.next_wall_timer)
+            items = [(Record(key, decode_value(r.value), r.ts, r.id, r.stream), r.sent) for r in rows]
+            outcome = outcomes[kb] = run_key(runner, key, envelopes(kb), items, low_watermark=lw, now=now, metrics=totals)
+            for plist in (outcome.productions, outcome.dead_letters):
+                for p in plist:
+                    if p.once_id is not None:
+                        once.append((key, p))
+                    else:
+                        out.add_production(p, key, kb)
         if once:
             # one IdRegistry round trip for the interval's whole batch (Photon §2); a replay
             # commits the same ids with the same tokens and gets the same answers
-            outcome = resolve_once(once, owner.registry(), pipeline=owner.pipeline, computation=owner.spec.name)
-            totals["once_committed"] += outcome.committed
-            totals["once_conflicts"] += outcome.conflicts
-            totals["dead_letters"] += len(outcome.dead_letters)
+            result = commit_once(once, owner.registry(), pipeline=owner.pipeline, computation=owner.spec.name, metrics=totals)
             for _, p in once:
-                if p.record.id not in outcome.dropped:
+                if p.record.id not in result.dropped:
                     out.add_production(p)
-            for p in outcome.dead_letters:
+            for p in result.dead_letters:
                 out.add_production(p)
         return outcomes
 
     def summary(self, hold: int | None, next_lw: int | None, next_wall: int | None, keys: int) -> pd.DataFrame:
         """The batch's output frame, closed by the interval's summary row."""
-        summary = IntervalSummary(self.interval, hold, next_lw, next_wall, keys, self.totals, self.low_watermark, self.now)
+        summary = IntervalSummary(self.interval, hold, next_lw, next_wall, keys, self.totals.as_dict(), self.low_watermark, self.now)
         self.out.add(SUMMARY_STREAM, None, 0, None, summary.encode())
         return self.out.frame(self.owner.keyer, self.owner.out_consumers)
 
 
-def earliest(metas: Iterable[Any]) -> tuple[int | None, int | None, int | None]:
-    """The interval's hold, earliest low-watermark timer and earliest wall timer, from its keys' ``[hold, nlw, nwall]``."""
+def earliest(metas: Iterable[KeyMeta]) -> tuple[int | None, int | None, int | None]:
+    """The interval's hold, earliest low-watermark timer and earliest wall timer, from its keys' :class:`KeyMeta`."""
     hold = nlw_min = nwall_min = None
     for h, t_lw, t_wall in metas:
         if h is not None and (hold is None or h < hold):
@@ -469,7 +491,7 @@ class IntervalStep:
 
     Picklable; builds its :class:`StepRunner` (and IdRegistry client) lazily, once per
     Python worker. The interval's GroupState row is ``(envs, meta)``: key -> envelope and
-    key -> ``[hold, next lw timer, next wall timer]`` (only keys that have one), msgpack.
+    key -> :class:`KeyMeta` (only keys that have one), msgpack.
     With a :class:`~millwheel.runtime._keying.Keyer`, its output rows carry the key columns
     of every consumer of its output streams (:meth:`out_schema`).
     """
@@ -530,20 +552,20 @@ class IntervalStep:
         if state.exists:
             envs_b, meta_b = state.get
             envs = _unpackb(envs_b, raw=False, strict_map_key=False)
-            meta = _unpackb(meta_b, raw=False, strict_map_key=False)
+            meta = unpack_meta(meta_b)
         else:
             envs, meta = {}, {}
         batch.add_due(meta.items())
-        for kb, (env, hold, nlw, nwall) in batch.run(envs.get).items():
-            if env is None:
+        for kb, outcome in batch.run(envs.get).items():
+            if outcome.envelope is None:
                 envs.pop(kb, None)
+            else:
+                envs[kb] = outcome.envelope
+            m = KeyMeta.of(outcome)
+            if m is None:
                 meta.pop(kb, None)
             else:
-                envs[kb] = env
-                if hold is None and nlw is None and nwall is None:
-                    meta.pop(kb, None)
-                else:
-                    meta[kb] = [hold, nlw, nwall]
+                meta[kb] = m
         if envs:
             state.update((_packb(envs, use_bin_type=True), _packb(meta, use_bin_type=True)))
         elif state.exists:

@@ -42,7 +42,7 @@ import msgpack
 import pandas as pd
 
 from millwheel._topology import ComputationSpec
-from millwheel.runtime._interval import IntervalBatch, IntervalStep, earliest
+from millwheel.runtime._interval import IntervalBatch, IntervalStep, KeyMeta, earliest, unpack_meta
 from millwheel.runtime._wire import to_spark
 
 _packb = msgpack.packb
@@ -155,7 +155,7 @@ def make_processor(spec: ComputationSpec, *, pipeline: str = "default", registry
 
         def _run(self, batch: IntervalBatch, watermark: int, expired: bool) -> pd.DataFrame:
             stored = self.meta.get()
-            count, meta = (0, {}) if stored is None else _unpackb(stored[0], raw=False, strict_map_key=False)
+            count, meta = (0, {}) if stored is None else unpack_meta(stored[0])
             batch.add_due(meta.items())
             envs = _Pipeline(self.envs)
             keys = list(batch.per_key)
@@ -165,8 +165,8 @@ def make_processor(spec: ComputationSpec, *, pipeline: str = "default", registry
             removals: list[bytes] = []
             kept = count
             changed = False
-            for kb, (env, hold, nlw, nwall) in outcomes.items():
-                old = before[kb]
+            for kb, outcome in outcomes.items():
+                env, old = outcome.envelope, before[kb]
                 if env is None:
                     if old is not None:
                         removals.append(kb)
@@ -176,7 +176,7 @@ def make_processor(spec: ComputationSpec, *, pipeline: str = "default", registry
                         updates.append((kb, env))
                     if old is None:
                         kept += 1
-                m = None if env is None or (hold is None and nlw is None and nwall is None) else [hold, nlw, nwall]
+                m = KeyMeta.of(outcome)
                 if m is None:
                     changed |= meta.pop(kb, None) is not None
                 elif meta.get(kb) != m:

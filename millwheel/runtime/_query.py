@@ -28,6 +28,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from millwheel._delivery import low_watermark
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel._topology import ComputationSpec
 from millwheel.runtime._context import DriverContext
@@ -331,7 +332,7 @@ class ComputationQuery:
         from pyspark.sql import functions as F
 
         kcol, icol = key_columns(self.name)
-        keying = F.arrow_udf(make_keying(self.name, stream, extractor, self.intervals), KEYING_RESULT)
+        keying = F.arrow_udf(make_keying(self.name, stream, extractor, self.intervals, self.spec.options.on_error), KEYING_RESULT)
         need = F.col(f"`{icol}`").isNull()
         k = keying(need, *(F.when(need, F.col(c)) for c in ("id", "ts", "key", "value")))
         return raw.withColumn("_k", k).select(
@@ -415,8 +416,7 @@ class ComputationQuery:
             summary = self.summaries.get(i)
             if summary is None:
                 continue
-            hold = summary.hold
-            oldest = in_lw if hold is None else min(hold, in_lw)
+            oldest = low_watermark(summary.hold, in_lw)
             name = interval_name(i)
             reports.append((name, self._tokens[name], oldest))
         if reports:

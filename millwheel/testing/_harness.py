@@ -51,18 +51,29 @@ import dataclasses
 import enum
 import heapq
 import itertools
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from millwheel._codec import decode_value
 from millwheel._computation import Computation
+from millwheel._counters import StepMetrics
 from millwheel._deadletter import DEAD_LETTER_STREAM
-from millwheel._delivery import invalid_record, key_record, plan_steps, record_problem, timers_due
+from millwheel._delivery import (
+    KeyOutcome,
+    commit_once,
+    count_keying,
+    invalid_record,
+    key_record,
+    low_watermark,
+    record_problem,
+    run_key,
+    timers_due,
+)
 from millwheel._envelope import Envelope
 from millwheel._errors import HarnessError
-from millwheel._once import MemoryOnceRegistry, OnceRegistry, new_epoch, pipeline_id, resolve_once
+from millwheel._once import MemoryOnceRegistry, OnceRegistry, new_epoch, pipeline_id
 from millwheel._options import ComputationOptions, ErrorPolicy
 from millwheel._record import (
     MAX_TIMESTAMP,
@@ -207,7 +218,7 @@ class Harness:
         self._timer_seq = itertools.count()
         self._outbox: dict[str, list[_Outgoing]] = {n: [] for n in topology.computations}
         self._streams: dict[str, list[Record]] = defaultdict(list)
-        self._metrics: dict[str, Counter[str]] = {n: Counter() for n in topology.computations}
+        self._metrics: dict[str, StepMetrics] = {n: StepMetrics() for n in topology.computations}
         self._injected = 0
 
     @classmethod
@@ -361,19 +372,15 @@ class Harness:
             if key not in per_key:
                 per_key[key] = []
         envelopes = self._envelopes[name]
-        staged: dict[Key, Any] = {}
+        staged: dict[Key, KeyOutcome] = {}
         sent: list[_Outgoing] = []
         strong = runner.options.strong_productions
-        metrics: Counter[str] = Counter()  # counted when the checkpoint commits, not before
+        metrics = StepMetrics()  # counted when the checkpoint commits, not before
         for key, items in per_key.items():
-            env = envelopes.get(key)
-            for call in plan_steps(items, lw):
-                result = runner.step(key, env, call.records, low_watermark=call.low_watermark, now=now, late_watermark=call.late_watermark)
-                env = result.envelope
-                metrics.update(result.metrics)
-                sent += [_Outgoing(name, key, p, strong) for p in result.productions]
-                sent += [_Outgoing(name, key, p, False) for p in result.dead_letters]
-            staged[key] = (env, result)
+            outcome = run_key(runner, key, envelopes.get(key), items, low_watermark=lw, now=now, metrics=metrics)
+            sent += [_Outgoing(name, key, p, strong) for p in outcome.productions]
+            sent += [_Outgoing(name, key, p, False) for p in outcome.dead_letters]
+            staged[key] = outcome
         sent = self._resolve_once(name, sent, staged, metrics)
         # weak productions go out optimistically, before the checkpoint (§6.1.3)
         weak = [out for out in sent if not out.strong]
@@ -384,9 +391,9 @@ class Harness:
         if crash is Crash.BEFORE_COMMIT:
             return  # nothing ACKed: the input is delivered again
         del self._queues[name][: len(queue)]  # the checkpoint ACKs the input
-        self._metrics[name].update(metrics)
-        for key, (env, result) in staged.items():
-            self._store(name, key, env, result.hold, (result.next_low_watermark_timer, result.next_wall_timer))
+        self._metrics[name].add(metrics)
+        for key, o in staged.items():
+            self._store(name, key, o.envelope, o.hold, (o.next_low_watermark_timer, o.next_wall_timer))
         self._outbox[name] += [o for o in sent if o.strong]
         if crash is Crash.AFTER_COMMIT:
             self._outbox[name] = []  # the in-memory queue of productions dies with the process
@@ -394,12 +401,10 @@ class Harness:
         if deliver:
             self.deliver(name, crash=crash)
 
-    def _resolve_once(self, name: str, sent: list[_Outgoing], staged: dict[Key, Any], metrics: Counter[str]) -> list[_Outgoing]:
+    def _resolve_once(self, name: str, sent: list[_Outgoing], staged: dict[Key, KeyOutcome], metrics: StepMetrics) -> list[_Outgoing]:
         """Commit the round's ``once_id`` productions to the registry in one call (Photon §2);
         drop those another pipeline holds, from the outgoing list and from the checkpoint."""
-        outcome = resolve_once([(o.key, o.production) for o in sent], self.registry, pipeline=self.pipeline_id, computation=name)
-        metrics["once_committed"] += outcome.committed
-        metrics["once_conflicts"] += outcome.conflicts
+        outcome = commit_once([(o.key, o.production) for o in sent], self.registry, pipeline=self.pipeline_id, computation=name, metrics=metrics)
         if not outcome.dropped:
             return sent
         by_key: dict[Key, list[str]] = defaultdict(list)
@@ -407,10 +412,8 @@ class Harness:
             if o.production.record.id in outcome.dropped:
                 by_key[o.key].append(o.production.record.id)  # type: ignore[index]
         for key, ids in by_key.items():
-            env, result = staged[key]
-            env, hold = acknowledge(env, ids)
-            staged[key] = (env, dataclasses.replace(result, envelope=env, hold=hold))
-        metrics["dead_letters"] += len(outcome.dead_letters)
+            staged_key = staged[key]
+            staged_key.envelope, staged_key.hold = acknowledge(staged_key.envelope, ids)
         kept = [o for o in sent if o.production.record.id not in outcome.dropped]
         return kept + [_Outgoing(name, o.record.key, o, False) for o in outcome.dead_letters]
 
@@ -474,21 +477,14 @@ class Harness:
             rec = Record(rec.key, rec.value, rec.timestamp, rec.id, stream)
         for consumer in self.topology.consumers(stream):
             name = consumer.name
-            keyed, dead = key_record(name, stream, consumer.inputs[stream], rec)
+            keyed, dead = key_record(name, stream, consumer.inputs[stream], rec, self._runners[name].options.on_error)
             if keyed is not None:
                 arrival = min(sender_watermark, self._input_watermark(name))
                 self._queues[name].append(_Queued(keyed, arrival))
                 continue
-            metrics = self._metrics[name]
-            metrics["records_in"] += 1
-            if dead is None:
-                metrics["dead_letters_dropped"] += 1
-                continue
-            if self._runners[name].options.on_error is ErrorPolicy.RAISE:
-                msg = f"computation {name!r}: {dead.value.reason} (stream {stream!r}, record {rec.id!r})"
-                raise HarnessError(msg)
-            metrics["dead_letters"] += 1
-            self._publish(DEAD_LETTER_STREAM, dead, MIN_TIMESTAMP)
+            count_keying(self._metrics[name], dead is None)
+            if dead is not None:
+                self._publish(DEAD_LETTER_STREAM, dead, MIN_TIMESTAMP)
 
     def _input_watermark(self, name: str) -> int:
         ups = self.topology.upstream(name)
@@ -503,7 +499,7 @@ class Harness:
         return value
 
     def _current_watermark(self, name: str) -> int:
-        return min(self._oldest_work(name), self._input_watermark(name))
+        return low_watermark(self._oldest_work(name), self._input_watermark(name))
 
     def _oldest_work(self, name: str) -> int:
         oldest = MAX_TIMESTAMP
@@ -527,7 +523,7 @@ class Harness:
         if name in self._injector_wm:
             return self._injector_wm[name]
         self._runner(name)
-        return max(self._published[name], min(self._oldest_work(name), self._pure_input_watermark(name)))
+        return max(self._published[name], low_watermark(self._oldest_work(name), self._pure_input_watermark(name)))
 
     def _pure_input_watermark(self, name: str) -> int:
         return min((self.low_watermark(u) for u in self.topology.upstream(name)), default=MAX_TIMESTAMP)
@@ -572,7 +568,7 @@ class Harness:
     def metrics(self, computation: str) -> dict[str, int]:
         """Counters summed over every step of ``computation``."""
         self._runner(computation)
-        return dict(self._metrics[computation])
+        return self._metrics[computation].as_dict()
 
 
 def _with(options: ComputationOptions, **changes: Any) -> ComputationOptions:
