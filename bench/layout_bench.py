@@ -76,7 +76,7 @@ def per_key_groups(spark, work: Path, keys: int, batches: int) -> dict:
 def mapstate(spark, work: Path, keys: int, batches: int) -> dict:
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-    from millwheel.runtime._mapstate import _Pipeline
+    from millwheel.runtime._spark_internals import MapStatePipeline as _Pipeline
 
     d = work / "mapstate"
     shutil.rmtree(d, ignore_errors=True)

@@ -27,6 +27,7 @@ from millwheel._topology import InjectorSpec
 from millwheel.runtime._context import DriverContext
 from millwheel.runtime._lease import Lease
 from millwheel.runtime._outbox import Outbox
+from millwheel.runtime._spark_internals import OFFSETS, offset_log_entries
 from millwheel.runtime._usercode import RestartPolicy
 
 
@@ -178,10 +179,11 @@ class LogFileInjector:
         return self.outbox.written_by_stream.get(DEAD_LETTER_STREAM, 0)
 
     def _published(self, n: int) -> None:
-        text = self.checkpoint.child("offsets", str(n)).read_text()
-        if not text:
+        text = self.checkpoint.child(OFFSETS, str(n)).read_text()
+        entries = offset_log_entries(text) if text else []
+        if not entries or not isinstance(entries[-1], dict):
             return
-        offset = json.loads(text.strip().splitlines()[-1])
+        offset = entries[-1]
         self.offset = offset
         lw = max(self.low_watermark, int(offset["lw"]))
         if lw != self.low_watermark:

@@ -22,7 +22,7 @@ with Spark's state store at the end of the micro-batch (§6.2).
 **Round trips.** Every state call of ``transformWithStateInPandas`` is a request to a
 state server in the JVM over a socket, answered in order; one call per key per read and
 per write would pay a round trip each (measured ~0.3-0.7 ms on the 2-core machine, see
-``docs/performance.md``). :class:`_Pipeline` writes a chunk of requests before reading
+``docs/performance.md``). :class:`~millwheel.runtime._spark_internals.MapStatePipeline` writes a chunk of requests before reading
 their answers, so a batch pays one round trip per chunk. It uses the request and answer
 encoding of PySpark's own state client (``StatefulProcessorApiClient``), which
 ``pyspark==4.3.0`` pins.
@@ -43,6 +43,7 @@ import pandas as pd
 
 from millwheel._topology import ComputationSpec
 from millwheel.runtime._interval import IntervalBatch, IntervalStep, KeyMeta, earliest, unpack_meta
+from millwheel.runtime._spark_internals import MapStatePipeline
 from millwheel.runtime._wire import to_spark
 
 _packb = msgpack.packb
@@ -52,78 +53,6 @@ ENVS_KEY_SCHEMA = "key binary"
 ENVS_VALUE_SCHEMA = "env binary"
 META_SCHEMA = "meta binary"
 TIMER_SCHEMA = "ts long"
-
-#: a chunk of read requests stays under this many bytes: the server may block writing
-#: answers until they are read, and the requests still unsent must fit in socket buffers
-_READ_CHUNK_BYTES = 48 * 1024
-#: write answers are a few bytes each, so the server never blocks on them
-_WRITE_CHUNK = 2_000
-
-
-class _Pipeline:
-    """MapState reads and writes for many user keys, a chunk of requests per round trip."""
-
-    def __init__(self, map_state: Any) -> None:
-        import pyspark.sql.streaming.proto.StateMessage_pb2 as msg
-
-        client = map_state._mapStateClient
-        self.api = client._stateful_processor_api_client
-        self.name = map_state._stateName
-        self.key_schema = client.user_key_schema
-        self.value_schema = client.value_schema
-        self.msg = msg
-
-    def _request(self, call: Any) -> bytes:
-        msg = self.msg
-        return msg.StateRequest(stateVariableRequest=msg.StateVariableRequest(mapStateCall=call)).SerializeToString()
-
-    def _send(self, requests: list[bytes]) -> None:
-        f = self.api.sockfile
-        for r in requests:
-            f.write(b"\x00\x00\x00\x00" + len(r).to_bytes(4, "big"))  # version 0, length
-            f.write(r)
-        f.flush()
-
-    def _answers(self, n: int, what: str) -> list[bytes]:
-        out = []
-        for _ in range(n):
-            status, error, value = self.api._receive_proto_message()
-            if status != 0:
-                msg = f"state server: {what} failed: {error}"
-                raise RuntimeError(msg)
-            out.append(value)
-        return out
-
-    def get_many(self, keys: list[bytes]) -> dict[bytes, bytes | None]:
-        """Each key's value (``None``: absent)."""
-        msg, ser = self.msg, self.api._serialize_to_bytes
-        out: dict[bytes, bytes | None] = {}
-        i = 0
-        while i < len(keys):
-            chunk: list[bytes] = []
-            size = 0
-            while i < len(keys) and (not chunk or size < _READ_CHUNK_BYTES):
-                r = self._request(msg.MapStateCall(stateName=self.name, getValue=msg.GetValue(userKey=ser(self.key_schema, (keys[i],)))))
-                chunk.append(r)
-                size += len(r) + 8
-                i += 1
-            self._send(chunk)
-            start = i - len(chunk)
-            for k, value in zip(keys[start:i], self._answers(len(chunk), "getValue"), strict=True):
-                out[k] = self.api._deserialize_from_bytes(value)[0] if value else None
-        return out
-
-    def write_many(self, updates: list[tuple[bytes, bytes]], removals: list[bytes]) -> None:
-        msg, ser = self.msg, self.api._serialize_to_bytes
-        requests = [
-            self._request(msg.MapStateCall(stateName=self.name, updateValue=msg.UpdateValue(userKey=ser(self.key_schema, (k,)), value=ser(self.value_schema, (v,)))))
-            for k, v in updates
-        ] + [self._request(msg.MapStateCall(stateName=self.name, removeKey=msg.RemoveKey(userKey=ser(self.key_schema, (k,))))) for k in removals]
-        for start in range(0, len(requests), _WRITE_CHUNK):
-            chunk = requests[start : start + _WRITE_CHUNK]
-            self._send(chunk)
-            self._answers(len(chunk), "updateValue/removeKey")
-
 
 def make_processor(spec: ComputationSpec, *, pipeline: str = "default", registry: Any = None, keyer: Any = None, groups: Any = None) -> Any:
     """The ``StatefulProcessor`` of one computation in the per-key layout."""
@@ -157,7 +86,7 @@ def make_processor(spec: ComputationSpec, *, pipeline: str = "default", registry
             stored = self.meta.get()
             count, meta = (0, {}) if stored is None else unpack_meta(stored[0])
             batch.add_due(meta.items())
-            envs = _Pipeline(self.envs)
+            envs = MapStatePipeline(self.envs)
             keys = list(batch.per_key)
             before = envs.get_many(keys) if keys else {}
             outcomes = batch.run(before.__getitem__)
@@ -220,24 +149,3 @@ def make_processor(spec: ComputationSpec, *, pipeline: str = "default", registry
             pass
 
     return KeyRows()
-
-
-def read_envelopes(spark: Any, checkpoint_uri: str, batch_id: int | None = None) -> dict[bytes, bytes]:
-    """Every key's committed envelope (key bytes -> envelope), in either state layout.
-
-    Read-only, through Spark's state data sources: the query's operator (state metadata)
-    says the layout; interval rows are unpacked, per-key rows read as they are.
-    """
-    meta = spark.read.format("state-metadata").load(checkpoint_uri).select("operatorName").collect()
-    per_key = any("transformWithState" in row[0] for row in meta)
-    reader = spark.read.format("statestore")
-    if batch_id is not None:
-        reader = reader.option("batchId", batch_id)
-    if per_key:
-        df = reader.option("stateVarName", "envs").load(checkpoint_uri)
-        return {row[0]: row[1] for row in df.select("user_map_key.key", "user_map_value.env").collect()}
-    out: dict[bytes, bytes] = {}
-    for row in reader.load(checkpoint_uri).select("value.groupState.envs").collect():
-        if row[0] is not None:
-            out.update(_unpackb(row[0], raw=False, strict_map_key=False))
-    return out

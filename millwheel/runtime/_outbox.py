@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 
 from millwheel.runtime._fs import Location
 from millwheel.runtime._lease import Lease
-from millwheel.runtime._session import compact_interruption
+from millwheel.runtime._spark_internals import committed_batches, compact_interruption
 from millwheel.runtime._streams import FileStreamLog, file_name
 from millwheel.runtime._wire import SUMMARY_STREAM, IntervalSummary
 
@@ -235,7 +235,7 @@ class Outbox:
 
     # ---- publication -------------------------------------------------------------------
     def committed(self) -> set[int]:
-        return set(_numbers(self.checkpoint.child("commits")))
+        return set(committed_batches(self.checkpoint))
 
     def _load_tally(self) -> None:
         text = self.tally.read_text() if self.tally is not None else None
@@ -355,7 +355,7 @@ def committed_unpublished(root: str, stream: str) -> list[Any]:
     out: list[Any] = []
     outbox = base.child("outbox")
     for query in sorted(outbox.list()) if outbox.exists() else []:
-        commits = set(_numbers(base.child("checkpoints", query, "commits")))
+        commits = set(committed_batches(base.child("checkpoints", query)))
         text = base.child("tallies", f"{query}.json").read_text()
         published = json.loads(text)["published"] if text else -1
         for n in _numbers(outbox.child(query)):

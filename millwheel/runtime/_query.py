@@ -18,9 +18,7 @@ next timers) from the last published batch.
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.parse
 from collections import Counter
 from functools import reduce
 from typing import Any
@@ -44,6 +42,13 @@ from millwheel.runtime._lease import FencedError, Lease
 from millwheel.runtime._mapstate import make_processor
 from millwheel.runtime._outbox import Outbox
 from millwheel.runtime._session import start_query
+from millwheel.runtime._spark_internals import (
+    OFFSETS,
+    SOURCES,
+    error_mentions,
+    file_source_offsets,
+    source_log_files,
+)
 from millwheel.runtime._streams import FileStreamLog
 from millwheel.runtime._usercode import RestartPolicy
 from millwheel.runtime._wire import (
@@ -81,7 +86,7 @@ class _Consumed:
 
     def __init__(self, checkpoint: Location) -> None:
         self.checkpoint = checkpoint
-        self.sources = checkpoint.child("sources")
+        self.sources = checkpoint.child(SOURCES)
         self.seen: set[str] = set()
         self.files: dict[tuple[str, str], dict[str, tuple[int, int]]] = {}
         #: the query's own heartbeat files: name -> (source index, file-source batch)
@@ -97,20 +102,15 @@ class _Consumed:
                 if name.startswith(".") or f"{i}/{name}" in self.seen:
                     continue
                 text = d.child(name).read_text()
-                if text is None:
-                    continue
-                for line in text.splitlines()[1:]:
-                    try:
-                        entry = json.loads(line)
-                    except ValueError:
-                        break  # a file being written: read it next time
-                    path = urllib.parse.unquote(entry["path"]).split("/")
+                files = None if text is None else source_log_files(text)
+                if files is None:
+                    continue  # a file being written: read it next time
+                for path, batch in files:
                     if len(path) >= 4 and path[-4] == "streams":
-                        self.files.setdefault((path[-3], path[-2]), {})[path[-1]] = (int(i), entry["batchId"])
+                        self.files.setdefault((path[-3], path[-2]), {})[path[-1]] = (int(i), batch)
                     elif len(path) >= 3 and path[-3] == "heartbeats":
-                        self.heartbeat_files[path[-1]] = (int(i), entry["batchId"])
-                else:
-                    self.seen.add(f"{i}/{name}")
+                        self.heartbeat_files[path[-1]] = (int(i), batch)
+                self.seen.add(f"{i}/{name}")
 
     def log_offsets(self, batch: int) -> dict[int, int]:
         """Source index -> log offset read up to, for a query batch."""
@@ -118,13 +118,7 @@ class _Consumed:
             return {}
         cached = self._offsets.get(batch)
         if cached is None:
-            text = self.checkpoint.child("offsets", str(batch)).read_text() or ""
-            cached = {}
-            for i, line in enumerate(text.splitlines()[2:]):
-                try:
-                    cached[i] = int(json.loads(line)["logOffset"])
-                except (ValueError, KeyError, TypeError):
-                    continue
+            cached = file_source_offsets(self.checkpoint.child(OFFSETS, str(batch)).read_text() or "")
             self._offsets[batch] = cached
         return cached
 
@@ -358,7 +352,7 @@ class ComputationQuery:
         exc = q.exception()
         if exc is None:
             return
-        if not self.keying_stage and KEYING_STAGE_NEEDED in str(exc):
+        if not self.keying_stage and error_mentions(exc, KEYING_STAGE_NEEDED):
             # not a failure of the code: input not keyed for it arrived after it started
             self.rt.log(f"computation {self.name!r}: a record its producer did not key for it arrived; restarting its query with the keying stage")
             self._keying_forced = True

@@ -39,6 +39,7 @@ from millwheel.runtime._query import ComputationQuery, prune_streams
 from millwheel.runtime._session import checkpoint_conf, restore_conf, set_conf, warm_python_workers
 from millwheel.runtime._settings import RuntimeSettings
 from millwheel.runtime._sinks import sink_writers
+from millwheel.runtime._spark_internals import STATE, has_started
 from millwheel.runtime._streams import FileStreamLog
 from millwheel.runtime._usercode import ship_user_code
 from millwheel.runtime._wire import interval_groups
@@ -155,7 +156,7 @@ def pin_groups(root: Location, intervals: int, partitions: int) -> list[int]:
     held = json.loads(pin.read_text() or "{}")
     groups = held.get("groups")
     if groups is None:
-        started = any(c.child("commits").exists() or c.child("offsets").exists() for c in (root.child("checkpoints", n) for n in root.child("checkpoints").list()))
+        started = any(has_started(root.child("checkpoints", n)) for n in root.child("checkpoints").list())
         groups = list(range(intervals)) if started else interval_groups(intervals, partitions)
         pin.write_text(json.dumps({**held, "groups": groups}, indent=1) + "\n")
     if len(groups) != intervals:
@@ -398,9 +399,9 @@ def committed_envelopes(spark: Any, checkpoint: Location, batch_id: int | None =
     (``_state_reader.py``) both go through it. Read-only: Spark's state data source reads the
     checkpoint's state files and writes nothing, so it is safe while the run goes on.
     """
-    from millwheel.runtime._mapstate import read_envelopes
+    from millwheel.runtime._spark_internals import read_envelopes
 
-    if not checkpoint.child("state").exists():
+    if not checkpoint.child(STATE).exists():
         return {}
     return {decode_key(kb): env for kb, env in read_envelopes(spark, checkpoint.uri, batch_id).items()}  # type: ignore[misc]
 

@@ -17,7 +17,7 @@
   runtime reports failures itself, with the Python traceback: ``_usercode.py``). Stopping
   queries logs nothing at the default level (:func:`quiet_while_stopping`), and a stop
   that interrupts a ``foreachBatch`` call no longer overflows the stream thread's stack
-  (:func:`compact_interruption`).
+  (``_spark_internals.compact_interruption``).
 * **Under spark-submit** the JVM, the master and the deploy mode are spark-submit's:
   :func:`under_spark_submit` tells, and the session takes them as given.
 """
@@ -31,6 +31,12 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from typing import Any
+
+from millwheel.runtime._spark_internals import (
+    check_pyspark_version,
+    root_log_level,
+    silence_loggers,
+)
 
 #: loggers that print a failed task's or query's whole Java trace; the runtime reports the
 #: failure itself, with the Python traceback (``_usercode.py``)
@@ -63,53 +69,6 @@ appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
 {loggers}
 """
-
-
-#: what a Java error says when a stopping query interrupts the job of its ``foreachBatch`` call
-_INTERRUPTIONS = (
-    "java.lang.InterruptedException",
-    "java.io.InterruptedIOException",
-    "java.nio.channels.ClosedByInterruptException",
-    "cancelled part of cancelled job group",
-    "cancelled because SparkContext was shut down",
-    # a job the stop cancelled, as the driver-side outbox writer's collect reports it:
-    # "[SPARK_JOB_CANCELLED] Job 9 cancelled Query millwheel.A [id = ..., runId = ...] was stopped"
-    "] was stopped",
-)
-
-
-class QueryInterrupted(Exception):  # noqa: N818 - it is what happened, not an error of the user's
-    """A ``foreachBatch`` call cut short by its query's stop (see :func:`compact_interruption`)."""
-
-
-def compact_interruption(exc: BaseException) -> Exception | None:
-    r"""The short form of an error that means "the query is being stopped", for a ``foreachBatch`` function.
-
-    Spark 4.3 tells its own stop from a failure by matching the error's text against
-    ``py4j.protocol.Py4JJavaError: An error occurred while calling((.|\r\n|\r|\n)*)(java.lang.InterruptedException|...)``
-    (``StreamExecution.PROXY_ERROR``). ``java.util.regex`` recurses once per character on
-    that group, so the Java stack trace a ``Py4JJavaError`` carries — thousands of
-    characters — overflows the stream thread's stack, and the JVM prints ``Exception in
-    thread "stream execution thread for ..." java.lang.StackOverflowError``. Raising the
-    same error as one short line instead keeps the match (the stop is recognised and
-    nothing is logged) and the stack small. Anything else: ``None``, raise it as it is.
-
-    >>> class Py4JJavaError(Exception): ...
-    >>> big = Py4JJavaError("An error occurred while calling o42.parquet.\n: java.lang.InterruptedException\n" + "\tat x\n" * 5000)
-    >>> str(compact_interruption(big)).splitlines()
-    ['py4j.protocol.Py4JJavaError: An error occurred while calling o42.parquet.', ': java.lang.InterruptedException (the query is stopping)']
-    >>> collect = Py4JJavaError("An error occurred while calling o9.getResult.\n: org.apache.spark.SparkException: Exception thrown in awaitResult: \n"
-    ...     "Caused by: org.apache.spark.SparkException: [SPARK_JOB_CANCELLED] Job 9 cancelled Query millwheel.A [id = 1, runId = 2] was stopped SQLSTATE: XXKDA")
-    >>> str(compact_interruption(collect)).splitlines()[-1]
-    ': java.lang.InterruptedException (the query is stopping)'
-    >>> compact_interruption(ValueError("java.lang.InterruptedException")) is None
-    True
-    """
-    text = str(exc)
-    if type(exc).__name__ != "Py4JJavaError" or not any(m in text for m in _INTERRUPTIONS):
-        return None
-    first = text.strip().split("\n", 1)[0].strip()
-    return QueryInterrupted(f"py4j.protocol.Py4JJavaError: {first}\n: java.lang.InterruptedException (the query is stopping)")
 
 
 def under_spark_submit() -> bool:
@@ -237,6 +196,7 @@ def spark_session(
     Python processes it starts print (a worker that cannot connect back, ...) — instead of
     this process's (``millwheel run`` keeps the terminal for its own status).
     """
+    check_pyspark_version()
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
@@ -328,13 +288,11 @@ def quiet_while_stopping(spark: Any) -> Iterator[None]:
         yield
         return
     previous = None
-    try:
-        level = str(spark.sparkContext._jvm.org.apache.logging.log4j.LogManager.getRootLogger().getLevel())
-        if level == "ERROR":  # at WARN and below someone is looking: show them everything
+    level = root_log_level(spark)
+    if level == "ERROR":  # at WARN and below someone is looking: show them everything
+        with contextlib.suppress(Exception):
             spark.sparkContext.setLogLevel("OFF")
             previous = level
-    except Exception:  # noqa: BLE001, S110 - only log noise is at stake
-        pass
     try:
         yield
     finally:
@@ -372,14 +330,7 @@ def ui_url(spark: Any) -> str | None:
 
 def _quiet_task_failures(spark: Any) -> None:
     """The same as the log4j2 file, for a JVM that started without it (spark-submit, a test's session)."""
-    try:
-        jvm = spark.sparkContext._jvm
-        off = jvm.org.apache.logging.log4j.Level.OFF
-        configurator = jvm.org.apache.logging.log4j.core.config.Configurator
-        for name in (*_TASK_FAILURE_LOGGERS, *_NOISE_LOGGERS):
-            configurator.setLevel(name, off)
-    except Exception:  # noqa: S110 - only log noise is at stake
-        pass
+    silence_loggers(spark, (*_TASK_FAILURE_LOGGERS, *_NOISE_LOGGERS))
 
 
 def _cores(master: str | None) -> int:

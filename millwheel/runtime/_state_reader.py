@@ -31,6 +31,7 @@ from millwheel._record import Key, TimeDomain, timestamp_text
 from millwheel.runtime._fs import Location
 from millwheel.runtime._outbox import _numbers, staged_version
 from millwheel.runtime._sinks import jsonable, run_argument, run_directory
+from millwheel.runtime._spark_internals import committed_batches
 from millwheel.runtime._wire import SUMMARY_STREAM
 
 SHOWN = 160
@@ -105,7 +106,7 @@ def unpublished_output(root: Location, computation: str) -> dict[str, int]:
     import pyarrow.parquet as pq
 
     outbox = root.child("outbox", computation)
-    committed = set(_numbers(root.child("checkpoints", computation, "commits")))
+    committed = set(committed_batches(root.child("checkpoints", computation)))
     out: dict[str, int] = {}
     for n in _numbers(outbox):
         if n not in committed:
@@ -136,7 +137,7 @@ def read_state(spark: Any, run: str, computation: str, *, codec: Any | None = No
     if computation not in known:
         msg = f"run {run} has no computation {computation!r}; its computations: {', '.join(known) or 'none (is it a run directory?)'}"
         raise MillwheelError(msg)
-    commits = _numbers(root.child("checkpoints", computation, "commits"))
+    commits = committed_batches(root.child("checkpoints", computation))
     batch = commits[-1] if commits else None
     envelopes = committed_envelopes(spark, root.child("checkpoints", computation), batch) if batch is not None else {}
     decode = _decoder(codec)

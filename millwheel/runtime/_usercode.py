@@ -25,23 +25,12 @@ import sysconfig
 from typing import Any
 
 from millwheel._errors import RunError
+from millwheel.runtime._spark_internals import disk_full, is_transient, python_error
 
 #: the module name prefix under which ``millwheel run`` imports a topology file
 TOPOLOGY_MODULE_PREFIX = "_millwheel_topology_"
 
-_TRANSIENT = (
-    "Python worker exited unexpectedly",
-    "Python worker failed to connect back",
-    "CANNOT_OPEN_SOCKET",
-    "SocketTimeoutException",
-    "crashed",
-    "EOFError",
-    "Connection reset",
-    "Broken pipe",
-    "SparkOutOfMemoryError",
-    "Executor lost",
-    "ExecutorLostFailure",
-)
+
 
 
 def _modules_of(topology: Any) -> set[str]:
@@ -100,48 +89,6 @@ def ship_user_code(topology: Any) -> list[str]:
     current = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     os.environ["PYTHONPATH"] = os.pathsep.join(current + [p for p in extra if p not in current])
     return shipped
-
-
-def python_error(exc: Any) -> str:
-    """The Python traceback inside a Spark exception (the last one), or its first line.
-
-    Spark wraps it in Java exceptions and appends the query's plan; the traceback is
-    what follows the last ``Traceback (most recent call last):`` up to and including the
-    first line that is not indented (``SomeError: message``).
-    """
-    text = str(exc)
-    at = text.rfind("Traceback (most recent call last):")
-    if at >= 0:
-        lines = text[at:].splitlines()
-        out = [lines[0]]
-        for line in lines[1:]:
-            if not line.strip():
-                continue
-            out.append(line)
-            if not line[0].isspace():
-                break
-        return "\n".join(out[-40:])
-    first = text.strip().splitlines()[0] if text.strip() else repr(exc)
-    return first[:500]
-
-
-#: how a full disk reads in a Java or Python error, wherever Spark wrapped it
-_DISK_FULL = ("No space left on device", "[Errno 28]")
-
-
-def disk_full(exc: Any) -> str | None:
-    """The line of ``exc``'s text (Java causes and Python tracebacks included) that says
-    a write found the disk full, or ``None``."""
-    for line in str(exc).splitlines():
-        if any(marker in line for marker in _DISK_FULL):
-            return line.strip().removeprefix("Caused by: ")[:300]
-    return None
-
-
-def is_transient(exc: Any) -> bool:
-    """A lost worker or executor (retry from the checkpoint), not an error in the code."""
-    text = str(exc)
-    return any(marker in text for marker in _TRANSIENT)
 
 
 class RestartPolicy:

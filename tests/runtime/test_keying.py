@@ -10,14 +10,27 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from millwheel import MAX_TIMESTAMP, Record, Source, SourceBatch, Topology
+from millwheel import (
+    MAX_TIMESTAMP,
+    ComputationOptions,
+    ErrorPolicy,
+    MillwheelError,
+    Record,
+    SampleSource,
+    Source,
+    SourceBatch,
+    Topology,
+)
 from millwheel._codec import decode_value, encode_value
+from millwheel._delivery import KeyExtractorError
 from millwheel._record import decode_key, encode_key
+from millwheel.runtime import RuntimeSettings, SparkRuntime
 from millwheel.runtime._fs import Location
 from millwheel.runtime._interval import make_keying
 from millwheel.runtime._keying import Keyer, interval_of
 from millwheel.runtime._streams import FileStreamLog, records_table
 from millwheel.runtime._wire import RowKind
+from millwheel.testing import Harness
 
 from ._chain import Double, Sum, by_n, chain
 
@@ -153,3 +166,31 @@ def test_a_query_without_the_keying_stage_keys_what_it_must_and_restarts_with_it
     assert sorted(rt.values("doubled")) == sorted(expected)
     assert max(rt.values("sums")) == sum(expected)
     assert [(r.value.record.id, r.value.reason) for r in rt.dead_letters()] == [("bad", "KeyError: 'n'")]
+
+
+def _raising_keying_topology() -> Topology:
+    records = [Record(None, {"n": n}, 1_000 + n, f"r{n}") for n in range(5)] + [Record(None, {"x": 1}, 2_000, "bad")]
+    t = Topology("raise_on_keying")
+    t.injector("in", SampleSource(records, batch_size=10))
+    t.computation(Double, inputs={"in": by_n}, outputs=["doubled"], options=ComputationOptions(on_error=ErrorPolicy.RAISE))
+    return t
+
+
+def test_a_key_extractor_failing_under_raise_raises_in_the_consumer_pass():
+    """One keying-failure rule for both backends (``_delivery.key_record``): under
+    ``ErrorPolicy.RAISE`` a failed extractor raises instead of making a dead letter."""
+    table = records_table([Record(None, {"x": 1}, 5, "bad")], None, None, "in")
+    key = make_keying("A", "in", by_n, 4, ErrorPolicy.RAISE)
+    with pytest.raises(KeyExtractorError, match=r"computation 'A': its key extractor failed: KeyError: 'n' \(stream 'in', record 'bad'\)"):
+        key(*_keying_args(table, [True]))
+    h = Harness(_raising_keying_topology(), raise_errors=False)
+    with pytest.raises(KeyExtractorError, match=r"computation 'Double': its key extractor failed: KeyError: 'n'"):
+        h.run_sources()
+
+
+@pytest.mark.spark
+def test_a_key_extractor_failing_under_raise_stops_the_run_on_spark_as_in_the_harness(spark, run_dir):
+    rt = SparkRuntime(_raising_keying_topology(), run_dir, RuntimeSettings(drain=True, intervals=2), spark=spark)
+    with pytest.raises(MillwheelError, match=r"computation 'Double': its key extractor failed: KeyError: 'n'"):
+        rt.run(timeout_s=300)
+    assert rt.dead_letters() == []  # no dead letter was made of it: the run stopped

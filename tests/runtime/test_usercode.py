@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from millwheel._errors import RunError
-from millwheel.runtime._usercode import RestartPolicy, disk_full
+from millwheel.runtime._spark_internals import disk_full
+from millwheel.runtime._usercode import RestartPolicy
 
 #: the shape of a query failure whose sink's Parquet write found the disk full: the Python
 #: traceback of the foreachBatch function, then the Java causes (abridged from a real one)

@@ -1,0 +1,144 @@
+"""Contract tests: one per Spark internal millwheel depends on (``millwheel/runtime/_spark_internals.py``).
+
+Each test runs the real thing on local Spark and checks what millwheel assumes of it, so a
+PySpark upgrade that changes one fails here, in the test named after it, rather than
+somewhere in a run.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pandas as pd
+import pytest
+
+from millwheel import MillwheelError, Record
+from millwheel.runtime import RuntimeSettings, SparkRuntime
+from millwheel.runtime._fs import Location
+from millwheel.runtime._spark_internals import (
+    SUPPORTED_PYSPARK,
+    check_pyspark_version,
+    committed_batches,
+    compact_interruption,
+    error_mentions,
+    file_source_offsets,
+    has_started,
+    is_transient,
+    offset_log_entries,
+    python_error,
+    read_envelopes,
+    root_log_level,
+    silence_loggers,
+    source_log_files,
+)
+
+from ._chain import chain
+
+pytestmark = pytest.mark.spark
+
+
+def test_contract_pyspark_version_is_in_the_supported_range():
+    import pyspark
+
+    assert check_pyspark_version() == pyspark.__version__
+    with pytest.raises(MillwheelError, match=r"PySpark 3\.5\.1 is not supported: .* checked on >=4\.3\.0,<4\.4\.0"):
+        check_pyspark_version("3.5.1")
+    with pytest.raises(MillwheelError, match=f"PySpark {SUPPORTED_PYSPARK[1]} is not supported"):
+        check_pyspark_version(SUPPORTED_PYSPARK[1])
+
+
+def test_contract_state_server_protocol_and_state_data_sources(spark, tmp_path):
+    """``MapStatePipeline`` (the state server's socket protocol, per-key layout) writes and
+    reads envelopes; ``read_envelopes`` reads both layouts back through the state data sources."""
+    records = [Record(None, {"n": n}, 1_000 + n, f"r{n}") for n in range(30)]
+    for layout in ("keys", "intervals"):
+        run = tmp_path / layout
+        rt = SparkRuntime(chain(f"contract_{layout}", records, 10), str(run), RuntimeSettings(drain=True, intervals=2, state_layout=layout), spark=spark)
+        rt.run(timeout_s=300)
+        envs = read_envelopes(spark, str(run / "checkpoints" / "Sum"))
+        assert len(envs) == 1, layout  # the one key "all", whatever the layout
+        assert rt.states("Sum") == {"all": sum(2 * n for n in range(30))}, layout
+        per_key = read_envelopes(spark, str(run / "checkpoints" / "Double"))
+        assert len(per_key) == 3, layout  # keys 0, 1, 2
+
+
+def test_contract_checkpoint_file_formats(spark, tmp_path):
+    """A file source's query: ``commits/<n>``, ``offsets/<n>`` and ``sources/<i>/<n>`` read as millwheel reads them."""
+    data = tmp_path / "in"
+    data.mkdir()
+    pd.DataFrame({"x": [1, 2]}).to_parquet(data / "a.parquet")
+    pd.DataFrame({"x": [3]}).to_parquet(data / "b.parquet")
+    checkpoint = tmp_path / "checkpoint"
+    out = tmp_path / "out"
+    df = spark.readStream.schema("x long").parquet(str(data))
+    q = df.writeStream.format("parquet").option("checkpointLocation", str(checkpoint)).option("path", str(out)).trigger(availableNow=True).start()
+    q.awaitTermination(120)
+    loc = Location.of(str(checkpoint))
+    assert has_started(loc)
+    assert committed_batches(loc) == [0]
+    offsets = (checkpoint / "offsets" / "0").read_text()
+    assert len(offset_log_entries(offsets)) == 1
+    assert file_source_offsets(offsets) == {0: 0}
+    files = source_log_files((checkpoint / "sources" / "0" / "0").read_text())
+    assert files is not None
+    assert sorted(path[-1] for path, _ in files) == ["a.parquet", "b.parquet"]
+    assert {batch for _, batch in files} == {0}
+    assert not has_started(Location.of(str(tmp_path / "nothing")))
+
+
+def test_contract_python_errors_reach_the_driver_as_text(spark):
+    """A worker's exception: its traceback and our markers are in the driver's error text."""
+    from pyspark.sql.functions import pandas_udf
+
+    @pandas_udf("long")
+    def fails(s: pd.Series) -> pd.Series:
+        msg = "millwheel-contract-marker on purpose"
+        raise ValueError(msg)
+
+    with pytest.raises(Exception) as info:  # noqa: PT011 - Spark's own exception types vary by version: the text is the contract
+        spark.range(3).select(fails("id")).collect()
+    assert error_mentions(info.value, "millwheel-contract-marker")
+    assert python_error(info.value).endswith("ValueError: millwheel-contract-marker on purpose")
+    assert python_error(info.value).startswith("Traceback (most recent call last):")
+    assert not is_transient(info.value)
+
+
+def test_contract_a_lost_worker_reads_as_transient(spark):
+    from pyspark.sql.functions import pandas_udf
+
+    @pandas_udf("long")
+    def dies(s: pd.Series) -> pd.Series:
+        os._exit(1)
+
+    with pytest.raises(Exception) as info:  # noqa: PT011 - the text is the contract
+        spark.range(3).select(dies("id")).collect()
+    assert is_transient(info.value), str(info.value)[:2000]
+
+
+def test_contract_a_cancelled_job_reads_as_an_interruption(spark):
+    sc = spark.sparkContext
+    failure: list[BaseException] = []
+
+    def long_job() -> None:
+        sc.setJobGroup("millwheel-contract", "a job to cancel", interruptOnCancel=True)
+        try:
+            spark.range(0, 10**13, numPartitions=2).selectExpr("sum(id % 7)").collect()
+        except BaseException as exc:  # noqa: BLE001 - kept to look at
+            failure.append(exc)
+
+    t = threading.Thread(target=long_job)
+    t.start()
+    time.sleep(3)
+    sc.cancelJobGroup("millwheel-contract")
+    t.join(120)
+    assert failure, "the job was not cancelled"
+    short = compact_interruption(failure[0])
+    assert short is not None, str(failure[0])[:2000]
+    assert "InterruptedException (the query is stopping)" in str(short)
+
+
+def test_contract_the_jvm_log4j_is_reachable(spark):
+    assert root_log_level(spark) in {"OFF", "FATAL", "ERROR", "WARN", "INFO", "DEBUG", "TRACE", "ALL"}
+    assert silence_loggers(spark, ["org.apache.hadoop.util.NativeCodeLoader"])
