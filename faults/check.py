@@ -58,12 +58,17 @@ from pathlib import Path
 from typing import Any
 
 from faults.ledger import LEDGER, WINDOW_MS, WINDOWS
-from millwheel._deadletter import DEAD_LETTER_STREAM
-from millwheel._logfile import MalformedLine, file_time, is_log_file, parse_line
-from millwheel.runtime._audit import BATCHES, WATERMARKS, read_lines
-from millwheel.runtime._fs import Location
-from millwheel.runtime._query import _Consumed
-from millwheel.runtime._streams import FileStreamLog, min_ts_of
+from millwheel import DEAD_LETTER_STREAM
+from millwheel.logfiles import MalformedLine, file_time, is_log_file, parse_line
+from millwheel.runtime.rundir import (
+    BATCHES,
+    WATERMARKS,
+    ConsumedFiles,
+    FileStreamLog,
+    Location,
+    min_ts_of,
+    read_lines,
+)
 
 #: how many examples of each violation a report lists
 EXAMPLES = 5
@@ -224,7 +229,7 @@ def _journal_watermarks(
             f"no authority journal at {path} (pass --authority-dir): journaled watermarks not compared"
         )
         return {}
-    from watermark_authority._journal import RocksJournal, WatermarkPublished
+    from watermark_authority import RocksJournal, WatermarkPublished
 
     try:
         journal = RocksJournal(path)
@@ -252,7 +257,7 @@ def check_timers(root: Location, report: Report) -> None:
         report.batches_checked += len(runs)
         checkpoint = root.child("checkpoints", computation)
         committed = sorted(_commits(root, computation))
-        consumed = _Consumed(checkpoint)
+        consumed = ConsumedFiles(checkpoint)
         consumed.refresh()
         offsets = [(m, consumed.log_offsets(m)) for m in committed]
         order = sorted(runs)

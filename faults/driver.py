@@ -19,8 +19,8 @@ import os
 import sys
 from collections.abc import Iterator
 
-from millwheel._errors import MillwheelError
-from millwheel.runtime._usercode import disk_full
+from millwheel import MillwheelError
+from millwheel.runtime import disk_full
 
 FENCED_EXIT = 3
 LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
@@ -76,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             FAKETIME_CACHE_DURATION="1",
         )
     from faults.ledger import build
-    from millwheel.runtime import RuntimeSettings, SparkRuntime
-    from millwheel.runtime._lease import FencedError
+    from millwheel.runtime import FencedError, RuntimeSettings, SparkRuntime
     from watermark_authority.client import HttpWatermarkClient, client_secret
 
     topo = build(args.data, max_bytes=args.max_bytes, in_driver=args.injector == "driver")
@@ -93,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         watermarks = HttpWatermarkClient(
             args.authority, secret=client_secret(None, data_dir=None), retries=12, backoff=0.1
         )
-    from millwheel.runtime._session import spark_session
+    from millwheel.runtime import spark_session
 
     # the checker maps every input file to the batch that consumed it: keep every batch's offsets
     conf = {"spark.sql.streaming.minBatchesToRetain": "1000000"}

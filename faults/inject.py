@@ -42,9 +42,9 @@ from pathlib import Path
 
 def descendants(root: int) -> list[int]:
     """Every process below ``root`` (Spark's Python workers leave the process group)."""
-    from millwheel.runtime._cluster import _children
+    from millwheel.runtime import child_processes
 
-    return _children(root)
+    return child_processes(root)
 
 
 def cmdline(pid: int) -> str:
@@ -97,7 +97,7 @@ def kill_python_workers(root: int) -> int:
 
 def kill_executor(cluster: object, index: int = 0) -> int | None:
     """kill -9 the executor JVM of worker ``index`` of a ``millwheel cluster`` (its pid, or ``None``)."""
-    from millwheel.runtime._cluster import EXECUTOR_CLASS
+    from millwheel.runtime import EXECUTOR_CLASS
 
     worker = cluster.workers[index]  # type: ignore[attr-defined]
     for pid in descendants(worker.pid):
@@ -171,7 +171,7 @@ class AuthorityProcess:
     """``millwheel authority serve`` as a subprocess, on a fixed port and journal, that can be killed -9 and restarted."""
 
     def __init__(self, data_dir: Path | str, port: int | None = None) -> None:
-        from millwheel.runtime._cluster import free_port
+        from servicekit.ports import free_port
 
         self.data_dir = str(data_dir)
         self.port = port or free_port()

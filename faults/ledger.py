@@ -34,8 +34,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from millwheel import Computation, LogFileSource, Record, TimeDomain, Timer, Topology
-from millwheel._sources import Source, SourceBatch
+from millwheel import (
+    Computation,
+    LogFileSource,
+    Record,
+    Source,
+    SourceBatch,
+    TimeDomain,
+    Timer,
+    Topology,
+)
 
 WINDOW_MS = 1_000
 WALL_MS = 5_000

@@ -18,12 +18,13 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from servicekit.ports import free_ports
 
 #: where to look for etcd besides $PATH (Debian installs it in /usr/bin)
 _CANDIDATES = ("/usr/bin/etcd", "/usr/local/bin/etcd")
@@ -35,23 +36,6 @@ def etcd_binary() -> str | None:
     if explicit:
         return explicit if os.access(explicit, os.X_OK) else None
     return shutil.which("etcd") or next((c for c in _CANDIDATES if os.access(c, os.X_OK)), None)
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    return free_ports(1)[0]
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports free on 127.0.0.1 right now: each socket stays bound until
-    all are chosen, so the kernel cannot hand the same port out twice."""
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(n):
-            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            s.bind(("127.0.0.1", 0))
-            ports.append(int(s.getsockname()[1]))
-        return ports
 
 
 class LocalEtcdCluster:

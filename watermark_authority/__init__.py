@@ -27,7 +27,7 @@ from watermark_authority._errors import (
     StaleTokenError,
     UnknownNameError,
 )
-from watermark_authority._journal import MemoryJournal, RocksJournal
+from watermark_authority._journal import MemoryJournal, RocksJournal, WatermarkPublished
 from watermark_authority._time import MAX_TIMESTAMP, MIN_TIMESTAMP
 from watermark_authority.client import (
     EmbeddedAuthority,
@@ -55,6 +55,7 @@ __all__ = [
     "StaleTokenError",
     "UnknownNameError",
     "WatermarkClient",
+    "WatermarkPublished",
     "embedded_authority",
     "open_authority",
     "weighted_percentile",

@@ -8,9 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["FileStreamLog", "RuntimeSettings", "SparkRuntime", "committed_unpublished", "run_identity", "spark_session"]
+__all__ = [
+    "EXECUTOR_CLASS", "FencedError", "FileStreamLog", "RuntimeSettings", "SparkRuntime", "child_processes",
+    "committed_unpublished", "disk_full", "run_identity", "spark_session",
+]  # fmt: skip
 
 _WHERE = {
+    "EXECUTOR_CLASS": "millwheel.runtime._cluster",
+    "FencedError": "millwheel.runtime._lease",
+    "child_processes": "millwheel.runtime._cluster",
+    "disk_full": "millwheel.runtime._spark_internals",
     "FileStreamLog": "millwheel.runtime._streams",
     "RuntimeSettings": "millwheel.runtime._settings",
     "SparkRuntime": "millwheel.runtime._runtime",

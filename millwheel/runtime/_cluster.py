@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from millwheel._errors import MillwheelError
+from servicekit.ports import free_port
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
@@ -53,12 +54,6 @@ def spark_home() -> str:
     return home
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def _alive(pid: int, marker: str) -> bool:
     """Is ``pid`` running and still the process we started (its command line names ``marker``)?
 
@@ -75,7 +70,7 @@ def _alive(pid: int, marker: str) -> bool:
     return (marker in cmd or not cmd) and not zombie
 
 
-def _children(pid: int) -> list[int]:
+def child_processes(pid: int) -> list[int]:
     """Every process below ``pid`` (a worker's executors and their Python workers)."""
     parents: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):
@@ -263,7 +258,7 @@ class StandaloneCluster:
         worker = self.workers[index]
         if not worker.alive():
             return []
-        family = [worker.pid, *_children(worker.pid)]
+        family = [worker.pid, *child_processes(worker.pid)]
         for pid in family:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
@@ -275,7 +270,7 @@ class StandaloneCluster:
         for d in [*self.workers, *([self.master] if self.master else [])]:
             if not d.alive():
                 continue
-            family = [d.pid, *_children(d.pid)]
+            family = [d.pid, *child_processes(d.pid)]
             with contextlib.suppress(ProcessLookupError):
                 os.kill(d.pid, signal.SIGTERM)
             deadline = time.monotonic() + timeout_s

@@ -60,7 +60,7 @@ from millwheel.runtime._wire import (
     interval_name,
     to_spark,
 )
-from watermark_authority._errors import StaleTokenError
+from watermark_authority import StaleTokenError
 
 #: Spark configuration of each state layout's state store (``RuntimeSettings.state_layout``)
 STATE_STORE_CONF: dict[str, dict[str, str]] = {
@@ -76,7 +76,7 @@ STATE_STORE_CONF: dict[str, dict[str, str]] = {
 _HB_SCHEMA = pa.schema([("interval", pa.int32()), ("wm", pa.int64()), ("now", pa.int64())])
 
 
-class _Consumed:
+class ConsumedFiles:
     """Which stream-log files a query's committed batches consumed, from its checkpoint.
 
     Each file source keeps its own log (``sources/<i>/<log offset>``: the files it added at
@@ -161,7 +161,7 @@ class ComputationQuery:
             lease=Lease(rt.root.child("leases", self.name), f"computation {self.name!r}"),
             writer=rt.settings.outbox_writer,
         )  # fmt: skip
-        self.consumed = _Consumed(self.checkpoint)
+        self.consumed = ConsumedFiles(self.checkpoint)
         #: key interval -> its last summary; absent = not reported yet
         self.summaries: dict[int, IntervalSummary] = {}
         self.applied_watermark = MIN_TIMESTAMP

@@ -33,7 +33,8 @@ from id_registry import (
 from id_registry._server import create_app, registry_guard
 from id_registry._worker import RegistryWorker
 from id_registry.client import embedded_registry
-from id_registry.testing import LocalEtcdCluster, etcd_binary, free_port
+from id_registry.testing import LocalEtcdCluster, etcd_binary
+from servicekit.ports import free_port
 from servicekit import Secret, testing
 
 #: ``http`` / ``anon``: raw HTTP clients of ``service``, with and without its secret

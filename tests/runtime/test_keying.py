@@ -116,7 +116,7 @@ def test_producers_key_their_rows_and_unkeyed_files_still_arrive(spark, run_dir)
     doubled = [pq.read_table(p) for p in (streams / "doubled" / "Double").glob("*.parquet")]
     assert doubled and all(decode_key(k) == "all" for t in doubled for k in t.column("key:Sum").to_pylist())
     # one source per input directory, plus the heartbeats: the driver reads which files a
-    # batch consumed from the offset log by source position (``_query._Consumed``), so an
+    # batch consumed from the offset log by source position (``_query.ConsumedFiles``), so an
     # input directory must appear in the plan once
     for name in ("Double", "Sum"):
         offsets = Path(run_dir) / "checkpoints" / name / "offsets"
