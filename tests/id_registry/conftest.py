@@ -34,8 +34,8 @@ from id_registry._server import create_app, registry_guard
 from id_registry._worker import RegistryWorker
 from id_registry.client import embedded_registry
 from id_registry.testing import LocalEtcdCluster, etcd_binary
-from servicekit.ports import free_port
 from servicekit import Secret, testing
+from servicekit.ports import free_port
 
 #: ``http`` / ``anon``: raw HTTP clients of ``service``, with and without its secret
 http, anon = testing.http, testing.anon
