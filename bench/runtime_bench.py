@@ -52,7 +52,8 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 from _spark_bench import Finished, run_collecting, write_results  # noqa: E402
 
-from millwheel import Computation, ComputationOptions, Record, StepRunner, Topology  # noqa: E402
+from millwheel import Computation, ComputationOptions, Record, Topology  # noqa: E402
+from millwheel._step import StepRunner  # noqa: E402
 
 WINDOW = 10_000
 START = 1_700_000_000_000

@@ -3,8 +3,8 @@
 The user API (this package) imports no pyspark; only ``millwheel.runtime`` does.
 """
 
-from millwheel._codec import MsgpackCodec, PickleCodec, StateCodec
-from millwheel._computation import Computation, KeyContext, State
+from millwheel._codec import DataclassCodec, MsgpackCodec, PickleCodec, StateCodec
+from millwheel._computation import Computation, KeyContext, State, TimerFamily
 from millwheel._deadletter import DEAD_LETTER_STREAM, DeadLetter, Stage
 from millwheel._errors import (
     ComputationError,
@@ -19,8 +19,7 @@ from millwheel._logfile import LogFileSource, file_time
 from millwheel._options import ComputationOptions, DedupOptions, ErrorPolicy, LateAction, LatePolicy
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Production, Record, TimeDomain, Timer
 from millwheel._sources import SampleSource, Source, SourceBatch
-from millwheel._step import StepResult, StepRunner
-from millwheel._topology import ComputationSpec, InjectorSpec, SinkSpec, Topology
+from millwheel._topology import InjectorSpec, SinkSpec, Topology
 
 __version__ = "0.1.0"
 
@@ -28,8 +27,8 @@ __all__ = [
     "Computation",
     "ComputationError",
     "ComputationOptions",
-    "ComputationSpec",
     "DEAD_LETTER_STREAM",
+    "DataclassCodec",
     "DeadLetter",
     "DedupOptions",
     "EnvelopeError",
@@ -56,11 +55,29 @@ __all__ = [
     "State",
     "StateCodec",
     "StateCodecError",
-    "StepResult",
-    "StepRunner",
     "TimeDomain",
     "Timer",
+    "TimerFamily",
     "Topology",
     "TopologyError",
     "file_time",
 ]
+
+#: internals that used to be exported: still importable, with a warning, until they go
+_DEPRECATED = {
+    "ComputationSpec": ("millwheel._topology", "Topology.computations[name] gives a computation's spec"),
+    "StepResult": ("millwheel._step", "the per-key step is internal; test computations with millwheel.testing.Harness"),
+    "StepRunner": ("millwheel._step", "the per-key step is internal; test computations with millwheel.testing.Harness"),
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in _DEPRECATED:
+        import importlib
+        import warnings
+
+        module, instead = _DEPRECATED[name]
+        warnings.warn(f"millwheel.{name} is internal and will be removed from the public API: {instead}", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(module), name)
+    msg = f"module 'millwheel' has no attribute {name!r}"
+    raise AttributeError(msg)

@@ -119,8 +119,104 @@ class _StateSlot:
         return obj._ctx.state
 
 
+class TimerFamily:
+    """A family of timers with one handler, declared on the class (as Beam's ``TimerSpec``
+    with ``@on_timer``; Flink's ``KeyedProcessFunction`` has one ``onTimer`` for all).
+
+    Each timer of a family has a *name* (``""`` for a family of one): its tag is
+    ``"<family>:<name>"`` (``"<family>"`` for the empty name), so families never collide
+    and the handler gets the name back without parsing tags. A class that declares
+    families needs no ``process_timer``: the default one calls the family's handler.
+
+    >>> from millwheel import Computation, Record, Timer
+    >>> class Sessions(Computation):
+    ...     close = TimerFamily()                 # on the low watermark (the default domain)
+    ...     def process_record(self, record: Record) -> None:
+    ...         self.close.set(record.timestamp + 30_000, name=record.value["user"])
+    ...     @close.on_fire
+    ...     def closed(self, name: str, timer: Timer) -> None:
+    ...         self.produce("sessions", {"user": name, "closed_at": timer.timestamp})
+    >>> Sessions.close.tag("ann"), Sessions.close.name_of("close:ann")
+    ('close:ann', 'ann')
+    """
+
+    def __init__(self, domain: TimeDomain = TimeDomain.LOW_WATERMARK, *, tag: str | None = None) -> None:
+        """``tag``: the family's part of its timers' tags (default: the attribute's name), to
+        keep the tags of timers that runs already hold when a family is renamed."""
+        self.domain = domain
+        self.family = tag or ""
+        self.handler: Any = None
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.family = self.family or name
+        if ":" in self.family:
+            msg = f"timer family {self.family!r}: a family's tag cannot contain ':'"
+            raise TypeError(msg)
+
+    def __get__(self, obj: Any, cls: Any = None) -> Any:
+        return self if obj is None else _BoundTimers(self, obj)
+
+    def on_fire(self, fn: Any) -> Any:
+        """Decorate the method ``fn(self, name, timer)`` that handles this family's timers."""
+        self.handler = fn
+        return fn
+
+    def tag(self, name: str = "") -> str:
+        """The tag of this family's timer ``name``."""
+        if type(name) is not str:
+            msg = f"timer family {self.family!r}: a timer's name must be a str, got {type(name).__name__}"
+            raise ComputationError(msg)
+        return f"{self.family}:{name}" if name else self.family
+
+    def name_of(self, tag: str) -> str | None:
+        """The name of the timer with ``tag`` if it belongs to this family, else ``None``."""
+        if tag == self.family:
+            return ""
+        head, sep, rest = tag.partition(":")
+        return rest if sep and head == self.family else None
+
+
+class _BoundTimers:
+    """A family's timers for the key being processed (``self.<family>`` inside a step)."""
+
+    __slots__ = ("spec", "comp")
+
+    def __init__(self, spec: TimerFamily, comp: Computation) -> None:
+        self.spec = spec
+        self.comp = comp
+
+    def set(self, timestamp: int, name: str = "") -> None:
+        """Set (or move) this family's timer ``name`` for the key."""
+        self.comp.set_timer(self.spec.tag(name), timestamp, self.spec.domain)
+
+    def delete(self, name: str = "") -> None:
+        """Cancel this family's timer ``name``; no error if there is none."""
+        self.comp.delete_timer(self.spec.tag(name))
+
+    def pending(self) -> dict[str, Timer]:
+        """This family's pending timers for the key, by name, earliest first."""
+        out = {}
+        for t in self.comp.pending_timers():
+            name = self.spec.name_of(t.tag)
+            if name is not None:
+                out[name] = t
+        return out
+
+
 class Computation:
     """Base class of user computations. See the module docstring for the API."""
+
+    #: the class's timer families by name (collected when the class is defined)
+    _timer_families: ClassVar[dict[str, TimerFamily]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        families = {}
+        for klass in reversed(cls.__mro__):
+            for attr in vars(klass).values():
+                if isinstance(attr, TimerFamily):
+                    families[attr.family] = attr
+        cls._timer_families = families
 
     #: default options for this computation class; ``Topology.computation(options=...)`` overrides
     options: ClassVar[ComputationOptions] = ComputationOptions()
@@ -134,7 +230,18 @@ class Computation:
 
     # ---- hooks ---------------------------------------------------------------
     def setup(self) -> None:
-        """Called once per worker before any record; open clients or load models here."""
+        """Called once per instance before any record; open clients or load models here."""
+
+    def teardown(self) -> None:
+        """Called once per instance after its last record, to close what :meth:`setup` opened.
+
+        The harness calls it from ``Harness.close()`` (and ``with Harness(...)``, and
+        ``millwheel run --backend harness`` at the end) and when ``restart`` replaces an
+        instance. It is best effort, as Beam's ``DoFn.teardown``: a killed process never
+        calls it, and Spark ends its Python workers with ``os._exit``, so on Spark the
+        worker's connections and files close with its process instead. Never keep
+        anything there that a checkpoint needs.
+        """
 
     def process_record(self, record: Record) -> None:
         """Called once per input record, serially per key (§5.1)."""
@@ -142,7 +249,16 @@ class Computation:
         raise NotImplementedError(msg)
 
     def process_timer(self, timer: Timer) -> None:
-        """Called when a timer fires (§4.6). Override it if you call ``set_timer``."""
+        """Called when a timer fires (§4.6). Override it if you call ``set_timer``; a
+        timer of a :class:`TimerFamily` goes to the family's handler."""
+        families = self._timer_families
+        if families:
+            family = families.get(timer.tag.partition(":")[0])
+            if family is not None and family.handler is not None:
+                name = family.name_of(timer.tag)
+                if name is not None:
+                    family.handler(self, name, timer)
+                    return
         msg = (
             f"computation {self.name or type(self).__name__!r} set timer {timer.tag!r} "
             "but does not override process_timer(self, timer)"

@@ -84,8 +84,8 @@ def _run_harness(t: Topology, on_finish: Any = None) -> int:
     from millwheel.testing import Harness
 
     start = time.perf_counter()
-    h = Harness(t, raise_errors=False)
-    h.run_sources()
+    with Harness(t, raise_errors=False) as h:
+        h.run_sources()
     elapsed = time.perf_counter() - start
     print(f"topology {t.name}: ran in memory (harness backend) in {elapsed:.2f}s")
     for name in t.order():

@@ -14,15 +14,24 @@ def test_exported_members_are_pinned():
     assert set(millwheel.__all__) == {
         "DEAD_LETTER_STREAM", "MAX_TIMESTAMP", "MIN_TIMESTAMP", "Computation", "ComputationError", "DeadLetter",
         "KeyContext", "LogFileSource", "RunError", "Stage", "file_time",
-        "ComputationOptions", "ComputationSpec", "DedupOptions", "EnvelopeError", "ErrorPolicy",
+        "ComputationOptions", "DataclassCodec", "DedupOptions", "EnvelopeError", "ErrorPolicy",
         "HarnessError", "InjectorSpec", "LateAction", "LatePolicy", "MillwheelError", "MsgpackCodec",
         "PickleCodec", "Production", "Record", "SampleSource", "SinkSpec", "Source", "SourceBatch",
-        "State", "StateCodec", "StateCodecError", "StepResult", "StepRunner", "TimeDomain", "Timer",
+        "State", "StateCodec", "StateCodecError", "TimeDomain", "Timer", "TimerFamily",
         "Topology", "TopologyError",
     }
     assert millwheel.testing.__all__ == ["Crash", "Harness"]
     for name in millwheel.__all__:
         assert getattr(millwheel, name) is not None
+
+
+def test_internals_left_the_public_surface_with_a_deprecation_path():
+    import pytest
+
+    for name in ("StepRunner", "StepResult", "ComputationSpec"):
+        assert name not in millwheel.__all__
+        with pytest.warns(DeprecationWarning, match=f"millwheel.{name} is internal"):
+            assert getattr(millwheel, name).__name__ == name
 
 
 def test_every_error_derives_from_the_root():

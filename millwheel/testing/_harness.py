@@ -51,6 +51,7 @@ import dataclasses
 import enum
 import heapq
 import itertools
+import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -83,6 +84,7 @@ from millwheel._record import (
     Record,
     TimeDomain,
     Timer,
+    key_problem,
 )
 from millwheel._step import StepRunner, acknowledge, pending_productions
 from millwheel._topology import KeyExtractor, Topology
@@ -220,6 +222,7 @@ class Harness:
         self._streams: dict[str, list[Record]] = defaultdict(list)
         self._metrics: dict[str, StepMetrics] = {n: StepMetrics() for n in topology.computations}
         self._injected = 0
+        self._closed = False
 
     @classmethod
     def for_computation(
@@ -361,6 +364,9 @@ class Harness:
         process crash at that point; :meth:`restart` then recovers as MillWheel does.
         """
         runner = self._runner(name)
+        if self._closed:
+            msg = "the harness is closed (its computations were torn down): results can be read, nothing more run"
+            raise HarnessError(msg)
         lw, now = self._input_watermark(name), self._now
         # the input stays queued (pending work that holds the watermark, §4.5) until the
         # checkpoint ACKs it: weak productions sent before then must not find it gone
@@ -433,14 +439,33 @@ class Harness:
             self._store(name, key, env, hold, (self._lw_timers[name].get(key), self._wall_timers[name].get(key)))
 
     def restart(self, name: str) -> None:
-        """Recover computation ``name`` after a crash: rescan envelopes for pending productions (§7.1)."""
+        """Recover computation ``name`` after a crash: rescan envelopes for pending productions (§7.1).
+
+        A fresh instance replaces the old one (its ``teardown()`` is called, as a clean
+        stop would; a real crash would not)."""
         runner = self.topology.computations[name]
-        self._runners[name] = StepRunner(runner.instantiate(), name=name, outputs=runner.all_outputs, options=self._runners[name].options)
+        old = self._runner(name)
+        old.computation.teardown()
+        self._runners[name] = StepRunner(runner.instantiate(), name=name, outputs=runner.all_outputs, options=old.options)
         self._outbox[name] = [
             _Outgoing(name, key, p, True)
             for key, env in self._envelopes[name].items()
             for p in pending_productions(env)
         ]
+
+    def close(self) -> None:
+        """Call every computation's ``teardown()`` (once); ``with Harness(...) as h:`` does it."""
+        if self._closed:
+            return
+        self._closed = True
+        for runner in self._runners.values():
+            runner.computation.teardown()
+
+    def __enter__(self) -> Harness:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ---- plumbing ------------------------------------------------------------------
     def _runner(self, name: str) -> StepRunner:
@@ -544,19 +569,46 @@ class Harness:
         self._runner(computation)
         return list(self._envelopes[computation])
 
-    def envelope(self, computation: str, key: Key) -> Envelope:
-        """The decoded envelope of one key (state still encoded)."""
+    def _envelope(self, computation: str, key: Key) -> Envelope:
         self._runner(computation)
         return Envelope.decode(self._envelopes[computation].get(key))
 
+    def envelope(self, computation: str, key: Key) -> Envelope:
+        """Deprecated: the internal envelope of one key. Use :meth:`state`, :meth:`timers`,
+        :meth:`pending_productions` and :meth:`dedup_ids`."""
+        warnings.warn(
+            "Harness.envelope() returns an internal type and will go; use state(), timers(), pending_productions() or dedup_ids()",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self._envelope(computation, key)
+
     def state(self, computation: str, key: Key) -> Any:
         """The decoded state of one key, or ``None``."""
-        raw = self.envelope(computation, key).state
+        raw = self._envelope(computation, key).state
         return None if raw is None else self._runner(computation).codec.decode(raw)
+
+    def set_state(self, computation: str, key: Key, value: Any) -> None:
+        """Seed (or replace) one key's state before running, as a test's given (``None``
+        clears it); its timers, pending productions and dedup ids are kept. As Spark's
+        ``TwsTester.setValueState``: the value is stored with the computation's codec."""
+        runner = self._runner(computation)
+        why = key_problem(key)
+        if why is not None:
+            msg = f"set_state({computation!r}, ...): {why}"
+            raise HarnessError(msg)
+        env = self._envelope(computation, key)
+        env.state = None if value is None else runner.codec.encode(value)
+        raw = None if env.is_empty() else env.encode()
+        self._store(computation, key, raw, env.hold(), (self._lw_timers[computation].get(key), self._wall_timers[computation].get(key)))
+
+    def dedup_ids(self, computation: str, key: Key) -> set[str]:
+        """The record ids one key still remembers for exactly-once delivery (§6.1.1)."""
+        return set(self._envelope(computation, key).dedup.ids())
 
     def timers(self, computation: str, key: Key) -> list[Timer]:
         """Pending timers of one key, earliest first."""
-        env = self.envelope(computation, key)
+        env = self._envelope(computation, key)
         items = sorted(env.timers.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0]))
         return [Timer(tag, ts, TimeDomain(d)) for tag, (ts, d) in items]
 

@@ -162,3 +162,38 @@ def test_the_timer_and_hold_index_agrees_with_a_plain_scan():
         bound = rng.randrange(-60, 60)
         assert ix.min() == min(model.values(), default=None)
         assert ix.at_most(bound) == {k for k, v in model.items() if v <= bound}
+
+
+def test_set_state_seeds_a_key_and_dedup_ids_and_teardown_are_public():
+    events = []
+
+    class Counter(Computation):
+        def setup(self) -> None:
+            events.append("setup")
+
+        def teardown(self) -> None:
+            events.append("teardown")
+
+        def process_record(self, record: Record) -> None:
+            self.state.set(self.state.get(0) + 1)
+            self.produce("counts", self.state.get())
+
+    with Harness.for_computation(Counter, inputs={"in": lambda r: r.value}, outputs=["counts"]) as h:
+        h.set_state("Counter", "cats", 41)  # the test's given, as Spark's TwsTester.setValueState
+        assert h.state("Counter", "cats") == 41 and h.keys("Counter") == ["cats"]
+        h.inject("in", [h.record("cats", 1_000, id="c1")])
+        h.run()
+        assert h.values("counts") == [42]
+        assert h.dedup_ids("Counter", "cats") == {"c1"}
+        h.set_state("Counter", "cats", None)
+        assert h.state("Counter", "cats") is None and h.dedup_ids("Counter", "cats") == {"c1"}  # ids kept
+        with pytest.warns(DeprecationWarning, match="internal type"):
+            h.envelope("Counter", "cats")
+        h.restart("Counter")  # the old instance is torn down, a new one set up
+        assert events == ["setup", "teardown", "setup"]
+    assert events == ["setup", "teardown", "setup", "teardown"]
+    assert h.metrics("Counter")["processed"] == 1  # results stay readable
+    with pytest.raises(HarnessError, match="the harness is closed"):
+        h.process("Counter")
+    with pytest.raises(HarnessError, match="keys must be str, int, bytes or a tuple of those; got list"):
+        h.set_state("Counter", [1], 1)

@@ -48,9 +48,10 @@ joined event a dead letter (``once_too_old``), never written. Re-injected clicks
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
-from millwheel import Computation, Record, TimeDomain, Timer
+from millwheel import Computation, DataclassCodec, Record, TimeDomain, Timer, TimerFamily
 
 from .config import PhotonConfig
 from .eventstore import LogsEventStore
@@ -86,13 +87,34 @@ class Adapter:
         return out
 
 
+@dataclass
+class JoinKey:
+    """What the Joiner keeps for one query id (its typed state)."""
+
+    #: the cached query (the CacheEventStore, §3.4.1), or ``None``
+    query: dict[str, Any] | None = None
+    #: the cached query's time (its eviction timer is ``query_ts + retention_ms``)
+    query_ts: int | None = None
+    #: clicks waiting for their query: click id -> ``[click, retries so far]``
+    waiting: dict[str, list[Any]] = field(default_factory=dict)
+
+
+#: the Joiner's state codec; ``renamed`` reads state written before ``JoinKey`` had names
+JOIN_STATE = DataclassCodec(JoinKey, renamed={"q": "query", "qts": "query_ts", "w": "waiting"})
+
+
 class Joiner(Computation):
     """Keyed by query id: the EventStore, the dispatcher's retries, the join (see the module docstring).
 
-    State of a key: ``{"q": query or None, "qts": its time, "w": {click id: [click, attempts]}}``.
-    Timers: ``evict`` (low watermark, ``qts + retention_ms``), ``r:<click id>`` (wall time,
-    the next retry) and ``g:<click id>`` (low watermark, ``click ts + max_delay_ms``).
+    State of a key: a :class:`JoinKey`. Timers, one family each: ``evict`` (low watermark,
+    ``query_ts + retention_ms``: the cache entry goes), ``retry`` (wall time, per waiting
+    click: the next LogsEventStore lookup) and ``give_up`` (low watermark, per waiting
+    click: ``click ts + max_delay_ms``).
     """
+
+    evict = TimerFamily()
+    retry = TimerFamily(TimeDomain.WALL_TIME, tag="r")
+    give_up = TimerFamily(tag="g")
 
     def __init__(
         self,
@@ -131,11 +153,11 @@ class Joiner(Computation):
             self._click(record, reinjected=record.stream == self.reinjected_stream)
 
     def _query(self, record: Record) -> None:
-        st = self.state.get() or {}
-        if st.get("q") is not None:
+        st: JoinKey = self.state.get() or JoinKey()
+        if st.query is not None:
             return  # a duplicate delivery beyond the dedup horizon: the cache has it
         self._cache(st, record.value, record.timestamp)
-        for cid, (click, _attempts) in list(st.get("w", {}).items()):
+        for cid, (click, _attempts) in list(st.waiting.items()):
             self._finish(st, cid)
             self._join(record.value, click)
         self._save(st)
@@ -147,42 +169,52 @@ class Joiner(Computation):
         if type(cid) is not str or not cid:
             msg = f"click {record.id!r}: field {c.click_id_field!r} must be a non-empty string, got {cid!r}"
             raise ValueError(msg)
-        st = self.state.get() or {}
-        waiting = st.setdefault("w", {})
-        if cid in waiting:
+        st: JoinKey = self.state.get() or JoinKey()
+        if cid in st.waiting:
             return  # the same click again (a re-injection of a click still waiting)
-        query = st.get("q") or self._look_up(st)
+        query = st.query or self._look_up(st)
         if query is not None:
             self._join(query, click)
         else:
-            waiting[cid] = [click, 0]
+            st.waiting[cid] = [click, 0]
             if self.store is not None:
-                self.set_timer(f"r:{cid}", self.now + c.backoff(0), TimeDomain.WALL_TIME)
-            self.set_timer(f"g:{cid}", record.timestamp + c.max_delay_ms)
+                self.retry.set(self.now + c.backoff(0), name=cid)
+            self.give_up.set(record.timestamp + c.max_delay_ms, name=cid)
         self._save(st)
 
     # ---- timers --------------------------------------------------------------------
-    def process_timer(self, timer: Timer) -> None:
-        st = self.state.get() or {}
-        tag = timer.tag
-        if tag == "evict":
-            st["q"] = None
-            st.pop("qts", None)
-            self._save(st)
-            return
-        cid = tag[2:]
-        entry = st.get("w", {}).get(cid)
+    @evict.on_fire
+    def _evict(self, _name: str, _timer: Timer) -> None:
+        st: JoinKey = self.state.get() or JoinKey()
+        st.query = st.query_ts = None
+        self._save(st)
+
+    @retry.on_fire
+    def _retry(self, cid: str, _timer: Timer) -> None:
+        st: JoinKey = self.state.get() or JoinKey()
+        entry = st.waiting.get(cid)
         if entry is None:
             return
         query = self._look_up(st)
         if query is not None:
             self._finish(st, cid)
             self._join(query, entry[0])
-        elif tag.startswith("r:"):
-            entry[1] += 1
-            self.set_timer(tag, self.now + self.cfg.backoff(entry[1]), TimeDomain.WALL_TIME)
         else:
-            self._finish(st, cid)
+            entry[1] += 1
+            self.retry.set(self.now + self.cfg.backoff(entry[1]), name=cid)
+        self._save(st)
+
+    @give_up.on_fire
+    def _give_up(self, cid: str, timer: Timer) -> None:
+        st: JoinKey = self.state.get() or JoinKey()
+        entry = st.waiting.get(cid)
+        if entry is None:
+            return
+        query = self._look_up(st)
+        self._finish(st, cid)
+        if query is not None:
+            self._join(query, entry[0])
+        else:
             click = entry[0]
             reason = (
                 f"no query {self.key!r} by low watermark {timer.timestamp} (click ts + max_delay_ms="
@@ -193,7 +225,7 @@ class Joiner(Computation):
         self._save(st)
 
     # ---- helpers -------------------------------------------------------------------
-    def _look_up(self, st: dict[str, Any]) -> dict[str, Any] | None:
+    def _look_up(self, st: JoinKey) -> dict[str, Any] | None:
         """A cache miss goes to the LogsEventStore; a hit fills the cache (§3.4)."""
         store = self.store
         if store is None:
@@ -203,9 +235,9 @@ class Joiner(Computation):
             self._cache(st, query, query[self.cfg.ts_field])
         return query
 
-    def _cache(self, st: dict[str, Any], query: dict[str, Any], ts: int) -> None:
-        st["q"], st["qts"] = query, ts
-        self.set_timer("evict", ts + self.cfg.retention_ms)
+    def _cache(self, st: JoinKey, query: dict[str, Any], ts: int) -> None:
+        st.query, st.query_ts = query, ts
+        self.evict.set(ts + self.cfg.retention_ms)
 
     def _join(self, query: dict[str, Any], click: dict[str, Any]) -> None:
         c = self.cfg
@@ -216,19 +248,17 @@ class Joiner(Computation):
             return
         self.produce(JOINED, joined, timestamp=ts, once_id=cid)
 
-    def _finish(self, st: dict[str, Any], cid: str) -> None:
-        st["w"].pop(cid, None)
-        self.delete_timer(f"r:{cid}")
-        self.delete_timer(f"g:{cid}")
+    def _finish(self, st: JoinKey, cid: str) -> None:
+        st.waiting.pop(cid, None)
+        self.retry.delete(cid)
+        self.give_up.delete(cid)
 
-    def _save(self, st: dict[str, Any]) -> None:
-        waiting = st.get("w")
-        if not waiting:
-            st.pop("w", None)
+    def _save(self, st: JoinKey) -> None:
         # waiting clicks will be produced with their own (older) timestamps: hold the
         # output watermark at the oldest (§7.2 of MillWheel), so consumers never get them late
-        self.hold_watermark(min((w[0][self.cfg.ts_field] for w in waiting.values()), default=None) if waiting else None)
-        if st.get("q") is None and not waiting:
+        ts = self.cfg.ts_field
+        self.hold_watermark(min((w[0][ts] for w in st.waiting.values()), default=None))
+        if st.query is None and not st.waiting:
             self.state.clear()
         else:
             self.state.set(st)

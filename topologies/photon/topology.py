@@ -29,7 +29,6 @@ from millwheel import (
     DedupOptions,
     LatePolicy,
     LogFileSource,
-    MsgpackCodec,
     Source,
     Topology,
 )
@@ -37,7 +36,7 @@ from millwheel import (
 from .config import PhotonConfig
 from .evaluation import RunResult, evaluate, render
 from .generator import load_truth, resolve_data_dir
-from .joiner import JOINED, REINJECT_ID, UNJOINABLE, Adapter, Joiner
+from .joiner import JOIN_STATE, JOINED, REINJECT_ID, UNJOINABLE, Adapter, Joiner
 
 __all__ = ["build", "join_topology", "make_sources", "on_finish"]
 
@@ -92,7 +91,7 @@ def join_topology(
     options = ComputationOptions(
         late=LatePolicy.process(),  # delayed queries, re-injected clicks: late, and wanted
         dedup=DedupOptions(slack_ms=c.dedup_slack_ms, gc_interval_ms=max(1_000, c.dedup_slack_ms // 6)),
-        state_codec=MsgpackCodec(),
+        state_codec=JOIN_STATE,
     )
     t.computation(
         Joiner, inputs=inputs, outputs=[JOINED, UNJOINABLE], options=options,
