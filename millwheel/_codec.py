@@ -141,7 +141,7 @@ class DataclassCodec:
         if not isinstance(stored, dict):
             msg = f"{self.name}: stored state is a {type(stored).__name__}, not a map of fields"
             raise StateCodecError(msg)
-        values = {self.renamed.get(k, k): v for k, v in stored.items()}
+        values: dict[str, Any] = {str(self.renamed.get(k, k)): v for k, v in stored.items()}
         unknown = set(values) - set(self.fields)
         if unknown:
             msg = f"{self.name}: stored state has fields {sorted(unknown)} that {self.cls.__qualname__} does not (renamed=... maps old names)"
