@@ -302,57 +302,64 @@ class StepRunner:
         late_wm: int,
         failures: list[_Failure] | None,
     ) -> StepResult:
-        """One run of the step. ``failures is None``: the fast path, which raises
-        :class:`_Failure` at the first failure; a list: careful mode, which rolls back to
-        a savepoint and collects each failure."""
-        opts = self.options
+        """One run of the step. ``failures is None``: the fast mode, which raises
+        :class:`_Failure` at the first failure; a list: careful mode (:class:`_Careful`),
+        which rolls back to a savepoint and collects each failure."""
         comp = self.computation
         env = Envelope.decode(envelope)
         ctx = _KeyContext(self, key, env, low_watermark, now)
         comp._ctx = ctx
         comp.__dict__["state"] = ctx.state  # see Computation.state
         c = StepMetrics()
-        dedup = env.dedup if opts.exactly_once else None
-        late = opts.late
-        process_record = comp.process_record
         stats = DedupStats()
-        careful = failures is not None
-        codec = self.codec
-        saved = ctx.state.encoded() if careful else None
-
-        # the per-record path: keep it to local variables (it runs once per record)
-        n = c.records_in = len(records)
-        duplicates = late_n = processed = 0
-        if n:
-            tss = list(map(_timestamp_of, records))
-            any_late = min(tss) < late_wm
-            if dedup is not None:
-                # one call for the whole step: fingerprints and Bloom checks in C-level
-                # passes. A late record is remembered under the watermark it was late for,
-                # so a re-delivery is a duplicate and not counted late again
-                kept = dedup.admit(
-                    list(map(_id_of, records)), [t if t >= late_wm else late_wm for t in tss] if any_late else tss, stats
-                )
-                if kept is not None:
-                    records = list(compress(records, kept))
-                    duplicates = n - len(records)
+        careful = None if failures is None else _Careful(ctx, failures)
+        records, any_late = self._admit(env, records, late_wm, c, stats)
+        if not any_late and careful is None:
+            self._records_fast(ctx, records, c)  # the common case: nothing late, nothing failed
         else:
-            any_late = False
-        if not any_late and not careful:
-            # the common case: no record is late, nothing has failed yet
-            rec = None
-            try:
-                for rec in records:
-                    ctx.default_ts = rec.timestamp
-                    process_record(rec)
-            except Exception as exc:
-                raise _Failure(exc, Stage.PROCESS_RECORD, record=rec) from None
-            processed = len(records)
-            records = ()
+            self._records(ctx, records, late_wm, c, careful)
+        self._fire_timers(ctx, c, careful)
+        return self._checkpoint(key, env, ctx, c, stats, careful, late_wm)
+
+    def _admit(self, env: Envelope, records: Sequence[Record], late_wm: int, c: StepMetrics, stats: DedupStats) -> tuple[Sequence[Record], bool]:
+        """Dedup (§6.1.1): the step's records not seen before, and whether any is late."""
+        n = c.records_in = len(records)
+        if not n:
+            return records, False
+        tss = list(map(_timestamp_of, records))
+        any_late = min(tss) < late_wm
+        dedup = env.dedup if self.options.exactly_once else None
+        if dedup is not None:
+            # one call for the whole step: fingerprints and Bloom checks in C-level passes.
+            # A late record is remembered under the watermark it was late for, so a
+            # re-delivery is a duplicate and not counted late again
+            kept = dedup.admit(list(map(_id_of, records)), [t if t >= late_wm else late_wm for t in tss] if any_late else tss, stats)
+            if kept is not None:
+                records = list(compress(records, kept))
+                c.duplicates = n - len(records)
+        return records, any_late
+
+    def _records_fast(self, ctx: _KeyContext, records: Sequence[Record], c: StepMetrics) -> None:
+        """``process_record`` for each record, none late: the per-record hot loop."""
+        process_record = self.computation.process_record
+        rec = None
+        try:
+            for rec in records:
+                ctx.default_ts = rec.timestamp
+                process_record(rec)
+        except Exception as exc:
+            raise _Failure(exc, Stage.PROCESS_RECORD, record=rec) from None
+        c.processed = len(records)
+
+    def _records(self, ctx: _KeyContext, records: Sequence[Record], late_wm: int, c: StepMetrics, careful: _Careful | None) -> None:
+        """Records some of which are late (§4.5: counted, then dropped, sent to the late
+        stream or processed), or any records in careful mode."""
+        late = self.options.late
+        process_record = self.computation.process_record
         for rec in records:
             ts = rec.timestamp
             if ts < late_wm:
-                late_n += 1
+                c.late += 1
                 if late.action is LateAction.DROP:
                     c.late_dropped += 1
                     continue
@@ -361,73 +368,62 @@ class StepRunner:
                     ctx.productions.append(Production(late.stream, rec))  # type: ignore[arg-type]
                     continue
             ctx.default_ts = ts
-            if not careful:
-                try:
-                    process_record(rec)
-                except Exception as exc:
-                    raise _Failure(exc, Stage.PROCESS_RECORD, record=rec) from None
-                processed += 1
+            if careful is not None:
+                if careful.run(process_record, rec, Stage.PROCESS_RECORD, record=rec):
+                    c.processed += 1
                 continue
-            sp = ctx.savepoint(saved)
             try:
                 process_record(rec)
             except Exception as exc:
-                ctx.rollback(sp)
-                failures.append(_Failure(exc, Stage.PROCESS_RECORD, record=rec))  # type: ignore[union-attr]
+                raise _Failure(exc, Stage.PROCESS_RECORD, record=rec) from None
+            c.processed += 1
+
+    def _fire_timers(self, ctx: _KeyContext, c: StepMetrics, careful: _Careful | None) -> None:
+        """Due timers in timestamp order (§4.6), including ones set while firing that are due."""
+        timers = ctx.timers
+        if not timers:
+            return
+        heap = ctx.due_heap
+        low_watermark, now = ctx.low_watermark, ctx.now
+        for tag, (ts, d) in timers.items():
+            if ts <= (low_watermark if d == _LW else now):
+                heap.append((ts, d, tag))
+        if not heap:
+            return
+        heapq.heapify(heap)
+        ctx.firing = True
+        budget = self.options.max_timer_fires_per_step
+        process_timer = self.computation.process_timer
+        while heap:
+            ts, d, tag = heapq.heappop(heap)
+            if timers.get(tag) != (ts, d):
+                continue  # replaced or deleted since it was queued
+            if budget == 0:
+                c.timers_deferred += 1 + sum(1 for t in heap if timers.get(t[2]) == (t[0], t[1]))
+                break
+            budget -= 1
+            del timers[tag]  # a failed timer stays deleted: it is dead-lettered
+            timer = Timer(tag, ts, _DOMAINS[d])
+            ctx.default_ts = production_time(ts if d == _LW else low_watermark)
+            if careful is not None:
+                if careful.run(process_timer, timer, Stage.PROCESS_TIMER, timer=timer):
+                    c.timers_fired += 1
                 continue
             try:
-                saved = _encoded(ctx.state, codec)
+                process_timer(timer)
             except Exception as exc:
-                ctx.rollback(sp)
-                failures.append(_Failure(exc, Stage.CHECKPOINT, record=rec))  # type: ignore[union-attr]
-                continue
-            processed += 1
-        c.duplicates, c.late, c.processed = duplicates, late_n, processed
+                raise _Failure(exc, Stage.PROCESS_TIMER, timer=timer) from None
+            c.timers_fired += 1
+        ctx.firing = False
 
-        # ---- timers (§4.6): due ones in timestamp order, incl. ones set while firing ----
-        timers = ctx.timers
-        if timers:
-            heap = ctx.due_heap
-            for tag, (ts, d) in timers.items():
-                if ts <= (low_watermark if d == _LW else now):
-                    heap.append((ts, d, tag))
-            if heap:
-                heapq.heapify(heap)
-                ctx.firing = True
-                budget = opts.max_timer_fires_per_step
-                process_timer = comp.process_timer
-                while heap:
-                    ts, d, tag = heapq.heappop(heap)
-                    if timers.get(tag) != (ts, d):
-                        continue  # replaced or deleted since it was queued
-                    if budget == 0:
-                        c.timers_deferred += 1 + sum(1 for t in heap if timers.get(t[2]) == (t[0], t[1]))
-                        break
-                    budget -= 1
-                    del timers[tag]
-                    timer = Timer(tag, ts, _DOMAINS[d])
-                    ctx.default_ts = production_time(ts if d == _LW else low_watermark)
-                    if not careful:
-                        try:
-                            process_timer(timer)
-                        except Exception as exc:
-                            raise _Failure(exc, Stage.PROCESS_TIMER, timer=timer) from None
-                        c.timers_fired += 1
-                        continue
-                    sp = ctx.savepoint(saved)
-                    try:
-                        process_timer(timer)
-                        saved = _encoded(ctx.state, codec)
-                    except Exception as exc:
-                        ctx.rollback(sp)  # the timer stays deleted: it is dead-lettered
-                        failures.append(_Failure(exc, Stage.PROCESS_TIMER, timer=timer))  # type: ignore[union-attr]
-                        continue
-                    c.timers_fired += 1
-                ctx.firing = False
-
-        # ---- checkpoint -------------------------------------------------------------
-        if careful:
-            env.state = saved
+    def _checkpoint(
+        self, key: Key, env: Envelope, ctx: _KeyContext, c: StepMetrics, stats: DedupStats, careful: _Careful | None, late_wm: int
+    ) -> StepResult:
+        """The new envelope (§6.2): state, timers, sequence, hold, pending strong
+        productions (§6.1.2) and dedup ids, with the step's counters and dead letters."""
+        opts = self.options
+        if careful is not None:
+            env.state = careful.saved
         else:
             try:
                 env.state = ctx.state.encoded()
@@ -446,20 +442,20 @@ class StepRunner:
                 )
                 for p in productions
             )
-        if dedup is not None:
+        if opts.exactly_once:
             dd = opts.dedup
             # ids of records that may still be re-delivered: anything not behind the watermark
             # these records arrived under (later deliveries are judged against a later one)
-            horizon = min(low_watermark, late_wm) - dd.slack_ms
-            dedup.finish(horizon, dd.bloom_fpr, dd.bloom_capacity, dd.gc_interval_ms, stats)
+            horizon = min(ctx.low_watermark, late_wm) - dd.slack_ms
+            env.dedup.finish(horizon, dd.bloom_fpr, dd.bloom_capacity, dd.gc_interval_ms, stats)
         c.bloom_maybe, c.bloom_false_positive = stats.bloom_maybe, stats.bloom_false_positive
         c.dedup_gc_runs, c.dedup_ids_collected = stats.gc_runs, stats.ids_collected
-        letters = [self._dead_letter(key, f, now) for f in failures or ()]
+        letters = [self._dead_letter(key, f, ctx.now) for f in (careful.failures if careful is not None else ())]
         dead = [d for d in letters if d is not None]
         c.dead_letters = len(dead)
         c.dead_letters_dropped = len(letters) - len(dead)
         next_lw = next_wall = None
-        for ts, d in timers.values():
+        for ts, d in ctx.timers.values():
             if d == _LW:
                 next_lw = ts if next_lw is None or ts < next_lw else next_lw
             else:
@@ -473,6 +469,38 @@ class StepRunner:
             next_low_watermark_timer=next_lw,
             next_wall_timer=next_wall,
         )
+
+
+class _Careful:
+    """Careful mode: a savepoint before each record and timer, a rollback to it on
+    failure, so the key keeps the effects of its other records (module docstring)."""
+
+    __slots__ = ("ctx", "failures", "codec", "saved")
+
+    def __init__(self, ctx: _KeyContext, failures: list[_Failure]) -> None:
+        self.ctx = ctx
+        self.failures = failures
+        self.codec = ctx.runner.codec
+        #: the state's bytes after the last record or timer that succeeded
+        self.saved = ctx.state.encoded()
+
+    def run(self, fn: Any, arg: Any, stage: str, *, record: Record | None = None, timer: Timer | None = None) -> bool:
+        """``fn(arg)`` and the state it leaves encoded; on failure, roll back and keep the failure."""
+        ctx = self.ctx
+        sp = ctx.savepoint(self.saved)
+        try:
+            fn(arg)
+        except Exception as exc:
+            ctx.rollback(sp)
+            self.failures.append(_Failure(exc, stage, record=record, timer=timer))
+            return False
+        try:
+            self.saved = _encoded(ctx.state, self.codec)
+        except Exception as exc:
+            ctx.rollback(sp)
+            self.failures.append(_Failure(exc, Stage.CHECKPOINT if record is not None else stage, record=record, timer=timer))
+            return False
+        return True
 
 
 #: a record's timestamp and id, for C-level passes over a step's records
