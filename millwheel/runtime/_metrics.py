@@ -25,6 +25,9 @@ Secure by default, like every millwheel service:
 True
 >>> 'millwheel_lag_seconds{topology="demo",name="Counter",kind="computation"} 10.0' in text
 True
+>>> snap = Snapshot(1.0, 1_700_000_010_000, (Row("Counter", "computation", 5, 2, 0, 1, 0, 0, counters={"bloom_maybe": 3}),))
+>>> 'millwheel_step_bloom_maybe_total{topology="demo",name="Counter"} 3' in render(snap, "demo")
+True
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
+from millwheel._counters import COUNTERS
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel.runtime._status import Row, Snapshot
 from servicekit.errors import ServiceError
@@ -108,6 +112,16 @@ def render(snapshot: Snapshot | None, topology: str) -> str:
                 samples.append(f'{metric}{{topology="{top}",name="{_label(r.name)}",kind="{r.kind}"}} {_number(v)}')
         if samples:
             out += [f"# HELP {metric} {text}", f"# TYPE {metric} {kind}", *samples]
+    # every step counter (StepMetrics), the same names as the harness's Harness.metrics()
+    for counter, text in COUNTERS.items():
+        metric = f"millwheel_step_{counter}_total"
+        samples = [
+            f'{metric}{{topology="{top}",name="{_label(r.name)}"}} {r.counters.get(counter, 0)}'
+            for r in rows
+            if r.counters is not None
+        ]
+        if samples:
+            out += [f"# HELP {metric} {text}", f"# TYPE {metric} counter", *samples]
     return "\n".join(out) + "\n"
 
 

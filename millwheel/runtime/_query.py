@@ -26,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from millwheel._counters import StepMetrics
 from millwheel._delivery import low_watermark
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel._topology import ComputationSpec
@@ -483,6 +484,7 @@ class ComputationQuery:
             "duplicates": self.metrics["duplicates"],
             "late": self.metrics["late"],
             "timers_fired": self.metrics["timers_fired"],
+            "counters": StepMetrics.of(self.metrics).as_dict(),
             "low_watermark": self.low_watermark,
             "batches": self.batches,
         }

@@ -66,6 +66,8 @@ class Row:
     #: how far out of order a log injector has read records, ms, and in which file (:func:`~millwheel._logfile.disorder`)
     disorder_ms: int | None = None
     disorder_file: str | None = None
+    #: every counter of a computation (:class:`~millwheel._counters.StepMetrics`), ``None`` for injectors
+    counters: dict[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +138,7 @@ class Sampler:
                     warning=s.get("warning"),
                     disorder_ms=s.get("disorder_ms"),
                     disorder_file=s.get("disorder_file"),
+                    counters=s.get("counters") if computation else None,
                 )
             )
         topology = getattr(self.rt, "topology", None)  # a test double may have none
