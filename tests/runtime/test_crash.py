@@ -39,21 +39,22 @@ def _expected(records):
     return Counter({(int(w), q, int(c)) for (w, q), c in df.groupby(["window_start", "query"]).size().items()})
 
 
-def _crash_loop(tmp_path, plan, seed):
+def _crash_loop(tmp_path, plan, seed, layout="intervals"):
     """``plan``: ("driver" | "worker", (query, committed batches)) kills, or ("inject:<crash spec>", None).
 
     A kill waits for ``query`` to commit that many more batches (plus a random 0-2, from
-    ``seed``) in the new driver process, then kills.
+    ``seed``) in the new driver process, then kills. ``layout``: the state layout of every
+    driver of the run (``RuntimeSettings.state_layout``).
     """
     rng = random.Random(seed)
     data, root, log = tmp_path / "data", tmp_path / "run", tmp_path / "driver.log"
     records = write_logs(data, N, files=20, keys=300)
     kills = Counter()
     for what, at in plan:
-        env = {"MILLWHEEL_CRASH": what.split(":", 1)[1]} if what.startswith("inject:") else None
-        proc = start(root, data, "twostage", *PACING, env=env, log=log)
+        crash = {"MILLWHEEL_CRASH": what.split(":", 1)[1]} if what.startswith("inject:") else None
+        proc = start(root, data, "twostage", *PACING, env={"MILLWHEEL_STATE_LAYOUT": layout, **(crash or {})}, log=log)
         try:
-            if env:
+            if crash:
                 proc.wait(timeout=300)
                 kills["injected"] += proc.returncode == -9
                 continue
@@ -72,7 +73,7 @@ def _crash_loop(tmp_path, plan, seed):
                 proc.wait(timeout=600)  # the driver restarts the failed query and finishes
         finally:
             kill_group(proc)
-    final = start(root, data, "twostage", *PACING, log=log)
+    final = start(root, data, "twostage", *PACING, env={"MILLWHEEL_STATE_LAYOUT": layout}, log=log)
     try:
         rc = final.wait(timeout=900)
     finally:
@@ -91,11 +92,13 @@ def _crash_loop(tmp_path, plan, seed):
     return kills
 
 
-def test_crash_short(tmp_path):
+@pytest.mark.parametrize("layout", ["intervals", "keys"])
+def test_crash_short(tmp_path, layout):
     kills = _crash_loop(
         tmp_path,
         [("inject:Tally:after_output:data", None), ("driver", ("WindowCounter", 3)), ("worker", ("Tally", 2))],
         seed=1,
+        layout=layout,
     )
     assert kills["injected"] == 1
     assert kills["driver"] + kills["worker"] >= 1
