@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import heapq
 import itertools
 import warnings
 from collections import defaultdict
@@ -88,6 +87,7 @@ from millwheel._record import (
 )
 from millwheel._step import StepRunner, acknowledge, pending_productions
 from millwheel._topology import KeyExtractor, Topology
+from millwheel.testing._index import MinIndex
 
 
 class Crash(enum.Enum):
@@ -114,67 +114,6 @@ class _Outgoing:
     production: Production
     strong: bool
 
-
-
-class _MinIndex:
-    """Per-key integers with their smallest value and the keys at or below a bound in
-    O(log n) and O(answer), not O(keys): a heap with lazy deletion beside a dict.
-
-    The harness keeps one for the keys' holds and one per timer domain, so a round of a
-    computation with many idle keys costs what is due, as on the Spark runtime.
-
-    >>> ix = _MinIndex()
-    >>> ix.put("a", 5); ix.put("b", 3); ix.put("b", 9); ix.put("c", 4)
-    >>> ix.min(), sorted(ix.at_most(5)), ix.get("b")
-    (4, ['a', 'c'], 9)
-    >>> ix.put("c", None); ix.min()
-    5
-    """
-
-    __slots__ = ("_heap", "_tie", "values")
-
-    def __init__(self) -> None:
-        self.values: dict[Any, int] = {}
-        self._heap: list[tuple[int, int, Any]] = []
-        self._tie = itertools.count()  # keys need not be comparable with each other
-
-    def get(self, key: Any) -> int | None:
-        return self.values.get(key)
-
-    def put(self, key: Any, value: int | None) -> None:
-        if value is None:
-            self.values.pop(key, None)
-            return
-        if self.values.get(key) == value:
-            return
-        self.values[key] = value
-        heapq.heappush(self._heap, (value, next(self._tie), key))
-        if len(self._heap) > 2 * len(self.values) + 64:  # mostly stale: rebuild
-            self._heap = [(v, next(self._tie), k) for k, v in self.values.items()]
-            heapq.heapify(self._heap)
-
-    def min(self) -> int | None:
-        heap, values = self._heap, self.values
-        while heap:
-            value, _, key = heap[0]
-            if values.get(key) == value:
-                return value
-            heapq.heappop(heap)
-        return None
-
-    def at_most(self, bound: int) -> set[Any]:
-        """The keys whose value is <= ``bound``."""
-        heap, values, out = self._heap, self.values, set()
-        stack = [0] if heap else []
-        while stack:
-            i = stack.pop()
-            value, _, key = heap[i]
-            if value > bound:
-                continue  # the heap property: nothing below it is smaller
-            if values.get(key) == value:
-                out.add(key)
-            stack += [j for j in (2 * i + 1, 2 * i + 2) if j < len(heap)]
-        return out
 
 
 class Harness:
@@ -211,10 +150,10 @@ class Harness:
         self._published: dict[str, int] = {n: MIN_TIMESTAMP for n in topology.computations}
         self._queues: dict[str, list[_Queued]] = {n: [] for n in topology.computations}
         self._envelopes: dict[str, dict[Key, bytes]] = {n: {} for n in topology.computations}
-        self._holds: dict[str, _MinIndex] = {n: _MinIndex() for n in topology.computations}
+        self._holds: dict[str, MinIndex] = {n: MinIndex() for n in topology.computations}
         #: each key's next timer per time domain, indexed (a round looks at due keys only)
-        self._lw_timers: dict[str, _MinIndex] = {n: _MinIndex() for n in topology.computations}
-        self._wall_timers: dict[str, _MinIndex] = {n: _MinIndex() for n in topology.computations}
+        self._lw_timers: dict[str, MinIndex] = {n: MinIndex() for n in topology.computations}
+        self._wall_timers: dict[str, MinIndex] = {n: MinIndex() for n in topology.computations}
         #: keys with a timer -> when they got one: due keys fire in that order
         self._timer_order: dict[str, dict[Key, int]] = {n: {} for n in topology.computations}
         self._timer_seq = itertools.count()

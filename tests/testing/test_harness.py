@@ -147,10 +147,10 @@ def test_the_timer_and_hold_index_agrees_with_a_plain_scan():
     what is due, not every key): checked against a scan over random updates."""
     import random
 
-    from millwheel.testing._harness import _MinIndex
+    from millwheel.testing._index import MinIndex
 
     rng = random.Random(7)
-    ix, model = _MinIndex(), {}
+    ix, model = MinIndex(), {}
     for _ in range(5_000):
         key = rng.choice(["a", 1, ("t", 2), "b", 3.5, None] + [f"k{i}" for i in range(40)])
         value = rng.choice([None, rng.randrange(-50, 50)])
