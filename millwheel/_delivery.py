@@ -44,7 +44,7 @@ from millwheel._deadletter import (
     dead_letter_record,
     reason_of,
 )
-from millwheel._errors import ComputationError
+from millwheel._errors import KeyExtractorError
 from millwheel._once import OnceOutcome, OnceRegistry, resolve_once
 from millwheel._options import ErrorPolicy
 from millwheel._record import (
@@ -59,10 +59,6 @@ from millwheel._record import (
 
 if TYPE_CHECKING:
     from millwheel._step import StepRunner
-
-
-class KeyExtractorError(ComputationError):
-    """A consumer's key extractor failed under ``ErrorPolicy.RAISE`` (on both backends)."""
 
 
 def record_problem(record: Any) -> str | None:

@@ -5,6 +5,7 @@ Every error derives from one root, so ``except MillwheelError`` catches them all
     MillwheelError
     ├── TopologyError        a topology is wired wrong (raised when it is built)
     ├── ComputationError     user code broke a rule at run time (undeclared stream, bad timestamp)
+    │   └── KeyExtractorError    a consumer's key extractor failed under ErrorPolicy.RAISE
     ├── StateCodecError      a state value could not be encoded or decoded
     ├── EnvelopeError        a stored per-key envelope is corrupt or of an unknown version
     ├── HarnessError         the in-memory harness was driven wrongly (e.g. time moved backwards)
@@ -24,6 +25,10 @@ class TopologyError(MillwheelError):
 
 class ComputationError(MillwheelError):
     """User code did something the framework cannot honour (raised at run time)."""
+
+
+class KeyExtractorError(ComputationError):
+    """A consumer's key extractor failed under ``ErrorPolicy.RAISE`` (on both backends)."""
 
 
 class StateCodecError(MillwheelError):

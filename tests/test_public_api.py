@@ -13,7 +13,7 @@ def test_exported_members_are_pinned():
     assert millwheel.__all__ == sorted(millwheel.__all__)
     assert set(millwheel.__all__) == {
         "DEAD_LETTER_STREAM", "MAX_TIMESTAMP", "MIN_TIMESTAMP", "Computation", "ComputationError", "DeadLetter",
-        "KeyContext", "LogFileSource", "RunError", "Stage", "file_time",
+        "KeyContext", "KeyExtractorError", "LogFileSource", "RunError", "Stage", "file_time",
         "ComputationOptions", "DataclassCodec", "DedupOptions", "EnvelopeError", "ErrorPolicy",
         "HarnessError", "InjectorSpec", "LateAction", "LatePolicy", "MillwheelError", "MsgpackCodec",
         "PickleCodec", "Production", "Record", "SampleSource", "SinkSpec", "Source", "SourceBatch",

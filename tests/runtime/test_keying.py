@@ -14,6 +14,7 @@ from millwheel import (
     MAX_TIMESTAMP,
     ComputationOptions,
     ErrorPolicy,
+    KeyExtractorError,
     MillwheelError,
     Record,
     SampleSource,
@@ -22,7 +23,6 @@ from millwheel import (
     Topology,
 )
 from millwheel._codec import decode_value, encode_value
-from millwheel._delivery import KeyExtractorError
 from millwheel._record import decode_key, encode_key
 from millwheel.runtime import RuntimeSettings, SparkRuntime
 from millwheel.runtime._fs import Location
