@@ -29,7 +29,9 @@ What every service does around its app is shared too (import each where it is us
 * :mod:`servicekit.client` — :func:`~servicekit.client.client_secret` and
   :class:`~servicekit.client.JsonHttpClient`, the base of each service's HTTP client
   (retries with backoff, 429s, the service's own error classes, health check, close);
-* :mod:`servicekit.cli` — the flags of ``serve`` every service takes, and their checks.
+* :mod:`servicekit.cli` — the flags of ``serve`` every service takes, and their checks;
+* :mod:`servicekit.ports` — distinct free ports on loopback, for services and test
+  clusters started on this machine.
 
 servicekit imports nothing from millwheel or from any service built on it.
 """

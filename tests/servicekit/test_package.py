@@ -31,5 +31,5 @@ def test_the_public_surface_is_pinned():
     import servicekit
 
     assert servicekit.__all__ == sorted(servicekit.__all__, key=lambda n: (not n.isupper(), n))
-    exported = {n for n in dir(servicekit) if not n.startswith(("_", "@")) and n not in {"annotations", "checks", "errors", "secret", "http", "service", "client", "cli", "testing"}}
+    exported = {n for n in dir(servicekit) if not n.startswith(("_", "@")) and n not in {"annotations", "checks", "errors", "secret", "http", "service", "client", "cli", "testing", "ports"}}
     assert set(servicekit.__all__) == exported
