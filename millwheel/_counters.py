@@ -15,9 +15,9 @@ both backends; ``tests/runtime/test_differential.py`` compares every one of them
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import ClassVar
+from typing import ClassVar, cast
 
 #: every counter, with what it counts (the help text of its Prometheus metric)
 COUNTERS: dict[str, str] = {
@@ -96,13 +96,13 @@ class StepMetrics:
 assert tuple(COUNTERS) == StepMetrics.names(), "COUNTERS and StepMetrics list the same counters in the same order"
 
 
-def _straight_add() -> object:
+def _straight_add() -> Callable[[StepMetrics, StepMetrics], None]:
     """``StepMetrics.add`` without a loop over names: one ``+=`` per counter (3x faster)."""
     body = "\n".join(f"    self.{n} += other.{n}" for n in StepMetrics.names())
     scope: dict[str, object] = {}
     exec(f"def add(self, other):\n{body}\n", scope)  # noqa: S102 - code built from the field names above
-    add = scope["add"]
-    add.__doc__ = StepMetrics.add.__doc__  # type: ignore[attr-defined]
+    add = cast("Callable[[StepMetrics, StepMetrics], None]", scope["add"])
+    add.__doc__ = StepMetrics.add.__doc__
     return add
 
 
