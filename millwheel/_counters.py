@@ -106,4 +106,4 @@ def _straight_add() -> Callable[[StepMetrics, StepMetrics], None]:
     return add
 
 
-StepMetrics.add = _straight_add()  # type: ignore[method-assign]
+StepMetrics.add = _straight_add()  # type: ignore[method-assign,assignment]
