@@ -52,18 +52,24 @@ watermark_authority._errors.StaleTokenError: computation 'counter': stale sequen
 1000
 """
 
+
 from __future__ import annotations
 
-import heapq
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-import numpy as np
-
-from servicekit import INT64_MAX, check_int, describe
+from servicekit import INT64_MAX, describe
+from watermark_authority._checks import (
+    Report,
+    check_name,
+    check_percentile,
+    check_report,
+    check_timestamp,
+    check_token_value,
+    name_list,
+)
 from watermark_authority._errors import (
     ConflictError,
     InvalidRequestError,
@@ -88,178 +94,16 @@ from watermark_authority._journal import (
     TokenCounter,
     WatermarkPublished,
 )
+from watermark_authority._percentile import pct_key, weighted_percentile
+from watermark_authority._state import AuthorityState, _Computation, _Injector
 from watermark_authority._time import MAX_TIMESTAMP, MIN_TIMESTAMP, wall_ms
 
 __all__ = ["MAX_TIMESTAMP", "MIN_TIMESTAMP", "Authority", "check_name", "summarize", "wall_ms", "weighted_percentile"]
 
-#: one interval's report: ``(interval, token, oldest_work, pending)``; ``pending`` is the
-#: amount of pending work (records, timers, productions) or ``None`` if not counted
-Report = tuple[str, int, int, "int | None"]
-
-MAX_NAME_LENGTH = 256
-#: a reported ``pending`` count is an int64 >= 0; as a percentile weight it saturates here,
-#: so that the sum over every key interval stays exact in 64 bits (up to 8M intervals)
-MAX_WEIGHT = 2**40
-
 log = logging.getLogger("watermark_authority")
 
 
-def check_name(what: str, name: Any) -> str:
-    """Return ``name`` if it is a usable computation, interval, injector, process or owner name."""
-    if not isinstance(name, str) or not name:
-        msg = f"{what} must be a non-empty string, got {describe(name)}"
-        raise InvalidRequestError(msg)
-    if len(name) > MAX_NAME_LENGTH or not name.isprintable():
-        msg = f"{what} {describe(name, 60)} must be at most {MAX_NAME_LENGTH} printable characters"
-        raise InvalidRequestError(msg)
-    return name
-
-
-def check_timestamp(what: str, value: Any) -> int:
-    """Return ``value`` if it is an int millisecond timestamp in [MIN_TIMESTAMP, MAX_TIMESTAMP]."""
-    if type(value) is not int or not MIN_TIMESTAMP <= value <= MAX_TIMESTAMP:
-        msg = (
-            f"{what} must be an integer timestamp in milliseconds since the epoch, between "
-            f"MIN_TIMESTAMP and MAX_TIMESTAMP (use MAX_TIMESTAMP for 'finished'), got {describe(value)}"
-        )
-        raise InvalidRequestError(msg)
-    return value
-
-
-def check_percentile(pct: Any) -> float:
-    """Return ``pct`` as a float if it is a percentage in (0, 100]."""
-    if isinstance(pct, bool) or not isinstance(pct, (int, float)) or not 0 < pct <= 100:
-        msg = f"percentile must be a number in (0, 100], e.g. 99 for the 99% watermark, got {describe(pct)}"
-        raise InvalidRequestError(msg)
-    return float(pct)
-
-
-def _check_token_value(what: str, token: Any) -> int:
-    return check_int(f"{what}: token", token, lo=1, hint=" (the token that acquire returned)", error=InvalidRequestError)
-
-
-def _pct_key(pct: float) -> str:
-    return f"{pct:.3f}"
-
-
-def weighted_percentile(values: Sequence[int], weights: Sequence[int], pct: float) -> int:
-    """The ``pct`` percentile watermark of intervals with oldest work ``values`` (§7.2).
-
-    Strip the oldest ``100 - pct`` percent of the pending work, then take the minimum of
-    what is left. Precisely: sort the intervals by value; let ``C(k)`` be the total weight of
-    the intervals before the ``k``-th; the result is the value of the last interval ``k``
-    with ``C(k) <= (100 - pct)% of the total weight``. With ``pct = 100`` this is the
-    minimum. An interval of weight 0 (no pending work) never holds the result back. A
-    weight above ``MAX_WEIGHT`` (2**40) counts as ``MAX_WEIGHT``.
-
-    >>> weighted_percentile(list(range(1, 101)), [1] * 100, 99)     # drop the oldest 1%
-    2
-    >>> weighted_percentile(list(range(1, 101)), [1] * 100, 50)
-    51
-    >>> weighted_percentile([10, 20], [1, 99], 99)                  # 1% of the work is at 10
-    20
-    >>> weighted_percentile([10, 20], [2, 98], 99)
-    10
-    >>> weighted_percentile([10, 20], [2**63 - 1, 2**63 - 1], 50)   # huge counts stay exact
-    20
-    """
-    if len(values) == 0:
-        return MIN_TIMESTAMP
-    v = np.asarray(values, dtype=np.int64)
-    w = np.minimum(np.asarray(weights, dtype=np.int64), MAX_WEIGHT)
-    order = np.argsort(v, kind="stable")
-    v, w = v[order], w[order]
-    before = np.concatenate(([0], np.cumsum(w)[:-1]))  # C(k)
-    p_milli = round(pct * 1000)
-    # C(k) <= total * (100 - pct) / 100, in exact integers (pct to 0.001); C(k) is an integer,
-    # so this is C(k) <= floor(total * (100_000 - p_milli) / 100_000), computed in Python ints
-    limit = int(w.sum()) * (100_000 - p_milli) // 100_000
-    k = int(np.flatnonzero(before <= limit)[-1])
-    return int(v[k])
-
-
-@dataclass(slots=True)
-class _Interval:
-    token: int
-    value: int = MIN_TIMESTAMP
-    pending: int | None = None
-    updated_ms: int | None = None  # wall time of the last report, None: never reported
-    owner: str | None = None  # the process that acquired it, as it described itself
-
-
-class _MinMap:
-    """name -> value with an O(log n) minimum: a heap with lazy deletion."""
-
-    __slots__ = ("heap", "values")
-
-    def __init__(self) -> None:
-        self.values: dict[str, int] = {}
-        self.heap: list[tuple[int, str]] = []
-
-    def set(self, name: str, value: int) -> None:
-        if self.values.get(name) == value:
-            return
-        self.values[name] = value
-        heapq.heappush(self.heap, (value, name))
-        if len(self.heap) > 2 * len(self.values) + 64:
-            self.heap = [(v, n) for n, v in self.values.items()]
-            heapq.heapify(self.heap)
-
-    def remove(self, name: str) -> None:
-        self.values.pop(name, None)
-
-    def min(self) -> tuple[int, str] | None:
-        heap, values = self.heap, self.values
-        while heap:
-            value, name = heap[0]
-            if values.get(name) == value:
-                return value, name
-            heapq.heappop(heap)
-        return None
-
-
-class _Computation:
-    __slots__ = ("intervals", "mins", "name", "pct_floors", "published", "retired", "version", "_pct_cache")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.intervals: dict[str, _Interval] = {}
-        self.retired: dict[str, int] = {}  # interval -> last token, for zombies of split/merged intervals
-        self.mins = _MinMap()
-        self.published = MIN_TIMESTAMP
-        self.pct_floors: dict[str, int] = {}
-        self.version = 0
-        self._pct_cache: dict[str, tuple[int, int]] = {}
-
-    def raw(self) -> tuple[int, str | None]:
-        m = self.mins.min()
-        return (MIN_TIMESTAMP, None) if m is None else m
-
-
-class _Injector:
-    __slots__ = ("expected", "name", "pct_floors", "published", "updated", "values")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.expected: list[str] | None = None
-        self.values: dict[str, int] = {}
-        self.updated: dict[str, int | None] = {}
-        self.published = MIN_TIMESTAMP
-        self.pct_floors: dict[str, int] = {}
-
-    def members(self) -> list[str]:
-        return list(self.expected) if self.expected is not None else sorted(self.values)
-
-    def raw(self) -> tuple[int, str | None]:
-        best: tuple[int, str | None] = (MIN_TIMESTAMP, None)
-        for i, proc in enumerate(self.members()):
-            value = self.values.get(proc, MIN_TIMESTAMP)
-            if i == 0 or value < best[0]:
-                best = (value, proc)
-        return best
-
-
-class Authority:
+class Authority(AuthorityState):
     """The central low-watermark authority's state and rules (§7.2); see the module docstring.
 
     ``journal`` receives every change before it is applied (default: a journal that keeps
@@ -274,26 +118,7 @@ class Authority:
     def __init__(self, journal: Journal | None = None, *, clock: Callable[[], int] | None = None) -> None:
         self._journal: Journal = journal if journal is not None else NullJournal()
         self._clock = clock or wall_ms
-        self._next_token = 1
-        self._computations: dict[str, _Computation] = {}
-        self._injectors: dict[str, _Injector] = {}
-        self._snapshot: dict[str, int] = {}
-        self._format = 1  # a journal without a FormatVersion record is format 1
-        # one rule per record type: how it changes memory, and which name it touches
-        self._appliers: dict[type[Record], Callable[[Any], str | None]] = {
-            IntervalState: self._apply_interval,
-            WatermarkPublished: self._apply_published,
-            TokenCounter: self._apply_token_counter,
-            ProcessReported: self._apply_process,
-            ComputationAdded: self._apply_computation,
-            InjectorAdded: self._apply_injector,
-            IntervalDropped: self._apply_interval_dropped,
-            IntervalRetired: self._apply_retired,
-            IntervalUnretired: self._apply_unretired,
-            ProcessDropped: self._apply_process_dropped,
-            PercentilePublished: self._apply_percentile,
-            FormatVersion: self._apply_format,
-        }
+        super().__init__()
         for record in self._journal.load():
             self._apply(record)
         if self._format != JOURNAL_FORMAT:
@@ -348,7 +173,7 @@ class Authority:
         """
         comp = self._computation(computation)
         check_name(f"computation {computation!r} interval", interval)
-        _check_token_value(f"computation {computation!r} interval {interval!r}", token)
+        check_token_value(f"computation {computation!r} interval {interval!r}", token)
         stale = self._stale(comp, interval, token)
         if stale is not None:
             raise StaleTokenError(stale, [(computation, interval)])
@@ -389,7 +214,7 @@ class Authority:
         stale: list[str] = []
         unknown: list[str] = []
         for i, item in enumerate(reports):
-            iv, token, oldest, pending = self._check_report(computation, i, item)
+            iv, token, oldest, pending = check_report(computation, i, item)
             entry = intervals.get(iv)
             if entry is None:
                 if iv in comp.retired:
@@ -502,7 +327,7 @@ class Authority:
         Without a declaration the set is whoever has reported.
         """
         check_name("injector", injector)
-        procs = _name_list(f"injector {injector!r}", "processes", "process", processes)
+        procs = name_list(f"injector {injector!r}", "processes", "process", processes)
         inj = self._injectors.get(injector)
         records: list[Record] = [InjectorAdded(injector, tuple(procs))]
         if inj is None:
@@ -567,7 +392,7 @@ class Authority:
         pct = check_percentile(pct)
         node = self._node(name)
         low = node.published
-        key = _pct_key(pct)
+        key = pct_key(pct)
         if isinstance(node, _Computation):
             cached = node._pct_cache.get(key)
             if cached is not None and cached[0] == node.version:
@@ -613,7 +438,7 @@ class Authority:
                 "holding": None
                 if entry is None
                 else {"interval": holder, "value": entry.value, "pending": entry.pending, "updated_ms": entry.updated_ms, "owner": entry.owner},
-                "percentiles": {_pct_key(p): self.percentile_watermark(name, p) for p in percentiles},
+                "percentiles": {pct_key(p): self.percentile_watermark(name, p) for p in percentiles},
             }
         for name, inj in self._injectors.items():
             raw, holder = inj.raw()
@@ -628,7 +453,7 @@ class Authority:
                 "holding": None
                 if holder is None
                 else {"process": holder, "value": inj.values.get(holder, MIN_TIMESTAMP), "reported": holder in inj.values},
-                "percentiles": {_pct_key(p): self.percentile_watermark(name, p) for p in percentiles},
+                "percentiles": {pct_key(p): self.percentile_watermark(name, p) for p in percentiles},
             }
         return out
 
@@ -681,134 +506,6 @@ class Authority:
             fresh.update({node.name: node.published for node in nodes})
             self._snapshot = fresh  # replaced, never mutated: readers on other threads see one or the other
 
-    def _apply(self, record: Record) -> str | None:
-        """Apply one journaled record to memory (live and when loading); returns the name it touched."""
-        apply = self._appliers.get(type(record))
-        if apply is None:
-            msg = f"no rule to apply journal record {record!r}"
-            raise TypeError(msg)
-        return apply(record)
-
-    def _apply_interval(self, r: IntervalState) -> str:
-        comp = self._computations.get(r.computation) or self._new_computation(r.computation)
-        entry = comp.intervals.get(r.interval)
-        if entry is None:
-            comp.intervals[r.interval] = _Interval(r.token, r.value, r.pending, r.updated_ms, r.owner)
-        else:
-            entry.token, entry.value, entry.pending, entry.updated_ms, entry.owner = r.token, r.value, r.pending, r.updated_ms, r.owner
-        comp.mins.set(r.interval, r.value)
-        comp.version += 1
-        return r.computation
-
-    def _apply_published(self, r: WatermarkPublished) -> str:
-        node = self._computations.get(r.name) or self._injectors.get(r.name)
-        if node is not None:
-            node.published = max(node.published, r.value)
-        return r.name
-
-    def _apply_token_counter(self, r: TokenCounter) -> None:
-        self._next_token = max(self._next_token, r.next_token)
-
-    def _apply_process(self, r: ProcessReported) -> str:
-        inj = self._injectors.get(r.injector) or self._new_injector(r.injector)
-        inj.values[r.process] = r.value
-        inj.updated[r.process] = r.updated_ms
-        return r.injector
-
-    def _apply_computation(self, r: ComputationAdded) -> str:
-        if r.name not in self._computations:
-            self._new_computation(r.name)
-        return r.name
-
-    def _apply_injector(self, r: InjectorAdded) -> str:
-        inj = self._injectors.get(r.name) or self._new_injector(r.name)
-        if r.expected is not None:
-            inj.expected = list(r.expected)
-        return r.name
-
-    def _apply_interval_dropped(self, r: IntervalDropped) -> str:
-        comp = self._computations[r.computation]
-        comp.intervals.pop(r.interval, None)
-        comp.mins.remove(r.interval)
-        comp.version += 1
-        return r.computation
-
-    def _apply_retired(self, r: IntervalRetired) -> str:
-        self._computations[r.computation].retired[r.interval] = r.token
-        return r.computation
-
-    def _apply_unretired(self, r: IntervalUnretired) -> str:
-        self._computations[r.computation].retired.pop(r.interval, None)
-        return r.computation
-
-    def _apply_process_dropped(self, r: ProcessDropped) -> str:
-        inj = self._injectors[r.injector]
-        inj.values.pop(r.process, None)
-        inj.updated.pop(r.process, None)
-        return r.injector
-
-    def _apply_percentile(self, r: PercentilePublished) -> None:
-        node = self._computations.get(r.name) or self._injectors.get(r.name)
-        if node is not None:
-            node.pct_floors[r.pct] = max(node.pct_floors.get(r.pct, MIN_TIMESTAMP), r.value)
-
-    def _apply_format(self, r: FormatVersion) -> None:
-        if r.version > JOURNAL_FORMAT:
-            msg = f"the journal is format {r.version}, newer than this millwheel reads ({JOURNAL_FORMAT}); upgrade millwheel"
-            raise ValueError(msg)
-        self._format = r.version
-
-    def _new_computation(self, name: str) -> _Computation:
-        comp = self._computations[name] = _Computation(name)
-        return comp
-
-    def _new_injector(self, name: str) -> _Injector:
-        inj = self._injectors[name] = _Injector(name)
-        return inj
-
-    def _check_kind_free(self, name: str, kind: str) -> None:
-        other = "injector" if kind == "computation" else "computation"
-        if name in (self._injectors if kind == "computation" else self._computations):
-            msg = f"{name!r} is already an {other}; computations and injectors share one namespace: use another name (e.g. prefix it with its kind)"
-            raise ConflictError(msg)
-
-    def _node(self, name: str) -> _Computation | _Injector:
-        check_name("name", name)
-        node = self._computations.get(name) or self._injectors.get(name)
-        if node is None:
-            raise UnknownNameError(self._unknown(name, "computation or injector"))
-        return node
-
-    def _computation(self, name: str) -> _Computation:
-        check_name("computation", name)
-        comp = self._computations.get(name)
-        if comp is None:
-            raise UnknownNameError(self._unknown(name, "computation"))
-        return comp
-
-    def _unknown(self, name: str, what: str) -> str:
-        known = sorted(self._snapshot)  # every name, and safe to read on any thread
-        hint = f"known: {', '.join(known[:10])}{', ...' if len(known) > 10 else ''}" if known else "nothing is known yet"
-        extra = "; acquire an interval of it (or report an injector) first" if what != "injector" else ""
-        return f"no {what} named {describe(name, 60)} ({hint}){extra}"
-
-    def _unknown_interval(self, comp: _Computation, interval: str) -> str:
-        if interval in comp.retired:
-            return f"computation {comp.name!r}: interval {interval!r} was split or merged away; use the intervals that replaced it"
-        return f"computation {comp.name!r} has no interval {describe(interval, 60)} ({len(comp.intervals)} intervals); acquire it first"
-
-    def _stale(self, comp: _Computation, interval: str, token: int | None) -> str | None:
-        entry = comp.intervals.get(interval)
-        if entry is not None and entry.token == token:
-            return None
-        if entry is None and interval not in comp.retired:
-            raise UnknownNameError(self._unknown_interval(comp, interval))
-        current = f"current {entry.token}" if entry is not None else "the interval was split or merged away"
-        return (
-            f"computation {comp.name!r}: stale sequencer token for interval {interval!r} "
-            f"(sent {token}, {current}); this worker no longer owns the interval: stop writing for it, or acquire it again"
-        )
-
     @staticmethod
     def _token_sent(reports: Iterable[Report], interval: str) -> int | None:
         token = None
@@ -817,42 +514,9 @@ class Authority:
                 token = item[1]
         return token
 
-    def _check_report(self, computation: str, i: int, item: Any) -> Report:
-        try:
-            iv, token, oldest, pending = item
-        except (TypeError, ValueError):
-            msg = f"computation {computation!r}: report #{i} must be (interval, token, oldest_work, pending), got {describe(item)}"
-            raise InvalidRequestError(msg) from None
-        if type(iv) is not str or not 0 < len(iv) <= MAX_NAME_LENGTH:
-            check_name(f"computation {computation!r}: report #{i} interval", iv)
-        if type(token) is not int or not 1 <= token <= INT64_MAX:
-            _check_token_value(f"computation {computation!r}: report #{i} ({iv!r})", token)
-        if type(oldest) is not int or not MIN_TIMESTAMP <= oldest <= MAX_TIMESTAMP:
-            check_timestamp(f"computation {computation!r}: report #{i} ({iv!r}) oldest_work", oldest)
-        if pending is not None and (type(pending) is not int or not 0 <= pending <= INT64_MAX):
-            what = f"computation {computation!r}: report #{i} ({iv!r}): pending"
-            check_int(what, pending, lo=0, hint=" (a count of pending work) or null", error=InvalidRequestError)
-        return iv, token, oldest, pending
-
     @staticmethod
     def _check_interval_list(computation: str, intervals: Any, what: str = "intervals") -> list[str]:
-        return _name_list(f"computation {computation!r}", what, "interval", intervals)
-
-
-def _name_list(owner: str, what: str, noun: str, items: Any) -> list[str]:
-    """A non-empty list of distinct, valid names, or an :class:`InvalidRequestError` saying why."""
-    if isinstance(items, (str, bytes)) or not isinstance(items, Sequence) or not items:
-        msg = f"{owner}: {what} must be a non-empty list of {noun} names, got {describe(items)}"
-        raise InvalidRequestError(msg)
-    names = [check_name(f"{owner} {noun}", item) for item in items]
-    if len(set(names)) != len(names):
-        seen: set[str] = set()
-        for name in names:
-            if name in seen:
-                msg = f"{owner}: {what} lists a {noun} twice: {name!r}"
-                raise InvalidRequestError(msg)
-            seen.add(name)
-    return names
+        return name_list(f"computation {computation!r}", what, "interval", intervals)
 
 
 def summarize(watermarks: Mapping[str, int]) -> str:
@@ -866,3 +530,4 @@ def summarize(watermarks: Mapping[str, int]) -> str:
         return "MIN" if v == MIN_TIMESTAMP else "MAX" if v == MAX_TIMESTAMP else str(v)
 
     return " ".join(f"{k}={show(v)}" for k, v in sorted(watermarks.items()))
+
