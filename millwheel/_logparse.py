@@ -1,0 +1,163 @@
+"""Log files' names and lines: the file-time rule and the line parser (Photon §3, MillWheel §5.2).
+
+Pure Python, shared by the in-memory source and the Spark reader through
+:mod:`millwheel._logfile`: a name's time (:func:`file_time`), which names are logs
+(:func:`is_log_file`), and a line's ``(id, timestamp, value)`` or the reason it is a dead
+letter (:func:`parse_line`, :func:`parse_chunk`).
+
+>>> parse_line(b'{"id": "a", "ts": 5}', "id", "ts", "q.jsonl", 0)
+('a', 5, {'id': 'a', 'ts': 5})
+"""
+
+from __future__ import annotations
+
+import calendar
+import json
+import re
+from dataclasses import dataclass
+
+from millwheel._deadletter import malformed_line
+from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
+
+LOG_SUFFIXES = (".jsonl", ".json", ".log", ".ndjson")
+
+# epoch milliseconds (12-13 digits) or seconds (10 digits), not part of a longer number
+_EPOCH = re.compile(r"(?<![0-9])([0-9]{13}|[0-9]{12}|[0-9]{10})(?![0-9])")
+# an ISO-like date with an optional time: 2026-01-01, 20260101, 2026-01-01T10-30, 2026-01-01_103000
+_DATE = re.compile(
+    r"(?<![0-9])(\d{4})-?(\d{2})-?(\d{2})"
+    r"(?:[T_ \-]?(\d{2})[:\-]?(\d{2})(?:[:\-]?(\d{2}))?)?(?![0-9])"
+)
+
+
+def file_time(name: str) -> int | None:
+    """The time (ms since the epoch, UTC) a log file's name says it was opened, or ``None``.
+
+    The rule, tried on the name without its suffix, last match first:
+
+    1. an epoch timestamp: 13 or 12 digits are milliseconds, 10 digits are seconds
+       (``queries-1700000000000.jsonl``, ``q_1700000000.log``);
+    2. a date with an optional time of day, UTC: ``queries-2026-01-01.jsonl``,
+       ``clicks-20260101.jsonl``, ``clicks-2026-01-01T10-30.jsonl``, ``x_2026-01-01_103000.log``;
+    3. otherwise ``None``: the source then uses the timestamp of the file's first record.
+
+    A separator before the number is never a minus sign, and short numbers (``part-0003``)
+    are sequence numbers, not times.
+
+    >>> file_time("queries-1700000000000.jsonl"), file_time("q_1700000000.log")
+    (1700000000000, 1700000000000)
+    >>> file_time("queries-2026-01-01.jsonl"), file_time("clicks-2026-01-01T10-30.jsonl")
+    (1767225600000, 1767263400000)
+    >>> file_time("part-0003.jsonl") is None
+    True
+    """
+    stem = name.rsplit(".", 1)[0] if "." in name else name
+    epochs = list(_EPOCH.finditer(stem))
+    dates = list(_DATE.finditer(stem))
+    best_epoch = epochs[-1] if epochs else None
+    best_date = None
+    for m in reversed(dates):
+        y, mo, d = int(m.group(1)), int(m.group(2)), int(m.group(3))
+        hh, mm, ss = (int(m.group(i)) if m.group(i) else 0 for i in (4, 5, 6))
+        if 1970 <= y <= 9999 and 1 <= mo <= 12 and 1 <= d <= 31 and hh < 24 and mm < 60 and ss < 61:
+            best_date = (m, calendar.timegm((y, mo, d, hh, mm, ss, 0, 0, 0)) * 1000)
+            break
+    if best_date is not None and (best_epoch is None or best_date[0].start() >= best_epoch.start()):
+        return best_date[1]
+    if best_epoch is not None:
+        digits = best_epoch.group(1)
+        return int(digits) * 1000 if len(digits) == 10 else int(digits)
+    return None
+
+
+def is_log_file(name: str) -> bool:
+    return not name.startswith((".", "_")) and name.endswith(LOG_SUFFIXES)
+
+
+class MalformedLine(ValueError):
+    """A line that is not a record; the message is the reason."""
+
+
+_INT64_MIN, _INT64_MAX = MIN_TIMESTAMP, MAX_TIMESTAMP
+
+
+def parse_line(line: bytes, id_field: str, ts_field: str, file: str, offset: int) -> tuple[str, int, object]:
+    """``(id, timestamp, value)`` of one line, or :class:`MalformedLine` with the reason."""
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        msg = f"broken JSON: {str(exc)[:200]}"
+        raise MalformedLine(msg) from None
+    if not isinstance(value, dict):
+        msg = f"not a JSON object: {type(value).__name__}"
+        raise MalformedLine(msg)
+    ts = value.get(ts_field)
+    if ts is None:
+        msg = f"missing timestamp field {ts_field!r}"
+        raise MalformedLine(msg)
+    if type(ts) is not int:
+        msg = f"timestamp field {ts_field!r} is not an integer (ms since the epoch): {str(ts)[:80]!r}"
+        raise MalformedLine(msg)
+    if not _INT64_MIN < ts < _INT64_MAX:
+        msg = f"timestamp field {ts_field!r} is outside the 64-bit range: {ts}"
+        raise MalformedLine(msg)
+    rid = value.get(id_field)
+    if rid is None:
+        rid = f"{file}:{offset}"
+    elif type(rid) is not str or not rid:
+        msg = f"id field {id_field!r} must be a non-empty string, got {type(rid).__name__} {str(rid)[:80]!r}"
+        raise MalformedLine(msg)
+    return rid, ts, value
+
+
+@dataclass(slots=True)
+class Chunk:
+    """What one byte range of a log file holds: records and dead letters, in file order."""
+
+    records: list[Record]
+    dead_letters: list[Record]
+
+
+def parse_chunk(
+    data: bytes,
+    *,
+    start: int,
+    file: str,
+    file_time: int,
+    injector: str,
+    stream: str,
+    id_field: str,
+    ts_field: str,
+) -> Chunk:
+    """Parse complete lines of ``data`` (read from byte ``start`` of ``file``)."""
+    records: list[Record] = []
+    dead: list[Record] = []
+    pos, n = 0, len(data)
+    while pos < n:
+        nl = data.find(b"\n", pos)
+        if nl < 0:
+            nl = n
+        line = data[pos:nl]
+        offset = start + pos
+        pos = nl + 1
+        if not line.strip():
+            continue
+        try:
+            rid, ts, value = parse_line(line, id_field, ts_field, file, offset)
+        except MalformedLine as exc:
+            dead.append(malformed_line(injector, stream, file, offset, str(exc), line, file_time))
+            continue
+        records.append(Record(None, value, ts, rid, stream))
+    return Chunk(records, dead)
+
+
+def first_timestamp(data: bytes, ts_field: str) -> int | None:
+    """The timestamp of the first valid record in ``data`` (a file without a time in its name)."""
+    for line in data.split(b"\n"):
+        try:
+            v = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(v, dict) and type(v.get(ts_field)) is int and _INT64_MIN < v[ts_field] < _INT64_MAX:
+            return int(v[ts_field])
+    return None

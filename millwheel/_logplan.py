@@ -1,0 +1,414 @@
+"""The reading plan of a log directory: the same on both backends (MillWheel §4.5, Fig. 10).
+
+An *offset* is ``{"files": {name: FileProgress.to_json()}, "lw": injector low watermark}``:
+each file's read state (:class:`FileProgress`) and the watermark. The Spark reader keeps
+offsets in Spark's offset log (so a replayed batch reads exactly the same bytes); the
+in-memory source walks the same plans, so both backends cut the input into the same
+batches and send every record under the same watermark.
+
+* :func:`plan_offset` — the next offset: how far to read each file in one batch, and the
+  injector low watermark, the smallest :func:`promise` of the files not finished;
+* :func:`plan_ranges` — the byte ranges a batch reads and the watermark each is sent under;
+* :func:`holding_file`, :func:`unread`, :func:`disorder` — what a run's status and summary
+  report about an offset.
+
+The source itself (:class:`~millwheel.LogFileSource`) and the line parser live in
+:mod:`millwheel._logfile` and :mod:`millwheel._logparse`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from millwheel._logparse import file_time, first_timestamp, is_log_file
+from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
+
+_TAIL = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOptions:
+    """How a log directory is read; see :class:`LogFileSource`."""
+
+    path: str
+    id_field: str = "id"
+    ts_field: str = "ts"
+    idle_finish_ms: int | None = 60_000
+    finite: bool = False
+    lateness_ms: int = 0
+    max_bytes_per_batch: int = 64 << 20
+    finish_on_rotation: bool = True
+
+
+@dataclass(slots=True)
+class FileProgress:
+    """One log file's read state, kept by name in every offset (a restart neither rescans nor guesses).
+
+    >>> p = FileProgress.of("part-0003.jsonl", None)
+    >>> (p.pos, p.time, p.finished), FileProgress.of("q.jsonl", p.to_json()) == FileProgress.of("q.jsonl", None)
+    ((0, None, False), True)
+    """
+
+    #: bytes read so far (complete lines only)
+    pos: int = 0
+    #: the time in the file's name (:func:`file_time`), or ``None``
+    time: int | None = None
+    #: the smallest timestamp read from the file so far
+    oldest: int | None = None
+    #: the newest timestamp read from the file so far
+    newest: int | None = None
+    #: the smallest timestamp in the bytes the latest batch that read from the file read
+    low: int | None = None
+    #: the newest timestamp read when the reader was last at the file's end (a live file's progress)
+    reached: int | None = None
+    #: the disorder actually read: the most a record ran behind the newest one before it, ms
+    behind: int = 0
+    #: the reader was at the file's end after the newest batch
+    at_end: bool = False
+    #: the file will not grow: a ``.done``/``_DONE`` marker, ``finite``, a newer file, or idle
+    complete: bool = False
+    #: complete and read to its end
+    finished: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in _PROGRESS_FIELDS}
+
+    @classmethod
+    def of(cls, name: str, raw: dict[str, Any] | list[Any] | None) -> FileProgress:
+        """The progress of file ``name`` in an offset (``None``: a file not seen before)."""
+        if raw is None:
+            return cls(time=file_time(name))
+        if isinstance(raw, list):  # offsets from before progress had names: [pos, time, finished, reached]
+            pos, t, finished, reached = (list(raw) + [None, None, None])[:4]
+            named = file_time(name)
+            return cls(
+                pos=pos, time=named, oldest=t if named is None else None, reached=reached,
+                complete=bool(finished), finished=bool(finished),
+            )  # fmt: skip
+        return cls(**{k: raw[k] for k in _PROGRESS_FIELDS if k in raw})
+
+    @property
+    def started(self) -> int | None:
+        """When the file began, for rotation: the time in its name, or its oldest record's."""
+        return self.time if self.time is not None else self.oldest
+
+
+_PROGRESS_FIELDS = tuple(FileProgress.__dataclass_fields__)
+
+
+def promise(p: FileProgress, lateness_ms: int) -> int | None:
+    """What file ``p`` promises (MillWheel §4.5, Fig. 10): no record of it still to be sent is older.
+
+    ``None`` means the promise is not known, and the file holds the watermark where it is.
+    This is the one rule both backends' watermarks and the stall warning follow:
+
+    * a *finished* file: ``MAX_TIMESTAMP``, nothing more comes from it;
+    * a file with a time in its name: ``max(time, reached) - lateness_ms`` — the writer's
+      promise (Fig. 10), advanced by the newest record read at the file's end (a live file
+      being tailed) minus the declared disorder;
+    * a file without a time in its name that is complete but not read to its end, not
+      read at all, or behind its end: ``None`` — what is left in it is unknown, so a
+      directory listing never lets the watermark pass a file nobody has read;
+    * a *growing* file without a time, read to its end: ``oldest - lateness_ms`` (its oldest
+      record so far, at most its first one's); with a declared disorder (``lateness_ms > 0``)
+      also advanced by the newest record read at its end, ``max(oldest, reached) - lateness_ms``.
+
+    A finished file's own records are never late for want of a promise: a range of a file
+    without a time is sent under the smallest timestamp in it (:func:`plan_ranges`).
+
+    >>> promise(FileProgress(time=1_000, reached=1_500), 100), promise(FileProgress(oldest=900, at_end=True), 0)
+    (1400, 900)
+    >>> promise(FileProgress(oldest=900, complete=True), 0) is None  # complete, not read to its end
+    True
+    """
+    if p.finished:
+        return MAX_TIMESTAMP
+    if p.time is not None:
+        return max(p.time, p.time if p.reached is None else p.reached) - lateness_ms
+    if p.complete or p.oldest is None or not p.at_end:
+        return None
+    if lateness_ms > 0 and p.reached is not None:
+        return max(p.oldest, p.reached) - lateness_ms
+    return p.oldest - lateness_ms
+
+
+def initial_offset() -> dict[str, Any]:
+    return {"files": {}, "lw": MIN_TIMESTAMP}
+
+
+def progress_of(offset: dict[str, Any]) -> dict[str, FileProgress]:
+    """Every file's :class:`FileProgress` in ``offset``, by name."""
+    return {name: FileProgress.of(name, raw) for name, raw in offset["files"].items()}
+
+
+def _last_newline(path: str, start: int, size: int) -> int:
+    """Offset just past the last ``\\n`` in ``[start, size)``, or ``start`` if none."""
+    with open(path, "rb") as fh:
+        hi = size
+        while hi > start:
+            lo = max(start, hi - _TAIL)
+            fh.seek(lo)
+            chunk = fh.read(hi - lo)
+            i = chunk.rfind(b"\n")
+            if i >= 0:
+                return lo + i + 1
+            hi = lo
+    return start
+
+
+def _next_newline(path: str, start: int, size: int) -> int:
+    """Offset just past the first ``\\n`` at or after ``start``, or ``start`` if none."""
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        pos = start
+        while pos < size:
+            chunk = fh.read(min(_TAIL, size - pos))
+            if not chunk:
+                break
+            i = chunk.find(b"\n")
+            if i >= 0:
+                return pos + i + 1
+            pos += len(chunk)
+    return start
+
+
+@functools.lru_cache(maxsize=8)
+def _ts_pattern(ts_field: str) -> re.Pattern[bytes]:
+    return re.compile(rb'"' + re.escape(ts_field.encode()) + rb'"\s*:\s*(-?[0-9]+)\s*[,}]')
+
+
+def timestamps(data: bytes, ts_field: str) -> list[int]:
+    """The timestamps in the complete lines ``data``, in file order: the plan's scan.
+
+    A fast scan for ``"<ts_field>": <integer>``; when some line has no such text (a blank or
+    malformed line, an escaped key) each line is scanned alone and the ones without it are
+    parsed. A malformed line may still add a value, which only ever lowers the minimum the
+    watermark uses; the reader decides what is a record.
+
+    >>> timestamps(b'{"id": "a", "ts": 5}\\n{"ts" : 3, "x": {"ts": 9}}\\nnot json\\n{"\\\\u0074s": 4}\\n', "ts")
+    [5, 3, 9, 4]
+    """
+    rx = _ts_pattern(ts_field)
+    found = rx.findall(data)
+    if len(found) < data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1):
+        found = []
+        for line in data.split(b"\n"):
+            hits = rx.findall(line)
+            if hits:
+                found += hits
+            elif line.strip():
+                ts = first_timestamp(line, ts_field)
+                if ts is not None:
+                    found.append(ts)
+    return [v for v in map(int, found) if MIN_TIMESTAMP < v < MAX_TIMESTAMP]
+
+
+def _read_into(p: FileProgress, full: str, end: int, ts_field: str, at_end: bool) -> None:
+    """Scan bytes ``[p.pos, end)`` of a file into its progress: the batch's smallest timestamp,
+    the oldest and newest so far, the disorder read, and (at the file's end) how far it reached."""
+    with open(full, "rb") as fh:
+        fh.seek(p.pos)
+        data = fh.read(end - p.pos)
+    values = timestamps(data, ts_field)
+    if values:
+        low = min(values)
+        p.low = low
+        p.oldest = low if p.oldest is None else min(p.oldest, low)
+        newest, behind = (values[0] if p.newest is None else p.newest), p.behind
+        for v in values:
+            if v > newest:
+                newest = v
+            elif newest - v > behind:
+                behind = newest - v
+        p.newest, p.behind = newest, behind
+    if at_end:
+        # progress counts once the reader is at the file's end (a live file being tailed); a
+        # batch that stops inside a file because of the byte budget promises only the file's
+        # time, so where batches are cut never makes records late. The last *record* (a
+        # parsed line, not the scan's guess) is how far it reached.
+        tail = data[-_TAIL:].split(b"\n")
+        for line in reversed(tail[1:] if len(data) > _TAIL else tail):
+            last = first_timestamp(line, ts_field)
+            if last is not None:
+                if p.reached is None or last > p.reached:
+                    p.reached = last
+                break
+    p.pos = end
+
+
+def plan_offset(start: dict[str, Any], opts: ReadOptions, now_ms: int) -> dict[str, Any]:
+    """The next offset: how far to read each file in one batch, and the injector low watermark.
+
+    * Files are read in name order up to ``max_bytes_per_batch`` bytes, complete lines
+      only; a batch that has read nothing yet takes one line longer than the budget whole.
+      The plan scans the bytes it assigns (:func:`timestamps`) into each file's
+      :class:`FileProgress`.
+    * A file is *complete* when a ``<name>.done`` or ``_DONE`` marker exists, or the source
+      is ``finite``, or a newer file exists (rotation, when ``finish_on_rotation``), or it has
+      not grown for ``idle_finish_ms``; *finished* once complete and read to its end.
+    * The injector low watermark (Fig. 10) is the smallest :func:`promise` of the files
+      not finished; a file whose promise is unknown holds it where it is;
+      ``MAX_TIMESTAMP`` once every file is finished and the input is complete (``_DONE``
+      or ``finite``). It never goes back.
+    """
+    prev = start["files"]
+    path = opts.path
+    names = sorted(os.listdir(path)) if os.path.isdir(path) else []
+    present = set(names)
+    dir_done = "_DONE" in present
+    files: dict[str, FileProgress] = {}
+    stats: dict[str, tuple[int, float]] = {}
+    budget = opts.max_bytes_per_batch
+    for name in (n for n in names if is_log_file(n)):
+        full = os.path.join(path, name)
+        st = os.stat(full)
+        p = FileProgress.of(name, prev.get(name))
+        new_pos = p.pos
+        caught_up = st.st_size <= p.pos  # read every complete line the file has now
+        if st.st_size > p.pos and budget > 0:
+            end = min(st.st_size, p.pos + budget)
+            caught_up = end >= st.st_size
+            new_pos = _last_newline(full, p.pos, end)
+            if new_pos == p.pos and end < st.st_size:
+                # the next line does not fit what is left of the budget: a batch that has
+                # read nothing yet takes it whole, any other batch stops here
+                new_pos = _next_newline(full, p.pos, st.st_size) if budget == opts.max_bytes_per_batch else p.pos
+                budget = 0 if new_pos == p.pos else budget - (new_pos - p.pos)
+            else:
+                budget -= new_pos - p.pos
+        if new_pos > p.pos:
+            _read_into(p, full, new_pos, opts.ts_field, caught_up)
+        p.at_end = caught_up
+        files[name] = p
+        stats[name] = (st.st_size, st.st_mtime)
+    newest_start = max((p.started for p in files.values() if p.started is not None), default=None)
+    for name, p in files.items():
+        size, mtime = stats[name]
+        if not p.complete:
+            newer = opts.finish_on_rotation and p.started is not None and newest_start is not None and newest_start > p.started
+            idle = opts.idle_finish_ms is not None and now_ms - mtime * 1000 >= opts.idle_finish_ms
+            p.complete = dir_done or f"{name}.done" in present or opts.finite or newer or idle
+        p.finished = p.finished or (p.complete and p.pos >= size)
+    for name in prev:  # a file that disappeared keeps its entry (finished)
+        if name not in files:
+            gone = FileProgress.of(name, prev[name])
+            gone.complete = gone.finished = True
+            files[name] = gone
+    lateness = opts.lateness_ms
+    promises = [promise(p, lateness) for p in files.values() if not p.finished]
+    if any(x is None for x in promises):
+        lw = start["lw"]  # a file whose promise is unknown holds the watermark
+    elif promises:
+        lw = min(x for x in promises if x is not None)
+    elif dir_done or opts.finite:
+        lw = MAX_TIMESTAMP
+    else:  # every file finished, more may come: the newest file's time
+        starts = [max(p.started, p.started if p.reached is None else p.reached) for p in files.values() if p.started is not None]
+        lw = max(starts, default=MIN_TIMESTAMP) - lateness
+    return {"files": {name: p.to_json() for name, p in files.items()}, "lw": max(lw, start["lw"])}
+
+
+def holding_file(offset: dict[str, Any], lateness_ms: int) -> str | None:
+    """The unfinished file that holds the injector low watermark of ``offset``, if any.
+
+    >>> a = FileProgress(pos=10, time=1_000, reached=1_500).to_json()
+    >>> holding_file({"files": {"a.jsonl": a, "b.jsonl": FileProgress(pos=5, time=2_000).to_json()}, "lw": 1_500}, 0)
+    'a.jsonl'
+    """
+    best: tuple[int, str] | None = None
+    for name, p in progress_of(offset).items():
+        if p.finished:
+            continue
+        held = promise(p, lateness_ms)
+        if held is None:
+            return name
+        if best is None or held < best[0]:
+            best = (held, name)
+    return None if best is None else best[1]
+
+
+def unread(offset: dict[str, Any], opts: ReadOptions) -> list[str]:
+    """Log files of the directory with complete lines beyond what ``offset`` read.
+
+    A finished directory's watermark is already ``MAX_TIMESTAMP``, so a file that lands
+    in it later (a re-injection) holds nothing: "drained" must also mean nothing is left
+    to read.
+    """
+    progress = offset["files"]
+    path = opts.path
+    out = []
+    for name in sorted(os.listdir(path)) if os.path.isdir(path) else []:
+        if not is_log_file(name):
+            continue
+        pos = FileProgress.of(name, progress.get(name)).pos
+        size = os.stat(os.path.join(path, name)).st_size
+        if size > pos and _last_newline(os.path.join(path, name), pos, size) > pos:
+            out.append(name)
+    return out
+
+
+def disorder(offset: dict[str, Any]) -> tuple[int, str] | None:
+    """How far out of order the records read so far ran, and in which file, or ``None``.
+
+    The most a record was behind the newest one read before it in its file, or before the
+    time in its file's name: the ``lateness_ms`` that would have kept every record read
+    on time (the injector's measured disorder; a run's summary and status report it).
+
+    >>> a = FileProgress(time=1_000, oldest=400, behind=300).to_json()
+    >>> disorder({"files": {"a.jsonl": a, "b.jsonl": FileProgress(behind=700).to_json()}, "lw": 0})
+    (700, 'b.jsonl')
+    """
+    worst: tuple[int, str] | None = None
+    for name, p in progress_of(offset).items():
+        d = p.behind
+        if p.time is not None and p.oldest is not None:
+            d = max(d, p.time - p.oldest)
+        if d > 0 and (worst is None or d > worst[0]):
+            worst = (d, name)
+    return worst
+
+
+@dataclass(frozen=True, slots=True)
+class ByteRange:
+    """Bytes ``[begin, end)`` of one file to read in a batch, and the watermark they are sent under."""
+
+    name: str
+    begin: int
+    end: int
+    sender_watermark: int
+    file_time: int
+
+
+def plan_ranges(start: dict[str, Any], end: dict[str, Any], lateness_ms: int) -> list[ByteRange]:
+    """What a batch from ``start`` to ``end`` reads, in the order records are sent.
+
+    A range is sent under the injector watermark already published (``start``), raised to
+    its file's time minus ``lateness_ms`` (Fig. 10: a record older than the time in its
+    file's name is late however the files are cut into batches) or, for a file without a
+    time in its name, to the smallest timestamp in the range itself (a batch never makes
+    its own records late) — but never above the :func:`promise` of any file still
+    unfinished after the batch, or above the published watermark while a file's promise
+    is unknown: as if files were sent one at a time, in time order.
+    """
+    after = progress_of(end)
+    before = start["files"]
+    cap = MAX_TIMESTAMP
+    for p in after.values():
+        if not p.finished:
+            held = promise(p, lateness_ms)
+            cap = min(cap, MIN_TIMESTAMP if held is None else held)
+    out: list[ByteRange] = []
+    for name in sorted(after):
+        p = after[name]
+        old = FileProgress.of(name, before.get(name)).pos
+        if p.pos <= old:
+            continue
+        own = p.time - lateness_ms if p.time is not None else p.low
+        swm = max(start["lw"], cap if own is None else min(own, cap))
+        out.append(ByteRange(name, old, p.pos, swm, p.time if p.time is not None else swm))
+    out.sort(key=lambda r: (r.sender_watermark, r.file_time, r.name))
+    return out
