@@ -196,7 +196,8 @@ class Registry:
     * ``shard_count`` — the shards of a new registry (ignored when the store has a map already);
     * ``reshard_lead_ms`` — how far in the future a new shard configuration must start at the
       earliest (Photon's clock-skew bound S, §2.2.2);
-    * ``clock`` — wall time in ms (tests pass their own).
+    * ``clock`` — wall time in ms (tests pass their own); the figures of :attr:`stats` are
+      counted per second of it.
 
     Not thread-safe: one caller at a time (the service's registry thread).
     """
@@ -212,7 +213,7 @@ class Registry:
         self.backend = backend if backend is not None else MemoryBackend()
         self.reshard_lead_ms = reshard_lead_ms
         self.clock = clock
-        self.stats = Stats()
+        self.stats = Stats(clock=lambda: self.clock() / 1000)  # the same clock: tests never wait for a second to end
         meta = self.backend.read_meta()
         if meta is None:
             try:

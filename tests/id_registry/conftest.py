@@ -129,10 +129,13 @@ def ns() -> str:
     return f"t{next(_names)}-{time.monotonic_ns()}-"
 
 
-needs_etcd = pytest.mark.skipif(
-    etcd_binary() is None,
-    reason="etcd is not installed (scripts/setup.sh --test installs Debian's etcd-server; CI has it)",
-)
+needs_etcd = [
+    pytest.mark.etcd,
+    pytest.mark.skipif(
+        etcd_binary() is None,
+        reason="etcd is not installed (scripts/setup.sh --test installs Debian's etcd-server; CI has it)",
+    ),
+]
 
 
 @pytest.fixture(scope="session")

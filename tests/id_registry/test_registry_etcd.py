@@ -17,8 +17,12 @@ from id_registry import BackendUnavailableError, EtcdBackend, Registry, Registry
 from id_registry.client import start_registry
 from id_registry.testing import LocalEtcdCluster, etcd_binary
 
+pytestmark = [
+    pytest.mark.etcd,
+    pytest.mark.skipif(etcd_binary() is None, reason="etcd is not installed (scripts/setup.sh --test installs Debian's etcd-server; CI has it)"),
+]
 
-@pytest.mark.skipif(etcd_binary() is None, reason="etcd is not installed (scripts/setup.sh --test installs Debian's etcd-server; CI has it)")
+
 @pytest.mark.timeout(240)
 def test_killing_the_leader_mid_stream_loses_nothing_and_admits_no_duplicate(tmp_path):
     with LocalEtcdCluster(tmp_path / "etcd") as cluster:
@@ -96,7 +100,6 @@ def test_killing_the_leader_mid_stream_loses_nothing_and_admits_no_duplicate(tmp
         reader.close()
 
 
-@pytest.mark.skipif(etcd_binary() is None, reason="etcd is not installed (scripts/setup.sh --test installs Debian's etcd-server; CI has it)")
 def test_a_registry_sending_larger_transactions_than_the_cluster_takes_says_what_to_set(etcd_cluster):
     backend = EtcdBackend(etcd_cluster.endpoints, prefix=f"too-many-{time.monotonic_ns()}/", max_txn_ops=1024, timeout=5.0)
     registry = Registry(backend)
@@ -106,7 +109,6 @@ def test_a_registry_sending_larger_transactions_than_the_cluster_takes_says_what
     registry.close()
 
 
-@pytest.mark.skipif(etcd_binary() is None, reason="etcd is not installed (scripts/setup.sh --test installs Debian's etcd-server; CI has it)")
 def test_two_registry_servers_on_one_cluster_see_each_others_metadata(etcd_cluster):
     """A GC boundary or shard configuration set through one server binds the other at once (§2.2.2, §2.3)."""
     prefix = f"two-servers-{time.monotonic_ns()}/"
@@ -139,7 +141,6 @@ class _SlowGroupEtcd(EtcdBackend):
         return out
 
 
-@pytest.mark.skipif(etcd_binary() is None, reason="etcd is not installed (scripts/setup.sh --test installs Debian's etcd-server; CI has it)")
 def test_a_group_partly_applied_when_another_server_moves_the_boundary_answers_what_it_stored(etcd_cluster):
     """Issue 21, observation 8, on etcd: a group cut into transactions (2 ids each, one at a time);
     after the first, another server moves the GC boundary past every item, so the rest is refused

@@ -7,8 +7,6 @@ of a loopback origin may read (CORS), its window is bounded, and the read key al
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 
@@ -29,9 +27,9 @@ def bearer(value: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {value}"}
 
 
-def wait_for_full_second() -> None:
-    """Let the current second end: ``/v1/stats`` answers only full seconds."""
-    time.sleep(1.05 - time.time() % 1)
+def next_second(clock) -> None:
+    """End the registry clock's current second: ``/v1/stats`` answers only full seconds."""
+    clock.now = (clock.now // 1_000 + 1) * 1_000
 
 
 def test_the_stats_need_the_secret_or_its_read_key(anon, service):
@@ -66,7 +64,7 @@ def test_the_figures_move_with_commits_conflicts_and_too_old_answers(serve_app, 
         empty = reg.stats(5)
         assert empty["totals"]["committed"] == empty["totals"]["groups"] == 0
         assert set(empty["history"]) == {"t", *Stats.COLUMNS} and all(len(v) == 5 for v in empty["history"].values())
-        wait_for_full_second()
+        next_second(clock)
         reg.commit_many([("a", "dc1", 1_000), ("b", "dc1", 1_000), ("c", "dc1", 1_000)])  # one request, a write of 3 ids
         reg.commit_many([("a", "dc1", 1_000)])  # a retry: COMMITTED again
         reg.commit_many([("a", "dc2", 1_000), ("d", "dc2", 1_000)])  # another pipeline: a conflict, a commit
@@ -76,7 +74,7 @@ def test_the_figures_move_with_commits_conflicts_and_too_old_answers(serve_app, 
         assert (totals["committed"], totals["repeated"], totals["conflicts"], totals["too_old"]) == (4, 1, 1, 1)
         assert (totals["requests"], totals["groups"], totals["group_items"]) == (4, 4, 7)
         assert totals["group_sizes"] == {"1-1": 2, "2-3": 2}
-        wait_for_full_second()
+        next_second(clock)
         stats = reg.stats(5)
         h = stats["history"]
         assert h["t"] == sorted(h["t"]) and h["t"][-1] < stats["now_ms"] <= h["t"][-1] + 2_000
@@ -91,7 +89,7 @@ def test_requests_batched_into_one_write_show_as_one_large_group(clock, gated, s
     write become one durable write of 20 ids."""
     worker = RegistryWorker(Registry(gated, clock=clock))
     with serve_app(worker) as url, HttpRegistryClient(url, secret=secret) as reg:
-        wait_for_full_second()
+        next_second(clock)
         gated.gate.clear()
         first = worker.commit([("w", "t", 1_000)])
         assert gated.waiting.wait(10)
@@ -99,7 +97,7 @@ def test_requests_batched_into_one_write_show_as_one_large_group(clock, gated, s
         assert reg.stats(5)["in_flight"] == {"requests": 11, "items": 21}  # read while the registry thread is stuck
         gated.gate.set()
         assert all(f.result(10) for f in [first, *queued])
-        wait_for_full_second()
+        next_second(clock)
         h = reg.stats(5)["history"]
         assert (sum(h["groups"]), sum(h["requests"]), sum(h["group_items"]), max(h["group_max"])) == (2, 11, 21, 20)
 

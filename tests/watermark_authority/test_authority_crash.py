@@ -26,9 +26,7 @@ def test_kill_9_mid_stream_then_restart_never_goes_back(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_kill_9_soak(tmp_path, request):
-    if "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("a 40-cycle soak (about a minute): run it with -m slow")
+def test_kill_9_soak(tmp_path):  # a 40-cycle soak, about a minute
     crash_loop(tmp_path, cycles=40, seed=12)
 
 
