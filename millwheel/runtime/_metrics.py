@@ -147,7 +147,8 @@ class MetricsServer:
         bound_host, bound_port = str(self.httpd.server_address[0]), int(self.httpd.server_address[1])
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
         self.url = f"http://{shown}:{bound_port}/metrics"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name="millwheel-metrics", daemon=True)
+        # stop() waits for the serving loop's next poll: a short one makes stopping prompt
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="millwheel-metrics", daemon=True)
 
     def start(self) -> MetricsServer:
         self.thread.start()
