@@ -47,9 +47,19 @@ def run_collecting(rt: Any, *, timeout_s: float, poll_s: float) -> dict[str, dic
     return progress
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def in_repo(text: str) -> str:
+    """``text`` with this checkout's and the standard library's absolute paths made relative
+    (``<stdlib>/...``): results name no machine's directories."""
+    stdlib = os.path.dirname(os.__file__)
+    return text.replace(f"{ROOT}/", "").replace(str(ROOT), ".").replace(stdlib, "<stdlib>")
+
+
 def write_results(path: Path, results: dict[str, Any]) -> None:
     """``results`` with the machine and its load, as JSON at ``path``."""
     results = {"machine": {"python": platform.python_version(), "cores": os.cpu_count(), "load_avg_at_end": os.getloadavg()}, **results}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    path.write_text(in_repo(json.dumps(results, indent=2, default=str)) + "\n")
     print(f"written to {path}")

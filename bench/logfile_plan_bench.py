@@ -1,9 +1,9 @@
-"""Benchmark the log reading plan's scan beside the reader it plans for (``millwheel/_logfile.py``).
+"""Benchmark the log reading plan's scan beside the reader it plans for (``millwheel/_logplan.py``, ``millwheel/_logfile.py``).
 
     .venv/bin/python bench/logfile_plan_bench.py                  # 200k events in 8 files, 3 repeats
     .venv/bin/python bench/logfile_plan_bench.py --events 1000000
 
-Since every file's promise must be a lower bound (issue 22), the plan scans the bytes it
+Since every file's promise must be a lower bound (``promise`` in ``millwheel/_logplan.py``), the plan scans the bytes it
 hands to a batch for their timestamps (the smallest, the newest, the disorder) on the
 driver, before the batch is read. Side by side, in one run, on the same files:
 

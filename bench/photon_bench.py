@@ -49,6 +49,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _spark_bench import in_repo  # noqa: E402
+
 from topologies.photon import (  # noqa: E402
     GeneratorConfig,
     PhotonConfig,
@@ -334,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         out["load_after"] = os.getloadavg()
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=1, default=str))
+        Path(args.out).write_text(in_repo(json.dumps(out, indent=1, default=str)))
         shutil.rmtree(work, ignore_errors=True)
     tp, lat = out.get("throughput"), out.get("latency")
     if tp:

@@ -249,7 +249,7 @@ class Registry:
         applies a group as several transactions, some of which may be in before the change) is
         retried with the new metadata; an item the retry finds too old that its own token holds
         (an earlier transaction of this call stored it) is answered ``COMMITTED``: the entry is
-        there, so the caller must write its event out (issue 21, observation 8).
+        there, so the caller must write its event out.
         """
         checked_items = items if checked else check_items(items)
         attempts = [0]

@@ -30,7 +30,7 @@ A call of any size is accepted: ``commit_many``, ``lookup_many`` and ``clear_man
 as consecutive requests of at most :data:`~id_registry._model.MAX_ITEMS_PER_CALL` items (the
 bound the service enforces) and, over HTTP, of a JSON body under the service's
 ``--max-body-bytes``; the answers come back in the order of the items. A backlog therefore
-never becomes a request the service refuses on every replay (issue 21, observation 7).
+never becomes a request the service refuses on every replay.
 """
 
 from __future__ import annotations

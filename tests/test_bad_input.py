@@ -1,6 +1,6 @@
-"""Bad input never stalls a key or the run: each numbered case of the hardening issue, on the
-harness (the Spark side of each is in ``tests/runtime/test_bad_input_spark.py`` and the
-differential test ``tests/runtime/test_differential_bad_input.py``).
+"""Bad input never stalls a key or the run: each kind of bad input, on the harness (the Spark
+side is the differential test ``tests/runtime/test_differential_bad_input.py``, which runs the
+same bad input through both backends).
 
 Every test asserts that the other keys' output is complete and exact and that the bad
 input appears once in ``dead_letters`` with its reason.

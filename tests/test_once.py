@@ -112,7 +112,7 @@ def test_a_bad_once_id_fails_its_record():
 
 
 def test_two_pipelines_under_the_default_name_still_emit_each_event_once():
-    # issue 21 (1): the token was (name, computation, key); two harnesses left at the
+    # the token was once (name, computation, key); two harnesses left at the
     # default name, sharing a registry, emitted every click twice
     registry = MemoryOnceRegistry()
     a = Harness.for_computation(JoinOnce, inputs={"clicks": lambda r: r.value["query"]}, outputs=["joined"], registry=registry)

@@ -142,7 +142,7 @@ class _SlowGroupEtcd(EtcdBackend):
 
 
 def test_a_group_partly_applied_when_another_server_moves_the_boundary_answers_what_it_stored(etcd_cluster):
-    """Issue 21, observation 8, on etcd: a group cut into transactions (2 ids each, one at a time);
+    """The retry after a metadata change, on etcd: a group cut into transactions (2 ids each, one at a time);
     after the first, another server moves the GC boundary past every item, so the rest is refused
     (the metadata compare) and retried. The two ids the first transaction stored are COMMITTED to
     the group's token; before, the retry answered TOO_OLD for them: registered, never written."""

@@ -109,7 +109,7 @@ class BoundaryMovesMidGroup(MemoryBackend):
 
 
 def test_ids_an_earlier_part_of_a_group_stored_are_committed_when_the_boundary_moves_meanwhile(clock):
-    """Issue 21, observation 8: the retry after the metadata changed answered TOO_OLD for ids the
+    """Before: the retry after the metadata changed answered TOO_OLD for ids the
     group had already stored (registered, never written, never recovered); they are COMMITTED."""
     store = BoundaryMovesMidGroup()
     r, other = Registry(store, clock=clock), Registry(store, clock=clock)

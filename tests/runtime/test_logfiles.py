@@ -114,8 +114,8 @@ class Tally(Computation):
 
 @pytest.mark.spark
 def test_a_rerun_reads_a_file_that_landed_in_a_finished_directory_before_it_says_drained(tmp_path, spark):
-    # issue 21 (4): verification re-injects clicks into a stopped pipeline's finished
-    # re-injection directory; a rerun reported drained at once (the watermark was already
+    # verification re-injects clicks into a stopped pipeline's finished
+    # re-injection directory; before, a rerun reported drained at once (the watermark was already
     # +inf) and never read them
     from millwheel.runtime import RuntimeSettings, SparkRuntime
 

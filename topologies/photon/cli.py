@@ -120,7 +120,7 @@ def _config(args: argparse.Namespace) -> PhotonConfig:
 def _pipeline_name(args: argparse.Namespace) -> str:
     """The pipeline's name: given; else the run directory's (a resumed run); else ``dc1`` — but
     never a silent default with a shared registry, where two runs under one name would be one
-    pipeline to every other (issue: two run directories emitting each click twice)."""
+    pipeline to every other (two run directories would emit each click twice)."""
     if args.pipeline is not None:
         return str(args.pipeline)
     held = read_manifest(args.checkpoint) if args.checkpoint else None

@@ -245,7 +245,7 @@ def ensure_sample(directory: str | os.PathLike[str] | None = None, cfg: Generato
 
     ``directory`` may name that location (``None``: :func:`default_sample_dir`); any other
     directory is returned only if it already holds a sample (``ground_truth.json``), and is
-    never written: it may be a user's logs (issue 21, observation 9). ``millwheel photon
+    never written: it may be a user's logs. ``millwheel photon
     generate DIR`` (:func:`generate`) writes a sample anywhere it is told to.
     """
     path = Path(directory) if directory is not None else default_sample_dir()

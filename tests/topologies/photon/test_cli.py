@@ -55,7 +55,7 @@ def test_verify_json_on_run_directories(tmp_path, capsys, spark_sample, registry
 
 
 def test_a_shared_registry_needs_a_pipeline_name(tmp_path, capsys, sample):
-    # issue 21 (1): two run directories left at the default name were one pipeline to the registry
+    # before: two run directories left at the default name were one pipeline to the registry
     code = millwheel_main(["photon", "run", str(sample), "--backend", "spark", "--checkpoint", str(tmp_path / "a"), "--registry", "http://127.0.0.1:9"])
     assert code == 2
     assert "is shared between pipelines: name this one with --pipeline NAME" in capsys.readouterr().err
@@ -168,7 +168,7 @@ def _tree(root: Path) -> dict[str, bytes | None]:
 
 
 def test_a_run_on_a_users_logs_joins_them_writes_nothing_there_and_evaluates_against_their_batch_join(tmp_path, capsys, monkeypatch):
-    """Issue 21, observation 9: ``photon run DATA`` on a user's logs without ``ground_truth.json``
+    """``photon run DATA`` on a user's logs without ``ground_truth.json``
     generated the built-in sample into DATA (48,000 queries and ``_DONE`` markers beside the user's
     logs) and joined the mixture. Now it joins what is there and writes nothing there; ``evaluate``
     compares a run with a batch join of those logs, without a ground truth file."""
@@ -219,7 +219,7 @@ def test_a_directory_not_laid_out_as_photon_reads_logs_is_refused_and_left_alone
 @pytest.mark.spark
 @pytest.mark.timeout(1200)
 def test_a_spark_run_on_a_users_logs_writes_only_its_run_directory_and_evaluates_against_their_batch_join(tmp_path, capsys, registry_service):
-    """Observation 9 on Spark, the user's path: ``run DATA --backend spark --checkpoint RUN``, then ``evaluate DATA RUN``."""
+    """The same on Spark, the user's path: ``run DATA --backend spark --checkpoint RUN``, then ``evaluate DATA RUN``."""
     data = _write_logs(tmp_path / "logs", USER_LOGS)
     before = _tree(data)
     run = tmp_path / "run"

@@ -146,7 +146,7 @@ def test_bad_clicks_are_dead_letters_with_their_reason(joiner, query, click):
 
 
 def test_a_click_beyond_the_dedup_horizon_is_judged_by_the_registry(joiner, query, click):
-    # issue 21 (6): a click log shipped later than dedup_slack_ms lost its clicks for good
+    # before: a click log shipped later than dedup_slack_ms lost its clicks for good
     # (``unjoinable``, ``too_old``, never recovered); the registry deduplicates for days
     h = joiner(PhotonConfig(log_store=False, dedup_slack_ms=1_000))
     h.inject("queries", [query("q1", 8_000)])
@@ -192,7 +192,7 @@ def test_two_pipelines_sharing_a_registry_write_each_click_once(joiner, query, c
 
 @pytest.mark.parametrize("joins_first", [False, True])
 def test_giving_up_in_one_pipeline_does_not_block_the_join_in_another(joins_first, joiner, query, click):
-    # issue 21 (5): dc1's query log is late; it gave up on c1 first and took the click id, so
+    # before: dc1's query log is late; it gave up on c1 first and took the click id, so
     # dc2, which had the query, got a conflict and the joinable click was never joined
     from millwheel._once import MemoryOnceRegistry, holder_of
 

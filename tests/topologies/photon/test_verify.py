@@ -99,7 +99,7 @@ def test_a_click_held_by_an_unknown_joiner_is_reported_not_touched(sample, regis
 
 @pytest.mark.parametrize("cleared_first", [True, False])
 def test_verifying_a_subset_of_the_runs_duplicates_nothing(cleared_first, sample, truth, registry, pipelines, union):
-    # issue 21 (2): ``verify A B`` cleared the tokens of safe clicks; a later ``verify A``
+    # ``verify A B`` once cleared the tokens of safe clicks; a later ``verify A``
     # took B's clicks for lost output and re-injected them into A, which wrote them again
     dc1, dc2 = pipelines(sample, registry, ["dc1", "dc2"])
     dc1.run(batches=2)
@@ -119,7 +119,7 @@ def test_verifying_a_subset_of_the_runs_duplicates_nothing(cleared_first, sample
 
 @pytest.mark.parametrize("staged", [True, False])
 def test_a_batch_committed_but_not_published_counts_as_output(staged, tmp_path, sample, registry):
-    # issue 21 (3): a pipeline killed between Spark's commit and its publication: verification
+    # before: a pipeline killed between Spark's commit and its publication: verification
     # took its clicks for lost, re-injected them into the other pipeline, and the restart
     # published the staged batch too
     import pyarrow as pa
