@@ -3,14 +3,14 @@
 A writer appends records stamped with wall time to a file and opens a new one every few
 seconds, as a server's logger does. The injector low watermark follows read progress
 (the newest timestamp read minus the declared disorder), and rotation finishes the old
-file, so one-second windows come out a few seconds after they close — while the files
-are still being written, not when they are finished.
+file, so one-second windows come out while the files are still being written, not when they
+are finished. How many seconds after they close is a figure of the machine, measured by
+``bench/live_logs_bench.py``, not asserted here.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 import threading
 import time
 
@@ -108,12 +108,9 @@ def test_windows_come_out_seconds_after_they_close_while_files_are_still_written
     # that follows read progress, none of them could come out before ``_DONE``
     closed_live = [k for k in visible if (k[1] + 1_000) / 1000 < done_at - 10]
     assert len(closed_live) >= 3 * 10  # three keys, most of the live period
-    delays = sorted(visible[k] - (k[1] + 1_000) / 1000 for k in closed_live)
     emitted_live = [k for k in closed_live if visible[k] < done_at]
-    print(f"windows closed while live: {len(closed_live)}, out before _DONE: {len(emitted_live)}; "
-          f"delay p50 {statistics.median(delays):.2f}s, max {delays[-1]:.2f}s")  # fmt: skip
     assert len(emitted_live) >= 0.8 * len(closed_live)
-    assert statistics.median(delays) < 10.0
+    # how soon they come out depends on the machine: bench/live_logs_bench.py measures it
 
 
 def _counts(rt: SparkRuntime) -> dict:

@@ -16,7 +16,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -87,14 +86,11 @@ def test_a_deterministic_worker_failure_stops_with_the_python_traceback(tmp_path
         topology.computation(NeedsAModel, inputs={"words": lambda r: r.value["word"]})
         """
     ))
-    started = time.monotonic()
-    done = _run(tmp_path, path)
-    took = time.monotonic() - started
+    done = _run(tmp_path, path, timeout=240)  # gives up, rather than retrying a broken run for ever
     assert done.returncode != 0
     assert "model file models/ctr.bin is missing" in done.stderr
     assert "not retried again" in done.stderr
     assert done.stderr.count("\n") < 150, done.stderr[-3000:]
-    assert took < 240
 
 
 def test_a_spark_run_says_how_many_records_were_late_and_the_lateness_that_keeps_them(tmp_path, late_log_topology):
