@@ -12,7 +12,6 @@ import json
 import re
 import select
 import socket
-import time
 from urllib.parse import urlsplit
 
 import pytest
@@ -159,15 +158,13 @@ def _post_head(service, path: str, extra: str) -> str:
 def test_a_body_over_the_limit_is_refused_from_its_content_length_before_it_is_read(service, seeded, length):
     c, _, _, snapshot = seeded
     before = snapshot()
-    t0 = time.perf_counter()
     s = _raw(service, _post_head(service, "/v1/report", f"Content-Length: {length}\r\n"))
     s.sendall(b'{"computation": "' + c.encode() + b'", "reports": [' + b"[" * 1000)  # a start, never the rest
-    status, body = _response(s, timeout=5)
-    elapsed = time.perf_counter() - t0
+    # the rest never comes: a service that waited for the body would never answer (the read times out)
+    status, body = _response(s, timeout=30)
     s.close()
     assert status == 413 and body["error"] == "payload_too_large", body
     assert f"{length:,} bytes" in body["message"] and "send smaller batches" in body["message"]
-    assert elapsed < 2.0, f"answered after {elapsed:.2f}s: the service waited for the body"
     assert snapshot() == before
 
 
