@@ -69,11 +69,10 @@ def test_a_read_is_answered_while_a_write_is_stuck_in_the_journal(served):
         writer.start()
         assert journal.stalled.wait(5), "the write never reached the journal"
         with httpx.Client(base_url=url, timeout=10) as reader:  # a consumer, no secret needed
-            t0 = time.perf_counter()
+            # the write stays stuck until the test releases it: reads that waited behind it would time out
             assert reader.get("/v1/watermark", params={"name": "c"}).json()["low_watermark"] == 1_000  # not yet durable: not shown
             assert reader.get("/v1/watermarks").json()["watermarks"] == {"c": 1_000}
-            waited = time.perf_counter() - t0
-            assert waited < 1.0, f"two reads took {waited:.2f}s behind a stuck write"
+            assert writer.is_alive() and not journal.release.is_set(), "the write was not stuck while the reads were answered"
             journal.stall.clear()
             journal.release.set()
             writer.join(10)
