@@ -1,9 +1,10 @@
 """The dashboard renders live data in real headless Chromium (MillWheel Fig. 15-style lag charts).
 
 The page writes what it plotted (``#plotted``: per chart the lag series, what was handed to
-uPlot, what uPlot holds and where it put each line) and how many pixels of each series'
-colour ended up on each chart's canvas (``#drawn``) into the DOM; the test reads them back
-with ``chromium --dump-dom``.
+uPlot, what uPlot holds and where it put each line) and, from uPlot's own draw hook, what each
+chart drew (``#drawn``: per series the points inside the axis, and the pixels of its colour
+on the canvas) into the DOM; the test reads them back with ``chromium --dump-dom``. The
+checks are on the data; one check of pixels proves the chart is painted at all.
 """
 
 from __future__ import annotations
@@ -123,14 +124,16 @@ def test_the_dashboard_plots_wall_and_event_time_lag_and_shows_what_is_stuck(tmp
         for name in ("SpikeDetector", "WindowCounter"):
             assert wall["plot"]["floor_position"] - pos[name] >= 40, (name, pos, wall["plot"])
 
-        drawn = embedded_json(dom, "drawn")
+        drawn = embedded_json(dom, "drawn")  # recorded by uPlot's draw hook: the data just drawn
         for name in ("DipDetector", "SpikeDetector", "WindowCounter", "Stuck"):
-            assert drawn["wall"][name] > 50, f"{name} not drawn on the wall-time chart: {drawn}"
+            inside = sum(v is not None for v in wall["drawn"][name])
+            assert drawn["wall"]["points"][name] == inside >= 3, f"{name} not drawn on the wall-time chart: {drawn}"
+        assert sum(drawn["wall"]["pixels"].values()) > 200, f"the wall-time chart is not painted: {drawn}"  # the page renders
         # no injector watermark is known yet (reader-1 is missing): no lag behind the inputs, except "stuck"
         event = plotted["event"]
         assert event["names"] == computations and event["stuck"] == ["Stuck"]
         assert all(v is None for n in ("DipDetector", "SpikeDetector", "WindowCounter") for v in event["series"][n])
-        assert drawn["event"]["Stuck"] > 50 and drawn["event"]["WindowCounter"] == 0
+        assert drawn["event"]["points"]["Stuck"] > 0 and drawn["event"]["points"]["WindowCounter"] == 0
 
         wc = row(dom, "computations", "WindowCounter")
         assert f'data-low-watermark="{low["WindowCounter"]}"' in wc
@@ -156,7 +159,7 @@ def test_the_dashboard_plots_wall_and_event_time_lag_and_shows_what_is_stuck(tmp
         assert event["last"]["SpikeDetector"] == pytest.approx(-0.5, abs=1e-3)  # (now - 1.5 s) - (now - 1 s): ahead of these inputs, drawn at the floor
         assert event["drawn"]["SpikeDetector"][-1] == event["floor"]
         assert event["stuck"] == ["Stuck"] and plotted["wall"]["stuck"] == ["Stuck"]
-        assert drawn["event"]["WindowCounter"] > 50 and drawn["event"]["DipDetector"] > 50
+        assert drawn["event"]["points"]["WindowCounter"] > 0 and drawn["event"]["points"]["DipDetector"] > 0
         assert ">3.5 s<" in row(dom, "computations", "WindowCounter")
         assert 'data-process="reader-1"' in row(dom, "injectors", "queries")  # now it is the one holding
         assert 'class="stuck"' not in row(dom, "injectors", "queries")
@@ -273,15 +276,11 @@ def test_the_registry_panel_plots_a_live_registrys_commits_conflicts_and_batches
         assert batches["canvas"] and batches["plot"]["series"] == ["ids per write (mean)", "ids per write (max)", "requests per write (mean)"]
         assert batches["plot"]["scales"]["ids"][2] == 3 and batches["plot"]["scales"]["ids"][1] >= plotted["group_max"]  # a log axis that holds them
 
-        drawn = embedded_json(dom, "registry-drawn")
-        for chart, names in (("rates", ("commits", "conflicts", "too_old")), ("batches", ("ids_mean",))):
+        drawn = embedded_json(dom, "registry-drawn")  # recorded by uPlot's draw hook: the data just drawn
+        for chart, names in (("rates", ("commits", "conflicts", "too_old")), ("batches", ("ids_mean", "ids_max", "requests_per_write"))):
             for name in names:
-                assert drawn[chart][name] > 20, f"{name} not drawn on the {chart} chart: {drawn}"
-        # ids per write (max, ~200 on a log axis up to 1,000) and requests per write (~1.5 on
-        # its own axis up to 2) sit at about the same height here: the line drawn last may
-        # cover most of the other, so each is only required to show
-        b = drawn["batches"]
-        assert b["ids_max"] > 0 and b["requests_per_write"] > 0 and b["ids_max"] + b["requests_per_write"] > 40, f"not drawn on the batches chart: {drawn}"
+                inside = sum(v is not None for v in series[name])
+                assert drawn[chart]["points"][name] == inside > 0, f"{name} not drawn on the {chart} chart: {drawn}"
 
         totals_row = re.search(r'<table id="registry-totals">.*?</table>', dom, re.S).group(0)
         for cls, value in (("committed", totals["committed"]), ("conflicts", totals["conflicts"]), ("too-old", totals["too_old"]), ("groups", totals["groups"])):

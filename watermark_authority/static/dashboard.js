@@ -172,7 +172,7 @@
     let chart = charts[id];
     if (!empty && (chart === undefined || chart.key !== key)) {
       if (chart !== undefined) chart.plot.destroy();
-      chart = charts[id] = { key: key, state: state, plot: null };
+      chart = charts[id] = { key: key, state: state, plot: null, names: names };
       const series = [{}].concat(names.map((n, i) => ({
         label: style.label(n),
         stroke: style.color(n),
@@ -191,7 +191,7 @@
         scales: { x: { time: true }, y: { distr: 3, log: 10, range: () => [FLOOR, chart.state.top] } },
         axes: [{}, { label: "lag", size: 70, values: (u, splits) => splits.map(fmtTick) }],
         legend: { live: true },
-        hooks: { draw: [(u) => drawStuckGuide(u, chart.state)] },
+        hooks: { draw: [(u) => drawStuckGuide(u, chart.state), (u) => recordDrawn(u, style.drawnAs[id], "drawn", chart.names, style.color)] },
       }, [x].concat(drawn), el);
     } else if (!empty) {
       chart.state = state;
@@ -243,12 +243,25 @@
     ctx.restore();
   }
 
-  // once uPlot has drawn (it paints in a microtask), count each series' pixels on a chart's canvas
-  function countPixels(id, names, colorOf) {
-    const canvas = document.querySelector("#" + id + " canvas");
+  // what a chart drew, recorded by uPlot's own draw hook, so it always belongs to the data just
+  // drawn (a later timer could run after the page was read): per series, the points uPlot holds
+  // inside its scale's range, and the pixels of the series' colour on the canvas
+  const drawnBy = {};
+  function recordDrawn(u, id, target, keys, colorOf) {
+    const points = {};
+    keys.forEach((k, i) => {
+      const s = u.series[i + 1];
+      const sc = u.scales[s.scale];
+      points[k] = u.data[i + 1].filter((v) => v !== null && v !== undefined && v >= sc.min && v <= sc.max).length;
+    });
+    drawnBy[target] = drawnBy[target] || {};
+    drawnBy[target][id] = { points: points, pixels: countPixels(u.ctx.canvas, keys, colorOf) };
+    document.getElementById(target).textContent = JSON.stringify(drawnBy[target]);
+  }
+
+  function countPixels(canvas, names, colorOf) {
     const drawn = {};
     names.forEach((n) => { drawn[n] = 0; });
-    if (!canvas) return drawn;
     const data = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
     const rgb = names.map((n) => { const hex = colorOf(n); return [1, 3, 5].map((k) => parseInt(hex.slice(k, k + 2), 16)); });
     for (let p = 0; p < data.length; p += 4) {
@@ -273,6 +286,7 @@
       label: (n) => (injs.includes(n) ? n + " (injector)" : n),
       color: colorOf,
       dashed: (n) => injs.includes(n),
+      drawnAs: { chart: "wall", "event-chart": "event" },
     };
     const plotted = {
       names: names,
@@ -282,10 +296,6 @@
       event: renderLagChart("event-chart", comps, style, hist, (s, n) => eventLag(s.w, n, injs)),
     };
     document.getElementById("plotted").textContent = JSON.stringify(plotted);
-    setTimeout(() => {
-      const drawn = { wall: countPixels("chart", names, colorOf), event: countPixels("event-chart", comps, colorOf) };
-      document.getElementById("drawn").textContent = JSON.stringify(drawn);
-    }, 0);
   }
 
   // ---------------------------------------------------------------- tables
@@ -456,8 +466,10 @@
         // a second with writes between seconds without any is a point, not nothing
         points: s.scale === "ids" || s.scale === "req" ? { show: true, size: 5, fill: REGISTRY_COLORS[s.key] } : undefined,
       })));
+      const keys = specs.map((s) => s.key);
       chart.plot = new uPlot(Object.assign({
         width: Math.max(600, el.clientWidth || 900), height: 300, series: series, legend: { live: true },
+        hooks: { draw: [(u) => recordDrawn(u, id.replace("registry-", ""), "registry-drawn", keys, (k) => REGISTRY_COLORS[k])] },
       }, options), [x].concat(ys), el);
     } else if (!empty) {
       chart.plot.setData([x].concat(ys));
@@ -517,14 +529,6 @@
       group_max: Math.max(0, ...h.group_max), rates: rates, batches: batches,
     };
     document.getElementById("registry-plotted").textContent = JSON.stringify(plotted);
-    setTimeout(() => {
-      const colorOf = (k) => REGISTRY_COLORS[k];
-      const drawn = {
-        rates: countPixels("registry-rates", RATES.map((s) => s.key), colorOf),
-        batches: countPixels("registry-batches", BATCHES.map((s) => s.key), colorOf),
-      };
-      document.getElementById("registry-drawn").textContent = JSON.stringify(drawn);
-    }, 0);
   }
 
   function renderRegistryTotals(stats) {
