@@ -45,7 +45,7 @@ def small(tmp_path_factory, small_config) -> Path:
 @pytest.fixture(scope="session")
 def sample_config() -> GeneratorConfig:
     return GeneratorConfig(
-        seed=11, duration_s=75, rate=400, queries=40, day_s=20, warmup_s=25, spikes=3, dips=3,
+        seed=11, duration_s=75, rate=200, queries=40, day_s=20, warmup_s=25, spikes=3, dips=3,
         anomaly_gap_s=4, late_fraction=2e-4, duplicate_fraction=0.005,
     )  # fmt: skip
 
