@@ -19,6 +19,15 @@ settings.register_profile("dev", max_examples=200, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session for the whole run (a test using it is marked ``spark``: conftest.py at the root)."""
+    from millwheel.runtime import spark_session
+
+    session = spark_session("local[2]")
+    yield session
+
+
 def _bucket_count_class():
     from millwheel import Computation, ComputationOptions, LatePolicy
 

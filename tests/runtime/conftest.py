@@ -1,16 +1,8 @@
-"""Fixtures for the Spark runtime tests: one local Spark session for the whole run."""
+"""Fixtures for the Spark runtime tests (the session-wide ``spark`` is in ``tests/conftest.py``)."""
 
 from __future__ import annotations
 
 import pytest
-
-
-@pytest.fixture(scope="session")
-def spark():
-    from millwheel.runtime import spark_session
-
-    session = spark_session("local[2]")
-    yield session
 
 
 @pytest.fixture
