@@ -11,6 +11,7 @@ declares). A block that uses a Spark session ``spark`` runs in the page's Spark 
 
 from __future__ import annotations
 
+import doctest
 import re
 import shlex
 from collections.abc import Callable
@@ -93,17 +94,21 @@ def test_the_python_blocks_of_a_page_run(page, with_spark, request, tmp_path, mo
 
 
 def test_every_python_block_of_the_docs_is_run(request):
-    """A doctest block runs only if pytest collects ``docs/*.md`` as doctests; every other
-    block runs above, unless its setup went missing."""
+    """Plain blocks run above (every page that has one is a case); a doctest block runs only if
+    pytest collects ``docs/*.md`` as doctests, and only the ``>>>`` examples in it: a block must
+    be one or the other, never plain code with a few examples in it."""
     addopts = shlex.split(" ".join(request.config.getini("addopts")))
-    assert "--doctest-glob=*.md" in addopts and "--doctest-modules" in addopts
+    assert "--doctest-glob=*.md" in addopts
     assert "docs" in request.config.getini("testpaths")
-    for page in DOCS.glob("*.md"):
+    parser = doctest.DocTestParser()
+    for page in sorted(DOCS.glob("*.md")):
         for line, code in blocks(page):
+            where = f"docs/{page.name}:{line}"
             if is_doctest(code):
-                body = [ln for ln in code.splitlines() if ln.strip()]
-                assert body[-1].strip() != "```", f"{page.name}:{line}: a doctest block must end with a blank line"
+                stray = [ln.strip() for ln in parser.parse(code) if isinstance(ln, str) and ln.strip()]
+                assert parser.get_examples(code) and not stray, f"{where}: plain code in a doctest block would never run: {stray}"
             else:
-                assert page in PAGES, f"{page.name}:{line}: a python block nothing runs"
+                assert ">>>" not in code, f"{where}: a '>>>' example in a plain block would never be checked"
+                assert page.name in {p.name for p in PAGES}
     for where, start in SETUP:
-        assert any(code.startswith(start) for _, code in blocks(DOCS / where)), f"{where}: no block starts with {start!r} any more"
+        assert any(code.startswith(start) for _, code in blocks(DOCS / where)), f"docs/{where}: no block starts with {start!r} any more"
