@@ -73,15 +73,27 @@ T = TypeVar("T")
 
 
 class History:
-    """The last ``seconds`` of watermark samples: ``(wall_ms, {name: low_watermark})``."""
+    """The last ``seconds`` of watermark samples: ``(wall_ms, {name: low_watermark})``.
 
-    def __init__(self, seconds: float = 600.0, interval: float = 1.0) -> None:
+    ``clock`` returns wall time in milliseconds (tests pass their own).
+
+    >>> now = [10_000]
+    >>> h = History(seconds=2, interval=1, clock=lambda: now[0])
+    >>> for t in (10_000, 11_000, 12_000, 13_000):
+    ...     now[0] = t
+    ...     h.sample({"c": t - 500})
+    >>> [s["t"] for s in h.since(11_500)], h.since(13_000)
+    ([12000, 13000], [{'t': 13000, 'w': {'c': 12500}}])
+    """
+
+    def __init__(self, seconds: float = 600.0, interval: float = 1.0, *, clock: Callable[[], int] = wall_ms) -> None:
         self.interval = interval
+        self.clock = clock
         self.samples: deque[tuple[int, Mapping[str, int]]] = deque(maxlen=max(2, int(seconds / interval) + 1))
 
     def sample(self, published: Mapping[str, int]) -> None:
         """Record ``published`` (an immutable snapshot, kept as is) at the current wall time."""
-        self.samples.append((wall_ms(), published))
+        self.samples.append((self.clock(), published))
 
     def since(self, start_ms: int) -> list[dict[str, Any]]:
         return [{"t": t, "w": dict(w)} for t, w in self.samples if t >= start_ms]

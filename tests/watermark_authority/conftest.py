@@ -26,8 +26,9 @@ _names = itertools.count()
 
 @pytest.fixture(scope="session")
 def service():
-    """The real authority service (a subprocess on 127.0.0.1), shared by the session."""
-    with tempfile.TemporaryDirectory(prefix="wa-test-") as d, embedded_authority(d) as svc:
+    """The real authority service (a subprocess on 127.0.0.1), shared by the session; it samples
+    its watermarks for the dashboard 5 times a second, so a test waits a fifth of a second for one."""
+    with tempfile.TemporaryDirectory(prefix="wa-test-") as d, embedded_authority(d, extra_args=["--sample-interval", "0.2"]) as svc:
         yield svc
 
 
