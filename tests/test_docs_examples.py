@@ -14,6 +14,8 @@ from __future__ import annotations
 import doctest
 import re
 import shlex
+import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -77,7 +79,9 @@ CASES = [
 def test_the_python_blocks_of_a_page_run(page, with_spark, request, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MILLWHEEL_AUTHORITY_URL", raising=False)  # open_authority() then embeds one
-    ns: dict = {"__name__": f"docs_{page.removesuffix('.md')}"}
+    module = types.ModuleType(f"docs_{page.removesuffix('.md')}")  # a real module: dataclasses look theirs up
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    ns = module.__dict__
     if with_spark:
         ns["spark"] = request.getfixturevalue("spark")
     for line, code in blocks(DOCS / page):
