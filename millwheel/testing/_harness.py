@@ -88,6 +88,7 @@ from millwheel._record import (
 from millwheel._step import StepRunner, acknowledge, pending_productions
 from millwheel._topology import KeyExtractor, Topology
 from millwheel.testing._index import MinIndex
+from millwheel.testing._columnar import columnar_sides
 
 
 class Crash(enum.Enum):
@@ -162,6 +163,8 @@ class Harness:
         self._metrics: dict[str, StepMetrics] = {n: StepMetrics() for n in topology.computations}
         self._injected = 0
         self._closed = False
+        #: columnar computations (issue 26): their store and rounds, ``testing/_columnar.py``
+        self._columnar = columnar_sides(self)
 
     @classmethod
     def for_computation(
@@ -306,6 +309,8 @@ class Harness:
         if self._closed:
             msg = "the harness is closed (its computations were torn down): results can be read, nothing more run"
             raise HarnessError(msg)
+        if name in self._columnar:
+            return self._columnar[name].process(self, deliver=deliver, crash=crash)
         lw, now = self._input_watermark(name), self._now
         # the input stays queued (pending work that holds the watermark, §4.5) until the
         # checkpoint ACKs it: weak productions sent before then must not find it gone
@@ -370,6 +375,8 @@ class Harness:
             self._deliver_one(out, wm)
         if crash is Crash.AFTER_DELIVER:
             return
+        if name in self._columnar:
+            return self._columnar[name].acknowledge(self, [o.production.record.id for o in outbox])
         by_key: dict[Key, list[str]] = defaultdict(list)
         for out in outbox:
             by_key[out.key].append(out.production.record.id)  # type: ignore[index]
@@ -386,6 +393,10 @@ class Harness:
         old = self._runner(name)
         old.computation.teardown()
         self._runners[name] = StepRunner(runner.instantiate(), name=name, outputs=runner.all_outputs, options=old.options)
+        if name in self._columnar:
+            self._columnar[name].restarted(self._runners[name])
+            self._outbox[name] = [_Outgoing(name, p.record.key, p, True) for p in self._columnar[name].pending()]
+            return
         self._outbox[name] = [
             _Outgoing(name, key, p, True)
             for key, env in self._envelopes[name].items()
@@ -506,6 +517,8 @@ class Harness:
     def keys(self, computation: str) -> list[Key]:
         """Keys of ``computation`` that keep anything (state, timers, pending productions, dedup ids)."""
         self._runner(computation)
+        if computation in self._columnar:
+            return self._columnar[computation].keys()
         return list(self._envelopes[computation])
 
     def _envelope(self, computation: str, key: Key) -> Envelope:
@@ -523,7 +536,9 @@ class Harness:
         return self._envelope(computation, key)
 
     def state(self, computation: str, key: Key) -> Any:
-        """The decoded state of one key, or ``None``."""
+        """The decoded state of one key, or ``None`` (a columnar computation: its state rows)."""
+        if computation in self._columnar:
+            return self._columnar[computation].state(key)
         raw = self._envelope(computation, key).state
         return None if raw is None else self._runner(computation).codec.decode(raw)
 
@@ -547,6 +562,8 @@ class Harness:
 
     def timers(self, computation: str, key: Key) -> list[Timer]:
         """Pending timers of one key, earliest first."""
+        if computation in self._columnar:
+            return self._columnar[computation].timers(key)
         env = self._envelope(computation, key)
         items = sorted(env.timers.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0]))
         return [Timer(tag, ts, TimeDomain(d)) for tag, (ts, d) in items]

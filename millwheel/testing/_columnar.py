@@ -1,0 +1,112 @@
+"""The harness side of columnar computations (``millwheel/_columnar.py``).
+
+A columnar computation keeps one store for all its keys in the harness (the Spark runtime
+keeps one per key interval); each round runs :meth:`ColumnarRunner.run` over its queued
+input and due timers — the same call the Spark worker makes — and the harness keeps its
+per-key indexes (holds, next timers) from the keys the run touched, so watermarks and
+due keys work as for per-record computations.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from millwheel._columnar import ColumnarRunner, ColumnarStore, InputColumns, is_columnar
+from millwheel._counters import StepMetrics
+from millwheel._record import Key, TimeDomain, Timer, decode_key, encode_key
+
+if TYPE_CHECKING:
+    from millwheel.testing._harness import Crash, Harness
+
+
+def columnar_sides(harness: Harness) -> dict[str, ColumnarSide]:
+    """A :class:`ColumnarSide` per columnar computation of the harness's topology."""
+    return {
+        name: ColumnarSide(name, runner)
+        for name, runner in harness._runners.items()
+        if is_columnar(type(runner.computation))
+    }
+
+
+class ColumnarSide:
+    """One columnar computation in the harness: its store and its rounds."""
+
+    def __init__(self, name: str, step_runner: Any) -> None:
+        self.name = name
+        self.runner = ColumnarRunner(step_runner.computation, name=name, outputs=step_runner.outputs, options=step_runner.options)
+        self.store: bytes | None = None
+
+    def restarted(self, step_runner: Any) -> None:
+        self.runner = ColumnarRunner(step_runner.computation, name=self.name, outputs=step_runner.outputs, options=step_runner.options)
+
+    def process(self, h: Harness, *, deliver: bool, crash: Crash | None) -> None:
+        from millwheel.testing._harness import Crash, _Outgoing
+
+        name = self.name
+        lw, now = h._input_watermark(name), h._now
+        queue = list(h._queues[name])
+        recs = InputColumns(
+            kbs=[encode_key(q.record.key) for q in queue],  # type: ignore[arg-type]
+            ids=[q.record.id for q in queue],
+            ts=np.fromiter((q.record.timestamp for q in queue), np.int64, len(queue)),
+            streams=[q.record.stream for q in queue],  # type: ignore[misc]
+            values=[q.record.value for q in queue],
+            arrival=[q.arrival_watermark for q in queue],
+            encoded=False,
+        )
+        res = self.runner.run(self.store, recs, low_watermark=lw, now=now, key_summaries=True)
+        strong = self.runner.options.strong_productions
+        sent = [_Outgoing(name, p.record.key, p, strong) for p in res.productions()]
+        sent += [_Outgoing(name, d.record.value.key, d, False) for d in res.dead_letters]
+        weak = [o for o in sent if not o.strong]
+        if weak:
+            wm = h._publish_watermark(name)
+            for o in weak:
+                h._deliver_one(o, wm)
+        if crash is Crash.BEFORE_COMMIT:
+            return
+        del h._queues[name][: len(queue)]
+        h._metrics[name].add(StepMetrics(**res.metrics))
+        self.store = res.store
+        for kb, (hold, nlw, nwall) in (res.key_summaries or {}).items():
+            h._store(name, decode_key(kb), None, hold, (nlw, nwall))  # type: ignore[arg-type]
+        h._outbox[name] += [o for o in sent if o.strong]
+        if crash is Crash.AFTER_COMMIT:
+            h._outbox[name] = []
+            return
+        if deliver:
+            h.deliver(name, crash=crash)
+
+    def acknowledge(self, h: Harness, ids: list[str]) -> None:
+        self.store, summaries = self.runner.acknowledge(self.store, ids)
+        for kb, (hold, nlw, nwall) in summaries.items():
+            h._store(self.name, decode_key(kb), None, hold, (nlw, nwall))  # type: ignore[arg-type]
+
+    def pending(self) -> list[Any]:
+        return [p for _, p in self.runner.pending(self.store)]
+
+    # ---- reading -------------------------------------------------------------------
+    def state(self, key: Key) -> pd.DataFrame | None:
+        """The state rows of ``key`` (``None``: it keeps none)."""
+        t = ColumnarStore.decode(self.store, self.runner.options).state_rows([encode_key(key)])
+        if t is None or t.num_rows == 0:
+            return None
+        df = t.drop_columns(["_kb"]).to_pandas()
+        df.insert(0, "key", [key] * len(df))
+        return df
+
+    def timers(self, key: Key) -> list[Timer]:
+        kb = encode_key(key)
+        st = ColumnarStore.decode(self.store, self.runner.options)
+        items = sorted((ts, d, tag) for (k, tag), (ts, d) in st.timers.items() if k == kb)
+        return [Timer(tag, ts, TimeDomain(d)) for ts, d, tag in items]
+
+    def keys(self) -> list[Key]:
+        st = ColumnarStore.decode(self.store, self.runner.options)
+        kbs = set(st.meta) | {kb for kb, _ in st.timers}
+        if st.state is not None:
+            kbs |= set(st.state.column("_kb").to_pylist())
+        return [decode_key(kb) for kb in sorted(kbs)]  # type: ignore[misc]
