@@ -39,7 +39,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import xxhash
 
 from millwheel._envelope import DedupStats
@@ -181,14 +183,28 @@ class ColumnarDedup:
         if len(self.sfp):
             self.bits[_positions(self.sfp, self.m, self.k).ravel()] = True
 
-    def collect(self, horizon: int, gc_interval_ms: int, stats: DedupStats | None = None) -> None:
-        """Drop ids older than ``horizon`` once the oldest is ``gc_interval_ms`` behind it."""
+    def collect(self, horizon: int, gc_interval_ms: int, stats: DedupStats | None = None, keys: Sequence[bytes] | None = None) -> None:
+        """Collect ids older than ``horizon`` of each key (of ``keys``, default all) whose
+        oldest id is more than ``gc_interval_ms`` behind it: the per-record rule
+        (``DedupIndex.finish``), applied to the keys a batch stepped."""
         if not len(self.ts) or horizon <= int(self.ts.min()) + gc_interval_ms:
             return
         stats = stats if stats is not None else DedupStats()
-        stats.gc_runs += 1
-        kept = self.ts >= horizon
-        stats.ids_collected += int(len(kept) - kept.sum())
+        scope = np.ones(len(self.ts), np.bool_) if keys is None else pc.is_in(self.kbs, value_set=pa.array(list(keys), pa.binary())).to_numpy(zero_copy_only=False)
+        if not scope.any():
+            return
+        t = pa.table({"kb": self.kbs.filter(pa.array(scope)), "ts": self.ts[scope]})
+        mins = t.group_by("kb").aggregate([("ts", "min")])
+        due = pc.less(pc.add(mins.column("ts_min"), gc_interval_ms), horizon)
+        triggered = mins.column("kb").filter(due)
+        if not len(triggered):
+            return
+        stats.gc_runs += len(triggered)
+        drop = pc.is_in(self.kbs, value_set=triggered.combine_chunks()).to_numpy(zero_copy_only=False) & (self.ts < horizon)
+        if not drop.any():
+            return
+        kept = ~drop
+        stats.ids_collected += int(drop.sum())
         sel = pa.array(np.flatnonzero(kept))
         fps = np.empty(len(self.ts), np.uint64)
         fps[self.order] = self.sfp  # insertion order
@@ -197,6 +213,14 @@ class ColumnarDedup:
         self.order = np.argsort(fps, kind="stable").astype(np.int64)
         self.sfp = fps[self.order]
         self._rebuild()
+
+    def keys_with_ids(self, keys: Sequence[bytes]) -> set[bytes]:
+        """Which of ``keys`` have ids kept."""
+        if not len(self.ts) or not keys:
+            return set()
+        mask = pc.is_in(self.kbs, value_set=pa.array(list(keys), pa.binary()))
+        return set(pc.unique(self.kbs.filter(mask)).to_pylist())
+
 
     # -- storage -------------------------------------------------------------------
     def to_wire(self) -> list[Any] | None:
@@ -226,3 +250,23 @@ class ColumnarDedup:
         d.bits = np.unpackbits(np.frombuffer(bits, np.uint8), count=m).astype(np.bool_)
         return d
 
+
+def chunk_stamps(kbs: Sequence[bytes], ts: np.ndarray, gc_interval_ms: int) -> np.ndarray:
+    """The timestamp each new id is kept under, as the per-record path keeps it
+    (``_envelope._chunks``): the newest timestamp among the same key's ids of the batch in
+    its ``gc_interval_ms`` bucket."""
+    n = len(ts)
+    if n == 0:
+        return ts
+    width = max(1, gc_interval_ms)
+    bucket = ts // width
+    codes, _ = pd.factorize(pd.Series(kbs, dtype=object))
+    b0, b1 = int(bucket.min()), int(bucket.max())
+    if b0 == b1:
+        group = codes
+    else:
+        _, group = np.unique(np.stack([codes.astype(np.int64), bucket - b0]), axis=1, return_inverse=True)
+        group = group.ravel()
+    top = np.full(int(group.max()) + 1, np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(top, group, ts)
+    return top[group]

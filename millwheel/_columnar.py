@@ -67,7 +67,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from millwheel._codec import decode_value, encode_value
-from millwheel._coldedup import ColumnarDedup, fingerprints
+from millwheel._coldedup import ColumnarDedup, chunk_stamps, fingerprints
 from millwheel._computation import Computation
 from millwheel._deadletter import DEAD_LETTER_STREAM, DeadLetter, Stage, dead_letter_record, reason_of
 from millwheel._envelope import DedupStats
@@ -196,6 +196,23 @@ class ColumnarStore:
             pending=pending,
             dedup=ColumnarDedup.from_wire(dd, dd_opts.bloom_fpr, dd_opts.bloom_capacity),
         )
+
+    def forget_empty(self, kbs: Iterable[bytes]) -> None:
+        """Drop the sequence of keys that keep nothing else, as an empty per-record envelope is
+        not stored (``Envelope.is_empty``): such a key's next production is numbered from 0 again."""
+        cands = [kb for kb in kbs if kb in self.meta and self.meta[kb][1] is None]
+        if not cands:
+            return
+        busy = {kb for kb, _ in self.timers} | {p[1] for p in self.pending}
+        cands = [kb for kb in cands if kb not in busy]
+        if cands and self.state is not None and self.state.num_rows:
+            busy = set(pc.unique(self.state.column("_kb").filter(pc.is_in(self.state.column("_kb"), value_set=pa.array(cands, pa.binary())))).to_pylist())
+            cands = [kb for kb in cands if kb not in busy]
+        if cands:
+            busy = self.dedup.keys_with_ids(cands)
+            for kb in cands:
+                if kb not in busy:
+                    del self.meta[kb]
 
     def key_summary(self, kbs: Iterable[bytes]) -> dict[bytes, tuple[int | None, int | None, int | None]]:
         """Per key: (hold, next low-watermark timer, next wall timer) — what the harness indexes."""
@@ -531,7 +548,8 @@ class ColumnarRunner:
             late = ts < late_wm
             if opts.exactly_once:
                 # a late record is remembered under the watermark it was late for: a re-delivery is a duplicate
-                keep = st.dedup.admit(recs.ids, kbs, np.maximum(ts, late_wm), stats, fingerprints(recs.ids, kbs))
+                stamps = chunk_stamps(kbs, np.maximum(ts, late_wm), opts.dedup.gc_interval_ms)
+                keep = st.dedup.admit(recs.ids, kbs, stamps, stats, fingerprints(recs.ids, kbs))
             else:
                 keep = np.ones(n, np.bool_)
             c["duplicates"] = int(n - keep.sum())
@@ -559,10 +577,11 @@ class ColumnarRunner:
         self._timers(st, key_of, lw, now, out, dead, c, touched)
         # ---- checkpoint ----
         if opts.exactly_once:
-            st.dedup.collect(horizon_wm - opts.dedup.slack_ms, opts.dedup.gc_interval_ms, stats)
+            st.dedup.collect(horizon_wm - opts.dedup.slack_ms, opts.dedup.gc_interval_ms, stats, list(touched))
         prods = out.finish(self, st, lw, c)
         if opts.strong_productions and prods.ids:
             st.pending.extend([s, kb, e, t, i] for s, kb, e, t, i in zip(prods.streams, prods.kbs, prods.encoded, prods.ts, prods.ids, strict=True))
+        st.forget_empty(touched)
         letters = [d for d in dead if d is not None]
         c["dead_letters"] = len(letters)
         c["dead_letters_dropped"] = len(dead) - len(letters)
@@ -741,6 +760,7 @@ class ColumnarRunner:
         else:
             acked = set(ids)
             st.pending = [p for p in st.pending if p[4] not in acked]
+        st.forget_empty(keys)
         return st.encode(), st.key_summary(keys)
 
     def pending(self, store: bytes | None) -> list[tuple[bytes, Production]]:
