@@ -32,6 +32,7 @@ from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel._topology import ComputationSpec
 from millwheel.runtime._context import DriverContext
 from millwheel.runtime._fs import Location
+from millwheel.runtime._columnar import interval_step_class
 from millwheel.runtime._interval import (
     KEYING_RESULT,
     KEYING_STAGE_NEEDED,
@@ -271,13 +272,15 @@ class ComputationQuery:
         union = union.withColumn("group", F.when(F.col("interval") < 0, F.col("interval")).otherwise(F.element_at(groups, F.col("interval") + 1))).drop("interval")
         keyer = self.rt.keyer
         if settings.state_layout == "keys":
+            interval_step_class(self.spec, settings.state_layout)  # refuses a columnar computation
             # one state-store row per key (``_mapstate.py``): transformWithStateInPandas
             processor = make_processor(self.spec, pipeline=self.rt.pipeline_id, registry=settings.registry, keyer=keyer, groups=self.rt.groups)
             out = union.groupBy("group").transformWithStateInPandas(
                 statefulProcessor=processor, outputStructType=processor.owner.out_schema(), outputMode="Append", timeMode="EventTime",
             )  # fmt: skip
         else:
-            step = IntervalStep(self.spec, pipeline=self.rt.pipeline_id, registry=settings.registry, keyer=keyer, groups=self.rt.groups)
+            # a columnar computation (issue 26) has its own interval function: ``_columnar.py``
+            step = interval_step_class(self.spec)(self.spec, pipeline=self.rt.pipeline_id, registry=settings.registry, keyer=keyer, groups=self.rt.groups)
             out = union.groupBy("group").applyInPandasWithState(
                 step, step.out_schema(), STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout,
             )  # fmt: skip

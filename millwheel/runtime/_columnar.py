@@ -1,0 +1,157 @@
+"""The Spark side of columnar computations (``millwheel/_columnar.py``, issue 26).
+
+Same query, same mapping (``applyInPandasWithState`` over key intervals, the interval's
+GroupState row, the outbox): only the worker function differs. Where
+:class:`~millwheel.runtime._interval.IntervalStep` groups rows by key in Python and steps
+one key at a time, :class:`ColumnarIntervalStep` hands the interval's rows to
+:meth:`ColumnarRunner.run` as columns: records in send order (one ``lexsort`` on sender
+watermark, file and row, as the per-record path sorts each key's rows), values still
+encoded (decoded only if the computation reads them), and writes the productions it
+returns as columns. The interval's GroupState row holds the columnar store in ``envs``
+(``meta`` is empty: the store answers hold and timers itself).
+
+Rows that are not records (keying dead letters, rows to key in the step, wall-time
+ticks) go through the per-record path's code (:class:`IntervalBatch`), so the columnar
+path adds no second copy of keying.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from millwheel._columnar import ColumnarRunner, InputColumns, is_columnar
+from millwheel._errors import RunError
+from millwheel._record import MIN_TIMESTAMP, Record
+from millwheel._topology import ComputationSpec
+from millwheel.runtime._interval import STEP_METRICS, IntervalBatch, IntervalStep
+from millwheel.runtime._keying import wants_dead_letters
+from millwheel.runtime._wire import RowKind, from_spark, timer_timeout
+
+_RECORD = int(RowKind.RECORD)
+_UNKEYED = int(RowKind.UNKEYED)
+
+
+def interval_step_class(spec: ComputationSpec, state_layout: str = "intervals") -> type[IntervalStep]:
+    """The ``applyInPandasWithState`` function class of a computation: columnar or per record."""
+    if not is_columnar(spec.cls):
+        return IntervalStep
+    if state_layout != "intervals":
+        msg = (
+            f"computation {spec.name!r} is columnar ({spec.cls.__name__}): it runs on the interval-row layout only; "
+            f"use RuntimeSettings(state_layout='intervals'), not {state_layout!r}"
+        )
+        raise RunError(msg)
+    return ColumnarIntervalStep
+
+
+class ColumnarIntervalStep(IntervalStep):
+    """The interval function of a columnar computation; see the module docstring."""
+
+    def __init__(self, spec: ComputationSpec, **kw: Any) -> None:
+        super().__init__(spec, **kw)
+        self._columnar: ColumnarRunner | None = None
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        super().__setstate__(d)
+        self._columnar = None
+
+    def columnar(self) -> ColumnarRunner:
+        if self._columnar is None:
+            spec = self.spec
+            # strong productions are checkpointed in the batch outbox, not in the store
+            opts = dataclasses.replace(spec.options, strong_productions=False)
+            self._columnar = ColumnarRunner(spec.instantiate(), name=spec.name, outputs=spec.all_outputs, options=opts)  # type: ignore[arg-type]
+        return self._columnar
+
+    def __call__(self, group: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
+        interval = self.interval_of(int(group[0]))
+        if interval < 0:  # the heartbeat group: it only moves Spark's watermark
+            for _ in frames:
+                pass
+            return
+        batch = IntervalBatch(self, interval, from_spark(state.getCurrentWatermarkMs()), state.getCurrentProcessingTimeMs())
+        parts = [p for p in (self._records(batch, pdf) for pdf in frames) if p is not None]
+        recs = _input(parts)
+        store = state.get[0] if state.exists else None
+        res = self.columnar().run(store, recs, low_watermark=batch.low_watermark, now=batch.now)
+        totals = batch.totals
+        for name in STEP_METRICS:
+            totals[name] += res.metrics[name]
+        for p in res.dead_letters:
+            batch.out.add_production(p)
+        if res.store is not None:
+            state.update((res.store, b""))
+        elif state.exists:
+            state.remove()
+        if res.next_low_watermark_timer is not None and res.store is not None:
+            state.setTimeoutTimestamp(max(timer_timeout(res.next_low_watermark_timer), state.getCurrentWatermarkMs()))
+        tail = batch.summary(res.hold, res.next_low_watermark_timer, res.next_wall_timer, res.keys_kept)
+        if not res.ids:
+            yield tail
+            return
+        cols: dict[str, Any] = {
+            "stream": res.streams, "id": res.ids, "ts": res.ts, "key": res.kbs, "value": res.encoded, "wm": [None] * len(res.ids),
+        }  # fmt: skip
+        if self.keyer is not None and self.out_consumers:
+            recs_out = [(s, Record(k, v, t, i, s)) for s, k, v, t, i in zip(res.streams, res.keys, res.values, res.ts, res.ids, strict=True)]
+            for name, values in self.keyer.rows(recs_out, self.out_consumers).items():
+                cols[name] = pd.array(values, dtype="Int32") if name.startswith("interval:") else values
+        yield pd.concat([pd.DataFrame(cols), tail], ignore_index=True)
+
+    @staticmethod
+    def _records(batch: IntervalBatch, pdf: pd.DataFrame) -> pd.DataFrame | None:
+        """The record rows of one input frame; ticks, keying dead letters and rows to key
+        here go through :class:`IntervalBatch` as on the per-record path."""
+        if len(pdf) == 0:
+            return None
+        kind = pdf["kind"]
+        ticks = kind.isna()
+        if ticks.any():  # a tick: a wall timer of this interval is due
+            t = pdf["now"][ticks].max()
+            if t == t and t is not None and int(t) > batch.now:
+                batch.now = int(t)
+            pdf = pdf[~ticks]
+            kind = pdf["kind"]
+        if len(pdf) and (kind != _RECORD).any():
+            unkeyed = kind == _UNKEYED
+            letters = (kind != _RECORD) & ~unkeyed
+            if letters.any():
+                batch._dead_letters(pdf[letters], wants_dead_letters(batch.owner.keyer))
+            keyed_here = batch._key_here(pdf[unkeyed]) if unkeyed.any() else None
+            pdf = pdf[kind == _RECORD]
+            if keyed_here is not None:
+                pdf = pd.concat([pdf, keyed_here]) if len(pdf) else keyed_here
+        return pdf if len(pdf) else None
+
+
+def _input(parts: list[pd.DataFrame]) -> InputColumns:
+    """An interval's record rows as :class:`InputColumns`, in send order: by sender watermark
+    (missing: first), then file name, then row — what ``IntervalBatch.run`` sorts each key's
+    rows by; a stable sort of all rows keeps every key's in that order."""
+    if not parts:
+        return InputColumns([], [], np.empty(0, np.int64), [], [])
+    pdf = parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
+    n = len(pdf)
+    wm = pdf["wm"]
+    nulls = wm.isna().to_numpy()
+    if nulls.all():
+        arrival = None
+        order_wm = np.full(n, MIN_TIMESTAMP, np.int64)
+    else:
+        order_wm = np.where(nulls, MIN_TIMESTAMP, wm.fillna(MIN_TIMESTAMP).astype("int64").to_numpy())
+        arrival = [None if u else int(w) for u, w in zip(nulls.tolist(), order_wm.tolist(), strict=True)]
+    src_codes, _ = pd.factorize(pdf["src"], sort=True)
+    order = np.lexsort((pdf["row"].to_numpy(), src_codes, order_wm))
+    if not (order[1:] > order[:-1]).all():
+        pdf = pdf.iloc[order]
+        if arrival is not None:
+            arrival = [arrival[i] for i in order.tolist()]
+    return InputColumns(
+        kbs=pdf["key"].tolist(), ids=pdf["id"].tolist(), ts=pdf["ts"].to_numpy(np.int64),
+        streams=pdf["stream"].tolist(), values=pdf["value"].tolist(), arrival=arrival,
+    )  # fmt: skip
