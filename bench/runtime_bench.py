@@ -137,9 +137,11 @@ class WindowCount(Computation):
 
 def run_millwheel(
     spark, files: Path, work: Path, per_trigger: int, intervals: int, strong: bool, layout: str = "intervals", comp: type[Computation] | None = None,
+    columnar: bool = False,
 ) -> tuple[float, Counter]:
     """One millwheel run; its output windows (``comp``, a computation without output: the
-    records it took in, processed and dead-lettered, from its metrics)."""
+    records it took in, processed and dead-lettered, from its metrics; ``columnar``: the
+    same count by ``computations.columnar_windowing.ColumnarWindowCounter``)."""
     from millwheel.runtime import RuntimeSettings, SparkRuntime
 
     root = work / "mw"
@@ -153,13 +155,21 @@ def run_millwheel(
     t = Topology("bench")
     t.injector("events", Finished())
     # named as the consumer the files are keyed for (``make_data``), whatever the class
-    t.computation(comp or WindowCount, name="WindowCount", inputs={"events": _query}, outputs=["counts"], options=opts)
+    if columnar:
+        from computations.columnar_windowing import ColumnarWindowCounter
+
+        params = {"window_ms": WINDOW, "output": "counts", "trailing_empty": 0}
+        t.computation(ColumnarWindowCounter, name="WindowCount", inputs={"events": _query}, outputs=["counts"], options=opts, params=params)
+    else:
+        t.computation(comp or WindowCount, name="WindowCount", inputs={"events": _query}, outputs=["counts"], options=opts)
     settings = RuntimeSettings(drain=True, intervals=intervals, max_files_per_trigger=per_trigger, poll_ms=50, heartbeat_ms=100, state_layout=layout)
     rt = SparkRuntime(t, str(root), settings, spark=spark, log=lambda m: None)
     started = time.perf_counter()
     progress = run_collecting(rt, timeout_s=1800, poll_s=settings.poll_ms / 1000).get("WindowCount", {})
     elapsed = time.perf_counter() - started
-    if comp is None:
+    if columnar:
+        got = Counter({(v["key"], v["window_start"]): v["count"] for v in rt.values("counts")})
+    elif comp is None:
         got = Counter({(k, w): c for k, w, c in rt.values("counts")})
     else:
         m = rt.computations["WindowCount"].metrics
@@ -183,15 +193,21 @@ def _breakdown(progress: dict[int, dict]) -> dict:
 
 
 # ------------------------------------------------------------------------------ native
-def run_native(spark, files: Path, work: Path, per_trigger: int) -> tuple[float, Counter]:
+def run_native(spark, files: Path, work: Path, per_trigger: int, dedup: bool = False) -> tuple[float, Counter]:
+    """Spark's own windowed count; ``dedup``: with ``dropDuplicatesWithinWatermark("id")``
+    first (native Spark's nearest to exactly-once input)."""
     from pyspark.sql import functions as F
 
-    out = work / "native"
+    out = work / ("native_dedup" if dedup else "native")
     shutil.rmtree(out, ignore_errors=True)
     df = (
-        spark.readStream.schema("ts long, query string").option("maxFilesPerTrigger", per_trigger).parquet(str(files))
+        spark.readStream.schema("id string, ts long, query string").option("maxFilesPerTrigger", per_trigger).parquet(str(files))
         .withColumn("t", F.timestamp_millis("ts")).withWatermark("t", "0 seconds")
-        .groupBy(F.window("t", "10 seconds"), "query").count()
+    )  # fmt: skip
+    if dedup:
+        df = df.dropDuplicatesWithinWatermark(["id"])
+    df = (
+        df.groupBy(F.window("t", "10 seconds"), "query").count()
         .select("query", (F.unix_millis(F.col("window.start"))).alias("w"), "count")
     )  # fmt: skip
 
@@ -314,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--variants", default="mw_strong,mw_unkeyed,mw_weak,mw_keys,native,tws")
     p.add_argument("--dispatch-only", action="store_true", help="only the in-process dispatch figures (no Spark)")
+    p.add_argument("--out", default=None, help="results file (default bench/results/runtime.json)")
+    p.add_argument("--no-dispatch", action="store_true", help="skip the in-process dispatch figures")
     p.add_argument("--work", default=str(ROOT / ".millwheel" / "bench"))
     args = p.parse_args(argv)
 
@@ -346,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
             "mw_noop": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, False, comp=floors["mw_noop"]),
             "mw_floor": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, False, comp=floors["mw_floor"]),
             "native": lambda: run_native(spark, files, work, args.per_trigger),
+            "native_dedup": lambda: run_native(spark, files, work, args.per_trigger, dedup=True),
+            "mw_col_strong": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, True, columnar=True),
+            "mw_col_weak": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, False, columnar=True),
             "tws": lambda: run_tws(spark, files, work, args.per_trigger),
         }
         times: dict[str, list[float]] = {v: [] for v in variants}
@@ -369,10 +390,13 @@ def main(argv: list[str] | None = None) -> int:
             return statistics.median(tb / ta for ta, tb in zip(times[a], times[b], strict=True))
 
         lines += ["| variant | median records/s | vs native | vs TWS |", "|---|---:|---:|---:|"]
+        lines[0] = "| variant | median records/s | vs native | vs native+dedup | vs TWS |"
+        lines[1] = "|---|---:|---:|---:|---:|"
         for v in variants:
             vs_native = f"{ratio(v, 'native'):.2f}x" if "native" in times else "-"
+            vs_dedup = f"{ratio(v, 'native_dedup'):.2f}x" if "native_dedup" in times else "-"
             vs_tws = f"{ratio(v, 'tws'):.2f}x" if "tws" in times else "-"
-            lines.append(f"| {v} | {rates[v]:,.0f} | {vs_native} | {vs_tws} |")
+            lines.append(f"| {v} | {rates[v]:,.0f} | {vs_native} | {vs_dedup} | {vs_tws} |")
         if "mw_strong" in times and "mw_weak" in times:
             lines.append("")
             lines.append(f"exactly-once + strong productions cost {ratio('mw_weak', 'mw_strong'):.2f}x the time of weak/no-dedup (median of per-pair ratios)")
@@ -383,11 +407,12 @@ def main(argv: list[str] | None = None) -> int:
         results["throughput"] = {
             "seconds": times, "records_per_s": {v: round(r) for v, r in rates.items()},
             "vs_native": {v: round(ratio(v, "native"), 3) for v in variants} if "native" in times else None,
+            "vs_native_dedup": {v: round(ratio(v, "native_dedup"), 3) for v in variants} if "native_dedup" in times else None,
             "vs_tws": {v: round(ratio(v, "tws"), 3) for v in variants} if "tws" in times else None,
             "breakdown": breakdowns,
         }  # fmt: skip
     results["dispatch"] = {}
-    for eo in (True, False):
+    for eo in (() if args.no_dispatch else (True, False)):
         d = dispatch(min(args.records, 1_000_000), args.keys, eo)
         results["dispatch"]["exactly_once" if eo else "no_dedup"] = d
         lines.append(
@@ -395,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
             f"({d['step_records_per_wall_s']:,} per wall s); bare dict loop {d['bare_records_per_cpu_s']:,} per CPU s"
         )
     print("\n".join(lines))
-    write_results(RESULTS, results)
+    write_results(Path(args.out) if args.out else RESULTS, results)
     return 0
 
 

@@ -57,14 +57,25 @@ def _keyed_frame(table: pa.Table) -> pa.Table:
     })  # fmt: skip
 
 
-def run(files: list[Path], intervals: int, profile: cProfile.Profile | None = None) -> dict[str, float]:
+def run(files: list[Path], intervals: int, profile: cProfile.Profile | None = None, columnar: bool = False) -> dict[str, float]:
     t = Topology("bench")
     t.injector("events", _finished())
-    t.computation(WindowCount, inputs={"events": _query}, outputs=["counts"])
+    if columnar:
+        from computations.columnar_windowing import ColumnarWindowCounter
+
+        params = {"window_ms": WINDOW, "output": "counts", "trailing_empty": 0}
+        t.computation(ColumnarWindowCounter, name="WindowCount", inputs={"events": _query}, outputs=["counts"], params=params)
+    else:
+        t.computation(WindowCount, inputs={"events": _query}, outputs=["counts"])
     spec = t.validate().computations["WindowCount"]
     key = make_keying("WindowCount", "events", spec.inputs["events"], intervals)
     keyer = Keyer.of(t, intervals)
-    step = IntervalStep(spec)
+    if columnar:
+        from millwheel.runtime._columnar import ColumnarIntervalStep
+
+        step: IntervalStep = ColumnarIntervalStep(spec)
+    else:
+        step = IntervalStep(spec)
     states = [MemoryGroupState() for _ in range(intervals)]
     per_batch = max(1, len(files) // 10)
     consumer_keying = producer_keying = stepping = 0.0
@@ -122,13 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--files", type=int, default=100)
     p.add_argument("--intervals", type=int, default=16)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--columnar", action="store_true", help="the columnar windowed count (ColumnarWindowCounter) instead")
     p.add_argument("--work", default=str(ROOT / ".millwheel" / "bench"))
     args = p.parse_args(argv)
     work = Path(args.work) / f"{args.records}-{args.keys}-{args.files}"
     keyed, _ = make_data(work, args.records, args.keys, args.files, args.intervals)
     files = sorted(f for f in keyed.iterdir() if f.suffix == ".parquet")
     prof = cProfile.Profile() if args.profile else None
-    r = run(files, args.intervals, prof)
+    r = run(files, args.intervals, prof, columnar=args.columnar)
     if prof is not None:
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
     n = r["records"]

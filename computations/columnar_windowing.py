@@ -50,14 +50,50 @@ class ColumnarWindowCounter(ColumnarComputation):
     def process_batch(self, batch: Batch) -> None:
         w = self.window_ms
         r = batch.records
-        start = r["timestamp"].to_numpy() // w * w
-        new = pd.DataFrame({"key": r["key"].to_numpy(), "start": start}).groupby(["key", "start"], sort=False).size().rename("count").reset_index()
+        keys = r["key"].array  # categorical: the call's keys
+        if not isinstance(keys, pd.Categorical):  # tuple keys: plain objects
+            self._process_batch_frames(batch)
+            return
+        starts = r["timestamp"].to_numpy() // w * w
         old = batch.state
         if len(old):
-            old = old[old["count"] >= 0]  # a record ends a key's run of empty buckets
+            old = old[old["count"].to_numpy() >= 0]  # a record ends a key's run of empty buckets
+        # (key code, bucket) pairs as one int64: buckets relative to the oldest, keys above them
+        codes = np.asarray(keys.codes, np.int64)
+        o_codes = np.asarray(old["key"].array.codes, np.int64) if len(old) else np.empty(0, np.int64)
+        o_starts = old["start"].to_numpy(np.int64) if len(old) else np.empty(0, np.int64)
+        lo = min(int(starts.min()), int(o_starts.min()) if len(o_starts) else int(starts.min()))
+        hi = max(int(starts.max()), int(o_starts.max()) if len(o_starts) else int(starts.max()))
+        span = (hi - lo) // w + 1
+        pair = codes * span + (starts - lo) // w
+        new_pairs, new_counts = np.unique(pair, return_counts=True)
+        if len(old):
+            all_pairs = np.concatenate([new_pairs, o_codes * span + (o_starts - lo) // w])
+            weights = np.concatenate([new_counts, old["count"].to_numpy(np.int64)])
+            pairs, inv = np.unique(all_pairs, return_inverse=True)
+            counts = np.bincount(inv, weights=weights).astype(np.int64)
+        else:
+            pairs, counts = new_pairs, new_counts
+        cats = keys.categories
+        state = pd.DataFrame({
+            "key": pd.Categorical.from_codes(pairs // span, categories=cats), "start": lo + pairs % span * w,
+            "count": counts, "empty_run": np.zeros(len(pairs), np.int64),
+        })  # fmt: skip
+        batch.set_state(state)
+        t_starts = lo + new_pairs % span * w
+        batch.set_timers(pd.Categorical.from_codes(new_pairs // span, categories=cats), [f"w{x}" for x in t_starts.tolist()], t_starts + w)
+
+    def _process_batch_frames(self, batch: Batch) -> None:
+        w = self.window_ms
+        r = batch.records
+        start = r["timestamp"].to_numpy() // w * w
+        new = pd.DataFrame({"key": r["key"].array, "start": start}).groupby(["key", "start"], sort=False, observed=True).size().rename("count").reset_index()
+        old = batch.state
+        if len(old):
+            old = old[old["count"] >= 0]
         if len(old):
             rows = pd.concat([old[["key", "start", "count"]], new], ignore_index=True)
-            rows = rows.groupby(["key", "start"], sort=False, as_index=False)["count"].sum()
+            rows = rows.groupby(["key", "start"], sort=False, as_index=False, observed=True)["count"].sum()
         else:
             rows = new
         rows["empty_run"] = 0
@@ -66,7 +102,7 @@ class ColumnarWindowCounter(ColumnarComputation):
         batch.set_timers(new["key"], [f"w{s}" for s in starts.tolist()], starts + w)
 
     def process_timers(self, batch: Batch, timers: pd.DataFrame) -> None:
-        if self.trailing_empty == 0:
+        if self.trailing_empty == 0 and isinstance(timers["key"].array, pd.Categorical):
             self._fire_vectorised(batch, timers)
         else:
             self._fire_per_key(batch, timers)
@@ -75,21 +111,33 @@ class ColumnarWindowCounter(ColumnarComputation):
     def _fire_vectorised(self, batch: Batch, timers: pd.DataFrame) -> None:
         w = self.window_ms
         st = batch.state
-        due = pd.DataFrame({"key": timers["key"].to_numpy(), "start": timers["timestamp"].to_numpy() - w, "ts": timers["timestamp"].to_numpy()})
+        keys = timers["key"].array
+        t_codes = np.asarray(keys.codes, np.int64)
+        t_ts = timers["timestamp"].to_numpy(np.int64)
+        t_starts = t_ts - w
+        counts = np.zeros(len(t_ts), np.int64)
         if len(st):
-            m = due.merge(st[st["count"] >= 0][["key", "start", "count"]], on=["key", "start"], how="left", sort=False)
-            counts = m["count"].fillna(0).astype("int64").to_numpy()
-        else:
-            counts = np.zeros(len(due), np.int64)
-        emit = counts > 0 if batch.low_watermark == MAX_TIMESTAMP else np.ones(len(due), np.bool_)
-        keys, starts, tss = due["key"].to_numpy()[emit], due["start"].to_numpy()[emit], due["ts"].to_numpy()[emit]
-        cnt = counts[emit]
-        values = [{"key": k, "window_start": s, "count": c} for k, s, c in zip(keys.tolist(), starts.tolist(), cnt.tolist(), strict=True)]
-        batch.produce(self.output, values, keys=keys, timestamps=tss)
+            s_codes = np.asarray(st["key"].array.codes, np.int64)
+            s_starts = st["start"].to_numpy(np.int64)
+            s_counts = st["count"].to_numpy(np.int64)
+            lo = min(int(t_starts.min()), int(s_starts.min()))
+            span = (max(int(t_starts.max()), int(s_starts.max())) - lo) // w + 1
+            s_pair = s_codes * span + (s_starts - lo) // w
+            t_pair = t_codes * span + (t_starts - lo) // w
+            order = np.argsort(s_pair)
+            pos = np.searchsorted(s_pair, t_pair, sorter=order).clip(max=len(s_pair) - 1)
+            hit = s_pair[order[pos]] == t_pair
+            valid = hit & (s_counts[order[pos]] >= 0)
+            counts[valid] = s_counts[order[pos]][valid]
+            fired = np.zeros(len(s_pair), np.bool_)
+            fired[order[pos[hit]]] = True
+        emit = counts > 0 if batch.low_watermark == MAX_TIMESTAMP else np.ones(len(t_ts), np.bool_)
+        e_keys = pd.Categorical.from_codes(t_codes[emit], categories=keys.categories)
+        starts, tss, cnt = t_starts[emit], t_ts[emit], counts[emit]
+        values = [{"key": k, "window_start": s, "count": c} for k, s, c in zip(e_keys.tolist(), starts.tolist(), cnt.tolist(), strict=True)]
+        batch.produce(self.output, values, keys=e_keys, timestamps=tss)
         if len(st):
-            fired = pd.MultiIndex.from_arrays([due["key"], due["start"]])
-            left = st[~pd.MultiIndex.from_arrays([st["key"], st["start"]]).isin(fired)]
-            batch.set_state(left)
+            batch.set_state(st[~fired])
 
     # ---- the per-record counter's timer logic, per key ---------------------------------
     def _fire_per_key(self, batch: Batch, timers: pd.DataFrame) -> None:

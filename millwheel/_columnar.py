@@ -37,10 +37,10 @@ and the dedup index — one atomic write per interval and micro-batch.
 >>> class Count(ColumnarComputation):
 ...     record_columns = ("key", "timestamp")            # values are not decoded
 ...     def process_batch(self, batch):
-...         n = batch.records.groupby("key", sort=False).size().rename("n").reset_index()
+...         n = batch.records.groupby("key", sort=False, observed=True).size().rename("n").reset_index()
 ...         old = batch.state
 ...         if len(old):
-...             n = pd.concat([n, old]).groupby("key", sort=False, as_index=False)["n"].sum()
+...             n = pd.concat([n, old]).groupby("key", sort=False, as_index=False, observed=True)["n"].sum()
 ...         batch.set_state(n)
 ...         batch.set_timers(n["key"], ["end"] * len(n), [1_000] * len(n))
 ...     def process_timers(self, batch, timers):
@@ -270,13 +270,51 @@ class ColumnarStore:
 
 
 # ------------------------------------------------------------------------------ user view
+def _to_pandas(t: pa.Table) -> pd.DataFrame:
+    """A table as a frame, column by column (cheaper than ``Table.to_pandas`` for small tables)."""
+    cols = {}
+    for name, col in zip(t.column_names, t.columns, strict=True):
+        if pa.types.is_integer(col.type) or pa.types.is_floating(col.type):
+            cols[name] = col.to_numpy() if col.null_count == 0 else col.to_pandas()
+        else:
+            cols[name] = col.to_pandas()
+    return pd.DataFrame(cols)
+
+
+def _categories(keys: list[Key]) -> pd.Index | None:
+    """The categories of a call's ``key`` columns: its keys (``None``: tuple keys, which a
+    pandas index would turn into levels; their columns stay plain objects)."""
+    if any(type(k) is tuple for k in keys):
+        return None
+    return pd.Index(keys, dtype=object)
+
+
+def _key_column(codes: np.ndarray, keys: list[Key], cats: pd.Index | None) -> Any:
+    if cats is None:
+        return [keys[c] for c in codes.tolist()]
+    return pd.Categorical.from_codes(codes, categories=cats)
+
+
+def _to_arrow(rows: pd.DataFrame) -> pa.Table:
+    """The non-key columns of ``rows`` as an Arrow table (numeric numpy columns without pandas' conversion machinery)."""
+    arrays, names = [], []
+    for name in rows.columns:
+        if name == "key":
+            continue
+        col = rows[name]
+        v = col.to_numpy() if col.dtype.kind in "iufb" else None
+        arrays.append(pa.array(v) if v is not None else pa.Array.from_pandas(col))
+        names.append(str(name))
+    return pa.Table.from_arrays(arrays, names=names)
+
+
 class Batch:
     """What a columnar computation sees in one call: records (or due timers) of some keys,
     their state, and the calls that change them. Changes apply when the call returns
     (all or nothing)."""
 
     __slots__ = (
-        "_runner", "_store", "_kbs", "_key_of", "_kb_of", "_rows", "_state_cache",
+        "_runner", "_store", "_kbs", "_key_of", "_kb_of", "_rows", "_state_cache", "_cats", "_kb_arr", "_keys",
         "low_watermark", "now", "_set_state", "_timer_ops", "_prod", "_holds",
     )  # fmt: skip
 
@@ -285,6 +323,9 @@ class Batch:
         self._store = store
         self._kbs = kbs
         self._key_of = key_of
+        self._keys = [key_of[kb] for kb in kbs]
+        self._cats = _categories(self._keys)
+        self._kb_arr = np.array(kbs + [b""], dtype=object)[:-1]  # an object array even if every key has one length
         self._kb_of: dict[Any, bytes] | None = None
         self._rows = rows
         self._state_cache: pd.DataFrame | None = None
@@ -305,8 +346,8 @@ class Batch:
 
     @property
     def keys(self) -> list[Key]:
-        """The keys of this call: those with records, or with due timers."""
-        return [self._key_of[kb] for kb in self._kbs]
+        """The keys of this call: those with records, or with due timers (the categories of the ``key`` columns)."""
+        return list(self._keys)
 
     @property
     def state(self) -> pd.DataFrame:
@@ -314,11 +355,12 @@ class Batch:
         if self._state_cache is None:
             t = self._store.state_rows(self._kbs)
             if t is None:
-                self._state_cache = pd.DataFrame({"key": pd.Series([], dtype=object)})
+                empty = np.empty(0, np.int64)
+                self._state_cache = pd.DataFrame({"key": _key_column(empty, self._keys, self._cats)})
             else:
-                df = t.drop_columns(["_kb"]).to_pandas()
-                key_of = self._key_of
-                df.insert(0, "key", [key_of[kb] for kb in t.column("_kb").to_pylist()])
+                df = _to_pandas(t.drop_columns(["_kb"]))
+                codes = pc.index_in(t.column("_kb"), value_set=pa.array(self._kbs, pa.binary())).to_numpy(zero_copy_only=False)
+                df.insert(0, "key", _key_column(codes.astype(np.int64), self._keys, self._cats))
                 self._state_cache = df
         return self._state_cache.copy()
 
@@ -326,16 +368,27 @@ class Batch:
         """Pending timers of this call's keys (``key, tag, timestamp, domain``), earliest first per key."""
         want = set(self._kbs)
         items = sorted(((kb, tag, ts, d) for (kb, tag), (ts, d) in self._store.timers.items() if kb in want), key=lambda x: (x[0], x[2], x[3], x[1]))
+        index = {kb: i for i, kb in enumerate(self._kbs)}
         return pd.DataFrame({
-            "key": [self._key_of[i[0]] for i in items], "tag": [i[1] for i in items],
+            "key": _key_column(np.array([index[i[0]] for i in items], np.int64), self._keys, self._cats), "tag": [i[1] for i in items],
             "timestamp": np.array([i[2] for i in items], np.int64), "domain": np.array([i[3] for i in items], np.int8),
         })  # fmt: skip
 
     # -- checks ----------------------------------------------------------------------
     def _kb(self, keys: Any, what: str) -> list[bytes]:
         """Encoded keys of ``keys``, each one of this call's keys."""
+        if isinstance(keys, (pd.Series, pd.Categorical, pd.CategoricalIndex)) and isinstance(keys.dtype, pd.CategoricalDtype) and self._cats is not None:
+            cat = keys.dtype.categories
+            if cat is self._cats or cat.equals(self._cats):
+                codes = np.asarray(keys.cat.codes if isinstance(keys, pd.Series) else keys.codes)
+                if len(codes) and codes.min() < 0:
+                    msg = f"columnar computation {self._runner.name!r}: {what}: a key is missing (NaN)"
+                    raise ComputationError(msg)
+                return self._kb_arr[codes].tolist()
+            keys = np.asarray(keys, dtype=object)
         if self._kb_of is None:
-            self._kb_of = {k: kb for kb, k in self._key_of.items() if kb in set(self._kbs)}
+            key_of = self._key_of
+            self._kb_of = {key_of[kb]: kb for kb in self._kbs}
         kb_of = self._kb_of
         out = []
         for k in keys.tolist() if hasattr(keys, "tolist") else list(keys):
@@ -377,7 +430,7 @@ class Batch:
         table = None
         if len(rows):
             try:
-                table = pa.Table.from_pandas(rows.drop(columns=["key"]), preserve_index=False)
+                table = _to_arrow(rows)
             except Exception as exc:
                 msg = f"columnar computation {self._runner.name!r}: set_state: the rows cannot be stored as Arrow columns: {type(exc).__name__}: {str(exc)[:200]}"
                 raise StateCodecError(msg) from None
@@ -537,7 +590,10 @@ class ColumnarRunner:
             for kb in set(kbs):
                 key_of[kb] = decode_key(kb)
             touched.update(key_of)
-            not_dead = np.fromiter((s != DEAD_LETTER_STREAM for s in recs.streams), np.bool_, n)
+            if DEAD_LETTER_STREAM in set(recs.streams):
+                not_dead = np.array([s != DEAD_LETTER_STREAM for s in recs.streams], np.bool_)
+            else:
+                not_dead = np.ones(n, np.bool_)
             if recs.arrival is None:
                 late_wm = np.full(n, lw, np.int64)
             else:
@@ -595,13 +651,16 @@ class ColumnarRunner:
         )  # fmt: skip
 
     # ---------------------------------------------------------------------------------
-    def _frame(self, recs: InputColumns, idx: np.ndarray, key_of: dict[bytes, Key]) -> pd.DataFrame:
+    def _frame(self, recs: InputColumns, idx: np.ndarray, key_of: dict[bytes, Key], order: list[bytes]) -> pd.DataFrame:
         il = idx.tolist()
         cols: dict[str, Any] = {}
         for name in self.record_columns:
             if name == "key":
                 kbs = recs.kbs
-                cols["key"] = [key_of[kbs[i]] for i in il]
+                index = {kb: i for i, kb in enumerate(order)}
+                keys = [key_of[kb] for kb in order]
+                codes = np.fromiter(map(index.__getitem__, [kbs[i] for i in il]), np.int64, len(il))
+                cols["key"] = _key_column(codes, keys, _categories(keys))
             elif name == "id":
                 ids = recs.ids
                 cols["id"] = [ids[i] for i in il]
@@ -661,7 +720,7 @@ class ColumnarRunner:
         kbs = recs.kbs
         order = list(dict.fromkeys(kbs[i] for i in idx.tolist()))
         try:
-            self._call(st, order, key_of, self._frame(recs, idx, key_of), None, lw, now, out)
+            self._call(st, order, key_of, self._frame(recs, idx, key_of, order), None, lw, now, out)
             return len(idx)
         except _CallFailed as failed:
             self._fail(failed.exc)
@@ -673,14 +732,14 @@ class ColumnarRunner:
         for kb, rows in per_key.items():
             sub = np.array(rows, np.int64)
             try:
-                self._call(st, [kb], key_of, self._frame(recs, sub, key_of), None, lw, now, out)
+                self._call(st, [kb], key_of, self._frame(recs, sub, key_of, [kb]), None, lw, now, out)
                 processed += len(rows)
                 continue
             except _CallFailed:
                 pass
             for i in rows:
                 try:
-                    self._call(st, [kb], key_of, self._frame(recs, np.array([i]), key_of), None, lw, now, out)
+                    self._call(st, [kb], key_of, self._frame(recs, np.array([i]), key_of, [kb]), None, lw, now, out)
                     processed += 1
                 except _CallFailed as failed:
                     v = recs.values[i]
@@ -774,8 +833,11 @@ class ColumnarRunner:
 
 
 def _timer_frame(items: list[tuple[bytes, str, int, int]], key_of: dict[bytes, Key]) -> pd.DataFrame:
+    order = list(dict.fromkeys(i[0] for i in items))
+    index = {kb: n for n, kb in enumerate(order)}
+    keys = [key_of[kb] for kb in order]
     return pd.DataFrame({
-        "key": [key_of[i[0]] for i in items], "tag": [i[1] for i in items],
+        "key": _key_column(np.fromiter((index[i[0]] for i in items), np.int64, len(items)), keys, _categories(keys)), "tag": [i[1] for i in items],
         "timestamp": np.fromiter((i[2] for i in items), np.int64, len(items)),
         "domain": np.fromiter((i[3] for i in items), np.int8, len(items)),
     })  # fmt: skip

@@ -199,12 +199,12 @@ class _ColumnarFussy(ColumnarComputation):
         if any(v.get("bad") for v in r["value"]):
             bad = next(i for i, v in zip(r["id"], r["value"], strict=True) if v.get("bad"))
             raise ValueError(f"bad record {bad}")
-        n = r.groupby("key", sort=False).size().rename("n").reset_index()
+        n = r.groupby("key", sort=False, observed=True).size().rename("n").reset_index()
         old = batch.state
         if len(old):
-            n = pd.concat([old, n]).groupby("key", sort=False, as_index=False)["n"].sum()
+            n = pd.concat([old, n]).groupby("key", sort=False, as_index=False, observed=True)["n"].sum()
         batch.set_state(n)
-        last = r.groupby("key", sort=False)["timestamp"].max()
+        last = r.groupby("key", sort=False, observed=True)["timestamp"].max()
         batch.set_timers(last.index, ["t"] * len(last), last.to_numpy() + 10)
 
     def process_timers(self, batch, timers):
