@@ -51,9 +51,12 @@ _encode = str.encode
 _MASK32 = np.uint64(0xFFFFFFFF)
 
 
-def fingerprints(ids: Sequence[str], kbs: Sequence[bytes]) -> np.ndarray:
-    """uint64 fingerprints of ``(id, encoded key)`` pairs: xxh3-64 of the id xor that of the key."""
+def fingerprints(ids: Sequence[str], kbs: Sequence[bytes], codes: np.ndarray | None = None, uniques: Sequence[bytes] | None = None) -> np.ndarray:
+    """uint64 fingerprints of ``(id, encoded key)`` pairs: xxh3-64 of the id xor that of the key
+    (``codes``/``uniques``: the keys already factorized, ``kbs[i] == uniques[codes[i]]``)."""
     fp = np.fromiter(map(_digest, map(_encode, ids)), np.uint64, len(ids))
+    if codes is not None and uniques is not None:
+        return fp ^ np.fromiter(map(_digest, uniques), np.uint64, len(uniques))[codes]
     keys = {kb: _digest(kb) for kb in set(kbs)}
     if len(keys) == 1:
         return fp ^ np.uint64(next(iter(keys.values())))
@@ -115,12 +118,11 @@ class ColumnarDedup:
             fps = fingerprints(ids, kbs)
         keep = np.ones(n, np.bool_)
         # repeats inside the batch: equal fingerprints, then the exact pair
-        _, first = np.unique(fps, return_index=True)
-        if len(first) != n:
+        srt = np.sort(fps)
+        same = srt[1:] == srt[:-1]
+        if same.any():
             seen: set[tuple[str, bytes]] = set()
-            dup_fp = np.ones(n, np.bool_)
-            dup_fp[first] = False
-            suspects = set(fps[dup_fp].tolist())
+            suspects = set(srt[1:][same].tolist())
             for i in np.flatnonzero(np.isin(fps, np.fromiter(suspects, np.uint64, len(suspects)))).tolist():
                 pair = (ids[i], kbs[i])
                 if pair in seen:
@@ -251,16 +253,17 @@ class ColumnarDedup:
         return d
 
 
-def chunk_stamps(kbs: Sequence[bytes], ts: np.ndarray, gc_interval_ms: int) -> np.ndarray:
+def chunk_stamps(kbs: Sequence[bytes], ts: np.ndarray, gc_interval_ms: int, codes: np.ndarray | None = None) -> np.ndarray:
     """The timestamp each new id is kept under, as the per-record path keeps it
     (``_envelope._chunks``): the newest timestamp among the same key's ids of the batch in
-    its ``gc_interval_ms`` bucket."""
+    its ``gc_interval_ms`` bucket (``codes``: the keys already factorized)."""
     n = len(ts)
     if n == 0:
         return ts
     width = max(1, gc_interval_ms)
     bucket = ts // width
-    codes, _ = pd.factorize(pd.Series(kbs, dtype=object))
+    if codes is None:
+        codes, _ = pd.factorize(pd.Series(kbs, dtype=object))
     b0, b1 = int(bucket.min()), int(bucket.max())
     if b0 == b1:
         group = codes

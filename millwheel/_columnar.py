@@ -587,7 +587,10 @@ class ColumnarRunner:
         horizon_wm = lw
         if n:
             kbs, ts = recs.kbs, recs.ts
-            for kb in set(kbs):
+            kcodes, uniques = pd.factorize(np.array(kbs + [b""], dtype=object)[:-1])  # codes in order of first appearance
+            kcodes = kcodes.astype(np.int64, copy=False)
+            uniq = uniques.tolist()
+            for kb in uniq:
                 key_of[kb] = decode_key(kb)
             touched.update(key_of)
             if DEAD_LETTER_STREAM in set(recs.streams):
@@ -604,8 +607,8 @@ class ColumnarRunner:
             late = ts < late_wm
             if opts.exactly_once:
                 # a late record is remembered under the watermark it was late for: a re-delivery is a duplicate
-                stamps = chunk_stamps(kbs, np.maximum(ts, late_wm), opts.dedup.gc_interval_ms)
-                keep = st.dedup.admit(recs.ids, kbs, stamps, stats, fingerprints(recs.ids, kbs))
+                stamps = chunk_stamps(kbs, np.maximum(ts, late_wm), opts.dedup.gc_interval_ms, kcodes)
+                keep = st.dedup.admit(recs.ids, kbs, stamps, stats, fingerprints(recs.ids, kbs, kcodes, uniq))
             else:
                 keep = np.ones(n, np.bool_)
             c["duplicates"] = int(n - keep.sum())
@@ -624,12 +627,16 @@ class ColumnarRunner:
                         enc = v if recs.encoded else encode_value(v)
                         dec = decode_value(v) if recs.encoded else v
                         out.add(opts.late.stream, kbs[i], key_of[kbs[i]], dec, enc, int(ts[i]), recs.ids[i])  # type: ignore[arg-type]
-            idx = np.flatnonzero(admit)
+            if admit.all():
+                idx, codes, order = np.arange(n), kcodes, uniq
+            else:
+                idx = np.flatnonzero(admit)
+                sub, present = pd.factorize(kcodes[idx])
+                codes, order = sub.astype(np.int64, copy=False), [uniq[k] for k in present.tolist()]
             if len(idx):
                 # grouped by key, keys in order of first appearance, each key's records in delivery order
-                codes, _ = pd.factorize(pd.Series([kbs[i] for i in idx.tolist()], dtype=object))
-                idx = idx[np.argsort(codes, kind="stable")]
-                c["processed"] += self._records(st, recs, idx, key_of, lw, now, out, dead)
+                srt = np.argsort(codes, kind="stable")
+                c["processed"] += self._records(st, recs, idx[srt], codes[srt], order, key_of, lw, now, out, dead)
         self._timers(st, key_of, lw, now, out, dead, c, touched)
         # ---- checkpoint ----
         if opts.exactly_once:
@@ -651,15 +658,16 @@ class ColumnarRunner:
         )  # fmt: skip
 
     # ---------------------------------------------------------------------------------
-    def _frame(self, recs: InputColumns, idx: np.ndarray, key_of: dict[bytes, Key], order: list[bytes]) -> pd.DataFrame:
+    def _frame(self, recs: InputColumns, idx: np.ndarray, key_of: dict[bytes, Key], order: list[bytes], codes: np.ndarray | None = None) -> pd.DataFrame:
         il = idx.tolist()
         cols: dict[str, Any] = {}
         for name in self.record_columns:
             if name == "key":
-                kbs = recs.kbs
-                index = {kb: i for i, kb in enumerate(order)}
                 keys = [key_of[kb] for kb in order]
-                codes = np.fromiter(map(index.__getitem__, [kbs[i] for i in il]), np.int64, len(il))
+                if codes is None:
+                    kbs = recs.kbs
+                    index = {kb: i for i, kb in enumerate(order)}
+                    codes = np.fromiter(map(index.__getitem__, [kbs[i] for i in il]), np.int64, len(il))
                 cols["key"] = _key_column(codes, keys, _categories(keys))
             elif name == "id":
                 ids = recs.ids
@@ -716,11 +724,14 @@ class ColumnarRunner:
         if self.options.on_error is ErrorPolicy.RAISE:
             raise exc
 
-    def _records(self, st: ColumnarStore, recs: InputColumns, idx: np.ndarray, key_of: dict[bytes, Key], lw: int, now: int, out: _Outputs, dead: list[Any]) -> int:
+    def _records(
+        self, st: ColumnarStore, recs: InputColumns, idx: np.ndarray, codes: np.ndarray, order: list[bytes], key_of: dict[bytes, Key],
+        lw: int, now: int, out: _Outputs, dead: list[Any],
+    ) -> int:  # fmt: skip
+        """The admitted records ``idx`` (grouped by key: ``codes`` into ``order``), in one call; on failure per key, then per record."""
         kbs = recs.kbs
-        order = list(dict.fromkeys(kbs[i] for i in idx.tolist()))
         try:
-            self._call(st, order, key_of, self._frame(recs, idx, key_of, order), None, lw, now, out)
+            self._call(st, order, key_of, self._frame(recs, idx, key_of, order, codes), None, lw, now, out)
             return len(idx)
         except _CallFailed as failed:
             self._fail(failed.exc)
@@ -751,13 +762,13 @@ class ColumnarRunner:
         budget = self.options.max_timer_fires_per_step
         fired: dict[bytes, int] = {}
         while st.timers:
-            due = [(kb, tag, ts, d) for (kb, tag), (ts, d) in st.timers.items() if ts <= (lw if d == _LW else now)]
+            due = [(kb, ts, d, tag) for (kb, tag), (ts, d) in st.timers.items() if ts <= (lw if d == _LW else now)]
             if not due:
                 return
-            due.sort(key=lambda x: (x[0], x[2], x[3], x[1]))
+            due.sort()  # per key, by timestamp, domain, tag
             firing = []
-            for item in due:
-                kb = item[0]
+            for kb, ts, d, tag in due:
+                item = (kb, tag, ts, d)
                 k = fired.get(kb, 0)
                 if k >= budget:
                     continue

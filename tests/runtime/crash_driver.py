@@ -54,11 +54,16 @@ class CountBySource(Computation):
         self.state.set(self.state.get(0) + 1)
 
 
-def build(kind: str, data: str, weak: bool, max_bytes: int = 64 << 20) -> Topology:
+def build(kind: str, data: str, weak: bool, max_bytes: int = 64 << 20, *, columnar: bool = False) -> Topology:
     t = Topology(kind)
     t.injector("queries", LogFileSource(data, finite=True, max_bytes_per_batch=max_bytes))
     if kind == "twostage":
-        t.computation(WindowCounter, inputs={"queries": lambda r: r.value["query"]}, outputs=["window_counts"], params={"trailing_empty": 0})
+        counter = WindowCounter
+        if columnar:  # the same count on the columnar path (issue 26), under the same name
+            from computations.columnar_windowing import ColumnarWindowCounter
+
+            counter = ColumnarWindowCounter
+        t.computation(counter, name="WindowCounter", inputs={"queries": lambda r: r.value["query"]}, outputs=["window_counts"], params={"trailing_empty": 0})
         t.computation(Tally, inputs={"window_counts": lambda r: r.value["window_start"]}, outputs=["tallies"])
     else:
         opts = ComputationOptions(strong_productions=not weak)
@@ -73,13 +78,14 @@ def main() -> int:
     p.add_argument("data")
     p.add_argument("kind", choices=["twostage", "stamp"])
     p.add_argument("--weak", action="store_true")
+    p.add_argument("--columnar", action="store_true", help="twostage: the columnar WindowCounter")
     p.add_argument("--dump")
     p.add_argument("--intervals", type=int, default=4)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--max-bytes", type=int, default=64 << 20, help="log bytes per injector batch")
     p.add_argument("--per-trigger", type=int, default=None, help="stream files per computation batch")
     args = p.parse_args()
-    topo = build(args.kind, args.data, args.weak, args.max_bytes)
+    topo = build(args.kind, args.data, args.weak, args.max_bytes, columnar=args.columnar)
     settings = RuntimeSettings(drain=True, intervals=args.intervals, master="local[2]", max_files_per_trigger=args.per_trigger)
     rt = SparkRuntime(topo, args.root, settings, log=lambda m: print(m, flush=True))
     rt.run(timeout_s=args.timeout)

@@ -20,6 +20,7 @@ from typing import Any
 
 from computations.anomalies import ANOMALIES, DipDetector, SpikeDetector
 from computations.model import ModelCalculator
+from computations.columnar_windowing import ColumnarWindowCounter
 from computations.windowing import WindowCounter
 from millwheel import (
     DEAD_LETTER_STREAM,
@@ -61,7 +62,8 @@ def build(data_dir: str | os.PathLike[str] | None = None, *, config: ZeitgeistCo
     t = Topology("zeitgeist")
     t.injector("queries", source)
     t.computation(
-        WindowCounter,
+        ColumnarWindowCounter if cfg.columnar_counter else WindowCounter,
+        name="WindowCounter",
         inputs={"queries": lambda r: r.value["query"]},
         outputs=["window_counts"],
         options=options,
