@@ -81,32 +81,49 @@ def _positions(fps: np.ndarray, m: int, k: int) -> np.ndarray:
 
 
 class ColumnarDedup:
-    """Record ids seen, with their key and timestamp, behind a Bloom filter; see the module docstring."""
+    """Record ids seen, with their key and timestamp, behind a Bloom filter; see the module docstring.
 
-    __slots__ = ("ids", "kbs", "ts", "sfp", "order", "bits", "m", "k", "capacity", "fpr", "fixed")
+    Rows are kept sorted by key (``kix``: an index into ``keys``, the encoded keys), each
+    key's in insertion order: a "maybe" compares the id with that key's ids only, and the
+    stored form (Arrow IPC, LZ4) compresses the key and timestamp columns to almost nothing.
+    """
+
+    __slots__ = ("ids", "kix", "ts", "keys", "key_index", "bits", "m", "k", "capacity", "fpr", "fixed")
 
     def __init__(self, fpr: float = 0.01, capacity: int | None = None) -> None:
         self.ids = pa.array([], pa.string())
-        self.kbs = pa.array([], pa.binary())
+        self.kix = np.empty(0, np.int32)
         self.ts = np.empty(0, np.int64)
-        #: fingerprints, sorted; ``order[i]``: the row (insertion order) of ``sfp[i]``
-        self.sfp = np.empty(0, np.uint64)
-        self.order = np.empty(0, np.int64)
+        self.keys: list[bytes] = []
+        self.key_index: dict[bytes, int] = {}
         self.fpr = fpr
         self.fixed = capacity is not None
         self.capacity = capacity or 0
         self.m, self.k = 0, 0
         self.bits = np.zeros(0, np.bool_)
         if self.fixed:
-            self._rebuild()
+            self._rebuild(np.empty(0, np.uint64))
 
     def __len__(self) -> int:
         return len(self.ts)
+
+    def _kix_of(self, kbs: Sequence[bytes], codes: np.ndarray | None = None, uniques: Sequence[bytes] | None = None) -> np.ndarray:
+        """Key indexes of ``kbs`` (new keys are added to the key table)."""
+        if codes is None or uniques is None:
+            c, u = pd.factorize(np.array([*kbs, b""], dtype=object)[:-1])
+            codes, uniques = c, u.tolist()
+        index = self.key_index
+        for kb in uniques:
+            if kb not in index:
+                index[kb] = len(self.keys)
+                self.keys.append(kb)
+        return np.fromiter(map(index.__getitem__, uniques), np.int32, len(uniques))[codes]
 
     # -- checking ------------------------------------------------------------------
     def admit(
         self, ids: Sequence[str], kbs: Sequence[bytes], timestamps: Sequence[int] | np.ndarray,
         stats: DedupStats | None = None, fps: np.ndarray | None = None,
+        codes: np.ndarray | None = None, uniques: Sequence[bytes] | None = None,
     ) -> np.ndarray:  # fmt: skip
         """Which ``(id, key)`` pairs are new (a bool array); the new ones are remembered
         with their timestamp. A pair repeated in the batch is new only the first time."""
@@ -116,6 +133,7 @@ class ColumnarDedup:
         stats = stats if stats is not None else DedupStats()
         if fps is None:
             fps = fingerprints(ids, kbs)
+        kix = self._kix_of(kbs, codes, uniques)
         keep = np.ones(n, np.bool_)
         # repeats inside the batch: equal fingerprints, then the exact pair
         srt = np.sort(fps)
@@ -130,60 +148,66 @@ class ColumnarDedup:
                 else:
                     seen.add(pair)
         if len(self.ts):
-            pos = _positions(fps, self.m, self.k)
-            maybe = self.bits[pos].all(axis=1) & keep
+            maybe = self.bits[_positions(fps, self.m, self.k)].all(axis=1) & keep
             if maybe.any():
                 idx = np.flatnonzero(maybe)
                 stats.bloom_maybe += len(idx)
-                cand = fps[idx]
-                lo = np.searchsorted(self.sfp, cand, "left")
-                hi = np.searchsorted(self.sfp, cand, "right")
-                for i, a, b in zip(idx.tolist(), lo.tolist(), hi.tolist(), strict=True):
-                    hit = False
-                    for row in self.order[a:b].tolist():
-                        if self.ids[row].as_py() == ids[i] and self.kbs[row].as_py() == kbs[i]:
-                            hit = True
-                            break
-                    if hit:
+                k_of = kix[idx]
+                lo = np.searchsorted(self.kix, k_of, "left")
+                hi = np.searchsorted(self.kix, k_of, "right")
+                kept_ids: dict[int, set[str]] = {}
+                for i, k, a, b in zip(idx.tolist(), k_of.tolist(), lo.tolist(), hi.tolist(), strict=True):
+                    known = kept_ids.get(k)
+                    if known is None:
+                        known = kept_ids[k] = set(self.ids.slice(a, b - a).to_pylist()) if b > a else set()
+                    if ids[i] in known:
                         keep[i] = False
                     else:
                         stats.bloom_false_positive += 1
-        self._insert(ids, kbs, np.asarray(timestamps, np.int64), fps, keep)
+        self._insert(ids, kix, np.asarray(timestamps, np.int64), fps, keep)
         return keep
 
     # -- writing -------------------------------------------------------------------
-    def _insert(self, ids: Sequence[str], kbs: Sequence[bytes], ts: np.ndarray, fps: np.ndarray, keep: np.ndarray) -> None:
+    def _insert(self, ids: Sequence[str], kix: np.ndarray, ts: np.ndarray, fps: np.ndarray, keep: np.ndarray) -> None:
         if keep.all():
-            new_ids, new_kbs, new_ts, new_fps = ids, kbs, ts, fps
+            sel = None
+            new_ids, new_kix, new_ts, new_fps = ids, kix, ts, fps
         else:
             sel = np.flatnonzero(keep)
             if not len(sel):
                 return
             new_ids = [ids[i] for i in sel.tolist()]
-            new_kbs = [kbs[i] for i in sel.tolist()]
-            new_ts, new_fps = ts[sel], fps[sel]
+            new_kix, new_ts, new_fps = kix[sel], ts[sel], fps[sel]
         base = len(self.ts)
-        self.ids = pa.concat_arrays([self.ids, pa.array(new_ids, pa.string())])
-        self.kbs = pa.concat_arrays([self.kbs, pa.array(new_kbs, pa.binary())])
-        self.ts = np.concatenate([self.ts, new_ts])
-        o = np.argsort(new_fps, kind="stable")
-        sorted_new = new_fps[o]
-        at = np.searchsorted(self.sfp, sorted_new, "right")
-        self.sfp = np.insert(self.sfp, at, sorted_new)
-        self.order = np.insert(self.order, at, o.astype(np.int64) + base)
+        o = np.argsort(new_kix, kind="stable")
+        at = np.searchsorted(self.kix, new_kix[o], "right")
+        # the merged order: old rows in place, new rows after their key's
+        perm = np.insert(np.arange(base, dtype=np.int64), at, o.astype(np.int64) + base)
+        ids_all = pa.concat_arrays([self.ids, pa.array(new_ids, pa.string())])
+        self.ids = ids_all.take(pa.array(perm))
+        self.kix = np.concatenate([self.kix, new_kix])[perm]
+        self.ts = np.concatenate([self.ts, new_ts])[perm]
         if not self.fixed and len(self.ts) > self.capacity:
-            self._rebuild()
+            self._rebuild(self._fingerprints())
         else:
-            self.bits[_positions(sorted_new, self.m, self.k).ravel()] = True
+            self.bits[_positions(new_fps, self.m, self.k).ravel()] = True
 
-    def _rebuild(self) -> None:
-        """A filter over every kept fingerprint (sized to twice the ids unless the capacity is fixed)."""
+    def _fingerprints(self) -> np.ndarray:
+        """Fingerprints of every kept id (for a rebuilt filter)."""
+        if not len(self.ts):
+            return np.empty(0, np.uint64)
+        fp = np.fromiter(map(_digest, map(_encode, self.ids.to_pylist())), np.uint64, len(self.ts))
+        key_fp = np.fromiter(map(_digest, self.keys), np.uint64, len(self.keys))
+        return fp ^ key_fp[self.kix]
+
+    def _rebuild(self, fps: np.ndarray) -> None:
+        """A filter over ``fps`` (sized to twice the ids unless the capacity is fixed)."""
         if not self.fixed:
             self.capacity = max(64, 2 * len(self.ts))
         self.m, self.k = bloom_size(self.capacity, self.fpr)
         self.bits = np.zeros(self.m, np.bool_)
-        if len(self.sfp):
-            self.bits[_positions(self.sfp, self.m, self.k).ravel()] = True
+        if len(fps):
+            self.bits[_positions(fps, self.m, self.k).ravel()] = True
 
     def collect(self, horizon: int, gc_interval_ms: int, stats: DedupStats | None = None, keys: Sequence[bytes] | None = None) -> None:
         """Collect ids older than ``horizon`` of each key (of ``keys``, default all) whose
@@ -192,65 +216,80 @@ class ColumnarDedup:
         if not len(self.ts) or horizon <= int(self.ts.min()) + gc_interval_ms:
             return
         stats = stats if stats is not None else DedupStats()
-        scope = np.ones(len(self.ts), np.bool_) if keys is None else pc.is_in(self.kbs, value_set=pa.array(list(keys), pa.binary())).to_numpy(zero_copy_only=False)
-        if not scope.any():
+        # each key's rows are one run of the sorted ``kix``
+        starts = np.flatnonzero(np.r_[True, self.kix[1:] != self.kix[:-1]])
+        run_keys = self.kix[starts]
+        mins = np.minimum.reduceat(self.ts, starts)
+        due = mins + gc_interval_ms < horizon
+        if keys is not None:
+            scope = np.zeros(len(self.keys), np.bool_)
+            scope[[self.key_index[kb] for kb in keys if kb in self.key_index]] = True
+            due &= scope[run_keys]
+        if not due.any():
             return
-        t = pa.table({"kb": self.kbs.filter(pa.array(scope)), "ts": self.ts[scope]})
-        mins = t.group_by("kb").aggregate([("ts", "min")])
-        due = pc.less(pc.add(mins.column("ts_min"), gc_interval_ms), horizon)
-        triggered = mins.column("kb").filter(due)
-        if not len(triggered):
-            return
-        stats.gc_runs += len(triggered)
-        drop = pc.is_in(self.kbs, value_set=triggered.combine_chunks()).to_numpy(zero_copy_only=False) & (self.ts < horizon)
+        stats.gc_runs += int(due.sum())
+        triggered = np.zeros(len(self.keys), np.bool_)
+        triggered[run_keys[due]] = True
+        drop = triggered[self.kix] & (self.ts < horizon)
         if not drop.any():
             return
         kept = ~drop
         stats.ids_collected += int(drop.sum())
-        sel = pa.array(np.flatnonzero(kept))
-        fps = np.empty(len(self.ts), np.uint64)
-        fps[self.order] = self.sfp  # insertion order
-        self.ids, self.kbs = self.ids.take(sel), self.kbs.take(sel)
-        self.ts, fps = self.ts[kept], fps[kept]
-        self.order = np.argsort(fps, kind="stable").astype(np.int64)
-        self.sfp = fps[self.order]
-        self._rebuild()
+        self.ids = self.ids.filter(pa.array(kept))
+        self.kix, self.ts = self.kix[kept], self.ts[kept]
+        self._compact_keys()
+        self._rebuild(self._fingerprints())
+
+    def _compact_keys(self) -> None:
+        """Drop keys without ids from the key table."""
+        used = np.unique(self.kix)
+        if len(used) == len(self.keys):
+            return
+        remap = np.full(len(self.keys), -1, np.int32)
+        remap[used] = np.arange(len(used), dtype=np.int32)
+        self.kix = remap[self.kix]
+        self.keys = [self.keys[i] for i in used.tolist()]
+        self.key_index = {kb: i for i, kb in enumerate(self.keys)}
 
     def keys_with_ids(self, keys: Sequence[bytes]) -> set[bytes]:
         """Which of ``keys`` have ids kept."""
         if not len(self.ts) or not keys:
             return set()
-        mask = pc.is_in(self.kbs, value_set=pa.array(list(keys), pa.binary()))
-        return set(pc.unique(self.kbs.filter(mask)).to_pylist())
-
+        present = np.zeros(len(self.keys), np.bool_)
+        present[self.kix] = True
+        return {kb for kb in keys if kb in self.key_index and present[self.key_index[kb]]}
 
     # -- storage -------------------------------------------------------------------
     def to_wire(self) -> list[Any] | None:
         if not len(self.ts):
             return None
-        batch = pa.RecordBatch.from_arrays([self.ids, self.kbs], ["id", "key"])
+        self._compact_keys()
+        batch = pa.RecordBatch.from_arrays([self.ids, pa.array(self.kix), pa.array(self.ts)], ["id", "kix", "ts"])
         sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, batch.schema) as w:
+        with pa.ipc.new_stream(sink, batch.schema, options=_IPC) as w:
             w.write_batch(batch)
-        return [
-            sink.getvalue().to_pybytes(), self.ts.tobytes(), self.sfp.tobytes(), self.order.tobytes(),
-            np.packbits(self.bits).tobytes(), self.m, self.k, self.capacity, self.fpr, self.fixed,
-        ]  # fmt: skip
+        return [sink.getvalue().to_pybytes(), self.keys, np.packbits(self.bits).tobytes(), self.m, self.k, self.capacity, self.fpr, self.fixed]
 
     @classmethod
     def from_wire(cls, wire: list[Any] | None, fpr: float = 0.01, capacity: int | None = None) -> ColumnarDedup:
         if wire is None:
             return cls(fpr, capacity)
-        ipc, ts, sfp, order, bits, m, k, cap, fpr_, fixed = wire
-        d = cls(fpr_, cap if fixed else None)
+        ipc, keys, bits, m, k, cap, fpr_, fixed = wire
+        d = cls.__new__(cls)
+        d.fpr, d.fixed = fpr_, fixed
         batch = pa.ipc.open_stream(ipc).read_next_batch()
-        d.ids, d.kbs = batch.column(0), batch.column(1)
-        d.ts = np.frombuffer(ts, np.int64).copy()
-        d.sfp = np.frombuffer(sfp, np.uint64).copy()
-        d.order = np.frombuffer(order, np.int64).copy()
+        d.ids = batch.column(0)
+        d.kix = batch.column(1).to_numpy()
+        d.ts = batch.column(2).to_numpy()
+        d.keys = list(keys)
+        d.key_index = {kb: i for i, kb in enumerate(d.keys)}
         d.m, d.k, d.capacity = m, k, cap
         d.bits = np.unpackbits(np.frombuffer(bits, np.uint8), count=m).astype(np.bool_)
         return d
+
+
+#: the stored ids, keys and timestamps compress well (sorted keys, near timestamps, id prefixes)
+_IPC = pa.ipc.IpcWriteOptions(compression="lz4")
 
 
 def chunk_stamps(kbs: Sequence[bytes], ts: np.ndarray, gc_interval_ms: int, codes: np.ndarray | None = None) -> np.ndarray:

@@ -608,7 +608,7 @@ class ColumnarRunner:
             if opts.exactly_once:
                 # a late record is remembered under the watermark it was late for: a re-delivery is a duplicate
                 stamps = chunk_stamps(kbs, np.maximum(ts, late_wm), opts.dedup.gc_interval_ms, kcodes)
-                keep = st.dedup.admit(recs.ids, kbs, stamps, stats, fingerprints(recs.ids, kbs, kcodes, uniq))
+                keep = st.dedup.admit(recs.ids, kbs, stamps, stats, fingerprints(recs.ids, kbs, kcodes, uniq), kcodes, uniq)
             else:
                 keep = np.ones(n, np.bool_)
             c["duplicates"] = int(n - keep.sum())
