@@ -4,6 +4,7 @@ The user API (this package) imports no pyspark; only ``millwheel.runtime`` does.
 """
 
 from millwheel._codec import DataclassCodec, MsgpackCodec, PickleCodec, StateCodec
+from millwheel._columnar import Batch, ColumnarComputation
 from millwheel._computation import Computation, KeyContext, State, TimerFamily
 from millwheel._deadletter import DEAD_LETTER_STREAM, DeadLetter, Stage
 from millwheel._errors import (
@@ -25,6 +26,8 @@ from millwheel._topology import InjectorSpec, SinkSpec, Topology
 __version__ = "0.1.0"
 
 __all__ = [
+    "Batch",
+    "ColumnarComputation",
     "Computation",
     "ComputationError",
     "ComputationOptions",

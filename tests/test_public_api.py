@@ -12,7 +12,7 @@ import millwheel.testing
 def test_exported_members_are_pinned():
     assert millwheel.__all__ == sorted(millwheel.__all__)
     assert set(millwheel.__all__) == {
-        "DEAD_LETTER_STREAM", "MAX_TIMESTAMP", "MIN_TIMESTAMP", "Computation", "ComputationError", "DeadLetter",
+        "Batch", "ColumnarComputation", "DEAD_LETTER_STREAM", "MAX_TIMESTAMP", "MIN_TIMESTAMP", "Computation", "ComputationError", "DeadLetter",
         "KeyContext", "KeyExtractorError", "LogFileSource", "RunError", "Stage", "file_time",
         "ComputationOptions", "DataclassCodec", "DedupOptions", "EnvelopeError", "ErrorPolicy",
         "HarnessError", "InjectorSpec", "LateAction", "LatePolicy", "MillwheelError", "MsgpackCodec",
@@ -41,7 +41,7 @@ def test_every_error_derives_from_the_root():
 
 def test_user_api_imports_no_pyspark():
     code = (
-        "import sys, millwheel, millwheel.testing, computations.windowing, computations.anomalies\n"
+        "import sys, millwheel, millwheel.testing, computations.windowing, computations.anomalies, computations.columnar_windowing\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j'))\n"
         "print(','.join(bad))\n"
     )
