@@ -31,8 +31,7 @@ import heapq
 import numpy as np
 import pandas as pd
 
-from millwheel import MAX_TIMESTAMP
-from millwheel._columnar import Batch, ColumnarComputation
+from millwheel import MAX_TIMESTAMP, Batch, ColumnarComputation
 
 _STATE_COLUMNS = ["key", "start", "count", "empty_run"]
 

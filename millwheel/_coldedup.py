@@ -41,7 +41,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import xxhash
 
 from millwheel._envelope import DedupStats

@@ -69,7 +69,13 @@ import pyarrow.compute as pc
 from millwheel._codec import decode_value, encode_value
 from millwheel._coldedup import ColumnarDedup, chunk_stamps, fingerprints
 from millwheel._computation import Computation
-from millwheel._deadletter import DEAD_LETTER_STREAM, DeadLetter, Stage, dead_letter_record, reason_of
+from millwheel._deadletter import (
+    DEAD_LETTER_STREAM,
+    DeadLetter,
+    Stage,
+    dead_letter_record,
+    reason_of,
+)
 from millwheel._envelope import DedupStats
 from millwheel._errors import ComputationError, EnvelopeError, StateCodecError
 from millwheel._options import ComputationOptions, ErrorPolicy, LateAction
@@ -82,7 +88,6 @@ from millwheel._record import (
     TimeDomain,
     Timer,
     decode_key,
-    encode_key,
     key_problem,
     production_time,
     short_repr,
@@ -191,8 +196,8 @@ class ColumnarStore:
         table = None if state is None else pa.ipc.open_stream(state).read_all()
         return cls(
             state=table,
-            timers=dict(zip(zip(tkb, ttag), zip(tts, td))),
-            meta=dict(zip(mk, mv)),
+            timers=dict(zip(zip(tkb, ttag, strict=True), zip(tts, td, strict=True), strict=True)),
+            meta=dict(zip(mk, mv, strict=True)),
             pending=pending,
             dedup=ColumnarDedup.from_wire(dd, dd_opts.bloom_fpr, dd_opts.bloom_capacity),
         )
@@ -245,7 +250,6 @@ class ColumnarStore:
             if m[1] is not None and (hold is None or m[1] < hold):
                 hold = m[1]
         if self.timers:
-            ts = np.fromiter((v[0] for v in self.timers.values()), np.float64, len(self.timers))
             d = np.fromiter((v[1] for v in self.timers.values()), np.int8, len(self.timers))
             lw = d == _LW
             if lw.any():
@@ -706,9 +710,9 @@ class ColumnarRunner:
         timers_d = st.timers
         for op, tkbs, tags, tss, d in batch._timer_ops:
             if op == "set":
-                timers_d.update(zip(zip(tkbs, tags), [(t, d) for t in tss]))
+                timers_d.update(zip(zip(tkbs, tags, strict=True), [(t, d) for t in tss], strict=True))
             else:
-                for k in zip(tkbs, tags):
+                for k in zip(tkbs, tags, strict=True):
                     timers_d.pop(k, None)
         for kb, t in batch._holds.items():
             m = st.meta.get(kb)

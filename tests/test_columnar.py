@@ -155,7 +155,7 @@ def test_saturated_filter_falls_back_to_exact_ids():
     seen: set[tuple[str, bytes]] = set()
     rng = random.Random(9)
     dropped_new = 0
-    for b in range(20):
+    for _ in range(20):
         ids = [f"x{rng.randrange(2_000)}" for _ in range(100)]
         kbs = [b"k"] * len(ids)
         keep = d.admit(ids, kbs, np.zeros(len(ids), np.int64), stats).tolist()
@@ -183,13 +183,15 @@ def test_dedup_collects_ids_behind_the_horizon():
 class _Fussy(Computation):
     def process_record(self, record):
         if record.value.get("bad"):
-            raise ValueError(f"bad record {record.id}")
+            msg = f"bad record {record.id}"
+            raise ValueError(msg)
         self.state.set((self.state.get() or 0) + 1)
         self.set_timer("t", record.timestamp + 10)
 
     def process_timer(self, timer):
         if self.key == "boom":
-            raise RuntimeError("timer failed")
+            msg = "timer failed"
+            raise RuntimeError(msg)
         self.produce("out", (self.key, self.state.get()))
 
 
@@ -198,7 +200,8 @@ class _ColumnarFussy(ColumnarComputation):
         r = batch.records
         if any(v.get("bad") for v in r["value"]):
             bad = next(i for i, v in zip(r["id"], r["value"], strict=True) if v.get("bad"))
-            raise ValueError(f"bad record {bad}")
+            msg = f"bad record {bad}"
+            raise ValueError(msg)
         n = r.groupby("key", sort=False, observed=True).size().rename("n").reset_index()
         old = batch.state
         if len(old):
@@ -209,7 +212,8 @@ class _ColumnarFussy(ColumnarComputation):
 
     def process_timers(self, batch, timers):
         if "boom" in set(timers["key"]):
-            raise RuntimeError("timer failed")
+            msg = "timer failed"
+            raise RuntimeError(msg)
         s = batch.state.set_index("key")["n"]
         keys = timers["key"].tolist()
         batch.produce("out", [(k, int(s[k])) for k in keys], keys=keys, timestamps=timers["timestamp"].to_numpy())

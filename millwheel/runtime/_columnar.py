@@ -25,10 +25,11 @@ import numpy as np
 import pandas as pd
 
 from millwheel._columnar import ColumnarRunner, InputColumns, is_columnar
+from millwheel._counters import StepMetrics
 from millwheel._errors import RunError
 from millwheel._record import MIN_TIMESTAMP, Record
 from millwheel._topology import ComputationSpec
-from millwheel.runtime._interval import STEP_METRICS, IntervalBatch, IntervalStep
+from millwheel.runtime._interval import IntervalBatch, IntervalStep
 from millwheel.runtime._keying import wants_dead_letters
 from millwheel.runtime._wire import RowKind, from_spark, timer_timeout
 
@@ -79,9 +80,7 @@ class ColumnarIntervalStep(IntervalStep):
         recs = _input(parts)
         store = state.get[0] if state.exists else None
         res = self.columnar().run(store, recs, low_watermark=batch.low_watermark, now=batch.now)
-        totals = batch.totals
-        for name in STEP_METRICS:
-            totals[name] += res.metrics[name]
+        batch.totals.add(StepMetrics(**res.metrics))
         for p in res.dead_letters:
             batch.out.add_production(p)
         if res.store is not None:

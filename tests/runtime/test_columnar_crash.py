@@ -16,7 +16,7 @@ from millwheel.runtime._fs import Location
 from millwheel.runtime._streams import FileStreamLog
 
 from ._procs import kill_a_worker, kill_group, start, wait_for_progress, write_logs
-from .test_crash import N, PACING, _expected
+from .test_crash import PACING, N, _expected
 
 pytestmark = pytest.mark.spark
 

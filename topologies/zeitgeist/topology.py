@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from computations.anomalies import ANOMALIES, DipDetector, SpikeDetector
-from computations.model import ModelCalculator
 from computations.columnar_windowing import ColumnarWindowCounter
+from computations.model import ModelCalculator
 from computations.windowing import WindowCounter
 from millwheel import (
     DEAD_LETTER_STREAM,
