@@ -52,10 +52,12 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 from _spark_bench import Finished, run_collecting, write_results  # noqa: E402
 
-from millwheel import Computation, ComputationOptions, Record, Topology  # noqa: E402
+from millwheel import Computation, ComputationOptions, DedupOptions, Record, Topology  # noqa: E402
 from millwheel._step import StepRunner  # noqa: E402
 
 WINDOW = 10_000
+#: how long record ids are kept for exactly-once (``DedupOptions.slack_ms``; ``--slack-ms``)
+SLACK_MS = DedupOptions().slack_ms
 START = 1_700_000_000_000
 
 
@@ -151,7 +153,7 @@ def run_millwheel(
     for f in files.iterdir():
         if f.suffix == ".parquet":
             os.link(f, dest / f.name)
-    opts = ComputationOptions() if strong else ComputationOptions(exactly_once=False, strong_productions=False)
+    opts = ComputationOptions(dedup=DedupOptions(slack_ms=SLACK_MS)) if strong else ComputationOptions(exactly_once=False, strong_productions=False)
     t = Topology("bench")
     t.injector("events", Finished())
     # named as the consumer the files are keyed for (``make_data``), whatever the class
@@ -330,10 +332,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--variants", default="mw_strong,mw_unkeyed,mw_weak,mw_keys,native,tws")
     p.add_argument("--dispatch-only", action="store_true", help="only the in-process dispatch figures (no Spark)")
+    p.add_argument("--slack-ms", type=int, default=DedupOptions().slack_ms, help="exactly-once id horizon (DedupOptions.slack_ms)")
     p.add_argument("--out", default=None, help="results file (default bench/results/runtime.json)")
     p.add_argument("--no-dispatch", action="store_true", help="skip the in-process dispatch figures")
     p.add_argument("--work", default=str(ROOT / ".millwheel" / "bench"))
     args = p.parse_args(argv)
+    global SLACK_MS  # noqa: PLW0603 - a command's setting, read by run_millwheel
+    SLACK_MS = args.slack_ms
 
     results: dict = {"args": vars(args)}
     if args.dispatch_only and RESULTS.exists():

@@ -273,3 +273,17 @@ def test_dedup_option_is_honoured():
     h.finish("q")
     h.run()
     assert [v["count"] for v in h.values("window_counts")] == [2]
+
+
+def test_harness_seeds_and_inspects_columnar_state():
+    h = Harness.for_computation(ColumnarWindowCounter, inputs={"q": lambda r: r.value}, outputs=["window_counts"], params={"trailing_empty": 0})
+    h.set_state("ColumnarWindowCounter", "cats", pd.DataFrame({"start": [1_000], "count": [5], "empty_run": [0]}))
+    h.inject("q", [h.record("cats", 1_100, id="x"), h.record("dogs", 1_200, id="y")])
+    h.run()
+    assert h.state("ColumnarWindowCounter", "cats")["count"].tolist() == [6]
+    assert h.dedup_ids("ColumnarWindowCounter", "cats") == {"x"}
+    h.advance_watermark("q", 2_000)
+    h.process("ColumnarWindowCounter", deliver=False)
+    assert [p.record.value["count"] for p in h.pending_productions("ColumnarWindowCounter", "cats")] == [6]
+    h.run()
+    assert sorted((v["key"], v["count"]) for v in h.values("window_counts")) == [("cats", 6), ("dogs", 1)]

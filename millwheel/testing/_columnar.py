@@ -13,10 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from millwheel._columnar import ColumnarRunner, ColumnarStore, InputColumns, is_columnar
+from millwheel._columnar import ColumnarRunner, ColumnarStore, InputColumns, _to_arrow, is_columnar
 from millwheel._counters import StepMetrics
-from millwheel._record import Key, TimeDomain, Timer, decode_key, encode_key
+from millwheel._errors import HarnessError
+from millwheel._record import Key, TimeDomain, Timer, decode_key, encode_key, key_problem
 
 if TYPE_CHECKING:
     from millwheel.testing._harness import Crash, Harness
@@ -97,6 +100,32 @@ class ColumnarSide:
         df = t.drop_columns(["_kb"]).to_pandas()
         df.insert(0, "key", [key] * len(df))
         return df
+
+    def set_state(self, key: Key, rows: pd.DataFrame | None) -> None:
+        """Seed (or replace) one key's state rows (``None``: clear them); the rest is kept."""
+        why = key_problem(key)
+        if why is not None:
+            msg = f"set_state({self.name!r}, ...): {why}"
+            raise HarnessError(msg)
+        if rows is not None and (not isinstance(rows, pd.DataFrame) or "key" in rows.columns):
+            msg = f"set_state({self.name!r}, key, rows): a columnar computation's state is a DataFrame of its columns, without 'key'"
+            raise HarnessError(msg)
+        st = ColumnarStore.decode(self.store, self.runner.options)
+        kb = encode_key(key)
+        if st.state is not None and st.state.num_rows:
+            st.state = st.state.filter(pc.invert(pc.equal(st.state.column("_kb"), pa.scalar(kb, pa.binary()))))
+        if rows is not None and len(rows):
+            table = _to_arrow(rows).add_column(0, "_kb", pa.array([kb] * len(rows), pa.binary()))
+            st.state = table if st.state is None or not st.state.num_rows else pa.concat_tables([st.state, table], promote_options="permissive")
+        self.store = st.encode()
+
+    def dedup_ids(self, key: Key) -> set[str]:
+        """The ids ``key`` still remembers."""
+        d = ColumnarStore.decode(self.store, self.runner.options).dedup
+        k = d.key_index.get(encode_key(key))
+        if k is None:
+            return set()
+        return set(d.ids.filter(pa.array(d.kix == k)).to_pylist())
 
     def timers(self, key: Key) -> list[Timer]:
         kb = encode_key(key)

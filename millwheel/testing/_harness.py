@@ -547,6 +547,8 @@ class Harness:
         clears it); its timers, pending productions and dedup ids are kept. As Spark's
         ``TwsTester.setValueState``: the value is stored with the computation's codec."""
         runner = self._runner(computation)
+        if computation in self._columnar:
+            return self._columnar[computation].set_state(key, value)
         why = key_problem(key)
         if why is not None:
             msg = f"set_state({computation!r}, ...): {why}"
@@ -558,6 +560,8 @@ class Harness:
 
     def dedup_ids(self, computation: str, key: Key) -> set[str]:
         """The record ids one key still remembers for exactly-once delivery (§6.1.1)."""
+        if computation in self._columnar:
+            return self._columnar[computation].dedup_ids(key)
         return set(self._envelope(computation, key).dedup.ids())
 
     def timers(self, computation: str, key: Key) -> list[Timer]:
@@ -571,6 +575,8 @@ class Harness:
     def pending_productions(self, computation: str, key: Key) -> list[Production]:
         """Strong productions checkpointed for one key and not yet acknowledged."""
         self._runner(computation)
+        if computation in self._columnar:
+            return [p for p in self._columnar[computation].pending() if p.record.key == key]
         return pending_productions(self._envelopes[computation].get(key))
 
     def metrics(self, computation: str) -> dict[str, int]:
