@@ -87,8 +87,8 @@ from millwheel._record import (
 )
 from millwheel._step import StepRunner, acknowledge, pending_productions
 from millwheel._topology import KeyExtractor, Topology
-from millwheel.testing._index import MinIndex
 from millwheel.testing._columnar import columnar_sides
+from millwheel.testing._index import MinIndex
 
 
 class Crash(enum.Enum):
