@@ -30,13 +30,12 @@ from millwheel._counters import StepMetrics
 from millwheel._delivery import low_watermark
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel._topology import ComputationSpec
+from millwheel.runtime._columnar import interval_step_class
 from millwheel.runtime._context import DriverContext
 from millwheel.runtime._fs import Location
-from millwheel.runtime._columnar import interval_step_class
 from millwheel.runtime._interval import (
     KEYING_RESULT,
     KEYING_STAGE_NEEDED,
-    IntervalStep,
     make_keying,
 )
 from millwheel.runtime._keying import Keyer, key_columns
