@@ -15,11 +15,23 @@ import json
 import random
 from collections import Counter
 
+import pandas as pd
 import pytest
 
 from computations.columnar_windowing import ColumnarWindowCounter
 from computations.windowing import WindowCounter
-from millwheel import ComputationOptions, LatePolicy, LogFileSource, Stage, Topology
+from millwheel import (
+    MAX_TIMESTAMP,
+    ColumnarComputation,
+    ComputationOptions,
+    ErrorPolicy,
+    LatePolicy,
+    LogFileSource,
+    Record,
+    SampleSource,
+    Stage,
+    Topology,
+)
 from millwheel.runtime import RuntimeSettings, SparkRuntime
 from millwheel.runtime._columnar import interval_step_class
 from millwheel.testing import Harness
@@ -128,3 +140,44 @@ def test_a_columnar_computation_refuses_the_per_key_layout():
     t = topology(".", ColumnarWindowCounter)
     with pytest.raises(Exception, match="interval-row layout only"):
         interval_step_class(t.computations["Counter"], "keys")
+
+
+class Picky(ColumnarComputation):
+    """Counts per user; a record whose value says ``boom`` raises, failing its whole call."""
+
+    def process_batch(self, batch):
+        r = batch.records
+        if any(v.get("boom") for v in r["value"]):
+            msg = "boom in this batch"
+            raise ValueError(msg)
+        n = r.groupby("key", observed=True).size().rename("n").reset_index()
+        rows = pd.concat([batch.state, n]).groupby("key", observed=True, as_index=False)["n"].sum()
+        batch.set_state(rows.astype({"n": "int64"}))
+        batch.set_timers(rows["key"], ["end"] * len(rows), [MAX_TIMESTAMP] * len(rows))
+
+    def process_timers(self, batch, timers):
+        s = batch.state
+        batch.produce("totals", [{"user": k, "n": n} for k, n in zip(s["key"].tolist(), s["n"].tolist(), strict=True)], keys=s["key"], timestamps=[T0] * len(s))
+
+
+def test_a_failing_record_is_dead_lettered_on_spark_as_in_the_harness(tmp_path, spark):
+    """A call that raises falls back per key, then per record: only the failing record is
+    dead-lettered (with the per-record path's id), the key keeps its other records."""
+    recs = [Record(None, {"user": f"u{i % 3}", "boom": i == 4}, T0 + i, f"r{i}") for i in range(12)]
+
+    def topo():
+        t = Topology("picky")
+        t.injector("clicks", SampleSource(recs))
+        t.computation(Picky, inputs={"clicks": lambda r: r.value["user"]}, outputs=["totals"], options=ComputationOptions(on_error=ErrorPolicy.DEAD_LETTER))
+        t.sink("totals")
+        return t
+
+    h = Harness(topo(), raise_errors=False)
+    h.run_sources()
+    rt = SparkRuntime(topo(), str(tmp_path / "run"), RuntimeSettings(drain=True, intervals=2), spark=spark)
+    rt.run(timeout_s=600)
+    assert _records(rt.output("totals")) == _records(h.output("totals"))
+    assert sorted((v["user"], v["n"]) for v in rt.values("totals")) == [("u0", 4), ("u1", 3), ("u2", 4)]
+    dead = [(d.id, d.value.stage, d.value.record.id, d.value.reason) for d in rt.dead_letters()]
+    assert dead == [(d.id, d.value.stage, d.value.record.id, d.value.reason) for d in h.dead_letters()]
+    assert [(s, rid, reason) for _, s, rid, reason in dead] == [(Stage.PROCESS_RECORD, "r4", "ValueError: boom in this batch")]
