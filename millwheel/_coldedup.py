@@ -84,7 +84,7 @@ class ColumnarDedup:
 
     Rows are kept sorted by key (``kix``: an index into ``keys``, the encoded keys), each
     key's in insertion order: a "maybe" compares the id with that key's ids only, and the
-    stored form (Arrow IPC, LZ4) compresses the key and timestamp columns to almost nothing.
+    stored form (Arrow IPC, zstd) compresses the key and timestamp columns to almost nothing.
     """
 
     __slots__ = ("ids", "kix", "ts", "keys", "key_index", "bits", "m", "k", "capacity", "fpr", "fixed")
@@ -287,8 +287,9 @@ class ColumnarDedup:
         return d
 
 
-#: the stored ids, keys and timestamps compress well (sorted keys, near timestamps, id prefixes)
-_IPC = pa.ipc.IpcWriteOptions(compression="lz4")
+#: the stored ids, keys and timestamps compress well (sorted keys, near timestamps, id prefixes);
+#: zstd at level 1 stores ids a third smaller than LZ4, and writes as fast
+_IPC = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=1))
 
 
 def chunk_stamps(kbs: Sequence[bytes], ts: np.ndarray, gc_interval_ms: int, codes: np.ndarray | None = None) -> np.ndarray:
