@@ -1,4 +1,4 @@
-"""``ColumnarWindowCounter``: ``computations.windowing.WindowCounter`` as a columnar computation (issue 26).
+"""``ColumnarWindowCounter``: ``computations.windowing.WindowCounter`` as a columnar computation (``millwheel/_columnar.py``).
 
 The same counts per key and ``window_ms`` bucket, the same productions
 (``{"key", "window_start", "count"}`` at the bucket's end, with the same ids: per key,

@@ -1,4 +1,4 @@
-"""Vectorised exactly-once dedup for columnar computations (MillWheel §6.1.1, issue 26).
+"""Vectorised exactly-once dedup for columnar computations (MillWheel §6.1.1).
 
 The per-record path (``_envelope.DedupIndex``) keeps one id list and one Bloom filter per
 key. A columnar computation keeps one :class:`ColumnarDedup` per key interval (the

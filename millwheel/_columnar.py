@@ -1,4 +1,4 @@
-"""Columnar computations: a micro-batch of many keys as columns, inside the exactly-once envelope (issue 26).
+"""Columnar computations: a micro-batch of many keys as columns, inside the exactly-once envelope.
 
 The per-record contract (``process_record`` once per record, ``process_timer`` once per
 timer, ``_step.py``) costs Python work per record and per key. A

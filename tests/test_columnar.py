@@ -1,4 +1,4 @@
-"""Columnar computations (issue 26): the same answers as the per-record path, in the harness.
+"""Columnar computations: the same answers as the per-record path, in the harness.
 
 * ``ColumnarWindowCounter`` against ``WindowCounter``: the same productions, ids included,
   and the same counters, on data with duplicates, disorder and late records;

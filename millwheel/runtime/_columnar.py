@@ -1,4 +1,4 @@
-"""The Spark side of columnar computations (``millwheel/_columnar.py``, issue 26).
+"""The Spark side of columnar computations (``millwheel/_columnar.py``).
 
 Same query, same mapping (``applyInPandasWithState`` over key intervals, the interval's
 GroupState row, the outbox): only the worker function differs. Where

@@ -278,7 +278,7 @@ class ComputationQuery:
                 statefulProcessor=processor, outputStructType=processor.owner.out_schema(), outputMode="Append", timeMode="EventTime",
             )  # fmt: skip
         else:
-            # a columnar computation (issue 26) has its own interval function: ``_columnar.py``
+            # a columnar computation has its own interval function: ``_columnar.py``
             step = interval_step_class(self.spec)(self.spec, pipeline=self.rt.pipeline_id, registry=settings.registry, keyer=keyer, groups=self.rt.groups)
             out = union.groupBy("group").applyInPandasWithState(
                 step, step.out_schema(), STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout,

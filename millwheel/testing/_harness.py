@@ -163,7 +163,7 @@ class Harness:
         self._metrics: dict[str, StepMetrics] = {n: StepMetrics() for n in topology.computations}
         self._injected = 0
         self._closed = False
-        #: columnar computations (issue 26): their store and rounds, ``testing/_columnar.py``
+        #: columnar computations: their store and rounds, ``testing/_columnar.py``
         self._columnar = columnar_sides(self)
 
     @classmethod

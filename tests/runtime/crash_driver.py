@@ -59,7 +59,7 @@ def build(kind: str, data: str, weak: bool, max_bytes: int = 64 << 20, *, column
     t.injector("queries", LogFileSource(data, finite=True, max_bytes_per_batch=max_bytes))
     if kind == "twostage":
         counter = WindowCounter
-        if columnar:  # the same count on the columnar path (issue 26), under the same name
+        if columnar:  # the same count on the columnar path (``millwheel/_columnar.py``), under the same name
             from computations.columnar_windowing import ColumnarWindowCounter
 
             counter = ColumnarWindowCounter

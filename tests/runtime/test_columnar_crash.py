@@ -1,4 +1,4 @@
-"""Crash test of a columnar computation (issue 26): ``tests/runtime/test_crash.py``'s two-stage
+"""Crash test of a columnar computation (``millwheel/_columnar.py``): ``tests/runtime/test_crash.py``'s two-stage
 topology with ``ColumnarWindowCounter`` as its counter, over 100k records, through an injected
 crash after the outbox is written, a kill -9 of the driver and one of a Python worker; the
 final output equals the pandas answer, with no duplicate and no loss.

@@ -1,4 +1,4 @@
-"""Differential test of a columnar computation (issue 26): harness vs local Spark vs the
+"""Differential test of a columnar computation (``millwheel/_columnar.py``): harness vs local Spark vs the
 per-record computation vs a plain batch count of the same log lines.
 
 The logs: three files named by their time, queries out of order inside a file and across

@@ -35,8 +35,8 @@ class ZeitgeistConfig:
     trailing_empty: int = 10
     #: how long record ids are kept for exactly-once (§6.1.1): beyond any redelivery delay
     dedup_slack_ms: int = 30_000
-    #: run the window counter on the columnar path (``computations.columnar_windowing``,
-    #: issue 26): the same productions; opt-in until the default has been evaluated
+    #: run the window counter on the columnar path (``computations.columnar_windowing``):
+    #: the same productions; opt-in until the default has been evaluated
     columnar_counter: bool = False
 
 

@@ -1,5 +1,5 @@
-"""Zeitgeist with its window counter on the columnar path (``ZeitgeistConfig(columnar_counter=True)``,
-issue 26): the same window counts (ids included), models, anomalies and evaluation as the
+"""Zeitgeist with its window counter on the columnar path (``ZeitgeistConfig(columnar_counter=True)``):
+the same window counts (ids included), models, anomalies and evaluation as the
 per-record counter, in the harness, on a generated sample with spikes, dips, duplicates,
 late records and malformed lines."""
 
