@@ -16,7 +16,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from millwheel._columnar import ColumnarRunner, ColumnarStore, InputColumns, _to_arrow, is_columnar
+from millwheel._colbatch import _to_arrow
+from millwheel._columnar import ColumnarRunner, ColumnarStore, InputColumns, is_columnar
 from millwheel._counters import StepMetrics
 from millwheel._errors import HarnessError
 from millwheel._record import Key, TimeDomain, Timer, decode_key, encode_key, key_problem

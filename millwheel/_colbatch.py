@@ -1,0 +1,258 @@
+"""The user's view of one columnar call (:class:`Batch`): records or due timers of some
+keys, their state, and the calls that change them, applied by ``_columnar.py``'s runner
+when the call returns (all or nothing)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from millwheel._codec import encode_value
+from millwheel._colstore import ColumnarStore
+from millwheel._errors import ComputationError, StateCodecError
+from millwheel._record import (
+    MAX_TIMESTAMP,
+    MIN_TIMESTAMP,
+    Key,
+    TimeDomain,
+    key_problem,
+    production_time,
+    short_repr,
+)
+
+if TYPE_CHECKING:
+    from millwheel._columnar import ColumnarRunner
+
+_LW = int(TimeDomain.LOW_WATERMARK)
+_WALL = int(TimeDomain.WALL_TIME)
+
+
+def _to_pandas(t: pa.Table) -> pd.DataFrame:
+    """A table as a frame, column by column (cheaper than ``Table.to_pandas`` for small tables)."""
+    cols = {}
+    for name, col in zip(t.column_names, t.columns, strict=True):
+        if pa.types.is_integer(col.type) or pa.types.is_floating(col.type):
+            cols[name] = col.to_numpy() if col.null_count == 0 else col.to_pandas()
+        else:
+            cols[name] = col.to_pandas()
+    return pd.DataFrame(cols)
+
+
+def _categories(keys: list[Key]) -> pd.Index | None:
+    """The categories of a call's ``key`` columns: its keys (``None``: tuple keys, which a
+    pandas index would turn into levels; their columns stay plain objects)."""
+    if any(type(k) is tuple for k in keys):
+        return None
+    return pd.Index(keys, dtype=object)
+
+
+def _key_column(codes: np.ndarray, keys: list[Key], cats: pd.Index | None) -> Any:
+    if cats is None:
+        return [keys[c] for c in codes.tolist()]
+    return pd.Categorical.from_codes(codes, categories=cats)
+
+
+def _to_arrow(rows: pd.DataFrame) -> pa.Table:
+    """The non-key columns of ``rows`` as an Arrow table (numeric numpy columns without pandas' conversion machinery)."""
+    arrays, names = [], []
+    for name in rows.columns:
+        if name == "key":
+            continue
+        col = rows[name]
+        v = col.to_numpy() if col.dtype.kind in "iufb" else None
+        arrays.append(pa.array(v) if v is not None else pa.Array.from_pandas(col))
+        names.append(str(name))
+    return pa.Table.from_arrays(arrays, names=names)
+
+
+class Batch:
+    """What a columnar computation sees in one call: records (or due timers) of some keys,
+    their state, and the calls that change them. Changes apply when the call returns
+    (all or nothing)."""
+
+    __slots__ = (
+        "_runner", "_store", "_kbs", "_key_of", "_kb_of", "_rows", "_state_cache", "_cats", "_kb_arr", "_keys",
+        "low_watermark", "now", "_set_state", "_timer_ops", "_prod", "_holds",
+    )  # fmt: skip
+
+    def __init__(self, runner: ColumnarRunner, store: ColumnarStore, kbs: list[bytes], key_of: dict[bytes, Key], rows: pd.DataFrame | None, low_watermark: int, now: int) -> None:
+        self._runner = runner
+        self._store = store
+        self._kbs = kbs
+        self._key_of = key_of
+        self._keys = [key_of[kb] for kb in kbs]
+        self._cats = _categories(self._keys)
+        self._kb_arr = np.array(kbs + [b""], dtype=object)[:-1]  # an object array even if every key has one length
+        self._kb_of: dict[Any, bytes] | None = None
+        self._rows = rows
+        self._state_cache: pd.DataFrame | None = None
+        self.low_watermark = low_watermark
+        self.now = now
+        self._set_state: list[tuple[set[bytes], pa.Table | None]] = []
+        self._timer_ops: list[tuple[str, list[bytes], list[str], Any, Any]] = []
+        self._prod: list[tuple[str, list[bytes], list[Any], list[bytes], np.ndarray]] = []
+        self._holds: dict[bytes, int | None] = {}
+
+    # -- reading ---------------------------------------------------------------------
+    @property
+    def records(self) -> pd.DataFrame:
+        """This call's records (``record_columns``), grouped by key, each key's in delivery order."""
+        if self._rows is None:
+            return pd.DataFrame({c: [] for c in self._runner.record_columns})
+        return self._rows
+
+    @property
+    def keys(self) -> list[Key]:
+        """The keys of this call: those with records, or with due timers (the categories of the ``key`` columns)."""
+        return list(self._keys)
+
+    @property
+    def state(self) -> pd.DataFrame:
+        """The state rows of this call's keys: a ``key`` column and the columns you stored."""
+        if self._state_cache is None:
+            t = self._store.state_rows(self._kbs)
+            if t is None:
+                empty = np.empty(0, np.int64)
+                self._state_cache = pd.DataFrame({"key": _key_column(empty, self._keys, self._cats)})
+            else:
+                df = _to_pandas(t.drop_columns(["_kb"]))
+                codes = pc.index_in(t.column("_kb"), value_set=pa.array(self._kbs, pa.binary())).to_numpy(zero_copy_only=False)
+                df.insert(0, "key", _key_column(codes.astype(np.int64), self._keys, self._cats))
+                self._state_cache = df
+        return self._state_cache.copy()
+
+    def pending_timers(self) -> pd.DataFrame:
+        """Pending timers of this call's keys (``key, tag, timestamp, domain``), earliest first per key."""
+        want = set(self._kbs)
+        items = sorted(((kb, tag, ts, d) for (kb, tag), (ts, d) in self._store.timers.items() if kb in want), key=lambda x: (x[0], x[2], x[3], x[1]))
+        index = {kb: i for i, kb in enumerate(self._kbs)}
+        return pd.DataFrame({
+            "key": _key_column(np.array([index[i[0]] for i in items], np.int64), self._keys, self._cats), "tag": [i[1] for i in items],
+            "timestamp": np.array([i[2] for i in items], np.int64), "domain": np.array([i[3] for i in items], np.int8),
+        })  # fmt: skip
+
+    # -- checks ----------------------------------------------------------------------
+    def _kb(self, keys: Any, what: str) -> list[bytes]:
+        """Encoded keys of ``keys``, each one of this call's keys."""
+        if isinstance(keys, (pd.Series, pd.Categorical, pd.CategoricalIndex)) and isinstance(keys.dtype, pd.CategoricalDtype) and self._cats is not None:
+            cat = keys.dtype.categories
+            if cat is self._cats or cat.equals(self._cats):
+                codes = np.asarray(keys.cat.codes if isinstance(keys, pd.Series) else keys.codes)
+                if len(codes) and codes.min() < 0:
+                    msg = f"columnar computation {self._runner.name!r}: {what}: a key is missing (NaN)"
+                    raise ComputationError(msg)
+                return self._kb_arr[codes].tolist()
+            keys = np.asarray(keys, dtype=object)
+        if self._kb_of is None:
+            key_of = self._key_of
+            self._kb_of = {key_of[kb]: kb for kb in self._kbs}
+        kb_of = self._kb_of
+        out = []
+        for k in keys.tolist() if hasattr(keys, "tolist") else list(keys):
+            kb = kb_of.get(k) if type(k) is not list else None
+            if kb is None:
+                why = key_problem(k)
+                detail = why if why is not None else f"key {short_repr(k)} is not one of this call's keys (a computation changes only the keys it was given)"
+                msg = f"columnar computation {self._runner.name!r}: {what}: {detail}"
+                raise ComputationError(msg)
+            out.append(kb)
+        return out
+
+    def _timestamps(self, timestamps: Any, n: int, what: str, *, upper: int = MAX_TIMESTAMP - 1) -> np.ndarray:
+        arr = np.asarray(timestamps)
+        if arr.shape != (n,):
+            msg = f"columnar computation {self._runner.name!r}: {what}: {n} keys but timestamps of shape {arr.shape}"
+            raise ComputationError(msg)
+        if n and arr.dtype.kind not in "iu":
+            msg = f"columnar computation {self._runner.name!r}: {what}: timestamps must be ints (ms since epoch), got dtype {arr.dtype}"
+            raise ComputationError(msg)
+        arr = arr.astype(np.int64, copy=False) if arr.dtype.kind == "i" else arr.astype(np.int64)
+        if n and (int(arr.min()) <= MIN_TIMESTAMP or int(arr.max()) > upper):
+            msg = f"columnar computation {self._runner.name!r}: {what}: a timestamp is outside the 64-bit range of millwheel timestamps"
+            raise ComputationError(msg)
+        return arr
+
+    # -- changing --------------------------------------------------------------------
+    def set_state(self, rows: pd.DataFrame, keys: Any = None) -> None:
+        """The state of ``keys`` (default: every key of this call) becomes their rows in
+        ``rows`` (a frame with a ``key`` column); a key without rows keeps no state."""
+        if not isinstance(rows, pd.DataFrame) or "key" not in rows.columns:
+            msg = f"columnar computation {self._runner.name!r}: set_state takes a pandas DataFrame with a 'key' column"
+            raise ComputationError(msg)
+        replaced = set(self._kbs) if keys is None else set(self._kb(keys, "set_state(keys=...)"))
+        kbs = self._kb(rows["key"], "set_state")
+        if not replaced.issuperset(kbs):
+            msg = f"columnar computation {self._runner.name!r}: set_state has rows of keys outside keys=..."
+            raise ComputationError(msg)
+        table = None
+        if len(rows):
+            try:
+                table = _to_arrow(rows)
+            except Exception as exc:
+                msg = f"columnar computation {self._runner.name!r}: set_state: the rows cannot be stored as Arrow columns: {type(exc).__name__}: {str(exc)[:200]}"
+                raise StateCodecError(msg) from None
+            table = table.add_column(0, "_kb", pa.array(kbs, pa.binary()))
+        self._set_state.append((replaced, table))
+        self._state_cache = None
+
+    def set_timers(self, keys: Any, tags: Any, timestamps: Any, domain: TimeDomain = TimeDomain.LOW_WATERMARK) -> None:
+        """Set (or replace: same key and tag) one timer per row (§4.6)."""
+        kbs = self._kb(keys, "set_timers")
+        tag_l = tags.tolist() if hasattr(tags, "tolist") else list(tags)
+        if len(tag_l) != len(kbs) or any(type(t) is not str for t in tag_l):
+            msg = f"columnar computation {self._runner.name!r}: set_timers takes one str tag per key ({len(kbs)} keys, {len(tag_l)} tags)"
+            raise ComputationError(msg)
+        d = int(domain) if isinstance(domain, int) else -1
+        if d not in (_LW, _WALL):
+            msg = f"columnar computation {self._runner.name!r}: set_timers domain must be a TimeDomain, got {domain!r}"
+            raise ComputationError(msg)
+        ts = self._timestamps(timestamps, len(kbs), "set_timers", upper=MAX_TIMESTAMP if d == _LW else MAX_TIMESTAMP - 1)
+        self._timer_ops.append(("set", kbs, tag_l, ts.tolist(), d))
+
+    def delete_timers(self, keys: Any, tags: Any) -> None:
+        """Cancel timers ``(key, tag)``; no error for one that is not set."""
+        kbs = self._kb(keys, "delete_timers")
+        tag_l = tags.tolist() if hasattr(tags, "tolist") else list(tags)
+        self._timer_ops.append(("delete", kbs, tag_l, None, None))
+
+    def hold_watermark(self, keys: Any, timestamps: Sequence[int | None]) -> None:
+        """Hold the low watermark per key (§7.2, ``Computation.hold_watermark``); ``None`` releases."""
+        kbs = self._kb(keys, "hold_watermark")
+        vals = timestamps.tolist() if hasattr(timestamps, "tolist") else list(timestamps)
+        for kb, t in zip(kbs, vals, strict=True):
+            if t is not None and (type(t) is not int or not MIN_TIMESTAMP < t < MAX_TIMESTAMP):
+                msg = f"columnar computation {self._runner.name!r}: hold_watermark takes int timestamps (ms) or None, got {short_repr(t)}"
+                raise ComputationError(msg)
+            self._holds[kb] = t
+
+    def produce(self, stream: str, values: Sequence[Any], *, keys: Any, timestamps: Any = None) -> None:
+        """Productions to ``stream``, one per value, each for its key (the key whose
+        sequence numbers its id); ``timestamps`` default to the low watermark."""
+        runner = self._runner
+        if stream not in runner.outputs:
+            declared = ", ".join(sorted(runner.outputs)) or "none"
+            msg = (
+                f"computation {runner.name!r} produced to stream {stream!r}, which it does not declare "
+                f"(declared outputs: {declared}); add it to outputs=[...] in Topology.computation"
+            )
+            raise ComputationError(msg)
+        kbs = self._kb(keys, f"produce({stream!r})")
+        vals = values.tolist() if isinstance(values, (pd.Series, np.ndarray)) else list(values)
+        if len(vals) != len(kbs):
+            msg = f"columnar computation {runner.name!r}: produce({stream!r}): {len(vals)} values for {len(kbs)} keys"
+            raise ComputationError(msg)
+        if timestamps is None:
+            ts = np.full(len(kbs), production_time(self.low_watermark), np.int64)
+        else:
+            ts = self._timestamps(timestamps, len(kbs), f"produce({stream!r})")
+        try:
+            encoded = list(map(encode_value, vals))
+        except StateCodecError as exc:
+            msg = f"computation {runner.name!r}: produce({stream!r}): {exc}"
+            raise ComputationError(msg) from None
+        self._prod.append((stream, kbs, vals, encoded, ts))

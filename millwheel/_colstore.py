@@ -1,0 +1,166 @@
+"""The columnar store: what a columnar computation keeps for the keys of one key interval.
+
+One blob, committed atomically with the batch (``applyInPandasWithState``'s interval row
+on Spark, one per computation in the harness): the user's state as an Arrow table with a
+``_kb`` (encoded key) column, the timers, each key's production sequence and hold,
+pending strong productions and the dedup index (``_coldedup.py``). Used by
+``_columnar.py``'s runner and user view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from millwheel._coldedup import ColumnarDedup
+from millwheel._errors import EnvelopeError
+from millwheel._options import ComputationOptions
+from millwheel._record import MAX_TIMESTAMP, TimeDomain
+
+_LW = int(TimeDomain.LOW_WATERMARK)
+_LAST = MAX_TIMESTAMP - 1
+#: the head of a columnar store blob (a per-record interval row is a msgpack map)
+STORE_MAGIC = "millwheel-columnar"
+STORE_VERSION = 1
+_packb = msgpack.packb
+_unpackb = msgpack.unpackb
+
+
+@dataclass(slots=True)
+class ColumnarStore:
+    """What a columnar computation keeps for the keys of one key interval, committed as one blob."""
+
+    #: user state: an Arrow table whose ``_kb`` column is the encoded key (None: no state)
+    state: pa.Table | None = None
+    #: ``(encoded key, tag) -> (timestamp, domain)``
+    timers: dict[tuple[bytes, str], tuple[int, int]] = field(default_factory=dict)
+    #: encoded key -> [production sequence, hold_watermark or None]
+    meta: dict[bytes, list[Any]] = field(default_factory=dict)
+    #: strong productions checkpointed and not yet acknowledged: [stream, key bytes, value bytes, ts, id]
+    pending: list[list[Any]] = field(default_factory=list)
+    dedup: ColumnarDedup = field(default_factory=ColumnarDedup)
+
+    def encode(self) -> bytes | None:
+        dd = self.dedup.to_wire()
+        if self.state is not None and self.state.num_rows == 0:
+            self.state = None
+        if self.state is None and not self.timers and not self.meta and not self.pending and dd is None:
+            return None
+        state = None
+        if self.state is not None:
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, self.state.schema) as w:
+                w.write_table(self.state)
+            state = sink.getvalue().to_pybytes()
+        tk = list(self.timers)
+        tv = list(self.timers.values())
+        return _packb(
+            [STORE_MAGIC, STORE_VERSION, list(self.meta), list(self.meta.values()), state,
+             [k for k, _ in tk], [t for _, t in tk], [v[0] for v in tv], [v[1] for v in tv], self.pending, dd],
+            use_bin_type=True,
+        )  # fmt: skip
+
+    @classmethod
+    def decode(cls, data: bytes | None, options: ComputationOptions | None = None) -> ColumnarStore:
+        dd_opts = (options or ComputationOptions()).dedup
+        if data is None:
+            return cls(dedup=ColumnarDedup(dd_opts.bloom_fpr, dd_opts.bloom_capacity))
+        try:
+            wire = _unpackb(data, raw=False, strict_map_key=False)
+        except Exception as exc:
+            msg = f"corrupt columnar store ({len(data)} bytes): {exc}"
+            raise EnvelopeError(msg) from exc
+        if not isinstance(wire, list) or len(wire) < 2 or wire[0] != STORE_MAGIC:
+            msg = (
+                "this state was not written by a columnar computation (a per-record computation's state under the same name?); "
+                "a computation cannot switch between per-record and columnar within one run directory"
+            )
+            raise EnvelopeError(msg)
+        if wire[1] != STORE_VERSION:
+            msg = f"unknown columnar store version {wire[1]!r}; this millwheel reads version {STORE_VERSION}"
+            raise EnvelopeError(msg)
+        _, _, mk, mv, state, tkb, ttag, tts, td, pending, dd = wire
+        table = None if state is None else pa.ipc.open_stream(state).read_all()
+        return cls(
+            state=table,
+            timers=dict(zip(zip(tkb, ttag, strict=True), zip(tts, td, strict=True), strict=True)),
+            meta=dict(zip(mk, mv, strict=True)),
+            pending=pending,
+            dedup=ColumnarDedup.from_wire(dd, dd_opts.bloom_fpr, dd_opts.bloom_capacity),
+        )
+
+    def forget_empty(self, kbs: Iterable[bytes]) -> None:
+        """Drop the sequence of keys that keep nothing else, as an empty per-record envelope is
+        not stored (``Envelope.is_empty``): such a key's next production is numbered from 0 again."""
+        cands = [kb for kb in kbs if kb in self.meta and self.meta[kb][1] is None]
+        if not cands:
+            return
+        busy = {kb for kb, _ in self.timers} | {p[1] for p in self.pending}
+        cands = [kb for kb in cands if kb not in busy]
+        if cands and self.state is not None and self.state.num_rows:
+            busy = set(pc.unique(self.state.column("_kb").filter(pc.is_in(self.state.column("_kb"), value_set=pa.array(cands, pa.binary())))).to_pylist())
+            cands = [kb for kb in cands if kb not in busy]
+        if cands:
+            busy = self.dedup.keys_with_ids(cands)
+            for kb in cands:
+                if kb not in busy:
+                    del self.meta[kb]
+
+    def key_summary(self, kbs: Iterable[bytes]) -> dict[bytes, tuple[int | None, int | None, int | None]]:
+        """Per key: (hold, next low-watermark timer, next wall timer) — what the harness indexes."""
+        want = set(kbs)
+        out: dict[bytes, list[Any]] = {kb: [None, None, None] for kb in want}
+        for kb in want:
+            m = self.meta.get(kb)
+            if m is not None:
+                out[kb][0] = m[1]
+        for (kb, _), (ts, d) in self.timers.items():
+            if kb not in want:
+                continue
+            s = out[kb]
+            if d == _LW:
+                h = ts if ts < _LAST else _LAST
+                s[0] = h if s[0] is None or h < s[0] else s[0]
+                s[1] = ts if s[1] is None or ts < s[1] else s[1]
+            else:
+                s[2] = ts if s[2] is None or ts < s[2] else s[2]
+        for p in self.pending:
+            if p[1] in want:
+                s = out[p[1]]
+                s[0] = p[3] if s[0] is None or p[3] < s[0] else s[0]
+        return {kb: (s[0], s[1], s[2]) for kb, s in out.items()}
+
+    def summary(self) -> tuple[int | None, int | None, int | None, int]:
+        """The whole store's hold, earliest low-watermark and wall timers, and keys kept."""
+        hold = nlw = nwall = None
+        for m in self.meta.values():
+            if m[1] is not None and (hold is None or m[1] < hold):
+                hold = m[1]
+        if self.timers:
+            d = np.fromiter((v[1] for v in self.timers.values()), np.int8, len(self.timers))
+            lw = d == _LW
+            if lw.any():
+                nlw = min(v[0] for v in self.timers.values() if v[1] == _LW)
+                h = nlw if nlw < _LAST else _LAST
+                hold = h if hold is None or h < hold else hold
+            if (~lw).any():
+                nwall = min(v[0] for v in self.timers.values() if v[1] != _LW)
+        for p in self.pending:
+            hold = p[3] if hold is None or p[3] < hold else hold
+        keys = set(self.meta) | {kb for kb, _ in self.timers}
+        if self.state is not None:
+            keys |= set(self.state.column("_kb").to_pylist())
+        return hold, nlw, nwall, len(keys)
+
+    def state_rows(self, kbs: Sequence[bytes]) -> pa.Table | None:
+        """The state rows of keys ``kbs``."""
+        if self.state is None or self.state.num_rows == 0:
+            return None
+        mask = pc.is_in(self.state.column("_kb"), value_set=pa.array(list(kbs), pa.binary()))
+        return self.state.filter(mask)
