@@ -5,7 +5,7 @@ when the call returns (all or nothing)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -24,9 +24,6 @@ from millwheel._record import (
     production_time,
     short_repr,
 )
-
-if TYPE_CHECKING:
-    from millwheel._columnar import ColumnarRunner
 
 _LW = int(TimeDomain.LOW_WATERMARK)
 _WALL = int(TimeDomain.WALL_TIME)
@@ -80,7 +77,7 @@ class Batch:
         "low_watermark", "now", "_set_state", "_timer_ops", "_prod", "_holds",
     )  # fmt: skip
 
-    def __init__(self, runner: ColumnarRunner, store: ColumnarStore, kbs: list[bytes], key_of: dict[bytes, Key], rows: pd.DataFrame | None, low_watermark: int, now: int) -> None:
+    def __init__(self, runner: Any, store: ColumnarStore, kbs: list[bytes], key_of: dict[bytes, Key], rows: pd.DataFrame | None, low_watermark: int, now: int) -> None:
         self._runner = runner
         self._store = store
         self._kbs = kbs

@@ -448,6 +448,7 @@ class ColumnarRunner:
         if rec is not None and rec.stream == DEAD_LETTER_STREAM:
             return None
         letter = DeadLetter(stage, reason_of(exc), computation=self.name, stream=rec.stream if rec else None, key=key, record=rec, timer=timer)
+        parts: tuple[Any, ...]
         if timer is not None:
             ts, parts = timer.timestamp, (key, timer.tag, timer.timestamp, int(timer.domain))
         else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import msgpack
 
@@ -58,6 +58,12 @@ def encode_key(key: Key) -> bytes:
     return _packb(key, use_bin_type=True)
 
 
+@overload
+def decode_key(data: bytes) -> Key: ...
+@overload
+def decode_key(data: None) -> None: ...
+@overload
+def decode_key(data: bytes | None) -> Key | None: ...
 def decode_key(data: bytes | None) -> Key | None:
     """The inverse of :func:`encode_key` (tuples come back as tuples)."""
     if data is None:

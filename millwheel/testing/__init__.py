@@ -3,6 +3,7 @@
 See :class:`Harness`; it runs the same per-key step as the Spark runtime.
 """
 
-from millwheel.testing._harness import Crash, Harness
+from millwheel.testing._harness import Harness
+from millwheel.testing._rounds import Crash
 
 __all__ = ["Crash", "Harness"]

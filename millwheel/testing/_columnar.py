@@ -9,7 +9,7 @@ due keys work as for per-record computations.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -21,12 +21,10 @@ from millwheel._columnar import ColumnarRunner, ColumnarStore, InputColumns, is_
 from millwheel._counters import StepMetrics
 from millwheel._errors import HarnessError
 from millwheel._record import Key, TimeDomain, Timer, decode_key, encode_key, key_problem
-
-if TYPE_CHECKING:
-    from millwheel.testing._harness import Crash, Harness
+from millwheel.testing._rounds import Crash, _Outgoing
 
 
-def columnar_sides(harness: Harness) -> dict[str, ColumnarSide]:
+def columnar_sides(harness: Any) -> dict[str, ColumnarSide]:
     """A :class:`ColumnarSide` per columnar computation of the harness's topology."""
     return {
         name: ColumnarSide(name, runner)
@@ -46,9 +44,7 @@ class ColumnarSide:
     def restarted(self, step_runner: Any) -> None:
         self.runner = ColumnarRunner(step_runner.computation, name=self.name, outputs=step_runner.outputs, options=step_runner.options)
 
-    def process(self, h: Harness, *, deliver: bool, crash: Crash | None) -> None:
-        from millwheel.testing._harness import Crash, _Outgoing
-
+    def process(self, h: Any, *, deliver: bool, crash: Crash | None) -> None:
         name = self.name
         lw, now = h._input_watermark(name), h._now
         queue = list(h._queues[name])
@@ -84,7 +80,7 @@ class ColumnarSide:
         if deliver:
             h.deliver(name, crash=crash)
 
-    def acknowledge(self, h: Harness, ids: list[str]) -> None:
+    def acknowledge(self, h: Any, ids: list[str]) -> None:
         self.store, summaries = self.runner.acknowledge(self.store, ids)
         for kb, (hold, nlw, nwall) in summaries.items():
             h._store(self.name, decode_key(kb), None, hold, (nlw, nwall))  # type: ignore[arg-type]

@@ -48,12 +48,10 @@ A windowed counter, tested end to end::
 from __future__ import annotations
 
 import dataclasses
-import enum
 import itertools
 import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from millwheel._codec import decode_value
@@ -89,32 +87,7 @@ from millwheel._step import StepRunner, acknowledge, pending_productions
 from millwheel._topology import KeyExtractor, Topology
 from millwheel.testing._columnar import columnar_sides
 from millwheel.testing._index import MinIndex
-
-
-class Crash(enum.Enum):
-    """Where :meth:`Harness.process` simulates a process crash (§6.1)."""
-
-    #: after user code ran and weak productions went out, before the checkpoint
-    BEFORE_COMMIT = "before_commit"
-    #: after the checkpoint and the input ACK, before strong productions are sent
-    AFTER_COMMIT = "after_commit"
-    #: after strong productions were delivered, before they were acknowledged in the envelope
-    AFTER_DELIVER = "after_deliver"
-
-
-@dataclass(slots=True)
-class _Queued:
-    record: Record  # already carries the consumer's key
-    arrival_watermark: int
-
-
-@dataclass(slots=True)
-class _Outgoing:
-    computation: str
-    key: Key | None
-    production: Production
-    strong: bool
-
+from millwheel.testing._rounds import Crash, _Outgoing, _Queued
 
 
 class Harness:
