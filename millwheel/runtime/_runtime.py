@@ -29,6 +29,7 @@ from millwheel._errors import MillwheelError
 from millwheel._logfile import LogFileSource
 from millwheel._once import PipelineNameTaken, join_roster, new_epoch, pipeline_id
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Key, Record, decode_key
+from millwheel._sparkio import SparkSource
 from millwheel._topology import Topology
 from millwheel.runtime._audit import AuditLog
 from millwheel.runtime._fs import Location
@@ -40,6 +41,7 @@ from millwheel.runtime._session import checkpoint_conf, restore_conf, set_conf, 
 from millwheel.runtime._settings import RuntimeSettings
 from millwheel.runtime._sinks import sink_writers
 from millwheel.runtime._spark_internals import STATE, has_started
+from millwheel.runtime._sparksource import SparkSourceInjector
 from millwheel.runtime._streams import FileStreamLog
 from millwheel.runtime._usercode import ship_user_code
 from millwheel.runtime._wire import interval_groups
@@ -211,7 +213,9 @@ class SparkRuntime:
         for name, spec in topology.injectors.items():
             if only and name not in only:
                 continue
-            if isinstance(spec.source, LogFileSource) and not self.settings.lockstep:
+            if isinstance(spec.source, SparkSource):
+                self.injectors[name] = SparkSourceInjector(self, spec)
+            elif isinstance(spec.source, LogFileSource) and not self.settings.lockstep:
                 self.injectors[name] = LogFileInjector(self, spec)
             else:
                 self.injectors[name] = SourceInjector(self, spec)
