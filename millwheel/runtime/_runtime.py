@@ -41,6 +41,7 @@ from millwheel.runtime._session import checkpoint_conf, restore_conf, set_conf, 
 from millwheel.runtime._settings import RuntimeSettings
 from millwheel.runtime._sinks import sink_writers
 from millwheel.runtime._spark_internals import STATE, has_started
+from millwheel.runtime._sparksink import spark_sink_writers
 from millwheel.runtime._sparksource import SparkSourceInjector
 from millwheel.runtime._streams import FileStreamLog
 from millwheel.runtime._usercode import ship_user_code
@@ -224,6 +225,8 @@ class SparkRuntime:
         #: sinks with a target: each follows its stream log and writes committed files once (``_sinks.py``)
         here = set(self.injectors) | set(self.computations)
         self.sinks = [s for s in sink_writers(topology, self.streams, self.root) if here & set(self.producers(s.spec.stream))]
+        #: sinks through Spark (``SparkSink``: Kafka, tables, foreachBatch), fed the same committed files (``_sparksink.py``)
+        self.sinks += [w for w in spark_sink_writers(topology, self.streams, self.root, lambda: self.spark, self.log) if here & set(self.producers(w.spec.stream))]
         self.started = False
         #: this run directory's identity in once-tokens (:func:`pin_pipeline`), set by :meth:`start`
         self.pipeline_id: str | None = None
