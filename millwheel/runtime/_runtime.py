@@ -243,7 +243,7 @@ class SparkRuntime:
         if self._spark is None:
             from millwheel.runtime._session import spark_session
 
-            self._spark = spark_session(self.settings.master, shuffle_partitions=self.settings.shuffle_partitions)
+            self._spark = spark_session(self.settings.master, shuffle_partitions=self.settings.shuffle_partitions, conf=dict(self.topology.spark_conf) or None)
         return self._spark
 
     def producers(self, stream: str) -> list[str]:

@@ -344,7 +344,7 @@ def read_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="millwheel read", description="print a stream of a run directory as plain rows (id, ts, key, value)")
     run_argument(p)
     p.add_argument("stream", nargs="?", help="the stream, e.g. anomalies or dead_letters (without it: list the streams)")
-    p.add_argument("--format", choices=FORMATS, default="jsonl")
+    p.add_argument("--format", choices=FORMATS, default="jsonl", help="output format (default jsonl)")
     p.add_argument("--limit", type=int, default=None, help="at most this many records")
     p.add_argument("--out", default=None, help="write to this file instead of standard output")
     args = p.parse_args(argv)
