@@ -179,3 +179,22 @@ def test_postgres_sink_is_exact_after_kill_9(tmp_path, postgres):  # noqa: F811 
     assert duplicated == 0 and lost == 0
     assert got == expected
     assert all(values == 1 for _, _, values in deliveries)  # a re-delivered id always carried the same value
+
+
+@pytest.mark.spark
+def test_kafka_sink_without_its_connector_names_the_package(spark, tmp_path):
+    from millwheel import MillwheelError
+
+    root = Location.of(str(tmp_path / "run"))
+    streams = FileStreamLog(root)
+    streams.ensure("out", "C")
+    streams.append("out", "C", "b0", [Record("k", {"n": 1}, 1_000, "a")])
+    t = Topology("t")
+    t.injector("C", stream="out")
+    sink = SparkSink(format="kafka", options={"kafka.bootstrap.servers": "127.0.0.1:9", "topic": "counts"})
+    w = SparkSinkWriter(t.sink("out", spark_sink=sink), streams, root, lambda: spark, log=lambda m: None)
+    w.start()
+    with pytest.raises(MillwheelError) as err:
+        w.poll()
+    assert "sink 'sink.out' of stream 'out': Spark has no 'kafka' data source" in str(err.value)
+    assert f"--packages org.apache.spark:spark-sql-kafka-0-10_2.13:{spark.version}" in str(err.value)
