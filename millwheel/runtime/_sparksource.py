@@ -151,7 +151,7 @@ def convert_batch(
                     arrays += keyer.arrays([(s, r) for s, r, _ in out], consumers)
                 yield pa.RecordBatch.from_arrays(arrays, names=names)
         # one summary row per partition: its counts and newest event time (the status's "head")
-        summary = IntervalSummary(part, None, None, None, 0, counts, newest, 0)
+        summary = IntervalSummary(interval=part, hold=None, next_low_watermark_timer=None, next_wall_timer=None, keys=0, metrics=counts, low_watermark=newest)
         arrays = [pa.array([SUMMARY_STREAM]), pa.array([f"{batch_id}-{part}"]), pa.array([0], pa.int64()), pa.array([None], pa.binary()), pa.array([summary.encode()], pa.binary()), pa.array([None], pa.int64())]
         if keyer is not None:
             arrays += [pa.nulls(1, f.type) for f in Keyer.arrow_fields(consumers)]
