@@ -23,6 +23,8 @@ the low watermark the source itself keeps in its offsets (a source that knows it
 progress, like the shipped ``examples/sequence_source.py``), ``MAX_TIMESTAMP`` meaning the
 source is finished. ``end_ms`` bounds a replay of an endless stream: once the watermark
 reaches it the injector is finished, and records at or after it are not part of the input.
+With ``RuntimeSettings(drain=True)`` (``millwheel run --until-drained``) a source is
+finished once its query has nothing left to read (a table read to its end).
 
 On the harness the same declaration reads ``rows`` (a list of dicts, a pyarrow Table, a
 pandas or a Spark DataFrame): no Spark needed for a list.

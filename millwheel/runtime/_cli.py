@@ -106,7 +106,10 @@ def _sink_hints(topology: Topology, root: str) -> dict[str, str]:
 
     out = {}
     for s in topology.sinks.values():
-        if s.target is not None:
+        if s.spark is not None:
+            how = f"format {s.spark.format!r}" if s.spark.format else f"foreach_batch {getattr(s.spark.foreach_batch, '__name__', 'function')}"
+            out[s.name] = f"written through Spark ({how}); all of them: millwheel read {root} {s.stream}"
+        elif s.target is not None:
             t = parse_target(s.target, f"sink {s.name!r}")
             out[s.name] = f"written to {t.path} ({t.format}); all of them: millwheel read {root} {s.stream}"
         else:

@@ -268,6 +268,9 @@ def write_harness_sinks(topology: Topology, output: Any) -> dict[str, str]:
         rows = [row_of(r) for r in output(spec.stream)]
         _write(loc.child(f"harness-part-0.{target.format}"), encode_rows(rows, target.format))
         done[spec.name] = f"written to {target.path} ({target.format})"
+    for spec in topology.sinks.values():
+        if spec.spark is not None:  # a SparkSink: written through Spark, so on the Spark backend only
+            done[spec.name] = "a Spark sink: not written by the harness backend (run it with --backend spark)"
     return done
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -181,6 +182,8 @@ class SparkSourceInjector:
         self.query: Any = None
         self.restart_policy = RestartPolicy(f"injector {self.name!r}", rt.settings.max_restarts)
         self._keyer: tuple[str | None, list[str]] = (None, [])
+        #: with ``RuntimeSettings.drain``: since when the query has had nothing to read
+        self._idle_since: float | None = None
         #: what the executors get: the declaration without the stream function, data sources and rows
         self._shipped = copy.copy(self.source)
         self._shipped.stream, self._shipped.data_sources, self._shipped._rows = None, (), None
@@ -336,9 +339,29 @@ class SparkSourceInjector:
     # ---- the driver loop ----------------------------------------------------------------------
     def poll(self) -> None:
         self.outbox.publish_committed()
+        if self.rt.settings.drain and not self.finished:
+            self._drain()
         self.rt.watermarks.report_injector(self.name, "spark", self.low_watermark)
         if self.finished and self.query is not None:
             self.stop()
+
+    def _drain(self) -> None:
+        """``--until-drained``: the input is complete once the query has had nothing to read
+        for a second with every batch it planned committed and published — a table read to
+        its end, a Kafka topic to its latest offsets. The injector is then finished."""
+        q = self.query
+        planned = _numbers(self.checkpoint.child("offsets"))
+        idle = (
+            q is not None and q.lastProgress is not None
+            and not q.status.get("isDataAvailable", True) and not q.status.get("isTriggerActive", True)
+            and bool(planned) and planned[-1] in self.outbox.committed() and planned[-1] <= self.outbox.published
+        )  # fmt: skip
+        if not idle:
+            self._idle_since = None
+        elif self._idle_since is None:
+            self._idle_since = time.monotonic()
+        elif time.monotonic() - self._idle_since >= 1.0:
+            self.low_watermark = MAX_TIMESTAMP
 
     def check(self) -> None:
         self.outbox.fence()

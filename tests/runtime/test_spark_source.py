@@ -122,3 +122,32 @@ def test_kafka_without_its_connector_names_the_package(spark, run_dir):
     text = str(err.value)
     assert "injector 'clicks': Spark has no 'kafka' data source" in text
     assert f"--packages org.apache.spark:spark-sql-kafka-0-10_2.13:{spark.version}" in text
+
+
+@pytest.mark.spark
+def test_a_parquet_table_is_read_to_its_end_with_drain(spark, tmp_path, second_counts):
+    """A table (a directory of Parquet files) as a stream, read file by file; ``drain``
+    finishes the injector once the query has nothing left to read."""
+    import datetime as dt
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from millwheel.runtime import RuntimeSettings, SparkRuntime
+
+    table_dir = tmp_path / "events"
+    table_dir.mkdir()
+    rows = []
+    for f in range(4):
+        part = [{"event_id": f"e{f}-{i}", "at": dt.datetime.fromtimestamp((T0 + f * 1000 + i * 4) / 1000, dt.timezone.utc), "key": f"k{i % 5}"} for i in range(250)]
+        pq.write_table(pa.Table.from_pylist(part, schema=pa.schema([("event_id", pa.string()), ("at", pa.timestamp("ms", tz="UTC")), ("key", pa.string())])), table_dir / f"part-{f}.parquet")
+        rows += part
+    src = SparkSource(
+        lambda s: s.readStream.schema("event_id string, at timestamp, key string").option("maxFilesPerTrigger", 1).parquet(str(table_dir)),
+        id="event_id", timestamp="at", value=["key"],
+    )  # fmt: skip
+    rt = SparkRuntime(second_counts(src), str(tmp_path / "run"), RuntimeSettings(intervals=4, drain=True), spark=spark)
+    rt.run(timeout_s=400)
+    expected = Counter((r["key"], int(r["at"].timestamp() * 1000) // 1000 * 1000) for r in rows)
+    assert second_counts.answer(rt.output("counts")) == expected
+    assert sorted(r.id for r in rt.output("events")) == sorted(r["event_id"] for r in rows)
