@@ -339,6 +339,10 @@ class SparkSourceInjector:
     # ---- the driver loop ----------------------------------------------------------------------
     def poll(self) -> None:
         self.outbox.publish_committed()
+        if self.source.offset_watermark is None and self.outbox.published >= 0 and not self.finished:
+            # Spark plans the next batch (and writes its watermark) after the last one was
+            # published: take it as soon as it is there, not at the next publication
+            self._published(self.outbox.published)
         if self.rt.settings.drain and not self.finished:
             self._drain()
         self.rt.watermarks.report_injector(self.name, "spark", self.low_watermark)

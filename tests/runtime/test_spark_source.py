@@ -151,3 +151,22 @@ def test_a_parquet_table_is_read_to_its_end_with_drain(spark, tmp_path, second_c
     expected = Counter((r["key"], int(r["at"].timestamp() * 1000) // 1000 * 1000) for r in rows)
     assert second_counts.answer(rt.output("counts")) == expected
     assert sorted(r.id for r in rt.output("events")) == sorted(r["event_id"] for r in rows)
+
+
+@pytest.mark.spark
+def test_a_source_without_ids_gets_them_from_the_rows_place(spark, run_dir, second_counts):
+    """No id column: each record's id comes from its place in Spark's micro-batch (batch id,
+    partition, content, occurrence) — distinct for every row, equal rows included."""
+    from millwheel.runtime import RuntimeSettings, SparkRuntime
+
+    def stream(spark):  # every event twice: equal rows in one batch are two records
+        return _sequence_stream(spark).drop("seq").unionByName(_sequence_stream(spark).drop("seq"))
+
+    src = SparkSource(stream, data_sources=[SequenceDataSource], timestamp="ts", offset_watermark="lw")
+    rt = SparkRuntime(second_counts(src), run_dir, RuntimeSettings(intervals=4), spark=spark)
+    rt.run(timeout_s=400)
+    rows = events(**SEQ)
+    expected = Counter({k: 2 * n for k, n in _answer(rows).items()})
+    assert second_counts.answer(rt.output("counts")) == expected
+    injected = rt.output("events")
+    assert len({r.id for r in injected}) == len(injected) == 2 * (len(rows) - 6)
