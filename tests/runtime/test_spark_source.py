@@ -170,3 +170,13 @@ def test_a_source_without_ids_gets_them_from_the_rows_place(spark, run_dir, seco
     assert second_counts.answer(rt.output("counts")) == expected
     injected = rt.output("events")
     assert len({r.id for r in injected}) == len(injected) == 2 * (len(rows) - 6)
+
+
+@pytest.mark.spark
+def test_the_harness_reads_a_static_spark_dataframe(spark, second_counts):
+    rows = events(**SEQ)
+    static = spark.createDataFrame(rows, "seq long, ts long, key string, partition int")
+    h = Harness(second_counts(SparkSource(rows=static, id="seq", timestamp="ts", offset_watermark="lw")))
+    h.run_sources()
+    assert second_counts.answer(h.output("counts")) == _answer(rows)
+    assert len(h.dead_letters()) == 6
