@@ -1,12 +1,14 @@
 """A driver process for the kill -9 tests of ``SparkSource`` and ``SparkSink`` (issue 25).
 
-    python tests/runtime/spark_io_driver.py ROOT {rate|sequence} [--dsn DSN]
+    python tests/runtime/spark_io_driver.py ROOT {rate|sequence} [--dsn DSN [--kill-in-sink N]]
 
 ``rate``: Spark's ``rate`` source (event time from the value, ``end_ms`` after 3000
 values); ``sequence``: the shipped Python Data Source (``examples/sequence_source.py``,
 its own low watermark in its offsets). Either feeds ``SecondCounts`` (per key and
 second); with ``--dsn`` its counts also go to PostgreSQL through a ``SparkSink``
-(``foreach_batch``: an idempotent upsert on the production id, ``tests/runtime/pg.py``).
+(``foreach_batch``: an idempotent upsert on the production id, ``tests/runtime/pg.py``);
+``--kill-in-sink N`` kills this process with SIGKILL right after the writer committed sink
+batch ``N`` to the database and before the sink marked it done (once: a marker file in ROOT).
 Paced (small batches, a trigger) so a kill lands mid-run; runs until drained.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -58,7 +61,19 @@ def sequence_stream(spark):
     return reader.load()
 
 
-def build(kind: str, dsn: str | None) -> Topology:
+def killing_after(write, batch: int, marker: str):
+    """``write``, then SIGKILL of this process after sink batch ``batch`` (the first time only)."""
+
+    def write_then_die(df, batch_id):
+        write(df, batch_id)
+        if batch_id == batch and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return write_then_die
+
+
+def build(kind: str, dsn: str | None, kill_in_sink: int | None = None, root: str = ".") -> Topology:
     if kind == "rate":
         src = SparkSource(rate_stream, id="value", timestamp="ts", end_ms=T0 + RATE_N * 10)
     else:
@@ -69,7 +84,10 @@ def build(kind: str, dsn: str | None) -> Topology:
     if dsn is not None:
         from tests.runtime.pg import upsert_counts
 
-        t.sink("counts", spark_sink=SparkSink(foreach_batch=upsert_counts(dsn)))
+        write = upsert_counts(dsn)
+        if kill_in_sink is not None:
+            write = killing_after(write, kill_in_sink, os.path.join(root, "killed-in-sink"))
+        t.sink("counts", spark_sink=SparkSink(foreach_batch=write))
     return t
 
 
@@ -78,10 +96,12 @@ def main() -> int:
     p.add_argument("root")
     p.add_argument("kind", choices=["rate", "sequence"])
     p.add_argument("--dsn", default=None)
+    p.add_argument("--kill-in-sink", type=int, default=None)
     p.add_argument("--timeout", type=float, default=600)
     args = p.parse_args()
     settings = RuntimeSettings(intervals=4, master="local[2]", trigger_ms=500)
-    rt = SparkRuntime(build(args.kind, args.dsn), args.root, settings, log=lambda m: print(m, flush=True))
+    os.makedirs(args.root, exist_ok=True)
+    rt = SparkRuntime(build(args.kind, args.dsn, args.kill_in_sink, args.root), args.root, settings, log=lambda m: print(m, flush=True))
     rt.run(timeout_s=args.timeout)
     print("DRAINED", flush=True)
     return 0

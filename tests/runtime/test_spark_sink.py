@@ -5,8 +5,9 @@
 * a format (Parquet) and a ``foreach_batch`` function on local Spark, each equal to the
   batch answer;
 * PostgreSQL through ``foreach_batch`` with an upsert on the production id: the driver is
-  killed with SIGKILL mid-run and resumed, and the table holds every count exactly once
-  (0 lost, 0 duplicated against the batch answer).
+  killed with SIGKILL inside the writer (the database has batch 1, the sink has not marked
+  it done), then mid-run from outside, and resumed; the table holds every count exactly
+  once (0 lost, 0 duplicated against the batch answer) and batch 1 was delivered twice.
 """
 
 from __future__ import annotations
@@ -140,10 +141,20 @@ def test_postgres_sink_is_exact_after_kill_9(tmp_path, postgres):  # noqa: F811 
     driver = str(Path(__file__).with_name("spark_io_driver.py"))
     root, log = tmp_path / "run", tmp_path / "driver.log"
 
-    def start():
+    def start(*extra):
         out = open(log, "ab")  # noqa: SIM115
-        return subprocess.Popen([sys.executable, driver, str(root), "sequence", "--dsn", postgres], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        return subprocess.Popen([sys.executable, driver, str(root), "sequence", "--dsn", postgres, *extra], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
+    # first: killed inside the sink, after the database committed batch 1 and before the
+    # sink marked it done — the resume writes batch 1 again, which the upsert absorbs
+    proc = start("--kill-in-sink", "1")
+    try:
+        died = proc.wait(timeout=600)
+    finally:
+        kill_group(proc)
+    assert died == -9, log.read_text()[-3000:]
+    rows_after_sink_kill = table(postgres, "SELECT count(*) FROM counts")[0][0]
+    # then: killed from outside, mid-run
     proc = start()
     killed = False
     try:
@@ -174,8 +185,9 @@ def test_postgres_sink_is_exact_after_kill_9(tmp_path, postgres):  # noqa: F811 
     lost = sum((expected - got).values()) + len(set(expected) - set(got))
     deliveries = table(postgres, "SELECT id, count(*), count(DISTINCT value) FROM deliveries GROUP BY id")
     redelivered = sum(n - 1 for _, n, _ in deliveries)
-    print(f"killed: {killed}, rows at the kill: {rows_at_kill}; rows {len(rows)}, expected {len(expected)}; lost {lost}, duplicated {duplicated}; re-deliveries absorbed by the upsert: {redelivered}")
-    assert killed and 0 < rows_at_kill < len(expected)
+    print(f"killed in the sink with {rows_after_sink_kill} rows written; killed: {killed}, rows at the kill: {rows_at_kill}; rows {len(rows)}, expected {len(expected)}; lost {lost}, duplicated {duplicated}; re-deliveries absorbed by the upsert: {redelivered}")
+    assert killed and 0 < rows_after_sink_kill <= rows_at_kill < len(expected)
+    assert redelivered >= 1  # batch 1 was written twice
     assert duplicated == 0 and lost == 0
     assert got == expected
     assert all(values == 1 for _, _, values in deliveries)  # a re-delivered id always carried the same value
