@@ -155,8 +155,8 @@ class SparkSource(Source):
         self._batch_size = batch_size
 
     # ---- one row -> a record, the same on both backends ------------------------------------
-    def record_of(self, row: Mapping[str, Any], position: Sequence[Any]) -> tuple[Record | None, str | None]:
-        """The record of one row, or ``(record-ish, reason)`` when it cannot be one.
+    def record_of(self, row: Mapping[str, Any], position: Sequence[Any]) -> tuple[Record, str | None]:
+        """The record of one row and ``None``, or what could be made of it and why it is no record.
 
         ``position`` identifies the row where it has no id column (Spark: batch id,
         partition, content and occurrence; the harness: its index).
@@ -212,11 +212,11 @@ class SparkSource(Source):
 
     def records(self) -> list[Record]:
         """The records of :meth:`rows` (dead letters left out)."""
-        out = []
+        out: list[Record] = []
         for i, row in enumerate(self.rows()):
             rec, problem = self.record_of(row, ("row", i))
-            if problem is None and (self.end_ms is None or rec.timestamp < self.end_ms):  # type: ignore[union-attr]
-                out.append(rec)  # type: ignore[arg-type]
+            if problem is None and (self.end_ms is None or rec.timestamp < self.end_ms):
+                out.append(rec)
         return out
 
     def batches(self, injector: str = "injector", stream: str = "records") -> Iterator[SourceBatch]:
@@ -226,10 +226,10 @@ class SparkSource(Source):
         come: the oldest timestamp of the rows after the batch."""
         rows = self.rows()
         made = [self.record_of(row, ("row", i)) for i, row in enumerate(rows)]
-        keep = [p is None and (self.end_ms is None or r.timestamp < self.end_ms) for r, p in made]  # type: ignore[union-attr]
+        keep = [p is None and (self.end_ms is None or r.timestamp < self.end_ms) for r, p in made]
         suffix = [MAX_TIMESTAMP] * (len(made) + 1)
         for i in range(len(made) - 1, -1, -1):
-            suffix[i] = min(made[i][0].timestamp, suffix[i + 1]) if keep[i] else suffix[i + 1]  # type: ignore[union-attr]
+            suffix[i] = min(made[i][0].timestamp, suffix[i + 1]) if keep[i] else suffix[i + 1]
         newest = MIN_TIMESTAMP
         for start in range(0, max(len(rows), 1), self._batch_size):
             end = min(len(rows), start + self._batch_size)
@@ -240,8 +240,8 @@ class SparkSource(Source):
                 if problem is not None:
                     dead.append(invalid_record(injector, stream, rec, problem, i))
                 elif keep[i]:
-                    good.append(rec)  # type: ignore[arg-type]
-                    newest = max(newest, rec.timestamp)  # type: ignore[union-attr]
+                    good.append(rec)
+                    newest = max(newest, rec.timestamp)
             if end >= len(rows):
                 wm = MAX_TIMESTAMP
             elif self.offset_watermark is not None:

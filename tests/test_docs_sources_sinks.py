@@ -36,7 +36,7 @@ def test_the_examples_run_and_do_what_the_text_says():
     assert problem is None and (rec.id, rec.timestamp, rec.value) == ("clicks/3/42", 1_767_225_600_000, {"q": "cats"})
     _, problem = ns["clicks"].record_of({"topic": "clicks", "partition": 3, "offset": 43, "timestamp": at, "value": b"{oops"}, ())
     assert problem.startswith("value function <lambda> raised json.decoder.JSONDecodeError: Expecting property name")
-    assert ns["events"] is not None and ns["sequence"].offset_watermark == "lw"
+    assert ns["table_events"].value == ("user", "url") and ns["sequence"].offset_watermark == "lw"
 
 
 def test_the_kafka_message_quoted_is_the_one_raised():
