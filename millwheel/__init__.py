@@ -21,6 +21,7 @@ from millwheel._logfile import LogFileSource, file_time
 from millwheel._options import ComputationOptions, DedupOptions, ErrorPolicy, LateAction, LatePolicy
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Production, Record, TimeDomain, Timer
 from millwheel._sources import SampleSource, Source, SourceBatch
+from millwheel._sparkio import SparkSink, SparkSource
 from millwheel._topology import InjectorSpec, SinkSpec, Topology
 
 __version__ = "0.1.0"
@@ -56,6 +57,8 @@ __all__ = [
     "SinkSpec",
     "Source",
     "SourceBatch",
+    "SparkSink",
+    "SparkSource",
     "Stage",
     "State",
     "StateCodec",

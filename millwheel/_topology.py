@@ -107,14 +107,19 @@ class SinkSpec:
     name: str
     stream: str
     target: Any = None
+    #: a :class:`~millwheel.SparkSink`: the stream goes out through Spark (``runtime/_sparksink.py``)
+    spark: Any = None
 
 
 class Topology:
     """A named graph of injectors, computations and sinks. See the module docstring."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, spark_conf: Mapping[str, str] | None = None) -> None:
         _check_name("topology", name)
         self.name = name
+        #: Spark settings this topology needs (``spark.jars.packages`` for a connector, ...);
+        #: ``millwheel run --conf k=v`` overrides them
+        self.spark_conf: dict[str, str] = {str(k): str(v) for k, v in (spark_conf or {}).items()}
         self.injectors: dict[str, InjectorSpec] = {}
         self.computations: dict[str, ComputationSpec] = {}
         self.sinks: dict[str, SinkSpec] = {}
@@ -222,12 +227,22 @@ class Topology:
             pass  # builtins without a signature: trust them
         return extractor
 
-    def sink(self, stream: str, target: Any = None, *, name: str | None = None) -> SinkSpec:
-        """Send ``stream`` out of the system to ``target`` (backend-specific)."""
+    def sink(self, stream: str, target: Any = None, *, name: str | None = None, spark_sink: Any = None) -> SinkSpec:
+        """Send ``stream`` out of the system to ``target`` (files, backend-specific) or
+        through Spark to ``spark_sink`` (a :class:`~millwheel.SparkSink`: Kafka, a table,
+        a ``foreach_batch`` writer)."""
         _check_name("sink stream", stream)
         name = f"sink.{stream}" if name is None else name
         self._check_unique(name)
-        spec = SinkSpec(name, stream, target)
+        from millwheel._sparkio import SparkSink
+
+        if spark_sink is not None and not isinstance(spark_sink, SparkSink):
+            msg = f"sink {name!r}: spark_sink must be a millwheel.SparkSink(format=... or foreach_batch=...), got {type(spark_sink).__name__}"
+            raise TopologyError(msg)
+        if spark_sink is not None and target is not None:
+            msg = f"sink {name!r}: give a target or a spark_sink, not both (add a second sink with name=...)"
+            raise TopologyError(msg)
+        spec = SinkSpec(name, stream, target, spark_sink)
         self.sinks[name] = spec
         return spec
 

@@ -34,7 +34,7 @@ from millwheel._record import timestamp_text
 from millwheel._runner import load_topology, load_topology_module, print_finish
 from millwheel._topology import Topology
 
-__all__ = ["COMMAND_GROUP", "graph_text", "load_topology", "load_topology_module", "main", "registered_commands"]
+__all__ = ["COMMAND_GROUP", "build_parser", "graph_text", "load_topology", "load_topology_module", "main", "registered_commands"]
 
 #: the entry-point group of the commands that packages add to ``millwheel``
 COMMAND_GROUP = "millwheel.commands"
@@ -144,32 +144,43 @@ def _delegate(command: str, rest: list[str], commands: dict[str, EntryPoint]) ->
     return command_main(rest)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    commands = registered_commands()
-    if argv and (argv[0] == "authority" or argv[0] in _RUNTIME_COMMANDS or argv[0] in commands):
-        return _delegate(argv[0], argv[1:], commands)
+#: the help of every ``TOPOLOGY`` argument
+_TOPOLOGY_HELP = "a topology: a .py file or a package directory exposing `topology` (or `build()`)"
+
+
+def build_parser(commands: dict[str, EntryPoint] | None = None, *, top_help: bool = False) -> argparse.ArgumentParser:
+    """The ``millwheel`` command line (``commands``: the registered ones, loaded for their
+    help only when ``top_help``); :func:`options_reference` lists every option of it."""
+    commands = registered_commands() if commands is None else commands
     parser = argparse.ArgumentParser(prog="millwheel", description="MillWheel-style stream computations on Spark")
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="run a topology")
-    p_run.add_argument("topology")
+    p_run.add_argument("topology", help=_TOPOLOGY_HELP)
     p_run.add_argument("--backend", choices=["spark", "harness"], default="spark", help="where to run it (default: Spark)")
     from millwheel.runtime._cli import add_arguments as _spark_arguments
 
     _spark_arguments(p_run)
     p_val = sub.add_parser("validate", help="check a topology's wiring")
-    p_val.add_argument("topology")
+    p_val.add_argument("topology", help=_TOPOLOGY_HELP)
     p_graph = sub.add_parser("graph", help="print a topology")
-    p_graph.add_argument("topology")
+    p_graph.add_argument("topology", help=_TOPOLOGY_HELP)
     p_graph.add_argument("--dot", action="store_true", help="Graphviz DOT instead of text")
     p_auth = sub.add_parser("authority", help="the low-watermark authority service", add_help=False)
-    p_auth.add_argument("rest", nargs=argparse.REMAINDER)
+    p_auth.add_argument("rest", nargs=argparse.REMAINDER, help="the command's own arguments (millwheel authority --help)")
     for name, (_, _, text) in _RUNTIME_COMMANDS.items():
-        sub.add_parser(name, help=text, add_help=False).add_argument("rest", nargs=argparse.REMAINDER)
-    top_help = not argv or argv[0] in ("-h", "--help")
+        sub.add_parser(name, help=text, add_help=False).add_argument("rest", nargs=argparse.REMAINDER, help=f"the command's own arguments (millwheel {name} --help)")
     for name, ep in sorted(commands.items()):
         p_cmd = sub.add_parser(name, help=_command_help(ep, load=top_help), add_help=False)
-        p_cmd.add_argument("rest", nargs=argparse.REMAINDER)
+        p_cmd.add_argument("rest", nargs=argparse.REMAINDER, help=f"the command's own arguments (millwheel {name} --help)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    commands = registered_commands()
+    if argv and (argv[0] == "authority" or argv[0] in _RUNTIME_COMMANDS or argv[0] in commands):
+        return _delegate(argv[0], argv[1:], commands)
+    parser = build_parser(commands, top_help=not argv or argv[0] in ("-h", "--help"))
     args = parser.parse_args(argv)
     try:
         topo, module = load_topology_module(args.topology)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up millwheel on a fresh machine: Java (for Spark) if missing, a virtualenv in .venv
 # with the package and its pinned dependencies. With --test, also the test tools and
-# Debian's Chromium (for the dashboard's browser test) and etcd (the IdRegistry's replicated backend).
+# Debian's Chromium (for the dashboard's browser test), etcd (the IdRegistry's replicated backend) and
+# PostgreSQL (the database-sink test, tests/runtime/test_spark_sink.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,6 +28,10 @@ fi
 if [[ $want_test -eq 1 ]] && ! command -v chromium >/dev/null 2>&1; then
     echo "setup: installing Chromium for the dashboard test"
     apt_install chromium || echo "setup: chromium not installed; browser tests will be skipped" >&2
+fi
+if [[ $want_test -eq 1 ]] && ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    echo "setup: installing PostgreSQL for the database-sink test"
+    apt_install postgresql || echo "setup: postgresql not installed; the database-sink test will be skipped" >&2
 fi
 if [[ $want_test -eq 1 ]] && ! command -v etcd >/dev/null 2>&1; then
     echo "setup: installing etcd for the IdRegistry's replicated backend tests"

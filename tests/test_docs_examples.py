@@ -37,7 +37,16 @@ def is_doctest(code: str) -> bool:
 
 
 def uses_spark(code: str) -> bool:
-    return re.search(r"\bspark\.", code) is not None
+    """Does the block use a name ``spark`` (``spark.read...``)? Not a string that says
+    ``"spark.jars.packages"``: the code's tokens, not its text."""
+    import io
+    import tokenize
+
+    try:
+        toks = [t for t in tokenize.generate_tokens(io.StringIO(code).readline) if t.type in (tokenize.NAME, tokenize.OP)]
+    except (tokenize.TokenError, SyntaxError):
+        return re.search(r"\bspark\.", code) is not None
+    return any(a.type == tokenize.NAME and a.string == "spark" and b.string == "." for a, b in zip(toks, toks[1:], strict=False))
 
 
 def _anomalies_topology(ns: dict) -> None:

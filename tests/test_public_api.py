@@ -16,7 +16,7 @@ def test_exported_members_are_pinned():
         "KeyContext", "KeyExtractorError", "LogFileSource", "RunError", "Stage", "file_time",
         "ComputationOptions", "DataclassCodec", "DedupOptions", "EnvelopeError", "ErrorPolicy",
         "HarnessError", "InjectorSpec", "LateAction", "LatePolicy", "MillwheelError", "MsgpackCodec",
-        "PickleCodec", "Production", "Record", "SampleSource", "SinkSpec", "Source", "SourceBatch",
+        "PickleCodec", "Production", "Record", "SampleSource", "SinkSpec", "Source", "SourceBatch", "SparkSink", "SparkSource",
         "State", "StateCodec", "StateCodecError", "TimeDomain", "Timer", "TimerFamily",
         "Topology", "TopologyError",
     }

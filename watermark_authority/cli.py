@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
         help="an origin beyond loopback the dashboard may read, e.g. an IdRegistry's https://registry.example.com (repeatable)",
     )  # fmt: skip
     w = sub.add_parser("watermarks", help="print the published watermarks of a running authority")
-    w.add_argument("--url", default=f"http://127.0.0.1:{DEFAULT_PORT}")
+    w.add_argument("--url", default=f"http://127.0.0.1:{DEFAULT_PORT}", help=f"the authority's URL (default http://127.0.0.1:{DEFAULT_PORT})")
     w.add_argument("--json", action="store_true", help="print JSON")
     return parser
 

@@ -57,10 +57,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     g.add_argument("--authority", default=None, help="URL of a running watermark authority (default: an embedded one)")
     g.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE",
+        help="a Spark setting for the session, repeatable (e.g. --conf spark.executor.memory=2g); overrides the topology's spark_conf",
+    )  # fmt: skip
+    g.add_argument(
+        "--packages", default=None, metavar="COORDS",
+        help="comma-separated Maven coordinates Spark fetches for the driver and executors (spark.jars.packages), e.g. Kafka's org.apache.spark:spark-sql-kafka-0-10_2.13:4.3.0",
+    )  # fmt: skip
+    g.add_argument("--jars", default=None, metavar="FILES", help="comma-separated local jars for the driver and executors (spark.jars), e.g. a connector without network access")
+    g.add_argument(
         "--only", default=None,
         help="comma-separated computations/injectors to run here; the others run in another driver on the same "
         "--checkpoint and --authority (add a computation to a running topology)",
     )  # fmt: skip
+
+
+def spark_conf(topology: Topology, args: argparse.Namespace) -> dict[str, str]:
+    """The Spark settings of a run: the topology's ``spark_conf``, then ``--packages``,
+    ``--jars`` and every ``--conf KEY=VALUE`` (the command line wins).
+
+    >>> ns = argparse.Namespace(conf=["spark.executor.memory=2g", "a.b=x=y"], packages="g:a:1", jars=None)
+    >>> spark_conf(Topology("t", spark_conf={"spark.executor.memory": "1g"}), ns)
+    {'spark.executor.memory': '2g', 'spark.jars.packages': 'g:a:1', 'a.b': 'x=y'}
+    """
+    from millwheel._errors import MillwheelError
+
+    conf = dict(topology.spark_conf)
+    if getattr(args, "packages", None):
+        conf["spark.jars.packages"] = args.packages
+    if getattr(args, "jars", None):
+        conf["spark.jars"] = args.jars
+    for item in getattr(args, "conf", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            msg = f"--conf takes KEY=VALUE (e.g. --conf spark.executor.memory=2g), got {item!r}"
+            raise MillwheelError(msg)
+        conf[key.strip()] = value
+    return conf
 
 
 def _components(topology: Topology, only: tuple[str, ...]) -> list[str]:
@@ -73,7 +106,10 @@ def _sink_hints(topology: Topology, root: str) -> dict[str, str]:
 
     out = {}
     for s in topology.sinks.values():
-        if s.target is not None:
+        if s.spark is not None:
+            how = f"format {s.spark.format!r}" if s.spark.format else f"foreach_batch {getattr(s.spark.foreach_batch, '__name__', 'function')}"
+            out[s.name] = f"written through Spark ({how}); all of them: millwheel read {root} {s.stream}"
+        elif s.target is not None:
             t = parse_target(s.target, f"sink {s.name!r}")
             out[s.name] = f"written to {t.path} ({t.format}); all of them: millwheel read {root} {s.stream}"
         else:
@@ -172,7 +208,8 @@ def _run(
             say(f"starting Spark ({master or 'as spark-submit set it'})...")
             t0 = time.perf_counter()
             jvm_log = os.path.join(root, "spark.log")
-            spark = spark_session(master, shuffle_partitions=args.shuffle_partitions, ui=ui, conf=_worker_env(topology), jvm_log=jvm_log)
+            conf = {**_worker_env(topology), **spark_conf(topology, args)}
+            spark = spark_session(master, shuffle_partitions=args.shuffle_partitions, ui=ui, conf=conf, jvm_log=jvm_log)
             where = ui_url(spark)
             say(f"Spark {spark.version} up in {time.perf_counter() - t0:.1f}s on {spark.sparkContext.master}" + (f"; Spark UI at {where}" if where else ""))
             if not under_spark_submit():

@@ -29,6 +29,7 @@ from millwheel._errors import MillwheelError
 from millwheel._logfile import LogFileSource
 from millwheel._once import PipelineNameTaken, join_roster, new_epoch, pipeline_id
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Key, Record, decode_key
+from millwheel._sparkio import SparkSource
 from millwheel._topology import Topology
 from millwheel.runtime._audit import AuditLog
 from millwheel.runtime._fs import Location
@@ -40,6 +41,8 @@ from millwheel.runtime._session import checkpoint_conf, restore_conf, set_conf, 
 from millwheel.runtime._settings import RuntimeSettings
 from millwheel.runtime._sinks import sink_writers
 from millwheel.runtime._spark_internals import STATE, has_started
+from millwheel.runtime._sparksink import spark_sink_writers
+from millwheel.runtime._sparksource import SparkSourceInjector
 from millwheel.runtime._streams import FileStreamLog
 from millwheel.runtime._usercode import ship_user_code
 from millwheel.runtime._wire import interval_groups
@@ -211,7 +214,9 @@ class SparkRuntime:
         for name, spec in topology.injectors.items():
             if only and name not in only:
                 continue
-            if isinstance(spec.source, LogFileSource) and not self.settings.lockstep:
+            if isinstance(spec.source, SparkSource):
+                self.injectors[name] = SparkSourceInjector(self, spec)
+            elif isinstance(spec.source, LogFileSource) and not self.settings.lockstep:
                 self.injectors[name] = LogFileInjector(self, spec)
             else:
                 self.injectors[name] = SourceInjector(self, spec)
@@ -220,6 +225,8 @@ class SparkRuntime:
         #: sinks with a target: each follows its stream log and writes committed files once (``_sinks.py``)
         here = set(self.injectors) | set(self.computations)
         self.sinks = [s for s in sink_writers(topology, self.streams, self.root) if here & set(self.producers(s.spec.stream))]
+        #: sinks through Spark (``SparkSink``: Kafka, tables, foreachBatch), fed the same committed files (``_sparksink.py``)
+        self.sinks += [w for w in spark_sink_writers(topology, self.streams, self.root, lambda: self.spark, self.log) if here & set(self.producers(w.spec.stream))]
         self.started = False
         #: this run directory's identity in once-tokens (:func:`pin_pipeline`), set by :meth:`start`
         self.pipeline_id: str | None = None
@@ -236,7 +243,7 @@ class SparkRuntime:
         if self._spark is None:
             from millwheel.runtime._session import spark_session
 
-            self._spark = spark_session(self.settings.master, shuffle_partitions=self.settings.shuffle_partitions)
+            self._spark = spark_session(self.settings.master, shuffle_partitions=self.settings.shuffle_partitions, conf=dict(self.topology.spark_conf) or None)
         return self._spark
 
     def producers(self, stream: str) -> list[str]:

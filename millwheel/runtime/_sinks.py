@@ -268,6 +268,9 @@ def write_harness_sinks(topology: Topology, output: Any) -> dict[str, str]:
         rows = [row_of(r) for r in output(spec.stream)]
         _write(loc.child(f"harness-part-0.{target.format}"), encode_rows(rows, target.format))
         done[spec.name] = f"written to {target.path} ({target.format})"
+    for spec in topology.sinks.values():
+        if spec.spark is not None:  # a SparkSink: written through Spark, so on the Spark backend only
+            done[spec.name] = "a Spark sink: not written by the harness backend (run it with --backend spark)"
     return done
 
 
@@ -344,7 +347,7 @@ def read_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="millwheel read", description="print a stream of a run directory as plain rows (id, ts, key, value)")
     run_argument(p)
     p.add_argument("stream", nargs="?", help="the stream, e.g. anomalies or dead_letters (without it: list the streams)")
-    p.add_argument("--format", choices=FORMATS, default="jsonl")
+    p.add_argument("--format", choices=FORMATS, default="jsonl", help="output format (default jsonl)")
     p.add_argument("--limit", type=int, default=None, help="at most this many records")
     p.add_argument("--out", default=None, help="write to this file instead of standard output")
     args = p.parse_args(argv)

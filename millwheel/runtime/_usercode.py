@@ -41,6 +41,8 @@ def _modules_of(topology: Any) -> set[str]:
     for inj in topology.injectors.values():
         if inj.source is not None:
             objs.append(type(inj.source))
+            if callable(getattr(inj.source, "value", None)):  # a SparkSource's parser runs on the executors
+                objs.append(inj.source.value)
     names = set()
     for obj in objs:
         name = getattr(obj, "__module__", None) or getattr(type(obj), "__module__", None)

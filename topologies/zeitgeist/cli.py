@@ -86,24 +86,38 @@ def _with_progress(work: Callable[[], Any], logs: Path, expected: int) -> Any:
         ticker.join()
 
 
+#: one line per generator setting (``GeneratorConfig``), for ``generate --help``
+_GENERATOR_HELP = {
+    "seed": "random seed", "queries": "distinct queries", "zipf_s": "Zipf exponent of query popularity",
+    "rate": "mean events per second over all queries", "duration_s": "seconds of events", "start_ms": "event time of the first event (ms)",
+    "day_s": "length of the short seasonal day, s", "season_amplitude": "seasonal amplitude a (traffic x [1-a, 1+a])",
+    "spikes": "injected spikes", "dips": "injected dips", "spike_factor": "traffic factor during a spike", "dip_factor": "traffic factor during a dip",
+    "anomaly_min_s": "shortest anomaly, s", "anomaly_max_s": "longest anomaly, s", "anomaly_min_rate": "lowest trough rate of a query that gets an anomaly",
+    "warmup_s": "no anomaly before this, s", "anomaly_gap_s": "quiet time between two anomalies of a query, s", "file_ms": "event time per log file, ms",
+    "max_delay_ms": "largest delay of an event into its file, ms", "window_ms": "window size, ms", "late_fraction": "fraction of late events",
+    "duplicate_fraction": "fraction of duplicated events", "malformed": "malformed lines",
+}
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="millwheel zeitgeist", description="Zeitgeist sample generator and evaluation")
     sub = parser.add_subparsers(dest="command", required=True)
     p_gen = sub.add_parser("generate", help="write a query-log sample and its ground truth")
-    p_gen.add_argument("out_dir")
+    p_gen.add_argument("out_dir", help="the directory to write the logs and truth.json to")
     for f in fields(GeneratorConfig):  # every setting is an option: --seed, --duration-s, ...
-        p_gen.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default, dest=f.name)
+        text = f"{_GENERATOR_HELP.get(f.name, f.name.replace('_', ' '))} (default {f.default})"
+        p_gen.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default, dest=f.name, help=text)
     p_run = sub.add_parser("run", help="replay a sample through the topology in the harness and evaluate")
     p_run.add_argument("data_dir", nargs="?", default=None, help="default: the default sample (generated if missing)")
-    p_run.add_argument("--mode", choices=["continuous", "batch"], default="continuous")
-    p_run.add_argument("--tick-ms", type=int, default=100)
-    p_run.add_argument("--tolerance-ms", type=int, default=1_000)
+    p_run.add_argument("--mode", choices=["continuous", "batch"], default="continuous", help="replay file by file with a moving clock, or all at once (default continuous)")
+    p_run.add_argument("--tick-ms", type=int, default=100, help="continuous mode: the clock step of the paced replay, in ms (default 100)")
+    p_run.add_argument("--tolerance-ms", type=int, default=1_000, help="an anomaly matches an injected event within this many ms (default 1000)")
     p_run.add_argument("--out", default=None, help="write anomalies.jsonl, metrics.json, evaluation.json here")
     p_eval = sub.add_parser("evaluate", help="evaluate an anomalies output (JSON lines) against the ground truth")
-    p_eval.add_argument("data_dir")
-    p_eval.add_argument("anomalies")
+    p_eval.add_argument("data_dir", help="the sample's directory (with truth.json)")
+    p_eval.add_argument("anomalies", help="the anomalies, JSON lines (millwheel read RUN anomalies)")
     p_eval.add_argument("--metrics", default=None, help="metrics.json from the run (counters, dead letters)")
-    p_eval.add_argument("--tolerance-ms", type=int, default=1_000)
+    p_eval.add_argument("--tolerance-ms", type=int, default=1_000, help="an anomaly matches an injected event within this many ms (default 1000)")
     p_eval.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
 
