@@ -16,8 +16,8 @@ fails in that test, not somewhere in a run:
   ``operatorName``; ``statestore``'s ``value.groupState.envs``, ``user_map_key.key``,
   ``user_map_value.env``).
 * **the checkpoint's file formats** — :func:`committed_batches` (``commits/<n>``),
-  :func:`offset_log_entries` (``offsets/<n>``: a version line, the batch's metadata, one
-  line per source), :func:`source_log_files` (a file source's ``sources/<i>/<n>``: a
+  :func:`planned_batches`, :func:`offset_log_metadata` and :func:`offset_log_entries`
+  (``offsets/<n>``: a version line, the batch's metadata, one line per source), :func:`source_log_files` (a file source's ``sources/<i>/<n>``: a
   version line, one JSON line per file).
 * **the text of errors** — Spark passes a Python worker's exception to the driver as
   text inside a Java exception: :func:`python_error` (the traceback in it),
@@ -210,6 +210,28 @@ def offset_log_entries(text: str) -> list[Any]:
         except ValueError:
             out.append(None)
     return out
+
+
+def offset_log_metadata(text: str) -> dict[str, Any] | None:
+    r"""The batch's metadata in an offset-log file (its second line: ``batchWatermarkMs``,
+    ``batchTimestampMs``, the session conf), or ``None`` for a file still being written.
+
+    >>> offset_log_metadata('v1\n{"batchWatermarkMs":1500,"batchTimestampMs":9}\n-')["batchWatermarkMs"]
+    1500
+    """
+    lines = text.strip().splitlines()
+    if len(lines) < 2:
+        return None
+    try:
+        meta = json.loads(lines[1])
+    except ValueError:
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def planned_batches(checkpoint: Location) -> list[int]:
+    """The batches a query's offset log says are planned (``offsets/<n>``), ascending."""
+    return sorted(int(name) for name in checkpoint.child(OFFSETS).list() if name.isdigit())
 
 
 def file_source_offsets(text: str) -> dict[int, int]:

@@ -48,6 +48,11 @@ from millwheel._topology import InjectorSpec
 from millwheel.runtime._context import DriverContext
 from millwheel.runtime._lease import Lease
 from millwheel.runtime._outbox import Outbox, _numbers
+from millwheel.runtime._spark_internals import (
+    offset_log_entries,
+    offset_log_metadata,
+    planned_batches,
+)
 from millwheel.runtime._usercode import RestartPolicy
 from millwheel.runtime._wire import OUT_SCHEMA, SUMMARY_STREAM, IntervalSummary
 
@@ -84,15 +89,13 @@ def missing_connector(exc: BaseException, spark_version: str, where: str) -> Mil
     return MillwheelError(f"{where}: Spark has no {fmt!r} data source on its classpath. {fix}")
 
 
-def _offset_lines(loc: Any) -> tuple[dict[str, Any], list[str]] | None:
-    """An offset-log entry: its metadata and its sources' offsets (JSON text, ``-`` for none)."""
+def _offset_lines(loc: Any) -> tuple[dict[str, Any], list[Any]] | None:
+    """An offset-log entry: its metadata and its sources' offsets (``None`` for none)."""
     text = loc.read_text()
-    if not text:
+    meta = offset_log_metadata(text) if text else None
+    if meta is None:
         return None
-    lines = text.strip().splitlines()
-    if len(lines) < 2:
-        return None
-    return json.loads(lines[1]), lines[2:]
+    return meta, offset_log_entries(text)
 
 
 def convert_batch(
@@ -207,7 +210,7 @@ class SparkSourceInjector:
         entry = _offset_lines(self.checkpoint.child("offsets", str(n)))
         if entry is None:
             return None
-        offsets = [json.loads(x) for x in entry[1] if x.strip() not in ("", "-")]
+        offsets = [x for x in entry[1] if x is not None]
         field = self.source.offset_watermark
         values = [o.get(field) for o in offsets if isinstance(o, dict)]
         if not values or any(v is None for v in values):
@@ -354,7 +357,7 @@ class SparkSourceInjector:
         for a second with every batch it planned committed and published — a table read to
         its end, a Kafka topic to its latest offsets. The injector is then finished."""
         q = self.query
-        planned = _numbers(self.checkpoint.child("offsets"))
+        planned = planned_batches(self.checkpoint)
         idle = (
             q is not None and q.lastProgress is not None
             and not q.status.get("isDataAvailable", True) and not q.status.get("isTriggerActive", True)

@@ -27,6 +27,8 @@ from millwheel.runtime._spark_internals import (
     has_started,
     is_transient,
     offset_log_entries,
+    offset_log_metadata,
+    planned_batches,
     python_error,
     read_envelopes,
     root_log_level,
@@ -80,6 +82,9 @@ def test_contract_checkpoint_file_formats(spark, tmp_path):
     assert committed_batches(loc) == [0]
     offsets = (checkpoint / "offsets" / "0").read_text()
     assert len(offset_log_entries(offsets)) == 1
+    assert planned_batches(loc) == [0]
+    meta = offset_log_metadata(offsets)
+    assert meta is not None and "batchWatermarkMs" in meta and "batchTimestampMs" in meta
     assert file_source_offsets(offsets) == {0: 0}
     files = source_log_files((checkpoint / "sources" / "0" / "0").read_text())
     assert files is not None
