@@ -97,7 +97,7 @@ def make_data(d: Path, records: int, keys: int, files: int, intervals: int, seed
         name = f"f{f:05d}-m{int(ts.min())}.parquet"
         pq.write_table(table, bare / name)
         recs = [Record(None, {"query": s}, 0, "") for s in queries]
-        for field, array in zip(Keyer.arrow_fields(["WindowCount"]), keyer.arrays([("events", r) for r in recs], ["WindowCount"]), strict=True):
+        for field, array in zip(keyer.arrow_fields(["WindowCount"]), keyer.arrays([("events", r) for r in recs], ["WindowCount"]), strict=True):
             table = table.append_column(field, array)
         pq.write_table(table, out / name)
     for x in (out, bare):

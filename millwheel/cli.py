@@ -39,12 +39,13 @@ __all__ = ["COMMAND_GROUP", "build_parser", "graph_text", "load_topology", "load
 #: the entry-point group of the commands that packages add to ``millwheel``
 COMMAND_GROUP = "millwheel.commands"
 
-_BUILT_IN = ("run", "validate", "graph", "authority", "read", "state", "cluster")
+_BUILT_IN = ("run", "validate", "graph", "authority", "read", "state", "cluster", "rescale")
 #: built-in commands whose arguments belong to a runtime module's own parser: name -> (module, function, help)
 _RUNTIME_COMMANDS = {
     "read": ("millwheel.runtime._sinks", "read_main", "print a stream of a run directory as JSON lines, CSV or Parquet"),
     "state": ("millwheel.runtime._state_reader", "state_main", "a computation's committed per-key state, timers and dedup ids"),
     "cluster": ("millwheel.runtime._cluster", "cluster_main", "a Spark standalone cluster on this machine (up, down, status); the file to give spark-submit (launcher)"),
+    "rescale": ("millwheel.runtime._rescale", "rescale_main", "give a stopped run's computation another number of key intervals (its state moves in its next micro-batch)"),
 }
 
 

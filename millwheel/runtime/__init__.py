@@ -10,7 +10,7 @@ from typing import Any
 
 __all__ = [
     "EXECUTOR_CLASS", "FencedError", "FileStreamLog", "RuntimeSettings", "SparkRuntime", "child_processes",
-    "committed_unpublished", "disk_full", "run_identity", "spark_session",
+    "committed_unpublished", "disk_full", "rescale", "run_identity", "spark_session",
 ]  # fmt: skip
 
 _WHERE = {
@@ -22,6 +22,7 @@ _WHERE = {
     "RuntimeSettings": "millwheel.runtime._settings",
     "SparkRuntime": "millwheel.runtime._runtime",
     "committed_unpublished": "millwheel.runtime._outbox",
+    "rescale": "millwheel.runtime._rescale",
     "run_identity": "millwheel.runtime._runtime",
     "spark_session": "millwheel.runtime._session",
 }

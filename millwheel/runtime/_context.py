@@ -33,6 +33,10 @@ class DriverContext(Protocol):
     #: the Spark grouping value of each key interval (``_runtime.pin_groups``)
     groups: list[int]
 
+    def layout(self, computation: str) -> Any:
+        """A computation's key intervals and their Spark groups (``_layout.Layout``)."""
+        ...
+
     @property
     def spark(self) -> Any: ...
 

@@ -43,6 +43,7 @@ import msgpack
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import xxhash
 
 from millwheel._codec import decode_value, encode_value
 from millwheel._counters import StepMetrics
@@ -55,6 +56,7 @@ from millwheel._delivery import (
     run_key,
     timers_due,
 )
+from millwheel._envelope import Envelope
 from millwheel._options import ErrorPolicy
 from millwheel._record import MIN_TIMESTAMP, Production, Record, decode_key, encode_key
 from millwheel._step import StepRunner
@@ -63,6 +65,7 @@ from millwheel.runtime._keying import (
     Keyer,
     cached_key,
     dead_interval,
+    interval_of,
     wants_dead_letters,
 )
 from millwheel.runtime._wire import (
@@ -93,6 +96,42 @@ class KeyMeta(NamedTuple):
         if outcome.envelope is None or outcome.keeps_nothing_to_schedule:
             return None
         return cls(outcome.hold, outcome.next_low_watermark_timer, outcome.next_wall_timer)
+
+
+def meta_of_envelope(env: bytes) -> KeyMeta | None:
+    """A stored key's :class:`KeyMeta` read from its envelope (what the step would have
+    kept beside it): its hold, earliest low-watermark and wall timers; ``None`` if it has
+    nothing to schedule. A rescale installs envelopes with it (``_rescale.py``)."""
+    e = Envelope.decode(env)
+    next_lw = next_wall = None
+    for ts, domain in e.timers.values():
+        if domain == 0:  # TimeDomain.LOW_WATERMARK
+            next_lw = ts if next_lw is None or ts < next_lw else next_lw
+        else:
+            next_wall = ts if next_wall is None or ts < next_wall else next_wall
+    hold = e.hold()
+    if hold is None and next_lw is None and next_wall is None:
+        return None
+    return KeyMeta(hold, next_lw, next_wall)
+
+
+def state_digest(envs: dict[bytes, bytes]) -> list[int]:
+    """``[keys, xxh3 of the sorted (key, envelope) pairs]``: what a key interval of the old
+    layout must hold when a rescale empties it (:attr:`RowKind.RETIRE`), so a state that
+    is not the one the rescale read fails the batch instead of being lost."""
+    h = xxhash.xxh3_64()
+    for kb in sorted(envs):
+        env = envs[kb]
+        h.update(len(kb).to_bytes(4, "big"))
+        h.update(kb)
+        h.update(len(env).to_bytes(8, "big"))
+        h.update(env)
+    return [len(envs), h.intdigest()]
+
+
+class RescaleMismatch(RuntimeError):
+    """A rescale's rows (``_rescale.py``) met a state other than the one the rescale read:
+    the batch fails before anything commits."""
 
 
 def unpack_meta(data: bytes) -> Any:
@@ -264,7 +303,7 @@ class IntervalBatch:
     :func:`~millwheel._delivery.plan_steps` and :meth:`StepRunner.step` per key.
     """
 
-    __slots__ = ("owner", "interval", "low_watermark", "now", "per_key", "out", "totals")
+    __slots__ = ("owner", "interval", "low_watermark", "now", "per_key", "out", "totals", "installs", "retire")
 
     def __init__(self, owner: IntervalStep, interval: int, low_watermark: int, now: int) -> None:
         self.owner = owner
@@ -275,13 +314,23 @@ class IntervalBatch:
         self.per_key: dict[bytes, list[_Row]] = {}
         self.out = _Out()
         self.totals = StepMetrics()
+        #: a rescale's envelopes to install before anything runs: ``(key bytes, envelope)``
+        self.installs: list[tuple[bytes, bytes]] = []
+        #: a rescale's :func:`state_digest` of what this group must hold before it is emptied
+        self.retire: list[int] | None = None
 
     @classmethod
     def of(cls, owner: IntervalStep, group: tuple[Any, ...], frames: Iterable[pd.DataFrame], spark_watermark: int, now: int) -> IntervalBatch | None:
         """The batch of Spark group ``group`` (a key interval's group value) of ``owner``'s
         computation with its input frames; ``None`` for the heartbeat group, which only moves
         Spark's watermark."""
-        interval = owner.interval_of(int(group[0]))
+        g = int(group[0])
+        if owner.retired(g):
+            batch = cls(owner, -2, from_spark(spark_watermark), now)
+            for pdf in frames:
+                batch.add_frame(pdf)
+            return batch
+        interval = owner.interval_of(g)
         if interval < 0:
             for _ in frames:
                 pass
@@ -307,7 +356,10 @@ class IntervalBatch:
             n = len(pdf)
         if n and (kind != int(RowKind.RECORD)).any():
             unkeyed = kind == int(RowKind.UNKEYED)
-            letters = (kind != int(RowKind.RECORD)) & ~unkeyed
+            moves = (kind == int(RowKind.INSTALL)) | (kind == int(RowKind.RETIRE))
+            if moves.any():
+                self._moves(pdf[moves])
+            letters = (kind != int(RowKind.RECORD)) & ~unkeyed & ~moves
             if letters.any():
                 self._dead_letters(pdf[letters], wants_dead_letters(self.owner.keyer))
             keyed_here = self._key_here(pdf[unkeyed]) if unkeyed.any() else None
@@ -337,6 +389,15 @@ class IntervalBatch:
                 per_key[kb] = [row]
             else:
                 lst.append(row)
+
+    def _moves(self, pdf: pd.DataFrame) -> None:
+        """A rescale's rows (``_rescale.py``): envelopes to install here, or this group's
+        retirement with the digest of what it must hold."""
+        for kind, kb, value in zip(pdf["kind"].tolist(), pdf["key"].tolist(), pdf["value"].tolist(), strict=True):
+            if kind == RowKind.INSTALL:
+                self.installs.append((kb, value))
+            else:
+                self.retire = list(_unpackb(value))
 
     def _key_here(self, pdf: pd.DataFrame) -> pd.DataFrame | None:
         """Rows their producer did not key for this computation (:attr:`RowKind.UNKEYED`),
@@ -384,6 +445,9 @@ class IntervalBatch:
         ``keyed``: something reads dead letters and they are keyed for it here)."""
         totals = self.totals
         for kind, rid, ts, value in zip(pdf["kind"].tolist(), pdf["id"].tolist(), pdf["ts"].tolist(), pdf["value"].tolist(), strict=True):
+            if kind in (RowKind.INSTALL, RowKind.RETIRE):  # an interval function that does not move state (columnar)
+                msg = f"computation {self.owner.spec.name!r}: a rescale's state move reached an interval function that cannot apply it ({type(self.owner).__name__})"
+                raise RescaleMismatch(msg)
             count_keying(totals, kind == RowKind.DROPPED)
             if kind != RowKind.DROPPED:
                 rec = Record(None, decode_value(value), ts, rid, DEAD_LETTER_STREAM) if keyed else None
@@ -517,7 +581,7 @@ class IntervalStep:
 
     def out_schema(self) -> str:
         """The Spark schema of its output rows: :data:`OUT_SCHEMA` and the key columns."""
-        extra = Keyer.ddl(self.out_consumers)
+        extra = self.keyer.ddl(self.out_consumers) if self.keyer is not None else ""
         return f"{OUT_SCHEMA}, {extra}" if extra else OUT_SCHEMA
 
     def __getstate__(self) -> dict[str, Any]:
@@ -531,6 +595,48 @@ class IntervalStep:
         if group < 0 or self._interval_of is None:
             return group
         return self._interval_of[group]
+
+    def retired(self, group: int) -> bool:
+        """Is ``group`` a Spark group that is not one of this layout's key intervals (a group
+        of the layout before a rescale: it only ever gets its :attr:`RowKind.RETIRE` row)?"""
+        return group >= 0 and self._interval_of is not None and group not in self._interval_of
+
+    def install(self, batch: IntervalBatch, envs: dict[bytes, Any], meta: dict[bytes, Any]) -> None:
+        """A rescale's envelopes into this interval's (empty) maps, before any key runs."""
+        name = self.spec.name
+        if envs:
+            msg = f"computation {name!r}: a rescale installs envelopes into key interval {batch.interval}, which already holds {len(envs)} keys; the rescale must be redone"
+            raise RescaleMismatch(msg)
+        n = self.intervals or 0
+        for kb, env in batch.installs:
+            if interval_of(kb, n) != batch.interval:
+                msg = f"computation {name!r}: a rescale sent key {decode_key(kb)!r} to key interval {batch.interval} of {n}, not its own ({interval_of(kb, n)})"
+                raise RescaleMismatch(msg)
+            envs[kb] = env
+            m = meta_of_envelope(env)
+            if m is not None:
+                meta[kb] = m
+
+    def _retire(self, batch: IntervalBatch, state: Any) -> None:
+        """Empty a group of the layout before a rescale, once its state is the one the rescale read."""
+        name = self.spec.name
+        if batch.retire is None or batch.per_key or batch.installs:
+            msg = (
+                f"computation {name!r}: Spark group {batch.interval} is not a key interval of this layout ({self.intervals} intervals) "
+                "and got rows other than a rescale's retirement; the run directory's run.json and its heartbeat files disagree"
+            )
+            raise RescaleMismatch(msg)
+        envs = _unpackb(state.get[0], raw=False, strict_map_key=False) if state.exists else {}
+        held = state_digest(envs)
+        if held != batch.retire:
+            msg = (
+                f"computation {name!r}: a group of the layout before the rescale holds {held[0]} keys (digest {held[1]:x}), "
+                f"not the {batch.retire[0]} (digest {batch.retire[1]:x}) the rescale read and moved; nothing was committed: "
+                "restore run.json to the old layout and run millwheel rescale again"
+            )
+            raise RescaleMismatch(msg)
+        if state.exists:
+            state.remove()
 
     def registry(self) -> Any:
         if self._registry is None and self.registry_factory is not None:
@@ -549,12 +655,20 @@ class IntervalStep:
         batch = IntervalBatch.of(self, group, frames, state.getCurrentWatermarkMs(), state.getCurrentProcessingTimeMs())
         if batch is None:
             return
+        if self.retired(int(group[0])):
+            self._retire(batch, state)
+            return
+        if batch.retire is not None:
+            msg = f"computation {self.spec.name!r}: a rescale retires Spark group {group[0]}, which is key interval {batch.interval} of this layout"
+            raise RescaleMismatch(msg)
         if state.exists:
             envs_b, meta_b = state.get
             envs = _unpackb(envs_b, raw=False, strict_map_key=False)
             meta = unpack_meta(meta_b)
         else:
             envs, meta = {}, {}
+        if batch.installs:
+            self.install(batch, envs, meta)
         batch.add_due(meta.items())
         for kb, outcome in batch.run(envs.get).items():
             if outcome.envelope is None:

@@ -59,9 +59,20 @@ def dead_interval(rid: Any, intervals: int) -> int:
     return _hash(str(rid).encode()) % intervals
 
 
-def key_columns(consumer: str) -> tuple[str, str]:
-    """The two columns ``key:C`` and ``interval:C`` of consumer ``C``."""
-    return f"key:{consumer}", f"interval:{consumer}"
+def key_columns(consumer: str, intervals: int | None = None) -> tuple[str, str]:
+    """The two columns ``key:C`` and ``interval:C`` of consumer ``C``.
+
+    ``intervals``: the consumer's own interval count once it has one (a rescaled
+    computation, ``_layout.py``): then the interval column is ``interval:C@N``, so files
+    written under another count lack it and are keyed again on read (``_query.py``).
+    The key column does not depend on the count.
+
+    >>> key_columns("C"), key_columns("C", 8)
+    (('key:C', 'interval:C'), ('key:C', 'interval:C@8'))
+    """
+    if intervals is None:
+        return f"key:{consumer}", f"interval:{consumer}"
+    return f"key:{consumer}", f"interval:{consumer}@{intervals}"
 
 
 def cached_key(key: Any, intervals: int, cache: dict[Any, tuple[bytes, int]]) -> tuple[bytes, int]:
@@ -79,39 +90,57 @@ class Keyer:
     """Every consumer's key extractor, by stream: what a producer needs to key what it writes.
 
     Picklable (extractors travel as the computations' code does: ``_usercode.py``).
-    ``consumers`` maps a stream to ``[(consumer name, extractor)]``.
+    ``consumers`` maps a stream to ``[(consumer name, extractor)]``. ``intervals`` is the
+    run's interval count; ``own`` the consumers that have their own (rescaled: ``_layout.py``),
+    whose interval column is named by it (:func:`key_columns`).
     """
 
-    def __init__(self, consumers: dict[str, list[tuple[str, Extractor]]], intervals: int) -> None:
+    def __init__(self, consumers: dict[str, list[tuple[str, Extractor]]], intervals: int, own: dict[str, int] | None = None) -> None:
         self.consumers = {s: list(cs) for s, cs in consumers.items() if cs}
         self.intervals = intervals
+        self.own = dict(own or {})
 
     @classmethod
-    def of(cls, topology: Any, intervals: int) -> Keyer:
+    def of(cls, topology: Any, intervals: int, own: dict[str, int] | None = None) -> Keyer:
         """The keyer of a :class:`~millwheel.Topology`: every stream's consumers."""
         return cls(
             {s: [(c.name, c.inputs[s]) for c in topology.consumers(s)] for s in topology.streams()},
             intervals,
+            own,
         )
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        self.__dict__.update(d)
+        self.__dict__.setdefault("own", {})
+
+    def intervals_of(self, consumer: str) -> int:
+        """How many key intervals ``consumer`` has."""
+        return self.own.get(consumer, self.intervals)
+
+    def columns(self, consumer: str) -> tuple[str, str]:
+        """``consumer``'s key and interval columns (:func:`key_columns`)."""
+        return key_columns(consumer, self.own.get(consumer))
+
+    def restricted(self, streams: Iterable[str]) -> Keyer:
+        """The keyer of ``streams`` only (what a writer of them ships to its workers)."""
+        return Keyer({s: self.consumers.get(s, []) for s in streams}, self.intervals, self.own)
 
     def consumers_of(self, streams: Iterable[str]) -> list[str]:
         """The consumers of any of ``streams``, sorted: the key columns a writer of them carries."""
         return sorted({c for s in streams for c, _ in self.consumers.get(s, ())})
 
-    @staticmethod
-    def arrow_fields(consumers: Sequence[str]) -> list[pa.Field]:
+    def arrow_fields(self, consumers: Sequence[str]) -> list[pa.Field]:
         out = []
         for c in consumers:
-            k, i = key_columns(c)
+            k, i = self.columns(c)
             out += [pa.field(k, pa.binary()), pa.field(i, pa.int32())]
         return out
 
-    @staticmethod
-    def ddl(consumers: Sequence[str]) -> str:
+    def ddl(self, consumers: Sequence[str]) -> str:
         """The columns as a Spark DDL fragment (``""`` for none)."""
         parts = []
         for c in consumers:
-            k, i = key_columns(c)
+            k, i = self.columns(c)
             parts += [f"`{k}` binary", f"`{i}` int"]
         return ", ".join(parts)
 
@@ -123,14 +152,13 @@ class Keyer:
         n = len(rows)
         out: dict[str, list[Any]] = {}
         wanted = set(consumers)
-        #: stream -> [(extractor, key column, interval column, key cache)]
-        by_stream: dict[str, list[tuple[Extractor, list[Any], list[Any], dict[Any, tuple[bytes, int]]]]] = {}
+        #: stream -> [(extractor, key column, interval column, key cache, intervals)]
+        by_stream: dict[str, list[tuple[Extractor, list[Any], list[Any], dict[Any, tuple[bytes, int]], int]]] = {}
         caches: dict[str, dict[Any, tuple[bytes, int]]] = {}
         for c in consumers:
-            k, i = key_columns(c)
+            k, i = self.columns(c)
             out[k], out[i] = [None] * n, [None] * n
             caches[c] = {}
-        intervals = self.intervals
         for j, (stream, rec) in enumerate(rows):
             if rec is None:
                 continue
@@ -139,11 +167,11 @@ class Keyer:
             targets = by_stream.get(stream)
             if targets is None:
                 targets = by_stream[stream] = [
-                    (e, out[key_columns(c)[0]], out[key_columns(c)[1]], caches[c])
+                    (e, out[self.columns(c)[0]], out[self.columns(c)[1]], caches[c], self.intervals_of(c))
                     for c, e in self.consumers.get(stream, ())
                     if c in wanted
                 ]
-            for extractor, kcol, icol, cache in targets:
+            for extractor, kcol, icol, cache, intervals in targets:
                 # the per-record path: a valid key seen before costs the extractor and a
                 # dict lookup; anything else (an exception, an invalid or unhashable key)
                 # leaves the row unkeyed for the consumer's own pass, which says why

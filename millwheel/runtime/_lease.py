@@ -83,6 +83,49 @@ class DriverEpoch:
                     break
         return self.value
 
+    def mark(self, *, stopped: bool) -> None:
+        """Say in ``_drivers/<epoch>`` whether this driver has stopped its queries (a clean
+        stop) or runs them (a restart of the same runtime): :func:`live_drivers` reads it."""
+        if self.value:
+            suffix = " stopped" if stopped else ""
+            self.leases.child(self.DIR, f"{self.value:012d}").write_text(f"{os.uname().nodename}:{os.getpid()}{suffix}\n")
+
+
+def live_drivers(leases: Location) -> list[str]:
+    """The drivers that may still be running queries of this run directory, described.
+
+    Only the newest epoch of each query can write anything (older ones are fenced), so
+    only those drivers count: one that stopped cleanly says so (:meth:`DriverEpoch.mark`);
+    one on this host whose process is gone (killed) is not running; one on another host
+    cannot be checked from here and is listed.
+    """
+    if not leases.exists():
+        return []
+    out: list[str] = []
+    host = os.uname().nodename
+    newest: dict[int, str] = {}  # epoch -> a query it holds
+    for q in leases.list():
+        if q != DriverEpoch.DIR and (e := max(_epochs(leases.child(q)), default=0)):
+            newest[e] = q
+    for epoch, query in sorted(newest.items()):
+        name = f"{epoch:012d}"
+        # the driver's own entry (it says whether it stopped), else the query lease's owner
+        text = (leases.child(DriverEpoch.DIR, name).read_text() or leases.child(query, name).read_text() or "").strip()
+        if text.endswith(" stopped"):
+            continue
+        owner, _, pid = text.rpartition(":")
+        if owner == host and pid.isdigit():
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                continue
+            except PermissionError:
+                pass
+            out.append(f"epoch {epoch}: process {pid} on this host")
+        else:
+            out.append(f"epoch {epoch}: {text or 'an unknown process'} (not on this host: cannot check it from here)")
+    return out
+
 
 class Lease:
     """The lease of one query of one run directory: :meth:`acquire` at start, :meth:`check` before writes."""

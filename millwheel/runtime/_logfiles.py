@@ -87,7 +87,7 @@ class LogFileStreamReader(DataSourceStreamReader):
             names = ["stream", "id", "ts", "key", "value", "wm"]
             if self.keyer is not None:
                 arrays += self.keyer.arrays([(s, r) for s, r, _ in rows], self.consumers)
-                names += [f.name for f in Keyer.arrow_fields(self.consumers)]
+                names += [f.name for f in self.keyer.arrow_fields(self.consumers)]
             yield pa.RecordBatch.from_arrays(arrays, names=names)
 
 
@@ -97,8 +97,8 @@ class LogFileDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> str:
-        consumers = json.loads(self.options.get("keyed_for", "[]"))
-        return f"{OUT_SCHEMA}, {Keyer.ddl(consumers)}" if consumers else OUT_SCHEMA
+        keyer, consumers = keyer_of(dict(self.options))
+        return f"{OUT_SCHEMA}, {keyer.ddl(consumers)}" if keyer is not None and consumers else OUT_SCHEMA
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:  # noqa: ARG002
         return LogFileStreamReader(dict(self.options))
@@ -112,7 +112,7 @@ def keyer_options(keyer: Keyer, stream: str) -> dict[str, str]:
         return {}
     # only the extractors of what the reader writes; they may be lambdas or live in a
     # topology file (``_usercode.py``)
-    mine = Keyer({s: keyer.consumers.get(s, []) for s in streams}, keyer.intervals)
+    mine = keyer.restricted(streams)
     blob = cloudpickle.dumps(mine, protocol=pickle.HIGHEST_PROTOCOL)
     return {"keyer": base64.b64encode(blob).decode(), "keyed_for": json.dumps(consumers)}
 

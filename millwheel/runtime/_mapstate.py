@@ -42,7 +42,14 @@ import msgpack
 import pandas as pd
 
 from millwheel._topology import ComputationSpec
-from millwheel.runtime._interval import IntervalBatch, IntervalStep, KeyMeta, earliest, unpack_meta
+from millwheel.runtime._interval import (
+    IntervalBatch,
+    IntervalStep,
+    KeyMeta,
+    RescaleMismatch,
+    earliest,
+    unpack_meta,
+)
 from millwheel.runtime._spark_internals import MapStatePipeline
 from millwheel.runtime._wire import to_spark
 
@@ -73,6 +80,9 @@ def make_processor(spec: ComputationSpec, *, pipeline: str = "default", registry
         def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
             watermark = timerValues.getCurrentWatermarkInMs()
             batch = IntervalBatch.of(self.owner, key, rows, watermark, timerValues.getCurrentProcessingTimeInMs())
+            if batch is not None and (batch.installs or batch.retire is not None or batch.interval == -2):
+                msg = f"computation {spec.name!r}: a rescale's rows reached the per-key state layout, which millwheel rescale does not move"
+                raise RescaleMismatch(msg)
             if batch is not None:
                 yield self._run(batch, watermark, expired=False)
 

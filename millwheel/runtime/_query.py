@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from millwheel._counters import StepMetrics
 from millwheel._delivery import low_watermark
+from millwheel._errors import MillwheelError
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel._topology import ComputationSpec
 from millwheel.runtime._columnar import interval_step_class
@@ -38,7 +39,7 @@ from millwheel.runtime._interval import (
     KEYING_STAGE_NEEDED,
     make_keying,
 )
-from millwheel.runtime._keying import Keyer, key_columns
+from millwheel.runtime._layout import mark_authority_moved
 from millwheel.runtime._lease import FencedError, Lease
 from millwheel.runtime._mapstate import make_processor
 from millwheel.runtime._outbox import Outbox
@@ -61,7 +62,7 @@ from millwheel.runtime._wire import (
     interval_name,
     to_spark,
 )
-from watermark_authority import StaleTokenError
+from watermark_authority import ConflictError, StaleTokenError, UnknownNameError
 
 #: Spark configuration of each state layout's state store (``RuntimeSettings.state_layout``)
 STATE_STORE_CONF: dict[str, dict[str, str]] = {
@@ -75,6 +76,8 @@ STATE_STORE_CONF: dict[str, dict[str, str]] = {
 }
 
 _HB_SCHEMA = pa.schema([("interval", pa.int32()), ("wm", pa.int64()), ("now", pa.int64())])
+#: a rescale's heartbeat file (``_rescale.py``): :data:`_HB_SCHEMA` and the columns of its rows
+HB_MOVE_SCHEMA = pa.schema([*_HB_SCHEMA, ("kind", pa.int32()), ("group", pa.int32()), ("key", pa.binary()), ("value", pa.binary())])
 
 
 class ConsumedFiles:
@@ -149,7 +152,9 @@ class ComputationQuery:
         self.rt = rt
         self.spec = spec
         self.name = spec.name
-        self.intervals = rt.settings.intervals
+        #: its key intervals and their Spark groups (``_layout.py``), read again at each start
+        self.intervals = rt.keyer.intervals_of(self.name)
+        self.groups: list[int] = []
         self.checkpoint = rt.root.child("checkpoints", self.name)
         self.heartbeats = rt.root.child("heartbeats", self.name)
         self.inputs = [(s, p) for s in spec.inputs for p in rt.producers(s)]
@@ -192,9 +197,13 @@ class ComputationQuery:
             lease.check()  # a restart after a failure: only if no other driver took over
         else:
             lease.acquire(self.rt.driver_epoch.get())  # type: ignore[union-attr]
+        layout = self.rt.layout(self.name)
+        self.intervals, self.groups = layout.intervals, list(layout.groups)
+        if layout.migration is not None:
+            self._check_migration(layout.migration)
         self.outbox.recover()
         self.summaries.clear()
-        self._tokens = self.rt.watermarks.acquire_many(self.name, [interval_name(i) for i in range(self.intervals)])
+        self._tokens = self._acquire(layout)
         nums = [int(n.split(".")[0]) for n in self.heartbeats.list() if n.endswith(".parquet") and n[0].isdigit()]
         self._hb_seq = max(nums, default=-1) + 1
         # every interval reports its summary once, so the low watermark knows all holds
@@ -203,11 +212,56 @@ class ComputationQuery:
         self.keying_stage = self._keying_forced or self._unkeyed_input()
         self.query = self._start(self._build())
 
+    def _check_migration(self, migration: dict[str, Any]) -> None:
+        """A rescaled computation's state moves into its new groups with the heartbeat file
+        its rescale wrote (``_rescale.py``): it must be waiting for the query, or read by it
+        already (in its file source's log). Without it, the new layout would start from
+        empty groups: refused, never run."""
+        name = migration["file"]
+        if self.heartbeats.child(name).exists():
+            return
+        self.consumed.refresh()
+        if name in self.consumed.heartbeat_files:
+            return
+        msg = (
+            f"computation {self.name!r}: run.json gives it {self.intervals} key intervals from a rescale whose state move "
+            f"({self.heartbeats.child(name).uri}) is neither waiting nor read by its query: the rescale was interrupted. "
+            f"Run `millwheel rescale {self.rt.root.uri} --computation {self.name} --intervals {self.intervals}` again to finish it"
+        )
+        raise MillwheelError(msg)
+
+    def _acquire(self, layout: Any) -> dict[str, int]:
+        """Own this computation's key intervals at the watermark authority (fresh tokens).
+
+        After a rescale (``layout.migration``), the intervals of the old layout are merged
+        into ``interval-0`` and that split into the new ones (§7.1): the old tokens are
+        retired, so a zombie reporting for an old interval is fenced, and every new interval
+        starts at the minimum of the old ones' values, so the published watermark neither
+        goes back nor passes the moved keys' timers before the new intervals report. An
+        authority that does not know the old intervals (an in-process one, or the move was
+        made already) just has them acquired: a new interval holds the watermark at its
+        start until it reports. Either way no old interval is left to hold it for ever.
+        """
+        wm = self.rt.watermarks
+        names = [interval_name(i) for i in range(self.intervals)]
+        migration = layout.migration
+        if migration is not None and migration.get("authority") == "pending":
+            old = [interval_name(i) for i in range(int(migration["from_intervals"]))]
+            try:
+                wm.merge(self.name, old, old[0])
+                tokens = wm.split(self.name, old[0], names)
+            except (UnknownNameError, ConflictError):
+                tokens = None
+            mark_authority_moved(self.rt.root, self.name)
+            if tokens is not None:
+                return tokens
+        return wm.acquire_many(self.name, names)
+
     def _unkeyed_input(self) -> bool:
         """Whether a live input file lacks this computation's ``interval:C`` column (written
         before it read the stream, by an older millwheel or by a writer without a keyer):
         then its query needs the keying stage. Each file's footer is read once per driver."""
-        _, icol = key_columns(self.name)
+        _, icol = self.rt.keyer.columns(self.name)
         known, self._keyed_files = self._keyed_files, set()  # only live files are remembered
         for stream, producer in self.inputs:
             loc = self.rt.streams.location(stream, producer)
@@ -236,18 +290,22 @@ class ComputationQuery:
 
         spark = self.rt.spark
         settings = self.rt.settings
+        # heartbeats, ticks, and a rescale's rows (``_rescale.py``), which name their Spark
+        # group themselves (``_group``); a tick for an interval this layout does not have
+        # (written before a rescale) wakes nothing: every interval is ticked at start anyway
         hb = (
             spark.readStream.schema(HEARTBEAT_SCHEMA).option("maxFileAge", "36500d").parquet(self.heartbeats.uri)
+            .where(F.col("group").isNotNull() | (F.col("interval") < F.lit(self.intervals)))
             .select(
-                F.col("interval"), F.lit(None).cast("int").alias("kind"), F.lit(None).cast("binary").alias("key"),
-                F.lit(None).cast("string").alias("id"), F.lit(0).cast("long").alias("ts"), F.lit(None).cast("binary").alias("value"),
+                F.col("interval"), F.col("kind"), F.col("key"),
+                F.lit(None).cast("string").alias("id"), F.lit(0).cast("long").alias("ts"), F.col("value"),
                 F.lit(None).cast("long").alias("wm"), F.lit(None).cast("string").alias("stream"), F.lit(None).cast("string").alias("src"),
                 F.lit(None).cast("long").alias("row"), F.col("now"),
-                F.timestamp_millis("wm").alias("wm_ts"),
+                F.timestamp_millis("wm").alias("wm_ts"), F.col("group").alias("_group"),
             )
         )  # fmt: skip
         parts = [hb]  # first: Spark plans sources in this order
-        schema = f"{LOG_SCHEMA}, {Keyer.ddl([self.name])}"
+        schema = f"{LOG_SCHEMA}, {self.rt.keyer.ddl([self.name])}"
         for stream, extractor in self.spec.inputs.items():
             readers = []
             for producer in self.rt.producers(stream):
@@ -262,24 +320,27 @@ class ComputationQuery:
                 )
             raw = reduce(lambda a, b: a.unionByName(b), readers)
             keyed = self._keyed(raw, stream, extractor) if self.keying_stage else self._keyed_by_producer(raw, stream)
-            parts.append(keyed.withColumn("wm_ts", F.lit(None).cast("timestamp")))
+            parts.append(keyed.withColumn("wm_ts", F.lit(None).cast("timestamp")).withColumn("_group", F.lit(None).cast("int")))
         union = reduce(lambda a, b: a.unionByName(b), parts).withWatermark("wm_ts", "0 seconds")
-        # the Spark group of each key interval (``_runtime.pin_groups``): heartbeats keep -1
-        groups = F.array(*(F.lit(g) for g in self.rt.groups))
+        # the Spark group of each key interval (``_runtime.pin_groups``, ``_layout.py``): heartbeats keep -1
+        groups = F.array(*(F.lit(g) for g in self.groups))
         # the worker takes the interval from the group, so the column stops here: one
         # column less through the shuffle and the Arrow/pandas round trip
-        union = union.withColumn("group", F.when(F.col("interval") < 0, F.col("interval")).otherwise(F.element_at(groups, F.col("interval") + 1))).drop("interval")
+        union = union.withColumn(
+            "group",
+            F.coalesce(F.col("_group"), F.when(F.col("interval") < 0, F.col("interval")).otherwise(F.element_at(groups, F.col("interval") + 1))),
+        ).drop("interval", "_group")
         keyer = self.rt.keyer
         if settings.state_layout == "keys":
             interval_step_class(self.spec, settings.state_layout)  # refuses a columnar computation
             # one state-store row per key (``_mapstate.py``): transformWithStateInPandas
-            processor = make_processor(self.spec, pipeline=self.rt.pipeline_id, registry=settings.registry, keyer=keyer, groups=self.rt.groups)
+            processor = make_processor(self.spec, pipeline=self.rt.pipeline_id, registry=settings.registry, keyer=keyer, groups=self.groups)
             out = union.groupBy("group").transformWithStateInPandas(
                 statefulProcessor=processor, outputStructType=processor.owner.out_schema(), outputMode="Append", timeMode="EventTime",
             )  # fmt: skip
         else:
             # a columnar computation has its own interval function: ``_columnar.py``
-            step = interval_step_class(self.spec)(self.spec, pipeline=self.rt.pipeline_id, registry=settings.registry, keyer=keyer, groups=self.rt.groups)
+            step = interval_step_class(self.spec)(self.spec, pipeline=self.rt.pipeline_id, registry=settings.registry, keyer=keyer, groups=self.groups)
             out = union.groupBy("group").applyInPandasWithState(
                 step, step.out_schema(), STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout,
             )  # fmt: skip
@@ -306,7 +367,7 @@ class ComputationQuery:
         """
         from pyspark.sql import functions as F
 
-        kcol, icol = key_columns(self.name)
+        kcol, icol = self.rt.keyer.columns(self.name)
         unkeyed = F.col(f"`{icol}`").isNull()
         return raw.select(
             F.when(unkeyed, F.pmod(F.xxhash64(F.col("id")), F.lit(self.intervals)).cast("int")).otherwise(F.col(f"`{icol}`")).alias("interval"),
@@ -328,7 +389,7 @@ class ComputationQuery:
         """
         from pyspark.sql import functions as F
 
-        kcol, icol = key_columns(self.name)
+        kcol, icol = self.rt.keyer.columns(self.name)
         keying = F.arrow_udf(make_keying(self.name, stream, extractor, self.intervals, self.spec.options.on_error), KEYING_RESULT)
         need = F.col(f"`{icol}`").isNull()
         k = keying(need, *(F.when(need, F.col(c)) for c in ("id", "ts", "key", "value")))

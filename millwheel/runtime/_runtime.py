@@ -35,6 +35,7 @@ from millwheel.runtime._audit import AuditLog
 from millwheel.runtime._fs import Location
 from millwheel.runtime._injectors import LogFileInjector, SourceInjector
 from millwheel.runtime._keying import Keyer
+from millwheel.runtime._layout import Layout, computation_layouts, own_intervals, read_pin
 from millwheel.runtime._lease import DriverEpoch
 from millwheel.runtime._query import ComputationQuery, prune_streams
 from millwheel.runtime._session import checkpoint_conf, restore_conf, set_conf, warm_python_workers
@@ -189,8 +190,9 @@ class SparkRuntime:
         self.topology = topology.validate()
         self.settings = settings or RuntimeSettings()
         self.root = Location.of(root)
-        #: every consumer's key extractor: producers key what they write (``_keying.py``)
-        self.keyer = Keyer.of(self.topology, self.settings.intervals)
+        #: every consumer's key extractor: producers key what they write (``_keying.py``), for
+        #: each consumer's interval count (a rescaled one has its own: ``_layout.py``)
+        self.keyer = Keyer.of(self.topology, self.settings.intervals, own_intervals(read_pin(self.root)))
         self.streams = FileStreamLog(self.root, self.keyer)
         #: the epoch every query's lease is taken under (``_lease.py``): one per driver start
         self.driver_epoch = DriverEpoch(self.root.child("leases"))
@@ -232,6 +234,8 @@ class SparkRuntime:
         self.pipeline_id: str | None = None
         #: the Spark grouping value of each key interval (:func:`pin_groups`), known at start
         self.groups: list[int] = list(range(self.settings.intervals))
+        #: each computation's key intervals (``_layout.py``): the run-wide ones, or its own after a rescale
+        self.layouts: dict[str, Layout] = {}
         #: session settings this run changed, to restore at :meth:`stop` (``_session.set_conf``)
         self._saved_conf: dict[str, str | None] | None = None
         self._pruned_at = 0.0
@@ -245,6 +249,13 @@ class SparkRuntime:
 
             self._spark = spark_session(self.settings.master, shuffle_partitions=self.settings.shuffle_partitions, conf=dict(self.topology.spark_conf) or None)
         return self._spark
+
+    def layout(self, computation: str) -> Layout:
+        """``computation``'s key intervals and their Spark groups (known at :meth:`start`)."""
+        lay = self.layouts.get(computation)
+        if lay is None:
+            return Layout(self.keyer.intervals_of(computation), tuple(self.groups))
+        return lay
 
     def producers(self, stream: str) -> list[str]:
         """Who writes ``stream``: one stream-log directory each."""
@@ -289,6 +300,14 @@ class SparkRuntime:
         # for the whole run: the file sources' logs take it on the queries' own threads
         self._saved_conf = set_conf(self.spark, checkpoint_conf(self.root))
         self.groups = pin_groups(self.root, self.settings.intervals, int(self.spark.conf.get("spark.sql.shuffle.partitions")))
+        held = read_pin(self.root)
+        if own_intervals(held) != self.keyer.own:
+            msg = (
+                f"run directory {self.root.uri}: run.json gives computations their own key intervals {own_intervals(held)}, "
+                f"not the {self.keyer.own} this runtime was built with (rescaled meanwhile?); build the runtime again"
+            )
+            raise MillwheelError(msg)
+        self.layouts = computation_layouts(held, list(self.topology.computations), self.settings.intervals, self.groups)
         try:
             warm_python_workers(self.spark)
         except Exception as exc:  # noqa: BLE001 - an optimisation: the queries start their own workers
@@ -299,6 +318,7 @@ class SparkRuntime:
         for name in self.order:
             self._progress(f"computation {name}")
             self.computations[name].start()
+        self.driver_epoch.mark(stopped=False)
         self.started = True
         self.started_at = time.monotonic()
 
@@ -355,6 +375,7 @@ class SparkRuntime:
                 c.stop()
             for inj in self.injectors.values():
                 inj.stop()
+        self.driver_epoch.mark(stopped=True)  # ``millwheel rescale`` checks that no driver runs (``_lease.live_drivers``)
         if self._saved_conf is not None:
             restore_conf(self._spark, self._saved_conf)
             self._saved_conf = None

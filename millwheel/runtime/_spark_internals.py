@@ -174,6 +174,25 @@ def read_envelopes(spark: Any, checkpoint_uri: str, batch_id: int | None = None)
     return out
 
 
+def read_interval_states(spark: Any, checkpoint_uri: str, batch_id: int) -> tuple[bool, dict[int, dict[bytes, bytes]]]:
+    """``(per-key layout?, {Spark group: {key bytes: envelope}})`` as of committed batch
+    ``batch_id``: the interval rows of the default layout, by the group value that keys them
+    (the ``statestore`` source's ``key`` struct holds the grouping column). For the per-key
+    layout the map is empty: a rescale refuses it (``_rescale.py``)."""
+    meta = spark.read.format("state-metadata").load(checkpoint_uri).select("operatorName").collect()
+    if any("transformWithState" in row[0] for row in meta):
+        return True, {}
+    out: dict[int, dict[bytes, bytes]] = {}
+    df = spark.read.format("statestore").option("batchId", batch_id).load(checkpoint_uri)
+    for row in df.select("key", "value.groupState.envs", "value.groupState.meta").collect():
+        group = int(row[0][0])
+        if not row[2]:  # the per-record layout always packs a meta map; a columnar store leaves it empty
+            msg = f"the state in {checkpoint_uri} is a columnar computation's store (group {group}), not envelopes"
+            raise ValueError(msg)
+        out[group] = {} if row[1] is None else _unpackb(row[1], raw=False, strict_map_key=False)
+    return False, out
+
+
 # ---- the checkpoint's file formats ------------------------------------------------------------
 #: the directories of a streaming query's checkpoint
 COMMITS, OFFSETS, SOURCES, STATE = "commits", "offsets", "sources", "state"
@@ -186,6 +205,31 @@ def committed_batches(checkpoint: Location) -> list[int]:
         if name.isdigit():
             out.append(int(name))
     return sorted(out)
+
+
+def planned_batches(checkpoint: Location) -> list[int]:
+    """The batches a query's offset log has planned (``offsets/<n>``), ascending."""
+    return sorted(int(n) for n in checkpoint.child(OFFSETS).list() if n.isdigit())
+
+
+def drop_planned_batch(checkpoint: Location, batch: int) -> None:
+    """Delete the offset-log entry of batch ``batch``, planned and never committed (with the
+    checksum file beside it): the query's next start plans the batch anew from the last
+    committed one, over the file sources' logs (which keep every file they listed, so the
+    new plan reads them all). Only ``_rescale.py`` does this, under its checks."""
+    offsets = checkpoint.child(OFFSETS)
+    for name in (str(batch), f".{batch}.crc"):
+        offsets.child(name).delete()
+
+
+def offset_log_conf(checkpoint: Location, batch: int) -> dict[str, str]:
+    """The session configuration a batch's offset-log entry recorded (``spark.sql.shuffle.partitions``...)."""
+    text = checkpoint.child(OFFSETS, str(batch)).read_text() or ""
+    lines = text.splitlines()
+    try:
+        return dict(json.loads(lines[1]).get("conf", {}))
+    except (IndexError, ValueError):
+        return {}
 
 
 def has_started(checkpoint: Location) -> bool:

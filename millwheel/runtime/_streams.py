@@ -189,7 +189,7 @@ def records_table(records: Iterable[Record], sender_watermark: int | None = None
     consumers = [] if keyer is None else keyer.consumers_of([stream])
     if keyer is not None and consumers:
         arrays += keyer.arrays([(stream, r) for r in recs], consumers)
-        fields += Keyer.arrow_fields(consumers)
+        fields += keyer.arrow_fields(consumers)
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 

@@ -26,6 +26,7 @@ share these definitions.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 import msgpack
@@ -34,8 +35,11 @@ from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
 
 #: columns of every stream-log file (extra columns are ignored by readers)
 LOG_SCHEMA = "id string, ts long, key binary, value binary, wm long"
-#: heartbeat files: the computation's input low watermark (Spark time) and wall-clock ticks
-HEARTBEAT_SCHEMA = "interval int, wm long, now long"
+#: heartbeat files: the computation's input low watermark (Spark time) and wall-clock ticks;
+#: and the rows of a rescale (``_rescale.py``): ``kind`` (:attr:`RowKind.INSTALL` or
+#: :attr:`RowKind.RETIRE`), the Spark ``group`` they go to as it is, and for an install the
+#: key and envelope (``key``, ``value``); older heartbeat files read those as nulls
+HEARTBEAT_SCHEMA = "interval int, wm long, now long, kind int, group int, key binary, value binary"
 #: rows entering the per-interval step: records, dead letters of keying (``kind``, see
 #: :class:`RowKind`) and heartbeats; ``stream`` is the input stream a record came from,
 #: ``src`` and ``row`` the stream-log file and row it was read from (its send order).
@@ -65,6 +69,12 @@ class RowKind(enum.IntEnum):
     #: keying stage: sent to a key interval by a hash of its id, and keyed by the step there
     #: (``_interval.IntervalBatch``; docs/runtime.md "A keying stage only when needed")
     UNKEYED = 3
+    #: a rescale moves a key's envelope here (``key``, ``value``): a heartbeat-file row for
+    #: a group of the computation's new layout, installed before any record (``_rescale.py``)
+    INSTALL = 4
+    #: a rescale empties this group of the old layout; ``value`` is what it must hold
+    #: (:func:`~millwheel.runtime._interval.state_digest` of its envelopes)
+    RETIRE = 5
 
 
 @dataclass(slots=True)
@@ -124,22 +134,25 @@ def spark_hash_int(value: int) -> int:
     return h - (1 << 32) if h >= 1 << 31 else h
 
 
-def interval_groups(intervals: int, partitions: int) -> list[int]:
+def interval_groups(intervals: int, partitions: int, avoid: Iterable[int] = ()) -> list[int]:
     """The Spark grouping value of each key interval, dealt round-robin over ``partitions``.
 
     Spark places a group in partition ``pmod(hash(value), partitions)`` (a stateful
     operator's state is partitioned so). Grouping by the interval number itself puts 16
     intervals 7 / 9 on 2 partitions and 8 intervals 3 / 5, so one core does up to 25% more
     of the stateful stage than the other. Interval ``i`` gets the smallest unused
-    non-negative value that lands in partition ``i % partitions``.
+    non-negative value that lands in partition ``i % partitions``, and is not in ``avoid``
+    (the groups a rescale's old layout keeps its state under: ``_rescale.py``).
 
     >>> interval_groups(4, 2)
     [2, 0, 4, 1]
+    >>> interval_groups(4, 2, avoid=[2, 0, 4, 1])
+    [5, 3, 10, 6]
     >>> [spark_hash_int(g) % 2 for g in interval_groups(8, 2)]
     [0, 1, 0, 1, 0, 1, 0, 1]
     """
     groups: list[int] = []
-    used: set[int] = set()
+    used: set[int] = set(avoid)
     for i in range(intervals):
         v = 0
         while v in used or spark_hash_int(v) % partitions != i % partitions:

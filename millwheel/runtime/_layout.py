@@ -1,0 +1,91 @@
+"""Each computation's key-interval layout, as ``run.json`` records it (docs/runtime.md, "Rescaling key intervals").
+
+A run directory is bound at its first start to a run-wide interval count and its Spark
+group values (``"intervals"``, ``"groups"``: ``_runtime.pin_run_settings``, ``pin_groups``).
+``millwheel rescale`` (``_rescale.py``) gives one computation its own::
+
+    "computations": {"C": {"intervals": 8, "groups": [...], "used_groups": [...],
+                           "migration": {"file": "...", "from_intervals": 4, "authority": "pending"}}}
+
+A computation without an entry has the run-wide layout. One with an entry groups its
+query by its own groups, reports ``interval-<i>`` for ``i < intervals`` to the watermark
+authority, and its producers key rows for it into ``interval:C@<intervals>``
+(:func:`~millwheel.runtime._keying.key_columns`), so files written under another count
+lack that column and are keyed again on read. ``used_groups`` is every group value the
+computation's state has ever been kept under: a rescale picks new ones outside it.
+``migration`` names the heartbeat file that moves the state into the new groups: until a
+committed batch has read it the run cannot go on without it (:func:`check_migration`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from millwheel._errors import MillwheelError
+from millwheel.runtime._fs import Location
+
+__all__ = ["Layout", "computation_layouts", "read_pin", "write_pin"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One computation's key intervals: how many, and the Spark group value of each."""
+
+    intervals: int
+    groups: tuple[int, ...]
+    #: has it its own layout (a rescale gave it one) rather than the run-wide one
+    own: bool = False
+    #: the heartbeat file of the rescale that made this layout, until a start has seen it consumed
+    migration: dict[str, Any] | None = None
+
+
+def read_pin(root: Location) -> dict[str, Any]:
+    """``run.json`` as a dict (``{}`` before the first start)."""
+    pin = root.child("run.json")
+    text = pin.read_text()
+    if text is None:
+        return {}
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        msg = f"{pin.uri} is not JSON ({exc}); it records the settings the run directory was started with"
+        raise MillwheelError(msg) from None
+
+
+def write_pin(root: Location, held: dict[str, Any]) -> None:
+    """Replace ``run.json`` atomically (``Location.write_text``)."""
+    root.child("run.json").write_text(json.dumps(held, indent=1) + "\n")
+
+
+def own_intervals(held: dict[str, Any]) -> dict[str, int]:
+    """The computations with their own interval count, and that count."""
+    return {name: int(entry["intervals"]) for name, entry in (held.get("computations") or {}).items()}
+
+
+def computation_layouts(held: dict[str, Any], names: list[str], intervals: int, groups: list[int]) -> dict[str, Layout]:
+    """Each of ``names``'s layout: its own from ``run.json``'s ``"computations"``, else the run-wide one."""
+    own = held.get("computations") or {}
+    out: dict[str, Layout] = {}
+    for name in names:
+        entry = own.get(name)
+        if entry is None:
+            out[name] = Layout(intervals, tuple(groups))
+            continue
+        n, gs = int(entry["intervals"]), tuple(int(g) for g in entry["groups"])
+        if len(gs) != n or len(set(gs)) != n:
+            msg = f"run.json gives computation {name!r} {n} key intervals and the groups {list(gs)}; it was edited by hand or is damaged"
+            raise MillwheelError(msg)
+        out[name] = Layout(n, gs, own=True, migration=entry.get("migration"))
+    return out
+
+
+def mark_authority_moved(root: Location, computation: str) -> None:
+    """Record in ``run.json`` that ``computation``'s old intervals were retired at the
+    watermark authority (``ComputationQuery._acquire``): later starts just acquire the new ones."""
+    held = read_pin(root)
+    migration = ((held.get("computations") or {}).get(computation) or {}).get("migration")
+    if migration is not None and migration.get("authority") != "done":
+        migration["authority"] = "done"
+        write_pin(root, held)

@@ -1,0 +1,339 @@
+"""``millwheel rescale``: give a stopped run's computation another number of key intervals, exactly once.
+
+MillWheel's master splits and merges key intervals (§7.1). Here a run directory is bound
+to its interval layout from its first start (``run.json``); this command gives one
+computation ``C`` of a *stopped* run its own count ``N`` (``_layout.py``), so the next
+driver on the run directory resumes with it. See docs/runtime.md, "Rescaling key intervals".
+
+    millwheel rescale RUN --computation C --intervals N
+
+1. **No driver runs** (``_lease.live_drivers``), then the command takes ``C``'s lease
+   under a new driver epoch: a zombie driver of ``C`` is fenced from here on.
+2. **Every committed batch of C is published** (``Outbox.recover``, as a driver start
+   does): their per-interval summaries are of the old layout and must be applied before
+   it goes. A batch planned and never committed (a driver stopped or killed mid-batch) is
+   dropped from the offset log, so the next start plans it anew, with the state move
+   first (``_spark_internals.drop_planned_batch``); refused if it published weak
+   productions already (a new plan could give their ids other contents).
+3. **The state at the last committed batch** is read (Spark's state data source) per old
+   group; every envelope becomes an :attr:`~millwheel.runtime._wire.RowKind.INSTALL` row
+   for the new group its key hashes to (:func:`~millwheel.runtime._keying.interval_of`), and
+   every old group gets a :attr:`~millwheel.runtime._wire.RowKind.RETIRE` row with the digest
+   of what it holds. New groups are disjoint from every group C ever used, dealt
+   round-robin over the checkpoint's shuffle partitions.
+4. **One heartbeat file** carries those rows (``heartbeats/C/``, which C's query reads and
+   groups by ``group``): written hidden, then ``run.json`` gets C's new layout and names the
+   file, then the file is renamed into view. C's next micro-batch reads it whole, installs
+   every envelope before any record or timer of the batch, and empties the old groups —
+   or fails before committing, if an old group does not hold what was read. Spark commits
+   the batch's state atomically, and a replay reads the same file: the move happens
+   exactly once under kill -9.
+
+Crash safety of the command itself: before ``run.json`` changes nothing visible changed
+(a hidden file is ignored, and the next rescale replaces it); after it and before the
+rename, the next driver start refuses (``ComputationQuery._check_migration``) and running
+the command again finishes the rename.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+import msgpack
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from millwheel._errors import MillwheelError
+from millwheel.runtime._audit import AuditLog
+from millwheel.runtime._fs import Location
+from millwheel.runtime._interval import state_digest
+from millwheel.runtime._keying import interval_of
+from millwheel.runtime._layout import computation_layouts, read_pin, write_pin
+from millwheel.runtime._lease import DriverEpoch, Lease, live_drivers
+from millwheel.runtime._outbox import Outbox
+from millwheel.runtime._query import HB_MOVE_SCHEMA, ConsumedFiles
+from millwheel.runtime._spark_internals import (
+    committed_batches,
+    drop_planned_batch,
+    offset_log_conf,
+    planned_batches,
+    read_interval_states,
+)
+from millwheel.runtime._streams import DONE, FileStreamLog
+from millwheel.runtime._wire import IntervalSummary, RowKind, interval_groups
+
+__all__ = ["rescale", "rescale_main"]
+
+#: the hidden name a rescale's heartbeat file has until ``run.json`` names it
+_HIDDEN = ".{}.rescale"
+
+
+def _refuse(msg: str) -> MillwheelError:
+    return MillwheelError(f"cannot rescale: {msg}")
+
+
+def rescale(
+    run_dir: str, computation: str, intervals: int, *, spark: Any = None, force: bool = False, log: Any = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Give ``computation`` of the stopped run in ``run_dir`` ``intervals`` key intervals (see
+    the module docstring); returns what was done (keys moved, from and to, seconds...).
+
+    ``force``: skip the check that no driver runs (for a driver on another host that you
+    know has stopped). ``spark``: a session to read the state with (default: a local one).
+    """
+    t0 = time.perf_counter()
+    say = log or (lambda _msg: None)
+    root = Location.of(run_dir)
+    held = read_pin(root)
+    if not held:
+        msg = f"{root.uri} has no run.json: not a run directory, or never started"
+        raise _refuse(msg)
+    if type(intervals) is not int or intervals < 1:
+        msg = f"--intervals must be a positive integer, got {intervals!r}"
+        raise _refuse(msg)
+    if held.get("state_layout", "intervals") != "intervals":
+        msg = (
+            f"run directory {root.uri} keeps its state in the per-key layout (state_layout={held['state_layout']!r}); "
+            "millwheel rescale moves the interval-row layout only (docs/runtime.md, 'Rescaling key intervals')"
+        )
+        raise _refuse(
+            msg
+        )
+    checkpoint = root.child("checkpoints", computation)
+    if not checkpoint.exists():
+        known = sorted(root.child("checkpoints").list()) if root.child("checkpoints").exists() else []
+        msg = f"run directory {root.uri} has no computation {computation!r} (its computations: {known})"
+        raise _refuse(msg)
+    if "groups" not in held or "intervals" not in held:
+        msg = f"{root.child('run.json').uri} does not pin the run's key intervals and groups; start the run once with this millwheel first"
+        raise _refuse(msg)
+    live = live_drivers(root.child("leases"))
+    if live and not force:
+        msg = (
+            f"a driver may still be running run directory {root.uri} ({'; '.join(live)}); stop it first "
+            "(or pass --force if you know a driver on another host has stopped)"
+        )
+        raise _refuse(
+            msg
+        )
+    old = computation_layouts(held, [computation], int(held["intervals"]), [int(g) for g in held["groups"]])[computation]
+    heartbeats = root.child("heartbeats", computation)
+    heartbeats.mkdirs()
+    consumed = ConsumedFiles(checkpoint)
+    consumed.refresh()
+    committed = committed_batches(checkpoint)
+    last = committed[-1] if committed else -1
+    if old.migration is not None:
+        name = old.migration["file"]
+        if heartbeats.child(name).exists():
+            msg = (
+                f"the rescale of {computation!r} to {old.intervals} key intervals has not run yet (its state move {name} waits "
+                "in the heartbeats); resume the run, which moves the state in its first micro-batch, then rescale again"
+            )
+            raise _refuse(
+                msg
+            )
+        if name not in consumed.heartbeat_files:
+            hidden = heartbeats.child(_HIDDEN.format(name))
+            if not hidden.exists():
+                msg = f"run.json names the state move {name} of {computation!r}, which is gone: the run directory is damaged"
+                raise _refuse(msg)
+            if intervals != old.intervals:
+                msg = f"the rescale of {computation!r} to {old.intervals} key intervals was interrupted; finish it first (--intervals {old.intervals})"
+                raise _refuse(msg)
+            hidden.move_to(heartbeats.child(name))
+            say(f"finished the interrupted rescale of {computation!r} to {intervals} key intervals")
+            return {"computation": computation, "to": intervals, "finished": True, "file": name, "seconds": time.perf_counter() - t0}
+        if name not in consumed.heartbeat_names(last):
+            msg = (
+                f"the batch that moves {computation!r}'s state into {old.intervals} key intervals is planned but not committed; "
+                "resume the run until it commits, then rescale again"
+            )
+            raise _refuse(
+                msg
+            )
+    if intervals == old.intervals:
+        say(f"computation {computation!r} has {intervals} key intervals already")
+        return {"computation": computation, "from": old.intervals, "to": intervals, "keys": 0, "unchanged": True, "seconds": time.perf_counter() - t0}
+
+    # 1. fence: a new driver epoch, C's lease under it
+    leases = root.child("leases")
+    epoch = DriverEpoch(leases)
+    lease = Lease(leases.child(computation), f"computation {computation!r} (millwheel rescale)")
+    lease.acquire(epoch.get())
+    try:
+        return _move(root, computation, intervals, held, old, checkpoint, heartbeats, lease, spark, say, t0)
+    finally:
+        epoch.mark(stopped=True)
+
+
+def _move(
+    root: Location, computation: str, intervals: int, held: dict[str, Any], old: Any, checkpoint: Location,
+    heartbeats: Location, lease: Lease, spark: Any, say: Any, t0: float,
+) -> dict[str, Any]:  # fmt: skip
+    # 2. publish what committed; drop a planned, uncommitted batch
+    audit = AuditLog(root)
+    published: list[int] = []
+
+    def on_summary(batch: int, summaries: list[IntervalSummary]) -> None:
+        published.append(batch)
+        if summaries:  # the audit line a driver writes when it publishes (``ComputationQuery._on_summary``)
+            fired = sum(s.metrics.get("timers_fired", 0) for s in summaries)
+            audit.batch(computation, batch, max(s.low_watermark for s in summaries), fired, lease.epoch)
+
+    outbox = Outbox(
+        computation, root.child("outbox", computation), checkpoint, FileStreamLog(root), strong=True,
+        on_summary=on_summary, tally=root.child("tallies", f"{computation}.json"), lease=lease,
+    )  # fmt: skip
+    outbox.recover()
+    committed = committed_batches(checkpoint)
+    last = committed[-1] if committed else -1
+    if outbox.published < last:
+        msg = f"committed batch {last} of {computation!r} is not published (published up to {outbox.published}); resume the run first"
+        raise _refuse(msg)
+    dropped = None
+    for b in planned_batches(checkpoint):
+        if b <= last:
+            continue
+        if b != last + 1:
+            msg = f"the offset log of {computation!r} plans batch {b} after committed batch {last}: not a checkpoint Spark writes"
+            raise _refuse(msg)
+        weak = _weak_published(root, computation, b)
+        if weak:
+            msg = (
+                f"batch {b} of {computation!r} was planned, not committed, and published weak productions already ({weak[0]}, ...); "
+                "a new plan of it could give their ids other contents: resume the run until it commits that batch, stop it, then rescale"
+            )
+            raise _refuse(
+                msg
+            )
+        drop_planned_batch(checkpoint, b)
+        dropped = b
+        say(f"dropped batch {b} of {computation!r}, planned and never committed: the next start plans it again after the state move")
+
+    # 3. the state at the last committed batch, by old group
+    if spark is None:
+        from millwheel.runtime._session import spark_session
+
+        spark = spark_session("local[2]")
+    t_read = time.perf_counter()
+    try:
+        per_key, states = read_interval_states(spark, checkpoint.uri, last) if last >= 0 else (False, {})
+    except ValueError as exc:
+        raise _refuse(f"{exc}; millwheel rescale moves per-record computations' envelopes only") from None
+    if per_key:
+        msg = f"computation {computation!r} keeps its state in the per-key layout; millwheel rescale moves the interval-row layout only"
+        raise _refuse(msg)
+    read_s = time.perf_counter() - t_read
+    stray = sorted(set(states) - set(old.groups))
+    if stray:
+        msg = f"the state of {computation!r} has groups {stray} that its layout in run.json ({list(old.groups)}) does not: run.json was changed by hand"
+        raise _refuse(msg)
+    interval_of_group = {g: i for i, g in enumerate(old.groups)}
+    for g, envs in states.items():
+        wrong = [kb for kb in envs if interval_of(kb, old.intervals) != interval_of_group[g]]
+        if wrong:
+            msg = f"{len(wrong)} keys of {computation!r} are held in key interval {interval_of_group[g]} of {old.intervals}, not their own: the state is damaged"
+            raise _refuse(msg)
+
+    # the new groups: dealt over the checkpoint's partitions, disjoint from every group used before
+    entry = (held.get("computations") or {}).get(computation) or {}
+    used = {int(g) for g in entry.get("used_groups", [])} | set(old.groups) | {int(g) for g in held["groups"]}
+    partitions = int(offset_log_conf(checkpoint, last).get("spark.sql.shuffle.partitions", 0)) if last >= 0 else 0
+    if partitions <= 0:
+        partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    groups = interval_groups(intervals, partitions, avoid=used)
+
+    # 4. the heartbeat file: installs for the new groups, retirements for the old ones
+    table, keys = move_rows(states, old.groups, groups)
+    nums = [int(n.split(".")[0]) for n in heartbeats.list() if n.endswith(".parquet") and n[0].isdigit()]
+    listed = ConsumedFiles(checkpoint)  # names the file source has seen are never read again: a new number
+    listed.refresh()
+    nums += [int(n.split(".")[0]) for n in listed.heartbeat_files if n[:1].isdigit()]
+    name = f"{max(nums, default=-1) + 1:012d}.parquet"
+    hidden = heartbeats.child(_HIDDEN.format(name))
+    pq.write_table(table, hidden.path, filesystem=hidden.fs)
+    migration = {"file": name, "from_intervals": old.intervals, "authority": "pending", "batch": last}
+    held.setdefault("computations", {})[computation] = {
+        "intervals": intervals, "groups": groups, "used_groups": sorted(used | set(groups)), "migration": migration,
+    }  # fmt: skip
+    write_pin(root, held)
+    hidden.move_to(heartbeats.child(name))
+    seconds = time.perf_counter() - t0
+    say(f"computation {computation!r}: {keys} keys move from {old.intervals} to {intervals} key intervals in its next micro-batch ({name})")
+    return {
+        "computation": computation, "from": old.intervals, "to": intervals, "keys": keys, "batch": last,
+        "published_upto": outbox.published, "published_now": published, "dropped_planned": dropped,
+        "file": name, "groups": groups, "read_s": read_s, "seconds": seconds,
+    }  # fmt: skip
+
+
+def move_rows(states: dict[int, dict[bytes, bytes]], old_groups: Any, new_groups: list[int]) -> tuple[pa.Table, int]:
+    """The rows of a state move (:data:`~millwheel.runtime._query.HB_MOVE_SCHEMA`): one
+    :attr:`RowKind.INSTALL` per key, to the new group its key hashes to, and one
+    :attr:`RowKind.RETIRE` per old group with the digest of what it holds; and how many keys."""
+    n = len(new_groups)
+    interval: list[int] = []
+    group: list[int] = []
+    kind: list[int] = []
+    key: list[bytes | None] = []
+    value: list[bytes] = []
+    keys = 0
+    for g in old_groups:
+        envs = states.get(g, {})
+        for kb, env in envs.items():
+            i = interval_of(kb, n)
+            interval.append(i)
+            group.append(new_groups[i])
+            kind.append(int(RowKind.INSTALL))
+            key.append(kb)
+            value.append(env)
+            keys += 1
+        interval.append(-2)
+        group.append(g)
+        kind.append(int(RowKind.RETIRE))
+        key.append(None)
+        value.append(msgpack.packb(state_digest(envs)))
+    rows = len(kind)
+    table = pa.table(
+        {
+            "interval": pa.array(interval, pa.int32()), "wm": pa.nulls(rows, pa.int64()), "now": pa.nulls(rows, pa.int64()),
+            "kind": pa.array(kind, pa.int32()), "group": pa.array(group, pa.int32()),
+            "key": pa.array(key, pa.binary()), "value": pa.array(value, pa.binary()),
+        },
+        schema=HB_MOVE_SCHEMA,
+    )  # fmt: skip
+    return table, keys
+
+
+def _weak_published(root: Location, computation: str, batch: int) -> list[str]:
+    """Files a not-committed ``batch`` of ``computation`` published as weak productions (``Outbox.sink``)."""
+    prefix = f"b{batch:010d}-w"
+    out: list[str] = []
+    streams = root.child("streams")
+    for stream in streams.list() if streams.exists() else []:
+        d = streams.child(stream, computation)
+        for sub in (d, d.child(DONE)):
+            out += [f"{stream}/{n}" for n in (sub.list() if sub.exists() else []) if n.startswith(prefix)]
+    return out
+
+
+def rescale_main(argv: list[str]) -> int:
+    """``millwheel rescale RUN --computation C --intervals N``."""
+    p = argparse.ArgumentParser(prog="millwheel rescale", description="give a stopped run's computation another number of key intervals")
+    p.add_argument("run", help="the run directory (--checkpoint of millwheel run)")
+    p.add_argument("--computation", required=True, help="the computation to rescale")
+    p.add_argument("--intervals", required=True, type=int, help="its new number of key intervals")
+    p.add_argument("--force", action="store_true", help="do not check that no driver runs (one on another host that you know has stopped)")
+    args = p.parse_args(argv)
+    try:
+        out = rescale(args.run, args.computation, args.intervals, force=args.force, log=lambda m: print(f"millwheel: {m}", file=sys.stderr))
+    except MillwheelError as exc:
+        print(f"millwheel: {exc}", file=sys.stderr)
+        return 2
+    if out.get("keys") is not None and not out.get("unchanged"):
+        print(f"rescaled {out['computation']!r} from {out['from']} to {out['to']} key intervals: {out['keys']} keys move in its next micro-batch ({out['seconds']:.1f}s)")
+    return 0
