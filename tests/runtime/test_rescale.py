@@ -1,0 +1,146 @@
+"""``millwheel rescale`` on Spark: a stopped run's computations move to other key-interval
+counts, and the run resumes exactly once (docs/runtime.md, "Rescaling key intervals").
+
+The two-stage topology of the crash tests (JSON-lines logs -> ``WindowCounter``, 1 s
+buckets with low-watermark timers and dedup -> ``Tally`` -> ``tallies``) runs in driver
+processes (``crash_driver.py``) stopped by progress: part of its input with 4 intervals,
+a clean stop, both computations rescaled to 8; more input, a kill -9, rescaled to 2 (the
+kill leaves a planned, uncommitted batch more often than not: the rescale drops it); then
+the resumed driver is killed by the crash hook inside the batch that moves the state,
+before its commit, and a last driver finishes. The final output equals the answer
+computed in pandas and the harness's, with no record lost or counted twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections import Counter
+
+import pytest
+
+from millwheel._errors import MillwheelError
+from millwheel.runtime._fs import Location
+from millwheel.runtime._rescale import rescale
+from millwheel.runtime._spark_internals import committed_batches as committed_list
+from millwheel.runtime._streams import FileStreamLog
+
+from ._procs import committed_batches, kill_group, start, wait_for_progress, write_logs
+
+pytestmark = pytest.mark.spark
+
+N = 30_000
+PACING = ("--max-bytes", "150000", "--per-trigger", "2", "--intervals", "4")
+COMPUTATIONS = ("WindowCounter", "Tally")
+
+
+def _expected(records) -> Counter:
+    import pandas as pd
+
+    df = pd.DataFrame(records)
+    df["window_start"] = df["ts"] // 1000 * 1000
+    return Counter({(int(w), q, int(c)) for (w, q), c in df.groupby(["window_start", "query"]).size().items()})
+
+
+def _layout(root) -> dict:
+    return json.loads((root / "run.json").read_text()).get("computations", {})
+
+
+def _stop(proc, how: str) -> None:
+    if how == "clean":
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: SparkRuntime.stop() stops the queries
+        proc.wait(timeout=300)
+    kill_group(proc)
+
+
+def test_rescale_4_to_8_to_2_resumes_exactly_once(tmp_path, spark):
+    data, root, log = tmp_path / "data", tmp_path / "run", tmp_path / "driver.log"
+    records = write_logs(data, N, files=15, keys=200)
+    progress = []
+
+    # part of the input with 4 intervals, then a clean stop once Tally holds state
+    proc = start(root, data, "twostage", *PACING, log=log)
+    try:
+        _wait_for_tallies(proc, root, 1, log)
+        _stop(proc, "clean")
+    finally:
+        kill_group(proc)
+    with pytest.raises(MillwheelError, match="per-key layout|no computation 'Nope'"):
+        rescale(str(root), "Nope", 8, spark=spark)
+    for c in COMPUTATIONS:
+        done = rescale(str(root), c, 8, spark=spark)
+        assert done["from"] == 4 and done["to"] == 8
+        progress.append((c, done["keys"], done["batch"], done["dropped_planned"]))
+    assert {c: e["intervals"] for c, e in _layout(root).items()} == {"WindowCounter": 8, "Tally": 8}
+    assert progress[0][1] > 0 and progress[1][1] > 0  # both moved keys
+    tallies = len(FileStreamLog(Location.of(str(root))).read("tallies"))
+
+    # more input with 8, then kill -9 wherever it is
+    proc = start(root, data, "twostage", *PACING, log=log)
+    try:
+        _wait_for_tallies(proc, root, tallies + 1, log)
+        assert wait_for_progress(proc, root, "WindowCounter", 1), log.read_text()[-3000:]
+    finally:
+        _stop(proc, "kill")
+    for c in COMPUTATIONS:
+        done = rescale(str(root), c, 2, spark=spark)
+        assert done["from"] == 8 and done["to"] == 2
+        progress.append((c, done["keys"], done["batch"], done["dropped_planned"]))
+    assert progress[2][1] > 0 and progress[3][1] > 0
+    layout = _layout(root)
+    assert {c: e["intervals"] for c, e in layout.items()} == {"WindowCounter": 2, "Tally": 2}
+    assert not set(layout["WindowCounter"]["groups"]) & set(json.loads((root / "run.json").read_text())["groups"])
+
+    # the resumed driver dies inside the batch that moves WindowCounter's state, before its commit
+    move = committed_list(Location.of(str(root / "checkpoints" / "WindowCounter")))[-1] + 1
+    proc = start(root, data, "twostage", *PACING, env={"MILLWHEEL_CRASH": f"WindowCounter:before_commit:{move}"}, log=log)
+    try:
+        rc = proc.wait(timeout=600)
+    finally:
+        kill_group(proc)
+    assert rc == -9, log.read_text()[-3000:]
+    assert committed_batches(root, "WindowCounter") == move  # batches 0..move-1: the move did not commit
+
+    final = start(root, data, "twostage", *PACING, log=log)
+    try:
+        rc = final.wait(timeout=900)
+    finally:
+        kill_group(final)
+    assert rc == 0, log.read_text()[-4000:]
+    out = FileStreamLog(Location.of(str(root))).read("tallies")
+    got = Counter((r.value["window_start"], r.value["key"], r.value["count"]) for r in out)
+    ids = Counter(r.id for r in out)
+    print(f"rescales (computation, keys, batch, dropped planned batch): {progress}; tallies {len(out)}")
+    assert sum(n - 1 for n in ids.values()) == 0, "a tally published twice"
+    expected = _expected(records)
+    assert got == expected
+    assert _harness(data) == expected
+    # the audit trail's watermarks never went back
+    batches = [json.loads(line) for line in (root / "audit" / "batches" / "WindowCounter.jsonl").read_text().splitlines() if line]
+    lws = [b["lw"] for b in sorted(batches, key=lambda b: b["batch"])]
+    assert lws == sorted(lws)
+
+
+def _wait_for_tallies(proc, root, n: int, log, timeout: float = 300) -> None:
+    """Until ``n`` tallies are published (Tally then holds state), while the driver runs."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    streams = FileStreamLog(Location.of(str(root)))
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        if (root / "streams" / "tallies").exists() and len(streams.read("tallies")) >= n:
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"fewer than {n} tallies within {timeout}s")
+
+
+def _harness(data) -> Counter:
+    from millwheel.testing import Harness
+
+    from .crash_driver import build
+
+    h = Harness(build("twostage", str(data), weak=False), raise_errors=False)
+    h.run_sources()
+    return Counter((r.value["window_start"], r.value["key"], r.value["count"]) for r in h.output("tallies"))
