@@ -210,8 +210,10 @@ def _move(
             raise _refuse(
                 msg
             )
-        drop_planned_batch(checkpoint, b)
+        state_files = drop_planned_batch(checkpoint, b)
         dropped = b
+        if state_files:
+            say(f"dropped {len(state_files)} state-store files batch {b} of {computation!r} had written before it stopped")
         say(f"dropped batch {b} of {computation!r}, planned and never committed: the next start plans it again after the state move")
 
     # 3. the state at the last committed batch, by old group

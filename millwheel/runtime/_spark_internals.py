@@ -212,14 +212,46 @@ def planned_batches(checkpoint: Location) -> list[int]:
     return sorted(int(n) for n in checkpoint.child(OFFSETS).list() if n.isdigit())
 
 
-def drop_planned_batch(checkpoint: Location, batch: int) -> None:
-    """Delete the offset-log entry of batch ``batch``, planned and never committed (with the
-    checksum file beside it): the query's next start plans the batch anew from the last
+def drop_planned_batch(checkpoint: Location, batch: int) -> list[str]:
+    """Forget batch ``batch``, planned and never committed: its offset-log entry (with the
+    checksum file beside it) and every state-store file of the version it would have
+    committed (``state/<operator>/<partition>/<batch + 1>.delta`` and the like); returns the
+    state files deleted. The query's next start plans the batch anew from the last
     committed one, over the file sources' logs (which keep every file they listed, so the
-    new plan reads them all). Only ``_rescale.py`` does this, under its checks."""
+    new plan reads them all). Only ``_rescale.py`` does this, under its checks.
+
+    The state files matter: a task of the dropped attempt may have finished and written
+    its partition's next version; Spark expects a re-run of a batch to be the *same* batch,
+    and when it finds that file already there it keeps it (the checkpoint file managers
+    rename without overwriting). A batch planned anew is not the same batch, so a kept
+    file would be another batch's state.
+    """
     offsets = checkpoint.child(OFFSETS)
     for name in (str(batch), f".{batch}.crc"):
         offsets.child(name).delete()
+    return _drop_state_version(checkpoint.child(STATE), batch + 1)
+
+
+_STATE_FILE_KINDS = (".delta", ".snapshot", ".changelog", ".zip")
+
+
+def _drop_state_version(loc: Location, version: int) -> list[str]:
+    """Delete the state-store files of ``version`` under ``loc`` (every operator, partition
+    and store; their checksums and temporary files too)."""
+    dropped: list[str] = []
+    if not loc.exists():
+        return dropped
+    for name in loc.list():
+        if name == "_metadata":
+            continue
+        child = loc.child(name)
+        bare = name.lstrip(".")
+        if bare.startswith((f"{version}.", f"{version}_")) and any(k in bare for k in _STATE_FILE_KINDS):
+            child.delete()
+            dropped.append(child.uri)
+        elif not name.startswith(".") and "." not in name:
+            dropped += _drop_state_version(child, version)  # an operator, partition or store directory
+    return dropped
 
 
 def offset_log_conf(checkpoint: Location, batch: int) -> dict[str, str]:

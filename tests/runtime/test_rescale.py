@@ -4,8 +4,8 @@ counts, and the run resumes exactly once (docs/runtime.md, "Rescaling key interv
 The two-stage topology of the crash tests (JSON-lines logs -> ``WindowCounter``, 1 s
 buckets with low-watermark timers and dedup -> ``Tally`` -> ``tallies``) runs in driver
 processes (``crash_driver.py``) stopped by progress: part of its input with 4 intervals,
-a clean stop, both computations rescaled to 8; more input, a kill -9, rescaled to 2 (the
-kill leaves a planned, uncommitted batch more often than not: the rescale drops it); then
+a clean stop, both computations rescaled to 8; more input, a kill -9 inside a batch whose
+state files are written but not committed, rescaled to 2 (the rescale drops that batch); then
 the resumed driver is killed by the crash hook inside the batch that moves the state,
 before its commit, and a last driver finishes. The final output equals the answer
 computed in pandas and the harness's, with no record lost or counted twice.
@@ -76,18 +76,23 @@ def test_rescale_4_to_8_to_2_resumes_exactly_once(tmp_path, spark):
     assert progress[0][1] > 0 and progress[1][1] > 0  # both moved keys
     tallies = len(FileStreamLog(Location.of(str(root))).read("tallies"))
 
-    # more input with 8, then kill -9 wherever it is
-    proc = start(root, data, "twostage", *PACING, log=log)
+    # more input with 8, then kill -9 inside a batch whose tasks wrote their state, before its commit:
+    # the rescale must forget that planned batch and its state files (Spark keeps a file it
+    # finds there when it runs a batch again, and the batch planned anew is another batch)
+    planned = committed_batches(root, "WindowCounter") + 2
+    proc = start(root, data, "twostage", *PACING, env={"MILLWHEEL_CRASH": f"WindowCounter:before_commit:{planned}"}, log=log)
     try:
-        _wait_for_tallies(proc, root, tallies + 1, log)
-        assert wait_for_progress(proc, root, "WindowCounter", 1), log.read_text()[-3000:]
+        assert proc.wait(timeout=600) == -9, log.read_text()[-3000:]
     finally:
-        _stop(proc, "kill")
+        kill_group(proc)
+    assert len(FileStreamLog(Location.of(str(root))).read("tallies")) > tallies
+    assert (root / "checkpoints" / "WindowCounter" / "state" / "0" / "0" / f"{planned + 1}.delta").exists()
     for c in COMPUTATIONS:
         done = rescale(str(root), c, 2, spark=spark)
         assert done["from"] == 8 and done["to"] == 2
         progress.append((c, done["keys"], done["batch"], done["dropped_planned"]))
     assert progress[2][1] > 0 and progress[3][1] > 0
+    assert progress[2][3] == planned  # WindowCounter's planned batch was dropped
     layout = _layout(root)
     assert {c: e["intervals"] for c, e in layout.items()} == {"WindowCounter": 2, "Tally": 2}
     assert not set(layout["WindowCounter"]["groups"]) & set(json.loads((root / "run.json").read_text())["groups"])
