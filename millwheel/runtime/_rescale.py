@@ -232,7 +232,7 @@ def _move(
     read_s = time.perf_counter() - t_read
     stray = sorted(set(states) - set(old.groups))
     if stray:
-        msg = f"the state of {computation!r} has groups {stray} that its layout in run.json ({list(old.groups)}) does not: run.json was changed by hand"
+        msg = f"the state of {computation!r} has groups {stray} that its layout in run.json ({list(old.groups)}) does not: run.json was changed by hand, or the checkpoint is not the one this run.json describes"
         raise _refuse(msg)
     interval_of_group = {g: i for i, g in enumerate(old.groups)}
     for g, envs in states.items():

@@ -23,7 +23,9 @@ import pytest
 from millwheel._errors import MillwheelError
 from millwheel.runtime._fs import Location
 from millwheel.runtime._rescale import rescale
+from millwheel.runtime._keying import interval_of
 from millwheel.runtime._spark_internals import committed_batches as committed_list
+from millwheel.runtime._spark_internals import read_interval_states
 from millwheel.runtime._streams import FileStreamLog
 
 from ._procs import committed_batches, kill_group, start, wait_for_progress, write_logs
@@ -121,6 +123,16 @@ def test_rescale_4_to_8_to_2_resumes_exactly_once(tmp_path, spark):
     expected = _expected(records)
     assert got == expected
     assert _harness(data) == expected
+    # the state on disk (what a next driver loads, not the one in the last driver's memory):
+    # every key in the group of its interval of 2, no group of an older layout left
+    layout = _layout(root)
+    for c in COMPUTATIONS:
+        groups = layout[c]["groups"]
+        ckpt = Location.of(str(root / "checkpoints" / c))
+        _, states = read_interval_states(spark, ckpt.uri, committed_list(ckpt)[-1])
+        assert set(states) <= set(groups), f"{c}: groups of an older layout hold state: {sorted(set(states) - set(groups))}"
+        for g, envs in states.items():
+            assert all(interval_of(kb, 2) == groups.index(g) for kb in envs)
     # the audit trail's watermarks never went back
     batches = [json.loads(line) for line in (root / "audit" / "batches" / "WindowCounter.jsonl").read_text().splitlines() if line]
     lws = [b["lw"] for b in sorted(batches, key=lambda b: b["batch"])]
