@@ -225,7 +225,8 @@ def _move(
     try:
         per_key, states = read_interval_states(spark, checkpoint.uri, last) if last >= 0 else (False, {})
     except ValueError as exc:
-        raise _refuse(f"{exc}; millwheel rescale moves per-record computations' envelopes only") from None
+        msg_0 = f"{exc}; millwheel rescale moves per-record computations' envelopes only"
+        raise _refuse(msg_0) from None
     if per_key:
         msg = f"computation {computation!r} keeps its state in the per-key layout; millwheel rescale moves the interval-row layout only"
         raise _refuse(msg)

@@ -22,13 +22,13 @@ import pytest
 
 from millwheel._errors import MillwheelError
 from millwheel.runtime._fs import Location
-from millwheel.runtime._rescale import rescale
 from millwheel.runtime._keying import interval_of
+from millwheel.runtime._rescale import rescale
 from millwheel.runtime._spark_internals import committed_batches as committed_list
 from millwheel.runtime._spark_internals import read_interval_states
 from millwheel.runtime._streams import FileStreamLog
 
-from ._procs import committed_batches, kill_group, start, wait_for_progress, write_logs
+from ._procs import committed_batches, kill_group, start, write_logs
 
 pytestmark = pytest.mark.spark
 
@@ -150,7 +150,8 @@ def _wait_for_tallies(proc, root, n: int, log, timeout: float = 300) -> None:
         if (root / "streams" / "tallies").exists() and len(streams.read("tallies")) >= n:
             return
         time.sleep(0.2)
-    raise TimeoutError(f"fewer than {n} tallies within {timeout}s")
+    msg = f"fewer than {n} tallies within {timeout}s"
+    raise TimeoutError(msg)
 
 
 def _harness(data) -> Counter:
