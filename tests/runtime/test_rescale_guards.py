@@ -1,0 +1,141 @@
+"""What guards ``millwheel rescale`` (``millwheel/runtime/_rescale.py``), without Spark: the
+watermark authority's move of the key intervals, the check that no driver runs, the
+refusals, and a rescale interrupted between ``run.json`` and its heartbeat file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from millwheel._errors import MillwheelError
+from millwheel.runtime._fs import Location
+from millwheel.runtime._layout import Layout, read_pin
+from millwheel.runtime._lease import DriverEpoch, Lease, live_drivers
+from millwheel.runtime._query import ComputationQuery, ConsumedFiles
+from millwheel.runtime._rescale import rescale
+from millwheel.runtime._wire import interval_name
+from watermark_authority import Authority, StaleTokenError
+from watermark_authority.client import InProcessWatermarkClient
+
+
+def _query(root: Location, wm, intervals: int) -> ComputationQuery:
+    q = ComputationQuery.__new__(ComputationQuery)
+    q.name, q.intervals = "C", intervals
+    q.rt = SimpleNamespace(watermarks=wm, root=root)
+    q.heartbeats = root.child("heartbeats", "C")
+    q.consumed = ConsumedFiles(root.child("checkpoints", "C"))
+    return q
+
+
+def _pin(root: Location, old: int, new: int, file: str = "000000000007.parquet") -> dict:
+    migration = {"file": file, "from_intervals": old, "authority": "pending", "batch": 3}
+    held = {"intervals": old, "state_layout": "intervals", "groups": list(range(old)),
+            "computations": {"C": {"intervals": new, "groups": list(range(100, 100 + new)), "migration": migration}}}  # fmt: skip
+    root.mkdirs()
+    root.child("run.json").write_text(json.dumps(held))
+    return migration
+
+
+@pytest.mark.parametrize(("old", "new"), [(4, 8), (8, 2), (3, 3)])
+def test_the_authority_retires_the_old_intervals_and_the_new_ones_start_at_their_minimum(tmp_path, old, new):
+    root = Location.of(str(tmp_path))
+    wm = InProcessWatermarkClient(Authority())
+    old_tokens = wm.acquire_many("C", [interval_name(i) for i in range(old)])
+    wm.report_batch("C", [(n, t, 5_000 + 10 * i) for i, (n, t) in enumerate(old_tokens.items())])
+    assert wm.watermark("C") == 5_000
+    migration = _pin(root, old, new)
+    tokens = _query(root, wm, new)._acquire(Layout(new, tuple(range(100, 100 + new)), own=True, migration=migration))
+    assert sorted(tokens) == sorted(interval_name(i) for i in range(new))
+    held = wm.authority.intervals("C")
+    assert sorted(held) == sorted(tokens), "an old interval is left to hold the watermark"
+    assert {v["value"] for v in held.values()} == {5_000}  # the minimum of the old values: held, not advanced
+    assert wm.watermark("C") == 5_000
+    with pytest.raises(StaleTokenError):  # a zombie of the old layout is fenced
+        wm.report_batch("C", [(interval_name(old - 1), old_tokens[interval_name(old - 1)], 9_000)])
+    wm.report_batch("C", [(n, t, 6_000) for n, t in tokens.items()])
+    assert wm.watermark("C") == 6_000
+    assert read_pin(root)["computations"]["C"]["migration"]["authority"] == "done"
+    # a later start acquires the new intervals; one that redoes the move (killed before run.json said
+    # it was done) finds the old intervals retired or taken, and acquires: nothing is left behind
+    again = _query(root, wm, new)._acquire(Layout(new, tuple(range(100, 100 + new)), own=True, migration=dict(migration)))
+    assert sorted(again) == sorted(tokens) and sorted(wm.authority.intervals("C")) == sorted(tokens)
+    assert wm.watermark("C") == 6_000
+
+
+def test_an_authority_that_never_saw_the_computation_just_has_the_new_intervals_acquired(tmp_path):
+    root = Location.of(str(tmp_path))
+    wm = InProcessWatermarkClient(Authority())
+    migration = _pin(root, 4, 8)
+    tokens = _query(root, wm, 8)._acquire(Layout(8, tuple(range(100, 108)), own=True, migration=migration))
+    assert sorted(tokens) == sorted(interval_name(i) for i in range(8))
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_live_drivers_lists_a_running_or_unknown_driver_and_not_a_stopped_or_dead_one(tmp_path):
+    leases = Location.of(str(tmp_path / "leases"))
+    epoch = DriverEpoch(leases)
+    Lease(leases.child("C"), "C").acquire(epoch.get())
+    assert live_drivers(leases) == [f"epoch 1: process {os.getpid()} on this host"]
+    epoch.mark(stopped=True)
+    assert live_drivers(leases) == []
+    epoch.mark(stopped=False)
+    assert len(live_drivers(leases)) == 1
+    leases.child("_drivers", "000000000001").write_text(f"{os.uname().nodename}:{_dead_pid()}\n")  # killed
+    assert live_drivers(leases) == []
+    leases.child("_drivers", "000000000001").write_text("elsewhere:42\n")
+    assert "not on this host" in live_drivers(leases)[0]
+
+
+def _run(tmp_path, **pin) -> Location:
+    root = Location.of(str(tmp_path / "run"))
+    root.child("checkpoints", "C").mkdirs()
+    root.child("run.json").write_text(json.dumps({"intervals": 4, "state_layout": "intervals", "groups": [2, 0, 4, 1], **pin}))
+    return root
+
+
+def test_rescale_refuses_a_running_driver_the_per_key_layout_and_bad_counts(tmp_path):
+    root = _run(tmp_path)
+    Lease(root.child("leases", "C"), "C").acquire(DriverEpoch(root.child("leases")).get())  # this process "runs" it
+    with pytest.raises(MillwheelError, match="a driver may still be running .* stop it first"):
+        rescale(root.uri, "C", 8)
+    with pytest.raises(MillwheelError, match="no computation 'D'"):
+        rescale(root.uri, "D", 8, force=True)
+    with pytest.raises(MillwheelError, match="positive integer"):
+        rescale(root.uri, "C", 0, force=True)
+    keys = _run(tmp_path / "k", state_layout="keys")
+    with pytest.raises(MillwheelError, match="per-key layout"):
+        rescale(keys.uri, "C", 8)
+    with pytest.raises(MillwheelError, match="no run.json"):
+        rescale(str(tmp_path / "nothing"), "C", 8)
+
+
+def test_an_interrupted_rescale_refuses_to_start_and_a_second_rescale_finishes_it(tmp_path):
+    root = _run(tmp_path)
+    migration = _pin(root, 4, 8)
+    held = read_pin(root)
+    held["groups"] = [2, 0, 4, 1]
+    root.child("run.json").write_text(json.dumps(held))
+    heartbeats = root.child("heartbeats", "C")
+    heartbeats.mkdirs()
+    hidden = heartbeats.child(f".{migration['file']}.rescale")
+    hidden.write_text("the move")
+    q = _query(root, None, 8)
+    with pytest.raises(MillwheelError, match="the rescale was interrupted.*millwheel rescale .* --intervals 8"):
+        q._check_migration(migration)
+    with pytest.raises(MillwheelError, match="interrupted; finish it first \\(--intervals 8\\)"):
+        rescale(root.uri, "C", 2)
+    done = rescale(root.uri, "C", 8)
+    assert done["finished"] and heartbeats.child(migration["file"]).exists() and not hidden.exists()
+    q._check_migration(migration)  # the move waits for the query now
+    with pytest.raises(MillwheelError, match="has not run yet"):
+        rescale(root.uri, "C", 2)
