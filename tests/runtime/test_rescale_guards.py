@@ -139,3 +139,11 @@ def test_an_interrupted_rescale_refuses_to_start_and_a_second_rescale_finishes_i
     q._check_migration(migration)  # the move waits for the query now
     with pytest.raises(MillwheelError, match="has not run yet"):
         rescale(root.uri, "C", 2)
+
+
+def test_the_command_line_says_why_it_refuses(tmp_path, capsys):
+    from millwheel.cli import main
+
+    root = _run(tmp_path, state_layout="keys")
+    assert main(["rescale", root.uri, "--computation", "C", "--intervals", "8"]) == 2
+    assert "cannot rescale: run directory" in capsys.readouterr().err
