@@ -14,7 +14,9 @@ authority, and its producers key rows for it into ``interval:C@<intervals>``
 lack that column and are keyed again on read. ``used_groups`` is every group value the
 computation's state has ever been kept under: a rescale picks new ones outside it.
 ``migration`` names the heartbeat file that moves the state into the new groups: until a
-committed batch has read it the run cannot go on without it (:func:`check_migration`).
+committed batch has read it the run cannot go on without it
+(``ComputationQuery._check_migration``); ``"moved": true`` once a published batch has, and
+``"authority": "done"`` once the old intervals are retired at the watermark authority.
 """
 
 from __future__ import annotations
@@ -81,11 +83,13 @@ def computation_layouts(held: dict[str, Any], names: list[str], intervals: int, 
     return out
 
 
-def mark_authority_moved(root: Location, computation: str) -> None:
-    """Record in ``run.json`` that ``computation``'s old intervals were retired at the
-    watermark authority (``ComputationQuery._acquire``): later starts just acquire the new ones."""
+def mark_migration(root: Location, computation: str, what: str, value: Any) -> None:
+    """Record a step of ``computation``'s state move in ``run.json``: ``"authority": "done"``
+    (its old intervals were retired at the watermark authority: later starts just acquire
+    the new ones, ``ComputationQuery._acquire``), ``"moved": true`` (a committed batch read
+    the move: starts stop looking for its file)."""
     held = read_pin(root)
     migration = ((held.get("computations") or {}).get(computation) or {}).get("migration")
-    if migration is not None and migration.get("authority") != "done":
-        migration["authority"] = "done"
+    if migration is not None and migration.get(what) != value:
+        migration[what] = value
         write_pin(root, held)

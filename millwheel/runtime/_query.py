@@ -39,7 +39,7 @@ from millwheel.runtime._interval import (
     KEYING_STAGE_NEEDED,
     make_keying,
 )
-from millwheel.runtime._layout import mark_authority_moved
+from millwheel.runtime._layout import mark_migration
 from millwheel.runtime._lease import FencedError, Lease
 from millwheel.runtime._mapstate import make_processor
 from millwheel.runtime._outbox import Outbox
@@ -179,6 +179,8 @@ class ComputationQuery:
         self._hb_seq = 0
         self._ticked: dict[int, int] = {}
         self._tokens: dict[str, int] = {}
+        #: the state move of the rescale that made its layout (``_layout.py``), until a start sees it done
+        self._migration: dict[str, Any] | None = None
         self.query: Any = None
         self.restart_policy = RestartPolicy(f"computation {self.name!r}", rt.settings.max_restarts)
         self.batches = 0
@@ -199,6 +201,7 @@ class ComputationQuery:
             lease.acquire(self.rt.driver_epoch.get())  # type: ignore[union-attr]
         layout = self.rt.layout(self.name)
         self.intervals, self.groups = layout.intervals, list(layout.groups)
+        self._migration = layout.migration
         if layout.migration is not None:
             self._check_migration(layout.migration)
         self.outbox.recover()
@@ -218,7 +221,7 @@ class ComputationQuery:
         already (in its file source's log). Without it, the new layout would start from
         empty groups: refused, never run."""
         name = migration["file"]
-        if self.heartbeats.child(name).exists():
+        if migration.get("moved") or self.heartbeats.child(name).exists():
             return
         self.consumed.refresh()
         if name in self.consumed.heartbeat_files:
@@ -252,7 +255,7 @@ class ComputationQuery:
                 tokens = wm.split(self.name, old[0], names)
             except (UnknownNameError, ConflictError):
                 tokens = None
-            mark_authority_moved(self.rt.root, self.name)
+            mark_migration(self.rt.root, self.name, "authority", "done")
             if tokens is not None:
                 return tokens
         return wm.acquire_many(self.name, names)
@@ -497,6 +500,12 @@ class ComputationQuery:
         heartbeat no batch reads (the query would wait for ever)."""
         names = self.consumed.heartbeat_names(upto)
         names.discard(f"{self._hb_seq - 1:012d}.parquet")
+        migration = self._migration
+        if migration is not None and not migration.get("moved") and migration["file"] in names:
+            # a committed, published batch read the state move: from now on run.json says so,
+            # and starts stop looking for the file (``_check_migration``)
+            mark_migration(self.rt.root, self.name, "moved", True)
+            migration["moved"] = True
         for name in names:
             self.heartbeats.child(name).delete()
         if names:

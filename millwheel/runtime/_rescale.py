@@ -126,7 +126,7 @@ def rescale(
     consumed.refresh()
     committed = committed_batches(checkpoint)
     last = committed[-1] if committed else -1
-    if old.migration is not None:
+    if old.migration is not None and not old.migration.get("moved"):
         name = old.migration["file"]
         if heartbeats.child(name).exists():
             msg = (
