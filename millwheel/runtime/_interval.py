@@ -43,7 +43,6 @@ import msgpack
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import xxhash
 
 from millwheel._codec import decode_value, encode_value
 from millwheel._counters import StepMetrics
@@ -56,18 +55,18 @@ from millwheel._delivery import (
     run_key,
     timers_due,
 )
-from millwheel._envelope import Envelope
 from millwheel._options import ErrorPolicy
 from millwheel._record import MIN_TIMESTAMP, Production, Record, decode_key, encode_key
 from millwheel._step import StepRunner
 from millwheel._topology import ComputationSpec
+from millwheel.runtime._groupstate import MemoryGroupState  # noqa: F401 - re-exported: tests and benches run steps with it
 from millwheel.runtime._keying import (
     Keyer,
     cached_key,
     dead_interval,
-    interval_of,
     wants_dead_letters,
 )
+from millwheel.runtime._move import RescaleMismatch, install_envelopes, retire_group
 from millwheel.runtime._wire import (
     OUT_SCHEMA,
     SUMMARY_STREAM,
@@ -96,42 +95,6 @@ class KeyMeta(NamedTuple):
         if outcome.envelope is None or outcome.keeps_nothing_to_schedule:
             return None
         return cls(outcome.hold, outcome.next_low_watermark_timer, outcome.next_wall_timer)
-
-
-def meta_of_envelope(env: bytes) -> KeyMeta | None:
-    """A stored key's :class:`KeyMeta` read from its envelope (what the step would have
-    kept beside it): its hold, earliest low-watermark and wall timers; ``None`` if it has
-    nothing to schedule. A rescale installs envelopes with it (``_rescale.py``)."""
-    e = Envelope.decode(env)
-    next_lw = next_wall = None
-    for ts, domain in e.timers.values():
-        if domain == 0:  # TimeDomain.LOW_WATERMARK
-            next_lw = ts if next_lw is None or ts < next_lw else next_lw
-        else:
-            next_wall = ts if next_wall is None or ts < next_wall else next_wall
-    hold = e.hold()
-    if hold is None and next_lw is None and next_wall is None:
-        return None
-    return KeyMeta(hold, next_lw, next_wall)
-
-
-def state_digest(envs: dict[bytes, bytes]) -> list[int]:
-    """``[keys, xxh3 of the sorted (key, envelope) pairs]``: what a key interval of the old
-    layout must hold when a rescale empties it (:attr:`RowKind.RETIRE`), so a state that
-    is not the one the rescale read fails the batch instead of being lost."""
-    h = xxhash.xxh3_64()
-    for kb in sorted(envs):
-        env = envs[kb]
-        h.update(len(kb).to_bytes(4, "big"))
-        h.update(kb)
-        h.update(len(env).to_bytes(8, "big"))
-        h.update(env)
-    return [len(envs), h.intdigest()]
-
-
-class RescaleMismatch(RuntimeError):
-    """A rescale's rows (``_rescale.py``) met a state other than the one the rescale read:
-    the batch fails before anything commits."""
 
 
 def unpack_meta(data: bytes) -> Any:
@@ -514,42 +477,6 @@ def earliest(metas: Iterable[KeyMeta]) -> tuple[int | None, int | None, int | No
     return hold, nlw_min, nwall_min
 
 
-class MemoryGroupState:
-    """The part of Spark's ``GroupState`` that :class:`IntervalStep` uses, kept in memory:
-    its contract with Spark, and what runs an interval's step without Spark (the tests,
-    ``bench/worker_profile.py``). ``watermark`` and ``now`` are what the batch sees; the
-    last timeout set is kept in ``timeout``."""
-
-    def __init__(self, watermark: int = 0, now: int = 0) -> None:
-        self.value: tuple[bytes, bytes] | None = None
-        self.watermark = watermark
-        self.now = now
-        self.timeout: int | None = None
-
-    @property
-    def exists(self) -> bool:
-        return self.value is not None
-
-    @property
-    def get(self) -> tuple[bytes, bytes] | None:
-        return self.value
-
-    def update(self, value: tuple[bytes, bytes]) -> None:
-        self.value = value
-
-    def remove(self) -> None:
-        self.value = None
-
-    def getCurrentWatermarkMs(self) -> int:  # noqa: N802 - Spark's name
-        return self.watermark
-
-    def getCurrentProcessingTimeMs(self) -> int:  # noqa: N802
-        return self.now
-
-    def setTimeoutTimestamp(self, t: int) -> None:  # noqa: N802
-        self.timeout = t
-
-
 class IntervalStep:
     """The ``applyInPandasWithState`` function of one computation: the interval-row layout.
 
@@ -602,41 +529,12 @@ class IntervalStep:
         return group >= 0 and self._interval_of is not None and group not in self._interval_of
 
     def install(self, batch: IntervalBatch, envs: dict[bytes, Any], meta: dict[bytes, Any]) -> None:
-        """A rescale's envelopes into this interval's (empty) maps, before any key runs."""
-        name = self.spec.name
-        if envs:
-            msg = f"computation {name!r}: a rescale installs envelopes into key interval {batch.interval}, which already holds {len(envs)} keys; the rescale must be redone"
-            raise RescaleMismatch(msg)
-        n = self.intervals or 0
-        for kb, env in batch.installs:
-            if interval_of(kb, n) != batch.interval:
-                msg = f"computation {name!r}: a rescale sent key {decode_key(kb)!r} to key interval {batch.interval} of {n}, not its own ({interval_of(kb, n)})"
-                raise RescaleMismatch(msg)
-            envs[kb] = env
-            m = meta_of_envelope(env)
-            if m is not None:
-                meta[kb] = m
+        """A rescale's envelopes into this interval's (empty) maps, before any key runs (``_move.py``)."""
+        install_envelopes(self.spec.name, batch.interval, self.intervals or 0, batch.installs, envs, meta, KeyMeta)
 
     def _retire(self, batch: IntervalBatch, state: Any) -> None:
-        """Empty a group of the layout before a rescale, once its state is the one the rescale read."""
-        name = self.spec.name
-        if batch.retire is None or batch.per_key or batch.installs:
-            msg = (
-                f"computation {name!r}: Spark group {batch.interval} is not a key interval of this layout ({self.intervals} intervals) "
-                "and got rows other than a rescale's retirement; the run directory's run.json and its heartbeat files disagree"
-            )
-            raise RescaleMismatch(msg)
-        envs = _unpackb(state.get[0], raw=False, strict_map_key=False) if state.exists else {}
-        held = state_digest(envs)
-        if held != batch.retire:
-            msg = (
-                f"computation {name!r}: a group of the layout before the rescale holds {held[0]} keys (digest {held[1]:x}), "
-                f"not the {batch.retire[0]} (digest {batch.retire[1]:x}) the rescale read and moved; nothing was committed: "
-                "restore run.json to the old layout and run millwheel rescale again"
-            )
-            raise RescaleMismatch(msg)
-        if state.exists:
-            state.remove()
+        """Empty a group of the layout before a rescale, once its state is the one the rescale read (``_move.py``)."""
+        retire_group(self.spec.name, self.intervals, batch.retire, bool(batch.per_key or batch.installs), state)
 
     def registry(self) -> Any:
         if self._registry is None and self.registry_factory is not None:

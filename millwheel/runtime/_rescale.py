@@ -49,10 +49,10 @@ import pyarrow.parquet as pq
 from millwheel._errors import MillwheelError
 from millwheel.runtime._audit import AuditLog
 from millwheel.runtime._fs import Location
-from millwheel.runtime._interval import state_digest
 from millwheel.runtime._keying import interval_of
 from millwheel.runtime._layout import computation_layouts, read_pin, write_pin
 from millwheel.runtime._lease import DriverEpoch, Lease, live_drivers
+from millwheel.runtime._move import state_digest
 from millwheel.runtime._outbox import Outbox
 from millwheel.runtime._query import HB_MOVE_SCHEMA, ConsumedFiles
 from millwheel.runtime._spark_internals import (

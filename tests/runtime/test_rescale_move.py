@@ -25,13 +25,9 @@ from hypothesis import strategies as st
 from millwheel import Computation, Record, Topology
 from millwheel._codec import decode_value, encode_value
 from millwheel._record import decode_key, encode_key
-from millwheel.runtime._interval import (
-    IntervalStep,
-    MemoryGroupState,
-    RescaleMismatch,
-    state_digest,
-)
+from millwheel.runtime._interval import IntervalStep, MemoryGroupState
 from millwheel.runtime._keying import Keyer, interval_of
+from millwheel.runtime._move import RescaleMismatch, state_digest
 from millwheel.runtime._rescale import move_rows
 from millwheel.runtime._wire import (
     SUMMARY_STREAM,

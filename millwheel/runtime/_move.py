@@ -1,0 +1,100 @@
+"""The worker side of ``millwheel rescale`` (``_rescale.py``): a state move's rows applied in one micro-batch.
+
+A rescale writes one heartbeat file: an :attr:`~millwheel.runtime._wire.RowKind.INSTALL` row
+per key for the group of its new key interval, a
+:attr:`~millwheel.runtime._wire.RowKind.RETIRE` row per group of the old layout with the
+digest of what it must hold. The interval step (``_interval.IntervalStep``) hands them
+here before any record or timer of the batch runs; anything that does not fit fails the
+batch before it commits (:class:`RescaleMismatch`), so a move is applied whole or not at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgpack
+import xxhash
+
+from millwheel._envelope import Envelope
+from millwheel._record import decode_key
+from millwheel.runtime._keying import interval_of
+
+__all__ = ["RescaleMismatch", "envelope_meta", "install_envelopes", "retire_group", "state_digest"]
+
+
+class RescaleMismatch(RuntimeError):
+    """A rescale's rows met a state other than the one the rescale read: the batch fails
+    before anything commits."""
+
+
+def envelope_meta(env: bytes) -> tuple[int | None, int | None, int | None] | None:
+    """``(hold, next low-watermark timer, next wall timer)`` of a stored key, read from its
+    envelope (what the step keeps beside it as its ``KeyMeta``); ``None`` if it has
+    nothing to schedule."""
+    e = Envelope.decode(env)
+    next_lw = next_wall = None
+    for ts, domain in e.timers.values():
+        if domain == 0:  # TimeDomain.LOW_WATERMARK
+            next_lw = ts if next_lw is None or ts < next_lw else next_lw
+        else:
+            next_wall = ts if next_wall is None or ts < next_wall else next_wall
+    hold = e.hold()
+    if hold is None and next_lw is None and next_wall is None:
+        return None
+    return hold, next_lw, next_wall
+
+
+def state_digest(envs: dict[bytes, bytes]) -> list[int]:
+    """``[keys, xxh3 of the sorted (key, envelope) pairs]``: what a key interval of the old
+    layout must hold when a rescale empties it, so a state that is not the one the rescale
+    read fails the batch instead of being lost."""
+    h = xxhash.xxh3_64()
+    for kb in sorted(envs):
+        env = envs[kb]
+        h.update(len(kb).to_bytes(4, "big"))
+        h.update(kb)
+        h.update(len(env).to_bytes(8, "big"))
+        h.update(env)
+    return [len(envs), h.intdigest()]
+
+
+def install_envelopes(
+    name: str, interval: int, intervals: int, installs: Sequence[tuple[bytes, bytes]],
+    envs: dict[bytes, Any], meta: dict[bytes, Any], make_meta: Callable[..., Any],
+) -> None:  # fmt: skip
+    """Put a rescale's ``installs`` into key interval ``interval``'s (empty) maps, each key's
+    meta built by ``make_meta(hold, next lw timer, next wall timer)``."""
+    if envs:
+        msg = f"computation {name!r}: a rescale installs envelopes into key interval {interval}, which already holds {len(envs)} keys; the rescale must be redone"
+        raise RescaleMismatch(msg)
+    for kb, env in installs:
+        if interval_of(kb, intervals) != interval:
+            msg = f"computation {name!r}: a rescale sent key {decode_key(kb)!r} to key interval {interval} of {intervals}, not its own ({interval_of(kb, intervals)})"
+            raise RescaleMismatch(msg)
+        envs[kb] = env
+        m = envelope_meta(env)
+        if m is not None:
+            meta[kb] = make_meta(*m)
+
+
+def retire_group(name: str, intervals: int | None, retire: list[int] | None, other_rows: bool, state: Any) -> None:
+    """Empty a Spark group of the layout before a rescale (its ``GroupState``), once it
+    holds what the rescale read (``retire``: :func:`state_digest`)."""
+    if retire is None or other_rows:
+        msg = (
+            f"computation {name!r}: a Spark group that is not a key interval of this layout ({intervals} intervals) "
+            "got rows other than a rescale's retirement; the run directory's run.json and its heartbeat files disagree"
+        )
+        raise RescaleMismatch(msg)
+    envs = msgpack.unpackb(state.get[0], raw=False, strict_map_key=False) if state.exists else {}
+    held = state_digest(envs)
+    if held != retire:
+        msg = (
+            f"computation {name!r}: a group of the layout before the rescale holds {held[0]} keys (digest {held[1]:x}), "
+            f"not the {retire[0]} (digest {retire[1]:x}) the rescale read and moved; nothing was committed: "
+            "restore run.json to the old layout and run millwheel rescale again"
+        )
+        raise RescaleMismatch(msg)
+    if state.exists:
+        state.remove()
