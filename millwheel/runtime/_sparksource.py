@@ -110,8 +110,6 @@ def convert_batch(
         import xxhash
         from pyspark import TaskContext
 
-        from millwheel.runtime._keying import Keyer
-
         keyer = pickle.loads(base64.b64decode(keyer_blob)) if keyer_blob else None
         ctx = TaskContext.get()
         part = ctx.partitionId() if ctx is not None else 0
@@ -121,7 +119,7 @@ def convert_batch(
         counts = {"records": 0, "dead_letters": 0, "beyond_end": 0}
         names = ["stream", "id", "ts", "key", "value", "wm"]
         if keyer is not None:
-            names += [f.name for f in Keyer.arrow_fields(consumers)]
+            names += [f.name for f in keyer.arrow_fields(consumers)]
         for batch in batches:
             out = []
             for row in batch.to_pylist():
@@ -158,7 +156,7 @@ def convert_batch(
         summary = IntervalSummary(interval=part, hold=None, next_low_watermark_timer=None, next_wall_timer=None, keys=0, metrics=counts, low_watermark=newest)
         arrays = [pa.array([SUMMARY_STREAM]), pa.array([f"{batch_id}-{part}"]), pa.array([0], pa.int64()), pa.array([None], pa.binary()), pa.array([summary.encode()], pa.binary()), pa.array([None], pa.int64())]
         if keyer is not None:
-            arrays += [pa.nulls(1, f.type) for f in Keyer.arrow_fields(consumers)]
+            arrays += [pa.nulls(1, f.type) for f in keyer.arrow_fields(consumers)]
         yield pa.RecordBatch.from_arrays(arrays, names=names)
 
     return convert
@@ -330,10 +328,9 @@ class SparkSourceInjector:
 
     def _batch(self, df: Any, batch_id: int) -> None:
         """``foreachBatch``: convert on the executors, stage through the outbox."""
-        from millwheel.runtime._keying import Keyer
-
         blob, consumers = self._keyer
-        schema = f"{OUT_SCHEMA}, {Keyer.ddl(consumers)}" if consumers else OUT_SCHEMA
+        # the key columns as the driver's keyer names them (a rescaled consumer's ``interval:C@N``)
+        schema = f"{OUT_SCHEMA}, {self.rt.keyer.ddl(consumers)}" if consumers else OUT_SCHEMA
         if TS_COLUMN in df.columns:
             df = df.drop(TS_COLUMN)
         fn = convert_batch(self._shipped, self.name, self.stream, batch_id, self.sender_watermark(batch_id), blob, consumers)
