@@ -207,11 +207,6 @@ def committed_batches(checkpoint: Location) -> list[int]:
     return sorted(out)
 
 
-def planned_batches(checkpoint: Location) -> list[int]:
-    """The batches a query's offset log has planned (``offsets/<n>``), ascending."""
-    return sorted(int(n) for n in checkpoint.child(OFFSETS).list() if n.isdigit())
-
-
 def drop_planned_batch(checkpoint: Location, batch: int) -> list[str]:
     """Forget batch ``batch``, planned and never committed: its offset-log entry (with the
     checksum file beside it) and every state-store file of the version it would have
@@ -256,12 +251,8 @@ def _drop_state_version(loc: Location, version: int) -> list[str]:
 
 def offset_log_conf(checkpoint: Location, batch: int) -> dict[str, str]:
     """The session configuration a batch's offset-log entry recorded (``spark.sql.shuffle.partitions``...)."""
-    text = checkpoint.child(OFFSETS, str(batch)).read_text() or ""
-    lines = text.splitlines()
-    try:
-        return dict(json.loads(lines[1]).get("conf", {}))
-    except (IndexError, ValueError):
-        return {}
+    meta = offset_log_metadata(checkpoint.child(OFFSETS, str(batch)).read_text() or "")
+    return dict((meta or {}).get("conf") or {})
 
 
 def has_started(checkpoint: Location) -> bool:
