@@ -23,6 +23,7 @@ pytestmark = pytest.mark.spark
 COLUMNAR = (*PACING, "--columnar")
 
 
+@pytest.mark.slow  # ~90 s of Spark: the long form (-m slow), to keep CI under 25 minutes on 2 cores
 def test_columnar_crash_short(tmp_path):
     rng = random.Random(26)
     data, root, log = tmp_path / "data", tmp_path / "run", tmp_path / "driver.log"

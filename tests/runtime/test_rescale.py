@@ -56,6 +56,7 @@ def _stop(proc, how: str) -> None:
     kill_group(proc)
 
 
+@pytest.mark.slow  # ~90 s of Spark: the long form (-m slow), to keep CI under 25 minutes on 2 cores
 def test_rescale_4_to_8_to_2_resumes_exactly_once(tmp_path, spark):
     data, root, log = tmp_path / "data", tmp_path / "run", tmp_path / "driver.log"
     records = write_logs(data, N, files=15, keys=200)
