@@ -39,12 +39,13 @@ def _expected(records):
     return Counter({(int(w), q, int(c)) for (w, q), c in df.groupby(["window_start", "query"]).size().items()})
 
 
-def _crash_loop(tmp_path, plan, seed, layout="intervals"):
+def _crash_loop(tmp_path, plan, seed, layout="intervals", extra=()):
     """``plan``: ("driver" | "worker", (query, committed batches)) kills, or ("inject:<crash spec>", None).
 
     A kill waits for ``query`` to commit that many more batches (plus a random 0-2, from
     ``seed``) in the new driver process, then kills. ``layout``: the state layout of every
-    driver of the run (``RuntimeSettings.state_layout``).
+    driver of the run (``RuntimeSettings.state_layout``); ``extra``: more driver arguments
+    (``--columnar``).
     """
     rng = random.Random(seed)
     data, root, log = tmp_path / "data", tmp_path / "run", tmp_path / "driver.log"
@@ -52,7 +53,7 @@ def _crash_loop(tmp_path, plan, seed, layout="intervals"):
     kills = Counter()
     for what, at in plan:
         crash = {"MILLWHEEL_CRASH": what.split(":", 1)[1]} if what.startswith("inject:") else None
-        proc = start(root, data, "twostage", *PACING, env={"MILLWHEEL_STATE_LAYOUT": layout, **(crash or {})}, log=log)
+        proc = start(root, data, "twostage", *PACING, *extra, env={"MILLWHEEL_STATE_LAYOUT": layout, **(crash or {})}, log=log)
         try:
             if crash:
                 proc.wait(timeout=300)
@@ -73,7 +74,7 @@ def _crash_loop(tmp_path, plan, seed, layout="intervals"):
                 proc.wait(timeout=600)  # the driver restarts the failed query and finishes
         finally:
             kill_group(proc)
-    final = start(root, data, "twostage", *PACING, env={"MILLWHEEL_STATE_LAYOUT": layout}, log=log)
+    final = start(root, data, "twostage", *PACING, *extra, env={"MILLWHEEL_STATE_LAYOUT": layout}, log=log)
     try:
         rc = final.wait(timeout=900)
     finally:
