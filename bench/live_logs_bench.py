@@ -3,7 +3,7 @@
     .venv/bin/python bench/live_logs_bench.py              # 30 s of writing, files rotated every 4 s
     .venv/bin/python bench/live_logs_bench.py --live-s 60
 
-The scenario of ``tests/runtime/test_live_logs.py``, which checks what must hold (every
+The scenario of ``examples/live_logs.py``, which ``tests/runtime/test_live_logs.py`` runs to check what must hold (every
 record counted once, windows out while the files are still written); this measures the
 figure that depends on the machine: a writer appends records stamped with wall time (100/s,
 three keys) and opens a new file every ``--rotate-s`` seconds; the injector low watermark
@@ -25,53 +25,14 @@ import platform
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import pyarrow.parquet as pq  # noqa: E402
-
-from millwheel import Computation, LogFileSource, Record, Timer, Topology  # noqa: E402
-from millwheel._codec import decode_value  # noqa: E402
+from examples.live_logs import drive, published_windows, topology  # noqa: E402
 from millwheel.runtime import RuntimeSettings, SparkRuntime, spark_session  # noqa: E402
-
-
-class Windows(Computation):
-    def process_record(self, record: Record) -> None:
-        start = record.timestamp // 1_000 * 1_000
-        counts = self.state.get({})
-        counts[start] = counts.get(start, 0) + 1
-        self.state.set(counts)
-        self.set_timer(str(start), start + 1_000)
-
-    def process_timer(self, timer: Timer) -> None:
-        counts = self.state.get({})
-        start = timer.timestamp - 1_000
-        self.produce("windows", {"key": self.key, "start": start, "count": counts.pop(start, 0)})
-        self.state.set(counts or None)
-
-
-def writer(directory: Path, stop: threading.Event, written: list, rotate_s: float) -> None:
-    fh = None
-    opened = 0.0
-    i = 0
-    while not stop.is_set():
-        now = time.time()
-        if fh is None or now - opened >= rotate_s:
-            if fh is not None:
-                fh.close()
-            opened = now
-            fh = open(directory / f"events-{int(now * 1000)}.jsonl", "a", buffering=1)  # noqa: SIM115
-        ts = int(time.time() * 1000)
-        fh.write(json.dumps({"id": f"e{i}", "ts": ts, "key": f"k{i % 3}"}) + "\n")
-        written.append(ts)
-        i += 1
-        time.sleep(0.01)
-    if fh is not None:
-        fh.close()
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -89,37 +50,10 @@ def main() -> int:
         tmp = Path(d)
         logs = tmp / "logs"
         logs.mkdir()
-        t = Topology("live")
-        t.injector("events", LogFileSource(logs, lateness_ms=args.lateness_ms, idle_finish_ms=None))
-        t.computation(Windows, inputs={"events": lambda r: r.value["key"]}, outputs=["windows"])
-        rt = SparkRuntime(t, str(tmp / "run"), RuntimeSettings(intervals=2, poll_ms=50, heartbeat_ms=100), spark=spark)
-        stop, written = threading.Event(), []
-        thread = threading.Thread(target=writer, args=(logs, stop, written, args.rotate_s))
-        rt.start()
-        thread.start()
-        try:
-            started = time.monotonic()
-            while time.monotonic() - started < args.live_s:
-                rt.poll()
-                time.sleep(0.05)
-            stop.set()
-            thread.join()
-            done_at = time.time()
-            (logs / "_DONE").write_text("")
-            deadline = time.monotonic() + 120
-            while not rt.drained() and time.monotonic() < deadline:
-                rt.poll()
-                time.sleep(0.05)
-        finally:
-            stop.set()
-            rt.stop()
-        visible: dict[tuple[str, int], float] = {}
-        loc = rt.streams.location("windows", "Windows")
-        for (stream, name), at in rt.computations["Windows"].outbox.published_at.items():
-            if stream == "windows":
-                for raw in pq.read_table(loc.child(name).path, columns=["value"]).column("value").to_pylist():
-                    v = decode_value(raw)
-                    visible[(v["key"], v["start"])] = at
+        settings = RuntimeSettings(intervals=2, poll_ms=50, heartbeat_ms=100)
+        rt = SparkRuntime(topology(logs, args.lateness_ms), str(tmp / "run"), settings, spark=spark)
+        written, done_at = drive(rt, logs, args.live_s, args.rotate_s)
+        visible = published_windows(rt)
     spark.stop()
     closed_live = [k for k in visible if (k[1] + 1_000) / 1000 < done_at - 10]
     delays = sorted(visible[k] - (k[1] + 1_000) / 1000 for k in closed_live)

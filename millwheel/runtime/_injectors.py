@@ -29,6 +29,7 @@ from millwheel.runtime._lease import Lease
 from millwheel.runtime._outbox import Outbox
 from millwheel.runtime._spark_internals import OFFSETS, offset_log_entries
 from millwheel.runtime._usercode import RestartPolicy
+from millwheel.runtime._wire import IntervalSummary
 
 
 class SourceInjector:
@@ -146,18 +147,20 @@ class SourceInjector:
         return {"records_out": self.records_out, "dead_letters": self.dead_letters, "low_watermark": self.low_watermark, "newest_event_ms": newest}
 
 
-class LogFileInjector:
-    """Reads a :class:`~millwheel.LogFileSource` with a Spark streaming query."""
+class QueryInjector:
+    """What an injector run as a Spark streaming query shares: its outbox (strong, fenced by
+    the injector's lease), its counters, the start-up recovery and the restart on failure.
+    Subclasses say how a batch becomes stream-log rows (``start``) and how the low
+    watermark follows the published batches (``_published``)."""
 
     def __init__(self, rt: DriverContext, spec: InjectorSpec) -> None:
         self.rt = rt
         self.name = spec.name
         self.stream = spec.stream
-        self.source = spec.source
         self.checkpoint = rt.root.child("checkpoints", f"injector.{self.name}")
         self.outbox = Outbox(
             self.name, rt.root.child("outbox", f"injector.{self.name}"), self.checkpoint, rt.streams,
-            strong=True, on_summary=lambda _n, _v: None, on_published=self._published,
+            strong=True, on_summary=self._summary, on_published=self._published,
             tally=rt.root.child("tallies", f"injector.{self.name}.json"),
             lease=Lease(rt.root.child("leases", f"injector.{self.name}"), f"injector {self.name!r}"),
             writer=rt.settings.outbox_writer,
@@ -165,10 +168,6 @@ class LogFileInjector:
         self.low_watermark = MIN_TIMESTAMP
         self.query: Any = None
         self.restart_policy = RestartPolicy(f"injector {self.name!r}", rt.settings.max_restarts)
-        self.finished = False
-        self.offset: dict[str, Any] | None = None
-        self._moved_at = time.monotonic()
-        self._warned = False
 
     @property
     def records_out(self) -> int:
@@ -177,6 +176,53 @@ class LogFileInjector:
     @property
     def dead_letters(self) -> int:
         return self.outbox.written_by_stream.get(DEAD_LETTER_STREAM, 0)
+
+    def _published(self, n: int) -> None:
+        raise NotImplementedError
+
+    def _summary(self, _n: int, _summaries: list[IntervalSummary]) -> None:
+        """The per-batch summary rows; injectors without a use for them ignore them."""
+
+    def _recover(self) -> None:
+        """Before (re)starting the query: hold the lease — a restart after a failure only if
+        no other driver took over — and publish every batch committed before this start."""
+        lease = self.outbox.lease
+        if lease is not None and lease.epoch:
+            lease.check()
+        else:
+            lease.acquire(self.rt.driver_epoch.get())  # type: ignore[union-attr]
+        self.outbox.recover()
+        if self.outbox.published >= 0:
+            self._published(self.outbox.published)
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def check(self) -> None:
+        """Fenced if another driver took the lease; a failed query is restarted under the restart policy."""
+        self.outbox.fence()
+        q = self.query
+        if q is None or q.isActive or q.exception() is None:
+            return
+        self.rt.log(self.restart_policy.failed(q.exception()))
+        self.start()
+
+    def stop(self) -> None:
+        if self.query is not None:
+            self.query.stop()
+            self.query = None
+
+
+class LogFileInjector(QueryInjector):
+    """Reads a :class:`~millwheel.LogFileSource` with a Spark streaming query."""
+
+    def __init__(self, rt: DriverContext, spec: InjectorSpec) -> None:
+        super().__init__(rt, spec)
+        self.source = spec.source
+        self.finished = False
+        self.offset: dict[str, Any] | None = None
+        self._moved_at = time.monotonic()
+        self._warned = False
 
     def _published(self, n: int) -> None:
         text = self.checkpoint.child(OFFSETS, str(n)).read_text()
@@ -207,14 +253,7 @@ class LogFileInjector:
     def start(self) -> None:
         from millwheel.runtime._logfiles import FORMAT, LogFileDataSource, keyer_options
 
-        lease = self.outbox.lease
-        if lease is not None and lease.epoch:
-            lease.check()  # a restart after a failure: only if no other driver took over
-        else:
-            lease.acquire(self.rt.driver_epoch.get())  # type: ignore[union-attr]
-        self.outbox.recover()
-        if self.outbox.published >= 0:
-            self._published(self.outbox.published)
+        self._recover()
         spark = self.rt.spark
         spark.dataSource.register(LogFileDataSource)
         options = dict(self.source.options())  # type: ignore[union-attr]
@@ -241,19 +280,6 @@ class LogFileInjector:
         if warning is not None and not self._warned:
             self.rt.log(warning)
             self._warned = True
-
-    def check(self) -> None:
-        self.outbox.fence()
-        q = self.query
-        if q is None or q.isActive or q.exception() is None:
-            return
-        self.rt.log(self.restart_policy.failed(q.exception()))
-        self.start()
-
-    def stop(self) -> None:
-        if self.query is not None:
-            self.query.stop()
-            self.query = None
 
     def drained(self) -> bool:
         """Finished, published, and nothing left in the directory to read (a file may land

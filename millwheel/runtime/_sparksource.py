@@ -46,14 +46,13 @@ from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, encode_key
 from millwheel._sparkio import SparkSource, kafka_package
 from millwheel._topology import InjectorSpec
 from millwheel.runtime._context import DriverContext
-from millwheel.runtime._lease import Lease
-from millwheel.runtime._outbox import Outbox, _numbers
+from millwheel.runtime._injectors import QueryInjector
+from millwheel.runtime._outbox import _numbers
 from millwheel.runtime._spark_internals import (
     offset_log_entries,
     offset_log_metadata,
     planned_batches,
 )
-from millwheel.runtime._usercode import RestartPolicy
 from millwheel.runtime._wire import OUT_SCHEMA, SUMMARY_STREAM, IntervalSummary
 
 #: the column the injector adds for Spark's event-time watermark
@@ -162,41 +161,19 @@ def convert_batch(
     return convert
 
 
-class SparkSourceInjector:
+class SparkSourceInjector(QueryInjector):
     """Runs a :class:`~millwheel.SparkSource` as a streaming query; see the module docstring."""
 
     def __init__(self, rt: DriverContext, spec: InjectorSpec) -> None:
-        self.rt = rt
-        self.name = spec.name
-        self.stream = spec.stream
         self.source: SparkSource = spec.source  # type: ignore[assignment]
-        self.checkpoint = rt.root.child("checkpoints", f"injector.{self.name}")
-        self.outbox = Outbox(
-            self.name, rt.root.child("outbox", f"injector.{self.name}"), self.checkpoint, rt.streams,
-            strong=True, on_summary=self._summary, on_published=self._published,
-            tally=rt.root.child("tallies", f"injector.{self.name}.json"),
-            lease=Lease(rt.root.child("leases", f"injector.{self.name}"), f"injector {self.name!r}"),
-            writer=rt.settings.outbox_writer,
-        )  # fmt: skip
-        self.low_watermark = MIN_TIMESTAMP
+        super().__init__(rt, spec)
         self.newest: int | None = None
-        self.query: Any = None
-        self.restart_policy = RestartPolicy(f"injector {self.name!r}", rt.settings.max_restarts)
         self._keyer: tuple[str | None, list[str]] = (None, [])
         #: with ``RuntimeSettings.drain``: since when the query has had nothing to read
         self._idle_since: float | None = None
         #: what the executors get: the declaration without the stream function, data sources and rows
         self._shipped = copy.copy(self.source)
         self._shipped.stream, self._shipped.data_sources, self._shipped._rows = None, (), None
-
-    # ---- counters ------------------------------------------------------------------------
-    @property
-    def records_out(self) -> int:
-        return self.outbox.written_by_stream.get(self.stream, 0)
-
-    @property
-    def dead_letters(self) -> int:
-        return self.outbox.written_by_stream.get(DEAD_LETTER_STREAM, 0)
 
     @property
     def finished(self) -> bool:
@@ -253,14 +230,7 @@ class SparkSourceInjector:
     def start(self) -> None:
         from millwheel.runtime._logfiles import keyer_options
 
-        lease = self.outbox.lease
-        if lease is not None and lease.epoch:
-            lease.check()  # a restart after a failure: only if no other driver took over
-        else:
-            lease.acquire(self.rt.driver_epoch.get())  # type: ignore[union-attr]
-        self.outbox.recover()
-        if self.outbox.published >= 0:
-            self._published(self.outbox.published)
+        self._recover()
         self.rt.watermarks.expect_injector_processes(self.name, ["spark"])
         self.rt.watermarks.report_injector(self.name, "spark", self.low_watermark)
         if self.finished:
@@ -366,19 +336,6 @@ class SparkSourceInjector:
             self._idle_since = time.monotonic()
         elif time.monotonic() - self._idle_since >= 1.0:
             self.low_watermark = MAX_TIMESTAMP
-
-    def check(self) -> None:
-        self.outbox.fence()
-        q = self.query
-        if q is None or q.isActive or q.exception() is None:
-            return
-        self.rt.log(self.restart_policy.failed(q.exception()))
-        self.start()
-
-    def stop(self) -> None:
-        if self.query is not None:
-            self.query.stop()
-            self.query = None
 
     def drained(self) -> bool:
         """Finished and every committed batch published."""

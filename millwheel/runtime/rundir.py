@@ -9,6 +9,7 @@ change how it works inside without breaking them:
 * :class:`Location` — a directory on a local or Hadoop file system (``Location.of(uri)``);
 * :class:`FileStreamLog` — the stream logs: which files a stream has, their records;
   :func:`min_ts_of` — the oldest timestamp in a stream-log file's name;
+  :func:`table_records` — the records of one stream-log file read as an Arrow table;
 * :class:`ConsumedFiles` — which stream-log files a query's committed batches consumed,
   from its checkpoint; :func:`committed_batches` — a query's committed batches;
 * the audit trail: :func:`read_lines` of ``audit/`` + :data:`WATERMARKS` (every published
@@ -19,6 +20,6 @@ from millwheel.runtime._audit import BATCHES, WATERMARKS, read_lines
 from millwheel.runtime._fs import Location
 from millwheel.runtime._query import ConsumedFiles
 from millwheel.runtime._spark_internals import committed_batches
-from millwheel.runtime._streams import FileStreamLog, min_ts_of
+from millwheel.runtime._streams import FileStreamLog, min_ts_of, table_records
 
-__all__ = ["BATCHES", "WATERMARKS", "ConsumedFiles", "FileStreamLog", "Location", "committed_batches", "min_ts_of", "read_lines"]
+__all__ = ["BATCHES", "WATERMARKS", "ConsumedFiles", "FileStreamLog", "Location", "committed_batches", "min_ts_of", "read_lines", "table_records"]
