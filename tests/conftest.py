@@ -11,6 +11,11 @@ from hypothesis import HealthCheck, settings
 # Spark workers must run this interpreter (the project's venv), never a system python.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+# Spark's Python workers import the repository's packages (examples, topologies, computations)
+# whatever directory they start in, as the suite's pytest workers do
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p)
 # `millwheel run` serves the Spark UI by default; tests (and their subprocesses) do not
 os.environ.setdefault("MILLWHEEL_SPARK_UI", "0")
 
