@@ -96,8 +96,9 @@ def relayout_wanted(run_dir: str, computation: str, layout: str | None) -> bool:
         return True
     held = read_pin(Location.of(run_dir))
     entry = (held.get("computations") or {}).get(computation) or {}
-    if "relayout" in (entry.get("migration") or {}):
-        return entry["migration"]["relayout"] != "done" or entry.get("state_layout") == "keys"
+    migration = entry.get("migration") or {}
+    if "relayout" in migration:  # (an authority move still pending keeps the intervals it knows: see _move)
+        return migration["relayout"] != "done" or migration.get("authority") == "pending" or entry.get("state_layout") == "keys"
     return str(entry.get("state_layout", held.get("state_layout", "intervals"))) == "keys"
 
 
@@ -388,8 +389,11 @@ def _move(
         provider = offset_log_conf(scratch.child("checkpoint"), 0).get(_PROVIDER)
     else:
         provider = None
+    # the intervals the watermark authority holds: those of a change no start has made yet, if any
+    prior = old.migration or {}
+    held_intervals = int(prior["from_intervals"]) if prior.get("authority") == "pending" else old.intervals
     migration = {
-        "relayout": "swapping", "from_layout": old.state_layout, "from_intervals": old.intervals, "authority": "pending",
+        "relayout": "swapping", "from_layout": old.state_layout, "from_intervals": held_intervals, "authority": "pending",
         "batch": last, "provider": provider,
     }  # fmt: skip
     own = {
