@@ -97,8 +97,14 @@ def relayout_wanted(run_dir: str, computation: str, layout: str | None) -> bool:
     held = read_pin(Location.of(run_dir))
     entry = (held.get("computations") or {}).get(computation) or {}
     migration = entry.get("migration") or {}
-    if "relayout" in migration:  # (an authority move still pending keeps the intervals it knows: see _move)
-        return migration["relayout"] != "done" or migration.get("authority") == "pending" or entry.get("state_layout") == "keys"
+    if (
+        "relayout" in migration
+    ):  # (an authority move still pending keeps the intervals it knows: see _move)
+        return (
+            migration["relayout"] != "done"
+            or migration.get("authority") == "pending"
+            or entry.get("state_layout") == "keys"
+        )
     return str(entry.get("state_layout", held.get("state_layout", "intervals"))) == "keys"
 
 
@@ -363,7 +369,9 @@ def _move(
         if last >= 0
         else 0
     )
-    if partitions <= 0:  # nothing committed: no partition count pinned yet (balance, not correctness)
+    if (
+        partitions <= 0
+    ):  # nothing committed: no partition count pinned yet (balance, not correctness)
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions")) if spark is not None else 1
     # the same groups for the same count (the new store starts empty); new ones for another count
     groups = (
@@ -391,7 +399,9 @@ def _move(
         provider = None
     # the intervals the watermark authority holds: those of a change no start has made yet, if any
     prior = old.migration or {}
-    held_intervals = int(prior["from_intervals"]) if prior.get("authority") == "pending" else old.intervals
+    held_intervals = (
+        int(prior["from_intervals"]) if prior.get("authority") == "pending" else old.intervals
+    )
     migration = {
         "relayout": "swapping", "from_layout": old.state_layout, "from_intervals": held_intervals, "authority": "pending",
         "batch": last, "provider": provider,
