@@ -393,7 +393,9 @@ def _move(
             raise MillwheelError(msg)
         crash_point(computation, "relayout_built", last)
         staging.delete()
-        graft_state(scratch.child("checkpoint", "state"), staging, last + 1)
+        graft_state(
+            scratch.child("checkpoint", "state"), staging, last + 1, final=checkpoint.child("state")
+        )
         provider = offset_log_conf(scratch.child("checkpoint"), 0).get(_PROVIDER)
     else:
         provider = None

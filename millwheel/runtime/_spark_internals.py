@@ -250,7 +250,7 @@ def _drop_state_version(loc: Location, version: int) -> list[str]:
     return dropped
 
 
-def graft_state(scratch: Location, staging: Location, version: int) -> int:
+def graft_state(scratch: Location, staging: Location, version: int, final: Location | None = None) -> int:
     """Copy the state a scratch query committed as its version 1 (the ``state/`` directory of
     its checkpoint, ``scratch``) into ``staging`` as version ``version``; returns the files copied.
 
@@ -259,19 +259,33 @@ def graft_state(scratch: Location, staging: Location, version: int) -> int:
     files beside it, copied as they are) becomes ``<version>.zip``, and the HDFS-backed
     provider's first delta ``1.delta`` — every entry of it a put, the format of a snapshot —
     becomes ``<version>.snapshot``. Either loads alone, without the versions before it.
-    Other files are copied as they are; checksum files of renamed files are left out.
-    Only ``_relayout.py`` does this (docs/runtime.md, "Changing a computation's state layout").
+    The operator's metadata (``_metadata/``: ``transformWithState``'s names its state
+    schema files by their full path) is copied with ``scratch``'s path replaced by
+    ``final``'s, where the store will live (and without its checksum file). Other files are
+    copied as they are; checksum files of renamed files are left out. Only ``_relayout.py``
+    does this (docs/runtime.md, "Changing a computation's state layout").
     """
+    return _graft(scratch, staging, version, (scratch.path, (final or staging).path), in_metadata=False)
+
+
+def _graft(scratch: Location, staging: Location, version: int, paths: tuple[str, str], in_metadata: bool) -> int:
     staging.mkdirs()
     copied = 0
     for name in scratch.list():
         src, dst = scratch.child(name), staging.child(name)
         bare = name.lstrip(".")
         if scratch.fs.get_file_info(src.path).type == pafs.FileType.Directory:
-            copied += graft_state(src, dst, version)
+            copied += _graft(src, dst, version, paths, in_metadata or name == "_metadata")
             continue
-        if bare.startswith("1.") and bare.endswith(".crc"):
-            continue  # the checksum of a file renamed below: a stale one would fail the read
+        if (bare.startswith("1.") or in_metadata) and bare.endswith(".crc"):
+            continue  # the checksum of a file renamed or rewritten below: a stale one would fail the read
+        if in_metadata:
+            with scratch.fs.open_input_stream(src.path) as f:
+                text = f.read()
+            with staging.fs.open_output_stream(dst.path) as f:
+                f.write(text.replace(paths[0].encode(), paths[1].encode()))
+            copied += 1
+            continue
         if name == "1.zip":
             dst = staging.child(f"{version}.zip")
         elif name == "1.delta":

@@ -190,7 +190,8 @@ def test_set_offset_log_conf_keeps_the_sources_and_drops_the_checksum(tmp_path):
 def test_graft_state_renames_the_first_version_and_copies_the_rest(tmp_path):
     scratch = Location.of(str(tmp_path / "scratch"))
     files = {
-        "0/_metadata/metadata": "op", "0/0/1.zip": "snap", "0/0/.1.zip.crc": "crc", "0/0/SSTs/000008-x.sst": "sst",
+        "0/_metadata/v2/0": f'v2\n{{"stateSchemaFilePaths":["file:{tmp_path}/scratch/0/_stateSchema/default/0_u"]}}',
+        "0/_metadata/v2/.0.crc": "crc", "0/_stateSchema/default/0_u": "schema", "0/0/1.zip": "snap", "0/0/.1.zip.crc": "crc", "0/0/SSTs/000008-x.sst": "sst",
         "0/1/1.delta": "delta", "0/1/.1.delta.crc": "crc",
     }  # fmt: skip
     for path, text in files.items():
@@ -198,13 +199,25 @@ def test_graft_state_renames_the_first_version_and_copies_the_rest(tmp_path):
         Location.of(loc.path.rsplit("/", 1)[0]).mkdirs()
         loc.write_text(text)
     staging = Location.of(str(tmp_path / "staging"))
-    assert graft_state(scratch, staging, 42) == 4
+    final = Location.of(str(tmp_path / "checkpoint" / "state"))
+    assert graft_state(scratch, staging, 42, final=final) == 5
     got = {
         str(p.relative_to(tmp_path / "staging"))
         for p in (tmp_path / "staging").rglob("*")
         if p.is_file()
     }
-    assert got == {"0/_metadata/metadata", "0/0/42.zip", "0/0/SSTs/000008-x.sst", "0/1/42.snapshot"}
+    assert got == {
+        "0/_metadata/v2/0",
+        "0/_stateSchema/default/0_u",
+        "0/0/42.zip",
+        "0/0/SSTs/000008-x.sst",
+        "0/1/42.snapshot",
+    }
+    # the operator metadata names its schema files where the store will be, not in the scratch checkpoint
+    assert (
+        f"file:{tmp_path}/checkpoint/state/0/_stateSchema/default/0_u"
+        in staging.child("0", "_metadata", "v2", "0").read_text()
+    )
     assert staging.child("0", "1", "42.snapshot").read_text() == "delta"
     scratch.child("0", "1", "1.changelog").write_text("?")
     with pytest.raises(RunError, match="of no kind a graft knows"):
