@@ -27,8 +27,9 @@ state store is replaced (docs/runtime.md, "Changing a computation's state layout
    ``B + 1`` (the version C's next batch loads: ``_spark_internals.graft_state``); then
    ``run.json`` gets C's new layout (``"state_layout"``, intervals, groups) with the step
    ``"relayout": "swapping"``, the old state directory is swapped for the new one, the
-   offset-log entry of ``B`` gets the new layout's state-store provider (a restarted query
-   plans with the provider its last offset-log entry recorded), and ``run.json`` says
+   offset-log entry of ``B`` gets the state-store settings the new store was written with
+   (a restarted query plans with the provider and formats its last offset-log entry
+   recorded), and ``run.json`` says
    ``"done"``.
 
 Crash safety: before ``run.json`` changes nothing visible changed (the scratch checkpoint
@@ -81,7 +82,6 @@ __all__ = ["relayout", "relayout_wanted"]
 #: the state-store settings a scratch query needs beyond its layout's: a RocksDB commit
 #: writes a whole snapshot (``1.zip``), which loads alone once renamed (``graft_state``)
 _SCRATCH_CONF = {"spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "false"}
-_PROVIDER = "spark.sql.streaming.stateStore.providerClass"
 
 
 def _refuse(msg: str) -> MillwheelError:
@@ -396,9 +396,14 @@ def _move(
         graft_state(
             scratch.child("checkpoint", "state"), staging, last + 1, final=checkpoint.child("state")
         )
-        provider = offset_log_conf(scratch.child("checkpoint"), 0).get(_PROVIDER)
+        # the state-store settings the new store was written with (provider, format versions, encoding)
+        store_conf = {
+            k: v
+            for k, v in offset_log_conf(scratch.child("checkpoint"), 0).items()
+            if ".stateStore." in k and k not in _SCRATCH_CONF
+        }
     else:
-        provider = None
+        store_conf = {}
     # the intervals the watermark authority holds: those of a change no start has made yet, if any
     prior = old.migration or {}
     held_intervals = (
@@ -406,7 +411,7 @@ def _move(
     )
     migration = {
         "relayout": "swapping", "from_layout": old.state_layout, "from_intervals": held_intervals, "authority": "pending",
-        "batch": last, "provider": provider,
+        "batch": last, "conf": store_conf,
     }  # fmt: skip
     own = {
         "intervals": intervals,
@@ -453,8 +458,7 @@ def _swap(
             crash_point(computation, "relayout_swapping", last)
             staging.move_to(state)
         conf = dict(STATE_STORE_CONF[layout])
-        if migration.get("provider"):
-            conf[_PROVIDER] = str(migration["provider"])
+        conf = {**dict(migration.get("conf") or {}), **conf}
         set_offset_log_conf(checkpoint, last, conf)
         aside.delete()
     held = read_pin(root)

@@ -107,7 +107,8 @@ def test_a_computation_without_a_committed_batch_just_gets_the_layout(tmp_path):
 def _swapping(tmp_path) -> tuple[Location, dict]:
     """A run whose layout change of C was killed after ``run.json``, before the swap."""
     migration = {"relayout": "swapping", "from_layout": "intervals", "from_intervals": 4, "authority": "pending", "batch": 3,
-                 "provider": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"}  # fmt: skip
+                 "conf": {"spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+                          "spark.sql.streaming.stateStore.encodingFormat": "unsaferow"}}  # fmt: skip
     root = _run(
         tmp_path,
         computations={
@@ -157,6 +158,7 @@ def test_an_interrupted_layout_change_refuses_to_start_and_the_command_finishes_
         "RocksDBStateStoreProvider"
     )
     assert conf["spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"] == "true"
+    assert conf["spark.sql.streaming.stateStore.encodingFormat"] == "unsaferow"
     assert conf["spark.sql.shuffle.partitions"] == "2"  # the rest as it was
     done = read_pin(root)["computations"]["C"]["migration"]
     assert done["relayout"] == "done" and done["moved"]
