@@ -97,9 +97,8 @@ def relayout_wanted(run_dir: str, computation: str, layout: str | None) -> bool:
     held = read_pin(Location.of(run_dir))
     entry = (held.get("computations") or {}).get(computation) or {}
     migration = entry.get("migration") or {}
-    if (
-        "relayout" in migration
-    ):  # (an authority move still pending keeps the intervals it knows: see _move)
+    # a layout change not started since: its intervals at the authority are kept (see _move)
+    if "relayout" in migration:
         return (
             migration["relayout"] != "done"
             or migration.get("authority") == "pending"
