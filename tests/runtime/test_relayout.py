@@ -60,8 +60,14 @@ def _wait_for_ledger(proc, root, n: int, log, timeout: float = 300) -> None:
     raise TimeoutError(msg)
 
 
-def _run_to_end(root, data, log, env=None) -> int:
-    proc = start_driver(root, data, *PACING, env=env, log=log)
+def _driver(root, data, log, authority, env=None):
+    """The ledger's driver, its watermarks kept by ``authority`` across drivers (and a layout change)."""
+    env = {**authority.env(), **(env or {})}
+    return start_driver(root, data, *PACING, "--authority", authority.url, env=env, log=log)
+
+
+def _run_to_end(root, data, log, authority, env=None) -> int:
+    proc = _driver(root, data, log, authority, env)
     try:
         return proc.wait(timeout=900)
     finally:
@@ -72,7 +78,7 @@ def _last(root, computation: str) -> int:
     return committed_batches(Location.of(str(root / "checkpoints" / computation)))[-1]
 
 
-def _answer_checked(root, data, log) -> None:
+def _answer_checked(root, data, log, authority) -> None:
     """The ledger's output equals the plain answer from the input files, and ``millwheel check`` is clean."""
     exp = expected(str(data))
     want: dict[tuple[str, int], list[str]] = defaultdict(list)
@@ -85,18 +91,18 @@ def _answer_checked(root, data, log) -> None:
     assert {k: sorted(v) for k, v in got.items()} == {k: sorted(v) for k, v in want.items()}, (
         log.read_text()[-3000:]
     )
-    report = check_run(str(root), str(data))
+    report = check_run(str(root), str(data), authority_dir=authority.data_dir)
     print(report.text())
     assert report.clean, report.text()
     assert not report.lost and not report.duplicated and report.outputs > 0
 
 
 def test_an_interval_row_run_moves_to_per_key_rows_mid_stream_and_resumes_exactly_once(
-    tmp_path, spark
+    tmp_path, spark, authority
 ):
     data, root, log = tmp_path / "data", tmp_path / "run", tmp_path / "driver.log"
     write_input(data, 6_000, seed=11, files=6, keys=150)
-    proc = start_driver(root, data, *PACING, log=log)
+    proc = _driver(root, data, log, authority)
     try:
         _wait_for_ledger(proc, root, 1, log)
     finally:
@@ -118,8 +124,8 @@ def test_an_interval_row_run_moves_to_per_key_rows_mid_stream_and_resumes_exactl
         len(read_envelopes(spark, str(ckpt), _last(root, "LedgerWindow")))
         == moved["LedgerWindow"]["keys"]
     )
-    assert _run_to_end(root, data, log) == 0, log.read_text()[-4000:]
-    _answer_checked(root, data, log)
+    assert _run_to_end(root, data, log, authority) == 0, log.read_text()[-4000:]
+    _answer_checked(root, data, log, authority)
     meta = spark.read.format("state-metadata").load(str(ckpt)).select("operatorName").collect()
     assert any("transformWithState" in r[0] for r in meta)
 
@@ -135,11 +141,11 @@ def _command(root, computation: str, *args: str, env=None) -> subprocess.Complet
 
 @pytest.mark.slow  # ~3 min of Spark: the long form (-m slow), to keep CI under 25 minutes on 2 cores
 def test_a_layout_change_killed_at_each_point_and_in_its_first_batch_still_moves_everything_once(
-    tmp_path, spark
+    tmp_path, spark, authority
 ):
     data, root, log = tmp_path / "data", tmp_path / "run", tmp_path / "driver.log"
     write_input(data, 15_000, seed=12, files=10, keys=300)
-    proc = start_driver(root, data, *PACING, log=log)
+    proc = _driver(root, data, log, authority)
     try:
         _wait_for_ledger(proc, root, 1, log)
     finally:
@@ -164,7 +170,7 @@ def test_a_layout_change_killed_at_each_point_and_in_its_first_batch_still_moves
         env={"MILLWHEEL_CRASH": f"LedgerWindow:relayout_pinned:{last}"},
     )
     assert done.returncode == -9, done.stderr[-3000:]
-    assert _run_to_end(root, data, log) != 0
+    assert _run_to_end(root, data, log, authority) != 0
     assert "interrupted before its state was in place" in log.read_text()
     assert rescale(str(root), "LedgerWindow", layout="keys", spark=spark)["finished"]
     last_tally = _last(root, "LedgerTally")
@@ -181,17 +187,23 @@ def test_a_layout_change_killed_at_each_point_and_in_its_first_batch_still_moves
     # the first batch after the change dies before its commit, and runs again
     first = _last(root, "LedgerWindow") + 1
     assert (
-        _run_to_end(root, data, log, env={"MILLWHEEL_CRASH": f"LedgerWindow:before_commit:{first}"})
+        _run_to_end(
+            root,
+            data,
+            log,
+            authority,
+            env={"MILLWHEEL_CRASH": f"LedgerWindow:before_commit:{first}"},
+        )
         == -9
     )
     assert _last(root, "LedgerWindow") == first - 1
     # on for a while, a kill -9 at a random point, and back to interval rows
-    proc = start_driver(root, data, *PACING, log=log)
+    proc = _driver(root, data, log, authority)
     try:
         wait_for_progress(proc, root, "LedgerWindow", 3)
     finally:
         kill_tree(proc)
     back = rescale(str(root), "LedgerWindow", 3, layout="intervals", spark=spark)
     assert back["from_layout"] == "keys" and back["to"] == 3
-    assert _run_to_end(root, data, log) == 0, log.read_text()[-4000:]
-    _answer_checked(root, data, log)
+    assert _run_to_end(root, data, log, authority) == 0, log.read_text()[-4000:]
+    _answer_checked(root, data, log, authority)
