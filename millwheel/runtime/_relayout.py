@@ -43,6 +43,8 @@ one is fenced, as after an interval rescale.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
@@ -160,7 +162,9 @@ def relayout(
                 f"finish it first (--layout {old.state_layout} --intervals {old.intervals})"
             )
             raise _refuse(msg)
-        _swap(root, computation, checkpoint, migration)
+        with _fenced(root, computation):
+            _swap(root, computation, checkpoint, migration)
+        root.child("checkpoints", f".{computation}.relayout").delete()
         say(f"finished the interrupted change of {computation!r} to the {layout!r} state layout")
         return {
             "computation": computation,
@@ -178,6 +182,14 @@ def relayout(
     if layout == old.state_layout and n == old.intervals:
         msg = f"computation {computation!r} keeps its state in the {layout!r} layout with {n} key intervals already: nothing to change"
         raise _refuse(msg)
+    with _fenced(root, computation) as lease:
+        return _move(root, computation, held, old, layout, n, checkpoint, lease, spark, say, t0)
+
+
+@contextmanager
+def _fenced(root: Location, computation: str) -> Iterator[Lease]:
+    """``computation``'s lease under a new driver epoch (a zombie driver of it is fenced from
+    here on), the epoch marked stopped at the end."""
     leases = root.child("leases")
     epoch = DriverEpoch(leases)
     lease = Lease(
@@ -185,7 +197,7 @@ def relayout(
     )
     lease.acquire(epoch.get())
     try:
-        return _move(root, computation, held, old, layout, n, checkpoint, lease, spark, say, t0)
+        yield lease
     finally:
         epoch.mark(stopped=True)
 
