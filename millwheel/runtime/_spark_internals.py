@@ -245,8 +245,10 @@ def _drop_state_version(loc: Location, version: int) -> list[str]:
         if bare.startswith((f"{version}.", f"{version}_")) and any(k in bare for k in _STATE_FILE_KINDS):
             child.delete()
             dropped.append(child.uri)
-        elif not name.startswith(".") and "." not in name:
-            dropped += _drop_state_version(child, version)  # an operator, partition or store directory
+        elif not name.startswith(".") and "." not in name and loc.fs.get_file_info(child.path).type == pafs.FileType.Directory:
+            # an operator, partition or store directory (not a file without a dot in its name,
+            # as transformWithState's schema files ``_stateSchema/default/<batch>_<uuid>`` are)
+            dropped += _drop_state_version(child, version)
     return dropped
 
 

@@ -16,7 +16,12 @@ from millwheel.runtime._layout import read_pin
 from millwheel.runtime._lease import DriverEpoch, Lease
 from millwheel.runtime._query import ComputationQuery
 from millwheel.runtime._rescale import rescale
-from millwheel.runtime._spark_internals import graft_state, offset_log_metadata, set_offset_log_conf
+from millwheel.runtime._spark_internals import (
+    drop_planned_batch,
+    graft_state,
+    offset_log_metadata,
+    set_offset_log_conf,
+)
 
 OFFSETS_3 = 'v1\n{"batchWatermarkMs":1500,"batchTimestampMs":9,"conf":{"spark.sql.streaming.stateStore.providerClass":"org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider","spark.sql.shuffle.partitions":"2"}}\n{"logOffset":3}\n{"logOffset":7}'
 
@@ -224,3 +229,21 @@ def test_graft_state_renames_the_first_version_and_copies_the_rest(tmp_path):
     scratch.child("0", "1", "1.changelog").write_text("?")
     with pytest.raises(RunError, match="of no kind a graft knows"):
         graft_state(scratch, Location.of(str(tmp_path / "again")), 42)
+
+
+def test_dropping_a_planned_batch_of_a_per_key_computation_skips_its_schema_files(tmp_path):
+    """``transformWithState`` keeps schema files named ``<batch>_<uuid>`` (no dot): not directories."""
+    ckpt = Location.of(str(tmp_path))
+    for path, text in {
+        "offsets/5": OFFSETS_3, "state/0/_stateSchema/default/0_b599c411-906e": "schema",
+        "state/0/0/6.changelog": "c", "state/0/0/5.zip": "z", "state/0/_metadata/v2/0": "m",
+    }.items():  # fmt: skip
+        loc = ckpt.child(*path.split("/"))
+        Location.of(loc.path.rsplit("/", 1)[0]).mkdirs()
+        loc.write_text(text)
+    dropped = drop_planned_batch(ckpt, 5)
+    assert [d.rsplit("/", 1)[1] for d in dropped] == ["6.changelog"]
+    assert ckpt.child("state", "0", "_stateSchema", "default", "0_b599c411-906e").exists()
+    assert (
+        not ckpt.child("offsets", "5").exists() and ckpt.child("state", "0", "0", "5.zip").exists()
+    )
