@@ -221,3 +221,14 @@ def real_logs():
         return truth, paths
 
     return write
+
+
+@pytest.fixture
+def authority(tmp_path):
+    """``millwheel authority serve`` in a subprocess (``faults/inject.py``: ``.kill9()``,
+    ``.restart()``, ``.url``, ``.env()`` for a driver), stopped after the test."""
+    from faults.inject import AuthorityProcess
+
+    service = AuthorityProcess(tmp_path / "authority").start()
+    yield service
+    service.stop()

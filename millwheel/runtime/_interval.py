@@ -578,11 +578,18 @@ class IntervalStep:
                 meta.pop(kb, None)
             else:
                 meta[kb] = m
-        if envs:
-            state.update((_packb(envs, use_bin_type=True), _packb(meta, use_bin_type=True)))
-        elif state.exists:
-            state.remove()
-        hold, nlw_min, nwall_min = earliest(meta.values())
-        if nlw_min is not None and envs:
-            state.setTimeoutTimestamp(max(timer_timeout(nlw_min), state.getCurrentWatermarkMs()))
+        hold, nlw_min, nwall_min = store_interval(state, envs, meta)
         yield batch.summary(hold, nlw_min, nwall_min, len(envs))
+
+
+def store_interval(state: Any, envs: dict[bytes, Any], meta: dict[bytes, Any]) -> tuple[int | None, int | None, int | None]:
+    """Write an interval's maps into its ``GroupState`` row (or remove the row: no keys) with
+    its event-time timeout at its earliest low-watermark timer; returns :func:`earliest`."""
+    if envs:
+        state.update((_packb(envs, use_bin_type=True), _packb(meta, use_bin_type=True)))
+    elif state.exists:
+        state.remove()
+    hold, nlw_min, nwall_min = earliest(meta.values())
+    if nlw_min is not None and envs:
+        state.setTimeoutTimestamp(max(timer_timeout(nlw_min), state.getCurrentWatermarkMs()))
+    return hold, nlw_min, nwall_min

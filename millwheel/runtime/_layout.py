@@ -41,6 +41,9 @@ class Layout:
     own: bool = False
     #: the heartbeat file of the rescale that made this layout, until a start has seen it consumed
     migration: dict[str, Any] | None = None
+    #: where its envelopes live (``"intervals"`` or ``"keys"``): the run's ``state_layout``
+    #: unless ``millwheel rescale --layout`` gave it its own (``_relayout.py``)
+    state_layout: str = "intervals"
 
 
 def read_pin(root: Location) -> dict[str, Any]:
@@ -69,17 +72,18 @@ def own_intervals(held: dict[str, Any]) -> dict[str, int]:
 def computation_layouts(held: dict[str, Any], names: list[str], intervals: int, groups: list[int]) -> dict[str, Layout]:
     """Each of ``names``'s layout: its own from ``run.json``'s ``"computations"``, else the run-wide one."""
     own = held.get("computations") or {}
+    run_layout = str(held.get("state_layout", "intervals"))
     out: dict[str, Layout] = {}
     for name in names:
         entry = own.get(name)
         if entry is None:
-            out[name] = Layout(intervals, tuple(groups))
+            out[name] = Layout(intervals, tuple(groups), state_layout=run_layout)
             continue
         n, gs = int(entry["intervals"]), tuple(int(g) for g in entry["groups"])
         if len(gs) != n or len(set(gs)) != n:
             msg = f"run.json gives computation {name!r} {n} key intervals and the groups {list(gs)}; it was edited by hand or is damaged"
             raise MillwheelError(msg)
-        out[name] = Layout(n, gs, own=True, migration=entry.get("migration"))
+        out[name] = Layout(n, gs, own=True, migration=entry.get("migration"), state_layout=str(entry.get("state_layout", run_layout)))
     return out
 
 

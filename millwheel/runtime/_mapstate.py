@@ -61,6 +61,40 @@ ENVS_VALUE_SCHEMA = "env binary"
 META_SCHEMA = "meta binary"
 TIMER_SCHEMA = "ts long"
 
+def schedule(handle: Any, timer: Any, nlw_min: int | None, watermark: int, expired: bool) -> None:
+    """Keep one event-time timer per interval (``timer``: its ValueState), at its earliest
+    low-watermark timer.
+
+    A timer at ``ts`` is due once the low watermark reaches it (§4.6); Spark fires a
+    registered timer once the watermark reaches its time, so it is registered at
+    ``to_spark(ts)``, and never at or below the current watermark (Spark deletes
+    the timer it has just fired after this call).
+    """
+    current = timer.get()
+    stored = None if current is None else current[0]
+    live = None if stored is None or (expired and stored <= watermark) else stored
+    want = None if nlw_min is None else max(to_spark(nlw_min), watermark + 1)
+    if want != live:
+        if live is not None:
+            handle.deleteTimer(live)
+        if want is not None:
+            handle.registerTimer(want)
+    if want != stored:
+        if want is None:
+            timer.clear()
+        else:
+            timer.update((want,))
+
+
+def state_variables(handle: Any) -> tuple[Any, Any, Any]:
+    """The layout's state variables of one interval: ``envs``, ``meta``, ``timer`` (see the module docstring)."""
+    return (
+        handle.getMapState("envs", ENVS_KEY_SCHEMA, ENVS_VALUE_SCHEMA),
+        handle.getValueState("meta", META_SCHEMA),
+        handle.getValueState("timer", TIMER_SCHEMA),
+    )
+
+
 def make_processor(spec: ComputationSpec, *, pipeline: str = "default", registry: Any = None, keyer: Any = None, groups: Any = None) -> Any:
     """The ``StatefulProcessor`` of one computation in the per-key layout."""
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
@@ -73,9 +107,7 @@ def make_processor(spec: ComputationSpec, *, pipeline: str = "default", registry
 
         def init(self, handle: Any) -> None:
             self.handle = handle
-            self.envs = handle.getMapState("envs", ENVS_KEY_SCHEMA, ENVS_VALUE_SCHEMA)
-            self.meta = handle.getValueState("meta", META_SCHEMA)
-            self.timer = handle.getValueState("timer", TIMER_SCHEMA)
+            self.envs, self.meta, self.timer = state_variables(handle)
 
         def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
             watermark = timerValues.getCurrentWatermarkInMs()
@@ -129,31 +161,8 @@ def make_processor(spec: ComputationSpec, *, pipeline: str = "default", registry
                 else:
                     self.meta.clear()
             hold, nlw_min, nwall_min = earliest(meta.values())
-            self._schedule(nlw_min, watermark, expired)
+            schedule(self.handle, self.timer, nlw_min, watermark, expired)
             return batch.summary(hold, nlw_min, nwall_min, kept)
-
-        def _schedule(self, nlw_min: int | None, watermark: int, expired: bool) -> None:
-            """Keep one event-time timer per interval, at its earliest low-watermark timer.
-
-            A timer at ``ts`` is due once the low watermark reaches it (§4.6); Spark fires a
-            registered timer once the watermark reaches its time, so it is registered at
-            ``to_spark(ts)``, and never at or below the current watermark (Spark deletes
-            the timer it has just fired after this call).
-            """
-            current = self.timer.get()
-            stored = None if current is None else current[0]
-            live = None if stored is None or (expired and stored <= watermark) else stored
-            want = None if nlw_min is None else max(to_spark(nlw_min), watermark + 1)
-            if want != live:
-                if live is not None:
-                    self.handle.deleteTimer(live)
-                if want is not None:
-                    self.handle.registerTimer(want)
-            if want != stored:
-                if want is None:
-                    self.timer.clear()
-                else:
-                    self.timer.update((want,))
 
         def close(self) -> None:
             pass

@@ -181,6 +181,8 @@ class ComputationQuery:
         self._tokens: dict[str, int] = {}
         #: the state move of the rescale that made its layout (``_layout.py``), until a start sees it done
         self._migration: dict[str, Any] | None = None
+        #: where its envelopes live (``_layout.Layout.state_layout``), read again at each start
+        self.state_layout = rt.settings.state_layout
         self.query: Any = None
         self.restart_policy = RestartPolicy(f"computation {self.name!r}", rt.settings.max_restarts)
         self.batches = 0
@@ -201,6 +203,7 @@ class ComputationQuery:
             lease.acquire(self.rt.driver_epoch.get())  # type: ignore[union-attr]
         layout = self.rt.layout(self.name)
         self.intervals, self.groups = layout.intervals, list(layout.groups)
+        self.state_layout = layout.state_layout
         self._migration = layout.migration
         if layout.migration is not None:
             self._check_migration(layout.migration)
@@ -220,6 +223,15 @@ class ComputationQuery:
         its rescale wrote (``_rescale.py``): it must be waiting for the query, or read by it
         already (in its file source's log). Without it, the new layout would start from
         empty groups: refused, never run."""
+        if "relayout" in migration:  # a layout change (``_relayout.py``): its state is in place once it says "done"
+            if migration["relayout"] != "done":
+                msg = (
+                    f"computation {self.name!r}: run.json gives it the {self.state_layout!r} state layout from a `millwheel rescale --layout` "
+                    f"that was interrupted before its state was in place. Run `millwheel rescale {self.rt.root.uri} --computation {self.name} "
+                    f"--layout {self.state_layout}` again to finish it"
+                )
+                raise MillwheelError(msg)
+            return
         name = migration["file"]
         if migration.get("moved") or self.heartbeats.child(name).exists():
             return
@@ -285,7 +297,7 @@ class ComputationQuery:
     def _start(self, writer: Any) -> Any:
         """Start the query with its layout's state store (``_session.start_query``: the
         checkpoint pins the provider from its first start)."""
-        return start_query(writer, self.rt.spark, STATE_STORE_CONF[self.rt.settings.state_layout])
+        return start_query(writer, self.rt.spark, STATE_STORE_CONF[self.state_layout])
 
     def _build(self) -> Any:
         from pyspark.sql import functions as F
@@ -334,8 +346,8 @@ class ComputationQuery:
             F.coalesce(F.col("_group"), F.when(F.col("interval") < 0, F.col("interval")).otherwise(F.element_at(groups, F.col("interval") + 1))),
         ).drop("interval", "_group")
         keyer = self.rt.keyer
-        if settings.state_layout == "keys":
-            interval_step_class(self.spec, settings.state_layout)  # refuses a columnar computation
+        if self.state_layout == "keys":
+            interval_step_class(self.spec, self.state_layout)  # refuses a columnar computation
             # one state-store row per key (``_mapstate.py``): transformWithStateInPandas
             processor = make_processor(self.spec, pipeline=self.rt.pipeline_id, registry=settings.registry, keyer=keyer, groups=self.groups)
             out = union.groupBy("group").transformWithStateInPandas(

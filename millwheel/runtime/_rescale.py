@@ -55,6 +55,7 @@ from millwheel.runtime._lease import DriverEpoch, Lease, live_drivers
 from millwheel.runtime._move import state_digest
 from millwheel.runtime._outbox import Outbox
 from millwheel.runtime._query import HB_MOVE_SCHEMA, ConsumedFiles
+from millwheel.runtime._relayout import relayout, relayout_wanted
 from millwheel.runtime._spark_internals import (
     committed_batches,
     drop_planned_batch,
@@ -76,14 +77,22 @@ def _refuse(msg: str) -> MillwheelError:
 
 
 def rescale(
-    run_dir: str, computation: str, intervals: int, *, spark: Any = None, force: bool = False, log: Any = None,
+    run_dir: str, computation: str, intervals: int | None = None, *, layout: str | None = None, spark: Any = None,
+    force: bool = False, log: Any = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Give ``computation`` of the stopped run in ``run_dir`` ``intervals`` key intervals (see
     the module docstring); returns what was done (keys moved, from and to, seconds...).
 
-    ``force``: skip the check that no driver runs (for a driver on another host that you
-    know has stopped). ``spark``: a session to read the state with (default: a local one).
+    ``layout``: move it to that state layout too (``"intervals"`` or ``"keys"``: ``_relayout.py``,
+    which also re-intervals a per-key computation). ``force``: skip the check that no driver
+    runs (for a driver on another host that you know has stopped). ``spark``: a session to
+    read the state with (default: a local one).
     """
+    if relayout_wanted(run_dir, computation, layout):
+        return relayout(run_dir, computation, layout, intervals, spark=spark, force=force, log=log)
+    if intervals is None:
+        msg = "give --intervals N, --layout intervals|keys, or both"
+        raise _refuse(msg)
     t0 = time.perf_counter()
     say = log or (lambda _msg: None)
     root = Location.of(run_dir)
@@ -325,18 +334,21 @@ def _weak_published(root: Location, computation: str, batch: int) -> list[str]:
 
 
 def rescale_main(argv: list[str]) -> int:
-    """``millwheel rescale RUN --computation C --intervals N``."""
-    p = argparse.ArgumentParser(prog="millwheel rescale", description="give a stopped run's computation another number of key intervals")
+    """``millwheel rescale RUN --computation C [--intervals N] [--layout intervals|keys]``."""
+    p = argparse.ArgumentParser(prog="millwheel rescale", description="give a stopped run's computation another number of key intervals or another state layout")
     p.add_argument("run", help="the run directory (--checkpoint of millwheel run)")
     p.add_argument("--computation", required=True, help="the computation to rescale")
-    p.add_argument("--intervals", required=True, type=int, help="its new number of key intervals")
+    p.add_argument("--intervals", type=int, default=None, help="its new number of key intervals")
+    p.add_argument("--layout", choices=("intervals", "keys"), default=None, help="its new state layout (docs/runtime.md)")
     p.add_argument("--force", action="store_true", help="do not check that no driver runs (one on another host that you know has stopped)")
     args = p.parse_args(argv)
     try:
-        out = rescale(args.run, args.computation, args.intervals, force=args.force, log=lambda m: print(f"millwheel: {m}", file=sys.stderr))
+        out = rescale(args.run, args.computation, args.intervals, layout=args.layout, force=args.force, log=lambda m: print(f"millwheel: {m}", file=sys.stderr))
     except MillwheelError as exc:
         print(f"millwheel: {exc}", file=sys.stderr)
         return 2
-    if out.get("keys") is not None and not out.get("unchanged"):
+    if out.get("to_layout") is not None and out.get("keys") is not None:
+        print(f"moved {out['computation']!r} to the {out['to_layout']!r} state layout with {out['to']} key intervals: {out['keys']} keys ({out['seconds']:.1f}s)")
+    elif out.get("keys") is not None and not out.get("unchanged"):
         print(f"rescaled {out['computation']!r} from {out['from']} to {out['to']} key intervals: {out['keys']} keys move in its next micro-batch ({out['seconds']:.1f}s)")
     return 0

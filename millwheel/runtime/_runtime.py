@@ -254,7 +254,7 @@ class SparkRuntime:
         """``computation``'s key intervals and their Spark groups (known at :meth:`start`)."""
         lay = self.layouts.get(computation)
         if lay is None:
-            return Layout(self.keyer.intervals_of(computation), tuple(self.groups))
+            return Layout(self.keyer.intervals_of(computation), tuple(self.groups), state_layout=self.settings.state_layout)
         return lay
 
     def producers(self, stream: str) -> list[str]:

@@ -35,6 +35,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import msgpack
+import pyarrow.fs as pafs
 
 from millwheel._errors import RunError
 from millwheel.runtime._fs import Location
@@ -244,9 +245,75 @@ def _drop_state_version(loc: Location, version: int) -> list[str]:
         if bare.startswith((f"{version}.", f"{version}_")) and any(k in bare for k in _STATE_FILE_KINDS):
             child.delete()
             dropped.append(child.uri)
-        elif not name.startswith(".") and "." not in name:
-            dropped += _drop_state_version(child, version)  # an operator, partition or store directory
+        elif not name.startswith(".") and "." not in name and loc.fs.get_file_info(child.path).type == pafs.FileType.Directory:
+            # an operator, partition or store directory (not a file without a dot in its name,
+            # as transformWithState's schema files ``_stateSchema/default/<batch>_<uuid>`` are)
+            dropped += _drop_state_version(child, version)
     return dropped
+
+
+def graft_state(scratch: Location, staging: Location, version: int, final: Location | None = None) -> int:
+    """Copy the state a scratch query committed as its version 1 (the ``state/`` directory of
+    its checkpoint, ``scratch``) into ``staging`` as version ``version``; returns the files copied.
+
+    A store's version is only in its files' names: the RocksDB provider's snapshot
+    ``1.zip`` (with changelog checkpointing off, each commit writes one; it names the SST
+    files beside it, copied as they are) becomes ``<version>.zip``, and the HDFS-backed
+    provider's first delta ``1.delta`` — every entry of it a put, the format of a snapshot —
+    becomes ``<version>.snapshot``. Either loads alone, without the versions before it.
+    The operator's metadata (``_metadata/``: ``transformWithState``'s names its state
+    schema files by their full path) is copied with ``scratch``'s path replaced by
+    ``final``'s, where the store will live (and without its checksum file). Other files are
+    copied as they are; checksum files of renamed files are left out. Only ``_relayout.py``
+    does this (docs/runtime.md, "Changing a computation's state layout").
+    """
+    return _graft(scratch, staging, version, (scratch.path, (final or staging).path), in_metadata=False)
+
+
+def _graft(scratch: Location, staging: Location, version: int, paths: tuple[str, str], in_metadata: bool) -> int:
+    staging.mkdirs()
+    copied = 0
+    for name in scratch.list():
+        src, dst = scratch.child(name), staging.child(name)
+        bare = name.lstrip(".")
+        if scratch.fs.get_file_info(src.path).type == pafs.FileType.Directory:
+            copied += _graft(src, dst, version, paths, in_metadata or name == "_metadata")
+            continue
+        if (bare.startswith("1.") or in_metadata) and bare.endswith(".crc"):
+            continue  # the checksum of a file renamed or rewritten below: a stale one would fail the read
+        if in_metadata:
+            with scratch.fs.open_input_stream(src.path) as f:
+                text = f.read()
+            with staging.fs.open_output_stream(dst.path) as f:
+                f.write(text.replace(paths[0].encode(), paths[1].encode()))
+            copied += 1
+            continue
+        if name == "1.zip":
+            dst = staging.child(f"{version}.zip")
+        elif name == "1.delta":
+            dst = staging.child(f"{version}.snapshot")
+        elif name.startswith("1.") and any(name.endswith(k) for k in _STATE_FILE_KINDS):
+            msg = f"state file {src.uri} of the scratch query is of no kind a graft knows (1.zip, 1.delta)"
+            raise RunError(msg)
+        scratch.fs.copy_file(src.path, dst.path)
+        copied += 1
+    return copied
+
+
+def set_offset_log_conf(checkpoint: Location, batch: int, conf: dict[str, str]) -> None:
+    """Set ``conf`` in the session configuration batch ``batch``'s offset-log entry recorded
+    (what a restarted query plans with: the state store provider, for one), and drop the
+    entry's checksum file (the local filesystem checks it on read, and it is of the old text)."""
+    entry = checkpoint.child(OFFSETS, str(batch))
+    lines = (entry.read_text() or "").split("\n")
+    meta = offset_log_metadata("\n".join(lines))
+    if meta is None:
+        msg = f"{entry.uri} is not an offset-log entry Spark wrote (no metadata line)"
+        raise RunError(msg)
+    meta["conf"] = {**(meta.get("conf") or {}), **conf}
+    lines[1] = json.dumps(meta, separators=(",", ":"))
+    checkpoint.child(OFFSETS, f".{batch}.crc").delete()
+    entry.write_text("\n".join(lines))
 
 
 def offset_log_conf(checkpoint: Location, batch: int) -> dict[str, str]:

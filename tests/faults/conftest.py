@@ -1,7 +1,8 @@
 """Fixtures for fault tests: each fault of ``faults/inject.py`` as a pytest fixture.
 
-* ``authority`` — ``millwheel authority serve`` in a subprocess (``.kill9()``, ``.restart()``,
-  ``.url``, ``.env()`` for a driver), stopped after the test;
+* ``authority`` (in ``tests/conftest.py``: the runtime tests use it too) — ``millwheel
+  authority serve`` in a subprocess (``.kill9()``, ``.restart()``, ``.url``, ``.env()`` for a
+  driver), stopped after the test;
 * ``small_disk`` — a 512 MB tmpfs (``.path``, ``.fill()``, ``.free()``), unmounted after the
   test; skipped with the reason where a tmpfs cannot be mounted;
 * ``clock`` — a libfaketime offset file for a driver's JVM (``.jump(seconds)``); skipped
@@ -28,13 +29,6 @@ def fault_seed():
     seed = int(os.environ.get("MILLWHEEL_FAULT_SEED") or random.SystemRandom().randrange(1, 10**6))
     print(f"\nfault seed: {seed} (rerun with MILLWHEEL_FAULT_SEED={seed})")
     return seed
-
-
-@pytest.fixture
-def authority(tmp_path):
-    service = inject.AuthorityProcess(tmp_path / "authority").start()
-    yield service
-    service.stop()
 
 
 @pytest.fixture

@@ -112,9 +112,6 @@ def test_rescale_refuses_a_running_driver_the_per_key_layout_and_bad_counts(tmp_
         rescale(root.uri, "D", 8, force=True)
     with pytest.raises(MillwheelError, match="positive integer"):
         rescale(root.uri, "C", 0, force=True)
-    keys = _run(tmp_path / "k", state_layout="keys")
-    with pytest.raises(MillwheelError, match="per-key layout"):
-        rescale(keys.uri, "C", 8)
     with pytest.raises(MillwheelError, match="no run.json"):
         rescale(str(tmp_path / "nothing"), "C", 8)
 
@@ -144,6 +141,6 @@ def test_an_interrupted_rescale_refuses_to_start_and_a_second_rescale_finishes_i
 def test_the_command_line_says_why_it_refuses(tmp_path, capsys):
     from millwheel.cli import main
 
-    root = _run(tmp_path, state_layout="keys")
-    assert main(["rescale", root.uri, "--computation", "C", "--intervals", "8"]) == 2
+    root = _run(tmp_path)
+    assert main(["rescale", root.uri, "--computation", "D", "--intervals", "8"]) == 2
     assert "cannot rescale: run directory" in capsys.readouterr().err
