@@ -92,7 +92,7 @@ class Batch:
         self.now = now
         self._set_state: list[tuple[set[bytes], pa.Table | None]] = []
         self._timer_ops: list[tuple[str, list[bytes], list[str], Any, Any]] = []
-        self._prod: list[tuple[str, list[bytes], list[Any], list[bytes], np.ndarray]] = []
+        self._prod: list[tuple[str, list[bytes], list[Any], list[bytes], np.ndarray, list[str | None] | None, list[bool] | None]] = []
         self._holds: dict[bytes, int | None] = {}
 
     # -- reading ---------------------------------------------------------------------
@@ -227,9 +227,13 @@ class Batch:
                 raise ComputationError(msg)
             self._holds[kb] = t
 
-    def produce(self, stream: str, values: Sequence[Any], *, keys: Any, timestamps: Any = None) -> None:
+    def produce(self, stream: str, values: Sequence[Any], *, keys: Any, timestamps: Any = None, once_ids: Any = None, once_tentative: Any = False) -> None:
         """Productions to ``stream``, one per value, each for its key (the key whose
-        sequence numbers its id); ``timestamps`` default to the low watermark."""
+        sequence numbers its id); ``timestamps`` default to the low watermark.
+
+        ``once_ids`` (one ``str`` or ``None`` per value) makes productions conditional on
+        the IdRegistry, as ``Computation.produce(..., once_id=...)`` (Photon §2);
+        ``once_tentative`` (one bool, or one per value) marks decisions that yield."""
         runner = self._runner
         if stream not in runner.outputs:
             declared = ", ".join(sorted(runner.outputs)) or "none"
@@ -247,9 +251,20 @@ class Batch:
             ts = np.full(len(kbs), production_time(self.low_watermark), np.int64)
         else:
             ts = self._timestamps(timestamps, len(kbs), f"produce({stream!r})")
+        once = tentative = None
+        if once_ids is not None:
+            once = once_ids.tolist() if hasattr(once_ids, "tolist") else list(once_ids)
+            if len(once) != len(kbs) or any(o is not None and (type(o) is not str or not o) for o in once):
+                msg = f"columnar computation {runner.name!r}: produce({stream!r}, once_ids=...) takes one non-empty str (or None) per value"
+                raise ComputationError(msg)
+            flags = [bool(once_tentative)] * len(kbs) if isinstance(once_tentative, (bool, np.bool_)) else [bool(t) for t in once_tentative]
+            if len(flags) != len(kbs):
+                msg = f"columnar computation {runner.name!r}: produce({stream!r}): {len(flags)} once_tentative flags for {len(kbs)} values"
+                raise ComputationError(msg)
+            tentative = [f and o is not None for f, o in zip(flags, once, strict=True)]
         try:
             encoded = list(map(encode_value, vals))
         except StateCodecError as exc:
             msg = f"computation {runner.name!r}: produce({stream!r}): {exc}"
             raise ComputationError(msg) from None
-        self._prod.append((stream, kbs, vals, encoded, ts))
+        self._prod.append((stream, kbs, vals, encoded, ts, once, tentative))

@@ -171,12 +171,26 @@ class ColumnarResult:
     keys_kept: int
     #: per touched key (harness): (hold, next lw timer, next wall timer)
     key_summaries: dict[bytes, tuple[int | None, int | None, int | None]] | None = None
+    #: per production: its ``once_id`` (Photon §2) or ``None``, and whether it is tentative (``None``: no once-productions)
+    once_ids: list[str | None] | None = None
+    once_tentative: list[bool] | None = None
 
     def productions(self) -> list[Production]:
+        n = len(self.ids)
+        once = self.once_ids or [None] * n
+        tent = self.once_tentative or [False] * n
         return [
-            Production(s, Record(k, v, t, i, s), e)
-            for s, k, v, t, i, e in zip(self.streams, self.keys, self.values, self.ts, self.ids, self.encoded, strict=True)
+            Production(s, Record(k, v, t, i, s), e, o, f)
+            for s, k, v, t, i, e, o, f in zip(self.streams, self.keys, self.values, self.ts, self.ids, self.encoded, once, tent, strict=True)
         ]
+
+    def drop(self, ids: set[str]) -> None:
+        """Drop the productions ``ids`` (once-productions another pipeline holds)."""
+        keep = [i not in ids for i in self.ids]
+        for name in ("streams", "ids", "ts", "kbs", "keys", "values", "encoded", "once_ids", "once_tentative"):
+            col = getattr(self, name)
+            if col is not None:
+                setattr(self, name, [x for x, k in zip(col, keep, strict=True) if k])
 
 
 class _CallFailed(Exception):
@@ -289,7 +303,7 @@ class ColumnarRunner:
         summaries = st.key_summary(touched | set(prods.kbs)) if key_summaries else None
         return ColumnarResult(
             st.encode(), prods.streams, prods.ids, prods.ts, prods.kbs, prods.keys, prods.values, prods.encoded,
-            letters, c, hold, nlw, nwall, kept, summaries,
+            letters, c, hold, nlw, nwall, kept, summaries, prods.once_ids, prods.once_tentative,
         )  # fmt: skip
 
     # ---------------------------------------------------------------------------------
@@ -352,8 +366,8 @@ class ColumnarRunner:
                     st.meta[kb] = [0, t]
             else:
                 m[1] = t
-        for stream, pkbs, vals, enc, ts in batch._prod:
-            out.extend(stream, pkbs, [key_of[kb] for kb in pkbs], vals, enc, ts)
+        for stream, pkbs, vals, enc, ts, once, tentative in batch._prod:
+            out.extend(stream, pkbs, [key_of[kb] for kb in pkbs], vals, enc, ts, once, tentative)
 
     def _fail(self, exc: BaseException) -> None:
         if self.options.on_error is ErrorPolicy.RAISE:
@@ -493,7 +507,7 @@ def _timer_frame(items: list[tuple[bytes, str, int, int]], key_of: dict[bytes, K
 class _Outputs:
     """Productions of one run, as columns; ids assigned at the end from the per-key sequences."""
 
-    __slots__ = ("streams", "kbs", "keys", "values", "encoded", "ts", "fixed_ids")
+    __slots__ = ("streams", "kbs", "keys", "values", "encoded", "ts", "fixed_ids", "once_ids", "once_tentative")
 
     def __init__(self) -> None:
         self.streams: list[str] = []
@@ -504,9 +518,15 @@ class _Outputs:
         self.ts: list[int] = []
         #: position -> id, for outputs that keep their own id (late records to a stream)
         self.fixed_ids: dict[int, str] = {}
+        #: once-productions (Photon §2): per production, once any is made
+        self.once_ids: list[str | None] | None = None
+        self.once_tentative: list[bool] | None = None
 
     def add(self, stream: str, kb: bytes, key: Key, value: Any, enc: bytes, ts: int, rid: str) -> None:
         self.fixed_ids[len(self.streams)] = rid
+        if self.once_ids is not None:
+            self.once_ids.append(None)
+            self.once_tentative.append(False)  # type: ignore[union-attr]
         self.streams.append(stream)
         self.kbs.append(kb)
         self.keys.append(key)
@@ -514,7 +534,16 @@ class _Outputs:
         self.encoded.append(enc)
         self.ts.append(ts)
 
-    def extend(self, stream: str, kbs: list[bytes], keys: list[Key], values: list[Any], enc: list[bytes], ts: np.ndarray) -> None:
+    def extend(
+        self, stream: str, kbs: list[bytes], keys: list[Key], values: list[Any], enc: list[bytes], ts: np.ndarray,
+        once: list[str | None] | None = None, tentative: list[bool] | None = None,
+    ) -> None:  # fmt: skip
+        if once is not None and self.once_ids is None:
+            self.once_ids = [None] * len(self.streams)
+            self.once_tentative = [False] * len(self.streams)
+        if self.once_ids is not None:
+            self.once_ids += once if once is not None else [None] * len(kbs)
+            self.once_tentative += tentative if tentative is not None else [False] * len(kbs)  # type: ignore[operator]
         self.streams += [stream] * len(kbs)
         self.kbs += kbs
         self.keys += keys
@@ -556,7 +585,7 @@ class _Outputs:
                 ts = ts[mask]
             behind = int((ts < lw).sum())
         c["productions_behind_watermark"] = behind
-        return _Produced(self.streams, ids, self.ts, self.kbs, self.keys, self.values, self.encoded)
+        return _Produced(self.streams, ids, self.ts, self.kbs, self.keys, self.values, self.encoded, self.once_ids, self.once_tentative)
 
 
 @dataclass(slots=True)
@@ -568,6 +597,8 @@ class _Produced:
     keys: list[Key]
     values: list[Any]
     encoded: list[bytes]
+    once_ids: list[str | None] | None = None
+    once_tentative: list[bool] | None = None
 
 
 __all__ = [

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from millwheel._colbatch import _to_arrow
 from millwheel._columnar import ColumnarRunner, ColumnarStore, InputColumns, is_columnar
 from millwheel._counters import StepMetrics
+from millwheel._delivery import commit_once
 from millwheel._errors import HarnessError
 from millwheel._record import Key, TimeDomain, Timer, decode_key, encode_key, key_problem
 from millwheel.testing._rounds import Crash, _Outgoing
@@ -58,9 +59,21 @@ class ColumnarSide:
             encoded=False,
         )
         res = self.runner.run(self.store, recs, low_watermark=lw, now=now, key_summaries=True)
+        metrics = StepMetrics(**res.metrics)
+        store, summaries = res.store, dict(res.key_summaries or {})
+        once_letters: list[Any] = []
+        if res.once_ids is not None:
+            # one IdRegistry call for the round (Photon §2), as the per-record rounds: what
+            # another pipeline holds is dropped from the outgoing and from the checkpoint
+            outcome = commit_once([(p.record.key, p) for p in res.productions()], h.registry, pipeline=h.pipeline_id, computation=name, metrics=metrics)
+            if outcome.dropped:
+                res.drop(outcome.dropped)
+                store, acked = self.runner.acknowledge(store, outcome.dropped)
+                summaries.update(acked)
+            once_letters = outcome.dead_letters
         strong = self.runner.options.strong_productions
         sent = [_Outgoing(name, p.record.key, p, strong) for p in res.productions()]
-        sent += [_Outgoing(name, d.record.value.key, d, False) for d in res.dead_letters]
+        sent += [_Outgoing(name, d.record.value.key, d, False) for d in [*res.dead_letters, *once_letters]]
         weak = [o for o in sent if not o.strong]
         if weak:
             wm = h._publish_watermark(name)
@@ -69,9 +82,9 @@ class ColumnarSide:
         if crash is Crash.BEFORE_COMMIT:
             return
         del h._queues[name][: len(queue)]
-        h._metrics[name].add(StepMetrics(**res.metrics))
-        self.store = res.store
-        for kb, (hold, nlw, nwall) in (res.key_summaries or {}).items():
+        h._metrics[name].add(metrics)
+        self.store = store
+        for kb, (hold, nlw, nwall) in summaries.items():
             h._store(name, decode_key(kb), None, hold, (nlw, nwall))  # type: ignore[arg-type]
         h._outbox[name] += [o for o in sent if o.strong]
         if crash is Crash.AFTER_COMMIT:
