@@ -65,23 +65,6 @@ def find_rows(s_codes: np.ndarray, s_starts: np.ndarray, t_codes: np.ndarray, t_
     return rows, s_pair[rows] == t_pair
 
 
-def key_codes(batch: Batch, column: pd.Series) -> np.ndarray:
-    """A frame's ``key`` column as indices into ``batch.keys``."""
-    arr = column.array
-    if isinstance(arr, pd.Categorical):
-        return np.asarray(arr.codes, np.int64)
-    index = {k: i for i, k in enumerate(batch.keys)}  # tuple keys: plain objects
-    return np.fromiter((index[k] for k in column.tolist()), np.int64, len(column))
-
-
-def key_column(batch: Batch, codes: np.ndarray) -> Any:
-    """Keys for ``batch``'s calls from indices into ``batch.keys`` (categorical when the keys allow it)."""
-    keys = batch.keys
-    if any(type(k) is tuple for k in keys):
-        return [keys[c] for c in codes.tolist()]
-    return pd.Categorical.from_codes(codes, categories=pd.Index(keys, dtype=object))
-
-
 _STATE_COLUMNS = ["key", "start", "count", "empty_run"]
 
 
@@ -291,7 +274,7 @@ class ColumnarWindowAggregate(ColumnarComputation):
         r = batch.records
         n = len(r)
         ts = r["timestamp"].to_numpy(np.int64)
-        codes = key_codes(batch, r["key"])
+        codes = batch.key_codes(r["key"])
         if self.aggregate == "count":
             vals = np.zeros(n)
         else:
@@ -303,7 +286,7 @@ class ColumnarWindowAggregate(ColumnarComputation):
         starts = np.repeat(ts // slide * slide, k) - np.tile(np.arange(k - 1, -1, -1, dtype=np.int64), n) * slide
         keep = starts + w > ts[rec]
         old = batch.state
-        o_codes = key_codes(batch, old["key"]) if len(old) else np.empty(0, np.int64)
+        o_codes = batch.key_codes(old["key"]) if len(old) else np.empty(0, np.int64)
         closed = np.full(len(batch.keys), MIN_TIMESTAMP, np.int64)
         if len(old):
             np.maximum.at(closed, o_codes, old["closed"].to_numpy(np.int64))
@@ -339,18 +322,18 @@ class ColumnarWindowAggregate(ColumnarComputation):
         p_codes = pairs // span
         p_starts = lo + pairs % span * slide
         batch.set_state(pd.DataFrame({
-            "key": key_column(batch, p_codes), "start": p_starts, "count": count.astype(np.int64), "sum": total, "min": mins, "max": maxs,
+            "key": batch.key_column(p_codes), "start": p_starts, "count": count.astype(np.int64), "sum": total, "min": mins, "max": maxs,
             "update": update, "closed": closed[p_codes],
         }))  # fmt: skip
         # a fire timer per window with records (again for a window that fired: a late update)
         touched = np.unique(inv[n_old:])
         t_codes, t_starts = p_codes[touched], p_starts[touched]
-        batch.set_timers(key_column(batch, t_codes), [fire_tag(s) for s in t_starts.tolist()], t_starts + w)
+        batch.set_timers(batch.key_column(t_codes), [fire_tag(s) for s in t_starts.tolist()], t_starts + w)
         if late:
             is_new = np.ones(m, np.bool_)
             is_new[inv[:n_old]] = False
             fresh = np.flatnonzero(is_new)
-            batch.set_timers(key_column(batch, p_codes[fresh]), [collect_tag(s) for s in p_starts[fresh].tolist()], p_starts[fresh] + w + late)
+            batch.set_timers(batch.key_column(p_codes[fresh]), [collect_tag(s) for s in p_starts[fresh].tolist()], p_starts[fresh] + w + late)
 
     def process_timers(self, batch: Batch, timers: pd.DataFrame) -> None:
         w, late = self.window_ms, self.allowed_lateness_ms
@@ -358,10 +341,10 @@ class ColumnarWindowAggregate(ColumnarComputation):
         if not len(st):
             return
         tags = timers["tag"].tolist()
-        t_codes = key_codes(batch, timers["key"])
+        t_codes = batch.key_codes(timers["key"])
         t_starts = np.fromiter((int(t[1:]) for t in tags), np.int64, len(tags))
         is_fire = np.fromiter((t[0] == "w" for t in tags), np.bool_, len(tags))
-        s_codes = key_codes(batch, st["key"])
+        s_codes = batch.key_codes(st["key"])
         s_starts = st["start"].to_numpy(np.int64)
         rows, hit = find_rows(s_codes, s_starts, t_codes, t_starts, self.slide_ms)
         fire = is_fire & hit
@@ -377,7 +360,7 @@ class ColumnarWindowAggregate(ColumnarComputation):
                 for c, s, n, t, a, b, u in zip(s_codes[f_rows].tolist(), s_starts[f_rows].tolist(), cnt.tolist(), tot.tolist(), lo.tolist(), hi.tolist(), up.tolist(), strict=True)
             ]  # fmt: skip
             stamps = np.where(up == 0, s_starts[f_rows] + w, update_time(batch.low_watermark))
-            batch.produce(self.output, values, keys=key_column(batch, s_codes[f_rows]), timestamps=stamps)
+            batch.produce(self.output, values, keys=batch.key_column(s_codes[f_rows]), timestamps=stamps)
             update[f_rows] += 1
         # windows dropped: on their collect timer, or when they fire without allowed lateness
         gone = np.zeros(len(st), np.bool_)
