@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Any
 
 import numpy as np
 import pandas as pd

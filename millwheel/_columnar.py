@@ -68,6 +68,7 @@ import pyarrow.compute as pc
 from millwheel._codec import decode_value, encode_value
 from millwheel._colbatch import Batch, _categories, _key_column
 from millwheel._coldedup import chunk_stamps, fingerprints
+from millwheel._colout import Outputs
 from millwheel._colstore import STORE_MAGIC, STORE_VERSION, ColumnarStore
 from millwheel._computation import Computation
 from millwheel._deadletter import (
@@ -90,7 +91,6 @@ from millwheel._record import (
     Timer,
     decode_key,
 )
-from millwheel._step import production_id
 
 _LW = int(TimeDomain.LOW_WATERMARK)
 _WALL = int(TimeDomain.WALL_TIME)
@@ -227,7 +227,7 @@ class ColumnarRunner:
         st = ColumnarStore.decode(store, opts)
         stats = DedupStats()
         c = dict.fromkeys(METRIC_NAMES, 0)
-        out = _Outputs()
+        out = Outputs()
         dead: list[Production] = []
         n = c["records_in"] = len(recs)
         key_of: dict[bytes, Key] = {}
@@ -331,7 +331,7 @@ class ColumnarRunner:
                 cols["value"] = [decode_value(vs[i]) for i in il] if recs.encoded else [vs[i] for i in il]
         return pd.DataFrame(cols)
 
-    def _call(self, st: ColumnarStore, kbs: list[bytes], key_of: dict[bytes, Key], rows: pd.DataFrame | None, timers: pd.DataFrame | None, lw: int, now: int, out: _Outputs) -> None:
+    def _call(self, st: ColumnarStore, kbs: list[bytes], key_of: dict[bytes, Key], rows: pd.DataFrame | None, timers: pd.DataFrame | None, lw: int, now: int, out: Outputs) -> None:
         """One call of user code, applied all or nothing; raises :class:`_CallFailed`."""
         batch = Batch(self, st, kbs, key_of, rows, lw, now)
         try:
@@ -375,7 +375,7 @@ class ColumnarRunner:
 
     def _records(
         self, st: ColumnarStore, recs: InputColumns, idx: np.ndarray, codes: np.ndarray, order: list[bytes], key_of: dict[bytes, Key],
-        lw: int, now: int, out: _Outputs, dead: list[Any],
+        lw: int, now: int, out: Outputs, dead: list[Any],
     ) -> int:  # fmt: skip
         """The admitted records ``idx`` (grouped by key: ``codes`` into ``order``), in one call; on failure per key, then per record."""
         kbs = recs.kbs
@@ -407,7 +407,7 @@ class ColumnarRunner:
                     dead.append(self._dead_letter(key_of[kb], failed.exc, Stage.PROCESS_RECORD, rec, None, now))
         return processed
 
-    def _timers(self, st: ColumnarStore, key_of: dict[bytes, Key], lw: int, now: int, out: _Outputs, dead: list[Any], c: dict[str, int], touched: set[bytes]) -> None:
+    def _timers(self, st: ColumnarStore, key_of: dict[bytes, Key], lw: int, now: int, out: Outputs, dead: list[Any], c: dict[str, int], touched: set[bytes]) -> None:
         budget = self.options.max_timer_fires_per_step
         fired: dict[bytes, int] = {}
         while st.timers:
@@ -502,103 +502,6 @@ def _timer_frame(items: list[tuple[bytes, str, int, int]], key_of: dict[bytes, K
         "timestamp": np.fromiter((i[2] for i in items), np.int64, len(items)),
         "domain": np.fromiter((i[3] for i in items), np.int8, len(items)),
     })  # fmt: skip
-
-
-class _Outputs:
-    """Productions of one run, as columns; ids assigned at the end from the per-key sequences."""
-
-    __slots__ = ("streams", "kbs", "keys", "values", "encoded", "ts", "fixed_ids", "once_ids", "once_tentative")
-
-    def __init__(self) -> None:
-        self.streams: list[str] = []
-        self.kbs: list[bytes] = []
-        self.keys: list[Key] = []
-        self.values: list[Any] = []
-        self.encoded: list[bytes] = []
-        self.ts: list[int] = []
-        #: position -> id, for outputs that keep their own id (late records to a stream)
-        self.fixed_ids: dict[int, str] = {}
-        #: once-productions (Photon §2): per production, once any is made
-        self.once_ids: list[str | None] | None = None
-        self.once_tentative: list[bool] | None = None
-
-    def add(self, stream: str, kb: bytes, key: Key, value: Any, enc: bytes, ts: int, rid: str) -> None:
-        self.fixed_ids[len(self.streams)] = rid
-        if self.once_ids is not None:
-            self.once_ids.append(None)
-            self.once_tentative.append(False)  # type: ignore[union-attr]
-        self.streams.append(stream)
-        self.kbs.append(kb)
-        self.keys.append(key)
-        self.values.append(value)
-        self.encoded.append(enc)
-        self.ts.append(ts)
-
-    def extend(
-        self, stream: str, kbs: list[bytes], keys: list[Key], values: list[Any], enc: list[bytes], ts: np.ndarray,
-        once: list[str | None] | None = None, tentative: list[bool] | None = None,
-    ) -> None:  # fmt: skip
-        if once is not None and self.once_ids is None:
-            self.once_ids = [None] * len(self.streams)
-            self.once_tentative = [False] * len(self.streams)
-        if self.once_ids is not None:
-            self.once_ids += once if once is not None else [None] * len(kbs)
-            self.once_tentative += tentative if tentative is not None else [False] * len(kbs)  # type: ignore[operator]
-        self.streams += [stream] * len(kbs)
-        self.kbs += kbs
-        self.keys += keys
-        self.values += values
-        self.encoded += enc
-        self.ts += ts.tolist()
-
-    def finish(self, runner: ColumnarRunner, st: ColumnarStore, lw: int, c: dict[str, int]) -> _Produced:
-        meta = st.meta
-        seqs: dict[bytes, int] = {}
-        ids: list[str] = []
-        name = runner.name
-        fixed = self.fixed_ids
-        behind = 0
-        for i, (kb, key) in enumerate(zip(self.kbs, self.keys, strict=True)):
-            rid = fixed.get(i)
-            if rid is not None:
-                ids.append(rid)
-                continue
-            s = seqs.get(kb)
-            if s is None:
-                m = meta.get(kb)
-                s = 0 if m is None else m[0]
-            ids.append(production_id(name, key, s))
-            seqs[kb] = s + 1
-        for kb, s in seqs.items():
-            m = meta.get(kb)
-            if m is None:
-                meta[kb] = [s, None]
-            else:
-                m[0] = s
-        n = len(self.kbs) - len(fixed)
-        c["productions"] = n
-        if n:
-            ts = np.asarray(self.ts, np.int64)
-            if fixed:
-                mask = np.ones(len(ts), np.bool_)
-                mask[list(fixed)] = False
-                ts = ts[mask]
-            behind = int((ts < lw).sum())
-        c["productions_behind_watermark"] = behind
-        return _Produced(self.streams, ids, self.ts, self.kbs, self.keys, self.values, self.encoded, self.once_ids, self.once_tentative)
-
-
-@dataclass(slots=True)
-class _Produced:
-    streams: list[str]
-    ids: list[str]
-    ts: list[int]
-    kbs: list[bytes]
-    keys: list[Key]
-    values: list[Any]
-    encoded: list[bytes]
-    once_ids: list[str | None] | None = None
-    once_tentative: list[bool] | None = None
 
 
 __all__ = [
