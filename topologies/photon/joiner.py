@@ -48,6 +48,7 @@ joined event a dead letter (``once_too_old``), never written. Re-injected clicks
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -103,6 +104,20 @@ class JoinKey:
 JOIN_STATE = DataclassCodec(JoinKey, renamed={"q": "query", "qts": "query_ts", "w": "waiting"})
 
 
+_STORES: dict[tuple[str, str, str, int, int], LogsEventStore] = {}
+
+
+def shared_store(queries_dir: str, id_field: str, ts_field: str, window_ms: int, lateness_ms: int) -> LogsEventStore:
+    """This process's LogsEventStore of a query log directory and settings: its index (query
+    id -> file offset, a cache of immutable log bytes) is built once per process, not once
+    per joiner instance (a Spark worker unpickles the joiner for every task)."""
+    k = (os.path.realpath(queries_dir), id_field, ts_field, window_ms, lateness_ms)
+    store = _STORES.get(k)
+    if store is None:
+        store = _STORES[k] = LogsEventStore(queries_dir, id_field=id_field, ts_field=ts_field, window_ms=window_ms, lateness_ms=lateness_ms)
+    return store
+
+
 class KeyEffects(Protocol):
     """What the join rules of one key do to the world: the per-record :class:`Joiner` does
     it through ``self``, the columnar joiner (``columnar.py``) collects it as columns."""
@@ -147,13 +162,12 @@ class JoinRules:
 
     @property
     def store(self) -> LogsEventStore | None:
-        """The LogsEventStore (§3.4.2), if the config asks for it and the query logs are known."""
+        """The LogsEventStore (§3.4.2), if the config asks for it and the query logs are known:
+        one per process and setting (:func:`shared_store`), so its index outlives the
+        joiner instances a Spark worker makes per task."""
         if self._store is None and self.cfg.log_store and self.queries_dir is not None:
             c = self.cfg
-            self._store = LogsEventStore(
-                self.queries_dir, id_field=c.query_id_field, ts_field=c.ts_field,
-                window_ms=c.log_store_window_ms, lateness_ms=c.query_lateness_ms,
-            )  # fmt: skip
+            self._store = shared_store(self.queries_dir, c.query_id_field, c.ts_field, c.log_store_window_ms, c.query_lateness_ms)
         return self._store
 
     # ---- records -------------------------------------------------------------------
