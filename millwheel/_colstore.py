@@ -95,6 +95,16 @@ class ColumnarStore:
             dedup=ColumnarDedup.from_wire(dd, dd_opts.bloom_fpr, dd_opts.bloom_capacity),
         )
 
+    def copy(self) -> ColumnarStore:
+        """A copy that a run may change and a crash throw away (the harness keeps its store
+        decoded between rounds: a round works on a copy, committed by keeping it)."""
+        return ColumnarStore(self.state, dict(self.timers), {kb: list(m) for kb, m in self.meta.items()}, list(self.pending), self.dedup.copy())
+
+    @classmethod
+    def of(cls, store: bytes | ColumnarStore | None, options: ComputationOptions | None = None) -> ColumnarStore:
+        """``store`` itself if it is decoded, else decoded."""
+        return store if isinstance(store, ColumnarStore) else cls.decode(store, options)
+
     def forget_empty(self, kbs: Iterable[bytes]) -> None:
         """Drop the sequence of keys that keep nothing else, as an empty per-record envelope is
         not stored (``Envelope.is_empty``): such a key's next production is numbered from 0 again."""

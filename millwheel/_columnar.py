@@ -174,6 +174,8 @@ class ColumnarResult:
     #: per production: its ``once_id`` (Photon §2) or ``None``, and whether it is tentative (``None``: no once-productions)
     once_ids: list[str | None] | None = None
     once_tentative: list[bool] | None = None
+    #: the store, changed in place, when the run was given it decoded
+    live: ColumnarStore | None = None
 
     def productions(self) -> list[Production]:
         n = len(self.ids)
@@ -221,10 +223,16 @@ class ColumnarRunner:
         computation.name = name
 
     # ---------------------------------------------------------------------------------
-    def run(self, store: bytes | None, recs: InputColumns, *, low_watermark: int, now: int, key_summaries: bool = False) -> ColumnarResult:
-        """Records of the batch (delivery order), then due timers; see the module docstring."""
+    def run(self, store: bytes | ColumnarStore | None, recs: InputColumns, *, low_watermark: int, now: int, key_summaries: bool = False) -> ColumnarResult:
+        """Records of the batch (delivery order), then due timers; see the module docstring.
+
+        ``store``: the interval's blob, or a decoded :class:`ColumnarStore` that the run
+        changes in place (the harness, which keeps it decoded: the result's ``live``, and
+        ``store`` is then not encoded; nor are the whole store's hold and next timers
+        summarised, only ``key_summaries``)."""
         opts = self.options
-        st = ColumnarStore.decode(store, opts)
+        live = isinstance(store, ColumnarStore)
+        st = ColumnarStore.of(store, opts)
         stats = DedupStats()
         c = dict.fromkeys(METRIC_NAMES, 0)
         out = Outputs()
@@ -299,11 +307,11 @@ class ColumnarRunner:
         c["dead_letters_dropped"] = len(dead) - len(letters)
         c["bloom_maybe"], c["bloom_false_positive"] = stats.bloom_maybe, stats.bloom_false_positive
         c["dedup_gc_runs"], c["dedup_ids_collected"] = stats.gc_runs, stats.ids_collected
-        hold, nlw, nwall, kept = st.summary()
+        hold, nlw, nwall, kept = (None, None, None, 0) if live else st.summary()
         summaries = st.key_summary(touched | set(prods.kbs)) if key_summaries else None
         return ColumnarResult(
-            st.encode(), prods.streams, prods.ids, prods.ts, prods.kbs, prods.keys, prods.values, prods.encoded,
-            letters, c, hold, nlw, nwall, kept, summaries, prods.once_ids, prods.once_tentative,
+            None if live else st.encode(), prods.streams, prods.ids, prods.ts, prods.kbs, prods.keys, prods.values, prods.encoded,
+            letters, c, hold, nlw, nwall, kept, summaries, prods.once_ids, prods.once_tentative, st if live else None,
         )  # fmt: skip
 
     # ---------------------------------------------------------------------------------
@@ -469,9 +477,10 @@ class ColumnarRunner:
             ts, parts = (rec.timestamp if rec is not None else now), (rec.id if rec is not None else key,)
         return Production(DEAD_LETTER_STREAM, dead_letter_record(letter, ts, *parts))
 
-    def acknowledge(self, store: bytes | None, ids: Iterable[str] | None = None) -> tuple[bytes | None, dict[bytes, tuple[int | None, int | None, int | None]]]:
-        """Drop delivered strong productions (all if ``ids`` is None); the new store and the summaries of their keys."""
-        st = ColumnarStore.decode(store, self.options)
+    def acknowledge(self, store: Any, ids: Iterable[str] | None = None) -> tuple[Any, dict[bytes, tuple[int | None, int | None, int | None]]]:
+        """Drop delivered strong productions (all if ``ids`` is None); the new store (a
+        decoded one: itself, changed) and the summaries of their keys."""
+        st = ColumnarStore.of(store, self.options)
         if not st.pending:
             return store, {}
         keys = {p[1] for p in st.pending}
@@ -481,11 +490,11 @@ class ColumnarRunner:
             acked = set(ids)
             st.pending = [p for p in st.pending if p[4] not in acked]
         st.forget_empty(keys)
-        return st.encode(), st.key_summary(keys)
+        return st if isinstance(store, ColumnarStore) else st.encode(), st.key_summary(keys)
 
-    def pending(self, store: bytes | None) -> list[tuple[bytes, Production]]:
+    def pending(self, store: bytes | ColumnarStore | None) -> list[tuple[bytes, Production]]:
         """Strong productions checkpointed and not yet acknowledged, with their keys' bytes."""
-        st = ColumnarStore.decode(store, self.options)
+        st = ColumnarStore.of(store, self.options)
         out = []
         for stream, kb, enc, ts, rid in st.pending:
             key = decode_key(kb)
