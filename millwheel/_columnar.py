@@ -58,6 +58,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, ClassVar
 
 import numpy as np
@@ -419,7 +420,7 @@ class ColumnarRunner:
         budget = self.options.max_timer_fires_per_step
         fired: dict[bytes, int] = {}
         while st.timers:
-            due = [(kb, ts, d, tag) for (kb, tag), (ts, d) in st.timers.items() if ts <= (lw if d == _LW else now)]
+            due = _due(st.timers, lw, now)
             if not due:
                 return
             due.sort()  # per key, by timestamp, domain, tag
@@ -500,6 +501,19 @@ class ColumnarRunner:
             key = decode_key(kb)
             out.append((kb, Production(stream, Record(key, decode_value(enc), ts, rid, stream), enc)))
         return out
+
+
+def _due(timers: dict[tuple[bytes, str], tuple[int, int]], lw: int, now: int) -> list[tuple[bytes, int, int, str]]:
+    """The due timers ``(key, timestamp, domain, tag)``: one numpy comparison over every timer
+    (a round's scan of a store with many timers, e.g. one per cached query)."""
+    n = len(timers)
+    vals = np.fromiter(chain.from_iterable(timers.values()), np.int64, 2 * n).reshape(n, 2)
+    ts, d = vals[:, 0], vals[:, 1]
+    hit = np.flatnonzero(ts <= np.where(d == _LW, lw, now))
+    if not len(hit):
+        return []
+    keys = list(timers)
+    return [(keys[i][0], int(ts[i]), int(d[i]), keys[i][1]) for i in hit.tolist()]
 
 
 def _timer_frame(items: list[tuple[bytes, str, int, int]], key_of: dict[bytes, Key]) -> pd.DataFrame:
