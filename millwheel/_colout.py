@@ -81,10 +81,7 @@ class Outputs:
             seqs[kb] = s + 1
         for kb, s in seqs.items():
             m = meta.get(kb)
-            if m is None:
-                meta[kb] = [s, None]
-            else:
-                m[0] = s
+            meta[kb] = [s, None if m is None else m[1]]  # replaced, never changed in place: copies share the lists
         n = len(self.kbs) - len(fixed)
         c["productions"] = n
         if n:

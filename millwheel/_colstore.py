@@ -100,7 +100,8 @@ class ColumnarStore:
     def copy(self) -> ColumnarStore:
         """A copy that a run may change and a crash throw away (the harness keeps its store
         decoded between rounds: a round works on a copy, committed by keeping it)."""
-        return ColumnarStore(self.state, dict(self.timers), {kb: list(m) for kb, m in self.meta.items()}, list(self.pending), self.dedup.copy())
+        # meta's lists are replaced, never changed in place (``_columnar.py``): a shallow copy suffices
+        return ColumnarStore(self.state, dict(self.timers), dict(self.meta), list(self.pending), self.dedup.copy())
 
     @classmethod
     def of(cls, store: bytes | ColumnarStore | None, options: ComputationOptions | None = None) -> ColumnarStore:

@@ -374,7 +374,7 @@ class ColumnarRunner:
                 if t is not None:
                     st.meta[kb] = [0, t]
             else:
-                m[1] = t
+                st.meta[kb] = [m[0], t]  # replaced, never changed in place: copies share the lists
         for stream, pkbs, vals, enc, ts, once, tentative in batch._prod:
             out.extend(stream, pkbs, [key_of[kb] for kb in pkbs], vals, enc, ts, once, tentative)
 
