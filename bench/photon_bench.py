@@ -3,9 +3,13 @@
 1. **Throughput, side by side in one run** on the same generated logs, on one local Spark
    session (``local[2]``):
 
-   * **millwheel Photon** — the ``Joiner`` topology on the Spark runtime, exactly-once
-     dedup, strong productions, every click committed to the real IdRegistry service over
-     HTTP (one ``commit_many`` per micro-batch and key interval), until drained;
+   * **millwheel Photon, per record** (``photon``) — the per-record ``Joiner`` on the Spark
+     runtime, exactly-once dedup, strong productions, every click committed to the real
+     IdRegistry service over HTTP (one ``commit_many`` per micro-batch and key interval),
+     until drained;
+   * **millwheel Photon, columnar** (``photon_col``, the default joiner) — the same topology
+     with ``ColumnarJoiner`` (``topologies/photon/columnar.py``): the same guarantees and
+     registry commits, a batch of query ids per call;
    * **Spark native** — ``readStream.json`` of both directories, ``withWatermark`` on both
      sides, ``dropDuplicatesWithinWatermark`` on the click and query ids, and an inner
      stream-stream join on the query id with a time-range condition (clicks within 60 s
@@ -25,7 +29,9 @@
    query logs, its index warm: lookups per CPU second (best of 3) of 5,000 logged query
    ids (hits) and of 5,000 ids that are not logged (misses: every candidate file checked).
 
-Writes ``bench/results/photon.json``. ``--quick`` for a smoke run.
+Writes ``bench/results/photon.json`` (``--out``); ``--variants photon,photon_col,native`` picks the
+throughput variants (``--out bench/results/photon_columnar.json`` for the columnar comparison).
+``--quick`` for a smoke run.
 """
 
 from __future__ import annotations
@@ -73,7 +79,7 @@ def lines_of(data: Path) -> int:
 
 
 # ------------------------------------------------------------------------------ millwheel
-def run_photon(data: Path, work: Path, intervals: int) -> tuple[float, dict[str, Any]]:
+def run_photon(data: Path, work: Path, intervals: int, *, columnar: bool) -> tuple[float, dict[str, Any]]:
     from id_registry import embedded_registry
     from millwheel.runtime import RuntimeSettings
 
@@ -83,7 +89,8 @@ def run_photon(data: Path, work: Path, intervals: int) -> tuple[float, dict[str,
         factory = RegistryFactory(service.url, str(Path(service.data_dir) / "secret"))
         settings = RuntimeSettings(intervals=intervals, poll_ms=50, heartbeat_ms=100, max_restarts=500)
         started = time.perf_counter()
-        result = run_spark(data, run, settings=settings, pipeline="bench", registry=factory, registry_url=service.url, timeout_s=3600)
+        config = PhotonConfig(columnar_joiner=columnar)
+        result = run_spark(data, run, config=config, settings=settings, pipeline="bench", registry=factory, registry_url=service.url, timeout_s=3600)
         elapsed = time.perf_counter() - started
     report = evaluate(result, data, load_truth(data))
     return elapsed, {"ok": report["ok"], "joined": report["joined"]["output"], "expected": report["joined"]["expected"],
@@ -130,27 +137,34 @@ def run_native(spark: Any, data: Path, work: Path) -> tuple[float, dict[str, Any
     return elapsed, {"joined": len(rows), "expected": len(expected), "exact_ids": set(ids) == expected, "duplicates": len(ids) - len(set(ids))}
 
 
-def throughput(spark: Any, data: Path, work: Path, reps: int, intervals: int) -> dict[str, Any]:
+VARIANTS = ("photon", "photon_col", "native")
+
+
+def throughput(spark: Any, data: Path, work: Path, reps: int, intervals: int, variants: tuple[str, ...] = VARIANTS) -> dict[str, Any]:
     lines = lines_of(data)
-    runs: dict[str, list[float]] = {"photon": [], "native": []}
+    runs: dict[str, list[float]] = {v: [] for v in variants}
     checks: dict[str, Any] = {}
     for rep in range(reps + 1):  # round 0 is the warm-up
-        order = ["photon", "native"] if rep % 2 == 0 else ["native", "photon"]
+        order = list(variants) if rep % 2 == 0 else list(reversed(variants))  # interleaved: drift hits every variant
         for variant in order:
-            elapsed, check = run_photon(data, work, intervals) if variant == "photon" else run_native(spark, data, work)
+            if variant == "native":
+                elapsed, check = run_native(spark, data, work)
+            else:
+                elapsed, check = run_photon(data, work, intervals, columnar=variant == "photon_col")
             print(f"  {'warm-up' if rep == 0 else f'rep {rep}'} {variant}: {elapsed:.1f}s, {lines / elapsed:,.0f} lines/s, {check}", flush=True)
             checks[variant] = check
             if rep:
                 runs[variant].append(elapsed)
-    ratios = [n / p for p, n in zip(runs["photon"], runs["native"], strict=True)]
-    return {
-        "lines": lines,
-        "photon_lines_per_s": lines / statistics.median(runs["photon"]),
-        "native_lines_per_s": lines / statistics.median(runs["native"]),
-        "ratio_photon_over_native": statistics.median(ratios),
-        "seconds": runs,
-        "checks": checks,
-    }
+    out: dict[str, Any] = {"lines": lines, "variants": list(variants), "seconds": runs, "checks": checks}
+    for v in variants:
+        out[f"{v}_lines_per_s"] = lines / statistics.median(runs[v])
+    if "native" in variants:
+        for v in variants:
+            if v != "native":  # the median of per-repetition ratios (each pair measured side by side)
+                out[f"ratio_{v}_over_native"] = statistics.median(n / p for p, n in zip(runs[v], runs["native"], strict=True))
+    if "photon" in variants and "photon_col" in variants:
+        out["ratio_photon_col_over_photon"] = statistics.median(p / c for p, c in zip(runs["photon"], runs["photon_col"], strict=True))
+    return out
 
 
 # --------------------------------------------------------------------------------- latency
@@ -305,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency-rate", type=float, default=400.0)
     p.add_argument("--latency-s", type=int, default=90)
     p.add_argument("--skip", default="", help="comma-separated: throughput, latency, profile, lookups")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated throughput variants of {VARIANTS}")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "photon.json"))
     args = p.parse_args(argv)
@@ -325,7 +340,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if "throughput" not in skip:
             print(f"throughput on {out['sample']}", flush=True)
-            out["throughput"] = throughput(spark, data, work, args.reps, args.intervals)
+            variants = tuple(v for v in args.variants.split(",") if v)
+            unknown = set(variants) - set(VARIANTS)
+            if unknown:
+                p.error(f"unknown variants {sorted(unknown)}; known: {VARIANTS}")
+            out["throughput"] = throughput(spark, data, work, args.reps, args.intervals, variants)
         if "latency" not in skip:
             print(f"latency at {args.latency_rate} queries/s for {args.latency_s}s", flush=True)
             out["latency"] = latency(spark, work, args.latency_rate, args.latency_s, args.intervals)
@@ -340,8 +359,9 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     tp, lat = out.get("throughput"), out.get("latency")
     if tp:
-        print(f"throughput: photon {tp['photon_lines_per_s']:,.0f} lines/s, native join {tp['native_lines_per_s']:,.0f} lines/s, "
-              f"ratio {tp['ratio_photon_over_native']:.2f}x (target >= 1.0x)")  # fmt: skip
+        rates = ", ".join(f"{v} {tp[f'{v}_lines_per_s']:,.0f}" for v in tp["variants"])
+        ratios = ", ".join(f"{k[6:]} {v:.2f}x" for k, v in tp.items() if k.startswith("ratio_"))
+        print(f"throughput (lines/s): {rates}; {ratios} (target: photon_col >= 1.0x native)")
     if lat:
         print(f"latency: p50 {lat['p50_s']:.2f}s p90 {lat['p90_s']:.2f}s p99 {lat['p99_s']:.2f}s over {lat['clicks']} clicks (target p90 <= 3 s)")
     if "profile" in out:

@@ -1,16 +1,19 @@
-"""``ColumnarWindowCounter``: ``computations.windowing.WindowCounter`` as a columnar computation (``millwheel/_columnar.py``).
+"""Windowed aggregations on the columnar path (``millwheel/_columnar.py``): ``windowing.py``'s
+``WindowCounter`` and ``WindowAggregate`` over a micro-batch of many keys at once.
 
-The same counts per key and ``window_ms`` bucket, the same productions
-(``{"key", "window_start", "count"}`` at the bucket's end, with the same ids: per key,
-in the same order), the same trailing zero counts for up to ``trailing_empty`` empty
-buckets after a key goes quiet; but a micro-batch's records of many keys are counted in
-one pandas ``groupby`` and never decoded (only keys and timestamps are read).
+Both give the per-record computations' productions — the same values, timestamps and
+ids (per key, in the same order) — and share their rules (``windowing.py``: windows,
+timer tags, the bucket-closing rule, the production's value); only the execution differs:
+a batch's records are assigned to windows and folded into the state with a few numpy
+calls (no per-record Python beyond reading a value's field), and due windows are found
+in the state with one sorted search.
 
-State rows: ``(key, start, count, empty_run)``, one per bucket with records; a key whose
-buckets are all emitted but whose run of empty buckets goes on keeps one row with
-``count = -1`` that carries ``empty_run``. With ``trailing_empty=0`` due buckets are
-emitted in a few vectorised calls; otherwise each key with due timers runs the per-record
-counter's timer logic in a loop (per due bucket, not per record).
+``ColumnarWindowCounter``: state rows ``(key, start, count, empty_run)``, one per bucket
+with records; a key whose buckets are all emitted but whose run of empty buckets goes on
+keeps one row with ``count = -1`` that carries ``empty_run``. With ``trailing_empty=0``
+due buckets are emitted in a few vectorised calls; otherwise each key with due timers runs
+the per-record counter's timer rule (:func:`~computations.windowing.close_bucket`) in a
+loop (per due bucket, not per record).
 
 >>> from millwheel.testing import Harness
 >>> h = Harness.for_computation(ColumnarWindowCounter, inputs={"q": lambda r: r.value}, outputs=["window_counts"],
@@ -27,11 +30,39 @@ counter's timer logic in a loop (per due bucket, not per record).
 from __future__ import annotations
 
 import heapq
+import math
 
 import numpy as np
 import pandas as pd
 
-from millwheel import MAX_TIMESTAMP, Batch, ColumnarComputation
+from millwheel import MAX_TIMESTAMP, MIN_TIMESTAMP, Batch, ColumnarComputation
+
+from .windowing import (
+    aggregate_value,
+    check_window,
+    close_bucket,
+    collect_tag,
+    fire_tag,
+    number_of,
+    update_time,
+    windows_per_record,
+)
+
+
+def find_rows(s_codes: np.ndarray, s_starts: np.ndarray, t_codes: np.ndarray, t_starts: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each wanted (key code, window start) ``t``, the row of the state's ``s`` pairs
+    that has it and whether there is one (starts are multiples of ``step``): one sort."""
+    if not len(s_starts) or not len(t_starts):
+        return np.zeros(len(t_starts), np.int64), np.zeros(len(t_starts), np.bool_)
+    lo = min(int(t_starts.min()), int(s_starts.min()))
+    span = (max(int(t_starts.max()), int(s_starts.max())) - lo) // step + 1
+    s_pair = s_codes * span + (s_starts - lo) // step
+    t_pair = t_codes * span + (t_starts - lo) // step
+    order = np.argsort(s_pair, kind="stable")
+    pos = np.searchsorted(s_pair, t_pair, sorter=order).clip(max=len(s_pair) - 1)
+    rows = order[pos]
+    return rows, s_pair[rows] == t_pair
+
 
 _STATE_COLUMNS = ["key", "start", "count", "empty_run"]
 
@@ -80,9 +111,10 @@ class ColumnarWindowCounter(ColumnarComputation):
         })  # fmt: skip
         batch.set_state(state)
         t_starts = lo + new_pairs % span * w
-        batch.set_timers(pd.Categorical.from_codes(new_pairs // span, categories=cats), [f"w{x}" for x in t_starts.tolist()], t_starts + w)
+        batch.set_timers(pd.Categorical.from_codes(new_pairs // span, categories=cats), [fire_tag(x) for x in t_starts.tolist()], t_starts + w)
 
     def _process_batch_frames(self, batch: Batch) -> None:
+        """Tuple keys (plain object columns): the same counts with a pandas ``groupby``."""
         w = self.window_ms
         r = batch.records
         start = r["timestamp"].to_numpy() // w * w
@@ -98,7 +130,7 @@ class ColumnarWindowCounter(ColumnarComputation):
         rows["empty_run"] = 0
         batch.set_state(rows[_STATE_COLUMNS].astype({"start": "int64", "count": "int64", "empty_run": "int64"}))
         starts = new["start"].to_numpy()
-        batch.set_timers(new["key"], [f"w{s}" for s in starts.tolist()], starts + w)
+        batch.set_timers(new["key"], [fire_tag(s) for s in starts.tolist()], starts + w)
 
     def process_timers(self, batch: Batch, timers: pd.DataFrame) -> None:
         if self.trailing_empty == 0 and isinstance(timers["key"].array, pd.Categorical):
@@ -119,17 +151,11 @@ class ColumnarWindowCounter(ColumnarComputation):
             s_codes = np.asarray(st["key"].array.codes, np.int64)
             s_starts = st["start"].to_numpy(np.int64)
             s_counts = st["count"].to_numpy(np.int64)
-            lo = min(int(t_starts.min()), int(s_starts.min()))
-            span = (max(int(t_starts.max()), int(s_starts.max())) - lo) // w + 1
-            s_pair = s_codes * span + (s_starts - lo) // w
-            t_pair = t_codes * span + (t_starts - lo) // w
-            order = np.argsort(s_pair)
-            pos = np.searchsorted(s_pair, t_pair, sorter=order).clip(max=len(s_pair) - 1)
-            hit = s_pair[order[pos]] == t_pair
-            valid = hit & (s_counts[order[pos]] >= 0)
-            counts[valid] = s_counts[order[pos]][valid]
-            fired = np.zeros(len(s_pair), np.bool_)
-            fired[order[pos[hit]]] = True
+            rows, hit = find_rows(s_codes, s_starts, t_codes, t_starts, w)
+            valid = hit & (s_counts[rows] >= 0)
+            counts[valid] = s_counts[rows][valid]
+            fired = np.zeros(len(s_starts), np.bool_)
+            fired[rows[hit]] = True
         emit = counts > 0 if batch.low_watermark == MAX_TIMESTAMP else np.ones(len(t_ts), np.bool_)
         e_keys = pd.Categorical.from_codes(t_codes[emit], categories=keys.categories)
         starts, tss, cnt = t_starts[emit], t_ts[emit], counts[emit]
@@ -168,19 +194,15 @@ class ColumnarWindowCounter(ColumnarComputation):
             while heap:
                 s = heapq.heappop(heap)
                 queued.discard(s)
-                count = counts.pop(s, 0)
-                if not count and lw == MAX_TIMESTAMP:
-                    kept = bool(counts)
-                    if not kept:
-                        e = 0
-                    continue
-                e = 0 if count else e + 1
-                out_keys.append(k)
-                out_vals.append({"key": k, "window_start": s, "count": count})
-                out_ts.append(s + w)
-                if e < trailing:
-                    n = s + w
-                    if n + w <= lw:
+                res = close_bucket(counts, e, s, w, trailing, finished=lw == MAX_TIMESTAMP)
+                e = res.empty_run
+                if res.count is not None:
+                    out_keys.append(k)
+                    out_vals.append({"key": k, "window_start": s, "count": res.count})
+                    out_ts.append(s + w)
+                n = res.next_start
+                if n is not None:
+                    if n + w <= lw:  # already due: fired in this call, as the per-record counter's next round would
                         if n not in queued:
                             heapq.heappush(heap, n)
                             queued.add(n)
@@ -190,12 +212,12 @@ class ColumnarWindowCounter(ColumnarComputation):
                         next_timer = n
                     kept = True
                 else:
-                    kept = bool(counts)
+                    kept = res.keep
                     if not kept:
                         e = 0
             if next_timer is not None:
                 t_keys.append(k)
-                t_tags.append(f"w{next_timer}")
+                t_tags.append(fire_tag(next_timer))
                 t_ts.append(next_timer + w)
             state[k] = (counts, e) if kept else ({}, 0)
             if kept:
@@ -210,3 +232,142 @@ class ColumnarWindowCounter(ColumnarComputation):
         changed = list(due_by_key)
         frame = pd.DataFrame(rows, columns=_STATE_COLUMNS) if rows else pd.DataFrame({c: pd.Series([], dtype=object if c == "key" else "int64") for c in _STATE_COLUMNS})
         batch.set_state(frame.astype({"start": "int64", "count": "int64", "empty_run": "int64"}), keys=changed)
+
+
+_AGG_COLUMNS = ("start", "count", "sum", "min", "max", "update", "closed")
+
+
+class ColumnarWindowAggregate(ColumnarComputation):
+    """``windowing.WindowAggregate`` on the columnar path: the same windows, firing rules,
+    allowed lateness and productions (ids included); see ``WindowAggregate``.
+
+    State rows ``(key, start, count, sum, min, max, update, closed)``, one per open window
+    (``closed``: the key's newest dropped window end, on each of its rows). Sums are
+    ``np.bincount`` over the window's old sum then its records in order: the same float
+    additions, in the same order, as the per-record computation.
+
+    >>> from millwheel.testing import Harness
+    >>> h = Harness.for_computation(ColumnarWindowAggregate, inputs={"q": lambda r: r.value["q"]}, outputs=["window_aggregates"],
+    ...                             params={"aggregate": "max", "field": "ms", "window_ms": 2_000, "slide_ms": 1_000})
+    >>> h.inject("q", [h.record({"q": "cats", "ms": 10}, 1_100), h.record({"q": "cats", "ms": 30}, 2_050)])
+    >>> h.finish("q"); h.run()
+    >>> [(v["window_start"], v["count"], v["max"]) for v in h.values("window_aggregates")]
+    [(0, 1, 10.0), (1000, 2, 30.0), (2000, 1, 30.0)]
+    """
+
+    def __init__(
+        self, aggregate: str = "count", field: str | None = None, window_ms: int = 1_000, slide_ms: int | None = None,
+        allowed_lateness_ms: int = 0, output: str = "window_aggregates",
+    ) -> None:  # fmt: skip
+        self.slide_ms = check_window(type(self).__name__, aggregate, field, window_ms, slide_ms, allowed_lateness_ms)
+        self.aggregate = aggregate
+        self.field = field
+        self.window_ms = window_ms
+        self.allowed_lateness_ms = allowed_lateness_ms
+        self.output = output
+        # a count never decodes values
+        self.record_columns = ("key", "timestamp") if aggregate == "count" else ("key", "id", "timestamp", "value")  # type: ignore[misc]
+
+    def process_batch(self, batch: Batch) -> None:
+        w, slide, late = self.window_ms, self.slide_ms, self.allowed_lateness_ms
+        r = batch.records
+        n = len(r)
+        ts = r["timestamp"].to_numpy(np.int64)
+        codes = batch.key_codes(r["key"])
+        if self.aggregate == "count":
+            vals = np.zeros(n)
+        else:
+            f = self.field
+            vals = np.fromiter((number_of(v, f, i) for v, i in zip(r["value"].tolist(), r["id"].tolist(), strict=True)), np.float64, n)  # type: ignore[arg-type]
+        # every (record, window) pair, record by record, oldest window first
+        k = windows_per_record(w, slide)
+        rec = np.repeat(np.arange(n), k)
+        starts = np.repeat(ts // slide * slide, k) - np.tile(np.arange(k - 1, -1, -1, dtype=np.int64), n) * slide
+        keep = starts + w > ts[rec]
+        old = batch.state
+        o_codes = batch.key_codes(old["key"]) if len(old) else np.empty(0, np.int64)
+        closed = np.full(len(batch.keys), MIN_TIMESTAMP, np.int64)
+        if len(old):
+            np.maximum.at(closed, o_codes, old["closed"].to_numpy(np.int64))
+        keep &= starts + w > closed[codes[rec]]  # a window already dropped: later than the allowed lateness
+        rec, starts = rec[keep], starts[keep]
+        n_old = len(old)
+        a_codes = np.concatenate([o_codes, codes[rec]])
+        a_starts = np.concatenate([old["start"].to_numpy(np.int64), starts]) if n_old else starts
+        if not len(a_starts):
+            return
+        lo = int(a_starts.min())
+        span = (int(a_starts.max()) - lo) // slide + 1
+        pairs, inv = np.unique(a_codes * span + (a_starts - lo) // slide, return_inverse=True)
+        m = len(pairs)
+        new_vals = vals[rec]
+        if n_old:
+            count = np.bincount(inv, weights=np.concatenate([old["count"].to_numpy(np.float64), np.ones(len(rec))]), minlength=m)
+            total = np.bincount(inv, weights=np.concatenate([old["sum"].to_numpy(np.float64), new_vals]), minlength=m)
+            mins = np.full(m, math.inf)
+            maxs = np.full(m, -math.inf)
+            np.minimum.at(mins, inv, np.concatenate([old["min"].to_numpy(np.float64), new_vals]))
+            np.maximum.at(maxs, inv, np.concatenate([old["max"].to_numpy(np.float64), new_vals]))
+            update = np.zeros(m, np.int64)
+            update[inv[:n_old]] = old["update"].to_numpy(np.int64)
+        else:
+            count = np.bincount(inv, minlength=m).astype(np.float64)
+            total = np.bincount(inv, weights=new_vals, minlength=m)
+            mins = np.full(m, math.inf)
+            maxs = np.full(m, -math.inf)
+            np.minimum.at(mins, inv, new_vals)
+            np.maximum.at(maxs, inv, new_vals)
+            update = np.zeros(m, np.int64)
+        p_codes = pairs // span
+        p_starts = lo + pairs % span * slide
+        batch.set_state(pd.DataFrame({
+            "key": batch.key_column(p_codes), "start": p_starts, "count": count.astype(np.int64), "sum": total, "min": mins, "max": maxs,
+            "update": update, "closed": closed[p_codes],
+        }))  # fmt: skip
+        # a fire timer per window with records (again for a window that fired: a late update)
+        touched = np.unique(inv[n_old:])
+        t_codes, t_starts = p_codes[touched], p_starts[touched]
+        batch.set_timers(batch.key_column(t_codes), [fire_tag(s) for s in t_starts.tolist()], t_starts + w)
+        if late:
+            is_new = np.ones(m, np.bool_)
+            is_new[inv[:n_old]] = False
+            fresh = np.flatnonzero(is_new)
+            batch.set_timers(batch.key_column(p_codes[fresh]), [collect_tag(s) for s in p_starts[fresh].tolist()], p_starts[fresh] + w + late)
+
+    def process_timers(self, batch: Batch, timers: pd.DataFrame) -> None:
+        w, late = self.window_ms, self.allowed_lateness_ms
+        st = batch.state
+        if not len(st):
+            return
+        tags = timers["tag"].tolist()
+        t_codes = batch.key_codes(timers["key"])
+        t_starts = np.fromiter((int(t[1:]) for t in tags), np.int64, len(tags))
+        is_fire = np.fromiter((t[0] == "w" for t in tags), np.bool_, len(tags))
+        s_codes = batch.key_codes(st["key"])
+        s_starts = st["start"].to_numpy(np.int64)
+        rows, hit = find_rows(s_codes, s_starts, t_codes, t_starts, self.slide_ms)
+        fire = is_fire & hit
+        f_rows = rows[fire]  # in the frame's order: per key by timestamp
+        update = st["update"].to_numpy(np.int64).copy()
+        if len(f_rows):
+            cnt, tot = st["count"].to_numpy(np.int64)[f_rows], st["sum"].to_numpy(np.float64)[f_rows]
+            lo, hi, up = st["min"].to_numpy(np.float64)[f_rows], st["max"].to_numpy(np.float64)[f_rows], update[f_rows]
+            keys = batch.keys
+            agg = self.aggregate
+            values = [
+                aggregate_value(agg, keys[c], s, w, n, t, a, b, u)
+                for c, s, n, t, a, b, u in zip(s_codes[f_rows].tolist(), s_starts[f_rows].tolist(), cnt.tolist(), tot.tolist(), lo.tolist(), hi.tolist(), up.tolist(), strict=True)
+            ]  # fmt: skip
+            stamps = np.where(up == 0, s_starts[f_rows] + w, update_time(batch.low_watermark))
+            batch.produce(self.output, values, keys=batch.key_column(s_codes[f_rows]), timestamps=stamps)
+            update[f_rows] += 1
+        # windows dropped: on their collect timer, or when they fire without allowed lateness
+        gone = np.zeros(len(st), np.bool_)
+        gone[rows[hit & (~is_fire | (late == 0))]] = True
+        closed = st["closed"].to_numpy(np.int64).copy()
+        if gone.any():
+            per_key = np.full(len(batch.keys), MIN_TIMESTAMP, np.int64)
+            np.maximum.at(per_key, s_codes[gone], s_starts[gone] + w)
+            closed = np.maximum(closed, per_key[s_codes])
+        out = st.assign(update=update, closed=closed)[~gone]
+        batch.set_state(out)

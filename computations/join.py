@@ -41,27 +41,37 @@ pipelines, see Photon (``topologies/photon``, ``docs/photon.md``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from millwheel import Computation, ComputationError, Record, Timer
 
 HOWS = ("inner", "left", "outer")
 
 
-class WindowedJoin(Computation):
-    """Joins ``left`` with every other input stream (the right side) per key, within
-    ``[t - before_ms, t + after_ms]`` of each left record; see the module docstring.
+class JoinEffects(Protocol):
+    """What the join rules of one key do: the per-record :class:`WindowedJoin` through its own
+    calls, the columnar one (``columnar_join.py``) by collecting columns."""
 
-    State: ``{"L": [[ts, id, value, [right ids]]], "R": [[ts, id, value, matched]]}``;
-    one low-watermark timer, ``close``, at the earliest moment something can be emitted.
-    """
+    key: Any
+
+    def produce(self, value: dict[str, Any], timestamp: int) -> None: ...
+
+    def close_at(self, timestamp: int | None) -> None:
+        """Set the ``close`` timer (``None``: delete it)."""
+
+    def hold(self, timestamp: int | None) -> None: ...
+
+
+class JoinWindow:
+    """The windowed join's settings and its rules for one key's state ``{"L": [...], "R": [...]}``:
+    the one definition both :class:`WindowedJoin` and ``ColumnarWindowedJoin`` run."""
 
     def __init__(self, left: str, before_ms: int = 0, after_ms: int = 1_000, how: str = "inner", output: str = "joined") -> None:
         if how not in HOWS:
-            msg = f"WindowedJoin: how must be one of {HOWS}, got {how!r}"
+            msg = f"{type(self).__name__}: how must be one of {HOWS}, got {how!r}"
             raise ComputationError(msg)
         if before_ms < 0 or after_ms < 0:
-            msg = f"WindowedJoin: before_ms and after_ms must be >= 0, got {before_ms}, {after_ms}"
+            msg = f"{type(self).__name__}: before_ms and after_ms must be >= 0, got {before_ms}, {after_ms}"
             raise ComputationError(msg)
         self.left = left
         self.before_ms = before_ms
@@ -69,27 +79,24 @@ class WindowedJoin(Computation):
         self.how = how
         self.output = output
 
-    def process_record(self, record: Record) -> None:
-        st = self.state.get() or {"L": [], "R": []}
-        ts, rid = record.timestamp, record.id
-        if record.stream == self.left:
+    def arrived(self, st: dict[str, Any], stream: str | None, ts: int, rid: str, value: Any) -> None:
+        """A record: matched at once against what the other side has buffered, then buffered."""
+        if stream == self.left:
             matches = [r[1] for r in st["R"] if ts - self.before_ms <= r[0] <= ts + self.after_ms]
             for r in st["R"]:
                 if r[1] in matches:
                     r[3] = True
-            st["L"].append([ts, rid, record.value, matches])
+            st["L"].append([ts, rid, value, matches])
         else:
             matched = False
             for lrec in st["L"]:
                 if lrec[0] - self.before_ms <= ts <= lrec[0] + self.after_ms:
                     lrec[3].append(rid)
                     matched = True
-            st["R"].append([ts, rid, record.value, matched])
-        self._save(st)
+            st["R"].append([ts, rid, value, matched])
 
-    def process_timer(self, timer: Timer) -> None:  # noqa: ARG002 - everything closed by the watermark goes
-        st = self.state.get() or {"L": [], "R": []}
-        lw = self.low_watermark
+    def close(self, fx: JoinEffects, st: dict[str, Any], lw: int) -> None:
+        """Everything the low watermark ``lw`` closed is emitted and dropped."""
         rights = {r[1]: r for r in st["R"]}
         keep_l = []
         for ts, rid, value, matches in sorted(st["L"], key=lambda x: (x[0], x[1])):
@@ -97,28 +104,78 @@ class WindowedJoin(Computation):
                 keep_l.append([ts, rid, value, matches])
                 continue
             for m in sorted(matches, key=lambda i: (rights[i][0], i)):
-                self.produce(self.output, {"key": self.key, "left": value, "right": rights[m][2]}, timestamp=ts)
+                fx.produce({"key": fx.key, "left": value, "right": rights[m][2]}, ts)
             if not matches and self.how != "inner":
-                self.produce(self.output, {"key": self.key, "left": value, "right": None}, timestamp=ts)
+                fx.produce({"key": fx.key, "left": value, "right": None}, ts)
         needed = {m for lrec in keep_l for m in lrec[3]}
         keep_r = []
         for r in sorted(st["R"], key=lambda x: (x[0], x[1])):
             if r[0] + self.before_ms >= lw or r[1] in needed:
                 keep_r.append(r)
             elif not r[3] and self.how == "outer":
-                self.produce(self.output, {"key": self.key, "left": None, "right": r[2]}, timestamp=r[0])
+                fx.produce({"key": fx.key, "left": None, "right": r[2]}, r[0])
         st["L"], st["R"] = keep_l, keep_r
+
+    def settle(self, fx: JoinEffects, st: dict[str, Any]) -> bool:
+        """The key's timer and hold for its state; whether it keeps any."""
+        if not st["L"] and not st["R"]:
+            fx.hold(None)
+            fx.close_at(None)
+            return False
+        needed = {m for lrec in st["L"] for m in lrec[3]}  # rights an open left will emit: dropped with it
+        closes = [lrec[0] + self.after_ms for lrec in st["L"]] + [r[0] + self.before_ms for r in st["R"] if r[1] not in needed]
+        fx.close_at(min(closes) + 1)  # a window [.., c] is closed once the watermark is past c
+        emits = [lrec[0] for lrec in st["L"]] + ([r[0] for r in st["R"] if not r[3]] if self.how == "outer" else [])
+        fx.hold(min(emits) if emits else None)
+        return True
+
+
+class WindowedJoin(JoinWindow, Computation):
+    """Joins ``left`` with every other input stream (the right side) per key, within
+    ``[t - before_ms, t + after_ms]`` of each left record; see the module docstring.
+
+    State: ``{"L": [[ts, id, value, [right ids]]], "R": [[ts, id, value, matched]]}``;
+    one low-watermark timer, ``close``, at the earliest moment something can be emitted.
+    The rules are :class:`JoinWindow`'s.
+    """
+
+    def process_record(self, record: Record) -> None:
+        st = self.state.get() or {"L": [], "R": []}
+        self.arrived(st, record.stream, record.timestamp, record.id, record.value)
+        self._save(st)
+
+    def process_timer(self, timer: Timer) -> None:  # noqa: ARG002 - everything closed by the watermark goes
+        st = self.state.get() or {"L": [], "R": []}
+        self.close(_Own(self), st, self.low_watermark)
         self._save(st)
 
     def _save(self, st: dict[str, Any]) -> None:
-        if not st["L"] and not st["R"]:
+        if self.settle(_Own(self), st):
+            self.state.set(st)
+        else:
             self.state.clear()
-            self.hold_watermark(None)
-            self.delete_timer("close")
-            return
-        self.state.set(st)
-        needed = {m for lrec in st["L"] for m in lrec[3]}  # rights an open left will emit: dropped with it
-        closes = [lrec[0] + self.after_ms for lrec in st["L"]] + [r[0] + self.before_ms for r in st["R"] if r[1] not in needed]
-        self.set_timer("close", min(closes) + 1)  # a window [.., c] is closed once the watermark is past c
-        emits = [lrec[0] for lrec in st["L"]] + ([r[0] for r in st["R"] if not r[3]] if self.how == "outer" else [])
-        self.hold_watermark(min(emits) if emits else None)
+
+
+class _Own:
+    """:class:`JoinEffects` of the per-record join: its own calls."""
+
+    __slots__ = ("c",)
+
+    def __init__(self, c: WindowedJoin) -> None:
+        self.c = c
+
+    @property
+    def key(self) -> Any:
+        return self.c.key
+
+    def produce(self, value: dict[str, Any], timestamp: int) -> None:
+        self.c.produce(self.c.output, value, timestamp=timestamp)
+
+    def close_at(self, timestamp: int | None) -> None:
+        if timestamp is None:
+            self.c.delete_timer("close")
+        else:
+            self.c.set_timer("close", timestamp)
+
+    def hold(self, timestamp: int | None) -> None:
+        self.c.hold_watermark(timestamp)

@@ -1,12 +1,18 @@
-"""``WindowCounter``: per-key counts over fixed event-time buckets (MillWheel Fig. 9, ``Windower``).
+"""Windowed aggregations per key over event time: ``WindowCounter`` (MillWheel Fig. 9,
+``Windower``) and ``WindowAggregate`` (count, sum, min, max, mean; tumbling or sliding
+windows; allowed lateness).
 
-Each record adds to its bucket's count and sets a low-watermark timer at the bucket's
-end; the timer fires once the low watermark passes the bucket, i.e. once the data for it
-is complete (§4.5, §4.6), and produces the count with the bucket's end as timestamp.
+A window fires on a low-watermark timer at its end: once the low watermark passes it, the
+data for it is complete (§4.5, §4.6). The helpers here (:func:`window_starts`,
+:func:`fire_tag`, :func:`close_bucket`, :func:`number_of`, ...) are the one definition of
+the windows, timer tags and firing rules; ``columnar_windowing.py`` runs the same
+computations on the columnar path with them.
 
-Empty buckets matter to dip detection (a query that stops arriving produces nothing),
-so after a bucket fires the counter keeps a timer on the next bucket and emits zero
-counts for up to ``trailing_empty`` consecutive empty buckets before letting the key go.
+``WindowCounter``: each record adds to its bucket's count; the bucket's timer produces
+the count with the bucket's end as timestamp. Empty buckets matter to dip detection (a
+query that stops arriving produces nothing), so after a bucket fires the counter keeps a
+timer on the next bucket and emits zero counts for up to ``trailing_empty`` consecutive
+empty buckets before letting the key go.
 
 >>> from millwheel import Record
 >>> from millwheel.testing import Harness
@@ -23,9 +29,117 @@ counts for up to ``trailing_empty`` consecutive empty buckets before letting the
 
 from __future__ import annotations
 
-from millwheel import MAX_TIMESTAMP, Computation, Record, Timer
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from millwheel import MAX_TIMESTAMP, MIN_TIMESTAMP, Computation, ComputationError, Record, Timer
+
+AGGREGATES = ("count", "sum", "min", "max", "mean")
 
 
+# ---------------------------------------------------------------------------- shared helpers
+def fire_tag(start: int) -> str:
+    """The tag of the timer that fires the window (bucket) starting at ``start``."""
+    return f"w{start}"
+
+
+def collect_tag(start: int) -> str:
+    """The tag of the timer that drops the window starting at ``start`` once its allowed lateness is over."""
+    return f"x{start}"
+
+
+def window_starts(ts: int, window_ms: int, slide_ms: int) -> list[int]:
+    """The starts of the windows holding ``ts``, oldest first: multiples of ``slide_ms`` in
+    ``(ts - window_ms, ts]`` (one window when ``slide_ms == window_ms``: tumbling).
+
+    >>> window_starts(2_500, 1_000, 1_000), window_starts(2_500, 3_000, 1_000)
+    ([2000], [0, 1000, 2000])
+    """
+    last = ts // slide_ms * slide_ms
+    return [s for s in range(last - (windows_per_record(window_ms, slide_ms) - 1) * slide_ms, last + 1, slide_ms) if s + window_ms > ts]
+
+
+def windows_per_record(window_ms: int, slide_ms: int) -> int:
+    """The most windows one timestamp falls in."""
+    return -(-window_ms // slide_ms)
+
+
+def check_window(name: str, aggregate: str, field: str | None, window_ms: int, slide_ms: int | None, allowed_lateness_ms: int) -> int:
+    """Validate a windowed aggregation's parameters (at construction: the topology's build); the slide."""
+    slide = window_ms if slide_ms is None else slide_ms
+    if aggregate not in AGGREGATES:
+        msg = f"{name}: aggregate must be one of {AGGREGATES}, got {aggregate!r}"
+        raise ComputationError(msg)
+    if aggregate != "count" and not field:
+        msg = f"{name}: aggregate={aggregate!r} needs field=... (the value's field to aggregate)"
+        raise ComputationError(msg)
+    if type(window_ms) is not int or type(slide) is not int or window_ms <= 0 or slide <= 0 or slide > window_ms:
+        msg = f"{name}: window_ms and slide_ms must be ints with 0 < slide_ms <= window_ms, got {window_ms!r}, {slide_ms!r}"
+        raise ComputationError(msg)
+    if type(allowed_lateness_ms) is not int or allowed_lateness_ms < 0:
+        msg = f"{name}: allowed_lateness_ms must be an int >= 0, got {allowed_lateness_ms!r}"
+        raise ComputationError(msg)
+    return slide
+
+
+def number_of(value: Any, field: str, record_id: str) -> float:
+    """The number a record carries in ``field``, as a float; raises (the record is dead-lettered) if it has none."""
+    v = value.get(field) if isinstance(value, dict) else None
+    if type(v) is not int and type(v) is not float or not math.isfinite(v):
+        msg = f"record {record_id!r}: field {field!r} must be a finite number, got {type(v).__name__} {str(v)[:40]}"
+        raise ValueError(msg)
+    return float(v)
+
+
+def update_time(low_watermark: int) -> int:
+    """The timestamp of a late update (a window fired again): the low watermark, so it is
+    never behind the output watermark (inside the range records carry)."""
+    return min(max(low_watermark, MIN_TIMESTAMP + 1), MAX_TIMESTAMP - 1)
+
+
+def aggregate_value(aggregate: str, key: Any, start: int, window_ms: int, count: int, total: float, lo: float, hi: float, update: int) -> dict[str, Any]:
+    """A window's production: ``key``, ``window_start``, ``window_end``, ``count``, the aggregate, ``update``."""
+    out = {"key": key, "window_start": start, "window_end": start + window_ms, "count": count}
+    if aggregate == "sum":
+        out["sum"] = total
+    elif aggregate == "mean":
+        out["mean"] = total / count
+    elif aggregate == "min":
+        out["min"] = lo
+    elif aggregate == "max":
+        out["max"] = hi
+    out["update"] = update
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class BucketClose:
+    """What firing one ``WindowCounter`` bucket decides (:func:`close_bucket`)."""
+
+    #: the count to produce (``None``: nothing)
+    count: int | None
+    empty_run: int
+    #: the next bucket to keep a timer on (``None``: none)
+    next_start: int | None
+    #: whether the key keeps state
+    keep: bool
+
+
+def close_bucket(counts: dict[int, int], empty_run: int, start: int, window_ms: int, trailing_empty: int, *, finished: bool) -> BucketClose:
+    """Fire bucket ``start`` of a key whose buckets are ``counts`` (popped from it): the
+    ``WindowCounter``'s rule, shared by both paths. Once every input is finished, buckets
+    past the end of the data are not "empty" and produce nothing."""
+    count = counts.pop(start, 0)
+    if not count and finished:
+        return BucketClose(None, empty_run, None, bool(counts))
+    empty_run = 0 if count else empty_run + 1
+    if empty_run < trailing_empty:
+        return BucketClose(count, empty_run, start + window_ms, True)
+    return BucketClose(count, empty_run, None, bool(counts))
+
+
+# ------------------------------------------------------------------------------ WindowCounter
 class WindowCounter(Computation):
     """Counts records per key in ``window_ms`` buckets; produces ``{"key", "window_start", "count"}``."""
 
@@ -42,26 +156,109 @@ class WindowCounter(Computation):
         counts[start] = counts.get(start, 0) + 1
         state["empty_run"] = 0
         self.state.set(state)
-        self.set_timer(f"w{start}", start + w)
+        self.set_timer(fire_tag(start), start + w)
 
     def process_timer(self, timer: Timer) -> None:
         w = self.window_ms
         start = timer.timestamp - w
         state = self.state.get() or {"counts": {}, "empty_run": 0}
-        count = state["counts"].pop(start, 0)
-        if not count and self.low_watermark == MAX_TIMESTAMP:
-            # every input is finished: buckets past the end of the data are not "empty"
-            if state["counts"]:
-                self.state.set(state)
-            else:
-                self.state.clear()
-            return
-        state["empty_run"] = 0 if count else state["empty_run"] + 1
-        self.produce(self.output, {"key": self.key, "window_start": start, "count": count}, timestamp=timer.timestamp)
-        if state["empty_run"] < self.trailing_empty:
-            self.set_timer(f"w{start + w}", start + 2 * w)
-            self.state.set(state)
-        elif state["counts"]:
+        res = close_bucket(state["counts"], state["empty_run"], start, w, self.trailing_empty, finished=self.low_watermark == MAX_TIMESTAMP)
+        state["empty_run"] = res.empty_run
+        if res.count is not None:
+            self.produce(self.output, {"key": self.key, "window_start": start, "count": res.count}, timestamp=timer.timestamp)
+        if res.next_start is not None:
+            self.set_timer(fire_tag(res.next_start), res.next_start + w)
+        if res.keep:
             self.state.set(state)
         else:
             self.state.clear()  # idle key: keep nothing
+
+
+# ---------------------------------------------------------------------------- WindowAggregate
+class WindowAggregate(Computation):
+    """``aggregate`` (count, sum, min, max, mean) of ``field`` per key and event-time window.
+
+    Windows are ``window_ms`` long and start every ``slide_ms`` (default: ``window_ms``,
+    tumbling; smaller: sliding, a record in each window that holds it). A window fires once
+    the low watermark passes its end (a low-watermark timer, §4.6) and produces
+    ``{"key", "window_start", "window_end", "count", <aggregate>, "update": 0}`` with its end
+    as timestamp; an empty window produces nothing.
+
+    **Allowed lateness.** With ``LatePolicy.process()`` records behind the low watermark
+    reach the computation (§4.5). A window is kept ``allowed_lateness_ms`` of event time
+    after its end (a second timer); a record for a window still kept updates it, and the
+    window fires again after the batch's records with ``"update": n`` (n-th late update,
+    the aggregate over everything so far), timestamped with the low watermark. A record for
+    a window the key has already dropped is dropped (the key remembers the newest dropped
+    window's end as long as it keeps any window). With ``LatePolicy.drop()`` (the default)
+    no record reaches a window that has fired.
+
+    ``field`` must hold a finite number (int or float); a record without one is
+    dead-lettered (the other records of its key go on). Sums are float sums in record
+    order. State: ``{"w": {start: [count, sum, min, max, updates]}, "closed": end}``.
+
+    >>> from millwheel.testing import Harness
+    >>> h = Harness.for_computation(WindowAggregate, inputs={"q": lambda r: r.value["q"]}, outputs=["window_aggregates"],
+    ...                             params={"aggregate": "mean", "field": "ms", "window_ms": 2_000, "slide_ms": 1_000})
+    >>> h.inject("q", [h.record({"q": "cats", "ms": 10}, 1_100), h.record({"q": "cats", "ms": 30}, 2_050)])
+    >>> h.finish("q"); h.run()
+    >>> [(v["window_start"], v["count"], v["mean"]) for v in h.values("window_aggregates")]
+    [(0, 1, 10.0), (1000, 2, 20.0), (2000, 1, 30.0)]
+    """
+
+    def __init__(
+        self, aggregate: str = "count", field: str | None = None, window_ms: int = 1_000, slide_ms: int | None = None,
+        allowed_lateness_ms: int = 0, output: str = "window_aggregates",
+    ) -> None:  # fmt: skip
+        self.slide_ms = check_window(type(self).__name__, aggregate, field, window_ms, slide_ms, allowed_lateness_ms)
+        self.aggregate = aggregate
+        self.field = field
+        self.window_ms = window_ms
+        self.allowed_lateness_ms = allowed_lateness_ms
+        self.output = output
+
+    def process_record(self, record: Record) -> None:
+        v = None if self.aggregate == "count" else number_of(record.value, self.field, record.id)  # type: ignore[arg-type]
+        w, late = self.window_ms, self.allowed_lateness_ms
+        st = self.state.get() or {"w": {}, "closed": MIN_TIMESTAMP}
+        windows = st["w"]
+        for s in window_starts(record.timestamp, w, self.slide_ms):
+            if s + w <= st["closed"]:
+                continue  # its window was dropped: later than the allowed lateness
+            acc = windows.get(s)
+            if acc is None:
+                acc = windows[s] = [0, 0.0, math.inf, -math.inf, 0]
+                if late:
+                    self.set_timer(collect_tag(s), s + w + late)
+            acc[0] += 1
+            if v is not None:
+                acc[1] += v
+                acc[2] = min(acc[2], v)
+                acc[3] = max(acc[3], v)
+            self.set_timer(fire_tag(s), s + w)  # a window that fired fires again (a late update)
+        if windows:
+            self.state.set(st)
+
+    def process_timer(self, timer: Timer) -> None:
+        st = self.state.get() or {"w": {}, "closed": MIN_TIMESTAMP}
+        windows, w = st["w"], self.window_ms
+        if timer.tag[0] == "w":
+            s = int(timer.tag[1:])
+            acc = windows.get(s)
+            if acc is None:
+                return
+            n, total, lo, hi, update = acc
+            ts = s + w if update == 0 else update_time(self.low_watermark)
+            self.produce(self.output, aggregate_value(self.aggregate, self.key, s, w, n, total, lo, hi, update), timestamp=ts)
+            acc[4] += 1
+            if self.allowed_lateness_ms:
+                self.state.set(st)
+                return
+        else:
+            s = int(timer.tag[1:])
+        windows.pop(s, None)
+        st["closed"] = max(st["closed"], s + w)
+        if windows:
+            self.state.set(st)
+        else:
+            self.state.clear()  # no window left: keep nothing

@@ -92,7 +92,7 @@ class Batch:
         self.now = now
         self._set_state: list[tuple[set[bytes], pa.Table | None]] = []
         self._timer_ops: list[tuple[str, list[bytes], list[str], Any, Any]] = []
-        self._prod: list[tuple[str, list[bytes], list[Any], list[bytes], np.ndarray]] = []
+        self._prod: list[tuple[str, list[bytes], list[Any], list[bytes], np.ndarray, list[str | None] | None, list[bool] | None]] = []
         self._holds: dict[bytes, int | None] = {}
 
     # -- reading ---------------------------------------------------------------------
@@ -107,6 +107,24 @@ class Batch:
     def keys(self) -> list[Key]:
         """The keys of this call: those with records, or with due timers (the categories of the ``key`` columns)."""
         return list(self._keys)
+
+    def key_codes(self, keys: Any) -> np.ndarray:
+        """A ``key`` column (or any keys of this call) as indices into :attr:`keys`."""
+        arr = keys.array if isinstance(keys, pd.Series) else keys
+        if isinstance(arr, pd.Categorical) and self._cats is not None and arr.categories.equals(self._cats):
+            return np.asarray(arr.codes, np.int64)
+        index = {k: i for i, k in enumerate(self._keys)}
+        vals = keys.tolist() if hasattr(keys, "tolist") else list(keys)
+        try:
+            return np.fromiter((index[k] for k in vals), np.int64, len(vals))
+        except (KeyError, TypeError):
+            msg = f"columnar computation {self._runner.name!r}: key_codes: a key is not one of this call's keys"
+            raise ComputationError(msg) from None
+
+    def key_column(self, codes: Any) -> Any:
+        """Keys from indices into :attr:`keys`: a categorical over them (a list for tuple keys),
+        what every call taking ``keys=`` reads fastest."""
+        return _key_column(np.asarray(codes, np.int64), self._keys, self._cats)
 
     @property
     def state(self) -> pd.DataFrame:
@@ -227,9 +245,13 @@ class Batch:
                 raise ComputationError(msg)
             self._holds[kb] = t
 
-    def produce(self, stream: str, values: Sequence[Any], *, keys: Any, timestamps: Any = None) -> None:
+    def produce(self, stream: str, values: Sequence[Any], *, keys: Any, timestamps: Any = None, once_ids: Any = None, once_tentative: Any = False) -> None:
         """Productions to ``stream``, one per value, each for its key (the key whose
-        sequence numbers its id); ``timestamps`` default to the low watermark."""
+        sequence numbers its id); ``timestamps`` default to the low watermark.
+
+        ``once_ids`` (one ``str`` or ``None`` per value) makes productions conditional on
+        the IdRegistry, as ``Computation.produce(..., once_id=...)`` (Photon §2);
+        ``once_tentative`` (one bool, or one per value) marks decisions that yield."""
         runner = self._runner
         if stream not in runner.outputs:
             declared = ", ".join(sorted(runner.outputs)) or "none"
@@ -247,9 +269,20 @@ class Batch:
             ts = np.full(len(kbs), production_time(self.low_watermark), np.int64)
         else:
             ts = self._timestamps(timestamps, len(kbs), f"produce({stream!r})")
+        once = tentative = None
+        if once_ids is not None:
+            once = once_ids.tolist() if hasattr(once_ids, "tolist") else list(once_ids)
+            if len(once) != len(kbs) or any(o is not None and (type(o) is not str or not o) for o in once):
+                msg = f"columnar computation {runner.name!r}: produce({stream!r}, once_ids=...) takes one non-empty str (or None) per value"
+                raise ComputationError(msg)
+            flags = [bool(once_tentative)] * len(kbs) if isinstance(once_tentative, (bool, np.bool_)) else [bool(t) for t in once_tentative]
+            if len(flags) != len(kbs):
+                msg = f"columnar computation {runner.name!r}: produce({stream!r}): {len(flags)} once_tentative flags for {len(kbs)} values"
+                raise ComputationError(msg)
+            tentative = [f and o is not None for f, o in zip(flags, once, strict=True)]
         try:
             encoded = list(map(encode_value, vals))
         except StateCodecError as exc:
             msg = f"computation {runner.name!r}: produce({stream!r}): {exc}"
             raise ComputationError(msg) from None
-        self._prod.append((stream, kbs, vals, encoded, ts))
+        self._prod.append((stream, kbs, vals, encoded, ts, once, tentative))

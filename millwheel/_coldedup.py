@@ -106,6 +106,13 @@ class ColumnarDedup:
     def __len__(self) -> int:
         return len(self.ts)
 
+    def copy(self) -> ColumnarDedup:
+        """A copy that changes independently (what ``admit`` and ``collect`` change in place is copied)."""
+        c = ColumnarDedup.__new__(ColumnarDedup)
+        c.ids, c.kix, c.ts, c.m, c.k, c.capacity, c.fpr, c.fixed = self.ids, self.kix, self.ts, self.m, self.k, self.capacity, self.fpr, self.fixed
+        c.keys, c.key_index, c.bits = list(self.keys), dict(self.key_index), self.bits.copy()
+        return c
+
     def _kix_of(self, kbs: Sequence[bytes], codes: np.ndarray | None = None, uniques: Sequence[bytes] | None = None) -> np.ndarray:
         """Key indexes of ``kbs`` (new keys are added to the key table)."""
         if codes is None or uniques is None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import itemgetter
 from typing import Any
 
 import msgpack
@@ -95,6 +97,17 @@ class ColumnarStore:
             dedup=ColumnarDedup.from_wire(dd, dd_opts.bloom_fpr, dd_opts.bloom_capacity),
         )
 
+    def copy(self) -> ColumnarStore:
+        """A copy that a run may change and a crash throw away (the harness keeps its store
+        decoded between rounds: a round works on a copy, committed by keeping it)."""
+        # meta's lists are replaced, never changed in place (``_columnar.py``): a shallow copy suffices
+        return ColumnarStore(self.state, dict(self.timers), dict(self.meta), list(self.pending), self.dedup.copy())
+
+    @classmethod
+    def of(cls, store: bytes | ColumnarStore | None, options: ComputationOptions | None = None) -> ColumnarStore:
+        """``store`` itself if it is decoded, else decoded."""
+        return store if isinstance(store, ColumnarStore) else cls.decode(store, options)
+
     def forget_empty(self, kbs: Iterable[bytes]) -> None:
         """Drop the sequence of keys that keep nothing else, as an empty per-record envelope is
         not stored (``Envelope.is_empty``): such a key's next production is numbered from 0 again."""
@@ -120,9 +133,10 @@ class ColumnarStore:
             m = self.meta.get(kb)
             if m is not None:
                 out[kb][0] = m[1]
-        for (kb, _), (ts, d) in self.timers.items():
-            if kb not in want:
-                continue
+        timers = self.timers
+        # the timers of the wanted keys, found without a Python step per timer
+        mine = compress(timers.items(), map(want.__contains__, map(itemgetter(0), timers)))
+        for (kb, _), (ts, d) in mine:
             s = out[kb]
             if d == _LW:
                 h = ts if ts < _LAST else _LAST

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, ClassVar
 
 import numpy as np
@@ -68,6 +69,7 @@ import pyarrow.compute as pc
 from millwheel._codec import decode_value, encode_value
 from millwheel._colbatch import Batch, _categories, _key_column
 from millwheel._coldedup import chunk_stamps, fingerprints
+from millwheel._colout import Outputs
 from millwheel._colstore import STORE_MAGIC, STORE_VERSION, ColumnarStore
 from millwheel._computation import Computation
 from millwheel._deadletter import (
@@ -90,7 +92,6 @@ from millwheel._record import (
     Timer,
     decode_key,
 )
-from millwheel._step import production_id
 
 _LW = int(TimeDomain.LOW_WATERMARK)
 _WALL = int(TimeDomain.WALL_TIME)
@@ -171,12 +172,28 @@ class ColumnarResult:
     keys_kept: int
     #: per touched key (harness): (hold, next lw timer, next wall timer)
     key_summaries: dict[bytes, tuple[int | None, int | None, int | None]] | None = None
+    #: per production: its ``once_id`` (Photon §2) or ``None``, and whether it is tentative (``None``: no once-productions)
+    once_ids: list[str | None] | None = None
+    once_tentative: list[bool] | None = None
+    #: the store, changed in place, when the run was given it decoded
+    live: ColumnarStore | None = None
 
     def productions(self) -> list[Production]:
+        n = len(self.ids)
+        once = self.once_ids or [None] * n
+        tent = self.once_tentative or [False] * n
         return [
-            Production(s, Record(k, v, t, i, s), e)
-            for s, k, v, t, i, e in zip(self.streams, self.keys, self.values, self.ts, self.ids, self.encoded, strict=True)
+            Production(s, Record(k, v, t, i, s), e, o, f)
+            for s, k, v, t, i, e, o, f in zip(self.streams, self.keys, self.values, self.ts, self.ids, self.encoded, once, tent, strict=True)
         ]
+
+    def drop(self, ids: set[str]) -> None:
+        """Drop the productions ``ids`` (once-productions another pipeline holds)."""
+        keep = [i not in ids for i in self.ids]
+        for name in ("streams", "ids", "ts", "kbs", "keys", "values", "encoded", "once_ids", "once_tentative"):
+            col = getattr(self, name)
+            if col is not None:
+                setattr(self, name, [x for x, k in zip(col, keep, strict=True) if k])
 
 
 class _CallFailed(Exception):
@@ -207,13 +224,19 @@ class ColumnarRunner:
         computation.name = name
 
     # ---------------------------------------------------------------------------------
-    def run(self, store: bytes | None, recs: InputColumns, *, low_watermark: int, now: int, key_summaries: bool = False) -> ColumnarResult:
-        """Records of the batch (delivery order), then due timers; see the module docstring."""
+    def run(self, store: bytes | ColumnarStore | None, recs: InputColumns, *, low_watermark: int, now: int, key_summaries: bool = False) -> ColumnarResult:
+        """Records of the batch (delivery order), then due timers; see the module docstring.
+
+        ``store``: the interval's blob, or a decoded :class:`ColumnarStore` that the run
+        changes in place (the harness, which keeps it decoded: the result's ``live``, and
+        ``store`` is then not encoded; nor are the whole store's hold and next timers
+        summarised, only ``key_summaries``)."""
         opts = self.options
-        st = ColumnarStore.decode(store, opts)
+        live = isinstance(store, ColumnarStore)
+        st = ColumnarStore.of(store, opts)
         stats = DedupStats()
         c = dict.fromkeys(METRIC_NAMES, 0)
-        out = _Outputs()
+        out = Outputs()
         dead: list[Production] = []
         n = c["records_in"] = len(recs)
         key_of: dict[bytes, Key] = {}
@@ -285,11 +308,11 @@ class ColumnarRunner:
         c["dead_letters_dropped"] = len(dead) - len(letters)
         c["bloom_maybe"], c["bloom_false_positive"] = stats.bloom_maybe, stats.bloom_false_positive
         c["dedup_gc_runs"], c["dedup_ids_collected"] = stats.gc_runs, stats.ids_collected
-        hold, nlw, nwall, kept = st.summary()
+        hold, nlw, nwall, kept = (None, None, None, 0) if live else st.summary()
         summaries = st.key_summary(touched | set(prods.kbs)) if key_summaries else None
         return ColumnarResult(
-            st.encode(), prods.streams, prods.ids, prods.ts, prods.kbs, prods.keys, prods.values, prods.encoded,
-            letters, c, hold, nlw, nwall, kept, summaries,
+            None if live else st.encode(), prods.streams, prods.ids, prods.ts, prods.kbs, prods.keys, prods.values, prods.encoded,
+            letters, c, hold, nlw, nwall, kept, summaries, prods.once_ids, prods.once_tentative, st if live else None,
         )  # fmt: skip
 
     # ---------------------------------------------------------------------------------
@@ -317,7 +340,7 @@ class ColumnarRunner:
                 cols["value"] = [decode_value(vs[i]) for i in il] if recs.encoded else [vs[i] for i in il]
         return pd.DataFrame(cols)
 
-    def _call(self, st: ColumnarStore, kbs: list[bytes], key_of: dict[bytes, Key], rows: pd.DataFrame | None, timers: pd.DataFrame | None, lw: int, now: int, out: _Outputs) -> None:
+    def _call(self, st: ColumnarStore, kbs: list[bytes], key_of: dict[bytes, Key], rows: pd.DataFrame | None, timers: pd.DataFrame | None, lw: int, now: int, out: Outputs) -> None:
         """One call of user code, applied all or nothing; raises :class:`_CallFailed`."""
         batch = Batch(self, st, kbs, key_of, rows, lw, now)
         try:
@@ -351,9 +374,9 @@ class ColumnarRunner:
                 if t is not None:
                     st.meta[kb] = [0, t]
             else:
-                m[1] = t
-        for stream, pkbs, vals, enc, ts in batch._prod:
-            out.extend(stream, pkbs, [key_of[kb] for kb in pkbs], vals, enc, ts)
+                st.meta[kb] = [m[0], t]  # replaced, never changed in place: copies share the lists
+        for stream, pkbs, vals, enc, ts, once, tentative in batch._prod:
+            out.extend(stream, pkbs, [key_of[kb] for kb in pkbs], vals, enc, ts, once, tentative)
 
     def _fail(self, exc: BaseException) -> None:
         if self.options.on_error is ErrorPolicy.RAISE:
@@ -361,7 +384,7 @@ class ColumnarRunner:
 
     def _records(
         self, st: ColumnarStore, recs: InputColumns, idx: np.ndarray, codes: np.ndarray, order: list[bytes], key_of: dict[bytes, Key],
-        lw: int, now: int, out: _Outputs, dead: list[Any],
+        lw: int, now: int, out: Outputs, dead: list[Any],
     ) -> int:  # fmt: skip
         """The admitted records ``idx`` (grouped by key: ``codes`` into ``order``), in one call; on failure per key, then per record."""
         kbs = recs.kbs
@@ -393,11 +416,11 @@ class ColumnarRunner:
                     dead.append(self._dead_letter(key_of[kb], failed.exc, Stage.PROCESS_RECORD, rec, None, now))
         return processed
 
-    def _timers(self, st: ColumnarStore, key_of: dict[bytes, Key], lw: int, now: int, out: _Outputs, dead: list[Any], c: dict[str, int], touched: set[bytes]) -> None:
+    def _timers(self, st: ColumnarStore, key_of: dict[bytes, Key], lw: int, now: int, out: Outputs, dead: list[Any], c: dict[str, int], touched: set[bytes]) -> None:
         budget = self.options.max_timer_fires_per_step
         fired: dict[bytes, int] = {}
         while st.timers:
-            due = [(kb, ts, d, tag) for (kb, tag), (ts, d) in st.timers.items() if ts <= (lw if d == _LW else now)]
+            due = _due(st.timers, lw, now)
             if not due:
                 return
             due.sort()  # per key, by timestamp, domain, tag
@@ -455,9 +478,10 @@ class ColumnarRunner:
             ts, parts = (rec.timestamp if rec is not None else now), (rec.id if rec is not None else key,)
         return Production(DEAD_LETTER_STREAM, dead_letter_record(letter, ts, *parts))
 
-    def acknowledge(self, store: bytes | None, ids: Iterable[str] | None = None) -> tuple[bytes | None, dict[bytes, tuple[int | None, int | None, int | None]]]:
-        """Drop delivered strong productions (all if ``ids`` is None); the new store and the summaries of their keys."""
-        st = ColumnarStore.decode(store, self.options)
+    def acknowledge(self, store: Any, ids: Iterable[str] | None = None) -> tuple[Any, dict[bytes, tuple[int | None, int | None, int | None]]]:
+        """Drop delivered strong productions (all if ``ids`` is None); the new store (a
+        decoded one: itself, changed) and the summaries of their keys."""
+        st = ColumnarStore.of(store, self.options)
         if not st.pending:
             return store, {}
         keys = {p[1] for p in st.pending}
@@ -467,16 +491,29 @@ class ColumnarRunner:
             acked = set(ids)
             st.pending = [p for p in st.pending if p[4] not in acked]
         st.forget_empty(keys)
-        return st.encode(), st.key_summary(keys)
+        return st if isinstance(store, ColumnarStore) else st.encode(), st.key_summary(keys)
 
-    def pending(self, store: bytes | None) -> list[tuple[bytes, Production]]:
+    def pending(self, store: bytes | ColumnarStore | None) -> list[tuple[bytes, Production]]:
         """Strong productions checkpointed and not yet acknowledged, with their keys' bytes."""
-        st = ColumnarStore.decode(store, self.options)
+        st = ColumnarStore.of(store, self.options)
         out = []
         for stream, kb, enc, ts, rid in st.pending:
             key = decode_key(kb)
             out.append((kb, Production(stream, Record(key, decode_value(enc), ts, rid, stream), enc)))
         return out
+
+
+def _due(timers: dict[tuple[bytes, str], tuple[int, int]], lw: int, now: int) -> list[tuple[bytes, int, int, str]]:
+    """The due timers ``(key, timestamp, domain, tag)``: one numpy comparison over every timer
+    (a round's scan of a store with many timers, e.g. one per cached query)."""
+    n = len(timers)
+    vals = np.fromiter(chain.from_iterable(timers.values()), np.int64, 2 * n).reshape(n, 2)
+    ts, d = vals[:, 0], vals[:, 1]
+    hit = np.flatnonzero(ts <= np.where(d == _LW, lw, now))
+    if not len(hit):
+        return []
+    keys = list(timers)
+    return [(keys[i][0], int(ts[i]), int(d[i]), keys[i][1]) for i in hit.tolist()]
 
 
 def _timer_frame(items: list[tuple[bytes, str, int, int]], key_of: dict[bytes, Key]) -> pd.DataFrame:
@@ -488,86 +525,6 @@ def _timer_frame(items: list[tuple[bytes, str, int, int]], key_of: dict[bytes, K
         "timestamp": np.fromiter((i[2] for i in items), np.int64, len(items)),
         "domain": np.fromiter((i[3] for i in items), np.int8, len(items)),
     })  # fmt: skip
-
-
-class _Outputs:
-    """Productions of one run, as columns; ids assigned at the end from the per-key sequences."""
-
-    __slots__ = ("streams", "kbs", "keys", "values", "encoded", "ts", "fixed_ids")
-
-    def __init__(self) -> None:
-        self.streams: list[str] = []
-        self.kbs: list[bytes] = []
-        self.keys: list[Key] = []
-        self.values: list[Any] = []
-        self.encoded: list[bytes] = []
-        self.ts: list[int] = []
-        #: position -> id, for outputs that keep their own id (late records to a stream)
-        self.fixed_ids: dict[int, str] = {}
-
-    def add(self, stream: str, kb: bytes, key: Key, value: Any, enc: bytes, ts: int, rid: str) -> None:
-        self.fixed_ids[len(self.streams)] = rid
-        self.streams.append(stream)
-        self.kbs.append(kb)
-        self.keys.append(key)
-        self.values.append(value)
-        self.encoded.append(enc)
-        self.ts.append(ts)
-
-    def extend(self, stream: str, kbs: list[bytes], keys: list[Key], values: list[Any], enc: list[bytes], ts: np.ndarray) -> None:
-        self.streams += [stream] * len(kbs)
-        self.kbs += kbs
-        self.keys += keys
-        self.values += values
-        self.encoded += enc
-        self.ts += ts.tolist()
-
-    def finish(self, runner: ColumnarRunner, st: ColumnarStore, lw: int, c: dict[str, int]) -> _Produced:
-        meta = st.meta
-        seqs: dict[bytes, int] = {}
-        ids: list[str] = []
-        name = runner.name
-        fixed = self.fixed_ids
-        behind = 0
-        for i, (kb, key) in enumerate(zip(self.kbs, self.keys, strict=True)):
-            rid = fixed.get(i)
-            if rid is not None:
-                ids.append(rid)
-                continue
-            s = seqs.get(kb)
-            if s is None:
-                m = meta.get(kb)
-                s = 0 if m is None else m[0]
-            ids.append(production_id(name, key, s))
-            seqs[kb] = s + 1
-        for kb, s in seqs.items():
-            m = meta.get(kb)
-            if m is None:
-                meta[kb] = [s, None]
-            else:
-                m[0] = s
-        n = len(self.kbs) - len(fixed)
-        c["productions"] = n
-        if n:
-            ts = np.asarray(self.ts, np.int64)
-            if fixed:
-                mask = np.ones(len(ts), np.bool_)
-                mask[list(fixed)] = False
-                ts = ts[mask]
-            behind = int((ts < lw).sum())
-        c["productions_behind_watermark"] = behind
-        return _Produced(self.streams, ids, self.ts, self.kbs, self.keys, self.values, self.encoded)
-
-
-@dataclass(slots=True)
-class _Produced:
-    streams: list[str]
-    ids: list[str]
-    ts: list[int]
-    kbs: list[bytes]
-    keys: list[Key]
-    values: list[Any]
-    encoded: list[bytes]
 
 
 __all__ = [

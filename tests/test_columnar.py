@@ -255,6 +255,24 @@ def test_strong_productions_survive_a_crash_after_the_checkpoint():
     assert len(h.values("window_counts")) == 2
 
 
+def test_a_crash_before_the_checkpoint_leaves_the_store_as_it_was():
+    """The harness keeps the store decoded between rounds: a round works on a copy, so a
+    crash before its checkpoint changes nothing, and the input is processed again once."""
+    h = Harness.for_computation(ColumnarWindowCounter, inputs={"q": lambda r: r.value}, outputs=["window_counts"], params={"trailing_empty": 0})
+    h.inject("q", [h.record("cats", 1_100, id="a")])
+    h.run()
+    before = (h.state("ColumnarWindowCounter", "cats")["count"].tolist(), h.dedup_ids("ColumnarWindowCounter", "cats"), h.timers("ColumnarWindowCounter", "cats"))
+    h.inject("q", [h.record("cats", 1_200, id="b"), h.record("dogs", 1_300, id="c")])
+    h.process("ColumnarWindowCounter", crash=Crash.BEFORE_COMMIT)
+    after = (h.state("ColumnarWindowCounter", "cats")["count"].tolist(), h.dedup_ids("ColumnarWindowCounter", "cats"), h.timers("ColumnarWindowCounter", "cats"))
+    assert after == before and h.state("ColumnarWindowCounter", "dogs") is None
+    h.restart("ColumnarWindowCounter")
+    h.finish("q")
+    h.run()
+    assert sorted((v["key"], v["count"]) for v in h.values("window_counts")) == [("cats", 2), ("dogs", 1)]
+    assert h.metrics("ColumnarWindowCounter")["duplicates"] == 0
+
+
 def test_columnar_misuse_is_a_clear_error():
     class Wrong(ColumnarComputation):
         def process_batch(self, batch):

@@ -26,6 +26,7 @@ import pandas as pd
 
 from millwheel._columnar import ColumnarRunner, InputColumns, is_columnar
 from millwheel._counters import StepMetrics
+from millwheel._delivery import commit_once
 from millwheel._errors import RunError
 from millwheel._record import MIN_TIMESTAMP, Record
 from millwheel._topology import ComputationSpec
@@ -83,6 +84,12 @@ class ColumnarIntervalStep(IntervalStep):
         batch.totals.add(StepMetrics(**res.metrics))
         for p in res.dead_letters:
             batch.out.add_production(p)
+        if res.once_ids is not None:
+            # once-productions: one IdRegistry call for the interval's batch (Photon §2), as IntervalBatch.run
+            outcome = commit_once([(p.record.key, p) for p in res.productions()], self.registry(), pipeline=self.pipeline, computation=self.spec.name, metrics=batch.totals)
+            res.drop(outcome.dropped)
+            for p in outcome.dead_letters:
+                batch.out.add_production(p)
         if res.store is not None:
             state.update((res.store, b""))
         elif state.exists:

@@ -5,6 +5,11 @@ keeps one per key interval); each round runs :meth:`ColumnarRunner.run` over its
 input and due timers — the same call the Spark worker makes — and the harness keeps its
 per-key indexes (holds, next timers) from the keys the run touched, so watermarks and
 due keys work as for per-record computations.
+
+The store is kept decoded between rounds (a paced replay makes thousands of small rounds,
+and decoding and encoding the whole store in each cost more than the round): a round runs
+on a copy, which the checkpoint keeps and a crash before it throws away; a restart
+recovers from the store's bytes.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import pyarrow.compute as pc
 from millwheel._colbatch import _to_arrow
 from millwheel._columnar import ColumnarRunner, ColumnarStore, InputColumns, is_columnar
 from millwheel._counters import StepMetrics
+from millwheel._delivery import commit_once
 from millwheel._errors import HarnessError
 from millwheel._record import Key, TimeDomain, Timer, decode_key, encode_key, key_problem
 from millwheel.testing._rounds import Crash, _Outgoing
@@ -39,10 +45,21 @@ class ColumnarSide:
     def __init__(self, name: str, step_runner: Any) -> None:
         self.name = name
         self.runner = ColumnarRunner(step_runner.computation, name=name, outputs=step_runner.outputs, options=step_runner.options)
-        self.store: bytes | None = None
+        #: the committed store, decoded (``None``: nothing kept yet)
+        self.live: ColumnarStore | None = None
+
+    @property
+    def store(self) -> bytes | None:
+        """The committed store as the runtime would keep it (its bytes)."""
+        return None if self.live is None else self.live.copy().encode()
+
+    def _current(self) -> ColumnarStore:
+        return self.live if self.live is not None else ColumnarStore.decode(None, self.runner.options)
 
     def restarted(self, step_runner: Any) -> None:
         self.runner = ColumnarRunner(step_runner.computation, name=self.name, outputs=step_runner.outputs, options=step_runner.options)
+        data = self.store  # a new process: what survives is what was committed, as bytes
+        self.live = None if data is None else ColumnarStore.decode(data, self.runner.options)
 
     def process(self, h: Any, *, deliver: bool, crash: Crash | None) -> None:
         name = self.name
@@ -57,10 +74,22 @@ class ColumnarSide:
             arrival=[q.arrival_watermark for q in queue],
             encoded=False,
         )
-        res = self.runner.run(self.store, recs, low_watermark=lw, now=now, key_summaries=True)
+        res = self.runner.run(self._current().copy(), recs, low_watermark=lw, now=now, key_summaries=True)
+        metrics = StepMetrics(**res.metrics)
+        store, summaries = res.live, dict(res.key_summaries or {})
+        once_letters: list[Any] = []
+        if res.once_ids is not None:
+            # one IdRegistry call for the round (Photon §2), as the per-record rounds: what
+            # another pipeline holds is dropped from the outgoing and from the checkpoint
+            outcome = commit_once([(p.record.key, p) for p in res.productions()], h.registry, pipeline=h.pipeline_id, computation=name, metrics=metrics)
+            if outcome.dropped:
+                res.drop(outcome.dropped)
+                store, acked = self.runner.acknowledge(store, outcome.dropped)
+                summaries.update(acked)
+            once_letters = outcome.dead_letters
         strong = self.runner.options.strong_productions
         sent = [_Outgoing(name, p.record.key, p, strong) for p in res.productions()]
-        sent += [_Outgoing(name, d.record.value.key, d, False) for d in res.dead_letters]
+        sent += [_Outgoing(name, d.record.value.key, d, False) for d in [*res.dead_letters, *once_letters]]
         weak = [o for o in sent if not o.strong]
         if weak:
             wm = h._publish_watermark(name)
@@ -69,9 +98,9 @@ class ColumnarSide:
         if crash is Crash.BEFORE_COMMIT:
             return
         del h._queues[name][: len(queue)]
-        h._metrics[name].add(StepMetrics(**res.metrics))
-        self.store = res.store
-        for kb, (hold, nlw, nwall) in (res.key_summaries or {}).items():
+        h._metrics[name].add(metrics)
+        self.live = store
+        for kb, (hold, nlw, nwall) in summaries.items():
             h._store(name, decode_key(kb), None, hold, (nlw, nwall))  # type: ignore[arg-type]
         h._outbox[name] += [o for o in sent if o.strong]
         if crash is Crash.AFTER_COMMIT:
@@ -81,17 +110,17 @@ class ColumnarSide:
             h.deliver(name, crash=crash)
 
     def acknowledge(self, h: Any, ids: list[str]) -> None:
-        self.store, summaries = self.runner.acknowledge(self.store, ids)
+        self.live, summaries = self.runner.acknowledge(self._current(), ids)
         for kb, (hold, nlw, nwall) in summaries.items():
             h._store(self.name, decode_key(kb), None, hold, (nlw, nwall))  # type: ignore[arg-type]
 
     def pending(self) -> list[Any]:
-        return [p for _, p in self.runner.pending(self.store)]
+        return [p for _, p in self.runner.pending(self._current())]
 
     # ---- reading -------------------------------------------------------------------
     def state(self, key: Key) -> pd.DataFrame | None:
         """The state rows of ``key`` (``None``: it keeps none)."""
-        t = ColumnarStore.decode(self.store, self.runner.options).state_rows([encode_key(key)])
+        t = self._current().state_rows([encode_key(key)])
         if t is None or t.num_rows == 0:
             return None
         df = t.drop_columns(["_kb"]).to_pandas()
@@ -107,18 +136,18 @@ class ColumnarSide:
         if rows is not None and (not isinstance(rows, pd.DataFrame) or "key" in rows.columns):
             msg = f"set_state({self.name!r}, key, rows): a columnar computation's state is a DataFrame of its columns, without 'key'"
             raise HarnessError(msg)
-        st = ColumnarStore.decode(self.store, self.runner.options)
+        st = self._current()
         kb = encode_key(key)
         if st.state is not None and st.state.num_rows:
             st.state = st.state.filter(pc.invert(pc.equal(st.state.column("_kb"), pa.scalar(kb, pa.binary()))))
         if rows is not None and len(rows):
             table = _to_arrow(rows).add_column(0, "_kb", pa.array([kb] * len(rows), pa.binary()))
             st.state = table if st.state is None or not st.state.num_rows else pa.concat_tables([st.state, table], promote_options="permissive")
-        self.store = st.encode()
+        self.live = st
 
     def dedup_ids(self, key: Key) -> set[str]:
         """The ids ``key`` still remembers."""
-        d = ColumnarStore.decode(self.store, self.runner.options).dedup
+        d = self._current().dedup
         k = d.key_index.get(encode_key(key))
         if k is None:
             return set()
@@ -126,12 +155,12 @@ class ColumnarSide:
 
     def timers(self, key: Key) -> list[Timer]:
         kb = encode_key(key)
-        st = ColumnarStore.decode(self.store, self.runner.options)
+        st = self._current()
         items = sorted((ts, d, tag) for (k, tag), (ts, d) in st.timers.items() if k == kb)
         return [Timer(tag, ts, TimeDomain(d)) for ts, d, tag in items]
 
     def keys(self) -> list[Key]:
-        st = ColumnarStore.decode(self.store, self.runner.options)
+        st = self._current()
         kbs = set(st.meta) | {kb for kb, _ in st.timers}
         if st.state is not None:
             kbs |= set(st.state.column("_kb").to_pylist())

@@ -8,6 +8,7 @@ import random
 import pandas as pd
 import pytest
 
+from computations.columnar_join import ColumnarWindowedJoin
 from computations.join import WindowedJoin
 from millwheel import MAX_TIMESTAMP, ComputationError, Record, SampleSource, Topology
 from millwheel.testing import Harness
@@ -43,13 +44,10 @@ def _got(values):
     return [(v["key"], v["left"] and v["left"]["i"], v["right"] and v["right"]["j"]) for v in values]
 
 
-@pytest.mark.parametrize("how", ["inner", "left", "outer"])
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_equals_pandas_whatever_the_arrival_order_and_duplicates(how, seed):
+def _run(cls, how: str, seed: int, before: int, after: int):
     lefts, rights = _records(seed)
-    before, after = 1_000, 2_000
     rng = random.Random(seed + 100)
-    h = Harness.for_computation(WindowedJoin, inputs=INPUTS, outputs=["joined"],
+    h = Harness.for_computation(cls, name="WindowedJoin", inputs=INPUTS, outputs=["joined"],
                                 params={"left": "views", "before_ms": before, "after_ms": after, "how": how})  # fmt: skip
     everything = [("views", r) for r in lefts] + [("clicks", r) for r in rights]
     everything += rng.sample(everything, 10)  # duplicate deliveries
@@ -65,6 +63,15 @@ def test_equals_pandas_whatever_the_arrival_order_and_duplicates(how, seed):
     h.finish("views")
     h.finish("clicks")
     h.run()
+    return h, lefts, rights
+
+
+@pytest.mark.parametrize("cls", [WindowedJoin, ColumnarWindowedJoin])
+@pytest.mark.parametrize("how", ["inner", "left", "outer"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_equals_pandas_whatever_the_arrival_order_and_duplicates(cls, how, seed):
+    before, after = 1_000, 2_000
+    h, lefts, rights = _run(cls, how, seed, before, after)
     got = _got(h.values("joined"))
     assert len(got) == len(set(got))  # nothing twice
     assert set(got) == _pandas(lefts, rights, before, after, how)
@@ -73,8 +80,20 @@ def test_equals_pandas_whatever_the_arrival_order_and_duplicates(how, seed):
         assert h.state("WindowedJoin", key) is None and h.timers("WindowedJoin", key) == []
 
 
-def test_results_wait_for_the_window_to_close_and_hold_the_watermark():
-    h = Harness.for_computation(WindowedJoin, inputs=INPUTS, outputs=["joined"], params={"left": "views", "after_ms": 1_000})
+@pytest.mark.parametrize("how", ["inner", "left", "outer"])
+def test_the_columnar_join_makes_the_per_record_joins_productions(how):
+    """The same records, timestamps and ids (per key, the same order), the same holds at work."""
+    a, _, _ = _run(WindowedJoin, how, 4, 500, 1_500)
+    b, _, _ = _run(ColumnarWindowedJoin, how, 4, 500, 1_500)
+    expected = sorted((r.id, r.timestamp, repr(r.value)) for r in a.output("joined"))
+    assert len(expected) > 30 and sorted((r.id, r.timestamp, repr(r.value)) for r in b.output("joined")) == expected
+    for name in ("records_in", "duplicates", "processed", "productions", "productions_behind_watermark"):
+        assert a.metrics("WindowedJoin")[name] == b.metrics("WindowedJoin")[name], name
+
+
+@pytest.mark.parametrize("cls", [WindowedJoin, ColumnarWindowedJoin])
+def test_results_wait_for_the_window_to_close_and_hold_the_watermark(cls):
+    h = Harness.for_computation(cls, name="WindowedJoin", inputs=INPUTS, outputs=["joined"], params={"left": "views", "after_ms": 1_000})
     h.inject("views", [Record(None, {"k": "a", "i": 0}, 5_000, "L0")])
     h.inject("clicks", [Record(None, {"k": "a", "j": 0}, 5_500, "R0")])
     for wm in (5_999, 6_000):
@@ -97,14 +116,15 @@ def test_bad_settings_are_refused():
 
 
 @pytest.mark.spark
-def test_spark_gives_the_harness_answer(tmp_path):
+@pytest.mark.parametrize("cls", [WindowedJoin, ColumnarWindowedJoin])
+def test_spark_gives_the_harness_answer(tmp_path, cls):
     from millwheel.runtime import RuntimeSettings, SparkRuntime
 
     lefts, rights = _records(7, n_left=40)
     t = Topology("windowed_join")
     t.injector("views", SampleSource(sorted(lefts, key=lambda r: r.timestamp), batch_size=10))
     t.injector("clicks", SampleSource(sorted(rights, key=lambda r: r.timestamp), batch_size=10))
-    t.computation(WindowedJoin, inputs=INPUTS, outputs=["joined"], params={"left": "views", "before_ms": 1_000, "after_ms": 2_000, "how": "left"})
+    t.computation(cls, name="WindowedJoin", inputs=INPUTS, outputs=["joined"], params={"left": "views", "before_ms": 1_000, "after_ms": 2_000, "how": "left"})
     t.sink("joined")
     h = Harness(t)
     h.run_sources()
@@ -112,5 +132,6 @@ def test_spark_gives_the_harness_answer(tmp_path):
     rt.run(timeout_s=600)
     spark = _got(rt.values("joined"))
     assert sorted(spark, key=str) == sorted(_got(h.values("joined")), key=str)
+    assert sorted((r.id, r.timestamp) for r in rt.output("joined")) == sorted((r.id, r.timestamp) for r in h.output("joined"))
     assert set(spark) == _pandas(lefts, rights, 1_000, 2_000, "left") and len(spark) == len(set(spark))
     assert rt.computations["WindowedJoin"].metrics["late"] == 0  # each source is in time order: nothing is late

@@ -59,6 +59,9 @@ class PhotonConfig:
     idle_finish_ms: int = 60_000
     #: log bytes an injector reads per batch (smaller: more, smaller micro-batches)
     max_bytes_per_batch: int = 64 << 20
+    #: run the joiner on the columnar path (``columnar.py``: the same rules, a batch of
+    #: query ids at once); ``False``: the per-record ``Joiner``. A run directory keeps the one it started with
+    columnar_joiner: bool = True
 
     def backoff(self, attempt: int) -> int:
         """The wait before retry ``attempt + 1`` (exponential, capped)."""

@@ -48,8 +48,9 @@ joined event a dead letter (``once_too_old``), never written. Re-injected clicks
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from millwheel import Computation, DataclassCodec, Record, TimeDomain, Timer, TimerFamily
 
@@ -103,18 +104,43 @@ class JoinKey:
 JOIN_STATE = DataclassCodec(JoinKey, renamed={"q": "query", "qts": "query_ts", "w": "waiting"})
 
 
-class Joiner(Computation):
-    """Keyed by query id: the EventStore, the dispatcher's retries, the join (see the module docstring).
+_STORES: dict[tuple[str, str, str, int, int], LogsEventStore] = {}
 
-    State of a key: a :class:`JoinKey`. Timers, one family each: ``evict`` (low watermark,
+
+def shared_store(queries_dir: str, id_field: str, ts_field: str, window_ms: int, lateness_ms: int) -> LogsEventStore:
+    """This process's LogsEventStore of a query log directory and settings: its index (query
+    id -> file offset, a cache of immutable log bytes) is built once per process, not once
+    per joiner instance (a Spark worker unpickles the joiner for every task)."""
+    k = (os.path.realpath(queries_dir), id_field, ts_field, window_ms, lateness_ms)
+    store = _STORES.get(k)
+    if store is None:
+        store = _STORES[k] = LogsEventStore(queries_dir, id_field=id_field, ts_field=ts_field, window_ms=window_ms, lateness_ms=lateness_ms)
+    return store
+
+
+class KeyEffects(Protocol):
+    """What the join rules of one key do to the world: the per-record :class:`Joiner` does
+    it through ``self``, the columnar joiner (``columnar.py``) collects it as columns."""
+
+    key: Any
+    now: int
+
+    def produce(self, stream: str, value: dict[str, Any], timestamp: int, once_id: str, once_tentative: bool) -> None: ...
+
+    def set_timer(self, family: str, name: str, timestamp: int) -> None: ...
+
+    def delete_timer(self, family: str, name: str) -> None: ...
+
+
+class JoinRules:
+    """The joiner's settings and its rules for one key's :class:`JoinKey` (see the module
+    docstring): the one definition both joiners run, per record or per batch.
+
+    Timers, one family each (:class:`Joiner`'s): ``evict`` (low watermark,
     ``query_ts + retention_ms``: the cache entry goes), ``retry`` (wall time, per waiting
     click: the next LogsEventStore lookup) and ``give_up`` (low watermark, per waiting
     click: ``click ts + max_delay_ms``).
     """
-
-    evict = TimerFamily()
-    retry = TimerFamily(TimeDomain.WALL_TIME, tag="r")
-    give_up = TimerFamily(tag="g")
 
     def __init__(
         self,
@@ -136,132 +162,187 @@ class Joiner(Computation):
 
     @property
     def store(self) -> LogsEventStore | None:
-        """The LogsEventStore (§3.4.2), if the config asks for it and the query logs are known."""
+        """The LogsEventStore (§3.4.2), if the config asks for it and the query logs are known:
+        one per process and setting (:func:`shared_store`), so its index outlives the
+        joiner instances a Spark worker makes per task."""
         if self._store is None and self.cfg.log_store and self.queries_dir is not None:
             c = self.cfg
-            self._store = LogsEventStore(
-                self.queries_dir, id_field=c.query_id_field, ts_field=c.ts_field,
-                window_ms=c.log_store_window_ms, lateness_ms=c.query_lateness_ms,
-            )  # fmt: skip
+            self._store = shared_store(self.queries_dir, c.query_id_field, c.ts_field, c.log_store_window_ms, c.query_lateness_ms)
         return self._store
 
     # ---- records -------------------------------------------------------------------
-    def process_record(self, record: Record) -> None:
-        if record.stream == self.query_stream:
-            self._query(record)
-        else:
-            self._click(record, reinjected=record.stream == self.reinjected_stream)
-
-    def _query(self, record: Record) -> None:
-        st: JoinKey = self.state.get() or JoinKey()
+    def query_arrived(self, fx: KeyEffects, st: JoinKey, query: dict[str, Any], ts: int) -> None:
         if st.query is not None:
             return  # a duplicate delivery beyond the dedup horizon: the cache has it
-        self._cache(st, record.value, record.timestamp)
+        self._cache(fx, st, query, ts)
         for cid, (click, _attempts) in list(st.waiting.items()):
-            self._finish(st, cid)
-            self._join(record.value, click)
-        self._save(st)
+            self._finish(fx, st, cid)
+            self.join(fx, query, click)
 
-    def _click(self, record: Record, *, reinjected: bool) -> None:
+    def click_of(self, value: Any, stream: str | None, record_id: str) -> tuple[dict[str, Any], str]:
+        """A click record's click (without a re-injection's own id field) and its click id; raises on a click without one."""
         c = self.cfg
-        click = {k: v for k, v in record.value.items() if k != REINJECT_ID} if reinjected else record.value
+        click = {k: v for k, v in value.items() if k != REINJECT_ID} if stream == self.reinjected_stream else value
         cid = click.get(c.click_id_field)
         if type(cid) is not str or not cid:
-            msg = f"click {record.id!r}: field {c.click_id_field!r} must be a non-empty string, got {cid!r}"
+            msg = f"click {record_id!r}: field {c.click_id_field!r} must be a non-empty string, got {cid!r}"
             raise ValueError(msg)
-        st: JoinKey = self.state.get() or JoinKey()
+        return click, cid
+
+    def click_arrived(self, fx: KeyEffects, st: JoinKey, click: dict[str, Any], cid: str, ts: int) -> None:
+        c = self.cfg
         if cid in st.waiting:
             return  # the same click again (a re-injection of a click still waiting)
-        query = st.query or self._look_up(st)
+        query = st.query or self._look_up(fx, st)
         if query is not None:
-            self._join(query, click)
+            self.join(fx, query, click)
         else:
             st.waiting[cid] = [click, 0]
             if self.store is not None:
-                self.retry.set(self.now + c.backoff(0), name=cid)
-            self.give_up.set(record.timestamp + c.max_delay_ms, name=cid)
-        self._save(st)
+                fx.set_timer("retry", cid, fx.now + c.backoff(0))
+            fx.set_timer("give_up", cid, ts + c.max_delay_ms)
 
     # ---- timers --------------------------------------------------------------------
+    def evicted(self, fx: KeyEffects, st: JoinKey) -> None:  # noqa: ARG002 - one signature for every rule
+        st.query = st.query_ts = None
+
+    def retried(self, fx: KeyEffects, st: JoinKey, cid: str) -> None:
+        entry = st.waiting.get(cid)
+        if entry is None:
+            return
+        query = self._look_up(fx, st)
+        if query is not None:
+            self._finish(fx, st, cid)
+            self.join(fx, query, entry[0])
+        else:
+            entry[1] += 1
+            fx.set_timer("retry", cid, fx.now + self.cfg.backoff(entry[1]))
+
+    def gave_up(self, fx: KeyEffects, st: JoinKey, cid: str, timer_ts: int) -> None:
+        entry = st.waiting.get(cid)
+        if entry is None:
+            return
+        query = self._look_up(fx, st)
+        self._finish(fx, st, cid)
+        if query is not None:
+            self.join(fx, query, entry[0])
+        else:
+            click = entry[0]
+            reason = (
+                f"no query {fx.key!r} by low watermark {timer_ts} (click ts + max_delay_ms="
+                f"{self.cfg.max_delay_ms}) after {entry[1]} retries"
+            )
+            # a give-up is tentative: it yields the click to a pipeline that can join it
+            fx.produce(UNJOINABLE, _unjoinable(click, NO_QUERY, reason), click[self.cfg.ts_field], click[self.cfg.click_id_field], True)
+
+    # ---- helpers -------------------------------------------------------------------
+    def _look_up(self, fx: KeyEffects, st: JoinKey) -> dict[str, Any] | None:
+        """A cache miss goes to the LogsEventStore; a hit fills the cache (§3.4)."""
+        store = self.store
+        if store is None:
+            return None
+        query = store.lookup(fx.key)
+        if query is not None:
+            self._cache(fx, st, query, query[self.cfg.ts_field])
+        return query
+
+    def _cache(self, fx: KeyEffects, st: JoinKey, query: dict[str, Any], ts: int) -> None:
+        st.query, st.query_ts = query, ts
+        fx.set_timer("evict", "", ts + self.cfg.retention_ms)
+
+    def join(self, fx: KeyEffects, query: dict[str, Any], click: dict[str, Any]) -> None:
+        """The joined event (or the adapter's skip), produced with ``once_id`` = the click id (§2)."""
+        c = self.cfg
+        cid, ts = click[c.click_id_field], click[c.ts_field]
+        joined = self.adapter.join(query, click)
+        if joined is None:
+            fx.produce(UNJOINABLE, _unjoinable(click, ADAPTER_SKIPPED, "the adapter skipped it"), ts, cid, False)
+            return
+        fx.produce(JOINED, joined, ts, cid, False)
+
+    def _finish(self, fx: KeyEffects, st: JoinKey, cid: str) -> None:
+        st.waiting.pop(cid, None)
+        fx.delete_timer("retry", cid)
+        fx.delete_timer("give_up", cid)
+
+    def hold(self, st: JoinKey) -> int | None:
+        """The key's hold: waiting clicks will be produced with their own (older)
+        timestamps, so the output watermark is held at the oldest (§7.2 of MillWheel) and
+        consumers never get them late."""
+        ts = self.cfg.ts_field
+        return min((w[0][ts] for w in st.waiting.values()), default=None)
+
+
+class Joiner(JoinRules, Computation):
+    """Keyed by query id: the EventStore, the dispatcher's retries, the join (see the module
+    docstring), one record at a time; the rules are :class:`JoinRules`'.
+
+    State of a key: a :class:`JoinKey`.
+    """
+
+    evict = TimerFamily()
+    retry = TimerFamily(TimeDomain.WALL_TIME, tag="r")
+    give_up = TimerFamily(tag="g")
+
+    def process_record(self, record: Record) -> None:
+        st: JoinKey = self.state.get() or JoinKey()
+        if record.stream == self.query_stream:
+            self.query_arrived(_Effects(self), st, record.value, record.timestamp)
+        else:
+            click, cid = self.click_of(record.value, record.stream, record.id)
+            self.click_arrived(_Effects(self), st, click, cid, record.timestamp)
+        self._save(st)
+
     @evict.on_fire
     def _evict(self, _name: str, _timer: Timer) -> None:
         st: JoinKey = self.state.get() or JoinKey()
-        st.query = st.query_ts = None
+        self.evicted(_Effects(self), st)
         self._save(st)
 
     @retry.on_fire
     def _retry(self, cid: str, _timer: Timer) -> None:
         st: JoinKey = self.state.get() or JoinKey()
-        entry = st.waiting.get(cid)
-        if entry is None:
-            return
-        query = self._look_up(st)
-        if query is not None:
-            self._finish(st, cid)
-            self._join(query, entry[0])
-        else:
-            entry[1] += 1
-            self.retry.set(self.now + self.cfg.backoff(entry[1]), name=cid)
+        self.retried(_Effects(self), st, cid)
         self._save(st)
 
     @give_up.on_fire
     def _give_up(self, cid: str, timer: Timer) -> None:
         st: JoinKey = self.state.get() or JoinKey()
-        entry = st.waiting.get(cid)
-        if entry is None:
-            return
-        query = self._look_up(st)
-        self._finish(st, cid)
-        if query is not None:
-            self._join(query, entry[0])
-        else:
-            click = entry[0]
-            reason = (
-                f"no query {self.key!r} by low watermark {timer.timestamp} (click ts + max_delay_ms="
-                f"{self.cfg.max_delay_ms}) after {entry[1]} retries"
-            )
-            # a give-up is tentative: it yields the click to a pipeline that can join it
-            self.produce(UNJOINABLE, _unjoinable(click, NO_QUERY, reason), timestamp=click[self.cfg.ts_field], once_id=cid, once_tentative=True)
+        self.gave_up(_Effects(self), st, cid, timer.timestamp)
         self._save(st)
 
-    # ---- helpers -------------------------------------------------------------------
-    def _look_up(self, st: JoinKey) -> dict[str, Any] | None:
-        """A cache miss goes to the LogsEventStore; a hit fills the cache (§3.4)."""
-        store = self.store
-        if store is None:
-            return None
-        query = store.lookup(self.key)
-        if query is not None:
-            self._cache(st, query, query[self.cfg.ts_field])
-        return query
-
-    def _cache(self, st: JoinKey, query: dict[str, Any], ts: int) -> None:
-        st.query, st.query_ts = query, ts
-        self.evict.set(ts + self.cfg.retention_ms)
-
-    def _join(self, query: dict[str, Any], click: dict[str, Any]) -> None:
-        c = self.cfg
-        cid, ts = click[c.click_id_field], click[c.ts_field]
-        joined = self.adapter.join(query, click)
-        if joined is None:
-            self.produce(UNJOINABLE, _unjoinable(click, ADAPTER_SKIPPED, "the adapter skipped it"), timestamp=ts, once_id=cid)
-            return
-        self.produce(JOINED, joined, timestamp=ts, once_id=cid)
-
-    def _finish(self, st: JoinKey, cid: str) -> None:
-        st.waiting.pop(cid, None)
-        self.retry.delete(cid)
-        self.give_up.delete(cid)
-
     def _save(self, st: JoinKey) -> None:
-        # waiting clicks will be produced with their own (older) timestamps: hold the
-        # output watermark at the oldest (§7.2 of MillWheel), so consumers never get them late
-        ts = self.cfg.ts_field
-        self.hold_watermark(min((w[0][ts] for w in st.waiting.values()), default=None))
+        self.hold_watermark(self.hold(st))
         if st.query is None and not st.waiting:
             self.state.clear()
         else:
             self.state.set(st)
+
+
+class _Effects:
+    """:class:`KeyEffects` of the per-record :class:`Joiner`: its own calls."""
+
+    __slots__ = ("j",)
+
+    def __init__(self, joiner: Joiner) -> None:
+        self.j = joiner
+
+    @property
+    def key(self) -> Any:
+        return self.j.key
+
+    @property
+    def now(self) -> int:
+        return self.j.now
+
+    def produce(self, stream: str, value: dict[str, Any], timestamp: int, once_id: str, once_tentative: bool) -> None:
+        self.j.produce(stream, value, timestamp=timestamp, once_id=once_id, once_tentative=once_tentative)
+
+    def set_timer(self, family: str, name: str, timestamp: int) -> None:
+        getattr(self.j, family).set(timestamp, name=name)
+
+    def delete_timer(self, family: str, name: str) -> None:
+        getattr(self.j, family).delete(name)
 
 
 def _unjoinable(click: dict[str, Any], code: str, reason: str) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from millwheel import (
     Topology,
 )
 
+from .columnar import ColumnarJoiner
 from .config import PhotonConfig
 from .evaluation import RunResult, evaluate, render
 from .generator import load_truth, resolve_data_dir
@@ -94,7 +95,7 @@ def join_topology(
         state_codec=JOIN_STATE,
     )
     t.computation(
-        Joiner, inputs=inputs, outputs=[JOINED, UNJOINABLE], options=options,
+        ColumnarJoiner if c.columnar_joiner else Joiner, name="Joiner", inputs=inputs, outputs=[JOINED, UNJOINABLE], options=options,
         params={"config": c, "adapter": adapter, "queries_dir": None if queries_dir is None else os.fspath(queries_dir)},
     )  # fmt: skip
     t.sink(JOINED)

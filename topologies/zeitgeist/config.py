@@ -36,8 +36,8 @@ class ZeitgeistConfig:
     #: how long record ids are kept for exactly-once (§6.1.1): beyond any redelivery delay
     dedup_slack_ms: int = 30_000
     #: run the window counter on the columnar path (``computations.columnar_windowing``):
-    #: the same productions; opt-in until the default has been evaluated
-    columnar_counter: bool = False
+    #: the same productions, ids included; ``False``: the per-record ``WindowCounter``
+    columnar_counter: bool = True
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@
   difficulty of the generator), session-scoped, with its ``truth``; ``batch`` and
   ``continuous`` are its harness replays, made once;
 * ``joiner`` — ``joiner(config=..., **options)``: a harness around the join topology with
-  no sources (the test injects); ``query`` / ``click`` build their records;
+  no sources (the test injects), once per joiner (columnar, per record); ``query`` /
+  ``click`` build their records;
   ``union`` merges pipelines' outputs;
 * ``registry`` — a real IdRegistry in this process (``id_registry``), as the backends use it;
   ``registry_service`` — the real service, for Spark pipelines in other processes;
@@ -81,13 +82,15 @@ def click():
     return make
 
 
-@pytest.fixture
-def joiner():
-    """``joiner(config=PhotonConfig(...), queries_dir=None, **harness options)``: the join topology in a harness."""
+@pytest.fixture(params=["columnar", "per_record"])
+def joiner(request):
+    """``joiner(config=PhotonConfig(...), queries_dir=None, **harness options)``: the join topology in a harness;
+    every test using it runs twice, with the columnar joiner (the default) and the per-record one."""
+    columnar = request.param == "columnar"
 
     def make(config: PhotonConfig | None = None, *, queries_dir: Any = None, adapter: Any = None, reinjected: bool = False, **options: Any) -> Harness:
         sources = {"queries": None, "clicks": None, **({"reinjected": None} if reinjected else {})}
-        cfg = config or PhotonConfig(log_store=queries_dir is not None)
+        cfg = dataclasses.replace(config or PhotonConfig(log_store=queries_dir is not None), columnar_joiner=columnar)
         h = Harness(join_topology(cfg, sources=sources, queries_dir=queries_dir, adapter=adapter), **options)
         if reinjected:
             h.finish("reinjected")  # as on a pipeline: the re-injection directory holds no watermark

@@ -1,5 +1,5 @@
-"""Zeitgeist with its window counter on the columnar path (``ZeitgeistConfig(columnar_counter=True)``):
-the same window counts (ids included), models, anomalies and evaluation as the
+"""Zeitgeist with its window counter on the columnar path (the default) against the per-record
+counter (``ZeitgeistConfig(columnar_counter=False)``): the same window counts (ids included), models, anomalies and evaluation as the
 per-record counter, in the harness, on a generated sample with spikes, dips, duplicates,
 late records and malformed lines."""
 
@@ -32,8 +32,9 @@ def _multiset(records):
 
 def test_columnar_counter_gives_the_same_zeitgeist(tmp_path):
     generate(tmp_path / "data", GEN)
-    per_record = _run(tmp_path / "data", CFG)
-    columnar = _run(tmp_path / "data", dataclasses.replace(CFG, columnar_counter=True))
+    per_record = _run(tmp_path / "data", dataclasses.replace(CFG, columnar_counter=False))
+    columnar = _run(tmp_path / "data", CFG)
+    assert type(per_record._runners["WindowCounter"].computation).__name__ == "WindowCounter"
     assert type(columnar._runners["WindowCounter"].computation).__name__ == "ColumnarWindowCounter"
     for stream in ("window_counts", "window_models"):
         expected = _multiset(per_record.output(stream))
