@@ -171,6 +171,8 @@ class ColumnarResult:
     keys_kept: int
     #: per touched key (harness): (hold, next lw timer, next wall timer)
     key_summaries: dict[bytes, tuple[int | None, int | None, int | None]] | None = None
+    #: the store ``store`` encodes, decoded (a caller that keeps it skips the next decode)
+    decoded: ColumnarStore | None = None
 
     def productions(self) -> list[Production]:
         return [
@@ -207,10 +209,11 @@ class ColumnarRunner:
         computation.name = name
 
     # ---------------------------------------------------------------------------------
-    def run(self, store: bytes | None, recs: InputColumns, *, low_watermark: int, now: int, key_summaries: bool = False) -> ColumnarResult:
-        """Records of the batch (delivery order), then due timers; see the module docstring."""
+    def run(self, store: bytes | ColumnarStore | None, recs: InputColumns, *, low_watermark: int, now: int, key_summaries: bool = False) -> ColumnarResult:
+        """Records of the batch (delivery order), then due timers; see the module docstring.
+        ``store`` may be given decoded (it is then changed in place)."""
         opts = self.options
-        st = ColumnarStore.decode(store, opts)
+        st = store if isinstance(store, ColumnarStore) else ColumnarStore.decode(store, opts)
         stats = DedupStats()
         c = dict.fromkeys(METRIC_NAMES, 0)
         out = _Outputs()
@@ -289,7 +292,7 @@ class ColumnarRunner:
         summaries = st.key_summary(touched | set(prods.kbs)) if key_summaries else None
         return ColumnarResult(
             st.encode(), prods.streams, prods.ids, prods.ts, prods.kbs, prods.keys, prods.values, prods.encoded,
-            letters, c, hold, nlw, nwall, kept, summaries,
+            letters, c, hold, nlw, nwall, kept, summaries, st,
         )  # fmt: skip
 
     # ---------------------------------------------------------------------------------
