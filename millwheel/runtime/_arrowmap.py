@@ -48,7 +48,7 @@ from millwheel._errors import MillwheelError
 from millwheel._record import MIN_TIMESTAMP
 from millwheel.runtime._colfiles import STATE_DIR, ColumnarFiles, Manifest, pin_mapping, store_name
 from millwheel.runtime._columnar import ColumnarIntervalStep
-from millwheel.runtime._outbox import staged_version
+from millwheel.runtime._outbox import crash_point, staged_version
 from millwheel.runtime._spark_internals import (
     OFFSETS,
     committed_batches,
@@ -175,7 +175,10 @@ class ArrowMapping:
         )
         out = out.mapInArrow(IntervalTask(self.step, plan), self.step.out_schema())
         self.outbox.sink(out, batch_id)
-        self.files.write_manifest(prev.after(batch_id, plan.low_watermark, self._reports(batch_id)))
+        reports = self._reports(batch_id)
+        self.files.write_manifest(prev.after(batch_id, plan.low_watermark, reports))
+        # test hook (``_outbox.crash_point``): the manifest of a batch Spark has not committed
+        crash_point(self.name, "after_manifest", batch_id, any(r[1] for r in reports))
 
     def plan(self, batch: int) -> tuple[Manifest, BatchPlan]:
         prev = self.files.manifest_before(batch, set(committed_batches(self.checkpoint)))
