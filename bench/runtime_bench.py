@@ -139,11 +139,12 @@ class WindowCount(Computation):
 
 def run_millwheel(
     spark, files: Path, work: Path, per_trigger: int, intervals: int, strong: bool, layout: str = "intervals", comp: type[Computation] | None = None,
-    columnar: bool = False,
+    columnar: bool = False, mapping: str = "default",
 ) -> tuple[float, Counter]:
     """One millwheel run; its output windows (``comp``, a computation without output: the
     records it took in, processed and dead-lettered, from its metrics; ``columnar``: the
-    same count by ``computations.columnar_windowing.ColumnarWindowCounter``)."""
+    same count by ``computations.columnar_windowing.ColumnarWindowCounter``, on ``mapping``:
+    ``ComputationOptions.mapping``)."""
     from millwheel.runtime import RuntimeSettings, SparkRuntime
 
     root = work / "mw"
@@ -153,7 +154,7 @@ def run_millwheel(
     for f in files.iterdir():
         if f.suffix == ".parquet":
             os.link(f, dest / f.name)
-    opts = ComputationOptions(dedup=DedupOptions(slack_ms=SLACK_MS)) if strong else ComputationOptions(exactly_once=False, strong_productions=False)
+    opts = ComputationOptions(dedup=DedupOptions(slack_ms=SLACK_MS), mapping=mapping) if strong else ComputationOptions(exactly_once=False, strong_productions=False, mapping=mapping)
     t = Topology("bench")
     t.injector("events", Finished())
     # named as the consumer the files are keyed for (``make_data``), whatever the class
@@ -372,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
             "native_dedup": lambda: run_native(spark, files, work, args.per_trigger, dedup=True),
             "mw_col_strong": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, True, columnar=True),
             "mw_col_weak": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, False, columnar=True),
+            "mw_col_arrow_strong": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, True, columnar=True, mapping="arrow"),
+            "mw_col_arrow_weak": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, False, columnar=True, mapping="arrow"),
             "tws": lambda: run_tws(spark, files, work, args.per_trigger),
         }
         times: dict[str, list[float]] = {v: [] for v in variants}
