@@ -41,9 +41,21 @@ def _rows(ids: list[str], keys: list[str], ts: list[int]) -> pa.RecordBatch:
     })  # fmt: skip
 
 
-def _run(step, files: ColumnarFiles, manifest: Manifest, batch: int, token: str, lw: int, rows: list[pa.RecordBatch]):
-    plan = BatchPlan(batch, token, lw, 0, 1, dict(manifest.files), tuple(manifest.due(lw, 0)), files.loc.uri)
-    out = pa.Table.from_batches(list(IntervalTask(step, plan)(iter(rows))), schema=out_arrow_schema(step)).to_pylist()
+def _run(
+    step,
+    files: ColumnarFiles,
+    manifest: Manifest,
+    batch: int,
+    token: str,
+    lw: int,
+    rows: list[pa.RecordBatch],
+):
+    plan = BatchPlan(
+        batch, token, lw, 0, 1, dict(manifest.files), tuple(manifest.due(lw, 0)), files.loc.uri
+    )
+    out = pa.Table.from_batches(
+        list(IntervalTask(step, plan)(iter(rows))), schema=out_arrow_schema(step)
+    ).to_pylist()
     reports = []
     for r in out:
         if r["stream"] == SUMMARY_STREAM:
@@ -57,9 +69,13 @@ def test_a_replayed_batch_writes_its_own_version_and_the_next_batch_reads_the_on
     step, files = _step(), ColumnarFiles(Location.of(str(tmp_path / "c")))
     first = [_rows(["a", "b", "c", "a"], ["x", "y", "x", "x"], [T0, T0 + 10, T0 + 20, T0])]
     m0, p0 = _run(step, files, Manifest(), 0, "one", T0 - 1, first)
-    m0_again, p0_again = _run(step, files, Manifest(), 0, "two", T0 - 1, first)  # the batch run again (a replay)
+    m0_again, p0_again = _run(
+        step, files, Manifest(), 0, "two", T0 - 1, first
+    )  # the batch run again (a replay)
     assert p0 == p0_again == []  # nothing due yet
-    assert m0.files[0] != m0_again.files[0] and sorted(files.interval_dir(0).list()) == sorted([m0.files[0], m0_again.files[0]])
+    assert m0.files[0] != m0_again.files[0] and sorted(files.interval_dir(0).list()) == sorted(
+        [m0.files[0], m0_again.files[0]]
+    )
     second = [_rows(["a", "d"], ["x", "y"], [T0 + 30, T0 + 90_000])]  # "a" again: a duplicate
     # from the worker's cache (it wrote the version the manifest names: the file is not read) ...
     kept = files.read_store(0, m0_again.files[0])
@@ -71,4 +87,7 @@ def test_a_replayed_batch_writes_its_own_version_and_the_next_batch_reads_the_on
     _, from_file = _run(step, files, m0_again, 1, "four", T0 + 60_000, second)
     assert cached == from_file
     counts = sorted((v["key"], v["count"]) for v in (decode_value(p[2]) for p in cached))
-    assert counts == [("x", 2), ("y", 1)]  # window T0: x twice (a, c), y once (b); the repeated "a" dropped
+    assert counts == [
+        ("x", 2),
+        ("y", 1),
+    ]  # window T0: x twice (a, c), y once (b); the repeated "a" dropped

@@ -16,7 +16,10 @@ def test_a_manifest_round_trips_and_knows_its_due_intervals():
     assert Manifest.decode(m.encode()) == m
     assert m.due(899, 0) == [] and m.due(900, 0) == [0] and m.due(0, 5_000) == [1]
     nxt = m.after(5, 1_200, [(0, None, None, None), (2, "c.store", 2_000, None)])
-    assert nxt.files == {1: "b.store", 2: "c.store"} and nxt.timers == {1: (None, 5_000), 2: (2_000, None)}
+    assert nxt.files == {1: "b.store", 2: "c.store"} and nxt.timers == {
+        1: (None, 5_000),
+        2: (2_000, None),
+    }
     assert nxt.batch == 5 and nxt.low_watermark == 1_200
     assert m.files == {0: "a.store", 1: "b.store"}  # unchanged
 
@@ -35,12 +38,20 @@ def test_a_batch_trusts_only_a_committed_manifest_before_it(tmp_path):
 def test_collection_keeps_exactly_what_the_trusted_manifest_names(tmp_path):
     files = ColumnarFiles(Location.of(str(tmp_path / "c")))
     keep = Manifest(4, 0, {0: store_name(4, "t", 0, 0), 1: store_name(2, "t", 1, 0)})
-    for interval, name in [(0, store_name(3, "t", 0, 0)), (0, keep.files[0]), (1, keep.files[1]), (0, store_name(5, "u", 0, 0)), (2, store_name(1, "t", 0, 0))]:
+    for interval, name in [
+        (0, store_name(3, "t", 0, 0)),
+        (0, keep.files[0]),
+        (1, keep.files[1]),
+        (0, store_name(5, "u", 0, 0)),
+        (2, store_name(1, "t", 0, 0)),
+    ]:
         files.write_store(interval, name, b"x")
     for b in (3, 4, 5):
         files.write_manifest(Manifest(b, 0, {}))
     files.write_manifest(keep)
-    assert files.collect(keep, 3) == 5  # manifests 3 and 5; files of batches 3, 5 (a crashed run) and 1 (interval 2 keeps nothing)
+    assert (
+        files.collect(keep, 3) == 5
+    )  # manifests 3 and 5; files of batches 3, 5 (a crashed run) and 1 (interval 2 keeps nothing)
     assert sorted(files.interval_dir(0).list()) == [keep.files[0]]
     assert files.interval_dir(1).list() == [keep.files[1]] and files.interval_dir(2).list() == []
     assert files.manifest_before(9, {4}) == keep
@@ -52,8 +63,14 @@ def test_collection_keeps_exactly_what_the_trusted_manifest_names(tmp_path):
 def test_the_mapping_is_pinned_for_the_life_of_the_run_directory(tmp_path):
     root = Location.of(str(tmp_path / "run"))
     root.mkdirs()
-    assert pin_mapping(root, "A", "arrow", False, 2) == {"mapping": "arrow", "partitions": 2, "partitioner": "pmod(murmur3_hash(group, seed 42), partitions)"}
-    assert pin_mapping(root, "A", "arrow", True, 8)["partitions"] == 2  # the pinned count, not the session's
+    assert pin_mapping(root, "A", "arrow", False, 2) == {
+        "mapping": "arrow",
+        "partitions": 2,
+        "partitioner": "pmod(murmur3_hash(group, seed 42), partitions)",
+    }
+    assert (
+        pin_mapping(root, "A", "arrow", True, 8)["partitions"] == 2
+    )  # the pinned count, not the session's
     assert pin_mapping(root, "B", "default", False, 2) == {"mapping": "default"}
     with pytest.raises(MillwheelError, match="started with mapping='arrow', not 'default'"):
         pin_mapping(root, "A", "default", True, 2)
