@@ -392,7 +392,7 @@ class ColumnarRunner:
                     processed += 1
                 except _CallFailed as failed:
                     v = recs.values[i]
-                    rec = Record(key_of[kb], decode_value(v) if recs.encoded else v, int(recs.ts[i]), recs.ids[i], recs.streams[i])
+                    rec = Record(key_of[kb], decode_value(v) if recs.encoded and v is not None else v, int(recs.ts[i]), recs.ids[i], recs.streams[i])
                     dead.append(self._dead_letter(key_of[kb], failed.exc, Stage.PROCESS_RECORD, rec, None, now))
         return processed
 

@@ -45,6 +45,7 @@ import pyarrow.parquet as pq
 
 from millwheel._colstore import ColumnarStore
 from millwheel._errors import MillwheelError
+from millwheel._options import LateAction
 from millwheel._record import MIN_TIMESTAMP
 from millwheel.runtime._colfiles import STATE_DIR, ColumnarFiles, Manifest, pin_mapping, store_name
 from millwheel.runtime._columnar import ColumnarIntervalStep
@@ -55,7 +56,13 @@ from millwheel.runtime._spark_internals import (
     has_started,
     offset_log_metadata,
 )
-from millwheel.runtime._wire import SUMMARY_STREAM, IntervalSummary, from_spark, spark_hash_int
+from millwheel.runtime._wire import (
+    SUMMARY_STREAM,
+    IntervalSummary,
+    RowKind,
+    from_spark,
+    spark_hash_int,
+)
 
 #: the union's columns a task reads (``wm_ts`` only moves Spark's watermark, which this mapping does not use)
 _TASK_COLUMNS = ("group", "kind", "key", "id", "ts", "value", "wm", "stream", "src", "row", "now")
@@ -164,15 +171,25 @@ class ArrowMapping:
         self.files = ColumnarFiles(query.rt.root.child(STATE_DIR, query.name))
         #: a ``ConsumedFiles`` of the query's checkpoint, for this sink's thread only
         self.consumed = consumed
+        #: do tasks need the records' values: the computation reads them, or sends late records to a stream
+        runner = step.columnar()
+        late = runner.options.late.action is LateAction.TO_STREAM
+        self.values = "value" in runner.record_columns or late
 
     def sink(self, df: Any, batch_id: int) -> None:
         """``foreachBatch``: plan, run the tasks and stage their output, write the manifest."""
         from pyspark.sql import functions as F
 
         prev, plan = self.plan(batch_id)
-        out = df.select(*(F.col(c) for c in _TASK_COLUMNS)).repartition(
-            plan.partitions, F.col("group")
-        )
+        cols = [F.col(c) for c in _TASK_COLUMNS]
+        if not self.values:
+            # the computation reads no values: only rows that are not records (dead letters of
+            # keying, rows to key in the task) keep theirs through the shuffle
+            record = F.lit(int(RowKind.RECORD))
+            cols[_TASK_COLUMNS.index("value")] = F.when(
+                F.col("kind") != record, F.col("value")
+            ).alias("value")
+        out = df.select(*cols).repartition(plan.partitions, F.col("group"))
         out = out.mapInArrow(IntervalTask(self.step, plan), self.step.out_schema())
         self.outbox.sink(out, batch_id)
         reports = self._reports(batch_id)
