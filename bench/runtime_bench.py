@@ -17,7 +17,11 @@ read from the same Parquet files (``maxFilesPerTrigger`` batches) by:
   computation that does nothing with its records (weak, no dedup), and ``mw_floor``, the
   per-key step skipped altogether: what the runtime costs around the user's code and
   around the step;
-* **native** — ``groupBy(window(ts, "10 seconds"), query).count()`` in update mode;
+* **columnar** (not in the default list) — ``ColumnarWindowCounter`` on the default mapping
+  (``mw_col_strong``, ``mw_col_weak``) and on the opt-in Arrow mapping
+  (``ComputationOptions(mapping="arrow")``: ``mw_col_arrow_strong``, ``mw_col_arrow_weak``);
+* **native** — ``groupBy(window(ts, "10 seconds"), query).count()`` in update mode
+  (``native_dedup``: with ``dropDuplicatesWithinWatermark("id")`` first);
 * **tws** — the same logic in ``transformWithStateInPandas`` (MapState per key, per-batch
   vectorised counts).
 
