@@ -7,8 +7,9 @@ from __future__ import annotations
 import pyarrow as pa
 
 from computations.columnar_windowing import ColumnarWindowCounter
-from millwheel import ComputationOptions, SampleSource, Topology
+from millwheel import ColumnarComputation, ComputationOptions, SampleSource, Topology
 from millwheel._codec import decode_value, encode_value
+from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._record import encode_key
 from millwheel.runtime import _arrowmap
 from millwheel.runtime._arrowmap import BatchPlan, IntervalTask, out_arrow_schema
@@ -91,3 +92,40 @@ def test_a_replayed_batch_writes_its_own_version_and_the_next_batch_reads_the_on
         ("x", 2),
         ("y", 1),
     ]  # window T0: x twice (a, c), y once (b); the repeated "a" dropped
+
+
+class _FailsOnId(ColumnarComputation):
+    """Reads keys and ids only (no values); a batch holding the id ``boom`` raises."""
+
+    record_columns = ("key", "id")
+
+    def process_batch(self, batch):
+        if "boom" in set(batch.records["id"]):
+            msg = "boom"
+            raise ValueError(msg)
+
+
+def test_a_record_dead_lettered_without_its_value_when_the_computation_reads_none(tmp_path):
+    """The query keeps values in the JVM for a computation that reads none
+    (``ArrowMapping.values``): its dead-lettered record has the rest, and no value."""
+    t = Topology("t")
+    t.injector("q", SampleSource([]))
+    t.computation(
+        _FailsOnId,
+        name="F",
+        inputs={"q": lambda r: r.value},
+        options=ComputationOptions(mapping="arrow"),
+    )
+    step = ColumnarIntervalStep(t.validate().computations["F"], groups=[0])
+    rows = _rows(["ok", "boom"], ["x", "y"], [T0, T0 + 1]).set_column(
+        5, "value", pa.nulls(2, pa.binary())
+    )
+    files = ColumnarFiles(Location.of(str(tmp_path / "c")))
+    plan = BatchPlan(0, "t", T0 - 1, 0, 1, {}, (), files.loc.uri)
+    out = pa.Table.from_batches(
+        list(IntervalTask(step, plan)(iter([rows]))), schema=out_arrow_schema(step)
+    ).to_pylist()
+    letters = [decode_value(r["value"]) for r in out if r["stream"] == DEAD_LETTER_STREAM]
+    assert [(d.record.id, d.record.key, d.record.value, d.reason) for d in letters] == [
+        ("boom", "y", None, "ValueError: boom")
+    ]
