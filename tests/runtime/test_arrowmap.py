@@ -4,15 +4,20 @@ second run of a batch writing its own files, and the productions the same either
 
 from __future__ import annotations
 
+import types
+
 import pyarrow as pa
+import pytest
 
 from computations.columnar_windowing import ColumnarWindowCounter
+from computations.windowing import WindowCounter
 from millwheel import ColumnarComputation, ComputationOptions, SampleSource, Topology
 from millwheel._codec import decode_value, encode_value
 from millwheel._deadletter import DEAD_LETTER_STREAM
+from millwheel._errors import MillwheelError, TopologyError
 from millwheel._record import encode_key
 from millwheel.runtime import _arrowmap
-from millwheel.runtime._arrowmap import BatchPlan, IntervalTask, out_arrow_schema
+from millwheel.runtime._arrowmap import BatchPlan, IntervalTask, arrow_mapping, out_arrow_schema
 from millwheel.runtime._colfiles import ColumnarFiles, Manifest
 from millwheel.runtime._columnar import ColumnarIntervalStep
 from millwheel.runtime._fs import Location
@@ -129,3 +134,67 @@ def test_a_record_dead_lettered_without_its_value_when_the_computation_reads_non
     assert [(d.record.id, d.record.key, d.record.value, d.reason) for d in letters] == [
         ("boom", "y", None, "ValueError: boom")
     ]
+
+
+class _Conf(dict):
+    def get(self, key, default=None):
+        return super().get(key, default)
+
+
+class _FakeSpark:
+    """What ``arrow_mapping`` asks of a session: its shuffle partitions and speculation."""
+
+    def __init__(self, speculation: str = "false") -> None:
+        self.conf = _Conf({"spark.sql.shuffle.partitions": "2"})
+        conf = _Conf({"spark.speculation": speculation})
+        self.sparkContext = types.SimpleNamespace(getConf=lambda: conf)
+
+
+def _query(
+    tmp_path,
+    mapping: str,
+    *,
+    speculation: str = "false",
+    layout: str = "intervals",
+    own: bool = False,
+):
+    from millwheel.runtime import RuntimeSettings
+    from millwheel.runtime._layout import Layout
+
+    t = Topology("t")
+    t.injector("q", SampleSource([]))
+    t.computation(
+        _FailsOnId,
+        name="F",
+        inputs={"q": lambda r: r.value},
+        options=ComputationOptions(mapping=mapping),
+    )
+    root = Location.of(str(tmp_path / "run"))
+    root.mkdirs()
+    rt = types.SimpleNamespace(
+        root=root, spark=_FakeSpark(speculation), settings=RuntimeSettings(state_layout=layout), keyer=None,
+        pipeline_id="p", layout=lambda name: Layout(2, (0, 1), own=own),
+    )  # fmt: skip
+    return types.SimpleNamespace(
+        spec=t.validate().computations["F"],
+        rt=rt,
+        name="F",
+        checkpoint=root.child("checkpoints", "F"),
+        groups=[0, 1],
+    )
+
+
+def test_the_arrow_mapping_is_refused_where_it_cannot_keep_its_promises(tmp_path):
+    assert arrow_mapping(_query(tmp_path / "a", "default"), None) is None
+    with pytest.raises(MillwheelError, match="spark.speculation=true"):
+        arrow_mapping(_query(tmp_path / "b", "arrow", speculation="true"), None)
+    with pytest.raises(MillwheelError, match="state_layout='intervals'"):
+        arrow_mapping(_query(tmp_path / "c", "arrow", layout="keys"), None)
+    with pytest.raises(MillwheelError, match="rescaled"):
+        arrow_mapping(_query(tmp_path / "d", "arrow", own=True), None)
+    with pytest.raises(TopologyError, match="is for columnar computations"):
+        Topology("t").computation(
+            WindowCounter, inputs={"q": None}, options=ComputationOptions(mapping="arrow")
+        )
+    with pytest.raises(TopologyError, match="mapping must be one of"):
+        ComputationOptions(mapping="pandas")
