@@ -193,7 +193,8 @@ class ArrowMapping:
         out = out.mapInArrow(IntervalTask(self.step, plan), self.step.out_schema())
         self.outbox.sink(out, batch_id)
         reports = self._reports(batch_id)
-        self.files.write_manifest(prev.after(batch_id, plan.low_watermark, reports))
+        epoch = self.outbox.lease.epoch if self.outbox.lease is not None else 0
+        self.files.write_manifest(prev.after(batch_id, plan.low_watermark, reports, epoch))
         # test hook (``_outbox.crash_point``): the manifest of a batch Spark has not committed
         crash_point(self.name, "after_manifest", batch_id, any(r[1] for r in reports))
 

@@ -4,7 +4,7 @@ Under ``<run>/colstate/<computation>/``::
 
     i<interval>/<batch>-<token>-p<partition>a<attempt>.store   one key interval's columnar store
                                                                after a batch (``_colstore.py``)
-    manifests/<batch>.json                                     which store file each interval has
+    manifests/<batch>-e<epoch>.json                            which store file each interval has
                                                                after the batch, the batch's low
                                                                watermark, each interval's next timers
 
@@ -68,10 +68,16 @@ class Manifest:
     files: dict[int, str] = field(default_factory=dict)
     #: key interval -> (earliest low-watermark timer, earliest wall timer)
     timers: dict[int, tuple[int | None, int | None]] = field(default_factory=dict)
+    #: the lease epoch of the driver that wrote it (``_lease.py``)
+    epoch: int = 0
+
+    @property
+    def file_name(self) -> str:
+        return f"{self.batch:012d}-e{self.epoch}.json"
 
     def encode(self) -> str:
         return json.dumps({
-            "batch": self.batch, "low_watermark": self.low_watermark,
+            "batch": self.batch, "epoch": self.epoch, "low_watermark": self.low_watermark,
             "files": {str(i): n for i, n in sorted(self.files.items())},
             "timers": {str(i): list(t) for i, t in sorted(self.timers.items())},
         }, indent=0)  # fmt: skip
@@ -81,7 +87,7 @@ class Manifest:
         d = json.loads(text)
         return cls(
             int(d["batch"]), int(d["low_watermark"]), {int(i): n for i, n in d["files"].items()},
-            {int(i): (t[0], t[1]) for i, t in d["timers"].items()},
+            {int(i): (t[0], t[1]) for i, t in d["timers"].items()}, int(d.get("epoch", 0)),
         )  # fmt: skip
 
     def due(self, low_watermark: int, now: int) -> list[int]:
@@ -97,6 +103,7 @@ class Manifest:
         batch: int,
         low_watermark: int,
         reports: list[tuple[int, str | None, int | None, int | None]],
+        epoch: int = 0,
     ) -> Manifest:
         """The manifest of ``batch``: this one with the intervals it ran replaced by their
         ``(interval, store file or None, next lw timer, next wall timer)``."""
@@ -108,7 +115,7 @@ class Manifest:
             else:
                 files.pop(interval, None)
                 timers.pop(interval, None)
-        return Manifest(batch, low_watermark, files, timers)
+        return Manifest(batch, low_watermark, files, timers, epoch)
 
 
 class ColumnarFiles:
@@ -122,16 +129,22 @@ class ColumnarFiles:
         return self.loc.child(f"i{interval}")
 
     # -- manifests (the driver) --------------------------------------------------------
-    def _manifest_numbers(self) -> list[int]:
-        return sorted(
-            int(n[:-5]) for n in self.manifests.list() if n.endswith(".json") and n[:-5].isdigit()
-        )
+    def _manifest_names(self) -> list[tuple[int, int, str]]:
+        """``(batch, epoch, file name)`` of every manifest, oldest first."""
+        out = []
+        for name in self.manifests.list():
+            stem, _, epoch = name.removesuffix(".json").partition("-e")
+            if name.endswith(".json") and stem.isdigit() and epoch.isdigit():
+                out.append((int(stem), int(epoch), name))
+        return sorted(out)
 
     def manifest_before(self, batch: int, committed: set[int]) -> Manifest:
-        """The newest manifest of a committed batch before ``batch`` (empty if none)."""
-        for n in reversed(self._manifest_numbers()):
+        """The newest manifest of a committed batch before ``batch`` (empty if none): of
+        that batch's, the newest driver epoch's, as the outbox publishes a batch from its
+        newest epoch's version (``_outbox.py``, "Zombie drivers")."""
+        for n, _, name in reversed(self._manifest_names()):
             if n < batch and n in committed:
-                text = self.manifests.child(f"{n:012d}.json").read_text()
+                text = self.manifests.child(name).read_text()
                 if text is None:
                     msg = (
                         f"{self.manifests.uri}: manifest of committed batch {n} vanished while read"
@@ -143,14 +156,14 @@ class ColumnarFiles:
     def write_manifest(self, manifest: Manifest) -> None:
         """Atomically (a temporary file, then a rename): a replay of the batch replaces it."""
         self.manifests.mkdirs()
-        self.manifests.child(f"{manifest.batch:012d}.json").write_text(manifest.encode())
+        self.manifests.child(manifest.file_name).write_text(manifest.encode())
 
     def collect(self, keep: Manifest, intervals: int) -> int:
         """Delete every manifest and store file ``keep`` does not name; returns how many."""
         gone = 0
-        for n in self._manifest_numbers():
-            if n != keep.batch:
-                self.manifests.child(f"{n:012d}.json").delete()
+        for _, _, name in self._manifest_names():
+            if name != keep.file_name:
+                self.manifests.child(name).delete()
                 gone += 1
         for d in self.loc.list():
             if not (d.startswith("i") and d[1:].isdigit()):

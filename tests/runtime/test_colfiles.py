@@ -80,3 +80,14 @@ def test_the_mapping_is_pinned_for_the_life_of_the_run_directory(tmp_path):
     with pytest.raises(MillwheelError, match="started with mapping='default'"):
         pin_mapping(root, "C", "arrow", True, 2)
     assert set(read_pin(root)["mappings"]) == {"A", "B"}
+
+
+def test_of_a_batch_run_by_two_drivers_the_newest_epochs_manifest_is_read(tmp_path):
+    """A fenced driver's late manifest of a batch never wins over its successor's: the outbox
+    publishes the batch from the newest epoch's version, and the manifest read is that epoch's."""
+    files = ColumnarFiles(Location.of(str(tmp_path / "c")))
+    files.write_manifest(Manifest(4, 0, {0: "new.store"}, epoch=2))
+    files.write_manifest(Manifest(4, 0, {0: "zombie.store"}, epoch=1))  # written last
+    assert files.manifest_before(5, {4}).files == {0: "new.store"}
+    assert files.collect(files.manifest_before(5, {4}), 1) == 1
+    assert files.manifests.list() == ["000000000004-e2.json"]
