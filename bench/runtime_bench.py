@@ -17,7 +17,11 @@ read from the same Parquet files (``maxFilesPerTrigger`` batches) by:
   computation that does nothing with its records (weak, no dedup), and ``mw_floor``, the
   per-key step skipped altogether: what the runtime costs around the user's code and
   around the step;
-* **native** — ``groupBy(window(ts, "10 seconds"), query).count()`` in update mode;
+* **columnar** (not in the default list) — ``ColumnarWindowCounter`` on the default mapping
+  (``mw_col_strong``, ``mw_col_weak``) and on the opt-in Arrow mapping
+  (``ComputationOptions(mapping="arrow")``: ``mw_col_arrow_strong``, ``mw_col_arrow_weak``);
+* **native** — ``groupBy(window(ts, "10 seconds"), query).count()`` in update mode
+  (``native_dedup``: with ``dropDuplicatesWithinWatermark("id")`` first);
 * **tws** — the same logic in ``transformWithStateInPandas`` (MapState per key, per-batch
   vectorised counts).
 
@@ -139,11 +143,12 @@ class WindowCount(Computation):
 
 def run_millwheel(
     spark, files: Path, work: Path, per_trigger: int, intervals: int, strong: bool, layout: str = "intervals", comp: type[Computation] | None = None,
-    columnar: bool = False,
+    columnar: bool = False, mapping: str = "default",
 ) -> tuple[float, Counter]:
     """One millwheel run; its output windows (``comp``, a computation without output: the
     records it took in, processed and dead-lettered, from its metrics; ``columnar``: the
-    same count by ``computations.columnar_windowing.ColumnarWindowCounter``)."""
+    same count by ``computations.columnar_windowing.ColumnarWindowCounter``, on ``mapping``:
+    ``ComputationOptions.mapping``)."""
     from millwheel.runtime import RuntimeSettings, SparkRuntime
 
     root = work / "mw"
@@ -153,7 +158,7 @@ def run_millwheel(
     for f in files.iterdir():
         if f.suffix == ".parquet":
             os.link(f, dest / f.name)
-    opts = ComputationOptions(dedup=DedupOptions(slack_ms=SLACK_MS)) if strong else ComputationOptions(exactly_once=False, strong_productions=False)
+    opts = ComputationOptions(dedup=DedupOptions(slack_ms=SLACK_MS), mapping=mapping) if strong else ComputationOptions(exactly_once=False, strong_productions=False, mapping=mapping)
     t = Topology("bench")
     t.injector("events", Finished())
     # named as the consumer the files are keyed for (``make_data``), whatever the class
@@ -372,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
             "native_dedup": lambda: run_native(spark, files, work, args.per_trigger, dedup=True),
             "mw_col_strong": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, True, columnar=True),
             "mw_col_weak": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, False, columnar=True),
+            "mw_col_arrow_strong": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, True, columnar=True, mapping="arrow"),
+            "mw_col_arrow_weak": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, False, columnar=True, mapping="arrow"),
             "tws": lambda: run_tws(spark, files, work, args.per_trigger),
         }
         times: dict[str, list[float]] = {v: [] for v in variants}

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -57,7 +59,7 @@ def _keyed_frame(table: pa.Table) -> pa.Table:
     })  # fmt: skip
 
 
-def run(files: list[Path], intervals: int, profile: cProfile.Profile | None = None, columnar: bool = False) -> dict[str, float]:
+def run(files: list[Path], intervals: int, profile: cProfile.Profile | None = None, columnar: bool = False, arrow: str | None = None) -> dict[str, float]:
     t = Topology("bench")
     t.injector("events", _finished())
     if columnar:
@@ -77,6 +79,7 @@ def run(files: list[Path], intervals: int, profile: cProfile.Profile | None = No
     else:
         step = IntervalStep(spec)
     states = [MemoryGroupState() for _ in range(intervals)]
+    arrow_run = _ArrowRun(step, arrow, intervals) if arrow is not None else None  # type: ignore[arg-type]
     per_batch = max(1, len(files) // 10)
     consumer_keying = producer_keying = stepping = 0.0
     records = 0
@@ -105,19 +108,57 @@ def run(files: list[Path], intervals: int, profile: cProfile.Profile | None = No
         c4 = time.process_time()
         if profile is not None:
             profile.enable()
-        keyed = _keyed_frame(table).to_pandas()
-        for iv, frame in keyed.groupby("interval"):
-            st = states[int(iv)]
-            st.watermark = wm
-            for _ in step((iv,), iter([frame]), st):
-                pass
+        if arrow_run is not None:
+            arrow_run.batch(_keyed_frame(table), wm)
+        else:
+            keyed = _keyed_frame(table).to_pandas()
+            for iv, frame in keyed.groupby("interval"):
+                st = states[int(iv)]
+                st.watermark = wm
+                for _ in step((iv,), iter([frame]), st):
+                    pass
         if profile is not None:
             profile.disable()
         stepping += time.process_time() - c4
         newest = int(pc.max(table.column("ts")).as_py())
         wm = to_spark(newest // WINDOW * WINDOW - 1)
     state_bytes = sum(len(a) + len(b) for a, b in (st.value for st in states if st.value is not None))
+    if arrow_run is not None:
+        state_bytes = arrow_run.state_bytes()
     return {"records": records, "consumer_keying_cpu_s": consumer_keying, "producer_keying_cpu_s": producer_keying, "step_cpu_s": stepping, "state_bytes": state_bytes}
+
+
+class _ArrowRun:
+    """The Arrow mapping's task (``millwheel/runtime/_arrowmap.py``) over the same batches: one
+    partition holding every interval, store files in ``root``, the manifest kept here as the
+    driver keeps it."""
+
+    def __init__(self, step, root: str, intervals: int) -> None:
+        from millwheel.runtime._colfiles import Manifest
+
+        self.step, self.root, self.manifest = step, root, Manifest()
+        step.groups = list(range(intervals))
+        step._interval_of = {g: g for g in step.groups}
+        self.n = 0
+
+    def batch(self, keyed: pa.Table, wm: int) -> None:
+        from millwheel.runtime._arrowmap import BatchPlan, IntervalTask
+        from millwheel.runtime._wire import SUMMARY_STREAM, IntervalSummary, from_spark
+
+        table = keyed.rename_columns(["group", *keyed.column_names[1:]])
+        lw = from_spark(wm)
+        plan = BatchPlan(self.n, "prof", lw, 0, 1, dict(self.manifest.files), tuple(self.manifest.due(lw, 0)), self.root)
+        reports = []
+        for rb in IntervalTask(self.step, plan)(iter(table.to_batches())):
+            for stream, name, value in zip(rb.column("stream").to_pylist(), rb.column("id").to_pylist(), rb.column("value").to_pylist(), strict=True):
+                if stream == SUMMARY_STREAM:
+                    s = IntervalSummary.decode(value)
+                    reports.append((s.interval, name, s.next_low_watermark_timer, s.next_wall_timer))
+        self.manifest = self.manifest.after(self.n, lw, reports)
+        self.n += 1
+
+    def state_bytes(self) -> int:
+        return sum(os.path.getsize(f"{self.root}/i{i}/{name}") for i, name in self.manifest.files.items())
 
 
 def _finished():
@@ -134,13 +175,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--intervals", type=int, default=16)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--columnar", action="store_true", help="the columnar windowed count (ColumnarWindowCounter) instead")
+    p.add_argument("--arrow", action="store_true", help="--columnar on the Arrow mapping's task (store files in a temporary directory)")
     p.add_argument("--work", default=str(ROOT / ".millwheel" / "bench"))
     args = p.parse_args(argv)
     work = Path(args.work) / f"{args.records}-{args.keys}-{args.files}"
     keyed, _ = make_data(work, args.records, args.keys, args.files, args.intervals)
     files = sorted(f for f in keyed.iterdir() if f.suffix == ".parquet")
     prof = cProfile.Profile() if args.profile else None
-    r = run(files, args.intervals, prof, columnar=args.columnar)
+    with tempfile.TemporaryDirectory() as tmp:
+        r = run(files, args.intervals, prof, columnar=args.columnar or args.arrow, arrow=tmp if args.arrow else None)
     if prof is not None:
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
     n = r["records"]

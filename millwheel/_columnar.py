@@ -175,8 +175,9 @@ class ColumnarResult:
     #: per production: its ``once_id`` (Photon §2) or ``None``, and whether it is tentative (``None``: no once-productions)
     once_ids: list[str | None] | None = None
     once_tentative: list[bool] | None = None
-    #: the store, changed in place, when the run was given it decoded
-    live: ColumnarStore | None = None
+    #: the store after the run, decoded (a caller that keeps it skips the next decode; with
+    #: ``run(encode=False)`` the only form of it: ``store`` is then ``None``)
+    decoded: ColumnarStore | None = None
 
     def productions(self) -> list[Production]:
         n = len(self.ids)
@@ -224,15 +225,16 @@ class ColumnarRunner:
         computation.name = name
 
     # ---------------------------------------------------------------------------------
-    def run(self, store: bytes | ColumnarStore | None, recs: InputColumns, *, low_watermark: int, now: int, key_summaries: bool = False) -> ColumnarResult:
+    def run(self, store: bytes | ColumnarStore | None, recs: InputColumns, *, low_watermark: int, now: int, key_summaries: bool = False, encode: bool = True) -> ColumnarResult:
         """Records of the batch (delivery order), then due timers; see the module docstring.
 
         ``store``: the interval's blob, or a decoded :class:`ColumnarStore` that the run
-        changes in place (the harness, which keeps it decoded: the result's ``live``, and
-        ``store`` is then not encoded; nor are the whole store's hold and next timers
-        summarised, only ``key_summaries``)."""
+        changes in place (the Arrow mapping's worker cache, the harness). The result's
+        ``decoded`` is the store after the run; with ``encode=False`` (the harness, which
+        keeps it decoded) ``store`` is not encoded, nor are the whole store's hold and next
+        timers summarised, only ``key_summaries``."""
         opts = self.options
-        live = isinstance(store, ColumnarStore)
+        live = not encode
         st = ColumnarStore.of(store, opts)
         stats = DedupStats()
         c = dict.fromkeys(METRIC_NAMES, 0)
@@ -312,7 +314,7 @@ class ColumnarRunner:
         summaries = st.key_summary(touched | set(prods.kbs)) if key_summaries else None
         return ColumnarResult(
             None if live else st.encode(), prods.streams, prods.ids, prods.ts, prods.kbs, prods.keys, prods.values, prods.encoded,
-            letters, c, hold, nlw, nwall, kept, summaries, prods.once_ids, prods.once_tentative, st if live else None,
+            letters, c, hold, nlw, nwall, kept, summaries, prods.once_ids, prods.once_tentative, st,
         )  # fmt: skip
 
     # ---------------------------------------------------------------------------------
@@ -412,7 +414,7 @@ class ColumnarRunner:
                     processed += 1
                 except _CallFailed as failed:
                     v = recs.values[i]
-                    rec = Record(key_of[kb], decode_value(v) if recs.encoded else v, int(recs.ts[i]), recs.ids[i], recs.streams[i])
+                    rec = Record(key_of[kb], decode_value(v) if recs.encoded and v is not None else v, int(recs.ts[i]), recs.ids[i], recs.streams[i])
                     dead.append(self._dead_letter(key_of[kb], failed.exc, Stage.PROCESS_RECORD, rec, None, now))
         return processed
 

@@ -98,6 +98,11 @@ class DedupOptions:
             raise TopologyError(msg)
 
 
+#: ``ComputationOptions.mapping`` values: the default (``applyInPandasWithState``), and the
+#: opt-in Arrow mapping of columnar computations
+MAPPINGS = ("default", "arrow")
+
+
 @dataclass(frozen=True, slots=True)
 class ComputationOptions:
     """Per-computation guarantees and policies.
@@ -110,6 +115,10 @@ class ComputationOptions:
     * ``state_codec`` — how state becomes bytes (§4.4).
     * ``max_timer_fires_per_step`` — bound on timers fired for one key in one step, so a
       timer that keeps re-arming itself in the past cannot spin forever; the rest fire next step.
+    * ``mapping`` — how the Spark runtime runs a columnar computation (``docs/runtime.md``):
+      ``"default"`` (``applyInPandasWithState`` over key intervals) or ``"arrow"`` (the
+      opt-in ``foreachBatch`` → ``repartition`` → ``mapInArrow`` mapping, state in
+      versioned files). Fixed for the life of a run directory; the harness ignores it.
     """
 
     exactly_once: bool = True
@@ -119,8 +128,12 @@ class ComputationOptions:
     state_codec: StateCodec = field(default_factory=PickleCodec)
     dedup: DedupOptions = field(default_factory=DedupOptions)
     max_timer_fires_per_step: int = 10_000
+    mapping: str = "default"
 
     def __post_init__(self) -> None:
+        if self.mapping not in MAPPINGS:
+            msg = f"ComputationOptions.mapping must be one of {', '.join(map(repr, MAPPINGS))}, got {self.mapping!r}"
+            raise TopologyError(msg)
         if not isinstance(self.late, LatePolicy):
             msg = f"ComputationOptions.late must be a LatePolicy (e.g. LatePolicy.drop()), got {self.late!r}"
             raise TopologyError(msg)

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from millwheel._columnar import is_columnar
 from millwheel._computation import Computation
 from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._errors import TopologyError
@@ -194,6 +195,9 @@ class Topology:
         opts = options if options is not None else cls.options
         if not isinstance(opts, ComputationOptions):
             msg = f"computation {name!r}: options must be a ComputationOptions, got {type(opts).__name__}"
+            raise TopologyError(msg)
+        if opts.mapping == "arrow" and not is_columnar(cls):
+            msg = f"computation {name!r}: ComputationOptions(mapping='arrow') is for columnar computations (ColumnarComputation); {cls.__name__} is not one"
             raise TopologyError(msg)
         if params is not None and not isinstance(params, Mapping):
             msg = f"computation {name!r}: params must be a dict of constructor keyword arguments"

@@ -18,13 +18,14 @@ path adds no second copy of keying.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from millwheel._columnar import ColumnarRunner, InputColumns, is_columnar
+from millwheel._colstore import ColumnarStore
+from millwheel._columnar import ColumnarResult, ColumnarRunner, InputColumns, is_columnar
 from millwheel._counters import StepMetrics
 from millwheel._delivery import commit_once
 from millwheel._errors import RunError
@@ -76,10 +77,26 @@ class ColumnarIntervalStep(IntervalStep):
             for _ in frames:
                 pass
             return
-        batch = IntervalBatch(self, interval, from_spark(state.getCurrentWatermarkMs()), state.getCurrentProcessingTimeMs())
+        store = state.get[0] if state.exists else None
+        res, out = self.run_interval(interval, frames, store, from_spark(state.getCurrentWatermarkMs()), state.getCurrentProcessingTimeMs())
+        if res.store is not None:
+            state.update((res.store, b""))
+        elif state.exists:
+            state.remove()
+        if res.next_low_watermark_timer is not None and res.store is not None:
+            state.setTimeoutTimestamp(max(timer_timeout(res.next_low_watermark_timer), state.getCurrentWatermarkMs()))
+        yield out
+
+    def run_interval(
+        self, interval: int, frames: Iterable[pd.DataFrame], store: bytes | ColumnarStore | None, low_watermark: int, now: int
+    ) -> tuple[ColumnarResult, pd.DataFrame]:  # fmt: skip
+        """One key interval's share of a micro-batch, whichever mapping runs it (this
+        class's ``applyInPandasWithState`` or ``_arrowmap.py``): the :class:`ColumnarRunner`
+        over its records (``store``: the interval's columnar store, encoded or decoded),
+        and its output frame (productions, dead letters, then the interval's summary row)."""
+        batch = IntervalBatch(self, interval, low_watermark, now)
         parts = [p for p in (self._records(batch, pdf) for pdf in frames) if p is not None]
         recs = _input(parts)
-        store = state.get[0] if state.exists else None
         res = self.columnar().run(store, recs, low_watermark=batch.low_watermark, now=batch.now)
         batch.totals.add(StepMetrics(**res.metrics))
         for p in res.dead_letters:
@@ -90,16 +107,9 @@ class ColumnarIntervalStep(IntervalStep):
             res.drop(outcome.dropped)
             for p in outcome.dead_letters:
                 batch.out.add_production(p)
-        if res.store is not None:
-            state.update((res.store, b""))
-        elif state.exists:
-            state.remove()
-        if res.next_low_watermark_timer is not None and res.store is not None:
-            state.setTimeoutTimestamp(max(timer_timeout(res.next_low_watermark_timer), state.getCurrentWatermarkMs()))
         tail = batch.summary(res.hold, res.next_low_watermark_timer, res.next_wall_timer, res.keys_kept)
         if not res.ids:
-            yield tail
-            return
+            return res, tail
         cols: dict[str, Any] = {
             "stream": res.streams, "id": res.ids, "ts": res.ts, "key": res.kbs, "value": res.encoded, "wm": [None] * len(res.ids),
         }  # fmt: skip
@@ -107,7 +117,7 @@ class ColumnarIntervalStep(IntervalStep):
             recs_out = [(s, Record(k, v, t, i, s)) for s, k, v, t, i in zip(res.streams, res.keys, res.values, res.ts, res.ids, strict=True)]
             for name, values in self.keyer.rows(recs_out, self.out_consumers).items():
                 cols[name] = pd.array(values, dtype="Int32") if name.startswith("interval:") else values
-        yield pd.concat([pd.DataFrame(cols), tail], ignore_index=True)
+        return res, pd.concat([pd.DataFrame(cols), tail], ignore_index=True)
 
     @staticmethod
     def _records(batch: IntervalBatch, pdf: pd.DataFrame) -> pd.DataFrame | None:

@@ -31,6 +31,7 @@ from millwheel._delivery import low_watermark
 from millwheel._errors import MillwheelError
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel._topology import ComputationSpec
+from millwheel.runtime._arrowmap import arrow_mapping
 from millwheel.runtime._columnar import interval_step_class
 from millwheel.runtime._context import DriverContext
 from millwheel.runtime._fs import Location
@@ -346,7 +347,11 @@ class ComputationQuery:
             F.coalesce(F.col("_group"), F.when(F.col("interval") < 0, F.col("interval")).otherwise(F.element_at(groups, F.col("interval") + 1))),
         ).drop("interval", "_group")
         keyer = self.rt.keyer
-        if self.state_layout == "keys":
+        sink = self.outbox.sink
+        arrow = arrow_mapping(self, ConsumedFiles(self.checkpoint))  # pins the mapping in run.json
+        if arrow is not None:  # the opt-in mapping of a columnar computation: ``_arrowmap.py``
+            out, sink = union, arrow.sink
+        elif self.state_layout == "keys":
             interval_step_class(self.spec, self.state_layout)  # refuses a columnar computation
             # one state-store row per key (``_mapstate.py``): transformWithStateInPandas
             processor = make_processor(self.spec, pipeline=self.rt.pipeline_id, registry=settings.registry, keyer=keyer, groups=self.groups)
@@ -361,7 +366,7 @@ class ComputationQuery:
             )  # fmt: skip
         writer = (
             out.writeStream.queryName(f"millwheel.{self.name}")
-            .foreachBatch(self.outbox.sink)
+            .foreachBatch(sink)
             .option("checkpointLocation", self.checkpoint.uri)
         )
         if settings.trigger_ms > 0:

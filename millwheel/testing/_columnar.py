@@ -74,9 +74,9 @@ class ColumnarSide:
             arrival=[q.arrival_watermark for q in queue],
             encoded=False,
         )
-        res = self.runner.run(self._current().copy(), recs, low_watermark=lw, now=now, key_summaries=True)
+        res = self.runner.run(self._current().copy(), recs, low_watermark=lw, now=now, key_summaries=True, encode=False)
         metrics = StepMetrics(**res.metrics)
-        store, summaries = res.live, dict(res.key_summaries or {})
+        store, summaries = res.decoded, dict(res.key_summaries or {})
         once_letters: list[Any] = []
         if res.once_ids is not None:
             # one IdRegistry call for the round (Photon §2), as the per-record rounds: what

@@ -12,6 +12,7 @@ productions exist for, MillWheel §6.1.2), then a consumer that deduplicates by 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import pickle
 import random
@@ -54,16 +55,18 @@ class CountBySource(Computation):
         self.state.set(self.state.get(0) + 1)
 
 
-def build(kind: str, data: str, weak: bool, max_bytes: int = 64 << 20, *, columnar: bool = False) -> Topology:
+def build(kind: str, data: str, weak: bool, max_bytes: int = 64 << 20, *, columnar: bool = False, arrow: bool = False) -> Topology:
     t = Topology(kind)
     t.injector("queries", LogFileSource(data, finite=True, max_bytes_per_batch=max_bytes))
     if kind == "twostage":
         counter = WindowCounter
-        if columnar:  # the same count on the columnar path (``millwheel/_columnar.py``), under the same name
+        if columnar or arrow:  # the same count on the columnar path (``millwheel/_columnar.py``), under the same name
             from computations.columnar_windowing import ColumnarWindowCounter
 
             counter = ColumnarWindowCounter
-        t.computation(counter, name="WindowCounter", inputs={"queries": lambda r: r.value["query"]}, outputs=["window_counts"], params={"trailing_empty": 0})
+        # ``arrow``: on the opt-in Arrow mapping (``millwheel/runtime/_arrowmap.py``)
+        opts = dataclasses.replace(counter.options, mapping="arrow") if arrow else None
+        t.computation(counter, name="WindowCounter", inputs={"queries": lambda r: r.value["query"]}, outputs=["window_counts"], options=opts, params={"trailing_empty": 0})
         t.computation(Tally, inputs={"window_counts": lambda r: r.value["window_start"]}, outputs=["tallies"])
     else:
         opts = ComputationOptions(strong_productions=not weak)
@@ -79,13 +82,14 @@ def main() -> int:
     p.add_argument("kind", choices=["twostage", "stamp"])
     p.add_argument("--weak", action="store_true")
     p.add_argument("--columnar", action="store_true", help="twostage: the columnar WindowCounter")
+    p.add_argument("--arrow", action="store_true", help="twostage: the columnar WindowCounter on the Arrow mapping")
     p.add_argument("--dump")
     p.add_argument("--intervals", type=int, default=4)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--max-bytes", type=int, default=64 << 20, help="log bytes per injector batch")
     p.add_argument("--per-trigger", type=int, default=None, help="stream files per computation batch")
     args = p.parse_args()
-    topo = build(args.kind, args.data, args.weak, args.max_bytes, columnar=args.columnar)
+    topo = build(args.kind, args.data, args.weak, args.max_bytes, columnar=args.columnar, arrow=args.arrow)
     settings = RuntimeSettings(drain=True, intervals=args.intervals, master="local[2]", max_files_per_trigger=args.per_trigger)
     rt = SparkRuntime(topo, args.root, settings, log=lambda m: print(m, flush=True))
     rt.run(timeout_s=args.timeout)

@@ -77,12 +77,12 @@ def write_logs(d) -> Counter:
     return answer
 
 
-def topology(d, cls: type, name: str = "Counter") -> Topology:
+def topology(d, cls: type, name: str = "Counter", mapping: str = "default") -> Topology:
     t = Topology("columnar")
     t.injector("queries", LogFileSource(d, finite=True, lateness_ms=LATENESS, max_bytes_per_batch=4_000))
     t.computation(
         cls, name=name, inputs={"queries": lambda r: r.value["query"]}, outputs=["window_counts"],
-        options=ComputationOptions(late=LatePolicy.drop()), params={"window_ms": 1_000, "trailing_empty": 2},
+        options=ComputationOptions(late=LatePolicy.drop(), mapping=mapping), params={"window_ms": 1_000, "trailing_empty": 2},
     )  # fmt: skip
     t.sink("window_counts")
     return t
@@ -96,15 +96,21 @@ def _dead(records) -> Counter:
     return Counter((r.id, r.timestamp, r.value.stage, r.value.reason, r.value.file, r.value.offset) for r in records)
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, spark):
-    base = tmp_path_factory.mktemp("columnar")
+#: the two mappings of a columnar computation on Spark (``ComputationOptions.mapping``)
+MAPPINGS = ["default", "arrow"]
+
+
+@pytest.fixture(scope="module", params=MAPPINGS)
+def runs(request, tmp_path_factory, spark):
+    """Per mapping: the per-record harness, the columnar harness, the columnar computation on Spark, the plain answer."""
+    base = tmp_path_factory.mktemp(f"columnar-{request.param}")
     answer = write_logs(base / "logs")
     per_record = Harness(topology(base / "logs", WindowCounter), raise_errors=False)
     per_record.run_sources()
-    columnar = Harness(topology(base / "logs", ColumnarWindowCounter), raise_errors=False)
+    columnar = Harness(topology(base / "logs", ColumnarWindowCounter, mapping=request.param), raise_errors=False)
     columnar.run_sources()
-    rt = SparkRuntime(topology(base / "logs", ColumnarWindowCounter), str(base / "run"), RuntimeSettings(drain=True, intervals=4, lockstep=True), spark=spark)
+    topo = topology(base / "logs", ColumnarWindowCounter, mapping=request.param)
+    rt = SparkRuntime(topo, str(base / "run"), RuntimeSettings(drain=True, intervals=4, lockstep=True), spark=spark)
     rt.run(timeout_s=600)
     return per_record, columnar, rt, answer
 
@@ -160,7 +166,8 @@ class Picky(ColumnarComputation):
         batch.produce("totals", [{"user": k, "n": n} for k, n in zip(s["key"].tolist(), s["n"].tolist(), strict=True)], keys=s["key"], timestamps=[T0] * len(s))
 
 
-def test_a_failing_record_is_dead_lettered_on_spark_as_in_the_harness(tmp_path, spark):
+@pytest.mark.parametrize("mapping", MAPPINGS)
+def test_a_failing_record_is_dead_lettered_on_spark_as_in_the_harness(tmp_path, spark, mapping):
     """A call that raises falls back per key, then per record: only the failing record is
     dead-lettered (with the per-record path's id), the key keeps its other records."""
     recs = [Record(None, {"user": f"u{i % 3}", "boom": i == 4}, T0 + i, f"r{i}") for i in range(12)]
@@ -168,7 +175,8 @@ def test_a_failing_record_is_dead_lettered_on_spark_as_in_the_harness(tmp_path, 
     def topo():
         t = Topology("picky")
         t.injector("clicks", SampleSource(recs))
-        t.computation(Picky, inputs={"clicks": lambda r: r.value["user"]}, outputs=["totals"], options=ComputationOptions(on_error=ErrorPolicy.DEAD_LETTER))
+        opts = ComputationOptions(on_error=ErrorPolicy.DEAD_LETTER, mapping=mapping)
+        t.computation(Picky, inputs={"clicks": lambda r: r.value["user"]}, outputs=["totals"], options=opts)
         t.sink("totals")
         return t
 

@@ -39,17 +39,17 @@ def _expected(records):
     return Counter({(int(w), q, int(c)) for (w, q), c in df.groupby(["window_start", "query"]).size().items()})
 
 
-def _crash_loop(tmp_path, plan, seed, layout="intervals", extra=()):
+def _crash_loop(tmp_path, plan, seed, layout="intervals", extra=(), records=N):
     """``plan``: ("driver" | "worker", (query, committed batches)) kills, or ("inject:<crash spec>", None).
 
     A kill waits for ``query`` to commit that many more batches (plus a random 0-2, from
     ``seed``) in the new driver process, then kills. ``layout``: the state layout of every
     driver of the run (``RuntimeSettings.state_layout``); ``extra``: more driver arguments
-    (``--columnar``).
+    (``--columnar``); ``records``: how many log records (a short test's fewer).
     """
     rng = random.Random(seed)
     data, root, log = tmp_path / "data", tmp_path / "run", tmp_path / "driver.log"
-    records = write_logs(data, N, files=20, keys=300)
+    records = write_logs(data, records, files=20, keys=300)
     kills = Counter()
     for what, at in plan:
         crash = {"MILLWHEEL_CRASH": what.split(":", 1)[1]} if what.startswith("inject:") else None

@@ -1,0 +1,295 @@
+"""The opt-in Arrow mapping of columnar computations (``ComputationOptions(mapping="arrow")``).
+
+::
+
+    union of the inputs and heartbeats (``_query.py``, as for the default mapping)
+        ─► foreachBatch(ArrowMapping.sink):
+              plan the batch (driver): last committed manifest, low watermark, due intervals
+              ─► repartition(N, group) ─► mapInArrow(IntervalTask)   one task per partition:
+                     each key interval of the partition read from its store file (or the
+                     worker's cache of it), run by ColumnarIntervalStep.run_interval, its new
+                     store written to a file of its own; productions + summary rows out
+              ─► Outbox.sink (staged, crash points, weak publication: as the default mapping)
+              ─► the batch's manifest (``_colfiles.py``), before Spark's commit
+
+The default mapping keeps each key interval's columnar store in ``applyInPandasWithState``'s
+GroupState row: pickled from Python to the JVM and back and written whole by the state
+store on every batch that touches the interval. Here the store never enters the JVM: a
+task reads the file the last committed manifest names, a Python worker keeps what it
+wrote (a later task of the same interval on the same worker skips the read and the
+decode), and only the new version is written. Spark's role shrinks to reading the input,
+one hash shuffle of raw rows and the offset/commit logs.
+
+**Time.** Without a stateful operator Spark runs no batch when only its watermark moves, so
+the low watermark is the driver's: batch ``B`` runs under the larger of batch ``B - 1``'s
+(from its manifest) and the heartbeats ``B`` reads (found through the query's offset log
+and the heartbeat source's log: the same for a replay). Wall time is the batch's
+``batchTimestampMs`` from the offset log, raised by ticks, as on the default mapping.
+Intervals with a timer due run even without input: each task also runs the due intervals
+its partition owns (``pmod(hash(group), N)``, Spark's hash partitioning,
+:func:`~millwheel.runtime._wire.spark_hash_int`).
+
+The commit protocol (versions, replays, zombie tasks, why speculation must be off) is in
+``docs/runtime.md``, "The Arrow mapping".
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from millwheel._colstore import ColumnarStore
+from millwheel._errors import MillwheelError
+from millwheel._options import LateAction
+from millwheel._record import MIN_TIMESTAMP
+from millwheel.runtime._colfiles import STATE_DIR, ColumnarFiles, Manifest, pin_mapping, store_name
+from millwheel.runtime._columnar import ColumnarIntervalStep
+from millwheel.runtime._outbox import crash_point, staged_version
+from millwheel.runtime._spark_internals import (
+    OFFSETS,
+    committed_batches,
+    has_started,
+    offset_log_metadata,
+)
+from millwheel.runtime._wire import (
+    SUMMARY_STREAM,
+    IntervalSummary,
+    RowKind,
+    from_spark,
+    spark_hash_int,
+)
+
+#: the union's columns a task reads (``wm_ts`` only moves Spark's watermark, which this mapping does not use)
+_TASK_COLUMNS = ("group", "kind", "key", "id", "ts", "value", "wm", "stream", "src", "row", "now")
+
+
+def out_arrow_schema(step: ColumnarIntervalStep) -> pa.Schema:
+    """The Arrow schema of a task's output: ``OUT_SCHEMA`` and the consumers' key columns."""
+    fields = [
+        pa.field("stream", pa.string()), pa.field("id", pa.string()), pa.field("ts", pa.int64()),
+        pa.field("key", pa.binary()), pa.field("value", pa.binary()), pa.field("wm", pa.int64()),
+    ]  # fmt: skip
+    if step.keyer is not None:
+        fields += step.keyer.arrow_fields(step.out_consumers)
+    return pa.schema(fields)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What the driver tells every task of one batch."""
+
+    batch: int
+    #: unique to this run of the batch: its store files are named with it
+    token: str
+    low_watermark: int
+    now: int
+    partitions: int
+    #: key interval -> the store file the last committed manifest names
+    read: dict[int, str]
+    #: intervals with a timer due (they run without input)
+    due: tuple[int, ...]
+    #: where the store files are (``Location.uri``)
+    root: str
+
+
+#: per Python worker: (store directory, interval) -> (file name, the store decoded); a task
+#: that reads the very file this worker wrote uses the object instead
+_CACHE: dict[tuple[str, int], tuple[str, ColumnarStore]] = {}
+
+
+class IntervalTask:
+    """The ``mapInArrow`` function of one batch: runs the key intervals of its partition."""
+
+    def __init__(self, step: ColumnarIntervalStep, plan: BatchPlan) -> None:
+        self.step = step
+        self.plan = plan
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        from millwheel.runtime._fs import Location
+
+        ctx = TaskContext.get()
+        partition, attempt = (ctx.partitionId(), ctx.attemptNumber()) if ctx is not None else (0, 0)
+        plan, step = self.plan, self.step
+        files = ColumnarFiles(Location.of(plan.root))
+        rows = [b for b in batches if b.num_rows]
+        frames: dict[int, Any] = {}
+        if rows:
+            pdf = pa.Table.from_batches(rows).to_pandas()
+            for g, sub in pdf.groupby("group", sort=False):
+                if int(g) >= 0:  # the heartbeat group: the driver read its watermark already
+                    frames[step.interval_of(int(g))] = sub
+        groups = step.groups or []
+        for i in plan.due:
+            if i not in frames and spark_hash_int(groups[i]) % plan.partitions == partition:
+                frames[i] = None
+        schema = out_arrow_schema(step)
+        for interval in sorted(frames):
+            pdf = frames[interval]
+            name = plan.read.get(interval)
+            store: bytes | ColumnarStore | None = None
+            if name is not None:
+                cached = _CACHE.pop((plan.root, interval), None)
+                store = (
+                    cached[1]
+                    if cached is not None and cached[0] == name
+                    else files.read_store(interval, name)
+                )
+            res, out = step.run_interval(
+                interval, [] if pdf is None else [pdf], store, plan.low_watermark, plan.now
+            )
+            written = None
+            if res.store is not None:
+                written = store_name(plan.batch, plan.token, partition, attempt)
+                files.write_store(interval, written, res.store)
+                if res.decoded is not None:
+                    _CACHE[(plan.root, interval)] = (written, res.decoded)
+            # the summary row names the store file: the driver's manifest takes it from there
+            out.loc[out["stream"] == SUMMARY_STREAM, "id"] = written
+            yield pa.RecordBatch.from_pandas(out, schema=schema, preserve_index=False)
+
+
+class ArrowMapping:
+    """The driver side of one computation's query on the Arrow mapping."""
+
+    def __init__(
+        self, query: Any, step: ColumnarIntervalStep, partitions: int, consumed: Any
+    ) -> None:
+        self.query = query
+        self.name = query.name
+        self.step = step
+        self.partitions = partitions
+        self.outbox = query.outbox
+        self.checkpoint = query.checkpoint
+        self.heartbeats = query.heartbeats
+        self.files = ColumnarFiles(query.rt.root.child(STATE_DIR, query.name))
+        #: a ``ConsumedFiles`` of the query's checkpoint, for this sink's thread only
+        self.consumed = consumed
+        #: do tasks need the records' values: the computation reads them, or sends late records to a stream
+        runner = step.columnar()
+        late = runner.options.late.action is LateAction.TO_STREAM
+        self.values = "value" in runner.record_columns or late
+
+    def sink(self, df: Any, batch_id: int) -> None:
+        """``foreachBatch``: plan, run the tasks and stage their output, write the manifest."""
+        from pyspark.sql import functions as F
+
+        prev, plan = self.plan(batch_id)
+        cols = [F.col(c) for c in _TASK_COLUMNS]
+        if not self.values:
+            # the computation reads no values: only rows that are not records (dead letters of
+            # keying, rows to key in the task) keep theirs through the shuffle
+            record = F.lit(int(RowKind.RECORD))
+            cols[_TASK_COLUMNS.index("value")] = F.when(
+                F.col("kind") != record, F.col("value")
+            ).alias("value")
+        out = df.select(*cols).repartition(plan.partitions, F.col("group"))
+        out = out.mapInArrow(IntervalTask(self.step, plan), self.step.out_schema())
+        self.outbox.sink(out, batch_id)
+        reports = self._reports(batch_id)
+        epoch = self.outbox.lease.epoch if self.outbox.lease is not None else 0
+        self.files.write_manifest(prev.after(batch_id, plan.low_watermark, reports, epoch))
+        # test hook (``_outbox.crash_point``): the manifest of a batch Spark has not committed
+        crash_point(self.name, "after_manifest", batch_id, any(r[1] for r in reports))
+
+    def plan(self, batch: int) -> tuple[Manifest, BatchPlan]:
+        prev = self.files.manifest_before(batch, set(committed_batches(self.checkpoint)))
+        self.files.collect(prev, self.query.intervals)
+        meta = (
+            offset_log_metadata(self.checkpoint.child(OFFSETS, str(batch)).read_text() or "") or {}
+        )
+        now = int(meta.get("batchTimestampMs", 0))
+        lw = max(prev.low_watermark, self._heartbeat_watermark(batch))
+        plan = BatchPlan(
+            batch,
+            uuid.uuid4().hex[:10],
+            lw,
+            now,
+            self.partitions,
+            dict(prev.files),
+            tuple(prev.due(lw, now)),
+            self.files.loc.uri,
+        )
+        return prev, plan
+
+    def _heartbeat_watermark(self, batch: int) -> int:
+        """The newest input low watermark among the heartbeat files batch ``batch`` reads."""
+        c = self.consumed
+        c.refresh()
+        upto, before = c.log_offsets(batch), c.log_offsets(batch - 1)
+        wm = MIN_TIMESTAMP
+        old = set()
+        for name, (i, b) in c.heartbeat_files.items():
+            if b <= before.get(i, -1):
+                old.add(name)
+            elif b <= upto.get(i, -1):
+                f = self.heartbeats.child(name)
+                try:
+                    with f.fs.open_input_file(f.path) as s:
+                        t = pq.read_table(s, columns=["interval", "wm"])
+                except FileNotFoundError:
+                    continue  # pruned: a batch that read it was published, so this is a late zombie call
+                for interval, w in zip(
+                    t.column("interval").to_pylist(), t.column("wm").to_pylist(), strict=True
+                ):
+                    if interval is not None and interval < 0 and w is not None:
+                        wm = max(wm, from_spark(w))
+        if old:
+            c.forget(None, None, old)
+        return wm
+
+    def _reports(self, batch: int) -> list[tuple[int, str | None, int | None, int | None]]:
+        """Each interval the batch ran: its store file and next timers, from the staged summary rows."""
+        staged = staged_version(self.outbox.loc.child(str(batch)))
+        d = staged.child(f"stream={SUMMARY_STREAM}") if staged is not None else None
+        out = []
+        for part in sorted(d.list()) if d is not None else []:
+            if part.endswith(".parquet") and not part.startswith((".", "_")):
+                loc = d.child(part)  # type: ignore[union-attr]
+                with loc.fs.open_input_file(loc.path) as f:
+                    t = pq.read_table(f, columns=["id", "value"])
+                for name, value in zip(
+                    t.column("id").to_pylist(), t.column("value").to_pylist(), strict=True
+                ):
+                    s = IntervalSummary.decode(value)
+                    out.append((s.interval, name, s.next_low_watermark_timer, s.next_wall_timer))
+        return out
+
+
+def arrow_mapping(query: Any, consumed: Any) -> ArrowMapping | None:
+    """The Arrow mapping of ``query``'s computation, or ``None`` for the default mapping;
+    either way the computation's mapping is pinned in ``run.json`` (:func:`pin_mapping`)."""
+    spec, rt = query.spec, query.rt
+    mapping = spec.options.mapping
+    started = has_started(query.checkpoint)
+    partitions = int(rt.spark.conf.get("spark.sql.shuffle.partitions"))
+    pin = pin_mapping(rt.root, spec.name, mapping, started, partitions)
+    if mapping != "arrow":
+        return None
+    why = None
+    if query.state_layout != "intervals":
+        why = f"it needs the interval layout (RuntimeSettings(state_layout='intervals')), not {query.state_layout!r}"
+    elif rt.layout(spec.name).own:
+        why = "it was rescaled (millwheel rescale moves state kept by Spark's state store, which this mapping does not use)"
+    elif rt.spark.sparkContext.getConf().get("spark.speculation", "false").lower() == "true":
+        why = (
+            "the session runs with spark.speculation=true: a speculative copy of a task would write a second version of "
+            "its key intervals' state; start the session with speculation off"
+        )
+    if why is not None:
+        msg = f"computation {spec.name!r} runs on the Arrow mapping (ComputationOptions(mapping='arrow')), but {why}"
+        raise MillwheelError(msg)
+    step = ColumnarIntervalStep(
+        spec,
+        pipeline=rt.pipeline_id,
+        registry=rt.settings.registry,
+        keyer=rt.keyer,
+        groups=query.groups,
+    )
+    return ArrowMapping(query, step, int(pin["partitions"]), consumed)

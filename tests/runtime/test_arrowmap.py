@@ -1,0 +1,201 @@
+"""The Arrow mapping's task (``millwheel/runtime/_arrowmap.py``) in process, without Spark: a key
+interval's store read from the file the manifest names or from the worker's cache of it, a
+second run of a batch writing its own files, and the productions the same either way."""
+
+from __future__ import annotations
+
+import types
+
+import pyarrow as pa
+import pytest
+
+from computations.columnar_windowing import ColumnarWindowCounter
+from computations.windowing import WindowCounter
+from millwheel import ColumnarComputation, ComputationOptions, SampleSource, Topology
+from millwheel._codec import decode_value, encode_value
+from millwheel._deadletter import DEAD_LETTER_STREAM
+from millwheel._errors import MillwheelError, TopologyError
+from millwheel._record import encode_key
+from millwheel.runtime import _arrowmap
+from millwheel.runtime._arrowmap import BatchPlan, IntervalTask, arrow_mapping, out_arrow_schema
+from millwheel.runtime._colfiles import ColumnarFiles, Manifest
+from millwheel.runtime._columnar import ColumnarIntervalStep
+from millwheel.runtime._fs import Location
+from millwheel.runtime._wire import SUMMARY_STREAM, IntervalSummary
+
+T0 = 1_767_261_600_000
+
+
+def _step() -> ColumnarIntervalStep:
+    t = Topology("t")
+    t.injector("q", SampleSource([]))
+    t.computation(
+        ColumnarWindowCounter, name="C", inputs={"q": lambda r: r.value}, outputs=["window_counts"],
+        options=ComputationOptions(mapping="arrow"), params={"window_ms": 1_000, "trailing_empty": 0},
+    )  # fmt: skip
+    return ColumnarIntervalStep(t.validate().computations["C"], groups=[0, 1])
+
+
+def _rows(ids: list[str], keys: list[str], ts: list[int]) -> pa.RecordBatch:
+    n = len(ids)
+    return pa.RecordBatch.from_pydict({
+        "group": pa.array([0] * n, pa.int32()), "kind": pa.array([0] * n, pa.int32()),
+        "key": pa.array([encode_key(k) for k in keys], pa.binary()), "id": pa.array(ids, pa.string()),
+        "ts": pa.array(ts, pa.int64()), "value": pa.array([encode_value(k) for k in keys], pa.binary()),
+        "wm": pa.nulls(n, pa.int64()), "stream": pa.array(["q"] * n, pa.string()),
+        "src": pa.array(["f0"] * n, pa.string()), "row": pa.array(range(n), pa.int64()), "now": pa.nulls(n, pa.int64()),
+    })  # fmt: skip
+
+
+def _run(
+    step,
+    files: ColumnarFiles,
+    manifest: Manifest,
+    batch: int,
+    token: str,
+    lw: int,
+    rows: list[pa.RecordBatch],
+):
+    plan = BatchPlan(
+        batch, token, lw, 0, 1, dict(manifest.files), tuple(manifest.due(lw, 0)), files.loc.uri
+    )
+    out = pa.Table.from_batches(
+        list(IntervalTask(step, plan)(iter(rows))), schema=out_arrow_schema(step)
+    ).to_pylist()
+    reports = []
+    for r in out:
+        if r["stream"] == SUMMARY_STREAM:
+            s = IntervalSummary.decode(r["value"])
+            reports.append((s.interval, r["id"], s.next_low_watermark_timer, s.next_wall_timer))
+    prods = sorted((r["id"], r["ts"], r["value"]) for r in out if r["stream"] == "window_counts")
+    return manifest.after(batch, lw, reports), prods
+
+
+def test_a_replayed_batch_writes_its_own_version_and_the_next_batch_reads_the_one_named(tmp_path):
+    step, files = _step(), ColumnarFiles(Location.of(str(tmp_path / "c")))
+    first = [_rows(["a", "b", "c", "a"], ["x", "y", "x", "x"], [T0, T0 + 10, T0 + 20, T0])]
+    m0, p0 = _run(step, files, Manifest(), 0, "one", T0 - 1, first)
+    m0_again, p0_again = _run(
+        step, files, Manifest(), 0, "two", T0 - 1, first
+    )  # the batch run again (a replay)
+    assert p0 == p0_again == []  # nothing due yet
+    assert m0.files[0] != m0_again.files[0] and sorted(files.interval_dir(0).list()) == sorted(
+        [m0.files[0], m0_again.files[0]]
+    )
+    second = [_rows(["a", "d"], ["x", "y"], [T0 + 30, T0 + 90_000])]  # "a" again: a duplicate
+    # from the worker's cache (it wrote the version the manifest names: the file is not read) ...
+    kept = files.read_store(0, m0_again.files[0])
+    files.interval_dir(0).child(m0_again.files[0]).delete()
+    _, cached = _run(step, files, m0_again, 1, "three", T0 + 60_000, second)
+    # ... and from the file, with the cache holding another version
+    files.write_store(0, m0_again.files[0], kept)
+    assert _arrowmap._CACHE[(files.loc.uri, 0)][0] != m0_again.files[0]
+    _, from_file = _run(step, files, m0_again, 1, "four", T0 + 60_000, second)
+    assert cached == from_file
+    counts = sorted((v["key"], v["count"]) for v in (decode_value(p[2]) for p in cached))
+    assert counts == [
+        ("x", 2),
+        ("y", 1),
+    ]  # window T0: x twice (a, c), y once (b); the repeated "a" dropped
+
+
+class _FailsOnId(ColumnarComputation):
+    """Reads keys and ids only (no values); a batch holding the id ``boom`` raises."""
+
+    record_columns = ("key", "id")
+
+    def process_batch(self, batch):
+        if "boom" in set(batch.records["id"]):
+            msg = "boom"
+            raise ValueError(msg)
+
+
+def test_a_record_dead_lettered_without_its_value_when_the_computation_reads_none(tmp_path):
+    """The query keeps values in the JVM for a computation that reads none
+    (``ArrowMapping.values``): its dead-lettered record has the rest, and no value."""
+    t = Topology("t")
+    t.injector("q", SampleSource([]))
+    t.computation(
+        _FailsOnId,
+        name="F",
+        inputs={"q": lambda r: r.value},
+        options=ComputationOptions(mapping="arrow"),
+    )
+    step = ColumnarIntervalStep(t.validate().computations["F"], groups=[0])
+    rows = _rows(["ok", "boom"], ["x", "y"], [T0, T0 + 1]).set_column(
+        5, "value", pa.nulls(2, pa.binary())
+    )
+    files = ColumnarFiles(Location.of(str(tmp_path / "c")))
+    plan = BatchPlan(0, "t", T0 - 1, 0, 1, {}, (), files.loc.uri)
+    out = pa.Table.from_batches(
+        list(IntervalTask(step, plan)(iter([rows]))), schema=out_arrow_schema(step)
+    ).to_pylist()
+    letters = [decode_value(r["value"]) for r in out if r["stream"] == DEAD_LETTER_STREAM]
+    assert [(d.record.id, d.record.key, d.record.value, d.reason) for d in letters] == [
+        ("boom", "y", None, "ValueError: boom")
+    ]
+
+
+class _Conf(dict):
+    def get(self, key, default=None):
+        return super().get(key, default)
+
+
+class _FakeSpark:
+    """What ``arrow_mapping`` asks of a session: its shuffle partitions and speculation."""
+
+    def __init__(self, speculation: str = "false") -> None:
+        self.conf = _Conf({"spark.sql.shuffle.partitions": "2"})
+        conf = _Conf({"spark.speculation": speculation})
+        self.sparkContext = types.SimpleNamespace(getConf=lambda: conf)
+
+
+def _query(
+    tmp_path,
+    mapping: str,
+    *,
+    speculation: str = "false",
+    layout: str = "intervals",
+    own: bool = False,
+):
+    from millwheel.runtime import RuntimeSettings
+    from millwheel.runtime._layout import Layout
+
+    t = Topology("t")
+    t.injector("q", SampleSource([]))
+    t.computation(
+        _FailsOnId,
+        name="F",
+        inputs={"q": lambda r: r.value},
+        options=ComputationOptions(mapping=mapping),
+    )
+    root = Location.of(str(tmp_path / "run"))
+    root.mkdirs()
+    rt = types.SimpleNamespace(
+        root=root, spark=_FakeSpark(speculation), settings=RuntimeSettings(state_layout=layout), keyer=None,
+        pipeline_id="p", layout=lambda name: Layout(2, (0, 1), own=own),
+    )  # fmt: skip
+    return types.SimpleNamespace(
+        spec=t.validate().computations["F"],
+        rt=rt,
+        name="F",
+        checkpoint=root.child("checkpoints", "F"),
+        groups=[0, 1],
+        state_layout=layout,
+    )
+
+
+def test_the_arrow_mapping_is_refused_where_it_cannot_keep_its_promises(tmp_path):
+    assert arrow_mapping(_query(tmp_path / "a", "default"), None) is None
+    with pytest.raises(MillwheelError, match="spark.speculation=true"):
+        arrow_mapping(_query(tmp_path / "b", "arrow", speculation="true"), None)
+    with pytest.raises(MillwheelError, match="state_layout='intervals'"):
+        arrow_mapping(_query(tmp_path / "c", "arrow", layout="keys"), None)
+    with pytest.raises(MillwheelError, match="rescaled"):
+        arrow_mapping(_query(tmp_path / "d", "arrow", own=True), None)
+    with pytest.raises(TopologyError, match="is for columnar computations"):
+        Topology("t").computation(
+            WindowCounter, inputs={"q": None}, options=ComputationOptions(mapping="arrow")
+        )
+    with pytest.raises(TopologyError, match="mapping must be one of"):
+        ComputationOptions(mapping="pandas")
