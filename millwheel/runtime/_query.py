@@ -39,7 +39,7 @@ from millwheel.runtime._interval import (
     KEYING_STAGE_NEEDED,
     make_keying,
 )
-from millwheel.runtime._layout import mark_migration
+from millwheel.runtime._layout import finish_move, mark_migration
 from millwheel.runtime._lease import FencedError, Lease
 from millwheel.runtime._mapstate import make_processor
 from millwheel.runtime._outbox import Outbox
@@ -217,10 +217,13 @@ class ComputationQuery:
 
     def _check_migration(self, migration: dict[str, Any]) -> None:
         """A rescaled computation's state moves into its new groups with the heartbeat file
-        its rescale wrote (``_rescale.py``): it must be waiting for the query, or read by it
-        already (in its file source's log). Without it, the new layout would start from
-        empty groups: refused, never run."""
+        its rescale wrote (``_rescale.py``): it must be waiting for the query (renamed into
+        view here if a kill -9 stopped the rescale just before: ``_layout.finish_move``), or
+        read by it already (in its file source's log). Without it, the new layout would
+        start from empty groups: refused, never run."""
         name = migration["file"]
+        if not migration.get("moved") and finish_move(self.heartbeats, name):
+            self.rt.log(f"computation {self.name!r}: finished the rescale to {self.intervals} key intervals a kill had interrupted ({name})")
         if migration.get("moved") or self.heartbeats.child(name).exists():
             return
         self.consumed.refresh()
