@@ -5,7 +5,7 @@ to its interval layout from its first start (``run.json``); this command gives o
 computation ``C`` of a *stopped* run its own count ``N`` (``_layout.py``), so the next
 driver on the run directory resumes with it. See docs/runtime.md, "Rescaling key intervals".
 
-    millwheel rescale RUN --computation C --intervals N
+    millwheel rescale RUN --computation C --intervals N      # (``_online.rescale_main``: online if a driver runs C)
 
 1. **No driver runs** (``_lease.live_drivers``), then the command takes ``C``'s lease
    under a new driver epoch: a zombie driver of ``C`` is fenced from here on.
@@ -37,8 +37,6 @@ rename, the next driver start finishes the rename (``ComputationQuery._check_mig
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -66,7 +64,7 @@ from millwheel.runtime._spark_internals import (
 from millwheel.runtime._streams import DONE, FileStreamLog
 from millwheel.runtime._wire import IntervalSummary, RowKind, interval_groups
 
-__all__ = ["PlannedBatchPublished", "Target", "move_state", "offline_outbox", "rescale", "rescale_main", "settled", "target"]
+__all__ = ["PlannedBatchPublished", "Target", "move_state", "offline_outbox", "rescale", "settled", "target"]
 
 #: the hidden name a rescale's heartbeat file has until ``run.json`` names it
 _HIDDEN = HIDDEN_MOVE
@@ -309,7 +307,7 @@ def move_state(tgt: Target, outbox: Outbox, spark: Any, say: Any, t0: float) -> 
     migration = {"file": name, "from_intervals": old.intervals, "authority": "pending", "batch": last}
     own = {"intervals": intervals, "groups": groups, "used_groups": sorted(used | set(groups)), "migration": migration}
     update_pin(root, lambda pin: pin.setdefault("computations", {}).__setitem__(computation, own))
-    crash_point(computation, "rescale_pinned", last)
+    crash_point(computation, "rescale_pinned", intervals)  # test hook: ``C:rescale_pinned:N``
     hidden.move_to(heartbeats.child(name))
     seconds = time.perf_counter() - t0
     say(f"computation {computation!r}: {keys} keys move from {old.intervals} to {intervals} key intervals in its next micro-batch ({name})")
@@ -368,21 +366,3 @@ def _weak_published(root: Location, computation: str, batch: int) -> list[str]:
         for sub in (d, d.child(DONE)):
             out += [f"{stream}/{n}" for n in (sub.list() if sub.exists() else []) if n.startswith(prefix)]
     return out
-
-
-def rescale_main(argv: list[str]) -> int:
-    """``millwheel rescale RUN --computation C --intervals N``."""
-    p = argparse.ArgumentParser(prog="millwheel rescale", description="give a stopped run's computation another number of key intervals")
-    p.add_argument("run", help="the run directory (--checkpoint of millwheel run)")
-    p.add_argument("--computation", required=True, help="the computation to rescale")
-    p.add_argument("--intervals", required=True, type=int, help="its new number of key intervals")
-    p.add_argument("--force", action="store_true", help="do not check that no driver runs (one on another host that you know has stopped)")
-    args = p.parse_args(argv)
-    try:
-        out = rescale(args.run, args.computation, args.intervals, force=args.force, log=lambda m: print(f"millwheel: {m}", file=sys.stderr))
-    except MillwheelError as exc:
-        print(f"millwheel: {exc}", file=sys.stderr)
-        return 2
-    if out.get("keys") is not None and not out.get("unchanged"):
-        print(f"rescaled {out['computation']!r} from {out['from']} to {out['to']} key intervals: {out['keys']} keys move in its next micro-batch ({out['seconds']:.1f}s)")
-    return 0

@@ -1,0 +1,180 @@
+"""Online rescale on Spark: a running computation's key intervals change while records flow
+(``millwheel/runtime/_online.py``; docs/runtime.md, "Rescaling a running computation").
+
+The ledger topology (``faults/ledger.py``: JSON-lines logs with planted duplicates,
+malformed and late lines -> ``LedgerWindow`` per query, one-second windows emitted by
+low-watermark timers -> ``LedgerTally`` -> ``ledger``) reads its input in chunks written
+while it runs (``finite=False``: complete once ``_DONE`` appears), so every rescale happens
+with records flowing. Its output is compared with a plain answer computed by pandas from
+the input files, and checked by ``millwheel check`` (``faults/check.py``: 0 lost, 0
+duplicated, per-key sequences, watermark order, early timers).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from faults.inject import kill_tree, start_driver, wait_for_progress
+from faults.ledger import LEDGER, build, write_input
+from millwheel.runtime import RuntimeSettings, SparkRuntime
+from millwheel.runtime._fs import Location
+from millwheel.runtime._layout import read_pin
+from millwheel.runtime._online import rescale
+from millwheel.runtime._streams import FileStreamLog
+
+pytestmark = pytest.mark.spark
+
+C = "LedgerWindow"
+#: per chunk: records, files (one-second windows), and where its ids and times start
+CHUNK = 3_000
+FILES = 6
+
+
+def chunk(data: Path, k: int, *, last: bool = False) -> None:
+    """The ``k``-th chunk of the input; ``_DONE`` only after the last one."""
+    write_input(data, CHUNK, seed=11 + k, files=FILES, keys=300, first=k * CHUNK)
+    if not last:
+        (data / "_DONE").unlink()
+
+
+def plain_answer(data: Path) -> Counter:
+    """What the ledger must publish, computed by pandas from the files alone: per (query,
+    one-second window) the sorted ids of its valid, first-seen, not-late records."""
+    import pandas as pd
+
+    rows = []
+    for f in sorted(data.glob("queries_*.jsonl")):
+        file_ms = int(f.stem.split("_")[1])
+        for line in f.read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(r, dict) and isinstance(r.get("ts"), int) and "id" in r and "query" in r:
+                rows.append({"id": r["id"], "ts": r["ts"], "query": r["query"], "file_ms": file_ms})
+    df = pd.DataFrame(rows).drop_duplicates("id", keep="first")
+    df = df[df["ts"] >= df["file_ms"]]  # older than its file: late by construction, dropped
+    df["window"] = df["ts"] // 1000 * 1000
+    return Counter({(q, int(w), tuple(sorted(ids))): 1 for (q, w), ids in df.groupby(["query", "window"])["id"]})
+
+
+def published(root: Path) -> Counter:
+    """The ledger's records as (query, window, ids), with how many times each was published."""
+    out = FileStreamLog(Location.of(str(root))).read(LEDGER)
+    return Counter((r.value["key"], r.value["window_start"], tuple(sorted(r.value["ids"]))) for r in out)
+
+
+def check(root: Path, data: Path, capsys) -> str:
+    """``millwheel check RUN --input DATA``: its report, asserted clean."""
+    from millwheel.cli import main
+
+    capsys.readouterr()
+    rc = main(["check", str(root), "--input", str(data)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "lost 0" in out and "duplicated 0" in out, out
+    return out
+
+
+def _settings(intervals: int) -> RuntimeSettings:
+    return RuntimeSettings(drain=True, intervals=intervals, master="local[2]", max_files_per_trigger=2)
+
+
+class Running:
+    """A :class:`SparkRuntime` of the ledger running in a thread of this process."""
+
+    def __init__(self, root: Path, data: Path, intervals: int, spark) -> None:
+        self.rt = SparkRuntime(build(str(data), max_bytes=60_000, finite=False), str(root), _settings(intervals), spark=spark, log=lambda m: print(m, flush=True))
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.rt.run(timeout_s=600)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by join()
+            self.error = exc
+
+    def wait_for_batches(self, n: int, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while self.rt.computations[C].batches < n:
+            assert self.thread.is_alive(), f"the run stopped: {self.error!r}"
+            assert time.monotonic() < deadline, f"{C} did not publish {n} batches"
+            time.sleep(0.1)
+
+    def join(self) -> None:
+        self.thread.join(timeout=600)
+        if self.error is not None:
+            raise self.error
+
+
+def test_a_run_rescaled_from_4_to_32_while_it_runs_gives_the_output_of_a_run_with_32(tmp_path, spark):
+    """The issue's "done when": 4 key intervals on local[2], 32 while it runs, the output of 32 from the start."""
+    data, root, fixed = tmp_path / "data", tmp_path / "run", tmp_path / "run32"
+    chunk(data, 0)
+    run = Running(root, data, 4, spark)
+    run.wait_for_batches(2)
+    chunk(data, 1)
+    answer = rescale(str(root), C, 32, timeout_s=300)
+    assert answer["state"] == "done", answer
+    assert answer["from"] == 4 and answer["keys"] > 0, answer
+    assert read_pin(Location.of(str(root)))["computations"][C]["intervals"] == 32
+    status = run.rt.status()[C]
+    assert "done" in status["rescale"]
+    chunk(data, 2, last=True)
+    run.join()
+
+    rt32 = SparkRuntime(build(str(data), max_bytes=60_000, finite=False), str(fixed), _settings(32), spark=spark, log=lambda m: print(m, flush=True))
+    rt32.run(timeout_s=600)
+    got, want = published(root), published(fixed)
+    assert got == want
+    assert got == plain_answer(data)
+    assert max(got.values()) == 1  # nothing published twice
+
+
+def _online_with_a_kill(tmp_path, spark, capsys, kill_at: str, chunks: int) -> None:
+    """16 -> 4 -> 32 while records flow, the driver killed -9 during the second move at
+    ``kill_at``; the next run resumes and finishes; the output is the plain answer and
+    ``millwheel check`` is clean."""
+    data, root, log = tmp_path / "data", tmp_path / "run", tmp_path / "driver.log"
+    chunk(data, 0)
+    proc = start_driver(root, data, "--intervals", "16", "--follow", "--per-trigger", "2", "--max-bytes", "60000", env={"MILLWHEEL_CRASH": f"{C}:{kill_at}:32"}, log=log)
+    try:
+        assert wait_for_progress(proc, root, C, 2), log.read_text()[-3000:]
+        chunk(data, 1)
+        first = rescale(str(root), C, 4, timeout_s=300)
+        assert first["state"] == "done" and first["from"] == 16, (first, log.read_text()[-3000:])
+        for k in range(2, chunks - 1):
+            chunk(data, k)
+        second = rescale(str(root), C, 32, timeout_s=300)
+        assert second["state"] == "failed", second  # the driver was killed during the move
+        assert proc.wait(timeout=60) == -9, log.read_text()[-3000:]
+    finally:
+        kill_tree(proc)
+    layout = read_pin(Location.of(str(root)))["computations"][C]
+    assert layout["intervals"] == (32 if second["recorded"] else 4), (layout, second)
+    chunk(data, chunks - 1, last=True)
+    rt = SparkRuntime(build(str(data), max_bytes=60_000, finite=False), str(root), _settings(16), spark=spark, log=lambda m: print(m, flush=True))
+    rt.run(timeout_s=600)
+    got = published(root)
+    assert max(got.values()) == 1, [k for k, n in got.items() if n > 1][:3]
+    assert got == plain_answer(data)
+    report = check(root, data, capsys)
+    with capsys.disabled():
+        print(report)
+
+
+def test_online_16_to_4_to_32_with_a_kill_during_the_move(tmp_path, spark, capsys):
+    _online_with_a_kill(tmp_path, spark, capsys, "rescale_pinned", chunks=4)
+
+
+@pytest.mark.slow  # the long form: every kill point of an online move, more input
+@pytest.mark.parametrize("kill_at", ["online_stopped", "rescale_pinned", "online_restarted"])
+def test_online_rescale_survives_a_kill_at_every_point(tmp_path, spark, capsys, kill_at):
+    _online_with_a_kill(tmp_path, spark, capsys, kill_at, chunks=6)
