@@ -325,12 +325,16 @@ class OnlineRescaler:
         self.control.child(f"{job.rid}.json").write_text(json.dumps(body))
         if state in FINAL:
             self.rt.log(job.text())
+            if state != "refused":
+                self._note(job.computation, job.text())
             if self.jobs and self.jobs[0] is job:
                 self.jobs.popleft()
             self.finished.append(job)
             for d in self.decisions:
                 if d.get("id") == job.rid:
                     d["outcome"] = f"{state}: {detail}"
+            if job.decision is not None and state != "done":
+                self._no_autoscale.add(job.computation)  # refused (a layout it cannot move): not tried again
 
     def _advance(self, job: _Job) -> None:
         c = self.rt.computations[job.computation]
@@ -429,9 +433,17 @@ class OnlineRescaler:
             self.decisions.append({"id": job.rid, "at_ms": int(time.time() * 1000), "computation": name, "action": d.action, "from": d.from_intervals, "to": d.to_intervals, "reason": d.reason, "figures": d.figures})
             del self.decisions[:-20]
             self.rt.log(f"autoscale: {d.action} {name} from {d.from_intervals} to {d.to_intervals} key intervals: {d.reason}")
+            self._note(name, f"autoscale: {d.action} {d.from_intervals} -> {d.to_intervals}: {d.reason}")
             history.clear()
             self.changed_at[name] = now
             self._enqueue(job)
+
+    def _note(self, computation: str, text: str) -> None:
+        """Tell the watermark authority, whose dashboard shows it beside the key intervals."""
+        try:
+            self.rt.watermarks.note(computation, text)
+        except Exception as exc:  # noqa: BLE001 - a note is for people: the rescale goes on without it
+            self.rt.log(f"could not send the authority a note about {computation!r}: {exc}")
 
     def status(self, name: str) -> dict[str, Any]:
         """What the live status shows of ``name``'s rescales: the one under way, the last done, the last decision."""

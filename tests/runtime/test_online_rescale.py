@@ -178,3 +178,52 @@ def test_online_16_to_4_to_32_with_a_kill_during_the_move(tmp_path, spark, capsy
 @pytest.mark.parametrize("kill_at", ["online_stopped", "rescale_pinned", "online_restarted"])
 def test_online_rescale_survives_a_kill_at_every_point(tmp_path, spark, capsys, kill_at):
     _online_with_a_kill(tmp_path, spark, capsys, kill_at, chunks=6)
+
+
+def _busy_class():
+    from millwheel import Computation
+
+    class Busy(Computation):
+        """Numbers each key's records 1, 2, 3...; spends 0.4 ms of CPU on each, so a key
+        interval's step time follows how many records it got."""
+
+        def process_record(self, record):
+            until = time.perf_counter() + 0.0004
+            while time.perf_counter() < until:
+                pass
+            n = self.state.get(0) + 1
+            self.state.set(n)
+            self.produce("numbered", {"key": self.key, "n": n})
+
+    return Busy
+
+
+def test_autoscale_splits_a_computation_whose_hot_interval_stays_hot(tmp_path, spark):
+    """The automatic policy wired into a running driver: a skewed load (three records in
+    four to one key) makes one key interval's step time far above the median for two
+    batches, the driver splits the computation 4 -> 8 online, and every key's records are
+    still numbered 1..n exactly once."""
+    from millwheel import Record, SampleSource, Topology
+    from millwheel.runtime._autoscale import AutoscalePolicy
+
+    records, counts = [], Counter()
+    for i in range(6_400):
+        key = "hot" if i % 4 else f"k{i % 397}"
+        counts[key] += 1
+        records.append(Record(None, {"k": key}, 1_700_000_000_000 + i, f"r{i}"))
+    t = Topology("skewed")
+    t.injector("in", SampleSource(records, batch_size=400))
+    t.computation(_busy_class(), name="Busy", inputs={"in": lambda r: r.value["k"]}, outputs=["numbered"])
+    policy = AutoscalePolicy(hot_ratio=3.0, min_hot_ms=60.0, cold_ms=1.0, cold_keys=1, window=2, cooldown_s=3_600.0, max_intervals=8)
+    settings = RuntimeSettings(drain=True, intervals=4, master="local[2]", max_files_per_trigger=1, autoscale=policy)
+    rt = SparkRuntime(t, str(tmp_path / "run"), settings, spark=spark, log=lambda m: print(m, flush=True))
+    rt.run(timeout_s=600)
+    decisions = rt.rescaler.decisions
+    assert [(d["action"], d["from"], d["to"]) for d in decisions] == [("split", 4, 8)], decisions
+    assert "took" in decisions[0]["reason"] and decisions[0]["figures"]["hot"], decisions
+    assert decisions[0]["outcome"].startswith("done"), decisions
+    assert read_pin(Location.of(str(tmp_path / "run")))["computations"]["Busy"]["intervals"] == 8
+    assert rt.status()["Busy"]["autoscale"]["action"] == "split"  # the live status has it
+    out = Counter((r.value["key"], r.value["n"]) for r in rt.output("numbered"))
+    assert max(out.values()) == 1
+    assert set(out) == {(k, n) for k, c in counts.items() for n in range(1, c + 1)}
