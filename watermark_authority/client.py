@@ -132,6 +132,7 @@ class WatermarkClient(abc.ABC):
     def note(self, computation: str, text: str) -> None:
         """A note about ``computation`` for the dashboard (why its key intervals were
         split or merged); a client that cannot send one drops it."""
+        return None
 
     # -- injectors (§5.2)
     @abc.abstractmethod
