@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
     topo = build(args.data, max_bytes=args.max_bytes, in_driver=args.injector == "driver", finite=not args.follow)
     settings = RuntimeSettings(
-        drain=True,
+        drain=not args.follow,
         intervals=args.intervals,
         master=args.master,
         max_files_per_trigger=args.per_trigger,

@@ -44,14 +44,16 @@ the offline protocol's guarantees. The automatic policy (``_autoscale.py``, ``mi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import sys
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from millwheel._errors import MillwheelError
@@ -64,7 +66,7 @@ from millwheel.runtime._rescale import PlannedBatchPublished, move_state, settle
 from millwheel.runtime._rescale import rescale as offline_rescale
 from millwheel.runtime._wire import IntervalSummary
 
-__all__ = ["OnlineRescaler", "request_rescale", "rescale", "rescale_main"]
+__all__ = ["OnlineRescaler", "answers", "request_rescale", "rescale", "rescale_main"]
 
 #: where requests and answers live, under the run directory
 CONTROL = ("control", "rescale")
@@ -156,7 +158,7 @@ def request_rescale(
                 return answer
             return _driver_gone(root, computation, intervals, rid, epoch)
         if deadline is not None and time.monotonic() > deadline:
-            msg = f"no answer to rescale request {rid} within {timeout_s}s; it goes on (see `millwheel rescale {root.uri} --computation {computation} --status`)"
+            msg = f"no answer to rescale request {rid} within {timeout_s}s; it goes on (see `millwheel rescale {root.uri} --status`)"
             raise MillwheelError(msg)
         time.sleep(0.2)
 
@@ -179,16 +181,37 @@ def _driver_gone(root: Location, computation: str, intervals: int, rid: str, epo
     return {"id": rid, "state": "failed", "recorded": False, "detail": detail}
 
 
+def answers(run_dir: str) -> list[dict[str, Any]]:
+    """Every rescale request of the run directory with its latest answer, oldest first
+    (the automatic policy's too: their ids say ``auto``, their answers carry the decision)."""
+    control = _control(Location.of(run_dir))
+    out = []
+    for name in control.list():
+        if name.endswith(".json") and not name.startswith("."):
+            text = control.child(name).read_text()
+            if text:
+                out.append(json.loads(text))
+    return sorted(out, key=lambda a: (a.get("at_ms", 0), a.get("id", "")))
+
+
 def rescale_main(argv: list[str]) -> int:
-    """``millwheel rescale RUN --computation C --intervals N [--no-wait] [--force]``."""
+    """``millwheel rescale RUN --computation C --intervals N [--no-wait] [--force]``, or ``RUN --status``."""
     p = argparse.ArgumentParser(prog="millwheel rescale", description="give a computation another number of key intervals: online if a driver runs it, else in the stopped run directory")
     p.add_argument("run", help="the run directory (--checkpoint of millwheel run)")
-    p.add_argument("--computation", required=True, help="the computation to rescale")
-    p.add_argument("--intervals", required=True, type=int, help="its new number of key intervals")
+    p.add_argument("--computation", help="the computation to rescale")
+    p.add_argument("--intervals", type=int, help="its new number of key intervals")
     p.add_argument("--no-wait", dest="wait", action="store_false", help="online: return once the driver has the request (its progress shows in its live status)")
     p.add_argument("--timeout", type=float, default=None, help="online: give up waiting for the answer after this many seconds")
     p.add_argument("--force", action="store_true", help="rescale offline without checking that no driver runs (one on another host that you know has stopped)")
+    p.add_argument("--status", action="store_true", help="list the run's online rescales and the automatic policy's decisions, with their outcome")
     args = p.parse_args(argv)
+    if args.status:
+        for a in answers(args.run):
+            why = f" — {a['decision']['reason']}" if a.get("decision") else ""
+            print(f"{a.get('id')}: {a.get('computation')} -> {a.get('intervals')} key intervals: {a.get('state')} ({a.get('detail', '')}){why}")
+        return 0
+    if args.computation is None or args.intervals is None:
+        p.error("--computation and --intervals are required (or --status)")
     say = lambda m: print(f"millwheel: {m}", file=sys.stderr, flush=True)  # noqa: E731
     try:
         out = rescale(args.run, args.computation, args.intervals, force=args.force, wait=args.wait, timeout_s=args.timeout, log=say)
@@ -215,6 +238,7 @@ class _Job:
         self.state = "waiting"  # waiting -> moving -> restarted -> done | failed
         self.detail = "waits for a committed batch boundary"
         self.at = {"requested": time.monotonic()}
+        self.at_ms = int(time.time() * 1000)
         self.attempts = 0
         self.thread: threading.Thread | None = None
         self.result: dict[str, Any] | None = None
@@ -318,7 +342,7 @@ class OnlineRescaler:
 
     def _answer(self, job: _Job, state: str, detail: str) -> None:
         job.state, job.detail = state, detail
-        body = {"id": job.rid, "computation": job.computation, "intervals": job.intervals, "state": state, "detail": detail, **job.figures}
+        body = {"id": job.rid, "computation": job.computation, "intervals": job.intervals, "state": state, "detail": detail, "at_ms": job.at_ms, **job.figures}
         if job.decision is not None:
             body["decision"] = {"action": job.decision.action, "reason": job.decision.reason, "figures": job.decision.figures}
         self.control.mkdirs()
@@ -370,8 +394,9 @@ class OnlineRescaler:
             return  # after a retry: wait until the batch that stood in the way is published
         t0 = time.monotonic()
         run_id = str(q.runId) if q is not None else None
-        c.stop()
-        _wait_for_jobs(self.rt.spark, run_id)
+        with _quiet(self.rt.spark):
+            c.stop()
+            _wait_for_jobs(self.rt.spark, run_id)
         job.figures["stopped_at_batch_boundary"] = waited < BOUNDARY_WAIT_S
         job.at["stopped"] = t0
         crash_point(job.computation, "online_stopped", job.intervals)
@@ -459,6 +484,22 @@ class OnlineRescaler:
         if mine:
             out["autoscale"] = mine[-1]
         return out
+
+
+@contextlib.contextmanager
+def _quiet(spark: Any) -> Iterator[None]:
+    """Stopping one query interrupts its batch: Spark's errors and py4j's traceback of the
+    interrupted ``foreachBatch`` callback are the stop itself, not news (as at a driver's stop)."""
+    from millwheel.runtime._session import quiet_while_stopping
+
+    py4j = logging.getLogger("py4j.clientserver")
+    level = py4j.level
+    py4j.setLevel(logging.CRITICAL)
+    try:
+        with quiet_while_stopping(spark):
+            yield
+    finally:
+        py4j.setLevel(level)
 
 
 def _wait_for_jobs(spark: Any, run_id: str | None, timeout_s: float = 60.0) -> None:

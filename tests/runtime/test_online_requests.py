@@ -114,3 +114,16 @@ def test_the_live_status_shows_a_rescale_and_a_decision():
 
     text = _decision_text({"action": "split", "from": 4, "to": 8, "at_ms": 0, "reason": "interval 1 took 900 ms", "outcome": "done: 10 keys moved"})
     assert text == "split 4 -> 8 at 00:00:00 UTC: interval 1 took 900 ms; done: 10 keys moved"
+
+
+def test_the_command_lists_the_requests_and_their_answers(tmp_path, capsys):
+    from millwheel.cli import main
+
+    root = _run(tmp_path)
+    rt = _driver(root)
+    sent = rescale(root.uri, "C", 8, wait=False)
+    OnlineRescaler(rt)._take_requests()
+    assert main(["rescale", root.uri, "--status"]) == 0
+    assert f"{sent['id']}: C -> 8 key intervals: waiting" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["rescale", root.uri, "--computation", "C"])

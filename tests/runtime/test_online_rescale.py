@@ -37,10 +37,15 @@ FILES = 6
 
 
 def chunk(data: Path, k: int, *, last: bool = False) -> None:
-    """The ``k``-th chunk of the input; ``_DONE`` only after the last one."""
-    write_input(data, CHUNK, seed=11 + k, files=FILES, keys=300, first=k * CHUNK)
-    if not last:
-        (data / "_DONE").unlink()
+    """The ``k``-th chunk of the input, each file renamed into ``data`` whole, in time
+    order (as a logger rotates); ``_DONE`` only after the last one."""
+    staging = data.parent / f".chunk{k}"
+    write_input(staging, CHUNK, seed=11 + k, files=FILES, keys=300, first=k * CHUNK)
+    data.mkdir(parents=True, exist_ok=True)
+    for f in sorted(staging.glob("queries_*.jsonl")):
+        f.rename(data / f.name)
+    if last:
+        (data / "_DONE").write_text("")
 
 
 def plain_answer(data: Path) -> Counter:
@@ -83,7 +88,8 @@ def check(root: Path, data: Path, capsys) -> str:
 
 
 def _settings(intervals: int) -> RuntimeSettings:
-    return RuntimeSettings(drain=True, intervals=intervals, master="local[2]", max_files_per_trigger=2)
+    # not ``drain``: that would make the log directory complete at once; ``_DONE`` ends the run
+    return RuntimeSettings(intervals=intervals, master="local[2]", max_files_per_trigger=2)
 
 
 class Running:
