@@ -127,3 +127,73 @@ def test_the_command_lists_the_requests_and_their_answers(tmp_path, capsys):
     assert f"{sent['id']}: C -> 8 key intervals: waiting" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["rescale", root.uri, "--computation", "C"])
+
+
+class _FakeQuery:
+    """A computation's query as the rescaler drives it: stopped and started, its outbox's published batch."""
+
+    def __init__(self) -> None:
+        self.query = None
+        self.starts = 0
+        self.stops = 0
+        self.intervals = 4
+        self.outbox = SimpleNamespace(published=7, on_summary=lambda *_: None)
+
+    def stop(self) -> None:
+        self.stops += 1
+
+    def start(self) -> None:
+        self.starts += 1
+
+
+def test_a_planned_batch_with_weak_productions_is_committed_first_and_the_rescale_tried_again(tmp_path, monkeypatch):
+    import time
+
+    from millwheel.runtime import _online
+    from millwheel.runtime._layout import update_pin
+    from millwheel.runtime._rescale import PlannedBatchPublished
+
+    root = _run(tmp_path)
+    rt = _driver(root)
+    c = _FakeQuery()
+    rt.computations = {"C": c}
+    rt.settings = SimpleNamespace(autoscale=None, intervals=4)
+    rt.groups, rt.layouts, rt.keyer, rt.spark = [2, 0, 4, 1], {}, SimpleNamespace(own={}), None
+    rt.watermarks = SimpleNamespace(note=lambda *_: None)
+    attempts = []
+
+    def move_state(tgt, outbox, spark, say, t0):
+        attempts.append(outbox.published)
+        if len(attempts) == 1:
+            msg = "batch 8 published weak productions"
+            raise PlannedBatchPublished(msg)
+        own = {"intervals": 8, "groups": list(range(10, 18)), "migration": {"file": "000000000003.parquet", "from_intervals": 4}}
+        update_pin(root, lambda pin: pin.setdefault("computations", {}).__setitem__("C", own))
+        return {"keys": 12, "from": 4, "to": 8, "file": "000000000003.parquet", "seconds": 0.1, "read_s": 0.05}
+
+    monkeypatch.setattr(_online, "move_state", move_state)
+    monkeypatch.setattr(_online, "settled", lambda *_: None)
+    rescaler = OnlineRescaler(rt)
+    sent = rescale(root.uri, "C", 8, wait=False)
+
+    def turn(until, what):
+        deadline = time.monotonic() + 10
+        while not until():
+            assert time.monotonic() < deadline, (what, [j.text() for j in rescaler.jobs])
+            rescaler.poll()
+            time.sleep(0.01)
+
+    turn(lambda: len(attempts) == 1 and rescaler.jobs[0].state == "waiting" and c.starts == 1, "the first attempt, then C again with its old layout")
+    assert rescaler.jobs[0].attempts == 1 and "weak productions" in read_answer(root, sent["id"])["detail"]
+    assert rt.layouts["C"].intervals == 4 and "C" not in rt.keyer.own
+    rescaler.poll()
+    assert len(attempts) == 1  # it waits for the batch in the way to be published
+    c.outbox.published = 8
+    turn(lambda: rescaler.jobs and rescaler.jobs[0].state == "restarted", "the second attempt")
+    assert attempts == [7, 8] and c.stops == 2 and c.starts == 2
+    assert rt.layouts["C"].intervals == 8 and rt.keyer.own == {"C": 8}  # the driver's writers key for 8 now
+    assert not rescaler.busy("C")
+    update_pin(root, lambda pin: pin["computations"]["C"]["migration"].__setitem__("moved", True))  # a published batch read it
+    turn(lambda: not rescaler.jobs, "done")
+    answer = read_answer(root, sent["id"])
+    assert answer["state"] == "done" and answer["keys"] == 12 and answer["from"] == 4 and "stopped_s" in answer

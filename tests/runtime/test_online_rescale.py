@@ -75,12 +75,12 @@ def published(root: Path) -> Counter:
     return Counter((r.value["key"], r.value["window_start"], tuple(sorted(r.value["ids"]))) for r in out)
 
 
-def check(root: Path, data: Path, capsys) -> str:
-    """``millwheel check RUN --input DATA``: its report, asserted clean."""
+def check(root: Path, data: Path, authority_dir: str, capsys) -> str:
+    """``millwheel check RUN --input DATA --authority-dir DIR``: its report, asserted clean."""
     from millwheel.cli import main
 
     capsys.readouterr()
-    rc = main(["check", str(root), "--input", str(data)])
+    rc = main(["check", str(root), "--input", str(data), "--authority-dir", authority_dir])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "lost 0" in out and "duplicated 0" in out, out
@@ -148,30 +148,40 @@ def _online_with_a_kill(tmp_path, spark, capsys, kill_at: str, chunks: int) -> N
     """16 -> 4 -> 32 while records flow, the driver killed -9 during the second move at
     ``kill_at``; the next run resumes and finishes; the output is the plain answer and
     ``millwheel check`` is clean."""
+    from faults.inject import AuthorityProcess
+    from watermark_authority.client import HttpWatermarkClient, client_secret
+
     data, root, log = tmp_path / "data", tmp_path / "run", tmp_path / "driver.log"
-    chunk(data, 0)
-    proc = start_driver(root, data, "--intervals", "16", "--follow", "--per-trigger", "2", "--max-bytes", "60000", env={"MILLWHEEL_CRASH": f"{C}:{kill_at}:32"}, log=log)
+    # one authority for both drivers (its journal is what the checker compares watermarks with)
+    authority = AuthorityProcess(tmp_path / "authority").start()
     try:
-        assert wait_for_progress(proc, root, C, 2), log.read_text()[-3000:]
-        chunk(data, 1)
-        first = rescale(str(root), C, 4, timeout_s=300)
-        assert first["state"] == "done" and first["from"] == 16, (first, log.read_text()[-3000:])
-        for k in range(2, chunks - 1):
-            chunk(data, k)
-        second = rescale(str(root), C, 32, timeout_s=300)
-        assert second["state"] == "failed", second  # the driver was killed during the move
-        assert proc.wait(timeout=60) == -9, log.read_text()[-3000:]
+        chunk(data, 0)
+        args = ("--intervals", "16", "--follow", "--per-trigger", "2", "--max-bytes", "60000", "--authority", authority.url)
+        proc = start_driver(root, data, *args, env={"MILLWHEEL_CRASH": f"{C}:{kill_at}:32", **authority.env()}, log=log)
+        try:
+            assert wait_for_progress(proc, root, C, 2), log.read_text()[-3000:]
+            chunk(data, 1)
+            first = rescale(str(root), C, 4, timeout_s=300)
+            assert first["state"] == "done" and first["from"] == 16, (first, log.read_text()[-3000:])
+            for k in range(2, chunks - 1):
+                chunk(data, k)
+            second = rescale(str(root), C, 32, timeout_s=300)
+            assert second["state"] == "failed", second  # the driver was killed during the move
+            assert proc.wait(timeout=60) == -9, log.read_text()[-3000:]
+        finally:
+            kill_tree(proc)
+        layout = read_pin(Location.of(str(root)))["computations"][C]
+        assert layout["intervals"] == (32 if second["recorded"] else 4), (layout, second)
+        chunk(data, chunks - 1, last=True)
+        with HttpWatermarkClient(authority.url, secret=client_secret(None, data_dir=authority.data_dir), retries=12, backoff=0.1) as wm:
+            rt = SparkRuntime(build(str(data), max_bytes=60_000, finite=False), str(root), _settings(16), spark=spark, watermarks=wm, log=lambda m: print(m, flush=True))
+            rt.run(timeout_s=600)
     finally:
-        kill_tree(proc)
-    layout = read_pin(Location.of(str(root)))["computations"][C]
-    assert layout["intervals"] == (32 if second["recorded"] else 4), (layout, second)
-    chunk(data, chunks - 1, last=True)
-    rt = SparkRuntime(build(str(data), max_bytes=60_000, finite=False), str(root), _settings(16), spark=spark, log=lambda m: print(m, flush=True))
-    rt.run(timeout_s=600)
+        authority.stop()
     got = published(root)
     assert max(got.values()) == 1, [k for k, n in got.items() if n > 1][:3]
     assert got == plain_answer(data)
-    report = check(root, data, capsys)
+    report = check(root, data, authority.data_dir, capsys)
     with capsys.disabled():
         print(report)
 
