@@ -184,17 +184,19 @@ def skew(spark, work: Path, held: int, batches: int) -> dict:
     rt.start()
     try:
         _drive(rt, lambda: c.metrics["records_in"] >= held + per * (batches + 2))
-        before = [p for p in c.query.recentProgress if p["numInputRows"] == per][-batches:]
+        hot_batch = lambda p: per <= p["numInputRows"] < held  # noqa: E731 - a wave (and its heartbeats), not the load nor the move
+        before = [p for p in c.query.recentProgress if hot_batch(p)][-batches:]
+        n_req = len(steps)
         a = _online_rescale(rt, run, "Touch", 8)
         n0 = len(steps)
         _drive(rt, lambda: len(steps) >= n0 + batches + 1)
-        after = [p for p in c.query.recentProgress if p["numInputRows"] == per][-batches:]
+        after = [p for p in c.query.recentProgress if hot_batch(p)][-batches:]
     finally:
         rt.stop()
     shutil.rmtree(run, ignore_errors=True)
     ms = lambda ps: median(p["durationMs"]["triggerExecution"] for p in ps)  # noqa: E731
-    step_before = median(s for n, s in steps if n == 4 and s > 0)
-    step_after = median(s for n, s in steps[n0 + 1 :] if n == 8)
+    step_before = median(s for n, s in steps[:n_req][-batches:] if n == 4)
+    step_after = median([s for n, s in steps[n0:] if n == 8][1:])  # the first one is the move batch
     return {
         "held_keys": held, "hot_keys": len(hot), "records_per_batch": per, "batches": batches,
         "batch_ms_4": ms(before), "batch_ms_8": ms(after), "hot_step_ms_4": step_before, "hot_step_ms_8": step_after,
