@@ -60,7 +60,7 @@ from millwheel._errors import MillwheelError
 from millwheel.runtime._autoscale import Decision, Figures, decide
 from millwheel.runtime._fs import Location
 from millwheel.runtime._layout import computation_layouts, read_pin
-from millwheel.runtime._lease import DriverEpoch, Lease
+from millwheel.runtime._lease import DriverEpoch, Lease, process_running
 from millwheel.runtime._outbox import crash_point
 from millwheel.runtime._rescale import PlannedBatchPublished, move_state, settled, target
 from millwheel.runtime._rescale import rescale as offline_rescale
@@ -96,13 +96,8 @@ def holder(root: Location, computation: str) -> tuple[int, str] | None:
     if not text or text.endswith(" stopped"):
         return None
     host, _, pid = text.rpartition(":")
-    if host == os.uname().nodename and pid.isdigit():
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
+    if host == os.uname().nodename and pid.isdigit() and not process_running(int(pid)):
+        return None  # killed (a zombie too: its parent has not reaped it yet)
     return epoch, text
 
 

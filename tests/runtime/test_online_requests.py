@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -107,6 +108,29 @@ def test_the_command_says_what_happened_when_the_driver_dies_before_answering(tm
     root.child("run.json").write_text(json.dumps(held))
     gone = _driver_gone(root, "C", 8, "x", 1)
     assert gone["recorded"] and "next `millwheel run`" in gone["detail"]
+
+
+def test_a_driver_killed_and_not_yet_reaped_is_not_running(tmp_path):
+    """A driver killed -9 is a zombie until its parent reaps it (a supervisor, a test that
+    waits on it later): it holds nothing, so the waiting command must not wait for it."""
+    import time
+
+    from millwheel.runtime._lease import live_drivers, process_running
+
+    root = _run(tmp_path)
+    rt = _driver(root)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{child.pid}/stat").read_text().rsplit(") ", 1)[1][:1] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert not process_running(child.pid) and process_running(os.getpid())
+        root.child("leases", "_drivers", f"{rt.driver_epoch.value:012d}").write_text(f"{os.uname().nodename}:{child.pid}\n")
+        assert holder(root, "C") is None
+        assert live_drivers(root.child("leases")) == []
+    finally:
+        child.wait()
 
 
 def test_the_live_status_shows_a_rescale_and_a_decision():
