@@ -154,7 +154,7 @@ def skew(spark, work: Path, held: int, batches: int) -> dict:
     hot = [k for k in range(held, held + 10_000) if interval_of(encode_key(k), 8) == 0][:4]  # one interval of 8, so of 4 too
     per = 2_000
     load = [Record(None, {"k": i}, 1_000, f"h{i}") for i in range(held)]
-    waves = [[Record(None, {"k": hot[j % len(hot)]}, 2_000 + b, f"b{b}-{j}") for j in range(per)] for b in range(2 * batches + 6)]
+    waves = [[Record(None, {"k": hot[j % len(hot)]}, 2_000 + b, f"b{b}-{j}") for j in range(per)] for b in range(4 * batches + 10)]  # enough for the batches before, during and after the split
 
     class Skewed(Source):
         """The held keys in one batch, then the hot keys' batches."""
@@ -189,14 +189,18 @@ def skew(spark, work: Path, held: int, batches: int) -> dict:
         n_req = len(steps)
         a = _online_rescale(rt, run, "Touch", 8)
         n0 = len(steps)
-        _drive(rt, lambda: len(steps) >= n0 + batches + 1)
+        split = lambda: [s for n, s in steps[n0:] if n == 8]  # noqa: E731
+        _drive(rt, lambda: len(split()) >= batches + 1 or rt.drained(), timeout_s=900)
+        if len(split()) < batches + 1:
+            msg = f"the input ran out {len(split())} batches after the split ({batches + 1} needed): more waves"
+            raise RuntimeError(msg)
         after = [p for p in c.query.recentProgress if hot_batch(p)][-batches:]
     finally:
         rt.stop()
     shutil.rmtree(run, ignore_errors=True)
     ms = lambda ps: median(p["durationMs"]["triggerExecution"] for p in ps)  # noqa: E731
     step_before = median(s for n, s in steps[:n_req][-batches:] if n == 4)
-    step_after = median([s for n, s in steps[n0:] if n == 8][1:])  # the first one is the move batch
+    step_after = median(split()[1:])  # the first one may be the move batch
     return {
         "held_keys": held, "hot_keys": len(hot), "records_per_batch": per, "batches": batches,
         "batch_ms_4": ms(before), "batch_ms_8": ms(after), "hot_step_ms_4": step_before, "hot_step_ms_8": step_after,
