@@ -227,7 +227,7 @@ def main() -> int:
             runs.append(r)
         sk = skew(spark, work, args.skew_keys, args.skew_batches)
         print(json.dumps(sk), flush=True)
-        result = {"what": "online rescale (the driver running) 8 -> 16 key intervals, local[2]; a hot interval split 4 -> 8 online", "runs": runs, "skew": sk}
+        result = {"what": "online rescale (the driver running) 8 -> 16 key intervals, local[2]; a hot interval split 4 -> 8 online", "runs": runs, "skew": sk, "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_avg_at_end": os.getloadavg()}
         (ROOT / "bench" / "results" / "rescale_online.json").write_text(json.dumps(result, indent=1) + "\n")
         return 0
     out = []
