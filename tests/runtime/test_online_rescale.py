@@ -83,7 +83,7 @@ def check(root: Path, data: Path, authority_dir: str, capsys) -> str:
     rc = main(["check", str(root), "--input", str(data), "--authority-dir", authority_dir])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "lost 0" in out and "duplicated 0" in out, out
+    assert "CLEAN" in out and "lost: 0" in out and "duplicated: 0" in out, out
     return out
 
 
