@@ -20,6 +20,21 @@ the run is loaded in the other layout with 8 intervals and ``rescale --layout`` 
 builds the new store, the graft, ``run.json``; ``read_s``); the resume after it (whose first
 batch loads the new store) is timed against a plain resume as above. Figures go to
 ``bench/results/relayout.json``.
+
+``--online`` measures the online rescale instead (``millwheel/runtime/_online.py``), into
+``bench/results/rescale_online.json``:
+
+* per held-key count, the same loaded computation rescaled 8 -> 16 *while its driver runs*
+  (this script is the driver's loop; the request comes from another thread, as from
+  ``millwheel rescale``): the answer's figures — the whole request (``total_s``), how long
+  C's query was down (``stopped_s``: stop, publish, read, write, restart), of which the
+  move itself (``move_s``, ``read_s``), and from the restart to the published move batch
+  (``restart_to_moved_s``);
+* a skewed load (``skew``): ``--skew-keys`` keys held, then batches whose records all go
+  to a few hot keys of one key interval; a micro-batch's time (Spark's
+  ``triggerExecution``) and the hot interval's step time (``step_ms`` of its summary),
+  medians over ``--skew-batches`` batches with 4 intervals, then after an online split to
+  8 (the hot interval's rows are rewritten whole each batch: half the keys, half the bytes).
 """
 
 from __future__ import annotations
@@ -35,7 +50,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from millwheel import Computation, Record, SampleSource, Topology  # noqa: E402
+from millwheel import (  # noqa: E402
+    MAX_TIMESTAMP,
+    Computation,
+    Record,
+    SampleSource,
+    Source,
+    SourceBatch,
+    Topology,
+)
 from millwheel.runtime import RuntimeSettings, SparkRuntime, spark_session  # noqa: E402
 from millwheel.runtime._rescale import rescale  # noqa: E402
 
@@ -105,15 +128,142 @@ def one_layout(spark, work: Path, keys: int, layout: str) -> dict:
     }  # fmt: skip
 
 
+def _drive(rt: SparkRuntime, until, timeout_s: float = 3600) -> None:
+    """The driver's loop, by hand, until ``until()``."""
+    deadline = time.monotonic() + timeout_s
+    while not until():
+        if time.monotonic() > deadline:
+            msg = "the bench's run did not get there in time"
+            raise TimeoutError(msg)
+        rt.poll()
+        time.sleep(rt.settings.poll_ms / 1000)
+
+
+def _online_rescale(rt: SparkRuntime, run: Path, computation: str, intervals: int) -> dict:
+    """Ask the running driver ``rt`` (driven here) for a rescale, as ``millwheel rescale`` does from another process."""
+    import threading
+
+    from millwheel.runtime._online import rescale as rescale_online
+
+    answer: dict = {}
+    asker = threading.Thread(target=lambda: answer.update(rescale_online(str(run), computation, intervals, timeout_s=3600)))
+    asker.start()
+    _drive(rt, lambda: not asker.is_alive())
+    assert answer.get("state") == "done", answer
+    return answer
+
+
+def online(spark, work: Path, keys: int) -> dict:
+    run = work / f"online-{keys}"
+    shutil.rmtree(run, ignore_errors=True)
+    rt = SparkRuntime(topology(keys), str(run), RuntimeSettings(intervals=8), spark=spark)
+    rt.start()
+    try:
+        _drive(rt, lambda: rt.computations["Count"].metrics["records_in"] >= keys)
+        a = _online_rescale(rt, run, "Count", 16)
+    finally:
+        rt.stop()
+    shutil.rmtree(run, ignore_errors=True)
+    return {
+        "keys": keys, "from": 8, "to": 16, "total_s": a["total_s"], "stopped_s": a["stopped_s"], "move_s": a["move_s"],
+        "read_s": a["read_s"], "restart_to_moved_s": a["restart_to_moved_s"], "at_batch_boundary": a["stopped_at_batch_boundary"],
+    }  # fmt: skip
+
+
+class Touch(Computation):
+    """A count per key (the hot keys' records touch their interval's row every batch)."""
+
+    def process_record(self, record: Record) -> None:
+        self.state.set(self.state.get(0) + 1)
+
+
+def skew(spark, work: Path, held: int, batches: int) -> dict:
+    """A batch's time with a hot key interval, before and after an online split (see the module docstring)."""
+    from statistics import median
+
+    from millwheel._record import encode_key
+    from millwheel.runtime._keying import interval_of
+
+    hot = [k for k in range(held, held + 10_000) if interval_of(encode_key(k), 8) == 0][:4]  # one interval of 8, so of 4 too
+    per = 2_000
+    load = [Record(None, {"k": i}, 1_000, f"h{i}") for i in range(held)]
+    waves = [[Record(None, {"k": hot[j % len(hot)]}, 2_000 + b, f"b{b}-{j}") for j in range(per)] for b in range(4 * batches + 10)]  # enough for the batches before, during and after the split
+
+    class Skewed(Source):
+        """The held keys in one batch, then the hot keys' batches."""
+
+        def batches(self, injector: str = "injector", stream: str = "records"):
+            yield SourceBatch(load, 2_000)
+            for b, wave in enumerate(waves):
+                yield SourceBatch(wave, 2_001 + b)
+            yield SourceBatch([], MAX_TIMESTAMP)
+
+    t = Topology("rescale_skew")
+    t.injector("in", Skewed())
+    t.computation(Touch, inputs={"in": lambda r: r.value["k"]})
+    run = work / "skew"
+    shutil.rmtree(run, ignore_errors=True)
+    rt = SparkRuntime(t, str(run), RuntimeSettings(intervals=4, max_files_per_trigger=1), spark=spark)
+    steps: list[tuple[int, int]] = []  # (intervals, the hot interval's step_ms) per published batch
+    c = rt.computations["Touch"]
+    inner = c.outbox.on_summary
+
+    def on_summary(batch: int, summaries: list) -> None:
+        inner(batch, summaries)
+        if summaries:
+            steps.append((c.intervals, max(s.step_ms for s in summaries)))
+
+    c.outbox.on_summary = on_summary
+    rt.start()
+    try:
+        _drive(rt, lambda: c.metrics["records_in"] >= held + per * (batches + 2))
+        hot_batch = lambda p: per <= p["numInputRows"] < held  # noqa: E731 - a wave (and its heartbeats), not the load nor the move
+        before = [p for p in c.query.recentProgress if hot_batch(p)][-batches:]
+        n_req = len(steps)
+        a = _online_rescale(rt, run, "Touch", 8)
+        n0 = len(steps)
+        split = lambda: [s for n, s in steps[n0:] if n == 8]  # noqa: E731
+        _drive(rt, lambda: len(split()) >= batches + 1 or rt.drained(), timeout_s=900)
+        if len(split()) < batches + 1:
+            msg = f"the input ran out {len(split())} batches after the split ({batches + 1} needed): more waves"
+            raise RuntimeError(msg)
+        after = [p for p in c.query.recentProgress if hot_batch(p)][-batches:]
+    finally:
+        rt.stop()
+    shutil.rmtree(run, ignore_errors=True)
+    ms = lambda ps: median(p["durationMs"]["triggerExecution"] for p in ps)  # noqa: E731
+    step_before = median(s for n, s in steps[:n_req][-batches:] if n == 4)
+    step_after = median(split()[1:])  # the first one may be the move batch
+    return {
+        "held_keys": held, "hot_keys": len(hot), "records_per_batch": per, "batches": batches,
+        "batch_ms_4": ms(before), "batch_ms_8": ms(after), "hot_step_ms_4": step_before, "hot_step_ms_8": step_after,
+        "split_total_s": a["total_s"], "split_stopped_s": a["stopped_s"],
+    }  # fmt: skip
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--keys", type=int, nargs="*", default=[100_000, 1_000_000])
     p.add_argument("--work", default="/tmp/millwheel-rescale-bench")
-    p.add_argument("--layout", choices=("intervals", "keys"), default=None, help="measure a change to this state layout instead")
+    p.add_argument("--layout", choices=("intervals", "keys"), default=None, help="measure a change to this state layout instead (bench/results/relayout.json)")
+    p.add_argument("--online", action="store_true", help="the online rescale and a hot interval's split (bench/results/rescale_online.json)")
+    p.add_argument("--skew-keys", type=int, default=400_000)
+    p.add_argument("--skew-batches", type=int, default=8)
     args = p.parse_args()
     spark = spark_session("local[2]")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    if args.online:
+        runs = []
+        for keys in args.keys:
+            r = online(spark, work, keys)
+            print(json.dumps(r), flush=True)
+            runs.append(r)
+        sk = skew(spark, work, args.skew_keys, args.skew_batches)
+        print(json.dumps(sk), flush=True)
+        result = {"what": "online rescale (the driver running) 8 -> 16 key intervals, local[2]; a hot interval split 4 -> 8 online", "runs": runs, "skew": sk, "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_avg_at_end": os.getloadavg()}
+        (ROOT / "bench" / "results" / "rescale_online.json").write_text(json.dumps(result, indent=1) + "\n")
+        return 0
     out = []
     for keys in args.keys:
         r = one(spark, work, keys) if args.layout is None else one_layout(spark, work, keys, args.layout)

@@ -1,7 +1,7 @@
 """The driver process faults are injected into: runs the ledger topology on Spark until drained.
 
     python -m faults.driver RUN DATA [--authority URL] [--master M] [--max-bytes N] [--per-trigger N]
-                                     [--timeout S] [--faketime FILE]
+                                     [--timeout S] [--faketime FILE] [--follow]
 
 Exit status 0 once drained ("DRAINED" printed); a fenced zombie exits 3 with the reason;
 anything else that stops the run exits 1 with the error (a full disk names the device and
@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-trigger", type=int, default=2, help="stream files per computation batch")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--faketime", default=None, help="libfaketime offset file for the JVM")
+    p.add_argument("--follow", action="store_true", help="the input directory is complete once _DONE appears (input written in chunks while it runs)")
     p.add_argument("--injector", choices=["spark", "driver"], default="spark", help="who reads the logs: a Spark query (LogFileSource) or the driver")
     args = p.parse_args(argv)
     if args.faketime:
@@ -79,9 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     from millwheel.runtime import FencedError, RuntimeSettings, SparkRuntime
     from watermark_authority.client import HttpWatermarkClient, client_secret
 
-    topo = build(args.data, max_bytes=args.max_bytes, in_driver=args.injector == "driver")
+    topo = build(args.data, max_bytes=args.max_bytes, in_driver=args.injector == "driver", finite=not args.follow)
     settings = RuntimeSettings(
-        drain=True,
+        drain=not args.follow,
         intervals=args.intervals,
         master=args.master,
         max_files_per_trigger=args.per_trigger,

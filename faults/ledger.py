@@ -127,13 +127,16 @@ class InDriver(Source):
         return self.inner.batches(injector, stream)
 
 
-def build(data: str, *, max_bytes: int = 64 << 20, name: str = "ledger", in_driver: bool = False) -> Topology:
+def build(data: str, *, max_bytes: int = 64 << 20, name: str = "ledger", in_driver: bool = False, finite: bool = True) -> Topology:
     """The ledger topology over the log directory ``data`` (finite: it drains).
 
     ``in_driver``: the driver reads the logs (:class:`InDriver`) instead of a Spark query.
+    ``finite=False``: the directory is complete once ``_DONE`` appears, so a test can write
+    its input in chunks while the run goes on (remove the ``_DONE`` :func:`write_input`
+    leaves until the last chunk).
     """
     t = Topology(name)
-    logs = LogFileSource(data, finite=True, max_bytes_per_batch=max_bytes)
+    logs = LogFileSource(data, finite=finite, max_bytes_per_batch=max_bytes)
     t.injector("queries", InDriver(logs) if in_driver else logs)
     t.computation(
         LedgerWindow, inputs={"queries": lambda r: r.value["query"]}, outputs=[WINDOWS, WALL_FIRES]

@@ -102,6 +102,10 @@ __all__ = ["MAX_TIMESTAMP", "MIN_TIMESTAMP", "Authority", "check_name", "summari
 
 log = logging.getLogger("watermark_authority")
 
+#: notes kept per computation (:meth:`Authority.note`), and the longest note
+NOTES = 5
+NOTE_CHARS = 500
+
 
 class Authority(AuthorityState):
     """The central low-watermark authority's state and rules (§7.2); see the module docstring.
@@ -125,6 +129,8 @@ class Authority(AuthorityState):
             self._journal.commit([FormatVersion(JOURNAL_FORMAT)])
             self._format = JOURNAL_FORMAT
         self._publish(self.names())  # values computed from the journal that were never published
+        #: per computation, the last few notes about it (:meth:`note`), newest last
+        self._notes: dict[str, list[dict[str, Any]]] = {}
 
     # ---------------------------------------------------------------- sequencers
 
@@ -417,6 +423,19 @@ class Authority(AuthorityState):
         out.update({n: "injector" for n in self._injectors})
         return out
 
+    def note(self, computation: str, text: str) -> None:
+        """Keep a note about ``computation`` for the dashboard: a rescale of its key
+        intervals and why (the runtime's automatic policy says which figures drove it,
+        §7.1). Not journaled (it is for people, and a restart loses only the notes); the
+        last :data:`NOTES` per computation, each at most :data:`NOTE_CHARS` characters."""
+        check_name("computation", computation)
+        if not isinstance(text, str) or not text.strip():
+            msg = f"a note must be a non-empty string, got {describe(text)}"
+            raise InvalidRequestError(msg)
+        notes = self._notes.setdefault(computation, [])
+        notes.append({"at_ms": self._clock(), "text": text[:NOTE_CHARS]})
+        del notes[:-NOTES]
+
     def status(self, percentiles: Sequence[float] = (99.0,)) -> dict[str, Any]:
         """Everything the dashboard shows; never a sequencer token (it is served without the secret).
 
@@ -439,6 +458,7 @@ class Authority(AuthorityState):
                 if entry is None
                 else {"interval": holder, "value": entry.value, "pending": entry.pending, "updated_ms": entry.updated_ms, "owner": entry.owner},
                 "percentiles": {pct_key(p): self.percentile_watermark(name, p) for p in percentiles},
+                "notes": list(self._notes.get(name, ())),
             }
         for name, inj in self._injectors.items():
             raw, holder = inj.raw()

@@ -266,6 +266,7 @@ def create_app(authority: Authority, *, guard: Guard, history: History | None = 
         Route("/v1/report", mutation({"computation": True, "reports": True}, report), methods=["POST"]),
         Route("/v1/token/check", mutation({"computation": True, "interval": True, "token": True}, check_token), methods=["POST"]),
         Route("/v1/split", mutation(split_fields, lambda b: {"tokens": authority.split(b["computation"], b["interval"], b["into"], owner=b.get("owner"))}), methods=["POST"]),
+        Route("/v1/note", mutation({"computation": True, "text": True}, lambda b: authority.note(b["computation"], b["text"]) or {"ok": True}), methods=["POST"]),
         Route("/v1/merge", mutation(merge_fields, lambda b: {"token": authority.merge(b["computation"], b["intervals"], b["into"], owner=b.get("owner"))}), methods=["POST"]),
         Route("/v1/injectors/expect", mutation({"injector": True, "processes": True}, expect), methods=["POST"]),
         Route("/v1/injectors/report", mutation({"injector": True, "process": True, "low_watermark": True}, report_injector), methods=["POST"]),

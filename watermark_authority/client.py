@@ -129,6 +129,11 @@ class WatermarkClient(abc.ABC):
     def merge(self, computation: str, intervals: Sequence[str], into: str) -> int:
         """Merge intervals into one (min of their values); returns its fresh token."""
 
+    def note(self, computation: str, text: str) -> None:
+        """A note about ``computation`` for the dashboard (why its key intervals were
+        split or merged); a client that cannot send one drops it."""
+        return None
+
     # -- injectors (§5.2)
     @abc.abstractmethod
     def expect_injector_processes(self, injector: str, processes: Sequence[str]) -> None:
@@ -194,6 +199,10 @@ class InProcessWatermarkClient(WatermarkClient):
     def merge(self, computation: str, intervals: Sequence[str], into: str) -> int:
         with self._lock:
             return self.authority.merge(computation, intervals, into, owner=self.owner)
+
+    def note(self, computation: str, text: str) -> None:
+        with self._lock:
+            self.authority.note(computation, text)
 
     def expect_injector_processes(self, injector: str, processes: Sequence[str]) -> None:
         with self._lock:
@@ -276,6 +285,9 @@ class HttpWatermarkClient(_client.JsonHttpClient, WatermarkClient):
     def merge(self, computation: str, intervals: Sequence[str], into: str) -> int:
         body = {"computation": computation, "intervals": list(intervals), "into": into, "owner": self.owner}
         return int(self._call("POST", "/v1/merge", body, idempotent=False)["token"])
+
+    def note(self, computation: str, text: str) -> None:
+        self._call("POST", "/v1/note", {"computation": computation, "text": text})
 
     def expect_injector_processes(self, injector: str, processes: Sequence[str]) -> None:
         self._call("POST", "/v1/injectors/expect", {"injector": injector, "processes": list(processes)})

@@ -22,7 +22,7 @@ _WHERE = {
     "RuntimeSettings": "millwheel.runtime._settings",
     "SparkRuntime": "millwheel.runtime._runtime",
     "committed_unpublished": "millwheel.runtime._outbox",
-    "rescale": "millwheel.runtime._rescale",
+    "rescale": "millwheel.runtime._online",
     "run_identity": "millwheel.runtime._runtime",
     "spark_session": "millwheel.runtime._session",
 }

@@ -66,6 +66,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     g.add_argument("--jars", default=None, metavar="FILES", help="comma-separated local jars for the driver and executors (spark.jars), e.g. a connector without network access")
     g.add_argument(
+        "--autoscale", action="store_true",
+        help="split a computation's key intervals when some are far hotter than the median for several batches, merge them when all are cold (online rescales; docs/runtime.md)",
+    )  # fmt: skip
+    g.add_argument(
         "--only", default=None,
         help="comma-separated computations/injectors to run here; the others run in another driver on the same "
         "--checkpoint and --authority (add a computation to a running topology)",
@@ -189,6 +193,7 @@ def _run(
     topology: Topology, args: argparse.Namespace, on_finish: Any, root: str, master: str | None, ui: bool,
     only: tuple[str, ...], say: Callable[[str], None], started: float,
 ) -> int:  # fmt: skip
+    from millwheel.runtime._autoscale import AutoscalePolicy
     from millwheel.runtime._metrics import serve
     from millwheel.runtime._runtime import RuntimeSettings, SparkRuntime
     from millwheel.runtime._session import spark_session, ui_url, under_spark_submit
@@ -217,6 +222,7 @@ def _run(
             settings = RuntimeSettings(
                 intervals=args.intervals, master=spark.sparkContext.master, trigger_ms=args.trigger_ms, drain=args.drain,
                 status_every_s=args.status_every or 2.0, shuffle_partitions=args.shuffle_partitions, only=only,
+                autoscale=AutoscalePolicy() if getattr(args, "autoscale", False) else None,
             )  # fmt: skip
             display = display_for(args.quiet or not args.status_every, title=f"{topology.name} on {spark.sparkContext.master}")
             t_start = [time.perf_counter()]

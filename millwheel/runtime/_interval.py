@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from time import perf_counter
 from typing import Any, NamedTuple
 
 import msgpack
@@ -266,7 +267,7 @@ class IntervalBatch:
     :func:`~millwheel._delivery.plan_steps` and :meth:`StepRunner.step` per key.
     """
 
-    __slots__ = ("owner", "interval", "low_watermark", "now", "per_key", "out", "totals", "installs", "retire")
+    __slots__ = ("owner", "interval", "low_watermark", "now", "per_key", "out", "totals", "installs", "retire", "started")
 
     def __init__(self, owner: IntervalStep, interval: int, low_watermark: int, now: int) -> None:
         self.owner = owner
@@ -281,6 +282,7 @@ class IntervalBatch:
         self.installs: list[tuple[bytes, bytes]] = []
         #: a rescale's :func:`state_digest` of what this group must hold before it is emptied
         self.retire: list[int] | None = None
+        self.started = perf_counter()  # the summary's step time (``_autoscale.py`` reads it)
 
     @classmethod
     def of(cls, owner: IntervalStep, group: tuple[Any, ...], frames: Iterable[pd.DataFrame], spark_watermark: int, now: int) -> IntervalBatch | None:
@@ -459,7 +461,8 @@ class IntervalBatch:
 
     def summary(self, hold: int | None, next_lw: int | None, next_wall: int | None, keys: int) -> pd.DataFrame:
         """The batch's output frame, closed by the interval's summary row."""
-        summary = IntervalSummary(self.interval, hold, next_lw, next_wall, keys, self.totals.as_dict(), self.low_watermark, self.now)
+        step_ms = int((perf_counter() - self.started) * 1000)
+        summary = IntervalSummary(self.interval, hold, next_lw, next_wall, keys, self.totals.as_dict(), self.low_watermark, self.now, step_ms)
         self.out.add(SUMMARY_STREAM, None, 0, None, summary.encode())
         return self.out.frame(self.owner.keyer, self.owner.out_consumers)
 

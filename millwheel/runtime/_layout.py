@@ -22,13 +22,22 @@ committed batch has read it the run cannot go on without it
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from millwheel._errors import MillwheelError
 from millwheel.runtime._fs import Location
 
-__all__ = ["Layout", "computation_layouts", "read_pin", "write_pin"]
+__all__ = ["HIDDEN_MOVE", "Layout", "computation_layouts", "finish_move", "read_pin", "update_pin", "write_pin"]
+
+#: the hidden name a rescale's heartbeat file has until ``run.json`` names it (``_rescale.py``)
+HIDDEN_MOVE = ".{}.rescale"
+
+#: one read-modify-write of ``run.json`` at a time in this process: a driver's loop marks a
+#: migration step while an online rescale (``_online.py``) gives another computation its layout
+_PIN_LOCK = threading.RLock()
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,17 @@ def write_pin(root: Location, held: dict[str, Any]) -> None:
     root.child("run.json").write_text(json.dumps(held, indent=1) + "\n")
 
 
+def update_pin(root: Location, change: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
+    """Read ``run.json``, apply ``change`` to it in place and write it back, under this
+    process's lock (other processes never write a running run's ``run.json``: a rescale of
+    a stopped run needs no driver, an online one is made by the driver)."""
+    with _PIN_LOCK:
+        held = read_pin(root)
+        change(held)
+        write_pin(root, held)
+        return held
+
+
 def own_intervals(held: dict[str, Any]) -> dict[str, int]:
     """The computations with their own interval count, and that count."""
     return {name: int(entry["intervals"]) for name, entry in (held.get("computations") or {}).items()}
@@ -92,8 +112,21 @@ def mark_migration(root: Location, computation: str, what: str, value: Any) -> N
     (its old intervals were retired at the watermark authority: later starts just acquire
     the new ones, ``ComputationQuery._acquire``), ``"moved": true`` (a committed batch read
     the move: starts stop looking for its file)."""
-    held = read_pin(root)
-    migration = ((held.get("computations") or {}).get(computation) or {}).get("migration")
-    if migration is not None and migration.get(what) != value:
-        migration[what] = value
-        write_pin(root, held)
+    with _PIN_LOCK:
+        held = read_pin(root)
+        migration = ((held.get("computations") or {}).get(computation) or {}).get("migration")
+        if migration is not None and migration.get(what) != value:
+            migration[what] = value
+            write_pin(root, held)
+
+
+def finish_move(heartbeats: Location, name: str) -> bool:
+    """Rename a rescale's state move ``name`` into view if it is still hidden: ``run.json``
+    names it, so it was written whole before (``_rescale.move_state``), and only the rename
+    was lost (a kill -9 of the command or of the driver rescaling online). Returns whether
+    it did."""
+    hidden = heartbeats.child(HIDDEN_MOVE.format(name))
+    if heartbeats.child(name).exists() or not hidden.exists():
+        return False
+    hidden.move_to(heartbeats.child(name))
+    return True

@@ -115,16 +115,28 @@ def live_drivers(leases: Location) -> list[str]:
             continue
         owner, _, pid = text.rpartition(":")
         if owner == host and pid.isdigit():
-            try:
-                os.kill(int(pid), 0)
-            except ProcessLookupError:
+            if not process_running(int(pid)):
                 continue
-            except PermissionError:
-                pass
             out.append(f"epoch {epoch}: process {pid} on this host")
         else:
             out.append(f"epoch {epoch}: {text or 'an unknown process'} (not on this host: cannot check it from here)")
     return out
+
+
+def process_running(pid: int) -> bool:
+    """Is process ``pid`` of this host running? A zombie is not: killed -9, it stays in the
+    process table until its parent reaps it (a supervisor, a test), but it runs nothing."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: it exists
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc here: os.kill said it exists
 
 
 class Lease:

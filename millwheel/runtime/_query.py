@@ -40,7 +40,7 @@ from millwheel.runtime._interval import (
     KEYING_STAGE_NEEDED,
     make_keying,
 )
-from millwheel.runtime._layout import mark_migration
+from millwheel.runtime._layout import finish_move, mark_migration
 from millwheel.runtime._lease import FencedError, Lease
 from millwheel.runtime._mapstate import make_processor
 from millwheel.runtime._outbox import Outbox
@@ -221,19 +221,19 @@ class ComputationQuery:
 
     def _check_migration(self, migration: dict[str, Any]) -> None:
         """A rescaled computation's state moves into its new groups with the heartbeat file
-        its rescale wrote (``_rescale.py``): it must be waiting for the query, or read by it
-        already (in its file source's log). Without it, the new layout would start from
-        empty groups: refused, never run."""
+        its rescale wrote (``_rescale.py``): it must be waiting for the query (renamed into
+        view here if a kill -9 stopped the rescale just before: ``_layout.finish_move``), or
+        read by it already (in its file source's log). Without it, the new layout would
+        start from empty groups: refused, never run."""
         if "relayout" in migration:  # a layout change (``_relayout.py``): its state is in place once it says "done"
             if migration["relayout"] != "done":
-                msg = (
-                    f"computation {self.name!r}: run.json gives it the {self.state_layout!r} state layout from a `millwheel rescale --layout` "
-                    f"that was interrupted before its state was in place. Run `millwheel rescale {self.rt.root.uri} --computation {self.name} "
-                    f"--layout {self.state_layout}` again to finish it"
-                )
+                msg = (f"computation {self.name!r}: run.json gives it the {self.state_layout!r} state layout from a `millwheel rescale --layout` that was interrupted "
+                       f"before its state was in place. Run `millwheel rescale {self.rt.root.uri} --computation {self.name} --layout {self.state_layout}` again to finish it")  # fmt: skip
                 raise MillwheelError(msg)
             return
         name = migration["file"]
+        if not migration.get("moved") and finish_move(self.heartbeats, name):
+            self.rt.log(f"computation {self.name!r}: finished the rescale to {self.intervals} key intervals a kill had interrupted ({name})")
         if migration.get("moved") or self.heartbeats.child(name).exists():
             return
         self.consumed.refresh()

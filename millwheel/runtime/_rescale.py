@@ -5,7 +5,7 @@ to its interval layout from its first start (``run.json``); this command gives o
 computation ``C`` of a *stopped* run its own count ``N`` (``_layout.py``), so the next
 driver on the run directory resumes with it. See docs/runtime.md, "Rescaling key intervals".
 
-    millwheel rescale RUN --computation C --intervals N
+    millwheel rescale RUN --computation C --intervals N      # (``_online.rescale_main``: online if a driver runs C)
 
 1. **No driver runs** (``_lease.live_drivers``), then the command takes ``C``'s lease
    under a new driver epoch: a zombie driver of ``C`` is fenced from here on.
@@ -31,15 +31,14 @@ driver on the run directory resumes with it. See docs/runtime.md, "Rescaling key
 
 Crash safety of the command itself: before ``run.json`` changes nothing visible changed
 (a hidden file is ignored, and the next rescale replaces it); after it and before the
-rename, the next driver start refuses (``ComputationQuery._check_migration``) and running
-the command again finishes the rename.
+rename, the next driver start finishes the rename (``ComputationQuery._check_migration``:
+``run.json`` names the file, so it was written whole), and so does running the command again.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -50,10 +49,10 @@ from millwheel._errors import MillwheelError
 from millwheel.runtime._audit import AuditLog
 from millwheel.runtime._fs import Location
 from millwheel.runtime._keying import interval_of
-from millwheel.runtime._layout import computation_layouts, read_pin, write_pin
+from millwheel.runtime._layout import HIDDEN_MOVE, computation_layouts, read_pin, update_pin
 from millwheel.runtime._lease import DriverEpoch, Lease, live_drivers
 from millwheel.runtime._move import state_digest
-from millwheel.runtime._outbox import Outbox
+from millwheel.runtime._outbox import Outbox, crash_point
 from millwheel.runtime._query import HB_MOVE_SCHEMA, ConsumedFiles
 from millwheel.runtime._relayout import relayout, relayout_wanted
 from millwheel.runtime._spark_internals import (
@@ -66,14 +65,28 @@ from millwheel.runtime._spark_internals import (
 from millwheel.runtime._streams import DONE, FileStreamLog
 from millwheel.runtime._wire import IntervalSummary, RowKind, interval_groups
 
-__all__ = ["rescale", "rescale_main"]
+__all__ = ["PlannedBatchPublished", "Target", "move_state", "offline_outbox", "rescale", "settled", "target"]
 
 #: the hidden name a rescale's heartbeat file has until ``run.json`` names it
-_HIDDEN = ".{}.rescale"
+_HIDDEN = HIDDEN_MOVE
 
 
 def _refuse(msg: str) -> MillwheelError:
     return MillwheelError(f"cannot rescale: {msg}")
+
+
+@dataclass
+class Target:
+    """What a rescale moves: ``computation`` of the run in ``root``, from its layout ``old``
+    (``_layout.Layout``) to ``intervals`` key intervals; ``held`` is ``run.json`` as read."""
+
+    root: Location
+    computation: str
+    intervals: int
+    held: dict[str, Any]
+    old: Any
+    checkpoint: Location
+    heartbeats: Location
 
 
 def rescale(
@@ -86,7 +99,9 @@ def rescale(
     ``layout``: move it to that state layout too (``"intervals"`` or ``"keys"``: ``_relayout.py``,
     which also re-intervals a per-key computation). ``force``: skip the check that no driver
     runs (for a driver on another host that you know has stopped). ``spark``: a session to
-    read the state with (default: a local one).
+    read the state with (default: a local one). A running driver is rescaled online instead:
+    ``_online.py`` (``millwheel rescale`` sends it the request), through the same
+    :func:`target`, :func:`settled` and :func:`move_state`.
     """
     if relayout_wanted(run_dir, computation, layout):
         return relayout(run_dir, computation, layout, intervals, spark=spark, force=force, log=log)
@@ -96,6 +111,34 @@ def rescale(
     t0 = time.perf_counter()
     say = log or (lambda _msg: None)
     root = Location.of(run_dir)
+    tgt = target(root, computation, intervals)
+    live = live_drivers(root.child("leases"))
+    if live and not force:
+        msg = (
+            f"a driver may still be running run directory {root.uri} ({'; '.join(live)}); stop it first "
+            "(or pass --force if you know a driver on another host has stopped)"
+        )
+        raise _refuse(
+            msg
+        )
+    done = settled(tgt, say, t0)
+    if done is not None:
+        return done
+    # 1. fence: a new driver epoch, C's lease under it
+    leases = root.child("leases")
+    epoch = DriverEpoch(leases)
+    lease = Lease(leases.child(computation), f"computation {computation!r} (millwheel rescale)")
+    lease.acquire(epoch.get())
+    try:
+        return move_state(tgt, offline_outbox(tgt, lease), spark, say, t0)
+    finally:
+        epoch.mark(stopped=True)
+
+
+def target(root: Location, computation: str, intervals: int) -> Target:
+    """Check that ``computation`` of the run in ``root`` can be given ``intervals`` key
+    intervals at all (a run directory, a known computation, the interval-row layout), and
+    what it has now; raises :class:`MillwheelError` saying why not."""
     held = read_pin(root)
     if not held:
         msg = f"{root.uri} has no run.json: not a run directory, or never started"
@@ -119,21 +162,20 @@ def rescale(
     if "groups" not in held or "intervals" not in held:
         msg = f"{root.child('run.json').uri} does not pin the run's key intervals and groups; start the run once with this millwheel first"
         raise _refuse(msg)
-    live = live_drivers(root.child("leases"))
-    if live and not force:
-        msg = (
-            f"a driver may still be running run directory {root.uri} ({'; '.join(live)}); stop it first "
-            "(or pass --force if you know a driver on another host has stopped)"
-        )
-        raise _refuse(
-            msg
-        )
     old = computation_layouts(held, [computation], int(held["intervals"]), [int(g) for g in held["groups"]])[computation]
-    heartbeats = root.child("heartbeats", computation)
+    return Target(root, computation, intervals, held, old, checkpoint, root.child("heartbeats", computation))
+
+
+def settled(tgt: Target, say: Any, t0: float) -> dict[str, Any] | None:
+    """What to return without moving anything, or ``None`` if the state must move: a
+    previous rescale of the computation whose file was never renamed into view is finished
+    here; one whose move has not run (or not committed) yet refuses; the same count is a
+    no-op."""
+    computation, intervals, old, heartbeats = tgt.computation, tgt.intervals, tgt.old, tgt.heartbeats
     heartbeats.mkdirs()
-    consumed = ConsumedFiles(checkpoint)
+    consumed = ConsumedFiles(tgt.checkpoint)
     consumed.refresh()
-    committed = committed_batches(checkpoint)
+    committed = committed_batches(tgt.checkpoint)
     last = committed[-1] if committed else -1
     if old.migration is not None and not old.migration.get("moved"):
         name = old.migration["file"]
@@ -167,36 +209,38 @@ def rescale(
     if intervals == old.intervals:
         say(f"computation {computation!r} has {intervals} key intervals already")
         return {"computation": computation, "from": old.intervals, "to": intervals, "keys": 0, "unchanged": True, "seconds": time.perf_counter() - t0}
-
-    # 1. fence: a new driver epoch, C's lease under it
-    leases = root.child("leases")
-    epoch = DriverEpoch(leases)
-    lease = Lease(leases.child(computation), f"computation {computation!r} (millwheel rescale)")
-    lease.acquire(epoch.get())
-    try:
-        return _move(root, computation, intervals, held, old, checkpoint, heartbeats, lease, spark, say, t0)
-    finally:
-        epoch.mark(stopped=True)
+    return None
 
 
-def _move(
-    root: Location, computation: str, intervals: int, held: dict[str, Any], old: Any, checkpoint: Location,
-    heartbeats: Location, lease: Lease, spark: Any, say: Any, t0: float,
-) -> dict[str, Any]:  # fmt: skip
-    # 2. publish what committed; drop a planned, uncommitted batch
-    audit = AuditLog(root)
-    published: list[int] = []
+def offline_outbox(tgt: Target, lease: Lease) -> Outbox:
+    """The outbox of a stopped run's computation, publishing under ``lease`` and writing the
+    audit line a driver writes when it publishes (``ComputationQuery._on_summary``)."""
+    audit = AuditLog(tgt.root)
+    computation = tgt.computation
 
     def on_summary(batch: int, summaries: list[IntervalSummary]) -> None:
-        published.append(batch)
-        if summaries:  # the audit line a driver writes when it publishes (``ComputationQuery._on_summary``)
+        if summaries:
             fired = sum(s.metrics.get("timers_fired", 0) for s in summaries)
             audit.batch(computation, batch, max(s.low_watermark for s in summaries), fired, lease.epoch)
 
-    outbox = Outbox(
-        computation, root.child("outbox", computation), checkpoint, FileStreamLog(root), strong=True,
-        on_summary=on_summary, tally=root.child("tallies", f"{computation}.json"), lease=lease,
+    return Outbox(
+        computation, tgt.root.child("outbox", computation), tgt.checkpoint, FileStreamLog(tgt.root), strong=True,
+        on_summary=on_summary, tally=tgt.root.child("tallies", f"{computation}.json"), lease=lease,
     )  # fmt: skip
+
+
+class PlannedBatchPublished(MillwheelError):
+    """The batch planned after the last committed one published weak productions already:
+    the state cannot move before it (a new plan could give their ids other contents).
+    Offline this refuses; a running driver lets the batch commit and tries again (``_online.py``)."""
+
+
+def move_state(tgt: Target, outbox: Outbox, spark: Any, say: Any, t0: float) -> dict[str, Any]:
+    """Steps 2-4 of the module docstring, for a computation whose query is not running and
+    whose lease ``outbox`` holds: publish what committed, drop a planned batch, read the
+    state at the last committed batch, write the move's heartbeat file and ``run.json``."""
+    root, computation, intervals, old, checkpoint, heartbeats = tgt.root, tgt.computation, tgt.intervals, tgt.old, tgt.checkpoint, tgt.heartbeats
+    # 2. publish what committed; drop a planned, uncommitted batch
     outbox.recover()
     committed = committed_batches(checkpoint)
     last = committed[-1] if committed else -1
@@ -213,10 +257,10 @@ def _move(
         weak = _weak_published(root, computation, b)
         if weak:
             msg = (
-                f"batch {b} of {computation!r} was planned, not committed, and published weak productions already ({weak[0]}, ...); "
+                f"cannot rescale: batch {b} of {computation!r} was planned, not committed, and published weak productions already ({weak[0]}, ...); "
                 "a new plan of it could give their ids other contents: resume the run until it commits that batch, stop it, then rescale"
             )
-            raise _refuse(
+            raise PlannedBatchPublished(
                 msg
             )
         state_files = drop_planned_batch(checkpoint, b)
@@ -252,6 +296,7 @@ def _move(
             raise _refuse(msg)
 
     # the new groups: dealt over the checkpoint's partitions, disjoint from every group used before
+    held = tgt.held
     entry = (held.get("computations") or {}).get(computation) or {}
     used = {int(g) for g in entry.get("used_groups", [])} | set(old.groups) | {int(g) for g in held["groups"]}
     partitions = int(offset_log_conf(checkpoint, last).get("spark.sql.shuffle.partitions", 0)) if last >= 0 else 0
@@ -269,16 +314,15 @@ def _move(
     hidden = heartbeats.child(_HIDDEN.format(name))
     pq.write_table(table, hidden.path, filesystem=hidden.fs)
     migration = {"file": name, "from_intervals": old.intervals, "authority": "pending", "batch": last}
-    held.setdefault("computations", {})[computation] = {
-        "intervals": intervals, "groups": groups, "used_groups": sorted(used | set(groups)), "migration": migration,
-    }  # fmt: skip
-    write_pin(root, held)
+    own = {"intervals": intervals, "groups": groups, "used_groups": sorted(used | set(groups)), "migration": migration}
+    update_pin(root, lambda pin: pin.setdefault("computations", {}).__setitem__(computation, own))
+    crash_point(computation, "rescale_pinned", intervals)  # test hook: ``C:rescale_pinned:N``
     hidden.move_to(heartbeats.child(name))
     seconds = time.perf_counter() - t0
     say(f"computation {computation!r}: {keys} keys move from {old.intervals} to {intervals} key intervals in its next micro-batch ({name})")
     return {
         "computation": computation, "from": old.intervals, "to": intervals, "keys": keys, "batch": last,
-        "published_upto": outbox.published, "published_now": published, "dropped_planned": dropped,
+        "published_upto": outbox.published, "dropped_planned": dropped,
         "file": name, "groups": groups, "read_s": read_s, "seconds": seconds,
     }  # fmt: skip
 
@@ -331,24 +375,3 @@ def _weak_published(root: Location, computation: str, batch: int) -> list[str]:
         for sub in (d, d.child(DONE)):
             out += [f"{stream}/{n}" for n in (sub.list() if sub.exists() else []) if n.startswith(prefix)]
     return out
-
-
-def rescale_main(argv: list[str]) -> int:
-    """``millwheel rescale RUN --computation C [--intervals N] [--layout intervals|keys]``."""
-    p = argparse.ArgumentParser(prog="millwheel rescale", description="give a stopped run's computation another number of key intervals or another state layout")
-    p.add_argument("run", help="the run directory (--checkpoint of millwheel run)")
-    p.add_argument("--computation", required=True, help="the computation to rescale")
-    p.add_argument("--intervals", type=int, default=None, help="its new number of key intervals")
-    p.add_argument("--layout", choices=("intervals", "keys"), default=None, help="its new state layout (docs/runtime.md)")
-    p.add_argument("--force", action="store_true", help="do not check that no driver runs (one on another host that you know has stopped)")
-    args = p.parse_args(argv)
-    try:
-        out = rescale(args.run, args.computation, args.intervals, layout=args.layout, force=args.force, log=lambda m: print(f"millwheel: {m}", file=sys.stderr))
-    except MillwheelError as exc:
-        print(f"millwheel: {exc}", file=sys.stderr)
-        return 2
-    if out.get("to_layout") is not None and out.get("keys") is not None:
-        print(f"moved {out['computation']!r} to the {out['to_layout']!r} state layout with {out['to']} key intervals: {out['keys']} keys ({out['seconds']:.1f}s)")
-    elif out.get("keys") is not None and not out.get("unchanged"):
-        print(f"rescaled {out['computation']!r} from {out['from']} to {out['to']} key intervals: {out['keys']} keys move in its next micro-batch ({out['seconds']:.1f}s)")
-    return 0

@@ -37,6 +37,7 @@ from millwheel.runtime._injectors import LogFileInjector, SourceInjector
 from millwheel.runtime._keying import Keyer
 from millwheel.runtime._layout import Layout, computation_layouts, own_intervals, read_pin
 from millwheel.runtime._lease import DriverEpoch
+from millwheel.runtime._online import OnlineRescaler
 from millwheel.runtime._query import ComputationQuery, prune_streams
 from millwheel.runtime._session import checkpoint_conf, restore_conf, set_conf, warm_python_workers
 from millwheel.runtime._settings import RuntimeSettings
@@ -240,6 +241,8 @@ class SparkRuntime:
         self._saved_conf: dict[str, str | None] | None = None
         self._pruned_at = 0.0
         self.started_at = 0.0
+        #: online rescales asked of this driver, and the automatic policy (``_online.py``)
+        self.rescaler = OnlineRescaler(self)
 
     # ---- wiring ------------------------------------------------------------------------
     @property
@@ -328,7 +331,10 @@ class SparkRuntime:
         for inj in self.injectors.values():
             inj.check()
             inj.poll()
+        self.rescaler.poll()
         for name in self.order:
+            if self.rescaler.busy(name):
+                continue  # its query is stopped while its state moves
             c = self.computations[name]
             c.check()
             c.update_watermark(now)
@@ -344,7 +350,7 @@ class SparkRuntime:
             self._pruned_at = time.monotonic()
 
     def drained(self) -> bool:
-        return all(i.drained() for i in self.injectors.values()) and all(c.drained() for c in self.computations.values())
+        return all(i.drained() for i in self.injectors.values()) and all(c.drained() for c in self.computations.values()) and not self.rescaler.active()
 
     def run(self, *, timeout_s: float | None = None, on_status: Callable[[SparkRuntime], None] | None = None) -> None:
         """Start, loop until drained (every low watermark +inf), interrupted or timed out, then stop."""
@@ -370,6 +376,7 @@ class SparkRuntime:
     def stop(self) -> None:
         from millwheel.runtime._session import quiet_while_stopping
 
+        self.rescaler.stop()
         with quiet_while_stopping(self._spark):
             for c in self.computations.values():
                 c.stop()
@@ -388,7 +395,7 @@ class SparkRuntime:
         for name, inj in self.injectors.items():
             out[name] = {"kind": "injector", **inj.status()}
         for name, c in self.computations.items():
-            out[name] = {"kind": "computation", **c.status()}
+            out[name] = {"kind": "computation", **c.status(), **self.rescaler.status(name)}
         for v in out.values():
             lw = v["low_watermark"]
             v["lag_ms"] = None if lw in (MIN_TIMESTAMP, MAX_TIMESTAMP) else now - lw

@@ -51,6 +51,11 @@ class RuntimeSettings:
       listings stay short in long runs (``_streams.py``, "Pruning"). Off by default: a
       computation added later with ``only`` reads a stream from its live files. Heartbeat
       files, which only their own query reads, are always pruned.
+    * ``autoscale`` — an :class:`~millwheel.runtime._autoscale.AutoscalePolicy` (``None``: off,
+      the default): the driver splits a computation's key intervals when some are far
+      hotter than the median for several batches, and merges them when all are cold, by
+      online rescales (``_online.py``, ``_autoscale.py``, MillWheel §7.1); ``millwheel run
+      --autoscale``.
     * ``stall_warning_s`` — warn (log line, ``status()["warning"]``) when a log-file
       injector's low watermark has not moved for this long, naming the unfinished file
       that holds it.
@@ -75,6 +80,7 @@ class RuntimeSettings:
     prune_streams: bool = False
     state_layout: str = field(default_factory=lambda: os.environ.get("MILLWHEEL_STATE_LAYOUT", "intervals"))
     outbox_writer: str = field(default_factory=lambda: os.environ.get("MILLWHEEL_OUTBOX_WRITER", "auto"))
+    autoscale: Any = None
 
     def __post_init__(self) -> None:
         if self.state_layout not in STATE_LAYOUTS:

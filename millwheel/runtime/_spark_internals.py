@@ -222,10 +222,14 @@ def drop_planned_batch(checkpoint: Location, batch: int) -> list[str]:
     rename without overwriting). A batch planned anew is not the same batch, so a kept
     file would be another batch's state.
     """
+    # the state files first: killed in between, the offset-log entry is still there and the
+    # next start replays the *same* batch, which writes them again; the other way round, it
+    # would plan a new batch and keep the files of the dropped one
+    dropped = _drop_state_version(checkpoint.child(STATE), batch + 1)
     offsets = checkpoint.child(OFFSETS)
     for name in (str(batch), f".{batch}.crc"):
         offsets.child(name).delete()
-    return _drop_state_version(checkpoint.child(STATE), batch + 1)
+    return dropped
 
 
 _STATE_FILE_KINDS = (".delta", ".snapshot", ".changelog", ".zip")

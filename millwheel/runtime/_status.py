@@ -68,6 +68,10 @@ class Row:
     disorder_file: str | None = None
     #: every counter of a computation (:class:`~millwheel._counters.StepMetrics`), ``None`` for injectors
     counters: dict[str, int] | None = None
+    #: an online rescale of the computation under way, or its last one (``_online.py``)
+    rescale: str | None = None
+    #: the automatic policy's last decision for it, with its figures (``_autoscale.py``)
+    autoscale: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +143,8 @@ class Sampler:
                     disorder_ms=s.get("disorder_ms"),
                     disorder_file=s.get("disorder_file"),
                     counters=s.get("counters") if computation else None,
+                    rescale=s.get("rescale"),
+                    autoscale=_decision_text(s.get("autoscale")),
                 )
             )
         topology = getattr(self.rt, "topology", None)  # a test double may have none
@@ -151,6 +157,15 @@ class Sampler:
         self._prev = (mono, counts)
         self.last = Snapshot(round(mono - self.started, 1), now, tuple(rows))
         return self.last
+
+
+def _decision_text(d: dict[str, Any] | None) -> str | None:
+    """An autoscale decision as the status shows it."""
+    if not d:
+        return None
+    at = time.strftime("%H:%M:%S", time.gmtime(d["at_ms"] / 1000))
+    outcome = f"; {d['outcome']}" if d.get("outcome") else ""
+    return f"{d['action']} {d['from']} -> {d['to']} at {at} UTC: {d['reason']}{outcome}"
 
 
 def _with_rates(row: Row, before: tuple[int | None, int] | None, dt_s: float) -> Row:
@@ -213,6 +228,8 @@ def table_lines(snapshot: Snapshot) -> list[str]:
             duration_text(r.lag_ms), duration_text(r.event_lag_ms) if r.kind == "computation" else "",
         )  # fmt: skip
         lines.append(" ".join(f"{c:{align}{width}}" for c, (_, align, width) in zip(cells, _COLUMNS, strict=True)).rstrip())
+    lines += [f"{r.name}: {r.rescale}" for r in snapshot.rows if r.rescale]
+    lines += [f"{r.name}: autoscale {r.autoscale}" for r in snapshot.rows if r.autoscale]
     lines += [f"warning: {w}" for w in snapshot.warnings]
     return lines
 
@@ -234,6 +251,8 @@ def compact_line(snapshot: Snapshot) -> str:
         for label, v in (("dup", r.duplicates), ("late", r.late), ("dead", r.dead_letters)):
             if v:
                 words.append(f"{label}={v:,}")
+        if r.rescale and "(done" not in r.rescale and ": done" not in r.rescale:
+            words.append(f"[{r.rescale}]")
         parts.append(" ".join(words))
     return f"[{snapshot.elapsed_s:6.1f}s] " + " | ".join(parts)
 

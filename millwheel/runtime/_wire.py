@@ -97,6 +97,9 @@ class IntervalSummary:
     #: the low watermark and wall time the batch ran under
     low_watermark: int = MIN_TIMESTAMP
     now: int = 0
+    #: how long the interval's share of the batch took in its worker, ms (what the
+    #: automatic rescale policy compares across intervals: ``_autoscale.py``)
+    step_ms: int = 0
 
     def encode(self) -> bytes:
         return msgpack.packb(asdict(self), use_bin_type=True)

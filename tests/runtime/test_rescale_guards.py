@@ -116,7 +116,7 @@ def test_rescale_refuses_a_running_driver_the_per_key_layout_and_bad_counts(tmp_
         rescale(str(tmp_path / "nothing"), "C", 8)
 
 
-def test_an_interrupted_rescale_refuses_to_start_and_a_second_rescale_finishes_it(tmp_path):
+def test_an_interrupted_rescale_is_finished_by_the_next_start_or_a_second_rescale(tmp_path):
     root = _run(tmp_path)
     migration = _pin(root, 4, 8)
     held = read_pin(root)
@@ -126,16 +126,24 @@ def test_an_interrupted_rescale_refuses_to_start_and_a_second_rescale_finishes_i
     heartbeats.mkdirs()
     hidden = heartbeats.child(f".{migration['file']}.rescale")
     hidden.write_text("the move")
-    q = _query(root, None, 8)
-    with pytest.raises(MillwheelError, match="the rescale was interrupted.*millwheel rescale .* --intervals 8"):
-        q._check_migration(migration)
     with pytest.raises(MillwheelError, match="interrupted; finish it first \\(--intervals 8\\)"):
         rescale(root.uri, "C", 2)
     done = rescale(root.uri, "C", 8)
     assert done["finished"] and heartbeats.child(migration["file"]).exists() and not hidden.exists()
+    q = _query(root, None, 8)
     q._check_migration(migration)  # the move waits for the query now
     with pytest.raises(MillwheelError, match="has not run yet"):
         rescale(root.uri, "C", 2)
+    # killed between run.json and the rename (the command, or a driver rescaling online):
+    # the next start renames the file itself (run.json names it, so it was written whole)
+    heartbeats.child(migration["file"]).move_to(hidden)
+    q.rt.log = lambda _m: None
+    q._check_migration(migration)
+    assert heartbeats.child(migration["file"]).exists() and not hidden.exists()
+    # with neither the file nor its hidden copy, the start refuses
+    heartbeats.child(migration["file"]).delete()
+    with pytest.raises(MillwheelError, match="the rescale was interrupted.*millwheel rescale .* --intervals 8"):
+        q._check_migration(migration)
 
 
 def test_the_command_line_says_why_it_refuses(tmp_path, capsys):

@@ -86,3 +86,20 @@ def test_a_new_interval_joins_at_min_and_cannot_pull_the_published_value_back(cl
     assert client.watermark(c) == 5_000  # held, never back
     client.report_batch(c, [("a", t, 8_000), ("b", t2, 6_000)])
     assert client.watermark(c) == 6_000
+
+
+def test_notes_about_a_computation_reach_its_status_bounded_and_are_checked(client, ns):
+    """Why a computation's intervals were split or merged (the runtime's rescales, §7.1), for the dashboard."""
+    from watermark_authority import InvalidRequestError
+
+    c = f"{ns}c"
+    client.acquire_many(c, ["a", "b"])
+    for i in range(7):
+        client.note(c, f"autoscale: split {i}")
+    client.note(c, "x" * 2_000)
+    status = client.authority.status() if hasattr(client, "authority") else client.status()
+    notes = status["computations"][c]["notes"]
+    assert [n["text"][:16] for n in notes] == ["autoscale: split"] * 4 + ["x" * 16]
+    assert len(notes[-1]["text"]) == 500 and all(isinstance(n["at_ms"], int) for n in notes)
+    with pytest.raises(InvalidRequestError):
+        client.note(c, "  ")

@@ -349,7 +349,17 @@
       if (h && h.owner) owner.dataset.owner = h.owner;
       cell(tr, h ? fmtTs(h.value) : "—", "holding-value");
       cell(tr, h ? fmtAge(now, h.updated_ms) : "—", "age");
-      cell(tr, String(c.intervals), "count");
+      const count = cell(tr, String(c.intervals), "count");
+      // the last rescale of its key intervals and why (the runtime's notes: its automatic
+      // policy says which figures drove it), as text, never markup
+      const notes = c.notes || [];
+      if (notes.length) {
+        const last = notes[notes.length - 1];
+        const note = document.createElement("div");
+        note.className = "note";
+        note.textContent = fmtTs(last.at_ms).split(" (")[0] + ": " + last.text;
+        count.appendChild(note);
+      }
       ctb.appendChild(tr);
     }
     const itb = document.querySelector("#injectors tbody");

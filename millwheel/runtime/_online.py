@@ -1,0 +1,528 @@
+"""Rescaling a *running* computation: ``millwheel rescale`` asks the driver that runs it (§7.1).
+
+MillWheel's master splits and merges key intervals while the system runs (§7.1). The
+offline rescale (``_rescale.py``) needs the driver stopped; here the running driver does
+the same steps itself, for one computation ``C``, while the others go on:
+
+    millwheel rescale RUN --computation C --intervals N [--no-wait]
+
+1. **The request** (:func:`request_rescale`). The command finds the driver that holds C's
+   lease (the newest epoch of ``leases/C``, ``_lease.py``) and, if it runs, writes
+   ``control/rescale/<epoch>-<id>.request`` into the run directory, addressed to that
+   epoch. The run directory is the trust boundary, as for leases: a driver takes a request
+   only for its own epoch, only from a file its own user owns (on a local disk), and only
+   for a computation it runs; anything else is answered ``refused``. A request for an
+   epoch that has died is never taken by the next driver (a rescale nobody waits for
+   any more would surprise).
+2. **A committed batch boundary** (:class:`OnlineRescaler`, polled by the driver loop).
+   The driver waits until C's query is between two micro-batches (no trigger active; at
+   most ``BOUNDARY_WAIT_S``), stops *only C's query* and waits until its Spark jobs are
+   gone (a task of a stopped batch must not write a state file after the move read it).
+3. **The move**, in a thread, through the offline path's own steps
+   (``_rescale.target``, ``settled``, ``move_state``) with C's own outbox and lease: publish
+   C's committed batches, drop a batch planned and not committed (its state files too),
+   read the state at the last committed batch, write the move's heartbeat file and
+   ``run.json``. A planned batch that published weak productions already is not dropped:
+   C's query restarts with its old layout, commits it, and the rescale tries again at the
+   next boundary.
+4. **C's query restarts** with the new layout (``ComputationQuery.start``: the authority's
+   merge and split retire the old sequencer tokens, §7.1); its first batch installs the
+   moved envelopes before anything else, as after an offline rescale. The answer is
+   ``done`` once a published batch has read the move.
+
+Meanwhile the driver loop goes on for every other query: upstream computations and
+injectors keep producing (their files carry C's old ``interval:C`` column, which C's query
+keys again on read: ``docs/runtime.md``), downstream ones keep consuming what C published
+before; C's low watermark is not reported while its query is down, so it holds where it
+was, and downstream timers wait for it. Exactly once under kill -9 at any point: before
+``run.json`` changes nothing visible changed; after it, the next start finishes the
+rename if it was lost (``_layout.finish_move``) and moves the state in its first batch —
+the offline protocol's guarantees. The automatic policy (``_autoscale.py``, ``millwheel run
+--autoscale``) sends the same requests from inside the driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from millwheel._errors import MillwheelError
+from millwheel.runtime._autoscale import Decision, Figures, decide
+from millwheel.runtime._fs import Location
+from millwheel.runtime._layout import computation_layouts, read_pin
+from millwheel.runtime._lease import DriverEpoch, Lease, process_running
+from millwheel.runtime._outbox import crash_point
+from millwheel.runtime._rescale import PlannedBatchPublished, move_state, settled, target
+from millwheel.runtime._rescale import rescale as offline_rescale
+from millwheel.runtime._wire import IntervalSummary
+
+__all__ = ["OnlineRescaler", "answers", "request_rescale", "rescale", "rescale_main"]
+
+#: where requests and answers live, under the run directory
+CONTROL = ("control", "rescale")
+#: the longest a rescale waits for C's query to be between batches before stopping it anyway
+BOUNDARY_WAIT_S = 10.0
+#: how often a driver lists the requests
+LIST_EVERY_S = 0.5
+#: how many times a rescale meets a planned batch with weak productions before it gives up
+MAX_ATTEMPTS = 5
+#: answers that end a request
+FINAL = ("done", "failed", "refused")
+
+
+def _control(root: Location) -> Location:
+    return root.child(*CONTROL)
+
+
+def holder(root: Location, computation: str) -> tuple[int, str] | None:
+    """The driver epoch holding ``computation``'s lease and its ``_drivers`` entry, if that
+    driver may be running (not marked stopped, and on this host its process is alive)."""
+    leases = root.child("leases")
+    epoch = Lease(leases.child(computation), computation).newest() if leases.exists() else 0
+    if not epoch:
+        return None
+    name = f"{epoch:012d}"
+    text = (leases.child(DriverEpoch.DIR, name).read_text() or leases.child(computation, name).read_text() or "").strip()
+    if not text or text.endswith(" stopped"):
+        return None
+    host, _, pid = text.rpartition(":")
+    if host == os.uname().nodename and pid.isdigit() and not process_running(int(pid)):
+        return None  # killed (a zombie too: its parent has not reaped it yet)
+    return epoch, text
+
+
+# ---- the command's side ------------------------------------------------------------------
+def rescale(
+    run_dir: str, computation: str, intervals: int | None = None, *, layout: str | None = None, spark: Any = None,
+    force: bool = False, wait: bool = True, timeout_s: float | None = None, log: Any = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Give ``computation`` of the run in ``run_dir`` ``intervals`` key intervals: online,
+    by the driver that runs it (the module docstring), or offline if none does
+    (``_rescale.rescale``). ``wait=False`` returns once the request is written (online).
+    ``layout`` (another state layout, ``_relayout.py``) needs a stopped run."""
+    root = Location.of(run_dir)
+    if not force and holder(root, computation) is not None:
+        if layout is not None:
+            msg = f"cannot change the state layout of {computation!r} while a driver runs it: stop the run, then `millwheel rescale {run_dir} --computation {computation} --layout {layout}`"
+            raise MillwheelError(msg)
+        if intervals is None:
+            msg = "give --intervals N (or, on a stopped run, --layout intervals|keys)"
+            raise MillwheelError(msg)
+        return request_rescale(run_dir, computation, intervals, wait=wait, timeout_s=timeout_s, log=log)
+    return offline_rescale(run_dir, computation, intervals, layout=layout, spark=spark, force=force, log=log)
+
+
+def request_rescale(
+    run_dir: str, computation: str, intervals: int, *, wait: bool = True, timeout_s: float | None = None, log: Any = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Ask the driver running ``computation`` to rescale it (step 1), and wait for its
+    answer (unless ``wait`` is false); returns the answer, with ``"state"`` one of
+    ``done``, ``failed``, ``refused``, or ``sent`` without waiting."""
+    say = log or (lambda _m: None)
+    root = Location.of(run_dir)
+    target(root, computation, intervals)  # what can be refused here is, before anything is sent
+    held = holder(root, computation)
+    if held is None:
+        msg = f"cannot rescale online: no running driver holds computation {computation!r} of {root.uri}"
+        raise MillwheelError(msg)
+    epoch, who = held
+    rid = f"{epoch:012d}-{uuid.uuid4().hex[:12]}"
+    control = _control(root)
+    control.mkdirs()
+    body = {"id": rid, "computation": computation, "intervals": intervals, "epoch": epoch, "by": f"{os.uname().nodename}:{os.getpid()}", "at_ms": int(time.time() * 1000)}
+    control.child(f"{rid}.request").write_text(json.dumps(body))
+    say(f"asked the driver running {computation!r} ({who}, epoch {epoch}) to rescale it to {intervals} key intervals (request {rid})")
+    if not wait:
+        return {**body, "state": "sent"}
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    shown = None
+    while True:
+        answer = read_answer(root, rid)
+        if answer is not None:
+            if answer.get("state") != shown:
+                shown = answer.get("state")
+                say(f"{computation!r}: {answer.get('state')}: {answer.get('detail', '')}")
+            if answer.get("state") in FINAL:
+                return answer
+        if holder(root, computation) is None or (holder(root, computation) or (0, ""))[0] != epoch:
+            answer = read_answer(root, rid)  # it may have answered just before it stopped
+            if answer is not None and answer.get("state") in FINAL:
+                return answer
+            return _driver_gone(root, computation, intervals, rid, epoch)
+        if deadline is not None and time.monotonic() > deadline:
+            msg = f"no answer to rescale request {rid} within {timeout_s}s; it goes on (see `millwheel rescale {root.uri} --status`)"
+            raise MillwheelError(msg)
+        time.sleep(0.2)
+
+
+def read_answer(root: Location, rid: str) -> dict[str, Any] | None:
+    text = _control(root).child(f"{rid}.json").read_text()
+    return None if text is None else json.loads(text)
+
+
+def _driver_gone(root: Location, computation: str, intervals: int, rid: str, epoch: int) -> dict[str, Any]:
+    """The driver stopped (or was killed) before it answered: say what the run directory holds."""
+    own = ((read_pin(root).get("computations") or {}).get(computation) or {}).get("intervals")
+    if own == intervals:
+        detail = (
+            f"the driver (epoch {epoch}) stopped during the rescale, after run.json gave {computation!r} {intervals} key intervals: "
+            "the next `millwheel run` on this run directory resumes with them and moves the state in its first batch"
+        )
+        return {"id": rid, "state": "failed", "recorded": True, "detail": detail}
+    detail = f"the driver (epoch {epoch}) stopped before the rescale took effect: nothing changed; rescale again (offline, or once it runs again)"
+    return {"id": rid, "state": "failed", "recorded": False, "detail": detail}
+
+
+def answers(run_dir: str) -> list[dict[str, Any]]:
+    """Every rescale request of the run directory with its latest answer, oldest first
+    (the automatic policy's too: their ids say ``auto``, their answers carry the decision)."""
+    control = _control(Location.of(run_dir))
+    out = []
+    for name in control.list():
+        if name.endswith(".json") and not name.startswith("."):
+            text = control.child(name).read_text()
+            if text:
+                out.append(json.loads(text))
+    return sorted(out, key=lambda a: (a.get("at_ms", 0), a.get("id", "")))
+
+
+def rescale_main(argv: list[str]) -> int:
+    """``millwheel rescale RUN --computation C --intervals N [--no-wait] [--force]``, or ``RUN --status``."""
+    p = argparse.ArgumentParser(prog="millwheel rescale", description="give a computation another number of key intervals: online if a driver runs it, else in the stopped run directory")
+    p.add_argument("run", help="the run directory (--checkpoint of millwheel run)")
+    p.add_argument("--computation", help="the computation to rescale")
+    p.add_argument("--intervals", type=int, help="its new number of key intervals")
+    p.add_argument("--layout", choices=("intervals", "keys"), default=None, help="its new state layout, on a stopped run (docs/runtime.md)")
+    p.add_argument("--no-wait", dest="wait", action="store_false", help="online: return once the driver has the request (its progress shows in its live status)")
+    p.add_argument("--timeout", type=float, default=None, help="online: give up waiting for the answer after this many seconds")
+    p.add_argument("--force", action="store_true", help="rescale offline without checking that no driver runs (one on another host that you know has stopped)")
+    p.add_argument("--status", action="store_true", help="list the run's online rescales and the automatic policy's decisions, with their outcome")
+    args = p.parse_args(argv)
+    if args.status:
+        for a in answers(args.run):
+            why = f" — {a['decision']['reason']}" if a.get("decision") else ""
+            print(f"{a.get('id')}: {a.get('computation')} -> {a.get('intervals')} key intervals: {a.get('state')} ({a.get('detail', '')}){why}")
+        return 0
+    if args.computation is None or (args.intervals is None and args.layout is None):
+        p.error("--computation and --intervals or --layout are required (or --status)")
+    say = lambda m: print(f"millwheel: {m}", file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        out = rescale(args.run, args.computation, args.intervals, layout=args.layout, force=args.force, wait=args.wait, timeout_s=args.timeout, log=say)
+    except MillwheelError as exc:
+        print(f"millwheel: {exc}", file=sys.stderr)
+        return 2
+    state = out.get("state")
+    if state == "sent":
+        print(f"asked the running driver to rescale {args.computation!r} to {args.intervals} key intervals (request {out['id']}); its live status shows the progress")
+    elif state is not None:
+        print(f"rescale of {args.computation!r} to {args.intervals} key intervals: {state}: {out.get('detail', '')}")
+        return 0 if state == "done" else 1
+    elif out.get("to_layout") is not None and out.get("keys") is not None:
+        print(f"moved {out['computation']!r} to the {out['to_layout']!r} state layout with {out['to']} key intervals: {out['keys']} keys ({out['seconds']:.1f}s)")
+    elif out.get("keys") is not None and not out.get("unchanged"):
+        print(f"rescaled {out['computation']!r} from {out['from']} to {out['to']} key intervals: {out['keys']} keys move in its next micro-batch ({out['seconds']:.1f}s)")
+    return 0
+
+
+# ---- the driver's side ---------------------------------------------------------------------
+class _Job:
+    """One rescale in the driver: a request (or an autoscale decision) and where it is."""
+
+    def __init__(self, rid: str, computation: str, intervals: int, decision: Decision | None = None) -> None:
+        self.rid, self.computation, self.intervals, self.decision = rid, computation, intervals, decision
+        self.state = "waiting"  # waiting -> moving -> restarted -> done | failed
+        self.detail = "waits for a committed batch boundary"
+        self.at = {"requested": time.monotonic()}
+        self.at_ms = int(time.time() * 1000)
+        self.attempts = 0
+        self.thread: threading.Thread | None = None
+        self.result: dict[str, Any] | None = None
+        self.error: BaseException | None = None
+        self.figures: dict[str, Any] = {}
+
+    def text(self) -> str:
+        what = f"{self.decision.action} " if self.decision else ""
+        return f"rescale {what}{self.computation} -> {self.intervals} intervals: {self.state} ({self.detail})"
+
+
+class OnlineRescaler:
+    """The driver's side (steps 2-4 of the module docstring), polled by ``SparkRuntime.poll``;
+    with ``RuntimeSettings.autoscale``, also the automatic policy's figures and decisions."""
+
+    def __init__(self, rt: Any) -> None:
+        self.rt = rt
+        self.control = _control(rt.root)
+        self.jobs: deque[_Job] = deque()
+        self.finished: list[_Job] = []
+        self._listed = 0.0
+        self._seen: set[str] = set()
+        self.policy = getattr(rt.settings, "autoscale", None)
+        #: per computation: its last batches' figures (autoscale), and when it last changed
+        self.history: dict[str, deque[dict[int, Figures]]] = {}
+        self.changed_at: dict[str, float] = {}
+        #: the automatic policy's decisions, newest last, with their figures and outcome
+        self.decisions: list[dict[str, Any]] = []
+        self._no_autoscale: set[str] = set()
+        if self.policy is not None:
+            for name, c in rt.computations.items():
+                self.history[name] = deque(maxlen=max(8, self.policy.window))
+                c.outbox.on_summary = self._observer(name, c.outbox.on_summary)
+
+    def _observer(self, name: str, inner: Callable[[int, list[IntervalSummary]], None]) -> Callable[[int, list[IntervalSummary]], None]:
+        def on_summary(batch: int, summaries: list[IntervalSummary]) -> None:
+            inner(batch, summaries)
+            if summaries:
+                self.history[name].append({s.interval: Figures(s.step_ms, s.keys) for s in summaries})
+
+        return on_summary
+
+    # ---- the loop ------------------------------------------------------------------------
+    def busy(self, name: str) -> bool:
+        """C's query is stopped for a move: the loop leaves it alone."""
+        return bool(self.jobs) and self.jobs[0].computation == name and self.jobs[0].state == "moving"
+
+    def active(self) -> bool:
+        return bool(self.jobs)
+
+    def poll(self) -> None:
+        if time.monotonic() - self._listed >= LIST_EVERY_S:
+            self._listed = time.monotonic()
+            self._take_requests()
+            self._autoscale()
+        if self.jobs:
+            self._advance(self.jobs[0])
+
+    def stop(self) -> None:
+        """The driver stops: a move under way finishes writing (its state moves at the next start)."""
+        for job in list(self.jobs):
+            if job.thread is not None:
+                job.thread.join()
+            self._answer(job, "failed", "the driver stopped before the rescale was done; the next start carries it out if run.json has the new layout")
+
+    def _take_requests(self) -> None:
+        names = [n for n in self.control.list() if n.endswith(".request") and n not in self._seen]
+        epoch = self.rt.driver_epoch.value
+        for name in sorted(names):
+            self._seen.add(name)
+            if not name.startswith(f"{epoch:012d}-"):
+                continue  # another driver's (or a dead one's): never taken
+            loc = self.control.child(name)
+            rid = name[: -len(".request")]
+            try:
+                body = json.loads(loc.read_text() or "")
+                problem = self._refusal(loc, body)
+            except ValueError as exc:
+                body, problem = {}, f"not a rescale request ({exc})"
+            job = _Job(rid, str(body.get("computation")), body.get("intervals"))  # type: ignore[arg-type]
+            if problem is not None:
+                self._answer(job, "refused", problem)
+                continue
+            self.rt.log(f"rescale request {rid}: {job.computation} -> {job.intervals} key intervals")
+            self._enqueue(job)
+
+    def _refusal(self, loc: Location, body: dict[str, Any]) -> str | None:
+        if loc.local and os.stat(loc.path).st_uid != os.getuid():
+            return f"the request file is not owned by the user running this driver (uid {os.getuid()})"
+        if body.get("epoch") != self.rt.driver_epoch.value:
+            return f"addressed to driver epoch {body.get('epoch')}, not this one ({self.rt.driver_epoch.value})"
+        if body.get("computation") not in self.rt.computations:
+            return f"this driver does not run computation {body.get('computation')!r} (it runs {sorted(self.rt.computations)})"
+        if type(body.get("intervals")) is not int or body["intervals"] < 1:
+            return f"intervals must be a positive integer, got {body.get('intervals')!r}"
+        return None
+
+    def _enqueue(self, job: _Job) -> None:
+        self.jobs.append(job)
+        self._answer(job, "waiting", "queued" if len(self.jobs) > 1 else job.detail)
+
+    def _answer(self, job: _Job, state: str, detail: str) -> None:
+        job.state, job.detail = state, detail
+        body = {"id": job.rid, "computation": job.computation, "intervals": job.intervals, "state": state, "detail": detail, "at_ms": job.at_ms, **job.figures}
+        if job.decision is not None:
+            body["decision"] = {"action": job.decision.action, "reason": job.decision.reason, "figures": job.decision.figures}
+        self.control.mkdirs()
+        self.control.child(f"{job.rid}.json").write_text(json.dumps(body))
+        if state in FINAL:
+            self.rt.log(job.text())
+            if state != "refused":
+                self._note(job.computation, job.text())
+            if self.jobs and self.jobs[0] is job:
+                self.jobs.popleft()
+            self.finished.append(job)
+            for d in self.decisions:
+                if d.get("id") == job.rid:
+                    d["outcome"] = f"{state}: {detail}"
+            if job.decision is not None and state != "done":
+                self._no_autoscale.add(job.computation)  # refused (a layout it cannot move): not tried again
+
+    def _advance(self, job: _Job) -> None:
+        c = self.rt.computations[job.computation]
+        if job.state == "waiting":
+            self._at_boundary(job, c)
+        elif job.state == "moving" and job.thread is not None and not job.thread.is_alive():
+            self._restart(job, c)
+        elif job.state == "restarted":
+            migration = ((read_pin(self.rt.root).get("computations") or {}).get(job.computation) or {}).get("migration") or {}
+            if migration.get("moved") or migration.get("file") != (job.result or {}).get("file"):
+                job.figures["total_s"] = round(time.monotonic() - job.at["requested"], 3)
+                job.figures["restart_to_moved_s"] = round(time.monotonic() - job.at["restarted"], 3)
+                self.changed_at[job.computation] = time.monotonic()
+                self._answer(job, "done", f"{job.figures.get('keys', 0)} keys moved from {job.figures.get('from')} to {job.intervals} key intervals; C's query was down {job.figures.get('stopped_s')} s")
+
+    def _at_boundary(self, job: _Job, c: Any) -> None:
+        if job.attempts == 0 and "checked" not in job.at:
+            job.at["checked"] = time.monotonic()
+            try:
+                tgt = target(self.rt.root, job.computation, job.intervals)
+                done = settled(tgt, lambda _m: None, time.perf_counter())
+            except MillwheelError as exc:
+                self._answer(job, "failed", str(exc))
+                return
+            if done is not None:
+                self._answer(job, "done", "nothing to do: " + ("it has that many key intervals already" if done.get("unchanged") else "an interrupted rescale was finished"))
+                return
+        q = c.query
+        waited = time.monotonic() - job.at.get("retry", job.at["requested"])
+        if q is not None and q.isActive and waited < BOUNDARY_WAIT_S and (q.status or {}).get("isTriggerActive", False):
+            return
+        if job.attempts and c.outbox.published <= job.at.get("published_then", -1):
+            return  # after a retry: wait until the batch that stood in the way is published
+        t0 = time.monotonic()
+        run_id = str(q.runId) if q is not None else None
+        with _quiet(self.rt.spark):
+            c.stop()
+            _wait_for_jobs(self.rt.spark, run_id)
+        job.figures["stopped_at_batch_boundary"] = waited < BOUNDARY_WAIT_S
+        job.at["stopped"] = t0
+        crash_point(job.computation, "online_stopped", job.intervals)
+        job.state, job.detail = "moving", "its query is stopped; moving the state"
+        self._answer(job, "moving", job.detail)
+        job.thread = threading.Thread(target=self._move, args=(job, c), name=f"millwheel-rescale-{job.computation}", daemon=True)
+        job.thread.start()
+
+    def _move(self, job: _Job, c: Any) -> None:
+        try:
+            tgt = target(self.rt.root, job.computation, job.intervals)
+            job.result = move_state(tgt, c.outbox, self.rt.spark, self.rt.log, time.perf_counter())
+        except BaseException as exc:  # noqa: BLE001 - carried to the loop thread, which restarts the query
+            job.error = exc
+
+    def _restart(self, job: _Job, c: Any) -> None:
+        """C's query again, with whatever layout ``run.json`` gives it now."""
+        held = read_pin(self.rt.root)
+        rt = self.rt
+        layout = computation_layouts(held, [job.computation], rt.settings.intervals, rt.groups)[job.computation]
+        rt.layouts[job.computation] = layout
+        if layout.own:
+            rt.keyer.own[job.computation] = layout.intervals  # producers of this driver key for it from now on
+        c.start()
+        job.at["restarted"] = time.monotonic()
+        down = round(job.at["restarted"] - job.at["stopped"], 3)
+        if isinstance(job.error, PlannedBatchPublished) and job.attempts + 1 < MAX_ATTEMPTS:
+            job.attempts += 1
+            job.at["retry"] = time.monotonic()
+            job.at["published_then"] = c.outbox.published
+            job.error = None
+            self._answer(job, "waiting", f"a planned batch had published weak productions; it commits first, then attempt {job.attempts + 1}")
+            return
+        if job.error is not None:
+            self._answer(job, "failed", f"{job.error} (its query runs again with {layout.intervals} key intervals)")
+            return
+        r = job.result or {}
+        job.figures.update({"keys": r.get("keys"), "from": r.get("from"), "to": r.get("to"), "stopped_s": down, "move_s": round(r.get("seconds", 0.0), 3), "read_s": round(r.get("read_s", 0.0), 3), "dropped_planned": r.get("dropped_planned"), "file": r.get("file")})
+        if r.get("unchanged") or r.get("finished"):
+            self._answer(job, "done", "nothing to move")
+            return
+        self.history.get(job.computation, deque()).clear()
+        crash_point(job.computation, "online_restarted", job.intervals)
+        self._answer(job, "restarted", f"its query runs again with {layout.intervals} key intervals; its next batch moves {r.get('keys')} keys")
+
+    # ---- the automatic policy --------------------------------------------------------------
+    def _autoscale(self) -> None:
+        if self.policy is None:
+            return
+        now = time.monotonic()
+        for name, history in self.history.items():
+            if name in self._no_autoscale or any(j.computation == name for j in self.jobs):
+                continue
+            intervals = self.rt.computations[name].intervals
+            d = decide(name, intervals, list(history), self.policy, now_s=now, last_change_s=self.changed_at.get(name))
+            if d is None:
+                continue
+            job = _Job(f"{self.rt.driver_epoch.value:012d}-auto-{uuid.uuid4().hex[:8]}", name, d.to_intervals, d)
+            self.decisions.append({"id": job.rid, "at_ms": int(time.time() * 1000), "computation": name, "action": d.action, "from": d.from_intervals, "to": d.to_intervals, "reason": d.reason, "figures": d.figures})
+            del self.decisions[:-20]
+            self.rt.log(f"autoscale: {d.action} {name} from {d.from_intervals} to {d.to_intervals} key intervals: {d.reason}")
+            self._note(name, f"autoscale: {d.action} {d.from_intervals} -> {d.to_intervals}: {d.reason}")
+            history.clear()
+            self.changed_at[name] = now
+            self._enqueue(job)
+
+    def _note(self, computation: str, text: str) -> None:
+        """Tell the watermark authority, whose dashboard shows it beside the key intervals."""
+        try:
+            self.rt.watermarks.note(computation, text)
+        except Exception as exc:  # noqa: BLE001 - a note is for people: the rescale goes on without it
+            self.rt.log(f"could not send the authority a note about {computation!r}: {exc}")
+
+    def status(self, name: str) -> dict[str, Any]:
+        """What the live status shows of ``name``'s rescales: the one under way, the last done, the last decision."""
+        out: dict[str, Any] = {}
+        live = next((j for j in self.jobs if j.computation == name), None)
+        if live is not None:
+            out["rescale"] = live.text()
+        else:
+            last = next((j for j in reversed(self.finished) if j.computation == name), None)
+            if last is not None:
+                out["rescale"] = last.text()
+        mine = [d for d in self.decisions if d["computation"] == name]
+        if mine:
+            out["autoscale"] = mine[-1]
+        return out
+
+
+@contextlib.contextmanager
+def _quiet(spark: Any) -> Iterator[None]:
+    """Stopping one query interrupts its batch: Spark's errors and py4j's traceback of the
+    interrupted ``foreachBatch`` callback are the stop itself, not news (as at a driver's stop)."""
+    from millwheel.runtime._session import quiet_while_stopping
+
+    py4j = logging.getLogger("py4j.clientserver")
+    level = py4j.level
+    py4j.setLevel(logging.CRITICAL)
+    try:
+        with quiet_while_stopping(spark):
+            yield
+    finally:
+        py4j.setLevel(level)
+
+
+def _wait_for_jobs(spark: Any, run_id: str | None, timeout_s: float = 60.0) -> None:
+    """Until no Spark job of the stopped query's run (its job group) has a stage running:
+    a task of an interrupted batch must not write a state file after the move read the
+    state and dropped that batch's files (``_spark_internals.drop_planned_batch``)."""
+    if run_id is None:
+        return
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        busy = False
+        active = set(tracker.getActiveStageIds())
+        for jid in tracker.getJobIdsForGroup(run_id):
+            info = tracker.getJobInfo(jid)
+            if info is not None and (info.status == "RUNNING" or active & set(info.stageIds)):
+                busy = True
+                break
+        if not busy:
+            return
+        time.sleep(0.05)
