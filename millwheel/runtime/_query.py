@@ -35,11 +35,7 @@ from millwheel.runtime._arrowmap import arrow_mapping
 from millwheel.runtime._columnar import interval_step_class
 from millwheel.runtime._context import DriverContext
 from millwheel.runtime._fs import Location
-from millwheel.runtime._interval import (
-    KEYING_RESULT,
-    KEYING_STAGE_NEEDED,
-    make_keying,
-)
+from millwheel.runtime._interval import KEYING_RESULT, KEYING_STAGE_NEEDED, make_keying
 from millwheel.runtime._layout import finish_move, mark_migration
 from millwheel.runtime._lease import FencedError, Lease
 from millwheel.runtime._mapstate import make_processor
@@ -48,6 +44,7 @@ from millwheel.runtime._session import start_query
 from millwheel.runtime._spark_internals import (
     OFFSETS,
     SOURCES,
+    drop_uncommitted_state,
     error_mentions,
     file_source_offsets,
     source_log_files,
@@ -208,6 +205,9 @@ class ComputationQuery:
         self._migration = layout.migration
         if layout.migration is not None:
             self._check_migration(layout.migration)
+        dropped = drop_uncommitted_state(self.checkpoint)  # a killed attempt's files: its replay is their only writer
+        if dropped:
+            self.rt.log(f"computation {self.name!r}: deleted {len(dropped)} state-store files of a batch that never committed; its replay writes them again")
         self.outbox.recover()
         self.summaries.clear()
         self._tokens = self._acquire(layout)

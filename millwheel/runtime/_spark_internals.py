@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgpack
@@ -235,9 +235,43 @@ def drop_planned_batch(checkpoint: Location, batch: int) -> list[str]:
 _STATE_FILE_KINDS = (".delta", ".snapshot", ".changelog", ".zip")
 
 
+def drop_uncommitted_state(checkpoint: Location) -> list[str]:
+    """Delete every state-store file of a version no committed batch made (above the last
+    committed batch + 1); returns the files deleted. Every computation query calls it before
+    it starts (``_query.py``), so a replayed batch is the only writer of its version.
+
+    Without it, a killed attempt's state outlives its replay. A task commits its
+    state-store version at its end, before Spark's commit log. Spark takes a replay to be
+    the *same* batch: when the version's file is already there it keeps it rather than
+    rename its own over it (the checkpoint file managers rename without overwriting), and
+    the store's maintenance thread may have snapshotted it too (the HDFS-backed provider
+    snapshots the newest version it holds; RocksDB uploads ``<version>.zip``). For a
+    computation that draws random numbers or reads the clock, the replay is another batch:
+    every later load of that version — a restart, ``millwheel state`` — would give the
+    killed attempt's state, not the one committed with the published productions
+    (MillWheel §6.1.2). Spark's own answer, checkpoint ids per attempt
+    (``checkpointFormatVersion`` 2), is for the RocksDB provider only.
+    ``tests/runtime/test_strong_productions.py`` has the kill that shows it.
+    """
+    last = max(committed_batches(checkpoint), default=-1)
+    return _drop_state_versions(checkpoint.child(STATE), lambda v: v > last + 1)
+
+
 def _drop_state_version(loc: Location, version: int) -> list[str]:
     """Delete the state-store files of ``version`` under ``loc`` (every operator, partition
     and store; their checksums and temporary files too)."""
+    return _drop_state_versions(loc, lambda v: v == version)
+
+
+def _state_file_version(name: str) -> int | None:
+    """The version a state-store file is of (``12.delta``, ``.12.delta.crc``, ``12_<id>.zip``,
+    ``12.changelog``...), or ``None`` for any other file."""
+    bare = name.lstrip(".")
+    head = bare.split(".", 1)[0].split("_", 1)[0]
+    return int(head) if head.isdigit() and any(k in bare for k in _STATE_FILE_KINDS) else None
+
+
+def _drop_state_versions(loc: Location, drop: Callable[[int], bool]) -> list[str]:
     dropped: list[str] = []
     if not loc.exists():
         return dropped
@@ -245,14 +279,15 @@ def _drop_state_version(loc: Location, version: int) -> list[str]:
         if name == "_metadata":
             continue
         child = loc.child(name)
-        bare = name.lstrip(".")
-        if bare.startswith((f"{version}.", f"{version}_")) and any(k in bare for k in _STATE_FILE_KINDS):
-            child.delete()
-            dropped.append(child.uri)
+        version = _state_file_version(name)
+        if version is not None:
+            if drop(version):
+                child.delete()
+                dropped.append(child.uri)
         elif not name.startswith(".") and "." not in name and loc.fs.get_file_info(child.path).type == pafs.FileType.Directory:
             # an operator, partition or store directory (not a file without a dot in its name,
             # as transformWithState's schema files ``_stateSchema/default/<batch>_<uuid>`` are)
-            dropped += _drop_state_version(child, version)
+            dropped += _drop_state_versions(child, drop)
     return dropped
 
 
