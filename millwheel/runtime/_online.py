@@ -62,8 +62,9 @@ from millwheel.runtime._fs import Location
 from millwheel.runtime._layout import computation_layouts, read_pin
 from millwheel.runtime._lease import DriverEpoch, Lease, process_running
 from millwheel.runtime._outbox import crash_point
-from millwheel.runtime._rescale import PlannedBatchPublished, move_state, settled, target
+from millwheel.runtime._rescale import move_state, settled, target
 from millwheel.runtime._rescale import rescale as offline_rescale
+from millwheel.runtime._settle import PlannedBatchPublished
 from millwheel.runtime._wire import IntervalSummary
 
 __all__ = ["OnlineRescaler", "answers", "request_rescale", "rescale", "rescale_main"]

@@ -51,7 +51,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from millwheel._errors import MillwheelError
-from millwheel.runtime._audit import AuditLog
 from millwheel.runtime._fs import Location
 from millwheel.runtime._install import (
     INSTALL_INPUT,
@@ -62,32 +61,26 @@ from millwheel.runtime._install import (
 from millwheel.runtime._keying import interval_of
 from millwheel.runtime._layout import computation_layouts, read_pin, write_pin
 from millwheel.runtime._lease import DriverEpoch, Lease, live_drivers
-from millwheel.runtime._outbox import Outbox, crash_point
+from millwheel.runtime._outbox import crash_point
 from millwheel.runtime._query import STATE_STORE_CONF
 from millwheel.runtime._session import start_query
 from millwheel.runtime._settings import STATE_LAYOUTS
+from millwheel.runtime._settle import offline_outbox, refuse, settle
 from millwheel.runtime._spark_internals import (
     committed_batches,
-    drop_planned_batch,
     graft_state,
     offset_log_conf,
-    planned_batches,
     read_envelopes,
     read_interval_states,
     set_offset_log_conf,
 )
-from millwheel.runtime._streams import DONE, FileStreamLog
-from millwheel.runtime._wire import STATE_SCHEMA, IntervalSummary, interval_groups
+from millwheel.runtime._wire import STATE_SCHEMA, interval_groups
 
 __all__ = ["relayout", "relayout_wanted"]
 
 #: the state-store settings a scratch query needs beyond its layout's: a RocksDB commit
 #: writes a whole snapshot (``1.zip``), which loads alone once renamed (``graft_state``)
 _SCRATCH_CONF = {"spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "false"}
-
-
-def _refuse(msg: str) -> MillwheelError:
-    return MillwheelError(f"cannot rescale: {msg}")
 
 
 def relayout_wanted(run_dir: str, computation: str, layout: str | None) -> bool:
@@ -122,7 +115,7 @@ def relayout(
     held = read_pin(root)
     if not held:
         msg = f"{root.uri} has no run.json: not a run directory, or never started"
-        raise _refuse(msg)
+        raise refuse(msg)
     checkpoint = root.child("checkpoints", computation)
     if not checkpoint.exists():
         known = (
@@ -131,10 +124,10 @@ def relayout(
             else []
         )
         msg = f"run directory {root.uri} has no computation {computation!r} (its computations: {known})"
-        raise _refuse(msg)
+        raise refuse(msg)
     if "groups" not in held or "intervals" not in held:
         msg = f"{root.child('run.json').uri} does not pin the run's key intervals and groups; start the run once with this millwheel first"
-        raise _refuse(msg)
+        raise refuse(msg)
     old = computation_layouts(
         held, [computation], int(held["intervals"]), [int(g) for g in held["groups"]]
     )[computation]
@@ -143,17 +136,17 @@ def relayout(
         layout = old.state_layout
     if layout not in STATE_LAYOUTS:
         msg = f"--layout must be one of {', '.join(STATE_LAYOUTS)}, got {layout!r}"
-        raise _refuse(msg)
+        raise refuse(msg)
     if intervals is not None and (type(intervals) is not int or intervals < 1):
         msg = f"--intervals must be a positive integer, got {intervals!r}"
-        raise _refuse(msg)
+        raise refuse(msg)
     live = live_drivers(root.child("leases"))
     if live and not force:
         msg = (
             f"a driver may still be running run directory {root.uri} ({'; '.join(live)}); stop it first "
             "(or pass --force if you know a driver on another host has stopped)"
         )
-        raise _refuse(msg)
+        raise refuse(msg)
     pending = migration.get("relayout")
     if pending is not None and pending != "done":
         if layout != old.state_layout or intervals not in (None, old.intervals):
@@ -161,7 +154,7 @@ def relayout(
                 f"the change of {computation!r} to the {old.state_layout!r} layout with {old.intervals} key intervals was interrupted; "
                 f"finish it first (--layout {old.state_layout} --intervals {old.intervals})"
             )
-            raise _refuse(msg)
+            raise refuse(msg)
         with _fenced(root, computation):
             _swap(root, computation, checkpoint, migration)
         root.child("checkpoints", f".{computation}.relayout").delete()
@@ -177,11 +170,11 @@ def relayout(
             f"the rescale of {computation!r} to {old.intervals} key intervals has not moved its state yet; "
             "resume the run until a batch has moved it (or finish the rescale), then change its layout"
         )
-        raise _refuse(msg)
+        raise refuse(msg)
     n = old.intervals if intervals is None else intervals
     if layout == old.state_layout and n == old.intervals:
         msg = f"computation {computation!r} keeps its state in the {layout!r} layout with {n} key intervals already: nothing to change"
-        raise _refuse(msg)
+        raise refuse(msg)
     with _fenced(root, computation) as lease:
         return _move(root, computation, held, old, layout, n, checkpoint, lease, spark, say, t0)
 
@@ -202,70 +195,6 @@ def _fenced(root: Location, computation: str) -> Iterator[Lease]:
         epoch.mark(stopped=True)
 
 
-def settle(
-    root: Location, computation: str, checkpoint: Location, lease: Lease, say: Any
-) -> tuple[int, int | None]:
-    """Publish every committed batch of a stopped computation under ``lease`` and drop a
-    batch planned and never committed; returns the last committed batch and the dropped one."""
-    audit = AuditLog(root)
-
-    def on_summary(batch: int, summaries: list[IntervalSummary]) -> None:
-        if (
-            summaries
-        ):  # the audit line a driver writes when it publishes (``ComputationQuery._on_summary``)
-            fired = sum(s.metrics.get("timers_fired", 0) for s in summaries)
-            audit.batch(
-                computation, batch, max(s.low_watermark for s in summaries), fired, lease.epoch
-            )
-
-    outbox = Outbox(
-        computation, root.child("outbox", computation), checkpoint, FileStreamLog(root), strong=True,
-        on_summary=on_summary, tally=root.child("tallies", f"{computation}.json"), lease=lease,
-    )  # fmt: skip
-    outbox.recover()
-    committed = committed_batches(checkpoint)
-    last = committed[-1] if committed else -1
-    if outbox.published < last:
-        msg = f"committed batch {last} of {computation!r} is not published (published up to {outbox.published}); resume the run first"
-        raise _refuse(msg)
-    dropped = None
-    for b in planned_batches(checkpoint):
-        if b <= last:
-            continue
-        if b != last + 1:
-            msg = f"the offset log of {computation!r} plans batch {b} after committed batch {last}: not a checkpoint Spark writes"
-            raise _refuse(msg)
-        weak = _weak_published(root, computation, b)
-        if weak:
-            msg = (
-                f"batch {b} of {computation!r} was planned, not committed, and published weak productions already ({weak[0]}, ...); "
-                "a new plan of it could give their ids other contents: resume the run until it commits that batch, stop it, then rescale"
-            )
-            raise _refuse(msg)
-        drop_planned_batch(checkpoint, b)
-        dropped = b
-        say(
-            f"dropped batch {b} of {computation!r}, planned and never committed: the next start plans it again with the new layout"
-        )
-    return last, dropped
-
-
-def _weak_published(root: Location, computation: str, batch: int) -> list[str]:
-    """Files a not-committed ``batch`` of ``computation`` published as weak productions (``Outbox.sink``)."""
-    prefix = f"b{batch:010d}-w"
-    out: list[str] = []
-    streams = root.child("streams")
-    for stream in streams.list() if streams.exists() else []:
-        d = streams.child(stream, computation)
-        for sub in (d, d.child(DONE)):
-            out += [
-                f"{stream}/{n}"
-                for n in (sub.list() if sub.exists() else [])
-                if n.startswith(prefix)
-            ]
-    return out
-
-
 def read_all(spark: Any, checkpoint: Location, layout: str, batch: int) -> dict[bytes, bytes]:
     """Every key's envelope at committed ``batch`` of a computation in ``layout``."""
     if batch < 0:
@@ -276,7 +205,7 @@ def read_all(spark: Any, checkpoint: Location, layout: str, batch: int) -> dict[
         _, states = read_interval_states(spark, checkpoint.uri, batch)
     except ValueError as exc:
         msg = f"{exc}; a columnar computation keeps the interval-row layout (its state is a store, not envelopes)"
-        raise _refuse(msg) from None
+        raise refuse(msg) from None
     out: dict[bytes, bytes] = {}
     for envs in states.values():
         out.update(envs)
@@ -361,7 +290,7 @@ def _move(
     root: Location, computation: str, held: dict[str, Any], old: Any, layout: str, intervals: int, checkpoint: Location,
     lease: Lease, spark: Any, say: Any, t0: float,
 ) -> dict[str, Any]:  # fmt: skip
-    last, dropped = settle(root, computation, checkpoint, lease, say)
+    last, dropped = settle(offline_outbox(root, computation, checkpoint, lease), root, computation, checkpoint, say)
     if spark is None and last >= 0:
         from millwheel.runtime._session import spark_session
 

@@ -45,8 +45,6 @@ import msgpack
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from millwheel._errors import MillwheelError
-from millwheel.runtime._audit import AuditLog
 from millwheel.runtime._fs import Location
 from millwheel.runtime._keying import interval_of
 from millwheel.runtime._layout import HIDDEN_MOVE, computation_layouts, read_pin, update_pin
@@ -55,24 +53,18 @@ from millwheel.runtime._move import state_digest
 from millwheel.runtime._outbox import Outbox, crash_point
 from millwheel.runtime._query import HB_MOVE_SCHEMA, ConsumedFiles
 from millwheel.runtime._relayout import relayout, relayout_wanted
+from millwheel.runtime._settle import offline_outbox, refuse, settle
 from millwheel.runtime._spark_internals import (
     committed_batches,
-    drop_planned_batch,
     offset_log_conf,
-    planned_batches,
     read_interval_states,
 )
-from millwheel.runtime._streams import DONE, FileStreamLog
-from millwheel.runtime._wire import IntervalSummary, RowKind, interval_groups
+from millwheel.runtime._wire import RowKind, interval_groups
 
-__all__ = ["PlannedBatchPublished", "Target", "move_state", "offline_outbox", "rescale", "settled", "target"]
+__all__ = ["Target", "move_state", "rescale", "settled", "target"]
 
 #: the hidden name a rescale's heartbeat file has until ``run.json`` names it
 _HIDDEN = HIDDEN_MOVE
-
-
-def _refuse(msg: str) -> MillwheelError:
-    return MillwheelError(f"cannot rescale: {msg}")
 
 
 @dataclass
@@ -107,7 +99,7 @@ def rescale(
         return relayout(run_dir, computation, layout, intervals, spark=spark, force=force, log=log)
     if intervals is None:
         msg = "give --intervals N, --layout intervals|keys, or both"
-        raise _refuse(msg)
+        raise refuse(msg)
     t0 = time.perf_counter()
     say = log or (lambda _msg: None)
     root = Location.of(run_dir)
@@ -118,7 +110,7 @@ def rescale(
             f"a driver may still be running run directory {root.uri} ({'; '.join(live)}); stop it first "
             "(or pass --force if you know a driver on another host has stopped)"
         )
-        raise _refuse(
+        raise refuse(
             msg
         )
     done = settled(tgt, say, t0)
@@ -130,7 +122,7 @@ def rescale(
     lease = Lease(leases.child(computation), f"computation {computation!r} (millwheel rescale)")
     lease.acquire(epoch.get())
     try:
-        return move_state(tgt, offline_outbox(tgt, lease), spark, say, t0)
+        return move_state(tgt, offline_outbox(root, computation, tgt.checkpoint, lease), spark, say, t0)
     finally:
         epoch.mark(stopped=True)
 
@@ -142,26 +134,26 @@ def target(root: Location, computation: str, intervals: int) -> Target:
     held = read_pin(root)
     if not held:
         msg = f"{root.uri} has no run.json: not a run directory, or never started"
-        raise _refuse(msg)
+        raise refuse(msg)
     if type(intervals) is not int or intervals < 1:
         msg = f"--intervals must be a positive integer, got {intervals!r}"
-        raise _refuse(msg)
+        raise refuse(msg)
     if held.get("state_layout", "intervals") != "intervals":
         msg = (
             f"run directory {root.uri} keeps its state in the per-key layout (state_layout={held['state_layout']!r}); "
             "millwheel rescale moves the interval-row layout only (docs/runtime.md, 'Rescaling key intervals')"
         )
-        raise _refuse(
+        raise refuse(
             msg
         )
     checkpoint = root.child("checkpoints", computation)
     if not checkpoint.exists():
         known = sorted(root.child("checkpoints").list()) if root.child("checkpoints").exists() else []
         msg = f"run directory {root.uri} has no computation {computation!r} (its computations: {known})"
-        raise _refuse(msg)
+        raise refuse(msg)
     if "groups" not in held or "intervals" not in held:
         msg = f"{root.child('run.json').uri} does not pin the run's key intervals and groups; start the run once with this millwheel first"
-        raise _refuse(msg)
+        raise refuse(msg)
     old = computation_layouts(held, [computation], int(held["intervals"]), [int(g) for g in held["groups"]])[computation]
     return Target(root, computation, intervals, held, old, checkpoint, root.child("heartbeats", computation))
 
@@ -184,17 +176,17 @@ def settled(tgt: Target, say: Any, t0: float) -> dict[str, Any] | None:
                 f"the rescale of {computation!r} to {old.intervals} key intervals has not run yet (its state move {name} waits "
                 "in the heartbeats); resume the run, which moves the state in its first micro-batch, then rescale again"
             )
-            raise _refuse(
+            raise refuse(
                 msg
             )
         if name not in consumed.heartbeat_files:
             hidden = heartbeats.child(_HIDDEN.format(name))
             if not hidden.exists():
                 msg = f"run.json names the state move {name} of {computation!r}, which is gone: the run directory is damaged"
-                raise _refuse(msg)
+                raise refuse(msg)
             if intervals != old.intervals:
                 msg = f"the rescale of {computation!r} to {old.intervals} key intervals was interrupted; finish it first (--intervals {old.intervals})"
-                raise _refuse(msg)
+                raise refuse(msg)
             hidden.move_to(heartbeats.child(name))
             say(f"finished the interrupted rescale of {computation!r} to {intervals} key intervals")
             return {"computation": computation, "to": intervals, "finished": True, "file": name, "seconds": time.perf_counter() - t0}
@@ -203,7 +195,7 @@ def settled(tgt: Target, say: Any, t0: float) -> dict[str, Any] | None:
                 f"the batch that moves {computation!r}'s state into {old.intervals} key intervals is planned but not committed; "
                 "resume the run until it commits, then rescale again"
             )
-            raise _refuse(
+            raise refuse(
                 msg
             )
     if intervals == old.intervals:
@@ -212,62 +204,13 @@ def settled(tgt: Target, say: Any, t0: float) -> dict[str, Any] | None:
     return None
 
 
-def offline_outbox(tgt: Target, lease: Lease) -> Outbox:
-    """The outbox of a stopped run's computation, publishing under ``lease`` and writing the
-    audit line a driver writes when it publishes (``ComputationQuery._on_summary``)."""
-    audit = AuditLog(tgt.root)
-    computation = tgt.computation
-
-    def on_summary(batch: int, summaries: list[IntervalSummary]) -> None:
-        if summaries:
-            fired = sum(s.metrics.get("timers_fired", 0) for s in summaries)
-            audit.batch(computation, batch, max(s.low_watermark for s in summaries), fired, lease.epoch)
-
-    return Outbox(
-        computation, tgt.root.child("outbox", computation), tgt.checkpoint, FileStreamLog(tgt.root), strong=True,
-        on_summary=on_summary, tally=tgt.root.child("tallies", f"{computation}.json"), lease=lease,
-    )  # fmt: skip
-
-
-class PlannedBatchPublished(MillwheelError):
-    """The batch planned after the last committed one published weak productions already:
-    the state cannot move before it (a new plan could give their ids other contents).
-    Offline this refuses; a running driver lets the batch commit and tries again (``_online.py``)."""
-
-
 def move_state(tgt: Target, outbox: Outbox, spark: Any, say: Any, t0: float) -> dict[str, Any]:
     """Steps 2-4 of the module docstring, for a computation whose query is not running and
     whose lease ``outbox`` holds: publish what committed, drop a planned batch, read the
     state at the last committed batch, write the move's heartbeat file and ``run.json``."""
     root, computation, intervals, old, checkpoint, heartbeats = tgt.root, tgt.computation, tgt.intervals, tgt.old, tgt.checkpoint, tgt.heartbeats
     # 2. publish what committed; drop a planned, uncommitted batch
-    outbox.recover()
-    committed = committed_batches(checkpoint)
-    last = committed[-1] if committed else -1
-    if outbox.published < last:
-        msg = f"committed batch {last} of {computation!r} is not published (published up to {outbox.published}); resume the run first"
-        raise _refuse(msg)
-    dropped = None
-    for b in planned_batches(checkpoint):
-        if b <= last:
-            continue
-        if b != last + 1:
-            msg = f"the offset log of {computation!r} plans batch {b} after committed batch {last}: not a checkpoint Spark writes"
-            raise _refuse(msg)
-        weak = _weak_published(root, computation, b)
-        if weak:
-            msg = (
-                f"cannot rescale: batch {b} of {computation!r} was planned, not committed, and published weak productions already ({weak[0]}, ...); "
-                "a new plan of it could give their ids other contents: resume the run until it commits that batch, stop it, then rescale"
-            )
-            raise PlannedBatchPublished(
-                msg
-            )
-        state_files = drop_planned_batch(checkpoint, b)
-        dropped = b
-        if state_files:
-            say(f"dropped {len(state_files)} state-store files batch {b} of {computation!r} had written before it stopped")
-        say(f"dropped batch {b} of {computation!r}, planned and never committed: the next start plans it again after the state move")
+    last, dropped = settle(outbox, root, computation, checkpoint, say)
 
     # 3. the state at the last committed batch, by old group
     if spark is None:
@@ -279,21 +222,21 @@ def move_state(tgt: Target, outbox: Outbox, spark: Any, say: Any, t0: float) -> 
         per_key, states = read_interval_states(spark, checkpoint.uri, last) if last >= 0 else (False, {})
     except ValueError as exc:
         msg_0 = f"{exc}; millwheel rescale moves per-record computations' envelopes only"
-        raise _refuse(msg_0) from None
+        raise refuse(msg_0) from None
     if per_key:
         msg = f"computation {computation!r} keeps its state in the per-key layout; millwheel rescale moves the interval-row layout only"
-        raise _refuse(msg)
+        raise refuse(msg)
     read_s = time.perf_counter() - t_read
     stray = sorted(set(states) - set(old.groups))
     if stray:
         msg = f"the state of {computation!r} has groups {stray} that its layout in run.json ({list(old.groups)}) does not: run.json was changed by hand, or the checkpoint is not the one this run.json describes"
-        raise _refuse(msg)
+        raise refuse(msg)
     interval_of_group = {g: i for i, g in enumerate(old.groups)}
     for g, envs in states.items():
         wrong = [kb for kb in envs if interval_of(kb, old.intervals) != interval_of_group[g]]
         if wrong:
             msg = f"{len(wrong)} keys of {computation!r} are held in key interval {interval_of_group[g]} of {old.intervals}, not their own: the state is damaged"
-            raise _refuse(msg)
+            raise refuse(msg)
 
     # the new groups: dealt over the checkpoint's partitions, disjoint from every group used before
     held = tgt.held
@@ -363,15 +306,3 @@ def move_rows(states: dict[int, dict[bytes, bytes]], old_groups: Any, new_groups
         schema=HB_MOVE_SCHEMA,
     )  # fmt: skip
     return table, keys
-
-
-def _weak_published(root: Location, computation: str, batch: int) -> list[str]:
-    """Files a not-committed ``batch`` of ``computation`` published as weak productions (``Outbox.sink``)."""
-    prefix = f"b{batch:010d}-w"
-    out: list[str] = []
-    streams = root.child("streams")
-    for stream in streams.list() if streams.exists() else []:
-        d = streams.child(stream, computation)
-        for sub in (d, d.child(DONE)):
-            out += [f"{stream}/{n}" for n in (sub.list() if sub.exists() else []) if n.startswith(prefix)]
-    return out

@@ -175,7 +175,7 @@ def test_a_planned_batch_with_weak_productions_is_committed_first_and_the_rescal
 
     from millwheel.runtime import _online
     from millwheel.runtime._layout import update_pin
-    from millwheel.runtime._rescale import PlannedBatchPublished
+    from millwheel.runtime._settle import PlannedBatchPublished
 
     root = _run(tmp_path)
     rt = _driver(root)
