@@ -18,6 +18,11 @@ if _ROOT not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p)
 # `millwheel run` serves the Spark UI by default; tests (and their subprocesses) do not
 os.environ.setdefault("MILLWHEEL_SPARK_UI", "0")
+# Every driver JVM of the suite (the session below, each driver a kill test starts) runs for
+# seconds to minutes: the client compiler alone, and the serial collector, leave both cores
+# to the work instead of the C2 compiler's and G1's threads. Measured side by side on a
+# kill test that starts two drivers: 83 s against 53 s (docs/architecture.md, "Tests").
+os.environ.setdefault("MILLWHEEL_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=200, deadline=None)

@@ -180,6 +180,10 @@ def checkpoint_conf(root: Any) -> dict[str, str]:
     return dict(LOCAL_CHECKPOINT_CONF) if root.local else {}
 
 
+#: more options for the driver JVM this process starts (``-XX:...``), before millwheel's own
+JAVA_OPTIONS_ENV = "MILLWHEEL_JAVA_OPTIONS"
+
+
 def spark_session(
     master: str | None = "local[2]",
     *,
@@ -228,6 +232,10 @@ def spark_session(
     }
     if not submitted:  # the driver JVM starts here: it reads its log configuration at start
         java_options = f"-Dlog4j2.configurationFile=file:{log4j2_file(level)}"
+        # more options for the driver JVM (docs/deployment.md, "Quiet Spark"); the test suite
+        # gives its short runs a JVM that compiles less (tests/conftest.py)
+        if os.environ.get(JAVA_OPTIONS_ENV, "").strip():
+            java_options = f"{os.environ[JAVA_OPTIONS_ENV].strip()} {java_options}"
         extra = (conf or {}).get("spark.driver.extraJavaOptions")
         settings["spark.driver.extraJavaOptions"] = f"{extra} {java_options}" if extra else java_options
     else:  # spark-submit's --conf and spark-defaults.conf win over these defaults; the JVM's memory is set

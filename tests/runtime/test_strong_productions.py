@@ -53,16 +53,6 @@ def _run_with_crash(tmp_path, *extra, after_kill=None):
     return stamps, states
 
 
-def test_strong_productions_publish_one_version_consistent_with_committed_state(tmp_path):
-    stamps, states = _run_with_crash(tmp_path)
-    versions = Counter(r.id for r in stamps)
-    assert len(versions) == N and set(versions.values()) == {1}  # exactly one version per logical output
-    committed = {src: rand for made in states["Stamp"].values() for src, rand in made.items()}
-    assert len(committed) == N
-    assert all(committed[r.value["src"]] == r.value["rand"] for r in stamps)  # the committed version
-    assert len(states["CountBySource"]) == N and set(states["CountBySource"].values()) == {1}
-
-
 def _killed_attempts_state(root):
     """``(the batch the kill interrupted, the state-store files of the version it made)`` of ``Stamp``."""
     checkpoint = root / "checkpoints" / "Stamp"
@@ -70,25 +60,33 @@ def _killed_attempts_state(root):
     return crashed, [p for p in (checkpoint / "state").rglob(f"{crashed + 1}.*") if p.suffix in (".delta", ".snapshot")]
 
 
-def test_the_state_committed_with_a_replayed_batch_is_the_replays(tmp_path, spark):
-    """The killed attempt of batch B committed its state-store version B+1 (a task commits at
-    its end, before Spark's commit log). Spark takes a replay to be the same batch: it keeps a
-    version file already there rather than rename its own over it, and the store's maintenance
-    thread may have snapshotted it too. Without the cleanup at start
-    (``_spark_internals.drop_uncommitted_state``) every load of version B+1 — a restart after
-    batch B, ``millwheel state`` — gives the killed attempt's state, not the one committed
-    with the published productions (it failed one run in three on a loaded machine, in the
-    test above, when the drain ended right after the replay)."""
+def test_strong_productions_publish_one_version_consistent_with_committed_state(tmp_path, spark):
     seen = []
-    stamps, _ = _run_with_crash(tmp_path, after_kill=lambda root: seen.append(_killed_attempts_state(root)))
+    stamps, states = _run_with_crash(tmp_path, after_kill=lambda root: seen.append(_killed_attempts_state(root)))
+    versions = Counter(r.id for r in stamps)
+    assert len(versions) == N and set(versions.values()) == {1}  # exactly one version per logical output
+    committed = {src: rand for made in states["Stamp"].values() for src, rand in made.items()}
+    assert len(committed) == N
+    assert all(committed[r.value["src"]] == r.value["rand"] for r in stamps)  # the committed version
+    assert len(states["CountBySource"]) == N and set(states["CountBySource"].values()) == {1}
+
+    # The state committed with the replayed batch B is the replay's. The killed attempt
+    # committed its state-store version B+1 (a task commits at its end, before Spark's
+    # commit log); Spark takes a replay to be the same batch and keeps a version file
+    # already there rather than rename its own over it, and the store's maintenance thread
+    # may have snapshotted it. Without the cleanup at start
+    # (``_spark_internals.drop_uncommitted_state``) every load of version B+1 — a restart
+    # right after batch B, ``millwheel state`` — gave the killed attempt's state (the
+    # assertion above failed one run in three on a loaded machine, when the drain ended
+    # right after the replay); read at batch B, it fails on every run.
     crashed, files = seen[0]
     assert files, "the killed attempt left no state of its batch: the case was not exercised"
     codec = ComputationOptions().state_codec
     envelopes = committed_envelopes(spark, Location.of(str(tmp_path / "run" / "checkpoints" / "Stamp")), crashed)
-    committed = {src: rand for env in envelopes.values() for src, rand in codec.decode(Envelope.decode(env).state).items()}
-    assert committed, f"batch {crashed} committed no state"
+    at_b = {src: rand for env in envelopes.values() for src, rand in codec.decode(Envelope.decode(env).state).items()}
+    assert at_b, f"batch {crashed} committed no state"
     published = {r.value["src"]: r.value["rand"] for r in stamps}
-    assert all(published[src] == rand for src, rand in committed.items())  # batch B's state is the published version's
+    assert all(published[src] == rand for src, rand in at_b.items())  # batch B's state is the published version's
 
 
 def test_weak_productions_may_duplicate_and_consumers_drop_them_by_id(tmp_path):
