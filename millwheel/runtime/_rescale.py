@@ -53,7 +53,7 @@ from millwheel.runtime._move import state_digest
 from millwheel.runtime._outbox import Outbox, crash_point
 from millwheel.runtime._query import HB_MOVE_SCHEMA, ConsumedFiles
 from millwheel.runtime._relayout import relayout, relayout_wanted
-from millwheel.runtime._settle import offline_outbox, refuse, settle
+from millwheel.runtime._settle import offline_outbox, refuse, refuse_own_files, settle
 from millwheel.runtime._spark_internals import (
     committed_batches,
     offset_log_conf,
@@ -95,6 +95,7 @@ def rescale(
     ``_online.py`` (``millwheel rescale`` sends it the request), through the same
     :func:`target`, :func:`settled` and :func:`move_state`.
     """
+    refuse_own_files(Location.of(run_dir), read_pin(Location.of(run_dir)), computation)
     if relayout_wanted(run_dir, computation, layout):
         return relayout(run_dir, computation, layout, intervals, spark=spark, force=force, log=log)
     if intervals is None:
@@ -154,6 +155,7 @@ def target(root: Location, computation: str, intervals: int) -> Target:
     if "groups" not in held or "intervals" not in held:
         msg = f"{root.child('run.json').uri} does not pin the run's key intervals and groups; start the run once with this millwheel first"
         raise refuse(msg)
+    refuse_own_files(root, held, computation)
     old = computation_layouts(held, [computation], int(held["intervals"]), [int(g) for g in held["groups"]])[computation]
     return Target(root, computation, intervals, held, old, checkpoint, root.child("heartbeats", computation))
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from millwheel._errors import MillwheelError
 from millwheel.runtime._audit import AuditLog
+from millwheel.runtime._colfiles import STATE_DIR
 from millwheel.runtime._fs import Location
 from millwheel.runtime._lease import Lease
 from millwheel.runtime._outbox import Outbox
@@ -34,6 +35,22 @@ from millwheel.runtime._wire import IntervalSummary
 def refuse(msg: str) -> MillwheelError:
     """The error a rescale (of either kind) refuses with."""
     return MillwheelError(f"cannot rescale: {msg}")
+
+
+def refuse_own_files(root: Location, held: dict[str, Any], computation: str) -> None:
+    """Refuse a state move of a computation on the Arrow mapping (``run.json``'s
+    ``"mappings"``, ``_colfiles.pin_mapping``): its state is in the mapping's own files
+    (``colstate/``), keyed by the partition count pinned at its first start, which neither
+    move reads or rewrites. Refused before anything changes: moving nothing would start the
+    new layout from empty intervals, and the mapping's tasks would look for the old files."""
+    entry = (held.get("mappings") or {}).get(computation) or {}
+    if entry.get("mapping", "default") != "default":
+        msg = (
+            f"computation {computation!r} runs on the {entry['mapping']!r} mapping (run.json: {entry}); its state is in that mapping's "
+            f"own files under {root.child(STATE_DIR, computation).uri}, which millwheel rescale does not move. "
+            "Keep its key intervals, or run the computation on the default mapping in a new run directory"
+        )
+        raise refuse(msg)
 
 
 class PlannedBatchPublished(MillwheelError):

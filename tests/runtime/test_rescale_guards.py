@@ -17,7 +17,7 @@ from millwheel.runtime._fs import Location
 from millwheel.runtime._layout import Layout, read_pin
 from millwheel.runtime._lease import DriverEpoch, Lease, live_drivers
 from millwheel.runtime._query import ComputationQuery, ConsumedFiles
-from millwheel.runtime._rescale import rescale
+from millwheel.runtime._rescale import rescale, target
 from millwheel.runtime._wire import interval_name
 from watermark_authority import Authority, StaleTokenError
 from watermark_authority.client import InProcessWatermarkClient
@@ -114,6 +114,21 @@ def test_rescale_refuses_a_running_driver_the_per_key_layout_and_bad_counts(tmp_
         rescale(root.uri, "C", 0, force=True)
     with pytest.raises(MillwheelError, match="no run.json"):
         rescale(str(tmp_path / "nothing"), "C", 8)
+
+
+@pytest.mark.parametrize("layout", [None, "keys"])
+def test_rescale_refuses_a_computation_on_the_arrow_mapping_before_it_changes_anything(tmp_path, layout):
+    """Its state is in the mapping's own files (``colstate/``), which no move reads: moving
+    "nothing" would start the new layout empty. Refused offline, with a layout change, and
+    (through ``_rescale.target``) by a running driver's online rescale."""
+    root = _run(tmp_path, mappings={"C": {"mapping": "arrow", "partitions": 2}})
+    before = root.child("run.json").read_text()
+    with pytest.raises(MillwheelError, match="runs on the 'arrow' mapping .* does not move"):
+        rescale(root.uri, "C", 8, layout=layout, force=True)
+    with pytest.raises(MillwheelError, match="runs on the 'arrow' mapping"):
+        target(root, "C", 8)
+    assert root.child("run.json").read_text() == before
+    assert not root.child("leases").exists()  # not even fenced: nothing was started
 
 
 def test_an_interrupted_rescale_is_finished_by_the_next_start_or_a_second_rescale(tmp_path):
