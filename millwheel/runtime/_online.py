@@ -64,6 +64,7 @@ from millwheel.runtime._lease import DriverEpoch, Lease, process_running
 from millwheel.runtime._outbox import crash_point
 from millwheel.runtime._rescale import move_state, settled, target
 from millwheel.runtime._rescale import rescale as offline_rescale
+from millwheel.runtime._session import quiet_while_stopping, wait_for_jobs
 from millwheel.runtime._settle import PlannedBatchPublished
 from millwheel.runtime._wire import IntervalSummary
 
@@ -402,7 +403,7 @@ class OnlineRescaler:
         run_id = str(q.runId) if q is not None else None
         with _quiet(self.rt.spark):
             c.stop()
-            _wait_for_jobs(self.rt.spark, run_id)
+            wait_for_jobs(self.rt.spark, run_id)
         job.figures["stopped_at_batch_boundary"] = waited < BOUNDARY_WAIT_S
         job.at["stopped"] = t0
         crash_point(job.computation, "online_stopped", job.intervals)
@@ -496,7 +497,6 @@ class OnlineRescaler:
 def _quiet(spark: Any) -> Iterator[None]:
     """Stopping one query interrupts its batch: Spark's errors and py4j's traceback of the
     interrupted ``foreachBatch`` callback are the stop itself, not news (as at a driver's stop)."""
-    from millwheel.runtime._session import quiet_while_stopping
 
     py4j = logging.getLogger("py4j.clientserver")
     level = py4j.level
@@ -506,24 +506,3 @@ def _quiet(spark: Any) -> Iterator[None]:
             yield
     finally:
         py4j.setLevel(level)
-
-
-def _wait_for_jobs(spark: Any, run_id: str | None, timeout_s: float = 60.0) -> None:
-    """Until no Spark job of the stopped query's run (its job group) has a stage running:
-    a task of an interrupted batch must not write a state file after the move read the
-    state and dropped that batch's files (``_spark_internals.drop_planned_batch``)."""
-    if run_id is None:
-        return
-    tracker = spark.sparkContext.statusTracker()
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        busy = False
-        active = set(tracker.getActiveStageIds())
-        for jid in tracker.getJobIdsForGroup(run_id):
-            info = tracker.getJobInfo(jid)
-            if info is not None and (info.status == "RUNNING" or active & set(info.stageIds)):
-                busy = True
-                break
-        if not busy:
-            return
-        time.sleep(0.05)

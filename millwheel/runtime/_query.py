@@ -40,7 +40,7 @@ from millwheel.runtime._layout import finish_move, mark_migration
 from millwheel.runtime._lease import FencedError, Lease
 from millwheel.runtime._mapstate import make_processor
 from millwheel.runtime._outbox import Outbox
-from millwheel.runtime._session import start_query
+from millwheel.runtime._session import start_query, wait_for_jobs
 from millwheel.runtime._spark_internals import (
     OFFSETS,
     SOURCES,
@@ -425,10 +425,8 @@ class ComputationQuery:
 
     def check(self) -> None:
         """Restart the query from its checkpoint if it died (e.g. a Python worker was killed).
-
-        First of all, :class:`~millwheel.runtime._lease.FencedError` if another driver took
-        this query over: a fenced driver stops, and never restarts a query (``_lease.py``).
-        """
+        First, :class:`~millwheel.runtime._lease.FencedError` if another driver took this
+        query over: a fenced driver stops, and never restarts a query (``_lease.py``)."""
         self.outbox.fence()
         q = self.query
         if q is None or q.isActive:
@@ -442,6 +440,7 @@ class ComputationQuery:
             self._keying_forced = True
         else:
             self.rt.log(self.restart_policy.failed(exc))
+        wait_for_jobs(self.rt.spark, str(q.runId))  # no task of the failed batch writes state after the start's cleanup
         self.start()
 
     def stop(self) -> None:

@@ -29,6 +29,7 @@ import hashlib
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -351,3 +352,25 @@ def _cores(master: str | None) -> int:
         except ValueError:
             return 2
     return 8
+
+
+def wait_for_jobs(spark: Any, run_id: str | None, timeout_s: float = 60.0) -> None:
+    """Until no Spark job of a stopped or failed query's run (its job group) has a stage
+    running: a task of an interrupted batch must not write a state file after an online
+    move read the state and dropped that batch's files (``_spark_internals.drop_planned_batch``),
+    or after a restart dropped the files of uncommitted versions (``drop_uncommitted_state``)."""
+    if run_id is None:
+        return
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        busy = False
+        active = set(tracker.getActiveStageIds())
+        for jid in tracker.getJobIdsForGroup(run_id):
+            info = tracker.getJobInfo(jid)
+            if info is not None and (info.status == "RUNNING" or active & set(info.stageIds)):
+                busy = True
+                break
+        if not busy:
+            return
+        time.sleep(0.05)
