@@ -158,6 +158,9 @@ def start_query(writer: Any, spark: Any, conf: dict[str, str]) -> Any:
 def _warm(batches: Iterator[Any]) -> Iterator[Any]:
     import millwheel.runtime._interval  # noqa: F401 - what a step's worker imports: pandas, pyarrow, msgpack, millwheel
 
+    # hold the worker a moment, so the other tasks of the job start workers of their own
+    # rather than take this one after it finished (one warm worker, the others cold)
+    time.sleep(0.3)
     yield from batches
 
 

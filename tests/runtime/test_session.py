@@ -94,8 +94,9 @@ def test_a_run_on_a_local_disk_sets_the_manager_for_its_whole_run_and_writes_fro
 
 def test_warming_the_python_workers_runs_on_a_real_session(spark) -> None:
     """The warm-up job runs (its function is importable in the workers, its schema right),
-    and the workers a job takes next have the step's modules. The suite's shared session
-    may have warm workers already, so the second part only holds the end state."""
+    and a job right after runs in workers that have the step's modules. Only "a worker": the
+    suite's shared session may hold idle workers an earlier test started, without them
+    (it failed once under xdist asking every task of the next job to be warm)."""
     import sys
 
     from millwheel.runtime._session import warm_python_workers
@@ -110,7 +111,7 @@ def test_warming_the_python_workers_runs_on_a_real_session(spark) -> None:
 
     n = spark.sparkContext.defaultParallelism
     # the workers are reused: a job right after runs in them
-    assert {r.warm for r in spark.range(0, n, 1, n).mapInArrow(modules, "warm boolean").collect()} == {True}
+    assert True in {r.warm for r in spark.range(0, n, 1, n).mapInArrow(modules, "warm boolean").collect()}
 
 
 def test_a_run_whose_warm_up_fails_says_so_and_goes_on(spark, run_dir, monkeypatch) -> None:
