@@ -12,7 +12,9 @@ resumed with nothing new to read, so its first micro-batch is the state move. Me
   the rescale, and of the same resume without one (measured first): the difference is
   what the move batch costs.
 
-Figures go to stdout and ``bench/results/rescale.json``. ``--keys`` overrides the counts.
+Figures go to stdout and ``bench/results/rescale.json``. ``--keys`` overrides the counts,
+``--intervals FROM TO`` the layouts (10M held keys: ``--keys 10000000 --intervals 64 128``,
+so an interval row holds ~160k keys, not 1.25M).
 
 ``--layout keys`` (or ``intervals``) measures a layout change instead (``_relayout.py``):
 the run is loaded in the other layout with 8 intervals and ``rescale --layout`` moves it
@@ -76,17 +78,17 @@ def topology(keys: int) -> Topology:
     return t
 
 
-def one(spark, work: Path, keys: int) -> dict:
+def one(spark, work: Path, keys: int, start: int = 8, to: int = 16) -> dict:
     run = work / f"run-{keys}"
     shutil.rmtree(run, ignore_errors=True)
-    settings = RuntimeSettings(drain=True, intervals=8)
+    settings = RuntimeSettings(drain=True, intervals=start)
     t0 = time.perf_counter()
     SparkRuntime(topology(keys), str(run), settings, spark=spark).run(timeout_s=3600)
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     SparkRuntime(topology(keys), str(run), settings, spark=spark).run(timeout_s=3600)
     plain_s = time.perf_counter() - t0
-    done = rescale(str(run), "Count", 16, spark=spark)
+    done = rescale(str(run), "Count", to, spark=spark)
     size = os.path.getsize(run / "heartbeats" / "Count" / done["file"]) / 1e6
     t0 = time.perf_counter()
     rt = SparkRuntime(topology(keys), str(run), settings, spark=spark)
@@ -96,9 +98,10 @@ def one(spark, work: Path, keys: int) -> dict:
     assert held == keys, f"{held} keys after the move, {keys} before"
     shutil.rmtree(run, ignore_errors=True)
     return {
-        "keys": keys, "from": 8, "to": 16, "load_s": round(load_s, 1), "rescale_s": round(done["seconds"], 2),
+        "keys": keys, "from": start, "to": to, "load_s": round(load_s, 1), "rescale_s": round(done["seconds"], 2),
         "read_s": round(done["read_s"], 2), "move_file_mb": round(size, 1), "resume_plain_s": round(plain_s, 1),
         "resume_s": round(resume_s, 1), "move_batch_s": round(resume_s - plain_s, 1),
+        "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_avg_at_end": [round(x, 1) for x in os.getloadavg()],
     }  # fmt: skip
 
 
@@ -249,6 +252,7 @@ def main() -> int:
     p.add_argument("--online", action="store_true", help="the online rescale and a hot interval's split (bench/results/rescale_online.json)")
     p.add_argument("--skew-keys", type=int, default=400_000)
     p.add_argument("--skew-batches", type=int, default=8)
+    p.add_argument("--intervals", type=int, nargs=2, default=[8, 16], metavar=("FROM", "TO"), help="the stopped-run rescale: from and to this many key intervals")
     args = p.parse_args()
     spark = spark_session("local[2]")
     work = Path(args.work)
@@ -266,14 +270,14 @@ def main() -> int:
         return 0
     out = []
     for keys in args.keys:
-        r = one(spark, work, keys) if args.layout is None else one_layout(spark, work, keys, args.layout)
+        r = one(spark, work, keys, *args.intervals) if args.layout is None else one_layout(spark, work, keys, args.layout)
         print(json.dumps(r), flush=True)
         out.append(r)
     path = ROOT / "bench" / "results" / ("rescale.json" if args.layout is None else "relayout.json")
     kept = json.loads(path.read_text())["runs"] if path.exists() else []
     fresh = {(r["keys"], r.get("to")) for r in out}
     runs = sorted([r for r in kept if (r["keys"], r.get("to")) not in fresh] + out, key=lambda r: (str(r.get("to")), r["keys"]))  # other figures stay
-    what = "millwheel rescale 8 -> 16 key intervals, local[2], interval-row layout"
+    what = "millwheel rescale of a stopped run (from -> to key intervals: each run's own), local[2], interval-row layout"
     if args.layout is not None:
         what = "millwheel rescale --layout (intervals <-> keys), 8 key intervals, local[2]"
     result = {"what": what, "runs": runs}
