@@ -45,6 +45,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -59,9 +60,9 @@ from millwheel.runtime._install import (
     make_installer,
 )
 from millwheel.runtime._keying import interval_of
-from millwheel.runtime._layout import computation_layouts, read_pin, write_pin
+from millwheel.runtime._layout import computation_layouts, read_pin, update_pin
 from millwheel.runtime._lease import DriverEpoch, Lease, live_drivers
-from millwheel.runtime._outbox import crash_point
+from millwheel.runtime._outbox import Outbox, crash_point
 from millwheel.runtime._query import STATE_STORE_CONF
 from millwheel.runtime._session import start_query
 from millwheel.runtime._settings import STATE_LAYOUTS
@@ -76,7 +77,7 @@ from millwheel.runtime._spark_internals import (
 )
 from millwheel.runtime._wire import STATE_SCHEMA, interval_groups
 
-__all__ = ["relayout", "relayout_wanted"]
+__all__ = ["Change", "finish", "move_layout", "plan", "relayout", "relayout_wanted"]
 
 #: the state-store settings a scratch query needs beyond its layout's: a RocksDB commit
 #: writes a whole snapshot (``1.zip``), which loads alone once renamed (``graft_state``)
@@ -102,16 +103,56 @@ def relayout_wanted(run_dir: str, computation: str, layout: str | None) -> bool:
     return str(entry.get("state_layout", held.get("state_layout", "intervals"))) == "keys"
 
 
+@dataclass
+class Change:
+    """What a layout change moves: ``computation`` of the run in ``root`` from its layout
+    ``old`` (``_layout.Layout``) to state layout ``layout`` with ``intervals`` key intervals;
+    ``held`` is ``run.json`` as read. ``pending``: the migration of a change interrupted after
+    ``run.json`` ("swapping"), which :func:`finish` completes instead of a new move."""
+
+    root: Location
+    computation: str
+    layout: str
+    intervals: int
+    held: dict[str, Any]
+    old: Any
+    checkpoint: Location
+    pending: dict[str, Any] | None = None
+
+
 def relayout(
     run_dir: str, computation: str, layout: str | None, intervals: int | None = None, *,
     spark: Any = None, force: bool = False, log: Any = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Move ``computation`` of the stopped run in ``run_dir`` to state layout ``layout``
     (``None``: keep its layout) and ``intervals`` key intervals (``None``: keep its count);
-    see the module docstring. Returns what was done (keys moved, from and to, seconds...)."""
+    see the module docstring. Returns what was done (keys moved, from and to, seconds...).
+    A running driver changes it online instead (``_online.py``), through the same
+    :func:`plan`, :func:`finish` and :func:`move_layout`."""
     t0 = time.perf_counter()
     say = log or (lambda _msg: None)
     root = Location.of(run_dir)
+    change = plan(root, computation, layout, intervals)
+    live = live_drivers(root.child("leases"))
+    if live and not force:
+        msg = (
+            f"a driver may still be running run directory {root.uri} ({'; '.join(live)}); stop it first "
+            "(or pass --force if you know a driver on another host has stopped)"
+        )
+        raise refuse(msg)
+    with _fenced(root, computation) as lease:
+        if change.pending is not None:
+            return finish(change, say, t0)
+        outbox = offline_outbox(root, computation, change.checkpoint, lease)
+        return move_layout(change, outbox, spark, say, t0)
+
+
+def plan(root: Location, computation: str, layout: str | None, intervals: int | None) -> Change:
+    """Check that ``computation`` of the run in ``root`` can go to ``layout`` (``None``: its
+    own) with ``intervals`` (``None``: its count) — a run directory, a known computation, a
+    layout, no interval rescale whose state has not moved, something to change — and what
+    it has now; raises :class:`MillwheelError` saying why not. Whether a driver runs is the
+    caller's to check."""
     held = read_pin(root)
     if not held:
         msg = f"{root.uri} has no run.json: not a run directory, or never started"
@@ -140,13 +181,6 @@ def relayout(
     if intervals is not None and (type(intervals) is not int or intervals < 1):
         msg = f"--intervals must be a positive integer, got {intervals!r}"
         raise refuse(msg)
-    live = live_drivers(root.child("leases"))
-    if live and not force:
-        msg = (
-            f"a driver may still be running run directory {root.uri} ({'; '.join(live)}); stop it first "
-            "(or pass --force if you know a driver on another host has stopped)"
-        )
-        raise refuse(msg)
     pending = migration.get("relayout")
     if pending is not None and pending != "done":
         if layout != old.state_layout or intervals not in (None, old.intervals):
@@ -155,16 +189,7 @@ def relayout(
                 f"finish it first (--layout {old.state_layout} --intervals {old.intervals})"
             )
             raise refuse(msg)
-        with _fenced(root, computation):
-            _swap(root, computation, checkpoint, migration)
-        root.child("checkpoints", f".{computation}.relayout").delete()
-        say(f"finished the interrupted change of {computation!r} to the {layout!r} state layout")
-        return {
-            "computation": computation,
-            "to_layout": layout,
-            "finished": True,
-            "seconds": time.perf_counter() - t0,
-        }
+        return Change(root, computation, layout, old.intervals, held, old, checkpoint, pending=migration)
     if migration and pending is None and not migration.get("moved"):
         msg = (
             f"the rescale of {computation!r} to {old.intervals} key intervals has not moved its state yet; "
@@ -175,8 +200,23 @@ def relayout(
     if layout == old.state_layout and n == old.intervals:
         msg = f"computation {computation!r} keeps its state in the {layout!r} layout with {n} key intervals already: nothing to change"
         raise refuse(msg)
-    with _fenced(root, computation) as lease:
-        return _move(root, computation, held, old, layout, n, checkpoint, lease, spark, say, t0)
+    return Change(root, computation, layout, n, held, old, checkpoint)
+
+
+def finish(change: Change, say: Any, t0: float) -> dict[str, Any]:
+    """Complete a change interrupted after ``run.json`` (``change.pending``): the swap, each
+    step of which can be redone."""
+    root, computation = change.root, change.computation
+    _swap(root, computation, change.checkpoint, change.pending or {})
+    root.child("checkpoints", f".{computation}.relayout").delete()
+    say(f"finished the interrupted change of {computation!r} to the {change.layout!r} state layout")
+    return {
+        "computation": computation,
+        "to_layout": change.layout,
+        "to": change.intervals,
+        "finished": True,
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 @contextmanager
@@ -286,11 +326,15 @@ def build_store(
     return sum(counts)
 
 
-def _move(
-    root: Location, computation: str, held: dict[str, Any], old: Any, layout: str, intervals: int, checkpoint: Location,
-    lease: Lease, spark: Any, say: Any, t0: float,
-) -> dict[str, Any]:  # fmt: skip
-    last, dropped = settle(offline_outbox(root, computation, checkpoint, lease), root, computation, checkpoint, say)
+def move_layout(change: Change, outbox: Outbox, spark: Any, say: Any, t0: float) -> dict[str, Any]:
+    """Steps 1-4 of the module docstring after the fence, for a computation whose query is
+    not running and whose lease ``outbox`` holds (the command's own, or the running driver's:
+    ``_online.py``): publish what committed, drop a planned batch, read the state at the last
+    committed batch, build the new store, graft it, ``run.json``, the swap. ``spark``: the
+    session to read and build with (``None``: a local one)."""
+    root, computation, held, old, checkpoint = change.root, change.computation, change.held, change.old, change.checkpoint
+    layout, intervals = change.layout, change.intervals
+    last, dropped = settle(outbox, root, computation, checkpoint, say)
     if spark is None and last >= 0:
         from millwheel.runtime._session import spark_session
 
@@ -360,8 +404,8 @@ def _move(
         "state_layout": layout,
         "migration": migration,
     }
-    held.setdefault("computations", {})[computation] = own
-    write_pin(root, held)
+    # under the pin's lock: online, the driver records other computations' steps meanwhile
+    update_pin(root, lambda pin: pin.setdefault("computations", {}).__setitem__(computation, own))
     crash_point(computation, "relayout_pinned", last)
     _swap(root, computation, checkpoint, migration)
     scratch.delete()
@@ -401,7 +445,9 @@ def _swap(
         conf = {**dict(migration.get("conf") or {}), **conf}
         set_offset_log_conf(checkpoint, last, conf)
         aside.delete()
-    held = read_pin(root)
-    done = held["computations"][computation]["migration"]
-    done["relayout"], done["moved"] = "done", True
-    write_pin(root, held)
+
+    def done(pin: dict[str, Any]) -> None:
+        m = pin["computations"][computation]["migration"]
+        m["relayout"], m["moved"] = "done", True
+
+    update_pin(root, done)

@@ -29,6 +29,7 @@ import hashlib
 import os
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -146,13 +147,19 @@ def start_query(writer: Any, spark: Any, conf: dict[str, str]) -> Any:
     store provider), so these settings are set in the session for the start only and
     restored. Not for settings its sources read: Spark creates a query's sources on its
     stream thread after ``start()`` returns, from the session itself
-    (:func:`checkpoint_conf` is set for the whole run, by the runtime).
+    (:func:`checkpoint_conf` is set for the whole run, by the runtime). One start at a
+    time: an online layout change starts its scratch query on a thread of its own
+    (``_online.py``), and two interleaved set-and-restore would leave the session changed.
     """
-    saved = set_conf(spark, conf)
-    try:
-        return writer.start()
-    finally:
-        restore_conf(spark, saved)
+    with _START_LOCK:
+        saved = set_conf(spark, conf)
+        try:
+            return writer.start()
+        finally:
+            restore_conf(spark, saved)
+
+
+_START_LOCK = threading.Lock()
 
 
 def _warm(batches: Iterator[Any]) -> Iterator[Any]:
