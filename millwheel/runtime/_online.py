@@ -5,6 +5,7 @@ offline rescale (``_rescale.py``) needs the driver stopped; here the running dri
 the same steps itself, for one computation ``C``, while the others go on:
 
     millwheel rescale RUN --computation C --intervals N [--no-wait]
+    millwheel rescale RUN --computation C --layout keys|intervals [--intervals N]
 
 1. **The request** (:func:`request_rescale`). The command finds the driver that holds C's
    lease (the newest epoch of ``leases/C``, ``_lease.py``) and, if it runs, writes
@@ -24,7 +25,9 @@ the same steps itself, for one computation ``C``, while the others go on:
    read the state at the last committed batch, write the move's heartbeat file and
    ``run.json``. A planned batch that published weak productions already is not dropped:
    C's query restarts with its old layout, commits it, and the rescale tries again at the
-   next boundary.
+   next boundary. A layout change (``--layout``, or a per-key computation's ``--intervals``)
+   moves through ``_relayout.plan`` and ``move_layout`` instead: the new store is built and
+   grafted while C's query is down; ``done`` once a batch on it is published.
 4. **C's query restarts** with the new layout (``ComputationQuery.start``: the authority's
    merge and split retire the old sequencer tokens, §7.1); its first batch installs the
    moved envelopes before anything else, as after an offline rescale. The answer is
@@ -62,9 +65,11 @@ from millwheel.runtime._fs import Location
 from millwheel.runtime._layout import computation_layouts, read_pin
 from millwheel.runtime._lease import DriverEpoch, Lease, process_running
 from millwheel.runtime._outbox import crash_point
+from millwheel.runtime._relayout import finish, move_layout, plan, relayout_wanted
 from millwheel.runtime._rescale import move_state, settled, target
 from millwheel.runtime._rescale import rescale as offline_rescale
 from millwheel.runtime._session import quiet_while_stopping, wait_for_jobs
+from millwheel.runtime._settings import STATE_LAYOUTS
 from millwheel.runtime._settle import PlannedBatchPublished
 from millwheel.runtime._wire import IntervalSummary
 
@@ -108,31 +113,34 @@ def rescale(
     run_dir: str, computation: str, intervals: int | None = None, *, layout: str | None = None, spark: Any = None,
     force: bool = False, wait: bool = True, timeout_s: float | None = None, log: Any = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Give ``computation`` of the run in ``run_dir`` ``intervals`` key intervals: online,
-    by the driver that runs it (the module docstring), or offline if none does
-    (``_rescale.rescale``). ``wait=False`` returns once the request is written (online).
-    ``layout`` (another state layout, ``_relayout.py``) needs a stopped run."""
+    """Give ``computation`` of the run in ``run_dir`` ``intervals`` key intervals and/or the
+    state layout ``layout`` (``_relayout.py``): online, by the driver that runs it (the
+    module docstring), or offline if none does (``_rescale.rescale``). ``wait=False``
+    returns once the request is written (online)."""
     root = Location.of(run_dir)
     if not force and holder(root, computation) is not None:
-        if layout is not None:
-            msg = f"cannot change the state layout of {computation!r} while a driver runs it: stop the run, then `millwheel rescale {run_dir} --computation {computation} --layout {layout}`"
+        if intervals is None and layout is None:
+            msg = "give --intervals N, --layout intervals|keys, or both"
             raise MillwheelError(msg)
-        if intervals is None:
-            msg = "give --intervals N (or, on a stopped run, --layout intervals|keys)"
-            raise MillwheelError(msg)
-        return request_rescale(run_dir, computation, intervals, wait=wait, timeout_s=timeout_s, log=log)
+        return request_rescale(run_dir, computation, intervals, layout=layout, wait=wait, timeout_s=timeout_s, log=log)
     return offline_rescale(run_dir, computation, intervals, layout=layout, spark=spark, force=force, log=log)
 
 
 def request_rescale(
-    run_dir: str, computation: str, intervals: int, *, wait: bool = True, timeout_s: float | None = None, log: Any = None,
+    run_dir: str, computation: str, intervals: int | None, *, layout: str | None = None, wait: bool = True,
+    timeout_s: float | None = None, log: Any = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Ask the driver running ``computation`` to rescale it (step 1), and wait for its
-    answer (unless ``wait`` is false); returns the answer, with ``"state"`` one of
-    ``done``, ``failed``, ``refused``, or ``sent`` without waiting."""
+    """Ask the driver running ``computation`` to rescale it (step 1) — ``intervals`` key
+    intervals, or the state layout ``layout`` (``None``: its own) — and wait for its answer
+    (unless ``wait`` is false); returns the answer, with ``"state"`` one of ``done``,
+    ``failed``, ``refused``, or ``sent`` without waiting."""
     say = log or (lambda _m: None)
     root = Location.of(run_dir)
-    target(root, computation, intervals)  # what can be refused here is, before anything is sent
+    # what can be refused here is, before anything is sent
+    if relayout_wanted(run_dir, computation, layout):
+        plan(root, computation, layout, intervals)
+    else:
+        target(root, computation, intervals)  # type: ignore[arg-type]
     held = holder(root, computation)
     if held is None:
         msg = f"cannot rescale online: no running driver holds computation {computation!r} of {root.uri}"
@@ -141,9 +149,9 @@ def request_rescale(
     rid = f"{epoch:012d}-{uuid.uuid4().hex[:12]}"
     control = _control(root)
     control.mkdirs()
-    body = {"id": rid, "computation": computation, "intervals": intervals, "epoch": epoch, "by": f"{os.uname().nodename}:{os.getpid()}", "at_ms": int(time.time() * 1000)}
+    body = {"id": rid, "computation": computation, "intervals": intervals, "layout": layout, "epoch": epoch, "by": f"{os.uname().nodename}:{os.getpid()}", "at_ms": int(time.time() * 1000)}
     control.child(f"{rid}.request").write_text(json.dumps(body))
-    say(f"asked the driver running {computation!r} ({who}, epoch {epoch}) to rescale it to {intervals} key intervals (request {rid})")
+    say(f"asked the driver running {computation!r} ({who}, epoch {epoch}) to move it to {what(intervals, layout)} (request {rid})")
     if not wait:
         return {**body, "state": "sent"}
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -160,7 +168,7 @@ def request_rescale(
             answer = read_answer(root, rid)  # it may have answered just before it stopped
             if answer is not None and answer.get("state") in FINAL:
                 return answer
-            return _driver_gone(root, computation, intervals, rid, epoch)
+            return _driver_gone(root, computation, intervals, rid, epoch, layout)
         if deadline is not None and time.monotonic() > deadline:
             msg = f"no answer to rescale request {rid} within {timeout_s}s; it goes on (see `millwheel rescale {root.uri} --status`)"
             raise MillwheelError(msg)
@@ -172,10 +180,28 @@ def read_answer(root: Location, rid: str) -> dict[str, Any] | None:
     return None if text is None else json.loads(text)
 
 
-def _driver_gone(root: Location, computation: str, intervals: int, rid: str, epoch: int) -> dict[str, Any]:
+def what(intervals: int | None, layout: str | None) -> str:
+    """What a request asks for, in words: ``8 key intervals``, ``the 'keys' state layout (with 8 key intervals)``."""
+    if layout is None:
+        return f"{intervals} key intervals"
+    return f"the {layout!r} state layout" + ("" if intervals is None else f" with {intervals} key intervals")
+
+
+def _driver_gone(root: Location, computation: str, intervals: int | None, rid: str, epoch: int, layout: str | None = None) -> dict[str, Any]:
     """The driver stopped (or was killed) before it answered: say what the run directory holds."""
-    own = ((read_pin(root).get("computations") or {}).get(computation) or {}).get("intervals")
-    if own == intervals:
+    entry = (read_pin(root).get("computations") or {}).get(computation) or {}
+    own, step = entry.get("intervals"), (entry.get("migration") or {}).get("relayout")
+    if step is not None and layout in (None, entry.get("state_layout")) and intervals in (None, own):
+        # a layout change (``_relayout.py``) recorded in run.json
+        if step != "done":
+            detail = (
+                f"the driver (epoch {epoch}) stopped during the change of {computation!r} to {what(own, entry.get('state_layout'))}, after run.json recorded it: "
+                f"the next start refuses until `millwheel rescale {root.uri} --computation {computation} --layout {entry.get('state_layout')}` runs again, which finishes it"
+            )
+        else:
+            detail = f"the driver (epoch {epoch}) stopped after the change of {computation!r} to {what(own, entry.get('state_layout'))} was in place: the next `millwheel run` resumes with it"
+        return {"id": rid, "state": "failed", "recorded": True, "detail": detail}
+    if layout is None and own == intervals:
         detail = (
             f"the driver (epoch {epoch}) stopped during the rescale, after run.json gave {computation!r} {intervals} key intervals: "
             "the next `millwheel run` on this run directory resumes with them and moves the state in its first batch"
@@ -200,20 +226,20 @@ def answers(run_dir: str) -> list[dict[str, Any]]:
 
 def rescale_main(argv: list[str]) -> int:
     """``millwheel rescale RUN --computation C --intervals N [--no-wait] [--force]``, or ``RUN --status``."""
-    p = argparse.ArgumentParser(prog="millwheel rescale", description="give a computation another number of key intervals: online if a driver runs it, else in the stopped run directory")
+    p = argparse.ArgumentParser(prog="millwheel rescale", description="give a computation another number of key intervals or another state layout: online if a driver runs it, else in the stopped run directory")
     p.add_argument("run", help="the run directory (--checkpoint of millwheel run)")
     p.add_argument("--computation", help="the computation to rescale")
     p.add_argument("--intervals", type=int, help="its new number of key intervals")
-    p.add_argument("--layout", choices=("intervals", "keys"), default=None, help="its new state layout, on a stopped run (docs/runtime.md)")
+    p.add_argument("--layout", choices=STATE_LAYOUTS, default=None, help="its new state layout (with --intervals: and that many key intervals); online too (docs/runtime.md)")
     p.add_argument("--no-wait", dest="wait", action="store_false", help="online: return once the driver has the request (its progress shows in its live status)")
     p.add_argument("--timeout", type=float, default=None, help="online: give up waiting for the answer after this many seconds")
     p.add_argument("--force", action="store_true", help="rescale offline without checking that no driver runs (one on another host that you know has stopped)")
-    p.add_argument("--status", action="store_true", help="list the run's online rescales and the automatic policy's decisions, with their outcome")
+    p.add_argument("--status", action="store_true", help="list the run's online rescales and layout changes and the automatic policy's decisions, with their outcome")
     args = p.parse_args(argv)
     if args.status:
         for a in answers(args.run):
             why = f" — {a['decision']['reason']}" if a.get("decision") else ""
-            print(f"{a.get('id')}: {a.get('computation')} -> {a.get('intervals')} key intervals: {a.get('state')} ({a.get('detail', '')}){why}")
+            print(f"{a.get('id')}: {a.get('computation')} -> {what(a.get('intervals'), a.get('layout'))}: {a.get('state')} ({a.get('detail', '')}){why}")
         return 0
     if args.computation is None or (args.intervals is None and args.layout is None):
         p.error("--computation and --intervals or --layout are required (or --status)")
@@ -225,9 +251,9 @@ def rescale_main(argv: list[str]) -> int:
         return 2
     state = out.get("state")
     if state == "sent":
-        print(f"asked the running driver to rescale {args.computation!r} to {args.intervals} key intervals (request {out['id']}); its live status shows the progress")
+        print(f"asked the running driver to move {args.computation!r} to {what(args.intervals, args.layout)} (request {out['id']}); its live status shows the progress")
     elif state is not None:
-        print(f"rescale of {args.computation!r} to {args.intervals} key intervals: {state}: {out.get('detail', '')}")
+        print(f"rescale of {args.computation!r} to {what(args.intervals, args.layout)}: {state}: {out.get('detail', '')}")
         return 0 if state == "done" else 1
     elif out.get("to_layout") is not None and out.get("keys") is not None:
         print(f"moved {out['computation']!r} to the {out['to_layout']!r} state layout with {out['to']} key intervals: {out['keys']} keys ({out['seconds']:.1f}s)")
@@ -240,8 +266,10 @@ def rescale_main(argv: list[str]) -> int:
 class _Job:
     """One rescale in the driver: a request (or an autoscale decision) and where it is."""
 
-    def __init__(self, rid: str, computation: str, intervals: int, decision: Decision | None = None) -> None:
-        self.rid, self.computation, self.intervals, self.decision = rid, computation, intervals, decision
+    def __init__(self, rid: str, computation: str, intervals: int | None, decision: Decision | None = None, layout: str | None = None) -> None:
+        self.rid, self.computation, self.intervals, self.decision, self.layout = rid, computation, intervals, decision, layout
+        #: a layout change (``_relayout.py``: ``--layout``, or a per-key computation), decided at the first boundary
+        self.relayout = False
         self.state = "waiting"  # waiting -> moving -> restarted -> done | failed
         self.detail = "waits for a committed batch boundary"
         self.at = {"requested": time.monotonic()}
@@ -253,8 +281,8 @@ class _Job:
         self.figures: dict[str, Any] = {}
 
     def text(self) -> str:
-        what = f"{self.decision.action} " if self.decision else ""
-        return f"rescale {what}{self.computation} -> {self.intervals} intervals: {self.state} ({self.detail})"
+        how = f"{self.decision.action} " if self.decision else ""
+        return f"rescale {how}{self.computation} -> {what(self.intervals, self.layout)}: {self.state} ({self.detail})"
 
 
 class OnlineRescaler:
@@ -325,11 +353,11 @@ class OnlineRescaler:
                 problem = self._refusal(loc, body)
             except ValueError as exc:
                 body, problem = {}, f"not a rescale request ({exc})"
-            job = _Job(rid, str(body.get("computation")), body.get("intervals"))  # type: ignore[arg-type]
+            job = _Job(rid, str(body.get("computation")), body.get("intervals"), layout=body.get("layout"))
             if problem is not None:
                 self._answer(job, "refused", problem)
                 continue
-            self.rt.log(f"rescale request {rid}: {job.computation} -> {job.intervals} key intervals")
+            self.rt.log(f"rescale request {rid}: {job.computation} -> {what(job.intervals, job.layout)}")
             self._enqueue(job)
 
     def _refusal(self, loc: Location, body: dict[str, Any]) -> str | None:
@@ -339,7 +367,9 @@ class OnlineRescaler:
             return f"addressed to driver epoch {body.get('epoch')}, not this one ({self.rt.driver_epoch.value})"
         if body.get("computation") not in self.rt.computations:
             return f"this driver does not run computation {body.get('computation')!r} (it runs {sorted(self.rt.computations)})"
-        if type(body.get("intervals")) is not int or body["intervals"] < 1:
+        if body.get("layout") not in (None, *STATE_LAYOUTS):
+            return f"layout must be one of {', '.join(STATE_LAYOUTS)}, got {body.get('layout')!r}"
+        if (body.get("intervals") is not None or body.get("layout") is None) and (type(body.get("intervals")) is not int or body["intervals"] < 1):
             return f"intervals must be a positive integer, got {body.get('intervals')!r}"
         return None
 
@@ -349,7 +379,7 @@ class OnlineRescaler:
 
     def _answer(self, job: _Job, state: str, detail: str) -> None:
         job.state, job.detail = state, detail
-        body = {"id": job.rid, "computation": job.computation, "intervals": job.intervals, "state": state, "detail": detail, "at_ms": job.at_ms, **job.figures}
+        body = {"id": job.rid, "computation": job.computation, "intervals": job.intervals, "layout": job.layout, "state": state, "detail": detail, "at_ms": job.at_ms, **job.figures}
         if job.decision is not None:
             body["decision"] = {"action": job.decision.action, "reason": job.decision.reason, "figures": job.decision.figures}
         self.control.mkdirs()
@@ -374,19 +404,29 @@ class OnlineRescaler:
         elif job.state == "moving" and job.thread is not None and not job.thread.is_alive():
             self._restart(job, c)
         elif job.state == "restarted":
-            migration = ((read_pin(self.rt.root).get("computations") or {}).get(job.computation) or {}).get("migration") or {}
-            if migration.get("moved") or migration.get("file") != (job.result or {}).get("file"):
-                job.figures["total_s"] = round(time.monotonic() - job.at["requested"], 3)
-                job.figures["restart_to_moved_s"] = round(time.monotonic() - job.at["restarted"], 3)
+            r = job.figures
+            if job.relayout:  # done once a batch on the new store is published
+                moved = c.outbox.published > int((job.result or {}).get("batch", -1))
+                detail = f"{r.get('keys', 0)} keys moved from the {r.get('from_layout')!r} layout ({r.get('from')} intervals) to {what(r.get('to'), r.get('to_layout'))}"
+            else:  # done once a published batch has read the move
+                migration = ((read_pin(self.rt.root).get("computations") or {}).get(job.computation) or {}).get("migration") or {}
+                moved = bool(migration.get("moved") or migration.get("file") != (job.result or {}).get("file"))
+                detail = f"{r.get('keys', 0)} keys moved from {r.get('from')} to {job.intervals} key intervals"
+            if moved:
+                r["total_s"] = round(time.monotonic() - job.at["requested"], 3)
+                r["restart_to_moved_s"] = round(time.monotonic() - job.at["restarted"], 3)
                 self.changed_at[job.computation] = time.monotonic()
-                self._answer(job, "done", f"{job.figures.get('keys', 0)} keys moved from {job.figures.get('from')} to {job.intervals} key intervals; C's query was down {job.figures.get('stopped_s')} s")
+                self._answer(job, "done", f"{detail}; C's query was down {r.get('stopped_s')} s")
 
     def _at_boundary(self, job: _Job, c: Any) -> None:
         if job.attempts == 0 and "checked" not in job.at:
             job.at["checked"] = time.monotonic()
             try:
-                tgt = target(self.rt.root, job.computation, job.intervals)
-                done = settled(tgt, lambda _m: None, time.perf_counter())
+                # a layout change (``--layout``, a per-key computation) is checked here and moved at the boundary
+                job.relayout = job.decision is None and relayout_wanted(self.rt.root.uri, job.computation, job.layout)
+                if job.relayout:
+                    plan(self.rt.root, job.computation, job.layout, job.intervals)
+                done = None if job.relayout else settled(target(self.rt.root, job.computation, job.intervals), lambda _m: None, time.perf_counter())  # type: ignore[arg-type]
             except MillwheelError as exc:
                 self._answer(job, "failed", str(exc))
                 return
@@ -414,10 +454,29 @@ class OnlineRescaler:
 
     def _move(self, job: _Job, c: Any) -> None:
         try:
-            tgt = target(self.rt.root, job.computation, job.intervals)
+            if job.relayout:
+                job.result = self._move_layout(job, c)
+                return
+            tgt = target(self.rt.root, job.computation, job.intervals)  # type: ignore[arg-type]
             job.result = move_state(tgt, c.outbox, self.rt.spark, self.rt.log, time.perf_counter())
         except BaseException as exc:  # noqa: BLE001 - carried to the loop thread, which restarts the query
             job.error = exc
+
+    def _move_layout(self, job: _Job, c: Any) -> dict[str, Any]:
+        """A layout change's move (``_relayout.move_layout``) with this driver's session and C's
+        outbox and lease; failed after ``run.json`` recorded it, the swap (which can be redone)
+        is finished once more, so that C's query can start again (else its start refuses)."""
+        t0 = time.perf_counter()
+        change = plan(self.rt.root, job.computation, job.layout, job.intervals)
+        if change.pending is not None:
+            return finish(change, self.rt.log, t0)
+        try:
+            return move_layout(change, c.outbox, self.rt.spark, self.rt.log, t0)
+        except Exception:
+            entry = (read_pin(self.rt.root).get("computations") or {}).get(job.computation) or {}
+            if (entry.get("migration") or {}).get("relayout") not in (None, "done"):
+                finish(plan(self.rt.root, job.computation, None, None), self.rt.log, t0)
+            raise
 
     def _restart(self, job: _Job, c: Any) -> None:
         """C's query again, with whatever layout ``run.json`` gives it now."""
@@ -438,9 +497,18 @@ class OnlineRescaler:
             self._answer(job, "waiting", f"a planned batch had published weak productions; it commits first, then attempt {job.attempts + 1}")
             return
         if job.error is not None:
-            self._answer(job, "failed", f"{job.error} (its query runs again with {layout.intervals} key intervals)")
+            self._answer(job, "failed", f"{job.error} (its query runs again with {what(layout.intervals, layout.state_layout)})")
             return
         r = job.result or {}
+        if job.relayout:
+            job.figures.update({k: r.get(k) for k in ("keys", "from", "to", "from_layout", "to_layout", "batch", "dropped_planned")})
+            job.figures.update({"stopped_s": down, **{k: round(r.get(k, 0.0), 3) for k in ("read_s", "build_s")}, "move_s": round(r.get("seconds", 0.0), 3)})
+            if r.get("finished"):
+                self._answer(job, "done", f"finished an interrupted change: its query runs with {what(layout.intervals, layout.state_layout)}")
+                return
+            crash_point(job.computation, "online_restarted", layout.intervals)
+            self._answer(job, "restarted", f"its query runs again with {what(layout.intervals, layout.state_layout)}; done once a batch on the new store is published")
+            return
         job.figures.update({"keys": r.get("keys"), "from": r.get("from"), "to": r.get("to"), "stopped_s": down, "move_s": round(r.get("seconds", 0.0), 3), "read_s": round(r.get("read_s", 0.0), 3), "dropped_planned": r.get("dropped_planned"), "file": r.get("file")})
         if r.get("unchanged") or r.get("finished"):
             self._answer(job, "done", "nothing to move")
@@ -457,6 +525,8 @@ class OnlineRescaler:
         for name, history in self.history.items():
             if name in self._no_autoscale or any(j.computation == name for j in self.jobs):
                 continue
+            if getattr(self.rt.layouts.get(name), "state_layout", "intervals") != "intervals":
+                continue  # it splits and merges interval rows; a per-key store is rebuilt only on request
             intervals = self.rt.computations[name].intervals
             d = decide(name, intervals, list(history), self.policy, now_s=now, last_change_s=self.changed_at.get(name))
             if d is None:
