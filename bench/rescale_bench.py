@@ -37,6 +37,13 @@ batch loads the new store) is timed against a plain resume as above. Figures go 
   ``triggerExecution``) and the hot interval's step time (``step_ms`` of its summary),
   medians over ``--skew-batches`` batches with 4 intervals, then after an online split to
   8 (the hot interval's rows are rewritten whole each batch: half the keys, half the bytes).
+
+``--online --layout keys`` (or ``intervals``) measures a layout change *while its driver
+runs* (``_online.py`` with ``_relayout.move_layout``), into ``bench/results/relayout_online.json``:
+the computation loaded in the other layout with 8 intervals, then moved, the answer's
+figures as above (``stopped_s``: stop, publish, read, build the new store, graft, swap,
+restart; of which ``move_s``, ``read_s``, ``build_s``; ``restart_to_moved_s``: until a
+batch on the new store is published).
 """
 
 from __future__ import annotations
@@ -142,14 +149,14 @@ def _drive(rt: SparkRuntime, until, timeout_s: float = 3600) -> None:
         time.sleep(rt.settings.poll_ms / 1000)
 
 
-def _online_rescale(rt: SparkRuntime, run: Path, computation: str, intervals: int) -> dict:
+def _online_rescale(rt: SparkRuntime, run: Path, computation: str, intervals: int | None, layout: str | None = None) -> dict:
     """Ask the running driver ``rt`` (driven here) for a rescale, as ``millwheel rescale`` does from another process."""
     import threading
 
     from millwheel.runtime._online import rescale as rescale_online
 
     answer: dict = {}
-    asker = threading.Thread(target=lambda: answer.update(rescale_online(str(run), computation, intervals, timeout_s=3600)))
+    asker = threading.Thread(target=lambda: answer.update(rescale_online(str(run), computation, intervals, layout=layout, timeout_s=3600)))
     asker.start()
     _drive(rt, lambda: not asker.is_alive())
     assert answer.get("state") == "done", answer
@@ -170,6 +177,27 @@ def online(spark, work: Path, keys: int) -> dict:
     return {
         "keys": keys, "from": 8, "to": 16, "total_s": a["total_s"], "stopped_s": a["stopped_s"], "move_s": a["move_s"],
         "read_s": a["read_s"], "restart_to_moved_s": a["restart_to_moved_s"], "at_batch_boundary": a["stopped_at_batch_boundary"],
+    }  # fmt: skip
+
+
+def online_layout(spark, work: Path, keys: int, layout: str) -> dict:
+    run = work / f"online-relayout-{keys}"
+    shutil.rmtree(run, ignore_errors=True)
+    other = "intervals" if layout == "keys" else "keys"
+    rt = SparkRuntime(topology(keys), str(run), RuntimeSettings(intervals=8, state_layout=other), spark=spark)
+    rt.start()
+    try:
+        _drive(rt, lambda: rt.computations["Count"].metrics["records_in"] >= keys)
+        a = _online_rescale(rt, run, "Count", None, layout)
+        held = len(rt.envelopes("Count"))
+    finally:
+        rt.stop()
+    assert held == keys == a["keys"], f"{held} keys after the move, {keys} before ({a})"
+    shutil.rmtree(run, ignore_errors=True)
+    return {
+        "keys": keys, "from": other, "to": layout, "intervals": 8, "total_s": a["total_s"], "stopped_s": a["stopped_s"],
+        "move_s": a["move_s"], "read_s": a["read_s"], "build_s": a["build_s"], "restart_to_moved_s": a["restart_to_moved_s"],
+        "at_batch_boundary": a["stopped_at_batch_boundary"],
     }  # fmt: skip
 
 
@@ -257,6 +285,20 @@ def main() -> int:
     spark = spark_session("local[2]")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    if args.online and args.layout is not None:
+        path = ROOT / "bench" / "results" / "relayout_online.json"
+        kept = json.loads(path.read_text())["runs"] if path.exists() else []
+        out = []
+        for keys in args.keys:
+            r = online_layout(spark, work, keys, args.layout)
+            r.update(measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), load_avg=[round(x, 2) for x in os.getloadavg()])
+            print(json.dumps(r), flush=True)
+            out.append(r)
+        fresh = {(r["keys"], r["to"]) for r in out}
+        runs = sorted([r for r in kept if (r["keys"], r["to"]) not in fresh] + out, key=lambda r: (r["to"], r["keys"]))
+        result = {"what": "millwheel rescale --layout while the driver runs (online), 8 key intervals, local[2]", "runs": runs}
+        path.write_text(json.dumps(result, indent=1) + "\n")
+        return 0
     if args.online:
         runs = []
         for keys in args.keys:

@@ -33,8 +33,7 @@ def test_a_running_computation_moves_to_per_key_rows_and_back_while_records_flow
     chunk(data, 0)
     run = Running(root, data, 4, spark)
     run.wait_for_batches(2)
-    chunk(data, 1)
-    to_keys = rescale(str(root), C, layout="keys", timeout_s=300)
+    to_keys = rescale(str(root), C, layout="keys", timeout_s=300)  # chunk 0 is still being read
     assert to_keys["state"] == "done", to_keys
     assert (to_keys["from_layout"], to_keys["to_layout"], to_keys["to"]) == ("intervals", "keys", 4), to_keys
     assert to_keys["keys"] > 0 and to_keys["stopped_s"] > 0, to_keys
@@ -42,12 +41,12 @@ def test_a_running_computation_moves_to_per_key_rows_and_back_while_records_flow
     assert (entry["state_layout"], entry["migration"]["relayout"]) == ("keys", "done")
     assert run.rt.computations[C].state_layout == "keys"
     assert "done" in run.rt.status()[C]["rescale"]
-    chunk(data, 2)
-    run.wait_for_batches(run.rt.computations[C].batches + 1)
+    chunk(data, 1)
+    run.wait_for_batches(run.rt.computations[C].batches + 2)  # batches on the per-key store
     back = rescale(str(root), C, 8, layout="intervals", timeout_s=300)
     assert back["state"] == "done", back
     assert (back["from_layout"], back["to_layout"], back["from"], back["to"]) == ("keys", "intervals", 4, 8), back
-    chunk(data, 3, last=True)
+    chunk(data, 2, last=True)
     run.join()
     got = published(root)
     assert max(got.values()) == 1, [k for k, n in got.items() if n > 1][:3]  # nothing published twice
@@ -115,7 +114,7 @@ def _online_layout_kill(tmp_path, spark, capsys, kill_at: str, chunks: int) -> N
 
 
 def test_an_online_layout_change_killed_after_run_json_is_finished_by_the_command(tmp_path, spark, capsys):
-    _online_layout_kill(tmp_path, spark, capsys, "relayout_pinned", chunks=3)
+    _online_layout_kill(tmp_path, spark, capsys, "relayout_pinned", chunks=2)
 
 
 @pytest.mark.slow  # the long form: every kill point of an online layout change, more input
