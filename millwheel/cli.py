@@ -45,7 +45,7 @@ _RUNTIME_COMMANDS = {
     "read": ("millwheel.runtime._sinks", "read_main", "print a stream of a run directory as JSON lines, CSV or Parquet"),
     "state": ("millwheel.runtime._state_reader", "state_main", "a computation's committed per-key state, timers and dedup ids"),
     "cluster": ("millwheel.runtime._cluster", "cluster_main", "a Spark standalone cluster on this machine (up, down, status); the file to give spark-submit (launcher)"),
-    "rescale": ("millwheel.runtime._online", "rescale_main", "give a computation another number of key intervals (online by its running driver, or in a stopped run) or, stopped, another state layout (--layout)"),
+    "rescale": ("millwheel.runtime._online", "rescale_main", "give a computation another number of key intervals or another state layout (--layout): online by its running driver, or in a stopped run"),
 }
 
 

@@ -1,4 +1,4 @@
-"""``millwheel rescale --layout``: move a stopped run's computation to the other state layout, exactly once.
+"""``millwheel rescale --layout``: move a computation to the other state layout, exactly once.
 
 A run directory pins its state layout at its first start (``run.json``): ``intervals``
 (one ``GroupState`` row per key interval, ``applyInPandasWithState``) or ``keys`` (a row per
@@ -12,6 +12,11 @@ log, commit log and file-source logs, hence exactly the input it consumed — an
 state store is replaced (docs/runtime.md, "Changing a computation's state layout"):
 
     millwheel rescale RUN --computation C --layout keys [--intervals N]
+
+If a driver runs ``C``, the command asks it (``_online.py``): the driver stops only C's
+query at a committed batch boundary and runs the same steps (:func:`plan`,
+:func:`move_layout`) with its own Spark session and C's outbox and lease, then restarts
+C's query with the new layout. Stopped, the command fences C itself (:func:`relayout`):
 
 1. **Fence and settle**, as ``millwheel rescale`` does (``_rescale.py``): no driver runs;
    ``C``'s lease under a new driver epoch; every committed batch published; a batch

@@ -221,3 +221,69 @@ def test_a_planned_batch_with_weak_productions_is_committed_first_and_the_rescal
     turn(lambda: not rescaler.jobs, "done")
     answer = read_answer(root, sent["id"])
     assert answer["state"] == "done" and answer["keys"] == 12 and answer["from"] == 4 and "stopped_s" in answer
+
+
+def test_a_layout_change_is_asked_of_the_running_driver_and_said_in_the_answers(tmp_path, capsys):
+    """``--layout`` goes online too: the request carries it, the driver takes it (a bad layout
+    is refused), ``--status`` says it; before sending, what the change would refuse is refused."""
+    from millwheel.cli import main
+
+    root = _run(tmp_path)
+    rt = _driver(root)
+    sent = rescale(root.uri, "C", layout="keys", wait=False)
+    assert sent["state"] == "sent" and sent["layout"] == "keys" and sent["intervals"] is None
+    both = rescale(root.uri, "C", 8, layout="keys", wait=False)
+    control = root.child("control", "rescale")
+    mine = f"{rt.driver_epoch.value:012d}"
+    control.child(f"{mine}-x.request").write_text(json.dumps({"computation": "C", "layout": "rows", "epoch": rt.driver_epoch.value}))
+    rescaler = OnlineRescaler(rt)
+    rescaler._take_requests()
+    assert sorted((j.intervals or 0, j.layout) for j in rescaler.jobs) == [(0, "keys"), (8, "keys")]
+    assert "one of intervals, keys, got 'rows'" in read_answer(root, f"{mine}-x")["detail"]
+    assert "the 'keys' state layout" in rescaler.status("C")["rescale"]
+    with pytest.raises(MillwheelError, match="'intervals' layout with 4 key intervals already: nothing to change"):
+        rescale(root.uri, "C", layout="intervals", wait=False)
+    with pytest.raises(MillwheelError, match="give --intervals N, --layout intervals|keys, or both"):
+        rescale(root.uri, "C", wait=False)
+    capsys.readouterr()
+    assert main(["rescale", root.uri, "--status"]) == 0
+    out = capsys.readouterr().out
+    assert f"{sent['id']}: C -> the 'keys' state layout: waiting" in out, out
+    assert f"{both['id']}: C -> the 'keys' state layout with 8 key intervals: waiting" in out, out
+
+
+def test_the_command_says_what_a_driver_killed_during_a_layout_change_left(tmp_path):
+    from millwheel.runtime._online import _driver_gone
+
+    root = _run(tmp_path)
+    assert not _driver_gone(root, "C", None, "x", 1, "keys")["recorded"]
+    held = json.loads(root.child("run.json").read_text())
+    entry = {"intervals": 4, "groups": [2, 0, 4, 1], "state_layout": "keys", "migration": {"relayout": "swapping", "batch": 3}}
+    held["computations"] = {"C": entry}
+    root.child("run.json").write_text(json.dumps(held))
+    gone = _driver_gone(root, "C", None, "x", 1, "keys")
+    assert gone["recorded"] and "--layout keys` runs again, which finishes it" in gone["detail"], gone
+    assert not _driver_gone(root, "C", 8, "x", 1, "keys")["recorded"]  # another count was asked for
+    entry["migration"]["relayout"] = "done"
+    root.child("run.json").write_text(json.dumps(held))
+    assert "the next `millwheel run` resumes with it" in _driver_gone(root, "C", None, "x", 1, "keys")["detail"]
+
+
+def test_the_automatic_policy_leaves_a_computation_on_per_key_rows_alone(tmp_path):
+    """It splits and merges interval rows only: a per-key computation's hot interval is not
+    split (that would rebuild its store, a layout change), however hot."""
+    from millwheel.runtime._autoscale import AutoscalePolicy, Figures
+    from millwheel.runtime._layout import Layout
+
+    policy = AutoscalePolicy(window=2, min_hot_ms=100.0)
+    hot = {0: Figures(900.0, 10), 1: Figures(10.0, 10), 2: Figures(10.0, 10), 3: Figures(10.0, 10)}
+    for state_layout, decided in (("keys", 0), ("intervals", 1)):
+        c = SimpleNamespace(intervals=4, outbox=SimpleNamespace(on_summary=lambda *_: None))
+        rt = SimpleNamespace(
+            root=_run(tmp_path), settings=SimpleNamespace(autoscale=policy), computations={"C": c}, driver_epoch=SimpleNamespace(value=1),
+            layouts={"C": Layout(4, (2, 0, 4, 1), state_layout=state_layout)}, log=lambda _m: None, watermarks=SimpleNamespace(note=lambda *_: None),
+        )  # fmt: skip
+        rescaler = OnlineRescaler(rt)
+        rescaler.history["C"].extend([hot, hot, hot])
+        rescaler._autoscale()
+        assert len(rescaler.decisions) == decided, (state_layout, rescaler.decisions)
