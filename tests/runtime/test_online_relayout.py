@@ -87,7 +87,7 @@ def _online_layout_kill(tmp_path, spark, capsys, kill_at: str, chunks: int) -> N
             def runtime() -> SparkRuntime:
                 return SparkRuntime(build(str(data), max_bytes=60_000, finite=False), str(root), _settings(4), spark=spark, watermarks=wm, log=lambda m: print(m, flush=True))
 
-            if answer["recorded"] and kill_at != "online_restarted":  # after that, the change was in place
+            if kill_at in ("relayout_pinned", "relayout_swapping"):  # recorded, not in place yet
                 assert entry["migration"]["relayout"] == "swapping", entry
                 rt = runtime()
                 try:
@@ -97,6 +97,8 @@ def _online_layout_kill(tmp_path, spark, capsys, kill_at: str, chunks: int) -> N
                     rt.stop()
                 finished = rescale(str(root), C, layout="keys", spark=spark)  # no driver runs: the command itself
                 assert finished["finished"], finished
+            elif answer["recorded"]:  # killed after C's query restarted: the change was in place
+                assert (entry["state_layout"], entry["migration"]["relayout"]) == ("keys", "done"), entry
             else:
                 assert "state_layout" not in entry, entry  # nothing changed: C resumes on interval rows
             chunk(data, chunks - 1, last=True)
