@@ -71,7 +71,7 @@ from millwheel.runtime._outbox import Outbox, crash_point
 from millwheel.runtime._query import STATE_STORE_CONF
 from millwheel.runtime._session import start_query
 from millwheel.runtime._settings import STATE_LAYOUTS
-from millwheel.runtime._settle import offline_outbox, refuse, settle
+from millwheel.runtime._settle import offline_outbox, refuse, refuse_own_files, settle
 from millwheel.runtime._spark_internals import (
     committed_batches,
     graft_state,
@@ -174,6 +174,7 @@ def plan(root: Location, computation: str, layout: str | None, intervals: int | 
     if "groups" not in held or "intervals" not in held:
         msg = f"{root.child('run.json').uri} does not pin the run's key intervals and groups; start the run once with this millwheel first"
         raise refuse(msg)
+    refuse_own_files(root, held, computation)  # the Arrow mapping's state is not in Spark's store
     old = computation_layouts(
         held, [computation], int(held["intervals"]), [int(g) for g in held["groups"]]
     )[computation]

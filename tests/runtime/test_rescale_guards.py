@@ -17,6 +17,7 @@ from millwheel.runtime._fs import Location
 from millwheel.runtime._layout import Layout, read_pin
 from millwheel.runtime._lease import DriverEpoch, Lease, live_drivers
 from millwheel.runtime._query import ComputationQuery, ConsumedFiles
+from millwheel.runtime._relayout import plan
 from millwheel.runtime._rescale import rescale, target
 from millwheel.runtime._wire import interval_name
 from watermark_authority import Authority, StaleTokenError
@@ -120,13 +121,15 @@ def test_rescale_refuses_a_running_driver_the_per_key_layout_and_bad_counts(tmp_
 def test_rescale_refuses_a_computation_on_the_arrow_mapping_before_it_changes_anything(tmp_path, layout):
     """Its state is in the mapping's own files (``colstate/``), which no move reads: moving
     "nothing" would start the new layout empty. Refused offline, with a layout change, and
-    (through ``_rescale.target``) by a running driver's online rescale."""
+    (through ``_rescale.target`` and ``_relayout.plan``) by a running driver's online rescale."""
     root = _run(tmp_path, mappings={"C": {"mapping": "arrow", "partitions": 2}})
     before = root.child("run.json").read_text()
     with pytest.raises(MillwheelError, match="runs on the 'arrow' mapping .* does not move"):
         rescale(root.uri, "C", 8, layout=layout, force=True)
     with pytest.raises(MillwheelError, match="runs on the 'arrow' mapping"):
         target(root, "C", 8)
+    with pytest.raises(MillwheelError, match="runs on the 'arrow' mapping"):
+        plan(root, "C", "keys", None)  # what an online layout change checks, before its request is sent
     assert root.child("run.json").read_text() == before
     assert not root.child("leases").exists()  # not even fenced: nothing was started
 
