@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from faults.inject import kill_tree, start_driver, wait_for_progress
+from faults.inject import kill_tree
 from faults.ledger import build
 from millwheel._errors import MillwheelError
 from millwheel.runtime import SparkRuntime
@@ -19,7 +19,16 @@ from millwheel.runtime._fs import Location
 from millwheel.runtime._layout import read_pin
 from millwheel.runtime._online import rescale
 
-from .test_online_rescale import C, Running, _settings, check, chunk, plain_answer, published
+from .test_online_rescale import (
+    C,
+    Running,
+    _settings,
+    assert_exact_and_clean,
+    chunk,
+    plain_answer,
+    published,
+    start_ledger_driver,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -68,11 +77,8 @@ def _online_layout_kill(tmp_path, spark, capsys, kill_at: str, chunks: int) -> N
     data, root, log = tmp_path / "data", tmp_path / "run", tmp_path / "driver.log"
     authority = AuthorityProcess(tmp_path / "authority").start()
     try:
-        chunk(data, 0)
-        args = ("--intervals", "4", "--follow", "--per-trigger", "2", "--max-bytes", "60000", "--authority", authority.url)
-        proc = start_driver(root, data, *args, env={"MILLWHEEL_CRASH": f"{C}:{kill_at}:data", **authority.env()}, log=log)
+        proc = start_ledger_driver(root, data, log, authority, 4, f"{C}:{kill_at}:data")
         try:
-            assert wait_for_progress(proc, root, C, 2), log.read_text()[-3000:]
             for k in range(1, chunks - 1):
                 chunk(data, k)
             answer = rescale(str(root), C, layout="keys", timeout_s=300)
@@ -107,12 +113,7 @@ def _online_layout_kill(tmp_path, spark, capsys, kill_at: str, chunks: int) -> N
         authority.stop()
     want = "keys" if answer["recorded"] else "intervals"
     assert read_pin(Location.of(str(root))).get("computations", {}).get(C, {}).get("state_layout", "intervals") == want
-    got = published(root)
-    assert max(got.values()) == 1, [k for k, n in got.items() if n > 1][:3]
-    assert got == plain_answer(data)
-    report = check(root, data, authority.data_dir, capsys)
-    with capsys.disabled():
-        print(report)
+    assert_exact_and_clean(root, data, authority.data_dir, capsys)
 
 
 def test_an_online_layout_change_killed_after_run_json_is_finished_by_the_command(tmp_path, spark, capsys):

@@ -75,16 +75,33 @@ def published(root: Path) -> Counter:
     return Counter((r.value["key"], r.value["window_start"], tuple(sorted(r.value["ids"]))) for r in out)
 
 
-def check(root: Path, data: Path, authority_dir: str, capsys) -> str:
-    """``millwheel check RUN --input DATA --authority-dir DIR``: its report, asserted clean."""
+def start_ledger_driver(root: Path, data: Path, log: Path, authority, intervals: int, crash: str):
+    """The ledger's driver as a process (``--follow``, reporting to ``authority``) on the
+    input's first chunk, with ``crash`` armed (``MILLWHEEL_CRASH``), once C committed two batches."""
+    chunk(data, 0)
+    args = ("--intervals", str(intervals), "--follow", "--per-trigger", "2", "--max-bytes", "60000", "--authority", authority.url)
+    proc = start_driver(root, data, *args, env={"MILLWHEEL_CRASH": crash, **authority.env()}, log=log)
+    if not wait_for_progress(proc, root, C, 2):
+        kill_tree(proc)
+        raise AssertionError(log.read_text()[-3000:])
+    return proc
+
+
+def assert_exact_and_clean(root: Path, data: Path, authority_dir: str, capsys) -> None:
+    """The ledger published nothing twice and equals the plain answer, and ``millwheel check
+    RUN --input DATA --authority-dir DIR`` finds the run CLEAN (its report printed)."""
     from millwheel.cli import main
 
+    got = published(root)
+    assert max(got.values()) == 1, [k for k, n in got.items() if n > 1][:3]
+    assert got == plain_answer(data)
     capsys.readouterr()
     rc = main(["check", str(root), "--input", str(data), "--authority-dir", authority_dir])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "CLEAN" in out and "lost: 0" in out and "duplicated: 0" in out, out
-    return out
+    with capsys.disabled():
+        print(out)
 
 
 def _settings(intervals: int) -> RuntimeSettings:
@@ -155,11 +172,8 @@ def _online_with_a_kill(tmp_path, spark, capsys, kill_at: str, chunks: int) -> N
     # one authority for both drivers (its journal is what the checker compares watermarks with)
     authority = AuthorityProcess(tmp_path / "authority").start()
     try:
-        chunk(data, 0)
-        args = ("--intervals", "16", "--follow", "--per-trigger", "2", "--max-bytes", "60000", "--authority", authority.url)
-        proc = start_driver(root, data, *args, env={"MILLWHEEL_CRASH": f"{C}:{kill_at}:32", **authority.env()}, log=log)
+        proc = start_ledger_driver(root, data, log, authority, 16, f"{C}:{kill_at}:32")
         try:
-            assert wait_for_progress(proc, root, C, 2), log.read_text()[-3000:]
             chunk(data, 1)
             first = rescale(str(root), C, 4, timeout_s=300)
             assert first["state"] == "done" and first["from"] == 16, (first, log.read_text()[-3000:])
@@ -178,12 +192,7 @@ def _online_with_a_kill(tmp_path, spark, capsys, kill_at: str, chunks: int) -> N
             rt.run(timeout_s=600)
     finally:
         authority.stop()
-    got = published(root)
-    assert max(got.values()) == 1, [k for k, n in got.items() if n > 1][:3]
-    assert got == plain_answer(data)
-    report = check(root, data, authority.data_dir, capsys)
-    with capsys.disabled():
-        print(report)
+    assert_exact_and_clean(root, data, authority.data_dir, capsys)
 
 
 def test_online_16_to_4_to_32_with_a_kill_during_the_move(tmp_path, spark, capsys):
