@@ -9,6 +9,7 @@ without Spark's connector fails with the message naming the package.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import pytest
@@ -141,6 +142,10 @@ def test_a_parquet_table_is_read_to_its_end_with_drain(spark, tmp_path, second_c
     for f in range(4):
         part = [{"event_id": f"e{f}-{i}", "at": dt.datetime.fromtimestamp((T0 + f * 1000 + i * 4) / 1000, dt.timezone.utc), "key": f"k{i % 5}"} for i in range(250)]
         pq.write_table(pa.Table.from_pylist(part, schema=pa.schema([("event_id", pa.string()), ("at", pa.timestamp("ms", tz="UTC")), ("key", pa.string())])), table_dir / f"part-{f}.parquet")
+        # a table written file by file, a second apart: Spark's file source takes files in
+        # modification-time order, and files written in the same millisecond come in listing
+        # order (once part-2 before part-1: its whole second was late and dropped, rightly)
+        os.utime(table_dir / f"part-{f}.parquet", (1_700_000_000 + f, 1_700_000_000 + f))
         rows += part
     src = SparkSource(
         lambda s: s.readStream.schema("event_id string, at timestamp, key string").option("maxFilesPerTrigger", 1).parquet(str(table_dir)),
