@@ -265,6 +265,55 @@ class ColumnarDedup:
         present[self.kix] = True
         return {kb for kb in keys if kb in self.key_index and present[self.key_index[kb]]}
 
+    # -- moving keys (``millwheel rescale``) ----------------------------------------
+    def empty_like(self) -> ColumnarDedup:
+        """An empty index with this one's Bloom settings."""
+        return ColumnarDedup(self.fpr, self.capacity if self.fixed else None)
+
+    def split(self, targets: Sequence[int]) -> dict[int, ColumnarDedup]:
+        """The ids of key ``self.keys[i]`` go to the index of ``targets[i]``: one index per
+        target that gets ids, each with its own filter (a rescale moves keys between key
+        intervals, MillWheel §7.1; each key's ids move with it, so dedup stays per key)."""
+        if not len(self.ts):
+            return {}
+        to = np.asarray(targets, np.int64)[self.kix]
+        out: dict[int, ColumnarDedup] = {}
+        for t in np.unique(to).tolist():
+            sel = to == t
+            d = self.empty_like()
+            d.ids = self.ids.filter(pa.array(sel))
+            d.kix, d.ts = self.kix[sel], self.ts[sel]
+            d.keys, d.key_index = list(self.keys), dict(self.key_index)
+            d._compact_keys()
+            d._rebuild(d._fingerprints())
+            out[t] = d
+        return out
+
+    @classmethod
+    def merge(cls, parts: Sequence[ColumnarDedup]) -> ColumnarDedup:
+        """One index of ``parts``, which hold disjoint keys (what :meth:`split` gave several
+        key intervals for one new interval); the first part's Bloom settings."""
+        if not parts:
+            return cls()
+        out = parts[0].empty_like()
+        full = [p for p in parts if len(p.ts)]
+        if not full:
+            return out
+        keys: list[bytes] = []
+        kix: list[np.ndarray] = []
+        for p in full:
+            kix.append(p.kix + len(keys))  # each part's rows are sorted by key index: so is the concatenation
+            keys.extend(p.keys)
+        if len(set(keys)) != len(keys):
+            msg = "the dedup indexes to merge hold ids of the same key: they are not disjoint key intervals"
+            raise ValueError(msg)
+        out.ids = pa.concat_arrays([p.ids for p in full])
+        out.kix = np.concatenate(kix).astype(np.int32)
+        out.ts = np.concatenate([p.ts for p in full])
+        out.keys, out.key_index = keys, {kb: i for i, kb in enumerate(keys)}
+        out._rebuild(out._fingerprints())
+        return out
+
     # -- storage -------------------------------------------------------------------
     def to_wire(self) -> list[Any] | None:
         if not len(self.ts):

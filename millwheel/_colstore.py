@@ -9,7 +9,7 @@ pending strong productions and the dedup index (``_coldedup.py``). Used by
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import itemgetter
@@ -171,6 +171,66 @@ class ColumnarStore:
         if self.state is not None:
             keys |= set(self.state.column("_kb").to_pylist())
         return hold, nlw, nwall, len(keys)
+
+    def keys_held(self) -> set[bytes]:
+        """Every key the store holds anything for (state, timers, sequence or hold, pending
+        productions, dedup ids)."""
+        keys = set(self.meta) | {kb for kb, _ in self.timers} | {p[1] for p in self.pending} | set(self.dedup.keys)
+        if self.state is not None:
+            keys.update(self.state.column("_kb").to_pylist())
+        return keys
+
+    def split(self, where: Callable[[bytes], int]) -> dict[int, ColumnarStore]:
+        """What each key holds, moved to the store of ``where(key)`` (a rescale: the key
+        interval the key hashes to in the new layout, MillWheel §7.1): one store per target
+        that gets a key, together holding exactly what this one holds."""
+        target = {kb: where(kb) for kb in self.keys_held()}
+        out: dict[int, ColumnarStore] = {}
+
+        def at(t: int) -> ColumnarStore:
+            st = out.get(t)
+            if st is None:
+                st = out[t] = ColumnarStore(dedup=self.dedup.empty_like())
+            return st
+
+        def of(kb: bytes) -> ColumnarStore:
+            return at(target[kb])
+
+        for kb, m in self.meta.items():
+            of(kb).meta[kb] = m
+        for (kb, tag), v in self.timers.items():
+            of(kb).timers[(kb, tag)] = v
+        for p in self.pending:
+            of(p[1]).pending.append(p)
+        if self.state is not None and self.state.num_rows:
+            to = np.fromiter(map(target.__getitem__, self.state.column("_kb").to_pylist()), np.int64, self.state.num_rows)
+            for t in np.unique(to).tolist():
+                at(t).state = self.state.filter(pa.array(to == t))
+        for t, d in self.dedup.split([target[kb] for kb in self.dedup.keys]).items():
+            at(t).dedup = d
+        return out
+
+    @classmethod
+    def merge(cls, stores: Sequence[ColumnarStore]) -> ColumnarStore:
+        """One store of ``stores``, which hold disjoint keys (the pieces :meth:`split` gave
+        one new key interval); raises :class:`EnvelopeError` if two hold the same key."""
+        if len(stores) == 1:
+            return stores[0]
+        seen: set[bytes] = set()
+        for st in stores:
+            ks = st.keys_held()
+            if ks & seen:
+                msg = f"columnar stores to merge hold the same keys ({len(ks & seen)}): they are not the pieces of disjoint key intervals"
+                raise EnvelopeError(msg)
+            seen |= ks
+        tables = [st.state for st in stores if st.state is not None and st.state.num_rows]
+        return cls(
+            state=(tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")) if tables else None,
+            timers={k: v for st in stores for k, v in st.timers.items()},
+            meta={k: v for st in stores for k, v in st.meta.items()},
+            pending=[p for st in stores for p in st.pending],
+            dedup=ColumnarDedup.merge([st.dedup for st in stores]),
+        )
 
     def state_rows(self, kbs: Sequence[bytes]) -> pa.Table | None:
         """The state rows of keys ``kbs``."""

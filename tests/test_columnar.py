@@ -125,8 +125,10 @@ def _per_record_decisions(batches, capacity=None, fpr=0.01):
     return out
 
 
-@pytest.mark.parametrize("seed", [5, 6])
-def test_vectorised_dedup_decides_as_the_per_record_dedup(seed):
+@pytest.mark.parametrize(("seed", "split"), [(5, False), (6, False), (7, True)])
+def test_vectorised_dedup_decides_as_the_per_record_dedup(seed, split):
+    """``split``: between batches the index is also split by key into three (as a rescale
+    moves keys to other intervals, ``ColumnarDedup.split``) and merged again."""
     rng = random.Random(seed)
     pool = [f"id-{i}" for i in range(3_000)]
     keys = [f"k{i}".encode() for i in range(40)]
@@ -144,6 +146,10 @@ def test_vectorised_dedup_decides_as_the_per_record_dedup(seed):
     for ids, kbs in batches:
         got.append(d.admit(ids, kbs, np.ones(len(ids), np.int64), stats).tolist())
         d = ColumnarDedup.from_wire(d.to_wire())  # through its storage form, as between batches
+        if split:
+            parts = d.split([int(kb[1:]) % 3 for kb in d.keys])
+            assert sum(len(p) for p in parts.values()) == len(d)
+            d = ColumnarDedup.merge([ColumnarDedup.from_wire(p.to_wire()) for p in parts.values()])
     assert got == expected
     assert sum(not k for b in got for k in b) > 1_000  # many duplicates were caught
 

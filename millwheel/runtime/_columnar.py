@@ -13,6 +13,14 @@ returns as columns. The interval's GroupState row holds the columnar store in ``
 Rows that are not records (keying dead letters, rows to key in the step, wall-time
 ticks) go through the per-record path's code (:class:`IntervalBatch`), so the columnar
 path adds no second copy of keying.
+
+A rescale (``millwheel rescale``, ``_rescale.py``, MillWheel §7.1) reaches a columnar
+computation as it does a per-record one, in one micro-batch: each new key interval gets
+the pieces of the old intervals' stores that hold its keys
+(:meth:`~millwheel._colstore.ColumnarStore.split`), merges them before its records run
+(``_move.install_stores``), and each old interval's group is emptied once it holds the
+store the rescale read (its digest, ``_move.blob_digest``), or the batch fails before it
+commits.
 """
 
 from __future__ import annotations
@@ -33,10 +41,13 @@ from millwheel._record import MIN_TIMESTAMP, Record
 from millwheel._topology import ComputationSpec
 from millwheel.runtime._interval import IntervalBatch, IntervalStep
 from millwheel.runtime._keying import wants_dead_letters
+from millwheel.runtime._move import RescaleMismatch, install_stores, retire_group
 from millwheel.runtime._wire import RowKind, from_spark, timer_timeout
 
 _RECORD = int(RowKind.RECORD)
 _UNKEYED = int(RowKind.UNKEYED)
+_INSTALL = int(RowKind.INSTALL)
+_RETIRE = int(RowKind.RETIRE)
 
 
 def interval_step_class(spec: ComputationSpec, state_layout: str = "intervals") -> type[IntervalStep]:
@@ -72,13 +83,25 @@ class ColumnarIntervalStep(IntervalStep):
         return self._columnar
 
     def __call__(self, group: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
-        interval = self.interval_of(int(group[0]))
-        if interval < 0:  # the heartbeat group: it only moves Spark's watermark
+        g = int(group[0])
+        retired = self.retired(g)  # a group of the layout before a rescale: only its retirement comes
+        interval = -2 if retired else self.interval_of(g)
+        if interval < 0 and not retired:  # the heartbeat group: it only moves Spark's watermark
             for _ in frames:
                 pass
             return
         store = state.get[0] if state.exists else None
-        res, out = self.run_interval(interval, frames, store, from_spark(state.getCurrentWatermarkMs()), state.getCurrentProcessingTimeMs())
+        batch = IntervalBatch(self, interval, from_spark(state.getCurrentWatermarkMs()), state.getCurrentProcessingTimeMs())
+        recs = self.read(batch, frames)
+        if retired:
+            retire_group(self.spec.name, self.intervals, batch.retire, bool(len(recs) or batch.installs), state, columnar=True)
+            return
+        if batch.retire is not None:
+            msg = f"computation {self.spec.name!r}: a rescale retires Spark group {g}, which is key interval {interval} of this layout"
+            raise RescaleMismatch(msg)
+        if batch.installs:  # a rescale's pieces of the old intervals' stores (``_move.py``)
+            store = install_stores(self.spec.name, interval, self.intervals or 0, [v for _, v in batch.installs], store, self.spec.options)
+        res, out = self.step(batch, recs, store)
         if res.store is not None:
             state.update((res.store, b""))
         elif state.exists:
@@ -90,13 +113,24 @@ class ColumnarIntervalStep(IntervalStep):
     def run_interval(
         self, interval: int, frames: Iterable[pd.DataFrame], store: bytes | ColumnarStore | None, low_watermark: int, now: int
     ) -> tuple[ColumnarResult, pd.DataFrame]:  # fmt: skip
-        """One key interval's share of a micro-batch, whichever mapping runs it (this
-        class's ``applyInPandasWithState`` or ``_arrowmap.py``): the :class:`ColumnarRunner`
-        over its records (``store``: the interval's columnar store, encoded or decoded),
-        and its output frame (productions, dead letters, then the interval's summary row)."""
+        """One key interval's share of a micro-batch on a mapping that does not move state
+        (``_arrowmap.py``, whose computations ``millwheel rescale`` refuses): the
+        :class:`ColumnarRunner` over its records (``store``: the interval's columnar store,
+        encoded or decoded), and its output frame (productions, dead letters, then the
+        interval's summary row)."""
         batch = IntervalBatch(self, interval, low_watermark, now)
-        parts = [p for p in (self._records(batch, pdf) for pdf in frames) if p is not None]
-        recs = _input(parts)
+        recs = self.read(batch, frames)
+        if batch.installs or batch.retire is not None:
+            msg = f"computation {self.spec.name!r}: a rescale's state move reached an interval function that cannot apply it (the Arrow mapping)"
+            raise RescaleMismatch(msg)
+        return self.step(batch, recs, store)
+
+    def read(self, batch: IntervalBatch, frames: Iterable[pd.DataFrame]) -> InputColumns:
+        """The records of ``batch``'s input frames as columns; a rescale's rows go to the batch."""
+        return _input([p for p in (self._records(batch, pdf) for pdf in frames) if p is not None])
+
+    def step(self, batch: IntervalBatch, recs: InputColumns, store: bytes | ColumnarStore | None) -> tuple[ColumnarResult, pd.DataFrame]:
+        """The :class:`ColumnarRunner` over one key interval's records, and its output frame."""
         res = self.columnar().run(store, recs, low_watermark=batch.low_watermark, now=batch.now)
         batch.totals.add(StepMetrics(**res.metrics))
         for p in res.dead_letters:
@@ -135,7 +169,10 @@ class ColumnarIntervalStep(IntervalStep):
             kind = pdf["kind"]
         if len(pdf) and (kind != _RECORD).any():
             unkeyed = kind == _UNKEYED
-            letters = (kind != _RECORD) & ~unkeyed
+            moves = (kind == _INSTALL) | (kind == _RETIRE)
+            if moves.any():
+                batch._moves(pdf[moves])
+            letters = (kind != _RECORD) & ~unkeyed & ~moves
             if letters.any():
                 batch._dead_letters(pdf[letters], wants_dead_letters(batch.owner.keyer))
             keyed_here = batch._key_here(pdf[unkeyed]) if unkeyed.any() else None

@@ -410,7 +410,7 @@ class IntervalBatch:
         ``keyed``: something reads dead letters and they are keyed for it here)."""
         totals = self.totals
         for kind, rid, ts, value in zip(pdf["kind"].tolist(), pdf["id"].tolist(), pdf["ts"].tolist(), pdf["value"].tolist(), strict=True):
-            if kind in (RowKind.INSTALL, RowKind.RETIRE):  # an interval function that does not move state (columnar)
+            if kind in (RowKind.INSTALL, RowKind.RETIRE):  # a caller that did not take a rescale's rows out first
                 msg = f"computation {self.owner.spec.name!r}: a rescale's state move reached an interval function that cannot apply it ({type(self.owner).__name__})"
                 raise RescaleMismatch(msg)
             count_keying(totals, kind == RowKind.DROPPED)

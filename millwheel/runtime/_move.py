@@ -16,11 +16,13 @@ from typing import Any
 import msgpack
 import xxhash
 
+from millwheel._colstore import ColumnarStore
 from millwheel._envelope import Envelope
+from millwheel._errors import EnvelopeError
 from millwheel._record import decode_key
 from millwheel.runtime._keying import interval_of
 
-__all__ = ["RescaleMismatch", "envelope_meta", "install_envelopes", "retire_group", "state_digest"]
+__all__ = ["RescaleMismatch", "blob_digest", "envelope_meta", "install_envelopes", "install_stores", "retire_group", "state_digest"]
 
 
 class RescaleMismatch(RuntimeError):
@@ -59,6 +61,15 @@ def state_digest(envs: dict[bytes, bytes]) -> list[int]:
     return [len(envs), h.intdigest()]
 
 
+def blob_digest(blob: bytes | None) -> list[int]:
+    """``[bytes, xxh3 of the bytes]`` of a columnar computation's store as committed (its
+    interval row's ``envs``): what a key interval of the old layout must hold when a
+    rescale empties it (``None``, no store: ``[0, xxh3 of nothing]``, as
+    :func:`state_digest` of no envelopes)."""
+    data = blob or b""
+    return [len(data), xxhash.xxh3_64_intdigest(data)]
+
+
 def install_envelopes(
     name: str, interval: int, intervals: int, installs: Sequence[tuple[bytes, bytes]],
     envs: dict[bytes, Any], meta: dict[bytes, Any], make_meta: Callable[..., Any],
@@ -78,20 +89,43 @@ def install_envelopes(
             meta[kb] = make_meta(*m)
 
 
-def retire_group(name: str, intervals: int | None, retire: list[int] | None, other_rows: bool, state: Any) -> None:
+def install_stores(name: str, interval: int, intervals: int, pieces: Sequence[bytes], current: Any, options: Any) -> ColumnarStore:
+    """A columnar computation's share of a rescale: the store of key interval ``interval``
+    merged from the ``pieces`` the rescale split off the old intervals' stores; the
+    interval must hold nothing yet (``current``: its store, or ``None``), and every key must
+    hash to it."""
+    if current is not None:
+        msg = f"computation {name!r}: a rescale installs columnar stores into key interval {interval}, which already holds a store; the rescale must be redone"
+        raise RescaleMismatch(msg)
+    try:
+        store = ColumnarStore.merge([ColumnarStore.decode(p, options) for p in pieces])
+    except EnvelopeError as exc:
+        msg = f"computation {name!r}: a rescale's pieces for key interval {interval} do not make one columnar store: {exc}"
+        raise RescaleMismatch(msg) from exc
+    wrong = [kb for kb in store.keys_held() if interval_of(kb, intervals) != interval]
+    if wrong:
+        msg = f"computation {name!r}: a rescale sent key {decode_key(wrong[0])!r} (and {len(wrong) - 1} more) to key interval {interval} of {intervals}, not its own ({interval_of(wrong[0], intervals)})"
+        raise RescaleMismatch(msg)
+    return store
+
+
+def retire_group(name: str, intervals: int | None, retire: list[int] | None, other_rows: bool, state: Any, *, columnar: bool = False) -> None:
     """Empty a Spark group of the layout before a rescale (its ``GroupState``), once it
-    holds what the rescale read (``retire``: :func:`state_digest`)."""
+    holds what the rescale read (``retire``: :func:`state_digest`, or :func:`blob_digest`
+    of a ``columnar`` computation's store)."""
     if retire is None or other_rows:
         msg = (
             f"computation {name!r}: a Spark group that is not a key interval of this layout ({intervals} intervals) "
             "got rows other than a rescale's retirement; the run directory's run.json and its heartbeat files disagree"
         )
         raise RescaleMismatch(msg)
-    envs = msgpack.unpackb(state.get[0], raw=False, strict_map_key=False) if state.exists else {}
-    held = state_digest(envs)
+    if columnar:
+        held, what = blob_digest(state.get[0] if state.exists else None), "bytes of columnar store"
+    else:
+        held, what = state_digest(msgpack.unpackb(state.get[0], raw=False, strict_map_key=False) if state.exists else {}), "keys"
     if held != retire:
         msg = (
-            f"computation {name!r}: a group of the layout before the rescale holds {held[0]} keys (digest {held[1]:x}), "
+            f"computation {name!r}: a group of the layout before the rescale holds {held[0]} {what} (digest {held[1]:x}), "
             f"not the {retire[0]} (digest {retire[1]:x}) the rescale read and moved; nothing was committed: "
             "restore run.json to the old layout and run millwheel rescale again"
         )

@@ -45,11 +45,12 @@ import msgpack
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from millwheel._colstore import ColumnarStore
 from millwheel.runtime._fs import Location
 from millwheel.runtime._keying import interval_of
 from millwheel.runtime._layout import HIDDEN_MOVE, computation_layouts, read_pin, update_pin
 from millwheel.runtime._lease import DriverEpoch, Lease, live_drivers
-from millwheel.runtime._move import state_digest
+from millwheel.runtime._move import blob_digest, state_digest
 from millwheel.runtime._outbox import Outbox, crash_point
 from millwheel.runtime._query import HB_MOVE_SCHEMA, ConsumedFiles
 from millwheel.runtime._relayout import relayout, relayout_wanted
@@ -61,7 +62,7 @@ from millwheel.runtime._spark_internals import (
 )
 from millwheel.runtime._wire import RowKind, interval_groups
 
-__all__ = ["Target", "move_state", "rescale", "settled", "target"]
+__all__ = ["Target", "move_rows", "move_state", "move_stores", "rescale", "settled", "target"]
 
 #: the hidden name a rescale's heartbeat file has until ``run.json`` names it
 _HIDDEN = HIDDEN_MOVE
@@ -221,11 +222,10 @@ def move_state(tgt: Target, outbox: Outbox, spark: Any, say: Any, t0: float) -> 
         spark = spark_session("local[2]")
     t_read = time.perf_counter()
     try:
-        per_key, states = read_interval_states(spark, checkpoint.uri, last) if last >= 0 else (False, {})
+        what, states = read_interval_states(spark, checkpoint.uri, last) if last >= 0 else ("envelopes", {})
     except ValueError as exc:
-        msg_0 = f"{exc}; millwheel rescale moves per-record computations' envelopes only"
-        raise refuse(msg_0) from None
-    if per_key:
+        raise refuse(str(exc)) from None
+    if what == "keys":
         msg = f"computation {computation!r} keeps its state in the per-key layout; millwheel rescale moves the interval-row layout only"
         raise refuse(msg)
     read_s = time.perf_counter() - t_read
@@ -234,8 +234,15 @@ def move_state(tgt: Target, outbox: Outbox, spark: Any, say: Any, t0: float) -> 
         msg = f"the state of {computation!r} has groups {stray} that its layout in run.json ({list(old.groups)}) does not: run.json was changed by hand, or the checkpoint is not the one this run.json describes"
         raise refuse(msg)
     interval_of_group = {g: i for i, g in enumerate(old.groups)}
-    for g, envs in states.items():
-        wrong = [kb for kb in envs if interval_of(kb, old.intervals) != interval_of_group[g]]
+    if what == "columnar":  # a columnar computation's store per interval: split by key (``_colstore.py``)
+        pieces = {g: ColumnarStore.decode(blob) for g, blob in states.items()}
+        digests = {g: blob_digest(blob) for g, blob in states.items()}
+        held_keys = {g: st.keys_held() for g, st in pieces.items()}
+    else:
+        pieces, digests = {}, {}
+        held_keys = {g: set(envs) for g, envs in states.items()}
+    for g, kbs in held_keys.items():
+        wrong = [kb for kb in kbs if interval_of(kb, old.intervals) != interval_of_group[g]]
         if wrong:
             msg = f"{len(wrong)} keys of {computation!r} are held in key interval {interval_of_group[g]} of {old.intervals}, not their own: the state is damaged"
             raise refuse(msg)
@@ -250,7 +257,10 @@ def move_state(tgt: Target, outbox: Outbox, spark: Any, say: Any, t0: float) -> 
     groups = interval_groups(intervals, partitions, avoid=used)
 
     # 4. the heartbeat file: installs for the new groups, retirements for the old ones
-    table, keys = move_rows(states, old.groups, groups)
+    if what == "columnar":
+        table, keys = move_stores(pieces, digests, old.groups, groups)
+    else:
+        table, keys = move_rows(states, old.groups, groups)
     nums = [int(n.split(".")[0]) for n in heartbeats.list() if n.endswith(".parquet") and n[0].isdigit()]
     listed = ConsumedFiles(checkpoint)  # names the file source has seen are never read again: a new number
     listed.refresh()
@@ -298,8 +308,46 @@ def move_rows(states: dict[int, dict[bytes, bytes]], old_groups: Any, new_groups
         kind.append(int(RowKind.RETIRE))
         key.append(None)
         value.append(msgpack.packb(state_digest(envs)))
+    return _move_table(interval, group, kind, key, value), keys
+
+
+def move_stores(stores: dict[int, Any], digests: dict[int, list[int]], old_groups: Any, new_groups: list[int]) -> tuple[pa.Table, int]:
+    """The rows of a columnar computation's state move: each old group's store
+    (:class:`~millwheel._colstore.ColumnarStore`, decoded) split by the new interval of its
+    keys, one :attr:`RowKind.INSTALL` row per piece (key ``None``, the piece's blob: the new
+    group merges its pieces), and one :attr:`RowKind.RETIRE` row per old group with the
+    :func:`~millwheel.runtime._move.blob_digest` of its store as read; and how many keys."""
+    n = len(new_groups)
+    interval: list[int] = []
+    group: list[int] = []
+    kind: list[int] = []
+    key: list[bytes | None] = []
+    value: list[bytes] = []
+    keys = 0
+    for g in old_groups:
+        store = stores.get(g)
+        if store is not None:
+            keys += len(store.keys_held())
+            for i, piece in sorted(store.split(lambda kb: interval_of(kb, n)).items()):
+                blob = piece.encode()
+                if blob is None:  # keys that hold nothing (cannot be: an empty store is not stored)
+                    continue
+                interval.append(i)
+                group.append(new_groups[i])
+                kind.append(int(RowKind.INSTALL))
+                key.append(None)
+                value.append(blob)
+        interval.append(-2)
+        group.append(g)
+        kind.append(int(RowKind.RETIRE))
+        key.append(None)
+        value.append(msgpack.packb(digests.get(g, blob_digest(None))))
+    return _move_table(interval, group, kind, key, value), keys
+
+
+def _move_table(interval: list[int], group: list[int], kind: list[int], key: list[bytes | None], value: list[bytes]) -> pa.Table:
     rows = len(kind)
-    table = pa.table(
+    return pa.table(
         {
             "interval": pa.array(interval, pa.int32()), "wm": pa.nulls(rows, pa.int64()), "now": pa.nulls(rows, pa.int64()),
             "kind": pa.array(kind, pa.int32()), "group": pa.array(group, pa.int32()),
@@ -307,4 +355,3 @@ def move_rows(states: dict[int, dict[bytes, bytes]], old_groups: Any, new_groups
         },
         schema=HB_MOVE_SCHEMA,
     )  # fmt: skip
-    return table, keys

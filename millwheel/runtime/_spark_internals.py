@@ -175,23 +175,31 @@ def read_envelopes(spark: Any, checkpoint_uri: str, batch_id: int | None = None)
     return out
 
 
-def read_interval_states(spark: Any, checkpoint_uri: str, batch_id: int) -> tuple[bool, dict[int, dict[bytes, bytes]]]:
-    """``(per-key layout?, {Spark group: {key bytes: envelope}})`` as of committed batch
-    ``batch_id``: the interval rows of the default layout, by the group value that keys them
-    (the ``statestore`` source's ``key`` struct holds the grouping column). For the per-key
-    layout the map is empty: a rescale refuses it (``_rescale.py``)."""
+def read_interval_states(spark: Any, checkpoint_uri: str, batch_id: int) -> tuple[str, dict[int, Any]]:
+    """``(what, {Spark group: state})`` as of committed batch ``batch_id``, by the group value
+    that keys each interval row (the ``statestore`` source's ``key`` struct holds the
+    grouping column). ``what`` is ``"envelopes"`` (a per-record computation's interval rows:
+    ``{key bytes: envelope}`` per group), ``"columnar"`` (a columnar computation's: its
+    store blob per group, ``millwheel/_colstore.py``) or ``"keys"`` (the per-key layout; the
+    map is empty: a rescale refuses it, ``_rescale.py``)."""
     meta = spark.read.format("state-metadata").load(checkpoint_uri).select("operatorName").collect()
     if any("transformWithState" in row[0] for row in meta):
-        return True, {}
-    out: dict[int, dict[bytes, bytes]] = {}
+        return "keys", {}
+    out: dict[int, Any] = {}
+    kinds = set()
     df = spark.read.format("statestore").option("batchId", batch_id).load(checkpoint_uri)
     for row in df.select("key", "value.groupState.envs", "value.groupState.meta").collect():
         group = int(row[0][0])
         if not row[2]:  # the per-record layout always packs a meta map; a columnar store leaves it empty
-            msg = f"the state in {checkpoint_uri} is a columnar computation's store (group {group}), not envelopes"
-            raise ValueError(msg)
-        out[group] = {} if row[1] is None else _unpackb(row[1], raw=False, strict_map_key=False)
-    return False, out
+            kinds.add("columnar")
+            out[group] = row[1]
+        else:
+            kinds.add("envelopes")
+            out[group] = {} if row[1] is None else _unpackb(row[1], raw=False, strict_map_key=False)
+    if len(kinds) > 1:
+        msg = f"the state in {checkpoint_uri} mixes a columnar computation's stores and per-record envelopes: it is damaged"
+        raise ValueError(msg)
+    return kinds.pop() if kinds else "envelopes", out
 
 
 # ---- the checkpoint's file formats ------------------------------------------------------------

@@ -130,7 +130,8 @@ def test_rescale_4_to_8_to_2_resumes_exactly_once(tmp_path, spark):
     for c in COMPUTATIONS:
         groups = layout[c]["groups"]
         ckpt = Location.of(str(root / "checkpoints" / c))
-        _, states = read_interval_states(spark, ckpt.uri, committed_list(ckpt)[-1])
+        what, states = read_interval_states(spark, ckpt.uri, committed_list(ckpt)[-1])
+        assert what == "envelopes"
         assert set(states) <= set(groups), f"{c}: groups of an older layout hold state: {sorted(set(states) - set(groups))}"
         for g, envs in states.items():
             assert all(interval_of(kb, 2) == groups.index(g) for kb in envs)
@@ -138,6 +139,52 @@ def test_rescale_4_to_8_to_2_resumes_exactly_once(tmp_path, spark):
     batches = [json.loads(line) for line in (root / "audit" / "batches" / "WindowCounter.jsonl").read_text().splitlines() if line]
     lws = [b["lw"] for b in sorted(batches, key=lambda b: b["batch"])]
     assert lws == sorted(lws)
+
+
+def test_a_columnar_computation_is_rescaled_exactly_once_with_a_kill_in_its_move(tmp_path, spark):
+    """Zeitgeist's columnar counter (``--columnar``: one store per key interval,
+    ``millwheel/_colstore.py``) stopped with 4 intervals, rescaled to 8 (each store split by
+    the new interval of its keys: state, timers, sequences, dedup ids), the resumed driver
+    killed -9 inside the batch that moves it, before its commit; the last driver finishes,
+    equal to the pandas answer, nothing published twice, every key's store in its new
+    interval's group."""
+    data, root, log = tmp_path / "data", tmp_path / "run", tmp_path / "driver.log"
+    records = write_logs(data, 12_000, files=8, keys=150)
+    proc = start(root, data, "twostage", *PACING, "--columnar", log=log)
+    try:
+        _wait_for_tallies(proc, root, 1, log)
+        _stop(proc, "clean")
+    finally:
+        kill_group(proc)
+    done = rescale(str(root), "WindowCounter", 8, spark=spark)
+    assert done["from"] == 4 and done["to"] == 8 and done["keys"] > 0, done
+
+    move = committed_list(Location.of(str(root / "checkpoints" / "WindowCounter")))[-1] + 1
+    proc = start(root, data, "twostage", *PACING, "--columnar", env={"MILLWHEEL_CRASH": f"WindowCounter:before_commit:{move}"}, log=log)
+    try:
+        assert proc.wait(timeout=600) == -9, log.read_text()[-3000:]
+    finally:
+        kill_group(proc)
+    assert committed_batches(root, "WindowCounter") == move  # the move did not commit
+
+    final = start(root, data, "twostage", *PACING, "--columnar", log=log)
+    try:
+        rc = final.wait(timeout=900)
+    finally:
+        kill_group(final)
+    assert rc == 0, log.read_text()[-4000:]
+    out = FileStreamLog(Location.of(str(root))).read("tallies")
+    ids = Counter(r.id for r in out)
+    assert sum(n - 1 for n in ids.values()) == 0, "a tally published twice"
+    assert Counter((r.value["window_start"], r.value["key"], r.value["count"]) for r in out) == _expected(records)
+    from millwheel._colstore import ColumnarStore
+
+    groups = _layout(root)["WindowCounter"]["groups"]
+    ckpt = Location.of(str(root / "checkpoints" / "WindowCounter"))
+    what, stores = read_interval_states(spark, ckpt.uri, committed_list(ckpt)[-1])
+    assert what == "columnar" and set(stores) <= set(groups), (what, sorted(stores), groups)
+    for g, blob in stores.items():
+        assert all(interval_of(kb, 8) == groups.index(g) for kb in ColumnarStore.decode(blob).keys_held())
 
 
 def _wait_for_tallies(proc, root, n: int, log, timeout: float = 300) -> None:

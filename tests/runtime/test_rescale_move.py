@@ -24,11 +24,13 @@ from hypothesis import strategies as st
 
 from millwheel import Computation, Record, Topology
 from millwheel._codec import decode_value, encode_value
+from millwheel._colstore import ColumnarStore
 from millwheel._record import decode_key, encode_key
+from millwheel.runtime._columnar import interval_step_class
 from millwheel.runtime._interval import IntervalStep, MemoryGroupState
 from millwheel.runtime._keying import Keyer, interval_of
-from millwheel.runtime._move import RescaleMismatch, state_digest
-from millwheel.runtime._rescale import move_rows
+from millwheel.runtime._move import RescaleMismatch, blob_digest, state_digest
+from millwheel.runtime._rescale import move_rows, move_stores
 from millwheel.runtime._wire import (
     SUMMARY_STREAM,
     RowKind,
@@ -66,10 +68,11 @@ SPEC = _spec()
 class Cluster:
     """One computation's groups and their states, stepped as Spark's stateful operator would."""
 
-    def __init__(self, intervals: int, groups: list[int]) -> None:
+    def __init__(self, intervals: int, groups: list[int], spec=None) -> None:
         self.intervals = intervals
         self.groups = groups
-        self.step = IntervalStep(SPEC, groups=groups)
+        spec = spec or SPEC
+        self.step = interval_step_class(spec)(spec, groups=groups)
         self.states: dict[int, MemoryGroupState] = {}
         self.out: list[tuple[str, bytes]] = []
 
@@ -93,6 +96,10 @@ class Cluster:
 
     def envelopes(self) -> dict[int, dict[bytes, bytes]]:
         return {g: msgpack.unpackb(s.value[0], raw=False, strict_map_key=False) for g, s in self.states.items() if s.value is not None}
+
+    def blobs(self) -> dict[int, bytes]:
+        """A columnar computation's store blob per group that holds one."""
+        return {g: s.value[0] for g, s in self.states.items() if s.value is not None}
 
 
 def state_outputs(frames) -> list[tuple[str, bytes]]:
@@ -237,3 +244,101 @@ def test_producers_key_a_rescaled_consumer_into_its_own_column(n, keys):
     assert cols[f"interval:C@{n}"] == [interval_of(encode_key(k), n) for k in keys]
     assert cols["interval:D"] == [interval_of(encode_key(k), 4) for k in keys]
     assert [decode_key(k) for k in cols["key:C"]] == keys
+
+
+# ---- a columnar computation (``millwheel/_columnar.py``): its store per interval is split and merged
+def _columnar_spec():
+    from computations.columnar_windowing import ColumnarWindowCounter
+
+    t = Topology("move-columnar")
+    t.injector("in", None)
+    t.computation(ColumnarWindowCounter, name="C", inputs={"in": lambda r: r.value["k"]}, outputs=["counts"], params={"window_ms": 50, "output": "counts", "trailing_empty": 0})
+    return t.validate().computations["C"]
+
+
+COLUMNAR = _columnar_spec()
+
+
+def _store_view(blob: bytes) -> dict:
+    """What a columnar store holds, in a form two stores can be compared by (row and id
+    order, and the Bloom filter's size, are the store's business)."""
+    st = ColumnarStore.decode(blob)
+    rows = [] if st.state is None else sorted(tuple(sorted(r.items())) for r in st.state.to_pylist())
+    d = st.dedup
+    ids = sorted(zip([d.keys[k] for k in d.kix.tolist()], d.ids.to_pylist(), d.ts.tolist(), strict=True))
+    return {"state": rows, "timers": dict(st.timers), "meta": dict(st.meta), "pending": sorted(map(tuple, st.pending)), "ids": ids}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    old=st.integers(1, 9), new=st.integers(1, 12), keys=st.lists(st.integers(0, 500), min_size=1, max_size=40, unique=True),
+    n=st.integers(1, 120), seed=st.integers(0, 1_000),
+)  # fmt: skip
+def test_a_columnar_move_splits_and_merges_every_store_into_the_new_intervals(old, new, keys, n, seed):
+    """The property above, for a columnar computation: every key's state, timers, sequence
+    and dedup ids end in the store of its new interval, and the output and stores equal a
+    run with the new count from the start."""
+    first, second = _records(keys, n, seed), _records(keys, n // 2 + 1, seed + 1)
+    again = first[: len(first) // 3]  # delivered again after the move: dropped by the moved dedup ids
+    ref = Cluster(new, interval_groups(new, PARTITIONS), COLUMNAR)
+    ref.batch(first, low_watermark=1_000 + n // 2)
+    ref.batch(second + again, low_watermark=2_000 + n)
+
+    run = Cluster(old, interval_groups(old, PARTITIONS), COLUMNAR)
+    run.batch(first, low_watermark=1_000 + n // 2)
+    held = run.blobs()
+    new_groups = interval_groups(new, PARTITIONS, avoid=run.groups)
+    stores = {g: ColumnarStore.decode(b) for g, b in held.items()}
+    table, moved = move_stores(stores, {g: blob_digest(b) for g, b in held.items()}, run.groups, new_groups)
+    assert moved == sum(len(s.keys_held()) for s in stores.values())
+    after = Cluster(new, new_groups, COLUMNAR)
+    after.states = run.states
+    after.out = run.out
+    after.batch(second + again, low_watermark=2_000 + n, extra=heartbeat_frames(table))
+
+    placed = after.blobs()
+    assert not set(placed) & set(run.groups), "an old group kept its store"
+    seen = Counter(kb for b in placed.values() for kb in ColumnarStore.decode(b).keys_held())
+    assert all(c == 1 for c in seen.values())
+    for g, b in placed.items():
+        assert all(new_groups[interval_of(kb, new)] == g for kb in ColumnarStore.decode(b).keys_held())
+    by_interval = {new_groups.index(g): _store_view(b) for g, b in placed.items()}
+    assert by_interval == {ref.groups.index(g): _store_view(b) for g, b in ref.blobs().items()}
+    assert sorted(after.out) == sorted(ref.out)
+
+
+def _held_columnar(keys=("a", "b", "c")) -> tuple[Cluster, dict[int, bytes]]:
+    c = Cluster(2, interval_groups(2, PARTITIONS), COLUMNAR)
+    c.batch([Record(None, {"k": k}, 1_000 + i, f"r{i}") for i, k in enumerate(keys)], low_watermark=0)
+    return c, c.blobs()
+
+
+def _columnar_move(held: dict[int, bytes], old_groups: list[int], new_groups: list[int]):
+    stores = {g: ColumnarStore.decode(b) for g, b in held.items()}
+    return move_stores(stores, {g: blob_digest(b) for g, b in held.items()}, old_groups, new_groups)[0]
+
+
+def test_a_columnar_old_group_that_holds_another_store_than_was_read_fails_the_batch():
+    c, held = _held_columnar()
+    new_groups = interval_groups(4, PARTITIONS, avoid=c.groups)
+    table = _columnar_move(held, c.groups, new_groups)
+    c.batch([Record(None, {"k": "a"}, 1_500, "late-write")], low_watermark=0)  # the store changed after the read
+    after = Cluster(4, new_groups, COLUMNAR)
+    after.states = c.states
+    with pytest.raises(RescaleMismatch, match="bytes of columnar store .* not the .* the rescale read"):
+        after.batch([], low_watermark=0, extra=heartbeat_frames(table))
+
+
+def test_a_columnar_install_into_a_busy_interval_or_the_wrong_one_fails():
+    c, held = _held_columnar()
+    new_groups = interval_groups(4, PARTITIONS, avoid=c.groups)
+    frames = heartbeat_frames(_columnar_move(held, c.groups, new_groups))
+    g, frame = next((g, f) for g, f in frames.items() if g in new_groups)
+    step = interval_step_class(COLUMNAR)(COLUMNAR, groups=new_groups)
+    busy = MemoryGroupState()
+    busy.value = (next(iter(held.values())), b"")
+    with pytest.raises(RescaleMismatch, match="already holds a store"):
+        list(step((g,), iter([frame]), busy))
+    other = next(x for x in new_groups if x != g)
+    with pytest.raises(RescaleMismatch, match="sent key .* to key interval"):
+        list(step((other,), iter([frame]), MemoryGroupState()))
