@@ -248,10 +248,12 @@ def read_all(spark: Any, checkpoint: Location, layout: str, batch: int) -> dict[
     if layout == "keys":
         return read_envelopes(spark, checkpoint.uri, batch)
     try:
-        _, states = read_interval_states(spark, checkpoint.uri, batch)
+        what, states = read_interval_states(spark, checkpoint.uri, batch)
     except ValueError as exc:
-        msg = f"{exc}; a columnar computation keeps the interval-row layout (its state is a store, not envelopes)"
-        raise refuse(msg) from None
+        raise refuse(str(exc)) from None
+    if what == "columnar":
+        msg = f"the state in {checkpoint.uri} is a columnar computation's stores: a columnar computation keeps the interval-row layout (a store per key interval); millwheel rescale --intervals N re-intervals it"
+        raise refuse(msg)
     out: dict[bytes, bytes] = {}
     for envs in states.values():
         out.update(envs)
