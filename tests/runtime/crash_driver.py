@@ -55,9 +55,10 @@ class CountBySource(Computation):
         self.state.set(self.state.get(0) + 1)
 
 
-def build(kind: str, data: str, weak: bool, max_bytes: int = 64 << 20, *, columnar: bool = False, arrow: bool = False) -> Topology:
+def build(kind: str, data: str, weak: bool, max_bytes: int = 64 << 20, *, columnar: bool = False, arrow: bool = False, finite: bool = True) -> Topology:
+    """``finite=False``: the log directory is complete once ``_DONE`` appears (a test writes its input while the run goes on)."""
     t = Topology(kind)
-    t.injector("queries", LogFileSource(data, finite=True, max_bytes_per_batch=max_bytes))
+    t.injector("queries", LogFileSource(data, finite=finite, max_bytes_per_batch=max_bytes))
     if kind == "twostage":
         counter = WindowCounter
         if columnar or arrow:  # the same count on the columnar path (``millwheel/_columnar.py``), under the same name

@@ -110,10 +110,13 @@ def _settings(intervals: int) -> RuntimeSettings:
 
 
 class Running:
-    """A :class:`SparkRuntime` of the ledger running in a thread of this process."""
+    """A :class:`SparkRuntime` of the ledger (or of ``topology``) running in a thread of this
+    process; :meth:`wait_for_batches` watches ``computation``."""
 
-    def __init__(self, root: Path, data: Path, intervals: int, spark) -> None:
-        self.rt = SparkRuntime(build(str(data), max_bytes=60_000, finite=False), str(root), _settings(intervals), spark=spark, log=lambda m: print(m, flush=True))
+    def __init__(self, root: Path, data: Path, intervals: int, spark, topology=None, computation: str = C) -> None:
+        topology = topology or build(str(data), max_bytes=60_000, finite=False)
+        self.rt = SparkRuntime(topology, str(root), _settings(intervals), spark=spark, log=lambda m: print(m, flush=True))
+        self.computation = computation
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -126,9 +129,9 @@ class Running:
 
     def wait_for_batches(self, n: int, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
-        while self.rt.computations[C].batches < n:
+        while self.rt.computations[self.computation].batches < n:
             assert self.thread.is_alive(), f"the run stopped: {self.error!r}"
-            assert time.monotonic() < deadline, f"{C} did not publish {n} batches"
+            assert time.monotonic() < deadline, f"{self.computation} did not publish {n} batches"
             time.sleep(0.1)
 
     def join(self) -> None:
@@ -159,6 +162,35 @@ def test_a_run_rescaled_from_4_to_32_while_it_runs_gives_the_output_of_a_run_wit
     assert got == want
     assert got == plain_answer(data)
     assert max(got.values()) == 1  # nothing published twice
+
+
+def test_a_columnar_computation_is_rescaled_online_while_records_flow(tmp_path, spark):
+    """Zeitgeist's columnar counter (its store per key interval split and merged,
+    ``millwheel/_colstore.py``) from 4 to 8 key intervals while its driver runs and input
+    keeps arriving; the output equals the pandas answer, nothing published twice."""
+    from ._procs import write_logs
+    from .crash_driver import build as build_twostage
+    from .test_rescale import _expected
+
+    staging, data, root = tmp_path / "staging", tmp_path / "data", tmp_path / "run"
+    records = write_logs(staging, 12_000, files=8, keys=150)
+    (staging / "_DONE").unlink()
+    files = sorted(staging.glob("queries_*.jsonl"))
+    data.mkdir()
+    for f in files[:4]:
+        f.rename(data / f.name)
+    run = Running(root, data, 4, spark, build_twostage("twostage", str(data), weak=False, max_bytes=150_000, columnar=True, finite=False), "WindowCounter")
+    run.wait_for_batches(2)
+    answer = rescale(str(root), "WindowCounter", 8, timeout_s=300)
+    assert answer["state"] == "done" and answer["from"] == 4 and answer["keys"] > 0, answer
+    for f in files[4:]:
+        f.rename(data / f.name)
+    (data / "_DONE").write_text("")
+    run.join()
+    assert read_pin(Location.of(str(root)))["computations"]["WindowCounter"]["intervals"] == 8
+    out = FileStreamLog(Location.of(str(root))).read("tallies")
+    assert max(Counter(r.id for r in out).values()) == 1, "a tally published twice"
+    assert Counter((r.value["window_start"], r.value["key"], r.value["count"]) for r in out) == _expected(records)
 
 
 def _online_with_a_kill(tmp_path, spark, capsys, kill_at: str, chunks: int) -> None:
