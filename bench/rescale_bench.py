@@ -16,6 +16,9 @@ Figures go to stdout and ``bench/results/rescale.json``. ``--keys`` overrides th
 ``--intervals FROM TO`` the layouts (10M held keys: ``--keys 10000000 --intervals 64 128``,
 so an interval row holds ~160k keys, not 1.25M).
 
+``--columnar`` runs the same count as a columnar computation (``ColumnarComputation``: one
+store per key interval, split and merged by the move) into ``bench/results/rescale_columnar.json``.
+
 ``--layout keys`` (or ``intervals``) measures a layout change instead (``_relayout.py``):
 the run is loaded in the other layout with 8 intervals and ``rescale --layout`` moves it
 (``relayout_s``: the command — publishing, reading the state, ``build_s`` of the query that
@@ -59,8 +62,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import pandas as pd  # noqa: E402
+
 from millwheel import (  # noqa: E402
     MAX_TIMESTAMP,
+    ColumnarComputation,
     Computation,
     Record,
     Source,
@@ -76,6 +82,19 @@ class Count(Computation):
         self.state.set(self.state.get(0) + 1)
 
 
+class ColumnarCount(ColumnarComputation):
+    """The same count per key, columnar: the interval's store holds a ``(key, n)`` table."""
+
+    record_columns = ("key",)
+
+    def process_batch(self, batch) -> None:
+        n = batch.records.groupby("key", sort=False, observed=True).size().rename("n").reset_index()
+        old = batch.state
+        if len(old):
+            n = pd.concat([old, n]).groupby("key", sort=False, as_index=False, observed=True)["n"].sum()
+        batch.set_state(n)
+
+
 class Keys(Source):
     """``keys`` distinct keys, one record each, made batch by batch: the driver never holds
     them all (a ``SampleSource`` of 10M records took the process past 11 GB)."""
@@ -89,34 +108,47 @@ class Keys(Source):
         yield SourceBatch([], MAX_TIMESTAMP)
 
 
-def topology(keys: int) -> Topology:
+def topology(keys: int, columnar: bool = False) -> Topology:
     t = Topology("rescale_bench")
     t.injector("in", Keys(keys))
-    t.computation(Count, inputs={"in": lambda r: r.value["k"]})
+    t.computation(ColumnarCount if columnar else Count, name="Count", inputs={"in": lambda r: r.value["k"]})
     return t
 
 
-def one(spark, work: Path, keys: int, start: int = 8, to: int = 16) -> dict:
+def held_keys(spark, run: Path) -> int:
+    """Keys ``Count`` holds at its last committed batch (envelopes, or columnar stores)."""
+    from millwheel._colstore import ColumnarStore
+    from millwheel.runtime._fs import Location
+    from millwheel.runtime._spark_internals import committed_batches, read_interval_states
+
+    ckpt = Location.of(str(run / "checkpoints" / "Count"))
+    what, states = read_interval_states(spark, ckpt.uri, committed_batches(ckpt)[-1])
+    if what == "columnar":
+        return sum(len(ColumnarStore.decode(b).keys_held()) for b in states.values())
+    return sum(len(envs) for envs in states.values())
+
+
+def one(spark, work: Path, keys: int, start: int = 8, to: int = 16, columnar: bool = False) -> dict:
     run = work / f"run-{keys}"
     shutil.rmtree(run, ignore_errors=True)
     settings = RuntimeSettings(drain=True, intervals=start)
     t0 = time.perf_counter()
-    SparkRuntime(topology(keys), str(run), settings, spark=spark).run(timeout_s=3600)
+    SparkRuntime(topology(keys, columnar), str(run), settings, spark=spark).run(timeout_s=3600)
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    SparkRuntime(topology(keys), str(run), settings, spark=spark).run(timeout_s=3600)
+    SparkRuntime(topology(keys, columnar), str(run), settings, spark=spark).run(timeout_s=3600)
     plain_s = time.perf_counter() - t0
     done = rescale(str(run), "Count", to, spark=spark)
     size = os.path.getsize(run / "heartbeats" / "Count" / done["file"]) / 1e6
     t0 = time.perf_counter()
-    rt = SparkRuntime(topology(keys), str(run), settings, spark=spark)
+    rt = SparkRuntime(topology(keys, columnar), str(run), settings, spark=spark)
     rt.run(timeout_s=3600)
     resume_s = time.perf_counter() - t0
-    held = len(rt.envelopes("Count"))
+    held = held_keys(spark, run)
     assert held == keys, f"{held} keys after the move, {keys} before"
     shutil.rmtree(run, ignore_errors=True)
     return {
-        "keys": keys, "from": start, "to": to, "load_s": round(load_s, 1), "rescale_s": round(done["seconds"], 2),
+        "keys": keys, "columnar": columnar, "from": start, "to": to, "load_s": round(load_s, 1), "rescale_s": round(done["seconds"], 2),
         "read_s": round(done["read_s"], 2), "move_file_mb": round(size, 1), "resume_plain_s": round(plain_s, 1),
         "resume_s": round(resume_s, 1), "move_batch_s": round(resume_s - plain_s, 1),
         "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_avg_at_end": [round(x, 1) for x in os.getloadavg()],
@@ -291,6 +323,7 @@ def main() -> int:
     p.add_argument("--online", action="store_true", help="the online rescale and a hot interval's split (bench/results/rescale_online.json)")
     p.add_argument("--skew-keys", type=int, default=400_000)
     p.add_argument("--skew-batches", type=int, default=8)
+    p.add_argument("--columnar", action="store_true", help="the stopped-run rescale of the same count as a columnar computation (bench/results/rescale_columnar.json)")
     p.add_argument("--intervals", type=int, nargs=2, default=[8, 16], metavar=("FROM", "TO"), help="the stopped-run rescale: from and to this many key intervals")
     args = p.parse_args()
     spark = spark_session("local[2]")
@@ -323,14 +356,16 @@ def main() -> int:
         return 0
     out = []
     for keys in args.keys:
-        r = one(spark, work, keys, *args.intervals) if args.layout is None else one_layout(spark, work, keys, args.layout)
+        r = one(spark, work, keys, *args.intervals, columnar=args.columnar) if args.layout is None else one_layout(spark, work, keys, args.layout)
         print(json.dumps(r), flush=True)
         out.append(r)
-    path = ROOT / "bench" / "results" / ("rescale.json" if args.layout is None else "relayout.json")
+    path = ROOT / "bench" / "results" / ("relayout.json" if args.layout is not None else "rescale_columnar.json" if args.columnar else "rescale.json")
     kept = json.loads(path.read_text())["runs"] if path.exists() else []
     fresh = {(r["keys"], r.get("to")) for r in out}
     runs = sorted([r for r in kept if (r["keys"], r.get("to")) not in fresh] + out, key=lambda r: (str(r.get("to")), r["keys"]))  # other figures stay
     what = "millwheel rescale of a stopped run (from -> to key intervals: each run's own), local[2], interval-row layout"
+    if args.columnar:
+        what += "; a columnar computation (its store per key interval split and merged)"
     if args.layout is not None:
         what = "millwheel rescale --layout (intervals <-> keys), 8 key intervals, local[2]"
     result = {"what": what, "runs": runs}
