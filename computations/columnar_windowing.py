@@ -38,8 +38,8 @@ import pandas as pd
 from millwheel import MAX_TIMESTAMP, MIN_TIMESTAMP, Batch, ColumnarComputation
 
 from .windowing import (
+    WindowAggregateSettings,
     aggregate_value,
-    check_window,
     close_bucket,
     collect_tag,
     fire_tag,
@@ -237,7 +237,7 @@ class ColumnarWindowCounter(ColumnarComputation):
 _AGG_COLUMNS = ("start", "count", "sum", "min", "max", "update", "closed")
 
 
-class ColumnarWindowAggregate(ColumnarComputation):
+class ColumnarWindowAggregate(WindowAggregateSettings, ColumnarComputation):
     """``windowing.WindowAggregate`` on the columnar path: the same windows, firing rules,
     allowed lateness and productions (ids included); see ``WindowAggregate``.
 
@@ -255,18 +255,10 @@ class ColumnarWindowAggregate(ColumnarComputation):
     [(0, 1, 10.0), (1000, 2, 30.0), (2000, 1, 30.0)]
     """
 
-    def __init__(
-        self, aggregate: str = "count", field: str | None = None, window_ms: int = 1_000, slide_ms: int | None = None,
-        allowed_lateness_ms: int = 0, output: str = "window_aggregates",
-    ) -> None:  # fmt: skip
-        self.slide_ms = check_window(type(self).__name__, aggregate, field, window_ms, slide_ms, allowed_lateness_ms)
-        self.aggregate = aggregate
-        self.field = field
-        self.window_ms = window_ms
-        self.allowed_lateness_ms = allowed_lateness_ms
-        self.output = output
-        # a count never decodes values
-        self.record_columns = ("key", "timestamp") if aggregate == "count" else ("key", "id", "timestamp", "value")  # type: ignore[misc]
+    @property
+    def record_columns(self) -> tuple[str, ...]:  # type: ignore[override]
+        """The columns a batch's records carry: a count never decodes values."""
+        return ("key", "timestamp") if self.aggregate == "count" else ("key", "id", "timestamp", "value")
 
     def process_batch(self, batch: Batch) -> None:
         w, slide, late = self.window_ms, self.slide_ms, self.allowed_lateness_ms

@@ -175,7 +175,23 @@ class WindowCounter(Computation):
 
 
 # ---------------------------------------------------------------------------- WindowAggregate
-class WindowAggregate(Computation):
+class WindowAggregateSettings:
+    """A windowed aggregation's settings, checked when the topology is built (:func:`check_window`):
+    the one constructor both :class:`WindowAggregate` and ``ColumnarWindowAggregate`` take."""
+
+    def __init__(
+        self, aggregate: str = "count", field: str | None = None, window_ms: int = 1_000, slide_ms: int | None = None,
+        allowed_lateness_ms: int = 0, output: str = "window_aggregates",
+    ) -> None:  # fmt: skip
+        self.slide_ms = check_window(type(self).__name__, aggregate, field, window_ms, slide_ms, allowed_lateness_ms)
+        self.aggregate = aggregate
+        self.field = field
+        self.window_ms = window_ms
+        self.allowed_lateness_ms = allowed_lateness_ms
+        self.output = output
+
+
+class WindowAggregate(WindowAggregateSettings, Computation):
     """``aggregate`` (count, sum, min, max, mean) of ``field`` per key and event-time window.
 
     Windows are ``window_ms`` long and start every ``slide_ms`` (default: ``window_ms``,
@@ -205,17 +221,6 @@ class WindowAggregate(Computation):
     >>> [(v["window_start"], v["count"], v["mean"]) for v in h.values("window_aggregates")]
     [(0, 1, 10.0), (1000, 2, 20.0), (2000, 1, 30.0)]
     """
-
-    def __init__(
-        self, aggregate: str = "count", field: str | None = None, window_ms: int = 1_000, slide_ms: int | None = None,
-        allowed_lateness_ms: int = 0, output: str = "window_aggregates",
-    ) -> None:  # fmt: skip
-        self.slide_ms = check_window(type(self).__name__, aggregate, field, window_ms, slide_ms, allowed_lateness_ms)
-        self.aggregate = aggregate
-        self.field = field
-        self.window_ms = window_ms
-        self.allowed_lateness_ms = allowed_lateness_ms
-        self.output = output
 
     def process_record(self, record: Record) -> None:
         v = None if self.aggregate == "count" else number_of(record.value, self.field, record.id)  # type: ignore[arg-type]

@@ -151,7 +151,7 @@ def _report(topology: Topology, root: str, snapshot: Snapshot | None, metrics: d
 
     print(headline)
     if snapshot is not None:
-        for line in table_lines(snapshot):
+        for line in table_lines(snapshot, late=False):  # print_finish says them once, as the harness's run does
             print("  " + line)
     values, dead = _stream_values(root)
     disorder = disorder_of(snapshot.rows) if snapshot is not None else None

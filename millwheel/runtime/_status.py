@@ -62,7 +62,10 @@ class Row:
     event_lag_ms: int | None = None
     #: the last micro-batch's duration, from Spark's progress
     batch_ms: int | None = None
+    #: what the runtime warns about (e.g. a stalled log-file injector)
     warning: str | None = None
+    #: a computation whose late records passed a small share: how many, and the fix (:func:`~millwheel._runner.late_notes`)
+    late_warning: str | None = None
     #: how far out of order a log injector has read records, ms, and in which file (:func:`~millwheel._logfile.disorder`)
     disorder_ms: int | None = None
     disorder_file: str | None = None
@@ -85,7 +88,8 @@ class Snapshot:
 
     @property
     def warnings(self) -> list[str]:
-        return [r.warning for r in self.rows if r.warning]
+        """Every row's warnings: the runtime's, then the late records'."""
+        return [w for r in self.rows for w in (r.warning, r.late_warning) if w]
 
 
 def disorder_of(rows: tuple[Row, ...] | list[Row]) -> dict[str, tuple[int, str] | None]:
@@ -94,12 +98,13 @@ def disorder_of(rows: tuple[Row, ...] | list[Row]) -> dict[str, tuple[int, str] 
 
 
 def _with_late_warnings(topology: Any, rows: list[Row]) -> list[Row]:
-    """A computation whose late records passed a small share warns, with the fix (:func:`~millwheel._runner.late_notes`)."""
-    metrics = {r.name: {"late": r.late or 0, "records_in": r.records_in or 0} for r in rows if r.kind == "computation"}
+    """A computation whose late records passed a small share warns, with what became of them
+    and the fix: the words of the run's summary (:func:`~millwheel._runner.late_notes`)."""
+    metrics = {r.name: {**(r.counters or {}), "late": r.late or 0, "records_in": r.records_in or 0} for r in rows if r.kind == "computation"}
     if not any(m["late"] for m in metrics.values()):
         return rows
     warns = {n.computation: n.text for n in late_notes(topology, metrics, disorder_of(rows)) if n.warning}
-    return [replace(r, warning=warns[r.name]) if r.name in warns and not r.warning else r for r in rows]
+    return [replace(r, late_warning=warns[r.name]) if r.name in warns else r for r in rows]
 
 
 class Sampler:
@@ -218,8 +223,9 @@ _COLUMNS = (
 )  # fmt: skip
 
 
-def table_lines(snapshot: Snapshot) -> list[str]:
-    """The status as a table: a header, one line per row, then its warnings."""
+def table_lines(snapshot: Snapshot, *, late: bool = True) -> list[str]:
+    """The status as a table: a header, one line per row, then its warnings (``late=False``:
+    not the late records', which the end of a run says in its summary, ``print_finish``)."""
     lines = [" ".join(f"{title:{align}{width}}" for title, align, width in _COLUMNS).rstrip()]
     for r in snapshot.rows:
         cells = (
@@ -230,7 +236,7 @@ def table_lines(snapshot: Snapshot) -> list[str]:
         lines.append(" ".join(f"{c:{align}{width}}" for c, (_, align, width) in zip(cells, _COLUMNS, strict=True)).rstrip())
     lines += [f"{r.name}: {r.rescale}" for r in snapshot.rows if r.rescale]
     lines += [f"{r.name}: autoscale {r.autoscale}" for r in snapshot.rows if r.autoscale]
-    lines += [f"warning: {w}" for w in snapshot.warnings]
+    lines += [f"warning: {w}" for w in (snapshot.warnings if late else [r.warning for r in snapshot.rows if r.warning])]
     return lines
 
 

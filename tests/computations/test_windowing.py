@@ -6,6 +6,7 @@ without a number; and both agree with a plain pandas answer."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import random
@@ -149,6 +150,18 @@ def test_bad_parameters_are_refused_at_construction():
             cls(window_ms=1_000, slide_ms=2_000)
         with pytest.raises(ComputationError, match="allowed_lateness_ms"):
             cls(allowed_lateness_ms=-1)
+        with pytest.raises(ComputationError, match=f"^{cls.__name__}: "):
+            cls(aggregate="median")  # the message names the class that was built
+
+
+def test_both_forms_take_one_constructor_and_a_count_never_decodes_values():
+    assert inspect.signature(WindowAggregate) == inspect.signature(ColumnarWindowAggregate)
+    assert list(inspect.signature(WindowAggregate).parameters) == ["aggregate", "field", "window_ms", "slide_ms", "allowed_lateness_ms", "output"]
+    c = ColumnarWindowAggregate(aggregate="mean", field="ms", window_ms=2_000, slide_ms=500, allowed_lateness_ms=7, output="o")
+    assert (c.aggregate, c.field, c.window_ms, c.slide_ms, c.allowed_lateness_ms, c.output) == ("mean", "ms", 2_000, 500, 7, "o")
+    assert WindowAggregate(window_ms=3_000).slide_ms == 3_000  # tumbling by default
+    assert ColumnarWindowAggregate().record_columns == ("key", "timestamp")
+    assert "value" in c.record_columns
 
 
 def test_a_record_without_a_number_is_a_dead_letter_and_its_key_goes_on():

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import io
 
-from millwheel import MAX_TIMESTAMP, MIN_TIMESTAMP
+from millwheel import MAX_TIMESTAMP, MIN_TIMESTAMP, Computation, SampleSource, Topology
+from millwheel.runtime._cli import _report
 from millwheel.runtime._status import (
     LiveTable,
     LogLines,
@@ -124,3 +125,41 @@ def test_log_lines_print_a_warning_once_and_quiet_prints_nothing():
     assert isinstance(display_for(quiet=True), Silent)
     assert isinstance(display_for(quiet=False, out=io.StringIO()), LogLines)  # not a terminal
     assert isinstance(display_for(quiet=False, out=io.StringIO(), interactive=True), LiveTable)
+
+
+class _Count(Computation):
+    def process_record(self, record):
+        pass
+
+
+def _late_run() -> tuple[FakeRuntime, dict]:
+    """A run whose computation dropped 30 of its 600 records as late, from a log injector that read them 3 s out of order."""
+    topology = Topology("late")
+    topology.injector("queries", SampleSource([{"q": "cats", "ts": 1}], timestamp="ts"))
+    topology.computation(_Count, name="Counter", inputs={"queries": lambda r: r.value["q"]})
+    rt = FakeRuntime()
+    rt.topology = topology  # type: ignore[attr-defined]
+    counters = {"records_in": 600, "late": 30, "late_dropped": 30, "late_to_stream": 0}
+    rt.rows["Counter"].update(records_in=600, late=30, counters=counters)
+    rt.rows["queries"].update(disorder_ms=3_000, disorder_file="events-2026-01-01T10-00-30.jsonl")
+    return rt, {"Counter": counters}
+
+
+WARNING = ("warning: Counter: 30 records late (5.00% of 600), 30 dropped; injector queries read records up to 3.0s out of order "
+           "(events-2026-01-01T10-00-30.jsonl): LogFileSource(lateness_ms=3000) would have kept them")  # fmt: skip
+
+
+def test_the_live_status_warns_of_late_records_with_what_became_of_them_and_the_fix():
+    rt, _ = _late_run()
+    rt.rows["queries"]["warning"] = "stalled"
+    lines = table_lines(Sampler(rt).sample())
+    assert lines[-2:] == ["warning: stalled", WARNING]
+
+
+def test_the_end_of_a_run_says_its_late_records_once(tmp_path, capsys):
+    rt, metrics = _late_run()
+    rt.rows["queries"]["warning"] = "stalled"
+    _report(rt.topology, str(tmp_path), Sampler(rt).sample(), metrics, None, "topology late: ran on Spark in 1.0s")  # type: ignore[attr-defined]
+    out = capsys.readouterr().out
+    assert out.count("records late") == 1, out  # the final table leaves it to the summary, which says it as the harness's run does
+    assert f"  {WARNING}\n" in out and "  warning: stalled\n" in out

@@ -102,3 +102,4 @@ def test_a_spark_run_says_how_many_records_were_late_and_the_lateness_that_keeps
         "warning: Count: 30 records late (5.00% of 600), 30 dropped; injector logs read records up to 3.0s out of order "
         "(events-2026-01-01T10-00-30.jsonl): LogFileSource(lateness_ms=3000) would have kept them"
     ) in done.stdout, done.stdout
+    assert done.stdout.count("records late") == 1, done.stdout  # the final table leaves it to the summary
