@@ -19,6 +19,10 @@ never for seconds. Fault classes (``CLASSES``):
   full disk; the ballast is deleted and a new driver resumes;
 * ``clock`` — the JVM's wall clock jumps an hour ahead (libfaketime), and later back.
 
+An operator's actions mix in as classes too (``classes=CLASSES + OPERATIONS``,
+``faults/operate.py``): online rescales and layout changes, one killed -9 mid-request and
+finished the way the docs tell an operator to, and a Ctrl-C restart.
+
 The executor-JVM kill needs a standalone cluster (``Campaign(cluster=True)``, used by the
 soak and ``tests/faults/test_executor.py``): every driver then runs with
 ``--master spark://...`` and the ``executor`` class kills a worker's executor.
@@ -39,6 +43,7 @@ from faults import inject
 from faults.check import Report, check_run
 from faults.driver import FENCED_EXIT
 from faults.ledger import write_input
+from faults.operate import OPERATIONS, operate
 
 CLASSES = ("driver", "workers", "authority", "zombie", "disk", "clock")
 QUERIES = ("injector.queries", "LedgerWindow", "LedgerTally")
@@ -201,7 +206,9 @@ class Campaign:
             return self._zombie(proc)
         if what == "disk":
             return self._disk(proc)
-        msg = f"unknown fault class {what!r}; known: {', '.join(CLASSES)}, executor"
+        if what in OPERATIONS:
+            return operate(self, what, proc)
+        msg = f"unknown fault class {what!r}; known: {', '.join(CLASSES)}, executor, {', '.join(OPERATIONS)}"
         raise ValueError(msg)
 
     def _zombie(self, proc: Any) -> Any:

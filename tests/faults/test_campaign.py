@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from faults.campaign import CLASSES, Campaign
+from faults.operate import OPERATIONS
 
 pytestmark = pytest.mark.spark
 
@@ -29,3 +30,29 @@ def test_fault_campaign(tmp_path, fault_seed):
     missing = set(CLASSES) - landed - set(result.skipped)
     assert not missing, f"fault classes that never landed: {missing} (seed {fault_seed})"
     assert report.inputs >= 100_000 and report.outputs > 0
+
+
+def _operations_campaign(tmp_path, seed, records, faults):
+    """An operator's actions (``faults/operate.py``: online rescales and layout changes, one
+    killed -9 mid-request and finished as the docs say, a Ctrl-C restart) mixed with kill -9
+    of the driver and of the workers; the checker must find nothing."""
+    classes = ("driver", "workers", *OPERATIONS)
+    result = Campaign(tmp_path, records=records, faults=faults, seed=seed, classes=classes).run()
+    report = result.report
+    print(result.line())
+    print(report.text())
+    assert report.clean, report.text()
+    missing = set(OPERATIONS) - set(result.faults)
+    assert not missing, f"operations that never landed: {missing} (seed {seed}): {dict(result.faults)}"
+    assert report.inputs >= records and report.outputs > 0
+
+
+@pytest.mark.timeout(3600)
+def test_operations_campaign(tmp_path, fault_seed):
+    _operations_campaign(tmp_path, fault_seed, records=60_000, faults=len(OPERATIONS))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(7200)
+def test_operations_campaign_long(tmp_path, fault_seed):
+    _operations_campaign(tmp_path, fault_seed, records=200_000, faults=16)
