@@ -1,8 +1,11 @@
 """``millwheel state RUN COMPUTATION [--key K]``: a computation's committed per-key state.
 
 Reads what the last committed micro-batch of the computation's query left in Spark's
-state store (through :func:`~millwheel.runtime._runtime.committed_envelopes`, the one
-reader of the state layout) and decodes each key's envelope (``millwheel/_envelope.py``):
+state store (``_spark_internals.read_interval_states`` for interval rows,
+:func:`~millwheel.runtime._runtime.committed_envelopes` for the per-key layout) and
+decodes each key's envelope (``millwheel/_envelope.py``) — or, for a columnar
+computation, each key's share of its interval's store (``millwheel/_colstore.py``; on the
+Arrow mapping, the store files its last committed manifest names, ``_colfiles.py``):
 the user state, the pending timers, the dedup ids kept for exactly-once (§6.1.1), the
 oldest timestamp the key holds the low watermark at (§7.2), and the output of committed
 batches that the driver has not published yet. Read-only, and safe while the run goes on:
@@ -27,11 +30,12 @@ from typing import Any
 from millwheel._codec import MsgpackCodec, PickleCodec
 from millwheel._envelope import Envelope
 from millwheel._errors import MillwheelError
-from millwheel._record import Key, TimeDomain, timestamp_text
+from millwheel._record import Key, TimeDomain, decode_key, timestamp_text
 from millwheel.runtime._fs import Location
+from millwheel.runtime._layout import read_pin
 from millwheel.runtime._outbox import _numbers, staged_version
 from millwheel.runtime._sinks import jsonable, run_argument, run_directory
-from millwheel.runtime._spark_internals import committed_batches
+from millwheel.runtime._spark_internals import STATE, committed_batches, read_interval_states
 from millwheel.runtime._wire import SUMMARY_STREAM
 
 SHOWN = 160
@@ -101,6 +105,62 @@ def decode_envelope(key: Key, raw: bytes, decode: Callable[[bytes], tuple[Any, s
     return KeyState(key, state, timers, env.dedup.count, env.hold(), len(env.pending), len(env.state or b""), problem)
 
 
+def columnar_key_states(blobs: list[bytes]) -> list[KeyState]:
+    """Every key of a columnar computation's stores (one per key interval,
+    ``millwheel/_colstore.py``): its state rows (without the encoded key column), its
+    timers, its dedup ids, its hold (timers and pending productions included, as an
+    envelope's) and its pending productions."""
+    import numpy as np
+
+    from millwheel._colstore import ColumnarStore
+
+    out: list[KeyState] = []
+    for blob in blobs:
+        st = ColumnarStore.decode(blob)
+        kbs = st.keys_held()
+        rows: dict[bytes, list[dict[str, Any]]] = {}
+        sizes: dict[bytes, int] = {}
+        if st.state is not None and st.state.num_rows:
+            user = st.state.drop_columns(["_kb"])
+            per_row = user.nbytes / max(1, user.num_rows)
+            for kb, row in zip(st.state.column("_kb").to_pylist(), user.to_pylist(), strict=True):
+                rows.setdefault(kb, []).append(row)
+                sizes[kb] = sizes.get(kb, 0) + int(per_row)
+        timers: dict[bytes, dict[str, tuple[int, str]]] = {}
+        for (kb, tag), (ts, domain) in st.timers.items():
+            timers.setdefault(kb, {})[tag] = (ts, TimeDomain(domain).name.lower())
+        ids = dict(zip(st.dedup.keys, np.bincount(st.dedup.kix, minlength=len(st.dedup.keys)).tolist(), strict=True)) if len(st.dedup) else {}
+        pending: dict[bytes, int] = {}
+        for p in st.pending:
+            pending[p[1]] = pending.get(p[1], 0) + 1
+        summary = st.key_summary(kbs)
+        for kb in kbs:
+            r = rows.get(kb)
+            state = None if r is None else r[0] if len(r) == 1 else r
+            out.append(KeyState(decode_key(kb), state, timers.get(kb, {}), ids.get(kb, 0), summary[kb][0], pending.get(kb, 0), sizes.get(kb, 0)))
+    return out
+
+
+def arrow_mapping_stores(root: Location, computation: str) -> tuple[int | None, list[bytes]]:
+    """``(batch, store blobs)`` of a computation on the Arrow mapping as of its last
+    committed batch (the manifest that batch wrote, ``_colfiles.py``); a store collected by a
+    later batch while it was read means the run moved on: read the newer manifest."""
+    from millwheel.runtime._colfiles import STATE_DIR, ColumnarFiles
+
+    files = ColumnarFiles(root.child(STATE_DIR, computation))
+    for _ in range(5):
+        committed = committed_batches(root.child("checkpoints", computation))
+        if not committed:
+            return None, []
+        manifest = files.manifest_before(committed[-1] + 1, set(committed))
+        try:
+            return manifest.batch, [files.read_store(i, name) for i, name in sorted(manifest.files.items())]
+        except MillwheelError:
+            continue
+    msg = f"the columnar stores of {computation!r} kept changing while read (5 tries); try again"
+    raise MillwheelError(msg)
+
+
 def unpublished_output(root: Location, computation: str) -> dict[str, int]:
     """Rows of committed batches not published yet, by stream (read from the outbox)."""
     import pyarrow.parquet as pq
@@ -137,14 +197,30 @@ def read_state(spark: Any, run: str, computation: str, *, codec: Any | None = No
     if computation not in known:
         msg = f"run {run} has no computation {computation!r}; its computations: {', '.join(known) or 'none (is it a run directory?)'}"
         raise MillwheelError(msg)
-    commits = committed_batches(root.child("checkpoints", computation))
-    batch = commits[-1] if commits else None
-    envelopes = committed_envelopes(spark, root.child("checkpoints", computation), batch) if batch is not None else {}
-    decode = _decoder(codec)
-    items = sorted(envelopes.items(), key=lambda kv: repr(kv[0]))
+    held = read_pin(root)
+    if ((held.get("mappings") or {}).get(computation) or {}).get("mapping") == "arrow":
+        batch, blobs = arrow_mapping_stores(root, computation)
+        keys = columnar_key_states(blobs)
+    else:
+        checkpoint = root.child("checkpoints", computation)
+        commits = committed_batches(checkpoint)
+        batch = commits[-1] if commits else None
+        what: str = "envelopes"
+        states: dict[int, Any] = {}
+        if batch is not None and checkpoint.child(STATE).exists():
+            what, states = read_interval_states(spark, checkpoint.uri, batch)
+        if what == "columnar":
+            keys = columnar_key_states([b for b in states.values() if b is not None])
+        else:
+            if what == "keys":
+                envelopes = committed_envelopes(spark, checkpoint, batch)
+            else:
+                envelopes = {decode_key(kb): env for envs in states.values() for kb, env in envs.items()}
+            decode = _decoder(codec)
+            keys = [decode_envelope(k, raw, decode) for k, raw in envelopes.items()]
+    keys.sort(key=lambda ks: repr(ks.key))
     if key is not None:
-        items = [(k, v) for k, v in items if k == key]
-    keys = [decode_envelope(k, raw, decode) for k, raw in items]
+        keys = [k for k in keys if k.key == key]
     return ComputationState(computation, batch, keys, unpublished_output(root, computation))
 
 

@@ -10,9 +10,18 @@ from __future__ import annotations
 import json
 import time
 
+import pandas as pd
 import pytest
 
-from millwheel import Computation, Record, SampleSource, TimeDomain, Topology
+from millwheel import (
+    ColumnarComputation,
+    Computation,
+    ComputationOptions,
+    Record,
+    SampleSource,
+    TimeDomain,
+    Topology,
+)
 from millwheel.runtime import RuntimeSettings, SparkRuntime
 from millwheel.runtime._state_reader import parse_key, read_state, state_main
 
@@ -54,6 +63,47 @@ def test_the_committed_state_timers_and_dedup_ids_of_every_key(spark, finished_r
     assert keys["cats"].dedup_ids == 3 and keys["dogs"].dedup_ids == 1
     assert keys["cats"].hold is None  # wall-time timers hold no low watermark
     assert read_state(spark, finished_run, "Remember", key=("tuple", 7)).keys[0].state["count"] == 1
+
+
+class ColumnarRemember(ColumnarComputation):
+    """``Remember`` on the columnar path: a count per key in the interval's store, and the reminder."""
+
+    record_columns = ("key", "timestamp")
+
+    def process_batch(self, batch):
+        n = batch.records.groupby("key", sort=False, observed=True).size().rename("count").reset_index()
+        old = batch.state
+        if len(old):
+            n = pd.concat([old, n]).groupby("key", sort=False, as_index=False, observed=True)["count"].sum()
+        batch.set_state(n)
+        batch.set_timers(n["key"], ["remind"] * len(n), [batch.now + DAY_MS] * len(n), TimeDomain.WALL_TIME)
+
+    def process_timers(self, batch, timers):
+        pass
+
+
+@pytest.mark.parametrize("mapping", ["default", "arrow"])
+def test_a_columnar_computations_state_is_read_per_key_on_either_mapping(spark, tmp_path, mapping, capsys):
+    """A columnar computation keeps one store per key interval (Spark's state store on the
+    default mapping, its own files on the Arrow mapping): ``millwheel state`` shows it per key."""
+    root = tmp_path / "run"
+    words = ["cats", "dogs", "cats", "cats", ("tuple", 7)]
+    t = Topology("remember-columnar")
+    t.injector("words", SampleSource([Record(None, {"key": w}, 1_000 + i, f"w{i}") for i, w in enumerate(words)]))
+    t.computation(ColumnarRemember, name="Remember", inputs={"words": lambda r: r.value["key"]}, options=ComputationOptions(mapping=mapping))
+    before = time.time() * 1000
+    SparkRuntime(t, str(root), RuntimeSettings(intervals=2), spark=spark).run(timeout_s=300)
+    cs = read_state(spark, str(root), "Remember")
+    assert cs.batch is not None
+    keys = {k.key: k for k in cs.keys}
+    assert set(keys) == {"cats", "dogs", ("tuple", 7)}
+    assert keys["cats"].state["count"] == 3 and keys["dogs"].state["count"] == 1
+    tag, (ts, domain) = next(iter(keys["cats"].timers.items()))
+    assert (tag, domain) == ("remind", "wall_time") and ts > before
+    assert keys["cats"].hold is None and keys["cats"].state_bytes > 0
+    assert state_main([str(root), "Remember", "--key", "cats"]) == 0
+    out = capsys.readouterr().out
+    assert "key 'cats'" in out and "'remind'" in out, out
 
 
 def test_the_command_prints_a_table_one_key_or_json(spark, finished_run, capsys):
