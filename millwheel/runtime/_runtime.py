@@ -23,6 +23,7 @@ from typing import Any
 
 import xxhash
 
+from millwheel._columnar import is_columnar
 from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._envelope import Envelope
 from millwheel._errors import MillwheelError
@@ -416,23 +417,28 @@ class SparkRuntime:
         return committed_envelopes(self.spark, self.computations[computation].checkpoint)
 
     def states(self, computation: str) -> dict[Key, Any]:
-        """Decoded user state of every key of ``computation`` (for tests and inspection)."""
-        codec = self.topology.computations[computation].options.state_codec
+        """Decoded user state of every key of ``computation`` (for tests and inspection);
+        a columnar computation's: each key's state rows (``millwheel state``'s reader)."""
+        spec = self.topology.computations[computation]
+        if is_columnar(spec.cls):
+            from millwheel.runtime._state_reader import read_state
+
+            return {k.key: k.state for k in read_state(self.spark, self.root.uri, computation).keys if k.state is not None}
         out: dict[Key, Any] = {}
         for key, env in self.envelopes(computation).items():
             raw = Envelope.decode(env).state
             if raw is not None:
-                out[key] = codec.decode(raw)
+                out[key] = spec.options.state_codec.decode(raw)
         return out
 
 
 def committed_envelopes(spark: Any, checkpoint: Location, batch_id: int | None = None) -> dict[Key, bytes]:
     """The envelopes of a computation's keys as of committed batch ``batch_id`` (default: the last).
 
-    The one reader of the state layouts (``_mapstate.read_envelopes``: interval rows or
-    per-key rows): ``SparkRuntime.envelopes`` and ``millwheel state``
-    (``_state_reader.py``) both go through it. Read-only: Spark's state data source reads the
-    checkpoint's state files and writes nothing, so it is safe while the run goes on.
+    Through ``_spark_internals.read_envelopes`` (interval rows or per-key rows), as
+    ``millwheel state`` (``_state_reader.py``), which also reads columnar stores. Read-only:
+    Spark's state data source reads the checkpoint's state files and writes nothing, so it
+    is safe while the run goes on.
     """
     from millwheel.runtime._spark_internals import read_envelopes
 

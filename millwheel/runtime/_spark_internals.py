@@ -169,7 +169,13 @@ def read_envelopes(spark: Any, checkpoint_uri: str, batch_id: int | None = None)
         df = reader.option("stateVarName", "envs").load(checkpoint_uri)
         return {row[0]: row[1] for row in df.select("user_map_key.key", "user_map_value.env").collect()}
     out: dict[bytes, bytes] = {}
-    for row in reader.load(checkpoint_uri).select("value.groupState.envs").collect():
+    for row in reader.load(checkpoint_uri).select("value.groupState.envs", "value.groupState.meta").collect():
+        if row[0] is not None and not row[1]:  # the per-record layout always packs a meta map; a columnar store leaves it empty
+            msg = (
+                f"the state in {checkpoint_uri} is a columnar computation's stores (one per key interval), not envelopes: "
+                "read it with SparkRuntime.states() or millwheel state"
+            )
+            raise ValueError(msg)
         if row[0] is not None:
             out.update(_unpackb(row[0], raw=False, strict_map_key=False))
     return out

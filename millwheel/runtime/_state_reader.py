@@ -2,7 +2,7 @@
 
 Reads what the last committed micro-batch of the computation's query left in Spark's
 state store (``_spark_internals.read_interval_states`` for interval rows,
-:func:`~millwheel.runtime._runtime.committed_envelopes` for the per-key layout) and
+``read_envelopes`` for the per-key layout) and
 decodes each key's envelope (``millwheel/_envelope.py``) — or, for a columnar
 computation, each key's share of its interval's store (``millwheel/_colstore.py``; on the
 Arrow mapping, the store files its last committed manifest names, ``_colfiles.py``):
@@ -35,7 +35,12 @@ from millwheel.runtime._fs import Location
 from millwheel.runtime._layout import read_pin
 from millwheel.runtime._outbox import _numbers, staged_version
 from millwheel.runtime._sinks import jsonable, run_argument, run_directory
-from millwheel.runtime._spark_internals import STATE, committed_batches, read_interval_states
+from millwheel.runtime._spark_internals import (
+    STATE,
+    committed_batches,
+    read_envelopes,
+    read_interval_states,
+)
 from millwheel.runtime._wire import SUMMARY_STREAM
 
 SHOWN = 160
@@ -190,8 +195,6 @@ def unpublished_output(root: Location, computation: str) -> dict[str, int]:
 
 def read_state(spark: Any, run: str, computation: str, *, codec: Any | None = None, key: Key | None = None) -> ComputationState:
     """The committed state of ``computation`` in run directory ``run``."""
-    from millwheel.runtime._runtime import committed_envelopes
-
     root = Location.of(run)
     known = computations_of(root)
     if computation not in known:
@@ -213,7 +216,7 @@ def read_state(spark: Any, run: str, computation: str, *, codec: Any | None = No
             keys = columnar_key_states([b for b in states.values() if b is not None])
         else:
             if what == "keys":
-                envelopes = committed_envelopes(spark, checkpoint, batch)
+                envelopes = {decode_key(kb): env for kb, env in read_envelopes(spark, checkpoint.uri, batch).items()}
             else:
                 envelopes = {decode_key(kb): env for envs in states.values() for kb, env in envs.items()}
             decode = _decoder(codec)

@@ -93,6 +93,8 @@ def test_a_columnar_computations_state_is_read_per_key_on_either_mapping(spark, 
     t.computation(ColumnarRemember, name="Remember", inputs={"words": lambda r: r.value["key"]}, options=ComputationOptions(mapping=mapping))
     before = time.time() * 1000
     SparkRuntime(t, str(root), RuntimeSettings(intervals=2), spark=spark).run(timeout_s=300)
+    rt = SparkRuntime(t, str(root), RuntimeSettings(intervals=2), spark=spark)
+    assert {k: v["count"] for k, v in rt.states("Remember").items()} == {"cats": 3, "dogs": 1, ("tuple", 7): 1}
     cs = read_state(spark, str(root), "Remember")
     assert cs.batch is not None
     keys = {k.key: k for k in cs.keys}
