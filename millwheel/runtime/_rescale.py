@@ -282,33 +282,56 @@ def move_state(tgt: Target, outbox: Outbox, spark: Any, say: Any, t0: float) -> 
     }  # fmt: skip
 
 
+class _MoveRows:
+    """The rows of a state move's heartbeat file (:data:`~millwheel.runtime._query.HB_MOVE_SCHEMA`), added one by one."""
+
+    def __init__(self) -> None:
+        self.interval: list[int] = []
+        self.group: list[int] = []
+        self.kind: list[int] = []
+        self.key: list[bytes | None] = []
+        self.value: list[bytes] = []
+
+    def _add(self, interval: int, group: int, kind: RowKind, key: bytes | None, value: bytes) -> None:
+        self.interval.append(interval)
+        self.group.append(group)
+        self.kind.append(int(kind))
+        self.key.append(key)
+        self.value.append(value)
+
+    def install(self, interval: int, group: int, key: bytes | None, value: bytes) -> None:
+        self._add(interval, group, RowKind.INSTALL, key, value)
+
+    def retire(self, group: int, digest: list[int]) -> None:
+        self._add(-2, group, RowKind.RETIRE, None, msgpack.packb(digest))
+
+    def table(self) -> pa.Table:
+        rows = len(self.kind)
+        return pa.table(
+            {
+                "interval": pa.array(self.interval, pa.int32()), "wm": pa.nulls(rows, pa.int64()), "now": pa.nulls(rows, pa.int64()),
+                "kind": pa.array(self.kind, pa.int32()), "group": pa.array(self.group, pa.int32()),
+                "key": pa.array(self.key, pa.binary()), "value": pa.array(self.value, pa.binary()),
+            },
+            schema=HB_MOVE_SCHEMA,
+        )  # fmt: skip
+
+
 def move_rows(states: dict[int, dict[bytes, bytes]], old_groups: Any, new_groups: list[int]) -> tuple[pa.Table, int]:
     """The rows of a state move (:data:`~millwheel.runtime._query.HB_MOVE_SCHEMA`): one
     :attr:`RowKind.INSTALL` per key, to the new group its key hashes to, and one
     :attr:`RowKind.RETIRE` per old group with the digest of what it holds; and how many keys."""
     n = len(new_groups)
-    interval: list[int] = []
-    group: list[int] = []
-    kind: list[int] = []
-    key: list[bytes | None] = []
-    value: list[bytes] = []
+    rows = _MoveRows()
     keys = 0
     for g in old_groups:
         envs = states.get(g, {})
         for kb, env in envs.items():
             i = interval_of(kb, n)
-            interval.append(i)
-            group.append(new_groups[i])
-            kind.append(int(RowKind.INSTALL))
-            key.append(kb)
-            value.append(env)
+            rows.install(i, new_groups[i], kb, env)
             keys += 1
-        interval.append(-2)
-        group.append(g)
-        kind.append(int(RowKind.RETIRE))
-        key.append(None)
-        value.append(msgpack.packb(state_digest(envs)))
-    return _move_table(interval, group, kind, key, value), keys
+        rows.retire(g, state_digest(envs))
+    return rows.table(), keys
 
 
 def move_stores(stores: dict[int, Any], digests: dict[int, list[int]], old_groups: Any, new_groups: list[int]) -> tuple[pa.Table, int]:
@@ -318,11 +341,7 @@ def move_stores(stores: dict[int, Any], digests: dict[int, list[int]], old_group
     group merges its pieces), and one :attr:`RowKind.RETIRE` row per old group with the
     :func:`~millwheel.runtime._move.blob_digest` of its store as read; and how many keys."""
     n = len(new_groups)
-    interval: list[int] = []
-    group: list[int] = []
-    kind: list[int] = []
-    key: list[bytes | None] = []
-    value: list[bytes] = []
+    rows = _MoveRows()
     keys = 0
     for g in old_groups:
         store = stores.get(g)
@@ -330,28 +349,7 @@ def move_stores(stores: dict[int, Any], digests: dict[int, list[int]], old_group
             keys += len(store.keys_held())
             for i, piece in sorted(store.split(lambda kb: interval_of(kb, n)).items()):
                 blob = piece.encode()
-                if blob is None:  # keys that hold nothing (cannot be: an empty store is not stored)
-                    continue
-                interval.append(i)
-                group.append(new_groups[i])
-                kind.append(int(RowKind.INSTALL))
-                key.append(None)
-                value.append(blob)
-        interval.append(-2)
-        group.append(g)
-        kind.append(int(RowKind.RETIRE))
-        key.append(None)
-        value.append(msgpack.packb(digests.get(g, blob_digest(None))))
-    return _move_table(interval, group, kind, key, value), keys
-
-
-def _move_table(interval: list[int], group: list[int], kind: list[int], key: list[bytes | None], value: list[bytes]) -> pa.Table:
-    rows = len(kind)
-    return pa.table(
-        {
-            "interval": pa.array(interval, pa.int32()), "wm": pa.nulls(rows, pa.int64()), "now": pa.nulls(rows, pa.int64()),
-            "kind": pa.array(kind, pa.int32()), "group": pa.array(group, pa.int32()),
-            "key": pa.array(key, pa.binary()), "value": pa.array(value, pa.binary()),
-        },
-        schema=HB_MOVE_SCHEMA,
-    )  # fmt: skip
+                if blob is not None:  # a piece that holds nothing is not stored
+                    rows.install(i, new_groups[i], None, blob)
+        rows.retire(g, digests.get(g, blob_digest(None)))
+    return rows.table(), keys
