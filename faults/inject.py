@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 # ---- processes --------------------------------------------------------------------------------
@@ -128,24 +129,58 @@ def resume(pids: list[int]) -> None:
 
 
 def committed_batches(root: Path | str, query: str) -> int:
-    """How many micro-batches of ``query`` (a computation, or ``injector.<name>``) have committed."""
+    """How many micro-batches of ``query`` (a computation, or ``injector.<name>``) have committed.
+
+    Every batch counts, a batch that read no input too: a driver that starts commits one or
+    two for each computation (the ticks of its key intervals, heartbeats) even when nothing
+    is left to read. :func:`consumed_inputs` counts only the progress that reads input.
+    """
     commits = Path(root) / "checkpoints" / query / "commits"
     if not commits.is_dir():
         return 0
     return sum(1 for n in os.listdir(commits) if n.isdigit())
 
 
-def wait_for_progress(proc: subprocess.Popen[bytes], root: Path | str, query: str, batches: int, timeout: float = 300) -> bool:
-    """Wait until ``batches`` more batches of ``query`` committed; ``False`` if ``proc`` ended first."""
-    target = committed_batches(root, query) + batches
+def consumed_inputs(root: Path | str, query: str) -> int:
+    """Input progress of ``query``: how many stream-log files a computation's committed
+    batches consumed (from its checkpoint: ``rundir.ConsumedFiles``), or, for
+    ``injector.<name>``, how many stream-log files the injector published.
+
+    With ``max_files_per_trigger=1`` it is the number of the computation's batches that
+    read input; heartbeat and tick batches (:func:`committed_batches` counts them) add
+    nothing, so a kill point in this measure lies in work that really remains.
+    """
+    from millwheel.runtime.rundir import ConsumedFiles, FileStreamLog, Location
+    from millwheel.runtime.rundir import committed_batches as committed
+
+    run = Location.of(str(root))
+    if query.startswith("injector."):
+        name = query.split(".", 1)[1]
+        log = FileStreamLog(run)
+        return sum(len(log.files(stream, name)) for stream in run.child("streams").list())
+    checkpoint = run.child("checkpoints", query)
+    done = committed(checkpoint)
+    if not done:
+        return 0
+    consumed = ConsumedFiles(checkpoint)
+    consumed.refresh()
+    return sum(len(consumed.names(stream, producer, done[-1])) for stream, producer in list(consumed.files))
+
+
+def wait_for_progress(
+    proc: subprocess.Popen[bytes], root: Path | str, query: str, batches: int, timeout: float = 300, measure: Callable[[Path | str, str], int] = committed_batches
+) -> bool:
+    """Wait until ``query`` made ``batches`` more progress in ``measure`` (default: committed
+    batches; :func:`consumed_inputs`: input files consumed); ``False`` if ``proc`` ended first."""
+    target = measure(root, query) + batches
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return False
-        if committed_batches(root, query) >= target:
+        if measure(root, query) >= target:
             return True
         time.sleep(0.05)
-    msg = f"{query} did not commit {batches} more batches within {timeout}s (is the machine overloaded? see the driver's log)"
+    msg = f"{query} did not make {batches} more progress ({measure.__name__}) within {timeout}s (is the machine overloaded? see the driver's log)"
     raise TimeoutError(msg)
 
 
