@@ -86,10 +86,30 @@ def python_workers(root: int) -> list[int]:
     return [pid for daemon in daemons for pid in descendants(daemon)]
 
 
-def kill_python_workers(root: int) -> int:
-    """kill -9 the Spark Python workers below ``root`` alive right now; how many were killed."""
+def cpu_ticks(pid: int) -> int | None:
+    """User and system CPU time of ``pid`` in clock ticks, or ``None`` if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().split(") ", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def busy_python_workers(root: int, window_s: float = 0.05) -> list[int]:
+    """The Spark Python workers below ``root`` that used CPU within ``window_s``: running a
+    task. A worker idle between tasks waits on its socket and uses none; killing it fails
+    nothing (Spark starts another), killing a busy one fails its task and so its query."""
+    before = {pid: cpu_ticks(pid) for pid in python_workers(root)}
+    time.sleep(window_s)
+    return [pid for pid, ticks in before.items() if ticks is not None and (cpu_ticks(pid) or 0) > ticks]
+
+
+def kill_python_workers(root: int, *, busy: bool = False) -> int:
+    """kill -9 the Spark Python workers below ``root`` alive right now (``busy``: only those
+    running a task, :func:`busy_python_workers`); how many were killed."""
     killed = 0
-    for pid in python_workers(root):
+    for pid in busy_python_workers(root) if busy else python_workers(root):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
             killed += 1

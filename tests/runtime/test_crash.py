@@ -60,22 +60,21 @@ def _progress(root) -> str:
 
 
 def _kill_workers_until_a_query_fails(proc, log, settle_s: float = 5.0) -> bool:
-    """kill -9 the Spark Python workers alive, again until one of them was running a task:
-    its query fails and the driver logs that it restarts it. A worker idle between batches
-    dies unnoticed (Spark starts another), so a kill counts only once a query failed.
-    ``settle_s``: how long a kill's failure may take to reach the driver's log before the
-    next kill. ``False`` if the driver ended first."""
+    """kill -9 the Spark Python workers running a task (``kill_a_worker``), again until a
+    query failed of it: the driver logs that it restarts the query. A task may end between
+    seeing its worker busy and the kill, so a kill counts only once the restart is logged;
+    ``settle_s``: how long that may take before the next kill. ``False`` if the driver ended
+    first."""
     while proc.poll() is None:
         mark = log.stat().st_size
-        if not kill_a_worker(proc):
-            time.sleep(0.05)
+        if not kill_a_worker(proc):  # none busy within 50 ms
             continue
         deadline = time.monotonic() + settle_s
         while time.monotonic() < deadline:
             with open(log, "rb") as f:
                 f.seek(mark)
                 if RESTARTED.encode() in f.read():
-                    return proc.poll() is None
+                    return True
             if proc.poll() is not None:
                 return False
             time.sleep(0.05)
