@@ -59,26 +59,33 @@ def _progress(root) -> str:
     return ", ".join(f"{q} {consumed_inputs(root, q)}" for q in QUERIES)
 
 
-def _kill_workers_until_a_query_fails(proc, log, settle_s: float = 5.0) -> bool:
+def _kill_workers_until_a_query_fails(proc, root, log, settle_s: float = 5.0, timeout: float = 300) -> str | None:
     """kill -9 the Spark Python workers running a task (``kill_a_worker``), again until a
     query failed of it: the driver logs that it restarts the query. A task may end between
     seeing its worker busy and the kill, so a kill counts only once the restart is logged;
-    ``settle_s``: how long that may take before the next kill. ``False`` if the driver ended
+    ``settle_s``: how long that may take before the next kill. Returns where the kill that
+    landed was (the progress, and how many kills it took), or ``None`` if the driver ended
     first."""
+    attempts, give_up = 0, time.monotonic() + timeout
     while proc.poll() is None:
+        if time.monotonic() > give_up:
+            msg = f"no query failed of {attempts} kills of busy Python workers within {timeout}s (see the driver's log: {log})"
+            raise TimeoutError(msg)
         mark = log.stat().st_size
         if not kill_a_worker(proc):  # none busy within 50 ms
             continue
+        attempts += 1
+        at = _progress(root)
         deadline = time.monotonic() + settle_s
         while time.monotonic() < deadline:
             with open(log, "rb") as f:
                 f.seek(mark)
                 if RESTARTED.encode() in f.read():
-                    return True
+                    return f"{at} (kill {attempts} of busy workers)"
             if proc.poll() is not None:
-                return False
+                return None
             time.sleep(0.05)
-    return False
+    return None
 
 
 def _crash_loop(tmp_path, plan, seed, layout="intervals", extra=(), records=N, files=20, pacing=PACING, strict=False):
@@ -138,8 +145,8 @@ def _crash_loop(tmp_path, plan, seed, layout="intervals", extra=(), records=N, f
                     kills["driver"] += 1
                     landed.append(f"{point}, at {_progress(root)}")
                     continue
-                at_kill = _progress(root)
-                if _kill_workers_until_a_query_fails(proc, log):
+                at_kill = _kill_workers_until_a_query_fails(proc, root, log)
+                if at_kill is not None:
                     kills["worker"] += 1
                     landed.append(f"{point}, at {at_kill}")
                     continue
