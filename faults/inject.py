@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 # ---- processes --------------------------------------------------------------------------------
@@ -85,10 +86,30 @@ def python_workers(root: int) -> list[int]:
     return [pid for daemon in daemons for pid in descendants(daemon)]
 
 
-def kill_python_workers(root: int) -> int:
-    """kill -9 the Spark Python workers below ``root`` alive right now; how many were killed."""
+def cpu_ticks(pid: int) -> int | None:
+    """User and system CPU time of ``pid`` in clock ticks, or ``None`` if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().split(") ", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def busy_python_workers(root: int, window_s: float = 0.05) -> list[int]:
+    """The Spark Python workers below ``root`` that used CPU within ``window_s``: running a
+    task. A worker idle between tasks waits on its socket and uses none; killing it fails
+    nothing (Spark starts another), killing a busy one fails its task and so its query."""
+    before = {pid: cpu_ticks(pid) for pid in python_workers(root)}
+    time.sleep(window_s)
+    return [pid for pid, ticks in before.items() if ticks is not None and (cpu_ticks(pid) or 0) > ticks]
+
+
+def kill_python_workers(root: int, *, busy: bool = False) -> int:
+    """kill -9 the Spark Python workers below ``root`` alive right now (``busy``: only those
+    running a task, :func:`busy_python_workers`); how many were killed."""
     killed = 0
-    for pid in python_workers(root):
+    for pid in busy_python_workers(root) if busy else python_workers(root):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
             killed += 1
@@ -128,24 +149,58 @@ def resume(pids: list[int]) -> None:
 
 
 def committed_batches(root: Path | str, query: str) -> int:
-    """How many micro-batches of ``query`` (a computation, or ``injector.<name>``) have committed."""
+    """How many micro-batches of ``query`` (a computation, or ``injector.<name>``) have committed.
+
+    Every batch counts, a batch that read no input too: a driver that starts commits one or
+    two for each computation (the ticks of its key intervals, heartbeats) even when nothing
+    is left to read. :func:`consumed_inputs` counts only the progress that reads input.
+    """
     commits = Path(root) / "checkpoints" / query / "commits"
     if not commits.is_dir():
         return 0
     return sum(1 for n in os.listdir(commits) if n.isdigit())
 
 
-def wait_for_progress(proc: subprocess.Popen[bytes], root: Path | str, query: str, batches: int, timeout: float = 300) -> bool:
-    """Wait until ``batches`` more batches of ``query`` committed; ``False`` if ``proc`` ended first."""
-    target = committed_batches(root, query) + batches
+def consumed_inputs(root: Path | str, query: str) -> int:
+    """Input progress of ``query``: how many stream-log files a computation's committed
+    batches consumed (from its checkpoint: ``rundir.ConsumedFiles``), or, for
+    ``injector.<name>``, how many stream-log files the injector published.
+
+    With ``max_files_per_trigger=1`` it is the number of the computation's batches that
+    read input; heartbeat and tick batches (:func:`committed_batches` counts them) add
+    nothing, so a kill point in this measure lies in work that really remains.
+    """
+    from millwheel.runtime.rundir import ConsumedFiles, FileStreamLog, Location
+    from millwheel.runtime.rundir import committed_batches as committed
+
+    run = Location.of(str(root))
+    if query.startswith("injector."):
+        name = query.split(".", 1)[1]
+        log = FileStreamLog(run)
+        return sum(len(log.files(stream, name)) for stream in run.child("streams").list())
+    checkpoint = run.child("checkpoints", query)
+    done = committed(checkpoint)
+    if not done:
+        return 0
+    consumed = ConsumedFiles(checkpoint)
+    consumed.refresh()
+    return sum(len(consumed.names(stream, producer, done[-1])) for stream, producer in list(consumed.files))
+
+
+def wait_for_progress(
+    proc: subprocess.Popen[bytes], root: Path | str, query: str, batches: int, timeout: float = 300, measure: Callable[[Path | str, str], int] = committed_batches
+) -> bool:
+    """Wait until ``query`` made ``batches`` more progress in ``measure`` (default: committed
+    batches; :func:`consumed_inputs`: input files consumed); ``False`` if ``proc`` ended first."""
+    target = measure(root, query) + batches
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return False
-        if committed_batches(root, query) >= target:
+        if measure(root, query) >= target:
             return True
         time.sleep(0.05)
-    msg = f"{query} did not commit {batches} more batches within {timeout}s (is the machine overloaded? see the driver's log)"
+    msg = f"{query} did not make {batches} more progress ({measure.__name__}) within {timeout}s (is the machine overloaded? see the driver's log)"
     raise TimeoutError(msg)
 
 

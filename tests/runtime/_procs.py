@@ -41,8 +41,8 @@ def kill_group(proc) -> None:
 
 
 def kill_a_worker(proc) -> bool:
-    """kill -9 the Spark Python workers alive right now (at a random time one is mid-task)."""
-    return kill_python_workers(proc.pid) > 0
+    """kill -9 the Spark Python workers running a task right now (their CPU time grows), if any."""
+    return kill_python_workers(proc.pid, busy=True) > 0
 
 
 def write_logs(data: Path, n: int, files: int, keys: int, seed: int = 3) -> list[dict]:

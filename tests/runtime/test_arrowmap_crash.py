@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from .test_crash import _crash_loop
+from .test_crash import SHORT_PACING, _crash_loop
 
 pytestmark = pytest.mark.spark
 
@@ -24,13 +24,12 @@ def test_arrow_mapping_crash_short(tmp_path):
 
 @pytest.mark.slow  # several minutes of Spark: the long form (-m slow)
 def test_arrow_mapping_crash_long(tmp_path):
-    # the injected kills first: each fires at the first batch with data of its process, so
-    # later in the run (input consumed) one may find no batch with data left
+    # the injected kills first: each fires at the first batch with data of its process (and
+    # needs a driver of its own); then each kill must land while input is left
     plan = [
         ("inject:WindowCounter:after_manifest:data", None), ("inject:WindowCounter:after_output:data", None),
         ("inject:WindowCounter:mid_publish:data", None), ("driver", ("WindowCounter", 1)), ("worker", ("WindowCounter", 1)),
         ("driver", ("Tally", 1)),
     ]  # fmt: skip
-    kills = _crash_loop(tmp_path, plan, seed=32, extra=("--arrow",))
-    assert kills["injected"] == 3
-    assert kills["driver"] + kills["worker"] >= 2
+    kills = _crash_loop(tmp_path, plan, seed=32, extra=("--arrow",), pacing=SHORT_PACING, strict=True)
+    assert kills == {"injected": 3, "driver": 2, "worker": 1}
