@@ -181,15 +181,17 @@ class Campaign:
             inject.kill_tree(proc)
             return self._start()
         if what == "workers":
+            # only workers running a task (an idle one's kill fails nothing: ``busy_python_workers``)
             deadline = time.monotonic() + 60
             while proc.poll() is None and time.monotonic() < deadline:
                 root = self.cluster.workers[0].pid if self.cluster is not None else proc.pid
-                killed = inject.kill_python_workers(root)
+                killed = inject.kill_python_workers(root, busy=True)
                 if self.cluster is not None:
-                    killed += sum(inject.kill_python_workers(w.pid) for w in self.cluster.workers[1:])
+                    killed += sum(inject.kill_python_workers(w.pid, busy=True) for w in self.cluster.workers[1:])
                 if killed:
+                    self.log(f"    {killed} Python worker(s) killed mid-task")
                     return proc
-                time.sleep(0.05)
+            self.log("    no Python worker ran a task within 60 s (the driver ended, or was idle): nothing killed")
             return proc
         if what == "executor":
             index = self.rng.randrange(len(self.cluster.workers))
