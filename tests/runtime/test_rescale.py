@@ -110,17 +110,8 @@ def test_rescale_4_to_8_to_2_resumes_exactly_once(tmp_path, spark):
     assert rc == -9, log.read_text()[-3000:]
     assert committed_batches(root, "WindowCounter") == move  # batches 0..move-1: the move did not commit
 
-    final = start(root, data, "twostage", *PACING, log=log)
-    try:
-        rc = final.wait(timeout=900)
-    finally:
-        kill_group(final)
-    assert rc == 0, log.read_text()[-4000:]
-    out = FileStreamLog(Location.of(str(root))).read("tallies")
-    got = Counter((r.value["window_start"], r.value["key"], r.value["count"]) for r in out)
-    ids = Counter(r.id for r in out)
-    print(f"rescales (computation, keys, batch, dropped planned batch): {progress}; tallies {len(out)}")
-    assert sum(n - 1 for n in ids.values()) == 0, "a tally published twice"
+    got = _finish(root, data, log)
+    print(f"rescales (computation, keys, batch, dropped planned batch): {progress}; tallies {sum(got.values())}")
     expected = _expected(records)
     assert got == expected
     assert _harness(data) == expected
@@ -167,16 +158,7 @@ def test_a_columnar_computation_is_rescaled_exactly_once_with_a_kill_in_its_move
         kill_group(proc)
     assert committed_batches(root, "WindowCounter") == move  # the move did not commit
 
-    final = start(root, data, "twostage", *PACING, "--columnar", log=log)
-    try:
-        rc = final.wait(timeout=900)
-    finally:
-        kill_group(final)
-    assert rc == 0, log.read_text()[-4000:]
-    out = FileStreamLog(Location.of(str(root))).read("tallies")
-    ids = Counter(r.id for r in out)
-    assert sum(n - 1 for n in ids.values()) == 0, "a tally published twice"
-    assert Counter((r.value["window_start"], r.value["key"], r.value["count"]) for r in out) == _expected(records)
+    assert _finish(root, data, log, "--columnar") == _expected(records)
     from millwheel._colstore import ColumnarStore
 
     groups = _layout(root)["WindowCounter"]["groups"]
@@ -185,6 +167,20 @@ def test_a_columnar_computation_is_rescaled_exactly_once_with_a_kill_in_its_move
     assert what == "columnar" and stores and set(stores) <= set(groups), (what, sorted(stores), groups)
     for g, blob in stores.items():
         assert all(interval_of(kb, 8) == groups.index(g) for kb in ColumnarStore.decode(blob).keys_held())
+
+
+def _finish(root, data, log, *extra) -> Counter:
+    """A last driver that must drain; its tallies as ``(window, query, count)``, none published twice."""
+    final = start(root, data, "twostage", *PACING, *extra, log=log)
+    try:
+        rc = final.wait(timeout=900)
+    finally:
+        kill_group(final)
+    assert rc == 0, log.read_text()[-4000:]
+    out = FileStreamLog(Location.of(str(root))).read("tallies")
+    ids = Counter(r.id for r in out)
+    assert sum(n - 1 for n in ids.values()) == 0, "a tally published twice"
+    return Counter((r.value["window_start"], r.value["key"], r.value["count"]) for r in out)
 
 
 def _wait_for_tallies(proc, root, n: int, log, timeout: float = 300) -> None:

@@ -140,32 +140,44 @@ def _records(keys: list[int], n: int, seed: int) -> list[Record]:
     return [Record(None, {"k": f"k{rng.choice(keys)}"}, 1_000 + i, f"r{seed}-{i}") for i in range(n)]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
+#: the property tests' examples: random old and new interval counts, keys and records
+EXAMPLES = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+MOVES = given(
     old=st.integers(1, 9), new=st.integers(1, 12), keys=st.lists(st.integers(0, 500), min_size=1, max_size=40, unique=True),
     n=st.integers(1, 120), seed=st.integers(0, 1_000),
 )  # fmt: skip
-def test_a_move_puts_every_key_in_its_new_interval_once_and_changes_nothing_else(old, new, keys, n, seed):
+
+
+def _moved_run(spec, old: int, new: int, keys: list[int], n: int, seed: int):
+    """``(reference, run, after, held, keys moved)``: a run of ``spec`` (default: the per-record
+    one) with ``old`` intervals, its state (``held``, as read) moved to ``new`` between two
+    batches — the second with some of the first's records again, dropped by the moved dedup
+    ids — and the reference run with ``new`` from the start."""
     first, second = _records(keys, n, seed), _records(keys, n // 2 + 1, seed + 1)
-    again = first[: len(first) // 3]  # delivered again after the move: dropped by the moved dedup ids
-    # the reference: the new count from the start
-    ref = Cluster(new, interval_groups(new, PARTITIONS))
+    again = first[: len(first) // 3]
+    ref = Cluster(new, interval_groups(new, PARTITIONS), spec)
     ref.batch(first, low_watermark=1_000 + n // 2)
     ref.batch(second + again, low_watermark=2_000 + n)
-
-    run = Cluster(old, interval_groups(old, PARTITIONS))
+    run = Cluster(old, interval_groups(old, PARTITIONS), spec)
     run.batch(first, low_watermark=1_000 + n // 2)
-    held = run.envelopes()
+    held = run.envelopes() if spec is None else run.blobs()
     new_groups = interval_groups(new, PARTITIONS, avoid=run.groups)
-    assert not set(new_groups) & set(run.groups)
-    assert [spark_hash_int(g) % PARTITIONS for g in new_groups] == [i % PARTITIONS for i in range(new)]
-    table, moved = move_rows(held, run.groups, new_groups)
-    assert moved == sum(len(e) for e in held.values())
-    moving = heartbeat_frames(table)
-    after = Cluster(new, new_groups)
+    table, moved = _move(run, held, new_groups)
+    after = Cluster(new, new_groups, spec)
     after.states = run.states  # the same state store: the old groups' rows are still in it
     after.out = run.out
-    after.batch(second + again, low_watermark=2_000 + n, extra=moving)
+    after.batch(second + again, low_watermark=2_000 + n, extra=heartbeat_frames(table))
+    return ref, run, after, held, moved
+
+
+@EXAMPLES
+@MOVES
+def test_a_move_puts_every_key_in_its_new_interval_once_and_changes_nothing_else(old, new, keys, n, seed):
+    ref, run, after, held, moved = _moved_run(None, old, new, keys, n, seed)
+    new_groups = after.groups
+    assert not set(new_groups) & set(run.groups)
+    assert [spark_hash_int(g) % PARTITIONS for g in new_groups] == [i % PARTITIONS for i in range(new)]
+    assert moved == sum(len(e) for e in held.values())
 
     # every key's envelope in exactly one group, the one of its new interval; old groups emptied
     placed = after.envelopes()
@@ -188,20 +200,30 @@ def test_a_move_puts_every_key_in_its_new_interval_once_and_changes_nothing_else
             assert s.timeout == max(timer_timeout(min(lw)), s.watermark)
 
 
-def _held(keys=("a", "b", "c")) -> tuple[Cluster, dict[int, dict[bytes, bytes]]]:
-    c = Cluster(2, interval_groups(2, PARTITIONS))
+def _held(keys=("a", "b", "c"), spec=None) -> tuple[Cluster, dict[int, dict[bytes, bytes]]]:
+    c = Cluster(2, interval_groups(2, PARTITIONS), spec)
     c.batch([Record(None, {"k": k}, 1_000 + i, f"r{i}") for i, k in enumerate(keys)], low_watermark=0)
-    return c, c.envelopes()
+    return c, c.envelopes() if spec is None else c.blobs()
 
 
-def test_an_old_group_that_holds_other_state_than_was_read_fails_the_batch():
-    c, held = _held()
+def _move(c: Cluster, held, new_groups: list[int]):
+    """The heartbeat rows moving ``c``'s state (as read: ``held``) to ``new_groups``, and how many keys."""
+    if c.step.spec is SPEC:
+        return move_rows(held, c.groups, new_groups)
+    stores = {g: ColumnarStore.decode(b) for g, b in held.items()}
+    return move_stores(stores, {g: blob_digest(b) for g, b in held.items()}, c.groups, new_groups)
+
+
+@pytest.mark.parametrize(("spec", "match"), [(None, r"\d+ keys \(digest .* not the .* the rescale read"), ("columnar", "bytes of columnar store .* not the .* the rescale read")])
+def test_an_old_group_that_holds_other_state_than_was_read_fails_the_batch(spec, match):
+    spec = COLUMNAR if spec == "columnar" else None
+    c, held = _held(spec=spec)
     new_groups = interval_groups(4, PARTITIONS, avoid=c.groups)
-    table, _ = move_rows(held, c.groups, new_groups)
+    table, _ = _move(c, held, new_groups)
     c.batch([Record(None, {"k": "a"}, 1_500, "late-write")], low_watermark=0)  # the state changed after the read
-    after = Cluster(4, new_groups)
+    after = Cluster(4, new_groups, spec)
     after.states = c.states
-    with pytest.raises(RescaleMismatch, match="not the .* the rescale read"):
+    with pytest.raises(RescaleMismatch, match=match):
         after.batch([], low_watermark=0, extra=heartbeat_frames(table))
 
 
@@ -269,32 +291,15 @@ def _store_view(blob: bytes) -> dict:
     return {"state": rows, "timers": dict(st.timers), "meta": dict(st.meta), "pending": sorted(map(tuple, st.pending)), "ids": ids}
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    old=st.integers(1, 9), new=st.integers(1, 12), keys=st.lists(st.integers(0, 500), min_size=1, max_size=40, unique=True),
-    n=st.integers(1, 120), seed=st.integers(0, 1_000),
-)  # fmt: skip
+@EXAMPLES
+@MOVES
 def test_a_columnar_move_splits_and_merges_every_store_into_the_new_intervals(old, new, keys, n, seed):
     """The property above, for a columnar computation: every key's state, timers, sequence
     and dedup ids end in the store of its new interval, and the output and stores equal a
     run with the new count from the start."""
-    first, second = _records(keys, n, seed), _records(keys, n // 2 + 1, seed + 1)
-    again = first[: len(first) // 3]  # delivered again after the move: dropped by the moved dedup ids
-    ref = Cluster(new, interval_groups(new, PARTITIONS), COLUMNAR)
-    ref.batch(first, low_watermark=1_000 + n // 2)
-    ref.batch(second + again, low_watermark=2_000 + n)
-
-    run = Cluster(old, interval_groups(old, PARTITIONS), COLUMNAR)
-    run.batch(first, low_watermark=1_000 + n // 2)
-    held = run.blobs()
-    new_groups = interval_groups(new, PARTITIONS, avoid=run.groups)
-    stores = {g: ColumnarStore.decode(b) for g, b in held.items()}
-    table, moved = move_stores(stores, {g: blob_digest(b) for g, b in held.items()}, run.groups, new_groups)
-    assert moved == sum(len(s.keys_held()) for s in stores.values())
-    after = Cluster(new, new_groups, COLUMNAR)
-    after.states = run.states
-    after.out = run.out
-    after.batch(second + again, low_watermark=2_000 + n, extra=heartbeat_frames(table))
+    ref, run, after, held, moved = _moved_run(COLUMNAR, old, new, keys, n, seed)
+    new_groups = after.groups
+    assert moved == sum(len(ColumnarStore.decode(b).keys_held()) for b in held.values())
 
     placed = after.blobs()
     assert not set(placed) & set(run.groups), "an old group kept its store"
@@ -307,32 +312,10 @@ def test_a_columnar_move_splits_and_merges_every_store_into_the_new_intervals(ol
     assert sorted(after.out) == sorted(ref.out)
 
 
-def _held_columnar(keys=("a", "b", "c")) -> tuple[Cluster, dict[int, bytes]]:
-    c = Cluster(2, interval_groups(2, PARTITIONS), COLUMNAR)
-    c.batch([Record(None, {"k": k}, 1_000 + i, f"r{i}") for i, k in enumerate(keys)], low_watermark=0)
-    return c, c.blobs()
-
-
-def _columnar_move(held: dict[int, bytes], old_groups: list[int], new_groups: list[int]):
-    stores = {g: ColumnarStore.decode(b) for g, b in held.items()}
-    return move_stores(stores, {g: blob_digest(b) for g, b in held.items()}, old_groups, new_groups)[0]
-
-
-def test_a_columnar_old_group_that_holds_another_store_than_was_read_fails_the_batch():
-    c, held = _held_columnar()
-    new_groups = interval_groups(4, PARTITIONS, avoid=c.groups)
-    table = _columnar_move(held, c.groups, new_groups)
-    c.batch([Record(None, {"k": "a"}, 1_500, "late-write")], low_watermark=0)  # the store changed after the read
-    after = Cluster(4, new_groups, COLUMNAR)
-    after.states = c.states
-    with pytest.raises(RescaleMismatch, match="bytes of columnar store .* not the .* the rescale read"):
-        after.batch([], low_watermark=0, extra=heartbeat_frames(table))
-
-
 def test_a_columnar_install_into_a_busy_interval_or_the_wrong_one_fails():
-    c, held = _held_columnar()
+    c, held = _held(spec=COLUMNAR)
     new_groups = interval_groups(4, PARTITIONS, avoid=c.groups)
-    frames = heartbeat_frames(_columnar_move(held, c.groups, new_groups))
+    frames = heartbeat_frames(_move(c, held, new_groups)[0])
     g, frame = next((g, f) for g, f in frames.items() if g in new_groups)
     step = interval_step_class(COLUMNAR)(COLUMNAR, groups=new_groups)
     busy = MemoryGroupState()
