@@ -26,7 +26,7 @@ share these definitions.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 
 import msgpack
@@ -107,6 +107,37 @@ class IntervalSummary:
     @classmethod
     def decode(cls, data: bytes) -> IntervalSummary:
         return cls(**msgpack.unpackb(data, raw=False))
+
+
+def due_ticks(summaries: Mapping[int, IntervalSummary], ticked: dict[int, int], now: int, watermark: int | None = None) -> list[int]:
+    """The key intervals to tick (a heartbeat row that runs the interval's group, §4.6).
+
+    * A wall-time timer is due: ``next_wall_timer <= now``.
+    * With ``watermark`` (the Spark watermark committed batches ran under), for a query that
+      runs no no-data micro-batches: a low-watermark timer the watermark has passed since
+      the interval last ran (its class handles no timers but set one: the tick lets it fire
+      and fail as it would with them, instead of holding the low watermark for ever).
+
+    ``ticked`` remembers each tick (wall: interval, low watermark: ``-1 - interval``), so each
+    timer is ticked once.
+
+    >>> s = IntervalSummary(0, None, 500, 900, 1, low_watermark=100)
+    >>> ticked = {}
+    >>> due_ticks({0: s}, ticked, now=800), due_ticks({0: s}, ticked, now=1_000), due_ticks({0: s}, ticked, now=1_000)
+    ([], [0], [])
+    >>> due_ticks({0: s}, ticked, now=0, watermark=400), due_ticks({0: s}, ticked, now=0, watermark=600), due_ticks({0: s}, ticked, now=0, watermark=700)
+    ([], [0], [])
+    """
+    out = []
+    for i, s in summaries.items():
+        nwall, nlw = s.next_wall_timer, s.next_low_watermark_timer
+        if nwall is not None and nwall <= now and ticked.get(i) != nwall:
+            ticked[i] = nwall
+            out.append(i)
+        elif watermark is not None and nlw is not None and s.low_watermark < nlw <= watermark and ticked.get(-1 - i) != nlw:
+            ticked[-1 - i] = nlw
+            out.append(i)
+    return out
 
 
 def interval_name(i: int) -> str:
