@@ -530,7 +530,7 @@ class ComputationQuery:
             self.consumed.forget(None, None, names)
 
     def _heartbeat(self, in_lw: int, now: int) -> None:
-        ticks = [(i, now) for i in due_ticks(self.summaries, self._ticked, now, None if self.spec.handles_timers else self.applied_watermark)]
+        ticks = [(i, now) for i in due_ticks(self.summaries, self._ticked, now, None if self.spec.handles_timers else self._hb_sent, self.batches)]
         advance = in_lw > self._hb_sent and to_spark(in_lw) > to_spark(self._hb_sent)
         due = time.monotonic() - self._hb_at >= self.rt.settings.heartbeat_ms / 1000
         if ticks or (advance and due):
