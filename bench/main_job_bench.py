@@ -160,6 +160,28 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def write_results(variants: dict[str, dict[str, Any]], out: str, *, done: bool) -> dict[str, Any]:
+    texts = {r["evaluation"] for v in variants.values() for r in v["runs"] if r["returncode"] == 0}
+    identical = len(texts) == 1
+    results: dict[str, Any] = {
+        "what": "millwheel run topologies/zeitgeist (embedded defaults, bundled sample), alternating runs; seconds from the command's start",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "cpus": os.cpu_count(),
+        "complete": done,
+        "evaluation_identical": identical,
+        "evaluation": next(iter(texts)) if identical else sorted(texts),
+        "variants": {},
+    }
+    for label, v in variants.items():
+        results["variants"][label] = {
+            "checkout": os.path.relpath(v["checkout"], ROOT), "commit": v["commit"], "env": v["env"], "summary": summary(v["runs"]),
+            "runs": [{k: val for k, val in r.items() if k != "evaluation"} for r in v["runs"]],
+        }  # fmt: skip
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(results, indent=1) + "\n")
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--variant", action="append", default=[], metavar="LABEL=CHECKOUT", help="a checkout to run (repeatable; default: this one)")
@@ -192,27 +214,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run {i + 1} {label:>10}: " + "  ".join(f"{k}={val}" for k, val in figures.items()), flush=True)
             if r["returncode"] != 0:
                 print("\n".join(r.get("stderr_tail", [])), file=sys.stderr)
-
-    texts = {r["evaluation"] for v in variants.values() for r in v["runs"] if r["returncode"] == 0}
-    identical = len(texts) == 1
-    print(f"evaluation identical in every run: {identical}")
-    results = {
-        "what": "millwheel run topologies/zeitgeist (embedded defaults, bundled sample), alternating runs; seconds from the command's start",
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "cpus": os.cpu_count(),
-        "evaluation_identical": identical,
-        "evaluation": next(iter(texts)) if identical else sorted(texts),
-        "variants": {},
-    }
-    for label, v in variants.items():
-        s = summary(v["runs"])
-        print(f"{label:>10}: " + "  ".join(f"{k} {val['median']} ({val['min']}-{val['max']})" for k, val in s.items() if val))
-        results["variants"][label] = {
-            "checkout": os.path.relpath(v["checkout"], ROOT), "commit": v["commit"], "env": v["env"], "summary": s,
-            "runs": [{k: val for k, val in r.items() if k != "evaluation"} for r in v["runs"]],
-        }  # fmt: skip
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+            write_results(variants, args.out, done=False)  # a bench cut short keeps the runs it made
+    results = write_results(variants, args.out, done=True)
+    print(f"evaluation identical in every run: {results['evaluation_identical']}")
+    for label, v in results["variants"].items():
+        print(f"{label:>10}: " + "  ".join(f"{k} {val['median']} ({val['min']}-{val['max']})" for k, val in v["summary"].items() if val))
     print(f"wrote {os.path.relpath(args.out)}")
     return 0
 
