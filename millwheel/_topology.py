@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from millwheel._columnar import is_columnar
+from millwheel._columnar import ColumnarComputation, is_columnar
 from millwheel._computation import Computation
 from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._errors import TopologyError
@@ -91,6 +91,24 @@ class ComputationSpec:
         comp.name = self.name
         comp.setup()
         return comp
+
+    @property
+    def handles_timers(self) -> bool:
+        """Whether the class can process a timer at all: it overrides ``process_timer`` (or,
+        columnar, ``process_timers``) or declares a :class:`~millwheel.TimerFamily`. One that
+        cannot needs no batch only to fire timers (``docs/runtime.md``, "No-data batches").
+
+        >>> from millwheel import Computation
+        >>> class Tally(Computation):
+        ...     def process_record(self, record): ...
+        >>> ComputationSpec("Tally", Tally, {}, (), ComputationOptions()).handles_timers
+        False
+        """
+        if getattr(self.cls, "_timer_families", None):
+            return True
+        if is_columnar(self.cls):
+            return self.cls.process_timers is not ColumnarComputation.process_timers  # type: ignore[attr-defined]
+        return self.cls.process_timer is not Computation.process_timer
 
     @property
     def all_outputs(self) -> tuple[str, ...]:

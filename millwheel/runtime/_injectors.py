@@ -259,6 +259,8 @@ class LogFileInjector(QueryInjector):
         options = dict(self.source.options())  # type: ignore[union-attr]
         options.update(injector=self.name, stream=self.stream)
         options.update(keyer_options(self.rt.keyer, self.stream))
+        # a batch's files are read by one task per core, not one task per file (``_logfiles.py``)
+        options["partitions"] = str(max(1, int(spark.sparkContext.defaultParallelism)))
         if self.rt.settings.drain:
             options["finite"] = "1"
         df = spark.readStream.format(FORMAT).options(**options).load()

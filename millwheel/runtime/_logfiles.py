@@ -10,6 +10,14 @@ each file is in the checkpoint and a replayed batch reads exactly the same bytes
 (deterministic output, safe to republish). The driver reads ``lw`` from the committed
 offsets to publish the injector low watermark (MillWheel §5.2, Fig. 10).
 
+**Partitions.** A batch's byte ranges are dealt into at most ``partitions`` Spark
+partitions (the option; the injector passes the session's default parallelism), each a
+run of consecutive ranges in send order with about the same number of bytes: every
+partition costs a task and a Python worker's round trip, so a drained sample read in one
+batch of 241 files took 241 tasks and 22 s on ``local[2]`` where two partitions take
+a few seconds (docs/performance.md, "The main job"). Each row keeps its own range's
+sender watermark, so how ranges are grouped never changes what is late.
+
 Rows are stream-log rows plus ``stream``: records go to the injector's stream, malformed
 lines to ``dead_letters`` with reason, file and byte offset; each row is keyed for the
 consumers of its stream (``_keying.py``: the ``keyer`` option, a pickled
@@ -47,9 +55,33 @@ FORMAT = "millwheel_logfiles"
 _TAIL = 1 << 16
 
 
-class _Range(InputPartition):
-    def __init__(self, r: ByteRange) -> None:
-        super().__init__((r.name, r.begin, r.end, r.sender_watermark, r.file_time))
+class _Ranges(InputPartition):
+    """Consecutive byte ranges of one batch, read by one task in order."""
+
+    def __init__(self, ranges: list[ByteRange]) -> None:
+        super().__init__(tuple((r.name, r.begin, r.end, r.sender_watermark, r.file_time) for r in ranges))
+
+
+def deal_ranges(ranges: list[ByteRange], partitions: int) -> list[list[ByteRange]]:
+    """Cut ``ranges`` (in send order) into at most ``partitions`` runs of consecutive ranges
+    with about the same number of bytes each; ``partitions < 1``: one range per run.
+
+    >>> rs = [ByteRange(f"f{i}", 0, n, 0, 0) for i, n in enumerate([10, 10, 10, 70])]
+    >>> [[r.name for r in run] for run in deal_ranges(rs, 2)]
+    [['f0', 'f1', 'f2'], ['f3']]
+    >>> [len(run) for run in deal_ranges(rs, 0)], deal_ranges([], 2)
+    ([1, 1, 1, 1], [])
+    """
+    if partitions < 1 or len(ranges) <= partitions:
+        return [[r] for r in ranges]
+    total = max(1, sum(r.end - r.begin for r in ranges))
+    runs: list[list[ByteRange]] = [[] for _ in range(partitions)]
+    done = 0
+    for r in ranges:  # each range goes to the run its middle byte falls in
+        size = r.end - r.begin
+        runs[min(partitions - 1, int(partitions * (done + size / 2) / total))].append(r)
+        done += size
+    return [run for run in runs if run]
 
 
 class LogFileStreamReader(DataSourceStreamReader):
@@ -61,6 +93,7 @@ class LogFileStreamReader(DataSourceStreamReader):
         self.injector = options.get("injector", "injector")
         self.stream = options.get("stream", "records")
         self.keyer, self.consumers = keyer_of(options)
+        self.max_partitions = int(options.get("partitions", "0"))
 
     def initialOffset(self) -> dict[str, Any]:
         return initial_offset()
@@ -69,11 +102,15 @@ class LogFileStreamReader(DataSourceStreamReader):
         return plan_offset(start or initial_offset(), self.opts, int(time.time() * 1000))
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
-        return [_Range(r) for r in plan_ranges(start, end, self.opts.lateness_ms)]
+        return [_Ranges(run) for run in deal_ranges(plan_ranges(start, end, self.opts.lateness_ms), self.max_partitions)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        name, begin, end, swm, ftime = partition.value  # type: ignore[attr-defined]
-        chunk = read_range(self.opts, ByteRange(name, begin, end, swm, ftime), self.injector, self.stream)
+        for name, begin, end, swm, ftime in partition.value:  # type: ignore[attr-defined]
+            yield from self._read_range(ByteRange(name, begin, end, swm, ftime))
+
+    def _read_range(self, byte_range: ByteRange) -> Iterator[pa.RecordBatch]:
+        swm = byte_range.sender_watermark
+        chunk = read_range(self.opts, byte_range, self.injector, self.stream)
         rows = [(self.stream, r, swm) for r in chunk.records] + [(DEAD_LETTER_STREAM, r, None) for r in chunk.dead_letters]
         if rows:
             arrays = [

@@ -40,7 +40,7 @@ from millwheel.runtime._layout import finish_move, mark_migration
 from millwheel.runtime._lease import FencedError, Lease
 from millwheel.runtime._mapstate import make_processor
 from millwheel.runtime._outbox import Outbox
-from millwheel.runtime._session import start_query, wait_for_jobs
+from millwheel.runtime._session import NO_DATA_BATCHES_OFF, start_query, wait_for_jobs
 from millwheel.runtime._spark_internals import (
     OFFSETS,
     SOURCES,
@@ -57,6 +57,7 @@ from millwheel.runtime._wire import (
     STATE_SCHEMA,
     IntervalSummary,
     RowKind,
+    due_ticks,
     interval_name,
     to_spark,
 )
@@ -297,8 +298,9 @@ class ComputationQuery:
 
     def _start(self, writer: Any) -> Any:
         """Start the query with its layout's state store (``_session.start_query``: the
-        checkpoint pins the provider from its first start)."""
-        return start_query(writer, self.rt.spark, STATE_STORE_CONF[self.state_layout])
+        checkpoint pins the provider from its first start), without no-data batches if its
+        class handles no timers (``docs/runtime.md``, "No-data batches")."""
+        return start_query(writer, self.rt.spark, {**STATE_STORE_CONF[self.state_layout], **({} if self.spec.handles_timers else NO_DATA_BATCHES_OFF)})
 
     def _build(self) -> Any:
         from pyspark.sql import functions as F
@@ -528,12 +530,7 @@ class ComputationQuery:
             self.consumed.forget(None, None, names)
 
     def _heartbeat(self, in_lw: int, now: int) -> None:
-        ticks = []
-        for i, summary in self.summaries.items():
-            nwall = summary.next_wall_timer
-            if nwall is not None and nwall <= now and self._ticked.get(i) != nwall:
-                ticks.append((i, now))
-                self._ticked[i] = nwall
+        ticks = [(i, now) for i in due_ticks(self.summaries, self._ticked, now, None if self.spec.handles_timers else self._hb_sent, self.batches)]
         advance = in_lw > self._hb_sent and to_spark(in_lw) > to_spark(self._hb_sent)
         due = time.monotonic() - self._hb_at >= self.rt.settings.heartbeat_ms / 1000
         if ticks or (advance and due):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -312,19 +313,26 @@ class SparkRuntime:
             )
             raise MillwheelError(msg)
         self.layouts = computation_layouts(held, list(self.topology.computations), self.settings.intervals, self.groups)
-        try:
-            warm_python_workers(self.spark)
-        except Exception as exc:  # noqa: BLE001 - an optimisation: the queries start their own workers
-            self.log(f"warming the Python workers failed ({str(exc).strip().splitlines()[0][:200]}); the queries start their own")
+        # the workers start while the queries are planned and started (the driver's and the
+        # JVM's work, not the workers'): on 2 cores the two overlap by ~3 s (docs/performance.md)
+        warming = threading.Thread(target=self._warm_workers, name="millwheel-warm-workers", daemon=True)
+        warming.start()
         for inj in self.injectors.values():
             self._progress(f"injector {inj.name}")
             inj.start()
         for name in self.order:
             self._progress(f"computation {name}")
             self.computations[name].start()
+        warming.join()
         self.driver_epoch.mark(stopped=False)
         self.started = True
         self.started_at = time.monotonic()
+
+    def _warm_workers(self) -> None:
+        try:
+            warm_python_workers(self.spark)
+        except Exception as exc:  # noqa: BLE001 - an optimisation: the queries start their own workers
+            self.log(f"warming the Python workers failed ({str(exc).strip().splitlines()[0][:200]}); the queries start their own")
 
     def poll(self) -> None:
         """One round of the driver loop."""

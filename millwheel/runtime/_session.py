@@ -117,6 +117,13 @@ LOCAL_CHECKPOINT_CONF = {
 }
 
 
+#: a query whose computation handles no timers runs no micro-batch only because the
+#: watermark moved: such a batch has no data and fires no timer, yet costs a whole stateful
+#: batch (``docs/runtime.md``, "No-data batches"). Read when a query starts (not pinned by
+#: its checkpoint), so it is given to :func:`start_query`.
+NO_DATA_BATCHES_OFF = {"spark.sql.streaming.noDataMicroBatches.enabled": "false"}
+
+
 #: the warning filter of Spark's Python workers (``PYTHONWARNINGS`` syntax)
 PYSPARK_WORKER_WARNINGS = "ignore:The behavior of DataFrame concatenation with empty or all-NA entries:FutureWarning"
 

@@ -26,7 +26,7 @@ share these definitions.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 
 import msgpack
@@ -107,6 +107,39 @@ class IntervalSummary:
     @classmethod
     def decode(cls, data: bytes) -> IntervalSummary:
         return cls(**msgpack.unpackb(data, raw=False))
+
+
+def due_ticks(summaries: Mapping[int, IntervalSummary], ticked: dict[int, int], now: int, watermark: int | None = None, batches: int = 0) -> list[int]:
+    """The key intervals to tick (a heartbeat row that runs the interval's group, §4.6).
+
+    * A wall-time timer is due: ``next_wall_timer <= now``; ticked once.
+    * With ``watermark`` (the last one sent in a heartbeat), for a query that runs no
+      no-data micro-batches: a low-watermark timer the watermark has passed since the
+      interval last ran (its class handles no timers but set one: the tick lets it fire and
+      fail as it would with them, instead of holding the low watermark for ever). Ticked
+      again after each published batch (``batches``) that left it unfired: a tick read with
+      the heartbeat itself runs under the watermark before it.
+
+    ``ticked`` remembers the ticks (wall: interval -> timer; low watermark: ``-1 - interval``
+    -> ``batches``).
+
+    >>> s = IntervalSummary(0, None, 500, 900, 1, low_watermark=100)
+    >>> ticked = {}
+    >>> due_ticks({0: s}, ticked, now=800), due_ticks({0: s}, ticked, now=1_000), due_ticks({0: s}, ticked, now=1_000)
+    ([], [0], [])
+    >>> [due_ticks({0: s}, ticked, 0, watermark=w, batches=b) for w, b in [(400, 1), (600, 1), (600, 1), (600, 2)]]
+    [[], [0], [], [0]]
+    """
+    out = []
+    for i, s in summaries.items():
+        nwall, nlw = s.next_wall_timer, s.next_low_watermark_timer
+        if nwall is not None and nwall <= now and ticked.get(i) != nwall:
+            ticked[i] = nwall
+            out.append(i)
+        elif watermark is not None and nlw is not None and s.low_watermark < nlw <= watermark and ticked.get(-1 - i, -1) < batches:
+            ticked[-1 - i] = batches
+            out.append(i)
+    return out
 
 
 def interval_name(i: int) -> str:

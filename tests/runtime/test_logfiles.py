@@ -42,7 +42,7 @@ def test_the_reader_reads_the_shared_plan_as_stream_log_rows(tmp_path):
         end = reader.latestOffset(start, None)
         assert end == plan_offset(start, src.read_options, 0) or end["lw"] == plan_offset(start, src.read_options, 0)["lw"]
         parts = reader.partitions(start, end)
-        assert [p.value[:4] for p in parts] == [(r.name, r.begin, r.end, r.sender_watermark) for r in plan_ranges(start, end, 0)]
+        assert [r[:4] for p in parts for r in p.value] == [(r.name, r.begin, r.end, r.sender_watermark) for r in plan_ranges(start, end, 0)]
         for part in parts:
             for batch in reader.read(part):
                 assert isinstance(batch, pa.RecordBatch)

@@ -40,9 +40,10 @@ from .config import GeneratorConfig, ZeitgeistConfig
 from .drivers import replay, run_spark
 from .evaluation import RunResult, evaluate, load_truth, render
 from .generator import ensure_sample, generate, logs_dir
-from .topology import build, make_source, on_finish
+from .topology import SAMPLE_SPARK_CONF, build, make_source, on_finish
 
 __all__ = [
+    "SAMPLE_SPARK_CONF",
     "GeneratorConfig",
     "RunResult",
     "ZeitgeistConfig",

@@ -36,7 +36,15 @@ from .config import ZeitgeistConfig
 from .evaluation import RunResult, evaluate, load_truth, render
 from .generator import ensure_sample, logs_dir
 
-__all__ = ["build", "make_source", "on_finish"]
+__all__ = ["SAMPLE_SPARK_CONF", "build", "make_source", "on_finish"]
+
+#: Spark settings of a run on the bundled sample (``build()`` without ``data_dir`` or
+#: ``source``): a finite ~30 s run, for which the JVM's client compiler alone and the serial
+#: collector leave both cores of a small machine to the work instead of the C2 compiler's
+#: and G1's threads (docs/performance.md, "The main job"). Not for a directory of your own,
+#: which may be a long stream where C2's code pays off; ``$MILLWHEEL_JAVA_OPTIONS`` comes
+#: after these, so ``-XX:TieredStopAtLevel=4`` there gives the sample run C2 back.
+SAMPLE_SPARK_CONF = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
 
 
 def make_source(data_dir: str | os.PathLike[str]) -> LogFileSource:
@@ -51,6 +59,7 @@ def make_source(data_dir: str | os.PathLike[str]) -> LogFileSource:
 def build(data_dir: str | os.PathLike[str] | None = None, *, config: ZeitgeistConfig | None = None, source: Source | None = None) -> Topology:
     """The Zeitgeist topology reading ``data_dir`` (default: the default sample, generated if missing)."""
     cfg = config or ZeitgeistConfig()
+    bundled = data_dir is None and source is None
     if source is None:
         source = make_source(ensure_sample(data_dir))
     options = ComputationOptions(
@@ -59,7 +68,7 @@ def build(data_dir: str | os.PathLike[str] | None = None, *, config: ZeitgeistCo
     )
     by_query = {"queries": lambda r: r.value["query"]}
     by_key = {"window_models": lambda r: r.value["key"]}
-    t = Topology("zeitgeist")
+    t = Topology("zeitgeist", spark_conf=SAMPLE_SPARK_CONF if bundled else None)
     t.injector("queries", source)
     t.computation(
         ColumnarWindowCounter if cfg.columnar_counter else WindowCounter,

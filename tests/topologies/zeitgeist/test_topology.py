@@ -31,6 +31,14 @@ def test_the_source_is_the_log_file_injector_of_the_samples_logs(sample):
     assert build(sample).injectors["queries"].source.path == source.path
 
 
+def test_only_the_bundled_sample_run_gets_the_short_run_jvm_options(small, monkeypatch):
+    # build() without a directory is the bundled sample (ZEITGEIST_DATA: its place, here the small one)
+    monkeypatch.setenv("ZEITGEIST_DATA", str(small))
+    assert build().spark_conf == topologies.zeitgeist.SAMPLE_SPARK_CONF
+    assert "-XX:TieredStopAtLevel=1" in build().spark_conf["spark.driver.extraJavaOptions"]
+    assert build(small).spark_conf == {} and build(source=make_source(small)).spark_conf == {}
+
+
 def test_on_finish_renders_the_evaluation_of_the_runs_streams(sample, config, batch, truth):
     """What ``millwheel run`` prints: the streams' values, dead letters as typed DeadLetters."""
     streams = {"anomalies": batch.anomalies, "dead_letters": [DeadLetter(**d) for d in batch.dead_letters]}

@@ -1,0 +1,91 @@
+"""A query whose computation handles no timers runs no no-data micro-batch (``_query.py``,
+``_session.NO_DATA_BATCHES_OFF``; docs/runtime.md, "No-data batches"); one that set a timer
+all the same is ticked so its timer fails as it would with them (``_wire.due_ticks``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from millwheel import Computation, SampleSource, TimerFamily, Topology
+from millwheel._topology import ComputationSpec
+from millwheel.runtime._fs import Location
+from millwheel.runtime._spark_internals import OFFSETS, committed_batches, offset_log_entries
+
+
+class Tally(Computation):
+    def process_record(self, record):
+        n = self.state.get(0) + 1
+        self.state.set(n)
+        self.produce("tallies", (self.key, n))
+
+
+class Hooked(Tally):
+    def process_timer(self, timer):  # pragma: no cover - never set
+        pass
+
+
+class NoHook(Computation):
+    def process_record(self, record):
+        self.set_timer("t", record.timestamp + 1)
+
+
+class Family(Computation):
+    close = TimerFamily()
+
+    def process_record(self, record):
+        self.close.set(record.timestamp + 1, name="x")
+
+    @close.on_fire
+    def _closed(self, name, timer):  # pragma: no cover - not run here
+        pass
+
+
+def _spec(cls):
+    from millwheel import ComputationOptions
+
+    return ComputationSpec(cls.__name__, cls, {}, (), ComputationOptions())
+
+
+def test_which_classes_handle_timers():
+    from computations.columnar_windowing import ColumnarWindowCounter
+
+    assert [_spec(c).handles_timers for c in (Tally, Hooked, NoHook, Family, ColumnarWindowCounter)] == [False, True, False, True, True]
+
+
+def _no_data_batches(checkpoint: Location) -> list[int]:
+    """Committed batches that read nothing new: their source offsets equal the batch before's."""
+    out, before = [], None
+    for n in sorted(committed_batches(checkpoint)):
+        text = checkpoint.child(OFFSETS, str(n)).read_text() or ""
+        sources = json.dumps(offset_log_entries(text))
+        if sources == before:
+            out.append(n)
+        before = sources
+    return out
+
+
+@pytest.mark.spark
+def test_a_timerless_query_runs_no_no_data_batch_and_a_forgotten_hook_still_fails(tmp_path, spark):
+    from millwheel.runtime import RuntimeSettings, SparkRuntime
+
+    events = [{"k": f"k{i % 3}", "ts": 1_000 + 100 * i} for i in range(30)]
+    t = Topology("timerless")
+    t.injector("events", SampleSource(events, timestamp="ts", batch_size=10))
+    for cls in (Tally, Hooked, NoHook):
+        outputs = ["tallies"] if cls is not NoHook else []
+        t.computation(cls, inputs={"events": lambda r: r.value["k"]}, outputs=outputs)
+    rt = SparkRuntime(t, str(tmp_path / "run"), RuntimeSettings(drain=True, intervals=2), spark=spark)
+    rt.run(timeout_s=120)
+    # the same answer either way; only the batches differ
+    tallies = sorted(tuple(v) for v in rt.values("tallies"))
+    assert tallies == sorted(2 * [(f"k{j}", n) for j in range(3) for n in range(1, 11)])
+    # a class with process_timer gets the batch that only moves the watermark (the check can fail)...
+    assert _no_data_batches(rt.computations["Hooked"].checkpoint)
+    # ...a timerless one does not
+    assert _no_data_batches(rt.computations["Tally"].checkpoint) == []
+    # NoHook set timers without process_timer: ticked once the watermark passed them, they
+    # fail into dead letters and the run drains (the harness: tests/test_timers.py)
+    dead = [d.value for d in rt.dead_letters() if d.value.stage == "process_timer"]
+    assert len(dead) == 3 and all("does not override process_timer" in d.reason for d in dead)
