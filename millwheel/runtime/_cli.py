@@ -143,6 +143,11 @@ def _finished(root: str, topology: Topology, only: tuple[str, ...]) -> dict[str,
         return None
     if not all(k in saved for k in ("rows", "elapsed_s", "finished_at_ms", "metrics")):
         return None  # written by another version: run normally (a finished run ends at once)
+    from millwheel.runtime._fs import Location
+    from millwheel.runtime._layout import pending_moves, read_pin
+
+    if pending_moves(read_pin(Location.of(root))):
+        return None  # rescaled since it finished: the run starts, and its first batch moves the state
     return saved
 
 

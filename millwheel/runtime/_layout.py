@@ -30,7 +30,7 @@ from typing import Any
 from millwheel._errors import MillwheelError
 from millwheel.runtime._fs import Location
 
-__all__ = ["HIDDEN_MOVE", "Layout", "computation_layouts", "finish_move", "read_pin", "update_pin", "write_pin"]
+__all__ = ["HIDDEN_MOVE", "Layout", "computation_layouts", "finish_move", "move_pending", "pending_moves", "read_pin", "update_pin", "write_pin"]
 
 #: the hidden name a rescale's heartbeat file has until ``run.json`` names it (``_rescale.py``)
 HIDDEN_MOVE = ".{}.rescale"
@@ -118,6 +118,21 @@ def mark_migration(root: Location, computation: str, what: str, value: Any) -> N
         if migration is not None and migration.get(what) != value:
             migration[what] = value
             write_pin(root, held)
+
+
+def pending_moves(held: dict[str, Any]) -> list[str]:
+    """The computations of ``run.json`` (``held``) whose rescale waits for its move batch
+    (recorded, not yet read by a committed batch): a run must start for it, even one that
+    had finished."""
+    return sorted(name for name, entry in (held.get("computations") or {}).items() if move_pending((entry or {}).get("migration")))
+
+
+def move_pending(migration: dict[str, Any] | None) -> bool:
+    """Does a computation's ``migration`` (``run.json``) wait for the batch that reads its
+    state move? (A layout change, ``"relayout"``, moves its state itself.)"""
+    if not migration:
+        return False
+    return "relayout" not in migration and not migration.get("moved")
 
 
 def finish_move(heartbeats: Location, name: str) -> bool:

@@ -36,7 +36,7 @@ from millwheel.runtime._columnar import interval_step_class
 from millwheel.runtime._context import DriverContext
 from millwheel.runtime._fs import Location
 from millwheel.runtime._interval import KEYING_RESULT, KEYING_STAGE_NEEDED, make_keying
-from millwheel.runtime._layout import finish_move, mark_migration
+from millwheel.runtime._layout import finish_move, mark_migration, move_pending
 from millwheel.runtime._lease import FencedError, Lease
 from millwheel.runtime._mapstate import make_processor
 from millwheel.runtime._outbox import Outbox
@@ -517,13 +517,14 @@ class ComputationQuery:
         file source skips a name it has seen, so a number used again would be a
         heartbeat no batch reads (the query would wait for ever)."""
         names = self.consumed.heartbeat_names(upto)
-        names.discard(f"{self._hb_seq - 1:012d}.parquet")
         migration = self._migration
         if migration is not None and not migration.get("moved") and migration["file"] in names:
             # a committed, published batch read the state move: from now on run.json says so,
-            # and starts stop looking for the file (``_check_migration``)
+            # and starts stop looking for the file (``_check_migration``) — also when it is
+            # the newest file, kept below (a drained run's last batch may be the move's)
             mark_migration(self.rt.root, self.name, "moved", True)
             migration["moved"] = True
+        names.discard(f"{self._hb_seq - 1:012d}.parquet")
         for name in names:
             self.heartbeats.child(name).delete()
         if names:
@@ -559,7 +560,8 @@ class ComputationQuery:
 
     # ---- reading -----------------------------------------------------------------------------
     def drained(self) -> bool:
-        return self.low_watermark >= MAX_TIMESTAMP and not self.outbox.loc.list() and not self.pending_inputs
+        # a state move waiting for its batch is work too: a run rescaled after it drained runs it
+        return self.low_watermark >= MAX_TIMESTAMP and not self.outbox.loc.list() and not self.pending_inputs and not move_pending(self._migration)
 
     def status(self) -> dict[str, Any]:
         return {

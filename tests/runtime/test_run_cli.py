@@ -7,7 +7,8 @@ One run of the README's example with a JSON-lines sink target and the Spark UI o
 * ``/metrics`` answers during the run, the Spark UI on loopback;
 * the final table has duplicates, late records and dates; each sink says where all of
   its output is; the target holds the rows;
-* running the finished run directory again answers from ``finished.json``, without Spark.
+* running the finished run directory again answers from ``finished.json``, without Spark;
+  once rescaled (``millwheel rescale``), it runs again, and its first batch moves the state.
 """
 
 from __future__ import annotations
@@ -90,3 +91,15 @@ def test_a_run_in_a_log_says_what_it_does_serves_metrics_and_writes_its_sink(tmp
     assert "finished on" in again.stderr and "nothing is left to do" in again.stderr
     assert "starting Spark" not in again.stderr
     assert "('cats', 1000, 1)" in again.stdout and "sink window_counts: 3 records" in again.stdout
+
+    # rescaled after it finished: the next run starts (it does not answer from finished.json),
+    # its first batch moves the state, and the output stays what it was, nothing published twice
+    rescaled = subprocess.run([MILLWHEEL, "rescale", "run", "--computation", "WindowCounter", "--intervals", "4"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert rescaled.returncode == 0 and "from 2 to 4" in rescaled.stdout + rescaled.stderr, rescaled.stdout + rescaled.stderr
+    moved = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400, check=False)
+    assert moved.returncode == 0, moved.stderr[-3000:]
+    assert "starting Spark" in moved.stderr and "sink window_counts: 3 records" in moved.stdout
+    entry = json.loads((tmp_path / "run" / "run.json").read_text())["computations"]["WindowCounter"]
+    assert entry["intervals"] == 4 and entry["migration"].get("moved") is True, entry
+    rows = [json.loads(line) for f in target.glob("*.jsonl") for line in f.read_text().splitlines()]
+    assert sorted(tuple(r["value"]) for r in rows) == [("cats", 1000, 1), ("cats", 2000, 1), ("dogs", 1000, 1)]
