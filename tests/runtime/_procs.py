@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 from faults.inject import (
@@ -19,7 +20,7 @@ from faults.inject import (
     wait_for_progress,
 )
 
-__all__ = ["committed_batches", "kill_a_worker", "kill_group", "python_workers", "start", "wait_for_progress", "write_logs"]
+__all__ = ["committed_batches", "expected_tallies", "kill_a_worker", "kill_group", "python_workers", "start", "wait_for_progress", "write_logs"]
 
 DRIVER = str(Path(__file__).with_name("crash_driver.py"))
 
@@ -66,3 +67,13 @@ def write_logs(data: Path, n: int, files: int, keys: int, seed: int = 3) -> list
         (data / f"queries_{t0}.jsonl").write_text("\n".join(lines) + "\n")
     (data / "_DONE").write_text("")
     return out
+
+
+def expected_tallies(records: list[dict]) -> Counter:
+    """The two-stage topology's answer for :func:`write_logs`' records, computed by pandas:
+    ``(window start, query, count)`` per one-second window and query."""
+    import pandas as pd
+
+    df = pd.DataFrame(records)
+    df["window_start"] = df["ts"] // 1000 * 1000
+    return Counter({(int(w), q, int(c)) for (w, q), c in df.groupby(["window_start", "query"]).size().items()})

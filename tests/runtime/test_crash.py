@@ -20,14 +20,20 @@ import random
 import time
 from collections import Counter
 
-import pandas as pd
 import pytest
 
 from faults.inject import consumed_inputs
 from millwheel.runtime._fs import Location
 from millwheel.runtime._streams import FileStreamLog
 
-from ._procs import kill_a_worker, kill_group, start, wait_for_progress, write_logs
+from ._procs import (
+    expected_tallies,
+    kill_a_worker,
+    kill_group,
+    start,
+    wait_for_progress,
+    write_logs,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -47,12 +53,6 @@ LONG_PACING = ("--max-bytes", "100000", "--per-trigger", "1")
 QUERIES = ("injector.queries", "WindowCounter", "Tally")
 #: what the driver logs when it restarts a failed query (``RestartPolicy.failed``)
 RESTARTED = "; restarting from its checkpoint"
-
-
-def _expected(records):
-    df = pd.DataFrame(records)
-    df["window_start"] = df["ts"] // 1000 * 1000
-    return Counter({(int(w), q, int(c)) for (w, q), c in df.groupby(["window_start", "query"]).size().items()})
 
 
 def _progress(root) -> str:
@@ -165,7 +165,7 @@ def _crash_loop(tmp_path, plan, seed, layout="intervals", extra=(), records=N, f
     assert rc == 0, log.read_text()[-4000:]
     out = FileStreamLog(Location.of(str(root))).read("tallies")
     got = Counter((r.value["window_start"], r.value["key"], r.value["count"]) for r in out)
-    expected = _expected(records)
+    expected = expected_tallies(records)
     ids = Counter(r.id for r in out)
     duplicates = sum(n - 1 for n in ids.values()) + sum(n - 1 for n in got.values())
     losses = sum((expected - got).values())

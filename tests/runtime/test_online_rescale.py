@@ -168,9 +168,8 @@ def test_a_columnar_computation_is_rescaled_online_while_records_flow(tmp_path, 
     """Zeitgeist's columnar counter (its store per key interval split and merged,
     ``millwheel/_colstore.py``) from 4 to 8 key intervals while its driver runs and input
     keeps arriving; the output equals the pandas answer, nothing published twice."""
-    from ._procs import write_logs
+    from ._procs import expected_tallies, write_logs
     from .crash_driver import build as build_twostage
-    from .test_rescale import _expected
 
     staging, data, root = tmp_path / "staging", tmp_path / "data", tmp_path / "run"
     records = write_logs(staging, 12_000, files=8, keys=150)
@@ -190,7 +189,7 @@ def test_a_columnar_computation_is_rescaled_online_while_records_flow(tmp_path, 
     assert read_pin(Location.of(str(root)))["computations"]["WindowCounter"]["intervals"] == 8
     out = FileStreamLog(Location.of(str(root))).read("tallies")
     assert max(Counter(r.id for r in out).values()) == 1, "a tally published twice"
-    assert Counter((r.value["window_start"], r.value["key"], r.value["count"]) for r in out) == _expected(records)
+    assert Counter((r.value["window_start"], r.value["key"], r.value["count"]) for r in out) == expected_tallies(records)
 
 
 def _online_with_a_kill(tmp_path, spark, capsys, kill_at: str, chunks: int) -> None:

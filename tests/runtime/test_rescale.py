@@ -29,21 +29,13 @@ from millwheel.runtime._spark_internals import read_interval_states
 from millwheel.runtime._streams import FileStreamLog
 from millwheel.runtime._wire import RowKind
 
-from ._procs import committed_batches, kill_group, start, write_logs
+from ._procs import committed_batches, expected_tallies, kill_group, start, write_logs
 
 pytestmark = pytest.mark.spark
 
 N = 30_000
 PACING = ("--max-bytes", "150000", "--per-trigger", "2", "--intervals", "4")
 COMPUTATIONS = ("WindowCounter", "Tally")
-
-
-def _expected(records) -> Counter:
-    import pandas as pd
-
-    df = pd.DataFrame(records)
-    df["window_start"] = df["ts"] // 1000 * 1000
-    return Counter({(int(w), q, int(c)) for (w, q), c in df.groupby(["window_start", "query"]).size().items()})
 
 
 def _layout(root) -> dict:
@@ -113,7 +105,7 @@ def test_rescale_4_to_8_to_2_resumes_exactly_once(tmp_path, spark):
 
     got = _finish(root, data, log)
     print(f"rescales (computation, keys, batch, dropped planned batch): {progress}; tallies {sum(got.values())}")
-    expected = _expected(records)
+    expected = expected_tallies(records)
     assert got == expected
     assert _harness(data) == expected
     # the state on disk (what a next driver loads, not the one in the last driver's memory):
@@ -177,7 +169,7 @@ def test_a_columnar_computation_is_rescaled_exactly_once_with_a_kill_in_its_move
         kill_group(proc)
     assert committed_batches(root, "WindowCounter") == move  # the move did not commit
 
-    assert _finish(root, data, log, "--columnar") == _expected(records)
+    assert _finish(root, data, log, "--columnar") == expected_tallies(records)
 
 
 def _finish(root, data, log, *extra) -> Counter:
