@@ -125,6 +125,10 @@ def test_rescale_4_to_8_to_2_resumes_exactly_once(tmp_path, spark):
     assert lws == sorted(lws)
 
 
+# ~55-90 s, so in the slow set. CI keeps: a columnar move online (test_online_rescale.py), columnar
+# moves with re-deliveries without Spark (test_rescale_move.py), and kills inside a move of per-record
+# computations (test_online_rescale.py's 16 -> 4 -> 32, the fault campaign's rescale_killed)
+@pytest.mark.slow
 def test_a_columnar_computation_is_rescaled_exactly_once_with_a_kill_in_its_move(tmp_path, spark):
     """Zeitgeist's columnar counter (``--columnar``: one store per key interval,
     ``millwheel/_colstore.py``) stopped with 4 intervals, rescaled to 8 (each store split by
