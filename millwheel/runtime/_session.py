@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -202,6 +203,27 @@ def checkpoint_conf(root: Any) -> dict[str, str]:
 JAVA_OPTIONS_ENV = "MILLWHEEL_JAVA_OPTIONS"
 
 
+_GC_OPTION = re.compile(r"(?<!\S)-XX:\+Use\w*GC(?!\S)")
+
+
+def join_java_options(*parts: str | None) -> str:
+    """JVM options in order, later ones winning: for most ``-XX`` flags the JVM takes the
+    last itself, but two garbage collectors (``-XX:+UseSerialGC ... -XX:+UseG1GC``) stop it
+    from starting ("conflicting collector combinations"), so a part that names a collector
+    removes those of the parts before it. Each part is kept as written otherwise (quotes too).
+
+    >>> join_java_options("-XX:TieredStopAtLevel=1 -XX:+UseSerialGC", "-XX:+UseG1GC -Xss4m")
+    '-XX:TieredStopAtLevel=1 -XX:+UseG1GC -Xss4m'
+    >>> join_java_options(None, "-XX:+UseSerialGC", "-Dx='a  b'")
+    "-XX:+UseSerialGC -Dx='a  b'"
+    """
+    kept = [p.strip() for p in parts if p and p.strip()]
+    for i, part in enumerate(kept):
+        if any(_GC_OPTION.search(later) for later in kept[i + 1 :]):
+            kept[i] = _GC_OPTION.sub("", part).strip()
+    return " ".join(p for p in kept if p)
+
+
 def spark_session(
     master: str | None = "local[2]",
     *,
@@ -254,8 +276,7 @@ def spark_session(
         # gives its short runs a JVM that compiles less (tests/conftest.py)
         if os.environ.get(JAVA_OPTIONS_ENV, "").strip():
             java_options = f"{os.environ[JAVA_OPTIONS_ENV].strip()} {java_options}"
-        extra = (conf or {}).get("spark.driver.extraJavaOptions")
-        settings["spark.driver.extraJavaOptions"] = f"{extra} {java_options}" if extra else java_options
+        settings["spark.driver.extraJavaOptions"] = join_java_options((conf or {}).get("spark.driver.extraJavaOptions"), java_options)
     else:  # spark-submit's --conf and spark-defaults.conf win over these defaults; the JVM's memory is set
         from pyspark import SparkConf, SparkContext
 

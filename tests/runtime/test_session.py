@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import time
 
 import pyarrow.fs as pafs
 import pytest
 
 from millwheel.runtime._fs import Location
-from millwheel.runtime._session import LOCAL_CHECKPOINT_CONF, checkpoint_conf, start_query
+from millwheel.runtime._session import (
+    LOCAL_CHECKPOINT_CONF,
+    checkpoint_conf,
+    join_java_options,
+    start_query,
+)
 
 
 def test_a_checkpoint_on_a_local_disk_gets_the_filesystem_checkpoint_manager(tmp_path) -> None:
@@ -51,6 +58,23 @@ class _Writer:
             msg = "query did not start"
             raise RuntimeError(msg)
         return "query"
+
+
+@pytest.mark.skipif(shutil.which("java") is None, reason="no java on PATH")
+def test_a_collector_in_millwheel_java_options_replaces_the_topologys() -> None:
+    """The bundled sample's JVM options name SerialGC; a user who names another collector in
+    $MILLWHEEL_JAVA_OPTIONS gets a JVM that starts (two collectors: "conflicting collector
+    combinations", and no JVM), with their collector."""
+    sample, user = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC", "-XX:+UseParallelGC"
+
+    def starts(options: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["java", *options.split(), "-XX:+PrintCommandLineFlags", "-version"], capture_output=True, text=True, timeout=60)
+
+    assert starts(f"{sample} {user}").returncode != 0  # what plain concatenation gave
+    joined = starts(join_java_options(sample, user))
+    assert joined.returncode == 0, joined.stderr
+    assert "-XX:+UseParallelGC" in joined.stdout + joined.stderr and "-XX:TieredStopAtLevel=1" in joined.stdout + joined.stderr
+    assert join_java_options(sample, "-Xss4m") == f"{sample} -Xss4m"  # no collector named: the topology's stays
 
 
 def test_start_query_sets_the_settings_for_the_start_only() -> None:
