@@ -49,6 +49,7 @@ from millwheel._options import LateAction
 from millwheel._record import MIN_TIMESTAMP
 from millwheel.runtime._colfiles import STATE_DIR, ColumnarFiles, Manifest, pin_mapping, store_name
 from millwheel.runtime._columnar import ColumnarIntervalStep
+from millwheel.runtime._fieldcols import CARRY_PREFIX
 from millwheel.runtime._outbox import crash_point, staged_version
 from millwheel.runtime._spark_internals import (
     OFFSETS,
@@ -171,17 +172,17 @@ class ArrowMapping:
         self.files = ColumnarFiles(query.rt.root.child(STATE_DIR, query.name))
         #: a ``ConsumedFiles`` of the query's checkpoint, for this sink's thread only
         self.consumed = consumed
-        #: do tasks need the records' values: the computation reads them, or sends late records to a stream
+        #: do tasks need the records' values: the computation reads them or fields of them, or sends late records to a stream
         runner = step.columnar()
         late = runner.options.late.action is LateAction.TO_STREAM
-        self.values = "value" in runner.record_columns or late
+        self.values = "value" in runner.record_columns or late or bool(runner.value_fields)
 
     def sink(self, df: Any, batch_id: int) -> None:
         """``foreachBatch``: plan, run the tasks and stage their output, write the manifest."""
         from pyspark.sql import functions as F
 
         prev, plan = self.plan(batch_id)
-        cols = [F.col(c) for c in _TASK_COLUMNS]
+        cols = [F.col(c) for c in _TASK_COLUMNS] + [F.col(f"`{c}`") for c in df.columns if c.startswith(CARRY_PREFIX)]
         if not self.values:
             # the computation reads no values: only rows that are not records (dead letters of
             # keying, rows to key in the task) keep theirs through the shuffle
