@@ -84,9 +84,9 @@ class StreamFields:
         if type(value) is not dict or len(value) != len(self.names):
             return False
         for (k, v), name, t in zip(value.items(), self.names, self.types, strict=True):
-            if k != name or (v is not None and type(v) is not t):
+            if k != name:
                 return False
-            if t is int and not _fits_int64(v):
+            if v is not None and (type(v) is not t or (t is int and not _fits_int64(v))):
                 return False
         return True
 

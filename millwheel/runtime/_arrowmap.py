@@ -49,7 +49,7 @@ from millwheel._options import LateAction
 from millwheel._record import MIN_TIMESTAMP
 from millwheel.runtime._colfiles import STATE_DIR, ColumnarFiles, Manifest, pin_mapping, store_name
 from millwheel.runtime._columnar import ColumnarIntervalStep
-from millwheel.runtime._fieldcols import CARRY_PREFIX
+from millwheel.runtime._fieldcols import CARRY_PREFIX, table_frame
 from millwheel.runtime._outbox import crash_point, staged_version
 from millwheel.runtime._spark_internals import (
     OFFSETS,
@@ -122,7 +122,7 @@ class IntervalTask:
         rows = [b for b in batches if b.num_rows]
         frames: dict[int, Any] = {}
         if rows:
-            pdf = pa.Table.from_batches(rows).to_pandas()
+            pdf = table_frame(pa.Table.from_batches(rows))
             for g, sub in pdf.groupby("group", sort=False):
                 if int(g) >= 0:  # the heartbeat group: the driver read its watermark already
                     frames[step.interval_of(int(g))] = sub

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 
 from millwheel._columnar import is_columnar
 from millwheel._errors import MillwheelError
@@ -84,6 +85,18 @@ def _as_dict(row: Any) -> dict[str, Any]:
     if hasattr(row, "asDict"):  # a pyspark Row
         return row.asDict()
     return dict(row)
+
+
+def table_frame(table: pa.Table) -> pd.DataFrame:
+    """An Arrow table of union rows as pandas, its ``fields:S`` columns as Python dicts of
+    exact values (pyarrow's own conversion turns an int field with nulls into floats)."""
+    carried = [c for c in table.column_names if c.startswith(CARRY_PREFIX)]
+    if not carried:
+        return table.to_pandas()
+    pdf = table.drop_columns(carried).to_pandas()
+    for c in carried:
+        pdf[c] = pd.Series(table.column(c).to_pylist(), index=pdf.index, dtype="object")
+    return pdf
 
 
 def with_values(pdf: pd.DataFrame) -> pd.DataFrame:
