@@ -21,7 +21,6 @@ Figures go to stdout and ``bench/results/fields.json``.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import sys
@@ -32,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import pyarrow.parquet as pq  # noqa: E402
-from _spark_bench import Finished, run_collecting, write_results  # noqa: E402
+from _spark_bench import Finished, data_args, link_stream, run_collecting, write_results  # noqa: E402
 
 from millwheel import ComputationOptions, Record, Topology  # noqa: E402
 from millwheel._fields import StreamFields  # noqa: E402
@@ -97,12 +96,7 @@ def run(spark, files: Path, work: Path, declared: bool, mapping: str, per_trigge
     from millwheel.runtime import RuntimeSettings, SparkRuntime
 
     root = work / "run"
-    shutil.rmtree(root, ignore_errors=True)
-    dest = root / "streams" / "events" / "events"
-    dest.mkdir(parents=True)
-    for f in files.iterdir():
-        if f.suffix == ".parquet":
-            os.link(f, dest / f.name)
+    link_stream(files, root, "events", "events")
     t = Topology("fields_bench")
     t.injector("events", Finished())
     if declared:
@@ -121,12 +115,7 @@ def run(spark, files: Path, work: Path, declared: bool, mapping: str, per_trigge
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--records", type=int, default=400_000)
-    p.add_argument("--keys", type=int, default=2_000)
-    p.add_argument("--files", type=int, default=40)
-    p.add_argument("--per-trigger", type=int, default=10)
-    p.add_argument("--intervals", type=int, default=16)
-    p.add_argument("--reps", type=int, default=2)
+    data_args(p, records=400_000, keys=2_000, files=40)
     p.add_argument("--variants", default="pickled,fields,pickled_arrow,fields_arrow")
     p.add_argument("--work", default=str(ROOT / ".millwheel" / "bench"))
     p.add_argument("--out", default=str(RESULTS))
