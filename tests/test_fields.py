@@ -98,7 +98,7 @@ def test_an_undeclared_stream_is_written_as_before(tmp_path):
 
 
 def test_the_step_puts_values_back_together():
-    pdf = pd.DataFrame({"value": [None, b"x", None], "fields:q": [{"a": 1}, None, None], "kind": [0, 0, 0]})
+    pdf = pd.DataFrame({"value": [None, b"x", None], "mw_fields_0": [{"a": 1}, None, None], "kind": [0, 0, 0]})
     out = with_values(pdf)
     assert list(out.columns) == ["value", "kind"] and out["value"].tolist() == [{"a": 1}, b"x", None]
     plain = pd.DataFrame({"value": [b"x"]})
@@ -209,7 +209,7 @@ def test_the_arrow_mapping_frame_keeps_int_fields_exact():
 
     from millwheel.runtime._fieldcols import table_frame
 
-    t = pa.table({"value": pa.array([None, b"x", None], pa.binary()), "fields:q": pa.array([{"n": 2**62 + 1}, None, {"n": None}], pa.struct([("n", pa.int64())]))})
-    assert type(t.to_pandas()["fields:q"][0]["n"]) is float  # what it guards against
+    t = pa.table({"value": pa.array([None, b"x", None], pa.binary()), "mw_fields_0": pa.array([{"n": 2**62 + 1}, None, {"n": None}], pa.struct([("n", pa.int64())]))})
+    assert type(t.to_pandas()["mw_fields_0"][0]["n"]) is float  # what it guards against
     got = with_values(table_frame(t))["value"].tolist()
     assert got == [{"n": 2**62 + 1}, b"x", {"n": None}] and type(got[0]["n"]) is int

@@ -45,6 +45,7 @@ import pyarrow.parquet as pq
 
 from millwheel._colstore import ColumnarStore
 from millwheel._errors import MillwheelError
+from millwheel._fields import FIELDS_COLUMN
 from millwheel._options import LateAction
 from millwheel._record import MIN_TIMESTAMP
 from millwheel.runtime._colfiles import STATE_DIR, ColumnarFiles, Manifest, pin_mapping, store_name
@@ -77,6 +78,8 @@ def out_arrow_schema(step: ColumnarIntervalStep) -> pa.Schema:
     ]  # fmt: skip
     if step.keyer is not None:
         fields += step.keyer.arrow_fields(step.out_consumers)
+    if step.out_fields is not None:  # its declared output stream: ``_fieldcols.production_fields``
+        fields.append(pa.field(FIELDS_COLUMN, step.out_fields[1].arrow_type()))
     return pa.schema(fields)
 
 

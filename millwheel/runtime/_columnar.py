@@ -39,7 +39,7 @@ from millwheel._delivery import commit_once
 from millwheel._errors import RunError
 from millwheel._record import MIN_TIMESTAMP, Record
 from millwheel._topology import ComputationSpec
-from millwheel.runtime._fieldcols import with_values
+from millwheel.runtime._fieldcols import production_fields, with_values
 from millwheel.runtime._interval import IntervalBatch, IntervalStep
 from millwheel.runtime._keying import wants_dead_letters
 from millwheel.runtime._move import RescaleMismatch, install_stores, retire_group
@@ -149,6 +149,7 @@ class ColumnarIntervalStep(IntervalStep):
         cols: dict[str, Any] = {
             "stream": res.streams, "id": res.ids, "ts": res.ts, "key": res.kbs, "value": res.encoded, "wm": [None] * len(res.ids),
         }  # fmt: skip
+        production_fields(cols, self.out_fields, res.streams, res.values)
         if self.keyer is not None and self.out_consumers:
             recs_out = [(s, Record(k, v, t, i, s)) for s, k, v, t, i in zip(res.streams, res.keys, res.values, res.ts, res.ids, strict=True)]
             for name, values in self.keyer.rows(recs_out, self.out_consumers).items():

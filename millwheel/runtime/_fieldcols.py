@@ -2,8 +2,8 @@
 
 A stream that declares its fields (``millwheel/_fields.py``) has a ``fields`` struct column
 in its stream-log files: a conforming value's fields, with ``value`` null. A consumer's
-query reads that column with the declared type and carries, per input stream ``S``, the
-column ``fields:S``: the struct of only the fields the consumer needs —
+query reads that column with the declared type and carries, per input stream, the
+column ``mw_fields_<i>``: the struct of only the fields the consumer needs —
 
 * a per-record computation, or a columnar one that lists ``"value"`` (or sends late
   records to a stream): all of them (it sees whole values);
@@ -18,7 +18,7 @@ carried fields (:func:`~millwheel._fields.decode_cell` decodes either).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -33,8 +33,9 @@ from millwheel.runtime._fs import Location
 from millwheel.runtime._keying import Keyer
 from millwheel.runtime._layout import read_pin, update_pin
 
-#: the carried column of input stream ``S`` is ``fields:S``
-CARRY_PREFIX = "fields:"
+#: the carried column of a consumer's ``i``-th input stream is ``mw_fields_<i>``: a plain
+#: name, as ``transformWithStateInPandas`` renames a column named ``mw_fields_<i>`` to ``_1``
+CARRY_PREFIX = "mw_fields_"
 
 
 def needed_fields(spec: ComputationSpec, keyer: Keyer, stream: str) -> tuple[str, ...]:
@@ -58,7 +59,7 @@ def input_schema(base: str, keyer: Keyer, stream: str) -> str:
 
 
 def carry_columns(spec: ComputationSpec, keyer: Keyer, stream: str) -> list[Any]:
-    """The ``fields:S`` column of ``stream`` for ``spec``'s query (``[]``: nothing to carry)."""
+    """The carried column of ``stream`` for ``spec``'s query (``[]``: nothing to carry)."""
     from pyspark.sql import functions as F
 
     names = needed_fields(spec, keyer, stream)
@@ -66,7 +67,7 @@ def carry_columns(spec: ComputationSpec, keyer: Keyer, stream: str) -> list[Any]
         return []
     src = F.col(FIELDS_COLUMN)
     struct = F.struct(*(src.getField(n).alias(n) for n in names))
-    return [F.when(src.isNotNull(), struct).alias(CARRY_PREFIX + stream)]
+    return [F.when(src.isNotNull(), struct).alias(f"{CARRY_PREFIX}{list(spec.inputs).index(stream)}")]
 
 
 def keying_fields(keyer: Keyer, stream: str, need: Any) -> Any:
@@ -79,6 +80,27 @@ def keying_fields(keyer: Keyer, stream: str, need: Any) -> Any:
     return F.when(need, F.col(FIELDS_COLUMN))
 
 
+def output_schema(base: str, out_fields: tuple[str, StreamFields] | None) -> str:
+    """A step's output schema: ``base`` and, for a computation with a declared output
+    stream, its ``fields`` column (:meth:`~millwheel.runtime._keying.Keyer.output_fields`)."""
+    return base if out_fields is None else f"{base}, {FIELDS_COLUMN} {out_fields[1].spark_ddl()}"
+
+
+def production_fields(cols: dict[str, Any], out_fields: tuple[str, StreamFields] | None, streams: Sequence[str], values: Sequence[Any]) -> None:
+    """Store a step's conforming productions to its declared output stream as columns:
+    ``cols["value"]`` null for them and ``cols["fields"]`` their dicts (``None`` for every
+    other row: other streams, dead letters, the summary). Nothing without ``out_fields``."""
+    if out_fields is None:
+        return
+    stream, declared = out_fields
+    encoded = list(cols["value"])
+    fields: list[Any] = [None] * len(encoded)
+    for i, (s, v) in enumerate(zip(streams, values, strict=True)):
+        if s == stream and declared.conforms(v):
+            encoded[i], fields[i] = None, v
+    cols["value"], cols[FIELDS_COLUMN] = encoded, pd.Series(fields, dtype="object")
+
+
 def _as_dict(row: Any) -> dict[str, Any]:
     if type(row) is dict:
         return row
@@ -88,7 +110,7 @@ def _as_dict(row: Any) -> dict[str, Any]:
 
 
 def table_frame(table: pa.Table) -> pd.DataFrame:
-    """An Arrow table of union rows as pandas, its ``fields:S`` columns as Python dicts of
+    """An Arrow table of union rows as pandas, its ``mw_fields_<i>`` columns as Python dicts of
     exact values (pyarrow's own conversion turns an int field with nulls into floats)."""
     carried = [c for c in table.column_names if c.startswith(CARRY_PREFIX)]
     if not carried:
@@ -101,7 +123,7 @@ def table_frame(table: pa.Table) -> pd.DataFrame:
 
 def with_values(pdf: pd.DataFrame) -> pd.DataFrame:
     """``pdf`` with each ``value`` that is null and has carried fields replaced by the dict
-    of them, and the ``fields:S`` columns dropped (``pdf`` itself when it has none)."""
+    of them, and the ``mw_fields_<i>`` columns dropped (``pdf`` itself when it has none)."""
     cols = [c for c in pdf.columns if c.startswith(CARRY_PREFIX)]
     if not cols:
         return pdf

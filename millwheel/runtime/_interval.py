@@ -61,7 +61,7 @@ from millwheel._options import ErrorPolicy
 from millwheel._record import MIN_TIMESTAMP, Production, Record, decode_key, encode_key
 from millwheel._step import StepRunner
 from millwheel._topology import ComputationSpec
-from millwheel.runtime._fieldcols import with_values
+from millwheel.runtime._fieldcols import output_schema, production_fields, with_values
 from millwheel.runtime._groupstate import MemoryGroupState  # noqa: F401 - re-exported: tests and benches run steps with it
 from millwheel.runtime._keying import Keyer, cached_key, dead_interval, wants_dead_letters
 from millwheel.runtime._move import RescaleMismatch, install_envelopes, retire_group
@@ -246,8 +246,9 @@ class _Out:
         rk = r.key
         self.add(p.stream, r.id, r.timestamp, None if rk is None else kb if rk is key and kb is not None else encode_key(rk), value, r)
 
-    def frame(self, keyer: Keyer | None = None, consumers: Sequence[str] = ()) -> pd.DataFrame:
+    def frame(self, keyer: Keyer | None = None, consumers: Sequence[str] = (), out_fields: Any = None) -> pd.DataFrame:
         cols: dict[str, Any] = {"stream": self.stream, "id": self.id, "ts": self.ts, "key": self.key, "value": self.value, "wm": [None] * len(self.id)}
+        production_fields(cols, out_fields, self.stream, [None if r is None else r.value for _, r in self.recs])
         if keyer is not None and consumers:
             for name, values in keyer.rows(self.recs, consumers).items():
                 cols[name] = pd.array(values, dtype="Int32") if name.startswith("interval:") else values
@@ -463,7 +464,7 @@ class IntervalBatch:
         step_ms = int((perf_counter() - self.started) * 1000)
         summary = IntervalSummary(self.interval, hold, next_lw, next_wall, keys, self.totals.as_dict(), self.low_watermark, self.now, step_ms)
         self.out.add(SUMMARY_STREAM, None, 0, None, summary.encode())
-        return self.out.frame(self.owner.keyer, self.owner.out_consumers)
+        return self.out.frame(self.owner.keyer, self.owner.out_consumers, self.owner.out_fields)
 
 
 def earliest(metas: Iterable[KeyMeta]) -> tuple[int | None, int | None, int | None]:
@@ -505,13 +506,14 @@ class IntervalStep:
         self.keyer = keyer
         #: the consumers its output rows are keyed for
         self.out_consumers = [] if keyer is None else keyer.consumers_of([*spec.all_outputs, DEAD_LETTER_STREAM])
+        self.out_fields = None if keyer is None else keyer.output_fields(spec.all_outputs)  # its declared output stream
         self._runner: StepRunner | None = None
         self._registry: Any = None
 
     def out_schema(self) -> str:
         """The Spark schema of its output rows: :data:`OUT_SCHEMA` and the key columns."""
         extra = self.keyer.ddl(self.out_consumers) if self.keyer is not None else ""
-        return f"{OUT_SCHEMA}, {extra}" if extra else OUT_SCHEMA
+        return output_schema(f"{OUT_SCHEMA}, {extra}" if extra else OUT_SCHEMA, self.out_fields)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"spec": self.spec, "pipeline": self.pipeline, "registry": self.registry_factory, "keyer": self.keyer, "groups": self.groups}

@@ -134,6 +134,14 @@ class Keyer:
         streams = list(streams)
         return Keyer({s: self.consumers.get(s, []) for s in streams}, self.intervals, self.own, {s: f for s, f in self.fields.items() if s in streams})
 
+    def output_fields(self, streams: Iterable[str]) -> tuple[str, StreamFields] | None:
+        """The declared output stream of a computation writing ``streams``, and its fields,
+        when exactly one of them declares fields: its step writes that stream's conforming
+        productions as columns (``_fieldcols.production_fields``). With two or more, its
+        output files would share one ``fields`` column of two types: all are pickled."""
+        declared = [(s, self.fields[s]) for s in streams if s in self.fields]
+        return declared[0] if len(declared) == 1 else None
+
     def value_columns(self, stream: str, streams: Sequence[str] | str, values: Sequence[Any]) -> tuple[pa.Array, pa.Array | None]:
         """The ``value`` column of rows of ``streams`` (one per row, or one for all) written
         by a producer of ``stream``, and the ``fields`` column when ``stream`` declares its

@@ -339,7 +339,7 @@ class ComputationQuery:
             raw = reduce(lambda a, b: a.unionByName(b), readers)  # a stream's readers share one schema
             keyed = self._keyed(raw, stream, extractor) if self.keying_stage else self._keyed_by_producer(raw, stream)
             parts.append(keyed.withColumn("wm_ts", F.lit(None).cast("timestamp")).withColumn("_group", F.lit(None).cast("int")))
-        union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts).withWatermark("wm_ts", "0 seconds")  # ``fields:S``: one per stream
+        union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts).withWatermark("wm_ts", "0 seconds")  # ``mw_fields_<i>``: one per input
         # the Spark group of each key interval (``_runtime.pin_groups``, ``_layout.py``): heartbeats keep -1
         groups = F.array(*(F.lit(g) for g in self.groups))
         # the worker takes the interval from the group, so the column stops here: one

@@ -33,6 +33,7 @@ T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 LATENESS = 4_000
 FIELDS = {"id": str, "ts": int, "page": str, "ms": int}
 PARAMS = {"aggregate": "sum", "field": "ms", "window_ms": 10_000}
+AGG_FIELDS = {"key": str, "window_start": int, "window_end": int, "count": int, "sum": float, "update": int}
 
 
 class EchoValues(Computation):
@@ -82,6 +83,9 @@ def topology(d, declared: bool, mapping: str = "default") -> Topology:
         options=ComputationOptions(late=LatePolicy.drop(), mapping=mapping), params=PARAMS,
     )  # fmt: skip
     t.computation(EchoValues, inputs={"clicks": lambda r: r.value["id"]}, outputs=["echo"])
+    if declared:  # productions too: a per-record step's (echo) and a columnar one's (the sums)
+        t.stream("echo", fields=FIELDS)
+        t.stream("window_aggregates", fields=AGG_FIELDS)
     return t
 
 
@@ -129,15 +133,22 @@ def test_a_declared_stream_gives_every_path_the_same_answer_and_stores_columns(t
         assert a[name] == c[name], name
     assert c["duplicates"] == 4 and c["records_in"] == len(distinct) + 4
 
-    # the files really hold the conforming values as columns
+    # the files really hold the conforming values as columns: the injector's, and the productions
     log = FileStreamLog.at(str(tmp_path / "run"))
+    assert _stored(log, "clicks") == (conforming + 4, 2)  # duplicates conform too; the extra key and the string are pickled
+    assert _stored(log, "echo") == (conforming, 2)
+    assert _stored(log, "window_aggregates") == (len(got), 0)
+
+
+def _stored(log: FileStreamLog, stream: str) -> tuple[int, int]:
+    """How many rows of ``stream``'s files are stored as columns, and how many pickled."""
     stored = pickled = 0
-    for producer in log.producers("clicks"):
-        loc = log.location("clicks", producer)
-        for name in log.files("clicks", producer):
+    for producer in log.producers(stream):
+        loc = log.location(stream, producer)
+        for name in log.files(stream, producer):
             t = pq.read_table(loc.child(name).path, columns=["value", "fields"])
             has = [f is not None for f in t.column("fields").to_pylist()]
             assert [v is None for v in t.column("value").to_pylist()] == has
             stored += sum(has)
             pickled += len(has) - sum(has)
-    assert stored == conforming + 4 and pickled == 2  # duplicates conform too; the extra key and the string are pickled
+    return stored, pickled
