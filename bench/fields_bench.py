@@ -91,6 +91,37 @@ def expected(files: Path) -> dict[tuple[str, int], float]:
     return {(q, int(w)): float(s) for (q, w), s in df.groupby(["q", "w"])["ms"].sum().items()}
 
 
+def decode_costs(data: dict[str, Path]) -> dict[str, float]:
+    """In process, µs per record: what a worker pays to get each record's value (unpickle
+    it, or build the dict from the struct column as PySpark does) and its ``ms`` field."""
+    import pickle
+
+    import pyarrow.compute as pc
+
+    from millwheel._fields import field_column
+
+    p = pq.read_table(sorted(data["pickled"].glob("*.parquet"))[0], columns=["value"]).column("value").to_pylist()
+    f = pq.read_table(sorted(data["fields"].glob("*.parquet"))[0], columns=["fields"]).column("fields")
+    n = len(p)
+    out = {}
+    for name, fn in {
+        "unpickle_value": lambda: [pickle.loads(v) for v in p],
+        "struct_to_dicts": lambda: f.to_pylist(),
+        "value_ms_from_dicts": lambda: field_column(f.to_pylist(), "ms", float),
+        "value_ms_from_pickled": lambda: field_column([pickle.loads(v) for v in p], "ms", float),
+        "arrow_child_column": lambda: pc.struct_field(f, "ms").to_numpy(),
+    }.items():
+        best = min(_timed(fn) for _ in range(5))
+        out[name] = round(best / n * 1e6, 3)
+    return out
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
 def run(spark, files: Path, work: Path, declared: bool, mapping: str, per_trigger: int, intervals: int) -> tuple[float, dict]:
     from computations.columnar_windowing import ColumnarWindowAggregate
     from millwheel.runtime import RuntimeSettings, SparkRuntime
@@ -123,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work) / f"fields-{args.records}-{args.keys}-{args.files}"
     data = make_data(work, args.records, args.keys, args.files)
     answer = expected(data["pickled"])
+    decode = decode_costs(data)
+    print("in process, µs per record: " + ", ".join(f"{k} {v}" for k, v in decode.items()), flush=True)
     from millwheel.runtime import spark_session
 
     spark = spark_session("local[2]")
@@ -149,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     lines.append("")
     lines.append(f"stream-log bytes: pickled {sizes['pickled']:,}, fields {sizes['fields']:,}")
     print("\n".join(lines))
-    write_results(Path(args.out), {"args": vars(args), "seconds": times, "records_per_s": {v: round(r) for v, r in rates.items()}, "bytes": sizes, "table": lines})
+    write_results(Path(args.out), {"args": vars(args), "seconds": times, "records_per_s": {v: round(r) for v, r in rates.items()}, "bytes": sizes, "decode_us_per_record": decode, "table": lines})
     return 0
 
 
