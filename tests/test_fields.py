@@ -213,3 +213,24 @@ def test_the_arrow_mapping_frame_keeps_int_fields_exact():
     assert type(t.to_pandas()["mw_fields_0"][0]["n"]) is float  # what it guards against
     got = with_values(table_frame(t))["value"].tolist()
     assert got == [{"n": 2**62 + 1}, b"x", {"n": None}] and type(got[0]["n"]) is int
+
+
+def test_a_query_carries_only_the_fields_its_computation_reads():
+    from computations.columnar_windowing import ColumnarWindowAggregate
+    from millwheel import ComputationOptions, LatePolicy
+    from millwheel.runtime._fieldcols import needed_fields
+
+    t = Topology("t")
+    t.injector("q")
+    t.stream("q", fields={"query": str, "ms": float, "n": int})
+    t.injector("u")
+    specs = [
+        t.computation(Echo, inputs=["q"], outputs=["out"]),
+        t.computation(FieldReader, inputs=["q"]),
+        t.computation(ColumnarWindowAggregate, inputs=["q"], name="Sum", params={"aggregate": "sum", "field": "ms"}),
+        t.computation(ColumnarWindowAggregate, inputs=["q", "u"], name="Count"),
+        t.computation(ColumnarWindowAggregate, inputs=["q"], name="Late", params={"aggregate": "sum", "field": "ms"}, options=ComputationOptions(late=LatePolicy.to_stream("late"))),
+    ]
+    keyer = Keyer.of(t, 4)
+    assert [needed_fields(s, keyer, "q") for s in specs] == [("query", "ms", "n"), ("query", "ms", "n"), ("ms",), (), ("query", "ms", "n")]
+    assert needed_fields(specs[3], keyer, "u") == ()

@@ -45,7 +45,9 @@ def needed_fields(spec: ComputationSpec, keyer: Keyer, stream: str) -> tuple[str
         return ()
     if not is_columnar(spec.cls) or spec.options.late.action is LateAction.TO_STREAM:
         return declared.names
-    cols = spec.instantiate().record_columns  # a property of the instance for some (its params)
+    cols = spec.cls.record_columns  # type: ignore[attr-defined]
+    if isinstance(cols, property):  # a property of its params (ColumnarWindowAggregate): built, never set up
+        cols = spec.cls(**spec.params).record_columns  # type: ignore[attr-defined]
     if "value" in cols:
         return declared.names
     asked = set(requested_fields(cols))
