@@ -144,6 +144,9 @@ def rebuild_values(values: Sequence[Any], fields: pa.Array | Sequence[Any] | Non
     (stored as columns). ``fields``: the struct column, as Arrow or as Python dicts."""
     rows = fields.to_pylist() if isinstance(fields, pa.Array | pa.ChunkedArray) else fields
     if rows is None:
+        if any(v is None for v in values):
+            msg = f"a stream-log row has a null value: it is stored as columns, read its {FIELDS_COLUMN!r} column too (rundir.read_log)"
+            raise ValueError(msg)
         return [decode_value(v) for v in values]
     return [decode_value(v) if v is not None else f for v, f in zip(values, rows, strict=True)]
 

@@ -234,3 +234,8 @@ def test_a_query_carries_only_the_fields_its_computation_reads():
     keyer = Keyer.of(t, 4)
     assert [needed_fields(s, keyer, "q") for s in specs] == [("query", "ms", "n"), ("query", "ms", "n"), ("ms",), (), ("query", "ms", "n")]
     assert needed_fields(specs[3], keyer, "u") == ()
+
+
+def test_a_reader_that_leaves_the_fields_out_is_told_so():
+    with pytest.raises(ValueError, match="stored as columns, read its 'fields' column too"):
+        rebuild_values([None], None)
