@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -63,3 +64,24 @@ def write_results(path: Path, results: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(in_repo(json.dumps(results, indent=2, default=str)) + "\n")
     print(f"written to {path}")
+
+
+def data_args(p: Any, *, records: int, keys: int, files: int) -> None:
+    """The data and run arguments the throughput benches share (``--records`` ... ``--reps``)."""
+    p.add_argument("--records", type=int, default=records)
+    p.add_argument("--keys", type=int, default=keys)
+    p.add_argument("--files", type=int, default=files)
+    p.add_argument("--per-trigger", type=int, default=10)
+    p.add_argument("--intervals", type=int, default=16)
+    p.add_argument("--reps", type=int, default=2)
+
+
+def link_stream(files: Path, root: Path, stream: str, producer: str) -> None:
+    """A fresh run directory ``root`` whose stream ``stream`` of ``producer`` holds ``files``'s
+    Parquet files (hard links: the same bytes for every run)."""
+    shutil.rmtree(root, ignore_errors=True)
+    dest = root / "streams" / stream / producer
+    dest.mkdir(parents=True)
+    for f in files.iterdir():
+        if f.suffix == ".parquet":
+            os.link(f, dest / f.name)

@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
-from _spark_bench import Finished, run_collecting, write_results  # noqa: E402
+from _spark_bench import Finished, data_args, link_stream, run_collecting, write_results  # noqa: E402
 
 from millwheel import Computation, ComputationOptions, DedupOptions, Record, Topology  # noqa: E402
 from millwheel._step import StepRunner  # noqa: E402
@@ -152,12 +152,7 @@ def run_millwheel(
     from millwheel.runtime import RuntimeSettings, SparkRuntime
 
     root = work / "mw"
-    shutil.rmtree(root, ignore_errors=True)
-    dest = root / "streams" / "events" / "events"
-    dest.mkdir(parents=True)
-    for f in files.iterdir():
-        if f.suffix == ".parquet":
-            os.link(f, dest / f.name)
+    link_stream(files, root, "events", "events")
     opts = ComputationOptions(dedup=DedupOptions(slack_ms=SLACK_MS), mapping=mapping) if strong else ComputationOptions(exactly_once=False, strong_productions=False, mapping=mapping)
     t = Topology("bench")
     t.injector("events", Finished())
@@ -329,12 +324,7 @@ RESULTS = ROOT / "bench" / "results" / "runtime.json"
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--records", type=int, default=1_000_000)
-    p.add_argument("--keys", type=int, default=10_000)
-    p.add_argument("--files", type=int, default=100)
-    p.add_argument("--per-trigger", type=int, default=10)
-    p.add_argument("--intervals", type=int, default=16)
-    p.add_argument("--reps", type=int, default=2)
+    data_args(p, records=1_000_000, keys=10_000, files=100)
     p.add_argument("--variants", default="mw_strong,mw_unkeyed,mw_weak,mw_keys,native,tws")
     p.add_argument("--dispatch-only", action="store_true", help="only the in-process dispatch figures (no Spark)")
     p.add_argument("--slack-ms", type=int, default=DedupOptions().slack_ms, help="exactly-once id horizon (DedupOptions.slack_ms)")

@@ -237,6 +237,21 @@ class ColumnarWindowCounter(ColumnarComputation):
 _AGG_COLUMNS = ("start", "count", "sum", "min", "max", "update", "closed")
 
 
+def numbers_of(column: pd.Series, field: str, ids: pd.Series) -> np.ndarray:
+    """A ``value.<field>`` column as floats; raises as :func:`number_of` does for the first
+    record without a finite number (the call then falls back per record: dead letters).
+    A typed column (a declared field) is checked in one pass; an untyped one per value."""
+    if column.dtype == object:
+        return np.fromiter((number_of({field: v}, field, i) for v, i in zip(column.tolist(), ids.tolist(), strict=True)), np.float64, len(column))
+    vals = column.to_numpy(np.float64, na_value=np.nan)
+    bad = np.flatnonzero(~np.isfinite(vals))
+    if len(bad):
+        i = int(bad[0])
+        v = column.iloc[i]
+        number_of({field: None if v is pd.NA else v.item() if hasattr(v, "item") else v}, field, ids.iloc[i])
+    return vals
+
+
 class ColumnarWindowAggregate(WindowAggregateSettings, ColumnarComputation):
     """``windowing.WindowAggregate`` on the columnar path: the same windows, firing rules,
     allowed lateness and productions (ids included); see ``WindowAggregate``.
@@ -257,8 +272,10 @@ class ColumnarWindowAggregate(WindowAggregateSettings, ColumnarComputation):
 
     @property
     def record_columns(self) -> tuple[str, ...]:  # type: ignore[override]
-        """The columns a batch's records carry: a count never decodes values."""
-        return ("key", "timestamp") if self.aggregate == "count" else ("key", "id", "timestamp", "value")
+        """The columns a batch's records carry: a count reads no values, the others only
+        ``value.<field>`` (on a stream that declares its fields, read from its columns
+        without unpickling: ``millwheel/_fields.py``)."""
+        return ("key", "timestamp") if self.aggregate == "count" else ("key", "id", "timestamp", f"value.{self.field}")
 
     def process_batch(self, batch: Batch) -> None:
         w, slide, late = self.window_ms, self.slide_ms, self.allowed_lateness_ms
@@ -269,8 +286,7 @@ class ColumnarWindowAggregate(WindowAggregateSettings, ColumnarComputation):
         if self.aggregate == "count":
             vals = np.zeros(n)
         else:
-            f = self.field
-            vals = np.fromiter((number_of(v, f, i) for v, i in zip(r["value"].tolist(), r["id"].tolist(), strict=True)), np.float64, n)  # type: ignore[arg-type]
+            vals = numbers_of(r[f"value.{self.field}"], self.field, r["id"])  # type: ignore[arg-type]
         # every (record, window) pair, record by record, oldest window first
         k = windows_per_record(w, slide)
         rec = np.repeat(np.arange(n), k)

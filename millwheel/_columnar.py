@@ -56,7 +56,7 @@ and the dedup index — one atomic write per interval and micro-batch.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, ClassVar
@@ -81,6 +81,14 @@ from millwheel._deadletter import (
 )
 from millwheel._envelope import DedupStats
 from millwheel._errors import ComputationError
+from millwheel._fields import (
+    FIELD_PREFIX,
+    StreamFields,
+    decode_cell,
+    field_column,
+    field_type,
+    requested_fields,
+)
 from millwheel._options import ComputationOptions, ErrorPolicy, LateAction
 from millwheel._record import (
     MAX_TIMESTAMP,
@@ -107,6 +115,10 @@ class ColumnarComputation(Computation):
 
     ``record_columns`` lists the columns :attr:`Batch.records` carries; leave ``"value"``
     out and values are never decoded (a count needs only keys and timestamps).
+    ``"value.<field>"`` asks for one field of the values (``millwheel/_fields.py``): on a
+    stream that declares its fields, read from the file's columns without unpickling; a
+    value stored pickled gives its field, a missing field or a value that is not a
+    mapping gives null.
     """
 
     record_columns: ClassVar[tuple[str, ...]] = RECORD_COLUMNS
@@ -213,7 +225,10 @@ METRIC_NAMES = (
 class ColumnarRunner:
     """Runs a :class:`ColumnarComputation` over one key interval's batch (both backends)."""
 
-    def __init__(self, computation: ColumnarComputation, *, name: str, outputs: Iterable[str], options: ComputationOptions | None = None) -> None:
+    def __init__(
+        self, computation: ColumnarComputation, *, name: str, outputs: Iterable[str], options: ComputationOptions | None = None,
+        fields: Mapping[str, StreamFields] | None = None,
+    ) -> None:  # fmt: skip
         self.computation = computation
         self.name = name
         self.options = options or type(computation).options
@@ -221,7 +236,10 @@ class ColumnarRunner:
         if self.options.late.action is LateAction.TO_STREAM and self.options.late.stream:
             outs.add(self.options.late.stream)
         self.outputs = frozenset(outs)
-        self.record_columns = tuple(c for c in RECORD_COLUMNS if c in computation.record_columns)
+        asked = requested_fields(computation.record_columns)
+        self.record_columns = tuple(c for c in RECORD_COLUMNS if c in computation.record_columns) + tuple(FIELD_PREFIX + f for f in asked)
+        #: ``value.<field>`` columns and their types over the declared input streams (``fields``: stream -> its declaration)
+        self.value_fields = {f: field_type((fields or {}).values(), f, f"columnar computation {name!r}") for f in asked}
         computation.name = name
 
     # ---------------------------------------------------------------------------------
@@ -284,8 +302,8 @@ class ColumnarRunner:
                     c["late_to_stream"] = c["late"]
                     for i in np.flatnonzero(late).tolist():
                         v = recs.values[i]
-                        enc = v if recs.encoded else encode_value(v)
-                        dec = decode_value(v) if recs.encoded else v
+                        dec = decode_cell(v) if recs.encoded else v
+                        enc = v if type(v) is bytes else encode_value(dec)
                         out.add(opts.late.stream, kbs[i], key_of[kbs[i]], dec, enc, int(ts[i]), recs.ids[i])  # type: ignore[arg-type]
             if admit.all():
                 idx, codes, order = np.arange(n), kcodes, uniq
@@ -321,6 +339,7 @@ class ColumnarRunner:
     def _frame(self, recs: InputColumns, idx: np.ndarray, key_of: dict[bytes, Key], order: list[bytes], codes: np.ndarray | None = None) -> pd.DataFrame:
         il = idx.tolist()
         cols: dict[str, Any] = {}
+        values: list[Any] | None = None
         for name in self.record_columns:
             if name == "key":
                 keys = [key_of[kb] for kb in order]
@@ -337,9 +356,12 @@ class ColumnarRunner:
             elif name == "stream":
                 ss = recs.streams
                 cols["stream"] = [ss[i] for i in il]
+            elif name == "value":
+                cols["value"] = values = _values(recs, il, values)
             else:
-                vs = recs.values
-                cols["value"] = [decode_value(vs[i]) for i in il] if recs.encoded else [vs[i] for i in il]
+                f = name[len(FIELD_PREFIX) :]
+                values = _values(recs, il, values)
+                cols[name] = field_column(values, f, self.value_fields[f])
         return pd.DataFrame(cols)
 
     def _call(self, st: ColumnarStore, kbs: list[bytes], key_of: dict[bytes, Key], rows: pd.DataFrame | None, timers: pd.DataFrame | None, lw: int, now: int, out: Outputs) -> None:
@@ -414,7 +436,7 @@ class ColumnarRunner:
                     processed += 1
                 except _CallFailed as failed:
                     v = recs.values[i]
-                    rec = Record(key_of[kb], decode_value(v) if recs.encoded and v is not None else v, int(recs.ts[i]), recs.ids[i], recs.streams[i])
+                    rec = Record(key_of[kb], decode_cell(v) if recs.encoded else v, int(recs.ts[i]), recs.ids[i], recs.streams[i])
                     dead.append(self._dead_letter(key_of[kb], failed.exc, Stage.PROCESS_RECORD, rec, None, now))
         return processed
 
@@ -516,6 +538,14 @@ def _due(timers: dict[tuple[bytes, str], tuple[int, int]], lw: int, now: int) ->
         return []
     keys = list(timers)
     return [(keys[i][0], int(ts[i]), int(d[i]), keys[i][1]) for i in hit.tolist()]
+
+
+def _values(recs: InputColumns, il: list[int], done: list[Any] | None) -> list[Any]:
+    """The values of rows ``il``, decoded (``done``: decoded already)."""
+    if done is not None:
+        return done
+    vs = recs.values
+    return [decode_cell(vs[i]) for i in il] if recs.encoded else [vs[i] for i in il]
 
 
 def _timer_frame(items: list[tuple[bytes, str, int, int]], key_of: dict[bytes, Key]) -> pd.DataFrame:

@@ -36,6 +36,7 @@ from millwheel._columnar import ColumnarComputation, is_columnar
 from millwheel._computation import Computation
 from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._errors import TopologyError
+from millwheel._fields import StreamFields
 from millwheel._options import ComputationOptions, LateAction
 from millwheel._record import Key, Record
 from millwheel._sources import Source
@@ -142,6 +143,8 @@ class Topology:
         self.injectors: dict[str, InjectorSpec] = {}
         self.computations: dict[str, ComputationSpec] = {}
         self.sinks: dict[str, SinkSpec] = {}
+        #: streams that declare their fields (:meth:`stream`)
+        self.fields: dict[str, StreamFields] = {}
 
     # ---- building ------------------------------------------------------------------
     def _check_unique(self, name: str) -> None:
@@ -149,6 +152,21 @@ class Topology:
             if name in table:
                 msg = f"topology {self.name!r} already has a {kind} named {name!r}; pass a unique name=..."
                 raise TopologyError(msg)
+
+    def stream(self, name: str, *, fields: Mapping[str, type]) -> StreamFields:
+        """Declare the fields of stream ``name`` (``{"query": str, "ms": float}``: str, int,
+        float, bool, bytes; ``None`` allowed in any): values that are exactly such a dict
+        travel as typed columns, the others pickled as before; a reader sees the same
+        values either way (``millwheel/_fields.py``, docs/concepts.md "Declared fields")."""
+        _check_name("stream", name)
+        if name == DEAD_LETTER_STREAM:
+            msg = f"stream {name!r} carries DeadLetter values: it cannot declare fields"
+            raise TopologyError(msg)
+        if name in self.fields:
+            msg = f"topology {self.name!r} declares the fields of stream {name!r} twice"
+            raise TopologyError(msg)
+        self.fields[name] = StreamFields.of(fields, name)
+        return self.fields[name]
 
     def injector(self, name: str, source: Source | None = None, *, stream: str | None = None) -> InjectorSpec:
         """Add an injector publishing to ``stream`` (default: a stream named like the injector)."""
@@ -346,6 +364,9 @@ class Topology:
                     problems.append(f"computation {c.name!r} reads stream {stream!r}, which nothing produces" + _hint(stream, produced))
             if c.name in c.inputs or any(s in c.all_outputs for s in c.inputs):
                 problems.append(f"computation {c.name!r} reads a stream it produces; low watermarks need an acyclic graph (§4.5)")
+        for stream in self.fields:
+            if stream not in produced:
+                problems.append(f"stream {stream!r} declares fields, but nothing produces it" + _hint(stream, produced))
         for s in self.sinks.values():
             if s.stream not in produced:
                 problems.append(f"sink {s.name!r} reads stream {s.stream!r}, which nothing produces" + _hint(s.stream, produced))

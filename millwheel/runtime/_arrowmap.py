@@ -45,10 +45,12 @@ import pyarrow.parquet as pq
 
 from millwheel._colstore import ColumnarStore
 from millwheel._errors import MillwheelError
+from millwheel._fields import FIELDS_COLUMN
 from millwheel._options import LateAction
 from millwheel._record import MIN_TIMESTAMP
 from millwheel.runtime._colfiles import STATE_DIR, ColumnarFiles, Manifest, pin_mapping, store_name
 from millwheel.runtime._columnar import ColumnarIntervalStep
+from millwheel.runtime._fieldcols import CARRY_PREFIX, table_frame
 from millwheel.runtime._outbox import crash_point, staged_version
 from millwheel.runtime._spark_internals import (
     OFFSETS,
@@ -76,6 +78,8 @@ def out_arrow_schema(step: ColumnarIntervalStep) -> pa.Schema:
     ]  # fmt: skip
     if step.keyer is not None:
         fields += step.keyer.arrow_fields(step.out_consumers)
+    if step.out_fields is not None:  # its declared output stream: ``_fieldcols.production_fields``
+        fields.append(pa.field(FIELDS_COLUMN, step.out_fields[1].arrow_type()))
     return pa.schema(fields)
 
 
@@ -121,7 +125,7 @@ class IntervalTask:
         rows = [b for b in batches if b.num_rows]
         frames: dict[int, Any] = {}
         if rows:
-            pdf = pa.Table.from_batches(rows).to_pandas()
+            pdf = table_frame(pa.Table.from_batches(rows))
             for g, sub in pdf.groupby("group", sort=False):
                 if int(g) >= 0:  # the heartbeat group: the driver read its watermark already
                     frames[step.interval_of(int(g))] = sub
@@ -171,17 +175,17 @@ class ArrowMapping:
         self.files = ColumnarFiles(query.rt.root.child(STATE_DIR, query.name))
         #: a ``ConsumedFiles`` of the query's checkpoint, for this sink's thread only
         self.consumed = consumed
-        #: do tasks need the records' values: the computation reads them, or sends late records to a stream
+        #: do tasks need the records' values: the computation reads them or fields of them, or sends late records to a stream
         runner = step.columnar()
         late = runner.options.late.action is LateAction.TO_STREAM
-        self.values = "value" in runner.record_columns or late
+        self.values = "value" in runner.record_columns or late or bool(runner.value_fields)
 
     def sink(self, df: Any, batch_id: int) -> None:
         """``foreachBatch``: plan, run the tasks and stage their output, write the manifest."""
         from pyspark.sql import functions as F
 
         prev, plan = self.plan(batch_id)
-        cols = [F.col(c) for c in _TASK_COLUMNS]
+        cols = [F.col(c) for c in _TASK_COLUMNS] + [F.col(f"`{c}`") for c in df.columns if c.startswith(CARRY_PREFIX)]
         if not self.values:
             # the computation reads no values: only rows that are not records (dead letters of
             # keying, rows to key in the task) keep theirs through the shuffle

@@ -39,6 +39,7 @@ from millwheel._delivery import commit_once
 from millwheel._errors import RunError
 from millwheel._record import MIN_TIMESTAMP, Record
 from millwheel._topology import ComputationSpec
+from millwheel.runtime._fieldcols import production_fields, with_values
 from millwheel.runtime._interval import IntervalBatch, IntervalStep
 from millwheel.runtime._keying import wants_dead_letters
 from millwheel.runtime._move import RescaleMismatch, install_stores, retire_group
@@ -79,7 +80,8 @@ class ColumnarIntervalStep(IntervalStep):
             spec = self.spec
             # strong productions are checkpointed in the batch outbox, not in the store
             opts = dataclasses.replace(spec.options, strong_productions=False)
-            self._columnar = ColumnarRunner(spec.instantiate(), name=spec.name, outputs=spec.all_outputs, options=opts)  # type: ignore[arg-type]
+            fields = {s: f for s, f in (self.keyer.fields if self.keyer is not None else {}).items() if s in spec.inputs}
+            self._columnar = ColumnarRunner(spec.instantiate(), name=spec.name, outputs=spec.all_outputs, options=opts, fields=fields)  # type: ignore[arg-type]
         return self._columnar
 
     def __call__(self, group: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
@@ -147,6 +149,7 @@ class ColumnarIntervalStep(IntervalStep):
         cols: dict[str, Any] = {
             "stream": res.streams, "id": res.ids, "ts": res.ts, "key": res.kbs, "value": res.encoded, "wm": [None] * len(res.ids),
         }  # fmt: skip
+        production_fields(cols, self.out_fields, res.streams, res.values)
         if self.keyer is not None and self.out_consumers:
             recs_out = [(s, Record(k, v, t, i, s)) for s, k, v, t, i in zip(res.streams, res.keys, res.values, res.ts, res.ids, strict=True)]
             for name, values in self.keyer.rows(recs_out, self.out_consumers).items():
@@ -159,6 +162,7 @@ class ColumnarIntervalStep(IntervalStep):
         here go through :class:`IntervalBatch` as on the per-record path."""
         if len(pdf) == 0:
             return None
+        pdf = with_values(pdf)  # values stored as columns: ``_fieldcols.py``
         kind = pdf["kind"]
         ticks = kind.isna()
         if ticks.any():  # a tick: a wall timer of this interval is due

@@ -56,17 +56,14 @@ from millwheel._delivery import (
     run_key,
     timers_due,
 )
+from millwheel._fields import decode_cell
 from millwheel._options import ErrorPolicy
 from millwheel._record import MIN_TIMESTAMP, Production, Record, decode_key, encode_key
 from millwheel._step import StepRunner
 from millwheel._topology import ComputationSpec
+from millwheel.runtime._fieldcols import output_schema, production_fields, with_values
 from millwheel.runtime._groupstate import MemoryGroupState  # noqa: F401 - re-exported: tests and benches run steps with it
-from millwheel.runtime._keying import (
-    Keyer,
-    cached_key,
-    dead_interval,
-    wants_dead_letters,
-)
+from millwheel.runtime._keying import Keyer, cached_key, dead_interval, wants_dead_letters
 from millwheel.runtime._move import RescaleMismatch, install_envelopes, retire_group
 from millwheel.runtime._wire import (
     OUT_SCHEMA,
@@ -117,7 +114,7 @@ class _Row(NamedTuple):
     row: int
     id: str
     ts: int
-    value: bytes
+    value: Any  # pickled, or the dict of its fields (``_fieldcols.with_values``)
     stream: str
     #: the sender watermark it arrived under (``None``: not known)
     sent: int | None
@@ -133,7 +130,7 @@ _KEYING_FIELDS = [
 
 def key_row(
     consumer: str, stream: str, extractor: Callable[[Record], Any], intervals: int, cache: dict[Any, tuple[bytes, int]],
-    pk: bytes | None, value: bytes, ts: int, rid: str, on_error: ErrorPolicy = ErrorPolicy.DEAD_LETTER,
+    pk: bytes | None, value: Any, ts: int, rid: str, on_error: ErrorPolicy = ErrorPolicy.DEAD_LETTER,
 ) -> tuple[tuple[bytes, int] | None, Record | None]:  # fmt: skip
     """One stream-log row keyed by its consumer (§4.2): the value decoded, the record built as
     its producer made it, :func:`~millwheel._delivery.key_record`. Returns ``((encoded key,
@@ -141,7 +138,7 @@ def key_row(
     consumer could not key, dropped; under ``ErrorPolicy.RAISE`` a failed extractor raises
     (:func:`~millwheel._delivery.key_record`). Both places a consumer keys rows call it: the keying
     stage (:func:`make_keying`) and the step (:meth:`IntervalBatch._key_here`)."""
-    rec = Record(None if pk is None else decode_key(pk), decode_value(value), ts, rid, stream)
+    rec = Record(None if pk is None else decode_key(pk), decode_cell(value), ts, rid, stream)
     keyed, dead = key_record(consumer, stream, extractor, rec, on_error)
     if keyed is None:
         return None, dead
@@ -155,7 +152,8 @@ def make_keying(
 
     Arguments, one array each: ``needed`` (the row has no ``interval:C``: a failed
     extractor at the producer, or a file written before this consumer read the stream or
-    by a writer without a keyer), then the row's ``id``, ``ts``, ``key`` and ``value`` —
+    by a writer without a keyer), then the row's ``id``, ``ts``, ``key``, ``value`` and ``fields`` (its
+    declared fields' struct, ``_fieldcols.keying_fields``: a value stored as columns) —
     which the query passes only where ``needed`` (``_query.py``): the rows their producer
     keyed, the common case, cost a few null columns, not their values, on the way to
     Python and back. Those rows get an all-null result and keep their producer's
@@ -167,7 +165,7 @@ def make_keying(
     kind_record, kind_dropped, kind_dead = int(RowKind.RECORD), int(RowKind.DROPPED), int(RowKind.DEAD_LETTER)
     cache: dict[Any, tuple[bytes, int]] = {}
 
-    def key(needed: pa.Array, ids: pa.Array, tss: pa.Array, pkeys: pa.Array, vals: pa.Array) -> pa.Array:  # a StructArray; PySpark reads the hints as "scalar Arrow UDF"
+    def key(needed: pa.Array, ids: pa.Array, tss: pa.Array, pkeys: pa.Array, vals: pa.Array, fields: pa.Array) -> pa.Array:  # a StructArray; PySpark reads the hints as "scalar Arrow UDF"
         n = len(needed)
         if n == 0 or not pc.any(needed).as_py():  # every row keyed by its producer
             return pa.StructArray.from_arrays([pa.nulls(n, f.type) for f in _KEYING_FIELDS], fields=_KEYING_FIELDS)
@@ -179,7 +177,7 @@ def make_keying(
         o_id: list[str | None] = [None] * n
         o_ts: list[int | None] = [None] * n
         o_val: list[bytes | None] = [None] * n
-        id_l, ts_l, pk_l, val_l = ids.to_pylist(), tss.to_pylist(), pkeys.to_pylist(), vals.to_pylist()
+        id_l, ts_l, pk_l, val_l = ids.to_pylist(), tss.to_pylist(), pkeys.to_pylist(), [v if v is not None else f for v, f in zip(vals.to_pylist(), fields.to_pylist(), strict=True)]
         for i, need in enumerate(needed.to_pylist()):
             if not need:
                 continue
@@ -248,8 +246,9 @@ class _Out:
         rk = r.key
         self.add(p.stream, r.id, r.timestamp, None if rk is None else kb if rk is key and kb is not None else encode_key(rk), value, r)
 
-    def frame(self, keyer: Keyer | None = None, consumers: Sequence[str] = ()) -> pd.DataFrame:
+    def frame(self, keyer: Keyer | None = None, consumers: Sequence[str] = (), out_fields: Any = None) -> pd.DataFrame:
         cols: dict[str, Any] = {"stream": self.stream, "id": self.id, "ts": self.ts, "key": self.key, "value": self.value, "wm": [None] * len(self.id)}
+        production_fields(cols, out_fields, self.stream, [None if r is None else r.value for _, r in self.recs])
         if keyer is not None and consumers:
             for name, values in keyer.rows(self.recs, consumers).items():
                 cols[name] = pd.array(values, dtype="Int32") if name.startswith("interval:") else values
@@ -310,6 +309,7 @@ class IntervalBatch:
         n = len(pdf)
         if n == 0:
             return
+        pdf = with_values(pdf)  # values stored as columns: ``_fieldcols.py``
         kind = pdf["kind"]
         ticks = kind.isna()
         if ticks.any():  # a tick: a wall timer of this interval is due
@@ -440,7 +440,7 @@ class IntervalBatch:
                 # only grow, and file names (then rows) sort in publication order: rows are
                 # tuples that start with (sender watermark, file, row), sorted natively
                 rows.sort()
-            items = [(Record(key, decode_value(r.value), r.ts, r.id, r.stream), r.sent) for r in rows]
+            items = [(Record(key, decode_cell(r.value), r.ts, r.id, r.stream), r.sent) for r in rows]
             outcome = outcomes[kb] = run_key(runner, key, envelopes(kb), items, low_watermark=lw, now=now, metrics=totals)
             for plist in (outcome.productions, outcome.dead_letters):
                 for p in plist:
@@ -464,7 +464,7 @@ class IntervalBatch:
         step_ms = int((perf_counter() - self.started) * 1000)
         summary = IntervalSummary(self.interval, hold, next_lw, next_wall, keys, self.totals.as_dict(), self.low_watermark, self.now, step_ms)
         self.out.add(SUMMARY_STREAM, None, 0, None, summary.encode())
-        return self.out.frame(self.owner.keyer, self.owner.out_consumers)
+        return self.out.frame(self.owner.keyer, self.owner.out_consumers, self.owner.out_fields)
 
 
 def earliest(metas: Iterable[KeyMeta]) -> tuple[int | None, int | None, int | None]:
@@ -506,13 +506,14 @@ class IntervalStep:
         self.keyer = keyer
         #: the consumers its output rows are keyed for
         self.out_consumers = [] if keyer is None else keyer.consumers_of([*spec.all_outputs, DEAD_LETTER_STREAM])
+        self.out_fields = None if keyer is None else keyer.output_fields(spec.all_outputs)  # its declared output stream
         self._runner: StepRunner | None = None
         self._registry: Any = None
 
     def out_schema(self) -> str:
         """The Spark schema of its output rows: :data:`OUT_SCHEMA` and the key columns."""
         extra = self.keyer.ddl(self.out_consumers) if self.keyer is not None else ""
-        return f"{OUT_SCHEMA}, {extra}" if extra else OUT_SCHEMA
+        return output_schema(f"{OUT_SCHEMA}, {extra}" if extra else OUT_SCHEMA, self.out_fields)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"spec": self.spec, "pipeline": self.pipeline, "registry": self.registry_factory, "keyer": self.keyer, "groups": self.groups}

@@ -39,6 +39,7 @@ import pyarrow as pa
 import xxhash
 
 from millwheel._deadletter import DEAD_LETTER_STREAM
+from millwheel._fields import StreamFields, split_values
 from millwheel._record import Record, encode_key, key_problem
 
 __all__ = ["Keyer", "cached_key", "interval_of", "key_columns"]
@@ -95,10 +96,15 @@ class Keyer:
     whose interval column is named by it (:func:`key_columns`).
     """
 
-    def __init__(self, consumers: dict[str, list[tuple[str, Extractor]]], intervals: int, own: dict[str, int] | None = None) -> None:
+    def __init__(
+        self, consumers: dict[str, list[tuple[str, Extractor]]], intervals: int, own: dict[str, int] | None = None,
+        fields: dict[str, StreamFields] | None = None,
+    ) -> None:  # fmt: skip
         self.consumers = {s: list(cs) for s, cs in consumers.items() if cs}
         self.intervals = intervals
         self.own = dict(own or {})
+        #: the streams that declare their fields: how a writer stores their values (``millwheel/_fields.py``)
+        self.fields = dict(fields or {})
 
     @classmethod
     def of(cls, topology: Any, intervals: int, own: dict[str, int] | None = None) -> Keyer:
@@ -107,11 +113,13 @@ class Keyer:
             {s: [(c.name, c.inputs[s]) for c in topology.consumers(s)] for s in topology.streams()},
             intervals,
             own,
+            dict(getattr(topology, "fields", {})),
         )
 
     def __setstate__(self, d: dict[str, Any]) -> None:
         self.__dict__.update(d)
         self.__dict__.setdefault("own", {})
+        self.__dict__.setdefault("fields", {})
 
     def intervals_of(self, consumer: str) -> int:
         """How many key intervals ``consumer`` has."""
@@ -123,7 +131,22 @@ class Keyer:
 
     def restricted(self, streams: Iterable[str]) -> Keyer:
         """The keyer of ``streams`` only (what a writer of them ships to its workers)."""
-        return Keyer({s: self.consumers.get(s, []) for s in streams}, self.intervals, self.own)
+        streams = list(streams)
+        return Keyer({s: self.consumers.get(s, []) for s in streams}, self.intervals, self.own, {s: f for s, f in self.fields.items() if s in streams})
+
+    def output_fields(self, streams: Iterable[str]) -> tuple[str, StreamFields] | None:
+        """The declared output stream of a computation writing ``streams``, and its fields,
+        when exactly one of them declares fields: its step writes that stream's conforming
+        productions as columns (``_fieldcols.production_fields``). With two or more, its
+        output files would share one ``fields`` column of two types: all are pickled."""
+        declared = [(s, self.fields[s]) for s in streams if s in self.fields]
+        return declared[0] if len(declared) == 1 else None
+
+    def value_columns(self, stream: str, streams: Sequence[str] | str, values: Sequence[Any]) -> tuple[pa.Array, pa.Array | None]:
+        """The ``value`` column of rows of ``streams`` (one per row, or one for all) written
+        by a producer of ``stream``, and the ``fields`` column when ``stream`` declares its
+        fields (``None`` otherwise): :func:`~millwheel._fields.split_values`."""
+        return split_values(self.fields.get(stream), streams, stream, values)
 
     def consumers_of(self, streams: Iterable[str]) -> list[str]:
         """The consumers of any of ``streams``, sorted: the key columns a writer of them carries."""

@@ -39,6 +39,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 
 from millwheel._codec import encode_value
 from millwheel._deadletter import DEAD_LETTER_STREAM
+from millwheel._fields import FIELDS_COLUMN
 from millwheel._logfile import (
     ByteRange,
     LogFileSource,
@@ -113,18 +114,22 @@ class LogFileStreamReader(DataSourceStreamReader):
         chunk = read_range(self.opts, byte_range, self.injector, self.stream)
         rows = [(self.stream, r, swm) for r in chunk.records] + [(DEAD_LETTER_STREAM, r, None) for r in chunk.dead_letters]
         if rows:
+            values, declared = value_columns(self.keyer, self.stream, [s for s, _, _ in rows], [r.value for _, r, _ in rows])
             arrays = [
                 pa.array([s for s, _, _ in rows], pa.string()),
                 pa.array([r.id for _, r, _ in rows], pa.string()),
                 pa.array([r.timestamp for _, r, _ in rows], pa.int64()),
                 pa.array([None if r.key is None else encode_key(r.key) for _, r, _ in rows], pa.binary()),
-                pa.array([encode_value(r.value) for _, r, _ in rows], pa.binary()),
+                values,
                 pa.array([w for _, _, w in rows], pa.int64()),
             ]
             names = ["stream", "id", "ts", "key", "value", "wm"]
             if self.keyer is not None:
                 arrays += self.keyer.arrays([(s, r) for s, r, _ in rows], self.consumers)
                 names += [f.name for f in self.keyer.arrow_fields(self.consumers)]
+            if declared is not None:
+                arrays.append(declared)
+                names.append(FIELDS_COLUMN)
             yield pa.RecordBatch.from_arrays(arrays, names=names)
 
 
@@ -135,7 +140,7 @@ class LogFileDataSource(DataSource):
 
     def schema(self) -> str:
         keyer, consumers = keyer_of(dict(self.options))
-        return f"{OUT_SCHEMA}, {keyer.ddl(consumers)}" if keyer is not None and consumers else OUT_SCHEMA
+        return log_schema(OUT_SCHEMA, keyer, consumers, self.options.get("stream", "records"))
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:  # noqa: ARG002
         return LogFileStreamReader(dict(self.options))
@@ -145,7 +150,7 @@ def keyer_options(keyer: Keyer, stream: str) -> dict[str, str]:
     """The reader options that make it key its rows for the consumers of ``stream`` and of dead letters."""
     streams = [stream, DEAD_LETTER_STREAM]
     consumers = keyer.consumers_of(streams)
-    if not consumers:
+    if not consumers and stream not in keyer.fields:
         return {}
     # only the extractors of what the reader writes; they may be lambdas or live in a
     # topology file (``_usercode.py``)
@@ -160,3 +165,23 @@ def keyer_of(options: dict[str, str]) -> tuple[Keyer | None, list[str]]:
         return None, []
     keyer: Keyer = pickle.loads(base64.b64decode(options["keyer"]))
     return keyer, list(json.loads(options["keyed_for"]))
+
+
+def value_columns(keyer: Keyer | None, stream: str, streams: list[str], values: list[Any]) -> tuple[pa.Array, pa.Array | None]:
+    """The ``value`` column of an injector's rows (its stream's records and dead letters),
+    and the ``fields`` column when its stream declares fields (``Keyer.value_columns``)."""
+    if keyer is None:
+        return pa.array([encode_value(v) for v in values], pa.binary()), None
+    return keyer.value_columns(stream, streams, values)
+
+
+def log_schema(base: str, keyer: Keyer | None, consumers: list[str], stream: str) -> str:
+    """An injector query's output schema: ``base``, the consumers' key columns and the
+    ``fields`` column of a stream that declares its fields."""
+    parts = [base]
+    if keyer is not None and consumers:
+        parts.append(keyer.ddl(consumers))
+    declared = None if keyer is None else keyer.fields.get(stream)
+    if declared is not None:
+        parts.append(f"{FIELDS_COLUMN} {declared.spark_ddl()}")
+    return ", ".join(parts)

@@ -349,7 +349,7 @@ def committed_unpublished(root: str, stream: str) -> list[Any]:
     counts it as such, so it never re-injects what the restart will publish. Read it only
     while the run is stopped (a running driver publishes and deletes as it goes).
     """
-    from millwheel._codec import decode_value
+    from millwheel._fields import FIELDS_COLUMN, rebuild_values
 
     base = Location.of(root)
     out: list[Any] = []
@@ -369,6 +369,7 @@ def committed_unpublished(root: str, stream: str) -> list[Any]:
                 if part.endswith(".parquet") and not part.startswith((".", "_")):
                     loc = d.child(part)
                     with loc.fs.open_input_file(loc.path) as f:
-                        out += [decode_value(v) for v in pq.read_table(f, columns=["value"]).column("value").to_pylist()]
+                        t = pq.read_table(f)
+                        out += rebuild_values(t.column("value").to_pylist(), t.column(FIELDS_COLUMN) if FIELDS_COLUMN in t.column_names else None)
     return out
 

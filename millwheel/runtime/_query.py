@@ -34,6 +34,7 @@ from millwheel._topology import ComputationSpec
 from millwheel.runtime._arrowmap import arrow_mapping
 from millwheel.runtime._columnar import interval_step_class
 from millwheel.runtime._context import DriverContext
+from millwheel.runtime._fieldcols import carry_columns, input_schema, keying_fields
 from millwheel.runtime._fs import Location
 from millwheel.runtime._interval import KEYING_RESULT, KEYING_STAGE_NEEDED, make_keying
 from millwheel.runtime._layout import finish_move, mark_migration, move_pending
@@ -323,9 +324,8 @@ class ComputationQuery:
             )
         )  # fmt: skip
         parts = [hb]  # first: Spark plans sources in this order
-        schema = f"{LOG_SCHEMA}, {self.rt.keyer.ddl([self.name])}"
         for stream, extractor in self.spec.inputs.items():
-            readers = []
+            readers, schema = [], input_schema(f"{LOG_SCHEMA}, {self.rt.keyer.ddl([self.name])}", self.rt.keyer, stream)
             for producer in self.rt.producers(stream):
                 r = spark.readStream.schema(schema).option("maxFileAge", "36500d")
                 if settings.max_files_per_trigger:
@@ -336,10 +336,10 @@ class ComputationQuery:
                     r.parquet(self.rt.streams.location(stream, producer).uri)
                     .withColumn("src", F.col("_metadata.file_name")).withColumn("row", F.col("_metadata.row_index"))
                 )
-            raw = reduce(lambda a, b: a.unionByName(b), readers)
+            raw = reduce(lambda a, b: a.unionByName(b), readers)  # a stream's readers share one schema
             keyed = self._keyed(raw, stream, extractor) if self.keying_stage else self._keyed_by_producer(raw, stream)
             parts.append(keyed.withColumn("wm_ts", F.lit(None).cast("timestamp")).withColumn("_group", F.lit(None).cast("int")))
-        union = reduce(lambda a, b: a.unionByName(b), parts).withWatermark("wm_ts", "0 seconds")
+        union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts).withWatermark("wm_ts", "0 seconds")  # ``mw_fields_<i>``: one per input
         # the Spark group of each key interval (``_runtime.pin_groups``, ``_layout.py``): heartbeats keep -1
         groups = F.array(*(F.lit(g) for g in self.groups))
         # the worker takes the interval from the group, so the column stops here: one
@@ -396,7 +396,7 @@ class ComputationQuery:
             F.when(unkeyed, F.lit(int(RowKind.UNKEYED))).otherwise(F.lit(int(RowKind.RECORD))).alias("kind"),
             F.when(unkeyed, F.col("key")).otherwise(F.col(f"`{kcol}`")).alias("key"),
             F.col("id"), F.col("ts"), F.col("value"),
-            F.col("wm"), F.lit(stream).alias("stream"), F.col("src"), F.col("row"), F.lit(None).cast("long").alias("now"),
+            F.col("wm"), F.lit(stream).alias("stream"), F.col("src"), F.col("row"), F.lit(None).cast("long").alias("now"), *carry_columns(self.spec, self.rt.keyer, stream),
         )  # fmt: skip
 
     def _keyed(self, raw: Any, stream: str, extractor: Any) -> Any:
@@ -414,7 +414,7 @@ class ComputationQuery:
         kcol, icol = self.rt.keyer.columns(self.name)
         keying = F.arrow_udf(make_keying(self.name, stream, extractor, self.intervals, self.spec.options.on_error), KEYING_RESULT)
         need = F.col(f"`{icol}`").isNull()
-        k = keying(need, *(F.when(need, F.col(c)) for c in ("id", "ts", "key", "value")))
+        k = keying(need, *(F.when(need, F.col(c)) for c in ("id", "ts", "key", "value")), keying_fields(self.rt.keyer, stream, need))
         return raw.withColumn("_k", k).select(
             F.coalesce(F.col(f"`{icol}`"), F.col("_k.interval")).alias("interval"),
             F.coalesce(F.col("_k.kind"), F.lit(int(RowKind.RECORD))).alias("kind"),
@@ -422,7 +422,7 @@ class ComputationQuery:
             F.coalesce(F.col("_k.id"), F.col("id")).alias("id"),
             F.coalesce(F.col("_k.ts"), F.col("ts")).alias("ts"),
             F.coalesce(F.col("_k.value"), F.col("value")).alias("value"),
-            F.col("wm"), F.lit(stream).alias("stream"), F.col("src"), F.col("row"), F.lit(None).cast("long").alias("now"),
+            F.col("wm"), F.lit(stream).alias("stream"), F.col("src"), F.col("row"), F.lit(None).cast("long").alias("now"), *carry_columns(self.spec, self.rt.keyer, stream),
         )  # fmt: skip
 
     def check(self) -> None:

@@ -34,6 +34,7 @@ from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Key, Record, decode_
 from millwheel._sparkio import SparkSource
 from millwheel._topology import Topology
 from millwheel.runtime._audit import AuditLog
+from millwheel.runtime._fieldcols import pin_fields
 from millwheel.runtime._fs import Location
 from millwheel.runtime._injectors import LogFileInjector, SourceInjector
 from millwheel.runtime._keying import Keyer
@@ -285,6 +286,7 @@ class SparkRuntime:
             return
         self.root.mkdirs()
         pin_run_settings(self.root, self.settings)
+        pin_fields(self.root, self.topology.fields)  # a stream's files hold its values in columns of these types
         name, epoch = pin_pipeline(self.root, self.settings.pipeline)
         self.pipeline_id = pipeline_id(name, epoch)
         if self.settings.registry is not None:

@@ -67,7 +67,7 @@ from millwheel._errors import MillwheelError
 from millwheel._record import Record
 from millwheel._topology import SinkSpec, Topology
 from millwheel.runtime._fs import Location
-from millwheel.runtime._streams import FileStreamLog, table_records
+from millwheel.runtime._streams import FileStreamLog, read_log, table_records
 
 FORMATS = ("jsonl", "parquet", "csv")
 _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".csv": "csv"}
@@ -229,8 +229,7 @@ class SinkWriter:
                 out = f"{producer}-{name[: -len('.parquet')]}{ext}"
                 if out in self.done:
                     continue
-                table = pq.read_table(src.child(name).path, filesystem=src.fs, columns=["id", "ts", "key", "value"])
-                rows = [row_of(r) for r in table_records(table)]
+                rows = [row_of(r) for r in table_records(read_log(src.child(name)))]
                 _write(self.loc.child(out), encode_rows(rows, self.target.format))
                 self.done.add(out)
                 self.written += len(rows)
@@ -281,7 +280,7 @@ def stream_records(streams: FileStreamLog, stream: str, limit: int | None = None
     for producer in streams.producers(stream):
         loc = streams.location(stream, producer)
         for name in sorted(streams.files(stream, producer)):
-            for r in table_records(pq.read_table(loc.child(name).path, filesystem=loc.fs, columns=["id", "ts", "key", "value"])):
+            for r in table_records(read_log(loc.child(name))):
                 if limit is not None and n >= limit:
                     return
                 yield r

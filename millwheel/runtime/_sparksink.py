@@ -26,14 +26,13 @@ import json
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from millwheel._errors import MillwheelError
 from millwheel._sparkio import SparkSink
 from millwheel._topology import SinkSpec
 from millwheel.runtime._fs import Location
 from millwheel.runtime._sinks import ROW_SCHEMA, _flat, row_of
-from millwheel.runtime._streams import FileStreamLog, table_records
+from millwheel.runtime._streams import FileStreamLog, read_log, table_records
 
 #: consecutive failures of a sink's writer before the run stops (the batch stays planned: a resume writes it)
 MAX_FAILURES = 5
@@ -105,8 +104,7 @@ class SparkSinkWriter:
         for producer, name in files:
             loc = self.streams.location(self.spec.stream, producer)
             path = loc.child(name) if loc.child(name).exists() else loc.child("_done", name)
-            table = pq.read_table(path.path, filesystem=path.fs, columns=["id", "ts", "key", "value"])
-            rows += [_flat(row_of(r)) for r in table_records(table)]
+            rows += [_flat(row_of(r)) for r in table_records(read_log(path))]
         return pa.Table.from_pylist(rows, schema=ROW_SCHEMA)
 
     def _write(self, k: int) -> bool:

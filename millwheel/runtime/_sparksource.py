@@ -38,15 +38,16 @@ from typing import Any
 
 import pyarrow as pa
 
-from millwheel._codec import encode_value
 from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._delivery import invalid_record
 from millwheel._errors import MillwheelError
+from millwheel._fields import FIELDS_COLUMN
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, encode_key
 from millwheel._sparkio import SparkSource, kafka_package
 from millwheel._topology import InjectorSpec
 from millwheel.runtime._context import DriverContext
 from millwheel.runtime._injectors import QueryInjector
+from millwheel.runtime._logfiles import log_schema, value_columns
 from millwheel.runtime._outbox import _numbers
 from millwheel.runtime._spark_internals import (
     offset_log_entries,
@@ -119,6 +120,9 @@ def convert_batch(
         names = ["stream", "id", "ts", "key", "value", "wm"]
         if keyer is not None:
             names += [f.name for f in keyer.arrow_fields(consumers)]
+        declared = None if keyer is None else keyer.fields.get(stream)
+        if declared is not None:
+            names.append(FIELDS_COLUMN)
         for batch in batches:
             out = []
             for row in batch.to_pylist():
@@ -140,22 +144,27 @@ def convert_batch(
                     newest = max(newest, rec.timestamp)  # type: ignore[union-attr]
                 index += 1
             if out:
+                values, fields = value_columns(keyer, stream, [s for s, _, _ in out], [r.value for _, r, _ in out])
                 arrays = [
                     pa.array([s for s, _, _ in out], pa.string()),
                     pa.array([r.id for _, r, _ in out], pa.string()),
                     pa.array([r.timestamp for _, r, _ in out], pa.int64()),
                     pa.array([None if r.key is None else encode_key(r.key) for _, r, _ in out], pa.binary()),
-                    pa.array([encode_value(r.value) for _, r, _ in out], pa.binary()),
+                    values,
                     pa.array([w for _, _, w in out], pa.int64()),
                 ]
                 if keyer is not None:
                     arrays += keyer.arrays([(s, r) for s, r, _ in out], consumers)
+                if fields is not None:
+                    arrays.append(fields)
                 yield pa.RecordBatch.from_arrays(arrays, names=names)
         # one summary row per partition: its counts and newest event time (the status's "head")
         summary = IntervalSummary(interval=part, hold=None, next_low_watermark_timer=None, next_wall_timer=None, keys=0, metrics=counts, low_watermark=newest)
         arrays = [pa.array([SUMMARY_STREAM]), pa.array([f"{batch_id}-{part}"]), pa.array([0], pa.int64()), pa.array([None], pa.binary()), pa.array([summary.encode()], pa.binary()), pa.array([None], pa.int64())]
         if keyer is not None:
             arrays += [pa.nulls(1, f.type) for f in keyer.arrow_fields(consumers)]
+        if declared is not None:
+            arrays.append(pa.nulls(1, declared.arrow_type()))
         yield pa.RecordBatch.from_arrays(arrays, names=names)
 
     return convert
@@ -300,7 +309,7 @@ class SparkSourceInjector(QueryInjector):
         """``foreachBatch``: convert on the executors, stage through the outbox."""
         blob, consumers = self._keyer
         # the key columns as the driver's keyer names them (a rescaled consumer's ``interval:C@N``)
-        schema = f"{OUT_SCHEMA}, {self.rt.keyer.ddl(consumers)}" if consumers else OUT_SCHEMA
+        schema = log_schema(OUT_SCHEMA, self.rt.keyer, consumers, self.stream)
         if TS_COLUMN in df.columns:
             df = df.drop(TS_COLUMN)
         fn = convert_batch(self._shipped, self.name, self.stream, batch_id, self.sender_watermark(batch_id), blob, consumers)

@@ -37,7 +37,8 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from millwheel._codec import decode_value, encode_value
+from millwheel._codec import encode_value
+from millwheel._fields import FIELDS_COLUMN, rebuild_values
 from millwheel._record import Record, decode_key, encode_key
 from millwheel.runtime._fs import Location
 from millwheel.runtime._keying import Keyer
@@ -171,21 +172,25 @@ class FileStreamLog:
         for producer in self.producers(stream):
             loc = self.location(stream, producer)
             for name in sorted(self.files(stream, producer)):
-                out += table_records(pq.read_table(loc.child(name).path, filesystem=loc.fs, columns=["id", "ts", "key", "value"]))
+                out += table_records(read_log(loc.child(name)))
         return out
 
 
 def records_table(records: Iterable[Record], sender_watermark: int | None = None, keyer: Keyer | None = None, stream: str = "") -> pa.Table:
     """Stream-log rows of ``records``; with a ``keyer``, keyed for the consumers of ``stream``."""
     recs = list(records)
+    values, declared = (None, None) if keyer is None else keyer.value_columns(stream, stream, [r.value for r in recs])
     arrays = [
         pa.array([r.id for r in recs], pa.string()),
         pa.array([r.timestamp for r in recs], pa.int64()),
         pa.array([None if r.key is None else encode_key(r.key) for r in recs], pa.binary()),
-        pa.array([encode_value(r.value) for r in recs], pa.binary()),
+        values if values is not None else pa.array([encode_value(r.value) for r in recs], pa.binary()),
         pa.array([sender_watermark] * len(recs), pa.int64()),
     ]
     fields = list(ARROW_LOG_SCHEMA)
+    if declared is not None:  # a stream that declares its fields: conforming values as columns
+        arrays.append(declared)
+        fields.append(pa.field(FIELDS_COLUMN, declared.type))
     consumers = [] if keyer is None else keyer.consumers_of([stream])
     if keyer is not None and consumers:
         arrays += keyer.arrays([(stream, r) for r in recs], consumers)
@@ -193,9 +198,17 @@ def records_table(records: Iterable[Record], sender_watermark: int | None = None
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
+def read_log(loc: Location) -> pa.Table:
+    """The columns of a stream-log file that make its records (``fields`` when it has them)."""
+    f = pq.ParquetFile(loc.path, filesystem=loc.fs)
+    return f.read(columns=["id", "ts", "key", "value"] + ([FIELDS_COLUMN] if FIELDS_COLUMN in f.schema_arrow.names else []))
+
+
 def table_records(table: pa.Table) -> list[Record]:
+    """The records of a stream-log table: values decoded, or rebuilt from ``fields``."""
     cols = table.to_pydict()
+    values = rebuild_values(cols["value"], cols.get(FIELDS_COLUMN))
     return [
-        Record(decode_key(k), decode_value(v), ts, rid)
-        for rid, ts, k, v in zip(cols["id"], cols["ts"], cols["key"], cols["value"], strict=False)
+        Record(decode_key(k), v, ts, rid)
+        for rid, ts, k, v in zip(cols["id"], cols["ts"], cols["key"], values, strict=False)
     ]

@@ -26,6 +26,7 @@ from millwheel._columnar import ColumnarRunner, ColumnarStore, InputColumns, is_
 from millwheel._counters import StepMetrics
 from millwheel._delivery import commit_once
 from millwheel._errors import HarnessError
+from millwheel._fields import StreamFields
 from millwheel._record import Key, TimeDomain, Timer, decode_key, encode_key, key_problem
 from millwheel.testing._rounds import Crash, _Outgoing
 
@@ -33,7 +34,7 @@ from millwheel.testing._rounds import Crash, _Outgoing
 def columnar_sides(harness: Any) -> dict[str, ColumnarSide]:
     """A :class:`ColumnarSide` per columnar computation of the harness's topology."""
     return {
-        name: ColumnarSide(name, runner)
+        name: ColumnarSide(name, runner, {s: f for s, f in harness.topology.fields.items() if s in harness.topology.computations[name].inputs})
         for name, runner in harness._runners.items()
         if is_columnar(type(runner.computation))
     }
@@ -42,9 +43,11 @@ def columnar_sides(harness: Any) -> dict[str, ColumnarSide]:
 class ColumnarSide:
     """One columnar computation in the harness: its store and its rounds."""
 
-    def __init__(self, name: str, step_runner: Any) -> None:
+    def __init__(self, name: str, step_runner: Any, fields: dict[str, StreamFields]) -> None:
         self.name = name
-        self.runner = ColumnarRunner(step_runner.computation, name=name, outputs=step_runner.outputs, options=step_runner.options)
+        #: the declared fields of its input streams (the types of its ``value.<field>`` columns)
+        self.fields = fields
+        self.runner = ColumnarRunner(step_runner.computation, name=name, outputs=step_runner.outputs, options=step_runner.options, fields=fields)
         #: the committed store, decoded (``None``: nothing kept yet)
         self.live: ColumnarStore | None = None
 
@@ -57,7 +60,7 @@ class ColumnarSide:
         return self.live if self.live is not None else ColumnarStore.decode(None, self.runner.options)
 
     def restarted(self, step_runner: Any) -> None:
-        self.runner = ColumnarRunner(step_runner.computation, name=self.name, outputs=step_runner.outputs, options=step_runner.options)
+        self.runner = ColumnarRunner(step_runner.computation, name=self.name, outputs=step_runner.outputs, options=step_runner.options, fields=self.fields)
         data = self.store  # a new process: what survives is what was committed, as bytes
         self.live = None if data is None else ColumnarStore.decode(data, self.runner.options)
 

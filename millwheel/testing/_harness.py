@@ -153,11 +153,15 @@ class Harness:
         raise_errors: bool = True,
         registry: OnceRegistry | None = None,
         pipeline: str = "harness",
+        fields: Mapping[str, Mapping[str, type]] | None = None,
     ) -> Harness:
-        """A harness around one computation, with an injector per input stream (named like it)."""
+        """A harness around one computation, with an injector per input stream (named like
+        it); ``fields`` declares streams' fields (``Topology.stream``)."""
         topo = Topology(f"test_{name or computation.__name__}")
         for stream in inputs:
             topo.injector(stream)
+        for stream, declared in (fields or {}).items():
+            topo.stream(stream, fields=declared)
         topo.computation(computation, inputs=inputs, outputs=outputs, options=options, params=params, name=name)
         return cls(topo, wall_time=wall_time, raise_errors=raise_errors, registry=registry, pipeline=pipeline)
 

@@ -126,9 +126,12 @@ def test_kafka_without_its_connector_names_the_package(spark, run_dir):
 
 
 @pytest.mark.spark
-def test_a_parquet_table_is_read_to_its_end_with_drain(spark, tmp_path, second_counts):
+@pytest.mark.parametrize("declared", [False, True])
+def test_a_parquet_table_is_read_to_its_end_with_drain(spark, tmp_path, second_counts, declared):
     """A table (a directory of Parquet files) as a stream, read file by file; ``drain``
-    finishes the injector once the query has nothing left to read."""
+    finishes the injector once the query has nothing left to read. With the stream's
+    fields declared, the injector writes its values as columns (``millwheel/_fields.py``)
+    and everything reads the same."""
     import datetime as dt
 
     import pyarrow as pa
@@ -151,11 +154,21 @@ def test_a_parquet_table_is_read_to_its_end_with_drain(spark, tmp_path, second_c
         lambda s: s.readStream.schema("event_id string, at timestamp, key string").option("maxFilesPerTrigger", 1).parquet(str(table_dir)),
         id="event_id", timestamp="at", value=["key"],
     )  # fmt: skip
-    rt = SparkRuntime(second_counts(src), str(tmp_path / "run"), RuntimeSettings(intervals=4, drain=True), spark=spark)
+    topology = second_counts(src)
+    if declared:
+        topology.stream("events", fields={"key": str})
+    rt = SparkRuntime(topology, str(tmp_path / "run"), RuntimeSettings(intervals=4, drain=True), spark=spark)
     rt.run(timeout_s=400)
     expected = Counter((r["key"], int(r["at"].timestamp() * 1000) // 1000 * 1000) for r in rows)
     assert second_counts.answer(rt.output("counts")) == expected
-    assert sorted(r.id for r in rt.output("events")) == sorted(r["event_id"] for r in rows)
+    assert sorted((r.id, r.value["key"]) for r in rt.output("events")) == sorted((r["event_id"], r["key"]) for r in rows)
+    if declared:
+        from millwheel.runtime.rundir import FileStreamLog
+
+        log = FileStreamLog.at(str(tmp_path / "run"))
+        ((producer, name), *_) = [(p, n) for p in log.producers("events") for n in log.files("events", p)]
+        t = pq.read_table(log.location("events", producer).child(name).path, columns=["value", "fields"])
+        assert t.column("value").null_count == t.num_rows and t.column("fields").null_count == 0
 
 
 @pytest.mark.spark

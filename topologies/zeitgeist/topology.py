@@ -70,6 +70,9 @@ def build(data_dir: str | os.PathLike[str] | None = None, *, config: ZeitgeistCo
     by_key = {"window_models": lambda r: r.value["key"]}
     t = Topology("zeitgeist", spark_conf=SAMPLE_SPARK_CONF if bundled else None)
     t.injector("queries", source)
+    # a log line as the generator writes it: stored as columns, so the counter (which reads
+    # no values) shuffles none, and the spike detector reads them without unpickling
+    t.stream("queries", fields={"id": str, "ts": int, "query": str})
     t.computation(
         ColumnarWindowCounter if cfg.columnar_counter else WindowCounter,
         name="WindowCounter",
