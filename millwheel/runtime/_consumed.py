@@ -20,6 +20,7 @@ and timers"):
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from millwheel.runtime._fs import Location
 from millwheel.runtime._spark_internals import (
@@ -31,7 +32,7 @@ from millwheel.runtime._spark_internals import (
 )
 from millwheel.runtime._streams import StreamLog
 
-__all__ = ["ConsumedFiles", "heartbeat_batch", "input_watermarks"]
+__all__ = ["ConsumedFiles", "InputWatermarks", "heartbeat_batch", "input_watermarks"]
 
 
 class ConsumedFiles:
@@ -115,20 +116,32 @@ def heartbeat_batch(name: str, inputs: Iterable[tuple[str, str]], consumed: Cons
     return max(published, consumed.planned())
 
 
+class InputWatermarks(NamedTuple):
+    """:func:`input_watermarks`' answer."""
+
+    #: over the files that committed-and-published batches consumed: what C's reported watermark is bounded by
+    reported: int
+    #: over the files that batches up to the planned one consumed: what C's heartbeat carries
+    heartbeat: int
+    #: live input files no published batch consumed (C is drained only without any)
+    pending: int
+    #: live input files no planned batch reads yet: a later batch reads them
+    waiting: int
+
+
 def input_watermarks(
     upstream: int, inputs: Iterable[tuple[str, str]], streams: StreamLog, consumed: ConsumedFiles, published: int, planned: int
-) -> tuple[int, int, int]:
-    """``(reported, heartbeat, pending)``: the input low watermark over the files that
-    committed-and-published batches up to ``published`` consumed, the one over the files
-    that batches up to ``planned`` (>= ``published``) consumed, and how many live input
-    files the first counts as unconsumed.
+) -> InputWatermarks:
+    """The input low watermark over the files that committed-and-published batches up to
+    ``published`` consumed, and the one over the files that batches up to ``planned``
+    (>= ``published``) consumed, with the files each counts as unconsumed.
 
     ``upstream`` is the minimum of the upstream's published low watermarks, read *before*
     the files are listed: a file published after the listing carries timestamps at or
     above its producer's watermark. Pending files hold both, whoever wrote them.
     """
     reported = heartbeat = upstream
-    pending = 0
+    pending = waiting = 0
     for stream, producer in inputs:
         done = consumed.names(stream, producer, published)
         running = consumed.names(stream, producer, planned, committed=False) if planned > published else done
@@ -137,5 +150,6 @@ def input_watermarks(
                 pending += 1
                 reported = min(reported, lo)
                 if name not in running:
+                    waiting += 1
                     heartbeat = min(heartbeat, lo)
-    return reported, heartbeat, pending
+    return InputWatermarks(reported, heartbeat, pending, waiting)

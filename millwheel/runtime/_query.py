@@ -406,7 +406,7 @@ class ComputationQuery:
             upstream = min(upstream, self.rt.watermark_of(producer))  # before listing: see docs/runtime.md
         # the heartbeat may count the files of the batch Spark planned already (``_consumed.py``)
         planned = heartbeat_batch(self.name, self.inputs, self.consumed, upto)
-        in_lw, hb_lw, pending = input_watermarks(upstream, self.inputs, self.rt.streams, self.consumed, upto, planned)
+        in_lw, hb_lw, pending, waiting = input_watermarks(upstream, self.inputs, self.rt.streams, self.consumed, upto, planned)
         #: input files published and not consumed yet: a computation is drained only without any
         #: (a file sent under a finished watermark, a re-injection, holds no watermark)
         self.pending_inputs = pending
@@ -426,7 +426,7 @@ class ComputationQuery:
                 msg = f"computation {self.name!r}: the watermark authority refused this driver's report, another driver owns its key intervals now ({exc}); this driver stops"
                 raise FencedError(msg) from exc
         self.low_watermark = self.rt.watermark_of(self.name)
-        self._heartbeat(hb_lw, now)
+        self._heartbeat(hb_lw, now, self._heartbeat_needed(hb_lw, waiting, planned > upto))
         self._prune_heartbeats(upto)
         return self.low_watermark
 
@@ -451,9 +451,19 @@ class ComputationQuery:
         if names:
             self.consumed.forget(None, None, names)
 
-    def _heartbeat(self, in_lw: int, now: int) -> None:
+    def _heartbeat_needed(self, hb_lw: int, waiting: int, in_flight: bool) -> bool:
+        """Whether moving the query's watermark to ``hb_lw`` has anything to do now: input a
+        later batch reads, a timer it makes due, a batch in flight that may set timers, or an
+        interval whose holds are not known yet. Otherwise the heartbeat would be a whole
+        stateful batch that does nothing, and it waits until one of these holds (docs/runtime.md,
+        "Idle heartbeats"): a lower watermark in the query is never wrong, only later."""
+        if waiting or len(self.summaries) < self.intervals or (in_flight and self.spec.handles_timers):
+            return True
+        return any(s.next_low_watermark_timer is not None and s.next_low_watermark_timer <= hb_lw for s in self.summaries.values())
+
+    def _heartbeat(self, in_lw: int, now: int, needed: bool = True) -> None:
         ticks = [(i, now) for i in due_ticks(self.summaries, self._ticked, now, None if self.spec.handles_timers else self._hb_sent, self.batches)]
-        advance = in_lw > self._hb_sent and to_spark(in_lw) > to_spark(self._hb_sent)
+        advance = in_lw > self._hb_sent and to_spark(in_lw) > to_spark(self._hb_sent) and (needed or bool(ticks))
         due = time.monotonic() - self._hb_at >= self.rt.settings.heartbeat_ms / 1000
         if ticks or (advance and due):
             self._write_heartbeat(to_spark(in_lw) if advance else None, ticks)

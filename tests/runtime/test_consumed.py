@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -48,12 +49,12 @@ def test_the_heartbeat_counts_the_planned_batch_and_nothing_past_it(files):
     consumed.refresh()
     assert consumed.planned() == 1
     # upstream finished (+inf): only the files themselves hold
-    assert input_watermarks(MAX_TIMESTAMP, [PAIR], streams, consumed, 0, 1) == (2_000, 4_000, 3)
-    assert input_watermarks(MAX_TIMESTAMP, [PAIR], streams, consumed, 0, 0) == (2_000, 2_000, 3)
-    assert input_watermarks(1_500, [PAIR], streams, consumed, 0, 1) == (1_500, 1_500, 3)  # the upstream bounds both
+    assert input_watermarks(MAX_TIMESTAMP, [PAIR], streams, consumed, 0, 1) == (2_000, 4_000, 3, 1)
+    assert input_watermarks(MAX_TIMESTAMP, [PAIR], streams, consumed, 0, 0) == (2_000, 2_000, 3, 3)
+    assert input_watermarks(1_500, [PAIR], streams, consumed, 0, 1) == (1_500, 1_500, 3, 1)  # the upstream bounds both
     _plan(cp, 2, names[3:], streams)
     consumed.refresh()
-    assert input_watermarks(MAX_TIMESTAMP, [PAIR], streams, consumed, 0, consumed.planned()) == (2_000, MAX_TIMESTAMP, 3)
+    assert input_watermarks(MAX_TIMESTAMP, [PAIR], streams, consumed, 0, consumed.planned()) == (2_000, MAX_TIMESTAMP, 3, 0)
 
 
 def test_an_uncommitted_batch_is_read_again_a_rescale_may_plan_it_anew(files):
@@ -93,3 +94,29 @@ def test_a_heartbeat_never_makes_the_files_no_batch_planned_late(tmp_path, spark
     assert query.metrics["late"] == 0
     assert second_counts.answer(rt.output("counts")) == Counter((r.value["key"], r.timestamp // 1_000 * 1_000) for r in records)
     assert query.batches >= 6  # one file a batch: the planned batch really ran ahead of the others
+
+
+def _query(handles_timers: bool, summaries: dict) -> Any:
+    from types import SimpleNamespace
+
+    from millwheel.runtime._query import ComputationQuery
+
+    q = ComputationQuery.__new__(ComputationQuery)
+    q.intervals, q.summaries = 2, summaries
+    q.spec = SimpleNamespace(handles_timers=handles_timers)
+    return q
+
+
+def test_a_heartbeat_waits_while_it_has_nothing_to_do():
+    from millwheel.runtime._wire import IntervalSummary
+
+    idle = {i: IntervalSummary(i, None, None, None, 0) for i in range(2)}
+    timer = {0: IntervalSummary(0, 5_000, 5_000, None, 1), 1: idle[1]}
+    needed = _query(True, idle)._heartbeat_needed
+    assert not needed(9_000, 0, False)  # nothing waits, nothing runs, no timer: a batch that does nothing
+    assert needed(9_000, 1, False)  # input a later batch reads is judged under the newest watermark
+    assert needed(9_000, 0, True)  # the batch in flight may set timers this watermark makes due
+    assert not _query(False, idle)._heartbeat_needed(9_000, 0, True)  # it sets none
+    assert _query(True, timer)._heartbeat_needed(5_000, 0, False)
+    assert not _query(True, timer)._heartbeat_needed(4_999, 0, False)
+    assert _query(True, {0: idle[0]})._heartbeat_needed(9_000, 0, False)  # interval 1's holds unknown
