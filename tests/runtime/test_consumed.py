@@ -80,21 +80,23 @@ def test_a_computation_that_reads_what_it_writes_counts_published_batches_only(f
 
 
 @pytest.mark.spark
-def test_a_heartbeat_never_makes_the_files_no_batch_planned_late(tmp_path, spark, second_counts):
-    # one file a batch (maxFilesPerTrigger): the injector is finished (+inf) long before the
-    # query has planned its files, so a heartbeat that counted more than the planned batch
-    # would move Spark's watermark past the files still waiting, and drop their records as late
+def test_a_heartbeat_never_moves_past_the_files_no_batch_planned(tmp_path, spark, second_counts):
+    # one file a batch (maxFilesPerTrigger), each second's records in two files: the injector
+    # is finished (+inf) long before the query has planned its files, so a heartbeat that
+    # counted more than the planned batch would move Spark's watermark past files still
+    # waiting, fire a second's timer before its second file is read, and emit that second twice
     from millwheel.runtime import RuntimeSettings, SparkRuntime
 
-    records = [Record(None, {"key": f"k{i % 3}"}, 1_000 * (i // 4) + i % 4, f"r{i}") for i in range(24)]
+    records = [Record(None, {"key": f"k{i % 3}"}, 500 * (i // 4) + i % 4, f"r{i}") for i in range(24)]
     settings = RuntimeSettings(drain=True, intervals=2, max_files_per_trigger=1, poll_ms=50, heartbeat_ms=50)
     rt = SparkRuntime(second_counts(SampleSource(records, batch_size=4)), str(tmp_path / "run"), settings, spark=spark)
     rt.run(timeout_s=300)
     query = rt.computations["SecondCounts"]
+    out = rt.output("counts")
     assert query.metrics["late"] == 0
-    assert second_counts.answer(rt.output("counts")) == Counter((r.value["key"], r.timestamp // 1_000 * 1_000) for r in records)
+    assert Counter((r.value["key"], r.value["second"]) for r in out).most_common(1)[0][1] == 1, "a second's timer fired early"
+    assert second_counts.answer(out) == Counter((r.value["key"], r.timestamp // 1_000 * 1_000) for r in records)
     assert query.batches >= 6  # one file a batch: the planned batch really ran ahead of the others
-
 
 def _query(handles_timers: bool, summaries: dict) -> Any:
     from types import SimpleNamespace
