@@ -33,23 +33,16 @@ from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel._topology import ComputationSpec
 from millwheel.runtime._arrowmap import arrow_mapping
 from millwheel.runtime._columnar import interval_step_class
+from millwheel.runtime._consumed import ConsumedFiles, heartbeat_batch, input_watermarks
 from millwheel.runtime._context import DriverContext
 from millwheel.runtime._fieldcols import carry_columns, input_schema, keying_fields
-from millwheel.runtime._fs import Location
 from millwheel.runtime._interval import KEYING_RESULT, KEYING_STAGE_NEEDED, make_keying
 from millwheel.runtime._layout import finish_move, mark_migration, move_pending
 from millwheel.runtime._lease import FencedError, Lease
 from millwheel.runtime._mapstate import make_processor
 from millwheel.runtime._outbox import Outbox
 from millwheel.runtime._session import NO_DATA_BATCHES_OFF, start_query, wait_for_jobs
-from millwheel.runtime._spark_internals import (
-    OFFSETS,
-    SOURCES,
-    drop_uncommitted_state,
-    error_mentions,
-    file_source_offsets,
-    source_log_files,
-)
+from millwheel.runtime._spark_internals import drop_uncommitted_state, error_mentions
 from millwheel.runtime._streams import FileStreamLog
 from millwheel.runtime._usercode import RestartPolicy
 from millwheel.runtime._wire import (
@@ -78,71 +71,6 @@ STATE_STORE_CONF: dict[str, dict[str, str]] = {
 _HB_SCHEMA = pa.schema([("interval", pa.int32()), ("wm", pa.int64()), ("now", pa.int64())])
 #: a rescale's heartbeat file (``_rescale.py``): :data:`_HB_SCHEMA` and the columns of its rows
 HB_MOVE_SCHEMA = pa.schema([*_HB_SCHEMA, ("kind", pa.int32()), ("group", pa.int32()), ("key", pa.binary()), ("value", pa.binary())])
-
-
-class ConsumedFiles:
-    """Which stream-log files a query's committed batches consumed, from its checkpoint.
-
-    Each file source keeps its own log (``sources/<i>/<log offset>``: the files it added at
-    that offset); the query's offset log (``offsets/<batch>``) says which log offset of each
-    source a batch read up to.
-    """
-
-    def __init__(self, checkpoint: Location) -> None:
-        self.checkpoint = checkpoint
-        self.sources = checkpoint.child(SOURCES)
-        self.seen: set[str] = set()
-        self.files: dict[tuple[str, str], dict[str, tuple[int, int]]] = {}
-        #: the query's own heartbeat files: name -> (source index, file-source batch)
-        self.heartbeat_files: dict[str, tuple[int, int]] = {}
-        self._offsets: dict[int, dict[int, int]] = {}
-
-    def refresh(self) -> None:
-        for i in self.sources.list():
-            if not i.isdigit():
-                continue
-            d = self.sources.child(i)
-            for name in d.list():
-                if name.startswith(".") or f"{i}/{name}" in self.seen:
-                    continue
-                text = d.child(name).read_text()
-                files = None if text is None else source_log_files(text)
-                if files is None:
-                    continue  # a file being written: read it next time
-                for path, batch in files:
-                    if len(path) >= 4 and path[-4] == "streams":
-                        self.files.setdefault((path[-3], path[-2]), {})[path[-1]] = (int(i), batch)
-                    elif len(path) >= 3 and path[-3] == "heartbeats":
-                        self.heartbeat_files[path[-1]] = (int(i), batch)
-                self.seen.add(f"{i}/{name}")
-
-    def log_offsets(self, batch: int) -> dict[int, int]:
-        """Source index -> log offset read up to, for a query batch."""
-        if batch < 0:
-            return {}
-        cached = self._offsets.get(batch)
-        if cached is None:
-            cached = file_source_offsets(self.checkpoint.child(OFFSETS, str(batch)).read_text() or "")
-            self._offsets[batch] = cached
-        return cached
-
-    def names(self, stream: str, producer: str, upto: int) -> set[str]:
-        offs = self.log_offsets(upto)
-        return {n for n, (i, b) in self.files.get((stream, producer), {}).items() if b <= offs.get(i, -1)}
-
-    def heartbeat_names(self, upto: int) -> set[str]:
-        offs = self.log_offsets(upto)
-        return {n for n, (i, b) in self.heartbeat_files.items() if b <= offs.get(i, -1)}
-
-    def forget(self, stream: str | None, producer: str | None, names: set[str]) -> None:
-        """Stop tracking pruned files (``stream=None``: heartbeat files), so lookups stay
-        proportional to the files still live; offsets of old batches are dropped too."""
-        files = self.heartbeat_files if stream is None else self.files.get((stream, producer or ""), {})
-        for n in names:
-            files.pop(n, None)
-        if len(self._offsets) > 64:
-            for b in sorted(self._offsets)[:-8]:
-                del self._offsets[b]
 
 
 class ComputationQuery:
@@ -473,19 +401,12 @@ class ComputationQuery:
         wm = self.rt.watermarks
         upto = self.outbox.published
         self.consumed.refresh()
-        in_lw = MAX_TIMESTAMP
+        upstream = MAX_TIMESTAMP
         for producer in self.upstream:
-            in_lw = min(in_lw, self.rt.watermark_of(producer))  # before listing: see docs/runtime.md
-        pending = 0
-        for stream, producer in self.inputs:
-            # pending files hold it too, also those of a producer that is not upstream (another
-            # reader of dead letters, or this one): they are read whatever the watermarks
-            consumed = self.consumed.names(stream, producer, upto)
-            for name, lo in self.rt.streams.files(stream, producer, live_only=True).items():
-                if name not in consumed:
-                    pending += 1
-                    if lo < in_lw:
-                        in_lw = lo
+            upstream = min(upstream, self.rt.watermark_of(producer))  # before listing: see docs/runtime.md
+        # the heartbeat may count the files of the batch Spark planned already (``_consumed.py``)
+        planned = heartbeat_batch(self.name, self.inputs, self.consumed, upto)
+        in_lw, hb_lw, pending, waiting = input_watermarks(upstream, self.inputs, self.rt.streams, self.consumed, upto, planned)
         #: input files published and not consumed yet: a computation is drained only without any
         #: (a file sent under a finished watermark, a re-injection, holds no watermark)
         self.pending_inputs = pending
@@ -505,7 +426,7 @@ class ComputationQuery:
                 msg = f"computation {self.name!r}: the watermark authority refused this driver's report, another driver owns its key intervals now ({exc}); this driver stops"
                 raise FencedError(msg) from exc
         self.low_watermark = self.rt.watermark_of(self.name)
-        self._heartbeat(in_lw, now)
+        self._heartbeat(hb_lw, now, self._heartbeat_needed(hb_lw, waiting, planned > upto))
         self._prune_heartbeats(upto)
         return self.low_watermark
 
@@ -530,9 +451,19 @@ class ComputationQuery:
         if names:
             self.consumed.forget(None, None, names)
 
-    def _heartbeat(self, in_lw: int, now: int) -> None:
+    def _heartbeat_needed(self, hb_lw: int, waiting: int, in_flight: bool) -> bool:
+        """Whether moving the query's watermark to ``hb_lw`` has anything to do now: input a
+        later batch reads, a timer it makes due, a batch in flight that may set timers, or an
+        interval whose holds are not known yet. Otherwise the heartbeat would be a whole
+        stateful batch that does nothing, and it waits until one of these holds (docs/runtime.md,
+        "Idle heartbeats"): a lower watermark in the query is never wrong, only later."""
+        if waiting or len(self.summaries) < self.intervals or (in_flight and self.spec.handles_timers):
+            return True
+        return any(s.next_low_watermark_timer is not None and s.next_low_watermark_timer <= hb_lw for s in self.summaries.values())
+
+    def _heartbeat(self, in_lw: int, now: int, needed: bool = True) -> None:
         ticks = [(i, now) for i in due_ticks(self.summaries, self._ticked, now, None if self.spec.handles_timers else self._hb_sent, self.batches)]
-        advance = in_lw > self._hb_sent and to_spark(in_lw) > to_spark(self._hb_sent)
+        advance = in_lw > self._hb_sent and to_spark(in_lw) > to_spark(self._hb_sent) and (needed or bool(ticks))
         due = time.monotonic() - self._hb_at >= self.rt.settings.heartbeat_ms / 1000
         if ticks or (advance and due):
             self._write_heartbeat(to_spark(in_lw) if advance else None, ticks)

@@ -46,13 +46,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from millwheel._colstore import ColumnarStore
+from millwheel.runtime._consumed import ConsumedFiles
 from millwheel.runtime._fs import Location
 from millwheel.runtime._keying import interval_of
 from millwheel.runtime._layout import HIDDEN_MOVE, computation_layouts, read_pin, update_pin
 from millwheel.runtime._lease import DriverEpoch, Lease, live_drivers
 from millwheel.runtime._move import blob_digest, state_digest
 from millwheel.runtime._outbox import Outbox, crash_point
-from millwheel.runtime._query import HB_MOVE_SCHEMA, ConsumedFiles
+from millwheel.runtime._query import HB_MOVE_SCHEMA
 from millwheel.runtime._relayout import relayout, relayout_wanted
 from millwheel.runtime._settle import offline_outbox, refuse, refuse_own_files, settle
 from millwheel.runtime._spark_internals import (

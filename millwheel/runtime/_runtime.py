@@ -319,12 +319,20 @@ class SparkRuntime:
         # JVM's work, not the workers'): on 2 cores the two overlap by ~3 s (docs/performance.md)
         warming = threading.Thread(target=self._warm_workers, name="millwheel-warm-workers", daemon=True)
         warming.start()
-        for inj in self.injectors.values():
-            self._progress(f"injector {inj.name}")
-            inj.start()
-        for name in self.order:
-            self._progress(f"computation {name}")
-            self.computations[name].start()
+        self.driver_epoch.get()  # every lease is taken under it: drawn once, before the threads
+        # the injectors start on a thread of their own while the computations start here: a
+        # log-file injector's start is mostly Python Data Source planning in worker processes,
+        # a computation's the driver's plan; neither reads what the other writes
+        # (docs/runtime.md, "Running")
+        injecting = _Starting(list(self.injectors.values()), self._progress)
+        injecting.start()
+        try:
+            for name in self.order:
+                self._progress(f"computation {name}")
+                self.computations[name].start()
+        finally:
+            injecting.join()
+        injecting.reraise()
         warming.join()
         self.driver_epoch.mark(stopped=False)
         self.started = True
@@ -440,6 +448,29 @@ class SparkRuntime:
             if raw is not None:
                 out[key] = spec.options.state_codec.decode(raw)
         return out
+
+
+class _Starting(threading.Thread):
+    """Starts injectors one after the other on a thread of its own (:meth:`SparkRuntime.start`);
+    :meth:`reraise` gives the first failure to the thread that joined it."""
+
+    def __init__(self, injectors: list[Any], progress: Callable[[str], None]) -> None:
+        super().__init__(name="millwheel-start-injectors", daemon=True)
+        self.injectors = injectors
+        self.progress = progress
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for inj in self.injectors:
+                self.progress(f"injector {inj.name}")
+                inj.start()
+        except BaseException as exc:  # noqa: BLE001 - raised again in the starting thread
+            self.error = exc
+
+    def reraise(self) -> None:
+        if self.error is not None:
+            raise self.error
 
 
 def committed_envelopes(spark: Any, checkpoint: Location, batch_id: int | None = None) -> dict[Key, bytes]:

@@ -49,6 +49,7 @@ from millwheel.runtime._context import DriverContext
 from millwheel.runtime._injectors import QueryInjector
 from millwheel.runtime._logfiles import log_schema, value_columns
 from millwheel.runtime._outbox import _numbers
+from millwheel.runtime._session import start_query
 from millwheel.runtime._spark_internals import (
     offset_log_entries,
     offset_log_metadata,
@@ -267,7 +268,7 @@ class SparkSourceInjector(QueryInjector):
         if self.rt.settings.trigger_ms > 0:
             writer = writer.trigger(processingTime=f"{self.rt.settings.trigger_ms} milliseconds")
         try:
-            self.query = writer.start()
+            self.query = start_query(writer, spark, {})  # not while a computation's start has the session's settings changed
         except Exception as exc:
             err = missing_connector(exc, spark.version, where)
             if err is not None:

@@ -18,8 +18,8 @@ change how it works inside without breaking them:
 """
 
 from millwheel.runtime._audit import BATCHES, WATERMARKS, read_lines
+from millwheel.runtime._consumed import ConsumedFiles
 from millwheel.runtime._fs import Location
-from millwheel.runtime._query import ConsumedFiles
 from millwheel.runtime._spark_internals import committed_batches
 from millwheel.runtime._streams import FileStreamLog, min_ts_of, read_log, table_records
 

@@ -13,10 +13,11 @@ from types import SimpleNamespace
 import pytest
 
 from millwheel._errors import MillwheelError
+from millwheel.runtime._consumed import ConsumedFiles
 from millwheel.runtime._fs import Location
 from millwheel.runtime._layout import Layout, read_pin
 from millwheel.runtime._lease import DriverEpoch, Lease, live_drivers
-from millwheel.runtime._query import ComputationQuery, ConsumedFiles
+from millwheel.runtime._query import ComputationQuery
 from millwheel.runtime._relayout import plan
 from millwheel.runtime._rescale import rescale, target
 from millwheel.runtime._wire import interval_name

@@ -1,0 +1,124 @@
+"""A computation's input low watermark (``millwheel/runtime/_consumed.py``; docs/runtime.md,
+"Low watermarks and timers"): the reported one counts only published batches' files as
+consumed, the heartbeat's also the files of the batch Spark planned already — and never
+a file no planned batch reads, which would make on-time records late."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from millwheel import Record, SampleSource
+from millwheel._record import MAX_TIMESTAMP
+from millwheel.runtime._consumed import ConsumedFiles, heartbeat_batch, input_watermarks
+from millwheel.runtime._fs import Location
+from millwheel.runtime._streams import FileStreamLog
+
+PAIR = ("s", "P")
+
+
+def _plan(cp, batch: int, names: list[str], streams: FileStreamLog) -> None:
+    """Batch ``batch`` of the query at ``cp`` reads ``names`` of ``s/P`` (its source 1; source 0: heartbeats)."""
+    (cp / "sources" / "1").mkdir(parents=True, exist_ok=True)
+    (cp / "offsets").mkdir(parents=True, exist_ok=True)
+    loc = streams.location(*PAIR)
+    lines = ["v1"] + [json.dumps({"path": loc.child(n).uri, "timestamp": 0, "batchId": batch}) for n in names]
+    (cp / "sources" / "1" / str(batch)).write_text("\n".join(lines) + "\n")
+    (cp / "offsets" / str(batch)).write_text(f'v1\n{{"batchWatermarkMs":0}}\n{{"logOffset":{batch}}}\n{{"logOffset":{batch}}}\n')
+
+
+@pytest.fixture
+def files(tmp_path):
+    """Four published files of ``s/P``, oldest timestamps 1000..4000."""
+    streams = FileStreamLog(Location.of(str(tmp_path / "run")))
+    streams.ensure(*PAIR)
+    for i in range(1, 5):
+        streams.append(*PAIR, f"s{i:010d}", [Record(i, {"n": i}, i * 1_000, f"r{i}")], sender_watermark=i * 1_000)
+    names = sorted(streams.files(*PAIR, live_only=True))
+    return streams, names, tmp_path / "run" / "checkpoints" / "C"
+
+
+def test_the_heartbeat_counts_the_planned_batch_and_nothing_past_it(files):
+    streams, names, cp = files
+    _plan(cp, 0, names[:1], streams)  # published
+    _plan(cp, 1, names[1:3], streams)  # planned, running
+    consumed = ConsumedFiles(Location.of(str(cp)))
+    consumed.refresh()
+    assert consumed.planned() == 1
+    # upstream finished (+inf): only the files themselves hold
+    assert input_watermarks(MAX_TIMESTAMP, [PAIR], streams, consumed, 0, 1) == (2_000, 4_000, 3, 1)
+    assert input_watermarks(MAX_TIMESTAMP, [PAIR], streams, consumed, 0, 0) == (2_000, 2_000, 3, 3)
+    assert input_watermarks(1_500, [PAIR], streams, consumed, 0, 1) == (1_500, 1_500, 3, 1)  # the upstream bounds both
+    _plan(cp, 2, names[3:], streams)
+    consumed.refresh()
+    assert input_watermarks(MAX_TIMESTAMP, [PAIR], streams, consumed, 0, consumed.planned()) == (2_000, MAX_TIMESTAMP, 3, 0)
+
+
+def test_an_uncommitted_batch_is_read_again_a_rescale_may_plan_it_anew(files):
+    streams, names, cp = files
+    _plan(cp, 0, names[:1], streams)
+    _plan(cp, 1, names[1:2], streams)
+    consumed = ConsumedFiles(Location.of(str(cp)))
+    consumed.refresh()
+    assert input_watermarks(MAX_TIMESTAMP, [PAIR], streams, consumed, 0, 1)[1] == 3_000
+    (cp / "offsets" / "1").unlink()  # dropped (``drop_planned_batch``): nothing of it counts
+    assert input_watermarks(MAX_TIMESTAMP, [PAIR], streams, consumed, 0, 1)[1] == 2_000
+
+
+def test_a_computation_that_reads_what_it_writes_counts_published_batches_only(files):
+    _, _, cp = files
+    _plan(cp, 0, [], files[0])
+    _plan(cp, 3, [], files[0])
+    consumed = ConsumedFiles(Location.of(str(cp)))
+    assert heartbeat_batch("C", [PAIR], consumed, 0) == 3
+    # its planned batch's productions are not published yet, and may be older than its input
+    assert heartbeat_batch("P", [PAIR], consumed, 0) == 0
+    assert heartbeat_batch("C", [("dead_letters", "C"), PAIR], consumed, 0) == 0
+
+
+@pytest.mark.spark
+def test_a_heartbeat_never_moves_past_the_files_no_batch_planned(tmp_path, spark, second_counts):
+    # one file a batch (maxFilesPerTrigger), each second's records in two files: the injector
+    # is finished (+inf) long before the query has planned its files, so a heartbeat that
+    # counted more than the planned batch would move Spark's watermark past files still
+    # waiting, fire a second's timer before its second file is read, and emit that second twice
+    from millwheel.runtime import RuntimeSettings, SparkRuntime
+
+    records = [Record(None, {"key": f"k{i % 3}"}, 500 * (i // 4) + i % 4, f"r{i}") for i in range(24)]
+    settings = RuntimeSettings(drain=True, intervals=2, max_files_per_trigger=1, poll_ms=50, heartbeat_ms=50)
+    rt = SparkRuntime(second_counts(SampleSource(records, batch_size=4)), str(tmp_path / "run"), settings, spark=spark)
+    rt.run(timeout_s=300)
+    query = rt.computations["SecondCounts"]
+    out = rt.output("counts")
+    assert query.metrics["late"] == 0
+    assert Counter((r.value["key"], r.value["second"]) for r in out).most_common(1)[0][1] == 1, "a second's timer fired early"
+    assert second_counts.answer(out) == Counter((r.value["key"], r.timestamp // 1_000 * 1_000) for r in records)
+    assert query.batches >= 6  # one file a batch: the planned batch really ran ahead of the others
+
+def _query(handles_timers: bool, summaries: dict) -> Any:
+    from types import SimpleNamespace
+
+    from millwheel.runtime._query import ComputationQuery
+
+    q = ComputationQuery.__new__(ComputationQuery)
+    q.intervals, q.summaries = 2, summaries
+    q.spec = SimpleNamespace(handles_timers=handles_timers)
+    return q
+
+
+def test_a_heartbeat_waits_while_it_has_nothing_to_do():
+    from millwheel.runtime._wire import IntervalSummary
+
+    idle = {i: IntervalSummary(i, None, None, None, 0) for i in range(2)}
+    timer = {0: IntervalSummary(0, 5_000, 5_000, None, 1), 1: idle[1]}
+    needed = _query(True, idle)._heartbeat_needed
+    assert not needed(9_000, 0, False)  # nothing waits, nothing runs, no timer: a batch that does nothing
+    assert needed(9_000, 1, False)  # input a later batch reads is judged under the newest watermark
+    assert needed(9_000, 0, True)  # the batch in flight may set timers this watermark makes due
+    assert not _query(False, idle)._heartbeat_needed(9_000, 0, True)  # it sets none
+    assert _query(True, timer)._heartbeat_needed(5_000, 0, False)
+    assert not _query(True, timer)._heartbeat_needed(4_999, 0, False)
+    assert _query(True, {0: idle[0]})._heartbeat_needed(9_000, 0, False)  # interval 1's holds unknown
