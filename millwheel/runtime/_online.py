@@ -257,6 +257,8 @@ def rescale_main(argv: list[str]) -> int:
         return 0 if state == "done" else 1
     elif out.get("to_layout") is not None and out.get("keys") is not None:
         print(f"moved {out['computation']!r} to the {out['to_layout']!r} state layout with {out['to']} key intervals: {out['keys']} keys ({out['seconds']:.1f}s)")
+    elif out.get("pending"):
+        print(f"the rescale of {out['computation']!r} to {out['to']} key intervals is written already: start the run, whose next micro-batch moves the state")
     elif out.get("keys") is not None and not out.get("unchanged"):
         print(f"rescaled {out['computation']!r} from {out['from']} to {out['to']} key intervals: {out['keys']} keys move in its next micro-batch ({out['seconds']:.1f}s)")
     return 0
@@ -431,7 +433,12 @@ class OnlineRescaler:
                 self._answer(job, "failed", str(exc))
                 return
             if done is not None:
-                self._answer(job, "done", "nothing to do: " + ("it has that many key intervals already" if done.get("unchanged") else "an interrupted rescale was finished"))
+                why = (
+                    "it has that many key intervals already" if done.get("unchanged")
+                    else f"its move to {done['to']} key intervals is written already and runs in its query's next micro-batch" if done.get("pending")
+                    else "an interrupted rescale was finished"
+                )  # fmt: skip
+                self._answer(job, "done", "nothing to do: " + why)
                 return
         q = c.query
         waited = time.monotonic() - job.at.get("retry", job.at["requested"])

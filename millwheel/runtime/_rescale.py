@@ -165,8 +165,8 @@ def target(root: Location, computation: str, intervals: int) -> Target:
 def settled(tgt: Target, say: Any, t0: float) -> dict[str, Any] | None:
     """What to return without moving anything, or ``None`` if the state must move: a
     previous rescale of the computation whose file was never renamed into view is finished
-    here; one whose move has not run (or not committed) yet refuses; the same count is a
-    no-op."""
+    here; one whose move has not run (or not committed) yet answers ``pending`` to the same
+    count and refuses another; the same count is a no-op."""
     computation, intervals, old, heartbeats = tgt.computation, tgt.intervals, tgt.old, tgt.heartbeats
     heartbeats.mkdirs()
     consumed = ConsumedFiles(tgt.checkpoint)
@@ -175,6 +175,11 @@ def settled(tgt: Target, say: Any, t0: float) -> dict[str, Any] | None:
     last = committed[-1] if committed else -1
     if old.migration is not None and not old.migration.get("moved"):
         name = old.migration["file"]
+        if heartbeats.child(name).exists() and intervals == old.intervals:
+            # the same command again (an operator whose first one was killed after run.json):
+            # it is written, and only the run's next micro-batch has to move it
+            say(f"the rescale of {computation!r} to {intervals} key intervals is written; the run moves its state in its next micro-batch: start the run")
+            return {"computation": computation, "to": intervals, "pending": True, "file": name, "seconds": time.perf_counter() - t0}
         if heartbeats.child(name).exists():
             msg = (
                 f"the rescale of {computation!r} to {old.intervals} key intervals has not run yet (its state move {name} waits "
@@ -194,6 +199,9 @@ def settled(tgt: Target, say: Any, t0: float) -> dict[str, Any] | None:
             hidden.move_to(heartbeats.child(name))
             say(f"finished the interrupted rescale of {computation!r} to {intervals} key intervals")
             return {"computation": computation, "to": intervals, "finished": True, "file": name, "seconds": time.perf_counter() - t0}
+        if name not in consumed.heartbeat_names(last) and intervals == old.intervals:
+            say(f"the rescale of {computation!r} to {intervals} key intervals is written; the batch that moves its state is planned, not committed: start the run")
+            return {"computation": computation, "to": intervals, "pending": True, "file": name, "seconds": time.perf_counter() - t0}
         if name not in consumed.heartbeat_names(last):
             msg = (
                 f"the batch that moves {computation!r}'s state into {old.intervals} key intervals is planned but not committed; "

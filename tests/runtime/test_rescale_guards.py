@@ -153,6 +153,12 @@ def test_an_interrupted_rescale_is_finished_by_the_next_start_or_a_second_rescal
     q._check_migration(migration)  # the move waits for the query now
     with pytest.raises(MillwheelError, match="has not run yet"):
         rescale(root.uri, "C", 2)
+    # the same command again (an operator whose first one was killed after run.json): nothing
+    # to do but start the run, which moves the state; the file and run.json stay as they are
+    pin = root.child("run.json").read_text()
+    again = rescale(root.uri, "C", 8)
+    assert again["pending"] and again["file"] == migration["file"] and heartbeats.child(migration["file"]).exists()
+    assert root.child("run.json").read_text() == pin
     # killed between run.json and the rename (the command, or a driver rescaling online):
     # the next start renames the file itself (run.json names it, so it was written whole)
     heartbeats.child(migration["file"]).move_to(hidden)
