@@ -27,7 +27,7 @@ from millwheel.runtime import RuntimeSettings, SparkRuntime  # noqa: E402
 
 T0 = 1_700_000_000_000
 RATE_N = 3000
-SEQ = {"count": 3600, "rows_per_batch": 400, "partitions": 2, "disorder_ms": 30, "keys": 9, "bad_every": 1000, "step_ms": 5}
+SEQ = {"count": 6000, "rows_per_batch": 400, "partitions": 2, "disorder_ms": 30, "keys": 9, "bad_every": 1000, "step_ms": 5}
 
 
 class SecondCounts(Computation):
