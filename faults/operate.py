@@ -101,7 +101,7 @@ def _again(campaign: Any, computation: str, request: dict[str, Any]) -> None:
     from millwheel.runtime import rescale
 
     answer = rescale(str(campaign.root), computation, **request)
-    campaign.log(f"    again: {({k: v for k, v in answer.items() if k in ('from', 'to', 'keys', 'finished', 'unchanged', 'state')})}")
+    campaign.log(f"    again: {({k: v for k, v in answer.items() if k in ('from', 'to', 'keys', 'finished', 'unchanged', 'pending', 'state')})}")
 
 
 __all__ = ["OPERATIONS", "operate"]
