@@ -175,12 +175,16 @@ def settled(tgt: Target, say: Any, t0: float) -> dict[str, Any] | None:
     last = committed[-1] if committed else -1
     if old.migration is not None and not old.migration.get("moved"):
         name = old.migration["file"]
-        if heartbeats.child(name).exists() and intervals == old.intervals:
+
+        def pending(where: str) -> dict[str, Any]:
             # the same command again (an operator whose first one was killed after run.json):
             # it is written, and only the run's next micro-batch has to move it
-            say(f"the rescale of {computation!r} to {intervals} key intervals is written; the run moves its state in its next micro-batch: start the run")
+            say(f"the rescale of {computation!r} to {intervals} key intervals is written; {where}: start the run")
             return {"computation": computation, "to": intervals, "pending": True, "file": name, "seconds": time.perf_counter() - t0}
+
         if heartbeats.child(name).exists():
+            if intervals == old.intervals:
+                return pending("the run moves its state in its next micro-batch")
             msg = (
                 f"the rescale of {computation!r} to {old.intervals} key intervals has not run yet (its state move {name} waits "
                 "in the heartbeats); resume the run, which moves the state in its first micro-batch, then rescale again"
@@ -199,10 +203,9 @@ def settled(tgt: Target, say: Any, t0: float) -> dict[str, Any] | None:
             hidden.move_to(heartbeats.child(name))
             say(f"finished the interrupted rescale of {computation!r} to {intervals} key intervals")
             return {"computation": computation, "to": intervals, "finished": True, "file": name, "seconds": time.perf_counter() - t0}
-        if name not in consumed.heartbeat_names(last) and intervals == old.intervals:
-            say(f"the rescale of {computation!r} to {intervals} key intervals is written; the batch that moves its state is planned, not committed: start the run")
-            return {"computation": computation, "to": intervals, "pending": True, "file": name, "seconds": time.perf_counter() - t0}
         if name not in consumed.heartbeat_names(last):
+            if intervals == old.intervals:
+                return pending("the batch that moves its state is planned, not committed")
             msg = (
                 f"the batch that moves {computation!r}'s state into {old.intervals} key intervals is planned but not committed; "
                 "resume the run until it commits, then rescale again"
