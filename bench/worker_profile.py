@@ -96,7 +96,7 @@ def run(files: list[Path], intervals: int, profile: cProfile.Profile | None = No
         # keying, where it happens (for the record; the step below does not use these)
         c0 = time.process_time()
         for rb in table.to_batches():
-            key(pa.repeat(True, rb.num_rows), rb.column("id"), rb.column("ts"), rb.column("key"), rb.column("value"))
+            key(pa.repeat(True, rb.num_rows), rb.column("id"), rb.column("ts"), rb.column("key"), rb.column("value"), pa.nulls(rb.num_rows, pa.struct([])))
         c1 = time.process_time()
         recs = [("events", Record(None, decode_value(v), 0, "")) for v in table.column("value").to_pylist()]
         c2 = time.process_time()
