@@ -12,8 +12,10 @@ letter (:func:`parse_line`, :func:`parse_chunk`).
 from __future__ import annotations
 
 import calendar
+import gc
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from millwheel._deadletter import malformed_line
@@ -88,6 +90,12 @@ def parse_line(line: bytes, id_field: str, ts_field: str, file: str, offset: int
     except (ValueError, RecursionError) as exc:
         msg = f"broken JSON: {str(exc)[:200]}"
         raise MalformedLine(msg) from None
+    rid, ts = _id_and_timestamp(value, id_field, ts_field, file, offset)
+    return rid, ts, value
+
+
+def _id_and_timestamp(value: object, id_field: str, ts_field: str, file: str, offset: int) -> tuple[str, int]:
+    """A decoded line's record id and timestamp, or :class:`MalformedLine` with the reason."""
     if not isinstance(value, dict):
         msg = f"not a JSON object: {type(value).__name__}"
         raise MalformedLine(msg)
@@ -107,7 +115,7 @@ def parse_line(line: bytes, id_field: str, ts_field: str, file: str, offset: int
     elif type(rid) is not str or not rid:
         msg = f"id field {id_field!r} must be a non-empty string, got {type(rid).__name__} {str(rid)[:80]!r}"
         raise MalformedLine(msg)
-    return rid, ts, value
+    return rid, ts
 
 
 @dataclass(slots=True)
@@ -129,26 +137,97 @@ def parse_chunk(
     id_field: str,
     ts_field: str,
 ) -> Chunk:
-    """Parse complete lines of ``data`` (read from byte ``start`` of ``file``)."""
+    """Parse complete lines of ``data`` (read from byte ``start`` of ``file``): each line
+    gives what :func:`parse_line` gives it, a record or a dead letter with its reason.
+
+    The bytes are decoded once and each line's JSON scanned where it lies (:func:`_lines_of`),
+    with the garbage collector paused: the values are new, acyclic and kept, so its
+    collections would only re-walk them. Anything that is not plainly a record — a line
+    the scan refuses or does not end, a value that fails a check, bytes that are not
+    plain UTF-8 — takes :func:`parse_line` itself, so its record or dead letter (reason,
+    offset) is exactly what that gives (docs/runtime.md, "Injectors").
+    """
     records: list[Record] = []
     dead: list[Record] = []
-    pos, n = 0, len(data)
-    while pos < n:
-        nl = data.find(b"\n", pos)
-        if nl < 0:
-            nl = n
-        line = data[pos:nl]
-        offset = start + pos
-        pos = nl + 1
-        if not line.strip():
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        for offset, line, value in _lines_of(data, start):
+            if type(value) is dict:  # the common case, checked inline: an object with both fields valid
+                ts = value.get(ts_field)
+                rid = value.get(id_field)
+                if type(ts) is int and _INT64_MIN < ts < _INT64_MAX and type(rid) is str and rid:
+                    records.append(Record(None, value, ts, rid, stream))
+                    continue
+            try:
+                if value is _UNSCANNED:
+                    rid, ts, value = parse_line(line, id_field, ts_field, file, offset)
+                else:
+                    rid, ts = _id_and_timestamp(value, id_field, ts_field, file, offset)
+            except MalformedLine as exc:
+                dead.append(malformed_line(injector, stream, file, offset, str(exc), line, file_time))
+                continue
+            records.append(Record(None, value, ts, rid, stream))
+    finally:
+        if paused:
+            gc.enable()
+    return Chunk(records, dead)
+
+
+#: what :func:`_lines_of` gives for a line it leaves to :func:`parse_line`
+_UNSCANNED = object()
+#: JSON's whitespace (``json.decoder.WHITESPACE``): what ``json.loads`` skips around a document
+_JSON_SPACE = re.compile(r"[ \t\n\r]*").match
+#: what ``json.loads`` runs on a ``str`` once it has skipped the leading whitespace
+_SCAN = json.JSONDecoder().scan_once
+#: what ``bytes.strip()`` strips: a line of only these is blank and skipped
+_BLANK = " \t\n\r\x0b\x0c"
+
+
+def _lines_of(data: bytes, start: int) -> Iterator[tuple[int, bytes, object]]:
+    """``(byte offset, line, value)`` of each non-blank line of ``data``; ``value`` is
+    ``json.loads(line)`` where the scan finds a whole document on the line, else ``_UNSCANNED``.
+
+    ``json.loads`` of a ``bytes`` line decodes it as UTF-8 (``surrogatepass``) unless it
+    starts with a byte-order mark or has a NUL byte in its first two (the UTF-16/32
+    guesses), then scans it as a ``str``: so ``data`` without NULs and UTF-8 BOMs that
+    decodes as UTF-8 is decoded once, and each line scanned in place. Other data (or a
+    line the scan refuses, does not end, or ends before its last non-space character:
+    ``json.loads``' "Extra data") is left to :func:`parse_line`, line by line, for the
+    reason ``json.loads`` gives.
+    """
+    text = None
+    if b"\x00" not in data and b"\xef\xbb\xbf" not in data:
+        try:
+            text = data.decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            text = None
+    if text is None:
+        pos, n = 0, len(data)
+        while pos < n:
+            nl = data.find(b"\n", pos)
+            if nl < 0:
+                nl = n
+            if data[pos:nl].strip():
+                yield start + pos, data[pos:nl], _UNSCANNED
+            pos = nl + 1
+        return
+    # byte lengths of the lines: their characters' unless some are not ASCII
+    sizes = None if data.isascii() else [len(b) for b in data.split(b"\n")]
+    pos, scan, space = 0, _SCAN, _JSON_SPACE
+    for i, line in enumerate(text.split("\n")):
+        here = pos
+        size = len(line) if sizes is None else sizes[i]
+        pos += size + 1
+        if not line.strip(_BLANK):
             continue
         try:
-            rid, ts, value = parse_line(line, id_field, ts_field, file, offset)
-        except MalformedLine as exc:
-            dead.append(malformed_line(injector, stream, file, offset, str(exc), line, file_time))
-            continue
-        records.append(Record(None, value, ts, rid, stream))
-    return Chunk(records, dead)
+            value, end = scan(line, space(line, 0).end() if line[0] in _BLANK else 0)
+            if end != len(line) and space(line, end).end() != len(line):
+                value = _UNSCANNED
+        except (StopIteration, ValueError, RecursionError):
+            value = _UNSCANNED
+        yield start + here, data[here : here + size], value
 
 
 def first_timestamp(data: bytes, ts_field: str) -> int | None:

@@ -27,6 +27,7 @@ consumers of its stream (``_keying.py``: the ``keyer`` option, a pickled
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import pickle
 import time
@@ -39,7 +40,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 
 from millwheel._codec import encode_value
 from millwheel._deadletter import DEAD_LETTER_STREAM
-from millwheel._fields import FIELDS_COLUMN
+from millwheel._fields import FIELDS_COLUMN, StreamFields
 from millwheel._logfile import (
     ByteRange,
     LogFileSource,
@@ -48,7 +49,7 @@ from millwheel._logfile import (
     plan_ranges,
     read_range,
 )
-from millwheel._record import encode_key
+from millwheel._record import Record, encode_key
 from millwheel.runtime._keying import Keyer
 from millwheel.runtime._wire import OUT_SCHEMA
 
@@ -110,27 +111,48 @@ class LogFileStreamReader(DataSourceStreamReader):
             yield from self._read_range(ByteRange(name, begin, end, swm, ftime))
 
     def _read_range(self, byte_range: ByteRange) -> Iterator[pa.RecordBatch]:
-        swm = byte_range.sender_watermark
+        """The range's records, then its dead letters: one Arrow batch each (either may be absent).
+
+        Built column by column with the garbage collector paused (the rows are acyclic;
+        its collections would only re-walk the batch's new objects): the range's records
+        all carry its sender watermark and no key (``parse_chunk`` makes them so)."""
         chunk = read_range(self.opts, byte_range, self.injector, self.stream)
-        rows = [(self.stream, r, swm) for r in chunk.records] + [(DEAD_LETTER_STREAM, r, None) for r in chunk.dead_letters]
-        if rows:
-            values, declared = value_columns(self.keyer, self.stream, [s for s, _, _ in rows], [r.value for _, r, _ in rows])
-            arrays = [
-                pa.array([s for s, _, _ in rows], pa.string()),
-                pa.array([r.id for _, r, _ in rows], pa.string()),
-                pa.array([r.timestamp for _, r, _ in rows], pa.int64()),
-                pa.array([None if r.key is None else encode_key(r.key) for _, r, _ in rows], pa.binary()),
-                values,
-                pa.array([w for _, _, w in rows], pa.int64()),
-            ]
-            names = ["stream", "id", "ts", "key", "value", "wm"]
-            if self.keyer is not None:
-                arrays += self.keyer.arrays([(s, r) for s, r, _ in rows], self.consumers)
-                names += [f.name for f in self.keyer.arrow_fields(self.consumers)]
-            if declared is not None:
-                arrays.append(declared)
-                names.append(FIELDS_COLUMN)
-            yield pa.RecordBatch.from_arrays(arrays, names=names)
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            if chunk.records:
+                yield self._batch(self.stream, chunk.records, byte_range.sender_watermark)
+            if chunk.dead_letters:
+                yield self._batch(DEAD_LETTER_STREAM, chunk.dead_letters, None)
+        finally:
+            if paused:
+                gc.enable()
+
+    def _batch(self, stream: str, records: list[Record], wm: int | None) -> pa.RecordBatch:
+        """Stream-log rows of ``records`` of ``stream`` (the injector's, or dead letters)."""
+        n = len(records)
+        values = [r.value for r in records]
+        if stream == self.stream and self.keyer is not None and stream in self.keyer.fields:
+            value, declared = declared_columns(self.keyer.fields[stream], values)
+        else:
+            value, declared = value_columns(self.keyer, self.stream, stream, values)
+        keys = [None if r.key is None else encode_key(r.key) for r in records] if stream != self.stream else None
+        arrays = [
+            pa.repeat(pa.scalar(stream, pa.string()), n),
+            pa.array([r.id for r in records], pa.string()),
+            pa.array([r.timestamp for r in records], pa.int64()),
+            pa.nulls(n, pa.binary()) if keys is None else pa.array(keys, pa.binary()),
+            value,
+            pa.nulls(n, pa.int64()) if wm is None else pa.repeat(pa.scalar(wm, pa.int64()), n),
+        ]
+        names = ["stream", "id", "ts", "key", "value", "wm"]
+        if self.keyer is not None:
+            arrays += self.keyer.arrays([(stream, r) for r in records], self.consumers)
+            names += [f.name for f in self.keyer.arrow_fields(self.consumers)]
+        if declared is not None:
+            arrays.append(declared)
+            names.append(FIELDS_COLUMN)
+        return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
 class LogFileDataSource(DataSource):
@@ -167,12 +189,46 @@ def keyer_of(options: dict[str, str]) -> tuple[Keyer | None, list[str]]:
     return keyer, list(json.loads(options["keyed_for"]))
 
 
-def value_columns(keyer: Keyer | None, stream: str, streams: list[str], values: list[Any]) -> tuple[pa.Array, pa.Array | None]:
+def value_columns(keyer: Keyer | None, stream: str, streams: list[str] | str, values: list[Any]) -> tuple[pa.Array, pa.Array | None]:
     """The ``value`` column of an injector's rows (its stream's records and dead letters),
     and the ``fields`` column when its stream declares fields (``Keyer.value_columns``)."""
     if keyer is None:
         return pa.array([encode_value(v) for v in values], pa.binary()), None
     return keyer.value_columns(stream, streams, values)
+
+
+def declared_columns(fields: StreamFields, values: list[Any]) -> tuple[pa.Array, pa.StructArray]:
+    """``value`` and ``fields`` columns of values of a stream that declares ``fields``: what
+    :meth:`StreamFields.split <millwheel._fields.StreamFields.split>` gives, built by columns
+    when every value conforms (a log's lines mostly do), else by ``split`` itself.
+
+    All conform when each is a ``dict`` with exactly the declared keys in order and each
+    column holds only ``None`` and the declared type (an ``int`` column: within int64,
+    which Arrow's conversion checks).
+
+    >>> from millwheel._fields import StreamFields, rebuild_values
+    >>> f = StreamFields.of({"q": str, "n": int})
+    >>> [rebuild_values(v.to_pylist(), a) for v, a in (declared_columns(f, [{"q": "a", "n": 1}]), declared_columns(f, [{"q": "a", "n": True}]))]
+    [[{'q': 'a', 'n': 1}], [{'q': 'a', 'n': True}]]
+    """
+    names, n = fields.names, len(values)
+    if n and all(type(v) is dict and tuple(v) == names for v in values):
+        struct = fields.arrow_type()
+        columns = list(zip(*[v.values() for v in values], strict=True))
+        arrays = []
+        for column, typ, field in zip(columns, fields.types, struct, strict=True):
+            kinds = set(map(type, column))
+            kinds.discard(type(None))
+            if kinds - {typ}:
+                break
+            try:
+                arrays.append(pa.array(column, field.type))
+            except OverflowError:  # an int beyond int64: that value does not conform
+                break
+        else:
+            return pa.nulls(n, pa.binary()), pa.StructArray.from_arrays(arrays, fields=list(struct))
+    fields_column, encoded = fields.split(values)
+    return pa.array(encoded, pa.binary()), fields_column
 
 
 def log_schema(base: str, keyer: Keyer | None, consumers: list[str], stream: str) -> str:
