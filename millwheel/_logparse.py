@@ -15,7 +15,7 @@ import calendar
 import gc
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from millwheel._deadletter import malformed_line
@@ -176,10 +176,10 @@ def parse_chunk(
 
 #: what :func:`_lines_of` gives for a line it leaves to :func:`parse_line`
 _UNSCANNED = object()
-#: JSON's whitespace (``json.decoder.WHITESPACE``): what ``json.loads`` skips around a document
-_JSON_SPACE = re.compile(r"[ \t\n\r]*").match
+#: JSON's whitespace within a line (``json.decoder.WHITESPACE`` less ``\\n``): what ``json.loads`` skips around a document
+_JSON_SPACE = " \t\r"
 #: what ``json.loads`` runs on a ``str`` once it has skipped the leading whitespace
-_SCAN = json.JSONDecoder().scan_once
+_SCAN: Callable[[str, int], tuple[object, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 #: what ``bytes.strip()`` strips: a line of only these is blank and skipped
 _BLANK = " \t\n\r\x0b\x0c"
 
@@ -188,20 +188,20 @@ def _lines_of(data: bytes, start: int) -> Iterator[tuple[int, bytes, object]]:
     """``(byte offset, line, value)`` of each non-blank line of ``data``; ``value`` is
     ``json.loads(line)`` where the scan finds a whole document on the line, else ``_UNSCANNED``.
 
-    ``json.loads`` of a ``bytes`` line decodes it as UTF-8 (``surrogatepass``) unless it
-    starts with a byte-order mark or has a NUL byte in its first two (the UTF-16/32
-    guesses), then scans it as a ``str``: so ``data`` without NULs and UTF-8 BOMs that
-    decodes as UTF-8 is decoded once, and each line scanned in place. Other data (or a
-    line the scan refuses, does not end, or ends before its last non-space character:
-    ``json.loads``' "Extra data") is left to :func:`parse_line`, line by line, for the
-    reason ``json.loads`` gives.
+    ``json.loads`` of a ``bytes`` line decodes it as UTF-8 (``surrogatepass``) and scans
+    the text; so ``data`` that decodes as UTF-8 is decoded once, and each line scanned in
+    place, as ``json.loads`` would (leading and trailing JSON whitespace, then one
+    document). Where ``json.loads`` decodes a line otherwise — a byte-order mark or a NUL
+    in its first two bytes — the text of the line is no whole document (a BOM or a NUL
+    is neither JSON whitespace nor inside a valid value), so the scan never takes it.
+    Lines the scan refuses, does not end, or ends before their last non-space character
+    (``json.loads``' "Extra data"), and all of ``data`` that is not UTF-8, are left to
+    :func:`parse_line`, line by line, for its reason.
     """
-    text = None
-    if b"\x00" not in data and b"\xef\xbb\xbf" not in data:
-        try:
-            text = data.decode("utf-8", "surrogatepass")
-        except UnicodeDecodeError:
-            text = None
+    try:
+        text: str | None = data.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        text = None
     if text is None:
         pos, n = 0, len(data)
         while pos < n:
@@ -214,7 +214,7 @@ def _lines_of(data: bytes, start: int) -> Iterator[tuple[int, bytes, object]]:
         return
     # byte lengths of the lines: their characters' unless some are not ASCII
     sizes = None if data.isascii() else [len(b) for b in data.split(b"\n")]
-    pos, scan, space = 0, _SCAN, _JSON_SPACE
+    pos, scan = 0, _SCAN
     for i, line in enumerate(text.split("\n")):
         here = pos
         size = len(line) if sizes is None else sizes[i]
@@ -222,8 +222,8 @@ def _lines_of(data: bytes, start: int) -> Iterator[tuple[int, bytes, object]]:
         if not line.strip(_BLANK):
             continue
         try:
-            value, end = scan(line, space(line, 0).end() if line[0] in _BLANK else 0)
-            if end != len(line) and space(line, end).end() != len(line):
+            value, end = scan(line, len(line) - len(line.lstrip(_JSON_SPACE)) if line[0] in _BLANK else 0)
+            if end != len(line) and line[end:].strip(_JSON_SPACE):
                 value = _UNSCANNED
         except (StopIteration, ValueError, RecursionError):
             value = _UNSCANNED

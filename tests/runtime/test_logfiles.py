@@ -10,6 +10,8 @@ import pickle
 
 import pyarrow as pa
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from millwheel import (
     DEAD_LETTER_STREAM,
@@ -19,10 +21,12 @@ from millwheel import (
     LogFileSource,
     Topology,
 )
-from millwheel._logfile import initial_offset, plan_offset, plan_ranges
+from millwheel._fields import FIELDS_COLUMN, StreamFields, rebuild_values
+from millwheel._logfile import ByteRange, initial_offset, plan_offset, plan_ranges, read_range
 
 pytest.importorskip("pyspark.sql.datasource")
-from millwheel.runtime._logfiles import LogFileStreamReader  # noqa: E402
+from millwheel.runtime._keying import Keyer  # noqa: E402
+from millwheel.runtime._logfiles import LogFileStreamReader, declared_columns, keyer_options  # noqa: E402
 
 T = 1_767_261_600_000
 
@@ -133,3 +137,89 @@ def test_a_rerun_reads_a_file_that_landed_in_a_finished_directory_before_it_says
     rt.run(timeout_s=300)
     assert sorted(rt.values("seen")) == ["e1", "e2", "e3"]
     assert rt.states("Tally") == {"all": 3}
+
+
+def _messy_lines() -> str:
+    """Lines whose values conform to the declared fields or do not (order, extra or missing
+    fields, wrong types, an int beyond int64, None), and lines that are dead letters."""
+    values = [
+        {"id": "c1", "ts": T + 1, "query": "cats"},
+        {"id": "c2", "ts": T + 2, "query": None},
+        {"ts": T + 3, "id": "c3", "query": "dogs"},
+        {"id": "c4", "ts": T + 4, "query": "cats", "extra": [1, 2.5]},
+        {"id": "c5", "ts": T + 5},
+        {"id": "c6", "ts": T + 6, "query": 7},
+        {"id": "c7", "ts": T + 7, "query": True},
+        {"id": "c8", "ts": T + 8, "query": "é ☕"},
+    ]
+    lines = [json.dumps(v, ensure_ascii=False) for v in values]
+    lines += ['{"id": "c9", "ts": 1767261600009, "query": "x", "n": 123456789012345678901234567890}', "{oops", '{"id": "d", "ts": 1.5}', "[1]", ""]
+    return "\n".join(lines) + "\n"
+
+
+def _rowwise(reader: LogFileStreamReader, r: ByteRange) -> pa.Table:
+    """A range's rows built value by value, the way every writer builds them
+    (``StreamFields.split``, ``Keyer.arrays`` over all rows): what the reader's columns must equal."""
+    chunk = read_range(reader.opts, r, reader.injector, reader.stream)
+    rows = [(reader.stream, rec, r.sender_watermark) for rec in chunk.records] + [(DEAD_LETTER_STREAM, rec, None) for rec in chunk.dead_letters]
+    keyer = reader.keyer
+    values, declared = keyer.value_columns(reader.stream, [s for s, _, _ in rows], [rec.value for _, rec, _ in rows])
+    cols = {
+        "stream": pa.array([s for s, _, _ in rows], pa.string()),
+        "id": pa.array([rec.id for _, rec, _ in rows], pa.string()),
+        "ts": pa.array([rec.timestamp for _, rec, _ in rows], pa.int64()),
+        "key": pa.array([None] * len(rows), pa.binary()),
+        "value": values,
+        "wm": pa.array([w for _, _, w in rows], pa.int64()),
+    }
+    for f, a in zip(keyer.arrow_fields(reader.consumers), keyer.arrays([(s, rec) for s, rec, _ in rows], reader.consumers), strict=True):
+        cols[f.name] = a
+    if declared is not None:
+        cols[FIELDS_COLUMN] = declared
+    return pa.table(cols)
+
+
+@pytest.mark.parametrize("declare", [True, False])
+def test_the_readers_columns_are_the_rows_built_value_by_value(tmp_path, declare):
+    (tmp_path / f"q-{T}.jsonl").write_text(_messy_lines(), encoding="utf-8")
+    (tmp_path / f"q-{T + 1_000}.jsonl").write_text("".join(_line(i, T + 1_000 + i) for i in range(50)))
+    t = Topology("t")
+    src = LogFileSource(tmp_path, finite=True)
+    t.injector("logs", src, stream="queries")
+    if declare:
+        t.stream("queries", fields={"id": str, "ts": int, "query": str})
+
+    class Count(Computation):
+        def process_record(self, ctx, record):
+            pass
+
+    t.computation(Count, inputs={"queries": lambda r: r.value["query"]})
+    t.computation(Count, name="Letters", inputs={DEAD_LETTER_STREAM: lambda r: r.value.file})
+    t.validate()
+    options = {**src.options(), "injector": "logs", "stream": "queries", "partitions": "1"}
+    options.update(keyer_options(Keyer.of(t, 4), "queries"))
+    reader = LogFileStreamReader(options)
+    start = reader.initialOffset()
+    (part,) = reader.partitions(start, reader.latestOffset(start))
+    got = pa.Table.from_batches(list(reader.read(part)))
+    want = pa.concat_tables([_rowwise(reader, ByteRange(*r)) for r in part.value])
+    assert got.schema == want.schema
+    # the same rows, in the same order: each range's records, then its dead letters
+    assert got.to_pylist() == want.to_pylist()
+    assert got.num_rows == 62 and got.column("stream").to_pylist().count(DEAD_LETTER_STREAM) == 3
+    if declare:  # what conforms is stored as columns, the rest pickled
+        assert [v is None for v in got.column("value").to_pylist()[:9]] == [True, True, False, False, False, False, False, True, False]
+
+
+@given(st.lists(st.one_of(
+    st.fixed_dictionaries({"q": st.one_of(st.none(), st.text(max_size=4), st.integers(), st.booleans()), "n": st.one_of(st.none(), st.integers(min_value=-(2**64), max_value=2**64), st.floats(allow_nan=False), st.booleans())}),
+    st.dictionaries(st.sampled_from(["q", "n", "x"]), st.integers(), max_size=3),
+    st.integers(), st.none(),
+), max_size=12))
+def test_declared_columns_split_values_as_streamfields_split_does(values):
+    f = StreamFields.of({"q": str, "n": int})
+    arr, encoded = f.split(values)
+    value, fields = declared_columns(f, values)
+    assert value.to_pylist() == encoded
+    assert rebuild_values(value.to_pylist(), fields) == rebuild_values(encoded, arr) == values
+    assert fields.type == arr.type and [v is None for v in fields.to_pylist()] == [v is None for v in arr.to_pylist()]
