@@ -13,6 +13,14 @@ over every partition of one batch, in one process, no Spark, for two inputs:
 * ``photon_queries`` — the query logs of the Photon bench's sample (120,000 lines at the
   default rate; pickled values), keyed for the joiner.
 
+``--spark`` runs the injector's query alone instead (``local[2]``, the bundled sample's
+JVM options, workers warmed as ``millwheel run`` warms them; each batch into
+``foreachBatch`` → ``df.toArrow()``, the driver outbox's path): the batch's ``addBatch``
+and the CPU seconds of the driver JVM, of its Python processes (the data source's
+planner and readers) and of the driver's Python, per query run — the first run of a
+session (cold) apart from the others. CPU seconds hold on a shared machine where wall
+times do not; wrap it in ``flock`` like any Spark command.
+
 Each variant (``LABEL=CHECKOUT``: a directory holding ``millwheel/`` and ``topologies/``)
 runs in its own process with ``PYTHONPATH`` set to it, variants alternating, ``--reps``
 times each; a figure is the median of its repetitions' process CPU time (the first
@@ -55,7 +63,9 @@ def _reader(dataset: str, data: str) -> Any:
     options = dict(spec.source.options())
     options.update(injector=injector, stream=spec.stream, partitions="2", finite="1")
     options.update(keyer_options(Keyer.of(topology, 16), spec.stream))
-    return LogFileStreamReader(options)
+    reader = LogFileStreamReader(options)
+    reader._bench_options = options  # type: ignore[attr-defined]  # what --spark starts its query with
+    return reader
 
 
 def worker(dataset: str, data: str, reps: int) -> dict[str, Any]:
@@ -71,6 +81,69 @@ def worker(dataset: str, data: str, reps: int) -> dict[str, Any]:
         if rep:  # the first is a warm-up
             cpu.append(time.process_time() - t0)
     return {"rows": rows, "cpu_s": cpu}
+
+
+def _tree_cpu(root: int) -> tuple[float, float]:
+    """CPU seconds of process ``root`` and of all its descendants (from ``/proc``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    kids: dict[int, list[int]] = {}
+    cpu: dict[int, float] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            rest = stat[stat.rindex(")") + 2 :].split()
+            kids.setdefault(int(rest[1]), []).append(int(d))
+            cpu[int(d)] = (int(rest[11]) + int(rest[12])) / tick
+    todo, below = list(kids.get(root, [])), 0.0
+    while todo:
+        pid = todo.pop()
+        below += cpu.get(pid, 0.0)
+        todo += kids.get(pid, [])
+    return cpu.get(root, 0.0), below
+
+
+def spark_worker(dataset: str, data: str, reps: int) -> dict[str, Any]:
+    """In the variant's process: the injector's query alone on Spark, ``reps + 1`` times."""
+    from millwheel.runtime._logfiles import FORMAT, LogFileDataSource
+    from millwheel.runtime._session import spark_session, warm_python_workers
+    from topologies.zeitgeist import SAMPLE_SPARK_CONF
+
+    reader = _reader(dataset, data)
+    spark = spark_session("local[2]", conf=dict(SAMPLE_SPARK_CONF))
+    spark.dataSource.register(LogFileDataSource)
+    warm_python_workers(spark)
+    jvm = spark.sparkContext._gateway.proc.pid
+    options = reader._bench_options
+    runs = []
+    for _ in range(reps + 1):
+        rows = [0]
+
+        def sink(df: Any, _batch: int, rows: list[int] = rows) -> None:
+            rows[0] += df.toArrow().num_rows
+
+        with tempfile.TemporaryDirectory(prefix="reader-bench-ck-") as ck:
+            j0, p0, d0, w0 = *_tree_cpu(jvm), time.process_time(), time.perf_counter()
+            q = spark.readStream.format(FORMAT).options(**options).load().writeStream.foreachBatch(sink)
+            q = q.option("checkpointLocation", ck).trigger(availableNow=True).start()
+            q.awaitTermination()
+            (j1, p1), d1, w1 = _tree_cpu(jvm), time.process_time(), time.perf_counter()
+            add = sum(p["durationMs"].get("addBatch", 0) for p in q.recentProgress if p["numInputRows"])
+        runs.append({"rows": rows[0], "wall_s": round(w1 - w0, 2), "add_batch_s": add / 1000, "jvm_cpu_s": round(j1 - j0, 2),
+                     "python_workers_cpu_s": round(p1 - p0, 2), "driver_python_cpu_s": round(d1 - d0, 2)})  # fmt: skip
+    spark.stop()
+    return {"rows": runs[0]["rows"], "runs": runs}
+
+
+def spark_figures(runs: list[dict[str, Any]], per_session: int) -> dict[str, Any]:
+    """Medians of the cold runs (each session's first) and of the warm ones."""
+    cold = [r for i, r in enumerate(runs) if i % per_session == 0]
+    warm = [r for i, r in enumerate(runs) if i % per_session]
+    keys = ("add_batch_s", "wall_s", "jvm_cpu_s", "python_workers_cpu_s", "driver_python_cpu_s")
+    med = lambda rs: {k: round(statistics.median(r[k] for r in rs), 2) for k in keys} if rs else None  # noqa: E731
+    return {"cold": med(cold), "warm": med(warm), "runs": runs}
 
 
 def photon_sample(directory: Path) -> str:
@@ -89,15 +162,20 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2, help="processes per variant and dataset, alternating")
     p.add_argument("--datasets", default=",".join(DATASETS))
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "logfile_reader.json"))
+    p.add_argument("--spark", action="store_true", help="the injector's query alone on Spark (see above)")
     p.add_argument("--worker", nargs=2, metavar=("DATASET", "DATA"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker[0], args.worker[1], args.reps)))
+        run = spark_worker if args.spark else worker
+        print(json.dumps(run(args.worker[0], args.worker[1], args.reps)))
         return 0
+    if args.spark and args.out == str(ROOT / "bench" / "results" / "logfile_reader.json"):
+        args.out = str(ROOT / "bench" / "results" / "logfile_reader_spark.json")
     variants = dict(v.split("=", 1) for v in args.variant) or {"this": str(ROOT)}
     py = sys.executable
     results: dict[str, Any] = {
-        "what": "LogFileStreamReader.read of one batch's every partition, in process (no Spark); CPU seconds",
+        "what": ("the injector's query alone on local[2] (foreachBatch -> toArrow): per query run, addBatch and CPU seconds; the first run of a session cold"
+                 if args.spark else "LogFileStreamReader.read of one batch's every partition, in process (no Spark); CPU seconds"),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "load_1min": round(os.getloadavg()[0], 2),
         "datasets": {},
@@ -112,11 +190,16 @@ def main() -> int:
             for _ in range(args.rounds):
                 for label, checkout in variants.items():
                     env = {**os.environ, "PYTHONPATH": str(Path(checkout).resolve())}
-                    cmd = [py, str(Path(__file__).resolve()), "--worker", dataset, data or "-", "--reps", str(args.reps)]
+                    cmd = [py, str(Path(__file__).resolve()), "--worker", dataset, data or "-", "--reps", str(args.reps)] + (["--spark"] if args.spark else [])
                     out = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True, check=True)
                     one = json.loads(out.stdout.strip().splitlines()[-1])
-                    got[label] += one["cpu_s"]
+                    got[label] += one["runs"] if args.spark else one["cpu_s"]
                     rows[label] = one["rows"]
+            if args.spark:
+                results["datasets"][dataset] = {label: spark_figures(runs, args.reps + 1) for label, runs in got.items()}
+                for label, fig in results["datasets"][dataset].items():
+                    print(f"{dataset:15s} {label:8s} cold {fig['cold']}  warm {fig['warm']}")
+                continue
             figures = {}
             for label, cpu in got.items():
                 med = statistics.median(cpu)
