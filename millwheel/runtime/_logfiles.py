@@ -117,16 +117,18 @@ class LogFileStreamReader(DataSourceStreamReader):
         its collections would only re-walk the batch's new objects): the range's records
         all carry its sender watermark and no key (``parse_chunk`` makes them so)."""
         chunk = read_range(self.opts, byte_range, self.injector, self.stream)
+        batches: list[pa.RecordBatch] = []
         paused = gc.isenabled()
         gc.disable()
         try:
             if chunk.records:
-                yield self._batch(self.stream, chunk.records, byte_range.sender_watermark)
+                batches.append(self._batch(self.stream, chunk.records, byte_range.sender_watermark))
             if chunk.dead_letters:
-                yield self._batch(DEAD_LETTER_STREAM, chunk.dead_letters, None)
+                batches.append(self._batch(DEAD_LETTER_STREAM, chunk.dead_letters, None))
         finally:
             if paused:
                 gc.enable()
+        yield from batches  # the collector runs again while Spark takes them
 
     def _batch(self, stream: str, records: list[Record], wm: int | None) -> pa.RecordBatch:
         """Stream-log rows of ``records`` of ``stream`` (the injector's, or dead letters)."""
