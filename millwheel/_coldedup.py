@@ -4,17 +4,21 @@ The per-record path (``_envelope.DedupIndex``) keeps one id list and one Bloom f
 key. A columnar computation keeps one :class:`ColumnarDedup` per key interval (the
 harness: per computation) and checks a whole micro-batch in a few numpy calls:
 
-1. **fingerprints** of every ``(key, id)`` pair: xxh3-64 of the id (the per-record
-   path's :func:`~millwheel._bloom.fingerprint`) mixed with the key's hash (computed once
-   per distinct key), so two keys never share a decision — dedup stays per key (§6.1.1);
+1. **fingerprints** of every ``(key, id)`` pair: a 64-bit hash of the id's bytes
+   (:func:`hash_bytes`: whole-array numpy passes over the Arrow string buffer, no Python
+   call per id) xor that of the key (computed once per distinct key), so two keys never
+   share a decision — dedup stays per key (§6.1.1);
 2. **Bloom check** over a bit array (double hashing, ``k`` positions a fingerprint) for
    the whole batch in one fancy-indexing call; a "no" is final;
-3. a **"maybe"** is looked up in the sorted fingerprints (``np.searchsorted``), and only
-   a fingerprint that matches is compared with the exact ``(id, key)`` kept: a Bloom or
-   fingerprint false positive never drops a record;
-4. **insert**: ids appended (Arrow arrays), fingerprints merged into the sorted array,
-   their bits set in one call; the filter is rebuilt from the fingerprints when the ids
-   outgrow its capacity, or after garbage collection.
+3. a **"maybe"** is compared with the exact ids kept for its key (the rows are sorted by
+   key: two ``np.searchsorted`` calls find them): a Bloom false positive never drops a record;
+4. **insert**: ids (an Arrow array) merged after their key's, their bits set in one call;
+   the filter is rebuilt from the ids when they outgrow its capacity, or after garbage
+   collection.
+
+A stored index names its fingerprint function (:data:`FINGERPRINTS`); one written with
+an earlier function (xxh3-64 per id, called from Python) gets its filter rebuilt from its
+ids when it is read, so its decisions stay exact.
 
 Ids are kept while their timestamp is ``>= horizon`` (``low watermark - slack_ms``), as in
 the per-record path, but collected by their own timestamp rather than by the newest of a
@@ -41,25 +45,83 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import xxhash
 
+from millwheel._colinput import factorize
 from millwheel._envelope import DedupStats
 
-_digest = xxhash.xxh3_64_intdigest
-_encode = str.encode
 _MASK32 = np.uint64(0xFFFFFFFF)
+#: the mixing constants of :func:`hash_bytes` (splitmix64 / murmur3's finaliser)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_FMIX1, _FMIX2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)
+_S29, _S33 = np.uint64(29), np.uint64(33)
+#: seeds: an id and a key with the same bytes hash differently
+ID_SEED, KEY_SEED = np.uint64(0x243F6A8885A308D3), np.uint64(0x13198A2E03707344)
+_LANES = np.arange(8, dtype=np.int64)
+#: the fingerprint function of the stored filters: 2 = :func:`hash_bytes`; 1 (stores
+#: written before it) = xxh3-64 of the id xor that of the key, whose filters are rebuilt
+#: when they are read (:meth:`ColumnarDedup.from_wire`)
+FINGERPRINTS = 2
 
 
-def fingerprints(ids: Sequence[str], kbs: Sequence[bytes], codes: np.ndarray | None = None, uniques: Sequence[bytes] | None = None) -> np.ndarray:
-    """uint64 fingerprints of ``(id, encoded key)`` pairs: xxh3-64 of the id xor that of the key
-    (``codes``/``uniques``: the keys already factorized, ``kbs[i] == uniques[codes[i]]``)."""
-    fp = np.fromiter(map(_digest, map(_encode, ids)), np.uint64, len(ids))
-    if codes is not None and uniques is not None:
-        return fp ^ np.fromiter(map(_digest, uniques), np.uint64, len(uniques))[codes]
-    keys = {kb: _digest(kb) for kb in set(kbs)}
-    if len(keys) == 1:
-        return fp ^ np.uint64(next(iter(keys.values())))
-    return fp ^ np.fromiter(map(keys.__getitem__, kbs), np.uint64, len(kbs))
+def hash_bytes(arr: pa.Array | pa.ChunkedArray | Sequence[Any], seed: np.uint64 = ID_SEED) -> np.ndarray:
+    """A 64-bit hash of each string or bytes value, in whole-array numpy passes (no Python
+    call per value): the values' bytes read 8 at a time from the Arrow buffer, each word
+    mixed in (xor, multiply, shift), the length first and murmur3's finaliser last. A
+    stable function of the bytes (stored filters depend on it), not a cryptographic one:
+    the exact ids decide every "maybe" (module docstring)."""
+    if not isinstance(arr, (pa.Array, pa.ChunkedArray)):
+        arr = pa.array(list(arr), pa.binary() if len(arr) and isinstance(arr[0], bytes) else pa.string())
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    n = len(arr)
+    if n == 0:
+        return np.empty(0, np.uint64)
+    large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+    width = 8 if large else 4
+    bufs = arr.buffers()
+    offsets = np.frombuffer(bufs[1], np.int64 if large else np.int32, n + 1, arr.offset * width).astype(np.int64)
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    data = np.zeros(hi - lo + 8, np.uint8)  # 8 bytes of padding: a word read at a value's end stays inside
+    if hi > lo:
+        data[: hi - lo] = np.frombuffer(bufs[2], np.uint8, hi - lo, lo)
+    starts = offsets[:-1] - lo
+    lens = offsets[1:] - offsets[:-1]
+    h = (lens.astype(np.uint64) * _GOLDEN) ^ seed
+    rows = np.flatnonzero(lens > 0)
+    j = 0
+    while len(rows):
+        rem = lens[rows] - j
+        b = data[(starts[rows] + j)[:, None] + _LANES]
+        short = rem < 8
+        if short.any():
+            b[_LANES[None, :] >= rem[:, None]] = 0  # bytes past the value's end (the next value's) count as zeros
+        x = (h[rows] ^ b.view("<u8")[:, 0]) * _GOLDEN
+        h[rows] = x ^ (x >> _S29)
+        j += 8
+        rows = rows[rem > 8]
+    h ^= h >> _S33
+    h *= _FMIX1
+    h ^= h >> _S33
+    h *= _FMIX2
+    h ^= h >> _S33
+    return h
+
+
+def _as_ids(ids: Sequence[str] | pa.Array) -> pa.Array:
+    if isinstance(ids, pa.ChunkedArray):
+        ids = ids.combine_chunks()
+    if isinstance(ids, pa.Array):
+        return ids.cast(pa.string()) if ids.type != pa.string() else ids
+    return pa.array(list(ids), pa.string())
+
+
+def fingerprints(ids: Sequence[str] | pa.Array, kbs: Sequence[bytes] | None, codes: np.ndarray | None = None, uniques: Sequence[bytes] | None = None) -> np.ndarray:
+    """uint64 fingerprints of ``(id, encoded key)`` pairs: :func:`hash_bytes` of the id xor
+    that of the key (``codes``/``uniques``: the keys already factorized, ``kbs[i] == uniques[codes[i]]``)."""
+    fp = hash_bytes(_as_ids(ids))
+    if codes is None or uniques is None:
+        codes, uniques = factorize(kbs or [])
+    return fp ^ hash_bytes(pa.array(list(uniques), pa.binary()), KEY_SEED)[codes]
 
 
 def bloom_size(capacity: int, fpr: float) -> tuple[int, int]:
@@ -113,11 +175,8 @@ class ColumnarDedup:
         c.keys, c.key_index, c.bits = list(self.keys), dict(self.key_index), self.bits.copy()
         return c
 
-    def _kix_of(self, kbs: Sequence[bytes], codes: np.ndarray | None = None, uniques: Sequence[bytes] | None = None) -> np.ndarray:
-        """Key indexes of ``kbs`` (new keys are added to the key table)."""
-        if codes is None or uniques is None:
-            c, u = pd.factorize(np.array([*kbs, b""], dtype=object)[:-1])
-            codes, uniques = c, u.tolist()
+    def _kix_of(self, codes: np.ndarray, uniques: Sequence[bytes]) -> np.ndarray:
+        """Key indexes of the keys ``uniques[codes]`` (new keys are added to the key table)."""
         index = self.key_index
         for kb in uniques:
             if kb not in index:
@@ -137,18 +196,22 @@ class ColumnarDedup:
         if n == 0:
             return np.zeros(0, np.bool_)
         stats = stats if stats is not None else DedupStats()
+        ids = _as_ids(ids)
+        if codes is None or uniques is None:
+            codes, uniques = factorize(kbs or [])
         if fps is None:
-            fps = fingerprints(ids, kbs)
-        kix = self._kix_of(kbs, codes, uniques)
+            fps = fingerprints(ids, None, codes, uniques)
+        kix = self._kix_of(codes, uniques)
         keep = np.ones(n, np.bool_)
         # repeats inside the batch: equal fingerprints, then the exact pair
         srt = np.sort(fps)
         same = srt[1:] == srt[:-1]
         if same.any():
-            seen: set[tuple[str, bytes]] = set()
-            suspects = set(srt[1:][same].tolist())
-            for i in np.flatnonzero(np.isin(fps, np.fromiter(suspects, np.uint64, len(suspects)))).tolist():
-                pair = (ids[i], kbs[i])
+            seen: set[tuple[str, int]] = set()
+            suspects = np.unique(srt[1:][same])
+            rows = np.flatnonzero(np.isin(fps, suspects))
+            for i, rid, k in zip(rows.tolist(), ids.take(pa.array(rows)).to_pylist(), kix[rows].tolist(), strict=True):
+                pair = (rid, k)
                 if pair in seen:
                     keep[i] = False
                 else:
@@ -162,11 +225,12 @@ class ColumnarDedup:
                 lo = np.searchsorted(self.kix, k_of, "left")
                 hi = np.searchsorted(self.kix, k_of, "right")
                 kept_ids: dict[int, set[str]] = {}
-                for i, k, a, b in zip(idx.tolist(), k_of.tolist(), lo.tolist(), hi.tolist(), strict=True):
+                asked = ids.take(pa.array(idx)).to_pylist()
+                for i, rid, k, a, b in zip(idx.tolist(), asked, k_of.tolist(), lo.tolist(), hi.tolist(), strict=True):
                     known = kept_ids.get(k)
                     if known is None:
                         known = kept_ids[k] = set(self.ids.slice(a, b - a).to_pylist()) if b > a else set()
-                    if ids[i] in known:
+                    if rid in known:
                         keep[i] = False
                     else:
                         stats.bloom_false_positive += 1
@@ -174,22 +238,21 @@ class ColumnarDedup:
         return keep
 
     # -- writing -------------------------------------------------------------------
-    def _insert(self, ids: Sequence[str], kix: np.ndarray, ts: np.ndarray, fps: np.ndarray, keep: np.ndarray) -> None:
+    def _insert(self, ids: pa.Array, kix: np.ndarray, ts: np.ndarray, fps: np.ndarray, keep: np.ndarray) -> None:
         if keep.all():
-            sel = None
             new_ids, new_kix, new_ts, new_fps = ids, kix, ts, fps
         else:
             sel = np.flatnonzero(keep)
             if not len(sel):
                 return
-            new_ids = [ids[i] for i in sel.tolist()]
+            new_ids = ids.take(pa.array(sel))
             new_kix, new_ts, new_fps = kix[sel], ts[sel], fps[sel]
         base = len(self.ts)
         o = np.argsort(new_kix, kind="stable")
         at = np.searchsorted(self.kix, new_kix[o], "right")
         # the merged order: old rows in place, new rows after their key's
         perm = np.insert(np.arange(base, dtype=np.int64), at, o.astype(np.int64) + base)
-        ids_all = pa.concat_arrays([self.ids, pa.array(new_ids, pa.string())])
+        ids_all = pa.concat_arrays([self.ids, new_ids])
         self.ids = ids_all.take(pa.array(perm))
         self.kix = np.concatenate([self.kix, new_kix])[perm]
         self.ts = np.concatenate([self.ts, new_ts])[perm]
@@ -202,9 +265,7 @@ class ColumnarDedup:
         """Fingerprints of every kept id (for a rebuilt filter)."""
         if not len(self.ts):
             return np.empty(0, np.uint64)
-        fp = np.fromiter(map(_digest, map(_encode, self.ids.to_pylist())), np.uint64, len(self.ts))
-        key_fp = np.fromiter(map(_digest, self.keys), np.uint64, len(self.keys))
-        return fp ^ key_fp[self.kix]
+        return hash_bytes(self.ids) ^ hash_bytes(pa.array(self.keys, pa.binary()), KEY_SEED)[self.kix]
 
     def _rebuild(self, fps: np.ndarray) -> None:
         """A filter over ``fps`` (sized to twice the ids unless the capacity is fixed)."""
@@ -323,13 +384,17 @@ class ColumnarDedup:
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, batch.schema, options=_IPC) as w:
             w.write_batch(batch)
-        return [sink.getvalue().to_pybytes(), self.keys, np.packbits(self.bits).tobytes(), self.m, self.k, self.capacity, self.fpr, self.fixed]
+        return [sink.getvalue().to_pybytes(), self.keys, np.packbits(self.bits).tobytes(), self.m, self.k, self.capacity, self.fpr, self.fixed, FINGERPRINTS]
 
     @classmethod
     def from_wire(cls, wire: list[Any] | None, fpr: float = 0.01, capacity: int | None = None) -> ColumnarDedup:
         if wire is None:
             return cls(fpr, capacity)
-        ipc, keys, bits, m, k, cap, fpr_, fixed = wire
+        ipc, keys, bits, m, k, cap, fpr_, fixed = wire[:8]
+        version = wire[8] if len(wire) > 8 else 1
+        if version not in (1, FINGERPRINTS):
+            msg = f"columnar dedup index with fingerprints version {version!r}; this millwheel reads 1 and {FINGERPRINTS}"
+            raise ValueError(msg)
         d = cls.__new__(cls)
         d.fpr, d.fixed = fpr_, fixed
         batch = pa.ipc.open_stream(ipc).read_next_batch()
@@ -340,6 +405,8 @@ class ColumnarDedup:
         d.key_index = {kb: i for i, kb in enumerate(d.keys)}
         d.m, d.k, d.capacity = m, k, cap
         d.bits = np.unpackbits(np.frombuffer(bits, np.uint8), count=m).astype(np.bool_)
+        if version != FINGERPRINTS:  # its filter holds other fingerprints: rebuilt from its ids
+            d._rebuild(d._fingerprints())
         return d
 
 

@@ -69,6 +69,7 @@ import pyarrow.compute as pc
 from millwheel._codec import decode_value, encode_value
 from millwheel._colbatch import Batch, _categories, _key_column
 from millwheel._coldedup import chunk_stamps, fingerprints
+from millwheel._colinput import InputColumns
 from millwheel._colout import Outputs
 from millwheel._colstore import STORE_MAGIC, STORE_VERSION, ColumnarStore
 from millwheel._computation import Computation
@@ -145,24 +146,6 @@ def is_columnar(cls: type) -> bool:
 
 
 # ------------------------------------------------------------------------------ the runner
-@dataclass(slots=True)
-class InputColumns:
-    """One key interval's records of a batch, in delivery order."""
-
-    kbs: list[bytes]
-    ids: list[str]
-    ts: np.ndarray
-    streams: list[str]
-    #: values, encoded (``encoded=True``) or as objects
-    values: list[Any]
-    #: the watermark each record arrived under (``None``: the batch's low watermark)
-    arrival: list[int | None] | None = None
-    encoded: bool = True
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
 @dataclass(slots=True)
 class ColumnarResult:
     """What one run over a key interval's batch returns."""
@@ -264,29 +247,19 @@ class ColumnarRunner:
         touched: set[bytes] = set()
         horizon_wm = lw
         if n:
-            kbs, ts = recs.kbs, recs.ts
-            kcodes, uniques = pd.factorize(np.array(kbs + [b""], dtype=object)[:-1])  # codes in order of first appearance
-            kcodes = kcodes.astype(np.int64, copy=False)
-            uniq = uniques.tolist()
+            ts, kcodes, uniq = recs.ts, recs.codes, recs.uniques  # key codes in order of first appearance
             for kb in uniq:
                 key_of[kb] = decode_key(kb)
             touched.update(key_of)
-            if DEAD_LETTER_STREAM in set(recs.streams):
-                not_dead = np.array([s != DEAD_LETTER_STREAM for s in recs.streams], np.bool_)
-            else:
-                not_dead = np.ones(n, np.bool_)
-            if recs.arrival is None:
-                late_wm = np.full(n, lw, np.int64)
-            else:
-                late_wm = np.fromiter((lw if a is None else a for a in recs.arrival), np.int64, n)
-            late_wm = np.where(not_dead, late_wm, MIN_TIMESTAMP)
+            not_dead = recs.not_stream(DEAD_LETTER_STREAM)
+            late_wm = np.where(not_dead, recs.arrival_watermarks(lw), MIN_TIMESTAMP)
             if not_dead.any():
                 horizon_wm = min(lw, int(late_wm[not_dead].min()))
             late = ts < late_wm
             if opts.exactly_once:
                 # a late record is remembered under the watermark it was late for: a re-delivery is a duplicate
-                stamps = chunk_stamps(kbs, np.maximum(ts, late_wm), opts.dedup.gc_interval_ms, kcodes)
-                keep = st.dedup.admit(recs.ids, kbs, stamps, stats, fingerprints(recs.ids, kbs, kcodes, uniq), kcodes, uniq)
+                stamps = chunk_stamps(None, np.maximum(ts, late_wm), opts.dedup.gc_interval_ms, kcodes)
+                keep = st.dedup.admit(recs.ids, None, stamps, stats, fingerprints(recs.ids, None, kcodes, uniq), kcodes, uniq)
             else:
                 keep = np.ones(n, np.bool_)
             c["duplicates"] = int(n - keep.sum())
@@ -301,10 +274,11 @@ class ColumnarRunner:
                 else:
                     c["late_to_stream"] = c["late"]
                     for i in np.flatnonzero(late).tolist():
-                        v = recs.values[i]
+                        v = recs.value(i)
                         dec = decode_cell(v) if recs.encoded else v
                         enc = v if type(v) is bytes else encode_value(dec)
-                        out.add(opts.late.stream, kbs[i], key_of[kbs[i]], dec, enc, int(ts[i]), recs.ids[i])  # type: ignore[arg-type]
+                        kb = recs.kb(i)
+                        out.add(opts.late.stream, kb, key_of[kb], dec, enc, int(ts[i]), recs.id(i))
             if admit.all():
                 idx, codes, order = np.arange(n), kcodes, uniq
             else:
@@ -344,18 +318,15 @@ class ColumnarRunner:
             if name == "key":
                 keys = [key_of[kb] for kb in order]
                 if codes is None:
-                    kbs = recs.kbs
                     index = {kb: i for i, kb in enumerate(order)}
-                    codes = np.fromiter(map(index.__getitem__, [kbs[i] for i in il]), np.int64, len(il))
+                    codes = np.array([index.get(kb, -1) for kb in recs.uniques], np.int64)[recs.codes[idx]]
                 cols["key"] = _key_column(codes, keys, _categories(keys))
             elif name == "id":
-                ids = recs.ids
-                cols["id"] = [ids[i] for i in il]
+                cols["id"] = recs.ids_at(il)
             elif name == "timestamp":
                 cols["timestamp"] = recs.ts[idx]
             elif name == "stream":
-                ss = recs.streams
-                cols["stream"] = [ss[i] for i in il]
+                cols["stream"] = recs.streams_at(il)
             elif name == "value":
                 cols["value"] = values = _values(recs, il, values)
             else:
@@ -411,7 +382,6 @@ class ColumnarRunner:
         lw: int, now: int, out: Outputs, dead: list[Any],
     ) -> int:  # fmt: skip
         """The admitted records ``idx`` (grouped by key: ``codes`` into ``order``), in one call; on failure per key, then per record."""
-        kbs = recs.kbs
         try:
             self._call(st, order, key_of, self._frame(recs, idx, key_of, order, codes), None, lw, now, out)
             return len(idx)
@@ -420,6 +390,7 @@ class ColumnarRunner:
         # careful: per key, then per record for a key whose call fails
         processed = 0
         per_key: dict[bytes, list[int]] = {}
+        kbs = recs.kbs
         for i in idx.tolist():
             per_key.setdefault(kbs[i], []).append(i)
         for kb, rows in per_key.items():
@@ -435,8 +406,8 @@ class ColumnarRunner:
                     self._call(st, [kb], key_of, self._frame(recs, np.array([i]), key_of, [kb]), None, lw, now, out)
                     processed += 1
                 except _CallFailed as failed:
-                    v = recs.values[i]
-                    rec = Record(key_of[kb], decode_cell(v) if recs.encoded else v, int(recs.ts[i]), recs.ids[i], recs.streams[i])
+                    v = recs.value(i)
+                    rec = Record(key_of[kb], decode_cell(v) if recs.encoded else v, int(recs.ts[i]), recs.id(i), recs.stream(i))
                     dead.append(self._dead_letter(key_of[kb], failed.exc, Stage.PROCESS_RECORD, rec, None, now))
         return processed
 
@@ -544,8 +515,8 @@ def _values(recs: InputColumns, il: list[int], done: list[Any] | None) -> list[A
     """The values of rows ``il``, decoded (``done``: decoded already)."""
     if done is not None:
         return done
-    vs = recs.values
-    return [decode_cell(vs[i]) for i in il] if recs.encoded else [vs[i] for i in il]
+    vs = recs.values_at(il)
+    return [decode_cell(v) for v in vs] if recs.encoded else vs
 
 
 def _timer_frame(items: list[tuple[bytes, str, int, int]], key_of: dict[bytes, Key]) -> pd.DataFrame:
