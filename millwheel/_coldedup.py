@@ -56,7 +56,8 @@ _FMIX1, _FMIX2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)
 _S29, _S33 = np.uint64(29), np.uint64(33)
 #: seeds: an id and a key with the same bytes hash differently
 ID_SEED, KEY_SEED = np.uint64(0x243F6A8885A308D3), np.uint64(0x13198A2E03707344)
-_LANES = np.arange(8, dtype=np.int64)
+#: the low ``r`` bytes of a little-endian word, ``r`` = 0..8
+_TAIL = np.array([(1 << (8 * r)) - 1 for r in range(8)] + [2**64 - 1], np.uint64)
 #: the fingerprint function of the stored filters: 2 = :func:`hash_bytes`; 1 (stores
 #: written before it) = xxh3-64 of the id xor that of the key, whose filters are rebuilt
 #: when they are read (:meth:`ColumnarDedup.from_wire`)
@@ -84,6 +85,7 @@ def hash_bytes(arr: pa.Array | pa.ChunkedArray | Sequence[Any], seed: np.uint64 
     data = np.zeros(hi - lo + 8, np.uint8)  # 8 bytes of padding: a word read at a value's end stays inside
     if hi > lo:
         data[: hi - lo] = np.frombuffer(bufs[2], np.uint8, hi - lo, lo)
+    words = np.ndarray((hi - lo + 1,), "<u8", data, 0, (1,))  # the 8 bytes at every byte offset (unaligned reads)
     starts = offsets[:-1] - lo
     lens = offsets[1:] - offsets[:-1]
     h = (lens.astype(np.uint64) * _GOLDEN) ^ seed
@@ -91,11 +93,8 @@ def hash_bytes(arr: pa.Array | pa.ChunkedArray | Sequence[Any], seed: np.uint64 
     j = 0
     while len(rows):
         rem = lens[rows] - j
-        b = data[(starts[rows] + j)[:, None] + _LANES]
-        short = rem < 8
-        if short.any():
-            b[_LANES[None, :] >= rem[:, None]] = 0  # bytes past the value's end (the next value's) count as zeros
-        x = (h[rows] ^ b.view("<u8")[:, 0]) * _GOLDEN
+        w = words[starts[rows] + j] & _TAIL[np.minimum(rem, 8)]  # bytes past the value's end count as zeros
+        x = (h[rows] ^ w) * _GOLDEN
         h[rows] = x ^ (x >> _S29)
         j += 8
         rows = rows[rem > 8]
@@ -138,7 +137,8 @@ def _positions(fps: np.ndarray, m: int, k: int) -> np.ndarray:
     h1 = fps & _MASK32
     h2 = (fps >> np.uint64(32)) | np.uint64(1)
     steps = np.arange(k, dtype=np.uint64)
-    return (h1[:, None] + steps[None, :] * h2[:, None]) % np.uint64(m)
+    # each 32-bit hash mapped onto [0, m) by a multiply and a shift (Lemire's "fastrange"), not a modulo
+    return (((h1[:, None] + steps[None, :] * h2[:, None]) & _MASK32) * np.uint64(m)) >> np.uint64(32)
 
 
 class ColumnarDedup:
@@ -149,12 +149,16 @@ class ColumnarDedup:
     stored form (Arrow IPC, zstd) compresses the key and timestamp columns to almost nothing.
     """
 
-    __slots__ = ("ids", "kix", "ts", "keys", "key_index", "bits", "m", "k", "capacity", "fpr", "fixed")
+    __slots__ = ("ids", "kix", "ts", "seg", "segs", "keys", "key_index", "bits", "m", "k", "capacity", "fpr", "fixed")
 
     def __init__(self, fpr: float = 0.01, capacity: int | None = None) -> None:
         self.ids = pa.array([], pa.string())
         self.kix = np.empty(0, np.int32)
         self.ts = np.empty(0, np.int64)
+        #: each row's segment (an index into ``segs``) and the segments: (rows, their stored
+        #: bytes or ``None`` until :meth:`to_wire` encodes them); ``segs`` ``None``: one segment, not encoded
+        self.seg = np.empty(0, np.int32)
+        self.segs: list[tuple[int, bytes | None]] | None = []
         self.keys: list[bytes] = []
         self.key_index: dict[bytes, int] = {}
         self.fpr = fpr
@@ -172,6 +176,7 @@ class ColumnarDedup:
         """A copy that changes independently (what ``admit`` and ``collect`` change in place is copied)."""
         c = ColumnarDedup.__new__(ColumnarDedup)
         c.ids, c.kix, c.ts, c.m, c.k, c.capacity, c.fpr, c.fixed = self.ids, self.kix, self.ts, self.m, self.k, self.capacity, self.fpr, self.fixed
+        c.seg, c.segs = self.seg, None if self.segs is None else list(self.segs)
         c.keys, c.key_index, c.bits = list(self.keys), dict(self.key_index), self.bits.copy()
         return c
 
@@ -256,6 +261,9 @@ class ColumnarDedup:
         self.ids = ids_all.take(pa.array(perm))
         self.kix = np.concatenate([self.kix, new_kix])[perm]
         self.ts = np.concatenate([self.ts, new_ts])[perm]
+        if self.segs is not None:  # the new ids: a segment of their own, encoded by the next to_wire
+            self.segs.append((len(new_kix), None))
+        self.seg = np.concatenate([self.seg, np.full(len(new_kix), len(self.segs or ()) - 1, np.int32)])[perm]
         if not self.fixed and len(self.ts) > self.capacity:
             self._rebuild(self._fingerprints())
         else:
@@ -304,6 +312,7 @@ class ColumnarDedup:
         stats.ids_collected += int(drop.sum())
         self.ids = self.ids.filter(pa.array(kept))
         self.kix, self.ts = self.kix[kept], self.ts[kept]
+        self.seg, self.segs = np.zeros(len(self.ts), np.int32), None  # rewritten as one segment
         self._compact_keys()
         self._rebuild(self._fingerprints())
 
@@ -344,6 +353,7 @@ class ColumnarDedup:
             d = self.empty_like()
             d.ids = self.ids.filter(pa.array(sel))
             d.kix, d.ts = self.kix[sel], self.ts[sel]
+            d.seg, d.segs = np.zeros(len(d.ts), np.int32), None
             d.keys, d.key_index = list(self.keys), dict(self.key_index)
             d._compact_keys()
             d._rebuild(d._fingerprints())
@@ -371,45 +381,90 @@ class ColumnarDedup:
         out.ids = pa.concat_arrays([p.ids for p in full])
         out.kix = np.concatenate(kix).astype(np.int32)
         out.ts = np.concatenate([p.ts for p in full])
+        out.seg, out.segs = np.zeros(len(out.ts), np.int32), None
         out.keys, out.key_index = keys, {kb: i for i, kb in enumerate(keys)}
         out._rebuild(out._fingerprints())
         return out
 
     # -- storage -------------------------------------------------------------------
     def to_wire(self) -> list[Any] | None:
+        """The stored form: the ids in segments, each encoded once (Arrow IPC, zstd: ids,
+        keys as a dictionary column, timestamps; rows sorted by key), and the filter's bits.
+
+        A batch's new ids become a segment of their own; once :data:`SEGMENTS_PER_TIER`
+        segments of about the same size (a power of 4 apart) follow each other they are
+        re-encoded as one, so an id is re-encoded about log4(batches) times, not in every
+        batch; garbage collection and a rescale's split or merge rewrite them as one."""
         if not len(self.ts):
             return None
         self._compact_keys()
-        batch = pa.RecordBatch.from_arrays([self.ids, pa.array(self.kix), pa.array(self.ts)], ["id", "kix", "ts"])
+        if self.segs is None:
+            self.seg, self.segs = np.zeros(len(self.ts), np.int32), [(len(self.ts), None)]
+        self._tier()
+        for i, (n, data) in enumerate(self.segs):
+            if data is None:
+                self.segs[i] = (n, self._encode_segment(np.flatnonzero(self.seg == i)))
+        return [[d for _, d in self.segs], None, np.packbits(self.bits).tobytes(), self.m, self.k, self.capacity, self.fpr, self.fixed, FINGERPRINTS]
+
+    def _tier(self) -> None:
+        """Merge the last :data:`SEGMENTS_PER_TIER` segments while they are of one size tier."""
+        segs = self.segs
+        assert segs is not None
+        t = SEGMENTS_PER_TIER
+        while len(segs) >= t and len({max(1, n).bit_length() // 2 for n, _ in segs[-t:]}) == 1:
+            first = len(segs) - t
+            self.seg = np.minimum(self.seg, first).astype(np.int32, copy=False)
+            segs[first:] = [(sum(n for n, _ in segs[first:]), None)]
+
+    def _encode_segment(self, rows: np.ndarray) -> bytes:
+        kix = self.kix[rows]
+        used, local = np.unique(kix, return_inverse=True)
+        keys = pa.DictionaryArray.from_arrays(pa.array(local.astype(np.int32)), pa.array([self.keys[i] for i in used.tolist()], pa.binary()))
+        batch = pa.RecordBatch.from_arrays([self.ids.take(pa.array(rows)), keys, pa.array(self.ts[rows])], ["id", "key", "ts"])
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, batch.schema, options=_IPC) as w:
             w.write_batch(batch)
-        return [sink.getvalue().to_pybytes(), self.keys, np.packbits(self.bits).tobytes(), self.m, self.k, self.capacity, self.fpr, self.fixed, FINGERPRINTS]
+        return sink.getvalue().to_pybytes()
 
     @classmethod
     def from_wire(cls, wire: list[Any] | None, fpr: float = 0.01, capacity: int | None = None) -> ColumnarDedup:
         if wire is None:
             return cls(fpr, capacity)
-        ipc, keys, bits, m, k, cap, fpr_, fixed = wire[:8]
+        stored, keys, bits, m, k, cap, fpr_, fixed = wire[:8]
         version = wire[8] if len(wire) > 8 else 1
         if version not in (1, FINGERPRINTS):
             msg = f"columnar dedup index with fingerprints version {version!r}; this millwheel reads 1 and {FINGERPRINTS}"
             raise ValueError(msg)
         d = cls.__new__(cls)
         d.fpr, d.fixed = fpr_, fixed
-        batch = pa.ipc.open_stream(ipc).read_next_batch()
-        d.ids = batch.column(0)
-        d.kix = batch.column(1).to_numpy()
-        d.ts = batch.column(2).to_numpy()
-        d.keys = list(keys)
-        d.key_index = {kb: i for i, kb in enumerate(d.keys)}
         d.m, d.k, d.capacity = m, k, cap
-        d.bits = np.unpackbits(np.frombuffer(bits, np.uint8), count=m).astype(np.bool_)
-        if version != FINGERPRINTS:  # its filter holds other fingerprints: rebuilt from its ids
+        if version == 1:  # one segment: ids, key indexes into ``keys``, timestamps; a filter of xxh3 fingerprints
+            batch = pa.ipc.open_stream(stored).read_next_batch()
+            d.ids, d.kix, d.ts = batch.column(0), batch.column(1).to_numpy(), batch.column(2).to_numpy()
+            d.keys = list(keys)
+            d.key_index = {kb: i for i, kb in enumerate(d.keys)}
+            d.seg, d.segs = np.zeros(len(d.ts), np.int32), None
             d._rebuild(d._fingerprints())
+            return d
+        d.keys, d.key_index = [], {}
+        ids, kix, ts, seg = [], [], [], []
+        for i, data in enumerate(stored):
+            batch = pa.ipc.open_stream(data).read_next_batch()
+            kcol = batch.column(1)
+            ids.append(batch.column(0))
+            kix.append(d._kix_of(kcol.indices.to_numpy().astype(np.int64), kcol.dictionary.to_pylist()))
+            ts.append(batch.column(2).to_numpy())
+            seg.append(np.full(batch.num_rows, i, np.int32))
+        o = np.argsort(np.concatenate(kix), kind="stable")  # by key; each key's rows in segment order: as inserted
+        d.ids = pa.concat_arrays(ids).take(pa.array(o)) if len(ids) > 1 or not (o[1:] > o[:-1]).all() else ids[0]
+        d.kix, d.ts, d.seg = np.concatenate(kix)[o], np.concatenate(ts)[o], np.concatenate(seg)[o]
+        d.segs = [(len(t), data) for t, data in zip(ts, stored, strict=True)]
+        d.bits = np.unpackbits(np.frombuffer(bits, np.uint8), count=m).astype(np.bool_)
         return d
 
 
+#: how many segments of one size tier (``to_wire``) are kept before they are re-encoded as one
+SEGMENTS_PER_TIER = 4
 #: the stored ids, keys and timestamps compress well (sorted keys, near timestamps, id prefixes);
 #: zstd at level 1 stores ids a third smaller than LZ4, and writes as fast
 _IPC = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=1))
