@@ -392,7 +392,7 @@ class ColumnarDedup:
         keys as a dictionary column, timestamps; rows sorted by key), and the filter's bits.
 
         A batch's new ids become a segment of their own; once :data:`SEGMENTS_PER_TIER`
-        segments of about the same size (a power of 4 apart) follow each other they are
+        segments of about the same size (within a factor of 4) follow each other they are
         re-encoded as one, so an id is re-encoded about log4(batches) times, not in every
         batch; garbage collection and a rescale's split or merge rewrite them as one."""
         if not len(self.ts):
@@ -407,11 +407,12 @@ class ColumnarDedup:
         return [[d for _, d in self.segs], None, np.packbits(self.bits).tobytes(), self.m, self.k, self.capacity, self.fpr, self.fixed, FINGERPRINTS]
 
     def _tier(self) -> None:
-        """Merge the last :data:`SEGMENTS_PER_TIER` segments while they are of one size tier."""
+        """Merge the last :data:`SEGMENTS_PER_TIER` segments while they are of one size tier:
+        the oldest of them at most 4 times the newest (older segments are the larger ones)."""
         segs = self.segs
         assert segs is not None
         t = SEGMENTS_PER_TIER
-        while len(segs) >= t and len({max(1, n).bit_length() // 2 for n, _ in segs[-t:]}) == 1:
+        while len(segs) >= t and segs[-t][0] <= 4 * segs[-1][0]:
             first = len(segs) - t
             self.seg = np.minimum(self.seg, first).astype(np.int32, copy=False)
             segs[first:] = [(sum(n for n, _ in segs[first:]), None)]

@@ -27,7 +27,9 @@ def factorize(items: Sequence[Any]) -> tuple[np.ndarray, list[Any]]:
     """int64 codes of ``items`` into their distinct values, in order of first appearance."""
     if not len(items):
         return np.empty(0, np.int64), []
-    codes, uniques = pd.factorize(np.array([*items, None], dtype=object)[:-1])  # an object array even if every item has one length
+    if not (isinstance(items, np.ndarray) and items.dtype == object):
+        items = np.array([*items, None], dtype=object)[:-1]  # an object array even if every item has one length
+    codes, uniques = pd.factorize(items)
     return codes.astype(np.int64, copy=False), uniques.tolist()
 
 

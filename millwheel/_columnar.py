@@ -58,7 +58,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any, ClassVar
 
 import numpy as np
@@ -69,7 +68,7 @@ import pyarrow.compute as pc
 from millwheel._codec import decode_value, encode_value
 from millwheel._colbatch import Batch, _categories, _key_column
 from millwheel._coldedup import chunk_stamps, fingerprints
-from millwheel._colinput import InputColumns
+from millwheel._colinput import InputColumns, factorize
 from millwheel._colout import Outputs
 from millwheel._colstore import STORE_MAGIC, STORE_VERSION, ColumnarStore
 from millwheel._computation import Computation
@@ -356,13 +355,8 @@ class ColumnarRunner:
                 st.state = table
             else:
                 st.state = pa.concat_tables([cur, table], promote_options="permissive")
-        timers_d = st.timers
         for op, tkbs, tags, tss, d in batch._timer_ops:
-            if op == "set":
-                timers_d.update(zip(zip(tkbs, tags, strict=True), [(t, d) for t in tss], strict=True))
-            else:
-                for k in zip(tkbs, tags, strict=True):
-                    timers_d.pop(k, None)
+            st.timers = st.timers.set_many(tkbs, tags, tss, d) if op == "set" else st.timers.delete_many(tkbs, tags)
         for kb, t in batch._holds.items():
             m = st.meta.get(kb)
             if m is None:
@@ -415,47 +409,49 @@ class ColumnarRunner:
         budget = self.options.max_timer_fires_per_step
         fired: dict[bytes, int] = {}
         while st.timers:
-            due = _due(st.timers, lw, now)
-            if not due:
+            tt = st.timers
+            due = tt.ordered(tt.due(lw, now))  # per key, by timestamp, domain, tag
+            if not len(due):
                 return
-            due.sort()  # per key, by timestamp, domain, tag
-            firing = []
-            for kb, ts, d, tag in due:
-                item = (kb, tag, ts, d)
-                k = fired.get(kb, 0)
-                if k >= budget:
-                    continue
-                fired[kb] = k + 1
-                firing.append(item)
-            if not firing:
+            # at most ``budget`` fires per key and step: each key's first due timers
+            kcodes, kbs = factorize(tt.kb[due])
+            starts = np.flatnonzero(np.r_[True, kcodes[1:] != kcodes[:-1]])
+            rank = np.arange(len(due)) - np.repeat(starts, np.diff(np.r_[starts, len(due)]))
+            before = np.fromiter(map(fired.get, kbs, [0] * len(kbs)), np.int64, len(kbs))
+            go = before[kcodes] + rank < budget
+            if not go.any():
                 c["timers_deferred"] += len(due)
                 return
-            for kb, tag, _, _ in firing:
-                del st.timers[(kb, tag)]
-                if kb not in key_of:
-                    key_of[kb] = decode_key(kb)
-                touched.add(kb)
-            frame = _timer_frame(firing, key_of)
-            order = list(dict.fromkeys(x[0] for x in firing))
+            rows = due[go]
+            for kb, k in zip(kbs, np.bincount(kcodes[go], minlength=len(kbs)).tolist(), strict=True):
+                if k:
+                    fired[kb] = fired.get(kb, 0) + k
+                    if kb not in key_of:
+                        key_of[kb] = decode_key(kb)
+                    touched.add(kb)
+            st.timers = tt.without(rows)
+            f_kb, f_tag, f_ts, f_d = tt.kb[rows], tt.tag[rows], tt.ts[rows], tt.d[rows]
+            frame, order = _timer_frame(f_kb, f_tag, f_ts, f_d, key_of)
             try:
                 self._call(st, order, key_of, None, frame, lw, now, out)
-                c["timers_fired"] += len(firing)
+                c["timers_fired"] += len(rows)
                 continue
             except _CallFailed as failed:
                 self._fail(failed.exc)
+            firing = list(zip(f_kb.tolist(), f_tag.tolist(), f_ts.tolist(), f_d.tolist(), strict=True))
             by_key: dict[bytes, list[Any]] = {}
             for item in firing:
                 by_key.setdefault(item[0], []).append(item)
             for kb, items in by_key.items():
                 try:
-                    self._call(st, [kb], key_of, None, _timer_frame(items, key_of), lw, now, out)
+                    self._call(st, [kb], key_of, None, _timer_frame_of(items, key_of), lw, now, out)
                     c["timers_fired"] += len(items)
                     continue
                 except _CallFailed:
                     pass
                 for item in items:
                     try:
-                        self._call(st, [kb], key_of, None, _timer_frame([item], key_of), lw, now, out)
+                        self._call(st, [kb], key_of, None, _timer_frame_of([item], key_of), lw, now, out)
                         c["timers_fired"] += 1
                     except _CallFailed as failed:  # the timer stays deleted: it is dead-lettered
                         timer = Timer(item[1], item[2], TimeDomain(item[3]))
@@ -498,19 +494,6 @@ class ColumnarRunner:
         return out
 
 
-def _due(timers: dict[tuple[bytes, str], tuple[int, int]], lw: int, now: int) -> list[tuple[bytes, int, int, str]]:
-    """The due timers ``(key, timestamp, domain, tag)``: one numpy comparison over every timer
-    (a round's scan of a store with many timers, e.g. one per cached query)."""
-    n = len(timers)
-    vals = np.fromiter(chain.from_iterable(timers.values()), np.int64, 2 * n).reshape(n, 2)
-    ts, d = vals[:, 0], vals[:, 1]
-    hit = np.flatnonzero(ts <= np.where(d == _LW, lw, now))
-    if not len(hit):
-        return []
-    keys = list(timers)
-    return [(keys[i][0], int(ts[i]), int(d[i]), keys[i][1]) for i in hit.tolist()]
-
-
 def _values(recs: InputColumns, il: list[int], done: list[Any] | None) -> list[Any]:
     """The values of rows ``il``, decoded (``done``: decoded already)."""
     if done is not None:
@@ -519,15 +502,18 @@ def _values(recs: InputColumns, il: list[int], done: list[Any] | None) -> list[A
     return [decode_cell(v) for v in vs] if recs.encoded else vs
 
 
-def _timer_frame(items: list[tuple[bytes, str, int, int]], key_of: dict[bytes, Key]) -> pd.DataFrame:
-    order = list(dict.fromkeys(i[0] for i in items))
-    index = {kb: n for n, kb in enumerate(order)}
-    keys = [key_of[kb] for kb in order]
-    return pd.DataFrame({
-        "key": _key_column(np.fromiter((index[i[0]] for i in items), np.int64, len(items)), keys, _categories(keys)), "tag": [i[1] for i in items],
-        "timestamp": np.fromiter((i[2] for i in items), np.int64, len(items)),
-        "domain": np.fromiter((i[3] for i in items), np.int8, len(items)),
-    })  # fmt: skip
+def _timer_frame(kb: np.ndarray, tag: np.ndarray, ts: np.ndarray, d: np.ndarray, key_of: dict[bytes, Key]) -> tuple[pd.DataFrame, list[bytes]]:
+    """The frame of timers firing (grouped by key) and its keys, in order."""
+    codes, order = factorize(kb)
+    keys = [key_of[k] for k in order]
+    frame = pd.DataFrame({"key": _key_column(codes, keys, _categories(keys)), "tag": tag.tolist(), "timestamp": ts.astype(np.int64), "domain": d.astype(np.int8)})
+    return frame, order
+
+
+def _timer_frame_of(items: list[tuple[bytes, str, int, int]], key_of: dict[bytes, Key]) -> pd.DataFrame:
+    """:func:`_timer_frame` of ``(key, tag, timestamp, domain)`` items."""
+    kb, tag, ts, d = (np.array(c, dtype=object) for c in zip(*items, strict=True))
+    return _timer_frame(kb, tag, ts.astype(np.int64), d.astype(np.int8), key_of)[0]
 
 
 __all__ = [
