@@ -51,7 +51,7 @@ from millwheel._fields import FIELDS_COLUMN
 from millwheel._options import LateAction
 from millwheel._record import MIN_TIMESTAMP
 from millwheel.runtime._colfiles import STATE_DIR, ColumnarFiles, Manifest, pin_mapping, store_name
-from millwheel.runtime._columnar import ColumnarIntervalStep
+from millwheel.runtime._columnar import ColumnarIntervalStep, send_order
 from millwheel.runtime._fieldcols import CARRY_PREFIX
 from millwheel.runtime._outbox import crash_point, staged_version
 from millwheel.runtime._spark_internals import (
@@ -155,12 +155,13 @@ class IntervalTask:
 
 
 def _by_interval(step: ColumnarIntervalStep, rows: list[pa.RecordBatch]) -> dict[int, pa.Table | None]:
-    """A task's input rows per key interval, in their order (one sort by group, zero-copy slices)."""
+    """A task's input rows per key interval, each interval's in send order (one sort of the
+    task's rows by group then :func:`send_order`, one take, zero-copy slices)."""
     if not rows:
         return {}
     table = pa.Table.from_batches(rows)
     g = table.column("group").to_numpy()
-    order = np.argsort(g, kind="stable")
+    order = send_order(table, g)
     g = g[order]
     if not (order[1:] > order[:-1]).all():
         table = table.take(pa.array(order))

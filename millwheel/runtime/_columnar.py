@@ -215,24 +215,27 @@ def _codes(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[Any]]:
     return enc.indices.fill_null(-1).to_numpy().astype(np.int64, copy=False), enc.dictionary.to_pylist()
 
 
-def arrow_input(t: pa.Table) -> InputColumns:
-    """:func:`_input` of an Arrow table of plain records (:func:`plain_records`): the same
-    send order, keys and streams factorized in Arrow, ids and values left as Arrow arrays."""
+def send_order(t: pa.Table, first: np.ndarray | None = None) -> np.ndarray:
+    """The order of ``t``'s rows :func:`_input` puts them in: by sender watermark (missing:
+    first), then file name (missing: first), then row — after ``first`` (a task's group)."""
     wm = t.column("wm")
-    known = None
-    if wm.null_count == len(wm):
-        order_wm = np.full(len(wm), MIN_TIMESTAMP, np.int64)
-    else:
-        known = pc.is_valid(wm).to_numpy(zero_copy_only=False)
-        order_wm = pc.fill_null(wm, MIN_TIMESTAMP).to_numpy().astype(np.int64, copy=False)
+    order_wm = pc.fill_null(wm, MIN_TIMESTAMP).to_numpy().astype(np.int64, copy=False) if wm.null_count < len(wm) else np.full(len(wm), MIN_TIMESTAMP, np.int64)
     src, names = _codes(t.column("src"))
     rank = np.zeros(len(names) + 1, np.int64)  # nulls (code -1, the last slot) first, as pandas' sorted factorize puts them
     rank[sorted(range(len(names)), key=names.__getitem__)] = np.arange(1, len(names) + 1)
-    order = np.lexsort((pc.fill_null(t.column("row"), 0).to_numpy(), rank[src], order_wm))
+    keys = (pc.fill_null(t.column("row"), 0).to_numpy(), rank[src], order_wm)
+    return np.lexsort(keys if first is None else (*keys, first))
+
+
+def arrow_input(t: pa.Table) -> InputColumns:
+    """:func:`_input` of an Arrow table of plain records (:func:`plain_records`): the same
+    send order, keys and streams factorized in Arrow, ids and values left as Arrow arrays."""
+    order = send_order(t)
     if not (order[1:] > order[:-1]).all():
         t = t.take(pa.array(order))
-        order_wm = order_wm[order]
-        known = None if known is None else known[order]
+    wm = t.column("wm")
+    known = None if wm.null_count == len(wm) else pc.is_valid(wm).to_numpy(zero_copy_only=False)
+    order_wm = None if known is None else pc.fill_null(wm, MIN_TIMESTAMP).to_numpy().astype(np.int64, copy=False)
     codes, uniques = _codes(t.column("key"))
     s_codes, s_names = _codes(t.column("stream"))
     return InputColumns.of(
