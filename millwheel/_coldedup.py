@@ -149,10 +149,13 @@ class ColumnarDedup:
     stored form (Arrow IPC, zstd) compresses the key and timestamp columns to almost nothing.
     """
 
-    __slots__ = ("ids", "kix", "ts", "seg", "segs", "keys", "key_index", "bits", "m", "k", "capacity", "fpr", "fixed")
+    __slots__ = ("ids", "ptr", "kix", "ts", "seg", "segs", "keys", "key_index", "bits", "m", "k", "capacity", "fpr", "fixed")
 
     def __init__(self, fpr: float = 0.01, capacity: int | None = None) -> None:
-        self.ids = pa.array([], pa.string())
+        #: the ids in the order they were added (chunks appended, never reordered) and each
+        #: row's place in them: rows are sorted by key, the ids are not moved to follow
+        self.ids = pa.chunked_array([], pa.string())
+        self.ptr = np.empty(0, np.int64)
         self.kix = np.empty(0, np.int32)
         self.ts = np.empty(0, np.int64)
         #: each row's segment (an index into ``segs``) and the segments: (rows, their stored
@@ -176,7 +179,7 @@ class ColumnarDedup:
         """A copy that changes independently (what ``admit`` and ``collect`` change in place is copied)."""
         c = ColumnarDedup.__new__(ColumnarDedup)
         c.ids, c.kix, c.ts, c.m, c.k, c.capacity, c.fpr, c.fixed = self.ids, self.kix, self.ts, self.m, self.k, self.capacity, self.fpr, self.fixed
-        c.seg, c.segs = self.seg, None if self.segs is None else list(self.segs)
+        c.ptr, c.seg, c.segs = self.ptr, self.seg, None if self.segs is None else list(self.segs)
         c.keys, c.key_index, c.bits = list(self.keys), dict(self.key_index), self.bits.copy()
         return c
 
@@ -229,13 +232,18 @@ class ColumnarDedup:
                 k_of = kix[idx]
                 lo = np.searchsorted(self.kix, k_of, "left")
                 hi = np.searchsorted(self.kix, k_of, "right")
+                # the ids kept for each key asked about, in one take
+                ks, first = np.unique(k_of, return_index=True)
+                spans = list(zip(lo[first].tolist(), hi[first].tolist(), strict=True))
+                held = self.ids.take(pa.array(np.concatenate([self.ptr[a:b] for a, b in spans]))).to_pylist()
                 kept_ids: dict[int, set[str]] = {}
+                at = 0
+                for k, (a, b) in zip(ks.tolist(), spans, strict=True):
+                    kept_ids[k] = set(held[at : at + b - a])
+                    at += b - a
                 asked = ids.take(pa.array(idx)).to_pylist()
-                for i, rid, k, a, b in zip(idx.tolist(), asked, k_of.tolist(), lo.tolist(), hi.tolist(), strict=True):
-                    known = kept_ids.get(k)
-                    if known is None:
-                        known = kept_ids[k] = set(self.ids.slice(a, b - a).to_pylist()) if b > a else set()
-                    if rid in known:
+                for i, rid, k in zip(idx.tolist(), asked, k_of.tolist(), strict=True):
+                    if rid in kept_ids[k]:
                         keep[i] = False
                     else:
                         stats.bloom_false_positive += 1
@@ -257,8 +265,11 @@ class ColumnarDedup:
         at = np.searchsorted(self.kix, new_kix[o], "right")
         # the merged order: old rows in place, new rows after their key's
         perm = np.insert(np.arange(base, dtype=np.int64), at, o.astype(np.int64) + base)
-        ids_all = pa.concat_arrays([self.ids, new_ids])
-        self.ids = ids_all.take(pa.array(perm))
+        added = len(self.ids)
+        self.ids = pa.chunked_array([*self.ids.chunks, new_ids], pa.string())
+        if self.ids.num_chunks > 32:
+            self.ids = pa.chunked_array([self.ids.combine_chunks()])
+        self.ptr = np.concatenate([self.ptr, np.arange(added, added + len(new_kix), dtype=np.int64)])[perm]
         self.kix = np.concatenate([self.kix, new_kix])[perm]
         self.ts = np.concatenate([self.ts, new_ts])[perm]
         if self.segs is not None:  # the new ids: a segment of their own, encoded by the next to_wire
@@ -269,11 +280,15 @@ class ColumnarDedup:
         else:
             self.bits[_positions(new_fps, self.m, self.k).ravel()] = True
 
+    def _ids_of(self, rows: np.ndarray) -> tuple[pa.ChunkedArray, np.ndarray]:
+        """The ids of rows ``rows``, as a new ``(ids, ptr)`` pair holding only them."""
+        return pa.chunked_array([self.ids.take(pa.array(self.ptr[rows])).combine_chunks()], pa.string()), np.arange(len(rows), dtype=np.int64)
+
     def _fingerprints(self) -> np.ndarray:
         """Fingerprints of every kept id (for a rebuilt filter)."""
         if not len(self.ts):
             return np.empty(0, np.uint64)
-        return hash_bytes(self.ids) ^ hash_bytes(pa.array(self.keys, pa.binary()), KEY_SEED)[self.kix]
+        return hash_bytes(self.ids)[self.ptr] ^ hash_bytes(pa.array(self.keys, pa.binary()), KEY_SEED)[self.kix]
 
     def _rebuild(self, fps: np.ndarray) -> None:
         """A filter over ``fps`` (sized to twice the ids unless the capacity is fixed)."""
@@ -310,7 +325,7 @@ class ColumnarDedup:
             return
         kept = ~drop
         stats.ids_collected += int(drop.sum())
-        self.ids = self.ids.filter(pa.array(kept))
+        self.ids, self.ptr = self._ids_of(np.flatnonzero(kept))
         self.kix, self.ts = self.kix[kept], self.ts[kept]
         self.seg, self.segs = np.zeros(len(self.ts), np.int32), None  # rewritten as one segment
         self._compact_keys()
@@ -351,7 +366,7 @@ class ColumnarDedup:
         for t in np.unique(to).tolist():
             sel = to == t
             d = self.empty_like()
-            d.ids = self.ids.filter(pa.array(sel))
+            d.ids, d.ptr = self._ids_of(np.flatnonzero(sel))
             d.kix, d.ts = self.kix[sel], self.ts[sel]
             d.seg, d.segs = np.zeros(len(d.ts), np.int32), None
             d.keys, d.key_index = list(self.keys), dict(self.key_index)
@@ -378,7 +393,8 @@ class ColumnarDedup:
         if len(set(keys)) != len(keys):
             msg = "the dedup indexes to merge hold ids of the same key: they are not disjoint key intervals"
             raise ValueError(msg)
-        out.ids = pa.concat_arrays([p.ids for p in full])
+        out.ids = pa.chunked_array([p._ids_of(np.arange(len(p)))[0].combine_chunks() for p in full], pa.string())
+        out.ptr = np.arange(len(out.ids), dtype=np.int64)
         out.kix = np.concatenate(kix).astype(np.int32)
         out.ts = np.concatenate([p.ts for p in full])
         out.seg, out.segs = np.zeros(len(out.ts), np.int32), None
@@ -387,17 +403,23 @@ class ColumnarDedup:
         return out
 
     # -- storage -------------------------------------------------------------------
-    def to_wire(self) -> list[Any] | None:
+    def to_wire(self, segmented: bool = True) -> list[Any] | None:
         """The stored form: the ids in segments, each encoded once (Arrow IPC, zstd: ids,
         keys as a dictionary column, timestamps; rows sorted by key), and the filter's bits.
 
         A batch's new ids become a segment of their own; once :data:`SEGMENTS_PER_TIER`
         segments of about the same size (within a factor of 4) follow each other they are
         re-encoded as one, so an id is re-encoded about log4(batches) times, not in every
-        batch; garbage collection and a rescale's split or merge rewrite them as one."""
+        batch; garbage collection and a rescale's split or merge rewrite them as one.
+
+        ``segmented=False``: every id in one segment, re-encoded whenever ids were added —
+        for a store decoded in every batch (the default mapping's state row), where reading
+        several segments and merging them costs more than encoding the ids once more."""
         if not len(self.ts):
             return None
         self._compact_keys()
+        if not segmented and self.segs is not None and (len(self.segs) != 1 or self.segs[0][1] is None):
+            self.segs = None
         if self.segs is None:
             self.seg, self.segs = np.zeros(len(self.ts), np.int32), [(len(self.ts), None)]
         self._tier()
@@ -418,10 +440,22 @@ class ColumnarDedup:
             segs[first:] = [(sum(n for n, _ in segs[first:]), None)]
 
     def _encode_segment(self, rows: np.ndarray) -> bytes:
-        kix = self.kix[rows]
-        used, local = np.unique(kix, return_inverse=True)
-        keys = pa.DictionaryArray.from_arrays(pa.array(local.astype(np.int32)), pa.array([self.keys[i] for i in used.tolist()], pa.binary()))
-        batch = pa.RecordBatch.from_arrays([self.ids.take(pa.array(rows)), keys, pa.array(self.ts[rows])], ["id", "key", "ts"])
+        """Rows ``rows`` as a segment: sorted by the key's bytes (each key's rows in their
+        order), the keys a dictionary column sorted the same way, so that segments read
+        back merge by key in one pass (:meth:`from_wire`)."""
+        kix = self.kix[rows]  # sorted: rows are kept sorted by key index
+        new_key = np.r_[True, kix[1:] != kix[:-1]]
+        kbs = [self.keys[i] for i in kix[new_key].tolist()]
+        local = (np.cumsum(new_key) - 1).astype(np.int32)
+        by_bytes = sorted(range(len(kbs)), key=kbs.__getitem__)
+        if any(a > b for a, b in zip(by_bytes, by_bytes[1:], strict=False)):  # the key table is not in bytes order (keys added since it was read)
+            rank = np.empty(len(kbs), np.int32)
+            rank[by_bytes] = np.arange(len(kbs), dtype=np.int32)
+            local = rank[local]
+            o = np.argsort(local, kind="stable")
+            rows, local = rows[o], local[o]
+        keys = pa.DictionaryArray.from_arrays(pa.array(local), pa.array([kbs[i] for i in by_bytes], pa.binary()))
+        batch = pa.RecordBatch.from_arrays([self._ids_of(rows)[0].combine_chunks(), keys, pa.array(self.ts[rows])], ["id", "key", "ts"])
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, batch.schema, options=_IPC) as w:
             w.write_batch(batch)
@@ -441,23 +475,27 @@ class ColumnarDedup:
         d.m, d.k, d.capacity = m, k, cap
         if version == 1:  # one segment: ids, key indexes into ``keys``, timestamps; a filter of xxh3 fingerprints
             batch = pa.ipc.open_stream(stored).read_next_batch()
-            d.ids, d.kix, d.ts = batch.column(0), batch.column(1).to_numpy(), batch.column(2).to_numpy()
+            d.ids, d.kix, d.ts = pa.chunked_array([batch.column(0)]), batch.column(1).to_numpy(), batch.column(2).to_numpy()
+            d.ptr = np.arange(len(d.ts), dtype=np.int64)
             d.keys = list(keys)
             d.key_index = {kb: i for i, kb in enumerate(d.keys)}
             d.seg, d.segs = np.zeros(len(d.ts), np.int32), None
             d._rebuild(d._fingerprints())
             return d
-        d.keys, d.key_index = [], {}
+        batches = [pa.ipc.open_stream(data).read_next_batch() for data in stored]
+        dicts = [b.column(1).dictionary.to_pylist() for b in batches]
+        d.keys = sorted(set().union(*dicts)) if len(dicts) > 1 else dicts[0]  # every segment's keys, by their bytes
+        d.key_index = {kb: i for i, kb in enumerate(d.keys)}
         ids, kix, ts, seg = [], [], [], []
-        for i, data in enumerate(stored):
-            batch = pa.ipc.open_stream(data).read_next_batch()
-            kcol = batch.column(1)
+        for i, (batch, keys) in enumerate(zip(batches, dicts, strict=True)):
+            to_global = np.fromiter(map(d.key_index.__getitem__, keys), np.int32, len(keys))
             ids.append(batch.column(0))
-            kix.append(d._kix_of(kcol.indices.to_numpy().astype(np.int64), kcol.dictionary.to_pylist()))
+            kix.append(to_global[batch.column(1).indices.to_numpy()])  # sorted: a segment's keys are sorted by bytes as the table is
             ts.append(batch.column(2).to_numpy())
             seg.append(np.full(batch.num_rows, i, np.int32))
-        o = np.argsort(np.concatenate(kix), kind="stable")  # by key; each key's rows in segment order: as inserted
-        d.ids = pa.concat_arrays(ids).take(pa.array(o)) if len(ids) > 1 or not (o[1:] > o[:-1]).all() else ids[0]
+        # by key, each key's rows in segment order (as inserted): the stable sort merges the segments' sorted runs
+        o = np.argsort(np.concatenate(kix), kind="stable")
+        d.ids, d.ptr = pa.chunked_array(ids, pa.string()), o.astype(np.int64)
         d.kix, d.ts, d.seg = np.concatenate(kix)[o], np.concatenate(ts)[o], np.concatenate(seg)[o]
         d.segs = [(len(t), data) for t, data in zip(ts, stored, strict=True)]
         d.bits = np.unpackbits(np.frombuffer(bits, np.uint8), count=m).astype(np.bool_)

@@ -222,6 +222,9 @@ class ColumnarRunner:
         self.record_columns = tuple(c for c in RECORD_COLUMNS if c in computation.record_columns) + tuple(FIELD_PREFIX + f for f in asked)
         #: ``value.<field>`` columns and their types over the declared input streams (``fields``: stream -> its declaration)
         self.value_fields = {f: field_type((fields or {}).values(), f, f"columnar computation {name!r}") for f in asked}
+        #: encode the dedup's held ids in segments (a store decoded rarely: the Arrow mapping's
+        #: worker cache), or all in one (the default mapping decodes the store in every batch)
+        self.segmented_ids = False
         computation.name = name
 
     # ---------------------------------------------------------------------------------
@@ -304,7 +307,7 @@ class ColumnarRunner:
         hold, nlw, nwall, kept = (None, None, None, 0) if live else st.summary()
         summaries = st.key_summary(touched | set(prods.kbs)) if key_summaries else None
         return ColumnarResult(
-            None if live else st.encode(), prods.streams, prods.ids, prods.ts, prods.kbs, prods.keys, prods.values, prods.encoded,
+            None if live else st.encode(self.segmented_ids), prods.streams, prods.ids, prods.ts, prods.kbs, prods.keys, prods.values, prods.encoded,
             letters, c, hold, nlw, nwall, kept, summaries, prods.once_ids, prods.once_tentative, st,
         )  # fmt: skip
 
