@@ -194,7 +194,7 @@ class ColumnarDedup:
 
     # -- checking ------------------------------------------------------------------
     def admit(
-        self, ids: Sequence[str], kbs: Sequence[bytes], timestamps: Sequence[int] | np.ndarray,
+        self, ids: Sequence[str] | pa.Array, kbs: Sequence[bytes] | None, timestamps: Sequence[int] | np.ndarray,
         stats: DedupStats | None = None, fps: np.ndarray | None = None,
         codes: np.ndarray | None = None, uniques: Sequence[bytes] | None = None,
     ) -> np.ndarray:  # fmt: skip
@@ -509,7 +509,7 @@ SEGMENTS_PER_TIER = 4
 _IPC = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=1))
 
 
-def chunk_stamps(kbs: Sequence[bytes], ts: np.ndarray, gc_interval_ms: int, codes: np.ndarray | None = None) -> np.ndarray:
+def chunk_stamps(kbs: Sequence[bytes] | None, ts: np.ndarray, gc_interval_ms: int, codes: np.ndarray | None = None) -> np.ndarray:
     """The timestamp each new id is kept under, as the per-record path keeps it
     (``_envelope._chunks``): the newest timestamp among the same key's ids of the batch in
     its ``gc_interval_ms`` bucket (``codes``: the keys already factorized)."""

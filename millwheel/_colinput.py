@@ -23,13 +23,12 @@ import pandas as pd
 import pyarrow as pa
 
 
-def factorize(items: Sequence[Any]) -> tuple[np.ndarray, list[Any]]:
+def factorize(items: Sequence[Any] | np.ndarray) -> tuple[np.ndarray, list[Any]]:
     """int64 codes of ``items`` into their distinct values, in order of first appearance."""
     if not len(items):
         return np.empty(0, np.int64), []
-    if not (isinstance(items, np.ndarray) and items.dtype == object):
-        items = np.array([*items, None], dtype=object)[:-1]  # an object array even if every item has one length
-    codes, uniques = pd.factorize(items)
+    arr = items if isinstance(items, np.ndarray) and items.dtype == object else np.array([*items, None], dtype=object)[:-1]  # 1-d even if every item has one length
+    codes, uniques = pd.factorize(arr)
     return codes.astype(np.int64, copy=False), uniques.tolist()
 
 
@@ -84,7 +83,7 @@ class InputColumns:
         return self.uniques[int(self.codes[i])]
 
     def id(self, i: int) -> str:
-        return self.ids[i].as_py()
+        return str(self.ids[i].as_py())
 
     def stream(self, i: int) -> str:
         return self.stream_names[int(self.stream_codes[i])]

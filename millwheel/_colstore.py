@@ -195,11 +195,11 @@ class ColumnarStore:
 
         for kb, m in self.meta.items():
             of(kb).meta[kb] = m
-        t = self.timers
-        if len(t):
-            to = np.fromiter(map(target.__getitem__, t.kb.tolist()), np.int64, len(t))
+        timers = self.timers
+        if len(timers):
+            to = np.fromiter(map(target.__getitem__, timers.kb.tolist()), np.int64, len(timers))
             for i in np.unique(to).tolist():
-                at(i).timers = t.take(np.flatnonzero(to == i))
+                at(i).timers = timers.take(np.flatnonzero(to == i))
         for p in self.pending:
             of(p[1]).pending.append(p)
         if self.state is not None and self.state.num_rows:

@@ -280,7 +280,7 @@ class ColumnarRunner:
                         dec = decode_cell(v) if recs.encoded else v
                         enc = v if type(v) is bytes else encode_value(dec)
                         kb = recs.kb(i)
-                        out.add(opts.late.stream, kb, key_of[kb], dec, enc, int(ts[i]), recs.id(i))
+                        out.add(opts.late.stream, kb, key_of[kb], dec, enc, int(ts[i]), recs.id(i))  # type: ignore[arg-type]
             if admit.all():
                 idx, codes, order = np.arange(n), kcodes, uniq
             else:
