@@ -42,7 +42,8 @@ class InputColumns:
     __slots__ = ("codes", "uniques", "ids", "ts", "stream_codes", "stream_names", "values", "arrival", "arrival_known", "encoded")
 
     def __init__(
-        self, kbs: Sequence[bytes], ids: Sequence[str] | pa.Array, ts: np.ndarray, streams: Sequence[str], values: Sequence[Any] | pa.Array,
+        self, kbs: Sequence[bytes] | np.ndarray, ids: Sequence[str] | pa.Array, ts: np.ndarray, streams: Sequence[str] | np.ndarray,
+        values: Sequence[Any] | np.ndarray | pa.Array,
         arrival: Sequence[int | None] | None = None, encoded: bool = True,
     ) -> None:  # fmt: skip
         self.codes, self.uniques = factorize(kbs)

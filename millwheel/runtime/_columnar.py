@@ -267,7 +267,8 @@ def _input(parts: list[pd.DataFrame]) -> InputColumns:
         pdf = pdf.iloc[order]
         if arrival is not None:
             arrival = [arrival[i] for i in order.tolist()]
+    # object columns as they are (factorized without a list of them), ids to Arrow in one call
     return InputColumns(
-        kbs=pdf["key"].tolist(), ids=pdf["id"].tolist(), ts=pdf["ts"].to_numpy(np.int64),
-        streams=pdf["stream"].tolist(), values=pdf["value"].tolist(), arrival=arrival,
+        kbs=pdf["key"].to_numpy(dtype=object), ids=pa.Array.from_pandas(pdf["id"], type=pa.string()), ts=pdf["ts"].to_numpy(np.int64),
+        streams=pdf["stream"].to_numpy(dtype=object), values=pdf["value"].to_numpy(dtype=object), arrival=arrival,
     )  # fmt: skip
