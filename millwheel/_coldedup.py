@@ -159,9 +159,10 @@ class ColumnarDedup:
         self.kix = np.empty(0, np.int32)
         self.ts = np.empty(0, np.int64)
         #: each row's segment (an index into ``segs``) and the segments: (rows, their stored
-        #: bytes or ``None`` until :meth:`to_wire` encodes them); ``segs`` ``None``: one segment, not encoded
+        #: form ``[ipc bytes, keys]`` or ``None`` until :meth:`to_wire` encodes them);
+        #: ``segs`` ``None``: one segment, not encoded
         self.seg = np.empty(0, np.int32)
-        self.segs: list[tuple[int, bytes | None]] | None = []
+        self.segs: list[tuple[int, list[Any] | None]] | None = []
         self.keys: list[bytes] = []
         self.key_index: dict[bytes, int] = {}
         self.fpr = fpr
@@ -439,10 +440,12 @@ class ColumnarDedup:
             self.seg = np.minimum(self.seg, first).astype(np.int32, copy=False)
             segs[first:] = [(sum(n for n, _ in segs[first:]), None)]
 
-    def _encode_segment(self, rows: np.ndarray) -> bytes:
-        """Rows ``rows`` as a segment: sorted by the key's bytes (each key's rows in their
-        order), the keys a dictionary column sorted the same way, so that segments read
-        back merge by key in one pass (:meth:`from_wire`)."""
+    def _encode_segment(self, rows: np.ndarray) -> list[Any]:
+        """Rows ``rows`` as a segment ``[ipc, keys]``: ids, key indexes into ``keys`` and
+        timestamps, sorted by the key's bytes (each key's rows in their order) and ``keys``
+        sorted the same way, so that segments read back merge by key in one pass
+        (:meth:`from_wire`). (The keys are not an Arrow dictionary column: writing one cost
+        more than the rest of the segment.)"""
         kix = self.kix[rows]  # sorted: rows are kept sorted by key index
         new_key = np.r_[True, kix[1:] != kix[:-1]]
         kbs = [self.keys[i] for i in kix[new_key].tolist()]
@@ -454,12 +457,11 @@ class ColumnarDedup:
             local = rank[local]
             o = np.argsort(local, kind="stable")
             rows, local = rows[o], local[o]
-        keys = pa.DictionaryArray.from_arrays(pa.array(local), pa.array([kbs[i] for i in by_bytes], pa.binary()))
-        batch = pa.RecordBatch.from_arrays([self._ids_of(rows)[0].combine_chunks(), keys, pa.array(self.ts[rows])], ["id", "key", "ts"])
+        batch = pa.RecordBatch.from_arrays([self._ids_of(rows)[0].combine_chunks(), pa.array(local), pa.array(self.ts[rows])], ["id", "kix", "ts"])
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, batch.schema, options=_IPC) as w:
             w.write_batch(batch)
-        return sink.getvalue().to_pybytes()
+        return [sink.getvalue().to_pybytes(), [kbs[i] for i in by_bytes]]
 
     @classmethod
     def from_wire(cls, wire: list[Any] | None, fpr: float = 0.01, capacity: int | None = None) -> ColumnarDedup:
@@ -482,15 +484,15 @@ class ColumnarDedup:
             d.seg, d.segs = np.zeros(len(d.ts), np.int32), None
             d._rebuild(d._fingerprints())
             return d
-        batches = [pa.ipc.open_stream(data).read_next_batch() for data in stored]
-        dicts = [b.column(1).dictionary.to_pylist() for b in batches]
+        batches = [pa.ipc.open_stream(data).read_next_batch() for data, _ in stored]
+        dicts = [list(keys) for _, keys in stored]
         d.keys = sorted(set().union(*dicts)) if len(dicts) > 1 else dicts[0]  # every segment's keys, by their bytes
         d.key_index = {kb: i for i, kb in enumerate(d.keys)}
         ids, kix, ts, seg = [], [], [], []
         for i, (batch, keys) in enumerate(zip(batches, dicts, strict=True)):
             to_global = np.fromiter(map(d.key_index.__getitem__, keys), np.int32, len(keys))
             ids.append(batch.column(0))
-            kix.append(to_global[batch.column(1).indices.to_numpy()])  # sorted: a segment's keys are sorted by bytes as the table is
+            kix.append(to_global[batch.column(1).to_numpy()])  # sorted: a segment's keys are sorted by bytes as the table is
             ts.append(batch.column(2).to_numpy())
             seg.append(np.full(batch.num_rows, i, np.int32))
         # by key, each key's rows in segment order (as inserted): the stable sort merges the segments' sorted runs

@@ -74,13 +74,13 @@ def test_held_ids_are_encoded_once_and_merged_by_tier(batches):
         kbs = [f"k{rng.randrange(30)}".encode() for _ in ids]
         assert d.admit(ids, kbs, np.full(n, b, np.int64)).all()
         wire = d.to_wire()
-        encoded += sum(pa.ipc.open_stream(s).read_all().num_rows for s in wire[0] if s not in before)
+        encoded += sum(pa.ipc.open_stream(s[0]).read_all().num_rows for s in wire[0] if s not in before)
         held_each_batch += len(d)
         before = wire[0]
         d = ColumnarDedup.from_wire(wire)
         assert not d.admit(ids[::3], kbs[::3], np.zeros(len(ids[::3]), np.int64)).any()  # held across the round trip
     assert len(before) <= (SEGMENTS_PER_TIER - 1) * 4
-    assert sum(pa.ipc.open_stream(s).read_all().num_rows for s in before) == len(d)
+    assert sum(pa.ipc.open_stream(s[0]).read_all().num_rows for s in before) == len(d)
     assert encoded <= len(d) * (2 + np.log(batches) / np.log(4))
     if batches > 10:
         assert encoded < held_each_batch / 3  # re-encoding everything in every batch: held_each_batch
