@@ -96,7 +96,7 @@ class DedupIndex:
 
     __slots__ = (
         "blob", "count", "min_ts", "bloom_bytes", "capacity", "_bloom", "_exact",
-        "_new_ids", "_new_ts", "_new_fps", "_new_set", "_repeats", "_checked", "legacy",
+        "_new_ids", "_new_ts", "_new_fps", "_new_set", "_new_in_order", "_repeats", "_checked", "legacy",
     )  # fmt: skip
 
     def __init__(
@@ -121,6 +121,7 @@ class DedupIndex:
         #: the fingerprints of ``_new_ids`` when the check computed them (``None``: not all known)
         self._new_fps: list[int] | None = []
         self._new_set: set[str] | None = None  # built only if single-id calls need it
+        self._new_in_order = False  # True: ``_new_ts`` is known to be sorted
         self._repeats = False  # add() was given an id twice (admit() never does)
         self._checked = 0  # records checked since the last finish() (EXACT_IDS_PER_RECORD)
 
@@ -150,7 +151,7 @@ class DedupIndex:
             self._new_set = set(self._new_ids)
         return self._new_set
 
-    def admit(self, ids: list[str], timestamps: list[int], stats: DedupStats) -> list[bool] | None:
+    def admit(self, ids: list[str], timestamps: list[int], stats: DedupStats, in_order: bool = False) -> list[bool] | None:
         """Check a step's record ids in one call and remember the new ones (§6.1.1).
 
         Returns ``None`` when every id is new (the common case), else a list saying which
@@ -159,12 +160,13 @@ class DedupIndex:
         exact ids, which are never parsed otherwise. A key with few ids (at most
         :data:`SMALL_IDS`, or :data:`EXACT_IDS_PER_RECORD` per record checked) keeps no
         filter: its id list is read instead. The fingerprints computed for the check are
-        the ones :meth:`finish` inserts.
+        the ones :meth:`finish` inserts. ``in_order``: the caller knows ``timestamps`` is sorted.
         """
         n = len(ids)
         if n == 0:
             return None
         self._checked += n
+        self._new_in_order = in_order and not self._new_ids
         unique = len(set(ids)) == n
         earlier = self._new_set if self._new_set is not None else (set(self._new_ids) if self._new_ids else None)
         fps = None
@@ -258,6 +260,7 @@ class DedupIndex:
         added.add(rid)
         self._new_ids.append(rid)
         self._new_ts.append(timestamp)
+        self._new_in_order = False
         if fp is None or self._new_fps is None:
             self._new_fps = None
         else:
@@ -283,7 +286,7 @@ class DedupIndex:
         self._checked = 0
         if total == 0:
             return
-        blob, stamps, chunk_min = _chunks(new_ids, self._new_ts, gc_interval_ms) if new_ids else (b"", [], None)
+        blob, stamps, chunk_min = _chunks(new_ids, self._new_ts, gc_interval_ms, self._new_in_order) if new_ids else (b"", [], None)
         min_ts = self.min_ts if chunk_min is None else chunk_min if self.min_ts is None else min(self.min_ts, chunk_min)
         needs_gc = min_ts is not None and horizon > min_ts + gc_interval_ms
         needs_grow = (fixed_capacity is None and total > self.capacity) or self.legacy
@@ -327,7 +330,7 @@ class DedupIndex:
                     self._exact.update(zip(new_ids, stamps, strict=True))
             self.count = total
             self.min_ts = min_ts
-        self._new_ids, self._new_ts, self._new_fps, self._new_set, self._repeats = [], [], [], None, False
+        self._new_ids, self._new_ts, self._new_fps, self._new_set, self._new_in_order, self._repeats = [], [], [], None, False, False
 
     def _append(self, blob: bytes, stamps: list[int]) -> None:
         """Append the step's new chunks (``blob``; ``stamps``: each new id's stored timestamp)."""
@@ -374,12 +377,12 @@ class DedupIndex:
         return cls(blob, count, min_ts, bloom_bytes, capacity, legacy=version < 3)
 
 
-def _chunks(ids: list[str], timestamps: list[int], gc_interval_ms: int) -> tuple[bytes, list[int], int]:
+def _chunks(ids: list[str], timestamps: list[int], gc_interval_ms: int, in_order: bool = False) -> tuple[bytes, list[int], int]:
     """``ids`` as msgpack chunks ``[ids, timestamp]``, one per ``gc_interval_ms`` bucket of
     their timestamps (in bucket order), each under the newest of its ids; returns the bytes,
-    each id's stored timestamp and the oldest chunk's."""
+    each id's stored timestamp and the oldest chunk's (``in_order``: ``timestamps`` is known sorted)."""
     width = max(1, gc_interval_ms)
-    in_order = timestamps == sorted(timestamps)  # records usually arrive in time order
+    in_order = in_order or timestamps == sorted(timestamps)  # records usually arrive in time order
     lo, hi = (timestamps[0], timestamps[-1]) if in_order else (min(timestamps), max(timestamps))
     if lo // width == hi // width:  # the common case: one step's ids, one bucket
         return _packb([ids, hi]), [hi] * len(ids), hi
@@ -448,16 +451,26 @@ class Envelope:
     def hold(self) -> int | None:
         """The oldest pending work of this key (§7.2): low-watermark timers, pending
         productions and what its state holds."""
+        return self.schedule()[0]
+
+    def schedule(self) -> tuple[int | None, int | None, int | None]:
+        """:meth:`hold`, and the earliest pending low-watermark and wall-time timers, in one pass."""
         hold: int | None = self.held
+        next_lw = next_wall = None
         for ts, domain in self.timers.values():
-            if domain == 0 and (hold is None or ts < hold):
-                # a timer set at MAX_TIMESTAMP (fire when the input is finished) holds the
-                # watermark just below it: what it produces is on time downstream
-                hold = ts if ts < _LAST else _LAST
+            if domain == 0:
+                if next_lw is None or ts < next_lw:
+                    next_lw = ts
+            elif next_wall is None or ts < next_wall:
+                next_wall = ts
+        if next_lw is not None and (hold is None or next_lw < hold):
+            # a timer set at MAX_TIMESTAMP (fire when the input is finished) holds the
+            # watermark just below it: what it produces is on time downstream
+            hold = next_lw if next_lw < _LAST else _LAST
         for p in self.pending:
             if hold is None or p.timestamp < hold:
                 hold = p.timestamp
-        return hold
+        return hold, next_lw, next_wall
 
     def encode(self) -> bytes:
         timers: list[Any] = []
