@@ -12,8 +12,10 @@ the per-key consistency envelope" (§6.2). The envelope is that row:
 * ``dedup``   — record ids seen, with a Bloom filter in front (§6.1.1).
 
 The encoding is msgpack with a leading version number. The exact id list is an
-append-only byte string that is only parsed on a Bloom "maybe" or at garbage
-collection, so the common path (a new record) never decodes it.
+append-only byte string that is parsed only when it is small (a key keeps no filter
+while reading its list costs less than a filter would), for a Bloom "maybe" whose
+msgpack bytes it contains, or when the filter grows or ids are collected, so the common
+path (a new record) never decodes it.
 
 Versions: 1 (the first); 2 adds ``held``; 3 keeps each step's new ids as one chunk
 ``[ids, timestamp]`` (half the bytes of ``[id, ts]`` pairs, and faster to pack) and
