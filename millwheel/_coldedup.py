@@ -145,8 +145,10 @@ class ColumnarDedup:
     """Record ids seen, with their key and timestamp, behind a Bloom filter; see the module docstring.
 
     Rows are kept sorted by key (``kix``: an index into ``keys``, the encoded keys), each
-    key's in insertion order: a "maybe" compares the id with that key's ids only, and the
-    stored form (Arrow IPC, zstd) compresses the key and timestamp columns to almost nothing.
+    key's in insertion order: a "maybe" compares the id with that key's ids only. The ids
+    themselves are not moved when rows are: they are appended in chunks and each row points
+    at its id (``ptr``). The stored form (:meth:`to_wire`: segments of Arrow IPC, zstd)
+    compresses the key and timestamp columns to almost nothing.
     """
 
     __slots__ = ("ids", "ptr", "kix", "ts", "seg", "segs", "keys", "key_index", "bits", "m", "k", "capacity", "fpr", "fixed")
