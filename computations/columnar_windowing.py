@@ -248,7 +248,13 @@ def numbers_of(column: pd.Series, field: str, ids: pd.Series) -> np.ndarray:
     if len(bad):
         i = int(bad[0])
         v = column.iloc[i]
-        number_of({field: None if v is pd.NA else v.item() if hasattr(v, "item") else v}, field, ids.iloc[i])
+        # a typed column holds null (NaN in a float column) for a missing field and for a
+        # value not of the declared type (``_fields.field_column``): say so, not "got None"
+        if v is pd.NA or (isinstance(v, float) and math.isnan(v)):
+            got = "none" if v is pd.NA else "NaN (a NaN"
+            msg = f"record {ids.iloc[i]!r}: field {field!r} must be a finite number, got {got}{' (' if v is pd.NA else ', '}missing, null, or not of the type its stream declares: {column.dtype})"
+            raise ValueError(msg)
+        number_of({field: v.item() if hasattr(v, "item") else v}, field, ids.iloc[i])
     return vals
 
 

@@ -152,8 +152,8 @@ class Batch:
         })  # fmt: skip
 
     # -- checks ----------------------------------------------------------------------
-    def _kb(self, keys: Any, what: str) -> list[bytes]:
-        """Encoded keys of ``keys``, each one of this call's keys."""
+    def _codes(self, keys: Any, what: str) -> np.ndarray | None:
+        """Indices into this call's keys of a categorical over them (``None``: ``keys`` is not one)."""
         if isinstance(keys, (pd.Series, pd.Categorical, pd.CategoricalIndex)) and isinstance(keys.dtype, pd.CategoricalDtype) and self._cats is not None:
             cat = keys.dtype.categories
             if cat is self._cats or cat.equals(self._cats):
@@ -161,8 +161,16 @@ class Batch:
                 if len(codes) and codes.min() < 0:
                     msg = f"columnar computation {self._runner.name!r}: {what}: a key is missing (NaN)"
                     raise ComputationError(msg)
-                return self._kb_arr[codes].tolist()
-            keys = np.asarray(keys, dtype=object)
+                return codes
+        return None
+
+    def _kb(self, keys: Any, what: str) -> list[bytes]:
+        """Encoded keys of ``keys``, each one of this call's keys."""
+        codes = self._codes(keys, what)
+        if codes is not None:
+            return self._kb_arr[codes].tolist()
+        if isinstance(keys, (pd.Series, pd.Categorical, pd.CategoricalIndex)) and isinstance(keys.dtype, pd.CategoricalDtype) and self._cats is not None:
+            keys = np.asarray(keys, dtype=object)  # a categorical over other keys
         if self._kb_of is None:
             key_of = self._key_of
             self._kb_of = {key_of[kb]: kb for kb in self._kbs}
@@ -200,10 +208,16 @@ class Batch:
             msg = f"columnar computation {self._runner.name!r}: set_state takes a pandas DataFrame with a 'key' column"
             raise ComputationError(msg)
         replaced = set(self._kbs) if keys is None else set(self._kb(keys, "set_state(keys=...)"))
-        kbs = self._kb(rows["key"], "set_state")
-        if not replaced.issuperset(kbs):
-            msg = f"columnar computation {self._runner.name!r}: set_state has rows of keys outside keys=..."
-            raise ComputationError(msg)
+        codes = self._codes(rows["key"], "set_state") if keys is None else None
+        kb_col: Any
+        if codes is not None:  # a categorical over the call's keys, every one replaced: the key column taken in Arrow
+            kb_col = pa.array(self._kbs, pa.binary()).take(pa.array(codes.astype(np.int32, copy=False)))
+        else:
+            kbs = self._kb(rows["key"], "set_state")
+            if not replaced.issuperset(kbs):
+                msg = f"columnar computation {self._runner.name!r}: set_state has rows of keys outside keys=..."
+                raise ComputationError(msg)
+            kb_col = pa.array(kbs, pa.binary())
         table = None
         if len(rows):
             try:
@@ -211,7 +225,7 @@ class Batch:
             except Exception as exc:
                 msg = f"columnar computation {self._runner.name!r}: set_state: the rows cannot be stored as Arrow columns: {type(exc).__name__}: {str(exc)[:200]}"
                 raise StateCodecError(msg) from None
-            table = table.add_column(0, "_kb", pa.array(kbs, pa.binary()))
+            table = table.add_column(0, "_kb", kb_col)
         self._set_state.append((replaced, table))
         self._state_cache = None
 

@@ -4,17 +4,21 @@ The per-record path (``_envelope.DedupIndex``) keeps one id list and one Bloom f
 key. A columnar computation keeps one :class:`ColumnarDedup` per key interval (the
 harness: per computation) and checks a whole micro-batch in a few numpy calls:
 
-1. **fingerprints** of every ``(key, id)`` pair: xxh3-64 of the id (the per-record
-   path's :func:`~millwheel._bloom.fingerprint`) mixed with the key's hash (computed once
-   per distinct key), so two keys never share a decision — dedup stays per key (§6.1.1);
+1. **fingerprints** of every ``(key, id)`` pair: a 64-bit hash of the id's bytes
+   (:func:`hash_bytes`: whole-array numpy passes over the Arrow string buffer, no Python
+   call per id) xor that of the key (computed once per distinct key), so two keys never
+   share a decision — dedup stays per key (§6.1.1);
 2. **Bloom check** over a bit array (double hashing, ``k`` positions a fingerprint) for
    the whole batch in one fancy-indexing call; a "no" is final;
-3. a **"maybe"** is looked up in the sorted fingerprints (``np.searchsorted``), and only
-   a fingerprint that matches is compared with the exact ``(id, key)`` kept: a Bloom or
-   fingerprint false positive never drops a record;
-4. **insert**: ids appended (Arrow arrays), fingerprints merged into the sorted array,
-   their bits set in one call; the filter is rebuilt from the fingerprints when the ids
-   outgrow its capacity, or after garbage collection.
+3. a **"maybe"** is compared with the exact ids kept for its key (the rows are sorted by
+   key: two ``np.searchsorted`` calls find them): a Bloom false positive never drops a record;
+4. **insert**: ids (an Arrow array) merged after their key's, their bits set in one call;
+   the filter is rebuilt from the ids when they outgrow its capacity, or after garbage
+   collection.
+
+A stored index names its fingerprint function (:data:`FINGERPRINTS`); one written with
+an earlier function (xxh3-64 per id, called from Python) gets its filter rebuilt from its
+ids when it is read, so its decisions stay exact.
 
 Ids are kept while their timestamp is ``>= horizon`` (``low watermark - slack_ms``), as in
 the per-record path, but collected by their own timestamp rather than by the newest of a
@@ -41,25 +45,82 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import xxhash
 
+from millwheel._colinput import factorize
 from millwheel._envelope import DedupStats
 
-_digest = xxhash.xxh3_64_intdigest
-_encode = str.encode
 _MASK32 = np.uint64(0xFFFFFFFF)
+#: the mixing constants of :func:`hash_bytes` (splitmix64 / murmur3's finaliser)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_FMIX1, _FMIX2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)
+_S29, _S33 = np.uint64(29), np.uint64(33)
+#: seeds: an id and a key with the same bytes hash differently
+ID_SEED, KEY_SEED = np.uint64(0x243F6A8885A308D3), np.uint64(0x13198A2E03707344)
+#: the low ``r`` bytes of a little-endian word, ``r`` = 0..8
+_TAIL = np.array([(1 << (8 * r)) - 1 for r in range(8)] + [2**64 - 1], np.uint64)
+#: the fingerprint function of the stored filters: 2 = :func:`hash_bytes`; 1 (stores
+#: written before it) = xxh3-64 of the id xor that of the key, whose filters are rebuilt
+#: when they are read (:meth:`ColumnarDedup.from_wire`)
+FINGERPRINTS = 2
 
 
-def fingerprints(ids: Sequence[str], kbs: Sequence[bytes], codes: np.ndarray | None = None, uniques: Sequence[bytes] | None = None) -> np.ndarray:
-    """uint64 fingerprints of ``(id, encoded key)`` pairs: xxh3-64 of the id xor that of the key
-    (``codes``/``uniques``: the keys already factorized, ``kbs[i] == uniques[codes[i]]``)."""
-    fp = np.fromiter(map(_digest, map(_encode, ids)), np.uint64, len(ids))
-    if codes is not None and uniques is not None:
-        return fp ^ np.fromiter(map(_digest, uniques), np.uint64, len(uniques))[codes]
-    keys = {kb: _digest(kb) for kb in set(kbs)}
-    if len(keys) == 1:
-        return fp ^ np.uint64(next(iter(keys.values())))
-    return fp ^ np.fromiter(map(keys.__getitem__, kbs), np.uint64, len(kbs))
+def hash_bytes(arr: pa.Array | pa.ChunkedArray | Sequence[Any], seed: np.uint64 = ID_SEED) -> np.ndarray:
+    """A 64-bit hash of each string or bytes value, in whole-array numpy passes (no Python
+    call per value): the values' bytes read 8 at a time from the Arrow buffer, each word
+    mixed in (xor, multiply, shift), the length first and murmur3's finaliser last. A
+    stable function of the bytes (stored filters depend on it), not a cryptographic one:
+    the exact ids decide every "maybe" (module docstring)."""
+    if not isinstance(arr, (pa.Array, pa.ChunkedArray)):
+        arr = pa.array(list(arr), pa.binary() if len(arr) and isinstance(arr[0], bytes) else pa.string())
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    n = len(arr)
+    if n == 0:
+        return np.empty(0, np.uint64)
+    large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+    width = 8 if large else 4
+    bufs = arr.buffers()
+    offsets = np.frombuffer(bufs[1], np.int64 if large else np.int32, n + 1, arr.offset * width).astype(np.int64)
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    data = np.zeros(hi - lo + 8, np.uint8)  # 8 bytes of padding: a word read at a value's end stays inside
+    if hi > lo:
+        data[: hi - lo] = np.frombuffer(bufs[2], np.uint8, hi - lo, lo)
+    words = np.ndarray((hi - lo + 1,), "<u8", data, 0, (1,))  # the 8 bytes at every byte offset (unaligned reads)
+    starts = offsets[:-1] - lo
+    lens = offsets[1:] - offsets[:-1]
+    h = (lens.astype(np.uint64) * _GOLDEN) ^ seed
+    rows = np.flatnonzero(lens > 0)
+    j = 0
+    while len(rows):
+        rem = lens[rows] - j
+        w = words[starts[rows] + j] & _TAIL[np.minimum(rem, 8)]  # bytes past the value's end count as zeros
+        x = (h[rows] ^ w) * _GOLDEN
+        h[rows] = x ^ (x >> _S29)
+        j += 8
+        rows = rows[rem > 8]
+    h ^= h >> _S33
+    h *= _FMIX1
+    h ^= h >> _S33
+    h *= _FMIX2
+    h ^= h >> _S33
+    return h
+
+
+def _as_ids(ids: Sequence[str] | pa.Array) -> pa.Array:
+    if isinstance(ids, pa.ChunkedArray):
+        ids = ids.combine_chunks()
+    if isinstance(ids, pa.Array):
+        return ids.cast(pa.string()) if ids.type != pa.string() else ids
+    return pa.array(list(ids), pa.string())
+
+
+def fingerprints(ids: Sequence[str] | pa.Array, kbs: Sequence[bytes] | None, codes: np.ndarray | None = None, uniques: Sequence[bytes] | None = None) -> np.ndarray:
+    """uint64 fingerprints of ``(id, encoded key)`` pairs: :func:`hash_bytes` of the id xor
+    that of the key (``codes``/``uniques``: the keys already factorized, ``kbs[i] == uniques[codes[i]]``)."""
+    fp = hash_bytes(_as_ids(ids))
+    if codes is None or uniques is None:
+        codes, uniques = factorize(kbs or [])
+    return fp ^ hash_bytes(pa.array(list(uniques), pa.binary()), KEY_SEED)[codes]
 
 
 def bloom_size(capacity: int, fpr: float) -> tuple[int, int]:
@@ -76,23 +137,34 @@ def _positions(fps: np.ndarray, m: int, k: int) -> np.ndarray:
     h1 = fps & _MASK32
     h2 = (fps >> np.uint64(32)) | np.uint64(1)
     steps = np.arange(k, dtype=np.uint64)
-    return (h1[:, None] + steps[None, :] * h2[:, None]) % np.uint64(m)
+    # each 32-bit hash mapped onto [0, m) by a multiply and a shift (Lemire's "fastrange"), not a modulo
+    return (((h1[:, None] + steps[None, :] * h2[:, None]) & _MASK32) * np.uint64(m)) >> np.uint64(32)
 
 
 class ColumnarDedup:
     """Record ids seen, with their key and timestamp, behind a Bloom filter; see the module docstring.
 
     Rows are kept sorted by key (``kix``: an index into ``keys``, the encoded keys), each
-    key's in insertion order: a "maybe" compares the id with that key's ids only, and the
-    stored form (Arrow IPC, zstd) compresses the key and timestamp columns to almost nothing.
+    key's in insertion order: a "maybe" compares the id with that key's ids only. The ids
+    themselves are not moved when rows are: they are appended in chunks and each row points
+    at its id (``ptr``). The stored form (:meth:`to_wire`: segments of Arrow IPC, zstd)
+    compresses the key and timestamp columns to almost nothing.
     """
 
-    __slots__ = ("ids", "kix", "ts", "keys", "key_index", "bits", "m", "k", "capacity", "fpr", "fixed")
+    __slots__ = ("ids", "ptr", "kix", "ts", "seg", "segs", "keys", "key_index", "bits", "m", "k", "capacity", "fpr", "fixed")
 
     def __init__(self, fpr: float = 0.01, capacity: int | None = None) -> None:
-        self.ids = pa.array([], pa.string())
+        #: the ids in the order they were added (chunks appended, never reordered) and each
+        #: row's place in them: rows are sorted by key, the ids are not moved to follow
+        self.ids = pa.chunked_array([], pa.string())
+        self.ptr = np.empty(0, np.int64)
         self.kix = np.empty(0, np.int32)
         self.ts = np.empty(0, np.int64)
+        #: each row's segment (an index into ``segs``) and the segments: (rows, their stored
+        #: form ``[ipc bytes, keys]`` or ``None`` until :meth:`to_wire` encodes them);
+        #: ``segs`` ``None``: one segment, not encoded
+        self.seg = np.empty(0, np.int32)
+        self.segs: list[tuple[int, list[Any] | None]] | None = []
         self.keys: list[bytes] = []
         self.key_index: dict[bytes, int] = {}
         self.fpr = fpr
@@ -110,14 +182,12 @@ class ColumnarDedup:
         """A copy that changes independently (what ``admit`` and ``collect`` change in place is copied)."""
         c = ColumnarDedup.__new__(ColumnarDedup)
         c.ids, c.kix, c.ts, c.m, c.k, c.capacity, c.fpr, c.fixed = self.ids, self.kix, self.ts, self.m, self.k, self.capacity, self.fpr, self.fixed
+        c.ptr, c.seg, c.segs = self.ptr, self.seg, None if self.segs is None else list(self.segs)
         c.keys, c.key_index, c.bits = list(self.keys), dict(self.key_index), self.bits.copy()
         return c
 
-    def _kix_of(self, kbs: Sequence[bytes], codes: np.ndarray | None = None, uniques: Sequence[bytes] | None = None) -> np.ndarray:
-        """Key indexes of ``kbs`` (new keys are added to the key table)."""
-        if codes is None or uniques is None:
-            c, u = pd.factorize(np.array([*kbs, b""], dtype=object)[:-1])
-            codes, uniques = c, u.tolist()
+    def _kix_of(self, codes: np.ndarray, uniques: Sequence[bytes]) -> np.ndarray:
+        """Key indexes of the keys ``uniques[codes]`` (new keys are added to the key table)."""
         index = self.key_index
         for kb in uniques:
             if kb not in index:
@@ -127,7 +197,7 @@ class ColumnarDedup:
 
     # -- checking ------------------------------------------------------------------
     def admit(
-        self, ids: Sequence[str], kbs: Sequence[bytes], timestamps: Sequence[int] | np.ndarray,
+        self, ids: Sequence[str] | pa.Array, kbs: Sequence[bytes] | None, timestamps: Sequence[int] | np.ndarray,
         stats: DedupStats | None = None, fps: np.ndarray | None = None,
         codes: np.ndarray | None = None, uniques: Sequence[bytes] | None = None,
     ) -> np.ndarray:  # fmt: skip
@@ -137,18 +207,22 @@ class ColumnarDedup:
         if n == 0:
             return np.zeros(0, np.bool_)
         stats = stats if stats is not None else DedupStats()
+        ids = _as_ids(ids)
+        if codes is None or uniques is None:
+            codes, uniques = factorize(kbs or [])
         if fps is None:
-            fps = fingerprints(ids, kbs)
-        kix = self._kix_of(kbs, codes, uniques)
+            fps = fingerprints(ids, None, codes, uniques)
+        kix = self._kix_of(codes, uniques)
         keep = np.ones(n, np.bool_)
         # repeats inside the batch: equal fingerprints, then the exact pair
         srt = np.sort(fps)
         same = srt[1:] == srt[:-1]
         if same.any():
-            seen: set[tuple[str, bytes]] = set()
-            suspects = set(srt[1:][same].tolist())
-            for i in np.flatnonzero(np.isin(fps, np.fromiter(suspects, np.uint64, len(suspects)))).tolist():
-                pair = (ids[i], kbs[i])
+            seen: set[tuple[str, int]] = set()
+            suspects = np.unique(srt[1:][same])
+            rows = np.flatnonzero(np.isin(fps, suspects))
+            for i, rid, k in zip(rows.tolist(), ids.take(pa.array(rows)).to_pylist(), kix[rows].tolist(), strict=True):
+                pair = (rid, k)
                 if pair in seen:
                     keep[i] = False
                 else:
@@ -161,12 +235,18 @@ class ColumnarDedup:
                 k_of = kix[idx]
                 lo = np.searchsorted(self.kix, k_of, "left")
                 hi = np.searchsorted(self.kix, k_of, "right")
+                # the ids kept for each key asked about, in one take
+                ks, first = np.unique(k_of, return_index=True)
+                spans = list(zip(lo[first].tolist(), hi[first].tolist(), strict=True))
+                held = self.ids.take(pa.array(np.concatenate([self.ptr[a:b] for a, b in spans]))).to_pylist()
                 kept_ids: dict[int, set[str]] = {}
-                for i, k, a, b in zip(idx.tolist(), k_of.tolist(), lo.tolist(), hi.tolist(), strict=True):
-                    known = kept_ids.get(k)
-                    if known is None:
-                        known = kept_ids[k] = set(self.ids.slice(a, b - a).to_pylist()) if b > a else set()
-                    if ids[i] in known:
+                at = 0
+                for k, (a, b) in zip(ks.tolist(), spans, strict=True):
+                    kept_ids[k] = set(held[at : at + b - a])
+                    at += b - a
+                asked = ids.take(pa.array(idx)).to_pylist()
+                for i, rid, k in zip(idx.tolist(), asked, k_of.tolist(), strict=True):
+                    if rid in kept_ids[k]:
                         keep[i] = False
                     else:
                         stats.bloom_false_positive += 1
@@ -174,37 +254,44 @@ class ColumnarDedup:
         return keep
 
     # -- writing -------------------------------------------------------------------
-    def _insert(self, ids: Sequence[str], kix: np.ndarray, ts: np.ndarray, fps: np.ndarray, keep: np.ndarray) -> None:
+    def _insert(self, ids: pa.Array, kix: np.ndarray, ts: np.ndarray, fps: np.ndarray, keep: np.ndarray) -> None:
         if keep.all():
-            sel = None
             new_ids, new_kix, new_ts, new_fps = ids, kix, ts, fps
         else:
             sel = np.flatnonzero(keep)
             if not len(sel):
                 return
-            new_ids = [ids[i] for i in sel.tolist()]
+            new_ids = ids.take(pa.array(sel))
             new_kix, new_ts, new_fps = kix[sel], ts[sel], fps[sel]
         base = len(self.ts)
         o = np.argsort(new_kix, kind="stable")
         at = np.searchsorted(self.kix, new_kix[o], "right")
         # the merged order: old rows in place, new rows after their key's
         perm = np.insert(np.arange(base, dtype=np.int64), at, o.astype(np.int64) + base)
-        ids_all = pa.concat_arrays([self.ids, pa.array(new_ids, pa.string())])
-        self.ids = ids_all.take(pa.array(perm))
+        added = len(self.ids)
+        self.ids = pa.chunked_array([*self.ids.chunks, new_ids], pa.string())
+        if self.ids.num_chunks > 32:
+            self.ids = pa.chunked_array([self.ids.combine_chunks()])
+        self.ptr = np.concatenate([self.ptr, np.arange(added, added + len(new_kix), dtype=np.int64)])[perm]
         self.kix = np.concatenate([self.kix, new_kix])[perm]
         self.ts = np.concatenate([self.ts, new_ts])[perm]
+        if self.segs is not None:  # the new ids: a segment of their own, encoded by the next to_wire
+            self.segs.append((len(new_kix), None))
+        self.seg = np.concatenate([self.seg, np.full(len(new_kix), len(self.segs or ()) - 1, np.int32)])[perm]
         if not self.fixed and len(self.ts) > self.capacity:
             self._rebuild(self._fingerprints())
         else:
             self.bits[_positions(new_fps, self.m, self.k).ravel()] = True
 
+    def _ids_of(self, rows: np.ndarray) -> tuple[pa.ChunkedArray, np.ndarray]:
+        """The ids of rows ``rows``, as a new ``(ids, ptr)`` pair holding only them."""
+        return pa.chunked_array([self.ids.take(pa.array(self.ptr[rows])).combine_chunks()], pa.string()), np.arange(len(rows), dtype=np.int64)
+
     def _fingerprints(self) -> np.ndarray:
         """Fingerprints of every kept id (for a rebuilt filter)."""
         if not len(self.ts):
             return np.empty(0, np.uint64)
-        fp = np.fromiter(map(_digest, map(_encode, self.ids.to_pylist())), np.uint64, len(self.ts))
-        key_fp = np.fromiter(map(_digest, self.keys), np.uint64, len(self.keys))
-        return fp ^ key_fp[self.kix]
+        return hash_bytes(self.ids)[self.ptr] ^ hash_bytes(pa.array(self.keys, pa.binary()), KEY_SEED)[self.kix]
 
     def _rebuild(self, fps: np.ndarray) -> None:
         """A filter over ``fps`` (sized to twice the ids unless the capacity is fixed)."""
@@ -241,8 +328,9 @@ class ColumnarDedup:
             return
         kept = ~drop
         stats.ids_collected += int(drop.sum())
-        self.ids = self.ids.filter(pa.array(kept))
+        self.ids, self.ptr = self._ids_of(np.flatnonzero(kept))
         self.kix, self.ts = self.kix[kept], self.ts[kept]
+        self.seg, self.segs = np.zeros(len(self.ts), np.int32), None  # rewritten as one segment
         self._compact_keys()
         self._rebuild(self._fingerprints())
 
@@ -281,8 +369,9 @@ class ColumnarDedup:
         for t in np.unique(to).tolist():
             sel = to == t
             d = self.empty_like()
-            d.ids = self.ids.filter(pa.array(sel))
+            d.ids, d.ptr = self._ids_of(np.flatnonzero(sel))
             d.kix, d.ts = self.kix[sel], self.ts[sel]
+            d.seg, d.segs = np.zeros(len(d.ts), np.int32), None
             d.keys, d.key_index = list(self.keys), dict(self.key_index)
             d._compact_keys()
             d._rebuild(d._fingerprints())
@@ -307,48 +396,124 @@ class ColumnarDedup:
         if len(set(keys)) != len(keys):
             msg = "the dedup indexes to merge hold ids of the same key: they are not disjoint key intervals"
             raise ValueError(msg)
-        out.ids = pa.concat_arrays([p.ids for p in full])
+        out.ids = pa.chunked_array([p._ids_of(np.arange(len(p)))[0].combine_chunks() for p in full], pa.string())
+        out.ptr = np.arange(len(out.ids), dtype=np.int64)
         out.kix = np.concatenate(kix).astype(np.int32)
         out.ts = np.concatenate([p.ts for p in full])
+        out.seg, out.segs = np.zeros(len(out.ts), np.int32), None
         out.keys, out.key_index = keys, {kb: i for i, kb in enumerate(keys)}
         out._rebuild(out._fingerprints())
         return out
 
     # -- storage -------------------------------------------------------------------
-    def to_wire(self) -> list[Any] | None:
+    def to_wire(self, segmented: bool = True) -> list[Any] | None:
+        """The stored form: the ids in segments, each encoded once (Arrow IPC, zstd: ids,
+        keys as a dictionary column, timestamps; rows sorted by key), and the filter's bits.
+
+        A batch's new ids become a segment of their own; once :data:`SEGMENTS_PER_TIER`
+        segments of about the same size (within a factor of 4) follow each other they are
+        re-encoded as one, so an id is re-encoded about log4(batches) times, not in every
+        batch; garbage collection and a rescale's split or merge rewrite them as one.
+
+        ``segmented=False``: every id in one segment, re-encoded whenever ids were added —
+        for a store decoded in every batch (the default mapping's state row), where reading
+        several segments and merging them costs more than encoding the ids once more."""
         if not len(self.ts):
             return None
         self._compact_keys()
-        batch = pa.RecordBatch.from_arrays([self.ids, pa.array(self.kix), pa.array(self.ts)], ["id", "kix", "ts"])
+        if not segmented and self.segs is not None and (len(self.segs) != 1 or self.segs[0][1] is None):
+            self.segs = None
+        if self.segs is None:
+            self.seg, self.segs = np.zeros(len(self.ts), np.int32), [(len(self.ts), None)]
+        self._tier()
+        for i, (n, data) in enumerate(self.segs):
+            if data is None:
+                self.segs[i] = (n, self._encode_segment(np.flatnonzero(self.seg == i)))
+        return [[d for _, d in self.segs], None, np.packbits(self.bits).tobytes(), self.m, self.k, self.capacity, self.fpr, self.fixed, FINGERPRINTS]
+
+    def _tier(self) -> None:
+        """Merge the last :data:`SEGMENTS_PER_TIER` segments while they are of one size tier:
+        the oldest of them at most 4 times the newest (older segments are the larger ones)."""
+        segs = self.segs
+        assert segs is not None
+        t = SEGMENTS_PER_TIER
+        while len(segs) >= t and segs[-t][0] <= 4 * segs[-1][0]:
+            first = len(segs) - t
+            self.seg = np.minimum(self.seg, first).astype(np.int32, copy=False)
+            segs[first:] = [(sum(n for n, _ in segs[first:]), None)]
+
+    def _encode_segment(self, rows: np.ndarray) -> list[Any]:
+        """Rows ``rows`` as a segment ``[ipc, keys]``: ids, key indexes into ``keys`` and
+        timestamps, sorted by the key's bytes (each key's rows in their order) and ``keys``
+        sorted the same way, so that segments read back merge by key in one pass
+        (:meth:`from_wire`). (The keys are not an Arrow dictionary column: writing one cost
+        more than the rest of the segment.)"""
+        kix = self.kix[rows]  # sorted: rows are kept sorted by key index
+        new_key = np.r_[True, kix[1:] != kix[:-1]]
+        kbs = [self.keys[i] for i in kix[new_key].tolist()]
+        local = (np.cumsum(new_key) - 1).astype(np.int32)
+        by_bytes = sorted(range(len(kbs)), key=kbs.__getitem__)
+        if any(a > b for a, b in zip(by_bytes, by_bytes[1:], strict=False)):  # the key table is not in bytes order (keys added since it was read)
+            rank = np.empty(len(kbs), np.int32)
+            rank[by_bytes] = np.arange(len(kbs), dtype=np.int32)
+            local = rank[local]
+            o = np.argsort(local, kind="stable")
+            rows, local = rows[o], local[o]
+        batch = pa.RecordBatch.from_arrays([self._ids_of(rows)[0].combine_chunks(), pa.array(local), pa.array(self.ts[rows])], ["id", "kix", "ts"])
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, batch.schema, options=_IPC) as w:
             w.write_batch(batch)
-        return [sink.getvalue().to_pybytes(), self.keys, np.packbits(self.bits).tobytes(), self.m, self.k, self.capacity, self.fpr, self.fixed]
+        return [sink.getvalue().to_pybytes(), [kbs[i] for i in by_bytes]]
 
     @classmethod
     def from_wire(cls, wire: list[Any] | None, fpr: float = 0.01, capacity: int | None = None) -> ColumnarDedup:
         if wire is None:
             return cls(fpr, capacity)
-        ipc, keys, bits, m, k, cap, fpr_, fixed = wire
+        stored, keys, bits, m, k, cap, fpr_, fixed = wire[:8]
+        version = wire[8] if len(wire) > 8 else 1
+        if version not in (1, FINGERPRINTS):
+            msg = f"columnar dedup index with fingerprints version {version!r}; this millwheel reads 1 and {FINGERPRINTS}"
+            raise ValueError(msg)
         d = cls.__new__(cls)
         d.fpr, d.fixed = fpr_, fixed
-        batch = pa.ipc.open_stream(ipc).read_next_batch()
-        d.ids = batch.column(0)
-        d.kix = batch.column(1).to_numpy()
-        d.ts = batch.column(2).to_numpy()
-        d.keys = list(keys)
-        d.key_index = {kb: i for i, kb in enumerate(d.keys)}
         d.m, d.k, d.capacity = m, k, cap
+        if version == 1:  # one segment: ids, key indexes into ``keys``, timestamps; a filter of xxh3 fingerprints
+            batch = pa.ipc.open_stream(stored).read_next_batch()
+            d.ids, d.kix, d.ts = pa.chunked_array([batch.column(0)]), batch.column(1).to_numpy(), batch.column(2).to_numpy()
+            d.ptr = np.arange(len(d.ts), dtype=np.int64)
+            d.keys = list(keys)
+            d.key_index = {kb: i for i, kb in enumerate(d.keys)}
+            d.seg, d.segs = np.zeros(len(d.ts), np.int32), None
+            d._rebuild(d._fingerprints())
+            return d
+        batches = [pa.ipc.open_stream(data).read_next_batch() for data, _ in stored]
+        dicts = [list(keys) for _, keys in stored]
+        d.keys = sorted(set().union(*dicts)) if len(dicts) > 1 else dicts[0]  # every segment's keys, by their bytes
+        d.key_index = {kb: i for i, kb in enumerate(d.keys)}
+        ids, kix, ts, seg = [], [], [], []
+        for i, (batch, keys) in enumerate(zip(batches, dicts, strict=True)):
+            to_global = np.fromiter(map(d.key_index.__getitem__, keys), np.int32, len(keys))
+            ids.append(batch.column(0))
+            kix.append(to_global[batch.column(1).to_numpy()])  # sorted: a segment's keys are sorted by bytes as the table is
+            ts.append(batch.column(2).to_numpy())
+            seg.append(np.full(batch.num_rows, i, np.int32))
+        # by key, each key's rows in segment order (as inserted): the stable sort merges the segments' sorted runs
+        o = np.argsort(np.concatenate(kix), kind="stable")
+        d.ids, d.ptr = pa.chunked_array(ids, pa.string()), o.astype(np.int64)
+        d.kix, d.ts, d.seg = np.concatenate(kix)[o], np.concatenate(ts)[o], np.concatenate(seg)[o]
+        d.segs = [(len(t), data) for t, data in zip(ts, stored, strict=True)]
         d.bits = np.unpackbits(np.frombuffer(bits, np.uint8), count=m).astype(np.bool_)
         return d
 
 
+#: how many segments of one size tier (``to_wire``) are kept before they are re-encoded as one
+SEGMENTS_PER_TIER = 4
 #: the stored ids, keys and timestamps compress well (sorted keys, near timestamps, id prefixes);
 #: zstd at level 1 stores ids a third smaller than LZ4, and writes as fast
 _IPC = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=1))
 
 
-def chunk_stamps(kbs: Sequence[bytes], ts: np.ndarray, gc_interval_ms: int, codes: np.ndarray | None = None) -> np.ndarray:
+def chunk_stamps(kbs: Sequence[bytes] | None, ts: np.ndarray, gc_interval_ms: int, codes: np.ndarray | None = None) -> np.ndarray:
     """The timestamp each new id is kept under, as the per-record path keeps it
     (``_envelope._chunks``): the newest timestamp among the same key's ids of the batch in
     its ``gc_interval_ms`` bucket (``codes``: the keys already factorized)."""

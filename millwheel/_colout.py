@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from millwheel._colinput import factorize
 from millwheel._colstore import ColumnarStore
 from millwheel._record import Key
 from millwheel._step import production_id
@@ -62,35 +63,47 @@ class Outputs:
         self.ts += ts.tolist()
 
     def finish(self, runner: Any, st: ColumnarStore, lw: int, c: dict[str, int]) -> Produced:
+        """Ids from each key's production sequence (in the order the productions were made),
+        the sequences advanced in ``st``, the counters set."""
         meta = st.meta
-        seqs: dict[bytes, int] = {}
-        ids: list[str] = []
         name = runner.name
         fixed = self.fixed_ids
+        n = len(self.kbs)
+        ids: list[str] = []
         behind = 0
-        for i, (kb, key) in enumerate(zip(self.kbs, self.keys, strict=True)):
-            rid = fixed.get(i)
-            if rid is not None:
-                ids.append(rid)
-                continue
-            s = seqs.get(kb)
-            if s is None:
-                m = meta.get(kb)
-                s = 0 if m is None else m[0]
-            ids.append(production_id(name, key, s))
-            seqs[kb] = s + 1
-        for kb, s in seqs.items():
-            m = meta.get(kb)
-            meta[kb] = [s, None if m is None else m[1]]  # replaced, never changed in place: copies share the lists
-        n = len(self.kbs) - len(fixed)
-        c["productions"] = n
         if n:
-            ts = np.asarray(self.ts, np.int64)
+            codes, uniq = factorize(self.kbs)
+            numbered = np.ones(n, np.bool_)
             if fixed:
-                mask = np.ones(len(ts), np.bool_)
-                mask[list(fixed)] = False
-                ts = ts[mask]
-            behind = int((ts < lw).sum())
+                numbered[list(fixed)] = False
+            nc = codes[numbered]
+            # each production's place among its key's numbered ones: a stable sort by key
+            o = np.argsort(nc, kind="stable")
+            sc = nc[o]
+            starts = np.flatnonzero(np.r_[True, sc[1:] != sc[:-1]])
+            rank = np.empty(len(nc), np.int64)
+            rank[o] = np.arange(len(nc)) - np.repeat(starts, np.diff(np.r_[starts, len(nc)]))
+            first = np.fromiter((0 if (m := meta.get(kb)) is None else m[0] for kb in uniq), np.int64, len(uniq))
+            seq = (first[nc] + rank).tolist()
+            keys = self.keys
+            numbered_at = np.flatnonzero(numbered).tolist()
+            made = list(map(production_id, [name] * len(seq), [keys[i] for i in numbered_at], seq))
+            if fixed:
+                ids = [None] * n  # type: ignore[list-item]
+                for i, rid in zip(numbered_at, made, strict=True):
+                    ids[i] = rid
+                for i, rid in fixed.items():
+                    ids[i] = rid
+            else:
+                ids = made
+            counts = np.bincount(nc, minlength=len(uniq))
+            for kb, f, k in zip(uniq, first.tolist(), counts.tolist(), strict=True):
+                if k:
+                    m = meta.get(kb)
+                    meta[kb] = [f + k, None if m is None else m[1]]  # replaced, never changed in place: copies share the lists
+            if len(nc):
+                behind = int((np.asarray(self.ts, np.int64)[numbered] < lw).sum())
+        c["productions"] = n - len(fixed)
         c["productions_behind_watermark"] = behind
         return Produced(self.streams, ids, self.ts, self.kbs, self.keys, self.values, self.encoded, self.once_ids, self.once_tentative)
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
-from operator import itemgetter
 from typing import Any
 
 import msgpack
@@ -21,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from millwheel._coldedup import ColumnarDedup
+from millwheel._coltimers import TimerTable
 from millwheel._errors import EnvelopeError
 from millwheel._options import ComputationOptions
 from millwheel._record import MAX_TIMESTAMP, TimeDomain
@@ -29,7 +28,10 @@ _LW = int(TimeDomain.LOW_WATERMARK)
 _LAST = MAX_TIMESTAMP - 1
 #: the head of a columnar store blob (a per-record interval row is a msgpack map)
 STORE_MAGIC = "millwheel-columnar"
-STORE_VERSION = 1
+#: 2: the dedup index's ids in segments, its filter over :func:`~millwheel._coldedup.hash_bytes`
+#: fingerprints; version 1 stores still decode (``ColumnarDedup.from_wire``)
+STORE_VERSION = 2
+_READS = (1, 2)
 _packb = msgpack.packb
 _unpackb = msgpack.unpackb
 
@@ -40,16 +42,17 @@ class ColumnarStore:
 
     #: user state: an Arrow table whose ``_kb`` column is the encoded key (None: no state)
     state: pa.Table | None = None
-    #: ``(encoded key, tag) -> (timestamp, domain)``
-    timers: dict[tuple[bytes, str], tuple[int, int]] = field(default_factory=dict)
+    #: ``(encoded key, tag) -> (timestamp, domain)``, as columns (never changed in place: replaced)
+    timers: TimerTable = field(default_factory=TimerTable)
     #: encoded key -> [production sequence, hold_watermark or None]
     meta: dict[bytes, list[Any]] = field(default_factory=dict)
     #: strong productions checkpointed and not yet acknowledged: [stream, key bytes, value bytes, ts, id]
     pending: list[list[Any]] = field(default_factory=list)
     dedup: ColumnarDedup = field(default_factory=ColumnarDedup)
 
-    def encode(self) -> bytes | None:
-        dd = self.dedup.to_wire()
+    def encode(self, segmented: bool = True) -> bytes | None:
+        """The blob; ``segmented``: the dedup's held ids in segments encoded once (``ColumnarDedup.to_wire``)."""
+        dd = self.dedup.to_wire(segmented)
         if self.state is not None and self.state.num_rows == 0:
             self.state = None
         if self.state is None and not self.timers and not self.meta and not self.pending and dd is None:
@@ -60,11 +63,10 @@ class ColumnarStore:
             with pa.ipc.new_stream(sink, self.state.schema) as w:
                 w.write_table(self.state)
             state = sink.getvalue().to_pybytes()
-        tk = list(self.timers)
-        tv = list(self.timers.values())
+        t = self.timers
         return _packb(
             [STORE_MAGIC, STORE_VERSION, list(self.meta), list(self.meta.values()), state,
-             [k for k, _ in tk], [t for _, t in tk], [v[0] for v in tv], [v[1] for v in tv], self.pending, dd],
+             t.kb.tolist(), t.tag.tolist(), t.ts.tolist(), t.d.tolist(), self.pending, dd],
             use_bin_type=True,
         )  # fmt: skip
 
@@ -84,14 +86,14 @@ class ColumnarStore:
                 "a computation cannot switch between per-record and columnar within one run directory"
             )
             raise EnvelopeError(msg)
-        if wire[1] != STORE_VERSION:
-            msg = f"unknown columnar store version {wire[1]!r}; this millwheel reads version {STORE_VERSION}"
+        if wire[1] not in _READS:
+            msg = f"unknown columnar store version {wire[1]!r}; this millwheel reads versions {', '.join(map(str, _READS))}"
             raise EnvelopeError(msg)
         _, _, mk, mv, state, tkb, ttag, tts, td, pending, dd = wire
         table = None if state is None else pa.ipc.open_stream(state).read_all()
         return cls(
             state=table,
-            timers=dict(zip(zip(tkb, ttag, strict=True), zip(tts, td, strict=True), strict=True)),
+            timers=TimerTable.of(tkb, ttag, tts, td),
             meta=dict(zip(mk, mv, strict=True)),
             pending=pending,
             dedup=ColumnarDedup.from_wire(dd, dd_opts.bloom_fpr, dd_opts.bloom_capacity),
@@ -101,7 +103,7 @@ class ColumnarStore:
         """A copy that a run may change and a crash throw away (the harness keeps its store
         decoded between rounds: a round works on a copy, committed by keeping it)."""
         # meta's lists are replaced, never changed in place (``_columnar.py``): a shallow copy suffices
-        return ColumnarStore(self.state, dict(self.timers), dict(self.meta), list(self.pending), self.dedup.copy())
+        return ColumnarStore(self.state, self.timers, dict(self.meta), list(self.pending), self.dedup.copy())
 
     @classmethod
     def of(cls, store: bytes | ColumnarStore | None, options: ComputationOptions | None = None) -> ColumnarStore:
@@ -114,7 +116,7 @@ class ColumnarStore:
         cands = [kb for kb in kbs if kb in self.meta and self.meta[kb][1] is None]
         if not cands:
             return
-        busy = {kb for kb, _ in self.timers} | {p[1] for p in self.pending}
+        busy = self.timers.key_set() | {p[1] for p in self.pending}
         cands = [kb for kb in cands if kb not in busy]
         if cands and self.state is not None and self.state.num_rows:
             busy = set(pc.unique(self.state.column("_kb").filter(pc.is_in(self.state.column("_kb"), value_set=pa.array(cands, pa.binary())))).to_pylist())
@@ -133,10 +135,9 @@ class ColumnarStore:
             m = self.meta.get(kb)
             if m is not None:
                 out[kb][0] = m[1]
-        timers = self.timers
-        # the timers of the wanted keys, found without a Python step per timer
-        mine = compress(timers.items(), map(want.__contains__, map(itemgetter(0), timers)))
-        for (kb, _), (ts, d) in mine:
+        t = self.timers
+        rows = t.of_keys(want)  # the timers of the wanted keys, found without a Python step per timer
+        for kb, ts, d in zip(t.kb[rows].tolist(), t.ts[rows].tolist(), t.d[rows].tolist(), strict=True):
             s = out[kb]
             if d == _LW:
                 h = ts if ts < _LAST else _LAST
@@ -157,17 +158,13 @@ class ColumnarStore:
             if m[1] is not None and (hold is None or m[1] < hold):
                 hold = m[1]
         if self.timers:
-            d = np.fromiter((v[1] for v in self.timers.values()), np.int8, len(self.timers))
-            lw = d == _LW
-            if lw.any():
-                nlw = min(v[0] for v in self.timers.values() if v[1] == _LW)
+            nlw, nwall = self.timers.next_timers()
+            if nlw is not None:
                 h = nlw if nlw < _LAST else _LAST
                 hold = h if hold is None or h < hold else hold
-            if (~lw).any():
-                nwall = min(v[0] for v in self.timers.values() if v[1] != _LW)
         for p in self.pending:
             hold = p[3] if hold is None or p[3] < hold else hold
-        keys = set(self.meta) | {kb for kb, _ in self.timers}
+        keys = set(self.meta) | self.timers.key_set()
         if self.state is not None:
             keys |= set(self.state.column("_kb").to_pylist())
         return hold, nlw, nwall, len(keys)
@@ -175,7 +172,7 @@ class ColumnarStore:
     def keys_held(self) -> set[bytes]:
         """Every key the store holds anything for (state, timers, sequence or hold, pending
         productions, dedup ids)."""
-        keys = set(self.meta) | {kb for kb, _ in self.timers} | {p[1] for p in self.pending} | set(self.dedup.keys)
+        keys = set(self.meta) | self.timers.key_set() | {p[1] for p in self.pending} | set(self.dedup.keys)
         if self.state is not None:
             keys.update(self.state.column("_kb").to_pylist())
         return keys
@@ -198,8 +195,11 @@ class ColumnarStore:
 
         for kb, m in self.meta.items():
             of(kb).meta[kb] = m
-        for (kb, tag), v in self.timers.items():
-            of(kb).timers[(kb, tag)] = v
+        timers = self.timers
+        if len(timers):
+            to = np.fromiter(map(target.__getitem__, timers.kb.tolist()), np.int64, len(timers))
+            for i in np.unique(to).tolist():
+                at(i).timers = timers.take(np.flatnonzero(to == i))
         for p in self.pending:
             of(p[1]).pending.append(p)
         if self.state is not None and self.state.num_rows:
@@ -226,7 +226,7 @@ class ColumnarStore:
         tables = [st.state for st in stores if st.state is not None and st.state.num_rows]
         return cls(
             state=(tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")) if tables else None,
-            timers={k: v for st in stores for k, v in st.timers.items()},
+            timers=TimerTable.concat([st.timers for st in stores]),
             meta={k: v for st in stores for k, v in st.meta.items()},
             pending=[p for st in stores for p in st.pending],
             dedup=ColumnarDedup.merge([st.dedup for st in stores]),

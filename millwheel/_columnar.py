@@ -58,7 +58,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any, ClassVar
 
 import numpy as np
@@ -69,6 +68,7 @@ import pyarrow.compute as pc
 from millwheel._codec import decode_value, encode_value
 from millwheel._colbatch import Batch, _categories, _key_column
 from millwheel._coldedup import chunk_stamps, fingerprints
+from millwheel._colinput import InputColumns, factorize
 from millwheel._colout import Outputs
 from millwheel._colstore import STORE_MAGIC, STORE_VERSION, ColumnarStore
 from millwheel._computation import Computation
@@ -146,24 +146,6 @@ def is_columnar(cls: type) -> bool:
 
 # ------------------------------------------------------------------------------ the runner
 @dataclass(slots=True)
-class InputColumns:
-    """One key interval's records of a batch, in delivery order."""
-
-    kbs: list[bytes]
-    ids: list[str]
-    ts: np.ndarray
-    streams: list[str]
-    #: values, encoded (``encoded=True``) or as objects
-    values: list[Any]
-    #: the watermark each record arrived under (``None``: the batch's low watermark)
-    arrival: list[int | None] | None = None
-    encoded: bool = True
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
-@dataclass(slots=True)
 class ColumnarResult:
     """What one run over a key interval's batch returns."""
 
@@ -240,6 +222,9 @@ class ColumnarRunner:
         self.record_columns = tuple(c for c in RECORD_COLUMNS if c in computation.record_columns) + tuple(FIELD_PREFIX + f for f in asked)
         #: ``value.<field>`` columns and their types over the declared input streams (``fields``: stream -> its declaration)
         self.value_fields = {f: field_type((fields or {}).values(), f, f"columnar computation {name!r}") for f in asked}
+        #: encode the dedup's held ids in segments (a store decoded rarely: the Arrow mapping's
+        #: worker cache), or all in one (the default mapping decodes the store in every batch)
+        self.segmented_ids = False
         computation.name = name
 
     # ---------------------------------------------------------------------------------
@@ -264,29 +249,19 @@ class ColumnarRunner:
         touched: set[bytes] = set()
         horizon_wm = lw
         if n:
-            kbs, ts = recs.kbs, recs.ts
-            kcodes, uniques = pd.factorize(np.array(kbs + [b""], dtype=object)[:-1])  # codes in order of first appearance
-            kcodes = kcodes.astype(np.int64, copy=False)
-            uniq = uniques.tolist()
+            ts, kcodes, uniq = recs.ts, recs.codes, recs.uniques  # key codes in order of first appearance
             for kb in uniq:
                 key_of[kb] = decode_key(kb)
             touched.update(key_of)
-            if DEAD_LETTER_STREAM in set(recs.streams):
-                not_dead = np.array([s != DEAD_LETTER_STREAM for s in recs.streams], np.bool_)
-            else:
-                not_dead = np.ones(n, np.bool_)
-            if recs.arrival is None:
-                late_wm = np.full(n, lw, np.int64)
-            else:
-                late_wm = np.fromiter((lw if a is None else a for a in recs.arrival), np.int64, n)
-            late_wm = np.where(not_dead, late_wm, MIN_TIMESTAMP)
+            not_dead = recs.not_stream(DEAD_LETTER_STREAM)
+            late_wm = np.where(not_dead, recs.arrival_watermarks(lw), MIN_TIMESTAMP)
             if not_dead.any():
                 horizon_wm = min(lw, int(late_wm[not_dead].min()))
             late = ts < late_wm
             if opts.exactly_once:
                 # a late record is remembered under the watermark it was late for: a re-delivery is a duplicate
-                stamps = chunk_stamps(kbs, np.maximum(ts, late_wm), opts.dedup.gc_interval_ms, kcodes)
-                keep = st.dedup.admit(recs.ids, kbs, stamps, stats, fingerprints(recs.ids, kbs, kcodes, uniq), kcodes, uniq)
+                stamps = chunk_stamps(None, np.maximum(ts, late_wm), opts.dedup.gc_interval_ms, kcodes)
+                keep = st.dedup.admit(recs.ids, None, stamps, stats, fingerprints(recs.ids, None, kcodes, uniq), kcodes, uniq)
             else:
                 keep = np.ones(n, np.bool_)
             c["duplicates"] = int(n - keep.sum())
@@ -301,10 +276,11 @@ class ColumnarRunner:
                 else:
                     c["late_to_stream"] = c["late"]
                     for i in np.flatnonzero(late).tolist():
-                        v = recs.values[i]
+                        v = recs.value(i)
                         dec = decode_cell(v) if recs.encoded else v
                         enc = v if type(v) is bytes else encode_value(dec)
-                        out.add(opts.late.stream, kbs[i], key_of[kbs[i]], dec, enc, int(ts[i]), recs.ids[i])  # type: ignore[arg-type]
+                        kb = recs.kb(i)
+                        out.add(opts.late.stream, kb, key_of[kb], dec, enc, int(ts[i]), recs.id(i))  # type: ignore[arg-type]
             if admit.all():
                 idx, codes, order = np.arange(n), kcodes, uniq
             else:
@@ -331,7 +307,7 @@ class ColumnarRunner:
         hold, nlw, nwall, kept = (None, None, None, 0) if live else st.summary()
         summaries = st.key_summary(touched | set(prods.kbs)) if key_summaries else None
         return ColumnarResult(
-            None if live else st.encode(), prods.streams, prods.ids, prods.ts, prods.kbs, prods.keys, prods.values, prods.encoded,
+            None if live else st.encode(self.segmented_ids), prods.streams, prods.ids, prods.ts, prods.kbs, prods.keys, prods.values, prods.encoded,
             letters, c, hold, nlw, nwall, kept, summaries, prods.once_ids, prods.once_tentative, st,
         )  # fmt: skip
 
@@ -344,18 +320,15 @@ class ColumnarRunner:
             if name == "key":
                 keys = [key_of[kb] for kb in order]
                 if codes is None:
-                    kbs = recs.kbs
                     index = {kb: i for i, kb in enumerate(order)}
-                    codes = np.fromiter(map(index.__getitem__, [kbs[i] for i in il]), np.int64, len(il))
+                    codes = np.array([index.get(kb, -1) for kb in recs.uniques], np.int64)[recs.codes[idx]]
                 cols["key"] = _key_column(codes, keys, _categories(keys))
             elif name == "id":
-                ids = recs.ids
-                cols["id"] = [ids[i] for i in il]
+                cols["id"] = recs.ids_at(il)
             elif name == "timestamp":
                 cols["timestamp"] = recs.ts[idx]
             elif name == "stream":
-                ss = recs.streams
-                cols["stream"] = [ss[i] for i in il]
+                cols["stream"] = recs.streams_at(il)
             elif name == "value":
                 cols["value"] = values = _values(recs, il, values)
             else:
@@ -385,13 +358,8 @@ class ColumnarRunner:
                 st.state = table
             else:
                 st.state = pa.concat_tables([cur, table], promote_options="permissive")
-        timers_d = st.timers
         for op, tkbs, tags, tss, d in batch._timer_ops:
-            if op == "set":
-                timers_d.update(zip(zip(tkbs, tags, strict=True), [(t, d) for t in tss], strict=True))
-            else:
-                for k in zip(tkbs, tags, strict=True):
-                    timers_d.pop(k, None)
+            st.timers = st.timers.set_many(tkbs, tags, tss, d) if op == "set" else st.timers.delete_many(tkbs, tags)
         for kb, t in batch._holds.items():
             m = st.meta.get(kb)
             if m is None:
@@ -411,7 +379,6 @@ class ColumnarRunner:
         lw: int, now: int, out: Outputs, dead: list[Any],
     ) -> int:  # fmt: skip
         """The admitted records ``idx`` (grouped by key: ``codes`` into ``order``), in one call; on failure per key, then per record."""
-        kbs = recs.kbs
         try:
             self._call(st, order, key_of, self._frame(recs, idx, key_of, order, codes), None, lw, now, out)
             return len(idx)
@@ -420,6 +387,7 @@ class ColumnarRunner:
         # careful: per key, then per record for a key whose call fails
         processed = 0
         per_key: dict[bytes, list[int]] = {}
+        kbs = recs.kbs
         for i in idx.tolist():
             per_key.setdefault(kbs[i], []).append(i)
         for kb, rows in per_key.items():
@@ -435,8 +403,8 @@ class ColumnarRunner:
                     self._call(st, [kb], key_of, self._frame(recs, np.array([i]), key_of, [kb]), None, lw, now, out)
                     processed += 1
                 except _CallFailed as failed:
-                    v = recs.values[i]
-                    rec = Record(key_of[kb], decode_cell(v) if recs.encoded else v, int(recs.ts[i]), recs.ids[i], recs.streams[i])
+                    v = recs.value(i)
+                    rec = Record(key_of[kb], decode_cell(v) if recs.encoded else v, int(recs.ts[i]), recs.id(i), recs.stream(i))
                     dead.append(self._dead_letter(key_of[kb], failed.exc, Stage.PROCESS_RECORD, rec, None, now))
         return processed
 
@@ -444,47 +412,49 @@ class ColumnarRunner:
         budget = self.options.max_timer_fires_per_step
         fired: dict[bytes, int] = {}
         while st.timers:
-            due = _due(st.timers, lw, now)
-            if not due:
+            tt = st.timers
+            due = tt.ordered(tt.due(lw, now))  # per key, by timestamp, domain, tag
+            if not len(due):
                 return
-            due.sort()  # per key, by timestamp, domain, tag
-            firing = []
-            for kb, ts, d, tag in due:
-                item = (kb, tag, ts, d)
-                k = fired.get(kb, 0)
-                if k >= budget:
-                    continue
-                fired[kb] = k + 1
-                firing.append(item)
-            if not firing:
+            # at most ``budget`` fires per key and step: each key's first due timers
+            kcodes, kbs = factorize(tt.kb[due])
+            starts = np.flatnonzero(np.r_[True, kcodes[1:] != kcodes[:-1]])
+            rank = np.arange(len(due)) - np.repeat(starts, np.diff(np.r_[starts, len(due)]))
+            before = np.fromiter(map(fired.get, kbs, [0] * len(kbs)), np.int64, len(kbs))
+            go = before[kcodes] + rank < budget
+            if not go.any():
                 c["timers_deferred"] += len(due)
                 return
-            for kb, tag, _, _ in firing:
-                del st.timers[(kb, tag)]
-                if kb not in key_of:
-                    key_of[kb] = decode_key(kb)
-                touched.add(kb)
-            frame = _timer_frame(firing, key_of)
-            order = list(dict.fromkeys(x[0] for x in firing))
+            rows = due[go]
+            for kb, k in zip(kbs, np.bincount(kcodes[go], minlength=len(kbs)).tolist(), strict=True):
+                if k:
+                    fired[kb] = fired.get(kb, 0) + k
+                    if kb not in key_of:
+                        key_of[kb] = decode_key(kb)
+                    touched.add(kb)
+            st.timers = tt.without(rows)
+            f_kb, f_tag, f_ts, f_d = tt.kb[rows], tt.tag[rows], tt.ts[rows], tt.d[rows]
+            frame, order = _timer_frame(f_kb, f_tag, f_ts, f_d, key_of)
             try:
                 self._call(st, order, key_of, None, frame, lw, now, out)
-                c["timers_fired"] += len(firing)
+                c["timers_fired"] += len(rows)
                 continue
             except _CallFailed as failed:
                 self._fail(failed.exc)
+            firing = list(zip(f_kb.tolist(), f_tag.tolist(), f_ts.tolist(), f_d.tolist(), strict=True))
             by_key: dict[bytes, list[Any]] = {}
             for item in firing:
                 by_key.setdefault(item[0], []).append(item)
             for kb, items in by_key.items():
                 try:
-                    self._call(st, [kb], key_of, None, _timer_frame(items, key_of), lw, now, out)
+                    self._call(st, [kb], key_of, None, _timer_frame_of(items, key_of), lw, now, out)
                     c["timers_fired"] += len(items)
                     continue
                 except _CallFailed:
                     pass
                 for item in items:
                     try:
-                        self._call(st, [kb], key_of, None, _timer_frame([item], key_of), lw, now, out)
+                        self._call(st, [kb], key_of, None, _timer_frame_of([item], key_of), lw, now, out)
                         c["timers_fired"] += 1
                     except _CallFailed as failed:  # the timer stays deleted: it is dead-lettered
                         timer = Timer(item[1], item[2], TimeDomain(item[3]))
@@ -527,36 +497,26 @@ class ColumnarRunner:
         return out
 
 
-def _due(timers: dict[tuple[bytes, str], tuple[int, int]], lw: int, now: int) -> list[tuple[bytes, int, int, str]]:
-    """The due timers ``(key, timestamp, domain, tag)``: one numpy comparison over every timer
-    (a round's scan of a store with many timers, e.g. one per cached query)."""
-    n = len(timers)
-    vals = np.fromiter(chain.from_iterable(timers.values()), np.int64, 2 * n).reshape(n, 2)
-    ts, d = vals[:, 0], vals[:, 1]
-    hit = np.flatnonzero(ts <= np.where(d == _LW, lw, now))
-    if not len(hit):
-        return []
-    keys = list(timers)
-    return [(keys[i][0], int(ts[i]), int(d[i]), keys[i][1]) for i in hit.tolist()]
-
-
 def _values(recs: InputColumns, il: list[int], done: list[Any] | None) -> list[Any]:
     """The values of rows ``il``, decoded (``done``: decoded already)."""
     if done is not None:
         return done
-    vs = recs.values
-    return [decode_cell(vs[i]) for i in il] if recs.encoded else [vs[i] for i in il]
+    vs = recs.values_at(il)
+    return [decode_cell(v) for v in vs] if recs.encoded else vs
 
 
-def _timer_frame(items: list[tuple[bytes, str, int, int]], key_of: dict[bytes, Key]) -> pd.DataFrame:
-    order = list(dict.fromkeys(i[0] for i in items))
-    index = {kb: n for n, kb in enumerate(order)}
-    keys = [key_of[kb] for kb in order]
-    return pd.DataFrame({
-        "key": _key_column(np.fromiter((index[i[0]] for i in items), np.int64, len(items)), keys, _categories(keys)), "tag": [i[1] for i in items],
-        "timestamp": np.fromiter((i[2] for i in items), np.int64, len(items)),
-        "domain": np.fromiter((i[3] for i in items), np.int8, len(items)),
-    })  # fmt: skip
+def _timer_frame(kb: np.ndarray, tag: np.ndarray, ts: np.ndarray, d: np.ndarray, key_of: dict[bytes, Key]) -> tuple[pd.DataFrame, list[bytes]]:
+    """The frame of timers firing (grouped by key) and its keys, in order."""
+    codes, order = factorize(kb)
+    keys = [key_of[k] for k in order]
+    frame = pd.DataFrame({"key": _key_column(codes, keys, _categories(keys)), "tag": tag.tolist(), "timestamp": ts.astype(np.int64), "domain": d.astype(np.int8)})
+    return frame, order
+
+
+def _timer_frame_of(items: list[tuple[bytes, str, int, int]], key_of: dict[bytes, Key]) -> pd.DataFrame:
+    """:func:`_timer_frame` of ``(key, tag, timestamp, domain)`` items."""
+    kb, tag, ts, d = (np.array(c, dtype=object) for c in zip(*items, strict=True))
+    return _timer_frame(kb, tag, ts.astype(np.int64), d.astype(np.int8), key_of)[0]
 
 
 __all__ = [

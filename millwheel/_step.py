@@ -58,6 +58,7 @@ from millwheel._record import (
 _LW = int(TimeDomain.LOW_WATERMARK)
 _WALL = int(TimeDomain.WALL_TIME)
 _DOMAINS = {_LW: TimeDomain.LOW_WATERMARK, _WALL: TimeDomain.WALL_TIME}
+_LW_DOMAIN, _WALL_DOMAIN = TimeDomain.LOW_WATERMARK, TimeDomain.WALL_TIME
 
 
 def production_id(computation: str, key: Key | None, seq: int) -> str:
@@ -125,6 +126,13 @@ class _KeyContext:
         return ts <= (self.low_watermark if domain == _LW else self.now)
 
     def set_timer(self, tag: str, timestamp: int, domain: TimeDomain) -> None:
+        if type(tag) is str and type(timestamp) is int and MIN_TIMESTAMP < timestamp < MAX_TIMESTAMP and (domain is _LW_DOMAIN or domain is _WALL_DOMAIN):
+            # the usual call, valid at a glance (the checks below say what is wrong otherwise)
+            d = _LW if domain is _LW_DOMAIN else _WALL
+            self.timers[tag] = (timestamp, d)
+            if self.firing and self._is_due(timestamp, d):
+                heapq.heappush(self.due_heap, (timestamp, d, tag))
+            return
         name = self.runner.name
         if type(tag) is not str:
             msg = f"{name}: set_timer tag must be a str, got {type(tag).__name__} {short_repr(tag)}"
@@ -327,13 +335,14 @@ class StepRunner:
         if not n:
             return records, False
         tss = list(map(_timestamp_of, records))
-        any_late = min(tss) < late_wm
+        in_order = tss == sorted(tss)  # records usually arrive in time order: the oldest is the first
+        any_late = (tss[0] if in_order else min(tss)) < late_wm
         dedup = env.dedup if self.options.exactly_once else None
         if dedup is not None:
             # one call for the whole step: fingerprints and Bloom checks in C-level passes.
             # A late record is remembered under the watermark it was late for, so a
             # re-delivery is a duplicate and not counted late again
-            kept = dedup.admit(list(map(_id_of, records)), [t if t >= late_wm else late_wm for t in tss] if any_late else tss, stats)
+            kept = dedup.admit(list(map(_id_of, records)), [t if t >= late_wm else late_wm for t in tss] if any_late else tss, stats, in_order)
             if kept is not None:
                 records = list(compress(records, kept))
                 c.duplicates = n - len(records)
@@ -450,22 +459,20 @@ class StepRunner:
             env.dedup.finish(horizon, dd.bloom_fpr, dd.bloom_capacity, dd.gc_interval_ms, stats)
         c.bloom_maybe, c.bloom_false_positive = stats.bloom_maybe, stats.bloom_false_positive
         c.dedup_gc_runs, c.dedup_ids_collected = stats.gc_runs, stats.ids_collected
-        letters = [self._dead_letter(key, f, ctx.now) for f in (careful.failures if careful is not None else ())]
-        dead = [d for d in letters if d is not None]
-        c.dead_letters = len(dead)
-        c.dead_letters_dropped = len(letters) - len(dead)
-        next_lw = next_wall = None
-        for ts, d in ctx.timers.values():
-            if d == _LW:
-                next_lw = ts if next_lw is None or ts < next_lw else next_lw
-            else:
-                next_wall = ts if next_wall is None or ts < next_wall else next_wall
+        if careful is not None and careful.failures:
+            letters = [self._dead_letter(key, f, ctx.now) for f in careful.failures]
+            dead = [d for d in letters if d is not None]
+            c.dead_letters = len(dead)
+            c.dead_letters_dropped = len(letters) - len(dead)
+        else:
+            dead = []
+        hold, next_lw, next_wall = env.schedule()
         return StepResult(
             envelope=None if env.is_empty() else env.encode(),
             productions=productions,
             dead_letters=dead,
             metrics=c,
-            hold=env.hold(),
+            hold=hold,
             next_low_watermark_timer=next_lw,
             next_wall_timer=next_wall,
         )

@@ -48,4 +48,7 @@ if [[ $want_test -eq 1 ]]; then
 else
     .venv/bin/python -m pip install -q -e .
 fi
+# Spark's classes for the driver JVM, mapped instead of loaded at every start (~1.5 s each;
+# millwheel/runtime/_cds.py): one short training run on Spark
+.venv/bin/python -m millwheel.runtime._cds || echo "setup: no class-data archive for Spark's JVM (Spark starts without it)" >&2
 echo "setup: ready ($(.venv/bin/python --version), $(java -version 2>&1 | head -1))"

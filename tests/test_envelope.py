@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from millwheel import MAX_TIMESTAMP, EnvelopeError, MsgpackCodec, PickleCodec, StateCodecError
 from millwheel._envelope import (
     ENVELOPE_VERSION,
+    EXACT_IDS_PER_RECORD,
     SMALL_IDS,
     DedupIndex,
     DedupStats,
@@ -220,3 +221,90 @@ def test_a_key_fed_few_ids_a_step_keeps_exactly_the_ids_a_model_keeps(steps, lag
         idx = DedupIndex.from_wire(idx.to_wire())
         assert idx.ids() == model
         assert (idx.bloom_bytes is None) == (len(model) <= SMALL_IDS)
+
+
+def test_a_hot_key_keeps_no_filter_while_its_id_list_costs_less_to_read():
+    """A step of ``n`` records reads up to ``EXACT_IDS_PER_RECORD * n`` stored ids rather than
+    fingerprint and check its records through a filter; the step that would read more builds one."""
+    n = 100
+    idx = DedupIndex()
+    assert idx.admit([f"a{i}" for i in range(n)], list(range(n)), DedupStats(), in_order=True) is None
+    idx.finish(-1, 0.01, None, 0, DedupStats())
+    assert idx.bloom_bytes is None and idx.count == n  # the first step: no filter to build
+    idx = DedupIndex.from_wire(idx.to_wire())
+    half = [f"a{i}" for i in range(0, n, 2)] + [f"b{i}" for i in range(n // 2)]
+    assert idx.admit(half, [n] * n, DedupStats()) == [False] * (n // 2) + [True] * (n // 2)
+    idx.finish(-1, 0.01, None, 0, DedupStats())
+    assert idx.bloom_bytes is None and idx.count == 3 * n // 2 <= EXACT_IDS_PER_RECORD * n
+    idx = DedupIndex.from_wire(idx.to_wire())
+    assert idx.admit([f"c{i}" for i in range(n)], [n + 1] * n, DedupStats()) is None
+    idx.finish(-1, 0.01, None, 0, DedupStats())
+    assert idx.bloom_bytes is not None and idx.count == 5 * n // 2  # past 2 ids a record: a filter over all
+    idx = DedupIndex.from_wire(idx.to_wire())
+    stats = DedupStats()
+    ids = [f"a{i}" for i in range(n)] + [f"b{i}" for i in range(n // 2)] + [f"c{i}" for i in range(n)] + ["d"]
+    assert idx.admit(ids, [0] * len(ids), stats) == [False] * (len(ids) - 1) + [True]
+    assert stats.bloom_maybe >= len(ids) - 1  # every stored id went through the filter
+
+
+def test_a_bloom_maybe_is_settled_by_a_byte_search_without_parsing_the_ids():
+    idx = DedupIndex()
+    idx.admit([f"kept-{i}" for i in range(40)], [5] * 40, DedupStats())
+    idx.finish(-1, 0.5, 1, 0, DedupStats())  # a fixed 1-item filter at 50%: saturated, "maybe" to all
+    idx = DedupIndex.from_wire(idx.to_wire())
+    stats = DedupStats()
+    assert idx.admit([f"new-{i}" for i in range(30)], [6] * 30, stats) is None
+    assert stats.bloom_maybe == stats.bloom_false_positive == 30
+    assert idx._exact is None  # no id's bytes were in the chunks: the list was never parsed
+    assert idx.admit(["kept-3", "new-30", "kept-3"], [7] * 3, stats) == [False, True, False]
+    assert idx._exact is not None and stats.bloom_false_positive == 31  # a real duplicate: parsed
+
+
+ids_of_every_kind = st.text(min_size=1, max_size=300, alphabet=st.characters(exclude_categories=("Cs",)))
+
+
+@given(st.lists(ids_of_every_kind, min_size=1, max_size=30, unique=True), st.lists(ids_of_every_kind, max_size=30))
+def test_the_byte_search_finds_every_stored_id_of_any_text_or_length(stored, probes):
+    """msgpack writes a str one way (fixstr, str8, str16 headers by length): every stored id's
+    bytes are in the chunks, so a byte search never says "absent" of a stored id."""
+    idx = DedupIndex()
+    half = len(stored) // 2
+    for part in (stored[:half], stored[half:]):  # two steps: two appended chunks
+        idx.admit(part, [1] * len(part), DedupStats())
+        idx.finish(-1, 0.01, None, 0, DedupStats())
+    idx = DedupIndex.from_wire(idx.to_wire())
+    assert all(idx._stored(rid) for rid in stored)
+    assert [idx._stored(p) for p in probes] == [p in set(stored) for p in probes]
+
+
+@given(
+    st.lists(st.lists(st.tuples(st.integers(min_value=0, max_value=150), st.integers(min_value=0, max_value=9)), max_size=60), max_size=10),
+    st.integers(min_value=1, max_value=6),
+    st.sampled_from([None, 1, 500]),
+)
+def test_a_key_fed_large_steps_keeps_exactly_the_ids_a_model_keeps(steps, lag, capacity):
+    """Steps of up to 60 records over 150 ids (duplicates inside and across steps), stored and
+    read back between steps, collected behind a horizon, a saturated filter among the
+    settings: the index admits and keeps what a plain dict does, and keeps no filter only
+    while its list is small for the step that read it."""
+    idx, model = DedupIndex(), {}
+    for n, step in enumerate(steps):
+        ids, tss = [f"id{i}" for i, _ in step], sorted(10 * n + t for _, t in step)
+        expected, now = [], set()
+        for rid, ts in zip(ids, tss, strict=True):
+            new = rid not in model and rid not in now
+            expected.append(new)
+            if new:
+                now.add(rid)
+                model[rid] = ts
+        stats = DedupStats()
+        kept = idx.admit(ids, tss, stats, in_order=True)
+        assert (kept if kept is not None else [True] * len(ids)) == expected
+        assert stats.bloom_false_positive <= stats.bloom_maybe
+        horizon = 10 * (n - lag)
+        idx.finish(horizon, 0.5 if capacity == 1 else 0.01, capacity, 0, DedupStats())
+        model = {rid: ts for rid, ts in model.items() if ts >= horizon}
+        idx = DedupIndex.from_wire(idx.to_wire())
+        assert idx.ids() == model
+        if idx.bloom_bytes is None and model:
+            assert capacity is None and len(model) <= max(SMALL_IDS, EXACT_IDS_PER_RECORD * len(ids))

@@ -239,3 +239,23 @@ def test_a_query_carries_only_the_fields_its_computation_reads():
 def test_a_reader_that_leaves_the_fields_out_is_told_so():
     with pytest.raises(ValueError, match="stored as columns, read its 'fields' column too"):
         rebuild_values([None], None)
+
+
+@pytest.mark.parametrize("typ", [int, float])
+def test_a_value_not_of_its_declared_type_is_dead_lettered_saying_so(typ):
+    """The typed ``value.ms`` column holds null for a string in an int (or float) field: the
+    dead letter keeps the whole value and says the field is missing or not of its type,
+    not "got None"."""
+    from computations.columnar_windowing import ColumnarWindowAggregate
+
+    h = Harness.for_computation(
+        ColumnarWindowAggregate, inputs={"clicks": lambda r: r.value["page"]}, outputs=["window_aggregates"],
+        fields={"clicks": {"page": str, "ms": typ}}, params={"aggregate": "sum", "field": "ms", "window_ms": 1000}, raise_errors=False,
+    )  # fmt: skip
+    h.inject("clicks", [h.record({"page": "a", "ms": "12"}, 200), h.record({"page": "b", "ms": typ(4)}, 300)])
+    h.advance_watermark("clicks", 5000)
+    h.run()
+    assert [(v["key"], v["sum"]) for v in h.values("window_aggregates")] == [("b", 4.0)]
+    (dead,) = h.dead_letters()
+    assert dead.value.record.value == {"page": "a", "ms": "12"}
+    assert "not of the type its stream declares" in dead.value.reason and "NoneType" not in dead.value.reason

@@ -11,7 +11,8 @@ What it prints, in order (to stderr, except the final report):
 3. on stdout, the final table, the sinks and the topology module's ``on_finish``.
 
 A run directory whose run finished (every input drained, every low watermark +inf) has a
-``finished.json``: running it again prints its results at once, without starting Spark.
+``finished.json``: running it again prints its results at once, without starting Spark,
+unless a log file appeared or grew since (:func:`input_changed`: then it says so and exits 2).
 """
 
 from __future__ import annotations
@@ -151,6 +152,44 @@ def _finished(root: str, topology: Topology, only: tuple[str, ...]) -> dict[str,
     return saved
 
 
+def _log_listing(topology: Topology) -> dict[str, dict[str, int]]:
+    """Each log-file injector's files and their sizes: what a finished run had read."""
+    from millwheel._logfile import LogFileSource
+    from millwheel._logparse import is_log_file
+
+    out: dict[str, dict[str, int]] = {}
+    for spec in topology.injectors.values():
+        if isinstance(spec.source, LogFileSource):
+            path = spec.source.path
+            names = sorted(os.listdir(path)) if os.path.isdir(path) else []
+            out[spec.name] = {n: os.stat(os.path.join(path, n)).st_size for n in names if is_log_file(n)}
+    return out
+
+
+def input_changed(saved: dict[str, Any], topology: Topology) -> list[str]:
+    """The log files that appeared or grew since the run finished, as ``injector: name (new|grew)``.
+
+    A finished run's injectors promised that nothing more would come (their low watermarks
+    are +inf, §4.5): records read from such files now would all be late. So the finished
+    run's answer is not given for changed input as if it were current, and the run does
+    not read them either; the caller says what to do instead. A ``finished.json`` written
+    before the listing was kept has none, and nothing is compared."""
+    before = saved.get("logs")
+    if not isinstance(before, dict):
+        return []
+    out = []
+    for injector, files in _log_listing(topology).items():
+        old = before.get(injector)
+        if not isinstance(old, dict):
+            continue
+        for name, size in files.items():
+            if name not in old:
+                out.append(f"{injector}: {name} (new)")
+            elif size > old[name]:
+                out.append(f"{injector}: {name} (grew)")
+    return out
+
+
 def _report(topology: Topology, root: str, snapshot: Snapshot | None, metrics: dict[str, dict[str, int]], on_finish: Any, headline: str) -> None:
     from millwheel._runner import print_finish
 
@@ -177,6 +216,17 @@ def run(topology: Topology, args: argparse.Namespace, on_finish: Any = None) -> 
         rows = tuple(Row(**{k: v for k, v in r.items() if k in known}) for r in saved["rows"])
         snapshot = Snapshot(saved["elapsed_s"], saved["finished_at_ms"], rows)
         when = dt.datetime.fromtimestamp(saved["finished_at_ms"] / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        changed = input_changed(saved, topology)
+        if changed:
+            shown = "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
+            print(
+                f"millwheel: the run in {root} finished on {when}, and its input changed since: {shown}. A finished run "
+                "promised that no more input would come (its low watermarks are +inf), so these records would all be late. "
+                "Run with --fresh to compute everything again with them (or use another --checkpoint); to add files to a "
+                "run as they come, keep it running on an open directory (no finite=True, no --until-drained).",
+                file=sys.stderr,
+            )
+            return 2
         print(f"millwheel: the run in {root} finished on {when}; nothing is left to do (--fresh runs it again)", file=sys.stderr)
         _report(topology, root, snapshot, saved["metrics"], on_finish, f"topology {topology.name}: finished on Spark in {saved['elapsed_s']:.1f}s (on {when})")
         return 0
@@ -279,6 +329,7 @@ def _save_finished(root: str, topology: Topology, only: tuple[str, ...], snapsho
         "elapsed_s": round(elapsed, 1),
         "rows": [{**asdict(r), "in_rate": None, "out_rate": None, "lag_ms": None, "event_lag_ms": None} for r in snapshot.rows],
         "metrics": metrics,
+        "logs": _log_listing(topology),
     }
     tmp = os.path.join(root, f".{FINISHED}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:

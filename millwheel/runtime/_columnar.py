@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from millwheel._colstore import ColumnarStore
 from millwheel._columnar import ColumnarResult, ColumnarRunner, InputColumns, is_columnar
@@ -39,7 +41,7 @@ from millwheel._delivery import commit_once
 from millwheel._errors import RunError
 from millwheel._record import MIN_TIMESTAMP, Record
 from millwheel._topology import ComputationSpec
-from millwheel.runtime._fieldcols import production_fields, with_values
+from millwheel.runtime._fieldcols import CARRY_PREFIX, production_fields, table_frame, with_values
 from millwheel.runtime._interval import IntervalBatch, IntervalStep
 from millwheel.runtime._keying import wants_dead_letters
 from millwheel.runtime._move import RescaleMismatch, install_stores, retire_group
@@ -113,19 +115,25 @@ class ColumnarIntervalStep(IntervalStep):
         yield out
 
     def run_interval(
-        self, interval: int, frames: Iterable[pd.DataFrame], store: bytes | ColumnarStore | None, low_watermark: int, now: int
-    ) -> tuple[ColumnarResult, pd.DataFrame]:  # fmt: skip
+        self, interval: int, rows: pa.Table | None, store: bytes | ColumnarStore | None, low_watermark: int, now: int
+    ) -> tuple[ColumnarResult, dict[str, Any] | None, pd.DataFrame]:  # fmt: skip
         """One key interval's share of a micro-batch on a mapping that does not move state
         (``_arrowmap.py``, whose computations ``millwheel rescale`` refuses): the
-        :class:`ColumnarRunner` over its records (``store``: the interval's columnar store,
-        encoded or decoded), and its output frame (productions, dead letters, then the
-        interval's summary row)."""
+        :class:`ColumnarRunner` over its input ``rows`` (``store``: the interval's columnar
+        store, encoded or decoded); its productions as columns (:meth:`step_columns`) and
+        the frame of its dead letters and summary row. Rows that are all plain records
+        become :class:`InputColumns` straight from Arrow (:func:`arrow_input`); others
+        (ticks, keying dead letters, rows to key here, carried fields) go through pandas."""
         batch = IntervalBatch(self, interval, low_watermark, now)
-        recs = self.read(batch, frames)
+        if rows is not None and plain_records(rows):
+            recs = arrow_input(rows)
+        else:
+            recs = self.read(batch, [] if rows is None else [table_frame(rows)])
         if batch.installs or batch.retire is not None:
             msg = f"computation {self.spec.name!r}: a rescale's state move reached an interval function that cannot apply it (the Arrow mapping)"
             raise RescaleMismatch(msg)
-        return self.step(batch, recs, store)
+        self.columnar().segmented_ids = True  # its stores are decoded rarely (the worker's cache): held ids in segments
+        return self.step_columns(batch, recs, store)
 
     def read(self, batch: IntervalBatch, frames: Iterable[pd.DataFrame]) -> InputColumns:
         """The records of ``batch``'s input frames as columns; a rescale's rows go to the batch."""
@@ -133,6 +141,13 @@ class ColumnarIntervalStep(IntervalStep):
 
     def step(self, batch: IntervalBatch, recs: InputColumns, store: bytes | ColumnarStore | None) -> tuple[ColumnarResult, pd.DataFrame]:
         """The :class:`ColumnarRunner` over one key interval's records, and its output frame."""
+        res, cols, tail = self.step_columns(batch, recs, store)
+        return res, tail if cols is None else pd.concat([pd.DataFrame(cols), tail], ignore_index=True)
+
+    def step_columns(self, batch: IntervalBatch, recs: InputColumns, store: bytes | ColumnarStore | None) -> tuple[ColumnarResult, dict[str, Any] | None, pd.DataFrame]:
+        """The :class:`ColumnarRunner` over one key interval's records: its result, its
+        productions' output columns (``None``: none) and the frame of its dead letters and
+        summary row."""
         res = self.columnar().run(store, recs, low_watermark=batch.low_watermark, now=batch.now)
         batch.totals.add(StepMetrics(**res.metrics))
         for p in res.dead_letters:
@@ -145,7 +160,7 @@ class ColumnarIntervalStep(IntervalStep):
                 batch.out.add_production(p)
         tail = batch.summary(res.hold, res.next_low_watermark_timer, res.next_wall_timer, res.keys_kept)
         if not res.ids:
-            return res, tail
+            return res, None, tail
         cols: dict[str, Any] = {
             "stream": res.streams, "id": res.ids, "ts": res.ts, "key": res.kbs, "value": res.encoded, "wm": [None] * len(res.ids),
         }  # fmt: skip
@@ -154,7 +169,7 @@ class ColumnarIntervalStep(IntervalStep):
             recs_out = [(s, Record(k, v, t, i, s)) for s, k, v, t, i in zip(res.streams, res.keys, res.values, res.ts, res.ids, strict=True)]
             for name, values in self.keyer.rows(recs_out, self.out_consumers).items():
                 cols[name] = pd.array(values, dtype="Int32") if name.startswith("interval:") else values
-        return res, pd.concat([pd.DataFrame(cols), tail], ignore_index=True)
+        return res, cols, tail
 
     @staticmethod
     def _records(batch: IntervalBatch, pdf: pd.DataFrame) -> pd.DataFrame | None:
@@ -186,6 +201,50 @@ class ColumnarIntervalStep(IntervalStep):
         return pdf if len(pdf) else None
 
 
+def plain_records(t: pa.Table) -> bool:
+    """Are all rows of ``t`` records keyed for this computation, without carried fields (no
+    ticks, keying dead letters, rows to key here or a rescale's rows)?"""
+    kind = t.column("kind")
+    if kind.null_count or t.column("key").null_count or any(c.startswith(CARRY_PREFIX) for c in t.column_names):
+        return False
+    return bool(pc.all(pc.equal(kind, _RECORD)).as_py())
+
+
+def _codes(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[Any]]:
+    """int64 codes of a column's values (nulls: -1) and its distinct values, in order of first appearance."""
+    enc = pc.dictionary_encode(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
+    return enc.indices.fill_null(-1).to_numpy().astype(np.int64, copy=False), enc.dictionary.to_pylist()
+
+
+def send_order(t: pa.Table, first: np.ndarray | None = None) -> np.ndarray:
+    """The order of ``t``'s rows :func:`_input` puts them in: by sender watermark (missing:
+    first), then file name (missing: first), then row — after ``first`` (a task's group)."""
+    wm = t.column("wm")
+    order_wm = pc.fill_null(wm, MIN_TIMESTAMP).to_numpy().astype(np.int64, copy=False) if wm.null_count < len(wm) else np.full(len(wm), MIN_TIMESTAMP, np.int64)
+    src, names = _codes(t.column("src"))
+    rank = np.zeros(len(names) + 1, np.int64)  # nulls (code -1, the last slot) first, as pandas' sorted factorize puts them
+    rank[sorted(range(len(names)), key=names.__getitem__)] = np.arange(1, len(names) + 1)
+    keys = (pc.fill_null(t.column("row"), 0).to_numpy(), rank[src], order_wm)
+    return np.lexsort(keys if first is None else (*keys, first))
+
+
+def arrow_input(t: pa.Table) -> InputColumns:
+    """:func:`_input` of an Arrow table of plain records (:func:`plain_records`): the same
+    send order, keys and streams factorized in Arrow, ids and values left as Arrow arrays."""
+    order = send_order(t)
+    if not (order[1:] > order[:-1]).all():
+        t = t.take(pa.array(order))
+    wm = t.column("wm")
+    known = None if wm.null_count == len(wm) else pc.is_valid(wm).to_numpy(zero_copy_only=False)
+    order_wm = None if known is None else pc.fill_null(wm, MIN_TIMESTAMP).to_numpy().astype(np.int64, copy=False)
+    codes, uniques = _codes(t.column("key"))
+    s_codes, s_names = _codes(t.column("stream"))
+    return InputColumns.of(
+        codes, uniques, t.column("id").combine_chunks(), t.column("ts").to_numpy().astype(np.int64, copy=False), s_codes, s_names,
+        t.column("value").combine_chunks(), order_wm, known,
+    )  # fmt: skip
+
+
 def _input(parts: list[pd.DataFrame]) -> InputColumns:
     """An interval's record rows as :class:`InputColumns`, in send order: by sender watermark
     (missing: first), then file name, then row — what ``IntervalBatch.run`` sorts each key's
@@ -208,7 +267,8 @@ def _input(parts: list[pd.DataFrame]) -> InputColumns:
         pdf = pdf.iloc[order]
         if arrival is not None:
             arrival = [arrival[i] for i in order.tolist()]
+    # object columns as they are (factorized without a list of them), ids to Arrow in one call
     return InputColumns(
-        kbs=pdf["key"].tolist(), ids=pdf["id"].tolist(), ts=pdf["ts"].to_numpy(np.int64),
-        streams=pdf["stream"].tolist(), values=pdf["value"].tolist(), arrival=arrival,
+        kbs=pdf["key"].to_numpy(dtype=object), ids=pa.Array.from_pandas(pdf["id"], type=pa.string()), ts=pdf["ts"].to_numpy(np.int64),
+        streams=pdf["stream"].to_numpy(dtype=object), values=pdf["value"].to_numpy(dtype=object), arrival=arrival,
     )  # fmt: skip

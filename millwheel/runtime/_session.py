@@ -35,6 +35,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from millwheel.runtime import _cds as cds
 from millwheel.runtime._spark_internals import (
     check_pyspark_version,
     root_log_level,
@@ -270,13 +271,15 @@ def spark_session(
         # pandas 2.x warns about that on every group (PySpark's code, not millwheel's)
         "spark.executorEnv.PYTHONWARNINGS": PYSPARK_WORKER_WARNINGS,
     }
+    shared = ""
     if not submitted:  # the driver JVM starts here: it reads its log configuration at start
         java_options = f"-Dlog4j2.configurationFile=file:{log4j2_file(level)}"
         # more options for the driver JVM (docs/deployment.md, "Quiet Spark"); the test suite
         # gives its short runs a JVM that compiles less (tests/conftest.py)
         if os.environ.get(JAVA_OPTIONS_ENV, "").strip():
             java_options = f"{os.environ[JAVA_OPTIONS_ENV].strip()} {java_options}"
-        settings["spark.driver.extraJavaOptions"] = join_java_options((conf or {}).get("spark.driver.extraJavaOptions"), java_options)
+        shared = cds.java_options()  # Spark's classes mapped from the archive built at set-up (``_cds.py``)
+        settings["spark.driver.extraJavaOptions"] = join_java_options(shared or None, (conf or {}).get("spark.driver.extraJavaOptions"), java_options)
     else:  # spark-submit's --conf and spark-defaults.conf win over these defaults; the JVM's memory is set
         from pyspark import SparkConf, SparkContext
 
@@ -292,7 +295,16 @@ def spark_session(
     redirect = jvm_log if not submitted else None
     try:
         with _stderr_to(redirect):
-            spark = builder.getOrCreate()
+            try:
+                spark = builder.getOrCreate()
+            except Exception:
+                if submitted or not shared:
+                    raise
+                # a JVM that will not start with the archive (damaged on disk) starts without
+                # it; if it then starts, the archive was the cause and is set aside
+                options = settings["spark.driver.extraJavaOptions"].replace(shared, "").strip()
+                spark = builder.config("spark.driver.extraJavaOptions", options).getOrCreate()
+                cds.set_aside(shared)
     except Exception as exc:
         if redirect is None:
             raise

@@ -199,3 +199,34 @@ def test_the_arrow_mapping_is_refused_where_it_cannot_keep_its_promises(tmp_path
         )
     with pytest.raises(TopologyError, match="mapping must be one of"):
         ComputationOptions(mapping="pandas")
+
+
+def test_records_read_from_arrow_are_the_records_read_through_pandas():
+    """The task's Arrow reading (``arrow_input``) gives the runner what the pandas reading
+    (``_input``, the default mapping's) gives: the same send order (sender watermark, file,
+    row), keys, ids, streams, values and arrival watermarks."""
+    import random
+
+    import numpy as np
+
+    from millwheel.runtime._columnar import _input, arrow_input, plain_records
+
+    rng = random.Random(3)
+    n = 400
+    rows = {
+        "group": [0] * n, "kind": [0] * n, "key": [encode_key(f"k{rng.randrange(20)}") for _ in range(n)],
+        "id": [f"r{i}" for i in range(n)], "ts": [T0 + rng.randrange(10_000) for _ in range(n)],
+        "value": [encode_value(i) for i in range(n)], "wm": [rng.choice([None, T0, T0 + 5_000]) for _ in range(n)],
+        "stream": [rng.choice(["q", "p", DEAD_LETTER_STREAM]) for _ in range(n)], "src": [rng.choice([None, "f2", "f1", "f10"]) for _ in range(n)],
+        "row": [rng.randrange(50) for _ in range(n)], "now": [None] * n,
+    }  # fmt: skip
+    types_ = {"group": pa.int32(), "kind": pa.int32(), "key": pa.binary(), "value": pa.binary(), "id": pa.string(), "stream": pa.string(), "src": pa.string()}
+    table = pa.table({c: pa.array(v, types_.get(c, pa.int64())) for c, v in rows.items()})
+    assert plain_records(table) and not plain_records(table.set_column(1, "kind", pa.array([0] * (n - 1) + [None], pa.int32())))
+    a, b = arrow_input(table), _input([table.to_pandas()])
+    assert a.kbs == b.kbs and a.uniques == b.uniques and a.codes.tolist() == b.codes.tolist()
+    assert a.ids.to_pylist() == b.ids.to_pylist() and a.ts.tolist() == b.ts.tolist()
+    assert a.streams_at(list(range(n))) == b.streams_at(list(range(n))) and a.values_at(list(range(n))) == b.values_at(list(range(n)))
+    assert a.arrival_watermarks(-1).tolist() == b.arrival_watermarks(-1).tolist()
+    assert (a.not_stream(DEAD_LETTER_STREAM) == b.not_stream(DEAD_LETTER_STREAM)).all() and not np.all(a.not_stream(DEAD_LETTER_STREAM))
+    assert a.ts.tolist() != sorted(a.ts.tolist()) and a.ids.to_pylist() != rows["id"]  # the data was out of send order
