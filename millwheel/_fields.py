@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from millwheel._codec import decode_value, encode_value
 from millwheel._errors import TopologyError
+from millwheel._record import utf8_text
 
 #: the struct column of a stream-log file that holds conforming values
 FIELDS_COLUMN = "fields"
@@ -86,8 +87,8 @@ class StreamFields:
         for (k, v), name, t in zip(value.items(), self.names, self.types, strict=True):
             if k != name:
                 return False
-            if v is not None and (type(v) is not t or (t is int and not _fits_int64(v))):
-                return False
+            if v is not None and (type(v) is not t or (t is int and not _fits_int64(v)) or (t is str and not (v.isascii() or utf8_text(v)))):
+                return False  # (a str with a lone surrogate has no Arrow form: it is pickled)
         return True
 
     # ---- Arrow -------------------------------------------------------------------

@@ -28,7 +28,11 @@ def key_problem(key: Any) -> str | None:
     keys must be str, int, bytes or a tuple of those; got list ['cats']
     """
     t = type(key)
-    if t is str or t is bytes:
+    if t is str:
+        if key.isascii() or utf8_text(key):
+            return None
+        return f"str keys must be valid Unicode text (encodable as UTF-8); got {short_repr(key)}, which holds a lone surrogate"
+    if t is bytes:
         return None
     if t is int:
         if _INT64[0] <= key <= _INT64[1]:
@@ -41,6 +45,17 @@ def key_problem(key: Any) -> str | None:
                 return why
         return None
     return f"keys must be str, int, bytes or a tuple of those; got {t.__name__} {short_repr(key)}"
+
+
+def utf8_text(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8: not if it holds a lone surrogate, which JSON's
+    ``"\\ud800"`` escape and Python's ``surrogateescape`` produce; such a str can be
+    pickled but not written as Arrow, msgpack or UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def short_repr(value: Any, limit: int = 80) -> str:

@@ -225,7 +225,7 @@ def declared_columns(fields: StreamFields, values: list[Any]) -> tuple[pa.Array,
                 break
             try:
                 arrays.append(pa.array(column, field.type))
-            except OverflowError:  # an int beyond int64: that value does not conform
+            except (OverflowError, UnicodeEncodeError, pa.ArrowException):  # an int beyond int64, a str with a lone surrogate: that value does not conform
                 break
         else:
             return pa.nulls(n, pa.binary()), pa.StructArray.from_arrays(arrays, fields=list(struct))
