@@ -195,6 +195,19 @@ def test_id_chunks_of_sorted_timestamps_are_found_by_bisection_as_by_a_dict(pair
     assert oldest == min(stamps)
 
 
+def _model_admit(model: dict[str, int], ids: list[str], tss: list[int]) -> list[bool]:
+    """What a plain dict of kept ids admits of one step (a repeat within the step too),
+    remembering the new ones with their timestamps."""
+    expected, now = [], set()
+    for rid, ts in zip(ids, tss, strict=True):
+        new = rid not in model and rid not in now
+        expected.append(new)
+        if new:
+            now.add(rid)
+            model[rid] = ts
+    return expected
+
+
 @given(
     st.lists(st.lists(st.tuples(st.sampled_from([f"id{n}" for n in range(40)]), st.integers(min_value=0, max_value=9)), max_size=6), max_size=14),
     st.integers(min_value=1, max_value=20),
@@ -206,13 +219,7 @@ def test_a_key_fed_few_ids_a_step_keeps_exactly_the_ids_a_model_keeps(steps, lag
     idx, model = DedupIndex(), {}
     for n, step in enumerate(steps):
         ids, tss = [rid for rid, _ in step], [10 * n + t for _, t in step]
-        expected, now = [], set()
-        for rid, ts in zip(ids, tss, strict=True):
-            new = rid not in model and rid not in now
-            expected.append(new)
-            if new:
-                now.add(rid)
-                model[rid] = ts
+        expected = _model_admit(model, ids, tss)
         kept = idx.admit(ids, tss, DedupStats())
         assert (kept if kept is not None else [True] * len(ids)) == expected
         horizon = 10 * (n - lag)
@@ -290,13 +297,7 @@ def test_a_key_fed_large_steps_keeps_exactly_the_ids_a_model_keeps(steps, lag, c
     idx, model = DedupIndex(), {}
     for n, step in enumerate(steps):
         ids, tss = [f"id{i}" for i, _ in step], sorted(10 * n + t for _, t in step)
-        expected, now = [], set()
-        for rid, ts in zip(ids, tss, strict=True):
-            new = rid not in model and rid not in now
-            expected.append(new)
-            if new:
-                now.add(rid)
-                model[rid] = ts
+        expected = _model_admit(model, ids, tss)
         stats = DedupStats()
         kept = idx.admit(ids, tss, stats, in_order=True)
         assert (kept if kept is not None else [True] * len(ids)) == expected
