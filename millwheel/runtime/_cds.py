@@ -158,6 +158,10 @@ def build(*, force: bool = False, timeout_s: float = 600.0) -> Path | None:
         deadline = time.monotonic() + timeout_s
         while _jvm_running(str(tmp)) and time.monotonic() < deadline:  # the archive is written as the JVM exits
             time.sleep(0.2)
+        size = -1
+        while tmp.is_file() and tmp.stat().st_size != size and time.monotonic() < deadline:  # and without /proc: until it stops growing
+            size = tmp.stat().st_size
+            time.sleep(1.0)
     if done.returncode != 0 or _jvm_running(str(tmp)) or not tmp.is_file() or tmp.stat().st_size == 0:
         print(f"millwheel: the class-data training run failed (exit {done.returncode}); no archive built\n{done.stderr[-2000:]}", file=sys.stderr)
         tmp.unlink(missing_ok=True)
