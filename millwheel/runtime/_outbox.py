@@ -280,7 +280,13 @@ class Outbox:
                     continue
                 self.fence()
                 crash_point(self.name, "before_publish", n)
-                self._publish(n)
+                try:
+                    self._publish(n)
+                except FileNotFoundError:
+                    # its files went while it was read: a driver that took over since the
+                    # check above published and deleted them; this one is fenced, not failed
+                    self.fence()
+                    raise
                 done += 1
         return done
 

@@ -58,3 +58,42 @@ def test_published_files_read_back_as_the_records(tmp_path):
     (part,) = (tmp_path / "outbox" / "C" / "0" / "e1" / "stream=out").iterdir()
     log.publish(target.child("stream=out", part.name), "out", "C", "b0000000000-p", 1_000)
     assert [(r.id, r.key, r.value, r.timestamp) for r in log.read("out")] == [("a", "k", "a", 1_000), ("b", "k", "b", 1_001)]
+
+
+def test_files_gone_under_a_driver_that_was_taken_over_mean_fenced_not_failed(tmp_path, monkeypatch):
+    """The race the fault campaign's zombie driver met: it checked its lease, a newer driver
+    took the query over and published (and deleted) the batch's files, then the zombie read
+    them. It must stop as fenced (a clean exit), not fail with FileNotFoundError; with its
+    lease still its own, a missing file stays an error."""
+    import pytest
+
+    from millwheel.runtime._lease import FencedError, Lease
+    from millwheel.runtime._outbox import Outbox
+
+    root = Location.of(str(tmp_path))
+    lease = Lease(root.child("leases", "C"), "computation 'C'")
+    lease.acquire(1)
+    outbox = Outbox("C", root.child("outbox", "C"), root.child("checkpoint"), FileStreamLog(root), strong=True, on_summary=lambda n, s: None, lease=lease)
+    root.child("outbox", "C", "0").mkdirs()
+    monkeypatch.setattr(outbox, "committed", lambda: {0})
+
+    def gone(n):
+        msg = f"batch {n}'s part file"
+        raise FileNotFoundError(msg)
+
+    monkeypatch.setattr(outbox, "_publish", gone)
+    with pytest.raises(FileNotFoundError):
+        outbox.publish_committed()  # still the owner: a real error
+    takeover = Lease(root.child("leases", "C"), "computation 'C'")
+    real_check = lease.check
+    calls = []
+
+    def check():
+        calls.append(1)
+        if len(calls) == 2:  # between the check before publishing and the read: another driver takes over
+            takeover.acquire(2)
+        real_check()
+
+    monkeypatch.setattr(lease, "check", check)
+    with pytest.raises(FencedError):
+        outbox.publish_committed()
