@@ -87,7 +87,7 @@ class StreamFields:
         for (k, v), name, t in zip(value.items(), self.names, self.types, strict=True):
             if k != name:
                 return False
-            if v is not None and (type(v) is not t or (t is int and not _fits_int64(v)) or (isinstance(v, str) and not (v.isascii() or utf8_text(v)))):
+            if v is not None and (type(v) is not t or (t is int and not _fits_int64(v)) or (isinstance(v, str) and not utf8_text(v))):
                 return False  # (a str with a lone surrogate has no Arrow form: it is pickled)
         return True
 

@@ -29,7 +29,7 @@ def key_problem(key: Any) -> str | None:
     """
     t = type(key)
     if t is str:
-        if key.isascii() or utf8_text(key):
+        if utf8_text(key):
             return None
         return f"str keys must be valid Unicode text (encodable as UTF-8); got {short_repr(key)}, which holds a lone surrogate"
     if t is bytes:
@@ -50,7 +50,9 @@ def key_problem(key: Any) -> str | None:
 def utf8_text(text: str) -> bool:
     """Whether ``text`` encodes as UTF-8: not if it holds a lone surrogate, which JSON's
     ``"\\ud800"`` escape and Python's ``surrogateescape`` produce; such a str can be
-    pickled but not written as Arrow, msgpack or UTF-8."""
+    pickled but not written as Arrow, msgpack or UTF-8. ASCII text answers without encoding."""
+    if text.isascii():
+        return True
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
