@@ -331,6 +331,11 @@ def holding_file(offset: dict[str, Any], lateness_ms: int) -> str | None:
     return None if best is None else best[1]
 
 
+def log_names(path: str) -> list[str]:
+    """The log files of directory ``path``, in name order (none if it does not exist)."""
+    return [n for n in sorted(os.listdir(path)) if is_log_file(n)] if os.path.isdir(path) else []
+
+
 def unread(offset: dict[str, Any], opts: ReadOptions) -> list[str]:
     """Log files of the directory with complete lines beyond what ``offset`` read.
 
@@ -341,9 +346,7 @@ def unread(offset: dict[str, Any], opts: ReadOptions) -> list[str]:
     progress = offset["files"]
     path = opts.path
     out = []
-    for name in sorted(os.listdir(path)) if os.path.isdir(path) else []:
-        if not is_log_file(name):
-            continue
+    for name in log_names(path):
         pos = FileProgress.of(name, progress.get(name)).pos
         size = os.stat(os.path.join(path, name)).st_size
         if size > pos and _last_newline(os.path.join(path, name), pos, size) > pos:

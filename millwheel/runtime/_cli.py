@@ -155,14 +155,13 @@ def _finished(root: str, topology: Topology, only: tuple[str, ...]) -> dict[str,
 def _log_listing(topology: Topology) -> dict[str, dict[str, int]]:
     """Each log-file injector's files and their sizes: what a finished run had read."""
     from millwheel._logfile import LogFileSource
-    from millwheel._logparse import is_log_file
+    from millwheel._logplan import log_names
 
     out: dict[str, dict[str, int]] = {}
     for spec in topology.injectors.values():
         if isinstance(spec.source, LogFileSource):
             path = spec.source.path
-            names = sorted(os.listdir(path)) if os.path.isdir(path) else []
-            out[spec.name] = {n: os.stat(os.path.join(path, n)).st_size for n in names if is_log_file(n)}
+            out[spec.name] = {n: os.stat(os.path.join(path, n)).st_size for n in log_names(path)}
     return out
 
 
