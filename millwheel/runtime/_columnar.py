@@ -45,6 +45,7 @@ from millwheel.runtime._fieldcols import CARRY_PREFIX, production_fields, table_
 from millwheel.runtime._interval import IntervalBatch, IntervalStep
 from millwheel.runtime._keying import wants_dead_letters
 from millwheel.runtime._move import RescaleMismatch, install_stores, retire_group
+from millwheel.runtime._packed import PACKED_COLUMN, unpack
 from millwheel.runtime._wire import RowKind, from_spark, timer_timeout
 
 _RECORD = int(RowKind.RECORD)
@@ -136,8 +137,29 @@ class ColumnarIntervalStep(IntervalStep):
         return self.step_columns(batch, recs, store)
 
     def read(self, batch: IntervalBatch, frames: Iterable[pd.DataFrame]) -> InputColumns:
-        """The records of ``batch``'s input frames as columns; a rescale's rows go to the batch."""
-        return _input([p for p in (self._records(batch, pdf) for pdf in frames) if p is not None])
+        """The records of ``batch``'s input frames as columns; a rescale's rows go to the batch.
+
+        Rows packed before the shuffle (``_packed.py``) are read back as one Arrow table:
+        when they are all plain records and no other row is a record, they become
+        :class:`InputColumns` straight from Arrow (:func:`arrow_input`), as on the Arrow
+        mapping; otherwise they join the other rows through pandas."""
+        parts, blobs = [], []
+        for pdf in frames:
+            if PACKED_COLUMN in pdf.columns:
+                packed = pdf[PACKED_COLUMN].notna()
+                blobs += pdf[PACKED_COLUMN][packed].tolist()
+                pdf = pdf[~packed.to_numpy()].drop(columns=PACKED_COLUMN)
+            p = self._records(batch, pdf)
+            if p is not None:
+                parts.append(p)
+        table = unpack(blobs)
+        if table is not None:
+            if not parts and plain_records(table):
+                return arrow_input(table)
+            p = self._records(batch, table_frame(table))
+            if p is not None:
+                parts.append(p)
+        return _input(parts)
 
     def step(self, batch: IntervalBatch, recs: InputColumns, store: bytes | ColumnarStore | None) -> tuple[ColumnarResult, pd.DataFrame]:
         """The :class:`ColumnarRunner` over one key interval's records, and its output frame."""

@@ -26,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from millwheel._columnar import is_columnar
 from millwheel._counters import StepMetrics
 from millwheel._delivery import low_watermark
 from millwheel._errors import MillwheelError
@@ -41,6 +42,7 @@ from millwheel.runtime._layout import finish_move, mark_migration, move_pending
 from millwheel.runtime._lease import FencedError, Lease
 from millwheel.runtime._mapstate import make_processor
 from millwheel.runtime._outbox import Outbox
+from millwheel.runtime._packed import PACKED_SCHEMA, Packer
 from millwheel.runtime._session import NO_DATA_BATCHES_OFF, start_query, wait_for_jobs
 from millwheel.runtime._spark_internals import drop_uncommitted_state, error_mentions
 from millwheel.runtime._streams import FileStreamLog
@@ -251,7 +253,7 @@ class ComputationQuery:
                 F.timestamp_millis("wm").alias("wm_ts"), F.col("group").alias("_group"),
             )
         )  # fmt: skip
-        parts = [hb]  # first: Spark plans sources in this order
+        records = []
         for stream, extractor in self.spec.inputs.items():
             readers, schema = [], input_schema(f"{LOG_SCHEMA}, {self.rt.keyer.ddl([self.name])}", self.rt.keyer, stream)
             for producer in self.rt.producers(stream):
@@ -265,20 +267,22 @@ class ComputationQuery:
                     .withColumn("src", F.col("_metadata.file_name")).withColumn("row", F.col("_metadata.row_index"))
                 )
             raw = reduce(lambda a, b: a.unionByName(b), readers)  # a stream's readers share one schema
-            keyed = self._keyed(raw, stream, extractor) if self.keying_stage else self._keyed_by_producer(raw, stream)
-            parts.append(keyed.withColumn("wm_ts", F.lit(None).cast("timestamp")).withColumn("_group", F.lit(None).cast("int")))
-        union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts).withWatermark("wm_ts", "0 seconds")  # ``mw_fields_<i>``: one per input
-        # the Spark group of each key interval (``_runtime.pin_groups``, ``_layout.py``): heartbeats keep -1
-        groups = F.array(*(F.lit(g) for g in self.groups))
+            records.append(self._keyed(raw, stream, extractor) if self.keying_stage else self._keyed_by_producer(raw, stream))
+        # the Spark group of each key interval (``_runtime.pin_groups``, ``_layout.py``): heartbeats keep -1;
         # the worker takes the interval from the group, so the column stops here: one
         # column less through the shuffle and the Arrow/pandas round trip
-        union = union.withColumn(
-            "group",
-            F.coalesce(F.col("_group"), F.when(F.col("interval") < 0, F.col("interval")).otherwise(F.element_at(groups, F.col("interval") + 1))),
-        ).drop("interval", "_group")
+        groups = F.array(*(F.lit(g) for g in self.groups))
+        group = F.when(F.col("interval") < 0, F.col("interval")).otherwise(F.element_at(groups, F.col("interval") + 1))
+        hb = hb.withColumn("group", F.coalesce(F.col("_group"), group)).drop("interval", "_group")
+        records = [part.withColumn("group", group).drop("interval") for part in records]
+        arrow = arrow_mapping(self, ConsumedFiles(self.checkpoint))  # pins the mapping in run.json
+        columnar = arrow is None and self.state_layout == "intervals" and is_columnar(self.spec.cls)
+        if columnar and settings.packed_shuffle:  # each task's rows packed per group: ``_packed.py``
+            records = [reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), records).mapInArrow(Packer(), PACKED_SCHEMA)]
+        # ``mw_fields_<i>``: one per input; heartbeats first: Spark plans sources in this order
+        union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), [hb, *records]).withWatermark("wm_ts", "0 seconds")
         keyer = self.rt.keyer
         sink = self.outbox.sink
-        arrow = arrow_mapping(self, ConsumedFiles(self.checkpoint))  # pins the mapping in run.json
         if arrow is not None:  # the opt-in mapping of a columnar computation: ``_arrowmap.py``
             out, sink = union, arrow.sink
         elif self.state_layout == "keys":
