@@ -18,8 +18,9 @@ read from the same Parquet files (``maxFilesPerTrigger`` batches) by:
   per-key step skipped altogether: what the runtime costs around the user's code and
   around the step;
 * **columnar** (not in the default list) — ``ColumnarWindowCounter`` on the default mapping
-  (``mw_col_strong``, ``mw_col_weak``; ``mw_col_unpacked_*``: with
-  ``RuntimeSettings(packed_shuffle=False)``, every record a row through the shuffle) and on the opt-in Arrow mapping
+  (``mw_col_strong``, ``mw_col_weak``: the step reads its records from the batch's files;
+  ``mw_col_packed_strong``, ``mw_col_rows_*``: ``RuntimeSettings(columnar_input="packed")``,
+  ``"rows"``) and on the opt-in Arrow mapping
   (``ComputationOptions(mapping="arrow")``: ``mw_col_arrow_strong``, ``mw_col_arrow_weak``);
 * **native** — ``groupBy(window(ts, "10 seconds"), query).count()`` in update mode
   (``native_dedup``: with ``dropDuplicatesWithinWatermark("id")`` first);
@@ -144,7 +145,7 @@ class WindowCount(Computation):
 
 def run_millwheel(
     spark, files: Path, work: Path, per_trigger: int, intervals: int, strong: bool, layout: str = "intervals", comp: type[Computation] | None = None,
-    columnar: bool = False, mapping: str = "default", packed: bool = True,
+    columnar: bool = False, mapping: str = "default", columnar_input: str = "scan",
 ) -> tuple[float, Counter]:
     """One millwheel run; its output windows (``comp``, a computation without output: the
     records it took in, processed and dead-lettered, from its metrics; ``columnar``: the
@@ -165,7 +166,7 @@ def run_millwheel(
         t.computation(ColumnarWindowCounter, name="WindowCount", inputs={"events": _query}, outputs=["counts"], options=opts, params=params)
     else:
         t.computation(comp or WindowCount, name="WindowCount", inputs={"events": _query}, outputs=["counts"], options=opts)
-    settings = RuntimeSettings(drain=True, intervals=intervals, max_files_per_trigger=per_trigger, poll_ms=50, heartbeat_ms=100, state_layout=layout, packed_shuffle=packed)
+    settings = RuntimeSettings(drain=True, intervals=intervals, max_files_per_trigger=per_trigger, poll_ms=50, heartbeat_ms=100, state_layout=layout, columnar_input=columnar_input)
     rt = SparkRuntime(t, str(root), settings, spark=spark, log=lambda m: None)
     started = time.perf_counter()
     progress = run_collecting(rt, timeout_s=1800, poll_s=settings.poll_ms / 1000).get("WindowCount", {})
@@ -368,8 +369,9 @@ def main(argv: list[str] | None = None) -> int:
             "native_dedup": lambda: run_native(spark, files, work, args.per_trigger, dedup=True),
             "mw_col_strong": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, True, columnar=True),
             "mw_col_weak": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, False, columnar=True),
-            "mw_col_unpacked_strong": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, True, columnar=True, packed=False),
-            "mw_col_unpacked_weak": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, False, columnar=True, packed=False),
+            "mw_col_packed_strong": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, True, columnar=True, columnar_input="packed"),
+            "mw_col_rows_strong": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, True, columnar=True, columnar_input="rows"),
+            "mw_col_rows_weak": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, False, columnar=True, columnar_input="rows"),
             "mw_col_arrow_strong": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, True, columnar=True, mapping="arrow"),
             "mw_col_arrow_weak": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, False, columnar=True, mapping="arrow"),
             "tws": lambda: run_tws(spark, files, work, args.per_trigger),

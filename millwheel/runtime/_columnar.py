@@ -46,6 +46,7 @@ from millwheel.runtime._interval import IntervalBatch, IntervalStep
 from millwheel.runtime._keying import wants_dead_letters
 from millwheel.runtime._move import RescaleMismatch, install_stores, retire_group
 from millwheel.runtime._packed import PACKED_COLUMN, unpack
+from millwheel.runtime._scan import SCAN_COLUMN, BatchScan
 from millwheel.runtime._wire import RowKind, from_spark, timer_timeout
 
 _RECORD = int(RowKind.RECORD)
@@ -73,10 +74,16 @@ class ColumnarIntervalStep(IntervalStep):
     def __init__(self, spec: ComputationSpec, **kw: Any) -> None:
         super().__init__(spec, **kw)
         self._columnar: ColumnarRunner | None = None
+        #: the inputs whose records the step reads from its micro-batch's files (``_scan.py``)
+        self.scan: BatchScan | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "scan": self.scan}
 
     def __setstate__(self, d: dict[str, Any]) -> None:
         super().__setstate__(d)
         self._columnar = None
+        self.scan = d.get("scan")
 
     def columnar(self) -> ColumnarRunner:
         if self._columnar is None:
@@ -139,21 +146,32 @@ class ColumnarIntervalStep(IntervalStep):
     def read(self, batch: IntervalBatch, frames: Iterable[pd.DataFrame]) -> InputColumns:
         """The records of ``batch``'s input frames as columns; a rescale's rows go to the batch.
 
-        Rows packed before the shuffle (``_packed.py``) are read back as one Arrow table:
-        when they are all plain records and no other row is a record, they become
-        :class:`InputColumns` straight from Arrow (:func:`arrow_input`), as on the Arrow
-        mapping; otherwise they join the other rows through pandas."""
-        parts, blobs = [], []
+        A marker row (``_scan.py``) says the interval has records in the micro-batch's files,
+        which the step reads itself; rows packed before the shuffle (``_packed.py``) are
+        read back. Those records, when they are all plain and no other row is a record,
+        become :class:`InputColumns` straight from Arrow (:func:`arrow_input`), as on the
+        Arrow mapping; otherwise they join the other rows through pandas."""
+        parts, tables, marked = [], [], False
         for pdf in frames:
+            if SCAN_COLUMN in pdf.columns:
+                marker = pdf[SCAN_COLUMN].notna().to_numpy()
+                marked = marked or bool(marker.any())
+                pdf = pdf[~marker].drop(columns=SCAN_COLUMN)
             if PACKED_COLUMN in pdf.columns:
-                packed = pdf[PACKED_COLUMN].notna()
-                blobs += pdf[PACKED_COLUMN][packed].tolist()
-                pdf = pdf[~packed.to_numpy()].drop(columns=PACKED_COLUMN)
+                packed = pdf[PACKED_COLUMN].notna().to_numpy()
+                tables.append(unpack(pdf[PACKED_COLUMN][packed].tolist()))
+                pdf = pdf[~packed].drop(columns=PACKED_COLUMN)
             p = self._records(batch, pdf)
             if p is not None:
                 parts.append(p)
-        table = unpack(blobs)
-        if table is not None:
+        if marked:
+            if self.scan is None:
+                msg = f"computation {self.spec.name!r}: a marker row reached a step that does not read its batch's files"
+                raise RunError(msg)
+            tables.append(self.scan.records(batch.interval))
+        present = [t for t in tables if t is not None and t.num_rows]
+        if present:
+            table = present[0] if len(present) == 1 else pa.concat_tables(present, promote_options="permissive")
             if not parts and plain_records(table):
                 return arrow_input(table)
             p = self._records(batch, table_frame(table))

@@ -43,6 +43,7 @@ from millwheel.runtime._lease import FencedError, Lease
 from millwheel.runtime._mapstate import make_processor
 from millwheel.runtime._outbox import Outbox
 from millwheel.runtime._packed import PACKED_SCHEMA, Packer
+from millwheel.runtime._scan import MARKER_SCHEMA, BatchScan, Markers, ScannedInput
 from millwheel.runtime._session import NO_DATA_BATCHES_OFF, start_query, wait_for_jobs
 from millwheel.runtime._spark_internals import drop_uncommitted_state, error_mentions
 from millwheel.runtime._streams import FileStreamLog
@@ -253,7 +254,10 @@ class ComputationQuery:
                 F.timestamp_millis("wm").alias("wm_ts"), F.col("group").alias("_group"),
             )
         )  # fmt: skip
-        records = []
+        arrow = arrow_mapping(self, ConsumedFiles(self.checkpoint))  # pins the mapping in run.json
+        columnar = arrow is None and self.state_layout == "intervals" and is_columnar(self.spec.cls)
+        kcol, icol = self.rt.keyer.columns(self.name)
+        records, markers, scanned = [], [], []
         for stream, extractor in self.spec.inputs.items():
             readers, schema = [], input_schema(f"{LOG_SCHEMA}, {self.rt.keyer.ddl([self.name])}", self.rt.keyer, stream)
             for producer in self.rt.producers(stream):
@@ -267,6 +271,12 @@ class ComputationQuery:
                     .withColumn("src", F.col("_metadata.file_name")).withColumn("row", F.col("_metadata.row_index"))
                 )
             raw = reduce(lambda a, b: a.unionByName(b), readers)  # a stream's readers share one schema
+            if columnar and settings.columnar_input == "scan" and not self.keying_stage and not carry_columns(self.spec, self.rt.keyer, stream):
+                # the step reads this input's keyed records from the batch's files: ``_scan.py``
+                keyed = F.col(f"`{icol}`").isNotNull()
+                markers.append(raw.where(keyed).select(F.col(f"`{icol}`").alias("interval")))
+                scanned += [ScannedInput(stream, p, self.rt.streams.location(stream, p).uri) for p in self.rt.producers(stream)]
+                raw = raw.where(~keyed)
             records.append(self._keyed(raw, stream, extractor) if self.keying_stage else self._keyed_by_producer(raw, stream))
         # the Spark group of each key interval (``_runtime.pin_groups``, ``_layout.py``): heartbeats keep -1;
         # the worker takes the interval from the group, so the column stops here: one
@@ -275,10 +285,10 @@ class ComputationQuery:
         group = F.when(F.col("interval") < 0, F.col("interval")).otherwise(F.element_at(groups, F.col("interval") + 1))
         hb = hb.withColumn("group", F.coalesce(F.col("_group"), group)).drop("interval", "_group")
         records = [part.withColumn("group", group).drop("interval") for part in records]
-        arrow = arrow_mapping(self, ConsumedFiles(self.checkpoint))  # pins the mapping in run.json
-        columnar = arrow is None and self.state_layout == "intervals" and is_columnar(self.spec.cls)
-        if columnar and settings.packed_shuffle:  # each task's rows packed per group: ``_packed.py``
+        if columnar and settings.columnar_input == "packed":  # each task's rows packed per group: ``_packed.py``
             records = [reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), records).mapInArrow(Packer(), PACKED_SCHEMA)]
+        if markers:
+            records.append(reduce(lambda a, b: a.unionByName(b), markers).select(group.alias("group")).mapInArrow(Markers(), MARKER_SCHEMA))
         # ``mw_fields_<i>``: one per input; heartbeats first: Spark plans sources in this order
         union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), [hb, *records]).withWatermark("wm_ts", "0 seconds")
         keyer = self.rt.keyer
@@ -295,6 +305,8 @@ class ComputationQuery:
         else:
             # a columnar computation has its own interval function: ``_columnar.py``
             step = interval_step_class(self.spec)(self.spec, pipeline=self.rt.pipeline_id, registry=settings.registry, keyer=keyer, groups=self.groups)
+            if scanned:
+                step.scan = BatchScan(self.checkpoint.uri, tuple(scanned), kcol, icol)
             out = union.groupBy("group").applyInPandasWithState(
                 step, step.out_schema(), STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout,
             )  # fmt: skip

@@ -56,11 +56,12 @@ class RuntimeSettings:
       hotter than the median for several batches, and merges them when all are cold, by
       online rescales (``_online.py``, ``_autoscale.py``, MillWheel §7.1); ``millwheel run
       --autoscale``.
-    * ``packed_shuffle`` — a columnar computation on the default mapping gets its records
-      packed per key interval into Arrow IPC blobs before the shuffle (``_packed.py``):
-      the shuffle, the operator's sort and PySpark's conversion see a few large rows instead
-      of one per record. On by default; off builds the unpacked plan (the benchmarks'
-      side-by-side figure). A checkpoint resumes under either.
+    * ``columnar_input`` — how a columnar computation on the default mapping gets its
+      records: ``"scan"`` (the default: the JVM reads only the key-interval column, and
+      each interval's step reads its records from the micro-batch's files, ``_scan.py``),
+      ``"packed"`` (each task's rows packed per key interval into Arrow IPC blobs before
+      the shuffle, ``_packed.py``) or ``"rows"`` (every record a row through the shuffle).
+      The benchmarks' side-by-side figure; a checkpoint resumes under any of them.
     * ``stall_warning_s`` — warn (log line, ``status()["warning"]``) when a log-file
       injector's low watermark has not moved for this long, naming the unfinished file
       that holds it.
@@ -86,17 +87,22 @@ class RuntimeSettings:
     state_layout: str = field(default_factory=lambda: os.environ.get("MILLWHEEL_STATE_LAYOUT", "intervals"))
     outbox_writer: str = field(default_factory=lambda: os.environ.get("MILLWHEEL_OUTBOX_WRITER", "auto"))
     autoscale: Any = None
-    packed_shuffle: bool = True
+    columnar_input: str = "scan"
 
     def __post_init__(self) -> None:
         if self.state_layout not in STATE_LAYOUTS:
             msg = f"RuntimeSettings.state_layout must be one of {', '.join(map(repr, STATE_LAYOUTS))}, got {self.state_layout!r}"
+            raise ValueError(msg)
+        if self.columnar_input not in COLUMNAR_INPUTS:
+            msg = f"RuntimeSettings.columnar_input must be one of {', '.join(map(repr, COLUMNAR_INPUTS))}, got {self.columnar_input!r}"
             raise ValueError(msg)
         if self.outbox_writer not in OUTBOX_WRITERS:
             msg = f"RuntimeSettings.outbox_writer must be one of {', '.join(map(repr, OUTBOX_WRITERS))}, got {self.outbox_writer!r}"
             raise ValueError(msg)
 
 
+#: ``RuntimeSettings.columnar_input`` values
+COLUMNAR_INPUTS = ("scan", "packed", "rows")
 #: ``RuntimeSettings.outbox_writer`` values
 OUTBOX_WRITERS = ("auto", "driver", "spark")
 #: ``RuntimeSettings.state_layout`` values

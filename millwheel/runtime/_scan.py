@@ -1,0 +1,244 @@
+"""Records read by the step from the batch's own files: the default mapping of columnar computations.
+
+::
+
+    inputs ─► key columns only (``interval:C``) ─► mapInArrow(Markers): per task, one row
+        per group it saw ─┐
+    rows without ``interval:C`` (keyed in the step), heartbeats, ticks, a rescale's rows ─┴─►
+        union ─► groupBy(group) ─► applyInPandasWithState(ColumnarIntervalStep): a marked
+        group reads its interval's records from the files its micro-batch consumed
+
+``applyInPandasWithState`` needs its input hash-partitioned and sorted by the grouping
+key: every record would cross the shuffle as a row of ten columns (Spark's row format,
+written, read and sorted in the JVM), and reach the worker through PySpark's Arrow to
+pandas conversion, a Python object per value. A columnar computation reads its records as
+columns anyway, and every record a producer wrote carries the key interval it belongs to
+(``interval:C``, ``_keying.py``). So the JVM reads only that column and tells each key
+interval that its micro-batch has records for it; the step finds the micro-batch's
+files in the query's own checkpoint (the offset log and the file sources' logs, which
+Spark writes before it runs the batch, and a replay reads again: the same files, so the
+same records, §6.1.1) and reads its interval's rows of them with pyarrow. A Python worker
+decodes each file of the batch once (:data:`_CACHE`) for all the intervals it runs.
+
+The records are those the row plan hands over, built the same way (``_query.
+_keyed_by_producer``): key from ``key:C``, file name and row index for the send order,
+the stream's name; a row without ``interval:C`` (its producer could not key it) still
+crosses the shuffle as a row and is keyed in the step. An input whose consumer carries
+declared fields (``_fieldcols.py``) is read as rows. ``RuntimeSettings(columnar_scan=
+False)`` builds the row plan (the benchmarks' side-by-side figure); a checkpoint resumes
+under either: the file sources, the grouping key and the state schema are the same.
+"""
+
+from __future__ import annotations
+
+import threading
+import urllib.parse
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from millwheel.runtime._fs import Location
+from millwheel.runtime._spark_internals import (
+    OFFSETS,
+    SOURCES,
+    file_source_offsets,
+    source_log_files,
+)
+from millwheel.runtime._wire import RowKind
+
+#: the column of a marker row (``True``): its group has records in the batch's files
+SCAN_COLUMN = "scan"
+#: what the marking ``mapInArrow`` returns (Spark DDL)
+MARKER_SCHEMA = f"group int, {SCAN_COLUMN} boolean"
+#: the Spark local property with the micro-batch a task runs for
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+
+
+class Markers:
+    """The ``mapInArrow`` function: one row per group its task's rows belong to."""
+
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        seen: set[int] = set()
+        for b in batches:
+            if b.num_rows:
+                seen.update(np.unique(b.column(0).drop_null().to_numpy()).tolist())
+        if seen:
+            groups = sorted(seen)
+            yield pa.RecordBatch.from_arrays([pa.array(groups, pa.int32()), pa.array([True] * len(groups))], names=["group", SCAN_COLUMN])
+
+
+@dataclass(frozen=True)
+class ScannedInput:
+    """One input directory the step reads itself: its stream, its producer's directory."""
+
+    stream: str
+    producer: str
+    #: the directory's ``Location.uri``
+    uri: str
+
+
+@dataclass(frozen=True)
+class BatchScan:
+    """What a step needs to read its records from its micro-batch's files."""
+
+    #: the query's checkpoint (``Location.uri``)
+    checkpoint: str
+    inputs: tuple[ScannedInput, ...]
+    #: the producer's key columns for this computation (``_keying.key_columns``)
+    key_column: str
+    interval_column: str
+
+    def records(self, interval: int, batch: int | None = None) -> pa.Table | None:
+        """Key interval ``interval``'s records in micro-batch ``batch`` (``None``: the
+        task's) as union rows: ``kind``, ``key``, ``id``, ``ts``, ``value``, ``wm``,
+        ``stream``, ``src``, ``row``, ``now`` (``None``: none)."""
+        if batch is None:
+            batch = task_batch()
+        parts = []
+        for inp, name, path in batch_files(self, batch):
+            rows = _file_rows(self, path, interval)
+            if rows is not None and rows.num_rows:
+                parts.append(_union_rows(self, rows, inp.stream, name))
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+
+
+def task_batch() -> int:
+    """The micro-batch the running Spark task belongs to."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    value = None if ctx is None else ctx.getLocalProperty(BATCH_ID_PROPERTY)
+    if value is None:
+        msg = f"a columnar step reads its micro-batch's files, but the task has no {BATCH_ID_PROPERTY!r} property"
+        raise RuntimeError(msg)
+    return int(value)
+
+
+#: per Python worker: (checkpoint, batch) -> its scanned files; path -> the file's rows by
+#: interval. Only the newest batch is kept: a worker runs one batch's tasks at a time.
+_CACHE: dict[str, Any] = {}
+_LOCK = threading.Lock()
+
+
+def batch_files(scan: BatchScan, batch: int) -> list[tuple[ScannedInput, str, str]]:
+    """The files of ``scan``'s inputs that micro-batch ``batch`` consumed, in log order:
+    (input, file name, path); from the offset log (``offsets/<batch>`` and the one before,
+    each source's log offset) and the file sources' logs (``sources/<i>/<n>``, or the
+    compacted ``<n>.compact`` that holds it)."""
+    key = (scan.checkpoint, batch)
+    with _LOCK:
+        if _CACHE.get("batch") != key:
+            _CACHE.clear()
+            _CACHE["batch"] = key
+            _CACHE["files"] = _read_batch_files(scan, batch)
+            _CACHE["rows"] = {}
+        return list(_CACHE["files"])
+
+
+def _read_batch_files(scan: BatchScan, batch: int) -> list[tuple[ScannedInput, str, str]]:
+    cp = Location.of(scan.checkpoint)
+    text = cp.child(OFFSETS, str(batch)).read_text()
+    if text is None:
+        msg = f"micro-batch {batch} has no offset log entry in {scan.checkpoint}"
+        raise RuntimeError(msg)
+    upto = file_source_offsets(text)
+    before = file_source_offsets(cp.child(OFFSETS, str(batch - 1)).read_text() or "") if batch > 0 else {}
+    dirs = {tuple(_parts(inp.uri)[-3:]): inp for inp in scan.inputs}  # (streams, stream, producer)
+    out = []
+    for i, last in sorted(upto.items()):
+        first = before.get(i, -1) + 1
+        if first > last:
+            continue
+        entries = _log_entries(cp.child(SOURCES, str(i)), first, last)
+        for parts, _ in entries:
+            inp = dirs.get(tuple(parts[-4:-1]))
+            if inp is not None:
+                out.append((inp, parts[-1], "/".join(parts)))
+    return out
+
+
+def _parts(uri: str) -> list[str]:
+    return urllib.parse.unquote(uri).rstrip("/").split("/")
+
+
+def _log_entries(log: Location, first: int, last: int) -> list[tuple[list[str], int]]:
+    """The entries of file-source log ``log`` added at offsets ``first`` to ``last``."""
+    names = set(log.list())
+    out: list[tuple[list[str], int]] = []
+    for n in range(first, last + 1):
+        name = str(n) if str(n) in names else f"{n}.compact"
+        if name not in names:  # an older offset inside a later compaction
+            later = sorted((int(x.split(".")[0]) for x in names if x.endswith(".compact") and int(x.split(".")[0]) >= n), default=None)
+            if later is None:
+                msg = f"file-source log {log.uri} has no entry for offset {n}"
+                raise RuntimeError(msg)
+            name = f"{later[0]}.compact"
+        entries = source_log_files(log.child(name).read_text() or "")
+        if entries is None:
+            msg = f"file-source log entry {log.child(name).uri} is incomplete"
+            raise RuntimeError(msg)
+        out += [e for e in entries if e[1] == n]
+    return out
+
+
+def _file_rows(scan: BatchScan, path: str, interval: int) -> pa.Table | None:
+    """``path``'s rows of key interval ``interval``, in file order, with their row index."""
+    with _LOCK:
+        rows = _CACHE.setdefault("rows", {})
+        entry = rows.get(path)
+        if entry is None:
+            entry = rows[path] = _by_interval(scan, path)
+    table, intervals, starts = entry
+    i = int(np.searchsorted(intervals, interval))
+    if i == len(intervals) or intervals[i] != interval:
+        return None
+    return table.slice(starts[i], starts[i + 1] - starts[i])
+
+
+_COLUMNS = ("id", "ts", "key", "value", "wm")
+
+
+def _by_interval(scan: BatchScan, path: str) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+    """A file's rows with a key interval, ordered by interval (stable: file order within
+    one), with their row index; the distinct intervals and where each starts."""
+    loc = Location.of("/" + path[5:].lstrip("/") if path.startswith("file:") else path)
+    f = pq.ParquetFile(loc.path, filesystem=loc.fs)
+    present = set(f.schema_arrow.names)
+    want = [c for c in (*_COLUMNS, scan.key_column, scan.interval_column) if c in present]
+    t = f.read(columns=want)
+    n = t.num_rows
+    t = t.append_column("row", pa.array(np.arange(n, dtype=np.int64)))
+    if scan.interval_column not in present:
+        return t.slice(0, 0), np.empty(0, np.int64), np.zeros(1, np.int64)
+    icol = t.column(scan.interval_column)
+    if icol.null_count:
+        t = t.filter(pc.is_valid(icol))
+        icol = t.column(scan.interval_column)
+    codes = icol.to_numpy().astype(np.int64, copy=False)
+    order = np.argsort(codes, kind="stable")
+    codes = codes[order]
+    if len(order) and (order[1:] < order[:-1]).any():
+        t = t.take(pa.array(order))
+    starts = np.flatnonzero(np.diff(codes, prepend=codes[0] - 1)) if len(codes) else np.empty(0, np.int64)
+    return t, codes[starts], np.append(starts, len(codes))
+
+
+def _union_rows(scan: BatchScan, t: pa.Table, stream: str, name: str) -> pa.Table:
+    n = t.num_rows
+
+    def col(c: str, typ: pa.DataType) -> Any:
+        return t.column(c).cast(typ) if c in t.column_names else pa.nulls(n, typ)
+
+    return pa.table({
+        "kind": pa.array(np.full(n, int(RowKind.RECORD), np.int32)), "key": col(scan.key_column, pa.binary()),
+        "id": col("id", pa.string()), "ts": col("ts", pa.int64()), "value": col("value", pa.binary()), "wm": col("wm", pa.int64()),
+        "stream": pa.array([stream] * n, pa.string()), "src": pa.array([name] * n, pa.string()), "row": t.column("row"),
+        "now": pa.nulls(n, pa.int64()),
+    })  # fmt: skip
