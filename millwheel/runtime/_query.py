@@ -272,11 +272,11 @@ class ComputationQuery:
                 )
             raw = reduce(lambda a, b: a.unionByName(b), readers)  # a stream's readers share one schema
             if columnar and settings.columnar_input == "scan" and not self.keying_stage and not carry_columns(self.spec, self.rt.keyer, stream):
-                # the step reads this input's keyed records from the batch's files: ``_scan.py``
-                keyed = F.col(f"`{icol}`").isNotNull()
-                markers.append(raw.where(keyed).select(F.col(f"`{icol}`").alias("interval")))
+                # the step reads this input's records from the batch's files (``_scan.py``);
+                # only the interval of each row is read here, as ``_keyed_by_producer`` gives it
+                markers.append(raw.select(F.coalesce(F.col(f"`{icol}`"), F.pmod(F.xxhash64(F.col("id")), F.lit(self.intervals)).cast("int")).alias("interval")))
                 scanned += [ScannedInput(stream, p, self.rt.streams.location(stream, p).uri) for p in self.rt.producers(stream)]
-                raw = raw.where(~keyed)
+                continue
             records.append(self._keyed(raw, stream, extractor) if self.keying_stage else self._keyed_by_producer(raw, stream))
         # the Spark group of each key interval (``_runtime.pin_groups``, ``_layout.py``): heartbeats keep -1;
         # the worker takes the interval from the group, so the column stops here: one
@@ -306,7 +306,7 @@ class ComputationQuery:
             # a columnar computation has its own interval function: ``_columnar.py``
             step = interval_step_class(self.spec)(self.spec, pipeline=self.rt.pipeline_id, registry=settings.registry, keyer=keyer, groups=self.groups)
             if scanned:
-                step.scan = BatchScan(self.checkpoint.uri, tuple(scanned), kcol, icol)
+                step.scan = BatchScan(self.checkpoint.uri, tuple(scanned), kcol, icol, self.intervals)
             out = union.groupBy("group").applyInPandasWithState(
                 step, step.out_schema(), STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout,
             )  # fmt: skip

@@ -41,6 +41,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import xxhash
 
 from millwheel.runtime._fs import Location
 from millwheel.runtime._spark_internals import (
@@ -92,6 +93,8 @@ class BatchScan:
     #: the producer's key columns for this computation (``_keying.key_columns``)
     key_column: str
     interval_column: str
+    #: key intervals: a row without ``interval:C`` goes to ``pmod(xxhash64(id), intervals)``
+    intervals: int
 
     def records(self, interval: int, batch: int | None = None) -> pa.Table | None:
         """Key interval ``interval``'s records in micro-batch ``batch`` (``None``: the
@@ -103,7 +106,7 @@ class BatchScan:
         for inp, name, path in batch_files(self, batch):
             rows = _file_rows(self, path, interval)
             if rows is not None and rows.num_rows:
-                parts.append(_union_rows(self, rows, inp.stream, name))
+                parts.append(_union_rows(rows, inp.stream, name))
         if not parts:
             return None
         return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
@@ -175,9 +178,9 @@ def _log_entries(log: Location, first: int, last: int) -> list[tuple[list[str], 
     for n in range(first, last + 1):
         name = str(n) if str(n) in names else f"{n}.compact"
         if name not in names:  # an older offset inside a later compaction
-            later = sorted((int(x.split(".")[0]) for x in names if x.endswith(".compact") and int(x.split(".")[0]) >= n), default=None)
-            if later is None:
-                msg = f"file-source log {log.uri} has no entry for offset {n}"
+            later = sorted(int(x.split(".")[0]) for x in names if x.endswith(".compact") and int(x.split(".")[0]) >= n)
+            if not later:
+                msg = f"file-source log {log.uri} has no entry for offset {n} (it has {sorted(names)})"
                 raise RuntimeError(msg)
             name = f"{later[0]}.compact"
         entries = source_log_files(log.child(name).read_text() or "")
@@ -189,7 +192,8 @@ def _log_entries(log: Location, first: int, last: int) -> list[tuple[list[str], 
 
 
 def _file_rows(scan: BatchScan, path: str, interval: int) -> pa.Table | None:
-    """``path``'s rows of key interval ``interval``, in file order, with their row index."""
+    """``path``'s rows of key interval ``interval``, in file order (the worker decodes each
+    file of the batch once, for all the intervals it runs)."""
     with _LOCK:
         rows = _CACHE.setdefault("rows", {})
         entry = rows.get(path)
@@ -206,39 +210,58 @@ _COLUMNS = ("id", "ts", "key", "value", "wm")
 
 
 def _by_interval(scan: BatchScan, path: str) -> tuple[pa.Table, np.ndarray, np.ndarray]:
-    """A file's rows with a key interval, ordered by interval (stable: file order within
-    one), with their row index; the distinct intervals and where each starts."""
+    """A file's rows ordered by key interval (stable: file order within one), with their
+    row index; the distinct intervals and where each starts. A row without ``interval:C``
+    (its producer could not key it) goes where ``_query._keyed_by_producer`` sends it:
+    interval ``pmod(xxhash64(id), intervals)`` (Spark's hash, seed 42), kind
+    :attr:`RowKind.UNKEYED`, to be keyed by the step."""
     loc = Location.of("/" + path[5:].lstrip("/") if path.startswith("file:") else path)
     f = pq.ParquetFile(loc.path, filesystem=loc.fs)
     present = set(f.schema_arrow.names)
-    want = [c for c in (*_COLUMNS, scan.key_column, scan.interval_column) if c in present]
-    t = f.read(columns=want)
+    t = f.read(columns=[c for c in (*_COLUMNS, scan.key_column, scan.interval_column) if c in present])
     n = t.num_rows
-    t = t.append_column("row", pa.array(np.arange(n, dtype=np.int64)))
-    if scan.interval_column not in present:
-        return t.slice(0, 0), np.empty(0, np.int64), np.zeros(1, np.int64)
-    icol = t.column(scan.interval_column)
+    icol = t.column(scan.interval_column) if scan.interval_column in present else pa.nulls(n, pa.int32())
+    keyed = pc.is_valid(icol)
+    codes = pc.fill_null(icol, 0).to_numpy(zero_copy_only=False).astype(np.int64)
     if icol.null_count:
-        t = t.filter(pc.is_valid(icol))
-        icol = t.column(scan.interval_column)
-    codes = icol.to_numpy().astype(np.int64, copy=False)
+        ids = t.column("id").to_pylist() if "id" in present else [None] * n
+        for i in np.flatnonzero(~keyed.to_numpy(zero_copy_only=False)).tolist():
+            codes[i] = spark_xxhash64(ids[i]) % scan.intervals
+    key = t.column("key") if "key" in present else pa.nulls(n, pa.binary())
+    if scan.key_column in present:
+        key = pc.if_else(keyed, t.column(scan.key_column).cast(pa.binary()), key.cast(pa.binary()))
+    t = pa.table({
+        "kind": pc.if_else(keyed, pa.scalar(int(RowKind.RECORD), pa.int32()), pa.scalar(int(RowKind.UNKEYED), pa.int32())),
+        "key": key, **{c: _column(t, c, typ) for c, typ in _TYPES.items()}, "row": pa.array(np.arange(n, dtype=np.int64)),
+    })  # fmt: skip
     order = np.argsort(codes, kind="stable")
     codes = codes[order]
-    if len(order) and (order[1:] < order[:-1]).any():
+    if n and (order[1:] < order[:-1]).any():
         t = t.take(pa.array(order))
-    starts = np.flatnonzero(np.diff(codes, prepend=codes[0] - 1)) if len(codes) else np.empty(0, np.int64)
-    return t, codes[starts], np.append(starts, len(codes))
+    starts = np.flatnonzero(np.diff(codes, prepend=codes[0] - 1)) if n else np.empty(0, np.int64)
+    return t, codes[starts], np.append(starts, n)
 
 
-def _union_rows(scan: BatchScan, t: pa.Table, stream: str, name: str) -> pa.Table:
+_TYPES = {"id": pa.string(), "ts": pa.int64(), "value": pa.binary(), "wm": pa.int64()}
+
+
+def _column(t: pa.Table, c: str, typ: pa.DataType) -> Any:
+    return t.column(c).cast(typ) if c in t.column_names else pa.nulls(t.num_rows, typ)
+
+
+def spark_xxhash64(s: str | None) -> int:
+    """Spark's ``xxhash64`` of a string column's value (seed 42; null: the seed), signed."""
+    if s is None:
+        return 42
+    u = xxhash.xxh64_intdigest(s.encode(), seed=42)
+    return u - (1 << 64) if u >= 1 << 63 else u
+
+
+def _union_rows(t: pa.Table, stream: str, name: str) -> pa.Table:
+    """One file's rows of an interval as union rows (``_query.py``'s row plan, less ``group``)."""
     n = t.num_rows
-
-    def col(c: str, typ: pa.DataType) -> Any:
-        return t.column(c).cast(typ) if c in t.column_names else pa.nulls(n, typ)
-
     return pa.table({
-        "kind": pa.array(np.full(n, int(RowKind.RECORD), np.int32)), "key": col(scan.key_column, pa.binary()),
-        "id": col("id", pa.string()), "ts": col("ts", pa.int64()), "value": col("value", pa.binary()), "wm": col("wm", pa.int64()),
-        "stream": pa.array([stream] * n, pa.string()), "src": pa.array([name] * n, pa.string()), "row": t.column("row"),
-        "now": pa.nulls(n, pa.int64()),
+        "kind": t.column("kind"), "key": t.column("key"), "id": t.column("id"), "ts": t.column("ts"), "value": t.column("value"),
+        "wm": t.column("wm"), "stream": pa.array([stream] * n, pa.string()), "src": pa.array([name] * n, pa.string()),
+        "row": t.column("row"), "now": pa.nulls(n, pa.int64()),
     })  # fmt: skip
