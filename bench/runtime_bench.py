@@ -19,8 +19,8 @@ read from the same Parquet files (``maxFilesPerTrigger`` batches) by:
   around the step;
 * **columnar** (not in the default list) — ``ColumnarWindowCounter`` on the default mapping
   (``mw_col_strong``, ``mw_col_weak``: the step reads its records from the batch's files;
-  ``mw_col_packed_strong``, ``mw_col_rows_*``: ``RuntimeSettings(columnar_input="packed")``,
-  ``"rows"``) and on the opt-in Arrow mapping
+  ``mw_col_rows_*``: ``RuntimeSettings(columnar_input="rows")``, every record a row
+  through the shuffle) and on the opt-in Arrow mapping
   (``ComputationOptions(mapping="arrow")``: ``mw_col_arrow_strong``, ``mw_col_arrow_weak``);
 * **native** — ``groupBy(window(ts, "10 seconds"), query).count()`` in update mode
   (``native_dedup``: with ``dropDuplicatesWithinWatermark("id")`` first);
@@ -369,7 +369,6 @@ def main(argv: list[str] | None = None) -> int:
             "native_dedup": lambda: run_native(spark, files, work, args.per_trigger, dedup=True),
             "mw_col_strong": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, True, columnar=True),
             "mw_col_weak": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, False, columnar=True),
-            "mw_col_packed_strong": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, True, columnar=True, columnar_input="packed"),
             "mw_col_rows_strong": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, True, columnar=True, columnar_input="rows"),
             "mw_col_rows_weak": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, False, columnar=True, columnar_input="rows"),
             "mw_col_arrow_strong": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, True, columnar=True, mapping="arrow"),

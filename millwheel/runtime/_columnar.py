@@ -45,7 +45,6 @@ from millwheel.runtime._fieldcols import CARRY_PREFIX, production_fields, table_
 from millwheel.runtime._interval import IntervalBatch, IntervalStep
 from millwheel.runtime._keying import wants_dead_letters
 from millwheel.runtime._move import RescaleMismatch, install_stores, retire_group
-from millwheel.runtime._packed import PACKED_COLUMN, unpack
 from millwheel.runtime._scan import SCAN_COLUMN, BatchScan
 from millwheel.runtime._wire import RowKind, from_spark, timer_timeout
 
@@ -76,6 +75,8 @@ class ColumnarIntervalStep(IntervalStep):
         self._columnar: ColumnarRunner | None = None
         #: the inputs whose records the step reads from its micro-batch's files (``_scan.py``)
         self.scan: BatchScan | None = None
+        #: the last :meth:`read` met a marker row
+        self.marked = False
 
     def __getstate__(self) -> dict[str, Any]:
         return {**super().__getstate__(), "scan": self.scan}
@@ -84,6 +85,7 @@ class ColumnarIntervalStep(IntervalStep):
         super().__setstate__(d)
         self._columnar = None
         self.scan = d.get("scan")
+        self.marked = False
 
     def columnar(self) -> ColumnarRunner:
         if self._columnar is None:
@@ -106,7 +108,7 @@ class ColumnarIntervalStep(IntervalStep):
         batch = IntervalBatch(self, interval, from_spark(state.getCurrentWatermarkMs()), state.getCurrentProcessingTimeMs())
         recs = self.read(batch, frames)
         if retired:
-            retire_group(self.spec.name, self.intervals, batch.retire, bool(len(recs) or batch.installs), state, columnar=True)
+            retire_group(self.spec.name, self.intervals, batch.retire, bool(len(recs) or batch.installs or self.marked), state, columnar=True)
             return
         if batch.retire is not None:
             msg = f"computation {self.spec.name!r}: a rescale retires Spark group {g}, which is key interval {interval} of this layout"
@@ -146,37 +148,31 @@ class ColumnarIntervalStep(IntervalStep):
     def read(self, batch: IntervalBatch, frames: Iterable[pd.DataFrame]) -> InputColumns:
         """The records of ``batch``'s input frames as columns; a rescale's rows go to the batch.
 
-        A marker row (``_scan.py``) says the interval has records in the micro-batch's files,
-        which the step reads itself; rows packed before the shuffle (``_packed.py``) are
-        read back. Those records, when they are all plain and no other row is a record,
-        become :class:`InputColumns` straight from Arrow (:func:`arrow_input`), as on the
-        Arrow mapping; otherwise they join the other rows through pandas."""
-        parts, tables, marked = [], [], False
+        A marker row (``_scan.py``) says the interval has records in the micro-batch's
+        files, which the step reads itself: when they are all plain records and no other
+        row is a record, they become :class:`InputColumns` straight from Arrow
+        (:func:`arrow_input`), as on the Arrow mapping; otherwise they join the other rows
+        through pandas."""
+        parts, self.marked = [], False
         for pdf in frames:
             if SCAN_COLUMN in pdf.columns:
                 marker = pdf[SCAN_COLUMN].notna().to_numpy()
-                marked = marked or bool(marker.any())
+                self.marked = self.marked or bool(marker.any())
                 pdf = pdf[~marker].drop(columns=SCAN_COLUMN)
-            if PACKED_COLUMN in pdf.columns:
-                packed = pdf[PACKED_COLUMN].notna().to_numpy()
-                tables.append(unpack(pdf[PACKED_COLUMN][packed].tolist()))
-                pdf = pdf[~packed].drop(columns=PACKED_COLUMN)
             p = self._records(batch, pdf)
             if p is not None:
                 parts.append(p)
-        if marked:
+        if self.marked and batch.interval >= 0:  # a retired group's marker fails in ``retire_group``
             if self.scan is None:
                 msg = f"computation {self.spec.name!r}: a marker row reached a step that does not read its batch's files"
                 raise RunError(msg)
-            tables.append(self.scan.records(batch.interval))
-        present = [t for t in tables if t is not None and t.num_rows]
-        if present:
-            table = present[0] if len(present) == 1 else pa.concat_tables(present, promote_options="permissive")
-            if not parts and plain_records(table):
-                return arrow_input(table)
-            p = self._records(batch, table_frame(table))
-            if p is not None:
-                parts.append(p)
+            table = self.scan.records(batch.interval)
+            if table is not None:
+                if not parts and plain_records(table):
+                    return arrow_input(table)
+                p = self._records(batch, table_frame(table))
+                if p is not None:
+                    parts.append(p)
         return _input(parts)
 
     def step(self, batch: IntervalBatch, recs: InputColumns, store: bytes | ColumnarStore | None) -> tuple[ColumnarResult, pd.DataFrame]:

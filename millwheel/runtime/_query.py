@@ -42,7 +42,6 @@ from millwheel.runtime._layout import finish_move, mark_migration, move_pending
 from millwheel.runtime._lease import FencedError, Lease
 from millwheel.runtime._mapstate import make_processor
 from millwheel.runtime._outbox import Outbox
-from millwheel.runtime._packed import PACKED_SCHEMA, Packer
 from millwheel.runtime._scan import MARKER_SCHEMA, BatchScan, Markers, ScannedInput
 from millwheel.runtime._session import NO_DATA_BATCHES_OFF, start_query, wait_for_jobs
 from millwheel.runtime._spark_internals import drop_uncommitted_state, error_mentions
@@ -285,8 +284,6 @@ class ComputationQuery:
         group = F.when(F.col("interval") < 0, F.col("interval")).otherwise(F.element_at(groups, F.col("interval") + 1))
         hb = hb.withColumn("group", F.coalesce(F.col("_group"), group)).drop("interval", "_group")
         records = [part.withColumn("group", group).drop("interval") for part in records]
-        if columnar and settings.columnar_input == "packed":  # each task's rows packed per group: ``_packed.py``
-            records = [reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), records).mapInArrow(Packer(), PACKED_SCHEMA)]
         if markers:
             records.append(reduce(lambda a, b: a.unionByName(b), markers).select(group.alias("group")).mapInArrow(Markers(), MARKER_SCHEMA))
         # ``mw_fields_<i>``: one per input; heartbeats first: Spark plans sources in this order

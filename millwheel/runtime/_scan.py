@@ -2,31 +2,33 @@
 
 ::
 
-    inputs ─► key columns only (``interval:C``) ─► mapInArrow(Markers): per task, one row
-        per group it saw ─┐
-    rows without ``interval:C`` (keyed in the step), heartbeats, ticks, a rescale's rows ─┴─►
-        union ─► groupBy(group) ─► applyInPandasWithState(ColumnarIntervalStep): a marked
-        group reads its interval's records from the files its micro-batch consumed
+    inputs ─► the key-interval column only ─► mapInArrow(Markers): per task, one row per
+        group it saw ─┐
+    heartbeats, ticks, a rescale's rows ──┴─► union ─► groupBy(group)
+        ─► applyInPandasWithState(ColumnarIntervalStep): a marked group reads its key
+           interval's records from the files its micro-batch consumed
 
 ``applyInPandasWithState`` needs its input hash-partitioned and sorted by the grouping
 key: every record would cross the shuffle as a row of ten columns (Spark's row format,
-written, read and sorted in the JVM), and reach the worker through PySpark's Arrow to
+written, read and sorted in the JVM) and reach the worker through PySpark's Arrow to
 pandas conversion, a Python object per value. A columnar computation reads its records as
 columns anyway, and every record a producer wrote carries the key interval it belongs to
 (``interval:C``, ``_keying.py``). So the JVM reads only that column and tells each key
-interval that its micro-batch has records for it; the step finds the micro-batch's
-files in the query's own checkpoint (the offset log and the file sources' logs, which
-Spark writes before it runs the batch, and a replay reads again: the same files, so the
-same records, §6.1.1) and reads its interval's rows of them with pyarrow. A Python worker
+interval that its micro-batch has records for it; the step finds the micro-batch's files
+in the query's own checkpoint (the offset log and the file sources' logs, which Spark
+writes before it runs the batch and a replay reads again: the same files, so the same
+records, §6.1.1) and reads its interval's rows of them with pyarrow. A Python worker
 decodes each file of the batch once (:data:`_CACHE`) for all the intervals it runs.
 
-The records are those the row plan hands over, built the same way (``_query.
-_keyed_by_producer``): key from ``key:C``, file name and row index for the send order,
-the stream's name; a row without ``interval:C`` (its producer could not key it) still
-crosses the shuffle as a row and is keyed in the step. An input whose consumer carries
-declared fields (``_fieldcols.py``) is read as rows. ``RuntimeSettings(columnar_scan=
-False)`` builds the row plan (the benchmarks' side-by-side figure); a checkpoint resumes
-under either: the file sources, the grouping key and the state schema are the same.
+The records are the ones the row plan hands over, built the same way
+(``_query._keyed_by_producer``): key from ``key:C``, the file name and row index for the
+send order, the stream's name; a row without ``interval:C`` (its producer could not key
+it) goes to interval ``pmod(xxhash64(id), intervals)`` — Spark's hash, which
+:func:`spark_xxhash64` computes — as a row to key in the step. An input whose consumer
+carries declared fields (``_fieldcols.py``) or keys its rows itself (the keying stage) is
+read as rows. ``RuntimeSettings(columnar_input="rows")`` builds the row plan for every
+input (the benchmarks' side-by-side figure); a checkpoint resumes under either: the file
+sources, the grouping key and the state schema are the same.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from millwheel.runtime._spark_internals import (
     SOURCES,
     file_source_offsets,
     source_log_files,
+    task_batch_id,
 )
 from millwheel.runtime._wire import RowKind
 
@@ -56,21 +59,21 @@ from millwheel.runtime._wire import RowKind
 SCAN_COLUMN = "scan"
 #: what the marking ``mapInArrow`` returns (Spark DDL)
 MARKER_SCHEMA = f"group int, {SCAN_COLUMN} boolean"
-#: the Spark local property with the micro-batch a task runs for
-BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
 
 class Markers:
     """The ``mapInArrow`` function: one row per group its task's rows belong to."""
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        seen: set[int] = set()
+        seen: set[int | None] = set()
         for b in batches:
             if b.num_rows:
-                seen.update(np.unique(b.column(0).drop_null().to_numpy()).tolist())
+                g = b.column(0)
+                seen.update(np.unique(g.drop_null().to_numpy()).tolist())
+                if g.null_count:  # a row of no group of this layout: the step fails on it, as on the row plan
+                    seen.add(None)
         if seen:
-            groups = sorted(seen)
-            yield pa.RecordBatch.from_arrays([pa.array(groups, pa.int32()), pa.array([True] * len(groups))], names=["group", SCAN_COLUMN])
+            yield pa.RecordBatch.from_arrays([pa.array(list(seen), pa.int32()), pa.array([True] * len(seen))], names=["group", SCAN_COLUMN])
 
 
 @dataclass(frozen=True)
@@ -103,8 +106,8 @@ class BatchScan:
         if batch is None:
             batch = task_batch()
         parts = []
-        for inp, name, path in batch_files(self, batch):
-            rows = _file_rows(self, path, interval)
+        for inp, name in batch_files(self, batch):
+            rows = _file_rows(self, inp, name, interval)
             if rows is not None and rows.num_rows:
                 parts.append(_union_rows(rows, inp.stream, name))
         if not parts:
@@ -114,43 +117,39 @@ class BatchScan:
 
 def task_batch() -> int:
     """The micro-batch the running Spark task belongs to."""
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    value = None if ctx is None else ctx.getLocalProperty(BATCH_ID_PROPERTY)
-    if value is None:
-        msg = f"a columnar step reads its micro-batch's files, but the task has no {BATCH_ID_PROPERTY!r} property"
+    batch = task_batch_id()
+    if batch is None:
+        msg = "a columnar step reads its micro-batch's files, but its Spark task belongs to no micro-batch"
         raise RuntimeError(msg)
-    return int(value)
+    return batch
 
 
-#: per Python worker: (checkpoint, batch) -> its scanned files; path -> the file's rows by
-#: interval. Only the newest batch is kept: a worker runs one batch's tasks at a time.
-_CACHE: dict[str, Any] = {}
+#: per Python worker and query (its checkpoint): the batch it runs, that batch's scanned
+#: files, and the files decoded so far (path -> the file's rows by interval); a worker
+#: runs one batch of a query at a time, so a new batch drops the query's old entries
+_CACHE: dict[str, tuple[tuple[int, str], list[tuple[ScannedInput, str]], dict[str, Any]]] = {}
 _LOCK = threading.Lock()
 
 
-def batch_files(scan: BatchScan, batch: int) -> list[tuple[ScannedInput, str, str]]:
+def batch_files(scan: BatchScan, batch: int) -> list[tuple[ScannedInput, str]]:
     """The files of ``scan``'s inputs that micro-batch ``batch`` consumed, in log order:
-    (input, file name, path); from the offset log (``offsets/<batch>`` and the one before,
+    (input, file name); from the offset log (``offsets/<batch>`` and the one before,
     each source's log offset) and the file sources' logs (``sources/<i>/<n>``, or the
     compacted ``<n>.compact`` that holds it)."""
-    key = (scan.checkpoint, batch)
-    with _LOCK:
-        if _CACHE.get("batch") != key:
-            _CACHE.clear()
-            _CACHE["batch"] = key
-            _CACHE["files"] = _read_batch_files(scan, batch)
-            _CACHE["rows"] = {}
-        return list(_CACHE["files"])
-
-
-def _read_batch_files(scan: BatchScan, batch: int) -> list[tuple[ScannedInput, str, str]]:
     cp = Location.of(scan.checkpoint)
     text = cp.child(OFFSETS, str(batch)).read_text()
     if text is None:
         msg = f"micro-batch {batch} has no offset log entry in {scan.checkpoint}"
         raise RuntimeError(msg)
+    with _LOCK:  # keyed by the entry's text too: a rescale may drop a planned batch and plan it anew
+        cached = _CACHE.get(scan.checkpoint)
+        if cached is None or cached[0] != (batch, text):
+            cached = _CACHE[scan.checkpoint] = ((batch, text), _read_batch_files(scan, batch, text), {})
+        return list(cached[1])
+
+
+def _read_batch_files(scan: BatchScan, batch: int, text: str) -> list[tuple[ScannedInput, str]]:
+    cp = Location.of(scan.checkpoint)
     upto = file_source_offsets(text)
     before = file_source_offsets(cp.child(OFFSETS, str(batch - 1)).read_text() or "") if batch > 0 else {}
     dirs = {tuple(_parts(inp.uri)[-3:]): inp for inp in scan.inputs}  # (streams, stream, producer)
@@ -163,7 +162,7 @@ def _read_batch_files(scan: BatchScan, batch: int) -> list[tuple[ScannedInput, s
         for parts, _ in entries:
             inp = dirs.get(tuple(parts[-4:-1]))
             if inp is not None:
-                out.append((inp, parts[-1], "/".join(parts)))
+                out.append((inp, parts[-1]))
     return out
 
 
@@ -191,14 +190,21 @@ def _log_entries(log: Location, first: int, last: int) -> list[tuple[list[str], 
     return out
 
 
-def _file_rows(scan: BatchScan, path: str, interval: int) -> pa.Table | None:
-    """``path``'s rows of key interval ``interval``, in file order (the worker decodes each
-    file of the batch once, for all the intervals it runs)."""
+def _file_rows(scan: BatchScan, inp: ScannedInput, name: str, interval: int) -> pa.Table | None:
+    """File ``name`` of ``inp``: its rows of key interval ``interval``, in file order. A
+    worker decodes each file of the batch once for all the intervals it runs, keeping up to
+    :data:`CACHE_BYTES` of them (a batch bigger than that decodes some files again)."""
+    path = f"{inp.uri}/{name}"
     with _LOCK:
-        rows = _CACHE.setdefault("rows", {})
-        entry = rows.get(path)
-        if entry is None:
-            entry = rows[path] = _by_interval(scan, path)
+        rows = _CACHE[scan.checkpoint][2]
+        entry = rows.pop(path, None)
+    if entry is None:
+        entry = _by_interval(scan, Location.of(inp.uri).child(name))
+    with _LOCK:
+        rows[path] = entry  # the newest last: evicted last
+        total = sum(e[0].nbytes for q in _CACHE.values() for e in q[2].values())
+        while total > CACHE_BYTES and len(rows) > 1:
+            total -= rows.pop(next(iter(rows)))[0].nbytes
     table, intervals, starts = entry
     i = int(np.searchsorted(intervals, interval))
     if i == len(intervals) or intervals[i] != interval:
@@ -206,16 +212,17 @@ def _file_rows(scan: BatchScan, path: str, interval: int) -> pa.Table | None:
     return table.slice(starts[i], starts[i + 1] - starts[i])
 
 
+#: decoded files a Python worker keeps for the other intervals of its batch
+CACHE_BYTES = 512 << 20
 _COLUMNS = ("id", "ts", "key", "value", "wm")
 
 
-def _by_interval(scan: BatchScan, path: str) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+def _by_interval(scan: BatchScan, loc: Location) -> tuple[pa.Table, np.ndarray, np.ndarray]:
     """A file's rows ordered by key interval (stable: file order within one), with their
     row index; the distinct intervals and where each starts. A row without ``interval:C``
     (its producer could not key it) goes where ``_query._keyed_by_producer`` sends it:
     interval ``pmod(xxhash64(id), intervals)`` (Spark's hash, seed 42), kind
     :attr:`RowKind.UNKEYED`, to be keyed by the step."""
-    loc = Location.of("/" + path[5:].lstrip("/") if path.startswith("file:") else path)
     f = pq.ParquetFile(loc.path, filesystem=loc.fs)
     present = set(f.schema_arrow.names)
     t = f.read(columns=[c for c in (*_COLUMNS, scan.key_column, scan.interval_column) if c in present])

@@ -58,10 +58,9 @@ class RuntimeSettings:
       --autoscale``.
     * ``columnar_input`` — how a columnar computation on the default mapping gets its
       records: ``"scan"`` (the default: the JVM reads only the key-interval column, and
-      each interval's step reads its records from the micro-batch's files, ``_scan.py``),
-      ``"packed"`` (each task's rows packed per key interval into Arrow IPC blobs before
-      the shuffle, ``_packed.py``) or ``"rows"`` (every record a row through the shuffle).
-      The benchmarks' side-by-side figure; a checkpoint resumes under any of them.
+      each interval's step reads its records from the micro-batch's files, ``_scan.py``) or
+      ``"rows"`` (every record a row through the shuffle, as a per-record computation's).
+      The benchmarks' side-by-side figure; a checkpoint resumes under either.
     * ``stall_warning_s`` — warn (log line, ``status()["warning"]``) when a log-file
       injector's low watermark has not moved for this long, naming the unfinished file
       that holds it.
@@ -102,7 +101,7 @@ class RuntimeSettings:
 
 
 #: ``RuntimeSettings.columnar_input`` values
-COLUMNAR_INPUTS = ("scan", "packed", "rows")
+COLUMNAR_INPUTS = ("scan", "rows")
 #: ``RuntimeSettings.outbox_writer`` values
 OUTBOX_WRITERS = ("auto", "driver", "spark")
 #: ``RuntimeSettings.state_layout`` values

@@ -434,6 +434,16 @@ def file_source_offsets(text: str) -> dict[int, int]:
     return out
 
 
+def task_batch_id() -> int | None:
+    """The micro-batch a running Spark task belongs to (the ``streaming.sql.batchId`` local
+    property Spark's micro-batch execution sets for its jobs); ``None`` outside one."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    value = None if ctx is None else ctx.getLocalProperty("streaming.sql.batchId")
+    return None if value is None else int(value)
+
+
 def source_log_files(text: str) -> list[tuple[list[str], int]] | None:
     """The files a file source's log entry (``sources/<i>/<n>``) added: each file's path,
     unquoted and split on ``/``, and its batch id; ``None`` if the entry is still being
