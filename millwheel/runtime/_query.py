@@ -122,6 +122,8 @@ class ComputationQuery:
         self._keying_forced = False
         #: input files known to carry this computation's key columns (files never change)
         self._keyed_files: set[tuple[str, str, str]] = set()
+        #: the inputs whose records the step reads from its batch's files (``_scan.py``)
+        self.scanned: tuple[ScannedInput, ...] = ()
 
     # ---- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -284,6 +286,7 @@ class ComputationQuery:
         group = F.when(F.col("interval") < 0, F.col("interval")).otherwise(F.element_at(groups, F.col("interval") + 1))
         hb = hb.withColumn("group", F.coalesce(F.col("_group"), group)).drop("interval", "_group")
         records = [part.withColumn("group", group).drop("interval") for part in records]
+        self.scanned = tuple(scanned)
         if markers:
             records.append(reduce(lambda a, b: a.unionByName(b), markers).select(group.alias("group")).mapInArrow(Markers(), MARKER_SCHEMA))
         # ``mw_fields_<i>``: one per input; heartbeats first: Spark plans sources in this order

@@ -158,7 +158,7 @@ def _read_batch_files(scan: BatchScan, batch: int, text: str) -> list[tuple[Scan
         first = before.get(i, -1) + 1
         if first > last:
             continue
-        entries = _log_entries(cp.child(SOURCES, str(i)), first, last)
+        entries = log_entries(cp.child(SOURCES, str(i)), first, last)
         for parts, _ in entries:
             inp = dirs.get(tuple(parts[-4:-1]))
             if inp is not None:
@@ -170,7 +170,7 @@ def _parts(uri: str) -> list[str]:
     return urllib.parse.unquote(uri).rstrip("/").split("/")
 
 
-def _log_entries(log: Location, first: int, last: int) -> list[tuple[list[str], int]]:
+def log_entries(log: Location, first: int, last: int) -> list[tuple[list[str], int]]:
     """The entries of file-source log ``log`` added at offsets ``first`` to ``last``."""
     names = set(log.list())
     out: list[tuple[list[str], int]] = []
