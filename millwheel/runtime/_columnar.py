@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import xxhash
 
 from millwheel._colstore import ColumnarStore
 from millwheel._columnar import ColumnarResult, ColumnarRunner, InputColumns, is_columnar
@@ -104,7 +105,7 @@ class ColumnarIntervalStep(IntervalStep):
             for _ in frames:
                 pass
             return
-        store = state.get[0] if state.exists else None
+        store: bytes | ColumnarStore | None = state.get[0] if state.exists else None
         batch = IntervalBatch(self, interval, from_spark(state.getCurrentWatermarkMs()), state.getCurrentProcessingTimeMs())
         recs = self.read(batch, frames)
         if retired:
@@ -115,9 +116,11 @@ class ColumnarIntervalStep(IntervalStep):
             raise RescaleMismatch(msg)
         if batch.installs:  # a rescale's pieces of the old intervals' stores (``_move.py``)
             store = install_stores(self.spec.name, interval, self.intervals or 0, [v for _, v in batch.installs], store, self.spec.options)
-        res, out = self.step(batch, recs, store)
+        res, out = self.step(batch, recs, _cached_store(self.spec.name, interval, store))
         if res.store is not None:
             state.update((res.store, b""))
+            if res.decoded is not None:
+                _STORES[(self.spec.name, interval)] = (_digest(res.store), res.decoded)
         elif state.exists:
             state.remove()
         if res.next_low_watermark_timer is not None and res.store is not None:
@@ -235,6 +238,25 @@ class ColumnarIntervalStep(IntervalStep):
             if keyed_here is not None:
                 pdf = pd.concat([pdf, keyed_here]) if len(pdf) else keyed_here
         return pdf if len(pdf) else None
+
+
+#: per Python worker: (computation, key interval) -> (digest of the store bytes it wrote,
+#: the store decoded). The next batch's state row is those bytes if this worker ran the
+#: interval last and the batch committed: then the object is used instead of decoding
+#: them again. The entry is taken out while a batch runs, so a failed batch leaves none.
+_STORES: dict[tuple[str, int], tuple[bytes, ColumnarStore]] = {}
+
+
+def _digest(blob: bytes) -> bytes:
+    return xxhash.xxh3_128_digest(blob)
+
+
+def _cached_store(name: str, interval: int, blob: bytes | ColumnarStore | None) -> bytes | ColumnarStore | None:
+    """``blob`` decoded from this worker's cache when it holds exactly these bytes, else ``blob``."""
+    cached = _STORES.pop((name, interval), None)
+    if cached is None or not isinstance(blob, bytes) or cached[0] != _digest(blob):
+        return blob
+    return cached[1]
 
 
 def plain_records(t: pa.Table) -> bool:

@@ -100,18 +100,22 @@ def _dead(records) -> Counter:
 MAPPINGS = ["default", "arrow"]
 
 
-@pytest.fixture(scope="module", params=MAPPINGS)
+@pytest.fixture(scope="module", params=[*MAPPINGS, "default-rows"])
 def runs(request, tmp_path_factory, spark):
-    """Per mapping: the per-record harness, the columnar harness, the columnar computation on Spark, the plain answer."""
+    """Per mapping (and the default mapping's row plan, ``columnar_input="rows"``): the
+    per-record harness, the columnar harness, the columnar computation on Spark, the plain answer."""
     base = tmp_path_factory.mktemp(f"columnar-{request.param}")
+    mapping, _, plan = request.param.partition("-")
     answer = write_logs(base / "logs")
     per_record = Harness(topology(base / "logs", WindowCounter), raise_errors=False)
     per_record.run_sources()
-    columnar = Harness(topology(base / "logs", ColumnarWindowCounter, mapping=request.param), raise_errors=False)
+    columnar = Harness(topology(base / "logs", ColumnarWindowCounter, mapping=mapping), raise_errors=False)
     columnar.run_sources()
-    topo = topology(base / "logs", ColumnarWindowCounter, mapping=request.param)
-    rt = SparkRuntime(topo, str(base / "run"), RuntimeSettings(drain=True, intervals=4, lockstep=True), spark=spark)
+    topo = topology(base / "logs", ColumnarWindowCounter, mapping=mapping)
+    settings = RuntimeSettings(drain=True, intervals=4, lockstep=True, columnar_input=plan or "scan")
+    rt = SparkRuntime(topo, str(base / "run"), settings, spark=spark)
     rt.run(timeout_s=600)
+    assert bool(rt.computations["Counter"].scanned) == (request.param == "default")  # the plan the run had
     return per_record, columnar, rt, answer
 
 

@@ -154,6 +154,10 @@ def test_the_scan_plan_keys_unkeyed_files_and_restarts_with_the_keying_stage_whe
     rt.start()
     assert [s.stream for s in rt.computations["Double"].scanned] == ["in"]  # the scan plan at the start
     rt.run(timeout_s=600)
+    # one offset-log entry per source, plus the heartbeats: the markers read the input directory
+    # in the same plan node as the rows (the driver pairs offset-log entries with ``sources/<i>``)
+    offsets = Path(run_dir) / "checkpoints" / "Double" / "offsets"
+    assert {len(p.read_text().splitlines()[2:]) for p in offsets.iterdir() if p.name.isdigit()} == {2}
     double = rt.computations["Double"]
     assert double._keying_forced and double.keying_stage and double.restart_policy.restarts == 0
     expected = [2 * r.value["n"] for r in first[:-1] + legacy + rest]

@@ -34,6 +34,7 @@ from millwheel.runtime._spark_internals import (
     root_log_level,
     silence_loggers,
     source_log_files,
+    task_batch_id,
 )
 
 from ._chain import chain
@@ -91,6 +92,29 @@ def test_contract_checkpoint_file_formats(spark, tmp_path):
     assert sorted(path[-1] for path, _ in files) == ["a.parquet", "b.parquet"]
     assert {batch for _, batch in files} == {0}
     assert not has_started(Location.of(str(tmp_path / "nothing")))
+
+
+def test_contract_task_batch_id(spark, tmp_path):
+    """A task of a micro-batch's job knows its batch (``task_batch_id``), in the stateful
+    stage of a ``foreachBatch`` sink's job, where the columnar scan plan reads it."""
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    data = tmp_path / "in"
+    data.mkdir()
+    pd.DataFrame({"g": [1, 2, 1]}).to_parquet(data / "a.parquet")
+    seen: list[int] = []
+
+    def step(key, frames, state):
+        for _ in frames:
+            pass
+        yield pd.DataFrame({"g": [int(key[0])], "batch": [task_batch_id()]})
+
+    df = spark.readStream.schema("g long").parquet(str(data))
+    out = df.groupBy("g").applyInPandasWithState(step, "g long, batch long", "n long", "append", GroupStateTimeout.NoTimeout)
+    q = out.writeStream.foreachBatch(lambda b, bid: seen.extend(r.batch - bid for r in b.collect())).option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start()
+    q.awaitTermination(120)
+    assert seen == [0, 0]  # each group's task saw the batch its sink was called for
+    assert task_batch_id() is None  # not in a task
 
 
 def test_contract_python_errors_reach_the_driver_as_text(spark):
