@@ -129,6 +129,8 @@ def task_batch() -> int:
 #: runs one batch of a query at a time, so a new batch drops the query's old entries
 _CACHE: dict[str, tuple[tuple[int, str], list[tuple[ScannedInput, str]], dict[str, Any]]] = {}
 _LOCK = threading.Lock()
+#: path -> bytes of its decoded rows, for the entries of :data:`_CACHE`
+_SIZES: dict[str, int] = {}
 
 
 def batch_files(scan: BatchScan, batch: int) -> list[tuple[ScannedInput, str]]:
@@ -144,6 +146,8 @@ def batch_files(scan: BatchScan, batch: int) -> list[tuple[ScannedInput, str]]:
     with _LOCK:  # keyed by the entry's text too: a rescale may drop a planned batch and plan it anew
         cached = _CACHE.get(scan.checkpoint)
         if cached is None or cached[0] != (batch, text):
+            for path in cached[2] if cached is not None else ():
+                _SIZES.pop(path, None)
             cached = _CACHE[scan.checkpoint] = ((batch, text), _read_batch_files(scan, batch, text), {})
         return list(cached[1])
 
@@ -200,11 +204,12 @@ def _file_rows(scan: BatchScan, inp: ScannedInput, name: str, interval: int) -> 
         entry = rows.pop(path, None)
     if entry is None:
         entry = _by_interval(scan, Location.of(inp.uri).child(name))
+        _SIZES[path] = entry[0].nbytes
     with _LOCK:
         rows[path] = entry  # the newest last: evicted last
-        total = sum(e[0].nbytes for q in _CACHE.values() for e in q[2].values())
-        while total > CACHE_BYTES and len(rows) > 1:
-            total -= rows.pop(next(iter(rows)))[0].nbytes
+        while sum(_SIZES.get(p, 0) for q in _CACHE.values() for p in q[2]) > CACHE_BYTES and len(rows) > 1:
+            _SIZES.pop(evicted := next(iter(rows)), None)
+            del rows[evicted]
     table, intervals, starts = entry
     i = int(np.searchsorted(intervals, interval))
     if i == len(intervals) or intervals[i] != interval:
