@@ -32,15 +32,23 @@ def collect(rt: Any, progress: dict[str, dict[int, dict]]) -> None:
                 progress.setdefault(name, {})[p["batchId"]] = p
 
 
+#: seconds between two reads of the queries' progress reports during a run: a read is a py4j
+#: walk of up to 100 reports (Spark's ``numRecentProgressUpdates``) per query, a few tens
+#: of ms of the driver's CPU, which on every poll (20 a second) slowed the runs it measured
+COLLECT_EVERY_S = 2.0
+
+
 def run_collecting(rt: Any, *, timeout_s: float, poll_s: float) -> dict[str, dict[int, dict]]:
     """Start ``rt``, poll it until drained (or ``timeout_s``), stop it; the queries' progress reports."""
     progress: dict[str, dict[int, dict]] = {}
-    started = time.monotonic()
+    started = collected = time.monotonic()
     rt.start()
     try:
         while not rt.drained() and time.monotonic() - started < timeout_s:
             rt.poll()
-            collect(rt, progress)
+            if time.monotonic() - collected >= COLLECT_EVERY_S:
+                collect(rt, progress)
+                collected = time.monotonic()
             time.sleep(poll_s)
     finally:
         collect(rt, progress)
