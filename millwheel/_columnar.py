@@ -222,8 +222,8 @@ class ColumnarRunner:
         self.record_columns = tuple(c for c in RECORD_COLUMNS if c in computation.record_columns) + tuple(FIELD_PREFIX + f for f in asked)
         #: ``value.<field>`` columns and their types over the declared input streams (``fields``: stream -> its declaration)
         self.value_fields = {f: field_type((fields or {}).values(), f, f"columnar computation {name!r}") for f in asked}
-        #: encode the dedup's held ids in segments (a store decoded rarely: the Spark workers
-        #: keep the stores they wrote), or all in one (a store decoded in every batch)
+        #: encode the dedup's held ids in segments (a store decoded rarely: the Arrow mapping's
+        #: worker cache), or all in one (the default mapping, whose stores a rescale splits)
         self.segmented_ids = False
         computation.name = name
 

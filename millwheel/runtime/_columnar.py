@@ -95,8 +95,6 @@ class ColumnarIntervalStep(IntervalStep):
             opts = dataclasses.replace(spec.options, strong_productions=False)
             fields = {s: f for s, f in (self.keyer.fields if self.keyer is not None else {}).items() if s in spec.inputs}
             self._columnar = ColumnarRunner(spec.instantiate(), name=spec.name, outputs=spec.all_outputs, options=opts, fields=fields)  # type: ignore[arg-type]
-            # a worker keeps the stores it wrote (``_STORES``, the Arrow mapping's cache): held ids in segments
-            self._columnar.segmented_ids = True
         return self._columnar
 
     def __call__(self, group: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
@@ -147,6 +145,7 @@ class ColumnarIntervalStep(IntervalStep):
         if batch.installs or batch.retire is not None:
             msg = f"computation {self.spec.name!r}: a rescale's state move reached an interval function that cannot apply it (the Arrow mapping)"
             raise RescaleMismatch(msg)
+        self.columnar().segmented_ids = True  # its stores are decoded rarely (the worker's cache): held ids in segments
         return self.step_columns(batch, recs, store)
 
     def read(self, batch: IntervalBatch, frames: Iterable[pd.DataFrame]) -> InputColumns:
