@@ -19,7 +19,7 @@ and timers"):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
 from millwheel.runtime._fs import Location
@@ -32,7 +32,7 @@ from millwheel.runtime._spark_internals import (
 )
 from millwheel.runtime._streams import StreamLog
 
-__all__ = ["ConsumedFiles", "InputWatermarks", "heartbeat_batch", "input_watermarks"]
+__all__ = ["ConsumedFiles", "InputWatermarks", "heartbeat_batch", "input_watermarks", "read_input_watermarks"]
 
 
 class ConsumedFiles:
@@ -130,22 +130,23 @@ class InputWatermarks(NamedTuple):
 
 
 def input_watermarks(
-    upstream: int, inputs: Iterable[tuple[str, str]], streams: StreamLog, consumed: ConsumedFiles, published: int, planned: int
+    upstream: int, listed: Mapping[tuple[str, str], Mapping[str, int]], consumed: ConsumedFiles, published: int, planned: int
 ) -> InputWatermarks:
     """The input low watermark over the files that committed-and-published batches up to
     ``published`` consumed, and the one over the files that batches up to ``planned``
     (>= ``published``) consumed, with the files each counts as unconsumed.
 
+    ``listed`` is each input (stream, producer)'s live files and their oldest timestamps;
     ``upstream`` is the minimum of the upstream's published low watermarks, read *before*
-    the files are listed: a file published after the listing carries timestamps at or
+    the files were listed: a file published after the listing carries timestamps at or
     above its producer's watermark. Pending files hold both, whoever wrote them.
     """
     reported = heartbeat = upstream
     pending = waiting = 0
-    for stream, producer in inputs:
+    for (stream, producer), files in listed.items():
         done = consumed.names(stream, producer, published)
         running = consumed.names(stream, producer, planned, committed=False) if planned > published else done
-        for name, lo in streams.files(stream, producer, live_only=True).items():
+        for name, lo in files.items():
             if name not in done:
                 pending += 1
                 reported = min(reported, lo)
@@ -153,3 +154,27 @@ def input_watermarks(
                     waiting += 1
                     heartbeat = min(heartbeat, lo)
     return InputWatermarks(reported, heartbeat, pending, waiting)
+
+
+def read_input_watermarks(
+    name: str, inputs: Iterable[tuple[str, str]], streams: StreamLog, consumed: ConsumedFiles, published: int, upstream: Callable[[], int]
+) -> tuple[InputWatermarks, int]:
+    """:func:`input_watermarks` of computation ``name`` now, with the batch its heartbeat
+    counts (:func:`heartbeat_batch`), read in the one order that is both safe and current:
+
+    1. the upstream's published watermarks (``upstream()``), before anything is listed;
+    2. its input files (a file published later is bounded by 1.);
+    3. the newest planned batch, *after* the listing: a batch Spark planned while the files
+       were listed counts, so input its query already took is not "waiting" (read in the
+       other order, the same files made a heartbeat held at them, a whole stateful batch of
+       its own after the data batch; docs/runtime.md, "Low watermarks and timers");
+    4. the file sources' logs, after 3.: Spark writes a batch's file list before its offset
+       log entry, so every file of that batch is known (read before, they would only count
+       as waiting: late, never wrong).
+    """
+    inputs = list(inputs)
+    up = upstream()
+    listed = {pair: streams.files(*pair, live_only=True) for pair in inputs}
+    planned = heartbeat_batch(name, inputs, consumed, published)
+    consumed.refresh()
+    return input_watermarks(up, listed, consumed, published, planned), planned

@@ -50,8 +50,9 @@ class DriverContext(Protocol):
         """Whose low watermarks bound computation ``name``'s (``Topology.upstream``)."""
         ...
 
-    def watermark_of(self, name: str) -> int:
-        """The published low watermark of an injector or computation."""
+    def watermark_of(self, name: str, *, fresh: bool = False) -> int:
+        """The published low watermark of an injector or computation: read once per round of
+        the driver loop, or again with ``fresh`` (after reporting it)."""
         ...
 
     def caught_up(self, low_watermark: int) -> bool:

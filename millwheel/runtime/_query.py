@@ -34,7 +34,7 @@ from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel._topology import ComputationSpec
 from millwheel.runtime._arrowmap import arrow_mapping
 from millwheel.runtime._columnar import interval_step_class
-from millwheel.runtime._consumed import ConsumedFiles, heartbeat_batch, input_watermarks
+from millwheel.runtime._consumed import ConsumedFiles, read_input_watermarks
 from millwheel.runtime._context import DriverContext
 from millwheel.runtime._fieldcols import carry_columns, input_schema, keying_fields
 from millwheel.runtime._interval import KEYING_RESULT, KEYING_STAGE_NEEDED, make_keying
@@ -106,6 +106,8 @@ class ComputationQuery:
         self.pending_inputs = 0
         self._hb_sent = MIN_TIMESTAMP
         self._hb_at = 0.0
+        #: since when input files have waited for a batch to plan them (``_waited``); None: none waits
+        self._waiting_since: float | None = None
         self._hb_seq = 0
         self._ticked: dict[int, int] = {}
         self._tokens: dict[str, int] = {}
@@ -416,13 +418,9 @@ class ComputationQuery:
         self.outbox.publish_committed()
         wm = self.rt.watermarks
         upto = self.outbox.published
-        self.consumed.refresh()
-        upstream = MAX_TIMESTAMP
-        for producer in self.upstream:
-            upstream = min(upstream, self.rt.watermark_of(producer))  # before listing: see docs/runtime.md
-        # the heartbeat may count the files of the batch Spark planned already (``_consumed.py``)
-        planned = heartbeat_batch(self.name, self.inputs, self.consumed, upto)
-        in_lw, hb_lw, pending, waiting = input_watermarks(upstream, self.inputs, self.rt.streams, self.consumed, upto, planned)
+        # the upstream before the listing, the planned batch after it (``read_input_watermarks``): the
+        # heartbeat may count the files of the batch Spark planned already (``_consumed.py``)
+        (in_lw, hb_lw, pending, waiting), planned = read_input_watermarks(self.name, self.inputs, self.rt.streams, self.consumed, upto, self._upstream_watermark)
         #: input files published and not consumed yet: a computation is drained only without any
         #: (a file sent under a finished watermark, a re-injection, holds no watermark)
         self.pending_inputs = pending
@@ -441,10 +439,14 @@ class ComputationQuery:
             except StaleTokenError as exc:
                 msg = f"computation {self.name!r}: the watermark authority refused this driver's report, another driver owns its key intervals now ({exc}); this driver stops"
                 raise FencedError(msg) from exc
-        self.low_watermark = self.rt.watermark_of(self.name)
-        self._heartbeat(hb_lw, now, self._heartbeat_needed(hb_lw, waiting, planned > upto))
+        self.low_watermark = self.rt.watermark_of(self.name, fresh=True)
+        self._heartbeat(hb_lw, now, self._heartbeat_needed(hb_lw, self._waited(waiting), planned > upto))
         self._prune_heartbeats(upto)
         return self.low_watermark
+
+    def _upstream_watermark(self) -> int:
+        """The minimum of the upstream's published low watermarks (+inf without any)."""
+        return min((self.rt.watermark_of(producer) for producer in self.upstream), default=MAX_TIMESTAMP)
 
     def _prune_heartbeats(self, upto: int) -> None:
         """Delete the heartbeat files committed batches have read: only this query reads
@@ -466,6 +468,22 @@ class ComputationQuery:
             self.heartbeats.child(name).delete()
         if names:
             self.consumed.forget(None, None, names)
+
+    def _waited(self, waiting: int) -> int:
+        """``waiting`` once input files have waited ``heartbeat_ms`` for a batch to plan them,
+        else 0. A query between batches takes new files within milliseconds (Spark polls its
+        sources), usually before the driver has read the newest batch: a heartbeat written
+        for them then is read only after the data batch, in a stateful batch of its own that
+        does nothing (docs/runtime.md, "Idle heartbeats"). Files still waiting after
+        ``heartbeat_ms`` wait for a batch in flight, whose successor reads them with the
+        heartbeat."""
+        if not waiting:
+            self._waiting_since = None
+            return 0
+        t = time.monotonic()
+        if self._waiting_since is None:
+            self._waiting_since = t
+        return waiting if t - self._waiting_since >= self.rt.settings.heartbeat_ms / 1000 else 0
 
     def _heartbeat_needed(self, hb_lw: int, waiting: int, in_flight: bool) -> bool:
         """Whether moving the query's watermark to ``hb_lw`` has anything to do now: input a

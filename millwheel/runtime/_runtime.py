@@ -244,6 +244,8 @@ class SparkRuntime:
         self._saved_conf: dict[str, str | None] | None = None
         self._pruned_at = 0.0
         self.started_at = 0.0
+        #: the published watermarks read in this round of the driver loop (:meth:`watermark_of`)
+        self._read: dict[str, int] = {}
         #: online rescales asked of this driver, and the automatic policy (``_online.py``)
         self.rescaler = OnlineRescaler(self)
 
@@ -274,8 +276,17 @@ class SparkRuntime:
         """Every computation's low watermark has reached ``low_watermark`` (lockstep)."""
         return all(c.low_watermark >= low_watermark for c in self.computations.values())
 
-    def watermark_of(self, name: str) -> int:
-        return self.audit.watermark(name, self.watermarks.watermark)
+    def watermark_of(self, name: str, *, fresh: bool = False) -> int:
+        """``name``'s published low watermark, read from the authority once per round of the
+        driver loop (:meth:`poll`) unless ``fresh``: each read is a request to it, and a round
+        read each upstream watermark up to three times. A value read earlier in the round is
+        older, never higher (published watermarks only move forward), so it is as safe a
+        bound on what the producer publishes later; a computation reads its own ``fresh``
+        after reporting, so its consumers later in the round see the new value."""
+        value = None if fresh else self._read.get(name)
+        if value is None:
+            value = self._read[name] = self.audit.watermark(name, self.watermarks.watermark)
+        return value
 
     def log(self, msg: str) -> None:
         self._log(msg)
@@ -347,6 +358,7 @@ class SparkRuntime:
     def poll(self) -> None:
         """One round of the driver loop."""
         now = int(time.time() * 1000)
+        self._read.clear()
         for inj in self.injectors.values():
             inj.check()
             inj.poll()

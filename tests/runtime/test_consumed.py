@@ -13,7 +13,12 @@ import pytest
 
 from millwheel import Record, SampleSource
 from millwheel._record import MAX_TIMESTAMP
-from millwheel.runtime._consumed import ConsumedFiles, heartbeat_batch, input_watermarks
+from millwheel.runtime._consumed import (
+    ConsumedFiles,
+    heartbeat_batch,
+    input_watermarks,
+    read_input_watermarks,
+)
 from millwheel.runtime._fs import Location
 from millwheel.runtime._streams import FileStreamLog
 
@@ -28,6 +33,10 @@ def _plan(cp, batch: int, names: list[str], streams: FileStreamLog) -> None:
     lines = ["v1"] + [json.dumps({"path": loc.child(n).uri, "timestamp": 0, "batchId": batch}) for n in names]
     (cp / "sources" / "1" / str(batch)).write_text("\n".join(lines) + "\n")
     (cp / "offsets" / str(batch)).write_text(f'v1\n{{"batchWatermarkMs":0}}\n{{"logOffset":{batch}}}\n{{"logOffset":{batch}}}\n')
+
+
+def _listed(streams: FileStreamLog) -> dict[tuple[str, str], dict[str, int]]:
+    return {PAIR: streams.files(*PAIR, live_only=True)}
 
 
 @pytest.fixture
@@ -49,12 +58,12 @@ def test_the_heartbeat_counts_the_planned_batch_and_nothing_past_it(files):
     consumed.refresh()
     assert consumed.planned() == 1
     # upstream finished (+inf): only the files themselves hold
-    assert input_watermarks(MAX_TIMESTAMP, [PAIR], streams, consumed, 0, 1) == (2_000, 4_000, 3, 1)
-    assert input_watermarks(MAX_TIMESTAMP, [PAIR], streams, consumed, 0, 0) == (2_000, 2_000, 3, 3)
-    assert input_watermarks(1_500, [PAIR], streams, consumed, 0, 1) == (1_500, 1_500, 3, 1)  # the upstream bounds both
+    assert input_watermarks(MAX_TIMESTAMP, _listed(streams), consumed, 0, 1) == (2_000, 4_000, 3, 1)
+    assert input_watermarks(MAX_TIMESTAMP, _listed(streams), consumed, 0, 0) == (2_000, 2_000, 3, 3)
+    assert input_watermarks(1_500, _listed(streams), consumed, 0, 1) == (1_500, 1_500, 3, 1)  # the upstream bounds both
     _plan(cp, 2, names[3:], streams)
     consumed.refresh()
-    assert input_watermarks(MAX_TIMESTAMP, [PAIR], streams, consumed, 0, consumed.planned()) == (2_000, MAX_TIMESTAMP, 3, 0)
+    assert input_watermarks(MAX_TIMESTAMP, _listed(streams), consumed, 0, consumed.planned()) == (2_000, MAX_TIMESTAMP, 3, 0)
 
 
 def test_an_uncommitted_batch_is_read_again_a_rescale_may_plan_it_anew(files):
@@ -63,9 +72,56 @@ def test_an_uncommitted_batch_is_read_again_a_rescale_may_plan_it_anew(files):
     _plan(cp, 1, names[1:2], streams)
     consumed = ConsumedFiles(Location.of(str(cp)))
     consumed.refresh()
-    assert input_watermarks(MAX_TIMESTAMP, [PAIR], streams, consumed, 0, 1)[1] == 3_000
+    assert input_watermarks(MAX_TIMESTAMP, _listed(streams), consumed, 0, 1)[1] == 3_000
     (cp / "offsets" / "1").unlink()  # dropped (``drop_planned_batch``): nothing of it counts
-    assert input_watermarks(MAX_TIMESTAMP, [PAIR], streams, consumed, 0, 1)[1] == 2_000
+    assert input_watermarks(MAX_TIMESTAMP, _listed(streams), consumed, 0, 1)[1] == 2_000
+
+
+class _PlannedWhileListed:
+    """The stream log, with the race of a live run: Spark plans a batch over the files just
+    after the driver listed them (its query polls its sources every few milliseconds)."""
+
+    def __init__(self, streams: FileStreamLog, cp, batch: int) -> None:
+        self.streams, self.cp, self.batch = streams, cp, batch
+
+    def files(self, stream: str, producer: str, live_only: bool = False) -> dict[str, int]:
+        listed = self.streams.files(stream, producer, live_only=live_only)
+        _plan(self.cp, self.batch, sorted(listed)[self.batch :], self.streams)
+        return listed
+
+
+def test_a_batch_planned_while_the_files_are_listed_counts(files):
+    streams, names, cp = files
+    _plan(cp, 0, names[:1], streams)
+    consumed = ConsumedFiles(Location.of(str(cp)))
+    consumed.refresh()
+    read = []
+    upstream = lambda: read.append("upstream") or MAX_TIMESTAMP  # noqa: E731
+    (reported, heartbeat, pending, waiting), planned = read_input_watermarks("C", [PAIR], _PlannedWhileListed(streams, cp, 1), consumed, 0, upstream)
+    # the planned batch is read after the listing, the file sources' logs after it: the files
+    # the query took while they were listed wait for no later batch, so no heartbeat batch of
+    # their own; the reported watermark still holds at them until that batch is published
+    assert (planned, reported, heartbeat, pending, waiting) == (1, 2_000, MAX_TIMESTAMP, 3, 0)
+    assert read == ["upstream"]
+    # the order matters: the same race seen with the plan read before the listing
+    consumed2 = ConsumedFiles(Location.of(str(cp)))
+    (cp / "offsets" / "1").unlink()
+    before = heartbeat_batch("C", [PAIR], consumed2, 0)
+    consumed2.refresh()
+    listed = {PAIR: _PlannedWhileListed(streams, cp, 1).files(*PAIR, live_only=True)}
+    assert input_watermarks(MAX_TIMESTAMP, listed, consumed2, 0, before)[1:] == (2_000, 3, 3)
+
+
+def test_a_file_the_planned_batch_does_not_read_still_holds_the_heartbeat(files):
+    streams, names, cp = files
+    _plan(cp, 0, names[:1], streams)
+    _plan(cp, 1, names[1:3], streams)
+    consumed = ConsumedFiles(Location.of(str(cp)))
+    (_, heartbeat, _, waiting), planned = read_input_watermarks("C", [PAIR], streams, consumed, 0, lambda: MAX_TIMESTAMP)
+    assert (planned, heartbeat, waiting) == (1, 4_000, 1)
+    # and the upstream, read before the listing, bounds it: a file published after the
+    # listing carries timestamps at or above it
+    assert read_input_watermarks("C", [PAIR], streams, consumed, 0, lambda: 3_500)[0].heartbeat == 3_500
 
 
 def test_a_computation_that_reads_what_it_writes_counts_published_batches_only(files):
@@ -122,3 +178,20 @@ def test_a_heartbeat_waits_while_it_has_nothing_to_do():
     assert _query(True, timer)._heartbeat_needed(5_000, 0, False)
     assert not _query(True, timer)._heartbeat_needed(4_999, 0, False)
     assert _query(True, {0: idle[0]})._heartbeat_needed(9_000, 0, False)  # interval 1's holds unknown
+
+
+def test_a_heartbeat_for_waiting_input_waits_for_the_query_to_take_it():
+    from types import SimpleNamespace
+
+    q = _query(False, {})
+    q.rt, q._waiting_since = SimpleNamespace(settings=SimpleNamespace(heartbeat_ms=200)), None
+    # new files: a query between batches plans them within milliseconds; a heartbeat written
+    # now would be read only after that data batch, in a batch of its own
+    assert q._waited(2) == 0
+    assert q._waited(2) == 0
+    q._waiting_since -= 0.2  # still waiting a heartbeat interval later: a batch in flight holds them
+    assert q._waited(2) == 2
+    assert q._waited(0) == 0
+    assert q._waited(1) == 0  # a new wait starts over
+    q.rt.settings.heartbeat_ms = 0
+    assert q._waited(1) == 1
