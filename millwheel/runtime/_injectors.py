@@ -28,7 +28,7 @@ from millwheel.runtime._context import DriverContext
 from millwheel.runtime._lease import Lease
 from millwheel.runtime._outbox import Outbox
 from millwheel.runtime._session import start_query
-from millwheel.runtime._spark_internals import OFFSETS, offset_log_entries
+from millwheel.runtime._spark_internals import OFFSETS, offset_log_entries, polling_delay_conf
 from millwheel.runtime._usercode import RestartPolicy
 from millwheel.runtime._wire import IntervalSummary
 
@@ -274,7 +274,9 @@ class LogFileInjector(QueryInjector):
             writer = writer.trigger(processingTime=f"{self.rt.settings.trigger_ms} milliseconds")
         self.rt.watermarks.expect_injector_processes(self.name, ["spark"])
         self.rt.watermarks.report_injector(self.name, "spark", self.low_watermark)
-        self.query = start_query(writer, spark, {})  # not while a computation's start has the session's settings changed
+        # an idle look at the directory is a round trip to the Python planner: not every 10 ms
+        # (``RuntimeSettings.injector_poll_ms``); not while a computation's start has the session's settings changed
+        self.query = start_query(writer, spark, polling_delay_conf(self.rt.settings.injector_poll_ms))
 
     def poll(self) -> None:
         self.outbox.publish_committed()

@@ -25,6 +25,9 @@ fails in that test, not somewhere in a run:
   :func:`disk_full`, :func:`compact_interruption` (a stop, and a workaround for how
   Spark 4.3 recognises one).
 * **the JVM's log4j** — :func:`root_log_level`, :func:`silence_loggers` through ``_jvm``.
+* **an internal setting** — :func:`polling_delay_conf`: how long an idle query sleeps
+  between two polls of its sources (``spark.sql.streaming.pollingDelay``, internal in
+  Spark's ``SQLConf``), read when a query starts.
 """
 
 from __future__ import annotations
@@ -552,6 +555,17 @@ def compact_interruption(exc: BaseException) -> Exception | None:
         return None
     first = text.strip().split("\n", 1)[0].strip()
     return QueryInterrupted(f"py4j.protocol.Py4JJavaError: {first}\n: java.lang.InterruptedException (the query is stopping)")
+
+
+def polling_delay_conf(ms: int) -> dict[str, str]:
+    """The setting that makes a query started with it (``_session.start_query``) sleep ``ms``
+    between two polls of its sources when the last one found no new data (Spark's default:
+    10 ms). Spark reads it when the query is built, so it holds for that query only.
+
+    >>> polling_delay_conf(200)
+    {'spark.sql.streaming.pollingDelay': '200ms'}
+    """
+    return {"spark.sql.streaming.pollingDelay": f"{int(ms)}ms"}
 
 
 def error_mentions(exc: Any, marker: str) -> bool:
