@@ -18,7 +18,11 @@
    Records/s = log lines read (queries + clicks, duplicates and malformed lines included)
    / wall time from the start of the run to the last output. A warm-up round is
    discarded, repetitions are interleaved, the ratio is the median of per-pair ratios.
-   Both answers are checked against the batch join in pandas.
+   Both answers are checked against the batch join in pandas. ``--stages`` adds, for each
+   measured run, where its time went: each streaming query's micro-batches (Spark's
+   progress reports: count, rows, ``durationMs`` summed by phase) and the CPU seconds of
+   every process of the run by kind (the JVM, the Python workers, the Python Data
+   Sources' planner processes, this driver, the registry service), from ``/proc``.
 2. **Latency in continuous mode**: a writer appends the lines of a generated sample to
    growing, rotating log files at their arrival times (a steady paced rate), a live
    Photon pipeline (trigger 0) joins them, and each click's latency is the wall time its
@@ -140,22 +144,145 @@ def run_native(spark: Any, data: Path, work: Path) -> tuple[float, dict[str, Any
 VARIANTS = ("photon", "photon_col", "native")
 
 
-def throughput(spark: Any, data: Path, work: Path, reps: int, intervals: int, variants: tuple[str, ...] = VARIANTS) -> dict[str, Any]:
+# ---------------------------------------------------------------------------------- stages
+def _process_kind(cmd: str) -> str:
+    for marker, kind in (("java", "jvm"), ("python_streaming_source_runner", "python planners (one per log injector)"),
+                         ("pyspark.daemon pyspark.worker", "python workers"), ("pyspark.daemon", "python data-source workers"),
+                         ("id_registry", "registry service")):  # fmt: skip
+        if marker in cmd:
+            return kind
+    return "other"
+
+
+def cpu_by_process() -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) of this process and every process under it, by pid (Linux ``/proc``)."""
+    rows: dict[int, tuple[int, float, str]] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        rows[int(pid)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick, cmd)
+    mine, grew = {os.getpid()}, True
+    while grew:
+        kids = {p for p, (parent, _, _) in rows.items() if parent in mine} - mine
+        mine |= kids
+        grew = bool(kids)
+    return {p: ("driver" if p == os.getpid() else _process_kind(rows[p][2]), rows[p][1]) for p in mine if p in rows}
+
+
+class CpuWatch(threading.Thread):
+    """CPU seconds of a run's processes by kind: :func:`cpu_by_process` every second, each
+    process's last reading kept (a log injector's planner process ends with its query; it
+    is idle by then). Reading ``/proc`` costs the driver ~0.1 s of CPU a second: the
+    headline figures come from runs without ``--stages``."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.before = cpu_by_process()
+        self.seen = dict(self.before)
+        self.done = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        while not self.done.wait(1.0):
+            self.seen.update(cpu_by_process())
+
+    def stop(self) -> dict[str, float]:
+        self.done.set()
+        self.join()
+        self.seen.update(cpu_by_process())
+        out: dict[str, float] = {}
+        for pid, (kind, cpu) in self.seen.items():
+            out[kind] = out.get(kind, 0.0) + cpu - self.before.get(pid, (kind, 0.0))[1]
+        return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
+
+
+class Stages:
+    """Every streaming query's progress reports during a run (a ``StreamingQueryListener``)."""
+
+    def __init__(self, spark: Any) -> None:
+        from pyspark.sql.streaming import StreamingQueryListener
+
+        reports = self.reports = []  # type: list[dict[str, Any]]
+
+        class _Listener(StreamingQueryListener):
+            def onQueryStarted(self, event: Any) -> None:
+                pass
+
+            def onQueryProgress(self, event: Any) -> None:
+                p = event.progress
+                reports.append({"name": p.name, "rows": p.numInputRows, "ms": dict(p.durationMs)})
+
+            def onQueryIdle(self, event: Any) -> None:
+                pass
+
+            def onQueryTerminated(self, event: Any) -> None:
+                pass
+
+        self.listener = _Listener()
+        spark.streams.addListener(self.listener)
+        self.spark = spark
+
+    def take(self) -> dict[str, Any]:
+        """The reports since the last call, summed by query: micro-batches with data, rows, ms by phase."""
+        time.sleep(0.5)  # the listener's events arrive asynchronously
+        out: dict[str, Any] = {}
+        reports, self.reports[:] = list(self.reports), []
+        for r in reports:
+            if not r["rows"] and "addBatch" not in r["ms"]:
+                continue  # an idle poll
+            q = out.setdefault(r["name"] or "native", {"batches": 0, "rows": 0, "ms": {}, "batch_ms": []})
+            q["batches"] += 1
+            q["rows"] += r["rows"]
+            q["batch_ms"].append(r["ms"].get("triggerExecution", 0))
+            for k, v in r["ms"].items():
+                q["ms"][k] = q["ms"].get(k, 0) + v
+        return out
+
+    def close(self) -> None:
+        self.spark.streams.removeListener(self.listener)
+
+
+def throughput(
+    spark: Any, data: Path, work: Path, reps: int, intervals: int, variants: tuple[str, ...] = VARIANTS, *, stages: bool = False,
+) -> dict[str, Any]:  # fmt: skip
     lines = lines_of(data)
     runs: dict[str, list[float]] = {v: [] for v in variants}
     checks: dict[str, Any] = {}
-    for rep in range(reps + 1):  # round 0 is the warm-up
-        order = list(variants) if rep % 2 == 0 else list(reversed(variants))  # interleaved: drift hits every variant
-        for variant in order:
-            if variant == "native":
-                elapsed, check = run_native(spark, data, work)
-            else:
-                elapsed, check = run_photon(data, work, intervals, columnar=variant == "photon_col")
-            print(f"  {'warm-up' if rep == 0 else f'rep {rep}'} {variant}: {elapsed:.1f}s, {lines / elapsed:,.0f} lines/s, {check}", flush=True)
-            checks[variant] = check
-            if rep:
-                runs[variant].append(elapsed)
+    breakdown: dict[str, list[Any]] = {v: [] for v in variants}
+    listener = Stages(spark) if stages else None
+    try:
+        for rep in range(reps + 1):  # round 0 is the warm-up
+            order = list(variants) if rep % 2 == 0 else list(reversed(variants))  # interleaved: drift hits every variant
+            for variant in order:
+                watch = CpuWatch() if stages else None
+                if listener is not None:
+                    listener.take()
+                if variant == "native":
+                    elapsed, check = run_native(spark, data, work)
+                else:
+                    elapsed, check = run_photon(data, work, intervals, columnar=variant == "photon_col")
+                cpu = watch.stop() if watch is not None else {}
+                print(f"  {'warm-up' if rep == 0 else f'rep {rep}'} {variant}: {elapsed:.1f}s, {lines / elapsed:,.0f} lines/s, {check}", flush=True)
+                checks[variant] = check
+                if rep:
+                    runs[variant].append(elapsed)
+                if listener is not None and rep:
+                    got = {"cpu_s": cpu, "cpu_total_s": round(sum(cpu.values()), 2), "queries": listener.take()}
+                    breakdown[variant].append(got)
+                    print(f"    cpu s {got['cpu_total_s']}: {got['cpu_s']}", flush=True)
+                    for name, q in got["queries"].items():
+                        print(f"    {name}: {q['batches']} batches, {q['rows']:,} rows, batch ms {q['batch_ms']}, addBatch {q['ms'].get('addBatch', 0)} ms", flush=True)
+    finally:
+        if listener is not None:
+            listener.close()
     out: dict[str, Any] = {"lines": lines, "variants": list(variants), "seconds": runs, "checks": checks}
+    if stages:
+        out["stages"] = breakdown
     for v in variants:
         out[f"{v}_lines_per_s"] = lines / statistics.median(runs[v])
     if "native" in variants:
@@ -320,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency-s", type=int, default=90)
     p.add_argument("--skip", default="", help="comma-separated: throughput, latency, profile, lookups")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated throughput variants of {VARIANTS}")
+    p.add_argument("--stages", action="store_true", help="throughput: each measured run's micro-batches per query and CPU seconds per process kind")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "photon.json"))
     args = p.parse_args(argv)
@@ -344,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
             unknown = set(variants) - set(VARIANTS)
             if unknown:
                 p.error(f"unknown variants {sorted(unknown)}; known: {VARIANTS}")
-            out["throughput"] = throughput(spark, data, work, args.reps, args.intervals, variants)
+            out["throughput"] = throughput(spark, data, work, args.reps, args.intervals, variants, stages=args.stages)
         if "latency" not in skip:
             print(f"latency at {args.latency_rate} queries/s for {args.latency_s}s", flush=True)
             out["latency"] = latency(spark, work, args.latency_rate, args.latency_s, args.intervals)

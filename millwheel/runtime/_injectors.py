@@ -14,13 +14,21 @@ publish an injector low watermark.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._delivery import invalid_record, record_problem
-from millwheel._logfile import disorder, holding_file, initial_offset, progress_of, unread
+from millwheel._logfile import (
+    disorder,
+    holding_file,
+    initial_offset,
+    is_log_file,
+    progress_of,
+    unread,
+)
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
 from millwheel._sources import Source, SourceBatch
 from millwheel._topology import InjectorSpec
@@ -28,7 +36,12 @@ from millwheel.runtime._context import DriverContext
 from millwheel.runtime._lease import Lease
 from millwheel.runtime._outbox import Outbox
 from millwheel.runtime._session import start_query
-from millwheel.runtime._spark_internals import OFFSETS, offset_log_entries
+from millwheel.runtime._spark_internals import (
+    OFFSETS,
+    has_started,
+    offset_log_entries,
+    polling_delay_conf,
+)
 from millwheel.runtime._usercode import RestartPolicy
 from millwheel.runtime._wire import IntervalSummary
 
@@ -215,7 +228,18 @@ class QueryInjector:
 
 
 class LogFileInjector(QueryInjector):
-    """Reads a :class:`~millwheel.LogFileSource` with a Spark streaming query."""
+    """Reads a :class:`~millwheel.LogFileSource` with a Spark streaming query.
+
+    **Waiting for a first file.** A directory that is complete (``_DONE``, or a ``finite``
+    source) and holds no log file, read by an injector whose query never started, gets no
+    query until a log file lands in it (:attr:`waiting`): its low watermark is +inf at
+    once — what the query's first batch would publish — and the driver loop looks at the
+    directory each round. This is Photon's re-injection directory (verification writes
+    into it, §3.3.3, mostly never): its query would cost a Python planner process (its
+    imports are ~1 s of CPU), an empty micro-batch and a poll of the directory every
+    :attr:`RuntimeSettings.injector_poll_ms` for the whole run. A directory whose query ran
+    before (its checkpoint has batches) always gets its query: the checkpoint holds its offsets.
+    """
 
     def __init__(self, rt: DriverContext, spec: InjectorSpec) -> None:
         super().__init__(rt, spec)
@@ -224,6 +248,8 @@ class LogFileInjector(QueryInjector):
         self.offset: dict[str, Any] | None = None
         self._moved_at = time.monotonic()
         self._warned = False
+        #: no query yet: the directory is complete and has no log file (see the class docstring)
+        self.waiting = False
 
     def _published(self, n: int) -> None:
         text = self.checkpoint.child(OFFSETS, str(n)).read_text()
@@ -251,10 +277,26 @@ class LogFileInjector(QueryInjector):
             f"finished; finish it with a {name}.done marker, a newer file, _DONE, or LogFileSource(idle_finish_ms=...)"
         )
 
+    def _nothing_to_read(self) -> bool:
+        """The directory is complete and holds no log file, and the query never started."""
+        opts = self.source.read_options  # type: ignore[union-attr]
+        try:
+            names = os.listdir(opts.path)
+        except FileNotFoundError:
+            return False  # a directory still to be made: the query waits for it as before
+        complete = opts.finite or "_DONE" in names
+        return complete and not any(is_log_file(n) for n in names) and not has_started(self.checkpoint)
+
     def start(self) -> None:
         from millwheel.runtime._logfiles import FORMAT, LogFileDataSource, keyer_options
 
         self._recover()
+        self.waiting = self._nothing_to_read()
+        if self.waiting:
+            self.low_watermark = MAX_TIMESTAMP
+            self.rt.watermarks.expect_injector_processes(self.name, ["spark"])
+            self.rt.watermarks.report_injector(self.name, "spark", self.low_watermark)
+            return
         spark = self.rt.spark
         spark.dataSource.register(LogFileDataSource)
         options = dict(self.source.options())  # type: ignore[union-attr]
@@ -274,9 +316,14 @@ class LogFileInjector(QueryInjector):
             writer = writer.trigger(processingTime=f"{self.rt.settings.trigger_ms} milliseconds")
         self.rt.watermarks.expect_injector_processes(self.name, ["spark"])
         self.rt.watermarks.report_injector(self.name, "spark", self.low_watermark)
-        self.query = start_query(writer, spark, {})  # not while a computation's start has the session's settings changed
+        # an idle look at the directory is a round trip to the Python planner: not every 10 ms
+        # (``RuntimeSettings.injector_poll_ms``); not while a computation's start has the session's settings changed
+        self.query = start_query(writer, spark, polling_delay_conf(self.rt.settings.injector_poll_ms))
 
     def poll(self) -> None:
+        if self.waiting and not self._nothing_to_read():
+            self.rt.log(f"injector {self.name}: a file landed in its finished directory; starting its query")
+            self.start()
         self.outbox.publish_committed()
         self.rt.watermarks.report_injector(self.name, "spark", self.low_watermark)
         warning = self.stalled()

@@ -20,6 +20,13 @@ class RuntimeSettings:
       run ends. Whatever the setting, :meth:`SparkRuntime.run` returns once every injector
       is finished and every low watermark is +inf (inputs drained, timers flushed):
       nothing can happen after that.
+    * ``injector_poll_ms`` — how long a log-file injector's query waits before it looks
+      at its directory again after a look found nothing new (Spark's own default is 10 ms).
+      Each look is a round trip to the query's Python planner, which lists and stats the
+      directory and sends back every file's progress: at 10 ms three idle injectors took
+      ~4 s of CPU of a 13 s Photon run on 2 cores (docs/performance.md, "Photon and the
+      IdRegistry"). New data waits at most this long more to be seen, and only after a
+      look that found none.
     * ``max_files_per_trigger`` — cap per input stream per batch (benchmarks).
     * ``lockstep`` — every injector runs in the driver and releases its next source batch
       only once every computation's low watermark has caught up with the injector's: the
@@ -72,6 +79,7 @@ class RuntimeSettings:
     trigger_ms: int = 0
     poll_ms: int = 100
     heartbeat_ms: int = 200
+    injector_poll_ms: int = 200
     drain: bool = False
     max_files_per_trigger: int | None = None
     injector_batches_per_poll: int = 1
@@ -89,6 +97,9 @@ class RuntimeSettings:
     columnar_input: str = "scan"
 
     def __post_init__(self) -> None:
+        if self.injector_poll_ms < 0:
+            msg = f"RuntimeSettings.injector_poll_ms must be >= 0 (milliseconds), got {self.injector_poll_ms!r}"
+            raise ValueError(msg)
         if self.state_layout not in STATE_LAYOUTS:
             msg = f"RuntimeSettings.state_layout must be one of {', '.join(map(repr, STATE_LAYOUTS))}, got {self.state_layout!r}"
             raise ValueError(msg)

@@ -25,6 +25,10 @@ fails in that test, not somewhere in a run:
   :func:`disk_full`, :func:`compact_interruption` (a stop, and a workaround for how
   Spark 4.3 recognises one).
 * **the JVM's log4j** — :func:`root_log_level`, :func:`silence_loggers` through ``_jvm``.
+* **an internal setting and property** — :func:`polling_delay_conf`: how long an idle query
+  sleeps between two polls of its sources (``spark.sql.streaming.pollingDelay``, internal in
+  Spark's ``SQLConf``); :func:`task_batch_id`: a task's micro-batch (``streaming.sql.batchId``,
+  the local property Spark's micro-batch execution sets for its jobs).
 """
 
 from __future__ import annotations
@@ -435,8 +439,7 @@ def file_source_offsets(text: str) -> dict[int, int]:
 
 
 def task_batch_id() -> int | None:
-    """The micro-batch a running Spark task belongs to (the ``streaming.sql.batchId`` local
-    property Spark's micro-batch execution sets for its jobs); ``None`` outside one."""
+    """The micro-batch a running Spark task belongs to (``None``: none)."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
@@ -513,8 +516,7 @@ def disk_full(exc: Any) -> str | None:
 
 def is_transient(exc: Any) -> bool:
     """A lost worker or executor (retry from the checkpoint), not an error in the code."""
-    text = str(exc)
-    return any(marker in text for marker in _TRANSIENT)
+    return any(marker in str(exc) for marker in _TRANSIENT)
 
 
 #: what a Java error says when a stopping query interrupts the job of its ``foreachBatch`` call
@@ -562,6 +564,13 @@ def compact_interruption(exc: BaseException) -> Exception | None:
         return None
     first = text.strip().split("\n", 1)[0].strip()
     return QueryInterrupted(f"py4j.protocol.Py4JJavaError: {first}\n: java.lang.InterruptedException (the query is stopping)")
+
+
+def polling_delay_conf(ms: int) -> dict[str, str]:
+    """The setting that makes a query started with it (``_session.start_query``) sleep ``ms``
+    between two polls of its sources that found no new data (Spark's default: 10 ms); read
+    when the query is built, so it holds for that query only."""
+    return {"spark.sql.streaming.pollingDelay": f"{int(ms)}ms"}
 
 
 def error_mentions(exc: Any, marker: str) -> bool:

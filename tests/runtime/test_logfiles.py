@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from millwheel import (
     DEAD_LETTER_STREAM,
+    MAX_TIMESTAMP,
     Computation,
     ComputationOptions,
     LatePolicy,
@@ -135,6 +136,49 @@ def test_a_rerun_reads_a_file_that_landed_in_a_finished_directory_before_it_says
     (logs / "reinject_1767261600999_42.jsonl").write_text(_line(3, T + 3))  # lands after the run finished
     rt = SparkRuntime(t, run, RuntimeSettings(drain=True, intervals=2), spark=spark)
     rt.run(timeout_s=300)
+    assert sorted(rt.values("seen")) == ["e1", "e2", "e3"]
+    assert rt.states("Tally") == {"all": 3}
+
+
+@pytest.mark.spark
+def test_a_finished_empty_directory_gets_its_query_only_once_a_file_lands(tmp_path, spark):
+    """A complete directory without a log file (Photon's re-injection directory) starts no
+    query: its watermark is +inf at once, the run drains without it; a file that lands
+    later starts the query, which reads it (``LogFileInjector.waiting``)."""
+    import time
+
+    from millwheel.runtime import RuntimeSettings, SparkRuntime
+
+    logs, late = tmp_path / "logs", tmp_path / "late"
+    for d in (logs, late):
+        d.mkdir()
+        (d / "_DONE").write_text("")
+    (logs / "first.jsonl").write_text(_line(1, T + 1) + _line(2, T + 2))
+    t = Topology("waiting")
+    t.injector("logs", LogFileSource(logs))
+    t.injector("late", LogFileSource(late))
+    t.computation(Tally, inputs={"logs": lambda r: "all", "late": lambda r: "all"}, outputs=["seen"], options=ComputationOptions(late=LatePolicy.process()))
+    rt = SparkRuntime(t, str(tmp_path / "run"), RuntimeSettings(intervals=2, poll_ms=50), spark=spark)
+
+    def poll_until(done):
+        deadline = time.monotonic() + 300
+        while not done():
+            assert time.monotonic() < deadline, rt.status()
+            rt.poll()
+            time.sleep(0.05)
+
+    rt.start()
+    try:
+        waiting = rt.injectors["late"]
+        assert waiting.waiting and waiting.query is None and waiting.low_watermark == MAX_TIMESTAMP
+        poll_until(rt.drained)
+        assert waiting.query is None and sorted(rt.values("seen")) == ["e1", "e2"]
+        (late / "reinject_1767261600999_42.jsonl").write_text(_line(3, T + 3))
+        assert not rt.drained()  # something to read: not drained, whatever the watermark
+        poll_until(lambda: rt.drained() and len(rt.values("seen")) == 3)
+        assert waiting.query is not None and not waiting.waiting
+    finally:
+        rt.stop()
     assert sorted(rt.values("seen")) == ["e1", "e2", "e3"]
     assert rt.states("Tally") == {"all": 3}
 

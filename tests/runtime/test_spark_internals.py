@@ -29,6 +29,7 @@ from millwheel.runtime._spark_internals import (
     offset_log_entries,
     offset_log_metadata,
     planned_batches,
+    polling_delay_conf,
     python_error,
     read_envelopes,
     root_log_level,
@@ -171,3 +172,30 @@ def test_contract_a_cancelled_job_reads_as_an_interruption(spark):
 def test_contract_the_jvm_log4j_is_reachable(spark):
     assert root_log_level(spark) in {"OFF", "FATAL", "ERROR", "WARN", "INFO", "DEBUG", "TRACE", "ALL"}
     assert silence_loggers(spark, ["org.apache.hadoop.util.NativeCodeLoader"])
+
+
+def _idle_gaps(spark, directory, conf):
+    """Gaps (s) between an idle query's polls: with no data progress interval, each idle poll reports."""
+    from datetime import datetime
+
+    from millwheel.runtime._session import start_query
+
+    writer = spark.readStream.schema("a int").parquet(str(directory)).writeStream.format("noop")
+    q = start_query(writer, spark, {"spark.sql.streaming.noDataProgressEventInterval": "0ms", **conf})
+    try:
+        time.sleep(2.5)
+        stamps = [datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp() for p in q.recentProgress]
+    finally:
+        q.stop()
+    return sorted(b - a for a, b in zip(stamps[1:], stamps[2:], strict=False))
+
+
+def test_contract_polling_delay_spaces_an_idle_querys_polls(spark, tmp_path):
+    """``polling_delay_conf`` given at a query's start spaces its idle polls (an internal
+    setting: ``LogFileInjector`` starts its query with it, ``RuntimeSettings.injector_poll_ms``)."""
+    (tmp_path / "empty").mkdir()
+    slow = _idle_gaps(spark, tmp_path / "empty", polling_delay_conf(400))
+    fast = _idle_gaps(spark, tmp_path / "empty", {})
+    assert len(slow) >= 2, slow
+    assert slow[len(slow) // 2] >= 0.35, slow  # the median gap: Spark sleeps 400 ms after an idle poll
+    assert len(fast) > 2 * len(slow) and fast[len(fast) // 2] < 0.2, (fast, slow)  # its default, 10 ms

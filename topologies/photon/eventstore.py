@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -79,6 +80,9 @@ class LogsEventStore:
         #: the directory's log files and their times, as of the directory's modification
         #: time; and whether that listing may have raced a change (listed again next time)
         self._listing: tuple[int, list[tuple[str, int | None]], bool] | None = None
+        #: that listing ordered by file time (times, names) and its files without a time, for
+        #: :meth:`_candidates`; made again when the listing is
+        self._by_time: tuple[list[tuple[str, int | None]], list[int], list[str], list[str]] | None = None
         self.lookups = self.hits = self.lines_indexed = 0
 
     def lookup(self, query_id: Any) -> dict[str, Any] | None:
@@ -119,10 +123,18 @@ class LogsEventStore:
         return cached[1]
 
     def _candidates(self, t: int) -> list[str]:
-        found = []
-        for name, ft in self._files():
-            if ft is None or t - self.window_ms <= ft <= t + self.lateness_ms:
-                found.append((abs(ft - t) if ft is not None else 0, name))
+        """The files that may hold a query of time ``t``, nearest first (files without a time
+        first of all): those within ``window_ms`` before ``t`` and ``lateness_ms`` after it,
+        found by bisection in the listing ordered by time (a lookup per click: a scan of every
+        file's time was most of a cached lookup's cost)."""
+        files = self._files()
+        by_time = self._by_time
+        if by_time is None or by_time[0] is not files:
+            timed = sorted((ft, name) for name, ft in files if ft is not None)
+            by_time = self._by_time = (files, [ft for ft, _ in timed], [name for _, name in timed], [name for name, ft in files if ft is None])
+        _, times, names, untimed = by_time
+        lo, hi = bisect_left(times, t - self.window_ms), bisect_right(times, t + self.lateness_ms)
+        found = [(abs(times[i] - t), names[i]) for i in range(lo, hi)] + [(0, name) for name in untimed]
         return [name for _, name in sorted(found)]
 
     def _indexed(self, name: str) -> _FileIndex:
