@@ -76,8 +76,6 @@ class ColumnarIntervalStep(IntervalStep):
         self._columnar: ColumnarRunner | None = None
         #: the inputs whose records the step reads from its micro-batch's files (``_scan.py``)
         self.scan: BatchScan | None = None
-        #: the last :meth:`read` met a marker row
-        self.marked = False
 
     def __getstate__(self) -> dict[str, Any]:
         return {**super().__getstate__(), "scan": self.scan}
@@ -86,7 +84,6 @@ class ColumnarIntervalStep(IntervalStep):
         super().__setstate__(d)
         self._columnar = None
         self.scan = d.get("scan")
-        self.marked = False
 
     def columnar(self) -> ColumnarRunner:
         if self._columnar is None:
@@ -107,9 +104,9 @@ class ColumnarIntervalStep(IntervalStep):
             return
         store: bytes | ColumnarStore | None = state.get[0] if state.exists else None
         batch = IntervalBatch(self, interval, from_spark(state.getCurrentWatermarkMs()), state.getCurrentProcessingTimeMs())
-        recs = self.read(batch, frames)
+        recs, marked = self.read_marked(batch, frames)
         if retired:
-            retire_group(self.spec.name, self.intervals, batch.retire, bool(len(recs) or batch.installs or self.marked), state, columnar=True)
+            retire_group(self.spec.name, self.intervals, batch.retire, bool(len(recs) or batch.installs or marked), state, columnar=True)
             return
         if batch.retire is not None:
             msg = f"computation {self.spec.name!r}: a rescale retires Spark group {g}, which is key interval {interval} of this layout"
@@ -149,37 +146,39 @@ class ColumnarIntervalStep(IntervalStep):
         return self.step_columns(batch, recs, store)
 
     def read(self, batch: IntervalBatch, frames: Iterable[pd.DataFrame]) -> InputColumns:
-        """The records of ``batch``'s input frames as columns; a rescale's rows go to the batch.
+        """The records of ``batch``'s input frames as columns; a rescale's rows go to the batch."""
+        return self.read_marked(batch, frames)[0]
 
-        A marker row (``_scan.py``) says the interval has records in the micro-batch's
-        files, which the step reads itself: when they are all plain records and no other
-        row is a record, they become :class:`InputColumns` straight from Arrow
-        (:func:`arrow_input`), as on the Arrow mapping; otherwise they join the other rows
-        through pandas."""
-        parts, self.marked = [], False
+    def read_marked(self, batch: IntervalBatch, frames: Iterable[pd.DataFrame]) -> tuple[InputColumns, bool]:
+        """:meth:`read`, and whether a marker row came (``_scan.py``): it says the interval
+        has records in the micro-batch's files, which the step reads itself. When they are
+        all plain records and no other row is a record, they become :class:`InputColumns`
+        straight from Arrow (:func:`arrow_input`), as on the Arrow mapping; otherwise they
+        join the other rows through pandas."""
+        parts, marked = [], False
         for pdf in frames:
             if SCAN_COLUMN in pdf.columns:
                 marker = pdf[SCAN_COLUMN].notna().to_numpy()
                 if marker.any():
-                    self.marked = True
+                    marked = True
                     if marker.all():
                         continue
                 pdf = pdf[~marker].drop(columns=SCAN_COLUMN)
             p = self._records(batch, pdf)
             if p is not None:
                 parts.append(p)
-        if self.marked and batch.interval >= 0:  # a retired group's marker fails in ``retire_group``
+        if marked and batch.interval >= 0:  # a retired group's marker fails in ``retire_group``
             if self.scan is None:
                 msg = f"computation {self.spec.name!r}: a marker row reached a step that does not read its batch's files"
                 raise RunError(msg)
             table = self.scan.records(batch.interval)
             if table is not None:
                 if not parts and plain_records(table):
-                    return arrow_input(table)
+                    return arrow_input(table), marked
                 p = self._records(batch, table_frame(table))
                 if p is not None:
                     parts.append(p)
-        return _input(parts)
+        return _input(parts), marked
 
     def step(self, batch: IntervalBatch, recs: InputColumns, store: bytes | ColumnarStore | None) -> tuple[ColumnarResult, pd.DataFrame]:
         """The :class:`ColumnarRunner` over one key interval's records, and its output frame."""

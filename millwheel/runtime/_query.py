@@ -36,7 +36,7 @@ from millwheel.runtime._arrowmap import arrow_mapping
 from millwheel.runtime._columnar import interval_step_class
 from millwheel.runtime._consumed import ConsumedFiles, read_input_watermarks
 from millwheel.runtime._context import DriverContext
-from millwheel.runtime._fieldcols import carry_columns, input_schema, keying_fields
+from millwheel.runtime._fieldcols import carry_columns, input_schema, keying_fields, needed_fields
 from millwheel.runtime._interval import KEYING_RESULT, KEYING_STAGE_NEEDED, make_keying
 from millwheel.runtime._layout import finish_move, mark_migration, move_pending
 from millwheel.runtime._lease import FencedError, Lease
@@ -274,7 +274,7 @@ class ComputationQuery:
                     .withColumn("src", F.col("_metadata.file_name")).withColumn("row", F.col("_metadata.row_index"))
                 )
             raw = reduce(lambda a, b: a.unionByName(b), readers)  # a stream's readers share one schema
-            if columnar and settings.columnar_input == "scan" and not self.keying_stage and not carry_columns(self.spec, self.rt.keyer, stream):
+            if columnar and settings.columnar_input == "scan" and not self.keying_stage and not needed_fields(self.spec, self.rt.keyer, stream):
                 # the step reads this input's records from the batch's files (``_scan.py``);
                 # only the interval of each row is read here, as ``_keyed_by_producer`` gives it
                 markers.append(raw.select(F.coalesce(F.col(f"`{icol}`"), F.pmod(F.xxhash64(F.col("id")), F.lit(self.intervals)).cast("int")).alias("interval")))
