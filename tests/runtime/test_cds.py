@@ -58,8 +58,12 @@ print("sum", spark.range(10).selectExpr("sum(id)").collect()[0][0], flush=True)
 
 @pytest.mark.spark
 def test_a_damaged_archive_is_set_aside_and_spark_starts_without_it(tmp_path):
-    """A real archive with its middle overwritten makes the JVM crash at start (checked
-    by hand: "Java gateway process exited"); the session starts again without it."""
+    """An archive cut short (a copy or a build stopped half way, a full disk) makes the JVM
+    die at start, always: it maps the archive's regions and touches pages past the file's
+    end (SIGBUS; checked by hand at 64 KB, 1 MB and 50 MB of a 180 MB archive). The session
+    starts again without it and sets it aside. Damage inside a whole file is not a test:
+    whether the JVM touches the damaged bytes depends on the build's layout (a test that
+    overwrote 2 MB in the middle passed here and failed in CI, where the JVM started)."""
     built = cds.archive_path()
     if built is None or not built.is_file():
         pytest.skip("no class-data archive built here (scripts/setup.sh builds it)")
@@ -67,11 +71,10 @@ def test_a_damaged_archive_is_set_aside_and_spark_starts_without_it(tmp_path):
     env.pop(cds.CDS_ENV, None)
     damaged = Path(str(built).replace(str(built.parent.parent), str(tmp_path / "cache"), 1))
     damaged.parent.mkdir(parents=True)
-    data = bytearray(built.read_bytes())
-    mid = len(data) // 16
-    data[mid : mid + (2 << 20)] = b"\xa5" * (2 << 20)
-    damaged.write_bytes(bytes(data))
-    run = subprocess.run([sys.executable, "-c", START], env=env, capture_output=True, text=True, timeout=300, check=False)
+    with built.open("rb") as f:
+        damaged.write_bytes(f.read(built.stat().st_size // 2))
+    # the crashed JVM writes its hs_err file into the working directory
+    run = subprocess.run([sys.executable, "-c", START], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "sum 45" in run.stdout
     assert not damaged.exists() and Path(f"{damaged}.failed").exists()
