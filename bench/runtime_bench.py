@@ -64,6 +64,8 @@ from millwheel._step import StepRunner  # noqa: E402
 WINDOW = 10_000
 #: how long record ids are kept for exactly-once (``DedupOptions.slack_ms``; ``--slack-ms``)
 SLACK_MS = DedupOptions().slack_ms
+#: how often a key's old ids are collected (``DedupOptions.gc_interval_ms``; ``--gc-interval-ms``)
+GC_INTERVAL_MS = DedupOptions().gc_interval_ms
 START = 1_700_000_000_000
 
 
@@ -155,7 +157,7 @@ def run_millwheel(
 
     root = work / "mw"
     link_stream(files, root, "events", "events")
-    opts = ComputationOptions(dedup=DedupOptions(slack_ms=SLACK_MS), mapping=mapping) if strong else ComputationOptions(exactly_once=False, strong_productions=False, mapping=mapping)
+    opts = ComputationOptions(dedup=DedupOptions(slack_ms=SLACK_MS, gc_interval_ms=GC_INTERVAL_MS), mapping=mapping) if strong else ComputationOptions(exactly_once=False, strong_productions=False, mapping=mapping)
     t = Topology("bench")
     t.injector("events", Finished())
     # named as the consumer the files are keyed for (``make_data``), whatever the class
@@ -330,12 +332,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", default="mw_strong,mw_unkeyed,mw_weak,mw_keys,native,tws")
     p.add_argument("--dispatch-only", action="store_true", help="only the in-process dispatch figures (no Spark)")
     p.add_argument("--slack-ms", type=int, default=DedupOptions().slack_ms, help="exactly-once id horizon (DedupOptions.slack_ms)")
+    p.add_argument("--gc-interval-ms", type=int, default=DedupOptions().gc_interval_ms, help="how often a key's old ids are collected (DedupOptions.gc_interval_ms)")
     p.add_argument("--out", default=None, help="results file (default bench/results/runtime.json)")
     p.add_argument("--no-dispatch", action="store_true", help="skip the in-process dispatch figures")
     p.add_argument("--work", default=str(ROOT / ".millwheel" / "bench"))
     args = p.parse_args(argv)
-    global SLACK_MS  # noqa: PLW0603 - a command's setting, read by run_millwheel
-    SLACK_MS = args.slack_ms
+    global SLACK_MS, GC_INTERVAL_MS  # noqa: PLW0603 - a command's settings, read by run_millwheel
+    SLACK_MS, GC_INTERVAL_MS = args.slack_ms, args.gc_interval_ms
 
     results: dict = {"args": vars(args)}
     if args.dispatch_only and RESULTS.exists():

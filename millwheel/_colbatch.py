@@ -29,21 +29,21 @@ _LW = int(TimeDomain.LOW_WATERMARK)
 _WALL = int(TimeDomain.WALL_TIME)
 
 
-def _to_pandas(t: pa.Table) -> pd.DataFrame:
-    """A table as a frame, column by column (cheaper than ``Table.to_pandas`` for small tables)."""
+def _columns(t: pa.Table) -> dict[str, Any]:
+    """A table's columns for a frame, column by column (cheaper than ``Table.to_pandas`` for small tables)."""
     cols = {}
     for name, col in zip(t.column_names, t.columns, strict=True):
         if pa.types.is_integer(col.type) or pa.types.is_floating(col.type):
             cols[name] = col.to_numpy() if col.null_count == 0 else col.to_pandas()
         else:
             cols[name] = col.to_pandas()
-    return pd.DataFrame(cols)
+    return cols
 
 
 def _categories(keys: list[Key]) -> pd.Index | None:
     """The categories of a call's ``key`` columns: its keys (``None``: tuple keys, which a
     pandas index would turn into levels; their columns stay plain objects)."""
-    if any(type(k) is tuple for k in keys):
+    if tuple in set(map(type, keys)):
         return None
     return pd.Index(keys, dtype=object)
 
@@ -73,21 +73,27 @@ class Batch:
     (all or nothing)."""
 
     __slots__ = (
-        "_runner", "_store", "_kbs", "_key_of", "_kb_of", "_rows", "_state_cache", "_cats", "_kb_arr", "_keys",
+        "_runner", "_store", "_kbs", "_key_of", "_kb_of", "_rows", "_state_cache", "_kb_pa", "_cats", "_kb_arr", "_keys",
         "low_watermark", "now", "_set_state", "_timer_ops", "_prod", "_holds",
     )  # fmt: skip
 
-    def __init__(self, runner: Any, store: ColumnarStore, kbs: list[bytes], key_of: dict[bytes, Key], rows: pd.DataFrame | None, low_watermark: int, now: int) -> None:
+    def __init__(
+        self, runner: Any, store: ColumnarStore, kbs: list[bytes], key_of: dict[bytes, Key], rows: pd.DataFrame | None, low_watermark: int, now: int,
+        cats: pd.Index | None = None,
+    ) -> None:  # fmt: skip
+        """``cats``: the categories of the call's key columns when the runner made them (the keys ``kbs`` decoded, in order)."""
         self._runner = runner
         self._store = store
         self._kbs = kbs
         self._key_of = key_of
         self._keys = [key_of[kb] for kb in kbs]
-        self._cats = _categories(self._keys)
+        self._cats = cats if cats is not None else _categories(self._keys)
         self._kb_arr = np.array(kbs + [b""], dtype=object)[:-1]  # an object array even if every key has one length
         self._kb_of: dict[Any, bytes] | None = None
         self._rows = rows
-        self._state_cache: pd.DataFrame | None = None
+        #: the state rows of the call's keys (their key column dropped) and each row's key index
+        self._state_cache: tuple[pa.Table | None, np.ndarray] | None = None
+        self._kb_pa: pa.Array | None = None
         self.low_watermark = low_watermark
         self.now = now
         self._set_state: list[tuple[set[bytes], pa.Table | None]] = []
@@ -128,18 +134,30 @@ class Batch:
 
     @property
     def state(self) -> pd.DataFrame:
-        """The state rows of this call's keys: a ``key`` column and the columns you stored."""
+        """The state rows of this call's keys: a ``key`` column and the columns you stored
+        (a new frame at every read: yours to change)."""
         if self._state_cache is None:
-            t = self._store.state_rows(self._kbs)
-            if t is None:
-                empty = np.empty(0, np.int64)
-                self._state_cache = pd.DataFrame({"key": _key_column(empty, self._keys, self._cats)})
-            else:
-                df = _to_pandas(t.drop_columns(["_kb"]))
-                codes = pc.index_in(t.column("_kb"), value_set=pa.array(self._kbs, pa.binary())).to_numpy(zero_copy_only=False)
-                df.insert(0, "key", _key_column(codes.astype(np.int64), self._keys, self._cats))
-                self._state_cache = df
-        return self._state_cache.copy()
+            # the rows of this call's keys and the index of each row's key, in one hash lookup
+            t = self._store.state
+            codes = np.empty(0, np.int64)
+            if t is not None and t.num_rows:
+                found = pc.index_in(t.column("_kb"), value_set=self._kb_arrow())
+                if found.null_count:
+                    held = pc.is_valid(found)
+                    t, found = t.filter(held), found.filter(held)
+                codes = found.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+            self._state_cache = (None if t is None or not len(codes) else t.drop_columns(["_kb"]), codes)
+        t, codes = self._state_cache
+        cols = {"key": _key_column(codes, self._keys, self._cats)}
+        if t is not None:
+            cols.update(_columns(t))
+        return pd.DataFrame(cols)
+
+    def _kb_arrow(self) -> pa.Array:
+        """This call's encoded keys as an Arrow array (index ``i``: key ``i``)."""
+        if self._kb_pa is None:
+            self._kb_pa = pa.array(self._kbs, pa.binary())
+        return self._kb_pa
 
     def pending_timers(self) -> pd.DataFrame:
         """Pending timers of this call's keys (``key, tag, timestamp, domain``), earliest first per key."""
@@ -211,7 +229,7 @@ class Batch:
         codes = self._codes(rows["key"], "set_state") if keys is None else None
         kb_col: Any
         if codes is not None:  # a categorical over the call's keys, every one replaced: the key column taken in Arrow
-            kb_col = pa.array(self._kbs, pa.binary()).take(pa.array(codes.astype(np.int32, copy=False)))
+            kb_col = self._kb_arrow().take(pa.array(codes.astype(np.int32, copy=False)))
         else:
             kbs = self._kb(rows["key"], "set_state")
             if not replaced.issuperset(kbs):

@@ -151,7 +151,7 @@ class ColumnarDedup:
     compresses the key and timestamp columns to almost nothing.
     """
 
-    __slots__ = ("ids", "ptr", "kix", "ts", "seg", "segs", "keys", "key_index", "bits", "m", "k", "capacity", "fpr", "fixed")
+    __slots__ = ("ids", "ptr", "kix", "ts", "fps", "seg", "segs", "keys", "key_index", "bits", "m", "k", "capacity", "fpr", "fixed")
 
     def __init__(self, fpr: float = 0.01, capacity: int | None = None) -> None:
         #: the ids in the order they were added (chunks appended, never reordered) and each
@@ -160,6 +160,9 @@ class ColumnarDedup:
         self.ptr = np.empty(0, np.int64)
         self.kix = np.empty(0, np.int32)
         self.ts = np.empty(0, np.int64)
+        #: each row's fingerprint (:func:`fingerprints`), kept in memory (not stored: computed
+        #: again when a store is read): a rebuilt filter and a "maybe" need no hashing
+        self.fps = np.empty(0, np.uint64)
         #: each row's segment (an index into ``segs``) and the segments: (rows, their stored
         #: form ``[ipc bytes, keys]`` or ``None`` until :meth:`to_wire` encodes them);
         #: ``segs`` ``None``: one segment, not encoded
@@ -182,7 +185,7 @@ class ColumnarDedup:
         """A copy that changes independently (what ``admit`` and ``collect`` change in place is copied)."""
         c = ColumnarDedup.__new__(ColumnarDedup)
         c.ids, c.kix, c.ts, c.m, c.k, c.capacity, c.fpr, c.fixed = self.ids, self.kix, self.ts, self.m, self.k, self.capacity, self.fpr, self.fixed
-        c.ptr, c.seg, c.segs = self.ptr, self.seg, None if self.segs is None else list(self.segs)
+        c.ptr, c.fps, c.seg, c.segs = self.ptr, self.fps, self.seg, None if self.segs is None else list(self.segs)
         c.keys, c.key_index, c.bits = list(self.keys), dict(self.key_index), self.bits.copy()
         return c
 
@@ -227,34 +230,53 @@ class ColumnarDedup:
                     keep[i] = False
                 else:
                     seen.add(pair)
+        pos = None
         if len(self.ts):
-            maybe = self.bits[_positions(fps, self.m, self.k)].all(axis=1) & keep
+            pos = _positions(fps, self.m, self.k)
+            maybe = self.bits[pos].all(axis=1) & keep
             if maybe.any():
                 idx = np.flatnonzero(maybe)
                 stats.bloom_maybe += len(idx)
-                k_of = kix[idx]
-                lo = np.searchsorted(self.kix, k_of, "left")
-                hi = np.searchsorted(self.kix, k_of, "right")
-                # the ids kept for each key asked about, in one take
-                ks, first = np.unique(k_of, return_index=True)
-                spans = list(zip(lo[first].tolist(), hi[first].tolist(), strict=True))
-                held = self.ids.take(pa.array(np.concatenate([self.ptr[a:b] for a, b in spans]))).to_pylist()
-                kept_ids: dict[int, set[str]] = {}
-                at = 0
-                for k, (a, b) in zip(ks.tolist(), spans, strict=True):
-                    kept_ids[k] = set(held[at : at + b - a])
-                    at += b - a
-                asked = ids.take(pa.array(idx)).to_pylist()
-                for i, rid, k in zip(idx.tolist(), asked, k_of.tolist(), strict=True):
-                    if rid in kept_ids[k]:
-                        keep[i] = False
-                    else:
-                        stats.bloom_false_positive += 1
-        self._insert(ids, kix, np.asarray(timestamps, np.int64), fps, keep)
+                self._check_maybes(ids, kix, fps, idx, keep, stats)
+        self._insert(ids, kix, np.asarray(timestamps, np.int64), fps, keep, pos)
         return keep
 
+    def _check_maybes(self, ids: pa.Array, kix: np.ndarray, fps: np.ndarray, idx: np.ndarray, keep: np.ndarray, stats: DedupStats) -> None:
+        """Decide the Bloom filter's "maybe"s ``idx``: a pair is a duplicate only if its key
+        holds the same id. The held rows of their keys (each key's rows one run of the
+        sorted ``kix``) are compared by fingerprint first, in one ``isin``; only a pair whose
+        fingerprint its key's rows hold is compared as ids (a 64-bit fingerprint equal for
+        two ids is rare, a re-delivery is not)."""
+        k_of = kix[idx]
+        ks, first = np.unique(k_of, return_index=True)
+        lo = np.searchsorted(self.kix, ks, "left")
+        hi = np.searchsorted(self.kix, ks, "right")
+        lens = hi - lo
+        # the held rows of the asked keys: lo[j] .. hi[j] for each key j, in one gather
+        rows = np.repeat(lo - np.r_[0, np.cumsum(lens)[:-1]], lens) + np.arange(int(lens.sum()))
+        cand = np.isin(fps[idx], self.fps[rows])
+        stats.bloom_false_positive += int((~cand).sum())
+        if not cand.any():
+            return
+        idx, k_of = idx[cand], k_of[cand]
+        want = np.isin(ks, k_of)
+        spans = list(zip(lo[want].tolist(), hi[want].tolist(), strict=True))
+        held = self.ids.take(pa.array(np.concatenate([self.ptr[a:b] for a, b in spans]))).to_pylist()
+        kept_ids: dict[int, set[str]] = {}
+        at = 0
+        for k, (a, b) in zip(ks[want].tolist(), spans, strict=True):
+            kept_ids[k] = set(held[at : at + b - a])
+            at += b - a
+        asked = ids.take(pa.array(idx)).to_pylist()
+        for i, rid, k in zip(idx.tolist(), asked, k_of.tolist(), strict=True):
+            if rid in kept_ids[k]:
+                keep[i] = False
+            else:
+                stats.bloom_false_positive += 1
+
     # -- writing -------------------------------------------------------------------
-    def _insert(self, ids: pa.Array, kix: np.ndarray, ts: np.ndarray, fps: np.ndarray, keep: np.ndarray) -> None:
+    def _insert(self, ids: pa.Array, kix: np.ndarray, ts: np.ndarray, fps: np.ndarray, keep: np.ndarray, pos: np.ndarray | None = None) -> None:
+        """Add the rows ``keep``; ``pos``: the bit positions of ``fps`` in the filter as it is."""
         if keep.all():
             new_ids, new_kix, new_ts, new_fps = ids, kix, ts, fps
         else:
@@ -263,6 +285,7 @@ class ColumnarDedup:
                 return
             new_ids = ids.take(pa.array(sel))
             new_kix, new_ts, new_fps = kix[sel], ts[sel], fps[sel]
+            pos = None if pos is None else pos[sel]
         base = len(self.ts)
         o = np.argsort(new_kix, kind="stable")
         at = np.searchsorted(self.kix, new_kix[o], "right")
@@ -275,20 +298,21 @@ class ColumnarDedup:
         self.ptr = np.concatenate([self.ptr, np.arange(added, added + len(new_kix), dtype=np.int64)])[perm]
         self.kix = np.concatenate([self.kix, new_kix])[perm]
         self.ts = np.concatenate([self.ts, new_ts])[perm]
+        self.fps = np.concatenate([self.fps, new_fps])[perm]
         if self.segs is not None:  # the new ids: a segment of their own, encoded by the next to_wire
             self.segs.append((len(new_kix), None))
         self.seg = np.concatenate([self.seg, np.full(len(new_kix), len(self.segs or ()) - 1, np.int32)])[perm]
         if not self.fixed and len(self.ts) > self.capacity:
-            self._rebuild(self._fingerprints())
+            self._rebuild(self.fps)
         else:
-            self.bits[_positions(new_fps, self.m, self.k).ravel()] = True
+            self.bits[(_positions(new_fps, self.m, self.k) if pos is None else pos).ravel()] = True
 
     def _ids_of(self, rows: np.ndarray) -> tuple[pa.ChunkedArray, np.ndarray]:
         """The ids of rows ``rows``, as a new ``(ids, ptr)`` pair holding only them."""
         return pa.chunked_array([self.ids.take(pa.array(self.ptr[rows])).combine_chunks()], pa.string()), np.arange(len(rows), dtype=np.int64)
 
     def _fingerprints(self) -> np.ndarray:
-        """Fingerprints of every kept id (for a rebuilt filter)."""
+        """Fingerprints of every kept id, from the ids themselves (a store read back)."""
         if not len(self.ts):
             return np.empty(0, np.uint64)
         return hash_bytes(self.ids)[self.ptr] ^ hash_bytes(pa.array(self.keys, pa.binary()), KEY_SEED)[self.kix]
@@ -329,14 +353,15 @@ class ColumnarDedup:
         kept = ~drop
         stats.ids_collected += int(drop.sum())
         self.ids, self.ptr = self._ids_of(np.flatnonzero(kept))
-        self.kix, self.ts = self.kix[kept], self.ts[kept]
+        self.kix, self.ts, self.fps = self.kix[kept], self.ts[kept], self.fps[kept]
         self.seg, self.segs = np.zeros(len(self.ts), np.int32), None  # rewritten as one segment
         self._compact_keys()
-        self._rebuild(self._fingerprints())
+        self._rebuild(self.fps)
 
     def _compact_keys(self) -> None:
         """Drop keys without ids from the key table."""
-        used = np.unique(self.kix)
+        kix = self.kix  # sorted: each key's rows are one run
+        used = kix[np.r_[True, kix[1:] != kix[:-1]]] if len(kix) else kix
         if len(used) == len(self.keys):
             return
         remap = np.full(len(self.keys), -1, np.int32)
@@ -370,11 +395,11 @@ class ColumnarDedup:
             sel = to == t
             d = self.empty_like()
             d.ids, d.ptr = self._ids_of(np.flatnonzero(sel))
-            d.kix, d.ts = self.kix[sel], self.ts[sel]
+            d.kix, d.ts, d.fps = self.kix[sel], self.ts[sel], self.fps[sel]
             d.seg, d.segs = np.zeros(len(d.ts), np.int32), None
             d.keys, d.key_index = list(self.keys), dict(self.key_index)
             d._compact_keys()
-            d._rebuild(d._fingerprints())
+            d._rebuild(d.fps)
             out[t] = d
         return out
 
@@ -400,13 +425,14 @@ class ColumnarDedup:
         out.ptr = np.arange(len(out.ids), dtype=np.int64)
         out.kix = np.concatenate(kix).astype(np.int32)
         out.ts = np.concatenate([p.ts for p in full])
+        out.fps = np.concatenate([p.fps for p in full])  # a fingerprint is of the id and the key's bytes: the same in any index
         out.seg, out.segs = np.zeros(len(out.ts), np.int32), None
         out.keys, out.key_index = keys, {kb: i for i, kb in enumerate(keys)}
-        out._rebuild(out._fingerprints())
+        out._rebuild(out.fps)
         return out
 
     # -- storage -------------------------------------------------------------------
-    def to_wire(self, segmented: bool = True) -> list[Any] | None:
+    def to_wire(self) -> list[Any] | None:
         """The stored form: the ids in segments, each encoded once (Arrow IPC, zstd: ids,
         keys as a dictionary column, timestamps; rows sorted by key), and the filter's bits.
 
@@ -414,15 +440,11 @@ class ColumnarDedup:
         segments of about the same size (within a factor of 4) follow each other they are
         re-encoded as one, so an id is re-encoded about log4(batches) times, not in every
         batch; garbage collection and a rescale's split or merge rewrite them as one.
-
-        ``segmented=False``: every id in one segment, re-encoded whenever ids were added —
-        for a store decoded in every batch (the default mapping's state row), where reading
-        several segments and merging them costs more than encoding the ids once more."""
+        Reading several segments back costs a merge of sorted runs, paid rarely: the Spark
+        workers keep the stores they wrote, decoded (``runtime/_columnar.py``)."""
         if not len(self.ts):
             return None
         self._compact_keys()
-        if not segmented and self.segs is not None and (len(self.segs) != 1 or self.segs[0][1] is None):
-            self.segs = None
         if self.segs is None:
             self.seg, self.segs = np.zeros(len(self.ts), np.int32), [(len(self.ts), None)]
         self._tier()
@@ -443,23 +465,33 @@ class ColumnarDedup:
             segs[first:] = [(sum(n for n, _ in segs[first:]), None)]
 
     def _encode_segment(self, rows: np.ndarray) -> list[Any]:
-        """Rows ``rows`` as a segment ``[ipc, keys]``: ids, key indexes into ``keys`` and
-        timestamps, sorted by the key's bytes (each key's rows in their order) and ``keys``
-        sorted the same way, so that segments read back merge by key in one pass
-        (:meth:`from_wire`). (The keys are not an Arrow dictionary column: writing one cost
-        more than the rest of the segment.)"""
-        kix = self.kix[rows]  # sorted: rows are kept sorted by key index
-        new_key = np.r_[True, kix[1:] != kix[:-1]]
-        kbs = [self.keys[i] for i in kix[new_key].tolist()]
-        local = (np.cumsum(new_key) - 1).astype(np.int32)
+        """Rows ``rows`` as a segment ``[ipc, keys]``: ids, key indexes into ``keys`` (the
+        segment's keys, sorted by their bytes) and timestamps. When the rows' ids are one
+        run of the ids as they were added (a batch's new ids, segments merged in the order
+        they came, the ids rewritten by a collection) the rows are written in that order and
+        the ids are a slice, no gather of strings; otherwise sorted by key. Each key's rows
+        stay in their order either way, which is all :meth:`from_wire` needs: it sorts the
+        rows by key as it reads them. (The keys are not an Arrow dictionary column: writing
+        one cost more than the rest of the segment.)"""
+        n = len(rows)
+        p = self.ptr[rows]
+        first = int(p.min())
+        ids = None
+        if int(p.max()) - first + 1 == n:  # a row points at each id of one run (ptrs are distinct)
+            added = np.empty(n, np.int64)
+            added[p - first] = rows
+            rows, ids = added, self.ids.slice(first, n).combine_chunks()
+        kix, local = np.unique(self.kix[rows], return_inverse=True)
+        kbs = [self.keys[i] for i in kix.tolist()]
         by_bytes = sorted(range(len(kbs)), key=kbs.__getitem__)
-        if any(a > b for a, b in zip(by_bytes, by_bytes[1:], strict=False)):  # the key table is not in bytes order (keys added since it was read)
-            rank = np.empty(len(kbs), np.int32)
-            rank[by_bytes] = np.arange(len(kbs), dtype=np.int32)
-            local = rank[local]
+        rank = np.empty(len(kbs), np.int32)
+        rank[by_bytes] = np.arange(len(kbs), dtype=np.int32)
+        local = rank[local.ravel()]
+        if ids is None:
             o = np.argsort(local, kind="stable")
             rows, local = rows[o], local[o]
-        batch = pa.RecordBatch.from_arrays([self._ids_of(rows)[0].combine_chunks(), pa.array(local), pa.array(self.ts[rows])], ["id", "kix", "ts"])
+            ids = self._ids_of(rows)[0].combine_chunks()
+        batch = pa.RecordBatch.from_arrays([ids, pa.array(local), pa.array(self.ts[rows])], ["id", "kix", "ts"])
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, batch.schema, options=_IPC) as w:
             w.write_batch(batch)
@@ -484,7 +516,8 @@ class ColumnarDedup:
             d.keys = list(keys)
             d.key_index = {kb: i for i, kb in enumerate(d.keys)}
             d.seg, d.segs = np.zeros(len(d.ts), np.int32), None
-            d._rebuild(d._fingerprints())
+            d.fps = d._fingerprints()
+            d._rebuild(d.fps)
             return d
         batches = [pa.ipc.open_stream(data).read_next_batch() for data, _ in stored]
         dicts = [list(keys) for _, keys in stored]
@@ -494,7 +527,7 @@ class ColumnarDedup:
         for i, (batch, keys) in enumerate(zip(batches, dicts, strict=True)):
             to_global = np.fromiter(map(d.key_index.__getitem__, keys), np.int32, len(keys))
             ids.append(batch.column(0))
-            kix.append(to_global[batch.column(1).to_numpy()])  # sorted: a segment's keys are sorted by bytes as the table is
+            kix.append(to_global[batch.column(1).to_numpy()])
             ts.append(batch.column(2).to_numpy())
             seg.append(np.full(batch.num_rows, i, np.int32))
         # by key, each key's rows in segment order (as inserted): the stable sort merges the segments' sorted runs
@@ -503,6 +536,7 @@ class ColumnarDedup:
         d.kix, d.ts, d.seg = np.concatenate(kix)[o], np.concatenate(ts)[o], np.concatenate(seg)[o]
         d.segs = [(len(t), data) for t, data in zip(ts, stored, strict=True)]
         d.bits = np.unpackbits(np.frombuffer(bits, np.uint8), count=m).astype(np.bool_)
+        d.fps = d._fingerprints()
         return d
 
 

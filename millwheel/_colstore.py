@@ -50,9 +50,9 @@ class ColumnarStore:
     pending: list[list[Any]] = field(default_factory=list)
     dedup: ColumnarDedup = field(default_factory=ColumnarDedup)
 
-    def encode(self, segmented: bool = True) -> bytes | None:
-        """The blob; ``segmented``: the dedup's held ids in segments encoded once (``ColumnarDedup.to_wire``)."""
-        dd = self.dedup.to_wire(segmented)
+    def encode(self) -> bytes | None:
+        """The blob (the dedup's held ids in segments, each encoded once: ``ColumnarDedup.to_wire``)."""
+        dd = self.dedup.to_wire()
         if self.state is not None and self.state.num_rows == 0:
             self.state = None
         if self.state is None and not self.timers and not self.meta and not self.pending and dd is None:

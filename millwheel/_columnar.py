@@ -104,6 +104,8 @@ from millwheel._record import (
 _LW = int(TimeDomain.LOW_WATERMARK)
 _WALL = int(TimeDomain.WALL_TIME)
 _LAST = MAX_TIMESTAMP - 1
+#: decoded keys a runner keeps (``ColumnarRunner._decode_key``); past it, it starts again
+_KEYS_KEPT = 1 << 20
 
 RECORD_COLUMNS = ("key", "id", "timestamp", "stream", "value")
 TIMER_COLUMNS = ("key", "tag", "timestamp", "domain")
@@ -222,10 +224,17 @@ class ColumnarRunner:
         self.record_columns = tuple(c for c in RECORD_COLUMNS if c in computation.record_columns) + tuple(FIELD_PREFIX + f for f in asked)
         #: ``value.<field>`` columns and their types over the declared input streams (``fields``: stream -> its declaration)
         self.value_fields = {f: field_type((fields or {}).values(), f, f"columnar computation {name!r}") for f in asked}
-        #: encode the dedup's held ids in segments (a store decoded rarely: the Arrow mapping's
-        #: worker cache), or all in one (the default mapping, whose stores a rescale splits)
-        self.segmented_ids = False
         computation.name = name
+        #: encoded key -> key, for the keys of the runs so far (a key is decoded once, not in every batch)
+        self._keys: dict[bytes, Key] = {}
+
+    def _decode_key(self, kb: bytes) -> Key:
+        key = self._keys.get(kb)
+        if key is None:
+            if len(self._keys) >= _KEYS_KEPT:
+                self._keys.clear()
+            key = self._keys[kb] = decode_key(kb)
+        return key
 
     # ---------------------------------------------------------------------------------
     def run(self, store: bytes | ColumnarStore | None, recs: InputColumns, *, low_watermark: int, now: int, key_summaries: bool = False, encode: bool = True) -> ColumnarResult:
@@ -250,8 +259,7 @@ class ColumnarRunner:
         horizon_wm = lw
         if n:
             ts, kcodes, uniq = recs.ts, recs.codes, recs.uniques  # key codes in order of first appearance
-            for kb in uniq:
-                key_of[kb] = decode_key(kb)
+            key_of.update(zip(uniq, map(self._decode_key, uniq)))
             touched.update(key_of)
             not_dead = recs.not_stream(DEAD_LETTER_STREAM)
             late_wm = np.where(not_dead, recs.arrival_watermarks(lw), MIN_TIMESTAMP)
@@ -307,7 +315,7 @@ class ColumnarRunner:
         hold, nlw, nwall, kept = (None, None, None, 0) if live else st.summary()
         summaries = st.key_summary(touched | set(prods.kbs)) if key_summaries else None
         return ColumnarResult(
-            None if live else st.encode(self.segmented_ids), prods.streams, prods.ids, prods.ts, prods.kbs, prods.keys, prods.values, prods.encoded,
+            None if live else st.encode(), prods.streams, prods.ids, prods.ts, prods.kbs, prods.keys, prods.values, prods.encoded,
             letters, c, hold, nlw, nwall, kept, summaries, prods.once_ids, prods.once_tentative, st,
         )  # fmt: skip
 
@@ -339,7 +347,11 @@ class ColumnarRunner:
 
     def _call(self, st: ColumnarStore, kbs: list[bytes], key_of: dict[bytes, Key], rows: pd.DataFrame | None, timers: pd.DataFrame | None, lw: int, now: int, out: Outputs) -> None:
         """One call of user code, applied all or nothing; raises :class:`_CallFailed`."""
-        batch = Batch(self, st, kbs, key_of, rows, lw, now)
+        frame = rows if rows is not None else timers
+        keys = None if frame is None else frame["key"].array
+        # the key column's categories are the call's keys in order: the batch shares them (``Batch._codes`` then
+        # recognises the user's key columns by identity, not by comparing every key)
+        batch = Batch(self, st, kbs, key_of, rows, lw, now, keys.categories if isinstance(keys, pd.Categorical) else None)
         try:
             if timers is None:
                 self.computation.process_batch(batch)
@@ -426,12 +438,13 @@ class ColumnarRunner:
                 c["timers_deferred"] += len(due)
                 return
             rows = due[go]
-            for kb, k in zip(kbs, np.bincount(kcodes[go], minlength=len(kbs)).tolist(), strict=True):
-                if k:
-                    fired[kb] = fired.get(kb, 0) + k
-                    if kb not in key_of:
-                        key_of[kb] = decode_key(kb)
-                    touched.add(kb)
+            counts = np.bincount(kcodes[go], minlength=len(kbs))
+            moved = np.flatnonzero(counts)
+            went = [kbs[i] for i in moved.tolist()]
+            fired.update(zip(went, (before[moved] + counts[moved]).tolist()))
+            missing = [kb for kb in went if kb not in key_of]
+            key_of.update(zip(missing, map(self._decode_key, missing)))
+            touched.update(went)
             st.timers = tt.without(rows)
             f_kb, f_tag, f_ts, f_d = tt.kb[rows], tt.tag[rows], tt.ts[rows], tt.d[rows]
             frame, order = _timer_frame(f_kb, f_tag, f_ts, f_d, key_of)

@@ -142,7 +142,6 @@ class ColumnarIntervalStep(IntervalStep):
         if batch.installs or batch.retire is not None:
             msg = f"computation {self.spec.name!r}: a rescale's state move reached an interval function that cannot apply it (the Arrow mapping)"
             raise RescaleMismatch(msg)
-        self.columnar().segmented_ids = True  # its stores are decoded rarely (the worker's cache): held ids in segments
         return self.step_columns(batch, recs, store)
 
     def read(self, batch: IntervalBatch, frames: Iterable[pd.DataFrame]) -> InputColumns:

@@ -274,6 +274,6 @@ def _union_rows(t: pa.Table, stream: str, name: str) -> pa.Table:
     n = t.num_rows
     return pa.table({
         "kind": t.column("kind"), "key": t.column("key"), "id": t.column("id"), "ts": t.column("ts"), "value": t.column("value"),
-        "wm": t.column("wm"), "stream": pa.array([stream] * n, pa.string()), "src": pa.array([name] * n, pa.string()),
+        "wm": t.column("wm"), "stream": pa.repeat(pa.scalar(stream, pa.string()), n), "src": pa.repeat(pa.scalar(name, pa.string()), n),
         "row": t.column("row"), "now": pa.nulls(n, pa.int64()),
     })  # fmt: skip

@@ -283,11 +283,12 @@ COLUMNAR = _columnar_spec()
 
 def _store_view(blob: bytes) -> dict:
     """What a columnar store holds, in a form two stores can be compared by (row and id
-    order, and the Bloom filter's size, are the store's business)."""
+    order, its segments, and the Bloom filter's size, are the store's business)."""
     st = ColumnarStore.decode(blob)
     rows = [] if st.state is None else sorted(tuple(sorted(r.items())) for r in st.state.to_pylist())
     d = st.dedup
-    ids = sorted(zip([d.keys[k] for k in d.kix.tolist()], d.ids.to_pylist(), d.ts.tolist(), strict=True))
+    held = d.ids.to_pylist()  # in the order they were added; row i's id is held[ptr[i]]
+    ids = sorted(zip([d.keys[k] for k in d.kix.tolist()], [held[p] for p in d.ptr.tolist()], d.ts.tolist(), strict=True))
     return {"state": rows, "timers": dict(st.timers), "meta": dict(st.meta), "pending": sorted(map(tuple, st.pending)), "ids": ids}
 
 
