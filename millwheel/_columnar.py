@@ -259,7 +259,7 @@ class ColumnarRunner:
         horizon_wm = lw
         if n:
             ts, kcodes, uniq = recs.ts, recs.codes, recs.uniques  # key codes in order of first appearance
-            key_of.update(zip(uniq, map(self._decode_key, uniq)))
+            key_of.update(zip(uniq, map(self._decode_key, uniq), strict=True))
             touched.update(key_of)
             not_dead = recs.not_stream(DEAD_LETTER_STREAM)
             late_wm = np.where(not_dead, recs.arrival_watermarks(lw), MIN_TIMESTAMP)
@@ -441,9 +441,9 @@ class ColumnarRunner:
             counts = np.bincount(kcodes[go], minlength=len(kbs))
             moved = np.flatnonzero(counts)
             went = [kbs[i] for i in moved.tolist()]
-            fired.update(zip(went, (before[moved] + counts[moved]).tolist()))
+            fired.update(zip(went, (before[moved] + counts[moved]).tolist(), strict=True))
             missing = [kb for kb in went if kb not in key_of]
-            key_of.update(zip(missing, map(self._decode_key, missing)))
+            key_of.update(zip(missing, map(self._decode_key, missing), strict=True))
             touched.update(went)
             st.timers = tt.without(rows)
             f_kb, f_tag, f_ts, f_d = tt.kb[rows], tt.tag[rows], tt.ts[rows], tt.d[rows]
