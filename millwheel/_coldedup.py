@@ -160,9 +160,10 @@ class ColumnarDedup:
         self.ptr = np.empty(0, np.int64)
         self.kix = np.empty(0, np.int32)
         self.ts = np.empty(0, np.int64)
-        #: each row's fingerprint (:func:`fingerprints`), kept in memory (not stored: computed
-        #: again when a store is read): a rebuilt filter and a "maybe" need no hashing
-        self.fps = np.empty(0, np.uint64)
+        #: each row's fingerprint (:func:`fingerprints`), kept in memory once known (not
+        #: stored; ``None`` after a store is read, until a rebuilt filter needs them): a
+        #: rebuilt filter and a "maybe" then need no hashing
+        self.fps: np.ndarray | None = np.empty(0, np.uint64)
         #: each row's segment (an index into ``segs``) and the segments: (rows, their stored
         #: form ``[ipc bytes, keys]`` or ``None`` until :meth:`to_wire` encodes them);
         #: ``segs`` ``None``: one segment, not encoded
@@ -237,7 +238,10 @@ class ColumnarDedup:
             if maybe.any():
                 idx = np.flatnonzero(maybe)
                 stats.bloom_maybe += len(idx)
-                self._check_maybes(ids, kix, fps, idx, keep, stats)
+                if self.fps is None:
+                    self._check_ids(ids, kix, idx, keep, stats, np.ones(len(idx), np.bool_))
+                else:
+                    self._check_maybes(ids, kix, fps, idx, keep, stats)
         self._insert(ids, kix, np.asarray(timestamps, np.int64), fps, keep, pos)
         return keep
 
@@ -255,16 +259,24 @@ class ColumnarDedup:
         # the held rows of the asked keys: lo[j] .. hi[j] for each key j, in one gather
         rows = np.repeat(lo - np.r_[0, np.cumsum(lens)[:-1]], lens) + np.arange(int(lens.sum()))
         cand = np.isin(fps[idx], self.fps[rows])
+        self._check_ids(ids, kix, idx, keep, stats, cand)
+
+    def _check_ids(self, ids: pa.Array, kix: np.ndarray, idx: np.ndarray, keep: np.ndarray, stats: DedupStats, cand: np.ndarray) -> None:
+        """Compare the ids of the "maybe"s ``idx[cand]`` with those their keys hold (the
+        others are false positives)."""
         stats.bloom_false_positive += int((~cand).sum())
         if not cand.any():
             return
-        idx, k_of = idx[cand], k_of[cand]
-        want = np.isin(ks, k_of)
-        spans = list(zip(lo[want].tolist(), hi[want].tolist(), strict=True))
+        idx = idx[cand]
+        k_of = kix[idx]
+        ks = np.unique(k_of)
+        lo = np.searchsorted(self.kix, ks, "left")
+        hi = np.searchsorted(self.kix, ks, "right")
+        spans = list(zip(lo.tolist(), hi.tolist(), strict=True))
         held = self.ids.take(pa.array(np.concatenate([self.ptr[a:b] for a, b in spans]))).to_pylist()
         kept_ids: dict[int, set[str]] = {}
         at = 0
-        for k, (a, b) in zip(ks[want].tolist(), spans, strict=True):
+        for k, (a, b) in zip(ks.tolist(), spans, strict=True):
             kept_ids[k] = set(held[at : at + b - a])
             at += b - a
         asked = ids.take(pa.array(idx)).to_pylist()
@@ -298,18 +310,25 @@ class ColumnarDedup:
         self.ptr = np.concatenate([self.ptr, np.arange(added, added + len(new_kix), dtype=np.int64)])[perm]
         self.kix = np.concatenate([self.kix, new_kix])[perm]
         self.ts = np.concatenate([self.ts, new_ts])[perm]
-        self.fps = np.concatenate([self.fps, new_fps])[perm]
+        if self.fps is not None:
+            self.fps = np.concatenate([self.fps, new_fps])[perm]
         if self.segs is not None:  # the new ids: a segment of their own, encoded by the next to_wire
             self.segs.append((len(new_kix), None))
         self.seg = np.concatenate([self.seg, np.full(len(new_kix), len(self.segs or ()) - 1, np.int32)])[perm]
         if not self.fixed and len(self.ts) > self.capacity:
-            self._rebuild(self.fps)
+            self._rebuild(self._fps())
         else:
             self.bits[(_positions(new_fps, self.m, self.k) if pos is None else pos).ravel()] = True
 
     def _ids_of(self, rows: np.ndarray) -> tuple[pa.ChunkedArray, np.ndarray]:
         """The ids of rows ``rows``, as a new ``(ids, ptr)`` pair holding only them."""
         return pa.chunked_array([self.ids.take(pa.array(self.ptr[rows])).combine_chunks()], pa.string()), np.arange(len(rows), dtype=np.int64)
+
+    def _fps(self) -> np.ndarray:
+        """:attr:`fps`, hashed from the ids if not known."""
+        if self.fps is None:
+            self.fps = self._fingerprints()
+        return self.fps
 
     def _fingerprints(self) -> np.ndarray:
         """Fingerprints of every kept id, from the ids themselves (a store read back)."""
@@ -352,8 +371,9 @@ class ColumnarDedup:
             return
         kept = ~drop
         stats.ids_collected += int(drop.sum())
+        fps = self._fps()[kept]  # of the rows as they are, before the ids are rewritten
         self.ids, self.ptr = self._ids_of(np.flatnonzero(kept))
-        self.kix, self.ts, self.fps = self.kix[kept], self.ts[kept], self.fps[kept]
+        self.kix, self.ts, self.fps = self.kix[kept], self.ts[kept], fps
         self.seg, self.segs = np.zeros(len(self.ts), np.int32), None  # rewritten as one segment
         self._compact_keys()
         self._rebuild(self.fps)
@@ -395,7 +415,7 @@ class ColumnarDedup:
             sel = to == t
             d = self.empty_like()
             d.ids, d.ptr = self._ids_of(np.flatnonzero(sel))
-            d.kix, d.ts, d.fps = self.kix[sel], self.ts[sel], self.fps[sel]
+            d.kix, d.ts, d.fps = self.kix[sel], self.ts[sel], self._fps()[sel]
             d.seg, d.segs = np.zeros(len(d.ts), np.int32), None
             d.keys, d.key_index = list(self.keys), dict(self.key_index)
             d._compact_keys()
@@ -425,7 +445,7 @@ class ColumnarDedup:
         out.ptr = np.arange(len(out.ids), dtype=np.int64)
         out.kix = np.concatenate(kix).astype(np.int32)
         out.ts = np.concatenate([p.ts for p in full])
-        out.fps = np.concatenate([p.fps for p in full])  # a fingerprint is of the id and the key's bytes: the same in any index
+        out.fps = np.concatenate([p._fps() for p in full])  # a fingerprint is of the id and the key's bytes: the same in any index
         out.seg, out.segs = np.zeros(len(out.ts), np.int32), None
         out.keys, out.key_index = keys, {kb: i for i, kb in enumerate(keys)}
         out._rebuild(out.fps)
@@ -465,33 +485,23 @@ class ColumnarDedup:
             segs[first:] = [(sum(n for n, _ in segs[first:]), None)]
 
     def _encode_segment(self, rows: np.ndarray) -> list[Any]:
-        """Rows ``rows`` as a segment ``[ipc, keys]``: ids, key indexes into ``keys`` (the
-        segment's keys, sorted by their bytes) and timestamps. When the rows' ids are one
-        run of the ids as they were added (a batch's new ids, segments merged in the order
-        they came, the ids rewritten by a collection) the rows are written in that order and
-        the ids are a slice, no gather of strings; otherwise sorted by key. Each key's rows
-        stay in their order either way, which is all :meth:`from_wire` needs: it sorts the
-        rows by key as it reads them. (The keys are not an Arrow dictionary column: writing
-        one cost more than the rest of the segment.)"""
-        n = len(rows)
-        p = self.ptr[rows]
-        first = int(p.min())
-        ids = None
-        if int(p.max()) - first + 1 == n:  # a row points at each id of one run (ptrs are distinct)
-            added = np.empty(n, np.int64)
-            added[p - first] = rows
-            rows, ids = added, self.ids.slice(first, n).combine_chunks()
-        kix, local = np.unique(self.kix[rows], return_inverse=True)
-        kbs = [self.keys[i] for i in kix.tolist()]
+        """Rows ``rows`` as a segment ``[ipc, keys]``: ids, key indexes into ``keys`` and
+        timestamps, sorted by the key's bytes (each key's rows in their order) and ``keys``
+        sorted the same way, so that segments read back merge by key in one pass
+        (:meth:`from_wire`: a stable sort of sorted runs). (The keys are not an Arrow
+        dictionary column: writing one cost more than the rest of the segment.)"""
+        kix = self.kix[rows]  # sorted: rows are kept sorted by key index
+        new_key = np.r_[True, kix[1:] != kix[:-1]]
+        kbs = [self.keys[i] for i in kix[new_key].tolist()]
+        local = (np.cumsum(new_key) - 1).astype(np.int32)
         by_bytes = sorted(range(len(kbs)), key=kbs.__getitem__)
-        rank = np.empty(len(kbs), np.int32)
-        rank[by_bytes] = np.arange(len(kbs), dtype=np.int32)
-        local = rank[local.ravel()]
-        if ids is None:
+        if any(a > b for a, b in zip(by_bytes, by_bytes[1:], strict=False)):  # the key table is not in bytes order (keys added since it was read)
+            rank = np.empty(len(kbs), np.int32)
+            rank[by_bytes] = np.arange(len(kbs), dtype=np.int32)
+            local = rank[local]
             o = np.argsort(local, kind="stable")
             rows, local = rows[o], local[o]
-            ids = self._ids_of(rows)[0].combine_chunks()
-        batch = pa.RecordBatch.from_arrays([ids, pa.array(local), pa.array(self.ts[rows])], ["id", "kix", "ts"])
+        batch = pa.RecordBatch.from_arrays([self._ids_of(rows)[0].combine_chunks(), pa.array(local), pa.array(self.ts[rows])], ["id", "kix", "ts"])
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, batch.schema, options=_IPC) as w:
             w.write_batch(batch)
@@ -517,7 +527,7 @@ class ColumnarDedup:
             d.key_index = {kb: i for i, kb in enumerate(d.keys)}
             d.seg, d.segs = np.zeros(len(d.ts), np.int32), None
             d.fps = d._fingerprints()
-            d._rebuild(d.fps)
+            d._rebuild(d.fps)  # a version-1 filter is of other fingerprints
             return d
         batches = [pa.ipc.open_stream(data).read_next_batch() for data, _ in stored]
         dicts = [list(keys) for _, keys in stored]
@@ -527,7 +537,7 @@ class ColumnarDedup:
         for i, (batch, keys) in enumerate(zip(batches, dicts, strict=True)):
             to_global = np.fromiter(map(d.key_index.__getitem__, keys), np.int32, len(keys))
             ids.append(batch.column(0))
-            kix.append(to_global[batch.column(1).to_numpy()])
+            kix.append(to_global[batch.column(1).to_numpy()])  # sorted: a segment's keys are sorted by bytes as the table is
             ts.append(batch.column(2).to_numpy())
             seg.append(np.full(batch.num_rows, i, np.int32))
         # by key, each key's rows in segment order (as inserted): the stable sort merges the segments' sorted runs
@@ -536,7 +546,7 @@ class ColumnarDedup:
         d.kix, d.ts, d.seg = np.concatenate(kix)[o], np.concatenate(ts)[o], np.concatenate(seg)[o]
         d.segs = [(len(t), data) for t, data in zip(ts, stored, strict=True)]
         d.bits = np.unpackbits(np.frombuffer(bits, np.uint8), count=m).astype(np.bool_)
-        d.fps = d._fingerprints()
+        d.fps = None  # hashed when first needed (a store read back is often stepped without)
         return d
 
 

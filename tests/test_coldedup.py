@@ -84,3 +84,37 @@ def test_held_ids_are_encoded_once_and_merged_by_tier(batches):
     assert encoded <= len(d) * (2 + np.log(batches) / np.log(4))
     if batches > 10:
         assert encoded < held_each_batch / 3  # re-encoding everything in every batch: held_each_batch
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_decisions_match_a_set_of_pairs_through_round_trips_rebuilds_and_collections(seed):
+    """Against a plain set of ``(key, id)`` pairs: re-deliveries across batches, the same id
+    under another key, repeats inside a batch, with the index read back from its stored form
+    (fingerprints then unknown until a rebuilt filter needs them), kept in memory, copied,
+    grown past its filter's capacity and collected behind a horizon, in a random order."""
+    rng = random.Random(seed)
+    d = ColumnarDedup(fpr=0.2)  # a poor filter: many "maybe"s to decide exactly
+    held: dict[tuple[bytes, str], int] = {}
+    for b in range(25):
+        n = rng.randrange(1, 120)
+        pool = [(f"k{rng.randrange(12)}".encode(), f"i{rng.randrange(b * 40 + 60)}") for _ in range(n)]
+        ts = np.array([b * 10 + rng.randrange(10) for _ in pool], np.int64)
+        expected, seen = [], set()
+        for pair in pool:
+            expected.append(pair not in held and pair not in seen)
+            seen.add(pair)
+        keep = d.admit([i for _, i in pool], [k for k, _ in pool], ts)
+        assert keep.tolist() == expected, f"batch {b}"
+        for pair, t, k in zip(pool, ts.tolist(), keep.tolist(), strict=True):
+            if k:
+                held[pair] = t
+        op = rng.choice(["wire", "wire", "copy", "keep", "collect"])
+        if op == "wire":
+            d = ColumnarDedup.from_wire(d.to_wire(), 0.2)
+        elif op == "copy":
+            d = d.copy()
+        elif op == "collect":
+            horizon = b * 10 - rng.randrange(0, 60)
+            d.collect(horizon, 0)
+            held = {p: t for p, t in held.items() if t >= horizon}
+        assert len(d) == len(held)
