@@ -89,8 +89,17 @@ class InputColumns:
     def stream(self, i: int) -> str:
         return self.stream_names[int(self.stream_codes[i])]
 
+    def _values(self) -> Any:
+        """:attr:`values`; values left in their files (an object with ``load()``, the
+        Spark scan's ``FileValues``) are read now, once."""
+        vs = self.values
+        load = getattr(vs, "load", None)
+        if load is not None:
+            vs = self.values = load()
+        return vs
+
     def value(self, i: int) -> Any:
-        v = self.values[i]
+        v = self._values()[i]
         return v.as_py() if isinstance(v, pa.Scalar) else v
 
     def ids_at(self, il: list[int]) -> list[str]:
@@ -103,7 +112,7 @@ class InputColumns:
 
     def values_at(self, il: list[int]) -> list[Any]:
         """The values of rows ``il`` as they came (encoded unless ``encoded`` is false)."""
-        vs = self.values
+        vs = self._values()
         if isinstance(vs, (pa.Array, pa.ChunkedArray)):
             return vs.take(pa.array(il, pa.int64())).to_pylist()
         return [vs[i] for i in il]

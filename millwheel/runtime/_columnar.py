@@ -46,7 +46,7 @@ from millwheel.runtime._fieldcols import CARRY_PREFIX, production_fields, table_
 from millwheel.runtime._interval import IntervalBatch, IntervalStep
 from millwheel.runtime._keying import wants_dead_letters
 from millwheel.runtime._move import RescaleMismatch, install_stores, retire_group
-from millwheel.runtime._scan import SCAN_COLUMN, BatchScan
+from millwheel.runtime._scan import SCAN_COLUMN, BatchScan, FileValues
 from millwheel.runtime._wire import RowKind, from_spark, timer_timeout
 
 _RECORD = int(RowKind.RECORD)
@@ -170,10 +170,12 @@ class ColumnarIntervalStep(IntervalStep):
             if self.scan is None:
                 msg = f"computation {self.spec.name!r}: a marker row reached a step that does not read its batch's files"
                 raise RunError(msg)
-            table = self.scan.records(batch.interval)
+            table, lazy = self.scan.records_lazy(batch.interval)
             if table is not None:
                 if not parts and plain_records(table):
-                    return arrow_input(table), marked
+                    return arrow_input(table, lazy), marked
+                if lazy is not None:  # rows that go through pandas: their values read now
+                    table = lazy.fill(table)
                 p = self._records(batch, table_frame(table))
                 if p is not None:
                     parts.append(p)
@@ -287,12 +289,14 @@ def send_order(t: pa.Table, first: np.ndarray | None = None) -> np.ndarray:
     return np.lexsort(keys if first is None else (*keys, first))
 
 
-def arrow_input(t: pa.Table) -> InputColumns:
+def arrow_input(t: pa.Table, lazy: FileValues | None = None) -> InputColumns:
     """:func:`_input` of an Arrow table of plain records (:func:`plain_records`): the same
-    send order, keys and streams factorized in Arrow, ids and values left as Arrow arrays."""
+    send order, keys and streams factorized in Arrow, ids and values left as Arrow arrays
+    (``lazy``: the values, left in their files until asked for; ``t``'s are null)."""
     order = send_order(t)
     if not (order[1:] > order[:-1]).all():
         t = t.take(pa.array(order))
+        lazy = None if lazy is None else lazy.ordered(order)
     wm = t.column("wm")
     known = None if wm.null_count == len(wm) else pc.is_valid(wm).to_numpy(zero_copy_only=False)
     order_wm = None if known is None else pc.fill_null(wm, MIN_TIMESTAMP).to_numpy().astype(np.int64, copy=False)
@@ -300,7 +304,7 @@ def arrow_input(t: pa.Table) -> InputColumns:
     s_codes, s_names = _codes(t.column("stream"))
     return InputColumns.of(
         codes, uniques, t.column("id").combine_chunks(), t.column("ts").to_numpy().astype(np.int64, copy=False), s_codes, s_names,
-        t.column("value").combine_chunks(), order_wm, known,
+        t.column("value").combine_chunks() if lazy is None else lazy, order_wm, known,
     )  # fmt: skip
 
 

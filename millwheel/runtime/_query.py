@@ -308,7 +308,9 @@ class ComputationQuery:
             # a columnar computation has its own interval function: ``_columnar.py``
             step = interval_step_class(self.spec)(self.spec, pipeline=self.rt.pipeline_id, registry=settings.registry, keyer=keyer, groups=self.groups)
             if scanned:
-                step.scan = BatchScan(self.checkpoint.uri, tuple(scanned), kcol, icol, self.intervals)
+                # a computation that reads no values (its ``record_columns``) gets them only if it asks (``FileValues``)
+                values = any(c == "value" or c.startswith("value.") for c in self.spec.cls.record_columns)
+                step.scan = BatchScan(self.checkpoint.uri, tuple(scanned), kcol, icol, self.intervals, values)
             out = union.groupBy("group").applyInPandasWithState(
                 step, step.out_schema(), STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout,
             )  # fmt: skip

@@ -98,21 +98,68 @@ class BatchScan:
     interval_column: str
     #: key intervals: a row without ``interval:C`` goes to ``pmod(xxhash64(id), intervals)``
     intervals: int
+    #: read each record's value with its other columns (the computation reads values);
+    #: ``False``: :meth:`records_lazy` leaves them in the files until first asked for
+    values: bool = True
 
     def records(self, interval: int, batch: int | None = None) -> pa.Table | None:
         """Key interval ``interval``'s records in micro-batch ``batch`` (``None``: the
         task's) as union rows: ``kind``, ``key``, ``id``, ``ts``, ``value``, ``wm``,
         ``stream``, ``src``, ``row``, ``now`` (``None``: none)."""
+        return self.records_lazy(interval, batch, values=True)[0]
+
+    def records_lazy(self, interval: int, batch: int | None = None, *, values: bool | None = None) -> tuple[pa.Table | None, FileValues | None]:
+        """:meth:`records`, without reading the values when the computation reads none
+        (``values``, default :attr:`values`): the table's ``value`` column is then null
+        and the :class:`FileValues` (``None``: nothing left out) reads them when asked —
+        a record that fails and is dead-lettered, one late to a stream, a row to key."""
         if batch is None:
             batch = task_batch()
-        parts = []
+        want = self.values if values is None else values
+        parts, sources, missing = [], [], False
         for inp, name in batch_files(self, batch):
-            rows = _file_rows(self, inp, name, interval)
-            if rows is not None and rows.num_rows:
+            got = _file_rows(self, inp, name, interval, want)
+            if got is None:
+                continue
+            rows, has = got
+            if rows.num_rows:
                 parts.append(_union_rows(rows, inp.stream, name))
+                sources.append(rows.column("value") if has else f"{inp.uri}/{name}")
+                missing |= not has
         if not parts:
-            return None
-        return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+            return None, None
+        table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+        return table, FileValues([(src, p.column("row")) for src, p in zip(sources, parts, strict=True)]) if missing else None
+
+
+class FileValues:
+    """The values of a key interval's scanned records, read from their files when first
+    asked for (:meth:`load`; ``InputColumns`` calls it): a computation that reads no values
+    never decodes them, and a failing record still reaches its dead letter whole."""
+
+    def __init__(self, parts: list[tuple[pa.ChunkedArray | str, pa.ChunkedArray]], order: np.ndarray | None = None) -> None:
+        #: per file, in the table's order: its values already read, or the file's URI; and the rows' indexes in it
+        self.parts = parts
+        self.order = order
+
+    def ordered(self, order: np.ndarray | None) -> FileValues:
+        """The same values in ``order`` (the rows of the table taken in that order)."""
+        return self if order is None else FileValues(self.parts, order if self.order is None else self.order[order])
+
+    def load(self) -> pa.Array:
+        chunks = []
+        for src, rows in self.parts:
+            if isinstance(src, str):
+                loc = Location.of(src)
+                col = pq.ParquetFile(loc.path, filesystem=loc.fs).read(columns=["value"]).column(0).cast(pa.binary())
+                src = col.take(rows)
+            chunks.extend(src.chunks)
+        values = pa.chunked_array(chunks, pa.binary()).combine_chunks()
+        return values if self.order is None else values.take(pa.array(self.order))
+
+    def fill(self, table: pa.Table) -> pa.Table:
+        """``table`` (the rows these values are of, in this order) with its values read."""
+        return table.set_column(table.column_names.index("value"), "value", self.load())
 
 
 def task_batch() -> int:
@@ -194,27 +241,29 @@ def log_entries(log: Location, first: int, last: int) -> list[tuple[list[str], i
     return out
 
 
-def _file_rows(scan: BatchScan, inp: ScannedInput, name: str, interval: int) -> pa.Table | None:
-    """File ``name`` of ``inp``: its rows of key interval ``interval``, in file order. A
-    worker decodes each file of the batch once for all the intervals it runs, keeping up to
-    :data:`CACHE_BYTES` of them (a batch bigger than that decodes some files again)."""
+def _file_rows(scan: BatchScan, inp: ScannedInput, name: str, interval: int, values: bool = True) -> tuple[pa.Table, bool] | None:
+    """File ``name`` of ``inp``: its rows of key interval ``interval``, in file order, and
+    whether their values were read (``values``: read them; a file with rows to key here is
+    read whole either way). A worker decodes each file of the batch once for all the
+    intervals it runs, keeping up to :data:`CACHE_BYTES` of them (a batch bigger than that
+    decodes some files again)."""
     path = f"{inp.uri}/{name}"
     with _LOCK:
         rows = _CACHE[scan.checkpoint][2]
         entry = rows.pop(path, None)
-    if entry is None:
-        entry = _by_interval(scan, Location.of(inp.uri).child(name))
+    if entry is None or (values and not entry[3]):
+        entry = _by_interval(scan, Location.of(inp.uri).child(name), values)
         _SIZES[path] = entry[0].nbytes
     with _LOCK:
         rows[path] = entry  # the newest last: evicted last
         while sum(_SIZES.get(p, 0) for q in _CACHE.values() for p in q[2]) > CACHE_BYTES and len(rows) > 1:
             _SIZES.pop(evicted := next(iter(rows)), None)
             del rows[evicted]
-    table, intervals, starts = entry
+    table, intervals, starts, has = entry
     i = int(np.searchsorted(intervals, interval))
     if i == len(intervals) or intervals[i] != interval:
         return None
-    return table.slice(starts[i], starts[i + 1] - starts[i])
+    return table.slice(starts[i], starts[i + 1] - starts[i]), has
 
 
 #: decoded files a Python worker keeps for the other intervals of its batch
@@ -222,15 +271,22 @@ CACHE_BYTES = 512 << 20
 _COLUMNS = ("id", "ts", "key", "value", "wm")
 
 
-def _by_interval(scan: BatchScan, loc: Location) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+def _by_interval(scan: BatchScan, loc: Location, values: bool = True) -> tuple[pa.Table, np.ndarray, np.ndarray, bool]:
     """A file's rows ordered by key interval (stable: file order within one), with their
-    row index; the distinct intervals and where each starts. A row without ``interval:C``
-    (its producer could not key it) goes where ``_query._keyed_by_producer`` sends it:
-    interval ``pmod(xxhash64(id), intervals)`` (Spark's hash, seed 42), kind
-    :attr:`RowKind.UNKEYED`, to be keyed by the step."""
+    row index; the distinct intervals and where each starts; whether the values were read
+    (``values``: read them; a null ``value`` column otherwise). A row without
+    ``interval:C`` (its producer could not key it) goes where
+    ``_query._keyed_by_producer`` sends it: interval ``pmod(xxhash64(id), intervals)``
+    (Spark's hash, seed 42), kind :attr:`RowKind.UNKEYED`, to be keyed by the step, which
+    needs its value: such a file is read whole."""
     f = pq.ParquetFile(loc.path, filesystem=loc.fs)
     present = set(f.schema_arrow.names)
-    t = f.read(columns=[c for c in (*_COLUMNS, scan.key_column, scan.interval_column) if c in present])
+    if not values and scan.interval_column in present and f.metadata.num_rows:
+        stats = [f.metadata.row_group(g).column(f.schema_arrow.names.index(scan.interval_column)).statistics for g in range(f.metadata.num_row_groups)]
+        values = any(st is None or not st.has_null_count or st.null_count for st in stats)  # rows to key here: their values are needed
+    else:
+        values = True
+    t = f.read(columns=[c for c in (*_COLUMNS, scan.key_column, scan.interval_column) if c in present and (values or c != "value")])
     n = t.num_rows
     icol = t.column(scan.interval_column) if scan.interval_column in present else pa.nulls(n, pa.int32())
     keyed = pc.is_valid(icol)
@@ -251,7 +307,7 @@ def _by_interval(scan: BatchScan, loc: Location) -> tuple[pa.Table, np.ndarray, 
     if n and (order[1:] < order[:-1]).any():
         t = t.take(pa.array(order))
     starts = np.flatnonzero(np.diff(codes, prepend=codes[0] - 1)) if n else np.empty(0, np.int64)
-    return t, codes[starts], np.append(starts, n)
+    return t, codes[starts], np.append(starts, n), values
 
 
 _TYPES = {"id": pa.string(), "ts": pa.int64(), "value": pa.binary(), "wm": pa.int64()}

@@ -127,6 +127,36 @@ def test_a_file_without_key_columns_is_read_whole_as_rows_to_key(tmp_path):
     assert seen == {rid: spark_xxhash64(rid) % 4 for rid in ids}
 
 
+
+def test_values_left_in_the_files_are_read_when_asked(tmp_path):
+    """A scan for a computation that reads no values leaves them in the files: the rows
+    come with a null ``value`` and a :class:`FileValues` that reads them, in the rows'
+    order or any order taken of them, and fills them in; a file with a row to key in
+    the step is read whole (that row's value is its key's input)."""
+    root, cp = tmp_path / "run", tmp_path / "run" / "checkpoints" / "C"
+    sdir = root / "streams" / "s" / "p"
+    keyed = [{"id": f"r{i}", "ts": i, "key": b"k", "value": f"v{i}".encode(), "wm": None, "key:C": f"k{i}".encode(), "interval:C": i % 2} for i in range(6)]
+    _write_stream_file(sdir / "f0.parquet", keyed[:3])
+    _write_stream_file(sdir / "f1.parquet", keyed[3:])
+    _write_stream_file(sdir / "f2.parquet", [{"id": "abc", "ts": 9, "key": b"raw", "value": b"u", "wm": None, "key:C": None, "interval:C": None}, keyed[0]])
+    _log(cp / "sources" / "0", "0", [(f"file://{sdir}/f{i}.parquet", 0) for i in range(2)])
+    _log(cp / "sources" / "0", "1", [(f"file://{sdir}/f2.parquet", 1)])
+    (cp / "offsets").mkdir(parents=True)
+    (cp / "offsets" / "0").write_text('v1\n{}\n{"logOffset":0}')
+    (cp / "offsets" / "1").write_text('v1\n{}\n{"logOffset":1}')
+    inputs = (ScannedInput("s", "p", Location.of(str(sdir)).uri),)
+    scan = BatchScan(Location.of(str(cp)).uri, inputs, "key:C", "interval:C", 8, values=False)
+    table, lazy = scan.records_lazy(0, batch=0)
+    assert table.column("id").to_pylist() == ["r0", "r2", "r4"] and table.column("value").null_count == 3
+    assert lazy is not None and lazy.load().to_pylist() == [b"v0", b"v2", b"v4"]
+    assert lazy.ordered(np.array([2, 0, 1])).load().to_pylist() == [b"v4", b"v0", b"v2"]
+    assert lazy.fill(table).equals(scan.records(0, batch=0))  # the values read as they would have been
+    again, nothing_left = scan.records_lazy(0, batch=0)  # read with their values since: the worker has them
+    assert nothing_left is None and again.equals(scan.records(0, batch=0))
+    whole, nothing_left = scan.records_lazy(0, batch=1)  # f2 has a row to key here: read whole
+    assert nothing_left is None and whole.column("value").to_pylist() == [b"v0"]
+
+
 class ColumnarDouble(ColumnarComputation):
     """``_chain.Double`` in columns: each record's ``n`` doubled."""
 
@@ -195,3 +225,36 @@ def test_a_checkpoint_resumes_under_the_other_plan(spark, run_dir, first, then):
     assert sorted(rt.values("doubled")) == sorted(2 * i for i in range(60))
     assert rt.computations["Double"].metrics["duplicates"] == 1
     assert bool(rt.computations["Double"].scanned) == (then == "scan")
+
+
+
+def _n(r: Record) -> int:
+    return r.value["n"]
+
+
+class FailsOnSeven(ColumnarComputation):
+    """Reads no values; its call fails when a key is 7: that key's records are stepped
+    one by one and dead-lettered, each with its value."""
+
+    record_columns = ("key", "timestamp")
+
+    def process_batch(self, batch):
+        r = batch.records
+        if (r["key"].astype(object) == 7).any():
+            msg = "seven"
+            raise ValueError(msg)
+        batch.produce("seen", r["key"].astype(object).tolist(), keys=r["key"], timestamps=r["timestamp"])
+
+
+@pytest.mark.spark
+def test_a_record_that_fails_in_a_computation_reading_no_values_is_dead_lettered_with_its_value(spark, run_dir):
+    records = [Record(None, {"n": i % 10, "payload": f"p{i}"}, 1_000 + i, f"r{i}") for i in range(40)]
+    t = Topology("lazy")
+    t.injector("in", SampleSource(records, batch_size=20))
+    t.computation(FailsOnSeven, name="F", inputs={"in": _n}, outputs=["seen"])
+    rt = SparkRuntime(t, run_dir, RuntimeSettings(drain=True, intervals=4, poll_ms=50), spark=spark)
+    rt.run(timeout_s=300)
+    assert rt.computations["F"].scanned  # the scan plan, its values left in the files
+    assert sorted(rt.values("seen")) == sorted(r.value["n"] for r in records if r.value["n"] != 7)
+    letters = {r.value.record.id: (r.value.record.value, r.value.reason) for r in rt.dead_letters()}
+    assert letters == {r.id: (r.value, "ValueError: seven") for r in records if r.value["n"] == 7}
