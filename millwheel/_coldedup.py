@@ -47,6 +47,7 @@ import pandas as pd
 import pyarrow as pa
 
 from millwheel._colinput import factorize
+from millwheel._colsegments import SegmentFiles, read_segment
 from millwheel._envelope import DedupStats
 
 _MASK32 = np.uint64(0xFFFFFFFF)
@@ -151,7 +152,7 @@ class ColumnarDedup:
     compresses the key and timestamp columns to almost nothing.
     """
 
-    __slots__ = ("ids", "ptr", "kix", "ts", "fps", "seg", "segs", "keys", "key_index", "bits", "m", "k", "capacity", "fpr", "fixed")
+    __slots__ = ("ids", "ptr", "kix", "ts", "fps", "seg", "segs", "refs", "retired", "keys", "key_index", "bits", "m", "k", "capacity", "fpr", "fixed")
 
     def __init__(self, fpr: float = 0.01, capacity: int | None = None) -> None:
         #: the ids in the order they were added (chunks appended, never reordered) and each
@@ -169,6 +170,10 @@ class ColumnarDedup:
         #: ``segs`` ``None``: one segment, not encoded
         self.seg = np.empty(0, np.int32)
         self.segs: list[tuple[int, list[Any] | None]] | None = []
+        #: the segment files (``_colsegments.py``) the stored form names, and those it no
+        #: longer names, with the batch that dropped them: ``[batch or None, uri]``
+        self.refs: set[str] = set()
+        self.retired: list[list[Any]] = []
         self.keys: list[bytes] = []
         self.key_index: dict[bytes, int] = {}
         self.fpr = fpr
@@ -187,6 +192,7 @@ class ColumnarDedup:
         c = ColumnarDedup.__new__(ColumnarDedup)
         c.ids, c.kix, c.ts, c.m, c.k, c.capacity, c.fpr, c.fixed = self.ids, self.kix, self.ts, self.m, self.k, self.capacity, self.fpr, self.fixed
         c.ptr, c.fps, c.seg, c.segs = self.ptr, self.fps, self.seg, None if self.segs is None else list(self.segs)
+        c.refs, c.retired = set(self.refs), list(self.retired)
         c.keys, c.key_index, c.bits = list(self.keys), dict(self.key_index), self.bits.copy()
         return c
 
@@ -452,7 +458,7 @@ class ColumnarDedup:
         return out
 
     # -- storage -------------------------------------------------------------------
-    def to_wire(self) -> list[Any] | None:
+    def to_wire(self, files: SegmentFiles | None = None) -> list[Any] | None:
         """The stored form: the ids in segments, each encoded once (Arrow IPC, zstd: ids,
         keys as a dictionary column, timestamps; rows sorted by key), and the filter's bits.
 
@@ -460,18 +466,26 @@ class ColumnarDedup:
         segments of about the same size (within a factor of 4) follow each other they are
         re-encoded as one, so an id is re-encoded about log4(batches) times, not in every
         batch; garbage collection and a rescale's split or merge rewrite them as one.
-        Reading several segments back costs a merge of sorted runs, paid rarely: the Spark
-        workers keep the stores they wrote, decoded (``runtime/_columnar.py``)."""
-        if not len(self.ts):
+        Reading several segments back costs a merge of sorted runs. ``files``: new segments
+        go to files, named by URI (``_colsegments.py``: the store's row then carries no ids);
+        files no longer named are deleted once the state store's history is past them."""
+        if len(self.ts):
+            self._compact_keys()
+            if self.segs is None:
+                self.seg, self.segs = np.zeros(len(self.ts), np.int32), [(len(self.ts), None)]
+            self._tier()
+            for i, (n, data) in enumerate(self.segs):
+                if data is None:
+                    data = self._encode_segment(np.flatnonzero(self.seg == i))
+                    self.segs[i] = (n, data if files is None else [files.put(data[0]), data[1]])
+        refs = {d[0] for _, d in self.segs or () if d is not None and isinstance(d[0], str)} if len(self.ts) else set()
+        dropped = self.refs - refs
+        self.retired = files.collect(self.retired, dropped) if files is not None else [*self.retired, *([None, u] for u in dropped)]
+        self.refs = refs
+        if not len(self.ts) and not self.retired:
             return None
-        self._compact_keys()
-        if self.segs is None:
-            self.seg, self.segs = np.zeros(len(self.ts), np.int32), [(len(self.ts), None)]
-        self._tier()
-        for i, (n, data) in enumerate(self.segs):
-            if data is None:
-                self.segs[i] = (n, self._encode_segment(np.flatnonzero(self.seg == i)))
-        return [[d for _, d in self.segs], None, np.packbits(self.bits).tobytes(), self.m, self.k, self.capacity, self.fpr, self.fixed, FINGERPRINTS]
+        stored = [d for _, d in self.segs or ()] if len(self.ts) else []
+        return [stored, None, np.packbits(self.bits).tobytes(), self.m, self.k, self.capacity, self.fpr, self.fixed, FINGERPRINTS, self.retired]
 
     def _tier(self) -> None:
         """Merge the last :data:`SEGMENTS_PER_TIER` segments while they are of one size tier:
@@ -526,10 +540,15 @@ class ColumnarDedup:
             d.keys = list(keys)
             d.key_index = {kb: i for i, kb in enumerate(d.keys)}
             d.seg, d.segs = np.zeros(len(d.ts), np.int32), None
+            d.refs, d.retired = set(), []
             d.fps = d._fingerprints()
             d._rebuild(d.fps)  # a version-1 filter is of other fingerprints
             return d
-        batches = [pa.ipc.open_stream(data).read_next_batch() for data, _ in stored]
+        if not stored:  # no ids held, only files to collect
+            d = cls(fpr_, cap if fixed else None)
+            d.retired = list(wire[9])
+            return d
+        batches = [pa.ipc.open_stream(read_segment(data) if isinstance(data, str) else data).read_next_batch() for data, _ in stored]
         dicts = [list(keys) for _, keys in stored]
         d.keys = sorted(set().union(*dicts)) if len(dicts) > 1 else dicts[0]  # every segment's keys, by their bytes
         d.key_index = {kb: i for i, kb in enumerate(d.keys)}
@@ -545,6 +564,8 @@ class ColumnarDedup:
         d.ids, d.ptr = pa.chunked_array(ids, pa.string()), o.astype(np.int64)
         d.kix, d.ts, d.seg = np.concatenate(kix)[o], np.concatenate(ts)[o], np.concatenate(seg)[o]
         d.segs = [(len(t), data) for t, data in zip(ts, stored, strict=True)]
+        d.refs = {data[0] for data in stored if isinstance(data[0], str)}
+        d.retired = list(wire[9]) if len(wire) > 9 else []
         d.bits = np.unpackbits(np.frombuffer(bits, np.uint8), count=m).astype(np.bool_)
         d.fps = None  # hashed when first needed (a store read back is often stepped without)
         return d

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from millwheel._coldedup import ColumnarDedup
+from millwheel._colsegments import SegmentFiles
 from millwheel._coltimers import TimerTable
 from millwheel._errors import EnvelopeError
 from millwheel._options import ComputationOptions
@@ -50,9 +51,10 @@ class ColumnarStore:
     pending: list[list[Any]] = field(default_factory=list)
     dedup: ColumnarDedup = field(default_factory=ColumnarDedup)
 
-    def encode(self) -> bytes | None:
-        """The blob (the dedup's held ids in segments, each encoded once: ``ColumnarDedup.to_wire``)."""
-        dd = self.dedup.to_wire()
+    def encode(self, files: SegmentFiles | None = None) -> bytes | None:
+        """The blob (the dedup's held ids in segments, each encoded once: ``ColumnarDedup.to_wire``;
+        ``files``: the segments written to files, the blob naming them, ``_colsegments.py``)."""
+        dd = self.dedup.to_wire(files)
         if self.state is not None and self.state.num_rows == 0:
             self.state = None
         if self.state is None and not self.timers and not self.meta and not self.pending and dd is None:

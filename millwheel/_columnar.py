@@ -70,6 +70,7 @@ from millwheel._colbatch import Batch, _categories, _key_column
 from millwheel._coldedup import chunk_stamps, fingerprints
 from millwheel._colinput import InputColumns, factorize
 from millwheel._colout import Outputs
+from millwheel._colsegments import SegmentFiles
 from millwheel._colstore import STORE_MAGIC, STORE_VERSION, ColumnarStore
 from millwheel._computation import Computation
 from millwheel._deadletter import (
@@ -237,14 +238,18 @@ class ColumnarRunner:
         return key
 
     # ---------------------------------------------------------------------------------
-    def run(self, store: bytes | ColumnarStore | None, recs: InputColumns, *, low_watermark: int, now: int, key_summaries: bool = False, encode: bool = True) -> ColumnarResult:
+    def run(
+        self, store: bytes | ColumnarStore | None, recs: InputColumns, *, low_watermark: int, now: int, key_summaries: bool = False, encode: bool = True,
+        files: SegmentFiles | None = None,
+    ) -> ColumnarResult:  # fmt: skip
         """Records of the batch (delivery order), then due timers; see the module docstring.
 
         ``store``: the interval's blob, or a decoded :class:`ColumnarStore` that the run
         changes in place (the Arrow mapping's worker cache, the harness). The result's
         ``decoded`` is the store after the run; with ``encode=False`` (the harness, which
         keeps it decoded) ``store`` is not encoded, nor are the whole store's hold and next
-        timers summarised, only ``key_summaries``."""
+        timers summarised, only ``key_summaries``. ``files``: where the store's held-id
+        segments are written (``_colsegments.py``; ``None``: inside the blob)."""
         opts = self.options
         live = not encode
         st = ColumnarStore.of(store, opts)
@@ -315,7 +320,7 @@ class ColumnarRunner:
         hold, nlw, nwall, kept = (None, None, None, 0) if live else st.summary()
         summaries = st.key_summary(touched | set(prods.kbs)) if key_summaries else None
         return ColumnarResult(
-            None if live else st.encode(), prods.streams, prods.ids, prods.ts, prods.kbs, prods.keys, prods.values, prods.encoded,
+            None if live else st.encode(files), prods.streams, prods.ids, prods.ts, prods.kbs, prods.keys, prods.values, prods.encoded,
             letters, c, hold, nlw, nwall, kept, summaries, prods.once_ids, prods.once_tentative, st,
         )  # fmt: skip
 

@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
+from millwheel._colsegments import SegmentFiles
 from millwheel._colstore import ColumnarStore
 from millwheel._columnar import ColumnarResult, ColumnarRunner, InputColumns, is_columnar
 from millwheel._counters import StepMetrics
@@ -47,6 +48,7 @@ from millwheel.runtime._interval import IntervalBatch, IntervalStep
 from millwheel.runtime._keying import wants_dead_letters
 from millwheel.runtime._move import RescaleMismatch, install_stores, retire_group
 from millwheel.runtime._scan import SCAN_COLUMN, BatchScan, FileValues
+from millwheel.runtime._spark_internals import task_batch_id
 from millwheel.runtime._wire import RowKind, from_spark, timer_timeout
 
 _RECORD = int(RowKind.RECORD)
@@ -76,14 +78,26 @@ class ColumnarIntervalStep(IntervalStep):
         self._columnar: ColumnarRunner | None = None
         #: the inputs whose records the step reads from its micro-batch's files (``_scan.py``)
         self.scan: BatchScan | None = None
+        #: where the stores' held-id segments are written (a directory URI in the query's
+        #: checkpoint, one subdirectory per key interval; ``None``: inside the store) and how
+        #: many batches a file no store names is kept (``_colsegments.py``)
+        self.id_segments: str | None = None
+        self.keep_batches = 100
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "scan": self.scan}
+        return {**super().__getstate__(), "scan": self.scan, "id_segments": self.id_segments, "keep_batches": self.keep_batches}
 
     def __setstate__(self, d: dict[str, Any]) -> None:
         super().__setstate__(d)
         self._columnar = None
         self.scan = d.get("scan")
+        self.id_segments, self.keep_batches = d.get("id_segments"), d.get("keep_batches", 100)
+
+    def segment_files(self, interval: int) -> SegmentFiles | None:
+        """Where key interval ``interval``'s id segments go in the running task's micro-batch
+        (``None``: inside the store — no directory, or no micro-batch to date them by)."""
+        batch = task_batch_id() if self.id_segments is not None and interval >= 0 else None
+        return None if batch is None else SegmentFiles(f"{self.id_segments}/i{interval}", batch, self.keep_batches)
 
     def columnar(self) -> ColumnarRunner:
         if self._columnar is None:
@@ -190,7 +204,7 @@ class ColumnarIntervalStep(IntervalStep):
         """The :class:`ColumnarRunner` over one key interval's records: its result, its
         productions' output columns (``None``: none) and the frame of its dead letters and
         summary row."""
-        res = self.columnar().run(store, recs, low_watermark=batch.low_watermark, now=batch.now)
+        res = self.columnar().run(store, recs, low_watermark=batch.low_watermark, now=batch.now, files=self.segment_files(batch.interval))
         batch.totals.add(StepMetrics(**res.metrics))
         for p in res.dead_letters:
             batch.out.add_production(p)

@@ -33,7 +33,7 @@ from millwheel._errors import MillwheelError
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel._topology import ComputationSpec
 from millwheel.runtime._arrowmap import arrow_mapping
-from millwheel.runtime._columnar import interval_step_class
+from millwheel.runtime._columnar import ColumnarIntervalStep, interval_step_class
 from millwheel.runtime._consumed import ConsumedFiles, read_input_watermarks
 from millwheel.runtime._context import DriverContext
 from millwheel.runtime._fieldcols import carry_columns, input_schema, keying_fields, needed_fields
@@ -311,6 +311,9 @@ class ComputationQuery:
                 # a computation that reads no values (its ``record_columns``) gets them only if it asks (``FileValues``)
                 values = any(c == "value" or c.startswith("value.") for c in self.spec.cls.record_columns)
                 step.scan = BatchScan(self.checkpoint.uri, tuple(scanned), kcol, icol, self.intervals, values)
+            if isinstance(step, ColumnarIntervalStep):  # its held ids in files beside the state (``_colsegments.py``)
+                step.id_segments = self.checkpoint.child("ids").uri
+                step.keep_batches = int(spark.conf.get("spark.sql.streaming.minBatchesToRetain", "100"))
             out = union.groupBy("group").applyInPandasWithState(
                 step, step.out_schema(), STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout,
             )  # fmt: skip

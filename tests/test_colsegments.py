@@ -1,0 +1,90 @@
+"""Held-id segments in files beside the columnar store (``millwheel/_colsegments.py``): the
+store names them instead of carrying them, reads them back, keeps a file it stopped naming
+for ``keep_batches`` batches (the state store's history), then deletes it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from millwheel._coldedup import ColumnarDedup
+from millwheel._colsegments import SegmentFiles
+from millwheel._colstore import ColumnarStore
+
+
+def _admit(d: ColumnarDedup, b: int, n: int = 50) -> list[str]:
+    ids = [f"b{b}-{i}" for i in range(n)]
+    assert d.admit(ids, [f"k{i % 7}".encode() for i in range(n)], np.full(n, b, np.int64)).all()
+    return ids
+
+
+def _files(tmp_path: Path) -> set[str]:
+    return {p.name for p in (tmp_path / "ids").glob("*.ids")}
+
+
+def test_a_store_names_its_segment_files_and_reads_them_back(tmp_path):
+    d = ColumnarDedup()
+    inline = ColumnarDedup()
+    ids = []
+    for b in range(3):
+        ids += _admit(d, b)
+        _admit(inline, b)
+        wire = d.to_wire(SegmentFiles((tmp_path / "ids").as_uri(), b, keep_batches=10))
+        assert all(isinstance(s[0], str) and s[0].startswith("file://") for s in wire[0])  # names, not bytes
+        d = ColumnarDedup.from_wire(wire)
+    st = ColumnarStore(dedup=d)
+    blob, fat = st.encode(SegmentFiles((tmp_path / "ids").as_uri(), 3, keep_batches=10)), ColumnarStore(dedup=inline).encode()
+    assert blob is not None and fat is not None and len(blob) < len(fat) - 3 * 50 * 4  # the ids are not in the row
+    back = ColumnarStore.decode(blob).dedup
+    keys = [f"k{i % 7}".encode() for i in range(50)]
+    assert not back.admit(ids[:50], keys, np.zeros(50, np.int64)).any()  # all held
+    assert back.admit([f"new{i}" for i in range(50)], keys, np.zeros(50, np.int64)).all()
+    # the same bytes written again (a replayed batch) land in the same file
+    before = _files(tmp_path)
+    ColumnarDedup.from_wire(wire).to_wire(SegmentFiles((tmp_path / "ids").as_uri(), 2, keep_batches=10))
+    assert _files(tmp_path) == before
+
+
+def test_a_file_no_store_names_is_deleted_only_after_keep_batches(tmp_path):
+    """Four segments of one size tier merge into one file at the fourth batch: the three
+    earlier files are no longer named, and go once ``keep_batches`` later batches ran."""
+    d = ColumnarDedup()
+    uri = (tmp_path / "ids").as_uri()
+    for b in range(3):
+        _admit(d, b)
+        d.to_wire(SegmentFiles(uri, b, keep_batches=2))
+    first_three = _files(tmp_path)
+    assert len(first_three) == 3
+    _admit(d, 3)
+    wire = d.to_wire(SegmentFiles(uri, 3, keep_batches=2))
+    assert len(wire[0]) == 1 and sorted(u.rsplit("/", 1)[1] for _, u in wire[9]) == sorted(first_three)
+    for b in (4, 5):  # an older version of the store may still be recovered: its files stay
+        d = ColumnarDedup.from_wire(d.to_wire(SegmentFiles(uri, b, keep_batches=2)))
+        assert first_three <= _files(tmp_path)
+    wire = d.to_wire(SegmentFiles(uri, 6, keep_batches=2))
+    assert not first_three & _files(tmp_path) and wire[9] == [] and len(_files(tmp_path)) == 1
+
+
+def test_a_store_whose_ids_are_all_collected_keeps_its_files_to_delete(tmp_path):
+    uri = (tmp_path / "ids").as_uri()
+    st = ColumnarStore()
+    _admit(st.dedup, 0)
+    st = ColumnarStore.decode(st.encode(SegmentFiles(uri, 0, keep_batches=1)))
+    st.dedup.collect(horizon=100, gc_interval_ms=0)
+    assert len(st.dedup) == 0
+    blob = st.encode(SegmentFiles(uri, 1, keep_batches=1))
+    assert blob is not None and len(_files(tmp_path)) == 1  # nothing held, one file still to delete
+    st = ColumnarStore.decode(blob)
+    assert st.encode(SegmentFiles(uri, 3, keep_batches=1)) is None and _files(tmp_path) == set()
+
+
+def test_a_missing_segment_file_is_an_error_that_names_it(tmp_path):
+    d = ColumnarDedup()
+    _admit(d, 0)
+    wire = d.to_wire(SegmentFiles((tmp_path / "ids").as_uri(), 0, keep_batches=5))
+    for f in (tmp_path / "ids").glob("*.ids"):
+        f.unlink()
+    with pytest.raises(FileNotFoundError, match=r"names the id segment file file://.*\.ids, which is gone"):
+        ColumnarDedup.from_wire(wire)
