@@ -27,6 +27,8 @@ bytes.
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -50,7 +52,7 @@ class SegmentFiles:
         path = f"{self._path}/{name}"
         if self._fs.get_file_info(path).type == pafs.FileType.NotFound:
             self._fs.create_dir(self._path, recursive=True)
-            tmp = f"{self._path}/.{name}.{self.batch}.tmp"
+            tmp = f"{self._path}/.{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"  # two writers never share one
             with self._fs.open_output_stream(tmp) as f:
                 f.write(data)
             self._fs.move(tmp, path)
