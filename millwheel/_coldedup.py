@@ -264,7 +264,7 @@ class ColumnarDedup:
         lens = hi - lo
         # the held rows of the asked keys: lo[j] .. hi[j] for each key j, in one gather
         rows = np.repeat(lo - np.r_[0, np.cumsum(lens)[:-1]], lens) + np.arange(int(lens.sum()))
-        cand = np.isin(fps[idx], self.fps[rows])
+        cand = np.isin(fps[idx], self._fps()[rows])
         self._check_ids(ids, kix, idx, keep, stats, cand)
 
     def _check_ids(self, ids: pa.Array, kix: np.ndarray, idx: np.ndarray, keep: np.ndarray, stats: DedupStats, cand: np.ndarray) -> None:

@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from millwheel._columnar import is_columnar
 from millwheel._errors import MillwheelError
-from millwheel._fields import FIELDS_COLUMN, StreamFields, requested_fields
+from millwheel._fields import FIELD_PREFIX, FIELDS_COLUMN, StreamFields, requested_fields
 from millwheel._options import LateAction
 from millwheel._topology import ComputationSpec
 from millwheel.runtime._fs import Location
@@ -38,6 +38,19 @@ from millwheel.runtime._layout import read_pin, update_pin
 CARRY_PREFIX = "mw_fields_"
 
 
+def record_columns(spec: ComputationSpec) -> tuple[str, ...]:
+    """A columnar computation's ``record_columns``, read in the driver."""
+    cols = spec.cls.record_columns  # type: ignore[attr-defined]
+    if isinstance(cols, property):  # a property of its params (ColumnarWindowAggregate): built, never set up
+        cols = spec.cls(**spec.params).record_columns  # type: ignore[attr-defined]
+    return tuple(cols)
+
+
+def reads_values(spec: ComputationSpec) -> bool:
+    """Does a columnar computation read its records' values (``value`` or ``value.<field>``)?"""
+    return any(c == "value" or c.startswith(FIELD_PREFIX) for c in record_columns(spec))
+
+
 def needed_fields(spec: ComputationSpec, keyer: Keyer, stream: str) -> tuple[str, ...]:
     """The declared fields of ``stream`` that ``spec``'s computation needs (see the module docstring)."""
     declared = keyer.fields.get(stream)
@@ -45,9 +58,7 @@ def needed_fields(spec: ComputationSpec, keyer: Keyer, stream: str) -> tuple[str
         return ()
     if not is_columnar(spec.cls) or spec.options.late.action is LateAction.TO_STREAM:
         return declared.names
-    cols = spec.cls.record_columns  # type: ignore[attr-defined]
-    if isinstance(cols, property):  # a property of its params (ColumnarWindowAggregate): built, never set up
-        cols = spec.cls(**spec.params).record_columns  # type: ignore[attr-defined]
+    cols = record_columns(spec)
     if "value" in cols:
         return declared.names
     asked = set(requested_fields(cols))

@@ -36,7 +36,13 @@ from millwheel.runtime._arrowmap import arrow_mapping
 from millwheel.runtime._columnar import ColumnarIntervalStep, interval_step_class
 from millwheel.runtime._consumed import ConsumedFiles, read_input_watermarks
 from millwheel.runtime._context import DriverContext
-from millwheel.runtime._fieldcols import carry_columns, input_schema, keying_fields, needed_fields
+from millwheel.runtime._fieldcols import (
+    carry_columns,
+    input_schema,
+    keying_fields,
+    needed_fields,
+    reads_values,
+)
 from millwheel.runtime._interval import KEYING_RESULT, KEYING_STAGE_NEEDED, make_keying
 from millwheel.runtime._layout import finish_move, mark_migration, move_pending
 from millwheel.runtime._lease import FencedError, Lease
@@ -309,8 +315,7 @@ class ComputationQuery:
             step = interval_step_class(self.spec)(self.spec, pipeline=self.rt.pipeline_id, registry=settings.registry, keyer=keyer, groups=self.groups)
             if scanned:
                 # a computation that reads no values (its ``record_columns``) gets them only if it asks (``FileValues``)
-                values = any(c == "value" or c.startswith("value.") for c in self.spec.cls.record_columns)
-                step.scan = BatchScan(self.checkpoint.uri, tuple(scanned), kcol, icol, self.intervals, values)
+                step.scan = BatchScan(self.checkpoint.uri, tuple(scanned), kcol, icol, self.intervals, reads_values(self.spec))
             if isinstance(step, ColumnarIntervalStep):  # its held ids in files beside the state (``_colsegments.py``)
                 step.id_segments = self.checkpoint.child("ids").uri
                 step.keep_batches = int(spark.conf.get("spark.sql.streaming.minBatchesToRetain", "100"))
