@@ -281,14 +281,12 @@ def _by_interval(scan: BatchScan, loc: Location, values: bool = True) -> tuple[p
     needs its value: such a file is read whole."""
     f = pq.ParquetFile(loc.path, filesystem=loc.fs)
     present = set(f.schema_arrow.names)
-    if not values and scan.interval_column in present and f.metadata.num_rows:
-        stats = [f.metadata.row_group(g).column(f.schema_arrow.names.index(scan.interval_column)).statistics for g in range(f.metadata.num_row_groups)]
-        values = any(st is None or not st.has_null_count or st.null_count for st in stats)  # rows to key here: their values are needed
-    else:
-        values = True
-    t = f.read(columns=[c for c in (*_COLUMNS, scan.key_column, scan.interval_column) if c in present and (values or c != "value")])
+    t = f.read(columns=[c for c in (*_COLUMNS, scan.key_column, scan.interval_column) if c in present and c != "value"])
     n = t.num_rows
     icol = t.column(scan.interval_column) if scan.interval_column in present else pa.nulls(n, pa.int32())
+    values = values or bool(icol.null_count) or "value" not in present  # rows to key here: their values are needed
+    if values and "value" in present:
+        t = t.append_column("value", f.read(columns=["value"]).column(0))
     keyed = pc.is_valid(icol)
     codes = pc.fill_null(icol, 0).to_numpy(zero_copy_only=False).astype(np.int64)
     if icol.null_count:

@@ -157,6 +157,31 @@ def test_values_left_in_the_files_are_read_when_asked(tmp_path):
     assert nothing_left is None and whole.column("value").to_pylist() == [b"v0"]
 
 
+
+def test_a_row_to_key_keeps_its_value_when_a_struct_column_comes_before_the_key_columns(tmp_path):
+    """A stream that declares its fields writes them as a struct column before the key
+    columns (``_streams.records_table``): the file's rows to key in the step are found in
+    the rows read, not in a Parquet column index, so they come with their values."""
+    root, cp = tmp_path / "run", tmp_path / "run" / "checkpoints" / "C"
+    sdir = root / "streams" / "s" / "p"
+    sdir.mkdir(parents=True)
+    schema = pa.schema([
+        ("id", pa.string()), ("ts", pa.int64()), ("key", pa.binary()), ("value", pa.binary()), ("wm", pa.int64()),
+        ("mw_fields", pa.struct([("a", pa.int64()), ("b", pa.string()), ("c", pa.int64())])), ("key:C", pa.binary()), ("interval:C", pa.int32()),
+    ])  # fmt: skip
+    rows = [
+        {"id": "abc", "ts": 1, "key": b"raw", "value": b"u", "wm": None, "mw_fields": {"a": 1, "b": "x", "c": 0}, "key:C": None, "interval:C": None},
+        {"id": "k", "ts": 2, "key": b"k", "value": b"v", "wm": None, "mw_fields": {"a": 2, "b": "y", "c": 0}, "key:C": b"kk", "interval:C": 1},
+    ]
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), sdir / "f0.parquet")
+    _log(cp / "sources" / "0", "0", [(f"file://{sdir}/f0.parquet", 0)])
+    (cp / "offsets").mkdir(parents=True)
+    (cp / "offsets" / "0").write_text('v1\n{}\n{"logOffset":0}')
+    scan = BatchScan(Location.of(str(cp)).uri, (ScannedInput("s", "p", Location.of(str(sdir)).uri),), "key:C", "interval:C", 8, values=False)
+    unkeyed, nothing_left = scan.records_lazy(spark_xxhash64("abc") % 8, batch=0)
+    assert nothing_left is None and unkeyed.column("value").to_pylist() == [b"u"]
+
+
 class ColumnarDouble(ColumnarComputation):
     """``_chain.Double`` in columns: each record's ``n`` doubled."""
 
