@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from millwheel._codec import encode_value
 from millwheel._colstore import ColumnarStore
@@ -137,16 +136,8 @@ class Batch:
         """The state rows of this call's keys: a ``key`` column and the columns you stored
         (a new frame at every read: yours to change)."""
         if self._state_cache is None:
-            # the rows of this call's keys and the index of each row's key, in one hash lookup
-            t = self._store.state
-            codes = np.empty(0, np.int64)
-            if t is not None and t.num_rows:
-                found = pc.index_in(t.column("_kb"), value_set=self._kb_arrow())
-                if found.null_count:
-                    held = pc.is_valid(found)
-                    t, found = t.filter(held), found.filter(held)
-                codes = found.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-            self._state_cache = (None if t is None or not len(codes) else t.drop_columns(["_kb"]), codes)
+            found = self._store.state_rows(self._kb_arrow())
+            self._state_cache = (None, np.empty(0, np.int64)) if found is None else (found[0].drop_columns(["_kb"]), found[1])
         t, codes = self._state_cache
         cols = {"key": _key_column(codes, self._keys, self._cats)}
         if t is not None:

@@ -234,9 +234,16 @@ class ColumnarStore:
             dedup=ColumnarDedup.merge([st.dedup for st in stores]),
         )
 
-    def state_rows(self, kbs: Sequence[bytes]) -> pa.Table | None:
-        """The state rows of keys ``kbs``."""
+    def state_rows(self, kbs: Sequence[bytes] | pa.Array) -> tuple[pa.Table, np.ndarray] | None:
+        """The state rows of keys ``kbs`` and the index in ``kbs`` of each row's key, found
+        with one hash lookup (``None``: no rows)."""
         if self.state is None or self.state.num_rows == 0:
             return None
-        mask = pc.is_in(self.state.column("_kb"), value_set=pa.array(list(kbs), pa.binary()))
-        return self.state.filter(mask)
+        t = self.state
+        found = pc.index_in(t.column("_kb"), value_set=kbs if isinstance(kbs, pa.Array) else pa.array(list(kbs), pa.binary()))
+        if found.null_count:
+            held = pc.is_valid(found)
+            t, found = t.filter(held), found.filter(held)
+        if t.num_rows == 0:
+            return None
+        return t, found.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)

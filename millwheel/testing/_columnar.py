@@ -123,10 +123,10 @@ class ColumnarSide:
     # ---- reading -------------------------------------------------------------------
     def state(self, key: Key) -> pd.DataFrame | None:
         """The state rows of ``key`` (``None``: it keeps none)."""
-        t = self._current().state_rows([encode_key(key)])
-        if t is None or t.num_rows == 0:
+        found = self._current().state_rows([encode_key(key)])
+        if found is None:
             return None
-        df = t.drop_columns(["_kb"]).to_pandas()
+        df = found[0].drop_columns(["_kb"]).to_pandas()
         df.insert(0, "key", [key] * len(df))
         return df
 
