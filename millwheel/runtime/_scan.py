@@ -59,6 +59,9 @@ from millwheel.runtime._wire import RowKind
 SCAN_COLUMN = "scan"
 #: what the marking ``mapInArrow`` returns (Spark DDL)
 MARKER_SCHEMA = f"group int, {SCAN_COLUMN} boolean"
+#: the step's input columns when it reads every input from the files: what markers,
+#: heartbeats, ticks and a rescale's rows carry (``_columnar.ColumnarIntervalStep.read_marked``)
+SCAN_ONLY_COLUMNS = ("kind", "key", "value", "now", "wm_ts", "group", SCAN_COLUMN)
 
 
 class Markers:
