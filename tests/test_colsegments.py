@@ -88,3 +88,26 @@ def test_a_missing_segment_file_is_an_error_that_names_it(tmp_path):
         f.unlink()
     with pytest.raises(FileNotFoundError, match=r"names the id segment file file://.*\.ids, which is gone"):
         ColumnarDedup.from_wire(wire)
+
+
+def test_segment_files_are_plain_and_a_compressed_one_of_an_earlier_version_still_reads(tmp_path):
+    """A segment kept in the store is zstd-compressed; one in a file is written plain (it no
+    longer travels with the state row, and zstd cost far more than the bytes to write and
+    read back). Files written compressed, before, read back the same."""
+    uri = (tmp_path / "ids").as_uri()
+    d, inline = ColumnarDedup(), ColumnarDedup()
+    ids = _admit(d, 0, n=2_000)
+    _admit(inline, 0, n=2_000)
+    wire = d.to_wire(SegmentFiles(uri, 0, keep_batches=5))
+    (path,) = (tmp_path / "ids").glob("*.ids")
+    kept = inline.to_wire()[0][0][0]
+    raw = sum(len(i) for i in ids)
+    assert isinstance(kept, bytes) and len(kept) < raw < path.stat().st_size
+    # an earlier version's file: the compressed bytes under a name of their own
+    older = [[[SegmentFiles(uri, 0, keep_batches=5).put(kept), wire[0][0][1]]], *wire[1:]]
+    assert older[0][0][0] != wire[0][0][0]
+    keys = [f"k{i % 7}".encode() for i in range(2_000)]
+    for w in (wire, older):
+        back = ColumnarDedup.from_wire(w)
+        assert not back.admit(ids, keys, np.zeros(2_000, np.int64)).any()  # all held
+        assert back.admit(["fresh"], [b"k0"], np.zeros(1, np.int64)).all()
