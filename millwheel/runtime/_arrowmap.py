@@ -54,6 +54,7 @@ from millwheel.runtime._colfiles import STATE_DIR, ColumnarFiles, Manifest, pin_
 from millwheel.runtime._columnar import ColumnarIntervalStep, send_order
 from millwheel.runtime._fieldcols import CARRY_PREFIX
 from millwheel.runtime._outbox import crash_point, staged_version
+from millwheel.runtime._scan import SCAN_COLUMN
 from millwheel.runtime._spark_internals import (
     OFFSETS,
     committed_batches,
@@ -141,7 +142,7 @@ class IntervalTask:
                     else files.read_store(interval, name)
                 )
             res, cols, tail = step.run_interval(
-                interval, frames[interval], store, plan.low_watermark, plan.now
+                interval, frames[interval], store, plan.low_watermark, plan.now, plan.batch
             )
             written = None
             if res.store is not None:
@@ -218,7 +219,7 @@ class ArrowMapping:
         from pyspark.sql import functions as F
 
         prev, plan = self.plan(batch_id)
-        cols = [F.col(c) for c in _TASK_COLUMNS] + [F.col(f"`{c}`") for c in df.columns if c.startswith(CARRY_PREFIX)]
+        cols = [F.col(c) for c in _TASK_COLUMNS] + [F.col(f"`{c}`") for c in df.columns if c.startswith(CARRY_PREFIX) or c == SCAN_COLUMN]
         if not self.values:
             # the computation reads no values: only rows that are not records (dead letters of
             # keying, rows to key in the task) keep theirs through the shuffle

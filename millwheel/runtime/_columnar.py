@@ -139,7 +139,7 @@ class ColumnarIntervalStep(IntervalStep):
         yield out
 
     def run_interval(
-        self, interval: int, rows: pa.Table | None, store: bytes | ColumnarStore | None, low_watermark: int, now: int
+        self, interval: int, rows: pa.Table | None, store: bytes | ColumnarStore | None, low_watermark: int, now: int, batch_id: int | None = None,
     ) -> tuple[ColumnarResult, dict[str, Any] | None, pd.DataFrame]:  # fmt: skip
         """One key interval's share of a micro-batch on a mapping that does not move state
         (``_arrowmap.py``, whose computations ``millwheel rescale`` refuses): the
@@ -147,12 +147,13 @@ class ColumnarIntervalStep(IntervalStep):
         store, encoded or decoded); its productions as columns (:meth:`step_columns`) and
         the frame of its dead letters and summary row. Rows that are all plain records
         become :class:`InputColumns` straight from Arrow (:func:`arrow_input`); others
-        (ticks, keying dead letters, rows to key here, carried fields) go through pandas."""
+        (ticks, keying dead letters, rows to key here, carried fields) go through pandas; a
+        marker row (``_scan.py``) has the records read from micro-batch ``batch_id``'s files."""
         batch = IntervalBatch(self, interval, low_watermark, now)
         if rows is not None and plain_records(rows):
             recs = arrow_input(rows)
         else:
-            recs = self.read(batch, [] if rows is None else [table_frame(rows)])
+            recs = self.read_marked(batch, [] if rows is None else [table_frame(rows)], batch_id)[0]
         if batch.installs or batch.retire is not None:
             msg = f"computation {self.spec.name!r}: a rescale's state move reached an interval function that cannot apply it (the Arrow mapping)"
             raise RescaleMismatch(msg)
@@ -162,9 +163,10 @@ class ColumnarIntervalStep(IntervalStep):
         """The records of ``batch``'s input frames as columns; a rescale's rows go to the batch."""
         return self.read_marked(batch, frames)[0]
 
-    def read_marked(self, batch: IntervalBatch, frames: Iterable[pd.DataFrame]) -> tuple[InputColumns, bool]:
+    def read_marked(self, batch: IntervalBatch, frames: Iterable[pd.DataFrame], batch_id: int | None = None) -> tuple[InputColumns, bool]:
         """:meth:`read`, and whether a marker row came (``_scan.py``): it says the interval
-        has records in the micro-batch's files, which the step reads itself. When they are
+        has records in the micro-batch's files (``batch_id``; ``None``: the running task's),
+        which the step reads itself. When they are
         all plain records and no other row is a record, they become :class:`InputColumns`
         straight from Arrow (:func:`arrow_input`), as on the Arrow mapping; otherwise they
         join the other rows through pandas."""
@@ -184,7 +186,7 @@ class ColumnarIntervalStep(IntervalStep):
             if self.scan is None:
                 msg = f"computation {self.spec.name!r}: a marker row reached a step that does not read its batch's files"
                 raise RunError(msg)
-            table, lazy = self.scan.records_lazy(batch.interval)
+            table, lazy = self.scan.records_lazy(batch.interval, batch_id)
             if table is not None:
                 if not parts and plain_records(table):
                     return arrow_input(table, lazy), marked

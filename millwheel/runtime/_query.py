@@ -270,7 +270,8 @@ class ComputationQuery:
             )
         )  # fmt: skip
         arrow = arrow_mapping(self, ConsumedFiles(self.checkpoint))  # pins the mapping in run.json
-        columnar = arrow is None and self.state_layout == "intervals" and is_columnar(self.spec.cls)
+        # the scan plan (``_scan.py``): a columnar computation on either mapping
+        columnar = (arrow is not None or self.state_layout == "intervals") and is_columnar(self.spec.cls)
         kcol, icol = self.rt.keyer.columns(self.name)
         records, markers, scanned = [], [], []
         for stream, extractor in self.spec.inputs.items():
@@ -301,7 +302,7 @@ class ComputationQuery:
         hb = hb.withColumn("group", F.coalesce(F.col("_group"), group)).drop("interval", "_group")
         records = [part.withColumn("group", group).drop("interval") for part in records]
         self.scanned = tuple(scanned)
-        scan_only = bool(markers) and not records
+        scan_only = bool(markers) and not records and arrow is None  # the Arrow mapping's tasks select their columns themselves
         if markers:
             records.append(reduce(lambda a, b: a.unionByName(b), markers).select(group.alias("group")).mapInArrow(Markers(), MARKER_SCHEMA))
         # ``mw_fields_<i>``: one per input; heartbeats first: Spark plans sources in this order
@@ -316,6 +317,8 @@ class ComputationQuery:
         sink = self.outbox.sink
         if arrow is not None:  # the opt-in mapping of a columnar computation: ``_arrowmap.py``
             out, sink = union, arrow.sink
+            if scanned:
+                arrow.step.scan = BatchScan(self.checkpoint.uri, tuple(scanned), kcol, icol, self.intervals, reads_values(self.spec))
         elif self.state_layout == "keys":
             interval_step_class(self.spec, self.state_layout)  # refuses a columnar computation
             # one state-store row per key (``_mapstate.py``): transformWithStateInPandas

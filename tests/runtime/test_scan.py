@@ -1,6 +1,7 @@
-"""The default mapping's scan plan for columnar computations (``millwheel/runtime/_scan.py``):
-the JVM marks the key intervals a micro-batch has records for, and each interval's step
-reads its records from the batch's files, as the row plan would have handed them over."""
+"""The scan plan for columnar computations (``millwheel/runtime/_scan.py``), on both
+mappings: the JVM marks the key intervals a micro-batch has records for, and each
+interval's step reads its records from the batch's files, as the row plan would have
+handed them over."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from millwheel import ColumnarComputation, Record, SampleSource, Topology
+from millwheel import ColumnarComputation, ComputationOptions, Record, SampleSource, Topology
 from millwheel.runtime import RuntimeSettings, SparkRuntime
 from millwheel.runtime._fs import Location
 from millwheel.runtime._scan import (
@@ -222,17 +223,18 @@ def test_the_scan_plan_keys_unkeyed_files_and_restarts_with_the_keying_stage_whe
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("mapping", ["default", "arrow"])
 @pytest.mark.parametrize(("first", "then"), [("rows", "scan"), ("scan", "rows")])
-def test_a_checkpoint_resumes_under_the_other_plan(spark, run_dir, first, then):
+def test_a_checkpoint_resumes_under_the_other_plan(spark, run_dir, first, then, mapping):
     """A run stopped after its first batches resumes under the other plan: each record
-    doubled once, the sums those of a run that never stopped."""
+    doubled once, the sums those of a run that never stopped; on either mapping."""
     records = [Record(None, {"n": i}, 1_000 + i, f"r{i}") for i in range(60)]
     records.insert(30, records[7])  # delivered twice
 
     def topo() -> Topology:
         t = Topology("replan")
         t.injector("in", SampleSource(records, batch_size=15))
-        t.computation(ColumnarDouble, name="Double", inputs={"in": by_n}, outputs=["doubled"])
+        t.computation(ColumnarDouble, name="Double", inputs={"in": by_n}, outputs=["doubled"], options=ComputationOptions(mapping=mapping))
         return t
 
     settings = RuntimeSettings(drain=True, intervals=4, max_files_per_trigger=1, poll_ms=50)
@@ -272,11 +274,12 @@ class FailsOnSeven(ColumnarComputation):
 
 
 @pytest.mark.spark
-def test_a_record_that_fails_in_a_computation_reading_no_values_is_dead_lettered_with_its_value(spark, run_dir):
+@pytest.mark.parametrize("mapping", ["default", "arrow"])
+def test_a_record_that_fails_in_a_computation_reading_no_values_is_dead_lettered_with_its_value(spark, run_dir, mapping):
     records = [Record(None, {"n": i % 10, "payload": f"p{i}"}, 1_000 + i, f"r{i}") for i in range(40)]
     t = Topology("lazy")
     t.injector("in", SampleSource(records, batch_size=20))
-    t.computation(FailsOnSeven, name="F", inputs={"in": _n}, outputs=["seen"])
+    t.computation(FailsOnSeven, name="F", inputs={"in": _n}, outputs=["seen"], options=ComputationOptions(mapping=mapping))
     rt = SparkRuntime(t, run_dir, RuntimeSettings(drain=True, intervals=4, poll_ms=50), spark=spark)
     rt.run(timeout_s=300)
     assert rt.computations["F"].scanned  # the scan plan, its values left in the files
