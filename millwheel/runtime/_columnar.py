@@ -93,10 +93,11 @@ class ColumnarIntervalStep(IntervalStep):
         self.scan = d.get("scan")
         self.id_segments, self.keep_batches = d.get("id_segments"), d.get("keep_batches", 100)
 
-    def segment_files(self, interval: int) -> SegmentFiles | None:
-        """Where key interval ``interval``'s id segments go in the running task's micro-batch
-        (``None``: inside the store — no directory, or no micro-batch to date them by)."""
-        batch = task_batch_id() if self.id_segments is not None and interval >= 0 else None
+    def segment_files(self, interval: int, batch_id: int | None = None) -> SegmentFiles | None:
+        """Where key interval ``interval``'s id segments go in micro-batch ``batch_id``
+        (``None``: the running task's; the result ``None``: inside the store — no directory,
+        or no micro-batch to date them by)."""
+        batch = (task_batch_id() if batch_id is None else batch_id) if self.id_segments is not None and interval >= 0 else None
         return None if batch is None else SegmentFiles(f"{self.id_segments}/i{interval}", batch, self.keep_batches)
 
     def columnar(self) -> ColumnarRunner:
@@ -157,7 +158,7 @@ class ColumnarIntervalStep(IntervalStep):
         if batch.installs or batch.retire is not None:
             msg = f"computation {self.spec.name!r}: a rescale's state move reached an interval function that cannot apply it (the Arrow mapping)"
             raise RescaleMismatch(msg)
-        return self.step_columns(batch, recs, store)
+        return self.step_columns(batch, recs, store, batch_id)
 
     def read(self, batch: IntervalBatch, frames: Iterable[pd.DataFrame]) -> InputColumns:
         """The records of ``batch``'s input frames as columns; a rescale's rows go to the batch."""
@@ -202,11 +203,13 @@ class ColumnarIntervalStep(IntervalStep):
         res, cols, tail = self.step_columns(batch, recs, store)
         return res, tail if cols is None else pd.concat([pd.DataFrame(cols), tail], ignore_index=True)
 
-    def step_columns(self, batch: IntervalBatch, recs: InputColumns, store: bytes | ColumnarStore | None) -> tuple[ColumnarResult, dict[str, Any] | None, pd.DataFrame]:
+    def step_columns(
+        self, batch: IntervalBatch, recs: InputColumns, store: bytes | ColumnarStore | None, batch_id: int | None = None
+    ) -> tuple[ColumnarResult, dict[str, Any] | None, pd.DataFrame]:  # fmt: skip
         """The :class:`ColumnarRunner` over one key interval's records: its result, its
         productions' output columns (``None``: none) and the frame of its dead letters and
         summary row."""
-        res = self.columnar().run(store, recs, low_watermark=batch.low_watermark, now=batch.now, files=self.segment_files(batch.interval))
+        res = self.columnar().run(store, recs, low_watermark=batch.low_watermark, now=batch.now, files=self.segment_files(batch.interval, batch_id))
         batch.totals.add(StepMetrics(**res.metrics))
         for p in res.dead_letters:
             batch.out.add_production(p)
