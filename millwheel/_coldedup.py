@@ -146,8 +146,8 @@ class ColumnarDedup:
     Rows are kept sorted by key (``kix``: an index into ``keys``, the encoded keys), each
     key's in insertion order: a "maybe" compares the id with that key's ids only. The ids
     themselves are not moved when rows are: they are appended in chunks and each row points
-    at its id (``ptr``). The stored form (:meth:`to_wire`: segments of Arrow IPC, zstd)
-    compresses the key and timestamp columns to almost nothing.
+    at its id (``ptr``). The stored form (:meth:`to_wire`: segments of Arrow IPC, zstd in
+    the store, plain in files) keeps the keys once per segment, the rows sorted by key.
     """
 
     __slots__ = ("ids", "ptr", "kix", "ts", "fps", "seg", "segs", "refs", "retired", "keys", "key_index", "bits", "m", "k", "capacity", "fpr", "fixed")
@@ -457,8 +457,8 @@ class ColumnarDedup:
 
     # -- storage -------------------------------------------------------------------
     def to_wire(self, files: SegmentFiles | None = None) -> list[Any] | None:
-        """The stored form: the ids in segments, each encoded once (Arrow IPC, zstd: ids,
-        keys as a dictionary column, timestamps; rows sorted by key), and the filter's bits.
+        """The stored form: the ids in segments, each encoded once (Arrow IPC: ids, key
+        indexes, timestamps; rows sorted by key; :meth:`_encode_segment`), and the filter's bits.
 
         A batch's new ids become a segment of their own; once :data:`SEGMENTS_PER_TIER`
         segments of about the same size (within a factor of 4) follow each other they are

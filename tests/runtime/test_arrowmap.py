@@ -110,9 +110,10 @@ class _FailsOnId(ColumnarComputation):
             raise ValueError(msg)
 
 
-def test_a_record_dead_lettered_without_its_value_when_the_computation_reads_none(tmp_path):
-    """The query keeps values in the JVM for a computation that reads none
-    (``ArrowMapping.values``): its dead-lettered record has the rest, and no value."""
+def test_a_record_of_the_row_plan_dead_lettered_without_its_value_when_the_computation_reads_none(tmp_path):
+    """On the row plan (an input read as rows) the query keeps values in the JVM for a
+    computation that reads none (``ArrowMapping.values``): its dead-lettered record has the
+    rest, and no value. (On the scan plan it has its value: ``tests/runtime/test_scan.py``.)"""
     t = Topology("t")
     t.injector("q", SampleSource([]))
     t.computation(
