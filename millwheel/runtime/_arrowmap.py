@@ -2,13 +2,16 @@
 
 ::
 
-    union of the inputs and heartbeats (``_query.py``, as for the default mapping)
+    union of the inputs (their markers: the scan plan, ``_scan.py``; or rows) and
+    heartbeats (``_query.py``, as for the default mapping)
         ─► foreachBatch(ArrowMapping.sink):
               plan the batch (driver): last committed manifest, low watermark, due intervals
               ─► repartition(N, group) ─► mapInArrow(IntervalTask)   one task per partition:
                      each key interval of the partition read from its store file (or the
-                     worker's cache of it), run by ColumnarIntervalStep.run_interval, its new
-                     store written to a file of its own; productions + summary rows out
+                     worker's cache of it), its records from the batch's files, run by
+                     ColumnarIntervalStep.run_interval, its new store written to a file of
+                     its own (held ids to segment files, ``_colsegments.py``); productions
+                     + summary rows out
               ─► Outbox.sink (staged, crash points, weak publication: as the default mapping)
               ─► the batch's manifest (``_colfiles.py``), before Spark's commit
 

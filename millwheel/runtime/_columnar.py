@@ -160,17 +160,13 @@ class ColumnarIntervalStep(IntervalStep):
             raise RescaleMismatch(msg)
         return self.step_columns(batch, recs, store, batch_id)
 
-    def read(self, batch: IntervalBatch, frames: Iterable[pd.DataFrame]) -> InputColumns:
-        """The records of ``batch``'s input frames as columns; a rescale's rows go to the batch."""
-        return self.read_marked(batch, frames)[0]
-
     def read_marked(self, batch: IntervalBatch, frames: Iterable[pd.DataFrame], batch_id: int | None = None) -> tuple[InputColumns, bool]:
-        """:meth:`read`, and whether a marker row came (``_scan.py``): it says the interval
-        has records in the micro-batch's files (``batch_id``; ``None``: the running task's),
-        which the step reads itself. When they are
-        all plain records and no other row is a record, they become :class:`InputColumns`
-        straight from Arrow (:func:`arrow_input`), as on the Arrow mapping; otherwise they
-        join the other rows through pandas."""
+        """The records of ``batch``'s input frames as columns (a rescale's rows go to the
+        batch), and whether a marker row came (``_scan.py``): it says the interval has
+        records in the micro-batch's files (``batch_id``; ``None``: the running task's),
+        which the step reads itself. When they are all plain records and no other row is a
+        record, they become :class:`InputColumns` straight from Arrow (:func:`arrow_input`);
+        otherwise they join the other rows through pandas."""
         parts, marked = [], False
         for pdf in frames:
             if SCAN_COLUMN in pdf.columns:

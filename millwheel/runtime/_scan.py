@@ -1,4 +1,4 @@
-"""Records read by the step from the batch's own files: the default mapping of columnar computations.
+"""Records read by the step from the batch's own files: columnar computations, either mapping.
 
 ::
 
@@ -7,6 +7,8 @@
     heartbeats, ticks, a rescale's rows ──┴─► union ─► groupBy(group)
         ─► applyInPandasWithState(ColumnarIntervalStep): a marked group reads its key
            interval's records from the files its micro-batch consumed
+           (the Arrow mapping, ``_arrowmap.py``: foreachBatch ─► repartition(N, group)
+           ─► mapInArrow(IntervalTask), each task reading its marked intervals' the same way)
 
 ``applyInPandasWithState`` needs its input hash-partitioned and sorted by the grouping
 key: every record would cross the shuffle as a row of ten columns (Spark's row format,
