@@ -14,6 +14,8 @@ bytes.
   moved) before the step hands its state row to Spark, so a committed row names only
   files that exist. A batch that fails before it commits may leave files no row names;
   run again, it writes the same bytes under the same name, or other bytes under another.
+  A worker killed mid-write leaves a temporary file: swept once it is an hour old
+  (:meth:`SegmentFiles.sweep`, when a collection deletes files).
 * **Collected behind the state store's history.** When a store stops naming a file (its
   segment merged into a larger one, or its ids collected), the file is remembered in the
   store with the batch that dropped it, and deleted once ``keep_batches`` later batches
@@ -28,12 +30,16 @@ bytes.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterable
 from typing import Any
 
 import pyarrow.fs as pafs
 import xxhash
+
+#: how old a segment's temporary file must be for :meth:`SegmentFiles.sweep` to take it for abandoned
+STALE_TMP_S = 3600.0
 
 
 class SegmentFiles:
@@ -62,16 +68,32 @@ class SegmentFiles:
         """``retired`` (``[batch or None, uri]``: files no store names since that batch;
         ``None``: dropped where no batch was known) with ``dropped`` added as of this batch;
         the files dropped more than ``keep_batches`` batches ago deleted and left out."""
-        out = []
+        out, deleted = [], False
         for b, uri in [*retired, *([None, u] for u in dropped)]:
             b = self.batch if b is None else b
             if self.batch - b > self.keep_batches:
                 fs, path = pafs.FileSystem.from_uri(uri)
                 if fs.get_file_info(path).type != pafs.FileType.NotFound:
                     fs.delete_file(path)
+                    deleted = True
             else:
                 out.append([b, uri])
+        if deleted:
+            self.sweep()
         return out
+
+    def sweep(self, older_than_s: float = STALE_TMP_S) -> int:
+        """Delete the temporary files of writes that never finished (a worker killed between
+        writing and moving) older than ``older_than_s``: a live write takes milliseconds, and
+        one whose file was swept fails its move, so its task fails and runs again. Run when
+        :meth:`collect` deletes a file: rarely, and no more often than the files grow."""
+        gone = 0
+        now = time.time()
+        for info in self._fs.get_file_info(pafs.FileSelector(self._path, allow_not_found=True)):
+            if info.base_name.startswith(".") and info.base_name.endswith(".tmp") and info.mtime is not None and now - info.mtime.timestamp() > older_than_s:
+                self._fs.delete_file(info.path)
+                gone += 1
+        return gone
 
 
 def read_segment(uri: str) -> bytes:

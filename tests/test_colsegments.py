@@ -111,3 +111,29 @@ def test_segment_files_are_plain_and_a_compressed_one_of_an_earlier_version_stil
         back = ColumnarDedup.from_wire(w)
         assert not back.admit(ids, keys, np.zeros(2_000, np.int64)).any()  # all held
         assert back.admit(["fresh"], [b"k0"], np.zeros(1, np.int64)).all()
+
+
+def test_temporary_files_of_writes_that_never_finished_are_swept_when_files_are_collected(tmp_path):
+    """A worker killed between writing a segment and moving it leaves ``.<name>.tmp``; the
+    next collection that deletes a file also deletes such files older than an hour, and
+    leaves a fresh one (a write in progress) alone."""
+    import os
+    import time
+
+    uri = (tmp_path / "ids").as_uri()
+    d = ColumnarDedup()
+    for b in range(3):
+        _admit(d, b)
+        d.to_wire(SegmentFiles(uri, b, keep_batches=1))
+    stale, fresh = tmp_path / "ids" / ".abc.ids.1.x.tmp", tmp_path / "ids" / ".def.ids.2.y.tmp"
+    stale.write_bytes(b"half")
+    fresh.write_bytes(b"half")
+    hour_ago = time.time() - 3_700
+    os.utime(stale, (hour_ago, hour_ago))
+    _admit(d, 3)
+    d.to_wire(SegmentFiles(uri, 3, keep_batches=1))  # merges the tier: three files no longer named
+    assert stale.exists()  # nothing deleted yet: no sweep
+    for b in (4, 5):
+        d.to_wire(SegmentFiles(uri, b, keep_batches=1))
+    assert not stale.exists() and fresh.exists()
+    assert len(_files(tmp_path)) == 1
