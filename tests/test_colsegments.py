@@ -4,6 +4,8 @@ for ``keep_batches`` batches (the state store's history), then deletes it."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -117,9 +119,6 @@ def test_temporary_files_of_writes_that_never_finished_are_swept_when_files_are_
     """A worker killed between writing a segment and moving it leaves ``.<name>.tmp``; the
     next collection that deletes a file also deletes such files older than an hour, and
     leaves a fresh one (a write in progress) alone."""
-    import os
-    import time
-
     uri = (tmp_path / "ids").as_uri()
     d = ColumnarDedup()
     for b in range(3):
