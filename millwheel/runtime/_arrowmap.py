@@ -336,6 +336,5 @@ def arrow_mapping(query: Any, consumed: Any) -> ArrowMapping | None:
     out = ArrowMapping(query, step, int(pin["partitions"]), consumed)
     # the held ids beside the stores, not in them (``_colsegments.py``): a store file is
     # written whole every batch that runs its interval, the ids only once
-    step.id_segments = out.files.loc.child("ids").uri
-    step.keep_batches = int(rt.spark.conf.get("spark.sql.streaming.minBatchesToRetain", "100"))
+    step.ids_beside(out.files.loc.child("ids").uri, rt.spark)
     return out

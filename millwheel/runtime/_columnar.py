@@ -93,6 +93,12 @@ class ColumnarIntervalStep(IntervalStep):
         self.scan = d.get("scan")
         self.id_segments, self.keep_batches = d.get("id_segments"), d.get("keep_batches", 100)
 
+    def ids_beside(self, directory: str, spark: Any) -> None:
+        """Write the stores' held-id segments to files under ``directory`` (``_colsegments.py``),
+        each kept ``spark.sql.streaming.minBatchesToRetain`` batches after no store names it."""
+        self.id_segments = directory
+        self.keep_batches = int(spark.conf.get("spark.sql.streaming.minBatchesToRetain", "100"))
+
     def segment_files(self, interval: int, batch_id: int | None = None) -> SegmentFiles | None:
         """Where key interval ``interval``'s id segments go in micro-batch ``batch_id``
         (``None``: the running task's; the result ``None``: inside the store — no directory,

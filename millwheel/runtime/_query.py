@@ -315,10 +315,11 @@ class ComputationQuery:
         union = union.withWatermark("wm_ts", "0 seconds")
         keyer = self.rt.keyer
         sink = self.outbox.sink
+        # a computation that reads no values (its ``record_columns``) gets them only if it asks (``FileValues``)
+        scan = BatchScan(self.checkpoint.uri, tuple(scanned), kcol, icol, self.intervals, reads_values(self.spec)) if scanned else None
         if arrow is not None:  # the opt-in mapping of a columnar computation: ``_arrowmap.py``
             out, sink = union, arrow.sink
-            if scanned:
-                arrow.step.scan = BatchScan(self.checkpoint.uri, tuple(scanned), kcol, icol, self.intervals, reads_values(self.spec))
+            arrow.step.scan = scan
         elif self.state_layout == "keys":
             interval_step_class(self.spec, self.state_layout)  # refuses a columnar computation
             # one state-store row per key (``_mapstate.py``): transformWithStateInPandas
@@ -329,12 +330,9 @@ class ComputationQuery:
         else:
             # a columnar computation has its own interval function: ``_columnar.py``
             step = interval_step_class(self.spec)(self.spec, pipeline=self.rt.pipeline_id, registry=settings.registry, keyer=keyer, groups=self.groups)
-            if scanned:
-                # a computation that reads no values (its ``record_columns``) gets them only if it asks (``FileValues``)
-                step.scan = BatchScan(self.checkpoint.uri, tuple(scanned), kcol, icol, self.intervals, reads_values(self.spec))
             if isinstance(step, ColumnarIntervalStep):  # its held ids in files beside the state (``_colsegments.py``)
-                step.id_segments = self.checkpoint.child("ids").uri
-                step.keep_batches = int(spark.conf.get("spark.sql.streaming.minBatchesToRetain", "100"))
+                step.scan = scan
+                step.ids_beside(self.checkpoint.child("ids").uri, spark)
             out = union.groupBy("group").applyInPandasWithState(
                 step, step.out_schema(), STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout,
             )  # fmt: skip
