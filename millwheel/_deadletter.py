@@ -42,6 +42,9 @@ class Stage:
 
     #: a log line that is not a record (broken JSON, missing or bad id/timestamp)
     MALFORMED = "malformed_line"
+    #: a log line whose timestamp cannot belong with its neighbours (a unit mistake: seconds,
+    #: microseconds or nanoseconds where milliseconds are expected); the record is kept
+    IMPLAUSIBLE_TIMESTAMP = "implausible_timestamp"
     #: a record's id or timestamp is invalid (injector or ``Harness.inject`` boundary)
     INVALID_RECORD = "invalid_record"
     #: the consumer's key extractor raised or returned something that is not a key
@@ -110,8 +113,25 @@ def malformed_line(injector: str, stream: str, file: str, offset: int, reason: s
     backends: the time at which the line was written is unknown, and the file's time is
     what the injector low watermark is held at while the file is read.
     """
-    text = line.decode(errors="replace")
-    if len(text) > MAX_REASON:
-        text = text[: MAX_REASON - 3] + "..."
+    text = _line_text(line)
     letter = DeadLetter(Stage.MALFORMED, reason, injector=injector, stream=stream, file=file, offset=offset, line=text)
+    return dead_letter_record(letter, timestamp, file, offset)
+
+
+def _line_text(line: bytes) -> str:
+    text = line.decode(errors="replace")
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
+
+
+def implausible_line(injector: str, stream: str, file: str, offset: int, reason: str, line: bytes, record: Record, timestamp: int) -> Record:
+    """The dead letter of a log line whose timestamp is implausible (``_logplan.plausible_bounds``).
+
+    The record as read (its id, value and timestamp) is kept in the letter, so a consumer
+    can repair its unit and send it again; the letter itself is timestamped like a
+    malformed line's, with the file's time, never with the implausible timestamp.
+    """
+    text = _line_text(line)
+    letter = DeadLetter(
+        Stage.IMPLAUSIBLE_TIMESTAMP, reason, injector=injector, stream=stream, record=record, file=file, offset=offset, line=text
+    )
     return dead_letter_record(letter, timestamp, file, offset)

@@ -48,7 +48,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-from millwheel._errors import TopologyError
+from millwheel._errors import RunError, TopologyError
 from millwheel._logparse import (
     LOG_SUFFIXES,
     Chunk,
@@ -60,6 +60,7 @@ from millwheel._logparse import (
     parse_line,
 )
 from millwheel._logplan import (
+    DEFAULT_MAX_SKEW_MS,
     ByteRange,
     FileProgress,
     ReadOptions,
@@ -110,7 +111,7 @@ def read_range(opts: ReadOptions, r: ByteRange, injector: str, stream: str) -> C
         data = fh.read(r.end - r.begin)
     return parse_chunk(
         data, start=r.begin, file=r.name, file_time=r.file_time, injector=injector, stream=stream,
-        id_field=opts.id_field, ts_field=opts.ts_field,
+        id_field=opts.id_field, ts_field=opts.ts_field, bounds=(r.lo, r.hi),
     )  # fmt: skip
 
 
@@ -123,6 +124,13 @@ class LogFileSource(Source):
     marker in the directory exists, or ``finite=True``, or a newer file has appeared
     (``finish_on_rotation``), or it has not grown for ``idle_finish_ms`` (default one
     minute; ``None``: never). ``max_bytes_per_batch`` bounds one batch.
+
+    ``max_skew_ms`` is how far a record's timestamp may lie from its neighbours (ahead of
+    the latest time known — any file's newest record, the file's time, the wall clock of a
+    live source — or behind its own file's time and oldest record) before it is
+    implausible: a dead letter, stage ``implausible_timestamp``, that moves no watermark.
+    The default, ten years, catches every unit mistake of x1000 (seconds, microseconds
+    or nanoseconds where milliseconds are expected); ``None`` checks nothing.
     """
 
     def __init__(
@@ -136,6 +144,7 @@ class LogFileSource(Source):
         lateness_ms: int = 0,
         max_bytes_per_batch: int = 64 << 20,
         finish_on_rotation: bool = True,
+        max_skew_ms: int | None = DEFAULT_MAX_SKEW_MS,
     ) -> None:
         if lateness_ms < 0 or max_bytes_per_batch < 1 or (idle_finish_ms is not None and idle_finish_ms < 0):
             msg = (
@@ -143,11 +152,15 @@ class LogFileSource(Source):
                 f"max_bytes_per_batch >= 1; got {lateness_ms}, {idle_finish_ms}, {max_bytes_per_batch}"
             )
             raise TopologyError(msg)
+        if max_skew_ms is not None and (type(max_skew_ms) is not int or max_skew_ms < 1):
+            msg = f"LogFileSource({os.fspath(path)!r}): max_skew_ms must be a positive int of milliseconds or None; got {max_skew_ms!r}"
+            raise TopologyError(msg)
         #: the offset the newest :meth:`batches` reached (its files' progress, for reports)
         self.last_offset: dict[str, Any] | None = None
         self.read_options = ReadOptions(
-            os.fspath(path), id_field, ts_field, idle_finish_ms, finite, lateness_ms, max_bytes_per_batch, finish_on_rotation
-        )
+            os.fspath(path), id_field, ts_field, idle_finish_ms, finite, lateness_ms, max_bytes_per_batch, finish_on_rotation,
+            max_skew_ms,
+        )  # fmt: skip
 
     @property
     def path(self) -> str:
@@ -165,12 +178,14 @@ class LogFileSource(Source):
             "lateness_ms": str(o.lateness_ms),
             "max_bytes_per_batch": str(o.max_bytes_per_batch),
             "finish_on_rotation": "1" if o.finish_on_rotation else "0",
+            "max_skew_ms": "" if o.max_skew_ms is None else str(o.max_skew_ms),
         }
 
     @staticmethod
     def read_options_from(options: dict[str, str]) -> ReadOptions:
         """The inverse of :meth:`options` (the Spark reader's side)."""
         idle = options.get("idle_finish_ms", "")
+        skew = options.get("max_skew_ms", str(DEFAULT_MAX_SKEW_MS))
         return ReadOptions(
             path=options["path"],
             id_field=options.get("id_field", "id"),
@@ -180,6 +195,7 @@ class LogFileSource(Source):
             lateness_ms=int(options.get("lateness_ms", "0")),
             max_bytes_per_batch=int(options.get("max_bytes_per_batch", str(64 << 20))),
             finish_on_rotation=options.get("finish_on_rotation", "1") == "1",
+            max_skew_ms=int(skew) if skew else None,
         )
 
     def batches(self, injector: str = "injector", stream: str = "records") -> Iterator[SourceBatch]:
@@ -199,6 +215,13 @@ class LogFileSource(Source):
                 yield SourceBatch([], r.sender_watermark)
                 yield SourceBatch(chunk.records, r.sender_watermark, chunk.dead_letters)
             yield SourceBatch([], end["lw"])
-            if end["lw"] >= MAX_TIMESTAMP or end == offset:
+            if end["lw"] >= MAX_TIMESTAMP:
                 return
+            if end == offset:  # read as finished, every file is read to its size: never reached
+                left = [n for n, p in progress_of(end).items() if not p.finished]
+                msg = (
+                    f"LogFileSource({opts.path!r}), injector {injector!r}: the plan stopped with files not read to "
+                    f"their end: {', '.join(left) or '(none)'}; their input would be lost without a word"
+                )
+                raise RunError(msg)
             offset = end

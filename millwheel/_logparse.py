@@ -18,8 +18,8 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from millwheel._deadletter import malformed_line
-from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record
+from millwheel._deadletter import implausible_line, malformed_line
+from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record, timestamp_text
 
 LOG_SUFFIXES = (".jsonl", ".json", ".log", ".ndjson")
 
@@ -136,9 +136,12 @@ def parse_chunk(
     stream: str,
     id_field: str,
     ts_field: str,
+    bounds: tuple[int, int] = (_INT64_MIN + 1, _INT64_MAX - 1),
 ) -> Chunk:
-    """Parse complete lines of ``data`` (read from byte ``start`` of ``file``): each line
-    gives what :func:`parse_line` gives it, a record or a dead letter with its reason.
+    """Parse the lines of ``data`` (read from byte ``start`` of ``file``): each line gives
+    what :func:`parse_line` gives it, a record or a dead letter with its reason; a record
+    whose timestamp lies outside ``bounds`` (the plausible window the plan set for these
+    bytes, ``_logplan.plausible_bounds``) is a dead letter too, stage ``implausible_timestamp``.
 
     The bytes are decoded once and each line's JSON scanned where it lies (:func:`_lines_of`),
     with the garbage collector paused: the values are new, acyclic and kept, so its
@@ -149,6 +152,7 @@ def parse_chunk(
     """
     records: list[Record] = []
     dead: list[Record] = []
+    lo, hi = bounds
     paused = gc.isenabled()
     gc.disable()
     try:
@@ -156,7 +160,7 @@ def parse_chunk(
             if type(value) is dict:  # the common case, checked inline: an object with both fields valid
                 ts = value.get(ts_field)
                 rid = value.get(id_field)
-                if type(ts) is int and _INT64_MIN < ts < _INT64_MAX and type(rid) is str and rid:
+                if type(ts) is int and lo <= ts <= hi and type(rid) is str and rid:
                     records.append(Record(None, value, ts, rid, stream))
                     continue
             try:
@@ -167,11 +171,33 @@ def parse_chunk(
             except MalformedLine as exc:
                 dead.append(malformed_line(injector, stream, file, offset, str(exc), line, file_time))
                 continue
-            records.append(Record(None, value, ts, rid, stream))
+            record = Record(None, value, ts, rid, stream)
+            if lo <= ts <= hi:
+                records.append(record)
+            else:
+                why = implausible_reason(ts, ts_field, lo, hi)
+                dead.append(implausible_line(injector, stream, file, offset, why, line, record, file_time))
     finally:
         if paused:
             gc.enable()
     return Chunk(records, dead)
+
+
+def implausible_reason(ts: int, ts_field: str, lo: int, hi: int) -> str:
+    """Why timestamp ``ts`` is not in the plausible window ``[lo, hi]``: its value, the
+    window, and the likely mistake.
+
+    >>> print(implausible_reason(1_765_458_394_380_000, "ts", 0, 2_000_000_000_000))
+    implausible_timestamp: 'ts' is 1765458394380000 (1765458394380000 ms (after the year 9999)), later than any time plausible here (up to 2033-05-18 03:33:20); microseconds or nanoseconds where milliseconds are expected? LogFileSource(max_skew_ms=...) sets how far a record may lie from its neighbours
+    """
+    if ts > hi:
+        where, unit = f"later than any time plausible here (up to {timestamp_text(hi)})", "microseconds or nanoseconds"
+    else:
+        where, unit = f"earlier than any time plausible here (from {timestamp_text(lo)})", "seconds"
+    return (
+        f"implausible_timestamp: {ts_field!r} is {ts} ({timestamp_text(ts)}), {where}; {unit} where milliseconds "
+        "are expected? LogFileSource(max_skew_ms=...) sets how far a record may lie from its neighbours"
+    )
 
 
 #: what :func:`_lines_of` gives for a line it leaves to :func:`parse_line`

@@ -29,6 +29,12 @@ from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
 
 _TAIL = 1 << 16
 
+#: the default ``max_skew_ms``: ten years. A unit mistake of x1000 always trips it —
+#: seconds where milliseconds are expected for any record after 1980, micro- or
+#: nanoseconds for any after 1970-01-05 — and a backfill whose files lie a few
+#: years apart does not.
+DEFAULT_MAX_SKEW_MS = 10 * 365 * 86_400_000
+
 
 @dataclass(frozen=True, slots=True)
 class ReadOptions:
@@ -42,6 +48,8 @@ class ReadOptions:
     lateness_ms: int = 0
     max_bytes_per_batch: int = 64 << 20
     finish_on_rotation: bool = True
+    #: how far a record's timestamp may lie from its neighbours (:func:`plausible_bounds`); ``None``: any
+    max_skew_ms: int | None = DEFAULT_MAX_SKEW_MS
 
 
 @dataclass(slots=True)
@@ -53,7 +61,7 @@ class FileProgress:
     ((0, None, False), True)
     """
 
-    #: bytes read so far (complete lines only)
+    #: bytes read so far (complete lines only, and a last line without a newline once complete)
     pos: int = 0
     #: the time in the file's name (:func:`file_time`), or ``None``
     time: int | None = None
@@ -73,6 +81,9 @@ class FileProgress:
     complete: bool = False
     #: complete and read to its end
     finished: bool = False
+    #: the plausible timestamps of the bytes the latest batch that read from the file read,
+    #: ``[lo, hi]`` (:func:`plausible_bounds`; ``None`` in offsets from before the check)
+    bounds: list[int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _PROGRESS_FIELDS}
@@ -207,13 +218,64 @@ def timestamps(data: bytes, ts_field: str) -> list[int]:
     return [v for v in map(int, found) if MIN_TIMESTAMP < v < MAX_TIMESTAMP]
 
 
-def _read_into(p: FileProgress, full: str, end: int, ts_field: str, at_end: bool) -> None:
-    """Scan bytes ``[p.pos, end)`` of a file into its progress: the batch's smallest timestamp,
+def plausible_bounds(p: FileProgress, values: list[int], latest: int | None, skew: int | None) -> tuple[int, int]:
+    """The timestamps a batch's bytes of file ``p`` may carry, ``(lo, hi)``: a record outside is
+    implausible — a dead letter (``implausible_timestamp``) that moves no promise and no
+    watermark (MillWheel §4.5: a low watermark is only as true as the times it is built from).
+
+    * *ahead*: at most ``skew`` after the latest time known before the batch: ``latest``
+      (the newest plausible record of any file, the injector low watermark, and for a live
+      source the wall clock) and the time in the file's name;
+    * *behind*: at most ``skew`` before the earliest its own file is known by: the time in
+      its name and its oldest plausible record;
+    * a side with nothing known (the first bytes of a finite directory) is judged against
+      the median of the batch's own timestamps ``values``, so one wrong record among many
+      is out.
+
+    The plan decides the window and keeps it in the offset (:attr:`FileProgress.bounds`):
+    the readers of both backends, and a replay, judge the same bytes by the same window.
+
+    >>> day = 86_400_000
+    >>> plausible_bounds(FileProgress(time=1_700_000_000_000), [], None, day)
+    (1699913600000, 1700086400000)
+    >>> lo, hi = plausible_bounds(FileProgress(), [1_700_000_000_000, 1_700_000_000_000_000, 1_700_000_000_001], None, day)
+    >>> lo <= 1_700_000_000_001 <= hi < 1_700_000_000_000_000
+    True
+    """
+    if skew is None:
+        return MIN_TIMESTAMP + 1, MAX_TIMESTAMP - 1
+    middle = sorted(values)[len(values) // 2] if values else None
+    ahead = [t for t in (latest, p.time) if t is not None]
+    behind = [t for t in (p.time, p.oldest) if t is not None]
+    top = max(ahead) if ahead else middle
+    bottom = min(behind) if behind else middle
+    hi = MAX_TIMESTAMP - 1 if top is None else min(top + skew, MAX_TIMESTAMP - 1)
+    lo = MIN_TIMESTAMP + 1 if bottom is None else max(bottom - skew, MIN_TIMESTAMP + 1)
+    return lo, hi
+
+
+def latest_known(files: dict[str, Any], lw: int, now_ms: int | None) -> int | None:
+    """The latest time an offset knows: the newest plausible record of any of its ``files``,
+    the injector low watermark ``lw`` (when a time), and the wall clock ``now_ms`` (a live source)."""
+    known = [t for t in (FileProgress.of(n, raw).newest for n, raw in files.items()) if t is not None]
+    if MIN_TIMESTAMP < lw < MAX_TIMESTAMP:
+        known.append(lw)
+    if now_ms is not None:
+        known.append(now_ms)
+    return max(known) if known else None
+
+
+def _read_into(p: FileProgress, full: str, end: int, opts: ReadOptions, at_end: bool, latest: int | None) -> None:
+    """Scan bytes ``[p.pos, end)`` of a file into its progress: the plausible window of the
+    bytes (:func:`plausible_bounds`), and of the plausible timestamps the batch's smallest,
     the oldest and newest so far, the disorder read, and (at the file's end) how far it reached."""
     with open(full, "rb") as fh:
         fh.seek(p.pos)
         data = fh.read(end - p.pos)
-    values = timestamps(data, ts_field)
+    values = timestamps(data, opts.ts_field)
+    lo, hi = plausible_bounds(p, values, latest, opts.max_skew_ms)
+    p.bounds = [lo, hi]
+    values = [v for v in values if lo <= v <= hi]
     if values:
         low = min(values)
         p.low = low
@@ -228,16 +290,27 @@ def _read_into(p: FileProgress, full: str, end: int, ts_field: str, at_end: bool
     if at_end:
         # progress counts once the reader is at the file's end (a live file being tailed); a
         # batch that stops inside a file because of the byte budget promises only the file's
-        # time, so where batches are cut never makes records late. The last *record* (a
-        # parsed line, not the scan's guess) is how far it reached.
+        # time, so where batches are cut never makes records late. The last plausible
+        # *record* (a parsed line, not the scan's guess) is how far it reached.
         tail = data[-_TAIL:].split(b"\n")
         for line in reversed(tail[1:] if len(data) > _TAIL else tail):
-            last = first_timestamp(line, ts_field)
-            if last is not None:
+            last = first_timestamp(line, opts.ts_field)
+            if last is not None and lo <= last <= hi:
                 if p.reached is None or last > p.reached:
                     p.reached = last
                 break
     p.pos = end
+
+
+def _idle(opts: ReadOptions, now_ms: int, mtime: float) -> bool:
+    return opts.idle_finish_ms is not None and now_ms - mtime * 1000 >= opts.idle_finish_ms
+
+
+def _complete(name: str, p: FileProgress, opts: ReadOptions, present: set[str], newest_start: int | None, idle: bool) -> bool:
+    """Whether file ``name`` will not grow: a ``.done``/``_DONE`` marker, ``finite``, a newer
+    file (rotation), or no growth for ``idle_finish_ms`` (``idle``)."""
+    newer = opts.finish_on_rotation and p.started is not None and newest_start is not None and newest_start > p.started
+    return p.complete or "_DONE" in present or f"{name}.done" in present or opts.finite or newer or idle
 
 
 def plan_offset(start: dict[str, Any], opts: ReadOptions, now_ms: int) -> dict[str, Any]:
@@ -259,39 +332,44 @@ def plan_offset(start: dict[str, Any], opts: ReadOptions, now_ms: int) -> dict[s
     path = opts.path
     names = sorted(os.listdir(path)) if os.path.isdir(path) else []
     present = set(names)
-    dir_done = "_DONE" in present
+    logs = [n for n in names if is_log_file(n)]
     files: dict[str, FileProgress] = {}
     stats: dict[str, tuple[int, float]] = {}
     budget = opts.max_bytes_per_batch
-    for name in (n for n in names if is_log_file(n)):
+    latest = latest_known(prev, start["lw"], None if opts.finite else now_ms)
+    known_start = max((t for t in (FileProgress.of(n, prev.get(n)).started for n in logs) if t is not None), default=None)
+    for name in logs:
         full = os.path.join(path, name)
         st = os.stat(full)
         p = FileProgress.of(name, prev.get(name))
+        # a file known to be complete before this batch is read to its size: its last line
+        # counts whether or not it ends in a newline (a growing file's half line waits)
+        whole = _complete(name, p, opts, present, known_start, _idle(opts, now_ms, st.st_mtime))
         new_pos = p.pos
         caught_up = st.st_size <= p.pos  # read every complete line the file has now
         if st.st_size > p.pos and budget > 0:
             end = min(st.st_size, p.pos + budget)
             caught_up = end >= st.st_size
-            new_pos = _last_newline(full, p.pos, end)
+            new_pos = st.st_size if caught_up and whole else _last_newline(full, p.pos, end)
             if new_pos == p.pos and end < st.st_size:
                 # the next line does not fit what is left of the budget: a batch that has
                 # read nothing yet takes it whole, any other batch stops here
-                new_pos = _next_newline(full, p.pos, st.st_size) if budget == opts.max_bytes_per_batch else p.pos
+                if budget == opts.max_bytes_per_batch:
+                    new_pos = _next_newline(full, p.pos, st.st_size)
+                    if new_pos == p.pos and whole:
+                        new_pos = st.st_size  # a complete file's last line, longer than the budget
                 budget = 0 if new_pos == p.pos else budget - (new_pos - p.pos)
             else:
                 budget -= new_pos - p.pos
         if new_pos > p.pos:
-            _read_into(p, full, new_pos, opts.ts_field, caught_up)
+            _read_into(p, full, new_pos, opts, caught_up, latest)
         p.at_end = caught_up
         files[name] = p
         stats[name] = (st.st_size, st.st_mtime)
     newest_start = max((p.started for p in files.values() if p.started is not None), default=None)
     for name, p in files.items():
         size, mtime = stats[name]
-        if not p.complete:
-            newer = opts.finish_on_rotation and p.started is not None and newest_start is not None and newest_start > p.started
-            idle = opts.idle_finish_ms is not None and now_ms - mtime * 1000 >= opts.idle_finish_ms
-            p.complete = dir_done or f"{name}.done" in present or opts.finite or newer or idle
+        p.complete = _complete(name, p, opts, present, newest_start, _idle(opts, now_ms, mtime))
         p.finished = p.finished or (p.complete and p.pos >= size)
     for name in prev:  # a file that disappeared keeps its entry (finished)
         if name not in files:
@@ -304,7 +382,7 @@ def plan_offset(start: dict[str, Any], opts: ReadOptions, now_ms: int) -> dict[s
         lw = start["lw"]  # a file whose promise is unknown holds the watermark
     elif promises:
         lw = min(x for x in promises if x is not None)
-    elif dir_done or opts.finite:
+    elif "_DONE" in present or opts.finite:
         lw = MAX_TIMESTAMP
     else:  # every file finished, more may come: the newest file's time
         starts = [max(p.started, p.started if p.reached is None else p.reached) for p in files.values() if p.started is not None]
@@ -337,11 +415,12 @@ def log_names(path: str) -> list[str]:
 
 
 def unread(offset: dict[str, Any], opts: ReadOptions) -> list[str]:
-    """Log files of the directory with complete lines beyond what ``offset`` read.
+    """Log files of the directory with bytes beyond what ``offset`` read.
 
     A finished directory's watermark is already ``MAX_TIMESTAMP``, so a file that lands
     in it later (a re-injection) holds nothing: "drained" must also mean nothing is left
-    to read.
+    to read. In a complete directory every file is complete, so a last line without a
+    newline is input still to read (a record or a dead letter), not a line being written.
     """
     progress = offset["files"]
     path = opts.path
@@ -349,7 +428,7 @@ def unread(offset: dict[str, Any], opts: ReadOptions) -> list[str]:
     for name in log_names(path):
         pos = FileProgress.of(name, progress.get(name)).pos
         size = os.stat(os.path.join(path, name)).st_size
-        if size > pos and _last_newline(os.path.join(path, name), pos, size) > pos:
+        if size > pos:
             out.append(name)
     return out
 
@@ -384,6 +463,9 @@ class ByteRange:
     end: int
     sender_watermark: int
     file_time: int
+    #: the plausible timestamps of the range (:func:`plausible_bounds`): a record outside is a dead letter
+    lo: int = MIN_TIMESTAMP + 1
+    hi: int = MAX_TIMESTAMP - 1
 
 
 def plan_ranges(start: dict[str, Any], end: dict[str, Any], lateness_ms: int) -> list[ByteRange]:
@@ -412,6 +494,7 @@ def plan_ranges(start: dict[str, Any], end: dict[str, Any], lateness_ms: int) ->
             continue
         own = p.time - lateness_ms if p.time is not None else p.low
         swm = max(start["lw"], cap if own is None else min(own, cap))
-        out.append(ByteRange(name, old, p.pos, swm, p.time if p.time is not None else swm))
+        lo, hi = p.bounds or (MIN_TIMESTAMP + 1, MAX_TIMESTAMP - 1)
+        out.append(ByteRange(name, old, p.pos, swm, p.time if p.time is not None else swm, lo, hi))
     out.sort(key=lambda r: (r.sender_watermark, r.file_time, r.name))
     return out

@@ -112,18 +112,28 @@ def production_time(watermark_or_timer: int) -> int:
 
 def timestamp_text(v: int) -> str:
     """A timestamp or low watermark for people, the one spelling every summary and status
-    uses: a UTC date and time, ``+inf (done)`` or ``-inf``.
+    uses: a UTC date and time, ``+inf (done)`` or ``-inf``. Any int spells: a time beyond
+    the year 9999 (a timestamp in micro- or nanoseconds) is its number of milliseconds.
 
     >>> timestamp_text(1_700_000_000_000), timestamp_text(MAX_TIMESTAMP), timestamp_text(42)
     ('2023-11-14 22:13:20', '+inf (done)', '42')
+    >>> timestamp_text(1_765_458_394_380_000)
+    '1765458394380000 ms (after the year 9999)'
     """
     if v >= MAX_TIMESTAMP:
         return "+inf (done)"
     if v <= MIN_TIMESTAMP:
         return "-inf"
+    if v >= _YEAR_10000_MS:
+        return f"{v} ms (after the year 9999)"
     if v > 10**11:
-        return datetime.datetime.fromtimestamp(v / 1000, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+        return (_EPOCH + datetime.timedelta(milliseconds=v)).strftime("%Y-%m-%d %H:%M:%S")
     return str(v)
+
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+#: 10000-01-01T00:00:00Z in ms since the epoch: the first time ``datetime`` cannot spell
+_YEAR_10000_MS = 253_402_300_800_000
 
 
 def duration_text(ms: int | float | None) -> str:

@@ -61,7 +61,7 @@ class _Ranges(InputPartition):
     """Consecutive byte ranges of one batch, read by one task in order."""
 
     def __init__(self, ranges: list[ByteRange]) -> None:
-        super().__init__(tuple((r.name, r.begin, r.end, r.sender_watermark, r.file_time) for r in ranges))
+        super().__init__(tuple((r.name, r.begin, r.end, r.sender_watermark, r.file_time, r.lo, r.hi) for r in ranges))
 
 
 def deal_ranges(ranges: list[ByteRange], partitions: int) -> list[list[ByteRange]]:
@@ -107,8 +107,8 @@ class LogFileStreamReader(DataSourceStreamReader):
         return [_Ranges(run) for run in deal_ranges(plan_ranges(start, end, self.opts.lateness_ms), self.max_partitions)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        for name, begin, end, swm, ftime in partition.value:  # type: ignore[attr-defined]
-            yield from self._read_range(ByteRange(name, begin, end, swm, ftime))
+        for name, begin, end, swm, ftime, lo, hi in partition.value:  # type: ignore[attr-defined]
+            yield from self._read_range(ByteRange(name, begin, end, swm, ftime, lo, hi))
 
     def _read_range(self, byte_range: ByteRange) -> Iterator[pa.RecordBatch]:
         """The range's records, then its dead letters: one Arrow batch each (either may be absent).
