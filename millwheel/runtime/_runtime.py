@@ -292,22 +292,42 @@ class SparkRuntime:
         self._log(msg)
 
     # ---- running -----------------------------------------------------------------------
-    def start(self) -> None:
-        if self.started:
-            return
+    def claim(self) -> str:
+        """Pin the run directory's settings and identity and enter the registry's roster; the
+        pipeline identity (:meth:`start` claims first; a caller may claim before, to write what
+        belongs with a run only once the directory is one).
+
+        A start the roster refuses (another run directory holds the name) leaves the directory
+        as it found it: a ``run.json`` this call wrote is removed again, so nothing makes the
+        directory look like a run (verification reads its identity there).
+        """
+        if self.pipeline_id is not None:
+            return self.pipeline_id
+        pin = self.root.child("run.json")
+        before = pin.read_text()
         self.root.mkdirs()
         pin_run_settings(self.root, self.settings)
         pin_fields(self.root, self.topology.fields)  # a stream's files hold its values in columns of these types
         name, epoch = pin_pipeline(self.root, self.settings.pipeline)
-        self.pipeline_id = pipeline_id(name, epoch)
         if self.settings.registry is not None:
             registry = self.settings.registry()
             try:
                 join_roster(registry, name, epoch, where_of(self.root))
             except PipelineNameTaken as exc:
+                if before is None:
+                    pin.delete()
+                else:
+                    pin.write_text(before)
                 raise MillwheelError(str(exc)) from None
             finally:
                 getattr(registry, "close", lambda: None)()
+        self.pipeline_id = pipeline_id(name, epoch)
+        return self.pipeline_id
+
+    def start(self) -> None:
+        if self.started:
+            return
+        self.claim()
         self.root.child("tallies").mkdirs()
         ship_user_code(self.topology)
         for stream in self.topology.streams():

@@ -7,7 +7,8 @@ Registered with the ``millwheel`` command as an entry point (``pyproject.toml``,
     millwheel photon run [DATA_DIR] [--backend harness|spark] [--mode continuous|batch]
                          [--checkpoint RUN --pipeline NAME --registry URL [--follow] [--dashboard]]
                                                                                  run one pipeline, evaluate
-    millwheel photon verify RUN [RUN ...] [--registry URL] [--dry-run] [--json]  verification and recovery (§3.3.3)
+    millwheel photon verify RUN [RUN ...] [--registry URL] [--target RUN] [--dry-run] [--json]
+                                                                                 verification and recovery (§3.3.3)
     millwheel photon evaluate DATA_DIR RUN [RUN ...] [--json]                    the union of runs' outputs vs a batch join
 
 ``run`` and ``evaluate`` read ``DATA_DIR`` and never write it: only the default sample's
@@ -248,7 +249,7 @@ def _verify(args: argparse.Namespace) -> int:
         msg = "no --registry URL, and the runs' manifests name none"
         raise ValueError(msg)
     with _registry(url, args.secret_file) as reg:
-        report = verify_runs(args.runs, reg, clear_tokens=args.clear_tokens, dry_run=args.dry_run)
+        report = verify_runs(args.runs, reg, clear_tokens=args.clear_tokens, dry_run=args.dry_run, target=args.target)
     print(json.dumps(report_dict(report), indent=1) if args.json else report.text())
     return 0
 
@@ -316,6 +317,10 @@ def _parser() -> argparse.ArgumentParser:
     p_ver.add_argument("--registry", default=None, help="default: the one the runs' manifests name")
     p_ver.add_argument("--secret-file", default=None, help="the registry's secret (default: $MILLWHEEL_REGISTRY_SECRET, ...)")
     p_ver.add_argument("--dry-run", action="store_true", help="report only: clear nothing, re-inject nothing")
+    p_ver.add_argument(
+        "--target", default=None,
+        help="the run directory (one of RUN...) that takes re-injected clicks where more than one could (without it, verification asks)",
+    )  # fmt: skip
     p_ver.add_argument(
         "--clear-tokens", action="store_true",
         help="drop the tokens of clicks safely in the output (saves registry space; a later verification of a subset then recovers less)",

@@ -42,7 +42,7 @@ from .generator import has_truth, load_truth
 from .joiner import JOINED, UNJOINABLE, Adapter
 from .topology import build, join_topology, make_sources
 
-__all__ = ["PipelineBusyError", "prepare_run", "read_run", "replay", "run_lock", "run_spark"]
+__all__ = ["PipelineBusyError", "check_run", "prepare_run", "read_run", "replay", "run_lock", "run_spark"]
 
 #: files of a pipeline's run directory
 MANIFEST = "photon.json"
@@ -202,19 +202,32 @@ def run_lock(root: str | os.PathLike[str], *, wait: bool = False) -> Iterator[No
         os.close(fd)  # closing the descriptor releases the lock
 
 
-def prepare_run(
-    root: str | os.PathLike[str], data_dir: str | os.PathLike[str], config: PhotonConfig, pipeline: str, registry_url: str | None,
-) -> Path:  # fmt: skip
-    """Write the run directory's manifest and its (complete, empty) re-injection directory."""
+def check_run(root: str | os.PathLike[str], pipeline: str) -> Path:
+    """Refuse a run directory whose manifest names another pipeline; write nothing."""
     run = Path(root)
-    (run / REINJECT).mkdir(parents=True, exist_ok=True)
-    (run / REINJECT / "_DONE").touch()  # the injector's watermark is +inf: re-injected clicks hold nothing
-    manifest = {"data_dir": os.fspath(Path(data_dir).resolve()), "pipeline": pipeline, "registry": registry_url, "config": dataclasses.asdict(config)}
     old = read_manifest(run)
     if old is not None and old["pipeline"] != pipeline:
         msg = f"run directory {run} belongs to pipeline {old['pipeline']!r}, not {pipeline!r}"
         raise ValueError(msg)
-    (run / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+    return run
+
+
+def prepare_run(
+    root: str | os.PathLike[str], data_dir: str | os.PathLike[str], config: PhotonConfig, pipeline: str, registry_url: str | None,
+) -> Path:  # fmt: skip
+    """Write the run directory's manifest and its (complete, empty) re-injection directory.
+
+    :func:`run_spark` calls it once the registry's roster has taken the run directory as a
+    member: a start refused under a taken name leaves no manifest, so verification never
+    takes the directory for a pipeline.
+    """
+    run = check_run(root, pipeline)
+    (run / REINJECT).mkdir(parents=True, exist_ok=True)
+    (run / REINJECT / "_DONE").touch()  # the injector's watermark is +inf: re-injected clicks hold nothing
+    manifest = {"data_dir": os.fspath(Path(data_dir).resolve()), "pipeline": pipeline, "registry": registry_url, "config": dataclasses.asdict(config)}
+    tmp = run / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+    os.replace(tmp, run / MANIFEST)
     return run
 
 
@@ -254,11 +267,13 @@ def run_spark(
 
     c = config or PhotonConfig()
     started = time.perf_counter()
-    run = prepare_run(root, data_dir, c, pipeline, registry_url)
+    run = check_run(root, pipeline)
     with run_lock(run):
         t = build(data_dir, config=c, adapter=adapter, reinject_dir=run / REINJECT, finite=finite)
         settings = dataclasses.replace(settings or RuntimeSettings(), drain=finite, pipeline=pipeline, registry=registry)
         rt = SparkRuntime(t, os.fspath(run), settings, watermarks=watermarks, log=log)
+        rt.claim()  # the roster takes this directory as a member (or refuses its name) before it looks like a run
+        prepare_run(run, data_dir, c, pipeline, registry_url)
         _write_status(run, pipeline, drained=False)
         try:
             rt.start()

@@ -7,8 +7,9 @@ inner join on the query id (:func:`batch_join`). The rules:
 * **exact match** — the set of ``joined_clicks`` records equals the batch join's, field
   for field (the default :class:`~.joiner.Adapter`'s shape: both events' fields, with
   ``query_ts`` and ``click_ts``);
-* **no click twice** — no click id appears twice in ``joined_clicks`` (nor in
-  ``joined_clicks`` and ``unjoinable`` with a decided reason); a click one pipeline gave
+* **no click twice** — no click id appears twice in ``joined_clicks``, nor twice in
+  ``unjoinable`` (every record of either is a once-production), nor in
+  ``joined_clicks`` and ``unjoinable`` with a decided reason; a click one pipeline gave
   up (``no_query``, a tentative decision) and another joined is counted as a superseded
   give-up, not an error;
 * **orphans** — every click whose query is never logged is in ``unjoinable`` with reason
@@ -159,6 +160,9 @@ def evaluate(result: RunResult, data_dir: str | os.PathLike[str], truth: dict[st
                    "unexpected": len(set(got) - set(want))},
         "exact_match": set(got) == set(want),
         "duplicates_in_output": sum(n - 1 for n in ids.values() if n > 1),
+        # every decision goes out once, across pipelines: a click given up twice (a re-injection into
+        # a pipeline that had already given it up) is a duplicate as much as one joined twice
+        "duplicates_in_unjoinable": sum(n - 1 for n in unjoinable_ids.values() if n > 1),
         # a click given up (``no_query``) by one pipeline and joined by another: the give-up
         # yielded (``once_tentative``) and is superseded; joined and *decided* unjoinable is an error
         "joined_and_unjoinable": len(set(ids) & (set(unjoinable_ids) - no_query)),
@@ -172,7 +176,8 @@ def evaluate(result: RunResult, data_dir: str | os.PathLike[str], truth: dict[st
     if truth is not None:
         report["input"].update(delayed_queries=truth.get("delayed_queries"), clicks_before_query=truth.get("clicks_before_query"))
     report["ok"] = (
-        report["exact_match"] and report["duplicates_in_output"] == 0 and report["joined_and_unjoinable"] == 0
+        report["exact_match"] and report["duplicates_in_output"] == 0 and report["duplicates_in_unjoinable"] == 0
+        and report["joined_and_unjoinable"] == 0
         and report["orphans"]["all_in_unjoinable"] and report["orphans"]["other_unjoinable"] == 0
         and report["dead_letters"]["match"]
     )  # fmt: skip
@@ -206,8 +211,8 @@ def render(report: dict[str, Any]) -> str:
         "photon evaluation (against a batch join of the same logs in pandas)",
         f"  joined clicks: {j['output']} output, {j['expected']} expected; missing {j['missing']}, unexpected {j['unexpected']}; "
         f"exact match: {report['exact_match']}",
-        f"  no click twice: {report['duplicates_in_output'] == 0} (duplicates {report['duplicates_in_output']}, "
-        f"joined and unjoinable {report['joined_and_unjoinable']})",
+        f"  no click twice: {report['duplicates_in_output'] == report['duplicates_in_unjoinable'] == 0} (duplicates {report['duplicates_in_output']}, "
+        f"duplicates in unjoinable {report['duplicates_in_unjoinable']}, joined and unjoinable {report['joined_and_unjoinable']})",
         f"  orphans: {o['in_unjoinable']}/{o['expected']} in unjoinable (all: {o['all_in_unjoinable']}); other unjoinable {o['other_unjoinable']}",
         f"  dead letters: {d['total']} ({d['by_stage']}), malformed lines {d['malformed_lines']}"
         + (f", injected {d['injected']}, found {d['found']}" if "injected" in d else "") + f"; match: {d['match']}",

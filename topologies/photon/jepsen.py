@@ -23,8 +23,7 @@ the complete logs and counts, per click: **lost** (joinable, in no ``joined_clic
 in the batch join). Any of them fails the round. Clicks one pipeline gave up and the other
 joined are reported (superseded give-ups), not failures.
 
->>> Counts(joinable=3, orphans=1).ok, Counts(lost=1).ok
-(True, False)
+The checker is ``checker.py``.
 """
 
 from __future__ import annotations
@@ -44,63 +43,15 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .checker import Counts, check_outputs
 from .config import GeneratorConfig, PhotonConfig
 from .drivers import read_run
-from .evaluation import batch_join
 from .generator import generate
-from .joiner import NO_QUERY
 
 #: the crash points a pipeline's first start may die at (``millwheel/runtime/_outbox.py``)
 CRASH_POINTS = ("after_output", "before_publish", "mid_publish")
 #: what a round does between the pipelines' starts and the end, in a random order
 OPERATIONS = ("kill", "verify_all", "verify_subset", "ship_late_clicks", "deliver_delayed_queries")
-
-
-@dataclass
-class Counts:
-    """What the checker counted over the union of the runs' outputs."""
-
-    joinable: int = 0
-    orphans: int = 0
-    lost: int = 0
-    twice: int = 0
-    unseen: int = 0
-    both: int = 0
-    unexpected: int = 0
-    superseded_give_ups: int = 0
-    recovered: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.lost == self.twice == self.unseen == self.both == self.unexpected == 0
-
-    def line(self) -> str:
-        return (
-            f"joinable {self.joinable}, orphans {self.orphans}: lost {self.lost}, twice {self.twice}, unseen {self.unseen}, "
-            f"joined and unjoinable {self.both}, unexpected {self.unexpected}; superseded give-ups {self.superseded_give_ups}, "
-            f"recovered by verification {self.recovered}"
-        )
-
-
-def check_outputs(data: Path, runs: list[Path], config: PhotonConfig) -> Counts:
-    """The checker: the union of ``runs``' outputs against a batch join of the logs in ``data``."""
-    answer = batch_join(data, config)
-    cid = config.click_id_field
-    joinable = {j[cid] for j in answer.joined}
-    joined: Counter[str] = Counter()
-    gave_up: set[str] = set()
-    decided: set[str] = set()
-    for run in runs:
-        out = read_run(run)
-        joined.update(j[cid] for j in out.joined)
-        for u in out.unjoinable:
-            (gave_up if u.get("reason_code") == NO_QUERY else decided).add(u["click"][cid])
-    return Counts(
-        joinable=len(joinable), orphans=len(answer.orphans), lost=len(joinable - set(joined)),
-        twice=sum(1 for n in joined.values() if n > 1), unseen=len(answer.orphans - gave_up),
-        both=len(set(joined) & decided), unexpected=len(set(joined) - joinable),
-        superseded_give_ups=len(set(joined) & gave_up),
-    )  # fmt: skip
 
 
 @dataclass

@@ -34,10 +34,13 @@ cleared only on request (``clear_tokens=True``, Photon's space saving), and an i
 token was cleared is recovered only when every pipeline of the roster is given.
 
 >>> from id_registry import InProcessRegistryClient
+>>> from millwheel.once import join_roster
 >>> from topologies.photon.registry import OnceRegistryAdapter
 >>> with InProcessRegistryClient() as client:
 ...     reg = OnceRegistryAdapter(client)
 ...     clicks = [{"click_id": "c1", "query_id": "q1", "ts": 5}, {"click_id": "c2", "query_id": "q2", "ts": 6}]
+...     for name, epoch in (("dc1", "e1"), ("dc2", "e2")):  # their starts join the registry's roster
+...         _ = join_roster(reg, name, epoch, f"host:/runs/{name}")
 ...     _ = reg.commit_many([("c1", token("dc1#e1", "q1"), 5), ("c2", token("dc1#e1", "q2"), 6)])  # dc1 then died
 ...     out = []
 ...     dc2 = Pipeline("dc2", output={"c1"}, running=True, reinject=out.extend, epoch="e2")
@@ -93,10 +96,25 @@ class Pipeline:
     epoch: str = ""
     #: where its run directory is, as the registry's roster says (``None``: unknown)
     where: str | None = None
+    #: its run directory, as reports name it (``None``: a pipeline without one, e.g. in the harness)
+    run: str | None = None
 
     @property
     def identity(self) -> str:
         return pipeline_id(self.name, self.epoch)
+
+    @property
+    def place(self) -> str:
+        """What a report calls it: its run directory, else its name."""
+        return self.run or self.name
+
+    def decided(self, cid: str) -> bool:
+        """It has ``cid`` in its output already: joined, skipped or given up."""
+        return bool(self.output and cid in self.output) or cid in self.gave_up
+
+
+class AmbiguousTargetError(ValueError):
+    """More than one given run directory could take a re-injection: the caller names one."""
 
 
 @dataclass
@@ -124,7 +142,14 @@ class VerifyReport:
     not_registered: int = 0
     too_old: int = 0
     tokens_cleared: int = 0
+    #: re-injected clicks per run directory (a pipeline's name when it has none)
     reinjected_into: dict[str, int] = field(default_factory=dict)
+    #: registered to a stopped holder, in no output, and no member of the roster that has not
+    #: decided it already could take it: left registered (re-injecting it would decide it twice)
+    no_target: int = 0
+    #: given run directories the registry's roster does not know (a start refused under a taken
+    #: name): read, never written into
+    not_members: list[str] = field(default_factory=list)
     dry_run: bool = False
 
     def text(self) -> str:
@@ -134,10 +159,12 @@ class VerifyReport:
             f"{self.in_output} in the outputs ({self.duplicated} in more than one; {self.superseded_give_ups} given up in one "
             f"pipeline and joined in another); {self.registered} registered\n"
             f"  registered but in no output: {self.missing}; {'to recover' if dry else 'recovered'} (cleared, re-injected): "
-            f"{self.recovered} {self.reinjected_into}; in flight (holder running): {self.in_flight}; "
+            f"{self.recovered}{''.join(f'; {n} into {place}' for place, n in sorted(self.reinjected_into.items()))}; "
+            f"in flight (holder running): {self.in_flight}; "
             f"held by a pipeline whose run was not given: {self.holder_not_given}; token cleared, maybe in a "
-            f"run not given: {self.cleared_elsewhere}\n"
+            f"run not given: {self.cleared_elsewhere}; no member left to take it (every one decided it): {self.no_target}\n"
             + (f"  pipelines of the registry not given (verify them too): {', '.join(self.pipelines_not_given)}\n" if self.pipelines_not_given else "")
+            + (f"  given but not members of the registry's roster (never written into): {', '.join(self.not_members)}\n" if self.not_members else "")
             + f"  not registered and in no output: {self.not_registered}; too old for the registry: {self.too_old}\n"
             f"  tokens of clicks safely in the output {'to clear' if dry else 'cleared'}: {self.tokens_cleared}"
         )
@@ -152,8 +179,13 @@ def verify(
     clear_tokens: bool = False,
     dry_run: bool = False,
     now_ms: int | None = None,
+    target: str | None = None,
 ) -> VerifyReport:
-    """Check every click of the input against the outputs and the registry; recover the lost ones."""
+    """Check every click of the input against the outputs and the registry; recover the lost ones.
+
+    ``target``: the pipeline (its run directory, or its name) that takes re-injections where
+    more than one could (:class:`AmbiguousTargetError` without it, before anything changes).
+    """
     c = config or PhotonConfig()
     cf, qf = c.click_id_field, c.click_query_field
     by_id: dict[str, dict[str, Any]] = {}
@@ -181,6 +213,13 @@ def verify(
             if same_dir is not None:
                 dead[m.id] = same_dir
     report.pipelines_not_given = sorted({m.id for m in members} - set(given) - set(dead))
+    # only a member of the roster takes re-injections: a directory whose start was refused
+    # (its name held by another) never runs, and what went there would be stranded
+    known = {m.id: m.where for m in members}
+    member = [p.identity in known and (p.where is None or known[p.identity] == p.where) for p in pipelines]
+    takers = [p for p, ok in zip(pipelines, member, strict=True) if ok and p.reinject is not None]
+    report.not_members = sorted(p.place for p, ok in zip(pipelines, member, strict=True) if not ok)
+    chosen = _chosen(target, pipelines)
     everyone = bool(members) and not report.pipelines_not_given
     ids = list(by_id)
     safe: list[tuple[str, str]] = []
@@ -216,20 +255,16 @@ def verify(
                 lost.setdefault(holder, []).append((cid, found.token))
             else:
                 report.holder_not_given += 1
-    for holder, items in lost.items():
-        target = _target(holder, pipelines)
-        if target is None:
-            report.holder_not_given += len(items)  # nowhere to re-inject: left registered
-            continue
+    plan = _plan(lost, takers, chosen, report)
+    for ident, items in plan.items():
+        tp = given[ident]
         cleared = [cid for cid, _ in items]
         if not dry_run:
-            tokens = [t for _, t in items]
-            answers = registry.clear_many(cleared, only_if_token=None if holder == "" else tokens)
-            cleared = [cid for cid, a in zip(cleared, answers, strict=True) if getattr(a.status, "value", a.status) in ("cleared", "not_found")]
+            cleared = _clear(registry, items)
             stamp = time.time_ns() if now_ms is None else now_ms
-            target.reinject([{**by_id[cid], REINJECT_ID: f"{cid}@{stamp}"} for cid in cleared])  # type: ignore[misc]
+            tp.reinject([{**by_id[cid], REINJECT_ID: f"{cid}@{stamp}"} for cid in cleared])  # type: ignore[misc]
         report.recovered += len(cleared)
-        report.reinjected_into[target.name] = report.reinjected_into.get(target.name, 0) + len(cleared)
+        report.reinjected_into[tp.place] = report.reinjected_into.get(tp.place, 0) + len(cleared)
     if clear_tokens and safe:
         if not dry_run:
             for start in range(0, len(safe), CHUNK):
@@ -241,6 +276,72 @@ def verify(
     return report
 
 
+def _plan(
+    lost: dict[str, list[tuple[str, str | None]]], takers: Sequence[Pipeline], chosen: Pipeline | None, report: VerifyReport,
+) -> dict[str, list[tuple[str, str | None]]]:  # fmt: skip
+    """Each lost click's target (identity -> (id, token)), decided before anything changes;
+    :class:`AmbiguousTargetError` where more than one could take a click and none was chosen.
+    Lost clicks of a cleared token (holder ``""``) are cleared unconditionally."""
+    plan: dict[str, list[tuple[str, str | None]]] = {}
+    ambiguous: dict[tuple[str, ...], int] = {}
+    for holder, items in lost.items():
+        for cid, tok in items:
+            tier = _candidates(holder, cid, takers)
+            if chosen is not None and chosen in tier:
+                tier = [chosen]
+            if not tier:
+                report.no_target += 1
+            elif len(tier) > 1:
+                key = tuple(f"{p.place} ({p.name}{', running' if p.running else ''})" for p in tier)
+                ambiguous[key] = ambiguous.get(key, 0) + 1
+            else:
+                plan.setdefault(tier[0].identity, []).append((cid, tok))
+    if ambiguous:
+        lines = "; ".join(f"{n} clicks lost by their holder could go to any of {', '.join(k)}" for k, n in ambiguous.items())
+        msg = (
+            f"verification would re-inject lost clicks, and more than one run directory could take them: {lines}. "
+            f"Name the one that takes them (photon verify RUN... --target RUN); nothing was changed"
+        )
+        raise AmbiguousTargetError(msg)
+    return plan
+
+
+def _clear(registry: Any, items: list[tuple[str, str | None]]) -> list[str]:
+    """Clear lost ids — each only while its holder's token still holds it; an id whose token
+    was cleared (``None``) unconditionally — and return those cleared (or already gone)."""
+    out: list[str] = []
+    for conditional in (True, False):
+        part = [(cid, t) for cid, t in items if (t is not None) == conditional]
+        if part:
+            ids = [cid for cid, _ in part]
+            answers = registry.clear_many(ids, only_if_token=[t for _, t in part] if conditional else None)
+            out += [cid for cid, a in zip(ids, answers, strict=True) if getattr(a.status, "value", a.status) in ("cleared", "not_found")]
+    return out
+
+
+def _chosen(target: str | None, pipelines: Sequence[Pipeline]) -> Pipeline | None:
+    """The given pipeline ``target`` names (its run directory, or its name)."""
+    if target is None:
+        return None
+    real = os.path.realpath(target)
+    found = [p for p in pipelines if (p.run is not None and os.path.realpath(p.run) == real) or p.name == target]
+    if len(found) != 1:
+        msg = f"--target {target} is not one of the run directories given ({', '.join(p.place for p in pipelines)})"
+        raise ValueError(msg)
+    return found[0]
+
+
+def _candidates(holder: str, cid: str, takers: Sequence[Pipeline]) -> list[Pipeline]:
+    """Who may take a lost click of ``holder``: members that have not decided it already —
+    other pipelines, the running ones first, else the holder's own run directory (its restart
+    consumes it). A pipeline that joined or gave the click up never gets it again: it would
+    decide it twice."""
+    free = [p for p in takers if not p.decided(cid)]
+    others = [p for p in free if p.identity != holder]
+    running = [p for p in others if p.running]
+    return running or others or [p for p in free if p.identity == holder]
+
+
 def _holder(found_token: str, query_id: str, pipelines: Sequence[Pipeline]) -> str | None:
     """The pipeline identity a token names; a bare token (a run directory from before epochs)
     is matched against the given pipelines' names."""
@@ -248,15 +349,6 @@ def _holder(found_token: str, query_id: str, pipelines: Sequence[Pipeline]) -> s
     if named is not None:
         return named
     return next((p.identity for p in pipelines if not p.epoch and token(p.name, query_id) == found_token), None)
-
-
-def _target(holder: str, pipelines: Sequence[Pipeline]) -> Pipeline | None:
-    """Where a lost click of ``holder`` is re-injected: another given pipeline (a running one
-    first), else the holder's own run directory (its restart consumes it)."""
-    others = [p for p in pipelines if p.identity != holder and p.reinject is not None]
-    if others:
-        return next((p for p in others if p.running), others[0])
-    return next((p for p in pipelines if p.identity == holder and p.reinject is not None), None)
 
 
 # ---------------------------------------------------------------------------------- run dirs
@@ -303,11 +395,15 @@ def _stopped_or_running(run: Path) -> Iterator[bool]:
         os.close(fd)
 
 
-def verify_runs(runs: Sequence[str | os.PathLike[str]], registry: Any, *, clear_tokens: bool = False, dry_run: bool = False) -> VerifyReport:
+def verify_runs(
+    runs: Sequence[str | os.PathLike[str]], registry: Any, *, clear_tokens: bool = False, dry_run: bool = False,
+    target: str | os.PathLike[str] | None = None,
+) -> VerifyReport:  # fmt: skip
     """:func:`verify` over pipelines' run directories (their manifests name the logs and the settings).
 
     A stopped pipeline's output includes what it committed and has not published yet
-    (``millwheel.runtime.committed_unpublished``): its next start publishes that.
+    (``millwheel.runtime.committed_unpublished``): its next start publishes that. ``target``:
+    the run directory (one of ``runs``) that takes re-injections where more than one could.
     """
     from millwheel.runtime import committed_unpublished, run_identity
 
@@ -339,9 +435,10 @@ def verify_runs(runs: Sequence[str | os.PathLike[str]], registry: Any, *, clear_
             pipelines.append(Pipeline(
                 m["pipeline"], output_ids(joined, unjoinable, config), running=running,
                 reinject=lambda cl, run=run: write_reinjection(run, cl), gave_up=gave_up_ids(unjoinable, config),
-                epoch=epoch, where=where,
+                epoch=epoch, where=where, run=os.fspath(run),
             ))  # fmt: skip
-        return verify(clicks, pipelines, registry, config=config, clear_tokens=clear_tokens, dry_run=dry_run)
+        chosen = None if target is None else os.fspath(target)
+        return verify(clicks, pipelines, registry, config=config, clear_tokens=clear_tokens, dry_run=dry_run, target=chosen)
 
 
 def report_dict(report: VerifyReport) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from millwheel import Record, Source, SourceBatch
+from millwheel.once import join_roster
 from millwheel.testing import Harness
 from topologies.photon import (
     GeneratorConfig,
@@ -187,6 +188,9 @@ class Stepper:
         self.h = Harness(t, raise_errors=False, registry=self.switch, pipeline=name)
         #: the harness's epoch (its once-tokens name ``name#epoch``)
         self.epoch = self.h.pipeline_id.partition("#")[2]
+        #: its place in the registry's roster, which it joins as a Spark pipeline's start does
+        self.where = f"harness:{name}"
+        join_roster(registry, name, self.epoch, self.where)
         self.dead = False
 
     def run(self, batches: int | None = None, *, kill_at_commit: int | None = None) -> None:

@@ -51,3 +51,25 @@ def test_a_run_directory_belongs_to_one_pipeline(tmp_path, sample):
     assert (tmp_path / "run" / "reinject" / "_DONE").is_file()
     with pytest.raises(ValueError, match="belongs to pipeline 'dc1'"):
         prepare_run(tmp_path / "run", sample, PhotonConfig(), "dc2", None)
+
+
+def test_a_refused_start_leaves_nothing_that_makes_its_directory_a_run(tmp_path, sample):
+    # before: photon.json (and run.json's identity) were written before the roster refused the
+    # name, so verification took the directory for a pipeline and re-injected clicks into it
+    from millwheel._errors import MillwheelError
+    from millwheel._once import MemoryOnceRegistry, join_roster
+    from millwheel.runtime import run_identity
+    from millwheel.runtime._fs import Location
+    from millwheel.runtime._runtime import where_of
+    from topologies.photon.drivers import run_spark
+    from topologies.photon.verify import verify_runs
+
+    shared = MemoryOnceRegistry()
+    join_roster(shared, "dc1", "eA", where_of(Location.of(str(tmp_path / "a"))))  # run directory A holds dc1
+    y = tmp_path / "y"
+    with pytest.raises(MillwheelError, match=r"pipeline name 'dc1' is held in this IdRegistry by the run directory .*/a "):
+        run_spark(sample, y, pipeline="dc1", registry=lambda: shared)
+    assert read_manifest(y) is None and run_identity(str(y)) is None
+    assert not (y / "run.json").exists() and not (y / "reinject").exists()
+    with pytest.raises(FileNotFoundError, match="is not a Photon run directory"):
+        verify_runs([y], shared)

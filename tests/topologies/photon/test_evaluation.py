@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 from topologies.photon import batch_join, evaluate
+from topologies.photon.evaluation import render
 
 
 def test_the_batch_join_accounts_for_every_click(sample, truth):
@@ -35,3 +36,13 @@ def test_each_rule_fails_when_it_should(batch, sample, truth):
     no_dead = copy.deepcopy(batch)
     no_dead.dead_letters.pop()
     assert not evaluate(no_dead, sample, truth)["dead_letters"]["match"]
+
+
+def test_a_click_twice_in_unjoinable_fails_the_evaluation(batch, sample, truth):
+    # before: only joined_clicks was counted; the same orphan twice in unjoinable (a re-injection
+    # into a pipeline that had already given it up) passed
+    twice = copy.deepcopy(batch)
+    twice.unjoinable.append(twice.unjoinable[0])
+    r = evaluate(twice, sample, truth)
+    assert r["duplicates_in_unjoinable"] == 1 and not r["ok"]
+    assert "duplicates in unjoinable 1" in render(r)

@@ -44,9 +44,11 @@ def test_the_checker_counts_lost_twice_unseen_and_both(tmp_path, sample):
     unjoinable.append({"click": {"click_id": joined[2]["click_id"]}, "reason_code": "adapter_skipped", "reason": ""})  # both
     unjoinable.append({"click": {"click_id": joined[3]["click_id"]}, "reason_code": "no_query", "reason": ""})  # superseded
     _write_stream(b, "unjoinable", unjoinable)
+    _write_stream(a, "unjoinable", unjoinable[-3:-2])  # an orphan given up twice: twice in unjoinable
     counts = check_outputs(sample, [a, b], PhotonConfig())
-    assert (counts.lost, counts.twice, counts.unseen, counts.both, counts.unexpected, counts.superseded_give_ups) == (1, 1, 1, 1, 0, 1)
-    assert not counts.ok and "lost 1, twice 1, unseen 1" in counts.line()
+    assert (counts.lost, counts.twice, counts.unseen, counts.both, counts.unexpected, counts.superseded_give_ups) == (1, 2, 1, 1, 0, 1)
+    assert counts.twice_by_stream == {"joined_clicks": 1, "unjoinable": 1}
+    assert not counts.ok and "lost 1, twice 2 (joined_clicks 1, unjoinable 1), unseen 1" in counts.line()
     shutil.rmtree(b)
     _write_stream(b, "unjoinable", [{"click": {"click_id": o}, "reason_code": "no_query", "reason": ""} for o in orphans])
     shutil.rmtree(a)

@@ -20,7 +20,8 @@ from topologies.photon.verify import gave_up_ids, output_ids, token
 
 def _pipeline(p, *, running=False):
     r = p.result()
-    return Pipeline(p.name, output_ids(r.joined, r.unjoinable), running=running, reinject=p.reinject, gave_up=gave_up_ids(r.unjoinable), epoch=p.epoch)
+    return Pipeline(p.name, output_ids(r.joined, r.unjoinable), running=running, reinject=p.reinject, gave_up=gave_up_ids(r.unjoinable), epoch=p.epoch,
+                    where=p.where)  # fmt: skip
 
 
 def _clicks(sample):
@@ -126,6 +127,9 @@ def test_a_batch_committed_but_not_published_counts_as_output(staged, tmp_path, 
     import pyarrow.parquet as pq
 
     from millwheel._codec import encode_value
+    from millwheel.once import join_roster
+    from millwheel.runtime._fs import Location
+    from millwheel.runtime._runtime import where_of
     from topologies.photon.drivers import prepare_run
     from topologies.photon.evaluation import batch_join
     from topologies.photon.verify import verify_runs
@@ -136,6 +140,7 @@ def test_a_batch_committed_but_not_published_counts_as_output(staged, tmp_path, 
         run = tmp_path / name
         prepare_run(run, sample, PhotonConfig(), name, None)
         (run / "run.json").write_text(json.dumps({"pipeline": name, "epoch": f"e-{name}"}))
+        join_roster(registry, name, f"e-{name}", where_of(Location.of(str(run))))
         runs.append(run)
     registry.commit_many([(joined["click_id"], token("dc1#e-dc1", joined["query_id"]), joined["click_ts"])])
     batch = runs[0] / "outbox" / "Joiner" / "5"
@@ -152,3 +157,85 @@ def test_a_batch_committed_but_not_published_counts_as_output(staged, tmp_path, 
     report = verify_runs(runs, registry)
     assert report.missing == (0 if staged else 1) and report.recovered == (0 if staged else 1)
     assert len(list((runs[1] / "reinject").glob("reinject_*.jsonl"))) == (0 if staged else 1)  # nothing re-injected
+
+
+def _members(registry, *pipelines):
+    """Each pipeline enters the registry's roster, as its start does (``millwheel/_once.py``)."""
+    from millwheel.once import join_roster
+
+    for p in pipelines:
+        join_roster(registry, p.name, p.epoch, p.where)
+
+
+def test_a_click_a_running_pipeline_gave_up_is_not_reinjected_into_it(sample, registry):
+    # before: dc1 joined the click and died before writing it; dc2, running, had given it up from
+    # its own log. Verification cleared dc1's id and re-injected the click into dc2, which gave it
+    # up a second time: the same id twice in unjoinable
+    (c, *_) = _clicks(sample)
+    into1: list = []
+    into2: list = []
+    dc1 = Pipeline("dc1", set(), epoch="e1", where="h:/runs/dc1", reinject=into1.extend)
+    dc2 = Pipeline("dc2", set(), running=True, gave_up={c["click_id"]}, epoch="e2", where="h:/runs/dc2", reinject=into2.extend)
+    _members(registry, dc1, dc2)
+    registry.commit_many([(c["click_id"], token("dc1#e1", c["query_id"]), c["ts"])])
+    report = verify([c], [dc1, dc2], registry)
+    assert into2 == []
+    assert [x["click_id"] for x in into1] == [c["click_id"]]  # the holder's own directory: its restart joins it
+    assert report.recovered == 1 and report.reinjected_into == {"dc1": 1}
+
+
+def _leftover_of_a_refused_start(run, sample, name, epoch):
+    """What ``photon run --checkpoint RUN --pipeline NAME`` left when the registry refused NAME (before
+    the fix): a manifest and an identity, as if RUN were a pipeline."""
+    from topologies.photon.drivers import prepare_run
+
+    prepare_run(run, sample, PhotonConfig(), name, None)
+    (run / "run.json").write_text(json.dumps({"pipeline": name, "epoch": epoch}))
+
+
+def test_verification_reinjects_only_into_a_member_of_the_roster_and_names_its_directory(tmp_path, sample, registry):
+    # before: `verify Y A` re-injected A's lost clicks into Y, a directory whose start was refused
+    # (A holds the name dc1): they were stranded there for good
+    from millwheel.once import join_roster
+    from millwheel.runtime._fs import Location
+    from millwheel.runtime._runtime import where_of
+    from topologies.photon.verify import verify_runs
+
+    a, y = tmp_path / "a", tmp_path / "y"
+    _leftover_of_a_refused_start(a, sample, "dc1", "eA")  # A ran: its manifest and identity are real
+    join_roster(registry, "dc1", "eA", where_of(Location.of(str(a))))
+    _leftover_of_a_refused_start(y, sample, "dc1", "eY")  # Y: refused, never a member
+    clicks = _clicks(sample)[:10]
+    registry.commit_many([(c["click_id"], token("dc1#eA", c["query_id"]), c["ts"]) for c in clicks[:5]])
+    report = verify_runs([y, a], registry)
+    assert not list((y / "reinject").glob("reinject_*.jsonl"))
+    assert len(list((a / "reinject").glob("reinject_*.jsonl"))) == 1
+    assert report.recovered == 5 and report.not_members == [str(y)]
+    assert f"into {a}" in report.text() and f"not members of the registry's roster (never written into): {y}" in report.text()
+    registry.commit_many([(c["click_id"], token("dc1#eA", c["query_id"]), c["ts"]) for c in clicks[5:]])
+    for order in ([y, a], [a, y]):
+        assert verify_runs(order, registry, dry_run=True).reinjected_into == {str(a): 5}
+
+
+def test_where_more_than_one_directory_could_take_the_reinjections_verification_asks(tmp_path, sample, registry):
+    # a dead epoch's clicks (dc1 restarted from a deleted checkpoint) and both pipelines stopped:
+    # dc1's new epoch and dc2 could each take them; which one must not depend on the argument order
+    from millwheel.once import join_roster
+    from millwheel.runtime._fs import Location
+    from millwheel.runtime._runtime import where_of
+    from topologies.photon.verify import AmbiguousTargetError, verify_runs
+
+    runs = {name: tmp_path / name for name in ("dc1", "dc2")}
+    for name, epoch in (("dc1", "new"), ("dc2", "e2")):
+        _leftover_of_a_refused_start(runs[name], sample, name, epoch)
+    where1 = where_of(Location.of(str(runs["dc1"])))
+    join_roster(registry, "dc1", "old", where1)  # the epoch that lost its checkpoint
+    join_roster(registry, "dc1", "new", where1)
+    join_roster(registry, "dc2", "e2", where_of(Location.of(str(runs["dc2"]))))
+    clicks = _clicks(sample)[:4]
+    registry.commit_many([(c["click_id"], token("dc1#old", c["query_id"]), c["ts"]) for c in clicks])
+    with pytest.raises(AmbiguousTargetError, match=rf"(?s)4 clicks .* could go to any of {runs['dc1']} \(dc1\), {runs['dc2']} \(dc2\).*--target"):
+        verify_runs(list(runs.values()), registry)
+    assert [r.token for r in registry.lookup_many([c["click_id"] for c in clicks])] == [token("dc1#old", c["query_id"]) for c in clicks]  # unchanged
+    report = verify_runs(list(runs.values()), registry, target=runs["dc2"])
+    assert report.reinjected_into == {str(runs["dc2"]): 4}
