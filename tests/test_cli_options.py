@@ -74,3 +74,33 @@ def test_spark_conf_merges_topology_then_command_line():
     }  # fmt: skip
     with pytest.raises(MillwheelError, match="--conf takes KEY=VALUE"):
         spark_conf(t, p.parse_args(["run", "t.py", "--conf", "spark.executor.memory"]))
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_default_is_in_the_help(command, monkeypatch):
+    """An option that has a value unless given says what it is (``--intervals`` ... ``(default 16)``)."""
+    parser = _parser_of(command, monkeypatch)
+    unsaid = []
+    for where, flag, action in _actions(parser, parser.prog):
+        if not action.option_strings or action.help in (None, argparse.SUPPRESS) or action.nargs == 0:
+            continue  # a positional argument, or a flag (store_true/false: off unless given)
+        if action.default not in (None, [], "") and "default" not in action.help and "%(default)" not in action.help:
+            unsaid.append(f"{where} {flag} (default {action.default!r}): {action.help!r}")
+    assert unsaid == []
+
+
+def _actions(parser, prog):
+    """``(where, flags, action)`` of every option of ``parser`` and of its subcommands."""
+    for action in parser._actions:  # noqa: SLF001 - argparse has no public walk
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            for name, sub in action.choices.items():
+                yield from _actions(sub, f"{prog} {name}")
+            continue
+        yield prog, ", ".join(action.option_strings) or action.dest, action
+
+
+def test_rescale_help_says_arrow_mapped_computations_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["rescale", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Arrow mapping" in text and "refuse" in text

@@ -41,14 +41,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--master", default=None, help="Spark master (default local[*], or spark-submit's; e.g. spark://host:7077)")
     g.add_argument("--checkpoint", default=None, help="run directory: stream logs, checkpoints; a restart resumes from it (default .millwheel/runs/<topology>)")
     g.add_argument("--fresh", action="store_true", help="delete the run directory first")
-    g.add_argument("--trigger-ms", type=int, default=0, help="micro-batch trigger interval in ms (0: back to back)")
-    g.add_argument("--intervals", type=int, default=16, help="key intervals (Spark groups) per computation")
+    g.add_argument("--trigger-ms", type=int, default=0, help="micro-batch trigger interval in ms (default 0: back to back)")
+    g.add_argument("--intervals", type=int, default=16, help="key intervals (Spark groups) per computation (default 16); fixed by a run's first start, then changed with millwheel rescale")
     g.add_argument("--shuffle-partitions", type=int, default=None, help="Spark shuffle partitions (default: the cores of local[N], else 8); fixed by a run's first start")
     g.add_argument(
         "--until-drained", "--drain", dest="drain", action="store_true",
         help="treat log-file directories as complete (finite input); the run stops once every input is drained and timers are flushed, as it always does for finite sources",
     )  # fmt: skip
-    g.add_argument("--status-every", type=float, default=2.0, help="seconds between status updates (0: none)")
+    g.add_argument("--status-every", type=float, default=2.0, help="seconds between status updates (default 2; 0: none)")
     g.add_argument("-q", "--quiet", action="store_true", help="no live status and no progress lines; only the final report")
     g.add_argument("--ui", dest="ui", action="store_true", default=None, help="serve the Spark UI (the default)")
     g.add_argument("--no-ui", dest="ui", action="store_false", help="no Spark UI")

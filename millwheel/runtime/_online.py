@@ -226,7 +226,12 @@ def answers(run_dir: str) -> list[dict[str, Any]]:
 
 def rescale_main(argv: list[str]) -> int:
     """``millwheel rescale RUN --computation C --intervals N [--no-wait] [--force]``, or ``RUN --status``."""
-    p = argparse.ArgumentParser(prog="millwheel rescale", description="give a computation another number of key intervals or another state layout: online if a driver runs it, else in the stopped run directory")
+    p = argparse.ArgumentParser(
+        prog="millwheel rescale",
+        description="give a computation another number of key intervals or another state layout: online if a driver runs it, else in the stopped run "
+        "directory. A computation on the Arrow mapping (ComputationOptions(mapping='arrow')) is refused before anything changes: its state "
+        "is in that mapping's own files, which a rescale does not move (docs/runtime.md, 'The Arrow mapping').",
+    )  # fmt: skip
     p.add_argument("run", help="the run directory (--checkpoint of millwheel run)")
     p.add_argument("--computation", help="the computation to rescale")
     p.add_argument("--intervals", type=int, help="its new number of key intervals")

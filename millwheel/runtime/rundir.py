@@ -1,6 +1,6 @@
 """Reading a run directory: the public API of tools that check or repair a run.
 
-A run directory (``millwheel run ... --run-dir RUN``, ``SparkRuntime(topology, RUN)``)
+A run directory (``millwheel run ... --checkpoint RUN``, ``SparkRuntime(topology, RUN)``)
 holds the stream logs, each query's Spark checkpoint, the outbox and the audit trail
 (``docs/runtime.md``). Checkers (``faults/check.py``, Photon's verification) read it
 through these names, never through the runtime's private modules, so the runtime can

@@ -309,7 +309,7 @@ def _parser() -> argparse.ArgumentParser:
     p_run.add_argument("--intervals", type=int, default=8, help="spark: key intervals, pinned by the run directory's first start (default 8)")
     p_run.add_argument("--trigger-ms", type=int, default=0, help="spark: the micro-batch trigger interval (default 0: as soon as possible)")
     p_run.add_argument("--max-files-per-trigger", type=int, default=None, help="spark: stream files per computation batch")
-    p_run.add_argument("--max-restarts", type=int, default=20, help="spark: restarts of a failed query (from its checkpoint) before giving up")
+    p_run.add_argument("--max-restarts", type=int, default=20, help="spark: restarts of a failed query (from its checkpoint) before giving up (default 20)")
     p_run.add_argument("--timeout", type=float, default=None, help="spark: give up a finite run not drained after this many seconds (default none)")
     _options(p_run, PhotonConfig)
     p_ver = sub.add_parser("verify", help="check registered clicks against the outputs; recover lost ones (§3.3.3)")
@@ -333,7 +333,7 @@ def _parser() -> argparse.ArgumentParser:
     p_check = sub.add_parser("check", help="a Jepsen-style check: two Spark pipelines under kills, restarts and verification; exit 1 on any lost or duplicated click")
     p_check.add_argument("--rounds", type=int, default=1, help="rounds to run, each with its own logs and faults (default 1)")
     p_check.add_argument("--seed", type=int, default=1, help="decides every round's logs, faults and their order (default 1)")
-    p_check.add_argument("--workdir", default=".millwheel/photon-check", help="where the rounds' logs, run directories and check.json go")
+    p_check.add_argument("--workdir", default=".millwheel/photon-check", help="where the rounds' logs, run directories and check.json go (default .millwheel/photon-check)")
     from .jepsen import CheckSettings
 
     _options(p_check, CheckSettings)
