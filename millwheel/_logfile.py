@@ -7,13 +7,16 @@ make the same dead letters and send them under the same injector low watermark.
 
 * Every ``*.jsonl`` / ``*.json`` / ``*.ndjson`` / ``*.log`` file in ``path`` (not hidden,
   not starting with ``_``) is a log; a file may keep growing: only complete lines (ending
-  in ``\\n``) are read.
+  in ``\\n``) are read while it does, and its last line with or without one once it is
+  complete (every byte is a record or a dead letter).
 * A line is a JSON object with the record id in ``id_field`` (default ``id``; when absent
   the id is ``<file>:<byte offset>``) and the timestamp, integer ms, in ``ts_field``
   (default ``ts``). Anything else — broken JSON, not an object, a missing, non-integer or
-  out-of-range timestamp, an id that is not a non-empty string — becomes a dead letter
-  (:class:`~millwheel.DeadLetter`, stage ``malformed_line``) with the reason, file and
-  byte offset, timestamped with the file's time.
+  out-of-range timestamp, an id that is not a non-empty string of valid Unicode — becomes
+  a dead letter (:class:`~millwheel.DeadLetter`, stage ``malformed_line``) with the reason,
+  file and byte offset, timestamped with the file's time; a timestamp that cannot belong
+  with its neighbours (``max_skew_ms``, :func:`~millwheel._logplan.plausible_bounds`) one
+  of stage ``implausible_timestamp``, which moves no watermark.
 * The injector low watermark is a promise that no record still to come is older (§4.5,
   Fig. 10: the oldest unfinished file's time). Each unfinished file promises, by one rule
   (:func:`promise`): its *time* from its name (:func:`file_time`), advanced while it is
@@ -87,6 +90,7 @@ __all__ = [
     "LogFileSource",
     "MalformedLine",
     "ReadOptions",
+    "batches_between",
     "disorder",
     "file_time",
     "first_timestamp",
@@ -113,6 +117,17 @@ def read_range(opts: ReadOptions, r: ByteRange, injector: str, stream: str) -> C
         data, start=r.begin, file=r.name, file_time=r.file_time, injector=injector, stream=stream,
         id_field=opts.id_field, ts_field=opts.ts_field, bounds=(r.lo, r.hi),
     )  # fmt: skip
+
+
+def batches_between(opts: ReadOptions, start: dict[str, Any], end: dict[str, Any], injector: str, stream: str) -> Iterator[SourceBatch]:
+    """The source batches of the plan from offset ``start`` to ``end``: each byte range's
+    records after a batch that moves the watermark to the one they are sent under, then
+    the injector low watermark the plan reached."""
+    for r in plan_ranges(start, end, opts.lateness_ms):
+        chunk = read_range(opts, r, injector, stream)
+        yield SourceBatch([], r.sender_watermark)
+        yield SourceBatch(chunk.records, r.sender_watermark, chunk.dead_letters)
+    yield SourceBatch([], end["lw"])
 
 
 class LogFileSource(Source):
@@ -210,11 +225,7 @@ class LogFileSource(Source):
         while True:
             end = plan_offset(offset, opts, now_ms=0)
             self.last_offset = end
-            for r in plan_ranges(offset, end, opts.lateness_ms):
-                chunk = read_range(opts, r, injector, stream)
-                yield SourceBatch([], r.sender_watermark)
-                yield SourceBatch(chunk.records, r.sender_watermark, chunk.dead_letters)
-            yield SourceBatch([], end["lw"])
+            yield from batches_between(opts, offset, end, injector, stream)
             if end["lw"] >= MAX_TIMESTAMP:
                 return
             if end == offset:  # read as finished, every file is read to its size: never reached

@@ -19,7 +19,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from millwheel._deadletter import implausible_line, malformed_line
-from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record, timestamp_text
+from millwheel._record import (
+    MAX_TIMESTAMP,
+    MIN_TIMESTAMP,
+    Record,
+    short_repr,
+    timestamp_text,
+    utf8_text,
+)
 
 LOG_SUFFIXES = (".jsonl", ".json", ".log", ".ndjson")
 
@@ -115,6 +122,9 @@ def _id_and_timestamp(value: object, id_field: str, ts_field: str, file: str, of
     elif type(rid) is not str or not rid:
         msg = f"id field {id_field!r} must be a non-empty string, got {type(rid).__name__} {str(rid)[:80]!r}"
         raise MalformedLine(msg)
+    elif not utf8_text(rid):  # JSON's "\ud800": a str with no UTF-8 form, which no stream log can store
+        msg = f"id field {id_field!r} must be valid Unicode text, got {short_repr(rid)}, which holds a lone surrogate"
+        raise MalformedLine(msg)
     return rid, ts
 
 
@@ -160,7 +170,7 @@ def parse_chunk(
             if type(value) is dict:  # the common case, checked inline: an object with both fields valid
                 ts = value.get(ts_field)
                 rid = value.get(id_field)
-                if type(ts) is int and lo <= ts <= hi and type(rid) is str and rid:
+                if type(ts) is int and lo <= ts <= hi and type(rid) is str and rid and (rid.isascii() or utf8_text(rid)):
                     records.append(Record(None, value, ts, rid, stream))
                     continue
             try:

@@ -229,6 +229,40 @@ def real_logs():
 
 
 @pytest.fixture
+def tailed_logs():
+    """``tailed_logs(source, steps)``: a :class:`~millwheel.Source` for the harness that reads
+    the directory of the ``LogFileSource`` ``source`` as the Spark reader tails it live:
+    after each of ``steps`` (functions that write to the directory), the shared reading plan
+    (not finite: a growing file's half line waits) until it has caught up, its batches sent;
+    after the last step (which completes the directory), to the end. ``.offsets`` holds
+    the offset reached after each step."""
+    import time
+
+    from millwheel import MAX_TIMESTAMP, Source
+    from millwheel._logfile import batches_between, initial_offset, plan_offset
+
+    class Tailed(Source):
+        def __init__(self, source, steps):
+            self.opts, self.steps, self.offsets = source.read_options, list(steps), []
+
+        def batches(self, injector="injector", stream="records"):
+            offset = initial_offset()
+            for step in self.steps:
+                step()
+                while True:
+                    end = plan_offset(offset, self.opts, int(time.time() * 1000))
+                    if end == offset:
+                        break
+                    yield from batches_between(self.opts, offset, end, injector, stream)
+                    offset = end
+                    if end["lw"] >= MAX_TIMESTAMP:
+                        break
+                self.offsets.append(offset)
+
+    return Tailed
+
+
+@pytest.fixture
 def authority(tmp_path):
     """``millwheel authority serve`` in a subprocess (``faults/inject.py``: ``.kill9()``,
     ``.restart()``, ``.url``, ``.env()`` for a driver), stopped after the test."""
