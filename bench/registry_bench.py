@@ -97,7 +97,7 @@ def bench_core(batch: int, seconds: float) -> dict[str, Any]:
     }
 
 
-def _client_process(url: str, secret: str, name: str, threads: int, batch: int, seconds: float, start_at: float, out: Any) -> None:
+def _client_process(url: str, secret: str, name: str, threads: int, batch: int, seconds: float, start_at: float, out: Any, patience: float = 0.0) -> None:
     """One client process: ``threads`` threads sending ``commit_many`` of ``batch`` fresh ids until the deadline."""
     results: list[dict[str, Any]] = []
     lock = threading.Lock()
@@ -105,7 +105,7 @@ def _client_process(url: str, secret: str, name: str, threads: int, batch: int, 
     def run(k: int) -> None:
         committed = calls = other = 0
         latencies = []
-        with HttpRegistryClient(url, secret=secret, timeout=60.0, throttle_timeout=60.0) as c:
+        with HttpRegistryClient(url, secret=secret, timeout=60.0, throttle_timeout=60.0, patience=patience) as c:
             while time.time() < start_at:
                 time.sleep(0.001)
             while time.time() < start_at + seconds:
@@ -134,12 +134,12 @@ def _client_process(url: str, secret: str, name: str, threads: int, batch: int, 
     out.put(results)
 
 
-def load(url: str, secret: str, *, procs: int, threads: int, batch: int, seconds: float) -> dict[str, Any]:
+def load(url: str, secret: str, *, procs: int, threads: int, batch: int, seconds: float, patience: float = 0.0) -> dict[str, Any]:
     """``procs`` client processes of ``threads`` threads each for ``seconds``; commits/s over the whole run."""
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     start_at = time.time() + 3.0  # every process imported and connected before the clock starts
-    ps = [ctx.Process(target=_client_process, args=(url, secret, f"p{p}-{time.monotonic_ns()}", threads, batch, seconds, start_at, out)) for p in range(procs)]
+    ps = [ctx.Process(target=_client_process, args=(url, secret, f"p{p}-{time.monotonic_ns()}", threads, batch, seconds, start_at, out, patience)) for p in range(procs)]
     for p in ps:
         p.start()
     rows = [row for _ in ps for row in out.get(timeout=seconds + 120)]
@@ -211,17 +211,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--etcd-batch", type=int, default=2_000)
     p.add_argument("--skip-etcd", action="store_true")
     p.add_argument("--results", default=str(RESULTS))
+    p.add_argument("--patience", type=float, default=0.0, help="the clients' patience (s): a pipeline's clients wait out outages (600)")
     args = p.parse_args(argv)
 
     results: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(), "load_average_1min_at_start": round(os.getloadavg()[0], 2)},
-        "settings": {"seconds": args.seconds, "batch": args.batch, "procs": args.procs, "threads": args.threads, "etcd_batch": args.etcd_batch},
+        "settings": {"seconds": args.seconds, "batch": args.batch, "procs": args.procs, "threads": args.threads, "etcd_batch": args.etcd_batch,
+                     "patience": args.patience},
     }
     print(f"core (RocksDB, fsync, in process, {args.batch} items per call) ...", flush=True)
     results["core"] = bench_core(args.batch, args.seconds)
     print(f"embedded service (RocksDB, fsync; {args.procs}x{args.threads} clients x {args.batch} items; then 32 x 100) ...", flush=True)
-    big = {"procs": args.procs, "threads": args.threads, "batch": args.batch, "seconds": args.seconds}
-    small = {"procs": 2, "threads": 16, "batch": 100, "seconds": args.seconds}
+    big = {"procs": args.procs, "threads": args.threads, "batch": args.batch, "seconds": args.seconds, "patience": args.patience}
+    small = {"procs": 2, "threads": 16, "batch": 100, "seconds": args.seconds, "patience": args.patience}
     results["embedded"], results["embedded_small"] = bench_service([], [big, small])
     if args.skip_etcd or etcd_binary() is None:
         results["etcd"] = results["etcd_1024"] = {"skipped": "etcd is not installed" if etcd_binary() is None else "--skip-etcd"}

@@ -37,18 +37,23 @@ from __future__ import annotations
 
 import abc
 import bisect
+import dataclasses
 import itertools
 import json
+import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from id_registry._core import GcResult, Registry, Stats
 from id_registry._errors import (
     ERRORS,
     AuthenticationError,
+    BackendUnavailableError,
     InvalidRequestError,
     RegistryUnavailableError,
+    ThrottledError,
 )
 from id_registry._model import (
     EVENT_ID,
@@ -171,6 +176,26 @@ def split_clear(
 
     answers = dict(zip(unique, in_spans(part, cuts), strict=True))
     return [answers[event_id] for event_id in ids]
+
+
+@dataclass(frozen=True)
+class Outage:
+    """A client waiting for the service (``HttpRegistryClient(patience=...)``): since when, how often it tried, the last error."""
+
+    url: str
+    #: wall time of the first failure (ms since the epoch)
+    since_ms: int
+    #: the same on this process's monotonic clock (seconds)
+    started: float
+    attempts: int
+    last_error: str
+
+    def since_text(self) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since_ms / 1000))
+
+    def text(self) -> str:
+        """``waiting on the id registry at URL since ... (N attempts; last: ...)``."""
+        return f"waiting on {SERVICE.the} at {self.url} since {self.since_text()} ({self.attempts} attempts; last: {self.last_error})"
 
 
 class RegistryClient(abc.ABC):
@@ -313,7 +338,17 @@ class HttpRegistryClient(_client.JsonHttpClient, RegistryClient):
       most :data:`~id_registry._model.MAX_ITEMS_PER_CALL` items and a body under this size,
       one after another, the answers joined in order.
 
-    After the retries, :class:`RegistryUnavailableError`. Thread-safe (one connection pool).
+    * ``patience`` — seconds to keep waiting, beyond those retries, while the service is
+      unreachable, answers 5xx, its store is unavailable or it throttles (a restart, a
+      failover, an overload): calls are sent again with capped exponential backoff (from
+      ``backoff``, doubling, at most ``max_backoff`` seconds, jittered) until it answers or
+      ``patience`` has passed since the first failure; ``0`` (the default) waits no longer
+      than the retries. Every call is safe to repeat, a commit with its token included.
+      ``on_wait`` is told (an :class:`Outage`) on each failed attempt, and ``None`` once the
+      service answers again: what a pipeline's live status shows.
+
+    After the retries (and the patience), :class:`RegistryUnavailableError`. Thread-safe (one
+    connection pool).
     """
 
     info = SERVICE
@@ -330,12 +365,52 @@ class HttpRegistryClient(_client.JsonHttpClient, RegistryClient):
         throttle_timeout: float = 60.0,
         transport: Any = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        patience: float = 0.0,
+        max_backoff: float = 10.0,
+        on_wait: Callable[[Outage | None], None] | None = None,
     ) -> None:
         super().__init__(url, secret=secret, timeout=timeout, retries=retries, backoff=backoff, throttle_timeout=throttle_timeout, transport=transport)
         if max_body_bytes < 2 * _BODY_JSON_OVERHEAD:
             msg = f"max_body_bytes must be at least {2 * _BODY_JSON_OVERHEAD}, got {max_body_bytes}"
             raise InvalidRequestError(msg)
+        if not (patience >= 0 and max_backoff > 0):
+            msg = f"HttpRegistryClient: need patience >= 0 and max_backoff > 0 (seconds), got patience={patience}, max_backoff={max_backoff}"
+            raise InvalidRequestError(msg)
         self.max_body_bytes = max_body_bytes
+        self.patience = patience
+        self.max_backoff = max_backoff
+        self.on_wait = on_wait
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None, *, params: dict[str, str] | None = None, idempotent: bool = True) -> Any:
+        """servicekit's call (its retries), sent again while the service is out, for ``patience`` seconds."""
+        if self.patience <= 0:
+            return super()._call(method, path, body, params=params, idempotent=idempotent)
+        outage: Outage | None = None
+        while True:
+            try:
+                answer = super()._call(method, path, body, params=params, idempotent=idempotent)
+            except (RegistryUnavailableError, BackendUnavailableError, ThrottledError) as exc:
+                last = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+                if outage is None:
+                    outage = Outage(self.url, int(time.time() * 1000), time.monotonic(), 0, last)
+                outage = dataclasses.replace(outage, attempts=outage.attempts + 1, last_error=last)
+                waited = time.monotonic() - outage.started
+                if waited >= self.patience:
+                    msg = (
+                        f"{method} {path}: {SERVICE.the} at {self.url} was unreachable for {self.patience:g}s "
+                        f"({outage.attempts} attempts since {outage.since_text()}; last: {last}). Start it again "
+                        f"(`{SERVICE.serve_command}` on the same store), or give the caller more patience; "
+                        "what was sent is safe to send again with the same tokens"
+                    )
+                    raise RegistryUnavailableError(msg) from exc
+                if self.on_wait is not None:
+                    self.on_wait(outage)
+                delay = min(self.max_backoff, self.backoff * 2 ** min(outage.attempts, 30)) * (0.5 + self._random.random() / 2)
+                time.sleep(min(delay, max(0.0, self.patience - waited)))
+                continue
+            if outage is not None and self.on_wait is not None:
+                self.on_wait(None)
+            return answer
 
     def _spans(self, *columns: Sequence[str]) -> list[tuple[int, int]]:
         """The requests a call's items go in: ``columns`` are their strings (ids, tokens)."""

@@ -264,12 +264,18 @@ class SparkSink:
     recorded) before it is written and marked done after, so a batch written again after a
     crash has the same number and the same rows. Use the production id (or the batch
     number) to make the writer idempotent.
+
+    A writer that fails (its database restarting, a broker failing over) is tried again
+    with capped exponential backoff and jitter for ``patience_s`` seconds from its first
+    failure, the batch still planned, before the run stops naming the sink.
     """
 
     format: str | None = None
     options: Mapping[str, str] = field(default_factory=dict)
     mode: str = "append"
     foreach_batch: Callable[[Any, int], None] | None = None
+    #: how long a failing writer is tried again before the run stops (seconds)
+    patience_s: float = 600.0
 
     def __post_init__(self) -> None:
         if (self.format is None) == (self.foreach_batch is None):
@@ -280,4 +286,7 @@ class SparkSink:
             raise TopologyError(msg)
         if self.format is not None and (not isinstance(self.format, str) or not self.format):
             msg = f"SparkSink: format must name a Spark data source, got {self.format!r}"
+            raise TopologyError(msg)
+        if not isinstance(self.patience_s, (int, float)) or not self.patience_s >= 0:
+            msg = f"SparkSink: patience_s is how long a failing writer is tried again, in seconds (>= 0), got {self.patience_s!r}"
             raise TopologyError(msg)

@@ -33,6 +33,7 @@ from millwheel._once import PipelineNameTaken, join_roster, new_epoch, pipeline_
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Key, Record, decode_key
 from millwheel._sparkio import SparkSource
 from millwheel._topology import Topology
+from millwheel._waits import WAITS, read_waits
 from millwheel.runtime._audit import AuditLog
 from millwheel.runtime._fieldcols import pin_fields
 from millwheel.runtime._fs import Location
@@ -447,6 +448,12 @@ class SparkRuntime:
             out[name] = {"kind": "injector", **inj.status()}
         for name, c in self.computations.items():
             out[name] = {"kind": "computation", **c.status(), **self.rescaler.status(name)}
+        waits = read_waits(self.root.child(WAITS).path) if self.root.local else []
+        if waits:  # a dependency is out and calls are being retried (``millwheel/_waits.py``): say what, since when
+            text = "; ".join(w.text() for w in waits)
+            for name in self.computations:
+                out[name]["waiting"] = text
+                out[name]["warning"] = text if not out[name].get("warning") else f"{out[name]['warning']}; {text}"
         for v in out.values():
             lw = v["low_watermark"]
             v["lag_ms"] = None if lw in (MIN_TIMESTAMP, MAX_TIMESTAMP) else now - lw

@@ -23,6 +23,8 @@ and every value as JSON text: ``_sinks.row_of``). ``format="kafka"`` gets Kafka'
 from __future__ import annotations
 
 import json
+import random
+import time
 from typing import Any
 
 import pyarrow as pa
@@ -30,12 +32,16 @@ import pyarrow as pa
 from millwheel._errors import MillwheelError
 from millwheel._sparkio import SparkSink
 from millwheel._topology import SinkSpec
+from millwheel._waits import WAITS, WaitBoard
 from millwheel.runtime._fs import Location
 from millwheel.runtime._sinks import ROW_SCHEMA, _flat, row_of
 from millwheel.runtime._streams import FileStreamLog, read_log, table_records
 
-#: consecutive failures of a sink's writer before the run stops (the batch stays planned: a resume writes it)
-MAX_FAILURES = 5
+#: the first wait after a writer failed, and the longest (seconds): doubling, jittered, in between
+FIRST_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 30.0
+#: a writer still failing says so in the log at most this often (seconds)
+LOG_EVERY_S = 30.0
 
 
 def _base(name: str) -> str:
@@ -46,7 +52,9 @@ def _base(name: str) -> str:
 class SparkSinkWriter:
     """Writes one sink's committed stream-log files through Spark, batch by batch."""
 
-    def __init__(self, spec: SinkSpec, streams: FileStreamLog, run_dir: Location, spark: Any, log: Any = print) -> None:
+    def __init__(
+        self, spec: SinkSpec, streams: FileStreamLog, run_dir: Location, spark: Any, log: Any = print, *, clock: Any = time.monotonic,
+    ) -> None:  # fmt: skip
         self.spec = spec
         self.sink: SparkSink = spec.spark
         self.streams = streams
@@ -59,7 +67,17 @@ class SparkSinkWriter:
         self.planned: set[tuple[str, str]] = set()
         self.pending: list[int] = []
         self.next_batch = 0
+        #: failed attempts since the writer last succeeded, when the first was, when to try next
         self.failures = 0
+        self._failing_since: float | None = None
+        self._failing_since_ms = 0
+        self._next_try = 0.0
+        self._logged = 0.0
+        self._clock = clock
+        self._random = random.Random()
+        self.where = f"sink {spec.name!r} of stream {spec.stream!r}"
+        #: the run's wait board (``millwheel/_waits.py``): the live status shows a failing writer
+        self.board = WaitBoard(run_dir.child(WAITS).path) if run_dir.local else None
 
     def start(self) -> None:
         self.state.mkdirs()
@@ -108,7 +126,9 @@ class SparkSinkWriter:
         return pa.Table.from_pylist(rows, schema=ROW_SCHEMA)
 
     def _write(self, k: int) -> bool:
-        """Write batch ``k``; ``False`` if the writer failed (it is tried again at the next poll)."""
+        """Write batch ``k``; ``False`` if the writer failed or waits before trying again (a later poll does)."""
+        if self._failing_since is not None and self._clock() < self._next_try:
+            return False  # backing off: the driver's other work goes on meanwhile
         table = self._table(self._plan(k))
         try:
             spark = self._spark()
@@ -122,22 +142,50 @@ class SparkSinkWriter:
         except Exception as exc:
             from millwheel.runtime._sparksource import missing_connector
 
-            where = f"sink {self.spec.name!r} of stream {self.spec.stream!r}"
+            where = self.where
             err = missing_connector(exc, self._spark().version, where)
             if err is not None:
                 raise err from None
-            self.failures += 1
-            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-            if self.failures >= MAX_FAILURES:
-                msg = f"{where}: its writer failed {self.failures} times in a row on batch {k} ({type(exc).__name__}: {first}); the batch stays planned and a resume writes it again"
-                raise MillwheelError(msg) from exc
-            self._log(f"{where}: its writer failed on batch {k} ({type(exc).__name__}: {first}); trying again")
+            self._failed(k, exc)
             return False
         self.state.child(f"{k}.done").write_text("")
-        self.failures = 0
+        if self._failing_since is not None:
+            self._log(f"{self.where}: its writer writes again after {self._clock() - self._failing_since:.0f}s ({self.failures} failed attempts)")
+            if self.board is not None:
+                self.board.done(self.where)
+        self.failures, self._failing_since = 0, None
         self.written += table.num_rows
         self.batches += 1
         return True
+
+    def _failed(self, k: int, exc: BaseException) -> None:
+        """A failed attempt: wait (capped exponential backoff, jittered) and try again, for the sink's
+        ``patience_s`` from the first failure; then stop the run naming the sink (the batch stays
+        planned: a resume writes it)."""
+        now = self._clock()
+        self.failures += 1
+        if self._failing_since is None:
+            self._failing_since, self._failing_since_ms = now, int(time.time() * 1000)
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        last = f"{type(exc).__name__}: {first}"
+        waited = now - self._failing_since
+        if waited >= self.sink.patience_s:
+            since = time.strftime("%H:%M:%S UTC", time.gmtime(self._failing_since_ms / 1000))
+            msg = (
+                f"{self.where}: its writer failed for {self.sink.patience_s:g}s ({self.failures} attempts since {since}) on batch {k} "
+                f"({last}); the batch stays planned and a resume writes it again. Bring the sink's target back "
+                "(or give SparkSink(patience_s=...) more time) and run again with the same run directory"
+            )
+            if self.board is not None:
+                self.board.done(self.where)
+            raise MillwheelError(msg) from exc
+        delay = min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2 ** min(self.failures - 1, 20)) * (0.5 + self._random.random() / 2)
+        self._next_try = now + delay
+        if self.board is not None:
+            self.board.waiting(self.where, since_ms=self._failing_since_ms, attempts=self.failures, last_error=last)
+        if self.failures == 1 or now - self._logged >= LOG_EVERY_S:
+            self._logged = now
+            self._log(f"{self.where}: its writer failed on batch {k} ({last}); trying again in {delay:.1f}s (for up to {self.sink.patience_s:g}s)")
 
 
 def spark_sink_writers(topology: Any, streams: FileStreamLog, run_dir: Location, spark: Any, log: Any) -> list[SparkSinkWriter]:

@@ -4,7 +4,9 @@
 ``postgresql`` package (``scripts/setup.sh --test`` installs it) in a temporary directory,
 on loopback and a free port, as the ``postgres`` user when the tests run as root
 (PostgreSQL refuses to run as root), and yields its DSN; the test is skipped with the
-reason when the server or ``psycopg`` is missing.
+reason when the server or ``psycopg`` is missing. :func:`postgres_server` yields the server
+itself (:class:`PostgresServer`: its ``dsn``, and ``restart(down_s)``, a restart in the
+middle of a run).
 
 :func:`upsert_counts` is what a user writes for a database sink: a ``foreach_batch``
 function that upserts each row on its production id, in one transaction per batch, so a
@@ -19,6 +21,7 @@ import contextlib
 import glob
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -50,9 +53,53 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class PostgresServer:
+    """A running throwaway server: its ``dsn``; :meth:`restart` stops it (a fast shutdown: clients are
+    cut off) and starts it again on the same data and port after ``down_s`` seconds."""
+
+    def __init__(self, psycopg, server: str, data: str, base: str, port: int, user: str | None, log) -> None:
+        self.psycopg, self.server, self.data, self.base, self.port, self.user, self.log = psycopg, server, data, base, port, user, log
+        self.dsn = f"host=127.0.0.1 port={port} user=postgres dbname=postgres connect_timeout=5"
+        self.proc = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.server, "-D", self.data, "-p", str(self.port), "-k", self.base, "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"],
+            user=self.user, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with self.psycopg.connect(self.dsn) as conn:
+                    conn.execute(SCHEMA)
+                return
+            except self.psycopg.OperationalError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.log.flush()
+                    with open(os.path.join(self.base, "server.log"), encoding="utf-8", errors="replace") as f:
+                        pytest.fail(f"PostgreSQL did not start: {f.read()[-2000:]}")
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGINT)  # fast shutdown: open connections are cut
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=30)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def restart(self, down_s: float) -> None:
+        self.stop()
+        time.sleep(down_s)
+        self.start()
+
+
 @pytest.fixture
-def postgres() -> Iterator[str]:
-    """A PostgreSQL server for this test: its DSN (``tests/runtime/pg.py``)."""
+def postgres_server() -> Iterator[PostgresServer]:
+    """A PostgreSQL server for this test (``tests/runtime/pg.py``), which the test may restart."""
     psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed (pip install -e '.[test]')")
     found = server_binaries()
     if found is None:
@@ -72,39 +119,22 @@ def postgres() -> Iterator[str]:
     if as_root:
         os.chown(base, pw.pw_uid, pw.pw_gid)
     os.chmod(base, 0o700)
-    port = _free_port()
     log = open(os.path.join(base, "server.log"), "ab")  # noqa: SIM115
-    proc = None
+    pg = PostgresServer(psycopg, server, data, base, _free_port(), user, log)
     try:
         subprocess.run([initdb, "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"], user=user, check=True, capture_output=True)
-        proc = subprocess.Popen(
-            [server, "-D", data, "-p", str(port), "-k", base, "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"],
-            user=user, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        dsn = f"host=127.0.0.1 port={port} user=postgres dbname=postgres connect_timeout=5"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with psycopg.connect(dsn) as conn:
-                    conn.execute(SCHEMA)
-                break
-            except psycopg.OperationalError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log.flush()
-                    with open(os.path.join(base, "server.log"), encoding="utf-8", errors="replace") as f:
-                        pytest.fail(f"PostgreSQL did not start: {f.read()[-2000:]}")
-                time.sleep(0.2)
-        yield dsn
+        pg.start()
+        yield pg
     finally:
-        if proc is not None:
-            proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=30)
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        pg.stop()
         log.close()
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres(postgres_server) -> str:
+    """A PostgreSQL server for this test: its DSN (``tests/runtime/pg.py``)."""
+    return postgres_server.dsn
 
 
 def upsert_counts(dsn: str):

@@ -25,7 +25,7 @@ from millwheel.runtime._sparksink import SparkSinkWriter
 from millwheel.runtime._streams import FileStreamLog
 
 from ._procs import kill_group, wait_for_progress
-from .pg import postgres, table  # noqa: F401 - the fixture
+from .pg import postgres, postgres_server, table  # noqa: F401 - the fixtures
 from .spark_io_driver import SEQ
 
 
@@ -85,29 +85,79 @@ def test_batches_are_planned_then_written_and_rewritten_the_same_after_a_crash(t
     assert again.poll() == 0
 
 
-def test_a_failing_writer_is_retried_then_stops_the_run_naming_the_sink(tmp_path):
-    from millwheel import MillwheelError
+class _Clock:
+    """A monotonic clock the test moves (the writer's backoff waits on it)."""
 
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _one_file(tmp_path):
     root = Location.of(str(tmp_path / "run"))
     streams = FileStreamLog(root)
     streams.ensure("out", "C")
     streams.append("out", "C", "b0", [Record("k", 1, 1_000, "a")])
     t = Topology("t")
     t.injector("C", stream="out")
+    return root, streams, t
+
+
+def test_a_writer_whose_database_restarts_waits_with_backoff_and_loses_nothing(tmp_path):
+    # before: five failures in a row, one per driver round with no backoff (a database down for
+    # ~2 s), and the run stopped
+    from millwheel.waits import read_waits
+
+    root, streams, t = _one_file(tmp_path)
+    down = {"attempts": 0, "until": 1_030.0}
+    written = []
+    clock = _Clock()
+
+    def database(df, batch_id):
+        if clock.now < down["until"]:
+            down["attempts"] += 1
+            msg = "connection refused: the database is restarting"
+            raise ConnectionError(msg)
+        written.append((batch_id, df.column("id").to_pylist()))
+
+    spec = t.sink("out", spark_sink=SparkSink(foreach_batch=database))
+    logged = []
+    w = SparkSinkWriter(spec, streams, root, _Frames, log=logged.append, clock=clock)
+    w.start()
+    polls = 0
+    while not written:
+        assert w.poll() in (0, 1)
+        polls += 1
+        if down["attempts"] and not written:
+            waits = read_waits(root.child("waits").path)
+            assert len(waits) == 1 and "waiting on sink 'sink.out' of stream 'out'" in waits[0].text() and "restarting" in waits[0].text()
+        clock.now += 0.5
+    assert written == [(0, ["a"])] and 3 <= down["attempts"] < 20 < polls  # backoff: far fewer attempts than driver rounds
+    assert read_waits(root.child("waits").path) == []
+    assert any("writes again after" in m for m in logged)
+
+
+def test_a_writer_failing_beyond_its_patience_stops_the_run_naming_the_sink(tmp_path):
+    from millwheel import MillwheelError
+
+    root, streams, t = _one_file(tmp_path)
 
     def broken(df, batch_id):
         msg = "database is down"
         raise ConnectionError(msg)
 
-    spec = t.sink("out", spark_sink=SparkSink(foreach_batch=broken))
-    logged = []
-    w = SparkSinkWriter(spec, streams, root, _Frames, log=logged.append)
+    spec = t.sink("out", spark_sink=SparkSink(foreach_batch=broken, patience_s=20))
+    clock = _Clock()
+    w = SparkSinkWriter(spec, streams, root, _Frames, log=lambda m: None, clock=clock)
     w.start()
-    for _ in range(4):
-        assert w.poll() == 0
-    with pytest.raises(MillwheelError, match=r"sink 'sink.out' of stream 'out': its writer failed 5 times in a row on batch 0 \(ConnectionError: database is down\)"):
-        w.poll()
-    assert len(logged) == 4 and "trying again" in logged[0]
+    with pytest.raises(MillwheelError, match=r"sink 'sink.out' of stream 'out': its writer failed for 20s \(\d+ attempts since .*\) on batch 0 \(ConnectionError: database is down\)"):
+        for _ in range(1_000):
+            w.poll()
+            clock.now += 0.5
+    with pytest.raises(TopologyError, match="patience_s"):
+        SparkSink(foreach_batch=broken, patience_s=-1)
 
 
 @pytest.mark.spark
@@ -191,6 +241,44 @@ def test_postgres_sink_is_exact_after_kill_9(tmp_path, postgres):  # noqa: F811 
     assert duplicated == 0 and lost == 0
     assert got == expected
     assert all(values == 1 for _, _, values in deliveries)  # a re-delivered id always carried the same value
+
+
+@pytest.mark.spark
+def test_postgres_restarted_in_the_middle_of_a_run_loses_nothing_and_stops_nothing(tmp_path, postgres_server):  # noqa: F811 - the fixture
+    """PostgreSQL stopped (a fast shutdown: connections cut) once the table has rows, and started again
+    on its data 6 s later, while the driver runs: the sink's writer waits with backoff, the run goes
+    on and ends on its own, and the table holds every count exactly once. Before: five failures in
+    a row, one per driver round (~2 s), stopped the run."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    dsn = postgres_server.dsn
+    driver = str(Path(__file__).with_name("spark_io_driver.py"))
+    root, log = tmp_path / "run", tmp_path / "driver.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, driver, str(root), "sequence", "--dsn", dsn], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    restarted = False
+    try:
+        deadline = time.monotonic() + 600
+        while proc.poll() is None and time.monotonic() < deadline and not table(dsn, "SELECT count(*) FROM counts")[0][0]:
+            time.sleep(0.2)
+        if proc.poll() is None:
+            rows_before = table(dsn, "SELECT count(*) FROM counts")[0][0]
+            postgres_server.restart(down_s=6.0)
+            restarted = True
+        rc = proc.wait(timeout=900)
+    finally:
+        kill_group(proc)
+    text = log.read_text()
+    assert restarted and rc == 0, text[-4000:]
+    rows = table(dsn, "SELECT id, key, second, count FROM counts")
+    expected = _answer(events(**SEQ))
+    assert Counter({(k, sec): c for _, k, sec, c in rows}) == expected
+    assert len({(k, sec) for _, k, sec, _ in rows}) == len(rows)  # no window twice
+    assert rows_before < len(expected)  # the restart was in the middle of the run
+    assert "its writer failed on batch" in text and "writes again after" in text  # it did wait, and it came back
 
 
 @pytest.mark.spark

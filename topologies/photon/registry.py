@@ -60,19 +60,49 @@ def registry_secret(secret_file: str | None = None) -> Any:
     return load_secret(file=secret_file) if secret_file else client_secret()
 
 
-def open_client(url: str, secret_file: str | None = None) -> Any:
-    """An HTTP client of the registry service at ``url``, with :func:`registry_secret`."""
+#: how long a pipeline waits for its registry to come back (a restart, a failover) before it stops
+PATIENCE_S = 600.0
+
+
+def open_client(url: str, secret_file: str | None = None, *, patience_s: float = 0.0, waits: str | None = None) -> Any:
+    """An HTTP client of the registry service at ``url``, with :func:`registry_secret`.
+
+    ``patience_s``: how long its calls keep waiting while the service is out (capped
+    exponential backoff with jitter, ``HttpRegistryClient(patience=...)``); ``waits``: the
+    wait board it reports the outage on (a run directory's ``waits/``, ``millwheel/_waits.py``).
+    """
     from id_registry import HttpRegistryClient
 
-    return HttpRegistryClient(url, secret=registry_secret(secret_file))
+    on_wait = None
+    if waits is not None:
+        from millwheel.waits import WaitBoard
+
+        board, what = WaitBoard(waits), f"the id registry at {url}"
+
+        def on_wait(outage: Any) -> None:
+            if outage is None:
+                board.done(what)
+            else:
+                board.waiting(what, since_ms=outage.since_ms, attempts=outage.attempts, last_error=outage.last_error)
+
+    return HttpRegistryClient(url, secret=registry_secret(secret_file), patience=patience_s, max_backoff=min(10.0, max(0.5, patience_s / 20)), on_wait=on_wait)
 
 
 @dataclass(frozen=True)
 class RegistryFactory:
-    """``RuntimeSettings(registry=RegistryFactory(url, secret_file))``: one client per Python worker."""
+    """``RuntimeSettings(registry=RegistryFactory(url, secret_file))``: one client per Python worker.
+
+    Its calls ride out an outage of the service (a restart, a failover) for ``patience_s``
+    seconds — inside the micro-batch, before Spark's failure accounting sees anything — and
+    say so on the wait board ``waits`` (the run directory's ``waits/``), which the live
+    status shows; beyond that the call fails naming the registry and the run stops.
+    """
 
     url: str
     secret_file: str | None = None
+    patience_s: float = PATIENCE_S
+    waits: str | None = None
 
     def __call__(self) -> OnceRegistryAdapter:
-        return OnceRegistryAdapter(open_client(self.url, self.secret_file and os.fspath(self.secret_file)))
+        secret = self.secret_file and os.fspath(self.secret_file)
+        return OnceRegistryAdapter(open_client(self.url, secret, patience_s=self.patience_s, waits=self.waits))

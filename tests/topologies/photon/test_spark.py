@@ -128,3 +128,57 @@ def test_two_pipelines_one_registry_kill_9_verify_restart(tmp_path, spark_sample
         for p in (a, b):
             if p is not None:
                 _kill_family(p)
+
+
+@pytest.mark.timeout(900)
+def test_a_registry_outage_in_the_middle_of_a_run_is_waited_out_and_loses_nothing(tmp_path, spark_sample):
+    """kill -9 of the registry service once the pipeline has joined its roster, restarted on the same
+    port and store once a batch's commit has waited on it for 5 s: the commits wait inside their
+    batches (the wait on the run's wait board, which the live status shows) and the run finishes
+    equal to the batch join. Before: the worker's call failed after its five quick retries, twice, and the run
+    stopped ("failed twice with the same error, so it is not retried again")."""
+    import threading
+
+    from id_registry.client import start_registry
+    from millwheel.waits import read_waits
+    from millwheel.runtime import RuntimeSettings
+
+    data_dir = str(tmp_path / "registry")
+    svc = start_registry(data_dir)
+    port = int(svc.url.rsplit(":", 1)[1])
+    run = tmp_path / "run"
+    seen: list[str] = []
+    services = [svc]
+
+    def outage() -> None:
+        while not (run / "photon.json").exists():  # the roster took the directory: the run has started
+            time.sleep(0.1)
+        services[0].kill()
+        # down until a batch's commit is seen waiting on the board, and 5 s more (at most 5 min)
+        until = time.monotonic() + 300
+        while time.monotonic() < until:
+            seen.extend(w.text() for w in read_waits(run / "waits"))
+            if seen:
+                until = min(until, time.monotonic() + 5)
+            time.sleep(0.2)
+        services.append(start_registry(data_dir, port=port))
+
+    t = threading.Thread(target=outage, daemon=True)
+    t.start()
+    try:
+        factory = RegistryFactory(svc.url, str(Path(data_dir) / "secret"), patience_s=120, waits=str(run / "waits"))
+        logged: list[str] = []
+        result = run_spark(
+            spark_sample, run, config=SMALL_BATCHES, pipeline="single", registry=factory, registry_url=svc.url,
+            settings=RuntimeSettings(intervals=2, max_restarts=20), timeout_s=800, log=logged.append,
+        )  # fmt: skip
+        t.join(30)
+    finally:
+        for s in services:
+            s.stop()
+    assert len(services) == 2  # the outage happened, and the run outlived it
+    assert not [m for m in logged if "registry" in m.lower()], logged  # no query failed on it (none was restarted for it)
+    report = evaluate(result, spark_sample)
+    assert report["ok"], report
+    assert any(f"waiting on the id registry at {svc.url} since" in text for text in seen), seen[:3]
+    assert read_waits(run / "waits") == []
