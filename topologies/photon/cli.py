@@ -49,11 +49,13 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from millwheel import MillwheelError
+
 from .config import GeneratorConfig, PhotonConfig
 from .drivers import PipelineBusyError, read_manifest, read_run, replay, run_lock, run_spark
 from .evaluation import RunResult, evaluate, render
 from .generator import check_logs, generate, has_truth, load_truth, resolve_data_dir
-from .registry import OnceRegistryAdapter, RegistryFactory, open_client, registry_secret
+from .registry import PATIENCE_S, OnceRegistryAdapter, RegistryFactory, open_client, registry_secret
 from .verify import report_dict, verify_runs
 
 
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _COMMANDS[args.command](args)
-    except (FileNotFoundError, ValueError, PipelineBusyError) as exc:
+    except (FileNotFoundError, ValueError, PipelineBusyError, MillwheelError) as exc:
         print(f"millwheel photon {args.command}: {exc}", file=sys.stderr)
         return 2
 
@@ -204,7 +206,8 @@ def _run_spark(args: argparse.Namespace, data: Path, config: PhotonConfig) -> Ru
         try:
             return run_spark(
                 data, args.checkpoint, config=config, settings=settings, pipeline=args.pipeline, watermarks=watermarks,
-                registry=RegistryFactory(url, secret_file), registry_url=url, follow=args.follow,
+                registry=RegistryFactory(url, secret_file, patience_s=args.registry_patience_s, waits=str(Path(args.checkpoint) / "waits")),
+                registry_url=url, follow=args.follow,
                 finite=not args.live, timeout_s=args.timeout, stop=stop,
                 log=lambda m: print(f"millwheel: {m}", file=sys.stderr, flush=True),
             )  # fmt: skip
@@ -311,6 +314,10 @@ def _parser() -> argparse.ArgumentParser:
     p_run.add_argument("--max-files-per-trigger", type=int, default=None, help="spark: stream files per computation batch")
     p_run.add_argument("--max-restarts", type=int, default=20, help="spark: restarts of a failed query (from its checkpoint) before giving up (default 20)")
     p_run.add_argument("--timeout", type=float, default=None, help="spark: give up a finite run not drained after this many seconds (default none)")
+    p_run.add_argument(
+        "--registry-patience-s", type=float, default=PATIENCE_S,
+        help=f"spark: how long registry calls keep waiting while the registry is out (a restart, a failover) before the run stops (default {PATIENCE_S:g})",
+    )  # fmt: skip
     _options(p_run, PhotonConfig)
     p_ver = sub.add_parser("verify", help="check registered clicks against the outputs; recover lost ones (§3.3.3)")
     p_ver.add_argument("runs", nargs="+", help="the pipelines' run directories")
@@ -332,7 +339,10 @@ def _parser() -> argparse.ArgumentParser:
     p_eval.add_argument("--json", action="store_true", help="print the report as JSON")
     p_check = sub.add_parser("check", help="a Jepsen-style check: two Spark pipelines under kills, restarts and verification; exit 1 on any lost or duplicated click")
     p_check.add_argument("--rounds", type=int, default=1, help="rounds to run, each with its own logs and faults (default 1)")
-    p_check.add_argument("--seed", type=int, default=1, help="decides every round's logs, faults and their order (default 1)")
+    p_check.add_argument(
+        "--seed", type=int, default=None,
+        help="decides every round's logs, faults and their order (default: a fresh random seed, printed, so a failing round can be replayed)",
+    )  # fmt: skip
     p_check.add_argument("--workdir", default=".millwheel/photon-check", help="where the rounds' logs, run directories and check.json go (default .millwheel/photon-check)")
     from .jepsen import CheckSettings
 

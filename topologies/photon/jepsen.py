@@ -1,7 +1,8 @@
 """A Jepsen-style check of Photon's guarantee under the operations people perform (``millwheel photon check``).
 
 Two pipelines on Spark, ``dc1`` and ``dc2``, run *at the same time* over the same logs and
-share one IdRegistry (the real service). Each round, from one seed:
+share one IdRegistry (the real service). Each round, from a seed nobody chose (drawn at
+random and printed unless ``--seed`` replays one):
 
 * a sample is generated; a few click files are held back and **shipped later** than the
   pipelines' ``dedup_slack_ms`` (a click log that arrives late);
@@ -11,19 +12,27 @@ share one IdRegistry (the real service). Each round, from one seed:
   ``mid_publish``: it kills itself with SIGKILL at its first batch with data); the other
   is killed (kill -9 of its whole process group) at a random moment;
 * killed pipelines are restarted, one of them (at random) **from a deleted checkpoint**;
-* ``photon verify`` runs at random moments, over both runs or over one of them;
-* at the end: both drain, a final verification over both runs, and each pipeline runs
-  again to consume what verification re-injected (repeated until verification recovers
-  nothing).
+* ``photon verify`` runs at random moments, over both runs or over one of them; where it
+  asks which directory takes its re-injections, a random one is named (``--target``);
+* **a whole click file is shipped twice** (a copy under another name);
+* **a start refused under a taken name**: a third driver under one of the two names in a
+  directory of its own must be refused, and a verification naming that directory must
+  refuse it too (it is not a run) and write nothing there;
+* **kill -9 of the registry and an outage** of ``outage_min_s``–``outage_max_s`` seconds
+  (30–60 in the long form), then the registry restarted on its store: the pipelines wait
+  inside their batches and must not stop;
+* at the end, once both drained, **a click file repeating clicks already joined** (a
+  re-delivery far beyond the dedup horizon) is shipped, both drain again, a final
+  verification runs over both runs, and each pipeline runs again to consume what it was
+  given (repeated until verification recovers nothing).
 
-The checker then compares the union of the two runs' outputs with a plain batch join of
-the complete logs and counts, per click: **lost** (joinable, in no ``joined_clicks``),
-**twice** (in ``joined_clicks`` more than once), **unseen** (an orphan in no
-``unjoinable``), **both** (joined and *decided* unjoinable) and **unexpected** (joined, not
-in the batch join). Any of them fails the round. Clicks one pipeline gave up and the other
-joined are reported (superseded give-ups), not failures.
-
-The checker is ``checker.py``.
+The checker (``checker.py``) compares the union of the two runs' outputs with a plain
+batch join of the complete logs and counts per click: lost, twice (in every output
+stream), unseen, joined and unjoinable, unexpected; a pipeline that **stopped** on its own
+(an exit the check did not cause) and a refused start or verification that was not
+refused are counted too. Any of them fails the round. A sink database restart is not an
+operation of this check: its pipelines write stream logs, not a database (the PostgreSQL
+sink's restart is ``tests/runtime/test_spark_sink.py``'s).
 """
 
 from __future__ import annotations
@@ -46,17 +55,21 @@ from typing import Any
 from .checker import Counts, check_outputs
 from .config import GeneratorConfig, PhotonConfig
 from .drivers import read_run
+from .evaluation import read_records
 from .generator import generate
 
 #: the crash points a pipeline's first start may die at (``millwheel/runtime/_outbox.py``)
 CRASH_POINTS = ("after_output", "before_publish", "mid_publish")
 #: what a round does between the pipelines' starts and the end, in a random order
-OPERATIONS = ("kill", "verify_all", "verify_subset", "ship_late_clicks", "deliver_delayed_queries")
+OPERATIONS = (
+    "kill", "verify_all", "verify_subset", "ship_late_clicks", "deliver_delayed_queries", "ship_click_file_twice",
+    "refused_start", "registry_outage",
+)  # fmt: skip
 
 
 @dataclass
 class CheckSettings:
-    """A round's size and the pipelines' settings (small enough for CI by default)."""
+    """A round's size and the pipelines' settings (the long form by default; CI shortens the outage)."""
 
     #: seconds of generated logs in a round
     duration_s: int = 30
@@ -72,6 +85,14 @@ class CheckSettings:
     round_timeout_s: float = 1_500.0
     #: the Spark master of the pipelines
     master: str = "local[2]"
+    #: the registry outage (kill -9, then a restart this many seconds later): at least
+    outage_min_s: float = 30.0
+    #: and at most
+    outage_max_s: float = 60.0
+    #: how long the pipelines' registry calls wait for the registry to come back
+    registry_patience_s: float = 600.0
+    #: clicks already joined that the late repeat file delivers again
+    repeat_clicks: int = 25
 
 
 @dataclass
@@ -80,11 +101,62 @@ class RoundResult:
     seed: int
     plan: list[str] = field(default_factory=list)
     counts: Counts = field(default_factory=Counts)
+    #: exits of a pipeline the check did not cause (a stop on its own: an outage it did not ride out)
+    stops: list[str] = field(default_factory=list)
+    #: a start or a verification that should have been refused and was not
+    not_refused: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
 
+    @property
+    def ok(self) -> bool:
+        return self.counts.ok and not self.stops and not self.not_refused
+
     def line(self) -> str:
-        verdict = "ok" if self.counts.ok else "FAILED"
-        return f"round {self.round} (seed {self.seed}) {verdict} in {self.elapsed_s:.0f}s: {self.counts.line()}\n  plan: {', '.join(self.plan)}"
+        verdict = "ok" if self.ok else "FAILED"
+        extra = "".join(f"; {label}: {', '.join(items)}" for label, items in (("stopped", self.stops), ("not refused", self.not_refused)) if items)
+        return f"round {self.round} (seed {self.seed}) {verdict} in {self.elapsed_s:.0f}s: {self.counts.line()}{extra}\n  plan: {', '.join(self.plan)}"
+
+
+class CheckRegistry:
+    """The check's registry service: the real one, killable with -9 and restarted on its store and port."""
+
+    def __init__(self, data_dir: str | os.PathLike[str]) -> None:
+        from id_registry.client import start_registry
+
+        self.data_dir = os.fspath(data_dir)
+        self._start = start_registry
+        self.service = start_registry(self.data_dir)
+        self.url = self.service.url
+        self.port = int(self.url.rsplit(":", 1)[1])
+        self.secret_file = str(Path(self.service.data_dir) / "secret")
+
+    def kill(self) -> None:
+        """kill -9 of the service process."""
+        self.service.kill()
+
+    def restart(self) -> None:
+        """Start it again on the same store and port (a restart after a crash); retried while the port is not free yet."""
+        self.service.stop()
+        for attempt in range(30):
+            try:
+                self.service = self._start(self.data_dir, port=self.port)
+                return
+            except Exception:  # noqa: BLE001 - the port in TIME_WAIT: try again
+                if attempt == 29:
+                    raise
+                time.sleep(1.0)
+
+    def stop(self) -> None:
+        self.service.stop()
+
+
+@contextlib.contextmanager
+def check_registry(data_dir: str | os.PathLike[str]) -> Iterator[CheckRegistry]:
+    registry = CheckRegistry(data_dir)
+    try:
+        yield registry
+    finally:
+        registry.stop()
 
 
 class _Pipeline:
@@ -93,17 +165,22 @@ class _Pipeline:
     def __init__(self, name: str, data: Path, run: Path, common: list[str], log: Path) -> None:
         self.name, self.data, self.run, self.common, self.log = name, data, run, common, log
         self.proc: subprocess.Popen[bytes] | None = None
+        #: the check killed it (its exit is no stop of its own)
+        self.killed = False
+
+    def command(self, *, follow: bool, run: Path | None = None) -> list[str]:
+        return [sys.executable, "-m", "millwheel.cli", "photon", "run", str(self.data), "--checkpoint", str(run or self.run),
+                "--pipeline", self.name, *self.common, *(["--follow"] if follow else [])]  # fmt: skip
 
     def start(self, *, follow: bool, crash: str | None = None) -> None:
-        cmd = [sys.executable, "-m", "millwheel.cli", "photon", "run", str(self.data), "--checkpoint", str(self.run),
-               "--pipeline", self.name, *self.common, *(["--follow"] if follow else [])]  # fmt: skip
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
         env.pop("MILLWHEEL_CRASH", None)
         if crash is not None:
             env["MILLWHEEL_CRASH"] = f"Joiner:{crash}:data"
+        self.killed = crash is not None  # a crash point's SIGKILL is the check's doing
         with open(self.log, "ab") as out:
             out.write(f"\n==== {time.strftime('%H:%M:%S')} start {self.name} follow={follow} crash={crash}\n".encode())
-            self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(self.command(follow=follow), env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -112,6 +189,7 @@ class _Pipeline:
         """kill -9 of the driver and everything it started (its JVM, its Python workers)."""
         if self.proc is None:
             return
+        self.killed = True
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -137,15 +215,21 @@ class _Pipeline:
         return bool(read_run(self.run).joined) if (self.run / "streams").exists() else False
 
 
+def _ship(src: Path, dest_dir: Path, name: str) -> None:
+    """A file appears in a log directory whole (a hidden name, then a rename)."""
+    shutil.copy(src, dest_dir / f".{name}")
+    os.replace(dest_dir / f".{name}", dest_dir / name)
+
+
 class PhotonCheck:
     """Rounds of the check (see the module docstring) against one registry service."""
 
     def __init__(
-        self, workdir: str | os.PathLike[str], registry_url: str, secret_file: str, *, seed: int = 1,
+        self, workdir: str | os.PathLike[str], registry: CheckRegistry, *, seed: int,
         settings: CheckSettings | None = None, say: Callable[[str], None] = print,
     ) -> None:  # fmt: skip
         self.workdir = Path(workdir)
-        self.registry_url, self.secret_file = registry_url, secret_file
+        self.registry = registry
         self.seed = seed
         self.settings = settings or CheckSettings()
         self.say = say
@@ -154,23 +238,32 @@ class PhotonCheck:
 
     def _common(self) -> list[str]:
         s, c = self.settings, self.config
-        return ["--backend", "spark", "--registry", self.registry_url, "--secret-file", self.secret_file,
+        return ["--backend", "spark", "--registry", self.registry.url, "--secret-file", self.registry.secret_file,
                 "--intervals", str(s.intervals), "--master", s.master, "--max-restarts", "500",
+                "--registry-patience-s", str(s.registry_patience_s),
                 "--dedup-slack-ms", str(c.dedup_slack_ms), "--max-delay-ms", str(c.max_delay_ms),
                 "--max-bytes-per-batch", str(c.max_bytes_per_batch)]  # fmt: skip
 
-    def _verify(self, runs: list[Path]) -> dict[str, Any]:
-        out = subprocess.run(
-            [sys.executable, "-m", "millwheel.cli", "photon", "verify", *map(str, runs), "--registry", self.registry_url,
-             "--secret-file", self.secret_file, "--json"],
+    def _verify_cmd(self, runs: list[Path], *extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "millwheel.cli", "photon", "verify", *map(str, runs), "--registry", self.registry.url,
+             "--secret-file", self.registry.secret_file, "--json", *extra],
             capture_output=True, text=True, timeout=600, check=False,
         )  # fmt: skip
+
+    def _verify(self, runs: list[Path], rng: random.Random, plan: list[str]) -> dict[str, Any]:
+        """``photon verify RUNS``; where it asks which directory takes the re-injections, a random one is named."""
+        out = self._verify_cmd(runs)
+        if out.returncode == 2 and "--target" in out.stderr and len(runs) > 1:
+            target = rng.choice(runs)
+            plan.append(f"verify asked where to re-inject; --target {target.name}")
+            out = self._verify_cmd(runs, "--target", str(target))
         if out.returncode != 0:
             msg = f"photon verify {[r.name for r in runs]} failed ({out.returncode}): {out.stderr[-2000:]}"
             raise RuntimeError(msg)
         return dict(json.loads(out.stdout))
 
-    def round(self, number: int) -> RoundResult:
+    def round(self, number: int) -> RoundResult:  # noqa: C901, PLR0915 - one round's script, read top to bottom
         rng = random.Random(self.seed * 1_000_003 + number)
         result = RoundResult(number, rng.randrange(1 << 30))
         started = time.monotonic()
@@ -218,6 +311,8 @@ class PhotonCheck:
                 msg = f"round {number}: {name} keeps exiting ({p.proc.returncode if p.proc else '?'}); see {p.log}"
                 raise RuntimeError(msg)
             code = p.proc.returncode if p.proc is not None else None
+            if code is not None and not p.killed:  # it stopped on its own: the check did nothing to it
+                result.stops.append(f"{name} exited with {code} (see {p.log.name})")
             p.kill()
             with open(p.log, "ab") as out:
                 out.write(f"==== {time.strftime('%H:%M:%S')} {name} exited with {code}\n".encode())
@@ -232,7 +327,7 @@ class PhotonCheck:
         def wait(predicate: Callable[[], bool], what: str, seconds: float) -> bool:
             until = min(deadline, time.monotonic() + seconds)
             while time.monotonic() < until:
-                for name, p in pipes.items():  # a driver that died (a crash point, a refused start) comes back
+                for name, p in pipes.items():  # a driver that died (a crash point, a kill) comes back
                     if p.proc is not None and not p.running() and p.proc.returncode not in (0,):
                         restart(name, wipe=name == deleted_checkpoint and name not in wiped)
                 if predicate():
@@ -240,6 +335,9 @@ class PhotonCheck:
                 time.sleep(1.0)
             self.say(f"round {number}: {what} not within {seconds:.0f}s; going on")
             return False
+
+        def drained() -> bool:
+            return all(p.drained() and p.running() for p in pipes.values())
 
         try:
             for name in sorted(pipes):
@@ -251,35 +349,18 @@ class PhotonCheck:
                 # clicks may all be held by a dead epoch until verification runs)
                 wait(lambda: any(p.published() or p.drained() for p in pipes.values()), "progress", 600)
                 time.sleep(rng.uniform(1.0, 6.0))
-                if op == "kill":
-                    victim = next(n for n in sorted(pipes) if n != crashing)
-                    result.plan.append(f"kill -9 {victim}")
-                    pipes[victim].kill()
-                elif op == "verify_all":
-                    r = self._verify(list(runs.values()))
-                    result.plan.append(f"verify both: recovered {r['recovered']}")
-                elif op == "verify_subset":
-                    one = rng.choice(sorted(runs))
-                    r = self._verify([runs[one]])
-                    result.plan.append(f"verify {one} alone: recovered {r['recovered']}, not given {r['holder_not_given']}")
-                elif op == "ship_late_clicks":
-                    for p in held.glob("*.jsonl"):
-                        shutil.copy(p, data / "clicks" / f".{p.name}")
-                        os.replace(data / "clicks" / f".{p.name}", data / "clicks" / p.name)
-                    result.plan.append("late click files shipped")
-                elif op == "deliver_delayed_queries":
-                    for p in pending_queries:
-                        shutil.copy(p, d1 / "queries" / f".{p.name}")
-                        os.replace(d1 / "queries" / f".{p.name}", d1 / "queries" / p.name)
-                    result.plan.append("dc1's delayed queries delivered")
-            # the end: both drain, a final verification, reruns until nothing is recovered
-            wait(lambda: all(p.drained() and p.running() for p in pipes.values()), "both drained", 900)
+                self._operation(op, rng, result, base, data, d1, held, pending_queries, runs, pipes, crashing)
+            # the end: both drain; a click file repeating clicks already joined, far behind the
+            # dedup horizon; both drain again; a final verification, reruns until nothing is recovered
+            wait(drained, "both drained", 900)
+            self._repeat_joined(rng, result, data, runs)
+            time.sleep(15.0)  # the running pipelines read it (the finite reruns below do, at the latest)
             for p in pipes.values():
                 p.stop()
             for _ in range(4):
-                r = self._verify(list(runs.values()))
+                r = self._verify(list(runs.values()), rng, result.plan)
                 result.counts.recovered += r["recovered"]
-                result.plan.append(f"final verify: recovered {r['recovered']}")
+                result.plan.append(f"final verify: recovered {r['recovered']} {r['reinjected_into'] or ''}".rstrip())
                 for name, p in sorted(pipes.items()):  # finite reruns: they read their re-injections, then exit
                     p.start(follow=False)
                     p.proc.wait(max(60.0, deadline - time.monotonic()))  # type: ignore[union-attr]
@@ -291,37 +372,114 @@ class PhotonCheck:
         finally:
             for p in pipes.values():
                 p.kill()
-        counts = check_outputs(data, list(runs.values()), self.config)
-        counts.recovered = result.counts.recovered
-        result.counts = counts
+        recovered = result.counts.recovered
+        result.counts = check_outputs(data, list(runs.values()), self.config)
+        result.counts.recovered = recovered
         result.elapsed_s = time.monotonic() - started
         return result
+
+    def _operation(
+        self, op: str, rng: random.Random, result: RoundResult, base: Path, data: Path, d1: Path, held: Path,
+        pending_queries: list[Path], runs: dict[str, Path], pipes: dict[str, _Pipeline], crashing: str,
+    ) -> None:  # fmt: skip
+        s = self.settings
+        if op == "kill":
+            victim = next(n for n in sorted(pipes) if n != crashing)
+            result.plan.append(f"kill -9 {victim}")
+            pipes[victim].kill()
+        elif op == "verify_all":
+            r = self._verify(list(runs.values()), rng, result.plan)
+            result.plan.append(f"verify both: recovered {r['recovered']} {r['reinjected_into'] or ''}".rstrip())
+        elif op == "verify_subset":
+            one = rng.choice(sorted(runs))
+            r = self._verify([runs[one]], rng, result.plan)
+            result.plan.append(f"verify {one} alone: recovered {r['recovered']}, not given {r['holder_not_given']}")
+        elif op == "ship_late_clicks":
+            for p in held.glob("*.jsonl"):
+                _ship(p, data / "clicks", p.name)
+            result.plan.append("late click files shipped")
+        elif op == "deliver_delayed_queries":
+            for p in pending_queries:
+                _ship(p, d1 / "queries", p.name)
+            result.plan.append("dc1's delayed queries delivered")
+        elif op == "ship_click_file_twice":
+            shipped = sorted(p for p in (data / "clicks").glob("*.jsonl") if "_again" not in p.name and "_repeat" not in p.name)
+            original = rng.choice(shipped)
+            _ship(original, data / "clicks", f"{original.stem}_again.jsonl")  # the time in its name: the original's
+            result.plan.append(f"click file {original.name} shipped twice")
+        elif op == "refused_start":
+            self._refused_start(rng, result, base, runs, pipes)
+        elif op == "registry_outage":
+            down = rng.uniform(s.outage_min_s, s.outage_max_s)
+            self.registry.kill()
+            time.sleep(down)
+            self.registry.restart()
+            result.plan.append(f"registry kill -9, down {down:.0f}s, restarted")
+
+    def _refused_start(self, rng: random.Random, result: RoundResult, base: Path, runs: dict[str, Path], pipes: dict[str, _Pipeline]) -> None:
+        """A third driver under a name another run directory holds: refused; a verification naming its directory too."""
+        taken = pipes[rng.choice(sorted(pipes))]
+        other = base / f"refused-{taken.name}"
+        out = subprocess.run(taken.command(follow=False, run=other), capture_output=True, text=True, timeout=600, check=False,
+                             env={**os.environ, "PYSPARK_PYTHON": sys.executable})  # fmt: skip
+        if out.returncode == 0 or "is held in this IdRegistry" not in out.stderr:
+            result.not_refused.append(f"start of {taken.name} in {other.name} (exit {out.returncode}: {out.stderr[-300:]!r})")
+        ver = self._verify_cmd([other, *runs.values()])
+        if ver.returncode == 0 or "not a Photon run directory" not in ver.stderr or any(other.glob("reinject/reinject_*")):
+            result.not_refused.append(f"verify naming {other.name} (exit {ver.returncode}: {ver.stderr[-300:]!r})")
+        result.plan.append(f"start of {taken.name} in {other.name} refused (exit {out.returncode}); verify naming it refused (exit {ver.returncode})")
+
+    def _repeat_joined(self, rng: random.Random, result: RoundResult, data: Path, runs: dict[str, Path]) -> None:
+        """A click file, shipped after the pipelines drained, that delivers again clicks already joined."""
+        joined = sorted({j[self.config.click_id_field] for run in runs.values() for j in read_run(run).joined})
+        again = set(rng.sample(joined, k=min(self.settings.repeat_clicks, len(joined))))
+        records, _ = read_records(data / "clicks", self.config.click_id_field, self.config.ts_field)
+        lines, seen = [], set()
+        for rec in records:
+            cid = rec.get(self.config.click_id_field)
+            if cid in again and cid not in seen:
+                seen.add(cid)
+                lines.append(json.dumps(rec))
+        if not lines:
+            return
+        oldest = min(json.loads(line)[self.config.ts_field] for line in lines)
+        tmp = data / f".clicks_{oldest}_repeat.jsonl"
+        tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        os.replace(tmp, data / f"clicks_{oldest}_repeat.jsonl")
+        result.plan.append(f"after the drain: {len(lines)} joined clicks delivered again (clicks_{oldest}_repeat.jsonl)")
 
     def run(self, rounds: int) -> Iterator[RoundResult]:
         for n in range(rounds):
             yield self.round(n)
 
 
+def fresh_seed() -> int:
+    """A seed nobody chose (printed by the check, so a failing round can be replayed)."""
+    return random.SystemRandom().randrange(1, 1 << 31)
+
+
 def main(args: Any) -> int:
     """``millwheel photon check``: rounds against a registry service of its own; exit 1 on any failure."""
-    from id_registry import embedded_registry
-
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     settings = CheckSettings(**{f.name: getattr(args, f.name) for f in fields(CheckSettings) if hasattr(args, f.name)})
+    seed = args.seed if args.seed is not None else fresh_seed()
     failed = 0
     results = []
-    with embedded_registry(str(workdir / "registry")) as service:
-        check = PhotonCheck(workdir, service.url, str(Path(service.data_dir) / "secret"), seed=args.seed, settings=settings)
-        print(f"photon check: {args.rounds} round(s), seed {args.seed}, in {workdir} (registry {service.url})", flush=True)
+    with check_registry(workdir / "registry") as registry:
+        check = PhotonCheck(workdir, registry, seed=seed, settings=settings)
+        print(f"photon check: {args.rounds} round(s), seed {seed} (replay with --seed {seed}), in {workdir} (registry {registry.url})", flush=True)
         for result in check.run(args.rounds):
             print(result.line(), flush=True)
-            results.append({**asdict(result), "ok": result.counts.ok})
-            failed += not result.counts.ok
-    (workdir / "check.json").write_text(json.dumps(results, indent=1))
-    total = Counter()
+            results.append({**asdict(result), "ok": result.ok, "check_seed": seed})
+            failed += not result.ok
+            (workdir / "check.json").write_text(json.dumps(results, indent=1))
+    total: Counter[str] = Counter()
     for r in results:
         total.update({k: v for k, v in r["counts"].items() if k in ("lost", "twice", "unseen", "both", "unexpected")})
-    print(f"photon check: {len(results) - failed}/{len(results)} rounds ok; lost {total['lost']}, twice {total['twice']}, "
-          f"unseen {total['unseen']}, joined and unjoinable {total['both']}, unexpected {total['unexpected']}")  # fmt: skip
+        total["stops"] += len(r["stops"])
+        total["not_refused"] += len(r["not_refused"])
+    print(f"photon check (seed {seed}): {len(results) - failed}/{len(results)} rounds ok; lost {total['lost']}, twice {total['twice']}, "
+          f"unseen {total['unseen']}, joined and unjoinable {total['both']}, unexpected {total['unexpected']}, "
+          f"stopped {total['stops']}, not refused {total['not_refused']}")  # fmt: skip
     return 1 if failed else 0
