@@ -269,12 +269,18 @@ class LogFileInjector(QueryInjector):
         waited = time.monotonic() - self._moved_at
         if self.low_watermark >= MAX_TIMESTAMP or waited < self.rt.settings.stall_warning_s or self.offset is None:
             return None
-        name = holding_file(self.offset, self.source.read_options.lateness_ms)  # type: ignore[union-attr]
+        opts = self.source.read_options  # type: ignore[union-attr]
+        name = holding_file(self.offset, opts.lateness_ms)
         if name is None:
             return None
+        try:
+            left = os.stat(os.path.join(opts.path, name)).st_size - int(self.offset["files"][name]["pos"])
+        except (OSError, KeyError, TypeError):
+            left = 0
+        half = f" (its last {left} bytes are a line without a newline, read once it is finished)" if left > 0 else ""
         return (
             f"injector {self.name}: low watermark unchanged for {waited:.0f}s, held by {name!r}, which is not "
-            f"finished; finish it with a {name}.done marker, a newer file, _DONE, or LogFileSource(idle_finish_ms=...)"
+            f"finished{half}; finish it with a {name}.done marker, a newer file, _DONE, or LogFileSource(idle_finish_ms=...)"
         )
 
     def _nothing_to_read(self) -> bool:

@@ -183,6 +183,42 @@ def test_a_finished_empty_directory_gets_its_query_only_once_a_file_lands(tmp_pa
     assert rt.states("Tally") == {"all": 3}
 
 
+@pytest.mark.spark
+def test_the_stall_advice_followed_mid_run_finishes_a_file_without_a_final_newline(tmp_path, spark):
+    """Issue 36, observation 1 on Spark: a file whose last line has no newline never
+    finished, and the stall warning's advice (``<name>.done``, ``_DONE``) changed nothing."""
+    import time
+
+    from millwheel.runtime import RuntimeSettings, SparkRuntime
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    name = "queries-2026-01-01.jsonl"
+    (logs / name).write_text(_line(1, T + 1) + _line(2, T + 2) + _line(3, T + 3)[:-1])
+    t = Topology("no_final_newline")
+    t.injector("logs", LogFileSource(logs, idle_finish_ms=None))
+    t.computation(Tally, inputs={"logs": lambda r: "all"}, outputs=["seen"])
+    rt = SparkRuntime(t, str(tmp_path / "run"), RuntimeSettings(intervals=2, poll_ms=50, stall_warning_s=1.0), spark=spark)
+    rt.start()
+    try:
+        until = time.monotonic() + 120
+        while (warning := rt.injectors["logs"].stalled()) is None:
+            assert time.monotonic() < until, "no stall warning"
+            rt.poll()
+            time.sleep(0.05)
+        assert f"{name}.done" in warning and "without a newline" in warning
+        (logs / f"{name}.done").write_text("")  # the advice, followed mid-run
+        while "e3" not in rt.values("seen"):
+            assert time.monotonic() < until, "the last line was never read"
+            rt.poll()
+            time.sleep(0.05)
+        (logs / "_DONE").write_text("")
+        rt.run(timeout_s=120)  # until drained
+    finally:
+        rt.stop()
+    assert sorted(rt.values("seen")) == ["e1", "e2", "e3"] and rt.dead_letters() == []
+
+
 def _messy_lines() -> str:
     """Lines whose values conform to the declared fields or do not (order, extra or missing
     fields, wrong types, an int beyond int64, None), and lines that are dead letters."""
