@@ -14,7 +14,8 @@ the same steps itself, for one computation ``C``, while the others go on:
    only for its own epoch, only from a file its own user owns (on a local disk), and only
    for a computation it runs; anything else is answered ``refused``. A request for an
    epoch that has died is never taken by the next driver (a rescale nobody waits for
-   any more would surprise).
+   any more would surprise): it answers it instead, from what ``run.json`` holds
+   (``_requests.py``, which has the command's side).
 2. **A committed batch boundary** (:class:`OnlineRescaler`, polled by the driver loop).
    The driver waits until C's query is between two micro-batches (no trigger active; at
    most ``BOUNDARY_WAIT_S``), stops *only C's query* and waits until its Spark jobs are
@@ -46,12 +47,10 @@ the offline protocol's guarantees. The automatic policy (``_autoscale.py``, ``mi
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
 import os
-import sys
 import threading
 import time
 import uuid
@@ -63,210 +62,35 @@ from millwheel._errors import MillwheelError
 from millwheel.runtime._autoscale import Decision, Figures, decide
 from millwheel.runtime._fs import Location
 from millwheel.runtime._layout import computation_layouts, read_pin
-from millwheel.runtime._lease import DriverEpoch, Lease, process_running
 from millwheel.runtime._outbox import crash_point
 from millwheel.runtime._relayout import finish, move_layout, plan, relayout_wanted
+from millwheel.runtime._requests import (
+    FINAL,
+    answers,
+    control_dir,
+    epoch_of,
+    holder,
+    orphan_answer,
+    read_answer,
+    request_rescale,
+    rescale,
+    rescale_main,
+    what,
+)
 from millwheel.runtime._rescale import move_state, settled, target
-from millwheel.runtime._rescale import rescale as offline_rescale
 from millwheel.runtime._session import quiet_while_stopping, wait_for_jobs
 from millwheel.runtime._settings import STATE_LAYOUTS
 from millwheel.runtime._settle import PlannedBatchPublished
 from millwheel.runtime._wire import IntervalSummary
 
-__all__ = ["OnlineRescaler", "answers", "request_rescale", "rescale", "rescale_main"]
+__all__ = ["OnlineRescaler", "answers", "holder", "read_answer", "request_rescale", "rescale", "rescale_main"]
 
-#: where requests and answers live, under the run directory
-CONTROL = ("control", "rescale")
 #: the longest a rescale waits for C's query to be between batches before stopping it anyway
 BOUNDARY_WAIT_S = 10.0
 #: how often a driver lists the requests
 LIST_EVERY_S = 0.5
 #: how many times a rescale meets a planned batch with weak productions before it gives up
 MAX_ATTEMPTS = 5
-#: answers that end a request
-FINAL = ("done", "failed", "refused")
-
-
-def _control(root: Location) -> Location:
-    return root.child(*CONTROL)
-
-
-def holder(root: Location, computation: str) -> tuple[int, str] | None:
-    """The driver epoch holding ``computation``'s lease and its ``_drivers`` entry, if that
-    driver may be running (not marked stopped, and on this host its process is alive)."""
-    leases = root.child("leases")
-    epoch = Lease(leases.child(computation), computation).newest() if leases.exists() else 0
-    if not epoch:
-        return None
-    name = f"{epoch:012d}"
-    text = (leases.child(DriverEpoch.DIR, name).read_text() or leases.child(computation, name).read_text() or "").strip()
-    if not text or text.endswith(" stopped"):
-        return None
-    host, _, pid = text.rpartition(":")
-    if host == os.uname().nodename and pid.isdigit() and not process_running(int(pid)):
-        return None  # killed (a zombie too: its parent has not reaped it yet)
-    return epoch, text
-
-
-# ---- the command's side ------------------------------------------------------------------
-def rescale(
-    run_dir: str, computation: str, intervals: int | None = None, *, layout: str | None = None, spark: Any = None,
-    force: bool = False, wait: bool = True, timeout_s: float | None = None, log: Any = None,
-) -> dict[str, Any]:  # fmt: skip
-    """Give ``computation`` of the run in ``run_dir`` ``intervals`` key intervals and/or the
-    state layout ``layout`` (``_relayout.py``): online, by the driver that runs it (the
-    module docstring), or offline if none does (``_rescale.rescale``). ``wait=False``
-    returns once the request is written (online)."""
-    root = Location.of(run_dir)
-    if not force and holder(root, computation) is not None:
-        if intervals is None and layout is None:
-            msg = "give --intervals N, --layout intervals|keys, or both"
-            raise MillwheelError(msg)
-        return request_rescale(run_dir, computation, intervals, layout=layout, wait=wait, timeout_s=timeout_s, log=log)
-    return offline_rescale(run_dir, computation, intervals, layout=layout, spark=spark, force=force, log=log)
-
-
-def request_rescale(
-    run_dir: str, computation: str, intervals: int | None, *, layout: str | None = None, wait: bool = True,
-    timeout_s: float | None = None, log: Any = None,
-) -> dict[str, Any]:  # fmt: skip
-    """Ask the driver running ``computation`` to rescale it (step 1) — ``intervals`` key
-    intervals, or the state layout ``layout`` (``None``: its own) — and wait for its answer
-    (unless ``wait`` is false); returns the answer, with ``"state"`` one of ``done``,
-    ``failed``, ``refused``, or ``sent`` without waiting."""
-    say = log or (lambda _m: None)
-    root = Location.of(run_dir)
-    # what can be refused here is, before anything is sent
-    if relayout_wanted(run_dir, computation, layout):
-        plan(root, computation, layout, intervals)
-    else:
-        target(root, computation, intervals)  # type: ignore[arg-type]
-    held = holder(root, computation)
-    if held is None:
-        msg = f"cannot rescale online: no running driver holds computation {computation!r} of {root.uri}"
-        raise MillwheelError(msg)
-    epoch, who = held
-    rid = f"{epoch:012d}-{uuid.uuid4().hex[:12]}"
-    control = _control(root)
-    control.mkdirs()
-    body = {"id": rid, "computation": computation, "intervals": intervals, "layout": layout, "epoch": epoch, "by": f"{os.uname().nodename}:{os.getpid()}", "at_ms": int(time.time() * 1000)}
-    control.child(f"{rid}.request").write_text(json.dumps(body))
-    say(f"asked the driver running {computation!r} ({who}, epoch {epoch}) to move it to {what(intervals, layout)} (request {rid})")
-    if not wait:
-        return {**body, "state": "sent"}
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    shown = None
-    while True:
-        answer = read_answer(root, rid)
-        if answer is not None:
-            if answer.get("state") != shown:
-                shown = answer.get("state")
-                say(f"{computation!r}: {answer.get('state')}: {answer.get('detail', '')}")
-            if answer.get("state") in FINAL:
-                return answer
-        if holder(root, computation) is None or (holder(root, computation) or (0, ""))[0] != epoch:
-            answer = read_answer(root, rid)  # it may have answered just before it stopped
-            if answer is not None and answer.get("state") in FINAL:
-                return answer
-            return _driver_gone(root, computation, intervals, rid, epoch, layout)
-        if deadline is not None and time.monotonic() > deadline:
-            msg = f"no answer to rescale request {rid} within {timeout_s}s; it goes on (see `millwheel rescale {root.uri} --status`)"
-            raise MillwheelError(msg)
-        time.sleep(0.2)
-
-
-def read_answer(root: Location, rid: str) -> dict[str, Any] | None:
-    text = _control(root).child(f"{rid}.json").read_text()
-    return None if text is None else json.loads(text)
-
-
-def what(intervals: int | None, layout: str | None) -> str:
-    """What a request asks for, in words: ``8 key intervals``, ``the 'keys' state layout (with 8 key intervals)``."""
-    if layout is None:
-        return f"{intervals} key intervals"
-    return f"the {layout!r} state layout" + ("" if intervals is None else f" with {intervals} key intervals")
-
-
-def _driver_gone(root: Location, computation: str, intervals: int | None, rid: str, epoch: int, layout: str | None = None) -> dict[str, Any]:
-    """The driver stopped (or was killed) before it answered: say what the run directory holds."""
-    entry = (read_pin(root).get("computations") or {}).get(computation) or {}
-    own, step = entry.get("intervals"), (entry.get("migration") or {}).get("relayout")
-    if step is not None and layout in (None, entry.get("state_layout")) and intervals in (None, own):
-        # a layout change (``_relayout.py``) recorded in run.json
-        if step != "done":
-            detail = (
-                f"the driver (epoch {epoch}) stopped during the change of {computation!r} to {what(own, entry.get('state_layout'))}, after run.json recorded it: "
-                f"the next start refuses until `millwheel rescale {root.uri} --computation {computation} --layout {entry.get('state_layout')}` runs again, which finishes it"
-            )
-        else:
-            detail = f"the driver (epoch {epoch}) stopped after the change of {computation!r} to {what(own, entry.get('state_layout'))} was in place: the next `millwheel run` resumes with it"
-        return {"id": rid, "state": "failed", "recorded": True, "detail": detail}
-    if layout is None and own == intervals:
-        detail = (
-            f"the driver (epoch {epoch}) stopped during the rescale, after run.json gave {computation!r} {intervals} key intervals: "
-            "the next `millwheel run` on this run directory resumes with them and moves the state in its first batch"
-        )
-        return {"id": rid, "state": "failed", "recorded": True, "detail": detail}
-    detail = f"the driver (epoch {epoch}) stopped before the rescale took effect: nothing changed; rescale again (offline, or once it runs again)"
-    return {"id": rid, "state": "failed", "recorded": False, "detail": detail}
-
-
-def answers(run_dir: str) -> list[dict[str, Any]]:
-    """Every rescale request of the run directory with its latest answer, oldest first
-    (the automatic policy's too: their ids say ``auto``, their answers carry the decision)."""
-    control = _control(Location.of(run_dir))
-    out = []
-    for name in control.list():
-        if name.endswith(".json") and not name.startswith("."):
-            text = control.child(name).read_text()
-            if text:
-                out.append(json.loads(text))
-    return sorted(out, key=lambda a: (a.get("at_ms", 0), a.get("id", "")))
-
-
-def rescale_main(argv: list[str]) -> int:
-    """``millwheel rescale RUN --computation C --intervals N [--no-wait] [--force]``, or ``RUN --status``."""
-    p = argparse.ArgumentParser(
-        prog="millwheel rescale",
-        description="give a computation another number of key intervals or another state layout: online if a driver runs it, else in the stopped run "
-        "directory. A computation on the Arrow mapping (ComputationOptions(mapping='arrow')) is refused before anything changes: its state "
-        "is in that mapping's own files, which a rescale does not move (docs/runtime.md, 'The Arrow mapping').",
-    )  # fmt: skip
-    p.add_argument("run", help="the run directory (--checkpoint of millwheel run)")
-    p.add_argument("--computation", help="the computation to rescale")
-    p.add_argument("--intervals", type=int, help="its new number of key intervals")
-    p.add_argument("--layout", choices=STATE_LAYOUTS, default=None, help="its new state layout (with --intervals: and that many key intervals); online too (docs/runtime.md)")
-    p.add_argument("--no-wait", dest="wait", action="store_false", help="online: return once the driver has the request (its progress shows in its live status)")
-    p.add_argument("--timeout", type=float, default=None, help="online: give up waiting for the answer after this many seconds")
-    p.add_argument("--force", action="store_true", help="rescale offline without checking that no driver runs (one on another host that you know has stopped)")
-    p.add_argument("--status", action="store_true", help="list the run's online rescales and layout changes and the automatic policy's decisions, with their outcome")
-    args = p.parse_args(argv)
-    if args.status:
-        for a in answers(args.run):
-            why = f" — {a['decision']['reason']}" if a.get("decision") else ""
-            print(f"{a.get('id')}: {a.get('computation')} -> {what(a.get('intervals'), a.get('layout'))}: {a.get('state')} ({a.get('detail', '')}){why}")
-        return 0
-    if args.computation is None or (args.intervals is None and args.layout is None):
-        p.error("--computation and --intervals or --layout are required (or --status)")
-    say = lambda m: print(f"millwheel: {m}", file=sys.stderr, flush=True)  # noqa: E731
-    try:
-        out = rescale(args.run, args.computation, args.intervals, layout=args.layout, force=args.force, wait=args.wait, timeout_s=args.timeout, log=say)
-    except MillwheelError as exc:
-        print(f"millwheel: {exc}", file=sys.stderr)
-        return 2
-    state = out.get("state")
-    if state == "sent":
-        print(f"asked the running driver to move {args.computation!r} to {what(args.intervals, args.layout)} (request {out['id']}); its live status shows the progress")
-    elif state is not None:
-        print(f"rescale of {args.computation!r} to {what(args.intervals, args.layout)}: {state}: {out.get('detail', '')}")
-        return 0 if state == "done" else 1
-    elif out.get("to_layout") is not None and out.get("keys") is not None:
-        print(f"moved {out['computation']!r} to the {out['to_layout']!r} state layout with {out['to']} key intervals: {out['keys']} keys ({out['seconds']:.1f}s)")
-    elif out.get("pending"):
-        print(f"the rescale of {out['computation']!r} to {out['to']} key intervals is written already: start the run, whose next micro-batch moves the state")
-    elif out.get("keys") is not None and not out.get("unchanged"):
-        print(f"rescaled {out['computation']!r} from {out['from']} to {out['to']} key intervals: {out['keys']} keys move in its next micro-batch ({out['seconds']:.1f}s)")
-    return 0
 
 
 # ---- the driver's side ---------------------------------------------------------------------
@@ -298,7 +122,7 @@ class OnlineRescaler:
 
     def __init__(self, rt: Any) -> None:
         self.rt = rt
-        self.control = _control(rt.root)
+        self.control = control_dir(rt.root)
         self.jobs: deque[_Job] = deque()
         self.finished: list[_Job] = []
         self._listed = 0.0
@@ -347,12 +171,15 @@ class OnlineRescaler:
             self._answer(job, "failed", "the driver stopped before the rescale was done; the next start carries it out if run.json has the new layout")
 
     def _take_requests(self) -> None:
-        names = [n for n in self.control.list() if n.endswith(".request") and n not in self._seen]
+        names = [n for n in self.control.list() if n.endswith((".request", ".json")) and not n.startswith(".") and n not in self._seen]
         epoch = self.rt.driver_epoch.value
         for name in sorted(names):
             self._seen.add(name)
             if not name.startswith(f"{epoch:012d}-"):
-                continue  # another driver's (or a dead one's): never taken
+                self._orphan(name.rsplit(".", 1)[0])  # another driver's (or a dead one's): never taken
+                continue
+            if name.endswith(".json"):
+                continue  # this driver's own answer
             loc = self.control.child(name)
             rid = name[: -len(".request")]
             try:
@@ -366,6 +193,27 @@ class OnlineRescaler:
                 continue
             self.rt.log(f"rescale request {rid}: {job.computation} -> {what(job.intervals, job.layout)}")
             self._enqueue(job)
+
+    def _orphan(self, rid: str) -> None:
+        """A request or decision of an older driver that died before its answer was final,
+        for a computation this driver runs (so that driver holds it no more): answer it from
+        what the run directory holds (``_requests.orphan_answer``); never carry it out."""
+        epoch = self.rt.driver_epoch.value
+        old = epoch_of(rid)
+        if old is None or old >= epoch:
+            return  # a newer driver's (another driver of the run, started later)
+        body = read_answer(self.rt.root, rid)
+        if body is None:
+            text = self.control.child(f"{rid}.request").read_text()
+            try:
+                body = {**json.loads(text or ""), "id": rid, "state": "sent"}
+            except (ValueError, TypeError):
+                return
+        if body.get("state") in FINAL or body.get("computation") not in self.rt.computations:
+            return  # answered; or a computation another driver may still run
+        out = orphan_answer(self.rt.root, body, by=epoch)
+        self.control.child(f"{rid}.json").write_text(json.dumps(out))
+        self.rt.log(f"rescale {rid} of {out.get('computation')} -> {what(out.get('intervals'), out.get('layout'))}: {out['state']} ({out['detail']})")
 
     def _refusal(self, loc: Location, body: dict[str, Any]) -> str | None:
         if loc.local and os.stat(loc.path).st_uid != os.getuid():
@@ -423,7 +271,7 @@ class OnlineRescaler:
                 r["total_s"] = round(time.monotonic() - job.at["requested"], 3)
                 r["restart_to_moved_s"] = round(time.monotonic() - job.at["restarted"], 3)
                 self.changed_at[job.computation] = time.monotonic()
-                self._answer(job, "done", f"{detail}; C's query was down {r.get('stopped_s')} s")
+                self._answer(job, "done", f"{detail}; the query of {job.computation!r} was down {r.get('stopped_s')} s")
 
     def _at_boundary(self, job: _Job, c: Any) -> None:
         if job.attempts == 0 and "checked" not in job.at:
@@ -457,6 +305,9 @@ class OnlineRescaler:
             c.stop()
             wait_for_jobs(self.rt.spark, run_id)
         job.figures["stopped_at_batch_boundary"] = waited < BOUNDARY_WAIT_S
+        # what it had when the move began: a driver dying in the move changed nothing while run.json still gives these (``_requests.orphan_answer``)
+        job.figures["from"] = getattr(c, "intervals", None)
+        job.figures["from_layout"] = getattr(self.rt.layouts.get(job.computation), "state_layout", "intervals") if hasattr(self.rt, "layouts") else None
         job.at["stopped"] = t0
         crash_point(job.computation, "online_stopped", job.intervals)
         job.state, job.detail = "moving", "its query is stopped; moving the state"

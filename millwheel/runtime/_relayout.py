@@ -344,9 +344,9 @@ def move_layout(change: Change, outbox: Outbox, spark: Any, say: Any, t0: float)
     layout, intervals = change.layout, change.intervals
     last, dropped = settle(outbox, root, computation, checkpoint, say)
     if spark is None and last >= 0:
-        from millwheel.runtime._session import spark_session
+        from millwheel.runtime._rescale import command_session
 
-        spark = spark_session("local[2]")
+        spark = command_session()  # quiet: its JVM's output goes to a file
     t_read = time.perf_counter()
     envs = read_all(spark, checkpoint, old.state_layout, last)
     read_s = time.perf_counter() - t_read

@@ -18,19 +18,19 @@ from millwheel.runtime._lease import DriverEpoch, Lease
 from millwheel.runtime._online import OnlineRescaler, holder, read_answer, request_rescale, rescale
 
 
-def _run(tmp_path) -> Location:
+def _run(tmp_path, name: str = "C") -> Location:
     root = Location.of(str(tmp_path / "run"))
-    root.child("checkpoints", "C").mkdirs()
+    root.child("checkpoints", name).mkdirs()
     root.child("run.json").write_text(json.dumps({"intervals": 4, "state_layout": "intervals", "groups": [2, 0, 4, 1]}))
     return root
 
 
-def _driver(root: Location) -> SimpleNamespace:
-    """This process as the driver running C (its lease under a new epoch), as the rescaler sees it."""
+def _driver(root: Location, name: str = "C") -> SimpleNamespace:
+    """This process as the driver running computation ``name`` (its lease under a new epoch), as the rescaler sees it."""
     epoch = DriverEpoch(root.child("leases"))
-    Lease(root.child("leases", "C"), "C").acquire(epoch.get())
+    Lease(root.child("leases", name), name).acquire(epoch.get())
     logged: list[str] = []
-    return SimpleNamespace(root=root, settings=SimpleNamespace(autoscale=None), computations={"C": object()}, driver_epoch=epoch, log=logged.append, logged=logged)
+    return SimpleNamespace(root=root, settings=SimpleNamespace(autoscale=None), computations={name: object()}, driver_epoch=epoch, log=logged.append, logged=logged)
 
 
 def _dead_pid() -> int:
@@ -100,7 +100,7 @@ def test_the_command_says_what_happened_when_the_driver_dies_before_answering(tm
         request_rescale(root.uri, "C", 8)
     with pytest.raises(MillwheelError, match="positive integer"):
         rescale(root.uri, "C", 0)  # no live driver: the offline path and its checks
-    from millwheel.runtime._online import _driver_gone
+    from millwheel.runtime._requests import gone_answer as _driver_gone
 
     assert not _driver_gone(root, "C", 8, "x", 1)["recorded"]
     held = json.loads(root.child("run.json").read_text())
@@ -253,7 +253,7 @@ def test_a_layout_change_is_asked_of_the_running_driver_and_said_in_the_answers(
 
 
 def test_the_command_says_what_a_driver_killed_during_a_layout_change_left(tmp_path):
-    from millwheel.runtime._online import _driver_gone
+    from millwheel.runtime._requests import gone_answer as _driver_gone
 
     root = _run(tmp_path)
     assert not _driver_gone(root, "C", None, "x", 1, "keys")["recorded"]

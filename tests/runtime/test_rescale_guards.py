@@ -177,3 +177,19 @@ def test_the_command_line_says_why_it_refuses(tmp_path, capsys):
     root = _run(tmp_path)
     assert main(["rescale", root.uri, "--computation", "D", "--intervals", "8"]) == 2
     assert "cannot rescale: run directory" in capsys.readouterr().err
+
+
+@pytest.mark.spark
+def test_the_command_prints_only_its_own_lines(tmp_path):
+    """``millwheel rescale`` offline starts a Spark session of its own: the JVM's start-up
+    warnings (``WARNING: Using incubator modules``), its log and what its Python workers
+    print go to a file, as in ``millwheel run``; the terminal gets the command's lines only."""
+    root = _run(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "millwheel.cli", "rescale", root.uri, "--computation", "C", "--intervals", "8"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("rescaled 'C' from 4 to 8 key intervals"), done.stdout
+    noise = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("millwheel: ")]
+    assert noise == [], done.stderr
