@@ -124,16 +124,30 @@ def timestamp_text(v: int) -> str:
         return "+inf (done)"
     if v <= MIN_TIMESTAMP:
         return "-inf"
-    if v >= _YEAR_10000_MS:
-        return f"{v} ms (after the year 9999)"
     if v > 10**11:
-        return (_EPOCH + datetime.timedelta(milliseconds=v)).strftime("%Y-%m-%d %H:%M:%S")
+        return utc_text(v)
     return str(v)
+
+
+def utc_text(ms: int, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
+    """A wall-clock or event time (ms since the epoch) as UTC text in ``fmt``, for any int:
+    a time before the year 1 or after the year 9999 is its number of milliseconds.
+
+    >>> utc_text(0, "%H:%M:%S"), utc_text(-(2**63))
+    ('00:00:00', '-9223372036854775808 ms (before the year 1)')
+    """
+    if ms >= _YEAR_10000_MS:
+        return f"{ms} ms (after the year 9999)"
+    if ms < _YEAR_1_MS:
+        return f"{ms} ms (before the year 1)"
+    return (_EPOCH + datetime.timedelta(milliseconds=ms)).strftime(fmt)
 
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 #: 10000-01-01T00:00:00Z in ms since the epoch: the first time ``datetime`` cannot spell
 _YEAR_10000_MS = 253_402_300_800_000
+#: 0001-01-01T00:00:00Z in ms since the epoch: the first time ``datetime`` can spell
+_YEAR_1_MS = -62_135_596_800_000
 
 
 def duration_text(ms: int | float | None) -> str:

@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from millwheel import MAX_TIMESTAMP, MIN_TIMESTAMP, LogFileSource, Stage
-from millwheel._logfile import initial_offset, plan_offset, plan_ranges, read_range
-from millwheel._record import duration_text, timestamp_text
+from millwheel._logfile import disorder, initial_offset, plan_offset, plan_ranges, read_range
+from millwheel._record import duration_text, timestamp_text, utc_text
 from millwheel.runtime._runtime import lag_text
 from millwheel.testing import Harness
 
@@ -117,6 +117,7 @@ def test_a_microsecond_timestamp_at_the_read_position_of_a_tailed_file_moves_no_
         h.run()
         o = end
     assert o["lw"] == MAX_TIMESTAMP
+    assert disorder(o) is None  # in order: no advice of lateness_ms=1765458394380000
     assert h.metrics("SecondCounts")["late"] == 0
     assert sum(second_counts.answer(h.output("counts")).values()) == 4_000
     (letter,) = [d.value for d in dead]
@@ -142,6 +143,21 @@ def test_unit_mistakes_are_implausible_by_default(tmp_path):
 @given(st.integers(MIN_TIMESTAMP, MAX_TIMESTAMP))
 def test_every_time_formatter_spells_every_int64(v):
     # the driver died formatting its status line: "ValueError: year 57971 is out of range"
-    assert timestamp_text(v)
-    assert duration_text(v)
-    assert lag_text(v, now_ms=T)
+    from millwheel import Computation, Topology
+    from millwheel._runner import late_lines
+    from millwheel.runtime._status import Row, Snapshot, _decision_text, compact_line, table_lines
+
+    assert timestamp_text(v) and utc_text(v) and utc_text(v, "%H:%M:%S")
+    assert duration_text(v) and lag_text(v, now_ms=T)
+    assert _decision_text({"action": "split", "from": 2, "to": 4, "at_ms": v, "reason": "hot"})
+    row = Row("C", "computation", 1, 1, 0, 0, 0, v, lag_ms=v, event_lag_ms=v, disorder_ms=v)
+    snapshot = Snapshot(1.0, v, (row, Row("logs", "injector", None, 1, 0, None, None, v)))
+    assert table_lines(snapshot) and compact_line(snapshot)
+
+    class C(Computation):
+        def process_record(self, record): ...
+
+    t = Topology("t")
+    t.injector("logs", stream="events")
+    t.computation(C, inputs=["events"])
+    assert late_lines(t, {"C": {"records_in": 10, "late": 1, "late_dropped": 1}}, {"logs": (abs(v), "f.jsonl")})

@@ -18,7 +18,6 @@ unless a log file appeared or grew since (:func:`input_changed`: then it says so
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import shutil
@@ -28,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, fields
 from typing import Any
 
+from millwheel._record import utc_text
 from millwheel._topology import Topology
 from millwheel.runtime._status import Row, Sampler, Snapshot, disorder_of, display_for, table_lines
 
@@ -214,7 +214,7 @@ def run(topology: Topology, args: argparse.Namespace, on_finish: Any = None) -> 
         known = {f.name for f in fields(Row)}
         rows = tuple(Row(**{k: v for k, v in r.items() if k in known}) for r in saved["rows"])
         snapshot = Snapshot(saved["elapsed_s"], saved["finished_at_ms"], rows)
-        when = dt.datetime.fromtimestamp(saved["finished_at_ms"] / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        when = utc_text(saved["finished_at_ms"]) + " UTC"
         changed = input_changed(saved, topology)
         if changed:
             shown = "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
-from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, duration_text, timestamp_text
+from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, duration_text, timestamp_text, utc_text
 from millwheel._runner import late_notes
 
 
@@ -168,7 +168,7 @@ def _decision_text(d: dict[str, Any] | None) -> str | None:
     """An autoscale decision as the status shows it."""
     if not d:
         return None
-    at = time.strftime("%H:%M:%S", time.gmtime(d["at_ms"] / 1000))
+    at = utc_text(d["at_ms"], "%H:%M:%S")
     outcome = f"; {d['outcome']}" if d.get("outcome") else ""
     return f"{d['action']} {d['from']} -> {d['to']} at {at} UTC: {d['reason']}{outcome}"
 
