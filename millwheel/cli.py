@@ -109,6 +109,34 @@ def _run_harness(t: Topology, on_finish: Any = None) -> int:
     return 0
 
 
+#: options of the Spark backend that ask for what the harness does anyway: it reads every
+#: input to its end (``--until-drained``) and shows no live status (``--quiet``, ``--status-every``)
+_HARNESS_DOES_ANYWAY = ("drain", "quiet", "status_every")
+
+
+def _refuse_spark_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--backend harness`` with an option of the Spark backend (``--checkpoint DIR``,
+    ``--intervals``, ``--master``...): refused, naming them (but those in
+    :data:`_HARNESS_DOES_ANYWAY`). The harness runs in memory and
+    keeps no run directory, so a ``--checkpoint`` would stay empty and a second run would
+    not resume from it; the user asked for something it cannot do (docs/runtime.md)."""
+    run = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["run"]  # noqa: SLF001 - argparse has no public walk
+    group = next(g for g in run._action_groups if g.title == "spark backend")  # noqa: SLF001
+    defaults: dict[str, Any] = {}
+    for a in run._actions:  # noqa: SLF001 - what parse_args sets when an option is not given: the first default of its dest
+        defaults.setdefault(a.dest, a.default)
+    for same in _HARNESS_DOES_ANYWAY:
+        defaults.pop(same, None)
+    given = [a.option_strings[-1] for a in group._group_actions if a.dest in defaults and getattr(args, a.dest) != defaults.pop(a.dest)]  # noqa: SLF001
+    if given:
+        msg = (
+            f"{', '.join(given)}: option{'s' if len(given) > 1 else ''} of the Spark backend, and --backend harness runs the topology in "
+            "memory: it keeps no run directory (nothing is written to a --checkpoint, a second run does not resume) and has no "
+            "Spark settings; its sinks with a target are written as on Spark. Drop them, or run with --backend spark"
+        )
+        raise MillwheelError(msg)
+
+
 def registered_commands() -> dict[str, EntryPoint]:
     """The commands other packages register (entry points in :data:`COMMAND_GROUP`), by name.
 
@@ -184,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(commands, top_help=not argv or argv[0] in ("-h", "--help"))
     args = parser.parse_args(argv)
     try:
+        if args.command == "run" and args.backend == "harness":
+            _refuse_spark_options(parser, args)
         topo, module = load_topology_module(args.topology)
         if args.command == "validate":
             topo.validate()

@@ -174,3 +174,17 @@ def test_a_run_says_how_many_records_were_late_and_the_lateness_that_keeps_them(
     assert main(["run", "--backend", "harness", str(path)]) == 0
     out = capsys.readouterr().out
     assert "late=0" in out and "records late" not in out and "lw=+inf (done)" in out  # one spelling of "finished"
+
+
+def test_the_harness_refuses_the_spark_backends_options(topology_file, tmp_path, capsys):
+    """``--backend harness --checkpoint DIR`` would write nothing there and resume nothing
+    from it: refused, naming each Spark option given, before anything runs."""
+    run_dir = tmp_path / "run"
+    assert main(["run", "--backend", "harness", "--checkpoint", str(run_dir), "--intervals", "4", str(topology_file)]) == 2
+    err = capsys.readouterr().err
+    assert "--checkpoint, --intervals: options of the Spark backend" in err and "keeps no run directory" in err, err
+    assert not run_dir.exists()
+    assert main(["run", "--backend", "harness", "--master", "local[2]", str(topology_file)]) == 2
+    assert "--master: option of the Spark backend" in capsys.readouterr().err
+    # what the harness does anyway is no contradiction: it reads every input to its end, shows no live status
+    assert main(["run", "--backend", "harness", "--until-drained", "--quiet", str(topology_file)]) == 0
