@@ -1,6 +1,10 @@
 """The productions of one columnar run, as columns (``_columnar.py``'s runner): ids are
-assigned at the end from the per-key production sequences (§6.1.2), once-production
-flags (Photon §2) kept beside them."""
+assigned at the end from the per-key production sequences and lives (§6.1.2,
+``_identity.py``), once-production flags (Photon §2) kept beside them.
+
+A key's entry in the store's ``meta`` is ``[sequence, hold]`` or ``[sequence, hold, life]``:
+a key's first production (its sequence at 0, no life) starts a life, the run's; a key of a
+store from before lives that has produced keeps its numbering, without one."""
 
 from __future__ import annotations
 
@@ -11,16 +15,18 @@ import numpy as np
 
 from millwheel._colinput import factorize
 from millwheel._colstore import ColumnarStore
+from millwheel._identity import _hexdigest, id_prefix
 from millwheel._record import Key
-from millwheel._step import production_id
 
 
 class Outputs:
     """Productions of one run, as columns; ids assigned at the end from the per-key sequences."""
 
-    __slots__ = ("streams", "kbs", "keys", "values", "encoded", "ts", "fixed_ids", "once_ids", "once_tentative")
+    __slots__ = ("streams", "kbs", "keys", "values", "encoded", "ts", "fixed_ids", "once_ids", "once_tentative", "life")
 
-    def __init__(self) -> None:
+    def __init__(self, life: int | None = None) -> None:
+        #: the life a key without a ``meta`` entry starts in this run (``None``: none known)
+        self.life = life
         self.streams: list[str] = []
         self.kbs: list[bytes] = []
         self.keys: list[Key] = []
@@ -63,8 +69,8 @@ class Outputs:
         self.ts += ts.tolist()
 
     def finish(self, runner: Any, st: ColumnarStore, lw: int, c: dict[str, int]) -> Produced:
-        """Ids from each key's production sequence (in the order the productions were made),
-        the sequences advanced in ``st``, the counters set."""
+        """Ids from each key's production sequence and life (in the order the productions were
+        made), the sequences advanced in ``st``, the counters set."""
         meta = st.meta
         name = runner.name
         fixed = self.fixed_ids
@@ -83,11 +89,16 @@ class Outputs:
             starts = np.flatnonzero(np.r_[True, sc[1:] != sc[:-1]])
             rank = np.empty(len(nc), np.int64)
             rank[o] = np.arange(len(nc)) - np.repeat(starts, np.diff(np.r_[starts, len(nc)]))
-            first = np.fromiter((0 if (m := meta.get(kb)) is None else m[0] for kb in uniq), np.int64, len(uniq))
+            metas = [meta.get(kb) for kb in uniq]
+            first = np.fromiter((0 if m is None else m[0] for m in metas), np.int64, len(uniq))
             seq = (first[nc] + rank).tolist()
             keys = self.keys
             numbered_at = np.flatnonzero(numbered).tolist()
-            made = list(map(production_id, [name] * len(seq), [keys[i] for i in numbered_at], seq))
+            # each key's life: its own, or this run's for a key whose first production this is
+            lives = [self.life if m is None or (m[0] == 0 and len(m) < 3) else m[2] if len(m) > 2 else None for m in metas]
+            key_of = dict(zip(codes.tolist(), keys, strict=True))
+            prefixes = [id_prefix(name, key_of[k], life) for k, life in enumerate(lives)]
+            made = [_hexdigest(f"{prefixes[k]}{q}".encode()) for k, q in zip(nc.tolist(), seq, strict=True)]
             if fixed:
                 ids = [None] * n  # type: ignore[list-item]
                 for i, rid in zip(numbered_at, made, strict=True):
@@ -97,10 +108,9 @@ class Outputs:
             else:
                 ids = made
             counts = np.bincount(nc, minlength=len(uniq))
-            for kb, f, k in zip(uniq, first.tolist(), counts.tolist(), strict=True):
-                if k:
-                    m = meta.get(kb)
-                    meta[kb] = [f + k, None if m is None else m[1]]  # replaced, never changed in place: copies share the lists
+            for kb, m, life, f, k in zip(uniq, metas, lives, first.tolist(), counts.tolist(), strict=True):
+                if k:  # replaced, never changed in place: copies share the lists
+                    meta[kb] = [f + k, None if m is None else m[1]] + ([] if life is None else [life])
             if len(nc):
                 behind = int((np.asarray(self.ts, np.int64)[numbered] < lw).sum())
         c["productions"] = n - len(fixed)

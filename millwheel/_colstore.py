@@ -2,9 +2,13 @@
 
 One blob, committed atomically with the batch (``applyInPandasWithState``'s interval row
 on Spark, one per computation in the harness): the user's state as an Arrow table with a
-``_kb`` (encoded key) column, the timers, each key's production sequence and hold,
+``_kb`` (encoded key) column, the timers, each key's production sequence, life and hold,
 pending strong productions and the dedup index (``_coldedup.py``). Used by
 ``_columnar.py``'s runner and user view.
+
+A key's production sequence and life (``meta``, ``_identity.py``) are kept while the key
+holds anything, and forgotten with it (:meth:`ColumnarStore.forget_empty`): its next
+productions are numbered in a new life, whose ids none of the old one's equal.
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ _LW = int(TimeDomain.LOW_WATERMARK)
 _LAST = MAX_TIMESTAMP - 1
 #: the head of a columnar store blob (a per-record interval row is a msgpack map)
 STORE_MAGIC = "millwheel-columnar"
-#: 2: the dedup index's ids in segments, its filter over :func:`~millwheel._coldedup.hash_bytes`
-#: fingerprints; version 1 stores still decode (``ColumnarDedup.from_wire``)
-STORE_VERSION = 2
-_READS = (1, 2)
+#: 3: a key's ``meta`` entry may carry its life (``[sequence, hold, life]``); 2: the dedup
+#: index's ids in segments, its filter over :func:`~millwheel._coldedup.hash_bytes`
+#: fingerprints; version 1 and 2 stores still decode (``ColumnarDedup.from_wire``), their
+#: keys without a life (numbered as before until they are forgotten)
+STORE_VERSION = 3
+_READS = (1, 2, 3)
 _packb = msgpack.packb
 _unpackb = msgpack.unpackb
 
@@ -45,7 +51,8 @@ class ColumnarStore:
     state: pa.Table | None = None
     #: ``(encoded key, tag) -> (timestamp, domain)``, as columns (never changed in place: replaced)
     timers: TimerTable = field(default_factory=TimerTable)
-    #: encoded key -> [production sequence, hold_watermark or None]
+    #: encoded key -> [production sequence, hold_watermark or None, life] (no life: a key from
+    #: a store written before lives, ``_identity.py``)
     meta: dict[bytes, list[Any]] = field(default_factory=dict)
     #: strong productions checkpointed and not yet acknowledged: [stream, key bytes, value bytes, ts, id]
     pending: list[list[Any]] = field(default_factory=list)
@@ -113,8 +120,9 @@ class ColumnarStore:
         return store if isinstance(store, ColumnarStore) else cls.decode(store, options)
 
     def forget_empty(self, kbs: Iterable[bytes]) -> None:
-        """Drop the sequence of keys that keep nothing else, as an empty per-record envelope is
-        not stored (``Envelope.is_empty``): such a key's next production is numbered from 0 again."""
+        """Drop the sequence and life of keys that keep nothing else, as an empty per-record
+        envelope is not stored (``Envelope.is_empty``): such a key's next production starts a
+        new life, numbered from 0 in it, so its ids are none of the old life's (``_identity.py``)."""
         cands = [kb for kb in kbs if kb in self.meta and self.meta[kb][1] is None]
         if not cands:
             return

@@ -22,14 +22,15 @@ kept, by the framework, around each call (:class:`ColumnarRunner`):
   again per key; a key whose call raises falls back to one record (one timer) per call,
   and each record or timer that still raises is rolled back and dead-lettered with its
   reason, as on the per-record path;
-* **production ids** (§6.1.2): ``production_id(computation, key, seq)`` with the per-key
-  sequence kept in the store, so a replay assigns the same ids and a columnar
-  computation that produces what a per-record one does, in the same per-key order,
-  produces the same records.
+* **production ids** (§6.1.2): ``production_id(computation, key, seq, life)`` with the
+  per-key sequence and the key's life kept in the store (``_identity.py``): a replay of
+  the batch assigns the same ids, a key forgotten and made again in a later batch never
+  repeats one, and a columnar computation that produces what a per-record one does, in
+  the same per-key order and batches, produces the same records.
 
 What the framework keeps per key interval (the harness: per computation) is one blob, the
 *columnar store* (:class:`ColumnarStore`): the user's state as an Arrow table with a key
-column, the timers, each key's production sequence and hold, pending strong productions,
+column, the timers, each key's production sequence, life and hold, pending strong productions,
 and the dedup index — one atomic write per interval and micro-batch.
 
 >>> import pandas as pd
@@ -240,7 +241,7 @@ class ColumnarRunner:
     # ---------------------------------------------------------------------------------
     def run(
         self, store: bytes | ColumnarStore | None, recs: InputColumns, *, low_watermark: int, now: int, key_summaries: bool = False, encode: bool = True,
-        files: SegmentFiles | None = None,
+        files: SegmentFiles | None = None, life: int | None = None,
     ) -> ColumnarResult:  # fmt: skip
         """Records of the batch (delivery order), then due timers; see the module docstring.
 
@@ -249,13 +250,14 @@ class ColumnarRunner:
         ``decoded`` is the store after the run; with ``encode=False`` (the harness, which
         keeps it decoded) ``store`` is not encoded, nor are the whole store's hold and next
         timers summarised, only ``key_summaries``. ``files``: where the store's held-id
-        segments are written (``_colsegments.py``; ``None``: inside the blob)."""
+        segments are written (``_colsegments.py``; ``None``: inside the blob). ``life``: the
+        life a key the store holds nothing for starts (``_identity.py``; ``None``: none known)."""
         opts = self.options
         live = not encode
         st = ColumnarStore.of(store, opts)
         stats = DedupStats()
         c = dict.fromkeys(METRIC_NAMES, 0)
-        out = Outputs()
+        out = Outputs(life)
         dead: list[Production] = []
         n = c["records_in"] = len(recs)
         key_of: dict[bytes, Key] = {}
@@ -381,9 +383,9 @@ class ColumnarRunner:
             m = st.meta.get(kb)
             if m is None:
                 if t is not None:
-                    st.meta[kb] = [0, t]
+                    st.meta[kb] = [0, t]  # its life starts at its first production (``_colout.py``)
             else:
-                st.meta[kb] = [m[0], t]  # replaced, never changed in place: copies share the lists
+                st.meta[kb] = [m[0], t, *m[2:]]  # replaced, never changed in place: copies share the lists
         for stream, pkbs, vals, enc, ts, once, tentative in batch._prod:
             out.extend(stream, pkbs, [key_of[kb] for kb in pkbs], vals, enc, ts, once, tentative)
 

@@ -45,6 +45,7 @@ from millwheel._deadletter import (
     reason_of,
 )
 from millwheel._errors import KeyExtractorError
+from millwheel._identity import call_life
 from millwheel._once import OnceOutcome, OnceRegistry, resolve_once
 from millwheel._options import ErrorPolicy
 from millwheel._record import (
@@ -212,17 +213,23 @@ class KeyOutcome:
 
 def run_key(
     runner: StepRunner, key: Key, envelope: bytes | None, items: Sequence[tuple[Record, int | None]],
-    *, low_watermark: int, now: int, metrics: StepMetrics,
+    *, low_watermark: int, now: int, metrics: StepMetrics, life: int | None = None,
 ) -> KeyOutcome:  # fmt: skip
     """The per-key loop of both backends: ``items`` (a key's delivered ``(record, arrival
     watermark)`` pairs in send order; none: a timer is due) cut by :func:`plan_steps` and
     run through :meth:`StepRunner.step` one call after the other, the envelope of each the
-    input of the next; the counters are added to ``metrics``."""
+    input of the next; the counters are added to ``metrics``. ``life``: the batch's
+    (``_identity.py``); a key forgotten by one call starts another in the next."""
     out = KeyOutcome(envelope)
     res = None
+    forgotten = 0
     for call in plan_steps(items, low_watermark):
-        res = runner.step(key, out.envelope, call.records, low_watermark=call.low_watermark, now=now, late_watermark=call.late_watermark)
+        res = runner.step(
+            key, out.envelope, call.records, low_watermark=call.low_watermark, now=now, late_watermark=call.late_watermark,
+            life=call_life(life, forgotten),
+        )  # fmt: skip
         out.envelope = res.envelope
+        forgotten += res.envelope is None
         metrics.add(res.metrics)
         out.productions += res.productions
         out.dead_letters += res.dead_letters

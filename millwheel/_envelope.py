@@ -9,6 +9,10 @@ the per-key consistency envelope" (§6.2). The envelope is that row:
 * ``pending`` — strong productions checkpointed but not yet acknowledged (§6.1.2);
 * ``seq``     — a per-key production counter, so production ids are deterministic
   given the committed state;
+* ``life``    — which life of the key this is, fixed by the batch that made the envelope
+  from nothing: production ids hash it with ``seq`` (``_identity.py``), so a key
+  forgotten when it keeps nothing (:meth:`Envelope.is_empty`) and made again later never
+  repeats an id;
 * ``dedup``   — record ids seen, with a Bloom filter in front (§6.1.1).
 
 The encoding is msgpack with a leading version number. The exact id list is an
@@ -19,8 +23,10 @@ path (a new record) never decodes it.
 
 Versions: 1 (the first); 2 adds ``held``; 3 keeps each step's new ids as one chunk
 ``[ids, timestamp]`` (half the bytes of ``[id, ts]`` pairs, and faster to pack) and
-builds the Bloom filter over 64-bit fingerprints. Older envelopes decode; their id list
-and filter are rewritten in the version 3 form the first time the key gets new ids.
+builds the Bloom filter over 64-bit fingerprints; 4 adds ``life`` (an envelope without
+one is still written as version 3). Older envelopes decode; their id list and filter are
+rewritten in the version 3 form the first time the key gets new ids; one without a life
+keeps it (and its ids their numbering) until the key is forgotten.
 """
 
 from __future__ import annotations
@@ -44,8 +50,8 @@ from millwheel._record import MAX_TIMESTAMP, Key
 
 _LAST = MAX_TIMESTAMP - 1  # the latest timestamp a record may carry
 
-#: version 3: columnar id chunks, 64-bit fingerprints; versions 1 and 2 still decode
-ENVELOPE_VERSION = 3
+#: version 4: the key's life; 3: columnar id chunks, 64-bit fingerprints; versions 1 to 3 still decode
+ENVELOPE_VERSION = 4
 #: a key with at most this many ids keeps no Bloom filter: the list is smaller than a filter
 #: (~77 bytes at 64 ids and 1%), and reading it costs about what loading a filter does
 SMALL_IDS = 16
@@ -438,9 +444,12 @@ class Envelope:
     dedup: DedupIndex = field(default_factory=DedupIndex)
     #: the oldest timestamp the key's state still stands for (``Computation.hold_watermark``, §7.2)
     held: int | None = None
+    #: the key's life (``millwheel/_identity.py``; ``None``: an envelope from before lives)
+    life: int | None = None
 
     def is_empty(self) -> bool:
-        """An empty envelope need not be stored at all."""
+        """An empty envelope need not be stored at all: neither its sequence nor its life,
+        since the key's next life numbers its productions apart (``_identity.py``)."""
         return (
             self.state is None
             and not self.timers
@@ -479,12 +488,13 @@ class Envelope:
         for tag, (ts, domain) in self.timers.items():
             timers += (tag, ts, domain)
         pending = [[p.stream, p.key, p.value, p.timestamp, p.id] for p in self.pending]
-        # an index still in the version 2 form (no step has rewritten it yet) is written as such
-        version = 2 if self.dedup.legacy else ENVELOPE_VERSION
-        return _packb(
-            [version, self.state, timers, pending, self.seq, self.dedup.to_wire(), self.held],
-            use_bin_type=True,
-        )
+        wire = [ENVELOPE_VERSION, self.state, timers, pending, self.seq, self.dedup.to_wire(), self.held, self.life]
+        if self.life is None or self.dedup.legacy:
+            # without a life: version 3; an index still in the version 2 form (no step has
+            # rewritten it yet: an envelope from before lives) is written as such
+            wire[0] = 2 if self.dedup.legacy else 3
+            wire.pop()
+        return _packb(wire, use_bin_type=True)
 
     @classmethod
     def decode(cls, data: bytes | None) -> Envelope:
@@ -495,16 +505,19 @@ class Envelope:
         except Exception as exc:
             msg = f"corrupt envelope ({len(data)} bytes): {exc}"
             raise EnvelopeError(msg) from exc
-        if not isinstance(wire, tuple) or not wire or wire[0] not in (1, 2, ENVELOPE_VERSION):
+        if not isinstance(wire, tuple) or not wire or wire[0] not in (1, 2, 3, ENVELOPE_VERSION):
             version = wire[0] if isinstance(wire, tuple) and wire else None
             msg = f"unknown envelope version {version!r}; this millwheel reads versions 1 to {ENVELOPE_VERSION}"
             raise EnvelopeError(msg)
         version = wire[0]
+        life = None
         if version == 1:
             _, state, flat, pending, seq, dedup = wire
             held = None
-        else:
+        elif version < 4:
             _, state, flat, pending, seq, dedup, held = wire
+        else:
+            _, state, flat, pending, seq, dedup, held, life = wire
         timers = {flat[i]: (flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)}
         return cls(
             state=state,
@@ -513,5 +526,6 @@ class Envelope:
             seq=seq,
             dedup=DedupIndex.from_wire(dedup, version),
             held=held,
+            life=life,
         )
 

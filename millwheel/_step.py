@@ -27,8 +27,6 @@ from itertools import compress
 from operator import attrgetter
 from typing import Any
 
-import xxhash
-
 from millwheel._codec import decode_value, encode_value
 from millwheel._computation import Computation, State, _NoKey
 from millwheel._counters import StepMetrics
@@ -41,6 +39,7 @@ from millwheel._deadletter import (
 )
 from millwheel._envelope import DedupStats, Envelope, PendingProduction
 from millwheel._errors import ComputationError, StateCodecError
+from millwheel._identity import _hexdigest, id_prefix
 from millwheel._options import ComputationOptions, ErrorPolicy, LateAction
 from millwheel._record import (
     MAX_TIMESTAMP,
@@ -59,15 +58,6 @@ _LW = int(TimeDomain.LOW_WATERMARK)
 _WALL = int(TimeDomain.WALL_TIME)
 _DOMAINS = {_LW: TimeDomain.LOW_WATERMARK, _WALL: TimeDomain.WALL_TIME}
 _LW_DOMAIN, _WALL_DOMAIN = TimeDomain.LOW_WATERMARK, TimeDomain.WALL_TIME
-
-
-def production_id(computation: str, key: Key | None, seq: int) -> str:
-    """Deterministic id of a computation's ``seq``-th production for ``key``.
-
-    Determinism matters: a step replayed from the same committed envelope assigns the same
-    ids, so consumers' dedup drops re-deliveries (§6.1.1, §6.1.3).
-    """
-    return xxhash.xxh3_128_hexdigest(f"{computation}\x00{key!r}\x00{seq}".encode())
 
 
 @dataclass(slots=True)
@@ -104,10 +94,10 @@ class _KeyContext:
 
     __slots__ = (
         "runner", "key", "state", "now", "low_watermark", "timers", "productions",
-        "seq", "default_ts", "due_heap", "firing", "behind_watermark", "held",
+        "seq", "default_ts", "due_heap", "firing", "behind_watermark", "held", "life", "new_life", "id_prefix",
     )  # fmt: skip
 
-    def __init__(self, runner: StepRunner, key: Key, env: Envelope, low_watermark: int, now: int) -> None:
+    def __init__(self, runner: StepRunner, key: Key, env: Envelope, low_watermark: int, now: int, new_life: int | None) -> None:
         self.runner = runner
         self.key = key
         self.state = State(runner.codec, env.state)
@@ -121,6 +111,11 @@ class _KeyContext:
         self.firing = False
         self.behind_watermark = 0
         self.held = env.held
+        self.life = env.life
+        #: the life the key's first production starts, if it has made none (``_identity.py``)
+        self.new_life = new_life
+        #: what the key's production ids hash before their sequence number, made at its first production
+        self.id_prefix: str | None = None
 
     def _is_due(self, ts: int, domain: int) -> bool:
         return ts <= (self.low_watermark if domain == _LW else self.now)
@@ -208,7 +203,12 @@ class _KeyContext:
             # late for every consumer
             self.behind_watermark += 1
         rkey = self.key if key is None else key
-        rid = production_id(runner.name, self.key, self.seq)
+        prefix = self.id_prefix
+        if prefix is None:
+            if self.life is None and self.seq == 0:
+                self.life = self.new_life  # the key's first production: it starts a life
+            prefix = self.id_prefix = id_prefix(runner.name, self.key, self.life)
+        rid = _hexdigest(f"{prefix}{self.seq}".encode())
         self.seq += 1
         self.productions.append(Production(stream, Record(rkey, value, ts, rid, stream), encoded, once_id, once_tentative and once_id is not None))
 
@@ -256,6 +256,7 @@ class StepRunner:
         low_watermark: int,
         now: int,
         late_watermark: int | None = None,
+        life: int | None = None,
     ) -> StepResult:
         """Process ``records`` for ``key`` then fire its due timers; see the module docstring.
 
@@ -265,6 +266,12 @@ class StepRunner:
         records were delivered. Dedup ids older than the smaller of the two, minus the
         slack, are collected.
 
+        ``life``: the life the key starts if it makes its first production (since it was
+        made from nothing) in this step (``millwheel/_identity.py``: fixed by the batch, so a
+        replay numbers its productions alike and a key forgotten and made again later does
+        not); ``None``: none known, ids of the key and its sequence alone (as envelopes
+        written before lives keep).
+
         The backend must not pass a ``low_watermark`` beyond input it has already
         delivered for this key and not yet stepped: such records would find their windows
         closed (``millwheel/_delivery.py``'s ``plan_steps`` cuts a key's input so).
@@ -272,14 +279,14 @@ class StepRunner:
         late_wm = low_watermark if late_watermark is None else late_watermark
         try:
             try:
-                return self._attempt(key, envelope, records, low_watermark, now, late_wm, None)
+                return self._attempt(key, envelope, records, low_watermark, now, late_wm, None, life)
             except _Failure as failure:
                 if self.options.on_error is ErrorPolicy.RAISE:
                     raise failure.exc from None
             # something failed: run the step again from the stored envelope, with a
             # savepoint before each record and timer, so each failure costs one rollback
             # (linear in the step's input however many records fail)
-            return self._attempt(key, envelope, records, low_watermark, now, late_wm, [])
+            return self._attempt(key, envelope, records, low_watermark, now, late_wm, [], life)
         finally:
             self.computation._ctx = _NoKey(self.name)  # type: ignore[assignment]
             self.computation.__dict__.pop("state", None)
@@ -309,13 +316,14 @@ class StepRunner:
         now: int,
         late_wm: int,
         failures: list[_Failure] | None,
+        life: int | None = None,
     ) -> StepResult:
         """One run of the step. ``failures is None``: the fast mode, which raises
         :class:`_Failure` at the first failure; a list: careful mode (:class:`_Careful`),
         which rolls back to a savepoint and collects each failure."""
         comp = self.computation
         env = Envelope.decode(envelope)
-        ctx = _KeyContext(self, key, env, low_watermark, now)
+        ctx = _KeyContext(self, key, env, low_watermark, now, life)
         comp._ctx = ctx
         comp.__dict__["state"] = ctx.state  # see Computation.state
         c = StepMetrics()
@@ -438,7 +446,7 @@ class StepRunner:
                 env.state = ctx.state.encoded()
             except Exception as exc:
                 raise _Failure(exc, Stage.CHECKPOINT) from None  # careful mode finds the culprit
-        env.seq = ctx.seq
+        env.seq, env.life = ctx.seq, ctx.life
         env.held = ctx.held
         productions = ctx.productions
         c.productions = len(productions)

@@ -73,7 +73,10 @@ def test_hold_is_the_oldest_low_watermark_timer_or_pending_production(built):
 def test_empty_envelope_is_tiny_and_versioned():
     data = Envelope().encode()
     assert len(data) < 16
-    assert msgpack.unpackb(data)[0] == ENVELOPE_VERSION == 3
+    assert msgpack.unpackb(data)[0] == 3  # without a life: the version before lives
+    with_life = Envelope(life=2**63 + 5).encode()
+    assert msgpack.unpackb(with_life)[0] == ENVELOPE_VERSION == 4 and len(with_life) < 26
+    assert Envelope.decode(with_life).life == 2**63 + 5
 
 
 def test_version_1_envelopes_still_decode_and_hold_counts_state_holds():

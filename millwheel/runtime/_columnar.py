@@ -156,7 +156,7 @@ class ColumnarIntervalStep(IntervalStep):
         become :class:`InputColumns` straight from Arrow (:func:`arrow_input`); others
         (ticks, keying dead letters, rows to key here, carried fields) go through pandas; a
         marker row (``_scan.py``) has the records read from micro-batch ``batch_id``'s files."""
-        batch = IntervalBatch(self, interval, low_watermark, now)
+        batch = IntervalBatch(self, interval, low_watermark, now, batch_id)
         if rows is not None and plain_records(rows):
             recs = arrow_input(rows)
         else:
@@ -211,7 +211,9 @@ class ColumnarIntervalStep(IntervalStep):
         """The :class:`ColumnarRunner` over one key interval's records: its result, its
         productions' output columns (``None``: none) and the frame of its dead letters and
         summary row."""
-        res = self.columnar().run(store, recs, low_watermark=batch.low_watermark, now=batch.now, files=self.segment_files(batch.interval, batch_id))
+        res = self.columnar().run(
+            store, recs, low_watermark=batch.low_watermark, now=batch.now, files=self.segment_files(batch.interval, batch_id), life=batch.life
+        )  # fmt: skip
         batch.totals.add(StepMetrics(**res.metrics))
         for p in res.dead_letters:
             batch.out.add_production(p)

@@ -64,6 +64,7 @@ from millwheel._topology import ComputationSpec
 from millwheel.runtime._fieldcols import output_schema, production_fields, with_values
 from millwheel.runtime._groupstate import MemoryGroupState  # noqa: F401 - re-exported: tests and benches run steps with it
 from millwheel.runtime._keying import Keyer, cached_key, dead_interval, wants_dead_letters
+from millwheel.runtime._life import task_life
 from millwheel.runtime._move import RescaleMismatch, install_envelopes, retire_group
 from millwheel.runtime._wire import (
     OUT_SCHEMA,
@@ -76,7 +77,6 @@ from millwheel.runtime._wire import (
 
 _packb = msgpack.packb
 _unpackb = msgpack.unpackb
-
 
 
 class KeyMeta(NamedTuple):
@@ -266,10 +266,11 @@ class IntervalBatch:
     :func:`~millwheel._delivery.plan_steps` and :meth:`StepRunner.step` per key.
     """
 
-    __slots__ = ("owner", "interval", "low_watermark", "now", "per_key", "out", "totals", "installs", "retire", "started")
+    __slots__ = ("owner", "interval", "low_watermark", "now", "per_key", "out", "totals", "installs", "retire", "started", "life")
 
-    def __init__(self, owner: IntervalStep, interval: int, low_watermark: int, now: int) -> None:
+    def __init__(self, owner: IntervalStep, interval: int, low_watermark: int, now: int, batch_id: int | None = None) -> None:
         self.owner = owner
+        self.life = task_life(batch_id)  # of the micro-batch (``batch_id``: the running task's if None), ``_life.py``
         self.interval = interval
         self.low_watermark = low_watermark
         self.now = now
@@ -441,7 +442,7 @@ class IntervalBatch:
                 # tuples that start with (sender watermark, file, row), sorted natively
                 rows.sort()
             items = [(Record(key, decode_cell(r.value), r.ts, r.id, r.stream), r.sent) for r in rows]
-            outcome = outcomes[kb] = run_key(runner, key, envelopes(kb), items, low_watermark=lw, now=now, metrics=totals)
+            outcome = outcomes[kb] = run_key(runner, key, envelopes(kb), items, low_watermark=lw, now=now, metrics=totals, life=self.life)
             for plist in (outcome.productions, outcome.dead_letters):
                 for p in plist:
                     if p.once_id is not None:

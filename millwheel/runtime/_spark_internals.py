@@ -8,10 +8,11 @@ fails in that test, not somewhere in a run:
 
 * **the version** — :data:`SUPPORTED_PYSPARK`: the range these contracts were checked on;
   :func:`check_pyspark_version` refuses another with what to do (the session calls it).
-* **the state server's socket protocol** — :class:`MapStatePipeline` speaks it through
-  private attributes of PySpark's ``MapState`` (``_mapStateClient``,
-  ``_stateful_processor_api_client``, ``_stateName``, ``_receive_proto_message``,
-  ``_serialize_to_bytes``) to pipeline many keys' reads and writes per round trip.
+* **the state server's socket protocol** — :class:`MapStatePipeline` (``_spark_protocol.py``,
+  re-exported here) speaks it through private attributes of PySpark's ``MapState``
+  (``_mapStateClient``, ``_stateful_processor_api_client``, ``_stateName``,
+  ``_receive_proto_message``, ``_serialize_to_bytes``) to pipeline many keys' reads and
+  writes per round trip.
 * **the state data sources' columns** — :func:`read_envelopes` (``state-metadata``'s
   ``operatorName``; ``statestore``'s ``value.groupState.envs``, ``user_map_key.key``,
   ``user_map_value.env``).
@@ -27,8 +28,9 @@ fails in that test, not somewhere in a run:
 * **the JVM's log4j** — :func:`root_log_level`, :func:`silence_loggers` through ``_jvm``.
 * **an internal setting and property** — :func:`polling_delay_conf`: how long an idle query
   sleeps between two polls of its sources (``spark.sql.streaming.pollingDelay``, internal in
-  Spark's ``SQLConf``); :func:`task_batch_id`: a task's micro-batch (``streaming.sql.batchId``,
-  the local property Spark's micro-batch execution sets for its jobs).
+  Spark's ``SQLConf``); :func:`task_batch_id` and :func:`task_query_id`: a task's micro-batch
+  and query (``streaming.sql.batchId``, ``sql.streaming.queryId``: local properties Spark's
+  micro-batch execution sets for its jobs, ``foreachBatch``'s included).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import pyarrow.fs as pafs
 
 from millwheel._errors import RunError
 from millwheel.runtime._fs import Location
+from millwheel.runtime._spark_protocol import MapStatePipeline as MapStatePipeline
 
 _unpackb = msgpack.unpackb
 
@@ -82,79 +85,6 @@ def check_pyspark_version(version: str | None = None) -> str:
         )
         raise RunError(msg)
     return version
-
-
-# ---- the state server's socket protocol (transformWithStateInPandas) -------------------------
-#: a chunk of read requests stays under this many bytes: the server may block writing
-#: answers until they are read, and the requests still unsent must fit in socket buffers
-_READ_CHUNK_BYTES = 48 * 1024
-#: write answers are a few bytes each, so the server never blocks on them
-_WRITE_CHUNK = 2_000
-
-
-class MapStatePipeline:
-    """MapState reads and writes for many user keys, a chunk of requests per round trip."""
-
-    def __init__(self, map_state: Any) -> None:
-        import pyspark.sql.streaming.proto.StateMessage_pb2 as msg
-
-        client = map_state._mapStateClient
-        self.api = client._stateful_processor_api_client
-        self.name = map_state._stateName
-        self.key_schema = client.user_key_schema
-        self.value_schema = client.value_schema
-        self.msg = msg
-
-    def _request(self, call: Any) -> bytes:
-        msg = self.msg
-        return msg.StateRequest(stateVariableRequest=msg.StateVariableRequest(mapStateCall=call)).SerializeToString()
-
-    def _send(self, requests: list[bytes]) -> None:
-        f = self.api.sockfile
-        for r in requests:
-            f.write(b"\x00\x00\x00\x00" + len(r).to_bytes(4, "big"))  # version 0, length
-            f.write(r)
-        f.flush()
-
-    def _answers(self, n: int, what: str) -> list[bytes]:
-        out = []
-        for _ in range(n):
-            status, error, value = self.api._receive_proto_message()
-            if status != 0:
-                msg = f"state server: {what} failed: {error}"
-                raise RuntimeError(msg)
-            out.append(value)
-        return out
-
-    def get_many(self, keys: list[bytes]) -> dict[bytes, bytes | None]:
-        """Each key's value (``None``: absent)."""
-        msg, ser = self.msg, self.api._serialize_to_bytes
-        out: dict[bytes, bytes | None] = {}
-        i = 0
-        while i < len(keys):
-            chunk: list[bytes] = []
-            size = 0
-            while i < len(keys) and (not chunk or size < _READ_CHUNK_BYTES):
-                r = self._request(msg.MapStateCall(stateName=self.name, getValue=msg.GetValue(userKey=ser(self.key_schema, (keys[i],)))))
-                chunk.append(r)
-                size += len(r) + 8
-                i += 1
-            self._send(chunk)
-            start = i - len(chunk)
-            for k, value in zip(keys[start:i], self._answers(len(chunk), "getValue"), strict=True):
-                out[k] = self.api._deserialize_from_bytes(value)[0] if value else None
-        return out
-
-    def write_many(self, updates: list[tuple[bytes, bytes]], removals: list[bytes]) -> None:
-        msg, ser = self.msg, self.api._serialize_to_bytes
-        requests = [
-            self._request(msg.MapStateCall(stateName=self.name, updateValue=msg.UpdateValue(userKey=ser(self.key_schema, (k,)), value=ser(self.value_schema, (v,)))))
-            for k, v in updates
-        ] + [self._request(msg.MapStateCall(stateName=self.name, removeKey=msg.RemoveKey(userKey=ser(self.key_schema, (k,))))) for k in removals]
-        for start in range(0, len(requests), _WRITE_CHUNK):
-            chunk = requests[start : start + _WRITE_CHUNK]
-            self._send(chunk)
-            self._answers(len(chunk), "updateValue/removeKey")
 
 
 # ---- the state data sources -------------------------------------------------------------------
@@ -440,11 +370,21 @@ def file_source_offsets(text: str) -> dict[int, int]:
 
 def task_batch_id() -> int | None:
     """The micro-batch a running Spark task belongs to (``None``: none)."""
+    value = _task_property("streaming.sql.batchId")
+    return None if value is None else int(value)
+
+
+def task_query_id() -> str | None:
+    """The streaming query a running Spark task belongs to (``None``: none): the id its
+    checkpoint keeps (``metadata``), the same across restarts of the query."""
+    return _task_property("sql.streaming.queryId")
+
+
+def _task_property(name: str) -> str | None:
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
-    value = None if ctx is None else ctx.getLocalProperty("streaming.sql.batchId")
-    return None if value is None else int(value)
+    return None if ctx is None else ctx.getLocalProperty(name)
 
 
 def source_log_files(text: str) -> list[tuple[list[str], int]] | None:

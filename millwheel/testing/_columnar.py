@@ -77,7 +77,7 @@ class ColumnarSide:
             arrival=[q.arrival_watermark for q in queue],
             encoded=False,
         )
-        res = self.runner.run(self._current().copy(), recs, low_watermark=lw, now=now, key_summaries=True, encode=False)
+        res = self.runner.run(self._current().copy(), recs, low_watermark=lw, now=now, key_summaries=True, encode=False, life=h.round_life(name))
         metrics = StepMetrics(**res.metrics)
         store, summaries = res.decoded, dict(res.key_summaries or {})
         once_letters: list[Any] = []
@@ -101,6 +101,7 @@ class ColumnarSide:
         if crash is Crash.BEFORE_COMMIT:
             return
         del h._queues[name][: len(queue)]
+        h._rounds[name] += 1
         h._metrics[name].add(metrics)
         self.live = store
         for kb, (hold, nlw, nwall) in summaries.items():

@@ -71,6 +71,7 @@ from millwheel._delivery import (
 )
 from millwheel._envelope import Envelope
 from millwheel._errors import HarnessError
+from millwheel._identity import batch_life
 from millwheel._once import MemoryOnceRegistry, OnceRegistry, new_epoch, pipeline_id
 from millwheel._options import ComputationOptions, ErrorPolicy
 from millwheel._record import (
@@ -135,6 +136,9 @@ class Harness:
         self._streams: dict[str, list[Record]] = defaultdict(list)
         self._metrics: dict[str, StepMetrics] = {n: StepMetrics() for n in topology.computations}
         self._injected = 0
+        #: rounds each computation committed: a key's first production in a round starts the
+        #: life of its number (``millwheel/_identity.py``), which a crashed round's replay reproduces
+        self._rounds: dict[str, int] = dict.fromkeys(topology.computations, 0)
         self._closed = False
         #: columnar computations: their store and rounds, ``testing/_columnar.py``
         self._columnar = columnar_sides(self)
@@ -303,8 +307,9 @@ class Harness:
         sent: list[_Outgoing] = []
         strong = runner.options.strong_productions
         metrics = StepMetrics()  # counted when the checkpoint commits, not before
+        life = self.round_life(name)
         for key, items in per_key.items():
-            outcome = run_key(runner, key, envelopes.get(key), items, low_watermark=lw, now=now, metrics=metrics)
+            outcome = run_key(runner, key, envelopes.get(key), items, low_watermark=lw, now=now, metrics=metrics, life=life)
             sent += [_Outgoing(name, key, p, strong) for p in outcome.productions]
             sent += [_Outgoing(name, key, p, False) for p in outcome.dead_letters]
             staged[key] = outcome
@@ -318,6 +323,7 @@ class Harness:
         if crash is Crash.BEFORE_COMMIT:
             return  # nothing ACKed: the input is delivered again
         del self._queues[name][: len(queue)]  # the checkpoint ACKs the input
+        self._rounds[name] += 1
         self._metrics[name].add(metrics)
         for key, o in staged.items():
             self._store(name, key, o.envelope, o.hold, (o.next_low_watermark_timer, o.next_wall_timer))
@@ -327,6 +333,12 @@ class Harness:
             return
         if deliver:
             self.deliver(name, crash=crash)
+
+    def round_life(self, name: str) -> int:
+        """The life a key's first production in ``name``'s next round starts (``_identity.py``):
+        the same for a replay of a round that crashed before its checkpoint, another for
+        every round committed since."""
+        return batch_life("harness", self._rounds[name])
 
     def _resolve_once(self, name: str, sent: list[_Outgoing], staged: dict[Key, KeyOutcome], metrics: StepMetrics) -> list[_Outgoing]:
         """Commit the round's ``once_id`` productions to the registry in one call (Photon §2);
