@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from millwheel._logdisorder import Others, measure
 from millwheel._logparse import file_time, first_timestamp, is_log_file
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
 
@@ -74,7 +75,11 @@ class FileProgress:
     #: the newest timestamp read when the reader was last at the file's end (a live file's progress)
     reached: int | None = None
     #: the disorder actually read: the most a record ran behind the newest one before it, ms
+    #: (first deliveries only: ``_logdisorder.py``)
     behind: int = 0
+    #: the most a record (a first delivery) ran before the time in the file's name, ms
+    #: (``None``: an offset from before it was kept, or a file without a time)
+    early: int | None = None
     #: the reader was at the file's end after the newest batch
     at_end: bool = False
     #: the file will not grow: a ``.done``/``_DONE`` marker, ``finite``, a newer file, or idle
@@ -265,7 +270,7 @@ def latest_known(files: dict[str, Any], lw: int, now_ms: int | None) -> int | No
     return max(known) if known else None
 
 
-def _read_into(p: FileProgress, full: str, end: int, opts: ReadOptions, at_end: bool, latest: int | None) -> None:
+def _read_into(p: FileProgress, full: str, end: int, opts: ReadOptions, at_end: bool, latest: int | None, others: Others | None = None) -> None:
     """Scan bytes ``[p.pos, end)`` of a file into its progress: the plausible window of the
     bytes (:func:`plausible_bounds`), and of the plausible timestamps the batch's smallest,
     the oldest and newest so far, the disorder read, and (at the file's end) how far it reached."""
@@ -280,13 +285,9 @@ def _read_into(p: FileProgress, full: str, end: int, opts: ReadOptions, at_end: 
         low = min(values)
         p.low = low
         p.oldest = low if p.oldest is None else min(p.oldest, low)
-        newest, behind = (values[0] if p.newest is None else p.newest), p.behind
-        for v in values:
-            if v > newest:
-                newest = v
-            elif newest - v > behind:
-                behind = newest - v
-        p.newest, p.behind = newest, behind
+        # the disorder read, over first deliveries only (a copy read again is no late record)
+        newest, p.behind, p.early = measure(p, data, values, lo, hi, opts.ts_field, opts.id_field, full, others)
+        p.newest = max(values) if newest is None else max(newest, max(values))
     if at_end:
         # progress counts once the reader is at the file's end (a live file being tailed); a
         # batch that stops inside a file because of the byte budget promises only the file's
@@ -362,7 +363,8 @@ def plan_offset(start: dict[str, Any], opts: ReadOptions, now_ms: int) -> dict[s
             else:
                 budget -= new_pos - p.pos
         if new_pos > p.pos:
-            _read_into(p, full, new_pos, opts, caught_up, latest)
+            others = lambda me=name: [(os.path.join(path, n), files[n].pos if n in files else FileProgress.of(n, prev.get(n)).pos) for n in logs if n != me]  # noqa: E731
+            _read_into(p, full, new_pos, opts, caught_up, latest, others)
         p.at_end = caught_up
         files[name] = p
         stats[name] = (st.st_size, st.st_mtime)
@@ -439,6 +441,8 @@ def disorder(offset: dict[str, Any]) -> tuple[int, str] | None:
     The most a record was behind the newest one read before it in its file, or before the
     time in its file's name: the ``lateness_ms`` that would have kept every record read
     on time (the injector's measured disorder; a run's summary and status report it).
+    First deliveries only: a copy of a record read before is no late record to keep
+    (``_logdisorder.py``).
 
     >>> a = FileProgress(time=1_000, oldest=400, behind=300).to_json()
     >>> disorder({"files": {"a.jsonl": a, "b.jsonl": FileProgress(behind=700).to_json()}, "lw": 0})
@@ -447,7 +451,9 @@ def disorder(offset: dict[str, Any]) -> tuple[int, str] | None:
     worst: tuple[int, str] | None = None
     for name, p in progress_of(offset).items():
         d = p.behind
-        if p.time is not None and p.oldest is not None:
+        if p.early is not None:
+            d = max(d, p.early)
+        elif p.time is not None and p.oldest is not None:  # an offset from before ``early``
             d = max(d, p.time - p.oldest)
         if d > 0 and (worst is None or d > worst[0]):
             worst = (d, name)

@@ -94,6 +94,9 @@ def _forget(name: str) -> None:
 
 #: the share of a computation's records that may arrive late before a run warns about it
 LATE_WARNING_SHARE = 0.001
+#: the most disorder a run advises covering with ``LogFileSource(lateness_ms=...)``: beyond a
+#: day the records are not late but wrong (a timestamp in another unit, a clock far off)
+MAX_ADVISED_LATENESS_MS = 86_400_000
 
 
 class LateNote(NamedTuple):
@@ -150,6 +153,12 @@ def late_notes(
             d = (disorder or {}).get(inj.name)
             if d is None:
                 sources.append(f"from injector {inj.name}")
+            elif d[0] > MAX_ADVISED_LATENESS_MS:  # no lateness bound fits: a unit mistake or a clock far off
+                sources.append(
+                    f"injector {inj.name} read records up to {duration_text(d[0])} out of order ({d[1]}): more than "
+                    f"{duration_text(MAX_ADVISED_LATENESS_MS)}, which no lateness_ms should cover; look for timestamps in "
+                    "another unit or from a clock far off (the dead letters with reason implausible_timestamp)"
+                )
             else:
                 sources.append(
                     f"injector {inj.name} read records up to {duration_text(d[0])} out of order ({d[1]}): "
