@@ -47,6 +47,7 @@ make the same dead letters and send them under the same injector low watermark.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -119,12 +120,17 @@ def read_range(opts: ReadOptions, r: ByteRange, injector: str, stream: str) -> C
     )  # fmt: skip
 
 
-def batches_between(opts: ReadOptions, start: dict[str, Any], end: dict[str, Any], injector: str, stream: str) -> Iterator[SourceBatch]:
+def batches_between(
+    opts: ReadOptions, start: dict[str, Any], end: dict[str, Any], injector: str, stream: str, counts: Counter[str] | None = None
+) -> Iterator[SourceBatch]:
     """The source batches of the plan from offset ``start`` to ``end``: each byte range's
     records after a batch that moves the watermark to the one they are sent under, then
-    the injector low watermark the plan reached."""
+    the injector low watermark the plan reached; ``counts["positional_ids"]`` adds the
+    records that got ``<file>:<offset>`` as id."""
     for r in plan_ranges(start, end, opts.lateness_ms):
         chunk = read_range(opts, r, injector, stream)
+        if counts is not None and chunk.positional:
+            counts["positional_ids"] += chunk.positional
         yield SourceBatch([], r.sender_watermark)
         yield SourceBatch(chunk.records, r.sender_watermark, chunk.dead_letters)
     yield SourceBatch([], end["lw"])
@@ -172,6 +178,8 @@ class LogFileSource(Source):
             raise TopologyError(msg)
         #: the offset the newest :meth:`batches` reached (its files' progress, for reports)
         self.last_offset: dict[str, Any] | None = None
+        #: what the latest :meth:`batches` read: ``positional_ids``, the records without an id field
+        self.counts: Counter[str] = Counter()
         self.read_options = ReadOptions(
             os.fspath(path), id_field, ts_field, idle_finish_ms, finite, lateness_ms, max_bytes_per_batch, finish_on_rotation,
             max_skew_ms,
@@ -222,10 +230,11 @@ class LogFileSource(Source):
         """
         opts = replace(self.read_options, finite=True)
         offset = initial_offset()
+        self.counts = Counter()
         while True:
             end = plan_offset(offset, opts, now_ms=0)
             self.last_offset = end
-            yield from batches_between(opts, offset, end, injector, stream)
+            yield from batches_between(opts, offset, end, injector, stream, self.counts)
             if end["lw"] >= MAX_TIMESTAMP:
                 return
             if end == offset:  # read as finished, every file is read to its size: never reached

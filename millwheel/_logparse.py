@@ -134,6 +134,9 @@ class Chunk:
 
     records: list[Record]
     dead_letters: list[Record]
+    #: records without an id field, whose id is ``<file>:<offset>``: a copy of one delivered
+    #: again is no duplicate to dedup (docs/concepts.md, "Bad input"); a run's summary counts them
+    positional: int = 0
 
 
 def parse_chunk(
@@ -162,6 +165,7 @@ def parse_chunk(
     """
     records: list[Record] = []
     dead: list[Record] = []
+    positional = 0
     lo, hi = bounds
     paused = gc.isenabled()
     gc.disable()
@@ -184,13 +188,14 @@ def parse_chunk(
             record = Record(None, value, ts, rid, stream)
             if lo <= ts <= hi:
                 records.append(record)
+                positional += value.get(id_field) is None  # type: ignore[union-attr] - a dict: it has a timestamp
             else:
                 why = implausible_reason(ts, ts_field, lo, hi)
                 dead.append(implausible_line(injector, stream, file, offset, why, line, record, file_time))
     finally:
         if paused:
             gc.enable()
-    return Chunk(records, dead)
+    return Chunk(records, dead, positional)
 
 
 def implausible_reason(ts: int, ts_field: str, lo: int, hi: int) -> str:

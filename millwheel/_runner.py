@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 from millwheel._deadletter import DeadLetter
 from millwheel._errors import MillwheelError
-from millwheel._record import Record, duration_text
+from millwheel._record import Record, duration_text, timestamp_text
 from millwheel._topology import Topology
 
 
@@ -178,11 +178,13 @@ def print_finish(
     *,
     where: Mapping[str, str] | None = None,
     disorder: Mapping[str, tuple[int, str] | None] | None = None,
+    counts: Mapping[str, Mapping[str, int]] | None = None,
 ) -> None:
     """The end of a run, whatever the backend: sinks, dead letters, late records, the module's ``on_finish``.
 
     ``where`` maps a sink's name to where all of its output is (its target, a command);
-    ``disorder`` an injector's name to how far out of order it read records (:func:`late_lines`).
+    ``disorder`` an injector's name to how far out of order it read records (:func:`late_lines`);
+    ``counts`` an injector's name to what it read that a user must hear of (:func:`injector_lines`).
     """
     for s in t.sinks.values():
         out = values(s.stream)
@@ -195,12 +197,43 @@ def print_finish(
                 print(f"    ... and {len(out) - 20} more")
     for line in late_lines(t, metrics, disorder):
         print(f"  {line}")
+    for line in injector_lines(t, counts or {}):
+        print(f"  {line}")
     if dead_letters:
         print(f"  dead letters: {len(dead_letters)}")
         for r in dead_letters[:5]:
             print(f"    {_describe(r.value)}")
     if on_finish is not None:
         print(on_finish(t, _Streams(t.streams(), values), metrics))
+
+
+def injector_lines(t: Topology, counts: Mapping[str, Mapping[str, int]]) -> list[str]:
+    """What a run says about what its injectors read, whatever the backend: records that got
+    their file and offset as id (no dedup of their copies) and rows cut off at ``end_ms``.
+
+    >>> from millwheel import LogFileSource
+    >>> t = Topology("t"); _ = t.injector("logs", LogFileSource("/tmp/none"), stream="events")
+    >>> print(injector_lines(t, {"logs": {"positional_ids": 12}})[0])  # doctest: +ELLIPSIS
+    warning: injector logs: 12 records had no 'id' field and got their file and byte offset as id ...
+    """
+    out = []
+    for name, c in counts.items():
+        spec = t.injectors.get(name)
+        source = getattr(spec, "source", None)
+        n = int(c.get("positional_ids", 0) or 0)
+        if n:
+            field = getattr(getattr(source, "read_options", None), "id_field", "id")
+            out.append(
+                f"warning: injector {name}: {n:,} records had no {field!r} field and got their file and byte offset as id "
+                "(<file>:<offset>): a copy of one delivered again (another file, another offset) is not recognised as a "
+                "duplicate and is counted twice; give every line an id to have re-deliveries deduplicated (docs/concepts.md, \"Bad input\")"
+            )
+        n = int(c.get("beyond_end", 0) or 0)
+        if n:
+            end = getattr(source, "end_ms", None)
+            when = timestamp_text(end) if end is not None else "?"
+            out.append(f"injector {name}: {n:,} rows at or after its end_ms={end}{'' if when == str(end) else f' ({when})'} left out: not part of the input")
+    return out
 
 
 class _Streams(Mapping[str, list[Any]]):

@@ -153,6 +153,8 @@ class SparkSource(Source):
         self.data_sources = tuple(data_sources)
         self._rows = rows
         self._batch_size = batch_size
+        #: what the latest :meth:`batches` read: ``beyond_end``, the rows at or after ``end_ms`` left out
+        self.counts: dict[str, int] = {}
 
     # ---- one row -> a record, the same on both backends ------------------------------------
     def record_of(self, row: Mapping[str, Any], position: Sequence[Any]) -> tuple[Record, str | None]:
@@ -227,6 +229,7 @@ class SparkSource(Source):
         rows = self.rows()
         made = [self.record_of(row, ("row", i)) for i, row in enumerate(rows)]
         keep = [p is None and (self.end_ms is None or r.timestamp < self.end_ms) for r, p in made]
+        self.counts = {"beyond_end": sum(p is None and not k for (_, p), k in zip(made, keep, strict=True))}
         suffix = [MAX_TIMESTAMP] * (len(made) + 1)
         for i in range(len(made) - 1, -1, -1):
             suffix[i] = min(made[i][0].timestamp, suffix[i + 1]) if keep[i] else suffix[i + 1]

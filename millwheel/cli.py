@@ -105,7 +105,8 @@ def _run_harness(t: Topology, on_finish: Any = None) -> int:
         if isinstance(i.source, _logfile.LogFileSource) and i.source.last_offset is not None
     }
     metrics = {name: h.metrics(name) for name in t.order()}
-    print_finish(t, h.values, h.dead_letters(), metrics, on_finish, where=where, disorder=disorder)
+    counts = {name: dict(c) for name, i in t.injectors.items() if (c := getattr(i.source, "counts", None))}
+    print_finish(t, h.values, h.dead_letters(), metrics, on_finish, where=where, disorder=disorder, counts=counts)
     return 0
 
 

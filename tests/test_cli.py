@@ -188,3 +188,34 @@ def test_the_harness_refuses_the_spark_backends_options(topology_file, tmp_path,
     assert "--master: option of the Spark backend" in capsys.readouterr().err
     # what the harness does anyway is no contradiction: it reads every input to its end, shows no live status
     assert main(["run", "--backend", "harness", "--until-drained", "--quiet", str(topology_file)]) == 0
+
+
+def test_the_harness_summary_counts_records_without_an_id_and_rows_past_end_ms(tmp_path, capsys):
+    """Lines without an id field get ``<file>:<offset>`` as id, so a copy of one delivered
+    again is no duplicate: the summary counts them per injector and says what it means;
+    a ``SparkSource``'s rows at or after ``end_ms`` are said too."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    lines = ['{"id": "a", "ts": 1000, "q": "x"}', '{"ts": 2000, "q": "x"}', '{"ts": 2000, "q": "x"}', '{"id": "b", "ts": 3000, "q": "y"}']
+    (logs / "part-0001.jsonl").write_text("\n".join(lines) + "\n")
+    path = tmp_path / "edges.py"
+    path.write_text(textwrap.dedent(
+        f"""
+        from millwheel import Computation, LogFileSource, SparkSource, Topology
+
+        class Count(Computation):
+            def process_record(self, record):
+                self.state.set((self.state.get(0) or 0) + 1)
+
+        topology = Topology("edges")
+        topology.injector("logs", LogFileSource({str(logs)!r}, finite=True), stream="events")
+        topology.injector("clicks", SparkSource(rows=[{{"q": "x", "ts": t}} for t in (1, 2, 5000, 6000)], timestamp="ts", end_ms=5000), stream="clicks")
+        topology.computation(Count, inputs={{"events": lambda r: r.value["q"], "clicks": lambda r: r.value["q"]}})
+        """
+    ))  # fmt: skip
+    assert main(["run", "--backend", "harness", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "warning: injector logs: 2 records had no 'id' field and got their file and byte offset as id" in out, out
+    assert "is not recognised as a duplicate" in out
+    assert "injector clicks: 2 rows at or after its end_ms=5000 left out: not part of the input" in out, out
+    assert "in=       6" in out  # the two id-less copies both counted: what the warning says

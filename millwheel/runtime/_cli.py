@@ -29,7 +29,15 @@ from typing import Any
 
 from millwheel._record import utc_text
 from millwheel._topology import Topology
-from millwheel.runtime._status import Row, Sampler, Snapshot, disorder_of, display_for, table_lines
+from millwheel.runtime._status import (
+    Row,
+    Sampler,
+    Snapshot,
+    counts_of,
+    disorder_of,
+    display_for,
+    table_lines,
+)
 
 FINISHED = "finished.json"
 #: ``MILLWHEEL_SPARK_UI=0`` turns the Spark UI off by default (the test suite sets it)
@@ -198,7 +206,8 @@ def _report(topology: Topology, root: str, snapshot: Snapshot | None, metrics: d
             print("  " + line)
     values, dead = _stream_values(root)
     disorder = disorder_of(snapshot.rows) if snapshot is not None else None
-    print_finish(topology, values, dead(), metrics, on_finish, where=_sink_hints(topology, root), disorder=disorder)
+    counts = counts_of(snapshot.rows) if snapshot is not None else None
+    print_finish(topology, values, dead(), metrics, on_finish, where=_sink_hints(topology, root), disorder=disorder, counts=counts)
 
 
 def run(topology: Topology, args: argparse.Namespace, on_finish: Any = None) -> int:

@@ -353,6 +353,9 @@ class LogFileInjector(QueryInjector):
         measured = disorder(self.offset) if self.offset else None
         if measured is not None:
             out["disorder_ms"], out["disorder_file"] = measured
+        positional = self.outbox.metrics.get("positional_ids", 0)  # lines without an id field (the reader's summary rows)
+        if positional:
+            out["positional_ids"] = positional
         warning = self.stalled()
         if warning is not None:
             out["warning"] = warning

@@ -51,7 +51,7 @@ from millwheel._logfile import (
 )
 from millwheel._record import Record, encode_key
 from millwheel.runtime._keying import Keyer
-from millwheel.runtime._wire import OUT_SCHEMA
+from millwheel.runtime._wire import OUT_SCHEMA, SUMMARY_STREAM, IntervalSummary
 
 FORMAT = "millwheel_logfiles"
 _TAIL = 1 << 16
@@ -125,10 +125,29 @@ class LogFileStreamReader(DataSourceStreamReader):
                 batches.append(self._batch(self.stream, chunk.records, byte_range.sender_watermark))
             if chunk.dead_letters:
                 batches.append(self._batch(DEAD_LETTER_STREAM, chunk.dead_letters, None))
+            if chunk.positional:  # counted by the outbox once the batch is published (the run's summary)
+                batches.append(self._counts(byte_range, {"positional_ids": chunk.positional}))
         finally:
             if paused:
                 gc.enable()
         yield from batches  # the collector runs again while Spark takes them
+
+    def _counts(self, byte_range: ByteRange, counts: dict[str, int]) -> pa.RecordBatch:
+        """A summary row (``SUMMARY_STREAM``, never published) carrying what the range counted."""
+        summary = IntervalSummary(interval=-1, hold=None, next_low_watermark_timer=None, next_wall_timer=None, keys=0, metrics=counts)
+        arrays = [
+            pa.array([SUMMARY_STREAM]), pa.array([f"{byte_range.name}@{byte_range.begin}"]), pa.array([0], pa.int64()),
+            pa.nulls(1, pa.binary()), pa.array([summary.encode()], pa.binary()), pa.nulls(1, pa.int64()),
+        ]  # fmt: skip
+        names = ["stream", "id", "ts", "key", "value", "wm"]
+        if self.keyer is not None:
+            arrays += [pa.nulls(1, f.type) for f in self.keyer.arrow_fields(self.consumers)]
+            names += [f.name for f in self.keyer.arrow_fields(self.consumers)]
+            declared = self.keyer.fields.get(self.stream)
+            if declared is not None:
+                arrays.append(pa.nulls(1, declared.arrow_type()))
+                names.append(FIELDS_COLUMN)
+        return pa.RecordBatch.from_arrays(arrays, names=names)
 
     def _batch(self, stream: str, records: list[Record], wm: int | None) -> pa.RecordBatch:
         """Stream-log rows of ``records`` of ``stream`` (the injector's, or dead letters)."""

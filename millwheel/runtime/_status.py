@@ -75,6 +75,10 @@ class Row:
     rescale: str | None = None
     #: the automatic policy's last decision for it, with its figures (``_autoscale.py``)
     autoscale: str | None = None
+    #: an injector's records without an id field, given ``<file>:<offset>`` as id (a log-file injector)
+    positional_ids: int | None = None
+    #: an injector's rows at or after its ``end_ms``, left out (a ``SparkSource``)
+    beyond_end: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +94,11 @@ class Snapshot:
     def warnings(self) -> list[str]:
         """Every row's warnings: the runtime's, then the late records'."""
         return [w for r in self.rows for w in (r.warning, r.late_warning) if w]
+
+
+def counts_of(rows: tuple[Row, ...] | list[Row]) -> dict[str, dict[str, int]]:
+    """Each injector's counts of what it read that a run's summary reports (:func:`~millwheel._runner.injector_lines`)."""
+    return {r.name: {k: v for k, v in (("positional_ids", r.positional_ids), ("beyond_end", r.beyond_end)) if v} for r in rows if r.kind == "injector"}
 
 
 def disorder_of(rows: tuple[Row, ...] | list[Row]) -> dict[str, tuple[int, str] | None]:
@@ -150,6 +159,8 @@ class Sampler:
                     counters=s.get("counters") if computation else None,
                     rescale=s.get("rescale"),
                     autoscale=_decision_text(s.get("autoscale")),
+                    positional_ids=s.get("positional_ids"),
+                    beyond_end=s.get("beyond_end"),
                 )
             )
         topology = getattr(self.rt, "topology", None)  # a test double may have none

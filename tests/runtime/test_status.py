@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from millwheel import MAX_TIMESTAMP, MIN_TIMESTAMP, Computation, SampleSource, Topology
 from millwheel.runtime._cli import _report
 from millwheel.runtime._status import (
@@ -163,3 +165,62 @@ def test_the_end_of_a_run_says_its_late_records_once(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("records late") == 1, out  # the final table leaves it to the summary, which says it as the harness's run does
     assert f"  {WARNING}\n" in out and "  warning: stalled\n" in out
+
+
+def test_the_final_report_and_finished_json_keep_what_the_injectors_left_out_or_could_not_dedup(tmp_path, capsys):
+    """A log injector's records without an id (``<file>:<offset>`` ids, no dedup of their copies)
+    and a ``SparkSource``'s rows at or after ``end_ms``: in the status, the final report, and
+    ``finished.json``, whose report a second ``millwheel run`` prints without Spark."""
+    import argparse
+    import json
+
+    from millwheel import LogFileSource, SparkSource
+    from millwheel.runtime._cli import FINISHED, _save_finished, run
+
+    topology = Topology("edges")
+    topology.injector("logs", LogFileSource(str(tmp_path / "logs"), finite=True), stream="events")
+    topology.injector("clicks", SparkSource(rows=[], timestamp="ts", end_ms=T0), stream="clicks")
+    topology.computation(_Count, name="Counter", inputs={"events": lambda r: r.value["q"], "clicks": lambda r: r.value["q"]})
+    rt = FakeRuntime()
+    rt.topology = topology  # type: ignore[attr-defined]
+    rt.rows = {
+        "logs": {"kind": "injector", "records_out": 10, "dead_letters": 0, "low_watermark": MAX_TIMESTAMP, "positional_ids": 3},
+        "clicks": {"kind": "injector", "records_out": 7, "dead_letters": 0, "low_watermark": MAX_TIMESTAMP, "beyond_end": 5},
+        "Counter": {"kind": "computation", "records_in": 17, "productions": 0, "dead_letters": 0, "low_watermark": MAX_TIMESTAMP},
+    }
+    snapshot = Sampler(rt).sample()
+    assert [(r.positional_ids, r.beyond_end) for r in snapshot.rows] == [(3, None), (None, 5), (None, None)]
+    root = tmp_path / "run"
+    root.mkdir()
+    _report(topology, str(root), snapshot, {"Counter": {}}, None, "topology edges: ran on Spark in 1.0s")
+    said = capsys.readouterr().out
+    positional = "warning: injector logs: 3 records had no 'id' field and got their file and byte offset as id (<file>:<offset>)"
+    beyond = f"injector clicks: 5 rows at or after its end_ms={T0} (2023-11-14 22:13:20) left out: not part of the input"
+    assert positional in said and beyond in said, said
+    _save_finished(str(root), topology, (), snapshot, {"Counter": {}}, 1.0)
+    rows = {r["name"]: r for r in json.loads((root / FINISHED).read_text())["rows"]}
+    assert (rows["logs"]["positional_ids"], rows["clicks"]["beyond_end"]) == (3, 5)
+    args = argparse.Namespace(checkpoint=str(root), fresh=False, only=None)
+    assert run(topology, args) == 0
+    again = capsys.readouterr().out
+    assert positional in again and beyond in again, again
+
+
+@pytest.mark.spark
+def test_on_spark_the_log_injector_counts_its_records_without_an_id(tmp_path, spark, run_dir, second_counts):
+    """The Spark reader counts them as it reads (a summary row of the range, counted once the
+    batch is published), so the status, the final report and ``finished.json`` have them."""
+    import json
+
+    from millwheel import LogFileSource
+    from millwheel.runtime import RuntimeSettings, SparkRuntime
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    lines = [{"ts": T0 + i * 10, "key": f"k{i % 3}"} | ({"id": f"r{i}"} if i % 4 else {}) for i in range(200)]
+    (logs / "part-0001.jsonl").write_text("".join(json.dumps(v) + "\n" for v in lines))
+    rt = SparkRuntime(second_counts(LogFileSource(str(logs), finite=True, max_bytes_per_batch=5_000)), run_dir, RuntimeSettings(intervals=2), spark=spark)
+    rt.run(timeout_s=300)
+    assert rt.status()["logs"]["positional_ids"] == 50
+    row = next(r for r in Sampler(rt).sample().rows if r.name == "logs")
+    assert row.positional_ids == 50
