@@ -249,9 +249,9 @@ def plausible_bounds(p: FileProgress, values: list[int], latest: int | None, ske
     """
     if skew is None:
         return MIN_TIMESTAMP + 1, MAX_TIMESTAMP - 1
-    middle = sorted(values)[len(values) // 2] if values else None
     ahead = [t for t in (latest, p.time) if t is not None]
     behind = [t for t in (p.time, p.oldest) if t is not None]
+    middle = sorted(values)[len(values) // 2] if values and not (ahead and behind) else None
     top = max(ahead) if ahead else middle
     bottom = min(behind) if behind else middle
     hi = MAX_TIMESTAMP - 1 if top is None else min(top + skew, MAX_TIMESTAMP - 1)
@@ -262,7 +262,7 @@ def plausible_bounds(p: FileProgress, values: list[int], latest: int | None, ske
 def latest_known(files: dict[str, Any], lw: int, now_ms: int | None) -> int | None:
     """The latest time an offset knows: the newest plausible record of any of its ``files``,
     the injector low watermark ``lw`` (when a time), and the wall clock ``now_ms`` (a live source)."""
-    known = [t for t in (FileProgress.of(n, raw).newest for n, raw in files.items()) if t is not None]
+    known = [t for t in (raw.get("newest") if isinstance(raw, dict) else None for raw in files.values()) if t is not None]
     if MIN_TIMESTAMP < lw < MAX_TIMESTAMP:
         known.append(lw)
     if now_ms is not None:
@@ -307,18 +307,24 @@ def _idle(opts: ReadOptions, now_ms: int, mtime: float) -> bool:
     return opts.idle_finish_ms is not None and now_ms - mtime * 1000 >= opts.idle_finish_ms
 
 
+def _will_not_grow(name: str, opts: ReadOptions, present: set[str], idle: bool) -> bool:
+    """A ``.done``/``_DONE`` marker, ``finite``, or no growth for ``idle_finish_ms`` (``idle``)."""
+    return "_DONE" in present or f"{name}.done" in present or opts.finite or idle
+
+
 def _complete(name: str, p: FileProgress, opts: ReadOptions, present: set[str], newest_start: int | None, idle: bool) -> bool:
-    """Whether file ``name`` will not grow: a ``.done``/``_DONE`` marker, ``finite``, a newer
-    file (rotation), or no growth for ``idle_finish_ms`` (``idle``)."""
+    """Whether file ``name`` will not grow: complete before, :func:`_will_not_grow`, or a newer file (rotation)."""
     newer = opts.finish_on_rotation and p.started is not None and newest_start is not None and newest_start > p.started
-    return p.complete or "_DONE" in present or f"{name}.done" in present or opts.finite or newer or idle
+    return p.complete or newer or _will_not_grow(name, opts, present, idle)
 
 
 def plan_offset(start: dict[str, Any], opts: ReadOptions, now_ms: int) -> dict[str, Any]:
     """The next offset: how far to read each file in one batch, and the injector low watermark.
 
     * Files are read in name order up to ``max_bytes_per_batch`` bytes, complete lines
-      only; a batch that has read nothing yet takes one line longer than the budget whole.
+      only — but a file that will not grow (a marker, ``finite``, idle) to its size, its
+      last line with or without a newline; a batch that has read nothing yet takes one
+      line longer than the budget whole.
       The plan scans the bytes it assigns (:func:`timestamps`) into each file's
       :class:`FileProgress`.
     * A file is *complete* when a ``<name>.done`` or ``_DONE`` marker exists, or the source
@@ -338,14 +344,15 @@ def plan_offset(start: dict[str, Any], opts: ReadOptions, now_ms: int) -> dict[s
     stats: dict[str, tuple[int, float]] = {}
     budget = opts.max_bytes_per_batch
     latest = latest_known(prev, start["lw"], None if opts.finite else now_ms)
-    known_start = max((t for t in (FileProgress.of(n, prev.get(n)).started for n in logs) if t is not None), default=None)
     for name in logs:
         full = os.path.join(path, name)
         st = os.stat(full)
         p = FileProgress.of(name, prev.get(name))
-        # a file known to be complete before this batch is read to its size: its last line
-        # counts whether or not it ends in a newline (a growing file's half line waits)
-        whole = _complete(name, p, opts, present, known_start, _idle(opts, now_ms, st.st_mtime))
+        # a file that will not grow — a marker, finite, idle — is read to its size: its last
+        # line counts whether or not it ends in a newline; a growing file's half line waits,
+        # and so does a rotated file's (its writer may still be finishing the line) until one
+        # of those says the file is complete
+        whole = _will_not_grow(name, opts, present, _idle(opts, now_ms, st.st_mtime))
         new_pos = p.pos
         caught_up = st.st_size <= p.pos  # read every complete line the file has now
         if st.st_size > p.pos and budget > 0:

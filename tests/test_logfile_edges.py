@@ -74,6 +74,25 @@ def test_a_half_line_waits_while_its_file_grows_and_is_read_once_it_is_finished(
     assert o3["files"][NAME]["finished"] and o3["files"][NAME]["pos"] == log.stat().st_size
 
 
+def test_a_rotated_files_half_line_waits_for_its_writer_and_idle_time_reads_it(tmp_path):
+    # a newer file says the old one is complete, but its writer may still be finishing
+    # the last line: that waits for a marker or idle time, not for rotation alone
+    old, new = tmp_path / f"q-{T}.jsonl", tmp_path / f"q-{T + 60_000}.jsonl"
+    old.write_text(_line(1, T + 1) + _line(2, T + 2)[:10])
+    new.write_text(_line(3, T + 60_001))
+    src = LogFileSource(tmp_path, idle_finish_ms=60_000)
+    now = int(old.stat().st_mtime * 1000) + 1_000
+    o1 = _plan(src, now=now)
+    assert [r.id for r in _read(src, initial_offset(), o1)[0]] == ["e1", "e3"]
+    assert not o1["files"][old.name]["finished"]
+    with old.open("a") as fh:
+        fh.write(_line(2, T + 2)[10:] + _line(4, T + 4)[:-1])
+    o2 = _plan(src, o1, now=now)
+    assert [r.id for r in _read(src, o1, o2)[0]] == ["e2"]
+    o3 = _plan(src, o2, now=int(old.stat().st_mtime * 1000) + 61_000)  # idle for a minute
+    assert [r.id for r in _read(src, o2, o3)[0]] == ["e4"] and o3["files"][old.name]["finished"]
+
+
 def test_a_half_line_that_stays_half_is_a_dead_letter_with_its_file_and_offset(tmp_path):
     good = _line(1, T + 1)
     (tmp_path / NAME).write_text(good + '{"id": "e2", "ts": 17672')
