@@ -402,7 +402,10 @@ class SparkRuntime:
             self._pruned_at = time.monotonic()
 
     def drained(self) -> bool:
-        return all(i.drained() for i in self.injectors.values()) and all(c.drained() for c in self.computations.values()) and not self.rescaler.active()
+        return (
+            all(i.drained() for i in self.injectors.values()) and all(c.drained() for c in self.computations.values()) and not self.rescaler.active()
+            and all(s.caught_up() for s in self.sinks if hasattr(s, "caught_up"))  # a Spark sink waiting out its target's outage
+        )  # fmt: skip
 
     def run(self, *, timeout_s: float | None = None, on_status: Callable[[SparkRuntime], None] | None = None) -> None:
         """Start, loop until drained (every low watermark +inf), interrupted or timed out, then stop."""

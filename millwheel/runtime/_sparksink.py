@@ -91,6 +91,17 @@ class SparkSinkWriter:
         self.next_batch = (max(plans) + 1) if plans else 0
         self.batches = len(done)
 
+    def caught_up(self) -> bool:
+        """Every committed stream-log file of the sink is written (a run is not drained before: a
+        writer waiting out its target's outage holds the run open, it does not let it end)."""
+        if self.pending:
+            return False
+        return all(
+            (producer, _base(name)) in self.planned
+            for producer in self.streams.producers(self.spec.stream)
+            for name in self.streams.files(self.spec.stream, producer)
+        )
+
     def _plan(self, k: int) -> list[tuple[str, str]]:
         return [tuple(x) for x in json.loads(self.state.child(f"{k}.plan").read_text() or "[]")]  # type: ignore[misc]
 

@@ -126,8 +126,11 @@ def test_a_writer_whose_database_restarts_waits_with_backoff_and_loses_nothing(t
     logged = []
     w = SparkSinkWriter(spec, streams, root, _Frames, log=logged.append, clock=clock)
     w.start()
+    assert not w.caught_up()  # a committed file not written yet: the run is not drained
     polls = 0
     while not written:
+        if polls:
+            assert not w.caught_up()  # waiting out the outage holds the run open
         assert w.poll() in (0, 1)
         polls += 1
         if down["attempts"] and not written:
@@ -135,6 +138,7 @@ def test_a_writer_whose_database_restarts_waits_with_backoff_and_loses_nothing(t
             assert len(waits) == 1 and "waiting on sink 'sink.out' of stream 'out'" in waits[0].text() and "restarting" in waits[0].text()
         clock.now += 0.5
     assert written == [(0, ["a"])] and 3 <= down["attempts"] < 20 < polls  # backoff: far fewer attempts than driver rounds
+    assert w.caught_up()
     assert read_waits(root.child("waits").path) == []
     assert any("writes again after" in m for m in logged)
 
@@ -246,7 +250,7 @@ def test_postgres_sink_is_exact_after_kill_9(tmp_path, postgres):  # noqa: F811 
 @pytest.mark.spark
 def test_postgres_restarted_in_the_middle_of_a_run_loses_nothing_and_stops_nothing(tmp_path, postgres_server):  # noqa: F811 - the fixture
     """PostgreSQL stopped (a fast shutdown: connections cut) once the table has rows, and started again
-    on its data 6 s later, while the driver runs: the sink's writer waits with backoff, the run goes
+    on its data 20 s later, while the driver runs: the sink's writer waits with backoff, the run goes
     on and ends on its own, and the table holds every count exactly once. Before: five failures in
     a row, one per driver round (~2 s), stopped the run."""
     import subprocess
@@ -266,7 +270,7 @@ def test_postgres_restarted_in_the_middle_of_a_run_loses_nothing_and_stops_nothi
             time.sleep(0.2)
         if proc.poll() is None:
             rows_before = table(dsn, "SELECT count(*) FROM counts")[0][0]
-            postgres_server.restart(down_s=6.0)
+            postgres_server.restart(down_s=20.0)
             restarted = True
         rc = proc.wait(timeout=900)
     finally:
