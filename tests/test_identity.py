@@ -1,0 +1,213 @@
+"""A production's identity is never reused within a pipeline epoch, and a replay reproduces it
+(docs/concepts.md, "The identity of a production"; ``millwheel/_identity.py``).
+
+Hypothesis drives a harness through random interleavings of deliveries, re-deliveries of
+records already sent (kept by the dedup horizon, or after it collected them and the key
+was forgotten), watermark moves small and far, drains, crashes at every crash point with
+their replays, and moves of the computation's state (a columnar store split by key and
+merged again, as a rescale moves it; per-record envelopes re-encoded). Each delivery
+carries a tag of its own, and every production says which delivery (or which delivery's
+timer) made it, with that tag as its ``once_id``. Afterwards:
+
+* no production id and no once-token was given to two different productions;
+* each production has one id (a replayed round made the ids of its crashed attempt) and
+  each ``once_id`` was committed with one token, which the registry never refused;
+* a consumer with a longer dedup horizon than the producer's received each production
+  exactly once: none was dropped as a duplicate of an older one with the same id.
+
+Per-record and columnar computations, strong and weak productions. Hypothesis prints the
+falsifying operations (and ``@reproduce_failure``) when it fails.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+import pandas as pd
+import pytest
+import xxhash
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from millwheel import (
+    MAX_TIMESTAMP,
+    Computation,
+    ComputationOptions,
+    DedupOptions,
+    LatePolicy,
+    Record,
+    Topology,
+)
+from millwheel._colstore import ColumnarStore
+from millwheel._columnar import ColumnarComputation
+from millwheel._envelope import Envelope
+from millwheel._once import MemoryOnceRegistry
+from millwheel.testing import Crash, Harness
+
+#: a record's timer fires this long after it
+TIMER_MS = 50
+
+
+class Echo(Computation):
+    """One production per record (its delivery's tag), and one when the key's timer fires
+    (the tag of the delivery that set it last)."""
+
+    def process_record(self, record):
+        tag = record.value["tag"]
+        self.produce("out", {"tag": tag}, once_id=tag)
+        self.state.set(tag)
+        self.set_timer("t", record.timestamp + TIMER_MS)
+
+    def process_timer(self, timer):
+        tag = f"{self.state.get()}/fired"
+        self.produce("out", {"tag": tag}, timestamp=timer.timestamp, once_id=tag)
+        self.state.clear()
+
+
+class ColumnarEcho(ColumnarComputation):
+    """:class:`Echo` as columns."""
+
+    record_columns = ("key", "timestamp", "value")
+
+    def process_batch(self, batch):
+        r = batch.records
+        tags = [v["tag"] for v in r["value"]]
+        batch.produce("out", [{"tag": t} for t in tags], keys=r["key"], timestamps=r["timestamp"], once_ids=tags)
+        last = r.groupby("key", sort=False, observed=True).tail(1)
+        batch.set_state(pd.DataFrame({"key": last["key"], "tag": [v["tag"] for v in last["value"]]}))
+        batch.set_timers(last["key"], ["t"] * len(last), last["timestamp"] + TIMER_MS)
+
+    def process_timers(self, batch, timers):
+        s = batch.state
+        when = dict(zip(timers["key"].tolist(), timers["timestamp"].tolist(), strict=True))
+        fired = s[s["key"].isin(list(when))]
+        tags = [f"{t}/fired" for t in fired["tag"]]
+        batch.produce("out", [{"tag": t} for t in tags], keys=fired["key"], timestamps=[when[k] for k in fired["key"].tolist()], once_ids=tags)
+        batch.set_state(s.iloc[:0])
+
+
+class Sink(Computation):
+    """The consumer: every production it is given once (its dedup drops re-sends by id)."""
+
+    def process_record(self, record):
+        self.produce("seen", record.value["tag"])
+
+
+class Recording(MemoryOnceRegistry):
+    """An in-memory IdRegistry that remembers every token each once-id was committed with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens: dict[str, set[str]] = defaultdict(set)
+        self.ids: dict[str, set[str]] = defaultdict(set)
+
+    def commit_many(self, items):
+        for rid, token, _ in items:
+            self.tokens[rid].add(token)
+            self.ids[token].add(rid)
+        return super().commit_many(items)
+
+
+def _harness(columnar: bool, strong: bool, registry: Recording) -> Harness:
+    topo = Topology("identity")
+    topo.injector("in")
+    late = LatePolicy.process()  # a record shipped late is processed: a new delivery of it
+    topo.computation(
+        ColumnarEcho if columnar else Echo, name="Echo", inputs={"in": lambda r: r.value["key"]}, outputs=["out"],
+        options=ComputationOptions(strong_productions=strong, late=late, dedup=DedupOptions(slack_ms=1_000, gc_interval_ms=0)),
+    )  # fmt: skip
+    topo.computation(
+        Sink, inputs={"out": lambda r: r.value["tag"]}, outputs=["seen"],
+        options=ComputationOptions(late=late, dedup=DedupOptions(slack_ms=10**12)),  # remembers every id
+    )  # fmt: skip
+    return Harness(topo, registry=registry)
+
+
+def _move(h: Harness, columnar: bool) -> None:
+    """Move Echo's state as a rescale does: a columnar store split by key into three pieces,
+    each encoded and decoded, merged again; per-record envelopes decoded and encoded."""
+    if columnar:
+        side = h._columnar["Echo"]
+        if side.live is not None:
+            pieces = side.live.split(lambda kb: xxhash.xxh3_64_intdigest(kb) % 3)
+            opts = side.runner.options
+            side.live = ColumnarStore.merge([ColumnarStore.decode(p.encode(), opts) for p in pieces.values()])
+        return
+    envs = h._envelopes["Echo"]
+    for key, env in list(envs.items()):
+        envs[key] = Envelope.decode(env).encode()
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("new"), st.integers(0, 1), st.integers(-1_500, 1_500)),
+        st.tuples(st.just("again"), st.integers(0, 10**6)),
+        # the watermark moves, then rounds run: far enough, keys are collected and forgotten
+        st.tuples(st.just("later"), st.sampled_from([10, 500, 2_000, 10**6])),
+        st.tuples(st.just("run"), st.just(0)),
+        st.tuples(st.just("crash"), st.sampled_from(list(Crash))),
+        st.tuples(st.just("move"), st.just(0)),
+        st.tuples(st.just("drain"), st.just(0)),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@pytest.mark.parametrize("columnar", [False, True], ids=["per_record", "columnar"])
+@settings(max_examples=150, deadline=None, print_blob=True)
+@given(ops=ops, strong=st.booleans())
+# issue 35's case: a record delivered again after its key was collected; a drained run's key made again
+@example(ops=[("new", 0, 0), ("later", 10**6), ("again", 0), ("run", 0)], strong=True)
+@example(ops=[("new", 0, 0), ("run", 0), ("drain", 0), ("new", 0, 0), ("crash", Crash.BEFORE_COMMIT)], strong=False)
+def test_a_production_id_is_never_reused_and_a_replay_reproduces_it(columnar, ops, strong):
+    registry = Recording()
+    h = _harness(columnar, strong, registry)
+    base = wm = 10_000
+    sent: list[tuple[str, str, int]] = []  # (record id, key, timestamp) of every record sent
+    deliveries = 0
+
+    def deliver(rid: str, key: str, ts: int) -> None:
+        nonlocal deliveries
+        deliveries += 1
+        h.inject("in", [Record(None, {"key": key, "tag": f"{rid}#{deliveries}"}, ts, rid)])
+
+    for op, *args in ops:
+        if op == "new":
+            rid, key, ts = f"r{len(sent)}", f"k{args[0]}", base + args[1]
+            sent.append((rid, key, ts))
+            deliver(rid, key, ts)
+        elif op == "again" and sent:
+            deliver(*sent[args[0] % len(sent)])
+        elif op == "later" and wm < MAX_TIMESTAMP:
+            wm = base = wm + args[0]
+            h.advance_watermark("in", wm)
+            h.run()
+        elif op == "run":
+            h.run()
+        elif op == "crash":
+            h.process("Echo", crash=args[0])
+            h.restart("Echo")
+            h.run()
+        elif op == "move":
+            _move(h, columnar)
+        elif op == "drain" and wm < MAX_TIMESTAMP:
+            wm = MAX_TIMESTAMP
+            h.finish("in")
+            h.run()
+    h.run()
+    out = h.output("out")
+    ids_of: dict[str, set[str]] = defaultdict(set)
+    tags_of: dict[str, set[str]] = defaultdict(set)
+    for r in out:
+        ids_of[r.value["tag"]].add(r.id)
+        tags_of[r.id].add(r.value["tag"])
+    shared = {rid: tags for rid, tags in tags_of.items() if len(tags) > 1}
+    assert not shared, f"production ids given to two productions: {shared}"
+    assert all(len(ids) == 1 for ids in ids_of.values()), f"a replay changed a production's id: {dict(ids_of)}"
+    reused = {t: ids for t, ids in registry.ids.items() if len(ids) > 1}
+    assert not reused, f"once-tokens committed for two productions: {reused}"
+    assert all(len(t) == 1 for t in registry.tokens.values()), "a replay committed a once-id with another token"
+    assert h.metrics("Echo")["once_conflicts"] == 0
+    seen = Counter(h.values("seen"))
+    assert seen == Counter(set(ids_of)), "the consumer lost a production (or got one twice)"
