@@ -10,10 +10,14 @@ comes back and replays its batch under the same token.
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from millwheel.once import roster
 from topologies.photon import PhotonConfig, Pipeline, evaluate, verify
 from topologies.photon.verify import gave_up_ids, output_ids, token
 
@@ -239,3 +243,87 @@ def test_where_more_than_one_directory_could_take_the_reinjections_verification_
     assert [r.token for r in registry.lookup_many([c["click_id"] for c in clicks])] == [token("dc1#old", c["query_id"]) for c in clicks]  # unchanged
     report = verify_runs(list(runs.values()), registry, target=runs["dc2"])
     assert report.reinjected_into == {str(runs["dc2"]): 4}
+
+
+# ---- the invariant of verification's writes, over random pipelines, rosters and registries ----
+_NAMES = ("dc1", "dc2", "dc3")
+
+
+@st.composite
+def _scenarios(draw):
+    """Given pipelines (members of the roster, or directories whose start was refused), running or
+    not, with what each decided; a roster that may hold epochs nobody gave; clicks held by any of
+    them, tentatively or not, or by nobody."""
+    n = draw(st.integers(1, 4))
+    clicks = [{"click_id": f"c{i}", "query_id": f"q{i}", "ts": 1_000 + i} for i in range(6)]
+    ids = [c["click_id"] for c in clicks]
+    given = []
+    for i in range(n):
+        name = draw(st.sampled_from(_NAMES))
+        member = draw(st.booleans())
+        where = f"h:/runs/{name}" if member else f"h:/runs/{name}-refused-{i}"
+        given.append({
+            "name": name, "epoch": f"e{i}", "where": where, "member": member, "running": draw(st.booleans()),
+            "joined": set(draw(st.lists(st.sampled_from(ids), max_size=3))), "gave_up": set(draw(st.lists(st.sampled_from(ids), max_size=3))),
+        })  # fmt: skip
+    # epochs the roster knows and nobody gave: a dead epoch of a given directory, or another pipeline
+    others = [{"name": draw(st.sampled_from(_NAMES)), "epoch": f"x{i}"} for i in range(draw(st.integers(0, 2)))]
+    holders = [f"{g['name']}#{g['epoch']}" for g in given] + [f"{o['name']}#{o['epoch']}" for o in others]
+    held = {cid: (draw(st.sampled_from(holders)), draw(st.booleans())) for cid in ids if draw(st.booleans())}
+    return clicks, given, others, held
+
+
+@settings(max_examples=80, deadline=None)
+@given(_scenarios(), st.randoms(use_true_random=False))
+def test_verification_writes_only_into_members_that_have_not_decided_the_click_whatever_the_order(scenario, rnd):
+    from id_registry import InProcessRegistryClient
+    from millwheel.once import TENTATIVE, join_roster
+    from topologies.photon.registry import OnceRegistryAdapter
+    from topologies.photon.verify import AmbiguousTargetError
+
+    clicks, given_, others, held = scenario
+
+    def run(order, *, dry_run):
+        with InProcessRegistryClient() as client:
+            reg = OnceRegistryAdapter(client)
+            for g in given_:
+                if g["member"]:
+                    join_roster(reg, g["name"], g["epoch"], g["where"])
+            for o in others:
+                with contextlib.suppress(Exception):  # a name another directory holds: refused, as at a start
+                    join_roster(reg, o["name"], o["epoch"], f"h:/runs/{o['name']}")
+            members = {(m.id, m.where) for m in roster(reg)}
+            reg.commit_many([(cid, token(h, f"q{cid[1:]}") + (TENTATIVE if tentative else ""), 1_000) for cid, (h, tentative) in held.items()])
+            into: dict[str, list[str]] = {}
+            pipelines = [
+                Pipeline(g["name"], set(g["joined"]), running=g["running"], gave_up=set(g["gave_up"]), epoch=g["epoch"], where=g["where"],
+                         run=g["where"].split(":", 1)[1], reinject=lambda cl, w=g["where"]: into.setdefault(w, []).extend(c["click_id"] for c in cl))
+                for g in (given_[i] for i in order)
+            ]  # fmt: skip
+            try:
+                report = verify(clicks, pipelines, reg, dry_run=dry_run)
+            except AmbiguousTargetError as exc:
+                assert "--target" in str(exc)
+                ids = [c["click_id"] for c in clicks]
+                assert [r.status.value == "found" for r in reg.lookup_many(ids)] == [cid in held for cid in ids]  # nothing cleared
+                return "ambiguous", {}, members
+            return report, into, members
+
+    order = list(range(len(given_)))
+    report, into, members = run(order, dry_run=False)
+    shuffled = order[:]
+    rnd.shuffle(shuffled)
+    again, _, _ = run(shuffled, dry_run=True)
+    if report == "ambiguous":
+        assert again == "ambiguous"  # asked in any order, never decided by it
+        return
+    assert again != "ambiguous" and again.reinjected_into == report.reinjected_into  # the same directories, in any order
+    by_where = {g["where"]: g for g in given_}
+    for where, cids in into.items():
+        g = by_where[where]
+        assert (f"{g['name']}#{g['epoch']}", where) in members  # a member of the roster, under its identity and place
+        assert not set(cids) & (g["joined"] | g["gave_up"])  # never a click it decided already
+        assert len(cids) == len(set(cids))
+    assert sum(len(c) for c in into.values()) == report.recovered
+    running = {f"{g['name']}#{g['epoch']}" for g in given_ if g["running"]}
+    assert not {cid for cids in into.values() for cid in cids if held.get(cid, ("",))[0] in running}  # in flight: left alone
