@@ -13,7 +13,8 @@ possible with a fixed wall clock.
 **A pipeline on Spark** (:func:`run_spark`): one Photon pipeline — one datacenter of
 Photon §2, Fig. 6 — in a run directory of its own, committing to a shared IdRegistry
 under its own name. The run directory holds ``photon.json`` (what verification needs:
-the logs, the pipeline, the settings), ``reinject/`` (where verification re-injects
+the logs, the pipeline, the settings; written once the registry's roster took the directory
+as a member, so a start refused under a taken name leaves none), ``reinject/`` (where verification re-injects
 clicks for it, §3.3.3) and ``photon.lock``, held while the pipeline runs: an exclusive
 ``flock``, released by the kernel when the process dies, even by ``kill -9``.
 ``follow=True`` keeps a drained pipeline running, serving re-injections.
