@@ -107,7 +107,7 @@ def test_two_pipelines_one_registry_kill_9_verify_restart(tmp_path, spark_sample
         out = subprocess.run(_photon("verify", str(run_a), str(run_b), "--secret-file", secret, "--json"),
                              capture_output=True, text=True, timeout=300, check=True)  # fmt: skip
         report = json.loads(out.stdout)
-        assert report["missing"] == report["recovered"] > 0 and report["reinjected_into"] == {"dc2": report["recovered"]}, report
+        assert report["missing"] == report["recovered"] > 0 and report["reinjected_into"] == {str(run_b): report["recovered"]}, report
         assert report["in_flight"] == report["holder_not_given"] == report["duplicated"] == 0, report
 
         def healed():
