@@ -280,7 +280,8 @@ def _read_into(p: FileProgress, full: str, end: int, opts: ReadOptions, at_end: 
     values = timestamps(data, opts.ts_field)
     lo, hi = plausible_bounds(p, values, latest, opts.max_skew_ms)
     p.bounds = [lo, hi]
-    values = [v for v in values if lo <= v <= hi]
+    if values and (min(values) < lo or max(values) > hi):
+        values = [v for v in values if lo <= v <= hi]
     if values:
         low = min(values)
         p.low = low
