@@ -271,3 +271,84 @@ def authority(tmp_path):
     service = AuthorityProcess(tmp_path / "authority").start()
     yield service
     service.stop()
+
+
+#: how long after a record its key's timer fires (``identity_topology``)
+IDENTITY_TIMER_MS = 50
+
+
+def _identity_classes():
+    import pandas as pd
+
+    from millwheel import ColumnarComputation, Computation
+
+    class Echo(Computation):
+        """One production per record (its delivery's tag, also its ``once_id``), and one when
+        the key's timer fires (the tag of the delivery that set it last)."""
+
+        def process_record(self, record):
+            tag = record.value["tag"]
+            self.produce("out", {"tag": tag}, once_id=tag)
+            self.state.set(tag)
+            self.set_timer("t", record.timestamp + IDENTITY_TIMER_MS)
+
+        def process_timer(self, timer):
+            tag = f"{self.state.get()}/fired"
+            self.produce("out", {"tag": tag}, timestamp=timer.timestamp, once_id=tag)
+            self.state.clear()
+
+    class ColumnarEcho(ColumnarComputation):
+        """``Echo`` as columns."""
+
+        record_columns = ("key", "timestamp", "value")
+
+        def process_batch(self, batch):
+            r = batch.records
+            tags = [v["tag"] for v in r["value"]]
+            batch.produce("out", [{"tag": t} for t in tags], keys=r["key"], timestamps=r["timestamp"], once_ids=tags)
+            last = r.groupby("key", sort=False, observed=True).tail(1)
+            batch.set_state(pd.DataFrame({"key": last["key"], "tag": [v["tag"] for v in last["value"]]}))
+            batch.set_timers(last["key"], ["t"] * len(last), last["timestamp"] + IDENTITY_TIMER_MS)
+
+        def process_timers(self, batch, timers):
+            s = batch.state
+            when = dict(zip(timers["key"].tolist(), timers["timestamp"].tolist(), strict=True))
+            fired = s[s["key"].isin(list(when))]
+            tags = [f"{t}/fired" for t in fired["tag"]]
+            at = [when[k] for k in fired["key"].tolist()]
+            batch.produce("out", [{"tag": t} for t in tags], keys=fired["key"], timestamps=at, once_ids=tags)
+            batch.set_state(s.iloc[:0])
+
+    class Sink(Computation):
+        """The consumer: every production once (its dedup drops re-sends by id)."""
+
+        def process_record(self, record):
+            self.produce("seen", record.value["tag"])
+
+    return Echo, ColumnarEcho, Sink
+
+
+@pytest.fixture(scope="session")
+def identity_topology():
+    """``identity_topology(columnar=False, strong=True, source=None, mapping="default")``: the
+    topology of the production-identity tests (``millwheel/_identity.py``). Injector ``in``
+    (records ``{"key", "tag"}``, a tag per delivery) -> ``Echo`` (per-record or columnar;
+    ``strong``: strong productions; late records processed; record ids kept 1 s behind the
+    watermark) -> ``out`` (``{"tag"}``: the delivery's tag, or ``<tag>/fired`` for the
+    key's timer, each with its tag as ``once_id``) -> ``Sink`` (remembers every id: a
+    production dropped as a duplicate of an older one is missing from ``seen``)."""
+    from millwheel import ComputationOptions, DedupOptions, LatePolicy, Topology
+
+    echo, columnar_echo, sink = _identity_classes()
+
+    def make(*, columnar=False, strong=True, source=None, mapping="default"):
+        t = Topology("identity")
+        t.injector("in", source)
+        late = LatePolicy.process()  # a record shipped late is processed: a new delivery of it
+        opts = ComputationOptions(strong_productions=strong, late=late, dedup=DedupOptions(slack_ms=1_000, gc_interval_ms=0), mapping=mapping)
+        t.computation(columnar_echo if columnar else echo, name="Echo", inputs={"in": lambda r: r.value["key"]}, outputs=["out"], options=opts)
+        keep = ComputationOptions(late=late, dedup=DedupOptions(slack_ms=10**12))
+        t.computation(sink, inputs={"out": lambda r: r.value["tag"]}, outputs=["seen"], options=keep)
+        return t
+
+    return make

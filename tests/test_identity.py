@@ -15,82 +15,25 @@ timer) made it, with that tag as its ``once_id``. Afterwards:
 * a consumer with a longer dedup horizon than the producer's received each production
   exactly once: none was dropped as a duplicate of an older one with the same id.
 
-Per-record and columnar computations, strong and weak productions. Hypothesis prints the
-falsifying operations (and ``@reproduce_failure``) when it fails.
+Per-record and columnar computations, strong and weak productions (``identity_topology``
+in ``tests/conftest.py``). Hypothesis prints the falsifying operations (and
+``@reproduce_failure``) when it fails.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-import pandas as pd
 import pytest
 import xxhash
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from millwheel import (
-    MAX_TIMESTAMP,
-    Computation,
-    ComputationOptions,
-    DedupOptions,
-    LatePolicy,
-    Record,
-    Topology,
-)
+from millwheel import MAX_TIMESTAMP, Record
 from millwheel._colstore import ColumnarStore
-from millwheel._columnar import ColumnarComputation
 from millwheel._envelope import Envelope
 from millwheel._once import MemoryOnceRegistry
 from millwheel.testing import Crash, Harness
-
-#: a record's timer fires this long after it
-TIMER_MS = 50
-
-
-class Echo(Computation):
-    """One production per record (its delivery's tag), and one when the key's timer fires
-    (the tag of the delivery that set it last)."""
-
-    def process_record(self, record):
-        tag = record.value["tag"]
-        self.produce("out", {"tag": tag}, once_id=tag)
-        self.state.set(tag)
-        self.set_timer("t", record.timestamp + TIMER_MS)
-
-    def process_timer(self, timer):
-        tag = f"{self.state.get()}/fired"
-        self.produce("out", {"tag": tag}, timestamp=timer.timestamp, once_id=tag)
-        self.state.clear()
-
-
-class ColumnarEcho(ColumnarComputation):
-    """:class:`Echo` as columns."""
-
-    record_columns = ("key", "timestamp", "value")
-
-    def process_batch(self, batch):
-        r = batch.records
-        tags = [v["tag"] for v in r["value"]]
-        batch.produce("out", [{"tag": t} for t in tags], keys=r["key"], timestamps=r["timestamp"], once_ids=tags)
-        last = r.groupby("key", sort=False, observed=True).tail(1)
-        batch.set_state(pd.DataFrame({"key": last["key"], "tag": [v["tag"] for v in last["value"]]}))
-        batch.set_timers(last["key"], ["t"] * len(last), last["timestamp"] + TIMER_MS)
-
-    def process_timers(self, batch, timers):
-        s = batch.state
-        when = dict(zip(timers["key"].tolist(), timers["timestamp"].tolist(), strict=True))
-        fired = s[s["key"].isin(list(when))]
-        tags = [f"{t}/fired" for t in fired["tag"]]
-        batch.produce("out", [{"tag": t} for t in tags], keys=fired["key"], timestamps=[when[k] for k in fired["key"].tolist()], once_ids=tags)
-        batch.set_state(s.iloc[:0])
-
-
-class Sink(Computation):
-    """The consumer: every production it is given once (its dedup drops re-sends by id)."""
-
-    def process_record(self, record):
-        self.produce("seen", record.value["tag"])
 
 
 class Recording(MemoryOnceRegistry):
@@ -106,21 +49,6 @@ class Recording(MemoryOnceRegistry):
             self.tokens[rid].add(token)
             self.ids[token].add(rid)
         return super().commit_many(items)
-
-
-def _harness(columnar: bool, strong: bool, registry: Recording) -> Harness:
-    topo = Topology("identity")
-    topo.injector("in")
-    late = LatePolicy.process()  # a record shipped late is processed: a new delivery of it
-    topo.computation(
-        ColumnarEcho if columnar else Echo, name="Echo", inputs={"in": lambda r: r.value["key"]}, outputs=["out"],
-        options=ComputationOptions(strong_productions=strong, late=late, dedup=DedupOptions(slack_ms=1_000, gc_interval_ms=0)),
-    )  # fmt: skip
-    topo.computation(
-        Sink, inputs={"out": lambda r: r.value["tag"]}, outputs=["seen"],
-        options=ComputationOptions(late=late, dedup=DedupOptions(slack_ms=10**12)),  # remembers every id
-    )  # fmt: skip
-    return Harness(topo, registry=registry)
 
 
 def _move(h: Harness, columnar: bool) -> None:
@@ -160,9 +88,9 @@ ops = st.lists(
 # issue 35's case: a record delivered again after its key was collected; a drained run's key made again
 @example(ops=[("new", 0, 0), ("later", 10**6), ("again", 0), ("run", 0)], strong=True)
 @example(ops=[("new", 0, 0), ("run", 0), ("drain", 0), ("new", 0, 0), ("crash", Crash.BEFORE_COMMIT)], strong=False)
-def test_a_production_id_is_never_reused_and_a_replay_reproduces_it(columnar, ops, strong):
+def test_a_production_id_is_never_reused_and_a_replay_reproduces_it(identity_topology, columnar, ops, strong):
     registry = Recording()
-    h = _harness(columnar, strong, registry)
+    h = Harness(identity_topology(columnar=columnar, strong=strong), registry=registry)
     base = wm = 10_000
     sent: list[tuple[str, str, int]] = []  # (record id, key, timestamp) of every record sent
     deliveries = 0

@@ -36,6 +36,7 @@ from millwheel.runtime._spark_internals import (
     silence_loggers,
     source_log_files,
     task_batch_id,
+    task_query_id,
 )
 
 from ._chain import chain
@@ -116,6 +117,50 @@ def test_contract_task_batch_id(spark, tmp_path):
     q.awaitTermination(120)
     assert seen == [0, 0]  # each group's task saw the batch its sink was called for
     assert task_batch_id() is None  # not in a task
+
+
+def test_contract_task_query_id(spark, tmp_path):
+    """A task of a micro-batch's job knows its query (``task_query_id``): the id Spark keeps
+    in the checkpoint, the same after a restart on it and another on a new checkpoint — in
+    the stateful stage and in a ``foreachBatch`` function's own job (the Arrow mapping's
+    tasks), with the batch numbering going on across the restart (``runtime/_life.py``)."""
+    import pyarrow as pa
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    data = tmp_path / "in"
+    data.mkdir()
+    seen: list[tuple[str, str, int, int]] = []  # (query id, where, batch, task's batch)
+
+    def step(key, frames, state):
+        for _ in frames:
+            pass
+        yield pd.DataFrame({"q": [task_query_id()], "batch": [task_batch_id()]})
+
+    def own_job(batches):
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pydict({"q": [task_query_id()], "batch": [task_batch_id()]})
+
+    def sink(b, bid):
+        seen.extend((r.q, "stateful", bid, r.batch) for r in b.collect())
+        seen.extend((r.q, "foreachBatch", bid, r.batch) for r in b.mapInArrow(own_job, "q string, batch long").collect())
+
+    def run(checkpoint, file):
+        pd.DataFrame({"g": [1, 2]}).to_parquet(data / file)
+        df = spark.readStream.schema("g long").parquet(str(data))
+        out = df.groupBy("g").applyInPandasWithState(step, "q string, batch long", "n long", "append", GroupStateTimeout.NoTimeout)
+        q = out.writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / checkpoint)).trigger(availableNow=True).start()
+        q.awaitTermination(120)
+        return str(q.id)
+
+    first, again, other = run("cp", "a.parquet"), run("cp", "b.parquet"), run("cp2", "c.parquet")
+    assert first == again != other
+    assert {(q, where, bid) for q, where, bid, _ in seen} == {
+        (first, "stateful", 0), (first, "foreachBatch", 0), (first, "stateful", 1), (first, "foreachBatch", 1),
+        (other, "stateful", 0), (other, "foreachBatch", 0),
+    }  # fmt: skip
+    assert all(bid == batch for _, _, bid, batch in seen)
+    assert task_query_id() is None  # not in a task
 
 
 def test_contract_python_errors_reach_the_driver_as_text(spark):
