@@ -8,7 +8,9 @@ sink writer — says so on a *wait board*: one small JSON file per dependency an
 the run directory's ``waits/``, written on each failed attempt and removed once the
 dependency answers. The driver's live status reads the board (:func:`read_waits`) and
 shows each wait on the rows of the computations. An entry not refreshed for
-:data:`STALE_MS` is left by a process that died, and ignored.
+:data:`STALE_MS` is left by a process that died, and ignored. The board is a local
+directory: workers on other machines than the driver report on it only through a shared
+file system (their waits are not shown otherwise; they wait all the same).
 
 >>> import tempfile
 >>> d = tempfile.mkdtemp()
