@@ -10,8 +10,9 @@ interval, not per record), and keeps the production only if its commit succeeded
 * ``COMMITTED`` — this pipeline holds the id; the production goes out. A retry or a
   replayed batch commits the same id with the same token and succeeds again, so the
   replay still produces its output (the token is derived from the pipeline's identity,
-  the computation, the key and the production's id — its per-key sequence number — never
-  from wall time or randomness, see :func:`once_token`);
+  the computation, the key and the production's id — never reused within a pipeline
+  epoch, reproduced by a replay (``_identity.py``) — never from wall time or randomness,
+  see :func:`once_token`);
 * ``CONFLICT`` — another pipeline (another token) holds it: the production is dropped
   and counted (``once_conflicts``): the event was joined elsewhere;
 * ``TOO_OLD`` — the event is older than the registry's garbage-collection boundary
@@ -109,12 +110,15 @@ def once_token(pipeline: str, computation: str, key: Key | None, production: str
     """The token a pipeline commits a once-id with: the same on every replay, and only then.
 
     ``pipeline`` is the pipeline's identity, :func:`pipeline_id`: its name and the epoch of
-    its run directory; ``production`` the production's id, which comes from the key's
-    committed sequence number — a replay of a batch makes the same productions with the
-    same ids (same token: ``COMMITTED`` again), while the same event delivered again later
-    (a duplicate beyond the pipeline's dedup horizon, a click log shipped late) is a new
-    production (another token: ``CONFLICT``). So the registry, not a pipeline's in-memory
-    horizon, judges old events until its garbage-collection boundary (Photon §2.3).
+    its run directory; ``production`` the production's id, which is never reused within a
+    pipeline epoch and which a replay reproduces (``millwheel/_identity.py``: the key's
+    life, fixed by the batch of its first production, and its committed sequence number) —
+    a replay of a batch makes the same productions with the same ids (same token:
+    ``COMMITTED`` again), while the same event delivered again later (a duplicate beyond
+    the pipeline's dedup horizon, a click log shipped late, even after its key was
+    collected and forgotten) is a new production (another token: ``CONFLICT``). So the
+    registry, not a pipeline's in-memory horizon, judges old events until its
+    garbage-collection boundary (Photon §2.3).
 
     A token of an identity with an epoch names it in clear (``dc1#3f2a…:<hash>``), so
     verification tells from the registry alone which pipeline and epoch hold an id
