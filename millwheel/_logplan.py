@@ -287,7 +287,7 @@ def _read_into(p: FileProgress, full: str, end: int, opts: ReadOptions, at_end: 
         p.low = low
         p.oldest = low if p.oldest is None else min(p.oldest, low)
         # the disorder read, over first deliveries only (a copy read again is no late record)
-        newest, p.behind, p.early = measure(p, data, values, lo, hi, opts.ts_field, opts.id_field, full, others)
+        newest, p.behind, p.early = measure(p, data, values, opts.ts_field, opts.id_field, full, others)
         p.newest = max(values) if newest is None else max(newest, max(values))
     if at_end:
         # progress counts once the reader is at the file's end (a live file being tailed); a
