@@ -24,15 +24,22 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+import msgpack
+import numpy as np
 import pytest
 import xxhash
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from millwheel import MAX_TIMESTAMP, Record
-from millwheel._colstore import ColumnarStore
-from millwheel._envelope import Envelope
+from millwheel import MAX_TIMESTAMP, PickleCodec, Record
+from millwheel._colinput import InputColumns
+from millwheel._colstore import STORE_VERSION, ColumnarStore
+from millwheel._columnar import ColumnarRunner
+from millwheel._envelope import ENVELOPE_VERSION, Envelope
+from millwheel._identity import batch_life, production_id
 from millwheel._once import MemoryOnceRegistry
+from millwheel._record import encode_key
+from millwheel._step import StepRunner
 from millwheel.testing import Crash, Harness
 
 
@@ -139,3 +146,52 @@ def test_a_production_id_is_never_reused_and_a_replay_reproduces_it(identity_top
     assert h.metrics("Echo")["once_conflicts"] == 0
     seen = Counter(h.values("seen"))
     assert seen == Counter(set(ids_of)), "the consumer lost a production (or got one twice)"
+
+
+# ---- compatibility: envelopes and stores written before lives keep their numbering -------------
+def _legacy_id(computation: str, key: str, seq: int) -> str:
+    """A production id as millwheel wrote them before lives: the hash of (computation, key, seq)."""
+    return xxhash.xxh3_128_hexdigest(f"{computation}\x00{key!r}\x00{seq}".encode())
+
+
+def test_an_envelope_from_before_lives_keeps_its_numbering_until_its_key_is_forgotten(identity_topology):
+    spec = identity_topology(strong=False).computations["Echo"]  # as on Spark: productions in the outbox
+    runner = StepRunner(spec.instantiate(), name="Echo", outputs=spec.all_outputs, options=spec.options)
+    # as version 3 wrote it: key "k" made 5 productions, keeps a state and a timer
+    old = msgpack.packb([3, PickleCodec().encode("r4#5"), ["t", 1_050, 0], [], 5, None, None], use_bin_type=True)
+    res = runner.step("k", old, [Record("k", {"key": "k", "tag": "r5#6"}, 2_000, "r5")], low_watermark=1_000, now=0, life=batch_life("q", 9))
+    assert [p.record.id for p in res.productions] == [_legacy_id("Echo", "k", 5)]
+    env = Envelope.decode(res.envelope)
+    assert (env.seq, env.life) == (6, None) and msgpack.unpackb(res.envelope)[0] == 3  # still written as before
+    # the key forgotten (its timer fired, its ids collected): the next production starts a life
+    res = runner.step("k", res.envelope, [], low_watermark=10**9, now=0, life=batch_life("q", 10))
+    assert res.envelope is None and [p.record.id for p in res.productions] == [_legacy_id("Echo", "k", 6)]
+    res = runner.step("k", None, [Record("k", {"key": "k", "tag": "r5#7"}, 2_000, "r5")], low_watermark=10**9, now=0, life=batch_life("q", 11))
+    life = batch_life("q", 11)
+    assert [p.record.id for p in res.productions] == [production_id("Echo", "k", 0, life), production_id("Echo", "k", 1, life)]  # the record, its timer
+    assert not {p.record.id for p in res.productions} & {_legacy_id("Echo", "k", s) for s in range(7)}
+    assert Envelope.decode(res.envelope).life == batch_life("q", 11) and msgpack.unpackb(res.envelope)[0] == ENVELOPE_VERSION == 4
+
+
+def test_a_columnar_store_from_before_lives_keeps_its_keys_numbering(identity_topology):
+    spec = identity_topology(columnar=True, strong=False).computations["Echo"]
+    runner = ColumnarRunner(spec.instantiate(), name="Echo", outputs=spec.all_outputs, options=spec.options)
+    kb, held = encode_key("k"), encode_key("h")
+    # as version 2 wrote it: "k" made 4 productions, "h" none yet (it only holds the watermark)
+    wire = msgpack.unpackb(ColumnarStore(meta={kb: [4, None], held: [0, 1_000]}).encode(), raw=False)
+    wire[1] = 2
+    old = msgpack.packb(wire, use_bin_type=True)
+    recs = InputColumns(
+        [kb, held, encode_key("new")], ["r5", "h1", "n1"], np.array([2_000] * 3), ["in"] * 3,
+        [{"key": k, "tag": f"{k}#1"} for k in ("k", "h", "new")], encoded=False,
+    )  # fmt: skip
+    life = batch_life("q", 9)
+    res = runner.run(old, recs, low_watermark=1_000, now=0, life=life)
+    assert dict(zip(res.keys, res.ids, strict=True)) == {
+        "k": _legacy_id("Echo", "k", 4),  # numbered as before
+        "h": production_id("Echo", "h", 0, life),  # its first production: a life of its own
+        "new": production_id("Echo", "new", 0, life),
+    }
+    meta = ColumnarStore.decode(res.store).meta
+    assert meta[kb] == [5, None] and meta[held] == [1, 1_000, life] and meta[encode_key("new")] == [1, None, life]
+    assert msgpack.unpackb(res.store, raw=False)[1] == STORE_VERSION == 3
