@@ -344,7 +344,7 @@ def move_layout(change: Change, outbox: Outbox, spark: Any, say: Any, t0: float)
     layout, intervals = change.layout, change.intervals
     last, dropped = settle(outbox, root, computation, checkpoint, say)
     if spark is None and last >= 0:
-        from millwheel.runtime._rescale import command_session
+        from millwheel.runtime._session import command_session
 
         spark = command_session()  # quiet: its JVM's output goes to a file
     t_read = time.perf_counter()

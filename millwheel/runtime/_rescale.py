@@ -63,7 +63,7 @@ from millwheel.runtime._spark_internals import (
 )
 from millwheel.runtime._wire import RowKind, interval_groups
 
-__all__ = ["Target", "command_session", "move_rows", "move_state", "move_stores", "rescale", "settled", "target"]
+__all__ = ["Target", "move_rows", "move_state", "move_stores", "rescale", "settled", "target"]
 
 #: the hidden name a rescale's heartbeat file has until ``run.json`` names it
 _HIDDEN = HIDDEN_MOVE
@@ -128,19 +128,6 @@ def rescale(
         return move_state(tgt, offline_outbox(root, computation, tgt.checkpoint, lease), spark, say, t0)
     finally:
         epoch.mark(stopped=True)
-
-
-def command_session() -> Any:
-    """The local Spark session ``millwheel rescale`` reads and moves state with, as quiet as
-    ``millwheel run``: the JVM's standard error (its start-up warnings, its log, what the
-    Python workers print, e.g. the state reader's debug lines) goes to a file, not the terminal."""
-    import os
-    import tempfile
-
-    from millwheel.runtime._session import spark_session
-
-    jvm_log = os.path.join(tempfile.gettempdir(), f"millwheel-rescale-{os.getuid()}.log")
-    return spark_session("local[2]", app_name="millwheel-rescale", jvm_log=jvm_log)
 
 
 def target(root: Location, computation: str, intervals: int) -> Target:
@@ -242,6 +229,8 @@ def move_state(tgt: Target, outbox: Outbox, spark: Any, say: Any, t0: float) -> 
 
     # 3. the state at the last committed batch, by old group
     if spark is None:
+        from millwheel.runtime._session import command_session
+
         spark = command_session()
     t_read = time.perf_counter()
     try:

@@ -432,3 +432,11 @@ def wait_for_jobs(spark: Any, run_id: str | None, timeout_s: float = 60.0) -> No
         if not busy:
             return
         time.sleep(0.05)
+
+
+def command_session() -> Any:
+    """The local Spark session ``millwheel rescale`` reads and moves state with, as quiet as
+    ``millwheel run``: the JVM's standard error (its start-up warnings, its log, what the
+    Python workers print, e.g. the state reader's debug lines) goes to a file, not the terminal."""
+    jvm_log = os.path.join(tempfile.gettempdir(), f"millwheel-rescale-{os.getuid()}.log")
+    return spark_session("local[2]", app_name="millwheel-rescale", jvm_log=jvm_log)
