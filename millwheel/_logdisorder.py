@@ -47,11 +47,11 @@ def measure(
     numpy; only those looked up by id are located in ``data`` (the plan's scan costs about
     as much as it did before the measure left copies out: ``bench/logfile_plan_bench.py``).
     """
-    newest = p.newest if p.newest is not None else (values[0] if values else None)
     if not values:
-        return newest, p.behind, p.early if p.time is None else (p.early or 0)
+        return p.newest, p.behind, p.early if p.time is None else (p.early or 0)
+    newest: int = values[0] if p.newest is None else p.newest
     v = np.asarray(values, dtype=np.int64)
-    before = np.maximum.accumulate(np.concatenate(([newest], v[:-1])))  # the newest before each record
+    before = np.maximum.accumulate(np.concatenate((np.array([newest], np.int64), v[:-1])))  # the newest before each record
     d_behind = np.maximum(before - v, 0)
     d_early = np.maximum(p.time - v, 0) if p.time is not None else np.zeros(len(v), np.int64)
     newest = max(newest, int(v.max()))

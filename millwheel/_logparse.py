@@ -188,7 +188,7 @@ def parse_chunk(
             record = Record(None, value, ts, rid, stream)
             if lo <= ts <= hi:
                 records.append(record)
-                positional += value.get(id_field) is None  # type: ignore[union-attr] - a dict: it has a timestamp
+                positional += isinstance(value, dict) and value.get(id_field) is None  # a dict: it has a timestamp
             else:
                 why = implausible_reason(ts, ts_field, lo, hi)
                 dead.append(implausible_line(injector, stream, file, offset, why, line, record, file_time))
