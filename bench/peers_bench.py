@@ -94,7 +94,7 @@ VARIANTS: dict[str, Variant] = {
     ),  # fmt: skip
 }
 DEFAULT = "spark_native,spark_native_dedup,mw_col_strong,mw_strong,flink_table,bytewax,bytewax_recovery"
-DEFAULT_SMALL = "spark_native,mw_col_strong,mw_strong,flink_kpf,flink_kpf_dedup"
+DEFAULT_SMALL = "spark_native,mw_strong,flink_kpf,flink_kpf_dedup"
 
 
 def csv_copy(files: Path) -> Path:
@@ -158,6 +158,9 @@ def run_one(name: str, args: argparse.Namespace, files: Path, expected: Counter,
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             stdout, _ = proc.communicate()
+        except BaseException:  # the bench interrupted or terminated: not its run either
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
         f.write(stdout)
     exited = time.time()
     done = [float(line.split()[1]) for line in stdout.splitlines() if line.startswith("PEERS_DONE ")]
@@ -191,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="results file (default bench/results/peers_<date>.json)")
     p.add_argument("--work", default=str(ROOT / ".millwheel" / "bench"))
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that a run in progress is ended too
 
     plan = [(v, args.records) for v in args.variants.split(",") if v] + [(v, args.small_records) for v in args.small_variants.split(",") if v]
     unknown = sorted({v for v, _ in plan} - set(VARIANTS))

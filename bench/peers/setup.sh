@@ -19,12 +19,14 @@ if [[ ! -x $VENV/bin/python ]]; then
     "$PY" -m venv "$VENV"
     "$VENV/bin/python" -m pip install -q --upgrade pip
 fi
-have() { "$VENV/bin/python" -m pip show "$1" 2>/dev/null | grep -qx "Version: $2"; }
+# (not grep -q: it would stop reading, pip would die of SIGPIPE and pipefail fail the test)
+have() { "$VENV/bin/python" -m pip show "$1" 2>/dev/null | grep -x "Version: $2" >/dev/null; }
 want=()
 have apache-flink "$FLINK" || want+=("apache-flink==$FLINK")
 have bytewax "$BYTEWAX" || want+=("bytewax==$BYTEWAX")
 if [[ ${#want[@]} -gt 0 ]]; then
     echo "peers setup: installing ${want[*]} into $VENV"
-    "$VENV/bin/python" -m pip install -q "${want[@]}"
+    # (pip's complaints about index locations it cannot read are dropped; its errors are not)
+    "$VENV/bin/python" -m pip install -q "${want[@]}" 2> >(grep -v "is ignored: it is neither" >&2)
 fi
 echo "peers setup: ready ($("$VENV/bin/python" --version), apache-flink $FLINK, bytewax $BYTEWAX)"
