@@ -76,23 +76,12 @@ def topology(d, cls: type) -> Topology:
     return t
 
 
-def _records(records, ids: bool = True) -> Counter:
-    """Productions by id, timestamp and value; ``ids=False``: a Spark run's against the harness's,
-    whose ids are each run's own (a key's life is named by the batch, or round, that started
-    it: ``millwheel/_identity.py``), checked unique in the run instead."""
-    records = list(records)
-    if ids:
-        return Counter((r.id, r.timestamp, json.dumps(r.value, sort_keys=True)) for r in records)
-    assert len({r.id for r in records}) == len(records), "a production id given twice"
-    return Counter((r.timestamp, json.dumps(r.value, sort_keys=True)) for r in records)
-
-
 def _dead(records) -> Counter:
     return Counter((r.id, r.value.stage, r.value.reason) for r in records)
 
 
 @pytest.mark.timeout(900)
-def test_windowed_aggregate_is_the_same_on_every_path_and_the_pandas_answer(tmp_path, spark):
+def test_windowed_aggregate_is_the_same_on_every_path_and_the_pandas_answer(tmp_path, spark, productions):
     kept = write_logs(tmp_path / "logs")
     per_record = Harness(topology(tmp_path / "logs", WindowAggregate), raise_errors=False)
     per_record.run_sources()
@@ -100,10 +89,10 @@ def test_windowed_aggregate_is_the_same_on_every_path_and_the_pandas_answer(tmp_
     columnar.run_sources()
     rt = SparkRuntime(topology(tmp_path / "logs", ColumnarWindowAggregate), str(tmp_path / "run"), RuntimeSettings(drain=True, intervals=4), spark=spark)
     rt.run(timeout_s=800)
-    expected = _records(per_record.output("window_aggregates"))
+    expected = productions(per_record.output("window_aggregates"))
     assert sum(expected.values()) > 100
-    assert _records(columnar.output("window_aggregates")) == expected
-    assert _records(rt.output("window_aggregates"), ids=False) == _records(per_record.output("window_aggregates"), ids=False)
+    assert productions(columnar.output("window_aggregates")) == expected
+    assert productions(rt.output("window_aggregates"), ids=False) == productions(per_record.output("window_aggregates"), ids=False)
     dead = _dead(per_record.dead_letters())
     assert dead == _dead(columnar.dead_letters()) == _dead(rt.dead_letters())
     assert Counter(s for _, s, _ in dead.elements()) == {Stage.MALFORMED: 1, Stage.PROCESS_RECORD: 1}

@@ -89,17 +89,6 @@ def topology(d, cls: type, name: str = "Counter", mapping: str = "default") -> T
     return t
 
 
-def _records(records, ids: bool = True) -> Counter:
-    """Productions by id, timestamp and value; ``ids=False``: a Spark run's against the harness's,
-    whose ids are each run's own (a key's life is named by the batch, or round, that started
-    it: ``millwheel/_identity.py``), checked unique in the run instead."""
-    records = list(records)
-    if ids:
-        return Counter((r.id, r.timestamp, json.dumps(r.value, sort_keys=True)) for r in records)
-    assert len({r.id for r in records}) == len(records), "a production id given twice"
-    return Counter((r.timestamp, json.dumps(r.value, sort_keys=True)) for r in records)
-
-
 def _dead(records) -> Counter:
     return Counter((r.id, r.timestamp, r.value.stage, r.value.reason, r.value.file, r.value.offset) for r in records)
 
@@ -127,12 +116,12 @@ def runs(request, tmp_path_factory, spark):
     return per_record, columnar, rt, answer
 
 
-def test_same_productions_everywhere(runs):
+def test_same_productions_everywhere(runs, productions):
     per_record, columnar, rt, _ = runs
-    expected = _records(per_record.output("window_counts"))
+    expected = productions(per_record.output("window_counts"))
     assert sum(expected.values()) > 100
-    assert _records(columnar.output("window_counts")) == expected
-    assert _records(rt.output("window_counts"), ids=False) == _records(per_record.output("window_counts"), ids=False)
+    assert productions(columnar.output("window_counts")) == expected
+    assert productions(rt.output("window_counts"), ids=False) == productions(per_record.output("window_counts"), ids=False)
 
 
 def test_counts_are_the_plain_batch_answer(runs):
@@ -179,7 +168,7 @@ class Picky(ColumnarComputation):
 
 
 @pytest.mark.parametrize("mapping", MAPPINGS)
-def test_a_failing_record_is_dead_lettered_on_spark_as_in_the_harness(tmp_path, spark, mapping):
+def test_a_failing_record_is_dead_lettered_on_spark_as_in_the_harness(tmp_path, spark, mapping, productions):
     """A call that raises falls back per key, then per record: only the failing record is
     dead-lettered (with the per-record path's id), the key keeps its other records."""
     recs = [Record(None, {"user": f"u{i % 3}", "boom": i == 4}, T0 + i, f"r{i}") for i in range(12)]
@@ -196,7 +185,7 @@ def test_a_failing_record_is_dead_lettered_on_spark_as_in_the_harness(tmp_path, 
     h.run_sources()
     rt = SparkRuntime(topo(), str(tmp_path / "run"), RuntimeSettings(drain=True, intervals=2), spark=spark)
     rt.run(timeout_s=600)
-    assert _records(rt.output("totals"), ids=False) == _records(h.output("totals"), ids=False)
+    assert productions(rt.output("totals"), ids=False) == productions(h.output("totals"), ids=False)
     assert sorted((v["user"], v["n"]) for v in rt.values("totals")) == [("u0", 4), ("u1", 3), ("u2", 4)]
     dead = [(d.id, d.value.stage, d.value.record.id, d.value.reason) for d in rt.dead_letters()]
     assert dead == [(d.id, d.value.stage, d.value.record.id, d.value.reason) for d in h.dead_letters()]
