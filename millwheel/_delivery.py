@@ -56,6 +56,7 @@ from millwheel._record import (
     Record,
     key_problem,
     short_repr,
+    utf8_text,
 )
 
 if TYPE_CHECKING:
@@ -73,12 +74,16 @@ def record_problem(record: Any) -> str | None:
     True
     >>> record_problem(Record(None, 1, "1000", "a"))
     "timestamp must be an int (ms since the epoch), got str '1000'"
+    >>> record_problem(Record(None, 1, 1_000, "a\\ud800"))
+    "id 'a\\\\ud800' holds a lone surrogate: it has no UTF-8 form to deduplicate and store it by"
     """
     if not isinstance(record, Record):
         return f"expected a millwheel Record, got {type(record).__name__}"
     rid = record.id
     if type(rid) is not str or not rid:
         return f"id must be a non-empty str (exactly-once deduplicates on it), got {type(rid).__name__} {short_repr(rid)}"
+    if not utf8_text(rid):
+        return f"id {short_repr(rid)} holds a lone surrogate: it has no UTF-8 form to deduplicate and store it by"
     ts = record.timestamp
     if type(ts) is not int:
         return f"timestamp must be an int (ms since the epoch), got {type(ts).__name__} {short_repr(ts)}"

@@ -72,7 +72,7 @@ def test_an_unstorable_value_fails_its_record_only(bad):
     ("ts", "rid", "why"),
     [(None, "x", "timestamp must be an int"), ("12", "x", "timestamp must be an int"), (1.5, "x", "timestamp must be an int"),
      (2**64, "x", "64-bit"), (1, 7, "id must be a non-empty str"), (1, None, "id must be a non-empty str"),
-     (1, b"x", "id must be a non-empty str"), (1, "", "id must be a non-empty str")],
+     (1, b"x", "id must be a non-empty str"), (1, "", "id must be a non-empty str"), (1, "x\ud800", "lone surrogate")],
 )
 def test_bad_ids_and_timestamps_are_dead_lettered_at_inject(ts, rid, why):
     h = _harness()
