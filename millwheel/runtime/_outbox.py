@@ -11,10 +11,11 @@ The driver *publishes* a batch — renames its files into the stream logs and ap
 summaries — only once ``commits/<batch id>`` exists. If the driver dies before the commit,
 Spark re-runs the batch from the same offsets, the same watermark and the same starting
 state; the re-run overwrites the outbox (``mode("overwrite")``) and only that version is
-ever published. Record ids are derived from the committed per-key sequence number, so a
-version published before a crash and re-published after it (a crash in the middle of
-publishing) carries the same ids, and consumers drop the re-delivery (§6.1.1); file names
-are deterministic, so a file is never published twice.
+ever published. Record ids are derived from the committed per-key sequence number and the
+key's life (the batch that started it, ``millwheel/_identity.py``), so a version published
+before a crash and re-published after it (a crash in the middle of publishing) carries the
+same ids, and consumers drop the re-delivery (§6.1.1); file names are deterministic, so a
+file is never published twice.
 
 Weak productions (§6.1.3) are renamed into the stream logs right in the sink, before the
 commit, under a per-attempt name: a replay may publish a second version, which is the
