@@ -140,8 +140,8 @@ def test_a_registry_outage_in_the_middle_of_a_run_is_waited_out_and_loses_nothin
     import threading
 
     from id_registry.client import start_registry
-    from millwheel.waits import read_waits
     from millwheel.runtime import RuntimeSettings
+    from millwheel.waits import read_waits
 
     data_dir = str(tmp_path / "registry")
     svc = start_registry(data_dir)
