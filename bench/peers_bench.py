@@ -76,7 +76,7 @@ class Variant:
 
 _SPARK_RECOVERY = "exactly-once: offsets and state checkpointed every micro-batch; a micro-batch's output is rewritten whole on replay"
 _MW_RECOVERY = "exactly-once + strong productions: state, ids and productions checkpointed before they are delivered"
-_FLINK_RECOVERY = "exactly-once state (aligned checkpoints, every --checkpoint-s); the collected results are handed over once a checkpoint covers them"
+_FLINK_RECOVERY = "exactly-once state (aligned checkpoints, every --checkpoint-s); the sink's files committed by the checkpoints"
 VARIANTS: dict[str, Variant] = {
     "spark_native": Variant("Spark 4 Structured Streaming, groupBy(window).count()", "spark", "spark_native", "no", _SPARK_RECOVERY, "none (built-in operator)"),
     "spark_native_dedup": Variant("the same after dropDuplicatesWithinWatermark(id)", "spark", "spark_native_dedup", "yes, within the watermark", _SPARK_RECOVERY, "none (built-in operators)"),
