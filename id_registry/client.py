@@ -69,6 +69,7 @@ from id_registry._model import (
 from id_registry._worker import RegistryWorker
 from servicekit import Secret, service
 from servicekit import client as _client
+from servicekit.client import backoff_delay
 from servicekit.service import DEFAULT_MAX_BODY_BYTES, ServiceInfo, ServiceProcess
 
 T = TypeVar("T")
@@ -405,7 +406,7 @@ class HttpRegistryClient(_client.JsonHttpClient, RegistryClient):
                     raise RegistryUnavailableError(msg) from exc
                 if self.on_wait is not None:
                     self.on_wait(outage)
-                delay = min(self.max_backoff, self.backoff * 2 ** min(outage.attempts, 30)) * (0.5 + self._random.random() / 2)
+                delay = backoff_delay(self.backoff, outage.attempts, self.max_backoff, self._random)
                 time.sleep(min(delay, max(0.0, self.patience - waited)))
                 continue
             if outage is not None and self.on_wait is not None:

@@ -51,6 +51,19 @@ from servicekit.secret import Secret, load_secret
 from servicekit.service import ServiceInfo, ServiceProcess
 
 
+def backoff_delay(first: float, doublings: int, cap: float, rng: Any) -> float:
+    """A capped exponential backoff's next wait, jittered: ``first`` doubled ``doublings``
+    times, at most ``cap`` seconds, then scaled by a random factor in [0.5, 1) from ``rng``
+    (a ``random.Random``) so that callers that failed together do not retry together.
+
+    >>> class Top:
+    ...     def random(self): return 1.0
+    >>> backoff_delay(0.5, 0, 30.0, Top()), backoff_delay(0.5, 3, 30.0, Top()), backoff_delay(0.5, 99, 30.0, Top())
+    (0.5, 4.0, 30.0)
+    """
+    return min(cap, first * 2 ** min(doublings, 60)) * (0.5 + rng.random() / 2)
+
+
 def client_secret(
     secret: str | Secret | None,
     info: ServiceInfo,
@@ -212,7 +225,7 @@ class JsonHttpClient:
             failures += 1
             if failures > self.retries:
                 break
-            time.sleep(min(2.0, self.backoff * 2 ** (failures - 1)) * (0.5 + self._random.random() / 2))
+            time.sleep(backoff_delay(self.backoff, failures - 1, 2.0, self._random))
         where = f"{method} {path}: {self.info.the} at {self.url}"
         if answered:
             msg = f"{where} is running but failed {answered} of {failures} attempts (last: {last}); see the service's log"

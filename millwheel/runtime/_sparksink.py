@@ -36,6 +36,7 @@ from millwheel._waits import WAITS, WaitBoard
 from millwheel.runtime._fs import Location
 from millwheel.runtime._sinks import ROW_SCHEMA, _flat, row_of
 from millwheel.runtime._streams import FileStreamLog, read_log, table_records
+from servicekit.client import backoff_delay
 
 #: the first wait after a writer failed, and the longest (seconds): doubling, jittered, in between
 FIRST_BACKOFF_S = 0.5
@@ -190,7 +191,7 @@ class SparkSinkWriter:
             if self.board is not None:
                 self.board.done(self.where)
             raise MillwheelError(msg) from exc
-        delay = min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2 ** min(self.failures - 1, 20)) * (0.5 + self._random.random() / 2)
+        delay = backoff_delay(FIRST_BACKOFF_S, self.failures - 1, MAX_BACKOFF_S, self._random)
         self._next_try = now + delay
         if self.board is not None:
             self.board.waiting(self.where, since_ms=self._failing_since_ms, attempts=self.failures, last_error=last)
