@@ -19,17 +19,27 @@ SLOW_ENV = "MILLWHEEL_SLOW"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--slow", action="store_true", help="also run the tests marked slow (long soaks, crash loops)")
+    parser.addoption(
+        "--slow",
+        action="store_true",
+        help="also run the tests marked slow (long soaks, crash loops)",
+    )
 
 
 def slow_wanted(config: pytest.Config) -> bool:
     """Whether this session runs ``slow`` tests: ``--slow``, ``MILLWHEEL_SLOW=1``, or ``-m`` naming them."""
-    return bool(config.getoption("--slow")) or os.environ.get(SLOW_ENV, "") not in ("", "0") or "slow" in (config.getoption("markexpr") or "")
+    return (
+        bool(config.getoption("--slow"))
+        or os.environ.get(SLOW_ENV, "") not in ("", "0")
+        or "slow" in (config.getoption("markexpr") or "")
+    )
 
 
 def _needs_etcd(item: pytest.Item) -> bool:
     callspec = getattr(item, "callspec", None)
-    return "etcd_cluster" in getattr(item, "fixturenames", ()) or (callspec is not None and callspec.params.get("store") == "etcd")
+    return "etcd_cluster" in getattr(item, "fixturenames", ()) or (
+        callspec is not None and callspec.params.get("store") == "etcd"
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: the marks added here count

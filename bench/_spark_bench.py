@@ -68,7 +68,14 @@ def in_repo(text: str) -> str:
 
 def write_results(path: Path, results: dict[str, Any]) -> None:
     """``results`` with the machine and its load, as JSON at ``path``."""
-    results = {"machine": {"python": platform.python_version(), "cores": os.cpu_count(), "load_avg_at_end": os.getloadavg()}, **results}
+    results = {
+        "machine": {
+            "python": platform.python_version(),
+            "cores": os.cpu_count(),
+            "load_avg_at_end": os.getloadavg(),
+        },
+        **results,
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(in_repo(json.dumps(results, indent=2, default=str)) + "\n")
     print(f"written to {path}")

@@ -64,7 +64,16 @@ def percentiles_ms(samples: list[float]) -> dict[str, Any]:
 class ReportStream:
     """``clients`` threads sending ``report_batch`` calls of ``batch`` reports until stopped."""
 
-    def __init__(self, svc: Any, computation: str, names: list[str], tokens: dict[str, int], *, batch: int, clients: int) -> None:
+    def __init__(
+        self,
+        svc: Any,
+        computation: str,
+        names: list[str],
+        tokens: dict[str, int],
+        *,
+        batch: int,
+        clients: int,
+    ) -> None:
         self.svc, self.computation, self.names, self.tokens = svc, computation, names, tokens
         self.batch, self.clients = batch, clients
         self.stop = threading.Event()
@@ -127,10 +136,24 @@ def time_calls(fn: Any, n: int) -> dict[str, Any]:
         fn()
         samples.append(time.perf_counter() - t0)
     samples.sort()
-    return {"calls": n, "us_p50": round(samples[n // 2] * 1e6, 1), "us_p99": round(samples[int(n * 0.99)] * 1e6, 1), "us_mean": round(statistics.fmean(samples) * 1e6, 1)}
+    return {
+        "calls": n,
+        "us_p50": round(samples[n // 2] * 1e6, 1),
+        "us_p99": round(samples[int(n * 0.99)] * 1e6, 1),
+        "us_mean": round(statistics.fmean(samples) * 1e6, 1),
+    }
 
 
-def reads_under_load(svc: Any, computation: str, names: list[str], tokens: dict[str, int], *, seconds: float, batch: int, clients: int) -> dict[str, Any]:
+def reads_under_load(
+    svc: Any,
+    computation: str,
+    names: list[str],
+    tokens: dict[str, int],
+    *,
+    seconds: float,
+    batch: int,
+    clients: int,
+) -> dict[str, Any]:
     """Watermark read latency over HTTP, idle and while ``clients`` threads stream report batches.
 
     The reader polls every 5 ms (a consumer refreshing its input low watermark), so the
@@ -152,7 +175,11 @@ def reads_under_load(svc: Any, computation: str, names: list[str], tokens: dict[
                 reader.watermark(computation)
                 loaded.append(time.perf_counter() - t0)
                 time.sleep(0.005)
-    return {"idle": percentiles_ms(idle), "under_load": percentiles_ms(loaded), "stream": stream.summary()}
+    return {
+        "idle": percentiles_ms(idle),
+        "under_load": percentiles_ms(loaded),
+        "stream": stream.summary(),
+    }
 
 
 def core_only(n: int, seconds: float, batch: int) -> dict[str, Any]:
@@ -179,12 +206,20 @@ def core_only(n: int, seconds: float, batch: int) -> dict[str, Any]:
 
         pct = time_calls(pct_after_change, 20)
         a.close()
-    return {"reports_per_s": round(count / elapsed), "watermark_read": read, "percentile_read_after_change": pct}
+    return {
+        "reports_per_s": round(count / elapsed),
+        "watermark_read": read,
+        "percentile_read_after_change": pct,
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
         "settings": {"seconds": args.seconds, "batch": args.batch, "clients": args.clients},
         "runs": {},
     }
@@ -199,13 +234,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for i in range(0, n, 10_000):
                 tokens.update(wm.acquire_many(comp, names[i : i + 10_000]))
             acquire_s = time.perf_counter() - t0
-            with ReportStream(svc, comp, names, tokens, batch=args.batch, clients=args.clients) as batched_stream:
+            with ReportStream(
+                svc, comp, names, tokens, batch=args.batch, clients=args.clients
+            ) as batched_stream:
                 time.sleep(args.seconds)
             batched = batched_stream.summary()
             with ReportStream(svc, comp, names, tokens, batch=1, clients=1) as single_stream:
                 time.sleep(min(3.0, args.seconds))
             single = single_stream.summary()
-            reads = reads_under_load(svc, comp, names, tokens, seconds=min(5.0, args.seconds), batch=args.batch, clients=args.clients)
+            reads = reads_under_load(
+                svc,
+                comp,
+                names,
+                tokens,
+                seconds=min(5.0, args.seconds),
+                batch=args.batch,
+                clients=args.clients,
+            )
             http_read = time_calls(lambda comp=comp, wm=wm: wm.watermark(comp), 500)
             http_pct = time_calls(lambda comp=comp, wm=wm: wm.percentile_watermark(comp, 99), 50)
             core = core_only(n, min(3.0, args.seconds), args.batch)
@@ -229,16 +274,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 flush=True,
             )
             wm.close()
-    results["machine"]["load_average_1min_at_end"] = round(os.getloadavg()[0], 2)  # other work on a shared machine
+    results["machine"]["load_average_1min_at_end"] = round(
+        os.getloadavg()[0], 2
+    )  # other work on a shared machine
     return results
 
 
 def markdown(results: dict[str, Any], baseline: dict[str, Any] | None = None) -> str:
     s = results["settings"]
     m = results["machine"]
-    auth = "with the bearer secret checked on every write" if s.get("authentication") else "without authentication"
+    auth = (
+        "with the bearer secret checked on every write"
+        if s.get("authentication")
+        else "without authentication"
+    )
     load = m.get("load_average_1min_at_end")
-    busy = f" (load average {load} at the end of the run: other jobs shared the machine)" if load is not None else ""
+    busy = (
+        f" (load average {load} at the end of the run: other jobs shared the machine)"
+        if load is not None
+        else ""
+    )
     lines = [
         "## Performance",
         "",
@@ -260,8 +315,14 @@ def markdown(results: dict[str, Any], baseline: dict[str, Any] | None = None) ->
             f"| {c['reports_per_s']:,} |"
         )
     if baseline is not None:
-        rates = ", ".join(f"{r['batched']['reports_per_s']:,} at {r['intervals']:,}" for r in baseline["runs"].values())
-        lines += ["", f"The same bench on {baseline.get('commit', 'the older tree')} (no authentication, everything on the event loop), run just before: {rates} key intervals, batched reports/s."]
+        rates = ", ".join(
+            f"{r['batched']['reports_per_s']:,} at {r['intervals']:,}"
+            for r in baseline["runs"].values()
+        )
+        lines += [
+            "",
+            f"The same bench on {baseline.get('commit', 'the older tree')} (no authentication, everything on the event loop), run just before: {rates} key intervals, batched reports/s.",
+        ]
     lines += [
         "",
         "**A read under a stream of writes.** A reader polls the watermark every 5 ms while the",
@@ -270,7 +331,11 @@ def markdown(results: dict[str, Any], baseline: dict[str, Any] | None = None) ->
         "| key intervals | version | read idle, p50 / p99 | read under load, p50 / p99 / max | reports/s meanwhile |",
         "|---:|---|---:|---:|---:|",
     ]
-    before = "before" if baseline is None else f"before ({baseline.get('commit', 'an older tree')}: reads on the loop behind writes)"
+    before = (
+        "before"
+        if baseline is None
+        else f"before ({baseline.get('commit', 'an older tree')}: reads on the loop behind writes)"
+    )
     for label, res in ((before, baseline), ("now (snapshot reads, writer thread)", results)):
         if res is None:
             continue
@@ -288,7 +353,7 @@ def markdown(results: dict[str, Any], baseline: dict[str, Any] | None = None) ->
         "Target: ≥ 20k reports/s at 10k key intervals. A watermark read is O(1) in the number of",
         "key intervals (a heap with lazy deletion in the core; a snapshot dictionary in the",
         "service), so 100k intervals cost about what 10k do, which is the property MillWheel",
-        "reports at 500k (\"with no loss in performance\"). What limits the rate is per-report",
+        'reports at 500k ("with no loss in performance"). What limits the rate is per-report',
         "Python work (JSON decoding, token check, journal encoding), not the interval count; one",
         "report per HTTP call is bounded by the round trip, which is why the runtime reports all",
         "its key intervals of a micro-batch in one `report_batch`; a single report pays the hop to the",
@@ -308,7 +373,9 @@ def markdown(results: dict[str, Any], baseline: dict[str, Any] | None = None) ->
     ]
     for r in results["runs"].values():
         c = r["core"]["percentile_read_after_change"]
-        lines.append(f"{c['us_p50'] / 1000:.1f} ms at {r['intervals']:,} key intervals (core, p50); acquiring all {r['intervals']:,} over HTTP took {r['acquire_all_s']} s.")
+        lines.append(
+            f"{c['us_p50'] / 1000:.1f} ms at {r['intervals']:,} key intervals (core, p50); acquiring all {r['intervals']:,} over HTTP took {r['acquire_all_s']} s."
+        )
     lines += [
         "The dashboard asks for one 99% watermark per computation per second.",
         "",
@@ -330,15 +397,34 @@ def update_docs(section: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--intervals", type=int, nargs="+", default=[10_000, 100_000])
-    p.add_argument("--seconds", type=float, default=10.0, help="seconds of sustained reports per interval count")
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=10.0,
+        help="seconds of sustained reports per interval count",
+    )
     p.add_argument("--batch", type=int, default=1_000, help="reports per report_batch call")
     p.add_argument("--clients", type=int, default=2, help="client threads sending reports")
     p.add_argument("--results", default=str(RESULTS))
-    p.add_argument("--baseline", default=str(BASELINE), help="an earlier run shown beside this one in the docs")
-    p.add_argument("--update-docs", action="store_true", help="replace the Performance section of docs/authority.md")
-    p.add_argument("--docs-only", action="store_true", help="do not measure: rewrite the docs section from --results")
+    p.add_argument(
+        "--baseline", default=str(BASELINE), help="an earlier run shown beside this one in the docs"
+    )
+    p.add_argument(
+        "--update-docs",
+        action="store_true",
+        help="replace the Performance section of docs/authority.md",
+    )
+    p.add_argument(
+        "--docs-only",
+        action="store_true",
+        help="do not measure: rewrite the docs section from --results",
+    )
     args = p.parse_args(argv)
-    baseline = json.loads(Path(args.baseline).read_text(encoding="utf-8")) if Path(args.baseline).exists() else None
+    baseline = (
+        json.loads(Path(args.baseline).read_text(encoding="utf-8"))
+        if Path(args.baseline).exists()
+        else None
+    )
     if args.docs_only:
         update_docs(markdown(json.loads(Path(args.results).read_text(encoding="utf-8")), baseline))
         print(f"updated the Performance section of {DOCS} from {args.results}")

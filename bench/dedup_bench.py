@@ -88,9 +88,22 @@ def bench_bloom(n: int, reps: int) -> dict:
         for p in probes:
             p in s  # noqa: B015
 
-    rates = median_rate(n, {"bloom_add": bloom_add, "set_add": set_add, "bloom_check": bloom_check, "set_check": set_check}, reps)
+    rates = median_rate(
+        n,
+        {
+            "bloom_add": bloom_add,
+            "set_add": set_add,
+            "bloom_check": bloom_check,
+            "set_check": set_check,
+        },
+        reps,
+    )
     fp = sum(fingerprint(p) in bloom for p in probes) / n
-    return {**{f"{k}_per_s": round(v) for k, v in rates.items()}, "bloom_bytes_per_id": round(len(bloom.to_bytes()) / n, 2), "measured_fpr": round(fp, 4)}
+    return {
+        **{f"{k}_per_s": round(v) for k, v in rates.items()},
+        "bloom_bytes_per_id": round(len(bloom.to_bytes()) / n, 2),
+        "measured_fpr": round(fp, 4),
+    }
 
 
 def bench_fast_path(n: int, reps: int) -> dict:
@@ -111,15 +124,27 @@ def bench_fast_path(n: int, reps: int) -> dict:
             p in fresh._exact_ids()  # noqa: B015  # what a check costs without the filter
 
     rates = median_rate(len(probes), {"bloom": bloom_path, "exact": exact_path}, reps)
-    return {"retained_ids": n, "first_check_per_s_bloom": round(rates["bloom"]), "first_check_per_s_exact": round(rates["exact"]), "speedup": round(rates["bloom"] / rates["exact"], 1)}
+    return {
+        "retained_ids": n,
+        "first_check_per_s_bloom": round(rates["bloom"]),
+        "first_check_per_s_exact": round(rates["exact"]),
+        "speedup": round(rates["bloom"] / rates["exact"], 1),
+    }
 
 
 def bench_step(n: int, reps: int) -> dict:
     strong = ComputationOptions()
     weak = ComputationOptions(exactly_once=False, strong_productions=False)
     out: dict[str, float] = {}
-    for shape, per_step in (("hot_keys_1000_per_step", 1000), ("warm_keys_100_per_step", 100), ("cold_keys_1_per_step", 1)):
-        batches = [[Record(f"k{b % 50}", None, 1_000 + i, f"{b}-{i}") for i in range(per_step)] for b in range(n // per_step)]
+    for shape, per_step in (
+        ("hot_keys_1000_per_step", 1000),
+        ("warm_keys_100_per_step", 100),
+        ("cold_keys_1_per_step", 1),
+    ):
+        batches = [
+            [Record(f"k{b % 50}", None, 1_000 + i, f"{b}-{i}") for i in range(per_step)]
+            for b in range(n // per_step)
+        ]
 
         def run(options, batches=batches):
             runner = StepRunner(Count(), name="Count", outputs=[], options=options)
@@ -128,23 +153,36 @@ def bench_step(n: int, reps: int) -> dict:
                 key = batch[0].key
                 envs[key] = runner.step(key, envs.get(key), batch, low_watermark=0, now=0).envelope
 
-        rates = median_rate(n, {"exactly_once_strong": lambda: run(strong), "no_dedup_weak": lambda: run(weak)}, reps)
+        rates = median_rate(
+            n,
+            {"exactly_once_strong": lambda: run(strong), "no_dedup_weak": lambda: run(weak)},
+            reps,
+        )
         for k, v in rates.items():
             out[f"{shape}.{k}_records_per_s"] = round(v)
-        out[f"{shape}.cost_ratio_exactly_once_vs_none"] = round(rates["no_dedup_weak"] / rates["exactly_once_strong"], 2)
+        out[f"{shape}.cost_ratio_exactly_once_vs_none"] = round(
+            rates["no_dedup_weak"] / rates["exactly_once_strong"], 2
+        )
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="results file (default bench/results/dedup.json)")
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS, help="results file (default bench/results/dedup.json)"
+    )
     args = parser.parse_args()
     n, reps = (20_000, 3) if args.quick else (200_000, 5)
     results = {
-        "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine()},
+        "machine": {
+            "python": platform.python_version(),
+            "processor": platform.processor() or platform.machine(),
+        },
         "bloom_vs_set": bench_bloom(n, reps),
-        "first_check_on_a_key_with_100k_ids": bench_fast_path(100_000 if not args.quick else 10_000, reps),
+        "first_check_on_a_key_with_100k_ids": bench_fast_path(
+            100_000 if not args.quick else 10_000, reps
+        ),
         "step": bench_step(n // 4, reps),
     }
     print(json.dumps(results, indent=2))

@@ -61,7 +61,9 @@ def make_data(d: Path, records: int, keys: int, files: int) -> dict[str, Path]:
     span = 100_000
     keyers = {
         "pickled": Keyer({"events": [("Agg", _query)]}, 16),
-        "fields": Keyer({"events": [("Agg", _query)]}, 16, fields={"events": StreamFields.of(FIELDS)}),
+        "fields": Keyer(
+            {"events": [("Agg", _query)]}, 16, fields={"events": StreamFields.of(FIELDS)}
+        ),
     }
     for p in out.values():
         shutil.rmtree(p, ignore_errors=True)
@@ -71,9 +73,14 @@ def make_data(d: Path, records: int, keys: int, files: int) -> dict[str, Path]:
         ts = np.sort(lo + rng.integers(0, span // files, per)).tolist()
         qs = rng.integers(0, keys, per).tolist()
         ms = (rng.integers(0, 80_000, per) / 8).tolist()
-        recs = [Record(None, {"query": f"q{q}", "ts": t, "ms": m}, t, f"r{f}-{i}") for i, (q, t, m) in enumerate(zip(qs, ts, ms, strict=True))]
+        recs = [
+            Record(None, {"query": f"q{q}", "ts": t, "ms": m}, t, f"r{f}-{i}")
+            for i, (q, t, m) in enumerate(zip(qs, ts, ms, strict=True))
+        ]
         for how, keyer in keyers.items():
-            pq.write_table(records_table(recs, None, keyer, "events"), out[how] / f"f{f:05d}-m{ts[0]}.parquet")
+            pq.write_table(
+                records_table(recs, None, keyer, "events"), out[how] / f"f{f:05d}-m{ts[0]}.parquet"
+            )
     for p in out.values():
         (p / "_READY").write_text("")
     return out
@@ -86,8 +93,18 @@ def expected(files: Path) -> dict[tuple[str, int], float]:
     from millwheel.runtime._fs import Location
     from millwheel.runtime._streams import read_log, table_records
 
-    recs = [r for f in sorted(files.glob("*.parquet")) for r in table_records(read_log(Location.of(str(f))))]
-    df = pd.DataFrame({"q": [r.value["query"] for r in recs], "w": [r.timestamp // WINDOW * WINDOW for r in recs], "ms": [r.value["ms"] for r in recs]})
+    recs = [
+        r
+        for f in sorted(files.glob("*.parquet"))
+        for r in table_records(read_log(Location.of(str(f))))
+    ]
+    df = pd.DataFrame(
+        {
+            "q": [r.value["query"] for r in recs],
+            "w": [r.timestamp // WINDOW * WINDOW for r in recs],
+            "ms": [r.value["ms"] for r in recs],
+        }
+    )
     return {(q, int(w)): float(s) for (q, w), s in df.groupby(["q", "w"])["ms"].sum().items()}
 
 
@@ -100,8 +117,14 @@ def decode_costs(data: dict[str, Path]) -> dict[str, float]:
 
     from millwheel._fields import field_column
 
-    p = pq.read_table(sorted(data["pickled"].glob("*.parquet"))[0], columns=["value"]).column("value").to_pylist()
-    f = pq.read_table(sorted(data["fields"].glob("*.parquet"))[0], columns=["fields"]).column("fields")
+    p = (
+        pq.read_table(sorted(data["pickled"].glob("*.parquet"))[0], columns=["value"])
+        .column("value")
+        .to_pylist()
+    )
+    f = pq.read_table(sorted(data["fields"].glob("*.parquet"))[0], columns=["fields"]).column(
+        "fields"
+    )
     n = len(p)
     out = {}
     for name, fn in {
@@ -122,7 +145,9 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def run(spark, files: Path, work: Path, declared: bool, mapping: str, per_trigger: int, intervals: int) -> tuple[float, dict]:
+def run(
+    spark, files: Path, work: Path, declared: bool, mapping: str, per_trigger: int, intervals: int
+) -> tuple[float, dict]:
     from computations.columnar_windowing import ColumnarWindowAggregate
     from millwheel.runtime import RuntimeSettings, SparkRuntime
 
@@ -133,10 +158,20 @@ def run(spark, files: Path, work: Path, declared: bool, mapping: str, per_trigge
     if declared:
         t.stream("events", fields=FIELDS)
     t.computation(
-        ColumnarWindowAggregate, name="Agg", inputs={"events": _query}, outputs=["sums"], options=ComputationOptions(mapping=mapping),
+        ColumnarWindowAggregate,
+        name="Agg",
+        inputs={"events": _query},
+        outputs=["sums"],
+        options=ComputationOptions(mapping=mapping),
         params={"aggregate": "sum", "field": "ms", "window_ms": WINDOW, "output": "sums"},
-    )  # fmt: skip
-    settings = RuntimeSettings(drain=True, intervals=intervals, max_files_per_trigger=per_trigger, poll_ms=50, heartbeat_ms=100)
+    )
+    settings = RuntimeSettings(
+        drain=True,
+        intervals=intervals,
+        max_files_per_trigger=per_trigger,
+        poll_ms=50,
+        heartbeat_ms=100,
+    )
     rt = SparkRuntime(t, str(root), settings, spark=spark, log=lambda m: None)
     started = time.perf_counter()
     run_collecting(rt, timeout_s=1800, poll_s=0.05)
@@ -155,19 +190,34 @@ def main(argv: list[str] | None = None) -> int:
     data = make_data(work, args.records, args.keys, args.files)
     answer = expected(data["pickled"])
     decode = decode_costs(data)
-    print("in process, µs per record: " + ", ".join(f"{k} {v}" for k, v in decode.items()), flush=True)
+    print(
+        "in process, µs per record: " + ", ".join(f"{k} {v}" for k, v in decode.items()), flush=True
+    )
     from millwheel.runtime import spark_session
 
     spark = spark_session("local[2]")
     variants = args.variants.split(",")
     times: dict[str, list[float]] = {v: [] for v in variants}
     for rep in range(args.reps + 1):
-        order = variants[rep % len(variants):] + variants[: rep % len(variants)]
+        order = variants[rep % len(variants) :] + variants[: rep % len(variants)]
         for v in order:
             how, _, mapping = v.partition("_")
-            elapsed, got = run(spark, data[how], work, how == "fields", mapping or "default", args.per_trigger, args.intervals)
-            ok = got.keys() == answer.keys() and all(abs(got[k] - answer[k]) <= 1e-9 * max(1.0, abs(answer[k])) for k in answer)
-            print(f"rep {rep}{' (warm-up, discarded)' if rep == 0 else ''}: {v:<14} {elapsed:7.2f}s  {args.records / elapsed:>10,.0f} rec/s  output {'OK' if ok else 'DIFFERS'}", flush=True)
+            elapsed, got = run(
+                spark,
+                data[how],
+                work,
+                how == "fields",
+                mapping or "default",
+                args.per_trigger,
+                args.intervals,
+            )
+            ok = got.keys() == answer.keys() and all(
+                abs(got[k] - answer[k]) <= 1e-9 * max(1.0, abs(answer[k])) for k in answer
+            )
+            print(
+                f"rep {rep}{' (warm-up, discarded)' if rep == 0 else ''}: {v:<14} {elapsed:7.2f}s  {args.records / elapsed:>10,.0f} rec/s  output {'OK' if ok else 'DIFFERS'}",
+                flush=True,
+            )
             if not ok:
                 return 1
             if rep:
@@ -175,14 +225,28 @@ def main(argv: list[str] | None = None) -> int:
     rates = {v: args.records / statistics.median(ts) for v, ts in times.items()}
     lines = ["| variant | median records/s | vs pickled (same mapping) |", "|---|---:|---:|"]
     for v in variants:
-        base = "pickled" + v[len(v.partition("_")[0]):]
-        rel = statistics.median(tb / ta for ta, tb in zip(times[v], times[base], strict=True)) if base in times else float("nan")
+        base = "pickled" + v[len(v.partition("_")[0]) :]
+        rel = (
+            statistics.median(tb / ta for ta, tb in zip(times[v], times[base], strict=True))
+            if base in times
+            else float("nan")
+        )
         lines.append(f"| {v} | {rates[v]:,.0f} | {rel:.2f}x |")
     sizes = {how: sum(f.stat().st_size for f in d.glob("*.parquet")) for how, d in data.items()}
     lines.append("")
     lines.append(f"stream-log bytes: pickled {sizes['pickled']:,}, fields {sizes['fields']:,}")
     print("\n".join(lines))
-    write_results(Path(args.out), {"args": vars(args), "seconds": times, "records_per_s": {v: round(r) for v, r in rates.items()}, "bytes": sizes, "decode_us_per_record": decode, "table": lines})
+    write_results(
+        Path(args.out),
+        {
+            "args": vars(args),
+            "seconds": times,
+            "records_per_s": {v: round(r) for v, r in rates.items()},
+            "bytes": sizes,
+            "decode_us_per_record": decode,
+            "table": lines,
+        },
+    )
     return 0
 
 

@@ -60,7 +60,10 @@ class Paced(Source):
                 yield SourceBatch([], int((nxt - self.every_s) * 1000))
                 continue
             now = time.time()
-            recs = [Record(None, {"k": i % 100, "sent": now}, int(now * 1000), f"p{n + i}") for i in range(int(self.rate * self.every_s))]
+            recs = [
+                Record(None, {"k": i % 100, "sent": now}, int(now * 1000), f"p{n + i}")
+                for i in range(int(self.rate * self.every_s))
+            ]
             n += len(recs)
             nxt += self.every_s
             yield SourceBatch(recs, int(now * 1000))
@@ -82,11 +85,20 @@ def _batches(progress: dict[int, dict]) -> dict:
     times = [p["durationMs"]["triggerExecution"] for p in ps]
     if not ps:
         return {}
-    median = sorted(ps, key=lambda p: p["durationMs"]["triggerExecution"])[len(ps) // 2]["durationMs"]
-    return {"data_batches": len(ps), "trigger_ms_p50": pct(times, 50), "trigger_ms_p95": pct(times, 95), "median_batch_parts_ms": median}
+    median = sorted(ps, key=lambda p: p["durationMs"]["triggerExecution"])[len(ps) // 2][
+        "durationMs"
+    ]
+    return {
+        "data_batches": len(ps),
+        "trigger_ms_p50": pct(times, 50),
+        "trigger_ms_p95": pct(times, 95),
+        "median_batch_parts_ms": median,
+    }
 
 
-def stages(spark, work: Path, rate: int, seconds: float, intervals: int, writer: str = "auto") -> dict:
+def stages(
+    spark, work: Path, rate: int, seconds: float, intervals: int, writer: str = "auto"
+) -> dict:
     from millwheel.runtime import RuntimeSettings, SparkRuntime
 
     root = work / "stages"
@@ -95,10 +107,20 @@ def stages(spark, work: Path, rate: int, seconds: float, intervals: int, writer:
     t.injector("events", Paced(rate, seconds))
     t.computation(PassA, inputs={"events": lambda r: r.value["k"]}, outputs=["a_out"])
     t.computation(PassB, inputs={"a_out": lambda r: r.id}, outputs=["b_out"], name="B")
-    settings = RuntimeSettings(drain=True, intervals=intervals, poll_ms=20, heartbeat_ms=100, prune_streams=True, outbox_writer=writer)
+    settings = RuntimeSettings(
+        drain=True,
+        intervals=intervals,
+        poll_ms=20,
+        heartbeat_ms=100,
+        prune_streams=True,
+        outbox_writer=writer,
+    )
     rt = SparkRuntime(t, str(root), settings, spark=spark, log=lambda m: None)
     progress = run_collecting(rt, timeout_s=seconds + 900, poll_s=settings.poll_ms / 1000)
-    pub = {**rt.computations["PassA"].outbox.published_at, **rt.computations["B"].outbox.published_at}
+    pub = {
+        **rt.computations["PassA"].outbox.published_at,
+        **rt.computations["B"].outbox.published_at,
+    }
     a_at: dict[str, float] = {}
     lat_a, lat_b = [], []
     for (stream, name), at in pub.items():
@@ -111,10 +133,23 @@ def stages(spark, work: Path, rate: int, seconds: float, intervals: int, writer:
             for r in _rows(rt, "b_out", "B", name):
                 lat_b.append(at - a_at[pickle.loads(r["value"])["a_id"]])
     return {
-        "rate": rate, "seconds": seconds, "intervals": intervals, "outbox_writer": writer,
-        "A": {"records": len(lat_a), "p50_s": pct(lat_a, 50), "p95_s": pct(lat_a, 95), "batches": _batches(progress.get("PassA", {}))},
-        "B": {"records": len(lat_b), "p50_s": pct(lat_b, 50), "p95_s": pct(lat_b, 95), "batches": _batches(progress.get("B", {}))},
-    }  # fmt: skip
+        "rate": rate,
+        "seconds": seconds,
+        "intervals": intervals,
+        "outbox_writer": writer,
+        "A": {
+            "records": len(lat_a),
+            "p50_s": pct(lat_a, 50),
+            "p95_s": pct(lat_a, 95),
+            "batches": _batches(progress.get("PassA", {})),
+        },
+        "B": {
+            "records": len(lat_b),
+            "p50_s": pct(lat_b, 50),
+            "p95_s": pct(lat_b, 95),
+            "batches": _batches(progress.get("B", {})),
+        },
+    }
 
 
 def _rows(rt, stream: str, producer: str, name: str) -> list[dict]:
@@ -136,7 +171,11 @@ def _writer(truth: dict, staged: Path, live: Path, stop: threading.Event) -> Non
         with open(live / f["name"], "a", encoding="utf-8") as fh:
             done = 0
             while done < len(lines) and not stop.is_set():
-                due = len(lines) if time.time() >= t1 else int(len(lines) * (time.time() - t0) / (t1 - t0))
+                due = (
+                    len(lines)
+                    if time.time() >= t1
+                    else int(len(lines) * (time.time() - t0) / (t1 - t0))
+                )
                 if due > done:
                     fh.write("".join(lines[done:due]))
                     fh.flush()
@@ -156,17 +195,33 @@ def zeitgeist(spark, work: Path, duration_s: int, intervals: int, writer: str = 
     staged, live = root / "staged", root / "logs"
     live.mkdir(parents=True)
     gen = GeneratorConfig(
-        seed=11, duration_s=duration_s, rate=400, queries=40, day_s=20, warmup_s=24, spikes=3, dips=3,
-        anomaly_gap_s=4, start_ms=int(time.time() * 1000) + 60_000,
-    )  # fmt: skip
+        seed=11,
+        duration_s=duration_s,
+        rate=400,
+        queries=40,
+        day_s=20,
+        warmup_s=24,
+        spikes=3,
+        dips=3,
+        anomaly_gap_s=4,
+        start_ms=int(time.time() * 1000) + 60_000,
+    )
     truth = generate(staged, gen)
     cfg = ZeitgeistConfig(day_ms=20_000, slot_ms=2_000)
-    topology = build(staged, config=cfg, source=LogFileSource(live, lateness_ms=gen.max_delay_ms, idle_finish_ms=None))
-    settings = RuntimeSettings(intervals=intervals, poll_ms=20, heartbeat_ms=100, prune_streams=True, outbox_writer=writer)
+    topology = build(
+        staged,
+        config=cfg,
+        source=LogFileSource(live, lateness_ms=gen.max_delay_ms, idle_finish_ms=None),
+    )
+    settings = RuntimeSettings(
+        intervals=intervals, poll_ms=20, heartbeat_ms=100, prune_streams=True, outbox_writer=writer
+    )
     rt = SparkRuntime(topology, str(root / "run"), settings, spark=spark, log=lambda m: None)
     rt.start()  # before the first line is written: Spark's start-up is not in the figures
     stop = threading.Event()
-    writer = threading.Thread(target=_writer, args=(truth, staged / "logs", live, stop), daemon=True)
+    writer = threading.Thread(
+        target=_writer, args=(truth, staged / "logs", live, stop), daemon=True
+    )
     writer.start()
     progress: dict[str, dict[int, dict]] = {}
     try:
@@ -183,18 +238,34 @@ def zeitgeist(spark, work: Path, duration_s: int, intervals: int, writer: str = 
     anomalies = [dict(v) for v in rt.values("anomalies")]
     report = evaluate(RunResult(anomalies, metrics, [], wall_clock=True, elapsed_s=0.0), truth)
     return {
-        "duration_s": duration_s, "events": truth["events"], "by_kind": report["by_kind"],
+        "duration_s": duration_s,
+        "events": truth["events"],
+        "by_kind": report["by_kind"],
         "batches": {name: _batches(p) for name, p in progress.items()},
-    }  # fmt: skip
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rate", type=int, default=2_000, help="records/s in the per-stage run")
     p.add_argument("--seconds", type=float, default=40)
-    p.add_argument("--intervals", default="8", help="key intervals per computation; a comma list runs the per-stage run once per count, in turn (same session)")
-    p.add_argument("--writers", default="auto", help="outbox writers to run the per-stage run with, in turn (same session): auto,spark,driver (auto: the runtime's default)")
-    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark configuration (repeatable)")
+    p.add_argument(
+        "--intervals",
+        default="8",
+        help="key intervals per computation; a comma list runs the per-stage run once per count, in turn (same session)",
+    )
+    p.add_argument(
+        "--writers",
+        default="auto",
+        help="outbox writers to run the per-stage run with, in turn (same session): auto,spark,driver (auto: the runtime's default)",
+    )
+    p.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Spark configuration (repeatable)",
+    )
     p.add_argument("--zeitgeist-seconds", type=int, default=60, help="0 skips the Zeitgeist run")
     p.add_argument("--work", default=str(ROOT / ".millwheel" / "bench" / "latency"))
     p.add_argument("--out", default=str(RESULTS), help="results file")
@@ -208,21 +279,32 @@ def main(argv: list[str] | None = None) -> int:
     counts = [int(n) for n in args.intervals.split(",")]
     out["by_writer"], out["runs"] = {}, []
     for writer, intervals in [(w, n) for w in writers for n in counts]:
-        out["by_writer"][writer] = s = stages(spark, work, args.rate, args.seconds, intervals, writer)
+        out["by_writer"][writer] = s = stages(
+            spark, work, args.rate, args.seconds, intervals, writer
+        )
         out["runs"].append(s)
         for stage in ("A", "B"):
             b = s[stage]["batches"]
-            print(f"outbox writer {writer}, {intervals} intervals, stage {stage}: {s[stage]['records']} records at {args.rate}/s: latency p50 {s[stage]['p50_s']:.2f} s, p95 {s[stage]['p95_s']:.2f} s; "
-                  f"micro-batch p50 {b.get('trigger_ms_p50')} ms, p95 {b.get('trigger_ms_p95')} ms; median batch {b.get('median_batch_parts_ms')}", flush=True)  # fmt: skip
+            print(
+                f"outbox writer {writer}, {intervals} intervals, stage {stage}: {s[stage]['records']} records at {args.rate}/s: latency p50 {s[stage]['p50_s']:.2f} s, p95 {s[stage]['p95_s']:.2f} s; "
+                f"micro-batch p50 {b.get('trigger_ms_p50')} ms, p95 {b.get('trigger_ms_p95')} ms; median batch {b.get('median_batch_parts_ms')}",
+                flush=True,
+            )
     out["stages"] = out["by_writer"][writers[-1]]
     if args.zeitgeist_seconds:
-        out["zeitgeist"] = z = zeitgeist(spark, work, args.zeitgeist_seconds, counts[-1], writers[-1])
+        out["zeitgeist"] = z = zeitgeist(
+            spark, work, args.zeitgeist_seconds, counts[-1], writers[-1]
+        )
         for kind in ("dip", "spike"):
             k = z["by_kind"][kind]
             d = k.get("delay_beyond_bucket_end_ms", {})
-            print(f"zeitgeist {kind}s: recall {k['recall']}, precision {k['precision']}; delay beyond bucket end p50 {d.get('p50')} ms, p95 {d.get('p95')} ms (n={d.get('n')})")
+            print(
+                f"zeitgeist {kind}s: recall {k['recall']}, precision {k['precision']}; delay beyond bucket end p50 {d.get('p50')} ms, p95 {d.get('p95')} ms (n={d.get('n')})"
+            )
         for name, b in z["batches"].items():
-            print(f"  {name}: micro-batch p50 {b.get('trigger_ms_p50')} ms, p95 {b.get('trigger_ms_p95')} ms")
+            print(
+                f"  {name}: micro-batch p50 {b.get('trigger_ms_p50')} ms, p95 {b.get('trigger_ms_p95')} ms"
+            )
     write_results(Path(args.out), out)
     shutil.rmtree(work, ignore_errors=True)
     return 0

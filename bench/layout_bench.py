@@ -49,7 +49,10 @@ def per_key_groups(spark, work: Path, keys: int, batches: int) -> dict:
     (d / "in").mkdir(parents=True)
     for b in range(batches):
         ks = [f"k{i}".encode() for i in range(keys)]
-        pq.write_table(pa.table({"key": pa.array(ks, pa.binary()), "v": pa.array([b] * keys, pa.int64())}), d / "in" / f"f{b:04d}.parquet")
+        pq.write_table(
+            pa.table({"key": pa.array(ks, pa.binary()), "v": pa.array([b] * keys, pa.int64())}),
+            d / "in" / f"f{b:04d}.parquet",
+        )
         time.sleep(0.01)
 
     def f(key, frames, state):
@@ -58,7 +61,11 @@ def per_key_groups(spark, work: Path, keys: int, batches: int) -> dict:
         state.update((old[:50] + b"x",))
         yield pd.DataFrame({"n": [n]})
 
-    out = _stream(spark, d, "key binary, v long").groupBy("key").applyInPandasWithState(f, "n long", "s binary", "append", GroupStateTimeout.NoTimeout)
+    out = (
+        _stream(spark, d, "key binary, v long")
+        .groupBy("key")
+        .applyInPandasWithState(f, "n long", "s binary", "append", GroupStateTimeout.NoTimeout)
+    )
     times: list[float] = []
     last = [time.perf_counter()]
 
@@ -68,7 +75,9 @@ def per_key_groups(spark, work: Path, keys: int, batches: int) -> dict:
         times.append(now - last[0])
         last[0] = now
 
-    out.writeStream.foreachBatch(sink).option("checkpointLocation", str(d / "ck")).trigger(availableNow=True).start().awaitTermination()
+    out.writeStream.foreachBatch(sink).option("checkpointLocation", str(d / "ck")).trigger(
+        availableNow=True
+    ).start().awaitTermination()
     per_group = [t / keys * 1e6 for t in times[1:]]  # the first batch also starts the query
     return {"keys_per_batch": keys, "batches": len(times), "us_per_group": per_group}
 
@@ -82,9 +91,20 @@ def mapstate(spark, work: Path, keys: int, batches: int) -> dict:
     shutil.rmtree(d, ignore_errors=True)
     (d / "in").mkdir(parents=True)
     for b in range(batches):
-        ks = [f"k{(b // 2) * keys + i}".encode() for i in range(keys)]  # each key twice: inserted, then updated
+        ks = [
+            f"k{(b // 2) * keys + i}".encode() for i in range(keys)
+        ]  # each key twice: inserted, then updated
         mode = "plain" if b % 4 < 2 else "pipelined"
-        pq.write_table(pa.table({"interval": pa.array([i % 16 for i in range(keys)], pa.int32()), "key": pa.array(ks, pa.binary()), "mode": [mode] * keys}), d / "in" / f"f{b:04d}.parquet")
+        pq.write_table(
+            pa.table(
+                {
+                    "interval": pa.array([i % 16 for i in range(keys)], pa.int32()),
+                    "key": pa.array(ks, pa.binary()),
+                    "mode": [mode] * keys,
+                }
+            ),
+            d / "in" / f"f{b:04d}.parquet",
+        )
         time.sleep(0.01)
 
     class P(StatefulProcessor):  # type: ignore[misc]
@@ -111,8 +131,15 @@ def mapstate(spark, work: Path, keys: int, batches: int) -> dict:
 
     for k, v in ROCKSDB.items():
         spark.conf.set(k, v)
-    out = _stream(spark, d, "interval int, key binary, mode string").groupBy("interval").transformWithStateInPandas(
-        statefulProcessor=P(), outputStructType="mode string, n long, t double", outputMode="Update", timeMode="None"
+    out = (
+        _stream(spark, d, "interval int, key binary, mode string")
+        .groupBy("interval")
+        .transformWithStateInPandas(
+            statefulProcessor=P(),
+            outputStructType="mode string, n long, t double",
+            outputMode="Update",
+            timeMode="None",
+        )
     )
     rows: list[tuple[str, int, float]] = []
 
@@ -120,8 +147,13 @@ def mapstate(spark, work: Path, keys: int, batches: int) -> dict:
         r = batch.collect()
         rows.append((r[0].mode, sum(x.n for x in r), sum(x.t for x in r)))
 
-    out.writeStream.foreachBatch(sink).option("checkpointLocation", str(d / "ck")).trigger(availableNow=True).start().awaitTermination()
-    return {mode: [round(t / n * 1e6, 1) for m, n, t in rows if m == mode] for mode in ("plain", "pipelined")}
+    out.writeStream.foreachBatch(sink).option("checkpointLocation", str(d / "ck")).trigger(
+        availableNow=True
+    ).start().awaitTermination()
+    return {
+        mode: [round(t / n * 1e6, 1) for m, n, t in rows if m == mode]
+        for mode in ("plain", "pipelined")
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,10 +167,22 @@ def main(argv: list[str] | None = None) -> int:
     spark = spark_session("local[2]")
     work = Path(args.work)
     groups = per_key_groups(spark, work, args.keys, max(3, args.batches // 2))
-    print(f"applyInPandasWithState, one group per key: {', '.join(f'{x:,.0f}' for x in groups['us_per_group'])} us per group (batches after the first)", flush=True)
+    print(
+        f"applyInPandasWithState, one group per key: {', '.join(f'{x:,.0f}' for x in groups['us_per_group'])} us per group (batches after the first)",
+        flush=True,
+    )
     ms = mapstate(spark, work, args.keys, args.batches)
-    print(f"transformWithStateInPandas MapState get+update per key: one round trip per call {ms['plain']} us; pipelined {ms['pipelined']} us")
-    write_results(RESULTS, {"args": vars(args), "apply_in_pandas_with_state_per_key_groups": groups, "tws_mapstate_us_per_key": ms})
+    print(
+        f"transformWithStateInPandas MapState get+update per key: one round trip per call {ms['plain']} us; pipelined {ms['pipelined']} us"
+    )
+    write_results(
+        RESULTS,
+        {
+            "args": vars(args),
+            "apply_in_pandas_with_state_per_key_groups": groups,
+            "tws_mapstate_us_per_key": ms,
+        },
+    )
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

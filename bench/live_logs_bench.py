@@ -62,16 +62,26 @@ def main() -> int:
         print("no window closed while the files were written: run longer (--live-s)")
         return 1
     figures = {"p50": statistics.median(delays), "p90": percentile(delays, 0.9), "max": delays[-1]}
-    print(f"{len(written):,} records over {args.live_s:.0f} s, files rotated every {args.rotate_s:.0f} s, lateness {args.lateness_ms} ms")
+    print(
+        f"{len(written):,} records over {args.live_s:.0f} s, files rotated every {args.rotate_s:.0f} s, lateness {args.lateness_ms} ms"
+    )
     print(f"windows closed while live: {len(closed_live)}, out before _DONE: {emitted_live}")
-    print("window delay (end of window -> output visible): " + ", ".join(f"{k} {v:.2f} s" for k, v in figures.items()))
+    print(
+        "window delay (end of window -> output visible): "
+        + ", ".join(f"{k} {v:.2f} s" for k, v in figures.items())
+    )
     out = {
-        "bench": "live_logs", "live_s": args.live_s, "rotate_s": args.rotate_s, "lateness_ms": args.lateness_ms,
-        "records": len(written), "windows_closed_live": len(closed_live), "windows_out_before_done": emitted_live,
+        "bench": "live_logs",
+        "live_s": args.live_s,
+        "rotate_s": args.rotate_s,
+        "lateness_ms": args.lateness_ms,
+        "records": len(written),
+        "windows_closed_live": len(closed_live),
+        "windows_out_before_done": emitted_live,
         "delay_s": {k: round(v, 3) for k, v in figures.items()},
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }  # fmt: skip
+    }
     (ROOT / "bench" / "results" / "live_logs.json").write_text(json.dumps(out, indent=1) + "\n")
     return 0
 

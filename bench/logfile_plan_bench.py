@@ -42,7 +42,17 @@ def write(directory: Path, events: int, files: int, seed: int) -> int:
         with open(directory / f"part-{f:04d}.jsonl", "w") as out:
             for i in range(f * per, min(events, (f + 1) * per)):
                 ts = 1_767_261_600_000 + i * 5 - rng.randint(0, 5_000)
-                line = json.dumps({"id": f"e{i}", "ts": ts, "key": f"k{i % 97}", "path": f"/p/{rng.randrange(100)}"}) + "\n"
+                line = (
+                    json.dumps(
+                        {
+                            "id": f"e{i}",
+                            "ts": ts,
+                            "key": f"k{i % 97}",
+                            "path": f"/p/{rng.randrange(100)}",
+                        }
+                    )
+                    + "\n"
+                )
                 out.write(line)
                 size += len(line)
     return size
@@ -76,17 +86,32 @@ def main() -> int:
             best["parse"] = min(best["parse"], time.perf_counter() - t)
         assert n == args.events, n
     mb = size / 1e6
-    rows = {k: {"seconds": round(v, 4), "mb_per_s": round(mb / v, 1), "events_per_s": round(args.events / v)} for k, v in best.items()}
+    rows = {
+        k: {
+            "seconds": round(v, 4),
+            "mb_per_s": round(mb / v, 1),
+            "events_per_s": round(args.events / v),
+        }
+        for k, v in best.items()
+    }
     share = best["plan"] / best["parse"]
     print(f"{args.events:,} events, {mb:.1f} MB in {args.files} files; best of {args.repeats}")
     for k, v in rows.items():
-        print(f"  {k:<6} {v['seconds']:>8.3f} s {v['mb_per_s']:>8.1f} MB/s {v['events_per_s']:>12,} events/s")
+        print(
+            f"  {k:<6} {v['seconds']:>8.3f} s {v['mb_per_s']:>8.1f} MB/s {v['events_per_s']:>12,} events/s"
+        )
     print(f"  the plan's scan costs {share:.0%} of what parsing the same bytes costs")
     out = {
-        "bench": "logfile_plan", "events": args.events, "files": args.files, "mb": round(mb, 1), "repeats": args.repeats,
-        "steps": rows, "plan_over_parse": round(share, 3), "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "bench": "logfile_plan",
+        "events": args.events,
+        "files": args.files,
+        "mb": round(mb, 1),
+        "repeats": args.repeats,
+        "steps": rows,
+        "plan_over_parse": round(share, 3),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }  # fmt: skip
+    }
     (ROOT / "bench" / "results" / "logfile_plan.json").write_text(json.dumps(out, indent=1) + "\n")
     return 0
 

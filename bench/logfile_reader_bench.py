@@ -126,13 +126,28 @@ def spark_worker(dataset: str, data: str, reps: int) -> dict[str, Any]:
 
         with tempfile.TemporaryDirectory(prefix="reader-bench-ck-") as ck:
             j0, p0, d0, w0 = *_tree_cpu(jvm), time.process_time(), time.perf_counter()
-            q = spark.readStream.format(FORMAT).options(**options).load().writeStream.foreachBatch(sink)
+            q = (
+                spark.readStream.format(FORMAT)
+                .options(**options)
+                .load()
+                .writeStream.foreachBatch(sink)
+            )
             q = q.option("checkpointLocation", ck).trigger(availableNow=True).start()
             q.awaitTermination()
             (j1, p1), d1, w1 = _tree_cpu(jvm), time.process_time(), time.perf_counter()
-            add = sum(p["durationMs"].get("addBatch", 0) for p in q.recentProgress if p["numInputRows"])
-        runs.append({"rows": rows[0], "wall_s": round(w1 - w0, 2), "add_batch_s": add / 1000, "jvm_cpu_s": round(j1 - j0, 2),
-                     "python_workers_cpu_s": round(p1 - p0, 2), "driver_python_cpu_s": round(d1 - d0, 2)})  # fmt: skip
+            add = sum(
+                p["durationMs"].get("addBatch", 0) for p in q.recentProgress if p["numInputRows"]
+            )
+        runs.append(
+            {
+                "rows": rows[0],
+                "wall_s": round(w1 - w0, 2),
+                "add_batch_s": add / 1000,
+                "jvm_cpu_s": round(j1 - j0, 2),
+                "python_workers_cpu_s": round(p1 - p0, 2),
+                "driver_python_cpu_s": round(d1 - d0, 2),
+            }
+        )
     spark.stop()
     return {"rows": runs[0]["rows"], "runs": runs}
 
@@ -142,7 +157,10 @@ def spark_figures(runs: list[dict[str, Any]], per_session: int) -> dict[str, Any
     cold = [r for i, r in enumerate(runs) if i % per_session == 0]
     warm = [r for i, r in enumerate(runs) if i % per_session]
     keys = ("add_batch_s", "wall_s", "jvm_cpu_s", "python_workers_cpu_s", "driver_python_cpu_s")
-    med = lambda rs: {k: round(statistics.median(r[k] for r in rs), 2) for k in keys} if rs else None  # noqa: E731
+
+    def med(rs):
+        return {k: round(statistics.median(r[k] for r in rs), 2) for k in keys} if rs else None
+
     return {"cold": med(cold), "warm": med(warm), "runs": runs}
 
 
@@ -157,12 +175,23 @@ def photon_sample(directory: Path) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--variant", action="append", default=[], help="LABEL=CHECKOUT (repeatable; default: this checkout)")
-    p.add_argument("--reps", type=int, default=3, help="timed repetitions per process (after one warm-up)")
-    p.add_argument("--rounds", type=int, default=2, help="processes per variant and dataset, alternating")
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="LABEL=CHECKOUT (repeatable; default: this checkout)",
+    )
+    p.add_argument(
+        "--reps", type=int, default=3, help="timed repetitions per process (after one warm-up)"
+    )
+    p.add_argument(
+        "--rounds", type=int, default=2, help="processes per variant and dataset, alternating"
+    )
     p.add_argument("--datasets", default=",".join(DATASETS))
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "logfile_reader.json"))
-    p.add_argument("--spark", action="store_true", help="the injector's query alone on Spark (see above)")
+    p.add_argument(
+        "--spark", action="store_true", help="the injector's query alone on Spark (see above)"
+    )
     p.add_argument("--worker", nargs=2, metavar=("DATASET", "DATA"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -174,8 +203,11 @@ def main() -> int:
     variants = dict(v.split("=", 1) for v in args.variant) or {"this": str(ROOT)}
     py = sys.executable
     results: dict[str, Any] = {
-        "what": ("the injector's query alone on local[2] (foreachBatch -> toArrow): per query run, addBatch and CPU seconds; the first run of a session cold"
-                 if args.spark else "LogFileStreamReader.read of one batch's every partition, in process (no Spark); CPU seconds"),
+        "what": (
+            "the injector's query alone on local[2] (foreachBatch -> toArrow): per query run, addBatch and CPU seconds; the first run of a session cold"
+            if args.spark
+            else "LogFileStreamReader.read of one batch's every partition, in process (no Spark); CPU seconds"
+        ),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "load_1min": round(os.getloadavg()[0], 2),
         "datasets": {},
@@ -190,22 +222,41 @@ def main() -> int:
             for _ in range(args.rounds):
                 for label, checkout in variants.items():
                     env = {**os.environ, "PYTHONPATH": str(Path(checkout).resolve())}
-                    cmd = [py, str(Path(__file__).resolve()), "--worker", dataset, data or "-", "--reps", str(args.reps)] + (["--spark"] if args.spark else [])
-                    out = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True, check=True)
+                    cmd = [
+                        py,
+                        str(Path(__file__).resolve()),
+                        "--worker",
+                        dataset,
+                        data or "-",
+                        "--reps",
+                        str(args.reps),
+                    ] + (["--spark"] if args.spark else [])
+                    out = subprocess.run(
+                        cmd, cwd=checkout, env=env, capture_output=True, text=True, check=True
+                    )
                     one = json.loads(out.stdout.strip().splitlines()[-1])
                     got[label] += one["runs"] if args.spark else one["cpu_s"]
                     rows[label] = one["rows"]
             if args.spark:
-                results["datasets"][dataset] = {label: spark_figures(runs, args.reps + 1) for label, runs in got.items()}
+                results["datasets"][dataset] = {
+                    label: spark_figures(runs, args.reps + 1) for label, runs in got.items()
+                }
                 for label, fig in results["datasets"][dataset].items():
                     print(f"{dataset:15s} {label:8s} cold {fig['cold']}  warm {fig['warm']}")
                 continue
             figures = {}
             for label, cpu in got.items():
                 med = statistics.median(cpu)
-                figures[label] = {"rows": rows[label], "cpu_s": [round(c, 3) for c in cpu], "median_cpu_s": round(med, 3),
-                                  "lines_per_cpu_s": round(rows[label] / med), "us_per_line": round(med / rows[label] * 1e6, 2)}  # fmt: skip
-                print(f"{dataset:15s} {label:8s} {rows[label]:>8,} rows  {figures[label]['lines_per_cpu_s']:>9,} lines/CPU s  {figures[label]['us_per_line']:5.2f} µs/line")
+                figures[label] = {
+                    "rows": rows[label],
+                    "cpu_s": [round(c, 3) for c in cpu],
+                    "median_cpu_s": round(med, 3),
+                    "lines_per_cpu_s": round(rows[label] / med),
+                    "us_per_line": round(med / rows[label] * 1e6, 2),
+                }
+                print(
+                    f"{dataset:15s} {label:8s} {rows[label]:>8,} rows  {figures[label]['lines_per_cpu_s']:>9,} lines/CPU s  {figures[label]['us_per_line']:5.2f} µs/line"
+                )
             results["datasets"][dataset] = figures
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1) + "\n")

@@ -44,7 +44,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "main_job.json"
 #: the streams whose first published file is timed, and the figure each gives
-FIRSTS = {"anomalies": "first_output_s", "queries": "first_records_s", "window_counts": "first_windows_s"}
+FIRSTS = {
+    "anomalies": "first_output_s",
+    "queries": "first_records_s",
+    "window_counts": "first_windows_s",
+}
 _LINES = {
     "spark_up_s": re.compile(r"Spark \S+ up in"),
     "started_s": re.compile(r"computation\(s\) started in"),
@@ -68,7 +72,10 @@ def evaluation_text(stdout: str) -> str:
     lines = stdout.splitlines()
     keep = [ln.strip() for ln in lines if ln.strip().startswith("malformed_line")]
     if any("zeitgeist evaluation" in ln for ln in lines):
-        keep += [ln.rstrip() for ln in lines[next(i for i, ln in enumerate(lines) if "zeitgeist evaluation" in ln):]]
+        keep += [
+            ln.rstrip()
+            for ln in lines[next(i for i, ln in enumerate(lines) if "zeitgeist evaluation" in ln) :]
+        ]
     return "\n".join(keep)
 
 
@@ -86,11 +93,21 @@ def spark_lock(path: str | None):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def run_once(checkout: Path, env_extra: dict[str, str], python: str, lock: str | None, timeout_s: float) -> dict[str, Any]:
+def run_once(
+    checkout: Path, env_extra: dict[str, str], python: str, lock: str | None, timeout_s: float
+) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(prefix="millwheel-main-job-"))
     env = {**os.environ, "PYTHONPATH": str(checkout), **env_extra}
     env.pop("MILLWHEEL_SPARK_UI", None)  # the command's own default: the Spark UI on
-    cmd = [python, "-m", "millwheel.cli", "run", "topologies/zeitgeist", "--checkpoint", str(run_dir / "run")]
+    cmd = [
+        python,
+        "-m",
+        "millwheel.cli",
+        "run",
+        "topologies/zeitgeist",
+        "--checkpoint",
+        str(run_dir / "run"),
+    ]
     out: dict[str, Any] = {}
     stderr_lines: list[tuple[float, str]] = []
     try:
@@ -98,7 +115,14 @@ def run_once(checkout: Path, env_extra: dict[str, str], python: str, lock: str |
             out["lock_wait_s"] = round(waited, 1)
             out["load_1min"] = round(os.getloadavg()[0], 2)
             t0 = time.perf_counter()
-            proc = subprocess.Popen(cmd, cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            proc = subprocess.Popen(
+                cmd,
+                cwd=checkout,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
 
             def read_stderr() -> None:
                 assert proc.stderr is not None
@@ -108,7 +132,9 @@ def run_once(checkout: Path, env_extra: dict[str, str], python: str, lock: str |
             reader = threading.Thread(target=read_stderr, daemon=True)
             reader.start()
             stdout_chunks: list[str] = []
-            stdout_reader = threading.Thread(target=lambda: stdout_chunks.append(proc.stdout.read()), daemon=True)  # type: ignore[union-attr]
+            stdout_reader = threading.Thread(
+                target=lambda: stdout_chunks.append(proc.stdout.read()), daemon=True
+            )  # type: ignore[union-attr]
             stdout_reader.start()
             pending = dict(FIRSTS)
             while proc.poll() is None:
@@ -141,7 +167,12 @@ def run_once(checkout: Path, env_extra: dict[str, str], python: str, lock: str |
 
 def git_head(checkout: Path) -> str | None:
     try:
-        return subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
 
@@ -149,14 +180,31 @@ def git_head(checkout: Path) -> str | None:
 def ensure_sample(checkout: Path, python: str) -> None:
     """Generate the bundled sample once, outside the timed runs (the command would, in 0.3 s)."""
     code = "from topologies.zeitgeist.generator import ensure_sample; ensure_sample()"
-    subprocess.run([python, "-c", code], cwd=checkout, env={**os.environ, "PYTHONPATH": str(checkout)}, check=True)
+    subprocess.run(
+        [python, "-c", code],
+        cwd=checkout,
+        env={**os.environ, "PYTHONPATH": str(checkout)},
+        check=True,
+    )
 
 
 def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for figure in ("first_output_s", "first_records_s", "first_windows_s", "spark_up_s", "started_s", "whole_run_s", "reported_s"):
+    for figure in (
+        "first_output_s",
+        "first_records_s",
+        "first_windows_s",
+        "spark_up_s",
+        "started_s",
+        "whole_run_s",
+        "reported_s",
+    ):
         xs = [r[figure] for r in runs if r.get(figure) is not None]
-        out[figure] = {"median": round(statistics.median(xs), 2), "min": min(xs), "max": max(xs)} if xs else None
+        out[figure] = (
+            {"median": round(statistics.median(xs), 2), "min": min(xs), "max": max(xs)}
+            if xs
+            else None
+        )
     return out
 
 
@@ -174,9 +222,12 @@ def write_results(variants: dict[str, dict[str, Any]], out: str, *, done: bool) 
     }
     for label, v in variants.items():
         results["variants"][label] = {
-            "checkout": os.path.relpath(v["checkout"], ROOT), "commit": v["commit"], "env": v["env"], "summary": summary(v["runs"]),
+            "checkout": os.path.relpath(v["checkout"], ROOT),
+            "commit": v["commit"],
+            "env": v["env"],
+            "summary": summary(v["runs"]),
             "runs": [{k: val for k, val in r.items() if k != "evaluation"} for r in v["runs"]],
-        }  # fmt: skip
+        }
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(results, indent=1) + "\n")
     return results
@@ -184,11 +235,29 @@ def write_results(variants: dict[str, dict[str, Any]], out: str, *, done: bool) 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--variant", action="append", default=[], metavar="LABEL=CHECKOUT", help="a checkout to run (repeatable; default: this one)")
-    p.add_argument("--env", action="append", default=[], metavar="LABEL:NAME=VALUE", help="an environment setting for one variant (repeatable)")
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL=CHECKOUT",
+        help="a checkout to run (repeatable; default: this one)",
+    )
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="LABEL:NAME=VALUE",
+        help="an environment setting for one variant (repeatable)",
+    )
     p.add_argument("--runs", type=int, default=2, help="runs per variant, alternating")
-    p.add_argument("--python", default=sys.executable, help="the interpreter (the one with pyspark)")
-    p.add_argument("--lock", default="/tmp/millwheel-spark.lock", help="flock file taken for each run ('' for none)")
+    p.add_argument(
+        "--python", default=sys.executable, help="the interpreter (the one with pyspark)"
+    )
+    p.add_argument(
+        "--lock",
+        default="/tmp/millwheel-spark.lock",
+        help="flock file taken for each run ('' for none)",
+    )
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args(argv)
@@ -210,15 +279,40 @@ def main(argv: list[str] | None = None) -> int:
         for label, v in variants.items():
             r = run_once(v["checkout"], v["env"], args.python, args.lock or None, args.timeout)
             v["runs"].append(r)
-            figures = {k: r.get(k) for k in ("first_records_s", "first_windows_s", "first_output_s", "whole_run_s", "reported_s", "spark_up_s", "started_s", "load_1min")}
-            print(f"run {i + 1} {label:>10}: " + "  ".join(f"{k}={val}" for k, val in figures.items()), flush=True)
+            figures = {
+                k: r.get(k)
+                for k in (
+                    "first_records_s",
+                    "first_windows_s",
+                    "first_output_s",
+                    "whole_run_s",
+                    "reported_s",
+                    "spark_up_s",
+                    "started_s",
+                    "load_1min",
+                )
+            }
+            print(
+                f"run {i + 1} {label:>10}: "
+                + "  ".join(f"{k}={val}" for k, val in figures.items()),
+                flush=True,
+            )
             if r["returncode"] != 0:
                 print("\n".join(r.get("stderr_tail", [])), file=sys.stderr)
-            write_results(variants, args.out, done=False)  # a bench cut short keeps the runs it made
+            write_results(
+                variants, args.out, done=False
+            )  # a bench cut short keeps the runs it made
     results = write_results(variants, args.out, done=True)
     print(f"evaluation identical in every run: {results['evaluation_identical']}")
     for label, v in results["variants"].items():
-        print(f"{label:>10}: " + "  ".join(f"{k} {val['median']} ({val['min']}-{val['max']})" for k, val in v["summary"].items() if val))
+        print(
+            f"{label:>10}: "
+            + "  ".join(
+                f"{k} {val['median']} ({val['min']}-{val['max']})"
+                for k, val in v["summary"].items()
+                if val
+            )
+        )
     print(f"wrote {os.path.relpath(args.out)}")
     return 0
 

@@ -22,17 +22,31 @@ T0 = time.time()
 
 
 def _batches(rt: Any) -> list[tuple[float, str]]:
-    queries = [(n, c.query) for n, c in rt.computations.items()] + [(n, i.query) for n, i in rt.injectors.items()]
+    queries = [(n, c.query) for n, c in rt.computations.items()] + [
+        (n, i.query) for n, i in rt.injectors.items()
+    ]
     rows = []
     for name, q in queries:
         for p in [] if q is None else q.recentProgress:
             if not p["numInputRows"] and not p["durationMs"].get("addBatch"):
                 continue  # a trigger that found nothing to run
-            at = datetime.strptime(p["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp() - T0
+            at = (
+                datetime.strptime(p["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ")
+                .replace(tzinfo=timezone.utc)
+                .timestamp()
+                - T0
+            )
             took = p["durationMs"].get("triggerExecution", 0) / 1000
-            phases = {k: v for k, v in p["durationMs"].items() if v > 50 and k != "triggerExecution"}
+            phases = {
+                k: v for k, v in p["durationMs"].items() if v > 50 and k != "triggerExecution"
+            }
             wm = p.get("eventTime", {}).get("watermark")
-            rows.append((at, f"{at:6.2f} +{took:5.2f} -> {at + took:6.2f}  {name:>16} b{p['batchId']:<3} in={p['numInputRows']:<7} wm={wm} {phases}"))
+            rows.append(
+                (
+                    at,
+                    f"{at:6.2f} +{took:5.2f} -> {at + took:6.2f}  {name:>16} b{p['batchId']:<3} in={p['numInputRows']:<7} wm={wm} {phases}",
+                )
+            )
     return rows
 
 
@@ -44,9 +58,15 @@ def _first_files(root: str) -> list[str]:
             d = os.path.join(streams, stream, producer)
             if producer.startswith(("_", ".")) or not os.path.isdir(d):
                 continue
-            times = sorted(os.stat(os.path.join(d, e)).st_mtime - T0 for e in os.listdir(d) if not e.startswith(("_", ".")))
+            times = sorted(
+                os.stat(os.path.join(d, e)).st_mtime - T0
+                for e in os.listdir(d)
+                if not e.startswith(("_", "."))
+            )
             if times:
-                out.append(f"stream {stream}/{producer}: first file {times[0]:.2f} ({len(times)} files)")
+                out.append(
+                    f"stream {stream}/{producer}: first file {times[0]:.2f} ({len(times)} files)"
+                )
     return out
 
 
@@ -59,12 +79,25 @@ def main(argv: list[str]) -> int:
 
     def traced_heartbeat(self: Any, wm: int | None, ticks: list[tuple[int, int]]) -> None:
         at = time.time() - T0
-        heartbeats.append((at, f"{at:6.2f} heartbeat {self.name:>16} #{self._hb_seq} wm={wm} ticks={len(ticks)}"))
+        heartbeats.append(
+            (at, f"{at:6.2f} heartbeat {self.name:>16} #{self._hb_seq} wm={wm} ticks={len(ticks)}")
+        )
         write_heartbeat(self, wm, ticks)
 
     def traced_stop(self: Any) -> None:
         lines = [line for _, line in sorted(_batches(self) + heartbeats)]
-        print("\n".join(["", f"timeline of {run_dir} (s from start):", *lines, *_first_files(run_dir), f"stopping at {time.time() - T0:.2f}"]), file=sys.stderr)
+        print(
+            "\n".join(
+                [
+                    "",
+                    f"timeline of {run_dir} (s from start):",
+                    *lines,
+                    *_first_files(run_dir),
+                    f"stopping at {time.time() - T0:.2f}",
+                ]
+            ),
+            file=sys.stderr,
+        )
         stop(self)
 
     _query.ComputationQuery._write_heartbeat = traced_heartbeat  # type: ignore[method-assign]

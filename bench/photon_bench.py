@@ -79,11 +79,17 @@ CLICK_SCHEMA = "click_id string, query_id string, ts long, ad_slot int"
 
 
 def lines_of(data: Path) -> int:
-    return sum(len(p.read_bytes().splitlines()) for log in ("queries", "clicks") for p in (data / log).glob("*.jsonl"))
+    return sum(
+        len(p.read_bytes().splitlines())
+        for log in ("queries", "clicks")
+        for p in (data / log).glob("*.jsonl")
+    )
 
 
 # ------------------------------------------------------------------------------ millwheel
-def run_photon(data: Path, work: Path, intervals: int, *, columnar: bool) -> tuple[float, dict[str, Any]]:
+def run_photon(
+    data: Path, work: Path, intervals: int, *, columnar: bool
+) -> tuple[float, dict[str, Any]]:
     from id_registry import embedded_registry
     from millwheel.runtime import RuntimeSettings
 
@@ -91,14 +97,30 @@ def run_photon(data: Path, work: Path, intervals: int, *, columnar: bool) -> tup
     shutil.rmtree(run, ignore_errors=True)
     with embedded_registry() as service:
         factory = RegistryFactory(service.url, str(Path(service.data_dir) / "secret"))
-        settings = RuntimeSettings(intervals=intervals, poll_ms=50, heartbeat_ms=100, max_restarts=500)
+        settings = RuntimeSettings(
+            intervals=intervals, poll_ms=50, heartbeat_ms=100, max_restarts=500
+        )
         started = time.perf_counter()
         config = PhotonConfig(columnar_joiner=columnar)
-        result = run_spark(data, run, config=config, settings=settings, pipeline="bench", registry=factory, registry_url=service.url, timeout_s=3600)
+        result = run_spark(
+            data,
+            run,
+            config=config,
+            settings=settings,
+            pipeline="bench",
+            registry=factory,
+            registry_url=service.url,
+            timeout_s=3600,
+        )
         elapsed = time.perf_counter() - started
     report = evaluate(result, data, load_truth(data))
-    return elapsed, {"ok": report["ok"], "joined": report["joined"]["output"], "expected": report["joined"]["expected"],
-                     "duplicates": report["duplicates_in_output"], "registry_commits": result.metrics["Joiner"].get("once_committed")}  # fmt: skip
+    return elapsed, {
+        "ok": report["ok"],
+        "joined": report["joined"]["output"],
+        "expected": report["joined"]["expected"],
+        "duplicates": report["duplicates_in_output"],
+        "registry_commits": result.metrics["Joiner"].get("once_committed"),
+    }
 
 
 # ---------------------------------------------------------------------------------- native
@@ -108,27 +130,54 @@ def run_native(spark: Any, data: Path, work: Path) -> tuple[float, dict[str, Any
     out = work / "native"
     shutil.rmtree(out, ignore_errors=True)
     queries = (
-        spark.readStream.schema(QUERY_SCHEMA).json(str(data / "queries"))
+        spark.readStream.schema(QUERY_SCHEMA)
+        .json(str(data / "queries"))
         .where("query_id IS NOT NULL AND ts IS NOT NULL")
-        .withColumn("query_time", F.timestamp_millis("ts")).withWatermark("query_time", "30 seconds")
+        .withColumn("query_time", F.timestamp_millis("ts"))
+        .withWatermark("query_time", "30 seconds")
         .dropDuplicatesWithinWatermark(["query_id"])
-        .select(F.col("query_id").alias("q_id"), "query_time", F.col("ts").alias("query_ts"), "advertiser_id", "ad_text", "terms")
-    )  # fmt: skip
+        .select(
+            F.col("query_id").alias("q_id"),
+            "query_time",
+            F.col("ts").alias("query_ts"),
+            "advertiser_id",
+            "ad_text",
+            "terms",
+        )
+    )
     clicks = (
-        spark.readStream.schema(CLICK_SCHEMA).json(str(data / "clicks"))
+        spark.readStream.schema(CLICK_SCHEMA)
+        .json(str(data / "clicks"))
         .where("click_id IS NOT NULL AND ts IS NOT NULL AND query_id IS NOT NULL")
-        .withColumn("click_time", F.timestamp_millis("ts")).withWatermark("click_time", "10 seconds")
+        .withColumn("click_time", F.timestamp_millis("ts"))
+        .withWatermark("click_time", "10 seconds")
         .dropDuplicatesWithinWatermark(["click_id"])
-    )  # fmt: skip
+    )
     joined = clicks.join(
         queries,
-        F.expr("query_id = q_id AND click_time >= query_time AND click_time <= query_time + interval 60 seconds"),
-    ).select("click_id", "query_id", "ad_slot", "advertiser_id", "ad_text", "terms", "query_ts", F.col("ts").alias("click_ts"))
+        F.expr(
+            "query_id = q_id AND click_time >= query_time AND click_time <= query_time + interval 60 seconds"
+        ),
+    ).select(
+        "click_id",
+        "query_id",
+        "ad_slot",
+        "advertiser_id",
+        "ad_text",
+        "terms",
+        "query_ts",
+        F.col("ts").alias("click_ts"),
+    )
 
     def sink(batch: Any, bid: int) -> None:
         batch.write.mode("overwrite").parquet(str(out / "data" / str(bid)))
 
-    q = joined.writeStream.outputMode("append").foreachBatch(sink).option("checkpointLocation", str(out / "ckpt")).trigger(availableNow=True)
+    q = (
+        joined.writeStream.outputMode("append")
+        .foreachBatch(sink)
+        .option("checkpointLocation", str(out / "ckpt"))
+        .trigger(availableNow=True)
+    )
     started = time.perf_counter()
     q.start().awaitTermination()
     elapsed = time.perf_counter() - started
@@ -138,7 +187,12 @@ def run_native(spark: Any, data: Path, work: Path) -> tuple[float, dict[str, Any
     rows = [r for p in parts for r in pq.read_table(p).to_pylist()]
     ids = [r["click_id"] for r in rows]
     expected = {j["click_id"] for j in batch_join(data).joined}
-    return elapsed, {"joined": len(rows), "expected": len(expected), "exact_ids": set(ids) == expected, "duplicates": len(ids) - len(set(ids))}
+    return elapsed, {
+        "joined": len(rows),
+        "expected": len(expected),
+        "exact_ids": set(ids) == expected,
+        "duplicates": len(ids) - len(set(ids)),
+    }
 
 
 VARIANTS = ("photon", "photon_col", "native")
@@ -146,9 +200,13 @@ VARIANTS = ("photon", "photon_col", "native")
 
 # ---------------------------------------------------------------------------------- stages
 def _process_kind(cmd: str) -> str:
-    for marker, kind in (("java", "jvm"), ("python_streaming_source_runner", "python planners (one per log injector)"),
-                         ("pyspark.daemon pyspark.worker", "python workers"), ("pyspark.daemon", "python data-source workers"),
-                         ("id_registry", "registry service")):  # fmt: skip
+    for marker, kind in (
+        ("java", "jvm"),
+        ("python_streaming_source_runner", "python planners (one per log injector)"),
+        ("pyspark.daemon pyspark.worker", "python workers"),
+        ("pyspark.daemon", "python data-source workers"),
+        ("id_registry", "registry service"),
+    ):
         if marker in cmd:
             return kind
     return "other"
@@ -161,7 +219,12 @@ def cpu_by_process() -> dict[int, tuple[str, float]]:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cmd = (
+                Path(f"/proc/{pid}/cmdline")
+                .read_bytes()
+                .replace(b"\0", b" ")
+                .decode(errors="replace")
+            )
         except OSError:
             continue
         fields = stat[stat.rfind(")") + 2 :].split()
@@ -171,7 +234,11 @@ def cpu_by_process() -> dict[int, tuple[str, float]]:
         kids = {p for p, (parent, _, _) in rows.items() if parent in mine} - mine
         mine |= kids
         grew = bool(kids)
-    return {p: ("driver" if p == os.getpid() else _process_kind(rows[p][2]), rows[p][1]) for p in mine if p in rows}
+    return {
+        p: ("driver" if p == os.getpid() else _process_kind(rows[p][2]), rows[p][1])
+        for p in mine
+        if p in rows
+    }
 
 
 class CpuWatch(threading.Thread):
@@ -235,7 +302,9 @@ class Stages:
         for r in reports:
             if not r["rows"] and "addBatch" not in r["ms"]:
                 continue  # an idle poll
-            q = out.setdefault(r["name"] or "native", {"batches": 0, "rows": 0, "ms": {}, "batch_ms": []})
+            q = out.setdefault(
+                r["name"] or "native", {"batches": 0, "rows": 0, "ms": {}, "batch_ms": []}
+            )
             q["batches"] += 1
             q["rows"] += r["rows"]
             q["batch_ms"].append(r["ms"].get("triggerExecution", 0))
@@ -248,8 +317,15 @@ class Stages:
 
 
 def throughput(
-    spark: Any, data: Path, work: Path, reps: int, intervals: int, variants: tuple[str, ...] = VARIANTS, *, stages: bool = False,
-) -> dict[str, Any]:  # fmt: skip
+    spark: Any,
+    data: Path,
+    work: Path,
+    reps: int,
+    intervals: int,
+    variants: tuple[str, ...] = VARIANTS,
+    *,
+    stages: bool = False,
+) -> dict[str, Any]:
     lines = lines_of(data)
     runs: dict[str, list[float]] = {v: [] for v in variants}
     checks: dict[str, Any] = {}
@@ -257,7 +333,9 @@ def throughput(
     listener = Stages(spark) if stages else None
     try:
         for rep in range(reps + 1):  # round 0 is the warm-up
-            order = list(variants) if rep % 2 == 0 else list(reversed(variants))  # interleaved: drift hits every variant
+            order = (
+                list(variants) if rep % 2 == 0 else list(reversed(variants))
+            )  # interleaved: drift hits every variant
             for variant in order:
                 watch = CpuWatch() if stages else None
                 if listener is not None:
@@ -265,32 +343,55 @@ def throughput(
                 if variant == "native":
                     elapsed, check = run_native(spark, data, work)
                 else:
-                    elapsed, check = run_photon(data, work, intervals, columnar=variant == "photon_col")
+                    elapsed, check = run_photon(
+                        data, work, intervals, columnar=variant == "photon_col"
+                    )
                 cpu = watch.stop() if watch is not None else {}
-                print(f"  {'warm-up' if rep == 0 else f'rep {rep}'} {variant}: {elapsed:.1f}s, {lines / elapsed:,.0f} lines/s, {check}", flush=True)
+                print(
+                    f"  {'warm-up' if rep == 0 else f'rep {rep}'} {variant}: {elapsed:.1f}s, {lines / elapsed:,.0f} lines/s, {check}",
+                    flush=True,
+                )
                 checks[variant] = check
                 if rep:
                     runs[variant].append(elapsed)
                 if listener is not None and rep:
-                    got = {"cpu_s": cpu, "cpu_total_s": round(sum(cpu.values()), 2), "queries": listener.take()}
+                    got = {
+                        "cpu_s": cpu,
+                        "cpu_total_s": round(sum(cpu.values()), 2),
+                        "queries": listener.take(),
+                    }
                     breakdown[variant].append(got)
                     print(f"    cpu s {got['cpu_total_s']}: {got['cpu_s']}", flush=True)
                     for name, q in got["queries"].items():
-                        print(f"    {name}: {q['batches']} batches, {q['rows']:,} rows, batch ms {q['batch_ms']}, addBatch {q['ms'].get('addBatch', 0)} ms", flush=True)
+                        print(
+                            f"    {name}: {q['batches']} batches, {q['rows']:,} rows, batch ms {q['batch_ms']}, addBatch {q['ms'].get('addBatch', 0)} ms",
+                            flush=True,
+                        )
     finally:
         if listener is not None:
             listener.close()
-    out: dict[str, Any] = {"lines": lines, "variants": list(variants), "seconds": runs, "checks": checks}
+    out: dict[str, Any] = {
+        "lines": lines,
+        "variants": list(variants),
+        "seconds": runs,
+        "checks": checks,
+    }
     if stages:
         out["stages"] = breakdown
     for v in variants:
         out[f"{v}_lines_per_s"] = lines / statistics.median(runs[v])
     if "native" in variants:
         for v in variants:
-            if v != "native":  # the median of per-repetition ratios (each pair measured side by side)
-                out[f"ratio_{v}_over_native"] = statistics.median(n / p for p, n in zip(runs[v], runs["native"], strict=True))
+            if (
+                v != "native"
+            ):  # the median of per-repetition ratios (each pair measured side by side)
+                out[f"ratio_{v}_over_native"] = statistics.median(
+                    n / p for p, n in zip(runs[v], runs["native"], strict=True)
+                )
     if "photon" in variants and "photon_col" in variants:
-        out["ratio_photon_col_over_photon"] = statistics.median(p / c for p, c in zip(runs["photon"], runs["photon_col"], strict=True))
+        out["ratio_photon_col_over_photon"] = statistics.median(
+            p / c for p, c in zip(runs["photon"], runs["photon_col"], strict=True)
+        )
     return out
 
 
@@ -313,7 +414,9 @@ class _Writer(threading.Thread):
                 lines = (self.sample / log / f["name"]).read_text().splitlines()
                 span = f["written_to_ms"] - f["written_from_ms"]
                 for i, line in enumerate(lines):
-                    plan.append((f["written_from_ms"] + span * i / max(1, len(lines)), log, f["name"], line))
+                    plan.append(
+                        (f["written_from_ms"] + span * i / max(1, len(lines)), log, f["name"], line)
+                    )
         plan.sort()
         handles: dict[tuple[str, str], Any] = {}
         for at_ms, log, name, line in plan:
@@ -351,7 +454,14 @@ def latency(spark: Any, work: Path, rate: float, seconds: int, intervals: int) -
         prepare_run(run, live, cfg, "latency", service.url)
         t = build(live, config=cfg, reinject_dir=run / REINJECT, finite=False)
         factory = RegistryFactory(service.url, str(Path(service.data_dir) / "secret"))
-        settings = RuntimeSettings(intervals=intervals, poll_ms=20, heartbeat_ms=100, pipeline="latency", registry=factory, max_restarts=500)
+        settings = RuntimeSettings(
+            intervals=intervals,
+            poll_ms=20,
+            heartbeat_ms=100,
+            pipeline="latency",
+            registry=factory,
+            max_restarts=500,
+        )
         rt = SparkRuntime(t, str(run), settings, spark=spark, log=lambda m: None)
         rt.start()
         writer = _Writer(sample, live, lead_s=2.0)
@@ -362,7 +472,13 @@ def latency(spark: Any, work: Path, rate: float, seconds: int, intervals: int) -
                 rt.poll()
                 time.sleep(settings.poll_ms / 1000)
             progress = {name: _progress(q.query) for name, q in rt.computations.items()}
-            progress.update({f"injector.{n}": _progress(i.query) for n, i in rt.injectors.items() if getattr(i, "query", None)})
+            progress.update(
+                {
+                    f"injector.{n}": _progress(i.query)
+                    for n, i in rt.injectors.items()
+                    if getattr(i, "query", None)
+                }
+            )
             published = dict(rt.computations["Joiner"].outbox.published_at)
         finally:
             rt.stop()
@@ -383,8 +499,17 @@ def latency(spark: Any, work: Path, rate: float, seconds: int, intervals: int) -
         return s[max(0, min(len(s) - 1, int(round(p / 100 * len(s))) - 1))] if s else float("nan")
 
     report = evaluate(read_run(run), live, load_truth(sample))
-    return {"rate_queries_per_s": rate, "seconds": seconds, "clicks": len(lat), "p50_s": pct(50), "p90_s": pct(90), "p99_s": pct(99),
-            "max_s": s[-1] if s else None, "join_ok": report["ok"], "progress": progress}  # fmt: skip
+    return {
+        "rate_queries_per_s": rate,
+        "seconds": seconds,
+        "clicks": len(lat),
+        "p50_s": pct(50),
+        "p90_s": pct(90),
+        "p99_s": pct(99),
+        "max_s": s[-1] if s else None,
+        "join_ok": report["ok"],
+        "progress": progress,
+    }
 
 
 def _progress(query: Any) -> dict[str, float]:
@@ -395,7 +520,9 @@ def _progress(query: Any) -> dict[str, float]:
     for p in query.recentProgress:
         for k, v in (p.get("durationMs") or {}).items():
             phases.setdefault(k, []).append(v)
-    return {k: statistics.median(v) for k, v in phases.items()} | {"batches": len(query.recentProgress)}
+    return {k: statistics.median(v) for k, v in phases.items()} | {
+        "batches": len(query.recentProgress)
+    }
 
 
 # --------------------------------------------------------------------------------- profile
@@ -409,7 +536,12 @@ def profile(data: Path) -> dict[str, Any]:
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(14)
     lines = lines_of(data)
-    return {"harness_seconds": elapsed, "harness_lines_per_s": lines / elapsed, "joined": len(result.joined), "top_tottime": buf.getvalue()}
+    return {
+        "harness_seconds": elapsed,
+        "harness_lines_per_s": lines / elapsed,
+        "joined": len(result.joined),
+        "top_tottime": buf.getvalue(),
+    }
 
 
 def lookups(data: Path, n: int = 5_000) -> dict[str, Any]:
@@ -418,7 +550,12 @@ def lookups(data: Path, n: int = 5_000) -> dict[str, Any]:
     from topologies.photon.eventstore import LogsEventStore
 
     logs = data / "queries"
-    ids = [json.loads(line)["query_id"] for p in sorted(logs.glob("*.jsonl")) for line in p.read_text().splitlines() if line.startswith('{"query_id"')]
+    ids = [
+        json.loads(line)["query_id"]
+        for p in sorted(logs.glob("*.jsonl"))
+        for line in p.read_text().splitlines()
+        if line.startswith('{"query_id"')
+    ]
     hits = random.Random(1).sample(ids, min(n, len(ids)))
     misses = [q[:-1] + "x" for q in hits]
     store = LogsEventStore(logs)
@@ -433,7 +570,10 @@ def lookups(data: Path, n: int = 5_000) -> dict[str, Any]:
                 store.lookup(q)
             best = min(best, time.process_time() - c)
         out[f"{name}_per_cpu_s"] = round(len(qs) / best)
-    print(f"log-store lookups per CPU s: hits {out['hits_per_cpu_s']:,}, misses {out['misses_per_cpu_s']:,}", flush=True)
+    print(
+        f"log-store lookups per CPU s: hits {out['hits_per_cpu_s']:,}, misses {out['misses_per_cpu_s']:,}",
+        flush=True,
+    )
     return out
 
 
@@ -445,14 +585,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--intervals", type=int, default=8)
     p.add_argument("--latency-rate", type=float, default=400.0)
     p.add_argument("--latency-s", type=int, default=90)
-    p.add_argument("--skip", default="", help="comma-separated: throughput, latency, profile, lookups")
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated throughput variants of {VARIANTS}")
-    p.add_argument("--stages", action="store_true", help="throughput: each measured run's micro-batches per query and CPU seconds per process kind")
+    p.add_argument(
+        "--skip", default="", help="comma-separated: throughput, latency, profile, lookups"
+    )
+    p.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"comma-separated throughput variants of {VARIANTS}",
+    )
+    p.add_argument(
+        "--stages",
+        action="store_true",
+        help="throughput: each measured run's micro-batches per query and CPU seconds per process kind",
+    )
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "photon.json"))
     args = p.parse_args(argv)
     if args.quick:
-        args.rate, args.duration_s, args.reps, args.latency_rate, args.latency_s = 200.0, 20, 1, 100.0, 20
+        args.rate, args.duration_s, args.reps, args.latency_rate, args.latency_s = (
+            200.0,
+            20,
+            1,
+            100.0,
+            20,
+        )
     skip = set(args.skip.split(",")) - {""}
     from millwheel.runtime import spark_session
 
@@ -460,10 +616,17 @@ def main(argv: list[str] | None = None) -> int:
     data = work / "sample"
     truth = generate(data, GeneratorConfig(seed=3, rate=args.rate, duration_s=args.duration_s))
     out: dict[str, Any] = {
-        "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_before": os.getloadavg(),
-        "sample": {"queries": truth["queries"], "clicks": truth["clicks"], "lines": lines_of(data), "rate": args.rate, "duration_s": args.duration_s},
+        "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_before": os.getloadavg(),
+        "sample": {
+            "queries": truth["queries"],
+            "clicks": truth["clicks"],
+            "lines": lines_of(data),
+            "rate": args.rate,
+            "duration_s": args.duration_s,
+        },
         "config": dataclasses.asdict(PhotonConfig()),
-    }  # fmt: skip
+    }
     spark = spark_session("local[2]")
     try:
         if "throughput" not in skip:
@@ -472,7 +635,9 @@ def main(argv: list[str] | None = None) -> int:
             unknown = set(variants) - set(VARIANTS)
             if unknown:
                 p.error(f"unknown variants {sorted(unknown)}; known: {VARIANTS}")
-            out["throughput"] = throughput(spark, data, work, args.reps, args.intervals, variants, stages=args.stages)
+            out["throughput"] = throughput(
+                spark, data, work, args.reps, args.intervals, variants, stages=args.stages
+            )
         if "latency" not in skip:
             print(f"latency at {args.latency_rate} queries/s for {args.latency_s}s", flush=True)
             out["latency"] = latency(spark, work, args.latency_rate, args.latency_s, args.intervals)
@@ -491,7 +656,9 @@ def main(argv: list[str] | None = None) -> int:
         ratios = ", ".join(f"{k[6:]} {v:.2f}x" for k, v in tp.items() if k.startswith("ratio_"))
         print(f"throughput (lines/s): {rates}; {ratios} (target: photon_col >= 1.0x native)")
     if lat:
-        print(f"latency: p50 {lat['p50_s']:.2f}s p90 {lat['p90_s']:.2f}s p99 {lat['p99_s']:.2f}s over {lat['clicks']} clicks (target p90 <= 3 s)")
+        print(
+            f"latency: p50 {lat['p50_s']:.2f}s p90 {lat['p90_s']:.2f}s p99 {lat['p99_s']:.2f}s over {lat['clicks']} clicks (target p90 <= 3 s)"
+        )
     if "profile" in out:
         print(out["profile"]["top_tottime"])
     print(f"written to {args.out}")

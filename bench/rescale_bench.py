@@ -91,7 +91,11 @@ class ColumnarCount(ColumnarComputation):
         n = batch.records.groupby("key", sort=False, observed=True).size().rename("n").reset_index()
         old = batch.state
         if len(old):
-            n = pd.concat([old, n]).groupby("key", sort=False, as_index=False, observed=True)["n"].sum()
+            n = (
+                pd.concat([old, n])
+                .groupby("key", sort=False, as_index=False, observed=True)["n"]
+                .sum()
+            )
         batch.set_state(n)
 
 
@@ -104,14 +108,22 @@ class Keys(Source):
 
     def batches(self, injector: str = "injector", stream: str = "records"):
         for lo in range(0, self.keys, self.per):
-            yield SourceBatch([Record(None, {"k": i}, 1_000 + i % 1_000, f"r{i}") for i in range(lo, min(lo + self.per, self.keys))], 1_000)
+            yield SourceBatch(
+                [
+                    Record(None, {"k": i}, 1_000 + i % 1_000, f"r{i}")
+                    for i in range(lo, min(lo + self.per, self.keys))
+                ],
+                1_000,
+            )
         yield SourceBatch([], MAX_TIMESTAMP)
 
 
 def topology(keys: int, columnar: bool = False) -> Topology:
     t = Topology("rescale_bench")
     t.injector("in", Keys(keys))
-    t.computation(ColumnarCount if columnar else Count, name="Count", inputs={"in": lambda r: r.value["k"]})
+    t.computation(
+        ColumnarCount if columnar else Count, name="Count", inputs={"in": lambda r: r.value["k"]}
+    )
     return t
 
 
@@ -148,11 +160,20 @@ def one(spark, work: Path, keys: int, start: int = 8, to: int = 16, columnar: bo
     assert held == keys, f"{held} keys after the move, {keys} before"
     shutil.rmtree(run, ignore_errors=True)
     return {
-        "keys": keys, "columnar": columnar, "from": start, "to": to, "load_s": round(load_s, 1), "rescale_s": round(done["seconds"], 2),
-        "read_s": round(done["read_s"], 2), "move_file_mb": round(size, 1), "resume_plain_s": round(plain_s, 1),
-        "resume_s": round(resume_s, 1), "move_batch_s": round(resume_s - plain_s, 1),
-        "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_avg_at_end": [round(x, 1) for x in os.getloadavg()],
-    }  # fmt: skip
+        "keys": keys,
+        "columnar": columnar,
+        "from": start,
+        "to": to,
+        "load_s": round(load_s, 1),
+        "rescale_s": round(done["seconds"], 2),
+        "read_s": round(done["read_s"], 2),
+        "move_file_mb": round(size, 1),
+        "resume_plain_s": round(plain_s, 1),
+        "resume_s": round(resume_s, 1),
+        "move_batch_s": round(resume_s - plain_s, 1),
+        "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_avg_at_end": [round(x, 1) for x in os.getloadavg()],
+    }
 
 
 def one_layout(spark, work: Path, keys: int, layout: str) -> dict:
@@ -175,10 +196,18 @@ def one_layout(spark, work: Path, keys: int, layout: str) -> dict:
     assert held == keys == done["keys"], f"{held} keys after the move, {keys} before"
     shutil.rmtree(run, ignore_errors=True)
     return {
-        "keys": keys, "from": other, "to": layout, "intervals": 8, "load_s": round(load_s, 1),
-        "relayout_s": round(done["seconds"], 2), "read_s": round(done["read_s"], 2), "build_s": round(done["build_s"], 2),
-        "resume_plain_s": round(plain_s, 1), "resume_s": round(resume_s, 1), "first_batch_extra_s": round(resume_s - plain_s, 1),
-    }  # fmt: skip
+        "keys": keys,
+        "from": other,
+        "to": layout,
+        "intervals": 8,
+        "load_s": round(load_s, 1),
+        "relayout_s": round(done["seconds"], 2),
+        "read_s": round(done["read_s"], 2),
+        "build_s": round(done["build_s"], 2),
+        "resume_plain_s": round(plain_s, 1),
+        "resume_s": round(resume_s, 1),
+        "first_batch_extra_s": round(resume_s - plain_s, 1),
+    }
 
 
 def _drive(rt: SparkRuntime, until, timeout_s: float = 3600) -> None:
@@ -192,14 +221,20 @@ def _drive(rt: SparkRuntime, until, timeout_s: float = 3600) -> None:
         time.sleep(rt.settings.poll_ms / 1000)
 
 
-def _online_rescale(rt: SparkRuntime, run: Path, computation: str, intervals: int | None, layout: str | None = None) -> dict:
+def _online_rescale(
+    rt: SparkRuntime, run: Path, computation: str, intervals: int | None, layout: str | None = None
+) -> dict:
     """Ask the running driver ``rt`` (driven here) for a rescale, as ``millwheel rescale`` does from another process."""
     import threading
 
     from millwheel.runtime._online import rescale as rescale_online
 
     answer: dict = {}
-    asker = threading.Thread(target=lambda: answer.update(rescale_online(str(run), computation, intervals, layout=layout, timeout_s=3600)))
+    asker = threading.Thread(
+        target=lambda: answer.update(
+            rescale_online(str(run), computation, intervals, layout=layout, timeout_s=3600)
+        )
+    )
     asker.start()
     _drive(rt, lambda: not asker.is_alive())
     assert answer.get("state") == "done", answer
@@ -218,16 +253,25 @@ def online(spark, work: Path, keys: int) -> dict:
         rt.stop()
     shutil.rmtree(run, ignore_errors=True)
     return {
-        "keys": keys, "from": 8, "to": 16, "total_s": a["total_s"], "stopped_s": a["stopped_s"], "move_s": a["move_s"],
-        "read_s": a["read_s"], "restart_to_moved_s": a["restart_to_moved_s"], "at_batch_boundary": a["stopped_at_batch_boundary"],
-    }  # fmt: skip
+        "keys": keys,
+        "from": 8,
+        "to": 16,
+        "total_s": a["total_s"],
+        "stopped_s": a["stopped_s"],
+        "move_s": a["move_s"],
+        "read_s": a["read_s"],
+        "restart_to_moved_s": a["restart_to_moved_s"],
+        "at_batch_boundary": a["stopped_at_batch_boundary"],
+    }
 
 
 def online_layout(spark, work: Path, keys: int, layout: str) -> dict:
     run = work / f"online-relayout-{keys}"
     shutil.rmtree(run, ignore_errors=True)
     other = "intervals" if layout == "keys" else "keys"
-    rt = SparkRuntime(topology(keys), str(run), RuntimeSettings(intervals=8, state_layout=other), spark=spark)
+    rt = SparkRuntime(
+        topology(keys), str(run), RuntimeSettings(intervals=8, state_layout=other), spark=spark
+    )
     rt.start()
     try:
         _drive(rt, lambda: rt.computations["Count"].metrics["records_in"] >= keys)
@@ -238,10 +282,18 @@ def online_layout(spark, work: Path, keys: int, layout: str) -> dict:
     assert held == keys == a["keys"], f"{held} keys after the move, {keys} before ({a})"
     shutil.rmtree(run, ignore_errors=True)
     return {
-        "keys": keys, "from": other, "to": layout, "intervals": 8, "total_s": a["total_s"], "stopped_s": a["stopped_s"],
-        "move_s": a["move_s"], "read_s": a["read_s"], "build_s": a["build_s"], "restart_to_moved_s": a["restart_to_moved_s"],
+        "keys": keys,
+        "from": other,
+        "to": layout,
+        "intervals": 8,
+        "total_s": a["total_s"],
+        "stopped_s": a["stopped_s"],
+        "move_s": a["move_s"],
+        "read_s": a["read_s"],
+        "build_s": a["build_s"],
+        "restart_to_moved_s": a["restart_to_moved_s"],
         "at_batch_boundary": a["stopped_at_batch_boundary"],
-    }  # fmt: skip
+    }
 
 
 class Touch(Computation):
@@ -258,10 +310,15 @@ def skew(spark, work: Path, held: int, batches: int) -> dict:
     from millwheel._record import encode_key
     from millwheel.runtime._keying import interval_of
 
-    hot = [k for k in range(held, held + 10_000) if interval_of(encode_key(k), 8) == 0][:4]  # one interval of 8, so of 4 too
+    hot = [k for k in range(held, held + 10_000) if interval_of(encode_key(k), 8) == 0][
+        :4
+    ]  # one interval of 8, so of 4 too
     per = 2_000
     load = [Record(None, {"k": i}, 1_000, f"h{i}") for i in range(held)]
-    waves = [[Record(None, {"k": hot[j % len(hot)]}, 2_000 + b, f"b{b}-{j}") for j in range(per)] for b in range(4 * batches + 10)]  # enough for the batches before, during and after the split
+    waves = [
+        [Record(None, {"k": hot[j % len(hot)]}, 2_000 + b, f"b{b}-{j}") for j in range(per)]
+        for b in range(4 * batches + 10)
+    ]  # enough for the batches before, during and after the split
 
     class Skewed(Source):
         """The held keys in one batch, then the hot keys' batches."""
@@ -277,7 +334,9 @@ def skew(spark, work: Path, held: int, batches: int) -> dict:
     t.computation(Touch, inputs={"in": lambda r: r.value["k"]})
     run = work / "skew"
     shutil.rmtree(run, ignore_errors=True)
-    rt = SparkRuntime(t, str(run), RuntimeSettings(intervals=4, max_files_per_trigger=1), spark=spark)
+    rt = SparkRuntime(
+        t, str(run), RuntimeSettings(intervals=4, max_files_per_trigger=1), spark=spark
+    )
     steps: list[tuple[int, int]] = []  # (intervals, the hot interval's step_ms) per published batch
     c = rt.computations["Touch"]
     inner = c.outbox.on_summary
@@ -309,22 +368,49 @@ def skew(spark, work: Path, held: int, batches: int) -> dict:
     step_before = median(s for n, s in steps[:n_req][-batches:] if n == 4)
     step_after = median(split()[1:])  # the first one may be the move batch
     return {
-        "held_keys": held, "hot_keys": len(hot), "records_per_batch": per, "batches": batches,
-        "batch_ms_4": ms(before), "batch_ms_8": ms(after), "hot_step_ms_4": step_before, "hot_step_ms_8": step_after,
-        "split_total_s": a["total_s"], "split_stopped_s": a["stopped_s"],
-    }  # fmt: skip
+        "held_keys": held,
+        "hot_keys": len(hot),
+        "records_per_batch": per,
+        "batches": batches,
+        "batch_ms_4": ms(before),
+        "batch_ms_8": ms(after),
+        "hot_step_ms_4": step_before,
+        "hot_step_ms_8": step_after,
+        "split_total_s": a["total_s"],
+        "split_stopped_s": a["stopped_s"],
+    }
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--keys", type=int, nargs="*", default=[100_000, 1_000_000])
     p.add_argument("--work", default="/tmp/millwheel-rescale-bench")
-    p.add_argument("--layout", choices=("intervals", "keys"), default=None, help="measure a change to this state layout instead (bench/results/relayout.json)")
-    p.add_argument("--online", action="store_true", help="the online rescale and a hot interval's split (bench/results/rescale_online.json)")
+    p.add_argument(
+        "--layout",
+        choices=("intervals", "keys"),
+        default=None,
+        help="measure a change to this state layout instead (bench/results/relayout.json)",
+    )
+    p.add_argument(
+        "--online",
+        action="store_true",
+        help="the online rescale and a hot interval's split (bench/results/rescale_online.json)",
+    )
     p.add_argument("--skew-keys", type=int, default=400_000)
     p.add_argument("--skew-batches", type=int, default=8)
-    p.add_argument("--columnar", action="store_true", help="the stopped-run rescale of the same count as a columnar computation (bench/results/rescale_columnar.json)")
-    p.add_argument("--intervals", type=int, nargs=2, default=[8, 16], metavar=("FROM", "TO"), help="the stopped-run rescale: from and to this many key intervals")
+    p.add_argument(
+        "--columnar",
+        action="store_true",
+        help="the stopped-run rescale of the same count as a columnar computation (bench/results/rescale_columnar.json)",
+    )
+    p.add_argument(
+        "--intervals",
+        type=int,
+        nargs=2,
+        default=[8, 16],
+        metavar=("FROM", "TO"),
+        help="the stopped-run rescale: from and to this many key intervals",
+    )
     args = p.parse_args()
     spark = spark_session("local[2]")
     work = Path(args.work)
@@ -335,12 +421,21 @@ def main() -> int:
         out = []
         for keys in args.keys:
             r = online_layout(spark, work, keys, args.layout)
-            r.update(measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), load_avg=[round(x, 2) for x in os.getloadavg()])
+            r.update(
+                measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                load_avg=[round(x, 2) for x in os.getloadavg()],
+            )
             print(json.dumps(r), flush=True)
             out.append(r)
         fresh = {(r["keys"], r["to"]) for r in out}
-        runs = sorted([r for r in kept if (r["keys"], r["to"]) not in fresh] + out, key=lambda r: (r["to"], r["keys"]))
-        result = {"what": "millwheel rescale --layout while the driver runs (online), 8 key intervals, local[2]", "runs": runs}
+        runs = sorted(
+            [r for r in kept if (r["keys"], r["to"]) not in fresh] + out,
+            key=lambda r: (r["to"], r["keys"]),
+        )
+        result = {
+            "what": "millwheel rescale --layout while the driver runs (online), 8 key intervals, local[2]",
+            "runs": runs,
+        }
         path.write_text(json.dumps(result, indent=1) + "\n")
         return 0
     if args.online:
@@ -351,18 +446,44 @@ def main() -> int:
             runs.append(r)
         sk = skew(spark, work, args.skew_keys, args.skew_batches)
         print(json.dumps(sk), flush=True)
-        result = {"what": "online rescale (the driver running) 8 -> 16 key intervals, local[2]; a hot interval split 4 -> 8 online", "runs": runs, "skew": sk, "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_avg_at_end": os.getloadavg()}
-        (ROOT / "bench" / "results" / "rescale_online.json").write_text(json.dumps(result, indent=1) + "\n")
+        result = {
+            "what": "online rescale (the driver running) 8 -> 16 key intervals, local[2]; a hot interval split 4 -> 8 online",
+            "runs": runs,
+            "skew": sk,
+            "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "load_avg_at_end": os.getloadavg(),
+        }
+        (ROOT / "bench" / "results" / "rescale_online.json").write_text(
+            json.dumps(result, indent=1) + "\n"
+        )
         return 0
     out = []
     for keys in args.keys:
-        r = one(spark, work, keys, *args.intervals, columnar=args.columnar) if args.layout is None else one_layout(spark, work, keys, args.layout)
+        r = (
+            one(spark, work, keys, *args.intervals, columnar=args.columnar)
+            if args.layout is None
+            else one_layout(spark, work, keys, args.layout)
+        )
         print(json.dumps(r), flush=True)
         out.append(r)
-    path = ROOT / "bench" / "results" / ("relayout.json" if args.layout is not None else "rescale_columnar.json" if args.columnar else "rescale.json")
+    path = (
+        ROOT
+        / "bench"
+        / "results"
+        / (
+            "relayout.json"
+            if args.layout is not None
+            else "rescale_columnar.json"
+            if args.columnar
+            else "rescale.json"
+        )
+    )
     kept = json.loads(path.read_text())["runs"] if path.exists() else []
     fresh = {(r["keys"], r.get("to")) for r in out}
-    runs = sorted([r for r in kept if (r["keys"], r.get("to")) not in fresh] + out, key=lambda r: (str(r.get("to")), r["keys"]))  # other figures stay
+    runs = sorted(
+        [r for r in kept if (r["keys"], r.get("to")) not in fresh] + out,
+        key=lambda r: (str(r.get("to")), r["keys"]),
+    )  # other figures stay
     what = "millwheel rescale of a stopped run (from -> to key intervals: each run's own), local[2], interval-row layout"
     if args.columnar:
         what += "; a columnar computation (its store per key interval split and merged)"

@@ -70,7 +70,9 @@ START = 1_700_000_000_000
 
 
 # ------------------------------------------------------------------------------------ data
-def make_data(d: Path, records: int, keys: int, files: int, intervals: int, seed: int = 1) -> tuple[Path, Path]:
+def make_data(
+    d: Path, records: int, keys: int, files: int, intervals: int, seed: int = 1
+) -> tuple[Path, Path]:
     """Stream-log Parquet files of ``{"query", "ts"}`` records, plus a plain ``query`` column:
     keyed for ``WindowCount`` as its producer would write them, and the same without the key
     columns (``files-unkeyed``)."""
@@ -93,19 +95,28 @@ def make_data(d: Path, records: int, keys: int, files: int, intervals: int, seed
         ts = np.sort(lo + rng.integers(0, span // files, per))
         q = rng.integers(0, keys, per)
         queries = [f"q{k}" for k in q.tolist()]
-        values = [pickle.dumps({"query": s, "ts": t}, 5) for s, t in zip(queries, ts.tolist(), strict=True)]
-        table = pa.table({
-            "id": pa.array([f"r{f}-{i}" for i in range(per)], pa.string()),
-            "ts": pa.array(ts, pa.int64()),
-            "key": pa.nulls(per, pa.binary()),
-            "value": pa.array(values, pa.binary()),
-            "wm": pa.nulls(per, pa.int64()),
-            "query": pa.array(queries, pa.string()),
-        })  # fmt: skip
+        values = [
+            pickle.dumps({"query": s, "ts": t}, 5)
+            for s, t in zip(queries, ts.tolist(), strict=True)
+        ]
+        table = pa.table(
+            {
+                "id": pa.array([f"r{f}-{i}" for i in range(per)], pa.string()),
+                "ts": pa.array(ts, pa.int64()),
+                "key": pa.nulls(per, pa.binary()),
+                "value": pa.array(values, pa.binary()),
+                "wm": pa.nulls(per, pa.int64()),
+                "query": pa.array(queries, pa.string()),
+            }
+        )
         name = f"f{f:05d}-m{int(ts.min())}.parquet"
         pq.write_table(table, bare / name)
         recs = [Record(None, {"query": s}, 0, "") for s in queries]
-        for field, array in zip(keyer.arrow_fields(["WindowCount"]), keyer.arrays([("events", r) for r in recs], ["WindowCount"]), strict=True):
+        for field, array in zip(
+            keyer.arrow_fields(["WindowCount"]),
+            keyer.arrays([("events", r) for r in recs], ["WindowCount"]),
+            strict=True,
+        ):
             table = table.append_column(field, array)
         pq.write_table(table, out / name)
     for x in (out, bare):
@@ -146,8 +157,17 @@ class WindowCount(Computation):
 
 
 def run_millwheel(
-    spark, files: Path, work: Path, per_trigger: int, intervals: int, strong: bool, layout: str = "intervals", comp: type[Computation] | None = None,
-    columnar: bool = False, mapping: str = "default", columnar_input: str = "scan",
+    spark,
+    files: Path,
+    work: Path,
+    per_trigger: int,
+    intervals: int,
+    strong: bool,
+    layout: str = "intervals",
+    comp: type[Computation] | None = None,
+    columnar: bool = False,
+    mapping: str = "default",
+    columnar_input: str = "scan",
 ) -> tuple[float, Counter]:
     """One millwheel run; its output windows (``comp``, a computation without output: the
     records it took in, processed and dead-lettered, from its metrics; ``columnar``: the
@@ -157,7 +177,13 @@ def run_millwheel(
 
     root = work / "mw"
     link_stream(files, root, "events", "events")
-    opts = ComputationOptions(dedup=DedupOptions(slack_ms=SLACK_MS, gc_interval_ms=GC_INTERVAL_MS), mapping=mapping) if strong else ComputationOptions(exactly_once=False, strong_productions=False, mapping=mapping)
+    opts = (
+        ComputationOptions(
+            dedup=DedupOptions(slack_ms=SLACK_MS, gc_interval_ms=GC_INTERVAL_MS), mapping=mapping
+        )
+        if strong
+        else ComputationOptions(exactly_once=False, strong_productions=False, mapping=mapping)
+    )
     t = Topology("bench")
     t.injector("events", Finished())
     # named as the consumer the files are keyed for (``make_data``), whatever the class
@@ -165,13 +191,36 @@ def run_millwheel(
         from computations.columnar_windowing import ColumnarWindowCounter
 
         params = {"window_ms": WINDOW, "output": "counts", "trailing_empty": 0}
-        t.computation(ColumnarWindowCounter, name="WindowCount", inputs={"events": _query}, outputs=["counts"], options=opts, params=params)
+        t.computation(
+            ColumnarWindowCounter,
+            name="WindowCount",
+            inputs={"events": _query},
+            outputs=["counts"],
+            options=opts,
+            params=params,
+        )
     else:
-        t.computation(comp or WindowCount, name="WindowCount", inputs={"events": _query}, outputs=["counts"], options=opts)
-    settings = RuntimeSettings(drain=True, intervals=intervals, max_files_per_trigger=per_trigger, poll_ms=50, heartbeat_ms=100, state_layout=layout, columnar_input=columnar_input)
+        t.computation(
+            comp or WindowCount,
+            name="WindowCount",
+            inputs={"events": _query},
+            outputs=["counts"],
+            options=opts,
+        )
+    settings = RuntimeSettings(
+        drain=True,
+        intervals=intervals,
+        max_files_per_trigger=per_trigger,
+        poll_ms=50,
+        heartbeat_ms=100,
+        state_layout=layout,
+        columnar_input=columnar_input,
+    )
     rt = SparkRuntime(t, str(root), settings, spark=spark, log=lambda m: None)
     started = time.perf_counter()
-    progress = run_collecting(rt, timeout_s=1800, poll_s=settings.poll_ms / 1000).get("WindowCount", {})
+    progress = run_collecting(rt, timeout_s=1800, poll_s=settings.poll_ms / 1000).get(
+        "WindowCount", {}
+    )
     elapsed = time.perf_counter() - started
     if columnar:
         ROWS[:] = [(v["key"], v["window_start"], v["count"]) for v in rt.values("counts")]
@@ -196,7 +245,14 @@ ROWS: list[tuple[str, int, int]] = []
 def _breakdown(progress: dict[int, dict]) -> dict:
     data = [p for p in progress.values() if p["numInputRows"] > 0]
     out: dict = {"batches": len(progress), "data_batches": len(data)}
-    for k in ("triggerExecution", "addBatch", "latestOffset", "queryPlanning", "walCommit", "commitOffsets"):
+    for k in (
+        "triggerExecution",
+        "addBatch",
+        "latestOffset",
+        "queryPlanning",
+        "walCommit",
+        "commitOffsets",
+    ):
         out[f"{k}_ms"] = sum(p["durationMs"].get(k, 0) for p in progress.values())
     ops = [p["stateOperators"][0] for p in progress.values() if p["stateOperators"]]
     out["state_commit_ms"] = sum(o.get("commitTimeMs", 0) for o in ops)
@@ -204,7 +260,9 @@ def _breakdown(progress: dict[int, dict]) -> dict:
 
 
 # ------------------------------------------------------------------------------ native
-def run_native(spark, files: Path, work: Path, per_trigger: int, dedup: bool = False) -> tuple[float, Counter]:
+def run_native(
+    spark, files: Path, work: Path, per_trigger: int, dedup: bool = False
+) -> tuple[float, Counter]:
     """Spark's own windowed count; ``dedup``: with ``dropDuplicatesWithinWatermark("id")``
     first (native Spark's nearest to exactly-once input)."""
     from pyspark.sql import functions as F
@@ -212,20 +270,29 @@ def run_native(spark, files: Path, work: Path, per_trigger: int, dedup: bool = F
     out = work / ("native_dedup" if dedup else "native")
     shutil.rmtree(out, ignore_errors=True)
     df = (
-        spark.readStream.schema("id string, ts long, query string").option("maxFilesPerTrigger", per_trigger).parquet(str(files))
-        .withColumn("t", F.timestamp_millis("ts")).withWatermark("t", "0 seconds")
-    )  # fmt: skip
+        spark.readStream.schema("id string, ts long, query string")
+        .option("maxFilesPerTrigger", per_trigger)
+        .parquet(str(files))
+        .withColumn("t", F.timestamp_millis("ts"))
+        .withWatermark("t", "0 seconds")
+    )
     if dedup:
         df = df.dropDuplicatesWithinWatermark(["id"])
     df = (
-        df.groupBy(F.window("t", "10 seconds"), "query").count()
+        df.groupBy(F.window("t", "10 seconds"), "query")
+        .count()
         .select("query", (F.unix_millis(F.col("window.start"))).alias("w"), "count")
-    )  # fmt: skip
+    )
 
     def sink(batch, bid):
         batch.write.mode("overwrite").parquet(str(out / "data" / str(bid)))
 
-    q = df.writeStream.outputMode("update").foreachBatch(sink).option("checkpointLocation", str(out / "ckpt")).trigger(availableNow=True)
+    q = (
+        df.writeStream.outputMode("update")
+        .foreachBatch(sink)
+        .option("checkpointLocation", str(out / "ckpt"))
+        .trigger(availableNow=True)
+    )
     started = time.perf_counter()
     q.start().awaitTermination()
     elapsed = time.perf_counter() - started
@@ -244,7 +311,9 @@ def run_tws(spark, files: Path, work: Path, per_trigger: int) -> tuple[float, Co
     class Counts(StatefulProcessor):
         def init(self, handle):
             schema = StructType([StructField("count", LongType())])
-            self.counts = handle.getMapState("counts", StructType([StructField("w", LongType())]), schema)
+            self.counts = handle.getMapState(
+                "counts", StructType([StructField("w", LongType())]), schema
+            )
 
         def handleInputRows(self, key, rows, timerValues):
             out_w, out_c = [], []
@@ -263,20 +332,34 @@ def run_tws(spark, files: Path, work: Path, per_trigger: int) -> tuple[float, Co
     out = work / "tws"
     shutil.rmtree(out, ignore_errors=True)
     df = (
-        spark.readStream.schema("ts long, query string").option("maxFilesPerTrigger", per_trigger).parquet(str(files))
-        .withColumn("t", F.timestamp_millis("ts")).withWatermark("t", "0 seconds")
-    )  # fmt: skip
+        spark.readStream.schema("ts long, query string")
+        .option("maxFilesPerTrigger", per_trigger)
+        .parquet(str(files))
+        .withColumn("t", F.timestamp_millis("ts"))
+        .withWatermark("t", "0 seconds")
+    )
     res = df.groupBy("query").transformWithStateInPandas(
-        statefulProcessor=Counts(), outputStructType="query string, w long, count long", outputMode="Update", timeMode="None"
+        statefulProcessor=Counts(),
+        outputStructType="query string, w long, count long",
+        outputMode="Update",
+        timeMode="None",
     )
 
     def sink(batch, bid):
         batch.write.mode("overwrite").parquet(str(out / "data" / str(bid)))
 
     conf = spark.conf.get("spark.sql.streaming.stateStore.providerClass")
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass", "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+    spark.conf.set(
+        "spark.sql.streaming.stateStore.providerClass",
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    )
     try:
-        q = res.writeStream.outputMode("update").foreachBatch(sink).option("checkpointLocation", str(out / "ckpt")).trigger(availableNow=True)
+        q = (
+            res.writeStream.outputMode("update")
+            .foreachBatch(sink)
+            .option("checkpointLocation", str(out / "ckpt"))
+            .trigger(availableNow=True)
+        )
         started = time.perf_counter()
         q.start().awaitTermination()
         elapsed = time.perf_counter() - started
@@ -335,11 +418,27 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     data_args(p, records=1_000_000, keys=10_000, files=100)
     p.add_argument("--variants", default="mw_strong,mw_unkeyed,mw_weak,mw_keys,native,tws")
-    p.add_argument("--dispatch-only", action="store_true", help="only the in-process dispatch figures (no Spark)")
-    p.add_argument("--slack-ms", type=int, default=DedupOptions().slack_ms, help="exactly-once id horizon (DedupOptions.slack_ms)")
-    p.add_argument("--gc-interval-ms", type=int, default=DedupOptions().gc_interval_ms, help="how often a key's old ids are collected (DedupOptions.gc_interval_ms)")
+    p.add_argument(
+        "--dispatch-only",
+        action="store_true",
+        help="only the in-process dispatch figures (no Spark)",
+    )
+    p.add_argument(
+        "--slack-ms",
+        type=int,
+        default=DedupOptions().slack_ms,
+        help="exactly-once id horizon (DedupOptions.slack_ms)",
+    )
+    p.add_argument(
+        "--gc-interval-ms",
+        type=int,
+        default=DedupOptions().gc_interval_ms,
+        help="how often a key's old ids are collected (DedupOptions.gc_interval_ms)",
+    )
     p.add_argument("--out", default=None, help="results file (default bench/results/runtime.json)")
-    p.add_argument("--no-dispatch", action="store_true", help="skip the in-process dispatch figures")
+    p.add_argument(
+        "--no-dispatch", action="store_true", help="skip the in-process dispatch figures"
+    )
     p.add_argument("--work", default=str(ROOT / ".millwheel" / "bench"))
     args = p.parse_args(argv)
     global SLACK_MS, GC_INTERVAL_MS  # noqa: PLW0603 - a command's settings, read by run_millwheel
@@ -349,7 +448,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.dispatch_only and RESULTS.exists():
         # keep the last throughput run (its arguments and figures): only dispatch is measured again
         kept = json.loads(RESULTS.read_text())
-        results = {"args": kept.get("args"), "throughput": kept.get("throughput"), "dispatch_args": vars(args)}
+        results = {
+            "args": kept.get("args"),
+            "throughput": kept.get("throughput"),
+            "dispatch_args": vars(args),
+        }
     lines = []
     if not args.dispatch_only:
         work = Path(args.work) / f"{args.records}-{args.keys}-{args.files}"
@@ -361,38 +464,101 @@ def main(argv: list[str] | None = None) -> int:
         floors = {}
         if "mw_noop" in variants or "mw_floor" in variants:
             # the Python workers import _floor by name (see its docstring): bench/ on their path
-            os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p)
+            os.environ["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p
+            )
             from _floor import Floor, Noop
 
             floors = {"mw_noop": Noop, "mw_floor": Floor}
         spark = spark_session("local[2]")
         runners = {
-            "mw_strong": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, True),
-            "mw_unkeyed": lambda: run_millwheel(spark, unkeyed, work, args.per_trigger, args.intervals, True),
-            "mw_weak": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, False),
-            "mw_keys": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, True, layout="keys"),
-            "mw_noop": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, False, comp=floors["mw_noop"]),
-            "mw_floor": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, False, comp=floors["mw_floor"]),
+            "mw_strong": lambda: run_millwheel(
+                spark, files, work, args.per_trigger, args.intervals, True
+            ),
+            "mw_unkeyed": lambda: run_millwheel(
+                spark, unkeyed, work, args.per_trigger, args.intervals, True
+            ),
+            "mw_weak": lambda: run_millwheel(
+                spark, files, work, args.per_trigger, args.intervals, False
+            ),
+            "mw_keys": lambda: run_millwheel(
+                spark, files, work, args.per_trigger, args.intervals, True, layout="keys"
+            ),
+            "mw_noop": lambda: run_millwheel(
+                spark, files, work, args.per_trigger, args.intervals, False, comp=floors["mw_noop"]
+            ),
+            "mw_floor": lambda: run_millwheel(
+                spark, files, work, args.per_trigger, args.intervals, False, comp=floors["mw_floor"]
+            ),
             "native": lambda: run_native(spark, files, work, args.per_trigger),
             "native_dedup": lambda: run_native(spark, files, work, args.per_trigger, dedup=True),
-            "mw_col_strong": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, True, columnar=True),
-            "mw_col_weak": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, False, columnar=True),
-            "mw_col_rows_strong": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, True, columnar=True, columnar_input="rows"),
-            "mw_col_rows_weak": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, False, columnar=True, columnar_input="rows"),
-            "mw_col_arrow_strong": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, True, columnar=True, mapping="arrow"),
-            "mw_col_arrow_weak": lambda: run_millwheel(spark, files, work, args.per_trigger, args.intervals, False, columnar=True, mapping="arrow"),
+            "mw_col_strong": lambda: run_millwheel(
+                spark, files, work, args.per_trigger, args.intervals, True, columnar=True
+            ),
+            "mw_col_weak": lambda: run_millwheel(
+                spark, files, work, args.per_trigger, args.intervals, False, columnar=True
+            ),
+            "mw_col_rows_strong": lambda: run_millwheel(
+                spark,
+                files,
+                work,
+                args.per_trigger,
+                args.intervals,
+                True,
+                columnar=True,
+                columnar_input="rows",
+            ),
+            "mw_col_rows_weak": lambda: run_millwheel(
+                spark,
+                files,
+                work,
+                args.per_trigger,
+                args.intervals,
+                False,
+                columnar=True,
+                columnar_input="rows",
+            ),
+            "mw_col_arrow_strong": lambda: run_millwheel(
+                spark,
+                files,
+                work,
+                args.per_trigger,
+                args.intervals,
+                True,
+                columnar=True,
+                mapping="arrow",
+            ),
+            "mw_col_arrow_weak": lambda: run_millwheel(
+                spark,
+                files,
+                work,
+                args.per_trigger,
+                args.intervals,
+                False,
+                columnar=True,
+                mapping="arrow",
+            ),
             "tws": lambda: run_tws(spark, files, work, args.per_trigger),
         }
         times: dict[str, list[float]] = {v: [] for v in variants}
         breakdowns: dict[str, list[dict]] = {v: [] for v in variants}
         for rep in range(args.reps + 1):
-            order = variants[rep % len(variants):] + variants[: rep % len(variants)]
+            order = variants[rep % len(variants) :] + variants[: rep % len(variants)]
             for v in order:
                 elapsed, got = runners[v]()
-                ok = got == (Counter({"records_in": args.records, "processed": args.records}) if v in floors else expected)
-                print(f"rep {rep}{' (warm-up, discarded)' if rep == 0 else ''}: {v:<10} {elapsed:7.2f}s  {args.records / elapsed:>10,.0f} rec/s  output {'OK' if ok else 'DIFFERS'}", flush=True)
+                ok = got == (
+                    Counter({"records_in": args.records, "processed": args.records})
+                    if v in floors
+                    else expected
+                )
+                print(
+                    f"rep {rep}{' (warm-up, discarded)' if rep == 0 else ''}: {v:<10} {elapsed:7.2f}s  {args.records / elapsed:>10,.0f} rec/s  output {'OK' if ok else 'DIFFERS'}",
+                    flush=True,
+                )
                 if not ok:
-                    print(f"  expected {len(expected)} windows, got {len(got)}; missing {list((expected - got).items())[:3]} extra {list((got - expected).items())[:3]}")
+                    print(
+                        f"  expected {len(expected)} windows, got {len(got)}; missing {list((expected - got).items())[:3]} extra {list((got - expected).items())[:3]}"
+                    )
                     return 1
                 if rep > 0:
                     times[v].append(elapsed)
@@ -413,20 +579,29 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| {v} | {rates[v]:,.0f} | {vs_native} | {vs_dedup} | {vs_tws} |")
         if "mw_strong" in times and "mw_weak" in times:
             lines.append("")
-            lines.append(f"exactly-once + strong productions cost {ratio('mw_weak', 'mw_strong'):.2f}x the time of weak/no-dedup (median of per-pair ratios)")
+            lines.append(
+                f"exactly-once + strong productions cost {ratio('mw_weak', 'mw_strong'):.2f}x the time of weak/no-dedup (median of per-pair ratios)"
+            )
         for v, bs in breakdowns.items():
             if bs:
                 b = bs[-1]
-                lines.append(f"{v} (last repetition): {b['data_batches']} data batches of {b['batches']}; triggerExecution {b['triggerExecution_ms']} ms = addBatch {b['addBatch_ms']} + latestOffset {b['latestOffset_ms']} + planning {b['queryPlanning_ms']} + walCommit {b['walCommit_ms']} + commitOffsets {b['commitOffsets_ms']} (+ other); state store commits {b['state_commit_ms']} ms")
+                lines.append(
+                    f"{v} (last repetition): {b['data_batches']} data batches of {b['batches']}; triggerExecution {b['triggerExecution_ms']} ms = addBatch {b['addBatch_ms']} + latestOffset {b['latestOffset_ms']} + planning {b['queryPlanning_ms']} + walCommit {b['walCommit_ms']} + commitOffsets {b['commitOffsets_ms']} (+ other); state store commits {b['state_commit_ms']} ms"
+                )
         results["throughput"] = {
-            "seconds": times, "records_per_s": {v: round(r) for v, r in rates.items()},
-            "vs_native": {v: round(ratio(v, "native"), 3) for v in variants} if "native" in times else None,
-            "vs_native_dedup": {v: round(ratio(v, "native_dedup"), 3) for v in variants} if "native_dedup" in times else None,
+            "seconds": times,
+            "records_per_s": {v: round(r) for v, r in rates.items()},
+            "vs_native": {v: round(ratio(v, "native"), 3) for v in variants}
+            if "native" in times
+            else None,
+            "vs_native_dedup": {v: round(ratio(v, "native_dedup"), 3) for v in variants}
+            if "native_dedup" in times
+            else None,
             "vs_tws": {v: round(ratio(v, "tws"), 3) for v in variants} if "tws" in times else None,
             "breakdown": breakdowns,
-        }  # fmt: skip
+        }
     results["dispatch"] = {}
-    for eo in (() if args.no_dispatch else (True, False)):
+    for eo in () if args.no_dispatch else (True, False):
         d = dispatch(min(args.records, 1_000_000), args.keys, eo)
         results["dispatch"]["exactly_once" if eo else "no_dedup"] = d
         lines.append(

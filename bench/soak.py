@@ -44,13 +44,40 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", type=int, default=10_000_000)
     p.add_argument("--min-minutes", type=float, default=30.0)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--workdir", default=None, help="where input, run directory and logs go (default a new directory under /tmp)")
-    p.add_argument("--cluster", action="store_true", help="run on a local standalone cluster and kill its executors too")
-    p.add_argument("--disk-mb", type=int, default=3072, help="size of the run directory's tmpfs (the full-disk fault)")
+    p.add_argument(
+        "--workdir",
+        default=None,
+        help="where input, run directory and logs go (default a new directory under /tmp)",
+    )
+    p.add_argument(
+        "--cluster",
+        action="store_true",
+        help="run on a local standalone cluster and kill its executors too",
+    )
+    p.add_argument(
+        "--disk-mb",
+        type=int,
+        default=3072,
+        help="size of the run directory's tmpfs (the full-disk fault)",
+    )
     p.add_argument("--every", default="30,120", help="seconds between faults: MIN,MAX")
-    p.add_argument("--max-bytes", type=int, default=8_000_000, help="log bytes per injector batch (the CI campaign: 150,000)")
-    p.add_argument("--per-trigger", type=int, default=2, help="stream files per computation micro-batch (the CI campaign: 1)")
-    p.add_argument("--classes", default=",".join(CLASSES), help=f"fault classes (default all: {','.join(CLASSES)}; --cluster adds executor)")
+    p.add_argument(
+        "--max-bytes",
+        type=int,
+        default=8_000_000,
+        help="log bytes per injector batch (the CI campaign: 150,000)",
+    )
+    p.add_argument(
+        "--per-trigger",
+        type=int,
+        default=2,
+        help="stream files per computation micro-batch (the CI campaign: 1)",
+    )
+    p.add_argument(
+        "--classes",
+        default=",".join(CLASSES),
+        help=f"fault classes (default all: {','.join(CLASSES)}; --cluster adds executor)",
+    )
     args = p.parse_args(argv)
     # a SIGTERM stops the soak as Ctrl-C does: the campaign kills its driver and authority
     # and unmounts the run directory's tmpfs on the way out
@@ -58,13 +85,18 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
     lo, hi = (float(x) for x in args.every.split(","))
     work = Path(args.workdir or f"/tmp/millwheel-soak-{seed}")
-    print(f"soak: seed {seed} (rerun with --seed {seed}), {args.records} records per round, a fault every {lo:.0f}-{hi:.0f}s, "
-          f"at least {args.min_minutes} minutes; work directory {work}", flush=True)  # fmt: skip
+    print(
+        f"soak: seed {seed} (rerun with --seed {seed}), {args.records} records per round, a fault every {lo:.0f}-{hi:.0f}s, "
+        f"at least {args.min_minutes} minutes; work directory {work}",
+        flush=True,
+    )
     cluster = None
     if args.cluster:
         from millwheel.runtime._cluster import StandaloneCluster
 
-        cluster = StandaloneCluster(str(work / "cluster")).up(workers=2, cores=1, memory="1g", port=0, ui_port=0)
+        cluster = StandaloneCluster(str(work / "cluster")).up(
+            workers=2, cores=1, memory="1g", port=0, ui_port=0
+        )
         print(f"soak: standalone cluster at {cluster.url}", flush=True)
     started = time.monotonic()
     rounds = []
@@ -74,19 +106,40 @@ def main(argv: list[str] | None = None) -> int:
         r = 0
         while True:
             campaign = Campaign(
-                work / f"round{r}", records=args.records, faults=0, seed=seed + r, cluster=cluster,
-                every_s=(lo, hi), max_bytes=args.max_bytes, per_trigger=args.per_trigger, disk_mb=args.disk_mb, log=lambda m: print(m, flush=True),
+                work / f"round{r}",
+                records=args.records,
+                faults=0,
+                seed=seed + r,
+                cluster=cluster,
+                every_s=(lo, hi),
+                max_bytes=args.max_bytes,
+                per_trigger=args.per_trigger,
+                disk_mb=args.disk_mb,
+                log=lambda m: print(m, flush=True),
                 classes=tuple(c for c in args.classes.split(",") if c),
-            )  # fmt: skip
+            )
             result = campaign.run()
             report = result.report
             assert report is not None
             faults.update(result.faults)
             clean = clean and report.clean
-            rounds.append({"seed": result.seed, "records": result.records, "faults": dict(result.faults), "drivers": result.drivers,
-                           "elapsed_s": round(result.elapsed_s), "clean": report.clean, "counts": report.counts(),
-                           "inputs": report.inputs, "outputs": report.outputs, "late_planted": report.late_planted,
-                           "sent_twice": report.sent_twice, "malformed": report.malformed, "skipped": result.skipped})  # fmt: skip
+            rounds.append(
+                {
+                    "seed": result.seed,
+                    "records": result.records,
+                    "faults": dict(result.faults),
+                    "drivers": result.drivers,
+                    "elapsed_s": round(result.elapsed_s),
+                    "clean": report.clean,
+                    "counts": report.counts(),
+                    "inputs": report.inputs,
+                    "outputs": report.outputs,
+                    "late_planted": report.late_planted,
+                    "sent_twice": report.sent_twice,
+                    "malformed": report.malformed,
+                    "skipped": result.skipped,
+                }
+            )
             print(report.text(), flush=True)
             r += 1
             if time.monotonic() - started >= args.min_minutes * 60 or not report.clean:
@@ -95,13 +148,25 @@ def main(argv: list[str] | None = None) -> int:
         if cluster is not None:
             cluster.down()
     minutes = (time.monotonic() - started) / 60
-    summary = {"seed": seed, "minutes": round(minutes, 1), "records": sum(x["records"] for x in rounds), "faults": dict(faults),
-               "clean": clean, "rounds": rounds, "cluster": args.cluster, "cores": os.cpu_count(), "every_s": [lo, hi],
-               "load_average_at_end": os.getloadavg()[0]}  # fmt: skip
+    summary = {
+        "seed": seed,
+        "minutes": round(minutes, 1),
+        "records": sum(x["records"] for x in rounds),
+        "faults": dict(faults),
+        "clean": clean,
+        "rounds": rounds,
+        "cluster": args.cluster,
+        "cores": os.cpu_count(),
+        "every_s": [lo, hi],
+        "load_average_at_end": os.getloadavg()[0],
+    }
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(summary, indent=1) + "\n")
-    print(f"soak: {summary['records']} records in {minutes:.1f} minutes, {sum(faults.values())} faults {dict(faults)}, "
-          f"checker {'clean' if clean else 'VIOLATIONS'}; written to {RESULTS}", flush=True)  # fmt: skip
+    print(
+        f"soak: {summary['records']} records in {minutes:.1f} minutes, {sum(faults.values())} faults {dict(faults)}, "
+        f"checker {'clean' if clean else 'VIOLATIONS'}; written to {RESULTS}",
+        flush=True,
+    )
     return 0 if clean else 1
 
 

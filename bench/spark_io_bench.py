@@ -32,24 +32,44 @@ def main() -> int:
     p.add_argument("--rows-per-batch", type=int, default=50_000, help="events per micro-batch")
     args = p.parse_args()
     spark = spark_session("local[2]")
-    opts = {"count": args.count, "rows_per_batch": args.rows_per_batch, "partitions": 2, "keys": 100, "step_ms": 1}
+    opts = {
+        "count": args.count,
+        "rows_per_batch": args.rows_per_batch,
+        "partitions": 2,
+        "keys": 100,
+        "step_ms": 1,
+    }
     results = {}
     for variant in ("injector", "count"):
         src = SparkSource(
-            lambda s: s.readStream.format(FORMAT).options(**{k: str(v) for k, v in opts.items()}).load(),
-            data_sources=[SequenceDataSource], id="seq", timestamp="ts", offset_watermark="lw",
-        )  # fmt: skip
+            lambda s: (
+                s.readStream.format(FORMAT).options(**{k: str(v) for k, v in opts.items()}).load()
+            ),
+            data_sources=[SequenceDataSource],
+            id="seq",
+            timestamp="ts",
+            offset_watermark="lw",
+        )
         t = Topology(f"bench-{variant}")
         t.injector("seq", src, stream="events")
         if variant == "count":
-            t.computation(SecondCounts, inputs={"events": lambda r: r.value["key"]}, outputs=["counts"])
+            t.computation(
+                SecondCounts, inputs={"events": lambda r: r.value["key"]}, outputs=["counts"]
+            )
         root = tempfile.mkdtemp(prefix="mw-io-bench-")
         started = time.perf_counter()
         SparkRuntime(t, root, RuntimeSettings(intervals=4), spark=spark).run(timeout_s=1800)
         took = time.perf_counter() - started
         shutil.rmtree(root, ignore_errors=True)
-        results[variant] = {"records": args.count, "seconds": round(took, 1), "records_per_s": round(args.count / took)}
-        print(f"{variant:<9} {args.count:>9,} records in {took:6.1f}s: {args.count / took:>9,.0f} records/s", flush=True)
+        results[variant] = {
+            "records": args.count,
+            "seconds": round(took, 1),
+            "records_per_s": round(args.count / took),
+        }
+        print(
+            f"{variant:<9} {args.count:>9,} records in {took:6.1f}s: {args.count / took:>9,.0f} records/s",
+            flush=True,
+        )
     os.makedirs("bench/results", exist_ok=True)
     with open("bench/results/spark_io.json", "w") as f:
         json.dump({"options": opts, **results}, f, indent=1)

@@ -33,12 +33,18 @@ from _spark_bench import write_results  # noqa: E402
 
 
 def _at(text: str) -> float:
-    return datetime.strptime(text.replace("GMT", ""), "%Y-%m-%dT%H:%M:%S.%f").replace(tzinfo=timezone.utc).timestamp()
+    return (
+        datetime.strptime(text.replace("GMT", ""), "%Y-%m-%dT%H:%M:%S.%f")
+        .replace(tzinfo=timezone.utc)
+        .timestamp()
+    )
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--variant", default="mw_col_strong", choices=["mw_col_strong", "mw_col_weak", "native"])
+    p.add_argument(
+        "--variant", default="mw_col_strong", choices=["mw_col_strong", "mw_col_weak", "native"]
+    )
     p.add_argument("--records", type=int, default=1_000_000)
     p.add_argument("--keys", type=int, default=10_000)
     p.add_argument("--files", type=int, default=100)
@@ -57,7 +63,9 @@ def main() -> int:
     def run() -> float:
         if args.variant == "native":
             return rb.run_native(spark, files, work, 10)[0]
-        return rb.run_millwheel(spark, files, work, 10, args.intervals, args.variant == "mw_col_strong", columnar=True)[0]
+        return rb.run_millwheel(
+            spark, files, work, 10, args.intervals, args.variant == "mw_col_strong", columnar=True
+        )[0]
 
     run()  # warm-up
     url, app = spark.sparkContext.uiWebUrl, spark.sparkContext.applicationId
@@ -70,13 +78,23 @@ def main() -> int:
     t0 = time.time()
     elapsed = run()
     rows = []
-    for s in sorted((s for s in stages() if s["stageId"] not in before), key=lambda s: _at(s["submissionTime"])):
+    for s in sorted(
+        (s for s in stages() if s["stageId"] not in before), key=lambda s: _at(s["submissionTime"])
+    ):
         start, end = _at(s["submissionTime"]) - t0, _at(s["completionTime"]) - t0
-        rows.append({
-            "start_s": round(start, 3), "end_s": round(end, 3), "tasks": s["numTasks"], "name": s["name"].split(" at ")[0],
-            "task_run_s": s["executorRunTime"] / 1000, "jvm_cpu_s": round(s["executorCpuTime"] / 1e9, 3),
-        })  # fmt: skip
-        print(f"{start:6.2f} {end:6.2f} {end - start:5.2f}s tasks={s['numTasks']} {rows[-1]['name'][:12]:12s} run={rows[-1]['task_run_s']:.2f}s jvm_cpu={rows[-1]['jvm_cpu_s']:.2f}s")
+        rows.append(
+            {
+                "start_s": round(start, 3),
+                "end_s": round(end, 3),
+                "tasks": s["numTasks"],
+                "name": s["name"].split(" at ")[0],
+                "task_run_s": s["executorRunTime"] / 1000,
+                "jvm_cpu_s": round(s["executorCpuTime"] / 1e9, 3),
+            }
+        )
+        print(
+            f"{start:6.2f} {end:6.2f} {end - start:5.2f}s tasks={s['numTasks']} {rows[-1]['name'][:12]:12s} run={rows[-1]['task_run_s']:.2f}s jvm_cpu={rows[-1]['jvm_cpu_s']:.2f}s"
+        )
     print(f"{args.variant}: {elapsed:.2f} s")
     write_results(Path(args.out), {"args": vars(args), "elapsed_s": elapsed, "stages": rows})
     return 0

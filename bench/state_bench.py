@@ -52,13 +52,15 @@ class Tally(Computation):
 def _write(dest: Path, name: str, keys: np.ndarray, first_ts: int, first_id: int) -> int:
     n = len(keys)
     vals = [pickle.dumps({"k": int(k)}, 5) for k in keys.tolist()]
-    table = pa.table({
-        "id": pa.array([f"r{first_id + i}" for i in range(n)], pa.string()),
-        "ts": pa.array(np.arange(first_ts, first_ts + n, dtype=np.int64)),
-        "key": pa.nulls(n, pa.binary()),
-        "value": pa.array(vals, pa.binary()),
-        "wm": pa.nulls(n, pa.int64()),
-    })  # fmt: skip
+    table = pa.table(
+        {
+            "id": pa.array([f"r{first_id + i}" for i in range(n)], pa.string()),
+            "ts": pa.array(np.arange(first_ts, first_ts + n, dtype=np.int64)),
+            "key": pa.nulls(n, pa.binary()),
+            "value": pa.array(vals, pa.binary()),
+            "wm": pa.nulls(n, pa.int64()),
+        }
+    )
     tmp = dest / f".{name}.tmp"
     pq.write_table(table, tmp)
     tmp.rename(dest / f"{name}-m{first_ts}.parquet")
@@ -67,7 +69,9 @@ def _write(dest: Path, name: str, keys: np.ndarray, first_ts: int, first_id: int
 
 
 PROVIDERS = {
-    "hdfs": {"spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"},
+    "hdfs": {
+        "spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+    },
     "rocksdb": {
         "spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
@@ -75,7 +79,18 @@ PROVIDERS = {
 }
 
 
-def run(spark, work: Path, layout: str, provider: str, held: int, touched: int, batches: int, intervals: int, load_batch: int, seed: int) -> dict:
+def run(
+    spark,
+    work: Path,
+    layout: str,
+    provider: str,
+    held: int,
+    touched: int,
+    batches: int,
+    intervals: int,
+    load_batch: int,
+    seed: int,
+) -> dict:
     from millwheel.runtime import RuntimeSettings, SparkRuntime
 
     for k, v in PROVIDERS[provider].items():  # the interval layout takes the session's provider
@@ -99,58 +114,115 @@ def run(spark, work: Path, layout: str, provider: str, held: int, touched: int, 
     t = Topology("state")
     t.injector("events", Finished())
     t.computation(Tally, inputs={"events": lambda r: r.value["k"]}, outputs=[])
-    settings = RuntimeSettings(drain=True, intervals=intervals, max_files_per_trigger=1, poll_ms=50, heartbeat_ms=100, state_layout=layout)
+    settings = RuntimeSettings(
+        drain=True,
+        intervals=intervals,
+        max_files_per_trigger=1,
+        poll_ms=50,
+        heartbeat_ms=100,
+        state_layout=layout,
+    )
     rt = SparkRuntime(t, str(root), settings, spark=spark, log=lambda m: None)
     started = time.perf_counter()
     progress = run_collecting(rt, timeout_s=24 * 3600, poll_s=0.05).get("Tally", {})
     elapsed = time.perf_counter() - started
     data = [p for _, p in sorted(progress.items()) if p["numInputRows"] > 0]
     # a data batch also reads the query's heartbeat rows (one per key interval at most)
-    measured = [p for p in data if touched <= p["numInputRows"] <= touched + intervals + 8][-batches:]
+    measured = [p for p in data if touched <= p["numInputRows"] <= touched + intervals + 8][
+        -batches:
+    ]
     times = [p["durationMs"]["triggerExecution"] for p in measured]
     add = [p["durationMs"].get("addBatch", 0) for p in measured]
     ops = [p["stateOperators"][0] for p in measured if p["stateOperators"]]
-    state_bytes = sum(f.stat().st_size for f in (root / "checkpoints" / "Tally" / "state").rglob("*") if f.is_file())
+    state_bytes = sum(
+        f.stat().st_size
+        for f in (root / "checkpoints" / "Tally" / "state").rglob("*")
+        if f.is_file()
+    )
     return {
-        "layout": layout, "provider": provider, "held": held, "touched": touched, "load_batches": loads, "measured_batches": len(times),
-        "batch_ms_median": statistics.median(times) if times else None, "batch_ms": times,
+        "layout": layout,
+        "provider": provider,
+        "held": held,
+        "touched": touched,
+        "load_batches": loads,
+        "measured_batches": len(times),
+        "batch_ms_median": statistics.median(times) if times else None,
+        "batch_ms": times,
         "add_batch_ms_median": statistics.median(add) if add else None,
-        "commit_ms_median": statistics.median([o.get("commitTimeMs", 0) for o in ops]) if ops else None,
+        "commit_ms_median": statistics.median([o.get("commitTimeMs", 0) for o in ops])
+        if ops
+        else None,
         "state_rows": ops[-1].get("numRowsTotal") if ops else None,
-        "checkpoint_state_bytes": state_bytes, "run_s": round(elapsed, 1),
-    }  # fmt: skip
+        "checkpoint_state_bytes": state_bytes,
+        "run_s": round(elapsed, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--intervals-held", default="10000,1000000", help="held counts for the interval-row layout")
-    p.add_argument("--interval-providers", default="hdfs,rocksdb", help="state stores for the interval-row layout")
-    p.add_argument("--keys-held", default="10000,1000000,10000000", help="held counts for the per-key layout")
+    p.add_argument(
+        "--intervals-held", default="10000,1000000", help="held counts for the interval-row layout"
+    )
+    p.add_argument(
+        "--interval-providers",
+        default="hdfs,rocksdb",
+        help="state stores for the interval-row layout",
+    )
+    p.add_argument(
+        "--keys-held", default="10000,1000000,10000000", help="held counts for the per-key layout"
+    )
     p.add_argument("--touched", type=int, default=10_000)
     p.add_argument("--batches", type=int, default=5)
     p.add_argument("--intervals", type=int, default=16)
     p.add_argument("--load-batch", type=int, default=500_000)
     p.add_argument("--quick", action="store_true", help="10k and 100k held keys, both layouts")
     p.add_argument("--work", default=str(ROOT / ".millwheel" / "bench" / "state"))
-    p.add_argument("--out", default=str(RESULTS), help="results file (a partial run: give another one)")
+    p.add_argument(
+        "--out", default=str(RESULTS), help="results file (a partial run: give another one)"
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.intervals_held = args.keys_held = "10000,100000"
     work = Path(args.work)
     from millwheel.runtime import spark_session
 
-    spark = spark_session("local[2]", conf={"spark.driver.memory": os.environ.get("MILLWHEEL_DRIVER_MEMORY", "6g")})
-    plan = [("intervals", pr, int(h)) for pr in args.interval_providers.split(",") for h in args.intervals_held.split(",") if h]
+    spark = spark_session(
+        "local[2]", conf={"spark.driver.memory": os.environ.get("MILLWHEEL_DRIVER_MEMORY", "6g")}
+    )
+    plan = [
+        ("intervals", pr, int(h))
+        for pr in args.interval_providers.split(",")
+        for h in args.intervals_held.split(",")
+        if h
+    ]
     plan += [("keys", "rocksdb", int(h)) for h in args.keys_held.split(",") if h]
     results = []
     for layout, provider, held in plan:
-        r = run(spark, work, layout, provider, held, args.touched, args.batches, args.intervals, args.load_batch, seed=7)
+        r = run(
+            spark,
+            work,
+            layout,
+            provider,
+            held,
+            args.touched,
+            args.batches,
+            args.intervals,
+            args.load_batch,
+            seed=7,
+        )
         base = next((x for x in results if (x["layout"], x["provider"]) == (layout, provider)), r)
-        r["vs_smallest_held"] = round(r["batch_ms_median"] / base["batch_ms_median"], 2) if r["batch_ms_median"] and base["batch_ms_median"] else None
+        r["vs_smallest_held"] = (
+            round(r["batch_ms_median"] / base["batch_ms_median"], 2)
+            if r["batch_ms_median"] and base["batch_ms_median"]
+            else None
+        )
         results.append(r)
-        print(f"{layout:<9} {provider:<7} held {held:>10,}  batch of {args.touched:,} touched: median {r['batch_ms_median']} ms "
-              f"({r['vs_smallest_held']}x the smallest held)  commit {r['commit_ms_median']} ms  state on disk {r['checkpoint_state_bytes'] / 1e6:,.0f} MB  "
-              f"run {r['run_s']} s", flush=True)  # fmt: skip
+        print(
+            f"{layout:<9} {provider:<7} held {held:>10,}  batch of {args.touched:,} touched: median {r['batch_ms_median']} ms "
+            f"({r['vs_smallest_held']}x the smallest held)  commit {r['commit_ms_median']} ms  state on disk {r['checkpoint_state_bytes'] / 1e6:,.0f} MB  "
+            f"run {r['run_s']} s",
+            flush=True,
+        )
         shutil.rmtree(work / f"{layout}-{provider}-{held}", ignore_errors=True)
     write_results(Path(args.out), {"args": vars(args), "results": results})
     return 0

@@ -51,22 +51,43 @@ def _keyed_frame(table: pa.Table) -> pa.Table:
     columns, taken in the JVM (``_query.ComputationQuery._keyed``), renamed and added with Arrow."""
     kcol, icol = key_columns("WindowCount")
     n = table.num_rows
-    return pa.table({
-        "interval": table.column(icol), "kind": pa.array([0] * n, pa.int32()), "key": table.column(kcol),
-        "id": table.column("id"), "ts": table.column("ts"), "value": table.column("value"), "wm": table.column("wm"),
-        "stream": pa.array(["events"] * n, pa.string()), "src": table.column("src"), "row": table.column("row"),
-        "now": pa.nulls(n, pa.int64()),
-    })  # fmt: skip
+    return pa.table(
+        {
+            "interval": table.column(icol),
+            "kind": pa.array([0] * n, pa.int32()),
+            "key": table.column(kcol),
+            "id": table.column("id"),
+            "ts": table.column("ts"),
+            "value": table.column("value"),
+            "wm": table.column("wm"),
+            "stream": pa.array(["events"] * n, pa.string()),
+            "src": table.column("src"),
+            "row": table.column("row"),
+            "now": pa.nulls(n, pa.int64()),
+        }
+    )
 
 
-def run(files: list[Path], intervals: int, profile: cProfile.Profile | None = None, columnar: bool = False, arrow: str | None = None) -> dict[str, float]:
+def run(
+    files: list[Path],
+    intervals: int,
+    profile: cProfile.Profile | None = None,
+    columnar: bool = False,
+    arrow: str | None = None,
+) -> dict[str, float]:
     t = Topology("bench")
     t.injector("events", _finished())
     if columnar:
         from computations.columnar_windowing import ColumnarWindowCounter
 
         params = {"window_ms": WINDOW, "output": "counts", "trailing_empty": 0}
-        t.computation(ColumnarWindowCounter, name="WindowCount", inputs={"events": _query}, outputs=["counts"], params=params)
+        t.computation(
+            ColumnarWindowCounter,
+            name="WindowCount",
+            inputs={"events": _query},
+            outputs=["counts"],
+            params=params,
+        )
     else:
         t.computation(WindowCount, inputs={"events": _query}, outputs=["counts"])
     spec = t.validate().computations["WindowCount"]
@@ -89,16 +110,28 @@ def run(files: list[Path], intervals: int, profile: cProfile.Profile | None = No
         for f in files[b : b + per_batch]:
             table = pq.read_table(f)
             n = table.num_rows
-            table = table.append_column("src", pa.array([f.name] * n, pa.string())).append_column("row", pa.array(range(n), pa.int64()))
+            table = table.append_column("src", pa.array([f.name] * n, pa.string())).append_column(
+                "row", pa.array(range(n), pa.int64())
+            )
             batch.append(table)
         table = pa.concat_tables(batch)
         records += table.num_rows
         # keying, where it happens (for the record; the step below does not use these)
         c0 = time.process_time()
         for rb in table.to_batches():
-            key(pa.repeat(True, rb.num_rows), rb.column("id"), rb.column("ts"), rb.column("key"), rb.column("value"), pa.nulls(rb.num_rows, pa.struct([])))
+            key(
+                pa.repeat(True, rb.num_rows),
+                rb.column("id"),
+                rb.column("ts"),
+                rb.column("key"),
+                rb.column("value"),
+                pa.nulls(rb.num_rows, pa.struct([])),
+            )
         c1 = time.process_time()
-        recs = [("events", Record(None, decode_value(v), 0, "")) for v in table.column("value").to_pylist()]
+        recs = [
+            ("events", Record(None, decode_value(v), 0, ""))
+            for v in table.column("value").to_pylist()
+        ]
         c2 = time.process_time()
         keyer.rows(recs, ["WindowCount"])
         c3 = time.process_time()
@@ -122,10 +155,18 @@ def run(files: list[Path], intervals: int, profile: cProfile.Profile | None = No
         stepping += time.process_time() - c4
         newest = int(pc.max(table.column("ts")).as_py())
         wm = to_spark(newest // WINDOW * WINDOW - 1)
-    state_bytes = sum(len(a) + len(b) for a, b in (st.value for st in states if st.value is not None))
+    state_bytes = sum(
+        len(a) + len(b) for a, b in (st.value for st in states if st.value is not None)
+    )
     if arrow_run is not None:
         state_bytes = arrow_run.state_bytes()
-    return {"records": records, "consumer_keying_cpu_s": consumer_keying, "producer_keying_cpu_s": producer_keying, "step_cpu_s": stepping, "state_bytes": state_bytes}
+    return {
+        "records": records,
+        "consumer_keying_cpu_s": consumer_keying,
+        "producer_keying_cpu_s": producer_keying,
+        "step_cpu_s": stepping,
+        "state_bytes": state_bytes,
+    }
 
 
 class _ArrowRun:
@@ -147,18 +188,36 @@ class _ArrowRun:
 
         table = keyed.rename_columns(["group", *keyed.column_names[1:]])
         lw = from_spark(wm)
-        plan = BatchPlan(self.n, "prof", lw, 0, 1, dict(self.manifest.files), tuple(self.manifest.due(lw, 0)), self.root)
+        plan = BatchPlan(
+            self.n,
+            "prof",
+            lw,
+            0,
+            1,
+            dict(self.manifest.files),
+            tuple(self.manifest.due(lw, 0)),
+            self.root,
+        )
         reports = []
         for rb in IntervalTask(self.step, plan)(iter(table.to_batches())):
-            for stream, name, value in zip(rb.column("stream").to_pylist(), rb.column("id").to_pylist(), rb.column("value").to_pylist(), strict=True):
+            for stream, name, value in zip(
+                rb.column("stream").to_pylist(),
+                rb.column("id").to_pylist(),
+                rb.column("value").to_pylist(),
+                strict=True,
+            ):
                 if stream == SUMMARY_STREAM:
                     s = IntervalSummary.decode(value)
-                    reports.append((s.interval, name, s.next_low_watermark_timer, s.next_wall_timer))
+                    reports.append(
+                        (s.interval, name, s.next_low_watermark_timer, s.next_wall_timer)
+                    )
         self.manifest = self.manifest.after(self.n, lw, reports)
         self.n += 1
 
     def state_bytes(self) -> int:
-        return sum(os.path.getsize(f"{self.root}/i{i}/{name}") for i, name in self.manifest.files.items())
+        return sum(
+            os.path.getsize(f"{self.root}/i{i}/{name}") for i, name in self.manifest.files.items()
+        )
 
 
 def _finished():
@@ -174,8 +233,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--files", type=int, default=100)
     p.add_argument("--intervals", type=int, default=16)
     p.add_argument("--profile", action="store_true")
-    p.add_argument("--columnar", action="store_true", help="the columnar windowed count (ColumnarWindowCounter) instead")
-    p.add_argument("--arrow", action="store_true", help="--columnar on the Arrow mapping's task (store files in a temporary directory)")
+    p.add_argument(
+        "--columnar",
+        action="store_true",
+        help="the columnar windowed count (ColumnarWindowCounter) instead",
+    )
+    p.add_argument(
+        "--arrow",
+        action="store_true",
+        help="--columnar on the Arrow mapping's task (store files in a temporary directory)",
+    )
     p.add_argument("--work", default=str(ROOT / ".millwheel" / "bench"))
     args = p.parse_args(argv)
     work = Path(args.work) / f"{args.records}-{args.keys}-{args.files}"
@@ -183,14 +250,22 @@ def main(argv: list[str] | None = None) -> int:
     files = sorted(f for f in keyed.iterdir() if f.suffix == ".parquet")
     prof = cProfile.Profile() if args.profile else None
     with tempfile.TemporaryDirectory() as tmp:
-        r = run(files, args.intervals, prof, columnar=args.columnar or args.arrow, arrow=tmp if args.arrow else None)
+        r = run(
+            files,
+            args.intervals,
+            prof,
+            columnar=args.columnar or args.arrow,
+            arrow=tmp if args.arrow else None,
+        )
     if prof is not None:
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
     n = r["records"]
     us = {k: r[f"{k}_cpu_s"] / n * 1e6 for k in ("step", "producer_keying", "consumer_keying")}
-    print(f"{n:,} records: the consumer's step stage {r['step_cpu_s']:.2f} CPU s ({us['step']:.2f} us a record); "
-          f"keying at the producer {us['producer_keying']:.2f} us a record (the consumer's own keying pass, for unkeyed rows: "
-          f"{us['consumer_keying']:.2f} us a record); interval state rows at the end {r['state_bytes'] / 1e6:.1f} MB")  # fmt: skip
+    print(
+        f"{n:,} records: the consumer's step stage {r['step_cpu_s']:.2f} CPU s ({us['step']:.2f} us a record); "
+        f"keying at the producer {us['producer_keying']:.2f} us a record (the consumer's own keying pass, for unkeyed rows: "
+        f"{us['consumer_keying']:.2f} us a record); interval state rows at the end {r['state_bytes'] / 1e6:.1f} MB"
+    )
     return 0
 
 

@@ -71,7 +71,11 @@ class Thresholds:
             raise TopologyError(msg)
 
     def spike_threshold(self, expected: float) -> float:
-        return max(self.spike_ratio * expected, expected + self.spike_z * math.sqrt(expected), self.spike_min_count)
+        return max(
+            self.spike_ratio * expected,
+            expected + self.spike_z * math.sqrt(expected),
+            self.spike_min_count,
+        )
 
     def is_spike(self, count: int, *, expected: float) -> bool:
         return count > self.spike_threshold(expected)
@@ -82,7 +86,15 @@ class Thresholds:
         return count < min(self.dip_ratio * expected, expected - self.dip_z * math.sqrt(expected))
 
 
-def _anomaly(comp: Computation, kind: str, start: int, window_ms: int, actual: int, expected: float, confidence: int) -> dict[str, Any]:
+def _anomaly(
+    comp: Computation,
+    kind: str,
+    start: int,
+    window_ms: int,
+    actual: int,
+    expected: float,
+    confidence: int,
+) -> dict[str, Any]:
     return {
         "query": comp.key,
         "kind": kind,
@@ -140,7 +152,14 @@ class SpikeDetector(Computation):
 
     def process_record(self, record: Record) -> None:
         value = record.value
-        s = self.state.get() or {"model": None, "counts": {}, "flagged": set(), "fired": set(), "newest": None, "unjudged": set()}
+        s = self.state.get() or {
+            "model": None,
+            "counts": {},
+            "flagged": set(),
+            "fired": set(),
+            "newest": None,
+            "unjudged": set(),
+        }
         if "window_start" in value:  # a model update from ModelCalculator
             if value.get("model") is not None:
                 s["model"] = value["model"]
@@ -169,7 +188,9 @@ class SpikeDetector(Computation):
         if bucket in s["flagged"] or bucket not in s["counts"]:
             return
         expected = expected_count(s["model"], bucket)
-        if expected is not None and self.thresholds.is_spike(s["counts"][bucket], expected=expected):
+        if expected is not None and self.thresholds.is_spike(
+            s["counts"][bucket], expected=expected
+        ):
             s["flagged"].add(bucket)
             self._fire(s, bucket)
 
@@ -186,7 +207,10 @@ class SpikeDetector(Computation):
             if confidence > self.thresholds.confidence_threshold and b not in fired:
                 fired.add(b)
                 expected = expected_count(s["model"], b) or 0.0
-                self.produce(self.output, _anomaly(self, "spike", b, w, s["counts"].get(b, 0), expected, confidence))
+                self.produce(
+                    self.output,
+                    _anomaly(self, "spike", b, w, s["counts"].get(b, 0), expected, confidence),
+                )
             b += w
             confidence += 1
 
@@ -225,7 +249,9 @@ class DipDetector(Computation):
     [3000, 4000]
     """
 
-    def __init__(self, output: str = ANOMALIES, thresholds: Thresholds | None = None, window_ms: int = 1_000) -> None:
+    def __init__(
+        self, output: str = ANOMALIES, thresholds: Thresholds | None = None, window_ms: int = 1_000
+    ) -> None:
         self.output = output
         self.thresholds = thresholds or Thresholds()
         self.window_ms = window_ms
@@ -247,10 +273,18 @@ class DipDetector(Computation):
         if s["last"] is not None and s["last"] != start - w:
             s["confidence"] = 0  # a gap: the run of anomalous buckets is broken
         s["last"] = start
-        if count is not None and expected is not None and self.thresholds.is_dip(count, expected=expected):
+        if (
+            count is not None
+            and expected is not None
+            and self.thresholds.is_dip(count, expected=expected)
+        ):
             s["confidence"] += 1  # UpdateConfidence(prediction, actual)
             if s["confidence"] > self.thresholds.confidence_threshold:
-                self.produce(self.output, _anomaly(self, "dip", start, w, count, expected, s["confidence"]), timestamp=timer.timestamp)
+                self.produce(
+                    self.output,
+                    _anomaly(self, "dip", start, w, count, expected, s["confidence"]),
+                    timestamp=timer.timestamp,
+                )
         else:
             s["confidence"] = 0
         if not s["pending"] and s["confidence"] == 0:

@@ -44,7 +44,14 @@ class ColumnarWindowedJoin(JoinWindow, ColumnarComputation):
         r = batch.records
         codes = batch.key_codes(r["key"])
         states = self._states(batch)
-        for c, rid, ts, stream, value in zip(codes.tolist(), r["id"].tolist(), r["timestamp"].tolist(), r["stream"].tolist(), r["value"].tolist(), strict=True):
+        for c, rid, ts, stream, value in zip(
+            codes.tolist(),
+            r["id"].tolist(),
+            r["timestamp"].tolist(),
+            r["stream"].tolist(),
+            r["value"].tolist(),
+            strict=True,
+        ):
             st = states.get(c)
             if st is None:
                 st = states[c] = {"L": [], "R": []}
@@ -54,7 +61,9 @@ class ColumnarWindowedJoin(JoinWindow, ColumnarComputation):
     def process_timers(self, batch: Batch, timers: pd.DataFrame) -> None:
         states = self._states(batch)
         fx = _Collect(batch)
-        for c in dict.fromkeys(batch.key_codes(timers["key"]).tolist()):  # one "close" timer per key
+        for c in dict.fromkeys(
+            batch.key_codes(timers["key"]).tolist()
+        ):  # one "close" timer per key
             fx.key = batch.keys[c]
             st = states.get(c)
             if st is None:
@@ -67,7 +76,10 @@ class ColumnarWindowedJoin(JoinWindow, ColumnarComputation):
         old = batch.state
         if not len(old):
             return {}
-        return {c: pickle.loads(d) for c, d in zip(batch.key_codes(old["key"]).tolist(), old["data"].tolist(), strict=True)}
+        return {
+            c: pickle.loads(d)
+            for c, d in zip(batch.key_codes(old["key"]).tolist(), old["data"].tolist(), strict=True)
+        }
 
     def _save(self, batch: Batch, states: dict[int, dict[str, Any]], fx: _Collect) -> None:
         kept = []
@@ -75,7 +87,12 @@ class ColumnarWindowedJoin(JoinWindow, ColumnarComputation):
             fx.key = batch.keys[c]
             if self.settle(fx, st):
                 kept.append(c)
-        rows = pd.DataFrame({"key": batch.key_column(np.array(kept, np.int64)), "data": [pickle.dumps(states[c], pickle.HIGHEST_PROTOCOL) for c in kept]})
+        rows = pd.DataFrame(
+            {
+                "key": batch.key_column(np.array(kept, np.int64)),
+                "data": [pickle.dumps(states[c], pickle.HIGHEST_PROTOCOL) for c in kept],
+            }
+        )
         batch.set_state(rows, keys=batch.key_column(np.fromiter(states, np.int64, len(states))))
         fx.flush(self.output)
 
@@ -102,10 +119,19 @@ class _Collect:
     def flush(self, output: str) -> None:
         b = self.batch
         if self.prods:
-            b.produce(output, [p[1] for p in self.prods], keys=[p[0] for p in self.prods], timestamps=np.array([p[2] for p in self.prods], np.int64))
+            b.produce(
+                output,
+                [p[1] for p in self.prods],
+                keys=[p[0] for p in self.prods],
+                timestamps=np.array([p[2] for p in self.prods], np.int64),
+            )
         sets = [(k, t) for k, t in self.closes.items() if t is not None]
         if sets:
-            b.set_timers([k for k, _ in sets], ["close"] * len(sets), np.array([t for _, t in sets], np.int64))
+            b.set_timers(
+                [k for k, _ in sets],
+                ["close"] * len(sets),
+                np.array([t for _, t in sets], np.int64),
+            )
         gone = [k for k, t in self.closes.items() if t is None]
         if gone:
             b.delete_timers(gone, ["close"] * len(gone))

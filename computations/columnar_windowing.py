@@ -49,7 +49,9 @@ from .windowing import (
 )
 
 
-def find_rows(s_codes: np.ndarray, s_starts: np.ndarray, t_codes: np.ndarray, t_starts: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
+def find_rows(
+    s_codes: np.ndarray, s_starts: np.ndarray, t_codes: np.ndarray, t_starts: np.ndarray, step: int
+) -> tuple[np.ndarray, np.ndarray]:
     """For each wanted (key code, window start) ``t``, the row of the state's ``s`` pairs
     that has it and whether there is one (starts are multiples of ``step``): one sort."""
     if not len(s_starts) or not len(t_starts):
@@ -72,7 +74,9 @@ class ColumnarWindowCounter(ColumnarComputation):
 
     record_columns = ("key", "timestamp")
 
-    def __init__(self, window_ms: int = 1_000, output: str = "window_counts", trailing_empty: int = 10) -> None:
+    def __init__(
+        self, window_ms: int = 1_000, output: str = "window_counts", trailing_empty: int = 10
+    ) -> None:
         self.window_ms = window_ms
         self.output = output
         self.trailing_empty = trailing_empty
@@ -90,7 +94,9 @@ class ColumnarWindowCounter(ColumnarComputation):
             old = old[old["count"].to_numpy() >= 0]  # a record ends a key's run of empty buckets
         # (key code, bucket) pairs as one int64: buckets relative to the oldest, keys above them
         codes = np.asarray(keys.codes, np.int64)
-        o_codes = np.asarray(old["key"].array.codes, np.int64) if len(old) else np.empty(0, np.int64)
+        o_codes = (
+            np.asarray(old["key"].array.codes, np.int64) if len(old) else np.empty(0, np.int64)
+        )
         o_starts = old["start"].to_numpy(np.int64) if len(old) else np.empty(0, np.int64)
         lo = min(int(starts.min()), int(o_starts.min()) if len(o_starts) else int(starts.min()))
         hi = max(int(starts.max()), int(o_starts.max()) if len(o_starts) else int(starts.max()))
@@ -105,30 +111,48 @@ class ColumnarWindowCounter(ColumnarComputation):
         else:
             pairs, counts = new_pairs, new_counts
         cats = keys.categories
-        state = pd.DataFrame({
-            "key": pd.Categorical.from_codes(pairs // span, categories=cats), "start": lo + pairs % span * w,
-            "count": counts, "empty_run": np.zeros(len(pairs), np.int64),
-        })  # fmt: skip
+        state = pd.DataFrame(
+            {
+                "key": pd.Categorical.from_codes(pairs // span, categories=cats),
+                "start": lo + pairs % span * w,
+                "count": counts,
+                "empty_run": np.zeros(len(pairs), np.int64),
+            }
+        )
         batch.set_state(state)
         t_starts = lo + new_pairs % span * w
-        batch.set_timers(pd.Categorical.from_codes(new_pairs // span, categories=cats), [fire_tag(x) for x in t_starts.tolist()], t_starts + w)
+        batch.set_timers(
+            pd.Categorical.from_codes(new_pairs // span, categories=cats),
+            [fire_tag(x) for x in t_starts.tolist()],
+            t_starts + w,
+        )
 
     def _process_batch_frames(self, batch: Batch) -> None:
         """Tuple keys (plain object columns): the same counts with a pandas ``groupby``."""
         w = self.window_ms
         r = batch.records
         start = r["timestamp"].to_numpy() // w * w
-        new = pd.DataFrame({"key": r["key"].array, "start": start}).groupby(["key", "start"], sort=False, observed=True).size().rename("count").reset_index()
+        new = (
+            pd.DataFrame({"key": r["key"].array, "start": start})
+            .groupby(["key", "start"], sort=False, observed=True)
+            .size()
+            .rename("count")
+            .reset_index()
+        )
         old = batch.state
         if len(old):
             old = old[old["count"] >= 0]
         if len(old):
             rows = pd.concat([old[["key", "start", "count"]], new], ignore_index=True)
-            rows = rows.groupby(["key", "start"], sort=False, as_index=False, observed=True)["count"].sum()
+            rows = rows.groupby(["key", "start"], sort=False, as_index=False, observed=True)[
+                "count"
+            ].sum()
         else:
             rows = new
         rows["empty_run"] = 0
-        batch.set_state(rows[_STATE_COLUMNS].astype({"start": "int64", "count": "int64", "empty_run": "int64"}))
+        batch.set_state(
+            rows[_STATE_COLUMNS].astype({"start": "int64", "count": "int64", "empty_run": "int64"})
+        )
         starts = new["start"].to_numpy()
         batch.set_timers(new["key"], [fire_tag(s) for s in starts.tolist()], starts + w)
 
@@ -159,7 +183,10 @@ class ColumnarWindowCounter(ColumnarComputation):
         emit = counts > 0 if batch.low_watermark == MAX_TIMESTAMP else np.ones(len(t_ts), np.bool_)
         e_keys = pd.Categorical.from_codes(t_codes[emit], categories=keys.categories)
         starts, tss, cnt = t_starts[emit], t_ts[emit], counts[emit]
-        values = [{"key": k, "window_start": s, "count": c} for k, s, c in zip(e_keys.tolist(), starts.tolist(), cnt.tolist(), strict=True)]
+        values = [
+            {"key": k, "window_start": s, "count": c}
+            for k, s, c in zip(e_keys.tolist(), starts.tolist(), cnt.tolist(), strict=True)
+        ]
         batch.produce(self.output, values, keys=e_keys, timestamps=tss)
         if len(st):
             batch.set_state(st[~fired])
@@ -169,7 +196,13 @@ class ColumnarWindowCounter(ColumnarComputation):
         w, trailing, lw = self.window_ms, self.trailing_empty, batch.low_watermark
         st = batch.state
         state: dict = {}
-        for k, s, c, e in zip(st["key"].tolist(), st["start"].tolist(), st["count"].tolist(), st["empty_run"].tolist(), strict=True):
+        for k, s, c, e in zip(
+            st["key"].tolist(),
+            st["start"].tolist(),
+            st["count"].tolist(),
+            st["empty_run"].tolist(),
+            strict=True,
+        ):
             counts, _ = state.get(k, ({}, 0))
             if c >= 0:
                 counts[s] = c
@@ -202,7 +235,9 @@ class ColumnarWindowCounter(ColumnarComputation):
                     out_ts.append(s + w)
                 n = res.next_start
                 if n is not None:
-                    if n + w <= lw:  # already due: fired in this call, as the per-record counter's next round would
+                    if (
+                        n + w <= lw
+                    ):  # already due: fired in this call, as the per-record counter's next round would
                         if n not in queued:
                             heapq.heappush(heap, n)
                             queued.add(n)
@@ -226,12 +261,22 @@ class ColumnarWindowCounter(ColumnarComputation):
                 else:
                     rows.append((k, 0, -1, e))
         if out_keys:
-            batch.produce(self.output, out_vals, keys=out_keys, timestamps=np.array(out_ts, np.int64))
+            batch.produce(
+                self.output, out_vals, keys=out_keys, timestamps=np.array(out_ts, np.int64)
+            )
         if t_keys:
             batch.set_timers(t_keys, t_tags, np.array(t_ts, np.int64))
         changed = list(due_by_key)
-        frame = pd.DataFrame(rows, columns=_STATE_COLUMNS) if rows else pd.DataFrame({c: pd.Series([], dtype=object if c == "key" else "int64") for c in _STATE_COLUMNS})
-        batch.set_state(frame.astype({"start": "int64", "count": "int64", "empty_run": "int64"}), keys=changed)
+        frame = (
+            pd.DataFrame(rows, columns=_STATE_COLUMNS)
+            if rows
+            else pd.DataFrame(
+                {c: pd.Series([], dtype=object if c == "key" else "int64") for c in _STATE_COLUMNS}
+            )
+        )
+        batch.set_state(
+            frame.astype({"start": "int64", "count": "int64", "empty_run": "int64"}), keys=changed
+        )
 
 
 _AGG_COLUMNS = ("start", "count", "sum", "min", "max", "update", "closed")
@@ -242,7 +287,14 @@ def numbers_of(column: pd.Series, field: str, ids: pd.Series) -> np.ndarray:
     record without a finite number (the call then falls back per record: dead letters).
     A typed column (a declared field) is checked in one pass; an untyped one per value."""
     if column.dtype == object:
-        return np.fromiter((number_of({field: v}, field, i) for v, i in zip(column.tolist(), ids.tolist(), strict=True)), np.float64, len(column))
+        return np.fromiter(
+            (
+                number_of({field: v}, field, i)
+                for v, i in zip(column.tolist(), ids.tolist(), strict=True)
+            ),
+            np.float64,
+            len(column),
+        )
     vals = column.to_numpy(np.float64, na_value=np.nan)
     bad = np.flatnonzero(~np.isfinite(vals))
     if len(bad):
@@ -281,7 +333,11 @@ class ColumnarWindowAggregate(WindowAggregateSettings, ColumnarComputation):
         """The columns a batch's records carry: a count reads no values, the others only
         ``value.<field>`` (on a stream that declares its fields, read from its columns
         without unpickling: ``millwheel/_fields.py``)."""
-        return ("key", "timestamp") if self.aggregate == "count" else ("key", "id", "timestamp", f"value.{self.field}")
+        return (
+            ("key", "timestamp")
+            if self.aggregate == "count"
+            else ("key", "id", "timestamp", f"value.{self.field}")
+        )
 
     def process_batch(self, batch: Batch) -> None:
         w, slide, late = self.window_ms, self.slide_ms, self.allowed_lateness_ms
@@ -296,14 +352,19 @@ class ColumnarWindowAggregate(WindowAggregateSettings, ColumnarComputation):
         # every (record, window) pair, record by record, oldest window first
         k = windows_per_record(w, slide)
         rec = np.repeat(np.arange(n), k)
-        starts = np.repeat(ts // slide * slide, k) - np.tile(np.arange(k - 1, -1, -1, dtype=np.int64), n) * slide
+        starts = (
+            np.repeat(ts // slide * slide, k)
+            - np.tile(np.arange(k - 1, -1, -1, dtype=np.int64), n) * slide
+        )
         keep = starts + w > ts[rec]
         old = batch.state
         o_codes = batch.key_codes(old["key"]) if len(old) else np.empty(0, np.int64)
         closed = np.full(len(batch.keys), MIN_TIMESTAMP, np.int64)
         if len(old):
             np.maximum.at(closed, o_codes, old["closed"].to_numpy(np.int64))
-        keep &= starts + w > closed[codes[rec]]  # a window already dropped: later than the allowed lateness
+        keep &= (
+            starts + w > closed[codes[rec]]
+        )  # a window already dropped: later than the allowed lateness
         rec, starts = rec[keep], starts[keep]
         n_old = len(old)
         a_codes = np.concatenate([o_codes, codes[rec]])
@@ -316,8 +377,16 @@ class ColumnarWindowAggregate(WindowAggregateSettings, ColumnarComputation):
         m = len(pairs)
         new_vals = vals[rec]
         if n_old:
-            count = np.bincount(inv, weights=np.concatenate([old["count"].to_numpy(np.float64), np.ones(len(rec))]), minlength=m)
-            total = np.bincount(inv, weights=np.concatenate([old["sum"].to_numpy(np.float64), new_vals]), minlength=m)
+            count = np.bincount(
+                inv,
+                weights=np.concatenate([old["count"].to_numpy(np.float64), np.ones(len(rec))]),
+                minlength=m,
+            )
+            total = np.bincount(
+                inv,
+                weights=np.concatenate([old["sum"].to_numpy(np.float64), new_vals]),
+                minlength=m,
+            )
             mins = np.full(m, math.inf)
             maxs = np.full(m, -math.inf)
             np.minimum.at(mins, inv, np.concatenate([old["min"].to_numpy(np.float64), new_vals]))
@@ -334,19 +403,35 @@ class ColumnarWindowAggregate(WindowAggregateSettings, ColumnarComputation):
             update = np.zeros(m, np.int64)
         p_codes = pairs // span
         p_starts = lo + pairs % span * slide
-        batch.set_state(pd.DataFrame({
-            "key": batch.key_column(p_codes), "start": p_starts, "count": count.astype(np.int64), "sum": total, "min": mins, "max": maxs,
-            "update": update, "closed": closed[p_codes],
-        }))  # fmt: skip
+        batch.set_state(
+            pd.DataFrame(
+                {
+                    "key": batch.key_column(p_codes),
+                    "start": p_starts,
+                    "count": count.astype(np.int64),
+                    "sum": total,
+                    "min": mins,
+                    "max": maxs,
+                    "update": update,
+                    "closed": closed[p_codes],
+                }
+            )
+        )
         # a fire timer per window with records (again for a window that fired: a late update)
         touched = np.unique(inv[n_old:])
         t_codes, t_starts = p_codes[touched], p_starts[touched]
-        batch.set_timers(batch.key_column(t_codes), [fire_tag(s) for s in t_starts.tolist()], t_starts + w)
+        batch.set_timers(
+            batch.key_column(t_codes), [fire_tag(s) for s in t_starts.tolist()], t_starts + w
+        )
         if late:
             is_new = np.ones(m, np.bool_)
             is_new[inv[:n_old]] = False
             fresh = np.flatnonzero(is_new)
-            batch.set_timers(batch.key_column(p_codes[fresh]), [collect_tag(s) for s in p_starts[fresh].tolist()], p_starts[fresh] + w + late)
+            batch.set_timers(
+                batch.key_column(p_codes[fresh]),
+                [collect_tag(s) for s in p_starts[fresh].tolist()],
+                p_starts[fresh] + w + late,
+            )
 
     def process_timers(self, batch: Batch, timers: pd.DataFrame) -> None:
         w, late = self.window_ms, self.allowed_lateness_ms
@@ -364,16 +449,34 @@ class ColumnarWindowAggregate(WindowAggregateSettings, ColumnarComputation):
         f_rows = rows[fire]  # in the frame's order: per key by timestamp
         update = st["update"].to_numpy(np.int64).copy()
         if len(f_rows):
-            cnt, tot = st["count"].to_numpy(np.int64)[f_rows], st["sum"].to_numpy(np.float64)[f_rows]
-            lo, hi, up = st["min"].to_numpy(np.float64)[f_rows], st["max"].to_numpy(np.float64)[f_rows], update[f_rows]
+            cnt, tot = (
+                st["count"].to_numpy(np.int64)[f_rows],
+                st["sum"].to_numpy(np.float64)[f_rows],
+            )
+            lo, hi, up = (
+                st["min"].to_numpy(np.float64)[f_rows],
+                st["max"].to_numpy(np.float64)[f_rows],
+                update[f_rows],
+            )
             keys = batch.keys
             agg = self.aggregate
             values = [
                 aggregate_value(agg, keys[c], s, w, n, t, a, b, u)
-                for c, s, n, t, a, b, u in zip(s_codes[f_rows].tolist(), s_starts[f_rows].tolist(), cnt.tolist(), tot.tolist(), lo.tolist(), hi.tolist(), up.tolist(), strict=True)
-            ]  # fmt: skip
+                for c, s, n, t, a, b, u in zip(
+                    s_codes[f_rows].tolist(),
+                    s_starts[f_rows].tolist(),
+                    cnt.tolist(),
+                    tot.tolist(),
+                    lo.tolist(),
+                    hi.tolist(),
+                    up.tolist(),
+                    strict=True,
+                )
+            ]
             stamps = np.where(up == 0, s_starts[f_rows] + w, update_time(batch.low_watermark))
-            batch.produce(self.output, values, keys=batch.key_column(s_codes[f_rows]), timestamps=stamps)
+            batch.produce(
+                self.output, values, keys=batch.key_column(s_codes[f_rows]), timestamps=stamps
+            )
             update[f_rows] += 1
         # windows dropped: on their collect timer, or when they fire without allowed lateness
         gone = np.zeros(len(st), np.bool_)

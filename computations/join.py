@@ -66,7 +66,14 @@ class JoinWindow:
     """The windowed join's settings and its rules for one key's state ``{"L": [...], "R": [...]}``:
     the one definition both :class:`WindowedJoin` and ``ColumnarWindowedJoin`` run."""
 
-    def __init__(self, left: str, before_ms: int = 0, after_ms: int = 1_000, how: str = "inner", output: str = "joined") -> None:
+    def __init__(
+        self,
+        left: str,
+        before_ms: int = 0,
+        after_ms: int = 1_000,
+        how: str = "inner",
+        output: str = "joined",
+    ) -> None:
         if how not in HOWS:
             msg = f"{type(self).__name__}: how must be one of {HOWS}, got {how!r}"
             raise ComputationError(msg)
@@ -79,7 +86,9 @@ class JoinWindow:
         self.how = how
         self.output = output
 
-    def arrived(self, st: dict[str, Any], stream: str | None, ts: int, rid: str, value: Any) -> None:
+    def arrived(
+        self, st: dict[str, Any], stream: str | None, ts: int, rid: str, value: Any
+    ) -> None:
         """A record: matched at once against what the other side has buffered, then buffered."""
         if stream == self.left:
             matches = [r[1] for r in st["R"] if ts - self.before_ms <= r[0] <= ts + self.after_ms]
@@ -122,10 +131,16 @@ class JoinWindow:
             fx.hold(None)
             fx.close_at(None)
             return False
-        needed = {m for lrec in st["L"] for m in lrec[3]}  # rights an open left will emit: dropped with it
-        closes = [lrec[0] + self.after_ms for lrec in st["L"]] + [r[0] + self.before_ms for r in st["R"] if r[1] not in needed]
+        needed = {
+            m for lrec in st["L"] for m in lrec[3]
+        }  # rights an open left will emit: dropped with it
+        closes = [lrec[0] + self.after_ms for lrec in st["L"]] + [
+            r[0] + self.before_ms for r in st["R"] if r[1] not in needed
+        ]
         fx.close_at(min(closes) + 1)  # a window [.., c] is closed once the watermark is past c
-        emits = [lrec[0] for lrec in st["L"]] + ([r[0] for r in st["R"] if not r[3]] if self.how == "outer" else [])
+        emits = [lrec[0] for lrec in st["L"]] + (
+            [r[0] for r in st["R"] if not r[3]] if self.how == "outer" else []
+        )
         fx.hold(min(emits) if emits else None)
         return True
 

@@ -86,7 +86,11 @@ def _shape(model: dict[str, Any], slot: int) -> float:
     if mean <= 0:
         return 1.0
     # seasonality is smooth: a [1, 2, 1] kernel over neighbouring slots (circular) damps noise
-    smoothed = (profile[(slot - 1) % n] + 2 * profile[slot] + profile[(slot + 1) % n]) / 4 if n >= 3 else profile[slot]
+    smoothed = (
+        (profile[(slot - 1) % n] + 2 * profile[slot] + profile[(slot + 1) % n]) / 4
+        if n >= 3
+        else profile[slot]
+    )
     return max(smoothed, 0.0) / mean
 
 
@@ -149,7 +153,9 @@ def update_model(
     model["profile"][slot] = x if seen == 1 else (1 - g) * model["profile"][slot] + g * x
     model["seen"][slot] = seen
     model["windows"] += 1
-    if not model["seasonal"] and min(model["seen"]) >= max(1, model["slot_ms"] // model["window_ms"]):
+    if not model["seasonal"] and min(model["seen"]) >= max(
+        1, model["slot_ms"] // model["window_ms"]
+    ):
         # a whole day seen: switch to the seasonal model, its level the day's mean
         model["seasonal"] = True
         model["level"] = sum(model["profile"]) / len(model["profile"])
@@ -204,7 +210,9 @@ class ModelCalculator(Computation):
         window = record.value
         start = window["window_start"]
         model = self.state.get() or new_model(self.day_ms, self.slot_ms, self.window_ms)
-        warm = model["windows"] >= self.warmup_windows and (model["seasonal"] or not self.require_season)
+        warm = model["windows"] >= self.warmup_windows and (
+            model["seasonal"] or not self.require_season
+        )
         predicted = update_model(
             model,
             start,

@@ -57,7 +57,13 @@ def window_starts(ts: int, window_ms: int, slide_ms: int) -> list[int]:
     ([2000], [0, 1000, 2000])
     """
     last = ts // slide_ms * slide_ms
-    return [s for s in range(last - (windows_per_record(window_ms, slide_ms) - 1) * slide_ms, last + 1, slide_ms) if s + window_ms > ts]
+    return [
+        s
+        for s in range(
+            last - (windows_per_record(window_ms, slide_ms) - 1) * slide_ms, last + 1, slide_ms
+        )
+        if s + window_ms > ts
+    ]
 
 
 def windows_per_record(window_ms: int, slide_ms: int) -> int:
@@ -65,7 +71,14 @@ def windows_per_record(window_ms: int, slide_ms: int) -> int:
     return -(-window_ms // slide_ms)
 
 
-def check_window(name: str, aggregate: str, field: str | None, window_ms: int, slide_ms: int | None, allowed_lateness_ms: int) -> int:
+def check_window(
+    name: str,
+    aggregate: str,
+    field: str | None,
+    window_ms: int,
+    slide_ms: int | None,
+    allowed_lateness_ms: int,
+) -> int:
     """Validate a windowed aggregation's parameters (at construction: the topology's build); the slide."""
     slide = window_ms if slide_ms is None else slide_ms
     if aggregate not in AGGREGATES:
@@ -74,7 +87,13 @@ def check_window(name: str, aggregate: str, field: str | None, window_ms: int, s
     if aggregate != "count" and not field:
         msg = f"{name}: aggregate={aggregate!r} needs field=... (the value's field to aggregate)"
         raise ComputationError(msg)
-    if type(window_ms) is not int or type(slide) is not int or window_ms <= 0 or slide <= 0 or slide > window_ms:
+    if (
+        type(window_ms) is not int
+        or type(slide) is not int
+        or window_ms <= 0
+        or slide <= 0
+        or slide > window_ms
+    ):
         msg = f"{name}: window_ms and slide_ms must be ints with 0 < slide_ms <= window_ms, got {window_ms!r}, {slide_ms!r}"
         raise ComputationError(msg)
     if type(allowed_lateness_ms) is not int or allowed_lateness_ms < 0:
@@ -98,7 +117,17 @@ def update_time(low_watermark: int) -> int:
     return min(max(low_watermark, MIN_TIMESTAMP + 1), MAX_TIMESTAMP - 1)
 
 
-def aggregate_value(aggregate: str, key: Any, start: int, window_ms: int, count: int, total: float, lo: float, hi: float, update: int) -> dict[str, Any]:
+def aggregate_value(
+    aggregate: str,
+    key: Any,
+    start: int,
+    window_ms: int,
+    count: int,
+    total: float,
+    lo: float,
+    hi: float,
+    update: int,
+) -> dict[str, Any]:
     """A window's production: ``key``, ``window_start``, ``window_end``, ``count``, the aggregate, ``update``."""
     out = {"key": key, "window_start": start, "window_end": start + window_ms, "count": count}
     if aggregate == "sum":
@@ -126,7 +155,15 @@ class BucketClose:
     keep: bool
 
 
-def close_bucket(counts: dict[int, int], empty_run: int, start: int, window_ms: int, trailing_empty: int, *, finished: bool) -> BucketClose:
+def close_bucket(
+    counts: dict[int, int],
+    empty_run: int,
+    start: int,
+    window_ms: int,
+    trailing_empty: int,
+    *,
+    finished: bool,
+) -> BucketClose:
     """Fire bucket ``start`` of a key whose buckets are ``counts`` (popped from it): the
     ``WindowCounter``'s rule, shared by both paths. Once every input is finished, buckets
     past the end of the data are not "empty" and produce nothing."""
@@ -143,7 +180,9 @@ def close_bucket(counts: dict[int, int], empty_run: int, start: int, window_ms: 
 class WindowCounter(Computation):
     """Counts records per key in ``window_ms`` buckets; produces ``{"key", "window_start", "count"}``."""
 
-    def __init__(self, window_ms: int = 1_000, output: str = "window_counts", trailing_empty: int = 10) -> None:
+    def __init__(
+        self, window_ms: int = 1_000, output: str = "window_counts", trailing_empty: int = 10
+    ) -> None:
         self.window_ms = window_ms
         self.output = output
         self.trailing_empty = trailing_empty
@@ -162,10 +201,21 @@ class WindowCounter(Computation):
         w = self.window_ms
         start = timer.timestamp - w
         state = self.state.get() or {"counts": {}, "empty_run": 0}
-        res = close_bucket(state["counts"], state["empty_run"], start, w, self.trailing_empty, finished=self.low_watermark == MAX_TIMESTAMP)
+        res = close_bucket(
+            state["counts"],
+            state["empty_run"],
+            start,
+            w,
+            self.trailing_empty,
+            finished=self.low_watermark == MAX_TIMESTAMP,
+        )
         state["empty_run"] = res.empty_run
         if res.count is not None:
-            self.produce(self.output, {"key": self.key, "window_start": start, "count": res.count}, timestamp=timer.timestamp)
+            self.produce(
+                self.output,
+                {"key": self.key, "window_start": start, "count": res.count},
+                timestamp=timer.timestamp,
+            )
         if res.next_start is not None:
             self.set_timer(fire_tag(res.next_start), res.next_start + w)
         if res.keep:
@@ -180,10 +230,17 @@ class WindowAggregateSettings:
     the one constructor both :class:`WindowAggregate` and ``ColumnarWindowAggregate`` take."""
 
     def __init__(
-        self, aggregate: str = "count", field: str | None = None, window_ms: int = 1_000, slide_ms: int | None = None,
-        allowed_lateness_ms: int = 0, output: str = "window_aggregates",
-    ) -> None:  # fmt: skip
-        self.slide_ms = check_window(type(self).__name__, aggregate, field, window_ms, slide_ms, allowed_lateness_ms)
+        self,
+        aggregate: str = "count",
+        field: str | None = None,
+        window_ms: int = 1_000,
+        slide_ms: int | None = None,
+        allowed_lateness_ms: int = 0,
+        output: str = "window_aggregates",
+    ) -> None:
+        self.slide_ms = check_window(
+            type(self).__name__, aggregate, field, window_ms, slide_ms, allowed_lateness_ms
+        )
         self.aggregate = aggregate
         self.field = field
         self.window_ms = window_ms
@@ -254,7 +311,11 @@ class WindowAggregate(WindowAggregateSettings, Computation):
                 return
             n, total, lo, hi, update = acc
             ts = s + w if update == 0 else update_time(self.low_watermark)
-            self.produce(self.output, aggregate_value(self.aggregate, self.key, s, w, n, total, lo, hi, update), timestamp=ts)
+            self.produce(
+                self.output,
+                aggregate_value(self.aggregate, self.key, s, w, n, total, lo, hi, update),
+                timestamp=ts,
+            )
             acc[4] += 1
             if self.allowed_lateness_ms:
                 self.state.set(st)

@@ -63,7 +63,9 @@ def writer(directory: Path, stop: threading.Event, written: list[int], rotate_s:
         fh.close()
 
 
-def drive(rt: Any, logs: Path, live_s: float, rotate_s: float, drain_s: float = 120.0) -> tuple[list[int], float]:
+def drive(
+    rt: Any, logs: Path, live_s: float, rotate_s: float, drain_s: float = 120.0
+) -> tuple[list[int], float]:
     """Start ``rt``, write for ``live_s`` seconds while polling it, declare the input complete
     (``_DONE``) and poll until drained (at most ``drain_s``). Returns the timestamps written
     and the wall time of ``_DONE``; ``rt`` is stopped either way."""

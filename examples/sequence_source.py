@@ -37,7 +37,16 @@ FORMAT = "millwheel_sequence"
 SCHEMA = "seq long, ts long, key string, partition int"
 MAX_TIMESTAMP = 2**63 - 1
 
-DEFAULTS = {"count": "1000", "rows_per_batch": "250", "partitions": "2", "start_ms": "1700000000000", "step_ms": "10", "disorder_ms": "0", "keys": "10", "bad_every": "0"}
+DEFAULTS = {
+    "count": "1000",
+    "rows_per_batch": "250",
+    "partitions": "2",
+    "start_ms": "1700000000000",
+    "step_ms": "10",
+    "disorder_ms": "0",
+    "keys": "10",
+    "bad_every": "0",
+}
 
 
 def _opts(options: dict[str, str]) -> dict[str, int]:
@@ -48,7 +57,12 @@ def event(i: int, o: dict[str, int]) -> dict[str, Any]:
     """Event ``i`` of the sequence with options ``o`` (``ts`` ``None`` for a bad one)."""
     jitter = xxhash.xxh64_intdigest(str(i).encode()) % (o["disorder_ms"] + 1)
     bad = o["bad_every"] > 0 and i % o["bad_every"] == o["bad_every"] - 1
-    return {"seq": i, "ts": None if bad else o["start_ms"] + i * o["step_ms"] - jitter, "key": f"k{i % o['keys']}", "partition": i % o["partitions"]}
+    return {
+        "seq": i,
+        "ts": None if bad else o["start_ms"] + i * o["step_ms"] - jitter,
+        "key": f"k{i % o['keys']}",
+        "partition": i % o["partitions"],
+    }
 
 
 def events(**options: Any) -> list[dict[str, Any]]:
@@ -76,7 +90,9 @@ class SequenceStreamReader(DataSourceStreamReader):
     def initialOffset(self) -> dict[str, int]:
         return {"next": 0, "lw": low_watermark(0, self.o)}
 
-    def latestOffset(self, start: dict[str, int] | None = None, limit: Any = None) -> dict[str, int]:  # noqa: ARG002
+    def latestOffset(
+        self, start: dict[str, int] | None = None, limit: Any = None
+    ) -> dict[str, int]:  # noqa: ARG002
         at = (start or self.initialOffset())["next"]
         nxt = min(self.o["count"], at + self.o["rows_per_batch"])
         return {"next": nxt, "lw": low_watermark(nxt, self.o)}

@@ -118,7 +118,9 @@ class Campaign:
             self.classes.append("executor")
         self.work.mkdir(parents=True, exist_ok=True)  # the clock's offset file is written at once
         self.data = self.work / "data"
-        self.disk = inject.SmallDisk(self.work / "disk", disk_mb) if "disk" in self.classes else None
+        self.disk = (
+            inject.SmallDisk(self.work / "disk", disk_mb) if "disk" in self.classes else None
+        )
         self.root = (self.work / "disk" if self.disk else self.work) / "run"
         #: each driver's own log (``driver-<n>.log``), so a failing driver's tail is its own
         self._logs: dict[int, Path] = {}
@@ -139,7 +141,16 @@ class Campaign:
 
     # ---- drivers -------------------------------------------------------------------------------
     def _start(self) -> Any:
-        extra = ["--authority", self.authority.url, "--max-bytes", str(self.max_bytes), "--per-trigger", str(self.per_trigger), "--injector", self.injector]
+        extra = [
+            "--authority",
+            self.authority.url,
+            "--max-bytes",
+            str(self.max_bytes),
+            "--per-trigger",
+            str(self.per_trigger),
+            "--injector",
+            self.injector,
+        ]
         if self.clock is not None:
             extra += ["--faketime", str(self.clock.path)]
         if self.cluster is not None:
@@ -172,7 +183,9 @@ class Campaign:
     def _tail(self, proc: Any = None) -> str:
         """The end of ``proc``'s own log (default: the newest driver's), named."""
         log = self._log(proc)
-        return f"[{log.name}]\n" + log.read_text(errors="replace")[-3000:] if log is not None else ""
+        return (
+            f"[{log.name}]\n" + log.read_text(errors="replace")[-3000:] if log is not None else ""
+        )
 
     # ---- one fault -------------------------------------------------------------------------------
     def _apply(self, what: str, proc: Any) -> Any:
@@ -187,16 +200,24 @@ class Campaign:
                 root = self.cluster.workers[0].pid if self.cluster is not None else proc.pid
                 killed = inject.kill_python_workers(root, busy=True)
                 if self.cluster is not None:
-                    killed += sum(inject.kill_python_workers(w.pid, busy=True) for w in self.cluster.workers[1:])
+                    killed += sum(
+                        inject.kill_python_workers(w.pid, busy=True)
+                        for w in self.cluster.workers[1:]
+                    )
                 if killed:
                     self.log(f"    {killed} Python worker(s) killed mid-task")
                     return proc
-            self.log("    no Python worker ran a task within 60 s (the driver ended, or was idle): nothing killed")
+            self.log(
+                "    no Python worker ran a task within 60 s (the driver ended, or was idle): nothing killed"
+            )
             return proc
         if what == "executor":
             index = self.rng.randrange(len(self.cluster.workers))
             pid = inject.kill_executor(self.cluster, index)
-            self.log(f"    executor of worker {index}: " + (f"pid {pid} killed" if pid else "none running at that moment"))
+            self.log(
+                f"    executor of worker {index}: "
+                + (f"pid {pid} killed" if pid else "none running at that moment")
+            )
             return proc
         if what == "authority":
             self.authority.restart()
@@ -231,7 +252,9 @@ class Campaign:
         if rc not in (FENCED_EXIT, 0):
             msg = f"the zombie driver exited {rc}, not fenced ({FENCED_EXIT}):\n{self._tail(proc)}\nthe driver that took over:\n{self._tail(second)}"
             raise AssertionError(msg)
-        self.log(f"    zombie (pid {proc.pid}) exited {rc}: {'fenced' if rc == FENCED_EXIT else 'finished first'}")
+        self.log(
+            f"    zombie (pid {proc.pid}) exited {rc}: {'fenced' if rc == FENCED_EXIT else 'finished first'}"
+        )
         return second
 
     def _disk(self, proc: Any) -> Any:
@@ -255,9 +278,13 @@ class Campaign:
     # ---- the campaign ------------------------------------------------------------------------------
     def run(self) -> Result:
         started = time.monotonic()
-        self.log(f"fault campaign: seed {self.seed}, {self.records} records, {self.n_faults} faults over {self.classes}"
-                 + (f"; skipped: {self.result.skipped}" if self.result.skipped else ""))  # fmt: skip
-        if not (self.data / "_DONE").exists():  # written by an earlier attempt with the same seed: reuse it
+        self.log(
+            f"fault campaign: seed {self.seed}, {self.records} records, {self.n_faults} faults over {self.classes}"
+            + (f"; skipped: {self.result.skipped}" if self.result.skipped else "")
+        )
+        if not (
+            self.data / "_DONE"
+        ).exists():  # written by an earlier attempt with the same seed: reuse it
             write_input(self.data, self.records, seed=self.seed)
         plan = self.result.plan = self.plan()
         if self.disk is not None:
@@ -281,9 +308,15 @@ class Campaign:
                 if not self._progress(proc):
                     if proc.wait() == 0:
                         break  # drained before every fault landed: the result says how many did
-                    proc = self._replace(proc)  # stopped on its own (see _replace); the faults go on
+                    proc = self._replace(
+                        proc
+                    )  # stopped on its own (see _replace); the faults go on
                     continue
-                used = f" (run directory's tmpfs: {self.disk.used_mb():.0f} of {self.disk.size_mb} MB used)" if self.disk else ""
+                used = (
+                    f" (run directory's tmpfs: {self.disk.used_mb():.0f} of {self.disk.size_mb} MB used)"
+                    if self.disk
+                    else ""
+                )
                 self.log(f"  fault {sum(self.result.faults.values()) + 1}: {what}{used}")
                 proc = self._apply(what, proc)
                 self.result.faults[what] += 1
@@ -292,7 +325,9 @@ class Campaign:
             if proc is not None:
                 inject.kill_tree(proc)
             self.authority.stop()
-        self.result.report = check_run(str(self.root), str(self.data), authority_dir=self.authority.data_dir)
+        self.result.report = check_run(
+            str(self.root), str(self.data), authority_dir=self.authority.data_dir
+        )
         self.result.elapsed_s = time.monotonic() - started
         self.log(self.result.line())
         return self.result

@@ -109,9 +109,18 @@ class Report:
     notes: list[str] = field(default_factory=list)
 
     VIOLATIONS = (
-        "lost", "duplicated", "misplaced", "dead_letters_missing", "unexpected_dead_letters", "sequence_breaks",
-        "divergent", "watermark_regressions", "early_timers", "uncommitted_visible", "double_published",
-    )  # fmt: skip
+        "lost",
+        "duplicated",
+        "misplaced",
+        "dead_letters_missing",
+        "unexpected_dead_letters",
+        "sequence_breaks",
+        "divergent",
+        "watermark_regressions",
+        "early_timers",
+        "uncommitted_visible",
+        "double_published",
+    )
 
     @property
     def clean(self) -> bool:
@@ -274,7 +283,9 @@ def check_timers(root: Location, report: Report) -> None:
                 lo = min_ts_of(name)
                 at = next((m for m, offs in offsets if offs.get(source, -1) >= log_batch), None)
                 if lo is None or at is None:
-                    unmapped += 1  # consumed by a batch whose offsets Spark has purged (it keeps 100)
+                    unmapped += (
+                        1  # consumed by a batch whose offsets Spark has purged (it keeps 100)
+                    )
                     continue
                 k = bisect.bisect_right(order, at)
                 if not k:
@@ -292,7 +303,9 @@ def check_timers(root: Location, report: Report) -> None:
                         f"consumed ({stream}/{producer}/{name})"
                     )
         if unmapped:
-            report.notes.append(f"{computation}: {unmapped} input files consumed by batches whose offsets Spark no longer keeps: not checked for early timers")
+            report.notes.append(
+                f"{computation}: {unmapped} input files consumed by batches whose offsets Spark no longer keeps: not checked for early timers"
+            )
 
 
 # ---- ledger runs ---------------------------------------------------------------------------------

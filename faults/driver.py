@@ -40,7 +40,10 @@ def _in_chain(exc: BaseException, kind: type[BaseException]) -> BaseException | 
 
 
 def _disk_full(exc: BaseException) -> bool:
-    return any((isinstance(e, OSError) and e.errno == errno.ENOSPC) or disk_full(e) is not None for e in _chain(exc))
+    return any(
+        (isinstance(e, OSError) and e.errno == errno.ENOSPC) or disk_full(e) is not None
+        for e in _chain(exc)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,8 +61,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-trigger", type=int, default=2, help="stream files per computation batch")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--faketime", default=None, help="libfaketime offset file for the JVM")
-    p.add_argument("--follow", action="store_true", help="the input directory is complete once _DONE appears (input written in chunks while it runs)")
-    p.add_argument("--injector", choices=["spark", "driver"], default="spark", help="who reads the logs: a Spark query (LogFileSource) or the driver")
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="the input directory is complete once _DONE appears (input written in chunks while it runs)",
+    )
+    p.add_argument(
+        "--injector",
+        choices=["spark", "driver"],
+        default="spark",
+        help="who reads the logs: a Spark query (LogFileSource) or the driver",
+    )
     args = p.parse_args(argv)
     if args.faketime:
         if not os.path.exists(LIBFAKETIME):
@@ -80,7 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     from millwheel.runtime import FencedError, RuntimeSettings, SparkRuntime
     from watermark_authority.client import HttpWatermarkClient, client_secret
 
-    topo = build(args.data, max_bytes=args.max_bytes, in_driver=args.injector == "driver", finite=not args.follow)
+    topo = build(
+        args.data,
+        max_bytes=args.max_bytes,
+        in_driver=args.injector == "driver",
+        finite=not args.follow,
+    )
     settings = RuntimeSettings(
         drain=not args.follow,
         intervals=args.intervals,
@@ -100,8 +117,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.faketime:
         conf["spark.executorEnv.LD_PRELOAD"] = ""
     spark = spark_session(args.master, conf=conf)
-    os.environ.pop("LD_PRELOAD", None)  # the JVM has started with it; nothing else started from here gets it
-    rt = SparkRuntime(topo, args.run, settings, spark=spark, watermarks=watermarks, log=lambda m: print(m, flush=True))
+    os.environ.pop(
+        "LD_PRELOAD", None
+    )  # the JVM has started with it; nothing else started from here gets it
+    rt = SparkRuntime(
+        topo,
+        args.run,
+        settings,
+        spark=spark,
+        watermarks=watermarks,
+        log=lambda m: print(m, flush=True),
+    )
     try:
         rt.run(timeout_s=args.timeout)
     except FencedError as exc:
@@ -109,12 +135,20 @@ def main(argv: list[str] | None = None) -> int:
         return FENCED_EXIT
     except Exception as exc:
         fenced = _in_chain(exc, FencedError)
-        if fenced is not None:  # fenced, then something failed while stopping (e.g. a write refused)
-            print(f"FENCED: {fenced} (then, while stopping: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})", flush=True)
+        if (
+            fenced is not None
+        ):  # fenced, then something failed while stopping (e.g. a write refused)
+            print(
+                f"FENCED: {fenced} (then, while stopping: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})",
+                flush=True,
+            )
             return FENCED_EXIT
         if _disk_full(exc):
-            print(f"DISK FULL: the run directory {args.run} (or Spark's) has no space left: {str(exc).splitlines()[0][:300]}; "
-                  "free space, then run again with the same run directory to resume", flush=True)  # fmt: skip
+            print(
+                f"DISK FULL: the run directory {args.run} (or Spark's) has no space left: {str(exc).splitlines()[0][:300]}; "
+                "free space, then run again with the same run directory to resume",
+                flush=True,
+            )
             return 1
         if isinstance(exc, MillwheelError):
             print(f"STOPPED: {exc}", flush=True)

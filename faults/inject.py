@@ -102,7 +102,9 @@ def busy_python_workers(root: int, window_s: float = 0.05) -> list[int]:
     nothing (Spark starts another), killing a busy one fails its task and so its query."""
     before = {pid: cpu_ticks(pid) for pid in python_workers(root)}
     time.sleep(window_s)
-    return [pid for pid, ticks in before.items() if ticks is not None and (cpu_ticks(pid) or 0) > ticks]
+    return [
+        pid for pid, ticks in before.items() if ticks is not None and (cpu_ticks(pid) or 0) > ticks
+    ]
 
 
 def kill_python_workers(root: int, *, busy: bool = False) -> int:
@@ -184,11 +186,18 @@ def consumed_inputs(root: Path | str, query: str) -> int:
         return 0
     consumed = ConsumedFiles(checkpoint)
     consumed.refresh()
-    return sum(len(consumed.names(stream, producer, done[-1])) for stream, producer in list(consumed.files))
+    return sum(
+        len(consumed.names(stream, producer, done[-1])) for stream, producer in list(consumed.files)
+    )
 
 
 def wait_for_progress(
-    proc: subprocess.Popen[bytes], root: Path | str, query: str, batches: int, timeout: float = 300, measure: Callable[[Path | str, str], int] = committed_batches
+    proc: subprocess.Popen[bytes],
+    root: Path | str,
+    query: str,
+    batches: int,
+    timeout: float = 300,
+    measure: Callable[[Path | str, str], int] = committed_batches,
 ) -> bool:
     """Wait until ``query`` made ``batches`` more progress in ``measure`` (default: committed
     batches; :func:`consumed_inputs`: input files consumed); ``False`` if ``proc`` ended first."""
@@ -207,7 +216,13 @@ def wait_for_progress(
 # ---- the driver ---------------------------------------------------------------------------------
 
 
-def start_driver(root: Path | str, data: Path | str, *extra: str, env: dict[str, str] | None = None, log: Path | str | None = None) -> subprocess.Popen[bytes]:
+def start_driver(
+    root: Path | str,
+    data: Path | str,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    log: Path | str | None = None,
+) -> subprocess.Popen[bytes]:
     """``python -m faults.driver ROOT DATA EXTRA...`` in its own session, output appended to ``log``."""
     e = dict(os.environ)
     e.update(env or {})
@@ -215,8 +230,12 @@ def start_driver(root: Path | str, data: Path | str, *extra: str, env: dict[str,
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - the child keeps it
     return subprocess.Popen(
         [sys.executable, "-m", "faults.driver", str(root), str(data), *extra],
-        env=e, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        env=e,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 # ---- the watermark authority ------------------------------------------------------------------
@@ -244,9 +263,21 @@ class AuthorityProcess:
         os.makedirs(self.data_dir, exist_ok=True)
         log = open(os.path.join(self.data_dir, "authority.log"), "ab")  # noqa: SIM115 - the child keeps it
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "watermark_authority", "serve", "--port", str(self.port), "--data-dir", self.data_dir],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "watermark_authority",
+                "serve",
+                "--port",
+                str(self.port),
+                "--data-dir",
+                self.data_dir,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + timeout
         with HttpWatermarkClient(self.url, retries=0) as probe:
             while not probe.healthy():
@@ -299,7 +330,12 @@ class SmallDisk:
         """``None`` if a tmpfs can be mounted here, else why not."""
         probe = Path(tempfile.mkdtemp(prefix="millwheel-tmpfs-probe-"))
         try:
-            r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(probe)], capture_output=True, text=True, check=False)
+            r = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(probe)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             if r.returncode != 0:
                 return f"cannot mount a tmpfs ({r.stderr.strip() or r.returncode}): the full-disk fault needs root"
             subprocess.run(["umount", str(probe)], check=False)
@@ -312,7 +348,11 @@ class SmallDisk:
 
     def mount(self) -> SmallDisk:
         self.path.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.size_mb}m", "tmpfs", str(self.path)], check=True, capture_output=True)
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={self.size_mb}m", "tmpfs", str(self.path)],
+            check=True,
+            capture_output=True,
+        )
         self.mounted = True
         return self
 
@@ -366,7 +406,11 @@ class ClockJump:
 
     @classmethod
     def available(cls) -> str | None:
-        return None if os.path.exists(cls.LIBRARY) else f"{cls.LIBRARY} is missing: apt-get install faketime"
+        return (
+            None
+            if os.path.exists(cls.LIBRARY)
+            else f"{cls.LIBRARY} is missing: apt-get install faketime"
+        )
 
     def set(self, offset_s: int) -> None:
         tmp = self.path.with_suffix(".tmp")

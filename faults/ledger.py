@@ -127,7 +127,14 @@ class InDriver(Source):
         return self.inner.batches(injector, stream)
 
 
-def build(data: str, *, max_bytes: int = 64 << 20, name: str = "ledger", in_driver: bool = False, finite: bool = True) -> Topology:
+def build(
+    data: str,
+    *,
+    max_bytes: int = 64 << 20,
+    name: str = "ledger",
+    in_driver: bool = False,
+    finite: bool = True,
+) -> Topology:
     """The ledger topology over the log directory ``data`` (finite: it drains).
 
     ``in_driver``: the driver reads the logs (:class:`InDriver`) instead of a Spark query.
@@ -161,8 +168,18 @@ class Planted:
     keys: set[str] = field(default_factory=set, repr=False)
 
 
-def write_input(data: Path, n: int, *, seed: int, files: int | None = None, keys: int = 2_000, first: int = 0,
-                dup_rate: float = 0.01, malformed_rate: float = 0.001, late_rate: float = 0.002) -> Planted:  # fmt: skip
+def write_input(
+    data: Path,
+    n: int,
+    *,
+    seed: int,
+    files: int | None = None,
+    keys: int = 2_000,
+    first: int = 0,
+    dup_rate: float = 0.01,
+    malformed_rate: float = 0.001,
+    late_rate: float = 0.002,
+) -> Planted:
     """Write ``n`` valid query events (ids ``e<first>..``) plus planted bad input; ``_DONE`` at the end.
 
     ``first`` continues the ids and the files' times of an earlier call (a soak writes its

@@ -61,7 +61,9 @@ def operate(campaign: Any, what: str, proc: Any) -> Any:
     c = rng.choice(COMPUTATIONS)
     now = _entry(campaign, c)
     if what == "relayout" or (what == "rescale_killed" and rng.random() < 0.5):
-        request: dict[str, Any] = {"layout": "keys" if now["state_layout"] == "intervals" else "intervals"}
+        request: dict[str, Any] = {
+            "layout": "keys" if now["state_layout"] == "intervals" else "intervals"
+        }
     else:
         request = {"intervals": rng.choice([n for n in COUNTS if n != now["intervals"]])}
     said = f"{c}: {now['intervals']} intervals, {now['state_layout']} -> {request}"
@@ -79,7 +81,9 @@ def operate(campaign: Any, what: str, proc: Any) -> Any:
     time.sleep(rng.uniform(0, 4))
     inject.kill_tree(proc)
     command_first = rng.random() < 0.5
-    campaign.log(f"    {said}: driver killed -9 during the request; the operator {'runs the command again, then starts' if command_first else 'starts a driver'}")
+    campaign.log(
+        f"    {said}: driver killed -9 during the request; the operator {'runs the command again, then starts' if command_first else 'starts a driver'}"
+    )
     if command_first:
         _again(campaign, c, request)
     new = campaign._start()
@@ -91,7 +95,9 @@ def operate(campaign: Any, what: str, proc: Any) -> Any:
         msg = f"the driver after a killed {request} of {c} stopped with exit {new.returncode}, not asking to finish it:\n{campaign._tail(new)}"
         raise AssertionError(msg)
     inject.kill_tree(new)
-    campaign.log("    the driver refused to start before the change is finished; the operator runs the command again")
+    campaign.log(
+        "    the driver refused to start before the change is finished; the operator runs the command again"
+    )
     _again(campaign, c, request)
     return campaign._start()
 
@@ -101,7 +107,9 @@ def _again(campaign: Any, computation: str, request: dict[str, Any]) -> None:
     from millwheel.runtime import rescale
 
     answer = rescale(str(campaign.root), computation, **request)
-    campaign.log(f"    again: {({k: v for k, v in answer.items() if k in ('from', 'to', 'keys', 'finished', 'unchanged', 'pending', 'state')})}")
+    campaign.log(
+        f"    again: { ({k: v for k, v in answer.items() if k in ('from', 'to', 'keys', 'finished', 'unchanged', 'pending', 'state')}) }"
+    )
 
 
 __all__ = ["OPERATIONS", "operate"]

@@ -68,14 +68,22 @@ class Backend(abc.ABC):
         """The stored metadata with its revision, or ``None`` for a new store."""
 
     @abc.abstractmethod
-    def write_meta(self, meta: Meta, *, expected: Meta | None, no_entries_from: int | None = None) -> Meta:
+    def write_meta(
+        self, meta: Meta, *, expected: Meta | None, no_entries_from: int | None = None
+    ) -> Meta:
         """Store ``meta`` if the stored metadata is still ``expected`` (``None``: absent), else
         raise :class:`MetaChangedError`; with ``no_entries_from``, also only if no entry has an
         event time at or after it, else raise :class:`~id_registry.ReshardError`. Returns
         ``meta`` with its new revision."""
 
     @abc.abstractmethod
-    def insert_if_absent(self, keys: Sequence[bytes], index_keys: Sequence[bytes], values: Sequence[bytes], meta: Meta) -> list[bytes | None]:
+    def insert_if_absent(
+        self,
+        keys: Sequence[bytes],
+        index_keys: Sequence[bytes],
+        values: Sequence[bytes],
+        meta: Meta,
+    ) -> list[bytes | None]:
         """For each entry key (distinct): if absent, store it with its value and its time-index key
         (answer ``None``), else answer the stored value."""
 
@@ -136,9 +144,13 @@ class _LocalBackend(Backend):
         self._revision = max(self._revision, 1)
         return Meta.decode(raw, self._revision)
 
-    def write_meta(self, meta: Meta, *, expected: Meta | None, no_entries_from: int | None = None) -> Meta:
+    def write_meta(
+        self, meta: Meta, *, expected: Meta | None, no_entries_from: int | None = None
+    ) -> Meta:
         stored = self.read_meta()
-        if (stored is None) != (expected is None) or (stored is not None and expected is not None and stored.revision != expected.revision):
+        if (stored is None) != (expected is None) or (
+            stored is not None and expected is not None and stored.revision != expected.revision
+        ):
             raise MetaChangedError
         if no_entries_from is not None:
             latest = self.latest_event_time()
@@ -152,7 +164,13 @@ class _LocalBackend(Backend):
         if meta.revision != self._revision:
             raise MetaChangedError
 
-    def insert_if_absent(self, keys: Sequence[bytes], index_keys: Sequence[bytes], values: Sequence[bytes], meta: Meta) -> list[bytes | None]:
+    def insert_if_absent(
+        self,
+        keys: Sequence[bytes],
+        index_keys: Sequence[bytes],
+        values: Sequence[bytes],
+        meta: Meta,
+    ) -> list[bytes | None]:
         self._check(meta)
         out = list(map(self._get, keys))
         new = [old is None for old in out]
@@ -259,7 +277,9 @@ class RocksBackend(_LocalBackend):
         options = Options(raw_mode=True)
         options.create_if_missing(True)
         table = BlockBasedOptions()
-        table.set_bloom_filter(10, False)  # most commits are of new ids: absent keys answered from the filter
+        table.set_bloom_filter(
+            10, False
+        )  # most commits are of new ids: absent keys answered from the filter
         options.set_block_based_table_factory(table)
         self._db = Rdict(self.path, options)
         self._write_options = WriteOptions()
@@ -268,11 +288,19 @@ class RocksBackend(_LocalBackend):
     def _get(self, key: bytes) -> bytes | None:
         return cast("bytes | None", self._db.get(key))
 
-    def insert_if_absent(self, keys: Sequence[bytes], index_keys: Sequence[bytes], values: Sequence[bytes], meta: Meta) -> list[bytes | None]:
+    def insert_if_absent(
+        self,
+        keys: Sequence[bytes],
+        index_keys: Sequence[bytes],
+        values: Sequence[bytes],
+        meta: Meta,
+    ) -> list[bytes | None]:
         from rocksdict import WriteBatch
 
         self._check(meta)
-        out = list(map(self._db.get, keys))  # the hot path of every commit: C loops, straight into one batch
+        out = list(
+            map(self._db.get, keys)
+        )  # the hot path of every commit: C loops, straight into one batch
         new = [old is None for old in out]
         if any(new):
             batch = WriteBatch(raw_mode=True)

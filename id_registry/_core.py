@@ -132,7 +132,9 @@ class Stats:
             self._seconds.append([second] + [0] * len(self.COLUMNS))
         return self._seconds[-1]
 
-    def record_group(self, items: int, new: int, repeated: int, conflicts: int, too_old: int) -> None:
+    def record_group(
+        self, items: int, new: int, repeated: int, conflicts: int, too_old: int
+    ) -> None:
         self.groups += 1
         self.group_items += items
         self.committed += new
@@ -162,7 +164,10 @@ class Stats:
         start = end - seconds
         with self._lock:
             rows = [list(row) for row in self._seconds if start <= row[0] < end]
-        out = {"t": [(start + i) * 1000 for i in range(seconds)], **{name: [0] * seconds for name in self.COLUMNS}}
+        out = {
+            "t": [(start + i) * 1000 for i in range(seconds)],
+            **{name: [0] * seconds for name in self.COLUMNS},
+        }
         for second, *values in rows:
             for name, value in zip(self.COLUMNS, values, strict=True):
                 out[name][second - start] = value
@@ -213,11 +218,15 @@ class Registry:
         self.backend = backend if backend is not None else MemoryBackend()
         self.reshard_lead_ms = reshard_lead_ms
         self.clock = clock
-        self.stats = Stats(clock=lambda: self.clock() / 1000)  # the same clock: tests never wait for a second to end
+        self.stats = Stats(
+            clock=lambda: self.clock() / 1000
+        )  # the same clock: tests never wait for a second to end
         meta = self.backend.read_meta()
         if meta is None:
             try:
-                meta = self.backend.write_meta(Meta(INT64_MIN, ShardMap.single(check_shard_count(shard_count))), expected=None)
+                meta = self.backend.write_meta(
+                    Meta(INT64_MIN, ShardMap.single(check_shard_count(shard_count))), expected=None
+                )
             except MetaChangedError:  # another server created it first
                 meta = self.backend.read_meta()
         if meta is None:  # pragma: no cover - a store that loses what it just wrote
@@ -260,7 +269,9 @@ class Registry:
 
         return self._retrying(attempt)
 
-    def _commit(self, items: Sequence[Item], meta: Meta, *, look_again: bool = False) -> list[CommitResult]:
+    def _commit(
+        self, items: Sequence[Item], meta: Meta, *, look_again: bool = False
+    ) -> list[CommitResult]:
         """One durable write for ``items``; the per-item work is done a column at a time (C loops).
         ``look_again``: a retry after the metadata changed: a too-old item its token holds is ``COMMITTED``."""
         gc = meta.gc_boundary_ms
@@ -283,16 +294,24 @@ class Registry:
             shards = [h % count for h in map(xxh3_64_intdigest, encoded)]
         else:
             config_at = meta.shards.config_at
-            shards = [h % config_at(t).shard_count for h, t in zip(map(xxh3_64_intdigest, encoded), times, strict=True)]
+            shards = [
+                h % config_at(t).shard_count
+                for h, t in zip(map(xxh3_64_intdigest, encoded), times, strict=True)
+            ]
         keys = list(map(ENTRY_KEY, zip(shards, encoded, strict=True)))
-        index = list(map(INDEX_KEY, zip([t + TIME_OFFSET for t in times], shards, encoded, strict=True)))
+        index = list(
+            map(INDEX_KEY, zip([t + TIME_OFFSET for t in times], shards, encoded, strict=True))
+        )
         values = list(map(self._pack, zip(map(TOKEN, deciding), times, strict=True)))
         stored = self.backend.insert_if_absent(keys, index, values, meta) if keys else []
         new = stored.count(None)
         if new == len(items):
             self.stats.record_group(len(items), new, 0, 0, 0)
             return [COMMITTED] * len(items)
-        holders = {item[0]: item[1] if old is None else _unpackb(old)[0] for item, old in zip(deciding, stored, strict=True)}
+        holders = {
+            item[0]: item[1] if old is None else _unpackb(old)[0]
+            for item, old in zip(deciding, stored, strict=True)
+        }
         kept = self._held_too_old(items, meta) if look_again else set()
         results: list[CommitResult] = []
         conflicts = too_old = 0
@@ -308,7 +327,9 @@ class Registry:
             else:
                 results.append(CommitResult(Status.CONFLICT, holders[event_id]))
                 conflicts += 1
-        self.stats.record_group(len(items), new, len(items) - too_old - conflicts - new, conflicts, too_old)
+        self.stats.record_group(
+            len(items), new, len(items) - too_old - conflicts - new, conflicts, too_old
+        )
         return results
 
     def _held_too_old(self, items: Sequence[Item], meta: Meta) -> set[tuple[str, str]]:
@@ -316,9 +337,16 @@ class Registry:
         old = [(event_id, token, t) for event_id, token, t in items if t < meta.gc_boundary_ms]
         if not old:
             return set()
-        keys = [entry_key(meta.shards.shard_of(event_id, t), event_id.encode()) for event_id, _, t in old]
+        keys = [
+            entry_key(meta.shards.shard_of(event_id, t), event_id.encode())
+            for event_id, _, t in old
+        ]
         values = self.backend.get_many(keys, meta)
-        return {(event_id, token) for (event_id, token, _), raw in zip(old, values, strict=True) if raw is not None and unpack_entry(raw)[0] == token}
+        return {
+            (event_id, token)
+            for (event_id, token, _), raw in zip(old, values, strict=True)
+            if raw is not None and unpack_entry(raw)[0] == token
+        }
 
     # ------------------------------------------------------------------ lookups (§3.2, §3.3.3)
     def lookup_many(self, ids: Sequence[str]) -> list[LookupResult]:
@@ -333,7 +361,11 @@ class Registry:
                 out.append(LookupResult(Status.NOT_FOUND))
                 continue
             token, t = unpack_entry(hit[2])
-            out.append(LookupResult(Status.TOO_OLD, token, t) if t < gc else LookupResult(Status.FOUND, token, t))
+            out.append(
+                LookupResult(Status.TOO_OLD, token, t)
+                if t < gc
+                else LookupResult(Status.FOUND, token, t)
+            )
         return out
 
     def _find(self, ids: Sequence[str], meta: Meta) -> list[tuple[int, bytes, bytes] | None]:
@@ -352,7 +384,13 @@ class Registry:
         return out
 
     # ------------------------------------------------------------------ clears (§3.3.3)
-    def clear_many(self, ids: Sequence[str], *, only_if_token: str | Sequence[str | None] | None = None, keep_id: bool = False) -> list[ClearResult]:
+    def clear_many(
+        self,
+        ids: Sequence[str],
+        *,
+        only_if_token: str | Sequence[str | None] | None = None,
+        keep_id: bool = False,
+    ) -> list[ClearResult]:
         """Recovery (§3.3.3). ``keep_id=False``: delete the entries, so the events can be joined
         again (a registered click missing from the output, whose joiner is known to be dead).
         ``keep_id=True``: keep the ids committed and drop their tokens (clicks safely in the
@@ -370,7 +408,9 @@ class Registry:
         answers = self._retrying(lambda meta: self._clear(wanted, keep_id, meta))
         return [answers[event_id] for event_id in checked]
 
-    def _clear(self, wanted: dict[str, str | None], keep_id: bool, meta: Meta) -> dict[str, ClearResult]:
+    def _clear(
+        self, wanted: dict[str, str | None], keep_id: bool, meta: Meta
+    ) -> dict[str, ClearResult]:
         answers: dict[str, ClearResult] = {}
         pending = list(wanted)
         for _ in range(META_RETRIES):
@@ -392,7 +432,14 @@ class Registry:
                 elif keep_id and holder is None:
                     answers[event_id] = ClearResult(Status.CLEARED)  # already
                 else:
-                    ops.append((entry_key(shard, b), index_key(t, shard, b), raw, pack_entry(None, t) if keep_id else None))
+                    ops.append(
+                        (
+                            entry_key(shard, b),
+                            index_key(t, shard, b),
+                            raw,
+                            pack_entry(None, t) if keep_id else None,
+                        )
+                    )
                     op_ids.append(event_id)
             done = self.backend.replace_if(ops, meta) if ops else []
             pending = []
@@ -479,7 +526,9 @@ class Registry:
                 )
                 raise ReshardError(msg)
             shards = ShardMap([*meta.shards.configs, ShardConfig(effective_from_ms, shard_count)])
-            self.meta = self.backend.write_meta(Meta(meta.gc_boundary_ms, shards), expected=meta, no_entries_from=effective_from_ms)
+            self.meta = self.backend.write_meta(
+                Meta(meta.gc_boundary_ms, shards), expected=meta, no_entries_from=effective_from_ms
+            )
             return list(shards.configs)
 
         return self._retrying(add)

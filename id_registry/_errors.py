@@ -107,6 +107,12 @@ class RegistryUnavailableError(ServiceUnavailableError, RegistryError):
 
 
 #: the registry's errors, for its HTTP client (servicekit's refusals are invalid requests)
-ERRORS = ErrorSet(RegistryError, InvalidRequestError, AuthenticationError, RegistryUnavailableError, (GcBackwardsError, ReshardError, ThrottledError, BackendUnavailableError))
+ERRORS = ErrorSet(
+    RegistryError,
+    InvalidRequestError,
+    AuthenticationError,
+    RegistryUnavailableError,
+    (GcBackwardsError, ReshardError, ThrottledError, BackendUnavailableError),
+)
 #: error code -> class
 ERRORS_BY_CODE = ERRORS.by_code()

@@ -109,7 +109,11 @@ class EtcdBackend(Backend):
         self.txns = 0
         self.failovers = 0
         self._httpx = httpx
-        self._client = httpx.Client(timeout=attempt_timeout, transport=transport, limits=httpx.Limits(max_connections=max(parallel, 4) * 2))
+        self._client = httpx.Client(
+            timeout=attempt_timeout,
+            transport=transport,
+            limits=httpx.Limits(max_connections=max(parallel, 4) * 2),
+        )
         self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="id-registry-etcd")
         self._current = 0
         self._lock = threading.Lock()
@@ -133,7 +137,9 @@ class EtcdBackend(Backend):
                 response = self._client.post(endpoint + path, json=body)
                 if response.status_code == 200:
                     return response.json()  # type: ignore[no-any-return]
-                last = f"HTTP {response.status_code} from {endpoint}: {describe(response.text, 300)}"
+                last = (
+                    f"HTTP {response.status_code} from {endpoint}: {describe(response.text, 300)}"
+                )
                 if response.status_code < 500 and "leader" not in response.text:
                     hint = ""
                     if "too many operations" in response.text:
@@ -151,7 +157,9 @@ class EtcdBackend(Backend):
                 msg = f"etcd did not answer {path} within {self.timeout:g}s at any of {self.endpoints} (last: {last}); is a majority of its members up?"
                 raise BackendUnavailableError(msg)
             if attempt >= len(self.endpoints):  # every member tried: wait for an election
-                time.sleep(min(0.5, 0.02 * 2 ** min(attempt, 5)) * (0.5 + self._random.random() / 2))
+                time.sleep(
+                    min(0.5, 0.02 * 2 ** min(attempt, 5)) * (0.5 + self._random.random() / 2)
+                )
 
     def _txn(self, body: dict[str, Any]) -> dict[str, Any]:
         out = self._post("/v3/kv/txn", body)
@@ -160,8 +168,18 @@ class EtcdBackend(Backend):
 
     def _meta_compare(self, meta: Meta | None) -> dict[str, Any]:
         if meta is None:
-            return {"key": self._key(META_KEY), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
-        return {"key": self._key(META_KEY), "target": "MOD", "result": "EQUAL", "mod_revision": str(meta.revision)}
+            return {
+                "key": self._key(META_KEY),
+                "target": "CREATE",
+                "result": "EQUAL",
+                "create_revision": "0",
+            }
+        return {
+            "key": self._key(META_KEY),
+            "target": "MOD",
+            "result": "EQUAL",
+            "mod_revision": str(meta.revision),
+        }
 
     def _parallel(self, fn: Any, chunks: list[Sequence[Any]]) -> list[Any]:
         if len(chunks) == 1:
@@ -176,7 +194,9 @@ class EtcdBackend(Backend):
             return None
         return Meta.decode(_unb64(kvs[0]["value"]), int(kvs[0]["mod_revision"]))
 
-    def write_meta(self, meta: Meta, *, expected: Meta | None, no_entries_from: int | None = None) -> Meta:
+    def write_meta(
+        self, meta: Meta, *, expected: Meta | None, no_entries_from: int | None = None
+    ) -> Meta:
         compare = [self._meta_compare(expected)]
         if no_entries_from is not None:
             compare.append(
@@ -190,7 +210,9 @@ class EtcdBackend(Backend):
             )
         body = {
             "compare": compare,
-            "success": [{"request_put": {"key": self._key(META_KEY), "value": _b64(meta.encode())}}],
+            "success": [
+                {"request_put": {"key": self._key(META_KEY), "value": _b64(meta.encode())}}
+            ],
             "failure": [{"request_range": {"key": self._key(META_KEY)}}],
         }
         out = self._txn(body)
@@ -204,7 +226,13 @@ class EtcdBackend(Backend):
         latest = self.latest_event_time()
         raise reshard_refused(no_entries_from, latest if latest is not None else no_entries_from)
 
-    def insert_if_absent(self, keys: Sequence[bytes], index_keys: Sequence[bytes], values: Sequence[bytes], meta: Meta) -> list[bytes | None]:
+    def insert_if_absent(
+        self,
+        keys: Sequence[bytes],
+        index_keys: Sequence[bytes],
+        values: Sequence[bytes],
+        meta: Meta,
+    ) -> list[bytes | None]:
         compare = [self._meta_compare(meta)]
         entries = list(zip(keys, index_keys, values, strict=True))
 
@@ -215,7 +243,14 @@ class EtcdBackend(Backend):
                 ops.append(
                     {
                         "request_txn": {
-                            "compare": [{"key": k, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+                            "compare": [
+                                {
+                                    "key": k,
+                                    "target": "CREATE",
+                                    "result": "EQUAL",
+                                    "create_revision": "0",
+                                }
+                            ],
                             "success": [
                                 {"request_put": {"key": k, "value": _b64(value)}},
                                 {"request_put": {"key": self._key(index), "value": ""}},
@@ -245,7 +280,12 @@ class EtcdBackend(Backend):
         compare = [self._meta_compare(meta)]
 
         def chunk(part: Sequence[bytes]) -> list[bytes | None]:
-            out = self._txn({"compare": compare, "success": [{"request_range": {"key": self._key(k)}} for k in part]})
+            out = self._txn(
+                {
+                    "compare": compare,
+                    "success": [{"request_range": {"key": self._key(k)}} for k in part],
+                }
+            )
             if not out.get("succeeded"):
                 raise MetaChangedError
             values: list[bytes | None] = []
@@ -265,11 +305,28 @@ class EtcdBackend(Backend):
             for key, index, expected, new in part:
                 k = self._key(key)
                 then = (
-                    [{"request_delete_range": {"key": k}}, {"request_delete_range": {"key": self._key(index)}}]
+                    [
+                        {"request_delete_range": {"key": k}},
+                        {"request_delete_range": {"key": self._key(index)}},
+                    ]
                     if new is None
                     else [{"request_put": {"key": k, "value": _b64(new)}}]
                 )
-                txns.append({"request_txn": {"compare": [{"key": k, "target": "VALUE", "result": "EQUAL", "value": _b64(expected)}], "success": then}})
+                txns.append(
+                    {
+                        "request_txn": {
+                            "compare": [
+                                {
+                                    "key": k,
+                                    "target": "VALUE",
+                                    "result": "EQUAL",
+                                    "value": _b64(expected),
+                                }
+                            ],
+                            "success": then,
+                        }
+                    }
+                )
             out = self._txn({"compare": compare, "success": txns})
             if not out.get("succeeded"):
                 raise MetaChangedError
@@ -280,7 +337,12 @@ class EtcdBackend(Backend):
         return [done for part in parts for done in part]
 
     def index_below(self, boundary_ms: int, limit: int) -> list[bytes]:
-        body = {"key": self._key(INDEX_PREFIX), "range_end": self._key(index_time_key(boundary_ms)), "limit": str(limit), "keys_only": True}
+        body = {
+            "key": self._key(INDEX_PREFIX),
+            "range_end": self._key(index_time_key(boundary_ms)),
+            "limit": str(limit),
+            "keys_only": True,
+        }
         out = self._post("/v3/kv/range", body)
         n = len(self.prefix)
         return [_unb64(kv["key"])[n:] for kv in out.get("kvs") or []]
@@ -300,7 +362,14 @@ class EtcdBackend(Backend):
         return sum(self._parallel(chunk, _chunks(index_keys, self.max_txn_ops // 2)))
 
     def latest_event_time(self) -> int | None:
-        body = {"key": self._key(INDEX_PREFIX), "range_end": self._key(INDEX_END), "limit": "1", "sort_order": "DESCEND", "sort_target": "KEY", "keys_only": True}
+        body = {
+            "key": self._key(INDEX_PREFIX),
+            "range_end": self._key(INDEX_END),
+            "limit": "1",
+            "sort_order": "DESCEND",
+            "sort_target": "KEY",
+            "keys_only": True,
+        }
         kvs = self._post("/v3/kv/range", body).get("kvs") or []
         if not kvs:
             return None
@@ -308,7 +377,12 @@ class EtcdBackend(Backend):
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()
-        out.update(endpoints=[_public(e) for e in self.endpoints], txns=self.txns, failovers=self.failovers, max_txn_ops=self.max_txn_ops)
+        out.update(
+            endpoints=[_public(e) for e in self.endpoints],
+            txns=self.txns,
+            failovers=self.failovers,
+            max_txn_ops=self.max_txn_ops,
+        )
         return out
 
     def close(self) -> None:

@@ -191,7 +191,9 @@ class Meta:
     revision: int = 0
 
     def encode(self) -> bytes:
-        return msgpack.packb({"format": 1, "gc": self.gc_boundary_ms, "shards": self.shards.to_json()})
+        return msgpack.packb(
+            {"format": 1, "gc": self.gc_boundary_ms, "shards": self.shards.to_json()}
+        )
 
     @classmethod
     def decode(cls, raw: bytes, revision: int = 0) -> Meta:
@@ -304,13 +306,31 @@ def _check_items_fast(items: Sequence[Any]) -> list[Item] | None:
         return []
     if not set(map(type, items)) <= {list, tuple} or set(map(len, items)) != {3}:
         return None
-    ids, tokens, times = list(map(EVENT_ID, items)), list(map(TOKEN, items)), list(map(EVENT_TIME, items))
-    if set(map(type, ids)) != {str} or set(map(type, tokens)) != {str} or set(map(type, times)) != {int}:
+    ids, tokens, times = (
+        list(map(EVENT_ID, items)),
+        list(map(TOKEN, items)),
+        list(map(EVENT_TIME, items)),
+    )
+    if (
+        set(map(type, ids)) != {str}
+        or set(map(type, tokens)) != {str}
+        or set(map(type, times)) != {int}
+    ):
         return None
     id_lengths, token_lengths = set(map(len, ids)), set(map(len, tokens))
-    if min(id_lengths) < 1 or max(id_lengths) > MAX_ID_CHARS or min(token_lengths) < 1 or max(token_lengths) > MAX_TOKEN_CHARS:
+    if (
+        min(id_lengths) < 1
+        or max(id_lengths) > MAX_ID_CHARS
+        or min(token_lengths) < 1
+        or max(token_lengths) > MAX_TOKEN_CHARS
+    ):
         return None
-    if not (all(map(str.isascii, ids)) and all(map(str.isascii, tokens)) and min(times) >= INT64_MIN and max(times) <= INT64_MAX):
+    if not (
+        all(map(str.isascii, ids))
+        and all(map(str.isascii, tokens))
+        and min(times) >= INT64_MIN
+        and max(times) <= INT64_MAX
+    ):
         return None
     return list(map(tuple, items))
 

@@ -70,7 +70,14 @@ log = logging.getLogger("id_registry")
 def registry_guard(secret: Secret, **flags: Any) -> Guard:
     """The :class:`~servicekit.http.Guard` of a registry; ``flags``: ``bind_host``,
     ``allow_hosts``, ``allow_origins``, ``max_body_bytes`` (see :meth:`Guard.for_bind <servicekit.http.Guard.for_bind>`)."""
-    return Guard.for_bind(secret, keyed_reads=KEYED_READS, secret_hint=SECRET_HINT, host_hint="start the registry with --allow-host NAME", service=SERVICE.the, **flags)
+    return Guard.for_bind(
+        secret,
+        keyed_reads=KEYED_READS,
+        secret_hint=SECRET_HINT,
+        host_hint="start the registry with --allow-host NAME",
+        service=SERVICE.the,
+        **flags,
+    )
 
 
 def _body(raw: bytes, path: str, fields: dict[str, bool]) -> dict[str, Any]:
@@ -80,7 +87,10 @@ def _body(raw: bytes, path: str, fields: dict[str, bool]) -> dict[str, Any]:
 
 def _json(data: Any) -> Response:
     """``data`` as JSON; a ``str`` is JSON already."""
-    return Response(data if isinstance(data, str) else json.dumps(data, separators=(",", ":")), media_type="application/json")
+    return Response(
+        data if isinstance(data, str) else json.dumps(data, separators=(",", ":")),
+        media_type="application/json",
+    )
 
 
 _COMMITTED_JSON = json.dumps([COMMITTED.status.value, None], separators=(",", ":"))
@@ -88,7 +98,10 @@ _COMMITTED_JSON = json.dumps([COMMITTED.status.value, None], separators=(",", ":
 
 def encode_commit(results: Sequence[CommitResult]) -> str:
     """``{"results": [[status, holder], ...]}``, the common answer pasted in as is."""
-    parts = [_COMMITTED_JSON if r is COMMITTED else json.dumps([r.status.value, r.holder]) for r in results]
+    parts = [
+        _COMMITTED_JSON if r is COMMITTED else json.dumps([r.status.value, r.holder])
+        for r in results
+    ]
     return '{"results":[' + ",".join(parts) + "]}"
 
 
@@ -126,7 +139,9 @@ def create_app(worker: RegistryWorker, *, guard: Guard, parsers: int = 2) -> Sta
         trip off the loop; the answer encoded off the loop."""
 
         async def endpoint(request: Request) -> Any:
-            if in_progress[0] >= worker.max_inflight_requests:  # refused before a byte of the body is read
+            if (
+                in_progress[0] >= worker.max_inflight_requests
+            ):  # refused before a byte of the body is read
                 registry.stats.throttled += 1
                 msg = f"the registry is busy ({in_progress[0]} requests in progress): nothing was done; retry shortly"
                 return throttled_response(ThrottledError(msg, 50), close=True)
@@ -151,7 +166,9 @@ def create_app(worker: RegistryWorker, *, guard: Guard, parsers: int = 2) -> Sta
 
     async def commit(body: dict[str, Any]) -> Any:
         results = await asyncio.wrap_future(worker.submit_commit(body["items"]))
-        return encode_commit(results)  # mostly the COMMITTED answer pasted in: cheaper than a trip off the loop
+        return encode_commit(
+            results
+        )  # mostly the COMMITTED answer pasted in: cheaper than a trip off the loop
 
     async def lookup(body: dict[str, Any]) -> Any:
         results = await asyncio.wrap_future(worker.call(lambda: registry.lookup_many(body["ids"])))
@@ -159,16 +176,24 @@ def create_app(worker: RegistryWorker, *, guard: Guard, parsers: int = 2) -> Sta
 
     async def clear(body: dict[str, Any]) -> Any:
         def run() -> list[ClearResult]:
-            return registry.clear_many(body["ids"], only_if_token=body.get("only_if_token"), keep_id=body.get("keep_id", False))
+            return registry.clear_many(
+                body["ids"],
+                only_if_token=body.get("only_if_token"),
+                keep_id=body.get("keep_id", False),
+            )
 
         return {"results": encode_clear(await asyncio.wrap_future(worker.call(run)))}
 
     async def gc(body: dict[str, Any]) -> Any:
-        result = await asyncio.wrap_future(worker.advance_gc(check_time("boundary_ms", body["boundary_ms"])))
+        result = await asyncio.wrap_future(
+            worker.advance_gc(check_time("boundary_ms", body["boundary_ms"]))
+        )
         return {"boundary_ms": result.boundary_ms, "deleted": result.deleted}
 
     async def shards(body: dict[str, Any]) -> Any:
-        configs = await asyncio.wrap_future(worker.call(lambda: registry.reshard(body["effective_from_ms"], body["shard_count"])))
+        configs = await asyncio.wrap_future(
+            worker.call(lambda: registry.reshard(body["effective_from_ms"], body["shard_count"]))
+        )
         return {"shards": [[c.effective_from_ms, c.shard_count] for c in configs]}
 
     async def status(request: Request) -> Any:
@@ -176,7 +201,13 @@ def create_app(worker: RegistryWorker, *, guard: Guard, parsers: int = 2) -> Sta
 
     async def stats(request: Request) -> Any:
         text = request.query_params.get("seconds", str(DEFAULT_STATS_SECONDS))
-        seconds = parse_number("query parameter 'seconds'", text, lo=1, hi=Stats.HISTORY_SECONDS, error=InvalidRequestError)
+        seconds = parse_number(
+            "query parameter 'seconds'",
+            text,
+            lo=1,
+            hi=Stats.HISTORY_SECONDS,
+            error=InvalidRequestError,
+        )
         return worker.stats(int(seconds))
 
     async def health(request: Request) -> Any:
@@ -197,11 +228,21 @@ def create_app(worker: RegistryWorker, *, guard: Guard, parsers: int = 2) -> Sta
         Route("/v1/stats", json_endpoint(stats, logger=log)),
         Route("/v1/commit", route(commit, {"items": True}, check_commit), methods=["POST"]),
         Route("/v1/lookup", route(lookup, {"ids": True}), methods=["POST"]),
-        Route("/v1/clear", route(clear, {"ids": True, "only_if_token": False, "keep_id": False}), methods=["POST"]),
+        Route(
+            "/v1/clear",
+            route(clear, {"ids": True, "only_if_token": False, "keep_id": False}),
+            methods=["POST"],
+        ),
         Route("/v1/gc", route(gc, {"boundary_ms": True}), methods=["POST"]),
-        Route("/v1/shards", route(shards, {"effective_from_ms": True, "shard_count": True}), methods=["POST"]),
+        Route(
+            "/v1/shards",
+            route(shards, {"effective_from_ms": True, "shard_count": True}),
+            methods=["POST"],
+        ),
     ]
-    return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(GuardMiddleware, guard=guard)])
+    return Starlette(
+        routes=routes, lifespan=lifespan, middleware=[Middleware(GuardMiddleware, guard=guard)]
+    )
 
 
 def open_backend(
@@ -217,7 +258,11 @@ def open_backend(
     if backend == "etcd":
         from id_registry._etcd import DEFAULT_MAX_TXN_OPS, DEFAULT_PREFIX, EtcdBackend
 
-        return EtcdBackend(etcd_endpoints, prefix=etcd_prefix or DEFAULT_PREFIX, max_txn_ops=etcd_max_txn_ops or DEFAULT_MAX_TXN_OPS)
+        return EtcdBackend(
+            etcd_endpoints,
+            prefix=etcd_prefix or DEFAULT_PREFIX,
+            max_txn_ops=etcd_max_txn_ops or DEFAULT_MAX_TXN_OPS,
+        )
     from id_registry._backend import RocksBackend
 
     return RocksBackend(os.path.join(data_dir, "entries"), sync=sync)
@@ -231,7 +276,9 @@ def serve(
     worker_options: dict[str, Any] | None = None,
 ) -> int:
     """Run the service until SIGINT/SIGTERM; returns the exit code."""
-    logging.basicConfig(level=flags.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=flags.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     secret = service.server_secret(SERVICE, flags)
     if secret is None:
         return 2
@@ -239,15 +286,22 @@ def serve(
         store = open_backend(flags.data_dir, **(backend_options or {}))
         registry = Registry(store, **(registry_options or {}))
     except Exception as exc:
-        print(f"id registry: cannot open its store ({type(exc).__name__}: {exc}); is another registry using this --data-dir, or is etcd down?", file=sys.stderr)
+        print(
+            f"id registry: cannot open its store ({type(exc).__name__}: {exc}); is another registry using this --data-dir, or is etcd down?",
+            file=sys.stderr,
+        )
         return 2
     worker = RegistryWorker(registry, **(worker_options or {}))
     sock, url = service.listen(SERVICE, flags)
-    sys.setswitchinterval(0.001)  # the loop thread gets the interpreter back quickly from the registry thread
+    sys.setswitchinterval(
+        0.001
+    )  # the loop thread gets the interpreter back quickly from the registry thread
     service.run_app(
         create_app(worker, guard=registry_guard(secret, **flags.guard_options(sock))),
         sock,
-        banner=lambda: f"id registry listening on {url} ({store.kind} store; secret from {secret.source}; shards {registry.meta.shards.to_json()})",
+        banner=lambda: (
+            f"id registry listening on {url} ({store.kind} store; secret from {secret.source}; shards {registry.meta.shards.to_json()})"
+        ),
         **flags.run_options(),
     )
     print("id registry stopped", flush=True)

@@ -161,7 +161,11 @@ class RegistryWorker:
         if too_many or too_much:
             self.registry.stats.throttled += 1
             wait_ms = int(min(5_000, max(10, 1000 * self.inflight_items * self._seconds_per_item)))
-            what = f"{self.inflight_requests} requests" if too_many else f"{self.inflight_items:,} items"
+            what = (
+                f"{self.inflight_requests} requests"
+                if too_many
+                else f"{self.inflight_items:,} items"
+            )
             msg = (
                 f"the registry is busy ({what} in flight, limits {self.max_inflight_requests} requests and "
                 f"{self.max_inflight_items:,} items): nothing was done; retry in about {wait_ms} ms"
@@ -189,7 +193,10 @@ class RegistryWorker:
                     size = len(first.items)
                     while self._queue:
                         nxt = self._queue[0]
-                        if not isinstance(nxt, _Commit) or size + len(nxt.items) > self.max_group_items:
+                        if (
+                            not isinstance(nxt, _Commit)
+                            or size + len(nxt.items) > self.max_group_items
+                        ):
                             break
                         group.append(self._queue.popleft())  # type: ignore[arg-type]
                         size += len(nxt.items)
@@ -258,7 +265,11 @@ class RegistryWorker:
         """What is queued or being written now, and the limits (throttling, §3.3.2; group size, §2.2.1)."""
         with self._cond:
             in_flight = {"requests": self.inflight_requests, "items": self.inflight_items}
-        limits = {"max_inflight_requests": self.max_inflight_requests, "max_inflight_items": self.max_inflight_items, "max_group_items": self.max_group_items}
+        limits = {
+            "max_inflight_requests": self.max_inflight_requests,
+            "max_inflight_items": self.max_inflight_items,
+            "max_group_items": self.max_group_items,
+        }
         return {"in_flight": in_flight, "limits": limits}
 
     def close(self, timeout: float = 30.0) -> None:

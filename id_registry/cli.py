@@ -36,49 +36,144 @@ def _parser() -> argparse.ArgumentParser:
     from id_registry.client import SERVICE
     from servicekit.cli import add_serve_arguments
 
-    parser = argparse.ArgumentParser(prog="millwheel registry", description="Photon's IdRegistry: conditional commits of event ids (Photon §2)")
+    parser = argparse.ArgumentParser(
+        prog="millwheel registry",
+        description="Photon's IdRegistry: conditional commits of event ids (Photon §2)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the registry service")
-    add_serve_arguments(s, SERVICE, default_port=DEFAULT_PORT, default_data_dir=DEFAULT_DATA_DIR, data_dir_help="where the RocksDB store and the generated secret live")
-    s.add_argument("--backend", choices=["rocksdb", "etcd"], default="rocksdb", help="rocksdb: embedded, one node (default); etcd: replicated (Raft)")
-    s.add_argument("--no-sync", action="store_true", help="rocksdb: do not fsync each write batch (survives kill -9, not a machine crash)")
-    s.add_argument("--etcd-endpoint", action="append", default=[], metavar="URL", help="etcd: a member's client URL (repeatable)")
-    s.add_argument("--etcd-prefix", help="etcd: the key prefix of this registry (default millwheel/id_registry/)")
-    s.add_argument("--etcd-max-txn-ops", type=int, help="etcd: the cluster's --max-txn-ops (default 128)")
-    s.add_argument("--shards", type=int, default=DEFAULT_SHARD_COUNT, help=f"shards of a new registry (default {DEFAULT_SHARD_COUNT}; ignored once it has a map)")
-    s.add_argument("--reshard-lead-ms", type=int, default=DEFAULT_RESHARD_LEAD_MS, help=f"a new shard configuration starts at least this far ahead (default {DEFAULT_RESHARD_LEAD_MS})")
-    s.add_argument("--max-inflight-items", type=int, default=DEFAULT_MAX_INFLIGHT_ITEMS, help=f"items queued or being written before commits get 429 (default {DEFAULT_MAX_INFLIGHT_ITEMS})")
-    s.add_argument("--max-inflight-requests", type=int, default=DEFAULT_MAX_INFLIGHT_REQUESTS, help=f"requests in progress before new ones get 429 (default {DEFAULT_MAX_INFLIGHT_REQUESTS})")
-    s.add_argument("--max-group-items", type=int, default=DEFAULT_MAX_GROUP_ITEMS, help=f"most items in one durable write (default {DEFAULT_MAX_GROUP_ITEMS})")
+    add_serve_arguments(
+        s,
+        SERVICE,
+        default_port=DEFAULT_PORT,
+        default_data_dir=DEFAULT_DATA_DIR,
+        data_dir_help="where the RocksDB store and the generated secret live",
+    )
+    s.add_argument(
+        "--backend",
+        choices=["rocksdb", "etcd"],
+        default="rocksdb",
+        help="rocksdb: embedded, one node (default); etcd: replicated (Raft)",
+    )
+    s.add_argument(
+        "--no-sync",
+        action="store_true",
+        help="rocksdb: do not fsync each write batch (survives kill -9, not a machine crash)",
+    )
+    s.add_argument(
+        "--etcd-endpoint",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="etcd: a member's client URL (repeatable)",
+    )
+    s.add_argument(
+        "--etcd-prefix",
+        help="etcd: the key prefix of this registry (default millwheel/id_registry/)",
+    )
+    s.add_argument(
+        "--etcd-max-txn-ops", type=int, help="etcd: the cluster's --max-txn-ops (default 128)"
+    )
+    s.add_argument(
+        "--shards",
+        type=int,
+        default=DEFAULT_SHARD_COUNT,
+        help=f"shards of a new registry (default {DEFAULT_SHARD_COUNT}; ignored once it has a map)",
+    )
+    s.add_argument(
+        "--reshard-lead-ms",
+        type=int,
+        default=DEFAULT_RESHARD_LEAD_MS,
+        help=f"a new shard configuration starts at least this far ahead (default {DEFAULT_RESHARD_LEAD_MS})",
+    )
+    s.add_argument(
+        "--max-inflight-items",
+        type=int,
+        default=DEFAULT_MAX_INFLIGHT_ITEMS,
+        help=f"items queued or being written before commits get 429 (default {DEFAULT_MAX_INFLIGHT_ITEMS})",
+    )
+    s.add_argument(
+        "--max-inflight-requests",
+        type=int,
+        default=DEFAULT_MAX_INFLIGHT_REQUESTS,
+        help=f"requests in progress before new ones get 429 (default {DEFAULT_MAX_INFLIGHT_REQUESTS})",
+    )
+    s.add_argument(
+        "--max-group-items",
+        type=int,
+        default=DEFAULT_MAX_GROUP_ITEMS,
+        help=f"most items in one durable write (default {DEFAULT_MAX_GROUP_ITEMS})",
+    )
     commands = (
-        ("status", "print a running registry's status"), ("stats", "print its figures second by second (GET /v1/stats)"),
+        ("status", "print a running registry's status"),
+        ("stats", "print its figures second by second (GET /v1/stats)"),
         ("dashboard-link", "print the authority dashboard's address with this registry's panel"),
-        ("gc", "move the GC boundary forward"), ("reshard", "add a shard configuration"),
-    )  # fmt: skip
+        ("gc", "move the GC boundary forward"),
+        ("reshard", "add a shard configuration"),
+    )
     for name, text in commands:
         c = sub.add_parser(name, help=text)
-        c.add_argument("--url", default=f"http://127.0.0.1:{DEFAULT_PORT}", help=f"the registry's address (default http://127.0.0.1:{DEFAULT_PORT})")
-        c.add_argument("--data-dir", help="find the secret in DATA_DIR/secret (else $MILLWHEEL_REGISTRY_SECRET[_FILE])")
+        c.add_argument(
+            "--url",
+            default=f"http://127.0.0.1:{DEFAULT_PORT}",
+            help=f"the registry's address (default http://127.0.0.1:{DEFAULT_PORT})",
+        )
+        c.add_argument(
+            "--data-dir",
+            help="find the secret in DATA_DIR/secret (else $MILLWHEEL_REGISTRY_SECRET[_FILE])",
+        )
         if name == "stats":
-            c.add_argument("--seconds", type=int, default=60, help="how many seconds of figures (1 to 600; default 60)")
+            c.add_argument(
+                "--seconds",
+                type=int,
+                default=60,
+                help="how many seconds of figures (1 to 600; default 60)",
+            )
         if name == "dashboard-link":
-            c.add_argument("--authority", required=True, help="the watermark authority's URL (its dashboard), e.g. http://127.0.0.1:7300")
+            c.add_argument(
+                "--authority",
+                required=True,
+                help="the watermark authority's URL (its dashboard), e.g. http://127.0.0.1:7300",
+            )
         if name == "gc":
-            c.add_argument("--boundary-ms", type=int, required=True, help="entries of events before this time are deleted")
+            c.add_argument(
+                "--boundary-ms",
+                type=int,
+                required=True,
+                help="entries of events before this time are deleted",
+            )
         if name == "reshard":
-            c.add_argument("--effective-from-ms", type=int, required=True, help="the event time from which the new count applies")
+            c.add_argument(
+                "--effective-from-ms",
+                type=int,
+                required=True,
+                help="the event time from which the new count applies",
+            )
             c.add_argument("--shards", type=int, required=True, help="the new shard count")
     return parser
 
 
 def _problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the registry's own flags of ``serve``; ``None`` if nothing."""
-    positive = {"--max-inflight-items": args.max_inflight_items, "--max-inflight-requests": args.max_inflight_requests, "--max-group-items": args.max_group_items}
+    positive = {
+        "--max-inflight-items": args.max_inflight_items,
+        "--max-inflight-requests": args.max_inflight_requests,
+        "--max-group-items": args.max_group_items,
+    }
     if args.backend == "etcd" and not args.etcd_endpoint:
-        return "--backend etcd needs --etcd-endpoint URL (once per member, e.g. http://127.0.0.1:2379)"
+        return (
+            "--backend etcd needs --etcd-endpoint URL (once per member, e.g. http://127.0.0.1:2379)"
+        )
     if args.reshard_lead_ms < 0:
         return f"--reshard-lead-ms must be >= 0, got {args.reshard_lead_ms}"
-    return next((f"{flag} must be at least 1, got {value}" for flag, value in positive.items() if value < 1), None)
+    return next(
+        (
+            f"{flag} must be at least 1, got {value}"
+            for flag, value in positive.items()
+            if value < 1
+        ),
+        None,
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -130,7 +225,9 @@ def main(argv: list[str]) -> int:
     if args.command == "dashboard-link":
         return _dashboard_link(args)
     try:
-        with HttpRegistryClient(args.url, secret=client_secret(data_dir=args.data_dir), retries=1, throttle_timeout=10.0) as client:
+        with HttpRegistryClient(
+            args.url, secret=client_secret(data_dir=args.data_dir), retries=1, throttle_timeout=10.0
+        ) as client:
             if args.command == "status":
                 out: object = client.status()
             elif args.command == "stats":
@@ -138,7 +235,12 @@ def main(argv: list[str]) -> int:
             elif args.command == "gc":
                 out = client.advance_gc(args.boundary_ms)._asdict()
             else:
-                out = {"shards": [[c.effective_from_ms, c.shard_count] for c in client.reshard(args.effective_from_ms, args.shards)]}
+                out = {
+                    "shards": [
+                        [c.effective_from_ms, c.shard_count]
+                        for c in client.reshard(args.effective_from_ms, args.shards)
+                    ]
+                }
     except RegistryError as exc:
         print(f"millwheel registry: {exc}", file=sys.stderr)
         return 2

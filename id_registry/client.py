@@ -78,13 +78,25 @@ R = TypeVar("R")
 #: the registry as servicekit sees it: its name, module and command, and the environment variables
 #: naming a running one (cluster runs), holding its bearer secret, and naming a file that holds it
 SERVICE = ServiceInfo(
-    "id registry", "id_registry", "millwheel registry",
-    url_env="MILLWHEEL_REGISTRY_URL", secret_env="MILLWHEEL_REGISTRY_SECRET", secret_file_env="MILLWHEEL_REGISTRY_SECRET_FILE",
-)  # fmt: skip
+    "id registry",
+    "id_registry",
+    "millwheel registry",
+    url_env="MILLWHEEL_REGISTRY_URL",
+    secret_env="MILLWHEEL_REGISTRY_SECRET",
+    secret_file_env="MILLWHEEL_REGISTRY_SECRET_FILE",
+)
 #: the same as constants; ``SECRET_FILE_NAME``: the file in a data directory where a generated secret is kept
-URL_ENV, SECRET_ENV, SECRET_FILE_ENV, SECRET_FILE_NAME = SERVICE.url_env, SERVICE.secret_env, SERVICE.secret_file_env, SERVICE.secret_file_name
+URL_ENV, SECRET_ENV, SECRET_FILE_ENV, SECRET_FILE_NAME = (
+    SERVICE.url_env,
+    SERVICE.secret_env,
+    SERVICE.secret_file_env,
+    SERVICE.secret_file_name,
+)
 
-_COMMIT_ANSWERS = {"committed": CommitResult(Status.COMMITTED), "too_old": CommitResult(Status.TOO_OLD)}
+_COMMIT_ANSWERS = {
+    "committed": CommitResult(Status.COMMITTED),
+    "too_old": CommitResult(Status.TOO_OLD),
+}
 #: JSON around one item beyond its strings: brackets, quotes, commas, a 20-character time or null
 _ITEM_JSON_OVERHEAD = 40
 #: JSON around the items of a request (the other fields, the braces)
@@ -117,7 +129,12 @@ def json_lengths(texts: Sequence[str]) -> list[int]:
     return [len(json.dumps(t)) for t in texts]
 
 
-def spans(count: int, max_items: int, costs: Callable[[], list[int]] | None = None, budget: int | None = None) -> list[tuple[int, int]]:
+def spans(
+    count: int,
+    max_items: int,
+    costs: Callable[[], list[int]] | None = None,
+    budget: int | None = None,
+) -> list[tuple[int, int]]:
     """``[start, end)`` ranges cutting ``count`` items into consecutive runs of at most ``max_items``
     items and, when ``costs`` (each item's bytes, computed only if needed) and ``budget`` are given,
     at most ``budget`` bytes (an item larger than the budget alone goes alone).
@@ -161,13 +178,19 @@ def split_clear(
     in one call), each request ``clear(ids, tokens)``, the answers given back to every repeat."""
     ids = list(ids)
     per_id = list(only_if_token) if isinstance(only_if_token, (list, tuple)) else None
-    if (per_id is None and only_if_token is not None and not isinstance(only_if_token, str)) or (per_id is not None and len(per_id) != len(ids)):
+    if (per_id is None and only_if_token is not None and not isinstance(only_if_token, str)) or (
+        per_id is not None and len(per_id) != len(ids)
+    ):
         return clear(ids, only_if_token)  # type: ignore[arg-type]  # refused by the registry, with its message
     first: dict[str, int] = {}
     for i, event_id in enumerate(ids):
         first.setdefault(event_id, i)
     unique = list(first) if len(first) < len(ids) else ids
-    tokens = None if per_id is None else (per_id if unique is ids else [per_id[i] for i in first.values()])
+    tokens = (
+        None
+        if per_id is None
+        else (per_id if unique is ids else [per_id[i] for i in first.values()])
+    )
     cuts = ranges(unique, tokens)
     if len(cuts) == 1 and unique is ids:
         return clear(ids, only_if_token if per_id is None else per_id)
@@ -217,7 +240,13 @@ class RegistryClient(abc.ABC):
         """``FOUND`` (token, event time), ``NOT_FOUND`` or ``TOO_OLD`` for each id."""
 
     @abc.abstractmethod
-    def clear_many(self, ids: Sequence[str], *, only_if_token: str | Sequence[str | None] | None = None, keep_id: bool = False) -> list[ClearResult]:
+    def clear_many(
+        self,
+        ids: Sequence[str],
+        *,
+        only_if_token: str | Sequence[str | None] | None = None,
+        keep_id: bool = False,
+    ) -> list[ClearResult]:
         """Recovery (§3.3.3): delete the entries (``keep_id=False``: the events may be joined again)
         or drop their tokens (``keep_id=True``), only where ``only_if_token`` holds them if given."""
 
@@ -266,23 +295,41 @@ class InProcessRegistryClient(RegistryClient):
 
     def commit_many(self, items: Iterable[Item]) -> list[CommitResult]:
         listed = list(items)
-        return in_spans(lambda a, b: self.worker.commit(listed[a:b]).result(), spans(len(listed), MAX_ITEMS_PER_CALL))
+        return in_spans(
+            lambda a, b: self.worker.commit(listed[a:b]).result(),
+            spans(len(listed), MAX_ITEMS_PER_CALL),
+        )
 
     def lookup_many(self, ids: Sequence[str]) -> list[LookupResult]:
         listed = list(ids)
-        return in_spans(lambda a, b: self.worker.call(lambda: self.registry.lookup_many(listed[a:b])).result(), spans(len(listed), MAX_ITEMS_PER_CALL))
+        return in_spans(
+            lambda a, b: self.worker.call(lambda: self.registry.lookup_many(listed[a:b])).result(),
+            spans(len(listed), MAX_ITEMS_PER_CALL),
+        )
 
-    def clear_many(self, ids: Sequence[str], *, only_if_token: str | Sequence[str | None] | None = None, keep_id: bool = False) -> list[ClearResult]:
+    def clear_many(
+        self,
+        ids: Sequence[str],
+        *,
+        only_if_token: str | Sequence[str | None] | None = None,
+        keep_id: bool = False,
+    ) -> list[ClearResult]:
         def clear(part: list[str], tokens: str | list[str | None] | None) -> list[ClearResult]:
-            return self.worker.call(lambda: self.registry.clear_many(part, only_if_token=tokens, keep_id=keep_id)).result()
+            return self.worker.call(
+                lambda: self.registry.clear_many(part, only_if_token=tokens, keep_id=keep_id)
+            ).result()
 
-        return split_clear(ids, only_if_token, clear, lambda unique, tokens: spans(len(unique), MAX_ITEMS_PER_CALL))
+        return split_clear(
+            ids, only_if_token, clear, lambda unique, tokens: spans(len(unique), MAX_ITEMS_PER_CALL)
+        )
 
     def advance_gc(self, boundary_ms: int) -> GcResult:
         return self.worker.advance_gc(boundary_ms).result()
 
     def reshard(self, effective_from_ms: int, shard_count: int) -> list[ShardConfig]:
-        return self.worker.call(lambda: self.registry.reshard(effective_from_ms, shard_count)).result()
+        return self.worker.call(
+            lambda: self.registry.reshard(effective_from_ms, shard_count)
+        ).result()
 
     def status(self) -> dict[str, Any]:
         return self.worker.status()
@@ -299,13 +346,21 @@ class InProcessRegistryClient(RegistryClient):
             self.registry.close()
 
 
-def client_secret(secret: str | Secret | None = None, *, data_dir: str | None = None) -> Secret | None:
+def client_secret(
+    secret: str | Secret | None = None, *, data_dir: str | None = None
+) -> Secret | None:
     """``secret``, else ``$MILLWHEEL_REGISTRY_SECRET``, else the file named by
     ``$MILLWHEEL_REGISTRY_SECRET_FILE``, else ``DATA_DIR/secret`` if it exists, else ``None``."""
     return _client.client_secret(secret, SERVICE, data_dir=data_dir, error=AuthenticationError)
 
 
-def dashboard_link(authority_url: str, registry_url: str, secret: str | Secret | None = None, *, data_dir: str | None = None) -> str:
+def dashboard_link(
+    authority_url: str,
+    registry_url: str,
+    secret: str | Secret | None = None,
+    *,
+    data_dir: str | None = None,
+) -> str:
     """The address of the watermark authority's dashboard with the panel of the registry at
     ``registry_url``: ``AUTHORITY/#registry=URL&registry_key=KEY``, where KEY is the read key of
     the registry's secret (found as :func:`client_secret` finds it): it reads ``/v1/stats`` and
@@ -318,7 +373,11 @@ def dashboard_link(authority_url: str, registry_url: str, secret: str | Secret |
     if found is None:
         msg = f"the registry panel needs the read key of {SERVICE.the}'s secret; {SERVICE.secret_hint()}"
         raise AuthenticationError(msg)
-    return _client.fragment_url(authority_url.rstrip("/") + "/", registry=registry_url.rstrip("/"), registry_key=found.read_key().reveal())
+    return _client.fragment_url(
+        authority_url.rstrip("/") + "/",
+        registry=registry_url.rstrip("/"),
+        registry_key=found.read_key().reveal(),
+    )
 
 
 class HttpRegistryClient(_client.JsonHttpClient, RegistryClient):
@@ -370,7 +429,15 @@ class HttpRegistryClient(_client.JsonHttpClient, RegistryClient):
         max_backoff: float = 10.0,
         on_wait: Callable[[Outage | None], None] | None = None,
     ) -> None:
-        super().__init__(url, secret=secret, timeout=timeout, retries=retries, backoff=backoff, throttle_timeout=throttle_timeout, transport=transport)
+        super().__init__(
+            url,
+            secret=secret,
+            timeout=timeout,
+            retries=retries,
+            backoff=backoff,
+            throttle_timeout=throttle_timeout,
+            transport=transport,
+        )
         if max_body_bytes < 2 * _BODY_JSON_OVERHEAD:
             msg = f"max_body_bytes must be at least {2 * _BODY_JSON_OVERHEAD}, got {max_body_bytes}"
             raise InvalidRequestError(msg)
@@ -382,7 +449,15 @@ class HttpRegistryClient(_client.JsonHttpClient, RegistryClient):
         self.max_backoff = max_backoff
         self.on_wait = on_wait
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None, *, params: dict[str, str] | None = None, idempotent: bool = True) -> Any:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        params: dict[str, str] | None = None,
+        idempotent: bool = True,
+    ) -> Any:
         """servicekit's call (its retries), sent again while the service is out, for ``patience`` seconds."""
         if self.patience <= 0:
             return super()._call(method, path, body, params=params, idempotent=idempotent)
@@ -391,7 +466,11 @@ class HttpRegistryClient(_client.JsonHttpClient, RegistryClient):
             try:
                 answer = super()._call(method, path, body, params=params, idempotent=idempotent)
             except (RegistryUnavailableError, BackendUnavailableError, ThrottledError) as exc:
-                last = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+                last = (
+                    str(exc).strip().splitlines()[0][:300]
+                    if str(exc).strip()
+                    else type(exc).__name__
+                )
                 if outage is None:
                     outage = Outage(self.url, int(time.time() * 1000), time.monotonic(), 0, last)
                 outage = dataclasses.replace(outage, attempts=outage.attempts + 1, last_error=last)
@@ -423,7 +502,9 @@ class HttpRegistryClient(_client.JsonHttpClient, RegistryClient):
                 return [(0, count)] if count else []
 
         def costs() -> list[int]:
-            return [sum(c) + _ITEM_JSON_OVERHEAD for c in zip(*map(json_lengths, columns), strict=True)]
+            return [
+                sum(c) + _ITEM_JSON_OVERHEAD for c in zip(*map(json_lengths, columns), strict=True)
+            ]
 
         return spans(count, MAX_ITEMS_PER_CALL, costs, budget)
 
@@ -431,9 +512,15 @@ class HttpRegistryClient(_client.JsonHttpClient, RegistryClient):
         listed = items if isinstance(items, list) else list(items)
         try:
             ranges = self._spans(list(map(EVENT_ID, listed)), list(map(TOKEN, listed)))
-        except (TypeError, IndexError, KeyError):  # not ids and tokens: one request, which the service refuses naming the bad item
+        except (
+            TypeError,
+            IndexError,
+            KeyError,
+        ):  # not ids and tokens: one request, which the service refuses naming the bad item
             ranges = [(0, len(listed))]
-        return in_spans(lambda a, b: self._commit(listed if (a, b) == (0, len(listed)) else listed[a:b]), ranges)
+        return in_spans(
+            lambda a, b: self._commit(listed if (a, b) == (0, len(listed)) else listed[a:b]), ranges
+        )
 
     def _commit(self, items: list[Item]) -> list[CommitResult]:
         answers = _COMMIT_ANSWERS
@@ -456,14 +543,27 @@ class HttpRegistryClient(_client.JsonHttpClient, RegistryClient):
             ranges = [(0, len(listed))]
         return in_spans(lookup, ranges)
 
-    def clear_many(self, ids: Sequence[str], *, only_if_token: str | Sequence[str | None] | None = None, keep_id: bool = False) -> list[ClearResult]:
+    def clear_many(
+        self,
+        ids: Sequence[str],
+        *,
+        only_if_token: str | Sequence[str | None] | None = None,
+        keep_id: bool = False,
+    ) -> list[ClearResult]:
         def clear(part: list[str], tokens: str | list[str | None] | None) -> list[ClearResult]:
             body = {"ids": part, "only_if_token": tokens, "keep_id": keep_id}
-            return [ClearResult(Status(s), holder) for s, holder in self._call("POST", "/v1/clear", body)["results"]]
+            return [
+                ClearResult(Status(s), holder)
+                for s, holder in self._call("POST", "/v1/clear", body)["results"]
+            ]
 
         def ranges(unique: list[str], tokens: list[str | None] | None) -> list[tuple[int, int]]:
             try:
-                return self._spans(unique) if tokens is None else self._spans(unique, [t or "" for t in tokens])
+                return (
+                    self._spans(unique)
+                    if tokens is None
+                    else self._spans(unique, [t or "" for t in tokens])
+                )
             except TypeError:
                 return [(0, len(unique))]
 
@@ -474,7 +574,11 @@ class HttpRegistryClient(_client.JsonHttpClient, RegistryClient):
         return GcResult(int(out["boundary_ms"]), int(out["deleted"]))
 
     def reshard(self, effective_from_ms: int, shard_count: int) -> list[ShardConfig]:
-        out = self._call("POST", "/v1/shards", {"effective_from_ms": effective_from_ms, "shard_count": shard_count})
+        out = self._call(
+            "POST",
+            "/v1/shards",
+            {"effective_from_ms": effective_from_ms, "shard_count": shard_count},
+        )
         return [ShardConfig(int(a), int(b)) for a, b in out["shards"]]
 
     def status(self) -> dict[str, Any]:
@@ -496,7 +600,14 @@ class EmbeddedRegistry(ServiceProcess):
         return self._client(HttpRegistryClient, **options)
 
 
-def start_registry(data_dir: str, *, host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 30.0, extra_args: Sequence[str] = ()) -> EmbeddedRegistry:
+def start_registry(
+    data_dir: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    startup_timeout: float = 30.0,
+    extra_args: Sequence[str] = (),
+) -> EmbeddedRegistry:
     """Start ``python -m id_registry serve`` on ``data_dir`` and wait until it is healthy.
 
     ``port=0`` lets the service pick a free port. Its secret is ``DATA_DIR/secret``,
@@ -505,26 +616,48 @@ def start_registry(data_dir: str, *, host: str = "127.0.0.1", port: int = 0, sta
     "--etcd-endpoint", URL]``). The caller stops it; prefer :func:`embedded_registry`.
     """
     return EmbeddedRegistry.start(
-        SERVICE, data_dir, host=host, port=port,
-        startup_timeout=startup_timeout, extra_args=extra_args, unavailable=RegistryUnavailableError,
-    )  # fmt: skip
+        SERVICE,
+        data_dir,
+        host=host,
+        port=port,
+        startup_timeout=startup_timeout,
+        extra_args=extra_args,
+        unavailable=RegistryUnavailableError,
+    )
 
 
-def embedded_registry(data_dir: str | None = None, **options: Any) -> AbstractContextManager[EmbeddedRegistry]:
+def embedded_registry(
+    data_dir: str | None = None, **options: Any
+) -> AbstractContextManager[EmbeddedRegistry]:
     """Run the real registry service for a ``with`` block on a free loopback port.
 
     ``data_dir=None`` keeps its store in a temporary directory removed afterwards.
     Options go to :func:`start_registry`. Yields an :class:`EmbeddedRegistry`
     (``.url``, ``.secret``, ``.client()``).
     """
-    return service.running(lambda path: start_registry(path, **options), data_dir, temp_prefix="millwheel-registry-")
+    return service.running(
+        lambda path: start_registry(path, **options), data_dir, temp_prefix="millwheel-registry-"
+    )
 
 
-def open_registry(url: str | None = None, *, data_dir: str | None = None, secret: str | Secret | None = None, **client_options: Any) -> AbstractContextManager[RegistryClient]:
+def open_registry(
+    url: str | None = None,
+    *,
+    data_dir: str | None = None,
+    secret: str | Secret | None = None,
+    **client_options: Any,
+) -> AbstractContextManager[RegistryClient]:
     """A client of the service at ``url`` (or ``$MILLWHEEL_REGISTRY_URL``), else of an embedded
     service started for the ``with`` block (its secret generated and handed to the client).
 
     With a URL, the secret is ``secret``, else ``$MILLWHEEL_REGISTRY_SECRET``, else the file
     named by ``$MILLWHEEL_REGISTRY_SECRET_FILE``, else ``DATA_DIR/secret``.
     """
-    return _client.open_client(HttpRegistryClient, url, embed=embedded_registry, data_dir=data_dir, secret=secret, **client_options)
+    return _client.open_client(
+        HttpRegistryClient,
+        url,
+        embed=embedded_registry,
+        data_dir=data_dir,
+        secret=secret,
+        **client_options,
+    )

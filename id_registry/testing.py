@@ -41,7 +41,14 @@ def etcd_binary() -> str | None:
 class LocalEtcdCluster:
     """``members`` etcd processes on loopback forming one cluster (see the module docstring)."""
 
-    def __init__(self, base_dir: str | os.PathLike[str], *, members: int = 3, binary: str | None = None, extra_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        base_dir: str | os.PathLike[str],
+        *,
+        members: int = 3,
+        binary: str | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
         found = binary or etcd_binary()
         if found is None:
             msg = "etcd is not installed: run scripts/setup.sh --test (it installs Debian's etcd-server), or set $MILLWHEEL_ETCD"
@@ -57,16 +64,39 @@ class LocalEtcdCluster:
         self._token = f"millwheel-{os.getpid()}-{time.monotonic_ns()}"
 
     def _command(self, i: int) -> list[str]:
-        cluster = ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in zip(self.names, self.peer_ports, strict=True))
+        cluster = ",".join(
+            f"{n}=http://127.0.0.1:{p}" for n, p in zip(self.names, self.peer_ports, strict=True)
+        )
         return [
-            self.binary, "--name", self.names[i], "--data-dir", str(self.base_dir / self.names[i]),
-            "--listen-client-urls", self.endpoints[i], "--advertise-client-urls", self.endpoints[i],
-            "--listen-peer-urls", f"http://127.0.0.1:{self.peer_ports[i]}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer_ports[i]}",
-            "--initial-cluster", cluster, "--initial-cluster-state", "new", "--initial-cluster-token", self._token,
-            "--heartbeat-interval", "100", "--election-timeout", "1000", "--logger", "zap", "--log-level", "warn",
+            self.binary,
+            "--name",
+            self.names[i],
+            "--data-dir",
+            str(self.base_dir / self.names[i]),
+            "--listen-client-urls",
+            self.endpoints[i],
+            "--advertise-client-urls",
+            self.endpoints[i],
+            "--listen-peer-urls",
+            f"http://127.0.0.1:{self.peer_ports[i]}",
+            "--initial-advertise-peer-urls",
+            f"http://127.0.0.1:{self.peer_ports[i]}",
+            "--initial-cluster",
+            cluster,
+            "--initial-cluster-state",
+            "new",
+            "--initial-cluster-token",
+            self._token,
+            "--heartbeat-interval",
+            "100",
+            "--election-timeout",
+            "1000",
+            "--logger",
+            "zap",
+            "--log-level",
+            "warn",
             *self.extra_args,
-        ]  # fmt: skip
+        ]
 
     def start_member(self, i: int, *, state: str = "new") -> None:
         """Start member ``i`` (``state="existing"``: rejoin with its data directory)."""
@@ -75,7 +105,9 @@ class LocalEtcdCluster:
         command[command.index("--initial-cluster-state") + 1] = state
         log = open(self.base_dir / f"{self.names[i]}.log", "ab")  # noqa: SIM115 - handed to the child
         try:
-            self.processes[i] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.processes[i] = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
         finally:
             log.close()
 
@@ -104,7 +136,11 @@ class LocalEtcdCluster:
                     if process is None or process.poll() is not None:
                         continue
                     status = self._status(i, client)
-                    if status and status.get("leader") and status.get("leader") == status["header"].get("member_id"):
+                    if (
+                        status
+                        and status.get("leader")
+                        and status.get("leader") == status["header"].get("member_id")
+                    ):
                         return i
                 if time.monotonic() > deadline:
                     msg = f"no etcd leader within {timeout}s; logs in {self.base_dir}:\n{self.logs()[-3000:]}"
@@ -123,7 +159,11 @@ class LocalEtcdCluster:
                         msg = f"etcd member {self.names[i]} exited with code {process.returncode}:\n{self.logs()[-3000:]}"
                         raise RuntimeError(msg)
                     with contextlib.suppress(httpx.HTTPError):
-                        r = client.post(f"{self.endpoints[i]}/v3/kv/put", json={"key": "cmVhZHk=", "value": ""}, timeout=3.0)
+                        r = client.post(
+                            f"{self.endpoints[i]}/v3/kv/put",
+                            json={"key": "cmVhZHk=", "value": ""},
+                            timeout=3.0,
+                        )
                         if r.status_code == 200:
                             break
                     if time.monotonic() > deadline:
@@ -147,7 +187,10 @@ class LocalEtcdCluster:
         out = []
         for name in self.names:
             with contextlib.suppress(OSError):
-                out.append(f"--- {name}\n" + (self.base_dir / f"{name}.log").read_text(errors="replace")[-1500:])
+                out.append(
+                    f"--- {name}\n"
+                    + (self.base_dir / f"{name}.log").read_text(errors="replace")[-1500:]
+                )
         return "\n".join(out)
 
     def stop(self, timeout: float = 3.0) -> None:

@@ -73,9 +73,18 @@ __all__ = [
 
 #: internals that used to be exported: still importable, with a warning, until they go
 _DEPRECATED = {
-    "ComputationSpec": ("millwheel._topology", "Topology.computations[name] gives a computation's spec"),
-    "StepResult": ("millwheel._step", "the per-key step is internal; test computations with millwheel.testing.Harness"),
-    "StepRunner": ("millwheel._step", "the per-key step is internal; test computations with millwheel.testing.Harness"),
+    "ComputationSpec": (
+        "millwheel._topology",
+        "Topology.computations[name] gives a computation's spec",
+    ),
+    "StepResult": (
+        "millwheel._step",
+        "the per-key step is internal; test computations with millwheel.testing.Harness",
+    ),
+    "StepRunner": (
+        "millwheel._step",
+        "the per-key step is internal; test computations with millwheel.testing.Harness",
+    ),
 }
 
 
@@ -85,7 +94,11 @@ def __getattr__(name: str) -> object:
         import warnings
 
         module, instead = _DEPRECATED[name]
-        warnings.warn(f"millwheel.{name} is internal and will be removed from the public API: {instead}", DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            f"millwheel.{name} is internal and will be removed from the public API: {instead}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return getattr(importlib.import_module(module), name)
     msg = f"module 'millwheel' has no attribute {name!r}"
     raise AttributeError(msg)

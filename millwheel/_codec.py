@@ -132,7 +132,9 @@ class DataclassCodec:
 
     def encode(self, value: Any) -> bytes:
         if type(value) is not self.cls:
-            msg = f"{self.name}: state must be a {self.cls.__qualname__}, got {type(value).__name__}"
+            msg = (
+                f"{self.name}: state must be a {self.cls.__qualname__}, got {type(value).__name__}"
+            )
             raise StateCodecError(msg)
         return self._msgpack.encode({name: getattr(value, name) for name in self.fields})
 
@@ -149,7 +151,10 @@ class DataclassCodec:
         return self.cls(**values)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, DataclassCodec) and (self.cls, self.renamed) == (other.cls, other.renamed)
+        return isinstance(other, DataclassCodec) and (self.cls, self.renamed) == (
+            other.cls,
+            other.renamed,
+        )
 
     def __hash__(self) -> int:
         return hash((self.cls, tuple(sorted(self.renamed.items()))))

@@ -72,14 +72,36 @@ class Batch:
     (all or nothing)."""
 
     __slots__ = (
-        "_runner", "_store", "_kbs", "_key_of", "_kb_of", "_rows", "_state_cache", "_kb_pa", "_cats", "_kb_arr", "_keys",
-        "low_watermark", "now", "_set_state", "_timer_ops", "_prod", "_holds",
-    )  # fmt: skip
+        "_runner",
+        "_store",
+        "_kbs",
+        "_key_of",
+        "_kb_of",
+        "_rows",
+        "_state_cache",
+        "_kb_pa",
+        "_cats",
+        "_kb_arr",
+        "_keys",
+        "low_watermark",
+        "now",
+        "_set_state",
+        "_timer_ops",
+        "_prod",
+        "_holds",
+    )
 
     def __init__(
-        self, runner: Any, store: ColumnarStore, kbs: list[bytes], key_of: dict[bytes, Key], rows: pd.DataFrame | None, low_watermark: int, now: int,
+        self,
+        runner: Any,
+        store: ColumnarStore,
+        kbs: list[bytes],
+        key_of: dict[bytes, Key],
+        rows: pd.DataFrame | None,
+        low_watermark: int,
+        now: int,
         cats: pd.Index | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``cats``: the categories of the call's key columns when the runner made them (the keys ``kbs`` decoded, in order)."""
         self._runner = runner
         self._store = store
@@ -87,7 +109,9 @@ class Batch:
         self._key_of = key_of
         self._keys = [key_of[kb] for kb in kbs]
         self._cats = cats if cats is not None else _categories(self._keys)
-        self._kb_arr = np.array(kbs + [b""], dtype=object)[:-1]  # an object array even if every key has one length
+        self._kb_arr = np.array(kbs + [b""], dtype=object)[
+            :-1
+        ]  # an object array even if every key has one length
         self._kb_of: dict[Any, bytes] | None = None
         self._rows = rows
         #: the state rows of the call's keys (their key column dropped) and each row's key index
@@ -97,7 +121,17 @@ class Batch:
         self.now = now
         self._set_state: list[tuple[set[bytes], pa.Table | None]] = []
         self._timer_ops: list[tuple[str, list[bytes], list[str], Any, Any]] = []
-        self._prod: list[tuple[str, list[bytes], list[Any], list[bytes], np.ndarray, list[str | None] | None, list[bool] | None]] = []
+        self._prod: list[
+            tuple[
+                str,
+                list[bytes],
+                list[Any],
+                list[bytes],
+                np.ndarray,
+                list[str | None] | None,
+                list[bool] | None,
+            ]
+        ] = []
         self._holds: dict[bytes, int | None] = {}
 
     # -- reading ---------------------------------------------------------------------
@@ -116,7 +150,11 @@ class Batch:
     def key_codes(self, keys: Any) -> np.ndarray:
         """A ``key`` column (or any keys of this call) as indices into :attr:`keys`."""
         arr = keys.array if isinstance(keys, pd.Series) else keys
-        if isinstance(arr, pd.Categorical) and self._cats is not None and arr.categories.equals(self._cats):
+        if (
+            isinstance(arr, pd.Categorical)
+            and self._cats is not None
+            and arr.categories.equals(self._cats)
+        ):
             return np.asarray(arr.codes, np.int64)
         index = {k: i for i, k in enumerate(self._keys)}
         vals = keys.tolist() if hasattr(keys, "tolist") else list(keys)
@@ -137,7 +175,11 @@ class Batch:
         (a new frame at every read: yours to change)."""
         if self._state_cache is None:
             found = self._store.state_rows(self._kb_arrow())
-            self._state_cache = (None, np.empty(0, np.int64)) if found is None else (found[0].drop_columns(["_kb"]), found[1])
+            self._state_cache = (
+                (None, np.empty(0, np.int64))
+                if found is None
+                else (found[0].drop_columns(["_kb"]), found[1])
+            )
         t, codes = self._state_cache
         cols = {"key": _key_column(codes, self._keys, self._cats)}
         if t is not None:
@@ -153,17 +195,30 @@ class Batch:
     def pending_timers(self) -> pd.DataFrame:
         """Pending timers of this call's keys (``key, tag, timestamp, domain``), earliest first per key."""
         want = set(self._kbs)
-        items = sorted(((kb, tag, ts, d) for (kb, tag), (ts, d) in self._store.timers.items() if kb in want), key=lambda x: (x[0], x[2], x[3], x[1]))
+        items = sorted(
+            ((kb, tag, ts, d) for (kb, tag), (ts, d) in self._store.timers.items() if kb in want),
+            key=lambda x: (x[0], x[2], x[3], x[1]),
+        )
         index = {kb: i for i, kb in enumerate(self._kbs)}
-        return pd.DataFrame({
-            "key": _key_column(np.array([index[i[0]] for i in items], np.int64), self._keys, self._cats), "tag": [i[1] for i in items],
-            "timestamp": np.array([i[2] for i in items], np.int64), "domain": np.array([i[3] for i in items], np.int8),
-        })  # fmt: skip
+        return pd.DataFrame(
+            {
+                "key": _key_column(
+                    np.array([index[i[0]] for i in items], np.int64), self._keys, self._cats
+                ),
+                "tag": [i[1] for i in items],
+                "timestamp": np.array([i[2] for i in items], np.int64),
+                "domain": np.array([i[3] for i in items], np.int8),
+            }
+        )
 
     # -- checks ----------------------------------------------------------------------
     def _codes(self, keys: Any, what: str) -> np.ndarray | None:
         """Indices into this call's keys of a categorical over them (``None``: ``keys`` is not one)."""
-        if isinstance(keys, (pd.Series, pd.Categorical, pd.CategoricalIndex)) and isinstance(keys.dtype, pd.CategoricalDtype) and self._cats is not None:
+        if (
+            isinstance(keys, (pd.Series, pd.Categorical, pd.CategoricalIndex))
+            and isinstance(keys.dtype, pd.CategoricalDtype)
+            and self._cats is not None
+        ):
             cat = keys.dtype.categories
             if cat is self._cats or cat.equals(self._cats):
                 codes = np.asarray(keys.cat.codes if isinstance(keys, pd.Series) else keys.codes)
@@ -178,7 +233,11 @@ class Batch:
         codes = self._codes(keys, what)
         if codes is not None:
             return self._kb_arr[codes].tolist()
-        if isinstance(keys, (pd.Series, pd.Categorical, pd.CategoricalIndex)) and isinstance(keys.dtype, pd.CategoricalDtype) and self._cats is not None:
+        if (
+            isinstance(keys, (pd.Series, pd.Categorical, pd.CategoricalIndex))
+            and isinstance(keys.dtype, pd.CategoricalDtype)
+            and self._cats is not None
+        ):
             keys = np.asarray(keys, dtype=object)  # a categorical over other keys
         if self._kb_of is None:
             key_of = self._key_of
@@ -189,13 +248,19 @@ class Batch:
             kb = kb_of.get(k) if type(k) is not list else None
             if kb is None:
                 why = key_problem(k)
-                detail = why if why is not None else f"key {short_repr(k)} is not one of this call's keys (a computation changes only the keys it was given)"
+                detail = (
+                    why
+                    if why is not None
+                    else f"key {short_repr(k)} is not one of this call's keys (a computation changes only the keys it was given)"
+                )
                 msg = f"columnar computation {self._runner.name!r}: {what}: {detail}"
                 raise ComputationError(msg)
             out.append(kb)
         return out
 
-    def _timestamps(self, timestamps: Any, n: int, what: str, *, upper: int = MAX_TIMESTAMP - 1) -> np.ndarray:
+    def _timestamps(
+        self, timestamps: Any, n: int, what: str, *, upper: int = MAX_TIMESTAMP - 1
+    ) -> np.ndarray:
         arr = np.asarray(timestamps)
         if arr.shape != (n,):
             msg = f"columnar computation {self._runner.name!r}: {what}: {n} keys but timestamps of shape {arr.shape}"
@@ -219,7 +284,9 @@ class Batch:
         replaced = set(self._kbs) if keys is None else set(self._kb(keys, "set_state(keys=...)"))
         codes = self._codes(rows["key"], "set_state") if keys is None else None
         kb_col: Any
-        if codes is not None:  # a categorical over the call's keys, every one replaced: the key column taken in Arrow
+        if (
+            codes is not None
+        ):  # a categorical over the call's keys, every one replaced: the key column taken in Arrow
             kb_col = self._kb_arrow().take(pa.array(codes.astype(np.int32, copy=False)))
         else:
             kbs = self._kb(rows["key"], "set_state")
@@ -238,7 +305,9 @@ class Batch:
         self._set_state.append((replaced, table))
         self._state_cache = None
 
-    def set_timers(self, keys: Any, tags: Any, timestamps: Any, domain: TimeDomain = TimeDomain.LOW_WATERMARK) -> None:
+    def set_timers(
+        self, keys: Any, tags: Any, timestamps: Any, domain: TimeDomain = TimeDomain.LOW_WATERMARK
+    ) -> None:
         """Set (or replace: same key and tag) one timer per row (§4.6)."""
         kbs = self._kb(keys, "set_timers")
         tag_l = tags.tolist() if hasattr(tags, "tolist") else list(tags)
@@ -249,7 +318,12 @@ class Batch:
         if d not in (_LW, _WALL):
             msg = f"columnar computation {self._runner.name!r}: set_timers domain must be a TimeDomain, got {domain!r}"
             raise ComputationError(msg)
-        ts = self._timestamps(timestamps, len(kbs), "set_timers", upper=MAX_TIMESTAMP if d == _LW else MAX_TIMESTAMP - 1)
+        ts = self._timestamps(
+            timestamps,
+            len(kbs),
+            "set_timers",
+            upper=MAX_TIMESTAMP if d == _LW else MAX_TIMESTAMP - 1,
+        )
         self._timer_ops.append(("set", kbs, tag_l, ts.tolist(), d))
 
     def delete_timers(self, keys: Any, tags: Any) -> None:
@@ -268,7 +342,16 @@ class Batch:
                 raise ComputationError(msg)
             self._holds[kb] = t
 
-    def produce(self, stream: str, values: Sequence[Any], *, keys: Any, timestamps: Any = None, once_ids: Any = None, once_tentative: Any = False) -> None:
+    def produce(
+        self,
+        stream: str,
+        values: Sequence[Any],
+        *,
+        keys: Any,
+        timestamps: Any = None,
+        once_ids: Any = None,
+        once_tentative: Any = False,
+    ) -> None:
         """Productions to ``stream``, one per value, each for its key (the key whose
         sequence numbers its id); ``timestamps`` default to the low watermark.
 
@@ -295,10 +378,16 @@ class Batch:
         once = tentative = None
         if once_ids is not None:
             once = once_ids.tolist() if hasattr(once_ids, "tolist") else list(once_ids)
-            if len(once) != len(kbs) or any(o is not None and (type(o) is not str or not o) for o in once):
+            if len(once) != len(kbs) or any(
+                o is not None and (type(o) is not str or not o) for o in once
+            ):
                 msg = f"columnar computation {runner.name!r}: produce({stream!r}, once_ids=...) takes one non-empty str (or None) per value"
                 raise ComputationError(msg)
-            flags = [bool(once_tentative)] * len(kbs) if isinstance(once_tentative, (bool, np.bool_)) else [bool(t) for t in once_tentative]
+            flags = (
+                [bool(once_tentative)] * len(kbs)
+                if isinstance(once_tentative, (bool, np.bool_))
+                else [bool(t) for t in once_tentative]
+            )
             if len(flags) != len(kbs):
                 msg = f"columnar computation {runner.name!r}: produce({stream!r}): {len(flags)} once_tentative flags for {len(kbs)} values"
                 raise ComputationError(msg)

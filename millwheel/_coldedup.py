@@ -63,14 +63,18 @@ _TAIL = np.array([(1 << (8 * r)) - 1 for r in range(8)] + [2**64 - 1], np.uint64
 FINGERPRINTS = 2
 
 
-def hash_bytes(arr: pa.Array | pa.ChunkedArray | Sequence[Any], seed: np.uint64 = ID_SEED) -> np.ndarray:
+def hash_bytes(
+    arr: pa.Array | pa.ChunkedArray | Sequence[Any], seed: np.uint64 = ID_SEED
+) -> np.ndarray:
     """A 64-bit hash of each string or bytes value, in whole-array numpy passes (no Python
     call per value): the values' bytes read 8 at a time from the Arrow buffer, each word
     mixed in (xor, multiply, shift), the length first and murmur3's finaliser last. A
     stable function of the bytes (stored filters depend on it), not a cryptographic one:
     the exact ids decide every "maybe" (module docstring)."""
     if not isinstance(arr, (pa.Array, pa.ChunkedArray)):
-        arr = pa.array(list(arr), pa.binary() if len(arr) and isinstance(arr[0], bytes) else pa.string())
+        arr = pa.array(
+            list(arr), pa.binary() if len(arr) and isinstance(arr[0], bytes) else pa.string()
+        )
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     n = len(arr)
@@ -79,12 +83,18 @@ def hash_bytes(arr: pa.Array | pa.ChunkedArray | Sequence[Any], seed: np.uint64 
     large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
     width = 8 if large else 4
     bufs = arr.buffers()
-    offsets = np.frombuffer(bufs[1], np.int64 if large else np.int32, n + 1, arr.offset * width).astype(np.int64)
+    offsets = np.frombuffer(
+        bufs[1], np.int64 if large else np.int32, n + 1, arr.offset * width
+    ).astype(np.int64)
     lo, hi = int(offsets[0]), int(offsets[-1])
-    data = np.zeros(hi - lo + 8, np.uint8)  # 8 bytes of padding: a word read at a value's end stays inside
+    data = np.zeros(
+        hi - lo + 8, np.uint8
+    )  # 8 bytes of padding: a word read at a value's end stays inside
     if hi > lo:
         data[: hi - lo] = np.frombuffer(bufs[2], np.uint8, hi - lo, lo)
-    words = np.ndarray((hi - lo + 1,), "<u8", data, 0, (1,))  # the 8 bytes at every byte offset (unaligned reads)
+    words = np.ndarray(
+        (hi - lo + 1,), "<u8", data, 0, (1,)
+    )  # the 8 bytes at every byte offset (unaligned reads)
     starts = offsets[:-1] - lo
     lens = offsets[1:] - offsets[:-1]
     h = (lens.astype(np.uint64) * _GOLDEN) ^ seed
@@ -92,7 +102,9 @@ def hash_bytes(arr: pa.Array | pa.ChunkedArray | Sequence[Any], seed: np.uint64 
     j = 0
     while len(rows):
         rem = lens[rows] - j
-        w = words[starts[rows] + j] & _TAIL[np.minimum(rem, 8)]  # bytes past the value's end count as zeros
+        w = (
+            words[starts[rows] + j] & _TAIL[np.minimum(rem, 8)]
+        )  # bytes past the value's end count as zeros
         x = (h[rows] ^ w) * _GOLDEN
         h[rows] = x ^ (x >> _S29)
         j += 8
@@ -113,7 +125,12 @@ def _as_ids(ids: Sequence[str] | pa.Array) -> pa.Array:
     return pa.array(list(ids), pa.string())
 
 
-def fingerprints(ids: Sequence[str] | pa.Array, kbs: Sequence[bytes] | None, codes: np.ndarray | None = None, uniques: Sequence[bytes] | None = None) -> np.ndarray:
+def fingerprints(
+    ids: Sequence[str] | pa.Array,
+    kbs: Sequence[bytes] | None,
+    codes: np.ndarray | None = None,
+    uniques: Sequence[bytes] | None = None,
+) -> np.ndarray:
     """uint64 fingerprints of ``(id, encoded key)`` pairs: :func:`hash_bytes` of the id xor
     that of the key (``codes``/``uniques``: the keys already factorized, ``kbs[i] == uniques[codes[i]]``)."""
     fp = hash_bytes(_as_ids(ids))
@@ -137,7 +154,9 @@ def _positions(fps: np.ndarray, m: int, k: int) -> np.ndarray:
     h2 = (fps >> np.uint64(32)) | np.uint64(1)
     steps = np.arange(k, dtype=np.uint64)
     # each 32-bit hash mapped onto [0, m) by a multiply and a shift (Lemire's "fastrange"), not a modulo
-    return (((h1[:, None] + steps[None, :] * h2[:, None]) & _MASK32) * np.uint64(m)) >> np.uint64(32)
+    return (((h1[:, None] + steps[None, :] * h2[:, None]) & _MASK32) * np.uint64(m)) >> np.uint64(
+        32
+    )
 
 
 class ColumnarDedup:
@@ -150,7 +169,25 @@ class ColumnarDedup:
     the store, plain in files) keeps the keys once per segment, the rows sorted by key.
     """
 
-    __slots__ = ("ids", "ptr", "kix", "ts", "fps", "seg", "segs", "refs", "retired", "keys", "key_index", "bits", "m", "k", "capacity", "fpr", "fixed")
+    __slots__ = (
+        "ids",
+        "ptr",
+        "kix",
+        "ts",
+        "fps",
+        "seg",
+        "segs",
+        "refs",
+        "retired",
+        "keys",
+        "key_index",
+        "bits",
+        "m",
+        "k",
+        "capacity",
+        "fpr",
+        "fixed",
+    )
 
     def __init__(self, fpr: float = 0.01, capacity: int | None = None) -> None:
         #: the ids in the order they were added (chunks appended, never reordered) and each
@@ -188,8 +225,22 @@ class ColumnarDedup:
     def copy(self) -> ColumnarDedup:
         """A copy that changes independently (what ``admit`` and ``collect`` change in place is copied)."""
         c = ColumnarDedup.__new__(ColumnarDedup)
-        c.ids, c.kix, c.ts, c.m, c.k, c.capacity, c.fpr, c.fixed = self.ids, self.kix, self.ts, self.m, self.k, self.capacity, self.fpr, self.fixed
-        c.ptr, c.fps, c.seg, c.segs = self.ptr, self.fps, self.seg, None if self.segs is None else list(self.segs)
+        c.ids, c.kix, c.ts, c.m, c.k, c.capacity, c.fpr, c.fixed = (
+            self.ids,
+            self.kix,
+            self.ts,
+            self.m,
+            self.k,
+            self.capacity,
+            self.fpr,
+            self.fixed,
+        )
+        c.ptr, c.fps, c.seg, c.segs = (
+            self.ptr,
+            self.fps,
+            self.seg,
+            None if self.segs is None else list(self.segs),
+        )
         c.refs, c.retired = set(self.refs), list(self.retired)
         c.keys, c.key_index, c.bits = list(self.keys), dict(self.key_index), self.bits.copy()
         return c
@@ -205,10 +256,15 @@ class ColumnarDedup:
 
     # -- checking ------------------------------------------------------------------
     def admit(
-        self, ids: Sequence[str] | pa.Array, kbs: Sequence[bytes] | None, timestamps: Sequence[int] | np.ndarray,
-        stats: DedupStats | None = None, fps: np.ndarray | None = None,
-        codes: np.ndarray | None = None, uniques: Sequence[bytes] | None = None,
-    ) -> np.ndarray:  # fmt: skip
+        self,
+        ids: Sequence[str] | pa.Array,
+        kbs: Sequence[bytes] | None,
+        timestamps: Sequence[int] | np.ndarray,
+        stats: DedupStats | None = None,
+        fps: np.ndarray | None = None,
+        codes: np.ndarray | None = None,
+        uniques: Sequence[bytes] | None = None,
+    ) -> np.ndarray:
         """Which ``(id, key)`` pairs are new (a bool array); the new ones are remembered
         with their timestamp. A pair repeated in the batch is new only the first time."""
         n = len(ids)
@@ -229,7 +285,9 @@ class ColumnarDedup:
             seen: set[tuple[str, int]] = set()
             suspects = np.unique(srt[1:][same])
             rows = np.flatnonzero(np.isin(fps, suspects))
-            for i, rid, k in zip(rows.tolist(), ids.take(pa.array(rows)).to_pylist(), kix[rows].tolist(), strict=True):
+            for i, rid, k in zip(
+                rows.tolist(), ids.take(pa.array(rows)).to_pylist(), kix[rows].tolist(), strict=True
+            ):
                 pair = (rid, k)
                 if pair in seen:
                     keep[i] = False
@@ -249,7 +307,15 @@ class ColumnarDedup:
         self._insert(ids, kix, np.asarray(timestamps, np.int64), fps, keep, pos)
         return keep
 
-    def _check_maybes(self, ids: pa.Array, kix: np.ndarray, fps: np.ndarray, idx: np.ndarray, keep: np.ndarray, stats: DedupStats) -> None:
+    def _check_maybes(
+        self,
+        ids: pa.Array,
+        kix: np.ndarray,
+        fps: np.ndarray,
+        idx: np.ndarray,
+        keep: np.ndarray,
+        stats: DedupStats,
+    ) -> None:
         """Decide the Bloom filter's "maybe"s ``idx``: a pair is a duplicate only if its key
         holds the same id. The held rows of their keys (each key's rows one run of the
         sorted ``kix``) are compared by fingerprint first, in one ``isin``; only a pair whose
@@ -265,7 +331,15 @@ class ColumnarDedup:
         cand = np.isin(fps[idx], self._fps()[rows])
         self._check_ids(ids, kix, idx, keep, stats, cand)
 
-    def _check_ids(self, ids: pa.Array, kix: np.ndarray, idx: np.ndarray, keep: np.ndarray, stats: DedupStats, cand: np.ndarray) -> None:
+    def _check_ids(
+        self,
+        ids: pa.Array,
+        kix: np.ndarray,
+        idx: np.ndarray,
+        keep: np.ndarray,
+        stats: DedupStats,
+        cand: np.ndarray,
+    ) -> None:
         """Compare the ids of the "maybe"s ``idx[cand]`` with those their keys hold (the
         others are false positives)."""
         stats.bloom_false_positive += int((~cand).sum())
@@ -277,7 +351,9 @@ class ColumnarDedup:
         lo = np.searchsorted(self.kix, ks, "left")
         hi = np.searchsorted(self.kix, ks, "right")
         spans = list(zip(lo.tolist(), hi.tolist(), strict=True))
-        held = self.ids.take(pa.array(np.concatenate([self.ptr[a:b] for a, b in spans]))).to_pylist()
+        held = self.ids.take(
+            pa.array(np.concatenate([self.ptr[a:b] for a, b in spans]))
+        ).to_pylist()
         kept_ids: dict[int, set[str]] = {}
         at = 0
         for k, (a, b) in zip(ks.tolist(), spans, strict=True):
@@ -291,7 +367,15 @@ class ColumnarDedup:
                 stats.bloom_false_positive += 1
 
     # -- writing -------------------------------------------------------------------
-    def _insert(self, ids: pa.Array, kix: np.ndarray, ts: np.ndarray, fps: np.ndarray, keep: np.ndarray, pos: np.ndarray | None = None) -> None:
+    def _insert(
+        self,
+        ids: pa.Array,
+        kix: np.ndarray,
+        ts: np.ndarray,
+        fps: np.ndarray,
+        keep: np.ndarray,
+        pos: np.ndarray | None = None,
+    ) -> None:
         """Add the rows ``keep``; ``pos``: the bit positions of ``fps`` in the filter as it is."""
         if keep.all():
             new_ids, new_kix, new_ts, new_fps = ids, kix, ts, fps
@@ -311,14 +395,20 @@ class ColumnarDedup:
         self.ids = pa.chunked_array([*self.ids.chunks, new_ids], pa.string())
         if self.ids.num_chunks > 32:
             self.ids = pa.chunked_array([self.ids.combine_chunks()])
-        self.ptr = np.concatenate([self.ptr, np.arange(added, added + len(new_kix), dtype=np.int64)])[perm]
+        self.ptr = np.concatenate(
+            [self.ptr, np.arange(added, added + len(new_kix), dtype=np.int64)]
+        )[perm]
         self.kix = np.concatenate([self.kix, new_kix])[perm]
         self.ts = np.concatenate([self.ts, new_ts])[perm]
         if self.fps is not None:
             self.fps = np.concatenate([self.fps, new_fps])[perm]
-        if self.segs is not None:  # the new ids: a segment of their own, encoded by the next to_wire
+        if (
+            self.segs is not None
+        ):  # the new ids: a segment of their own, encoded by the next to_wire
             self.segs.append((len(new_kix), None))
-        self.seg = np.concatenate([self.seg, np.full(len(new_kix), len(self.segs or ()) - 1, np.int32)])[perm]
+        self.seg = np.concatenate(
+            [self.seg, np.full(len(new_kix), len(self.segs or ()) - 1, np.int32)]
+        )[perm]
         if not self.fixed and len(self.ts) > self.capacity:
             self._rebuild(self._fps())
         else:
@@ -326,7 +416,9 @@ class ColumnarDedup:
 
     def _ids_of(self, rows: np.ndarray) -> tuple[pa.ChunkedArray, np.ndarray]:
         """The ids of rows ``rows``, as a new ``(ids, ptr)`` pair holding only them."""
-        return pa.chunked_array([self.ids.take(pa.array(self.ptr[rows])).combine_chunks()], pa.string()), np.arange(len(rows), dtype=np.int64)
+        return pa.chunked_array(
+            [self.ids.take(pa.array(self.ptr[rows])).combine_chunks()], pa.string()
+        ), np.arange(len(rows), dtype=np.int64)
 
     def _fps(self) -> np.ndarray:
         """:attr:`fps`, hashed from the ids if not known."""
@@ -338,7 +430,10 @@ class ColumnarDedup:
         """Fingerprints of every kept id, from the ids themselves (a store read back)."""
         if not len(self.ts):
             return np.empty(0, np.uint64)
-        return hash_bytes(self.ids)[self.ptr] ^ hash_bytes(pa.array(self.keys, pa.binary()), KEY_SEED)[self.kix]
+        return (
+            hash_bytes(self.ids)[self.ptr]
+            ^ hash_bytes(pa.array(self.keys, pa.binary()), KEY_SEED)[self.kix]
+        )
 
     def _rebuild(self, fps: np.ndarray) -> None:
         """A filter over ``fps`` (sized to twice the ids unless the capacity is fixed)."""
@@ -349,7 +444,13 @@ class ColumnarDedup:
         if len(fps):
             self.bits[_positions(fps, self.m, self.k).ravel()] = True
 
-    def collect(self, horizon: int, gc_interval_ms: int, stats: DedupStats | None = None, keys: Sequence[bytes] | None = None) -> None:
+    def collect(
+        self,
+        horizon: int,
+        gc_interval_ms: int,
+        stats: DedupStats | None = None,
+        keys: Sequence[bytes] | None = None,
+    ) -> None:
         """Collect ids older than ``horizon`` of each key (of ``keys``, default all) whose
         oldest id is more than ``gc_interval_ms`` behind it: the per-record rule
         (``DedupIndex.finish``), applied to the keys a batch stepped."""
@@ -440,16 +541,22 @@ class ColumnarDedup:
         keys: list[bytes] = []
         kix: list[np.ndarray] = []
         for p in full:
-            kix.append(p.kix + len(keys))  # each part's rows are sorted by key index: so is the concatenation
+            kix.append(
+                p.kix + len(keys)
+            )  # each part's rows are sorted by key index: so is the concatenation
             keys.extend(p.keys)
         if len(set(keys)) != len(keys):
             msg = "the dedup indexes to merge hold ids of the same key: they are not disjoint key intervals"
             raise ValueError(msg)
-        out.ids = pa.chunked_array([p._ids_of(np.arange(len(p)))[0].combine_chunks() for p in full], pa.string())
+        out.ids = pa.chunked_array(
+            [p._ids_of(np.arange(len(p)))[0].combine_chunks() for p in full], pa.string()
+        )
         out.ptr = np.arange(len(out.ids), dtype=np.int64)
         out.kix = np.concatenate(kix).astype(np.int32)
         out.ts = np.concatenate([p.ts for p in full])
-        out.fps = np.concatenate([p._fps() for p in full])  # a fingerprint is of the id and the key's bytes: the same in any index
+        out.fps = np.concatenate(
+            [p._fps() for p in full]
+        )  # a fingerprint is of the id and the key's bytes: the same in any index
         out.seg, out.segs = np.zeros(len(out.ts), np.int32), None
         out.keys, out.key_index = keys, {kb: i for i, kb in enumerate(keys)}
         out._rebuild(out.fps)
@@ -474,16 +581,37 @@ class ColumnarDedup:
             self._tier()
             for i, (n, data) in enumerate(self.segs):
                 if data is None:
-                    data = self._encode_segment(np.flatnonzero(self.seg == i), compress=files is None)
+                    data = self._encode_segment(
+                        np.flatnonzero(self.seg == i), compress=files is None
+                    )
                     self.segs[i] = (n, data if files is None else [files.put(data[0]), data[1]])
-        refs = {d[0] for _, d in self.segs or () if d is not None and isinstance(d[0], str)} if len(self.ts) else set()
+        refs = (
+            {d[0] for _, d in self.segs or () if d is not None and isinstance(d[0], str)}
+            if len(self.ts)
+            else set()
+        )
         dropped = self.refs - refs
-        self.retired = files.collect(self.retired, dropped) if files is not None else [*self.retired, *([None, u] for u in dropped)]
+        self.retired = (
+            files.collect(self.retired, dropped)
+            if files is not None
+            else [*self.retired, *([None, u] for u in dropped)]
+        )
         self.refs = refs
         if not len(self.ts) and not self.retired:
             return None
         stored = [d for _, d in self.segs or ()] if len(self.ts) else []
-        return [stored, None, np.packbits(self.bits).tobytes(), self.m, self.k, self.capacity, self.fpr, self.fixed, FINGERPRINTS, self.retired]
+        return [
+            stored,
+            None,
+            np.packbits(self.bits).tobytes(),
+            self.m,
+            self.k,
+            self.capacity,
+            self.fpr,
+            self.fixed,
+            FINGERPRINTS,
+            self.retired,
+        ]
 
     def _tier(self) -> None:
         """Merge the last :data:`SEGMENTS_PER_TIER` segments while they are of one size tier:
@@ -508,20 +636,27 @@ class ColumnarDedup:
         kbs = [self.keys[i] for i in kix[new_key].tolist()]
         local = (np.cumsum(new_key) - 1).astype(np.int32)
         by_bytes = sorted(range(len(kbs)), key=kbs.__getitem__)
-        if any(a > b for a, b in zip(by_bytes, by_bytes[1:], strict=False)):  # the key table is not in bytes order (keys added since it was read)
+        if any(
+            a > b for a, b in zip(by_bytes, by_bytes[1:], strict=False)
+        ):  # the key table is not in bytes order (keys added since it was read)
             rank = np.empty(len(kbs), np.int32)
             rank[by_bytes] = np.arange(len(kbs), dtype=np.int32)
             local = rank[local]
             o = np.argsort(local, kind="stable")
             rows, local = rows[o], local[o]
-        batch = pa.RecordBatch.from_arrays([self._ids_of(rows)[0].combine_chunks(), pa.array(local), pa.array(self.ts[rows])], ["id", "kix", "ts"])
+        batch = pa.RecordBatch.from_arrays(
+            [self._ids_of(rows)[0].combine_chunks(), pa.array(local), pa.array(self.ts[rows])],
+            ["id", "kix", "ts"],
+        )
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, batch.schema, options=_IPC if compress else _IPC_FILE) as w:
             w.write_batch(batch)
         return [sink.getvalue().to_pybytes(), [kbs[i] for i in by_bytes]]
 
     @classmethod
-    def from_wire(cls, wire: list[Any] | None, fpr: float = 0.01, capacity: int | None = None) -> ColumnarDedup:
+    def from_wire(
+        cls, wire: list[Any] | None, fpr: float = 0.01, capacity: int | None = None
+    ) -> ColumnarDedup:
         if wire is None:
             return cls(fpr, capacity)
         stored, keys, bits, m, k, cap, fpr_, fixed = wire[:8]
@@ -532,9 +667,15 @@ class ColumnarDedup:
         d = cls.__new__(cls)
         d.fpr, d.fixed = fpr_, fixed
         d.m, d.k, d.capacity = m, k, cap
-        if version == 1:  # one segment: ids, key indexes into ``keys``, timestamps; a filter of xxh3 fingerprints
+        if (
+            version == 1
+        ):  # one segment: ids, key indexes into ``keys``, timestamps; a filter of xxh3 fingerprints
             batch = pa.ipc.open_stream(stored).read_next_batch()
-            d.ids, d.kix, d.ts = pa.chunked_array([batch.column(0)]), batch.column(1).to_numpy(), batch.column(2).to_numpy()
+            d.ids, d.kix, d.ts = (
+                pa.chunked_array([batch.column(0)]),
+                batch.column(1).to_numpy(),
+                batch.column(2).to_numpy(),
+            )
             d.ptr = np.arange(len(d.ts), dtype=np.int64)
             d.keys = list(keys)
             d.key_index = {kb: i for i, kb in enumerate(d.keys)}
@@ -547,15 +688,24 @@ class ColumnarDedup:
             d = cls(fpr_, cap if fixed else None)
             d.retired = list(wire[9])
             return d
-        batches = [pa.ipc.open_stream(read_segment(data) if isinstance(data, str) else data).read_next_batch() for data, _ in stored]
+        batches = [
+            pa.ipc.open_stream(
+                read_segment(data) if isinstance(data, str) else data
+            ).read_next_batch()
+            for data, _ in stored
+        ]
         dicts = [list(keys) for _, keys in stored]
-        d.keys = sorted(set().union(*dicts)) if len(dicts) > 1 else dicts[0]  # every segment's keys, by their bytes
+        d.keys = (
+            sorted(set().union(*dicts)) if len(dicts) > 1 else dicts[0]
+        )  # every segment's keys, by their bytes
         d.key_index = {kb: i for i, kb in enumerate(d.keys)}
         ids, kix, ts, seg = [], [], [], []
         for i, (batch, keys) in enumerate(zip(batches, dicts, strict=True)):
             to_global = np.fromiter(map(d.key_index.__getitem__, keys), np.int32, len(keys))
             ids.append(batch.column(0))
-            kix.append(to_global[batch.column(1).to_numpy()])  # sorted: a segment's keys are sorted by bytes as the table is
+            kix.append(
+                to_global[batch.column(1).to_numpy()]
+            )  # sorted: a segment's keys are sorted by bytes as the table is
             ts.append(batch.column(2).to_numpy())
             seg.append(np.full(batch.num_rows, i, np.int32))
         # by key, each key's rows in segment order (as inserted): the stable sort merges the segments' sorted runs
@@ -578,7 +728,12 @@ _IPC = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=1))
 _IPC_FILE = pa.ipc.IpcWriteOptions()
 
 
-def chunk_stamps(kbs: Sequence[bytes] | None, ts: np.ndarray, gc_interval_ms: int, codes: np.ndarray | None = None) -> np.ndarray:
+def chunk_stamps(
+    kbs: Sequence[bytes] | None,
+    ts: np.ndarray,
+    gc_interval_ms: int,
+    codes: np.ndarray | None = None,
+) -> np.ndarray:
     """The timestamp each new id is kept under, as the per-record path keeps it
     (``_envelope._chunks``): the newest timestamp among the same key's ids of the batch in
     its ``gc_interval_ms`` bucket (``codes``: the keys already factorized)."""
@@ -593,7 +748,9 @@ def chunk_stamps(kbs: Sequence[bytes] | None, ts: np.ndarray, gc_interval_ms: in
     if b0 == b1:
         group = codes
     else:
-        _, group = np.unique(np.stack([codes.astype(np.int64), bucket - b0]), axis=1, return_inverse=True)
+        _, group = np.unique(
+            np.stack([codes.astype(np.int64), bucket - b0]), axis=1, return_inverse=True
+        )
         group = group.ravel()
     top = np.full(int(group.max()) + 1, np.iinfo(np.int64).min, np.int64)
     np.maximum.at(top, group, ts)

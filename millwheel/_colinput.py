@@ -27,7 +27,11 @@ def factorize(items: Sequence[Any] | np.ndarray) -> tuple[np.ndarray, list[Any]]
     """int64 codes of ``items`` into their distinct values, in order of first appearance."""
     if not len(items):
         return np.empty(0, np.int64), []
-    arr = items if isinstance(items, np.ndarray) and items.dtype == object else np.array([*items, None], dtype=object)[:-1]  # 1-d even if every item has one length
+    arr = (
+        items
+        if isinstance(items, np.ndarray) and items.dtype == object
+        else np.array([*items, None], dtype=object)[:-1]
+    )  # 1-d even if every item has one length
     codes, uniques = pd.factorize(arr)
     return codes.astype(np.int64, copy=False), uniques.tolist()
 
@@ -39,13 +43,29 @@ class InputColumns:
     ``stream_codes``/``stream_names`` likewise; ``arrival``: the watermark each record
     arrived under where ``arrival_known`` (elsewhere: the batch's low watermark)."""
 
-    __slots__ = ("codes", "uniques", "ids", "ts", "stream_codes", "stream_names", "values", "arrival", "arrival_known", "encoded")
+    __slots__ = (
+        "codes",
+        "uniques",
+        "ids",
+        "ts",
+        "stream_codes",
+        "stream_names",
+        "values",
+        "arrival",
+        "arrival_known",
+        "encoded",
+    )
 
     def __init__(
-        self, kbs: Sequence[bytes] | np.ndarray, ids: Sequence[str] | pa.Array, ts: np.ndarray, streams: Sequence[str] | np.ndarray,
+        self,
+        kbs: Sequence[bytes] | np.ndarray,
+        ids: Sequence[str] | pa.Array,
+        ts: np.ndarray,
+        streams: Sequence[str] | np.ndarray,
         values: Sequence[Any] | np.ndarray | pa.Array,
-        arrival: Sequence[int | None] | None = None, encoded: bool = True,
-    ) -> None:  # fmt: skip
+        arrival: Sequence[int | None] | None = None,
+        encoded: bool = True,
+    ) -> None:
         self.codes, self.uniques = factorize(kbs)
         self.stream_codes, self.stream_names = factorize(streams)
         self.ids = ids if isinstance(ids, pa.Array) else pa.array(list(ids), pa.string())
@@ -57,18 +77,38 @@ class InputColumns:
             known = np.fromiter((a is not None for a in arrival), np.bool_, len(arrival))
             if known.any():
                 self.arrival_known = known
-                self.arrival = np.fromiter((0 if a is None else a for a in arrival), np.int64, len(arrival))
+                self.arrival = np.fromiter(
+                    (0 if a is None else a for a in arrival), np.int64, len(arrival)
+                )
 
     @classmethod
     def of(
-        cls, codes: np.ndarray, uniques: list[bytes], ids: pa.Array, ts: np.ndarray, stream_codes: np.ndarray, stream_names: list[str],
-        values: Sequence[Any] | pa.Array, arrival: np.ndarray | None = None, arrival_known: np.ndarray | None = None, encoded: bool = True,
-    ) -> InputColumns:  # fmt: skip
+        cls,
+        codes: np.ndarray,
+        uniques: list[bytes],
+        ids: pa.Array,
+        ts: np.ndarray,
+        stream_codes: np.ndarray,
+        stream_names: list[str],
+        values: Sequence[Any] | pa.Array,
+        arrival: np.ndarray | None = None,
+        arrival_known: np.ndarray | None = None,
+        encoded: bool = True,
+    ) -> InputColumns:
         """Columns already factorized (the Arrow mapping)."""
         self = cls.__new__(cls)
         self.codes, self.uniques, self.ids, self.ts = codes, uniques, ids, ts
-        self.stream_codes, self.stream_names, self.values, self.encoded = stream_codes, stream_names, values, encoded
-        self.arrival, self.arrival_known = (arrival, arrival_known) if arrival_known is not None and arrival_known.any() else (None, None)
+        self.stream_codes, self.stream_names, self.values, self.encoded = (
+            stream_codes,
+            stream_names,
+            values,
+            encoded,
+        )
+        self.arrival, self.arrival_known = (
+            (arrival, arrival_known)
+            if arrival_known is not None and arrival_known.any()
+            else (None, None)
+        )
         return self
 
     def __len__(self) -> int:
@@ -108,7 +148,13 @@ class InputColumns:
     def streams_at(self, il: list[int]) -> list[str]:
         names = self.stream_names
         codes = self.stream_codes
-        return [names[c] for c in codes[il].tolist()] if len(names) > 1 else [names[0]] * len(il) if names else []
+        return (
+            [names[c] for c in codes[il].tolist()]
+            if len(names) > 1
+            else [names[0]] * len(il)
+            if names
+            else []
+        )
 
     def values_at(self, il: list[int]) -> list[Any]:
         """The values of rows ``il`` as they came (encoded unless ``encoded`` is false)."""

@@ -22,7 +22,18 @@ from millwheel._record import Key
 class Outputs:
     """Productions of one run, as columns; ids assigned at the end from the per-key sequences."""
 
-    __slots__ = ("streams", "kbs", "keys", "values", "encoded", "ts", "fixed_ids", "once_ids", "once_tentative", "life")
+    __slots__ = (
+        "streams",
+        "kbs",
+        "keys",
+        "values",
+        "encoded",
+        "ts",
+        "fixed_ids",
+        "once_ids",
+        "once_tentative",
+        "life",
+    )
 
     def __init__(self, life: int | None = None) -> None:
         #: the life a key without a ``meta`` entry starts in this run (``None``: none known)
@@ -39,7 +50,9 @@ class Outputs:
         self.once_ids: list[str | None] | None = None
         self.once_tentative: list[bool] | None = None
 
-    def add(self, stream: str, kb: bytes, key: Key, value: Any, enc: bytes, ts: int, rid: str) -> None:
+    def add(
+        self, stream: str, kb: bytes, key: Key, value: Any, enc: bytes, ts: int, rid: str
+    ) -> None:
         self.fixed_ids[len(self.streams)] = rid
         if self.once_ids is not None:
             self.once_ids.append(None)
@@ -52,9 +65,16 @@ class Outputs:
         self.ts.append(ts)
 
     def extend(
-        self, stream: str, kbs: list[bytes], keys: list[Key], values: list[Any], enc: list[bytes], ts: np.ndarray,
-        once: list[str | None] | None = None, tentative: list[bool] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        stream: str,
+        kbs: list[bytes],
+        keys: list[Key],
+        values: list[Any],
+        enc: list[bytes],
+        ts: np.ndarray,
+        once: list[str | None] | None = None,
+        tentative: list[bool] | None = None,
+    ) -> None:
         if once is not None and self.once_ids is None:
             self.once_ids = [None] * len(self.streams)
             self.once_tentative = [False] * len(self.streams)
@@ -95,10 +115,20 @@ class Outputs:
             keys = self.keys
             numbered_at = np.flatnonzero(numbered).tolist()
             # each key's life: its own, or this run's for a key whose first production this is
-            lives = [self.life if m is None or (m[0] == 0 and len(m) < 3) else m[2] if len(m) > 2 else None for m in metas]
+            lives = [
+                self.life
+                if m is None or (m[0] == 0 and len(m) < 3)
+                else m[2]
+                if len(m) > 2
+                else None
+                for m in metas
+            ]
             key_of = dict(zip(codes.tolist(), keys, strict=True))
             prefixes = [id_prefix(name, key_of[k], life) for k, life in enumerate(lives)]
-            made = [_hexdigest(f"{prefixes[k]}{q}".encode()) for k, q in zip(nc.tolist(), seq, strict=True)]
+            made = [
+                _hexdigest(f"{prefixes[k]}{q}".encode())
+                for k, q in zip(nc.tolist(), seq, strict=True)
+            ]
             if fixed:
                 ids = [None] * n  # type: ignore[list-item]
                 for i, rid in zip(numbered_at, made, strict=True):
@@ -108,14 +138,28 @@ class Outputs:
             else:
                 ids = made
             counts = np.bincount(nc, minlength=len(uniq))
-            for kb, m, life, f, k in zip(uniq, metas, lives, first.tolist(), counts.tolist(), strict=True):
+            for kb, m, life, f, k in zip(
+                uniq, metas, lives, first.tolist(), counts.tolist(), strict=True
+            ):
                 if k:  # replaced, never changed in place: copies share the lists
-                    meta[kb] = [f + k, None if m is None else m[1]] + ([] if life is None else [life])
+                    meta[kb] = [f + k, None if m is None else m[1]] + (
+                        [] if life is None else [life]
+                    )
             if len(nc):
                 behind = int((np.asarray(self.ts, np.int64)[numbered] < lw).sum())
         c["productions"] = n - len(fixed)
         c["productions_behind_watermark"] = behind
-        return Produced(self.streams, ids, self.ts, self.kbs, self.keys, self.values, self.encoded, self.once_ids, self.once_tentative)
+        return Produced(
+            self.streams,
+            ids,
+            self.ts,
+            self.kbs,
+            self.keys,
+            self.values,
+            self.encoded,
+            self.once_ids,
+            self.once_tentative,
+        )
 
 
 @dataclass(slots=True)

@@ -90,7 +90,12 @@ class SegmentFiles:
         gone = 0
         now = time.time()
         for info in self._fs.get_file_info(pafs.FileSelector(self._path, allow_not_found=True)):
-            if info.base_name.startswith(".") and info.base_name.endswith(".tmp") and info.mtime is not None and now - info.mtime.timestamp() > older_than_s:
+            if (
+                info.base_name.startswith(".")
+                and info.base_name.endswith(".tmp")
+                and info.mtime is not None
+                and now - info.mtime.timestamp() > older_than_s
+            ):
                 self._fs.delete_file(info.path)
                 gone += 1
         return gone

@@ -64,7 +64,13 @@ class ColumnarStore:
         dd = self.dedup.to_wire(files)
         if self.state is not None and self.state.num_rows == 0:
             self.state = None
-        if self.state is None and not self.timers and not self.meta and not self.pending and dd is None:
+        if (
+            self.state is None
+            and not self.timers
+            and not self.meta
+            and not self.pending
+            and dd is None
+        ):
             return None
         state = None
         if self.state is not None:
@@ -74,10 +80,21 @@ class ColumnarStore:
             state = sink.getvalue().to_pybytes()
         t = self.timers
         return _packb(
-            [STORE_MAGIC, STORE_VERSION, list(self.meta), list(self.meta.values()), state,
-             t.kb.tolist(), t.tag.tolist(), t.ts.tolist(), t.d.tolist(), self.pending, dd],
+            [
+                STORE_MAGIC,
+                STORE_VERSION,
+                list(self.meta),
+                list(self.meta.values()),
+                state,
+                t.kb.tolist(),
+                t.tag.tolist(),
+                t.ts.tolist(),
+                t.d.tolist(),
+                self.pending,
+                dd,
+            ],
             use_bin_type=True,
-        )  # fmt: skip
+        )
 
     @classmethod
     def decode(cls, data: bytes | None, options: ComputationOptions | None = None) -> ColumnarStore:
@@ -112,10 +129,14 @@ class ColumnarStore:
         """A copy that a run may change and a crash throw away (the harness keeps its store
         decoded between rounds: a round works on a copy, committed by keeping it)."""
         # meta's lists are replaced, never changed in place (``_columnar.py``): a shallow copy suffices
-        return ColumnarStore(self.state, self.timers, dict(self.meta), list(self.pending), self.dedup.copy())
+        return ColumnarStore(
+            self.state, self.timers, dict(self.meta), list(self.pending), self.dedup.copy()
+        )
 
     @classmethod
-    def of(cls, store: bytes | ColumnarStore | None, options: ComputationOptions | None = None) -> ColumnarStore:
+    def of(
+        cls, store: bytes | ColumnarStore | None, options: ComputationOptions | None = None
+    ) -> ColumnarStore:
         """``store`` itself if it is decoded, else decoded."""
         return store if isinstance(store, ColumnarStore) else cls.decode(store, options)
 
@@ -129,7 +150,13 @@ class ColumnarStore:
         busy = self.timers.key_set() | {p[1] for p in self.pending}
         cands = [kb for kb in cands if kb not in busy]
         if cands and self.state is not None and self.state.num_rows:
-            busy = set(pc.unique(self.state.column("_kb").filter(pc.is_in(self.state.column("_kb"), value_set=pa.array(cands, pa.binary())))).to_pylist())
+            busy = set(
+                pc.unique(
+                    self.state.column("_kb").filter(
+                        pc.is_in(self.state.column("_kb"), value_set=pa.array(cands, pa.binary()))
+                    )
+                ).to_pylist()
+            )
             cands = [kb for kb in cands if kb not in busy]
         if cands:
             busy = self.dedup.keys_with_ids(cands)
@@ -137,7 +164,9 @@ class ColumnarStore:
                 if kb not in busy:
                     del self.meta[kb]
 
-    def key_summary(self, kbs: Iterable[bytes]) -> dict[bytes, tuple[int | None, int | None, int | None]]:
+    def key_summary(
+        self, kbs: Iterable[bytes]
+    ) -> dict[bytes, tuple[int | None, int | None, int | None]]:
         """Per key: (hold, next low-watermark timer, next wall timer) — what the harness indexes."""
         want = set(kbs)
         out: dict[bytes, list[Any]] = {kb: [None, None, None] for kb in want}
@@ -146,8 +175,12 @@ class ColumnarStore:
             if m is not None:
                 out[kb][0] = m[1]
         t = self.timers
-        rows = t.of_keys(want)  # the timers of the wanted keys, found without a Python step per timer
-        for kb, ts, d in zip(t.kb[rows].tolist(), t.ts[rows].tolist(), t.d[rows].tolist(), strict=True):
+        rows = t.of_keys(
+            want
+        )  # the timers of the wanted keys, found without a Python step per timer
+        for kb, ts, d in zip(
+            t.kb[rows].tolist(), t.ts[rows].tolist(), t.d[rows].tolist(), strict=True
+        ):
             s = out[kb]
             if d == _LW:
                 h = ts if ts < _LAST else _LAST
@@ -182,7 +215,12 @@ class ColumnarStore:
     def keys_held(self) -> set[bytes]:
         """Every key the store holds anything for (state, timers, sequence or hold, pending
         productions, dedup ids)."""
-        keys = set(self.meta) | self.timers.key_set() | {p[1] for p in self.pending} | set(self.dedup.keys)
+        keys = (
+            set(self.meta)
+            | self.timers.key_set()
+            | {p[1] for p in self.pending}
+            | set(self.dedup.keys)
+        )
         if self.state is not None:
             keys.update(self.state.column("_kb").to_pylist())
         return keys
@@ -213,7 +251,11 @@ class ColumnarStore:
         for p in self.pending:
             of(p[1]).pending.append(p)
         if self.state is not None and self.state.num_rows:
-            to = np.fromiter(map(target.__getitem__, self.state.column("_kb").to_pylist()), np.int64, self.state.num_rows)
+            to = np.fromiter(
+                map(target.__getitem__, self.state.column("_kb").to_pylist()),
+                np.int64,
+                self.state.num_rows,
+            )
             for t in np.unique(to).tolist():
                 at(t).state = self.state.filter(pa.array(to == t))
         for t, d in self.dedup.split([target[kb] for kb in self.dedup.keys]).items():
@@ -235,7 +277,13 @@ class ColumnarStore:
             seen |= ks
         tables = [st.state for st in stores if st.state is not None and st.state.num_rows]
         return cls(
-            state=(tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")) if tables else None,
+            state=(
+                tables[0]
+                if len(tables) == 1
+                else pa.concat_tables(tables, promote_options="permissive")
+            )
+            if tables
+            else None,
             timers=TimerTable.concat([st.timers for st in stores]),
             meta={k: v for st in stores for k, v in st.meta.items()},
             pending=[p for st in stores for p in st.pending],
@@ -248,7 +296,10 @@ class ColumnarStore:
         if self.state is None or self.state.num_rows == 0:
             return None
         t = self.state
-        found = pc.index_in(t.column("_kb"), value_set=kbs if isinstance(kbs, pa.Array) else pa.array(list(kbs), pa.binary()))
+        found = pc.index_in(
+            t.column("_kb"),
+            value_set=kbs if isinstance(kbs, pa.Array) else pa.array(list(kbs), pa.binary()),
+        )
         if found.null_count:
             held = pc.is_valid(found)
             t, found = t.filter(held), found.filter(held)

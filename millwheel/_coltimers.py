@@ -43,7 +43,13 @@ class TimerTable(Mapping):  # type: ignore[type-arg]
 
     __slots__ = ("kb", "tag", "ts", "d", "_index")
 
-    def __init__(self, kb: np.ndarray | None = None, tag: np.ndarray | None = None, ts: np.ndarray | None = None, d: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        kb: np.ndarray | None = None,
+        tag: np.ndarray | None = None,
+        ts: np.ndarray | None = None,
+        d: np.ndarray | None = None,
+    ) -> None:
         self.kb = _objects(()) if kb is None else kb
         self.tag = _objects(()) if tag is None else tag
         self.ts = np.empty(0, np.int64) if ts is None else np.asarray(ts, np.int64)
@@ -51,7 +57,9 @@ class TimerTable(Mapping):  # type: ignore[type-arg]
         self._index: dict[tuple[bytes, str], int] | None = None
 
     @classmethod
-    def of(cls, kbs: Sequence[bytes], tags: Sequence[str], ts: Sequence[int], ds: Sequence[int]) -> TimerTable:
+    def of(
+        cls, kbs: Sequence[bytes], tags: Sequence[str], ts: Sequence[int], ds: Sequence[int]
+    ) -> TimerTable:
         return cls(_objects(kbs), _objects(tags), np.asarray(ts, np.int64), np.asarray(ds, np.int8))
 
     # -- the mapping ---------------------------------------------------------------
@@ -87,7 +95,9 @@ class TimerTable(Mapping):  # type: ignore[type-arg]
         keep[rows] = False
         return self.take(np.flatnonzero(keep))
 
-    def set_many(self, kbs: Sequence[bytes], tags: Sequence[str], ts: Sequence[int] | np.ndarray, domain: int) -> TimerTable:
+    def set_many(
+        self, kbs: Sequence[bytes], tags: Sequence[str], ts: Sequence[int] | np.ndarray, domain: int
+    ) -> TimerTable:
         """These timers set (a key and tag set before, here or earlier, is replaced: the last wins)."""
         if not len(kbs):
             return self
@@ -122,7 +132,9 @@ class TimerTable(Mapping):  # type: ignore[type-arg]
             return TimerTable()
         if len(full) == 1:
             return full[0]
-        return TimerTable(*(np.concatenate([getattr(t, c) for t in full]) for c in ("kb", "tag", "ts", "d")))
+        return TimerTable(
+            *(np.concatenate([getattr(t, c) for t in full]) for c in ("kb", "tag", "ts", "d"))
+        )
 
     # -- reading -------------------------------------------------------------------
     def due(self, lw: int, now: int) -> np.ndarray:

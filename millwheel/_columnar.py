@@ -183,13 +183,33 @@ class ColumnarResult:
         tent = self.once_tentative or [False] * n
         return [
             Production(s, Record(k, v, t, i, s), e, o, f)
-            for s, k, v, t, i, e, o, f in zip(self.streams, self.keys, self.values, self.ts, self.ids, self.encoded, once, tent, strict=True)
+            for s, k, v, t, i, e, o, f in zip(
+                self.streams,
+                self.keys,
+                self.values,
+                self.ts,
+                self.ids,
+                self.encoded,
+                once,
+                tent,
+                strict=True,
+            )
         ]
 
     def drop(self, ids: set[str]) -> None:
         """Drop the productions ``ids`` (once-productions another pipeline holds)."""
         keep = [i not in ids for i in self.ids]
-        for name in ("streams", "ids", "ts", "kbs", "keys", "values", "encoded", "once_ids", "once_tentative"):
+        for name in (
+            "streams",
+            "ids",
+            "ts",
+            "kbs",
+            "keys",
+            "values",
+            "encoded",
+            "once_ids",
+            "once_tentative",
+        ):
             col = getattr(self, name)
             if col is not None:
                 setattr(self, name, [x for x, k in zip(col, keep, strict=True) if k])
@@ -202,19 +222,37 @@ class _CallFailed(Exception):
 
 
 METRIC_NAMES = (
-    "records_in", "duplicates", "late", "late_dropped", "late_to_stream", "processed", "timers_fired",
-    "timers_deferred", "productions", "productions_behind_watermark", "dead_letters", "dead_letters_dropped",
-    "bloom_maybe", "bloom_false_positive", "dedup_gc_runs", "dedup_ids_collected",
-)  # fmt: skip
+    "records_in",
+    "duplicates",
+    "late",
+    "late_dropped",
+    "late_to_stream",
+    "processed",
+    "timers_fired",
+    "timers_deferred",
+    "productions",
+    "productions_behind_watermark",
+    "dead_letters",
+    "dead_letters_dropped",
+    "bloom_maybe",
+    "bloom_false_positive",
+    "dedup_gc_runs",
+    "dedup_ids_collected",
+)
 
 
 class ColumnarRunner:
     """Runs a :class:`ColumnarComputation` over one key interval's batch (both backends)."""
 
     def __init__(
-        self, computation: ColumnarComputation, *, name: str, outputs: Iterable[str], options: ComputationOptions | None = None,
+        self,
+        computation: ColumnarComputation,
+        *,
+        name: str,
+        outputs: Iterable[str],
+        options: ComputationOptions | None = None,
         fields: Mapping[str, StreamFields] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.computation = computation
         self.name = name
         self.options = options or type(computation).options
@@ -223,9 +261,14 @@ class ColumnarRunner:
             outs.add(self.options.late.stream)
         self.outputs = frozenset(outs)
         asked = requested_fields(computation.record_columns)
-        self.record_columns = tuple(c for c in RECORD_COLUMNS if c in computation.record_columns) + tuple(FIELD_PREFIX + f for f in asked)
+        self.record_columns = tuple(
+            c for c in RECORD_COLUMNS if c in computation.record_columns
+        ) + tuple(FIELD_PREFIX + f for f in asked)
         #: ``value.<field>`` columns and their types over the declared input streams (``fields``: stream -> its declaration)
-        self.value_fields = {f: field_type((fields or {}).values(), f, f"columnar computation {name!r}") for f in asked}
+        self.value_fields = {
+            f: field_type((fields or {}).values(), f, f"columnar computation {name!r}")
+            for f in asked
+        }
         computation.name = name
         #: encoded key -> key, for the keys of the runs so far (a key is decoded once, not in every batch)
         self._keys: dict[bytes, Key] = {}
@@ -240,9 +283,17 @@ class ColumnarRunner:
 
     # ---------------------------------------------------------------------------------
     def run(
-        self, store: bytes | ColumnarStore | None, recs: InputColumns, *, low_watermark: int, now: int, key_summaries: bool = False, encode: bool = True,
-        files: SegmentFiles | None = None, life: int | None = None,
-    ) -> ColumnarResult:  # fmt: skip
+        self,
+        store: bytes | ColumnarStore | None,
+        recs: InputColumns,
+        *,
+        low_watermark: int,
+        now: int,
+        key_summaries: bool = False,
+        encode: bool = True,
+        files: SegmentFiles | None = None,
+        life: int | None = None,
+    ) -> ColumnarResult:
         """Records of the batch (delivery order), then due timers; see the module docstring.
 
         ``store``: the interval's blob, or a decoded :class:`ColumnarStore` that the run
@@ -265,7 +316,11 @@ class ColumnarRunner:
         touched: set[bytes] = set()
         horizon_wm = lw
         if n:
-            ts, kcodes, uniq = recs.ts, recs.codes, recs.uniques  # key codes in order of first appearance
+            ts, kcodes, uniq = (
+                recs.ts,
+                recs.codes,
+                recs.uniques,
+            )  # key codes in order of first appearance
             key_of.update(zip(uniq, map(self._decode_key, uniq), strict=True))
             touched.update(key_of)
             not_dead = recs.not_stream(DEAD_LETTER_STREAM)
@@ -275,8 +330,18 @@ class ColumnarRunner:
             late = ts < late_wm
             if opts.exactly_once:
                 # a late record is remembered under the watermark it was late for: a re-delivery is a duplicate
-                stamps = chunk_stamps(None, np.maximum(ts, late_wm), opts.dedup.gc_interval_ms, kcodes)
-                keep = st.dedup.admit(recs.ids, None, stamps, stats, fingerprints(recs.ids, None, kcodes, uniq), kcodes, uniq)
+                stamps = chunk_stamps(
+                    None, np.maximum(ts, late_wm), opts.dedup.gc_interval_ms, kcodes
+                )
+                keep = st.dedup.admit(
+                    recs.ids,
+                    None,
+                    stamps,
+                    stats,
+                    fingerprints(recs.ids, None, kcodes, uniq),
+                    kcodes,
+                    uniq,
+                )
             else:
                 keep = np.ones(n, np.bool_)
             c["duplicates"] = int(n - keep.sum())
@@ -305,14 +370,23 @@ class ColumnarRunner:
             if len(idx):
                 # grouped by key, keys in order of first appearance, each key's records in delivery order
                 srt = np.argsort(codes, kind="stable")
-                c["processed"] += self._records(st, recs, idx[srt], codes[srt], order, key_of, lw, now, out, dead)
+                c["processed"] += self._records(
+                    st, recs, idx[srt], codes[srt], order, key_of, lw, now, out, dead
+                )
         self._timers(st, key_of, lw, now, out, dead, c, touched)
         # ---- checkpoint ----
         if opts.exactly_once:
-            st.dedup.collect(horizon_wm - opts.dedup.slack_ms, opts.dedup.gc_interval_ms, stats, list(touched))
+            st.dedup.collect(
+                horizon_wm - opts.dedup.slack_ms, opts.dedup.gc_interval_ms, stats, list(touched)
+            )
         prods = out.finish(self, st, lw, c)
         if opts.strong_productions and prods.ids:
-            st.pending.extend([s, kb, e, t, i] for s, kb, e, t, i in zip(prods.streams, prods.kbs, prods.encoded, prods.ts, prods.ids, strict=True))
+            st.pending.extend(
+                [s, kb, e, t, i]
+                for s, kb, e, t, i in zip(
+                    prods.streams, prods.kbs, prods.encoded, prods.ts, prods.ids, strict=True
+                )
+            )
         st.forget_empty(touched)
         letters = [d for d in dead if d is not None]
         c["dead_letters"] = len(letters)
@@ -322,12 +396,35 @@ class ColumnarRunner:
         hold, nlw, nwall, kept = (None, None, None, 0) if live else st.summary()
         summaries = st.key_summary(touched | set(prods.kbs)) if key_summaries else None
         return ColumnarResult(
-            None if live else st.encode(files), prods.streams, prods.ids, prods.ts, prods.kbs, prods.keys, prods.values, prods.encoded,
-            letters, c, hold, nlw, nwall, kept, summaries, prods.once_ids, prods.once_tentative, st,
-        )  # fmt: skip
+            None if live else st.encode(files),
+            prods.streams,
+            prods.ids,
+            prods.ts,
+            prods.kbs,
+            prods.keys,
+            prods.values,
+            prods.encoded,
+            letters,
+            c,
+            hold,
+            nlw,
+            nwall,
+            kept,
+            summaries,
+            prods.once_ids,
+            prods.once_tentative,
+            st,
+        )
 
     # ---------------------------------------------------------------------------------
-    def _frame(self, recs: InputColumns, idx: np.ndarray, key_of: dict[bytes, Key], order: list[bytes], codes: np.ndarray | None = None) -> pd.DataFrame:
+    def _frame(
+        self,
+        recs: InputColumns,
+        idx: np.ndarray,
+        key_of: dict[bytes, Key],
+        order: list[bytes],
+        codes: np.ndarray | None = None,
+    ) -> pd.DataFrame:
         il = idx.tolist()
         cols: dict[str, Any] = {}
         values: list[Any] | None = None
@@ -336,7 +433,9 @@ class ColumnarRunner:
                 keys = [key_of[kb] for kb in order]
                 if codes is None:
                     index = {kb: i for i, kb in enumerate(order)}
-                    codes = np.array([index.get(kb, -1) for kb in recs.uniques], np.int64)[recs.codes[idx]]
+                    codes = np.array([index.get(kb, -1) for kb in recs.uniques], np.int64)[
+                        recs.codes[idx]
+                    ]
                 cols["key"] = _key_column(codes, keys, _categories(keys))
             elif name == "id":
                 cols["id"] = recs.ids_at(il)
@@ -352,13 +451,32 @@ class ColumnarRunner:
                 cols[name] = field_column(values, f, self.value_fields[f])
         return pd.DataFrame(cols)
 
-    def _call(self, st: ColumnarStore, kbs: list[bytes], key_of: dict[bytes, Key], rows: pd.DataFrame | None, timers: pd.DataFrame | None, lw: int, now: int, out: Outputs) -> None:
+    def _call(
+        self,
+        st: ColumnarStore,
+        kbs: list[bytes],
+        key_of: dict[bytes, Key],
+        rows: pd.DataFrame | None,
+        timers: pd.DataFrame | None,
+        lw: int,
+        now: int,
+        out: Outputs,
+    ) -> None:
         """One call of user code, applied all or nothing; raises :class:`_CallFailed`."""
         frame = rows if rows is not None else timers
         keys = None if frame is None else frame["key"].array
         # the key column's categories are the call's keys in order: the batch shares them (``Batch._codes`` then
         # recognises the user's key columns by identity, not by comparing every key)
-        batch = Batch(self, st, kbs, key_of, rows, lw, now, keys.categories if isinstance(keys, pd.Categorical) else None)
+        batch = Batch(
+            self,
+            st,
+            kbs,
+            key_of,
+            rows,
+            lw,
+            now,
+            keys.categories if isinstance(keys, pd.Categorical) else None,
+        )
         try:
             if timers is None:
                 self.computation.process_batch(batch)
@@ -370,7 +488,11 @@ class ColumnarRunner:
         for replaced, table in batch._set_state:
             cur = st.state
             if cur is not None and cur.num_rows:
-                cur = cur.filter(pc.invert(pc.is_in(cur.column("_kb"), value_set=pa.array(list(replaced), pa.binary()))))
+                cur = cur.filter(
+                    pc.invert(
+                        pc.is_in(cur.column("_kb"), value_set=pa.array(list(replaced), pa.binary()))
+                    )
+                )
             if table is None:
                 st.state = cur
             elif cur is None or cur.num_rows == 0:
@@ -378,14 +500,22 @@ class ColumnarRunner:
             else:
                 st.state = pa.concat_tables([cur, table], promote_options="permissive")
         for op, tkbs, tags, tss, d in batch._timer_ops:
-            st.timers = st.timers.set_many(tkbs, tags, tss, d) if op == "set" else st.timers.delete_many(tkbs, tags)
+            st.timers = (
+                st.timers.set_many(tkbs, tags, tss, d)
+                if op == "set"
+                else st.timers.delete_many(tkbs, tags)
+            )
         for kb, t in batch._holds.items():
             m = st.meta.get(kb)
             if m is None:
                 if t is not None:
                     st.meta[kb] = [0, t]  # its life starts at its first production (``_colout.py``)
             else:
-                st.meta[kb] = [m[0], t, *m[2:]]  # replaced, never changed in place: copies share the lists
+                st.meta[kb] = [
+                    m[0],
+                    t,
+                    *m[2:],
+                ]  # replaced, never changed in place: copies share the lists
         for stream, pkbs, vals, enc, ts, once, tentative in batch._prod:
             out.extend(stream, pkbs, [key_of[kb] for kb in pkbs], vals, enc, ts, once, tentative)
 
@@ -394,12 +524,23 @@ class ColumnarRunner:
             raise exc
 
     def _records(
-        self, st: ColumnarStore, recs: InputColumns, idx: np.ndarray, codes: np.ndarray, order: list[bytes], key_of: dict[bytes, Key],
-        lw: int, now: int, out: Outputs, dead: list[Any],
-    ) -> int:  # fmt: skip
+        self,
+        st: ColumnarStore,
+        recs: InputColumns,
+        idx: np.ndarray,
+        codes: np.ndarray,
+        order: list[bytes],
+        key_of: dict[bytes, Key],
+        lw: int,
+        now: int,
+        out: Outputs,
+        dead: list[Any],
+    ) -> int:
         """The admitted records ``idx`` (grouped by key: ``codes`` into ``order``), in one call; on failure per key, then per record."""
         try:
-            self._call(st, order, key_of, self._frame(recs, idx, key_of, order, codes), None, lw, now, out)
+            self._call(
+                st, order, key_of, self._frame(recs, idx, key_of, order, codes), None, lw, now, out
+            )
             return len(idx)
         except _CallFailed as failed:
             self._fail(failed.exc)
@@ -412,22 +553,53 @@ class ColumnarRunner:
         for kb, rows in per_key.items():
             sub = np.array(rows, np.int64)
             try:
-                self._call(st, [kb], key_of, self._frame(recs, sub, key_of, [kb]), None, lw, now, out)
+                self._call(
+                    st, [kb], key_of, self._frame(recs, sub, key_of, [kb]), None, lw, now, out
+                )
                 processed += len(rows)
                 continue
             except _CallFailed:
                 pass
             for i in rows:
                 try:
-                    self._call(st, [kb], key_of, self._frame(recs, np.array([i]), key_of, [kb]), None, lw, now, out)
+                    self._call(
+                        st,
+                        [kb],
+                        key_of,
+                        self._frame(recs, np.array([i]), key_of, [kb]),
+                        None,
+                        lw,
+                        now,
+                        out,
+                    )
                     processed += 1
                 except _CallFailed as failed:
                     v = recs.value(i)
-                    rec = Record(key_of[kb], decode_cell(v) if recs.encoded else v, int(recs.ts[i]), recs.id(i), recs.stream(i))
-                    dead.append(self._dead_letter(key_of[kb], failed.exc, Stage.PROCESS_RECORD, rec, None, now))
+                    rec = Record(
+                        key_of[kb],
+                        decode_cell(v) if recs.encoded else v,
+                        int(recs.ts[i]),
+                        recs.id(i),
+                        recs.stream(i),
+                    )
+                    dead.append(
+                        self._dead_letter(
+                            key_of[kb], failed.exc, Stage.PROCESS_RECORD, rec, None, now
+                        )
+                    )
         return processed
 
-    def _timers(self, st: ColumnarStore, key_of: dict[bytes, Key], lw: int, now: int, out: Outputs, dead: list[Any], c: dict[str, int], touched: set[bytes]) -> None:
+    def _timers(
+        self,
+        st: ColumnarStore,
+        key_of: dict[bytes, Key],
+        lw: int,
+        now: int,
+        out: Outputs,
+        dead: list[Any],
+        c: dict[str, int],
+        touched: set[bytes],
+    ) -> None:
         budget = self.options.max_timer_fires_per_step
         fired: dict[bytes, int] = {}
         while st.timers:
@@ -461,7 +633,9 @@ class ColumnarRunner:
                 continue
             except _CallFailed as failed:
                 self._fail(failed.exc)
-            firing = list(zip(f_kb.tolist(), f_tag.tolist(), f_ts.tolist(), f_d.tolist(), strict=True))
+            firing = list(
+                zip(f_kb.tolist(), f_tag.tolist(), f_ts.tolist(), f_d.tolist(), strict=True)
+            )
             by_key: dict[bytes, list[Any]] = {}
             for item in firing:
                 by_key.setdefault(item[0], []).append(item)
@@ -474,25 +648,52 @@ class ColumnarRunner:
                     pass
                 for item in items:
                     try:
-                        self._call(st, [kb], key_of, None, _timer_frame_of([item], key_of), lw, now, out)
+                        self._call(
+                            st, [kb], key_of, None, _timer_frame_of([item], key_of), lw, now, out
+                        )
                         c["timers_fired"] += 1
                     except _CallFailed as failed:  # the timer stays deleted: it is dead-lettered
                         timer = Timer(item[1], item[2], TimeDomain(item[3]))
-                        dead.append(self._dead_letter(key_of[kb], failed.exc, Stage.PROCESS_TIMER, None, timer, now))
+                        dead.append(
+                            self._dead_letter(
+                                key_of[kb], failed.exc, Stage.PROCESS_TIMER, None, timer, now
+                            )
+                        )
 
-    def _dead_letter(self, key: Key, exc: BaseException, stage: str, rec: Record | None, timer: Timer | None, now: int) -> Production | None:
+    def _dead_letter(
+        self,
+        key: Key,
+        exc: BaseException,
+        stage: str,
+        rec: Record | None,
+        timer: Timer | None,
+        now: int,
+    ) -> Production | None:
         """As ``StepRunner._dead_letter``: the same ids for the same failure."""
         if rec is not None and rec.stream == DEAD_LETTER_STREAM:
             return None
-        letter = DeadLetter(stage, reason_of(exc), computation=self.name, stream=rec.stream if rec else None, key=key, record=rec, timer=timer)
+        letter = DeadLetter(
+            stage,
+            reason_of(exc),
+            computation=self.name,
+            stream=rec.stream if rec else None,
+            key=key,
+            record=rec,
+            timer=timer,
+        )
         parts: tuple[Any, ...]
         if timer is not None:
             ts, parts = timer.timestamp, (key, timer.tag, timer.timestamp, int(timer.domain))
         else:
-            ts, parts = (rec.timestamp if rec is not None else now), (rec.id if rec is not None else key,)
+            ts, parts = (
+                (rec.timestamp if rec is not None else now),
+                (rec.id if rec is not None else key,),
+            )
         return Production(DEAD_LETTER_STREAM, dead_letter_record(letter, ts, *parts))
 
-    def acknowledge(self, store: Any, ids: Iterable[str] | None = None) -> tuple[Any, dict[bytes, tuple[int | None, int | None, int | None]]]:
+    def acknowledge(
+        self, store: Any, ids: Iterable[str] | None = None
+    ) -> tuple[Any, dict[bytes, tuple[int | None, int | None, int | None]]]:
         """Drop delivered strong productions (all if ``ids`` is None); the new store (a
         decoded one: itself, changed) and the summaries of their keys."""
         st = ColumnarStore.of(store, self.options)
@@ -513,7 +714,9 @@ class ColumnarRunner:
         out = []
         for stream, kb, enc, ts, rid in st.pending:
             key = decode_key(kb)
-            out.append((kb, Production(stream, Record(key, decode_value(enc), ts, rid, stream), enc)))
+            out.append(
+                (kb, Production(stream, Record(key, decode_value(enc), ts, rid, stream), enc))
+            )
         return out
 
 
@@ -525,21 +728,39 @@ def _values(recs: InputColumns, il: list[int], done: list[Any] | None) -> list[A
     return [decode_cell(v) for v in vs] if recs.encoded else vs
 
 
-def _timer_frame(kb: np.ndarray, tag: np.ndarray, ts: np.ndarray, d: np.ndarray, key_of: dict[bytes, Key]) -> tuple[pd.DataFrame, list[bytes]]:
+def _timer_frame(
+    kb: np.ndarray, tag: np.ndarray, ts: np.ndarray, d: np.ndarray, key_of: dict[bytes, Key]
+) -> tuple[pd.DataFrame, list[bytes]]:
     """The frame of timers firing (grouped by key) and its keys, in order."""
     codes, order = factorize(kb)
     keys = [key_of[k] for k in order]
-    frame = pd.DataFrame({"key": _key_column(codes, keys, _categories(keys)), "tag": tag.tolist(), "timestamp": ts.astype(np.int64), "domain": d.astype(np.int8)})
+    frame = pd.DataFrame(
+        {
+            "key": _key_column(codes, keys, _categories(keys)),
+            "tag": tag.tolist(),
+            "timestamp": ts.astype(np.int64),
+            "domain": d.astype(np.int8),
+        }
+    )
     return frame, order
 
 
-def _timer_frame_of(items: list[tuple[bytes, str, int, int]], key_of: dict[bytes, Key]) -> pd.DataFrame:
+def _timer_frame_of(
+    items: list[tuple[bytes, str, int, int]], key_of: dict[bytes, Key]
+) -> pd.DataFrame:
     """:func:`_timer_frame` of ``(key, tag, timestamp, domain)`` items."""
     kb, tag, ts, d = (np.array(c, dtype=object) for c in zip(*items, strict=True))
     return _timer_frame(kb, tag, ts.astype(np.int64), d.astype(np.int8), key_of)[0]
 
 
 __all__ = [
-    "STORE_MAGIC", "STORE_VERSION", "Batch", "ColumnarComputation", "ColumnarResult", "ColumnarRunner", "ColumnarStore",
-    "InputColumns", "is_columnar",
+    "STORE_MAGIC",
+    "STORE_VERSION",
+    "Batch",
+    "ColumnarComputation",
+    "ColumnarResult",
+    "ColumnarRunner",
+    "ColumnarStore",
+    "InputColumns",
+    "is_columnar",
 ]

@@ -41,7 +41,13 @@ class KeyContext(Protocol):
     def hold_watermark(self, timestamp: int | None) -> None: ...
 
     def produce(
-        self, stream: str, value: Any, timestamp: int | None, key: Key | None, once_id: str | None = None, once_tentative: bool = False
+        self,
+        stream: str,
+        value: Any,
+        timestamp: int | None,
+        key: Key | None,
+        once_id: str | None = None,
+        once_tentative: bool = False,
     ) -> None: ...
 
 
@@ -140,7 +146,9 @@ class TimerFamily:
     ('close:ann', 'ann')
     """
 
-    def __init__(self, domain: TimeDomain = TimeDomain.LOW_WATERMARK, *, tag: str | None = None) -> None:
+    def __init__(
+        self, domain: TimeDomain = TimeDomain.LOW_WATERMARK, *, tag: str | None = None
+    ) -> None:
         """``tag``: the family's part of its timers' tags (default: the attribute's name), to
         keep the tags of timers that runs already hold when a family is renamed."""
         self.domain = domain
@@ -283,7 +291,9 @@ class Computation:
         """The input low watermark (§4.5): no future input record is older, barring late data."""
         return self._ctx.low_watermark
 
-    def set_timer(self, tag: str, timestamp: int, domain: TimeDomain = TimeDomain.LOW_WATERMARK) -> None:
+    def set_timer(
+        self, tag: str, timestamp: int, domain: TimeDomain = TimeDomain.LOW_WATERMARK
+    ) -> None:
         """Set (or replace: same tag) a timer for this key (§4.6, Fig. 7 ``SetTimer``).
 
         A low-watermark timer fires once the input low watermark reaches ``timestamp`` and

@@ -93,7 +93,9 @@ class StepMetrics:
         return cls(**{k: int(v) for k, v in counts.items()})
 
 
-assert tuple(COUNTERS) == StepMetrics.names(), "COUNTERS and StepMetrics list the same counters in the same order"
+assert tuple(COUNTERS) == StepMetrics.names(), (
+    "COUNTERS and StepMetrics list the same counters in the same order"
+)
 
 
 def _straight_add() -> Callable[[StepMetrics, StepMetrics], None]:

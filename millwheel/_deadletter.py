@@ -106,7 +106,9 @@ def dead_letter_record(letter: DeadLetter, timestamp: int, *parts: Any) -> Recor
     return Record(letter.key, letter, timestamp, rid, DEAD_LETTER_STREAM)
 
 
-def malformed_line(injector: str, stream: str, file: str, offset: int, reason: str, line: bytes, timestamp: int) -> Record:
+def malformed_line(
+    injector: str, stream: str, file: str, offset: int, reason: str, line: bytes, timestamp: int
+) -> Record:
     """The dead letter of a log line that is not a record.
 
     Its timestamp is the file's time (see :func:`millwheel.file_time`), the same on both
@@ -114,7 +116,15 @@ def malformed_line(injector: str, stream: str, file: str, offset: int, reason: s
     what the injector low watermark is held at while the file is read.
     """
     text = _line_text(line)
-    letter = DeadLetter(Stage.MALFORMED, reason, injector=injector, stream=stream, file=file, offset=offset, line=text)
+    letter = DeadLetter(
+        Stage.MALFORMED,
+        reason,
+        injector=injector,
+        stream=stream,
+        file=file,
+        offset=offset,
+        line=text,
+    )
     return dead_letter_record(letter, timestamp, file, offset)
 
 
@@ -123,7 +133,16 @@ def _line_text(line: bytes) -> str:
     return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
 
 
-def implausible_line(injector: str, stream: str, file: str, offset: int, reason: str, line: bytes, record: Record, timestamp: int) -> Record:
+def implausible_line(
+    injector: str,
+    stream: str,
+    file: str,
+    offset: int,
+    reason: str,
+    line: bytes,
+    record: Record,
+    timestamp: int,
+) -> Record:
     """The dead letter of a log line whose timestamp is implausible (``_logplan.plausible_bounds``).
 
     The record as read (its id, value and timestamp) is kept in the letter, so a consumer
@@ -132,6 +151,13 @@ def implausible_line(injector: str, stream: str, file: str, offset: int, reason:
     """
     text = _line_text(line)
     letter = DeadLetter(
-        Stage.IMPLAUSIBLE_TIMESTAMP, reason, injector=injector, stream=stream, record=record, file=file, offset=offset, line=text
+        Stage.IMPLAUSIBLE_TIMESTAMP,
+        reason,
+        injector=injector,
+        stream=stream,
+        record=record,
+        file=file,
+        offset=offset,
+        line=text,
     )
     return dead_letter_record(letter, timestamp, file, offset)

@@ -95,13 +95,23 @@ def record_problem(record: Any) -> str | None:
 def invalid_record(injector: str, stream: str, record: Any, problem: str, seq: int) -> Record:
     """The dead letter of a record refused at an injector boundary (``seq``: its position)."""
     rec = record if isinstance(record, Record) else None
-    ts = rec.timestamp if rec is not None and type(rec.timestamp) is int and MIN_TIMESTAMP < rec.timestamp < MAX_TIMESTAMP else MIN_TIMESTAMP
+    ts = (
+        rec.timestamp
+        if rec is not None
+        and type(rec.timestamp) is int
+        and MIN_TIMESTAMP < rec.timestamp < MAX_TIMESTAMP
+        else MIN_TIMESTAMP
+    )
     letter = DeadLetter(Stage.INVALID_RECORD, problem, injector=injector, stream=stream, record=rec)
     return dead_letter_record(letter, ts, short_repr(getattr(rec, "id", None)), seq)
 
 
 def key_record(
-    consumer: str, stream: str, extractor: Callable[[Record], Any], record: Record, on_error: ErrorPolicy = ErrorPolicy.DEAD_LETTER
+    consumer: str,
+    stream: str,
+    extractor: Callable[[Record], Any],
+    record: Record,
+    on_error: ErrorPolicy = ErrorPolicy.DEAD_LETTER,
 ) -> tuple[Record | None, Record | None]:
     """Apply ``consumer``'s key extractor for ``stream`` to ``record`` (§4.2).
 
@@ -130,7 +140,9 @@ def key_record(
     if on_error is ErrorPolicy.RAISE:
         msg = f"computation {consumer!r}: its key extractor failed: {why} (stream {stream!r}, record {record.id!r})"
         raise KeyExtractorError(msg)
-    letter = DeadLetter(Stage.KEY_EXTRACTOR, why, computation=consumer, stream=stream, record=record)
+    letter = DeadLetter(
+        Stage.KEY_EXTRACTOR, why, computation=consumer, stream=stream, record=record
+    )
     return None, dead_letter_record(letter, record.timestamp, record.id)
 
 
@@ -161,9 +173,14 @@ def plan_steps(items: Sequence[tuple[Record, int | None]], low_watermark: int) -
     w0 = items[0][1]
     if all(w == w0 for _, w in items) and all(r.stream != DEAD_LETTER_STREAM for r, _ in items):
         # the common case, without the general path's bookkeeping: one arrival watermark, one run
-        return [StepInput([r for r, _ in items], low_watermark, low_watermark if w0 is None else w0)]
+        return [
+            StepInput([r for r, _ in items], low_watermark, low_watermark if w0 is None else w0)
+        ]
     # dead letters are never late: they record that something failed, whenever it happens
-    late = [MIN_TIMESTAMP if r.stream == DEAD_LETTER_STREAM else low_watermark if w is None else w for r, w in items]
+    late = [
+        MIN_TIMESTAMP if r.stream == DEAD_LETTER_STREAM else low_watermark if w is None else w
+        for r, w in items
+    ]
     order = list(range(len(items)))
     if any(w != late[0] for w in late):
         order.sort(key=late.__getitem__)  # stable
@@ -179,7 +196,9 @@ def plan_steps(items: Sequence[tuple[Record, int | None]], low_watermark: int) -
     return runs
 
 
-def timers_due(next_low_watermark_timer: int | None, next_wall_timer: int | None, low_watermark: int, now: int) -> bool:
+def timers_due(
+    next_low_watermark_timer: int | None, next_wall_timer: int | None, low_watermark: int, now: int
+) -> bool:
     """Whether a key whose earliest timers are these has one to fire (§4.6)."""
     return (next_low_watermark_timer is not None and next_low_watermark_timer <= low_watermark) or (
         next_wall_timer is not None and next_wall_timer <= now
@@ -213,13 +232,24 @@ class KeyOutcome:
 
     @property
     def keeps_nothing_to_schedule(self) -> bool:
-        return self.hold is None and self.next_low_watermark_timer is None and self.next_wall_timer is None
+        return (
+            self.hold is None
+            and self.next_low_watermark_timer is None
+            and self.next_wall_timer is None
+        )
 
 
 def run_key(
-    runner: StepRunner, key: Key, envelope: bytes | None, items: Sequence[tuple[Record, int | None]],
-    *, low_watermark: int, now: int, metrics: StepMetrics, life: int | None = None,
-) -> KeyOutcome:  # fmt: skip
+    runner: StepRunner,
+    key: Key,
+    envelope: bytes | None,
+    items: Sequence[tuple[Record, int | None]],
+    *,
+    low_watermark: int,
+    now: int,
+    metrics: StepMetrics,
+    life: int | None = None,
+) -> KeyOutcome:
     """The per-key loop of both backends: ``items`` (a key's delivered ``(record, arrival
     watermark)`` pairs in send order; none: a timer is due) cut by :func:`plan_steps` and
     run through :meth:`StepRunner.step` one call after the other, the envelope of each the
@@ -230,21 +260,35 @@ def run_key(
     forgotten = 0
     for call in plan_steps(items, low_watermark):
         res = runner.step(
-            key, out.envelope, call.records, low_watermark=call.low_watermark, now=now, late_watermark=call.late_watermark,
+            key,
+            out.envelope,
+            call.records,
+            low_watermark=call.low_watermark,
+            now=now,
+            late_watermark=call.late_watermark,
             life=call_life(life, forgotten),
-        )  # fmt: skip
+        )
         out.envelope = res.envelope
         forgotten += res.envelope is None
         metrics.add(res.metrics)
         out.productions += res.productions
         out.dead_letters += res.dead_letters
     if res is not None and out.envelope is not None:
-        out.hold, out.next_low_watermark_timer, out.next_wall_timer = res.hold, res.next_low_watermark_timer, res.next_wall_timer
+        out.hold, out.next_low_watermark_timer, out.next_wall_timer = (
+            res.hold,
+            res.next_low_watermark_timer,
+            res.next_wall_timer,
+        )
     return out
 
 
 def commit_once(
-    productions: Sequence[tuple[Key | None, Production]], registry: OnceRegistry | None, *, pipeline: str, computation: str, metrics: StepMetrics
+    productions: Sequence[tuple[Key | None, Production]],
+    registry: OnceRegistry | None,
+    *,
+    pipeline: str,
+    computation: str,
+    metrics: StepMetrics,
 ) -> OnceOutcome:
     """A round's ``once_id`` productions committed to the IdRegistry in one call (Photon §2),
     counted in ``metrics`` (``once_committed``, ``once_conflicts`` and the dead letters of
@@ -265,4 +309,8 @@ def low_watermark(oldest_work: int | None, input_low_watermark: int) -> int:
     >>> low_watermark(None, 5_000), low_watermark(3_000, 5_000), low_watermark(7_000, 5_000)
     (5000, 3000, 5000)
     """
-    return input_low_watermark if oldest_work is None or oldest_work > input_low_watermark else oldest_work
+    return (
+        input_low_watermark
+        if oldest_work is None or oldest_work > input_low_watermark
+        else oldest_work
+    )

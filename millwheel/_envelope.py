@@ -103,9 +103,22 @@ class DedupIndex:
     """
 
     __slots__ = (
-        "blob", "count", "min_ts", "bloom_bytes", "capacity", "_bloom", "_exact",
-        "_new_ids", "_new_ts", "_new_fps", "_new_set", "_new_in_order", "_repeats", "_checked", "legacy",
-    )  # fmt: skip
+        "blob",
+        "count",
+        "min_ts",
+        "bloom_bytes",
+        "capacity",
+        "_bloom",
+        "_exact",
+        "_new_ids",
+        "_new_ts",
+        "_new_fps",
+        "_new_set",
+        "_new_in_order",
+        "_repeats",
+        "_checked",
+        "legacy",
+    )
 
     def __init__(
         self,
@@ -144,8 +157,15 @@ class DedupIndex:
                     for chunk in unpacker:
                         exact.update(chunk)
                 else:
-                    for ids, ts in unpacker:  # a chunk's timestamp; a list of them: written before chunks had one
-                        exact.update(dict.fromkeys(ids, ts) if type(ts) is int else zip(ids, ts, strict=True))
+                    for (
+                        ids,
+                        ts,
+                    ) in (
+                        unpacker
+                    ):  # a chunk's timestamp; a list of them: written before chunks had one
+                        exact.update(
+                            dict.fromkeys(ids, ts) if type(ts) is int else zip(ids, ts, strict=True)
+                        )
             self._exact = exact
         return self._exact
 
@@ -159,7 +179,9 @@ class DedupIndex:
             self._new_set = set(self._new_ids)
         return self._new_set
 
-    def admit(self, ids: list[str], timestamps: list[int], stats: DedupStats, in_order: bool = False) -> list[bool] | None:
+    def admit(
+        self, ids: list[str], timestamps: list[int], stats: DedupStats, in_order: bool = False
+    ) -> list[bool] | None:
         """Check a step's record ids in one call and remember the new ones (§6.1.1).
 
         Returns ``None`` when every id is new (the common case), else a list saying which
@@ -176,7 +198,11 @@ class DedupIndex:
         self._checked += n
         self._new_in_order = in_order and not self._new_ids
         unique = len(set(ids)) == n
-        earlier = self._new_set if self._new_set is not None else (set(self._new_ids) if self._new_ids else None)
+        earlier = (
+            self._new_set
+            if self._new_set is not None
+            else (set(self._new_ids) if self._new_ids else None)
+        )
         fps = None
         stored: set[str] | None = None  # ids of this step kept by an earlier one
         if self.count == 0:
@@ -248,7 +274,10 @@ class DedupIndex:
         if self.bloom_bytes is None:
             return None if rid in self._exact_ids() else fp
         bloom = self._bloom_filter()
-        if bloom is not None and (legacy_fingerprint(rid) if self.legacy else fp) not in bloom._bloom:
+        if (
+            bloom is not None
+            and (legacy_fingerprint(rid) if self.legacy else fp) not in bloom._bloom
+        ):
             return fp
         stats.bloom_maybe += 1
         if self._stored(rid):
@@ -281,7 +310,14 @@ class DedupIndex:
         return out
 
     # -- writing -----------------------------------------------------------------
-    def finish(self, horizon: int, fpr: float, fixed_capacity: int | None, gc_interval_ms: int, stats: DedupStats) -> None:
+    def finish(
+        self,
+        horizon: int,
+        fpr: float,
+        fixed_capacity: int | None,
+        gc_interval_ms: int,
+        stats: DedupStats,
+    ) -> None:
         """Fold this step's new ids in, and collect ids older than ``horizon``.
 
         Ids are stored in chunks of one timestamp (:func:`_chunks`): the newest of the ids
@@ -294,8 +330,18 @@ class DedupIndex:
         self._checked = 0
         if total == 0:
             return
-        blob, stamps, chunk_min = _chunks(new_ids, self._new_ts, gc_interval_ms, self._new_in_order) if new_ids else (b"", [], None)
-        min_ts = self.min_ts if chunk_min is None else chunk_min if self.min_ts is None else min(self.min_ts, chunk_min)
+        blob, stamps, chunk_min = (
+            _chunks(new_ids, self._new_ts, gc_interval_ms, self._new_in_order)
+            if new_ids
+            else (b"", [], None)
+        )
+        min_ts = (
+            self.min_ts
+            if chunk_min is None
+            else chunk_min
+            if self.min_ts is None
+            else min(self.min_ts, chunk_min)
+        )
         needs_gc = min_ts is not None and horizon > min_ts + gc_interval_ms
         needs_grow = (fixed_capacity is None and total > self.capacity) or self.legacy
         unfiltered = self.bloom_bytes is None
@@ -303,7 +349,12 @@ class DedupIndex:
             # a key's first ids (or the first after all were collected): nothing to merge
             self._exact = None
             self._build(new_ids, blob, chunk_min, fpr, fixed_capacity, limit)
-        elif unfiltered and total <= limit and fixed_capacity is None and not (needs_gc or self.legacy or self._repeats):
+        elif (
+            unfiltered
+            and total <= limit
+            and fixed_capacity is None
+            and not (needs_gc or self.legacy or self._repeats)
+        ):
             # a key with few ids keeps no filter: its new chunk is appended, the others are
             # not re-read (the exact ids are parsed only if the step's check needed them)
             self._append(blob, stamps)
@@ -318,7 +369,9 @@ class DedupIndex:
                 exact = {rid: ts for rid, ts in exact.items() if ts >= horizon}
                 stats.ids_collected += before - len(exact)
             ids = list(exact)
-            kept_blob, _, kept_min = _chunks(ids, list(exact.values()), gc_interval_ms) if ids else (b"", [], None)
+            kept_blob, _, kept_min = (
+                _chunks(ids, list(exact.values()), gc_interval_ms) if ids else (b"", [], None)
+            )
             self._build(ids, kept_blob, kept_min, fpr, fixed_capacity, limit)
             self._exact = exact
         elif needs_grow or unfiltered:
@@ -338,7 +391,14 @@ class DedupIndex:
                     self._exact.update(zip(new_ids, stamps, strict=True))
             self.count = total
             self.min_ts = min_ts
-        self._new_ids, self._new_ts, self._new_fps, self._new_set, self._new_in_order, self._repeats = [], [], [], None, False, False
+        (
+            self._new_ids,
+            self._new_ts,
+            self._new_fps,
+            self._new_set,
+            self._new_in_order,
+            self._repeats,
+        ) = [], [], [], None, False, False
 
     def _append(self, blob: bytes, stamps: list[int]) -> None:
         """Append the step's new chunks (``blob``; ``stamps``: each new id's stored timestamp)."""
@@ -347,7 +407,15 @@ class DedupIndex:
             if self._exact is not None:
                 self._exact.update(zip(self._new_ids, stamps, strict=True))
 
-    def _build(self, ids: list[str], blob: bytes, min_ts: int | None, fpr: float, fixed_capacity: int | None, limit: int = SMALL_IDS) -> None:
+    def _build(
+        self,
+        ids: list[str],
+        blob: bytes,
+        min_ts: int | None,
+        fpr: float,
+        fixed_capacity: int | None,
+        limit: int = SMALL_IDS,
+    ) -> None:
         """Keep ``ids`` (distinct, encoded as ``blob``) as the whole id list, with a filter
         over them (:meth:`_filter`)."""
         self.legacy = False
@@ -357,9 +425,18 @@ class DedupIndex:
             self.bloom_bytes, self.capacity, self._bloom = None, 0, None
             self._exact = {}
             return
-        self._filter(ids, self._new_fps if ids is self._new_ids else None, fpr, fixed_capacity, limit)
+        self._filter(
+            ids, self._new_fps if ids is self._new_ids else None, fpr, fixed_capacity, limit
+        )
 
-    def _filter(self, ids: list[str], fps: list[int] | None, fpr: float, fixed_capacity: int | None, limit: int) -> None:
+    def _filter(
+        self,
+        ids: list[str],
+        fps: list[int] | None,
+        fpr: float,
+        fixed_capacity: int | None,
+        limit: int,
+    ) -> None:
         """A Bloom filter over ``ids`` (every id kept; ``fps``: their fingerprints if known);
         none for at most ``limit`` ids unless the capacity is fixed."""
         if fixed_capacity is None and len(ids) <= limit:
@@ -385,7 +462,9 @@ class DedupIndex:
         return cls(blob, count, min_ts, bloom_bytes, capacity, legacy=version < 3)
 
 
-def _chunks(ids: list[str], timestamps: list[int], gc_interval_ms: int, in_order: bool = False) -> tuple[bytes, list[int], int]:
+def _chunks(
+    ids: list[str], timestamps: list[int], gc_interval_ms: int, in_order: bool = False
+) -> tuple[bytes, list[int], int]:
     """``ids`` as msgpack chunks ``[ids, timestamp]``, one per ``gc_interval_ms`` bucket of
     their timestamps (in bucket order), each under the newest of its ids; returns the bytes,
     each id's stored timestamp and the oldest chunk's (``in_order``: ``timestamps`` is known sorted)."""
@@ -399,7 +478,9 @@ def _chunks(ids: list[str], timestamps: list[int], gc_interval_ms: int, in_order
     return _chunks_by_dict(ids, timestamps, width)
 
 
-def _chunks_sorted(ids: list[str], timestamps: list[int], width: int) -> tuple[bytes, list[int], int]:
+def _chunks_sorted(
+    ids: list[str], timestamps: list[int], width: int
+) -> tuple[bytes, list[int], int]:
     """:func:`_chunks` of ids whose timestamps are sorted: each bucket is a slice, found by
     bisection (Python work per bucket, not per id)."""
     n = len(ids)
@@ -415,7 +496,9 @@ def _chunks_sorted(ids: list[str], timestamps: list[int], width: int) -> tuple[b
     return b"".join(parts), stamps, stamps[0]
 
 
-def _chunks_by_dict(ids: list[str], timestamps: list[int], width: int) -> tuple[bytes, list[int], int]:
+def _chunks_by_dict(
+    ids: list[str], timestamps: list[int], width: int
+) -> tuple[bytes, list[int], int]:
     """:func:`_chunks` of ids in any order."""
     buckets: dict[int, tuple[list[str], list[int]]] = {}
     for rid, ts in zip(ids, timestamps, strict=True):
@@ -430,7 +513,11 @@ def _chunks_by_dict(ids: list[str], timestamps: list[int], width: int) -> tuple[
         top = max(b_ts)
         parts.append(_packb([b_ids, top]))
         stamps_of.update(dict.fromkeys(b_ids, top))
-    return b"".join(parts), [stamps_of[rid] for rid in ids], min(max(b_ts) for _, b_ts in buckets.values())
+    return (
+        b"".join(parts),
+        [stamps_of[rid] for rid in ids],
+        min(max(b_ts) for _, b_ts in buckets.values()),
+    )
 
 
 @dataclass(slots=True)
@@ -488,7 +575,16 @@ class Envelope:
         for tag, (ts, domain) in self.timers.items():
             timers += (tag, ts, domain)
         pending = [[p.stream, p.key, p.value, p.timestamp, p.id] for p in self.pending]
-        wire = [ENVELOPE_VERSION, self.state, timers, pending, self.seq, self.dedup.to_wire(), self.held, self.life]
+        wire = [
+            ENVELOPE_VERSION,
+            self.state,
+            timers,
+            pending,
+            self.seq,
+            self.dedup.to_wire(),
+            self.held,
+            self.life,
+        ]
         if self.life is None or self.dedup.legacy:
             # without a life: version 3; an index still in the version 2 form (no step has
             # rewritten it yet: an envelope from before lives) is written as such
@@ -528,4 +624,3 @@ class Envelope:
             held=held,
             life=life,
         )
-

@@ -39,7 +39,13 @@ FIELDS_COLUMN = "fields"
 #: a columnar computation asks for one field of the values with ``record_columns = (..., "value.<field>")``
 FIELD_PREFIX = "value."
 
-_ARROW = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_(), bytes: pa.binary()}
+_ARROW = {
+    str: pa.string(),
+    int: pa.int64(),
+    float: pa.float64(),
+    bool: pa.bool_(),
+    bytes: pa.binary(),
+}
 _SPARK = {str: "string", int: "bigint", float: "double", bool: "boolean", bytes: "binary"}
 _NAMES = {str: "str", int: "int", float: "float", bool: "bool", bytes: "bytes"}
 #: the pandas dtype of a ``value.<field>`` column of a declared field (``object``: undeclared)
@@ -87,7 +93,11 @@ class StreamFields:
         for (k, v), name, t in zip(value.items(), self.names, self.types, strict=True):
             if k != name:
                 return False
-            if v is not None and (type(v) is not t or (t is int and not _fits_int64(v)) or (isinstance(v, str) and not utf8_text(v))):
+            if v is not None and (
+                type(v) is not t
+                or (t is int and not _fits_int64(v))
+                or (isinstance(v, str) and not utf8_text(v))
+            ):
                 return False  # (a str with a lone surrogate has no Arrow form: it is pickled)
         return True
 
@@ -95,11 +105,21 @@ class StreamFields:
     def arrow_type(self, names: Iterable[str] | None = None) -> pa.StructType:
         """The struct type of the ``fields`` column (or of the ``names`` among them)."""
         keep = self.names if names is None else tuple(names)
-        return pa.struct([pa.field(n, _ARROW[t]) for n, t in zip(self.names, self.types, strict=True) if n in keep])
+        return pa.struct(
+            [
+                pa.field(n, _ARROW[t])
+                for n, t in zip(self.names, self.types, strict=True)
+                if n in keep
+            ]
+        )
 
     def spark_ddl(self) -> str:
         """The ``fields`` column as a Spark DDL type."""
-        return "struct<" + ", ".join(f"`{n}`: {_SPARK[t]}" for n, t in zip(self.names, self.types, strict=True)) + ">"
+        return (
+            "struct<"
+            + ", ".join(f"`{n}`: {_SPARK[t]}" for n, t in zip(self.names, self.types, strict=True))
+            + ">"
+        )
 
     def split(self, values: Sequence[Any]) -> tuple[pa.StructArray, list[bytes | None]]:
         """The ``fields`` and ``value`` columns of ``values``: a conforming value as the
@@ -116,7 +136,9 @@ class StreamFields:
         return pa.array(rows, self.arrow_type()), encoded  # type: ignore[return-value]
 
 
-def split_values(fields: StreamFields | None, streams: Sequence[str] | str, stream: str, values: Sequence[Any]) -> tuple[pa.Array, pa.StructArray | None]:
+def split_values(
+    fields: StreamFields | None, streams: Sequence[str] | str, stream: str, values: Sequence[Any]
+) -> tuple[pa.Array, pa.StructArray | None]:
     """The ``value`` column of a stream-log table, and its ``fields`` column when
     ``stream`` declares ``fields``: rows of another stream (``streams``, one per row or
     one for all: dead letters next to the records) are pickled."""
@@ -124,7 +146,9 @@ def split_values(fields: StreamFields | None, streams: Sequence[str] | str, stre
         return pa.array([encode_value(v) for v in values], pa.binary()), None
     if isinstance(streams, str):
         if streams != stream:
-            return pa.array([encode_value(v) for v in values], pa.binary()), pa.nulls(len(values), fields.arrow_type())  # type: ignore[return-value]
+            return pa.array([encode_value(v) for v in values], pa.binary()), pa.nulls(
+                len(values), fields.arrow_type()
+            )  # type: ignore[return-value]
         arr, enc = fields.split(values)
         return pa.array(enc, pa.binary()), arr
     mine = [s == stream for s in streams]
@@ -186,10 +210,16 @@ def field_column(values: Sequence[Any], name: str, typ: type | None) -> pd.Serie
     if typ is None:
         return pd.Series(raw, dtype="object")
     if typ is float:
-        out = np.fromiter((float(x) if type(x) in (float, int) else np.nan for x in raw), np.float64, len(raw))
+        out = np.fromiter(
+            (float(x) if type(x) in (float, int) else np.nan for x in raw), np.float64, len(raw)
+        )
         return pd.Series(out, dtype="float64")
     ok = [x if type(x) is typ and (typ is not int or _fits_int64(x)) else None for x in raw]
-    return pd.Series(pd.array(ok, dtype=_DTYPES[typ])) if typ in (int, bool) else pd.Series(ok, dtype="object")
+    return (
+        pd.Series(pd.array(ok, dtype=_DTYPES[typ]))
+        if typ in (int, bool)
+        else pd.Series(ok, dtype="object")
+    )
 
 
 def _fits_int64(x: Any) -> bool:

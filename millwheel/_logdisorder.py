@@ -35,7 +35,13 @@ Others = Callable[[], Iterable[tuple[str, int]]]
 
 
 def measure(
-    p: Any, data: bytes, values: list[int], ts_field: str, id_field: str, full: str, others: Others | None
+    p: Any,
+    data: bytes,
+    values: list[int],
+    ts_field: str,
+    id_field: str,
+    full: str,
+    others: Others | None,
 ) -> tuple[int | None, int, int | None]:
     """``(newest, behind, early)`` of file progress ``p`` after the bytes ``data`` (read from
     ``p.pos``; ``values``: the plan's scan of their plausible timestamps), with ``behind``
@@ -51,7 +57,9 @@ def measure(
         return p.newest, p.behind, p.early if p.time is None else (p.early or 0)
     newest: int = values[0] if p.newest is None else p.newest
     v = np.asarray(values, dtype=np.int64)
-    before = np.maximum.accumulate(np.concatenate((np.array([newest], np.int64), v[:-1])))  # the newest before each record
+    before = np.maximum.accumulate(
+        np.concatenate((np.array([newest], np.int64), v[:-1]))
+    )  # the newest before each record
     d_behind = np.maximum(before - v, 0)
     d_early = np.maximum(p.time - v, 0) if p.time is not None else np.zeros(len(v), np.int64)
     newest = max(newest, int(v.max()))
@@ -66,7 +74,9 @@ def measure(
             if i not in copies:
                 lookups[0] += 1
                 found = lines.line(i) if lookups[0] <= MAX_LOOKUPS else None
-                copies[i] = found is not None and _read_before(found[1], id_field, full, p.pos + found[0], others)
+                copies[i] = found is not None and _read_before(
+                    found[1], id_field, full, p.pos + found[0], others
+                )
             return not copies[i]
 
         for measured in (d_behind, d_early):
@@ -97,7 +107,13 @@ class _Lines:
         """``(offset in data, line)`` of the ``i``-th plausible timestamp."""
         data, value = self.data, int(self.values[i])
         same = self.values == value
-        rx = re.compile(rb'"' + re.escape(self.ts_field.encode()) + rb'"\s*:\s*' + str(value).encode() + rb"\s*[,}]")
+        rx = re.compile(
+            rb'"'
+            + re.escape(self.ts_field.encode())
+            + rb'"\s*:\s*'
+            + str(value).encode()
+            + rb"\s*[,}]"
+        )
         hits = [m.start() for m in rx.finditer(data)]
         if len(hits) != int(np.count_nonzero(same)):
             return None
@@ -118,7 +134,10 @@ def _read_before(line: bytes, id_field: str, full: str, at: int, others: Others 
     if type(rid) is not str or not rid:
         return False  # no id: the record's id is its file and offset, which no copy shares
     key = re.escape(json.dumps(id_field).encode())
-    spelled = {json.dumps(rid).encode(), json.dumps(rid, ensure_ascii=False).encode("utf-8", "surrogatepass")}
+    spelled = {
+        json.dumps(rid).encode(),
+        json.dumps(rid, ensure_ascii=False).encode("utf-8", "surrogatepass"),
+    }
     rx = re.compile(key + rb"\s*:\s*(?:" + b"|".join(re.escape(s) for s in spelled) + rb")")
     budget = SEARCH_BYTES
     for path, upto in [(full, at), *(others() if others is not None else ())]:

@@ -43,7 +43,6 @@ make the same dead letters and send them under the same injector low watermark.
 ('malformed_line', 'broken JSON', 50)
 """
 
-
 from __future__ import annotations
 
 import os
@@ -115,13 +114,25 @@ def read_range(opts: ReadOptions, r: ByteRange, injector: str, stream: str) -> C
         fh.seek(r.begin)
         data = fh.read(r.end - r.begin)
     return parse_chunk(
-        data, start=r.begin, file=r.name, file_time=r.file_time, injector=injector, stream=stream,
-        id_field=opts.id_field, ts_field=opts.ts_field, bounds=(r.lo, r.hi),
-    )  # fmt: skip
+        data,
+        start=r.begin,
+        file=r.name,
+        file_time=r.file_time,
+        injector=injector,
+        stream=stream,
+        id_field=opts.id_field,
+        ts_field=opts.ts_field,
+        bounds=(r.lo, r.hi),
+    )
 
 
 def batches_between(
-    opts: ReadOptions, start: dict[str, Any], end: dict[str, Any], injector: str, stream: str, counts: Counter[str] | None = None
+    opts: ReadOptions,
+    start: dict[str, Any],
+    end: dict[str, Any],
+    injector: str,
+    stream: str,
+    counts: Counter[str] | None = None,
 ) -> Iterator[SourceBatch]:
     """The source batches of the plan from offset ``start`` to ``end``: each byte range's
     records after a batch that moves the watermark to the one they are sent under, then
@@ -167,7 +178,11 @@ class LogFileSource(Source):
         finish_on_rotation: bool = True,
         max_skew_ms: int | None = DEFAULT_MAX_SKEW_MS,
     ) -> None:
-        if lateness_ms < 0 or max_bytes_per_batch < 1 or (idle_finish_ms is not None and idle_finish_ms < 0):
+        if (
+            lateness_ms < 0
+            or max_bytes_per_batch < 1
+            or (idle_finish_ms is not None and idle_finish_ms < 0)
+        ):
             msg = (
                 f"LogFileSource({os.fspath(path)!r}): lateness_ms and idle_finish_ms must be >= 0 and "
                 f"max_bytes_per_batch >= 1; got {lateness_ms}, {idle_finish_ms}, {max_bytes_per_batch}"
@@ -181,9 +196,16 @@ class LogFileSource(Source):
         #: what the latest :meth:`batches` read: ``positional_ids``, the records without an id field
         self.counts: Counter[str] = Counter()
         self.read_options = ReadOptions(
-            os.fspath(path), id_field, ts_field, idle_finish_ms, finite, lateness_ms, max_bytes_per_batch, finish_on_rotation,
+            os.fspath(path),
+            id_field,
+            ts_field,
+            idle_finish_ms,
+            finite,
+            lateness_ms,
+            max_bytes_per_batch,
+            finish_on_rotation,
             max_skew_ms,
-        )  # fmt: skip
+        )
 
     @property
     def path(self) -> str:

@@ -90,7 +90,9 @@ class MalformedLine(ValueError):
 _INT64_MIN, _INT64_MAX = MIN_TIMESTAMP, MAX_TIMESTAMP
 
 
-def parse_line(line: bytes, id_field: str, ts_field: str, file: str, offset: int) -> tuple[str, int, object]:
+def parse_line(
+    line: bytes, id_field: str, ts_field: str, file: str, offset: int
+) -> tuple[str, int, object]:
     """``(id, timestamp, value)`` of one line, or :class:`MalformedLine` with the reason."""
     try:
         value = json.loads(line)
@@ -101,7 +103,9 @@ def parse_line(line: bytes, id_field: str, ts_field: str, file: str, offset: int
     return rid, ts, value
 
 
-def _id_and_timestamp(value: object, id_field: str, ts_field: str, file: str, offset: int) -> tuple[str, int]:
+def _id_and_timestamp(
+    value: object, id_field: str, ts_field: str, file: str, offset: int
+) -> tuple[str, int]:
     """A decoded line's record id and timestamp, or :class:`MalformedLine` with the reason."""
     if not isinstance(value, dict):
         msg = f"not a JSON object: {type(value).__name__}"
@@ -111,7 +115,9 @@ def _id_and_timestamp(value: object, id_field: str, ts_field: str, file: str, of
         msg = f"missing timestamp field {ts_field!r}"
         raise MalformedLine(msg)
     if type(ts) is not int:
-        msg = f"timestamp field {ts_field!r} is not an integer (ms since the epoch): {str(ts)[:80]!r}"
+        msg = (
+            f"timestamp field {ts_field!r} is not an integer (ms since the epoch): {str(ts)[:80]!r}"
+        )
         raise MalformedLine(msg)
     if not _INT64_MIN < ts < _INT64_MAX:
         msg = f"timestamp field {ts_field!r} is outside the 64-bit range: {ts}"
@@ -122,7 +128,9 @@ def _id_and_timestamp(value: object, id_field: str, ts_field: str, file: str, of
     elif type(rid) is not str or not rid:
         msg = f"id field {id_field!r} must be a non-empty string, got {type(rid).__name__} {str(rid)[:80]!r}"
         raise MalformedLine(msg)
-    elif not utf8_text(rid):  # JSON's "\ud800": a str with no UTF-8 form, which no stream log can store
+    elif not utf8_text(
+        rid
+    ):  # JSON's "\ud800": a str with no UTF-8 form, which no stream log can store
         msg = f"id field {id_field!r} must be valid Unicode text, got {short_repr(rid)}, which holds a lone surrogate"
         raise MalformedLine(msg)
     return rid, ts
@@ -171,10 +179,18 @@ def parse_chunk(
     gc.disable()
     try:
         for offset, line, value in _lines_of(data, start):
-            if type(value) is dict:  # the common case, checked inline: an object with both fields valid
+            if (
+                type(value) is dict
+            ):  # the common case, checked inline: an object with both fields valid
                 ts = value.get(ts_field)
                 rid = value.get(id_field)
-                if type(ts) is int and lo <= ts <= hi and type(rid) is str and rid and (rid.isascii() or utf8_text(rid)):
+                if (
+                    type(ts) is int
+                    and lo <= ts <= hi
+                    and type(rid) is str
+                    and rid
+                    and (rid.isascii() or utf8_text(rid))
+                ):
                     records.append(Record(None, value, ts, rid, stream))
                     continue
             try:
@@ -183,15 +199,21 @@ def parse_chunk(
                 else:
                     rid, ts = _id_and_timestamp(value, id_field, ts_field, file, offset)
             except MalformedLine as exc:
-                dead.append(malformed_line(injector, stream, file, offset, str(exc), line, file_time))
+                dead.append(
+                    malformed_line(injector, stream, file, offset, str(exc), line, file_time)
+                )
                 continue
             record = Record(None, value, ts, rid, stream)
             if lo <= ts <= hi:
                 records.append(record)
-                positional += isinstance(value, dict) and value.get(id_field) is None  # a dict: it has a timestamp
+                positional += (
+                    isinstance(value, dict) and value.get(id_field) is None
+                )  # a dict: it has a timestamp
             else:
                 why = implausible_reason(ts, ts_field, lo, hi)
-                dead.append(implausible_line(injector, stream, file, offset, why, line, record, file_time))
+                dead.append(
+                    implausible_line(injector, stream, file, offset, why, line, record, file_time)
+                )
     finally:
         if paused:
             gc.enable()
@@ -206,7 +228,10 @@ def implausible_reason(ts: int, ts_field: str, lo: int, hi: int) -> str:
     implausible_timestamp: 'ts' is 1765458394380000 (1765458394380000 ms (after the year 9999)), later than any time plausible here (up to 2033-05-18 03:33:20); microseconds or nanoseconds where milliseconds are expected? LogFileSource(max_skew_ms=...) sets how far a record may lie from its neighbours
     """
     if ts > hi:
-        where, unit = f"later than any time plausible here (up to {timestamp_text(hi)})", "microseconds or nanoseconds"
+        where, unit = (
+            f"later than any time plausible here (up to {timestamp_text(hi)})",
+            "microseconds or nanoseconds",
+        )
     else:
         where, unit = f"earlier than any time plausible here (from {timestamp_text(lo)})", "seconds"
     return (
@@ -263,7 +288,9 @@ def _lines_of(data: bytes, start: int) -> Iterator[tuple[int, bytes, object]]:
         if not line.strip(_BLANK):
             continue
         try:
-            value, end = scan(line, len(line) - len(line.lstrip(_JSON_SPACE)) if line[0] in _BLANK else 0)
+            value, end = scan(
+                line, len(line) - len(line.lstrip(_JSON_SPACE)) if line[0] in _BLANK else 0
+            )
             if end != len(line) and line[end:].strip(_JSON_SPACE):
                 value = _UNSCANNED
         except (StopIteration, ValueError, RecursionError):
@@ -278,6 +305,10 @@ def first_timestamp(data: bytes, ts_field: str) -> int | None:
             v = json.loads(line)
         except (ValueError, RecursionError):
             continue
-        if isinstance(v, dict) and type(v.get(ts_field)) is int and _INT64_MIN < v[ts_field] < _INT64_MAX:
+        if (
+            isinstance(v, dict)
+            and type(v.get(ts_field)) is int
+            and _INT64_MIN < v[ts_field] < _INT64_MAX
+        ):
             return int(v[ts_field])
     return None

@@ -98,13 +98,19 @@ class FileProgress:
         """The progress of file ``name`` in an offset (``None``: a file not seen before)."""
         if raw is None:
             return cls(time=file_time(name))
-        if isinstance(raw, list):  # offsets from before progress had names: [pos, time, finished, reached]
+        if isinstance(
+            raw, list
+        ):  # offsets from before progress had names: [pos, time, finished, reached]
             pos, t, finished, reached = (list(raw) + [None, None, None])[:4]
             named = file_time(name)
             return cls(
-                pos=pos, time=named, oldest=t if named is None else None, reached=reached,
-                complete=bool(finished), finished=bool(finished),
-            )  # fmt: skip
+                pos=pos,
+                time=named,
+                oldest=t if named is None else None,
+                reached=reached,
+                complete=bool(finished),
+                finished=bool(finished),
+            )
         return cls(**{k: raw[k] for k in _PROGRESS_FIELDS if k in raw})
 
     @property
@@ -223,7 +229,9 @@ def timestamps(data: bytes, ts_field: str) -> list[int]:
     return [v for v in map(int, found) if MIN_TIMESTAMP < v < MAX_TIMESTAMP]
 
 
-def plausible_bounds(p: FileProgress, values: list[int], latest: int | None, skew: int | None) -> tuple[int, int]:
+def plausible_bounds(
+    p: FileProgress, values: list[int], latest: int | None, skew: int | None
+) -> tuple[int, int]:
     """The timestamps a batch's bytes of file ``p`` may carry, ``(lo, hi)``: a record outside is
     implausible — a dead letter (``implausible_timestamp``) that moves no promise and no
     watermark (MillWheel §4.5: a low watermark is only as true as the times it is built from).
@@ -262,7 +270,11 @@ def plausible_bounds(p: FileProgress, values: list[int], latest: int | None, ske
 def latest_known(files: dict[str, Any], lw: int, now_ms: int | None) -> int | None:
     """The latest time an offset knows: the newest plausible record of any of its ``files``,
     the injector low watermark ``lw`` (when a time), and the wall clock ``now_ms`` (a live source)."""
-    known = [t for t in (raw.get("newest") if isinstance(raw, dict) else None for raw in files.values()) if t is not None]
+    known = [
+        t
+        for t in (raw.get("newest") if isinstance(raw, dict) else None for raw in files.values())
+        if t is not None
+    ]
     if MIN_TIMESTAMP < lw < MAX_TIMESTAMP:
         known.append(lw)
     if now_ms is not None:
@@ -270,7 +282,15 @@ def latest_known(files: dict[str, Any], lw: int, now_ms: int | None) -> int | No
     return max(known) if known else None
 
 
-def _read_into(p: FileProgress, full: str, end: int, opts: ReadOptions, at_end: bool, latest: int | None, others: Others | None = None) -> None:
+def _read_into(
+    p: FileProgress,
+    full: str,
+    end: int,
+    opts: ReadOptions,
+    at_end: bool,
+    latest: int | None,
+    others: Others | None = None,
+) -> None:
     """Scan bytes ``[p.pos, end)`` of a file into its progress: the plausible window of the
     bytes (:func:`plausible_bounds`), and of the plausible timestamps the batch's smallest,
     the oldest and newest so far, the disorder read, and (at the file's end) how far it reached."""
@@ -287,7 +307,9 @@ def _read_into(p: FileProgress, full: str, end: int, opts: ReadOptions, at_end: 
         p.low = low
         p.oldest = low if p.oldest is None else min(p.oldest, low)
         # the disorder read, over first deliveries only (a copy read again is no late record)
-        newest, p.behind, p.early = measure(p, data, values, opts.ts_field, opts.id_field, full, others)
+        newest, p.behind, p.early = measure(
+            p, data, values, opts.ts_field, opts.id_field, full, others
+        )
         p.newest = max(values) if newest is None else max(newest, max(values))
     if at_end:
         # progress counts once the reader is at the file's end (a live file being tailed); a
@@ -313,9 +335,21 @@ def _will_not_grow(name: str, opts: ReadOptions, present: set[str], idle: bool) 
     return "_DONE" in present or f"{name}.done" in present or opts.finite or idle
 
 
-def _complete(name: str, p: FileProgress, opts: ReadOptions, present: set[str], newest_start: int | None, idle: bool) -> bool:
+def _complete(
+    name: str,
+    p: FileProgress,
+    opts: ReadOptions,
+    present: set[str],
+    newest_start: int | None,
+    idle: bool,
+) -> bool:
     """Whether file ``name`` will not grow: complete before, :func:`_will_not_grow`, or a newer file (rotation)."""
-    newer = opts.finish_on_rotation and p.started is not None and newest_start is not None and newest_start > p.started
+    newer = (
+        opts.finish_on_rotation
+        and p.started is not None
+        and newest_start is not None
+        and newest_start > p.started
+    )
     return p.complete or newer or _will_not_grow(name, opts, present, idle)
 
 
@@ -371,7 +405,17 @@ def plan_offset(start: dict[str, Any], opts: ReadOptions, now_ms: int) -> dict[s
             else:
                 budget -= new_pos - p.pos
         if new_pos > p.pos:
-            others = lambda me=name: [(os.path.join(path, n), files[n].pos if n in files else FileProgress.of(n, prev.get(n)).pos) for n in logs if n != me]  # noqa: E731
+
+            def others(me: str = name) -> list[tuple[str, int]]:
+                return [
+                    (
+                        os.path.join(path, n),
+                        files[n].pos if n in files else FileProgress.of(n, prev.get(n)).pos,
+                    )
+                    for n in logs
+                    if n != me
+                ]
+
             _read_into(p, full, new_pos, opts, caught_up, latest, others)
         p.at_end = caught_up
         files[name] = p
@@ -395,7 +439,11 @@ def plan_offset(start: dict[str, Any], opts: ReadOptions, now_ms: int) -> dict[s
     elif "_DONE" in present or opts.finite:
         lw = MAX_TIMESTAMP
     else:  # every file finished, more may come: the newest file's time
-        starts = [max(p.started, p.started if p.reached is None else p.reached) for p in files.values() if p.started is not None]
+        starts = [
+            max(p.started, p.started if p.reached is None else p.reached)
+            for p in files.values()
+            if p.started is not None
+        ]
         lw = max(starts, default=MIN_TIMESTAMP) - lateness
     return {"files": {name: p.to_json() for name, p in files.items()}, "lw": max(lw, start["lw"])}
 

@@ -85,7 +85,9 @@ class MemoryOnceRegistry:
         with self._lock:
             return [self._held.get(rid) for rid in ids]
 
-    def clear_many(self, ids: Sequence[str], *, only_if_token: Sequence[str] | None = None) -> list[str]:
+    def clear_many(
+        self, ids: Sequence[str], *, only_if_token: Sequence[str] | None = None
+    ) -> list[str]:
         """Forget ids (only those still held by the given tokens): ``cleared``, ``not_found`` or ``token_mismatch`` each."""
         out = []
         with self._lock:
@@ -106,7 +108,9 @@ class MemoryOnceRegistry:
             self._held.pop(rid, None)
 
 
-def once_token(pipeline: str, computation: str, key: Key | None, production: str | None = None) -> str:
+def once_token(
+    pipeline: str, computation: str, key: Key | None, production: str | None = None
+) -> str:
     """The token a pipeline commits a once-id with: the same on every replay, and only then.
 
     ``pipeline`` is the pipeline's identity, :func:`pipeline_id`: its name and the epoch of
@@ -131,7 +135,9 @@ def once_token(pipeline: str, computation: str, key: Key | None, production: str
     """
     if "#" not in pipeline:
         return xxhash.xxh3_128_hexdigest(f"{pipeline}\x00{computation}\x00{key!r}".encode())
-    digest = xxhash.xxh3_128_hexdigest(f"{pipeline}\x00{computation}\x00{key!r}\x00{production}".encode())
+    digest = xxhash.xxh3_128_hexdigest(
+        f"{pipeline}\x00{computation}\x00{key!r}\x00{production}".encode()
+    )
     return f"{pipeline}:{digest}"
 
 
@@ -251,20 +257,38 @@ def join_roster(registry: Any, name: str, epoch: str, where: str) -> list[Member
 TENTATIVE = "~"
 
 
-def _take_over(registry: Any, items: list[tuple[str, str, int]], results: list[OnceResult], tentative: list[bool], outcome: OnceOutcome) -> None:
+def _take_over(
+    registry: Any,
+    items: list[tuple[str, str, int]],
+    results: list[OnceResult],
+    tentative: list[bool],
+    outcome: OnceOutcome,
+) -> None:
     """A production that is not tentative takes its id over from a tentative holder
     (conditionally: only if that token still holds it), and commits it; ``results`` updated in place."""
-    want = [i for i, (r, t) in enumerate(zip(results, tentative, strict=True)) if r is OnceResult.CONFLICT and not t]
+    want = [
+        i
+        for i, (r, t) in enumerate(zip(results, tentative, strict=True))
+        if r is OnceResult.CONFLICT and not t
+    ]
     holders_of = getattr(registry, "holders", None)
     clear_many = getattr(registry, "clear_many", None)
     if not want or holders_of is None or clear_many is None:
         return
     holders = holders_of([items[i][0] for i in want])
-    steal = [(i, h) for i, h in zip(want, holders, strict=True) if h is not None and h.endswith(TENTATIVE)]
+    steal = [
+        (i, h)
+        for i, h in zip(want, holders, strict=True)
+        if h is not None and h.endswith(TENTATIVE)
+    ]
     if not steal:
         return
     answers = clear_many([items[i][0] for i, _ in steal], only_if_token=[h for _, h in steal])
-    cleared = [i for (i, _), a in zip(steal, answers, strict=True) if _answer(a) in ("cleared", "not_found")]
+    cleared = [
+        i
+        for (i, _), a in zip(steal, answers, strict=True)
+        if _answer(a) in ("cleared", "not_found")
+    ]
     if not cleared:
         return
     again = registry.commit_many([items[i] for i in cleared])
@@ -313,7 +337,12 @@ def resolve_once(
         )
         raise RuntimeError(msg)
     items: list[tuple[str, str, int]] = [
-        (str(p.once_id), once_token(pipeline, computation, key, p.record.id) + (TENTATIVE if p.once_tentative else ""), p.record.timestamp)
+        (
+            str(p.once_id),
+            once_token(pipeline, computation, key, p.record.id)
+            + (TENTATIVE if p.once_tentative else ""),
+            p.record.timestamp,
+        )
         for key, p in todo
     ]
     results = [OnceResult(getattr(r, "value", r)) for r in registry.commit_many(items)]  # type: ignore[arg-type]
@@ -333,7 +362,14 @@ def resolve_once(
             Stage.ONCE_TOO_OLD,
             f"once_id {p.once_id!r} (event time {p.record.timestamp}) is older than the IdRegistry's "
             "garbage-collection boundary: it can no longer be deduplicated across pipelines",
-            computation=computation, stream=p.stream, key=key, record=p.record,
-        )  # fmt: skip
-        outcome.dead_letters.append(Production(DEAD_LETTER_STREAM, dead_letter_record(letter, p.record.timestamp, p.once_id)))
+            computation=computation,
+            stream=p.stream,
+            key=key,
+            record=p.record,
+        )
+        outcome.dead_letters.append(
+            Production(
+                DEAD_LETTER_STREAM, dead_letter_record(letter, p.record.timestamp, p.once_id)
+            )
+        )
     return outcome

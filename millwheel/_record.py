@@ -87,6 +87,7 @@ def decode_key(data: bytes | None) -> Key | None:
         return None
     return _unpackb(data, raw=False, use_list=False)  # type: ignore[no-any-return]
 
+
 #: The smallest timestamp: "nothing is known yet" as a low watermark.
 MIN_TIMESTAMP = -(2**63)
 #: The largest timestamp: an injector that is finished publishes this low watermark.

@@ -112,7 +112,9 @@ class LateNote(NamedTuple):
 
 
 def late_lines(
-    t: Topology, metrics: Mapping[str, Mapping[str, int]], disorder: Mapping[str, tuple[int, str] | None] | None = None
+    t: Topology,
+    metrics: Mapping[str, Mapping[str, int]],
+    disorder: Mapping[str, tuple[int, str] | None] | None = None,
 ) -> list[str]:
     """:func:`late_notes` as the lines a run summary prints.
 
@@ -127,7 +129,9 @@ def late_lines(
 
 
 def late_notes(
-    t: Topology, metrics: Mapping[str, Mapping[str, int]], disorder: Mapping[str, tuple[int, str] | None] | None = None
+    t: Topology,
+    metrics: Mapping[str, Mapping[str, int]],
+    disorder: Mapping[str, tuple[int, str] | None] | None = None,
 ) -> list[LateNote]:
     """What a run says about late records (§4.5), whatever the backend: per computation with
     any, how many, which injectors feed it and how far out of order they read records, and
@@ -144,7 +148,9 @@ def late_notes(
         for action in ("dropped", "to_stream"):
             k = int(m.get(f"late_{action}", 0) or 0)
             if k:
-                what.append(f"{k:,} {'dropped' if action == 'dropped' else 'sent to the late stream'}")
+                what.append(
+                    f"{k:,} {'dropped' if action == 'dropped' else 'sent to the late stream'}"
+                )
         spec = t.computations[name]
         sources = []
         for inj in t.injectors.values():
@@ -153,7 +159,9 @@ def late_notes(
             d = (disorder or {}).get(inj.name)
             if d is None:
                 sources.append(f"from injector {inj.name}")
-            elif d[0] > MAX_ADVISED_LATENESS_MS:  # no lateness bound fits: a unit mistake or a clock far off
+            elif (
+                d[0] > MAX_ADVISED_LATENESS_MS
+            ):  # no lateness bound fits: a unit mistake or a clock far off
                 sources.append(
                     f"injector {inj.name} read records up to {duration_text(d[0])} out of order ({d[1]}): more than "
                     f"{duration_text(MAX_ADVISED_LATENESS_MS)}, which no lateness_ms should cover; look for timestamps in "
@@ -164,7 +172,15 @@ def late_notes(
                     f"injector {inj.name} read records up to {duration_text(d[0])} out of order ({d[1]}): "
                     f"LogFileSource(lateness_ms={d[0]}) would have kept them"
                 )
-        text = f"{name}: " + ", ".join(what) + ("; " + "; ".join(sources) if sources else "; behind its input low watermark on arrival")
+        text = (
+            f"{name}: "
+            + ", ".join(what)
+            + (
+                "; " + "; ".join(sources)
+                if sources
+                else "; behind its input low watermark on arrival"
+            )
+        )
         out.append(LateNote(name, late / n > LATE_WARNING_SHARE, text))
     return out
 
@@ -226,13 +242,15 @@ def injector_lines(t: Topology, counts: Mapping[str, Mapping[str, int]]) -> list
             out.append(
                 f"warning: injector {name}: {n:,} records had no {field!r} field and got their file and byte offset as id "
                 "(<file>:<offset>): a copy of one delivered again (another file, another offset) is not recognised as a "
-                "duplicate and is counted twice; give every line an id to have re-deliveries deduplicated (docs/concepts.md, \"Bad input\")"
+                'duplicate and is counted twice; give every line an id to have re-deliveries deduplicated (docs/concepts.md, "Bad input")'
             )
         n = int(c.get("beyond_end", 0) or 0)
         if n:
             end = getattr(source, "end_ms", None)
             when = timestamp_text(end) if end is not None else "?"
-            out.append(f"injector {name}: {n:,} rows at or after its end_ms={end}{'' if when == str(end) else f' ({when})'} left out: not part of the input")
+            out.append(
+                f"injector {name}: {n:,} rows at or after its end_ms={end}{'' if when == str(end) else f' ({when})'} left out: not part of the input"
+            )
     return out
 
 

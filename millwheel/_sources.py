@@ -97,7 +97,11 @@ class SampleSource(Source):
             suffix[i] = min(recs[i].timestamp, suffix[i + 1]) if good[i] else suffix[i + 1]
         for start in range(0, n, self._batch_size):
             end = min(n, start + self._batch_size)
-            dead = [invalid_record(injector, stream, recs[i], record_problem(recs[i]) or "", i) for i in range(start, end) if not good[i]]
+            dead = [
+                invalid_record(injector, stream, recs[i], record_problem(recs[i]) or "", i)
+                for i in range(start, end)
+                if not good[i]
+            ]
             yield SourceBatch([recs[i] for i in range(start, end) if good[i]], suffix[end], dead)
         if n == 0:
             yield SourceBatch([], MAX_TIMESTAMP)

@@ -137,7 +137,11 @@ class SparkSource(Source):
         if ids is not None and (not ids or not all(isinstance(c, str) and c for c in ids)):
             msg = f"SparkSource: id must name a column or a list of columns (e.g. ('topic', 'partition', 'offset')), got {id!r}"
             raise TopologyError(msg)
-        if value is not None and not (isinstance(value, str) or callable(value) or (isinstance(value, Sequence) and all(isinstance(c, str) for c in value))):
+        if value is not None and not (
+            isinstance(value, str)
+            or callable(value)
+            or (isinstance(value, Sequence) and all(isinstance(c, str) for c in value))
+        ):
             msg = f"SparkSource: value must be a column, a list of columns, a function of the row or None, got {value!r}"
             raise TopologyError(msg)
         if watermark_delay_ms < 0 or batch_size < 1:
@@ -146,7 +150,9 @@ class SparkSource(Source):
         self.stream = stream
         self.id_columns = ids
         self.timestamp = timestamp
-        self.value = value if isinstance(value, str) or callable(value) or value is None else tuple(value)
+        self.value = (
+            value if isinstance(value, str) or callable(value) or value is None else tuple(value)
+        )
         self.watermark_delay_ms = int(watermark_delay_ms)
         self.offset_watermark = offset_watermark
         self.end_ms = end_ms
@@ -157,7 +163,9 @@ class SparkSource(Source):
         self.counts: dict[str, int] = {}
 
     # ---- one row -> a record, the same on both backends ------------------------------------
-    def record_of(self, row: Mapping[str, Any], position: Sequence[Any]) -> tuple[Record, str | None]:
+    def record_of(
+        self, row: Mapping[str, Any], position: Sequence[Any]
+    ) -> tuple[Record, str | None]:
         """The record of one row and ``None``, or what could be made of it and why it is no record.
 
         ``position`` identifies the row where it has no id column (Spark: batch id,
@@ -170,14 +178,20 @@ class SparkSource(Source):
             problem = f"row has no column {self.timestamp!r} for the timestamp (columns: {', '.join(row)})"
         elif ts is None:
             raw = row.get(self.timestamp)
-            problem = f"row has no timestamp (column {self.timestamp} is null)" if raw is None else f"timestamp column {self.timestamp} holds {type(raw).__name__} {raw!r}, not a timestamp or integer ms"
+            problem = (
+                f"row has no timestamp (column {self.timestamp} is null)"
+                if raw is None
+                else f"timestamp column {self.timestamp} holds {type(raw).__name__} {raw!r}, not a timestamp or integer ms"
+            )
         if self.id_columns is None:
             rid: str | None = xxhash.xxh3_128_hexdigest("\x00".join(map(repr, position)).encode())
         else:
             missing = [c for c in self.id_columns if row.get(c) is None]
             if missing:
                 rid = None
-                problem = problem or f"row has no id (column {', '.join(missing)} is null or missing)"
+                problem = (
+                    problem or f"row has no id (column {', '.join(missing)} is null or missing)"
+                )
             else:
                 rid = "/".join(_id_text(row[c]) for c in self.id_columns)
         try:
@@ -190,7 +204,10 @@ class SparkSource(Source):
             else:
                 value = {c: row.get(c) for c in self.value}
         except Exception as exc:  # noqa: BLE001 - the user's parser: its failure is the row's dead letter
-            problem = problem or f"value function {getattr(self.value, '__name__', 'value')} raised {reason_of(exc)}"
+            problem = (
+                problem
+                or f"value function {getattr(self.value, '__name__', 'value')} raised {reason_of(exc)}"
+            )
             value = dict(row)
         rec = Record(None, value, ts if ts is not None else MIN_TIMESTAMP, rid or "")  # type: ignore[arg-type]
         if problem is None:
@@ -229,7 +246,9 @@ class SparkSource(Source):
         rows = self.rows()
         made = [self.record_of(row, ("row", i)) for i, row in enumerate(rows)]
         keep = [p is None and (self.end_ms is None or r.timestamp < self.end_ms) for r, p in made]
-        self.counts = {"beyond_end": sum(p is None and not k for (_, p), k in zip(made, keep, strict=True))}
+        self.counts = {
+            "beyond_end": sum(p is None and not k for (_, p), k in zip(made, keep, strict=True))
+        }
         suffix = [MAX_TIMESTAMP] * (len(made) + 1)
         for i in range(len(made) - 1, -1, -1):
             suffix[i] = min(made[i][0].timestamp, suffix[i + 1]) if keep[i] else suffix[i + 1]

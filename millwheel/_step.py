@@ -81,7 +81,13 @@ class StepResult:
 class _Failure(Exception):
     """A record or timer failed at ``what`` (a :class:`~millwheel.Stage`)."""
 
-    def __init__(self, exc: BaseException, what: str, record: Record | None = None, timer: Timer | None = None) -> None:
+    def __init__(
+        self,
+        exc: BaseException,
+        what: str,
+        record: Record | None = None,
+        timer: Timer | None = None,
+    ) -> None:
         super().__init__(what)
         self.exc = exc
         self.what = what
@@ -93,11 +99,33 @@ class _KeyContext:
     """What ``self.key``, ``self.state``, ``self.set_timer`` ... reach during one step."""
 
     __slots__ = (
-        "runner", "key", "state", "now", "low_watermark", "timers", "productions",
-        "seq", "default_ts", "due_heap", "firing", "behind_watermark", "held", "life", "new_life", "id_prefix",
-    )  # fmt: skip
+        "runner",
+        "key",
+        "state",
+        "now",
+        "low_watermark",
+        "timers",
+        "productions",
+        "seq",
+        "default_ts",
+        "due_heap",
+        "firing",
+        "behind_watermark",
+        "held",
+        "life",
+        "new_life",
+        "id_prefix",
+    )
 
-    def __init__(self, runner: StepRunner, key: Key, env: Envelope, low_watermark: int, now: int, new_life: int | None) -> None:
+    def __init__(
+        self,
+        runner: StepRunner,
+        key: Key,
+        env: Envelope,
+        low_watermark: int,
+        now: int,
+        new_life: int | None,
+    ) -> None:
         self.runner = runner
         self.key = key
         self.state = State(runner.codec, env.state)
@@ -121,7 +149,12 @@ class _KeyContext:
         return ts <= (self.low_watermark if domain == _LW else self.now)
 
     def set_timer(self, tag: str, timestamp: int, domain: TimeDomain) -> None:
-        if type(tag) is str and type(timestamp) is int and MIN_TIMESTAMP < timestamp < MAX_TIMESTAMP and (domain is _LW_DOMAIN or domain is _WALL_DOMAIN):
+        if (
+            type(tag) is str
+            and type(timestamp) is int
+            and MIN_TIMESTAMP < timestamp < MAX_TIMESTAMP
+            and (domain is _LW_DOMAIN or domain is _WALL_DOMAIN)
+        ):
             # the usual call, valid at a glance (the checks below say what is wrong otherwise)
             d = _LW if domain is _LW_DOMAIN else _WALL
             self.timers[tag] = (timestamp, d)
@@ -158,17 +191,27 @@ class _KeyContext:
     def pending_timers(self) -> list[Timer]:
         return [
             Timer(tag, ts, _DOMAINS[d])
-            for tag, (ts, d) in sorted(self.timers.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0]))
+            for tag, (ts, d) in sorted(
+                self.timers.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0])
+            )
         ]
 
     def hold_watermark(self, timestamp: int | None) -> None:
-        if timestamp is not None and (type(timestamp) is not int or not MIN_TIMESTAMP < timestamp < MAX_TIMESTAMP):
+        if timestamp is not None and (
+            type(timestamp) is not int or not MIN_TIMESTAMP < timestamp < MAX_TIMESTAMP
+        ):
             msg = f"{self.runner.name}: hold_watermark takes an int timestamp (ms) or None, got {short_repr(timestamp)}"
             raise ComputationError(msg)
         self.held = timestamp
 
     def produce(
-        self, stream: str, value: Any, timestamp: int | None, key: Key | None, once_id: str | None = None, once_tentative: bool = False
+        self,
+        stream: str,
+        value: Any,
+        timestamp: int | None,
+        key: Key | None,
+        once_id: str | None = None,
+        once_tentative: bool = False,
     ) -> None:
         runner = self.runner
         if once_id is not None and (type(once_id) is not str or not once_id):
@@ -210,11 +253,26 @@ class _KeyContext:
             prefix = self.id_prefix = id_prefix(runner.name, self.key, self.life)
         rid = _hexdigest(f"{prefix}{self.seq}".encode())
         self.seq += 1
-        self.productions.append(Production(stream, Record(rkey, value, ts, rid, stream), encoded, once_id, once_tentative and once_id is not None))
+        self.productions.append(
+            Production(
+                stream,
+                Record(rkey, value, ts, rid, stream),
+                encoded,
+                once_id,
+                once_tentative and once_id is not None,
+            )
+        )
 
     # ---- careful mode: a savepoint before each record or timer -----------------------
     def savepoint(self, state_bytes: bytes | None) -> tuple[Any, ...]:
-        return (state_bytes, dict(self.timers), len(self.productions), self.seq, self.behind_watermark, self.held)
+        return (
+            state_bytes,
+            dict(self.timers),
+            len(self.productions),
+            self.seq,
+            self.behind_watermark,
+            self.held,
+        )
 
     def rollback(self, sp: tuple[Any, ...]) -> None:
         state_bytes, timers, n, self.seq, self.behind_watermark, self.held = sp
@@ -279,7 +337,9 @@ class StepRunner:
         late_wm = low_watermark if late_watermark is None else late_watermark
         try:
             try:
-                return self._attempt(key, envelope, records, low_watermark, now, late_wm, None, life)
+                return self._attempt(
+                    key, envelope, records, low_watermark, now, late_wm, None, life
+                )
             except _Failure as failure:
                 if self.options.on_error is ErrorPolicy.RAISE:
                     raise failure.exc from None
@@ -297,14 +357,22 @@ class StepRunner:
         if rec is not None and rec.stream == DEAD_LETTER_STREAM:
             return None
         letter = DeadLetter(
-            failure.what, reason_of(failure.exc), computation=self.name, stream=rec.stream if rec else None,
-            key=key, record=rec, timer=timer,
-        )  # fmt: skip
+            failure.what,
+            reason_of(failure.exc),
+            computation=self.name,
+            stream=rec.stream if rec else None,
+            key=key,
+            record=rec,
+            timer=timer,
+        )
         parts: tuple[Any, ...]
         if timer is not None:
             ts, parts = timer.timestamp, (key, timer.tag, timer.timestamp, int(timer.domain))
         else:
-            ts, parts = (rec.timestamp if rec is not None else now), (rec.id if rec is not None else key,)
+            ts, parts = (
+                (rec.timestamp if rec is not None else now),
+                (rec.id if rec is not None else key,),
+            )
         return Production(DEAD_LETTER_STREAM, dead_letter_record(letter, ts, *parts))
 
     def _attempt(
@@ -337,20 +405,34 @@ class StepRunner:
         self._fire_timers(ctx, c, careful)
         return self._checkpoint(key, env, ctx, c, stats, careful, late_wm)
 
-    def _admit(self, env: Envelope, records: Sequence[Record], late_wm: int, c: StepMetrics, stats: DedupStats) -> tuple[Sequence[Record], bool]:
+    def _admit(
+        self,
+        env: Envelope,
+        records: Sequence[Record],
+        late_wm: int,
+        c: StepMetrics,
+        stats: DedupStats,
+    ) -> tuple[Sequence[Record], bool]:
         """Dedup (§6.1.1): the step's records not seen before, and whether any is late."""
         n = c.records_in = len(records)
         if not n:
             return records, False
         tss = list(map(_timestamp_of, records))
-        in_order = tss == sorted(tss)  # records usually arrive in time order: the oldest is the first
+        in_order = tss == sorted(
+            tss
+        )  # records usually arrive in time order: the oldest is the first
         any_late = (tss[0] if in_order else min(tss)) < late_wm
         dedup = env.dedup if self.options.exactly_once else None
         if dedup is not None:
             # one call for the whole step: fingerprints and Bloom checks in C-level passes.
             # A late record is remembered under the watermark it was late for, so a
             # re-delivery is a duplicate and not counted late again
-            kept = dedup.admit(list(map(_id_of, records)), [t if t >= late_wm else late_wm for t in tss] if any_late else tss, stats, in_order)
+            kept = dedup.admit(
+                list(map(_id_of, records)),
+                [t if t >= late_wm else late_wm for t in tss] if any_late else tss,
+                stats,
+                in_order,
+            )
             if kept is not None:
                 records = list(compress(records, kept))
                 c.duplicates = n - len(records)
@@ -368,7 +450,14 @@ class StepRunner:
             raise _Failure(exc, Stage.PROCESS_RECORD, record=rec) from None
         c.processed = len(records)
 
-    def _records(self, ctx: _KeyContext, records: Sequence[Record], late_wm: int, c: StepMetrics, careful: _Careful | None) -> None:
+    def _records(
+        self,
+        ctx: _KeyContext,
+        records: Sequence[Record],
+        late_wm: int,
+        c: StepMetrics,
+        careful: _Careful | None,
+    ) -> None:
         """Records some of which are late (§4.5: counted, then dropped, sent to the late
         stream or processed), or any records in careful mode."""
         late = self.options.late
@@ -434,7 +523,14 @@ class StepRunner:
         ctx.firing = False
 
     def _checkpoint(
-        self, key: Key, env: Envelope, ctx: _KeyContext, c: StepMetrics, stats: DedupStats, careful: _Careful | None, late_wm: int
+        self,
+        key: Key,
+        env: Envelope,
+        ctx: _KeyContext,
+        c: StepMetrics,
+        stats: DedupStats,
+        careful: _Careful | None,
+        late_wm: int,
     ) -> StepResult:
         """The new envelope (§6.2): state, timers, sequence, hold, pending strong
         productions (§6.1.2) and dedup ids, with the step's counters and dead letters."""
@@ -454,8 +550,11 @@ class StepRunner:
         if opts.strong_productions and productions:
             env.pending.extend(
                 PendingProduction(
-                    p.stream, p.record.key, p.encoded if p.encoded is not None else encode_value(p.record.value),
-                    p.record.timestamp, p.record.id,
+                    p.stream,
+                    p.record.key,
+                    p.encoded if p.encoded is not None else encode_value(p.record.value),
+                    p.record.timestamp,
+                    p.record.id,
                 )
                 for p in productions
             )
@@ -499,7 +598,15 @@ class _Careful:
         #: the state's bytes after the last record or timer that succeeded
         self.saved = ctx.state.encoded()
 
-    def run(self, fn: Any, arg: Any, stage: str, *, record: Record | None = None, timer: Timer | None = None) -> bool:
+    def run(
+        self,
+        fn: Any,
+        arg: Any,
+        stage: str,
+        *,
+        record: Record | None = None,
+        timer: Timer | None = None,
+    ) -> bool:
         """``fn(arg)`` and the state it leaves encoded; on failure, roll back and keep the failure."""
         ctx = self.ctx
         sp = ctx.savepoint(self.saved)
@@ -513,7 +620,14 @@ class _Careful:
             self.saved = _encoded(ctx.state, self.codec)
         except Exception as exc:
             ctx.rollback(sp)
-            self.failures.append(_Failure(exc, Stage.CHECKPOINT if record is not None else stage, record=record, timer=timer))
+            self.failures.append(
+                _Failure(
+                    exc,
+                    Stage.CHECKPOINT if record is not None else stage,
+                    record=record,
+                    timer=timer,
+                )
+            )
             return False
         return True
 
@@ -533,10 +647,17 @@ def _encoded(state: State, codec: Any) -> bytes | None:
 def pending_productions(envelope: bytes | None) -> list[Production]:
     """The strong productions checkpointed in an envelope and not yet acknowledged (§6.1.2)."""
     env = Envelope.decode(envelope)
-    return [Production(p.stream, Record(p.key, decode_value(p.value), p.timestamp, p.id, p.stream), p.value) for p in env.pending]
+    return [
+        Production(
+            p.stream, Record(p.key, decode_value(p.value), p.timestamp, p.id, p.stream), p.value
+        )
+        for p in env.pending
+    ]
 
 
-def acknowledge(envelope: bytes | None, ids: Iterable[str] | None = None) -> tuple[bytes | None, int | None]:
+def acknowledge(
+    envelope: bytes | None, ids: Iterable[str] | None = None
+) -> tuple[bytes | None, int | None]:
     """Drop acknowledged pending productions (all if ``ids`` is None) from an envelope.
 
     Returns the new envelope (``None``: nothing left to keep) and its hold (oldest pending work).

@@ -115,7 +115,11 @@ class ComputationSpec:
     def all_outputs(self) -> tuple[str, ...]:
         """Declared outputs plus the late stream, if the late policy names one."""
         late = self.options.late
-        if late.action is LateAction.TO_STREAM and late.stream is not None and late.stream not in self.outputs:
+        if (
+            late.action is LateAction.TO_STREAM
+            and late.stream is not None
+            and late.stream not in self.outputs
+        ):
             return (*self.outputs, late.stream)
         return self.outputs
 
@@ -148,7 +152,11 @@ class Topology:
 
     # ---- building ------------------------------------------------------------------
     def _check_unique(self, name: str) -> None:
-        for kind, table in (("injector", self.injectors), ("computation", self.computations), ("sink", self.sinks)):
+        for kind, table in (
+            ("injector", self.injectors),
+            ("computation", self.computations),
+            ("sink", self.sinks),
+        ):
             if name in table:
                 msg = f"topology {self.name!r} already has a {kind} named {name!r}; pass a unique name=..."
                 raise TopologyError(msg)
@@ -168,7 +176,9 @@ class Topology:
         self.fields[name] = StreamFields.of(fields, name)
         return self.fields[name]
 
-    def injector(self, name: str, source: Source | None = None, *, stream: str | None = None) -> InjectorSpec:
+    def injector(
+        self, name: str, source: Source | None = None, *, stream: str | None = None
+    ) -> InjectorSpec:
         """Add an injector publishing to ``stream`` (default: a stream named like the injector)."""
         _check_name("injector", name)
         stream = name if stream is None else stream
@@ -267,7 +277,9 @@ class Topology:
             pass  # builtins without a signature: trust them
         return extractor
 
-    def sink(self, stream: str, target: Any = None, *, name: str | None = None, spark_sink: Any = None) -> SinkSpec:
+    def sink(
+        self, stream: str, target: Any = None, *, name: str | None = None, spark_sink: Any = None
+    ) -> SinkSpec:
         """Send ``stream`` out of the system to ``target`` (files, backend-specific) or
         through Spark to ``spark_sink`` (a :class:`~millwheel.SparkSink`: Kafka, a table,
         a ``foreach_batch`` writer)."""
@@ -324,7 +336,11 @@ class Topology:
             for p in self.producers(stream):
                 if p in seen or p == name:
                     continue
-                if stream == DEAD_LETTER_STREAM and p in self.computations and DEAD_LETTER_STREAM in self.computations[p].inputs:
+                if (
+                    stream == DEAD_LETTER_STREAM
+                    and p in self.computations
+                    and DEAD_LETTER_STREAM in self.computations[p].inputs
+                ):
                     continue
                 seen.append(p)
         return seen
@@ -338,7 +354,7 @@ class Topology:
             if state.get(n) == 2:
                 return
             if state.get(n) == 1:
-                cycle = " -> ".join(path[path.index(n):] + [n])
+                cycle = " -> ".join(path[path.index(n) :] + [n])
                 msg = f"topology {self.name!r} has a cycle ({cycle}); low watermarks need an acyclic graph (§4.5): break it with an injector"
                 raise TopologyError(msg)
             state[n] = 1
@@ -361,22 +377,35 @@ class Topology:
         for c in self.computations.values():
             for stream in c.inputs:
                 if stream not in produced:
-                    problems.append(f"computation {c.name!r} reads stream {stream!r}, which nothing produces" + _hint(stream, produced))
+                    problems.append(
+                        f"computation {c.name!r} reads stream {stream!r}, which nothing produces"
+                        + _hint(stream, produced)
+                    )
             if c.name in c.inputs or any(s in c.all_outputs for s in c.inputs):
-                problems.append(f"computation {c.name!r} reads a stream it produces; low watermarks need an acyclic graph (§4.5)")
+                problems.append(
+                    f"computation {c.name!r} reads a stream it produces; low watermarks need an acyclic graph (§4.5)"
+                )
         for stream in self.fields:
             if stream not in produced:
-                problems.append(f"stream {stream!r} declares fields, but nothing produces it" + _hint(stream, produced))
+                problems.append(
+                    f"stream {stream!r} declares fields, but nothing produces it"
+                    + _hint(stream, produced)
+                )
         for s in self.sinks.values():
             if s.stream not in produced:
-                problems.append(f"sink {s.name!r} reads stream {s.stream!r}, which nothing produces" + _hint(s.stream, produced))
+                problems.append(
+                    f"sink {s.name!r} reads stream {s.stream!r}, which nothing produces"
+                    + _hint(s.stream, produced)
+                )
         if not problems:
             try:
                 self.order()
             except TopologyError as exc:
                 problems.append(str(exc))
         if problems:
-            msg = f"topology {self.name!r} is not valid:\n" + "\n".join(f"  - {p}" for p in problems)
+            msg = f"topology {self.name!r} is not valid:\n" + "\n".join(
+                f"  - {p}" for p in problems
+            )
             raise TopologyError(msg)
         return self
 
@@ -384,5 +413,9 @@ class Topology:
 def _hint(stream: str, known: set[str]) -> str:
     listing = ", ".join(sorted(known)) or "none"
     close = difflib.get_close_matches(stream, sorted(known), n=1)
-    suffix = f"; did you mean {close[0]!r}?" if close else "; add an injector or a computation with it in outputs=[...]"
+    suffix = (
+        f"; did you mean {close[0]!r}?"
+        if close
+        else "; add an injector or a computation with it in outputs=[...]"
+    )
     return f" (streams: {listing}){suffix}"

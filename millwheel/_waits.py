@@ -73,7 +73,9 @@ class WaitBoard:
 
     def waiting(self, dependency: str, *, since_ms: int, attempts: int, last_error: str) -> None:
         """Say this process waits on ``dependency`` (best effort: a board that cannot be written is no reason to stop)."""
-        entry = Wait(dependency, since_ms, attempts, last_error[:300], int(time.time() * 1000), self.who)
+        entry = Wait(
+            dependency, since_ms, attempts, last_error[:300], int(time.time() * 1000), self.who
+        )
         path = self._path(dependency)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:

@@ -34,7 +34,15 @@ from millwheel._record import timestamp_text
 from millwheel._runner import load_topology, load_topology_module, print_finish
 from millwheel._topology import Topology
 
-__all__ = ["COMMAND_GROUP", "build_parser", "graph_text", "load_topology", "load_topology_module", "main", "registered_commands"]
+__all__ = [
+    "COMMAND_GROUP",
+    "build_parser",
+    "graph_text",
+    "load_topology",
+    "load_topology_module",
+    "main",
+    "registered_commands",
+]
 
 #: the entry-point group of the commands that packages add to ``millwheel``
 COMMAND_GROUP = "millwheel.commands"
@@ -42,10 +50,26 @@ COMMAND_GROUP = "millwheel.commands"
 _BUILT_IN = ("run", "validate", "graph", "authority", "read", "state", "cluster", "rescale")
 #: built-in commands whose arguments belong to a runtime module's own parser: name -> (module, function, help)
 _RUNTIME_COMMANDS = {
-    "read": ("millwheel.runtime._sinks", "read_main", "print a stream of a run directory as JSON lines, CSV or Parquet"),
-    "state": ("millwheel.runtime._state_reader", "state_main", "a computation's committed per-key state, timers and dedup ids"),
-    "cluster": ("millwheel.runtime._cluster", "cluster_main", "a Spark standalone cluster on this machine (up, down, status); the file to give spark-submit (launcher)"),
-    "rescale": ("millwheel.runtime._online", "rescale_main", "give a computation another number of key intervals or another state layout (--layout): online by its running driver, or in a stopped run"),
+    "read": (
+        "millwheel.runtime._sinks",
+        "read_main",
+        "print a stream of a run directory as JSON lines, CSV or Parquet",
+    ),
+    "state": (
+        "millwheel.runtime._state_reader",
+        "state_main",
+        "a computation's committed per-key state, timers and dedup ids",
+    ),
+    "cluster": (
+        "millwheel.runtime._cluster",
+        "cluster_main",
+        "a Spark standalone cluster on this machine (up, down, status); the file to give spark-submit (launcher)",
+    ),
+    "rescale": (
+        "millwheel.runtime._online",
+        "rescale_main",
+        "give a computation another number of key intervals or another state layout (--layout): online by its running driver, or in a stopped run",
+    ),
 }
 
 
@@ -105,8 +129,19 @@ def _run_harness(t: Topology, on_finish: Any = None) -> int:
         if isinstance(i.source, _logfile.LogFileSource) and i.source.last_offset is not None
     }
     metrics = {name: h.metrics(name) for name in t.order()}
-    counts = {name: dict(c) for name, i in t.injectors.items() if (c := getattr(i.source, "counts", None))}
-    print_finish(t, h.values, h.dead_letters(), metrics, on_finish, where=where, disorder=disorder, counts=counts)
+    counts = {
+        name: dict(c) for name, i in t.injectors.items() if (c := getattr(i.source, "counts", None))
+    }
+    print_finish(
+        t,
+        h.values,
+        h.dead_letters(),
+        metrics,
+        on_finish,
+        where=where,
+        disorder=disorder,
+        counts=counts,
+    )
     return 0
 
 
@@ -121,14 +156,20 @@ def _refuse_spark_options(parser: argparse.ArgumentParser, args: argparse.Namesp
     :data:`_HARNESS_DOES_ANYWAY`). The harness runs in memory and
     keeps no run directory, so a ``--checkpoint`` would stay empty and a second run would
     not resume from it; the user asked for something it cannot do (docs/runtime.md)."""
-    run = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["run"]  # noqa: SLF001 - argparse has no public walk
+    run = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[
+        "run"
+    ]  # noqa: SLF001 - argparse has no public walk
     group = next(g for g in run._action_groups if g.title == "spark backend")  # noqa: SLF001
     defaults: dict[str, Any] = {}
     for a in run._actions:  # noqa: SLF001 - what parse_args sets when an option is not given: the first default of its dest
         defaults.setdefault(a.dest, a.default)
     for same in _HARNESS_DOES_ANYWAY:
         defaults.pop(same, None)
-    given = [a.option_strings[-1] for a in group._group_actions if a.dest in defaults and getattr(args, a.dest) != defaults.pop(a.dest)]  # noqa: SLF001
+    given = [
+        a.option_strings[-1]
+        for a in group._group_actions
+        if a.dest in defaults and getattr(args, a.dest) != defaults.pop(a.dest)
+    ]  # noqa: SLF001
     if given:
         msg = (
             f"{', '.join(given)}: option{'s' if len(given) > 1 else ''} of the Spark backend, and --backend harness runs the topology in "
@@ -168,7 +209,9 @@ def _delegate(command: str, rest: list[str], commands: dict[str, EntryPoint]) ->
         import importlib
 
         module, function, _ = _RUNTIME_COMMANDS[command]
-        runtime_main: Callable[[list[str]], int] = getattr(importlib.import_module(module), function)
+        runtime_main: Callable[[list[str]], int] = getattr(
+            importlib.import_module(module), function
+        )
         return runtime_main(rest)
     command_main: Callable[[list[str]], int] = commands[command].load()
     return command_main(rest)
@@ -178,15 +221,24 @@ def _delegate(command: str, rest: list[str], commands: dict[str, EntryPoint]) ->
 _TOPOLOGY_HELP = "a topology: a .py file or a package directory exposing `topology` (or `build()`)"
 
 
-def build_parser(commands: dict[str, EntryPoint] | None = None, *, top_help: bool = False) -> argparse.ArgumentParser:
+def build_parser(
+    commands: dict[str, EntryPoint] | None = None, *, top_help: bool = False
+) -> argparse.ArgumentParser:
     """The ``millwheel`` command line (``commands``: the registered ones, loaded for their
     help only when ``top_help``); :func:`options_reference` lists every option of it."""
     commands = registered_commands() if commands is None else commands
-    parser = argparse.ArgumentParser(prog="millwheel", description="MillWheel-style stream computations on Spark")
+    parser = argparse.ArgumentParser(
+        prog="millwheel", description="MillWheel-style stream computations on Spark"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="run a topology")
     p_run.add_argument("topology", help=_TOPOLOGY_HELP)
-    p_run.add_argument("--backend", choices=["spark", "harness"], default="spark", help="where to run it (default: Spark)")
+    p_run.add_argument(
+        "--backend",
+        choices=["spark", "harness"],
+        default="spark",
+        help="where to run it (default: Spark)",
+    )
     from millwheel.runtime._cli import add_arguments as _spark_arguments
 
     _spark_arguments(p_run)
@@ -196,12 +248,24 @@ def build_parser(commands: dict[str, EntryPoint] | None = None, *, top_help: boo
     p_graph.add_argument("topology", help=_TOPOLOGY_HELP)
     p_graph.add_argument("--dot", action="store_true", help="Graphviz DOT instead of text")
     p_auth = sub.add_parser("authority", help="the low-watermark authority service", add_help=False)
-    p_auth.add_argument("rest", nargs=argparse.REMAINDER, help="the command's own arguments (millwheel authority --help)")
+    p_auth.add_argument(
+        "rest",
+        nargs=argparse.REMAINDER,
+        help="the command's own arguments (millwheel authority --help)",
+    )
     for name, (_, _, text) in _RUNTIME_COMMANDS.items():
-        sub.add_parser(name, help=text, add_help=False).add_argument("rest", nargs=argparse.REMAINDER, help=f"the command's own arguments (millwheel {name} --help)")
+        sub.add_parser(name, help=text, add_help=False).add_argument(
+            "rest",
+            nargs=argparse.REMAINDER,
+            help=f"the command's own arguments (millwheel {name} --help)",
+        )
     for name, ep in sorted(commands.items()):
         p_cmd = sub.add_parser(name, help=_command_help(ep, load=top_help), add_help=False)
-        p_cmd.add_argument("rest", nargs=argparse.REMAINDER, help=f"the command's own arguments (millwheel {name} --help)")
+        p_cmd.add_argument(
+            "rest",
+            nargs=argparse.REMAINDER,
+            help=f"the command's own arguments (millwheel {name} --help)",
+        )
     return parser
 
 
@@ -218,7 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         topo, module = load_topology_module(args.topology)
         if args.command == "validate":
             topo.validate()
-            print(f"topology {topo.name!r} is valid: {len(topo.injectors)} injectors, {len(topo.computations)} computations, {len(topo.sinks)} sinks")
+            print(
+                f"topology {topo.name!r} is valid: {len(topo.injectors)} injectors, {len(topo.computations)} computations, {len(topo.sinks)} sinks"
+            )
             return 0
         if args.command == "graph":
             topo.validate()

@@ -40,8 +40,14 @@ def main(argv: list[str] | None = None) -> int:
         os.execvp(command[0], command)
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", args.rows, args.cols, 0, 0))
     started = time.monotonic()
-    header = {"version": 2, "width": args.cols, "height": args.rows, "timestamp": int(time.time()),
-              "title": args.title or " ".join(command), "env": {"TERM": "xterm-256color"}}  # fmt: skip
+    header = {
+        "version": 2,
+        "width": args.cols,
+        "height": args.rows,
+        "timestamp": int(time.time()),
+        "title": args.title or " ".join(command),
+        "env": {"TERM": "xterm-256color"},
+    }
     with open(args.out, "w", encoding="utf-8") as cast:
         cast.write(json.dumps(header) + "\n")
         while True:
@@ -53,7 +59,12 @@ def main(argv: list[str] | None = None) -> int:
                 break
             sys.stdout.buffer.write(data)
             sys.stdout.flush()
-            cast.write(json.dumps([round(time.monotonic() - started, 3), "o", data.decode(errors="replace")]) + "\n")
+            cast.write(
+                json.dumps(
+                    [round(time.monotonic() - started, 3), "o", data.decode(errors="replace")]
+                )
+                + "\n"
+            )
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status)
 

@@ -76,7 +76,15 @@ def _fail(error: ErrorClass, msg: str) -> NoReturn:
     raise error(msg)
 
 
-def check_int(what: str, value: Any, *, lo: int = INT64_MIN, hi: int = INT64_MAX, hint: str = "", error: ErrorClass = BadRequestError) -> int:
+def check_int(
+    what: str,
+    value: Any,
+    *,
+    lo: int = INT64_MIN,
+    hi: int = INT64_MAX,
+    hint: str = "",
+    error: ErrorClass = BadRequestError,
+) -> int:
     """Return ``value`` if it is an ``int`` (not a ``bool``) in ``[lo, hi]``; else raise ``error``.
 
     The default range is a signed 64-bit integer: a value outside it cannot be journaled,
@@ -87,7 +95,15 @@ def check_int(what: str, value: Any, *, lo: int = INT64_MIN, hi: int = INT64_MAX
     _fail(error, f"{what} must be an integer in [{lo}, {hi}]{hint}, got {describe(value)}")
 
 
-def check_number(what: str, value: Any, *, lo: float, hi: float, hint: str = "", error: ErrorClass = BadRequestError) -> float:
+def check_number(
+    what: str,
+    value: Any,
+    *,
+    lo: float,
+    hi: float,
+    hint: str = "",
+    error: ErrorClass = BadRequestError,
+) -> float:
     """Return ``value`` as a float if it is a finite ``int`` or ``float`` in ``[lo, hi]``."""
     if not isinstance(value, bool) and isinstance(value, (int, float)):
         number = float(value) if not isinstance(value, int) or abs(value) < 2**63 else math.inf
@@ -96,7 +112,15 @@ def check_number(what: str, value: Any, *, lo: float, hi: float, hint: str = "",
     _fail(error, f"{what} must be a finite number in [{lo:g}, {hi:g}]{hint}, got {describe(value)}")
 
 
-def parse_number(what: str, text: str, *, lo: float, hi: float, hint: str = "", error: ErrorClass = BadRequestError) -> float:
+def parse_number(
+    what: str,
+    text: str,
+    *,
+    lo: float,
+    hi: float,
+    hint: str = "",
+    error: ErrorClass = BadRequestError,
+) -> float:
     """A finite number in ``[lo, hi]`` from text (a query parameter); ``nan`` and ``inf`` are refused."""
     try:
         number = float(text)
@@ -127,7 +151,9 @@ def json_depth_exceeds(value: Any, max_depth: int) -> bool:
     return False
 
 
-def parse_json(raw: bytes | str, *, max_depth: int = MAX_JSON_DEPTH, error: ErrorClass = BadRequestError) -> Any:
+def parse_json(
+    raw: bytes | str, *, max_depth: int = MAX_JSON_DEPTH, error: ErrorClass = BadRequestError
+) -> Any:
     """Decode a JSON document, refusing what a service should never have to hold.
 
     Refused with ``error``: text that is not JSON (or not UTF-8), ``NaN`` and
@@ -138,22 +164,36 @@ def parse_json(raw: bytes | str, *, max_depth: int = MAX_JSON_DEPTH, error: Erro
     try:
         value = json.loads(raw, parse_constant=_no_constants)
     except RecursionError:
-        _fail(error, f"request body: JSON nested deeper than {max_depth} levels; send a flatter document")
+        _fail(
+            error,
+            f"request body: JSON nested deeper than {max_depth} levels; send a flatter document",
+        )
     except BadRequestError as exc:
         _fail(error, str(exc))
     except (ValueError, UnicodeDecodeError) as exc:
-        _fail(error, f"request body is not valid JSON ({truncate(str(exc), 200)}); send a JSON document encoded as UTF-8")
+        _fail(
+            error,
+            f"request body is not valid JSON ({truncate(str(exc), 200)}); send a JSON document encoded as UTF-8",
+        )
     if type(value) in (list, dict) and json_depth_exceeds(value, max_depth):
-        _fail(error, f"request body: JSON nested deeper than {max_depth} levels; send a flatter document")
+        _fail(
+            error,
+            f"request body: JSON nested deeper than {max_depth} levels; send a flatter document",
+        )
     return value
 
 
-def check_fields(body: Any, fields: Mapping[str, bool], *, where: str, error: ErrorClass = BadRequestError) -> dict[str, Any]:
+def check_fields(
+    body: Any, fields: Mapping[str, bool], *, where: str, error: ErrorClass = BadRequestError
+) -> dict[str, Any]:
     """Return ``body`` if it is a JSON object with every required field (``True``) and no
     field outside ``fields``; else raise ``error`` naming the missing and unexpected ones."""
     expected = sorted(fields)
     if type(body) is not dict:
-        _fail(error, f"{where}: the body must be a JSON object with fields {expected}, got {type(body).__name__}")
+        _fail(
+            error,
+            f"{where}: the body must be a JSON object with fields {expected}, got {type(body).__name__}",
+        )
     missing = [f for f, required in fields.items() if required and f not in body]
     unexpected = [f for f in body if f not in fields]
     if missing or unexpected:

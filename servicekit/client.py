@@ -93,7 +93,11 @@ def fragment_url(url: str, **params: str | None) -> str:
     >>> fragment_url("http://127.0.0.1:7300/", metrics="http://127.0.0.1:9464/metrics", registry=None)
     'http://127.0.0.1:7300/#metrics=http://127.0.0.1:9464/metrics'
     """
-    pairs = [f"{name}={quote(value, safe=':/[]@')}" for name, value in params.items() if value is not None]
+    pairs = [
+        f"{name}={quote(value, safe=':/[]@')}"
+        for name, value in params.items()
+        if value is not None
+    ]
     return f"{url}#{'&'.join(pairs)}" if pairs else url
 
 
@@ -120,9 +124,13 @@ class JsonHttpClient:
     """
 
     #: the service: its name in messages, the command that runs it, where its secret is
-    info: ClassVar[ServiceInfo] = ServiceInfo("service", "service", "service", "SERVICE_URL", "SERVICE_SECRET", "SERVICE_SECRET_FILE")
+    info: ClassVar[ServiceInfo] = ServiceInfo(
+        "service", "service", "service", "SERVICE_URL", "SERVICE_SECRET", "SERVICE_SECRET_FILE"
+    )
     #: the service's errors, which answers are turned back into
-    errors: ClassVar[ErrorSet] = ErrorSet(ServiceError, BadRequestError, UnauthorizedError, ServiceUnavailableError)
+    errors: ClassVar[ErrorSet] = ErrorSet(
+        ServiceError, BadRequestError, UnauthorizedError, ServiceUnavailableError
+    )
     #: what to do after a request that was not retried because it may have been applied
     not_retried_hint: ClassVar[str] = "check the service's state before trying again"
 
@@ -139,8 +147,15 @@ class JsonHttpClient:
     ) -> None:
         import httpx
 
-        if retries < 0 or timeout <= 0 or backoff < 0 or (throttle_timeout is not None and throttle_timeout < 0):
-            shown = f"timeout={timeout}, retries={retries}, backoff={backoff}" + ("" if throttle_timeout is None else f", throttle_timeout={throttle_timeout}")
+        if (
+            retries < 0
+            or timeout <= 0
+            or backoff < 0
+            or (throttle_timeout is not None and throttle_timeout < 0)
+        ):
+            shown = f"timeout={timeout}, retries={retries}, backoff={backoff}" + (
+                "" if throttle_timeout is None else f", throttle_timeout={throttle_timeout}"
+            )
             msg = f"{type(self).__name__}: need timeout > 0, retries >= 0, backoff >= 0, throttle_timeout >= 0; got {shown}"
             raise self.errors.invalid(msg)
         self.url = url.rstrip("/")
@@ -152,7 +167,9 @@ class JsonHttpClient:
         self.throttled = 0
         self._httpx = httpx
         headers = self.secret.header() if self.secret is not None else {}
-        self._client = httpx.Client(base_url=self.url, timeout=timeout, transport=transport, headers=headers)
+        self._client = httpx.Client(
+            base_url=self.url, timeout=timeout, transport=transport, headers=headers
+        )
         self._random = random.Random()
 
     def healthy(self) -> bool:
@@ -193,9 +210,13 @@ class JsonHttpClient:
         headers = None if body is None else {"Content-Type": "application/json"}
         while True:
             try:
-                response = self._client.request(method, path, content=content, headers=headers, params=params)
+                response = self._client.request(
+                    method, path, content=content, headers=headers, params=params
+                )
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-                last = f"{type(exc).__name__}: {exc}"  # the request never left: always safe to retry
+                last = (
+                    f"{type(exc).__name__}: {exc}"  # the request never left: always safe to retry
+                )
             except httpx.TransportError as exc:
                 last = f"{type(exc).__name__}: {exc}"
                 if not idempotent:
@@ -212,11 +233,18 @@ class JsonHttpClient:
                     throttles += 1
                     self.throttled += 1
                     now = time.monotonic()
-                    throttled_until = throttled_until if throttled_until is not None else now + self.throttle_timeout
+                    throttled_until = (
+                        throttled_until
+                        if throttled_until is not None
+                        else now + self.throttle_timeout
+                    )
                     if now >= throttled_until:
                         raise self._error(response)
                     wait = max(self._retry_after(response), self.backoff * 2 ** min(throttles, 6))
-                    time.sleep(min(wait, 5.0, max(0.0, throttled_until - now)) * (0.75 + self._random.random() / 2))
+                    time.sleep(
+                        min(wait, 5.0, max(0.0, throttled_until - now))
+                        * (0.75 + self._random.random() / 2)
+                    )
                     continue
                 if status < 500 or not idempotent:
                     raise self._error(response)
@@ -285,7 +313,9 @@ def open_client(
     url = url or os.environ.get(info.url_env) or None
     with contextlib.ExitStack() as stack:
         if url:
-            found = client_secret(secret, info, data_dir=data_dir, error=client_class.errors.authentication)
+            found = client_secret(
+                secret, info, data_dir=data_dir, error=client_class.errors.authentication
+            )
         else:
             service = stack.enter_context(embed(data_dir))
             url, found = service.url, service.secret

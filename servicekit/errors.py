@@ -127,7 +127,15 @@ class ErrorSet:
 
     def by_code(self) -> dict[str, type[ServiceError]]:
         """Error code -> class."""
-        out: dict[str, type[ServiceError]] = {cls.code: cls for cls in (self.invalid, self.authentication, self.unavailable, *self.others)}
-        for refusal in (ForbiddenError, PayloadTooLargeError, UnsupportedMediaTypeError, MisdirectedRequestError):
+        out: dict[str, type[ServiceError]] = {
+            cls.code: cls
+            for cls in (self.invalid, self.authentication, self.unavailable, *self.others)
+        }
+        for refusal in (
+            ForbiddenError,
+            PayloadTooLargeError,
+            UnsupportedMediaTypeError,
+            MisdirectedRequestError,
+        ):
             out.setdefault(refusal.code, self.invalid)
         return out

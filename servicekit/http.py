@@ -78,7 +78,11 @@ _WILDCARDS = frozenset({"", "0.0.0.0", "::"})
 _SAFE_METHODS = frozenset({"GET", "HEAD"})
 _ALWAYS_HEADERS = [(b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY")]
 #: what the CORS preflight of a keyed read allows, and how long a browser may remember it
-_PREFLIGHT_HEADERS = {"Access-Control-Allow-Methods": "GET, HEAD", "Access-Control-Allow-Headers": "Authorization", "Access-Control-Max-Age": "600"}
+_PREFLIGHT_HEADERS = {
+    "Access-Control-Allow-Methods": "GET, HEAD",
+    "Access-Control-Allow-Headers": "Authorization",
+    "Access-Control-Max-Age": "600",
+}
 
 log = logging.getLogger("servicekit")
 
@@ -106,8 +110,18 @@ def is_loopback_origin(origin: str) -> bool:
     """
     try:
         parts = urlsplit(origin.strip().lower())
-        bare = parts.username is None and not parts.path.strip("/") and not parts.query and not parts.fragment
-        return parts.scheme in ("http", "https") and parts.hostname in LOOPBACK_HOSTS and bare and parts.port != 0
+        bare = (
+            parts.username is None
+            and not parts.path.strip("/")
+            and not parts.query
+            and not parts.fragment
+        )
+        return (
+            parts.scheme in ("http", "https")
+            and parts.hostname in LOOPBACK_HOSTS
+            and bare
+            and parts.port != 0
+        )
     except ValueError:
         return False
 
@@ -182,7 +196,9 @@ class Guard:
         if self.max_body_bytes < 1:
             msg = f"{self.service}: max_body_bytes must be >= 1, got {self.max_body_bytes}"
             raise ValueError(msg)
-        object.__setattr__(self, "_origins", frozenset(o.rstrip("/").lower() for o in self.allowed_origins))
+        object.__setattr__(
+            self, "_origins", frozenset(o.rstrip("/").lower() for o in self.allowed_origins)
+        )
         object.__setattr__(self, "_read_key", self.secret.read_key() if self.keyed_reads else None)
 
     # -- the checks, each raising the ServiceError it is answered with
@@ -214,7 +230,9 @@ class Guard:
             netloc = urlsplit(normalized).netloc
         except ValueError:
             netloc = ""
-        return (netloc != "" and netloc == headers.get("host", "").strip().lower()) or normalized in self._origins
+        return (
+            netloc != "" and netloc == headers.get("host", "").strip().lower()
+        ) or normalized in self._origins
 
     def check_origin(self, method: str, headers: Headers, path: str = "") -> None:
         origin = headers.get("origin")
@@ -245,7 +263,9 @@ class Guard:
             raise UnauthorizedError(msg)
         scheme, _, presented = auth.partition(" ")
         presented = presented.strip()
-        accepted = self.secret.matches(presented) or (keyed and self._read_key is not None and self._read_key.matches(presented))
+        accepted = self.secret.matches(presented) or (
+            keyed and self._read_key is not None and self._read_key.matches(presented)
+        )
         if scheme.lower() != "bearer" or not accepted:
             msg = f"{what}: the bearer credential sent is not {needed}; {self.secret_hint}"
             raise UnauthorizedError(msg)
@@ -258,7 +278,11 @@ class Guard:
             msg = f"{self.service} refuses requests from pages of another site (Origin {describe(headers.get('origin', 'none'), 60)}); open its own page"
             raise ForbiddenError(msg)
         method = headers.get("access-control-request-method", "")
-        asked = {h.strip().lower() for h in headers.get("access-control-request-headers", "").split(",") if h.strip()}
+        asked = {
+            h.strip().lower()
+            for h in headers.get("access-control-request-headers", "").split(",")
+            if h.strip()
+        }
         if method not in _SAFE_METHODS or not asked <= {"authorization"}:
             msg = f"{describe(path, 80)} may be read from another page with GET and an Authorization header only, not {describe(method, 20)} with {sorted(asked)[:5]}"
             raise ForbiddenError(msg)
@@ -273,7 +297,9 @@ class Guard:
             if int(length) > self.max_body_bytes:
                 msg = f"the request body is {int(length):,} bytes, more than the {self.max_body_bytes:,} {self.service} accepts; send smaller batches"
                 raise PayloadTooLargeError(msg)
-        has_body = (length is not None and int(length) > 0) or "chunked" in headers.get("transfer-encoding", "").lower()
+        has_body = (length is not None and int(length) > 0) or "chunked" in headers.get(
+            "transfer-encoding", ""
+        ).lower()
         if has_body:
             ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
             if ctype != "application/json" and not ctype.endswith("+json"):
@@ -317,7 +343,9 @@ def error_response(exc: ServiceError, *, close: bool = False, realm: str = "serv
     return json_response(body, exc.status, headers)
 
 
-def json_endpoint(fn: Callable[[Request], Awaitable[Any]], *, logger: logging.Logger | None = None) -> Callable[[Request], Awaitable[Response]]:
+def json_endpoint(
+    fn: Callable[[Request], Awaitable[Any]], *, logger: logging.Logger | None = None
+) -> Callable[[Request], Awaitable[Response]]:
     """A Starlette endpoint from ``fn(request) -> JSON-able data`` (or a Response).
 
     A :class:`ServiceError` becomes its status; any other exception is logged with its
@@ -331,7 +359,9 @@ def json_endpoint(fn: Callable[[Request], Awaitable[Any]], *, logger: logging.Lo
             data = await fn(request)
         except ServiceError as exc:
             return error_response(exc)
-        except ClientDisconnect:  # the client left while sending its body: nothing was done, nobody to tell
+        except (
+            ClientDisconnect
+        ):  # the client left while sending its body: nothing was done, nobody to tell
             return Response(status_code=400)
         except Exception as exc:
             logger.exception("internal error on %s %s", request.method, request.url.path)
@@ -357,16 +387,24 @@ class GuardMiddleware:
         method, path = scope["method"], scope["path"]
         send_with_headers = _with_headers(send, _cors_headers(self.guard, path, headers))
         try:
-            if method == "OPTIONS" and path in self.guard.keyed_reads and "access-control-request-method" in headers:
+            if (
+                method == "OPTIONS"
+                and path in self.guard.keyed_reads
+                and "access-control-request-method" in headers
+            ):
                 self.guard.check_host(headers)
                 allowed = self.guard.check_preflight(path, headers)
-                await Response(status_code=204, headers={**allowed, "Cache-Control": "no-store"})(scope, receive, send_with_headers)
+                await Response(status_code=204, headers={**allowed, "Cache-Control": "no-store"})(
+                    scope, receive, send_with_headers
+                )
                 return
             self.guard.check(method, path, headers)
         except ServiceError as exc:
             # the body (if any) was not read: close, so the client's upload stops here
             close = method not in _SAFE_METHODS or headers.get("content-length", "0") != "0"
-            await error_response(exc, close=close, realm=self.guard.service)(scope, receive, send_with_headers)
+            await error_response(exc, close=close, realm=self.guard.service)(
+                scope, receive, send_with_headers
+            )
             return
         limit = self.guard.max_body_bytes
         received = 0

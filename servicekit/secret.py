@@ -82,7 +82,10 @@ class Secret:
         read), never for a mutation; it reveals nothing of the secret, and a new secret gives a
         new read key."""
         digest = hmac.new(self._bytes, _READ_KEY_LABEL, hashlib.sha256).digest()
-        return Secret(base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii"), source=f"the read key of the secret from {self.source}")
+        return Secret(
+            base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii"),
+            source=f"the read key of the secret from {self.source}",
+        )
 
     def header(self) -> dict[str, str]:
         """The ``Authorization`` header that proves a client holds this secret."""
@@ -117,7 +120,10 @@ def read_secret_file(path: str | os.PathLike[str], *, source: str | None = None)
         msg = f"cannot read the secret from {where} ({exc}); create it with e.g. {_GENERATE_HINT} > FILE; chmod 600 FILE"
         raise ConfigurationError(msg) from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        warnings.warn(f"{where} may be read by other users (mode {stat.S_IMODE(mode):o}); chmod 600 it", stacklevel=2)
+        warnings.warn(
+            f"{where} may be read by other users (mode {stat.S_IMODE(mode):o}); chmod 600 it",
+            stacklevel=2,
+        )
     return Secret(text, source=where)
 
 
@@ -154,7 +160,9 @@ def load_secret(
     if env and environ.get(env):
         return Secret(environ[env].strip(), source=f"${env}")
     if env_file and environ.get(env_file):
-        return read_secret_file(environ[env_file], source=f"the file named by ${env_file} ({environ[env_file]})")
+        return read_secret_file(
+            environ[env_file], source=f"the file named by ${env_file} ({environ[env_file]})"
+        )
     if default_file is None:
         return None
     if os.path.exists(default_file):

@@ -110,11 +110,21 @@ class ServeFlags:
 
     def guard_options(self, sock: socket.socket) -> dict[str, Any]:
         """The keyword arguments of :meth:`servicekit.http.Guard.for_bind` for a service listening on ``sock``."""
-        return {"bind_host": sock.getsockname()[0], "allow_hosts": self.allow_hosts, "allow_origins": self.allow_origins, "max_body_bytes": self.max_body_bytes}
+        return {
+            "bind_host": sock.getsockname()[0],
+            "allow_hosts": self.allow_hosts,
+            "allow_origins": self.allow_origins,
+            "max_body_bytes": self.max_body_bytes,
+        }
 
     def run_options(self) -> dict[str, Any]:
         """The keyword arguments of :func:`run_app` these flags give."""
-        return {"ready_file": self.ready_file, "ssl_certfile": self.ssl_certfile, "ssl_keyfile": self.ssl_keyfile, "log_level": self.log_level}
+        return {
+            "ready_file": self.ready_file,
+            "ssl_certfile": self.ssl_certfile,
+            "ssl_keyfile": self.ssl_keyfile,
+            "log_level": self.log_level,
+        }
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -145,7 +155,13 @@ def server_secret(info: ServiceInfo, flags: ServeFlags) -> Secret | None:
     ``None``, after printing ``NAME: why`` to stderr, when it cannot be had (the server exits 2)."""
     default_file = os.path.join(flags.data_dir, info.secret_file_name)
     try:
-        secret = load_secret(file=flags.secret_file, env=info.secret_env, env_file=info.secret_file_env, default_file=default_file, create=True)
+        secret = load_secret(
+            file=flags.secret_file,
+            env=info.secret_env,
+            env_file=info.secret_file_env,
+            default_file=default_file,
+            create=True,
+        )
     except (ConfigurationError, OSError) as exc:
         print(f"{info.name}: {exc}", file=sys.stderr)
         return None
@@ -198,14 +214,22 @@ def run_app(
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             super().handle_exit(sig, frame)
-            captured = getattr(self, "_captured_signals", None)  # SIGTERM means exit 0: uvicorn would re-raise it
+            captured = getattr(
+                self, "_captured_signals", None
+            )  # SIGTERM means exit 0: uvicorn would re-raise it
             if isinstance(captured, list):
                 captured.clear()
 
     config = uvicorn.Config(
-        app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=graceful_timeout,
-        ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, server_header=False,
-    )  # fmt: skip
+        app,
+        log_level=log_level,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=graceful_timeout,
+        ssl_certfile=ssl_certfile,
+        ssl_keyfile=ssl_keyfile,
+        server_header=False,
+    )
     _Server(config).run(sockets=[sock])
 
 
@@ -255,11 +279,26 @@ class ServiceProcess:
         ready_file = os.path.join(data_dir, f"ready-{os.getpid()}-{time.monotonic_ns()}.url")
         log_path = os.path.join(data_dir, log_name or f"{module.replace('_', '-')}.log")
         cmd = [
-            sys.executable, "-m", module, "serve", "--host", host, "--port", str(port),
-            "--data-dir", data_dir, "--ready-file", ready_file, "--secret-file", secret_file, *extra_args,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            module,
+            "serve",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--data-dir",
+            data_dir,
+            "--ready-file",
+            ready_file,
+            "--secret-file",
+            secret_file,
+            *extra_args,
+        ]
         with open(log_path, "ab") as log:
-            process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            process = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
         handle = cls("", process, data_dir, log_path, secret)
         deadline = time.monotonic() + startup_timeout
         try:
@@ -267,7 +306,10 @@ class ServiceProcess:
                 if process.poll() is not None:
                     msg = f"{name} exited with code {process.returncode} while starting:\n{handle.log()[-2000:]}"
                     raise unavailable(msg)
-                with contextlib.suppress(OSError, httpx.HTTPError), open(ready_file, encoding="utf-8") as f:
+                with (
+                    contextlib.suppress(OSError, httpx.HTTPError),
+                    open(ready_file, encoding="utf-8") as f,
+                ):
                     url = f.read().strip()
                     if url and httpx.get(f"{url}/healthz", timeout=2.0).status_code == 200:
                         handle.url = url
@@ -338,7 +380,9 @@ P = TypeVar("P", bound=ServiceProcess)
 
 
 @contextlib.contextmanager
-def running(start: Callable[[str], P], data_dir: str | None = None, *, temp_prefix: str = "service-") -> Iterator[P]:
+def running(
+    start: Callable[[str], P], data_dir: str | None = None, *, temp_prefix: str = "service-"
+) -> Iterator[P]:
     """``start(DATA_DIR)`` for the duration of a ``with`` block, stopped afterwards. With
     ``data_dir=None``, DATA_DIR is a new temporary directory, removed afterwards."""
     path = tempfile.mkdtemp(prefix=temp_prefix) if data_dir is None else data_dir

@@ -38,14 +38,35 @@ def anon(service: ServiceProcess) -> Iterator[Any]:
         yield h
 
 
-def start_serve(command: Sequence[str], tmp_path: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 30.0) -> tuple[subprocess.Popen[str], str]:
+def start_serve(
+    command: Sequence[str],
+    tmp_path: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 30.0,
+) -> tuple[subprocess.Popen[str], str]:
     """Run ``COMMAND --port 0 --data-dir TMP/d --ready-file TMP/url ARGS`` (a service's ``serve``
     command line, with ``env`` added to the environment) and wait until it writes its URL.
     Returns the process (its output piped) and the URL; fails the test with the output if
     the service exits or stays silent for ``timeout`` seconds."""
     ready = tmp_path / "url"
-    cmd = [*command, "--port", "0", "--data-dir", str(tmp_path / "d"), "--ready-file", str(ready), *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
+    cmd = [
+        *command,
+        "--port",
+        "0",
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--ready-file",
+        str(ready),
+        *args,
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
     deadline = time.monotonic() + timeout
     while not ready.exists():
         if proc.poll() is not None or time.monotonic() > deadline:

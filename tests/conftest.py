@@ -15,7 +15,9 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 # whatever directory they start in, as the suite's pytest workers do
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p
+    )
 # `millwheel run` serves the Spark UI by default; tests (and their subprocesses) do not
 os.environ.setdefault("MILLWHEEL_SPARK_UI", "0")
 # Every driver JVM of the suite (the session below, each driver a kill test starts) runs for
@@ -24,7 +26,9 @@ os.environ.setdefault("MILLWHEEL_SPARK_UI", "0")
 # kill test that starts two drivers: 83 s against 53 s (docs/architecture.md, "Tests").
 os.environ.setdefault("MILLWHEEL_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
-settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 settings.register_profile("dev", max_examples=200, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
@@ -95,12 +99,16 @@ def _edge_timer_classes():
 
         def process_record(self, record):
             self.state.set((self.state.get(0) or 0) + 1)
-            self.set_timer("flush", self.now, TimeDomain.WALL_TIME)  # due at once, whatever the watermark
+            self.set_timer(
+                "flush", self.now, TimeDomain.WALL_TIME
+            )  # due at once, whatever the watermark
             self.set_timer("end", MAX_TIMESTAMP)
 
         def process_timer(self, timer):
             if timer.tag == "flush":
-                self.produce("flushes", {"key": self.key, "count": self.state.get(0)})  # no timestamp given
+                self.produce(
+                    "flushes", {"key": self.key, "count": self.state.get(0)}
+                )  # no timestamp given
             else:
                 self.produce("totals", {"key": self.key, "total": self.state.get(0)})
 
@@ -124,7 +132,9 @@ def edge_timers():
     def topology(source):
         t = Topology("edges")
         t.injector("words", source)
-        t.computation(flusher, inputs={"words": lambda r: r.value["word"]}, outputs=["flushes", "totals"])
+        t.computation(
+            flusher, inputs={"words": lambda r: r.value["word"]}, outputs=["flushes", "totals"]
+        )
         t.computation(totals, inputs={"totals": lambda r: r.value["key"]})
         return t
 
@@ -144,11 +154,16 @@ def late_log_topology(tmp_path):
     t0 = 1_767_261_600_000  # 2026-01-01T10:00:00Z
     first = [{"id": f"a{i}", "ts": t0 + i * 100, "key": f"k{i % 3}"} for i in range(300)]
     second = [{"id": f"b{i}", "ts": t0 + 27_000 + i * 100, "key": f"k{i % 3}"} for i in range(300)]
-    (logs / "events-2026-01-01T10-00-00.jsonl").write_text("".join(json.dumps(r) + "\n" for r in first))
-    (logs / "events-2026-01-01T10-00-30.jsonl").write_text("".join(json.dumps(r) + "\n" for r in second))
+    (logs / "events-2026-01-01T10-00-00.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in first)
+    )
+    (logs / "events-2026-01-01T10-00-30.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in second)
+    )
     path = tmp_path / "late_counts.py"
-    path.write_text(textwrap.dedent(
-        f"""
+    path.write_text(
+        textwrap.dedent(
+            f"""
         import os
 
         from millwheel import Computation, ComputationOptions, LatePolicy, LogFileSource, Topology
@@ -163,7 +178,8 @@ def late_log_topology(tmp_path):
         topology.injector("logs", LogFileSource({str(logs)!r}, finite=True, lateness_ms=int(os.environ.get("LATENESS_MS", "0"))))
         topology.computation(Count, inputs={{"logs": lambda r: r.value["key"]}})
         """
-    ))  # fmt: skip
+        )
+    )
     return path, logs
 
 
@@ -197,8 +213,19 @@ def real_logs():
     import random
     from collections import Counter
 
-    def write(directory, *, events=20_000, files=8, disorder_ms=5_000, keys=40, rate_per_s=400, seed=7,
-              start_ms=1_767_261_600_000, names="part-{:04d}.jsonl", only_lines=False):  # fmt: skip
+    def write(
+        directory,
+        *,
+        events=20_000,
+        files=8,
+        disorder_ms=5_000,
+        keys=40,
+        rate_per_s=400,
+        seed=7,
+        start_ms=1_767_261_600_000,
+        names="part-{:04d}.jsonl",
+        only_lines=False,
+    ):
         rng = random.Random(seed)
         lines, truth = [], Counter()
         recent = []
@@ -206,7 +233,9 @@ def real_logs():
             arrival = start_ms + i * 1_000 // rate_per_s
             ts = arrival - rng.randint(0, disorder_ms)
             key = f"k{rng.randrange(keys)}"
-            line = json.dumps({"id": f"e{i}", "ts": ts, "key": key, "path": f"/p/{rng.randrange(100)}"})
+            line = json.dumps(
+                {"id": f"e{i}", "ts": ts, "key": key, "path": f"/p/{rng.randrange(100)}"}
+            )
             truth[(key, ts // 1_000 * 1_000)] += 1
             lines.append(line)
             recent.append(line)
@@ -305,9 +334,17 @@ def _identity_classes():
         def process_batch(self, batch):
             r = batch.records
             tags = [v["tag"] for v in r["value"]]
-            batch.produce("out", [{"tag": t} for t in tags], keys=r["key"], timestamps=r["timestamp"], once_ids=tags)
+            batch.produce(
+                "out",
+                [{"tag": t} for t in tags],
+                keys=r["key"],
+                timestamps=r["timestamp"],
+                once_ids=tags,
+            )
             last = r.groupby("key", sort=False, observed=True).tail(1)
-            batch.set_state(pd.DataFrame({"key": last["key"], "tag": [v["tag"] for v in last["value"]]}))
+            batch.set_state(
+                pd.DataFrame({"key": last["key"], "tag": [v["tag"] for v in last["value"]]})
+            )
             batch.set_timers(last["key"], ["t"] * len(last), last["timestamp"] + IDENTITY_TIMER_MS)
 
         def process_timers(self, batch, timers):
@@ -316,7 +353,9 @@ def _identity_classes():
             fired = s[s["key"].isin(list(when))]
             tags = [f"{t}/fired" for t in fired["tag"]]
             at = [when[k] for k in fired["key"].tolist()]
-            batch.produce("out", [{"tag": t} for t in tags], keys=fired["key"], timestamps=at, once_ids=tags)
+            batch.produce(
+                "out", [{"tag": t} for t in tags], keys=fired["key"], timestamps=at, once_ids=tags
+            )
             batch.set_state(s.iloc[:0])
 
     class Sink(Computation):
@@ -345,10 +384,23 @@ def identity_topology():
         t = Topology("identity")
         t.injector("in", source)
         late = LatePolicy.process()  # a record shipped late is processed: a new delivery of it
-        opts = ComputationOptions(strong_productions=strong, late=late, dedup=DedupOptions(slack_ms=1_000, gc_interval_ms=0), mapping=mapping)
-        t.computation(columnar_echo if columnar else echo, name="Echo", inputs={"in": lambda r: r.value["key"]}, outputs=["out"], options=opts)
+        opts = ComputationOptions(
+            strong_productions=strong,
+            late=late,
+            dedup=DedupOptions(slack_ms=1_000, gc_interval_ms=0),
+            mapping=mapping,
+        )
+        t.computation(
+            columnar_echo if columnar else echo,
+            name="Echo",
+            inputs={"in": lambda r: r.value["key"]},
+            outputs=["out"],
+            options=opts,
+        )
         keep = ComputationOptions(late=late, dedup=DedupOptions(slack_ms=10**12))
-        t.computation(sink, inputs={"out": lambda r: r.value["tag"]}, outputs=["seen"], options=keep)
+        t.computation(
+            sink, inputs={"out": lambda r: r.value["tag"]}, outputs=["seen"], options=keep
+        )
         return t
 
     return make

@@ -44,7 +44,9 @@ class Echo(Computation):
 
 
 def _harness(**kw) -> Harness:
-    return Harness.for_computation(Echo, inputs={"in": lambda r: r.key}, outputs=["out"], raise_errors=False, **kw)
+    return Harness.for_computation(
+        Echo, inputs={"in": lambda r: r.key}, outputs=["out"], raise_errors=False, **kw
+    )
 
 
 def _dead(h: Harness) -> list:
@@ -55,7 +57,15 @@ def _dead(h: Harness) -> list:
 @pytest.mark.parametrize("bad", ["lock-in-state", "lock-produced", "far-timer"])
 def test_an_unstorable_value_fails_its_record_only(bad):
     h = _harness()
-    h.inject("in", [Record("a", 1, 10, "1"), Record("a", bad, 11, "2"), Record("a", 3, 12, "3"), Record("b", 4, 13, "4")])
+    h.inject(
+        "in",
+        [
+            Record("a", 1, 10, "1"),
+            Record("a", bad, 11, "2"),
+            Record("a", 3, 12, "3"),
+            Record("b", 4, 13, "4"),
+        ],
+    )
     h.run()
     h.inject("in", [Record("a", 5, 14, "5")])  # later runs work too
     h.run()
@@ -70,9 +80,17 @@ def test_an_unstorable_value_fails_its_record_only(bad):
 # ---- 3. malformed record fields are refused at the boundary --------------------------------
 @pytest.mark.parametrize(
     ("ts", "rid", "why"),
-    [(None, "x", "timestamp must be an int"), ("12", "x", "timestamp must be an int"), (1.5, "x", "timestamp must be an int"),
-     (2**64, "x", "64-bit"), (1, 7, "id must be a non-empty str"), (1, None, "id must be a non-empty str"),
-     (1, b"x", "id must be a non-empty str"), (1, "", "id must be a non-empty str"), (1, "x\ud800", "lone surrogate")],
+    [
+        (None, "x", "timestamp must be an int"),
+        ("12", "x", "timestamp must be an int"),
+        (1.5, "x", "timestamp must be an int"),
+        (2**64, "x", "64-bit"),
+        (1, 7, "id must be a non-empty str"),
+        (1, None, "id must be a non-empty str"),
+        (1, b"x", "id must be a non-empty str"),
+        (1, "", "id must be a non-empty str"),
+        (1, "x\ud800", "lone surrogate"),
+    ],
 )
 def test_bad_ids_and_timestamps_are_dead_lettered_at_inject(ts, rid, why):
     h = _harness()
@@ -105,7 +123,9 @@ def test_a_dead_letter_consumer_that_fails_does_not_loop():
     t.injector("in")
     t.computation(Fails, inputs=["in"])
     t.computation(Fails, inputs={DEAD_LETTER_STREAM: lambda r: r.value.nope}, name="BadReader")
-    t.computation(Fails, inputs={DEAD_LETTER_STREAM: lambda r: r.value.computation}, name="FailingReader")
+    t.computation(
+        Fails, inputs={DEAD_LETTER_STREAM: lambda r: r.value.computation}, name="FailingReader"
+    )
     h = Harness(t, raise_errors=False)
     h.inject("in", [Record("k", "x", 1, "1")])
     h.run()

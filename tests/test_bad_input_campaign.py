@@ -92,9 +92,13 @@ class BadInput:
         return f"{self.name}-queries-2026-01-01.jsonl"
 
 
-def _around(cls: str, middle: bytes, *dead: tuple[str, str], read: tuple[str, ...] = ()) -> BadInput:
+def _around(
+    cls: str, middle: bytes, *dead: tuple[str, str], read: tuple[str, ...] = ()
+) -> BadInput:
     """Class ``cls``: ``middle`` between two good lines."""
-    return BadInput(cls, line(cls, 0) + middle + line(cls, 9), (f"{cls}-0", *read, f"{cls}-9"), dead)
+    return BadInput(
+        cls, line(cls, 0) + middle + line(cls, 9), (f"{cls}-0", *read, f"{cls}-9"), dead
+    )
 
 
 def _table() -> list[BadInput]:
@@ -102,41 +106,128 @@ def _table() -> list[BadInput]:
     deep = "[" * 100_000 + "]" * 100_000
     return [
         # ---- bytes
-        BadInput("no-final-newline", line("no-final-newline", 0) + line("no-final-newline", 1)[:-1], ("no-final-newline-0", "no-final-newline-1")),
-        BadInput("crlf", line("crlf", 0)[:-1] + b"\r\n" + line("crlf", 1)[:-1] + b"\r\n", ("crlf-0", "crlf-1")),
+        BadInput(
+            "no-final-newline",
+            line("no-final-newline", 0) + line("no-final-newline", 1)[:-1],
+            ("no-final-newline-0", "no-final-newline-1"),
+        ),
+        BadInput(
+            "crlf",
+            line("crlf", 0)[:-1] + b"\r\n" + line("crlf", 1)[:-1] + b"\r\n",
+            ("crlf-0", "crlf-1"),
+        ),
         BadInput("bom", b"\xef\xbb\xbf" + line("bom", 0) + line("bom", 1), ("bom-0", "bom-1")),
-        _around("nul-bytes", b"\x00" * 64 + b"\n" + line("nul-bytes", 1, id="nul\x00").replace(b"\\u0000", b"\x00"),
-                (MALFORMED, "broken JSON"), (MALFORMED, "Invalid control character")),  # fmt: skip
-        _around("invalid-utf8", line("invalid-utf8", 1).replace(b"invalid-utf8-1", b"bad-\xff\xfe"), (MALFORMED, "codec can't decode")),
+        _around(
+            "nul-bytes",
+            b"\x00" * 64 + b"\n" + line("nul-bytes", 1, id="nul\x00").replace(b"\\u0000", b"\x00"),
+            (MALFORMED, "broken JSON"),
+            (MALFORMED, "Invalid control character"),
+        ),
+        _around(
+            "invalid-utf8",
+            line("invalid-utf8", 1).replace(b"invalid-utf8-1", b"bad-\xff\xfe"),
+            (MALFORMED, "codec can't decode"),
+        ),
         _around("ten-mb-line", line("ten-mb-line", 1, blob=big), read=("ten-mb-line-1",)),
         BadInput("empty-file", b"", ()),
-        BadInput("only-malformed", b'{"id": "x", "ts": \n[1, 2]\n"text"\n',
-                 (), ((MALFORMED, "broken JSON"), (MALFORMED, "not a JSON object: list"), (MALFORMED, "not a JSON object: str"))),  # fmt: skip
-        BadInput("half-line", line("half-line", 0) + line("half-line", 1)[:25], ("half-line-0",), ((MALFORMED, "broken JSON"),)),
+        BadInput(
+            "only-malformed",
+            b'{"id": "x", "ts": \n[1, 2]\n"text"\n',
+            (),
+            (
+                (MALFORMED, "broken JSON"),
+                (MALFORMED, "not a JSON object: list"),
+                (MALFORMED, "not a JSON object: str"),
+            ),
+        ),
+        BadInput(
+            "half-line",
+            line("half-line", 0) + line("half-line", 1)[:25],
+            ("half-line-0",),
+            ((MALFORMED, "broken JSON"),),
+        ),
         _around("blank-lines", b"\n   \n\t\r\n"),
-        _around("deep-nesting", line("deep-nesting", 1, v=...)[:-2] + f', "v": {deep}}}\n'.encode(), (MALFORMED, "recursion")),
+        _around(
+            "deep-nesting",
+            line("deep-nesting", 1, v=...)[:-2] + f', "v": {deep}}}\n'.encode(),
+            (MALFORMED, "recursion"),
+        ),
         # ---- time
-        _around("seconds", line("seconds", 1, ts=T // 1000), (IMPLAUSIBLE, f"'ts' is {T // 1000} ")),
-        _around("microseconds", line("microseconds", 1, ts=T * 1000), (IMPLAUSIBLE, f"'ts' is {T * 1000} ")),
-        _around("nanoseconds", line("nanoseconds", 1, ts=T * 10**6), (IMPLAUSIBLE, f"'ts' is {T * 10**6} ")),
+        _around(
+            "seconds", line("seconds", 1, ts=T // 1000), (IMPLAUSIBLE, f"'ts' is {T // 1000} ")
+        ),
+        _around(
+            "microseconds",
+            line("microseconds", 1, ts=T * 1000),
+            (IMPLAUSIBLE, f"'ts' is {T * 1000} "),
+        ),
+        _around(
+            "nanoseconds",
+            line("nanoseconds", 1, ts=T * 10**6),
+            (IMPLAUSIBLE, f"'ts' is {T * 10**6} "),
+        ),
         _around("negative", line("negative", 1, ts=-1), (IMPLAUSIBLE, "'ts' is -1 ")),
-        _around("int64-min", line("int64-min", 1, ts=-(2**63)) + line("int64-min", 2, ts=-(2**63) + 1),
-                (MALFORMED, "64-bit"), (IMPLAUSIBLE, f"'ts' is {-(2**63) + 1} ")),  # fmt: skip
-        _around("int64-max", line("int64-max", 1, ts=2**63 - 1) + line("int64-max", 2, ts=2**63 - 2) + line("int64-max", 3, ts=2**64),
-                (MALFORMED, "64-bit"), (IMPLAUSIBLE, f"'ts' is {2**63 - 2} "), (MALFORMED, "64-bit")),  # fmt: skip
-        _around("float-ts", line("float-ts", 1, ts=T + 0.5) + line("float-ts", 2, ts=float(T)), (MALFORMED, "not an integer"), (MALFORMED, "not an integer")),
-        _around("string-ts", line("string-ts", 1, ts=str(T)) + line("string-ts", 2, ts="2026-01-01T10:00:00Z"),
-                (MALFORMED, "not an integer"), (MALFORMED, "not an integer")),  # fmt: skip
-        _around("missing-ts", line("missing-ts", 1, ts=...) + line("missing-ts", 2, ts=None), (MALFORMED, "missing timestamp"), (MALFORMED, "missing timestamp")),
+        _around(
+            "int64-min",
+            line("int64-min", 1, ts=-(2**63)) + line("int64-min", 2, ts=-(2**63) + 1),
+            (MALFORMED, "64-bit"),
+            (IMPLAUSIBLE, f"'ts' is {-(2**63) + 1} "),
+        ),
+        _around(
+            "int64-max",
+            line("int64-max", 1, ts=2**63 - 1)
+            + line("int64-max", 2, ts=2**63 - 2)
+            + line("int64-max", 3, ts=2**64),
+            (MALFORMED, "64-bit"),
+            (IMPLAUSIBLE, f"'ts' is {2**63 - 2} "),
+            (MALFORMED, "64-bit"),
+        ),
+        _around(
+            "float-ts",
+            line("float-ts", 1, ts=T + 0.5) + line("float-ts", 2, ts=float(T)),
+            (MALFORMED, "not an integer"),
+            (MALFORMED, "not an integer"),
+        ),
+        _around(
+            "string-ts",
+            line("string-ts", 1, ts=str(T)) + line("string-ts", 2, ts="2026-01-01T10:00:00Z"),
+            (MALFORMED, "not an integer"),
+            (MALFORMED, "not an integer"),
+        ),
+        _around(
+            "missing-ts",
+            line("missing-ts", 1, ts=...) + line("missing-ts", 2, ts=None),
+            (MALFORMED, "missing timestamp"),
+            (MALFORMED, "missing timestamp"),
+        ),
         _around("bool-ts", line("bool-ts", 1, ts=True), (MALFORMED, "not an integer")),
         # ---- ids
-        _around("missing-id", line("missing-id", 1, id=...), read=("missing-id-queries-2026-01-01.jsonl:{offset}",)),
+        _around(
+            "missing-id",
+            line("missing-id", 1, id=...),
+            read=("missing-id-queries-2026-01-01.jsonl:{offset}",),
+        ),
         _around("empty-id", line("empty-id", 1, id=""), (MALFORMED, "non-empty string, got str")),
-        _around("non-string-id", line("non-string-id", 1, id=7) + line("non-string-id", 2, id=[1]) + line("non-string-id", 3, id={"a": 1}),
-                (MALFORMED, "got int"), (MALFORMED, "got list"), (MALFORMED, "got dict")),  # fmt: skip
-        _around("same-id-other-payload", line("same-id-other-payload", 1) + line("same-id-other-payload", 1, v=99), read=("same-id-other-payload-1",)),
-        _around("lone-surrogate-id", line("lone-surrogate-id", 1).replace(b"lone-surrogate-id-1", b"a\\ud800b"), (MALFORMED, "lone surrogate")),
-    ]  # fmt: skip
+        _around(
+            "non-string-id",
+            line("non-string-id", 1, id=7)
+            + line("non-string-id", 2, id=[1])
+            + line("non-string-id", 3, id={"a": 1}),
+            (MALFORMED, "got int"),
+            (MALFORMED, "got list"),
+            (MALFORMED, "got dict"),
+        ),
+        _around(
+            "same-id-other-payload",
+            line("same-id-other-payload", 1) + line("same-id-other-payload", 1, v=99),
+            read=("same-id-other-payload-1",),
+        ),
+        _around(
+            "lone-surrogate-id",
+            line("lone-surrogate-id", 1).replace(b"lone-surrogate-id-1", b"a\\ud800b"),
+            (MALFORMED, "lone surrogate"),
+        ),
+    ]
 
 
 TABLE = _table()
@@ -163,7 +254,10 @@ def _tailed_steps(logs: Path) -> list:
       position, then 200 more (the watermark once jumped to the year 57971 and the rest
       were dropped as late).
     """
-    trunc, future = logs / "truncated-mid-line-queries-2026-01-01.jsonl", logs / "far-future-at-the-read-position-queries-2026-01-01.jsonl"
+    trunc, future = (
+        logs / "truncated-mid-line-queries-2026-01-01.jsonl",
+        logs / "far-future-at-the-read-position-queries-2026-01-01.jsonl",
+    )
     cut = line("truncated-mid-line", 1)
     us = line("far-future-at-the-read-position", 200, ts=(T + 200_000) * 1000)
 
@@ -181,7 +275,9 @@ def _tailed_steps(logs: Path) -> list:
         append(future, us)
 
     def third():
-        append(future, b"".join(line("far-future-at-the-read-position", i) for i in range(201, 401)))
+        append(
+            future, b"".join(line("far-future-at-the-read-position", i) for i in range(201, 401))
+        )
 
     def done():
         (logs / "_DONE").write_text("")
@@ -192,9 +288,11 @@ def _tailed_steps(logs: Path) -> list:
 def _tailed_expected() -> dict[str, tuple[list[str], list[tuple[str, str]]]]:
     return {
         "truncated-mid-line": ([f"truncated-mid-line-{i}" for i in range(3)], []),
-        "far-future-at-the-read-position": ([f"far-future-at-the-read-position-{i}" for i in range(401) if i != 200],
-                                            [(IMPLAUSIBLE, f"'ts' is {(T + 200_000) * 1000} ")]),
-    }  # fmt: skip
+        "far-future-at-the-read-position": (
+            [f"far-future-at-the-read-position-{i}" for i in range(401) if i != 200],
+            [(IMPLAUSIBLE, f"'ts' is {(T + 200_000) * 1000} ")],
+        ),
+    }
 
 
 def test_the_table_covers_at_least_25_classes():
@@ -207,21 +305,34 @@ def _batch_answer(classes: dict[str, tuple[list[str], list[tuple[str, str]]]]) -
     return Counter((name, rid) for name, (ids, _) in classes.items() for rid in ids)
 
 
-def _check(seen: list[dict], bad: list[dict], classes: dict[str, tuple[list[str], list[tuple[str, str]]]], backend: str) -> None:
+def _check(
+    seen: list[dict],
+    bad: list[dict],
+    classes: dict[str, tuple[list[str], list[tuple[str, str]]]],
+    backend: str,
+) -> None:
     """Every class read exactly or dead-lettered with its reason; every key exact."""
     got = Counter((v["key"], v["id"]) for v in seen)
     assert got == _batch_answer(classes), backend  # every key at once: nothing lost, nothing twice
     for name, (ids, dead) in classes.items():
         assert sorted(rid for key, rid in got if key == name) == sorted(ids), (backend, name)
-        letters = sorted((b for b in bad if b["file"].startswith(f"{name}-queries")), key=lambda b: b["offset"])
-        assert [b["stage"] for b in letters] == [stage for stage, _ in dead], (backend, name, letters)
+        letters = sorted(
+            (b for b in bad if b["file"].startswith(f"{name}-queries")), key=lambda b: b["offset"]
+        )
+        assert [b["stage"] for b in letters] == [stage for stage, _ in dead], (
+            backend,
+            name,
+            letters,
+        )
         for b, (_, part) in zip(letters, dead, strict=True):
             assert part in b["reason"], (backend, name, b["reason"])
             if b["stage"] == IMPLAUSIBLE:
                 assert str(b["ts"]) in b["reason"]  # the value is in the letter, and the record
     if "same-id-other-payload" in classes:
         same = [v for v in seen if v["id"] == "same-id-other-payload-1"]
-        assert [v["v"] for v in same] == [1]  # the first delivery of an id wins, the other is a duplicate
+        assert [v["v"] for v in same] == [
+            1
+        ]  # the first delivery of an id wins, the other is a duplicate
     if "ten-mb-line" in classes:
         (big,) = [v for v in seen if v["id"] == "ten-mb-line-1"]
         assert big["size"] > 10 << 20
@@ -238,7 +349,12 @@ def user_path(tmp_path):
     for c in TABLE:
         (finished / c.file).write_bytes(c.data)
     (finished / "_DONE").write_text("")
-    env = {**os.environ, "QUERY_LOGS": str(finished), "LIVE_LOGS": str(live), "RESULTS": str(tmp_path / "results.json")}
+    env = {
+        **os.environ,
+        "QUERY_LOGS": str(finished),
+        "LIVE_LOGS": str(live),
+        "RESULTS": str(tmp_path / "results.json"),
+    }
     return topo, env, finished, live
 
 
@@ -248,21 +364,35 @@ def test_the_campaign_on_the_harness(user_path, tmp_path, tailed_logs, monkeypat
 
     topo, env, _, live = user_path
     (live / "_DONE").write_text("")  # the tailed classes are read below
-    done = subprocess.run([MILLWHEEL, "run", str(topo), "--backend", "harness"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    done = subprocess.run(
+        [MILLWHEEL, "run", str(topo), "--backend", "harness"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "dead letters:" in done.stdout  # the summary names what was not read
     results = json.loads(Path(env["RESULTS"]).read_text())
     classes = {c.name: (_expected_ids(c), list(c.dead)) for c in TABLE}
     _check(results["seen"], results["bad"], classes, "harness")
-    assert results["metrics"]["PerKey"]["late"] == 0 and results["metrics"]["PerKey"]["duplicates"] == 1
+    assert (
+        results["metrics"]["PerKey"]["late"] == 0
+        and results["metrics"]["PerKey"]["duplicates"] == 1
+    )
 
     # the tailed classes: the same file, read live through the shared plan
     (live / "_DONE").unlink()
     nothing = tmp_path / "nothing"
     nothing.mkdir()
     (nothing / "_DONE").write_text("")
-    for name, value in {"QUERY_LOGS": str(nothing), "LIVE_LOGS": str(live), "RESULTS": env["RESULTS"]}.items():
+    for name, value in {
+        "QUERY_LOGS": str(nothing),
+        "LIVE_LOGS": str(live),
+        "RESULTS": env["RESULTS"],
+    }.items():
         monkeypatch.setenv(name, value)
     t, _ = load_topology_module(str(topo))
     source = tailed_logs(t.injectors["live"].source, _tailed_steps(live))
@@ -272,7 +402,9 @@ def test_the_campaign_on_the_harness(user_path, tmp_path, tailed_logs, monkeypat
         _check(h.values("seen"), h.values("bad"), _tailed_expected(), "harness, tailed")
         assert h.metrics("PerKey")["late"] == 0
     after_us = source.offsets[1]["lw"]
-    assert after_us < T + 1_000_000, timestamp_text(after_us)  # the record in microseconds moved no time
+    assert after_us < T + 1_000_000, timestamp_text(
+        after_us
+    )  # the record in microseconds moved no time
     assert source.offsets[-1]["lw"] == MAX_TIMESTAMP
 
 
@@ -295,19 +427,28 @@ def test_the_campaign_on_spark(user_path, spark, tmp_path, monkeypatch):
     for name in ("QUERY_LOGS", "LIVE_LOGS", "RESULTS"):
         monkeypatch.setenv(name, env[name])
     t, _ = load_topology_module(str(topo))
-    rt = SparkRuntime(t, str(tmp_path / "run"), RuntimeSettings(intervals=2, poll_ms=50), spark=spark)
+    rt = SparkRuntime(
+        t, str(tmp_path / "run"), RuntimeSettings(intervals=2, poll_ms=50), spark=spark
+    )
     rt.start()
     try:
-        watched = [live / "truncated-mid-line-queries-2026-01-01.jsonl", live / "far-future-at-the-read-position-queries-2026-01-01.jsonl"]
+        watched = [
+            live / "truncated-mid-line-queries-2026-01-01.jsonl",
+            live / "far-future-at-the-read-position-queries-2026-01-01.jsonl",
+        ]
         for step in steps[:-1]:
             step()
-            until = time.monotonic() + 300  # a bound, not a wait: seconds unless the machine is overloaded
+            until = (
+                time.monotonic() + 300
+            )  # a bound, not a wait: seconds unless the machine is overloaded
             while not all(p.exists() and _caught_up(rt, "live", p) for p in watched):
                 assert time.monotonic() < until, "the live injector did not catch up"
                 rt.poll()
                 time.sleep(0.05)
             lw = rt.injectors["live"].low_watermark
-            assert lw < T + 1_000_000, timestamp_text(lw)  # the record in microseconds moved no time
+            assert lw < T + 1_000_000, timestamp_text(
+                lw
+            )  # the record in microseconds moved no time
             snapshot = Sampler(rt).sample()  # the status the driver once died formatting
             assert table_lines(snapshot) and compact_line(snapshot)
         steps[-1]()

@@ -9,7 +9,16 @@ import pytest
 
 from millwheel import Topology, cli
 
-COMMANDS = ["run", "validate", "graph", "authority", "read", "state", "cluster", *sorted(cli.registered_commands())]
+COMMANDS = [
+    "run",
+    "validate",
+    "graph",
+    "authority",
+    "read",
+    "state",
+    "cluster",
+    *sorted(cli.registered_commands()),
+]
 
 
 class _Parsed(Exception):  # noqa: N818 - a signal, not an error
@@ -48,9 +57,17 @@ def test_every_option_has_a_one_line_help(command, monkeypatch):
     parser = _parser_of(command, monkeypatch)
     options = list(_options(parser, parser.prog))
     assert options
-    missing = [f"{where} {flag}" for where, flag, text in options if text != argparse.SUPPRESS and not (text or "").strip()]
+    missing = [
+        f"{where} {flag}"
+        for where, flag, text in options
+        if text != argparse.SUPPRESS and not (text or "").strip()
+    ]
     assert missing == []
-    long = [f"{where} {flag}" for where, flag, text in options if text and len(" ".join(text.split())) > 240]
+    long = [
+        f"{where} {flag}"
+        for where, flag, text in options
+        if text and len(" ".join(text.split())) > 240
+    ]
     assert long == []
 
 
@@ -65,13 +82,28 @@ def test_spark_conf_merges_topology_then_command_line():
     from millwheel.runtime._cli import spark_conf
 
     p = cli.build_parser({})
-    args = p.parse_args(["run", "t.py", "--conf", "spark.sql.shuffle.partitions=3", "--conf", "spark.executor.memory=2g",
-                         "--packages", "org.apache.spark:spark-sql-kafka-0-10_2.13:4.3.0", "--jars", "/opt/a.jar"])  # fmt: skip
+    args = p.parse_args(
+        [
+            "run",
+            "t.py",
+            "--conf",
+            "spark.sql.shuffle.partitions=3",
+            "--conf",
+            "spark.executor.memory=2g",
+            "--packages",
+            "org.apache.spark:spark-sql-kafka-0-10_2.13:4.3.0",
+            "--jars",
+            "/opt/a.jar",
+        ]
+    )
     t = Topology("t", spark_conf={"spark.executor.memory": "1g", "spark.task.cpus": 1})
     assert spark_conf(t, args) == {
-        "spark.executor.memory": "2g", "spark.task.cpus": "1", "spark.sql.shuffle.partitions": "3",
-        "spark.jars.packages": "org.apache.spark:spark-sql-kafka-0-10_2.13:4.3.0", "spark.jars": "/opt/a.jar",
-    }  # fmt: skip
+        "spark.executor.memory": "2g",
+        "spark.task.cpus": "1",
+        "spark.sql.shuffle.partitions": "3",
+        "spark.jars.packages": "org.apache.spark:spark-sql-kafka-0-10_2.13:4.3.0",
+        "spark.jars": "/opt/a.jar",
+    }
     with pytest.raises(MillwheelError, match="--conf takes KEY=VALUE"):
         spark_conf(t, p.parse_args(["run", "t.py", "--conf", "spark.executor.memory"]))
 
@@ -82,9 +114,17 @@ def test_every_default_is_in_the_help(command, monkeypatch):
     parser = _parser_of(command, monkeypatch)
     unsaid = []
     for where, flag, action in _actions(parser, parser.prog):
-        if not action.option_strings or action.help in (None, argparse.SUPPRESS) or action.nargs == 0:
+        if (
+            not action.option_strings
+            or action.help in (None, argparse.SUPPRESS)
+            or action.nargs == 0
+        ):
             continue  # a positional argument, or a flag (store_true/false: off unless given)
-        if action.default not in (None, [], "") and "default" not in action.help and "%(default)" not in action.help:
+        if (
+            action.default not in (None, [], "")
+            and "default" not in action.help
+            and "%(default)" not in action.help
+        ):
             unsaid.append(f"{where} {flag} (default {action.default!r}): {action.help!r}")
     assert unsaid == []
 

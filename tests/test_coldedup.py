@@ -21,28 +21,56 @@ def test_hash_bytes_is_a_function_of_each_value_alone():
     one_by_one = [int(hash_bytes(pa.array([v]))[0]) for v in values]
     assert whole.tolist() == one_by_one
     assert len(set(one_by_one)) == len(values)  # "a" and "a\0", "" and "x"*100: all distinct
-    assert hash_bytes(pa.array(values).slice(3)).tolist() == one_by_one[3:]  # a slice reads its own offsets
+    assert (
+        hash_bytes(pa.array(values).slice(3)).tolist() == one_by_one[3:]
+    )  # a slice reads its own offsets
     assert hash_bytes(pa.array(values, pa.large_string())).tolist() == one_by_one
     assert hash_bytes(pa.array([v.encode() for v in values], pa.binary())).tolist() == one_by_one
     assert hash_bytes(pa.chunked_array([values[:4], values[4:]])).tolist() == one_by_one
     # stored filters depend on it: the function may not change without a new FINGERPRINTS version
-    assert hash_bytes(pa.array(["r0-1", "abcdefghi"])).tolist() == [11586987076058577484, 5057595687875030747]
+    assert hash_bytes(pa.array(["r0-1", "abcdefghi"])).tolist() == [
+        11586987076058577484,
+        5057595687875030747,
+    ]
 
 
 def _v1_wire(ids: list[str], keys: list[bytes], kix: list[int], ts: list[int]) -> list:
     """A dedup index as version 1 stored it: one IPC batch (ids, key indexes, timestamps),
     the keys, and a filter over xxh3 fingerprints with the modulo positions of that version."""
-    fps = np.fromiter((xxhash.xxh3_64_intdigest(i.encode()) ^ xxhash.xxh3_64_intdigest(keys[k]) for i, k in zip(ids, kix, strict=True)), np.uint64, len(ids))
+    fps = np.fromiter(
+        (
+            xxhash.xxh3_64_intdigest(i.encode()) ^ xxhash.xxh3_64_intdigest(keys[k])
+            for i, k in zip(ids, kix, strict=True)
+        ),
+        np.uint64,
+        len(ids),
+    )
     capacity = max(64, 2 * len(ids))
     m, k = bloom_size(capacity, 0.01)
     bits = np.zeros(m, np.bool_)
     h1, h2 = fps & np.uint64(0xFFFFFFFF), (fps >> np.uint64(32)) | np.uint64(1)
-    bits[((h1[:, None] + np.arange(k, dtype=np.uint64)[None, :] * h2[:, None]) % np.uint64(m)).ravel()] = True
-    batch = pa.RecordBatch.from_arrays([pa.array(ids, pa.string()), pa.array(kix, pa.int32()), pa.array(ts, pa.int64())], ["id", "kix", "ts"])
+    bits[
+        (
+            (h1[:, None] + np.arange(k, dtype=np.uint64)[None, :] * h2[:, None]) % np.uint64(m)
+        ).ravel()
+    ] = True
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array(ids, pa.string()), pa.array(kix, pa.int32()), pa.array(ts, pa.int64())],
+        ["id", "kix", "ts"],
+    )
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema, options=_IPC) as w:
         w.write_batch(batch)
-    return [sink.getvalue().to_pybytes(), keys, np.packbits(bits).tobytes(), m, k, capacity, 0.01, False]
+    return [
+        sink.getvalue().to_pybytes(),
+        keys,
+        np.packbits(bits).tobytes(),
+        m,
+        k,
+        capacity,
+        0.01,
+        False,
+    ]
 
 
 def test_a_version_1_store_still_decides_exactly():
@@ -53,9 +81,15 @@ def test_a_version_1_store_still_decides_exactly():
     store = ColumnarStore(dedup=ColumnarDedup.from_wire(wire))
     st = ColumnarStore.decode(store.encode())  # and through the store's current form
     held = [(ids[i], keys[kix[i]]) for i in range(0, 500, 7)]
-    fresh = [(f"new{i}", b"k0") for i in range(100)] + [(ids[i], keys[1 - kix[i]]) for i in range(0, 500, 9)]  # another key's id is new
+    fresh = [(f"new{i}", b"k0") for i in range(100)] + [
+        (ids[i], keys[1 - kix[i]]) for i in range(0, 500, 9)
+    ]  # another key's id is new
     for d in (ColumnarDedup.from_wire(wire), st.dedup):
-        keep = d.admit([i for i, _ in held + fresh], [k for _, k in held + fresh], np.zeros(len(held) + len(fresh), np.int64))
+        keep = d.admit(
+            [i for i, _ in held + fresh],
+            [k for _, k in held + fresh],
+            np.zeros(len(held) + len(fresh), np.int64),
+        )
         assert not keep[: len(held)].any() and keep[len(held) :].all()
 
 
@@ -74,16 +108,22 @@ def test_held_ids_are_encoded_once_and_merged_by_tier(batches):
         kbs = [f"k{rng.randrange(30)}".encode() for _ in ids]
         assert d.admit(ids, kbs, np.full(n, b, np.int64)).all()
         wire = d.to_wire()
-        encoded += sum(pa.ipc.open_stream(s[0]).read_all().num_rows for s in wire[0] if s not in before)
+        encoded += sum(
+            pa.ipc.open_stream(s[0]).read_all().num_rows for s in wire[0] if s not in before
+        )
         held_each_batch += len(d)
         before = wire[0]
         d = ColumnarDedup.from_wire(wire)
-        assert not d.admit(ids[::3], kbs[::3], np.zeros(len(ids[::3]), np.int64)).any()  # held across the round trip
+        assert not d.admit(
+            ids[::3], kbs[::3], np.zeros(len(ids[::3]), np.int64)
+        ).any()  # held across the round trip
     assert len(before) <= (SEGMENTS_PER_TIER - 1) * 4
     assert sum(pa.ipc.open_stream(s[0]).read_all().num_rows for s in before) == len(d)
     assert encoded <= len(d) * (2 + np.log(batches) / np.log(4))
     if batches > 10:
-        assert encoded < held_each_batch / 3  # re-encoding everything in every batch: held_each_batch
+        assert (
+            encoded < held_each_batch / 3
+        )  # re-encoding everything in every batch: held_each_batch
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -97,7 +137,9 @@ def test_decisions_match_a_set_of_pairs_through_round_trips_rebuilds_and_collect
     held: dict[tuple[bytes, str], int] = {}
     for b in range(25):
         n = rng.randrange(1, 120)
-        pool = [(f"k{rng.randrange(12)}".encode(), f"i{rng.randrange(b * 40 + 60)}") for _ in range(n)]
+        pool = [
+            (f"k{rng.randrange(12)}".encode(), f"i{rng.randrange(b * 40 + 60)}") for _ in range(n)
+        ]
         ts = np.array([b * 10 + rng.randrange(10) for _ in pool], np.int64)
         expected, seen = [], set()
         for pair in pool:

@@ -34,18 +34,27 @@ def test_a_store_names_its_segment_files_and_reads_them_back(tmp_path):
         ids += _admit(d, b)
         _admit(inline, b)
         wire = d.to_wire(SegmentFiles((tmp_path / "ids").as_uri(), b, keep_batches=10))
-        assert all(isinstance(s[0], str) and s[0].startswith("file://") for s in wire[0])  # names, not bytes
+        assert all(
+            isinstance(s[0], str) and s[0].startswith("file://") for s in wire[0]
+        )  # names, not bytes
         d = ColumnarDedup.from_wire(wire)
     st = ColumnarStore(dedup=d)
-    blob, fat = st.encode(SegmentFiles((tmp_path / "ids").as_uri(), 3, keep_batches=10)), ColumnarStore(dedup=inline).encode()
-    assert blob is not None and fat is not None and len(blob) < len(fat) - 3 * 50 * 4  # the ids are not in the row
+    blob, fat = (
+        st.encode(SegmentFiles((tmp_path / "ids").as_uri(), 3, keep_batches=10)),
+        ColumnarStore(dedup=inline).encode(),
+    )
+    assert (
+        blob is not None and fat is not None and len(blob) < len(fat) - 3 * 50 * 4
+    )  # the ids are not in the row
     back = ColumnarStore.decode(blob).dedup
     keys = [f"k{i % 7}".encode() for i in range(50)]
     assert not back.admit(ids[:50], keys, np.zeros(50, np.int64)).any()  # all held
     assert back.admit([f"new{i}" for i in range(50)], keys, np.zeros(50, np.int64)).all()
     # the same bytes written again (a replayed batch) land in the same file
     before = _files(tmp_path)
-    ColumnarDedup.from_wire(wire).to_wire(SegmentFiles((tmp_path / "ids").as_uri(), 2, keep_batches=10))
+    ColumnarDedup.from_wire(wire).to_wire(
+        SegmentFiles((tmp_path / "ids").as_uri(), 2, keep_batches=10)
+    )
     assert _files(tmp_path) == before
 
 
@@ -61,7 +70,9 @@ def test_a_file_no_store_names_is_deleted_only_after_keep_batches(tmp_path):
     assert len(first_three) == 3
     _admit(d, 3)
     wire = d.to_wire(SegmentFiles(uri, 3, keep_batches=2))
-    assert len(wire[0]) == 1 and sorted(u.rsplit("/", 1)[1] for _, u in wire[9]) == sorted(first_three)
+    assert len(wire[0]) == 1 and sorted(u.rsplit("/", 1)[1] for _, u in wire[9]) == sorted(
+        first_three
+    )
     for b in (4, 5):  # an older version of the store may still be recovered: its files stay
         d = ColumnarDedup.from_wire(d.to_wire(SegmentFiles(uri, b, keep_batches=2)))
         assert first_three <= _files(tmp_path)
@@ -88,7 +99,9 @@ def test_a_missing_segment_file_is_an_error_that_names_it(tmp_path):
     wire = d.to_wire(SegmentFiles((tmp_path / "ids").as_uri(), 0, keep_batches=5))
     for f in (tmp_path / "ids").glob("*.ids"):
         f.unlink()
-    with pytest.raises(FileNotFoundError, match=r"names the id segment file file://.*\.ids, which is gone"):
+    with pytest.raises(
+        FileNotFoundError, match=r"names the id segment file file://.*\.ids, which is gone"
+    ):
         ColumnarDedup.from_wire(wire)
 
 

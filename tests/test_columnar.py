@@ -48,11 +48,17 @@ def _events(seed: int, n: int = 600, keys: int = 7) -> list[list[Record]]:
     return batches
 
 
-def _run(cls: type, batches: list[list[Record]], trailing: int, options: ComputationOptions) -> Harness:
+def _run(
+    cls: type, batches: list[list[Record]], trailing: int, options: ComputationOptions
+) -> Harness:
     h = Harness.for_computation(
-        cls, name="WindowCounter", inputs={"q": lambda r: r.value}, outputs=["window_counts"],
-        options=options, params={"window_ms": 1_000, "trailing_empty": trailing},
-    )  # fmt: skip
+        cls,
+        name="WindowCounter",
+        inputs={"q": lambda r: r.value},
+        outputs=["window_counts"],
+        options=options,
+        params={"window_ms": 1_000, "trailing_empty": trailing},
+    )
     wm = 0
     for i, batch in enumerate(batches):
         h.inject("q", batch)
@@ -66,7 +72,10 @@ def _run(cls: type, batches: list[list[Record]], trailing: int, options: Computa
 
 
 def _out(h: Harness) -> list[tuple]:
-    return sorted((r.id, r.timestamp, r.value["key"], r.value["window_start"], r.value["count"]) for r in h.output("window_counts"))
+    return sorted(
+        (r.id, r.timestamp, r.value["key"], r.value["window_start"], r.value["count"])
+        for r in h.output("window_counts")
+    )
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -81,23 +90,31 @@ def test_columnar_window_counter_matches_the_per_record_one(seed, trailing, late
     a, b = per_record.metrics("WindowCounter"), columnar.metrics("WindowCounter")
     for name in ("records_in", "duplicates", "late", "late_dropped", "processed", "productions"):
         assert b[name] == a[name], name
-    if trailing == 0:  # with trailing buckets the columnar counter walks a key's chain of empty buckets itself
+    if (
+        trailing == 0
+    ):  # with trailing buckets the columnar counter walks a key's chain of empty buckets itself
         assert b["timers_fired"] == a["timers_fired"]
     assert a["duplicates"] > 0 and a["late"] > 0  # the data has both
     assert columnar.keys("WindowCounter") == [] and per_record.keys("WindowCounter") == []
 
 
 def test_columnar_state_and_timers_are_readable_mid_run():
-    h = Harness.for_computation(ColumnarWindowCounter, inputs={"q": lambda r: r.value}, outputs=["window_counts"])
+    h = Harness.for_computation(
+        ColumnarWindowCounter, inputs={"q": lambda r: r.value}, outputs=["window_counts"]
+    )
     h.inject("q", [h.record("cats", 1_100), h.record("cats", 1_300), h.record("dogs", 2_100)])
     h.run()
     s = h.state("ColumnarWindowCounter", "cats")
     assert s[["key", "start", "count"]].values.tolist() == [["cats", 1_000, 2]]
-    assert [(t.tag, t.timestamp) for t in h.timers("ColumnarWindowCounter", "cats")] == [("w1000", 2_000)]
+    assert [(t.tag, t.timestamp) for t in h.timers("ColumnarWindowCounter", "cats")] == [
+        ("w1000", 2_000)
+    ]
     assert h.low_watermark("ColumnarWindowCounter") < 2_000  # held by the timers (and the injector)
     h.advance_watermark("q", 2_000)
     h.run()
-    assert h.low_watermark("ColumnarWindowCounter") == 2_000  # dogs' bucket ends at 3000: it holds at 2000 (the input's)
+    assert (
+        h.low_watermark("ColumnarWindowCounter") == 2_000
+    )  # dogs' bucket ends at 3000: it holds at 2000 (the input's)
     assert [v["count"] for v in h.values("window_counts")] == [2]
 
 
@@ -211,7 +228,11 @@ class _ColumnarFussy(ColumnarComputation):
         n = r.groupby("key", sort=False, observed=True).size().rename("n").reset_index()
         old = batch.state
         if len(old):
-            n = pd.concat([old, n]).groupby("key", sort=False, as_index=False, observed=True)["n"].sum()
+            n = (
+                pd.concat([old, n])
+                .groupby("key", sort=False, as_index=False, observed=True)["n"]
+                .sum()
+            )
         batch.set_state(n)
         last = r.groupby("key", sort=False, observed=True)["timestamp"].max()
         batch.set_timers(last.index, ["t"] * len(last), last.to_numpy() + 10)
@@ -222,32 +243,60 @@ class _ColumnarFussy(ColumnarComputation):
             raise RuntimeError(msg)
         s = batch.state.set_index("key")["n"]
         keys = timers["key"].tolist()
-        batch.produce("out", [(k, int(s[k])) for k in keys], keys=keys, timestamps=timers["timestamp"].to_numpy())
+        batch.produce(
+            "out",
+            [(k, int(s[k])) for k in keys],
+            keys=keys,
+            timestamps=timers["timestamp"].to_numpy(),
+        )
 
 
 @pytest.mark.parametrize("cls", [_Fussy, _ColumnarFussy])
 def test_failures_are_dead_lettered_as_on_the_per_record_path(cls):
     results = {}
     for c in (_Fussy, cls):
-        h = Harness.for_computation(c, name="Fussy", inputs={"q": lambda r: r.value["k"]}, outputs=["out"],
-                                    options=ComputationOptions(on_error=ErrorPolicy.DEAD_LETTER), raise_errors=False)  # fmt: skip
-        h.inject("q", [
-            h.record({"k": "a"}, 100, id="1"), h.record({"k": "a", "bad": 1}, 101, id="2"), h.record({"k": "a"}, 102, id="3"),
-            h.record({"k": "b"}, 100, id="4"), h.record({"k": "boom"}, 100, id="5"),
-        ])  # fmt: skip
+        h = Harness.for_computation(
+            c,
+            name="Fussy",
+            inputs={"q": lambda r: r.value["k"]},
+            outputs=["out"],
+            options=ComputationOptions(on_error=ErrorPolicy.DEAD_LETTER),
+            raise_errors=False,
+        )
+        h.inject(
+            "q",
+            [
+                h.record({"k": "a"}, 100, id="1"),
+                h.record({"k": "a", "bad": 1}, 101, id="2"),
+                h.record({"k": "a"}, 102, id="3"),
+                h.record({"k": "b"}, 100, id="4"),
+                h.record({"k": "boom"}, 100, id="5"),
+            ],
+        )
         h.finish("q")
         h.run()
         dead = sorted((d.id, d.value.stage, d.value.reason, d.value.key) for d in h.dead_letters())
-        results[c] = (sorted((r.id, r.value) for r in h.output("out")), dead, h.metrics("Fussy")["processed"])
+        results[c] = (
+            sorted((r.id, r.value) for r in h.output("out")),
+            dead,
+            h.metrics("Fussy")["processed"],
+        )
     assert results[cls] == results[_Fussy]
     out, dead, processed = results[cls]
     assert sorted(v for _, v in out) == [("a", 2), ("b", 1)]
-    assert [(s, k) for _, s, _, k in dead] == sorted([("process_record", "a"), ("process_timer", "boom")])
+    assert [(s, k) for _, s, _, k in dead] == sorted(
+        [("process_record", "a"), ("process_timer", "boom")]
+    )
     assert processed == 4
 
 
 def test_strong_productions_survive_a_crash_after_the_checkpoint():
-    h = Harness.for_computation(ColumnarWindowCounter, inputs={"q": lambda r: r.value}, outputs=["window_counts"], params={"trailing_empty": 0})
+    h = Harness.for_computation(
+        ColumnarWindowCounter,
+        inputs={"q": lambda r: r.value},
+        outputs=["window_counts"],
+        params={"trailing_empty": 0},
+    )
     h.inject("q", [h.record("cats", 1_100), h.record("dogs", 1_200)])
     h.advance_watermark("q", 2_000)
     h.process("ColumnarWindowCounter", crash=Crash.AFTER_COMMIT)
@@ -255,7 +304,9 @@ def test_strong_productions_survive_a_crash_after_the_checkpoint():
     assert len(h._columnar["ColumnarWindowCounter"].pending()) == 2  # checkpointed in the store
     h.restart("ColumnarWindowCounter")
     h.run()
-    assert Counter((v["key"], v["count"]) for v in h.values("window_counts")) == Counter({("cats", 1): 1, ("dogs", 1): 1})
+    assert Counter((v["key"], v["count"]) for v in h.values("window_counts")) == Counter(
+        {("cats", 1): 1, ("dogs", 1): 1}
+    )
     h.finish("q")
     h.run()
     assert len(h.values("window_counts")) == 2
@@ -264,18 +315,34 @@ def test_strong_productions_survive_a_crash_after_the_checkpoint():
 def test_a_crash_before_the_checkpoint_leaves_the_store_as_it_was():
     """The harness keeps the store decoded between rounds: a round works on a copy, so a
     crash before its checkpoint changes nothing, and the input is processed again once."""
-    h = Harness.for_computation(ColumnarWindowCounter, inputs={"q": lambda r: r.value}, outputs=["window_counts"], params={"trailing_empty": 0})
+    h = Harness.for_computation(
+        ColumnarWindowCounter,
+        inputs={"q": lambda r: r.value},
+        outputs=["window_counts"],
+        params={"trailing_empty": 0},
+    )
     h.inject("q", [h.record("cats", 1_100, id="a")])
     h.run()
-    before = (h.state("ColumnarWindowCounter", "cats")["count"].tolist(), h.dedup_ids("ColumnarWindowCounter", "cats"), h.timers("ColumnarWindowCounter", "cats"))
+    before = (
+        h.state("ColumnarWindowCounter", "cats")["count"].tolist(),
+        h.dedup_ids("ColumnarWindowCounter", "cats"),
+        h.timers("ColumnarWindowCounter", "cats"),
+    )
     h.inject("q", [h.record("cats", 1_200, id="b"), h.record("dogs", 1_300, id="c")])
     h.process("ColumnarWindowCounter", crash=Crash.BEFORE_COMMIT)
-    after = (h.state("ColumnarWindowCounter", "cats")["count"].tolist(), h.dedup_ids("ColumnarWindowCounter", "cats"), h.timers("ColumnarWindowCounter", "cats"))
+    after = (
+        h.state("ColumnarWindowCounter", "cats")["count"].tolist(),
+        h.dedup_ids("ColumnarWindowCounter", "cats"),
+        h.timers("ColumnarWindowCounter", "cats"),
+    )
     assert after == before and h.state("ColumnarWindowCounter", "dogs") is None
     h.restart("ColumnarWindowCounter")
     h.finish("q")
     h.run()
-    assert sorted((v["key"], v["count"]) for v in h.values("window_counts")) == [("cats", 2), ("dogs", 1)]
+    assert sorted((v["key"], v["count"]) for v in h.values("window_counts")) == [
+        ("cats", 2),
+        ("dogs", 1),
+    ]
     assert h.metrics("ColumnarWindowCounter")["duplicates"] == 0
 
 
@@ -292,7 +359,13 @@ def test_columnar_misuse_is_a_clear_error():
 
 def test_dedup_option_is_honoured():
     opts = ComputationOptions(exactly_once=False, dedup=DedupOptions())
-    h = Harness.for_computation(ColumnarWindowCounter, inputs={"q": lambda r: r.value}, outputs=["window_counts"], options=opts, params={"trailing_empty": 0})
+    h = Harness.for_computation(
+        ColumnarWindowCounter,
+        inputs={"q": lambda r: r.value},
+        outputs=["window_counts"],
+        options=opts,
+        params={"trailing_empty": 0},
+    )
     h.inject("q", [h.record("cats", 1_100, id="a"), h.record("cats", 1_100, id="a")])
     h.finish("q")
     h.run()
@@ -300,14 +373,28 @@ def test_dedup_option_is_honoured():
 
 
 def test_harness_seeds_and_inspects_columnar_state():
-    h = Harness.for_computation(ColumnarWindowCounter, inputs={"q": lambda r: r.value}, outputs=["window_counts"], params={"trailing_empty": 0})
-    h.set_state("ColumnarWindowCounter", "cats", pd.DataFrame({"start": [1_000], "count": [5], "empty_run": [0]}))
+    h = Harness.for_computation(
+        ColumnarWindowCounter,
+        inputs={"q": lambda r: r.value},
+        outputs=["window_counts"],
+        params={"trailing_empty": 0},
+    )
+    h.set_state(
+        "ColumnarWindowCounter",
+        "cats",
+        pd.DataFrame({"start": [1_000], "count": [5], "empty_run": [0]}),
+    )
     h.inject("q", [h.record("cats", 1_100, id="x"), h.record("dogs", 1_200, id="y")])
     h.run()
     assert h.state("ColumnarWindowCounter", "cats")["count"].tolist() == [6]
     assert h.dedup_ids("ColumnarWindowCounter", "cats") == {"x"}
     h.advance_watermark("q", 2_000)
     h.process("ColumnarWindowCounter", deliver=False)
-    assert [p.record.value["count"] for p in h.pending_productions("ColumnarWindowCounter", "cats")] == [6]
+    assert [
+        p.record.value["count"] for p in h.pending_productions("ColumnarWindowCounter", "cats")
+    ] == [6]
     h.run()
-    assert sorted((v["key"], v["count"]) for v in h.values("window_counts")) == [("cats", 6), ("dogs", 1)]
+    assert sorted((v["key"], v["count"]) for v in h.values("window_counts")) == [
+        ("cats", 6),
+        ("dogs", 1),
+    ]

@@ -37,7 +37,9 @@ class Greeter(Computation):
 
 
 def test_accessors_inside_a_step_and_setup_is_called():
-    h = Harness.for_computation(Greeter, inputs=["in"], outputs=["out"], params={"greeting": "hi"}, wall_time=42)
+    h = Harness.for_computation(
+        Greeter, inputs=["in"], outputs=["out"], params={"greeting": "hi"}, wall_time=42
+    )
     h.inject("in", [Record("bob", None, 5, "a")])
     h.run()
     assert h.values("out") == ["hi bob at 42, wm -9223372036854775808"]
@@ -48,7 +50,10 @@ def test_accessors_outside_a_step_name_the_computation():
     comp = h._runner("Greeter").computation
     h.inject("in", [Record("bob", None, 5, "a")])
     h.run()  # after a step too: the step takes its key's state away again
-    with pytest.raises(ComputationError, match=r"Greeter: key, state, timers and produce are only available inside process_record"):
+    with pytest.raises(
+        ComputationError,
+        match=r"Greeter: key, state, timers and produce are only available inside process_record",
+    ):
         comp.state.get()
     with pytest.raises(ComputationError, match="only available inside"):
         comp.produce("out", 1)
@@ -102,7 +107,9 @@ class Sessions(Computation):
     @close.on_fire
     def closed(self, name: str, timer: Timer) -> None:
         s: Session = self.state.get()
-        self.produce("sessions", {"user": self.key, "clicks": s.clicks, "pages": s.pages, "name": name})
+        self.produce(
+            "sessions", {"user": self.key, "clicks": s.clicks, "pages": s.pages, "name": name}
+        )
         for page in self.remind.pending():
             self.remind.delete(page)
         self.state.clear()
@@ -113,8 +120,13 @@ class Sessions(Computation):
 
 
 def test_timer_families_dispatch_to_their_handlers_and_typed_state_round_trips():
-    h = Harness.for_computation(Sessions, inputs={"clicks": lambda r: r.value["user"]}, outputs=["sessions", "reminders"])
-    h.inject("clicks", [h.record({"user": "ann", "page": p}, 1_000 + i) for i, p in enumerate(["a", "b"])])
+    h = Harness.for_computation(
+        Sessions, inputs={"clicks": lambda r: r.value["user"]}, outputs=["sessions", "reminders"]
+    )
+    h.inject(
+        "clicks",
+        [h.record({"user": "ann", "page": p}, 1_000 + i) for i, p in enumerate(["a", "b"])],
+    )
     h.run()
     assert h.state("Sessions", "ann") == Session(2, ["a", "b"])
     assert sorted(t.tag for t in h.timers("Sessions", "ann")) == ["close", "remind:a", "remind:b"]
@@ -124,8 +136,12 @@ def test_timer_families_dispatch_to_their_handlers_and_typed_state_round_trips()
     h.inject("clicks", [h.record({"user": "ann", "page": "c"}, 3_000)])
     h.finish("clicks")
     h.run()
-    assert h.values("sessions") == [{"user": "ann", "clicks": 3, "pages": ["a", "b", "c"], "name": ""}]
-    assert h.keys("Sessions") == [] or h.timers("Sessions", "ann") == []  # the pending reminder was deleted
+    assert h.values("sessions") == [
+        {"user": "ann", "clicks": 3, "pages": ["a", "b", "c"], "name": ""}
+    ]
+    assert (
+        h.keys("Sessions") == [] or h.timers("Sessions", "ann") == []
+    )  # the pending reminder was deleted
 
 
 def test_a_timer_of_no_family_still_needs_process_timer():
@@ -133,7 +149,9 @@ def test_a_timer_of_no_family_still_needs_process_timer():
         def process_record(self, record: Record) -> None:
             self.set_timer("other", record.timestamp)
 
-    h = Harness.for_computation(Stray, inputs={"clicks": lambda r: "k"}, outputs=["sessions", "reminders"])
+    h = Harness.for_computation(
+        Stray, inputs={"clicks": lambda r: "k"}, outputs=["sessions", "reminders"]
+    )
     h.inject("clicks", [h.record({}, 1_000)])
     h.finish("clicks")
     with pytest.raises(Exception, match="set timer 'other' but does not override process_timer"):

@@ -31,7 +31,15 @@ class Fragile(Computation):
 
 def test_failing_record_is_rolled_back_and_dead_lettered_while_others_go_on():
     h = Harness.for_computation(Fragile, inputs=["in"], outputs=["out"], raise_errors=False)
-    h.inject("in", [Record("a", 1, 1, "1"), Record("a", -5, 2, "2"), Record("a", 3, 3, "3"), Record("b", 7, 4, "4")])
+    h.inject(
+        "in",
+        [
+            Record("a", 1, 1, "1"),
+            Record("a", -5, 2, "2"),
+            Record("a", 3, 3, "3"),
+            Record("b", 7, 4, "4"),
+        ],
+    )
     h.run()
     assert h.state("Fragile", "a") == [1, 3]  # no trace of -5: the key was rolled back
     assert h.state("Fragile", "b") == [7]
@@ -54,7 +62,14 @@ def test_key_extractor_failures_are_dead_lettered_with_the_stream():
     t.injector("in")
     t.computation(Fragile, inputs={"in": lambda r: r.value["user"]}, outputs=["out"])
     h = Harness(t, raise_errors=False)
-    h.inject("in", [Record(None, {"user": "u1"}, 1, "ok"), Record(None, {"nouser": 1}, 1, "bad"), Record(None, {"user": 3.5}, 1, "float")])
+    h.inject(
+        "in",
+        [
+            Record(None, {"user": "u1"}, 1, "ok"),
+            Record(None, {"nouser": 1}, 1, "bad"),
+            Record(None, {"user": 3.5}, 1, "float"),
+        ],
+    )
     reasons = [d.value for d in h.dead_letters()]
     assert [r.stage for r in reasons] == [Stage.KEY_EXTRACTOR, Stage.KEY_EXTRACTOR]
     assert reasons[0].stream == "in" and "KeyError" in reasons[0].reason
@@ -64,8 +79,13 @@ def test_key_extractor_failures_are_dead_lettered_with_the_stream():
 
 
 def test_raise_policy_propagates():
-    h = Harness.for_computation(Fragile, inputs=["in"], outputs=["out"], raise_errors=False,
-                                options=ComputationOptions(on_error=ErrorPolicy.RAISE))
+    h = Harness.for_computation(
+        Fragile,
+        inputs=["in"],
+        outputs=["out"],
+        raise_errors=False,
+        options=ComputationOptions(on_error=ErrorPolicy.RAISE),
+    )
     h.inject("in", [Record("a", -1, 1, "1")])
     with pytest.raises(ValueError, match="negative value -1"):
         h.run()

@@ -96,7 +96,10 @@ def test_dedup_index_never_forgets_an_id_before_the_horizon():
     assert idx.count == 40 * 11
 
 
-@given(st.sets(st.text(min_size=1, max_size=20), max_size=200), st.lists(st.text(max_size=20), max_size=50))
+@given(
+    st.sets(st.text(min_size=1, max_size=20), max_size=200),
+    st.lists(st.text(max_size=20), max_size=50),
+)
 def test_bloom_filter_has_no_false_negatives_and_survives_a_round_trip(ids, probes):
     f = BloomFilter.create(capacity=max(1, len(ids)), fpr=0.01)
     f.update(map(fingerprint, ids))

@@ -33,22 +33,36 @@ _MILLWHEEL = re.compile(r"(?<![\w/.-])millwheel((?:\s+[a-z][a-z-]*){0,2})(?![\w.
 #: ``spark-submit ... "$(millwheel cluster launcher)" run ...``: the launcher runs ``millwheel run``
 _LAUNCHER = re.compile(r"millwheel cluster launcher\)\"?\s+([a-z][a-z-]*)")
 #: a script of this repository, or a module run with ``python -m``
-_SCRIPT = re.compile(r"(?<![\w/])((?:bench|faults|scripts)/[\w/]+\.py|[a-z_]+_bench\.py)|python3? -m ([a-z_][\w.]*)")
+_SCRIPT = re.compile(
+    r"(?<![\w/])((?:bench|faults|scripts)/[\w/]+\.py|[a-z_]+_bench\.py)|python3? -m ([a-z_][\w.]*)"
+)
 #: other tools: an option after one of these on the same line is the tool's
-_OTHER = re.compile(r"\b(spark-submit|pytest|pip3?|uv|git|docker|java|etcd|curl|ruff|mypy|setup\.sh|spark-class|start-worker\.sh|asciinema)\b")
+_OTHER = re.compile(
+    r"\b(spark-submit|pytest|pip3?|uv|git|docker|java|etcd|curl|ruff|mypy|setup\.sh|spark-class|start-worker\.sh|asciinema)\b"
+)
 #: options of other tools that the docs name on their own, in prose
 _OTHER_OPTIONS = {
-    "--py-files", "--archives", "--deploy-mode", "--driver-java-options", "--files",  # spark-submit
-    "--doctest-modules", "--doctest-glob", "--dist", "--maxprocesses",  # pytest, pytest-xdist
+    "--py-files",
+    "--archives",
+    "--deploy-mode",
+    "--driver-java-options",
+    "--files",  # spark-submit
+    "--doctest-modules",
+    "--doctest-glob",
+    "--dist",
+    "--maxprocesses",  # pytest, pytest-xdist
     "--test",  # scripts/setup.sh
     "--slow",  # pytest, from conftest.py
     "--help",
-}  # fmt: skip
+}
 
 
 def _sources() -> list[tuple[str, str]]:
     """``(where, text)`` of every doc and module docstring scanned."""
-    out = [(str(p.relative_to(ROOT)), p.read_text(encoding="utf-8")) for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]]
+    out = [
+        (str(p.relative_to(ROOT)), p.read_text(encoding="utf-8"))
+        for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    ]
     for package in ("millwheel", "topologies"):
         for p in sorted((ROOT / package).rglob("*.py")):
             doc = ast.get_docstring(ast.parse(p.read_text(encoding="utf-8")), clean=False)
@@ -102,11 +116,17 @@ def mentions() -> list[tuple[str, tuple[str, ...] | None, str, str]]:
                 before = seg[: m.start()]
                 last: tuple[int, tuple[str, ...] | None] = (-1, None)
                 for c in _MILLWHEEL.finditer(before):
-                    last = max(last, (c.start(), ("millwheel", *c.group(1).split())), key=lambda x: x[0])
+                    last = max(
+                        last, (c.start(), ("millwheel", *c.group(1).split())), key=lambda x: x[0]
+                    )
                 for c in _LAUNCHER.finditer(before):
                     last = max(last, (c.start() + 1, ("millwheel", c.group(1))), key=lambda x: x[0])
                 for c in _SCRIPT.finditer(before):
-                    last = max(last, (c.start(), ("script", c.group(1) or f"-m {c.group(2)}")), key=lambda x: x[0])
+                    last = max(
+                        last,
+                        (c.start(), ("script", c.group(1) or f"-m {c.group(2)}")),
+                        key=lambda x: x[0],
+                    )
                 for c in _OTHER.finditer(before):
                     last = max(last, (c.start(), ("other", c.group(1))), key=lambda x: x[0])
                 if re.search(r"[;|]|&&", before[last[0] :] if last[0] >= 0 else ""):
@@ -121,7 +141,11 @@ def mentions() -> list[tuple[str, tuple[str, ...] | None, str, str]]:
 def _help_text(argv: list[str]) -> str:
     """What ``millwheel ARGV --help`` prints."""
     out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()), contextlib.suppress(SystemExit):
+    with (
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(io.StringIO()),
+        contextlib.suppress(SystemExit),
+    ):
         cli.main([*argv, "--help"])
     return out.getvalue()
 
@@ -144,7 +168,10 @@ def millwheel_options(words: tuple[str, ...]) -> tuple[tuple[str, ...], frozense
 def _script_path(script: str) -> Path | None:
     """The file of a script (``bench/x.py``, ``x_bench.py``) or ``-m`` module of this repository."""
     if script.startswith("-m "):
-        found = [ROOT / (script[3:].replace(".", "/") + ".py"), ROOT / script[3:].replace(".", "/") / "__main__.py"]
+        found = [
+            ROOT / (script[3:].replace(".", "/") + ".py"),
+            ROOT / script[3:].replace(".", "/") / "__main__.py",
+        ]
     else:
         found = [ROOT / script] if "/" in script else sorted(ROOT.glob(f"*/{script}"))
     return next((f for f in found if f.is_file()), None)
@@ -159,7 +186,13 @@ def _declared(path: Path) -> frozenset[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
-            out |= {a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("--")}
+            out |= {
+                a.value
+                for a in node.args
+                if isinstance(a, ast.Constant)
+                and isinstance(a.value, str)
+                and a.value.startswith("--")
+            }
         if isinstance(node, ast.ImportFrom) and node.module and not node.level:
             helper = path.parent / (node.module + ".py")
             if node.module.startswith("_") and helper.is_file() and helper != path:
@@ -177,14 +210,31 @@ def script_options(script: str) -> frozenset[str]:
     declared = _declared(path)
     if len(declared) > 1:
         return declared
-    argv = [sys.executable, "-m", script[3:]] if script.startswith("-m ") else [sys.executable, str(path)]
-    done = subprocess.run([*argv, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+    argv = (
+        [sys.executable, "-m", script[3:]]
+        if script.startswith("-m ")
+        else [sys.executable, str(path)]
+    )
+    done = subprocess.run(
+        [*argv, "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
     return frozenset(_OPTION.findall(done.stdout)) | declared
 
 
 def _all_script_options() -> set[str]:
     """Every option any script of ``bench/``, ``faults/`` or ``scripts/`` declares."""
-    return {o for d in ("bench", "faults", "scripts") for p in sorted((ROOT / d).glob("*.py")) for o in _declared(p)}
+    return {
+        o
+        for d in ("bench", "faults", "scripts")
+        for p in sorted((ROOT / d).glob("*.py"))
+        for o in _declared(p)
+    }
 
 
 def _all_millwheel_options() -> set[str]:
@@ -202,11 +252,23 @@ def _all_millwheel_options() -> set[str]:
 
 def test_the_scan_finds_options_of_commands_and_on_their_own():
     found = mentions()
-    assert any(c == ("millwheel", "run", "T.py") or (c and c[:2] == ("millwheel", "run")) for _, c, _, _ in found)
+    assert any(
+        c == ("millwheel", "run", "T.py") or (c and c[:2] == ("millwheel", "run"))
+        for _, c, _, _ in found
+    )
     assert any(c is None for _, c, _, _ in found)
     assert any(c and c[0] == "script" for _, c, _, _ in found)
-    seg = _segments("run `millwheel run T.py --checkpoint DIR`, then ``pytest --dist loadgroup`` and\n```\nmillwheel rescale RUN \\\n  --intervals 8\n```\n")
-    assert seg == ["run ", "millwheel run T.py --checkpoint DIR", ", then ", "pytest --dist loadgroup", " and", "millwheel rescale RUN  --intervals 8"]
+    seg = _segments(
+        "run `millwheel run T.py --checkpoint DIR`, then ``pytest --dist loadgroup`` and\n```\nmillwheel rescale RUN \\\n  --intervals 8\n```\n"
+    )
+    assert seg == [
+        "run ",
+        "millwheel run T.py --checkpoint DIR",
+        ", then ",
+        "pytest --dist loadgroup",
+        " and",
+        "millwheel rescale RUN  --intervals 8",
+    ]
 
 
 def test_every_option_the_docs_name_is_in_its_commands_help():
@@ -224,7 +286,12 @@ def test_every_option_the_docs_name_is_in_its_commands_help():
             scripts.add(command[1])
             if option not in script_options(command[1]):
                 missing.append(f"{where}: {command[1]} has no {option} ({seg!r})")
-    known = everything | _OTHER_OPTIONS | _all_script_options() | {o for s in scripts for o in script_options(s)}
+    known = (
+        everything
+        | _OTHER_OPTIONS
+        | _all_script_options()
+        | {o for s in scripts for o in script_options(s)}
+    )
     for where, command, option, seg in mentions():
         if command is None and option not in known:
             missing.append(f"{where}: no command has {option} ({seg!r})")

@@ -43,10 +43,17 @@ def uses_spark(code: str) -> bool:
     import tokenize
 
     try:
-        toks = [t for t in tokenize.generate_tokens(io.StringIO(code).readline) if t.type in (tokenize.NAME, tokenize.OP)]
+        toks = [
+            t
+            for t in tokenize.generate_tokens(io.StringIO(code).readline)
+            if t.type in (tokenize.NAME, tokenize.OP)
+        ]
     except (tokenize.TokenError, SyntaxError):
         return re.search(r"\bspark\.", code) is not None
-    return any(a.type == tokenize.NAME and a.string == "spark" and b.string == "." for a, b in zip(toks, toks[1:], strict=False))
+    return any(
+        a.type == tokenize.NAME and a.string == "spark" and b.string == "."
+        for a, b in zip(toks, toks[1:], strict=False)
+    )
 
 
 def _anomalies_topology(ns: dict) -> None:
@@ -54,7 +61,10 @@ def _anomalies_topology(ns: dict) -> None:
     from millwheel import SampleSource, Topology
 
     topology = Topology("anomalies")
-    rows = [{"query": "cats", "ts": 1_000, "kind": "spike"}, {"query": "dogs", "ts": 2_000, "kind": "dip"}]
+    rows = [
+        {"query": "cats", "ts": 1_000, "kind": "spike"},
+        {"query": "dogs", "ts": 2_000, "kind": "dip"},
+    ]
     topology.injector("detector", SampleSource(rows, timestamp="ts"), stream="anomalies")
     ns["topology"] = topology
 
@@ -77,7 +87,12 @@ SETUP: dict[tuple[str, str], Callable[[dict], None]] = {
 
 PAGES = sorted(p for p in DOCS.glob("*.md") if any(not is_doctest(code) for _, code in blocks(p)))
 CASES = [
-    pytest.param(page.name, spark, id=f"{page.name}{'-spark' if spark else ''}", marks=[pytest.mark.spark] if spark else [])
+    pytest.param(
+        page.name,
+        spark,
+        id=f"{page.name}{'-spark' if spark else ''}",
+        marks=[pytest.mark.spark] if spark else [],
+    )
     for page in PAGES
     for spark in (False, True)
     if not spark or any(uses_spark(code) for _, code in blocks(page))
@@ -88,7 +103,9 @@ CASES = [
 def test_the_python_blocks_of_a_page_run(page, with_spark, request, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MILLWHEEL_AUTHORITY_URL", raising=False)  # open_authority() then embeds one
-    module = types.ModuleType(f"docs_{page.removesuffix('.md')}")  # a real module: dataclasses look theirs up
+    module = types.ModuleType(
+        f"docs_{page.removesuffix('.md')}"
+    )  # a real module: dataclasses look theirs up
     monkeypatch.setitem(sys.modules, module.__name__, module)
     ns = module.__dict__
     if with_spark:
@@ -101,8 +118,18 @@ def test_the_python_blocks_of_a_page_run(page, with_spark, request, tmp_path, mo
                 setup(ns)
         exec(compile("\n" * (line - 1) + code, str(DOCS / page), "exec"), ns)  # noqa: S102
         for name, fn in list(ns.items()):
-            if name.startswith("test_") and callable(fn) and getattr(fn, "__code__", None) is not None and fn.__code__.co_filename == str(DOCS / page):
-                fn(*(request.getfixturevalue(arg) for arg in fn.__code__.co_varnames[: fn.__code__.co_argcount]))
+            if (
+                name.startswith("test_")
+                and callable(fn)
+                and getattr(fn, "__code__", None) is not None
+                and fn.__code__.co_filename == str(DOCS / page)
+            ):
+                fn(
+                    *(
+                        request.getfixturevalue(arg)
+                        for arg in fn.__code__.co_varnames[: fn.__code__.co_argcount]
+                    )
+                )
                 ns.pop(name)
 
 
@@ -118,10 +145,18 @@ def test_every_python_block_of_the_docs_is_run(request):
         for line, code in blocks(page):
             where = f"docs/{page.name}:{line}"
             if is_doctest(code):
-                stray = [ln.strip() for ln in parser.parse(code) if isinstance(ln, str) and ln.strip()]
-                assert parser.get_examples(code) and not stray, f"{where}: plain code in a doctest block would never run: {stray}"
+                stray = [
+                    ln.strip() for ln in parser.parse(code) if isinstance(ln, str) and ln.strip()
+                ]
+                assert parser.get_examples(code) and not stray, (
+                    f"{where}: plain code in a doctest block would never run: {stray}"
+                )
             else:
-                assert ">>>" not in code, f"{where}: a '>>>' example in a plain block would never be checked"
+                assert ">>>" not in code, (
+                    f"{where}: a '>>>' example in a plain block would never be checked"
+                )
                 assert page.name in {p.name for p in PAGES}
     for where, start in SETUP:
-        assert any(code.startswith(start) for _, code in blocks(DOCS / where)), f"docs/{where}: no block starts with {start!r} any more"
+        assert any(code.startswith(start) for _, code in blocks(DOCS / where)), (
+            f"docs/{where}: no block starts with {start!r} any more"
+        )

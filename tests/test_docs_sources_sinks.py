@@ -27,21 +27,48 @@ def test_the_examples_run_and_do_what_the_text_says():
     ns: dict = {}
     exec(compile("\n".join(blocks), f"{DOC}#sources-and-sinks", "exec"), ns)  # noqa: S102
     topology = ns["topology"].validate()
-    assert topology.spark_conf == {"spark.jars.packages": "org.apache.spark:spark-sql-kafka-0-10_2.13:4.3.0"}
+    assert topology.spark_conf == {
+        "spark.jars.packages": "org.apache.spark:spark-sql-kafka-0-10_2.13:4.3.0"
+    }
     assert {s.name: (s.spark.format or "foreach_batch") for s in topology.sinks.values()} == {
-        "clicks.kafka": "kafka", "clicks.parquet": "parquet", "clicks.db": "foreach_batch",
-    }  # fmt: skip
+        "clicks.kafka": "kafka",
+        "clicks.parquet": "parquet",
+        "clicks.db": "foreach_batch",
+    }
     at = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
-    rec, problem = ns["clicks"].record_of({"topic": "clicks", "partition": 3, "offset": 42, "timestamp": at, "value": b'{"q": "cats"}'}, ())
-    assert problem is None and (rec.id, rec.timestamp, rec.value) == ("clicks/3/42", 1_767_225_600_000, {"q": "cats"})
-    _, problem = ns["clicks"].record_of({"topic": "clicks", "partition": 3, "offset": 43, "timestamp": at, "value": b"{oops"}, ())
-    assert problem.startswith("value function <lambda> raised json.decoder.JSONDecodeError: Expecting property name")
+    rec, problem = ns["clicks"].record_of(
+        {
+            "topic": "clicks",
+            "partition": 3,
+            "offset": 42,
+            "timestamp": at,
+            "value": b'{"q": "cats"}',
+        },
+        (),
+    )
+    assert problem is None and (rec.id, rec.timestamp, rec.value) == (
+        "clicks/3/42",
+        1_767_225_600_000,
+        {"q": "cats"},
+    )
+    _, problem = ns["clicks"].record_of(
+        {"topic": "clicks", "partition": 3, "offset": 43, "timestamp": at, "value": b"{oops"}, ()
+    )
+    assert problem.startswith(
+        "value function <lambda> raised json.decoder.JSONDecodeError: Expecting property name"
+    )
     assert ns["table_events"].value == ("user", "url") and ns["sequence"].offset_watermark == "lw"
 
 
 def test_the_kafka_message_quoted_is_the_one_raised():
     from millwheel.runtime._sparksource import missing_connector
 
-    quoted = re.search(r"\(`(injector 'clicks': Spark has no 'kafka'.*?) \.\.\.`\)", _section(), re.S).group(1)
-    err = missing_connector(Exception("[DATA_SOURCE_NOT_FOUND] Failed to find the data source: kafka."), "4.3.0", "injector 'clicks'")
+    quoted = re.search(
+        r"\(`(injector 'clicks': Spark has no 'kafka'.*?) \.\.\.`\)", _section(), re.S
+    ).group(1)
+    err = missing_connector(
+        Exception("[DATA_SOURCE_NOT_FOUND] Failed to find the data source: kafka."),
+        "4.3.0",
+        "injector 'clicks'",
+    )
     assert str(err).startswith(" ".join(quoted.split()))

@@ -21,15 +21,36 @@ from millwheel._envelope import (
 )
 
 timestamps = st.integers(min_value=-(2**63), max_value=2**63 - 1)
-keys = st.one_of(st.text(max_size=10), st.integers(min_value=-(2**63), max_value=2**63 - 1), st.binary(max_size=10))
+keys = st.one_of(
+    st.text(max_size=10),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.binary(max_size=10),
+)
 
 envelopes = st.builds(
     lambda state, timers, pending, seq, ids: _build(state, timers, pending, seq, ids),
     st.one_of(st.none(), st.binary(max_size=50)),
-    st.dictionaries(st.text(max_size=8), st.tuples(timestamps, st.sampled_from([0, 1])), max_size=10),
-    st.lists(st.builds(PendingProduction, st.text(min_size=1, max_size=8), st.one_of(st.none(), keys), st.binary(max_size=20), timestamps, st.text(min_size=1, max_size=12)), max_size=5),
+    st.dictionaries(
+        st.text(max_size=8), st.tuples(timestamps, st.sampled_from([0, 1])), max_size=10
+    ),
+    st.lists(
+        st.builds(
+            PendingProduction,
+            st.text(min_size=1, max_size=8),
+            st.one_of(st.none(), keys),
+            st.binary(max_size=20),
+            timestamps,
+            st.text(min_size=1, max_size=12),
+        ),
+        max_size=5,
+    ),
     st.integers(min_value=0, max_value=2**40),
-    st.lists(st.tuples(st.text(min_size=1, max_size=12), st.integers(min_value=-(2**40), max_value=2**40)), max_size=40),
+    st.lists(
+        st.tuples(
+            st.text(min_size=1, max_size=12), st.integers(min_value=-(2**40), max_value=2**40)
+        ),
+        max_size=40,
+    ),
 )
 
 
@@ -66,7 +87,9 @@ def test_round_trip(built):
 def test_hold_is_the_oldest_low_watermark_timer_or_pending_production(built):
     env, _ = built
     # a timer at MAX_TIMESTAMP (fire when the input is finished) holds just below it
-    candidates = [min(ts, MAX_TIMESTAMP - 1) for ts, d in env.timers.values() if d == 0] + [p.timestamp for p in env.pending]
+    candidates = [min(ts, MAX_TIMESTAMP - 1) for ts, d in env.timers.values() if d == 0] + [
+        p.timestamp for p in env.pending
+    ]
     assert env.hold() == (min(candidates) if candidates else None)
 
 
@@ -107,8 +130,25 @@ def test_new_ids_are_found_without_parsing_the_stored_ids():
     assert back.contains("a", stats) and stats.bloom_maybe == 1
 
 
-@given(st.recursive(st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**63), max_value=2**64 - 1), st.floats(allow_nan=False), st.text(), st.binary()),
-                    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.one_of(st.text(), st.integers(min_value=0, max_value=2**32)), inner, max_size=4)), max_leaves=20))
+@given(
+    st.recursive(
+        st.one_of(
+            st.none(),
+            st.booleans(),
+            st.integers(min_value=-(2**63), max_value=2**64 - 1),
+            st.floats(allow_nan=False),
+            st.text(),
+            st.binary(),
+        ),
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4),
+            st.dictionaries(
+                st.one_of(st.text(), st.integers(min_value=0, max_value=2**32)), inner, max_size=4
+            ),
+        ),
+        max_leaves=20,
+    )
+)
 def test_codecs_round_trip_plain_data(value):
     for codec in (PickleCodec(), MsgpackCodec()):
         assert codec.decode(codec.encode(value)) == value
@@ -142,7 +182,9 @@ def test_a_key_with_few_ids_keeps_no_filter_and_still_finds_them():
     for i in range(SMALL_IDS):
         back.add(f"n{i}", 6)
     back.finish(0, 0.01, None, 0, DedupStats())
-    assert back.bloom_bytes is not None and back.count == 3 + SMALL_IDS  # grown past SMALL_IDS: a filter
+    assert (
+        back.bloom_bytes is not None and back.count == 3 + SMALL_IDS
+    )  # grown past SMALL_IDS: a filter
 
 
 def test_version_2_dedup_ids_are_kept_across_the_upgrade_to_version_3():
@@ -158,10 +200,15 @@ def test_version_2_dedup_ids_are_kept_across_the_upgrade_to_version_3():
     assert msgpack.unpackb(upgraded)[0] == 3
     back = Envelope.decode(upgraded)
     assert set(back.dedup.ids()) == {rid for rid, _ in old} | {"new-1", "new-2"}
-    assert back.dedup.admit([rid for rid, _ in old] + ["new-1", "new-2", "new-3"], [0] * 8, DedupStats()) == [False] * 7 + [True]
+    assert back.dedup.admit(
+        [rid for rid, _ in old] + ["new-1", "new-2", "new-3"], [0] * 8, DedupStats()
+    ) == [False] * 7 + [True]
 
 
-@given(st.lists(st.text(min_size=1, max_size=6), max_size=60), st.lists(st.text(min_size=1, max_size=6), max_size=60))
+@given(
+    st.lists(st.text(min_size=1, max_size=6), max_size=60),
+    st.lists(st.text(min_size=1, max_size=6), max_size=60),
+)
 def test_admit_is_the_batched_form_of_seen_and_add(first, second):
     batched, single = DedupIndex(), DedupIndex()
     for ids in (first, second):
@@ -176,12 +223,22 @@ def test_admit_is_the_batched_form_of_seen_and_add(first, second):
         assert (kept if kept is not None else [True] * len(ids)) == one_by_one
         for idx in (batched, single):
             idx.finish(-(2**62), 0.01, None, 0, stats)
-        batched, single = DedupIndex.from_wire(batched.to_wire()), DedupIndex.from_wire(single.to_wire())
+        batched, single = (
+            DedupIndex.from_wire(batched.to_wire()),
+            DedupIndex.from_wire(single.to_wire()),
+        )
     assert batched.ids() == single.ids()
 
 
 @given(
-    st.lists(st.tuples(st.text(min_size=1, max_size=6), st.integers(min_value=-(10**6), max_value=10**6)), min_size=1, max_size=120, unique_by=lambda x: x[0]),
+    st.lists(
+        st.tuples(
+            st.text(min_size=1, max_size=6), st.integers(min_value=-(10**6), max_value=10**6)
+        ),
+        min_size=1,
+        max_size=120,
+        unique_by=lambda x: x[0],
+    ),
     st.sampled_from([1, 1_000, 60_000]),
 )
 def test_id_chunks_of_sorted_timestamps_are_found_by_bisection_as_by_a_dict(pairs, width):
@@ -212,7 +269,16 @@ def _model_admit(model: dict[str, int], ids: list[str], tss: list[int]) -> list[
 
 
 @given(
-    st.lists(st.lists(st.tuples(st.sampled_from([f"id{n}" for n in range(40)]), st.integers(min_value=0, max_value=9)), max_size=6), max_size=14),
+    st.lists(
+        st.lists(
+            st.tuples(
+                st.sampled_from([f"id{n}" for n in range(40)]),
+                st.integers(min_value=0, max_value=9),
+            ),
+            max_size=6,
+        ),
+        max_size=14,
+    ),
     st.integers(min_value=1, max_value=20),
 )
 def test_a_key_fed_few_ids_a_step_keeps_exactly_the_ids_a_model_keeps(steps, lag):
@@ -238,7 +304,9 @@ def test_a_hot_key_keeps_no_filter_while_its_id_list_costs_less_to_read():
     fingerprint and check its records through a filter; the step that would read more builds one."""
     n = 100
     idx = DedupIndex()
-    assert idx.admit([f"a{i}" for i in range(n)], list(range(n)), DedupStats(), in_order=True) is None
+    assert (
+        idx.admit([f"a{i}" for i in range(n)], list(range(n)), DedupStats(), in_order=True) is None
+    )
     idx.finish(-1, 0.01, None, 0, DedupStats())
     assert idx.bloom_bytes is None and idx.count == n  # the first step: no filter to build
     idx = DedupIndex.from_wire(idx.to_wire())
@@ -249,10 +317,17 @@ def test_a_hot_key_keeps_no_filter_while_its_id_list_costs_less_to_read():
     idx = DedupIndex.from_wire(idx.to_wire())
     assert idx.admit([f"c{i}" for i in range(n)], [n + 1] * n, DedupStats()) is None
     idx.finish(-1, 0.01, None, 0, DedupStats())
-    assert idx.bloom_bytes is not None and idx.count == 5 * n // 2  # past 2 ids a record: a filter over all
+    assert (
+        idx.bloom_bytes is not None and idx.count == 5 * n // 2
+    )  # past 2 ids a record: a filter over all
     idx = DedupIndex.from_wire(idx.to_wire())
     stats = DedupStats()
-    ids = [f"a{i}" for i in range(n)] + [f"b{i}" for i in range(n // 2)] + [f"c{i}" for i in range(n)] + ["d"]
+    ids = (
+        [f"a{i}" for i in range(n)]
+        + [f"b{i}" for i in range(n // 2)]
+        + [f"c{i}" for i in range(n)]
+        + ["d"]
+    )
     assert idx.admit(ids, [0] * len(ids), stats) == [False] * (len(ids) - 1) + [True]
     assert stats.bloom_maybe >= len(ids) - 1  # every stored id went through the filter
 
@@ -260,7 +335,9 @@ def test_a_hot_key_keeps_no_filter_while_its_id_list_costs_less_to_read():
 def test_a_bloom_maybe_is_settled_by_a_byte_search_without_parsing_the_ids():
     idx = DedupIndex()
     idx.admit([f"kept-{i}" for i in range(40)], [5] * 40, DedupStats())
-    idx.finish(-1, 0.5, 1, 0, DedupStats())  # a fixed 1-item filter at 50%: saturated, "maybe" to all
+    idx.finish(
+        -1, 0.5, 1, 0, DedupStats()
+    )  # a fixed 1-item filter at 50%: saturated, "maybe" to all
     idx = DedupIndex.from_wire(idx.to_wire())
     stats = DedupStats()
     assert idx.admit([f"new-{i}" for i in range(30)], [6] * 30, stats) is None
@@ -270,10 +347,15 @@ def test_a_bloom_maybe_is_settled_by_a_byte_search_without_parsing_the_ids():
     assert idx._exact is not None and stats.bloom_false_positive == 31  # a real duplicate: parsed
 
 
-ids_of_every_kind = st.text(min_size=1, max_size=300, alphabet=st.characters(exclude_categories=("Cs",)))
+ids_of_every_kind = st.text(
+    min_size=1, max_size=300, alphabet=st.characters(exclude_categories=("Cs",))
+)
 
 
-@given(st.lists(ids_of_every_kind, min_size=1, max_size=30, unique=True), st.lists(ids_of_every_kind, max_size=30))
+@given(
+    st.lists(ids_of_every_kind, min_size=1, max_size=30, unique=True),
+    st.lists(ids_of_every_kind, max_size=30),
+)
 def test_the_byte_search_finds_every_stored_id_of_any_text_or_length(stored, probes):
     """msgpack writes a str one way (fixstr, str8, str16 headers by length): every stored id's
     bytes are in the chunks, so a byte search never says "absent" of a stored id."""
@@ -288,7 +370,15 @@ def test_the_byte_search_finds_every_stored_id_of_any_text_or_length(stored, pro
 
 
 @given(
-    st.lists(st.lists(st.tuples(st.integers(min_value=0, max_value=150), st.integers(min_value=0, max_value=9)), max_size=60), max_size=10),
+    st.lists(
+        st.lists(
+            st.tuples(
+                st.integers(min_value=0, max_value=150), st.integers(min_value=0, max_value=9)
+            ),
+            max_size=60,
+        ),
+        max_size=10,
+    ),
     st.integers(min_value=1, max_value=6),
     st.sampled_from([None, 1, 500]),
 )
@@ -311,4 +401,6 @@ def test_a_key_fed_large_steps_keeps_exactly_the_ids_a_model_keeps(steps, lag, c
         idx = DedupIndex.from_wire(idx.to_wire())
         assert idx.ids() == model
         if idx.bloom_bytes is None and model:
-            assert capacity is None and len(model) <= max(SMALL_IDS, EXACT_IDS_PER_RECORD * len(ids))
+            assert capacity is None and len(model) <= max(
+                SMALL_IDS, EXACT_IDS_PER_RECORD * len(ids)
+            )

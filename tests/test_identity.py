@@ -66,7 +66,9 @@ def _move(h: Harness, columnar: bool) -> None:
         if side.live is not None:
             pieces = side.live.split(lambda kb: xxhash.xxh3_64_intdigest(kb) % 3)
             opts = side.runner.options
-            side.live = ColumnarStore.merge([ColumnarStore.decode(p.encode(), opts) for p in pieces.values()])
+            side.live = ColumnarStore.merge(
+                [ColumnarStore.decode(p.encode(), opts) for p in pieces.values()]
+            )
         return
     envs = h._envelopes["Echo"]
     for key, env in list(envs.items()):
@@ -94,8 +96,13 @@ ops = st.lists(
 @given(ops=ops, strong=st.booleans())
 # issue 35's case: a record delivered again after its key was collected; a drained run's key made again
 @example(ops=[("new", 0, 0), ("later", 10**6), ("again", 0), ("run", 0)], strong=True)
-@example(ops=[("new", 0, 0), ("run", 0), ("drain", 0), ("new", 0, 0), ("crash", Crash.BEFORE_COMMIT)], strong=False)
-def test_a_production_id_is_never_reused_and_a_replay_reproduces_it(identity_topology, columnar, ops, strong):
+@example(
+    ops=[("new", 0, 0), ("run", 0), ("drain", 0), ("new", 0, 0), ("crash", Crash.BEFORE_COMMIT)],
+    strong=False,
+)
+def test_a_production_id_is_never_reused_and_a_replay_reproduces_it(
+    identity_topology, columnar, ops, strong
+):
     registry = Recording()
     h = Harness(identity_topology(columnar=columnar, strong=strong), registry=registry)
     base = wm = 10_000
@@ -139,10 +146,14 @@ def test_a_production_id_is_never_reused_and_a_replay_reproduces_it(identity_top
         tags_of[r.id].add(r.value["tag"])
     shared = {rid: tags for rid, tags in tags_of.items() if len(tags) > 1}
     assert not shared, f"production ids given to two productions: {shared}"
-    assert all(len(ids) == 1 for ids in ids_of.values()), f"a replay changed a production's id: {dict(ids_of)}"
+    assert all(len(ids) == 1 for ids in ids_of.values()), (
+        f"a replay changed a production's id: {dict(ids_of)}"
+    )
     reused = {t: ids for t, ids in registry.ids.items() if len(ids) > 1}
     assert not reused, f"once-tokens committed for two productions: {reused}"
-    assert all(len(t) == 1 for t in registry.tokens.values()), "a replay committed a once-id with another token"
+    assert all(len(t) == 1 for t in registry.tokens.values()), (
+        "a replay committed a once-id with another token"
+    )
     assert h.metrics("Echo")["once_conflicts"] == 0
     seen = Counter(h.values("seen"))
     assert seen == Counter(set(ids_of)), "the consumer lost a production (or got one twice)"
@@ -154,37 +165,79 @@ def _legacy_id(computation: str, key: str, seq: int) -> str:
     return xxhash.xxh3_128_hexdigest(f"{computation}\x00{key!r}\x00{seq}".encode())
 
 
-def test_an_envelope_from_before_lives_keeps_its_numbering_until_its_key_is_forgotten(identity_topology):
-    spec = identity_topology(strong=False).computations["Echo"]  # as on Spark: productions in the outbox
-    runner = StepRunner(spec.instantiate(), name="Echo", outputs=spec.all_outputs, options=spec.options)
+def test_an_envelope_from_before_lives_keeps_its_numbering_until_its_key_is_forgotten(
+    identity_topology,
+):
+    spec = identity_topology(strong=False).computations[
+        "Echo"
+    ]  # as on Spark: productions in the outbox
+    runner = StepRunner(
+        spec.instantiate(), name="Echo", outputs=spec.all_outputs, options=spec.options
+    )
     # as version 3 wrote it: key "k" made 5 productions, keeps a state and a timer
-    old = msgpack.packb([3, PickleCodec().encode("r4#5"), ["t", 1_050, 0], [], 5, None, None], use_bin_type=True)
-    res = runner.step("k", old, [Record("k", {"key": "k", "tag": "r5#6"}, 2_000, "r5")], low_watermark=1_000, now=0, life=batch_life("q", 9))
+    old = msgpack.packb(
+        [3, PickleCodec().encode("r4#5"), ["t", 1_050, 0], [], 5, None, None], use_bin_type=True
+    )
+    res = runner.step(
+        "k",
+        old,
+        [Record("k", {"key": "k", "tag": "r5#6"}, 2_000, "r5")],
+        low_watermark=1_000,
+        now=0,
+        life=batch_life("q", 9),
+    )
     assert [p.record.id for p in res.productions] == [_legacy_id("Echo", "k", 5)]
     env = Envelope.decode(res.envelope)
-    assert (env.seq, env.life) == (6, None) and msgpack.unpackb(res.envelope)[0] == 3  # still written as before
+    assert (env.seq, env.life) == (6, None) and msgpack.unpackb(res.envelope)[
+        0
+    ] == 3  # still written as before
     # the key forgotten (its timer fired, its ids collected): the next production starts a life
     res = runner.step("k", res.envelope, [], low_watermark=10**9, now=0, life=batch_life("q", 10))
-    assert res.envelope is None and [p.record.id for p in res.productions] == [_legacy_id("Echo", "k", 6)]
-    res = runner.step("k", None, [Record("k", {"key": "k", "tag": "r5#7"}, 2_000, "r5")], low_watermark=10**9, now=0, life=batch_life("q", 11))
+    assert res.envelope is None and [p.record.id for p in res.productions] == [
+        _legacy_id("Echo", "k", 6)
+    ]
+    res = runner.step(
+        "k",
+        None,
+        [Record("k", {"key": "k", "tag": "r5#7"}, 2_000, "r5")],
+        low_watermark=10**9,
+        now=0,
+        life=batch_life("q", 11),
+    )
     life = batch_life("q", 11)
-    assert [p.record.id for p in res.productions] == [production_id("Echo", "k", 0, life), production_id("Echo", "k", 1, life)]  # the record, its timer
-    assert not {p.record.id for p in res.productions} & {_legacy_id("Echo", "k", s) for s in range(7)}
-    assert Envelope.decode(res.envelope).life == batch_life("q", 11) and msgpack.unpackb(res.envelope)[0] == ENVELOPE_VERSION == 4
+    assert [p.record.id for p in res.productions] == [
+        production_id("Echo", "k", 0, life),
+        production_id("Echo", "k", 1, life),
+    ]  # the record, its timer
+    assert not {p.record.id for p in res.productions} & {
+        _legacy_id("Echo", "k", s) for s in range(7)
+    }
+    assert (
+        Envelope.decode(res.envelope).life == batch_life("q", 11)
+        and msgpack.unpackb(res.envelope)[0] == ENVELOPE_VERSION == 4
+    )
 
 
 def test_a_columnar_store_from_before_lives_keeps_its_keys_numbering(identity_topology):
     spec = identity_topology(columnar=True, strong=False).computations["Echo"]
-    runner = ColumnarRunner(spec.instantiate(), name="Echo", outputs=spec.all_outputs, options=spec.options)
+    runner = ColumnarRunner(
+        spec.instantiate(), name="Echo", outputs=spec.all_outputs, options=spec.options
+    )
     kb, held = encode_key("k"), encode_key("h")
     # as version 2 wrote it: "k" made 4 productions, "h" none yet (it only holds the watermark)
-    wire = msgpack.unpackb(ColumnarStore(meta={kb: [4, None], held: [0, 1_000]}).encode(), raw=False)
+    wire = msgpack.unpackb(
+        ColumnarStore(meta={kb: [4, None], held: [0, 1_000]}).encode(), raw=False
+    )
     wire[1] = 2
     old = msgpack.packb(wire, use_bin_type=True)
     recs = InputColumns(
-        [kb, held, encode_key("new")], ["r5", "h1", "n1"], np.array([2_000] * 3), ["in"] * 3,
-        [{"key": k, "tag": f"{k}#1"} for k in ("k", "h", "new")], encoded=False,
-    )  # fmt: skip
+        [kb, held, encode_key("new")],
+        ["r5", "h1", "n1"],
+        np.array([2_000] * 3),
+        ["in"] * 3,
+        [{"key": k, "tag": f"{k}#1"} for k in ("k", "h", "new")],
+        encoded=False,
+    )
     life = batch_life("q", 9)
     res = runner.run(old, recs, low_watermark=1_000, now=0, life=life)
     assert dict(zip(res.keys, res.ids, strict=True)) == {
@@ -193,5 +246,9 @@ def test_a_columnar_store_from_before_lives_keeps_its_keys_numbering(identity_to
         "new": production_id("Echo", "new", 0, life),
     }
     meta = ColumnarStore.decode(res.store).meta
-    assert meta[kb] == [5, None] and meta[held] == [1, 1_000, life] and meta[encode_key("new")] == [1, None, life]
+    assert (
+        meta[kb] == [5, None]
+        and meta[held] == [1, 1_000, life]
+        and meta[encode_key("new")] == [1, None, life]
+    )
     assert msgpack.unpackb(res.store, raw=False)[1] == STORE_VERSION == 3

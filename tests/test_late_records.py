@@ -12,7 +12,9 @@ class Collector(Computation):
 
 
 def collector(late: LatePolicy, outputs=()):
-    h = Harness.for_computation(Collector, inputs=["in"], outputs=outputs, options=ComputationOptions(late=late))
+    h = Harness.for_computation(
+        Collector, inputs=["in"], outputs=outputs, options=ComputationOptions(late=late)
+    )
     h.inject("in", [Record("k", "on-time", 1_000, "a")])
     h.advance_watermark("in", 2_000)
     h.inject("in", [Record("k", "late", 1_500, "b"), Record("k", "fine", 2_000, "c")])
@@ -55,7 +57,9 @@ def test_lateness_is_judged_at_arrival_not_at_processing():
 def test_late_productions_downstream_are_late_too():
     class Forward(Computation):
         def process_record(self, record):
-            self.produce("mid", record.value, timestamp=record.timestamp - 10_000)  # breaks §4.5's rule
+            self.produce(
+                "mid", record.value, timestamp=record.timestamp - 10_000
+            )  # breaks §4.5's rule
 
     t = Harness.for_computation(Forward, inputs=["in"], outputs=["mid"]).topology
     t.computation(Collector, inputs=["mid"])

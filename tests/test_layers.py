@@ -22,7 +22,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("millwheel", "watermark_authority", "id_registry", "servicekit", "faults", "topologies", "computations")
+PACKAGES = (
+    "millwheel",
+    "watermark_authority",
+    "id_registry",
+    "servicekit",
+    "faults",
+    "topologies",
+    "computations",
+)
 #: the modules of ``millwheel`` allowed to reach the Spark runtime: the command line
 CLI_MODULES = ("millwheel.cli", "millwheel._cli")
 
@@ -86,7 +94,11 @@ def _private_part(module: str) -> str | None:
 
 
 def test_the_scan_sees_the_tree():
-    assert "millwheel._step" in MODULES and "millwheel.runtime._query" in MODULES and "faults.check" in MODULES
+    assert (
+        "millwheel._step" in MODULES
+        and "millwheel.runtime._query" in MODULES
+        and "faults.check" in MODULES
+    )
     assert any(imp == "millwheel._delivery" for imp, _, _ in IMPORTS["millwheel.testing._harness"])
 
 
@@ -94,7 +106,7 @@ def test_no_import_cycles():
     graph = {
         name: {imp for imp, _, _top in IMPORTS[name] if imp in MODULES and imp != name}
         for name in MODULES
-    }  # fmt: skip
+    }
     # a package's __init__ importing its own modules is not a cycle of behaviour: it is how
     # a package exposes its API; cycles are looked for among the other modules
     seen: dict[str, int] = {}
@@ -132,7 +144,11 @@ def _violations(rule) -> list[str]:
 
 def test_the_user_api_reaches_neither_spark_nor_the_runtime():
     def rule(name: str, imp: str) -> str | None:
-        if not _under(name, "millwheel") or _under(name, "millwheel.runtime") or name.startswith(CLI_MODULES):
+        if (
+            not _under(name, "millwheel")
+            or _under(name, "millwheel.runtime")
+            or name.startswith(CLI_MODULES)
+        ):
             return None
         if _under(imp, "millwheel.runtime"):
             return "only the runtime and the CLI import the runtime"
@@ -144,7 +160,16 @@ def test_the_user_api_reaches_neither_spark_nor_the_runtime():
 
 
 def test_millwheel_does_not_import_the_topologies():
-    assert _violations(lambda name, imp: "topologies are built on millwheel" if _under(name, "millwheel") and _under(imp, "topologies") else None) == []
+    assert (
+        _violations(
+            lambda name, imp: (
+                "topologies are built on millwheel"
+                if _under(name, "millwheel") and _under(imp, "topologies")
+                else None
+            )
+        )
+        == []
+    )
 
 
 @pytest.mark.parametrize("service", ["watermark_authority", "id_registry", "servicekit"])
@@ -154,7 +179,9 @@ def test_services_stand_alone(service):
             return None
         if _under(imp, "millwheel"):
             return "services import nothing from millwheel"
-        if service == "servicekit" and (_under(imp, "watermark_authority") or _under(imp, "id_registry")):
+        if service == "servicekit" and (
+            _under(imp, "watermark_authority") or _under(imp, "id_registry")
+        ):
             return "servicekit is below the services"
         return None
 
@@ -177,13 +204,20 @@ def test_a_broken_rule_is_caught():
     global MODULES, IMPORTS
     saved = MODULES, IMPORTS
     try:
-        MODULES = {**saved[0], "faults.fake": ROOT / "faults" / "fake.py", "faults.fake2": ROOT / "faults" / "fake2.py"}
+        MODULES = {
+            **saved[0],
+            "faults.fake": ROOT / "faults" / "fake.py",
+            "faults.fake2": ROOT / "faults" / "fake2.py",
+        }
         IMPORTS = {
             **saved[1],
             "faults.fake": [("millwheel._step", 1, True), ("faults.fake2", 2, True)],
             "faults.fake2": [("faults.fake", 1, True)],
         }
-        with pytest.raises(AssertionError, match=r"faults.fake imports millwheel._step: _step is private to millwheel"):
+        with pytest.raises(
+            AssertionError,
+            match=r"faults.fake imports millwheel._step: _step is private to millwheel",
+        ):
             test_no_package_imports_another_packages_private_modules()
         with pytest.raises(AssertionError, match="faults.fake"):
             test_no_import_cycles()

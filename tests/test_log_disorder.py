@@ -38,13 +38,20 @@ def test_a_duplicate_far_behind_is_not_disorder_a_new_record_is(tmp_path):
 
 def test_a_copy_in_another_file_is_not_disorder(tmp_path):
     first = [{"id": f"a{i}", "ts": T0 + i * 1_000} for i in range(100)]
-    (tmp_path / "events-2026-01-01T10-00-00.jsonl").write_text("".join(json.dumps(v) + "\n" for v in first))
+    (tmp_path / "events-2026-01-01T10-00-00.jsonl").write_text(
+        "".join(json.dumps(v) + "\n" for v in first)
+    )
     second = [{"id": f"b{i}", "ts": T0 + 300_000 + i * 1_000} for i in range(100)]
-    second.insert(50, {"id": "a7", "ts": T0 + 7_000})  # a copy of the first file's, 5 min before the second's time
+    second.insert(
+        50, {"id": "a7", "ts": T0 + 7_000}
+    )  # a copy of the first file's, 5 min before the second's time
     second.insert(60, {"id": "b-late", "ts": T0 + 298_000})  # 2 s before the second file's time
     # b-late: 60 s behind b58 before it (and 2 s before the file's time); a7, 351 s behind and
     # 293 s before the file's time, is a copy of the first file's record, left out
-    assert _measured(tmp_path, second, name="events-2026-01-01T10-05-00.jsonl") == (60_000, "events-2026-01-01T10-05-00.jsonl")
+    assert _measured(tmp_path, second, name="events-2026-01-01T10-05-00.jsonl") == (
+        60_000,
+        "events-2026-01-01T10-05-00.jsonl",
+    )
 
 
 @settings(max_examples=40)
@@ -88,7 +95,9 @@ def test_no_absurd_lateness_is_advised():
     t.computation(Count, inputs=["events"])
     metrics = {"Count": {"records_in": 4_001, "late": 2_000, "late_dropped": 2_000}}
     (line,) = late_lines(t, metrics, {"logs": (1_765_458_394_380_000, "app-1765458394.jsonl")})
-    assert "lateness_ms=1765458394380000" not in line and "which no lateness_ms should cover" in line, line
+    assert (
+        "lateness_ms=1765458394380000" not in line and "which no lateness_ms should cover" in line
+    ), line
     assert "implausible_timestamp" in line
     (line,) = late_lines(t, metrics, {"logs": (2**63 - 1, "x.jsonl")})
     assert "lateness_ms=" not in line

@@ -24,7 +24,9 @@ def _line(i, ts, q="cats"):
 
 
 def _plan(src, start=None, now=None):
-    return plan_offset(start or initial_offset(), src.read_options, int(time.time() * 1000) if now is None else now)
+    return plan_offset(
+        start or initial_offset(), src.read_options, int(time.time() * 1000) if now is None else now
+    )
 
 
 def _records(src, start, end):
@@ -54,7 +56,9 @@ def test_file_times_from_real_names_never_negative(name, expected):
 
 def test_the_watermark_follows_read_progress_and_rotation_finishes_files(tmp_path):
     f1 = tmp_path / f"queries-{T}.jsonl"
-    f1.write_text(_line(1, T + 100) + _line(2, T + 200) + '{"id": "e3", "ts": 17')  # last line still being written
+    f1.write_text(
+        _line(1, T + 100) + _line(2, T + 200) + '{"id": "e3", "ts": 17'
+    )  # last line still being written
     src = LogFileSource(tmp_path, idle_finish_ms=None)
     o1 = _plan(src)
     assert o1["files"][f1.name]["pos"] == len(_line(1, T + 100) + _line(2, T + 200))
@@ -67,7 +71,9 @@ def test_the_watermark_follows_read_progress_and_rotation_finishes_files(tmp_pat
     f2.write_text(_line(4, T + 2_100))
     o2 = _plan(src, o1)
     assert _records(src, o1, o2) == ["e3", "e4"]  # exactly the new bytes
-    assert o2["files"][f1.name]["finished"]  # read to the end and a newer file exists: rotated, finished
+    assert o2["files"][f1.name][
+        "finished"
+    ]  # read to the end and a newer file exists: rotated, finished
     assert o2["lw"] == T + 2_100
     assert _plan(src, o2) == o2  # nothing new: the same offset
 
@@ -107,12 +113,16 @@ def test_the_byte_budget_is_exact(tmp_path):
     o2 = _plan(src, o1)
     assert _records(src, o1, o2) == ["e2", "e3"]  # never the whole next file
     tiny = LogFileSource(tmp_path, finite=True, max_bytes_per_batch=5)
-    assert _records(tiny, initial_offset(), _plan(tiny)) == ["e0"]  # one line longer than the budget
+    assert _records(tiny, initial_offset(), _plan(tiny)) == [
+        "e0"
+    ]  # one line longer than the budget
 
 
 def test_records_older_than_their_files_time_are_late_however_files_are_batched(tmp_path):
     (tmp_path / f"q-{T}.jsonl").write_text(_line(1, T + 100))
-    (tmp_path / f"q-{T + 1_000}.jsonl").write_text(_line(2, T + 1_100) + _line(3, T + 500))  # e3: after file 2 opened
+    (tmp_path / f"q-{T + 1_000}.jsonl").write_text(
+        _line(2, T + 1_100) + _line(3, T + 500)
+    )  # e3: after file 2 opened
     src = LogFileSource(tmp_path, finite=True)
     o1 = _plan(src)  # both files in one batch
     swm = {r.name: r.sender_watermark for r in plan_ranges(initial_offset(), o1, 0)}
@@ -123,20 +133,32 @@ def test_records_older_than_their_files_time_are_late_however_files_are_batched(
 
 
 def test_malformed_lines_are_dead_letters_with_reason_file_offset_and_the_files_time(tmp_path):
-    lines = [_line(1, T + 1), "{broken\n", '{"id": "x", "query": "q"}\n', '{"id": "y", "ts": "soon"}\n', "[1, 2]\n",
-             '{"id": 7, "ts": 5}\n', json.dumps({"id": "z", "ts": 2**70}) + "\n", _line(2, T + 3)]  # fmt: skip
+    lines = [
+        _line(1, T + 1),
+        "{broken\n",
+        '{"id": "x", "query": "q"}\n',
+        '{"id": "y", "ts": "soon"}\n',
+        "[1, 2]\n",
+        '{"id": 7, "ts": 5}\n',
+        json.dumps({"id": "z", "ts": 2**70}) + "\n",
+        _line(2, T + 3),
+    ]
     (tmp_path / f"q-{T}.jsonl").write_text("".join(lines))
     src = LogFileSource(tmp_path, finite=True)
     dead = [d for b in src.batches() for d in b.dead_letters]
     records = [r.id for b in src.batches() for r in b.records]
     assert records == ["e1", "e2"]
     assert [d.value.offset for d in dead] == [sum(len(x) for x in lines[:k]) for k in range(1, 7)]
-    assert {(d.value.stage, d.value.file, d.timestamp) for d in dead} == {(Stage.MALFORMED, f"q-{T}.jsonl", T)}
+    assert {(d.value.stage, d.value.file, d.timestamp) for d in dead} == {
+        (Stage.MALFORMED, f"q-{T}.jsonl", T)
+    }
     reasons = [d.value.reason for d in dead]
     assert reasons[0].startswith("broken JSON") and "missing timestamp" in reasons[1]
     assert "not an integer" in reasons[2] and "not a JSON object" in reasons[3]
     assert "non-empty string, got int" in reasons[4] and "64-bit" in reasons[5]
-    assert [d.id for d in dead] == [d.id for b in src.batches() for d in b.dead_letters]  # deterministic ids
+    assert [d.id for d in dead] == [
+        d.id for b in src.batches() for d in b.dead_letters
+    ]  # deterministic ids
     assert len({d.id for d in dead}) == len(dead)
 
 
@@ -151,32 +173,47 @@ def test_a_file_cut_by_the_byte_budget_promises_only_its_time(tmp_path):
     o2 = _plan(src, o1)
     assert o2["lw"] == T + 300  # at the end of a live file: its newest line
     # one line per batch: every record is sent under a watermark it is not behind
-    batches = list(LogFileSource(tmp_path, finite=True, max_bytes_per_batch=len(lines[0])).batches())
+    batches = list(
+        LogFileSource(tmp_path, finite=True, max_bytes_per_batch=len(lines[0])).batches()
+    )
     sent = [(r.timestamp, b.low_watermark) for b in batches for r in b.records]
     assert len(sent) == 6 and all(ts >= wm for ts, wm in sent), sent
 
 
-def test_finished_part_files_with_cross_file_disorder_lose_nothing_with_defaults(tmp_path, real_logs, second_counts):
+def test_finished_part_files_with_cross_file_disorder_lose_nothing_with_defaults(
+    tmp_path, real_logs, second_counts
+):
     # names without times; each file's records run up to 5 s behind the previous file's
     # newest: a finished file's promise is its smallest timestamp, so none is late
     truth, _ = real_logs(tmp_path / "logs", events=20_000, files=8, disorder_ms=5_000)
-    h = Harness(second_counts(LogFileSource(tmp_path / "logs", id_field="id", ts_field="ts", finite=True)), raise_errors=False)
+    h = Harness(
+        second_counts(LogFileSource(tmp_path / "logs", id_field="id", ts_field="ts", finite=True)),
+        raise_errors=False,
+    )
     h.run_sources()
     assert h.metrics("SecondCounts")["late"] == 0
     assert second_counts.answer(h.output("counts")) == truth
     assert h.metrics("SecondCounts")["duplicates"] > 100  # the retries were there, and deduplicated
 
 
-def test_the_watermark_still_moves_file_by_file_through_a_backlog_of_named_files(tmp_path, real_logs):
-    real_logs(tmp_path, events=2_000, files=4, disorder_ms=0, names="events-2026-01-01T10-0{}.jsonl")
+def test_the_watermark_still_moves_file_by_file_through_a_backlog_of_named_files(
+    tmp_path, real_logs
+):
+    real_logs(
+        tmp_path, events=2_000, files=4, disorder_ms=0, names="events-2026-01-01T10-0{}.jsonl"
+    )
     src = LogFileSource(tmp_path, finite=True, max_bytes_per_batch=20_000)
     marks = [b.low_watermark for b in src.batches()]
     assert len(set(marks)) > 4 and marks == sorted(marks)
 
 
-def test_an_unread_file_without_a_time_holds_the_watermark_and_a_partly_read_one_too(tmp_path, real_logs):
+def test_an_unread_file_without_a_time_holds_the_watermark_and_a_partly_read_one_too(
+    tmp_path, real_logs
+):
     real_logs(tmp_path, events=4_000, files=3, disorder_ms=5_000)
-    src = LogFileSource(tmp_path, finite=True, max_bytes_per_batch=50_000)  # several batches per file
+    src = LogFileSource(
+        tmp_path, finite=True, max_bytes_per_batch=50_000
+    )  # several batches per file
     o = initial_offset()
     while o["lw"] < MAX_TIMESTAMP:
         nxt = _plan(src, o)
@@ -190,7 +227,9 @@ def test_an_unread_file_without_a_time_holds_the_watermark_and_a_partly_read_one
     assert late == []
 
 
-def test_a_growing_file_without_a_time_promises_its_oldest_record(tmp_path, real_logs, second_counts):
+def test_a_growing_file_without_a_time_promises_its_oldest_record(
+    tmp_path, real_logs, second_counts
+):
     # a live log tailed while it is written: appended in chunks, the reader caught up after
     # each; with no declared disorder the file holds the watermark at its oldest record, so
     # nothing it goes on to write is late; once finished, every count is exact
@@ -216,8 +255,14 @@ def test_a_growing_file_without_a_time_promises_its_oldest_record(tmp_path, real
         h.advance_watermark("logs", end["lw"])
         h.run()
         if i < 6:
-            written = [json.loads(x)["ts"] for x in lines[: (i + 1) * chunk] if not x.startswith('{"id": "broken')]
-            assert end["lw"] == min(written)  # held at the oldest record read, not the first or newest
+            written = [
+                json.loads(x)["ts"]
+                for x in lines[: (i + 1) * chunk]
+                if not x.startswith('{"id": "broken')
+            ]
+            assert end["lw"] == min(
+                written
+            )  # held at the oldest record read, not the first or newest
         o = end
     assert o["lw"] == MAX_TIMESTAMP
     assert h.metrics("SecondCounts")["late"] == 0

@@ -27,7 +27,9 @@ def _line(i, ts, key="k"):
 
 
 def _plan(src, start=None, now=None):
-    return plan_offset(start or initial_offset(), src.read_options, int(time.time() * 1000) if now is None else now)
+    return plan_offset(
+        start or initial_offset(), src.read_options, int(time.time() * 1000) if now is None else now
+    )
 
 
 def _read(src, start, end):
@@ -44,8 +46,12 @@ def _read(src, start, end):
 def test_a_finished_directory_reads_a_last_line_without_a_newline(tmp_path, second_counts):
     # many writers end a file without "\n": the file was never finished, the directory's
     # promise stayed at its start and the harness ended with 0 of its output and no word
-    (tmp_path / "part-0000.jsonl").write_text("".join(_line(i, T + i * 10) for i in range(50)) + _line(50, T + 500)[:-1])
-    (tmp_path / "part-0001.jsonl").write_text("".join(_line(100 + i, T + 600 + i * 10, "j") for i in range(20)))
+    (tmp_path / "part-0000.jsonl").write_text(
+        "".join(_line(i, T + i * 10) for i in range(50)) + _line(50, T + 500)[:-1]
+    )
+    (tmp_path / "part-0001.jsonl").write_text(
+        "".join(_line(100 + i, T + 600 + i * 10, "j") for i in range(20))
+    )
     h = Harness(second_counts(LogFileSource(tmp_path, finite=True)), raise_errors=False)
     h.run_sources()
     assert h.low_watermark("SecondCounts") == MAX_TIMESTAMP
@@ -62,7 +68,9 @@ def test_a_half_line_waits_while_its_file_grows_and_is_read_once_it_is_finished(
     assert [r.id for r in records] == ["e1"] and dead == []
     assert _plan(src, o1) == o1  # the half line waits
     with log.open("a") as fh:
-        fh.write(_line(2, T + 2)[20:] + _line(3, T + 3)[:-1])  # line 2 done; line 3 without its newline
+        fh.write(
+            _line(2, T + 2)[20:] + _line(3, T + 3)[:-1]
+        )  # line 2 done; line 3 without its newline
     o2 = _plan(src, o1)
     assert [r.id for r in _read(src, o1, o2)[0]] == ["e2"]
     assert not o2["files"][NAME]["finished"]
@@ -108,15 +116,20 @@ def test_a_half_line_that_stays_half_is_a_dead_letter_with_its_file_and_offset(t
 
 
 # ---- observation 2: implausible time does not move time -----------------------------------
-def test_a_microsecond_timestamp_at_the_read_position_of_a_tailed_file_moves_no_time(tmp_path, second_counts):
+def test_a_microsecond_timestamp_at_the_read_position_of_a_tailed_file_moves_no_time(
+    tmp_path, second_counts
+):
     # one record in microseconds at the read position of a time-named file being tailed: the
     # watermark jumped to the year 57971 and half of what followed was dropped as late
     log = tmp_path / NAME
     src = LogFileSource(tmp_path, idle_finish_ms=None)
     h = Harness(second_counts(src), raise_errors=False)
     bad = (T + 2_000_000) * 1000
-    writes = ["".join(_line(i, T + i * 1_000) for i in range(2_000)), json.dumps({"id": "us", "ts": bad, "key": "k"}) + "\n",
-              "".join(_line(i, T + i * 1_000) for i in range(2_000, 4_000))]  # fmt: skip
+    writes = [
+        "".join(_line(i, T + i * 1_000) for i in range(2_000)),
+        json.dumps({"id": "us", "ts": bad, "key": "k"}) + "\n",
+        "".join(_line(i, T + i * 1_000) for i in range(2_000, 4_000)),
+    ]
     o, dead = initial_offset(), []
     log.write_text("")
     for i, text in enumerate(writes):
@@ -131,7 +144,9 @@ def test_a_microsecond_timestamp_at_the_read_position_of_a_tailed_file_moves_no_
             h.inject("logs", chunk.records)
             dead += chunk.dead_letters
             h.run()
-        assert end["lw"] <= T + 4_000 * 1_000 or end["lw"] == MAX_TIMESTAMP, timestamp_text(end["lw"])  # never the bad record's
+        assert end["lw"] <= T + 4_000 * 1_000 or end["lw"] == MAX_TIMESTAMP, timestamp_text(
+            end["lw"]
+        )  # never the bad record's
         h.advance_watermark("logs", end["lw"])
         h.run()
         o = end
@@ -140,12 +155,22 @@ def test_a_microsecond_timestamp_at_the_read_position_of_a_tailed_file_moves_no_
     assert h.metrics("SecondCounts")["late"] == 0
     assert sum(second_counts.answer(h.output("counts")).values()) == 4_000
     (letter,) = [d.value for d in dead]
-    assert (letter.stage, letter.file, letter.record.timestamp) == (Stage.IMPLAUSIBLE_TIMESTAMP, NAME, bad)
+    assert (letter.stage, letter.file, letter.record.timestamp) == (
+        Stage.IMPLAUSIBLE_TIMESTAMP,
+        NAME,
+        bad,
+    )
     assert str(bad) in letter.reason
 
 
 def test_unit_mistakes_are_implausible_by_default(tmp_path):
-    lines = [_line(0, T), _line(1, T // 1000), _line(2, T * 1000), _line(3, T * 1_000_000), _line(4, T + 5)]
+    lines = [
+        _line(0, T),
+        _line(1, T // 1000),
+        _line(2, T * 1000),
+        _line(3, T * 1_000_000),
+        _line(4, T + 5),
+    ]
     (tmp_path / NAME).write_text("".join(lines))
     src = LogFileSource(tmp_path, finite=True)
     batches = list(src.batches())
@@ -179,4 +204,6 @@ def test_every_time_formatter_spells_every_int64(v):
     t = Topology("t")
     t.injector("logs", stream="events")
     t.computation(C, inputs=["events"])
-    assert late_lines(t, {"C": {"records_in": 10, "late": 1, "late_dropped": 1}}, {"logs": (abs(v), "f.jsonl")})
+    assert late_lines(
+        t, {"C": {"records_in": 10, "late": 1, "late_dropped": 1}}, {"logs": (abs(v), "f.jsonl")}
+    )

@@ -53,7 +53,14 @@ FRAGMENTS = [
     "\t\x0b",
 ]
 #: bytes that change how json.loads decodes a line: a BOM, NULs, bytes that are not UTF-8
-RAW = [b"\xef\xbb\xbf" + FRAGMENTS[0].encode(), b"\x00" + FRAGMENTS[0].encode(), b'{"id": "n\x00", "ts": 7}', b'{"id": "\xff", "ts": 8}', b"\xff\xfe{}", "é".encode()]
+RAW = [
+    b"\xef\xbb\xbf" + FRAGMENTS[0].encode(),
+    b"\x00" + FRAGMENTS[0].encode(),
+    b'{"id": "n\x00", "ts": 7}',
+    b'{"id": "\xff", "ts": 8}',
+    b"\xff\xfe{}",
+    "é".encode(),
+]
 
 
 def reference(data: bytes, start: int, file: str = "f.jsonl") -> tuple[list[tuple], list[tuple]]:
@@ -89,15 +96,35 @@ def _dead(r: object) -> tuple:
 
 
 def parsed(data: bytes, start: int) -> tuple[list[tuple], list[tuple]]:
-    chunk = parse_chunk(data, start=start, file="f.jsonl", file_time=9, injector="inj", stream="s", id_field="id", ts_field="ts")
+    chunk = parse_chunk(
+        data,
+        start=start,
+        file="f.jsonl",
+        file_time=9,
+        injector="inj",
+        stream="s",
+        id_field="id",
+        ts_field="ts",
+    )
     assert all(r.key is None and r.stream == "s" for r in chunk.records)
-    return [(r.id, r.timestamp, repr(r.value), _types(r.value)) for r in chunk.records], [_dead(r) for r in chunk.dead_letters]
+    return [(r.id, r.timestamp, repr(r.value), _types(r.value)) for r in chunk.records], [
+        _dead(r) for r in chunk.dead_letters
+    ]
 
 
-lines = st.one_of(st.sampled_from(FRAGMENTS).map(str.encode), st.sampled_from(RAW), st.text(max_size=12).map(lambda s: s.encode("utf-8", "surrogatepass")))
+lines = st.one_of(
+    st.sampled_from(FRAGMENTS).map(str.encode),
+    st.sampled_from(RAW),
+    st.text(max_size=12).map(lambda s: s.encode("utf-8", "surrogatepass")),
+)
 
 
-@given(st.lists(lines, max_size=25), st.sampled_from([b"\n", b"\r\n"]), st.booleans(), st.integers(min_value=0, max_value=10**9))
+@given(
+    st.lists(lines, max_size=25),
+    st.sampled_from([b"\n", b"\r\n"]),
+    st.booleans(),
+    st.integers(min_value=0, max_value=10**9),
+)
 @example([f.encode() for f in FRAGMENTS], b"\n", True, 0)
 @example([f.encode() for f in FRAGMENTS] + RAW, b"\n", False, 17)
 def test_a_chunk_gives_every_line_what_parse_line_gives_it(chunk_lines, end, last_newline, start):
@@ -112,4 +139,7 @@ def test_offsets_count_bytes_and_the_scan_never_reads_into_the_next_line():
     no_id = 100 + data.index(b'{"ts": 3}')
     assert [r[0] for r in records] == ["é", f"f.jsonl:{no_id}"]
     # an object left open on its line is broken JSON there, not a record ending on the next
-    assert [(d[2].offset, d[2].reason.split(":")[0]) for d in dead] == [(100 + data.index(b'{"id": "x"'), "broken JSON"), (100 + data.index(b'"ts": 2}'), "broken JSON")]
+    assert [(d[2].offset, d[2].reason.split(":")[0]) for d in dead] == [
+        (100 + data.index(b'{"id": "x"'), "broken JSON"),
+        (100 + data.index(b'"ts": 2}'), "broken JSON"),
+    ]

@@ -29,12 +29,20 @@ class JoinOnce(Computation):
 
 
 def _pipeline(registry, name, **kw) -> Harness:
-    return Harness.for_computation(JoinOnce, inputs={"clicks": lambda r: r.value["query"]}, outputs=["joined"],
-                                   registry=registry, pipeline=name, **kw)  # fmt: skip
+    return Harness.for_computation(
+        JoinOnce,
+        inputs={"clicks": lambda r: r.value["query"]},
+        outputs=["joined"],
+        registry=registry,
+        pipeline=name,
+        **kw,
+    )
 
 
 def _clicks(n: int) -> list[Record]:
-    return [Record(None, {"click": f"c{i}", "query": f"q{i % 7}"}, 1_000 + i, f"r{i}") for i in range(n)]
+    return [
+        Record(None, {"click": f"c{i}", "query": f"q{i % 7}"}, 1_000 + i, f"r{i}") for i in range(n)
+    ]
 
 
 def test_two_pipelines_on_the_same_input_produce_each_event_once_between_them():
@@ -71,7 +79,11 @@ def test_strong_conflicts_are_not_left_pending_in_the_checkpoint():
     a = _pipeline(registry, "dc1")
     a.inject("clicks", _clicks(3))
     a.process("JoinOnce", deliver=False)
-    pending = [p.record.value["click"] for k in a.keys("JoinOnce") for p in a.pending_productions("JoinOnce", k)]
+    pending = [
+        p.record.value["click"]
+        for k in a.keys("JoinOnce")
+        for p in a.pending_productions("JoinOnce", k)
+    ]
     assert sorted(pending) == ["c0", "c2"]  # checkpointed without the one held elsewhere
     a.run()
     assert sorted(v["click"] for v in a.values("joined")) == ["c0", "c2"]
@@ -85,12 +97,18 @@ def test_events_older_than_the_gc_boundary_are_dead_letters():
     a.run()
     assert sorted(v["click"] for v in a.values("joined")) == ["c2", "c3"]
     dead = sorted(r.value.record.value["click"] for r in a.dead_letters())
-    assert dead == ["c0", "c1"] and {r.value.stage for r in a.dead_letters()} == {Stage.ONCE_TOO_OLD}
+    assert dead == ["c0", "c1"] and {r.value.stage for r in a.dead_letters()} == {
+        Stage.ONCE_TOO_OLD
+    }
 
 
 def test_the_memory_registry_is_a_first_token_wins_map():
     reg = MemoryOnceRegistry()
-    assert reg.commit_many([("x", "t1", 5), ("x", "t2", 5), ("x", "t1", 5)]) == [OnceResult.COMMITTED, OnceResult.CONFLICT, OnceResult.COMMITTED]
+    assert reg.commit_many([("x", "t1", 5), ("x", "t2", 5), ("x", "t1", 5)]) == [
+        OnceResult.COMMITTED,
+        OnceResult.CONFLICT,
+        OnceResult.COMMITTED,
+    ]
     reg.clear("x")
     assert reg.commit_many([("x", "t2", 5)]) == [OnceResult.COMMITTED]
 
@@ -115,22 +133,41 @@ def test_two_pipelines_under_the_default_name_still_emit_each_event_once():
     # the token was once (name, computation, key); two harnesses left at the
     # default name, sharing a registry, emitted every click twice
     registry = MemoryOnceRegistry()
-    a = Harness.for_computation(JoinOnce, inputs={"clicks": lambda r: r.value["query"]}, outputs=["joined"], registry=registry)
-    b = Harness.for_computation(JoinOnce, inputs={"clicks": lambda r: r.value["query"]}, outputs=["joined"], registry=registry)
+    a = Harness.for_computation(
+        JoinOnce,
+        inputs={"clicks": lambda r: r.value["query"]},
+        outputs=["joined"],
+        registry=registry,
+    )
+    b = Harness.for_computation(
+        JoinOnce,
+        inputs={"clicks": lambda r: r.value["query"]},
+        outputs=["joined"],
+        registry=registry,
+    )
     for h in (a, b):
         h.inject("clicks", _clicks(1))
         h.run()
     assert [v["click"] for v in a.values("joined") + b.values("joined")] == ["c0"]
     assert b.metrics("JoinOnce")["once_conflicts"] == 1
-    assert holder_of(registry.holder("c0")) == a.pipeline_id and a.pipeline_id.startswith("harness#")
+    assert holder_of(registry.holder("c0")) == a.pipeline_id and a.pipeline_id.startswith(
+        "harness#"
+    )
 
 
 def test_the_roster_knows_the_pipelines_and_refuses_a_second_directory_under_one_name():
     registry = MemoryOnceRegistry()
-    assert join_roster(registry, "dc1", "e1", "host:/runs/a") == [Member("dc1", "e1", "host:/runs/a")]
+    assert join_roster(registry, "dc1", "e1", "host:/runs/a") == [
+        Member("dc1", "e1", "host:/runs/a")
+    ]
     join_roster(registry, "dc2", "e2", "host:/runs/b")
-    assert join_roster(registry, "dc1", "e1", "host:/runs/a")[0].id == "dc1#e1"  # a restart: already in
-    with pytest.raises(PipelineNameTaken, match=r"held in this IdRegistry by the run directory host:/runs/a .*--pipeline NAME"):
+    assert (
+        join_roster(registry, "dc1", "e1", "host:/runs/a")[0].id == "dc1#e1"
+    )  # a restart: already in
+    with pytest.raises(
+        PipelineNameTaken,
+        match=r"held in this IdRegistry by the run directory host:/runs/a .*--pipeline NAME",
+    ):
         join_roster(registry, "dc1", "e9", "host:/runs/c")
     # the same directory under a new epoch (it lost its checkpoint) joins beside its old one
     join_roster(registry, "dc1", "e3", "host:/runs/a")

@@ -25,8 +25,17 @@ class Collect(Computation):
 def topology(strong: bool, consumer_exactly_once: bool = True):
     t = Topology("p")
     t.injector("in")
-    t.computation(Stamp, inputs={"in": lambda r: r.value}, outputs=["out"], options=ComputationOptions(strong_productions=strong))
-    t.computation(Collect, inputs={"out": lambda r: "all"}, options=ComputationOptions(exactly_once=consumer_exactly_once))
+    t.computation(
+        Stamp,
+        inputs={"in": lambda r: r.value},
+        outputs=["out"],
+        options=ComputationOptions(strong_productions=strong),
+    )
+    t.computation(
+        Collect,
+        inputs={"out": lambda r: "all"},
+        options=ComputationOptions(exactly_once=consumer_exactly_once),
+    )
     return Harness(t)
 
 
@@ -106,7 +115,10 @@ def test_producing_to_an_undeclared_stream_names_the_fix():
 
     h = Harness.for_computation(Stray, inputs=["in"], outputs=["out"])
     h.inject("in", [Record("k", 1, 1, "a")])
-    with pytest.raises(ComputationError, match=r"'Stray' produced to stream 'nowhere'.*declared outputs: out.*outputs=\["):
+    with pytest.raises(
+        ComputationError,
+        match=r"'Stray' produced to stream 'nowhere'.*declared outputs: out.*outputs=\[",
+    ):
         h.run()
 
 

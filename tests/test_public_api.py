@@ -12,13 +12,48 @@ import millwheel.testing
 def test_exported_members_are_pinned():
     assert millwheel.__all__ == sorted(millwheel.__all__)
     assert set(millwheel.__all__) == {
-        "Batch", "ColumnarComputation", "DEAD_LETTER_STREAM", "MAX_TIMESTAMP", "MIN_TIMESTAMP", "Computation", "ComputationError", "DeadLetter",
-        "KeyContext", "KeyExtractorError", "LogFileSource", "RunError", "Stage", "file_time",
-        "ComputationOptions", "DataclassCodec", "DedupOptions", "EnvelopeError", "ErrorPolicy",
-        "HarnessError", "InjectorSpec", "LateAction", "LatePolicy", "MillwheelError", "MsgpackCodec",
-        "PickleCodec", "Production", "Record", "SampleSource", "SinkSpec", "Source", "SourceBatch", "SparkSink", "SparkSource",
-        "State", "StateCodec", "StateCodecError", "TimeDomain", "Timer", "TimerFamily",
-        "Topology", "TopologyError",
+        "Batch",
+        "ColumnarComputation",
+        "DEAD_LETTER_STREAM",
+        "MAX_TIMESTAMP",
+        "MIN_TIMESTAMP",
+        "Computation",
+        "ComputationError",
+        "DeadLetter",
+        "KeyContext",
+        "KeyExtractorError",
+        "LogFileSource",
+        "RunError",
+        "Stage",
+        "file_time",
+        "ComputationOptions",
+        "DataclassCodec",
+        "DedupOptions",
+        "EnvelopeError",
+        "ErrorPolicy",
+        "HarnessError",
+        "InjectorSpec",
+        "LateAction",
+        "LatePolicy",
+        "MillwheelError",
+        "MsgpackCodec",
+        "PickleCodec",
+        "Production",
+        "Record",
+        "SampleSource",
+        "SinkSpec",
+        "Source",
+        "SourceBatch",
+        "SparkSink",
+        "SparkSource",
+        "State",
+        "StateCodec",
+        "StateCodecError",
+        "TimeDomain",
+        "Timer",
+        "TimerFamily",
+        "Topology",
+        "TopologyError",
     }
     assert millwheel.testing.__all__ == ["Crash", "Harness"]
     for name in millwheel.__all__:
@@ -35,7 +70,13 @@ def test_internals_left_the_public_surface_with_a_deprecation_path():
 
 
 def test_every_error_derives_from_the_root():
-    for name in ("ComputationError", "EnvelopeError", "HarnessError", "StateCodecError", "TopologyError"):
+    for name in (
+        "ComputationError",
+        "EnvelopeError",
+        "HarnessError",
+        "StateCodecError",
+        "TopologyError",
+    ):
         assert issubclass(getattr(millwheel, name), millwheel.MillwheelError)
 
 

@@ -37,7 +37,9 @@ class WindowSum(Computation):
 
 
 pool = st.lists(
-    st.tuples(st.sampled_from("abc"), st.integers(0, 6_000), st.integers(1, 9)), min_size=1, max_size=25
+    st.tuples(st.sampled_from("abc"), st.integers(0, 6_000), st.integers(1, 9)),
+    min_size=1,
+    max_size=25,
 )
 ops = st.lists(
     st.one_of(
@@ -83,7 +85,9 @@ def test_harness_matches_the_reference_model(records, operations):
         else:
             h.run()
             for key, start, _ in h.values("sums"):
-                assert start + 1_000 <= ref.watermark, f"window {key}@{start} emitted before the watermark passed it"
+                assert start + 1_000 <= ref.watermark, (
+                    f"window {key}@{start} emitted before the watermark passed it"
+                )
     h.finish("in")
     h.run()
     got = Counter({(k, s): v for k, s, v in h.values("sums")})
@@ -114,7 +118,12 @@ def test_crashes_anywhere_change_nothing_downstream(records, operations, strong)
     """Crash the first stage at any point (§6.1): the second stage sees each window exactly once."""
     t = Topology("crashy")
     t.injector("in")
-    t.computation(WindowSum, inputs=["in"], outputs=["sums"], options=ComputationOptions(strong_productions=strong))
+    t.computation(
+        WindowSum,
+        inputs=["in"],
+        outputs=["sums"],
+        options=ComputationOptions(strong_productions=strong),
+    )
     t.computation(Collect, inputs={"sums": lambda r: "all"})
     h = Harness(t)
     ref = Reference(h, records)
@@ -131,5 +140,7 @@ def test_crashes_anywhere_change_nothing_downstream(records, operations, strong)
     h.finish("in")
     h.run()
     got = h.state("Collect", "all") or []
-    assert Counter((k, s) for k, s, _ in got) == Counter(ref.expected.keys()), "a window was lost or duplicated"
+    assert Counter((k, s) for k, s, _ in got) == Counter(ref.expected.keys()), (
+        "a window was lost or duplicated"
+    )
     assert {(k, s): v for k, s, v in got} == dict(ref.expected)

@@ -27,14 +27,20 @@ class Scheduler(Computation):
                 self.set_timer(tag, ts, TimeDomain(domain))
 
     def process_timer(self, timer):
-        self.produce("fired", (timer.tag, timer.timestamp, int(timer.domain)), timestamp=max(timer.timestamp, self.low_watermark))
+        self.produce(
+            "fired",
+            (timer.tag, timer.timestamp, int(timer.domain)),
+            timestamp=max(timer.timestamp, self.low_watermark),
+        )
         if timer.tag.startswith("chain") and timer.timestamp < 5_000:
             # re-arm in the past: already due, must fire in this same step, in order
             self.set_timer(f"chain{timer.timestamp + 100}", timer.timestamp + 100)
 
 
 def harness(**kw):
-    return Harness.for_computation(Scheduler, inputs={"cmd": lambda r: "k"}, outputs=["fired"], **kw)
+    return Harness.for_computation(
+        Scheduler, inputs={"cmd": lambda r: "k"}, outputs=["fired"], **kw
+    )
 
 
 LW, WALL = int(TimeDomain.LOW_WATERMARK), int(TimeDomain.WALL_TIME)
@@ -97,13 +103,28 @@ def test_timers_set_while_firing_that_are_already_due_fire_in_order_in_the_same_
     h.run()
     fired = [v[:2] for v in h.values("fired")]
     # chain1300 is set at exactly the watermark: due, so it fires too; chain1400 is not due
-    assert fired == [("chain1000", 1_000), ("chain1100", 1_100), ("chain1200", 1_200), ("late", 1_250), ("chain1300", 1_300)]
+    assert fired == [
+        ("chain1000", 1_000),
+        ("chain1100", 1_100),
+        ("chain1200", 1_200),
+        ("late", 1_250),
+        ("chain1300", 1_300),
+    ]
     assert h.timers("Scheduler", "k")[0].timestamp == 1_400
 
 
 def test_many_timers_per_key_in_both_domains_interleave_by_timestamp():
     h = harness(wall_time=0)
-    h.inject("cmd", [h.record([(f"l{i}", i * 10, LW) for i in range(50)] + [(f"w{i}", i * 10 + 5, WALL) for i in range(50)], 0)])
+    h.inject(
+        "cmd",
+        [
+            h.record(
+                [(f"l{i}", i * 10, LW) for i in range(50)]
+                + [(f"w{i}", i * 10 + 5, WALL) for i in range(50)],
+                0,
+            )
+        ],
+    )
     h.advance_watermark("cmd", 10_000)
     h.advance_wall_time(to=10_000)
     h.run()
@@ -131,7 +152,9 @@ def test_a_timer_that_keeps_rearming_in_the_past_is_bounded_per_step():
 
     from millwheel import ComputationOptions
 
-    h = Harness.for_computation(Spinner, inputs=["in"], options=ComputationOptions(max_timer_fires_per_step=5))
+    h = Harness.for_computation(
+        Spinner, inputs=["in"], options=ComputationOptions(max_timer_fires_per_step=5)
+    )
     h.inject("in", [h.record(None, 0, key="k")])
     h.advance_watermark("in", 10)
     h.process("Spinner")
@@ -182,7 +205,10 @@ def test_a_wall_time_timer_produces_before_any_watermark_progress(edge_timers):
 
 def test_an_event_time_timer_at_max_timestamp_fires_when_the_input_is_finished(edge_timers):
     h = Harness(edge_timers(None))
-    h.inject("words", [Record(None, {"word": "cat"}, 1_000, "a"), Record(None, {"word": "cat"}, 2_000, "b")])
+    h.inject(
+        "words",
+        [Record(None, {"word": "cat"}, 1_000, "a"), Record(None, {"word": "cat"}, 2_000, "b")],
+    )
     h.advance_watermark("words", 5_000)
     h.run()
     assert h.output("totals") == []  # not before the input is finished
@@ -196,5 +222,8 @@ def test_an_event_time_timer_at_max_timestamp_fires_when_the_input_is_finished(e
 def test_a_wall_time_timer_at_max_timestamp_is_refused_with_what_to_use():
     h = harness()
     h.inject("cmd", [Record(None, [("t", MAX_TIMESTAMP, WALL)], 1, "a")])
-    with pytest.raises(ComputationError, match="never fire; an event-time timer at MAX_TIMESTAMP fires when the input is finished"):
+    with pytest.raises(
+        ComputationError,
+        match="never fire; an event-time timer at MAX_TIMESTAMP fires when the input is finished",
+    ):
         h.run()

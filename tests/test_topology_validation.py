@@ -29,14 +29,19 @@ def base():
 def test_unknown_input_stream_names_the_computation_and_suggests_the_closest():
     t = base()
     t.computation(Noop, inputs={"querys": lambda r: r.key})
-    with pytest.raises(TopologyError, match=r"computation 'Noop' reads stream 'querys', which nothing produces.*did you mean 'queries'\?"):
+    with pytest.raises(
+        TopologyError,
+        match=r"computation 'Noop' reads stream 'querys', which nothing produces.*did you mean 'queries'\?",
+    ):
         t.validate()
 
 
 def test_stream_with_no_producer_says_how_to_add_one():
     t = base()
     t.computation(Noop, inputs={"clicks": lambda r: r.key})
-    with pytest.raises(TopologyError, match=r"'clicks', which nothing produces.*add an injector or a computation"):
+    with pytest.raises(
+        TopologyError, match=r"'clicks', which nothing produces.*add an injector or a computation"
+    ):
         t.validate()
 
 
@@ -65,7 +70,9 @@ def test_bad_key_extractors(extractor, pattern):
 def test_duplicate_names():
     t = base()
     t.computation(Noop, inputs=["queries"])
-    with pytest.raises(TopologyError, match=r"already has a computation named 'Noop'; pass a unique name="):
+    with pytest.raises(
+        TopologyError, match=r"already has a computation named 'Noop'; pass a unique name="
+    ):
         t.computation(Noop, inputs=["queries"])
     with pytest.raises(TopologyError, match=r"already has a injector named 'queries'"):
         t.injector("queries")
@@ -107,7 +114,9 @@ def test_no_inputs():
 
 
 def test_constructor_params_are_checked_against_the_class():
-    with pytest.raises(TopologyError, match=r"WithParams\(\*\*params\) does not fit its constructor"):
+    with pytest.raises(
+        TopologyError, match=r"WithParams\(\*\*params\) does not fit its constructor"
+    ):
         base().computation(WithParams, inputs=["queries"], params={"treshold": 3})
     base().computation(WithParams, inputs=["queries"], params={"threshold": 3})
 
@@ -123,7 +132,9 @@ def test_bad_names_and_options():
 
 def test_late_stream_counts_as_an_output_and_sinks_are_checked():
     t = base()
-    t.computation(Noop, inputs=["queries"], options=ComputationOptions(late=LatePolicy.to_stream("late_q")))
+    t.computation(
+        Noop, inputs=["queries"], options=ComputationOptions(late=LatePolicy.to_stream("late_q"))
+    )
     t.sink("late_q")
     t.validate()
     t.sink("nope")
@@ -137,6 +148,9 @@ def test_a_name_spark_would_skip_is_refused_with_the_reason():
 
     t = Topology("t")
     t.injector("logs")
-    with pytest.raises(TopologyError, match=r"starting with a letter .*Spark skips those starting with '_' or '.'\); pass name=\.\.\."):
+    with pytest.raises(
+        TopologyError,
+        match=r"starting with a letter .*Spark skips those starting with '_' or '.'\); pass name=\.\.\.",
+    ):
         t.computation(_Private, inputs=["logs"])
     t.computation(_Private, inputs=["logs"], name="Private")  # the fix the message names

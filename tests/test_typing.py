@@ -12,8 +12,15 @@ api = pytest.importorskip("mypy.api")
 
 def test_user_api_type_checks(request):
     cache = request.config.rootpath / ".mypy_cache"
-    stdout, stderr, status = api.run([
-        "-p", "millwheel", "--exclude", "millwheel/runtime", "--follow-imports=silent",
-        "--ignore-missing-imports", f"--cache-dir={cache}",
-    ])
+    stdout, stderr, status = api.run(
+        [
+            "-p",
+            "millwheel",
+            "--exclude",
+            "millwheel/runtime",
+            "--follow-imports=silent",
+            "--ignore-missing-imports",
+            f"--cache-dir={cache}",
+        ]
+    )
     assert status == 0, stdout + stderr

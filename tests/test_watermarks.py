@@ -28,7 +28,12 @@ class Sink(Computation):
 def pipeline(strong=True):
     t = Topology("wm")
     t.injector("in")
-    t.computation(Buffer, inputs={"in": lambda r: "k"}, outputs=["out"], options=ComputationOptions(strong_productions=strong))
+    t.computation(
+        Buffer,
+        inputs={"in": lambda r: "k"},
+        outputs=["out"],
+        options=ComputationOptions(strong_productions=strong),
+    )
     t.computation(Sink, inputs={"out": lambda r: "k"})
     return Harness(t)
 

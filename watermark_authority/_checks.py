@@ -57,7 +57,13 @@ def check_percentile(pct: Any) -> float:
 
 
 def check_token_value(what: str, token: Any) -> int:
-    return check_int(f"{what}: token", token, lo=1, hint=" (the token that acquire returned)", error=InvalidRequestError)
+    return check_int(
+        f"{what}: token",
+        token,
+        lo=1,
+        hint=" (the token that acquire returned)",
+        error=InvalidRequestError,
+    )
 
 
 def check_report(computation: str, i: int, item: Any) -> Report:
@@ -75,7 +81,13 @@ def check_report(computation: str, i: int, item: Any) -> Report:
         check_timestamp(f"computation {computation!r}: report #{i} ({iv!r}) oldest_work", oldest)
     if pending is not None and (type(pending) is not int or not 0 <= pending <= INT64_MAX):
         what = f"computation {computation!r}: report #{i} ({iv!r}): pending"
-        check_int(what, pending, lo=0, hint=" (a count of pending work) or null", error=InvalidRequestError)
+        check_int(
+            what,
+            pending,
+            lo=0,
+            hint=" (a count of pending work) or null",
+            error=InvalidRequestError,
+        )
     return iv, token, oldest, pending
 
 

@@ -52,7 +52,6 @@ watermark_authority._errors.StaleTokenError: computation 'counter': stale sequen
 1000
 """
 
-
 from __future__ import annotations
 
 import logging
@@ -98,7 +97,15 @@ from watermark_authority._percentile import pct_key, weighted_percentile
 from watermark_authority._state import AuthorityState, _Computation, _Injector
 from watermark_authority._time import MAX_TIMESTAMP, MIN_TIMESTAMP, wall_ms
 
-__all__ = ["MAX_TIMESTAMP", "MIN_TIMESTAMP", "Authority", "check_name", "summarize", "wall_ms", "weighted_percentile"]
+__all__ = [
+    "MAX_TIMESTAMP",
+    "MIN_TIMESTAMP",
+    "Authority",
+    "check_name",
+    "summarize",
+    "wall_ms",
+    "weighted_percentile",
+]
 
 log = logging.getLogger("watermark_authority")
 
@@ -119,7 +126,9 @@ class Authority(AuthorityState):
     each write replaces, and may be called from any thread.
     """
 
-    def __init__(self, journal: Journal | None = None, *, clock: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self, journal: Journal | None = None, *, clock: Callable[[], int] | None = None
+    ) -> None:
         self._journal: Journal = journal if journal is not None else NullJournal()
         self._clock = clock or wall_ms
         super().__init__()
@@ -134,7 +143,9 @@ class Authority(AuthorityState):
 
     # ---------------------------------------------------------------- sequencers
 
-    def acquire(self, computation: str, intervals: Sequence[str], *, owner: str | None = None) -> dict[str, int]:
+    def acquire(
+        self, computation: str, intervals: Sequence[str], *, owner: str | None = None
+    ) -> dict[str, int]:
         """Become the owner of ``intervals`` of ``computation``: return a fresh token for each.
 
         The previous token of each interval is invalidated (§6.2: "new workers invalidate
@@ -159,9 +170,15 @@ class Authority(AuthorityState):
         for iv in names:
             old = comp.intervals.get(iv) if comp else None
             if old is None:
-                records.append(IntervalState(computation, iv, token, MIN_TIMESTAMP, None, None, owner))
+                records.append(
+                    IntervalState(computation, iv, token, MIN_TIMESTAMP, None, None, owner)
+                )
             else:
-                records.append(IntervalState(computation, iv, token, old.value, old.pending, old.updated_ms, owner))
+                records.append(
+                    IntervalState(
+                        computation, iv, token, old.value, old.pending, old.updated_ms, owner
+                    )
+                )
             if comp is not None and iv in comp.retired:
                 records.append(IntervalUnretired(computation, iv))
             tokens[iv] = token
@@ -230,7 +247,9 @@ class Authority(AuthorityState):
             elif entry.token != token:
                 stale.append(iv)
             else:
-                records.append(IntervalState(computation, iv, token, oldest, pending, now, entry.owner))
+                records.append(
+                    IntervalState(computation, iv, token, oldest, pending, now, entry.owner)
+                )
         if unknown:
             shown = ", ".join(describe(u, 60) for u in unknown[:5])
             msg = (
@@ -240,7 +259,10 @@ class Authority(AuthorityState):
             raise UnknownNameError(msg)
         if stale:
             if len(stale) == 1:
-                msg = self._stale(comp, stale[0], self._token_sent(reports, stale[0])) or "stale token"
+                msg = (
+                    self._stale(comp, stale[0], self._token_sent(reports, stale[0]))
+                    or "stale token"
+                )
             else:
                 shown = ", ".join(repr(s) for s in stale[:5])
                 msg = (
@@ -254,7 +276,9 @@ class Authority(AuthorityState):
 
     # ---------------------------------------------------------------- ownership moves
 
-    def split(self, computation: str, interval: str, into: Sequence[str], *, owner: str | None = None) -> dict[str, int]:
+    def split(
+        self, computation: str, interval: str, into: Sequence[str], *, owner: str | None = None
+    ) -> dict[str, int]:
         """Split ``interval`` into the intervals ``into`` (§7.1); return their fresh tokens.
 
         The old interval's token is retired, so its owner's later reports are stale. Each new
@@ -275,12 +299,23 @@ class Authority(AuthorityState):
         if taken:
             msg = f"computation {computation!r}: cannot split {interval!r} into {taken!r}: already intervals of it; merge them instead, or pick new names"
             raise ConflictError(msg)
-        records: list[Record] = [IntervalDropped(computation, interval), IntervalRetired(computation, interval, old.token)]
+        records: list[Record] = [
+            IntervalDropped(computation, interval),
+            IntervalRetired(computation, interval, old.token),
+        ]
         tokens: dict[str, int] = {}
         token = self._next_token
         for i, iv in enumerate(names):
-            pending = None if old.pending is None else old.pending // len(names) + (1 if i < old.pending % len(names) else 0)
-            records.append(IntervalState(computation, iv, token, old.value, pending, old.updated_ms, owner or old.owner))
+            pending = (
+                None
+                if old.pending is None
+                else old.pending // len(names) + (1 if i < old.pending % len(names) else 0)
+            )
+            records.append(
+                IntervalState(
+                    computation, iv, token, old.value, pending, old.updated_ms, owner or old.owner
+                )
+            )
             if iv in comp.retired or iv == interval:
                 records.append(IntervalUnretired(computation, iv))
             tokens[iv] = token
@@ -289,7 +324,9 @@ class Authority(AuthorityState):
         self._commit(records)
         return tokens
 
-    def merge(self, computation: str, intervals: Sequence[str], into: str, *, owner: str | None = None) -> int:
+    def merge(
+        self, computation: str, intervals: Sequence[str], into: str, *, owner: str | None = None
+    ) -> int:
         """Merge ``intervals`` into one interval ``into`` (§7.1); return its fresh token.
 
         The old tokens are retired. The merged interval starts at the minimum of their last
@@ -309,13 +346,27 @@ class Authority(AuthorityState):
             raise ConflictError(msg)
         olds = [comp.intervals[n] for n in names]
         value = min(o.value for o in olds)
-        pending = None if all(o.pending is None for o in olds) else min(INT64_MAX, sum(1 if o.pending is None else o.pending for o in olds))
+        pending = (
+            None
+            if all(o.pending is None for o in olds)
+            else min(INT64_MAX, sum(1 if o.pending is None else o.pending for o in olds))
+        )
         updated = [o.updated_ms for o in olds if o.updated_ms is not None]
         records: list[Record] = []
         for n, o in zip(names, olds, strict=True):
             records += [IntervalDropped(computation, n), IntervalRetired(computation, n, o.token)]
         token = self._next_token
-        records.append(IntervalState(computation, into, token, value, pending, min(updated) if updated else None, owner or olds[0].owner))
+        records.append(
+            IntervalState(
+                computation,
+                into,
+                token,
+                value,
+                pending,
+                min(updated) if updated else None,
+                owner or olds[0].owner,
+            )
+        )
         if into in comp.retired or into in names:
             records.append(IntervalUnretired(computation, into))
         records.append(TokenCounter(token + 1))
@@ -406,12 +457,16 @@ class Authority(AuthorityState):
             else:
                 entries = list(node.intervals.values())
                 raw = weighted_percentile(
-                    [e.value for e in entries], [1 if e.pending is None else e.pending for e in entries], pct
+                    [e.value for e in entries],
+                    [1 if e.pending is None else e.pending for e in entries],
+                    pct,
                 )
                 node._pct_cache[key] = (node.version, raw)
         else:
             members = node.members()
-            raw = weighted_percentile([node.values.get(p, MIN_TIMESTAMP) for p in members], [1] * len(members), pct)
+            raw = weighted_percentile(
+                [node.values.get(p, MIN_TIMESTAMP) for p in members], [1] * len(members), pct
+            )
         value = max(raw, low, node.pct_floors.get(key, MIN_TIMESTAMP))
         if value > node.pct_floors.get(key, MIN_TIMESTAMP):
             self._commit([PercentilePublished(name, key, value)])
@@ -456,8 +511,16 @@ class Authority(AuthorityState):
                 "intervals": len(comp.intervals),
                 "holding": None
                 if entry is None
-                else {"interval": holder, "value": entry.value, "pending": entry.pending, "updated_ms": entry.updated_ms, "owner": entry.owner},
-                "percentiles": {pct_key(p): self.percentile_watermark(name, p) for p in percentiles},
+                else {
+                    "interval": holder,
+                    "value": entry.value,
+                    "pending": entry.pending,
+                    "updated_ms": entry.updated_ms,
+                    "owner": entry.owner,
+                },
+                "percentiles": {
+                    pct_key(p): self.percentile_watermark(name, p) for p in percentiles
+                },
                 "notes": list(self._notes.get(name, ())),
             }
         for name, inj in self._injectors.items():
@@ -467,13 +530,23 @@ class Authority(AuthorityState):
                 "raw": raw,
                 "expected": inj.expected,
                 "processes": {
-                    p: {"value": inj.values.get(p, MIN_TIMESTAMP), "updated_ms": inj.updated.get(p), "reported": p in inj.values}
+                    p: {
+                        "value": inj.values.get(p, MIN_TIMESTAMP),
+                        "updated_ms": inj.updated.get(p),
+                        "reported": p in inj.values,
+                    }
                     for p in inj.members()
                 },
                 "holding": None
                 if holder is None
-                else {"process": holder, "value": inj.values.get(holder, MIN_TIMESTAMP), "reported": holder in inj.values},
-                "percentiles": {pct_key(p): self.percentile_watermark(name, p) for p in percentiles},
+                else {
+                    "process": holder,
+                    "value": inj.values.get(holder, MIN_TIMESTAMP),
+                    "reported": holder in inj.values,
+                },
+                "percentiles": {
+                    pct_key(p): self.percentile_watermark(name, p) for p in percentiles
+                },
             }
         return out
 
@@ -484,7 +557,13 @@ class Authority(AuthorityState):
         """
         comp = self._computation(computation)
         return {
-            iv: {"token": e.token, "owner": e.owner, "value": e.value, "pending": e.pending, "updated_ms": e.updated_ms}
+            iv: {
+                "token": e.token,
+                "owner": e.owner,
+                "value": e.value,
+                "pending": e.pending,
+                "updated_ms": e.updated_ms,
+            }
             for iv, e in comp.intervals.items()
         }
 
@@ -515,8 +594,12 @@ class Authority(AuthorityState):
         if records:
             try:
                 self._journal.commit(records)
-            except Exception:  # the write itself is durable; these values stay unpublished until the next write
-                log.exception("journaling published watermarks failed; keeping the previous published values")
+            except (
+                Exception
+            ):  # the write itself is durable; these values stay unpublished until the next write
+                log.exception(
+                    "journaling published watermarks failed; keeping the previous published values"
+                )
             else:
                 for r in records:
                     self._apply(r)
@@ -524,7 +607,9 @@ class Authority(AuthorityState):
         if any(snapshot.get(node.name) != node.published for node in nodes):
             fresh = dict(snapshot)
             fresh.update({node.name: node.published for node in nodes})
-            self._snapshot = fresh  # replaced, never mutated: readers on other threads see one or the other
+            self._snapshot = (
+                fresh  # replaced, never mutated: readers on other threads see one or the other
+            )
 
     @staticmethod
     def _token_sent(reports: Iterable[Report], interval: str) -> int | None:
@@ -535,7 +620,9 @@ class Authority(AuthorityState):
         return token
 
     @staticmethod
-    def _check_interval_list(computation: str, intervals: Any, what: str = "intervals") -> list[str]:
+    def _check_interval_list(
+        computation: str, intervals: Any, what: str = "intervals"
+    ) -> list[str]:
         return name_list(f"computation {computation!r}", what, "interval", intervals)
 
 
@@ -550,4 +637,3 @@ def summarize(watermarks: Mapping[str, int]) -> str:
         return "MIN" if v == MIN_TIMESTAMP else "MAX" if v == MAX_TIMESTAMP else str(v)
 
     return " ".join(f"{k}={show(v)}" for k, v in sorted(watermarks.items()))
-

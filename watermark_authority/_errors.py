@@ -93,6 +93,12 @@ class AuthorityUnavailableError(ServiceUnavailableError, AuthorityError):
 
 
 #: the authority's errors, for its HTTP client (servicekit's refusals are invalid requests)
-ERRORS = ErrorSet(AuthorityError, InvalidRequestError, AuthenticationError, AuthorityUnavailableError, (UnknownNameError, StaleTokenError, ConflictError))
+ERRORS = ErrorSet(
+    AuthorityError,
+    InvalidRequestError,
+    AuthenticationError,
+    AuthorityUnavailableError,
+    (UnknownNameError, StaleTokenError, ConflictError),
+)
 #: error code -> class
 ERRORS_BY_CODE = ERRORS.by_code()

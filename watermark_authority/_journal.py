@@ -192,12 +192,24 @@ class FormatVersion(Record):
 RECORDS: dict[str, type[Record]] = {
     cls.kind: cls
     for cls in (
-        TokenCounter, ComputationAdded, IntervalState, IntervalDropped, IntervalRetired, IntervalUnretired,
-        InjectorAdded, ProcessReported, ProcessDropped, WatermarkPublished, PercentilePublished, FormatVersion,
+        TokenCounter,
+        ComputationAdded,
+        IntervalState,
+        IntervalDropped,
+        IntervalRetired,
+        IntervalUnretired,
+        InjectorAdded,
+        ProcessReported,
+        ProcessDropped,
+        WatermarkPublished,
+        PercentilePublished,
+        FormatVersion,
     )
-}  # fmt: skip
+}
 # the record a stored key decodes to: the one that writes values under that prefix
-_BY_PREFIX: dict[str, type[Record]] = {cls.prefix: cls for cls in RECORDS.values() if not cls.deletes}
+_BY_PREFIX: dict[str, type[Record]] = {
+    cls.prefix: cls for cls in RECORDS.values() if not cls.deletes
+}
 
 
 def _tuple_getter(names: Sequence[str]) -> Callable[[Any], tuple[Any, ...]]:
@@ -210,10 +222,15 @@ def _tuple_getter(names: Sequence[str]) -> Callable[[Any], tuple[Any, ...]]:
 
 
 # per class: (key fields getter, value fields getter)
-_GETTERS: dict[type[Record], tuple[Callable[[Any], tuple[Any, ...]], Callable[[Any], tuple[Any, ...]]]] = {}
+_GETTERS: dict[
+    type[Record], tuple[Callable[[Any], tuple[Any, ...]], Callable[[Any], tuple[Any, ...]]]
+] = {}
 for _cls in RECORDS.values():
     _names = [f.name for f in fields(_cls)]  # type: ignore[arg-type]
-    _GETTERS[_cls] = (_tuple_getter(_names[: _cls.key_fields]), _tuple_getter(_names[_cls.key_fields :]))
+    _GETTERS[_cls] = (
+        _tuple_getter(_names[: _cls.key_fields]),
+        _tuple_getter(_names[_cls.key_fields :]),
+    )
 
 
 def encode(record: Record) -> tuple[bytes, bytes | None]:

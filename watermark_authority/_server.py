@@ -62,7 +62,12 @@ SECRET_HINT = SERVICE.secret_hint()
 HOST_HINT = "start the authority with --allow-host NAME"
 #: where the dashboard's page may read from besides its own origin: services on this machine's
 #: loopback (an IdRegistry's /v1/stats for its panel; CSP cannot name [::1]), and --dashboard-source
-DASHBOARD_CONNECT = ("http://127.0.0.1:*", "http://localhost:*", "https://127.0.0.1:*", "https://localhost:*")
+DASHBOARD_CONNECT = (
+    "http://127.0.0.1:*",
+    "http://localhost:*",
+    "https://127.0.0.1:*",
+    "https://localhost:*",
+)
 #: an origin --dashboard-source takes: a scheme, a host name or IPv4 address, a port
 _SOURCE = re.compile(r"https?://[a-z0-9.-]{1,253}(:[0-9]{1,5})?")
 #: the longest history a client may ask for (the sampler keeps at most --history seconds anyway)
@@ -86,10 +91,14 @@ class History:
     ([12000, 13000], [{'t': 13000, 'w': {'c': 12500}}])
     """
 
-    def __init__(self, seconds: float = 600.0, interval: float = 1.0, *, clock: Callable[[], int] = wall_ms) -> None:
+    def __init__(
+        self, seconds: float = 600.0, interval: float = 1.0, *, clock: Callable[[], int] = wall_ms
+    ) -> None:
         self.interval = interval
         self.clock = clock
-        self.samples: deque[tuple[int, Mapping[str, int]]] = deque(maxlen=max(2, int(seconds / interval) + 1))
+        self.samples: deque[tuple[int, Mapping[str, int]]] = deque(
+            maxlen=max(2, int(seconds / interval) + 1)
+        )
 
     def sample(self, published: Mapping[str, int]) -> None:
         """Record ``published`` (an immutable snapshot, kept as is) at the current wall time."""
@@ -122,7 +131,14 @@ def check_source(origin: str) -> str:
 def authority_guard(secret: Secret, **flags: Any) -> Guard:
     """The :class:`~servicekit.http.Guard` of an authority; ``flags``: ``bind_host``,
     ``allow_hosts``, ``allow_origins``, ``max_body_bytes`` (see :meth:`Guard.for_bind <servicekit.http.Guard.for_bind>`)."""
-    return Guard.for_bind(secret, private_reads=PRIVATE_READS, secret_hint=SECRET_HINT, host_hint=HOST_HINT, service=SERVICE.the, **flags)
+    return Guard.for_bind(
+        secret,
+        private_reads=PRIVATE_READS,
+        secret_hint=SECRET_HINT,
+        host_hint=HOST_HINT,
+        service=SERVICE.the,
+        **flags,
+    )
 
 
 def _body(raw: bytes, path: str, fields: dict[str, bool]) -> dict[str, Any]:
@@ -160,7 +176,13 @@ def _query(request: Request, name: str) -> str:
     return value
 
 
-def create_app(authority: Authority, *, guard: Guard, history: History | None = None, dashboard_sources: Sequence[str] = ()) -> Starlette:
+def create_app(
+    authority: Authority,
+    *,
+    guard: Guard,
+    history: History | None = None,
+    dashboard_sources: Sequence[str] = (),
+) -> Starlette:
     """The Starlette application serving ``authority`` (and its dashboard) behind ``guard``;
     ``dashboard_sources``: origins the dashboard may read beyond loopback (``--dashboard-source``)."""
     history = history if history is not None else History()
@@ -174,7 +196,9 @@ def create_app(authority: Authority, *, guard: Guard, history: History | None = 
     def endpoint(fn: Callable[[Request], Any]) -> Callable[[Request], Any]:
         return json_endpoint(fn, logger=log)
 
-    def mutation(fields: dict[str, bool], apply: Callable[[dict[str, Any]], Any]) -> Callable[[Request], Any]:
+    def mutation(
+        fields: dict[str, bool], apply: Callable[[dict[str, Any]], Any]
+    ) -> Callable[[Request], Any]:
         """A POST route: the body is read on the loop, decoded and applied on the writer."""
 
         async def route(request: Request) -> Any:
@@ -215,7 +239,11 @@ def create_app(authority: Authority, *, guard: Guard, history: History | None = 
             msg = f"query parameter 'pct' must be a number in (0, 100], got {describe(pct)}"
             raise InvalidRequestError(msg) from None
         check_percentile(value)
-        return {"name": name, "pct": value, "watermark": await on_writer(lambda: authority.percentile_watermark(name, value))}
+        return {
+            "name": name,
+            "pct": value,
+            "watermark": await on_writer(lambda: authority.percentile_watermark(name, value)),
+        }
 
     async def status(request: Request) -> Any:
         return await on_writer(authority.status)
@@ -226,15 +254,28 @@ def create_app(authority: Authority, *, guard: Guard, history: History | None = 
 
     async def get_history(request: Request) -> Any:
         text = request.query_params.get("seconds", "600")
-        span = parse_number("query parameter 'seconds'", text, lo=0, hi=MAX_HISTORY_SECONDS, error=InvalidRequestError)
+        span = parse_number(
+            "query parameter 'seconds'",
+            text,
+            lo=0,
+            hi=MAX_HISTORY_SECONDS,
+            error=InvalidRequestError,
+        )
         now = wall_ms()
-        return {"now": now, "interval": history.interval, "samples": history.since(now - int(span * 1000))}
+        return {
+            "now": now,
+            "interval": history.interval,
+            "samples": history.since(now - int(span * 1000)),
+        }
 
     async def health(request: Request) -> Any:
         return {"ok": True}
 
     async def dashboard(request: Request) -> Response:
-        return FileResponse(STATIC_DIR / "dashboard.html", headers={"Cache-Control": "no-store", "Content-Security-Policy": csp})
+        return FileResponse(
+            STATIC_DIR / "dashboard.html",
+            headers={"Cache-Control": "no-store", "Content-Security-Policy": csp},
+        )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -262,14 +303,68 @@ def create_app(authority: Authority, *, guard: Guard, history: History | None = 
     routes = [
         Route("/", dashboard),
         Route("/healthz", endpoint(health)),
-        Route("/v1/acquire", mutation(acquire_fields, lambda b: {"tokens": authority.acquire(b["computation"], b["intervals"], owner=b.get("owner"))}), methods=["POST"]),
-        Route("/v1/report", mutation({"computation": True, "reports": True}, report), methods=["POST"]),
-        Route("/v1/token/check", mutation({"computation": True, "interval": True, "token": True}, check_token), methods=["POST"]),
-        Route("/v1/split", mutation(split_fields, lambda b: {"tokens": authority.split(b["computation"], b["interval"], b["into"], owner=b.get("owner"))}), methods=["POST"]),
-        Route("/v1/note", mutation({"computation": True, "text": True}, lambda b: authority.note(b["computation"], b["text"]) or {"ok": True}), methods=["POST"]),
-        Route("/v1/merge", mutation(merge_fields, lambda b: {"token": authority.merge(b["computation"], b["intervals"], b["into"], owner=b.get("owner"))}), methods=["POST"]),
-        Route("/v1/injectors/expect", mutation({"injector": True, "processes": True}, expect), methods=["POST"]),
-        Route("/v1/injectors/report", mutation({"injector": True, "process": True, "low_watermark": True}, report_injector), methods=["POST"]),
+        Route(
+            "/v1/acquire",
+            mutation(
+                acquire_fields,
+                lambda b: {
+                    "tokens": authority.acquire(
+                        b["computation"], b["intervals"], owner=b.get("owner")
+                    )
+                },
+            ),
+            methods=["POST"],
+        ),
+        Route(
+            "/v1/report", mutation({"computation": True, "reports": True}, report), methods=["POST"]
+        ),
+        Route(
+            "/v1/token/check",
+            mutation({"computation": True, "interval": True, "token": True}, check_token),
+            methods=["POST"],
+        ),
+        Route(
+            "/v1/split",
+            mutation(
+                split_fields,
+                lambda b: {
+                    "tokens": authority.split(
+                        b["computation"], b["interval"], b["into"], owner=b.get("owner")
+                    )
+                },
+            ),
+            methods=["POST"],
+        ),
+        Route(
+            "/v1/note",
+            mutation(
+                {"computation": True, "text": True},
+                lambda b: authority.note(b["computation"], b["text"]) or {"ok": True},
+            ),
+            methods=["POST"],
+        ),
+        Route(
+            "/v1/merge",
+            mutation(
+                merge_fields,
+                lambda b: {
+                    "token": authority.merge(
+                        b["computation"], b["intervals"], b["into"], owner=b.get("owner")
+                    )
+                },
+            ),
+            methods=["POST"],
+        ),
+        Route(
+            "/v1/injectors/expect",
+            mutation({"injector": True, "processes": True}, expect),
+            methods=["POST"],
+        ),
+        Route(
+            "/v1/injectors/report",
+            mutation({"injector": True, "process": True, "low_watermark": True}, report_injector),
+            methods=["POST"],
+        ),
         Route("/v1/watermarks", endpoint(watermarks)),
         Route("/v1/watermark", endpoint(watermark)),
         Route("/v1/status", endpoint(status)),
@@ -277,16 +372,25 @@ def create_app(authority: Authority, *, guard: Guard, history: History | None = 
         Route("/v1/history", endpoint(get_history)),
         Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
     ]
-    return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(GuardMiddleware, guard=guard)])
+    return Starlette(
+        routes=routes, lifespan=lifespan, middleware=[Middleware(GuardMiddleware, guard=guard)]
+    )
 
 
 def serve(
-    flags: ServeFlags, *, sync: bool = False, sample_interval: float = 1.0, history_seconds: float = 600.0, dashboard_sources: Sequence[str] = (),
+    flags: ServeFlags,
+    *,
+    sync: bool = False,
+    sample_interval: float = 1.0,
+    history_seconds: float = 600.0,
+    dashboard_sources: Sequence[str] = (),
 ) -> int:
     """Run the service until SIGINT/SIGTERM; returns the exit code."""
     from watermark_authority._journal import RocksJournal
 
-    logging.basicConfig(level=flags.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=flags.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     secret = service.server_secret(SERVICE, flags)
     if secret is None:
         return 2
@@ -294,7 +398,10 @@ def serve(
     try:
         journal = RocksJournal(journal_dir, sync=sync)
     except Exception as exc:
-        print(f"watermark authority: cannot open the journal at {journal_dir} ({exc}); is another authority using this --data-dir?", file=sys.stderr)
+        print(
+            f"watermark authority: cannot open the journal at {journal_dir} ({exc}); is another authority using this --data-dir?",
+            file=sys.stderr,
+        )
         return 2
     authority = Authority(journal)
     sock, url = service.listen(SERVICE, flags)
@@ -306,7 +413,12 @@ def serve(
         return f"watermark authority listening on {url} (journal {journal_dir}; secret from {secret.source}; {len(known)} names: {summarize(known)[:200]})"
 
     guard = authority_guard(secret, **flags.guard_options(sock))
-    app = create_app(authority, guard=guard, history=History(history_seconds, sample_interval), dashboard_sources=dashboard_sources)
+    app = create_app(
+        authority,
+        guard=guard,
+        history=History(history_seconds, sample_interval),
+        dashboard_sources=dashboard_sources,
+    )
     service.run_app(app, sock, banner=banner, graceful_timeout=3, **flags.run_options())
     print("watermark authority stopped", flush=True)
     return 0

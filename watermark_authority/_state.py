@@ -81,12 +81,23 @@ class _MinMap:
 
 
 class _Computation:
-    __slots__ = ("intervals", "mins", "name", "pct_floors", "published", "retired", "version", "_pct_cache")
+    __slots__ = (
+        "intervals",
+        "mins",
+        "name",
+        "pct_floors",
+        "published",
+        "retired",
+        "version",
+        "_pct_cache",
+    )
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.intervals: dict[str, _Interval] = {}
-        self.retired: dict[str, int] = {}  # interval -> last token, for zombies of split/merged intervals
+        self.retired: dict[
+            str, int
+        ] = {}  # interval -> last token, for zombies of split/merged intervals
         self.mins = _MinMap()
         self.published = MIN_TIMESTAMP
         self.pct_floors: dict[str, int] = {}
@@ -162,9 +173,17 @@ class AuthorityState:
         comp = self._computations.get(r.computation) or self._new_computation(r.computation)
         entry = comp.intervals.get(r.interval)
         if entry is None:
-            comp.intervals[r.interval] = _Interval(r.token, r.value, r.pending, r.updated_ms, r.owner)
+            comp.intervals[r.interval] = _Interval(
+                r.token, r.value, r.pending, r.updated_ms, r.owner
+            )
         else:
-            entry.token, entry.value, entry.pending, entry.updated_ms, entry.owner = r.token, r.value, r.pending, r.updated_ms, r.owner
+            entry.token, entry.value, entry.pending, entry.updated_ms, entry.owner = (
+                r.token,
+                r.value,
+                r.pending,
+                r.updated_ms,
+                r.owner,
+            )
         comp.mins.set(r.interval, r.value)
         comp.version += 1
         return r.computation
@@ -257,8 +276,16 @@ class AuthorityState:
 
     def _unknown(self, name: str, what: str) -> str:
         known = sorted(self._snapshot)  # every name, and safe to read on any thread
-        hint = f"known: {', '.join(known[:10])}{', ...' if len(known) > 10 else ''}" if known else "nothing is known yet"
-        extra = "; acquire an interval of it (or report an injector) first" if what != "injector" else ""
+        hint = (
+            f"known: {', '.join(known[:10])}{', ...' if len(known) > 10 else ''}"
+            if known
+            else "nothing is known yet"
+        )
+        extra = (
+            "; acquire an interval of it (or report an injector) first"
+            if what != "injector"
+            else ""
+        )
         return f"no {what} named {describe(name, 60)} ({hint}){extra}"
 
     def _unknown_interval(self, comp: _Computation, interval: str) -> str:
@@ -272,7 +299,11 @@ class AuthorityState:
             return None
         if entry is None and interval not in comp.retired:
             raise UnknownNameError(self._unknown_interval(comp, interval))
-        current = f"current {entry.token}" if entry is not None else "the interval was split or merged away"
+        current = (
+            f"current {entry.token}"
+            if entry is not None
+            else "the interval was split or merged away"
+        )
         return (
             f"computation {comp.name!r}: stale sequencer token for interval {interval!r} "
             f"(sent {token}, {current}); this worker no longer owns the interval: stop writing for it, or acquire it again"

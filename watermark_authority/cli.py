@@ -26,19 +26,49 @@ def _parser() -> argparse.ArgumentParser:
     from servicekit.cli import add_serve_arguments
     from watermark_authority.client import SERVICE
 
-    parser = argparse.ArgumentParser(prog="millwheel authority", description="the central low-watermark authority (MillWheel §7.2)")
+    parser = argparse.ArgumentParser(
+        prog="millwheel authority",
+        description="the central low-watermark authority (MillWheel §7.2)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the authority service and its dashboard")
-    add_serve_arguments(s, SERVICE, default_port=DEFAULT_PORT, default_data_dir=DEFAULT_DATA_DIR, data_dir_help="where the RocksDB journal and the generated secret live")
-    s.add_argument("--sync", action="store_true", help="fsync the journal on every write (survives machine crashes, slower)")
-    s.add_argument("--sample-interval", type=float, default=1.0, help="seconds between dashboard samples (default 1)")
-    s.add_argument("--history", type=float, default=600.0, help="seconds of samples the dashboard keeps (default 600)")
+    add_serve_arguments(
+        s,
+        SERVICE,
+        default_port=DEFAULT_PORT,
+        default_data_dir=DEFAULT_DATA_DIR,
+        data_dir_help="where the RocksDB journal and the generated secret live",
+    )
     s.add_argument(
-        "--dashboard-source", action="append", default=[], metavar="ORIGIN",
+        "--sync",
+        action="store_true",
+        help="fsync the journal on every write (survives machine crashes, slower)",
+    )
+    s.add_argument(
+        "--sample-interval",
+        type=float,
+        default=1.0,
+        help="seconds between dashboard samples (default 1)",
+    )
+    s.add_argument(
+        "--history",
+        type=float,
+        default=600.0,
+        help="seconds of samples the dashboard keeps (default 600)",
+    )
+    s.add_argument(
+        "--dashboard-source",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
         help="an origin beyond loopback the dashboard may read, e.g. an IdRegistry's https://registry.example.com (repeatable)",
-    )  # fmt: skip
+    )
     w = sub.add_parser("watermarks", help="print the published watermarks of a running authority")
-    w.add_argument("--url", default=f"http://127.0.0.1:{DEFAULT_PORT}", help=f"the authority's URL (default http://127.0.0.1:{DEFAULT_PORT})")
+    w.add_argument(
+        "--url",
+        default=f"http://127.0.0.1:{DEFAULT_PORT}",
+        help=f"the authority's URL (default http://127.0.0.1:{DEFAULT_PORT})",
+    )
     w.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
@@ -61,7 +91,13 @@ def main(argv: list[str]) -> int:
         if problem:
             print(f"millwheel authority: {problem}", file=sys.stderr)
             return 2
-        return serve(serve_flags(args), sync=args.sync, sample_interval=args.sample_interval, history_seconds=args.history, dashboard_sources=sources)
+        return serve(
+            serve_flags(args),
+            sync=args.sync,
+            sample_interval=args.sample_interval,
+            history_seconds=args.history,
+            dashboard_sources=sources,
+        )
     from watermark_authority._core import summarize
     from watermark_authority.client import HttpWatermarkClient
 

@@ -55,11 +55,20 @@ from watermark_authority._errors import ERRORS, AuthenticationError, AuthorityUn
 #: the authority as servicekit sees it: its name, module and command, and the environment variables
 #: naming a running one (cluster runs), holding its bearer secret, and naming a file that holds it
 SERVICE = ServiceInfo(
-    "watermark authority", "watermark_authority", "millwheel authority",
-    url_env="MILLWHEEL_AUTHORITY_URL", secret_env="MILLWHEEL_AUTHORITY_SECRET", secret_file_env="MILLWHEEL_AUTHORITY_SECRET_FILE",
-)  # fmt: skip
+    "watermark authority",
+    "watermark_authority",
+    "millwheel authority",
+    url_env="MILLWHEEL_AUTHORITY_URL",
+    secret_env="MILLWHEEL_AUTHORITY_SECRET",
+    secret_file_env="MILLWHEEL_AUTHORITY_SECRET_FILE",
+)
 #: the same as constants; ``SECRET_FILE_NAME``: the file in a data directory where a generated secret is kept
-URL_ENV, SECRET_ENV, SECRET_FILE_ENV, SECRET_FILE_NAME = SERVICE.url_env, SERVICE.secret_env, SERVICE.secret_file_env, SERVICE.secret_file_name
+URL_ENV, SECRET_ENV, SECRET_FILE_ENV, SECRET_FILE_NAME = (
+    SERVICE.url_env,
+    SERVICE.secret_env,
+    SERVICE.secret_file_env,
+    SERVICE.secret_file_name,
+)
 
 
 def default_owner() -> str:
@@ -67,7 +76,9 @@ def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def client_secret(secret: str | Secret | None = None, *, data_dir: str | None = None) -> Secret | None:
+def client_secret(
+    secret: str | Secret | None = None, *, data_dir: str | None = None
+) -> Secret | None:
     """The secret a client sends: ``secret``, else ``$MILLWHEEL_AUTHORITY_SECRET``, else the
     file named by ``$MILLWHEEL_AUTHORITY_SECRET_FILE``, else ``DATA_DIR/secret`` if it
     exists; ``None`` if there is none (reads still work)."""
@@ -112,7 +123,14 @@ class WatermarkClient(abc.ABC):
         """Raise :class:`StaleTokenError` unless ``token`` is current (fencing stream-log writes)."""
 
     # -- reports (§7.2)
-    def report(self, computation: str, interval: str, token: int, oldest_work: int, pending: int | None = None) -> None:
+    def report(
+        self,
+        computation: str,
+        interval: str,
+        token: int,
+        oldest_work: int,
+        pending: int | None = None,
+    ) -> None:
         """Report the oldest pending work of one interval; :class:`StaleTokenError` if fenced."""
         self.report_batch(computation, [(interval, token, oldest_work, pending)])
 
@@ -262,7 +280,14 @@ class HttpWatermarkClient(_client.JsonHttpClient, WatermarkClient):
         backoff: float = 0.05,
         transport: Any = None,
     ) -> None:
-        super().__init__(url, secret=secret, timeout=timeout, retries=retries, backoff=backoff, transport=transport)
+        super().__init__(
+            url,
+            secret=secret,
+            timeout=timeout,
+            retries=retries,
+            backoff=backoff,
+            transport=transport,
+        )
         self.owner = owner or default_owner()
 
     # -- the interface
@@ -272,38 +297,63 @@ class HttpWatermarkClient(_client.JsonHttpClient, WatermarkClient):
         return {k: int(v) for k, v in out["tokens"].items()}
 
     def check_token(self, computation: str, interval: str, token: int) -> None:
-        self._call("POST", "/v1/token/check", {"computation": computation, "interval": interval, "token": token})
+        self._call(
+            "POST",
+            "/v1/token/check",
+            {"computation": computation, "interval": interval, "token": token},
+        )
 
     def report_batch(self, computation: str, reports: Iterable[ReportLike]) -> None:
         batch = [list(r) for r in _normalize(reports)]
         self._call("POST", "/v1/report", {"computation": computation, "reports": batch})
 
     def split(self, computation: str, interval: str, into: Sequence[str]) -> dict[str, int]:
-        body = {"computation": computation, "interval": interval, "into": list(into), "owner": self.owner}
-        return {k: int(v) for k, v in self._call("POST", "/v1/split", body, idempotent=False)["tokens"].items()}
+        body = {
+            "computation": computation,
+            "interval": interval,
+            "into": list(into),
+            "owner": self.owner,
+        }
+        return {
+            k: int(v)
+            for k, v in self._call("POST", "/v1/split", body, idempotent=False)["tokens"].items()
+        }
 
     def merge(self, computation: str, intervals: Sequence[str], into: str) -> int:
-        body = {"computation": computation, "intervals": list(intervals), "into": into, "owner": self.owner}
+        body = {
+            "computation": computation,
+            "intervals": list(intervals),
+            "into": into,
+            "owner": self.owner,
+        }
         return int(self._call("POST", "/v1/merge", body, idempotent=False)["token"])
 
     def note(self, computation: str, text: str) -> None:
         self._call("POST", "/v1/note", {"computation": computation, "text": text})
 
     def expect_injector_processes(self, injector: str, processes: Sequence[str]) -> None:
-        self._call("POST", "/v1/injectors/expect", {"injector": injector, "processes": list(processes)})
+        self._call(
+            "POST", "/v1/injectors/expect", {"injector": injector, "processes": list(processes)}
+        )
 
     def report_injector(self, injector: str, process: str, low_watermark: int) -> None:
         body = {"injector": injector, "process": process, "low_watermark": low_watermark}
         self._call("POST", "/v1/injectors/report", body)
 
     def watermark(self, computation_or_injector: str) -> int:
-        return int(self._call("GET", "/v1/watermark", params={"name": computation_or_injector})["low_watermark"])
+        return int(
+            self._call("GET", "/v1/watermark", params={"name": computation_or_injector})[
+                "low_watermark"
+            ]
+        )
 
     def watermarks(self) -> dict[str, int]:
         return {k: int(v) for k, v in self._call("GET", "/v1/watermarks")["watermarks"].items()}
 
     def percentile_watermark(self, name: str, pct: float) -> int:
-        return int(self._call("GET", "/v1/watermark", params={"name": name, "pct": str(pct)})["watermark"])
+        return int(
+            self._call("GET", "/v1/watermark", params={"name": name, "pct": str(pct)})["watermark"]
+        )
 
     # -- extras over HTTP only
     def status(self) -> dict[str, Any]:
@@ -345,13 +395,20 @@ def start_authority(
     (:meth:`EmbeddedAuthority.stop`); prefer :func:`embedded_authority`, which does.
     """
     return EmbeddedAuthority.start(
-        SERVICE, data_dir,
-        log_name="authority.log", host=host, port=port, startup_timeout=startup_timeout, extra_args=extra_args,
+        SERVICE,
+        data_dir,
+        log_name="authority.log",
+        host=host,
+        port=port,
+        startup_timeout=startup_timeout,
+        extra_args=extra_args,
         unavailable=AuthorityUnavailableError,
-    )  # fmt: skip
+    )
 
 
-def embedded_authority(data_dir: str | None = None, **options: Any) -> AbstractContextManager[EmbeddedAuthority]:
+def embedded_authority(
+    data_dir: str | None = None, **options: Any
+) -> AbstractContextManager[EmbeddedAuthority]:
     """Run the real authority service for the duration of a ``with`` block (local runs).
 
     It listens on a free loopback port; ``data_dir=None`` journals to a temporary directory
@@ -362,11 +419,17 @@ def embedded_authority(data_dir: str | None = None, **options: Any) -> AbstractC
             wm = service.client()                  # holds the service's secret
             token = wm.acquire("WindowCounter", "interval-0")
     """
-    return service.running(lambda path: start_authority(path, **options), data_dir, temp_prefix="millwheel-authority-")
+    return service.running(
+        lambda path: start_authority(path, **options), data_dir, temp_prefix="millwheel-authority-"
+    )
 
 
 def open_authority(
-    url: str | None = None, *, data_dir: str | None = None, secret: str | Secret | None = None, **client_options: Any
+    url: str | None = None,
+    *,
+    data_dir: str | None = None,
+    secret: str | Secret | None = None,
+    **client_options: Any,
 ) -> AbstractContextManager[WatermarkClient]:
     """A client for the runtime: of the service at ``url`` (or ``$MILLWHEEL_AUTHORITY_URL``)
     for cluster runs, else of an embedded service started for the ``with`` block.
@@ -375,4 +438,11 @@ def open_authority(
     named by ``$MILLWHEEL_AUTHORITY_SECRET_FILE``, else ``DATA_DIR/secret`` (the one an
     embedded authority on that data directory generated). The URL itself carries nothing secret.
     """
-    return _client.open_client(HttpWatermarkClient, url, embed=embedded_authority, data_dir=data_dir, secret=secret, **client_options)
+    return _client.open_client(
+        HttpWatermarkClient,
+        url,
+        embed=embedded_authority,
+        data_dir=data_dir,
+        secret=secret,
+        **client_options,
+    )

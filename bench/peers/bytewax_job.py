@@ -46,7 +46,9 @@ class _FilesPartition(StatefulSourcePartition):
         f, b = self.pos
         self.batches = iter(())
         if f < len(self.files):
-            self.batches = pq.ParquetFile(self.files[f]).iter_batches(batch_size=BATCH, columns=["id", "ts", "query"])
+            self.batches = pq.ParquetFile(self.files[f]).iter_batches(
+                batch_size=BATCH, columns=["id", "ts", "query"]
+            )
             for _ in range(b):
                 next(self.batches)
 
@@ -60,7 +62,14 @@ class _FilesPartition(StatefulSourcePartition):
             self._open()
             return []
         self.pos = (f, b + 1)
-        return list(zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), batch.column(2).to_pylist(), strict=True))
+        return list(
+            zip(
+                batch.column(0).to_pylist(),
+                batch.column(1).to_pylist(),
+                batch.column(2).to_pylist(),
+                strict=True,
+            )
+        )
 
     def snapshot(self) -> tuple[int, int]:
         return self.pos
@@ -75,7 +84,9 @@ class ParquetFiles(FixedPartitionedSource):
     def list_parts(self) -> list[str]:
         return ["all"]
 
-    def build_part(self, step_id: str, for_part: str, resume_state: tuple[int, int] | None) -> _FilesPartition:
+    def build_part(
+        self, step_id: str, for_part: str, resume_state: tuple[int, int] | None
+    ) -> _FilesPartition:
         return _FilesPartition(self.files, resume_state)
 
 
@@ -122,7 +133,13 @@ def main() -> int:
         now_getter=lambda: EPOCH,
         to_system_utc=lambda t: None,
     )
-    windows = count_window("count", records, clock, TumblingWindower(length=timedelta(milliseconds=WINDOW_MS), align_to=EPOCH), key=lambda r: r[2])
+    windows = count_window(
+        "count",
+        records,
+        clock,
+        TumblingWindower(length=timedelta(milliseconds=WINDOW_MS), align_to=EPOCH),
+        key=lambda r: r[2],
+    )
     op.output("counts", windows.down, ListSink(counts))
     op.output("late", windows.late, ListSink(late))
     recovery = None
@@ -130,7 +147,12 @@ def main() -> int:
         Path(args.recovery).mkdir(parents=True)
         init_db_dir(Path(args.recovery), 1)
         recovery = RecoveryConfig(Path(args.recovery))
-    cli_main(flow, workers_per_process=1, epoch_interval=timedelta(seconds=args.epoch_s), recovery_config=recovery)
+    cli_main(
+        flow,
+        workers_per_process=1,
+        epoch_interval=timedelta(seconds=args.epoch_s),
+        recovery_config=recovery,
+    )
     if late:
         print(f"bytewax: {len(late)} records came late and were dropped", flush=True)
     finish(((k, w * WINDOW_MS, c) for k, (w, c) in counts), args.out)

@@ -49,7 +49,9 @@ class WindowCount(KeyedProcessFunction):
     def open(self, ctx: RuntimeContext) -> None:
         self.count = ctx.get_state(ValueStateDescriptor("count", Types.LONG()))
         if self.dedup:
-            self.seen = ctx.get_map_state(MapStateDescriptor("seen", Types.STRING(), Types.BOOLEAN()))
+            self.seen = ctx.get_map_state(
+                MapStateDescriptor("seen", Types.STRING(), Types.BOOLEAN())
+            )
 
     def process_element(self, row, ctx):  # noqa: ANN001, ANN201 - PyFlink's signature
         if self.dedup:
@@ -94,7 +96,7 @@ def main() -> int:
             rt AS TO_TIMESTAMP_LTZ(ts, 3),
             WATERMARK FOR rt AS rt - INTERVAL '{args.watermark_delay_ms // 60_000}:{args.watermark_delay_ms % 60_000 / 1000:06.3f}' MINUTE TO SECOND
         ) WITH ('connector' = 'filesystem', 'path' = '{Path(args.csv).resolve().as_uri()}', 'format' = 'csv')
-    """)  # fmt: skip
+    """)
     # the counts go to Flink's filesystem sink (CSV part files, committed by the checkpoints,
     # the last one when the input ends): results collected through the Python client come
     # one py4j call a row, which took minutes for the 100k windows of the default input
@@ -102,22 +104,30 @@ def main() -> int:
     t_env.execute_sql(f"""
         CREATE TABLE counts (query STRING, w BIGINT, c BIGINT)
         WITH ('connector' = 'filesystem', 'path' = '{sink.as_uri()}', 'format' = 'csv')
-    """)  # fmt: skip
+    """)
     if args.variant == "table":
         done = t_env.execute_sql(f"""
             INSERT INTO counts
             SELECT query, UNIX_TIMESTAMP(CAST(window_start AS STRING)) * 1000, COUNT(*)
             FROM TABLE(TUMBLE(TABLE events, DESCRIPTOR(rt), INTERVAL '{WINDOW_MS // 1000}' SECOND))
             GROUP BY query, window_start, window_end
-        """)  # fmt: skip
+        """)
     else:
         ds = t_env.to_data_stream(t_env.from_path("events"))
         key_type = Types.TUPLE([Types.STRING(), Types.LONG()])
-        out_type = Types.ROW_NAMED(["query", "w", "c"], [Types.STRING(), Types.LONG(), Types.LONG()])
-        counts = ds.key_by(lambda r: (r[2], r[1] // WINDOW_MS * WINDOW_MS), key_type=key_type).process(WindowCount(args.variant == "kpf_dedup"), output_type=out_type)
+        out_type = Types.ROW_NAMED(
+            ["query", "w", "c"], [Types.STRING(), Types.LONG(), Types.LONG()]
+        )
+        counts = ds.key_by(
+            lambda r: (r[2], r[1] // WINDOW_MS * WINDOW_MS), key_type=key_type
+        ).process(WindowCount(args.variant == "kpf_dedup"), output_type=out_type)
         done = t_env.from_data_stream(counts).execute_insert("counts")
     done.wait()
-    rows = [line.split(",") for f in sorted(sink.rglob("part-*")) for line in f.read_text(encoding="utf-8").splitlines()]
+    rows = [
+        line.split(",")
+        for f in sorted(sink.rglob("part-*"))
+        for line in f.read_text(encoding="utf-8").splitlines()
+    ]
     finish(rows, args.out)
     return 0
 

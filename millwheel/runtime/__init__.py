@@ -9,9 +9,18 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
-    "EXECUTOR_CLASS", "FencedError", "FileStreamLog", "RuntimeSettings", "SparkRuntime", "child_processes",
-    "committed_unpublished", "disk_full", "rescale", "run_identity", "spark_session",
-]  # fmt: skip
+    "EXECUTOR_CLASS",
+    "FencedError",
+    "FileStreamLog",
+    "RuntimeSettings",
+    "SparkRuntime",
+    "child_processes",
+    "committed_unpublished",
+    "disk_full",
+    "rescale",
+    "run_identity",
+    "spark_session",
+]
 
 _WHERE = {
     "EXECUTOR_CLASS": "millwheel.runtime._cluster",

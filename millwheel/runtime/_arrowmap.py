@@ -79,9 +79,13 @@ _TASK_COLUMNS = ("group", "kind", "key", "id", "ts", "value", "wm", "stream", "s
 def out_arrow_schema(step: ColumnarIntervalStep) -> pa.Schema:
     """The Arrow schema of a task's output: ``OUT_SCHEMA`` and the consumers' key columns."""
     fields = [
-        pa.field("stream", pa.string()), pa.field("id", pa.string()), pa.field("ts", pa.int64()),
-        pa.field("key", pa.binary()), pa.field("value", pa.binary()), pa.field("wm", pa.int64()),
-    ]  # fmt: skip
+        pa.field("stream", pa.string()),
+        pa.field("id", pa.string()),
+        pa.field("ts", pa.int64()),
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("wm", pa.int64()),
+    ]
     if step.keyer is not None:
         fields += step.keyer.arrow_fields(step.out_consumers)
     if step.out_fields is not None:  # its declared output stream: ``_fieldcols.production_fields``
@@ -158,7 +162,9 @@ class IntervalTask:
             yield out_batch(schema, cols, tail)
 
 
-def _by_interval(step: ColumnarIntervalStep, rows: list[pa.RecordBatch]) -> dict[int, pa.Table | None]:
+def _by_interval(
+    step: ColumnarIntervalStep, rows: list[pa.RecordBatch]
+) -> dict[int, pa.Table | None]:
     """A task's input rows per key interval, each interval's in send order (one sort of the
     task's rows by group then :func:`send_order`, one take, zero-copy slices)."""
     if not rows:
@@ -182,7 +188,11 @@ def out_batch(schema: pa.Schema, cols: dict[str, Any] | None, tail: pd.DataFrame
     pandas) then the frame of dead letters and the summary row."""
     arrays = []
     for f in schema:
-        part = pa.Array.from_pandas(tail[f.name], type=f.type) if f.name in tail.columns else pa.nulls(len(tail), f.type)
+        part = (
+            pa.Array.from_pandas(tail[f.name], type=f.type)
+            if f.name in tail.columns
+            else pa.nulls(len(tail), f.type)
+        )
         if cols:
             v = cols.get(f.name)
             if v is None:
@@ -222,7 +232,9 @@ class ArrowMapping:
         from pyspark.sql import functions as F
 
         prev, plan = self.plan(batch_id)
-        cols = [F.col(c) for c in _TASK_COLUMNS] + [F.col(f"`{c}`") for c in df.columns if c.startswith(CARRY_PREFIX) or c == SCAN_COLUMN]
+        cols = [F.col(c) for c in _TASK_COLUMNS] + [
+            F.col(f"`{c}`") for c in df.columns if c.startswith(CARRY_PREFIX) or c == SCAN_COLUMN
+        ]
         if not self.values:
             # the computation reads no values: only rows that are not records (dead letters of
             # keying, rows to key in the task) keep theirs through the shuffle

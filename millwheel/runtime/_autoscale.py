@@ -68,7 +68,12 @@ class AutoscalePolicy:
     max_intervals: int = 256
 
     def __post_init__(self) -> None:
-        if self.hot_ratio <= 1 or self.window < 1 or self.min_intervals < 1 or self.max_intervals < self.min_intervals:
+        if (
+            self.hot_ratio <= 1
+            or self.window < 1
+            or self.min_intervals < 1
+            or self.max_intervals < self.min_intervals
+        ):
             msg = f"AutoscalePolicy needs hot_ratio > 1, window >= 1 and 1 <= min_intervals <= max_intervals, got {self}"
             raise ValueError(msg)
         if self.cold_ms >= self.min_hot_ms or self.cold_keys >= self.min_hot_keys:
@@ -95,7 +100,9 @@ def _median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
 
 
-def _hot(batch: Mapping[int, Figures], policy: AutoscalePolicy) -> tuple[str, int, float, float] | None:
+def _hot(
+    batch: Mapping[int, Figures], policy: AutoscalePolicy
+) -> tuple[str, int, float, float] | None:
     """The hottest interval of one batch if it is hot: ``(what, interval, value, median)``."""
     if len(batch) < 2:
         return None
@@ -113,9 +120,14 @@ def _cold(batch: Mapping[int, Figures], policy: AutoscalePolicy) -> bool:
 
 
 def decide(
-    computation: str, intervals: int, history: Sequence[Mapping[int, Figures]], policy: AutoscalePolicy,
-    *, now_s: float, last_change_s: float | None,
-) -> Decision | None:  # fmt: skip
+    computation: str,
+    intervals: int,
+    history: Sequence[Mapping[int, Figures]],
+    policy: AutoscalePolicy,
+    *,
+    now_s: float,
+    last_change_s: float | None,
+) -> Decision | None:
     """Split, merge or nothing for ``computation`` with ``intervals`` key intervals, from
     ``history``: its last batches' figures (oldest first; one mapping per batch, interval ->
     :class:`Figures`, of the intervals that ran in it), all of the current layout."""
@@ -130,14 +142,31 @@ def decide(
         unit = "ms" if what == "step_ms" else "keys"
         took = "took" if what == "step_ms" else "held"
         reason = f"interval {interval} {took} {value:.0f} {unit}, {value / max(med, 1.0):.1f}x the median {med:.0f} {unit}, in each of the last {policy.window} batches"
-        figures = {"hot": [{"what": h[0], "interval": h[1], "value": h[2], "median": h[3]} for h in hot if h is not None]}
+        figures = {
+            "hot": [
+                {"what": h[0], "interval": h[1], "value": h[2], "median": h[3]}
+                for h in hot
+                if h is not None
+            ]
+        }
         return Decision(computation, "split", intervals, intervals * 2, reason, figures)
-    if all(_cold(b, policy) for b in recent) and all(recent) and intervals // 2 >= policy.min_intervals:
+    if (
+        all(_cold(b, policy) for b in recent)
+        and all(recent)
+        and intervals // 2 >= policy.min_intervals
+    ):
         top_ms = max(f.step_ms for b in recent for f in b.values())
         top_keys = max(f.keys for b in recent for f in b.values())
         reason = (
             f"every interval took under {policy.cold_ms:.0f} ms (at most {top_ms:.0f}) and held under {policy.cold_keys} keys "
             f"(at most {top_keys}) in each of the last {policy.window} batches"
         )
-        return Decision(computation, "merge", intervals, intervals // 2, reason, {"max_step_ms": top_ms, "max_keys": top_keys})
+        return Decision(
+            computation,
+            "merge",
+            intervals,
+            intervals // 2,
+            reason,
+            {"max_step_ms": top_ms, "max_keys": top_keys},
+        )
     return None

@@ -64,8 +64,12 @@ def archive_path() -> Path | None:
 
     st = os.stat(java)
     jars = os.path.realpath(os.path.join(os.path.dirname(pyspark.__file__), "jars"))
-    key = hashlib.sha256(f"{java}\0{st.st_size}\0{st.st_mtime_ns}\0{jars}".encode()).hexdigest()[:16]
-    base = os.environ.get(CACHE_ENV) or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "millwheel")
+    key = hashlib.sha256(f"{java}\0{st.st_size}\0{st.st_mtime_ns}\0{jars}".encode()).hexdigest()[
+        :16
+    ]
+    base = os.environ.get(CACHE_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "millwheel"
+    )
     return Path(base) / "cds" / f"spark-{pyspark.__version__}-{key}.jsa"
 
 
@@ -88,7 +92,7 @@ def set_aside(options: str) -> None:
                 os.replace(path, f"{path}.failed")
 
 
-_TRAINING = '''
+_TRAINING = """
 import pandas as pd
 
 from millwheel import ColumnarComputation, Computation, LogFileSource, Record, Timer, Topology
@@ -117,7 +121,7 @@ topology.injector("events", LogFileSource("logs", finite=True))
 topology.computation(PerKey, inputs={"events": lambda r: r.value["k"]}, outputs=["per_key"])
 topology.computation(Columns, inputs={"events": lambda r: r.value["k"]}, outputs=[])
 topology.sink("per_key")
-'''
+"""
 
 
 def _jvm_running(marker: str) -> bool:
@@ -152,18 +156,46 @@ def build(*, force: bool = False, timeout_s: float = 600.0) -> Path | None:
             lines = (f'{{"k": "k{i % 7}", "ts": {day * 100_000 + i * 10}}}\n' for i in range(300))
             Path(logs, f"events-2026-01-0{day}.jsonl").write_text("".join(lines) + "not json\n")
         Path(work, "training.py").write_text(_TRAINING)
-        env = {**os.environ, CDS_ENV: "0", "MILLWHEEL_JAVA_OPTIONS": f"-XX:ArchiveClassesAtExit={tmp} {QUIET}"}
-        cmd = [sys.executable, "-m", "millwheel.cli", "run", "training.py", "--checkpoint", "run", "--quiet", "--no-ui"]
-        done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
+        env = {
+            **os.environ,
+            CDS_ENV: "0",
+            "MILLWHEEL_JAVA_OPTIONS": f"-XX:ArchiveClassesAtExit={tmp} {QUIET}",
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "millwheel.cli",
+            "run",
+            "training.py",
+            "--checkpoint",
+            "run",
+            "--quiet",
+            "--no-ui",
+        ]
+        done = subprocess.run(
+            cmd, cwd=work, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+        )
         deadline = time.monotonic() + timeout_s
-        while _jvm_running(str(tmp)) and time.monotonic() < deadline:  # the archive is written as the JVM exits
+        while (
+            _jvm_running(str(tmp)) and time.monotonic() < deadline
+        ):  # the archive is written as the JVM exits
             time.sleep(0.2)
         size = -1
-        while tmp.is_file() and tmp.stat().st_size != size and time.monotonic() < deadline:  # and without /proc: until it stops growing
+        while (
+            tmp.is_file() and tmp.stat().st_size != size and time.monotonic() < deadline
+        ):  # and without /proc: until it stops growing
             size = tmp.stat().st_size
             time.sleep(1.0)
-    if done.returncode != 0 or _jvm_running(str(tmp)) or not tmp.is_file() or tmp.stat().st_size == 0:
-        print(f"millwheel: the class-data training run failed (exit {done.returncode}); no archive built\n{done.stderr[-2000:]}", file=sys.stderr)
+    if (
+        done.returncode != 0
+        or _jvm_running(str(tmp))
+        or not tmp.is_file()
+        or tmp.stat().st_size == 0
+    ):
+        print(
+            f"millwheel: the class-data training run failed (exit {done.returncode}); no archive built\n{done.stderr[-2000:]}",
+            file=sys.stderr,
+        )
         tmp.unlink(missing_ok=True)
         return None
     os.replace(tmp, path)
@@ -173,14 +205,19 @@ def build(*, force: bool = False, timeout_s: float = 600.0) -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m millwheel.runtime._cds", description="Build the driver JVM's class-data archive.")
+    p = argparse.ArgumentParser(
+        prog="python -m millwheel.runtime._cds",
+        description="Build the driver JVM's class-data archive.",
+    )
     p.add_argument("--force", action="store_true", help="build it again even if it exists")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     path = build(force=args.force)
     if path is None:
         return 1
-    print(f"millwheel: class-data archive {path} ({path.stat().st_size >> 20} MB, {time.perf_counter() - t0:.0f}s)")
+    print(
+        f"millwheel: class-data archive {path} ({path.stat().st_size >> 20} MB, {time.perf_counter() - t0:.0f}s)"
+    )
     return 0
 
 

@@ -46,43 +46,110 @@ UI_ENV = "MILLWHEEL_SPARK_UI"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("spark backend")
-    g.add_argument("--master", default=None, help="Spark master (default local[*], or spark-submit's; e.g. spark://host:7077)")
-    g.add_argument("--checkpoint", default=None, help="run directory: stream logs, checkpoints; a restart resumes from it (default .millwheel/runs/<topology>)")
-    g.add_argument("--fresh", action="store_true", help="delete the run directory first")
-    g.add_argument("--trigger-ms", type=int, default=0, help="micro-batch trigger interval in ms (default 0: back to back)")
-    g.add_argument("--intervals", type=int, default=16, help="key intervals (Spark groups) per computation (default 16); fixed by a run's first start, then changed with millwheel rescale")
-    g.add_argument("--shuffle-partitions", type=int, default=None, help="Spark shuffle partitions (default: the cores of local[N], else 8); fixed by a run's first start")
     g.add_argument(
-        "--until-drained", "--drain", dest="drain", action="store_true",
+        "--master",
+        default=None,
+        help="Spark master (default local[*], or spark-submit's; e.g. spark://host:7077)",
+    )
+    g.add_argument(
+        "--checkpoint",
+        default=None,
+        help="run directory: stream logs, checkpoints; a restart resumes from it (default .millwheel/runs/<topology>)",
+    )
+    g.add_argument("--fresh", action="store_true", help="delete the run directory first")
+    g.add_argument(
+        "--trigger-ms",
+        type=int,
+        default=0,
+        help="micro-batch trigger interval in ms (default 0: back to back)",
+    )
+    g.add_argument(
+        "--intervals",
+        type=int,
+        default=16,
+        help="key intervals (Spark groups) per computation (default 16); fixed by a run's first start, then changed with millwheel rescale",
+    )
+    g.add_argument(
+        "--shuffle-partitions",
+        type=int,
+        default=None,
+        help="Spark shuffle partitions (default: the cores of local[N], else 8); fixed by a run's first start",
+    )
+    g.add_argument(
+        "--until-drained",
+        "--drain",
+        dest="drain",
+        action="store_true",
         help="treat log-file directories as complete (finite input); the run stops once every input is drained and timers are flushed, as it always does for finite sources",
-    )  # fmt: skip
-    g.add_argument("--status-every", type=float, default=2.0, help="seconds between status updates (default 2; 0: none)")
-    g.add_argument("-q", "--quiet", action="store_true", help="no live status and no progress lines; only the final report")
-    g.add_argument("--ui", dest="ui", action="store_true", default=None, help="serve the Spark UI (the default)")
+    )
+    g.add_argument(
+        "--status-every",
+        type=float,
+        default=2.0,
+        help="seconds between status updates (default 2; 0: none)",
+    )
+    g.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no live status and no progress lines; only the final report",
+    )
+    g.add_argument(
+        "--ui",
+        dest="ui",
+        action="store_true",
+        default=None,
+        help="serve the Spark UI (the default)",
+    )
     g.add_argument("--no-ui", dest="ui", action="store_false", help="no Spark UI")
-    g.add_argument("--metrics-port", type=int, default=0, help="port of the Prometheus endpoint /metrics (default: any free port)")
-    g.add_argument("--metrics-host", default="127.0.0.1", help="address the metrics endpoint listens on (default loopback)")
+    g.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="port of the Prometheus endpoint /metrics (default: any free port)",
+    )
+    g.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address the metrics endpoint listens on (default loopback)",
+    )
     g.add_argument("--no-metrics", dest="metrics", action="store_false", help="no metrics endpoint")
     g.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
-    g.add_argument("--authority", default=None, help="URL of a running watermark authority (default: an embedded one)")
     g.add_argument(
-        "--conf", action="append", default=[], metavar="KEY=VALUE",
+        "--authority",
+        default=None,
+        help="URL of a running watermark authority (default: an embedded one)",
+    )
+    g.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="a Spark setting for the session, repeatable (e.g. --conf spark.executor.memory=2g); overrides the topology's spark_conf",
-    )  # fmt: skip
+    )
     g.add_argument(
-        "--packages", default=None, metavar="COORDS",
+        "--packages",
+        default=None,
+        metavar="COORDS",
         help="comma-separated Maven coordinates Spark fetches for the driver and executors (spark.jars.packages), e.g. Kafka's org.apache.spark:spark-sql-kafka-0-10_2.13:4.3.0",
-    )  # fmt: skip
-    g.add_argument("--jars", default=None, metavar="FILES", help="comma-separated local jars for the driver and executors (spark.jars), e.g. a connector without network access")
+    )
     g.add_argument(
-        "--autoscale", action="store_true",
+        "--jars",
+        default=None,
+        metavar="FILES",
+        help="comma-separated local jars for the driver and executors (spark.jars), e.g. a connector without network access",
+    )
+    g.add_argument(
+        "--autoscale",
+        action="store_true",
         help="split a computation's key intervals when some are far hotter than the median for several batches, merge them when all are cold (online rescales; docs/runtime.md)",
-    )  # fmt: skip
+    )
     g.add_argument(
-        "--only", default=None,
+        "--only",
+        default=None,
         help="comma-separated computations/injectors to run here; the others run in another driver on the same "
         "--checkpoint and --authority (add a computation to a running topology)",
-    )  # fmt: skip
+    )
 
 
 def spark_conf(topology: Topology, args: argparse.Namespace) -> dict[str, str]:
@@ -120,11 +187,19 @@ def _sink_hints(topology: Topology, root: str) -> dict[str, str]:
     out = {}
     for s in topology.sinks.values():
         if s.spark is not None:
-            how = f"format {s.spark.format!r}" if s.spark.format else f"foreach_batch {getattr(s.spark.foreach_batch, '__name__', 'function')}"
-            out[s.name] = f"written through Spark ({how}); all of them: millwheel read {root} {s.stream}"
+            how = (
+                f"format {s.spark.format!r}"
+                if s.spark.format
+                else f"foreach_batch {getattr(s.spark.foreach_batch, '__name__', 'function')}"
+            )
+            out[s.name] = (
+                f"written through Spark ({how}); all of them: millwheel read {root} {s.stream}"
+            )
         elif s.target is not None:
             t = parse_target(s.target, f"sink {s.name!r}")
-            out[s.name] = f"written to {t.path} ({t.format}); all of them: millwheel read {root} {s.stream}"
+            out[s.name] = (
+                f"written to {t.path} ({t.format}); all of them: millwheel read {root} {s.stream}"
+            )
         else:
             out[s.name] = f"all of them: millwheel read {root} {s.stream}"
     return out
@@ -138,7 +213,11 @@ def _stream_values(root: str) -> tuple[Callable[[str], list[Any]], Callable[[], 
     streams = FileStreamLog(Location.of(root))
     if not Location.of(root).child("streams").exists():
         return (lambda _s: []), list
-    return (lambda s: [r.value for r in streams.read(s)] if s in streams.root.list() else []), (lambda: streams.read(DEAD_LETTER_STREAM) if DEAD_LETTER_STREAM in streams.root.list() else [])
+    return (lambda s: [r.value for r in streams.read(s)] if s in streams.root.list() else []), (
+        lambda: (
+            streams.read(DEAD_LETTER_STREAM) if DEAD_LETTER_STREAM in streams.root.list() else []
+        )
+    )
 
 
 def _finished(root: str, topology: Topology, only: tuple[str, ...]) -> dict[str, Any] | None:
@@ -148,7 +227,11 @@ def _finished(root: str, topology: Topology, only: tuple[str, ...]) -> dict[str,
             saved = json.load(f)
     except (OSError, ValueError):
         return None
-    if not isinstance(saved, dict) or saved.get("topology") != topology.name or saved.get("components") != _components(topology, only):
+    if (
+        not isinstance(saved, dict)
+        or saved.get("topology") != topology.name
+        or saved.get("components") != _components(topology, only)
+    ):
         return None
     if not all(k in saved for k in ("rows", "elapsed_s", "finished_at_ms", "metrics")):
         return None  # written by another version: run normally (a finished run ends at once)
@@ -156,7 +239,9 @@ def _finished(root: str, topology: Topology, only: tuple[str, ...]) -> dict[str,
     from millwheel.runtime._layout import pending_moves, read_pin
 
     if pending_moves(read_pin(Location.of(root))):
-        return None  # rescaled since it finished: the run starts, and its first batch moves the state
+        return (
+            None  # rescaled since it finished: the run starts, and its first batch moves the state
+        )
     return saved
 
 
@@ -197,17 +282,35 @@ def input_changed(saved: dict[str, Any], topology: Topology) -> list[str]:
     return out
 
 
-def _report(topology: Topology, root: str, snapshot: Snapshot | None, metrics: dict[str, dict[str, int]], on_finish: Any, headline: str) -> None:
+def _report(
+    topology: Topology,
+    root: str,
+    snapshot: Snapshot | None,
+    metrics: dict[str, dict[str, int]],
+    on_finish: Any,
+    headline: str,
+) -> None:
     from millwheel._runner import print_finish
 
     print(headline)
     if snapshot is not None:
-        for line in table_lines(snapshot, late=False):  # print_finish says them once, as the harness's run does
+        for line in table_lines(
+            snapshot, late=False
+        ):  # print_finish says them once, as the harness's run does
             print("  " + line)
     values, dead = _stream_values(root)
     disorder = disorder_of(snapshot.rows) if snapshot is not None else None
     counts = counts_of(snapshot.rows) if snapshot is not None else None
-    print_finish(topology, values, dead(), metrics, on_finish, where=_sink_hints(topology, root), disorder=disorder, counts=counts)
+    print_finish(
+        topology,
+        values,
+        dead(),
+        metrics,
+        on_finish,
+        where=_sink_hints(topology, root),
+        disorder=disorder,
+        counts=counts,
+    )
 
 
 def run(topology: Topology, args: argparse.Namespace, on_finish: Any = None) -> int:
@@ -226,7 +329,9 @@ def run(topology: Topology, args: argparse.Namespace, on_finish: Any = None) -> 
         when = utc_text(saved["finished_at_ms"]) + " UTC"
         changed = input_changed(saved, topology)
         if changed:
-            shown = "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
+            shown = "; ".join(changed[:5]) + (
+                f"; and {len(changed) - 5} more" if len(changed) > 5 else ""
+            )
             print(
                 f"millwheel: the run in {root} finished on {when}, and its input changed since: {shown}. A finished run "
                 "promised that no more input would come (its low watermarks are +inf), so these records would all be late. "
@@ -235,27 +340,53 @@ def run(topology: Topology, args: argparse.Namespace, on_finish: Any = None) -> 
                 file=sys.stderr,
             )
             return 2
-        print(f"millwheel: the run in {root} finished on {when}; nothing is left to do (--fresh runs it again)", file=sys.stderr)
-        _report(topology, root, snapshot, saved["metrics"], on_finish, f"topology {topology.name}: finished on Spark in {saved['elapsed_s']:.1f}s (on {when})")
+        print(
+            f"millwheel: the run in {root} finished on {when}; nothing is left to do (--fresh runs it again)",
+            file=sys.stderr,
+        )
+        _report(
+            topology,
+            root,
+            snapshot,
+            saved["metrics"],
+            on_finish,
+            f"topology {topology.name}: finished on Spark in {saved['elapsed_s']:.1f}s (on {when})",
+        )
         return 0
     os.makedirs(root, exist_ok=True)
     master = args.master or (None if under_spark_submit() else "local[*]")
     ui = args.ui if args.ui is not None else os.environ.get(UI_ENV, "1") != "0"
     quiet = args.quiet
-    say: Callable[[str], None] = (lambda _m: None) if quiet else (lambda m: print(f"millwheel: {m}", file=sys.stderr, flush=True))
+    say: Callable[[str], None] = (
+        (lambda _m: None)
+        if quiet
+        else (lambda m: print(f"millwheel: {m}", file=sys.stderr, flush=True))
+    )
     started = time.perf_counter()
-    say(f"running {topology.name!r} on Spark {master or '(spark-submit)'}; run directory {root} (a restart resumes from it)")
+    say(
+        f"running {topology.name!r} on Spark {master or '(spark-submit)'}; run directory {root} (a restart resumes from it)"
+    )
     try:
         return _run(topology, args, on_finish, root, master, ui, only, say, started)
     except KeyboardInterrupt:
-        print("millwheel: stopped (Ctrl-C); run again with the same --checkpoint to resume", file=sys.stderr)
+        print(
+            "millwheel: stopped (Ctrl-C); run again with the same --checkpoint to resume",
+            file=sys.stderr,
+        )
         return 130
 
 
 def _run(
-    topology: Topology, args: argparse.Namespace, on_finish: Any, root: str, master: str | None, ui: bool,
-    only: tuple[str, ...], say: Callable[[str], None], started: float,
-) -> int:  # fmt: skip
+    topology: Topology,
+    args: argparse.Namespace,
+    on_finish: Any,
+    root: str,
+    master: str | None,
+    ui: bool,
+    only: tuple[str, ...],
+    say: Callable[[str], None],
+    started: float,
+) -> int:
     from millwheel.runtime._autoscale import AutoscalePolicy
     from millwheel.runtime._metrics import serve
     from millwheel.runtime._runtime import RuntimeSettings, SparkRuntime
@@ -264,40 +395,82 @@ def _run(
     from watermark_authority.client import open_authority
 
     sampler: Sampler | None = None
-    metrics_server = serve(lambda: sampler.last if sampler else None, topology.name, args.metrics_host, args.metrics_port) if args.metrics else None
+    metrics_server = (
+        serve(
+            lambda: sampler.last if sampler else None,
+            topology.name,
+            args.metrics_host,
+            args.metrics_port,
+        )
+        if args.metrics
+        else None
+    )
     try:
-        with open_authority(args.authority, data_dir=os.path.join(os.path.abspath(root), "authority")) as wm:
+        with open_authority(
+            args.authority, data_dir=os.path.join(os.path.abspath(root), "authority")
+        ) as wm:
             url = getattr(wm, "url", None)
             if url:
-                link = fragment_url(f"{url}/", metrics=metrics_server.url if metrics_server else None)
-                say(f"watermark authority and its lag dashboard at {link} (pass --authority {url} to a second driver)")
+                link = fragment_url(
+                    f"{url}/", metrics=metrics_server.url if metrics_server else None
+                )
+                say(
+                    f"watermark authority and its lag dashboard at {link} (pass --authority {url} to a second driver)"
+                )
             if metrics_server:
                 say(f"metrics (Prometheus) at {metrics_server.url}")
             say(f"starting Spark ({master or 'as spark-submit set it'})...")
             t0 = time.perf_counter()
             jvm_log = os.path.join(root, "spark.log")
             conf = {**_worker_env(topology), **spark_conf(topology, args)}
-            spark = spark_session(master, shuffle_partitions=args.shuffle_partitions, ui=ui, conf=conf, jvm_log=jvm_log)
+            spark = spark_session(
+                master,
+                shuffle_partitions=args.shuffle_partitions,
+                ui=ui,
+                conf=conf,
+                jvm_log=jvm_log,
+            )
             where = ui_url(spark)
-            say(f"Spark {spark.version} up in {time.perf_counter() - t0:.1f}s on {spark.sparkContext.master}" + (f"; Spark UI at {where}" if where else ""))
+            say(
+                f"Spark {spark.version} up in {time.perf_counter() - t0:.1f}s on {spark.sparkContext.master}"
+                + (f"; Spark UI at {where}" if where else "")
+            )
             if not under_spark_submit():
                 say(f"Spark's own log (its JVM and Python workers): {jvm_log}")
             settings = RuntimeSettings(
-                intervals=args.intervals, master=spark.sparkContext.master, trigger_ms=args.trigger_ms, drain=args.drain,
-                status_every_s=args.status_every or 2.0, shuffle_partitions=args.shuffle_partitions, only=only,
+                intervals=args.intervals,
+                master=spark.sparkContext.master,
+                trigger_ms=args.trigger_ms,
+                drain=args.drain,
+                status_every_s=args.status_every or 2.0,
+                shuffle_partitions=args.shuffle_partitions,
+                only=only,
                 autoscale=AutoscalePolicy() if getattr(args, "autoscale", False) else None,
-            )  # fmt: skip
-            display = display_for(args.quiet or not args.status_every, title=f"{topology.name} on {spark.sparkContext.master}")
+            )
+            display = display_for(
+                args.quiet or not args.status_every,
+                title=f"{topology.name} on {spark.sparkContext.master}",
+            )
             t_start = [time.perf_counter()]
 
             def progress(what: str) -> None:
                 say(f"  starting {what} ({time.perf_counter() - t_start[0]:.1f}s)")
 
-            rt = SparkRuntime(topology, root, settings, spark=spark, watermarks=wm, log=lambda m: display.message(f"millwheel: {m}"), progress=progress)
+            rt = SparkRuntime(
+                topology,
+                root,
+                settings,
+                spark=spark,
+                watermarks=wm,
+                log=lambda m: display.message(f"millwheel: {m}"),
+                progress=progress,
+            )
             sampler = Sampler(rt, started=time.monotonic() - (time.perf_counter() - started))
             t_start[0] = time.perf_counter()
             rt.start()
-            say(f"{len(rt.injectors)} injector(s) and {len(rt.computations)} computation(s) started in {time.perf_counter() - t_start[0]:.1f}s; waiting for the first batches")
+            say(
+                f"{len(rt.injectors)} injector(s) and {len(rt.computations)} computation(s) started in {time.perf_counter() - t_start[0]:.1f}s; waiting for the first batches"
+            )
 
             def show(_rt: Any) -> None:
                 display.show(sampler.sample())  # type: ignore[union-attr]
@@ -310,7 +483,14 @@ def _run(
             final = sampler.sample()
             metrics = {name: dict(q.metrics) for name, q in rt.computations.items()}
             _save_finished(root, topology, only, final, metrics, elapsed)
-            _report(topology, root, final, metrics, on_finish, f"topology {topology.name}: ran on Spark in {elapsed:.1f}s")
+            _report(
+                topology,
+                root,
+                final,
+                metrics,
+                on_finish,
+                f"topology {topology.name}: ran on Spark in {elapsed:.1f}s",
+            )
     finally:
         if metrics_server is not None:
             metrics_server.stop()
@@ -328,14 +508,24 @@ def _worker_env(topology: Topology) -> dict[str, str]:
     return {"spark.executorEnv.PYTHONPATH": path} if path else {}
 
 
-def _save_finished(root: str, topology: Topology, only: tuple[str, ...], snapshot: Snapshot, metrics: dict[str, dict[str, int]], elapsed: float) -> None:
+def _save_finished(
+    root: str,
+    topology: Topology,
+    only: tuple[str, ...],
+    snapshot: Snapshot,
+    metrics: dict[str, dict[str, int]],
+    elapsed: float,
+) -> None:
     """Mark the run finished, with what its report needs (see the module docstring)."""
     data = {
         "topology": topology.name,
         "components": _components(topology, only),
         "finished_at_ms": int(time.time() * 1000),
         "elapsed_s": round(elapsed, 1),
-        "rows": [{**asdict(r), "in_rate": None, "out_rate": None, "lag_ms": None, "event_lag_ms": None} for r in snapshot.rows],
+        "rows": [
+            {**asdict(r), "in_rate": None, "out_rate": None, "lag_ms": None, "event_lag_ms": None}
+            for r in snapshot.rows
+        ],
         "metrics": metrics,
         "logs": _log_listing(topology),
     }

@@ -138,7 +138,11 @@ class StandaloneCluster:
 
     def save(self) -> None:
         Path(self.directory).mkdir(parents=True, exist_ok=True)
-        data = {"host": self.host, "master": asdict(self.master) if self.master else None, "workers": [asdict(w) for w in self.workers]}
+        data = {
+            "host": self.host,
+            "master": asdict(self.master) if self.master else None,
+            "workers": [asdict(w) for w in self.workers],
+        }
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=1))
         tmp.replace(self.state_file)
@@ -151,7 +155,12 @@ class StandaloneCluster:
             raise MillwheelError(msg)
         data = json.loads(path.read_text())
         master = Daemon(**data["master"]) if data.get("master") else None
-        return cls(directory, data.get("host", "127.0.0.1"), master, [Daemon(**w) for w in data.get("workers", [])])
+        return cls(
+            directory,
+            data.get("host", "127.0.0.1"),
+            master,
+            [Daemon(**w) for w in data.get("workers", [])],
+        )
 
     # ---- starting ----------------------------------------------------------------------
     def _env(self) -> dict[str, str]:
@@ -170,19 +179,33 @@ class StandaloneCluster:
             raise MillwheelError(msg)
         return env
 
-    def _spawn(self, role: str, args: list[str], port: int, ui_port: int, cores: int = 0, memory: str = "") -> Daemon:
+    def _spawn(
+        self, role: str, args: list[str], port: int, ui_port: int, cores: int = 0, memory: str = ""
+    ) -> Daemon:
         logs = Path(self.directory, "logs")
         logs.mkdir(parents=True, exist_ok=True)
         log = logs / f"{role}.log"
         cmd = [os.path.join(spark_home(), "bin", "spark-class"), *args]
         with open(log, "ab") as out:
-            proc = subprocess.Popen(cmd, env=self._env(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)  # noqa: S603
+            proc = subprocess.Popen(
+                cmd,
+                env=self._env(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # noqa: S603
         return Daemon(role, proc.pid, port, ui_port, str(log), cores, memory)
 
     def start_master(self, port: int = 0, ui_port: int = 0) -> Daemon:
         port = port or free_port(self.host)
         ui_port = ui_port or free_port(self.host)
-        self.master = self._spawn("master", [MASTER_CLASS, "--host", self.host, "--port", str(port), "--webui-port", str(ui_port)], port, ui_port)
+        self.master = self._spawn(
+            "master",
+            [MASTER_CLASS, "--host", self.host, "--port", str(port), "--webui-port", str(ui_port)],
+            port,
+            ui_port,
+        )
         self.save()
         return self.master
 
@@ -193,14 +216,36 @@ class StandaloneCluster:
         port = free_port(self.host)
         work = Path(self.directory, "work", f"worker-{n}")
         work.mkdir(parents=True, exist_ok=True)
-        args = [WORKER_CLASS, "--host", self.host, "--port", str(port), "--webui-port", str(ui_port),
-                "--cores", str(cores), "--memory", memory, "--work-dir", str(work.resolve()), self.url]  # fmt: skip
+        args = [
+            WORKER_CLASS,
+            "--host",
+            self.host,
+            "--port",
+            str(port),
+            "--webui-port",
+            str(ui_port),
+            "--cores",
+            str(cores),
+            "--memory",
+            memory,
+            "--work-dir",
+            str(work.resolve()),
+            self.url,
+        ]
         worker = self._spawn(f"worker-{n}", args, port, ui_port, cores, memory)
         self.workers.append(worker)
         self.save()
         return worker
 
-    def up(self, workers: int = 2, cores: int = 1, memory: str = "1g", port: int = 0, ui_port: int = 0, timeout_s: float = 120) -> StandaloneCluster:
+    def up(
+        self,
+        workers: int = 2,
+        cores: int = 1,
+        memory: str = "1g",
+        port: int = 0,
+        ui_port: int = 0,
+        timeout_s: float = 120,
+    ) -> StandaloneCluster:
         """Start the master and ``workers`` workers; return once every worker is alive at the master."""
         if self.state_file.exists():
             running = StandaloneCluster.load(self.directory)
@@ -223,7 +268,9 @@ class StandaloneCluster:
 
     def alive_workers(self) -> int:
         try:
-            return sum(1 for w in self.master_json().get("workers", []) if w.get("state") == "ALIVE")
+            return sum(
+                1 for w in self.master_json().get("workers", []) if w.get("state") == "ALIVE"
+            )
         except OSError:
             return -1
 
@@ -247,7 +294,11 @@ class StandaloneCluster:
 
     def _tail(self, role: str, lines: int = 15) -> str:
         try:
-            return "\n".join(Path(self.directory, "logs", f"{role}.log").read_text(errors="replace").splitlines()[-lines:])
+            return "\n".join(
+                Path(self.directory, "logs", f"{role}.log")
+                .read_text(errors="replace")
+                .splitlines()[-lines:]
+            )
         except OSError:
             return "(no log)"
 
@@ -291,9 +342,13 @@ class StandaloneCluster:
         except OSError as exc:
             return lines[0] + f"\n  the master does not answer: {exc}"
         for w in info.get("workers", []):
-            lines.append(f"  worker {w.get('host')}:{w.get('port')}  {w.get('state')}  cores {w.get('coresused')}/{w.get('cores')}  memory {w.get('memoryused')}/{w.get('memory')} MB")
+            lines.append(
+                f"  worker {w.get('host')}:{w.get('port')}  {w.get('state')}  cores {w.get('coresused')}/{w.get('cores')}  memory {w.get('memoryused')}/{w.get('memory')} MB"
+            )
         for a in info.get("activeapps", []):
-            lines.append(f"  application {a.get('id')} {a.get('name')!r}  cores {a.get('cores')}  {a.get('state')}")
+            lines.append(
+                f"  application {a.get('id')} {a.get('name')!r}  cores {a.get('cores')}  {a.get('state')}"
+            )
         return "\n".join(lines)
 
 
@@ -304,19 +359,52 @@ def launcher_path() -> str:
 
 def cluster_main(argv: list[str]) -> int:
     """``millwheel cluster up|down|status|launcher|log-config``: a Spark standalone cluster on this machine."""
-    p = argparse.ArgumentParser(prog="millwheel cluster", description="a Spark standalone cluster on this machine (loopback), from the installed pyspark")
+    p = argparse.ArgumentParser(
+        prog="millwheel cluster",
+        description="a Spark standalone cluster on this machine (loopback), from the installed pyspark",
+    )
     sub = p.add_subparsers(dest="action", required=True)
     up = sub.add_parser("up", help="start a master and workers; print the master URL")
     up.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     up.add_argument("--cores", type=int, default=1, help="cores per worker (default 1)")
-    up.add_argument("--memory", default="1g", help="memory per worker (executors get spark.executor.memory of it, 1g by default)")
-    up.add_argument("--port", type=int, default=7077, help="master port (default 7077; 0: any free port)")
-    up.add_argument("--ui-port", type=int, default=8080, help="master web UI port (default 8080; 0: any free port)")
-    up.add_argument("--timeout", type=float, default=120, help="seconds to wait for every worker to register (default 120)")
-    sub.add_parser("launcher", help="print the path of the Python file to give spark-submit (then: run T.py ...)")
-    sub.add_parser("log-config", help="print the path of millwheel's log4j2 file, for spark-submit --driver-java-options")
-    for s in (up, sub.add_parser("down", help="stop the cluster started from --dir"), sub.add_parser("status", help="the master and its workers")):
-        s.add_argument("--dir", default=DEFAULT_DIR, help=f"the cluster directory: state, logs, work (default {DEFAULT_DIR})")
+    up.add_argument(
+        "--memory",
+        default="1g",
+        help="memory per worker (executors get spark.executor.memory of it, 1g by default)",
+    )
+    up.add_argument(
+        "--port", type=int, default=7077, help="master port (default 7077; 0: any free port)"
+    )
+    up.add_argument(
+        "--ui-port",
+        type=int,
+        default=8080,
+        help="master web UI port (default 8080; 0: any free port)",
+    )
+    up.add_argument(
+        "--timeout",
+        type=float,
+        default=120,
+        help="seconds to wait for every worker to register (default 120)",
+    )
+    sub.add_parser(
+        "launcher",
+        help="print the path of the Python file to give spark-submit (then: run T.py ...)",
+    )
+    sub.add_parser(
+        "log-config",
+        help="print the path of millwheel's log4j2 file, for spark-submit --driver-java-options",
+    )
+    for s in (
+        up,
+        sub.add_parser("down", help="stop the cluster started from --dir"),
+        sub.add_parser("status", help="the master and its workers"),
+    ):
+        s.add_argument(
+            "--dir",
+            default=DEFAULT_DIR,
+            help=f"the cluster directory: state, logs, work (default {DEFAULT_DIR})",
+        )
     args = p.parse_args(argv)
     try:
         if args.action == "launcher":
@@ -338,17 +426,25 @@ def cluster_main(argv: list[str]) -> int:
                             msg = f"port {port} is taken; pass {flag} with another port (0: any free port)"
                             raise MillwheelError(msg)
             started = time.monotonic()
-            cluster = StandaloneCluster(args.dir).up(args.workers, args.cores, args.memory, args.port, args.ui_port, args.timeout)
-            print(f"spark standalone cluster up in {time.monotonic() - started:.1f}s: master {cluster.url}, "
-                  f"{args.workers} workers x {args.cores} cores x {args.memory}; web UI {cluster.ui_url}")  # fmt: skip
-            print(f"  millwheel run T.py --master {cluster.url}    ·    millwheel cluster down --dir {args.dir}")
+            cluster = StandaloneCluster(args.dir).up(
+                args.workers, args.cores, args.memory, args.port, args.ui_port, args.timeout
+            )
+            print(
+                f"spark standalone cluster up in {time.monotonic() - started:.1f}s: master {cluster.url}, "
+                f"{args.workers} workers x {args.cores} cores x {args.memory}; web UI {cluster.ui_url}"
+            )
+            print(
+                f"  millwheel run T.py --master {cluster.url}    ·    millwheel cluster down --dir {args.dir}"
+            )
             return 0
         cluster = StandaloneCluster.load(args.dir)
         if args.action == "status":
             print(cluster.describe())
             return 0
         stopped = cluster.down()
-        print(f"stopped {', '.join(stopped) if stopped else 'nothing (no process of this cluster was running)'}")
+        print(
+            f"stopped {', '.join(stopped) if stopped else 'nothing (no process of this cluster was running)'}"
+        )
         return 0
     except MillwheelError as exc:
         print(f"millwheel cluster: {exc}", file=sys.stderr)

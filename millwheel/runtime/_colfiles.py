@@ -76,27 +76,37 @@ class Manifest:
         return f"{self.batch:012d}-e{self.epoch}.json"
 
     def encode(self) -> str:
-        return json.dumps({
-            "batch": self.batch, "epoch": self.epoch, "low_watermark": self.low_watermark,
-            "files": {str(i): n for i, n in sorted(self.files.items())},
-            "timers": {str(i): list(t) for i, t in sorted(self.timers.items())},
-        }, indent=0)  # fmt: skip
+        return json.dumps(
+            {
+                "batch": self.batch,
+                "epoch": self.epoch,
+                "low_watermark": self.low_watermark,
+                "files": {str(i): n for i, n in sorted(self.files.items())},
+                "timers": {str(i): list(t) for i, t in sorted(self.timers.items())},
+            },
+            indent=0,
+        )
 
     @classmethod
     def decode(cls, text: str) -> Manifest:
         d = json.loads(text)
         return cls(
-            int(d["batch"]), int(d["low_watermark"]), {int(i): n for i, n in d["files"].items()},
-            {int(i): (t[0], t[1]) for i, t in d["timers"].items()}, int(d.get("epoch", 0)),
-        )  # fmt: skip
+            int(d["batch"]),
+            int(d["low_watermark"]),
+            {int(i): n for i, n in d["files"].items()},
+            {int(i): (t[0], t[1]) for i, t in d["timers"].items()},
+            int(d.get("epoch", 0)),
+        )
 
     def due(self, low_watermark: int, now: int) -> list[int]:
         """Intervals with a timer due at ``low_watermark`` / ``now`` (§4.6): they run this
         batch even without input, as Spark's event-time timeout runs a group."""
         return sorted(
-            i for i, (lw, wall) in self.timers.items()
-            if i in self.files and ((lw is not None and lw <= low_watermark) or (wall is not None and wall <= now))
-        )  # fmt: skip
+            i
+            for i, (lw, wall) in self.timers.items()
+            if i in self.files
+            and ((lw is not None and lw <= low_watermark) or (wall is not None and wall <= now))
+        )
 
     def after(
         self,

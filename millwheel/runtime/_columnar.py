@@ -57,7 +57,9 @@ _INSTALL = int(RowKind.INSTALL)
 _RETIRE = int(RowKind.RETIRE)
 
 
-def interval_step_class(spec: ComputationSpec, state_layout: str = "intervals") -> type[IntervalStep]:
+def interval_step_class(
+    spec: ComputationSpec, state_layout: str = "intervals"
+) -> type[IntervalStep]:
     """The ``applyInPandasWithState`` function class of a computation: columnar or per record."""
     if not is_columnar(spec.cls):
         return IntervalStep
@@ -85,7 +87,12 @@ class ColumnarIntervalStep(IntervalStep):
         self.keep_batches = 100
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "scan": self.scan, "id_segments": self.id_segments, "keep_batches": self.keep_batches}
+        return {
+            **super().__getstate__(),
+            "scan": self.scan,
+            "id_segments": self.id_segments,
+            "keep_batches": self.keep_batches,
+        }
 
     def __setstate__(self, d: dict[str, Any]) -> None:
         super().__setstate__(d)
@@ -103,37 +110,78 @@ class ColumnarIntervalStep(IntervalStep):
         """Where key interval ``interval``'s id segments go in micro-batch ``batch_id``
         (``None``: the running task's; the result ``None``: inside the store — no directory,
         or no micro-batch to date them by)."""
-        batch = (task_batch_id() if batch_id is None else batch_id) if self.id_segments is not None and interval >= 0 else None
-        return None if batch is None else SegmentFiles(f"{self.id_segments}/i{interval}", batch, self.keep_batches)
+        batch = (
+            (task_batch_id() if batch_id is None else batch_id)
+            if self.id_segments is not None and interval >= 0
+            else None
+        )
+        return (
+            None
+            if batch is None
+            else SegmentFiles(f"{self.id_segments}/i{interval}", batch, self.keep_batches)
+        )
 
     def columnar(self) -> ColumnarRunner:
         if self._columnar is None:
             spec = self.spec
             # strong productions are checkpointed in the batch outbox, not in the store
             opts = dataclasses.replace(spec.options, strong_productions=False)
-            fields = {s: f for s, f in (self.keyer.fields if self.keyer is not None else {}).items() if s in spec.inputs}
-            self._columnar = ColumnarRunner(spec.instantiate(), name=spec.name, outputs=spec.all_outputs, options=opts, fields=fields)  # type: ignore[arg-type]
+            fields = {
+                s: f
+                for s, f in (self.keyer.fields if self.keyer is not None else {}).items()
+                if s in spec.inputs
+            }
+            self._columnar = ColumnarRunner(
+                spec.instantiate(),
+                name=spec.name,
+                outputs=spec.all_outputs,
+                options=opts,
+                fields=fields,
+            )  # type: ignore[arg-type]
         return self._columnar
 
-    def __call__(self, group: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
+    def __call__(
+        self, group: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any
+    ) -> Iterator[pd.DataFrame]:
         g = int(group[0])
-        retired = self.retired(g)  # a group of the layout before a rescale: only its retirement comes
+        retired = self.retired(
+            g
+        )  # a group of the layout before a rescale: only its retirement comes
         interval = -2 if retired else self.interval_of(g)
         if interval < 0 and not retired:  # the heartbeat group: it only moves Spark's watermark
             for _ in frames:
                 pass
             return
         store: bytes | ColumnarStore | None = state.get[0] if state.exists else None
-        batch = IntervalBatch(self, interval, from_spark(state.getCurrentWatermarkMs()), state.getCurrentProcessingTimeMs())
+        batch = IntervalBatch(
+            self,
+            interval,
+            from_spark(state.getCurrentWatermarkMs()),
+            state.getCurrentProcessingTimeMs(),
+        )
         recs, marked = self.read_marked(batch, frames)
         if retired:
-            retire_group(self.spec.name, self.intervals, batch.retire, bool(len(recs) or batch.installs or marked), state, columnar=True)
+            retire_group(
+                self.spec.name,
+                self.intervals,
+                batch.retire,
+                bool(len(recs) or batch.installs or marked),
+                state,
+                columnar=True,
+            )
             return
         if batch.retire is not None:
             msg = f"computation {self.spec.name!r}: a rescale retires Spark group {g}, which is key interval {interval} of this layout"
             raise RescaleMismatch(msg)
         if batch.installs:  # a rescale's pieces of the old intervals' stores (``_move.py``)
-            store = install_stores(self.spec.name, interval, self.intervals or 0, [v for _, v in batch.installs], store, self.spec.options)
+            store = install_stores(
+                self.spec.name,
+                interval,
+                self.intervals or 0,
+                [v for _, v in batch.installs],
+                store,
+                self.spec.options,
+            )
         res, out = self.step(batch, recs, _cached_store(self.spec.name, interval, store))
         if res.store is not None:
             state.update((res.store, b""))
@@ -142,12 +190,20 @@ class ColumnarIntervalStep(IntervalStep):
         elif state.exists:
             state.remove()
         if res.next_low_watermark_timer is not None and res.store is not None:
-            state.setTimeoutTimestamp(max(timer_timeout(res.next_low_watermark_timer), state.getCurrentWatermarkMs()))
+            state.setTimeoutTimestamp(
+                max(timer_timeout(res.next_low_watermark_timer), state.getCurrentWatermarkMs())
+            )
         yield out
 
     def run_interval(
-        self, interval: int, rows: pa.Table | None, store: bytes | ColumnarStore | None, low_watermark: int, now: int, batch_id: int | None = None,
-    ) -> tuple[ColumnarResult, dict[str, Any] | None, pd.DataFrame]:  # fmt: skip
+        self,
+        interval: int,
+        rows: pa.Table | None,
+        store: bytes | ColumnarStore | None,
+        low_watermark: int,
+        now: int,
+        batch_id: int | None = None,
+    ) -> tuple[ColumnarResult, dict[str, Any] | None, pd.DataFrame]:
         """One key interval's share of a micro-batch on a mapping that does not move state
         (``_arrowmap.py``, whose computations ``millwheel rescale`` refuses): the
         :class:`ColumnarRunner` over its input ``rows`` (``store``: the interval's columnar
@@ -166,7 +222,9 @@ class ColumnarIntervalStep(IntervalStep):
             raise RescaleMismatch(msg)
         return self.step_columns(batch, recs, store, batch_id)
 
-    def read_marked(self, batch: IntervalBatch, frames: Iterable[pd.DataFrame], batch_id: int | None = None) -> tuple[InputColumns, bool]:
+    def read_marked(
+        self, batch: IntervalBatch, frames: Iterable[pd.DataFrame], batch_id: int | None = None
+    ) -> tuple[InputColumns, bool]:
         """The records of ``batch``'s input frames as columns (a rescale's rows go to the
         batch), and whether a marker row came (``_scan.py``): it says the interval has
         records in the micro-batch's files (``batch_id``; ``None``: the running task's),
@@ -200,40 +258,73 @@ class ColumnarIntervalStep(IntervalStep):
                     parts.append(p)
         return _input(parts), marked
 
-    def step(self, batch: IntervalBatch, recs: InputColumns, store: bytes | ColumnarStore | None) -> tuple[ColumnarResult, pd.DataFrame]:
+    def step(
+        self, batch: IntervalBatch, recs: InputColumns, store: bytes | ColumnarStore | None
+    ) -> tuple[ColumnarResult, pd.DataFrame]:
         """The :class:`ColumnarRunner` over one key interval's records, and its output frame."""
         res, cols, tail = self.step_columns(batch, recs, store)
-        return res, tail if cols is None else pd.concat([pd.DataFrame(cols), tail], ignore_index=True)
+        return res, tail if cols is None else pd.concat(
+            [pd.DataFrame(cols), tail], ignore_index=True
+        )
 
     def step_columns(
-        self, batch: IntervalBatch, recs: InputColumns, store: bytes | ColumnarStore | None, batch_id: int | None = None
-    ) -> tuple[ColumnarResult, dict[str, Any] | None, pd.DataFrame]:  # fmt: skip
+        self,
+        batch: IntervalBatch,
+        recs: InputColumns,
+        store: bytes | ColumnarStore | None,
+        batch_id: int | None = None,
+    ) -> tuple[ColumnarResult, dict[str, Any] | None, pd.DataFrame]:
         """The :class:`ColumnarRunner` over one key interval's records: its result, its
         productions' output columns (``None``: none) and the frame of its dead letters and
         summary row."""
         res = self.columnar().run(
-            store, recs, low_watermark=batch.low_watermark, now=batch.now, files=self.segment_files(batch.interval, batch_id), life=batch.life
-        )  # fmt: skip
+            store,
+            recs,
+            low_watermark=batch.low_watermark,
+            now=batch.now,
+            files=self.segment_files(batch.interval, batch_id),
+            life=batch.life,
+        )
         batch.totals.add(StepMetrics(**res.metrics))
         for p in res.dead_letters:
             batch.out.add_production(p)
         if res.once_ids is not None:
             # once-productions: one IdRegistry call for the interval's batch (Photon §2), as IntervalBatch.run
-            outcome = commit_once([(p.record.key, p) for p in res.productions()], self.registry(), pipeline=self.pipeline, computation=self.spec.name, metrics=batch.totals)
+            outcome = commit_once(
+                [(p.record.key, p) for p in res.productions()],
+                self.registry(),
+                pipeline=self.pipeline,
+                computation=self.spec.name,
+                metrics=batch.totals,
+            )
             res.drop(outcome.dropped)
             for p in outcome.dead_letters:
                 batch.out.add_production(p)
-        tail = batch.summary(res.hold, res.next_low_watermark_timer, res.next_wall_timer, res.keys_kept)
+        tail = batch.summary(
+            res.hold, res.next_low_watermark_timer, res.next_wall_timer, res.keys_kept
+        )
         if not res.ids:
             return res, None, tail
         cols: dict[str, Any] = {
-            "stream": res.streams, "id": res.ids, "ts": res.ts, "key": res.kbs, "value": res.encoded, "wm": [None] * len(res.ids),
-        }  # fmt: skip
+            "stream": res.streams,
+            "id": res.ids,
+            "ts": res.ts,
+            "key": res.kbs,
+            "value": res.encoded,
+            "wm": [None] * len(res.ids),
+        }
         production_fields(cols, self.out_fields, res.streams, res.values)
         if self.keyer is not None and self.out_consumers:
-            recs_out = [(s, Record(k, v, t, i, s)) for s, k, v, t, i in zip(res.streams, res.keys, res.values, res.ts, res.ids, strict=True)]
+            recs_out = [
+                (s, Record(k, v, t, i, s))
+                for s, k, v, t, i in zip(
+                    res.streams, res.keys, res.values, res.ts, res.ids, strict=True
+                )
+            ]
             for name, values in self.keyer.rows(recs_out, self.out_consumers).items():
-                cols[name] = pd.array(values, dtype="Int32") if name.startswith("interval:") else values
+                cols[name] = (
+                    pd.array(values, dtype="Int32") if name.startswith("interval:") else values
+                )
         return res, cols, tail
 
     @staticmethod
@@ -277,7 +368,9 @@ def _digest(blob: bytes) -> bytes:
     return xxhash.xxh3_128_digest(blob)
 
 
-def _cached_store(name: str, interval: int, blob: bytes | ColumnarStore | None) -> bytes | ColumnarStore | None:
+def _cached_store(
+    name: str, interval: int, blob: bytes | ColumnarStore | None
+) -> bytes | ColumnarStore | None:
     """``blob`` decoded from this worker's cache when it holds exactly these bytes, else ``blob``."""
     cached = _STORES.pop((name, interval), None)
     if cached is None or not isinstance(blob, bytes) or cached[0] != _digest(blob):
@@ -289,7 +382,11 @@ def plain_records(t: pa.Table) -> bool:
     """Are all rows of ``t`` records keyed for this computation, without carried fields (no
     ticks, keying dead letters, rows to key here or a rescale's rows)?"""
     kind = t.column("kind")
-    if kind.null_count or t.column("key").null_count or any(c.startswith(CARRY_PREFIX) for c in t.column_names):
+    if (
+        kind.null_count
+        or t.column("key").null_count
+        or any(c.startswith(CARRY_PREFIX) for c in t.column_names)
+    ):
         return False
     return bool(pc.all(pc.equal(kind, _RECORD)).as_py())
 
@@ -297,16 +394,24 @@ def plain_records(t: pa.Table) -> bool:
 def _codes(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[Any]]:
     """int64 codes of a column's values (nulls: -1) and its distinct values, in order of first appearance."""
     enc = pc.dictionary_encode(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
-    return enc.indices.fill_null(-1).to_numpy().astype(np.int64, copy=False), enc.dictionary.to_pylist()
+    return enc.indices.fill_null(-1).to_numpy().astype(
+        np.int64, copy=False
+    ), enc.dictionary.to_pylist()
 
 
 def send_order(t: pa.Table, first: np.ndarray | None = None) -> np.ndarray:
     """The order of ``t``'s rows :func:`_input` puts them in: by sender watermark (missing:
     first), then file name (missing: first), then row — after ``first`` (a task's group)."""
     wm = t.column("wm")
-    order_wm = pc.fill_null(wm, MIN_TIMESTAMP).to_numpy().astype(np.int64, copy=False) if wm.null_count < len(wm) else np.full(len(wm), MIN_TIMESTAMP, np.int64)
+    order_wm = (
+        pc.fill_null(wm, MIN_TIMESTAMP).to_numpy().astype(np.int64, copy=False)
+        if wm.null_count < len(wm)
+        else np.full(len(wm), MIN_TIMESTAMP, np.int64)
+    )
     src, names = _codes(t.column("src"))
-    rank = np.zeros(len(names) + 1, np.int64)  # nulls (code -1, the last slot) first, as pandas' sorted factorize puts them
+    rank = np.zeros(
+        len(names) + 1, np.int64
+    )  # nulls (code -1, the last slot) first, as pandas' sorted factorize puts them
     rank[sorted(range(len(names)), key=names.__getitem__)] = np.arange(1, len(names) + 1)
     keys = (pc.fill_null(t.column("row"), 0).to_numpy(), rank[src], order_wm)
     return np.lexsort(keys if first is None else (*keys, first))
@@ -322,13 +427,24 @@ def arrow_input(t: pa.Table, lazy: FileValues | None = None) -> InputColumns:
         lazy = None if lazy is None else lazy.ordered(order)
     wm = t.column("wm")
     known = None if wm.null_count == len(wm) else pc.is_valid(wm).to_numpy(zero_copy_only=False)
-    order_wm = None if known is None else pc.fill_null(wm, MIN_TIMESTAMP).to_numpy().astype(np.int64, copy=False)
+    order_wm = (
+        None
+        if known is None
+        else pc.fill_null(wm, MIN_TIMESTAMP).to_numpy().astype(np.int64, copy=False)
+    )
     codes, uniques = _codes(t.column("key"))
     s_codes, s_names = _codes(t.column("stream"))
     return InputColumns.of(
-        codes, uniques, t.column("id").combine_chunks(), t.column("ts").to_numpy().astype(np.int64, copy=False), s_codes, s_names,
-        t.column("value").combine_chunks() if lazy is None else lazy, order_wm, known,
-    )  # fmt: skip
+        codes,
+        uniques,
+        t.column("id").combine_chunks(),
+        t.column("ts").to_numpy().astype(np.int64, copy=False),
+        s_codes,
+        s_names,
+        t.column("value").combine_chunks() if lazy is None else lazy,
+        order_wm,
+        known,
+    )
 
 
 def _input(parts: list[pd.DataFrame]) -> InputColumns:
@@ -345,8 +461,12 @@ def _input(parts: list[pd.DataFrame]) -> InputColumns:
         arrival = None
         order_wm = np.full(n, MIN_TIMESTAMP, np.int64)
     else:
-        order_wm = np.where(nulls, MIN_TIMESTAMP, wm.fillna(MIN_TIMESTAMP).astype("int64").to_numpy())
-        arrival = [None if u else int(w) for u, w in zip(nulls.tolist(), order_wm.tolist(), strict=True)]
+        order_wm = np.where(
+            nulls, MIN_TIMESTAMP, wm.fillna(MIN_TIMESTAMP).astype("int64").to_numpy()
+        )
+        arrival = [
+            None if u else int(w) for u, w in zip(nulls.tolist(), order_wm.tolist(), strict=True)
+        ]
     src_codes, _ = pd.factorize(pdf["src"], sort=True)
     order = np.lexsort((pdf["row"].to_numpy(), src_codes, order_wm))
     if not (order[1:] > order[:-1]).all():
@@ -355,6 +475,10 @@ def _input(parts: list[pd.DataFrame]) -> InputColumns:
             arrival = [arrival[i] for i in order.tolist()]
     # object columns as they are (factorized without a list of them), ids to Arrow in one call
     return InputColumns(
-        kbs=pdf["key"].to_numpy(dtype=object), ids=pa.Array.from_pandas(pdf["id"], type=pa.string()), ts=pdf["ts"].to_numpy(np.int64),
-        streams=pdf["stream"].to_numpy(dtype=object), values=pdf["value"].to_numpy(dtype=object), arrival=arrival,
-    )  # fmt: skip
+        kbs=pdf["key"].to_numpy(dtype=object),
+        ids=pa.Array.from_pandas(pdf["id"], type=pa.string()),
+        ts=pdf["ts"].to_numpy(np.int64),
+        streams=pdf["stream"].to_numpy(dtype=object),
+        values=pdf["value"].to_numpy(dtype=object),
+        arrival=arrival,
+    )

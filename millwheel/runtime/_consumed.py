@@ -32,7 +32,13 @@ from millwheel.runtime._spark_internals import (
 )
 from millwheel.runtime._streams import StreamLog
 
-__all__ = ["ConsumedFiles", "InputWatermarks", "heartbeat_batch", "input_watermarks", "read_input_watermarks"]
+__all__ = [
+    "ConsumedFiles",
+    "InputWatermarks",
+    "heartbeat_batch",
+    "input_watermarks",
+    "read_input_watermarks",
+]
 
 
 class ConsumedFiles:
@@ -78,7 +84,9 @@ class ConsumedFiles:
             return {}
         cached = self._offsets.get(batch)
         if cached is None:
-            cached = file_source_offsets(self.checkpoint.child(OFFSETS, str(batch)).read_text() or "")
+            cached = file_source_offsets(
+                self.checkpoint.child(OFFSETS, str(batch)).read_text() or ""
+            )
             if committed:
                 self._offsets[batch] = cached
         return cached
@@ -90,7 +98,11 @@ class ConsumedFiles:
 
     def names(self, stream: str, producer: str, upto: int, *, committed: bool = True) -> set[str]:
         offs = self.log_offsets(upto, committed=committed)
-        return {n for n, (i, b) in self.files.get((stream, producer), {}).items() if b <= offs.get(i, -1)}
+        return {
+            n
+            for n, (i, b) in self.files.get((stream, producer), {}).items()
+            if b <= offs.get(i, -1)
+        }
 
     def heartbeat_names(self, upto: int) -> set[str]:
         offs = self.log_offsets(upto)
@@ -99,7 +111,9 @@ class ConsumedFiles:
     def forget(self, stream: str | None, producer: str | None, names: set[str]) -> None:
         """Stop tracking pruned files (``stream=None``: heartbeat files), so lookups stay
         proportional to the files still live; offsets of old batches are dropped too."""
-        files = self.heartbeat_files if stream is None else self.files.get((stream, producer or ""), {})
+        files = (
+            self.heartbeat_files if stream is None else self.files.get((stream, producer or ""), {})
+        )
         for n in names:
             files.pop(n, None)
         if len(self._offsets) > 64:
@@ -107,7 +121,9 @@ class ConsumedFiles:
                 del self._offsets[b]
 
 
-def heartbeat_batch(name: str, inputs: Iterable[tuple[str, str]], consumed: ConsumedFiles, published: int) -> int:
+def heartbeat_batch(
+    name: str, inputs: Iterable[tuple[str, str]], consumed: ConsumedFiles, published: int
+) -> int:
     """The newest batch whose files computation ``name``'s heartbeat counts as consumed: the
     one Spark planned already, or the last published one if ``name`` reads a stream it
     writes itself (its planned batch's productions are not published yet)."""
@@ -130,7 +146,11 @@ class InputWatermarks(NamedTuple):
 
 
 def input_watermarks(
-    upstream: int, listed: Mapping[tuple[str, str], Mapping[str, int]], consumed: ConsumedFiles, published: int, planned: int
+    upstream: int,
+    listed: Mapping[tuple[str, str], Mapping[str, int]],
+    consumed: ConsumedFiles,
+    published: int,
+    planned: int,
 ) -> InputWatermarks:
     """The input low watermark over the files that committed-and-published batches up to
     ``published`` consumed, and the one over the files that batches up to ``planned``
@@ -145,7 +165,11 @@ def input_watermarks(
     pending = waiting = 0
     for (stream, producer), files in listed.items():
         done = consumed.names(stream, producer, published)
-        running = consumed.names(stream, producer, planned, committed=False) if planned > published else done
+        running = (
+            consumed.names(stream, producer, planned, committed=False)
+            if planned > published
+            else done
+        )
         for name, lo in files.items():
             if name not in done:
                 pending += 1
@@ -157,7 +181,12 @@ def input_watermarks(
 
 
 def read_input_watermarks(
-    name: str, inputs: Iterable[tuple[str, str]], streams: StreamLog, consumed: ConsumedFiles, published: int, upstream: Callable[[], int]
+    name: str,
+    inputs: Iterable[tuple[str, str]],
+    streams: StreamLog,
+    consumed: ConsumedFiles,
+    published: int,
+    upstream: Callable[[], int],
 ) -> tuple[InputWatermarks, int]:
     """:func:`input_watermarks` of computation ``name`` now, with the batch its heartbeat
     counts (:func:`heartbeat_batch`), read in the one order that is both safe and current:

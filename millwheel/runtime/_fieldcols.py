@@ -41,7 +41,9 @@ CARRY_PREFIX = "mw_fields_"
 def record_columns(spec: ComputationSpec) -> tuple[str, ...]:
     """A columnar computation's ``record_columns``, read in the driver."""
     cols = spec.cls.record_columns  # type: ignore[attr-defined]
-    if isinstance(cols, property):  # a property of its params (ColumnarWindowAggregate): built, never set up
+    if isinstance(
+        cols, property
+    ):  # a property of its params (ColumnarWindowAggregate): built, never set up
         cols = spec.cls(**spec.params).record_columns  # type: ignore[attr-defined]
     return tuple(cols)
 
@@ -80,7 +82,9 @@ def carry_columns(spec: ComputationSpec, keyer: Keyer, stream: str) -> list[Any]
         return []
     src = F.col(FIELDS_COLUMN)
     struct = F.struct(*(src.getField(n).alias(n) for n in names))
-    return [F.when(src.isNotNull(), struct).alias(f"{CARRY_PREFIX}{list(spec.inputs).index(stream)}")]
+    return [
+        F.when(src.isNotNull(), struct).alias(f"{CARRY_PREFIX}{list(spec.inputs).index(stream)}")
+    ]
 
 
 def keying_fields(keyer: Keyer, stream: str, need: Any) -> Any:
@@ -99,7 +103,12 @@ def output_schema(base: str, out_fields: tuple[str, StreamFields] | None) -> str
     return base if out_fields is None else f"{base}, {FIELDS_COLUMN} {out_fields[1].spark_ddl()}"
 
 
-def production_fields(cols: dict[str, Any], out_fields: tuple[str, StreamFields] | None, streams: Sequence[str], values: Sequence[Any]) -> None:
+def production_fields(
+    cols: dict[str, Any],
+    out_fields: tuple[str, StreamFields] | None,
+    streams: Sequence[str],
+    values: Sequence[Any],
+) -> None:
     """Store a step's conforming productions to its declared output stream as columns:
     ``cols["value"]`` null for them and ``cols["fields"]`` their dicts (``None`` for every
     other row: other streams, dead letters, the summary). Nothing without ``out_fields``."""
@@ -165,12 +174,18 @@ def pin_fields(root: Location, declared: Mapping[str, StreamFields]) -> None:
     for stream, was in sorted(pins.items()):
         now = declared.get(stream)
         if now is None:
-            problems.append(f"stream {stream!r} was declared with fields {_show(was)}; this run does not declare them")
+            problems.append(
+                f"stream {stream!r} was declared with fields {_show(was)}; this run does not declare them"
+            )
         elif now.describe() != was:
-            problems.append(f"stream {stream!r} was declared with fields {_show(was)}; this run declares {_show(now.describe())}")
+            problems.append(
+                f"stream {stream!r} was declared with fields {_show(was)}; this run declares {_show(now.describe())}"
+            )
     if problems:
         msg = (
-            f"run directory {root.uri}: " + "; ".join(problems) + ". Its files hold values as columns of the pinned types: "
+            f"run directory {root.uri}: "
+            + "; ".join(problems)
+            + ". Its files hold values as columns of the pinned types: "
             "run it with the same Topology.stream(..., fields=...) declarations, or start the new ones in a new run directory"
         )
         raise MillwheelError(msg)

@@ -67,7 +67,9 @@ class SourceInjector:
         self._iter: Iterator[SourceBatch] | None = None
         self.finished = self.source is None
         #: fences this injector's stream files and position against a zombie driver (``_lease.py``)
-        self.lease = Lease(rt.root.child("leases", f"injector.{self.name}"), f"injector {self.name!r}")
+        self.lease = Lease(
+            rt.root.child("leases", f"injector.{self.name}"), f"injector {self.name!r}"
+        )
 
     def start(self) -> None:
         self.state_dir.mkdirs()
@@ -90,7 +92,11 @@ class SourceInjector:
         if self._iter is None or self.finished:
             return
         for _ in range(self.rt.settings.injector_batches_per_poll):
-            if self.rt.settings.lockstep and self.position and not self.rt.caught_up(self.low_watermark):
+            if (
+                self.rt.settings.lockstep
+                and self.position
+                and not self.rt.caught_up(self.low_watermark)
+            ):
                 break
             batch = next(self._iter, None)
             if batch is None:
@@ -100,11 +106,15 @@ class SourceInjector:
             # here for long enough to be replaced stops instead of writing on
             self.lease.check()
             good, dead = self._checked(batch.records)
-            self.rt.streams.append(self.stream, self.name, f"s{self.position:010d}", good, self.low_watermark)
+            self.rt.streams.append(
+                self.stream, self.name, f"s{self.position:010d}", good, self.low_watermark
+            )
             dead += batch.dead_letters
             if dead:
                 self.rt.streams.ensure(DEAD_LETTER_STREAM, self.name)
-                self.rt.streams.append(DEAD_LETTER_STREAM, self.name, f"d{self.position:010d}", dead)
+                self.rt.streams.append(
+                    DEAD_LETTER_STREAM, self.name, f"d{self.position:010d}", dead
+                )
                 self.dead_letters += len(dead)
             self.position += 1
             self.records_out += len(good)
@@ -115,7 +125,11 @@ class SourceInjector:
 
     def _position_files(self) -> dict[int, str]:
         """Epoch -> name of each position file (``<epoch>.json``)."""
-        return {int(n[:-5]): n for n in self.state_dir.list() if n.endswith(".json") and n[:-5].isdigit()}
+        return {
+            int(n[:-5]): n
+            for n in self.state_dir.list()
+            if n.endswith(".json") and n[:-5].isdigit()
+        }
 
     def _saved_position(self) -> str | None:
         """The newest epoch's position file (a driver's own epoch is the newest once it has
@@ -126,7 +140,12 @@ class SourceInjector:
         return self.rt.root.child("injectors", f"{self.name}.json").read_text()
 
     def _save_position(self) -> None:
-        saved = {"position": self.position, "low_watermark": self.low_watermark, "records_out": self.records_out, "dead_letters": self.dead_letters}
+        saved = {
+            "position": self.position,
+            "low_watermark": self.low_watermark,
+            "records_out": self.records_out,
+            "dead_letters": self.dead_letters,
+        }
         self.state_dir.child(f"{self.lease.epoch:012d}.json").write_text(json.dumps(saved))
         if not self._older_removed:  # older epochs' files: ours is the newest now
             for epoch, name in self._position_files().items():
@@ -144,7 +163,9 @@ class SourceInjector:
             if problem is None:
                 good.append(rec)
             else:
-                dead.append(invalid_record(self.name, self.stream, rec, problem, (self.position, i)))
+                dead.append(
+                    invalid_record(self.name, self.stream, rec, problem, (self.position, i))
+                )
         return good, dead
 
     def check(self) -> None:
@@ -158,7 +179,12 @@ class SourceInjector:
 
     def status(self) -> dict[str, Any]:
         newest = self.newest if self.newest > MIN_TIMESTAMP else None
-        return {"records_out": self.records_out, "dead_letters": self.dead_letters, "low_watermark": self.low_watermark, "newest_event_ms": newest}
+        return {
+            "records_out": self.records_out,
+            "dead_letters": self.dead_letters,
+            "low_watermark": self.low_watermark,
+            "newest_event_ms": newest,
+        }
 
 
 class QueryInjector:
@@ -173,12 +199,19 @@ class QueryInjector:
         self.stream = spec.stream
         self.checkpoint = rt.root.child("checkpoints", f"injector.{self.name}")
         self.outbox = Outbox(
-            self.name, rt.root.child("outbox", f"injector.{self.name}"), self.checkpoint, rt.streams,
-            strong=True, on_summary=self._summary, on_published=self._published,
+            self.name,
+            rt.root.child("outbox", f"injector.{self.name}"),
+            self.checkpoint,
+            rt.streams,
+            strong=True,
+            on_summary=self._summary,
+            on_published=self._published,
             tally=rt.root.child("tallies", f"injector.{self.name}.json"),
-            lease=Lease(rt.root.child("leases", f"injector.{self.name}"), f"injector {self.name!r}"),
+            lease=Lease(
+                rt.root.child("leases", f"injector.{self.name}"), f"injector {self.name!r}"
+            ),
             writer=rt.settings.outbox_writer,
-        )  # fmt: skip
+        )
         self.low_watermark = MIN_TIMESTAMP
         self.query: Any = None
         self.restart_policy = RestartPolicy(f"injector {self.name!r}", rt.settings.max_restarts)
@@ -267,17 +300,27 @@ class LogFileInjector(QueryInjector):
     def stalled(self) -> str | None:
         """Why the injector low watermark has not moved for ``stall_warning_s``, naming the file holding it."""
         waited = time.monotonic() - self._moved_at
-        if self.low_watermark >= MAX_TIMESTAMP or waited < self.rt.settings.stall_warning_s or self.offset is None:
+        if (
+            self.low_watermark >= MAX_TIMESTAMP
+            or waited < self.rt.settings.stall_warning_s
+            or self.offset is None
+        ):
             return None
         opts = self.source.read_options  # type: ignore[union-attr]
         name = holding_file(self.offset, opts.lateness_ms)
         if name is None:
             return None
         try:
-            left = os.stat(os.path.join(opts.path, name)).st_size - int(self.offset["files"][name]["pos"])
+            left = os.stat(os.path.join(opts.path, name)).st_size - int(
+                self.offset["files"][name]["pos"]
+            )
         except (OSError, KeyError, TypeError):
             left = 0
-        half = f" (its last {left} bytes are a line without a newline, read once it is finished)" if left > 0 else ""
+        half = (
+            f" (its last {left} bytes are a line without a newline, read once it is finished)"
+            if left > 0
+            else ""
+        )
         return (
             f"injector {self.name}: low watermark unchanged for {waited:.0f}s, held by {name!r}, which is not "
             f"finished{half}; finish it with a {name}.done marker, a newer file, _DONE, or LogFileSource(idle_finish_ms=...)"
@@ -291,7 +334,9 @@ class LogFileInjector(QueryInjector):
         except FileNotFoundError:
             return False  # a directory still to be made: the query waits for it as before
         complete = opts.finite or "_DONE" in names
-        return complete and not any(is_log_file(n) for n in names) and not has_started(self.checkpoint)
+        return (
+            complete and not any(is_log_file(n) for n in names) and not has_started(self.checkpoint)
+        )
 
     def start(self) -> None:
         from millwheel.runtime._logfiles import FORMAT, LogFileDataSource, keyer_options
@@ -324,11 +369,15 @@ class LogFileInjector(QueryInjector):
         self.rt.watermarks.report_injector(self.name, "spark", self.low_watermark)
         # an idle look at the directory is a round trip to the Python planner: not every 10 ms
         # (``RuntimeSettings.injector_poll_ms``); not while a computation's start has the session's settings changed
-        self.query = start_query(writer, spark, polling_delay_conf(self.rt.settings.injector_poll_ms))
+        self.query = start_query(
+            writer, spark, polling_delay_conf(self.rt.settings.injector_poll_ms)
+        )
 
     def poll(self) -> None:
         if self.waiting and not self._nothing_to_read():
-            self.rt.log(f"injector {self.name}: a file landed in its finished directory; starting its query")
+            self.rt.log(
+                f"injector {self.name}: a file landed in its finished directory; starting its query"
+            )
             self.start()
         self.outbox.publish_committed()
         self.rt.watermarks.report_injector(self.name, "spark", self.low_watermark)
@@ -345,7 +394,11 @@ class LogFileInjector(QueryInjector):
         return not unread(self.offset or initial_offset(), self.source.read_options)  # type: ignore[union-attr]
 
     def status(self) -> dict[str, Any]:
-        out = {"records_out": self.records_out, "dead_letters": self.dead_letters, "low_watermark": self.low_watermark}
+        out = {
+            "records_out": self.records_out,
+            "dead_letters": self.dead_letters,
+            "low_watermark": self.low_watermark,
+        }
         # the newest timestamp read from any file, from the last published offset (the live status's "head")
         files = progress_of(self.offset).values() if self.offset else ()
         newest = [p.newest for p in files if p.newest is not None]
@@ -353,7 +406,9 @@ class LogFileInjector(QueryInjector):
         measured = disorder(self.offset) if self.offset else None
         if measured is not None:
             out["disorder_ms"], out["disorder_file"] = measured
-        positional = self.outbox.metrics.get("positional_ids", 0)  # lines without an id field (the reader's summary rows)
+        positional = self.outbox.metrics.get(
+            "positional_ids", 0
+        )  # lines without an id field (the reader's summary rows)
         if positional:
             out["positional_ids"] = positional
         warning = self.stalled()

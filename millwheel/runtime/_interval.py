@@ -123,15 +123,27 @@ class _Row(NamedTuple):
 #: what the consumer's keying function returns per row (:func:`make_keying`), as a Spark type
 KEYING_RESULT = "interval int, kind int, key binary, id string, ts long, value binary"
 _KEYING_FIELDS = [
-    pa.field("interval", pa.int32()), pa.field("kind", pa.int32()), pa.field("key", pa.binary()),
-    pa.field("id", pa.string()), pa.field("ts", pa.int64()), pa.field("value", pa.binary()),
-]  # fmt: skip
+    pa.field("interval", pa.int32()),
+    pa.field("kind", pa.int32()),
+    pa.field("key", pa.binary()),
+    pa.field("id", pa.string()),
+    pa.field("ts", pa.int64()),
+    pa.field("value", pa.binary()),
+]
 
 
 def key_row(
-    consumer: str, stream: str, extractor: Callable[[Record], Any], intervals: int, cache: dict[Any, tuple[bytes, int]],
-    pk: bytes | None, value: Any, ts: int, rid: str, on_error: ErrorPolicy = ErrorPolicy.DEAD_LETTER,
-) -> tuple[tuple[bytes, int] | None, Record | None]:  # fmt: skip
+    consumer: str,
+    stream: str,
+    extractor: Callable[[Record], Any],
+    intervals: int,
+    cache: dict[Any, tuple[bytes, int]],
+    pk: bytes | None,
+    value: Any,
+    ts: int,
+    rid: str,
+    on_error: ErrorPolicy = ErrorPolicy.DEAD_LETTER,
+) -> tuple[tuple[bytes, int] | None, Record | None]:
     """One stream-log row keyed by its consumer (§4.2): the value decoded, the record built as
     its producer made it, :func:`~millwheel._delivery.key_record`. Returns ``((encoded key,
     interval), None)``, or ``(None, dead letter)`` — ``(None, None)``: a dead letter the
@@ -146,7 +158,11 @@ def key_row(
 
 
 def make_keying(
-    consumer: str, stream: str, extractor: Callable[[Record], Any], intervals: int, on_error: ErrorPolicy = ErrorPolicy.DEAD_LETTER
+    consumer: str,
+    stream: str,
+    extractor: Callable[[Record], Any],
+    intervals: int,
+    on_error: ErrorPolicy = ErrorPolicy.DEAD_LETTER,
 ) -> Callable[..., pa.StructArray]:
     """The consumer's own keying of the rows its producer did not key (§4.2), as an Arrow UDF.
 
@@ -162,13 +178,26 @@ def make_keying(
     ``key``; a failed extractor gives the dead letter's ``kind``, and its ``id``, ``ts``
     and ``value`` replace the row's (null for a row keyed here: it keeps its own).
     """
-    kind_record, kind_dropped, kind_dead = int(RowKind.RECORD), int(RowKind.DROPPED), int(RowKind.DEAD_LETTER)
+    kind_record, kind_dropped, kind_dead = (
+        int(RowKind.RECORD),
+        int(RowKind.DROPPED),
+        int(RowKind.DEAD_LETTER),
+    )
     cache: dict[Any, tuple[bytes, int]] = {}
 
-    def key(needed: pa.Array, ids: pa.Array, tss: pa.Array, pkeys: pa.Array, vals: pa.Array, fields: pa.Array) -> pa.Array:  # a StructArray; PySpark reads the hints as "scalar Arrow UDF"
+    def key(
+        needed: pa.Array,
+        ids: pa.Array,
+        tss: pa.Array,
+        pkeys: pa.Array,
+        vals: pa.Array,
+        fields: pa.Array,
+    ) -> pa.Array:  # a StructArray; PySpark reads the hints as "scalar Arrow UDF"
         n = len(needed)
         if n == 0 or not pc.any(needed).as_py():  # every row keyed by its producer
-            return pa.StructArray.from_arrays([pa.nulls(n, f.type) for f in _KEYING_FIELDS], fields=_KEYING_FIELDS)
+            return pa.StructArray.from_arrays(
+                [pa.nulls(n, f.type) for f in _KEYING_FIELDS], fields=_KEYING_FIELDS
+            )
         if len(cache) > 100_000:
             cache.clear()
         o_interval: list[int | None] = [None] * n
@@ -177,11 +206,30 @@ def make_keying(
         o_id: list[str | None] = [None] * n
         o_ts: list[int | None] = [None] * n
         o_val: list[bytes | None] = [None] * n
-        id_l, ts_l, pk_l, val_l = ids.to_pylist(), tss.to_pylist(), pkeys.to_pylist(), [v if v is not None else f for v, f in zip(vals.to_pylist(), fields.to_pylist(), strict=True)]
+        id_l, ts_l, pk_l, val_l = (
+            ids.to_pylist(),
+            tss.to_pylist(),
+            pkeys.to_pylist(),
+            [
+                v if v is not None else f
+                for v, f in zip(vals.to_pylist(), fields.to_pylist(), strict=True)
+            ],
+        )
         for i, need in enumerate(needed.to_pylist()):
             if not need:
                 continue
-            keyed, dead = key_row(consumer, stream, extractor, intervals, cache, pk_l[i], val_l[i], ts_l[i], id_l[i], on_error)
+            keyed, dead = key_row(
+                consumer,
+                stream,
+                extractor,
+                intervals,
+                cache,
+                pk_l[i],
+                val_l[i],
+                ts_l[i],
+                id_l[i],
+                on_error,
+            )
             if keyed is not None:
                 o_key[i], o_interval[i] = keyed
                 o_kind[i] = kind_record
@@ -193,17 +241,25 @@ def make_keying(
                 o_kind[i] = kind_dead
                 o_id[i], o_ts[i], o_val[i] = dead.id, dead.timestamp, encode_value(dead.value)
         return pa.StructArray.from_arrays(
-            [pa.array(o_interval, pa.int32()), pa.array(o_kind, pa.int32()), pa.array(o_key, pa.binary()),
-             pa.array(o_id, pa.string()), pa.array(o_ts, pa.int64()), pa.array(o_val, pa.binary())],
+            [
+                pa.array(o_interval, pa.int32()),
+                pa.array(o_kind, pa.int32()),
+                pa.array(o_key, pa.binary()),
+                pa.array(o_id, pa.string()),
+                pa.array(o_ts, pa.int64()),
+                pa.array(o_val, pa.binary()),
+            ],
             fields=_KEYING_FIELDS,
-        )  # fmt: skip
+        )
 
     return key
 
 
 #: what the message of :class:`KeyingStageNeeded` starts with: the driver looks for it in a
 #: failed query's error (``_query.ComputationQuery.check``)
-KEYING_STAGE_NEEDED = "millwheel: a row not keyed for this computation belongs to another key interval"
+KEYING_STAGE_NEEDED = (
+    "millwheel: a row not keyed for this computation belongs to another key interval"
+)
 
 
 class KeyingStageNeeded(RuntimeError):
@@ -230,7 +286,15 @@ class _Out:
         self.value: list[bytes] = []
         self.recs: list[tuple[str, Record | None]] = []
 
-    def add(self, stream: str, rid: str | None, ts: int | None, key: bytes | None, value: bytes, rec: Record | None = None) -> None:
+    def add(
+        self,
+        stream: str,
+        rid: str | None,
+        ts: int | None,
+        key: bytes | None,
+        value: bytes,
+        rec: Record | None = None,
+    ) -> None:
         self.stream.append(stream)
         self.id.append(rid)
         self.ts.append(ts)
@@ -244,14 +308,34 @@ class _Out:
         r = p.record
         value = p.encoded if p.encoded is not None else encode_value(r.value)
         rk = r.key
-        self.add(p.stream, r.id, r.timestamp, None if rk is None else kb if rk is key and kb is not None else encode_key(rk), value, r)
+        self.add(
+            p.stream,
+            r.id,
+            r.timestamp,
+            None if rk is None else kb if rk is key and kb is not None else encode_key(rk),
+            value,
+            r,
+        )
 
-    def frame(self, keyer: Keyer | None = None, consumers: Sequence[str] = (), out_fields: Any = None) -> pd.DataFrame:
-        cols: dict[str, Any] = {"stream": self.stream, "id": self.id, "ts": self.ts, "key": self.key, "value": self.value, "wm": [None] * len(self.id)}
-        production_fields(cols, out_fields, self.stream, [None if r is None else r.value for _, r in self.recs])
+    def frame(
+        self, keyer: Keyer | None = None, consumers: Sequence[str] = (), out_fields: Any = None
+    ) -> pd.DataFrame:
+        cols: dict[str, Any] = {
+            "stream": self.stream,
+            "id": self.id,
+            "ts": self.ts,
+            "key": self.key,
+            "value": self.value,
+            "wm": [None] * len(self.id),
+        }
+        production_fields(
+            cols, out_fields, self.stream, [None if r is None else r.value for _, r in self.recs]
+        )
         if keyer is not None and consumers:
             for name, values in keyer.rows(self.recs, consumers).items():
-                cols[name] = pd.array(values, dtype="Int32") if name.startswith("interval:") else values
+                cols[name] = (
+                    pd.array(values, dtype="Int32") if name.startswith("interval:") else values
+                )
         return pd.DataFrame(cols)
 
 
@@ -266,11 +350,32 @@ class IntervalBatch:
     :func:`~millwheel._delivery.plan_steps` and :meth:`StepRunner.step` per key.
     """
 
-    __slots__ = ("owner", "interval", "low_watermark", "now", "per_key", "out", "totals", "installs", "retire", "started", "life")
+    __slots__ = (
+        "owner",
+        "interval",
+        "low_watermark",
+        "now",
+        "per_key",
+        "out",
+        "totals",
+        "installs",
+        "retire",
+        "started",
+        "life",
+    )
 
-    def __init__(self, owner: IntervalStep, interval: int, low_watermark: int, now: int, batch_id: int | None = None) -> None:
+    def __init__(
+        self,
+        owner: IntervalStep,
+        interval: int,
+        low_watermark: int,
+        now: int,
+        batch_id: int | None = None,
+    ) -> None:
         self.owner = owner
-        self.life = task_life(batch_id)  # of the micro-batch (``batch_id``: the running task's if None), ``_life.py``
+        self.life = task_life(
+            batch_id
+        )  # of the micro-batch (``batch_id``: the running task's if None), ``_life.py``
         self.interval = interval
         self.low_watermark = low_watermark
         self.now = now
@@ -285,7 +390,14 @@ class IntervalBatch:
         self.started = perf_counter()  # the summary's step time (``_autoscale.py`` reads it)
 
     @classmethod
-    def of(cls, owner: IntervalStep, group: tuple[Any, ...], frames: Iterable[pd.DataFrame], spark_watermark: int, now: int) -> IntervalBatch | None:
+    def of(
+        cls,
+        owner: IntervalStep,
+        group: tuple[Any, ...],
+        frames: Iterable[pd.DataFrame],
+        spark_watermark: int,
+        now: int,
+    ) -> IntervalBatch | None:
         """The batch of Spark group ``group`` (a key interval's group value) of ``owner``'s
         computation with its input frames; ``None`` for the heartbeat group, which only moves
         Spark's watermark."""
@@ -346,8 +458,20 @@ class IntervalBatch:
             sent = [None if w != w else int(w) for w in wm.tolist()]
             order = [MIN_TIMESTAMP if w is None else w for w in sent]
         srcs = pdf["src"].tolist()
-        rows = map(_Row._make, zip(order, srcs, pdf["row"].tolist(), pdf["id"].tolist(), pdf["ts"].tolist(), pdf["value"].tolist(),
-                   pdf["stream"].tolist(), [None] * n if sent is None else sent, strict=True))  # fmt: skip
+        rows = map(
+            _Row._make,
+            zip(
+                order,
+                srcs,
+                pdf["row"].tolist(),
+                pdf["id"].tolist(),
+                pdf["ts"].tolist(),
+                pdf["value"].tolist(),
+                pdf["stream"].tolist(),
+                [None] * n if sent is None else sent,
+                strict=True,
+            ),
+        )
         per_key = self.per_key
         for kb, row in zip(pdf["key"].tolist(), rows, strict=True):
             lst = per_key.get(kb)
@@ -359,7 +483,9 @@ class IntervalBatch:
     def _moves(self, pdf: pd.DataFrame) -> None:
         """A rescale's rows (``_rescale.py``): envelopes to install here, or this group's
         retirement with the digest of what it must hold."""
-        for kind, kb, value in zip(pdf["kind"].tolist(), pdf["key"].tolist(), pdf["value"].tolist(), strict=True):
+        for kind, kb, value in zip(
+            pdf["kind"].tolist(), pdf["key"].tolist(), pdf["value"].tolist(), strict=True
+        ):
             if kind == RowKind.INSTALL:
                 self.installs.append((kb, value))
             else:
@@ -382,13 +508,37 @@ class IntervalBatch:
         cache: dict[Any, tuple[bytes, int]] = {}
         keep: list[int] = []
         keys: list[bytes] = []
-        cols = (pdf["key"].tolist(), pdf["id"].tolist(), pdf["ts"].tolist(), pdf["value"].tolist(), pdf["stream"].tolist())
+        cols = (
+            pdf["key"].tolist(),
+            pdf["id"].tolist(),
+            pdf["ts"].tolist(),
+            pdf["value"].tolist(),
+            pdf["stream"].tolist(),
+        )
         for i, (pk, rid, ts, value, stream) in enumerate(zip(*cols, strict=True)):
-            keyed, dead = key_row(spec.name, stream, spec.inputs[stream], owner.intervals, cache, pk, value, ts, rid, on_error)
+            keyed, dead = key_row(
+                spec.name,
+                stream,
+                spec.inputs[stream],
+                owner.intervals,
+                cache,
+                pk,
+                value,
+                ts,
+                rid,
+                on_error,
+            )
             if keyed is None:
                 count_keying(totals, dead is None)
                 if dead is not None:
-                    out.add(DEAD_LETTER_STREAM, dead.id, dead.timestamp, None, encode_value(dead.value), dead if keyed_letters else None)
+                    out.add(
+                        DEAD_LETTER_STREAM,
+                        dead.id,
+                        dead.timestamp,
+                        None,
+                        encode_value(dead.value),
+                        dead if keyed_letters else None,
+                    )
                 continue
             kb, interval = keyed
             if interval != self.interval:
@@ -410,20 +560,35 @@ class IntervalBatch:
         """Dead letters of keying, forwarded to :data:`DEAD_LETTER_STREAM` (decoded only if
         ``keyed``: something reads dead letters and they are keyed for it here)."""
         totals = self.totals
-        for kind, rid, ts, value in zip(pdf["kind"].tolist(), pdf["id"].tolist(), pdf["ts"].tolist(), pdf["value"].tolist(), strict=True):
-            if kind in (RowKind.INSTALL, RowKind.RETIRE):  # a caller that did not take a rescale's rows out first
+        for kind, rid, ts, value in zip(
+            pdf["kind"].tolist(),
+            pdf["id"].tolist(),
+            pdf["ts"].tolist(),
+            pdf["value"].tolist(),
+            strict=True,
+        ):
+            if kind in (
+                RowKind.INSTALL,
+                RowKind.RETIRE,
+            ):  # a caller that did not take a rescale's rows out first
                 msg = f"computation {self.owner.spec.name!r}: a rescale's state move reached an interval function that cannot apply it ({type(self.owner).__name__})"
                 raise RescaleMismatch(msg)
             count_keying(totals, kind == RowKind.DROPPED)
             if kind != RowKind.DROPPED:
-                rec = Record(None, decode_value(value), ts, rid, DEAD_LETTER_STREAM) if keyed else None
+                rec = (
+                    Record(None, decode_value(value), ts, rid, DEAD_LETTER_STREAM)
+                    if keyed
+                    else None
+                )
                 self.out.add(DEAD_LETTER_STREAM, rid, ts, None, value, rec)
 
     def add_due(self, meta: Iterable[tuple[bytes, KeyMeta]]) -> None:
         """Keys without input whose earliest timer is due: ``(key bytes, its KeyMeta)``."""
         lw, now, per_key = self.low_watermark, self.now, self.per_key
         for kb, m in meta:
-            if kb not in per_key and timers_due(m.next_low_watermark_timer, m.next_wall_timer, lw, now):
+            if kb not in per_key and timers_due(
+                m.next_low_watermark_timer, m.next_wall_timer, lw, now
+            ):
                 per_key[kb] = []
 
     def run(self, envelopes: Callable[[bytes], bytes | None]) -> dict[bytes, KeyOutcome]:
@@ -441,8 +606,19 @@ class IntervalBatch:
                 # only grow, and file names (then rows) sort in publication order: rows are
                 # tuples that start with (sender watermark, file, row), sorted natively
                 rows.sort()
-            items = [(Record(key, decode_cell(r.value), r.ts, r.id, r.stream), r.sent) for r in rows]
-            outcome = outcomes[kb] = run_key(runner, key, envelopes(kb), items, low_watermark=lw, now=now, metrics=totals, life=self.life)
+            items = [
+                (Record(key, decode_cell(r.value), r.ts, r.id, r.stream), r.sent) for r in rows
+            ]
+            outcome = outcomes[kb] = run_key(
+                runner,
+                key,
+                envelopes(kb),
+                items,
+                low_watermark=lw,
+                now=now,
+                metrics=totals,
+                life=self.life,
+            )
             for plist in (outcome.productions, outcome.dead_letters):
                 for p in plist:
                     if p.once_id is not None:
@@ -452,7 +628,13 @@ class IntervalBatch:
         if once:
             # one IdRegistry round trip for the interval's whole batch (Photon §2); a replay
             # commits the same ids with the same tokens and gets the same answers
-            result = commit_once(once, owner.registry(), pipeline=owner.pipeline, computation=owner.spec.name, metrics=totals)
+            result = commit_once(
+                once,
+                owner.registry(),
+                pipeline=owner.pipeline,
+                computation=owner.spec.name,
+                metrics=totals,
+            )
             for _, p in once:
                 if p.record.id not in result.dropped:
                     out.add_production(p)
@@ -460,10 +642,22 @@ class IntervalBatch:
                 out.add_production(p)
         return outcomes
 
-    def summary(self, hold: int | None, next_lw: int | None, next_wall: int | None, keys: int) -> pd.DataFrame:
+    def summary(
+        self, hold: int | None, next_lw: int | None, next_wall: int | None, keys: int
+    ) -> pd.DataFrame:
         """The batch's output frame, closed by the interval's summary row."""
         step_ms = int((perf_counter() - self.started) * 1000)
-        summary = IntervalSummary(self.interval, hold, next_lw, next_wall, keys, self.totals.as_dict(), self.low_watermark, self.now, step_ms)
+        summary = IntervalSummary(
+            self.interval,
+            hold,
+            next_lw,
+            next_wall,
+            keys,
+            self.totals.as_dict(),
+            self.low_watermark,
+            self.now,
+            step_ms,
+        )
         self.out.add(SUMMARY_STREAM, None, 0, None, summary.encode())
         return self.out.frame(self.owner.keyer, self.owner.out_consumers, self.owner.out_fields)
 
@@ -492,9 +686,14 @@ class IntervalStep:
     """
 
     def __init__(
-        self, spec: ComputationSpec, *, pipeline: str = "default", registry: Callable[[], Any] | None = None,
-        keyer: Keyer | None = None, groups: Sequence[int] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        spec: ComputationSpec,
+        *,
+        pipeline: str = "default",
+        registry: Callable[[], Any] | None = None,
+        keyer: Keyer | None = None,
+        groups: Sequence[int] | None = None,
+    ) -> None:
         self.spec = spec
         #: the Spark grouping value of each key interval (``_runtime.pin_groups``; ``None``: the interval number)
         self.groups = None if groups is None else list(groups)
@@ -506,8 +705,12 @@ class IntervalStep:
         self.registry_factory = registry
         self.keyer = keyer
         #: the consumers its output rows are keyed for
-        self.out_consumers = [] if keyer is None else keyer.consumers_of([*spec.all_outputs, DEAD_LETTER_STREAM])
-        self.out_fields = None if keyer is None else keyer.output_fields(spec.all_outputs)  # its declared output stream
+        self.out_consumers = (
+            [] if keyer is None else keyer.consumers_of([*spec.all_outputs, DEAD_LETTER_STREAM])
+        )
+        self.out_fields = (
+            None if keyer is None else keyer.output_fields(spec.all_outputs)
+        )  # its declared output stream
         self._runner: StepRunner | None = None
         self._registry: Any = None
 
@@ -517,10 +720,22 @@ class IntervalStep:
         return output_schema(f"{OUT_SCHEMA}, {extra}" if extra else OUT_SCHEMA, self.out_fields)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"spec": self.spec, "pipeline": self.pipeline, "registry": self.registry_factory, "keyer": self.keyer, "groups": self.groups}
+        return {
+            "spec": self.spec,
+            "pipeline": self.pipeline,
+            "registry": self.registry_factory,
+            "keyer": self.keyer,
+            "groups": self.groups,
+        }
 
     def __setstate__(self, d: dict[str, Any]) -> None:
-        self.__init__(d["spec"], pipeline=d["pipeline"], registry=d["registry"], keyer=d["keyer"], groups=d.get("groups"))  # type: ignore[misc]
+        self.__init__(
+            d["spec"],
+            pipeline=d["pipeline"],
+            registry=d["registry"],
+            keyer=d["keyer"],
+            groups=d.get("groups"),
+        )  # type: ignore[misc]
 
     def interval_of(self, group: int) -> int:
         """The key interval of Spark group ``group`` (negative: the heartbeat group)."""
@@ -535,11 +750,19 @@ class IntervalStep:
 
     def install(self, batch: IntervalBatch, envs: dict[bytes, Any], meta: dict[bytes, Any]) -> None:
         """A rescale's envelopes into this interval's (empty) maps, before any key runs (``_move.py``)."""
-        install_envelopes(self.spec.name, batch.interval, self.intervals or 0, batch.installs, envs, meta, KeyMeta)
+        install_envelopes(
+            self.spec.name, batch.interval, self.intervals or 0, batch.installs, envs, meta, KeyMeta
+        )
 
     def _retire(self, batch: IntervalBatch, state: Any) -> None:
         """Empty a group of the layout before a rescale, once its state is the one the rescale read (``_move.py``)."""
-        retire_group(self.spec.name, self.intervals, batch.retire, bool(batch.per_key or batch.installs), state)
+        retire_group(
+            self.spec.name,
+            self.intervals,
+            batch.retire,
+            bool(batch.per_key or batch.installs),
+            state,
+        )
 
     def registry(self) -> Any:
         if self._registry is None and self.registry_factory is not None:
@@ -551,11 +774,17 @@ class IntervalStep:
             spec = self.spec
             # strong productions are checkpointed in the batch outbox, not in the envelope
             opts = dataclasses.replace(spec.options, strong_productions=False)
-            self._runner = StepRunner(spec.instantiate(), name=spec.name, outputs=spec.all_outputs, options=opts)
+            self._runner = StepRunner(
+                spec.instantiate(), name=spec.name, outputs=spec.all_outputs, options=opts
+            )
         return self._runner
 
-    def __call__(self, group: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
-        batch = IntervalBatch.of(self, group, frames, state.getCurrentWatermarkMs(), state.getCurrentProcessingTimeMs())
+    def __call__(
+        self, group: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any
+    ) -> Iterator[pd.DataFrame]:
+        batch = IntervalBatch.of(
+            self, group, frames, state.getCurrentWatermarkMs(), state.getCurrentProcessingTimeMs()
+        )
         if batch is None:
             return
         if self.retired(int(group[0])):
@@ -587,7 +816,9 @@ class IntervalStep:
         yield batch.summary(hold, nlw_min, nwall_min, len(envs))
 
 
-def store_interval(state: Any, envs: dict[bytes, Any], meta: dict[bytes, Any]) -> tuple[int | None, int | None, int | None]:
+def store_interval(
+    state: Any, envs: dict[bytes, Any], meta: dict[bytes, Any]
+) -> tuple[int | None, int | None, int | None]:
     """Write an interval's maps into its ``GroupState`` row (or remove the row: no keys) with
     its event-time timeout at its earliest low-watermark timer; returns :func:`earliest`."""
     if envs:

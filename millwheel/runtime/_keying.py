@@ -97,9 +97,12 @@ class Keyer:
     """
 
     def __init__(
-        self, consumers: dict[str, list[tuple[str, Extractor]]], intervals: int, own: dict[str, int] | None = None,
+        self,
+        consumers: dict[str, list[tuple[str, Extractor]]],
+        intervals: int,
+        own: dict[str, int] | None = None,
         fields: dict[str, StreamFields] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.consumers = {s: list(cs) for s, cs in consumers.items() if cs}
         self.intervals = intervals
         self.own = dict(own or {})
@@ -132,7 +135,12 @@ class Keyer:
     def restricted(self, streams: Iterable[str]) -> Keyer:
         """The keyer of ``streams`` only (what a writer of them ships to its workers)."""
         streams = list(streams)
-        return Keyer({s: self.consumers.get(s, []) for s in streams}, self.intervals, self.own, {s: f for s, f in self.fields.items() if s in streams})
+        return Keyer(
+            {s: self.consumers.get(s, []) for s in streams},
+            self.intervals,
+            self.own,
+            {s: f for s, f in self.fields.items() if s in streams},
+        )
 
     def output_fields(self, streams: Iterable[str]) -> tuple[str, StreamFields] | None:
         """The declared output stream of a computation writing ``streams``, and its fields,
@@ -142,7 +150,9 @@ class Keyer:
         declared = [(s, self.fields[s]) for s in streams if s in self.fields]
         return declared[0] if len(declared) == 1 else None
 
-    def value_columns(self, stream: str, streams: Sequence[str] | str, values: Sequence[Any]) -> tuple[pa.Array, pa.Array | None]:
+    def value_columns(
+        self, stream: str, streams: Sequence[str] | str, values: Sequence[Any]
+    ) -> tuple[pa.Array, pa.Array | None]:
         """The ``value`` column of rows of ``streams`` (one per row, or one for all) written
         by a producer of ``stream``, and the ``fields`` column when ``stream`` declares its
         fields (``None`` otherwise): :func:`~millwheel._fields.split_values`."""
@@ -176,7 +186,9 @@ class Keyer:
         out: dict[str, list[Any]] = {}
         wanted = set(consumers)
         #: stream -> [(extractor, key column, interval column, key cache, intervals)]
-        by_stream: dict[str, list[tuple[Extractor, list[Any], list[Any], dict[Any, tuple[bytes, int]], int]]] = {}
+        by_stream: dict[
+            str, list[tuple[Extractor, list[Any], list[Any], dict[Any, tuple[bytes, int]], int]]
+        ] = {}
         caches: dict[str, dict[Any, tuple[bytes, int]]] = {}
         for c in consumers:
             k, i = self.columns(c)
@@ -190,7 +202,13 @@ class Keyer:
             targets = by_stream.get(stream)
             if targets is None:
                 targets = by_stream[stream] = [
-                    (e, out[self.columns(c)[0]], out[self.columns(c)[1]], caches[c], self.intervals_of(c))
+                    (
+                        e,
+                        out[self.columns(c)[0]],
+                        out[self.columns(c)[1]],
+                        caches[c],
+                        self.intervals_of(c),
+                    )
                     for c, e in self.consumers.get(stream, ())
                     if c in wanted
                 ]

@@ -30,7 +30,17 @@ from typing import Any
 from millwheel._errors import MillwheelError
 from millwheel.runtime._fs import Location
 
-__all__ = ["HIDDEN_MOVE", "Layout", "computation_layouts", "finish_move", "move_pending", "pending_moves", "read_pin", "update_pin", "write_pin"]
+__all__ = [
+    "HIDDEN_MOVE",
+    "Layout",
+    "computation_layouts",
+    "finish_move",
+    "move_pending",
+    "pending_moves",
+    "read_pin",
+    "update_pin",
+    "write_pin",
+]
 
 #: the hidden name a rescale's heartbeat file has until ``run.json`` names it (``_rescale.py``)
 HIDDEN_MOVE = ".{}.rescale"
@@ -86,10 +96,14 @@ def update_pin(root: Location, change: Callable[[dict[str, Any]], Any]) -> dict[
 
 def own_intervals(held: dict[str, Any]) -> dict[str, int]:
     """The computations with their own interval count, and that count."""
-    return {name: int(entry["intervals"]) for name, entry in (held.get("computations") or {}).items()}
+    return {
+        name: int(entry["intervals"]) for name, entry in (held.get("computations") or {}).items()
+    }
 
 
-def computation_layouts(held: dict[str, Any], names: list[str], intervals: int, groups: list[int]) -> dict[str, Layout]:
+def computation_layouts(
+    held: dict[str, Any], names: list[str], intervals: int, groups: list[int]
+) -> dict[str, Layout]:
     """Each of ``names``'s layout: its own from ``run.json``'s ``"computations"``, else the run-wide one."""
     own = held.get("computations") or {}
     run_layout = str(held.get("state_layout", "intervals"))
@@ -103,7 +117,13 @@ def computation_layouts(held: dict[str, Any], names: list[str], intervals: int, 
         if len(gs) != n or len(set(gs)) != n:
             msg = f"run.json gives computation {name!r} {n} key intervals and the groups {list(gs)}; it was edited by hand or is damaged"
             raise MillwheelError(msg)
-        out[name] = Layout(n, gs, own=True, migration=entry.get("migration"), state_layout=str(entry.get("state_layout", run_layout)))
+        out[name] = Layout(
+            n,
+            gs,
+            own=True,
+            migration=entry.get("migration"),
+            state_layout=str(entry.get("state_layout", run_layout)),
+        )
     return out
 
 
@@ -124,7 +144,11 @@ def pending_moves(held: dict[str, Any]) -> list[str]:
     """The computations of ``run.json`` (``held``) whose rescale waits for its move batch
     (recorded, not yet read by a committed batch): a run must start for it, even one that
     had finished."""
-    return sorted(name for name, entry in (held.get("computations") or {}).items() if move_pending((entry or {}).get("migration")))
+    return sorted(
+        name
+        for name, entry in (held.get("computations") or {}).items()
+        if move_pending((entry or {}).get("migration"))
+    )
 
 
 def move_pending(migration: dict[str, Any] | None) -> bool:

@@ -77,7 +77,10 @@ class DriverEpoch:
             own = self.leases.child(self.DIR)
             own.mkdirs()
             while True:
-                newest = max((max(_epochs(self.leases.child(q)), default=0) for q in self.leases.list()), default=0)
+                newest = max(
+                    (max(_epochs(self.leases.child(q)), default=0) for q in self.leases.list()),
+                    default=0,
+                )
                 if _create(own, newest + 1):
                     self.value = newest + 1
                     break
@@ -88,7 +91,9 @@ class DriverEpoch:
         stop) or runs them (a restart of the same runtime): :func:`live_drivers` reads it."""
         if self.value:
             suffix = " stopped" if stopped else ""
-            self.leases.child(self.DIR, f"{self.value:012d}").write_text(f"{os.uname().nodename}:{os.getpid()}{suffix}\n")
+            self.leases.child(self.DIR, f"{self.value:012d}").write_text(
+                f"{os.uname().nodename}:{os.getpid()}{suffix}\n"
+            )
 
 
 def live_drivers(leases: Location) -> list[str]:
@@ -110,7 +115,11 @@ def live_drivers(leases: Location) -> list[str]:
     for epoch, query in sorted(newest.items()):
         name = f"{epoch:012d}"
         # the driver's own entry (it says whether it stopped), else the query lease's owner
-        text = (leases.child(DriverEpoch.DIR, name).read_text() or leases.child(query, name).read_text() or "").strip()
+        text = (
+            leases.child(DriverEpoch.DIR, name).read_text()
+            or leases.child(query, name).read_text()
+            or ""
+        ).strip()
         if text.endswith(" stopped"):
             continue
         owner, _, pid = text.rpartition(":")
@@ -119,7 +128,9 @@ def live_drivers(leases: Location) -> list[str]:
                 continue
             out.append(f"epoch {epoch}: process {pid} on this host")
         else:
-            out.append(f"epoch {epoch}: {text or 'an unknown process'} (not on this host: cannot check it from here)")
+            out.append(
+                f"epoch {epoch}: {text or 'an unknown process'} (not on this host: cannot check it from here)"
+            )
     return out
 
 

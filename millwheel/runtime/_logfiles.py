@@ -61,7 +61,12 @@ class _Ranges(InputPartition):
     """Consecutive byte ranges of one batch, read by one task in order."""
 
     def __init__(self, ranges: list[ByteRange]) -> None:
-        super().__init__(tuple((r.name, r.begin, r.end, r.sender_watermark, r.file_time, r.lo, r.hi) for r in ranges))
+        super().__init__(
+            tuple(
+                (r.name, r.begin, r.end, r.sender_watermark, r.file_time, r.lo, r.hi)
+                for r in ranges
+            )
+        )
 
 
 def deal_ranges(ranges: list[ByteRange], partitions: int) -> list[list[ByteRange]]:
@@ -100,11 +105,18 @@ class LogFileStreamReader(DataSourceStreamReader):
     def initialOffset(self) -> dict[str, Any]:
         return initial_offset()
 
-    def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:  # noqa: ARG002
+    def latestOffset(
+        self, start: dict[str, Any] | None = None, limit: Any = None
+    ) -> dict[str, Any]:  # noqa: ARG002
         return plan_offset(start or initial_offset(), self.opts, int(time.time() * 1000))
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
-        return [_Ranges(run) for run in deal_ranges(plan_ranges(start, end, self.opts.lateness_ms), self.max_partitions)]
+        return [
+            _Ranges(run)
+            for run in deal_ranges(
+                plan_ranges(start, end, self.opts.lateness_ms), self.max_partitions
+            )
+        ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         for name, begin, end, swm, ftime, lo, hi in partition.value:  # type: ignore[attr-defined]
@@ -125,7 +137,9 @@ class LogFileStreamReader(DataSourceStreamReader):
                 batches.append(self._batch(self.stream, chunk.records, byte_range.sender_watermark))
             if chunk.dead_letters:
                 batches.append(self._batch(DEAD_LETTER_STREAM, chunk.dead_letters, None))
-            if chunk.positional:  # counted by the outbox once the batch is published (the run's summary)
+            if (
+                chunk.positional
+            ):  # counted by the outbox once the batch is published (the run's summary)
                 batches.append(self._counts(byte_range, {"positional_ids": chunk.positional}))
         finally:
             if paused:
@@ -134,11 +148,22 @@ class LogFileStreamReader(DataSourceStreamReader):
 
     def _counts(self, byte_range: ByteRange, counts: dict[str, int]) -> pa.RecordBatch:
         """A summary row (``SUMMARY_STREAM``, never published) carrying what the range counted."""
-        summary = IntervalSummary(interval=-1, hold=None, next_low_watermark_timer=None, next_wall_timer=None, keys=0, metrics=counts)
+        summary = IntervalSummary(
+            interval=-1,
+            hold=None,
+            next_low_watermark_timer=None,
+            next_wall_timer=None,
+            keys=0,
+            metrics=counts,
+        )
         arrays = [
-            pa.array([SUMMARY_STREAM]), pa.array([f"{byte_range.name}@{byte_range.begin}"]), pa.array([0], pa.int64()),
-            pa.nulls(1, pa.binary()), pa.array([summary.encode()], pa.binary()), pa.nulls(1, pa.int64()),
-        ]  # fmt: skip
+            pa.array([SUMMARY_STREAM]),
+            pa.array([f"{byte_range.name}@{byte_range.begin}"]),
+            pa.array([0], pa.int64()),
+            pa.nulls(1, pa.binary()),
+            pa.array([summary.encode()], pa.binary()),
+            pa.nulls(1, pa.int64()),
+        ]
         names = ["stream", "id", "ts", "key", "value", "wm"]
         if self.keyer is not None:
             arrays += [pa.nulls(1, f.type) for f in self.keyer.arrow_fields(self.consumers)]
@@ -157,7 +182,11 @@ class LogFileStreamReader(DataSourceStreamReader):
             value, declared = declared_columns(self.keyer.fields[stream], values)
         else:
             value, declared = value_columns(self.keyer, self.stream, stream, values)
-        keys = [None if r.key is None else encode_key(r.key) for r in records] if stream != self.stream else None
+        keys = (
+            [None if r.key is None else encode_key(r.key) for r in records]
+            if stream != self.stream
+            else None
+        )
         arrays = [
             pa.repeat(pa.scalar(stream, pa.string()), n),
             pa.array([r.id for r in records], pa.string()),
@@ -210,7 +239,9 @@ def keyer_of(options: dict[str, str]) -> tuple[Keyer | None, list[str]]:
     return keyer, list(json.loads(options["keyed_for"]))
 
 
-def value_columns(keyer: Keyer | None, stream: str, streams: list[str] | str, values: list[Any]) -> tuple[pa.Array, pa.Array | None]:
+def value_columns(
+    keyer: Keyer | None, stream: str, streams: list[str] | str, values: list[Any]
+) -> tuple[pa.Array, pa.Array | None]:
     """The ``value`` column of an injector's rows (its stream's records and dead letters),
     and the ``fields`` column when its stream declares fields (``Keyer.value_columns``)."""
     if keyer is None:
@@ -244,7 +275,11 @@ def declared_columns(fields: StreamFields, values: list[Any]) -> tuple[pa.Array,
                 break
             try:
                 arrays.append(pa.array(column, field.type))
-            except (OverflowError, UnicodeEncodeError, pa.ArrowException):  # an int beyond int64, a str with a lone surrogate: that value does not conform
+            except (
+                OverflowError,
+                UnicodeEncodeError,
+                pa.ArrowException,
+            ):  # an int beyond int64, a str with a lone surrogate: that value does not conform
                 break
         else:
             return pa.nulls(n, pa.binary()), pa.StructArray.from_arrays(arrays, fields=list(struct))

@@ -61,6 +61,7 @@ ENVS_VALUE_SCHEMA = "env binary"
 META_SCHEMA = "meta binary"
 TIMER_SCHEMA = "ts long"
 
+
 def schedule(handle: Any, timer: Any, nlw_min: int | None, watermark: int, expired: bool) -> None:
     """Keep one event-time timer per interval (``timer``: its ValueState), at its earliest
     low-watermark timer.
@@ -95,7 +96,14 @@ def state_variables(handle: Any) -> tuple[Any, Any, Any]:
     )
 
 
-def make_processor(spec: ComputationSpec, *, pipeline: str = "default", registry: Any = None, keyer: Any = None, groups: Any = None) -> Any:
+def make_processor(
+    spec: ComputationSpec,
+    *,
+    pipeline: str = "default",
+    registry: Any = None,
+    keyer: Any = None,
+    groups: Any = None,
+) -> Any:
     """The ``StatefulProcessor`` of one computation in the per-key layout."""
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
@@ -103,24 +111,36 @@ def make_processor(spec: ComputationSpec, *, pipeline: str = "default", registry
         """One computation's key intervals, with one state-store row per key."""
 
         def __init__(self) -> None:
-            self.owner = IntervalStep(spec, pipeline=pipeline, registry=registry, keyer=keyer, groups=groups)
+            self.owner = IntervalStep(
+                spec, pipeline=pipeline, registry=registry, keyer=keyer, groups=groups
+            )
 
         def init(self, handle: Any) -> None:
             self.handle = handle
             self.envs, self.meta, self.timer = state_variables(handle)
 
-        def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
+        def handleInputRows(
+            self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any
+        ) -> Iterator[pd.DataFrame]:
             watermark = timerValues.getCurrentWatermarkInMs()
-            batch = IntervalBatch.of(self.owner, key, rows, watermark, timerValues.getCurrentProcessingTimeInMs())
-            if batch is not None and (batch.installs or batch.retire is not None or batch.interval == -2):
+            batch = IntervalBatch.of(
+                self.owner, key, rows, watermark, timerValues.getCurrentProcessingTimeInMs()
+            )
+            if batch is not None and (
+                batch.installs or batch.retire is not None or batch.interval == -2
+            ):
                 msg = f"computation {spec.name!r}: a rescale's rows reached the per-key state layout, which millwheel rescale does not move"
                 raise RescaleMismatch(msg)
             if batch is not None:
                 yield self._run(batch, watermark, expired=False)
 
-        def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:
+        def handleExpiredTimer(
+            self, key: Any, timerValues: Any, expiredTimerInfo: Any
+        ) -> Iterator[pd.DataFrame]:
             watermark = timerValues.getCurrentWatermarkInMs()
-            batch = IntervalBatch.of(self.owner, key, (), watermark, timerValues.getCurrentProcessingTimeInMs())
+            batch = IntervalBatch.of(
+                self.owner, key, (), watermark, timerValues.getCurrentProcessingTimeInMs()
+            )
             if batch is not None:
                 yield self._run(batch, watermark, expired=True)
 

@@ -55,18 +55,68 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 #: (metric, type, help, value of a row or None to leave the sample out)
 _METRICS: tuple[tuple[str, str, str, Callable[[Row], float | int | None]], ...] = (
-    ("millwheel_records_in_total", "counter", "Records delivered to a computation's user code (after dedup and keying).", lambda r: r.records_in),
-    ("millwheel_records_out_total", "counter", "Records published: a computation's productions, an injector's records.", lambda r: r.records_out),
-    ("millwheel_duplicates_total", "counter", "Records dropped as duplicates by record id (MillWheel 6.1.1).", lambda r: r.duplicates),
-    ("millwheel_late_records_total", "counter", "Records behind the low watermark when they arrived (4.5).", lambda r: r.late),
-    ("millwheel_dead_letters_total", "counter", "Records and timers sent to the dead_letters stream.", lambda r: r.dead_letters),
+    (
+        "millwheel_records_in_total",
+        "counter",
+        "Records delivered to a computation's user code (after dedup and keying).",
+        lambda r: r.records_in,
+    ),
+    (
+        "millwheel_records_out_total",
+        "counter",
+        "Records published: a computation's productions, an injector's records.",
+        lambda r: r.records_out,
+    ),
+    (
+        "millwheel_duplicates_total",
+        "counter",
+        "Records dropped as duplicates by record id (MillWheel 6.1.1).",
+        lambda r: r.duplicates,
+    ),
+    (
+        "millwheel_late_records_total",
+        "counter",
+        "Records behind the low watermark when they arrived (4.5).",
+        lambda r: r.late,
+    ),
+    (
+        "millwheel_dead_letters_total",
+        "counter",
+        "Records and timers sent to the dead_letters stream.",
+        lambda r: r.dead_letters,
+    ),
     ("millwheel_timers_fired_total", "counter", "Timers fired.", lambda r: r.timers_fired),
-    ("millwheel_batches_total", "counter", "Micro-batches published by this driver since it started.", lambda r: r.batches),
-    ("millwheel_batch_duration_seconds", "gauge", "Duration of the last micro-batch of the query, from Spark's progress.", lambda r: None if r.batch_ms is None else r.batch_ms / 1000),
-    ("millwheel_low_watermark_seconds", "gauge", "Low watermark, seconds since the epoch (+Inf once finished; absent while nothing is known).", lambda r: _watermark(r.low_watermark)),
-    ("millwheel_lag_seconds", "gauge", "Wall time minus the low watermark.", lambda r: None if r.lag_ms is None else r.lag_ms / 1000),
-    ("millwheel_event_time_lag_seconds", "gauge", "Newest event time read by the injectors minus the computation's low watermark.", lambda r: None if r.event_lag_ms is None else r.event_lag_ms / 1000),
-)  # fmt: skip
+    (
+        "millwheel_batches_total",
+        "counter",
+        "Micro-batches published by this driver since it started.",
+        lambda r: r.batches,
+    ),
+    (
+        "millwheel_batch_duration_seconds",
+        "gauge",
+        "Duration of the last micro-batch of the query, from Spark's progress.",
+        lambda r: None if r.batch_ms is None else r.batch_ms / 1000,
+    ),
+    (
+        "millwheel_low_watermark_seconds",
+        "gauge",
+        "Low watermark, seconds since the epoch (+Inf once finished; absent while nothing is known).",
+        lambda r: _watermark(r.low_watermark),
+    ),
+    (
+        "millwheel_lag_seconds",
+        "gauge",
+        "Wall time minus the low watermark.",
+        lambda r: None if r.lag_ms is None else r.lag_ms / 1000,
+    ),
+    (
+        "millwheel_event_time_lag_seconds",
+        "gauge",
+        "Newest event time read by the injectors minus the computation's low watermark.",
+        lambda r: None if r.event_lag_ms is None else r.event_lag_ms / 1000,
+    ),
+)
 
 
 def _watermark(lw: int) -> float | None:
@@ -109,7 +159,9 @@ def render(snapshot: Snapshot | None, topology: str) -> str:
         for r in rows:
             v = value(r)
             if v is not None:
-                samples.append(f'{metric}{{topology="{top}",name="{_label(r.name)}",kind="{r.kind}"}} {_number(v)}')
+                samples.append(
+                    f'{metric}{{topology="{top}",name="{_label(r.name)}",kind="{r.kind}"}} {_number(v)}'
+                )
         if samples:
             out += [f"# HELP {metric} {text}", f"# TYPE {metric} {kind}", *samples]
     # every step counter (StepMetrics), the same names as the harness's Harness.metrics()
@@ -128,15 +180,24 @@ def render(snapshot: Snapshot | None, topology: str) -> str:
 class MetricsServer:
     """``GET /metrics`` in a daemon thread, from the last snapshot ``source()`` returns."""
 
-    def __init__(self, source: Callable[[], Snapshot | None], topology: str, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        source: Callable[[], Snapshot | None],
+        topology: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
         self.source = source
         self.topology = topology
         # the endpoint takes no writes: the guard's secret is a random one nobody is given
         self.guard = Guard(
-            secret=Secret(secrets.token_urlsafe(32), source="nowhere (the metrics endpoint takes no writes)"),
-            allowed_hosts=hosts_for_bind(host), host_hint="scrape it by its address, http://127.0.0.1:PORT/metrics",
+            secret=Secret(
+                secrets.token_urlsafe(32), source="nowhere (the metrics endpoint takes no writes)"
+            ),
+            allowed_hosts=hosts_for_bind(host),
+            host_hint="scrape it by its address, http://127.0.0.1:PORT/metrics",
             service="the metrics endpoint",
-        )  # fmt: skip
+        )
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         handler = _handler(self)
         try:
@@ -144,11 +205,19 @@ class MetricsServer:
         except OSError as exc:
             msg = f"cannot serve metrics on {host}:{port} ({exc.strerror or exc}); pass another --metrics-port, or --no-metrics"
             raise OSError(msg) from exc
-        bound_host, bound_port = str(self.httpd.server_address[0]), int(self.httpd.server_address[1])
+        bound_host, bound_port = (
+            str(self.httpd.server_address[0]),
+            int(self.httpd.server_address[1]),
+        )
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
         self.url = f"http://{shown}:{bound_port}/metrics"
         # stop() waits for the serving loop's next poll: a short one makes stopping prompt
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="millwheel-metrics", daemon=True)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="millwheel-metrics",
+            daemon=True,
+        )
 
     def start(self) -> MetricsServer:
         self.thread.start()
@@ -184,7 +253,13 @@ def _handler(server: MetricsServer) -> type[http.server.BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
             pass
 
-        def _send(self, status: int, body: str, content_type: str = "text/plain; charset=utf-8", extra: dict[str, str] | None = None) -> None:
+        def _send(
+            self,
+            status: int,
+            body: str,
+            content_type: str = "text/plain; charset=utf-8",
+            extra: dict[str, str] | None = None,
+        ) -> None:
             data = body.encode()
             self.send_response(status)
             self.send_header("Content-Type", content_type)
@@ -202,7 +277,12 @@ def _handler(server: MetricsServer) -> type[http.server.BaseHTTPRequestHandler]:
                 self.wfile.write(data)
 
         def _refusal(self) -> tuple[int, str, dict[str, str]] | None:
-            headers = Headers(raw=[(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()])
+            headers = Headers(
+                raw=[
+                    (k.lower().encode("latin-1"), v.encode("latin-1"))
+                    for k, v in self.headers.items()
+                ]
+            )
             try:
                 server.guard.check_host(headers)
                 server.guard.check_origin("GET", headers)
@@ -226,7 +306,10 @@ def _handler(server: MetricsServer) -> type[http.server.BaseHTTPRequestHandler]:
                 if refusal is not None:
                     self._send(refusal[0], refusal[1], extra=refusal[2])
                 elif self.path.split("?", 1)[0] == "/":
-                    self._send(200, f"millwheel metrics of topology {server.topology}: GET /metrics (Prometheus text format)\n")
+                    self._send(
+                        200,
+                        f"millwheel metrics of topology {server.topology}: GET /metrics (Prometheus text format)\n",
+                    )
                 else:
                     self._send(200, render(server.source(), server.topology), CONTENT_TYPE)
             finally:
@@ -237,7 +320,9 @@ def _handler(server: MetricsServer) -> type[http.server.BaseHTTPRequestHandler]:
     return Handler
 
 
-def serve(source: Callable[[], Snapshot | None], topology: str, host: str, port: int) -> MetricsServer | None:
+def serve(
+    source: Callable[[], Snapshot | None], topology: str, host: str, port: int
+) -> MetricsServer | None:
     """Start a :class:`MetricsServer`; on failure, say why on stderr and return ``None`` (the run goes on)."""
     try:
         return MetricsServer(source, topology, host, port).start()

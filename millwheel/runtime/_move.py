@@ -22,7 +22,15 @@ from millwheel._errors import EnvelopeError
 from millwheel._record import decode_key
 from millwheel.runtime._keying import interval_of
 
-__all__ = ["RescaleMismatch", "blob_digest", "envelope_meta", "install_envelopes", "install_stores", "retire_group", "state_digest"]
+__all__ = [
+    "RescaleMismatch",
+    "blob_digest",
+    "envelope_meta",
+    "install_envelopes",
+    "install_stores",
+    "retire_group",
+    "state_digest",
+]
 
 
 class RescaleMismatch(RuntimeError):
@@ -71,9 +79,14 @@ def blob_digest(blob: bytes | None) -> list[int]:
 
 
 def install_envelopes(
-    name: str, interval: int, intervals: int, installs: Sequence[tuple[bytes, bytes]],
-    envs: dict[bytes, Any], meta: dict[bytes, Any], make_meta: Callable[..., Any],
-) -> None:  # fmt: skip
+    name: str,
+    interval: int,
+    intervals: int,
+    installs: Sequence[tuple[bytes, bytes]],
+    envs: dict[bytes, Any],
+    meta: dict[bytes, Any],
+    make_meta: Callable[..., Any],
+) -> None:
     """Put a rescale's ``installs`` into key interval ``interval``'s (empty) maps, each key's
     meta built by ``make_meta(hold, next lw timer, next wall timer)``."""
     if envs:
@@ -89,7 +102,9 @@ def install_envelopes(
             meta[kb] = make_meta(*m)
 
 
-def install_stores(name: str, interval: int, intervals: int, pieces: Sequence[bytes], current: Any, options: Any) -> ColumnarStore:
+def install_stores(
+    name: str, interval: int, intervals: int, pieces: Sequence[bytes], current: Any, options: Any
+) -> ColumnarStore:
     """A columnar computation's share of a rescale: the store of key interval ``interval``
     merged from the ``pieces`` the rescale split off the old intervals' stores; the
     interval must hold nothing yet (``current``: its store, or ``None``), and every key must
@@ -109,7 +124,15 @@ def install_stores(name: str, interval: int, intervals: int, pieces: Sequence[by
     return store
 
 
-def retire_group(name: str, intervals: int | None, retire: list[int] | None, other_rows: bool, state: Any, *, columnar: bool = False) -> None:
+def retire_group(
+    name: str,
+    intervals: int | None,
+    retire: list[int] | None,
+    other_rows: bool,
+    state: Any,
+    *,
+    columnar: bool = False,
+) -> None:
     """Empty a Spark group of the layout before a rescale (its ``GroupState``), once it
     holds what the rescale read (``retire``: :func:`state_digest`, or :func:`blob_digest`
     of a ``columnar`` computation's store)."""
@@ -122,7 +145,14 @@ def retire_group(name: str, intervals: int | None, retire: list[int] | None, oth
     if columnar:
         held, what = blob_digest(state.get[0] if state.exists else None), "bytes of columnar store"
     else:
-        held, what = state_digest(msgpack.unpackb(state.get[0], raw=False, strict_map_key=False) if state.exists else {}), "keys"
+        held, what = (
+            state_digest(
+                msgpack.unpackb(state.get[0], raw=False, strict_map_key=False)
+                if state.exists
+                else {}
+            ),
+            "keys",
+        )
     if held != retire:
         msg = (
             f"computation {name!r}: a group of the layout before the rescale holds {held[0]} {what} (digest {held[1]:x}), "

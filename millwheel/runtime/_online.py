@@ -83,7 +83,15 @@ from millwheel.runtime._settings import STATE_LAYOUTS
 from millwheel.runtime._settle import PlannedBatchPublished
 from millwheel.runtime._wire import IntervalSummary
 
-__all__ = ["OnlineRescaler", "answers", "holder", "read_answer", "request_rescale", "rescale", "rescale_main"]
+__all__ = [
+    "OnlineRescaler",
+    "answers",
+    "holder",
+    "read_answer",
+    "request_rescale",
+    "rescale",
+    "rescale_main",
+]
 
 #: the longest a rescale waits for C's query to be between batches before stopping it anyway
 BOUNDARY_WAIT_S = 10.0
@@ -97,8 +105,21 @@ MAX_ATTEMPTS = 5
 class _Job:
     """One rescale in the driver: a request (or an autoscale decision) and where it is."""
 
-    def __init__(self, rid: str, computation: str, intervals: int | None, decision: Decision | None = None, layout: str | None = None) -> None:
-        self.rid, self.computation, self.intervals, self.decision, self.layout = rid, computation, intervals, decision, layout
+    def __init__(
+        self,
+        rid: str,
+        computation: str,
+        intervals: int | None,
+        decision: Decision | None = None,
+        layout: str | None = None,
+    ) -> None:
+        self.rid, self.computation, self.intervals, self.decision, self.layout = (
+            rid,
+            computation,
+            intervals,
+            decision,
+            layout,
+        )
         #: a layout change (``_relayout.py``: ``--layout``, or a per-key computation), decided at the first boundary
         self.relayout = False
         self.state = "waiting"  # waiting -> moving -> restarted -> done | failed
@@ -139,18 +160,24 @@ class OnlineRescaler:
                 self.history[name] = deque(maxlen=max(8, self.policy.window))
                 c.outbox.on_summary = self._observer(name, c.outbox.on_summary)
 
-    def _observer(self, name: str, inner: Callable[[int, list[IntervalSummary]], None]) -> Callable[[int, list[IntervalSummary]], None]:
+    def _observer(
+        self, name: str, inner: Callable[[int, list[IntervalSummary]], None]
+    ) -> Callable[[int, list[IntervalSummary]], None]:
         def on_summary(batch: int, summaries: list[IntervalSummary]) -> None:
             inner(batch, summaries)
             if summaries:
-                self.history[name].append({s.interval: Figures(s.step_ms, s.keys) for s in summaries})
+                self.history[name].append(
+                    {s.interval: Figures(s.step_ms, s.keys) for s in summaries}
+                )
 
         return on_summary
 
     # ---- the loop ------------------------------------------------------------------------
     def busy(self, name: str) -> bool:
         """C's query is stopped for a move: the loop leaves it alone."""
-        return bool(self.jobs) and self.jobs[0].computation == name and self.jobs[0].state == "moving"
+        return (
+            bool(self.jobs) and self.jobs[0].computation == name and self.jobs[0].state == "moving"
+        )
 
     def active(self) -> bool:
         return bool(self.jobs)
@@ -168,15 +195,25 @@ class OnlineRescaler:
         for job in list(self.jobs):
             if job.thread is not None:
                 job.thread.join()
-            self._answer(job, "failed", "the driver stopped before the rescale was done; the next start carries it out if run.json has the new layout")
+            self._answer(
+                job,
+                "failed",
+                "the driver stopped before the rescale was done; the next start carries it out if run.json has the new layout",
+            )
 
     def _take_requests(self) -> None:
-        names = [n for n in self.control.list() if n.endswith((".request", ".json")) and not n.startswith(".") and n not in self._seen]
+        names = [
+            n
+            for n in self.control.list()
+            if n.endswith((".request", ".json")) and not n.startswith(".") and n not in self._seen
+        ]
         epoch = self.rt.driver_epoch.value
         for name in sorted(names):
             self._seen.add(name)
             if not name.startswith(f"{epoch:012d}-"):
-                self._orphan(name.rsplit(".", 1)[0])  # another driver's (or a dead one's): never taken
+                self._orphan(
+                    name.rsplit(".", 1)[0]
+                )  # another driver's (or a dead one's): never taken
                 continue
             if name.endswith(".json"):
                 continue  # this driver's own answer
@@ -187,11 +224,15 @@ class OnlineRescaler:
                 problem = self._refusal(loc, body)
             except ValueError as exc:
                 body, problem = {}, f"not a rescale request ({exc})"
-            job = _Job(rid, str(body.get("computation")), body.get("intervals"), layout=body.get("layout"))
+            job = _Job(
+                rid, str(body.get("computation")), body.get("intervals"), layout=body.get("layout")
+            )
             if problem is not None:
                 self._answer(job, "refused", problem)
                 continue
-            self.rt.log(f"rescale request {rid}: {job.computation} -> {what(job.intervals, job.layout)}")
+            self.rt.log(
+                f"rescale request {rid}: {job.computation} -> {what(job.intervals, job.layout)}"
+            )
             self._enqueue(job)
 
     def _orphan(self, rid: str) -> None:
@@ -213,18 +254,24 @@ class OnlineRescaler:
             return  # answered; or a computation another driver may still run
         out = orphan_answer(self.rt.root, body, by=epoch)
         self.control.child(f"{rid}.json").write_text(json.dumps(out))
-        self.rt.log(f"rescale {rid} of {out.get('computation')} -> {what(out.get('intervals'), out.get('layout'))}: {out['state']} ({out['detail']})")
+        self.rt.log(
+            f"rescale {rid} of {out.get('computation')} -> {what(out.get('intervals'), out.get('layout'))}: {out['state']} ({out['detail']})"
+        )
 
     def _refusal(self, loc: Location, body: dict[str, Any]) -> str | None:
         if loc.local and os.stat(loc.path).st_uid != os.getuid():
-            return f"the request file is not owned by the user running this driver (uid {os.getuid()})"
+            return (
+                f"the request file is not owned by the user running this driver (uid {os.getuid()})"
+            )
         if body.get("epoch") != self.rt.driver_epoch.value:
             return f"addressed to driver epoch {body.get('epoch')}, not this one ({self.rt.driver_epoch.value})"
         if body.get("computation") not in self.rt.computations:
             return f"this driver does not run computation {body.get('computation')!r} (it runs {sorted(self.rt.computations)})"
         if body.get("layout") not in (None, *STATE_LAYOUTS):
             return f"layout must be one of {', '.join(STATE_LAYOUTS)}, got {body.get('layout')!r}"
-        if (body.get("intervals") is not None or body.get("layout") is None) and (type(body.get("intervals")) is not int or body["intervals"] < 1):
+        if (body.get("intervals") is not None or body.get("layout") is None) and (
+            type(body.get("intervals")) is not int or body["intervals"] < 1
+        ):
             return f"intervals must be a positive integer, got {body.get('intervals')!r}"
         return None
 
@@ -234,9 +281,22 @@ class OnlineRescaler:
 
     def _answer(self, job: _Job, state: str, detail: str) -> None:
         job.state, job.detail = state, detail
-        body = {"id": job.rid, "computation": job.computation, "intervals": job.intervals, "layout": job.layout, "state": state, "detail": detail, "at_ms": job.at_ms, **job.figures}
+        body = {
+            "id": job.rid,
+            "computation": job.computation,
+            "intervals": job.intervals,
+            "layout": job.layout,
+            "state": state,
+            "detail": detail,
+            "at_ms": job.at_ms,
+            **job.figures,
+        }
         if job.decision is not None:
-            body["decision"] = {"action": job.decision.action, "reason": job.decision.reason, "figures": job.decision.figures}
+            body["decision"] = {
+                "action": job.decision.action,
+                "reason": job.decision.reason,
+                "figures": job.decision.figures,
+            }
         self.control.mkdirs()
         self.control.child(f"{job.rid}.json").write_text(json.dumps(body))
         if state in FINAL:
@@ -250,7 +310,9 @@ class OnlineRescaler:
                 if d.get("id") == job.rid:
                     d["outcome"] = f"{state}: {detail}"
             if job.decision is not None and state != "done":
-                self._no_autoscale.add(job.computation)  # refused (a layout it cannot move): not tried again
+                self._no_autoscale.add(
+                    job.computation
+                )  # refused (a layout it cannot move): not tried again
 
     def _advance(self, job: _Job) -> None:
         c = self.rt.computations[job.computation]
@@ -264,38 +326,64 @@ class OnlineRescaler:
                 moved = c.outbox.published > int((job.result or {}).get("batch", -1))
                 detail = f"{r.get('keys', 0)} keys moved from the {r.get('from_layout')!r} layout ({r.get('from')} intervals) to {what(r.get('to'), r.get('to_layout'))}"
             else:  # done once a published batch has read the move
-                migration = ((read_pin(self.rt.root).get("computations") or {}).get(job.computation) or {}).get("migration") or {}
-                moved = bool(migration.get("moved") or migration.get("file") != (job.result or {}).get("file"))
+                migration = (
+                    (read_pin(self.rt.root).get("computations") or {}).get(job.computation) or {}
+                ).get("migration") or {}
+                moved = bool(
+                    migration.get("moved")
+                    or migration.get("file") != (job.result or {}).get("file")
+                )
                 detail = f"{r.get('keys', 0)} keys moved from {r.get('from')} to {job.intervals} key intervals"
             if moved:
                 r["total_s"] = round(time.monotonic() - job.at["requested"], 3)
                 r["restart_to_moved_s"] = round(time.monotonic() - job.at["restarted"], 3)
                 self.changed_at[job.computation] = time.monotonic()
-                self._answer(job, "done", f"{detail}; the query of {job.computation!r} was down {r.get('stopped_s')} s")
+                self._answer(
+                    job,
+                    "done",
+                    f"{detail}; the query of {job.computation!r} was down {r.get('stopped_s')} s",
+                )
 
     def _at_boundary(self, job: _Job, c: Any) -> None:
         if job.attempts == 0 and "checked" not in job.at:
             job.at["checked"] = time.monotonic()
             try:
                 # a layout change (``--layout``, a per-key computation) is checked here and moved at the boundary
-                job.relayout = job.decision is None and relayout_wanted(self.rt.root.uri, job.computation, job.layout)
+                job.relayout = job.decision is None and relayout_wanted(
+                    self.rt.root.uri, job.computation, job.layout
+                )
                 if job.relayout:
                     plan(self.rt.root, job.computation, job.layout, job.intervals)
-                done = None if job.relayout else settled(target(self.rt.root, job.computation, job.intervals), lambda _m: None, time.perf_counter())  # type: ignore[arg-type]
+                done = (
+                    None
+                    if job.relayout
+                    else settled(
+                        target(self.rt.root, job.computation, job.intervals),
+                        lambda _m: None,
+                        time.perf_counter(),
+                    )
+                )  # type: ignore[arg-type]
             except MillwheelError as exc:
                 self._answer(job, "failed", str(exc))
                 return
             if done is not None:
                 why = (
-                    "it has that many key intervals already" if done.get("unchanged")
-                    else f"its move to {done['to']} key intervals is written already and runs in its query's next micro-batch" if done.get("pending")
+                    "it has that many key intervals already"
+                    if done.get("unchanged")
+                    else f"its move to {done['to']} key intervals is written already and runs in its query's next micro-batch"
+                    if done.get("pending")
                     else "an interrupted rescale was finished"
-                )  # fmt: skip
+                )
                 self._answer(job, "done", "nothing to do: " + why)
                 return
         q = c.query
         waited = time.monotonic() - job.at.get("retry", job.at["requested"])
-        if q is not None and q.isActive and waited < BOUNDARY_WAIT_S and (q.status or {}).get("isTriggerActive", False):
+        if (
+            q is not None
+            and q.isActive
+            and waited < BOUNDARY_WAIT_S
+            and (q.status or {}).get("isTriggerActive", False)
+        ):
             return
         if job.attempts and c.outbox.published <= job.at.get("published_then", -1):
             return  # after a retry: wait until the batch that stood in the way is published
@@ -307,12 +395,21 @@ class OnlineRescaler:
         job.figures["stopped_at_batch_boundary"] = waited < BOUNDARY_WAIT_S
         # what it had when the move began: a driver dying in the move changed nothing while run.json still gives these (``_requests.orphan_answer``)
         job.figures["from"] = getattr(c, "intervals", None)
-        job.figures["from_layout"] = getattr(self.rt.layouts.get(job.computation), "state_layout", "intervals") if hasattr(self.rt, "layouts") else None
+        job.figures["from_layout"] = (
+            getattr(self.rt.layouts.get(job.computation), "state_layout", "intervals")
+            if hasattr(self.rt, "layouts")
+            else None
+        )
         job.at["stopped"] = t0
         crash_point(job.computation, "online_stopped", job.intervals)
         job.state, job.detail = "moving", "its query is stopped; moving the state"
         self._answer(job, "moving", job.detail)
-        job.thread = threading.Thread(target=self._move, args=(job, c), name=f"millwheel-rescale-{job.computation}", daemon=True)
+        job.thread = threading.Thread(
+            target=self._move,
+            args=(job, c),
+            name=f"millwheel-rescale-{job.computation}",
+            daemon=True,
+        )
         job.thread.start()
 
     def _move(self, job: _Job, c: Any) -> None:
@@ -345,10 +442,14 @@ class OnlineRescaler:
         """C's query again, with whatever layout ``run.json`` gives it now."""
         held = read_pin(self.rt.root)
         rt = self.rt
-        layout = computation_layouts(held, [job.computation], rt.settings.intervals, rt.groups)[job.computation]
+        layout = computation_layouts(held, [job.computation], rt.settings.intervals, rt.groups)[
+            job.computation
+        ]
         rt.layouts[job.computation] = layout
         if layout.own:
-            rt.keyer.own[job.computation] = layout.intervals  # producers of this driver key for it from now on
+            rt.keyer.own[job.computation] = (
+                layout.intervals
+            )  # producers of this driver key for it from now on
         c.start()
         job.at["restarted"] = time.monotonic()
         down = round(job.at["restarted"] - job.at["stopped"], 3)
@@ -357,28 +458,78 @@ class OnlineRescaler:
             job.at["retry"] = time.monotonic()
             job.at["published_then"] = c.outbox.published
             job.error = None
-            self._answer(job, "waiting", f"a planned batch had published weak productions; it commits first, then attempt {job.attempts + 1}")
+            self._answer(
+                job,
+                "waiting",
+                f"a planned batch had published weak productions; it commits first, then attempt {job.attempts + 1}",
+            )
             return
         if job.error is not None:
-            self._answer(job, "failed", f"{job.error} (its query runs again with {what(layout.intervals, layout.state_layout)})")
+            self._answer(
+                job,
+                "failed",
+                f"{job.error} (its query runs again with {what(layout.intervals, layout.state_layout)})",
+            )
             return
         r = job.result or {}
         if job.relayout:
-            job.figures.update({k: r.get(k) for k in ("keys", "from", "to", "from_layout", "to_layout", "batch", "dropped_planned")})
-            job.figures.update({"stopped_s": down, **{k: round(r.get(k, 0.0), 3) for k in ("read_s", "build_s")}, "move_s": round(r.get("seconds", 0.0), 3)})
+            job.figures.update(
+                {
+                    k: r.get(k)
+                    for k in (
+                        "keys",
+                        "from",
+                        "to",
+                        "from_layout",
+                        "to_layout",
+                        "batch",
+                        "dropped_planned",
+                    )
+                }
+            )
+            job.figures.update(
+                {
+                    "stopped_s": down,
+                    **{k: round(r.get(k, 0.0), 3) for k in ("read_s", "build_s")},
+                    "move_s": round(r.get("seconds", 0.0), 3),
+                }
+            )
             if r.get("finished"):
-                self._answer(job, "done", f"finished an interrupted change: its query runs with {what(layout.intervals, layout.state_layout)}")
+                self._answer(
+                    job,
+                    "done",
+                    f"finished an interrupted change: its query runs with {what(layout.intervals, layout.state_layout)}",
+                )
                 return
             crash_point(job.computation, "online_restarted", layout.intervals)
-            self._answer(job, "restarted", f"its query runs again with {what(layout.intervals, layout.state_layout)}; done once a batch on the new store is published")
+            self._answer(
+                job,
+                "restarted",
+                f"its query runs again with {what(layout.intervals, layout.state_layout)}; done once a batch on the new store is published",
+            )
             return
-        job.figures.update({"keys": r.get("keys"), "from": r.get("from"), "to": r.get("to"), "stopped_s": down, "move_s": round(r.get("seconds", 0.0), 3), "read_s": round(r.get("read_s", 0.0), 3), "dropped_planned": r.get("dropped_planned"), "file": r.get("file")})
+        job.figures.update(
+            {
+                "keys": r.get("keys"),
+                "from": r.get("from"),
+                "to": r.get("to"),
+                "stopped_s": down,
+                "move_s": round(r.get("seconds", 0.0), 3),
+                "read_s": round(r.get("read_s", 0.0), 3),
+                "dropped_planned": r.get("dropped_planned"),
+                "file": r.get("file"),
+            }
+        )
         if r.get("unchanged") or r.get("finished"):
             self._answer(job, "done", "nothing to move")
             return
         self.history.get(job.computation, deque()).clear()
         crash_point(job.computation, "online_restarted", job.intervals)
-        self._answer(job, "restarted", f"its query runs again with {layout.intervals} key intervals; its next batch moves {r.get('keys')} keys")
+        self._answer(
+            job,
+            "restarted",
+            f"its query runs again with {layout.intervals} key intervals; its next batch moves {r.get('keys')} keys",
+        )
 
     # ---- the automatic policy --------------------------------------------------------------
     def _autoscale(self) -> None:
@@ -391,14 +542,41 @@ class OnlineRescaler:
             if getattr(self.rt.layouts.get(name), "state_layout", "intervals") != "intervals":
                 continue  # it splits and merges interval rows; a per-key store is rebuilt only on request
             intervals = self.rt.computations[name].intervals
-            d = decide(name, intervals, list(history), self.policy, now_s=now, last_change_s=self.changed_at.get(name))
+            d = decide(
+                name,
+                intervals,
+                list(history),
+                self.policy,
+                now_s=now,
+                last_change_s=self.changed_at.get(name),
+            )
             if d is None:
                 continue
-            job = _Job(f"{self.rt.driver_epoch.value:012d}-auto-{uuid.uuid4().hex[:8]}", name, d.to_intervals, d)
-            self.decisions.append({"id": job.rid, "at_ms": int(time.time() * 1000), "computation": name, "action": d.action, "from": d.from_intervals, "to": d.to_intervals, "reason": d.reason, "figures": d.figures})
+            job = _Job(
+                f"{self.rt.driver_epoch.value:012d}-auto-{uuid.uuid4().hex[:8]}",
+                name,
+                d.to_intervals,
+                d,
+            )
+            self.decisions.append(
+                {
+                    "id": job.rid,
+                    "at_ms": int(time.time() * 1000),
+                    "computation": name,
+                    "action": d.action,
+                    "from": d.from_intervals,
+                    "to": d.to_intervals,
+                    "reason": d.reason,
+                    "figures": d.figures,
+                }
+            )
             del self.decisions[:-20]
-            self.rt.log(f"autoscale: {d.action} {name} from {d.from_intervals} to {d.to_intervals} key intervals: {d.reason}")
-            self._note(name, f"autoscale: {d.action} {d.from_intervals} -> {d.to_intervals}: {d.reason}")
+            self.rt.log(
+                f"autoscale: {d.action} {name} from {d.from_intervals} to {d.to_intervals} key intervals: {d.reason}"
+            )
+            self._note(
+                name, f"autoscale: {d.action} {d.from_intervals} -> {d.to_intervals}: {d.reason}"
+            )
             history.clear()
             self.changed_at[name] = now
             self._enqueue(job)

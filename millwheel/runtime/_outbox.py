@@ -65,7 +65,11 @@ def crash_point(query: str, point: str, batch: int, has_data: bool = True) -> No
         return
     for item in spec.split(","):
         name, where, at = item.split(":")
-        if name == query and where == point and ((at == "data" and has_data) or (at.isdigit() and int(at) == batch)):
+        if (
+            name == query
+            and where == point
+            and ((at == "data" and has_data) or (at.isdigit() and int(at) == batch))
+        ):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -93,7 +97,9 @@ def stage_arrow(table: pa.Table, target: Location) -> None:
     Types are those Spark's Parquet writer gives (``string``/``binary``, not the large
     variants Arrow collection may use), so every stream-log file has one schema.
     """
-    fields = [pa.field(f.name, _small(f.type), f.nullable) for f in table.schema if f.name != "stream"]
+    fields = [
+        pa.field(f.name, _small(f.type), f.nullable) for f in table.schema if f.name != "stream"
+    ]
     schema = pa.schema(fields)
     target.mkdirs()  # as Spark's writer does for an empty batch: the batch is staged, with no rows
     streams = table.column("stream")
@@ -102,7 +108,9 @@ def stage_arrow(table: pa.Table, target: Location) -> None:
         part = table.filter(pc.equal(streams, stream)).drop_columns(["stream"]).cast(schema)
         d = target.child(f"stream={stream}")
         d.mkdirs()
-        pq.write_table(part, f"{d.path}/part-00000-{run}.c000.parquet", filesystem=d.fs, compression="snappy")
+        pq.write_table(
+            part, f"{d.path}/part-00000-{run}.c000.parquet", filesystem=d.fs, compression="snappy"
+        )
 
 
 def resolve_writer(master: str) -> str:
@@ -138,10 +146,16 @@ def part_stats(loc: Location) -> tuple[int, int | None]:
     names = meta.schema.names
     if "wm" in names:
         wcol = names.index("wm")
-        if any(meta.row_group(i).column(wcol).statistics is None or meta.row_group(i).column(wcol).statistics.null_count < meta.row_group(i).num_rows for i in range(meta.num_row_groups)):
+        if any(
+            meta.row_group(i).column(wcol).statistics is None
+            or meta.row_group(i).column(wcol).statistics.null_count < meta.row_group(i).num_rows
+            for i in range(meta.num_row_groups)
+        ):
             with loc.fs.open_input_file(loc.path) as f:
                 t = pq.read_table(f, columns=["ts", "wm"]).to_pydict()
-            return rows, min(ts if wm is None else max(ts, wm) for ts, wm in zip(t["ts"], t["wm"], strict=True))
+            return rows, min(
+                ts if wm is None else max(ts, wm) for ts, wm in zip(t["ts"], t["wm"], strict=True)
+            )
     col = names.index("ts")
     lo: int | None = None
     for i in range(meta.num_row_groups):
@@ -252,7 +266,15 @@ class Outbox:
     def _save_tally(self, n: int) -> None:
         self.tallied = n
         if self.tally is not None:
-            self.tally.write_text(json.dumps({"published": n, "written_by_stream": self.written_by_stream, "metrics": dict(self.metrics)}))
+            self.tally.write_text(
+                json.dumps(
+                    {
+                        "published": n,
+                        "written_by_stream": self.written_by_stream,
+                        "metrics": dict(self.metrics),
+                    }
+                )
+            )
 
     def recover(self) -> None:
         """At start: publish what committed, drop what did not (Spark re-runs those batches)."""
@@ -277,7 +299,9 @@ class Outbox:
                 if n not in committed:
                     break
                 if n <= self.published:
-                    self.loc.child(str(n)).delete()  # published already: a fenced attempt's late copy
+                    self.loc.child(
+                        str(n)
+                    ).delete()  # published already: a fenced attempt's late copy
                     continue
                 self.fence()
                 crash_point(self.name, "before_publish", n)
@@ -294,7 +318,9 @@ class Outbox:
     def _publish(self, n: int) -> None:
         staged = self.loc.child(str(n))
         batch = staged_version(staged)
-        count = n > self.tallied  # not counted yet (a crash may have cut the last publication short)
+        count = (
+            n > self.tallied
+        )  # not counted yet (a crash may have cut the last publication short)
         summaries: list[IntervalSummary] = []
         if batch is None:  # staged and committed, but its files are gone: nothing to publish
             self.on_summary(n, summaries)
@@ -324,7 +350,7 @@ class Outbox:
         for sub in sorted(batch.list()):
             if not sub.startswith("stream=") or sub == f"stream={SUMMARY_STREAM}":
                 continue
-            stream = sub[len("stream="):]
+            stream = sub[len("stream=") :]
             d = batch.child(sub)
             for part in sorted(d.list()):
                 if not part.endswith(".parquet") or part.startswith((".", "_")):
@@ -377,6 +403,8 @@ def committed_unpublished(root: str, stream: str) -> list[Any]:
                     loc = d.child(part)
                     with loc.fs.open_input_file(loc.path) as f:
                         t = pq.read_table(f)
-                        out += rebuild_values(t.column("value").to_pylist(), t.column(FIELDS_COLUMN) if FIELDS_COLUMN in t.column_names else None)
+                        out += rebuild_values(
+                            t.column("value").to_pylist(),
+                            t.column(FIELDS_COLUMN) if FIELDS_COLUMN in t.column_names else None,
+                        )
     return out
-

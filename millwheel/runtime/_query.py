@@ -84,7 +84,15 @@ STATE_STORE_CONF: dict[str, dict[str, str]] = {
 
 _HB_SCHEMA = pa.schema([("interval", pa.int32()), ("wm", pa.int64()), ("now", pa.int64())])
 #: a rescale's heartbeat file (``_rescale.py``): :data:`_HB_SCHEMA` and the columns of its rows
-HB_MOVE_SCHEMA = pa.schema([*_HB_SCHEMA, ("kind", pa.int32()), ("group", pa.int32()), ("key", pa.binary()), ("value", pa.binary())])
+HB_MOVE_SCHEMA = pa.schema(
+    [
+        *_HB_SCHEMA,
+        ("kind", pa.int32()),
+        ("group", pa.int32()),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+    ]
+)
 
 
 class ComputationQuery:
@@ -103,12 +111,16 @@ class ComputationQuery:
         #: whose low watermarks bound this one's: not itself nor the other dead-letter readers
         self.upstream = rt.upstream(self.name)
         self.outbox = Outbox(
-            self.name, rt.root.child("outbox", self.name), self.checkpoint, rt.streams,
-            strong=spec.options.strong_productions, on_summary=self._on_summary,
+            self.name,
+            rt.root.child("outbox", self.name),
+            self.checkpoint,
+            rt.streams,
+            strong=spec.options.strong_productions,
+            on_summary=self._on_summary,
             tally=rt.root.child("tallies", f"{self.name}.json"),
             lease=Lease(rt.root.child("leases", self.name), f"computation {self.name!r}"),
             writer=rt.settings.outbox_writer,
-        )  # fmt: skip
+        )
         self.consumed = ConsumedFiles(self.checkpoint)
         #: key interval -> its last summary; absent = not reported yet
         self.summaries: dict[int, IntervalSummary] = {}
@@ -153,13 +165,21 @@ class ComputationQuery:
         self._migration = layout.migration
         if layout.migration is not None:
             self._check_migration(layout.migration)
-        dropped = drop_uncommitted_state(self.checkpoint)  # a killed attempt's files: its replay is their only writer
+        dropped = drop_uncommitted_state(
+            self.checkpoint
+        )  # a killed attempt's files: its replay is their only writer
         if dropped:
-            self.rt.log(f"computation {self.name!r}: deleted {len(dropped)} state-store files of a batch that never committed; its replay writes them again")
+            self.rt.log(
+                f"computation {self.name!r}: deleted {len(dropped)} state-store files of a batch that never committed; its replay writes them again"
+            )
         self.outbox.recover()
         self.summaries.clear()
         self._tokens = self._acquire(layout)
-        nums = [int(n.split(".")[0]) for n in self.heartbeats.list() if n.endswith(".parquet") and n[0].isdigit()]
+        nums = [
+            int(n.split(".")[0])
+            for n in self.heartbeats.list()
+            if n.endswith(".parquet") and n[0].isdigit()
+        ]
         self._hb_seq = max(nums, default=-1) + 1
         # every interval reports its summary once, so the low watermark knows all holds
         now = int(time.time() * 1000)
@@ -173,15 +193,21 @@ class ComputationQuery:
         view here if a kill -9 stopped the rescale just before: ``_layout.finish_move``), or
         read by it already (in its file source's log). Without it, the new layout would
         start from empty groups: refused, never run."""
-        if "relayout" in migration:  # a layout change (``_relayout.py``): its state is in place once it says "done"
+        if (
+            "relayout" in migration
+        ):  # a layout change (``_relayout.py``): its state is in place once it says "done"
             if migration["relayout"] != "done":
-                msg = (f"computation {self.name!r}: run.json gives it the {self.state_layout!r} state layout from a `millwheel rescale --layout` that was interrupted "
-                       f"before its state was in place. Run `millwheel rescale {self.rt.root.uri} --computation {self.name} --layout {self.state_layout}` again to finish it")  # fmt: skip
+                msg = (
+                    f"computation {self.name!r}: run.json gives it the {self.state_layout!r} state layout from a `millwheel rescale --layout` that was interrupted "
+                    f"before its state was in place. Run `millwheel rescale {self.rt.root.uri} --computation {self.name} --layout {self.state_layout}` again to finish it"
+                )
                 raise MillwheelError(msg)
             return
         name = migration["file"]
         if not migration.get("moved") and finish_move(self.heartbeats, name):
-            self.rt.log(f"computation {self.name!r}: finished the rescale to {self.intervals} key intervals a kill had interrupted ({name})")
+            self.rt.log(
+                f"computation {self.name!r}: finished the rescale to {self.intervals} key intervals a kill had interrupted ({name})"
+            )
         if migration.get("moved") or self.heartbeats.child(name).exists():
             return
         self.consumed.refresh()
@@ -247,7 +273,14 @@ class ComputationQuery:
         """Start the query with its layout's state store (``_session.start_query``: the
         checkpoint pins the provider from its first start), without no-data batches if its
         class handles no timers (``docs/runtime.md``, "No-data batches")."""
-        return start_query(writer, self.rt.spark, {**STATE_STORE_CONF[self.state_layout], **({} if self.spec.handles_timers else NO_DATA_BATCHES_OFF)})
+        return start_query(
+            writer,
+            self.rt.spark,
+            {
+                **STATE_STORE_CONF[self.state_layout],
+                **({} if self.spec.handles_timers else NO_DATA_BATCHES_OFF),
+            },
+        )
 
     def _build(self) -> Any:
         from pyspark.sql import functions as F
@@ -259,23 +292,40 @@ class ComputationQuery:
         # group themselves (``_group``); a tick for an interval this layout does not have
         # (written before a rescale) wakes nothing: every interval is ticked at start anyway
         hb = (
-            spark.readStream.schema(HEARTBEAT_SCHEMA).option("maxFileAge", "36500d").parquet(self.heartbeats.uri)
+            spark.readStream.schema(HEARTBEAT_SCHEMA)
+            .option("maxFileAge", "36500d")
+            .parquet(self.heartbeats.uri)
             .where(F.col("group").isNotNull() | (F.col("interval") < F.lit(self.intervals)))
             .select(
-                F.col("interval"), F.col("kind"), F.col("key"),
-                F.lit(None).cast("string").alias("id"), F.lit(0).cast("long").alias("ts"), F.col("value"),
-                F.lit(None).cast("long").alias("wm"), F.lit(None).cast("string").alias("stream"), F.lit(None).cast("string").alias("src"),
-                F.lit(None).cast("long").alias("row"), F.col("now"),
-                F.timestamp_millis("wm").alias("wm_ts"), F.col("group").alias("_group"),
+                F.col("interval"),
+                F.col("kind"),
+                F.col("key"),
+                F.lit(None).cast("string").alias("id"),
+                F.lit(0).cast("long").alias("ts"),
+                F.col("value"),
+                F.lit(None).cast("long").alias("wm"),
+                F.lit(None).cast("string").alias("stream"),
+                F.lit(None).cast("string").alias("src"),
+                F.lit(None).cast("long").alias("row"),
+                F.col("now"),
+                F.timestamp_millis("wm").alias("wm_ts"),
+                F.col("group").alias("_group"),
             )
-        )  # fmt: skip
+        )
         arrow = arrow_mapping(self, ConsumedFiles(self.checkpoint))  # pins the mapping in run.json
         # the scan plan (``_scan.py``): a columnar computation on either mapping
-        columnar = (arrow is not None or self.state_layout == "intervals") and is_columnar(self.spec.cls)
+        columnar = (arrow is not None or self.state_layout == "intervals") and is_columnar(
+            self.spec.cls
+        )
         kcol, icol = self.rt.keyer.columns(self.name)
         records, markers, scanned = [], [], []
         for stream, extractor in self.spec.inputs.items():
-            readers, schema = [], input_schema(f"{LOG_SCHEMA}, {self.rt.keyer.ddl([self.name])}", self.rt.keyer, stream)
+            readers, schema = (
+                [],
+                input_schema(
+                    f"{LOG_SCHEMA}, {self.rt.keyer.ddl([self.name])}", self.rt.keyer, stream
+                ),
+            )
             for producer in self.rt.producers(stream):
                 r = spark.readStream.schema(schema).option("maxFileAge", "36500d")
                 if settings.max_files_per_trigger:
@@ -284,27 +334,57 @@ class ComputationQuery:
                 # (file names sort in publication order) so a key's records are stepped as sent
                 readers.append(
                     r.parquet(self.rt.streams.location(stream, producer).uri)
-                    .withColumn("src", F.col("_metadata.file_name")).withColumn("row", F.col("_metadata.row_index"))
+                    .withColumn("src", F.col("_metadata.file_name"))
+                    .withColumn("row", F.col("_metadata.row_index"))
                 )
-            raw = reduce(lambda a, b: a.unionByName(b), readers)  # a stream's readers share one schema
-            if columnar and settings.columnar_input == "scan" and not self.keying_stage and not needed_fields(self.spec, self.rt.keyer, stream):
+            raw = reduce(
+                lambda a, b: a.unionByName(b), readers
+            )  # a stream's readers share one schema
+            if (
+                columnar
+                and settings.columnar_input == "scan"
+                and not self.keying_stage
+                and not needed_fields(self.spec, self.rt.keyer, stream)
+            ):
                 # the step reads this input's records from the batch's files (``_scan.py``);
                 # only the interval of each row is read here, as ``_keyed_by_producer`` gives it
-                markers.append(raw.select(F.coalesce(F.col(f"`{icol}`"), F.pmod(F.xxhash64(F.col("id")), F.lit(self.intervals)).cast("int")).alias("interval")))
-                scanned += [ScannedInput(stream, p, self.rt.streams.location(stream, p).uri) for p in self.rt.producers(stream)]
+                markers.append(
+                    raw.select(
+                        F.coalesce(
+                            F.col(f"`{icol}`"),
+                            F.pmod(F.xxhash64(F.col("id")), F.lit(self.intervals)).cast("int"),
+                        ).alias("interval")
+                    )
+                )
+                scanned += [
+                    ScannedInput(stream, p, self.rt.streams.location(stream, p).uri)
+                    for p in self.rt.producers(stream)
+                ]
                 continue
-            records.append(self._keyed(raw, stream, extractor) if self.keying_stage else self._keyed_by_producer(raw, stream))
+            records.append(
+                self._keyed(raw, stream, extractor)
+                if self.keying_stage
+                else self._keyed_by_producer(raw, stream)
+            )
         # the Spark group of each key interval (``_runtime.pin_groups``, ``_layout.py``): heartbeats keep -1;
         # the worker takes the interval from the group, so the column stops here: one
         # column less through the shuffle and the Arrow/pandas round trip
         groups = F.array(*(F.lit(g) for g in self.groups))
-        group = F.when(F.col("interval") < 0, F.col("interval")).otherwise(F.element_at(groups, F.col("interval") + 1))
+        group = F.when(F.col("interval") < 0, F.col("interval")).otherwise(
+            F.element_at(groups, F.col("interval") + 1)
+        )
         hb = hb.withColumn("group", F.coalesce(F.col("_group"), group)).drop("interval", "_group")
         records = [part.withColumn("group", group).drop("interval") for part in records]
         self.scanned = tuple(scanned)
-        scan_only = bool(markers) and not records and arrow is None  # the Arrow mapping's tasks select their columns themselves
+        scan_only = (
+            bool(markers) and not records and arrow is None
+        )  # the Arrow mapping's tasks select their columns themselves
         if markers:
-            records.append(reduce(lambda a, b: a.unionByName(b), markers).select(group.alias("group")).mapInArrow(Markers(), MARKER_SCHEMA))
+            records.append(
+                reduce(lambda a, b: a.unionByName(b), markers)
+                .select(group.alias("group"))
+                .mapInArrow(Markers(), MARKER_SCHEMA)
+            )
         # ``mw_fields_<i>``: one per input; heartbeats first: Spark plans sources in this order
         union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), [hb, *records])
         if scan_only:
@@ -316,26 +396,58 @@ class ComputationQuery:
         keyer = self.rt.keyer
         sink = self.outbox.sink
         # a computation that reads no values (its ``record_columns``) gets them only if it asks (``FileValues``)
-        scan = BatchScan(self.checkpoint.uri, tuple(scanned), kcol, icol, self.intervals, reads_values(self.spec)) if scanned else None
+        scan = (
+            BatchScan(
+                self.checkpoint.uri,
+                tuple(scanned),
+                kcol,
+                icol,
+                self.intervals,
+                reads_values(self.spec),
+            )
+            if scanned
+            else None
+        )
         if arrow is not None:  # the opt-in mapping of a columnar computation: ``_arrowmap.py``
             out, sink = union, arrow.sink
             arrow.step.scan = scan
         elif self.state_layout == "keys":
             interval_step_class(self.spec, self.state_layout)  # refuses a columnar computation
             # one state-store row per key (``_mapstate.py``): transformWithStateInPandas
-            processor = make_processor(self.spec, pipeline=self.rt.pipeline_id, registry=settings.registry, keyer=keyer, groups=self.groups)
+            processor = make_processor(
+                self.spec,
+                pipeline=self.rt.pipeline_id,
+                registry=settings.registry,
+                keyer=keyer,
+                groups=self.groups,
+            )
             out = union.groupBy("group").transformWithStateInPandas(
-                statefulProcessor=processor, outputStructType=processor.owner.out_schema(), outputMode="Append", timeMode="EventTime",
-            )  # fmt: skip
+                statefulProcessor=processor,
+                outputStructType=processor.owner.out_schema(),
+                outputMode="Append",
+                timeMode="EventTime",
+            )
         else:
             # a columnar computation has its own interval function: ``_columnar.py``
-            step = interval_step_class(self.spec)(self.spec, pipeline=self.rt.pipeline_id, registry=settings.registry, keyer=keyer, groups=self.groups)
-            if isinstance(step, ColumnarIntervalStep):  # its held ids in files beside the state (``_colsegments.py``)
+            step = interval_step_class(self.spec)(
+                self.spec,
+                pipeline=self.rt.pipeline_id,
+                registry=settings.registry,
+                keyer=keyer,
+                groups=self.groups,
+            )
+            if isinstance(
+                step, ColumnarIntervalStep
+            ):  # its held ids in files beside the state (``_colsegments.py``)
                 step.scan = scan
                 step.ids_beside(self.checkpoint.child("ids").uri, spark)
             out = union.groupBy("group").applyInPandasWithState(
-                step, step.out_schema(), STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout,
-            )  # fmt: skip
+                step,
+                step.out_schema(),
+                STATE_SCHEMA,
+                "append",
+                GroupStateTimeout.EventTimeTimeout,
+            )
         writer = (
             out.writeStream.queryName(f"millwheel.{self.name}")
             .foreachBatch(sink)
@@ -362,12 +474,23 @@ class ComputationQuery:
         kcol, icol = self.rt.keyer.columns(self.name)
         unkeyed = F.col(f"`{icol}`").isNull()
         return raw.select(
-            F.when(unkeyed, F.pmod(F.xxhash64(F.col("id")), F.lit(self.intervals)).cast("int")).otherwise(F.col(f"`{icol}`")).alias("interval"),
-            F.when(unkeyed, F.lit(int(RowKind.UNKEYED))).otherwise(F.lit(int(RowKind.RECORD))).alias("kind"),
+            F.when(unkeyed, F.pmod(F.xxhash64(F.col("id")), F.lit(self.intervals)).cast("int"))
+            .otherwise(F.col(f"`{icol}`"))
+            .alias("interval"),
+            F.when(unkeyed, F.lit(int(RowKind.UNKEYED)))
+            .otherwise(F.lit(int(RowKind.RECORD)))
+            .alias("kind"),
             F.when(unkeyed, F.col("key")).otherwise(F.col(f"`{kcol}`")).alias("key"),
-            F.col("id"), F.col("ts"), F.col("value"),
-            F.col("wm"), F.lit(stream).alias("stream"), F.col("src"), F.col("row"), F.lit(None).cast("long").alias("now"), *carry_columns(self.spec, self.rt.keyer, stream),
-        )  # fmt: skip
+            F.col("id"),
+            F.col("ts"),
+            F.col("value"),
+            F.col("wm"),
+            F.lit(stream).alias("stream"),
+            F.col("src"),
+            F.col("row"),
+            F.lit(None).cast("long").alias("now"),
+            *carry_columns(self.spec, self.rt.keyer, stream),
+        )
 
     def _keyed(self, raw: Any, stream: str, extractor: Any) -> Any:
         """Rows of one input keyed for this computation (§4.2), as :data:`KEYED_SCHEMA`.
@@ -382,9 +505,16 @@ class ComputationQuery:
         from pyspark.sql import functions as F
 
         kcol, icol = self.rt.keyer.columns(self.name)
-        keying = F.arrow_udf(make_keying(self.name, stream, extractor, self.intervals, self.spec.options.on_error), KEYING_RESULT)
+        keying = F.arrow_udf(
+            make_keying(self.name, stream, extractor, self.intervals, self.spec.options.on_error),
+            KEYING_RESULT,
+        )
         need = F.col(f"`{icol}`").isNull()
-        k = keying(need, *(F.when(need, F.col(c)) for c in ("id", "ts", "key", "value")), keying_fields(self.rt.keyer, stream, need))
+        k = keying(
+            need,
+            *(F.when(need, F.col(c)) for c in ("id", "ts", "key", "value")),
+            keying_fields(self.rt.keyer, stream, need),
+        )
         return raw.withColumn("_k", k).select(
             F.coalesce(F.col(f"`{icol}`"), F.col("_k.interval")).alias("interval"),
             F.coalesce(F.col("_k.kind"), F.lit(int(RowKind.RECORD))).alias("kind"),
@@ -392,8 +522,13 @@ class ComputationQuery:
             F.coalesce(F.col("_k.id"), F.col("id")).alias("id"),
             F.coalesce(F.col("_k.ts"), F.col("ts")).alias("ts"),
             F.coalesce(F.col("_k.value"), F.col("value")).alias("value"),
-            F.col("wm"), F.lit(stream).alias("stream"), F.col("src"), F.col("row"), F.lit(None).cast("long").alias("now"), *carry_columns(self.spec, self.rt.keyer, stream),
-        )  # fmt: skip
+            F.col("wm"),
+            F.lit(stream).alias("stream"),
+            F.col("src"),
+            F.col("row"),
+            F.lit(None).cast("long").alias("now"),
+            *carry_columns(self.spec, self.rt.keyer, stream),
+        )
 
     def check(self) -> None:
         """Restart the query from its checkpoint if it died (e.g. a Python worker was killed).
@@ -408,11 +543,15 @@ class ComputationQuery:
             return
         if not self.keying_stage and error_mentions(exc, KEYING_STAGE_NEEDED):
             # not a failure of the code: input not keyed for it arrived after it started
-            self.rt.log(f"computation {self.name!r}: a record its producer did not key for it arrived; restarting its query with the keying stage")
+            self.rt.log(
+                f"computation {self.name!r}: a record its producer did not key for it arrived; restarting its query with the keying stage"
+            )
             self._keying_forced = True
         else:
             self.rt.log(self.restart_policy.failed(exc))
-        wait_for_jobs(self.rt.spark, str(q.runId))  # no task of the failed batch writes state after the start's cleanup
+        wait_for_jobs(
+            self.rt.spark, str(q.runId)
+        )  # no task of the failed batch writes state after the start's cleanup
         self.start()
 
     def stop(self) -> None:
@@ -434,7 +573,9 @@ class ComputationQuery:
         if summaries:
             fired = sum(s.metrics.get("timers_fired", 0) for s in summaries)
             lw = max(s.low_watermark for s in summaries)
-            self.rt.audit.batch(self.name, batch, lw, fired, self.outbox.lease.epoch if self.outbox.lease else 0)
+            self.rt.audit.batch(
+                self.name, batch, lw, fired, self.outbox.lease.epoch if self.outbox.lease else 0
+            )
 
     # ---- low watermark (§4.5) --------------------------------------------------------------
     def update_watermark(self, now: int) -> int:
@@ -444,7 +585,9 @@ class ComputationQuery:
         upto = self.outbox.published
         # the upstream before the listing, the planned batch after it (``read_input_watermarks``): the
         # heartbeat may count the files of the batch Spark planned already (``_consumed.py``)
-        (in_lw, hb_lw, pending, waiting), planned = read_input_watermarks(self.name, self.inputs, self.rt.streams, self.consumed, upto, self._upstream_watermark)
+        (in_lw, hb_lw, pending, waiting), planned = read_input_watermarks(
+            self.name, self.inputs, self.rt.streams, self.consumed, upto, self._upstream_watermark
+        )
         #: input files published and not consumed yet: a computation is drained only without any
         #: (a file sent under a finished watermark, a re-injection, holds no watermark)
         self.pending_inputs = pending
@@ -464,13 +607,17 @@ class ComputationQuery:
                 msg = f"computation {self.name!r}: the watermark authority refused this driver's report, another driver owns its key intervals now ({exc}); this driver stops"
                 raise FencedError(msg) from exc
         self.low_watermark = self.rt.watermark_of(self.name, fresh=True)
-        self._heartbeat(hb_lw, now, self._heartbeat_needed(hb_lw, self._waited(waiting), planned > upto))
+        self._heartbeat(
+            hb_lw, now, self._heartbeat_needed(hb_lw, self._waited(waiting), planned > upto)
+        )
         self._prune_heartbeats(upto)
         return self.low_watermark
 
     def _upstream_watermark(self) -> int:
         """The minimum of the upstream's published low watermarks (+inf without any)."""
-        return min((self.rt.watermark_of(producer) for producer in self.upstream), default=MAX_TIMESTAMP)
+        return min(
+            (self.rt.watermark_of(producer) for producer in self.upstream), default=MAX_TIMESTAMP
+        )
 
     def _prune_heartbeats(self, upto: int) -> None:
         """Delete the heartbeat files committed batches have read: only this query reads
@@ -515,13 +662,33 @@ class ComputationQuery:
         interval whose holds are not known yet. Otherwise the heartbeat would be a whole
         stateful batch that does nothing, and it waits until one of these holds (docs/runtime.md,
         "Idle heartbeats"): a lower watermark in the query is never wrong, only later."""
-        if waiting or len(self.summaries) < self.intervals or (in_flight and self.spec.handles_timers):
+        if (
+            waiting
+            or len(self.summaries) < self.intervals
+            or (in_flight and self.spec.handles_timers)
+        ):
             return True
-        return any(s.next_low_watermark_timer is not None and s.next_low_watermark_timer <= hb_lw for s in self.summaries.values())
+        return any(
+            s.next_low_watermark_timer is not None and s.next_low_watermark_timer <= hb_lw
+            for s in self.summaries.values()
+        )
 
     def _heartbeat(self, in_lw: int, now: int, needed: bool = True) -> None:
-        ticks = [(i, now) for i in due_ticks(self.summaries, self._ticked, now, None if self.spec.handles_timers else self._hb_sent, self.batches)]
-        advance = in_lw > self._hb_sent and to_spark(in_lw) > to_spark(self._hb_sent) and (needed or bool(ticks))
+        ticks = [
+            (i, now)
+            for i in due_ticks(
+                self.summaries,
+                self._ticked,
+                now,
+                None if self.spec.handles_timers else self._hb_sent,
+                self.batches,
+            )
+        ]
+        advance = (
+            in_lw > self._hb_sent
+            and to_spark(in_lw) > to_spark(self._hb_sent)
+            and (needed or bool(ticks))
+        )
         due = time.monotonic() - self._hb_at >= self.rt.settings.heartbeat_ms / 1000
         if ticks or (advance and due):
             self._write_heartbeat(to_spark(in_lw) if advance else None, ticks)
@@ -550,7 +717,12 @@ class ComputationQuery:
     # ---- reading -----------------------------------------------------------------------------
     def drained(self) -> bool:
         # a state move waiting for its batch is work too: a run rescaled after it drained runs it
-        return self.low_watermark >= MAX_TIMESTAMP and not self.outbox.loc.list() and not self.pending_inputs and not move_pending(self._migration)
+        return (
+            self.low_watermark >= MAX_TIMESTAMP
+            and not self.outbox.loc.list()
+            and not self.pending_inputs
+            and not move_pending(self._migration)
+        )
 
     def status(self) -> dict[str, Any]:
         return {

@@ -126,9 +126,15 @@ class Change:
 
 
 def relayout(
-    run_dir: str, computation: str, layout: str | None, intervals: int | None = None, *,
-    spark: Any = None, force: bool = False, log: Any = None,
-) -> dict[str, Any]:  # fmt: skip
+    run_dir: str,
+    computation: str,
+    layout: str | None,
+    intervals: int | None = None,
+    *,
+    spark: Any = None,
+    force: bool = False,
+    log: Any = None,
+) -> dict[str, Any]:
     """Move ``computation`` of the stopped run in ``run_dir`` to state layout ``layout``
     (``None``: keep its layout) and ``intervals`` key intervals (``None``: keep its count);
     see the module docstring. Returns what was done (keys moved, from and to, seconds...).
@@ -195,7 +201,9 @@ def plan(root: Location, computation: str, layout: str | None, intervals: int | 
                 f"finish it first (--layout {old.state_layout} --intervals {old.intervals})"
             )
             raise refuse(msg)
-        return Change(root, computation, layout, old.intervals, held, old, checkpoint, pending=migration)
+        return Change(
+            root, computation, layout, old.intervals, held, old, checkpoint, pending=migration
+        )
     if migration and pending is None and not migration.get("moved"):
         msg = (
             f"the rescale of {computation!r} to {old.intervals} key intervals has not moved its state yet; "
@@ -305,12 +313,19 @@ def build_store(
     )
     if layout == "keys":
         out = rows.groupBy("group").transformWithStateInPandas(
-            statefulProcessor=make_installer(computation, groups), outputStructType=INSTALL_OUTPUT, outputMode="Append", timeMode="EventTime",
-        )  # fmt: skip
+            statefulProcessor=make_installer(computation, groups),
+            outputStructType=INSTALL_OUTPUT,
+            outputMode="Append",
+            timeMode="EventTime",
+        )
     else:
         out = rows.groupBy("group").applyInPandasWithState(
-            IntervalInstaller(computation, groups), INSTALL_OUTPUT, STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout,
-        )  # fmt: skip
+            IntervalInstaller(computation, groups),
+            INSTALL_OUTPUT,
+            STATE_SCHEMA,
+            "append",
+            GroupStateTimeout.EventTimeTimeout,
+        )
     counts: list[int] = []
     writer = (
         out.writeStream.queryName(f"millwheel.{computation}.relayout")
@@ -340,7 +355,13 @@ def move_layout(change: Change, outbox: Outbox, spark: Any, say: Any, t0: float)
     ``_online.py``): publish what committed, drop a planned batch, read the state at the last
     committed batch, build the new store, graft it, ``run.json``, the swap. ``spark``: the
     session to read and build with (``None``: a local one)."""
-    root, computation, held, old, checkpoint = change.root, change.computation, change.held, change.old, change.checkpoint
+    root, computation, held, old, checkpoint = (
+        change.root,
+        change.computation,
+        change.held,
+        change.old,
+        change.checkpoint,
+    )
     layout, intervals = change.layout, change.intervals
     last, dropped = settle(outbox, root, computation, checkpoint, say)
     if spark is None and last >= 0:
@@ -402,9 +423,13 @@ def move_layout(change: Change, outbox: Outbox, spark: Any, say: Any, t0: float)
         int(prior["from_intervals"]) if prior.get("authority") == "pending" else old.intervals
     )
     migration = {
-        "relayout": "swapping", "from_layout": old.state_layout, "from_intervals": held_intervals, "authority": "pending",
-        "batch": last, "conf": store_conf,
-    }  # fmt: skip
+        "relayout": "swapping",
+        "from_layout": old.state_layout,
+        "from_intervals": held_intervals,
+        "authority": "pending",
+        "batch": last,
+        "conf": store_conf,
+    }
     own = {
         "intervals": intervals,
         "groups": groups,
@@ -422,10 +447,19 @@ def move_layout(change: Change, outbox: Outbox, spark: Any, say: Any, t0: float)
         f"computation {computation!r}: {len(envs)} keys moved from the {old.state_layout!r} layout ({old.intervals} intervals) to {layout!r} ({intervals})"
     )
     return {
-        "computation": computation, "from_layout": old.state_layout, "to_layout": layout, "from": old.intervals, "to": intervals,
-        "keys": len(envs), "batch": last, "dropped_planned": dropped, "groups": groups,
-        "read_s": read_s, "build_s": build_s, "seconds": seconds,
-    }  # fmt: skip
+        "computation": computation,
+        "from_layout": old.state_layout,
+        "to_layout": layout,
+        "from": old.intervals,
+        "to": intervals,
+        "keys": len(envs),
+        "batch": last,
+        "dropped_planned": dropped,
+        "groups": groups,
+        "read_s": read_s,
+        "build_s": build_s,
+        "seconds": seconds,
+    }
 
 
 def _swap(

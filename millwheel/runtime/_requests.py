@@ -41,7 +41,21 @@ from millwheel.runtime._rescale import rescale as offline_rescale
 from millwheel.runtime._rescale import target
 from millwheel.runtime._settings import STATE_LAYOUTS
 
-__all__ = ["CONTROL", "FINAL", "answers", "epoch_of", "gone_answer", "holder", "orphan_answer", "pending", "read_answer", "request_rescale", "rescale", "rescale_main", "what"]
+__all__ = [
+    "CONTROL",
+    "FINAL",
+    "answers",
+    "epoch_of",
+    "gone_answer",
+    "holder",
+    "orphan_answer",
+    "pending",
+    "read_answer",
+    "request_rescale",
+    "rescale",
+    "rescale_main",
+    "what",
+]
 
 #: where requests and answers live, under the run directory
 CONTROL = ("control", "rescale")
@@ -61,7 +75,11 @@ def holder(root: Location, computation: str) -> tuple[int, str] | None:
     if not epoch:
         return None
     name = f"{epoch:012d}"
-    text = (leases.child(DriverEpoch.DIR, name).read_text() or leases.child(computation, name).read_text() or "").strip()
+    text = (
+        leases.child(DriverEpoch.DIR, name).read_text()
+        or leases.child(computation, name).read_text()
+        or ""
+    ).strip()
     if not text or text.endswith(" stopped"):
         return None
     host, _, pid = text.rpartition(":")
@@ -71,9 +89,17 @@ def holder(root: Location, computation: str) -> tuple[int, str] | None:
 
 
 def rescale(
-    run_dir: str, computation: str, intervals: int | None = None, *, layout: str | None = None, spark: Any = None,
-    force: bool = False, wait: bool = True, timeout_s: float | None = None, log: Any = None,
-) -> dict[str, Any]:  # fmt: skip
+    run_dir: str,
+    computation: str,
+    intervals: int | None = None,
+    *,
+    layout: str | None = None,
+    spark: Any = None,
+    force: bool = False,
+    wait: bool = True,
+    timeout_s: float | None = None,
+    log: Any = None,
+) -> dict[str, Any]:
     """Give ``computation`` of the run in ``run_dir`` ``intervals`` key intervals and/or the
     state layout ``layout`` (``_relayout.py``): online, by the driver that runs it (the
     module docstring), or offline if none does (``_rescale.rescale``). ``wait=False``
@@ -83,14 +109,24 @@ def rescale(
         if intervals is None and layout is None:
             msg = "give --intervals N, --layout intervals|keys, or both"
             raise MillwheelError(msg)
-        return request_rescale(run_dir, computation, intervals, layout=layout, wait=wait, timeout_s=timeout_s, log=log)
-    return offline_rescale(run_dir, computation, intervals, layout=layout, spark=spark, force=force, log=log)
+        return request_rescale(
+            run_dir, computation, intervals, layout=layout, wait=wait, timeout_s=timeout_s, log=log
+        )
+    return offline_rescale(
+        run_dir, computation, intervals, layout=layout, spark=spark, force=force, log=log
+    )
 
 
 def request_rescale(
-    run_dir: str, computation: str, intervals: int | None, *, layout: str | None = None, wait: bool = True,
-    timeout_s: float | None = None, log: Any = None,
-) -> dict[str, Any]:  # fmt: skip
+    run_dir: str,
+    computation: str,
+    intervals: int | None,
+    *,
+    layout: str | None = None,
+    wait: bool = True,
+    timeout_s: float | None = None,
+    log: Any = None,
+) -> dict[str, Any]:
     """Ask the driver running ``computation`` to rescale it (step 1) — ``intervals`` key
     intervals, or the state layout ``layout`` (``None``: its own) — and wait for its answer
     (unless ``wait`` is false); returns the answer, with ``"state"`` one of ``done``,
@@ -110,9 +146,19 @@ def request_rescale(
     rid = f"{epoch:012d}-{uuid.uuid4().hex[:12]}"
     control = control_dir(root)
     control.mkdirs()
-    body = {"id": rid, "computation": computation, "intervals": intervals, "layout": layout, "epoch": epoch, "by": f"{os.uname().nodename}:{os.getpid()}", "at_ms": int(time.time() * 1000)}
+    body = {
+        "id": rid,
+        "computation": computation,
+        "intervals": intervals,
+        "layout": layout,
+        "epoch": epoch,
+        "by": f"{os.uname().nodename}:{os.getpid()}",
+        "at_ms": int(time.time() * 1000),
+    }
     control.child(f"{rid}.request").write_text(json.dumps(body))
-    say(f"asked the driver running {computation!r} ({who}, epoch {epoch}) to move it to {what(intervals, layout)} (request {rid})")
+    say(
+        f"asked the driver running {computation!r} ({who}, epoch {epoch}) to move it to {what(intervals, layout)} (request {rid})"
+    )
     if not wait:
         return {**body, "state": "sent"}
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -145,7 +191,9 @@ def what(intervals: int | None, layout: str | None) -> str:
     """What a request asks for, in words: ``8 key intervals``, ``the 'keys' state layout (with 8 key intervals)``."""
     if layout is None:
         return f"{intervals} key intervals"
-    return f"the {layout!r} state layout" + ("" if intervals is None else f" with {intervals} key intervals")
+    return f"the {layout!r} state layout" + (
+        "" if intervals is None else f" with {intervals} key intervals"
+    )
 
 
 def epoch_of(rid: str) -> int | None:
@@ -159,27 +207,61 @@ def orphan_answer(root: Location, body: dict[str, Any], by: int | None = None) -
     with ``state`` ``sent``) whose driver stopped before it was final (the module
     docstring, 2.), checked against ``run.json``; ``by``: the epoch of the driver that
     answers it (it runs the computation now, with whatever ``run.json`` gives it)."""
-    rid, computation, intervals, layout = str(body.get("id")), str(body.get("computation")), body.get("intervals"), body.get("layout")
+    rid, computation, intervals, layout = (
+        str(body.get("id")),
+        str(body.get("computation")),
+        body.get("intervals"),
+        body.get("layout"),
+    )
     epoch = epoch_of(rid)
-    kind = f"the automatic {body['decision']['action']}" if isinstance(body.get("decision"), dict) else "the rescale"
+    kind = (
+        f"the automatic {body['decision']['action']}"
+        if isinstance(body.get("decision"), dict)
+        else "the rescale"
+    )
     if body.get("state", "sent") in ("sent", "waiting"):
-        again = "the policy decides again from new figures" if body.get("decision") else "rescale again (offline, or once a driver runs it)"
+        again = (
+            "the policy decides again from new figures"
+            if body.get("decision")
+            else "rescale again (offline, or once a driver runs it)"
+        )
         out = {
-            "state": "failed", "recorded": False,
+            "state": "failed",
+            "recorded": False,
             "detail": f"the driver (epoch {epoch}) stopped before {kind} of {computation!r} to {what(intervals, layout)} began its move: nothing changed; {again}",
-        }  # fmt: skip
+        }
     else:
-        out = gone_answer(root, computation, intervals, rid, epoch or 0, layout, before=body.get("from"), before_layout=body.get("from_layout"))
+        out = gone_answer(
+            root,
+            computation,
+            intervals,
+            rid,
+            epoch or 0,
+            layout,
+            before=body.get("from"),
+            before_layout=body.get("from_layout"),
+        )
         if out["recorded"] and by is not None and "refuses" not in out["detail"]:
-            out = {**out, "state": "done", "detail": f"{out['detail'].split(':', 1)[0]}; driver epoch {by} runs with it (it moves the state in its first batch, if not moved yet)"}
+            out = {
+                **out,
+                "state": "done",
+                "detail": f"{out['detail'].split(':', 1)[0]}; driver epoch {by} runs with it (it moves the state in its first batch, if not moved yet)",
+            }
     kept = {k: v for k, v in body.items() if k not in ("state", "detail", "recorded")}
     return {**kept, **out, "id": rid, **({"answered_by": by} if by is not None else {})}
 
 
 def gone_answer(
-    root: Location, computation: str, intervals: int | None, rid: str, epoch: int, layout: str | None = None, *,
-    before: int | None = None, before_layout: str | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    root: Location,
+    computation: str,
+    intervals: int | None,
+    rid: str,
+    epoch: int,
+    layout: str | None = None,
+    *,
+    before: int | None = None,
+    before_layout: str | None = None,
+) -> dict[str, Any]:
     """The driver stopped (or was killed) during a move, before it answered: say what the run
     directory holds. ``before``, ``before_layout``: the computation's key intervals and state
     layout when the move began; ``run.json`` still giving it those means nothing changed."""
@@ -187,8 +269,17 @@ def gone_answer(
     entry = (held.get("computations") or {}).get(computation) or {}
     own, step = entry.get("intervals"), (entry.get("migration") or {}).get("relayout")
     now_layout = entry.get("state_layout") or held.get("state_layout") or "intervals"
-    unchanged = before is not None and entry.get("intervals", held.get("intervals")) == before and before_layout in (None, now_layout)
-    if not unchanged and step is not None and layout in (None, entry.get("state_layout")) and intervals in (None, own):
+    unchanged = (
+        before is not None
+        and entry.get("intervals", held.get("intervals")) == before
+        and before_layout in (None, now_layout)
+    )
+    if (
+        not unchanged
+        and step is not None
+        and layout in (None, entry.get("state_layout"))
+        and intervals in (None, own)
+    ):
         # a layout change (``_relayout.py``) recorded in run.json
         if step != "done":
             detail = (
@@ -254,46 +345,90 @@ def rescale_main(argv: list[str]) -> int:
         description="give a computation another number of key intervals or another state layout: online if a driver runs it, else in the stopped run "
         "directory. A computation on the Arrow mapping (ComputationOptions(mapping='arrow')) is refused before anything changes: its state "
         "is in that mapping's own files, which a rescale does not move (docs/runtime.md, 'The Arrow mapping').",
-    )  # fmt: skip
+    )
     p.add_argument("run", help="the run directory (--checkpoint of millwheel run)")
     p.add_argument("--computation", help="the computation to rescale")
     p.add_argument("--intervals", type=int, help="its new number of key intervals")
-    p.add_argument("--layout", choices=STATE_LAYOUTS, default=None, help="its new state layout (with --intervals: and that many key intervals); online too (docs/runtime.md)")
-    p.add_argument("--no-wait", dest="wait", action="store_false", help="online: return once the driver has the request (its progress shows in its live status)")
-    p.add_argument("--timeout", type=float, default=None, help="online: give up waiting for the answer after this many seconds")
-    p.add_argument("--force", action="store_true", help="rescale offline without checking that no driver runs (one on another host that you know has stopped)")
-    p.add_argument("--status", action="store_true", help="list the run's online rescales and layout changes and the automatic policy's decisions, with their outcome")
+    p.add_argument(
+        "--layout",
+        choices=STATE_LAYOUTS,
+        default=None,
+        help="its new state layout (with --intervals: and that many key intervals); online too (docs/runtime.md)",
+    )
+    p.add_argument(
+        "--no-wait",
+        dest="wait",
+        action="store_false",
+        help="online: return once the driver has the request (its progress shows in its live status)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="online: give up waiting for the answer after this many seconds",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="rescale offline without checking that no driver runs (one on another host that you know has stopped)",
+    )
+    p.add_argument(
+        "--status",
+        action="store_true",
+        help="list the run's online rescales and layout changes and the automatic policy's decisions, with their outcome",
+    )
     args = p.parse_args(argv)
     if args.status:
         root = Location.of(args.run)
         for a in answers(args.run):
             if a.get("state") not in FINAL:
                 held = holder(root, str(a.get("computation")))
-                if held is None or held[0] != epoch_of(str(a.get("id"))):  # its driver is gone: what the run directory says
+                if held is None or held[0] != epoch_of(
+                    str(a.get("id"))
+                ):  # its driver is gone: what the run directory says
                     a = orphan_answer(root, a)  # noqa: PLW2901
             why = f" — {a['decision']['reason']}" if a.get("decision") else ""
-            print(f"{a.get('id')}: {a.get('computation')} -> {what(a.get('intervals'), a.get('layout'))}: {a.get('state')} ({a.get('detail', '')}){why}")
+            print(
+                f"{a.get('id')}: {a.get('computation')} -> {what(a.get('intervals'), a.get('layout'))}: {a.get('state')} ({a.get('detail', '')}){why}"
+            )
         return 0
     if args.computation is None or (args.intervals is None and args.layout is None):
         p.error("--computation and --intervals or --layout are required (or --status)")
     say = lambda m: print(f"millwheel: {m}", file=sys.stderr, flush=True)  # noqa: E731
     try:
-        out = rescale(args.run, args.computation, args.intervals, layout=args.layout, force=args.force, wait=args.wait, timeout_s=args.timeout, log=say)
+        out = rescale(
+            args.run,
+            args.computation,
+            args.intervals,
+            layout=args.layout,
+            force=args.force,
+            wait=args.wait,
+            timeout_s=args.timeout,
+            log=say,
+        )
     except MillwheelError as exc:
         print(f"millwheel: {exc}", file=sys.stderr)
         return 2
     state = out.get("state")
     if state == "sent":
-        print(f"asked the running driver to move {args.computation!r} to {what(args.intervals, args.layout)} (request {out['id']}); its live status shows the progress")
+        print(
+            f"asked the running driver to move {args.computation!r} to {what(args.intervals, args.layout)} (request {out['id']}); its live status shows the progress"
+        )
     elif state is not None:
-        print(f"rescale of {args.computation!r} to {what(args.intervals, args.layout)}: {state}: {out.get('detail', '')}")
+        print(
+            f"rescale of {args.computation!r} to {what(args.intervals, args.layout)}: {state}: {out.get('detail', '')}"
+        )
         return 0 if state == "done" else 1
     elif out.get("to_layout") is not None and out.get("keys") is not None:
-        print(f"moved {out['computation']!r} to the {out['to_layout']!r} state layout with {out['to']} key intervals: {out['keys']} keys ({out['seconds']:.1f}s)")
+        print(
+            f"moved {out['computation']!r} to the {out['to_layout']!r} state layout with {out['to']} key intervals: {out['keys']} keys ({out['seconds']:.1f}s)"
+        )
     elif out.get("pending"):
-        print(f"the rescale of {out['computation']!r} to {out['to']} key intervals is written already: start the run, whose next micro-batch moves the state")
+        print(
+            f"the rescale of {out['computation']!r} to {out['to']} key intervals is written already: start the run, whose next micro-batch moves the state"
+        )
     elif out.get("keys") is not None and not out.get("unchanged"):
-        print(f"rescaled {out['computation']!r} from {out['from']} to {out['to']} key intervals: {out['keys']} keys move in its next micro-batch ({out['seconds']:.1f}s)")
+        print(
+            f"rescaled {out['computation']!r} from {out['from']} to {out['to']} key intervals: {out['keys']} keys move in its next micro-batch ({out['seconds']:.1f}s)"
+        )
     return 0
-
-

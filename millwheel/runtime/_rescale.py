@@ -84,9 +84,15 @@ class Target:
 
 
 def rescale(
-    run_dir: str, computation: str, intervals: int | None = None, *, layout: str | None = None, spark: Any = None,
-    force: bool = False, log: Any = None,
-) -> dict[str, Any]:  # fmt: skip
+    run_dir: str,
+    computation: str,
+    intervals: int | None = None,
+    *,
+    layout: str | None = None,
+    spark: Any = None,
+    force: bool = False,
+    log: Any = None,
+) -> dict[str, Any]:
     """Give ``computation`` of the stopped run in ``run_dir`` ``intervals`` key intervals (see
     the module docstring); returns what was done (keys moved, from and to, seconds...).
 
@@ -113,9 +119,7 @@ def rescale(
             f"a driver may still be running run directory {root.uri} ({'; '.join(live)}); stop it first "
             "(or pass --force if you know a driver on another host has stopped)"
         )
-        raise refuse(
-            msg
-        )
+        raise refuse(msg)
     done = settled(tgt, say, t0)
     if done is not None:
         return done
@@ -125,7 +129,9 @@ def rescale(
     lease = Lease(leases.child(computation), f"computation {computation!r} (millwheel rescale)")
     lease.acquire(epoch.get())
     try:
-        return move_state(tgt, offline_outbox(root, computation, tgt.checkpoint, lease), spark, say, t0)
+        return move_state(
+            tgt, offline_outbox(root, computation, tgt.checkpoint, lease), spark, say, t0
+        )
     finally:
         epoch.mark(stopped=True)
 
@@ -146,20 +152,24 @@ def target(root: Location, computation: str, intervals: int) -> Target:
             f"run directory {root.uri} keeps its state in the per-key layout (state_layout={held['state_layout']!r}); "
             "millwheel rescale moves the interval-row layout only (docs/runtime.md, 'Rescaling key intervals')"
         )
-        raise refuse(
-            msg
-        )
+        raise refuse(msg)
     checkpoint = root.child("checkpoints", computation)
     if not checkpoint.exists():
-        known = sorted(root.child("checkpoints").list()) if root.child("checkpoints").exists() else []
+        known = (
+            sorted(root.child("checkpoints").list()) if root.child("checkpoints").exists() else []
+        )
         msg = f"run directory {root.uri} has no computation {computation!r} (its computations: {known})"
         raise refuse(msg)
     if "groups" not in held or "intervals" not in held:
         msg = f"{root.child('run.json').uri} does not pin the run's key intervals and groups; start the run once with this millwheel first"
         raise refuse(msg)
     refuse_own_files(root, held, computation)
-    old = computation_layouts(held, [computation], int(held["intervals"]), [int(g) for g in held["groups"]])[computation]
-    return Target(root, computation, intervals, held, old, checkpoint, root.child("heartbeats", computation))
+    old = computation_layouts(
+        held, [computation], int(held["intervals"]), [int(g) for g in held["groups"]]
+    )[computation]
+    return Target(
+        root, computation, intervals, held, old, checkpoint, root.child("heartbeats", computation)
+    )
 
 
 def settled(tgt: Target, say: Any, t0: float) -> dict[str, Any] | None:
@@ -167,7 +177,12 @@ def settled(tgt: Target, say: Any, t0: float) -> dict[str, Any] | None:
     previous rescale of the computation whose file was never renamed into view is finished
     here; one whose move has not run (or not committed) yet answers ``pending`` to the same
     count and refuses another; the same count is a no-op."""
-    computation, intervals, old, heartbeats = tgt.computation, tgt.intervals, tgt.old, tgt.heartbeats
+    computation, intervals, old, heartbeats = (
+        tgt.computation,
+        tgt.intervals,
+        tgt.old,
+        tgt.heartbeats,
+    )
     heartbeats.mkdirs()
     consumed = ConsumedFiles(tgt.checkpoint)
     consumed.refresh()
@@ -179,8 +194,16 @@ def settled(tgt: Target, say: Any, t0: float) -> dict[str, Any] | None:
         def pending(where: str) -> dict[str, Any]:
             # the same command again (an operator whose first one was killed after run.json):
             # it is written, and only the run's next micro-batch has to move it
-            say(f"the rescale of {computation!r} to {intervals} key intervals is written; {where}: start the run")
-            return {"computation": computation, "to": intervals, "pending": True, "file": name, "seconds": time.perf_counter() - t0}
+            say(
+                f"the rescale of {computation!r} to {intervals} key intervals is written; {where}: start the run"
+            )
+            return {
+                "computation": computation,
+                "to": intervals,
+                "pending": True,
+                "file": name,
+                "seconds": time.perf_counter() - t0,
+            }
 
         if heartbeats.child(name).exists():
             if intervals == old.intervals:
@@ -189,9 +212,7 @@ def settled(tgt: Target, say: Any, t0: float) -> dict[str, Any] | None:
                 f"the rescale of {computation!r} to {old.intervals} key intervals has not run yet (its state move {name} waits "
                 "in the heartbeats); resume the run, which moves the state in its first micro-batch, then rescale again"
             )
-            raise refuse(
-                msg
-            )
+            raise refuse(msg)
         if name not in consumed.heartbeat_files:
             hidden = heartbeats.child(_HIDDEN.format(name))
             if not hidden.exists():
@@ -202,7 +223,13 @@ def settled(tgt: Target, say: Any, t0: float) -> dict[str, Any] | None:
                 raise refuse(msg)
             hidden.move_to(heartbeats.child(name))
             say(f"finished the interrupted rescale of {computation!r} to {intervals} key intervals")
-            return {"computation": computation, "to": intervals, "finished": True, "file": name, "seconds": time.perf_counter() - t0}
+            return {
+                "computation": computation,
+                "to": intervals,
+                "finished": True,
+                "file": name,
+                "seconds": time.perf_counter() - t0,
+            }
         if name not in consumed.heartbeat_names(last):
             if intervals == old.intervals:
                 return pending("the batch that moves its state is planned, not committed")
@@ -210,12 +237,17 @@ def settled(tgt: Target, say: Any, t0: float) -> dict[str, Any] | None:
                 f"the batch that moves {computation!r}'s state into {old.intervals} key intervals is planned but not committed; "
                 "resume the run until it commits, then rescale again"
             )
-            raise refuse(
-                msg
-            )
+            raise refuse(msg)
     if intervals == old.intervals:
         say(f"computation {computation!r} has {intervals} key intervals already")
-        return {"computation": computation, "from": old.intervals, "to": intervals, "keys": 0, "unchanged": True, "seconds": time.perf_counter() - t0}
+        return {
+            "computation": computation,
+            "from": old.intervals,
+            "to": intervals,
+            "keys": 0,
+            "unchanged": True,
+            "seconds": time.perf_counter() - t0,
+        }
     return None
 
 
@@ -223,7 +255,14 @@ def move_state(tgt: Target, outbox: Outbox, spark: Any, say: Any, t0: float) -> 
     """Steps 2-4 of the module docstring, for a computation whose query is not running and
     whose lease ``outbox`` holds: publish what committed, drop a planned batch, read the
     state at the last committed batch, write the move's heartbeat file and ``run.json``."""
-    root, computation, intervals, old, checkpoint, heartbeats = tgt.root, tgt.computation, tgt.intervals, tgt.old, tgt.checkpoint, tgt.heartbeats
+    root, computation, intervals, old, checkpoint, heartbeats = (
+        tgt.root,
+        tgt.computation,
+        tgt.intervals,
+        tgt.old,
+        tgt.checkpoint,
+        tgt.heartbeats,
+    )
     # 2. publish what committed; drop a planned, uncommitted batch
     last, dropped = settle(outbox, root, computation, checkpoint, say)
 
@@ -234,7 +273,9 @@ def move_state(tgt: Target, outbox: Outbox, spark: Any, say: Any, t0: float) -> 
         spark = command_session()
     t_read = time.perf_counter()
     try:
-        what, states = read_interval_states(spark, checkpoint.uri, last) if last >= 0 else ("envelopes", {})
+        what, states = (
+            read_interval_states(spark, checkpoint.uri, last) if last >= 0 else ("envelopes", {})
+        )
     except ValueError as exc:
         raise refuse(str(exc)) from None
     if what == "keys":
@@ -246,7 +287,9 @@ def move_state(tgt: Target, outbox: Outbox, spark: Any, say: Any, t0: float) -> 
         msg = f"the state of {computation!r} has groups {stray} that its layout in run.json ({list(old.groups)}) does not: run.json was changed by hand, or the checkpoint is not the one this run.json describes"
         raise refuse(msg)
     interval_of_group = {g: i for i, g in enumerate(old.groups)}
-    if what == "columnar":  # a columnar computation's store per interval: split by key (``_colstore.py``)
+    if (
+        what == "columnar"
+    ):  # a columnar computation's store per interval: split by key (``_colstore.py``)
         pieces = {g: ColumnarStore.decode(blob) for g, blob in states.items()}
         digests = {g: blob_digest(blob) for g, blob in states.items()}
         held_keys = {g: st.keys_held() for g, st in pieces.items()}
@@ -262,8 +305,16 @@ def move_state(tgt: Target, outbox: Outbox, spark: Any, say: Any, t0: float) -> 
     # the new groups: dealt over the checkpoint's partitions, disjoint from every group used before
     held = tgt.held
     entry = (held.get("computations") or {}).get(computation) or {}
-    used = {int(g) for g in entry.get("used_groups", [])} | set(old.groups) | {int(g) for g in held["groups"]}
-    partitions = int(offset_log_conf(checkpoint, last).get("spark.sql.shuffle.partitions", 0)) if last >= 0 else 0
+    used = (
+        {int(g) for g in entry.get("used_groups", [])}
+        | set(old.groups)
+        | {int(g) for g in held["groups"]}
+    )
+    partitions = (
+        int(offset_log_conf(checkpoint, last).get("spark.sql.shuffle.partitions", 0))
+        if last >= 0
+        else 0
+    )
     if partitions <= 0:
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
     groups = interval_groups(intervals, partitions, avoid=used)
@@ -273,25 +324,49 @@ def move_state(tgt: Target, outbox: Outbox, spark: Any, say: Any, t0: float) -> 
         table, keys = move_stores(pieces, digests, old.groups, groups)
     else:
         table, keys = move_rows(states, old.groups, groups)
-    nums = [int(n.split(".")[0]) for n in heartbeats.list() if n.endswith(".parquet") and n[0].isdigit()]
-    listed = ConsumedFiles(checkpoint)  # names the file source has seen are never read again: a new number
+    nums = [
+        int(n.split(".")[0]) for n in heartbeats.list() if n.endswith(".parquet") and n[0].isdigit()
+    ]
+    listed = ConsumedFiles(
+        checkpoint
+    )  # names the file source has seen are never read again: a new number
     listed.refresh()
     nums += [int(n.split(".")[0]) for n in listed.heartbeat_files if n[:1].isdigit()]
     name = f"{max(nums, default=-1) + 1:012d}.parquet"
     hidden = heartbeats.child(_HIDDEN.format(name))
     pq.write_table(table, hidden.path, filesystem=hidden.fs)
-    migration = {"file": name, "from_intervals": old.intervals, "authority": "pending", "batch": last}
-    own = {"intervals": intervals, "groups": groups, "used_groups": sorted(used | set(groups)), "migration": migration}
+    migration = {
+        "file": name,
+        "from_intervals": old.intervals,
+        "authority": "pending",
+        "batch": last,
+    }
+    own = {
+        "intervals": intervals,
+        "groups": groups,
+        "used_groups": sorted(used | set(groups)),
+        "migration": migration,
+    }
     update_pin(root, lambda pin: pin.setdefault("computations", {}).__setitem__(computation, own))
     crash_point(computation, "rescale_pinned", intervals)  # test hook: ``C:rescale_pinned:N``
     hidden.move_to(heartbeats.child(name))
     seconds = time.perf_counter() - t0
-    say(f"computation {computation!r}: {keys} keys move from {old.intervals} to {intervals} key intervals in its next micro-batch ({name})")
+    say(
+        f"computation {computation!r}: {keys} keys move from {old.intervals} to {intervals} key intervals in its next micro-batch ({name})"
+    )
     return {
-        "computation": computation, "from": old.intervals, "to": intervals, "keys": keys, "batch": last,
-        "published_upto": outbox.published, "dropped_planned": dropped,
-        "file": name, "groups": groups, "read_s": read_s, "seconds": seconds,
-    }  # fmt: skip
+        "computation": computation,
+        "from": old.intervals,
+        "to": intervals,
+        "keys": keys,
+        "batch": last,
+        "published_upto": outbox.published,
+        "dropped_planned": dropped,
+        "file": name,
+        "groups": groups,
+        "read_s": read_s,
+        "seconds": seconds,
+    }
 
 
 class _MoveRows:
@@ -304,7 +379,9 @@ class _MoveRows:
         self.key: list[bytes | None] = []
         self.value: list[bytes] = []
 
-    def _add(self, interval: int, group: int, kind: RowKind, key: bytes | None, value: bytes) -> None:
+    def _add(
+        self, interval: int, group: int, kind: RowKind, key: bytes | None, value: bytes
+    ) -> None:
         self.interval.append(interval)
         self.group.append(group)
         self.kind.append(int(kind))
@@ -321,15 +398,21 @@ class _MoveRows:
         rows = len(self.kind)
         return pa.table(
             {
-                "interval": pa.array(self.interval, pa.int32()), "wm": pa.nulls(rows, pa.int64()), "now": pa.nulls(rows, pa.int64()),
-                "kind": pa.array(self.kind, pa.int32()), "group": pa.array(self.group, pa.int32()),
-                "key": pa.array(self.key, pa.binary()), "value": pa.array(self.value, pa.binary()),
+                "interval": pa.array(self.interval, pa.int32()),
+                "wm": pa.nulls(rows, pa.int64()),
+                "now": pa.nulls(rows, pa.int64()),
+                "kind": pa.array(self.kind, pa.int32()),
+                "group": pa.array(self.group, pa.int32()),
+                "key": pa.array(self.key, pa.binary()),
+                "value": pa.array(self.value, pa.binary()),
             },
             schema=HB_MOVE_SCHEMA,
-        )  # fmt: skip
+        )
 
 
-def move_rows(states: dict[int, dict[bytes, bytes]], old_groups: Any, new_groups: list[int]) -> tuple[pa.Table, int]:
+def move_rows(
+    states: dict[int, dict[bytes, bytes]], old_groups: Any, new_groups: list[int]
+) -> tuple[pa.Table, int]:
     """The rows of a state move (:data:`~millwheel.runtime._query.HB_MOVE_SCHEMA`): one
     :attr:`RowKind.INSTALL` per key, to the new group its key hashes to, and one
     :attr:`RowKind.RETIRE` per old group with the digest of what it holds; and how many keys."""
@@ -346,7 +429,9 @@ def move_rows(states: dict[int, dict[bytes, bytes]], old_groups: Any, new_groups
     return rows.table(), keys
 
 
-def move_stores(stores: dict[int, Any], digests: dict[int, list[int]], old_groups: Any, new_groups: list[int]) -> tuple[pa.Table, int]:
+def move_stores(
+    stores: dict[int, Any], digests: dict[int, list[int]], old_groups: Any, new_groups: list[int]
+) -> tuple[pa.Table, int]:
     """The rows of a columnar computation's state move: each old group's store
     (:class:`~millwheel._colstore.ColumnarStore`, decoded) split by the new interval of its
     keys, one :attr:`RowKind.INSTALL` row per piece (key ``None``, the piece's blob: the new

@@ -84,7 +84,11 @@ def pin_run_settings(root: Location, settings: RuntimeSettings) -> None:
     except ValueError as exc:
         msg = f"{pin.uri} is not JSON ({exc}); it records the settings the run directory was started with"
         raise MillwheelError(msg) from None
-    differ = [f"{k}={held[k]!r} (this run: {wanted[k]!r})" for k in PINNED_SETTINGS if k in held and held[k] != wanted[k]]
+    differ = [
+        f"{k}={held[k]!r} (this run: {wanted[k]!r})"
+        for k in PINNED_SETTINGS
+        if k in held and held[k] != wanted[k]
+    ]
     if differ:
         msg = (
             f"run directory {root.uri} was started with {', '.join(differ)}; "
@@ -138,7 +142,9 @@ def pin_pipeline(root: Location, name: str) -> tuple[str, str]:
 def where_of(root: Location) -> str:
     """Where a run directory is, for the registry's roster: host and path (bounded)."""
     where = f"{socket.gethostname()}:{root.uri}"
-    return where if len(where) <= 160 else f"{where[:100]}…{xxhash.xxh3_64_hexdigest(where.encode())}"
+    return (
+        where if len(where) <= 160 else f"{where[:100]}…{xxhash.xxh3_64_hexdigest(where.encode())}"
+    )
 
 
 def run_identity(root: str) -> tuple[str, str, str] | None:
@@ -165,7 +171,9 @@ def pin_groups(root: Location, intervals: int, partitions: int) -> list[int]:
     held = json.loads(pin.read_text() or "{}")
     groups = held.get("groups")
     if groups is None:
-        started = any(has_started(root.child("checkpoints", n)) for n in root.child("checkpoints").list())
+        started = any(
+            has_started(root.child("checkpoints", n)) for n in root.child("checkpoints").list()
+        )
         groups = list(range(intervals)) if started else interval_groups(intervals, partitions)
         pin.write_text(json.dumps({**held, "groups": groups}, indent=1) + "\n")
     if len(groups) != intervals:
@@ -197,7 +205,9 @@ class SparkRuntime:
         self.root = Location.of(root)
         #: every consumer's key extractor: producers key what they write (``_keying.py``), for
         #: each consumer's interval count (a rescaled one has its own: ``_layout.py``)
-        self.keyer = Keyer.of(self.topology, self.settings.intervals, own_intervals(read_pin(self.root)))
+        self.keyer = Keyer.of(
+            self.topology, self.settings.intervals, own_intervals(read_pin(self.root))
+        )
         self.streams = FileStreamLog(self.root, self.keyer)
         #: the epoch every query's lease is taken under (``_lease.py``): one per driver start
         self.driver_epoch = DriverEpoch(self.root.child("leases"))
@@ -228,12 +238,24 @@ class SparkRuntime:
             else:
                 self.injectors[name] = SourceInjector(self, spec)
         self.order = [n for n in topology.order() if not only or n in only]
-        self.computations = {name: ComputationQuery(self, topology.computations[name]) for name in self.order}
+        self.computations = {
+            name: ComputationQuery(self, topology.computations[name]) for name in self.order
+        }
         #: sinks with a target: each follows its stream log and writes committed files once (``_sinks.py``)
         here = set(self.injectors) | set(self.computations)
-        self.sinks = [s for s in sink_writers(topology, self.streams, self.root) if here & set(self.producers(s.spec.stream))]
+        self.sinks = [
+            s
+            for s in sink_writers(topology, self.streams, self.root)
+            if here & set(self.producers(s.spec.stream))
+        ]
         #: sinks through Spark (``SparkSink``: Kafka, tables, foreachBatch), fed the same committed files (``_sparksink.py``)
-        self.sinks += [w for w in spark_sink_writers(topology, self.streams, self.root, lambda: self.spark, self.log) if here & set(self.producers(w.spec.stream))]
+        self.sinks += [
+            w
+            for w in spark_sink_writers(
+                topology, self.streams, self.root, lambda: self.spark, self.log
+            )
+            if here & set(self.producers(w.spec.stream))
+        ]
         self.started = False
         #: this run directory's identity in once-tokens (:func:`pin_pipeline`), set by :meth:`start`
         self.pipeline_id: str | None = None
@@ -256,14 +278,22 @@ class SparkRuntime:
         if self._spark is None:
             from millwheel.runtime._session import spark_session
 
-            self._spark = spark_session(self.settings.master, shuffle_partitions=self.settings.shuffle_partitions, conf=dict(self.topology.spark_conf) or None)
+            self._spark = spark_session(
+                self.settings.master,
+                shuffle_partitions=self.settings.shuffle_partitions,
+                conf=dict(self.topology.spark_conf) or None,
+            )
         return self._spark
 
     def layout(self, computation: str) -> Layout:
         """``computation``'s key intervals and their Spark groups (known at :meth:`start`)."""
         lay = self.layouts.get(computation)
         if lay is None:
-            return Layout(self.keyer.intervals_of(computation), tuple(self.groups), state_layout=self.settings.state_layout)
+            return Layout(
+                self.keyer.intervals_of(computation),
+                tuple(self.groups),
+                state_layout=self.settings.state_layout,
+            )
         return lay
 
     def producers(self, stream: str) -> list[str]:
@@ -308,7 +338,9 @@ class SparkRuntime:
         before = pin.read_text()
         self.root.mkdirs()
         pin_run_settings(self.root, self.settings)
-        pin_fields(self.root, self.topology.fields)  # a stream's files hold its values in columns of these types
+        pin_fields(
+            self.root, self.topology.fields
+        )  # a stream's files hold its values in columns of these types
         name, epoch = pin_pipeline(self.root, self.settings.pipeline)
         if self.settings.registry is not None:
             registry = self.settings.registry()
@@ -338,7 +370,11 @@ class SparkRuntime:
             sink.start()
         # for the whole run: the file sources' logs take it on the queries' own threads
         self._saved_conf = set_conf(self.spark, checkpoint_conf(self.root))
-        self.groups = pin_groups(self.root, self.settings.intervals, int(self.spark.conf.get("spark.sql.shuffle.partitions")))
+        self.groups = pin_groups(
+            self.root,
+            self.settings.intervals,
+            int(self.spark.conf.get("spark.sql.shuffle.partitions")),
+        )
         held = read_pin(self.root)
         if own_intervals(held) != self.keyer.own:
             msg = (
@@ -346,10 +382,14 @@ class SparkRuntime:
                 f"not the {self.keyer.own} this runtime was built with (rescaled meanwhile?); build the runtime again"
             )
             raise MillwheelError(msg)
-        self.layouts = computation_layouts(held, list(self.topology.computations), self.settings.intervals, self.groups)
+        self.layouts = computation_layouts(
+            held, list(self.topology.computations), self.settings.intervals, self.groups
+        )
         # the workers start while the queries are planned and started (the driver's and the
         # JVM's work, not the workers'): on 2 cores the two overlap by ~3 s (docs/performance.md)
-        warming = threading.Thread(target=self._warm_workers, name="millwheel-warm-workers", daemon=True)
+        warming = threading.Thread(
+            target=self._warm_workers, name="millwheel-warm-workers", daemon=True
+        )
         warming.start()
         self.driver_epoch.get()  # every lease is taken under it: drawn once, before the threads
         # the injectors start on a thread of their own while the computations start here: a
@@ -374,7 +414,9 @@ class SparkRuntime:
         try:
             warm_python_workers(self.spark)
         except Exception as exc:  # noqa: BLE001 - an optimisation: the queries start their own workers
-            self.log(f"warming the Python workers failed ({str(exc).strip().splitlines()[0][:200]}); the queries start their own")
+            self.log(
+                f"warming the Python workers failed ({str(exc).strip().splitlines()[0][:200]}); the queries start their own"
+            )
 
     def poll(self) -> None:
         """One round of the driver loop."""
@@ -397,17 +439,30 @@ class SparkRuntime:
     def _prune(self, *, now: bool = False) -> None:
         """With ``prune_streams``: move consumed stream files to ``_done/`` (at most once a
         second while running; ``now`` at the end of a drained run, so none is left live)."""
-        if self.settings.prune_streams and not self.settings.only and (now or time.monotonic() - self._pruned_at >= 1.0):
+        if (
+            self.settings.prune_streams
+            and not self.settings.only
+            and (now or time.monotonic() - self._pruned_at >= 1.0)
+        ):
             prune_streams(list(self.computations.values()), self.streams)
             self._pruned_at = time.monotonic()
 
     def drained(self) -> bool:
         return (
-            all(i.drained() for i in self.injectors.values()) and all(c.drained() for c in self.computations.values()) and not self.rescaler.active()
-            and all(s.caught_up() for s in self.sinks if hasattr(s, "caught_up"))  # a Spark sink waiting out its target's outage
-        )  # fmt: skip
+            all(i.drained() for i in self.injectors.values())
+            and all(c.drained() for c in self.computations.values())
+            and not self.rescaler.active()
+            and all(
+                s.caught_up() for s in self.sinks if hasattr(s, "caught_up")
+            )  # a Spark sink waiting out its target's outage
+        )
 
-    def run(self, *, timeout_s: float | None = None, on_status: Callable[[SparkRuntime], None] | None = None) -> None:
+    def run(
+        self,
+        *,
+        timeout_s: float | None = None,
+        on_status: Callable[[SparkRuntime], None] | None = None,
+    ) -> None:
         """Start, loop until drained (every low watermark +inf), interrupted or timed out, then stop."""
         self.start()
         last_status = time.monotonic()
@@ -421,7 +476,11 @@ class SparkRuntime:
                     msg = f"topology {self.topology.name!r} did not drain within {timeout_s}s: {self.status()}"
                     raise MillwheelError(msg)
                 every = self.settings.status_every_s
-                if on_status is not None and every is not None and time.monotonic() - last_status >= every:
+                if (
+                    on_status is not None
+                    and every is not None
+                    and time.monotonic() - last_status >= every
+                ):
                     on_status(self)
                     last_status = time.monotonic()
                 time.sleep(self.settings.poll_ms / 1000)
@@ -437,7 +496,9 @@ class SparkRuntime:
                 c.stop()
             for inj in self.injectors.values():
                 inj.stop()
-        self.driver_epoch.mark(stopped=True)  # ``millwheel rescale`` checks that no driver runs (``_lease.live_drivers``)
+        self.driver_epoch.mark(
+            stopped=True
+        )  # ``millwheel rescale`` checks that no driver runs (``_lease.live_drivers``)
         if self._saved_conf is not None:
             restore_conf(self._spark, self._saved_conf)
             self._saved_conf = None
@@ -456,7 +517,9 @@ class SparkRuntime:
             text = "; ".join(w.text() for w in waits)
             for name in self.computations:
                 out[name]["waiting"] = text
-                out[name]["warning"] = text if not out[name].get("warning") else f"{out[name]['warning']}; {text}"
+                out[name]["warning"] = (
+                    text if not out[name].get("warning") else f"{out[name]['warning']}; {text}"
+                )
         for v in out.values():
             lw = v["low_watermark"]
             v["lag_ms"] = None if lw in (MIN_TIMESTAMP, MAX_TIMESTAMP) else now - lw
@@ -483,7 +546,11 @@ class SparkRuntime:
         if is_columnar(spec.cls):
             from millwheel.runtime._state_reader import read_state
 
-            return {k.key: k.state for k in read_state(self.spark, self.root.uri, computation).keys if k.state is not None}
+            return {
+                k.key: k.state
+                for k in read_state(self.spark, self.root.uri, computation).keys
+                if k.state is not None
+            }
         out: dict[Key, Any] = {}
         for key, env in self.envelopes(computation).items():
             raw = Envelope.decode(env).state
@@ -515,7 +582,9 @@ class _Starting(threading.Thread):
             raise self.error
 
 
-def committed_envelopes(spark: Any, checkpoint: Location, batch_id: int | None = None) -> dict[Key, bytes]:
+def committed_envelopes(
+    spark: Any, checkpoint: Location, batch_id: int | None = None
+) -> dict[Key, bytes]:
     """The envelopes of a computation's keys as of committed batch ``batch_id`` (default: the last).
 
     Through ``_spark_internals.read_envelopes`` (interval rows or per-key rows), as
@@ -527,7 +596,9 @@ def committed_envelopes(spark: Any, checkpoint: Location, batch_id: int | None =
 
     if not checkpoint.child(STATE).exists():
         return {}
-    return {decode_key(kb): env for kb, env in read_envelopes(spark, checkpoint.uri, batch_id).items()}  # type: ignore[misc]
+    return {
+        decode_key(kb): env for kb, env in read_envelopes(spark, checkpoint.uri, batch_id).items()
+    }  # type: ignore[misc]
 
 
 def lag_text(lw: int, now_ms: int | None = None) -> str:

@@ -75,10 +75,15 @@ class Markers:
             if b.num_rows:
                 g = b.column(0)
                 seen.update(np.unique(g.drop_null().to_numpy()).tolist())
-                if g.null_count:  # a row of no group of this layout: the step fails on it, as on the row plan
+                if (
+                    g.null_count
+                ):  # a row of no group of this layout: the step fails on it, as on the row plan
                     seen.add(None)
         if seen:
-            yield pa.RecordBatch.from_arrays([pa.array(list(seen), pa.int32()), pa.array([True] * len(seen))], names=["group", SCAN_COLUMN])
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(list(seen), pa.int32()), pa.array([True] * len(seen))],
+                names=["group", SCAN_COLUMN],
+            )
 
 
 @dataclass(frozen=True)
@@ -113,7 +118,9 @@ class BatchScan:
         ``stream``, ``src``, ``row``, ``now`` (``None``: none)."""
         return self.records_lazy(interval, batch, values=True)[0]
 
-    def records_lazy(self, interval: int, batch: int | None = None, *, values: bool | None = None) -> tuple[pa.Table | None, FileValues | None]:
+    def records_lazy(
+        self, interval: int, batch: int | None = None, *, values: bool | None = None
+    ) -> tuple[pa.Table | None, FileValues | None]:
         """:meth:`records`, without reading the values when the computation reads none
         (``values``, default :attr:`values`): the table's ``value`` column is then null
         and the :class:`FileValues` (``None``: nothing left out) reads them when asked —
@@ -134,7 +141,9 @@ class BatchScan:
         if not parts:
             return None, None
         table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-        return table, FileValues([(src, p.column("row")) for src, p in zip(sources, parts, strict=True)]) if missing else None
+        return table, FileValues(
+            [(src, p.column("row")) for src, p in zip(sources, parts, strict=True)]
+        ) if missing else None
 
 
 class FileValues:
@@ -142,21 +151,34 @@ class FileValues:
     asked for (:meth:`load`; ``InputColumns`` calls it): a computation that reads no values
     never decodes them, and a failing record still reaches its dead letter whole."""
 
-    def __init__(self, parts: list[tuple[pa.ChunkedArray | str, pa.ChunkedArray]], order: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        parts: list[tuple[pa.ChunkedArray | str, pa.ChunkedArray]],
+        order: np.ndarray | None = None,
+    ) -> None:
         #: per file, in the table's order: its values already read, or the file's URI; and the rows' indexes in it
         self.parts = parts
         self.order = order
 
     def ordered(self, order: np.ndarray | None) -> FileValues:
         """The same values in ``order`` (the rows of the table taken in that order)."""
-        return self if order is None else FileValues(self.parts, order if self.order is None else self.order[order])
+        return (
+            self
+            if order is None
+            else FileValues(self.parts, order if self.order is None else self.order[order])
+        )
 
     def load(self) -> pa.Array:
         chunks = []
         for src, rows in self.parts:
             if isinstance(src, str):
                 loc = Location.of(src)
-                col = pq.ParquetFile(loc.path, filesystem=loc.fs).read(columns=["value"]).column(0).cast(pa.binary())
+                col = (
+                    pq.ParquetFile(loc.path, filesystem=loc.fs)
+                    .read(columns=["value"])
+                    .column(0)
+                    .cast(pa.binary())
+                )
                 src = col.take(rows)
             chunks.extend(src.chunks)
         values = pa.chunked_array(chunks, pa.binary()).combine_chunks()
@@ -195,19 +217,29 @@ def batch_files(scan: BatchScan, batch: int) -> list[tuple[ScannedInput, str]]:
     if text is None:
         msg = f"micro-batch {batch} has no offset log entry in {scan.checkpoint}"
         raise RuntimeError(msg)
-    with _LOCK:  # keyed by the entry's text too: a rescale may drop a planned batch and plan it anew
+    with (
+        _LOCK
+    ):  # keyed by the entry's text too: a rescale may drop a planned batch and plan it anew
         cached = _CACHE.get(scan.checkpoint)
         if cached is None or cached[0] != (batch, text):
             for path in cached[2] if cached is not None else ():
                 _SIZES.pop(path, None)
-            cached = _CACHE[scan.checkpoint] = ((batch, text), _read_batch_files(scan, batch, text), {})
+            cached = _CACHE[scan.checkpoint] = (
+                (batch, text),
+                _read_batch_files(scan, batch, text),
+                {},
+            )
         return list(cached[1])
 
 
 def _read_batch_files(scan: BatchScan, batch: int, text: str) -> list[tuple[ScannedInput, str]]:
     cp = Location.of(scan.checkpoint)
     upto = file_source_offsets(text)
-    before = file_source_offsets(cp.child(OFFSETS, str(batch - 1)).read_text() or "") if batch > 0 else {}
+    before = (
+        file_source_offsets(cp.child(OFFSETS, str(batch - 1)).read_text() or "")
+        if batch > 0
+        else {}
+    )
     dirs = {tuple(_parts(inp.uri)[-3:]): inp for inp in scan.inputs}  # (streams, stream, producer)
     out = []
     for i, last in sorted(upto.items()):
@@ -233,7 +265,11 @@ def log_entries(log: Location, first: int, last: int) -> list[tuple[list[str], i
     for n in range(first, last + 1):
         name = str(n) if str(n) in names else f"{n}.compact"
         if name not in names:  # an older offset inside a later compaction
-            later = sorted(int(x.split(".")[0]) for x in names if x.endswith(".compact") and int(x.split(".")[0]) >= n)
+            later = sorted(
+                int(x.split(".")[0])
+                for x in names
+                if x.endswith(".compact") and int(x.split(".")[0]) >= n
+            )
             if not later:
                 msg = f"file-source log {log.uri} has no entry for offset {n} (it has {sorted(names)})"
                 raise RuntimeError(msg)
@@ -246,7 +282,9 @@ def log_entries(log: Location, first: int, last: int) -> list[tuple[list[str], i
     return out
 
 
-def _file_rows(scan: BatchScan, inp: ScannedInput, name: str, interval: int, values: bool = True) -> tuple[pa.Table, bool] | None:
+def _file_rows(
+    scan: BatchScan, inp: ScannedInput, name: str, interval: int, values: bool = True
+) -> tuple[pa.Table, bool] | None:
     """File ``name`` of ``inp``: its rows of key interval ``interval``, in file order, and
     whether their values were read (``values``: read them; a file with rows to key here is
     read whole either way). A worker decodes each file of the batch once for all the
@@ -261,7 +299,10 @@ def _file_rows(scan: BatchScan, inp: ScannedInput, name: str, interval: int, val
         _SIZES[path] = entry[0].nbytes
     with _LOCK:
         rows[path] = entry  # the newest last: evicted last
-        while sum(_SIZES.get(p, 0) for q in _CACHE.values() for p in q[2]) > CACHE_BYTES and len(rows) > 1:
+        while (
+            sum(_SIZES.get(p, 0) for q in _CACHE.values() for p in q[2]) > CACHE_BYTES
+            and len(rows) > 1
+        ):
             _SIZES.pop(evicted := next(iter(rows)), None)
             del rows[evicted]
     table, intervals, starts, has = entry
@@ -276,7 +317,9 @@ CACHE_BYTES = 512 << 20
 _COLUMNS = ("id", "ts", "key", "value", "wm")
 
 
-def _by_interval(scan: BatchScan, loc: Location, values: bool = True) -> tuple[pa.Table, np.ndarray, np.ndarray, bool]:
+def _by_interval(
+    scan: BatchScan, loc: Location, values: bool = True
+) -> tuple[pa.Table, np.ndarray, np.ndarray, bool]:
     """A file's rows ordered by key interval (stable: file order within one), with their
     row index; the distinct intervals and where each starts; whether the values were read
     (``values``: read them; a null ``value`` column otherwise). A row without
@@ -286,10 +329,22 @@ def _by_interval(scan: BatchScan, loc: Location, values: bool = True) -> tuple[p
     needs its value: such a file is read whole."""
     f = pq.ParquetFile(loc.path, filesystem=loc.fs)
     present = set(f.schema_arrow.names)
-    t = f.read(columns=[c for c in (*_COLUMNS, scan.key_column, scan.interval_column) if c in present and c != "value"])
+    t = f.read(
+        columns=[
+            c
+            for c in (*_COLUMNS, scan.key_column, scan.interval_column)
+            if c in present and c != "value"
+        ]
+    )
     n = t.num_rows
-    icol = t.column(scan.interval_column) if scan.interval_column in present else pa.nulls(n, pa.int32())
-    values = values or bool(icol.null_count) or "value" not in present  # rows to key here: their values are needed
+    icol = (
+        t.column(scan.interval_column)
+        if scan.interval_column in present
+        else pa.nulls(n, pa.int32())
+    )
+    values = (
+        values or bool(icol.null_count) or "value" not in present
+    )  # rows to key here: their values are needed
     if values and "value" in present:
         t = t.append_column("value", f.read(columns=["value"]).column(0))
     keyed = pc.is_valid(icol)
@@ -301,10 +356,18 @@ def _by_interval(scan: BatchScan, loc: Location, values: bool = True) -> tuple[p
     key = t.column("key") if "key" in present else pa.nulls(n, pa.binary())
     if scan.key_column in present:
         key = pc.if_else(keyed, t.column(scan.key_column).cast(pa.binary()), key.cast(pa.binary()))
-    t = pa.table({
-        "kind": pc.if_else(keyed, pa.scalar(int(RowKind.RECORD), pa.int32()), pa.scalar(int(RowKind.UNKEYED), pa.int32())),
-        "key": key, **{c: _column(t, c, typ) for c, typ in _TYPES.items()}, "row": pa.array(np.arange(n, dtype=np.int64)),
-    })  # fmt: skip
+    t = pa.table(
+        {
+            "kind": pc.if_else(
+                keyed,
+                pa.scalar(int(RowKind.RECORD), pa.int32()),
+                pa.scalar(int(RowKind.UNKEYED), pa.int32()),
+            ),
+            "key": key,
+            **{c: _column(t, c, typ) for c, typ in _TYPES.items()},
+            "row": pa.array(np.arange(n, dtype=np.int64)),
+        }
+    )
     order = np.argsort(codes, kind="stable")
     codes = codes[order]
     if n and (order[1:] < order[:-1]).any():
@@ -331,8 +394,17 @@ def spark_xxhash64(s: str | None) -> int:
 def _union_rows(t: pa.Table, stream: str, name: str) -> pa.Table:
     """One file's rows of an interval as union rows (``_query.py``'s row plan, less ``group``)."""
     n = t.num_rows
-    return pa.table({
-        "kind": t.column("kind"), "key": t.column("key"), "id": t.column("id"), "ts": t.column("ts"), "value": t.column("value"),
-        "wm": t.column("wm"), "stream": pa.repeat(pa.scalar(stream, pa.string()), n), "src": pa.repeat(pa.scalar(name, pa.string()), n),
-        "row": t.column("row"), "now": pa.nulls(n, pa.int64()),
-    })  # fmt: skip
+    return pa.table(
+        {
+            "kind": t.column("kind"),
+            "key": t.column("key"),
+            "id": t.column("id"),
+            "ts": t.column("ts"),
+            "value": t.column("value"),
+            "wm": t.column("wm"),
+            "stream": pa.repeat(pa.scalar(stream, pa.string()), n),
+            "src": pa.repeat(pa.scalar(name, pa.string()), n),
+            "row": t.column("row"),
+            "now": pa.nulls(n, pa.int64()),
+        }
+    )

@@ -94,7 +94,10 @@ def log4j2_file(level: str) -> str:
     """Write (once) the driver's log4j2 configuration for ``level``; returns its path."""
     # PySpark's gateway logs as a shell: unless its logger is configured at the root's level,
     # Spark prints "Setting default log level to WARN" and lets WARN through
-    loggers = ["logger.repl.name = org.apache.spark.api.python.PythonGatewayServer", f"logger.repl.level = {level.lower()}"]
+    loggers = [
+        "logger.repl.name = org.apache.spark.api.python.PythonGatewayServer",
+        f"logger.repl.level = {level.lower()}",
+    ]
     for i, name in enumerate(_NOISE_LOGGERS):
         loggers += [f"logger.noise{i}.name = {name}", f"logger.noise{i}.level = off"]
     if level.upper() in ("ERROR", "FATAL", "OFF"):
@@ -102,7 +105,9 @@ def log4j2_file(level: str) -> str:
             loggers += [f"logger.task{i}.name = {name}", f"logger.task{i}.level = off"]
     text = LOG4J2_PROPERTIES.format(level=level.lower(), loggers="\n".join(loggers))
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
-    path = os.path.join(tempfile.gettempdir(), f"millwheel-log4j2-{os.getuid()}-{digest}.properties")
+    path = os.path.join(
+        tempfile.gettempdir(), f"millwheel-log4j2-{os.getuid()}-{digest}.properties"
+    )
     if not os.path.exists(path):
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
@@ -128,7 +133,9 @@ NO_DATA_BATCHES_OFF = {"spark.sql.streaming.noDataMicroBatches.enabled": "false"
 
 
 #: the warning filter of Spark's Python workers (``PYTHONWARNINGS`` syntax)
-PYSPARK_WORKER_WARNINGS = "ignore:The behavior of DataFrame concatenation with empty or all-NA entries:FutureWarning"
+PYSPARK_WORKER_WARNINGS = (
+    "ignore:The behavior of DataFrame concatenation with empty or all-NA entries:FutureWarning"
+)
 
 
 def set_conf(spark: Any, conf: dict[str, str]) -> dict[str, str | None]:
@@ -286,14 +293,20 @@ def spark_session(
         # gives its short runs a JVM that compiles less (tests/conftest.py)
         if os.environ.get(JAVA_OPTIONS_ENV, "").strip():
             java_options = f"{os.environ[JAVA_OPTIONS_ENV].strip()} {java_options}"
-        shared = cds.java_options()  # Spark's classes mapped from the archive built at set-up (``_cds.py``)
-        settings["spark.driver.extraJavaOptions"] = join_java_options(shared or None, (conf or {}).get("spark.driver.extraJavaOptions"), java_options)
+        shared = (
+            cds.java_options()
+        )  # Spark's classes mapped from the archive built at set-up (``_cds.py``)
+        settings["spark.driver.extraJavaOptions"] = join_java_options(
+            shared or None, (conf or {}).get("spark.driver.extraJavaOptions"), java_options
+        )
     else:  # spark-submit's --conf and spark-defaults.conf win over these defaults; the JVM's memory is set
         from pyspark import SparkConf, SparkContext
 
         SparkContext._ensure_initialized()  # the gateway spark-submit started: its conf is the JVM's
         given = {k for k, _ in SparkConf().getAll()}
-        settings = {k: v for k, v in settings.items() if k not in given and k != "spark.driver.memory"}
+        settings = {
+            k: v for k, v in settings.items() if k not in given and k != "spark.driver.memory"
+        }
     settings.update({k: v for k, v in (conf or {}).items() if k != "spark.driver.extraJavaOptions"})
     builder = SparkSession.builder.appName(app_name)
     if master is not None and not submitted:
@@ -402,7 +415,7 @@ def _quiet_task_failures(spark: Any) -> None:
 
 def _cores(master: str | None) -> int:
     if master is not None and master.startswith("local["):
-        inner = master[len("local["):-1].split(",")[0]
+        inner = master[len("local[") : -1].split(",")[0]
         if inner == "*":
             return os.cpu_count() or 2
         try:

@@ -91,8 +91,12 @@ class RuntimeSettings:
     pipeline: str = "default"
     registry: Callable[[], Any] | None = None
     prune_streams: bool = False
-    state_layout: str = field(default_factory=lambda: os.environ.get("MILLWHEEL_STATE_LAYOUT", "intervals"))
-    outbox_writer: str = field(default_factory=lambda: os.environ.get("MILLWHEEL_OUTBOX_WRITER", "auto"))
+    state_layout: str = field(
+        default_factory=lambda: os.environ.get("MILLWHEEL_STATE_LAYOUT", "intervals")
+    )
+    outbox_writer: str = field(
+        default_factory=lambda: os.environ.get("MILLWHEEL_OUTBOX_WRITER", "auto")
+    )
     autoscale: Any = None
     columnar_input: str = "scan"
 

@@ -67,15 +67,25 @@ def offline_outbox(root: Location, computation: str, checkpoint: Location, lease
     def on_summary(batch: int, summaries: list[IntervalSummary]) -> None:
         if summaries:
             fired = sum(s.metrics.get("timers_fired", 0) for s in summaries)
-            audit.batch(computation, batch, max(s.low_watermark for s in summaries), fired, lease.epoch)
+            audit.batch(
+                computation, batch, max(s.low_watermark for s in summaries), fired, lease.epoch
+            )
 
     return Outbox(
-        computation, root.child("outbox", computation), checkpoint, FileStreamLog(root), strong=True,
-        on_summary=on_summary, tally=root.child("tallies", f"{computation}.json"), lease=lease,
-    )  # fmt: skip
+        computation,
+        root.child("outbox", computation),
+        checkpoint,
+        FileStreamLog(root),
+        strong=True,
+        on_summary=on_summary,
+        tally=root.child("tallies", f"{computation}.json"),
+        lease=lease,
+    )
 
 
-def settle(outbox: Outbox, root: Location, computation: str, checkpoint: Location, say: Any) -> tuple[int, int | None]:
+def settle(
+    outbox: Outbox, root: Location, computation: str, checkpoint: Location, say: Any
+) -> tuple[int, int | None]:
     """Publish every committed batch of ``computation`` (whose query is not running, and
     whose lease ``outbox`` holds) and drop a batch planned and never committed; returns
     ``(the last committed batch or -1, the dropped batch or None)``."""
@@ -102,8 +112,12 @@ def settle(outbox: Outbox, root: Location, computation: str, checkpoint: Locatio
         state_files = drop_planned_batch(checkpoint, b)
         dropped = b
         if state_files:
-            say(f"dropped {len(state_files)} state-store files batch {b} of {computation!r} had written before it stopped")
-        say(f"dropped batch {b} of {computation!r}, planned and never committed: the next start plans it again after the state move")
+            say(
+                f"dropped {len(state_files)} state-store files batch {b} of {computation!r} had written before it stopped"
+            )
+        say(
+            f"dropped batch {b} of {computation!r}, planned and never committed: the next start plans it again after the state move"
+        )
     return last, dropped
 
 
@@ -115,5 +129,9 @@ def weak_published(root: Location, computation: str, batch: int) -> list[str]:
     for stream in streams.list() if streams.exists() else []:
         d = streams.child(stream, computation)
         for sub in (d, d.child(DONE)):
-            out += [f"{stream}/{n}" for n in (sub.list() if sub.exists() else []) if n.startswith(prefix)]
+            out += [
+                f"{stream}/{n}"
+                for n in (sub.list() if sub.exists() else [])
+                if n.startswith(prefix)
+            ]
     return out

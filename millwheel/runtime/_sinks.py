@@ -70,9 +70,17 @@ from millwheel.runtime._fs import Location
 from millwheel.runtime._streams import FileStreamLog, read_log, table_records
 
 FORMATS = ("jsonl", "parquet", "csv")
-_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".csv": "csv"}
+_SUFFIXES = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".parquet": "parquet",
+    ".csv": "csv",
+}
 OWNER_FILE = "_millwheel.json"
-ROW_SCHEMA = pa.schema([("id", pa.string()), ("ts", pa.int64()), ("key", pa.string()), ("value", pa.string())])
+ROW_SCHEMA = pa.schema(
+    [("id", pa.string()), ("ts", pa.int64()), ("key", pa.string()), ("value", pa.string())]
+)
 
 
 # ---- rows -----------------------------------------------------------------------------------
@@ -83,7 +91,9 @@ def jsonable(v: Any) -> Any:
     if isinstance(v, float):
         return v if math.isfinite(v) else None
     if isinstance(v, dict):
-        return {k if isinstance(k, str) else json.dumps(jsonable(k)): jsonable(x) for k, x in v.items()}
+        return {
+            k if isinstance(k, str) else json.dumps(jsonable(k)): jsonable(x) for k, x in v.items()
+        }
     if isinstance(v, (list, tuple)):
         return [jsonable(x) for x in v]
     if isinstance(v, (set, frozenset)):
@@ -107,7 +117,12 @@ def jsonable(v: Any) -> Any:
 
 def row_of(record: Record) -> dict[str, Any]:
     """A record as a plain row: ``id``, ``ts``, ``key``, ``value``."""
-    return {"id": record.id, "ts": record.timestamp, "key": jsonable(record.key), "value": jsonable(record.value)}
+    return {
+        "id": record.id,
+        "ts": record.timestamp,
+        "key": jsonable(record.key),
+        "value": jsonable(record.value),
+    }
 
 
 def _flat(row: dict[str, Any]) -> dict[str, Any]:
@@ -189,7 +204,9 @@ def _write(loc: Location, data: bytes) -> None:
 class SinkWriter:
     """Follows one sink's stream log and writes each committed file to the target once."""
 
-    def __init__(self, spec: SinkSpec, target: SinkTarget, streams: FileStreamLog, run_dir: Location) -> None:
+    def __init__(
+        self, spec: SinkSpec, target: SinkTarget, streams: FileStreamLog, run_dir: Location
+    ) -> None:
         self.spec = spec
         self.target = target
         self.streams = streams
@@ -212,11 +229,22 @@ class SinkWriter:
                     f"(run directory {owner.get('run_dir')}); delete it or give the sink another target"
                 )
                 raise MillwheelError(msg)
-            for name in self.loc.list():  # an earlier run of this run directory (--fresh): replace it
+            for (
+                name
+            ) in self.loc.list():  # an earlier run of this run directory (--fresh): replace it
                 if name != OWNER_FILE:
                     self.loc.child(name).delete()
         if owner is None or owner.get("run") != run_id:
-            owner_loc.write_text(json.dumps({"run": run_id, "run_dir": self.run_dir.uri, "stream": self.spec.stream, "format": self.target.format}))
+            owner_loc.write_text(
+                json.dumps(
+                    {
+                        "run": run_id,
+                        "run_dir": self.run_dir.uri,
+                        "stream": self.spec.stream,
+                        "format": self.target.format,
+                    }
+                )
+            )
         self.done = {n for n in self.loc.list() if not n.startswith((".", "_"))}
 
     def poll(self) -> int:
@@ -249,7 +277,10 @@ def run_identity(run_dir: Location) -> str:
 
 
 def sink_writers(topology: Topology, streams: FileStreamLog, run_dir: Location) -> list[SinkWriter]:
-    return [SinkWriter(spec, target, streams, run_dir) for spec, target in sink_targets(topology).values()]
+    return [
+        SinkWriter(spec, target, streams, run_dir)
+        for spec, target in sink_targets(topology).values()
+    ]
 
 
 def write_harness_sinks(topology: Topology, output: Any) -> dict[str, str]:
@@ -268,13 +299,19 @@ def write_harness_sinks(topology: Topology, output: Any) -> dict[str, str]:
         _write(loc.child(f"harness-part-0.{target.format}"), encode_rows(rows, target.format))
         done[spec.name] = f"written to {target.path} ({target.format})"
     for spec in topology.sinks.values():
-        if spec.spark is not None:  # a SparkSink: written through Spark, so on the Spark backend only
-            done[spec.name] = "a Spark sink: not written by the harness backend (run it with --backend spark)"
+        if (
+            spec.spark is not None
+        ):  # a SparkSink: written through Spark, so on the Spark backend only
+            done[spec.name] = (
+                "a Spark sink: not written by the harness backend (run it with --backend spark)"
+            )
     return done
 
 
 # ---- millwheel read --------------------------------------------------------------------------
-def stream_records(streams: FileStreamLog, stream: str, limit: int | None = None) -> Iterator[Record]:
+def stream_records(
+    streams: FileStreamLog, stream: str, limit: int | None = None
+) -> Iterator[Record]:
     """The records of ``stream`` by producer and file, at most ``limit``."""
     n = 0
     for producer in streams.producers(stream):
@@ -329,7 +366,10 @@ def _write_out(rows: Iterable[dict[str, Any]], fmt: str, out: str | None) -> Non
 
 def run_argument(p: argparse.ArgumentParser) -> None:
     """The ``RUN`` argument of ``millwheel read`` and ``millwheel state``."""
-    p.add_argument("run", help="the run directory (millwheel run --checkpoint DIR; default .millwheel/runs/<topology>)")
+    p.add_argument(
+        "run",
+        help="the run directory (millwheel run --checkpoint DIR; default .millwheel/runs/<topology>)",
+    )
 
 
 def run_directory(run: str, inside: str) -> Location:
@@ -343,10 +383,19 @@ def run_directory(run: str, inside: str) -> Location:
 
 def read_main(argv: list[str]) -> int:
     """``millwheel read``: print a stream of a run directory as JSON lines, CSV or Parquet."""
-    p = argparse.ArgumentParser(prog="millwheel read", description="print a stream of a run directory as plain rows (id, ts, key, value)")
+    p = argparse.ArgumentParser(
+        prog="millwheel read",
+        description="print a stream of a run directory as plain rows (id, ts, key, value)",
+    )
     run_argument(p)
-    p.add_argument("stream", nargs="?", help="the stream, e.g. anomalies or dead_letters (without it: list the streams)")
-    p.add_argument("--format", choices=FORMATS, default="jsonl", help="output format (default jsonl)")
+    p.add_argument(
+        "stream",
+        nargs="?",
+        help="the stream, e.g. anomalies or dead_letters (without it: list the streams)",
+    )
+    p.add_argument(
+        "--format", choices=FORMATS, default="jsonl", help="output format (default jsonl)"
+    )
     p.add_argument("--limit", type=int, default=None, help="at most this many records")
     p.add_argument("--out", default=None, help="write to this file instead of standard output")
     args = p.parse_args(argv)
@@ -363,7 +412,11 @@ def read_main(argv: list[str]) -> int:
         if args.limit is not None and args.limit < 0:
             msg = f"--limit must be >= 0, got {args.limit}"
             raise MillwheelError(msg)
-        _write_out((row_of(r) for r in stream_records(streams, args.stream, args.limit)), args.format, args.out)
+        _write_out(
+            (row_of(r) for r in stream_records(streams, args.stream, args.limit)),
+            args.format,
+            args.out,
+        )
     except MillwheelError as exc:
         print(f"millwheel read: {exc}", file=sys.stderr)
         return 2

@@ -88,7 +88,9 @@ def check_pyspark_version(version: str | None = None) -> str:
 
 
 # ---- the state data sources -------------------------------------------------------------------
-def read_envelopes(spark: Any, checkpoint_uri: str, batch_id: int | None = None) -> dict[bytes, bytes]:
+def read_envelopes(
+    spark: Any, checkpoint_uri: str, batch_id: int | None = None
+) -> dict[bytes, bytes]:
     """Every key's committed envelope (key bytes -> envelope), in either state layout.
 
     Read-only, through Spark's state data sources: the query's operator (state metadata)
@@ -101,10 +103,18 @@ def read_envelopes(spark: Any, checkpoint_uri: str, batch_id: int | None = None)
         reader = reader.option("batchId", batch_id)
     if per_key:
         df = reader.option("stateVarName", "envs").load(checkpoint_uri)
-        return {row[0]: row[1] for row in df.select("user_map_key.key", "user_map_value.env").collect()}
+        return {
+            row[0]: row[1] for row in df.select("user_map_key.key", "user_map_value.env").collect()
+        }
     out: dict[bytes, bytes] = {}
-    for row in reader.load(checkpoint_uri).select("value.groupState.envs", "value.groupState.meta").collect():
-        if row[0] is not None and not row[1]:  # the per-record layout always packs a meta map; a columnar store leaves it empty
+    for row in (
+        reader.load(checkpoint_uri)
+        .select("value.groupState.envs", "value.groupState.meta")
+        .collect()
+    ):
+        if (
+            row[0] is not None and not row[1]
+        ):  # the per-record layout always packs a meta map; a columnar store leaves it empty
             msg = (
                 f"the state in {checkpoint_uri} is a columnar computation's stores (one per key interval), not envelopes: "
                 "read it with SparkRuntime.states() or millwheel state"
@@ -115,7 +125,9 @@ def read_envelopes(spark: Any, checkpoint_uri: str, batch_id: int | None = None)
     return out
 
 
-def read_interval_states(spark: Any, checkpoint_uri: str, batch_id: int) -> tuple[str, dict[int, Any]]:
+def read_interval_states(
+    spark: Any, checkpoint_uri: str, batch_id: int
+) -> tuple[str, dict[int, Any]]:
     """``(what, {Spark group: state})`` as of committed batch ``batch_id``, by the group value
     that keys each interval row (the ``statestore`` source's ``key`` struct holds the
     grouping column). ``what`` is ``"envelopes"`` (a per-record computation's interval rows:
@@ -130,7 +142,9 @@ def read_interval_states(spark: Any, checkpoint_uri: str, batch_id: int) -> tupl
     df = spark.read.format("statestore").option("batchId", batch_id).load(checkpoint_uri)
     for row in df.select("key", "value.groupState.envs", "value.groupState.meta").collect():
         group = int(row[0][0])
-        if not row[2]:  # the per-record layout always packs a meta map; a columnar store leaves it empty
+        if not row[
+            2
+        ]:  # the per-record layout always packs a meta map; a columnar store leaves it empty
             kinds.add("columnar")
             out[group] = row[1]
         else:
@@ -232,14 +246,20 @@ def _drop_state_versions(loc: Location, drop: Callable[[int], bool]) -> list[str
             if drop(version):
                 child.delete()
                 dropped.append(child.uri)
-        elif not name.startswith(".") and "." not in name and loc.fs.get_file_info(child.path).type == pafs.FileType.Directory:
+        elif (
+            not name.startswith(".")
+            and "." not in name
+            and loc.fs.get_file_info(child.path).type == pafs.FileType.Directory
+        ):
             # an operator, partition or store directory (not a file without a dot in its name,
             # as transformWithState's schema files ``_stateSchema/default/<batch>_<uuid>`` are)
             dropped += _drop_state_versions(child, drop)
     return dropped
 
 
-def graft_state(scratch: Location, staging: Location, version: int, final: Location | None = None) -> int:
+def graft_state(
+    scratch: Location, staging: Location, version: int, final: Location | None = None
+) -> int:
     """Copy the state a scratch query committed as its version 1 (the ``state/`` directory of
     its checkpoint, ``scratch``) into ``staging`` as version ``version``; returns the files copied.
 
@@ -254,10 +274,14 @@ def graft_state(scratch: Location, staging: Location, version: int, final: Locat
     copied as they are; checksum files of renamed files are left out. Only ``_relayout.py``
     does this (docs/runtime.md, "Changing a computation's state layout").
     """
-    return _graft(scratch, staging, version, (scratch.path, (final or staging).path), in_metadata=False)
+    return _graft(
+        scratch, staging, version, (scratch.path, (final or staging).path), in_metadata=False
+    )
 
 
-def _graft(scratch: Location, staging: Location, version: int, paths: tuple[str, str], in_metadata: bool) -> int:
+def _graft(
+    scratch: Location, staging: Location, version: int, paths: tuple[str, str], in_metadata: bool
+) -> int:
     staging.mkdirs()
     copied = 0
     for name in scratch.list():
@@ -503,7 +527,9 @@ def compact_interruption(exc: BaseException) -> Exception | None:
     if type(exc).__name__ != "Py4JJavaError" or not any(m in text for m in _INTERRUPTIONS):
         return None
     first = text.strip().split("\n", 1)[0].strip()
-    return QueryInterrupted(f"py4j.protocol.Py4JJavaError: {first}\n: java.lang.InterruptedException (the query is stopping)")
+    return QueryInterrupted(
+        f"py4j.protocol.Py4JJavaError: {first}\n: java.lang.InterruptedException (the query is stopping)"
+    )
 
 
 def polling_delay_conf(ms: int) -> dict[str, str]:
@@ -522,7 +548,9 @@ def error_mentions(exc: Any, marker: str) -> bool:
 def root_log_level(spark: Any) -> str | None:
     """The driver JVM's root log level (``"ERROR"``, ...), or ``None`` if it cannot be read."""
     try:
-        return str(spark.sparkContext._jvm.org.apache.logging.log4j.LogManager.getRootLogger().getLevel())
+        return str(
+            spark.sparkContext._jvm.org.apache.logging.log4j.LogManager.getRootLogger().getLevel()
+        )
     except Exception:  # noqa: BLE001 - only log noise is at stake
         return None
 

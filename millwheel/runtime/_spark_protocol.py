@@ -29,7 +29,9 @@ class MapStatePipeline:
 
     def _request(self, call: Any) -> bytes:
         msg = self.msg
-        return msg.StateRequest(stateVariableRequest=msg.StateVariableRequest(mapStateCall=call)).SerializeToString()
+        return msg.StateRequest(
+            stateVariableRequest=msg.StateVariableRequest(mapStateCall=call)
+        ).SerializeToString()
 
     def _send(self, requests: list[bytes]) -> None:
         f = self.api.sockfile
@@ -57,7 +59,12 @@ class MapStatePipeline:
             chunk: list[bytes] = []
             size = 0
             while i < len(keys) and (not chunk or size < _READ_CHUNK_BYTES):
-                r = self._request(msg.MapStateCall(stateName=self.name, getValue=msg.GetValue(userKey=ser(self.key_schema, (keys[i],)))))
+                r = self._request(
+                    msg.MapStateCall(
+                        stateName=self.name,
+                        getValue=msg.GetValue(userKey=ser(self.key_schema, (keys[i],))),
+                    )
+                )
                 chunk.append(r)
                 size += len(r) + 8
                 i += 1
@@ -70,9 +77,23 @@ class MapStatePipeline:
     def write_many(self, updates: list[tuple[bytes, bytes]], removals: list[bytes]) -> None:
         msg, ser = self.msg, self.api._serialize_to_bytes
         requests = [
-            self._request(msg.MapStateCall(stateName=self.name, updateValue=msg.UpdateValue(userKey=ser(self.key_schema, (k,)), value=ser(self.value_schema, (v,)))))
+            self._request(
+                msg.MapStateCall(
+                    stateName=self.name,
+                    updateValue=msg.UpdateValue(
+                        userKey=ser(self.key_schema, (k,)), value=ser(self.value_schema, (v,))
+                    ),
+                )
+            )
             for k, v in updates
-        ] + [self._request(msg.MapStateCall(stateName=self.name, removeKey=msg.RemoveKey(userKey=ser(self.key_schema, (k,))))) for k in removals]
+        ] + [
+            self._request(
+                msg.MapStateCall(
+                    stateName=self.name, removeKey=msg.RemoveKey(userKey=ser(self.key_schema, (k,)))
+                )
+            )
+            for k in removals
+        ]
         for start in range(0, len(requests), _WRITE_CHUNK):
             chunk = requests[start : start + _WRITE_CHUNK]
             self._send(chunk)

@@ -54,13 +54,22 @@ class SparkSinkWriter:
     """Writes one sink's committed stream-log files through Spark, batch by batch."""
 
     def __init__(
-        self, spec: SinkSpec, streams: FileStreamLog, run_dir: Location, spark: Any, log: Any = print, *, clock: Any = time.monotonic,
-    ) -> None:  # fmt: skip
+        self,
+        spec: SinkSpec,
+        streams: FileStreamLog,
+        run_dir: Location,
+        spark: Any,
+        log: Any = print,
+        *,
+        clock: Any = time.monotonic,
+    ) -> None:
         self.spec = spec
         self.sink: SparkSink = spec.spark
         self.streams = streams
         self.state = run_dir.child("sinks", spec.name)
-        self._spark = spark  # a zero-argument function: the runtime's session, made when first needed
+        self._spark = (
+            spark  # a zero-argument function: the runtime's session, made when first needed
+        )
         self._log = log
         self.written = 0
         self.batches = 0
@@ -83,8 +92,16 @@ class SparkSinkWriter:
     def start(self) -> None:
         self.state.mkdirs()
         names = self.state.list()
-        plans = sorted(int(n[: -len(".plan")]) for n in names if n.endswith(".plan") and n[: -len(".plan")].isdigit())
-        done = {int(n[: -len(".done")]) for n in names if n.endswith(".done") and n[: -len(".done")].isdigit()}
+        plans = sorted(
+            int(n[: -len(".plan")])
+            for n in names
+            if n.endswith(".plan") and n[: -len(".plan")].isdigit()
+        )
+        done = {
+            int(n[: -len(".done")])
+            for n in names
+            if n.endswith(".done") and n[: -len(".done")].isdigit()
+        }
         for k in plans:
             for producer, name in self._plan(k):
                 self.planned.add((producer, name))
@@ -144,13 +161,23 @@ class SparkSinkWriter:
         table = self._table(self._plan(k))
         try:
             spark = self._spark()
-            df = spark.createDataFrame(table) if table.num_rows else spark.createDataFrame([], "id string, ts long, key string, value string")
+            df = (
+                spark.createDataFrame(table)
+                if table.num_rows
+                else spark.createDataFrame([], "id string, ts long, key string, value string")
+            )
             if self.sink.foreach_batch is not None:
                 self.sink.foreach_batch(df, k)
             else:
                 if self.sink.format == "kafka":
-                    df = df.selectExpr("key", "value", "array(named_struct('key', 'millwheel-id', 'value', CAST(id AS BINARY))) AS headers")
-                df.write.format(self.sink.format).options(**dict(self.sink.options)).mode(self.sink.mode).save()
+                    df = df.selectExpr(
+                        "key",
+                        "value",
+                        "array(named_struct('key', 'millwheel-id', 'value', CAST(id AS BINARY))) AS headers",
+                    )
+                df.write.format(self.sink.format).options(**dict(self.sink.options)).mode(
+                    self.sink.mode
+                ).save()
         except Exception as exc:
             from millwheel.runtime._sparksource import missing_connector
 
@@ -162,7 +189,9 @@ class SparkSinkWriter:
             return False
         self.state.child(f"{k}.done").write_text("")
         if self._failing_since is not None:
-            self._log(f"{self.where}: its writer writes again after {self._clock() - self._failing_since:.0f}s ({self.failures} failed attempts)")
+            self._log(
+                f"{self.where}: its writer writes again after {self._clock() - self._failing_since:.0f}s ({self.failures} failed attempts)"
+            )
             if self.board is not None:
                 self.board.done(self.where)
         self.failures, self._failing_since = 0, None
@@ -194,11 +223,21 @@ class SparkSinkWriter:
         delay = backoff_delay(FIRST_BACKOFF_S, self.failures - 1, MAX_BACKOFF_S, self._random)
         self._next_try = now + delay
         if self.board is not None:
-            self.board.waiting(self.where, since_ms=self._failing_since_ms, attempts=self.failures, last_error=last)
+            self.board.waiting(
+                self.where, since_ms=self._failing_since_ms, attempts=self.failures, last_error=last
+            )
         if self.failures == 1 or now - self._logged >= LOG_EVERY_S:
             self._logged = now
-            self._log(f"{self.where}: its writer failed on batch {k} ({last}); trying again in {delay:.1f}s (for up to {self.sink.patience_s:g}s)")
+            self._log(
+                f"{self.where}: its writer failed on batch {k} ({last}); trying again in {delay:.1f}s (for up to {self.sink.patience_s:g}s)"
+            )
 
 
-def spark_sink_writers(topology: Any, streams: FileStreamLog, run_dir: Location, spark: Any, log: Any) -> list[SparkSinkWriter]:
-    return [SparkSinkWriter(s, streams, run_dir, spark, log) for s in topology.sinks.values() if s.spark is not None]
+def spark_sink_writers(
+    topology: Any, streams: FileStreamLog, run_dir: Location, spark: Any, log: Any
+) -> list[SparkSinkWriter]:
+    return [
+        SparkSinkWriter(s, streams, run_dir, spark, log)
+        for s in topology.sinks.values()
+        if s.spark is not None
+    ]

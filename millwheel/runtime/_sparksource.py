@@ -100,7 +100,13 @@ def _offset_lines(loc: Any) -> tuple[dict[str, Any], list[Any]] | None:
 
 
 def convert_batch(
-    source: SparkSource, injector: str, stream: str, batch_id: int, sender_wm: int, keyer_blob: str | None, consumers: list[str]
+    source: SparkSource,
+    injector: str,
+    stream: str,
+    batch_id: int,
+    sender_wm: int,
+    keyer_blob: str | None,
+    consumers: list[str],
 ) -> Any:
     """The ``mapInArrow`` function of micro-batch ``batch_id``: rows -> stream-log rows."""
 
@@ -135,7 +141,13 @@ def convert_batch(
                     position = ("spark", batch_id, part, content, n)
                 rec, problem = source.record_of(row, position)
                 if problem is not None:
-                    out.append((DEAD_LETTER_STREAM, invalid_record(injector, stream, rec, problem, (batch_id, part, index)), None))
+                    out.append(
+                        (
+                            DEAD_LETTER_STREAM,
+                            invalid_record(injector, stream, rec, problem, (batch_id, part, index)),
+                            None,
+                        )
+                    )
                     counts["dead_letters"] += 1
                 elif source.end_ms is not None and rec.timestamp >= source.end_ms:  # type: ignore[union-attr]
                     counts["beyond_end"] += 1
@@ -145,12 +157,17 @@ def convert_batch(
                     newest = max(newest, rec.timestamp)  # type: ignore[union-attr]
                 index += 1
             if out:
-                values, fields = value_columns(keyer, stream, [s for s, _, _ in out], [r.value for _, r, _ in out])
+                values, fields = value_columns(
+                    keyer, stream, [s for s, _, _ in out], [r.value for _, r, _ in out]
+                )
                 arrays = [
                     pa.array([s for s, _, _ in out], pa.string()),
                     pa.array([r.id for _, r, _ in out], pa.string()),
                     pa.array([r.timestamp for _, r, _ in out], pa.int64()),
-                    pa.array([None if r.key is None else encode_key(r.key) for _, r, _ in out], pa.binary()),
+                    pa.array(
+                        [None if r.key is None else encode_key(r.key) for _, r, _ in out],
+                        pa.binary(),
+                    ),
                     values,
                     pa.array([w for _, _, w in out], pa.int64()),
                 ]
@@ -160,8 +177,23 @@ def convert_batch(
                     arrays.append(fields)
                 yield pa.RecordBatch.from_arrays(arrays, names=names)
         # one summary row per partition: its counts and newest event time (the status's "head")
-        summary = IntervalSummary(interval=part, hold=None, next_low_watermark_timer=None, next_wall_timer=None, keys=0, metrics=counts, low_watermark=newest)
-        arrays = [pa.array([SUMMARY_STREAM]), pa.array([f"{batch_id}-{part}"]), pa.array([0], pa.int64()), pa.array([None], pa.binary()), pa.array([summary.encode()], pa.binary()), pa.array([None], pa.int64())]
+        summary = IntervalSummary(
+            interval=part,
+            hold=None,
+            next_low_watermark_timer=None,
+            next_wall_timer=None,
+            keys=0,
+            metrics=counts,
+            low_watermark=newest,
+        )
+        arrays = [
+            pa.array([SUMMARY_STREAM]),
+            pa.array([f"{batch_id}-{part}"]),
+            pa.array([0], pa.int64()),
+            pa.array([None], pa.binary()),
+            pa.array([summary.encode()], pa.binary()),
+            pa.array([None], pa.int64()),
+        ]
         if keyer is not None:
             arrays += [pa.nulls(1, f.type) for f in keyer.arrow_fields(consumers)]
         if declared is not None:
@@ -223,7 +255,11 @@ class SparkSourceInjector(QueryInjector):
         if self.source.offset_watermark is not None:
             lw = self._source_watermark(n)
         else:
-            lw = max(w for w in (self._spark_watermark(n), self._spark_watermark(n + 1), MIN_TIMESTAMP) if w is not None)
+            lw = max(
+                w
+                for w in (self._spark_watermark(n), self._spark_watermark(n + 1), MIN_TIMESTAMP)
+                if w is not None
+            )
         if lw is None:
             return
         end = self.source.end_ms
@@ -268,7 +304,9 @@ class SparkSourceInjector(QueryInjector):
         if self.rt.settings.trigger_ms > 0:
             writer = writer.trigger(processingTime=f"{self.rt.settings.trigger_ms} milliseconds")
         try:
-            self.query = start_query(writer, spark, {})  # not while a computation's start has the session's settings changed
+            self.query = start_query(
+                writer, spark, {}
+            )  # not while a computation's start has the session's settings changed
         except Exception as exc:
             err = missing_connector(exc, spark.version, where)
             if err is not None:
@@ -304,7 +342,9 @@ class SparkSourceInjector(QueryInjector):
             raise MillwheelError(msg)
         if self.source.offset_watermark is not None:
             return df
-        return df.withColumn(TS_COLUMN, ts).withWatermark(TS_COLUMN, f"{self.source.watermark_delay_ms} milliseconds")
+        return df.withColumn(TS_COLUMN, ts).withWatermark(
+            TS_COLUMN, f"{self.source.watermark_delay_ms} milliseconds"
+        )
 
     def _batch(self, df: Any, batch_id: int) -> None:
         """``foreachBatch``: convert on the executors, stage through the outbox."""
@@ -313,13 +353,25 @@ class SparkSourceInjector(QueryInjector):
         schema = log_schema(OUT_SCHEMA, self.rt.keyer, consumers, self.stream)
         if TS_COLUMN in df.columns:
             df = df.drop(TS_COLUMN)
-        fn = convert_batch(self._shipped, self.name, self.stream, batch_id, self.sender_watermark(batch_id), blob, consumers)
+        fn = convert_batch(
+            self._shipped,
+            self.name,
+            self.stream,
+            batch_id,
+            self.sender_watermark(batch_id),
+            blob,
+            consumers,
+        )
         self.outbox.sink(df.mapInArrow(fn, schema), batch_id)
 
     # ---- the driver loop ----------------------------------------------------------------------
     def poll(self) -> None:
         self.outbox.publish_committed()
-        if self.source.offset_watermark is None and self.outbox.published >= 0 and not self.finished:
+        if (
+            self.source.offset_watermark is None
+            and self.outbox.published >= 0
+            and not self.finished
+        ):
             # Spark plans the next batch (and writes its watermark) after the last one was
             # published: take it as soon as it is there, not at the next publication
             self._published(self.outbox.published)
@@ -336,10 +388,14 @@ class SparkSourceInjector(QueryInjector):
         q = self.query
         planned = planned_batches(self.checkpoint)
         idle = (
-            q is not None and q.lastProgress is not None
-            and not q.status.get("isDataAvailable", True) and not q.status.get("isTriggerActive", True)
-            and bool(planned) and planned[-1] in self.outbox.committed() and planned[-1] <= self.outbox.published
-        )  # fmt: skip
+            q is not None
+            and q.lastProgress is not None
+            and not q.status.get("isDataAvailable", True)
+            and not q.status.get("isTriggerActive", True)
+            and bool(planned)
+            and planned[-1] in self.outbox.committed()
+            and planned[-1] <= self.outbox.published
+        )
         if not idle:
             self._idle_since = None
         elif self._idle_since is None:
@@ -352,10 +408,17 @@ class SparkSourceInjector(QueryInjector):
         if not self.finished:
             return False
         committed = self.outbox.committed()
-        return not any(n in committed and n > self.outbox.published for n in _numbers(self.outbox.loc))
+        return not any(
+            n in committed and n > self.outbox.published for n in _numbers(self.outbox.loc)
+        )
 
     def status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"records_out": self.records_out, "dead_letters": self.dead_letters, "low_watermark": self.low_watermark, "newest_event_ms": self.newest}
+        out: dict[str, Any] = {
+            "records_out": self.records_out,
+            "dead_letters": self.dead_letters,
+            "low_watermark": self.low_watermark,
+            "newest_event_ms": self.newest,
+        }
         beyond = self.outbox.metrics.get("beyond_end", 0)
         if beyond:
             out["beyond_end"] = beyond

@@ -64,7 +64,10 @@ class KeyState:
         return {
             "key": jsonable(self.key),
             "state": jsonable(self.state),
-            "timers": {tag: {"ts": ts, "domain": d} for tag, (ts, d) in sorted(self.timers.items(), key=lambda x: x[1][0])},
+            "timers": {
+                tag: {"ts": ts, "domain": d}
+                for tag, (ts, d) in sorted(self.timers.items(), key=lambda x: x[1][0])
+            },
             "dedup_ids": self.dedup_ids,
             "hold": self.hold,
             "pending_productions": self.pending_productions,
@@ -85,7 +88,9 @@ class ComputationState:
 
 
 def computations_of(root: Location) -> list[str]:
-    return sorted(n for n in root.child("checkpoints").list() if not n.startswith((".", "_", "injector.")))
+    return sorted(
+        n for n in root.child("checkpoints").list() if not n.startswith((".", "_", "injector."))
+    )
 
 
 def _decoder(codec: Any | None) -> Callable[[bytes], tuple[Any, str | None]]:
@@ -98,16 +103,32 @@ def _decoder(codec: Any | None) -> Callable[[bytes], tuple[Any, str | None]]:
                 return c.decode(raw), None
             except Exception as exc:  # noqa: BLE001 - say which codec failed and go on
                 problem = f"{type(c).__name__}: {type(exc).__name__}: {exc}"
-        return None, f"cannot decode {len(raw)} bytes of state ({problem}); pass --topology T to use its codec"
+        return (
+            None,
+            f"cannot decode {len(raw)} bytes of state ({problem}); pass --topology T to use its codec",
+        )
 
     return decode
 
 
-def decode_envelope(key: Key, raw: bytes, decode: Callable[[bytes], tuple[Any, str | None]]) -> KeyState:
+def decode_envelope(
+    key: Key, raw: bytes, decode: Callable[[bytes], tuple[Any, str | None]]
+) -> KeyState:
     env = Envelope.decode(raw)
     state, problem = (None, None) if env.state is None else decode(env.state)
-    timers = {tag: (ts, TimeDomain(domain).name.lower()) for tag, (ts, domain) in env.timers.items()}
-    return KeyState(key, state, timers, env.dedup.count, env.hold(), len(env.pending), len(env.state or b""), problem)
+    timers = {
+        tag: (ts, TimeDomain(domain).name.lower()) for tag, (ts, domain) in env.timers.items()
+    }
+    return KeyState(
+        key,
+        state,
+        timers,
+        env.dedup.count,
+        env.hold(),
+        len(env.pending),
+        len(env.state or b""),
+        problem,
+    )
 
 
 def columnar_key_states(blobs: list[bytes]) -> list[KeyState]:
@@ -134,7 +155,17 @@ def columnar_key_states(blobs: list[bytes]) -> list[KeyState]:
         timers: dict[bytes, dict[str, tuple[int, str]]] = {}
         for (kb, tag), (ts, domain) in st.timers.items():
             timers.setdefault(kb, {})[tag] = (ts, TimeDomain(domain).name.lower())
-        ids = dict(zip(st.dedup.keys, np.bincount(st.dedup.kix, minlength=len(st.dedup.keys)).tolist(), strict=True)) if len(st.dedup) else {}
+        ids = (
+            dict(
+                zip(
+                    st.dedup.keys,
+                    np.bincount(st.dedup.kix, minlength=len(st.dedup.keys)).tolist(),
+                    strict=True,
+                )
+            )
+            if len(st.dedup)
+            else {}
+        )
         pending: dict[bytes, int] = {}
         for p in st.pending:
             pending[p[1]] = pending.get(p[1], 0) + 1
@@ -142,7 +173,17 @@ def columnar_key_states(blobs: list[bytes]) -> list[KeyState]:
         for kb in kbs:
             r = rows.get(kb)
             state = None if r is None else r[0] if len(r) == 1 else r
-            out.append(KeyState(decode_key(kb), state, timers.get(kb, {}), ids.get(kb, 0), summary[kb][0], pending.get(kb, 0), sizes.get(kb, 0)))
+            out.append(
+                KeyState(
+                    decode_key(kb),
+                    state,
+                    timers.get(kb, {}),
+                    ids.get(kb, 0),
+                    summary[kb][0],
+                    pending.get(kb, 0),
+                    sizes.get(kb, 0),
+                )
+            )
     return out
 
 
@@ -159,7 +200,9 @@ def arrow_mapping_stores(root: Location, computation: str) -> tuple[int | None, 
             return None, []
         manifest = files.manifest_before(committed[-1] + 1, set(committed))
         try:
-            return manifest.batch, [files.read_store(i, name) for i, name in sorted(manifest.files.items())]
+            return manifest.batch, [
+                files.read_store(i, name) for i, name in sorted(manifest.files.items())
+            ]
         except MillwheelError:
             continue
     msg = f"the columnar stores of {computation!r} kept changing while read (5 tries); try again"
@@ -187,13 +230,18 @@ def unpublished_output(root: Location, computation: str) -> dict[str, int]:
                 for part in d.list():
                     if part.endswith(".parquet") and not part.startswith((".", "_")):
                         with d.fs.open_input_file(d.child(part).path) as f:
-                            out[sub[len("stream="):]] = out.get(sub[len("stream="):], 0) + pq.ParquetFile(f).metadata.num_rows
+                            out[sub[len("stream=") :]] = (
+                                out.get(sub[len("stream=") :], 0)
+                                + pq.ParquetFile(f).metadata.num_rows
+                            )
         except (FileNotFoundError, OSError):
             continue  # published (and deleted) while we looked: nothing pending from it
     return out
 
 
-def read_state(spark: Any, run: str, computation: str, *, codec: Any | None = None, key: Key | None = None) -> ComputationState:
+def read_state(
+    spark: Any, run: str, computation: str, *, codec: Any | None = None, key: Key | None = None
+) -> ComputationState:
     """The committed state of ``computation`` in run directory ``run``."""
     root = Location.of(run)
     known = computations_of(root)
@@ -216,9 +264,14 @@ def read_state(spark: Any, run: str, computation: str, *, codec: Any | None = No
             keys = columnar_key_states([b for b in states.values() if b is not None])
         else:
             if what == "keys":
-                envelopes = {decode_key(kb): env for kb, env in read_envelopes(spark, checkpoint.uri, batch).items()}
+                envelopes = {
+                    decode_key(kb): env
+                    for kb, env in read_envelopes(spark, checkpoint.uri, batch).items()
+                }
             else:
-                envelopes = {decode_key(kb): env for envs in states.values() for kb, env in envs.items()}
+                envelopes = {
+                    decode_key(kb): env for envs in states.values() for kb, env in envs.items()
+                }
             decode = _decoder(codec)
             keys = [decode_envelope(k, raw, decode) for k, raw in envelopes.items()]
     keys.sort(key=lambda ks: repr(ks.key))
@@ -252,7 +305,9 @@ def _short(v: Any, width: int = SHOWN) -> str:
 def render(cs: ComputationState, run: str, *, detail: bool, limit: int) -> str:
     lines = []
     where = f"batch {cs.batch}" if cs.batch is not None else "no committed batch yet"
-    lines.append(f"computation {cs.computation} of run {run}: committed state as of {where} (read-only)")
+    lines.append(
+        f"computation {cs.computation} of run {run}: committed state as of {where} (read-only)"
+    )
     timers = sum(len(k.timers) for k in cs.keys)
     lw_timers = sum(1 for k in cs.keys for _, d in k.timers.values() if d == "low_watermark")
     holds = [(k.hold, k.key) for k in cs.keys if k.hold is not None]
@@ -260,20 +315,32 @@ def render(cs: ComputationState, run: str, *, detail: bool, limit: int) -> str:
     lines.append(
         f"  keys {len(cs.keys):,} · pending timers {timers:,} ({lw_timers:,} low-watermark, {timers - lw_timers:,} wall-time)"
         f" · dedup ids {sum(k.dedup_ids for k in cs.keys):,}"
-        + (f" · oldest hold {timestamp_text(oldest[0])} (key {oldest[1]!r})" if oldest else " · holds nothing")
+        + (
+            f" · oldest hold {timestamp_text(oldest[0])} (key {oldest[1]!r})"
+            if oldest
+            else " · holds nothing"
+        )
     )
     pending = sum(k.pending_productions for k in cs.keys)
     unpublished = ", ".join(f"{s} {n:,}" for s, n in sorted(cs.unpublished.items())) or "none"
-    lines.append(f"  pending productions: {pending:,} in envelopes; committed output not yet published: {unpublished}")
+    lines.append(
+        f"  pending productions: {pending:,} in envelopes; committed output not yet published: {unpublished}"
+    )
     shown = cs.keys if detail else cs.keys[:limit]
     for k in shown:
         if detail:
             lines.append(f"key {k.key!r}")
-            lines.append(f"  state ({k.state_bytes:,} bytes): {k.undecodable or _short(k.state, 2_000)}")
+            lines.append(
+                f"  state ({k.state_bytes:,} bytes): {k.undecodable or _short(k.state, 2_000)}"
+            )
             for tag, (ts, domain) in sorted(k.timers.items(), key=lambda x: x[1][0]):
-                lines.append(f"  timer {tag!r} at {timestamp_text(ts)} ({ts}, {domain.replace('_', ' ')})")
-            lines.append(f"  dedup ids {k.dedup_ids:,} · hold {timestamp_text(k.hold) if k.hold is not None else 'none'}"
-                         f" · pending productions {k.pending_productions}")  # fmt: skip
+                lines.append(
+                    f"  timer {tag!r} at {timestamp_text(ts)} ({ts}, {domain.replace('_', ' ')})"
+                )
+            lines.append(
+                f"  dedup ids {k.dedup_ids:,} · hold {timestamp_text(k.hold) if k.hold is not None else 'none'}"
+                f" · pending productions {k.pending_productions}"
+            )
         else:
             nxt = min((ts for ts, _ in k.timers.values()), default=None)
             lines.append(
@@ -281,19 +348,32 @@ def render(cs: ComputationState, run: str, *, detail: bool, limit: int) -> str:
                 f" dedup {k.dedup_ids:>6} state {k.undecodable or _short(k.state, 60)}"
             )
     if not detail and len(cs.keys) > limit:
-        lines.append(f"  ... {len(cs.keys) - limit:,} more keys (--limit N, or --key K for one key, --json for all)")
+        lines.append(
+            f"  ... {len(cs.keys) - limit:,} more keys (--limit N, or --key K for one key, --json for all)"
+        )
     return "\n".join(lines)
 
 
 def state_main(argv: list[str]) -> int:
     """``millwheel state``: a computation's committed per-key state, timers and dedup ids."""
-    p = argparse.ArgumentParser(prog="millwheel state", description="print a computation's committed per-key state (read-only, safe during a run)")
+    p = argparse.ArgumentParser(
+        prog="millwheel state",
+        description="print a computation's committed per-key state (read-only, safe during a run)",
+    )
     run_argument(p)
-    p.add_argument("computation", nargs="?", help="the computation (without it: list the run's computations)")
-    p.add_argument("--key", default=None, help="only this key (JSON for an int or a tuple key: 42, '[\"cats\", 3]')")
+    p.add_argument(
+        "computation", nargs="?", help="the computation (without it: list the run's computations)"
+    )
+    p.add_argument(
+        "--key",
+        default=None,
+        help="only this key (JSON for an int or a tuple key: 42, '[\"cats\", 3]')",
+    )
     p.add_argument("--limit", type=int, default=20, help="keys shown in the table (default 20)")
     p.add_argument("--json", action="store_true", help="print JSON: one object with every key")
-    p.add_argument("--topology", default=None, help="the topology file, to decode state with its codec")
+    p.add_argument(
+        "--topology", default=None, help="the topology file, to decode state with its codec"
+    )
     args = p.parse_args(argv)
     try:
         root = run_directory(args.run, "checkpoints")
@@ -311,13 +391,27 @@ def state_main(argv: list[str]) -> int:
         from millwheel.runtime._session import spark_session
 
         jvm_log = os.path.join(tempfile.gettempdir(), f"millwheel-state-{os.getuid()}.log")
-        spark = spark_session("local[1]", shuffle_partitions=1, app_name="millwheel-state", jvm_log=jvm_log)
+        spark = spark_session(
+            "local[1]", shuffle_partitions=1, app_name="millwheel-state", jvm_log=jvm_log
+        )
         cs = read_state(spark, args.run, args.computation, codec=codec, key=key)
         if args.json:
-            print(json.dumps({"computation": cs.computation, "batch": cs.batch, "unpublished": cs.unpublished,
-                              "keys": [k.as_dict() for k in cs.keys]}, ensure_ascii=False, indent=1))  # fmt: skip
+            print(
+                json.dumps(
+                    {
+                        "computation": cs.computation,
+                        "batch": cs.batch,
+                        "unpublished": cs.unpublished,
+                        "keys": [k.as_dict() for k in cs.keys],
+                    },
+                    ensure_ascii=False,
+                    indent=1,
+                )
+            )
         elif key is not None and not cs.keys:
-            print(f"computation {cs.computation}: no committed state for key {key!r} (as of batch {cs.batch})")
+            print(
+                f"computation {cs.computation}: no committed state for key {key!r} (as of batch {cs.batch})"
+            )
             return 1
         else:
             print(render(cs, args.run, detail=key is not None, limit=args.limit))

@@ -98,21 +98,39 @@ class Snapshot:
 
 def counts_of(rows: tuple[Row, ...] | list[Row]) -> dict[str, dict[str, int]]:
     """Each injector's counts of what it read that a run's summary reports (:func:`~millwheel._runner.injector_lines`)."""
-    return {r.name: {k: v for k, v in (("positional_ids", r.positional_ids), ("beyond_end", r.beyond_end)) if v} for r in rows if r.kind == "injector"}
+    return {
+        r.name: {
+            k: v
+            for k, v in (("positional_ids", r.positional_ids), ("beyond_end", r.beyond_end))
+            if v
+        }
+        for r in rows
+        if r.kind == "injector"
+    }
 
 
 def disorder_of(rows: tuple[Row, ...] | list[Row]) -> dict[str, tuple[int, str] | None]:
     """Each injector's measured disorder, from its row."""
-    return {r.name: (r.disorder_ms, r.disorder_file or "?") if r.disorder_ms else None for r in rows if r.kind == "injector"}
+    return {
+        r.name: (r.disorder_ms, r.disorder_file or "?") if r.disorder_ms else None
+        for r in rows
+        if r.kind == "injector"
+    }
 
 
 def _with_late_warnings(topology: Any, rows: list[Row]) -> list[Row]:
     """A computation whose late records passed a small share warns, with what became of them
     and the fix: the words of the run's summary (:func:`~millwheel._runner.late_notes`)."""
-    metrics = {r.name: {**(r.counters or {}), "late": r.late or 0, "records_in": r.records_in or 0} for r in rows if r.kind == "computation"}
+    metrics = {
+        r.name: {**(r.counters or {}), "late": r.late or 0, "records_in": r.records_in or 0}
+        for r in rows
+        if r.kind == "computation"
+    }
     if not any(m["late"] for m in metrics.values()):
         return rows
-    warns = {n.computation: n.text for n in late_notes(topology, metrics, disorder_of(rows)) if n.warning}
+    warns = {
+        n.computation: n.text for n in late_notes(topology, metrics, disorder_of(rows)) if n.warning
+    }
     return [replace(r, late_warning=warns[r.name]) if r.name in warns else r for r in rows]
 
 
@@ -128,7 +146,11 @@ class Sampler:
     def sample(self) -> Snapshot:
         mono, now = time.monotonic(), int(time.time() * 1000)
         status = self.rt.status()
-        heads = [s["newest_event_ms"] for s in status.values() if s.get("kind") == "injector" and s.get("newest_event_ms") is not None]
+        heads = [
+            s["newest_event_ms"]
+            for s in status.values()
+            if s.get("kind") == "injector" and s.get("newest_event_ms") is not None
+        ]
         head = max(heads) if heads else None
         rows = []
         for name, s in status.items():
@@ -187,7 +209,11 @@ def _decision_text(d: dict[str, Any] | None) -> str | None:
 def _with_rates(row: Row, before: tuple[int | None, int] | None, dt_s: float) -> Row:
     if before is None:
         return row
-    rin = None if row.records_in is None or before[0] is None else max(0.0, (row.records_in - before[0]) / dt_s)
+    rin = (
+        None
+        if row.records_in is None or before[0] is None
+        else max(0.0, (row.records_in - before[0]) / dt_s)
+    )
     return replace(row, in_rate=rin, out_rate=max(0.0, (row.records_out - before[1]) / dt_s))
 
 
@@ -228,10 +254,18 @@ def rate_text(r: float | None) -> str:
 
 
 _COLUMNS = (
-    ("name", "<", 18), ("in", ">", 11), ("in/s", ">", 6), ("out", ">", 11), ("out/s", ">", 6),
-    ("late", ">", 6), ("dup", ">", 6), ("dead", ">", 6), ("low watermark (UTC)", "<", 19),
-    ("lag", ">", 8), ("lag (inputs)", ">", 12),
-)  # fmt: skip
+    ("name", "<", 18),
+    ("in", ">", 11),
+    ("in/s", ">", 6),
+    ("out", ">", 11),
+    ("out/s", ">", 6),
+    ("late", ">", 6),
+    ("dup", ">", 6),
+    ("dead", ">", 6),
+    ("low watermark (UTC)", "<", 19),
+    ("lag", ">", 8),
+    ("lag (inputs)", ">", 12),
+)
 
 
 def table_lines(snapshot: Snapshot, *, late: bool = True) -> list[str]:
@@ -240,14 +274,29 @@ def table_lines(snapshot: Snapshot, *, late: bool = True) -> list[str]:
     lines = [" ".join(f"{title:{align}{width}}" for title, align, width in _COLUMNS).rstrip()]
     for r in snapshot.rows:
         cells = (
-            r.name, count_text(r.records_in), rate_text(r.in_rate), count_text(r.records_out), rate_text(r.out_rate),
-            count_text(r.late), count_text(r.duplicates), count_text(r.dead_letters), timestamp_text(r.low_watermark),
-            duration_text(r.lag_ms), duration_text(r.event_lag_ms) if r.kind == "computation" else "",
-        )  # fmt: skip
-        lines.append(" ".join(f"{c:{align}{width}}" for c, (_, align, width) in zip(cells, _COLUMNS, strict=True)).rstrip())
+            r.name,
+            count_text(r.records_in),
+            rate_text(r.in_rate),
+            count_text(r.records_out),
+            rate_text(r.out_rate),
+            count_text(r.late),
+            count_text(r.duplicates),
+            count_text(r.dead_letters),
+            timestamp_text(r.low_watermark),
+            duration_text(r.lag_ms),
+            duration_text(r.event_lag_ms) if r.kind == "computation" else "",
+        )
+        lines.append(
+            " ".join(
+                f"{c:{align}{width}}" for c, (_, align, width) in zip(cells, _COLUMNS, strict=True)
+            ).rstrip()
+        )
     lines += [f"{r.name}: {r.rescale}" for r in snapshot.rows if r.rescale]
     lines += [f"{r.name}: autoscale {r.autoscale}" for r in snapshot.rows if r.autoscale]
-    lines += [f"warning: {w}" for w in (snapshot.warnings if late else [r.warning for r in snapshot.rows if r.warning])]
+    lines += [
+        f"warning: {w}"
+        for w in (snapshot.warnings if late else [r.warning for r in snapshot.rows if r.warning])
+    ]
     return lines
 
 
@@ -257,10 +306,16 @@ def compact_line(snapshot: Snapshot) -> str:
     for r in snapshot.rows:
         words = [r.name]
         if r.records_in is not None:
-            words.append(f"in={r.records_in:,}" + (f" ({rate_text(r.in_rate)}/s)" if r.in_rate is not None else ""))
+            words.append(
+                f"in={r.records_in:,}"
+                + (f" ({rate_text(r.in_rate)}/s)" if r.in_rate is not None else "")
+            )
             words.append(f"out={r.records_out:,}")
         else:
-            words.append(f"out={r.records_out:,}" + (f" ({rate_text(r.out_rate)}/s)" if r.out_rate is not None else ""))
+            words.append(
+                f"out={r.records_out:,}"
+                + (f" ({rate_text(r.out_rate)}/s)" if r.out_rate is not None else "")
+            )
         if r.event_lag_ms is not None:
             words.append(f"lag_in={duration_text(r.event_lag_ms)}")
         else:
@@ -334,7 +389,11 @@ class LiveTable:
         self.last = lines
 
     def show(self, snapshot: Snapshot) -> None:
-        head = f"{self.title} · {snapshot.elapsed_s:.1f}s" if self.title else f"{snapshot.elapsed_s:.1f}s"
+        head = (
+            f"{self.title} · {snapshot.elapsed_s:.1f}s"
+            if self.title
+            else f"{snapshot.elapsed_s:.1f}s"
+        )
         self._draw([head, *table_lines(snapshot)])
 
     def message(self, text: str) -> None:
@@ -350,7 +409,9 @@ class LiveTable:
 Display = Silent | LogLines | LiveTable
 
 
-def display_for(quiet: bool, out: TextIO | None = None, title: str = "", interactive: bool | None = None) -> Display:
+def display_for(
+    quiet: bool, out: TextIO | None = None, title: str = "", interactive: bool | None = None
+) -> Display:
     """The display for ``out`` (default stderr): a live table on a terminal, log lines elsewhere."""
     out = sys.stderr if out is None else out
     if quiet:

@@ -44,7 +44,13 @@ from millwheel.runtime._fs import Location
 from millwheel.runtime._keying import Keyer
 
 ARROW_LOG_SCHEMA = pa.schema(
-    [("id", pa.string()), ("ts", pa.int64()), ("key", pa.binary()), ("value", pa.binary()), ("wm", pa.int64())]
+    [
+        ("id", pa.string()),
+        ("ts", pa.int64()),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("wm", pa.int64()),
+    ]
 )
 
 
@@ -146,7 +152,14 @@ class FileStreamLog:
             return
         src.move_to(dest)
 
-    def append(self, stream: str, producer: str, tag: str, records: list[Record], sender_watermark: int | None = None) -> None:
+    def append(
+        self,
+        stream: str,
+        producer: str,
+        tag: str,
+        records: list[Record],
+        sender_watermark: int | None = None,
+    ) -> None:
         """Write records as one new file (driver side: injectors, tests). Idempotent per tag.
 
         ``sender_watermark`` is the injector low watermark the records were sent under:
@@ -176,15 +189,26 @@ class FileStreamLog:
         return out
 
 
-def records_table(records: Iterable[Record], sender_watermark: int | None = None, keyer: Keyer | None = None, stream: str = "") -> pa.Table:
+def records_table(
+    records: Iterable[Record],
+    sender_watermark: int | None = None,
+    keyer: Keyer | None = None,
+    stream: str = "",
+) -> pa.Table:
     """Stream-log rows of ``records``; with a ``keyer``, keyed for the consumers of ``stream``."""
     recs = list(records)
-    values, declared = (None, None) if keyer is None else keyer.value_columns(stream, stream, [r.value for r in recs])
+    values, declared = (
+        (None, None)
+        if keyer is None
+        else keyer.value_columns(stream, stream, [r.value for r in recs])
+    )
     arrays = [
         pa.array([r.id for r in recs], pa.string()),
         pa.array([r.timestamp for r in recs], pa.int64()),
         pa.array([None if r.key is None else encode_key(r.key) for r in recs], pa.binary()),
-        values if values is not None else pa.array([encode_value(r.value) for r in recs], pa.binary()),
+        values
+        if values is not None
+        else pa.array([encode_value(r.value) for r in recs], pa.binary()),
         pa.array([sender_watermark] * len(recs), pa.int64()),
     ]
     fields = list(ARROW_LOG_SCHEMA)
@@ -201,7 +225,10 @@ def records_table(records: Iterable[Record], sender_watermark: int | None = None
 def read_log(loc: Location) -> pa.Table:
     """The columns of a stream-log file that make its records (``fields`` when it has them)."""
     f = pq.ParquetFile(loc.path, filesystem=loc.fs)
-    return f.read(columns=["id", "ts", "key", "value"] + ([FIELDS_COLUMN] if FIELDS_COLUMN in f.schema_arrow.names else []))
+    return f.read(
+        columns=["id", "ts", "key", "value"]
+        + ([FIELDS_COLUMN] if FIELDS_COLUMN in f.schema_arrow.names else [])
+    )
 
 
 def table_records(table: pa.Table) -> list[Record]:

@@ -31,8 +31,6 @@ from millwheel.runtime._spark_internals import disk_full, is_transient, python_e
 TOPOLOGY_MODULE_PREFIX = "_millwheel_topology_"
 
 
-
-
 def _modules_of(topology: Any) -> set[str]:
     """Modules holding the topology's user code: classes, key extractors, parameters, sources."""
     objs: list[Any] = []
@@ -41,7 +39,9 @@ def _modules_of(topology: Any) -> set[str]:
     for inj in topology.injectors.values():
         if inj.source is not None:
             objs.append(type(inj.source))
-            if callable(getattr(inj.source, "value", None)):  # a SparkSource's parser runs on the executors
+            if callable(
+                getattr(inj.source, "value", None)
+            ):  # a SparkSource's parser runs on the executors
                 objs.append(inj.source.value)
     names = set()
     for obj in objs:
@@ -82,11 +82,18 @@ def ship_user_code(topology: Any) -> list[str]:
             cloudpickle.register_pickle_by_value(module)
             shipped.append(name)
     paths = sysconfig.get_paths()
-    install = {os.path.realpath(p) for p in (paths["stdlib"], paths["purelib"], paths["platlib"], sys.base_prefix, sys.prefix)}
+    install = {
+        os.path.realpath(p)
+        for p in (paths["stdlib"], paths["purelib"], paths["platlib"], sys.base_prefix, sys.prefix)
+    }
     extra = []
     for entry in sys.path:
         real = os.path.realpath(entry or os.getcwd())
-        if os.path.isdir(real) and not any(real == p or real.startswith(p + os.sep) for p in install) and real not in extra:
+        if (
+            os.path.isdir(real)
+            and not any(real == p or real.startswith(p + os.sep) for p in install)
+            and real not in extra
+        ):
             extra.append(real)
     current = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     os.environ["PYTHONPATH"] = os.pathsep.join(current + [p for p in extra if p not in current])
@@ -130,4 +137,6 @@ class RestartPolicy:
         if self.restarts > self.max_restarts:
             msg = f"{self.what} failed {self.restarts} times; last error:\n{message}"
             raise RunError(msg)
-        return f"{self.what} failed ({message.splitlines()[-1][:200]}); restarting from its checkpoint"
+        return (
+            f"{self.what} failed ({message.splitlines()[-1][:200]}); restarting from its checkpoint"
+        )

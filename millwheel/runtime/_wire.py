@@ -55,7 +55,6 @@ STATE_SCHEMA = "envs binary, meta binary"
 SUMMARY_STREAM = "_summary"
 
 
-
 class RowKind(enum.IntEnum):
     """What a keyed row carries (the ``kind`` column)."""
 
@@ -109,7 +108,13 @@ class IntervalSummary:
         return cls(**msgpack.unpackb(data, raw=False))
 
 
-def due_ticks(summaries: Mapping[int, IntervalSummary], ticked: dict[int, int], now: int, watermark: int | None = None, batches: int = 0) -> list[int]:
+def due_ticks(
+    summaries: Mapping[int, IntervalSummary],
+    ticked: dict[int, int],
+    now: int,
+    watermark: int | None = None,
+    batches: int = 0,
+) -> list[int]:
     """The key intervals to tick (a heartbeat row that runs the interval's group, §4.6).
 
     * A wall-time timer is due: ``next_wall_timer <= now``; ticked once.
@@ -136,7 +141,12 @@ def due_ticks(summaries: Mapping[int, IntervalSummary], ticked: dict[int, int], 
         if nwall is not None and nwall <= now and ticked.get(i) != nwall:
             ticked[i] = nwall
             out.append(i)
-        elif watermark is not None and nlw is not None and s.low_watermark < nlw <= watermark and ticked.get(-1 - i, -1) < batches:
+        elif (
+            watermark is not None
+            and nlw is not None
+            and s.low_watermark < nlw <= watermark
+            and ticked.get(-1 - i, -1) < batches
+        ):
             ticked[-1 - i] = batches
             out.append(i)
     return out
@@ -244,4 +254,3 @@ def timer_timeout(ts: int) -> int:
     if ts >= MAX_TIMESTAMP:
         return SPARK_CAP - 1  # due only once the input is finished
     return max(1, min(ts + SPARK_OFFSET - 1, SPARK_END - 1))
-

@@ -23,4 +23,15 @@ from millwheel.runtime._fs import Location
 from millwheel.runtime._spark_internals import committed_batches
 from millwheel.runtime._streams import FileStreamLog, min_ts_of, read_log, table_records
 
-__all__ = ["BATCHES", "WATERMARKS", "ConsumedFiles", "FileStreamLog", "Location", "committed_batches", "min_ts_of", "read_lines", "read_log", "table_records"]
+__all__ = [
+    "BATCHES",
+    "WATERMARKS",
+    "ConsumedFiles",
+    "FileStreamLog",
+    "Location",
+    "committed_batches",
+    "min_ts_of",
+    "read_lines",
+    "read_log",
+    "table_records",
+]

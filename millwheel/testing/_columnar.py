@@ -34,7 +34,15 @@ from millwheel.testing._rounds import Crash, _Outgoing
 def columnar_sides(harness: Any) -> dict[str, ColumnarSide]:
     """A :class:`ColumnarSide` per columnar computation of the harness's topology."""
     return {
-        name: ColumnarSide(name, runner, {s: f for s, f in harness.topology.fields.items() if s in harness.topology.computations[name].inputs})
+        name: ColumnarSide(
+            name,
+            runner,
+            {
+                s: f
+                for s, f in harness.topology.fields.items()
+                if s in harness.topology.computations[name].inputs
+            },
+        )
         for name, runner in harness._runners.items()
         if is_columnar(type(runner.computation))
     }
@@ -47,7 +55,13 @@ class ColumnarSide:
         self.name = name
         #: the declared fields of its input streams (the types of its ``value.<field>`` columns)
         self.fields = fields
-        self.runner = ColumnarRunner(step_runner.computation, name=name, outputs=step_runner.outputs, options=step_runner.options, fields=fields)
+        self.runner = ColumnarRunner(
+            step_runner.computation,
+            name=name,
+            outputs=step_runner.outputs,
+            options=step_runner.options,
+            fields=fields,
+        )
         #: the committed store, decoded (``None``: nothing kept yet)
         self.live: ColumnarStore | None = None
 
@@ -57,10 +71,18 @@ class ColumnarSide:
         return None if self.live is None else self.live.copy().encode()
 
     def _current(self) -> ColumnarStore:
-        return self.live if self.live is not None else ColumnarStore.decode(None, self.runner.options)
+        return (
+            self.live if self.live is not None else ColumnarStore.decode(None, self.runner.options)
+        )
 
     def restarted(self, step_runner: Any) -> None:
-        self.runner = ColumnarRunner(step_runner.computation, name=self.name, outputs=step_runner.outputs, options=step_runner.options, fields=self.fields)
+        self.runner = ColumnarRunner(
+            step_runner.computation,
+            name=self.name,
+            outputs=step_runner.outputs,
+            options=step_runner.options,
+            fields=self.fields,
+        )
         data = self.store  # a new process: what survives is what was committed, as bytes
         self.live = None if data is None else ColumnarStore.decode(data, self.runner.options)
 
@@ -77,14 +99,28 @@ class ColumnarSide:
             arrival=[q.arrival_watermark for q in queue],
             encoded=False,
         )
-        res = self.runner.run(self._current().copy(), recs, low_watermark=lw, now=now, key_summaries=True, encode=False, life=h.round_life(name))
+        res = self.runner.run(
+            self._current().copy(),
+            recs,
+            low_watermark=lw,
+            now=now,
+            key_summaries=True,
+            encode=False,
+            life=h.round_life(name),
+        )
         metrics = StepMetrics(**res.metrics)
         store, summaries = res.decoded, dict(res.key_summaries or {})
         once_letters: list[Any] = []
         if res.once_ids is not None:
             # one IdRegistry call for the round (Photon §2), as the per-record rounds: what
             # another pipeline holds is dropped from the outgoing and from the checkpoint
-            outcome = commit_once([(p.record.key, p) for p in res.productions()], h.registry, pipeline=h.pipeline_id, computation=name, metrics=metrics)
+            outcome = commit_once(
+                [(p.record.key, p) for p in res.productions()],
+                h.registry,
+                pipeline=h.pipeline_id,
+                computation=name,
+                metrics=metrics,
+            )
             if outcome.dropped:
                 res.drop(outcome.dropped)
                 store, acked = self.runner.acknowledge(store, outcome.dropped)
@@ -92,7 +128,10 @@ class ColumnarSide:
             once_letters = outcome.dead_letters
         strong = self.runner.options.strong_productions
         sent = [_Outgoing(name, p.record.key, p, strong) for p in res.productions()]
-        sent += [_Outgoing(name, d.record.value.key, d, False) for d in [*res.dead_letters, *once_letters]]
+        sent += [
+            _Outgoing(name, d.record.value.key, d, False)
+            for d in [*res.dead_letters, *once_letters]
+        ]
         weak = [o for o in sent if not o.strong]
         if weak:
             wm = h._publish_watermark(name)
@@ -143,10 +182,16 @@ class ColumnarSide:
         st = self._current()
         kb = encode_key(key)
         if st.state is not None and st.state.num_rows:
-            st.state = st.state.filter(pc.invert(pc.equal(st.state.column("_kb"), pa.scalar(kb, pa.binary()))))
+            st.state = st.state.filter(
+                pc.invert(pc.equal(st.state.column("_kb"), pa.scalar(kb, pa.binary())))
+            )
         if rows is not None and len(rows):
             table = _to_arrow(rows).add_column(0, "_kb", pa.array([kb] * len(rows), pa.binary()))
-            st.state = table if st.state is None or not st.state.num_rows else pa.concat_tables([st.state, table], promote_options="permissive")
+            st.state = (
+                table
+                if st.state is None or not st.state.num_rows
+                else pa.concat_tables([st.state, table], promote_options="permissive")
+            )
         self.live = st
 
     def dedup_ids(self, key: Key) -> set[str]:

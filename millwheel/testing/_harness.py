@@ -120,7 +120,9 @@ class Harness:
             opts = spec.options
             if raise_errors and opts.on_error is not ErrorPolicy.RAISE:
                 opts = _with(opts, on_error=ErrorPolicy.RAISE)
-            self._runners[name] = StepRunner(spec.instantiate(), name=name, outputs=spec.all_outputs, options=opts)
+            self._runners[name] = StepRunner(
+                spec.instantiate(), name=name, outputs=spec.all_outputs, options=opts
+            )
         self._injector_wm: dict[str, int] = {n: MIN_TIMESTAMP for n in topology.injectors}
         self._published: dict[str, int] = {n: MIN_TIMESTAMP for n in topology.computations}
         self._queues: dict[str, list[_Queued]] = {n: [] for n in topology.computations}
@@ -166,8 +168,16 @@ class Harness:
             topo.injector(stream)
         for stream, declared in (fields or {}).items():
             topo.stream(stream, fields=declared)
-        topo.computation(computation, inputs=inputs, outputs=outputs, options=options, params=params, name=name)
-        return cls(topo, wall_time=wall_time, raise_errors=raise_errors, registry=registry, pipeline=pipeline)
+        topo.computation(
+            computation, inputs=inputs, outputs=outputs, options=options, params=params, name=name
+        )
+        return cls(
+            topo,
+            wall_time=wall_time,
+            raise_errors=raise_errors,
+            registry=registry,
+            pipeline=pipeline,
+        )
 
     # ---- driving ---------------------------------------------------------------------
     def _injector(self, name: str) -> str:
@@ -194,11 +204,17 @@ class Harness:
             self._injected += 1
             problem = record_problem(rec)
             if problem is not None:
-                self._publish(DEAD_LETTER_STREAM, invalid_record(inj.name, inj.stream, rec, problem, self._injected), MIN_TIMESTAMP)
+                self._publish(
+                    DEAD_LETTER_STREAM,
+                    invalid_record(inj.name, inj.stream, rec, problem, self._injected),
+                    MIN_TIMESTAMP,
+                )
                 continue
             self._publish(inj.stream, rec, self._injector_wm[inj.name])
 
-    def record(self, value: Any, timestamp: int, *, key: Key | None = None, id: str | None = None) -> Record:
+    def record(
+        self, value: Any, timestamp: int, *, key: Key | None = None, id: str | None = None
+    ) -> Record:
         """Build a record with a fresh unique id (``"in-<n>"``) unless one is given."""
         if id is None:
             self._injected += 1
@@ -251,7 +267,11 @@ class Harness:
 
     def run_sources(self) -> None:
         """Feed every injector's source batch by batch, running the topology after each."""
-        iters = {n: i.source.batches(n, i.stream) for n, i in self.topology.injectors.items() if i.source is not None}
+        iters = {
+            n: i.source.batches(n, i.stream)
+            for n, i in self.topology.injectors.items()
+            if i.source is not None
+        }
         while iters:
             for name in list(iters):
                 batch = next(iters[name], None)
@@ -309,7 +329,16 @@ class Harness:
         metrics = StepMetrics()  # counted when the checkpoint commits, not before
         life = self.round_life(name)
         for key, items in per_key.items():
-            outcome = run_key(runner, key, envelopes.get(key), items, low_watermark=lw, now=now, metrics=metrics, life=life)
+            outcome = run_key(
+                runner,
+                key,
+                envelopes.get(key),
+                items,
+                low_watermark=lw,
+                now=now,
+                metrics=metrics,
+                life=life,
+            )
             sent += [_Outgoing(name, key, p, strong) for p in outcome.productions]
             sent += [_Outgoing(name, key, p, False) for p in outcome.dead_letters]
             staged[key] = outcome
@@ -326,7 +355,9 @@ class Harness:
         self._rounds[name] += 1
         self._metrics[name].add(metrics)
         for key, o in staged.items():
-            self._store(name, key, o.envelope, o.hold, (o.next_low_watermark_timer, o.next_wall_timer))
+            self._store(
+                name, key, o.envelope, o.hold, (o.next_low_watermark_timer, o.next_wall_timer)
+            )
         self._outbox[name] += [o for o in sent if o.strong]
         if crash is Crash.AFTER_COMMIT:
             self._outbox[name] = []  # the in-memory queue of productions dies with the process
@@ -340,10 +371,18 @@ class Harness:
         every round committed since."""
         return batch_life("harness", self._rounds[name])
 
-    def _resolve_once(self, name: str, sent: list[_Outgoing], staged: dict[Key, KeyOutcome], metrics: StepMetrics) -> list[_Outgoing]:
+    def _resolve_once(
+        self, name: str, sent: list[_Outgoing], staged: dict[Key, KeyOutcome], metrics: StepMetrics
+    ) -> list[_Outgoing]:
         """Commit the round's ``once_id`` productions to the registry in one call (Photon §2);
         drop those another pipeline holds, from the outgoing list and from the checkpoint."""
-        outcome = commit_once([(o.key, o.production) for o in sent], self.registry, pipeline=self.pipeline_id, computation=name, metrics=metrics)
+        outcome = commit_once(
+            [(o.key, o.production) for o in sent],
+            self.registry,
+            pipeline=self.pipeline_id,
+            computation=name,
+            metrics=metrics,
+        )
         if not outcome.dropped:
             return sent
         by_key: dict[Key, list[str]] = defaultdict(list)
@@ -371,7 +410,13 @@ class Harness:
             by_key[out.key].append(out.production.record.id)  # type: ignore[index]
         for key, ids in by_key.items():
             env, hold = acknowledge(self._envelopes[name].get(key), ids)
-            self._store(name, key, env, hold, (self._lw_timers[name].get(key), self._wall_timers[name].get(key)))
+            self._store(
+                name,
+                key,
+                env,
+                hold,
+                (self._lw_timers[name].get(key), self._wall_timers[name].get(key)),
+            )
 
     def restart(self, name: str) -> None:
         """Recover computation ``name`` after a crash: rescan envelopes for pending productions (§7.1).
@@ -381,10 +426,14 @@ class Harness:
         runner = self.topology.computations[name]
         old = self._runner(name)
         old.computation.teardown()
-        self._runners[name] = StepRunner(runner.instantiate(), name=name, outputs=runner.all_outputs, options=old.options)
+        self._runners[name] = StepRunner(
+            runner.instantiate(), name=name, outputs=runner.all_outputs, options=old.options
+        )
         if name in self._columnar:
             self._columnar[name].restarted(self._runners[name])
-            self._outbox[name] = [_Outgoing(name, p.record.key, p, True) for p in self._columnar[name].pending()]
+            self._outbox[name] = [
+                _Outgoing(name, p.record.key, p, True) for p in self._columnar[name].pending()
+            ]
             return
         self._outbox[name] = [
             _Outgoing(name, key, p, True)
@@ -414,7 +463,14 @@ class Harness:
             raise HarnessError(msg)
         return self._runners[name]
 
-    def _store(self, name: str, key: Key, env: bytes | None, hold: int | None, timers: tuple[int | None, int | None]) -> None:
+    def _store(
+        self,
+        name: str,
+        key: Key,
+        env: bytes | None,
+        hold: int | None,
+        timers: tuple[int | None, int | None],
+    ) -> None:
         envs, holds, order = self._envelopes[name], self._holds[name], self._timer_order[name]
         if env is None:
             envs.pop(key, None)
@@ -441,7 +497,9 @@ class Harness:
             rec = Record(rec.key, rec.value, rec.timestamp, rec.id, stream)
         for consumer in self.topology.consumers(stream):
             name = consumer.name
-            keyed, dead = key_record(name, stream, consumer.inputs[stream], rec, self._runners[name].options.on_error)
+            keyed, dead = key_record(
+                name, stream, consumer.inputs[stream], rec, self._runners[name].options.on_error
+            )
             if keyed is not None:
                 arrival = min(sender_watermark, self._input_watermark(name))
                 self._queues[name].append(_Queued(keyed, arrival))
@@ -487,10 +545,15 @@ class Harness:
         if name in self._injector_wm:
             return self._injector_wm[name]
         self._runner(name)
-        return max(self._published[name], low_watermark(self._oldest_work(name), self._pure_input_watermark(name)))
+        return max(
+            self._published[name],
+            low_watermark(self._oldest_work(name), self._pure_input_watermark(name)),
+        )
 
     def _pure_input_watermark(self, name: str) -> int:
-        return min((self.low_watermark(u) for u in self.topology.upstream(name)), default=MAX_TIMESTAMP)
+        return min(
+            (self.low_watermark(u) for u in self.topology.upstream(name)), default=MAX_TIMESTAMP
+        )
 
     def output(self, stream: str) -> list[Record]:
         """Every record published to ``stream``, in order (re-deliveries included)."""
@@ -545,7 +608,13 @@ class Harness:
         env = self._envelope(computation, key)
         env.state = None if value is None else runner.codec.encode(value)
         raw = None if env.is_empty() else env.encode()
-        self._store(computation, key, raw, env.hold(), (self._lw_timers[computation].get(key), self._wall_timers[computation].get(key)))
+        self._store(
+            computation,
+            key,
+            raw,
+            env.hold(),
+            (self._lw_timers[computation].get(key), self._wall_timers[computation].get(key)),
+        )
 
     def dedup_ids(self, computation: str, key: Key) -> set[str]:
         """The record ids one key still remembers for exactly-once delivery (§6.1.1)."""

@@ -9,12 +9,17 @@ from millwheel.testing import Harness
 
 
 def harness(**params):
-    return Harness.for_computation(DipDetector, inputs={"w": lambda r: r.value["key"]}, outputs=["anomalies"], params=params)
+    return Harness.for_computation(
+        DipDetector, inputs={"w": lambda r: r.value["key"]}, outputs=["anomalies"], params=params
+    )
 
 
 def windows(h, key, counts, expected=40.0, first=0):
     return [
-        h.record({"key": key, "window_start": (first + i) * 1_000, "count": c, "expected": expected}, (first + i + 1) * 1_000)
+        h.record(
+            {"key": key, "window_start": (first + i) * 1_000, "count": c, "expected": expected},
+            (first + i + 1) * 1_000,
+        )
         for i, c in enumerate(counts)
     ]
 
@@ -25,7 +30,14 @@ def test_never_fires_before_the_low_watermark_passes_the_bucket():
     h.inject("w", windows(h, "cats", [40, 0, 0, 0, 0, 40]))
     h.run()
     assert h.values("anomalies") == []
-    assert [t.timestamp for t in h.timers("DipDetector", "cats")] == [1_000, 2_000, 3_000, 4_000, 5_000, 6_000]
+    assert [t.timestamp for t in h.timers("DipDetector", "cats")] == [
+        1_000,
+        2_000,
+        3_000,
+        4_000,
+        5_000,
+        6_000,
+    ]
     fired_at = {}
     for lw in range(500, 7_001, 250):
         h.advance_watermark("w", lw)
@@ -74,6 +86,16 @@ def test_idle_keys_keep_nothing():
     assert h.keys("DipDetector") == [] or h.state("DipDetector", "cats") is None
 
 
-@pytest.mark.parametrize("count,expected,dip", [(0, 12.0, True), (3, 12.0, True), (4, 12.0, False), (0, 11.9, False), (15, 40.0, True), (16, 40.0, False)])
+@pytest.mark.parametrize(
+    "count,expected,dip",
+    [
+        (0, 12.0, True),
+        (3, 12.0, True),
+        (4, 12.0, False),
+        (0, 11.9, False),
+        (15, 40.0, True),
+        (16, 40.0, False),
+    ],
+)
 def test_dip_threshold(count, expected, dip):
     assert Thresholds().is_dip(count, expected=expected) is dip

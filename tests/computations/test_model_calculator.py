@@ -12,7 +12,9 @@ DAY = 20_000
 
 def harness(**params):
     p = {"day_ms": DAY, "slot_ms": 2_000, "warmup_windows": 5, **params}
-    return Harness.for_computation(ModelCalculator, inputs={"w": lambda r: r.value["key"]}, outputs=["window_models"], params=p)
+    return Harness.for_computation(
+        ModelCalculator, inputs={"w": lambda r: r.value["key"]}, outputs=["window_models"], params=p
+    )
 
 
 def seasonal(i: int, base: float = 40.0) -> int:
@@ -20,7 +22,12 @@ def seasonal(i: int, base: float = 40.0) -> int:
 
 
 def windows(h, key, counts, first=0):
-    return [h.record({"key": key, "window_start": (first + i) * 1_000, "count": c}, (first + i + 1) * 1_000) for i, c in enumerate(counts)]
+    return [
+        h.record(
+            {"key": key, "window_start": (first + i) * 1_000, "count": c}, (first + i + 1) * 1_000
+        )
+        for i, c in enumerate(counts)
+    ]
 
 
 def test_learns_the_seasonal_profile_so_expected_changes_are_predicted():
@@ -52,13 +59,19 @@ def test_expected_is_the_prediction_before_learning_and_none_while_warming_up():
 
 def test_outliers_barely_move_the_model():
     h = harness()
-    counts = [seasonal(i) for i in range(60)] + [seasonal(i) * 6 for i in range(60, 68)] + [seasonal(i) for i in range(68, 80)]
+    counts = (
+        [seasonal(i) for i in range(60)]
+        + [seasonal(i) * 6 for i in range(60, 68)]
+        + [seasonal(i) for i in range(68, 80)]
+    )
     h.inject("w", windows(h, "q", counts))
     h.finish("w")
     h.run()
     out = h.values("window_models")
     after = out[68:]
-    assert all(abs(m["expected"] - m["count"]) / m["count"] < 0.25 for m in after), [(m["expected"], m["count"]) for m in after]
+    assert all(abs(m["expected"] - m["count"]) / m["count"] < 0.25 for m in after), [
+        (m["expected"], m["count"]) for m in after
+    ]
 
 
 def test_state_survives_for_the_long_term_and_models_are_per_key():

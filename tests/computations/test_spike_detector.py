@@ -28,7 +28,9 @@ def events(h, query, bucket_ms, n):
 
 def test_fires_as_soon_as_the_running_count_crosses_the_threshold_before_the_bucket_is_complete():
     h = harness()
-    h.inject("window_models", [h.record({"key": "cats", "window_start": 0, "model": model(10.0)}, 1_000)])
+    h.inject(
+        "window_models", [h.record({"key": "cats", "window_start": 0, "model": model(10.0)}, 1_000)]
+    )
     h.advance_watermark("window_models", 1_000)
     h.inject("queries", events(h, "cats", 10_000, 60))
     h.run()
@@ -44,7 +46,9 @@ def test_fires_as_soon_as_the_running_count_crosses_the_threshold_before_the_buc
 
 def test_once_per_bucket_and_more_data_does_not_refire():
     h = harness()
-    h.inject("window_models", [h.record({"key": "cats", "window_start": 0, "model": model(10.0)}, 1_000)])
+    h.inject(
+        "window_models", [h.record({"key": "cats", "window_start": 0, "model": model(10.0)}, 1_000)]
+    )
     for b in (10_000, 11_000, 12_000):
         h.inject("queries", events(h, "cats", b, 80))
     h.run()
@@ -53,7 +57,9 @@ def test_once_per_bucket_and_more_data_does_not_refire():
 
 def test_out_of_order_buckets_gain_confidence_when_the_gap_fills():
     h = harness()
-    h.inject("window_models", [h.record({"key": "cats", "window_start": 0, "model": model(10.0)}, 1_000)])
+    h.inject(
+        "window_models", [h.record({"key": "cats", "window_start": 0, "model": model(10.0)}, 1_000)]
+    )
     h.inject("queries", events(h, "cats", 12_000, 80))
     h.run()
     assert h.values("anomalies") == []
@@ -68,15 +74,21 @@ def test_no_model_no_spike_and_small_counts_are_noise():
     h.inject("queries", events(h, "new query", 10_000, 100))
     h.run()
     assert h.values("anomalies") == []  # no model yet (warming up)
-    h.inject("window_models", [h.record({"key": "rare", "window_start": 0, "model": model(0.5)}, 1_000)])
-    h.inject("queries", events(h, "rare", 10_000, 9))  # 18x the prediction, but below spike_min_count
+    h.inject(
+        "window_models", [h.record({"key": "rare", "window_start": 0, "model": model(0.5)}, 1_000)]
+    )
+    h.inject(
+        "queries", events(h, "rare", 10_000, 9)
+    )  # 18x the prediction, but below spike_min_count
     h.run()
     assert h.values("anomalies") == []
 
 
 def test_duplicates_do_not_make_a_spike():
     h = harness()
-    h.inject("window_models", [h.record({"key": "cats", "window_start": 0, "model": model(10.0)}, 1_000)])
+    h.inject(
+        "window_models", [h.record({"key": "cats", "window_start": 0, "model": model(10.0)}, 1_000)]
+    )
     batch = events(h, "cats", 10_000, 20) + events(h, "cats", 11_000, 20)
     h.inject("queries", batch + batch)  # every event delivered twice (§2, duplicate prevention)
     h.run()
@@ -86,7 +98,9 @@ def test_duplicates_do_not_make_a_spike():
 
 def test_old_buckets_are_collected():
     h = harness(keep_windows=5)
-    h.inject("window_models", [h.record({"key": "cats", "window_start": 0, "model": model(10.0)}, 1_000)])
+    h.inject(
+        "window_models", [h.record({"key": "cats", "window_start": 0, "model": model(10.0)}, 1_000)]
+    )
     for b in range(0, 30_000, 1_000):
         h.inject("queries", events(h, "cats", b, 3))
     h.run()
@@ -100,7 +114,12 @@ def test_buckets_counted_before_the_model_arrives_are_judged_when_it_does():
         h.inject("queries", events(h, "cats", b, 80 if b in (20_000, 21_000, 22_000) else 10))
     h.run()
     assert h.values("anomalies") == []
-    h.inject("window_models", [h.record({"key": "cats", "window_start": 0, "model": model(10.0)}, 1_000)])
+    h.inject(
+        "window_models", [h.record({"key": "cats", "window_start": 0, "model": model(10.0)}, 1_000)]
+    )
     h.run()
-    assert [(a["window_start"], a["confidence"]) for a in h.values("anomalies")] == [(21_000, 2), (22_000, 3)]
+    assert [(a["window_start"], a["confidence"]) for a in h.values("anomalies")] == [
+        (21_000, 2),
+        (22_000, 3),
+    ]
     assert h.state("SpikeDetector", "cats")["unjudged"] == set()

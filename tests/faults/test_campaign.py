@@ -23,14 +23,20 @@ pytestmark = pytest.mark.spark
 
 def _campaign(tmp_path, seed, records, faults, classes):
     # small injector batches: many micro-batches, so the operations (each waits for progress) land before the run drains
-    result = Campaign(tmp_path, records=records, faults=faults, seed=seed, classes=classes, max_bytes=60_000).run()
+    result = Campaign(
+        tmp_path, records=records, faults=faults, seed=seed, classes=classes, max_bytes=60_000
+    ).run()
     report = result.report
     print(result.line())
     print(report.text())
     assert report.clean, report.text()
-    assert sum(result.faults.values()) >= faults, f"only {dict(result.faults)} landed before the run drained (seed {seed})"
+    assert sum(result.faults.values()) >= faults, (
+        f"only {dict(result.faults)} landed before the run drained (seed {seed})"
+    )
     missing = set(classes) - set(result.faults) - set(result.skipped)
-    assert not missing, f"fault classes or operations that never landed: {missing} (seed {seed}): {dict(result.faults)}"
+    assert not missing, (
+        f"fault classes or operations that never landed: {missing} (seed {seed}): {dict(result.faults)}"
+    )
     assert report.inputs >= records and report.outputs > 0
 
 

@@ -41,9 +41,13 @@ def _consumed(root, query, batch, files):
     cp = root / "checkpoints" / query
     (cp / "sources" / "1").mkdir(parents=True, exist_ok=True)
     (cp / "offsets").mkdir(parents=True, exist_ok=True)
-    lines = ["v1"] + [json.dumps({"path": f"file://{p}", "timestamp": 0, "batchId": batch}) for p in files]
+    lines = ["v1"] + [
+        json.dumps({"path": f"file://{p}", "timestamp": 0, "batchId": batch}) for p in files
+    ]
     (cp / "sources" / "1" / str(batch)).write_text("\n".join(lines) + "\n")
-    (cp / "offsets" / str(batch)).write_text(f'v1\n{{"batchWatermarkMs":0}}\n{{"logOffset":{batch}}}\n{{"logOffset":{batch}}}\n')
+    (cp / "offsets" / str(batch)).write_text(
+        f'v1\n{{"batchWatermarkMs":0}}\n{{"logOffset":{batch}}}\n{{"logOffset":{batch}}}\n'
+    )
 
 
 def _audit(root, name, *entries):
@@ -60,16 +64,33 @@ def build_run(tmp_path, n=3_000, seed=5):
     write_input(data, n, seed=seed, files=3, keys=40)
     exp = expected(str(data))
     log = FileStreamLog(Location.of(str(root)))
-    for stream, producer in (("queries", "queries"), (WINDOWS, "LedgerWindow"), (LEDGER, "LedgerTally"), (DEAD_LETTER_STREAM, "queries")):
+    for stream, producer in (
+        ("queries", "queries"),
+        (WINDOWS, "LedgerWindow"),
+        (LEDGER, "LedgerTally"),
+        (DEAD_LETTER_STREAM, "queries"),
+    ):
         log.ensure(stream, producer)
     # the injector: valid records in two batches by file (late ones too: the step drops them)
     recs = sorted(exp.records.items(), key=lambda kv: kv[1][1])
     half = len(recs) // 2
     files = []
     for b, part in enumerate((recs[:half], recs[half:])):
-        log.append("queries", "queries", _tag(b), [Record(None, {"query": q}, w, rid) for rid, (q, w, _) in part])
-        files += [root / "streams" / "queries" / "queries" / n for n in log.files("queries", "queries") if n.startswith(f"b{b:010d}")]
-    letters = [malformed_line("queries", "queries", f, o, "broken", b"x", 1) for f, o in sorted(exp.malformed)]
+        log.append(
+            "queries",
+            "queries",
+            _tag(b),
+            [Record(None, {"query": q}, w, rid) for rid, (q, w, _) in part],
+        )
+        files += [
+            root / "streams" / "queries" / "queries" / n
+            for n in log.files("queries", "queries")
+            if n.startswith(f"b{b:010d}")
+        ]
+    letters = [
+        malformed_line("queries", "queries", f, o, "broken", b"x", 1)
+        for f, o in sorted(exp.malformed)
+    ]
     log.append(DEAD_LETTER_STREAM, "queries", _tag(0), letters)
     _commit(root, "injector.queries", 0, 1)
     # LedgerWindow: one window record per (query, window), numbered per query in time order
@@ -80,7 +101,13 @@ def build_run(tmp_path, n=3_000, seed=5):
     seq = defaultdict(int)
     out = []
     for (q, w), ids in sorted(windows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        v = {"key": q, "window_start": w, "ids": sorted(ids), "seq": seq[q], "fired_lw": w + WINDOW_MS}
+        v = {
+            "key": q,
+            "window_start": w,
+            "ids": sorted(ids),
+            "seq": seq[q],
+            "fired_lw": w + WINDOW_MS,
+        }
         seq[q] += 1
         out.append(Record(q, v, w + WINDOW_MS, f"w-{q}-{w}"))
     log.append(WINDOWS, "LedgerWindow", _tag(1), out)
@@ -93,18 +120,30 @@ def build_run(tmp_path, n=3_000, seed=5):
     for r in out:
         v = dict(r.value)
         w = v["window_start"]
-        ledger.append(Record(w, {**v, "window_seq": v["seq"], "seq": tseq[w]}, r.timestamp, f"t-{r.id}"))
+        ledger.append(
+            Record(w, {**v, "window_seq": v["seq"], "seq": tseq[w]}, r.timestamp, f"t-{r.id}")
+        )
         tseq[w] += 1
     log.append(LEDGER, "LedgerTally", _tag(0), ledger)
     _commit(root, "LedgerTally", 0)
     lates = sum(1 for *_, late in exp.records.values() if late)
     (root / "tallies").mkdir(parents=True, exist_ok=True)
-    (root / "tallies" / "LedgerWindow.json").write_text(json.dumps({"published": 1, "written_by_stream": {}, "metrics": {"late_dropped": lates}}))
+    (root / "tallies" / "LedgerWindow.json").write_text(
+        json.dumps({"published": 1, "written_by_stream": {}, "metrics": {"late_dropped": lates}})
+    )
     first = min(w for _, w, _ in exp.records.values())
-    _audit(root, "watermarks.jsonl", {"name": "LedgerWindow", "lw": first, "t0": 1, "t1": 2, "pid": 1},
-           {"name": "LedgerWindow", "lw": first + 1_000, "t0": 3, "t1": 4, "pid": 1})  # fmt: skip
-    _audit(root, "batches/LedgerWindow.jsonl", {"batch": 0, "lw": -(2**63), "fired": 0, "epoch": 1},
-           {"batch": 1, "lw": first + WINDOW_MS, "fired": 3, "epoch": 1})  # fmt: skip
+    _audit(
+        root,
+        "watermarks.jsonl",
+        {"name": "LedgerWindow", "lw": first, "t0": 1, "t1": 2, "pid": 1},
+        {"name": "LedgerWindow", "lw": first + 1_000, "t0": 3, "t1": 4, "pid": 1},
+    )
+    _audit(
+        root,
+        "batches/LedgerWindow.jsonl",
+        {"batch": 0, "lw": -(2**63), "fired": 0, "epoch": 1},
+        {"batch": 1, "lw": first + WINDOW_MS, "fired": 3, "epoch": 1},
+    )
     return root, data
 
 
@@ -123,7 +162,12 @@ def test_a_correct_run_is_clean(run):
     report = check_run(str(root), str(data))
     print(report.text())
     assert report.clean, report.text()
-    assert report.inputs > 2_900 and report.outputs > 0 and report.late_planted > 0 and report.malformed > 0
+    assert (
+        report.inputs > 2_900
+        and report.outputs > 0
+        and report.late_planted > 0
+        and report.malformed > 0
+    )
     assert report.batches_checked == 2 and report.watermark_reads == 2
 
 
@@ -161,7 +205,9 @@ def test_catches_a_planted_loss(run):
 def test_catches_a_regressed_watermark(run):
     """A read that began after another ended saw a lower published low watermark."""
     root, data = run
-    _audit(root, "watermarks.jsonl", {"name": "LedgerWindow", "lw": 5, "t0": 10, "t1": 11, "pid": 2})
+    _audit(
+        root, "watermarks.jsonl", {"name": "LedgerWindow", "lw": 5, "t0": 10, "t1": 11, "pid": 2}
+    )
     report = check_run(str(root), str(data))
     assert len(report.watermark_regressions) == 1, report.text()
     assert "read 5 (pid 2)" in report.watermark_regressions[0]
@@ -179,13 +225,24 @@ def test_catches_an_early_timer(run):
     root, data = run
     exp = expected(str(data))
     last = max(w for _, w, _ in exp.records.values())
-    _audit(root, "batches/LedgerWindow.jsonl", {"batch": 0, "lw": last + WINDOW_MS, "fired": 2, "epoch": 1})
+    _audit(
+        root,
+        "batches/LedgerWindow.jsonl",
+        {"batch": 0, "lw": last + WINDOW_MS, "fired": 2, "epoch": 1},
+    )
     (root / "audit" / "batches" / "LedgerWindow.jsonl").write_text(
-        "\n".join(ln for ln in (root / "audit" / "batches" / "LedgerWindow.jsonl").read_text().splitlines() if '"batch": 0, "lw": -' not in ln) + "\n"
+        "\n".join(
+            ln
+            for ln in (root / "audit" / "batches" / "LedgerWindow.jsonl").read_text().splitlines()
+            if '"batch": 0, "lw": -' not in ln
+        )
+        + "\n"
     )
     report = check_run(str(root), str(data))
     assert report.early_timers, report.text()
-    assert any("batch 0 fired timers" in e and "batch 1 then consumed" in e for e in report.early_timers), report.text()
+    assert any(
+        "batch 0 fired timers" in e and "batch 1 then consumed" in e for e in report.early_timers
+    ), report.text()
 
 
 def test_catches_output_of_an_uncommitted_batch(run):
@@ -193,7 +250,10 @@ def test_catches_output_of_an_uncommitted_batch(run):
     src = _ledger_file(root)
     shutil.copy(src, src.with_name(src.name.replace("b0000000000", "b0000000007")))
     report = check_run(str(root), str(data))
-    assert report.uncommitted_visible and "batch 7 of LedgerTally never committed" in report.uncommitted_visible[0]
+    assert (
+        report.uncommitted_visible
+        and "batch 7 of LedgerTally never committed" in report.uncommitted_visible[0]
+    )
 
 
 def test_catches_a_sequence_break_and_a_missing_dead_letter(run):
@@ -218,7 +278,9 @@ def test_cli_exit_status(run, capsys):
     root, data = run
     assert main([str(root), "--input", str(data)]) == 0
     assert "CLEAN" in capsys.readouterr().out
-    _audit(root, "watermarks.jsonl", {"name": "LedgerWindow", "lw": 5, "t0": 10, "t1": 11, "pid": 2})
+    _audit(
+        root, "watermarks.jsonl", {"name": "LedgerWindow", "lw": 5, "t0": 10, "t1": 11, "pid": 2}
+    )
     assert main([str(root), "--input", str(data), "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["clean"] is False
     assert main([str(data)]) == 2

@@ -20,14 +20,25 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 def cluster(tmp_path):
     from millwheel.runtime._cluster import StandaloneCluster
 
-    c = StandaloneCluster(str(tmp_path / "cluster")).up(workers=2, cores=1, memory="1g", port=0, ui_port=0)
+    c = StandaloneCluster(str(tmp_path / "cluster")).up(
+        workers=2, cores=1, memory="1g", port=0, ui_port=0
+    )
     yield c
     c.down()
 
 
 def test_executor_kills_on_a_cluster(tmp_path, cluster, fault_seed):
-    result = Campaign(tmp_path / "work", records=50_000, faults=4, seed=fault_seed, classes=("workers",), cluster=cluster).run()
+    result = Campaign(
+        tmp_path / "work",
+        records=50_000,
+        faults=4,
+        seed=fault_seed,
+        classes=("workers",),
+        cluster=cluster,
+    ).run()
     print(result.line())
     print(result.report.text())
     assert result.report.clean, result.report.text()
-    assert result.faults["executor"] >= 1, f"no executor was killed before the run drained: {dict(result.faults)}"
+    assert result.faults["executor"] >= 1, (
+        f"no executor was killed before the run drained: {dict(result.faults)}"
+    )

@@ -28,8 +28,15 @@ def _stage(root, batch, epoch, job, ids):
 def _outbox(root, lease):
     (root / "checkpoints" / "C" / "commits").mkdir(parents=True, exist_ok=True)
     loc = Location.of(str(root))
-    return Outbox("C", loc.child("outbox", "C"), loc.child("checkpoints", "C"), FileStreamLog(loc), strong=True,
-                  on_summary=lambda _n, _s: None, lease=lease)  # fmt: skip
+    return Outbox(
+        "C",
+        loc.child("outbox", "C"),
+        loc.child("checkpoints", "C"),
+        FileStreamLog(loc),
+        strong=True,
+        on_summary=lambda _n, _s: None,
+        lease=lease,
+    )
 
 
 def _commit(root, n):
@@ -42,12 +49,17 @@ def _published(root):
 
 def test_a_newer_epoch_fences_the_older(tmp_path):
     leases = Location.of(str(tmp_path)).child("leases")
-    first, second = Lease(leases.child("C"), "computation 'C'"), Lease(leases.child("C"), "computation 'C'")
+    first, second = (
+        Lease(leases.child("C"), "computation 'C'"),
+        Lease(leases.child("C"), "computation 'C'"),
+    )
     assert first.acquire(DriverEpoch(leases).get()) == 1
     first.check()
     assert second.acquire(DriverEpoch(leases).get()) == 2
     second.check()
-    with pytest.raises(FencedError, match=r"computation 'C': another driver .* epoch 2\) took over .* \(epoch 1\)"):
+    with pytest.raises(
+        FencedError, match=r"computation 'C': another driver .* epoch 2\) took over .* \(epoch 1\)"
+    ):
         first.check()
 
 
@@ -78,7 +90,9 @@ def test_a_fenced_outbox_publishes_nothing(tmp_path):
     box = _outbox(tmp_path, zombie)
     _stage(tmp_path, 0, 1, "d" * 8 + "-0000-4000-8000-000000000004", ["z1"])
     _commit(tmp_path, 0)
-    Lease(leases.child("C"), "computation 'C'").acquire(DriverEpoch(leases).get())  # a second driver starts
+    Lease(leases.child("C"), "computation 'C'").acquire(
+        DriverEpoch(leases).get()
+    )  # a second driver starts
     with pytest.raises(FencedError):
         box.publish_committed()
     with pytest.raises(FencedError):
@@ -96,7 +110,9 @@ def _driver(root):
             pass
 
     t = Topology("zombie")
-    t.injector("in", SampleSource([Record(None, i, 1_000 + i, f"r{i}") for i in range(40)], batch_size=5))
+    t.injector(
+        "in", SampleSource([Record(None, i, 1_000 + i, f"r{i}") for i in range(40)], batch_size=5)
+    )
     t.computation(Sink, inputs={"in": lambda r: "k"})
     rt = SparkRuntime(t, str(root), RuntimeSettings(injector_batches_per_poll=1))
     rt.streams.ensure("in", "in")

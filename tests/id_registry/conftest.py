@@ -44,6 +44,7 @@ SECRET = Secret("registry-secret-for-the-tests", source="the tests")
 #: wall time of the tests' registries (ms): event times in the tests are well before it
 NOW = 10_000_000
 
+
 class FakeClock:
     """Wall time the test controls (milliseconds)."""
 
@@ -54,14 +55,20 @@ class FakeClock:
         return self.now
 
 
-
 @contextlib.contextmanager
 def served(worker: RegistryWorker, secret: Secret = SECRET) -> Iterator[str]:
     """The real app over ``worker`` on a free loopback port, uvicorn in a thread; yields its URL."""
     import uvicorn
 
     port = free_port()
-    config = uvicorn.Config(create_app(worker, guard=registry_guard(secret)), host="127.0.0.1", port=port, log_level="error", lifespan="on", timeout_graceful_shutdown=1)
+    config = uvicorn.Config(
+        create_app(worker, guard=registry_guard(secret)),
+        host="127.0.0.1",
+        port=port,
+        log_level="error",
+        lifespan="on",
+        timeout_graceful_shutdown=1,
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -76,7 +83,6 @@ def served(worker: RegistryWorker, secret: Secret = SECRET) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
-
 
 
 class GatedBackend(MemoryBackend):
@@ -96,6 +102,7 @@ class GatedBackend(MemoryBackend):
             self.waiting.set()
             self.gate.wait(30)
         super()._write(puts, deletes)
+
 
 _names = itertools.count()
 
@@ -142,7 +149,9 @@ needs_etcd = [
 def etcd_cluster(tmp_path_factory) -> Iterator[LocalEtcdCluster]:
     """Three etcd members on loopback, shared by the session (tests that kill members start their own)."""
     if etcd_binary() is None:
-        pytest.skip("etcd is not installed (scripts/setup.sh --test installs Debian's etcd-server; CI has it)")
+        pytest.skip(
+            "etcd is not installed (scripts/setup.sh --test installs Debian's etcd-server; CI has it)"
+        )
     with LocalEtcdCluster(tmp_path_factory.mktemp("etcd")) as cluster:
         yield cluster
 
@@ -156,7 +165,9 @@ def store(request, tmp_path):
         backend = RocksBackend(tmp_path / "rocks")
     else:
         cluster = request.getfixturevalue("etcd_cluster")
-        backend = EtcdBackend(cluster.endpoints, prefix=f"test/{next(_names)}-{time.monotonic_ns()}/")
+        backend = EtcdBackend(
+            cluster.endpoints, prefix=f"test/{next(_names)}-{time.monotonic_ns()}/"
+        )
     yield backend
     backend.close()
 
@@ -169,7 +180,10 @@ def client(request, clock):
         with InProcessRegistryClient(registry) as c:
             yield c
         return
-    with served(RegistryWorker(registry)) as url, HttpRegistryClient(url, secret=SECRET, timeout=10.0) as c:
+    with (
+        served(RegistryWorker(registry)) as url,
+        HttpRegistryClient(url, secret=SECRET, timeout=10.0) as c,
+    ):
         yield c
 
 

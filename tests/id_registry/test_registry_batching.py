@@ -21,8 +21,13 @@ def test_requests_queued_behind_a_write_become_one_write(clock, gated):
         first = worker.commit([("a0", "t0", 1_000)])
         assert backend.waiting.wait(10)  # the first group is being written
         writes = backend.writes
-        queued = [worker.commit([(f"a{i}", f"t{i}", 1_000), (f"b{i}", f"t{i}", 1_000)]) for i in range(1, 20)]
-        assert not any(f.done() for f in [first, *queued])  # nobody answered before the write is durable
+        queued = [
+            worker.commit([(f"a{i}", f"t{i}", 1_000), (f"b{i}", f"t{i}", 1_000)])
+            for i in range(1, 20)
+        ]
+        assert not any(
+            f.done() for f in [first, *queued]
+        )  # nobody answered before the write is durable
         backend.gate.set()
         assert first.result(10) == [CommitResult(Status.COMMITTED)]
         assert all(f.result(10) == [CommitResult(Status.COMMITTED)] * 2 for f in queued)
@@ -46,7 +51,10 @@ def test_inside_a_group_the_earlier_request_wins(clock, gated):
         c = worker.commit([("x", "joiner-a", 1_000)])  # joiner-a's retry in the same group
         backend.gate.set()
         assert a.result(10) == [CommitResult(Status.COMMITTED)]
-        assert b.result(10) == [CommitResult(Status.CONFLICT, "joiner-a"), CommitResult(Status.COMMITTED)]
+        assert b.result(10) == [
+            CommitResult(Status.CONFLICT, "joiner-a"),
+            CommitResult(Status.COMMITTED),
+        ]
         assert c.result(10) == [CommitResult(Status.COMMITTED)]
     finally:
         worker.close()
@@ -60,7 +68,9 @@ def test_a_group_is_cut_at_max_group_items(clock, gated):
         worker.commit([("w", "t", 1)])
         assert backend.waiting.wait(10)
         writes = backend.writes
-        futures = [worker.commit([(f"{i}-{j}", "t", 1) for j in range(4)]) for i in range(6)]  # 24 items
+        futures = [
+            worker.commit([(f"{i}-{j}", "t", 1) for j in range(4)]) for i in range(6)
+        ]  # 24 items
         backend.gate.set()
         assert all(len(f.result(10)) == 4 for f in futures)
         assert backend.writes - writes == 1 + 3  # the first; then groups of 8, 8, 8 items
@@ -77,9 +87,14 @@ def test_concurrent_http_requests_share_durable_writes(clock, gated, serve_app, 
             first = pool.submit(c.commit_many, [("first", "t", 1_000)])
             assert backend.waiting.wait(10)
             writes = backend.writes
-            rest = [pool.submit(c.commit_many, [(f"id-{i}-{j}", f"tok-{i}", 1_000) for j in range(50)]) for i in range(15)]
+            rest = [
+                pool.submit(c.commit_many, [(f"id-{i}-{j}", f"tok-{i}", 1_000) for j in range(50)])
+                for i in range(15)
+            ]
             deadline = threading.Event()
-            while worker.inflight_requests < 16 and not deadline.wait(0.01):  # every request queued behind the gate
+            while worker.inflight_requests < 16 and not deadline.wait(
+                0.01
+            ):  # every request queued behind the gate
                 pass
             backend.gate.set()
             assert first.result(20)[0].committed
@@ -93,7 +108,13 @@ def test_the_real_service_coalesces_concurrent_requests(service, ns):
     with service.client(timeout=30.0) as c:
         before = c.status()
         with ThreadPoolExecutor(32) as pool:
-            jobs = [pool.submit(c.commit_many, [(f"{ns}{i}-{k}-{j}", f"tok-{i}", 1_000) for j in range(20)]) for i in range(32) for k in range(4)]
+            jobs = [
+                pool.submit(
+                    c.commit_many, [(f"{ns}{i}-{k}-{j}", f"tok-{i}", 1_000) for j in range(20)]
+                )
+                for i in range(32)
+                for k in range(4)
+            ]
             assert all(all(r.committed for r in f.result(60)) for f in jobs)
         after = c.status()
     requests = after["stats"]["requests"] - before["stats"]["requests"]
@@ -111,6 +132,10 @@ def test_a_closed_worker_refuses_at_once_and_answered_what_was_queued(clock, gat
     threading.Timer(0.2, gated.gate.set).start()
     worker.close()  # drains: everything queued before the close is answered
     assert first.result(10)[0].committed and queued.result(10)[0].committed
-    for submit in (lambda: worker.commit([("c", "t", 1_000)]), lambda: worker.call(lambda: 1, throttle=False), worker.status):
+    for submit in (
+        lambda: worker.commit([("c", "t", 1_000)]),
+        lambda: worker.call(lambda: 1, throttle=False),
+        worker.status,
+    ):
         with pytest.raises(RegistryUnavailableError, match="shutting down"):
             submit()

@@ -23,9 +23,14 @@ def test_recovery_clears_a_registered_but_missing_click_so_it_can_be_joined_agai
 def test_dropping_tokens_keeps_the_ids_joined(store, clock):
     r = Registry(store, clock=clock)
     r.commit_many([("a", "t", 1_000), ("b", "t", 1_000)])
-    assert r.clear_many(["a", "b", "nope"], keep_id=True) == [ClearResult(Status.CLEARED)] * 2 + [ClearResult(Status.NOT_FOUND)]
+    assert r.clear_many(["a", "b", "nope"], keep_id=True) == [ClearResult(Status.CLEARED)] * 2 + [
+        ClearResult(Status.NOT_FOUND)
+    ]
     assert r.lookup_many(["a"])[0] == (Status.FOUND, None, 1_000)
-    assert r.commit_many([("a", "t", 1_000)])[0] == (Status.CONFLICT, None)  # nobody may join it again
+    assert r.commit_many([("a", "t", 1_000)])[0] == (
+        Status.CONFLICT,
+        None,
+    )  # nobody may join it again
     assert r.clear_many(["a"], keep_id=True) == [ClearResult(Status.CLEARED)]  # again: harmless
     assert r.clear_many(["a"], only_if_token="t") == [ClearResult(Status.TOKEN_MISMATCH, None)]
 
@@ -33,14 +38,21 @@ def test_dropping_tokens_keeps_the_ids_joined(store, clock):
 def test_clear_of_what_is_gone_says_not_found_and_repeats_are_harmless(store, clock):
     r = Registry(store, clock=clock)
     r.commit_many([("a", "t", 1_000)])
-    assert r.clear_many(["a", "a", "zz"]) == [ClearResult(Status.CLEARED), ClearResult(Status.CLEARED), ClearResult(Status.NOT_FOUND)]
+    assert r.clear_many(["a", "a", "zz"]) == [
+        ClearResult(Status.CLEARED),
+        ClearResult(Status.CLEARED),
+        ClearResult(Status.NOT_FOUND),
+    ]
     assert r.clear_many(["a"]) == [ClearResult(Status.NOT_FOUND)]
     assert r.lookup_many(["a"])[0].status is Status.NOT_FOUND
 
 
 def test_clear_over_http(client):
     client.commit_many([("a", "t", 1_000), ("b", "u", 1_000)])
-    assert client.clear_many(["a", "b"], only_if_token="t") == [ClearResult(Status.CLEARED), ClearResult(Status.TOKEN_MISMATCH, "u")]
+    assert client.clear_many(["a", "b"], only_if_token="t") == [
+        ClearResult(Status.CLEARED),
+        ClearResult(Status.TOKEN_MISMATCH, "u"),
+    ]
     assert client.clear_many(["b"], keep_id=True) == [ClearResult(Status.CLEARED)]
     assert [x.status for x in client.lookup_many(["a", "b"])] == [Status.NOT_FOUND, Status.FOUND]
 
@@ -48,7 +60,10 @@ def test_clear_over_http(client):
 @pytest.mark.parametrize(
     ("kwargs", "says"),
     [
-        ({"only_if_token": ["t"]}, "only_if_token must be null, a token, or a list of one token (or null) per id (2)"),
+        (
+            {"only_if_token": ["t"]},
+            "only_if_token must be null, a token, or a list of one token (or null) per id (2)",
+        ),
         ({"only_if_token": ""}, "only_if_token: a token must be a non-empty string"),
         ({"keep_id": "yes"}, "keep_id must be true or false"),
     ],

@@ -18,7 +18,9 @@ from id_registry.client import start_registry
 def test_kill_9_mid_stream_loses_no_acknowledged_commit(tmp_path):
     data_dir = str(tmp_path / "registry")
     acked: dict[str, str] = {}  # id -> token, for every COMMITTED answer received
-    in_flight: list[list[tuple[str, str, int]]] = []  # batches sent and not answered when the service died
+    in_flight: list[
+        list[tuple[str, str, int]]
+    ] = []  # batches sent and not answered when the service died
     lock = threading.Lock()
     batch_no = [0]
     for cycle in range(2):
@@ -32,7 +34,10 @@ def test_kill_9_mid_stream_loses_no_acknowledged_commit(tmp_path):
                         with lock:
                             batch_no[0] += 1
                             n = batch_no[0]
-                        batch = [(f"c{cycle}-w{w}-b{n}-{i}", f"joiner-{w}", 1_000 + n) for i in range(200)]
+                        batch = [
+                            (f"c{cycle}-w{w}-b{n}-{i}", f"joiner-{w}", 1_000 + n)
+                            for i in range(200)
+                        ]
                         try:
                             out = c.commit_many(batch)
                         except RegistryError:
@@ -48,7 +53,9 @@ def test_kill_9_mid_stream_loses_no_acknowledged_commit(tmp_path):
                 t.start()
             target = len(acked) + 3_000
             deadline = time.monotonic() + 60
-            while len(acked) < target and time.monotonic() < deadline:  # kill by progress, mid-stream
+            while (
+                len(acked) < target and time.monotonic() < deadline
+            ):  # kill by progress, mid-stream
                 time.sleep(0.005)
             svc.kill()
             stop.set()
@@ -67,7 +74,10 @@ def test_kill_9_mid_stream_loses_no_acknowledged_commit(tmp_path):
                 found += c.lookup_many(ids[i : i + 5_000])
             assert [(f.status, f.token) for f in found] == [(Status.FOUND, acked[i]) for i in ids]
             stolen = c.commit_many([(i, "thief", 1_000) for i in ids[:5_000]])
-            assert all(r.status is Status.CONFLICT and r.holder == acked[i] for r, i in zip(stolen, ids[:5_000], strict=True))
+            assert all(
+                r.status is Status.CONFLICT and r.holder == acked[i]
+                for r, i in zip(stolen, ids[:5_000], strict=True)
+            )
             for batch in in_flight:  # the joiner's retry after a lost answer (Photon §3.3.2)
                 assert all(r.committed for r in c.commit_many(batch))
     finally:

@@ -38,7 +38,10 @@ def test_boundary_in_the_future_is_refused(store, clock):
 
 def test_gc_deletes_older_entries_only(store, clock):
     r = Registry(store, clock=clock)
-    r.commit_many([(f"old-{i}", "a", 1_000 + i) for i in range(50)] + [(f"new-{i}", "a", 2_000 + i) for i in range(50)])
+    r.commit_many(
+        [(f"old-{i}", "a", 1_000 + i) for i in range(50)]
+        + [(f"new-{i}", "a", 2_000 + i) for i in range(50)]
+    )
     assert r.advance_gc(1_025) == GcResult(1_025, 25)
     assert r.advance_gc(2_000) == GcResult(2_000, 25)
     found = r.lookup_many([f"old-{i}" for i in range(50)] + [f"new-{i}" for i in range(50)])
@@ -108,7 +111,9 @@ class BoundaryMovesMidGroup(MemoryBackend):
         raise MetaChangedError
 
 
-def test_ids_an_earlier_part_of_a_group_stored_are_committed_when_the_boundary_moves_meanwhile(clock):
+def test_ids_an_earlier_part_of_a_group_stored_are_committed_when_the_boundary_moves_meanwhile(
+    clock,
+):
     """Before: the retry after the metadata changed answered TOO_OLD for ids the
     group had already stored (registered, never written, never recovered); they are COMMITTED."""
     store = BoundaryMovesMidGroup()
@@ -117,6 +122,9 @@ def test_ids_an_earlier_part_of_a_group_stored_are_committed_when_the_boundary_m
     store.other_server = other
     out = r.commit_many(items)
     assert r.meta.gc_boundary_ms == 2_000
-    held = [found.status is Status.TOO_OLD and found.token == "dc1/b7" for found in r.lookup_many([i for i, _, _ in items])]
+    held = [
+        found.status is Status.TOO_OLD and found.token == "dc1/b7"
+        for found in r.lookup_many([i for i, _, _ in items])
+    ]
     assert held == [True] * 5 + [False] * 5  # the first part is stored under the group's token
     assert [x.status for x in out] == [Status.COMMITTED] * 5 + [Status.TOO_OLD] * 5

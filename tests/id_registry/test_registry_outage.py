@@ -33,12 +33,16 @@ def test_a_client_with_patience_waits_out_a_kill_9_and_a_restart(tmp_path):
     waits: list[Outage | None] = []
     started: list = []
     try:
-        with HttpRegistryClient(svc.url, secret=svc.secret, patience=60.0, max_backoff=0.5, on_wait=waits.append) as client:
+        with HttpRegistryClient(
+            svc.url, secret=svc.secret, patience=60.0, max_backoff=0.5, on_wait=waits.append
+        ) as client:
             assert client.commit_many([("c1", "dc1", 1_000)])[0].status is Status.COMMITTED
             svc.kill()  # kill -9: the store is closed by nobody
             restarter = _restart_later(data_dir, port, 4.0, started)
             begun = time.monotonic()
-            out = client.commit_many([("c1", "dc1", 1_000), ("c2", "dc1", 1_000)])  # the same token again: a retry
+            out = client.commit_many(
+                [("c1", "dc1", 1_000), ("c2", "dc1", 1_000)]
+            )  # the same token again: a retry
             waited = time.monotonic() - begun
             restarter.join()
             assert [r.status for r in out] == [Status.COMMITTED, Status.COMMITTED]
@@ -46,7 +50,11 @@ def test_a_client_with_patience_waits_out_a_kill_9_and_a_restart(tmp_path):
             # it said what it waited on, from when, and that it is over
             assert waits and waits[-1] is None and isinstance(waits[0], Outage)
             first = waits[0]
-            assert first.url == svc.url and first.attempts >= 1 and abs(first.since_ms / 1000 - (time.time() - waited)) < 5
+            assert (
+                first.url == svc.url
+                and first.attempts >= 1
+                and abs(first.since_ms / 1000 - (time.time() - waited)) < 5
+            )
             assert f"waiting on the id registry at {svc.url} since " in first.text()
             assert client.lookup_many(["c1", "c2"])[1].status is Status.FOUND  # nothing lost
     finally:
@@ -62,7 +70,10 @@ def test_beyond_its_patience_a_call_stops_naming_the_registry(tmp_path):
     svc.stop()
     with HttpRegistryClient(url, secret=secret, patience=2.0, max_backoff=0.2) as client:
         begun = time.monotonic()
-        with pytest.raises(RegistryUnavailableError, match=r"the id registry at .* was unreachable for 2s .*attempts"):
+        with pytest.raises(
+            RegistryUnavailableError,
+            match=r"the id registry at .* was unreachable for 2s .*attempts",
+        ):
             client.commit_many([("c1", "dc1", 1_000)])
         assert 2.0 <= time.monotonic() - begun < 15.0
 

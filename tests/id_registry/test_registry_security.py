@@ -38,7 +38,10 @@ def test_every_route_but_the_status_needs_the_secret(anon, service, seeded, ns):
     before = seeded()
     wrong = {"Authorization": "Bearer " + "x" * 43}
     for path, body in ROUTES.items():
-        for headers, says in [({}, "needs the id registry's secret"), (wrong, "is not the id registry's secret")]:
+        for headers, says in [
+            ({}, "needs the id registry's secret"),
+            (wrong, "is not the id registry's secret"),
+        ]:
             r = anon.post(path, json=body(ns), headers=headers)
             assert r.status_code == 401, (path, r.text)
             assert r.json()["error"] == "unauthorized" and says in r.json()["message"]
@@ -54,7 +57,14 @@ def test_the_status_is_public_and_reveals_no_id_token_or_secret(anon, service, s
     text = r.text
     assert f"{ns}x" not in text and "joiner-a" not in text and service.secret.reveal() not in text
     stats = r.json()["stats"]
-    assert {"commits_per_s", "committed", "conflicts", "too_old", "group_sizes", "throttled"} <= set(stats)
+    assert {
+        "commits_per_s",
+        "committed",
+        "conflicts",
+        "too_old",
+        "group_sizes",
+        "throttled",
+    } <= set(stats)
     assert {"requests", "items"} == set(r.json()["in_flight"])
 
 
@@ -73,13 +83,20 @@ def test_cross_site_requests_are_refused_even_with_the_secret(http, service, see
         assert r.json()["error"] == "forbidden" and "another site" in r.json()["message"]
     assert http.get("/v1/status", headers={"Origin": "http://evil.example"}).status_code == 403
     assert seeded() == before
-    assert http.post("/v1/lookup", json={"ids": ["a"]}, headers={"Origin": f"http://{host}"}).status_code == 200
+    assert (
+        http.post(
+            "/v1/lookup", json={"ids": ["a"]}, headers={"Origin": f"http://{host}"}
+        ).status_code
+        == 200
+    )
 
 
 def test_a_rebound_host_name_is_refused(http, service, seeded, ns):
     before = seeded()
     port = urlsplit(service.url).port
-    r = http.post("/v1/commit", json=ROUTES["/v1/commit"](ns), headers={"Host": f"evil.example:{port}"})
+    r = http.post(
+        "/v1/commit", json=ROUTES["/v1/commit"](ns), headers={"Host": f"evil.example:{port}"}
+    )
     assert r.status_code == 421 and "--allow-host" in r.json()["message"]
     assert seeded() == before
 
@@ -88,15 +105,32 @@ def test_a_rebound_host_name_is_refused(http, service, seeded, ns):
     ("raw", "content_type", "status", "says"),
     [
         (b'{"items": [["a", "t", NaN]]}', "application/json", 400, "NaN is not JSON"),
-        (b'{"items": ' + b"[" * 50 + b"]" * 50 + b"}", "application/json", 400, "nested deeper than 6 levels"),
-        (b'{"items": [["a", "t", 1]], "extra": 1}', "application/json", 400, "unexpected field(s) ['extra']"),
+        (
+            b'{"items": ' + b"[" * 50 + b"]" * 50 + b"}",
+            "application/json",
+            400,
+            "nested deeper than 6 levels",
+        ),
+        (
+            b'{"items": [["a", "t", 1]], "extra": 1}',
+            "application/json",
+            400,
+            "unexpected field(s) ['extra']",
+        ),
         (b'{"items": "a"}', "application/json", 400, "items must be a list, got str"),
-        (b'{"items": [["' + b"y" * 1_000_000 + b'", "t", 1]]}', "application/json", 400, "(1000000 characters)"),
+        (
+            b'{"items": [["' + b"y" * 1_000_000 + b'", "t", 1]]}',
+            "application/json",
+            400,
+            "(1000000 characters)",
+        ),
         (b'{"items": [["a", "t", 1]]}', "text/plain", 415, "Content-Type: application/json"),
         (b"not json", "application/json", 400, "not valid JSON"),
     ],
 )
-def test_malformed_bodies_are_refused_by_name_and_never_echoed(http, seeded, raw, content_type, status, says):
+def test_malformed_bodies_are_refused_by_name_and_never_echoed(
+    http, seeded, raw, content_type, status, says
+):
     before = seeded()
     r = http.post("/v1/commit", content=raw, headers={"Content-Type": content_type})
     assert r.status_code == status, r.text
@@ -111,7 +145,7 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(service, seeded):
     with socket.create_connection((u.hostname, u.port), timeout=5) as s:
         s.sendall(
             f"POST /v1/commit HTTP/1.1\r\nHost: {u.netloc}\r\nAuthorization: Bearer {service.secret.reveal()}\r\n"
-            "Content-Type: application/json\r\nContent-Length: 100000000\r\n\r\n{\"items\": [".encode()
+            'Content-Type: application/json\r\nContent-Length: 100000000\r\n\r\n{"items": ['.encode()
         )
         head = b""
         while chunk := s.recv(65536):  # the answer closes the connection

@@ -43,11 +43,16 @@ def test_entries_live_under_their_shard_prefix(clock):
 
 def test_a_configuration_must_start_in_the_future(store, clock):
     r = Registry(store, clock=clock)
-    with pytest.raises(ReshardError, match=f"at least {LEAD} ms ahead .* the earliest is {clock.now + LEAD}"):
+    with pytest.raises(
+        ReshardError, match=f"at least {LEAD} ms ahead .* the earliest is {clock.now + LEAD}"
+    ):
         r.reshard(clock.now + LEAD - 1, 32)
     with pytest.raises(ReshardError):
         r.reshard(0, 32)  # re-sharding the past
-    assert r.reshard(clock.now + LEAD, 32) == [ShardConfig(INT64_MIN, 16), ShardConfig(clock.now + LEAD, 32)]
+    assert r.reshard(clock.now + LEAD, 32) == [
+        ShardConfig(INT64_MIN, 16),
+        ShardConfig(clock.now + LEAD, 32),
+    ]
     assert r.reshard(clock.now + LEAD, 32) == r.shard_configs()  # the same again: a no-op
     with pytest.raises(ReshardError, match="only append"):
         r.reshard(clock.now + LEAD - 5, 8)  # before the latest configuration
@@ -65,7 +70,9 @@ def test_a_configuration_never_moves_an_event_already_committed(store, clock):
 
 def test_bad_configurations_are_refused_by_name(clock):
     r = Registry(clock=clock)
-    with pytest.raises(InvalidRequestError, match=r"shard_count must be an integer in \[1, 65536\], got 0"):
+    with pytest.raises(
+        InvalidRequestError, match=r"shard_count must be an integer in \[1, 65536\], got 0"
+    ):
         r.reshard(clock.now + LEAD, 0)
     with pytest.raises(InvalidRequestError, match="effective_from_ms must be an integer"):
         r.reshard("soon", 2)  # type: ignore[arg-type]

@@ -29,13 +29,17 @@ MODULES = [
 
 def test_the_service_and_its_clients_import_no_millwheel():
     code = f"import sys; {'; '.join(f'import {m}' for m in MODULES)}; print(sorted(m for m in sys.modules if m.split('.')[0] in ('millwheel', 'watermark_authority')))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
     assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_the_client_side_loads_no_web_framework():
     code = "import sys, id_registry; print(sorted(m for m in sys.modules if m.split('.')[0] in ('starlette', 'uvicorn')))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
     assert out.stdout.strip() == "[]", out.stdout
 
 
@@ -47,4 +51,9 @@ def test_docstring_examples(name):
 
 def test_the_public_surface_is_pinned():
     assert id_registry.__all__ == sorted(id_registry.__all__)
-    assert set(id_registry.__all__) == {n for n in dir(id_registry) if not n.startswith("_") and (n[0].isupper() or n in {"embedded_registry", "open_registry", "start_registry"})}
+    assert set(id_registry.__all__) == {
+        n
+        for n in dir(id_registry)
+        if not n.startswith("_")
+        and (n[0].isupper() or n in {"embedded_registry", "open_registry", "start_registry"})
+    }

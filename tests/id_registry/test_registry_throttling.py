@@ -34,7 +34,9 @@ def test_items_beyond_the_bound_are_refused_until_the_queue_drains(clock, gated)
         gated.gate.set()
         assert all(len(f.result(10)) == n for f, n in [(parked, 60), (queued, 30), (small, 10)])
         assert worker.inflight_items == 0
-        assert len(worker.commit([(f"r{i}", "t", 1_000) for i in range(20)]).result(10)) == 20  # drained: admitted
+        assert (
+            len(worker.commit([(f"r{i}", "t", 1_000) for i in range(20)]).result(10)) == 20
+        )  # drained: admitted
         assert worker.registry.stats.throttled == 1
         assert [x.status.value for x in worker.registry.lookup_many(["r0"])] == ["found"]
     finally:
@@ -58,7 +60,9 @@ def test_requests_beyond_the_bound_are_refused(clock, gated):
             worker.commit([("b", "t", 1_000)])
         with pytest.raises(ThrottledError):
             worker.call(lambda: None)  # lookups and clears count too
-        assert worker.call(lambda: 42, throttle=False).done() is False  # the status page is never refused
+        assert (
+            worker.call(lambda: 42, throttle=False).done() is False
+        )  # the status page is never refused
     finally:
         gated.gate.set()
         worker.close()
@@ -66,7 +70,10 @@ def test_requests_beyond_the_bound_are_refused(clock, gated):
 
 def test_http_answers_429_with_retry_after_and_changes_nothing(clock, gated, serve_app, secret):
     worker = RegistryWorker(Registry(gated, clock=clock), max_inflight_items=100)
-    with serve_app(worker) as url, httpx.Client(base_url=url, headers=secret.header(), timeout=10) as raw:
+    with (
+        serve_app(worker) as url,
+        httpx.Client(base_url=url, headers=secret.header(), timeout=10) as raw,
+    ):
         parked = _stalled(worker, gated)
         r = raw.post("/v1/commit", json={"items": [[f"r{i}", "t", 1_000] for i in range(50)]})
         assert r.status_code == 429, r.text
@@ -81,7 +88,10 @@ def test_http_answers_429_with_retry_after_and_changes_nothing(clock, gated, ser
 
 def test_the_client_honours_retry_after_and_gets_through(clock, gated, serve_app, secret):
     worker = RegistryWorker(Registry(gated, clock=clock), max_inflight_items=100)
-    with serve_app(worker) as url, HttpRegistryClient(url, secret=secret, throttle_timeout=30.0) as c:
+    with (
+        serve_app(worker) as url,
+        HttpRegistryClient(url, secret=secret, throttle_timeout=30.0) as c,
+    ):
         parked = _stalled(worker, gated)
         threading.Timer(0.5, gated.gate.set).start()
         started = time.monotonic()
@@ -94,7 +104,10 @@ def test_the_client_honours_retry_after_and_gets_through(clock, gated, serve_app
 
 def test_the_client_gives_up_after_its_throttle_timeout(clock, gated, serve_app, secret):
     worker = RegistryWorker(Registry(gated, clock=clock), max_inflight_items=100)
-    with serve_app(worker) as url, HttpRegistryClient(url, secret=secret, throttle_timeout=0.3) as c:
+    with (
+        serve_app(worker) as url,
+        HttpRegistryClient(url, secret=secret, throttle_timeout=0.3) as c,
+    ):
         _stalled(worker, gated)
         try:
             with pytest.raises(ThrottledError, match="retry in about"):
@@ -103,11 +116,20 @@ def test_the_client_gives_up_after_its_throttle_timeout(clock, gated, serve_app,
             gated.gate.set()
 
 
-def test_http_refuses_requests_beyond_the_bound_before_reading_them(clock, gated, serve_app, secret):
+def test_http_refuses_requests_beyond_the_bound_before_reading_them(
+    clock, gated, serve_app, secret
+):
     worker = RegistryWorker(Registry(gated, clock=clock), max_inflight_requests=2)
-    with serve_app(worker) as url, HttpRegistryClient(url, secret=secret) as c, httpx.Client(base_url=url, headers=secret.header(), timeout=10) as raw:
+    with (
+        serve_app(worker) as url,
+        HttpRegistryClient(url, secret=secret) as c,
+        httpx.Client(base_url=url, headers=secret.header(), timeout=10) as raw,
+    ):
         gated.gate.clear()
-        pending = [threading.Thread(target=c.commit_many, args=([(f"a{i}", "t", 1_000)],)) for i in range(2)]
+        pending = [
+            threading.Thread(target=c.commit_many, args=([(f"a{i}", "t", 1_000)],))
+            for i in range(2)
+        ]
         for t in pending:
             t.start()
         deadline = time.monotonic() + 10

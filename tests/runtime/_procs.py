@@ -20,7 +20,16 @@ from faults.inject import (
     wait_for_progress,
 )
 
-__all__ = ["committed_batches", "expected_tallies", "kill_a_worker", "kill_group", "python_workers", "start", "wait_for_progress", "write_logs"]
+__all__ = [
+    "committed_batches",
+    "expected_tallies",
+    "kill_a_worker",
+    "kill_group",
+    "python_workers",
+    "start",
+    "wait_for_progress",
+    "write_logs",
+]
 
 DRIVER = str(Path(__file__).with_name("crash_driver.py"))
 
@@ -32,8 +41,12 @@ def start(root, data, kind, *extra, env=None, log=None):
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
     return subprocess.Popen(
         [sys.executable, DRIVER, str(root), str(data), kind, *extra],
-        env=e, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        env=e,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def kill_group(proc) -> None:
@@ -61,7 +74,11 @@ def write_logs(data: Path, n: int, files: int, keys: int, seed: int = 3) -> list
         lines = []
         for i in range(per):
             k = f * per + i
-            rec = {"id": f"e{k}", "ts": t0 + rng.randrange(1_000), "query": f"q{rng.randrange(keys)}"}
+            rec = {
+                "id": f"e{k}",
+                "ts": t0 + rng.randrange(1_000),
+                "query": f"q{rng.randrange(keys)}",
+            }
             out.append(rec)
             lines.append(json.dumps(rec))
         (data / f"queries_{t0}.jsonl").write_text("\n".join(lines) + "\n")
@@ -76,4 +93,6 @@ def expected_tallies(records: list[dict]) -> Counter:
 
     df = pd.DataFrame(records)
     df["window_start"] = df["ts"] // 1000 * 1000
-    return Counter({(int(w), q, int(c)) for (w, q), c in df.groupby(["window_start", "query"]).size().items()})
+    return Counter(
+        {(int(w), q, int(c)) for (w, q), c in df.groupby(["window_start", "query"]).size().items()}
+    )

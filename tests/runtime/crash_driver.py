@@ -34,7 +34,9 @@ class Tally(Computation):
         counts = self.state.get({})
         counts[v["key"]] = v["count"]
         self.state.set(counts)
-        self.produce("tallies", {"window_start": v["window_start"], "key": v["key"], "count": v["count"]})
+        self.produce(
+            "tallies", {"window_start": v["window_start"], "key": v["key"], "count": v["count"]}
+        )
 
 
 class Stamp(Computation):
@@ -55,23 +57,45 @@ class CountBySource(Computation):
         self.state.set(self.state.get(0) + 1)
 
 
-def build(kind: str, data: str, weak: bool, max_bytes: int = 64 << 20, *, columnar: bool = False, arrow: bool = False, finite: bool = True) -> Topology:
+def build(
+    kind: str,
+    data: str,
+    weak: bool,
+    max_bytes: int = 64 << 20,
+    *,
+    columnar: bool = False,
+    arrow: bool = False,
+    finite: bool = True,
+) -> Topology:
     """``finite=False``: the log directory is complete once ``_DONE`` appears (a test writes its input while the run goes on)."""
     t = Topology(kind)
     t.injector("queries", LogFileSource(data, finite=finite, max_bytes_per_batch=max_bytes))
     if kind == "twostage":
         counter = WindowCounter
-        if columnar or arrow:  # the same count on the columnar path (``millwheel/_columnar.py``), under the same name
+        if (
+            columnar or arrow
+        ):  # the same count on the columnar path (``millwheel/_columnar.py``), under the same name
             from computations.columnar_windowing import ColumnarWindowCounter
 
             counter = ColumnarWindowCounter
         # ``arrow``: on the opt-in Arrow mapping (``millwheel/runtime/_arrowmap.py``)
         opts = dataclasses.replace(counter.options, mapping="arrow") if arrow else None
-        t.computation(counter, name="WindowCounter", inputs={"queries": lambda r: r.value["query"]}, outputs=["window_counts"], options=opts, params={"trailing_empty": 0})
-        t.computation(Tally, inputs={"window_counts": lambda r: r.value["window_start"]}, outputs=["tallies"])
+        t.computation(
+            counter,
+            name="WindowCounter",
+            inputs={"queries": lambda r: r.value["query"]},
+            outputs=["window_counts"],
+            options=opts,
+            params={"trailing_empty": 0},
+        )
+        t.computation(
+            Tally, inputs={"window_counts": lambda r: r.value["window_start"]}, outputs=["tallies"]
+        )
     else:
         opts = ComputationOptions(strong_productions=not weak)
-        t.computation(Stamp, inputs={"queries": lambda r: r.value["query"]}, outputs=["stamps"], options=opts)
+        t.computation(
+            Stamp, inputs={"queries": lambda r: r.value["query"]}, outputs=["stamps"], options=opts
+        )
         t.computation(CountBySource, inputs={"stamps": lambda r: r.value["src"]})
     return t
 
@@ -83,15 +107,28 @@ def main() -> int:
     p.add_argument("kind", choices=["twostage", "stamp"])
     p.add_argument("--weak", action="store_true")
     p.add_argument("--columnar", action="store_true", help="twostage: the columnar WindowCounter")
-    p.add_argument("--arrow", action="store_true", help="twostage: the columnar WindowCounter on the Arrow mapping")
+    p.add_argument(
+        "--arrow",
+        action="store_true",
+        help="twostage: the columnar WindowCounter on the Arrow mapping",
+    )
     p.add_argument("--dump")
     p.add_argument("--intervals", type=int, default=4)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--max-bytes", type=int, default=64 << 20, help="log bytes per injector batch")
-    p.add_argument("--per-trigger", type=int, default=None, help="stream files per computation batch")
+    p.add_argument(
+        "--per-trigger", type=int, default=None, help="stream files per computation batch"
+    )
     args = p.parse_args()
-    topo = build(args.kind, args.data, args.weak, args.max_bytes, columnar=args.columnar, arrow=args.arrow)
-    settings = RuntimeSettings(drain=True, intervals=args.intervals, master="local[2]", max_files_per_trigger=args.per_trigger)
+    topo = build(
+        args.kind, args.data, args.weak, args.max_bytes, columnar=args.columnar, arrow=args.arrow
+    )
+    settings = RuntimeSettings(
+        drain=True,
+        intervals=args.intervals,
+        master="local[2]",
+        max_files_per_trigger=args.per_trigger,
+    )
     rt = SparkRuntime(topo, args.root, settings, log=lambda m: print(m, flush=True))
     rt.run(timeout_s=args.timeout)
     if args.dump:

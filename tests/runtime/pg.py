@@ -57,16 +57,41 @@ class PostgresServer:
     """A running throwaway server: its ``dsn``; :meth:`restart` stops it (a fast shutdown: clients are
     cut off) and starts it again on the same data and port after ``down_s`` seconds."""
 
-    def __init__(self, psycopg, server: str, data: str, base: str, port: int, user: str | None, log) -> None:
-        self.psycopg, self.server, self.data, self.base, self.port, self.user, self.log = psycopg, server, data, base, port, user, log
+    def __init__(
+        self, psycopg, server: str, data: str, base: str, port: int, user: str | None, log
+    ) -> None:
+        self.psycopg, self.server, self.data, self.base, self.port, self.user, self.log = (
+            psycopg,
+            server,
+            data,
+            base,
+            port,
+            user,
+            log,
+        )
         self.dsn = f"host=127.0.0.1 port={port} user=postgres dbname=postgres connect_timeout=5"
         self.proc = None
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [self.server, "-D", self.data, "-p", str(self.port), "-k", self.base, "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"],
-            user=self.user, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            [
+                self.server,
+                "-D",
+                self.data,
+                "-p",
+                str(self.port),
+                "-k",
+                self.base,
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "fsync=off",
+            ],
+            user=self.user,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -76,7 +101,9 @@ class PostgresServer:
             except self.psycopg.OperationalError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.log.flush()
-                    with open(os.path.join(self.base, "server.log"), encoding="utf-8", errors="replace") as f:
+                    with open(
+                        os.path.join(self.base, "server.log"), encoding="utf-8", errors="replace"
+                    ) as f:
                         pytest.fail(f"PostgreSQL did not start: {f.read()[-2000:]}")
                 time.sleep(0.2)
 
@@ -100,10 +127,14 @@ class PostgresServer:
 @pytest.fixture
 def postgres_server() -> Iterator[PostgresServer]:
     """A PostgreSQL server for this test (``tests/runtime/pg.py``), which the test may restart."""
-    psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed (pip install -e '.[test]')")
+    psycopg = pytest.importorskip(
+        "psycopg", reason="psycopg is not installed (pip install -e '.[test]')"
+    )
     found = server_binaries()
     if found is None:
-        pytest.skip("PostgreSQL's server is not installed (scripts/setup.sh --test installs Debian's postgresql)")
+        pytest.skip(
+            "PostgreSQL's server is not installed (scripts/setup.sh --test installs Debian's postgresql)"
+        )
     initdb, server = found
     as_root = os.geteuid() == 0
     user = "postgres" if as_root else None
@@ -113,7 +144,9 @@ def postgres_server() -> Iterator[PostgresServer]:
 
             pw = pwd.getpwnam("postgres")
         except KeyError:
-            pytest.skip("running as root and there is no 'postgres' user to run the server as (PostgreSQL refuses root)")
+            pytest.skip(
+                "running as root and there is no 'postgres' user to run the server as (PostgreSQL refuses root)"
+            )
     base = tempfile.mkdtemp(prefix="millwheel-pg-")
     data = os.path.join(base, "data")
     if as_root:
@@ -122,7 +155,12 @@ def postgres_server() -> Iterator[PostgresServer]:
     log = open(os.path.join(base, "server.log"), "ab")  # noqa: SIM115
     pg = PostgresServer(psycopg, server, data, base, _free_port(), user, log)
     try:
-        subprocess.run([initdb, "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"], user=user, check=True, capture_output=True)
+        subprocess.run(
+            [initdb, "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"],
+            user=user,
+            check=True,
+            capture_output=True,
+        )
         pg.start()
         yield pg
     finally:
@@ -147,12 +185,24 @@ def upsert_counts(dsn: str):
 
         rows = df.toArrow().to_pylist()
         with psycopg.connect(dsn) as conn, conn.cursor() as cur:
-            cur.executemany("INSERT INTO deliveries (batch_id, id, value) VALUES (%s, %s, %s)", [(batch_id, r["id"], r["value"]) for r in rows])
+            cur.executemany(
+                "INSERT INTO deliveries (batch_id, id, value) VALUES (%s, %s, %s)",
+                [(batch_id, r["id"], r["value"]) for r in rows],
+            )
             cur.executemany(
                 "INSERT INTO counts (id, key, second, count, batch_id) VALUES (%s, %s, %s, %s, %s) "
                 "ON CONFLICT (id) DO UPDATE SET key = EXCLUDED.key, second = EXCLUDED.second, count = EXCLUDED.count, batch_id = EXCLUDED.batch_id",
-                [(r["id"], (v := json.loads(r["value"]))["key"], v["second"], v["count"], batch_id) for r in rows],
-            )  # fmt: skip
+                [
+                    (
+                        r["id"],
+                        (v := json.loads(r["value"]))["key"],
+                        v["second"],
+                        v["count"],
+                        batch_id,
+                    )
+                    for r in rows
+                ],
+            )
 
     return write
 

@@ -27,7 +27,15 @@ from millwheel.runtime import RuntimeSettings, SparkRuntime  # noqa: E402
 
 T0 = 1_700_000_000_000
 RATE_N = 3000
-SEQ = {"count": 6000, "rows_per_batch": 400, "partitions": 2, "disorder_ms": 30, "keys": 9, "bad_every": 1000, "step_ms": 5}
+SEQ = {
+    "count": 6000,
+    "rows_per_batch": 400,
+    "partitions": 2,
+    "disorder_ms": 30,
+    "keys": 9,
+    "bad_every": 1000,
+    "step_ms": 5,
+}
 
 
 class SecondCounts(Computation):
@@ -49,9 +57,16 @@ class SecondCounts(Computation):
 
 def rate_stream(spark):
     return (
-        spark.readStream.format("rate").option("rowsPerSecond", 400).option("numPartitions", 2).load()
-        .selectExpr("value", f"timestamp_millis({T0} + value * 10) AS ts", "concat('k', CAST(value % 9 AS STRING)) AS key")
-    )  # fmt: skip
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", 400)
+        .option("numPartitions", 2)
+        .load()
+        .selectExpr(
+            "value",
+            f"timestamp_millis({T0} + value * 10) AS ts",
+            "concat('k', CAST(value % 9 AS STRING)) AS key",
+        )
+    )
 
 
 def sequence_stream(spark):
@@ -77,7 +92,13 @@ def build(kind: str, dsn: str | None, kill_in_sink: int | None = None, root: str
     if kind == "rate":
         src = SparkSource(rate_stream, id="value", timestamp="ts", end_ms=T0 + RATE_N * 10)
     else:
-        src = SparkSource(sequence_stream, data_sources=[SequenceDataSource], id="seq", timestamp="ts", offset_watermark="lw")
+        src = SparkSource(
+            sequence_stream,
+            data_sources=[SequenceDataSource],
+            id="seq",
+            timestamp="ts",
+            offset_watermark="lw",
+        )
     t = Topology(f"io-{kind}")
     t.injector("logs", src, stream="events")
     t.computation(SecondCounts, inputs={"events": lambda r: r.value["key"]}, outputs=["counts"])
@@ -101,7 +122,12 @@ def main() -> int:
     args = p.parse_args()
     settings = RuntimeSettings(intervals=4, master="local[2]", trigger_ms=500)
     os.makedirs(args.root, exist_ok=True)
-    rt = SparkRuntime(build(args.kind, args.dsn, args.kill_in_sink, args.root), args.root, settings, log=lambda m: print(m, flush=True))
+    rt = SparkRuntime(
+        build(args.kind, args.dsn, args.kill_in_sink, args.root),
+        args.root,
+        settings,
+        log=lambda m: print(m, flush=True),
+    )
     rt.run(timeout_s=args.timeout)
     print("DRAINED", flush=True)
     return 0

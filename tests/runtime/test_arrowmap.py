@@ -30,21 +30,33 @@ def _step() -> ColumnarIntervalStep:
     t = Topology("t")
     t.injector("q", SampleSource([]))
     t.computation(
-        ColumnarWindowCounter, name="C", inputs={"q": lambda r: r.value}, outputs=["window_counts"],
-        options=ComputationOptions(mapping="arrow"), params={"window_ms": 1_000, "trailing_empty": 0},
-    )  # fmt: skip
+        ColumnarWindowCounter,
+        name="C",
+        inputs={"q": lambda r: r.value},
+        outputs=["window_counts"],
+        options=ComputationOptions(mapping="arrow"),
+        params={"window_ms": 1_000, "trailing_empty": 0},
+    )
     return ColumnarIntervalStep(t.validate().computations["C"], groups=[0, 1])
 
 
 def _rows(ids: list[str], keys: list[str], ts: list[int]) -> pa.RecordBatch:
     n = len(ids)
-    return pa.RecordBatch.from_pydict({
-        "group": pa.array([0] * n, pa.int32()), "kind": pa.array([0] * n, pa.int32()),
-        "key": pa.array([encode_key(k) for k in keys], pa.binary()), "id": pa.array(ids, pa.string()),
-        "ts": pa.array(ts, pa.int64()), "value": pa.array([encode_value(k) for k in keys], pa.binary()),
-        "wm": pa.nulls(n, pa.int64()), "stream": pa.array(["q"] * n, pa.string()),
-        "src": pa.array(["f0"] * n, pa.string()), "row": pa.array(range(n), pa.int64()), "now": pa.nulls(n, pa.int64()),
-    })  # fmt: skip
+    return pa.RecordBatch.from_pydict(
+        {
+            "group": pa.array([0] * n, pa.int32()),
+            "kind": pa.array([0] * n, pa.int32()),
+            "key": pa.array([encode_key(k) for k in keys], pa.binary()),
+            "id": pa.array(ids, pa.string()),
+            "ts": pa.array(ts, pa.int64()),
+            "value": pa.array([encode_value(k) for k in keys], pa.binary()),
+            "wm": pa.nulls(n, pa.int64()),
+            "stream": pa.array(["q"] * n, pa.string()),
+            "src": pa.array(["f0"] * n, pa.string()),
+            "row": pa.array(range(n), pa.int64()),
+            "now": pa.nulls(n, pa.int64()),
+        }
+    )
 
 
 def _run(
@@ -110,7 +122,9 @@ class _FailsOnId(ColumnarComputation):
             raise ValueError(msg)
 
 
-def test_a_record_of_the_row_plan_dead_lettered_without_its_value_when_the_computation_reads_none(tmp_path):
+def test_a_record_of_the_row_plan_dead_lettered_without_its_value_when_the_computation_reads_none(
+    tmp_path,
+):
     """On the row plan (an input read as rows) the query keeps values in the JVM for a
     computation that reads none (``ArrowMapping.values``): its dead-lettered record has the
     rest, and no value. (On the scan plan it has its value: ``tests/runtime/test_scan.py``.)"""
@@ -173,9 +187,13 @@ def _query(
     root = Location.of(str(tmp_path / "run"))
     root.mkdirs()
     rt = types.SimpleNamespace(
-        root=root, spark=_FakeSpark(speculation), settings=RuntimeSettings(state_layout=layout), keyer=None,
-        pipeline_id="p", layout=lambda name: Layout(2, (0, 1), own=own),
-    )  # fmt: skip
+        root=root,
+        spark=_FakeSpark(speculation),
+        settings=RuntimeSettings(state_layout=layout),
+        keyer=None,
+        pipeline_id="p",
+        layout=lambda name: Layout(2, (0, 1), own=own),
+    )
     return types.SimpleNamespace(
         spec=t.validate().computations["F"],
         rt=rt,
@@ -215,19 +233,41 @@ def test_records_read_from_arrow_are_the_records_read_through_pandas():
     rng = random.Random(3)
     n = 400
     rows = {
-        "group": [0] * n, "kind": [0] * n, "key": [encode_key(f"k{rng.randrange(20)}") for _ in range(n)],
-        "id": [f"r{i}" for i in range(n)], "ts": [T0 + rng.randrange(10_000) for _ in range(n)],
-        "value": [encode_value(i) for i in range(n)], "wm": [rng.choice([None, T0, T0 + 5_000]) for _ in range(n)],
-        "stream": [rng.choice(["q", "p", DEAD_LETTER_STREAM]) for _ in range(n)], "src": [rng.choice([None, "f2", "f1", "f10"]) for _ in range(n)],
-        "row": [rng.randrange(50) for _ in range(n)], "now": [None] * n,
-    }  # fmt: skip
-    types_ = {"group": pa.int32(), "kind": pa.int32(), "key": pa.binary(), "value": pa.binary(), "id": pa.string(), "stream": pa.string(), "src": pa.string()}
+        "group": [0] * n,
+        "kind": [0] * n,
+        "key": [encode_key(f"k{rng.randrange(20)}") for _ in range(n)],
+        "id": [f"r{i}" for i in range(n)],
+        "ts": [T0 + rng.randrange(10_000) for _ in range(n)],
+        "value": [encode_value(i) for i in range(n)],
+        "wm": [rng.choice([None, T0, T0 + 5_000]) for _ in range(n)],
+        "stream": [rng.choice(["q", "p", DEAD_LETTER_STREAM]) for _ in range(n)],
+        "src": [rng.choice([None, "f2", "f1", "f10"]) for _ in range(n)],
+        "row": [rng.randrange(50) for _ in range(n)],
+        "now": [None] * n,
+    }
+    types_ = {
+        "group": pa.int32(),
+        "kind": pa.int32(),
+        "key": pa.binary(),
+        "value": pa.binary(),
+        "id": pa.string(),
+        "stream": pa.string(),
+        "src": pa.string(),
+    }
     table = pa.table({c: pa.array(v, types_.get(c, pa.int64())) for c, v in rows.items()})
-    assert plain_records(table) and not plain_records(table.set_column(1, "kind", pa.array([0] * (n - 1) + [None], pa.int32())))
+    assert plain_records(table) and not plain_records(
+        table.set_column(1, "kind", pa.array([0] * (n - 1) + [None], pa.int32()))
+    )
     a, b = arrow_input(table), _input([table.to_pandas()])
     assert a.kbs == b.kbs and a.uniques == b.uniques and a.codes.tolist() == b.codes.tolist()
     assert a.ids.to_pylist() == b.ids.to_pylist() and a.ts.tolist() == b.ts.tolist()
-    assert a.streams_at(list(range(n))) == b.streams_at(list(range(n))) and a.values_at(list(range(n))) == b.values_at(list(range(n)))
+    assert a.streams_at(list(range(n))) == b.streams_at(list(range(n))) and a.values_at(
+        list(range(n))
+    ) == b.values_at(list(range(n)))
     assert a.arrival_watermarks(-1).tolist() == b.arrival_watermarks(-1).tolist()
-    assert (a.not_stream(DEAD_LETTER_STREAM) == b.not_stream(DEAD_LETTER_STREAM)).all() and not np.all(a.not_stream(DEAD_LETTER_STREAM))
-    assert a.ts.tolist() != sorted(a.ts.tolist()) and a.ids.to_pylist() != rows["id"]  # the data was out of send order
+    assert (
+        a.not_stream(DEAD_LETTER_STREAM) == b.not_stream(DEAD_LETTER_STREAM)
+    ).all() and not np.all(a.not_stream(DEAD_LETTER_STREAM))
+    assert (
+        a.ts.tolist() != sorted(a.ts.tolist()) and a.ids.to_pylist() != rows["id"]
+    )  # the data was out of send order

@@ -27,9 +27,14 @@ def test_arrow_mapping_crash_long(tmp_path):
     # the injected kills first: each fires at the first batch with data of its process (and
     # needs a driver of its own); then each kill must land while input is left
     plan = [
-        ("inject:WindowCounter:after_manifest:data", None), ("inject:WindowCounter:after_output:data", None),
-        ("inject:WindowCounter:mid_publish:data", None), ("driver", ("WindowCounter", 1)), ("worker", ("WindowCounter", 1)),
+        ("inject:WindowCounter:after_manifest:data", None),
+        ("inject:WindowCounter:after_output:data", None),
+        ("inject:WindowCounter:mid_publish:data", None),
+        ("driver", ("WindowCounter", 1)),
+        ("worker", ("WindowCounter", 1)),
         ("driver", ("Tally", 1)),
-    ]  # fmt: skip
-    kills = _crash_loop(tmp_path, plan, seed=32, extra=("--arrow",), pacing=SHORT_PACING, strict=True)
+    ]
+    kills = _crash_loop(
+        tmp_path, plan, seed=32, extra=("--arrow",), pacing=SHORT_PACING, strict=True
+    )
     assert kills == {"injected": 3, "driver": 2, "worker": 1}

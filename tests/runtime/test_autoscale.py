@@ -35,16 +35,22 @@ def test_hysteresis_one_or_two_hot_batches_are_not_enough():
     calm = batch([60.0 + i for i in range(8)])
     assert decide("C", 8, [calm, hot(), hot()], P, now_s=1e3, last_change_s=None) is None
     assert decide("C", 8, [hot(), calm, hot()], P, now_s=1e3, last_change_s=None) is None
-    assert decide("C", 8, [hot(), hot()], P, now_s=1e3, last_change_s=None) is None  # fewer batches than the window
+    assert (
+        decide("C", 8, [hot(), hot()], P, now_s=1e3, last_change_s=None) is None
+    )  # fewer batches than the window
     # the hot interval may move between batches: each batch must have one
     moving = [hot(at=1), hot(at=5), hot(at=2)]
     assert decide("C", 8, moving, P, now_s=1e3, last_change_s=None).action == "split"
 
 
 def test_a_hot_interval_must_be_both_far_above_the_median_and_slow_in_absolute_terms():
-    fast = batch([150.0 if i == 0 else 5.0 for i in range(8)])  # 30x the median but under min_hot_ms
+    fast = batch(
+        [150.0 if i == 0 else 5.0 for i in range(8)]
+    )  # 30x the median but under min_hot_ms
     assert decide("C", 8, [fast] * 3, P, now_s=1e3, last_change_s=None) is None
-    even = batch([900.0 - i for i in range(8)])  # slow everywhere: splitting helps no interval more than another
+    even = batch(
+        [900.0 - i for i in range(8)]
+    )  # slow everywhere: splitting helps no interval more than another
     assert decide("C", 8, [even] * 3, P, now_s=1e3, last_change_s=None) is None
 
 
@@ -61,7 +67,9 @@ def test_all_cold_merges_and_the_cooldown_and_bounds_hold():
     assert "every interval took under 20 ms (at most 2)" in d.reason
     assert decide("C", 8, [cold] * 3, P, now_s=1e3, last_change_s=1e3 - P.cooldown_s + 1) is None
     assert decide("C", 8, [cold] * 3, P, now_s=1e3, last_change_s=1e3 - P.cooldown_s) is not None
-    assert decide("C", 2, [batch([2.0] * 2)] * 3, P, now_s=1e3, last_change_s=None) is None  # min_intervals
+    assert (
+        decide("C", 2, [batch([2.0] * 2)] * 3, P, now_s=1e3, last_change_s=None) is None
+    )  # min_intervals
     top = AutoscalePolicy(max_intervals=8)
     assert decide("C", 8, [hot()] * 3, top, now_s=1e3, last_change_s=None) is None  # max_intervals
     one_warm = batch([2.0] * 7 + [30.0])
@@ -75,7 +83,10 @@ def test_a_policy_without_hysteresis_is_refused():
         AutoscalePolicy(hot_ratio=1.0)
 
 
-@given(st.lists(st.lists(st.floats(0, 5_000), min_size=1, max_size=16), min_size=0, max_size=6), st.integers(1, 300))
+@given(
+    st.lists(st.lists(st.floats(0, 5_000), min_size=1, max_size=16), min_size=0, max_size=6),
+    st.integers(1, 300),
+)
 def test_a_decision_is_always_within_bounds_and_never_both_ways(history, intervals):
     hist = [batch(b) for b in history]
     d = decide("C", intervals, hist, P, now_s=1e3, last_change_s=None)
@@ -94,7 +105,10 @@ def test_no_flapping_a_split_then_a_merge_needs_the_load_to_really_fall():
     intervals, history, changes, last = 4, [], [], None
     for t in range(200):
         load = 2_000.0 / intervals  # the hot key range's time shrinks with the split
-        figures = {i: Figures((load if i == 0 else 40.0) * rng.uniform(0.9, 1.1), 100) for i in range(intervals)}
+        figures = {
+            i: Figures((load if i == 0 else 40.0) * rng.uniform(0.9, 1.1), 100)
+            for i in range(intervals)
+        }
         history.append(figures)
         d = decide("C", intervals, history, P, now_s=float(t * 10), last_change_s=last)
         if d is not None:

@@ -22,7 +22,12 @@ def cache(tmp_path, monkeypatch):
 
 def test_the_archive_is_per_java_and_pyspark_installation(cache, tmp_path, monkeypatch):
     path = cds.archive_path()
-    assert path is not None and path.parent == cache / "cds" and path.name.startswith("spark-") and path.suffix == ".jsa"
+    assert (
+        path is not None
+        and path.parent == cache / "cds"
+        and path.name.startswith("spark-")
+        and path.suffix == ".jsa"
+    )
     assert cds.java_options() == ""  # not built: nothing to map
     path.parent.mkdir(parents=True)
     path.write_bytes(b"x")
@@ -74,7 +79,15 @@ def test_a_damaged_archive_is_set_aside_and_spark_starts_without_it(tmp_path):
     with built.open("rb") as f:
         damaged.write_bytes(f.read(built.stat().st_size // 2))
     # the crashed JVM writes its hs_err file into the working directory
-    run = subprocess.run([sys.executable, "-c", START], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    run = subprocess.run(
+        [sys.executable, "-c", START],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "sum 45" in run.stdout
     assert not damaged.exists() and Path(f"{damaged}.failed").exists()

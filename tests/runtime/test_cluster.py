@@ -33,7 +33,12 @@ from millwheel.testing import Harness
 
 from ._procs import committed_batches, write_logs
 
-pytestmark = [pytest.mark.spark, pytest.mark.skipif(shutil.which("java") is None and "JAVA_HOME" not in os.environ, reason="needs Java")]
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.skipif(
+        shutil.which("java") is None and "JAVA_HOME" not in os.environ, reason="needs Java"
+    ),
+]
 
 BIN = Path(sys.executable).parent
 N, FILES, KEYS = 6_000, 6, 30
@@ -51,22 +56,55 @@ topology.sink("window_counts", {out!r})
 
 
 def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1", "MILLWHEEL_SPARK_UI": "0", **extra}
+    return {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "MILLWHEEL_SPARK_UI": "0",
+        **extra,
+    }
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("cluster")
     up = subprocess.run(
-        [str(BIN / "millwheel"), "cluster", "up", "--dir", str(d), "--workers", "2", "--cores", "1", "--memory", "1g", "--port", "0", "--ui-port", "0"],
-        env=_env(), capture_output=True, text=True, timeout=180, check=False,
-    )  # fmt: skip
+        [
+            str(BIN / "millwheel"),
+            "cluster",
+            "up",
+            "--dir",
+            str(d),
+            "--workers",
+            "2",
+            "--cores",
+            "1",
+            "--memory",
+            "1g",
+            "--port",
+            "0",
+            "--ui-port",
+            "0",
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert up.returncode == 0, up.stderr + up.stdout
     assert "master spark://127.0.0.1:" in up.stdout
     try:
         yield StandaloneCluster.load(str(d))
     finally:
-        down = subprocess.run([str(BIN / "millwheel"), "cluster", "down", "--dir", str(d)], env=_env(), capture_output=True, text=True, timeout=120, check=False)
+        down = subprocess.run(
+            [str(BIN / "millwheel"), "cluster", "down", "--dir", str(d)],
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert down.returncode == 0, down.stderr
 
 
@@ -81,7 +119,9 @@ def answer(data, tmp_path_factory):
     """The harness's output for the topology, checked against the plain answer (pandas)."""
     d, records = data
     path = tmp_path_factory.mktemp("harness") / "topology.py"
-    path.write_text(TOPOLOGY.format(data=str(d), out=str(path.parent / "unused.jsonl"), max_bytes=25_000))
+    path.write_text(
+        TOPOLOGY.format(data=str(d), out=str(path.parent / "unused.jsonl"), max_bytes=25_000)
+    )
     h = Harness(load_topology(str(path)))
     h.run_sources()
     got = Counter((v["key"], v["window_start"], v["count"]) for v in h.values("window_counts"))
@@ -96,7 +136,9 @@ def _topology(tmp_path: Path, data_dir: Path, max_bytes: int) -> tuple[Path, Pat
     """The topology file; ``max_bytes`` per injector batch sets how many micro-batches the run takes."""
     out = tmp_path / "out" / "window_counts.jsonl"
     path = tmp_path / "topology.py"
-    path.write_text(textwrap.dedent(TOPOLOGY.format(data=str(data_dir), out=str(out), max_bytes=max_bytes)))
+    path.write_text(
+        textwrap.dedent(TOPOLOGY.format(data=str(data_dir), out=str(out), max_bytes=max_bytes))
+    )
     return path, out
 
 
@@ -116,7 +158,9 @@ def _output(out: Path) -> Counter:
     rows = _sink_rows(out)
     ids = [r["id"] for r in rows]
     assert len(ids) == len(set(ids)), "a production was written twice"
-    return Counter((r["value"]["key"], r["value"]["window_start"], r["value"]["count"]) for r in rows)
+    return Counter(
+        (r["value"]["key"], r["value"]["window_start"], r["value"]["count"]) for r in rows
+    )
 
 
 def _executors_that_ran_tasks(cluster: StandaloneCluster, before: set[Path]) -> set[str]:
@@ -134,16 +178,41 @@ def _apps(cluster: StandaloneCluster) -> set[Path]:
 
 
 def test_spark_submit_on_two_workers_equals_the_local_answer(cluster, data, answer, tmp_path):
-    path, out = _topology(tmp_path, data[0], max_bytes=1 << 20)  # the input in one batch: few micro-batches
+    path, out = _topology(
+        tmp_path, data[0], max_bytes=1 << 20
+    )  # the input in one batch: few micro-batches
     before = _apps(cluster)
     done = subprocess.run(
-        [str(BIN / "spark-submit"), "--master", cluster.url, "--deploy-mode", "client",
-         "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
-         "--driver-java-options", f"-Dlog4j2.configurationFile=file:{log4j2_file('ERROR')}",
-         launcher_path(), "run", str(path), "--checkpoint", str(tmp_path / "run"), "--intervals", "2",
-         "--status-every", "0", "--no-metrics"],
-        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        [
+            str(BIN / "spark-submit"),
+            "--master",
+            cluster.url,
+            "--deploy-mode",
+            "client",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            "spark.sql.shuffle.partitions=2",
+            "--driver-java-options",
+            f"-Dlog4j2.configurationFile=file:{log4j2_file('ERROR')}",
+            launcher_path(),
+            "run",
+            str(path),
+            "--checkpoint",
+            str(tmp_path / "run"),
+            "--intervals",
+            "2",
+            "--status-every",
+            "0",
+            "--no-metrics",
+        ],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, _said(done.stderr) + done.stdout
     said = done.stdout + done.stderr  # spark-submit may merge the driver's stderr into its stdout
     assert f"on {cluster.url}" in said
@@ -153,21 +222,44 @@ def test_spark_submit_on_two_workers_equals_the_local_answer(cluster, data, answ
 
 
 def test_a_worker_killed_mid_run_changes_nothing_in_the_output(cluster, data, answer, tmp_path):
-    path, out = _topology(tmp_path, data[0], max_bytes=25_000)  # ~12 batches: the kill lands mid-run
+    path, out = _topology(
+        tmp_path, data[0], max_bytes=25_000
+    )  # ~12 batches: the kill lands mid-run
     run = tmp_path / "run"
     log = tmp_path / "driver.log"
     with open(log, "wb") as f:
         proc = subprocess.Popen(
-            [str(BIN / "millwheel"), "run", str(path), "--master", cluster.url, "--checkpoint", str(run),
-             "--intervals", "2", "--shuffle-partitions", "2", "--status-every", "5", "--no-metrics", "--no-ui"],
-            cwd=tmp_path, env=_env(), stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            [
+                str(BIN / "millwheel"),
+                "run",
+                str(path),
+                "--master",
+                cluster.url,
+                "--checkpoint",
+                str(run),
+                "--intervals",
+                "2",
+                "--shuffle-partitions",
+                "2",
+                "--status-every",
+                "5",
+                "--no-metrics",
+                "--no-ui",
+            ],
+            cwd=tmp_path,
+            env=_env(),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 240  # the kill point: the first windows are out
         while not list(out.glob("*.jsonl")) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert committed_batches(run, "WindowCounter") >= 1
-        assert proc.poll() is None, "the run ended before the kill point:\n" + log.read_text()[-3000:]
+        assert proc.poll() is None, (
+            "the run ended before the kill point:\n" + log.read_text()[-3000:]
+        )
         killed = cluster.kill_worker(0)
         assert killed, "worker-0 was not running"
         rc = proc.wait(timeout=300)

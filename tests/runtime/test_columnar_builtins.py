@@ -42,10 +42,27 @@ def write_logs(d) -> pd.DataFrame:
     rng = random.Random(27)
     kept: list[dict] = []
     sent: list[dict] = []
-    for f, name in enumerate(["queries-2026-01-01T10-00-00.jsonl", "queries-2026-01-01T10-00-20.jsonl", "queries-2026-01-01T10-00-40.jsonl", "backfill.jsonl"]):
+    for f, name in enumerate(
+        [
+            "queries-2026-01-01T10-00-00.jsonl",
+            "queries-2026-01-01T10-00-20.jsonl",
+            "queries-2026-01-01T10-00-40.jsonl",
+            "backfill.jsonl",
+        ]
+    ):
         start = T0 + min(f, 2) * 20_000
-        rows = [{"id": f"f{f}-{i}", "ts": start + rng.randrange(0, 20_000), "q": f"q{rng.randrange(5)}", "ms": rng.randrange(0, 4_000) / 8} for i in range(100)]
-        if name == "backfill.jsonl":  # no time in its name: read once the timed files are, its records on time there
+        rows = [
+            {
+                "id": f"f{f}-{i}",
+                "ts": start + rng.randrange(0, 20_000),
+                "q": f"q{rng.randrange(5)}",
+                "ms": rng.randrange(0, 4_000) / 8,
+            }
+            for i in range(100)
+        ]
+        if (
+            name == "backfill.jsonl"
+        ):  # no time in its name: read once the timed files are, its records on time there
             rows = [dict(r, ts=T0 + 60_000 + rng.randrange(0, 5_000)) for r in rows]
         rows.sort(key=lambda r: r["ts"])
         for i in range(0, len(rows) - 1, 5):  # disorder within the declared lateness
@@ -58,8 +75,12 @@ def write_logs(d) -> pd.DataFrame:
             lines.insert(70, json.dumps(rng.choice(sent)) + "\n")
         if f == 1:
             lines.insert(50, "{not json\n")
-            lines.append(json.dumps({"id": "nan1", "ts": start + 19_990, "q": "q1", "ms": "n/a"}) + "\n")  # no number
-            lines.append(json.dumps({"id": "late1", "ts": start - 10_000, "q": "q1", "ms": 1.0}) + "\n")  # behind the file: late
+            lines.append(
+                json.dumps({"id": "nan1", "ts": start + 19_990, "q": "q1", "ms": "n/a"}) + "\n"
+            )  # no number
+            lines.append(
+                json.dumps({"id": "late1", "ts": start - 10_000, "q": "q1", "ms": 1.0}) + "\n"
+            )  # behind the file: late
         sent += rows
         (d / name).write_text("".join(lines))
     return pd.DataFrame(kept)
@@ -67,11 +88,17 @@ def write_logs(d) -> pd.DataFrame:
 
 def topology(d, cls: type) -> Topology:
     t = Topology("aggregates")
-    t.injector("queries", LogFileSource(d, finite=True, lateness_ms=LATENESS, max_bytes_per_batch=3_000))
+    t.injector(
+        "queries", LogFileSource(d, finite=True, lateness_ms=LATENESS, max_bytes_per_batch=3_000)
+    )
     t.computation(
-        cls, name="Agg", inputs={"queries": lambda r: r.value["q"]}, outputs=["window_aggregates"],
-        options=ComputationOptions(late=LatePolicy.drop()), params=PARAMS,
-    )  # fmt: skip
+        cls,
+        name="Agg",
+        inputs={"queries": lambda r: r.value["q"]},
+        outputs=["window_aggregates"],
+        options=ComputationOptions(late=LatePolicy.drop()),
+        params=PARAMS,
+    )
     t.sink("window_aggregates")
     return t
 
@@ -81,28 +108,49 @@ def _dead(records) -> Counter:
 
 
 @pytest.mark.timeout(900)
-def test_windowed_aggregate_is_the_same_on_every_path_and_the_pandas_answer(tmp_path, spark, productions):
+def test_windowed_aggregate_is_the_same_on_every_path_and_the_pandas_answer(
+    tmp_path, spark, productions
+):
     kept = write_logs(tmp_path / "logs")
     per_record = Harness(topology(tmp_path / "logs", WindowAggregate), raise_errors=False)
     per_record.run_sources()
     columnar = Harness(topology(tmp_path / "logs", ColumnarWindowAggregate), raise_errors=False)
     columnar.run_sources()
-    rt = SparkRuntime(topology(tmp_path / "logs", ColumnarWindowAggregate), str(tmp_path / "run"), RuntimeSettings(drain=True, intervals=4), spark=spark)
+    rt = SparkRuntime(
+        topology(tmp_path / "logs", ColumnarWindowAggregate),
+        str(tmp_path / "run"),
+        RuntimeSettings(drain=True, intervals=4),
+        spark=spark,
+    )
     rt.run(timeout_s=800)
     expected = productions(per_record.output("window_aggregates"))
     assert sum(expected.values()) > 100
     assert productions(columnar.output("window_aggregates")) == expected
-    assert productions(rt.output("window_aggregates"), ids=False) == productions(per_record.output("window_aggregates"), ids=False)
+    assert productions(rt.output("window_aggregates"), ids=False) == productions(
+        per_record.output("window_aggregates"), ids=False
+    )
     dead = _dead(per_record.dead_letters())
     assert dead == _dead(columnar.dead_letters()) == _dead(rt.dead_letters())
-    assert Counter(s for _, s, _ in dead.elements()) == {Stage.MALFORMED: 1, Stage.PROCESS_RECORD: 1}
+    assert Counter(s for _, s, _ in dead.elements()) == {
+        Stage.MALFORMED: 1,
+        Stage.PROCESS_RECORD: 1,
+    }
     a, b, c = per_record.metrics("Agg"), columnar.metrics("Agg"), rt.computations["Agg"].metrics
     for name in ("records_in", "duplicates", "late", "late_dropped", "processed", "productions"):
         assert a[name] == b[name] == c[name], name
     assert a["duplicates"] == 6 and a["late"] == 1
     # the plain answer: the mean of every window over the distinct on-time records
-    rows = [(r["q"], s, r["ms"]) for r in kept.to_dict("records") for s in window_starts(r["ts"], PARAMS["window_ms"], PARAMS["slide_ms"])]
-    answer = pd.DataFrame(rows, columns=["key", "start", "ms"]).groupby(["key", "start"])["ms"].mean().to_dict()
+    rows = [
+        (r["q"], s, r["ms"])
+        for r in kept.to_dict("records")
+        for s in window_starts(r["ts"], PARAMS["window_ms"], PARAMS["slide_ms"])
+    ]
+    answer = (
+        pd.DataFrame(rows, columns=["key", "start", "ms"])
+        .groupby(["key", "start"])["ms"]
+        .mean()
+        .to_dict()
+    )
     got = {(v["key"], v["window_start"]): v["mean"] for v in rt.values("window_aggregates")}
     assert got.keys() == answer.keys()
     assert all(math.isclose(got[k], answer[k], rel_tol=1e-12) for k in answer)

@@ -12,8 +12,15 @@ from .test_crash import SHORT_PACING, _crash_loop
 
 pytestmark = pytest.mark.spark
 
+
 @pytest.mark.slow  # ~90 s of Spark: the long form (-m slow), to keep CI under 25 minutes on 2 cores
 def test_columnar_crash_short(tmp_path):
-    plan = [("inject:WindowCounter:after_output:data", None), ("driver", ("WindowCounter", 3)), ("worker", ("WindowCounter", 2))]
-    kills = _crash_loop(tmp_path, plan, seed=26, extra=("--columnar",), pacing=SHORT_PACING, strict=True)
+    plan = [
+        ("inject:WindowCounter:after_output:data", None),
+        ("driver", ("WindowCounter", 3)),
+        ("worker", ("WindowCounter", 2)),
+    ]
+    kills = _crash_loop(
+        tmp_path, plan, seed=26, extra=("--columnar",), pacing=SHORT_PACING, strict=True
+    )
     assert kills == {"injected": 1, "driver": 1, "worker": 1}

@@ -72,7 +72,9 @@ def write_logs(d) -> Counter:
         lines = [json.dumps(r) + "\n" for r in rows]
         if f == 1:
             lines.insert(60, "{not json\n")
-            lines.append(json.dumps({"id": "late1", "ts": start - 10_000, "query": "q1"}) + "\n")  # behind the file: late
+            lines.append(
+                json.dumps({"id": "late1", "ts": start - 10_000, "query": "q1"}) + "\n"
+            )  # behind the file: late
         name = f"queries-2026-01-01T10-00-{f * 20:02d}.jsonl"
         (d / name).write_text("".join(lines))
     return answer
@@ -80,17 +82,26 @@ def write_logs(d) -> Counter:
 
 def topology(d, cls: type, name: str = "Counter", mapping: str = "default") -> Topology:
     t = Topology("columnar")
-    t.injector("queries", LogFileSource(d, finite=True, lateness_ms=LATENESS, max_bytes_per_batch=4_000))
+    t.injector(
+        "queries", LogFileSource(d, finite=True, lateness_ms=LATENESS, max_bytes_per_batch=4_000)
+    )
     t.computation(
-        cls, name=name, inputs={"queries": lambda r: r.value["query"]}, outputs=["window_counts"],
-        options=ComputationOptions(late=LatePolicy.drop(), mapping=mapping), params={"window_ms": 1_000, "trailing_empty": 2},
-    )  # fmt: skip
+        cls,
+        name=name,
+        inputs={"queries": lambda r: r.value["query"]},
+        outputs=["window_counts"],
+        options=ComputationOptions(late=LatePolicy.drop(), mapping=mapping),
+        params={"window_ms": 1_000, "trailing_empty": 2},
+    )
     t.sink("window_counts")
     return t
 
 
 def _dead(records) -> Counter:
-    return Counter((r.id, r.timestamp, r.value.stage, r.value.reason, r.value.file, r.value.offset) for r in records)
+    return Counter(
+        (r.id, r.timestamp, r.value.stage, r.value.reason, r.value.file, r.value.offset)
+        for r in records
+    )
 
 
 #: the two mappings of a columnar computation on Spark (``ComputationOptions.mapping``)
@@ -106,10 +117,14 @@ def runs(request, tmp_path_factory, spark):
     answer = write_logs(base / "logs")
     per_record = Harness(topology(base / "logs", WindowCounter), raise_errors=False)
     per_record.run_sources()
-    columnar = Harness(topology(base / "logs", ColumnarWindowCounter, mapping=mapping), raise_errors=False)
+    columnar = Harness(
+        topology(base / "logs", ColumnarWindowCounter, mapping=mapping), raise_errors=False
+    )
     columnar.run_sources()
     topo = topology(base / "logs", ColumnarWindowCounter, mapping=mapping)
-    settings = RuntimeSettings(drain=True, intervals=4, lockstep=True, columnar_input=plan or "scan")
+    settings = RuntimeSettings(
+        drain=True, intervals=4, lockstep=True, columnar_input=plan or "scan"
+    )
     rt = SparkRuntime(topo, str(base / "run"), settings, spark=spark)
     rt.run(timeout_s=600)
     assert bool(rt.computations["Counter"].scanned) == (plan != "rows")  # the plan the run had
@@ -121,7 +136,9 @@ def test_same_productions_everywhere(runs, productions):
     expected = productions(per_record.output("window_counts"))
     assert sum(expected.values()) > 100
     assert productions(columnar.output("window_counts")) == expected
-    assert productions(rt.output("window_counts"), ids=False) == productions(per_record.output("window_counts"), ids=False)
+    assert productions(rt.output("window_counts"), ids=False) == productions(
+        per_record.output("window_counts"), ids=False
+    )
 
 
 def test_counts_are_the_plain_batch_answer(runs):
@@ -135,9 +152,17 @@ def test_counts_are_the_plain_batch_answer(runs):
 
 def test_same_dead_letters_and_counters(runs):
     per_record, columnar, rt, _ = runs
-    assert _dead(rt.dead_letters()) == _dead(per_record.dead_letters()) == _dead(columnar.dead_letters())
+    assert (
+        _dead(rt.dead_letters())
+        == _dead(per_record.dead_letters())
+        == _dead(columnar.dead_letters())
+    )
     assert Counter(r.value.stage for r in rt.dead_letters()) == {Stage.MALFORMED: 1}
-    a, b, c = per_record.metrics("Counter"), columnar.metrics("Counter"), rt.computations["Counter"].metrics
+    a, b, c = (
+        per_record.metrics("Counter"),
+        columnar.metrics("Counter"),
+        rt.computations["Counter"].metrics,
+    )
     for name in ("records_in", "duplicates", "late", "late_dropped", "processed", "productions"):
         assert a[name] == b[name] == c[name], name
     assert a["duplicates"] == 4 and a["late"] == 1  # two re-sent in each later file
@@ -164,11 +189,18 @@ class Picky(ColumnarComputation):
 
     def process_timers(self, batch, timers):
         s = batch.state
-        batch.produce("totals", [{"user": k, "n": n} for k, n in zip(s["key"].tolist(), s["n"].tolist(), strict=True)], keys=s["key"], timestamps=[T0] * len(s))
+        batch.produce(
+            "totals",
+            [{"user": k, "n": n} for k, n in zip(s["key"].tolist(), s["n"].tolist(), strict=True)],
+            keys=s["key"],
+            timestamps=[T0] * len(s),
+        )
 
 
 @pytest.mark.parametrize("mapping", MAPPINGS)
-def test_a_failing_record_is_dead_lettered_on_spark_as_in_the_harness(tmp_path, spark, mapping, productions):
+def test_a_failing_record_is_dead_lettered_on_spark_as_in_the_harness(
+    tmp_path, spark, mapping, productions
+):
     """A call that raises falls back per key, then per record: only the failing record is
     dead-lettered (with the per-record path's id), the key keeps its other records."""
     recs = [Record(None, {"user": f"u{i % 3}", "boom": i == 4}, T0 + i, f"r{i}") for i in range(12)]
@@ -177,16 +209,28 @@ def test_a_failing_record_is_dead_lettered_on_spark_as_in_the_harness(tmp_path, 
         t = Topology("picky")
         t.injector("clicks", SampleSource(recs))
         opts = ComputationOptions(on_error=ErrorPolicy.DEAD_LETTER, mapping=mapping)
-        t.computation(Picky, inputs={"clicks": lambda r: r.value["user"]}, outputs=["totals"], options=opts)
+        t.computation(
+            Picky, inputs={"clicks": lambda r: r.value["user"]}, outputs=["totals"], options=opts
+        )
         t.sink("totals")
         return t
 
     h = Harness(topo(), raise_errors=False)
     h.run_sources()
-    rt = SparkRuntime(topo(), str(tmp_path / "run"), RuntimeSettings(drain=True, intervals=2), spark=spark)
+    rt = SparkRuntime(
+        topo(), str(tmp_path / "run"), RuntimeSettings(drain=True, intervals=2), spark=spark
+    )
     rt.run(timeout_s=600)
     assert productions(rt.output("totals"), ids=False) == productions(h.output("totals"), ids=False)
-    assert sorted((v["user"], v["n"]) for v in rt.values("totals")) == [("u0", 4), ("u1", 3), ("u2", 4)]
+    assert sorted((v["user"], v["n"]) for v in rt.values("totals")) == [
+        ("u0", 4),
+        ("u1", 3),
+        ("u2", 4),
+    ]
     dead = [(d.id, d.value.stage, d.value.record.id, d.value.reason) for d in rt.dead_letters()]
-    assert dead == [(d.id, d.value.stage, d.value.record.id, d.value.reason) for d in h.dead_letters()]
-    assert [(s, rid, reason) for _, s, rid, reason in dead] == [(Stage.PROCESS_RECORD, "r4", "ValueError: boom in this batch")]
+    assert dead == [
+        (d.id, d.value.stage, d.value.record.id, d.value.reason) for d in h.dead_letters()
+    ]
+    assert [(s, rid, reason) for _, s, rid, reason in dead] == [
+        (Stage.PROCESS_RECORD, "r4", "ValueError: boom in this batch")
+    ]

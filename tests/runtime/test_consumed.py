@@ -30,9 +30,13 @@ def _plan(cp, batch: int, names: list[str], streams: FileStreamLog) -> None:
     (cp / "sources" / "1").mkdir(parents=True, exist_ok=True)
     (cp / "offsets").mkdir(parents=True, exist_ok=True)
     loc = streams.location(*PAIR)
-    lines = ["v1"] + [json.dumps({"path": loc.child(n).uri, "timestamp": 0, "batchId": batch}) for n in names]
+    lines = ["v1"] + [
+        json.dumps({"path": loc.child(n).uri, "timestamp": 0, "batchId": batch}) for n in names
+    ]
     (cp / "sources" / "1" / str(batch)).write_text("\n".join(lines) + "\n")
-    (cp / "offsets" / str(batch)).write_text(f'v1\n{{"batchWatermarkMs":0}}\n{{"logOffset":{batch}}}\n{{"logOffset":{batch}}}\n')
+    (cp / "offsets" / str(batch)).write_text(
+        f'v1\n{{"batchWatermarkMs":0}}\n{{"logOffset":{batch}}}\n{{"logOffset":{batch}}}\n'
+    )
 
 
 def _listed(streams: FileStreamLog) -> dict[tuple[str, str], dict[str, int]]:
@@ -45,7 +49,12 @@ def files(tmp_path):
     streams = FileStreamLog(Location.of(str(tmp_path / "run")))
     streams.ensure(*PAIR)
     for i in range(1, 5):
-        streams.append(*PAIR, f"s{i:010d}", [Record(i, {"n": i}, i * 1_000, f"r{i}")], sender_watermark=i * 1_000)
+        streams.append(
+            *PAIR,
+            f"s{i:010d}",
+            [Record(i, {"n": i}, i * 1_000, f"r{i}")],
+            sender_watermark=i * 1_000,
+        )
     names = sorted(streams.files(*PAIR, live_only=True))
     return streams, names, tmp_path / "run" / "checkpoints" / "C"
 
@@ -60,10 +69,20 @@ def test_the_heartbeat_counts_the_planned_batch_and_nothing_past_it(files):
     # upstream finished (+inf): only the files themselves hold
     assert input_watermarks(MAX_TIMESTAMP, _listed(streams), consumed, 0, 1) == (2_000, 4_000, 3, 1)
     assert input_watermarks(MAX_TIMESTAMP, _listed(streams), consumed, 0, 0) == (2_000, 2_000, 3, 3)
-    assert input_watermarks(1_500, _listed(streams), consumed, 0, 1) == (1_500, 1_500, 3, 1)  # the upstream bounds both
+    assert input_watermarks(1_500, _listed(streams), consumed, 0, 1) == (
+        1_500,
+        1_500,
+        3,
+        1,
+    )  # the upstream bounds both
     _plan(cp, 2, names[3:], streams)
     consumed.refresh()
-    assert input_watermarks(MAX_TIMESTAMP, _listed(streams), consumed, 0, consumed.planned()) == (2_000, MAX_TIMESTAMP, 3, 0)
+    assert input_watermarks(MAX_TIMESTAMP, _listed(streams), consumed, 0, consumed.planned()) == (
+        2_000,
+        MAX_TIMESTAMP,
+        3,
+        0,
+    )
 
 
 def test_an_uncommitted_batch_is_read_again_a_rescale_may_plan_it_anew(files):
@@ -97,7 +116,9 @@ def test_a_batch_planned_while_the_files_are_listed_counts(files):
     consumed.refresh()
     read = []
     upstream = lambda: read.append("upstream") or MAX_TIMESTAMP  # noqa: E731
-    (reported, heartbeat, pending, waiting), planned = read_input_watermarks("C", [PAIR], _PlannedWhileListed(streams, cp, 1), consumed, 0, upstream)
+    (reported, heartbeat, pending, waiting), planned = read_input_watermarks(
+        "C", [PAIR], _PlannedWhileListed(streams, cp, 1), consumed, 0, upstream
+    )
     # the planned batch is read after the listing, the file sources' logs after it: the files
     # the query took while they were listed wait for no later batch, so no heartbeat batch of
     # their own; the reported watermark still holds at them until that batch is published
@@ -117,11 +138,16 @@ def test_a_file_the_planned_batch_does_not_read_still_holds_the_heartbeat(files)
     _plan(cp, 0, names[:1], streams)
     _plan(cp, 1, names[1:3], streams)
     consumed = ConsumedFiles(Location.of(str(cp)))
-    (_, heartbeat, _, waiting), planned = read_input_watermarks("C", [PAIR], streams, consumed, 0, lambda: MAX_TIMESTAMP)
+    (_, heartbeat, _, waiting), planned = read_input_watermarks(
+        "C", [PAIR], streams, consumed, 0, lambda: MAX_TIMESTAMP
+    )
     assert (planned, heartbeat, waiting) == (1, 4_000, 1)
     # and the upstream, read before the listing, bounds it: a file published after the
     # listing carries timestamps at or above it
-    assert read_input_watermarks("C", [PAIR], streams, consumed, 0, lambda: 3_500)[0].heartbeat == 3_500
+    assert (
+        read_input_watermarks("C", [PAIR], streams, consumed, 0, lambda: 3_500)[0].heartbeat
+        == 3_500
+    )
 
 
 def test_a_computation_that_reads_what_it_writes_counts_published_batches_only(files):
@@ -143,16 +169,30 @@ def test_a_heartbeat_never_moves_past_the_files_no_batch_planned(tmp_path, spark
     # waiting, fire a second's timer before its second file is read, and emit that second twice
     from millwheel.runtime import RuntimeSettings, SparkRuntime
 
-    records = [Record(None, {"key": f"k{i % 3}"}, 500 * (i // 4) + i % 4, f"r{i}") for i in range(24)]
-    settings = RuntimeSettings(drain=True, intervals=2, max_files_per_trigger=1, poll_ms=50, heartbeat_ms=50)
-    rt = SparkRuntime(second_counts(SampleSource(records, batch_size=4)), str(tmp_path / "run"), settings, spark=spark)
+    records = [
+        Record(None, {"key": f"k{i % 3}"}, 500 * (i // 4) + i % 4, f"r{i}") for i in range(24)
+    ]
+    settings = RuntimeSettings(
+        drain=True, intervals=2, max_files_per_trigger=1, poll_ms=50, heartbeat_ms=50
+    )
+    rt = SparkRuntime(
+        second_counts(SampleSource(records, batch_size=4)),
+        str(tmp_path / "run"),
+        settings,
+        spark=spark,
+    )
     rt.run(timeout_s=300)
     query = rt.computations["SecondCounts"]
     out = rt.output("counts")
     assert query.metrics["late"] == 0
-    assert Counter((r.value["key"], r.value["second"]) for r in out).most_common(1)[0][1] == 1, "a second's timer fired early"
-    assert second_counts.answer(out) == Counter((r.value["key"], r.timestamp // 1_000 * 1_000) for r in records)
+    assert Counter((r.value["key"], r.value["second"]) for r in out).most_common(1)[0][1] == 1, (
+        "a second's timer fired early"
+    )
+    assert second_counts.answer(out) == Counter(
+        (r.value["key"], r.timestamp // 1_000 * 1_000) for r in records
+    )
     assert query.batches >= 6  # one file a batch: the planned batch really ran ahead of the others
+
 
 def _query(handles_timers: bool, summaries: dict) -> Any:
     from types import SimpleNamespace
@@ -171,13 +211,17 @@ def test_a_heartbeat_waits_while_it_has_nothing_to_do():
     idle = {i: IntervalSummary(i, None, None, None, 0) for i in range(2)}
     timer = {0: IntervalSummary(0, 5_000, 5_000, None, 1), 1: idle[1]}
     needed = _query(True, idle)._heartbeat_needed
-    assert not needed(9_000, 0, False)  # nothing waits, nothing runs, no timer: a batch that does nothing
+    assert not needed(
+        9_000, 0, False
+    )  # nothing waits, nothing runs, no timer: a batch that does nothing
     assert needed(9_000, 1, False)  # input a later batch reads is judged under the newest watermark
     assert needed(9_000, 0, True)  # the batch in flight may set timers this watermark makes due
     assert not _query(False, idle)._heartbeat_needed(9_000, 0, True)  # it sets none
     assert _query(True, timer)._heartbeat_needed(5_000, 0, False)
     assert not _query(True, timer)._heartbeat_needed(4_999, 0, False)
-    assert _query(True, {0: idle[0]})._heartbeat_needed(9_000, 0, False)  # interval 1's holds unknown
+    assert _query(True, {0: idle[0]})._heartbeat_needed(
+        9_000, 0, False
+    )  # interval 1's holds unknown
 
 
 def test_a_heartbeat_for_waiting_input_waits_for_the_query_to_take_it():
@@ -189,7 +233,9 @@ def test_a_heartbeat_for_waiting_input_waits_for_the_query_to_take_it():
     # now would be read only after that data batch, in a batch of its own
     assert q._waited(2) == 0
     assert q._waited(2) == 0
-    q._waiting_since -= 0.2  # still waiting a heartbeat interval later: a batch in flight holds them
+    q._waiting_since -= (
+        0.2  # still waiting a heartbeat interval later: a batch in flight holds them
+    )
     assert q._waited(2) == 2
     assert q._waited(0) == 0
     assert q._waited(1) == 0  # a new wait starts over

@@ -59,7 +59,9 @@ def _progress(root) -> str:
     return ", ".join(f"{q} {consumed_inputs(root, q)}" for q in QUERIES)
 
 
-def _kill_workers_until_a_query_fails(proc, root, log, settle_s: float = 5.0, timeout: float = 300) -> str | None:
+def _kill_workers_until_a_query_fails(
+    proc, root, log, settle_s: float = 5.0, timeout: float = 300
+) -> str | None:
     """kill -9 the Spark Python workers running a task (``kill_a_worker``), again until a
     query failed of it: the driver logs that it restarts the query. A task may end between
     seeing its worker busy and the kill, so a kill counts only once the restart is logged;
@@ -88,7 +90,17 @@ def _kill_workers_until_a_query_fails(proc, root, log, settle_s: float = 5.0, ti
     return None
 
 
-def _crash_loop(tmp_path, plan, seed, layout="intervals", extra=(), records=N, files=20, pacing=PACING, strict=False):
+def _crash_loop(
+    tmp_path,
+    plan,
+    seed,
+    layout="intervals",
+    extra=(),
+    records=N,
+    files=20,
+    pacing=PACING,
+    strict=False,
+):
     """``plan``: ("driver" | "worker", (query, input files)) kills, or ("inject:<crash spec>", None).
 
     Injected crashes come first, each in a driver of its own started with ``MILLWHEEL_CRASH``.
@@ -115,7 +127,9 @@ def _crash_loop(tmp_path, plan, seed, layout="intervals", extra=(), records=N, f
 
     def ended(proc):
         """``proc`` ended on its own: it must have drained (exit 0)."""
-        assert proc.returncode == 0, f"the driver exited {proc.returncode}:\n{log.read_text()[-4000:]}"
+        assert proc.returncode == 0, (
+            f"the driver exited {proc.returncode}:\n{log.read_text()[-4000:]}"
+        )
 
     proc = None
     try:
@@ -154,7 +168,9 @@ def _crash_loop(tmp_path, plan, seed, layout="intervals", extra=(), records=N, f
             ended(proc)
             missed.append(f"{point}: the run drained first, at {_progress(root)}")
             kills["missed"] += 1
-            assert not strict, f"a planned kill did not land: {missed[-1]}\nlanded:\n" + "\n".join(landed)
+            assert not strict, f"a planned kill did not land: {missed[-1]}\nlanded:\n" + "\n".join(
+                landed
+            )
         # the last driver (a worker kill's) finishes the run, or a new one
         final = proc if proc is not None else new_driver()
         proc = final
@@ -170,7 +186,9 @@ def _crash_loop(tmp_path, plan, seed, layout="intervals", extra=(), records=N, f
     duplicates = sum(n - 1 for n in ids.values()) + sum(n - 1 for n in got.values())
     losses = sum((expected - got).values())
     print("\n".join(["kills landed:", *landed, *(["missed:", *missed] if missed else [])]))
-    print(f"kills: {dict(kills)}; tallies: {len(out)}, expected {sum(expected.values())}; duplicates {duplicates}; losses {losses}")
+    print(
+        f"kills: {dict(kills)}; tallies: {len(out)}, expected {sum(expected.values())}; duplicates {duplicates}; losses {losses}"
+    )
     assert duplicates == 0
     assert losses == 0
     assert got == expected
@@ -182,7 +200,11 @@ def test_crash_short(tmp_path, layout):
     # the worker kill's driver goes on to drain the run: no driver of its own at the end
     # the worker kill waits for 0-2 more of Tally's files (seed 1: 2): with one input file a batch,
     # waiting for 3 left one batch to kill a busy worker in, which a loaded machine missed
-    plan = [("inject:Tally:after_output:data", None), ("driver", ("WindowCounter", 1)), ("worker", ("Tally", 0))]
+    plan = [
+        ("inject:Tally:after_output:data", None),
+        ("driver", ("WindowCounter", 1)),
+        ("worker", ("Tally", 0)),
+    ]
     kills = _crash_loop(tmp_path, plan, seed=1, layout=layout, pacing=SHORT_PACING, strict=True)
     assert kills == {"injected": 1, "driver": 1, "worker": 1}
 
@@ -195,9 +217,12 @@ def test_crash_long(tmp_path):
     # the injector only reads and publishes, so it runs ahead of the computations: its kills
     # come first, while it has files left to publish
     plan = [
-        ("inject:WindowCounter:mid_publish:data", None), ("inject:Tally:before_commit:data", None),
-        ("driver", ("injector.queries", 1)), ("driver", ("injector.queries", 1)), *steps,
-    ]  # fmt: skip
+        ("inject:WindowCounter:mid_publish:data", None),
+        ("inject:Tally:before_commit:data", None),
+        ("driver", ("injector.queries", 1)),
+        ("driver", ("injector.queries", 1)),
+        *steps,
+    ]
     kills = _crash_loop(tmp_path, plan, seed=7, files=LONG_FILES, pacing=LONG_PACING, strict=True)
     assert kills["injected"] == 2
     assert kills["driver"] >= 5 and kills["worker"] >= 5

@@ -33,8 +33,18 @@ from topologies.zeitgeist import GeneratorConfig, ZeitgeistConfig, build, genera
 pytestmark = pytest.mark.spark
 
 GEN = GeneratorConfig(
-    seed=5, duration_s=40, rate=250, queries=25, day_s=20, warmup_s=22, spikes=1, dips=1, anomaly_gap_s=4,
-    late_fraction=3e-4, duplicate_fraction=0.01, file_ms=4_000,
+    seed=5,
+    duration_s=40,
+    rate=250,
+    queries=25,
+    day_s=20,
+    warmup_s=22,
+    spikes=1,
+    dips=1,
+    anomaly_gap_s=4,
+    late_fraction=3e-4,
+    duplicate_fraction=0.01,
+    file_ms=4_000,
 )
 CFG = ZeitgeistConfig(day_ms=20_000, slot_ms=2_000)
 WALL_CLOCK_FIELDS = ("detected_at", "low_watermark")
@@ -70,11 +80,18 @@ def runs(request, tmp_path_factory, spark):
     cfg = CFG if request.param == "intervals" else dataclasses.replace(CFG, columnar_counter=False)
 
     def topology():
-        return build(base / "data", config=cfg, source=LogFileSource(logs_dir(base / "data"), finite=True))
+        return build(
+            base / "data", config=cfg, source=LogFileSource(logs_dir(base / "data"), finite=True)
+        )
 
     h = Harness(topology(), raise_errors=False)
     h.run_sources()
-    rt = SparkRuntime(topology(), str(base / "run"), RuntimeSettings(drain=True, intervals=4, lockstep=True, state_layout=request.param), spark=spark)
+    rt = SparkRuntime(
+        topology(),
+        str(base / "run"),
+        RuntimeSettings(drain=True, intervals=4, lockstep=True, state_layout=request.param),
+        spark=spark,
+    )
     rt.run(timeout_s=600)
     return h, rt
 
@@ -91,8 +108,10 @@ def test_same_dips(runs):
     # spikes depend on when model snapshots reach SpikeDetector relative to raw events
     # (arrival order), dips only on complete windows
     h, rt = runs
+
     def dips(records):
         return _multiset(r for r in records if r.value["kind"] == "dip")
+
     assert dips(rt.output("anomalies")) == dips(h.output("anomalies"))
     assert sum(dips(h.output("anomalies")).values()) > 0
 
@@ -100,7 +119,11 @@ def test_same_dips(runs):
 @pytest.mark.parametrize("computation", ["WindowCounter", "ModelCalculator", "DipDetector"])
 def test_same_final_state(runs, computation):
     h, rt = runs
-    expected = {k: _norm(h.state(computation, k)) for k in h.keys(computation) if h.state(computation, k) is not None}
+    expected = {
+        k: _norm(h.state(computation, k))
+        for k in h.keys(computation)
+        if h.state(computation, k) is not None
+    }
     got = {k: _norm(v) for k, v in rt.states(computation).items()}
     assert got == expected
 
@@ -110,7 +133,13 @@ def test_same_final_state(runs, computation):
 #: often dedup ids are collected, how many ids the Bloom filter could not rule out, how
 #: many productions were older than the watermark of their step; SpikeDetector's output
 #: depends on arrival order (see test_same_dips)
-STEP_SHAPED = {"dedup_gc_runs", "dedup_ids_collected", "bloom_maybe", "bloom_false_positive", "productions_behind_watermark"}
+STEP_SHAPED = {
+    "dedup_gc_runs",
+    "dedup_ids_collected",
+    "bloom_maybe",
+    "bloom_false_positive",
+    "productions_behind_watermark",
+}
 
 
 def test_same_counters_and_dead_letters(runs):

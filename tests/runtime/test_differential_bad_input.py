@@ -57,7 +57,9 @@ class CountPerUser(Computation):
         self.set_timer("end", MAX_TIMESTAMP - 1)
 
     def process_timer(self, timer: Timer) -> None:
-        self.produce("totals", {"key": list(self.key), "count": self.state.get()}, timestamp=timer.timestamp)
+        self.produce(
+            "totals", {"key": list(self.key), "count": self.state.get()}, timestamp=timer.timestamp
+        )
 
 
 def _line(**fields) -> str:
@@ -79,12 +81,16 @@ def write_logs(d) -> dict:
         for i in range(12):
             f.write(_line(id=f"b{i}", ts=T0 + 60_000 + i * 1_000, user=f"u{i % 4}"))
             good += 1
-        f.write(_line(id="a3", ts=T0 + 3_000, user="u0", region="eu"))  # duplicate (late too, but dup first)
+        f.write(
+            _line(id="a3", ts=T0 + 3_000, user="u0", region="eu")
+        )  # duplicate (late too, but dup first)
         f.write(_line(id="late1", ts=T0 + 30_000, user="u2"))  # behind the file's time: late
         f.write(_line(id="strts", ts="soon", user="u1"))
         f.write(_line(id="huge", ts=2**70, user="u1"))
         f.write(_line(id="boom1", ts=T0 + 61_500, user="u9", boom=True))
-        f.write(_line(id="lock1", ts=T0 + 61_600, user="u0", lock=True))  # u0's other records still count
+        f.write(
+            _line(id="lock1", ts=T0 + 61_600, user="u0", lock=True)
+        )  # u0's other records still count
         f.write(_line(id="far1", ts=T0 + 61_700, user="u1", far=True))
     # no time in the name; it sorts first, so it is read (and finished) first: until then it
     # would hold the watermark (nothing known of it), and no record could be late
@@ -107,11 +113,17 @@ def topology(d) -> Topology:
     t = Topology("badinput")
     t.injector("clicks", LogFileSource(d, finite=True, max_bytes_per_batch=300))
     # a driver-side source with records a buggy injector could send
-    bad = [Record(None, {"user": "s1"}, T0 + 1, "ok1"), Record(None, {"user": "s1"}, "soon", "badts"),
-           Record(None, {"user": "s1"}, T0 + 2, 42), Record(None, {"user": "s1"}, 2**64, "hugets")]  # fmt: skip
+    bad = [
+        Record(None, {"user": "s1"}, T0 + 1, "ok1"),
+        Record(None, {"user": "s1"}, "soon", "badts"),
+        Record(None, {"user": "s1"}, T0 + 2, 42),
+        Record(None, {"user": "s1"}, 2**64, "hugets"),
+    ]
     t.injector("more", SampleSource(bad), stream="clicks_more")
     by_user = lambda r: (r.value["user"], r.value.get("region", "-"))  # noqa: E731
-    t.computation(CountPerUser, inputs={"clicks": by_user, "clicks_more": by_user}, outputs=["seen", "totals"])
+    t.computation(
+        CountPerUser, inputs={"clicks": by_user, "clicks_more": by_user}, outputs=["seen", "totals"]
+    )
     t.computation(FailsOnDeadLetters, inputs={"dead_letters": lambda r: r.value.stage})
     return t
 
@@ -120,7 +132,17 @@ def _dead(records):
     out = Counter()
     for r in records:
         v = r.value
-        out[(r.id, r.timestamp, v.stage, v.reason, v.file, v.offset, v.record.id if v.record else None)] += 1
+        out[
+            (
+                r.id,
+                r.timestamp,
+                v.stage,
+                v.reason,
+                v.file,
+                v.offset,
+                v.record.id if v.record else None,
+            )
+        ] += 1
     return out
 
 
@@ -131,7 +153,12 @@ def runs(request, tmp_path_factory, spark):
     facts = write_logs(base / "logs")
     h = Harness(topology(base / "logs"), raise_errors=False)
     h.run_sources()
-    rt = SparkRuntime(topology(base / "logs"), str(base / "run"), RuntimeSettings(drain=True, intervals=4, state_layout=request.param), spark=spark)
+    rt = SparkRuntime(
+        topology(base / "logs"),
+        str(base / "run"),
+        RuntimeSettings(drain=True, intervals=4, state_layout=request.param),
+        spark=spark,
+    )
     rt.run(timeout_s=600)
     return h, rt, facts
 
@@ -139,7 +166,9 @@ def runs(request, tmp_path_factory, spark):
 def test_same_productions_as_each_other_and_as_the_plain_answer(runs, productions):
     h, rt, facts = runs
     for stream in ("seen", "totals"):
-        assert productions(rt.output(stream), ids=False) == productions(h.output(stream), ids=False), stream
+        assert productions(rt.output(stream), ids=False) == productions(
+            h.output(stream), ids=False
+        ), stream
     totals = {tuple(v["key"]): v["count"] for v in h.values("totals")}
     # the plain answer: every good record once, the late one dropped, the duplicate removed
     expected = Counter()
@@ -158,17 +187,38 @@ def test_same_dead_letters_with_reasons(runs):
     h, rt, _ = runs
     assert _dead(rt.dead_letters()) == _dead(h.dead_letters())
     by_stage = Counter(r.value.stage for r in h.dead_letters())
-    assert by_stage == {Stage.MALFORMED: 4, Stage.KEY_EXTRACTOR: 2, Stage.PROCESS_RECORD: 2, Stage.CHECKPOINT: 1, Stage.INVALID_RECORD: 3}
+    assert by_stage == {
+        Stage.MALFORMED: 4,
+        Stage.KEY_EXTRACTOR: 2,
+        Stage.PROCESS_RECORD: 2,
+        Stage.CHECKPOINT: 1,
+        Stage.INVALID_RECORD: 3,
+    }
     reasons = " | ".join(r.value.reason for r in h.dead_letters())
-    for part in ("broken JSON", "must be a non-empty string, got int", "not an integer", "64-bit", "KeyError", "got float 2.5",
-                 "boom on boom1", "cannot pickle", "set_timer('far')", "timestamp must be an int", "id must be a non-empty str"):  # fmt: skip
+    for part in (
+        "broken JSON",
+        "must be a non-empty string, got int",
+        "not an integer",
+        "64-bit",
+        "KeyError",
+        "got float 2.5",
+        "boom on boom1",
+        "cannot pickle",
+        "set_timer('far')",
+        "timestamp must be an int",
+        "id must be a non-empty str",
+    ):
         assert part in reasons, part
     assert len({r.id for r in h.dead_letters()}) == len(h.dead_letters())  # unique ids
     # the reader that fails on every dead letter made none of its own: no loop
     assert h.metrics("FailsOnDeadLetters")["dead_letters_dropped"] == len(h.dead_letters())
-    assert rt.computations["FailsOnDeadLetters"].metrics["dead_letters_dropped"] == len(rt.dead_letters())
+    assert rt.computations["FailsOnDeadLetters"].metrics["dead_letters_dropped"] == len(
+        rt.dead_letters()
+    )
     malformed = [r for r in h.dead_letters() if r.value.stage == Stage.MALFORMED]
-    assert all(r.timestamp in (T0, T0 + 60_000) for r in malformed)  # the file's time, on both backends
+    assert all(
+        r.timestamp in (T0, T0 + 60_000) for r in malformed
+    )  # the file's time, on both backends
 
 
 def test_same_counters(runs):
@@ -177,7 +227,15 @@ def test_same_counters(runs):
         hm, sm = h.metrics(name), StepMetrics.of(rt.computations[name].metrics).as_dict()
         # every counter, the same on both backends, except the ones shaped by how input is
         # cut into steps (the harness's rounds, Spark's batches of a few lines)
-        shaped = {"dedup_gc_runs", "dedup_ids_collected", "bloom_maybe", "bloom_false_positive", "productions_behind_watermark"}
-        assert {k: v for k, v in sm.items() if k not in shaped} == {k: v for k, v in hm.items() if k not in shaped}, name
+        shaped = {
+            "dedup_gc_runs",
+            "dedup_ids_collected",
+            "bloom_maybe",
+            "bloom_false_positive",
+            "productions_behind_watermark",
+        }
+        assert {k: v for k, v in sm.items() if k not in shaped} == {
+            k: v for k, v in hm.items() if k not in shaped
+        }, name
     hm = h.metrics("CountPerUser")
     assert hm["late"] == 1 and hm["duplicates"] == 1 and hm["dead_letters"] == 5

@@ -33,7 +33,14 @@ T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 LATENESS = 4_000
 FIELDS = {"id": str, "ts": int, "page": str, "ms": int}
 PARAMS = {"aggregate": "sum", "field": "ms", "window_ms": 10_000}
-AGG_FIELDS = {"key": str, "window_start": int, "window_end": int, "count": int, "sum": float, "update": int}
+AGG_FIELDS = {
+    "key": str,
+    "window_start": int,
+    "window_end": int,
+    "count": int,
+    "sum": float,
+    "update": int,
+}
 
 
 class EchoValues(Computation):
@@ -48,7 +55,15 @@ def write_logs(d) -> tuple[list[dict], int, str]:
     distinct: list[dict] = []
     days = []
     for day in range(3):
-        rows = [{"id": f"d{day}-{i}", "ts": T0 + day * 86_400_000 + rng.randrange(30_000), "page": f"p{rng.randrange(4)}", "ms": rng.randrange(1, 900)} for i in range(60)]
+        rows = [
+            {
+                "id": f"d{day}-{i}",
+                "ts": T0 + day * 86_400_000 + rng.randrange(30_000),
+                "page": f"p{rng.randrange(4)}",
+                "ms": rng.randrange(1, 900),
+            }
+            for i in range(60)
+        ]
         rows.sort(key=lambda r: r["ts"])
         for i in range(0, len(rows) - 1, 4):  # disorder within a file, within the lateness
             if rows[i + 1]["ts"] - rows[i]["ts"] < LATENESS:
@@ -58,7 +73,10 @@ def write_logs(d) -> tuple[list[dict], int, str]:
     days[0] += days[1][-3:]
     del days[1][-3:]
     days[1][10] = {**days[1][10], "ref": "mail"}  # an extra key: pickled, its field still read
-    days[1][20] = {**days[1][20], "ms": "12"}  # a string in the int field: pickled, a dead letter of the sum
+    days[1][20] = {
+        **days[1][20],
+        "ms": "12",
+    }  # a string in the int field: pickled, a dead letter of the sum
     bad = days[1][20]["id"]
     for day, rows in enumerate(days):
         distinct += rows
@@ -68,20 +86,28 @@ def write_logs(d) -> tuple[list[dict], int, str]:
             lines.insert(50, lines[rng.randrange(10)])
         if day == 2:
             lines.insert(25, "{not json\n")
-            lines.insert(35, json.dumps({"id": "nots", "page": "p1", "ms": 3}) + "\n")  # no timestamp
+            lines.insert(
+                35, json.dumps({"id": "nots", "page": "p1", "ms": 3}) + "\n"
+            )  # no timestamp
         (d / f"clicks-2026-01-0{day + 1}.jsonl").write_text("".join(lines))
     return distinct, len(distinct) - 2, bad
 
 
 def topology(d, declared: bool, mapping: str = "default") -> Topology:
     t = Topology("fields")
-    t.injector("clicks", LogFileSource(d, finite=True, lateness_ms=LATENESS, max_bytes_per_batch=4_000))
+    t.injector(
+        "clicks", LogFileSource(d, finite=True, lateness_ms=LATENESS, max_bytes_per_batch=4_000)
+    )
     if declared:
         t.stream("clicks", fields=FIELDS)
     t.computation(
-        ColumnarWindowAggregate, name="Agg", inputs={"clicks": lambda r: r.value["page"]}, outputs=["window_aggregates"],
-        options=ComputationOptions(late=LatePolicy.drop(), mapping=mapping), params=PARAMS,
-    )  # fmt: skip
+        ColumnarWindowAggregate,
+        name="Agg",
+        inputs={"clicks": lambda r: r.value["page"]},
+        outputs=["window_aggregates"],
+        options=ComputationOptions(late=LatePolicy.drop(), mapping=mapping),
+        params=PARAMS,
+    )
     t.computation(EchoValues, inputs={"clicks": lambda r: r.value["id"]}, outputs=["echo"])
     if declared:  # productions too: a per-record step's (echo) and a columnar one's (the sums)
         t.stream("echo", fields=FIELDS)
@@ -95,36 +121,70 @@ def _values(values) -> Counter:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("mapping", ["default", "arrow"])
-def test_a_declared_stream_gives_every_path_the_same_answer_and_stores_columns(tmp_path, spark, mapping):
+def test_a_declared_stream_gives_every_path_the_same_answer_and_stores_columns(
+    tmp_path, spark, mapping
+):
     distinct, conforming, bad = write_logs(tmp_path / "logs")
     plain = Harness(topology(tmp_path / "logs", declared=False), raise_errors=False)
     plain.run_sources()
     declared = Harness(topology(tmp_path / "logs", declared=True), raise_errors=False)
     declared.run_sources()
-    rt = SparkRuntime(topology(tmp_path / "logs", declared=True, mapping=mapping), str(tmp_path / "run"), RuntimeSettings(drain=True, intervals=2), spark=spark)
+    rt = SparkRuntime(
+        topology(tmp_path / "logs", declared=True, mapping=mapping),
+        str(tmp_path / "run"),
+        RuntimeSettings(drain=True, intervals=2),
+        spark=spark,
+    )
     rt.run(timeout_s=500)
 
     # the per-record computation sees the same values, declared or not, on both backends
     echoed = _values(plain.values("echo"))
     assert echoed == _values(declared.values("echo")) == _values(rt.values("echo"))
-    assert echoed == _values(distinct)  # each record once (duplicates dropped by id), its keys in order
+    assert echoed == _values(
+        distinct
+    )  # each record once (duplicates dropped by id), its keys in order
     assert all(type(v["ms"]) in (int, str) and type(v["ts"]) is int for v in rt.values("echo"))
 
     # the sum of value.ms: the same productions everywhere, and the pandas answer
-    sums = Counter((r.id, r.timestamp, json.dumps(r.value, sort_keys=True)) for r in plain.output("window_aggregates"))
+    sums = Counter(
+        (r.id, r.timestamp, json.dumps(r.value, sort_keys=True))
+        for r in plain.output("window_aggregates")
+    )
     assert sum(sums.values()) > 10
-    assert Counter((r.id, r.timestamp, json.dumps(r.value, sort_keys=True)) for r in declared.output("window_aggregates")) == sums
+    assert (
+        Counter(
+            (r.id, r.timestamp, json.dumps(r.value, sort_keys=True))
+            for r in declared.output("window_aggregates")
+        )
+        == sums
+    )
     # (ids aside: a key's windows may fire in another order across Spark's batches than the
     # harness's rounds, declared or not, so its production sequence numbers differ)
-    assert Counter((t, v) for _, t, v in sums.elements()) == Counter((r.timestamp, json.dumps(r.value, sort_keys=True)) for r in rt.output("window_aggregates"))
+    assert Counter((t, v) for _, t, v in sums.elements()) == Counter(
+        (r.timestamp, json.dumps(r.value, sort_keys=True)) for r in rt.output("window_aggregates")
+    )
     good = pd.DataFrame([r for r in distinct if type(r["ms"]) is int])
-    rows = [(r["page"], s, r["ms"]) for r in good.to_dict("records") for s in window_starts(r["ts"], 10_000, 10_000)]
-    answer = pd.DataFrame(rows, columns=["key", "start", "ms"]).groupby(["key", "start"]).agg(n=("ms", "size"), total=("ms", "sum"))
-    got = {(v["key"], v["window_start"]): (v["count"], v["sum"]) for v in rt.values("window_aggregates")}
+    rows = [
+        (r["page"], s, r["ms"])
+        for r in good.to_dict("records")
+        for s in window_starts(r["ts"], 10_000, 10_000)
+    ]
+    answer = (
+        pd.DataFrame(rows, columns=["key", "start", "ms"])
+        .groupby(["key", "start"])
+        .agg(n=("ms", "size"), total=("ms", "sum"))
+    )
+    got = {
+        (v["key"], v["window_start"]): (v["count"], v["sum"])
+        for v in rt.values("window_aggregates")
+    }
     assert got == {k: (int(n), float(t)) for k, (n, t) in answer.iterrows()}
 
     # dead letters: the two bad lines at the injector, the string in the int field at the sum
-    dead = Counter((d.value.computation or "", d.value.stage, d.value.record.id if d.value.record else None) for d in rt.dead_letters())
+    dead = Counter(
+        (d.value.computation or "", d.value.stage, d.value.record.id if d.value.record else None)
+        for d in rt.dead_letters()
+    )
     stages = Counter(s for _, s, _ in dead.elements())
     assert stages == {Stage.PROCESS_RECORD: 1, Stage.MALFORMED: 2}
     assert [(c, rid) for c, s, rid in dead if s == Stage.PROCESS_RECORD] == [("Agg", bad)]
@@ -135,7 +195,10 @@ def test_a_declared_stream_gives_every_path_the_same_answer_and_stores_columns(t
 
     # the files really hold the conforming values as columns: the injector's, and the productions
     log = FileStreamLog.at(str(tmp_path / "run"))
-    assert _stored(log, "clicks") == (conforming + 4, 2)  # duplicates conform too; the extra key and the string are pickled
+    assert _stored(log, "clicks") == (
+        conforming + 4,
+        2,
+    )  # duplicates conform too; the extra key and the string are pickled
     assert _stored(log, "echo") == (conforming, 2)
     assert _stored(log, "window_aggregates") == (len(got), 0)
 

@@ -20,7 +20,7 @@ from millwheel.runtime._status import Snapshot
 
 MILLWHEEL = str(Path(sys.executable).with_name("millwheel"))
 
-TOPOLOGY = '''
+TOPOLOGY = """
 from millwheel import Computation, LogFileSource, Record, Topology
 
 
@@ -32,7 +32,7 @@ class Totals(Computation):
 topology = Topology("user-totals")
 topology.injector("events", LogFileSource("logs", finite=True))
 topology.computation(Totals, inputs={"events": lambda r: r.value["user"]}, outputs=["totals"])
-'''
+"""
 
 
 def _write(path: Path, rows: list[dict]) -> None:
@@ -51,7 +51,9 @@ def _finished_run(tmp_path: Path):
     sys.path.insert(0, str(tmp_path))
     cwd = os.getcwd()
     try:
-        os.chdir(tmp_path)  # the topology names its directory relative to where it runs, as a user's does
+        os.chdir(
+            tmp_path
+        )  # the topology names its directory relative to where it runs, as a user's does
         import importlib
 
         module = importlib.import_module("mytopo")
@@ -68,7 +70,15 @@ def _finished_run(tmp_path: Path):
 
 def _run_again(tmp_path: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": ""}
-    return subprocess.run([MILLWHEEL, "run", "mytopo.py", "--checkpoint", "run"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [MILLWHEEL, "run", "mytopo.py", "--checkpoint", "run"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_unchanged_input_answers_from_the_finished_run(tmp_path):
@@ -87,12 +97,18 @@ def test_a_new_or_grown_log_file_is_named_and_not_answered_with_the_old_result(t
     cwd = os.getcwd()
     try:
         os.chdir(tmp_path)
-        assert input_changed(saved, topology) == ["events: events-2026-01-01.jsonl (grew)", "events: events-2026-01-03.jsonl (new)"]
+        assert input_changed(saved, topology) == [
+            "events: events-2026-01-01.jsonl (grew)",
+            "events: events-2026-01-03.jsonl (new)",
+        ]
     finally:
         os.chdir(cwd)
     again = _run_again(tmp_path)
     assert again.returncode == 2, (again.stdout, again.stderr)
-    assert "events-2026-01-03.jsonl (new)" in again.stderr and "events-2026-01-01.jsonl (grew)" in again.stderr
+    assert (
+        "events-2026-01-03.jsonl (new)" in again.stderr
+        and "events-2026-01-01.jsonl (grew)" in again.stderr
+    )
     assert "--fresh" in again.stderr and "would all be late" in again.stderr
     assert "nothing is left to do" not in again.stderr and "starting Spark" not in again.stderr
     assert again.stdout == ""  # the old answer is not printed as if it were current

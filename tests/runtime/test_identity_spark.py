@@ -100,35 +100,53 @@ PLANS = {
 
 
 @pytest.mark.parametrize("plan", list(PLANS))
-def test_a_key_collected_and_delivered_again_gets_new_ids_and_a_replayed_batch_the_same(plan, spark, tmp_path, identity_topology):
+def test_a_key_collected_and_delivered_again_gets_new_ids_and_a_replayed_batch_the_same(
+    plan, spark, tmp_path, identity_topology
+):
     p = PLANS[plan]
 
     def rec(key, tag, ts, rid):
         return Record(None, {"key": key, "tag": tag}, ts, rid)
 
-    source = Scripted([
-        ([rec("k", "a#1", T0, "a")], T0),
-        # k's timer fires, in a batch without records (a columnar run collects ids behind the
-        # oldest watermark its records arrived under): k's ids are collected, k is forgotten
-        ([], T0 + FAR),
-        ([rec("k", AGAIN, T0, "a")], T0 + FAR),  # a shipped again: late, processed
-        ([], MAX_TIMESTAMP),
-    ])  # fmt: skip
+    source = Scripted(
+        [
+            ([rec("k", "a#1", T0, "a")], T0),
+            # k's timer fires, in a batch without records (a columnar run collects ids behind the
+            # oldest watermark its records arrived under): k's ids are collected, k is forgotten
+            ([], T0 + FAR),
+            ([rec("k", AGAIN, T0, "a")], T0 + FAR),  # a shipped again: late, processed
+            ([], MAX_TIMESTAMP),
+        ]
+    )
     (tmp_path / "registry").mkdir()
     registry = DirectoryRegistry(str(tmp_path / "registry"), fail_after=AGAIN)
-    topo = identity_topology(columnar=p["columnar"], source=source, mapping=p.get("mapping", "default"))
-    settings = RuntimeSettings(drain=True, intervals=2, lockstep=True, state_layout=p["layout"], registry=registry)
+    topo = identity_topology(
+        columnar=p["columnar"], source=source, mapping=p.get("mapping", "default")
+    )
+    settings = RuntimeSettings(
+        drain=True, intervals=2, lockstep=True, state_layout=p["layout"], registry=registry
+    )
     rt = SparkRuntime(topo, str(tmp_path / "run"), settings, spark=spark)
     rt.run(timeout_s=600)
     ids: dict[str, set[str]] = defaultdict(set)
     for r in rt.output("out"):
         ids[r.value["tag"]].add(r.id)
     assert set(ids) == {"a#1", "a#1/fired", AGAIN, f"{AGAIN}/fired"}
-    assert all(len(v) == 1 for v in ids.values()), f"a production published under two ids: {dict(ids)}"
-    assert ids["a#1"] != ids[AGAIN] and ids["a#1/fired"] != ids[f"{AGAIN}/fired"], "the key's new life repeated its old ids"
-    assert Counter(rt.values("seen")) == Counter(set(ids)), "the consumer dropped a production as a duplicate"
-    assert os.path.exists(tmp_path / "registry" / "failed")  # the batch failed after the commit, and ran again
+    assert all(len(v) == 1 for v in ids.values()), (
+        f"a production published under two ids: {dict(ids)}"
+    )
+    assert ids["a#1"] != ids[AGAIN] and ids["a#1/fired"] != ids[f"{AGAIN}/fired"], (
+        "the key's new life repeated its old ids"
+    )
+    assert Counter(rt.values("seen")) == Counter(set(ids)), (
+        "the consumer dropped a production as a duplicate"
+    )
+    assert os.path.exists(
+        tmp_path / "registry" / "failed"
+    )  # the batch failed after the commit, and ran again
     again = [(token, result) for rid, token, result in registry.journal() if rid == AGAIN]
-    assert len(again) >= 2 and len({t for t, _ in again}) == 1, again  # the replay committed with the failed attempt's token
+    assert len(again) >= 2 and len({t for t, _ in again}) == 1, (
+        again
+    )  # the replay committed with the failed attempt's token
     assert {r for _, r in again} == {OnceResult.COMMITTED.value}
     assert Counter(r.value["tag"] for r in rt.output("out"))[AGAIN] == 1

@@ -34,12 +34,20 @@ def step() -> IntervalStep:
 
 def _frame(rows: list[tuple[RowKind, bytes | None, Record]]) -> pd.DataFrame:
     """Input rows as the query hands them to the step (``_query.py``: ``KEYED_SCHEMA``)."""
-    return pd.DataFrame({
-        "kind": [int(k) for k, _, _ in rows], "key": [kb for _, kb, _ in rows], "id": [r.id for _, _, r in rows],
-        "ts": [r.timestamp for _, _, r in rows], "value": [encode_value(r.value) for _, _, r in rows],
-        "wm": pd.array([None] * len(rows), dtype="Int64"), "stream": ["in"] * len(rows), "src": ["f0.parquet"] * len(rows),
-        "row": list(range(len(rows))), "now": pd.array([None] * len(rows), dtype="Int64"),
-    })  # fmt: skip
+    return pd.DataFrame(
+        {
+            "kind": [int(k) for k, _, _ in rows],
+            "key": [kb for _, kb, _ in rows],
+            "id": [r.id for _, _, r in rows],
+            "ts": [r.timestamp for _, _, r in rows],
+            "value": [encode_value(r.value) for _, _, r in rows],
+            "wm": pd.array([None] * len(rows), dtype="Int64"),
+            "stream": ["in"] * len(rows),
+            "src": ["f0.parquet"] * len(rows),
+            "row": list(range(len(rows))),
+            "now": pd.array([None] * len(rows), dtype="Int64"),
+        }
+    )
 
 
 def _run(step: IntervalStep, interval: int, frame: pd.DataFrame) -> pd.DataFrame:
@@ -54,12 +62,20 @@ def test_a_row_its_producer_did_not_key_is_keyed_and_stepped_where_its_key_lives
     here = _interval_of_n(1)
     keyed = Record(None, {"n": 1}, 10, "k1")
     unkeyed = Record(None, {"n": 4}, 11, "u4")  # the same key as n=1, so the same interval
-    out = _run(step, here, _frame([(RowKind.RECORD, encode_key(1), keyed), (RowKind.UNKEYED, None, unkeyed)]))
+    out = _run(
+        step,
+        here,
+        _frame([(RowKind.RECORD, encode_key(1), keyed), (RowKind.UNKEYED, None, unkeyed)]),
+    )
     doubled = out[out["stream"] == "doubled"]
     assert sorted(decode_value(v) for v in doubled["value"]) == [2, 8]
     assert {decode_key(k) for k in doubled["key"]} == {1}
     summary = IntervalSummary.decode(out[out["stream"] == SUMMARY_STREAM]["value"].iloc[0])
-    assert summary.metrics["records_in"] == 2 and summary.metrics["processed"] == 2 and summary.keys == 1
+    assert (
+        summary.metrics["records_in"] == 2
+        and summary.metrics["processed"] == 2
+        and summary.keys == 1
+    )
 
 
 def test_a_failed_extractor_becomes_a_dead_letter_in_the_interval_it_was_sent_to(step):
@@ -68,7 +84,9 @@ def test_a_failed_extractor_becomes_a_dead_letter_in_the_interval_it_was_sent_to
     letters = out[out["stream"] == DEAD_LETTER_STREAM]
     assert len(letters) == 1
     letter = decode_value(letters["value"].iloc[0])
-    assert letter.record.id == "bad" and letter.computation == "Double" and "KeyError" in letter.reason
+    assert (
+        letter.record.id == "bad" and letter.computation == "Double" and "KeyError" in letter.reason
+    )
     summary = IntervalSummary.decode(out[out["stream"] == SUMMARY_STREAM]["value"].iloc[0])
     assert summary.metrics["dead_letters"] == 1 and summary.metrics["records_in"] == 1
 
@@ -89,8 +107,12 @@ def test_the_timestamp_edges_on_spark(tmp_path, spark, edge_timers):
     from millwheel.runtime import RuntimeSettings, SparkRuntime
 
     words = [{"word": w, "ts": 1_000 + i} for i, w in enumerate(["cat", "dog", "cat"])]
-    rt = SparkRuntime(edge_timers(SampleSource(words, timestamp="ts")), str(tmp_path / "run"),
-                      RuntimeSettings(drain=True, intervals=2), spark=spark)  # fmt: skip
+    rt = SparkRuntime(
+        edge_timers(SampleSource(words, timestamp="ts")),
+        str(tmp_path / "run"),
+        RuntimeSettings(drain=True, intervals=2),
+        spark=spark,
+    )
     rt.run(timeout_s=300)
     assert rt.dead_letters() == []
     assert sorted((v["key"], v["total"]) for v in rt.values("totals")) == [("cat", 2), ("dog", 1)]

@@ -45,14 +45,27 @@ def test_the_reader_reads_the_shared_plan_as_stream_log_rows(tmp_path):
     rows, wms = [], []
     while True:
         end = reader.latestOffset(start, None)
-        assert end == plan_offset(start, src.read_options, 0) or end["lw"] == plan_offset(start, src.read_options, 0)["lw"]
+        assert (
+            end == plan_offset(start, src.read_options, 0)
+            or end["lw"] == plan_offset(start, src.read_options, 0)["lw"]
+        )
         parts = reader.partitions(start, end)
-        assert [r[:4] for p in parts for r in p.value] == [(r.name, r.begin, r.end, r.sender_watermark) for r in plan_ranges(start, end, 0)]
+        assert [r[:4] for p in parts for r in p.value] == [
+            (r.name, r.begin, r.end, r.sender_watermark) for r in plan_ranges(start, end, 0)
+        ]
         for part in parts:
             for batch in reader.read(part):
                 assert isinstance(batch, pa.RecordBatch)
                 d = batch.to_pydict()
-                rows += list(zip(d["stream"], d["id"], d["ts"], [pickle.loads(v) for v in d["value"]], strict=True))
+                rows += list(
+                    zip(
+                        d["stream"],
+                        d["id"],
+                        d["ts"],
+                        [pickle.loads(v) for v in d["value"]],
+                        strict=True,
+                    )
+                )
                 wms += list(zip(d["id"], d["wm"], strict=True))
         if end == start or end["lw"] == 2**63 - 1:
             break
@@ -67,20 +80,26 @@ def test_the_reader_reads_the_shared_plan_as_stream_log_rows(tmp_path):
 
 
 @pytest.mark.spark
-def test_finished_part_files_with_cross_file_disorder_count_exactly_on_spark(tmp_path, spark, real_logs, second_counts):
+def test_finished_part_files_with_cross_file_disorder_count_exactly_on_spark(
+    tmp_path, spark, real_logs, second_counts
+):
     # the harness twin is tests/test_logfile.py; both equal the batch answer, not only each other
     from millwheel.runtime import RuntimeSettings, SparkRuntime
 
     truth, _ = real_logs(tmp_path / "logs", events=20_000, files=8, disorder_ms=5_000)
     t = second_counts(LogFileSource(tmp_path / "logs", id_field="id", ts_field="ts", finite=True))
-    rt = SparkRuntime(t, str(tmp_path / "run"), RuntimeSettings(drain=True, intervals=2), spark=spark)
+    rt = SparkRuntime(
+        t, str(tmp_path / "run"), RuntimeSettings(drain=True, intervals=2), spark=spark
+    )
     rt.run(timeout_s=600)
     assert rt.computations["SecondCounts"].metrics["late"] == 0
     assert second_counts.answer(rt.output("counts")) == truth
 
 
 @pytest.mark.spark
-def test_a_growing_file_without_a_time_counts_exactly_on_spark(tmp_path, spark, real_logs, second_counts):
+def test_a_growing_file_without_a_time_counts_exactly_on_spark(
+    tmp_path, spark, real_logs, second_counts
+):
     import time
 
     from millwheel.runtime import RuntimeSettings, SparkRuntime
@@ -90,8 +109,12 @@ def test_a_growing_file_without_a_time_counts_exactly_on_spark(tmp_path, spark, 
     logs.mkdir()
     log = logs / "events.jsonl"
     log.write_text("")
-    rt = SparkRuntime(second_counts(LogFileSource(logs)), str(tmp_path / "run"),
-                      RuntimeSettings(intervals=2, poll_ms=50), spark=spark)  # fmt: skip
+    rt = SparkRuntime(
+        second_counts(LogFileSource(logs)),
+        str(tmp_path / "run"),
+        RuntimeSettings(intervals=2, poll_ms=50),
+        spark=spark,
+    )
     rt.start()
     try:
         chunk = len(lines) // 6
@@ -118,7 +141,9 @@ class Tally(Computation):
 
 
 @pytest.mark.spark
-def test_a_rerun_reads_a_file_that_landed_in_a_finished_directory_before_it_says_drained(tmp_path, spark):
+def test_a_rerun_reads_a_file_that_landed_in_a_finished_directory_before_it_says_drained(
+    tmp_path, spark
+):
     # verification re-injects clicks into a stopped pipeline's finished
     # re-injection directory; before, a rerun reported drained at once (the watermark was already
     # +inf) and never read them
@@ -130,10 +155,17 @@ def test_a_rerun_reads_a_file_that_landed_in_a_finished_directory_before_it_says
     (logs / "first.jsonl").write_text(_line(1, T + 1) + _line(2, T + 2))
     t = Topology("rerun")
     t.injector("logs", LogFileSource(logs))
-    t.computation(Tally, inputs={"logs": lambda r: "all"}, outputs=["seen"], options=ComputationOptions(late=LatePolicy.process()))
+    t.computation(
+        Tally,
+        inputs={"logs": lambda r: "all"},
+        outputs=["seen"],
+        options=ComputationOptions(late=LatePolicy.process()),
+    )
     run = str(tmp_path / "run")
     SparkRuntime(t, run, RuntimeSettings(drain=True, intervals=2), spark=spark).run(timeout_s=300)
-    (logs / "reinject_1767261600999_42.jsonl").write_text(_line(3, T + 3))  # lands after the run finished
+    (logs / "reinject_1767261600999_42.jsonl").write_text(
+        _line(3, T + 3)
+    )  # lands after the run finished
     rt = SparkRuntime(t, run, RuntimeSettings(drain=True, intervals=2), spark=spark)
     rt.run(timeout_s=300)
     assert sorted(rt.values("seen")) == ["e1", "e2", "e3"]
@@ -157,8 +189,15 @@ def test_a_finished_empty_directory_gets_its_query_only_once_a_file_lands(tmp_pa
     t = Topology("waiting")
     t.injector("logs", LogFileSource(logs))
     t.injector("late", LogFileSource(late))
-    t.computation(Tally, inputs={"logs": lambda r: "all", "late": lambda r: "all"}, outputs=["seen"], options=ComputationOptions(late=LatePolicy.process()))
-    rt = SparkRuntime(t, str(tmp_path / "run"), RuntimeSettings(intervals=2, poll_ms=50), spark=spark)
+    t.computation(
+        Tally,
+        inputs={"logs": lambda r: "all", "late": lambda r: "all"},
+        outputs=["seen"],
+        options=ComputationOptions(late=LatePolicy.process()),
+    )
+    rt = SparkRuntime(
+        t, str(tmp_path / "run"), RuntimeSettings(intervals=2, poll_ms=50), spark=spark
+    )
 
     def poll_until(done):
         deadline = time.monotonic() + 300
@@ -198,7 +237,12 @@ def test_the_stall_advice_followed_mid_run_finishes_a_file_without_a_final_newli
     t = Topology("no_final_newline")
     t.injector("logs", LogFileSource(logs, idle_finish_ms=None))
     t.computation(Tally, inputs={"logs": lambda r: "all"}, outputs=["seen"])
-    rt = SparkRuntime(t, str(tmp_path / "run"), RuntimeSettings(intervals=2, poll_ms=50, stall_warning_s=1.0), spark=spark)
+    rt = SparkRuntime(
+        t,
+        str(tmp_path / "run"),
+        RuntimeSettings(intervals=2, poll_ms=50, stall_warning_s=1.0),
+        spark=spark,
+    )
     rt.start()
     try:
         until = time.monotonic() + 300  # a bound, not a wait
@@ -233,7 +277,13 @@ def _messy_lines() -> str:
         {"id": "c8", "ts": T + 8, "query": "é ☕"},
     ]
     lines = [json.dumps(v, ensure_ascii=False) for v in values]
-    lines += ['{"id": "c9", "ts": 1767261600009, "query": "x", "n": 123456789012345678901234567890}', "{oops", '{"id": "d", "ts": 1.5}', "[1]", ""]
+    lines += [
+        '{"id": "c9", "ts": 1767261600009, "query": "x", "n": 123456789012345678901234567890}',
+        "{oops",
+        '{"id": "d", "ts": 1.5}',
+        "[1]",
+        "",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -241,9 +291,13 @@ def _rowwise(reader: LogFileStreamReader, r: ByteRange) -> pa.Table:
     """A range's rows built value by value, the way every writer builds them
     (``StreamFields.split``, ``Keyer.arrays`` over all rows): what the reader's columns must equal."""
     chunk = read_range(reader.opts, r, reader.injector, reader.stream)
-    rows = [(reader.stream, rec, r.sender_watermark) for rec in chunk.records] + [(DEAD_LETTER_STREAM, rec, None) for rec in chunk.dead_letters]
+    rows = [(reader.stream, rec, r.sender_watermark) for rec in chunk.records] + [
+        (DEAD_LETTER_STREAM, rec, None) for rec in chunk.dead_letters
+    ]
     keyer = reader.keyer
-    values, declared = keyer.value_columns(reader.stream, [s for s, _, _ in rows], [rec.value for _, rec, _ in rows])
+    values, declared = keyer.value_columns(
+        reader.stream, [s for s, _, _ in rows], [rec.value for _, rec, _ in rows]
+    )
     cols = {
         "stream": pa.array([s for s, _, _ in rows], pa.string()),
         "id": pa.array([rec.id for _, rec, _ in rows], pa.string()),
@@ -252,7 +306,11 @@ def _rowwise(reader: LogFileStreamReader, r: ByteRange) -> pa.Table:
         "value": values,
         "wm": pa.array([w for _, _, w in rows], pa.int64()),
     }
-    for f, a in zip(keyer.arrow_fields(reader.consumers), keyer.arrays([(s, rec) for s, rec, _ in rows], reader.consumers), strict=True):
+    for f, a in zip(
+        keyer.arrow_fields(reader.consumers),
+        keyer.arrays([(s, rec) for s, rec, _ in rows], reader.consumers),
+        strict=True,
+    ):
         cols[f.name] = a
     if declared is not None:
         cols[FIELDS_COLUMN] = declared
@@ -262,7 +320,9 @@ def _rowwise(reader: LogFileStreamReader, r: ByteRange) -> pa.Table:
 @pytest.mark.parametrize("declare", [True, False])
 def test_the_readers_columns_are_the_rows_built_value_by_value(tmp_path, declare):
     (tmp_path / f"q-{T}.jsonl").write_text(_messy_lines(), encoding="utf-8")
-    (tmp_path / f"q-{T + 1_000}.jsonl").write_text("".join(_line(i, T + 1_000 + i) for i in range(50)))
+    (tmp_path / f"q-{T + 1_000}.jsonl").write_text(
+        "".join(_line(i, T + 1_000 + i) for i in range(50))
+    )
     t = Topology("t")
     src = LogFileSource(tmp_path, finite=True)
     t.injector("logs", src, stream="queries")
@@ -288,18 +348,46 @@ def test_the_readers_columns_are_the_rows_built_value_by_value(tmp_path, declare
     assert got.to_pylist() == want.to_pylist()
     assert got.num_rows == 62 and got.column("stream").to_pylist().count(DEAD_LETTER_STREAM) == 3
     if declare:  # what conforms is stored as columns, the rest pickled
-        assert [v is None for v in got.column("value").to_pylist()[:9]] == [True, True, False, False, False, False, False, True, False]
+        assert [v is None for v in got.column("value").to_pylist()[:9]] == [
+            True,
+            True,
+            False,
+            False,
+            False,
+            False,
+            False,
+            True,
+            False,
+        ]
 
 
-@given(st.lists(st.one_of(
-    st.fixed_dictionaries({"q": st.one_of(st.none(), st.text(max_size=4), st.integers(), st.booleans()), "n": st.one_of(st.none(), st.integers(min_value=-(2**64), max_value=2**64), st.floats(allow_nan=False), st.booleans())}),
-    st.dictionaries(st.sampled_from(["q", "n", "x"]), st.integers(), max_size=3),
-    st.integers(), st.none(),
-), max_size=12))
+@given(
+    st.lists(
+        st.one_of(
+            st.fixed_dictionaries(
+                {
+                    "q": st.one_of(st.none(), st.text(max_size=4), st.integers(), st.booleans()),
+                    "n": st.one_of(
+                        st.none(),
+                        st.integers(min_value=-(2**64), max_value=2**64),
+                        st.floats(allow_nan=False),
+                        st.booleans(),
+                    ),
+                }
+            ),
+            st.dictionaries(st.sampled_from(["q", "n", "x"]), st.integers(), max_size=3),
+            st.integers(),
+            st.none(),
+        ),
+        max_size=12,
+    )
+)
 def test_declared_columns_split_values_as_streamfields_split_does(values):
     f = StreamFields.of({"q": str, "n": int})
     arr, encoded = f.split(values)
     value, fields = declared_columns(f, values)
     assert value.to_pylist() == encoded
     assert rebuild_values(value.to_pylist(), fields) == rebuild_values(encoded, arr) == values
-    assert fields.type == arr.type and [v is None for v in fields.to_pylist()] == [v is None for v in arr.to_pylist()]
+    assert fields.type == arr.type and [v is None for v in fields.to_pylist()] == [
+        v is None for v in arr.to_pylist()
+    ]

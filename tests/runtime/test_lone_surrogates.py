@@ -85,7 +85,12 @@ def test_lone_surrogates_in_a_log_dead_letter_only_their_record_on_both_backends
     (logs / "queries-2026-01-01.jsonl").write_text("\n".join(LINES) + "\n")
     h = Harness(_topology(logs), raise_errors=False)  # as `millwheel run --backend harness` runs it
     h.run_sources()
-    rt = SparkRuntime(_topology(logs), str(tmp_path / "run"), RuntimeSettings(drain=True, intervals=2), spark=spark)
+    rt = SparkRuntime(
+        _topology(logs),
+        str(tmp_path / "run"),
+        RuntimeSettings(drain=True, intervals=2),
+        spark=spark,
+    )
     rt.run(timeout_s=300)
     assert sorted(h.values("notes")) == sorted(rt.values("notes")) == _answer()
     for dead in (h.dead_letters(), rt.dead_letters()):

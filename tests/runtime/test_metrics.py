@@ -16,7 +16,21 @@ SNAPSHOT = Snapshot(
     T0 + 10_000,
     (
         Row("queries", "injector", None, 1_000, 3, None, None, MAX_TIMESTAMP),
-        Row('Odd "name"', "computation", 990, 99, 0, 7, 2, T0, timers_fired=99, batches=12, lag_ms=10_000, event_lag_ms=1_500, batch_ms=250),
+        Row(
+            'Odd "name"',
+            "computation",
+            990,
+            99,
+            0,
+            7,
+            2,
+            T0,
+            timers_fired=99,
+            batches=12,
+            lag_ms=10_000,
+            event_lag_ms=1_500,
+            batch_ms=250,
+        ),
     ),
 )
 
@@ -56,8 +70,12 @@ def test_the_text_format_has_counters_and_gauges_per_computation():
         "# TYPE millwheel_lag_seconds gauge",
     ):
         assert line in text.splitlines(), line
-    assert "millwheel_records_in_total{topology=\"demo\",name=\"queries\"" not in text  # injectors have no input
-    assert render(None, "demo").splitlines()[-1] == 'millwheel_up{topology="demo"} 1'  # before the first snapshot
+    assert (
+        'millwheel_records_in_total{topology="demo",name="queries"' not in text
+    )  # injectors have no input
+    assert (
+        render(None, "demo").splitlines()[-1] == 'millwheel_up{topology="demo"} 1'
+    )  # before the first snapshot
 
 
 def test_the_endpoint_serves_on_loopback_only_what_it_is_asked(server):
@@ -67,7 +85,9 @@ def test_the_endpoint_serves_on_loopback_only_what_it_is_asked(server):
     assert resp.getheader("Content-Type") == "text/plain; version=0.0.4; charset=utf-8"
     assert resp.getheader("X-Content-Type-Options") == "nosniff"
     assert "millwheel_records_in_total" in text
-    assert "/" not in "".join(line for line in text.splitlines() if not line.startswith("#"))  # no paths in samples
+    assert "/" not in "".join(
+        line for line in text.splitlines() if not line.startswith("#")
+    )  # no paths in samples
     resp, _ = _get(server, method="HEAD")
     assert resp.status == 200
 
@@ -76,14 +96,22 @@ def test_the_endpoint_serves_on_loopback_only_what_it_is_asked(server):
     ("method", "path", "headers", "body", "status"),
     [
         ("GET", "/metrics", {"Host": "evil.example"}, None, 421),  # DNS rebinding
-        ("GET", "/metrics", {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"}, None, 403),  # another site's page
+        (
+            "GET",
+            "/metrics",
+            {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"},
+            None,
+            403,
+        ),  # another site's page
         ("POST", "/metrics", {}, b"x", 405),
         ("DELETE", "/metrics", {}, None, 405),
         ("GET", "/metrics", {"Content-Length": "3"}, b"abc", 413),
         ("GET", "/secrets", {}, None, 404),
     ],
 )
-def test_the_endpoint_refuses_what_is_not_a_read_of_the_metrics(server, method, path, headers, body, status):
+def test_the_endpoint_refuses_what_is_not_a_read_of_the_metrics(
+    server, method, path, headers, body, status
+):
     resp, text = _get(server, path, method, headers, body)
     assert resp.status == status
     assert text.strip()  # says what is wrong
@@ -104,5 +132,7 @@ def test_the_endpoint_is_bounded(server):
 def test_a_taken_port_is_named_with_the_fix():
     with MetricsServer(lambda: None, "demo") as first:
         port = first.httpd.server_address[1]
-        with pytest.raises(OSError, match=f"cannot serve metrics on 127.0.0.1:{port}.*--metrics-port"):
+        with pytest.raises(
+            OSError, match=f"cannot serve metrics on 127.0.0.1:{port}.*--metrics-port"
+        ):
             MetricsServer(lambda: None, "demo", port=port)

@@ -52,7 +52,9 @@ def _spec(cls):
 def test_which_classes_handle_timers():
     from computations.columnar_windowing import ColumnarWindowCounter
 
-    assert [_spec(c).handles_timers for c in (Tally, Hooked, NoHook, Family, ColumnarWindowCounter)] == [False, True, False, True, True]
+    assert [
+        _spec(c).handles_timers for c in (Tally, Hooked, NoHook, Family, ColumnarWindowCounter)
+    ] == [False, True, False, True, True]
 
 
 def _no_data_batches(checkpoint: Location) -> list[int]:
@@ -85,7 +87,9 @@ def test_a_timerless_query_runs_no_no_data_batch_and_a_forgotten_hook_still_fail
     for cls in (Tally, Hooked, NoHook):
         outputs = ["tallies"] if cls is not NoHook else []
         t.computation(cls, inputs={"events": lambda r: r.value["k"]}, outputs=outputs)
-    rt = SparkRuntime(t, str(tmp_path / "run"), RuntimeSettings(drain=True, intervals=2), spark=spark)
+    rt = SparkRuntime(
+        t, str(tmp_path / "run"), RuntimeSettings(drain=True, intervals=2), spark=spark
+    )
     hooked, tally = rt.computations["Hooked"].checkpoint, rt.computations["Tally"].checkpoint
     rt.start()
     try:

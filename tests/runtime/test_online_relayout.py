@@ -33,7 +33,9 @@ from .test_online_rescale import (
 pytestmark = pytest.mark.spark
 
 
-def test_a_running_computation_moves_to_per_key_rows_and_back_while_records_flow(tmp_path, spark, capsys):
+def test_a_running_computation_moves_to_per_key_rows_and_back_while_records_flow(
+    tmp_path, spark, capsys
+):
     """intervals (4) -> keys (4) -> intervals (8) online, the other queries never stopping:
     the output is the plain answer, nothing published twice; ``--status`` lists both."""
     from millwheel.cli import main
@@ -44,7 +46,11 @@ def test_a_running_computation_moves_to_per_key_rows_and_back_while_records_flow
     run.wait_for_batches(2)
     to_keys = rescale(str(root), C, layout="keys", timeout_s=300)  # chunk 0 is still being read
     assert to_keys["state"] == "done", to_keys
-    assert (to_keys["from_layout"], to_keys["to_layout"], to_keys["to"]) == ("intervals", "keys", 4), to_keys
+    assert (to_keys["from_layout"], to_keys["to_layout"], to_keys["to"]) == (
+        "intervals",
+        "keys",
+        4,
+    ), to_keys
     assert to_keys["keys"] > 0 and to_keys["stopped_s"] > 0, to_keys
     entry = read_pin(Location.of(str(root)))["computations"][C]
     assert (entry["state_layout"], entry["migration"]["relayout"]) == ("keys", "done")
@@ -54,11 +60,18 @@ def test_a_running_computation_moves_to_per_key_rows_and_back_while_records_flow
     run.wait_for_batches(run.rt.computations[C].batches + 2)  # batches on the per-key store
     back = rescale(str(root), C, 8, layout="intervals", timeout_s=300)
     assert back["state"] == "done", back
-    assert (back["from_layout"], back["to_layout"], back["from"], back["to"]) == ("keys", "intervals", 4, 8), back
+    assert (back["from_layout"], back["to_layout"], back["from"], back["to"]) == (
+        "keys",
+        "intervals",
+        4,
+        8,
+    ), back
     chunk(data, 2, last=True)
     run.join()
     got = published(root)
-    assert max(got.values()) == 1, [k for k, n in got.items() if n > 1][:3]  # nothing published twice
+    assert max(got.values()) == 1, [k for k, n in got.items() if n > 1][
+        :3
+    ]  # nothing published twice
     assert got == plain_answer(data)
     capsys.readouterr()
     assert main(["rescale", str(root), "--status"]) == 0
@@ -82,16 +95,33 @@ def _online_layout_kill(tmp_path, spark, capsys, kill_at: str, chunks: int) -> N
             for k in range(1, chunks - 1):
                 chunk(data, k)
             answer = rescale(str(root), C, layout="keys", timeout_s=300)
-            assert answer["state"] == "failed", (answer, log.read_text()[-3000:])  # killed during the move
+            assert answer["state"] == "failed", (
+                answer,
+                log.read_text()[-3000:],
+            )  # killed during the move
             assert proc.wait(timeout=60) == -9, log.read_text()[-3000:]
         finally:
             kill_tree(proc)
         entry = (read_pin(Location.of(str(root))).get("computations") or {}).get(C) or {}
-        assert answer["recorded"] == (kill_at in ("relayout_pinned", "relayout_swapping", "online_restarted")), (answer, entry)
-        with HttpWatermarkClient(authority.url, secret=client_secret(None, data_dir=authority.data_dir), retries=12, backoff=0.1) as wm:
+        assert answer["recorded"] == (
+            kill_at in ("relayout_pinned", "relayout_swapping", "online_restarted")
+        ), (answer, entry)
+        with HttpWatermarkClient(
+            authority.url,
+            secret=client_secret(None, data_dir=authority.data_dir),
+            retries=12,
+            backoff=0.1,
+        ) as wm:
 
             def runtime() -> SparkRuntime:
-                return SparkRuntime(build(str(data), max_bytes=60_000, finite=False), str(root), _settings(4), spark=spark, watermarks=wm, log=lambda m: print(m, flush=True))
+                return SparkRuntime(
+                    build(str(data), max_bytes=60_000, finite=False),
+                    str(root),
+                    _settings(4),
+                    spark=spark,
+                    watermarks=wm,
+                    log=lambda m: print(m, flush=True),
+                )
 
             if kill_at in ("relayout_pinned", "relayout_swapping"):  # recorded, not in place yet
                 assert entry["migration"]["relayout"] == "swapping", entry
@@ -101,26 +131,50 @@ def _online_layout_kill(tmp_path, spark, capsys, kill_at: str, chunks: int) -> N
                         rt.start()
                 finally:
                     rt.stop()
-                finished = rescale(str(root), C, layout="keys", spark=spark)  # no driver runs: the command itself
+                finished = rescale(
+                    str(root), C, layout="keys", spark=spark
+                )  # no driver runs: the command itself
                 assert finished["finished"], finished
             elif answer["recorded"]:  # killed after C's query restarted: the change was in place
-                assert (entry["state_layout"], entry["migration"]["relayout"]) == ("keys", "done"), entry
+                assert (entry["state_layout"], entry["migration"]["relayout"]) == (
+                    "keys",
+                    "done",
+                ), entry
             else:
-                assert "state_layout" not in entry, entry  # nothing changed: C resumes on interval rows
+                assert "state_layout" not in entry, (
+                    entry
+                )  # nothing changed: C resumes on interval rows
             chunk(data, chunks - 1, last=True)
             runtime().run(timeout_s=600)
     finally:
         authority.stop()
     want = "keys" if answer["recorded"] else "intervals"
-    assert read_pin(Location.of(str(root))).get("computations", {}).get(C, {}).get("state_layout", "intervals") == want
+    assert (
+        read_pin(Location.of(str(root)))
+        .get("computations", {})
+        .get(C, {})
+        .get("state_layout", "intervals")
+        == want
+    )
     assert_exact_and_clean(root, data, authority.data_dir, capsys)
 
 
-def test_an_online_layout_change_killed_after_run_json_is_finished_by_the_command(tmp_path, spark, capsys):
+def test_an_online_layout_change_killed_after_run_json_is_finished_by_the_command(
+    tmp_path, spark, capsys
+):
     _online_layout_kill(tmp_path, spark, capsys, "relayout_pinned", chunks=2)
 
 
 @pytest.mark.slow  # the long form: every kill point of an online layout change, more input
-@pytest.mark.parametrize("kill_at", ["online_stopped", "relayout_built", "relayout_pinned", "relayout_swapping", "online_restarted"])
+@pytest.mark.parametrize(
+    "kill_at",
+    [
+        "online_stopped",
+        "relayout_built",
+        "relayout_pinned",
+        "relayout_swapping",
+        "online_restarted",
+    ],
+)
 def test_an_online_layout_change_survives_a_kill_at_every_point(tmp_path, spark, capsys, kill_at):
     _online_layout_kill(tmp_path, spark, capsys, kill_at, chunks=5)

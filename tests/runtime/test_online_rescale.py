@@ -66,21 +66,40 @@ def plain_answer(data: Path) -> Counter:
     df = pd.DataFrame(rows).drop_duplicates("id", keep="first")
     df = df[df["ts"] >= df["file_ms"]]  # older than its file: late by construction, dropped
     df["window"] = df["ts"] // 1000 * 1000
-    return Counter({(q, int(w), tuple(sorted(ids))): 1 for (q, w), ids in df.groupby(["query", "window"])["id"]})
+    return Counter(
+        {
+            (q, int(w), tuple(sorted(ids))): 1
+            for (q, w), ids in df.groupby(["query", "window"])["id"]
+        }
+    )
 
 
 def published(root: Path) -> Counter:
     """The ledger's records as (query, window, ids), with how many times each was published."""
     out = FileStreamLog(Location.of(str(root))).read(LEDGER)
-    return Counter((r.value["key"], r.value["window_start"], tuple(sorted(r.value["ids"]))) for r in out)
+    return Counter(
+        (r.value["key"], r.value["window_start"], tuple(sorted(r.value["ids"]))) for r in out
+    )
 
 
 def start_ledger_driver(root: Path, data: Path, log: Path, authority, intervals: int, crash: str):
     """The ledger's driver as a process (``--follow``, reporting to ``authority``) on the
     input's first chunk, with ``crash`` armed (``MILLWHEEL_CRASH``), once C committed two batches."""
     chunk(data, 0)
-    args = ("--intervals", str(intervals), "--follow", "--per-trigger", "2", "--max-bytes", "60000", "--authority", authority.url)
-    proc = start_driver(root, data, *args, env={"MILLWHEEL_CRASH": crash, **authority.env()}, log=log)
+    args = (
+        "--intervals",
+        str(intervals),
+        "--follow",
+        "--per-trigger",
+        "2",
+        "--max-bytes",
+        "60000",
+        "--authority",
+        authority.url,
+    )
+    proc = start_driver(
+        root, data, *args, env={"MILLWHEEL_CRASH": crash, **authority.env()}, log=log
+    )
     if not wait_for_progress(proc, root, C, 2):
         kill_tree(proc)
         raise AssertionError(log.read_text()[-3000:])
@@ -113,9 +132,17 @@ class Running:
     """A :class:`SparkRuntime` of the ledger (or of ``topology``) running in a thread of this
     process; :meth:`wait_for_batches` watches ``computation``."""
 
-    def __init__(self, root: Path, data: Path, intervals: int, spark, topology=None, computation: str = C) -> None:
+    def __init__(
+        self, root: Path, data: Path, intervals: int, spark, topology=None, computation: str = C
+    ) -> None:
         topology = topology or build(str(data), max_bytes=60_000, finite=False)
-        self.rt = SparkRuntime(topology, str(root), _settings(intervals), spark=spark, log=lambda m: print(m, flush=True))
+        self.rt = SparkRuntime(
+            topology,
+            str(root),
+            _settings(intervals),
+            spark=spark,
+            log=lambda m: print(m, flush=True),
+        )
         self.computation = computation
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -140,7 +167,9 @@ class Running:
             raise self.error
 
 
-def test_a_run_rescaled_from_4_to_32_while_it_runs_gives_the_output_of_a_run_with_32(tmp_path, spark):
+def test_a_run_rescaled_from_4_to_32_while_it_runs_gives_the_output_of_a_run_with_32(
+    tmp_path, spark
+):
     """The issue's "done when": 4 key intervals on local[2], 32 while it runs, the output of 32 from the start."""
     data, root, fixed = tmp_path / "data", tmp_path / "run", tmp_path / "run32"
     chunk(data, 0)
@@ -156,7 +185,13 @@ def test_a_run_rescaled_from_4_to_32_while_it_runs_gives_the_output_of_a_run_wit
     chunk(data, 2, last=True)
     run.join()
 
-    rt32 = SparkRuntime(build(str(data), max_bytes=60_000, finite=False), str(fixed), _settings(32), spark=spark, log=lambda m: print(m, flush=True))
+    rt32 = SparkRuntime(
+        build(str(data), max_bytes=60_000, finite=False),
+        str(fixed),
+        _settings(32),
+        spark=spark,
+        log=lambda m: print(m, flush=True),
+    )
     rt32.run(timeout_s=600)
     got, want = published(root), published(fixed)
     assert got == want
@@ -178,7 +213,16 @@ def test_a_columnar_computation_is_rescaled_online_while_records_flow(tmp_path, 
     data.mkdir()
     for f in files[:4]:
         f.rename(data / f.name)
-    run = Running(root, data, 4, spark, build_twostage("twostage", str(data), weak=False, max_bytes=150_000, columnar=True, finite=False), "WindowCounter")
+    run = Running(
+        root,
+        data,
+        4,
+        spark,
+        build_twostage(
+            "twostage", str(data), weak=False, max_bytes=150_000, columnar=True, finite=False
+        ),
+        "WindowCounter",
+    )
     run.wait_for_batches(2)
     answer = rescale(str(root), "WindowCounter", 8, timeout_s=300)
     assert answer["state"] == "done" and answer["from"] == 4 and answer["keys"] > 0, answer
@@ -189,7 +233,9 @@ def test_a_columnar_computation_is_rescaled_online_while_records_flow(tmp_path, 
     assert read_pin(Location.of(str(root)))["computations"]["WindowCounter"]["intervals"] == 8
     out = FileStreamLog(Location.of(str(root))).read("tallies")
     assert max(Counter(r.id for r in out).values()) == 1, "a tally published twice"
-    assert Counter((r.value["window_start"], r.value["key"], r.value["count"]) for r in out) == expected_tallies(records)
+    assert Counter(
+        (r.value["window_start"], r.value["key"], r.value["count"]) for r in out
+    ) == expected_tallies(records)
 
 
 def _online_with_a_kill(tmp_path, spark, capsys, kill_at: str, chunks: int) -> None:
@@ -207,7 +253,10 @@ def _online_with_a_kill(tmp_path, spark, capsys, kill_at: str, chunks: int) -> N
         try:
             chunk(data, 1)
             first = rescale(str(root), C, 4, timeout_s=300)
-            assert first["state"] == "done" and first["from"] == 16, (first, log.read_text()[-3000:])
+            assert first["state"] == "done" and first["from"] == 16, (
+                first,
+                log.read_text()[-3000:],
+            )
             for k in range(2, chunks - 1):
                 chunk(data, k)
             second = rescale(str(root), C, 32, timeout_s=300)
@@ -218,8 +267,20 @@ def _online_with_a_kill(tmp_path, spark, capsys, kill_at: str, chunks: int) -> N
         layout = read_pin(Location.of(str(root)))["computations"][C]
         assert layout["intervals"] == (32 if second["recorded"] else 4), (layout, second)
         chunk(data, chunks - 1, last=True)
-        with HttpWatermarkClient(authority.url, secret=client_secret(None, data_dir=authority.data_dir), retries=12, backoff=0.1) as wm:
-            rt = SparkRuntime(build(str(data), max_bytes=60_000, finite=False), str(root), _settings(16), spark=spark, watermarks=wm, log=lambda m: print(m, flush=True))
+        with HttpWatermarkClient(
+            authority.url,
+            secret=client_secret(None, data_dir=authority.data_dir),
+            retries=12,
+            backoff=0.1,
+        ) as wm:
+            rt = SparkRuntime(
+                build(str(data), max_bytes=60_000, finite=False),
+                str(root),
+                _settings(16),
+                spark=spark,
+                watermarks=wm,
+                log=lambda m: print(m, flush=True),
+            )
             rt.run(timeout_s=600)
     finally:
         authority.stop()
@@ -269,10 +330,24 @@ def test_autoscale_splits_a_computation_whose_hot_interval_stays_hot(tmp_path, s
         records.append(Record(None, {"k": key}, 1_700_000_000_000 + i, f"r{i}"))
     t = Topology("skewed")
     t.injector("in", SampleSource(records, batch_size=400))
-    t.computation(_busy_class(), name="Busy", inputs={"in": lambda r: r.value["k"]}, outputs=["numbered"])
-    policy = AutoscalePolicy(hot_ratio=3.0, min_hot_ms=60.0, cold_ms=1.0, cold_keys=1, window=2, cooldown_s=3_600.0, max_intervals=8)
-    settings = RuntimeSettings(drain=True, intervals=4, master="local[2]", max_files_per_trigger=1, autoscale=policy)
-    rt = SparkRuntime(t, str(tmp_path / "run"), settings, spark=spark, log=lambda m: print(m, flush=True))
+    t.computation(
+        _busy_class(), name="Busy", inputs={"in": lambda r: r.value["k"]}, outputs=["numbered"]
+    )
+    policy = AutoscalePolicy(
+        hot_ratio=3.0,
+        min_hot_ms=60.0,
+        cold_ms=1.0,
+        cold_keys=1,
+        window=2,
+        cooldown_s=3_600.0,
+        max_intervals=8,
+    )
+    settings = RuntimeSettings(
+        drain=True, intervals=4, master="local[2]", max_files_per_trigger=1, autoscale=policy
+    )
+    rt = SparkRuntime(
+        t, str(tmp_path / "run"), settings, spark=spark, log=lambda m: print(m, flush=True)
+    )
     rt.run(timeout_s=600)
     decisions = rt.rescaler.decisions
     assert [(d["action"], d["from"], d["to"]) for d in decisions] == [("split", 4, 8)], decisions

@@ -16,14 +16,16 @@ from millwheel.runtime._streams import FileStreamLog
 def _rows(streams, ids):
     """Output rows as Arrow collection may type them (the large string/binary variants)."""
     n = len(ids)
-    return pa.table({
-        "stream": pa.array(streams, pa.large_string()),
-        "id": pa.array(ids, pa.large_string()),
-        "ts": pa.array([1_000 + i for i in range(n)], pa.int64()),
-        "key": pa.array([encode_key("k")] * n, pa.large_binary()),
-        "value": pa.array([encode_value(i) for i in ids], pa.large_binary()),
-        "wm": pa.nulls(n, pa.int64()),
-    })  # fmt: skip
+    return pa.table(
+        {
+            "stream": pa.array(streams, pa.large_string()),
+            "id": pa.array(ids, pa.large_string()),
+            "ts": pa.array([1_000 + i for i in range(n)], pa.int64()),
+            "key": pa.array([encode_key("k")] * n, pa.large_binary()),
+            "value": pa.array([encode_value(i) for i in ids], pa.large_binary()),
+            "wm": pa.nulls(n, pa.int64()),
+        }
+    )
 
 
 def test_one_file_per_stream_without_the_stream_column(tmp_path):
@@ -34,7 +36,10 @@ def test_one_file_per_stream_without_the_stream_column(tmp_path):
     (part,) = (tmp_path / "outbox" / "C" / "7" / "e1" / "stream=out").iterdir()
     table = pq.read_table(part)
     assert table.column_names == ["id", "ts", "key", "value", "wm"]
-    assert table.schema.field("id").type == pa.string() and table.schema.field("key").type == pa.binary()
+    assert (
+        table.schema.field("id").type == pa.string()
+        and table.schema.field("key").type == pa.binary()
+    )
     assert table.column("id").to_pylist() == ["a", "b"]  # in the batch's row order
     assert part_stats(target.child("stream=out", part.name)) == (2, 1_000)
 
@@ -42,8 +47,12 @@ def test_one_file_per_stream_without_the_stream_column(tmp_path):
 def test_a_rerun_replaces_the_version_and_an_empty_batch_is_staged(tmp_path):
     target = Location.of(str(tmp_path)).child("7", "e1")
     stage_arrow(_rows(["out", "out"], ["a", "b"]), target)
-    stage_arrow(_rows(["out"], ["a"]), target)  # what the outbox's sink does on a re-run: delete, then stage
-    assert len(list((tmp_path / "7" / "e1" / "stream=out").iterdir())) == 2  # stage_arrow alone adds a file
+    stage_arrow(
+        _rows(["out"], ["a"]), target
+    )  # what the outbox's sink does on a re-run: delete, then stage
+    assert (
+        len(list((tmp_path / "7" / "e1" / "stream=out").iterdir())) == 2
+    )  # stage_arrow alone adds a file
     target.delete()
     stage_arrow(_rows([], []), target)
     assert (tmp_path / "7" / "e1").is_dir() and not list((tmp_path / "7" / "e1").iterdir())
@@ -57,10 +66,15 @@ def test_published_files_read_back_as_the_records(tmp_path):
     log.ensure("out", "C")
     (part,) = (tmp_path / "outbox" / "C" / "0" / "e1" / "stream=out").iterdir()
     log.publish(target.child("stream=out", part.name), "out", "C", "b0000000000-p", 1_000)
-    assert [(r.id, r.key, r.value, r.timestamp) for r in log.read("out")] == [("a", "k", "a", 1_000), ("b", "k", "b", 1_001)]
+    assert [(r.id, r.key, r.value, r.timestamp) for r in log.read("out")] == [
+        ("a", "k", "a", 1_000),
+        ("b", "k", "b", 1_001),
+    ]
 
 
-def test_files_gone_under_a_driver_that_was_taken_over_mean_fenced_not_failed(tmp_path, monkeypatch):
+def test_files_gone_under_a_driver_that_was_taken_over_mean_fenced_not_failed(
+    tmp_path, monkeypatch
+):
     """The race the fault campaign's zombie driver met: it checked its lease, a newer driver
     took the query over and published (and deleted) the batch's files, then the zombie read
     them. It must stop as fenced (a clean exit), not fail with FileNotFoundError; with its
@@ -73,7 +87,15 @@ def test_files_gone_under_a_driver_that_was_taken_over_mean_fenced_not_failed(tm
     root = Location.of(str(tmp_path))
     lease = Lease(root.child("leases", "C"), "computation 'C'")
     lease.acquire(1)
-    outbox = Outbox("C", root.child("outbox", "C"), root.child("checkpoint"), FileStreamLog(root), strong=True, on_summary=lambda n, s: None, lease=lease)
+    outbox = Outbox(
+        "C",
+        root.child("outbox", "C"),
+        root.child("checkpoint"),
+        FileStreamLog(root),
+        strong=True,
+        on_summary=lambda n, s: None,
+        lease=lease,
+    )
     root.child("outbox", "C", "0").mkdirs()
     monkeypatch.setattr(outbox, "committed", lambda: {0})
 
@@ -90,7 +112,9 @@ def test_files_gone_under_a_driver_that_was_taken_over_mean_fenced_not_failed(tm
 
     def check():
         calls.append(1)
-        if len(calls) == 2:  # between the check before publishing and the read: another driver takes over
+        if (
+            len(calls) == 2
+        ):  # between the check before publishing and the read: another driver takes over
             takeover.acquire(2)
         real_check()
 

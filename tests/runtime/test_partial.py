@@ -58,7 +58,13 @@ def test_a_computation_added_to_a_running_topology_catches_up(tmp_path, spark):
     settings = RuntimeSettings(intervals=2, poll_ms=50)
     running = SparkRuntime(first, str(tmp_path), settings, spark=spark, watermarks=wm)
     running.start()
-    added = SparkRuntime(grown, str(tmp_path), RuntimeSettings(intervals=2, poll_ms=50, only=("Late",)), spark=spark, watermarks=wm)
+    added = SparkRuntime(
+        grown,
+        str(tmp_path),
+        RuntimeSettings(intervals=2, poll_ms=50, only=("Late",)),
+        spark=spark,
+        watermarks=wm,
+    )
     try:
         import time
 

@@ -179,9 +179,22 @@ def _command(root, computation: str, *args: str, env=None) -> subprocess.Complet
     """``millwheel rescale`` as its own process (its own Spark session), for a kill -9 inside it."""
     e = {**os.environ, "PYSPARK_PYTHON": sys.executable, **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "millwheel.cli", "rescale", str(root), "--computation", computation, *args],
-        env=e, capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "millwheel.cli",
+            "rescale",
+            str(root),
+            "--computation",
+            computation,
+            *args,
+        ],
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
 
 
 @pytest.mark.slow  # ~3 min of Spark: the long form (-m slow), to keep CI under 25 minutes on 2 cores

@@ -111,9 +111,17 @@ def test_a_computation_without_a_committed_batch_just_gets_the_layout(tmp_path):
 
 def _swapping(tmp_path) -> tuple[Location, dict]:
     """A run whose layout change of C was killed after ``run.json``, before the swap."""
-    migration = {"relayout": "swapping", "from_layout": "intervals", "from_intervals": 4, "authority": "pending", "batch": 3,
-                 "conf": {"spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-                          "spark.sql.streaming.stateStore.encodingFormat": "unsaferow"}}  # fmt: skip
+    migration = {
+        "relayout": "swapping",
+        "from_layout": "intervals",
+        "from_intervals": 4,
+        "authority": "pending",
+        "batch": 3,
+        "conf": {
+            "spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+            "spark.sql.streaming.stateStore.encodingFormat": "unsaferow",
+        },
+    }
     root = _run(
         tmp_path,
         computations={
@@ -198,9 +206,14 @@ def test_graft_state_renames_the_first_version_and_copies_the_rest(tmp_path):
     scratch = Location.of(str(tmp_path / "scratch"))
     files = {
         "0/_metadata/v2/0": f'v2\n{{"stateSchemaFilePaths":["file:{tmp_path}/scratch/0/_stateSchema/default/0_u"]}}',
-        "0/_metadata/v2/.0.crc": "crc", "0/_stateSchema/default/0_u": "schema", "0/0/1.zip": "snap", "0/0/.1.zip.crc": "crc", "0/0/SSTs/000008-x.sst": "sst",
-        "0/1/1.delta": "delta", "0/1/.1.delta.crc": "crc",
-    }  # fmt: skip
+        "0/_metadata/v2/.0.crc": "crc",
+        "0/_stateSchema/default/0_u": "schema",
+        "0/0/1.zip": "snap",
+        "0/0/.1.zip.crc": "crc",
+        "0/0/SSTs/000008-x.sst": "sst",
+        "0/1/1.delta": "delta",
+        "0/1/.1.delta.crc": "crc",
+    }
     for path, text in files.items():
         loc = scratch.child(*path.split("/"))
         Location.of(loc.path.rsplit("/", 1)[0]).mkdirs()
@@ -235,9 +248,12 @@ def test_dropping_a_planned_batch_of_a_per_key_computation_skips_its_schema_file
     """``transformWithState`` keeps schema files named ``<batch>_<uuid>`` (no dot): not directories."""
     ckpt = Location.of(str(tmp_path))
     for path, text in {
-        "offsets/5": OFFSETS_3, "state/0/_stateSchema/default/0_b599c411-906e": "schema",
-        "state/0/0/6.changelog": "c", "state/0/0/5.zip": "z", "state/0/_metadata/v2/0": "m",
-    }.items():  # fmt: skip
+        "offsets/5": OFFSETS_3,
+        "state/0/_stateSchema/default/0_b599c411-906e": "schema",
+        "state/0/0/6.changelog": "c",
+        "state/0/0/5.zip": "z",
+        "state/0/_metadata/v2/0": "m",
+    }.items():
         loc = ckpt.child(*path.split("/"))
         Location.of(loc.path.rsplit("/", 1)[0]).mkdirs()
         loc.write_text(text)

@@ -143,9 +143,13 @@ def _check_placed(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 @given(
-    old=st.integers(1, 9), mid=st.integers(1, 9), new=st.integers(1, 12),
-    keys=st.lists(st.integers(0, 500), min_size=1, max_size=40, unique=True), n=st.integers(1, 120), seed=st.integers(0, 1_000),
-)  # fmt: skip
+    old=st.integers(1, 9),
+    mid=st.integers(1, 9),
+    new=st.integers(1, 12),
+    keys=st.lists(st.integers(0, 500), min_size=1, max_size=40, unique=True),
+    n=st.integers(1, 120),
+    seed=st.integers(0, 1_000),
+)
 def test_every_envelope_moves_once_between_the_layouts_and_the_run_goes_on_as_if_it_had_the_new_layout(
     monkeypatch, old, mid, new, keys, n, seed
 ):

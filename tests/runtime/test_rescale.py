@@ -76,13 +76,22 @@ def test_rescale_4_to_8_to_2_resumes_exactly_once(tmp_path, spark):
     # the rescale must forget that planned batch and its state files (Spark keeps a file it
     # finds there when it runs a batch again, and the batch planned anew is another batch)
     planned = committed_batches(root, "WindowCounter") + 2
-    proc = start(root, data, "twostage", *PACING, env={"MILLWHEEL_CRASH": f"WindowCounter:before_commit:{planned}"}, log=log)
+    proc = start(
+        root,
+        data,
+        "twostage",
+        *PACING,
+        env={"MILLWHEEL_CRASH": f"WindowCounter:before_commit:{planned}"},
+        log=log,
+    )
     try:
         assert proc.wait(timeout=600) == -9, log.read_text()[-3000:]
     finally:
         kill_group(proc)
     assert len(FileStreamLog(Location.of(str(root))).read("tallies")) > tallies
-    assert (root / "checkpoints" / "WindowCounter" / "state" / "0" / "0" / f"{planned + 1}.delta").exists()
+    assert (
+        root / "checkpoints" / "WindowCounter" / "state" / "0" / "0" / f"{planned + 1}.delta"
+    ).exists()
     for c in COMPUTATIONS:
         done = rescale(str(root), c, 2, spark=spark)
         assert done["from"] == 8 and done["to"] == 2
@@ -91,20 +100,33 @@ def test_rescale_4_to_8_to_2_resumes_exactly_once(tmp_path, spark):
     assert progress[2][3] == planned  # WindowCounter's planned batch was dropped
     layout = _layout(root)
     assert {c: e["intervals"] for c, e in layout.items()} == {"WindowCounter": 2, "Tally": 2}
-    assert not set(layout["WindowCounter"]["groups"]) & set(json.loads((root / "run.json").read_text())["groups"])
+    assert not set(layout["WindowCounter"]["groups"]) & set(
+        json.loads((root / "run.json").read_text())["groups"]
+    )
 
     # the resumed driver dies inside the batch that moves WindowCounter's state, before its commit
     move = committed_list(Location.of(str(root / "checkpoints" / "WindowCounter")))[-1] + 1
-    proc = start(root, data, "twostage", *PACING, env={"MILLWHEEL_CRASH": f"WindowCounter:before_commit:{move}"}, log=log)
+    proc = start(
+        root,
+        data,
+        "twostage",
+        *PACING,
+        env={"MILLWHEEL_CRASH": f"WindowCounter:before_commit:{move}"},
+        log=log,
+    )
     try:
         rc = proc.wait(timeout=600)
     finally:
         kill_group(proc)
     assert rc == -9, log.read_text()[-3000:]
-    assert committed_batches(root, "WindowCounter") == move  # batches 0..move-1: the move did not commit
+    assert (
+        committed_batches(root, "WindowCounter") == move
+    )  # batches 0..move-1: the move did not commit
 
     got = _finish(root, data, log)
-    print(f"rescales (computation, keys, batch, dropped planned batch): {progress}; tallies {sum(got.values())}")
+    print(
+        f"rescales (computation, keys, batch, dropped planned batch): {progress}; tallies {sum(got.values())}"
+    )
     expected = expected_tallies(records)
     assert got == expected
     assert _harness(data) == expected
@@ -116,11 +138,17 @@ def test_rescale_4_to_8_to_2_resumes_exactly_once(tmp_path, spark):
         ckpt = Location.of(str(root / "checkpoints" / c))
         what, states = read_interval_states(spark, ckpt.uri, committed_list(ckpt)[-1])
         assert what == "envelopes"
-        assert set(states) <= set(groups), f"{c}: groups of an older layout hold state: {sorted(set(states) - set(groups))}"
+        assert set(states) <= set(groups), (
+            f"{c}: groups of an older layout hold state: {sorted(set(states) - set(groups))}"
+        )
         for g, envs in states.items():
             assert all(interval_of(kb, 2) == groups.index(g) for kb in envs)
     # the audit trail's watermarks never went back
-    batches = [json.loads(line) for line in (root / "audit" / "batches" / "WindowCounter.jsonl").read_text().splitlines() if line]
+    batches = [
+        json.loads(line)
+        for line in (root / "audit" / "batches" / "WindowCounter.jsonl").read_text().splitlines()
+        if line
+    ]
     lws = [b["lw"] for b in sorted(batches, key=lambda b: b["batch"])]
     assert lws == sorted(lws)
 
@@ -157,7 +185,9 @@ def test_a_columnar_computation_is_rescaled_exactly_once_with_a_kill_in_its_move
     groups = _layout(root)["WindowCounter"]["groups"]
     rows = pq.read_table(root / "heartbeats" / "WindowCounter" / done["file"]).to_pylist()
     installs = [r for r in rows if r["kind"] == int(RowKind.INSTALL)]
-    assert installs and {r["group"] for r in rows if r["kind"] == int(RowKind.RETIRE)} == set(json.loads((root / "run.json").read_text())["groups"])
+    assert installs and {r["group"] for r in rows if r["kind"] == int(RowKind.RETIRE)} == set(
+        json.loads((root / "run.json").read_text())["groups"]
+    )
     placed = Counter()
     for r in installs:
         kbs = ColumnarStore.decode(r["value"]).keys_held()
@@ -166,7 +196,15 @@ def test_a_columnar_computation_is_rescaled_exactly_once_with_a_kill_in_its_move
     assert len(placed) == done["keys"] and max(placed.values()) == 1
 
     move = committed_list(Location.of(str(root / "checkpoints" / "WindowCounter")))[-1] + 1
-    proc = start(root, data, "twostage", *PACING, "--columnar", env={"MILLWHEEL_CRASH": f"WindowCounter:before_commit:{move}"}, log=log)
+    proc = start(
+        root,
+        data,
+        "twostage",
+        *PACING,
+        "--columnar",
+        env={"MILLWHEEL_CRASH": f"WindowCounter:before_commit:{move}"},
+        log=log,
+    )
     try:
         assert proc.wait(timeout=600) == -9, log.read_text()[-3000:]
     finally:
@@ -212,4 +250,6 @@ def _harness(data) -> Counter:
 
     h = Harness(build("twostage", str(data), weak=False), raise_errors=False)
     h.run_sources()
-    return Counter((r.value["window_start"], r.value["key"], r.value["count"]) for r in h.output("tallies"))
+    return Counter(
+        (r.value["window_start"], r.value["key"], r.value["count"]) for r in h.output("tallies")
+    )

@@ -36,26 +36,38 @@ def _query(root: Location, wm, intervals: int) -> ComputationQuery:
 
 def _pin(root: Location, old: int, new: int, file: str = "000000000007.parquet") -> dict:
     migration = {"file": file, "from_intervals": old, "authority": "pending", "batch": 3}
-    held = {"intervals": old, "state_layout": "intervals", "groups": list(range(old)),
-            "computations": {"C": {"intervals": new, "groups": list(range(100, 100 + new)), "migration": migration}}}  # fmt: skip
+    held = {
+        "intervals": old,
+        "state_layout": "intervals",
+        "groups": list(range(old)),
+        "computations": {
+            "C": {"intervals": new, "groups": list(range(100, 100 + new)), "migration": migration}
+        },
+    }
     root.mkdirs()
     root.child("run.json").write_text(json.dumps(held))
     return migration
 
 
 @pytest.mark.parametrize(("old", "new"), [(4, 8), (8, 2), (3, 3)])
-def test_the_authority_retires_the_old_intervals_and_the_new_ones_start_at_their_minimum(tmp_path, old, new):
+def test_the_authority_retires_the_old_intervals_and_the_new_ones_start_at_their_minimum(
+    tmp_path, old, new
+):
     root = Location.of(str(tmp_path))
     wm = InProcessWatermarkClient(Authority())
     old_tokens = wm.acquire_many("C", [interval_name(i) for i in range(old)])
     wm.report_batch("C", [(n, t, 5_000 + 10 * i) for i, (n, t) in enumerate(old_tokens.items())])
     assert wm.watermark("C") == 5_000
     migration = _pin(root, old, new)
-    tokens = _query(root, wm, new)._acquire(Layout(new, tuple(range(100, 100 + new)), own=True, migration=migration))
+    tokens = _query(root, wm, new)._acquire(
+        Layout(new, tuple(range(100, 100 + new)), own=True, migration=migration)
+    )
     assert sorted(tokens) == sorted(interval_name(i) for i in range(new))
     held = wm.authority.intervals("C")
     assert sorted(held) == sorted(tokens), "an old interval is left to hold the watermark"
-    assert {v["value"] for v in held.values()} == {5_000}  # the minimum of the old values: held, not advanced
+    assert {v["value"] for v in held.values()} == {
+        5_000
+    }  # the minimum of the old values: held, not advanced
     assert wm.watermark("C") == 5_000
     with pytest.raises(StaleTokenError):  # a zombie of the old layout is fenced
         wm.report_batch("C", [(interval_name(old - 1), old_tokens[interval_name(old - 1)], 9_000)])
@@ -64,7 +76,9 @@ def test_the_authority_retires_the_old_intervals_and_the_new_ones_start_at_their
     assert read_pin(root)["computations"]["C"]["migration"]["authority"] == "done"
     # a later start acquires the new intervals; one that redoes the move (killed before run.json said
     # it was done) finds the old intervals retired or taken, and acquires: nothing is left behind
-    again = _query(root, wm, new)._acquire(Layout(new, tuple(range(100, 100 + new)), own=True, migration=dict(migration)))
+    again = _query(root, wm, new)._acquire(
+        Layout(new, tuple(range(100, 100 + new)), own=True, migration=dict(migration))
+    )
     assert sorted(again) == sorted(tokens) and sorted(wm.authority.intervals("C")) == sorted(tokens)
     assert wm.watermark("C") == 6_000
 
@@ -73,7 +87,9 @@ def test_an_authority_that_never_saw_the_computation_just_has_the_new_intervals_
     root = Location.of(str(tmp_path))
     wm = InProcessWatermarkClient(Authority())
     migration = _pin(root, 4, 8)
-    tokens = _query(root, wm, 8)._acquire(Layout(8, tuple(range(100, 108)), own=True, migration=migration))
+    tokens = _query(root, wm, 8)._acquire(
+        Layout(8, tuple(range(100, 108)), own=True, migration=migration)
+    )
     assert sorted(tokens) == sorted(interval_name(i) for i in range(8))
 
 
@@ -92,7 +108,9 @@ def test_live_drivers_lists_a_running_or_unknown_driver_and_not_a_stopped_or_dea
     assert live_drivers(leases) == []
     epoch.mark(stopped=False)
     assert len(live_drivers(leases)) == 1
-    leases.child("_drivers", "000000000001").write_text(f"{os.uname().nodename}:{_dead_pid()}\n")  # killed
+    leases.child("_drivers", "000000000001").write_text(
+        f"{os.uname().nodename}:{_dead_pid()}\n"
+    )  # killed
     assert live_drivers(leases) == []
     leases.child("_drivers", "000000000001").write_text("elsewhere:42\n")
     assert "not on this host" in live_drivers(leases)[0]
@@ -101,13 +119,17 @@ def test_live_drivers_lists_a_running_or_unknown_driver_and_not_a_stopped_or_dea
 def _run(tmp_path, **pin) -> Location:
     root = Location.of(str(tmp_path / "run"))
     root.child("checkpoints", "C").mkdirs()
-    root.child("run.json").write_text(json.dumps({"intervals": 4, "state_layout": "intervals", "groups": [2, 0, 4, 1], **pin}))
+    root.child("run.json").write_text(
+        json.dumps({"intervals": 4, "state_layout": "intervals", "groups": [2, 0, 4, 1], **pin})
+    )
     return root
 
 
 def test_rescale_refuses_a_running_driver_the_per_key_layout_and_bad_counts(tmp_path):
     root = _run(tmp_path)
-    Lease(root.child("leases", "C"), "C").acquire(DriverEpoch(root.child("leases")).get())  # this process "runs" it
+    Lease(root.child("leases", "C"), "C").acquire(
+        DriverEpoch(root.child("leases")).get()
+    )  # this process "runs" it
     with pytest.raises(MillwheelError, match="a driver may still be running .* stop it first"):
         rescale(root.uri, "C", 8)
     with pytest.raises(MillwheelError, match="no computation 'D'"):
@@ -119,7 +141,9 @@ def test_rescale_refuses_a_running_driver_the_per_key_layout_and_bad_counts(tmp_
 
 
 @pytest.mark.parametrize("layout", [None, "keys"])
-def test_rescale_refuses_a_computation_on_the_arrow_mapping_before_it_changes_anything(tmp_path, layout):
+def test_rescale_refuses_a_computation_on_the_arrow_mapping_before_it_changes_anything(
+    tmp_path, layout
+):
     """Its state is in the mapping's own files (``colstate/``), which no move reads: moving
     "nothing" would start the new layout empty. Refused offline, with a layout change, and
     (through ``_rescale.target`` and ``_relayout.plan``) by a running driver's online rescale."""
@@ -130,7 +154,9 @@ def test_rescale_refuses_a_computation_on_the_arrow_mapping_before_it_changes_an
     with pytest.raises(MillwheelError, match="runs on the 'arrow' mapping"):
         target(root, "C", 8)
     with pytest.raises(MillwheelError, match="runs on the 'arrow' mapping"):
-        plan(root, "C", "keys", None)  # what an online layout change checks, before its request is sent
+        plan(
+            root, "C", "keys", None
+        )  # what an online layout change checks, before its request is sent
     assert root.child("run.json").read_text() == before
     assert not root.child("leases").exists()  # not even fenced: nothing was started
 
@@ -157,7 +183,11 @@ def test_an_interrupted_rescale_is_finished_by_the_next_start_or_a_second_rescal
     # to do but start the run, which moves the state; the file and run.json stay as they are
     pin = root.child("run.json").read_text()
     again = rescale(root.uri, "C", 8)
-    assert again["pending"] and again["file"] == migration["file"] and heartbeats.child(migration["file"]).exists()
+    assert (
+        again["pending"]
+        and again["file"] == migration["file"]
+        and heartbeats.child(migration["file"]).exists()
+    )
     assert root.child("run.json").read_text() == pin
     # killed between run.json and the rename (the command, or a driver rescaling online):
     # the next start renames the file itself (run.json names it, so it was written whole)
@@ -167,7 +197,9 @@ def test_an_interrupted_rescale_is_finished_by_the_next_start_or_a_second_rescal
     assert heartbeats.child(migration["file"]).exists() and not hidden.exists()
     # with neither the file nor its hidden copy, the start refuses
     heartbeats.child(migration["file"]).delete()
-    with pytest.raises(MillwheelError, match="the rescale was interrupted.*millwheel rescale .* --intervals 8"):
+    with pytest.raises(
+        MillwheelError, match="the rescale was interrupted.*millwheel rescale .* --intervals 8"
+    ):
         q._check_migration(migration)
 
 
@@ -186,10 +218,27 @@ def test_the_command_prints_only_its_own_lines(tmp_path):
     print go to a file, as in ``millwheel run``; the terminal gets the command's lines only."""
     root = _run(tmp_path)
     done = subprocess.run(
-        [sys.executable, "-m", "millwheel.cli", "rescale", root.uri, "--computation", "C", "--intervals", "8"],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "millwheel.cli",
+            "rescale",
+            root.uri,
+            "--computation",
+            "C",
+            "--intervals",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("rescaled 'C' from 4 to 8 key intervals"), done.stdout
-    noise = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("millwheel: ")]
+    noise = [
+        line
+        for line in done.stderr.splitlines()
+        if line.strip() and not line.startswith("millwheel: ")
+    ]
     assert noise == [], done.stderr

@@ -49,7 +49,12 @@ class CountThenFlush(Computation):
 
     def process_record(self, record: Record) -> None:
         self.state.set(self.state.get(0) + 1)
-        self.set_timer("flush", max(record.timestamp, self.pending_timers()[0].timestamp if self.pending_timers() else 0))
+        self.set_timer(
+            "flush",
+            max(
+                record.timestamp, self.pending_timers()[0].timestamp if self.pending_timers() else 0
+            ),
+        )
 
     def process_timer(self, timer) -> None:
         self.produce("counts", (self.key, self.state.get(0)))
@@ -76,7 +81,12 @@ class Cluster:
         self.states: dict[int, MemoryGroupState] = {}
         self.out: list[tuple[str, bytes]] = []
 
-    def batch(self, records: list[Record], low_watermark: int, extra: dict[int, pd.DataFrame] | None = None) -> None:
+    def batch(
+        self,
+        records: list[Record],
+        low_watermark: int,
+        extra: dict[int, pd.DataFrame] | None = None,
+    ) -> None:
         """One micro-batch at ``low_watermark``: ``records`` keyed by the producer, and ``extra``
         rows by group (a rescale's heartbeat rows)."""
         frames: dict[int, list[pd.DataFrame]] = {g: [] for g in self.groups}
@@ -95,7 +105,11 @@ class Cluster:
                 self.out.append(out)
 
     def envelopes(self) -> dict[int, dict[bytes, bytes]]:
-        return {g: msgpack.unpackb(s.value[0], raw=False, strict_map_key=False) for g, s in self.states.items() if s.value is not None}
+        return {
+            g: msgpack.unpackb(s.value[0], raw=False, strict_map_key=False)
+            for g, s in self.states.items()
+            if s.value is not None
+        }
 
     def blobs(self) -> dict[int, bytes]:
         """A columnar computation's store blob per group that holds one."""
@@ -113,23 +127,40 @@ def state_outputs(frames) -> list[tuple[str, bytes]]:
 
 def _records_frame(rs: list[Record]) -> pd.DataFrame:
     n = len(rs)
-    return pd.DataFrame({
-        "kind": [int(RowKind.RECORD)] * n, "key": [encode_key(r.value["k"]) for r in rs], "id": [r.id for r in rs],
-        "ts": [r.timestamp for r in rs], "value": [encode_value(r.value) for r in rs],
-        "wm": pd.array([None] * n, dtype="Int64"), "stream": ["in"] * n, "src": ["f.parquet"] * n,
-        "row": list(range(n)), "now": pd.array([None] * n, dtype="Int64"),
-    })  # fmt: skip
+    return pd.DataFrame(
+        {
+            "kind": [int(RowKind.RECORD)] * n,
+            "key": [encode_key(r.value["k"]) for r in rs],
+            "id": [r.id for r in rs],
+            "ts": [r.timestamp for r in rs],
+            "value": [encode_value(r.value) for r in rs],
+            "wm": pd.array([None] * n, dtype="Int64"),
+            "stream": ["in"] * n,
+            "src": ["f.parquet"] * n,
+            "row": list(range(n)),
+            "now": pd.array([None] * n, dtype="Int64"),
+        }
+    )
 
 
 def heartbeat_frames(table) -> dict[int, pd.DataFrame]:
     """A rescale's heartbeat file as the query hands its rows to the step (``_query._build``), by group."""
     d = table.to_pandas()
     n = len(d)
-    frame = pd.DataFrame({
-        "kind": d["kind"], "key": d["key"], "id": [None] * n, "ts": [0] * n, "value": d["value"],
-        "wm": pd.array([None] * n, dtype="Int64"), "stream": [None] * n, "src": [None] * n,
-        "row": pd.array([None] * n, dtype="Int64"), "now": pd.array([None] * n, dtype="Int64"),
-    })  # fmt: skip
+    frame = pd.DataFrame(
+        {
+            "kind": d["kind"],
+            "key": d["key"],
+            "id": [None] * n,
+            "ts": [0] * n,
+            "value": d["value"],
+            "wm": pd.array([None] * n, dtype="Int64"),
+            "stream": [None] * n,
+            "src": [None] * n,
+            "row": pd.array([None] * n, dtype="Int64"),
+            "now": pd.array([None] * n, dtype="Int64"),
+        }
+    )
     return {int(g): frame[d["group"] == g].reset_index(drop=True) for g in d["group"].unique()}
 
 
@@ -137,15 +168,20 @@ def _records(keys: list[int], n: int, seed: int) -> list[Record]:
     import random
 
     rng = random.Random(seed)
-    return [Record(None, {"k": f"k{rng.choice(keys)}"}, 1_000 + i, f"r{seed}-{i}") for i in range(n)]
+    return [
+        Record(None, {"k": f"k{rng.choice(keys)}"}, 1_000 + i, f"r{seed}-{i}") for i in range(n)
+    ]
 
 
 #: the property tests' examples: random old and new interval counts, keys and records
 EXAMPLES = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MOVES = given(
-    old=st.integers(1, 9), new=st.integers(1, 12), keys=st.lists(st.integers(0, 500), min_size=1, max_size=40, unique=True),
-    n=st.integers(1, 120), seed=st.integers(0, 1_000),
-)  # fmt: skip
+    old=st.integers(1, 9),
+    new=st.integers(1, 12),
+    keys=st.lists(st.integers(0, 500), min_size=1, max_size=40, unique=True),
+    n=st.integers(1, 120),
+    seed=st.integers(0, 1_000),
+)
 
 
 def _moved_run(spec, old: int, new: int, keys: list[int], n: int, seed: int):
@@ -172,11 +208,15 @@ def _moved_run(spec, old: int, new: int, keys: list[int], n: int, seed: int):
 
 @EXAMPLES
 @MOVES
-def test_a_move_puts_every_key_in_its_new_interval_once_and_changes_nothing_else(old, new, keys, n, seed):
+def test_a_move_puts_every_key_in_its_new_interval_once_and_changes_nothing_else(
+    old, new, keys, n, seed
+):
     ref, run, after, held, moved = _moved_run(None, old, new, keys, n, seed)
     new_groups = after.groups
     assert not set(new_groups) & set(run.groups)
-    assert [spark_hash_int(g) % PARTITIONS for g in new_groups] == [i % PARTITIONS for i in range(new)]
+    assert [spark_hash_int(g) % PARTITIONS for g in new_groups] == [
+        i % PARTITIONS for i in range(new)
+    ]
     assert moved == sum(len(e) for e in held.values())
 
     # every key's envelope in exactly one group, the one of its new interval; old groups emptied
@@ -190,7 +230,9 @@ def test_a_move_puts_every_key_in_its_new_interval_once_and_changes_nothing_else
     by_interval = {new_groups.index(g): envs for g, envs in placed.items()}
     assert by_interval == {ref.groups.index(g): envs for g, envs in ref.envelopes().items()}
     assert sorted(after.out) == sorted(ref.out)
-    assert sorted(decode_value(v)[1] for _, v in after.out if decode_value(v)) == sorted(decode_value(v)[1] for _, v in ref.out)
+    assert sorted(decode_value(v)[1] for _, v in after.out if decode_value(v)) == sorted(
+        decode_value(v)[1] for _, v in ref.out
+    )
     # each new interval's event-time timeout is at its earliest low-watermark timer
     for g in new_groups:
         s = after.states.get(g)
@@ -202,7 +244,9 @@ def test_a_move_puts_every_key_in_its_new_interval_once_and_changes_nothing_else
 
 def _held(keys=("a", "b", "c"), spec=None) -> tuple[Cluster, dict[int, dict[bytes, bytes]]]:
     c = Cluster(2, interval_groups(2, PARTITIONS), spec)
-    c.batch([Record(None, {"k": k}, 1_000 + i, f"r{i}") for i, k in enumerate(keys)], low_watermark=0)
+    c.batch(
+        [Record(None, {"k": k}, 1_000 + i, f"r{i}") for i, k in enumerate(keys)], low_watermark=0
+    )
     return c, c.envelopes() if spec is None else c.blobs()
 
 
@@ -214,13 +258,21 @@ def _move(c: Cluster, held, new_groups: list[int]):
     return move_stores(stores, {g: blob_digest(b) for g, b in held.items()}, c.groups, new_groups)
 
 
-@pytest.mark.parametrize(("spec", "match"), [(None, r"\d+ keys \(digest .* not the .* the rescale read"), ("columnar", "bytes of columnar store .* not the .* the rescale read")])
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        (None, r"\d+ keys \(digest .* not the .* the rescale read"),
+        ("columnar", "bytes of columnar store .* not the .* the rescale read"),
+    ],
+)
 def test_an_old_group_that_holds_other_state_than_was_read_fails_the_batch(spec, match):
     spec = COLUMNAR if spec == "columnar" else None
     c, held = _held(spec=spec)
     new_groups = interval_groups(4, PARTITIONS, avoid=c.groups)
     table, _ = _move(c, held, new_groups)
-    c.batch([Record(None, {"k": "a"}, 1_500, "late-write")], low_watermark=0)  # the state changed after the read
+    c.batch(
+        [Record(None, {"k": "a"}, 1_500, "late-write")], low_watermark=0
+    )  # the state changed after the read
     after = Cluster(4, new_groups, spec)
     after.states = c.states
     with pytest.raises(RescaleMismatch, match=match):
@@ -260,7 +312,9 @@ def test_the_digest_covers_keys_and_envelopes():
 
 @given(st.integers(1, 64), st.lists(st.text(max_size=6), min_size=1, max_size=30))
 def test_producers_key_a_rescaled_consumer_into_its_own_column(n, keys):
-    keyer = Keyer({"in": [("C", lambda r: r.value), ("D", lambda r: r.value)]}, intervals=4, own={"C": n})
+    keyer = Keyer(
+        {"in": [("C", lambda r: r.value), ("D", lambda r: r.value)]}, intervals=4, own={"C": n}
+    )
     cols = keyer.rows([("in", Record(None, k, 0, str(i))) for i, k in enumerate(keys)], ["C", "D"])
     assert set(cols) == {"key:C", f"interval:C@{n}", "key:D", "interval:D"}
     assert cols[f"interval:C@{n}"] == [interval_of(encode_key(k), n) for k in keys]
@@ -274,7 +328,13 @@ def _columnar_spec():
 
     t = Topology("move-columnar")
     t.injector("in", None)
-    t.computation(ColumnarWindowCounter, name="C", inputs={"in": lambda r: r.value["k"]}, outputs=["counts"], params={"window_ms": 50, "output": "counts", "trailing_empty": 0})
+    t.computation(
+        ColumnarWindowCounter,
+        name="C",
+        inputs={"in": lambda r: r.value["k"]},
+        outputs=["counts"],
+        params={"window_ms": 50, "output": "counts", "trailing_empty": 0},
+    )
     return t.validate().computations["C"]
 
 
@@ -285,16 +345,33 @@ def _store_view(blob: bytes) -> dict:
     """What a columnar store holds, in a form two stores can be compared by (row and id
     order, its segments, and the Bloom filter's size, are the store's business)."""
     st = ColumnarStore.decode(blob)
-    rows = [] if st.state is None else sorted(tuple(sorted(r.items())) for r in st.state.to_pylist())
+    rows = (
+        [] if st.state is None else sorted(tuple(sorted(r.items())) for r in st.state.to_pylist())
+    )
     d = st.dedup
     held = d.ids.to_pylist()  # in the order they were added; row i's id is held[ptr[i]]
-    ids = sorted(zip([d.keys[k] for k in d.kix.tolist()], [held[p] for p in d.ptr.tolist()], d.ts.tolist(), strict=True))
-    return {"state": rows, "timers": dict(st.timers), "meta": dict(st.meta), "pending": sorted(map(tuple, st.pending)), "ids": ids}
+    ids = sorted(
+        zip(
+            [d.keys[k] for k in d.kix.tolist()],
+            [held[p] for p in d.ptr.tolist()],
+            d.ts.tolist(),
+            strict=True,
+        )
+    )
+    return {
+        "state": rows,
+        "timers": dict(st.timers),
+        "meta": dict(st.meta),
+        "pending": sorted(map(tuple, st.pending)),
+        "ids": ids,
+    }
 
 
 @EXAMPLES
 @MOVES
-def test_a_columnar_move_splits_and_merges_every_store_into_the_new_intervals(old, new, keys, n, seed):
+def test_a_columnar_move_splits_and_merges_every_store_into_the_new_intervals(
+    old, new, keys, n, seed
+):
     """The property above, for a columnar computation: every key's state, timers, sequence
     and dedup ids end in the store of its new interval, and the output and stores equal a
     run with the new count from the start."""
@@ -307,7 +384,9 @@ def test_a_columnar_move_splits_and_merges_every_store_into_the_new_intervals(ol
     seen = Counter(kb for b in placed.values() for kb in ColumnarStore.decode(b).keys_held())
     assert all(c == 1 for c in seen.values())
     for g, b in placed.items():
-        assert all(new_groups[interval_of(kb, new)] == g for kb in ColumnarStore.decode(b).keys_held())
+        assert all(
+            new_groups[interval_of(kb, new)] == g for kb in ColumnarStore.decode(b).keys_held()
+        )
     by_interval = {new_groups.index(g): _store_view(b) for g, b in placed.items()}
     assert by_interval == {ref.groups.index(g): _store_view(b) for g, b in ref.blobs().items()}
     assert sorted(after.out) == sorted(ref.out)

@@ -40,7 +40,12 @@ def test_counters_survive_a_restart_and_count_each_batch_once(spark, run_dir):
     again = SparkRuntime(_topology(200), run_dir, settings, spark=spark)
     again.run(timeout_s=300)
     m2 = again.computations["Count"].metrics
-    assert (m2["records_in"], m2["duplicates"], m2["processed"], m2["productions"]) == (201, 1, 200, 200)
+    assert (m2["records_in"], m2["duplicates"], m2["processed"], m2["productions"]) == (
+        201,
+        1,
+        200,
+        200,
+    )
     assert again.injectors["in"].status()["records_out"] == 201
     assert len(again.output("counted")) == 200
     # the intervals were dealt over the shuffle partitions at the first start, and kept
@@ -57,17 +62,24 @@ def test_a_run_directory_refuses_other_intervals_or_layout(tmp_path):
     pin_run_settings(Location.of(run), RuntimeSettings(intervals=4))  # the same settings resume
     held = json.loads((tmp_path / "run" / "run.json").read_text())
     assert held == {"intervals": 4, "state_layout": "intervals"}
-    with pytest.raises(MillwheelError, match=r"was started with intervals=4 \(this run: 8\).*new run directory"):
+    with pytest.raises(
+        MillwheelError, match=r"was started with intervals=4 \(this run: 8\).*new run directory"
+    ):
         SparkRuntime(_topology(10), run, RuntimeSettings(intervals=8)).start()
     with pytest.raises(MillwheelError, match=r"state_layout='intervals' \(this run: 'keys'\)"):
         SparkRuntime(_topology(10), run, RuntimeSettings(intervals=4, state_layout="keys")).start()
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["run.json"]  # nothing else written
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
+        "run.json"
+    ]  # nothing else written
 
 
 def test_a_run_directory_from_before_the_pin_gets_one(tmp_path):
     (tmp_path / "run.json").write_text('{"intervals": 2}')
     pin_run_settings(Location.of(str(tmp_path)), RuntimeSettings(intervals=2))
-    assert json.loads((tmp_path / "run.json").read_text()) == {"intervals": 2, "state_layout": "intervals"}
+    assert json.loads((tmp_path / "run.json").read_text()) == {
+        "intervals": 2,
+        "state_layout": "intervals",
+    }
     (tmp_path / "run.json").write_text("{not json")
     with pytest.raises(MillwheelError, match="is not JSON"):
         pin_run_settings(Location.of(str(tmp_path)), RuntimeSettings(intervals=2))
@@ -92,7 +104,11 @@ def test_a_run_directory_started_before_groups_keeps_grouping_by_interval(tmp_pa
     (tmp_path / "checkpoints" / "Count" / "offsets").mkdir(parents=True)
     (tmp_path / "run.json").write_text('{"intervals": 8, "state_layout": "intervals"}')
     assert pin_groups(Location.of(str(tmp_path)), 8, 2) == list(range(8))
-    assert json.loads((tmp_path / "run.json").read_text()) == {"intervals": 8, "state_layout": "intervals", "groups": list(range(8))}
+    assert json.loads((tmp_path / "run.json").read_text()) == {
+        "intervals": 8,
+        "state_layout": "intervals",
+        "groups": list(range(8)),
+    }
 
 
 def test_the_groups_land_where_spark_puts_them(spark):
@@ -100,11 +116,19 @@ def test_the_groups_land_where_spark_puts_them(spark):
     pmod: checked against Spark itself, not against our formula."""
     from pyspark.sql import functions as F
 
-    rows = spark.range(-50, 2_000).select(F.col("id").cast("int").alias("v"), F.hash(F.col("id").cast("int")).alias("h")).collect()
+    rows = (
+        spark.range(-50, 2_000)
+        .select(F.col("id").cast("int").alias("v"), F.hash(F.col("id").cast("int")).alias("h"))
+        .collect()
+    )
     assert [spark_hash_int(r.v) for r in rows] == [r.h for r in rows]
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
     groups = interval_groups(16, partitions)
-    df = spark.createDataFrame([(g,) for g in groups], "g int").repartition(partitions, "g").select("g", F.spark_partition_id().alias("p"))
+    df = (
+        spark.createDataFrame([(g,) for g in groups], "g int")
+        .repartition(partitions, "g")
+        .select("g", F.spark_partition_id().alias("p"))
+    )
     placed = {r.g: r.p for r in df.collect()}
     assert [placed[g] for g in groups] == [i % partitions for i in range(16)]
 
@@ -127,12 +151,17 @@ def test_a_run_directory_keeps_its_epoch_and_a_lost_checkpoint_starts_a_new_one(
         root.child("tallies").mkdirs()
         root.child("tallies", "Joiner.json").write_text("{}")  # it had published output
         shutil.rmtree(tmp_path / "run" / "checkpoints")
-        with pytest.raises(MillwheelError, match="lost its checkpoints but still holds published output"):
+        with pytest.raises(
+            MillwheelError, match="lost its checkpoints but still holds published output"
+        ):
             pin_pipeline(root, "dc1")
         return
     shutil.rmtree(tmp_path / "run")
     root.mkdirs()
-    assert pin_pipeline(root, "dc1")[1] not in ("", first)  # its commits now conflict with the old epoch's
+    assert pin_pipeline(root, "dc1")[1] not in (
+        "",
+        first,
+    )  # its commits now conflict with the old epoch's
 
 
 def test_a_run_directory_from_before_epochs_keeps_its_bare_tokens(tmp_path):

@@ -38,17 +38,37 @@ def _get(url: str) -> tuple[int, str]:
 def test_a_run_in_a_log_says_what_it_does_serves_metrics_and_writes_its_sink(tmp_path):
     block = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)[0]
     target = tmp_path / "out" / "window_counts.jsonl"
-    (tmp_path / "counts.py").write_text(block.replace('topology.sink("window_counts")', f"topology.sink('window_counts', {str(target)!r})"))
-    cmd = [MILLWHEEL, "run", "counts.py", "--checkpoint", "run", "--intervals", "2", "--status-every", "1", "--ui"]
+    (tmp_path / "counts.py").write_text(
+        block.replace(
+            'topology.sink("window_counts")', f"topology.sink('window_counts', {str(target)!r})"
+        )
+    )
+    cmd = [
+        MILLWHEEL,
+        "run",
+        "counts.py",
+        "--checkpoint",
+        "run",
+        "--intervals",
+        "2",
+        "--status-every",
+        "1",
+        "--ui",
+    ]
     env = {**os.environ, "PYTHONPATH": ""}
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     said: list[str] = []
     scraped: dict[str, tuple[int, str]] = {}
 
     def read_stderr() -> None:
         for line in proc.stderr:  # type: ignore[union-attr]
             said.append(line)
-            for name, pattern in (("metrics", r"metrics \(Prometheus\) at (\S+)"), ("ui", r"Spark UI at (\S+)")):
+            for name, pattern in (
+                ("metrics", r"metrics \(Prometheus\) at (\S+)"),
+                ("ui", r"Spark UI at (\S+)"),
+            ):
                 m = re.search(pattern, line)
                 if m and name not in scraped:
                     try:
@@ -75,18 +95,34 @@ def test_a_run_in_a_log_says_what_it_does_serves_metrics_and_writes_its_sink(tmp
         assert expected in err, (expected, err[-3000:])
     status = [line for line in said if line.startswith("[")]
     assert status and all(" | " in line and "WindowCounter in=" in line for line in status)
-    assert "Setting default log level" not in err and "NativeCodeLoader" not in err and "StackOverflowError" not in err
-    assert scraped["metrics"][0] == 200 and 'millwheel_up{topology="counts"} 1' in scraped["metrics"][1]
+    assert (
+        "Setting default log level" not in err
+        and "NativeCodeLoader" not in err
+        and "StackOverflowError" not in err
+    )
+    assert (
+        scraped["metrics"][0] == 200
+        and 'millwheel_up{topology="counts"} 1' in scraped["metrics"][1]
+    )
     assert scraped["ui"][0] == 200
     ui = re.search(r"Spark UI at http://([^:/]+)", err).group(1)  # type: ignore[union-attr]
     assert ui in ("localhost", "127.0.0.1")
     header = next(line for line in out.splitlines() if "low watermark (UTC)" in line)
     assert "dup" in header and "late" in header and "lag (inputs)" in header
-    assert "sink window_counts: 3 records; written to" in out and "millwheel read run window_counts" in out
+    assert (
+        "sink window_counts: 3 records; written to" in out
+        and "millwheel read run window_counts" in out
+    )
     rows = [json.loads(line) for f in target.glob("*.jsonl") for line in f.read_text().splitlines()]
-    assert sorted(tuple(r["value"]) for r in rows) == [("cats", 1000, 1), ("cats", 2000, 1), ("dogs", 1000, 1)]
+    assert sorted(tuple(r["value"]) for r in rows) == [
+        ("cats", 1000, 1),
+        ("cats", 2000, 1),
+        ("dogs", 1000, 1),
+    ]
 
-    again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
+    again = subprocess.run(
+        cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     assert again.returncode == 0, again.stderr
     assert "finished on" in again.stderr and "nothing is left to do" in again.stderr
     assert "starting Spark" not in again.stderr
@@ -94,12 +130,28 @@ def test_a_run_in_a_log_says_what_it_does_serves_metrics_and_writes_its_sink(tmp
 
     # rescaled after it finished: the next run starts (it does not answer from finished.json),
     # its first batch moves the state, and the output stays what it was, nothing published twice
-    rescaled = subprocess.run([MILLWHEEL, "rescale", "run", "--computation", "WindowCounter", "--intervals", "4"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert rescaled.returncode == 0 and "from 2 to 4" in rescaled.stdout + rescaled.stderr, rescaled.stdout + rescaled.stderr
-    moved = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400, check=False)
+    rescaled = subprocess.run(
+        [MILLWHEEL, "rescale", "run", "--computation", "WindowCounter", "--intervals", "4"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert rescaled.returncode == 0 and "from 2 to 4" in rescaled.stdout + rescaled.stderr, (
+        rescaled.stdout + rescaled.stderr
+    )
+    moved = subprocess.run(
+        cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400, check=False
+    )
     assert moved.returncode == 0, moved.stderr[-3000:]
     assert "starting Spark" in moved.stderr and "sink window_counts: 3 records" in moved.stdout
     entry = json.loads((tmp_path / "run" / "run.json").read_text())["computations"]["WindowCounter"]
     assert entry["intervals"] == 4 and entry["migration"].get("moved") is True, entry
     rows = [json.loads(line) for f in target.glob("*.jsonl") for line in f.read_text().splitlines()]
-    assert sorted(tuple(r["value"]) for r in rows) == [("cats", 1000, 1), ("cats", 2000, 1), ("dogs", 1000, 1)]
+    assert sorted(tuple(r["value"]) for r in rows) == [
+        ("cats", 1000, 1),
+        ("cats", 2000, 1),
+        ("dogs", 1000, 1),
+    ]

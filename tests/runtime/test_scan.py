@@ -35,17 +35,36 @@ from .test_keying import _UnkeyedFileMidRun
 def test_the_hash_of_an_unkeyed_row_is_sparks_xxhash64():
     """Values of Spark 4.3's ``xxhash64(id)`` (seed 42) for these strings: a row without
     ``interval:C`` must land in the interval ``pmod(xxhash64(id), n)`` the row plan sends it to."""
-    spark_says = {"abc": 1423657621850124518, "": -7444071767201028348, "q-123456789": -1576691694926087902, "é字": 2994304342832642983, "a" * 100: -5307276994506690727}
+    spark_says = {
+        "abc": 1423657621850124518,
+        "": -7444071767201028348,
+        "q-123456789": -1576691694926087902,
+        "é字": 2994304342832642983,
+        "a" * 100: -5307276994506690727,
+    }
     assert {s: spark_xxhash64(s) for s in spark_says} == spark_says
     assert spark_xxhash64(None) == 42  # Spark's hash of a null is its seed
-    assert [spark_xxhash64(s) % 16 for s in ("abc", "", "q-123456789")] == [6, 4, 2]  # pmod, as Spark gives them
+    assert [spark_xxhash64(s) % 16 for s in ("abc", "", "q-123456789")] == [
+        6,
+        4,
+        2,
+    ]  # pmod, as Spark gives them
 
 
 def test_markers_name_each_group_of_a_task_once_and_keep_a_null_group():
-    out = list(Markers()([pa.record_batch({"group": pa.array([3, 1, 3], pa.int32())}), pa.record_batch({"group": pa.array([1, None, 7], pa.int32())})]))
+    out = list(
+        Markers()(
+            [
+                pa.record_batch({"group": pa.array([3, 1, 3], pa.int32())}),
+                pa.record_batch({"group": pa.array([1, None, 7], pa.int32())}),
+            ]
+        )
+    )
     assert len(out) == 1
     got = out[0].to_pydict()
-    assert sorted(got["group"], key=lambda g: -1 if g is None else g) == [None, 1, 3, 7] and all(got["scan"])
+    assert sorted(got["group"], key=lambda g: -1 if g is None else g) == [None, 1, 3, 7] and all(
+        got["scan"]
+    )
     assert list(Markers()([pa.record_batch({"group": pa.array([], pa.int32())})])) == []
 
 
@@ -60,7 +79,11 @@ def test_a_file_source_log_is_read_through_its_compactions(tmp_path):
     log = tmp_path / "sources" / "1"
     _log(log, "3.compact", [(f"file:///r/streams/s/p/f{b}.parquet", b) for b in range(4)])
     _log(log, "4", [("file:///r/streams/s/p/f4.parquet", 4)])
-    _log(log, "5", [("file:///r/streams/s/p/f5a.parquet", 5), ("file:///r/streams/s/p/f5b.parquet", 5)])
+    _log(
+        log,
+        "5",
+        [("file:///r/streams/s/p/f5a.parquet", 5), ("file:///r/streams/s/p/f5b.parquet", 5)],
+    )
     names = [p[-1] for p, _ in log_entries(Location.of(str(log)), 2, 5)]
     assert names == ["f2.parquet", "f3.parquet", "f4.parquet", "f5a.parquet", "f5b.parquet"]
     with pytest.raises(RuntimeError, match="no entry for offset 6"):
@@ -69,10 +92,23 @@ def test_a_file_source_log_is_read_through_its_compactions(tmp_path):
 
 def _write_stream_file(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows, schema=pa.schema([
-        ("id", pa.string()), ("ts", pa.int64()), ("key", pa.binary()), ("value", pa.binary()), ("wm", pa.int64()),
-        ("key:C", pa.binary()), ("interval:C", pa.int32()),
-    ])), path)  # fmt: skip
+    pq.write_table(
+        pa.Table.from_pylist(
+            rows,
+            schema=pa.schema(
+                [
+                    ("id", pa.string()),
+                    ("ts", pa.int64()),
+                    ("key", pa.binary()),
+                    ("value", pa.binary()),
+                    ("wm", pa.int64()),
+                    ("key:C", pa.binary()),
+                    ("interval:C", pa.int32()),
+                ]
+            ),
+        ),
+        path,
+    )
 
 
 def test_a_batch_reads_its_own_files_and_each_interval_its_own_rows(tmp_path):
@@ -83,10 +119,34 @@ def test_a_batch_reads_its_own_files_and_each_interval_its_own_rows(tmp_path):
     root, cp = tmp_path / "run", tmp_path / "run" / "checkpoints" / "C"
     sdir = root / "streams" / "s" / "p"
     rows = [
-        {"id": "a", "ts": 1, "key": b"k", "value": b"1", "wm": None, "key:C": b"ka", "interval:C": 2},
+        {
+            "id": "a",
+            "ts": 1,
+            "key": b"k",
+            "value": b"1",
+            "wm": None,
+            "key:C": b"ka",
+            "interval:C": 2,
+        },
         {"id": "b", "ts": 2, "key": b"k", "value": b"2", "wm": 5, "key:C": b"kb", "interval:C": 0},
-        {"id": "abc", "ts": 3, "key": b"raw", "value": b"3", "wm": None, "key:C": None, "interval:C": None},
-        {"id": "c", "ts": 4, "key": b"k", "value": b"4", "wm": None, "key:C": b"kc", "interval:C": 2},
+        {
+            "id": "abc",
+            "ts": 3,
+            "key": b"raw",
+            "value": b"3",
+            "wm": None,
+            "key:C": None,
+            "interval:C": None,
+        },
+        {
+            "id": "c",
+            "ts": 4,
+            "key": b"k",
+            "value": b"4",
+            "wm": None,
+            "key:C": b"kc",
+            "interval:C": 2,
+        },
     ]
     _write_stream_file(sdir / "f0.parquet", rows[:1])
     _write_stream_file(sdir / "f1.parquet", rows)
@@ -96,16 +156,39 @@ def test_a_batch_reads_its_own_files_and_each_interval_its_own_rows(tmp_path):
     (cp / "offsets").mkdir(parents=True)
     (cp / "offsets" / "0").write_text('v1\n{}\n{"logOffset":0}\n{"logOffset":0}')
     (cp / "offsets" / "1").write_text('v1\n{}\n{"logOffset":0}\n{"logOffset":1}')
-    scan = BatchScan(Location.of(str(cp)).uri, (ScannedInput("s", "p", Location.of(str(sdir)).uri),), "key:C", "interval:C", 8)
+    scan = BatchScan(
+        Location.of(str(cp)).uri,
+        (ScannedInput("s", "p", Location.of(str(sdir)).uri),),
+        "key:C",
+        "interval:C",
+        8,
+    )
     assert [n for _, n in batch_files(scan, 1)] == ["f1.parquet"]
     got = scan.records(2, batch=1).to_pydict()
-    assert (got["id"], got["key"], got["row"], got["src"], got["stream"]) == (["a", "c"], [b"ka", b"kc"], [0, 3], ["f1.parquet"] * 2, ["s", "s"])
-    assert got["kind"] == [int(RowKind.RECORD)] * 2 and got["wm"] == [None, None] and got["now"] == [None, None]
+    assert (got["id"], got["key"], got["row"], got["src"], got["stream"]) == (
+        ["a", "c"],
+        [b"ka", b"kc"],
+        [0, 3],
+        ["f1.parquet"] * 2,
+        ["s", "s"],
+    )
+    assert (
+        got["kind"] == [int(RowKind.RECORD)] * 2
+        and got["wm"] == [None, None]
+        and got["now"] == [None, None]
+    )
     unkeyed = scan.records(spark_xxhash64("abc") % 8, batch=1).to_pydict()  # interval 6
-    assert (unkeyed["id"], unkeyed["key"], unkeyed["kind"], unkeyed["row"]) == (["abc"], [b"raw"], [int(RowKind.UNKEYED)], [2])
+    assert (unkeyed["id"], unkeyed["key"], unkeyed["kind"], unkeyed["row"]) == (
+        ["abc"],
+        [b"raw"],
+        [int(RowKind.UNKEYED)],
+        [2],
+    )
     assert scan.records(5, batch=1) is None
     assert scan.records(2, batch=0).to_pydict()["id"] == ["a"]
-    (cp / "offsets" / "1").write_text('v1\n{}\n{"logOffset":0}\n{"logOffset":0}')  # planned anew: nothing new
+    (cp / "offsets" / "1").write_text(
+        'v1\n{}\n{"logOffset":0}\n{"logOffset":0}'
+    )  # planned anew: nothing new
     assert batch_files(scan, 1) == [] and scan.records(2, batch=1) is None
 
 
@@ -114,19 +197,39 @@ def test_a_file_without_key_columns_is_read_whole_as_rows_to_key(tmp_path):
     sdir = root / "streams" / "s" / "p"
     sdir.mkdir(parents=True)
     ids = [f"old{i}" for i in range(20)]
-    pq.write_table(pa.table({"id": ids, "ts": np.arange(20, dtype=np.int64), "key": [b"x"] * 20, "value": [b"v"] * 20, "wm": pa.nulls(20, pa.int64())}), sdir / "legacy.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                "id": ids,
+                "ts": np.arange(20, dtype=np.int64),
+                "key": [b"x"] * 20,
+                "value": [b"v"] * 20,
+                "wm": pa.nulls(20, pa.int64()),
+            }
+        ),
+        sdir / "legacy.parquet",
+    )
     _log(cp / "sources" / "0", "0", [(f"file://{sdir}/legacy.parquet", 0)])
     (cp / "offsets").mkdir(parents=True)
     (cp / "offsets" / "0").write_text('v1\n{}\n{"logOffset":0}')
-    scan = BatchScan(Location.of(str(cp)).uri, (ScannedInput("s", "p", Location.of(str(sdir)).uri),), "key:C", "interval:C", 4)
+    scan = BatchScan(
+        Location.of(str(cp)).uri,
+        (ScannedInput("s", "p", Location.of(str(sdir)).uri),),
+        "key:C",
+        "interval:C",
+        4,
+    )
     seen = {}
     for i in range(4):
         t = scan.records(i, batch=0)
-        for rid, row, kind in zip(*(t.column(c).to_pylist() for c in ("id", "row", "kind")), strict=True) if t is not None else ():
+        for rid, row, kind in (
+            zip(*(t.column(c).to_pylist() for c in ("id", "row", "kind")), strict=True)
+            if t is not None
+            else ()
+        ):
             assert kind == int(RowKind.UNKEYED) and ids[row] == rid
             seen[rid] = i
     assert seen == {rid: spark_xxhash64(rid) % 4 for rid in ids}
-
 
 
 def test_values_left_in_the_files_are_read_when_asked(tmp_path):
@@ -136,10 +239,35 @@ def test_values_left_in_the_files_are_read_when_asked(tmp_path):
     the step is read whole (that row's value is its key's input)."""
     root, cp = tmp_path / "run", tmp_path / "run" / "checkpoints" / "C"
     sdir = root / "streams" / "s" / "p"
-    keyed = [{"id": f"r{i}", "ts": i, "key": b"k", "value": f"v{i}".encode(), "wm": None, "key:C": f"k{i}".encode(), "interval:C": i % 2} for i in range(6)]
+    keyed = [
+        {
+            "id": f"r{i}",
+            "ts": i,
+            "key": b"k",
+            "value": f"v{i}".encode(),
+            "wm": None,
+            "key:C": f"k{i}".encode(),
+            "interval:C": i % 2,
+        }
+        for i in range(6)
+    ]
     _write_stream_file(sdir / "f0.parquet", keyed[:3])
     _write_stream_file(sdir / "f1.parquet", keyed[3:])
-    _write_stream_file(sdir / "f2.parquet", [{"id": "abc", "ts": 9, "key": b"raw", "value": b"u", "wm": None, "key:C": None, "interval:C": None}, keyed[0]])
+    _write_stream_file(
+        sdir / "f2.parquet",
+        [
+            {
+                "id": "abc",
+                "ts": 9,
+                "key": b"raw",
+                "value": b"u",
+                "wm": None,
+                "key:C": None,
+                "interval:C": None,
+            },
+            keyed[0],
+        ],
+    )
     _log(cp / "sources" / "0", "0", [(f"file://{sdir}/f{i}.parquet", 0) for i in range(2)])
     _log(cp / "sources" / "0", "1", [(f"file://{sdir}/f2.parquet", 1)])
     (cp / "offsets").mkdir(parents=True)
@@ -148,15 +276,21 @@ def test_values_left_in_the_files_are_read_when_asked(tmp_path):
     inputs = (ScannedInput("s", "p", Location.of(str(sdir)).uri),)
     scan = BatchScan(Location.of(str(cp)).uri, inputs, "key:C", "interval:C", 8, values=False)
     table, lazy = scan.records_lazy(0, batch=0)
-    assert table.column("id").to_pylist() == ["r0", "r2", "r4"] and table.column("value").null_count == 3
+    assert (
+        table.column("id").to_pylist() == ["r0", "r2", "r4"]
+        and table.column("value").null_count == 3
+    )
     assert lazy is not None and lazy.load().to_pylist() == [b"v0", b"v2", b"v4"]
     assert lazy.ordered(np.array([2, 0, 1])).load().to_pylist() == [b"v4", b"v0", b"v2"]
-    assert lazy.fill(table).equals(scan.records(0, batch=0))  # the values read as they would have been
-    again, nothing_left = scan.records_lazy(0, batch=0)  # read with their values since: the worker has them
+    assert lazy.fill(table).equals(
+        scan.records(0, batch=0)
+    )  # the values read as they would have been
+    again, nothing_left = scan.records_lazy(
+        0, batch=0
+    )  # read with their values since: the worker has them
     assert nothing_left is None and again.equals(scan.records(0, batch=0))
     whole, nothing_left = scan.records_lazy(0, batch=1)  # f2 has a row to key here: read whole
     assert nothing_left is None and whole.column("value").to_pylist() == [b"v0"]
-
 
 
 def test_a_row_to_key_keeps_its_value_when_a_struct_column_comes_before_the_key_columns(tmp_path):
@@ -166,19 +300,52 @@ def test_a_row_to_key_keeps_its_value_when_a_struct_column_comes_before_the_key_
     root, cp = tmp_path / "run", tmp_path / "run" / "checkpoints" / "C"
     sdir = root / "streams" / "s" / "p"
     sdir.mkdir(parents=True)
-    schema = pa.schema([
-        ("id", pa.string()), ("ts", pa.int64()), ("key", pa.binary()), ("value", pa.binary()), ("wm", pa.int64()),
-        ("mw_fields", pa.struct([("a", pa.int64()), ("b", pa.string()), ("c", pa.int64())])), ("key:C", pa.binary()), ("interval:C", pa.int32()),
-    ])  # fmt: skip
+    schema = pa.schema(
+        [
+            ("id", pa.string()),
+            ("ts", pa.int64()),
+            ("key", pa.binary()),
+            ("value", pa.binary()),
+            ("wm", pa.int64()),
+            ("mw_fields", pa.struct([("a", pa.int64()), ("b", pa.string()), ("c", pa.int64())])),
+            ("key:C", pa.binary()),
+            ("interval:C", pa.int32()),
+        ]
+    )
     rows = [
-        {"id": "abc", "ts": 1, "key": b"raw", "value": b"u", "wm": None, "mw_fields": {"a": 1, "b": "x", "c": 0}, "key:C": None, "interval:C": None},
-        {"id": "k", "ts": 2, "key": b"k", "value": b"v", "wm": None, "mw_fields": {"a": 2, "b": "y", "c": 0}, "key:C": b"kk", "interval:C": 1},
+        {
+            "id": "abc",
+            "ts": 1,
+            "key": b"raw",
+            "value": b"u",
+            "wm": None,
+            "mw_fields": {"a": 1, "b": "x", "c": 0},
+            "key:C": None,
+            "interval:C": None,
+        },
+        {
+            "id": "k",
+            "ts": 2,
+            "key": b"k",
+            "value": b"v",
+            "wm": None,
+            "mw_fields": {"a": 2, "b": "y", "c": 0},
+            "key:C": b"kk",
+            "interval:C": 1,
+        },
     ]
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), sdir / "f0.parquet")
     _log(cp / "sources" / "0", "0", [(f"file://{sdir}/f0.parquet", 0)])
     (cp / "offsets").mkdir(parents=True)
     (cp / "offsets" / "0").write_text('v1\n{}\n{"logOffset":0}')
-    scan = BatchScan(Location.of(str(cp)).uri, (ScannedInput("s", "p", Location.of(str(sdir)).uri),), "key:C", "interval:C", 8, values=False)
+    scan = BatchScan(
+        Location.of(str(cp)).uri,
+        (ScannedInput("s", "p", Location.of(str(sdir)).uri),),
+        "key:C",
+        "interval:C",
+        8,
+        values=False,
+    )
     unkeyed, nothing_left = scan.records_lazy(spark_xxhash64("abc") % 8, batch=0)
     assert nothing_left is None and unkeyed.column("value").to_pylist() == [b"u"]
 
@@ -188,17 +355,23 @@ class ColumnarDouble(ColumnarComputation):
 
     def process_batch(self, batch):
         r = batch.records
-        batch.produce("doubled", [v["n"] * 2 for v in r["value"]], keys=r["key"], timestamps=r["timestamp"])
+        batch.produce(
+            "doubled", [v["n"] * 2 for v in r["value"]], keys=r["key"], timestamps=r["timestamp"]
+        )
 
 
 @pytest.mark.spark
-def test_the_scan_plan_keys_unkeyed_files_and_restarts_with_the_keying_stage_when_needed(spark, run_dir):
+def test_the_scan_plan_keys_unkeyed_files_and_restarts_with_the_keying_stage_when_needed(
+    spark, run_dir
+):
     """As the per-record path's test in ``test_keying.py``: input keyed at start, so the
     scan plan reads it; a record whose extractor fails at the producer is dead-lettered by
     the step; a file without key columns that appears later is read by the step as rows
     to key, the batch fails on the rows that belong to another interval, and the query
     restarts with the keying stage (the row plan): every record exactly once."""
-    first = [Record(None, {"n": i}, 1_000 + i, f"r{i}") for i in range(10)] + [Record(None, {"x": 0}, 1_005, "bad")]
+    first = [Record(None, {"n": i}, 1_000 + i, f"r{i}") for i in range(10)] + [
+        Record(None, {"x": 0}, 1_005, "bad")
+    ]
     legacy = [Record(None, {"n": 100 + i}, 1_050 + i, f"old{i}") for i in range(6)]
     rest = [Record(None, {"n": 200 + i}, 1_100 + i, f"s{i}") for i in range(10)]
     t = Topology("midrun")
@@ -206,20 +379,32 @@ def test_the_scan_plan_keys_unkeyed_files_and_restarts_with_the_keying_stage_whe
     t.computation(ColumnarDouble, name="Double", inputs={"in": by_n}, outputs=["doubled"])
     t.computation(Sum, inputs={"doubled": lambda r: "all"}, outputs=["sums"])
     lines: list[str] = []
-    rt = SparkRuntime(t, run_dir, RuntimeSettings(drain=True, intervals=4, poll_ms=50), spark=spark, log=lines.append)
+    rt = SparkRuntime(
+        t,
+        run_dir,
+        RuntimeSettings(drain=True, intervals=4, poll_ms=50),
+        spark=spark,
+        log=lines.append,
+    )
     rt.start()
-    assert [s.stream for s in rt.computations["Double"].scanned] == ["in"]  # the scan plan at the start
+    assert [s.stream for s in rt.computations["Double"].scanned] == [
+        "in"
+    ]  # the scan plan at the start
     rt.run(timeout_s=600)
     # one offset-log entry per source, plus the heartbeats: the markers read the input directory
     # in the same plan node as the rows (the driver pairs offset-log entries with ``sources/<i>``)
     offsets = Path(run_dir) / "checkpoints" / "Double" / "offsets"
-    assert {len(p.read_text().splitlines()[2:]) for p in offsets.iterdir() if p.name.isdigit()} == {2}
+    assert {len(p.read_text().splitlines()[2:]) for p in offsets.iterdir() if p.name.isdigit()} == {
+        2
+    }
     double = rt.computations["Double"]
     assert double._keying_forced and double.keying_stage and double.restart_policy.restarts == 0
     expected = [2 * r.value["n"] for r in first[:-1] + legacy + rest]
     assert sorted(rt.values("doubled")) == sorted(expected)
     assert max(rt.values("sums")) == sum(expected)
-    assert [(r.value.record.id, r.value.reason) for r in rt.dead_letters()] == [("bad", "KeyError: 'n'")]
+    assert [(r.value.record.id, r.value.reason) for r in rt.dead_letters()] == [
+        ("bad", "KeyError: 'n'")
+    ]
 
 
 @pytest.mark.spark
@@ -234,11 +419,19 @@ def test_a_checkpoint_resumes_under_the_other_plan(spark, run_dir, first, then, 
     def topo() -> Topology:
         t = Topology("replan")
         t.injector("in", SampleSource(records, batch_size=15))
-        t.computation(ColumnarDouble, name="Double", inputs={"in": by_n}, outputs=["doubled"], options=ComputationOptions(mapping=mapping))
+        t.computation(
+            ColumnarDouble,
+            name="Double",
+            inputs={"in": by_n},
+            outputs=["doubled"],
+            options=ComputationOptions(mapping=mapping),
+        )
         return t
 
     settings = RuntimeSettings(drain=True, intervals=4, max_files_per_trigger=1, poll_ms=50)
-    rt = SparkRuntime(topo(), run_dir, dataclasses.replace(settings, columnar_input=first), spark=spark)
+    rt = SparkRuntime(
+        topo(), run_dir, dataclasses.replace(settings, columnar_input=first), spark=spark
+    )
     rt.start()
     deadline = time.monotonic() + 300
     while not rt.computations["Double"].metrics["processed"]:  # its first batch published
@@ -247,12 +440,13 @@ def test_a_checkpoint_resumes_under_the_other_plan(spark, run_dir, first, then, 
         time.sleep(0.05)
     rt.stop()
     assert rt.computations["Double"].metrics["processed"] < 60
-    rt = SparkRuntime(topo(), run_dir, dataclasses.replace(settings, columnar_input=then), spark=spark)
+    rt = SparkRuntime(
+        topo(), run_dir, dataclasses.replace(settings, columnar_input=then), spark=spark
+    )
     rt.run(timeout_s=300)
     assert sorted(rt.values("doubled")) == sorted(2 * i for i in range(60))
     assert rt.computations["Double"].metrics["duplicates"] == 1
     assert bool(rt.computations["Double"].scanned) == (then == "scan")
-
 
 
 def _n(r: Record) -> int:
@@ -270,16 +464,28 @@ class FailsOnSeven(ColumnarComputation):
         if (r["key"].astype(object) == 7).any():
             msg = "seven"
             raise ValueError(msg)
-        batch.produce("seen", r["key"].astype(object).tolist(), keys=r["key"], timestamps=r["timestamp"])
+        batch.produce(
+            "seen", r["key"].astype(object).tolist(), keys=r["key"], timestamps=r["timestamp"]
+        )
 
 
 @pytest.mark.spark
 @pytest.mark.parametrize("mapping", ["default", "arrow"])
-def test_a_record_that_fails_in_a_computation_reading_no_values_is_dead_lettered_with_its_value(spark, run_dir, mapping):
-    records = [Record(None, {"n": i % 10, "payload": f"p{i}"}, 1_000 + i, f"r{i}") for i in range(40)]
+def test_a_record_that_fails_in_a_computation_reading_no_values_is_dead_lettered_with_its_value(
+    spark, run_dir, mapping
+):
+    records = [
+        Record(None, {"n": i % 10, "payload": f"p{i}"}, 1_000 + i, f"r{i}") for i in range(40)
+    ]
     t = Topology("lazy")
     t.injector("in", SampleSource(records, batch_size=20))
-    t.computation(FailsOnSeven, name="F", inputs={"in": _n}, outputs=["seen"], options=ComputationOptions(mapping=mapping))
+    t.computation(
+        FailsOnSeven,
+        name="F",
+        inputs={"in": _n},
+        outputs=["seen"],
+        options=ComputationOptions(mapping=mapping),
+    )
     rt = SparkRuntime(t, run_dir, RuntimeSettings(drain=True, intervals=4, poll_ms=50), spark=spark)
     rt.run(timeout_s=300)
     assert rt.computations["F"].scanned  # the scan plan, its values left in the files

@@ -68,13 +68,23 @@ def test_a_collector_in_millwheel_java_options_replaces_the_topologys() -> None:
     sample, user = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC", "-XX:+UseParallelGC"
 
     def starts(options: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["java", *options.split(), "-XX:+PrintCommandLineFlags", "-version"], capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            ["java", *options.split(), "-XX:+PrintCommandLineFlags", "-version"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     assert starts(f"{sample} {user}").returncode != 0  # what plain concatenation gave
     joined = starts(join_java_options(sample, user))
     assert joined.returncode == 0, joined.stderr
-    assert "-XX:+UseParallelGC" in joined.stdout + joined.stderr and "-XX:TieredStopAtLevel=1" in joined.stdout + joined.stderr
-    assert join_java_options(sample, "-Xss4m") == f"{sample} -Xss4m"  # no collector named: the topology's stays
+    assert (
+        "-XX:+UseParallelGC" in joined.stdout + joined.stderr
+        and "-XX:TieredStopAtLevel=1" in joined.stdout + joined.stderr
+    )
+    assert (
+        join_java_options(sample, "-Xss4m") == f"{sample} -Xss4m"
+    )  # no collector named: the topology's stays
 
 
 def test_start_query_sets_the_settings_for_the_start_only() -> None:
@@ -93,7 +103,9 @@ def test_start_query_restores_the_session_when_the_start_fails() -> None:
 
 
 @pytest.mark.spark
-def test_a_run_on_a_local_disk_sets_the_manager_for_its_whole_run_and_writes_from_the_driver(spark, run_dir) -> None:
+def test_a_run_on_a_local_disk_sets_the_manager_for_its_whole_run_and_writes_from_the_driver(
+    spark, run_dir
+) -> None:
     from millwheel import Record
     from millwheel.runtime import RuntimeSettings, SparkRuntime
 
@@ -101,10 +113,19 @@ def test_a_run_on_a_local_disk_sets_the_manager_for_its_whole_run_and_writes_fro
 
     key = next(iter(LOCAL_CHECKPOINT_CONF))
     before = spark.conf.get(key, None)
-    rt = SparkRuntime(chain("session", [Record(None, {"n": i}, 1_000 + i, f"r{i}") for i in range(12)], batch_size=4), run_dir, RuntimeSettings(drain=True, intervals=2, poll_ms=50), spark=spark)
+    rt = SparkRuntime(
+        chain(
+            "session", [Record(None, {"n": i}, 1_000 + i, f"r{i}") for i in range(12)], batch_size=4
+        ),
+        run_dir,
+        RuntimeSettings(drain=True, intervals=2, poll_ms=50),
+        spark=spark,
+    )
     rt.start()
     try:
-        assert spark.conf.get(key) == LOCAL_CHECKPOINT_CONF[key]  # while the run goes on (sources are made later)
+        assert (
+            spark.conf.get(key) == LOCAL_CHECKPOINT_CONF[key]
+        )  # while the run goes on (sources are made later)
         while not rt.drained():
             rt.poll()
             time.sleep(0.05)
@@ -132,11 +153,21 @@ def test_warming_the_python_workers_runs_on_a_real_session(spark) -> None:
         import pyarrow as pa
 
         for b in batches:
-            yield pa.RecordBatch.from_pylist([{"warm": "millwheel.runtime._interval" in sys.modules and gc.get_freeze_count() > 10_000}] * b.num_rows)
+            yield pa.RecordBatch.from_pylist(
+                [
+                    {
+                        "warm": "millwheel.runtime._interval" in sys.modules
+                        and gc.get_freeze_count() > 10_000
+                    }
+                ]
+                * b.num_rows
+            )
 
     n = spark.sparkContext.defaultParallelism
     # the workers are reused: a job right after runs in them, their imports frozen out of the collector's walks
-    assert True in {r.warm for r in spark.range(0, n, 1, n).mapInArrow(modules, "warm boolean").collect()}
+    assert True in {
+        r.warm for r in spark.range(0, n, 1, n).mapInArrow(modules, "warm boolean").collect()
+    }
 
 
 def test_a_run_whose_warm_up_fails_says_so_and_goes_on(spark, run_dir, monkeypatch) -> None:
@@ -151,7 +182,15 @@ def test_a_run_whose_warm_up_fails_says_so_and_goes_on(spark, run_dir, monkeypat
 
     monkeypatch.setattr(_runtime, "warm_python_workers", fails)
     lines: list[str] = []
-    rt = SparkRuntime(chain("warm", [Record(None, {"n": i}, 1_000 + i, f"r{i}") for i in range(4)], batch_size=2), run_dir, RuntimeSettings(drain=True, intervals=2, poll_ms=50), spark=spark, log=lines.append)
+    rt = SparkRuntime(
+        chain("warm", [Record(None, {"n": i}, 1_000 + i, f"r{i}") for i in range(4)], batch_size=2),
+        run_dir,
+        RuntimeSettings(drain=True, intervals=2, poll_ms=50),
+        spark=spark,
+        log=lines.append,
+    )
     rt.run(timeout_s=300)
-    assert any("warming the Python workers failed (no Python worker today)" in line for line in lines)
+    assert any(
+        "warming the Python workers failed (no Python worker today)" in line for line in lines
+    )
     assert sorted(rt.values("doubled")) == [2 * i for i in range(4)]

@@ -33,7 +33,9 @@ class Echo(Computation):
 
 def _topology(target, stream="echoes"):
     t = Topology("sinks")
-    t.injector("words", SampleSource([{"word": "hi", "ts": 1}, {"word": "hello", "ts": 2}], timestamp="ts"))
+    t.injector(
+        "words", SampleSource([{"word": "hi", "ts": 1}, {"word": "hello", "ts": 2}], timestamp="ts")
+    )
     t.computation(Echo, inputs={"words": lambda r: r.value["word"]}, outputs=["echoes"])
     t.sink(stream, target)
     return t
@@ -46,26 +48,38 @@ def _log(root) -> FileStreamLog:
 
 
 def _records(n, start=0):
-    return [Record(("k", i), {"i": i, "vals": (1, 2)}, 1_000 + i, f"r{i}") for i in range(start, start + n)]
+    return [
+        Record(("k", i), {"i": i, "vals": (1, 2)}, 1_000 + i, f"r{i}")
+        for i in range(start, start + n)
+    ]
 
 
 def _writer(tmp_path, target, root=None):
     t = _topology(target)
-    (spec, parsed), = sink_targets(t).values()
+    ((spec, parsed),) = sink_targets(t).values()
     root = root or tmp_path / "run"
     return SinkWriter(spec, parsed, _log(root), Location.of(str(root)))
 
 
 @pytest.mark.parametrize(
     ("target", "fmt"),
-    [("out/x.jsonl", "jsonl"), ("out/x.ndjson/", "jsonl"), ("out/x.parquet", "parquet"), ("out/x.csv", "csv"), ("parquet:/data/x", "parquet")],
+    [
+        ("out/x.jsonl", "jsonl"),
+        ("out/x.ndjson/", "jsonl"),
+        ("out/x.parquet", "parquet"),
+        ("out/x.csv", "csv"),
+        ("parquet:/data/x", "parquet"),
+    ],
 )
 def test_the_format_comes_from_the_target(target, fmt):
     assert parse_target(target).format == fmt
 
 
 def test_a_target_without_a_format_is_refused_with_the_fix():
-    with pytest.raises(MillwheelError, match=r"sink 'sink.echoes' of stream 'echoes'.*end it in .jsonl, .parquet or .csv"):
+    with pytest.raises(
+        MillwheelError,
+        match=r"sink 'sink.echoes' of stream 'echoes'.*end it in .jsonl, .parquet or .csv",
+    ):
         sink_targets(_topology("out/echoes"))
     with pytest.raises(MillwheelError, match="is not a path"):
         sink_targets(_topology(42))
@@ -79,7 +93,11 @@ def test_committed_files_are_written_once_as_plain_json_lines(tmp_path):
     assert w.poll() == 0  # nothing new: nothing written again
     w.streams.append("echoes", "Echo", "b0000000002-part-0", _records(2, start=3))
     assert w.poll() == 1
-    rows = [json.loads(line) for f in sorted((tmp_path / "out" / "echoes.jsonl").glob("*.jsonl")) for line in f.read_text().splitlines()]
+    rows = [
+        json.loads(line)
+        for f in sorted((tmp_path / "out" / "echoes.jsonl").glob("*.jsonl"))
+        for line in f.read_text().splitlines()
+    ]
     assert [r["id"] for r in rows] == ["r0", "r1", "r2", "r3", "r4"]
     assert rows[0] == {"id": "r0", "ts": 1_000, "key": ["k", 0], "value": {"i": 0, "vals": [1, 2]}}
     again = _writer(tmp_path, str(tmp_path / "out" / "echoes.jsonl"))  # a restarted driver
@@ -95,7 +113,11 @@ def test_parquet_and_csv_targets_are_read_by_pandas(tmp_path):
             w.streams.append("echoes", "Echo", "b0000000001-part-0", _records(3))
         w.poll()
         d = tmp_path / "out" / f"echoes.{fmt}"
-        df = pd.read_parquet(d) if fmt == "parquet" else pd.concat(pd.read_csv(f) for f in d.glob("*.csv"))
+        df = (
+            pd.read_parquet(d)
+            if fmt == "parquet"
+            else pd.concat(pd.read_csv(f) for f in d.glob("*.csv"))
+        )
         assert list(df.columns) == ["id", "ts", "key", "value"]
         assert sorted(df["id"]) == ["r0", "r1", "r2"]
         assert json.loads(df.sort_values("id")["value"].iloc[0]) == {"i": 0, "vals": [1, 2]}
@@ -131,7 +153,12 @@ def test_the_harness_backend_writes_the_target_too(tmp_path, capsys):
     )
     assert main(["run", "--backend", "harness", str(path)]) == 0
     assert "sink echoes: 2 records; written to" in capsys.readouterr().out
-    rows = [json.loads(line) for line in (tmp_path / "out" / "echoes.jsonl" / "harness-part-0.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line)
+        for line in (tmp_path / "out" / "echoes.jsonl" / "harness-part-0.jsonl")
+        .read_text()
+        .splitlines()
+    ]
     assert sorted(r["value"] for r in rows) == ["HI", "HO"]
 
 
@@ -141,7 +168,9 @@ def test_millwheel_read_prints_any_stream_dead_letters_included(tmp_path, capsys
     streams.append("echoes", "Echo", "b0000000001-part-0", _records(3))
     letter = DeadLetter("key_extractor", "KeyError: 'word'", computation="Echo", stream="words")
     streams.ensure(DEAD_LETTER_STREAM, "Echo")
-    streams.append(DEAD_LETTER_STREAM, "Echo", "b0000000001-part-0", [Record(None, letter, 5, "d1")])
+    streams.append(
+        DEAD_LETTER_STREAM, "Echo", "b0000000001-part-0", [Record(None, letter, 5, "d1")]
+    )
     assert main(["read", str(root)]) == 0
     listing = capsys.readouterr().out
     assert "echoes" in listing and "3 records" in listing and "dead_letters" in listing
@@ -150,7 +179,9 @@ def test_millwheel_read_prints_any_stream_dead_letters_included(tmp_path, capsys
     assert [json.loads(line)["id"] for line in lines] == ["r0", "r1"]
     assert read_main([str(root), DEAD_LETTER_STREAM]) == 0
     dead = json.loads(capsys.readouterr().out)
-    assert dead["value"]["reason"] == "KeyError: 'word'" and dead["value"]["stage"] == "key_extractor"
+    assert (
+        dead["value"]["reason"] == "KeyError: 'word'" and dead["value"]["stage"] == "key_extractor"
+    )
     assert read_main([str(root), "echoes", "--format", "csv"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == "id,ts,key,value"
     out = tmp_path / "echoes.parquet"

@@ -48,7 +48,9 @@ def test_contract_pyspark_version_is_in_the_supported_range():
     import pyspark
 
     assert check_pyspark_version() == pyspark.__version__
-    with pytest.raises(MillwheelError, match=r"PySpark 3\.5\.1 is not supported: .* checked on >=4\.3\.0,<4\.4\.0"):
+    with pytest.raises(
+        MillwheelError, match=r"PySpark 3\.5\.1 is not supported: .* checked on >=4\.3\.0,<4\.4\.0"
+    ):
         check_pyspark_version("3.5.1")
     with pytest.raises(MillwheelError, match=f"PySpark {SUPPORTED_PYSPARK[1]} is not supported"):
         check_pyspark_version(SUPPORTED_PYSPARK[1])
@@ -60,7 +62,12 @@ def test_contract_state_server_protocol_and_state_data_sources(spark, tmp_path):
     records = [Record(None, {"n": n}, 1_000 + n, f"r{n}") for n in range(30)]
     for layout in ("keys", "intervals"):
         run = tmp_path / layout
-        rt = SparkRuntime(chain(f"contract_{layout}", records, 10), str(run), RuntimeSettings(drain=True, intervals=2, state_layout=layout), spark=spark)
+        rt = SparkRuntime(
+            chain(f"contract_{layout}", records, 10),
+            str(run),
+            RuntimeSettings(drain=True, intervals=2, state_layout=layout),
+            spark=spark,
+        )
         rt.run(timeout_s=300)
         envs = read_envelopes(spark, str(run / "checkpoints" / "Sum"))
         assert len(envs) == 1, layout  # the one key "all", whatever the layout
@@ -78,7 +85,13 @@ def test_contract_checkpoint_file_formats(spark, tmp_path):
     checkpoint = tmp_path / "checkpoint"
     out = tmp_path / "out"
     df = spark.readStream.schema("x long").parquet(str(data))
-    q = df.writeStream.format("parquet").option("checkpointLocation", str(checkpoint)).option("path", str(out)).trigger(availableNow=True).start()
+    q = (
+        df.writeStream.format("parquet")
+        .option("checkpointLocation", str(checkpoint))
+        .option("path", str(out))
+        .trigger(availableNow=True)
+        .start()
+    )
     q.awaitTermination(120)
     loc = Location.of(str(checkpoint))
     assert has_started(loc)
@@ -112,8 +125,15 @@ def test_contract_task_batch_id(spark, tmp_path):
         yield pd.DataFrame({"g": [int(key[0])], "batch": [task_batch_id()]})
 
     df = spark.readStream.schema("g long").parquet(str(data))
-    out = df.groupBy("g").applyInPandasWithState(step, "g long, batch long", "n long", "append", GroupStateTimeout.NoTimeout)
-    q = out.writeStream.foreachBatch(lambda b, bid: seen.extend(r.batch - bid for r in b.collect())).option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start()
+    out = df.groupBy("g").applyInPandasWithState(
+        step, "g long, batch long", "n long", "append", GroupStateTimeout.NoTimeout
+    )
+    q = (
+        out.writeStream.foreachBatch(lambda b, bid: seen.extend(r.batch - bid for r in b.collect()))
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
     q.awaitTermination(120)
     assert seen == [0, 0]  # each group's task saw the batch its sink was called for
     assert task_batch_id() is None  # not in a task
@@ -143,22 +163,36 @@ def test_contract_task_query_id(spark, tmp_path):
 
     def sink(b, bid):
         seen.extend((r.q, "stateful", bid, r.batch) for r in b.collect())
-        seen.extend((r.q, "foreachBatch", bid, r.batch) for r in b.mapInArrow(own_job, "q string, batch long").collect())
+        seen.extend(
+            (r.q, "foreachBatch", bid, r.batch)
+            for r in b.mapInArrow(own_job, "q string, batch long").collect()
+        )
 
     def run(checkpoint, file):
         pd.DataFrame({"g": [1, 2]}).to_parquet(data / file)
         df = spark.readStream.schema("g long").parquet(str(data))
-        out = df.groupBy("g").applyInPandasWithState(step, "q string, batch long", "n long", "append", GroupStateTimeout.NoTimeout)
-        q = out.writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / checkpoint)).trigger(availableNow=True).start()
+        out = df.groupBy("g").applyInPandasWithState(
+            step, "q string, batch long", "n long", "append", GroupStateTimeout.NoTimeout
+        )
+        q = (
+            out.writeStream.foreachBatch(sink)
+            .option("checkpointLocation", str(tmp_path / checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
         q.awaitTermination(120)
         return str(q.id)
 
     first, again, other = run("cp", "a.parquet"), run("cp", "b.parquet"), run("cp2", "c.parquet")
     assert first == again != other
     assert {(q, where, bid) for q, where, bid, _ in seen} == {
-        (first, "stateful", 0), (first, "foreachBatch", 0), (first, "stateful", 1), (first, "foreachBatch", 1),
-        (other, "stateful", 0), (other, "foreachBatch", 0),
-    }  # fmt: skip
+        (first, "stateful", 0),
+        (first, "foreachBatch", 0),
+        (first, "stateful", 1),
+        (first, "foreachBatch", 1),
+        (other, "stateful", 0),
+        (other, "foreachBatch", 0),
+    }
     assert all(bid == batch for _, _, bid, batch in seen)
     assert task_query_id() is None  # not in a task
 
@@ -215,7 +249,16 @@ def test_contract_a_cancelled_job_reads_as_an_interruption(spark):
 
 
 def test_contract_the_jvm_log4j_is_reachable(spark):
-    assert root_log_level(spark) in {"OFF", "FATAL", "ERROR", "WARN", "INFO", "DEBUG", "TRACE", "ALL"}
+    assert root_log_level(spark) in {
+        "OFF",
+        "FATAL",
+        "ERROR",
+        "WARN",
+        "INFO",
+        "DEBUG",
+        "TRACE",
+        "ALL",
+    }
     assert silence_loggers(spark, ["org.apache.hadoop.util.NativeCodeLoader"])
 
 
@@ -226,10 +269,15 @@ def _idle_gaps(spark, directory, conf):
     from millwheel.runtime._session import start_query
 
     writer = spark.readStream.schema("a int").parquet(str(directory)).writeStream.format("noop")
-    q = start_query(writer, spark, {"spark.sql.streaming.noDataProgressEventInterval": "0ms", **conf})
+    q = start_query(
+        writer, spark, {"spark.sql.streaming.noDataProgressEventInterval": "0ms", **conf}
+    )
     try:
         time.sleep(2.5)
-        stamps = [datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp() for p in q.recentProgress]
+        stamps = [
+            datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
+            for p in q.recentProgress
+        ]
     finally:
         q.stop()
     return sorted(b - a for a, b in zip(stamps[1:], stamps[2:], strict=False))
@@ -242,5 +290,10 @@ def test_contract_polling_delay_spaces_an_idle_querys_polls(spark, tmp_path):
     slow = _idle_gaps(spark, tmp_path / "empty", polling_delay_conf(400))
     fast = _idle_gaps(spark, tmp_path / "empty", {})
     assert len(slow) >= 2, slow
-    assert slow[len(slow) // 2] >= 0.35, slow  # the median gap: Spark sleeps 400 ms after an idle poll
-    assert len(fast) > 2 * len(slow) and fast[len(fast) // 2] < 0.2, (fast, slow)  # its default, 10 ms
+    assert slow[len(slow) // 2] >= 0.35, (
+        slow
+    )  # the median gap: Spark sleeps 400 ms after an idle poll
+    assert len(fast) > 2 * len(slow) and fast[len(fast) // 2] < 0.2, (
+        fast,
+        slow,
+    )  # its default, 10 ms

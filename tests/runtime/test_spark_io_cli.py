@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_a_topology_file_with_a_spark_source_and_sinks(tmp_path):
     out = tmp_path / "out.parquet"
     seen = tmp_path / "conf.txt"
-    (tmp_path / "io_topology.py").write_text(textwrap.dedent(f"""
+    (tmp_path / "io_topology.py").write_text(
+        textwrap.dedent(f"""
         from examples.sequence_source import FORMAT, SequenceDataSource
         from millwheel import Computation, SparkSink, SparkSource, Topology
 
@@ -46,10 +47,29 @@ def test_a_topology_file_with_a_spark_source_and_sinks(tmp_path):
         topology.computation(Echo, inputs={{"seq": lambda r: r.value["key"]}}, outputs=["out"])
         topology.sink("out", spark_sink=SparkSink(format="parquet", options={{"path": {str(out)!r}}}))
         topology.sink("out", name="out.conf", spark_sink=SparkSink(foreach_batch=note_conf))
-    """))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "millwheel.cli", "run", "io_topology.py", "--checkpoint", "run", "--intervals", "2", "--quiet",
-           "--no-metrics", "--master", "local[2]", "--conf", "spark.millwheel.cli=from-command-line"]  # fmt: skip
+    """)
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "millwheel.cli",
+        "run",
+        "io_topology.py",
+        "--checkpoint",
+        "run",
+        "--intervals",
+        "2",
+        "--quiet",
+        "--no-metrics",
+        "--master",
+        "local[2]",
+        "--conf",
+        "spark.millwheel.cli=from-command-line",
+    ]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "sink out: 400 records; written through Spark (format 'parquet')" in proc.stdout

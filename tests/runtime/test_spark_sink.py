@@ -44,7 +44,10 @@ def test_a_sink_is_a_format_or_a_function():
         t.sink("a", spark_sink="kafka")
     with pytest.raises(TopologyError, match="not both"):
         t.sink("a", "out/a.jsonl", spark_sink=SparkSink(format="parquet"))
-    assert t.sink("a", spark_sink=SparkSink(format="parquet", options={"path": "/tmp/x"})).spark.format == "parquet"
+    assert (
+        t.sink("a", spark_sink=SparkSink(format="parquet", options={"path": "/tmp/x"})).spark.format
+        == "parquet"
+    )
 
 
 class _Frames:
@@ -135,9 +138,15 @@ def test_a_writer_whose_database_restarts_waits_with_backoff_and_loses_nothing(t
         polls += 1
         if down["attempts"] and not written:
             waits = read_waits(root.child("waits").path)
-            assert len(waits) == 1 and "waiting on sink 'sink.out' of stream 'out'" in waits[0].text() and "restarting" in waits[0].text()
+            assert (
+                len(waits) == 1
+                and "waiting on sink 'sink.out' of stream 'out'" in waits[0].text()
+                and "restarting" in waits[0].text()
+            )
         clock.now += 0.5
-    assert written == [(0, ["a"])] and 3 <= down["attempts"] < 20 < polls  # backoff: far fewer attempts than driver rounds
+    assert (
+        written == [(0, ["a"])] and 3 <= down["attempts"] < 20 < polls
+    )  # backoff: far fewer attempts than driver rounds
     assert w.caught_up()
     assert read_waits(root.child("waits").path) == []
     assert any("writes again after" in m for m in logged)
@@ -156,7 +165,10 @@ def test_a_writer_failing_beyond_its_patience_stops_the_run_naming_the_sink(tmp_
     clock = _Clock()
     w = SparkSinkWriter(spec, streams, root, _Frames, log=lambda m: None, clock=clock)
     w.start()
-    with pytest.raises(MillwheelError, match=r"sink 'sink.out' of stream 'out': its writer failed for 20s \(\d+ attempts since .*\) on batch 0 \(ConnectionError: database is down\)"):
+    with pytest.raises(
+        MillwheelError,
+        match=r"sink 'sink.out' of stream 'out': its writer failed for 20s \(\d+ attempts since .*\) on batch 0 \(ConnectionError: database is down\)",
+    ):
         for _ in range(1_000):
             w.poll()
             clock.now += 0.5
@@ -173,15 +185,29 @@ def test_format_and_foreach_batch_sinks_equal_the_batch_answer(spark, tmp_path, 
 
     got: dict[int, list] = {}
     t = second_counts(sequence_source())
-    t.sink("counts", spark_sink=SparkSink(foreach_batch=lambda df, n: got.setdefault(n, df.toArrow().to_pylist())))
-    t.sink("counts", name="counts.parquet", spark_sink=SparkSink(format="parquet", options={"path": str(tmp_path / "counts.parquet")}))
+    t.sink(
+        "counts",
+        spark_sink=SparkSink(
+            foreach_batch=lambda df, n: got.setdefault(n, df.toArrow().to_pylist())
+        ),
+    )
+    t.sink(
+        "counts",
+        name="counts.parquet",
+        spark_sink=SparkSink(format="parquet", options={"path": str(tmp_path / "counts.parquet")}),
+    )
     rt = SparkRuntime(t, str(tmp_path / "run"), RuntimeSettings(intervals=4), spark=spark)
     rt.run(timeout_s=400)
     expected = _answer(events(**SMALL))
     assert sorted(got) == list(range(len(got)))
     rows = [r for n in sorted(got) for r in got[n]]
     assert len({r["id"] for r in rows}) == len(rows)
-    assert Counter({(v["key"], v["second"]): v["count"] for v in (json.loads(r["value"]) for r in rows)}) == expected
+    assert (
+        Counter(
+            {(v["key"], v["second"]): v["count"] for v in (json.loads(r["value"]) for r in rows)}
+        )
+        == expected
+    )
     parquet = spark.read.parquet(str(tmp_path / "counts.parquet")).toArrow().to_pylist()
     assert sorted(r["id"] for r in parquet) == sorted(r["id"] for r in rows)
 
@@ -197,7 +223,13 @@ def test_postgres_sink_is_exact_after_kill_9(tmp_path, postgres):  # noqa: F811 
 
     def start(*extra):
         out = open(log, "ab")  # noqa: SIM115
-        return subprocess.Popen([sys.executable, driver, str(root), "sequence", "--dsn", postgres, *extra], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, driver, str(root), "sequence", "--dsn", postgres, *extra],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     # first: killed inside the sink, after the database committed batch 1 and before the
     # sink marked it done — the resume writes batch 1 again, which the upsert absorbs
@@ -219,7 +251,9 @@ def test_postgres_sink_is_exact_after_kill_9(tmp_path, postgres):  # noqa: F811 
                 if time.monotonic() > deadline:
                     break
                 time.sleep(0.2)
-            if proc.poll() is None and wait_for_progress(proc, root, "SecondCounts", 1, timeout=300):
+            if proc.poll() is None and wait_for_progress(
+                proc, root, "SecondCounts", 1, timeout=300
+            ):
                 kill_group(proc)
                 killed = True
     finally:
@@ -237,18 +271,27 @@ def test_postgres_sink_is_exact_after_kill_9(tmp_path, postgres):  # noqa: F811 
     per_window = Counter((k, s) for _, k, s, _ in rows)
     duplicated = sum(n - 1 for n in per_window.values())
     lost = sum((expected - got).values()) + len(set(expected) - set(got))
-    deliveries = table(postgres, "SELECT id, count(*), count(DISTINCT value) FROM deliveries GROUP BY id")
+    deliveries = table(
+        postgres, "SELECT id, count(*), count(DISTINCT value) FROM deliveries GROUP BY id"
+    )
     redelivered = sum(n - 1 for _, n, _ in deliveries)
-    print(f"killed in the sink with {rows_after_sink_kill} rows written; killed: {killed}, rows at the kill: {rows_at_kill}; rows {len(rows)}, expected {len(expected)}; lost {lost}, duplicated {duplicated}; re-deliveries absorbed by the upsert: {redelivered}")
+    print(
+        f"killed in the sink with {rows_after_sink_kill} rows written; killed: {killed}, rows at the kill: {rows_at_kill}; rows {len(rows)}, expected {len(expected)}; lost {lost}, duplicated {duplicated}; re-deliveries absorbed by the upsert: {redelivered}"
+    )
     assert killed and 0 < rows_after_sink_kill <= rows_at_kill < len(expected)
     assert redelivered >= 1  # batch 1 was written twice
     assert duplicated == 0 and lost == 0
     assert got == expected
-    assert all(values == 1 for _, _, values in deliveries)  # a re-delivered id always carried the same value
+    assert all(
+        values == 1 for _, _, values in deliveries
+    )  # a re-delivered id always carried the same value
 
 
 @pytest.mark.spark
-def test_postgres_restarted_in_the_middle_of_a_run_loses_nothing_and_stops_nothing(tmp_path, postgres_server):  # noqa: F811 - the fixture
+def test_postgres_restarted_in_the_middle_of_a_run_loses_nothing_and_stops_nothing(
+    tmp_path,
+    postgres_server,  # noqa: F811 - the fixture
+):
     """PostgreSQL stopped (a fast shutdown: connections cut) once the table has rows, and started again
     on its data 20 s later, while the driver runs: the sink's writer waits with backoff, the run goes
     on and ends on its own, and the table holds every count exactly once. Before: five failures in
@@ -261,12 +304,21 @@ def test_postgres_restarted_in_the_middle_of_a_run_loses_nothing_and_stops_nothi
     driver = str(Path(__file__).with_name("spark_io_driver.py"))
     root, log = tmp_path / "run", tmp_path / "driver.log"
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, driver, str(root), "sequence", "--dsn", dsn], stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, driver, str(root), "sequence", "--dsn", dsn],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     restarted = False
     try:
         deadline = time.monotonic() + 600
-        while proc.poll() is None and time.monotonic() < deadline and not table(dsn, "SELECT count(*) FROM counts")[0][0]:
+        while (
+            proc.poll() is None
+            and time.monotonic() < deadline
+            and not table(dsn, "SELECT count(*) FROM counts")[0][0]
+        ):
             time.sleep(0.2)
         if proc.poll() is None:
             rows_before = table(dsn, "SELECT count(*) FROM counts")[0][0]
@@ -282,7 +334,9 @@ def test_postgres_restarted_in_the_middle_of_a_run_loses_nothing_and_stops_nothi
     assert Counter({(k, sec): c for _, k, sec, c in rows}) == expected
     assert len({(k, sec) for _, k, sec, _ in rows}) == len(rows)  # no window twice
     assert rows_before < len(expected)  # the restart was in the middle of the run
-    assert "its writer failed on batch" in text and "writes again after" in text  # it did wait, and it came back
+    assert (
+        "its writer failed on batch" in text and "writes again after" in text
+    )  # it did wait, and it came back
 
 
 @pytest.mark.spark
@@ -295,10 +349,16 @@ def test_kafka_sink_without_its_connector_names_the_package(spark, tmp_path):
     streams.append("out", "C", "b0", [Record("k", {"n": 1}, 1_000, "a")])
     t = Topology("t")
     t.injector("C", stream="out")
-    sink = SparkSink(format="kafka", options={"kafka.bootstrap.servers": "127.0.0.1:9", "topic": "counts"})
-    w = SparkSinkWriter(t.sink("out", spark_sink=sink), streams, root, lambda: spark, log=lambda m: None)
+    sink = SparkSink(
+        format="kafka", options={"kafka.bootstrap.servers": "127.0.0.1:9", "topic": "counts"}
+    )
+    w = SparkSinkWriter(
+        t.sink("out", spark_sink=sink), streams, root, lambda: spark, log=lambda m: None
+    )
     w.start()
     with pytest.raises(MillwheelError) as err:
         w.poll()
     assert "sink 'sink.out' of stream 'out': Spark has no 'kafka' data source" in str(err.value)
-    assert f"--packages org.apache.spark:spark-sql-kafka-0-10_2.13:{spark.version}" in str(err.value)
+    assert f"--packages org.apache.spark:spark-sql-kafka-0-10_2.13:{spark.version}" in str(
+        err.value
+    )

@@ -31,7 +31,13 @@ DRIVER = str(Path(__file__).with_name("spark_io_driver.py"))
 
 def _start(root, kind, log):
     out = open(log, "ab")  # noqa: SIM115
-    return subprocess.Popen([sys.executable, DRIVER, str(root), kind], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, DRIVER, str(root), kind],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def _expected(kind):
@@ -67,7 +73,9 @@ def test_exact_after_kill_9(tmp_path, kind):
     for r in counts:
         got[(r.value["key"], r.value["second"])] += r.value["count"]
     twice = sum(c - 1 for c in Counter(r.id for r in counts).values())
-    print(f"{kind}: kills {kills}; injected {len(injected)} ({len({r.id for r in injected})} distinct, expected {n}); counts {len(counts)}, produced twice {twice}")
+    print(
+        f"{kind}: kills {kills}; injected {len(injected)} ({len({r.id for r in injected})} distinct, expected {n}); counts {len(counts)}, produced twice {twice}"
+    )
     assert kills == 2
     assert len({r.id for r in injected}) == n  # every record injected, under one id each
     assert twice == 0

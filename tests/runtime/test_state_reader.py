@@ -32,7 +32,9 @@ DAY_MS = 86_400_000
 
 class Remember(Computation):
     def process_record(self, record):
-        self.state.set({"count": self.state.get({"count": 0})["count"] + 1, "last": record.value["word"]})
+        self.state.set(
+            {"count": self.state.get({"count": 0})["count"] + 1, "last": record.value["word"]}
+        )
         self.set_timer("remind", self.now + DAY_MS, TimeDomain.WALL_TIME)
 
     def process_timer(self, timer):
@@ -44,7 +46,12 @@ def finished_run(spark, tmp_path_factory):
     root = tmp_path_factory.mktemp("state") / "run"
     words = ["cats", "dogs", "cats", "cats", ("tuple", 7)]
     t = Topology("remember")
-    t.injector("words", SampleSource([Record(None, {"word": w, "key": w}, 1_000 + i, f"w{i}") for i, w in enumerate(words)]))
+    t.injector(
+        "words",
+        SampleSource(
+            [Record(None, {"word": w, "key": w}, 1_000 + i, f"w{i}") for i, w in enumerate(words)]
+        ),
+    )
     t.computation(Remember, inputs={"words": lambda r: r.value["key"]})
     rt = SparkRuntime(t, str(root), RuntimeSettings(intervals=2), spark=spark)
     rt.run(timeout_s=300)
@@ -71,30 +78,55 @@ class ColumnarRemember(ColumnarComputation):
     record_columns = ("key", "timestamp")
 
     def process_batch(self, batch):
-        n = batch.records.groupby("key", sort=False, observed=True).size().rename("count").reset_index()
+        n = (
+            batch.records.groupby("key", sort=False, observed=True)
+            .size()
+            .rename("count")
+            .reset_index()
+        )
         old = batch.state
         if len(old):
-            n = pd.concat([old, n]).groupby("key", sort=False, as_index=False, observed=True)["count"].sum()
+            n = (
+                pd.concat([old, n])
+                .groupby("key", sort=False, as_index=False, observed=True)["count"]
+                .sum()
+            )
         batch.set_state(n)
-        batch.set_timers(n["key"], ["remind"] * len(n), [batch.now + DAY_MS] * len(n), TimeDomain.WALL_TIME)
+        batch.set_timers(
+            n["key"], ["remind"] * len(n), [batch.now + DAY_MS] * len(n), TimeDomain.WALL_TIME
+        )
 
     def process_timers(self, batch, timers):
         pass
 
 
 @pytest.mark.parametrize("mapping", ["default", "arrow"])
-def test_a_columnar_computations_state_is_read_per_key_on_either_mapping(spark, tmp_path, mapping, capsys):
+def test_a_columnar_computations_state_is_read_per_key_on_either_mapping(
+    spark, tmp_path, mapping, capsys
+):
     """A columnar computation keeps one store per key interval (Spark's state store on the
     default mapping, its own files on the Arrow mapping): ``millwheel state`` shows it per key."""
     root = tmp_path / "run"
     words = ["cats", "dogs", "cats", "cats", ("tuple", 7)]
     t = Topology("remember-columnar")
-    t.injector("words", SampleSource([Record(None, {"key": w}, 1_000 + i, f"w{i}") for i, w in enumerate(words)]))
-    t.computation(ColumnarRemember, name="Remember", inputs={"words": lambda r: r.value["key"]}, options=ComputationOptions(mapping=mapping))
+    t.injector(
+        "words",
+        SampleSource([Record(None, {"key": w}, 1_000 + i, f"w{i}") for i, w in enumerate(words)]),
+    )
+    t.computation(
+        ColumnarRemember,
+        name="Remember",
+        inputs={"words": lambda r: r.value["key"]},
+        options=ComputationOptions(mapping=mapping),
+    )
     before = time.time() * 1000
     SparkRuntime(t, str(root), RuntimeSettings(intervals=2), spark=spark).run(timeout_s=300)
     rt = SparkRuntime(t, str(root), RuntimeSettings(intervals=2), spark=spark)
-    assert {k: v["count"] for k, v in rt.states("Remember").items()} == {"cats": 3, "dogs": 1, ("tuple", 7): 1}
+    assert {k: v["count"] for k, v in rt.states("Remember").items()} == {
+        "cats": 3,
+        "dogs": 1,
+        ("tuple", 7): 1,
+    }
     cs = read_state(spark, str(root), "Remember")
     assert cs.batch is not None
     keys = {k.key: k for k in cs.keys}
@@ -111,11 +143,20 @@ def test_a_columnar_computations_state_is_read_per_key_on_either_mapping(spark, 
 def test_the_command_prints_a_table_one_key_or_json(spark, finished_run, capsys):
     assert state_main([finished_run, "Remember"]) == 0
     out = capsys.readouterr().out
-    assert "computation Remember of run" in out and "keys 3" in out and "pending timers 3 (0 low-watermark, 3 wall-time)" in out
+    assert (
+        "computation Remember of run" in out
+        and "keys 3" in out
+        and "pending timers 3 (0 low-watermark, 3 wall-time)" in out
+    )
     assert "'cats'" in out and "'count': 3" in out
     assert state_main([finished_run, "Remember", "--key", "cats"]) == 0
     out = capsys.readouterr().out
-    assert "key 'cats'" in out and "timer 'remind' at" in out and "wall time)" in out and "dedup ids 3" in out
+    assert (
+        "key 'cats'" in out
+        and "timer 'remind' at" in out
+        and "wall time)" in out
+        and "dedup ids 3" in out
+    )
     assert state_main([finished_run, "Remember", "--key", '["tuple", 7]', "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["keys"][0]["key"] == ["tuple", 7] and data["keys"][0]["state"]["count"] == 1

@@ -30,10 +30,25 @@ class FakeRuntime:
         self.computations: dict = {}
         self.injectors: dict = {}
         self.rows = {
-            "queries": {"kind": "injector", "records_out": 100, "dead_letters": 2, "low_watermark": T0 - 1_000, "newest_event_ms": T0},
-            "Counter": {"kind": "computation", "records_in": 90, "productions": 9, "dead_letters": 0,
-                        "duplicates": 4, "late": 1, "timers_fired": 9, "low_watermark": T0 - 3_000, "batches": 5},
-        }  # fmt: skip
+            "queries": {
+                "kind": "injector",
+                "records_out": 100,
+                "dead_letters": 2,
+                "low_watermark": T0 - 1_000,
+                "newest_event_ms": T0,
+            },
+            "Counter": {
+                "kind": "computation",
+                "records_in": 90,
+                "productions": 9,
+                "dead_letters": 0,
+                "duplicates": 4,
+                "late": 1,
+                "timers_fired": 9,
+                "low_watermark": T0 - 3_000,
+                "batches": 5,
+            },
+        }
 
     def status(self):
         return {k: dict(v) for k, v in self.rows.items()}
@@ -60,7 +75,9 @@ def test_lags_are_unknown_before_anything_is_known_and_after_the_end():
     rt.rows["queries"]["low_watermark"] = MAX_TIMESTAMP
     rows = {r.name: r for r in Sampler(rt).sample().rows}
     assert rows["queries"].lag_ms is None
-    assert rows["Counter"].event_lag_ms == 3_000  # the inputs are finished: still behind their newest record
+    assert (
+        rows["Counter"].event_lag_ms == 3_000
+    )  # the inputs are finished: still behind their newest record
     rt.rows["Counter"]["low_watermark"] = MIN_TIMESTAMP
     rows = {r.name: r for r in Sampler(rt).sample().rows}
     assert rows["Counter"].lag_ms is None and rows["Counter"].event_lag_ms is None
@@ -72,7 +89,9 @@ def test_lags_are_unknown_before_anything_is_known_and_after_the_end():
 
 def test_the_table_shows_duplicates_late_records_dates_and_warnings():
     rt = FakeRuntime()
-    rt.rows["queries"]["warning"] = "injector queries: low watermark unchanged for 61s, held by 'a.jsonl'"
+    rt.rows["queries"]["warning"] = (
+        "injector queries: low watermark unchanged for 61s, held by 'a.jsonl'"
+    )
     lines = table_lines(Sampler(rt).sample())
     header = lines[0]
     for title in ("late", "dup", "dead", "low watermark (UTC)", "lag", "lag (inputs)"):
@@ -84,7 +103,11 @@ def test_the_table_shows_duplicates_late_records_dates_and_warnings():
 
 
 def test_a_replay_of_old_data_lags_days_behind_wall_time_but_seconds_behind_its_inputs():
-    snap = Snapshot(10.0, T0 + 95_000_000_000, (Row("C", "computation", 1, 0, 0, 0, 0, T0, lag_ms=95_000_000_000, event_lag_ms=2_500),))
+    snap = Snapshot(
+        10.0,
+        T0 + 95_000_000_000,
+        (Row("C", "computation", 1, 0, 0, 0, 0, T0, lag_ms=95_000_000_000, event_lag_ms=2_500),),
+    )
     line = table_lines(snap)[1]
     assert "1099.5d" in line and "2.5s" in line
 
@@ -106,12 +129,16 @@ def test_the_live_table_is_redrawn_in_place():
     assert first.startswith("\r\x1b[J") and "demo" in first
     drawn = first.count("\n")
     table.show(sampler.sample())
-    second = out.getvalue()[len(first):]
-    assert second.startswith(f"\x1b[{drawn}F\x1b[J")  # back to the table's first line, clear, redraw
+    second = out.getvalue()[len(first) :]
+    assert second.startswith(
+        f"\x1b[{drawn}F\x1b[J"
+    )  # back to the table's first line, clear, redraw
     table.message("millwheel: a restart")
-    third = out.getvalue()[len(first) + len(second):]
+    third = out.getvalue()[len(first) + len(second) :]
     assert third.startswith(f"\x1b[{drawn}F\x1b[J") and "millwheel: a restart\n" in third
-    assert third.index("millwheel: a restart") < third.index("demo")  # the table follows the message
+    assert third.index("millwheel: a restart") < third.index(
+        "demo"
+    )  # the table follows the message
 
 
 def test_log_lines_print_a_warning_once_and_quiet_prints_nothing():
@@ -147,8 +174,10 @@ def _late_run() -> tuple[FakeRuntime, dict]:
     return rt, {"Counter": counters}
 
 
-WARNING = ("warning: Counter: 30 records late (5.00% of 600), 30 dropped; injector queries read records up to 3.0s out of order "
-           "(events-2026-01-01T10-00-30.jsonl): LogFileSource(lateness_ms=3000) would have kept them")  # fmt: skip
+WARNING = (
+    "warning: Counter: 30 records late (5.00% of 600), 30 dropped; injector queries read records up to 3.0s out of order "
+    "(events-2026-01-01T10-00-30.jsonl): LogFileSource(lateness_ms=3000) would have kept them"
+)
 
 
 def test_the_live_status_warns_of_late_records_with_what_became_of_them_and_the_fix():
@@ -161,13 +190,24 @@ def test_the_live_status_warns_of_late_records_with_what_became_of_them_and_the_
 def test_the_end_of_a_run_says_its_late_records_once(tmp_path, capsys):
     rt, metrics = _late_run()
     rt.rows["queries"]["warning"] = "stalled"
-    _report(rt.topology, str(tmp_path), Sampler(rt).sample(), metrics, None, "topology late: ran on Spark in 1.0s")  # type: ignore[attr-defined]
+    _report(
+        rt.topology,
+        str(tmp_path),
+        Sampler(rt).sample(),
+        metrics,
+        None,
+        "topology late: ran on Spark in 1.0s",
+    )  # type: ignore[attr-defined]
     out = capsys.readouterr().out
-    assert out.count("records late") == 1, out  # the final table leaves it to the summary, which says it as the harness's run does
+    assert out.count("records late") == 1, (
+        out
+    )  # the final table leaves it to the summary, which says it as the harness's run does
     assert f"  {WARNING}\n" in out and "  warning: stalled\n" in out
 
 
-def test_the_final_report_and_finished_json_keep_what_the_injectors_left_out_or_could_not_dedup(tmp_path, capsys):
+def test_the_final_report_and_finished_json_keep_what_the_injectors_left_out_or_could_not_dedup(
+    tmp_path, capsys
+):
     """A log injector's records without an id (``<file>:<offset>`` ids, no dedup of their copies)
     and a ``SparkSource``'s rows at or after ``end_ms``: in the status, the final report, and
     ``finished.json``, whose report a second ``millwheel run`` prints without Spark."""
@@ -180,19 +220,47 @@ def test_the_final_report_and_finished_json_keep_what_the_injectors_left_out_or_
     topology = Topology("edges")
     topology.injector("logs", LogFileSource(str(tmp_path / "logs"), finite=True), stream="events")
     topology.injector("clicks", SparkSource(rows=[], timestamp="ts", end_ms=T0), stream="clicks")
-    topology.computation(_Count, name="Counter", inputs={"events": lambda r: r.value["q"], "clicks": lambda r: r.value["q"]})
+    topology.computation(
+        _Count,
+        name="Counter",
+        inputs={"events": lambda r: r.value["q"], "clicks": lambda r: r.value["q"]},
+    )
     rt = FakeRuntime()
     rt.topology = topology  # type: ignore[attr-defined]
     rt.rows = {
-        "logs": {"kind": "injector", "records_out": 10, "dead_letters": 0, "low_watermark": MAX_TIMESTAMP, "positional_ids": 3},
-        "clicks": {"kind": "injector", "records_out": 7, "dead_letters": 0, "low_watermark": MAX_TIMESTAMP, "beyond_end": 5},
-        "Counter": {"kind": "computation", "records_in": 17, "productions": 0, "dead_letters": 0, "low_watermark": MAX_TIMESTAMP},
+        "logs": {
+            "kind": "injector",
+            "records_out": 10,
+            "dead_letters": 0,
+            "low_watermark": MAX_TIMESTAMP,
+            "positional_ids": 3,
+        },
+        "clicks": {
+            "kind": "injector",
+            "records_out": 7,
+            "dead_letters": 0,
+            "low_watermark": MAX_TIMESTAMP,
+            "beyond_end": 5,
+        },
+        "Counter": {
+            "kind": "computation",
+            "records_in": 17,
+            "productions": 0,
+            "dead_letters": 0,
+            "low_watermark": MAX_TIMESTAMP,
+        },
     }
     snapshot = Sampler(rt).sample()
-    assert [(r.positional_ids, r.beyond_end) for r in snapshot.rows] == [(3, None), (None, 5), (None, None)]
+    assert [(r.positional_ids, r.beyond_end) for r in snapshot.rows] == [
+        (3, None),
+        (None, 5),
+        (None, None),
+    ]
     root = tmp_path / "run"
     root.mkdir()
-    _report(topology, str(root), snapshot, {"Counter": {}}, None, "topology edges: ran on Spark in 1.0s")
+    _report(
+        topology, str(root), snapshot, {"Counter": {}}, None, "topology edges: ran on Spark in 1.0s"
+    )
     said = capsys.readouterr().out
     positional = "warning: injector logs: 3 records had no 'id' field and got their file and byte offset as id (<file>:<offset>)"
     beyond = f"injector clicks: 5 rows at or after its end_ms={T0} (2023-11-14 22:13:20) left out: not part of the input"
@@ -207,7 +275,9 @@ def test_the_final_report_and_finished_json_keep_what_the_injectors_left_out_or_
 
 
 @pytest.mark.spark
-def test_on_spark_the_log_injector_counts_its_records_without_an_id(tmp_path, spark, run_dir, second_counts):
+def test_on_spark_the_log_injector_counts_its_records_without_an_id(
+    tmp_path, spark, run_dir, second_counts
+):
     """The Spark reader counts them as it reads (a summary row of the range, counted once the
     batch is published), so the status, the final report and ``finished.json`` have them."""
     import json
@@ -217,9 +287,17 @@ def test_on_spark_the_log_injector_counts_its_records_without_an_id(tmp_path, sp
 
     logs = tmp_path / "logs"
     logs.mkdir()
-    lines = [{"ts": T0 + i * 10, "key": f"k{i % 3}"} | ({"id": f"r{i}"} if i % 4 else {}) for i in range(200)]
+    lines = [
+        {"ts": T0 + i * 10, "key": f"k{i % 3}"} | ({"id": f"r{i}"} if i % 4 else {})
+        for i in range(200)
+    ]
     (logs / "part-0001.jsonl").write_text("".join(json.dumps(v) + "\n" for v in lines))
-    rt = SparkRuntime(second_counts(LogFileSource(str(logs), finite=True, max_bytes_per_batch=5_000)), run_dir, RuntimeSettings(intervals=2), spark=spark)
+    rt = SparkRuntime(
+        second_counts(LogFileSource(str(logs), finite=True, max_bytes_per_batch=5_000)),
+        run_dir,
+        RuntimeSettings(intervals=2),
+        spark=spark,
+    )
     rt.run(timeout_s=300)
     assert rt.status()["logs"]["positional_ids"] == 50
     row = next(r for r in Sampler(rt).sample().rows if r.name == "logs")

@@ -43,7 +43,9 @@ def test_stream_log_append_is_atomic_idempotent_and_readable(tmp_path):
     log.append("words", "inj", "s0", recs)  # a replay re-creates the same file: skipped
     assert log.files("words", "inj") == {"s0-m1200.parquet": 1200}
     assert log.read("words") == recs
-    assert not [p for p in (tmp_path / "streams" / "words" / "inj").iterdir() if p.name.startswith(".")]
+    assert not [
+        p for p in (tmp_path / "streams" / "words" / "inj").iterdir() if p.name.startswith(".")
+    ]
 
 
 def test_pruned_files_leave_the_live_listing_but_not_the_log(tmp_path):
@@ -51,9 +53,15 @@ def test_pruned_files_leave_the_live_listing_but_not_the_log(tmp_path):
     log.ensure("words", "inj")
     for i in range(3):
         log.append("words", "inj", f"s{i}", [Record(None, i, 1_000 + i, f"r{i}")])
-    assert log.prune("words", "inj", ["s0-m1000.parquet", "s1-m1001.parquet", "gone-m5.parquet"]) == 2
+    assert (
+        log.prune("words", "inj", ["s0-m1000.parquet", "s1-m1001.parquet", "gone-m5.parquet"]) == 2
+    )
     assert log.files("words", "inj", live_only=True) == {"s2-m1002.parquet": 1002}
-    assert sorted(log.files("words", "inj")) == ["_done/s0-m1000.parquet", "_done/s1-m1001.parquet", "s2-m1002.parquet"]
+    assert sorted(log.files("words", "inj")) == [
+        "_done/s0-m1000.parquet",
+        "_done/s1-m1001.parquet",
+        "s2-m1002.parquet",
+    ]
     assert [r.value for r in log.read("words")] == [0, 1, 2]
 
 

@@ -32,7 +32,9 @@ N = 2_000
 def _run_with_crash(tmp_path, *extra, after_kill=None):
     data, root, log = tmp_path / "data", tmp_path / "run", tmp_path / "driver.log"
     write_logs(data, N, files=4, keys=8)
-    first = start(root, data, "stamp", *extra, env={"MILLWHEEL_CRASH": "Stamp:before_commit:data"}, log=log)
+    first = start(
+        root, data, "stamp", *extra, env={"MILLWHEEL_CRASH": "Stamp:before_commit:data"}, log=log
+    )
     try:
         rc = first.wait(timeout=300)
     finally:
@@ -56,18 +58,34 @@ def _run_with_crash(tmp_path, *extra, after_kill=None):
 def _killed_attempts_state(root):
     """``(the batch the kill interrupted, the state-store files of the version it made)`` of ``Stamp``."""
     checkpoint = root / "checkpoints" / "Stamp"
-    crashed = max((int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()), default=-1) + 1
-    return crashed, [p for p in (checkpoint / "state").rglob(f"{crashed + 1}.*") if p.suffix in (".delta", ".snapshot")]
+    crashed = (
+        max(
+            (int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()),
+            default=-1,
+        )
+        + 1
+    )
+    return crashed, [
+        p
+        for p in (checkpoint / "state").rglob(f"{crashed + 1}.*")
+        if p.suffix in (".delta", ".snapshot")
+    ]
 
 
 def test_strong_productions_publish_one_version_consistent_with_committed_state(tmp_path, spark):
     seen = []
-    stamps, states = _run_with_crash(tmp_path, after_kill=lambda root: seen.append(_killed_attempts_state(root)))
+    stamps, states = _run_with_crash(
+        tmp_path, after_kill=lambda root: seen.append(_killed_attempts_state(root))
+    )
     versions = Counter(r.id for r in stamps)
-    assert len(versions) == N and set(versions.values()) == {1}  # exactly one version per logical output
+    assert len(versions) == N and set(versions.values()) == {
+        1
+    }  # exactly one version per logical output
     committed = {src: rand for made in states["Stamp"].values() for src, rand in made.items()}
     assert len(committed) == N
-    assert all(committed[r.value["src"]] == r.value["rand"] for r in stamps)  # the committed version
+    assert all(
+        committed[r.value["src"]] == r.value["rand"] for r in stamps
+    )  # the committed version
     assert len(states["CountBySource"]) == N and set(states["CountBySource"].values()) == {1}
 
     # The state committed with the replayed batch B is the replay's. The killed attempt
@@ -82,11 +100,19 @@ def test_strong_productions_publish_one_version_consistent_with_committed_state(
     crashed, files = seen[0]
     assert files, "the killed attempt left no state of its batch: the case was not exercised"
     codec = ComputationOptions().state_codec
-    envelopes = committed_envelopes(spark, Location.of(str(tmp_path / "run" / "checkpoints" / "Stamp")), crashed)
-    at_b = {src: rand for env in envelopes.values() for src, rand in codec.decode(Envelope.decode(env).state).items()}
+    envelopes = committed_envelopes(
+        spark, Location.of(str(tmp_path / "run" / "checkpoints" / "Stamp")), crashed
+    )
+    at_b = {
+        src: rand
+        for env in envelopes.values()
+        for src, rand in codec.decode(Envelope.decode(env).state).items()
+    }
     assert at_b, f"batch {crashed} committed no state"
     published = {r.value["src"]: r.value["rand"] for r in stamps}
-    assert all(published[src] == rand for src, rand in at_b.items())  # batch B's state is the published version's
+    assert all(
+        published[src] == rand for src, rand in at_b.items()
+    )  # batch B's state is the published version's
 
 
 def test_weak_productions_may_duplicate_and_consumers_drop_them_by_id(tmp_path):
@@ -95,7 +121,9 @@ def test_weak_productions_may_duplicate_and_consumers_drop_them_by_id(tmp_path):
     for r in stamps:
         by_id[r.id].add(r.value["rand"])
     duplicated = [i for i, vs in by_id.items() if len(vs) > 1]
-    print(f"weak productions: {len(stamps)} published for {len(by_id)} logical outputs, {len(duplicated)} with two versions")
+    print(
+        f"weak productions: {len(stamps)} published for {len(by_id)} logical outputs, {len(duplicated)} with two versions"
+    )
     assert len(by_id) == N
     assert duplicated  # the replay published different versions under the same ids
     assert len(states["CountBySource"]) == N and set(states["CountBySource"].values()) == {1}

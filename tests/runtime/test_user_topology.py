@@ -26,13 +26,31 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 MILLWHEEL = str(Path(sys.executable).with_name("millwheel"))
 
 
-def _run(tmp_path: Path, topology_file: Path, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def _run(
+    tmp_path: Path, topology_file: Path, *extra: str, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": ""}
     return subprocess.run(
-        [MILLWHEEL, "run", str(topology_file), "--until-drained", "--checkpoint", str(tmp_path / "run"),
-         "--intervals", "2", "--status-every", "0", *extra],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout, check=False,
-    )  # fmt: skip
+        [
+            MILLWHEEL,
+            "run",
+            str(topology_file),
+            "--until-drained",
+            "--checkpoint",
+            str(tmp_path / "run"),
+            "--intervals",
+            "2",
+            "--status-every",
+            "0",
+            *extra,
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def test_the_readme_example_runs_verbatim_on_spark(tmp_path):
@@ -48,8 +66,9 @@ def test_the_readme_example_runs_verbatim_on_spark(tmp_path):
 def test_a_sibling_module_of_the_topology_file_reaches_the_workers(tmp_path):
     (tmp_path / "my_helpers.py").write_text("def shout(text):\n    return text.upper() + '!'\n")
     path = tmp_path / "shouting.py"
-    path.write_text(textwrap.dedent(
-        """
+    path.write_text(
+        textwrap.dedent(
+            """
         from millwheel import Computation, SampleSource, Topology
         from my_helpers import shout
 
@@ -62,7 +81,8 @@ def test_a_sibling_module_of_the_topology_file_reaches_the_workers(tmp_path):
         topology.computation(Shout, inputs={"words": lambda r: r.value["word"]}, outputs=["shouts"])
         topology.sink("shouts")
         """
-    ))
+        )
+    )
     done = _run(tmp_path, path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "HI!" in done.stdout and "HO!" in done.stdout
@@ -70,8 +90,9 @@ def test_a_sibling_module_of_the_topology_file_reaches_the_workers(tmp_path):
 
 def test_a_deterministic_worker_failure_stops_with_the_python_traceback(tmp_path):
     path = tmp_path / "broken.py"
-    path.write_text(textwrap.dedent(
-        """
+    path.write_text(
+        textwrap.dedent(
+            """
         from millwheel import Computation, SampleSource, Topology
 
         class NeedsAModel(Computation):
@@ -85,7 +106,8 @@ def test_a_deterministic_worker_failure_stops_with_the_python_traceback(tmp_path
         topology.injector("words", SampleSource([{"word": "hi", "ts": 1}], timestamp="ts"))
         topology.computation(NeedsAModel, inputs={"words": lambda r: r.value["word"]})
         """
-    ))
+        )
+    )
     done = _run(tmp_path, path, timeout=240)  # gives up, rather than retrying a broken run for ever
     assert done.returncode != 0
     assert "model file models/ctr.bin is missing" in done.stderr
@@ -93,7 +115,9 @@ def test_a_deterministic_worker_failure_stops_with_the_python_traceback(tmp_path
     assert done.stderr.count("\n") < 150, done.stderr[-3000:]
 
 
-def test_a_spark_run_says_how_many_records_were_late_and_the_lateness_that_keeps_them(tmp_path, late_log_topology):
+def test_a_spark_run_says_how_many_records_were_late_and_the_lateness_that_keeps_them(
+    tmp_path, late_log_topology
+):
     # the harness twin is in tests/test_cli.py: the same words, the same counts
     path, _ = late_log_topology
     done = _run(tmp_path, path)
@@ -102,4 +126,6 @@ def test_a_spark_run_says_how_many_records_were_late_and_the_lateness_that_keeps
         "warning: Count: 30 records late (5.00% of 600), 30 dropped; injector logs read records up to 3.0s out of order "
         "(events-2026-01-01T10-00-30.jsonl): LogFileSource(lateness_ms=3000) would have kept them"
     ) in done.stdout, done.stdout
-    assert done.stdout.count("records late") == 1, done.stdout  # the final table leaves it to the summary
+    assert done.stdout.count("records late") == 1, (
+        done.stdout
+    )  # the final table leaves it to the summary

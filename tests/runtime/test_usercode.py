@@ -27,16 +27,26 @@ class Failure(Exception):
 
 def test_a_full_disk_stops_the_run_at_once_with_what_to_do():
     policy = RestartPolicy("computation 'C'", max_restarts=20)
-    with pytest.raises(RunError, match=r"computation 'C' failed: no space left on device \(org\.apache\.hadoop\.fs\.FSError: java\.io\.IOException: No space left on device\)\. Free space .* same run directory to resume"):
+    with pytest.raises(
+        RunError,
+        match=r"computation 'C' failed: no space left on device \(org\.apache\.hadoop\.fs\.FSError: java\.io\.IOException: No space left on device\)\. Free space .* same run directory to resume",
+    ):
         policy.failed(Failure(FULL))
-    assert disk_full(Failure("OSError: [Errno 28] No space left on device: '/run/tallies/C.json'")) is not None
+    assert (
+        disk_full(Failure("OSError: [Errno 28] No space left on device: '/run/tallies/C.json'"))
+        is not None
+    )
 
 
 def test_other_failures_are_retried_and_a_repeated_code_error_stops():
     policy = RestartPolicy("computation 'C'", max_restarts=20)
     assert disk_full(Failure("Python worker exited unexpectedly (crashed)")) is None
-    assert "restarting from its checkpoint" in policy.failed(Failure("Python worker exited unexpectedly (crashed)"))
-    bug = Failure("Traceback (most recent call last):\n  File \"t.py\", line 1, in f\nKeyError: 'x'\n")
+    assert "restarting from its checkpoint" in policy.failed(
+        Failure("Python worker exited unexpectedly (crashed)")
+    )
+    bug = Failure(
+        "Traceback (most recent call last):\n  File \"t.py\", line 1, in f\nKeyError: 'x'\n"
+    )
     assert "restarting" in policy.failed(bug)
     with pytest.raises(RunError, match="failed twice with the same error"):
         policy.failed(bug)

@@ -32,7 +32,15 @@ def test_matches_only_the_exact_secret():
         assert not s.matches(wrong)
 
 
-@pytest.mark.parametrize("value", ["short", "with spaces in the secret value", "tab\tseparated-secret-value", "ünïcode-is-not-ascii-here"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "short",
+        "with spaces in the secret value",
+        "tab\tseparated-secret-value",
+        "ünïcode-is-not-ascii-here",
+    ],
+)
 def test_weak_or_unsendable_secrets_are_refused(value):
     with pytest.raises(ConfigurationError, match="secret from a test"):
         Secret(value, source="a test")
@@ -97,8 +105,16 @@ def test_the_read_key_is_derived_and_reveals_nothing_of_the_secret():
 
     s = Secret(GOOD, source="a test")
     key = s.read_key()
-    expected = base64.urlsafe_b64encode(hmac.new(GOOD.encode(), b"servicekit read key v1", hashlib.sha256).digest()).rstrip(b"=").decode()
-    assert key.reveal() == expected and len(expected) == 43  # pinned: a client computes the same key
+    expected = (
+        base64.urlsafe_b64encode(
+            hmac.new(GOOD.encode(), b"servicekit read key v1", hashlib.sha256).digest()
+        )
+        .rstrip(b"=")
+        .decode()
+    )
+    assert (
+        key.reveal() == expected and len(expected) == 43
+    )  # pinned: a client computes the same key
     assert GOOD not in key.reveal() and key != s and not s.matches(key.reveal())
     assert key == Secret(GOOD, source="elsewhere").read_key()  # the same secret, the same key
     assert key != Secret(GOOD + "x", source="a test").read_key()  # a new secret, a new key

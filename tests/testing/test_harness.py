@@ -37,8 +37,13 @@ class DipDetector(Computation):
             s["confidence"] = 0
             s["sum"], s["n"] = s["sum"] + actual, s["n"] + 1
         if s["confidence"] >= self.threshold:  # state.confidence() > kConfidenceThreshold
-            dip = {"key": self.key, "window_start": record.value["window_start"], "actual": actual,
-                   "predicted": prediction, "confidence": s["confidence"]}
+            dip = {
+                "key": self.key,
+                "window_start": record.value["window_start"],
+                "actual": actual,
+                "predicted": prediction,
+                "confidence": s["confidence"],
+            }
             self.produce("dips", dip, timestamp=record.timestamp)
         self.state.set(s)
 
@@ -53,13 +58,21 @@ def fig9(late: LatePolicy) -> Harness:
         options=ComputationOptions(late=late),
         params={"trailing_empty": 3},
     )
-    t.computation(DipDetector, inputs={"window_counts": lambda r: r.value["key"]}, outputs=["dips"],
-                  params={"warmup_windows": 3, "confidence_threshold": 2, "dip_ratio": 0.5})
+    t.computation(
+        DipDetector,
+        inputs={"window_counts": lambda r: r.value["key"]},
+        outputs=["dips"],
+        params={"warmup_windows": 3, "confidence_threshold": 2, "dip_ratio": 0.5},
+    )
     return Harness(t)
 
 
 def traffic(h: Harness, per_second: dict[int, int], query: str = "cats") -> list[Record]:
-    return [h.record({"query": query}, s * 1_000 + (i * 37) % 1_000) for s, n in per_second.items() for i in range(n)]
+    return [
+        h.record({"query": query}, s * 1_000 + (i * 37) % 1_000)
+        for s, n in per_second.items()
+        for i in range(n)
+    ]
 
 
 def test_windows_and_dips_end_to_end_with_a_late_record():
@@ -80,7 +93,12 @@ def test_windows_and_dips_end_to_end_with_a_late_record():
     h.run()
     assert [v["count"] for v in h.values("window_counts")][6:] == [2, 1]
     (dip,) = h.values("dips")
-    assert (dip["key"], dip["window_start"], dip["actual"], dip["confidence"]) == ("cats", 7_000, 1, 2)
+    assert (dip["key"], dip["window_start"], dip["actual"], dip["confidence"]) == (
+        "cats",
+        7_000,
+        1,
+        2,
+    )
     assert dip["predicted"] == pytest.approx(10.0)
     (late,) = h.output("late_queries")
     assert late.id == "straggler"
@@ -108,10 +126,18 @@ def test_late_record_dropped_and_counted_by_default_policy():
 
 
 def test_run_sources_feeds_injectors_batch_by_batch():
-    recs = [Record(None, {"query": q}, ts, f"s{i}") for i, (q, ts) in enumerate([("a", 100), ("b", 1_200), ("a", 900), ("a", 2_100)])]
+    recs = [
+        Record(None, {"query": q}, ts, f"s{i}")
+        for i, (q, ts) in enumerate([("a", 100), ("b", 1_200), ("a", 900), ("a", 2_100)])
+    ]
     t = Topology("src")
     t.injector("queries", SampleSource(recs, batch_size=2))
-    t.computation(WindowCounter, inputs={"queries": lambda r: r.value["query"]}, outputs=["window_counts"], params={"trailing_empty": 0})
+    t.computation(
+        WindowCounter,
+        inputs={"queries": lambda r: r.value["query"]},
+        outputs=["window_counts"],
+        params={"trailing_empty": 0},
+    )
     h = Harness(t)
     h.run_sources()
     got = sorted((v["key"], v["window_start"], v["count"]) for v in h.values("window_counts"))
@@ -122,7 +148,9 @@ def test_run_sources_feeds_injectors_batch_by_batch():
 def test_is_deterministic():
     def once():
         h = fig9(LatePolicy.drop())
-        h.inject("queries", traffic(h, {0: 5, 1: 7, 2: 1, 3: 0, 4: 9}) + traffic(h, {1: 3}, query="dogs"))
+        h.inject(
+            "queries", traffic(h, {0: 5, 1: 7, 2: 1, 3: 0, 4: 9}) + traffic(h, {1: 3}, query="dogs")
+        )
         h.finish("queries")
         h.run()
         return h.output("window_counts"), h.output("dips")
@@ -132,7 +160,9 @@ def test_is_deterministic():
 
 def test_helpful_errors():
     h = fig9(LatePolicy.drop())
-    with pytest.raises(HarnessError, match=r"no injector or injected stream named 'querys' \(injectors: queries\)"):
+    with pytest.raises(
+        HarnessError, match=r"no injector or injected stream named 'querys' \(injectors: queries\)"
+    ):
         h.inject("querys", [])
     with pytest.raises(HarnessError, match="takes Record objects"):
         h.inject("queries", [{"query": "cats"}])
@@ -178,7 +208,9 @@ def test_set_state_seeds_a_key_and_dedup_ids_and_teardown_are_public():
             self.state.set(self.state.get(0) + 1)
             self.produce("counts", self.state.get())
 
-    with Harness.for_computation(Counter, inputs={"in": lambda r: r.value}, outputs=["counts"]) as h:
+    with Harness.for_computation(
+        Counter, inputs={"in": lambda r: r.value}, outputs=["counts"]
+    ) as h:
         h.set_state("Counter", "cats", 41)  # the test's given, as Spark's TwsTester.setValueState
         assert h.state("Counter", "cats") == 41 and h.keys("Counter") == ["cats"]
         h.inject("in", [h.record("cats", 1_000, id="c1")])
@@ -186,7 +218,9 @@ def test_set_state_seeds_a_key_and_dedup_ids_and_teardown_are_public():
         assert h.values("counts") == [42]
         assert h.dedup_ids("Counter", "cats") == {"c1"}
         h.set_state("Counter", "cats", None)
-        assert h.state("Counter", "cats") is None and h.dedup_ids("Counter", "cats") == {"c1"}  # ids kept
+        assert h.state("Counter", "cats") is None and h.dedup_ids("Counter", "cats") == {
+            "c1"
+        }  # ids kept
         with pytest.warns(DeprecationWarning, match="internal type"):
             h.envelope("Counter", "cats")
         h.restart("Counter")  # the old instance is torn down, a new one set up
@@ -195,5 +229,7 @@ def test_set_state_seeds_a_key_and_dedup_ids_and_teardown_are_public():
     assert h.metrics("Counter")["processed"] == 1  # results stay readable
     with pytest.raises(HarnessError, match="the harness is closed"):
         h.process("Counter")
-    with pytest.raises(HarnessError, match="keys must be str, int, bytes or a tuple of those; got list"):
+    with pytest.raises(
+        HarnessError, match="keys must be str, int, bytes or a tuple of those; got list"
+    ):
         h.set_state("Counter", [1], 1)

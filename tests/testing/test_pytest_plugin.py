@@ -12,7 +12,7 @@ import pytest
 from millwheel import MillwheelError
 from millwheel.testing.pytest_plugin import HarnessFactory
 
-USER_TESTS = '''
+USER_TESTS = """
 from millwheel import Computation, SampleSource, Topology
 
 class Upper(Computation):
@@ -43,7 +43,7 @@ def test_user_code_errors_raise_in_a_test(harness):
     h.inject("words", [h.record(42, 1)])
     with pytest.raises(AttributeError):
         h.run()
-'''
+"""
 
 
 def test_the_plugin_is_registered_as_a_pytest_entry_point():
@@ -54,12 +54,19 @@ def test_a_users_test_file_uses_the_fixture_without_a_conftest(tmp_path):
     (tmp_path / "test_user.py").write_text(textwrap.dedent(USER_TESTS))
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_user.py"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "3 passed" in done.stdout
 
 
 def test_the_fixture_says_what_it_takes():
-    with pytest.raises(MillwheelError, match="takes a Computation subclass .* a Topology or the path of a topology module"):
+    with pytest.raises(
+        MillwheelError,
+        match="takes a Computation subclass .* a Topology or the path of a topology module",
+    ):
         HarnessFactory()(42)

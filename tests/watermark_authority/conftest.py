@@ -28,7 +28,10 @@ _names = itertools.count()
 def service():
     """The real authority service (a subprocess on 127.0.0.1), shared by the session; it samples
     its watermarks for the dashboard 5 times a second, so a test waits a fifth of a second for one."""
-    with tempfile.TemporaryDirectory(prefix="wa-test-") as d, embedded_authority(d, extra_args=["--sample-interval", "0.2"]) as svc:
+    with (
+        tempfile.TemporaryDirectory(prefix="wa-test-") as d,
+        embedded_authority(d, extra_args=["--sample-interval", "0.2"]) as svc,
+    ):
         yield svc
 
 
@@ -48,11 +51,30 @@ def client(request):
 def seeded(http, ns):
     """A computation with two reported intervals and an injector, and a snapshot function."""
     c, inj = f"{ns}c", f"{ns}logs"
-    tokens = http.post("/v1/acquire", json={"computation": c, "intervals": ["a", "b"]}).json()["tokens"]
-    r = http.post("/v1/report", json={"computation": c, "reports": [["a", tokens["a"], 1_000], {"interval": "b", "token": tokens["b"], "oldest_work": 2_000, "pending": 4}]})
+    tokens = http.post("/v1/acquire", json={"computation": c, "intervals": ["a", "b"]}).json()[
+        "tokens"
+    ]
+    r = http.post(
+        "/v1/report",
+        json={
+            "computation": c,
+            "reports": [
+                ["a", tokens["a"], 1_000],
+                {"interval": "b", "token": tokens["b"], "oldest_work": 2_000, "pending": 4},
+            ],
+        },
+    )
     assert r.status_code == 200, r.text
-    assert http.post("/v1/injectors/expect", json={"injector": inj, "processes": ["p0"]}).status_code == 200
-    assert http.post("/v1/injectors/report", json={"injector": inj, "process": "p0", "low_watermark": 3_000}).status_code == 200
+    assert (
+        http.post("/v1/injectors/expect", json={"injector": inj, "processes": ["p0"]}).status_code
+        == 200
+    )
+    assert (
+        http.post(
+            "/v1/injectors/report", json={"injector": inj, "process": "p0", "low_watermark": 3_000}
+        ).status_code
+        == 200
+    )
 
     def snapshot():
         return (

@@ -26,7 +26,11 @@ def no_secret_in_the_environment(monkeypatch):
     monkeypatch.delenv(SECRET_FILE_ENV, raising=False)
 
 
-def flaky(failures: int, error: type[Exception] = httpx.ConnectError, answer: tuple[int, dict] = (200, {"tokens": {"a": 7}})):
+def flaky(
+    failures: int,
+    error: type[Exception] = httpx.ConnectError,
+    answer: tuple[int, dict] = (200, {"tokens": {"a": 7}}),
+):
     """A transport that fails ``failures`` times, then answers; counts the attempts."""
     calls = []
 
@@ -52,15 +56,22 @@ def test_connection_errors_are_retried_with_backoff():
 def test_after_the_retries_the_client_says_the_authority_is_unavailable():
     transport, calls = flaky(10)
     c = HttpWatermarkClient("http://127.0.0.1:9", retries=2, backoff=0.001, transport=transport)
-    with pytest.raises(AuthorityUnavailableError, match="unreachable after 3 attempts.*millwheel authority serve"):
+    with pytest.raises(
+        AuthorityUnavailableError, match="unreachable after 3 attempts.*millwheel authority serve"
+    ):
         c.watermarks()
     assert len(calls) == 3
 
 
 def test_a_service_answering_5xx_is_said_to_be_failing_not_missing():
-    body = {"error": "internal", "message": "POST /v1/report failed inside the service (OSError: disk full); see the service's log"}
+    body = {
+        "error": "internal",
+        "message": "POST /v1/report failed inside the service (OSError: disk full); see the service's log",
+    }
     transport = httpx.MockTransport(lambda request: httpx.Response(500, json=body))
-    c = HttpWatermarkClient("http://127.0.0.1:9", secret="s" * 20, retries=2, backoff=0.001, transport=transport)
+    c = HttpWatermarkClient(
+        "http://127.0.0.1:9", secret="s" * 20, retries=2, backoff=0.001, transport=transport
+    )
     with pytest.raises(AuthorityUnavailableError) as err:
         c.report("c", "a", 1, 5)
     message = str(err.value)
@@ -73,10 +84,19 @@ def test_the_secret_is_sent_and_a_401_says_where_the_client_looked(tmp_path, mon
 
     def handle(request: httpx.Request) -> httpx.Response:
         seen.append(request.headers.get("authorization"))
-        return httpx.Response(401, json={"error": "unauthorized", "message": "POST /v1/acquire needs the watermark authority's secret"})
+        return httpx.Response(
+            401,
+            json={
+                "error": "unauthorized",
+                "message": "POST /v1/acquire needs the watermark authority's secret",
+            },
+        )
 
     c = HttpWatermarkClient("http://127.0.0.1:9", retries=3, transport=httpx.MockTransport(handle))
-    with pytest.raises(AuthenticationError, match=f"needs the watermark authority's secret.*sent no secret: pass secret=..., or set \\${SECRET_ENV}"):
+    with pytest.raises(
+        AuthenticationError,
+        match=f"needs the watermark authority's secret.*sent no secret: pass secret=..., or set \\${SECRET_ENV}",
+    ):
         c.acquire("c", "a")
     assert seen == [None]  # never retried
     monkeypatch.setenv(SECRET_ENV, "from-the-environment-1234")
@@ -89,9 +109,14 @@ def test_the_secret_is_sent_and_a_401_says_where_the_client_looked(tmp_path, mon
     (tmp_path / "s").chmod(0o600)
     monkeypatch.setenv(SECRET_FILE_ENV, str(tmp_path / "s"))
     with pytest.raises(AuthenticationError):
-        HttpWatermarkClient("http://127.0.0.1:9", transport=httpx.MockTransport(handle)).watermarks()
+        HttpWatermarkClient(
+            "http://127.0.0.1:9", transport=httpx.MockTransport(handle)
+        ).watermarks()
     assert seen[-1] == "Bearer from-a-named-file-5678"
-    assert HttpWatermarkClient("http://127.0.0.1:9", secret="explicit-secret-wins-90").secret.reveal() == "explicit-secret-wins-90"
+    assert (
+        HttpWatermarkClient("http://127.0.0.1:9", secret="explicit-secret-wins-90").secret.reveal()
+        == "explicit-secret-wins-90"
+    )
 
 
 def test_without_the_secret_a_client_reads_but_cannot_write(service, ns):
@@ -99,7 +124,11 @@ def test_without_the_secret_a_client_reads_but_cannot_write(service, ns):
         t = owner.acquire(f"{ns}c", "a")
         owner.report(f"{ns}c", "a", t, 1_234)
         assert anon.watermark(f"{ns}c") == 1_234 and anon.watermarks()[f"{ns}c"] == 1_234
-        for write in (lambda: anon.acquire(f"{ns}c", "a"), lambda: anon.report(f"{ns}c", "a", t, 9_999), lambda: anon.intervals(f"{ns}c")):
+        for write in (
+            lambda: anon.acquire(f"{ns}c", "a"),
+            lambda: anon.report(f"{ns}c", "a", t, 9_999),
+            lambda: anon.intervals(f"{ns}c"),
+        ):
             with pytest.raises(AuthenticationError, match="sent no secret"):
                 write()
         assert owner.watermark(f"{ns}c") == 1_234 and owner.intervals(f"{ns}c")["a"]["token"] == t
@@ -113,7 +142,11 @@ def test_5xx_answers_are_retried():
 
 
 def test_a_4xx_is_never_retried_and_keeps_its_class():
-    body = {"error": "stale_token", "message": "computation 'c': stale sequencer token", "intervals": [["c", "a"]]}
+    body = {
+        "error": "stale_token",
+        "message": "computation 'c': stale sequencer token",
+        "intervals": [["c", "a"]],
+    }
     transport, calls = flaky(0, answer=(409, body))
     c = HttpWatermarkClient("http://127.0.0.1:9", retries=5, backoff=0.001, transport=transport)
     with pytest.raises(StaleTokenError) as err:
@@ -145,7 +178,9 @@ def test_a_real_timeout_against_a_silent_server():
     with socket.socket() as s:  # listens, never answers
         s.bind(("127.0.0.1", 0))
         s.listen()
-        c = HttpWatermarkClient(f"http://127.0.0.1:{s.getsockname()[1]}", timeout=0.2, retries=1, backoff=0.01)
+        c = HttpWatermarkClient(
+            f"http://127.0.0.1:{s.getsockname()[1]}", timeout=0.2, retries=1, backoff=0.01
+        )
         with pytest.raises(AuthorityUnavailableError, match="Timeout"):
             c.watermarks()
 
@@ -162,7 +197,10 @@ def test_the_embedded_authority_starts_serves_and_stops(tmp_path):
     assert svc.process.poll() is not None, f"authority {pid} still running"
     assert (tmp_path / "wa" / "journal").is_dir()
     log = svc.log()
-    assert "listening on http://127.0.0.1:" in log and "secret from the file given with --secret-file" in log
+    assert (
+        "listening on http://127.0.0.1:" in log
+        and "secret from the file given with --secret-file" in log
+    )
     assert svc.secret is not None and svc.secret.reveal() not in log
     assert (tmp_path / "wa" / "secret").stat().st_mode & 0o777 == 0o600
 

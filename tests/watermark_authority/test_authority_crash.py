@@ -41,7 +41,9 @@ def crash_loop(tmp_path, *, cycles: int, seed: int) -> None:
             zombie = {comp: dict(t) for comp, t in tokens.items()}
             for comp in COMPUTATIONS:  # fence one interval's first owner
                 tokens[comp]["i0"] = c.acquire(comp, "i0")
-        broadcast: dict[str, int] = dict.fromkeys(COMPUTATIONS, -(2**63))  # highest value seen published
+        broadcast: dict[str, int] = dict.fromkeys(
+            COMPUTATIONS, -(2**63)
+        )  # highest value seen published
         acked: dict[tuple[str, str], int] = {}  # last acknowledged report per interval
         acks = [0]  # acknowledged batches, all cycles
         clock = {comp: 1_000 for comp in COMPUTATIONS}
@@ -57,7 +59,13 @@ def crash_loop(tmp_path, *, cycles: int, seed: int) -> None:
                     batch = []
                     for iv in rng.sample(INTERVALS, 6):
                         late = rng.random() < 0.2  # some reports go back in time
-                        batch.append((iv, tokens[comp][iv], clock[comp] - (rng.randint(0, 500) if late else 0)))
+                        batch.append(
+                            (
+                                iv,
+                                tokens[comp][iv],
+                                clock[comp] - (rng.randint(0, 500) if late else 0),
+                            )
+                        )
                     for iv, _, v in batch:
                         in_flight[(comp, iv)] = v
                     try:
@@ -78,33 +86,49 @@ def crash_loop(tmp_path, *, cycles: int, seed: int) -> None:
                     for comp in COMPUTATIONS:
                         broadcast[comp] = max(broadcast[comp], marks.get(comp, -(2**63)))
 
-            w_client, r_client = svc.client(retries=0, timeout=5.0), svc.client(retries=0, timeout=5.0)
-            threads = [threading.Thread(target=writer, args=(w_client,)), threading.Thread(target=reader, args=(r_client,))]
+            w_client, r_client = (
+                svc.client(retries=0, timeout=5.0),
+                svc.client(retries=0, timeout=5.0),
+            )
+            threads = [
+                threading.Thread(target=writer, args=(w_client,)),
+                threading.Thread(target=reader, args=(r_client,)),
+            ]
             for t in threads:
                 t.start()
             # kill by progress, not by seconds: once some reports are acknowledged and a
             # watermark was broadcast, after a random number of further acknowledgements
             target = acks[0] + 3 + rng.randint(0, 20)
             deadline = time.monotonic() + 60
-            while (acks[0] < target or not all(v > -(2**63) for v in broadcast.values())) and time.monotonic() < deadline:
+            while (
+                acks[0] < target or not all(v > -(2**63) for v in broadcast.values())
+            ) and time.monotonic() < deadline:
                 time.sleep(0.005)
             svc.kill()  # SIGKILL mid-stream
             stop.set()
             for t in threads:
                 t.join(10)
             assert acked, f"cycle {cycle}: no report was acknowledged before the kill"
-            assert all(v > -(2**63) for v in broadcast.values()), f"cycle {cycle}: nothing was broadcast"
+            assert all(v > -(2**63) for v in broadcast.values()), (
+                f"cycle {cycle}: nothing was broadcast"
+            )
 
             svc = start_authority(data_dir)
             with svc.client(retries=2) as c:
                 after = c.watermarks()
                 for comp in COMPUTATIONS:
-                    assert after[comp] >= broadcast[comp], f"cycle {cycle}: {comp} went back from {broadcast[comp]} to {after[comp]}"
-                    intervals = c._call("GET", "/v1/intervals", params={"computation": comp})["intervals"]
+                    assert after[comp] >= broadcast[comp], (
+                        f"cycle {cycle}: {comp} went back from {broadcast[comp]} to {after[comp]}"
+                    )
+                    intervals = c._call("GET", "/v1/intervals", params={"computation": comp})[
+                        "intervals"
+                    ]
                     for iv in INTERVALS:
                         got = intervals[iv]["value"]
                         expected = {acked.get((comp, iv), -(2**63)), in_flight.get((comp, iv))}
-                        assert got in expected, f"cycle {cycle}: {comp}/{iv} restored {got}, acknowledged {expected}"
+                        assert got in expected, (
+                            f"cycle {cycle}: {comp}/{iv} restored {got}, acknowledged {expected}"
+                        )
                         # a report in flight at the kill may have been journaled: what came
                         # back is what the next cycle's expectations start from
                         acked[(comp, iv)] = got

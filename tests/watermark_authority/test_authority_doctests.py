@@ -13,7 +13,9 @@ import watermark_authority
 
 # every module of the package, so a module split off later is covered too
 MODULES = ["watermark_authority"] + sorted(
-    f"watermark_authority.{m.name}" for m in pkgutil.iter_modules(watermark_authority.__path__) if m.name != "__main__"
+    f"watermark_authority.{m.name}"
+    for m in pkgutil.iter_modules(watermark_authority.__path__)
+    if m.name != "__main__"
 )
 
 
@@ -25,4 +27,10 @@ def test_docstring_examples(name):
 
 def test_the_public_surface_is_pinned():
     assert watermark_authority.__all__ == sorted(watermark_authority.__all__)
-    assert set(watermark_authority.__all__) == {n for n in dir(watermark_authority) if not n.startswith("_") and n[0].isupper() or n in {"embedded_authority", "open_authority", "weighted_percentile"}}
+    assert set(watermark_authority.__all__) == {
+        n
+        for n in dir(watermark_authority)
+        if not n.startswith("_")
+        and n[0].isupper()
+        or n in {"embedded_authority", "open_authority", "weighted_percentile"}
+    }

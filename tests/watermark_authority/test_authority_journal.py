@@ -130,10 +130,24 @@ def test_records_round_trip_through_the_encoding(record):
 
 def test_every_record_kind_has_its_own_class_and_deletes_share_the_key_of_what_they_delete():
     assert set(RECORDS) == {
-        "next_token", "computation", "interval", "drop_interval", "retired", "unretire",
-        "injector", "process", "drop_process", "published", "pct", "format",
-    }  # fmt: skip
-    for delete, of in [(IntervalDropped("c", "a"), IntervalState("c", "a", 1, 0, None, None)), (IntervalUnretired("c", "a"), IntervalRetired("c", "a", 1)), (ProcessDropped("l", "p"), ProcessReported("l", "p", 1, 2))]:
+        "next_token",
+        "computation",
+        "interval",
+        "drop_interval",
+        "retired",
+        "unretire",
+        "injector",
+        "process",
+        "drop_process",
+        "published",
+        "pct",
+        "format",
+    }
+    for delete, of in [
+        (IntervalDropped("c", "a"), IntervalState("c", "a", 1, 0, None, None)),
+        (IntervalUnretired("c", "a"), IntervalRetired("c", "a", 1)),
+        (ProcessDropped("l", "p"), ProcessReported("l", "p", 1, 2)),
+    ]:
         assert encode(delete) == (encode(of)[0], None)
 
 
@@ -143,7 +157,9 @@ def test_a_format_1_journal_is_read_and_upgraded():
     sep = "\x00"
     j.data = {
         b"c\x00c": msgpack.packb(()),
-        sep.join(("i", "c", "a")).encode(): msgpack.packb((3, 1_000, 5, 77)),  # token, value, pending, updated (no owner)
+        sep.join(("i", "c", "a")).encode(): msgpack.packb(
+            (3, 1_000, 5, 77)
+        ),  # token, value, pending, updated (no owner)
         sep.join(("i", "c", "b")).encode(): msgpack.packb((4, 2_000, None, 78)),
         b"p\x00c": msgpack.packb((900,)),
         b"t": msgpack.packb((5,)),
@@ -155,13 +171,17 @@ def test_a_format_1_journal_is_read_and_upgraded():
     }
     assert a.watermark("c") == 1_000  # published on load: the raw value had risen above 900
     assert a.acquire("c", ["z"])["z"] == 5
-    assert decode(b"_", j.data[b"_"]) == FormatVersion(JOURNAL_FORMAT)  # now marked as the current format
+    assert decode(b"_", j.data[b"_"]) == FormatVersion(
+        JOURNAL_FORMAT
+    )  # now marked as the current format
 
 
 def test_a_journal_of_a_newer_format_is_refused_with_a_reason():
     j = MemoryJournal()
     j.commit([FormatVersion(JOURNAL_FORMAT + 1)])
-    with pytest.raises(ValueError, match=f"format {JOURNAL_FORMAT + 1}, newer than this millwheel reads"):
+    with pytest.raises(
+        ValueError, match=f"format {JOURNAL_FORMAT + 1}, newer than this millwheel reads"
+    ):
         Authority(j)
     j = MemoryJournal()
     j.data[b"e\x00x"] = msgpack.packb((1,))

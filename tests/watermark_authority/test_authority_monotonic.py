@@ -18,7 +18,9 @@ INTERVALS = ["a", "b", "c", "d"]
 
 ops = st.lists(
     st.one_of(
-        st.tuples(st.just("report"), st.sampled_from(INTERVALS), st.integers(0, 100), st.booleans()),
+        st.tuples(
+            st.just("report"), st.sampled_from(INTERVALS), st.integers(0, 100), st.booleans()
+        ),
         st.tuples(st.just("acquire"), st.sampled_from(INTERVALS)),
         st.tuples(st.just("read")),
         st.tuples(st.just("restart")),
@@ -49,7 +51,9 @@ def test_the_published_watermark_follows_the_model_and_never_goes_back(operation
             else:
                 a.report("c", [(iv, tokens[iv], value, None)])
                 model[iv] = value
-                published = max(published, min(model.values()))  # each write publishes a raw value that rose
+                published = max(
+                    published, min(model.values())
+                )  # each write publishes a raw value that rose
         elif op[0] == "acquire":
             old_tokens[op[1]] = tokens[op[1]]
             tokens[op[1]] = a.acquire("c", [op[1]])[op[1]]

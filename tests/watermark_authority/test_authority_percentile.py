@@ -35,7 +35,14 @@ def test_weighted_by_pending_work(client, ns):
     c = f"{ns}c"
     t = client.acquire_many(c, ["straggler", "busy", "quiet"])
     # 1 pending record at t=100, 98 at t=5_000, 1 at t=9_000: 100 in all
-    client.report_batch(c, [("straggler", t["straggler"], 100, 1), ("busy", t["busy"], 5_000, 98), ("quiet", t["quiet"], 9_000, 1)])
+    client.report_batch(
+        c,
+        [
+            ("straggler", t["straggler"], 100, 1),
+            ("busy", t["busy"], 5_000, 98),
+            ("quiet", t["quiet"], 9_000, 1),
+        ],
+    )
     assert client.watermark(c) == 100
     assert client.percentile_watermark(c, 99) == 5_000  # the straggler is 1% of the work
     assert client.percentile_watermark(c, 99.5) == 100  # but more than 0.5%
@@ -46,7 +53,9 @@ def test_weighted_by_pending_work(client, ns):
 def test_intervals_without_pending_work_do_not_hold_the_percentile(client, ns):
     c = f"{ns}c"
     t = client.acquire_many(c, ["idle", "a", "b"])
-    client.report_batch(c, [("idle", t["idle"], 10, 0), ("a", t["a"], 2_000, 50), ("b", t["b"], 3_000, 50)])
+    client.report_batch(
+        c, [("idle", t["idle"], 10, 0), ("a", t["a"], 2_000, 50), ("b", t["b"], 3_000, 50)]
+    )
     assert client.watermark(c) == 10  # the low watermark is exact: idle still counts
     assert client.percentile_watermark(c, 99) == 2_000
 
@@ -70,7 +79,10 @@ def test_a_bad_percentile_is_refused(client, ns, pct):
         client.percentile_watermark(c, pct)
 
 
-@given(st.lists(st.tuples(st.integers(-1_000, 1_000), st.integers(0, 20)), min_size=1, max_size=40), st.integers(500, 100_000).map(lambda m: m / 1000))
+@given(
+    st.lists(st.tuples(st.integers(-1_000, 1_000), st.integers(0, 20)), min_size=1, max_size=40),
+    st.integers(500, 100_000).map(lambda m: m / 1000),
+)
 def test_weighted_percentile_matches_a_brute_force_definition(items, pct):
     values = [v for v, _ in items]
     weights = [w for _, w in items]

@@ -61,22 +61,39 @@ def served():
 def test_a_read_is_answered_while_a_write_is_stuck_in_the_journal(served):
     url, secret, journal = served
     with httpx.Client(base_url=url, headers=secret.header(), timeout=10) as http:
-        token = http.post("/v1/acquire", json={"computation": "c", "intervals": ["a"]}).json()["tokens"]["a"]
-        assert http.post("/v1/report", json={"computation": "c", "reports": [["a", token, 1_000]]}).status_code == 200
+        token = http.post("/v1/acquire", json={"computation": "c", "intervals": ["a"]}).json()[
+            "tokens"
+        ]["a"]
+        assert (
+            http.post(
+                "/v1/report", json={"computation": "c", "reports": [["a", token, 1_000]]}
+            ).status_code
+            == 200
+        )
 
         journal.stall.set()
-        writer = threading.Thread(target=lambda: http.post("/v1/report", json={"computation": "c", "reports": [["a", token, 5_000]]}))
+        writer = threading.Thread(
+            target=lambda: http.post(
+                "/v1/report", json={"computation": "c", "reports": [["a", token, 5_000]]}
+            )
+        )
         writer.start()
         assert journal.stalled.wait(5), "the write never reached the journal"
         with httpx.Client(base_url=url, timeout=10) as reader:  # a consumer, no secret needed
             # the write stays stuck until the test releases it: reads that waited behind it would time out
-            assert reader.get("/v1/watermark", params={"name": "c"}).json()["low_watermark"] == 1_000  # not yet durable: not shown
+            assert (
+                reader.get("/v1/watermark", params={"name": "c"}).json()["low_watermark"] == 1_000
+            )  # not yet durable: not shown
             assert reader.get("/v1/watermarks").json()["watermarks"] == {"c": 1_000}
-            assert writer.is_alive() and not journal.release.is_set(), "the write was not stuck while the reads were answered"
+            assert writer.is_alive() and not journal.release.is_set(), (
+                "the write was not stuck while the reads were answered"
+            )
             journal.stall.clear()
             journal.release.set()
             writer.join(10)
-            assert reader.get("/v1/watermark", params={"name": "c"}).json()["low_watermark"] == 5_000  # journaled, then shown
+            assert (
+                reader.get("/v1/watermark", params={"name": "c"}).json()["low_watermark"] == 5_000
+            )  # journaled, then shown
 
 
 def test_the_snapshot_is_replaced_not_changed():

@@ -40,12 +40,18 @@ def test_every_mutation_needs_the_secret(anon, service, seeded):
     wrong = {"Authorization": "Bearer " + "x" * 43}
     basic = {"Authorization": f"Basic {service.secret.reveal()}"}
     for path, body in mutations(c, inj, tokens):
-        for headers, says in [({}, "needs the watermark authority's secret"), (wrong, "is not the watermark authority's secret"), (basic, "is not")]:
+        for headers, says in [
+            ({}, "needs the watermark authority's secret"),
+            (wrong, "is not the watermark authority's secret"),
+            (basic, "is not"),
+        ]:
             r = anon.post(path, json=body, headers=headers)
             assert r.status_code == 401, (path, headers, r.text)
             assert r.json()["error"] == "unauthorized" and says in r.json()["message"]
             assert "Authorization: Bearer" in r.json()["message"] or "is not" in says
-            assert "$MILLWHEEL_AUTHORITY_SECRET" in r.json()["message"]  # where the secret comes from
+            assert (
+                "$MILLWHEEL_AUTHORITY_SECRET" in r.json()["message"]
+            )  # where the secret comes from
             assert r.headers["www-authenticate"].startswith("Bearer")
             assert service.secret.reveal() not in r.text
     assert snapshot() == before
@@ -55,7 +61,10 @@ def test_reads_that_reveal_tokens_need_the_secret(anon, http, seeded):
     c, _, tokens, _ = seeded
     r = anon.get("/v1/intervals", params={"computation": c})
     assert r.status_code == 401 and "GET /v1/intervals needs" in r.json()["message"]
-    assert http.get("/v1/intervals", params={"computation": c}).json()["intervals"]["a"]["token"] == tokens["a"]
+    assert (
+        http.get("/v1/intervals", params={"computation": c}).json()["intervals"]["a"]["token"]
+        == tokens["a"]
+    )
 
     def keys(value):
         if isinstance(value, dict):
@@ -66,7 +75,12 @@ def test_reads_that_reveal_tokens_need_the_secret(anon, http, seeded):
             for v in value:
                 yield from keys(v)
 
-    for path in ("/v1/status", "/v1/watermarks", f"/v1/watermark?name={c}", "/v1/history?seconds=60"):
+    for path in (
+        "/v1/status",
+        "/v1/watermarks",
+        f"/v1/watermark?name={c}",
+        "/v1/history?seconds=60",
+    ):
         r = anon.get(path)
         assert r.status_code == 200, (path, r.text)  # reads of published watermarks are open
         assert "token" not in set(keys(r.json())), f"{path} reveals a sequencer token"
@@ -80,7 +94,9 @@ def test_tokens_are_useless_without_the_secret(anon, seeded):
         for t in range(max(1, tokens[iv] - 20), tokens[iv] + 20):
             r = anon.post("/v1/report", json={"computation": c, "reports": [[iv, t, 2**63 - 1]]})
             assert r.status_code == 401
-    assert anon.post("/v1/acquire", json={"computation": c, "intervals": ["a"]}).status_code == 401  # no fencing the owner
+    assert (
+        anon.post("/v1/acquire", json={"computation": c, "intervals": ["a"]}).status_code == 401
+    )  # no fencing the owner
     assert snapshot() == before
 
 
@@ -90,12 +106,18 @@ def test_cross_site_requests_are_refused_even_with_the_secret(http, service, see
     report = json.dumps({"injector": inj, "process": "p0", "low_watermark": 2**63 - 1})
     host = urlsplit(service.url).netloc
     attacks = [
-        {"Origin": "http://evil.example", "Content-Type": "text/plain"},  # a cross-site form or no-cors fetch
+        {
+            "Origin": "http://evil.example",
+            "Content-Type": "text/plain",
+        },  # a cross-site form or no-cors fetch
         {"Origin": "http://evil.example", "Content-Type": "application/json"},
         {"Origin": "null", "Content-Type": "application/json"},  # sandboxed iframes, file:// pages
         {"Origin": f"http://{host}.evil.example", "Content-Type": "application/json"},
         {"Sec-Fetch-Site": "cross-site", "Content-Type": "text/plain"},
-        {"Sec-Fetch-Site": "same-site", "Content-Type": "application/json"},  # another port of this host
+        {
+            "Sec-Fetch-Site": "same-site",
+            "Content-Type": "application/json",
+        },  # another port of this host
     ]
     for headers in attacks:
         r = http.post("/v1/injectors/report", content=report, headers=headers)
@@ -105,9 +127,26 @@ def test_cross_site_requests_are_refused_even_with_the_secret(http, service, see
     assert r.status_code == 403
     assert snapshot() == before
     # this service's own pages may call it, and a link from elsewhere opens the dashboard
-    assert http.post("/v1/injectors/report", content=report.replace(str(2**63 - 1), "3500"), headers={"Origin": f"http://{host}", **JSON}).status_code == 200
-    assert http.get("/", headers={"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"}).status_code == 200
-    assert http.get("/v1/status", headers={"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "cors"}).status_code == 403
+    assert (
+        http.post(
+            "/v1/injectors/report",
+            content=report.replace(str(2**63 - 1), "3500"),
+            headers={"Origin": f"http://{host}", **JSON},
+        ).status_code
+        == 200
+    )
+    assert (
+        http.get(
+            "/", headers={"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"}
+        ).status_code
+        == 200
+    )
+    assert (
+        http.get(
+            "/v1/status", headers={"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "cors"}
+        ).status_code
+        == 403
+    )
 
 
 def test_a_rebound_host_name_is_refused(http, service, seeded):
@@ -115,12 +154,21 @@ def test_a_rebound_host_name_is_refused(http, service, seeded):
     c, inj, tokens, snapshot = seeded
     before = snapshot()
     port = urlsplit(service.url).port
-    for method, path, body in [("GET", "/", None), ("GET", "/v1/status", None), ("POST", "/v1/acquire", {"computation": c, "intervals": ["a"]})]:
+    for method, path, body in [
+        ("GET", "/", None),
+        ("GET", "/v1/status", None),
+        ("POST", "/v1/acquire", {"computation": c, "intervals": ["a"]}),
+    ]:
         r = http.request(method, path, json=body, headers={"Host": f"evil.example:{port}"})
         assert r.status_code == 421, (path, r.text)
         assert r.json()["error"] == "misdirected_request" and "--allow-host" in r.json()["message"]
     assert snapshot() == before
-    for ok in (f"localhost:{port}", f"127.0.0.1:{port}", "LOCALHOST.", f"10.1.2.3:{port}"):  # loopback names and IP addresses
+    for ok in (
+        f"localhost:{port}",
+        f"127.0.0.1:{port}",
+        "LOCALHOST.",
+        f"10.1.2.3:{port}",
+    ):  # loopback names and IP addresses
         assert http.get("/v1/watermarks", headers={"Host": ok}).status_code == 200, ok
 
 
@@ -155,11 +203,15 @@ def _post_head(service, path: str, extra: str) -> str:
 
 
 @pytest.mark.parametrize("length", [70_000_000, 1_000_000_000])
-def test_a_body_over_the_limit_is_refused_from_its_content_length_before_it_is_read(service, seeded, length):
+def test_a_body_over_the_limit_is_refused_from_its_content_length_before_it_is_read(
+    service, seeded, length
+):
     c, _, _, snapshot = seeded
     before = snapshot()
     s = _raw(service, _post_head(service, "/v1/report", f"Content-Length: {length}\r\n"))
-    s.sendall(b'{"computation": "' + c.encode() + b'", "reports": [' + b"[" * 1000)  # a start, never the rest
+    s.sendall(
+        b'{"computation": "' + c.encode() + b'", "reports": [' + b"[" * 1000
+    )  # a start, never the rest
     # the rest never comes: a service that waited for the body would never answer (the read times out)
     status, body = _response(s, timeout=30)
     s.close()
@@ -199,7 +251,13 @@ def test_a_70MB_body_without_a_length_is_refused_while_it_streams(service, seede
 def test_an_out_of_range_pending_count_is_a_400_and_changes_nothing(http, seeded, pending):
     c, _, tokens, snapshot = seeded
     before = snapshot()
-    r = http.post("/v1/report", json={"computation": c, "reports": [["a", tokens["a"], 1_500, 1], ["b", tokens["b"], 2_500, pending]]})
+    r = http.post(
+        "/v1/report",
+        json={
+            "computation": c,
+            "reports": [["a", tokens["a"], 1_500, 1], ["b", tokens["b"], 2_500, pending]],
+        },
+    )
     assert r.status_code == 400, r.text
     assert "pending must be an integer in [0, 9223372036854775807]" in r.json()["message"]
     assert snapshot() == before
@@ -211,7 +269,9 @@ def test_an_out_of_range_pending_count_is_refused_on_both_backends(client, ns, p
     c = f"{ns}c"
     t = client.acquire(c, "a")
     client.report(c, "a", t, 1_000, 5)
-    with pytest.raises(InvalidRequestError, match=r"pending must be an integer in \[0, 9223372036854775807\]"):
+    with pytest.raises(
+        InvalidRequestError, match=r"pending must be an integer in \[0, 9223372036854775807\]"
+    ):
         client.report(c, "a", t, 9_000, pending)
     assert client.watermark(c) == 1_000
     assert client.percentile_watermark(c, 99) == 1_000
@@ -220,15 +280,26 @@ def test_an_out_of_range_pending_count_is_refused_on_both_backends(client, ns, p
 def test_the_largest_pending_count_keeps_status_and_percentiles_working(http, seeded):
     c, _, tokens, _ = seeded
     top = 2**63 - 1
-    r = http.post("/v1/report", json={"computation": c, "reports": [["a", tokens["a"], 1_500, top], ["b", tokens["b"], 2_500, top]]})
+    r = http.post(
+        "/v1/report",
+        json={
+            "computation": c,
+            "reports": [["a", tokens["a"], 1_500, top], ["b", tokens["b"], 2_500, top]],
+        },
+    )
     assert r.status_code == 200, r.text
     status = http.get("/v1/status")
     assert status.status_code == 200
     assert status.json()["computations"][c]["holding"]["pending"] == top
-    assert http.get("/v1/watermark", params={"name": c, "pct": "50"}).json()["watermark"] == 2_500  # equal weights
+    assert (
+        http.get("/v1/watermark", params={"name": c, "pct": "50"}).json()["watermark"] == 2_500
+    )  # equal weights
     merged = http.post("/v1/merge", json={"computation": c, "intervals": ["a", "b"], "into": "ab"})
     assert merged.status_code == 200
-    assert http.get("/v1/intervals", params={"computation": c}).json()["intervals"]["ab"]["pending"] == top  # saturates
+    assert (
+        http.get("/v1/intervals", params={"computation": c}).json()["intervals"]["ab"]["pending"]
+        == top
+    )  # saturates
 
 
 @pytest.mark.parametrize("depth", [9, 100_000])
@@ -252,14 +323,23 @@ def test_a_huge_name_is_never_echoed(http, seeded):
         ("/v1/acquire", {"computation": c, "intervals": ["a", huge]}),
         ("/v1/injectors/report", {"injector": inj, "process": huge, "low_watermark": 5}),
         ("/v1/report", {"computation": c, "reports": [["a", tokens["a"], 5, huge]]}),
-        ("/v1/report", {"computation": c, "reports": [["a", tokens["a"], 5]], **{f"f{k}": k for k in range(100_000)}}),
+        (
+            "/v1/report",
+            {
+                "computation": c,
+                "reports": [["a", tokens["a"], 5]],
+                **{f"f{k}": k for k in range(100_000)},
+            },
+        ),
     ]:
         r = http.post(path, json=body)
         assert r.status_code == 400, (path, r.status_code)
         assert len(r.content) < 1_000, f"{path}: {len(r.content)} bytes of error"
     r = http.get("/v1/watermark", params={"name": "q" * 8_000})
     assert r.status_code == 400 and len(r.content) < 1_000
-    r = http.get("/v1/watermark", params={"name": "unknown-" + "u" * 200})  # a valid length, unknown: 404, shortened
+    r = http.get(
+        "/v1/watermark", params={"name": "unknown-" + "u" * 200}
+    )  # a valid length, unknown: 404, shortened
     assert r.status_code == 404 and len(r.json()["message"]) < 400
     assert snapshot() == before
 
@@ -267,14 +347,28 @@ def test_a_huge_name_is_never_echoed(http, seeded):
 def test_a_body_that_is_not_json_is_a_415(http, seeded):
     c, _, _, snapshot = seeded
     before = snapshot()
-    for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
-        r = http.post("/v1/acquire", content=json.dumps({"computation": c, "intervals": ["a"]}), headers={"Content-Type": ctype})
-        assert r.status_code == 415 and "Content-Type: application/json" in r.json()["message"], (ctype, r.text)
+    for ctype in (
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+    ):
+        r = http.post(
+            "/v1/acquire",
+            content=json.dumps({"computation": c, "intervals": ["a"]}),
+            headers={"Content-Type": ctype},
+        )
+        assert r.status_code == 415 and "Content-Type: application/json" in r.json()["message"], (
+            ctype,
+            r.text,
+        )
     assert snapshot() == before
 
 
 def test_every_answer_says_nosniff_and_no_framing(anon):
     for path in ("/", "/v1/watermarks", "/static/dashboard.js", "/v1/intervals"):
         r = anon.get(path)
-        assert r.headers["x-content-type-options"] == "nosniff" and r.headers["x-frame-options"] == "DENY", path
+        assert (
+            r.headers["x-content-type-options"] == "nosniff"
+            and r.headers["x-frame-options"] == "DENY"
+        ), path
     assert "frame-ancestors 'none'" in anon.get("/").headers["content-security-policy"]

@@ -35,7 +35,12 @@ def test_a_batch_with_one_stale_token_changes_nothing(client, ns):
 
 
 def test_tokens_grow_across_intervals_and_computations(client, ns):
-    seen = [client.acquire(f"{ns}x", "a"), client.acquire(f"{ns}y", "a"), client.acquire(f"{ns}x", "a"), client.acquire(f"{ns}x", "b")]
+    seen = [
+        client.acquire(f"{ns}x", "a"),
+        client.acquire(f"{ns}y", "a"),
+        client.acquire(f"{ns}x", "a"),
+        client.acquire(f"{ns}x", "b"),
+    ]
     assert seen == sorted(seen) and len(set(seen)) == 4
 
 

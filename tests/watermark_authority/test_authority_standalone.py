@@ -14,7 +14,9 @@ def test_the_service_and_its_client_import_no_millwheel():
         "import sys, watermark_authority, watermark_authority._server, watermark_authority.cli; "
         "print(sorted(m for m in sys.modules if m == 'millwheel' or m.startswith('millwheel.')))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
     assert out.stdout.strip() == "[]", out.stdout
 
 

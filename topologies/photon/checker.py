@@ -74,10 +74,18 @@ def check_outputs(data: Path, runs: list[Path], config: PhotonConfig) -> Counts:
         for u in out.unjoinable:
             reported[u["click"][cid]] += 1
             (gave_up if u.get("reason_code") == NO_QUERY else decided).add(u["click"][cid])
-    twice = {JOINED: sum(1 for n in joined.values() if n > 1), UNJOINABLE: sum(1 for n in reported.values() if n > 1)}
+    twice = {
+        JOINED: sum(1 for n in joined.values() if n > 1),
+        UNJOINABLE: sum(1 for n in reported.values() if n > 1),
+    }
     return Counts(
-        joinable=len(joinable), orphans=len(answer.orphans), lost=len(joinable - set(joined)),
-        twice=sum(twice.values()), twice_by_stream=twice, unseen=len(answer.orphans - gave_up),
-        both=len(set(joined) & decided), unexpected=len(set(joined) - joinable),
+        joinable=len(joinable),
+        orphans=len(answer.orphans),
+        lost=len(joinable - set(joined)),
+        twice=sum(twice.values()),
+        twice_by_stream=twice,
+        unseen=len(answer.orphans - gave_up),
+        both=len(set(joined) & decided),
+        unexpected=len(set(joined) - joinable),
         superseded_give_ups=len(set(joined) & gave_up),
-    )  # fmt: skip
+    )

@@ -93,7 +93,13 @@ def _options(parser: argparse.ArgumentParser, cls: Any) -> None:
         kind = type(f.default)
         parse = (lambda text: text.lower() in ("1", "true", "yes")) if kind is bool else kind
         text = docs.get(f.name, f.name.replace("_", " "))
-        parser.add_argument(f"--{f.name.replace('_', '-')}", type=parse, default=f.default, dest=f.name, help=f"{text} (default {f.default})")
+        parser.add_argument(
+            f"--{f.name.replace('_', '-')}",
+            type=parse,
+            default=f.default,
+            dest=f.name,
+            help=f"{text} (default {f.default})",
+        )
 
 
 def field_docs(cls: Any) -> dict[str, str]:
@@ -147,7 +153,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.backend == "spark" and not args.checkpoint:
         msg = "--backend spark needs --checkpoint RUN_DIR (the pipeline's own run directory)"
         raise ValueError(msg)
-    data = resolve_data_dir(args.data_dir)  # the default sample (generated if missing), or logs read and never written
+    data = resolve_data_dir(
+        args.data_dir
+    )  # the default sample (generated if missing), or logs read and never written
     sample = has_truth(data)
     if args.backend == "harness":
         mode = args.mode or ("continuous" if sample else "batch")
@@ -170,16 +178,24 @@ def _run(args: argparse.Namespace) -> int:
 
 def _joined_report(result: RunResult, data: Path, run: str | None) -> str:
     """What a run joined from logs that are not a generated sample (there is no ground truth to check)."""
-    files = {log: sum(1 for p in (data / log).iterdir() if p.is_file() and not p.name.startswith((".", "_"))) for log in ("queries", "clicks")}
+    files = {
+        log: sum(
+            1 for p in (data / log).iterdir() if p.is_file() and not p.name.startswith((".", "_"))
+        )
+        for log in ("queries", "clicks")
+    }
     reasons = Counter(str(u.get("reason_code")) for u in result.unjoinable)
     lines = [
         f"photon: joined {len(result.joined)} clicks from the logs in {data} (query files: {files['queries']}, click files: {files['clicks']}; "
         f"read, nothing written there)",
-        f"  unjoinable: {len(result.unjoinable)}" + (f" ({', '.join(f'{r}: {n}' for r, n in sorted(reasons.items()))})" if reasons else ""),
+        f"  unjoinable: {len(result.unjoinable)}"
+        + (f" ({', '.join(f'{r}: {n}' for r, n in sorted(reasons.items()))})" if reasons else ""),
         f"  dead letters (malformed lines, clicks without a query id): {len(result.dead_letters)}",
     ]
     if run is not None:
-        lines.append(f"  compare with a batch join of the same logs: millwheel photon evaluate {data} {run}")
+        lines.append(
+            f"  compare with a batch join of the same logs: millwheel photon evaluate {data} {run}"
+        )
     return "\n".join(lines)
 
 
@@ -189,34 +205,61 @@ def _run_spark(args: argparse.Namespace, data: Path, config: PhotonConfig) -> Ru
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     settings = RuntimeSettings(
-        master=args.master, intervals=args.intervals, trigger_ms=args.trigger_ms, max_files_per_trigger=args.max_files_per_trigger,
+        master=args.master,
+        intervals=args.intervals,
+        trigger_ms=args.trigger_ms,
+        max_files_per_trigger=args.max_files_per_trigger,
         max_restarts=args.max_restarts,
     )
-    with run_lock(args.checkpoint):  # a running pipeline is refused here, before the services of its run directory start
+    with run_lock(
+        args.checkpoint
+    ):  # a running pipeline is refused here, before the services of its run directory start
         pass
     with contextlib.ExitStack() as stack:
         url, secret_file = args.registry, args.secret_file
         if url is None:
             from id_registry import embedded_registry
 
-            service = stack.enter_context(embedded_registry(str(Path(args.checkpoint) / "registry")))
+            service = stack.enter_context(
+                embedded_registry(str(Path(args.checkpoint) / "registry"))
+            )
             url, secret_file = service.url, str(Path(service.data_dir) / "secret")
-            print(f"photon: IdRegistry for this run at {url} (give --registry URL to share one between pipelines)", file=sys.stderr)
-        watermarks = _dashboard(stack, args.checkpoint, url, secret_file) if args.dashboard else None
+            print(
+                f"photon: IdRegistry for this run at {url} (give --registry URL to share one between pipelines)",
+                file=sys.stderr,
+            )
+        watermarks = (
+            _dashboard(stack, args.checkpoint, url, secret_file) if args.dashboard else None
+        )
         try:
             return run_spark(
-                data, args.checkpoint, config=config, settings=settings, pipeline=args.pipeline, watermarks=watermarks,
-                registry=RegistryFactory(url, secret_file, patience_s=args.registry_patience_s, waits=str(Path(args.checkpoint) / "waits")),
-                registry_url=url, follow=args.follow,
-                finite=not args.live, timeout_s=args.timeout, stop=stop,
+                data,
+                args.checkpoint,
+                config=config,
+                settings=settings,
+                pipeline=args.pipeline,
+                watermarks=watermarks,
+                registry=RegistryFactory(
+                    url,
+                    secret_file,
+                    patience_s=args.registry_patience_s,
+                    waits=str(Path(args.checkpoint) / "waits"),
+                ),
+                registry_url=url,
+                follow=args.follow,
+                finite=not args.live,
+                timeout_s=args.timeout,
+                stop=stop,
                 log=lambda m: print(f"millwheel: {m}", file=sys.stderr, flush=True),
-            )  # fmt: skip
+            )
         except KeyboardInterrupt:
             stop.set()
             raise
 
 
-def _dashboard(stack: contextlib.ExitStack, run: str, registry_url: str, secret_file: str | None) -> Any:
+def _dashboard(
+    stack: contextlib.ExitStack, run: str, registry_url: str, secret_file: str | None
+) -> Any:
     """A watermark authority of this run's own (``RUN/authority``: two pipelines' computations share
     names, so they never share an authority) for the ``with`` block; prints its dashboard's address
     with the registry's panel. Returns a client of it, for the runtime."""
@@ -247,12 +290,16 @@ def _registry(url: str | None, secret_file: str | None) -> Iterator[Any]:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    url = args.registry or next((m["registry"] for m in map(read_manifest, args.runs) if m and m.get("registry")), None)
+    url = args.registry or next(
+        (m["registry"] for m in map(read_manifest, args.runs) if m and m.get("registry")), None
+    )
     if url is None:
         msg = "no --registry URL, and the runs' manifests name none"
         raise ValueError(msg)
     with _registry(url, args.secret_file) as reg:
-        report = verify_runs(args.runs, reg, clear_tokens=args.clear_tokens, dry_run=args.dry_run, target=args.target)
+        report = verify_runs(
+            args.runs, reg, clear_tokens=args.clear_tokens, dry_run=args.dry_run, target=args.target
+        )
     print(json.dumps(report_dict(report), indent=1) if args.json else report.text())
     return 0
 
@@ -260,12 +307,17 @@ def _verify(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     runs = [read_run(r) for r in args.runs]
     union = RunResult(
-        [j for r in runs for j in r.joined], [u for r in runs for u in r.unjoinable], [d for r in runs[:1] for d in r.dead_letters], runs[0].metrics,
-    )  # fmt: skip
+        [j for r in runs for j in r.joined],
+        [u for r in runs for u in r.unjoinable],
+        [d for r in runs[:1] for d in r.dead_letters],
+        runs[0].metrics,
+    )
     manifest = read_manifest(args.runs[0])
     config = PhotonConfig(**manifest["config"]) if manifest else PhotonConfig()
     data = check_logs(args.data_dir)
-    report = evaluate(union, data, load_truth(data) if has_truth(data) else None, config)  # a user's logs: the batch join alone
+    report = evaluate(
+        union, data, load_truth(data) if has_truth(data) else None, config
+    )  # a user's logs: the batch join alone
     print(json.dumps(report, indent=1, default=str) if args.json else render(report))
     return 0 if report["ok"] else 1
 
@@ -276,76 +328,175 @@ def _check(args: argparse.Namespace) -> int:
     return check_main(args)
 
 
-_COMMANDS = {"generate": _generate, "run": _run, "verify": _verify, "evaluate": _evaluate, "check": _check}
+_COMMANDS = {
+    "generate": _generate,
+    "run": _run,
+    "verify": _verify,
+    "evaluate": _evaluate,
+    "check": _check,
+}
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="millwheel photon", description="Photon: clicks joined with their queries, exactly once across pipelines")
+    parser = argparse.ArgumentParser(
+        prog="millwheel photon",
+        description="Photon: clicks joined with their queries, exactly once across pipelines",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p_gen = sub.add_parser("generate", help="write query and click logs and their ground truth")
-    p_gen.add_argument("out_dir", help="the directory to write (queries/, clicks/, ground_truth.json)")
+    p_gen.add_argument(
+        "out_dir", help="the directory to write (queries/, clicks/, ground_truth.json)"
+    )
     _options(p_gen, GeneratorConfig)
     p_run = sub.add_parser("run", help="run one pipeline (harness or Spark) and evaluate it")
     p_run.add_argument(
-        "data_dir", nargs="?", default=None,
+        "data_dir",
+        nargs="?",
+        default=None,
         help="DATA/queries/ and DATA/clicks/ of JSON-lines logs, read and never written (default: the default sample, generated if missing)",
-    )  # fmt: skip
-    p_run.add_argument("--backend", choices=["harness", "spark"], default="harness", help="harness: in memory; spark: a pipeline on Spark in --checkpoint RUN (default harness)")
+    )
     p_run.add_argument(
-        "--mode", choices=["continuous", "batch"], default=None,
+        "--backend",
+        choices=["harness", "spark"],
+        default="harness",
+        help="harness: in memory; spark: a pipeline on Spark in --checkpoint RUN (default harness)",
+    )
+    p_run.add_argument(
+        "--mode",
+        choices=["continuous", "batch"],
+        default=None,
         help="harness: paced as the files were written (a generated sample's default) or as fast as possible (the default on other logs)",
-    )  # fmt: skip
+    )
     p_run.add_argument(
-        "--pipeline", default=None,
+        "--pipeline",
+        default=None,
         help="this pipeline's name in the IdRegistry; required with a shared --registry (default: the run directory's, else dc1)",
-    )  # fmt: skip
-    p_run.add_argument("--registry", default=None, help="URL of the shared IdRegistry (default: in memory / one started for the run)")
-    p_run.add_argument("--secret-file", default=None, help="the registry's secret (default: $MILLWHEEL_REGISTRY_SECRET, ...)")
-    p_run.add_argument("--checkpoint", default=None, help="spark: the pipeline's run directory (a restart resumes it)")
-    p_run.add_argument("--follow", action="store_true", help="spark: keep running once drained, serving re-injections")
+    )
     p_run.add_argument(
-        "--dashboard", action="store_true",
+        "--registry",
+        default=None,
+        help="URL of the shared IdRegistry (default: in memory / one started for the run)",
+    )
+    p_run.add_argument(
+        "--secret-file",
+        default=None,
+        help="the registry's secret (default: $MILLWHEEL_REGISTRY_SECRET, ...)",
+    )
+    p_run.add_argument(
+        "--checkpoint",
+        default=None,
+        help="spark: the pipeline's run directory (a restart resumes it)",
+    )
+    p_run.add_argument(
+        "--follow",
+        action="store_true",
+        help="spark: keep running once drained, serving re-injections",
+    )
+    p_run.add_argument(
+        "--dashboard",
+        action="store_true",
         help="spark: report watermarks to an authority of this run's own (RUN/authority) and print its lag dashboard's address, with the IdRegistry's panel",
-    )  # fmt: skip
-    p_run.add_argument("--live", action="store_true", help="spark: the logs keep growing (never drained)")
-    p_run.add_argument("--master", default="local[2]", help="spark: the Spark master (default local[2])")
-    p_run.add_argument("--intervals", type=int, default=8, help="spark: key intervals, pinned by the run directory's first start (default 8)")
-    p_run.add_argument("--trigger-ms", type=int, default=0, help="spark: the micro-batch trigger interval (default 0: as soon as possible)")
-    p_run.add_argument("--max-files-per-trigger", type=int, default=None, help="spark: stream files per computation batch")
-    p_run.add_argument("--max-restarts", type=int, default=20, help="spark: restarts of a failed query (from its checkpoint) before giving up (default 20)")
-    p_run.add_argument("--timeout", type=float, default=None, help="spark: give up a finite run not drained after this many seconds (default none)")
+    )
     p_run.add_argument(
-        "--registry-patience-s", type=float, default=PATIENCE_S,
+        "--live", action="store_true", help="spark: the logs keep growing (never drained)"
+    )
+    p_run.add_argument(
+        "--master", default="local[2]", help="spark: the Spark master (default local[2])"
+    )
+    p_run.add_argument(
+        "--intervals",
+        type=int,
+        default=8,
+        help="spark: key intervals, pinned by the run directory's first start (default 8)",
+    )
+    p_run.add_argument(
+        "--trigger-ms",
+        type=int,
+        default=0,
+        help="spark: the micro-batch trigger interval (default 0: as soon as possible)",
+    )
+    p_run.add_argument(
+        "--max-files-per-trigger",
+        type=int,
+        default=None,
+        help="spark: stream files per computation batch",
+    )
+    p_run.add_argument(
+        "--max-restarts",
+        type=int,
+        default=20,
+        help="spark: restarts of a failed query (from its checkpoint) before giving up (default 20)",
+    )
+    p_run.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="spark: give up a finite run not drained after this many seconds (default none)",
+    )
+    p_run.add_argument(
+        "--registry-patience-s",
+        type=float,
+        default=PATIENCE_S,
         help=f"spark: how long registry calls keep waiting while the registry is out (a restart, a failover) before the run stops (default {PATIENCE_S:g})",
-    )  # fmt: skip
+    )
     _options(p_run, PhotonConfig)
-    p_ver = sub.add_parser("verify", help="check registered clicks against the outputs; recover lost ones (§3.3.3)")
+    p_ver = sub.add_parser(
+        "verify", help="check registered clicks against the outputs; recover lost ones (§3.3.3)"
+    )
     p_ver.add_argument("runs", nargs="+", help="the pipelines' run directories")
     p_ver.add_argument("--registry", default=None, help="default: the one the runs' manifests name")
-    p_ver.add_argument("--secret-file", default=None, help="the registry's secret (default: $MILLWHEEL_REGISTRY_SECRET, ...)")
-    p_ver.add_argument("--dry-run", action="store_true", help="report only: clear nothing, re-inject nothing")
     p_ver.add_argument(
-        "--target", default=None,
+        "--secret-file",
+        default=None,
+        help="the registry's secret (default: $MILLWHEEL_REGISTRY_SECRET, ...)",
+    )
+    p_ver.add_argument(
+        "--dry-run", action="store_true", help="report only: clear nothing, re-inject nothing"
+    )
+    p_ver.add_argument(
+        "--target",
+        default=None,
         help="the run directory (one of RUN...) that takes re-injected clicks where more than one could (without it, verification asks)",
-    )  # fmt: skip
+    )
     p_ver.add_argument(
-        "--clear-tokens", action="store_true",
+        "--clear-tokens",
+        action="store_true",
         help="drop the tokens of clicks safely in the output (saves registry space; a later verification of a subset then recovers less)",
-    )  # fmt: skip
+    )
     p_ver.add_argument("--json", action="store_true", help="print the report as JSON")
-    p_eval = sub.add_parser("evaluate", help="evaluate the union of runs' outputs against a batch join of the logs")
-    p_eval.add_argument("data_dir", help="the logs the runs read (a sample's ground truth is checked too if there is one)")
-    p_eval.add_argument("runs", nargs="+", help="the pipelines' run directories, evaluated as one union")
+    p_eval = sub.add_parser(
+        "evaluate", help="evaluate the union of runs' outputs against a batch join of the logs"
+    )
+    p_eval.add_argument(
+        "data_dir",
+        help="the logs the runs read (a sample's ground truth is checked too if there is one)",
+    )
+    p_eval.add_argument(
+        "runs", nargs="+", help="the pipelines' run directories, evaluated as one union"
+    )
     p_eval.add_argument("--json", action="store_true", help="print the report as JSON")
-    p_check = sub.add_parser("check", help="a Jepsen-style check: two Spark pipelines under kills, restarts and verification; exit 1 on any lost or duplicated click")
-    p_check.add_argument("--rounds", type=int, default=1, help="rounds to run, each with its own logs and faults (default 1)")
+    p_check = sub.add_parser(
+        "check",
+        help="a Jepsen-style check: two Spark pipelines under kills, restarts and verification; exit 1 on any lost or duplicated click",
+    )
     p_check.add_argument(
-        "--seed", type=int, default=None,
+        "--rounds",
+        type=int,
+        default=1,
+        help="rounds to run, each with its own logs and faults (default 1)",
+    )
+    p_check.add_argument(
+        "--seed",
+        type=int,
+        default=None,
         help="decides every round's logs, faults and their order (default: a fresh random seed, printed, so a failing round can be replayed)",
-    )  # fmt: skip
-    p_check.add_argument("--workdir", default=".millwheel/photon-check", help="where the rounds' logs, run directories and check.json go (default .millwheel/photon-check)")
+    )
+    p_check.add_argument(
+        "--workdir",
+        default=".millwheel/photon-check",
+        help="where the rounds' logs, run directories and check.json go (default .millwheel/photon-check)",
+    )
     from .jepsen import CheckSettings
 
     _options(p_check, CheckSettings)
     return parser
-

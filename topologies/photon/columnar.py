@@ -93,7 +93,16 @@ class ColumnarJoiner(JoinRules, ColumnarComputation):
         fast_clicks = ci[~slow[codes[ci]]]
         if len(fast_clicks):
             ids = r["id"].tolist()
-            rows = {int(c): v for c, k, v in zip(o_codes.tolist(), o_kind.tolist(), old["value"].tolist() if len(old) else [], strict=True) if k == _QUERY}
+            rows = {
+                int(c): v
+                for c, k, v in zip(
+                    o_codes.tolist(),
+                    o_kind.tolist(),
+                    old["value"].tolist() if len(old) else [],
+                    strict=True,
+                )
+                if k == _QUERY
+            }
             queries: dict[int, Any] = {}
             for i in fast_clicks.tolist():
                 c = int(codes[i])
@@ -109,13 +118,21 @@ class ColumnarJoiner(JoinRules, ColumnarComputation):
             pos = first_q[new]
             q_ts = ts[pos]
             batch.set_state(
-                pd.DataFrame({
-                    "key": batch.key_column(new), "kind": np.zeros(len(new), np.int8), "cid": [""] * len(new), "ts": q_ts,
-                    "attempts": np.zeros(len(new), np.int64), "value": [_dumps(values[p]) for p in pos.tolist()],
-                }),  # fmt: skip
+                pd.DataFrame(
+                    {
+                        "key": batch.key_column(new),
+                        "kind": np.zeros(len(new), np.int8),
+                        "cid": [""] * len(new),
+                        "ts": q_ts,
+                        "attempts": np.zeros(len(new), np.int64),
+                        "value": [_dumps(values[p]) for p in pos.tolist()],
+                    }
+                ),
                 keys=batch.key_column(new),
             )
-            batch.set_timers(batch.key_column(new), [_EVICT] * len(new), q_ts + self.cfg.retention_ms)
+            batch.set_timers(
+                batch.key_column(new), [_EVICT] * len(new), q_ts + self.cfg.retention_ms
+            )
         # ---- everything else: the rules, record by record
         slow_codes = np.flatnonzero(slow)
         if len(slow_codes):
@@ -170,10 +187,14 @@ class ColumnarJoiner(JoinRules, ColumnarComputation):
 
     # ---- state rows <-> JoinKey, for ids run by the rules --------------------------------
     @staticmethod
-    def _states(batch: Batch, old: pd.DataFrame, o_codes: np.ndarray, codes: np.ndarray) -> dict[int, JoinKey]:
+    def _states(
+        batch: Batch, old: pd.DataFrame, o_codes: np.ndarray, codes: np.ndarray
+    ) -> dict[int, JoinKey]:
         states = {int(c): JoinKey() for c in codes.tolist()}
         if len(old):
-            for c, kind, cid, t, attempts, value in zip(o_codes.tolist(), *(old[k].tolist() for k in _COLUMNS), strict=True):
+            for c, kind, cid, t, attempts, value in zip(
+                o_codes.tolist(), *(old[k].tolist() for k in _COLUMNS), strict=True
+            ):
                 st = states.get(c)
                 if st is None:
                     continue
@@ -189,11 +210,17 @@ class ColumnarJoiner(JoinRules, ColumnarComputation):
         for c, st in states.items():
             if st.query is not None:
                 rows.append((c, _QUERY, "", st.query_ts, 0, _dumps(st.query)))  # type: ignore[arg-type]
-            rows += [(c, _CLICK, cid, click[self.cfg.ts_field], attempts, _dumps(click)) for cid, (click, attempts) in st.waiting.items()]
+            rows += [
+                (c, _CLICK, cid, click[self.cfg.ts_field], attempts, _dumps(click))
+                for cid, (click, attempts) in st.waiting.items()
+            ]
         codes = np.fromiter(states, np.int64, len(states))
         frame = pd.DataFrame(rows, columns=["code", *_COLUMNS])
         frame.insert(0, "key", batch.key_column(frame.pop("code").to_numpy(np.int64)))
-        batch.set_state(frame.astype({"kind": "int8", "ts": "int64", "attempts": "int64"}), keys=batch.key_column(codes))
+        batch.set_state(
+            frame.astype({"kind": "int8", "ts": "int64", "attempts": "int64"}),
+            keys=batch.key_column(codes),
+        )
         batch.hold_watermark(batch.key_column(codes), [self.hold(st) for st in states.values()])
 
 
@@ -208,7 +235,9 @@ class _Collect:
         self.prods: list[tuple[str, Any, dict[str, Any], int, str, bool]] = []
         self.ops: list[tuple[str, Any, str, int, TimeDomain]] = []
 
-    def produce(self, stream: str, value: dict[str, Any], timestamp: int, once_id: str, once_tentative: bool) -> None:
+    def produce(
+        self, stream: str, value: dict[str, Any], timestamp: int, once_id: str, once_tentative: bool
+    ) -> None:
         self.prods.append((stream, self.key, value, timestamp, once_id, once_tentative))
 
     def set_timer(self, family: str, name: str, timestamp: int) -> None:
@@ -223,12 +252,21 @@ class _Collect:
         b = self.batch
         for run in _runs(self.prods, lambda p: p[0]):
             b.produce(
-                run[0][0], [p[2] for p in run], keys=[p[1] for p in run], timestamps=np.array([p[3] for p in run], np.int64),
-                once_ids=[p[4] for p in run], once_tentative=[p[5] for p in run],
-            )  # fmt: skip
+                run[0][0],
+                [p[2] for p in run],
+                keys=[p[1] for p in run],
+                timestamps=np.array([p[3] for p in run], np.int64),
+                once_ids=[p[4] for p in run],
+                once_tentative=[p[5] for p in run],
+            )
         for run in _runs(self.ops, lambda o: (o[0], o[4])):
             if run[0][0] == "set":
-                b.set_timers([o[1] for o in run], [o[2] for o in run], np.array([o[3] for o in run], np.int64), run[0][4])
+                b.set_timers(
+                    [o[1] for o in run],
+                    [o[2] for o in run],
+                    np.array([o[3] for o in run], np.int64),
+                    run[0][4],
+                )
             else:
                 b.delete_timers([o[1] for o in run], [o[2] for o in run])
         self.prods, self.ops = [], []

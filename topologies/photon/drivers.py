@@ -43,7 +43,15 @@ from .generator import has_truth, load_truth
 from .joiner import JOINED, UNJOINABLE, Adapter
 from .topology import build, join_topology, make_sources
 
-__all__ = ["PipelineBusyError", "check_run", "prepare_run", "read_run", "replay", "run_lock", "run_spark"]
+__all__ = [
+    "PipelineBusyError",
+    "check_run",
+    "prepare_run",
+    "read_run",
+    "replay",
+    "run_lock",
+    "run_spark",
+]
 
 #: files of a pipeline's run directory
 MANIFEST = "photon.json"
@@ -74,13 +82,29 @@ def replay(
     c = config or PhotonConfig()
     started = time.perf_counter()
     if mode == "batch":
-        h = Harness(build(data_dir, config=c, adapter=adapter), raise_errors=False, registry=registry, pipeline=pipeline)
+        h = Harness(
+            build(data_dir, config=c, adapter=adapter),
+            raise_errors=False,
+            registry=registry,
+            pipeline=pipeline,
+        )
         h.run_sources()
         return _result(h, None, started)
     with tempfile.TemporaryDirectory(prefix="photon-live-") as live:
         pacer = _Pacer(Path(data_dir), c, Path(live), tick_ms)
-        t = join_topology(c, sources={name: pacer.source(name) for name in pacer.logs}, queries_dir=Path(live) / "queries", adapter=adapter)
-        h = Harness(t, wall_time=pacer.first_wall_time(), raise_errors=False, registry=registry, pipeline=pipeline)
+        t = join_topology(
+            c,
+            sources={name: pacer.source(name) for name in pacer.logs},
+            queries_dir=Path(live) / "queries",
+            adapter=adapter,
+        )
+        h = Harness(
+            t,
+            wall_time=pacer.first_wall_time(),
+            raise_errors=False,
+            registry=registry,
+            pipeline=pipeline,
+        )
         pacer.harness = h
         h.run_sources()
         pacer.stamp()
@@ -91,10 +115,13 @@ def replay(
 
 def _result(h: Harness, latencies: list[int] | None, started: float) -> RunResult:
     return RunResult(
-        [dict(v) for v in h.values(JOINED)], [dict(v) for v in h.values(UNJOINABLE)],
-        [r.value.as_dict() for r in h.dead_letters()], {name: h.metrics(name) for name in h.topology.order()},
-        latencies_ms=latencies, elapsed_s=time.perf_counter() - started,
-    )  # fmt: skip
+        [dict(v) for v in h.values(JOINED)],
+        [dict(v) for v in h.values(UNJOINABLE)],
+        [r.value.as_dict() for r in h.dead_letters()],
+        {name: h.metrics(name) for name in h.topology.order()},
+        latencies_ms=latencies,
+        elapsed_s=time.perf_counter() - started,
+    )
 
 
 class _Pacer:
@@ -108,7 +135,9 @@ class _Pacer:
 
     def __init__(self, data_dir: Path, config: PhotonConfig, live: Path, tick_ms: int) -> None:
         truth = load_truth(data_dir)
-        sources = make_sources(data_dir, dataclasses.replace(config, max_bytes_per_batch=1 << 40))  # a file a batch
+        sources = make_sources(
+            data_dir, dataclasses.replace(config, max_bytes_per_batch=1 << 40)
+        )  # a file a batch
         self.logs = list(sources)
         self.live = live
         self.files: dict[str, list[SourceBatch]] = {}
@@ -125,7 +154,10 @@ class _Pacer:
             for i, w in enumerate(written):
                 w_from, w_to = w["written_from_ms"], w["written_to_ms"]
                 ticks = max(1, (w_to - w_from) // tick_ms)
-                events += [(w_from + (j + 1) * (w_to - w_from) // ticks, order, log, i, j, ticks) for j in range(ticks)]
+                events += [
+                    (w_from + (j + 1) * (w_to - w_from) // ticks, order, log, i, j, ticks)
+                    for j in range(ticks)
+                ]
         events.sort()
         self.events = events
         self.pos = 0
@@ -214,8 +246,12 @@ def check_run(root: str | os.PathLike[str], pipeline: str) -> Path:
 
 
 def prepare_run(
-    root: str | os.PathLike[str], data_dir: str | os.PathLike[str], config: PhotonConfig, pipeline: str, registry_url: str | None,
-) -> Path:  # fmt: skip
+    root: str | os.PathLike[str],
+    data_dir: str | os.PathLike[str],
+    config: PhotonConfig,
+    pipeline: str,
+    registry_url: str | None,
+) -> Path:
     """Write the run directory's manifest and its (complete, empty) re-injection directory.
 
     :func:`run_spark` calls it once the registry's roster has taken the run directory as a
@@ -224,8 +260,15 @@ def prepare_run(
     """
     run = check_run(root, pipeline)
     (run / REINJECT).mkdir(parents=True, exist_ok=True)
-    (run / REINJECT / "_DONE").touch()  # the injector's watermark is +inf: re-injected clicks hold nothing
-    manifest = {"data_dir": os.fspath(Path(data_dir).resolve()), "pipeline": pipeline, "registry": registry_url, "config": dataclasses.asdict(config)}
+    (
+        run / REINJECT / "_DONE"
+    ).touch()  # the injector's watermark is +inf: re-injected clicks hold nothing
+    manifest = {
+        "data_dir": os.fspath(Path(data_dir).resolve()),
+        "pipeline": pipeline,
+        "registry": registry_url,
+        "config": dataclasses.asdict(config),
+    }
     tmp = run / f".{MANIFEST}.tmp"
     tmp.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     os.replace(tmp, run / MANIFEST)
@@ -271,7 +314,9 @@ def run_spark(
     run = check_run(root, pipeline)
     with run_lock(run):
         t = build(data_dir, config=c, adapter=adapter, reinject_dir=run / REINJECT, finite=finite)
-        settings = dataclasses.replace(settings or RuntimeSettings(), drain=finite, pipeline=pipeline, registry=registry)
+        settings = dataclasses.replace(
+            settings or RuntimeSettings(), drain=finite, pipeline=pipeline, registry=registry
+        )
         rt = SparkRuntime(t, os.fspath(run), settings, watermarks=watermarks, log=log)
         rt.claim()  # the roster takes this directory as a member (or refuses its name) before it looks like a run
         prepare_run(run, data_dir, c, pipeline, registry_url)
@@ -286,7 +331,11 @@ def run_spark(
                     _write_status(run, pipeline, drained=True)
                 if (drained and not follow) or (stop is not None and stop.is_set()):
                     break
-                if timeout_s is not None and not drained and time.perf_counter() - started > timeout_s:
+                if (
+                    timeout_s is not None
+                    and not drained
+                    and time.perf_counter() - started > timeout_s
+                ):
                     msg = f"photon pipeline {pipeline!r} did not drain within {timeout_s}s: {rt.status()}"
                     raise TimeoutError(msg)
                 time.sleep(settings.poll_ms / 1000)
@@ -300,7 +349,16 @@ def run_spark(
 
 def _write_status(run: Path, pipeline: str, *, drained: bool) -> None:
     tmp = run / f".{STATUS}.tmp"
-    tmp.write_text(json.dumps({"pipeline": pipeline, "pid": os.getpid(), "drained": drained, "at_ms": int(time.time() * 1000)}))
+    tmp.write_text(
+        json.dumps(
+            {
+                "pipeline": pipeline,
+                "pid": os.getpid(),
+                "drained": drained,
+                "at_ms": int(time.time() * 1000),
+            }
+        )
+    )
     os.replace(tmp, run / STATUS)
 
 
@@ -319,5 +377,6 @@ def read_run(root: str | os.PathLike[str]) -> RunResult:
         if not path.name.startswith("injector."):
             metrics[path.stem] = json.loads(path.read_text()).get("metrics", {})
     dead = [v.as_dict() if hasattr(v, "as_dict") else v for v in values(DEAD_LETTER_STREAM)]
-    return RunResult([dict(v) for v in values(JOINED)], [dict(v) for v in values(UNJOINABLE)], dead, metrics)
-
+    return RunResult(
+        [dict(v) for v in values(JOINED)], [dict(v) for v in values(UNJOINABLE)], dead, metrics
+    )

@@ -90,7 +90,11 @@ def read_records(directory: Path, id_field: str, ts_field: str) -> tuple[list[di
                 bad += 1
                 continue
             rid = v.get(id_field) if isinstance(v, dict) else None
-            if not isinstance(v, dict) or type(v.get(ts_field)) is not int or (rid is not None and (type(rid) is not str or not rid)):
+            if (
+                not isinstance(v, dict)
+                or type(v.get(ts_field)) is not int
+                or (rid is not None and (type(rid) is not str or not rid))
+            ):
                 bad += 1
                 continue
             good.append(v)
@@ -105,7 +109,11 @@ def batch_join(data_dir: str | os.PathLike[str], config: PhotonConfig | None = N
     cs, bad_c = read_records(root / "clicks", c.click_id_field, c.ts_field)
     queries = pd.DataFrame(qs).drop_duplicates(subset=[c.query_id_field])
     clicks_all = pd.DataFrame(cs)
-    no_query = clicks_all[c.click_query_field].isna() if c.click_query_field in clicks_all else pd.Series(True, index=clicks_all.index)
+    no_query = (
+        clicks_all[c.click_query_field].isna()
+        if c.click_query_field in clicks_all
+        else pd.Series(True, index=clicks_all.index)
+    )
     clicks = clicks_all[~no_query].drop_duplicates(subset=[c.click_id_field])
     q = queries.rename(columns={c.ts_field: "query_ts"})
     k = clicks.rename(columns={c.ts_field: "click_ts"})
@@ -114,15 +122,23 @@ def batch_join(data_dir: str | os.PathLike[str], config: PhotonConfig | None = N
     both = k.merge(q, on=c.query_id_field, how="inner", suffixes=("", "_query"))
     joined = []
     for row in both.to_dict("records"):
-        out = {key: _plain(v) for key, v in row.items() if not key.endswith("_query") and not _missing(v)}
+        out = {
+            key: _plain(v)
+            for key, v in row.items()
+            if not key.endswith("_query") and not _missing(v)
+        }
         if c.click_query_field != c.query_id_field:
             out[c.click_query_field] = out[c.query_id_field]
         joined.append(out)
     orphans = set(k.loc[~k[c.query_id_field].isin(q[c.query_id_field]), c.click_id_field])
     return BatchAnswer(
-        joined, orphans, bad_q + bad_c + int(no_query.sum()), len(clicks_all) - int(no_query.sum()) - len(clicks),
-        queries=len(queries), clicks=len(clicks),
-    )  # fmt: skip
+        joined,
+        orphans,
+        bad_q + bad_c + int(no_query.sum()),
+        len(clicks_all) - int(no_query.sum()) - len(clicks),
+        queries=len(queries),
+        clicks=len(clicks),
+    )
 
 
 def _missing(v: Any) -> bool:
@@ -142,10 +158,17 @@ def percentiles(values: list[int]) -> dict[str, float | None]:
     if not values:
         return {"p50": None, "p90": None, "p99": None, "max": None}
     a = np.asarray(values)
-    return {f"p{p}": float(np.percentile(a, p, method="inverted_cdf")) for p in (50, 90, 99)} | {"max": float(a.max())}
+    return {f"p{p}": float(np.percentile(a, p, method="inverted_cdf")) for p in (50, 90, 99)} | {
+        "max": float(a.max())
+    }
 
 
-def evaluate(result: RunResult, data_dir: str | os.PathLike[str], truth: dict[str, Any] | None = None, config: PhotonConfig | None = None) -> dict[str, Any]:
+def evaluate(
+    result: RunResult,
+    data_dir: str | os.PathLike[str],
+    truth: dict[str, Any] | None = None,
+    config: PhotonConfig | None = None,
+) -> dict[str, Any]:
     """The report of a run (see the module docstring)."""
     c = config or PhotonConfig()
     answer = batch_join(data_dir, c)
@@ -156,8 +179,12 @@ def evaluate(result: RunResult, data_dir: str | os.PathLike[str], truth: dict[st
     unjoinable_ids = Counter(u["click"].get(cid) for u in result.unjoinable)
     no_query = {u["click"].get(cid) for u in result.unjoinable if u.get("reason_code") == NO_QUERY}
     report: dict[str, Any] = {
-        "joined": {"output": len(result.joined), "expected": len(answer.joined), "missing": len(set(want) - set(got)),
-                   "unexpected": len(set(got) - set(want))},
+        "joined": {
+            "output": len(result.joined),
+            "expected": len(answer.joined),
+            "missing": len(set(want) - set(got)),
+            "unexpected": len(set(got) - set(want)),
+        },
         "exact_match": set(got) == set(want),
         "duplicates_in_output": sum(n - 1 for n in ids.values() if n > 1),
         # every decision goes out once, across pipelines: a click given up twice (a re-injection into
@@ -167,36 +194,74 @@ def evaluate(result: RunResult, data_dir: str | os.PathLike[str], truth: dict[st
         # yielded (``once_tentative``) and is superseded; joined and *decided* unjoinable is an error
         "joined_and_unjoinable": len(set(ids) & (set(unjoinable_ids) - no_query)),
         "superseded_give_ups": len(set(ids) & no_query),
-        "orphans": {"expected": len(answer.orphans), "in_unjoinable": len(answer.orphans & no_query),
-                    "all_in_unjoinable": answer.orphans <= no_query,
-                    "other_unjoinable": len(set(unjoinable_ids) - answer.orphans - set(ids))},
+        "orphans": {
+            "expected": len(answer.orphans),
+            "in_unjoinable": len(answer.orphans & no_query),
+            "all_in_unjoinable": answer.orphans <= no_query,
+            "other_unjoinable": len(set(unjoinable_ids) - answer.orphans - set(ids)),
+        },
         "dead_letters": _dead_letters(result.dead_letters, truth, answer),
-        "input": {"queries": answer.queries, "clicks": answer.clicks, "duplicate_clicks": answer.duplicate_clicks},
-    }  # fmt: skip
+        "input": {
+            "queries": answer.queries,
+            "clicks": answer.clicks,
+            "duplicate_clicks": answer.duplicate_clicks,
+        },
+    }
     if truth is not None:
-        report["input"].update(delayed_queries=truth.get("delayed_queries"), clicks_before_query=truth.get("clicks_before_query"))
+        report["input"].update(
+            delayed_queries=truth.get("delayed_queries"),
+            clicks_before_query=truth.get("clicks_before_query"),
+        )
     report["ok"] = (
-        report["exact_match"] and report["duplicates_in_output"] == 0 and report["duplicates_in_unjoinable"] == 0
+        report["exact_match"]
+        and report["duplicates_in_output"] == 0
+        and report["duplicates_in_unjoinable"] == 0
         and report["joined_and_unjoinable"] == 0
-        and report["orphans"]["all_in_unjoinable"] and report["orphans"]["other_unjoinable"] == 0
+        and report["orphans"]["all_in_unjoinable"]
+        and report["orphans"]["other_unjoinable"] == 0
         and report["dead_letters"]["match"]
-    )  # fmt: skip
+    )
     if result.latencies_ms is not None:
-        report["latency_ms"] = {"clicks": len(result.latencies_ms), **percentiles(result.latencies_ms)}
+        report["latency_ms"] = {
+            "clicks": len(result.latencies_ms),
+            **percentiles(result.latencies_ms),
+        }
     joiner = result.metrics.get("Joiner", {})
-    report["counters"] = {k: joiner.get(k, 0) for k in ("records_in", "duplicates", "late", "once_committed", "once_conflicts", "dead_letters")}
+    report["counters"] = {
+        k: joiner.get(k, 0)
+        for k in (
+            "records_in",
+            "duplicates",
+            "late",
+            "once_committed",
+            "once_conflicts",
+            "dead_letters",
+        )
+    }
     report["elapsed_s"] = round(result.elapsed_s, 2)
     return report
 
 
-def _dead_letters(dead: list[dict[str, Any]], truth: dict[str, Any] | None, answer: BatchAnswer) -> dict[str, Any]:
+def _dead_letters(
+    dead: list[dict[str, Any]], truth: dict[str, Any] | None, answer: BatchAnswer
+) -> dict[str, Any]:
     stages = Counter(d.get("stage") for d in dead)
-    out: dict[str, Any] = {"total": len(dead), "by_stage": dict(stages), "malformed_lines": answer.malformed_lines}
+    out: dict[str, Any] = {
+        "total": len(dead),
+        "by_stage": dict(stages),
+        "malformed_lines": answer.malformed_lines,
+    }
     match = len(dead) == answer.malformed_lines
     if truth is not None:
         at = {(d.get("file"), d.get("offset")) for d in dead if d.get("stage") == "malformed_line"}
         ids = {(d.get("record") or {}).get("id") for d in dead if d.get("stage") == "key_extractor"}
-        found = sum(1 for m in truth["malformed"] if ((m["file"], m["offset"]) in at if m["stage"] == "malformed_line" else m["id"] in ids))
+        found = sum(
+            1
+            for m in truth["malformed"]
+            if (
+                (m["file"], m["offset"]) in at if m["stage"] == "malformed_line" else m["id"] in ids
+            )
+        )
         out["injected"] = truth["malformed_injected"]
         out["found"] = found
         match = match and found == truth["malformed_injected"]
@@ -215,12 +280,15 @@ def render(report: dict[str, Any]) -> str:
         f"duplicates in unjoinable {report['duplicates_in_unjoinable']}, joined and unjoinable {report['joined_and_unjoinable']})",
         f"  orphans: {o['in_unjoinable']}/{o['expected']} in unjoinable (all: {o['all_in_unjoinable']}); other unjoinable {o['other_unjoinable']}",
         f"  dead letters: {d['total']} ({d['by_stage']}), malformed lines {d['malformed_lines']}"
-        + (f", injected {d['injected']}, found {d['found']}" if "injected" in d else "") + f"; match: {d['match']}",
+        + (f", injected {d['injected']}, found {d['found']}" if "injected" in d else "")
+        + f"; match: {d['match']}",
         f"  input: {report['input']}",
         f"  joiner: {report['counters']}",
     ]
     if "latency_ms" in report:
         lat = report["latency_ms"]
-        lines.append(f"  latency click logged -> joined output visible: p50 {lat['p50']} ms, p90 {lat['p90']} ms, p99 {lat['p99']} ms, max {lat['max']} ms ({lat['clicks']} clicks)")
+        lines.append(
+            f"  latency click logged -> joined output visible: p50 {lat['p50']} ms, p90 {lat['p90']} ms, p99 {lat['p99']} ms, max {lat['max']} ms ({lat['clicks']} clicks)"
+        )
     lines.append(f"  all checks: {'PASS' if report['ok'] else 'FAIL'}")
     return "\n".join(lines)

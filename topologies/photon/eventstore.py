@@ -82,7 +82,9 @@ class LogsEventStore:
         self._listing: tuple[int, list[tuple[str, int | None]], bool] | None = None
         #: that listing ordered by file time (times, names) and its files without a time, for
         #: :meth:`_candidates`; made again when the listing is
-        self._by_time: tuple[list[tuple[str, int | None]], list[int], list[str], list[str]] | None = None
+        self._by_time: (
+            tuple[list[tuple[str, int | None]], list[int], list[str], list[str]] | None
+        ) = None
         self.lookups = self.hits = self.lines_indexed = 0
 
     def lookup(self, query_id: Any) -> dict[str, Any] | None:
@@ -118,7 +120,12 @@ class LogsEventStore:
         if cached is None or cached[0] != mtime or cached[2]:
             racy = time.time_ns() - mtime < QUIET_NS
             names = os.listdir(self.directory)
-            files = [(name, file_time(name)) for name in names if not name.startswith((".", "_")) and name.endswith((".jsonl", ".json", ".ndjson", ".log"))]
+            files = [
+                (name, file_time(name))
+                for name in names
+                if not name.startswith((".", "_"))
+                and name.endswith((".jsonl", ".json", ".ndjson", ".log"))
+            ]
             cached = self._listing = (mtime, files, racy)
         return cached[1]
 
@@ -131,10 +138,17 @@ class LogsEventStore:
         by_time = self._by_time
         if by_time is None or by_time[0] is not files:
             timed = sorted((ft, name) for name, ft in files if ft is not None)
-            by_time = self._by_time = (files, [ft for ft, _ in timed], [name for _, name in timed], [name for name, ft in files if ft is None])
+            by_time = self._by_time = (
+                files,
+                [ft for ft, _ in timed],
+                [name for _, name in timed],
+                [name for name, ft in files if ft is None],
+            )
         _, times, names, untimed = by_time
         lo, hi = bisect_left(times, t - self.window_ms), bisect_right(times, t + self.lateness_ms)
-        found = [(abs(times[i] - t), names[i]) for i in range(lo, hi)] + [(0, name) for name in untimed]
+        found = [(abs(times[i] - t), names[i]) for i in range(lo, hi)] + [
+            (0, name) for name in untimed
+        ]
         return [name for _, name in sorted(found)]
 
     def _indexed(self, name: str) -> _FileIndex:

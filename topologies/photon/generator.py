@@ -39,8 +39,26 @@ from typing import Any
 from .config import GeneratorConfig
 
 WORDS = [
-    "flowers", "shoes", "pizza", "flights", "hotel", "guitar", "laptop", "coffee", "tickets", "camera",
-    "yoga", "bike", "tent", "watch", "piano", "paint", "books", "tea", "garden", "chess",
+    "flowers",
+    "shoes",
+    "pizza",
+    "flights",
+    "hotel",
+    "guitar",
+    "laptop",
+    "coffee",
+    "tickets",
+    "camera",
+    "yoga",
+    "bike",
+    "tent",
+    "watch",
+    "piano",
+    "paint",
+    "books",
+    "tea",
+    "garden",
+    "chess",
 ]
 #: the environment variable that points at the default sample's directory
 DATA_ENV = "PHOTON_DATA"
@@ -91,11 +109,15 @@ class _Log:
             path.write_text("\n".join(lines) + "\n", encoding="utf-8")
             t = self.file_time(k) / 1_000
             os.utime(path, (t, t))
-            written.append({
-                "name": path.name, "time_ms": self.file_time(k), "lines": len(lines),
-                "written_from_ms": self.cfg.start_ms + k * self.cfg.file_ms,
-                "written_to_ms": self.cfg.start_ms + (k + 1) * self.cfg.file_ms,
-            })  # fmt: skip
+            written.append(
+                {
+                    "name": path.name,
+                    "time_ms": self.file_time(k),
+                    "lines": len(lines),
+                    "written_from_ms": self.cfg.start_ms + k * self.cfg.file_ms,
+                    "written_to_ms": self.cfg.start_ms + (k + 1) * self.cfg.file_ms,
+                }
+            )
         (directory / "_DONE").write_text("")
         return written
 
@@ -125,7 +147,15 @@ def generate(out_dir: str | os.PathLike[str], cfg: GeneratorConfig | None = None
         qid = new_query_id(ts)
         adv = f"adv-{min(int(rng.paretovariate(1.2)), cfg.advertisers)}"
         terms = rng.sample(WORDS, rng.randint(1, 3))
-        line = json.dumps({"query_id": qid, "ts": ts, "advertiser_id": adv, "ad_text": f"best {terms[0]} deals", "terms": terms})
+        line = json.dumps(
+            {
+                "query_id": qid,
+                "ts": ts,
+                "advertiser_id": adv,
+                "ad_text": f"best {terms[0]} deals",
+                "terms": terms,
+            }
+        )
         if rng.random() < cfg.delayed_query_fraction:
             arrival = ts + rng.randint(cfg.min_query_delay_ms, cfg.max_query_delay_ms)
             delayed += 1
@@ -145,7 +175,9 @@ def generate(out_dir: str | os.PathLike[str], cfg: GeneratorConfig | None = None
         nonlocal n_click
         n_click += 1
         cid = f"c{cfg.seed}-{n_click:07d}"
-        line = json.dumps({"click_id": cid, "query_id": qid, "ts": ts, "ad_slot": rng.randint(1, 4)})
+        line = json.dumps(
+            {"click_id": cid, "query_id": qid, "ts": ts, "ad_slot": rng.randint(1, 4)}
+        )
         arrival = ship(ts)
         clicks.add(arrival, line)
         click_logged[cid] = arrival
@@ -166,14 +198,22 @@ def generate(out_dir: str | os.PathLike[str], cfg: GeneratorConfig | None = None
     n_dup = round(cfg.duplicate_click_fraction * len(click_lines))
     for _, line, arrival, _ in rng.sample(click_lines, n_dup):
         clicks.add(arrival + rng.randint(1, 3_000), line)
-    before = sum(1 for _, _, arrival, qid in click_lines if qid in query_logged and arrival < query_logged[qid])
+    before = sum(
+        1
+        for _, _, arrival, qid in click_lines
+        if qid in query_logged and arrival < query_logged[qid]
+    )
 
-    malformed = _malformed(queries, cfg.malformed_queries, rng, cfg) + _malformed(clicks, cfg.malformed_clicks, rng, cfg)
+    malformed = _malformed(queries, cfg.malformed_queries, rng, cfg) + _malformed(
+        clicks, cfg.malformed_clicks, rng, cfg
+    )
     for j in range(cfg.clicks_without_query_id):
         cid = f"bad-click-{j}"
         ts = rng.randrange(cfg.start_ms, end_ms)
         clicks.add(ship(ts), json.dumps({"click_id": cid, "ts": ts, "ad_slot": 1}))
-        malformed.append({"log": "clicks", "kind": "no_query_id", "stage": "key_extractor", "id": cid})
+        malformed.append(
+            {"log": "clicks", "kind": "no_query_id", "stage": "key_extractor", "id": cid}
+        )
 
     files = {"queries": queries.write(root / "queries"), "clicks": clicks.write(root / "clicks")}
     _locate(root, malformed)
@@ -240,7 +280,9 @@ def is_default_sample_dir(directory: str | os.PathLike[str]) -> bool:
     return Path(directory).resolve() == default_sample_dir().resolve()
 
 
-def ensure_sample(directory: str | os.PathLike[str] | None = None, cfg: GeneratorConfig | None = None) -> Path:
+def ensure_sample(
+    directory: str | os.PathLike[str] | None = None, cfg: GeneratorConfig | None = None
+) -> Path:
     """The default sample's directory, generating it (seeded, so always the same) if it is missing.
 
     ``directory`` may name that location (``None``: :func:`default_sample_dir`); any other

@@ -62,9 +62,15 @@ from .generator import generate
 CRASH_POINTS = ("after_output", "before_publish", "mid_publish")
 #: what a round does between the pipelines' starts and the end, in a random order
 OPERATIONS = (
-    "kill", "verify_all", "verify_subset", "ship_late_clicks", "deliver_delayed_queries", "ship_click_file_twice",
-    "refused_start", "registry_outage",
-)  # fmt: skip
+    "kill",
+    "verify_all",
+    "verify_subset",
+    "ship_late_clicks",
+    "deliver_delayed_queries",
+    "ship_click_file_twice",
+    "refused_start",
+    "registry_outage",
+)
 
 
 @dataclass
@@ -113,7 +119,11 @@ class RoundResult:
 
     def line(self) -> str:
         verdict = "ok" if self.ok else "FAILED"
-        extra = "".join(f"; {label}: {', '.join(items)}" for label, items in (("stopped", self.stops), ("not refused", self.not_refused)) if items)
+        extra = "".join(
+            f"; {label}: {', '.join(items)}"
+            for label, items in (("stopped", self.stops), ("not refused", self.not_refused))
+            if items
+        )
         return f"round {self.round} (seed {self.seed}) {verdict} in {self.elapsed_s:.0f}s: {self.counts.line()}{extra}\n  plan: {', '.join(self.plan)}"
 
 
@@ -169,8 +179,20 @@ class _Pipeline:
         self.killed = False
 
     def command(self, *, follow: bool, run: Path | None = None) -> list[str]:
-        return [sys.executable, "-m", "millwheel.cli", "photon", "run", str(self.data), "--checkpoint", str(run or self.run),
-                "--pipeline", self.name, *self.common, *(["--follow"] if follow else [])]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            "millwheel.cli",
+            "photon",
+            "run",
+            str(self.data),
+            "--checkpoint",
+            str(run or self.run),
+            "--pipeline",
+            self.name,
+            *self.common,
+            *(["--follow"] if follow else []),
+        ]
 
     def start(self, *, follow: bool, crash: str | None = None) -> None:
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
@@ -179,8 +201,17 @@ class _Pipeline:
             env["MILLWHEEL_CRASH"] = f"Joiner:{crash}:data"
         self.killed = crash is not None  # a crash point's SIGKILL is the check's doing
         with open(self.log, "ab") as out:
-            out.write(f"\n==== {time.strftime('%H:%M:%S')} start {self.name} follow={follow} crash={crash}\n".encode())
-            self.proc = subprocess.Popen(self.command(follow=follow), env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            out.write(
+                f"\n==== {time.strftime('%H:%M:%S')} start {self.name} follow={follow} crash={crash}\n".encode()
+            )
+            self.proc = subprocess.Popen(
+                self.command(follow=follow),
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -225,31 +256,70 @@ class PhotonCheck:
     """Rounds of the check (see the module docstring) against one registry service."""
 
     def __init__(
-        self, workdir: str | os.PathLike[str], registry: CheckRegistry, *, seed: int,
-        settings: CheckSettings | None = None, say: Callable[[str], None] = print,
-    ) -> None:  # fmt: skip
+        self,
+        workdir: str | os.PathLike[str],
+        registry: CheckRegistry,
+        *,
+        seed: int,
+        settings: CheckSettings | None = None,
+        say: Callable[[str], None] = print,
+    ) -> None:
         self.workdir = Path(workdir)
         self.registry = registry
         self.seed = seed
         self.settings = settings or CheckSettings()
         self.say = say
         s = self.settings
-        self.config = PhotonConfig(dedup_slack_ms=s.dedup_slack_ms, max_delay_ms=s.max_delay_ms, max_bytes_per_batch=20_000)
+        self.config = PhotonConfig(
+            dedup_slack_ms=s.dedup_slack_ms, max_delay_ms=s.max_delay_ms, max_bytes_per_batch=20_000
+        )
 
     def _common(self) -> list[str]:
         s, c = self.settings, self.config
-        return ["--backend", "spark", "--registry", self.registry.url, "--secret-file", self.registry.secret_file,
-                "--intervals", str(s.intervals), "--master", s.master, "--max-restarts", "500",
-                "--registry-patience-s", str(s.registry_patience_s),
-                "--dedup-slack-ms", str(c.dedup_slack_ms), "--max-delay-ms", str(c.max_delay_ms),
-                "--max-bytes-per-batch", str(c.max_bytes_per_batch)]  # fmt: skip
+        return [
+            "--backend",
+            "spark",
+            "--registry",
+            self.registry.url,
+            "--secret-file",
+            self.registry.secret_file,
+            "--intervals",
+            str(s.intervals),
+            "--master",
+            s.master,
+            "--max-restarts",
+            "500",
+            "--registry-patience-s",
+            str(s.registry_patience_s),
+            "--dedup-slack-ms",
+            str(c.dedup_slack_ms),
+            "--max-delay-ms",
+            str(c.max_delay_ms),
+            "--max-bytes-per-batch",
+            str(c.max_bytes_per_batch),
+        ]
 
     def _verify_cmd(self, runs: list[Path], *extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "millwheel.cli", "photon", "verify", *map(str, runs), "--registry", self.registry.url,
-             "--secret-file", self.registry.secret_file, "--json", *extra],
-            capture_output=True, text=True, timeout=600, check=False,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "millwheel.cli",
+                "photon",
+                "verify",
+                *map(str, runs),
+                "--registry",
+                self.registry.url,
+                "--secret-file",
+                self.registry.secret_file,
+                "--json",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
 
     def _verify(self, runs: list[Path], rng: random.Random, plan: list[str]) -> dict[str, Any]:
         """``photon verify RUNS``; where it asks which directory takes the re-injections, a random one is named."""
@@ -275,12 +345,19 @@ class PhotonCheck:
         # each round its own event times (query and click ids carry them) and pipeline names: one
         # registry serves every round, and its roster holds each name for one run directory
         start_ms = GeneratorConfig.start_ms + number * 10**9
-        generate(data, GeneratorConfig(seed=result.seed, duration_s=s.duration_s, rate=s.rate, start_ms=start_ms))
+        generate(
+            data,
+            GeneratorConfig(
+                seed=result.seed, duration_s=s.duration_s, rate=s.rate, start_ms=start_ms
+            ),
+        )
         # a click log shipped late: files from the first half, held back
         clicks = sorted(p for p in (data / "clicks").glob("*.jsonl"))
         held = base / "held-clicks"
         held.mkdir()
-        for p in rng.sample(clicks[1 : max(2, len(clicks) // 2)], k=min(2, max(1, len(clicks) // 2 - 1))):
+        for p in rng.sample(
+            clicks[1 : max(2, len(clicks) // 2)], k=min(2, max(1, len(clicks) // 2 - 1))
+        ):
             p.rename(held / p.name)
         # dc1's query log is delayed: it has the first part only, the rest comes later
         d1 = base / "data-dc1"
@@ -311,7 +388,9 @@ class PhotonCheck:
                 msg = f"round {number}: {name} keeps exiting ({p.proc.returncode if p.proc else '?'}); see {p.log}"
                 raise RuntimeError(msg)
             code = p.proc.returncode if p.proc is not None else None
-            if code is not None and not p.killed:  # it stopped on its own: the check did nothing to it
+            if (
+                code is not None and not p.killed
+            ):  # it stopped on its own: the check did nothing to it
                 result.stops.append(f"{name} exited with {code} (see {p.log.name})")
             p.kill()
             with open(p.log, "ab") as out:
@@ -327,7 +406,10 @@ class PhotonCheck:
         def wait(predicate: Callable[[], bool], what: str, seconds: float) -> bool:
             until = min(deadline, time.monotonic() + seconds)
             while time.monotonic() < until:
-                for name, p in pipes.items():  # a driver that died (a crash point, a kill) comes back
+                for (
+                    name,
+                    p,
+                ) in pipes.items():  # a driver that died (a crash point, a kill) comes back
                     if p.proc is not None and not p.running() and p.proc.returncode not in (0,):
                         restart(name, wipe=name == deleted_checkpoint and name not in wiped)
                 if predicate():
@@ -347,21 +429,33 @@ class PhotonCheck:
             for op in ops:
                 # progress first: some output, or a pipeline that has read everything (its
                 # clicks may all be held by a dead epoch until verification runs)
-                wait(lambda: any(p.published() or p.drained() for p in pipes.values()), "progress", 600)
+                wait(
+                    lambda: any(p.published() or p.drained() for p in pipes.values()),
+                    "progress",
+                    600,
+                )
                 time.sleep(rng.uniform(1.0, 6.0))
-                self._operation(op, rng, result, base, data, d1, held, pending_queries, runs, pipes, crashing)
+                self._operation(
+                    op, rng, result, base, data, d1, held, pending_queries, runs, pipes, crashing
+                )
             # the end: both drain; a click file repeating clicks already joined, far behind the
             # dedup horizon; both drain again; a final verification, reruns until nothing is recovered
             wait(drained, "both drained", 900)
             self._repeat_joined(rng, result, data, runs)
-            time.sleep(15.0)  # the running pipelines read it (the finite reruns below do, at the latest)
+            time.sleep(
+                15.0
+            )  # the running pipelines read it (the finite reruns below do, at the latest)
             for p in pipes.values():
                 p.stop()
             for _ in range(4):
                 r = self._verify(list(runs.values()), rng, result.plan)
                 result.counts.recovered += r["recovered"]
-                result.plan.append(f"final verify: recovered {r['recovered']} {r['reinjected_into'] or ''}".rstrip())
-                for name, p in sorted(pipes.items()):  # finite reruns: they read their re-injections, then exit
+                result.plan.append(
+                    f"final verify: recovered {r['recovered']} {r['reinjected_into'] or ''}".rstrip()
+                )
+                for name, p in sorted(
+                    pipes.items()
+                ):  # finite reruns: they read their re-injections, then exit
                     p.start(follow=False)
                     p.proc.wait(max(60.0, deadline - time.monotonic()))  # type: ignore[union-attr]
                     if p.proc.returncode != 0:  # type: ignore[union-attr]
@@ -379,9 +473,19 @@ class PhotonCheck:
         return result
 
     def _operation(
-        self, op: str, rng: random.Random, result: RoundResult, base: Path, data: Path, d1: Path, held: Path,
-        pending_queries: list[Path], runs: dict[str, Path], pipes: dict[str, _Pipeline], crashing: str,
-    ) -> None:  # fmt: skip
+        self,
+        op: str,
+        rng: random.Random,
+        result: RoundResult,
+        base: Path,
+        data: Path,
+        d1: Path,
+        held: Path,
+        pending_queries: list[Path],
+        runs: dict[str, Path],
+        pipes: dict[str, _Pipeline],
+        crashing: str,
+    ) -> None:
         s = self.settings
         if op == "kill":
             victim = next(n for n in sorted(pipes) if n != crashing)
@@ -389,11 +493,15 @@ class PhotonCheck:
             pipes[victim].kill()
         elif op == "verify_all":
             r = self._verify(list(runs.values()), rng, result.plan)
-            result.plan.append(f"verify both: recovered {r['recovered']} {r['reinjected_into'] or ''}".rstrip())
+            result.plan.append(
+                f"verify both: recovered {r['recovered']} {r['reinjected_into'] or ''}".rstrip()
+            )
         elif op == "verify_subset":
             one = rng.choice(sorted(runs))
             r = self._verify([runs[one]], rng, result.plan)
-            result.plan.append(f"verify {one} alone: recovered {r['recovered']}, not given {r['holder_not_given']}")
+            result.plan.append(
+                f"verify {one} alone: recovered {r['recovered']}, not given {r['holder_not_given']}"
+            )
         elif op == "ship_late_clicks":
             for p in held.glob("*.jsonl"):
                 _ship(p, data / "clicks", p.name)
@@ -403,9 +511,15 @@ class PhotonCheck:
                 _ship(p, d1 / "queries", p.name)
             result.plan.append("dc1's delayed queries delivered")
         elif op == "ship_click_file_twice":
-            shipped = sorted(p for p in (data / "clicks").glob("*.jsonl") if "_again" not in p.name and "_repeat" not in p.name)
+            shipped = sorted(
+                p
+                for p in (data / "clicks").glob("*.jsonl")
+                if "_again" not in p.name and "_repeat" not in p.name
+            )
             original = rng.choice(shipped)
-            _ship(original, data / "clicks", f"{original.stem}_again.jsonl")  # the time in its name: the original's
+            _ship(
+                original, data / "clicks", f"{original.stem}_again.jsonl"
+            )  # the time in its name: the original's
             result.plan.append(f"click file {original.name} shipped twice")
         elif op == "refused_start":
             self._refused_start(rng, result, base, runs, pipes)
@@ -416,22 +530,49 @@ class PhotonCheck:
             self.registry.restart()
             result.plan.append(f"registry kill -9, down {down:.0f}s, restarted")
 
-    def _refused_start(self, rng: random.Random, result: RoundResult, base: Path, runs: dict[str, Path], pipes: dict[str, _Pipeline]) -> None:
+    def _refused_start(
+        self,
+        rng: random.Random,
+        result: RoundResult,
+        base: Path,
+        runs: dict[str, Path],
+        pipes: dict[str, _Pipeline],
+    ) -> None:
         """A third driver under a name another run directory holds: refused; a verification naming its directory too."""
         taken = pipes[rng.choice(sorted(pipes))]
         other = base / f"refused-{taken.name}"
-        out = subprocess.run(taken.command(follow=False, run=other), capture_output=True, text=True, timeout=600, check=False,
-                             env={**os.environ, "PYSPARK_PYTHON": sys.executable})  # fmt: skip
+        out = subprocess.run(
+            taken.command(follow=False, run=other),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+            env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        )
         if out.returncode == 0 or "is held in this IdRegistry" not in out.stderr:
-            result.not_refused.append(f"start of {taken.name} in {other.name} (exit {out.returncode}: {out.stderr[-300:]!r})")
+            result.not_refused.append(
+                f"start of {taken.name} in {other.name} (exit {out.returncode}: {out.stderr[-300:]!r})"
+            )
         ver = self._verify_cmd([other, *runs.values()])
-        if ver.returncode == 0 or "not a Photon run directory" not in ver.stderr or any(other.glob("reinject/reinject_*")):
-            result.not_refused.append(f"verify naming {other.name} (exit {ver.returncode}: {ver.stderr[-300:]!r})")
-        result.plan.append(f"start of {taken.name} in {other.name} refused (exit {out.returncode}); verify naming it refused (exit {ver.returncode})")
+        if (
+            ver.returncode == 0
+            or "not a Photon run directory" not in ver.stderr
+            or any(other.glob("reinject/reinject_*"))
+        ):
+            result.not_refused.append(
+                f"verify naming {other.name} (exit {ver.returncode}: {ver.stderr[-300:]!r})"
+            )
+        result.plan.append(
+            f"start of {taken.name} in {other.name} refused (exit {out.returncode}); verify naming it refused (exit {ver.returncode})"
+        )
 
-    def _repeat_joined(self, rng: random.Random, result: RoundResult, data: Path, runs: dict[str, Path]) -> None:
+    def _repeat_joined(
+        self, rng: random.Random, result: RoundResult, data: Path, runs: dict[str, Path]
+    ) -> None:
         """A click file, shipped after the pipelines drained, that delivers again clicks already joined."""
-        joined = sorted({j[self.config.click_id_field] for run in runs.values() for j in read_run(run).joined})
+        joined = sorted(
+            {j[self.config.click_id_field] for run in runs.values() for j in read_run(run).joined}
+        )
         again = set(rng.sample(joined, k=min(self.settings.repeat_clicks, len(joined))))
         records, _ = read_records(data / "clicks", self.config.click_id_field, self.config.ts_field)
         lines, seen = [], set()
@@ -446,7 +587,9 @@ class PhotonCheck:
         tmp = data / f".clicks_{oldest}_repeat.jsonl"
         tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
         os.replace(tmp, data / f"clicks_{oldest}_repeat.jsonl")
-        result.plan.append(f"after the drain: {len(lines)} joined clicks delivered again (clicks_{oldest}_repeat.jsonl)")
+        result.plan.append(
+            f"after the drain: {len(lines)} joined clicks delivered again (clicks_{oldest}_repeat.jsonl)"
+        )
 
     def run(self, rounds: int) -> Iterator[RoundResult]:
         for n in range(rounds):
@@ -462,13 +605,18 @@ def main(args: Any) -> int:
     """``millwheel photon check``: rounds against a registry service of its own; exit 1 on any failure."""
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    settings = CheckSettings(**{f.name: getattr(args, f.name) for f in fields(CheckSettings) if hasattr(args, f.name)})
+    settings = CheckSettings(
+        **{f.name: getattr(args, f.name) for f in fields(CheckSettings) if hasattr(args, f.name)}
+    )
     seed = args.seed if args.seed is not None else fresh_seed()
     failed = 0
     results = []
     with check_registry(workdir / "registry") as registry:
         check = PhotonCheck(workdir, registry, seed=seed, settings=settings)
-        print(f"photon check: {args.rounds} round(s), seed {seed} (replay with --seed {seed}), in {workdir} (registry {registry.url})", flush=True)
+        print(
+            f"photon check: {args.rounds} round(s), seed {seed} (replay with --seed {seed}), in {workdir} (registry {registry.url})",
+            flush=True,
+        )
         for result in check.run(args.rounds):
             print(result.line(), flush=True)
             results.append({**asdict(result), "ok": result.ok, "check_seed": seed})
@@ -476,10 +624,18 @@ def main(args: Any) -> int:
             (workdir / "check.json").write_text(json.dumps(results, indent=1))
     total: Counter[str] = Counter()
     for r in results:
-        total.update({k: v for k, v in r["counts"].items() if k in ("lost", "twice", "unseen", "both", "unexpected")})
+        total.update(
+            {
+                k: v
+                for k, v in r["counts"].items()
+                if k in ("lost", "twice", "unseen", "both", "unexpected")
+            }
+        )
         total["stops"] += len(r["stops"])
         total["not_refused"] += len(r["not_refused"])
-    print(f"photon check (seed {seed}): {len(results) - failed}/{len(results)} rounds ok; lost {total['lost']}, twice {total['twice']}, "
-          f"unseen {total['unseen']}, joined and unjoinable {total['both']}, unexpected {total['unexpected']}, "
-          f"stopped {total['stops']}, not refused {total['not_refused']}")  # fmt: skip
+    print(
+        f"photon check (seed {seed}): {len(results) - failed}/{len(results)} rounds ok; lost {total['lost']}, twice {total['twice']}, "
+        f"unseen {total['unseen']}, joined and unjoinable {total['both']}, unexpected {total['unexpected']}, "
+        f"stopped {total['stops']}, not refused {total['not_refused']}"
+    )
     return 1 if failed else 0

@@ -107,14 +107,22 @@ JOIN_STATE = DataclassCodec(JoinKey, renamed={"q": "query", "qts": "query_ts", "
 _STORES: dict[tuple[str, str, str, int, int], LogsEventStore] = {}
 
 
-def shared_store(queries_dir: str, id_field: str, ts_field: str, window_ms: int, lateness_ms: int) -> LogsEventStore:
+def shared_store(
+    queries_dir: str, id_field: str, ts_field: str, window_ms: int, lateness_ms: int
+) -> LogsEventStore:
     """This process's LogsEventStore of a query log directory and settings: its index (query
     id -> file offset, a cache of immutable log bytes) is built once per process, not once
     per joiner instance (a Spark worker unpickles the joiner for every task)."""
     k = (os.path.realpath(queries_dir), id_field, ts_field, window_ms, lateness_ms)
     store = _STORES.get(k)
     if store is None:
-        store = _STORES[k] = LogsEventStore(queries_dir, id_field=id_field, ts_field=ts_field, window_ms=window_ms, lateness_ms=lateness_ms)
+        store = _STORES[k] = LogsEventStore(
+            queries_dir,
+            id_field=id_field,
+            ts_field=ts_field,
+            window_ms=window_ms,
+            lateness_ms=lateness_ms,
+        )
     return store
 
 
@@ -125,7 +133,9 @@ class KeyEffects(Protocol):
     key: Any
     now: int
 
-    def produce(self, stream: str, value: dict[str, Any], timestamp: int, once_id: str, once_tentative: bool) -> None: ...
+    def produce(
+        self, stream: str, value: dict[str, Any], timestamp: int, once_id: str, once_tentative: bool
+    ) -> None: ...
 
     def set_timer(self, family: str, name: str, timestamp: int) -> None: ...
 
@@ -167,7 +177,13 @@ class JoinRules:
         joiner instances a Spark worker makes per task."""
         if self._store is None and self.cfg.log_store and self.queries_dir is not None:
             c = self.cfg
-            self._store = shared_store(self.queries_dir, c.query_id_field, c.ts_field, c.log_store_window_ms, c.query_lateness_ms)
+            self._store = shared_store(
+                self.queries_dir,
+                c.query_id_field,
+                c.ts_field,
+                c.log_store_window_ms,
+                c.query_lateness_ms,
+            )
         return self._store
 
     # ---- records -------------------------------------------------------------------
@@ -179,17 +195,25 @@ class JoinRules:
             self._finish(fx, st, cid)
             self.join(fx, query, click)
 
-    def click_of(self, value: Any, stream: str | None, record_id: str) -> tuple[dict[str, Any], str]:
+    def click_of(
+        self, value: Any, stream: str | None, record_id: str
+    ) -> tuple[dict[str, Any], str]:
         """A click record's click (without a re-injection's own id field) and its click id; raises on a click without one."""
         c = self.cfg
-        click = {k: v for k, v in value.items() if k != REINJECT_ID} if stream == self.reinjected_stream else value
+        click = (
+            {k: v for k, v in value.items() if k != REINJECT_ID}
+            if stream == self.reinjected_stream
+            else value
+        )
         cid = click.get(c.click_id_field)
         if type(cid) is not str or not cid:
             msg = f"click {record_id!r}: field {c.click_id_field!r} must be a non-empty string, got {cid!r}"
             raise ValueError(msg)
         return click, cid
 
-    def click_arrived(self, fx: KeyEffects, st: JoinKey, click: dict[str, Any], cid: str, ts: int) -> None:
+    def click_arrived(
+        self, fx: KeyEffects, st: JoinKey, click: dict[str, Any], cid: str, ts: int
+    ) -> None:
         c = self.cfg
         if cid in st.waiting:
             return  # the same click again (a re-injection of a click still waiting)
@@ -233,7 +257,13 @@ class JoinRules:
                 f"{self.cfg.max_delay_ms}) after {entry[1]} retries"
             )
             # a give-up is tentative: it yields the click to a pipeline that can join it
-            fx.produce(UNJOINABLE, _unjoinable(click, NO_QUERY, reason), click[self.cfg.ts_field], click[self.cfg.click_id_field], True)
+            fx.produce(
+                UNJOINABLE,
+                _unjoinable(click, NO_QUERY, reason),
+                click[self.cfg.ts_field],
+                click[self.cfg.click_id_field],
+                True,
+            )
 
     # ---- helpers -------------------------------------------------------------------
     def _look_up(self, fx: KeyEffects, st: JoinKey) -> dict[str, Any] | None:
@@ -256,7 +286,13 @@ class JoinRules:
         cid, ts = click[c.click_id_field], click[c.ts_field]
         joined = self.adapter.join(query, click)
         if joined is None:
-            fx.produce(UNJOINABLE, _unjoinable(click, ADAPTER_SKIPPED, "the adapter skipped it"), ts, cid, False)
+            fx.produce(
+                UNJOINABLE,
+                _unjoinable(click, ADAPTER_SKIPPED, "the adapter skipped it"),
+                ts,
+                cid,
+                False,
+            )
             return
         fx.produce(JOINED, joined, ts, cid, False)
 
@@ -335,8 +371,12 @@ class _Effects:
     def now(self) -> int:
         return self.j.now
 
-    def produce(self, stream: str, value: dict[str, Any], timestamp: int, once_id: str, once_tentative: bool) -> None:
-        self.j.produce(stream, value, timestamp=timestamp, once_id=once_id, once_tentative=once_tentative)
+    def produce(
+        self, stream: str, value: dict[str, Any], timestamp: int, once_id: str, once_tentative: bool
+    ) -> None:
+        self.j.produce(
+            stream, value, timestamp=timestamp, once_id=once_id, once_tentative=once_tentative
+        )
 
     def set_timer(self, family: str, name: str, timestamp: int) -> None:
         getattr(self.j, family).set(timestamp, name=name)

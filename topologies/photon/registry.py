@@ -42,7 +42,10 @@ class OnceRegistryAdapter:
 
     def holders(self, ids: Sequence[str]) -> list[str | None]:
         """The token holding each id (``None``: not registered, or its token cleared): the roster's reads."""
-        return [r.token if getattr(r.status, "value", r.status) == "found" else None for r in self.lookup_many(ids)]
+        return [
+            r.token if getattr(r.status, "value", r.status) == "found" else None
+            for r in self.lookup_many(ids)
+        ]
 
     def clear_many(self, ids: Sequence[str], **options: Any) -> list[Any]:
         return list(self.client.clear_many(list(ids), **options))
@@ -64,7 +67,9 @@ def registry_secret(secret_file: str | None = None) -> Any:
 PATIENCE_S = 600.0
 
 
-def open_client(url: str, secret_file: str | None = None, *, patience_s: float = 0.0, waits: str | None = None) -> Any:
+def open_client(
+    url: str, secret_file: str | None = None, *, patience_s: float = 0.0, waits: str | None = None
+) -> Any:
     """An HTTP client of the registry service at ``url``, with :func:`registry_secret`.
 
     ``patience_s``: how long its calls keep waiting while the service is out (capped
@@ -83,9 +88,20 @@ def open_client(url: str, secret_file: str | None = None, *, patience_s: float =
             if outage is None:
                 board.done(what)
             else:
-                board.waiting(what, since_ms=outage.since_ms, attempts=outage.attempts, last_error=outage.last_error)
+                board.waiting(
+                    what,
+                    since_ms=outage.since_ms,
+                    attempts=outage.attempts,
+                    last_error=outage.last_error,
+                )
 
-    return HttpRegistryClient(url, secret=registry_secret(secret_file), patience=patience_s, max_backoff=min(10.0, max(0.5, patience_s / 20)), on_wait=on_wait)
+    return HttpRegistryClient(
+        url,
+        secret=registry_secret(secret_file),
+        patience=patience_s,
+        max_backoff=min(10.0, max(0.5, patience_s / 20)),
+        on_wait=on_wait,
+    )
 
 
 @dataclass(frozen=True)
@@ -105,4 +121,6 @@ class RegistryFactory:
 
     def __call__(self) -> OnceRegistryAdapter:
         secret = self.secret_file and os.fspath(self.secret_file)
-        return OnceRegistryAdapter(open_client(self.url, secret, patience_s=self.patience_s, waits=self.waits))
+        return OnceRegistryAdapter(
+            open_client(self.url, secret, patience_s=self.patience_s, waits=self.waits)
+        )

@@ -42,7 +42,9 @@ from .joiner import JOIN_STATE, JOINED, REINJECT_ID, UNJOINABLE, Adapter, Joiner
 __all__ = ["build", "join_topology", "make_sources", "on_finish"]
 
 
-def make_sources(data_dir: str | os.PathLike[str], config: PhotonConfig | None = None, *, finite: bool = True) -> dict[str, LogFileSource]:
+def make_sources(
+    data_dir: str | os.PathLike[str], config: PhotonConfig | None = None, *, finite: bool = True
+) -> dict[str, LogFileSource]:
     """The two log injectors' sources, for both backends: the one place that names them.
 
     Queries declare ``query_lateness_ms`` of disorder (the delayed primary stream): a
@@ -52,14 +54,25 @@ def make_sources(data_dir: str | os.PathLike[str], config: PhotonConfig | None =
     """
     c = config or PhotonConfig()
     root = Path(data_dir)
-    common = {"ts_field": c.ts_field, "finite": finite, "idle_finish_ms": c.idle_finish_ms, "max_bytes_per_batch": c.max_bytes_per_batch}
+    common = {
+        "ts_field": c.ts_field,
+        "finite": finite,
+        "idle_finish_ms": c.idle_finish_ms,
+        "max_bytes_per_batch": c.max_bytes_per_batch,
+    }
     return {
-        "queries": LogFileSource(root / "queries", id_field=c.query_id_field, lateness_ms=c.query_lateness_ms, **common),
-        "clicks": LogFileSource(root / "clicks", id_field=c.click_id_field, lateness_ms=c.click_lateness_ms, **common),
+        "queries": LogFileSource(
+            root / "queries", id_field=c.query_id_field, lateness_ms=c.query_lateness_ms, **common
+        ),
+        "clicks": LogFileSource(
+            root / "clicks", id_field=c.click_id_field, lateness_ms=c.click_lateness_ms, **common
+        ),
     }
 
 
-def reinject_source(directory: str | os.PathLike[str], config: PhotonConfig | None = None) -> LogFileSource:
+def reinject_source(
+    directory: str | os.PathLike[str], config: PhotonConfig | None = None
+) -> LogFileSource:
     """Where verification re-injects clicks for this pipeline (§3.3.3); see ``verify.py``.
 
     The directory carries a ``_DONE`` marker from the start (``drivers.prepare_reinject``),
@@ -91,13 +104,23 @@ def join_topology(
         inputs["reinjected"] = lambda r: r.value[cq]
     options = ComputationOptions(
         late=LatePolicy.process(),  # delayed queries, re-injected clicks: late, and wanted
-        dedup=DedupOptions(slack_ms=c.dedup_slack_ms, gc_interval_ms=max(1_000, c.dedup_slack_ms // 6)),
+        dedup=DedupOptions(
+            slack_ms=c.dedup_slack_ms, gc_interval_ms=max(1_000, c.dedup_slack_ms // 6)
+        ),
         state_codec=JOIN_STATE,
     )
     t.computation(
-        ColumnarJoiner if c.columnar_joiner else Joiner, name="Joiner", inputs=inputs, outputs=[JOINED, UNJOINABLE], options=options,
-        params={"config": c, "adapter": adapter, "queries_dir": None if queries_dir is None else os.fspath(queries_dir)},
-    )  # fmt: skip
+        ColumnarJoiner if c.columnar_joiner else Joiner,
+        name="Joiner",
+        inputs=inputs,
+        outputs=[JOINED, UNJOINABLE],
+        options=options,
+        params={
+            "config": c,
+            "adapter": adapter,
+            "queries_dir": None if queries_dir is None else os.fspath(queries_dir),
+        },
+    )
     t.sink(JOINED)
     t.sink(UNJOINABLE)
     return t
@@ -118,19 +141,28 @@ def build(
     the logs are complete (``False`` for a live run over growing logs).
     """
     c = config or PhotonConfig()
-    root = resolve_data_dir(data_dir)  # the default sample (generated if missing), or logs read as they are
+    root = resolve_data_dir(
+        data_dir
+    )  # the default sample (generated if missing), or logs read as they are
     sources: dict[str, Source | None] = dict(make_sources(root, c, finite=finite))
     if reinject_dir is not None:
         sources["reinjected"] = reinject_source(reinject_dir, c)
     return join_topology(c, sources=sources, queries_dir=root / "queries", adapter=adapter)
 
 
-def on_finish(topology: Topology, streams: Mapping[str, list[Any]], metrics: Mapping[str, Mapping[str, int]]) -> str:
+def on_finish(
+    topology: Topology, streams: Mapping[str, list[Any]], metrics: Mapping[str, Mapping[str, int]]
+) -> str:
     """The evaluation of a finished run, as text (for ``millwheel run`` to print)."""
     path = getattr(topology.injectors["queries"].source, "path", None)
     if path is None or not (Path(path).parent / "ground_truth.json").is_file():
         return "photon: no ground truth for this source; nothing to evaluate"
     root = Path(path).parent
     dead = [v.as_dict() for v in streams.get(DEAD_LETTER_STREAM, [])]
-    result = RunResult(list(streams.get(JOINED, [])), list(streams.get(UNJOINABLE, [])), dead, {k: dict(v) for k, v in metrics.items()})
+    result = RunResult(
+        list(streams.get(JOINED, [])),
+        list(streams.get(UNJOINABLE, [])),
+        dead,
+        {k: dict(v) for k, v in metrics.items()},
+    )
     return render(evaluate(result, root, load_truth(root)))

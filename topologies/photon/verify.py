@@ -163,8 +163,16 @@ class VerifyReport:
             f"in flight (holder running): {self.in_flight}; "
             f"held by a pipeline whose run was not given: {self.holder_not_given}; token cleared, maybe in a "
             f"run not given: {self.cleared_elsewhere}; no member left to take it (every one decided it): {self.no_target}\n"
-            + (f"  pipelines of the registry not given (verify them too): {', '.join(self.pipelines_not_given)}\n" if self.pipelines_not_given else "")
-            + (f"  given but not members of the registry's roster (never written into): {', '.join(self.not_members)}\n" if self.not_members else "")
+            + (
+                f"  pipelines of the registry not given (verify them too): {', '.join(self.pipelines_not_given)}\n"
+                if self.pipelines_not_given
+                else ""
+            )
+            + (
+                f"  given but not members of the registry's roster (never written into): {', '.join(self.not_members)}\n"
+                if self.not_members
+                else ""
+            )
             + f"  not registered and in no output: {self.not_registered}; too old for the registry: {self.too_old}\n"
             f"  tokens of clicks safely in the output {'to clear' if dry else 'cleared'}: {self.tokens_cleared}"
         )
@@ -209,21 +217,32 @@ def verify(
     dead: dict[str, Pipeline] = {}
     for m in members:
         if m.id not in given:
-            same_dir = next((p for p in pipelines if p.where is not None and p.where == m.where and p.name == m.pipeline), None)
+            same_dir = next(
+                (
+                    p
+                    for p in pipelines
+                    if p.where is not None and p.where == m.where and p.name == m.pipeline
+                ),
+                None,
+            )
             if same_dir is not None:
                 dead[m.id] = same_dir
     report.pipelines_not_given = sorted({m.id for m in members} - set(given) - set(dead))
     # only a member of the roster takes re-injections: a directory whose start was refused
     # (its name held by another) never runs, and what went there would be stranded
     known = {m.id: m.where for m in members}
-    member = [p.identity in known and (p.where is None or known[p.identity] == p.where) for p in pipelines]
+    member = [
+        p.identity in known and (p.where is None or known[p.identity] == p.where) for p in pipelines
+    ]
     takers = [p for p, ok in zip(pipelines, member, strict=True) if ok and p.reinject is not None]
     report.not_members = sorted(p.place for p, ok in zip(pipelines, member, strict=True) if not ok)
     chosen = _chosen(target, pipelines)
     everyone = bool(members) and not report.pipelines_not_given
     ids = list(by_id)
     safe: list[tuple[str, str]] = []
-    lost: dict[str, list[tuple[str, str | None]]] = {}  # holder identity ("" for a cleared token) -> (id, token)
+    lost: dict[
+        str, list[tuple[str, str | None]]
+    ] = {}  # holder identity ("" for a cleared token) -> (id, token)
     for start in range(0, len(ids), CHUNK):
         chunk = ids[start : start + CHUNK]
         for cid, found in zip(chunk, registry.lookup_many(chunk), strict=True):
@@ -237,12 +256,16 @@ def verify(
             report.registered += 1
             # safe: in an output; or given up, and the id still held by a give-up (a tentative
             # token: a join would have taken it over)
-            if seen[cid] or (cid in gave_up and (found.token is None or found.token.endswith(TENTATIVE))):
+            if seen[cid] or (
+                cid in gave_up and (found.token is None or found.token.endswith(TENTATIVE))
+            ):
                 if found.token is not None:
                     safe.append((cid, found.token))
                 continue
             report.missing += 1
-            if found.token is None:  # output lost after its token was cleared (§3.3.3 (b)), or in a run not given
+            if (
+                found.token is None
+            ):  # output lost after its token was cleared (§3.3.3 (b)), or in a run not given
                 if everyone:
                     lost.setdefault("", []).append((cid, None))
                 else:
@@ -269,16 +292,23 @@ def verify(
         if not dry_run:
             for start in range(0, len(safe), CHUNK):
                 part = safe[start : start + CHUNK]
-                answers = registry.clear_many([cid for cid, _ in part], only_if_token=[t for _, t in part], keep_id=True)
-                report.tokens_cleared += sum(1 for a in answers if getattr(a.status, "value", a.status) == "cleared")
+                answers = registry.clear_many(
+                    [cid for cid, _ in part], only_if_token=[t for _, t in part], keep_id=True
+                )
+                report.tokens_cleared += sum(
+                    1 for a in answers if getattr(a.status, "value", a.status) == "cleared"
+                )
         else:
             report.tokens_cleared = len(safe)
     return report
 
 
 def _plan(
-    lost: dict[str, list[tuple[str, str | None]]], takers: Sequence[Pipeline], chosen: Pipeline | None, report: VerifyReport,
-) -> dict[str, list[tuple[str, str | None]]]:  # fmt: skip
+    lost: dict[str, list[tuple[str, str | None]]],
+    takers: Sequence[Pipeline],
+    chosen: Pipeline | None,
+    report: VerifyReport,
+) -> dict[str, list[tuple[str, str | None]]]:
     """Each lost click's target (identity -> (id, token)), decided before anything changes;
     :class:`AmbiguousTargetError` where more than one could take a click and none was chosen.
     Lost clicks of a cleared token (holder ``""``) are cleared unconditionally."""
@@ -297,7 +327,10 @@ def _plan(
             else:
                 plan.setdefault(tier[0].identity, []).append((cid, tok))
     if ambiguous:
-        lines = "; ".join(f"{n} clicks lost by their holder could go to any of {', '.join(k)}" for k, n in ambiguous.items())
+        lines = "; ".join(
+            f"{n} clicks lost by their holder could go to any of {', '.join(k)}"
+            for k, n in ambiguous.items()
+        )
         msg = (
             f"verification would re-inject lost clicks, and more than one run directory could take them: {lines}. "
             f"Name the one that takes them (photon verify RUN... --target RUN); nothing was changed"
@@ -314,8 +347,14 @@ def _clear(registry: Any, items: list[tuple[str, str | None]]) -> list[str]:
         part = [(cid, t) for cid, t in items if (t is not None) == conditional]
         if part:
             ids = [cid for cid, _ in part]
-            answers = registry.clear_many(ids, only_if_token=[t for _, t in part] if conditional else None)
-            out += [cid for cid, a in zip(ids, answers, strict=True) if getattr(a.status, "value", a.status) in ("cleared", "not_found")]
+            answers = registry.clear_many(
+                ids, only_if_token=[t for _, t in part] if conditional else None
+            )
+            out += [
+                cid
+                for cid, a in zip(ids, answers, strict=True)
+                if getattr(a.status, "value", a.status) in ("cleared", "not_found")
+            ]
     return out
 
 
@@ -324,7 +363,11 @@ def _chosen(target: str | None, pipelines: Sequence[Pipeline]) -> Pipeline | Non
     if target is None:
         return None
     real = os.path.realpath(target)
-    found = [p for p in pipelines if (p.run is not None and os.path.realpath(p.run) == real) or p.name == target]
+    found = [
+        p
+        for p in pipelines
+        if (p.run is not None and os.path.realpath(p.run) == real) or p.name == target
+    ]
     if len(found) != 1:
         msg = f"--target {target} is not one of the run directories given ({', '.join(p.place for p in pipelines)})"
         raise ValueError(msg)
@@ -348,11 +391,18 @@ def _holder(found_token: str, query_id: str, pipelines: Sequence[Pipeline]) -> s
     named = holder_of(found_token)
     if named is not None:
         return named
-    return next((p.identity for p in pipelines if not p.epoch and token(p.name, query_id) == found_token), None)
+    return next(
+        (p.identity for p in pipelines if not p.epoch and token(p.name, query_id) == found_token),
+        None,
+    )
 
 
 # ---------------------------------------------------------------------------------- run dirs
-def output_ids(joined: Sequence[dict[str, Any]], unjoinable: Sequence[dict[str, Any]], config: PhotonConfig | None = None) -> Counter[str]:
+def output_ids(
+    joined: Sequence[dict[str, Any]],
+    unjoinable: Sequence[dict[str, Any]],
+    config: PhotonConfig | None = None,
+) -> Counter[str]:
     """Click ids a pipeline's visible output decides: joined, or skipped by the adapter (a
     decision made with the query, under the click's once-id)."""
     cf = (config or PhotonConfig()).click_id_field
@@ -361,7 +411,9 @@ def output_ids(joined: Sequence[dict[str, Any]], unjoinable: Sequence[dict[str, 
     return out
 
 
-def gave_up_ids(unjoinable: Sequence[dict[str, Any]], config: PhotonConfig | None = None) -> set[str]:
+def gave_up_ids(
+    unjoinable: Sequence[dict[str, Any]], config: PhotonConfig | None = None
+) -> set[str]:
     """Click ids a pipeline gave up (``no_query``): tentative decisions, which a join supersedes."""
     cf = (config or PhotonConfig()).click_id_field
     return {u["click"][cf] for u in unjoinable if u.get("reason_code") == NO_QUERY}
@@ -396,9 +448,13 @@ def _stopped_or_running(run: Path) -> Iterator[bool]:
 
 
 def verify_runs(
-    runs: Sequence[str | os.PathLike[str]], registry: Any, *, clear_tokens: bool = False, dry_run: bool = False,
+    runs: Sequence[str | os.PathLike[str]],
+    registry: Any,
+    *,
+    clear_tokens: bool = False,
+    dry_run: bool = False,
     target: str | os.PathLike[str] | None = None,
-) -> VerifyReport:  # fmt: skip
+) -> VerifyReport:
     """:func:`verify` over pipelines' run directories (their manifests name the logs and the settings).
 
     A stopped pipeline's output includes what it committed and has not published yet
@@ -432,13 +488,28 @@ def verify_runs(
                 unjoinable += committed_unpublished(os.fspath(run), UNJOINABLE)
             ident = run_identity(os.fspath(run))
             epoch, where = (ident[1], ident[2]) if ident is not None else ("", None)
-            pipelines.append(Pipeline(
-                m["pipeline"], output_ids(joined, unjoinable, config), running=running,
-                reinject=lambda cl, run=run: write_reinjection(run, cl), gave_up=gave_up_ids(unjoinable, config),
-                epoch=epoch, where=where, run=os.fspath(run),
-            ))  # fmt: skip
+            pipelines.append(
+                Pipeline(
+                    m["pipeline"],
+                    output_ids(joined, unjoinable, config),
+                    running=running,
+                    reinject=lambda cl, run=run: write_reinjection(run, cl),
+                    gave_up=gave_up_ids(unjoinable, config),
+                    epoch=epoch,
+                    where=where,
+                    run=os.fspath(run),
+                )
+            )
         chosen = None if target is None else os.fspath(target)
-        return verify(clicks, pipelines, registry, config=config, clear_tokens=clear_tokens, dry_run=dry_run, target=chosen)
+        return verify(
+            clicks,
+            pipelines,
+            registry,
+            config=config,
+            clear_tokens=clear_tokens,
+            dry_run=dry_run,
+            target=chosen,
+        )
 
 
 def report_dict(report: VerifyReport) -> dict[str, Any]:

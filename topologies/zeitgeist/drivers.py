@@ -32,7 +32,9 @@ from .evaluation import RunResult, load_truth
 __all__ = ["replay", "run_spark"]
 
 
-def replay(topology: Topology, *, injector: str = "queries", tick_ms: int = 100, mode: str = "continuous") -> RunResult:
+def replay(
+    topology: Topology, *, injector: str = "queries", tick_ms: int = 100, mode: str = "continuous"
+) -> RunResult:
     """Run ``topology`` in the harness on its log-file source; ``mode`` is ``continuous`` or ``batch``."""
     if mode not in ("continuous", "batch"):
         msg = f"replay: mode must be 'continuous' or 'batch', got {mode!r}"
@@ -49,16 +51,32 @@ def replay(topology: Topology, *, injector: str = "queries", tick_ms: int = 100,
         # LogFileSource: one batch per file (records and dead letters), after a watermark-only batch
         files = [b for b in logs.batches(injector, spec.stream) if b.records or b.dead_letters]
         paced = _Paced(files, _written(logs.path), tick_ms)
-        h = Harness(_with_source(topology, injector, paced), wall_time=paced.first_wall_time(), raise_errors=False)
+        h = Harness(
+            _with_source(topology, injector, paced),
+            wall_time=paced.first_wall_time(),
+            raise_errors=False,
+        )
         paced.harness = h
     h.run_sources()
     metrics = {name: h.metrics(name) for name in topology.order()}
     dead = [r.value.as_dict() for r in h.dead_letters()]
     anomalies = [dict(v) for v in h.values("anomalies")]
-    return RunResult(anomalies, metrics, dead, wall_clock=(mode == "continuous"), elapsed_s=time.perf_counter() - started)
+    return RunResult(
+        anomalies,
+        metrics,
+        dead,
+        wall_clock=(mode == "continuous"),
+        elapsed_s=time.perf_counter() - started,
+    )
 
 
-def run_spark(topology: Topology, root: str | os.PathLike[str], *, timeout_s: float = 900, settings: Any = None) -> RunResult:
+def run_spark(
+    topology: Topology,
+    root: str | os.PathLike[str],
+    *,
+    timeout_s: float = 900,
+    settings: Any = None,
+) -> RunResult:
     """Run the topology on local Spark (``millwheel.runtime``) until its finite input is drained.
 
     Not paced: the files are read as fast as Spark goes, so wall time says nothing about
@@ -74,20 +92,28 @@ def run_spark(topology: Topology, root: str | os.PathLike[str], *, timeout_s: fl
     metrics = {name: dict(q.metrics) for name, q in rt.computations.items()}
     dead = [r.value.as_dict() for r in rt.dead_letters()]
     anomalies = [dict(v) for v in rt.values("anomalies")]
-    return RunResult(anomalies, metrics, dead, wall_clock=False, elapsed_s=time.perf_counter() - started)
+    return RunResult(
+        anomalies, metrics, dead, wall_clock=False, elapsed_s=time.perf_counter() - started
+    )
 
 
 def _written(directory: str | os.PathLike[str]) -> dict[int, tuple[int, int]]:
     """Each file's time -> the wall-time interval it was written in (from the ground truth, if any)."""
     with contextlib.suppress(FileNotFoundError):
-        return {f["time_ms"]: (f["written_from_ms"], f["written_to_ms"]) for f in load_truth(directory)["files"]}
+        return {
+            f["time_ms"]: (f["written_from_ms"], f["written_to_ms"])
+            for f in load_truth(directory)["files"]
+        }
     return {}
 
 
 def _with_source(topology: Topology, injector: str, source: Source) -> Topology:
     """A shallow copy of ``topology`` whose ``injector`` reads ``source``."""
     paced = copy.copy(topology)
-    paced.injectors = {**topology.injectors, injector: dataclasses.replace(topology.injectors[injector], source=source)}
+    paced.injectors = {
+        **topology.injectors,
+        injector: dataclasses.replace(topology.injectors[injector], source=source),
+    }
     return paced
 
 
@@ -102,7 +128,9 @@ class _Paced(Source):
     file's writing interval (default: until the next file's time).
     """
 
-    def __init__(self, files: list[SourceBatch], written: Mapping[int, tuple[int, int]], tick_ms: int) -> None:
+    def __init__(
+        self, files: list[SourceBatch], written: Mapping[int, tuple[int, int]], tick_ms: int
+    ) -> None:
         self.files = files
         self.written = written
         self.tick_ms = tick_ms
@@ -128,5 +156,9 @@ class _Paced(Source):
             n = len(f.records)
             for j in range(ticks):
                 h.advance_wall_time(to=max(h.now, w_from + (j + 1) * (w_to - w_from) // ticks))
-                yield SourceBatch(f.records[j * n // ticks : (j + 1) * n // ticks], f.low_watermark, f.dead_letters if j == 0 else [])
+                yield SourceBatch(
+                    f.records[j * n // ticks : (j + 1) * n // ticks],
+                    f.low_watermark,
+                    f.dead_letters if j == 0 else [],
+                )
         yield SourceBatch([], MAX_TIMESTAMP)

@@ -91,11 +91,21 @@ def matches(anomaly: Mapping[str, Any], event: Mapping[str, Any], tolerance_ms: 
     )
 
 
-def evaluate(result: RunResult, truth: Mapping[str, Any], *, tolerance_ms: int = 1_000, counter: str = "WindowCounter") -> dict[str, Any]:
+def evaluate(
+    result: RunResult,
+    truth: Mapping[str, Any],
+    *,
+    tolerance_ms: int = 1_000,
+    counter: str = "WindowCounter",
+) -> dict[str, Any]:
     """Compare a run's anomalies with the ground truth; see ``docs/zeitgeist.md`` for every rule."""
     events = list(truth["anomalies"])
     anomalies = result.anomalies
-    report: dict[str, Any] = {"tolerance_ms": tolerance_ms, "anomalies": len(anomalies), "events": len(events)}
+    report: dict[str, Any] = {
+        "tolerance_ms": tolerance_ms,
+        "anomalies": len(anomalies),
+        "events": len(events),
+    }
     matched_anomaly = [False] * len(anomalies)
     by_query: dict[str, list[int]] = {}
     for i, ev in enumerate(events):
@@ -128,17 +138,31 @@ def evaluate(result: RunResult, truth: Mapping[str, Any], *, tolerance_ms: int =
         if result.wall_clock:
             d = delays["spike"] + delays["dip"] if kind == "all" else delays[kind]
             first = [first_detection[i] - events[i]["start_ms"] for i in detected]
-            entry["delay_beyond_bucket_end_ms"] = {"p50": percentile(d, 50), "p95": percentile(d, 95), "max": max(d) if d else None, "n": len(d)}
-            entry["first_detection_after_start_ms"] = {"p50": percentile(first, 50), "p95": percentile(first, 95)}
+            entry["delay_beyond_bucket_end_ms"] = {
+                "p50": percentile(d, 50),
+                "p95": percentile(d, 95),
+                "max": max(d) if d else None,
+                "n": len(d),
+            }
+            entry["first_detection_after_start_ms"] = {
+                "p50": percentile(first, 50),
+                "p95": percentile(first, 95),
+            }
         per_kind[kind] = entry
     report["by_kind"] = per_kind
     report["missed"] = [events[i] for i in range(len(events)) if i not in first_detection]
-    report["false_positives"] = [anomalies[j] for j in range(len(anomalies)) if not matched_anomaly[j]]
+    report["false_positives"] = [
+        anomalies[j] for j in range(len(anomalies)) if not matched_anomaly[j]
+    ]
 
     m = result.metrics.get(counter, {})
     delivered = m.get("records_in", 0)
     unique = delivered - m.get("duplicates", 0)
-    report["records"] = {"delivered": delivered, "unique": unique, "events_generated": truth.get("events")}
+    report["records"] = {
+        "delivered": delivered,
+        "unique": unique,
+        "events_generated": truth.get("events"),
+    }
     report["late"] = {
         "dropped": m.get("late_dropped", 0),
         "injected": truth.get("late_injected"),
@@ -147,7 +171,11 @@ def evaluate(result: RunResult, truth: Mapping[str, Any], *, tolerance_ms: int =
     }
     report["duplicates"] = {
         "injected": truth.get("duplicates_injected"),
-        "seen_and_removed": {name: mm.get("duplicates", 0) for name, mm in result.metrics.items() if mm.get("duplicates", 0) or name == counter},
+        "seen_and_removed": {
+            name: mm.get("duplicates", 0)
+            for name, mm in result.metrics.items()
+            if mm.get("duplicates", 0) or name == counter
+        },
     }
     malformed_dead = [d for d in result.dead_letters if d.get("stage") == Stage.MALFORMED]
     seen_at = {(d.get("file"), d.get("offset")) for d in malformed_dead}
@@ -160,7 +188,9 @@ def evaluate(result: RunResult, truth: Mapping[str, Any], *, tolerance_ms: int =
         "other": len(result.dead_letters) - len(malformed_dead),
     }
     report["elapsed_s"] = round(result.elapsed_s, 2)
-    report["wall_clock"] = "continuous simulation" if result.wall_clock else "none (batch): no delay figures"
+    report["wall_clock"] = (
+        "continuous simulation" if result.wall_clock else "none (batch): no delay figures"
+    )
     return report
 
 
@@ -174,7 +204,9 @@ def _fmt(x: Any, pct: bool = False) -> str:
 
 def render(report: Mapping[str, Any]) -> str:
     """The evaluation as text, as ``run`` prints it."""
-    lines = [f"zeitgeist evaluation (match: same query+kind, bucket overlaps event ± {report['tolerance_ms']} ms; wall clock: {report['wall_clock']})"]
+    lines = [
+        f"zeitgeist evaluation (match: same query+kind, bucket overlaps event ± {report['tolerance_ms']} ms; wall clock: {report['wall_clock']})"
+    ]
     for kind in ("spike", "dip", "all"):
         e = report["by_kind"][kind]
         line = (
@@ -188,7 +220,12 @@ def render(report: Mapping[str, Any]) -> str:
                 f"; first detection after start p50 {_fmt(f['p50'])} ms p95 {_fmt(f['p95'])} ms"
             )
         lines.append(line)
-    late, dup, dl, rec = report["late"], report["duplicates"], report["dead_letters"], report["records"]
+    late, dup, dl, rec = (
+        report["late"],
+        report["duplicates"],
+        report["dead_letters"],
+        report["records"],
+    )
     frac = late["fraction"]
     lines.append(
         f"  records: {rec['delivered']} delivered, {rec['unique']} unique ({rec['events_generated']} generated)"
@@ -204,11 +241,20 @@ def render(report: Mapping[str, Any]) -> str:
         f"all accounted for: {dl['every_malformed_line_dead_lettered']}; other {dl['other']})"
     )
     if report["missed"]:
-        lines.append("  missed: " + "; ".join(f"{m['kind']} {m['query']!r} [{m['start_ms']}, {m['end_ms']})" for m in report["missed"][:10]))
+        lines.append(
+            "  missed: "
+            + "; ".join(
+                f"{m['kind']} {m['query']!r} [{m['start_ms']}, {m['end_ms']})"
+                for m in report["missed"][:10]
+            )
+        )
     if report["false_positives"]:
         lines.append(
             "  false positives: "
-            + "; ".join(f"{a['kind']} {a['query']!r} @{a['window_start']} ({a['actual']} vs {a['expected']})" for a in report["false_positives"][:10])
+            + "; ".join(
+                f"{a['kind']} {a['query']!r} @{a['window_start']} ({a['actual']} vs {a['expected']})"
+                for a in report["false_positives"][:10]
+            )
         )
     if report["elapsed_s"]:  # `millwheel run` prints its own run time
         lines.append(f"  ran in {report['elapsed_s']} s")

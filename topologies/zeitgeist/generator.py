@@ -60,13 +60,57 @@ import numpy as np
 from .config import GeneratorConfig
 
 WORDS_A = [
-    "cat", "dog", "weather", "football", "election", "recipe", "flight", "stock", "movie", "music",
-    "news", "pizza", "coffee", "garden", "guitar", "marathon", "volcano", "comet", "bitcoin", "opera",
-    "tennis", "museum", "train", "ferry", "laptop", "phone", "camera", "chess", "yoga", "soup",
+    "cat",
+    "dog",
+    "weather",
+    "football",
+    "election",
+    "recipe",
+    "flight",
+    "stock",
+    "movie",
+    "music",
+    "news",
+    "pizza",
+    "coffee",
+    "garden",
+    "guitar",
+    "marathon",
+    "volcano",
+    "comet",
+    "bitcoin",
+    "opera",
+    "tennis",
+    "museum",
+    "train",
+    "ferry",
+    "laptop",
+    "phone",
+    "camera",
+    "chess",
+    "yoga",
+    "soup",
 ]
 WORDS_B = [
-    "videos", "forecast", "scores", "results", "near me", "tickets", "prices", "reviews", "live",
-    "today", "lyrics", "schedule", "history", "tips", "deals", "map", "recipes", "tonight", "trailer",
+    "videos",
+    "forecast",
+    "scores",
+    "results",
+    "near me",
+    "tickets",
+    "prices",
+    "reviews",
+    "live",
+    "today",
+    "lyrics",
+    "schedule",
+    "history",
+    "tips",
+    "deals",
+    "map",
+    "recipes",
+    "tonight",
+    "trailer",
     "meaning",
 ]
 
@@ -81,8 +125,12 @@ def query_names(n: int, rng: np.random.Generator) -> list[str]:
     return [combos[i] for i in idx]
 
 
-def _place_anomalies(cfg: GeneratorConfig, rng: np.random.Generator, names: list[str], base: np.ndarray) -> list[dict[str, Any]]:
-    eligible = [i for i in range(len(names)) if base[i] * (1 - cfg.season_amplitude) >= cfg.anomaly_min_rate]
+def _place_anomalies(
+    cfg: GeneratorConfig, rng: np.random.Generator, names: list[str], base: np.ndarray
+) -> list[dict[str, Any]]:
+    eligible = [
+        i for i in range(len(names)) if base[i] * (1 - cfg.season_amplitude) >= cfg.anomaly_min_rate
+    ]
     kinds = ["spike"] * cfg.spikes + ["dip"] * cfg.dips
     if kinds and not eligible:
         msg = f"generator: no query has a trough rate >= {cfg.anomaly_min_rate}/s; raise --rate or lower --anomaly-min-rate"
@@ -132,7 +180,7 @@ def generate(out_dir: str | os.PathLike[str], cfg: GeneratorConfig | None = None
     anomalies = _place_anomalies(cfg, rng, names, base)
     for a in anomalies:
         factor = cfg.spike_factor if a["kind"] == "spike" else cfg.dip_factor
-        rates[a["query_index"], a["start_s"]:a["end_s"]] *= factor
+        rates[a["query_index"], a["start_s"] : a["end_s"]] *= factor
     counts = rng.poisson(rates)
     q_idx = np.repeat(np.repeat(np.arange(cfg.queries), cfg.duration_s), counts.ravel())
     s_idx = np.repeat(np.tile(secs, cfg.queries), counts.ravel())
@@ -145,7 +193,12 @@ def generate(out_dir: str | os.PathLike[str], cfg: GeneratorConfig | None = None
     # late records: arrive after the file injector's watermark has passed their bucket
     n_late = int(round(cfg.late_fraction * n))
     late_idx = rng.choice(n, size=n_late, replace=False) if n_late else np.array([], dtype=int)
-    arrival[late_idx] = ts[late_idx] + cfg.max_delay_ms + cfg.window_ms + rng.integers(cfg.file_ms + 1, cfg.file_ms + 4_000, n_late)
+    arrival[late_idx] = (
+        ts[late_idx]
+        + cfg.max_delay_ms
+        + cfg.window_ms
+        + rng.integers(cfg.file_ms + 1, cfg.file_ms + 4_000, n_late)
+    )
     # duplicates: the same line again, later (never of a late record: that one is dropped)
     n_dup = int(round(cfg.duplicate_fraction * n))
     pool = np.setdiff1d(np.arange(n), late_idx)
@@ -167,7 +220,8 @@ def generate(out_dir: str | os.PathLike[str], cfg: GeneratorConfig | None = None
             continue
         k = int(file_of[chunk[0]])
         lines_by_file[k] = [
-            f'{{"id": "{ids[i]}", "ts": {ts_list[i]}, "query": {qjson[q_list[i]]}}}' for i in all_idx[chunk].tolist()
+            f'{{"id": "{ids[i]}", "ts": {ts_list[i]}, "query": {qjson[q_list[i]]}}}'
+            for i in all_idx[chunk].tolist()
         ]
 
     def file_time(k: int) -> int:
@@ -209,14 +263,25 @@ def generate(out_dir: str | os.PathLike[str], cfg: GeneratorConfig | None = None
             }
         )
     for m in malformed:  # line numbers and byte offsets once every insertion is done
-        lines = lines_by_file[int((int(FILE_PATTERN.match(m["file"]).group(1)) + cfg.max_delay_ms - cfg.start_ms) // cfg.file_ms)]  # type: ignore[union-attr]
+        lines = lines_by_file[
+            int(
+                (int(FILE_PATTERN.match(m["file"]).group(1)) + cfg.max_delay_ms - cfg.start_ms)
+                // cfg.file_ms
+            )
+        ]  # type: ignore[union-attr]
         i = next(i for i, line in enumerate(lines) if f'"{m["id"]}"' in line)
         m["line"] = i + 1
         m["offset"] = sum(len(line.encode()) + 1 for line in lines[:i])
 
     truth = {
         "generator": asdict(cfg),
-        "injector": {"id_field": "id", "ts_field": "ts", "file_pattern": "queries_<time_ms>.jsonl", "file_ms": cfg.file_ms, "max_delay_ms": cfg.max_delay_ms},
+        "injector": {
+            "id_field": "id",
+            "ts_field": "ts",
+            "file_pattern": "queries_<time_ms>.jsonl",
+            "file_ms": cfg.file_ms,
+            "max_delay_ms": cfg.max_delay_ms,
+        },
         "events": n,
         "lines": n + n_dup + cfg.malformed,
         "anomalies": [
@@ -236,7 +301,9 @@ def generate(out_dir: str | os.PathLike[str], cfg: GeneratorConfig | None = None
         "malformed_injected": cfg.malformed,
         "malformed": malformed,
         "files": files,
-        "queries": [{"query": q, "rate": round(float(r), 3)} for q, r in zip(names, base, strict=True)],
+        "queries": [
+            {"query": q, "rate": round(float(r), 3)} for q, r in zip(names, base, strict=True)
+        ],
     }
     (root / "ground_truth.json").write_text(json.dumps(truth, indent=1), encoding="utf-8")
     (out / "_DONE").write_text("")  # the log directory is complete (a file injector may finish)
@@ -248,11 +315,15 @@ def default_sample_dir() -> Path:
     env = os.environ.get("ZEITGEIST_DATA")
     if env:
         return Path(env)
-    root = Path(__file__).resolve().parents[2]  # the checkout (or site-packages) holding topologies/
+    root = (
+        Path(__file__).resolve().parents[2]
+    )  # the checkout (or site-packages) holding topologies/
     return root / ".millwheel" / "data" / GeneratorConfig().derived_name()
 
 
-def ensure_sample(directory: str | os.PathLike[str] | None = None, cfg: GeneratorConfig | None = None) -> Path:
+def ensure_sample(
+    directory: str | os.PathLike[str] | None = None, cfg: GeneratorConfig | None = None
+) -> Path:
     """The sample directory, generating it (seeded, so always the same) if it is missing."""
     path = Path(directory) if directory is not None else default_sample_dir()
     if not (path / "ground_truth.json").is_file() or not (path / "logs").is_dir():

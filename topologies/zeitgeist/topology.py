@@ -56,7 +56,12 @@ def make_source(data_dir: str | os.PathLike[str]) -> LogFileSource:
     return LogFileSource(logs_dir(data_dir), id_field="id", ts_field="ts", finite=True)
 
 
-def build(data_dir: str | os.PathLike[str] | None = None, *, config: ZeitgeistConfig | None = None, source: Source | None = None) -> Topology:
+def build(
+    data_dir: str | os.PathLike[str] | None = None,
+    *,
+    config: ZeitgeistConfig | None = None,
+    source: Source | None = None,
+) -> Topology:
     """The Zeitgeist topology reading ``data_dir`` (default: the default sample, generated if missing)."""
     cfg = config or ZeitgeistConfig()
     bundled = data_dir is None and source is None
@@ -64,7 +69,9 @@ def build(data_dir: str | os.PathLike[str] | None = None, *, config: ZeitgeistCo
         source = make_source(ensure_sample(data_dir))
     options = ComputationOptions(
         late=LatePolicy.drop(),
-        dedup=DedupOptions(slack_ms=cfg.dedup_slack_ms, gc_interval_ms=max(1_000, cfg.dedup_slack_ms // 6)),
+        dedup=DedupOptions(
+            slack_ms=cfg.dedup_slack_ms, gc_interval_ms=max(1_000, cfg.dedup_slack_ms // 6)
+        ),
     )
     by_query = {"queries": lambda r: r.value["query"]}
     by_key = {"window_models": lambda r: r.value["key"]}
@@ -113,7 +120,13 @@ def build(data_dir: str | os.PathLike[str] | None = None, *, config: ZeitgeistCo
     return t
 
 
-def on_finish(topology: Topology, streams: Mapping[str, list[Any]], metrics: Mapping[str, Mapping[str, int]], *, wall_clock: bool = False) -> str:
+def on_finish(
+    topology: Topology,
+    streams: Mapping[str, list[Any]],
+    metrics: Mapping[str, Mapping[str, int]],
+    *,
+    wall_clock: bool = False,
+) -> str:
     """The evaluation of a finished run, as text: for ``millwheel run`` to print after the run.
 
     ``streams`` maps stream names to their values (at least ``anomalies`` and
@@ -125,5 +138,7 @@ def on_finish(topology: Topology, streams: Mapping[str, list[Any]], metrics: Map
         return "zeitgeist: no ground truth for this source; nothing to evaluate"
     dead = [v.as_dict() for v in streams.get(DEAD_LETTER_STREAM, [])]
     anomalies = [dict(a) for a in streams.get(ANOMALIES, [])]
-    result = RunResult(anomalies, {k: dict(v) for k, v in metrics.items()}, dead, wall_clock=wall_clock)
+    result = RunResult(
+        anomalies, {k: dict(v) for k, v in metrics.items()}, dead, wall_clock=wall_clock
+    )
     return render(evaluate(result, load_truth(directory)))

@@ -68,7 +68,9 @@ def query():
     """``query(qid, ts, **fields)``: a query record as the query log injector makes it (record id = query id)."""
 
     def make(qid: str, ts: int, **fields: Any) -> Record:
-        return Record(None, {"query_id": qid, "ts": ts, "advertiser_id": "adv-1", **fields}, ts, qid)
+        return Record(
+            None, {"query_id": qid, "ts": ts, "advertiser_id": "adv-1", **fields}, ts, qid
+        )
 
     return make
 
@@ -78,7 +80,9 @@ def click():
     """``click(cid, qid, ts, **fields)``: a click record as the click log injector makes it (record id = click id)."""
 
     def make(cid: str, qid: str, ts: int, **fields: Any) -> Record:
-        return Record(None, {"click_id": cid, "query_id": qid, "ts": ts, "ad_slot": 1, **fields}, ts, cid)
+        return Record(
+            None, {"click_id": cid, "query_id": qid, "ts": ts, "ad_slot": 1, **fields}, ts, cid
+        )
 
     return make
 
@@ -89,12 +93,25 @@ def joiner(request):
     every test using it runs twice, with the columnar joiner (the default) and the per-record one."""
     columnar = request.param == "columnar"
 
-    def make(config: PhotonConfig | None = None, *, queries_dir: Any = None, adapter: Any = None, reinjected: bool = False, **options: Any) -> Harness:
+    def make(
+        config: PhotonConfig | None = None,
+        *,
+        queries_dir: Any = None,
+        adapter: Any = None,
+        reinjected: bool = False,
+        **options: Any,
+    ) -> Harness:
         sources = {"queries": None, "clicks": None, **({"reinjected": None} if reinjected else {})}
-        cfg = dataclasses.replace(config or PhotonConfig(log_store=queries_dir is not None), columnar_joiner=columnar)
-        h = Harness(join_topology(cfg, sources=sources, queries_dir=queries_dir, adapter=adapter), **options)
+        cfg = dataclasses.replace(
+            config or PhotonConfig(log_store=queries_dir is not None), columnar_joiner=columnar
+        )
+        h = Harness(
+            join_topology(cfg, sources=sources, queries_dir=queries_dir, adapter=adapter), **options
+        )
         if reinjected:
-            h.finish("reinjected")  # as on a pipeline: the re-injection directory holds no watermark
+            h.finish(
+                "reinjected"
+            )  # as on a pipeline: the re-injection directory holds no watermark
         return h
 
     return make
@@ -104,7 +121,16 @@ def joiner(request):
 def spark_sample(tmp_path_factory) -> Path:
     """A smaller sample for Spark runs (~600 queries, ~55 clicks, every difficulty)."""
     d = tmp_path_factory.mktemp("photon-spark-sample")
-    generate(d, GeneratorConfig(seed=8, duration_s=10, rate=60, orphan_click_fraction=0.03, duplicate_click_fraction=0.05))
+    generate(
+        d,
+        GeneratorConfig(
+            seed=8,
+            duration_s=10,
+            rate=60,
+            orphan_click_fraction=0.03,
+            duplicate_click_fraction=0.05,
+        ),
+    )
     return d
 
 
@@ -151,7 +177,11 @@ class KillSwitch:
     def commit_many(self, items: Any) -> Any:
         out = self.registry.commit_many(items)
         self.calls += 1
-        if self.kill_at is not None and self.calls >= self.kill_at and any(r.value == "committed" for r in out):
+        if (
+            self.kill_at is not None
+            and self.calls >= self.kill_at
+            and any(r.value == "committed" for r in out)
+        ):
             self.kill_at = None
             raise Killed
         return out
@@ -178,12 +208,16 @@ class _Resumable(Source):
 class Stepper:
     """One harness pipeline over a sample's logs: ``Harness.run_sources`` in slices, killable mid-round."""
 
-    def __init__(self, data: Path, registry: Any, name: str, config: PhotonConfig | None = None) -> None:
+    def __init__(
+        self, data: Path, registry: Any, name: str, config: PhotonConfig | None = None
+    ) -> None:
         self.name = name
         self.config = config or PhotonConfig()
         t = build(data, config=self.config, reinject_dir=data / f"reinject-{name}")
         self.sources = {n: _Resumable(i.source, n, i.stream) for n, i in t.injectors.items()}
-        t.injectors = {n: dataclasses.replace(i, source=self.sources[n]) for n, i in t.injectors.items()}
+        t.injectors = {
+            n: dataclasses.replace(i, source=self.sources[n]) for n, i in t.injectors.items()
+        }
         self.switch = KillSwitch(registry)
         self.h = Harness(t, raise_errors=False, registry=self.switch, pipeline=name)
         #: the harness's epoch (its once-tokens name ``name#epoch``)
@@ -216,15 +250,21 @@ class Stepper:
 
     def result(self) -> RunResult:
         h = self.h
-        return RunResult([dict(v) for v in h.values("joined_clicks")], [dict(v) for v in h.values("unjoinable")],
-                         [r.value.as_dict() for r in h.dead_letters()], {"Joiner": h.metrics("Joiner")})  # fmt: skip
+        return RunResult(
+            [dict(v) for v in h.values("joined_clicks")],
+            [dict(v) for v in h.values("unjoinable")],
+            [r.value.as_dict() for r in h.dead_letters()],
+            {"Joiner": h.metrics("Joiner")},
+        )
 
 
 @pytest.fixture
 def pipelines():
     """``pipelines(data, registry, ["dc1", "dc2"])``: a :class:`Stepper` per name, sharing ``registry``."""
 
-    def make(data: Path, registry: Any, names: list[str], config: PhotonConfig | None = None) -> list[Stepper]:
+    def make(
+        data: Path, registry: Any, names: list[str], config: PhotonConfig | None = None
+    ) -> list[Stepper]:
         return [Stepper(data, registry, n, config) for n in names]
 
     return make
@@ -235,7 +275,11 @@ def union():
     """``union(*results)``: the outputs of several pipelines as one (dead letters of the first: each has them all)."""
 
     def merge(*results: RunResult) -> RunResult:
-        return RunResult([j for r in results for j in r.joined], [u for r in results for u in r.unjoinable], results[0].dead_letters, {})
+        return RunResult(
+            [j for r in results for j in r.joined],
+            [u for r in results for u in r.unjoinable],
+            results[0].dead_letters,
+            {},
+        )
 
     return merge
-

@@ -30,7 +30,9 @@ def _run(data, cfg: PhotonConfig) -> Harness:
 
 
 def _records(h: Harness, stream: str) -> Counter:
-    return Counter((r.id, r.timestamp, json.dumps(r.value, sort_keys=True)) for r in h.output(stream))
+    return Counter(
+        (r.id, r.timestamp, json.dumps(r.value, sort_keys=True)) for r in h.output(stream)
+    )
 
 
 @pytest.mark.parametrize("max_bytes", [64 << 20, 6_000], ids=["one-batch", "small-batches"])
@@ -45,14 +47,28 @@ def test_the_columnar_joiner_makes_the_per_record_joiners_productions(sample, ma
         assert sum(expected.values()) > (200 if stream == "joined_clicks" else 2), stream
         assert _records(columnar, stream) == expected, stream
     dead = Counter((d.id, d.value.stage, d.value.reason) for d in per_record.dead_letters())
-    assert dead and Counter((d.id, d.value.stage, d.value.reason) for d in columnar.dead_letters()) == dead
+    assert (
+        dead
+        and Counter((d.id, d.value.stage, d.value.reason) for d in columnar.dead_letters()) == dead
+    )
     a, b = per_record.metrics("Joiner"), columnar.metrics("Joiner")
-    for name in ("records_in", "duplicates", "late", "processed", "productions", "dead_letters", "once_committed", "once_conflicts"):
+    for name in (
+        "records_in",
+        "duplicates",
+        "late",
+        "processed",
+        "productions",
+        "dead_letters",
+        "once_committed",
+        "once_conflicts",
+    ):
         assert a[name] == b[name], name
     assert a["duplicates"] > 0
     # and the plain batch answer
     answer = batch_join(sample)
-    assert sorted(json.dumps(j, sort_keys=True) for j in columnar.values("joined_clicks")) == sorted(json.dumps(j, sort_keys=True) for j in answer.joined)
+    assert sorted(
+        json.dumps(j, sort_keys=True) for j in columnar.values("joined_clicks")
+    ) == sorted(json.dumps(j, sort_keys=True) for j in answer.joined)
     assert {u["click"]["click_id"] for u in columnar.values("unjoinable")} == answer.orphans
 
 
@@ -63,8 +79,12 @@ def test_a_paced_replay_with_retries_and_give_ups_evaluates_the_same(sample):
     columnar = replay(sample, mode="continuous")
     for r in (per_record, columnar):
         assert evaluate(r, sample)["ok"]
-    assert sorted(json.dumps(j, sort_keys=True) for j in columnar.joined) == sorted(json.dumps(j, sort_keys=True) for j in per_record.joined)
-    assert sorted(json.dumps(u, sort_keys=True) for u in columnar.unjoinable) == sorted(json.dumps(u, sort_keys=True) for u in per_record.unjoinable)
+    assert sorted(json.dumps(j, sort_keys=True) for j in columnar.joined) == sorted(
+        json.dumps(j, sort_keys=True) for j in per_record.joined
+    )
+    assert sorted(json.dumps(u, sort_keys=True) for u in columnar.unjoinable) == sorted(
+        json.dumps(u, sort_keys=True) for u in per_record.unjoinable
+    )
     m = columnar.metrics["Joiner"]
     assert m["once_committed"] == per_record.metrics["Joiner"]["once_committed"] > 0
 
@@ -77,7 +97,12 @@ def test_a_click_before_its_query_in_one_batch_waits_and_joins_in_order(joiner, 
     h.inject("queries", [query("q2", 1_000), query("q1", 1_100), query("q3", 1_200)])
     h.inject("clicks", [click("c3", "q1", 1_700), click("c4", "q3", 1_800)])
     h.run()
-    assert sorted(r.value["click_id"] for r in h.output("joined_clicks")) == ["c1", "c2", "c3", "c4"]
+    assert sorted(r.value["click_id"] for r in h.output("joined_clicks")) == [
+        "c1",
+        "c2",
+        "c3",
+        "c4",
+    ]
     for q in ("q1", "q2", "q3"):  # nothing waits: only the cache's eviction is left, and no hold
         assert [t.tag for t in h.timers("Joiner", q)] == ["evict"], q
     assert h.metrics("Joiner")["once_committed"] == 4

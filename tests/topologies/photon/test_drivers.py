@@ -37,7 +37,11 @@ def test_a_bad_mode_is_refused(sample):
 
 
 def test_the_run_lock_is_exclusive_and_released_with_its_holder(tmp_path):
-    with run_lock(tmp_path), pytest.raises(PipelineBusyError, match="is running, or being verified"), run_lock(tmp_path):
+    with (
+        run_lock(tmp_path),
+        pytest.raises(PipelineBusyError, match="is running, or being verified"),
+        run_lock(tmp_path),
+    ):
         pass
     with run_lock(tmp_path):  # released
         pass
@@ -65,9 +69,14 @@ def test_a_refused_start_leaves_nothing_that_makes_its_directory_a_run(tmp_path,
     from topologies.photon.verify import verify_runs
 
     shared = MemoryOnceRegistry()
-    join_roster(shared, "dc1", "eA", where_of(Location.of(str(tmp_path / "a"))))  # run directory A holds dc1
+    join_roster(
+        shared, "dc1", "eA", where_of(Location.of(str(tmp_path / "a")))
+    )  # run directory A holds dc1
     y = tmp_path / "y"
-    with pytest.raises(MillwheelError, match=r"pipeline name 'dc1' is held in this IdRegistry by the run directory .*/a "):
+    with pytest.raises(
+        MillwheelError,
+        match=r"pipeline name 'dc1' is held in this IdRegistry by the run directory .*/a ",
+    ):
         run_spark(sample, y, pipeline="dc1", registry=lambda: shared)
     assert read_manifest(y) is None and run_identity(str(y)) is None
     assert not (y / "run.json").exists() and not (y / "reinject").exists()

@@ -15,7 +15,16 @@ def test_the_batch_join_accounts_for_every_click(sample, truth):
     assert answer.malformed_lines == truth["malformed_injected"]
     assert answer.duplicate_clicks == truth["duplicate_clicks"]
     j = answer.joined[0]
-    assert set(j) == {"click_id", "query_id", "ad_slot", "advertiser_id", "ad_text", "terms", "query_ts", "click_ts"}
+    assert set(j) == {
+        "click_id",
+        "query_id",
+        "ad_slot",
+        "advertiser_id",
+        "ad_text",
+        "terms",
+        "query_ts",
+        "click_ts",
+    }
 
 
 def test_each_rule_fails_when_it_should(batch, sample, truth):

@@ -87,15 +87,26 @@ def test_a_listing_taken_as_the_directory_changed_is_not_trusted(tmp_path):
 
 
 @settings(max_examples=60, deadline=None)
-@given(times=st.lists(st.one_of(st.none(), st.integers(0, 40) .map(lambda k: 1_700_000_000_000 + 7_500 * k)), max_size=12),
-       t=st.integers(1_699_999_900_000, 1_700_000_400_000))  # fmt: skip
+@given(
+    times=st.lists(
+        st.one_of(st.none(), st.integers(0, 40).map(lambda k: 1_700_000_000_000 + 7_500 * k)),
+        max_size=12,
+    ),
+    t=st.integers(1_699_999_900_000, 1_700_000_400_000),
+)
 def test_the_candidate_files_are_those_near_the_time_nearest_first(tmp_path_factory, times, t):
     """``_candidates`` (bisection in the listing ordered by time) gives what a scan of every
     file's time gives: the files within the window before ``t`` and the lateness after it,
     and the files without a time, ordered by distance, then name."""
     d = tmp_path_factory.mktemp("logs")
     for i, ft in enumerate(times):
-        (d / (f"queries_{ft}_{i}.jsonl" if ft is not None else f"queries_x{i}.jsonl")).write_text("")
+        (d / (f"queries_{ft}_{i}.jsonl" if ft is not None else f"queries_x{i}.jsonl")).write_text(
+            ""
+        )
     store = LogsEventStore(d, window_ms=60_000, lateness_ms=30_000)
-    scan = sorted((0 if ft is None else abs(ft - t), name) for name, ft in store._files() if ft is None or t - 60_000 <= ft <= t + 30_000)
+    scan = sorted(
+        (0 if ft is None else abs(ft - t), name)
+        for name, ft in store._files()
+        if ft is None or t - 60_000 <= ft <= t + 30_000
+    )
     assert store._candidates(t) == [name for _, name in scan]

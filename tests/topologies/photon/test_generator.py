@@ -21,7 +21,12 @@ def test_the_same_seed_writes_the_same_logs(tmp_path):
 def test_the_sample_has_every_difficulty(truth, sample):
     assert truth["delayed_queries"] > 0 and truth["clicks_before_query"] > 0
     assert truth["duplicate_clicks"] > 0 and truth["orphan_clicks"] > 0
-    assert {m["kind"] for m in truth["malformed"]} == {"broken_json", "missing_ts", "non_integer_ts", "no_query_id"}
+    assert {m["kind"] for m in truth["malformed"]} == {
+        "broken_json",
+        "missing_ts",
+        "non_integer_ts",
+        "no_query_id",
+    }
     for m in truth["malformed"]:  # each one is where the truth says
         data = (sample / m["log"] / m["file"]).read_bytes()
         line = data[m["offset"] : data.index(b"\n", m["offset"])]

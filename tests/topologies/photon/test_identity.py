@@ -22,7 +22,9 @@ def _settle(h, to):
     h.run()
 
 
-def test_a_click_delivered_again_after_its_key_was_collected_is_not_joined_twice(joiner, query, click):
+def test_a_click_delivered_again_after_its_key_was_collected_is_not_joined_twice(
+    joiner, query, click
+):
     h = joiner(PhotonConfig(log_store=False), registry=MemoryOnceRegistry())
     h.inject("queries", [query("q1", 1_000)])
     h.inject("clicks", [click("c1", "q1", 1_500)])
@@ -36,7 +38,9 @@ def test_a_click_delivered_again_after_its_key_was_collected_is_not_joined_twice
     h.run()
     _settle(h, 2 * FAR)
     m = h.metrics("Joiner")
-    assert [j["click_id"] for j in h.values("joined_clicks")] == ["c1"], "the click was billed twice"
+    assert [j["click_id"] for j in h.values("joined_clicks")] == ["c1"], (
+        "the click was billed twice"
+    )
     assert (m["once_committed"], m["once_conflicts"]) == (1, 1)
     assert h.values("unjoinable") == []
     assert h.output("joined_clicks") == first
@@ -61,4 +65,6 @@ def test_a_replayed_round_still_commits_with_the_token_of_its_crashed_attempt(jo
     h.run()
     assert registry.holder("c2") == held  # the replay committed with the same token
     assert sorted(j["click_id"] for j in h.values("joined_clicks")) == ["c1", "c2"]
-    assert len({r.id for r in h.output("joined_clicks")}) == 2  # c2's weak re-send dropped downstream by its id
+    assert (
+        len({r.id for r in h.output("joined_clicks")}) == 2
+    )  # c2's weak re-send dropped downstream by its id

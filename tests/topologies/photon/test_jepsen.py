@@ -24,9 +24,18 @@ def _write_stream(run, stream, values):
     log = FileStreamLog(Location.of(str(run)))
     log.ensure(stream, "Joiner")
     staged = run / f"staged-{stream}.parquet"
-    pq.write_table(pa.table({"id": [f"{stream}{i}" for i in range(len(values))], "ts": list(range(len(values))),
-                             "key": [None] * len(values), "value": [encode_value(v) for v in values],
-                             "wm": [None] * len(values)}), staged)  # fmt: skip
+    pq.write_table(
+        pa.table(
+            {
+                "id": [f"{stream}{i}" for i in range(len(values))],
+                "ts": list(range(len(values))),
+                "key": [None] * len(values),
+                "value": [encode_value(v) for v in values],
+                "wm": [None] * len(values),
+            }
+        ),
+        staged,
+    )
     log.publish(Location.of(str(staged)), stream, "Joiner", "b0000000000-x", 0)
 
 
@@ -41,17 +50,43 @@ def test_the_checker_counts_lost_twice_unseen_and_both(tmp_path, sample):
     a, b = tmp_path / "dc1", tmp_path / "dc2"
     _write_stream(a, "joined_clicks", joined[1:])  # joined[0] lost
     _write_stream(b, "joined_clicks", [joined[1]])  # twice
-    unjoinable = [{"click": {"click_id": o}, "reason_code": "no_query", "reason": ""} for o in orphans[1:]]  # orphans[0] unseen
-    unjoinable.append({"click": {"click_id": joined[2]["click_id"]}, "reason_code": "adapter_skipped", "reason": ""})  # both
-    unjoinable.append({"click": {"click_id": joined[3]["click_id"]}, "reason_code": "no_query", "reason": ""})  # superseded
+    unjoinable = [
+        {"click": {"click_id": o}, "reason_code": "no_query", "reason": ""} for o in orphans[1:]
+    ]  # orphans[0] unseen
+    unjoinable.append(
+        {
+            "click": {"click_id": joined[2]["click_id"]},
+            "reason_code": "adapter_skipped",
+            "reason": "",
+        }
+    )  # both
+    unjoinable.append(
+        {"click": {"click_id": joined[3]["click_id"]}, "reason_code": "no_query", "reason": ""}
+    )  # superseded
     _write_stream(b, "unjoinable", unjoinable)
-    _write_stream(a, "unjoinable", unjoinable[-3:-2])  # an orphan given up twice: twice in unjoinable
+    _write_stream(
+        a, "unjoinable", unjoinable[-3:-2]
+    )  # an orphan given up twice: twice in unjoinable
     counts = check_outputs(sample, [a, b], PhotonConfig())
-    assert (counts.lost, counts.twice, counts.unseen, counts.both, counts.unexpected, counts.superseded_give_ups) == (1, 2, 1, 1, 0, 1)
+    assert (
+        counts.lost,
+        counts.twice,
+        counts.unseen,
+        counts.both,
+        counts.unexpected,
+        counts.superseded_give_ups,
+    ) == (1, 2, 1, 1, 0, 1)
     assert counts.twice_by_stream == {"joined_clicks": 1, "unjoinable": 1}
-    assert not counts.ok and "lost 1, twice 2 (joined_clicks 1, unjoinable 1), unseen 1" in counts.line()
+    assert (
+        not counts.ok
+        and "lost 1, twice 2 (joined_clicks 1, unjoinable 1), unseen 1" in counts.line()
+    )
     shutil.rmtree(b)
-    _write_stream(b, "unjoinable", [{"click": {"click_id": o}, "reason_code": "no_query", "reason": ""} for o in orphans])
+    _write_stream(
+        b,
+        "unjoinable",
+        [{"click": {"click_id": o}, "reason_code": "no_query", "reason": ""} for o in orphans],
+    )
     shutil.rmtree(a)
     _write_stream(a, "joined_clicks", joined)
     assert check_outputs(sample, [a, b], PhotonConfig()).ok
@@ -77,12 +112,18 @@ CI_ROUND = CheckSettings(outage_min_s=3.0, outage_max_s=8.0)
 @pytest.mark.spark
 @pytest.mark.timeout(1800)
 def test_one_round_of_the_check_on_a_fresh_seed_loses_and_duplicates_nothing(tmp_path):
-    seed = fresh_seed()  # a seed nobody chose; replay a failure with `millwheel photon check --seed SEED`
+    seed = (
+        fresh_seed()
+    )  # a seed nobody chose; replay a failure with `millwheel photon check --seed SEED`
     print(f"photon check seed {seed}")
     (result,) = _rounds(tmp_path, 1, seed, CI_ROUND)
-    assert result.ok, f"seed {seed} (replay: millwheel photon check --seed {seed} --outage-min-s 3 --outage-max-s 8): {result.line()}"
+    assert result.ok, (
+        f"seed {seed} (replay: millwheel photon check --seed {seed} --outage-min-s 3 --outage-max-s 8): {result.line()}"
+    )
     assert result.counts.joinable > 50
-    assert any("registry kill -9" in step for step in result.plan) and any("refused" in step for step in result.plan)
+    assert any("registry kill -9" in step for step in result.plan) and any(
+        "refused" in step for step in result.plan
+    )
 
 
 @pytest.mark.slow

@@ -29,23 +29,36 @@ def test_a_click_logged_before_its_query_joins_when_the_query_arrives(joiner, qu
     h.inject("queries", [query("q1", 1_000, ad_text="buy flowers")])
     h.run()
     [j] = h.values("joined_clicks")
-    assert j == {"click_id": "c1", "query_id": "q1", "ad_slot": 1, "advertiser_id": "adv-1", "ad_text": "buy flowers",
-                 "query_ts": 1_000, "click_ts": 1_500}  # fmt: skip
+    assert j == {
+        "click_id": "c1",
+        "query_id": "q1",
+        "ad_slot": 1,
+        "advertiser_id": "adv-1",
+        "ad_text": "buy flowers",
+        "query_ts": 1_000,
+        "click_ts": 1_500,
+    }
     assert h.output("joined_clicks")[0].timestamp == 1_500
-    assert h.timers("Joiner", "q1") == [Timer("evict", 61_000, TimeDomain.LOW_WATERMARK)]  # only the cache entry is left
+    assert h.timers("Joiner", "q1") == [
+        Timer("evict", 61_000, TimeDomain.LOW_WATERMARK)
+    ]  # only the cache entry is left
 
 
 def test_a_click_after_its_query_joins_at_once_and_duplicates_are_dropped(joiner, query, click):
     h = joiner()
     h.inject("queries", [query("q1", 1_000)])
-    h.inject("clicks", [click("c1", "q1", 1_200), click("c2", "q1", 1_300), click("c1", "q1", 1_200)])
+    h.inject(
+        "clicks", [click("c1", "q1", 1_200), click("c2", "q1", 1_300), click("c1", "q1", 1_200)]
+    )
     h.run()
     assert _joined(h) == [("c1", "q1"), ("c2", "q1")]
     assert h.metrics("Joiner")["duplicates"] == 1
     assert h.registry.holder("c1") is not None  # committed to the IdRegistry (§2)
 
 
-def test_an_orphan_is_unjoinable_once_the_low_watermark_passes_click_ts_plus_max_delay(joiner, click):
+def test_an_orphan_is_unjoinable_once_the_low_watermark_passes_click_ts_plus_max_delay(
+    joiner, click
+):
     h = joiner(PhotonConfig(log_store=False, max_delay_ms=10_000))
     h.inject("clicks", [click("c1", "q-never", 1_000)])
     _advance(h, 10_999)
@@ -53,13 +66,21 @@ def test_an_orphan_is_unjoinable_once_the_low_watermark_passes_click_ts_plus_max
     assert h.low_watermark("Joiner") <= 1_000  # the waiting click holds the output watermark
     _advance(h, 11_000)
     [u] = h.values("unjoinable")
-    assert u["reason_code"] == "no_query" and u["click"]["click_id"] == "c1" and "q-never" in u["reason"]
+    assert (
+        u["reason_code"] == "no_query"
+        and u["click"]["click_id"] == "c1"
+        and "q-never" in u["reason"]
+    )
     assert h.output("unjoinable")[0].timestamp == 1_000
-    assert h.keys("Joiner") == [] or h.state("Joiner", "q-never") is None  # nothing kept for the key
+    assert (
+        h.keys("Joiner") == [] or h.state("Joiner", "q-never") is None
+    )  # nothing kept for the key
     assert h.registry.holder("c1") is not None  # the click's fate is decided once, across pipelines
 
 
-def test_a_query_later_than_its_declared_lateness_still_joins_within_max_delay(joiner, query, click):
+def test_a_query_later_than_its_declared_lateness_still_joins_within_max_delay(
+    joiner, query, click
+):
     h = joiner(PhotonConfig(log_store=False, max_delay_ms=10_000))
     h.inject("clicks", [click("c1", "q1", 5_000)])
     _advance(h, 8_000)
@@ -75,7 +96,11 @@ def test_retries_back_off_exponentially_and_find_the_query_in_the_logs(joiner, c
     qid = "10.0.0.1:4000:1700000000000:1"
     log = tmp_path / "queries_1700000000000.jsonl"
     log.write_text("")
-    h = joiner(PhotonConfig(backoff_initial_ms=500, backoff_max_ms=2_000), queries_dir=tmp_path, wall_time=0)
+    h = joiner(
+        PhotonConfig(backoff_initial_ms=500, backoff_max_ms=2_000),
+        queries_dir=tmp_path,
+        wall_time=0,
+    )
     h.inject("clicks", [click("c1", qid, 1_700_000_000_400)])
     h.run()
     walls = [t.timestamp for t in h.timers("Joiner", qid) if t.domain is TimeDomain.WALL_TIME]
@@ -83,16 +108,24 @@ def test_retries_back_off_exponentially_and_find_the_query_in_the_logs(joiner, c
     for now in (500, 1_500, 3_500, 5_500):
         h.advance_wall_time(to=now)
         h.run()
-        retries += [t.timestamp for t in h.timers("Joiner", qid) if t.domain is TimeDomain.WALL_TIME]
+        retries += [
+            t.timestamp for t in h.timers("Joiner", qid) if t.domain is TimeDomain.WALL_TIME
+        ]
     assert retries == [500, 1_500, 3_500, 5_500, 7_500]  # 500, 1000, 2000, then capped at 2000
-    log.write_text(json.dumps({"query_id": qid, "ts": 1_700_000_000_000, "advertiser_id": "adv-9"}) + "\n")
+    log.write_text(
+        json.dumps({"query_id": qid, "ts": 1_700_000_000_000, "advertiser_id": "adv-9"}) + "\n"
+    )
     h.advance_wall_time(to=7_500)
     h.run()
     assert [j["advertiser_id"] for j in h.values("joined_clicks")] == ["adv-9"]
-    assert h.timers("Joiner", qid) == [Timer("evict", 1_700_000_060_000, TimeDomain.LOW_WATERMARK)]  # now cached
+    assert h.timers("Joiner", qid) == [
+        Timer("evict", 1_700_000_060_000, TimeDomain.LOW_WATERMARK)
+    ]  # now cached
 
 
-def test_the_cache_is_bounded_by_the_low_watermark_and_the_log_store_serves_misses(joiner, click, tmp_path):
+def test_the_cache_is_bounded_by_the_low_watermark_and_the_log_store_serves_misses(
+    joiner, click, tmp_path
+):
     qid = "10.0.0.1:4000:1700000000000:1"
     q = {"query_id": qid, "ts": 1_700_000_000_000, "advertiser_id": "adv-2"}
     (tmp_path / "queries_1700000000000.jsonl").write_text(json.dumps(q) + "\n")
@@ -108,7 +141,9 @@ def test_the_cache_is_bounded_by_the_low_watermark_and_the_log_store_serves_miss
         if store:
             assert _joined(h) == [("c1", qid)] and h.values("unjoinable") == []
         else:
-            assert _joined(h) == [] and [u["reason_code"] for u in h.values("unjoinable")] == ["no_query"]
+            assert _joined(h) == [] and [u["reason_code"] for u in h.values("unjoinable")] == [
+                "no_query"
+            ]
 
 
 class _Business(Adapter):
@@ -118,31 +153,52 @@ class _Business(Adapter):
         if query["advertiser_id"] == "broken":
             msg = "no price for this advertiser"
             raise ValueError(msg)
-        return {"click_id": click["click_id"], "advertiser_id": query["advertiser_id"], "price": 2 * click["ad_slot"]}
+        return {
+            "click_id": click["click_id"],
+            "advertiser_id": query["advertiser_id"],
+            "price": 2 * click["ad_slot"],
+        }
 
 
 def test_the_adapter_holds_the_business_logic_and_one_bad_click_stops_nothing(joiner, query, click):
     h = joiner(adapter=_Business(), raise_errors=False)
-    h.inject("queries", [query("q1", 1_000, advertiser_id="ok"), query("q2", 1_000, advertiser_id="blocked"),
-                         query("q3", 1_000, advertiser_id="broken")])  # fmt: skip
-    h.inject("clicks", [click("c1", "q1", 1_100), click("c2", "q2", 1_100), click("c3", "q3", 1_100)])
+    h.inject(
+        "queries",
+        [
+            query("q1", 1_000, advertiser_id="ok"),
+            query("q2", 1_000, advertiser_id="blocked"),
+            query("q3", 1_000, advertiser_id="broken"),
+        ],
+    )
+    h.inject(
+        "clicks", [click("c1", "q1", 1_100), click("c2", "q2", 1_100), click("c3", "q3", 1_100)]
+    )
     h.run()
     assert h.values("joined_clicks") == [{"click_id": "c1", "advertiser_id": "ok", "price": 2}]
-    assert [(u["click"]["click_id"], u["reason_code"]) for u in h.values("unjoinable")] == [("c2", "adapter_skipped")]
+    assert [(u["click"]["click_id"], u["reason_code"]) for u in h.values("unjoinable")] == [
+        ("c2", "adapter_skipped")
+    ]
     [dead] = [r.value for r in h.dead_letters()]
-    assert dead.stage == Stage.PROCESS_RECORD and dead.record.id == "c3" and "no price" in dead.reason
+    assert (
+        dead.stage == Stage.PROCESS_RECORD and dead.record.id == "c3" and "no price" in dead.reason
+    )
 
 
 def test_bad_clicks_are_dead_letters_with_their_reason(joiner, query, click):
     h = joiner(raise_errors=False)
     h.inject("queries", [query("q1", 1_000)])
     no_query_id = Record(None, {"click_id": "c9", "ts": 1_100}, 1_100, "c9")
-    h.inject("clicks", [click("x7", "q1", 1_100, click_id=7), no_query_id, click("c1", "q1", 1_200)])
+    h.inject(
+        "clicks", [click("x7", "q1", 1_100, click_id=7), no_query_id, click("c1", "q1", 1_200)]
+    )
     h.run()
     assert _joined(h) == [("c1", "q1")]
     letters = {d.value.record.id: d.value for d in h.dead_letters()}
     assert letters["c9"].stage == Stage.KEY_EXTRACTOR and "query_id" in letters["c9"].reason
-    assert letters["x7"].stage == Stage.PROCESS_RECORD and "'click_id' must be a non-empty string, got 7" in letters["x7"].reason
+    assert (
+        letters["x7"].stage == Stage.PROCESS_RECORD
+        and "'click_id' must be a non-empty string, got 7" in letters["x7"].reason
+    )
 
 
 def test_a_click_beyond_the_dedup_horizon_is_judged_by_the_registry(joiner, query, click):
@@ -151,7 +207,9 @@ def test_a_click_beyond_the_dedup_horizon_is_judged_by_the_registry(joiner, quer
     h = joiner(PhotonConfig(log_store=False, dedup_slack_ms=1_000))
     h.inject("queries", [query("q1", 8_000)])
     _advance(h, 10_000)
-    h.inject("clicks", [click("c1", "q1", 8_500)])  # 1.5 s behind: beyond what the pipeline remembers
+    h.inject(
+        "clicks", [click("c1", "q1", 8_500)]
+    )  # 1.5 s behind: beyond what the pipeline remembers
     h.run()
     assert _joined(h) == [("c1", "q1")] and h.values("unjoinable") == []
     # the same click again, long after the pipeline forgot its id: the registry says no
@@ -162,14 +220,26 @@ def test_a_click_beyond_the_dedup_horizon_is_judged_by_the_registry(joiner, quer
     h.run()
     assert _joined(h) == [("c1", "q1"), ("c2", "q1")]
     m = h.metrics("Joiner")
-    assert (m["duplicates"], m["once_conflicts"]) == (0, 1), m  # not the pipeline's dedup: the registry
+    assert (m["duplicates"], m["once_conflicts"]) == (0, 1), (
+        m
+    )  # not the pipeline's dedup: the registry
 
 
 def test_a_reinjected_click_joins_without_its_reinjection_id(joiner, query):
     h = joiner(reinjected=True)
     h.inject("queries", [query("q1", 1_000)])
     _advance(h, 30_000)  # the click is late: re-injected clicks always are
-    h.inject("reinjected", [Record(None, {"click_id": "c1", "query_id": "q1", "ts": 1_100, "reinject_id": "c1@5"}, 1_100, "c1@5")])
+    h.inject(
+        "reinjected",
+        [
+            Record(
+                None,
+                {"click_id": "c1", "query_id": "q1", "ts": 1_100, "reinject_id": "c1@5"},
+                1_100,
+                "c1@5",
+            )
+        ],
+    )
     h.run()
     [j] = h.values("joined_clicks")
     assert j["click_id"] == "c1" and "reinject_id" not in j
@@ -185,20 +255,27 @@ def test_two_pipelines_sharing_a_registry_write_each_click_once(joiner, query, c
         h.run()
     assert _joined(dc1) == [("c1", "q1")] and _joined(dc2) == []
     assert dc2.metrics("Joiner")["once_conflicts"] == 1
-    dc1.inject("clicks", [click("c1", "q1", 1_100)])  # a re-delivery to the winner: deduplicated, not re-committed
+    dc1.inject(
+        "clicks", [click("c1", "q1", 1_100)]
+    )  # a re-delivery to the winner: deduplicated, not re-committed
     dc1.run()
     assert _joined(dc1) == [("c1", "q1")]
 
 
 @pytest.mark.parametrize("joins_first", [False, True])
-def test_giving_up_in_one_pipeline_does_not_block_the_join_in_another(joins_first, joiner, query, click):
+def test_giving_up_in_one_pipeline_does_not_block_the_join_in_another(
+    joins_first, joiner, query, click
+):
     # before: dc1's query log is late; it gave up on c1 first and took the click id, so
     # dc2, which had the query, got a conflict and the joinable click was never joined
     from millwheel._once import MemoryOnceRegistry, holder_of
 
     registry = MemoryOnceRegistry()
     cfg = PhotonConfig(log_store=False, max_delay_ms=5_000)
-    dc1, dc2 = joiner(cfg, registry=registry, pipeline="dc1"), joiner(cfg, registry=registry, pipeline="dc2")
+    dc1, dc2 = (
+        joiner(cfg, registry=registry, pipeline="dc1"),
+        joiner(cfg, registry=registry, pipeline="dc2"),
+    )
 
     def dc1_gives_up():
         dc1.inject("clicks", [click("c1", "q1", 1_000)])

@@ -24,8 +24,15 @@ from topologies.photon.verify import gave_up_ids, output_ids, token
 
 def _pipeline(p, *, running=False):
     r = p.result()
-    return Pipeline(p.name, output_ids(r.joined, r.unjoinable), running=running, reinject=p.reinject, gave_up=gave_up_ids(r.unjoinable), epoch=p.epoch,
-                    where=p.where)  # fmt: skip
+    return Pipeline(
+        p.name,
+        output_ids(r.joined, r.unjoinable),
+        running=running,
+        reinject=p.reinject,
+        gave_up=gave_up_ids(r.unjoinable),
+        epoch=p.epoch,
+        where=p.where,
+    )
 
 
 def _clicks(sample):
@@ -43,17 +50,26 @@ def test_a_killed_pipeline_loses_nothing_after_verification_and_its_restart_dupl
     assert dc1.dead
     dc2.run()  # no operator action: dc2 just goes on
     lost = evaluate(union(dc2.result(), dc1.result()), sample, truth)
-    assert lost["duplicates_in_output"] == 0 and lost["joined"]["missing"] > 0  # at most once, not yet exactly once
+    assert (
+        lost["duplicates_in_output"] == 0 and lost["joined"]["missing"] > 0
+    )  # at most once, not yet exactly once
     # verification: the missing clicks are registered under dc1's token, and dc1 is not running
-    report = verify(_clicks(sample), [_pipeline(dc1), _pipeline(dc2, running=True)], registry, clear_tokens=True)
-    assert report.missing == report.recovered > 0 and report.reinjected_into == {"dc2": report.recovered}
+    report = verify(
+        _clicks(sample), [_pipeline(dc1), _pipeline(dc2, running=True)], registry, clear_tokens=True
+    )
+    assert report.missing == report.recovered > 0 and report.reinjected_into == {
+        "dc2": report.recovered
+    }
     assert report.in_flight == report.holder_not_given == report.duplicated == 0
     assert report.tokens_cleared == report.in_output
     healed = evaluate(union(dc2.result(), dc1.result()), sample, truth)
     assert healed["ok"], healed
     # a second verification finds nothing to do
     again = verify(_clicks(sample), [_pipeline(dc1), _pipeline(dc2, running=True)], registry)
-    assert again.missing == again.recovered == 0 and again.in_output == report.in_output + report.recovered
+    assert (
+        again.missing == again.recovered == 0
+        and again.in_output == report.in_output + report.recovered
+    )
     # dc1 comes back: it replays its batch and reads the rest of the logs, and writes nothing twice
     dc1.restart()
     dc1.run()
@@ -62,7 +78,9 @@ def test_a_killed_pipeline_loses_nothing_after_verification_and_its_restart_dupl
     assert dc1.result().metrics["Joiner"]["once_conflicts"] > 0
 
 
-def test_a_restarted_pipeline_writes_what_it_registered_without_verification(sample, truth, registry, pipelines, union):
+def test_a_restarted_pipeline_writes_what_it_registered_without_verification(
+    sample, truth, registry, pipelines, union
+):
     """The token is derived from the pipeline, so its replay commits the same ids again (§3.3.2)."""
     dc1, dc2 = pipelines(sample, registry, ["dc1", "dc2"])
     dc1.run(kill_at_commit=4)
@@ -74,7 +92,9 @@ def test_a_restarted_pipeline_writes_what_it_registered_without_verification(sam
     assert final["ok"], final
 
 
-def test_clicks_held_by_a_running_pipeline_are_in_flight_and_left_alone(sample, registry, pipelines):
+def test_clicks_held_by_a_running_pipeline_are_in_flight_and_left_alone(
+    sample, registry, pipelines
+):
     dc1, dc2 = pipelines(sample, registry, ["dc1", "dc2"])
     dc1.run(kill_at_commit=2)
     report = verify(_clicks(sample), [_pipeline(dc1, running=True), _pipeline(dc2)], registry)
@@ -103,7 +123,9 @@ def test_a_click_held_by_an_unknown_joiner_is_reported_not_touched(sample, regis
 
 
 @pytest.mark.parametrize("cleared_first", [True, False])
-def test_verifying_a_subset_of_the_runs_duplicates_nothing(cleared_first, sample, truth, registry, pipelines, union):
+def test_verifying_a_subset_of_the_runs_duplicates_nothing(
+    cleared_first, sample, truth, registry, pipelines, union
+):
     # ``verify A B`` once cleared the tokens of safe clicks; a later ``verify A``
     # took B's clicks for lost output and re-injected them into A, which wrote them again
     dc1, dc2 = pipelines(sample, registry, ["dc1", "dc2"])
@@ -112,11 +134,15 @@ def test_verifying_a_subset_of_the_runs_duplicates_nothing(cleared_first, sample
     dc1.run()
     assert evaluate(union(dc2.result(), dc1.result()), sample, truth)["ok"]
     if cleared_first:
-        both = verify(_clicks(sample), [_pipeline(dc1), _pipeline(dc2)], registry, clear_tokens=True)
+        both = verify(
+            _clicks(sample), [_pipeline(dc1), _pipeline(dc2)], registry, clear_tokens=True
+        )
         assert both.tokens_cleared == both.in_output > 0 and both.recovered == 0
     alone = verify(_clicks(sample), [_pipeline(dc1)], registry)
     assert alone.recovered == 0 and alone.reinjected_into == {}
-    assert alone.missing == len(dc2.result().joined) + len([u for u in dc2.result().unjoinable if u["reason_code"] != "too_old"])
+    assert alone.missing == len(dc2.result().joined) + len(
+        [u for u in dc2.result().unjoinable if u["reason_code"] != "too_old"]
+    )
     assert (alone.cleared_elsewhere if cleared_first else alone.holder_not_given) == alone.missing
     final = evaluate(union(dc2.result(), dc1.result()), sample, truth)
     assert final["ok"] and final["duplicates_in_output"] == 0, final
@@ -146,21 +172,45 @@ def test_a_batch_committed_but_not_published_counts_as_output(staged, tmp_path, 
         (run / "run.json").write_text(json.dumps({"pipeline": name, "epoch": f"e-{name}"}))
         join_roster(registry, name, f"e-{name}", where_of(Location.of(str(run))))
         runs.append(run)
-    registry.commit_many([(joined["click_id"], token("dc1#e-dc1", joined["query_id"]), joined["click_ts"])])
+    registry.commit_many(
+        [(joined["click_id"], token("dc1#e-dc1", joined["query_id"]), joined["click_ts"])]
+    )
     batch = runs[0] / "outbox" / "Joiner" / "5"
     (runs[0] / "checkpoints" / "Joiner" / "commits").mkdir(parents=True)
     (runs[0] / "checkpoints" / "Joiner" / "commits" / "5").write_text("v1\n{}")
     (runs[0] / "tallies").mkdir()
-    (runs[0] / "tallies" / "Joiner.json").write_text(json.dumps({"published": 4, "written_by_stream": {}, "metrics": {}}))
+    (runs[0] / "tallies" / "Joiner.json").write_text(
+        json.dumps({"published": 4, "written_by_stream": {}, "metrics": {}})
+    )
     if staged:
         part = batch / "e0" / "stream=joined_clicks"
         part.mkdir(parents=True)
-        pq.write_table(pa.table({"id": ["p1"], "ts": [joined["click_ts"]], "key": [None], "value": [encode_value(joined)], "wm": [None]},
-                                schema=pa.schema([("id", pa.string()), ("ts", pa.int64()), ("key", pa.binary()),
-                                                  ("value", pa.binary()), ("wm", pa.int64())])), part / "part-00000.parquet")  # fmt: skip
+        pq.write_table(
+            pa.table(
+                {
+                    "id": ["p1"],
+                    "ts": [joined["click_ts"]],
+                    "key": [None],
+                    "value": [encode_value(joined)],
+                    "wm": [None],
+                },
+                schema=pa.schema(
+                    [
+                        ("id", pa.string()),
+                        ("ts", pa.int64()),
+                        ("key", pa.binary()),
+                        ("value", pa.binary()),
+                        ("wm", pa.int64()),
+                    ]
+                ),
+            ),
+            part / "part-00000.parquet",
+        )
     report = verify_runs(runs, registry)
     assert report.missing == (0 if staged else 1) and report.recovered == (0 if staged else 1)
-    assert len(list((runs[1] / "reinject").glob("reinject_*.jsonl"))) == (0 if staged else 1)  # nothing re-injected
+    assert len(list((runs[1] / "reinject").glob("reinject_*.jsonl"))) == (
+        0 if staged else 1
+    )  # nothing re-injected
 
 
 def _members(registry, *pipelines):
@@ -179,12 +229,22 @@ def test_a_click_a_running_pipeline_gave_up_is_not_reinjected_into_it(sample, re
     into1: list = []
     into2: list = []
     dc1 = Pipeline("dc1", set(), epoch="e1", where="h:/runs/dc1", reinject=into1.extend)
-    dc2 = Pipeline("dc2", set(), running=True, gave_up={c["click_id"]}, epoch="e2", where="h:/runs/dc2", reinject=into2.extend)
+    dc2 = Pipeline(
+        "dc2",
+        set(),
+        running=True,
+        gave_up={c["click_id"]},
+        epoch="e2",
+        where="h:/runs/dc2",
+        reinject=into2.extend,
+    )
     _members(registry, dc1, dc2)
     registry.commit_many([(c["click_id"], token("dc1#e1", c["query_id"]), c["ts"])])
     report = verify([c], [dc1, dc2], registry)
     assert into2 == []
-    assert [x["click_id"] for x in into1] == [c["click_id"]]  # the holder's own directory: its restart joins it
+    assert [x["click_id"] for x in into1] == [
+        c["click_id"]
+    ]  # the holder's own directory: its restart joins it
     assert report.recovered == 1 and report.reinjected_into == {"dc1": 1}
 
 
@@ -197,7 +257,9 @@ def _leftover_of_a_refused_start(run, sample, name, epoch):
     (run / "run.json").write_text(json.dumps({"pipeline": name, "epoch": epoch}))
 
 
-def test_verification_reinjects_only_into_a_member_of_the_roster_and_names_its_directory(tmp_path, sample, registry):
+def test_verification_reinjects_only_into_a_member_of_the_roster_and_names_its_directory(
+    tmp_path, sample, registry
+):
     # before: `verify Y A` re-injected A's lost clicks into Y, a directory whose start was refused
     # (A holds the name dc1): they were stranded there for good
     from millwheel.once import join_roster
@@ -206,22 +268,33 @@ def test_verification_reinjects_only_into_a_member_of_the_roster_and_names_its_d
     from topologies.photon.verify import verify_runs
 
     a, y = tmp_path / "a", tmp_path / "y"
-    _leftover_of_a_refused_start(a, sample, "dc1", "eA")  # A ran: its manifest and identity are real
+    _leftover_of_a_refused_start(
+        a, sample, "dc1", "eA"
+    )  # A ran: its manifest and identity are real
     join_roster(registry, "dc1", "eA", where_of(Location.of(str(a))))
     _leftover_of_a_refused_start(y, sample, "dc1", "eY")  # Y: refused, never a member
     clicks = _clicks(sample)[:10]
-    registry.commit_many([(c["click_id"], token("dc1#eA", c["query_id"]), c["ts"]) for c in clicks[:5]])
+    registry.commit_many(
+        [(c["click_id"], token("dc1#eA", c["query_id"]), c["ts"]) for c in clicks[:5]]
+    )
     report = verify_runs([y, a], registry)
     assert not list((y / "reinject").glob("reinject_*.jsonl"))
     assert len(list((a / "reinject").glob("reinject_*.jsonl"))) == 1
     assert report.recovered == 5 and report.not_members == [str(y)]
-    assert f"into {a}" in report.text() and f"not members of the registry's roster (never written into): {y}" in report.text()
-    registry.commit_many([(c["click_id"], token("dc1#eA", c["query_id"]), c["ts"]) for c in clicks[5:]])
+    assert (
+        f"into {a}" in report.text()
+        and f"not members of the registry's roster (never written into): {y}" in report.text()
+    )
+    registry.commit_many(
+        [(c["click_id"], token("dc1#eA", c["query_id"]), c["ts"]) for c in clicks[5:]]
+    )
     for order in ([y, a], [a, y]):
         assert verify_runs(order, registry, dry_run=True).reinjected_into == {str(a): 5}
 
 
-def test_where_more_than_one_directory_could_take_the_reinjections_verification_asks(tmp_path, sample, registry):
+def test_where_more_than_one_directory_could_take_the_reinjections_verification_asks(
+    tmp_path, sample, registry
+):
     # a dead epoch's clicks (dc1 restarted from a deleted checkpoint) and both pipelines stopped:
     # dc1's new epoch and dc2 could each take them; which one must not depend on the argument order
     from millwheel.once import join_roster
@@ -237,10 +310,17 @@ def test_where_more_than_one_directory_could_take_the_reinjections_verification_
     join_roster(registry, "dc1", "new", where1)
     join_roster(registry, "dc2", "e2", where_of(Location.of(str(runs["dc2"]))))
     clicks = _clicks(sample)[:4]
-    registry.commit_many([(c["click_id"], token("dc1#old", c["query_id"]), c["ts"]) for c in clicks])
-    with pytest.raises(AmbiguousTargetError, match=rf"(?s)4 clicks .* could go to any of {runs['dc1']} \(dc1\), {runs['dc2']} \(dc2\).*--target"):
+    registry.commit_many(
+        [(c["click_id"], token("dc1#old", c["query_id"]), c["ts"]) for c in clicks]
+    )
+    with pytest.raises(
+        AmbiguousTargetError,
+        match=rf"(?s)4 clicks .* could go to any of {runs['dc1']} \(dc1\), {runs['dc2']} \(dc2\).*--target",
+    ):
         verify_runs(list(runs.values()), registry)
-    assert [r.token for r in registry.lookup_many([c["click_id"] for c in clicks])] == [token("dc1#old", c["query_id"]) for c in clicks]  # unchanged
+    assert [r.token for r in registry.lookup_many([c["click_id"] for c in clicks])] == [
+        token("dc1#old", c["query_id"]) for c in clicks
+    ]  # unchanged
     report = verify_runs(list(runs.values()), registry, target=runs["dc2"])
     assert report.reinjected_into == {str(runs["dc2"]): 4}
 
@@ -262,20 +342,38 @@ def _scenarios(draw):
         name = draw(st.sampled_from(_NAMES))
         member = draw(st.booleans())
         where = f"h:/runs/{name}" if member else f"h:/runs/{name}-refused-{i}"
-        given.append({
-            "name": name, "epoch": f"e{i}", "where": where, "member": member, "running": draw(st.booleans()),
-            "joined": set(draw(st.lists(st.sampled_from(ids), max_size=3))), "gave_up": set(draw(st.lists(st.sampled_from(ids), max_size=3))),
-        })  # fmt: skip
+        given.append(
+            {
+                "name": name,
+                "epoch": f"e{i}",
+                "where": where,
+                "member": member,
+                "running": draw(st.booleans()),
+                "joined": set(draw(st.lists(st.sampled_from(ids), max_size=3))),
+                "gave_up": set(draw(st.lists(st.sampled_from(ids), max_size=3))),
+            }
+        )
     # epochs the roster knows and nobody gave: a dead epoch of a given directory, or another pipeline
-    others = [{"name": draw(st.sampled_from(_NAMES)), "epoch": f"x{i}"} for i in range(draw(st.integers(0, 2)))]
-    holders = [f"{g['name']}#{g['epoch']}" for g in given] + [f"{o['name']}#{o['epoch']}" for o in others]
-    held = {cid: (draw(st.sampled_from(holders)), draw(st.booleans())) for cid in ids if draw(st.booleans())}
+    others = [
+        {"name": draw(st.sampled_from(_NAMES)), "epoch": f"x{i}"}
+        for i in range(draw(st.integers(0, 2)))
+    ]
+    holders = [f"{g['name']}#{g['epoch']}" for g in given] + [
+        f"{o['name']}#{o['epoch']}" for o in others
+    ]
+    held = {
+        cid: (draw(st.sampled_from(holders)), draw(st.booleans()))
+        for cid in ids
+        if draw(st.booleans())
+    }
     return clicks, given, others, held
 
 
 @settings(max_examples=80, deadline=None)
 @given(_scenarios(), st.randoms(use_true_random=False))
-def test_verification_writes_only_into_members_that_have_not_decided_the_click_whatever_the_order(scenario, rnd):
+def test_verification_writes_only_into_members_that_have_not_decided_the_click_whatever_the_order(
+    scenario, rnd
+):
     from id_registry import InProcessRegistryClient
     from millwheel.once import TENTATIVE, join_roster
     from topologies.photon.registry import OnceRegistryAdapter
@@ -290,22 +388,41 @@ def test_verification_writes_only_into_members_that_have_not_decided_the_click_w
                 if g["member"]:
                     join_roster(reg, g["name"], g["epoch"], g["where"])
             for o in others:
-                with contextlib.suppress(Exception):  # a name another directory holds: refused, as at a start
+                with contextlib.suppress(
+                    Exception
+                ):  # a name another directory holds: refused, as at a start
                     join_roster(reg, o["name"], o["epoch"], f"h:/runs/{o['name']}")
             members = {(m.id, m.where) for m in roster(reg)}
-            reg.commit_many([(cid, token(h, f"q{cid[1:]}") + (TENTATIVE if tentative else ""), 1_000) for cid, (h, tentative) in held.items()])
+            reg.commit_many(
+                [
+                    (cid, token(h, f"q{cid[1:]}") + (TENTATIVE if tentative else ""), 1_000)
+                    for cid, (h, tentative) in held.items()
+                ]
+            )
             into: dict[str, list[str]] = {}
             pipelines = [
-                Pipeline(g["name"], set(g["joined"]), running=g["running"], gave_up=set(g["gave_up"]), epoch=g["epoch"], where=g["where"],
-                         run=g["where"].split(":", 1)[1], reinject=lambda cl, w=g["where"]: into.setdefault(w, []).extend(c["click_id"] for c in cl))
+                Pipeline(
+                    g["name"],
+                    set(g["joined"]),
+                    running=g["running"],
+                    gave_up=set(g["gave_up"]),
+                    epoch=g["epoch"],
+                    where=g["where"],
+                    run=g["where"].split(":", 1)[1],
+                    reinject=lambda cl, w=g["where"]: into.setdefault(w, []).extend(
+                        c["click_id"] for c in cl
+                    ),
+                )
                 for g in (given_[i] for i in order)
-            ]  # fmt: skip
+            ]
             try:
                 report = verify(clicks, pipelines, reg, dry_run=dry_run)
             except AmbiguousTargetError as exc:
                 assert "--target" in str(exc)
                 ids = [c["click_id"] for c in clicks]
-                assert [r.status.value == "found" for r in reg.lookup_many(ids)] == [cid in held for cid in ids]  # nothing cleared
+                assert [r.status.value == "found" for r in reg.lookup_many(ids)] == [
+                    cid in held for cid in ids
+                ]  # nothing cleared
                 return "ambiguous", {}, members
             return report, into, members
 
@@ -317,13 +434,20 @@ def test_verification_writes_only_into_members_that_have_not_decided_the_click_w
     if report == "ambiguous":
         assert again == "ambiguous"  # asked in any order, never decided by it
         return
-    assert again != "ambiguous" and again.reinjected_into == report.reinjected_into  # the same directories, in any order
+    assert (
+        again != "ambiguous" and again.reinjected_into == report.reinjected_into
+    )  # the same directories, in any order
     by_where = {g["where"]: g for g in given_}
     for where, cids in into.items():
         g = by_where[where]
-        assert (f"{g['name']}#{g['epoch']}", where) in members  # a member of the roster, under its identity and place
+        assert (
+            f"{g['name']}#{g['epoch']}",
+            where,
+        ) in members  # a member of the roster, under its identity and place
         assert not set(cids) & (g["joined"] | g["gave_up"])  # never a click it decided already
         assert len(cids) == len(set(cids))
     assert sum(len(c) for c in into.values()) == report.recovered
     running = {f"{g['name']}#{g['epoch']}" for g in given_ if g["running"]}
-    assert not {cid for cids in into.values() for cid in cids if held.get(cid, ("",))[0] in running}  # in flight: left alone
+    assert not {
+        cid for cids in into.values() for cid in cids if held.get(cid, ("",))[0] in running
+    }  # in flight: left alone

@@ -26,9 +26,17 @@ from topologies.zeitgeist import (
 @pytest.fixture(scope="session")
 def small_config() -> GeneratorConfig:
     return GeneratorConfig(
-        seed=3, duration_s=40, rate=300, queries=30, spikes=2, dips=2, warmup_s=12, anomaly_gap_s=3,
-        late_fraction=5e-4, duplicate_fraction=0.01,
-    )  # fmt: skip
+        seed=3,
+        duration_s=40,
+        rate=300,
+        queries=30,
+        spikes=2,
+        dips=2,
+        warmup_s=12,
+        anomaly_gap_s=3,
+        late_fraction=5e-4,
+        duplicate_fraction=0.01,
+    )
 
 
 def _generated(tmp_path_factory, cfg: GeneratorConfig) -> Path:
@@ -45,9 +53,18 @@ def small(tmp_path_factory, small_config) -> Path:
 @pytest.fixture(scope="session")
 def sample_config() -> GeneratorConfig:
     return GeneratorConfig(
-        seed=11, duration_s=75, rate=200, queries=40, day_s=20, warmup_s=25, spikes=3, dips=3,
-        anomaly_gap_s=4, late_fraction=2e-4, duplicate_fraction=0.005,
-    )  # fmt: skip
+        seed=11,
+        duration_s=75,
+        rate=200,
+        queries=40,
+        day_s=20,
+        warmup_s=25,
+        spikes=3,
+        dips=3,
+        anomaly_gap_s=4,
+        late_fraction=2e-4,
+        duplicate_fraction=0.005,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -97,7 +114,11 @@ def dips() -> Callable[[RunResult], list[dict]]:
     """
 
     def strip(result: RunResult) -> list[dict]:
-        found = [{k: v for k, v in a.items() if k not in ("detected_at", "low_watermark")} for a in result.anomalies if a["kind"] == "dip"]
+        found = [
+            {k: v for k, v in a.items() if k not in ("detected_at", "low_watermark")}
+            for a in result.anomalies
+            if a["kind"] == "dip"
+        ]
         return sorted(found, key=lambda a: (a["query"], a["window_start"]))
 
     return strip

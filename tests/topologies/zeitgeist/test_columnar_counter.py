@@ -14,20 +14,34 @@ from millwheel.testing import Harness
 from topologies.zeitgeist import GeneratorConfig, ZeitgeistConfig, build, generate, logs_dir
 
 GEN = GeneratorConfig(
-    seed=5, duration_s=40, rate=250, queries=25, day_s=20, warmup_s=22, spikes=1, dips=1, anomaly_gap_s=4,
-    late_fraction=3e-4, duplicate_fraction=0.01, file_ms=4_000,
+    seed=5,
+    duration_s=40,
+    rate=250,
+    queries=25,
+    day_s=20,
+    warmup_s=22,
+    spikes=1,
+    dips=1,
+    anomaly_gap_s=4,
+    late_fraction=3e-4,
+    duplicate_fraction=0.01,
+    file_ms=4_000,
 )
 CFG = ZeitgeistConfig(day_ms=20_000, slot_ms=2_000)
 
 
 def _run(d, cfg):
-    h = Harness(build(d, config=cfg, source=LogFileSource(logs_dir(d), finite=True)), raise_errors=False)
+    h = Harness(
+        build(d, config=cfg, source=LogFileSource(logs_dir(d), finite=True)), raise_errors=False
+    )
     h.run_sources()
     return h
 
 
 def _multiset(records):
-    return Counter((r.id, r.timestamp, json.dumps(r.value, sort_keys=True, default=str)) for r in records)
+    return Counter(
+        (r.id, r.timestamp, json.dumps(r.value, sort_keys=True, default=str)) for r in records
+    )
 
 
 def test_columnar_counter_gives_the_same_zeitgeist(tmp_path):
@@ -41,9 +55,23 @@ def test_columnar_counter_gives_the_same_zeitgeist(tmp_path):
         assert sum(expected.values()) > 100
         assert _multiset(columnar.output(stream)) == expected, stream
     drop = ("detected_at", "low_watermark")
-    anomalies = [Counter(json.dumps({k: v for k, v in a.items() if k not in drop}, sort_keys=True, default=str) for a in h.values("anomalies")) for h in (per_record, columnar)]
+    anomalies = [
+        Counter(
+            json.dumps({k: v for k, v in a.items() if k not in drop}, sort_keys=True, default=str)
+            for a in h.values("anomalies")
+        )
+        for h in (per_record, columnar)
+    ]
     assert anomalies[0] == anomalies[1] and sum(anomalies[0].values()) >= 2
     a, b = per_record.metrics("WindowCounter"), columnar.metrics("WindowCounter")
-    for name in ("records_in", "duplicates", "late", "late_dropped", "processed", "productions", "dead_letters"):
+    for name in (
+        "records_in",
+        "duplicates",
+        "late",
+        "late_dropped",
+        "processed",
+        "productions",
+        "dead_letters",
+    ):
         assert a[name] == b[name], name
     assert a["duplicates"] > 0

@@ -27,7 +27,10 @@ def test_precision_and_recall_of_injected_spikes_and_dips(report):
 def test_duplicates_removed_equal_duplicates_injected(report, truth):
     injected = truth["duplicates_injected"]
     assert injected > 0
-    assert report["duplicates"]["seen_and_removed"] == {"WindowCounter": injected, "SpikeDetector": injected}
+    assert report["duplicates"]["seen_and_removed"] == {
+        "WindowCounter": injected,
+        "SpikeDetector": injected,
+    }
 
 
 def test_late_records_are_dropped_and_counted(report, truth):
@@ -38,7 +41,9 @@ def test_late_records_are_dropped_and_counted(report, truth):
 def test_every_malformed_line_is_on_the_dead_letters_stream(mode, continuous, batch, truth):
     result = continuous if mode == "continuous" else batch
     assert {d["stage"] for d in result.dead_letters} == {Stage.MALFORMED}
-    assert sorted((d["file"], d["offset"]) for d in result.dead_letters) == sorted((m["file"], m["offset"]) for m in truth["malformed"])
+    assert sorted((d["file"], d["offset"]) for d in result.dead_letters) == sorted(
+        (m["file"], m["offset"]) for m in truth["malformed"]
+    )
     dl = evaluate(result, truth)["dead_letters"]
     assert dl["malformed_lines"] == truth["malformed_injected"] == 6
     assert dl["every_malformed_line_dead_lettered"] and dl["other"] == 0

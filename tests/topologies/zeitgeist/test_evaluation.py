@@ -21,7 +21,15 @@ METRICS = {"WindowCounter": {"records_in": 1_003, "duplicates": 2, "late_dropped
 
 
 def _anomaly(q, kind, start, detected):
-    return {"query": q, "kind": kind, "window_start": start, "window_end": start + 1_000, "detected_at": detected, "actual": 0, "expected": 1.0}
+    return {
+        "query": q,
+        "kind": kind,
+        "window_start": start,
+        "window_end": start + 1_000,
+        "detected_at": detected,
+        "actual": 0,
+        "expected": 1.0,
+    }
 
 
 def _malformed(file, offset):
@@ -34,7 +42,9 @@ def test_matching_precision_recall_and_delays():
         _anomaly("a", "spike", 14_000, 14_200),  # within the 1 s tolerance after the end
         _anomaly("b", "dip", 11_000, 13_000),
         _anomaly("b", "spike", 11_000, 11_200),  # wrong kind: false positive
-        _anomaly("c", "dip", 36_000, 38_000),  # too far after the event: false positive; c is missed
+        _anomaly(
+            "c", "dip", 36_000, 38_000
+        ),  # too far after the event: false positive; c is missed
     ]
     r = evaluate(RunResult(anomalies, METRICS, [], wall_clock=True), TRUTH)
     spike, dip, all_ = (r["by_kind"][k] for k in ("spike", "dip", "all"))
@@ -50,7 +60,9 @@ def test_matching_precision_recall_and_delays():
 
 
 def test_no_delay_figures_without_a_wall_clock():
-    r = evaluate(RunResult([_anomaly("a", "spike", 11_000, 11_500)], METRICS, [], wall_clock=False), TRUTH)
+    r = evaluate(
+        RunResult([_anomaly("a", "spike", 11_000, 11_500)], METRICS, [], wall_clock=False), TRUTH
+    )
     assert "delay_beyond_bucket_end_ms" not in r["by_kind"]["spike"]
     assert "delay beyond bucket end" not in render(r)
 
@@ -60,7 +72,15 @@ def test_no_delay_figures_without_a_wall_clock():
     [
         ([_malformed("f", 120), _malformed("g", 0)], True, 0),
         ([_malformed("f", 120), _malformed("g", 7)], False, 0),  # found by (file, byte offset) only
-        ([_malformed("f", 120), _malformed("g", 0), {"stage": "process_record", "reason": "boom"}], True, 1),
+        (
+            [
+                _malformed("f", 120),
+                _malformed("g", 0),
+                {"stage": "process_record", "reason": "boom"},
+            ],
+            True,
+            1,
+        ),
     ],
 )
 def test_every_malformed_line_must_be_a_dead_letter_at_its_file_and_offset(dead, accounted, other):

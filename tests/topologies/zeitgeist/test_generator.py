@@ -31,7 +31,9 @@ def test_seeded_and_unchanged(tmp_path, small, small_config):
 def test_lines_are_the_documented_json_and_files_rotate_by_time(small, small_config, log_lines):
     truth = load_truth(small)
     names = sorted(p.name for p in (small / "logs").glob("queries_*.jsonl"))
-    assert len(names) == len(truth["files"]) >= small_config.duration_s  # one file per second of arrival
+    assert (
+        len(names) == len(truth["files"]) >= small_config.duration_s
+    )  # one file per second of arrival
     good = 0
     for _, _, text in log_lines(small):
         try:
@@ -52,7 +54,9 @@ def _duplicate_ids(lines: list[tuple[str, int, str]]) -> set[str]:
     return {k for k, n in c.items() if n > 1}
 
 
-def test_on_time_records_are_never_behind_their_files_time_and_late_ones_are_truly_late(small, small_config, log_lines):
+def test_on_time_records_are_never_behind_their_files_time_and_late_ones_are_truly_late(
+    small, small_config, log_lines
+):
     truth = load_truth(small)
     late = {x["id"] for x in truth["late"]}
     assert len(late) == truth["late_injected"] > 0
@@ -91,24 +95,38 @@ def test_duplicates_are_the_same_line_again_after_the_original(small, log_lines)
     assert dups == load_truth(small)["duplicates_injected"] > 0
 
 
-def test_malformed_lines_are_where_the_ground_truth_says_and_the_file_source_dead_letters_them(small, log_lines):
+def test_malformed_lines_are_where_the_ground_truth_says_and_the_file_source_dead_letters_them(
+    small, log_lines
+):
     truth = load_truth(small)
     by_line = {(name, i): text for name, i, text in log_lines(small)}
     for m in truth["malformed"]:
         assert f'"{m["id"]}"' in by_line[(m["file"], m["line"])]
-    assert {m["kind"] for m in truth["malformed"]} == {"broken_json", "missing_ts", "non_integer_ts"}
+    assert {m["kind"] for m in truth["malformed"]} == {
+        "broken_json",
+        "missing_ts",
+        "non_integer_ts",
+    }
     batches = list(LogFileSource(logs_dir(small), finite=True).batches("queries", "queries"))
     assert sum(len(b.records) for b in batches) == truth["lines"] - truth["malformed_injected"]
     dead = [r.value for b in batches for r in b.dead_letters]
     assert {d.stage for d in dead} == {Stage.MALFORMED}
-    assert sorted((d.file, d.offset) for d in dead) == sorted((m["file"], m["offset"]) for m in truth["malformed"])
+    assert sorted((d.file, d.offset) for d in dead) == sorted(
+        (m["file"], m["offset"]) for m in truth["malformed"]
+    )
 
 
 def test_file_times_are_the_file_sources_watermarks(small):
     """A file's time (name and ground truth) is the low watermark its records are sent under (Fig. 10)."""
     truth = load_truth(small)
-    sent_under = [b.low_watermark for b in LogFileSource(logs_dir(small), finite=True).batches() if b.records]
-    assert sent_under == [f["time_ms"] for f in truth["files"]] == [file_time(f["name"]) for f in truth["files"]]
+    sent_under = [
+        b.low_watermark for b in LogFileSource(logs_dir(small), finite=True).batches() if b.records
+    ]
+    assert (
+        sent_under
+        == [f["time_ms"] for f in truth["files"]]
+        == [file_time(f["name"]) for f in truth["files"]]
+    )
 
 
 def test_anomalies_are_on_popular_queries_after_the_warmup(small, small_config):
@@ -117,4 +135,6 @@ def test_anomalies_are_on_popular_queries_after_the_warmup(small, small_config):
     assert Counter(a["kind"] for a in truth["anomalies"]) == {"spike": 2, "dip": 2}
     for a in truth["anomalies"]:
         assert a["start_ms"] >= small_config.start_ms + small_config.warmup_s * 1_000
-        assert rates[a["query"]] * (1 - small_config.season_amplitude) >= small_config.anomaly_min_rate
+        assert (
+            rates[a["query"]] * (1 - small_config.season_amplitude) >= small_config.anomaly_min_rate
+        )

@@ -18,7 +18,9 @@ def test_wiring_follows_fig_1(sample, config):
     assert set(t.computations["DipDetector"].inputs) == {"window_models"}
     assert [s.stream for s in t.sinks.values()] == ["anomalies"]
     for spec in t.computations.values():
-        assert spec.options.late == LatePolicy.drop()  # §4.5: Zeitgeist drops late data and counts it
+        assert (
+            spec.options.late == LatePolicy.drop()
+        )  # §4.5: Zeitgeist drops late data and counts it
         assert spec.options.dedup.slack_ms == config.dedup_slack_ms
     event = Record(None, {"id": "e1", "ts": 1, "query": "cat videos"}, 1, "e1")
     assert t.computations["WindowCounter"].inputs["queries"](event) == "cat videos"
@@ -41,7 +43,10 @@ def test_only_the_bundled_sample_run_gets_the_short_run_jvm_options(small, monke
 
 def test_on_finish_renders_the_evaluation_of_the_runs_streams(sample, config, batch, truth):
     """What ``millwheel run`` prints: the streams' values, dead letters as typed DeadLetters."""
-    streams = {"anomalies": batch.anomalies, "dead_letters": [DeadLetter(**d) for d in batch.dead_letters]}
+    streams = {
+        "anomalies": batch.anomalies,
+        "dead_letters": [DeadLetter(**d) for d in batch.dead_letters],
+    }
     text = on_finish(build(sample, config=config), streams, batch.metrics)
     assert text == render(evaluate(dataclasses.replace(batch, elapsed_s=0.0), truth))
     assert "all accounted for: True" in text
@@ -54,4 +59,6 @@ def test_millwheel_run_on_the_package_directory(small, monkeypatch, capsys):
     assert millwheel_main(["run", "--backend", "harness", str(package)]) == 0
     out = capsys.readouterr().out
     assert "sink anomalies:" in out and "zeitgeist evaluation" in out
-    assert "dead letters: 6 (6 malformed lines, injected 6, all accounted for: True; other 0)" in out
+    assert (
+        "dead letters: 6 (6 malformed lines, injected 6, all accounted for: True; other 0)" in out
+    )
