@@ -27,7 +27,8 @@ its figures):
 The per-record APIs are slow at 1M records: ``--small-variants`` run at ``--small-records``
 (100k by default) beside Spark native and millwheel at the same size; every figure is
 reported with the size it was measured at, and its ratio to Spark native at that size.
-PyFlink and Bytewax run in their own virtualenv, ``bench/.peers-venv``, which
+PyFlink and Bytewax run in their own virtualenv outside the repository
+(``$MILLWHEEL_PEERS_VENV``, default ``~/.cache/millwheel/peers-venv``), which
 ``bench/peers/setup.sh`` makes or completes first (the project's dependencies are not
 touched). A warm-up round is discarded; the ``--reps`` rounds after it take the variants
 in a rotating order, each variant's figure is the median of its rounds, and its ratio the
@@ -58,7 +59,9 @@ import pyarrow.parquet as pq  # noqa: E402
 from _spark_bench import data_args, write_results  # noqa: E402
 from runtime_bench import expected_counts, make_data  # noqa: E402
 
-PEERS_VENV = BENCH / ".peers-venv"
+PEERS_VENV = Path(
+    os.environ.get("MILLWHEEL_PEERS_VENV", Path.home() / ".cache" / "millwheel" / "peers-venv")
+)
 PEERS_PY = PEERS_VENV / "bin" / "python"
 
 

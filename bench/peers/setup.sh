@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The Python peers of bench/peers_bench.py in their own virtualenv, bench/.peers-venv:
+# The Python peers of bench/peers_bench.py in their own virtualenv, outside the repository
+# ($MILLWHEEL_PEERS_VENV, default ~/.cache/millwheel/peers-venv: the repository's own tools
+# — ruff, the import graph — never see PyFlink's or Bytewax's files):
 # PyFlink (runs a local mini-cluster on the machine's Java 17) and Bytewax. Kept apart from
 # .venv so that the project's pinned dependencies are never touched; not a dependency of
 # millwheel, not used by its tests. Idempotent: installs only what is missing.
@@ -8,7 +10,8 @@ cd "$(dirname "$0")/../.."
 
 FLINK=${PEERS_FLINK_VERSION:-2.3.0}
 BYTEWAX=${PEERS_BYTEWAX_VERSION:-0.21.1}
-VENV=bench/.peers-venv
+VENV=${MILLWHEEL_PEERS_VENV:-$HOME/.cache/millwheel/peers-venv}
+mkdir -p "$(dirname "$VENV")"
 PY=${PYTHON:-python3}
 
 if ! command -v java >/dev/null 2>&1; then
