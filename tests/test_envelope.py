@@ -8,17 +8,15 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from millwheel import MAX_TIMESTAMP, EnvelopeError, MsgpackCodec, PickleCodec, StateCodecError
-from millwheel._envelope import (
-    ENVELOPE_VERSION,
+from millwheel._dedup import (
     EXACT_IDS_PER_RECORD,
     SMALL_IDS,
     DedupIndex,
     DedupStats,
-    Envelope,
-    PendingProduction,
     _chunks_by_dict,
     _chunks_sorted,
 )
+from millwheel._envelope import ENVELOPE_VERSION, Envelope, PendingProduction
 
 timestamps = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 keys = st.one_of(
