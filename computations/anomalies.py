@@ -128,11 +128,11 @@ class SpikeDetector(Computation):
     >>> h = Harness.for_computation(SpikeDetector, outputs=["anomalies"],
     ...     inputs={"queries": lambda r: r.value["query"], "window_models": lambda r: r.value["key"]})
     >>> h.inject("window_models", [h.record({"key": "cats", "window_start": 0, "model": model}, 1_000)])
-    >>> h.inject("queries", [h.record({"query": "cats"}, 10_000 + i * 20) for i in range(40)]); h.run()
-    >>> [(a["window_start"], a["confidence"]) for a in h.values("anomalies")]   # first bucket: confidence 1
+    >>> h.inject("queries", [h.record({"query": "cats"}, 10_000 + i * 20) for i in range(40)])
+    >>> h.run().values("anomalies")          # first bucket: confidence 1, nothing reported
     []
-    >>> h.inject("queries", [h.record({"query": "cats"}, 11_000 + i * 20) for i in range(40)]); h.run()
-    >>> [(a["kind"], a["window_start"], a["actual"], a["confidence"]) for a in h.values("anomalies")]
+    >>> h.inject("queries", [h.record({"query": "cats"}, 11_000 + i * 20) for i in range(40)])
+    >>> [(a["kind"], a["window_start"], a["actual"], a["confidence"]) for a in h.run().values("anomalies")]
     [('spike', 11000, 14, 2)]
     """
 
@@ -238,14 +238,16 @@ class DipDetector(Computation):
     >>> counts = [20, 20, 2, 1, 1, 20]
     >>> h.inject("w", [h.record({"key": "cats", "window_start": i * 1000, "count": c, "expected": 20.0},
     ...                         (i + 1) * 1000) for i, c in enumerate(counts)])
-    >>> h.advance_watermark("w", 3_500); h.run()
-    >>> h.values("anomalies")        # bucket 3000 is not complete yet: nothing is judged
+    >>> h.advance_watermark("w", 3_500)
+    >>> h.run().values("anomalies")    # bucket 3000 is not complete yet: nothing is judged
     []
-    >>> h.advance_watermark("w", 4_000); h.run()
-    >>> [(a["kind"], a["window_start"], a["confidence"], a["low_watermark"]) for a in h.values("anomalies")]
+    >>> h.advance_watermark("w", 4_000)
+    >>> [(a["kind"], a["window_start"], a["confidence"], a["low_watermark"]) for a in h.run().values("anomalies")]
     [('dip', 3000, 2, 4000)]
-    >>> h.finish("w"); h.run()
-    >>> [a["window_start"] for a in h.values("anomalies")]
+    >>> h.finish("w")
+    >>> [a["window_start"] for a in h.run().values("anomalies")]
+    [4000]
+    >>> [a["window_start"] for a in h.values("anomalies")]     # every run's
     [3000, 4000]
     """
 

@@ -17,8 +17,8 @@ State rows ``(key, data)``: the key's ``{"L": [...], "R": [...]}``, pickled.
 ...                             outputs=["joined"], params={"left": "views", "before_ms": 0, "after_ms": 1_000, "how": "left"})
 >>> h.inject("clicks", [h.record({"id": "a", "x": 1}, 1_400)])
 >>> h.inject("views", [h.record({"id": "a"}, 1_000), h.record({"id": "b"}, 1_100)])
->>> h.finish("views"); h.finish("clicks"); h.run()
->>> [(v["key"], v["right"]) for v in h.values("joined")]
+>>> h.finish("views"); h.finish("clicks")
+>>> [(v["key"], v["right"]) for v in h.run().values("joined")]
 [('a', {'id': 'a', 'x': 1}), ('b', None)]
 """
 

@@ -31,11 +31,11 @@ pipelines, see Photon (``topologies/photon``, ``docs/photon.md``).
 ...                             outputs=["joined"], params={"left": "views", "before_ms": 0, "after_ms": 1_000, "how": "left"})
 >>> h.inject("clicks", [h.record({"id": "a", "x": 1}, 1_400)])
 >>> h.inject("views", [h.record({"id": "a"}, 1_000), h.record({"id": "b"}, 1_100)])
->>> h.advance_watermark("views", 2_000); h.advance_watermark("clicks", 2_000); h.run()
->>> h.values("joined")          # a's window [1000, 2000] is not closed yet: 2000 may still come
+>>> h.advance_watermark("views", 2_000); h.advance_watermark("clicks", 2_000)
+>>> h.run().values("joined")    # a's window [1000, 2000] is not closed yet: 2000 may still come
 []
->>> h.advance_watermark("views", 2_101); h.advance_watermark("clicks", 2_101); h.run()
->>> [(v["key"], v["right"]) for v in h.values("joined")]
+>>> h.advance_watermark("views", 2_101); h.advance_watermark("clicks", 2_101)
+>>> [(v["key"], v["right"]) for v in h.run().values("joined")]
 [('a', {'id': 'a', 'x': 1}), ('b', None)]
 """
 

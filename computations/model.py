@@ -33,8 +33,8 @@ predict the buckets that are still filling (:func:`expected_count`).
 >>> counts = [10, 20, 30, 30, 20, 10] * 3 + [40]
 >>> h.inject("w", [h.record({"key": "cats", "window_start": i * 1000, "count": c}, (i + 1) * 1000)
 ...                for i, c in enumerate(counts)])
->>> h.finish("w"); h.run()
->>> out = h.values("window_models")
+>>> h.finish("w")
+>>> out = h.run().values("window_models")
 >>> [m["expected"] for m in out[:6]]            # warming up: less than a day of history
 [None, None, None, None, None, None]
 >>> [round(m["expected"]) for m in out[-7:]]   # learnt the seasonal pattern (smoothed)

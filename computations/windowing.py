@@ -19,11 +19,11 @@ empty buckets before letting the key go.
 >>> h = Harness.for_computation(WindowCounter, inputs={"q": lambda r: r.value}, outputs=["window_counts"],
 ...                             params={"trailing_empty": 1})
 >>> h.inject("q", [h.record("cats", 1_100), h.record("cats", 1_200), h.record("cats", 2_050)])
->>> h.advance_watermark("q", 4_000); h.run()
->>> [(v["window_start"], v["count"]) for v in h.values("window_counts")]
+>>> h.advance_watermark("q", 4_000)
+>>> [(v["window_start"], v["count"]) for v in h.run().values("window_counts")]
 [(1000, 2), (2000, 1), (3000, 0)]
->>> h.inject("q", [h.record("cats", 5_500)]); h.finish("q"); h.run()
->>> [(v["window_start"], v["count"]) for v in h.values("window_counts")][3:]
+>>> h.inject("q", [h.record("cats", 5_500)]); h.finish("q")
+>>> [(v["window_start"], v["count"]) for v in h.run().values("window_counts")]
 [(5000, 1)]
 """
 
@@ -274,8 +274,8 @@ class WindowAggregate(WindowAggregateSettings, Computation):
     >>> h = Harness.for_computation(WindowAggregate, inputs={"q": lambda r: r.value["q"]}, outputs=["window_aggregates"],
     ...                             params={"aggregate": "mean", "field": "ms", "window_ms": 2_000, "slide_ms": 1_000})
     >>> h.inject("q", [h.record({"q": "cats", "ms": 10}, 1_100), h.record({"q": "cats", "ms": 30}, 2_050)])
-    >>> h.finish("q"); h.run()
-    >>> [(v["window_start"], v["count"], v["mean"]) for v in h.values("window_aggregates")]
+    >>> h.finish("q")
+    >>> [(v["window_start"], v["count"], v["mean"]) for v in h.run().values("window_aggregates")]
     [(0, 1, 10.0), (1000, 2, 20.0), (2000, 1, 30.0)]
     """
 

@@ -51,6 +51,7 @@ and the dedup index — one atomic write per interval and micro-batch.
 >>> h = Harness.for_computation(Count, inputs={"q": lambda r: r.value}, outputs=["counts"])
 >>> h.inject("q", [h.record("cats", 10, id="a"), h.record("dogs", 20, id="b"), h.record("cats", 30, id="a")])
 >>> h.finish("q"); h.run()
+RunResult(counts=2, q=3)
 >>> sorted(h.values("counts")), h.metrics("Count")["duplicates"]
 ([('cats', 1), ('dogs', 1)], 1)
 """

@@ -385,6 +385,7 @@ class Topology:
                 problems.append(
                     f"computation {c.name!r} reads a stream it produces; low watermarks need an acyclic graph (§4.5)"
                 )
+            problems.extend(_unhandled_families(c))
         for stream in self.fields:
             if stream not in produced:
                 problems.append(
@@ -408,6 +409,31 @@ class Topology:
             )
             raise TopologyError(msg)
         return self
+
+
+def _unhandled_families(spec: ComputationSpec) -> list[str]:
+    """A :class:`~millwheel.TimerFamily` without an ``@<family>.on_fire`` handler, on a class
+    that does not override ``process_timer`` either: its timers could be set, and would
+    fail only when they fire."""
+    families = getattr(spec.cls, "_timer_families", None) or {}
+    if not families or spec.cls.process_timer is not Computation.process_timer:
+        return []
+    return [
+        f"computation {spec.name!r}: timer family {family.family!r} of {spec.cls.__name__} has no "
+        f"handler; decorate the method that handles its timers with @{_attr_of(spec.cls, family)}.on_fire "
+        "(a method (self, name, timer))"
+        for family in families.values()
+        if family.handler is None
+    ]
+
+
+def _attr_of(cls: type, family: Any) -> str:
+    """The attribute name a family is declared under (its tag may differ: ``tag=...``)."""
+    for klass in cls.__mro__:
+        for attr, value in vars(klass).items():
+            if value is family:
+                return attr
+    return family.family
 
 
 def _hint(stream: str, known: set[str]) -> str:

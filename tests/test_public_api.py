@@ -55,7 +55,7 @@ def test_exported_members_are_pinned():
         "Topology",
         "TopologyError",
     }
-    assert millwheel.testing.__all__ == ["Crash", "Harness"]
+    assert millwheel.testing.__all__ == ["Crash", "Harness", "RunResult"]
     for name in millwheel.__all__:
         assert getattr(millwheel, name) is not None
 

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from millwheel import Computation, ComputationOptions, LatePolicy, Topology, TopologyError
+from millwheel import (
+    Computation,
+    ComputationOptions,
+    LatePolicy,
+    TimerFamily,
+    Topology,
+    TopologyError,
+)
+from millwheel.testing import Harness
 
 
 class Noop(Computation):
@@ -154,3 +162,52 @@ def test_a_name_spark_would_skip_is_refused_with_the_reason():
     ):
         t.computation(_Private, inputs=["logs"])
     t.computation(_Private, inputs=["logs"], name="Private")  # the fix the message names
+
+
+class Forgetful(Computation):
+    """Declares two timer families and handles only one of them."""
+
+    close = TimerFamily()
+    remind = TimerFamily(tag="r")
+
+    def process_record(self, record):
+        self.remind.set(record.timestamp + 10)
+
+    @close.on_fire
+    def closed(self, name, timer):
+        pass
+
+
+class OwnDispatch(Computation):
+    """A family without a handler, on a class that handles every timer itself."""
+
+    close = TimerFamily()
+
+    def process_record(self, record):
+        self.close.set(record.timestamp + 10)
+
+    def process_timer(self, timer):
+        self.produce("out", timer.tag)
+
+
+def test_a_timer_family_without_a_handler_is_refused_before_any_timer_fires():
+    t = base()
+    t.computation(Forgetful, inputs=["queries"])
+    with pytest.raises(
+        TopologyError,
+        match=r"computation 'Forgetful': timer family 'r' of Forgetful has no handler; "
+        r"decorate .* with @remind\.on_fire",
+    ) as info:
+        t.validate()
+    assert "'close'" not in str(info.value)  # the handled family is not named
+    with pytest.raises(TopologyError, match="timer family 'r'"):
+        Harness(t)
+
+
+def test_a_family_is_fine_without_a_handler_when_the_class_overrides_process_timer():
+    t = base()
+    t.computation(OwnDispatch, inputs=["queries"], outputs=["out"])
+    h = Harness(t)
+    h.inject("queries", [h.record("q", 0, key="k")])
+    h.advance_watermark("queries", 100)
+    assert h.run().values("out") == ["close"]

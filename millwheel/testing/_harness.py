@@ -2,7 +2,8 @@
 
 The test drives time: it injects records, advances injector low watermarks and wall
 time (never backwards), and runs the topology until nothing is left to do. It reads
-productions per stream, state and pending timers per key, low watermarks and counters.
+productions per stream (all of them, or those of one ``run()``: :class:`RunResult`), state
+and pending timers per key, low watermarks and counters.
 Envelopes are stored encoded, exactly as the Spark runtime stores them.
 
 Low watermarks follow MillWheel §4.5: the low watermark of computation A is
@@ -28,16 +29,16 @@ A windowed counter, tested end to end::
     ...         self.state.set(counts)
     >>> h = Harness.for_computation(WindowCounter, inputs={"queries": lambda r: r.value}, outputs=["window_counts"])
     >>> h.inject("queries", [Record(None, "cats", 1_100, "r1"), Record(None, "cats", 1_900, "r2")])
-    >>> h.run()
-    >>> h.values("window_counts")          # the window is not complete yet
+    >>> h.run().values("window_counts")    # the window is not complete yet
     []
     >>> h.timers("WindowCounter", "cats")
     [Timer(tag='w1000', timestamp=2000, domain=<TimeDomain.LOW_WATERMARK: 0>)]
     >>> h.low_watermark("WindowCounter")   # held back by the pending timer... and the injector
     -9223372036854775808
     >>> h.advance_watermark("queries", 2_000)
-    >>> h.run()
-    >>> h.values("window_counts")
+    >>> h.run()                            # what this run published, per stream
+    RunResult(window_counts=1)
+    >>> h.values("window_counts")          # every value the stream ever got
     [(1000, 2)]
     >>> h.advance_watermark("queries", 1_500)
     Traceback (most recent call last):
@@ -49,7 +50,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -69,7 +69,6 @@ from millwheel._delivery import (
     run_key,
     timers_due,
 )
-from millwheel._envelope import Envelope
 from millwheel._errors import HarnessError
 from millwheel._identity import batch_life
 from millwheel._once import MemoryOnceRegistry, OnceRegistry, new_epoch, pipeline_id
@@ -78,20 +77,18 @@ from millwheel._record import (
     MAX_TIMESTAMP,
     MIN_TIMESTAMP,
     Key,
-    Production,
     Record,
-    TimeDomain,
-    Timer,
-    key_problem,
 )
 from millwheel._step import StepRunner, acknowledge, pending_productions
 from millwheel._topology import KeyExtractor, Topology
 from millwheel.testing._columnar import columnar_sides
 from millwheel.testing._index import MinIndex
+from millwheel.testing._reading import HarnessReading
+from millwheel.testing._result import RunResult, marks_of, since
 from millwheel.testing._rounds import Crash, _Outgoing, _Queued
 
 
-class Harness:
+class Harness(HarnessReading):
     """Runs a :class:`~millwheel.Topology` in memory. See the module docstring."""
 
     def __init__(
@@ -136,6 +133,8 @@ class Harness:
         self._timer_seq = itertools.count()
         self._outbox: dict[str, list[_Outgoing]] = {n: [] for n in topology.computations}
         self._streams: dict[str, list[Record]] = defaultdict(list)
+        #: each stream's length when the previous ``run()`` returned (``_result.since``)
+        self._marks: dict[str, int] = {}
         self._metrics: dict[str, StepMetrics] = {n: StepMetrics() for n in topology.computations}
         self._injected = 0
         #: rounds each computation committed: a key's first production in a round starts the
@@ -249,8 +248,17 @@ class Harness:
     def now(self) -> int:
         return self._now
 
-    def run(self, *, max_rounds: int = 100_000) -> None:
-        """Process and deliver until no computation has input, due timers or undelivered output."""
+    def run(self, *, max_rounds: int = 100_000) -> RunResult:
+        """Process and deliver until no computation has input, due timers or undelivered
+        output; return what was published since the previous ``run()`` returned
+        (:class:`~millwheel.testing.RunResult`: this run's productions and dead letters, and
+        the records injected before it). :meth:`values` keeps every stream's whole history."""
+        self._settle(max_rounds)
+        result = since(self._streams, self._marks)
+        self._marks = marks_of(self._streams)
+        return result
+
+    def _settle(self, max_rounds: int) -> None:
         for _ in range(max_rounds):
             busy = False
             for name in self._order:
@@ -265,8 +273,10 @@ class Harness:
         msg = f"run() did not settle after {max_rounds} rounds; a timer may keep re-arming itself"
         raise HarnessError(msg)
 
-    def run_sources(self) -> None:
-        """Feed every injector's source batch by batch, running the topology after each."""
+    def run_sources(self) -> RunResult:
+        """Feed every injector's source batch by batch, running the topology after each;
+        return what was published since the previous ``run()`` (as :meth:`run` does)."""
+        marks = self._marks
         iters = {
             n: i.source.batches(n, i.stream)
             for n, i in self.topology.injectors.items()
@@ -283,6 +293,9 @@ class Harness:
                     self._publish(DEAD_LETTER_STREAM, dead, MIN_TIMESTAMP)
                 self.advance_watermark(name, max(batch.low_watermark, self._injector_wm[name]))
                 self.run()
+        result = since(self._streams, marks)
+        self._marks = marks_of(self._streams)
+        return result
 
     # ---- one computation -----------------------------------------------------------
     def _has_work(self, name: str) -> bool:
@@ -554,93 +567,6 @@ class Harness:
         return min(
             (self.low_watermark(u) for u in self.topology.upstream(name)), default=MAX_TIMESTAMP
         )
-
-    def output(self, stream: str) -> list[Record]:
-        """Every record published to ``stream``, in order (re-deliveries included)."""
-        return list(self._streams.get(stream, []))
-
-    def values(self, stream: str) -> list[Any]:
-        """The values of :meth:`output`."""
-        return [r.value for r in self._streams.get(stream, [])]
-
-    def dead_letters(self) -> list[Record]:
-        return self.output(DEAD_LETTER_STREAM)
-
-    def keys(self, computation: str) -> list[Key]:
-        """Keys of ``computation`` that keep anything (state, timers, pending productions, dedup ids)."""
-        self._runner(computation)
-        if computation in self._columnar:
-            return self._columnar[computation].keys()
-        return list(self._envelopes[computation])
-
-    def _envelope(self, computation: str, key: Key) -> Envelope:
-        self._runner(computation)
-        return Envelope.decode(self._envelopes[computation].get(key))
-
-    def envelope(self, computation: str, key: Key) -> Envelope:
-        """Deprecated: the internal envelope of one key. Use :meth:`state`, :meth:`timers`,
-        :meth:`pending_productions` and :meth:`dedup_ids`."""
-        warnings.warn(
-            "Harness.envelope() returns an internal type and will go; use state(), timers(), pending_productions() or dedup_ids()",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self._envelope(computation, key)
-
-    def state(self, computation: str, key: Key) -> Any:
-        """The decoded state of one key, or ``None`` (a columnar computation: its state rows)."""
-        if computation in self._columnar:
-            return self._columnar[computation].state(key)
-        raw = self._envelope(computation, key).state
-        return None if raw is None else self._runner(computation).codec.decode(raw)
-
-    def set_state(self, computation: str, key: Key, value: Any) -> None:
-        """Seed (or replace) one key's state before running, as a test's given (``None``
-        clears it); its timers, pending productions and dedup ids are kept. As Spark's
-        ``TwsTester.setValueState``: the value is stored with the computation's codec."""
-        runner = self._runner(computation)
-        if computation in self._columnar:
-            return self._columnar[computation].set_state(key, value)
-        why = key_problem(key)
-        if why is not None:
-            msg = f"set_state({computation!r}, ...): {why}"
-            raise HarnessError(msg)
-        env = self._envelope(computation, key)
-        env.state = None if value is None else runner.codec.encode(value)
-        raw = None if env.is_empty() else env.encode()
-        self._store(
-            computation,
-            key,
-            raw,
-            env.hold(),
-            (self._lw_timers[computation].get(key), self._wall_timers[computation].get(key)),
-        )
-
-    def dedup_ids(self, computation: str, key: Key) -> set[str]:
-        """The record ids one key still remembers for exactly-once delivery (§6.1.1)."""
-        if computation in self._columnar:
-            return self._columnar[computation].dedup_ids(key)
-        return set(self._envelope(computation, key).dedup.ids())
-
-    def timers(self, computation: str, key: Key) -> list[Timer]:
-        """Pending timers of one key, earliest first."""
-        if computation in self._columnar:
-            return self._columnar[computation].timers(key)
-        env = self._envelope(computation, key)
-        items = sorted(env.timers.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0]))
-        return [Timer(tag, ts, TimeDomain(d)) for tag, (ts, d) in items]
-
-    def pending_productions(self, computation: str, key: Key) -> list[Production]:
-        """Strong productions checkpointed for one key and not yet acknowledged."""
-        self._runner(computation)
-        if computation in self._columnar:
-            return [p for p in self._columnar[computation].pending() if p.record.key == key]
-        return pending_productions(self._envelopes[computation].get(key))
-
-    def metrics(self, computation: str) -> dict[str, int]:
-        """Counters summed over every step of ``computation``."""
-        self._runner(computation)
-        return self._metrics[computation].as_dict()
 
 
 def _with(options: ComputationOptions, **changes: Any) -> ComputationOptions:

@@ -31,8 +31,7 @@ State rows ``(key, kind, cid, ts, attempts, value)``: ``kind`` 0 the cached quer
 >>> h.inject("queries", [h.record({"query_id": "q1", "ts": 1_000, "advertiser_id": "a7"}, 1_000, id="q1"),
 ...                      h.record({"query_id": "q2", "ts": 1_100, "advertiser_id": "a8"}, 1_100, id="q2")])
 >>> h.inject("clicks", [h.record({"click_id": "c2", "query_id": "q2", "ts": 1_600}, 1_600, id="c2")])
->>> h.run()
->>> sorted((j["click_id"], j["advertiser_id"]) for j in h.values("joined_clicks"))
+>>> sorted((j["click_id"], j["advertiser_id"]) for j in h.run().values("joined_clicks"))
 [('c1', 'a7'), ('c2', 'a8')]
 """
 

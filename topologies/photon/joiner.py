@@ -41,8 +41,7 @@ joined event a dead letter (``once_too_old``), never written. Re-injected clicks
 >>> h = Harness(join_topology(PhotonConfig(log_store=False)))
 >>> h.inject("clicks", [h.record({"click_id": "c1", "query_id": "q1", "ts": 1_500}, 1_500, id="c1")])
 >>> h.inject("queries", [h.record({"query_id": "q1", "ts": 1_000, "advertiser_id": "a7"}, 1_000, id="q1")])
->>> h.run()
->>> [(j["click_id"], j["advertiser_id"], j["query_ts"], j["click_ts"]) for j in h.values("joined_clicks")]
+>>> [(j["click_id"], j["advertiser_id"], j["query_ts"], j["click_ts"]) for j in h.run().values("joined_clicks")]
 [('c1', 'a7', 1000, 1500)]
 """
 
