@@ -29,27 +29,23 @@ way (connection errors, timeouts, 5xx); a 4xx is never retried.
 A call of any size is accepted: ``commit_many``, ``lookup_many`` and ``clear_many`` are sent
 as consecutive requests of at most :data:`~id_registry._model.MAX_ITEMS_PER_CALL` items (the
 bound the service enforces) and, over HTTP, of a JSON body under the service's
-``--max-body-bytes``; the answers come back in the order of the items. A backlog therefore
-never becomes a request the service refuses on every replay.
+``--max-body-bytes``; the answers come back in the order of the items (``_requests.py``). A
+backlog therefore never becomes a request the service refuses on every replay. The service's
+name and environment, the secret a client sends and the dashboard link are in ``_service.py``.
 """
 
 from __future__ import annotations
 
 import abc
-import bisect
 import dataclasses
-import itertools
-import json
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from id_registry._core import GcResult, Registry, Stats
 from id_registry._errors import (
     ERRORS,
-    AuthenticationError,
     BackendUnavailableError,
     InvalidRequestError,
     RegistryUnavailableError,
@@ -66,160 +62,42 @@ from id_registry._model import (
     ShardConfig,
     Status,
 )
+from id_registry._requests import (
+    BODY_JSON_OVERHEAD,
+    ITEM_JSON_OVERHEAD,
+    in_spans,
+    json_lengths,
+    plain_size,
+    spans,
+    split_clear,
+)
+from id_registry._service import SERVICE, Outage, client_secret, dashboard_link
 from id_registry._worker import RegistryWorker
 from servicekit import Secret, service
 from servicekit import client as _client
 from servicekit.client import backoff_delay
-from servicekit.service import DEFAULT_MAX_BODY_BYTES, ServiceInfo, ServiceProcess
+from servicekit.service import DEFAULT_MAX_BODY_BYTES, ServiceProcess
+
+__all__ = [
+    "SERVICE",
+    "EmbeddedRegistry",
+    "HttpRegistryClient",
+    "InProcessRegistryClient",
+    "Outage",
+    "RegistryClient",
+    "client_secret",
+    "dashboard_link",
+    "embedded_registry",
+    "open_registry",
+    "start_registry",
+]
 
 T = TypeVar("T")
-R = TypeVar("R")
-
-#: the registry as servicekit sees it: its name, module and command, and the environment variables
-#: naming a running one (cluster runs), holding its bearer secret, and naming a file that holds it
-SERVICE = ServiceInfo(
-    "id registry",
-    "id_registry",
-    "millwheel registry",
-    url_env="MILLWHEEL_REGISTRY_URL",
-    secret_env="MILLWHEEL_REGISTRY_SECRET",
-    secret_file_env="MILLWHEEL_REGISTRY_SECRET_FILE",
-)
-#: the same as constants; ``SECRET_FILE_NAME``: the file in a data directory where a generated secret is kept
-URL_ENV, SECRET_ENV, SECRET_FILE_ENV, SECRET_FILE_NAME = (
-    SERVICE.url_env,
-    SERVICE.secret_env,
-    SERVICE.secret_file_env,
-    SERVICE.secret_file_name,
-)
 
 _COMMIT_ANSWERS = {
     "committed": CommitResult(Status.COMMITTED),
     "too_old": CommitResult(Status.TOO_OLD),
 }
-#: JSON around one item beyond its strings: brackets, quotes, commas, a 20-character time or null
-_ITEM_JSON_OVERHEAD = 40
-#: JSON around the items of a request (the other fields, the braces)
-_BODY_JSON_OVERHEAD = 4096
-#: the ASCII characters JSON writes as they are
-_UNESCAPED = bytes(c for c in range(0x20, 0x80) if c not in b'"\\')
-
-
-def plain_size(texts: Sequence[str]) -> int | None:
-    """The JSON size of ``texts`` (each string, quoted) if none needs escaping, as the usual ids and
-    tokens do (measured at C speed); else ``None``.
-
-    >>> plain_size(["click-1", "dc1/b7"]), plain_size(['a"b']), plain_size(["\u00e9"])
-    (17, None, None)
-    """
-    joined = "".join(texts)
-    if joined.isascii() and not joined.encode("ascii").translate(None, _UNESCAPED):
-        return len(joined) + 2 * len(texts)
-    return None
-
-
-def json_lengths(texts: Sequence[str]) -> list[int]:
-    """The length of each string as this client's JSON encodes it (``ensure_ascii``).
-
-    >>> json_lengths(["click-1", 'a"b', "\u00e9"])
-    [9, 6, 8]
-    """
-    if plain_size(texts) is not None:
-        return [n + 2 for n in map(len, texts)]
-    return [len(json.dumps(t)) for t in texts]
-
-
-def spans(
-    count: int,
-    max_items: int,
-    costs: Callable[[], list[int]] | None = None,
-    budget: int | None = None,
-) -> list[tuple[int, int]]:
-    """``[start, end)`` ranges cutting ``count`` items into consecutive runs of at most ``max_items``
-    items and, when ``costs`` (each item's bytes, computed only if needed) and ``budget`` are given,
-    at most ``budget`` bytes (an item larger than the budget alone goes alone).
-
-    >>> spans(5, 2)
-    [(0, 2), (2, 4), (4, 5)]
-    >>> spans(4, 10, lambda: [3, 3, 3, 3], budget=7)
-    [(0, 2), (2, 4)]
-    """
-    if count == 0:
-        return []
-    if costs is None or budget is None:
-        return [(i, min(i + max_items, count)) for i in range(0, count, max_items)]
-    cumulative = list(itertools.accumulate(costs()))
-    if count <= max_items and cumulative[-1] <= budget:
-        return [(0, count)]
-    out, start = [], 0
-    while start < count:
-        before = cumulative[start - 1] if start else 0
-        end = min(start + max_items, bisect.bisect_right(cumulative, before + budget, lo=start))
-        end = max(end, start + 1)
-        out.append((start, end))
-        start = end
-    return out
-
-
-def in_spans(call: Callable[[int, int], list[R]], ranges: list[tuple[int, int]]) -> list[R]:
-    """``call(start, end)`` for each range in turn, the answers joined in order."""
-    if len(ranges) == 1:
-        return call(*ranges[0])
-    return [answer for start, end in ranges for answer in call(start, end)]
-
-
-def split_clear(
-    ids: Sequence[str],
-    only_if_token: str | Sequence[str | None] | None,
-    clear: Callable[[list[str], str | list[str | None] | None], list[ClearResult]],
-    ranges: Callable[[list[str], list[str | None] | None], list[tuple[int, int]]],
-) -> list[ClearResult]:
-    """``clear_many`` cut into requests: the ids once each (the first of a repeated id decides, as
-    in one call), each request ``clear(ids, tokens)``, the answers given back to every repeat."""
-    ids = list(ids)
-    per_id = list(only_if_token) if isinstance(only_if_token, (list, tuple)) else None
-    if (per_id is None and only_if_token is not None and not isinstance(only_if_token, str)) or (
-        per_id is not None and len(per_id) != len(ids)
-    ):
-        return clear(ids, only_if_token)  # type: ignore[arg-type]  # refused by the registry, with its message
-    first: dict[str, int] = {}
-    for i, event_id in enumerate(ids):
-        first.setdefault(event_id, i)
-    unique = list(first) if len(first) < len(ids) else ids
-    tokens = (
-        None
-        if per_id is None
-        else (per_id if unique is ids else [per_id[i] for i in first.values()])
-    )
-    cuts = ranges(unique, tokens)
-    if len(cuts) == 1 and unique is ids:
-        return clear(ids, only_if_token if per_id is None else per_id)
-
-    def part(start: int, end: int) -> list[ClearResult]:
-        return clear(unique[start:end], only_if_token if tokens is None else tokens[start:end])  # type: ignore[arg-type]
-
-    answers = dict(zip(unique, in_spans(part, cuts), strict=True))
-    return [answers[event_id] for event_id in ids]
-
-
-@dataclass(frozen=True)
-class Outage:
-    """A client waiting for the service (``HttpRegistryClient(patience=...)``): since when, how often it tried, the last error."""
-
-    url: str
-    #: wall time of the first failure (ms since the epoch)
-    since_ms: int
-    #: the same on this process's monotonic clock (seconds)
-    started: float
-    attempts: int
-    last_error: str
-
-    def since_text(self) -> str:
-        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since_ms / 1000))
-
-    def text(self) -> str:
-        """``waiting on the id registry at URL since ... (N attempts; last: ...)``."""
-        return f"waiting on {SERVICE.the} at {self.url} since {self.since_text()} ({self.attempts} attempts; last: {self.last_error})"
 
 
 class RegistryClient(abc.ABC):
@@ -346,40 +224,6 @@ class InProcessRegistryClient(RegistryClient):
             self.registry.close()
 
 
-def client_secret(
-    secret: str | Secret | None = None, *, data_dir: str | None = None
-) -> Secret | None:
-    """``secret``, else ``$MILLWHEEL_REGISTRY_SECRET``, else the file named by
-    ``$MILLWHEEL_REGISTRY_SECRET_FILE``, else ``DATA_DIR/secret`` if it exists, else ``None``."""
-    return _client.client_secret(secret, SERVICE, data_dir=data_dir, error=AuthenticationError)
-
-
-def dashboard_link(
-    authority_url: str,
-    registry_url: str,
-    secret: str | Secret | None = None,
-    *,
-    data_dir: str | None = None,
-) -> str:
-    """The address of the watermark authority's dashboard with the panel of the registry at
-    ``registry_url``: ``AUTHORITY/#registry=URL&registry_key=KEY``, where KEY is the read key of
-    the registry's secret (found as :func:`client_secret` finds it): it reads ``/v1/stats`` and
-    nothing else. :class:`AuthenticationError` if there is no secret.
-
-    >>> dashboard_link("http://127.0.0.1:7300", "http://127.0.0.1:7310", "registry-secret-for-a-doctest")
-    'http://127.0.0.1:7300/#registry=http://127.0.0.1:7310&registry_key=...'
-    """
-    found = client_secret(secret, data_dir=data_dir)
-    if found is None:
-        msg = f"the registry panel needs the read key of {SERVICE.the}'s secret; {SERVICE.secret_hint()}"
-        raise AuthenticationError(msg)
-    return _client.fragment_url(
-        authority_url.rstrip("/") + "/",
-        registry=registry_url.rstrip("/"),
-        registry_key=found.read_key().reveal(),
-    )
-
-
 class HttpRegistryClient(_client.JsonHttpClient, RegistryClient):
     """The registry service over HTTP/JSON (see ``docs/registry.md`` for the routes), on
     :class:`servicekit.client.JsonHttpClient`.
@@ -438,8 +282,8 @@ class HttpRegistryClient(_client.JsonHttpClient, RegistryClient):
             throttle_timeout=throttle_timeout,
             transport=transport,
         )
-        if max_body_bytes < 2 * _BODY_JSON_OVERHEAD:
-            msg = f"max_body_bytes must be at least {2 * _BODY_JSON_OVERHEAD}, got {max_body_bytes}"
+        if max_body_bytes < 2 * BODY_JSON_OVERHEAD:
+            msg = f"max_body_bytes must be at least {2 * BODY_JSON_OVERHEAD}, got {max_body_bytes}"
             raise InvalidRequestError(msg)
         if not (patience >= 0 and max_backoff > 0):
             msg = f"HttpRegistryClient: need patience >= 0 and max_backoff > 0 (seconds), got patience={patience}, max_backoff={max_backoff}"
@@ -495,15 +339,15 @@ class HttpRegistryClient(_client.JsonHttpClient, RegistryClient):
     def _spans(self, *columns: Sequence[str]) -> list[tuple[int, int]]:
         """The requests a call's items go in: ``columns`` are their strings (ids, tokens)."""
 
-        count, budget = len(columns[0]), self.max_body_bytes - _BODY_JSON_OVERHEAD
+        count, budget = len(columns[0]), self.max_body_bytes - BODY_JSON_OVERHEAD
         if count <= MAX_ITEMS_PER_CALL:  # the usual call: one request, its size measured at C speed
             sizes = [plain_size(c) for c in columns]
-            if None not in sizes and sum(sizes) + count * _ITEM_JSON_OVERHEAD <= budget:  # type: ignore[arg-type]
+            if None not in sizes and sum(sizes) + count * ITEM_JSON_OVERHEAD <= budget:  # type: ignore[arg-type]
                 return [(0, count)] if count else []
 
         def costs() -> list[int]:
             return [
-                sum(c) + _ITEM_JSON_OVERHEAD for c in zip(*map(json_lengths, columns), strict=True)
+                sum(c) + ITEM_JSON_OVERHEAD for c in zip(*map(json_lengths, columns), strict=True)
             ]
 
         return spans(count, MAX_ITEMS_PER_CALL, costs, budget)

@@ -21,6 +21,8 @@ MODULES = [
     "id_registry._worker",
     "id_registry._errors",
     "id_registry._server",
+    "id_registry._requests",
+    "id_registry._service",
     "id_registry.client",
     "id_registry.cli",
     "id_registry.testing",
