@@ -8,13 +8,15 @@ from computations.windowing import WindowCounter
 from millwheel import (
     Computation,
     ComputationOptions,
+    ErrorPolicy,
     HarnessError,
     LatePolicy,
     Record,
     SampleSource,
+    Stage,
     Topology,
 )
-from millwheel.testing import Harness
+from millwheel.testing import Harness, RunResult
 
 
 class DipDetector(Computation):
@@ -90,9 +92,9 @@ def test_windows_and_dips_end_to_end_with_a_late_record():
     # then traffic collapses for two seconds and comes back
     h.inject("queries", traffic(h, {6: 2, 7: 1, 8: 10, 9: 10}))
     h.advance_watermark("queries", 8_000)
-    h.run()
-    assert [v["count"] for v in h.values("window_counts")][6:] == [2, 1]
-    (dip,) = h.values("dips")
+    result = h.run()
+    assert [v["count"] for v in result.values("window_counts")] == [2, 1]
+    (dip,) = result.values("dips")
     assert (dip["key"], dip["window_start"], dip["actual"], dip["confidence"]) == (
         "cats",
         7_000,
@@ -108,8 +110,9 @@ def test_windows_and_dips_end_to_end_with_a_late_record():
     assert len(starts) == len(set(starts))
 
     h.finish("queries")
-    h.run()
-    assert [v["count"] for v in h.values("window_counts")][8:] == [10, 10]
+    result = h.run()
+    assert [v["count"] for v in result.values("window_counts")] == [10, 10]
+    assert result.values("dips") == [] and result.output("late_queries") == []
     assert h.timers("WindowCounter", "cats") == []
 
 
@@ -139,7 +142,9 @@ def test_run_sources_feeds_injectors_batch_by_batch():
         params={"trailing_empty": 0},
     )
     h = Harness(t)
-    h.run_sources()
+    result = h.run_sources()
+    assert result.values("window_counts") == h.values("window_counts")
+    assert [r.id for r in result.output("queries")] == ["s0", "s1", "s2", "s3"]
     got = sorted((v["key"], v["window_start"], v["count"]) for v in h.values("window_counts"))
     assert got == [("a", 0, 2), ("a", 2_000, 1), ("b", 1_000, 1)]
     assert h.metrics("WindowCounter")["late"] == 0  # out-of-order within the source is not late
@@ -233,3 +238,50 @@ def test_set_state_seeds_a_key_and_dedup_ids_and_teardown_are_public():
         HarnessError, match="keys must be str, int, bytes or a tuple of those; got list"
     ):
         h.set_state("Counter", [1], 1)
+
+
+class Picky(Computation):
+    """Echoes values; a value "boom" fails (dead-lettered under ErrorPolicy.DEAD_LETTER)."""
+
+    def process_record(self, record):
+        if record.value == "boom":
+            msg = "boom"
+            raise ValueError(msg)
+        self.produce("echoes", record.value)
+
+
+def test_run_returns_what_was_published_since_the_previous_run():
+    h = Harness.for_computation(
+        Picky,
+        inputs={"words": lambda r: r.value},
+        outputs=["echoes"],
+        options=ComputationOptions(on_error=ErrorPolicy.DEAD_LETTER),
+        raise_errors=False,
+    )
+    assert h.run() == RunResult({}) and h.run().streams() == []
+    h.inject("words", [h.record("a", 1_000), h.record("b", 1_100)])
+    first = h.run()
+    assert first.values("echoes") == ["a", "b"]
+    assert first.values("words") == ["a", "b"]  # what inject published before the run
+    assert first.dead_letters() == [] and first.values("no_such_stream") == []
+    assert repr(first) == "RunResult(echoes=2, words=2)"
+
+    h.inject("words", [h.record("boom", 1_200), h.record("c", 1_300)])
+    h.inject("words", [Record(None, "x", 1_400, "")])  # refused at the injector: a dead letter
+    second = h.run()
+    assert second.values("echoes") == ["c"]
+    stages = sorted(d.value.stage for d in second.dead_letters())
+    assert stages == [Stage.INVALID_RECORD, Stage.PROCESS_RECORD]
+    assert second.dead_letters() == h.dead_letters()
+    assert h.values("echoes") == ["a", "b", "c"]  # the harness keeps every run's
+    assert h.run().streams() == []  # nothing new
+
+
+def test_a_run_result_reads_what_a_manual_round_published_before_it():
+    h = Harness.for_computation(Picky, inputs={"words": lambda r: r.value}, outputs=["echoes"])
+    h.inject("words", [h.record("a", 1_000)])
+    h.process("Picky", deliver=False)  # strong productions checkpointed, not sent
+    h.restart("Picky")
+    result = h.run()
+    assert result.values("echoes") == ["a"]
+    assert [r.id for r in result.output("echoes")] == [r.id for r in h.output("echoes")]
