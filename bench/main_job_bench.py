@@ -208,6 +208,13 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def checkout_label(path: str) -> str:
+    """A variant's checkout as its results file records it: relative to the repository, or a
+    placeholder for one outside it (its commit is recorded beside it), never a machine's path."""
+    rel = os.path.relpath(path, ROOT)
+    return "<a checkout outside the repository>" if rel.split(os.sep)[0] == ".." else rel
+
+
 def write_results(variants: dict[str, dict[str, Any]], out: str, *, done: bool) -> dict[str, Any]:
     texts = {r["evaluation"] for v in variants.values() for r in v["runs"] if r["returncode"] == 0}
     identical = len(texts) == 1
@@ -222,7 +229,7 @@ def write_results(variants: dict[str, dict[str, Any]], out: str, *, done: bool) 
     }
     for label, v in variants.items():
         results["variants"][label] = {
-            "checkout": os.path.relpath(v["checkout"], ROOT),
+            "checkout": checkout_label(v["checkout"]),
             "commit": v["commit"],
             "env": v["env"],
             "summary": summary(v["runs"]),
