@@ -33,16 +33,18 @@ stream), unseen, joined and unjoinable, unexpected; a pipeline that **stopped** 
 refused are counted too. Any of them fails the round. A sink database restart is not an
 operation of this check: its pipelines write stream logs, not a database (the PostgreSQL
 sink's restart is ``tests/runtime/test_spark_sink.py``'s).
+
+The processes a round drives (the registry service, each pipeline's driver), the shipping
+of a file into a log directory and the ``photon verify`` command are in
+``jepsen_processes.py``; this module is the round's script and its verdict.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -57,6 +59,20 @@ from .config import GeneratorConfig, PhotonConfig
 from .drivers import read_run
 from .evaluation import read_records
 from .generator import generate
+from .jepsen_processes import CheckRegistry, PipelineProcess, check_registry, run_verify, ship
+
+__all__ = [
+    "CRASH_POINTS",
+    "OPERATIONS",
+    "CheckRegistry",
+    "CheckSettings",
+    "PhotonCheck",
+    "RoundResult",
+    "check_outputs",
+    "check_registry",
+    "fresh_seed",
+    "main",
+]
 
 #: the crash points a pipeline's first start may die at (``millwheel/runtime/_outbox.py``)
 CRASH_POINTS = ("after_output", "before_publish", "mid_publish")
@@ -127,131 +143,6 @@ class RoundResult:
         return f"round {self.round} (seed {self.seed}) {verdict} in {self.elapsed_s:.0f}s: {self.counts.line()}{extra}\n  plan: {', '.join(self.plan)}"
 
 
-class CheckRegistry:
-    """The check's registry service: the real one, killable with -9 and restarted on its store and port."""
-
-    def __init__(self, data_dir: str | os.PathLike[str]) -> None:
-        from id_registry.client import start_registry
-
-        self.data_dir = os.fspath(data_dir)
-        self._start = start_registry
-        self.service = start_registry(self.data_dir)
-        self.url = self.service.url
-        self.port = int(self.url.rsplit(":", 1)[1])
-        self.secret_file = str(Path(self.service.data_dir) / "secret")
-
-    def kill(self) -> None:
-        """kill -9 of the service process."""
-        self.service.kill()
-
-    def restart(self) -> None:
-        """Start it again on the same store and port (a restart after a crash); retried while the port is not free yet."""
-        self.service.stop()
-        for attempt in range(30):
-            try:
-                self.service = self._start(self.data_dir, port=self.port)
-                return
-            except Exception:  # noqa: BLE001 - the port in TIME_WAIT: try again
-                if attempt == 29:
-                    raise
-                time.sleep(1.0)
-
-    def stop(self) -> None:
-        self.service.stop()
-
-
-@contextlib.contextmanager
-def check_registry(data_dir: str | os.PathLike[str]) -> Iterator[CheckRegistry]:
-    registry = CheckRegistry(data_dir)
-    try:
-        yield registry
-    finally:
-        registry.stop()
-
-
-class _Pipeline:
-    """One pipeline's driver process (``millwheel photon run --backend spark``)."""
-
-    def __init__(self, name: str, data: Path, run: Path, common: list[str], log: Path) -> None:
-        self.name, self.data, self.run, self.common, self.log = name, data, run, common, log
-        self.proc: subprocess.Popen[bytes] | None = None
-        #: the check killed it (its exit is no stop of its own)
-        self.killed = False
-
-    def command(self, *, follow: bool, run: Path | None = None) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "millwheel.cli",
-            "photon",
-            "run",
-            str(self.data),
-            "--checkpoint",
-            str(run or self.run),
-            "--pipeline",
-            self.name,
-            *self.common,
-            *(["--follow"] if follow else []),
-        ]
-
-    def start(self, *, follow: bool, crash: str | None = None) -> None:
-        env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-        env.pop("MILLWHEEL_CRASH", None)
-        if crash is not None:
-            env["MILLWHEEL_CRASH"] = f"Joiner:{crash}:data"
-        self.killed = crash is not None  # a crash point's SIGKILL is the check's doing
-        with open(self.log, "ab") as out:
-            out.write(
-                f"\n==== {time.strftime('%H:%M:%S')} start {self.name} follow={follow} crash={crash}\n".encode()
-            )
-            self.proc = subprocess.Popen(
-                self.command(follow=follow),
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self) -> None:
-        """kill -9 of the driver and everything it started (its JVM, its Python workers)."""
-        if self.proc is None:
-            return
-        self.killed = True
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(60)
-
-    def stop(self) -> None:
-        """A clean stop (SIGTERM: a ``--follow`` run ends its loop and exits)."""
-        if self.running():
-            self.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
-            try:
-                self.proc.wait(180)  # type: ignore[union-attr]
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self.kill()  # what is left of its process group
-
-    def drained(self) -> bool:
-        with contextlib.suppress(FileNotFoundError, ValueError):
-            return bool(json.loads((self.run / "photon-status.json").read_text())["drained"])
-        return False
-
-    def published(self) -> bool:
-        """Some joined output is visible already (a moment worth interrupting)."""
-        return bool(read_run(self.run).joined) if (self.run / "streams").exists() else False
-
-
-def _ship(src: Path, dest_dir: Path, name: str) -> None:
-    """A file appears in a log directory whole (a hidden name, then a rename)."""
-    shutil.copy(src, dest_dir / f".{name}")
-    os.replace(dest_dir / f".{name}", dest_dir / name)
-
-
 class PhotonCheck:
     """Rounds of the check (see the module docstring) against one registry service."""
 
@@ -299,35 +190,13 @@ class PhotonCheck:
             str(c.max_bytes_per_batch),
         ]
 
-    def _verify_cmd(self, runs: list[Path], *extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "millwheel.cli",
-                "photon",
-                "verify",
-                *map(str, runs),
-                "--registry",
-                self.registry.url,
-                "--secret-file",
-                self.registry.secret_file,
-                "--json",
-                *extra,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-
     def _verify(self, runs: list[Path], rng: random.Random, plan: list[str]) -> dict[str, Any]:
         """``photon verify RUNS``; where it asks which directory takes the re-injections, a random one is named."""
-        out = self._verify_cmd(runs)
+        out = run_verify(self.registry, runs)
         if out.returncode == 2 and "--target" in out.stderr and len(runs) > 1:
             target = rng.choice(runs)
             plan.append(f"verify asked where to re-inject; --target {target.name}")
-            out = self._verify_cmd(runs, "--target", str(target))
+            out = run_verify(self.registry, runs, "--target", str(target))
         if out.returncode != 0:
             msg = f"photon verify {[r.name for r in runs]} failed ({out.returncode}): {out.stderr[-2000:]}"
             raise RuntimeError(msg)
@@ -370,8 +239,12 @@ class PhotonCheck:
         pending_queries = queries[cut:]
         runs = {"dc1": base / "dc1", "dc2": base / "dc2"}
         pipes = {
-            "dc1": _Pipeline(f"dc1-r{number}", d1, runs["dc1"], self._common(), base / "dc1.log"),
-            "dc2": _Pipeline(f"dc2-r{number}", data, runs["dc2"], self._common(), base / "dc2.log"),
+            "dc1": PipelineProcess(
+                f"dc1-r{number}", d1, runs["dc1"], self._common(), base / "dc1.log"
+            ),
+            "dc2": PipelineProcess(
+                f"dc2-r{number}", data, runs["dc2"], self._common(), base / "dc2.log"
+            ),
         }
         starts: Counter[str] = Counter()
         wiped: set[str] = set()  # pipelines already restarted from a deleted run directory
@@ -483,7 +356,7 @@ class PhotonCheck:
         held: Path,
         pending_queries: list[Path],
         runs: dict[str, Path],
-        pipes: dict[str, _Pipeline],
+        pipes: dict[str, PipelineProcess],
         crashing: str,
     ) -> None:
         s = self.settings
@@ -504,11 +377,11 @@ class PhotonCheck:
             )
         elif op == "ship_late_clicks":
             for p in held.glob("*.jsonl"):
-                _ship(p, data / "clicks", p.name)
+                ship(p, data / "clicks", p.name)
             result.plan.append("late click files shipped")
         elif op == "deliver_delayed_queries":
             for p in pending_queries:
-                _ship(p, d1 / "queries", p.name)
+                ship(p, d1 / "queries", p.name)
             result.plan.append("dc1's delayed queries delivered")
         elif op == "ship_click_file_twice":
             shipped = sorted(
@@ -517,7 +390,7 @@ class PhotonCheck:
                 if "_again" not in p.name and "_repeat" not in p.name
             )
             original = rng.choice(shipped)
-            _ship(
+            ship(
                 original, data / "clicks", f"{original.stem}_again.jsonl"
             )  # the time in its name: the original's
             result.plan.append(f"click file {original.name} shipped twice")
@@ -536,7 +409,7 @@ class PhotonCheck:
         result: RoundResult,
         base: Path,
         runs: dict[str, Path],
-        pipes: dict[str, _Pipeline],
+        pipes: dict[str, PipelineProcess],
     ) -> None:
         """A third driver under a name another run directory holds: refused; a verification naming its directory too."""
         taken = pipes[rng.choice(sorted(pipes))]
@@ -553,7 +426,7 @@ class PhotonCheck:
             result.not_refused.append(
                 f"start of {taken.name} in {other.name} (exit {out.returncode}: {out.stderr[-300:]!r})"
             )
-        ver = self._verify_cmd([other, *runs.values()])
+        ver = run_verify(self.registry, [other, *runs.values()])
         if (
             ver.returncode == 0
             or "not a Photon run directory" not in ver.stderr
