@@ -4,7 +4,7 @@ The user API (this package) imports no pyspark; only ``millwheel.runtime`` does.
 """
 
 from millwheel._codec import DataclassCodec, MsgpackCodec, PickleCodec, StateCodec
-from millwheel._columnar import Batch, ColumnarComputation
+from millwheel._columnar import ColumnarComputation
 from millwheel._computation import Computation, KeyContext, State, TimerFamily
 from millwheel._deadletter import DEAD_LETTER_STREAM, DeadLetter, Stage
 from millwheel._errors import (
@@ -89,6 +89,10 @@ _DEPRECATED = {
 
 
 def __getattr__(name: str) -> object:
+    if name == "Batch":  # with pandas and pyarrow, loaded when a columnar computation needs them
+        from millwheel._colbatch import Batch
+
+        return Batch
     if name in _DEPRECATED:
         import importlib
         import warnings

@@ -12,6 +12,7 @@ import pandas as pd
 import pyarrow as pa
 
 from millwheel._codec import encode_value
+from millwheel._colout import Outputs
 from millwheel._colstore import ColumnarStore
 from millwheel._errors import ComputationError, StateCodecError
 from millwheel._record import (
@@ -39,7 +40,7 @@ def _columns(t: pa.Table) -> dict[str, Any]:
     return cols
 
 
-def _categories(keys: list[Key]) -> pd.Index | None:
+def key_categories(keys: list[Key]) -> pd.Index | None:
     """The categories of a call's ``key`` columns: its keys (``None``: tuple keys, which a
     pandas index would turn into levels; their columns stay plain objects)."""
     if tuple in set(map(type, keys)):
@@ -47,13 +48,13 @@ def _categories(keys: list[Key]) -> pd.Index | None:
     return pd.Index(keys, dtype=object)
 
 
-def _key_column(codes: np.ndarray, keys: list[Key], cats: pd.Index | None) -> Any:
+def key_column_of(codes: np.ndarray, keys: list[Key], cats: pd.Index | None) -> Any:
     if cats is None:
         return [keys[c] for c in codes.tolist()]
     return pd.Categorical.from_codes(codes, categories=cats)
 
 
-def _to_arrow(rows: pd.DataFrame) -> pa.Table:
+def to_arrow(rows: pd.DataFrame) -> pa.Table:
     """The non-key columns of ``rows`` as an Arrow table (numeric numpy columns without pandas' conversion machinery)."""
     arrays, names = [], []
     for name in rows.columns:
@@ -108,7 +109,7 @@ class Batch:
         self._kbs = kbs
         self._key_of = key_of
         self._keys = [key_of[kb] for kb in kbs]
-        self._cats = cats if cats is not None else _categories(self._keys)
+        self._cats = cats if cats is not None else key_categories(self._keys)
         self._kb_arr = np.array(kbs + [b""], dtype=object)[
             :-1
         ]  # an object array even if every key has one length
@@ -133,6 +134,25 @@ class Batch:
             ]
         ] = []
         self._holds: dict[bytes, int | None] = {}
+
+    def apply(self, outputs: Outputs) -> None:
+        """Apply what this call did, once it returned: its state, timer and hold changes to the
+        store, in the order made, its productions to ``outputs`` (the runner's; all or
+        nothing: a call that raised is never applied)."""
+        st = self._store
+        for replaced, table in self._set_state:
+            st.replace_state(replaced, table)
+        for op, kbs, tags, tss, d in self._timer_ops:
+            st.timers = (
+                st.timers.set_many(kbs, tags, tss, d)
+                if op == "set"
+                else st.timers.delete_many(kbs, tags)
+            )
+        for kb, t in self._holds.items():
+            st.set_hold(kb, t)
+        key_of = self._key_of
+        for stream, kbs, vals, enc, ts, once, tentative in self._prod:
+            outputs.extend(stream, kbs, [key_of[kb] for kb in kbs], vals, enc, ts, once, tentative)
 
     # -- reading ---------------------------------------------------------------------
     @property
@@ -167,7 +187,7 @@ class Batch:
     def key_column(self, codes: Any) -> Any:
         """Keys from indices into :attr:`keys`: a categorical over them (a list for tuple keys),
         what every call taking ``keys=`` reads fastest."""
-        return _key_column(np.asarray(codes, np.int64), self._keys, self._cats)
+        return key_column_of(np.asarray(codes, np.int64), self._keys, self._cats)
 
     @property
     def state(self) -> pd.DataFrame:
@@ -181,7 +201,7 @@ class Batch:
                 else (found[0].drop_columns(["_kb"]), found[1])
             )
         t, codes = self._state_cache
-        cols = {"key": _key_column(codes, self._keys, self._cats)}
+        cols = {"key": key_column_of(codes, self._keys, self._cats)}
         if t is not None:
             cols.update(_columns(t))
         return pd.DataFrame(cols)
@@ -202,7 +222,7 @@ class Batch:
         index = {kb: i for i, kb in enumerate(self._kbs)}
         return pd.DataFrame(
             {
-                "key": _key_column(
+                "key": key_column_of(
                     np.array([index[i[0]] for i in items], np.int64), self._keys, self._cats
                 ),
                 "tag": [i[1] for i in items],
@@ -297,7 +317,7 @@ class Batch:
         table = None
         if len(rows):
             try:
-                table = _to_arrow(rows)
+                table = to_arrow(rows)
             except Exception as exc:
                 msg = f"columnar computation {self._runner.name!r}: set_state: the rows cannot be stored as Arrow columns: {type(exc).__name__}: {str(exc)[:200]}"
                 raise StateCodecError(msg) from None
@@ -398,3 +418,6 @@ class Batch:
             msg = f"computation {runner.name!r}: produce({stream!r}): {exc}"
             raise ComputationError(msg) from None
         self._prod.append((stream, kbs, vals, encoded, ts, once, tentative))
+
+
+_to_arrow = to_arrow  # the name ``millwheel/testing/_columnar.py`` imports

@@ -22,6 +22,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from millwheel._codec import encode_value
+from millwheel._fields import decode_cell
+from millwheel._record import Key, Record
+
 
 def factorize(items: Sequence[Any] | np.ndarray) -> tuple[np.ndarray, list[Any]]:
     """int64 codes of ``items`` into their distinct values, in order of first appearance."""
@@ -141,6 +145,16 @@ class InputColumns:
     def value(self, i: int) -> Any:
         v = self._values()[i]
         return v.as_py() if isinstance(v, pa.Scalar) else v
+
+    def decoded(self, i: int) -> tuple[Any, bytes]:
+        """Record ``i``'s value as user code reads it, and as it is stored (encoded)."""
+        v = self.value(i)
+        dec = decode_cell(v) if self.encoded else v
+        return dec, v if type(v) is bytes else encode_value(dec)
+
+    def record(self, i: int, key: Key) -> Record:
+        """Record ``i`` as a :class:`~millwheel.Record` of ``key`` (one sent on or dead-lettered)."""
+        return Record(key, self.decoded(i)[0], int(self.ts[i]), self.id(i), self.stream(i))
 
     def ids_at(self, il: list[int]) -> list[str]:
         return self.ids.take(pa.array(il, pa.int64())).to_pylist()

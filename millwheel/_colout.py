@@ -15,7 +15,9 @@ import numpy as np
 
 from millwheel._colinput import factorize
 from millwheel._colstore import ColumnarStore
-from millwheel._identity import _hexdigest, id_prefix
+from millwheel._contract import key_life, production_ids
+from millwheel._counters import StepMetrics
+from millwheel._identity import id_prefix
 from millwheel._record import Key
 
 
@@ -88,7 +90,7 @@ class Outputs:
         self.encoded += enc
         self.ts += ts.tolist()
 
-    def finish(self, runner: Any, st: ColumnarStore, lw: int, c: dict[str, int]) -> Produced:
+    def finish(self, runner: Any, st: ColumnarStore, lw: int, c: StepMetrics) -> Produced:
         """Ids from each key's production sequence and life (in the order the productions were
         made), the sequences advanced in ``st``, the counters set."""
         meta = st.meta
@@ -116,19 +118,12 @@ class Outputs:
             numbered_at = np.flatnonzero(numbered).tolist()
             # each key's life: its own, or this run's for a key whose first production this is
             lives = [
-                self.life
-                if m is None or (m[0] == 0 and len(m) < 3)
-                else m[2]
-                if len(m) > 2
-                else None
+                self.life if m is None else key_life(m[2] if len(m) > 2 else None, m[0], self.life)
                 for m in metas
             ]
             key_of = dict(zip(codes.tolist(), keys, strict=True))
             prefixes = [id_prefix(name, key_of[k], life) for k, life in enumerate(lives)]
-            made = [
-                _hexdigest(f"{prefixes[k]}{q}".encode())
-                for k, q in zip(nc.tolist(), seq, strict=True)
-            ]
+            made = production_ids(prefixes, nc.tolist(), seq)
             if fixed:
                 ids = [None] * n  # type: ignore[list-item]
                 for i, rid in zip(numbered_at, made, strict=True):
@@ -147,8 +142,8 @@ class Outputs:
                     )
             if len(nc):
                 behind = int((np.asarray(self.ts, np.int64)[numbered] < lw).sum())
-        c["productions"] = n - len(fixed)
-        c["productions_behind_watermark"] = behind
+        c.productions = n - len(fixed)
+        c.productions_behind_watermark = behind
         return Produced(
             self.streams,
             ids,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import msgpack
@@ -25,6 +26,7 @@ import pyarrow.compute as pc
 from millwheel._coldedup import ColumnarDedup
 from millwheel._colsegments import SegmentFiles
 from millwheel._coltimers import TimerTable
+from millwheel._contract import unacknowledged
 from millwheel._errors import EnvelopeError
 from millwheel._options import ComputationOptions
 from millwheel._record import MAX_TIMESTAMP, TimeDomain
@@ -40,6 +42,7 @@ STORE_MAGIC = "millwheel-columnar"
 STORE_VERSION = 3
 _READS = (1, 2, 3)
 _packb = msgpack.packb
+_pending_id = itemgetter(4)
 _unpackb = msgpack.unpackb
 
 
@@ -139,6 +142,36 @@ class ColumnarStore:
     ) -> ColumnarStore:
         """``store`` itself if it is decoded, else decoded."""
         return store if isinstance(store, ColumnarStore) else cls.decode(store, options)
+
+    # -- what a columnar call changes (``Batch.apply``) ----------------------------------
+    def replace_state(self, kbs: Iterable[bytes], table: pa.Table | None) -> None:
+        """The state rows of keys ``kbs`` replaced by ``table`` (``None``: they keep none)."""
+        cur = self.state
+        if cur is not None and cur.num_rows:
+            gone = pc.is_in(cur.column("_kb"), value_set=pa.array(list(kbs), pa.binary()))
+            cur = cur.filter(pc.invert(gone))
+        if table is None:
+            self.state = cur
+        elif cur is None or cur.num_rows == 0:
+            self.state = table
+        else:
+            self.state = pa.concat_tables([cur, table], promote_options="permissive")
+
+    def set_hold(self, kb: bytes, t: int | None) -> None:
+        """Key ``kb`` holds the low watermark at ``t`` (``None``: releases it, §7.2)."""
+        m = self.meta.get(kb)
+        if m is None:
+            if t is not None:
+                self.meta[kb] = [0, t]  # its life starts at its first production (``_colout.py``)
+        else:
+            self.meta[kb] = [m[0], t, *m[2:]]  # replaced, never changed in place: copies share them
+
+    def acknowledge(self, ids: Iterable[str] | None) -> set[bytes]:
+        """Drop delivered strong productions (all if ``ids`` is None); the keys that had any."""
+        keys = {p[1] for p in self.pending}
+        self.pending = unacknowledged(self.pending, ids, _pending_id)
+        self.forget_empty(keys)
+        return keys
 
     def forget_empty(self, kbs: Iterable[bytes]) -> None:
         """Drop the sequence and life of keys that keep nothing else, as an empty per-record

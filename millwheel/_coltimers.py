@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from millwheel._contract import timers_due, timers_order
 from millwheel._record import TimeDomain
 
 _LW = int(TimeDomain.LOW_WATERMARK)
@@ -139,15 +140,16 @@ class TimerTable(Mapping):  # type: ignore[type-arg]
     # -- reading -------------------------------------------------------------------
     def due(self, lw: int, now: int) -> np.ndarray:
         """Rows of the timers due: low-watermark timers at or before ``lw``, wall timers at or before ``now``."""
-        return np.flatnonzero(self.ts <= np.where(self.d == _LW, lw, now))
+        return np.flatnonzero(timers_due(self.ts, self.d, lw, now))
 
     def ordered(self, rows: np.ndarray) -> np.ndarray:
-        """``rows`` per key (by its bytes), each key's by timestamp, then domain, then tag."""
+        """``rows`` per key (by its bytes), each key's in firing order (``_contract.timer_order``:
+        by timestamp, then domain, then tag)."""
         if len(rows) < 2:
             return rows
         kc, _ = pd.factorize(self.kb[rows], sort=True)
         tc, _ = pd.factorize(self.tag[rows], sort=True)
-        return rows[np.lexsort((tc, self.d[rows], self.ts[rows], kc))]
+        return rows[timers_order(kc, self.ts[rows], self.d[rows], tc)]
 
     def next_timers(self) -> tuple[int | None, int | None]:
         """The earliest low-watermark timer and the earliest wall timer (``None``: none)."""

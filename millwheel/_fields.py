@@ -24,28 +24,25 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
-import pandas as pd
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any
 
 from millwheel._codec import decode_value, encode_value
 from millwheel._errors import TopologyError
 from millwheel._record import utf8_text
+
+if (
+    TYPE_CHECKING
+):  # imported where used: declaring a stream's fields needs neither (``import millwheel``)
+    import pandas as pd
+    import pyarrow as pa
 
 #: the struct column of a stream-log file that holds conforming values
 FIELDS_COLUMN = "fields"
 #: a columnar computation asks for one field of the values with ``record_columns = (..., "value.<field>")``
 FIELD_PREFIX = "value."
 
-_ARROW = {
-    str: pa.string(),
-    int: pa.int64(),
-    float: pa.float64(),
-    bool: pa.bool_(),
-    bytes: pa.binary(),
-}
+#: the Arrow type of a declared field (a ``pyarrow`` function's name)
+_ARROW = {str: "string", int: "int64", float: "float64", bool: "bool_", bytes: "binary"}
 _SPARK = {str: "string", int: "bigint", float: "double", bool: "boolean", bytes: "binary"}
 _NAMES = {str: "str", int: "int", float: "float", bool: "bool", bytes: "bytes"}
 #: the pandas dtype of a ``value.<field>`` column of a declared field (``object``: undeclared)
@@ -104,10 +101,12 @@ class StreamFields:
     # ---- Arrow -------------------------------------------------------------------
     def arrow_type(self, names: Iterable[str] | None = None) -> pa.StructType:
         """The struct type of the ``fields`` column (or of the ``names`` among them)."""
+        import pyarrow as pa
+
         keep = self.names if names is None else tuple(names)
         return pa.struct(
             [
-                pa.field(n, _ARROW[t])
+                pa.field(n, getattr(pa, _ARROW[t])())
                 for n, t in zip(self.names, self.types, strict=True)
                 if n in keep
             ]
@@ -124,6 +123,8 @@ class StreamFields:
     def split(self, values: Sequence[Any]) -> tuple[pa.StructArray, list[bytes | None]]:
         """The ``fields`` and ``value`` columns of ``values``: a conforming value as the
         struct (``value`` null), any other pickled (the struct null)."""
+        import pyarrow as pa
+
         rows: list[Any] = []
         encoded: list[bytes | None] = []
         for v in values:
@@ -142,6 +143,8 @@ def split_values(
     """The ``value`` column of a stream-log table, and its ``fields`` column when
     ``stream`` declares ``fields``: rows of another stream (``streams``, one per row or
     one for all: dead letters next to the records) are pickled."""
+    import pyarrow as pa
+
     if fields is None:
         return pa.array([encode_value(v) for v in values], pa.binary()), None
     if isinstance(streams, str):
@@ -167,6 +170,8 @@ _NEVER = object()
 def rebuild_values(values: Sequence[Any], fields: pa.Array | Sequence[Any] | None) -> list[Any]:
     """Each row's value: decoded from ``value`` (pickled), or the dict of its ``fields``
     (stored as columns). ``fields``: the struct column, as Arrow or as Python dicts."""
+    import pyarrow as pa
+
     rows = fields.to_pylist() if isinstance(fields, pa.Array | pa.ChunkedArray) else fields
     if rows is None:
         if any(v is None for v in values):
@@ -206,6 +211,9 @@ def field_column(values: Sequence[Any], name: str, typ: type | None) -> pd.Serie
     (an int is taken into a float field); without one, the field's values as they are
     (``object``). The harness and both Spark mappings build it here.
     """
+    import numpy as np
+    import pandas as pd
+
     raw: list[Any] = [v.get(name) if isinstance(v, Mapping) else None for v in values]
     if typ is None:
         return pd.Series(raw, dtype="object")

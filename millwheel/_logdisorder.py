@@ -20,9 +20,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # imported where used: ``import millwheel`` loads no numpy for a log source
+    import numpy as np
 
 #: records looked up by id per batch, at most
 MAX_LOOKUPS = 8
@@ -55,6 +56,8 @@ def measure(
     """
     if not values:
         return p.newest, p.behind, p.early if p.time is None else (p.early or 0)
+    import numpy as np
+
     newest: int = values[0] if p.newest is None else p.newest
     v = np.asarray(values, dtype=np.int64)
     before = np.maximum.accumulate(
@@ -105,6 +108,8 @@ class _Lines:
 
     def line(self, i: int) -> tuple[int, bytes] | None:
         """``(offset in data, line)`` of the ``i``-th plausible timestamp."""
+        import numpy as np
+
         data, value = self.data, int(self.values[i])
         same = self.values == value
         rx = re.compile(

@@ -25,39 +25,25 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from operator import attrgetter
-from typing import Any
 
 from millwheel._codec import decode_value, encode_value
-from millwheel._computation import Computation, State, _NoKey
+from millwheel._computation import Computation, _NoKey
+from millwheel._contract import (
+    LateRule,
+    dedup_horizon,
+    dedup_stamp,
+    failure_letter,
+    timer_due,
+    unacknowledged,
+)
 from millwheel._counters import StepMetrics
-from millwheel._deadletter import (
-    DEAD_LETTER_STREAM,
-    DeadLetter,
-    Stage,
-    dead_letter_record,
-    reason_of,
-)
+from millwheel._deadletter import Stage
 from millwheel._envelope import DedupStats, Envelope, PendingProduction
-from millwheel._errors import ComputationError, StateCodecError
-from millwheel._identity import _hexdigest, id_prefix
+from millwheel._keycontext import DOMAINS, Careful, Failure, StepContext
 from millwheel._options import ComputationOptions, ErrorPolicy, LateAction
-from millwheel._record import (
-    MAX_TIMESTAMP,
-    MIN_TIMESTAMP,
-    Key,
-    Production,
-    Record,
-    TimeDomain,
-    Timer,
-    key_problem,
-    production_time,
-    short_repr,
-)
+from millwheel._record import Key, Production, Record, TimeDomain, Timer, production_time
 
 _LW = int(TimeDomain.LOW_WATERMARK)
-_WALL = int(TimeDomain.WALL_TIME)
-_DOMAINS = {_LW: TimeDomain.LOW_WATERMARK, _WALL: TimeDomain.WALL_TIME}
-_LW_DOMAIN, _WALL_DOMAIN = TimeDomain.LOW_WATERMARK, TimeDomain.WALL_TIME
 
 
 @dataclass(slots=True)
@@ -76,210 +62,6 @@ class StepResult:
     #: earliest pending low-watermark timer and wall-time timer, for scheduling the next fire
     next_low_watermark_timer: int | None = None
     next_wall_timer: int | None = None
-
-
-class _Failure(Exception):
-    """A record or timer failed at ``what`` (a :class:`~millwheel.Stage`)."""
-
-    def __init__(
-        self,
-        exc: BaseException,
-        what: str,
-        record: Record | None = None,
-        timer: Timer | None = None,
-    ) -> None:
-        super().__init__(what)
-        self.exc = exc
-        self.what = what
-        self.record = record
-        self.timer = timer
-
-
-class _KeyContext:
-    """What ``self.key``, ``self.state``, ``self.set_timer`` ... reach during one step."""
-
-    __slots__ = (
-        "runner",
-        "key",
-        "state",
-        "now",
-        "low_watermark",
-        "timers",
-        "productions",
-        "seq",
-        "default_ts",
-        "due_heap",
-        "firing",
-        "behind_watermark",
-        "held",
-        "life",
-        "new_life",
-        "id_prefix",
-    )
-
-    def __init__(
-        self,
-        runner: StepRunner,
-        key: Key,
-        env: Envelope,
-        low_watermark: int,
-        now: int,
-        new_life: int | None,
-    ) -> None:
-        self.runner = runner
-        self.key = key
-        self.state = State(runner.codec, env.state)
-        self.now = now
-        self.low_watermark = low_watermark
-        self.timers = env.timers
-        self.productions: list[Production] = []
-        self.seq = env.seq
-        self.default_ts = production_time(low_watermark)
-        self.due_heap: list[tuple[int, int, str]] = []
-        self.firing = False
-        self.behind_watermark = 0
-        self.held = env.held
-        self.life = env.life
-        #: the life the key's first production starts, if it has made none (``_identity.py``)
-        self.new_life = new_life
-        #: what the key's production ids hash before their sequence number, made at its first production
-        self.id_prefix: str | None = None
-
-    def _is_due(self, ts: int, domain: int) -> bool:
-        return ts <= (self.low_watermark if domain == _LW else self.now)
-
-    def set_timer(self, tag: str, timestamp: int, domain: TimeDomain) -> None:
-        if (
-            type(tag) is str
-            and type(timestamp) is int
-            and MIN_TIMESTAMP < timestamp < MAX_TIMESTAMP
-            and (domain is _LW_DOMAIN or domain is _WALL_DOMAIN)
-        ):
-            # the usual call, valid at a glance (the checks below say what is wrong otherwise)
-            d = _LW if domain is _LW_DOMAIN else _WALL
-            self.timers[tag] = (timestamp, d)
-            if self.firing and self._is_due(timestamp, d):
-                heapq.heappush(self.due_heap, (timestamp, d, tag))
-            return
-        name = self.runner.name
-        if type(tag) is not str:
-            msg = f"{name}: set_timer tag must be a str, got {type(tag).__name__} {short_repr(tag)}"
-            raise ComputationError(msg)
-        if type(timestamp) is not int:
-            msg = f"{name}: set_timer({tag!r}) timestamp must be an int (ms since epoch), got {type(timestamp).__name__} {short_repr(timestamp)}"
-            raise ComputationError(msg)
-        d = int(domain) if isinstance(domain, int) else -1
-        if d not in _DOMAINS:
-            msg = f"{name}: set_timer({tag!r}) domain must be a TimeDomain, got {domain!r}"
-            raise ComputationError(msg)
-        if timestamp == MAX_TIMESTAMP and d != _LW:
-            msg = (
-                f"{name}: set_timer({tag!r}, MAX_TIMESTAMP) on wall time would never fire; an event-time timer "
-                f"at MAX_TIMESTAMP fires when the input is finished, delete_timer({tag!r}) cancels one"
-            )
-            raise ComputationError(msg)
-        if not MIN_TIMESTAMP < timestamp <= MAX_TIMESTAMP:
-            msg = f"{name}: set_timer({tag!r}) timestamp {timestamp} is outside the 64-bit range of millwheel timestamps"
-            raise ComputationError(msg)
-        self.timers[tag] = (timestamp, d)
-        if self.firing and self._is_due(timestamp, d):
-            heapq.heappush(self.due_heap, (timestamp, d, tag))
-
-    def delete_timer(self, tag: str) -> None:
-        self.timers.pop(tag, None)
-
-    def pending_timers(self) -> list[Timer]:
-        return [
-            Timer(tag, ts, _DOMAINS[d])
-            for tag, (ts, d) in sorted(
-                self.timers.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0])
-            )
-        ]
-
-    def hold_watermark(self, timestamp: int | None) -> None:
-        if timestamp is not None and (
-            type(timestamp) is not int or not MIN_TIMESTAMP < timestamp < MAX_TIMESTAMP
-        ):
-            msg = f"{self.runner.name}: hold_watermark takes an int timestamp (ms) or None, got {short_repr(timestamp)}"
-            raise ComputationError(msg)
-        self.held = timestamp
-
-    def produce(
-        self,
-        stream: str,
-        value: Any,
-        timestamp: int | None,
-        key: Key | None,
-        once_id: str | None = None,
-        once_tentative: bool = False,
-    ) -> None:
-        runner = self.runner
-        if once_id is not None and (type(once_id) is not str or not once_id):
-            msg = f"computation {runner.name!r}: produce({stream!r}, once_id=...) takes a non-empty str, got {short_repr(once_id)}"
-            raise ComputationError(msg)
-        if stream not in runner.outputs:
-            declared = ", ".join(sorted(runner.outputs)) or "none"
-            msg = (
-                f"computation {runner.name!r} produced to stream {stream!r}, which it does not declare "
-                f"(declared outputs: {declared}); add it to outputs=[...] in Topology.computation"
-            )
-            raise ComputationError(msg)
-        ts = self.default_ts if timestamp is None else timestamp
-        if type(ts) is not int or not MIN_TIMESTAMP < ts < MAX_TIMESTAMP:
-            msg = f"computation {runner.name!r}: produce({stream!r}) timestamp must be an int of ms inside the 64-bit range, got {type(ts).__name__} {short_repr(ts)}"
-            raise ComputationError(msg)
-        if key is not None:
-            why = key_problem(key)
-            if why is not None:
-                msg = f"computation {runner.name!r}: produce({stream!r}, key=...): {why}"
-                raise ComputationError(msg)
-        # the value is encoded now: a value that cannot be stored fails the record (or
-        # timer) that produced it, inside the per-key error boundary, and later mutations
-        # of the object by user code do not change what was produced
-        try:
-            encoded = encode_value(value)
-        except StateCodecError as exc:
-            msg = f"computation {runner.name!r}: produce({stream!r}): {exc}"
-            raise ComputationError(msg) from None
-        if ts < self.low_watermark:
-            # §4.5: a production should be no older than its sources; this one will be
-            # late for every consumer
-            self.behind_watermark += 1
-        rkey = self.key if key is None else key
-        prefix = self.id_prefix
-        if prefix is None:
-            if self.life is None and self.seq == 0:
-                self.life = self.new_life  # the key's first production: it starts a life
-            prefix = self.id_prefix = id_prefix(runner.name, self.key, self.life)
-        rid = _hexdigest(f"{prefix}{self.seq}".encode())
-        self.seq += 1
-        self.productions.append(
-            Production(
-                stream,
-                Record(rkey, value, ts, rid, stream),
-                encoded,
-                once_id,
-                once_tentative and once_id is not None,
-            )
-        )
-
-    # ---- careful mode: a savepoint before each record or timer -----------------------
-    def savepoint(self, state_bytes: bytes | None) -> tuple[Any, ...]:
-        return (
-            state_bytes,
-            dict(self.timers),
-            len(self.productions),
-            self.seq,
-            self.behind_watermark,
-            self.held,
-        )
-
-    def rollback(self, sp: tuple[Any, ...]) -> None:
-        state_bytes, timers, n, self.seq, self.behind_watermark, self.held = sp
-        self.state.reset(state_bytes)  # the same object: the computation holds it for the step
-        self.timers.clear()
-        self.timers.update(timers)
-        del self.productions[n:]
 
 
 class StepRunner:
@@ -301,6 +83,7 @@ class StepRunner:
         if self.options.late.action is LateAction.TO_STREAM and self.options.late.stream:
             outs.add(self.options.late.stream)
         self.outputs = frozenset(outs)
+        self.late = LateRule(self.options.late)
         computation.name = name
         computation._ctx = _NoKey(name)  # type: ignore[assignment]
 
@@ -340,7 +123,7 @@ class StepRunner:
                 return self._attempt(
                     key, envelope, records, low_watermark, now, late_wm, None, life
                 )
-            except _Failure as failure:
+            except Failure as failure:
                 if self.options.on_error is ErrorPolicy.RAISE:
                     raise failure.exc from None
             # something failed: run the step again from the stored envelope, with a
@@ -351,29 +134,11 @@ class StepRunner:
             self.computation._ctx = _NoKey(self.name)  # type: ignore[assignment]
             self.computation.__dict__.pop("state", None)
 
-    def _dead_letter(self, key: Key, failure: _Failure, now: int) -> Production | None:
+    def _dead_letter(self, key: Key, failure: Failure, now: int) -> Production | None:
         """The dead letter of a failure; ``None`` for a dead letter that failed (terminal rule)."""
-        rec, timer = failure.record, failure.timer
-        if rec is not None and rec.stream == DEAD_LETTER_STREAM:
-            return None
-        letter = DeadLetter(
-            failure.what,
-            reason_of(failure.exc),
-            computation=self.name,
-            stream=rec.stream if rec else None,
-            key=key,
-            record=rec,
-            timer=timer,
+        return failure_letter(
+            self.name, key, failure.exc, failure.what, failure.record, failure.timer, now
         )
-        parts: tuple[Any, ...]
-        if timer is not None:
-            ts, parts = timer.timestamp, (key, timer.tag, timer.timestamp, int(timer.domain))
-        else:
-            ts, parts = (
-                (rec.timestamp if rec is not None else now),
-                (rec.id if rec is not None else key,),
-            )
-        return Production(DEAD_LETTER_STREAM, dead_letter_record(letter, ts, *parts))
 
     def _attempt(
         self,
@@ -383,20 +148,20 @@ class StepRunner:
         low_watermark: int,
         now: int,
         late_wm: int,
-        failures: list[_Failure] | None,
+        failures: list[Failure] | None,
         life: int | None = None,
     ) -> StepResult:
         """One run of the step. ``failures is None``: the fast mode, which raises
-        :class:`_Failure` at the first failure; a list: careful mode (:class:`_Careful`),
+        :class:`Failure` at the first failure; a list: careful mode (:class:`Careful`),
         which rolls back to a savepoint and collects each failure."""
         comp = self.computation
         env = Envelope.decode(envelope)
-        ctx = _KeyContext(self, key, env, low_watermark, now, life)
+        ctx = StepContext(self, key, env, low_watermark, now, life)
         comp._ctx = ctx
         comp.__dict__["state"] = ctx.state  # see Computation.state
         c = StepMetrics()
         stats = DedupStats()
-        careful = None if failures is None else _Careful(ctx, failures)
+        careful = None if failures is None else Careful(ctx, failures)
         records, any_late = self._admit(env, records, late_wm, c, stats)
         if not any_late and careful is None:
             self._records_fast(ctx, records, c)  # the common case: nothing late, nothing failed
@@ -429,7 +194,7 @@ class StepRunner:
             # re-delivery is a duplicate and not counted late again
             kept = dedup.admit(
                 list(map(_id_of, records)),
-                [t if t >= late_wm else late_wm for t in tss] if any_late else tss,
+                [dedup_stamp(t, late_wm) for t in tss] if any_late else tss,
                 stats,
                 in_order,
             )
@@ -438,7 +203,7 @@ class StepRunner:
                 c.duplicates = n - len(records)
         return records, any_late
 
-    def _records_fast(self, ctx: _KeyContext, records: Sequence[Record], c: StepMetrics) -> None:
+    def _records_fast(self, ctx: StepContext, records: Sequence[Record], c: StepMetrics) -> None:
         """``process_record`` for each record, none late: the per-record hot loop."""
         process_record = self.computation.process_record
         rec = None
@@ -447,30 +212,28 @@ class StepRunner:
                 ctx.default_ts = rec.timestamp
                 process_record(rec)
         except Exception as exc:
-            raise _Failure(exc, Stage.PROCESS_RECORD, record=rec) from None
+            raise Failure(exc, Stage.PROCESS_RECORD, record=rec) from None
         c.processed = len(records)
 
     def _records(
         self,
-        ctx: _KeyContext,
+        ctx: StepContext,
         records: Sequence[Record],
         late_wm: int,
         c: StepMetrics,
-        careful: _Careful | None,
+        careful: Careful | None,
     ) -> None:
         """Records some of which are late (§4.5: counted, then dropped, sent to the late
         stream or processed), or any records in careful mode."""
-        late = self.options.late
+        late = self.late
         process_record = self.computation.process_record
         for rec in records:
             ts = rec.timestamp
             if ts < late_wm:
-                c.late += 1
-                if late.action is LateAction.DROP:
-                    c.late_dropped += 1
+                action = late.route(c)
+                if action is LateAction.DROP:
                     continue
-                if late.action is LateAction.TO_STREAM:
-                    c.late_to_stream += 1
+                if action is LateAction.TO_STREAM:
                     ctx.productions.append(Production(late.stream, rec))  # type: ignore[arg-type]
                     continue
             ctx.default_ts = ts
@@ -481,10 +244,10 @@ class StepRunner:
             try:
                 process_record(rec)
             except Exception as exc:
-                raise _Failure(exc, Stage.PROCESS_RECORD, record=rec) from None
+                raise Failure(exc, Stage.PROCESS_RECORD, record=rec) from None
             c.processed += 1
 
-    def _fire_timers(self, ctx: _KeyContext, c: StepMetrics, careful: _Careful | None) -> None:
+    def _fire_timers(self, ctx: StepContext, c: StepMetrics, careful: Careful | None) -> None:
         """Due timers in timestamp order (§4.6), including ones set while firing that are due."""
         timers = ctx.timers
         if not timers:
@@ -492,8 +255,8 @@ class StepRunner:
         heap = ctx.due_heap
         low_watermark, now = ctx.low_watermark, ctx.now
         for tag, (ts, d) in timers.items():
-            if ts <= (low_watermark if d == _LW else now):
-                heap.append((ts, d, tag))
+            if timer_due(ts, d, low_watermark, now):
+                heap.append((ts, d, tag))  # popped in ``timer_order``: timestamp, domain, tag
         if not heap:
             return
         heapq.heapify(heap)
@@ -509,7 +272,7 @@ class StepRunner:
                 break
             budget -= 1
             del timers[tag]  # a failed timer stays deleted: it is dead-lettered
-            timer = Timer(tag, ts, _DOMAINS[d])
+            timer = Timer(tag, ts, DOMAINS[d])
             ctx.default_ts = production_time(ts if d == _LW else low_watermark)
             if careful is not None:
                 if careful.run(process_timer, timer, Stage.PROCESS_TIMER, timer=timer):
@@ -518,7 +281,7 @@ class StepRunner:
             try:
                 process_timer(timer)
             except Exception as exc:
-                raise _Failure(exc, Stage.PROCESS_TIMER, timer=timer) from None
+                raise Failure(exc, Stage.PROCESS_TIMER, timer=timer) from None
             c.timers_fired += 1
         ctx.firing = False
 
@@ -526,10 +289,10 @@ class StepRunner:
         self,
         key: Key,
         env: Envelope,
-        ctx: _KeyContext,
+        ctx: StepContext,
         c: StepMetrics,
         stats: DedupStats,
-        careful: _Careful | None,
+        careful: Careful | None,
         late_wm: int,
     ) -> StepResult:
         """The new envelope (§6.2): state, timers, sequence, hold, pending strong
@@ -541,7 +304,7 @@ class StepRunner:
             try:
                 env.state = ctx.state.encoded()
             except Exception as exc:
-                raise _Failure(exc, Stage.CHECKPOINT) from None  # careful mode finds the culprit
+                raise Failure(exc, Stage.CHECKPOINT) from None  # careful mode finds the culprit
         env.seq, env.life = ctx.seq, ctx.life
         env.held = ctx.held
         productions = ctx.productions
@@ -562,7 +325,7 @@ class StepRunner:
             dd = opts.dedup
             # ids of records that may still be re-delivered: anything not behind the watermark
             # these records arrived under (later deliveries are judged against a later one)
-            horizon = min(ctx.low_watermark, late_wm) - dd.slack_ms
+            horizon = dedup_horizon(ctx.low_watermark, late_wm, dd.slack_ms)
             env.dedup.finish(horizon, dd.bloom_fpr, dd.bloom_capacity, dd.gc_interval_ms, stats)
         c.bloom_maybe, c.bloom_false_positive = stats.bloom_maybe, stats.bloom_false_positive
         c.dedup_gc_runs, c.dedup_ids_collected = stats.gc_runs, stats.ids_collected
@@ -585,63 +348,9 @@ class StepRunner:
         )
 
 
-class _Careful:
-    """Careful mode: a savepoint before each record and timer, a rollback to it on
-    failure, so the key keeps the effects of its other records (module docstring)."""
-
-    __slots__ = ("ctx", "failures", "codec", "saved")
-
-    def __init__(self, ctx: _KeyContext, failures: list[_Failure]) -> None:
-        self.ctx = ctx
-        self.failures = failures
-        self.codec = ctx.runner.codec
-        #: the state's bytes after the last record or timer that succeeded
-        self.saved = ctx.state.encoded()
-
-    def run(
-        self,
-        fn: Any,
-        arg: Any,
-        stage: str,
-        *,
-        record: Record | None = None,
-        timer: Timer | None = None,
-    ) -> bool:
-        """``fn(arg)`` and the state it leaves encoded; on failure, roll back and keep the failure."""
-        ctx = self.ctx
-        sp = ctx.savepoint(self.saved)
-        try:
-            fn(arg)
-        except Exception as exc:
-            ctx.rollback(sp)
-            self.failures.append(_Failure(exc, stage, record=record, timer=timer))
-            return False
-        try:
-            self.saved = _encoded(ctx.state, self.codec)
-        except Exception as exc:
-            ctx.rollback(sp)
-            self.failures.append(
-                _Failure(
-                    exc,
-                    Stage.CHECKPOINT if record is not None else stage,
-                    record=record,
-                    timer=timer,
-                )
-            )
-            return False
-        return True
-
-
 #: a record's timestamp and id, for C-level passes over a step's records
 _timestamp_of = attrgetter("timestamp")
-_id_of = attrgetter("id")
-
-
-def _encoded(state: State, codec: Any) -> bytes | None:
-    """The state's bytes as of now (careful mode), without changing what the step stores."""
-    if not state.dirty:
-        return state._raw
-    return None if state._value is None else codec.encode(state._value)
+_id_of = _pending_id = attrgetter("id")
 
 
 def pending_productions(envelope: bytes | None) -> list[Production]:
@@ -664,10 +373,6 @@ def acknowledge(
     """
     env = Envelope.decode(envelope)
     if env.pending:
-        if ids is None:
-            env.pending = []
-        else:
-            acked = set(ids)
-            env.pending = [p for p in env.pending if p.id not in acked]
+        env.pending = unacknowledged(env.pending, ids, _pending_id)
         envelope = None if env.is_empty() else env.encode()
     return envelope, env.hold()
