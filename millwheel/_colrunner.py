@@ -22,7 +22,8 @@ import pandas as pd
 
 from millwheel._codec import decode_value
 from millwheel._colbatch import Batch, key_categories, key_column_of
-from millwheel._coldedup import chunk_stamps, fingerprints
+from millwheel._coldedup import chunk_stamps
+from millwheel._colhash import fingerprints
 from millwheel._colinput import InputColumns, factorize
 from millwheel._colout import Outputs
 from millwheel._colsegments import SegmentFiles

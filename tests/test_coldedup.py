@@ -11,7 +11,8 @@ import pyarrow as pa
 import pytest
 import xxhash
 
-from millwheel._coldedup import _IPC, SEGMENTS_PER_TIER, ColumnarDedup, bloom_size, hash_bytes
+from millwheel._coldedup import _IPC, SEGMENTS_PER_TIER, ColumnarDedup
+from millwheel._colhash import bloom_size, hash_bytes
 from millwheel._colstore import ColumnarStore
 
 
