@@ -27,7 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 import cloudpickle
 import msgpack
 
-from millwheel._errors import StateCodecError
+from millwheel._errors import DeclarationError, StateCodecError
 
 _dumps = pickle.dumps
 _HIGHEST = pickle.HIGHEST_PROTOCOL
@@ -123,7 +123,7 @@ class DataclassCodec:
     def __init__(self, cls: type, *, renamed: dict[str, str] | None = None) -> None:
         if not dataclasses.is_dataclass(cls):
             msg = f"DataclassCodec takes a dataclass, got {cls!r}"
-            raise TypeError(msg)
+            raise DeclarationError(msg)
         self.cls = cls
         self.renamed = dict(renamed or {})
         self.fields = tuple(f.name for f in dataclasses.fields(cls))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Protocol
 
-from millwheel._errors import ComputationError
+from millwheel._errors import ComputationError, DeclarationError
 from millwheel._options import ComputationOptions
 from millwheel._record import Key, Record, TimeDomain, Timer
 
@@ -151,15 +151,15 @@ class TimerFamily:
     ) -> None:
         """``tag``: the family's part of its timers' tags (default: the attribute's name), to
         keep the tags of timers that runs already hold when a family is renamed."""
+        if tag is not None and (type(tag) is not str or ":" in tag):
+            msg = f"TimerFamily(tag={tag!r}): a family's tag is a str without ':'"
+            raise DeclarationError(msg)
         self.domain = domain
         self.family = tag or ""
         self.handler: Any = None
 
     def __set_name__(self, owner: type, name: str) -> None:
-        self.family = self.family or name
-        if ":" in self.family:
-            msg = f"timer family {self.family!r}: a family's tag cannot contain ':'"
-            raise TypeError(msg)
+        self.family = self.family or name  # an attribute's name never holds ':'
 
     def __get__(self, obj: Any, cls: Any = None) -> Any:
         return self if obj is None else _BoundTimers(self, obj)

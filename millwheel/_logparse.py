@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from millwheel._deadletter import implausible_line, malformed_line
+from millwheel._errors import MillwheelError
 from millwheel._record import (
     MAX_TIMESTAMP,
     MIN_TIMESTAMP,
@@ -83,7 +84,7 @@ def is_log_file(name: str) -> bool:
     return not name.startswith((".", "_")) and name.endswith(LOG_SUFFIXES)
 
 
-class MalformedLine(ValueError):
+class MalformedLine(MillwheelError, ValueError):
     """A line that is not a record; the message is the reason."""
 
 

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 import xxhash
 
 from millwheel._deadletter import DEAD_LETTER_STREAM, DeadLetter, Stage, dead_letter_record
+from millwheel._errors import ComputationError, MillwheelError, SettingsError
 from millwheel._record import Key, Production
 
 
@@ -151,7 +152,7 @@ def pipeline_id(name: str, epoch: str) -> str:
     """
     if not name or "#" in name or ":" in name or len(name) > 64:
         msg = f"a pipeline name is 1 to 64 characters without '#' or ':', got {name!r}"
-        raise ValueError(msg)
+        raise SettingsError(msg)
     return f"{name}#{epoch}" if epoch else name
 
 
@@ -200,8 +201,9 @@ class Member:
         return cls(name, epoch, where) if name else None
 
 
-class PipelineNameTaken(RuntimeError):
-    """Another run directory holds this pipeline name in the registry."""
+class PipelineNameTaken(MillwheelError, RuntimeError):
+    """Another run directory holds this pipeline name in the registry (also a ``RuntimeError``,
+    as it was before it was a :class:`~millwheel.MillwheelError`)."""
 
 
 def roster(registry: Any) -> list[Member]:
@@ -335,7 +337,7 @@ def resolve_once(
             f"computation {computation!r} produced with once_id=..., which needs an IdRegistry shared by the "
             "pipelines: pass registry=... to the Harness or to the runtime (RuntimeSettings.registry_url)"
         )
-        raise RuntimeError(msg)
+        raise ComputationError(msg)
     items: list[tuple[str, str, int]] = [
         (
             str(p.once_id),
@@ -348,7 +350,7 @@ def resolve_once(
     results = [OnceResult(getattr(r, "value", r)) for r in registry.commit_many(items)]  # type: ignore[arg-type]
     if len(results) != len(items):
         msg = f"the IdRegistry answered {len(results)} results for {len(items)} commits"
-        raise RuntimeError(msg)
+        raise ComputationError(msg)
     _take_over(registry, items, results, [p.once_tentative for _, p in todo], outcome)
     for (key, p), status in zip(todo, results, strict=True):
         if status is OnceResult.COMMITTED:

@@ -42,6 +42,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from millwheel._errors import SettingsError
+
 __all__ = ["AutoscalePolicy", "Decision", "Figures", "decide"]
 
 
@@ -75,10 +77,10 @@ class AutoscalePolicy:
             or self.max_intervals < self.min_intervals
         ):
             msg = f"AutoscalePolicy needs hot_ratio > 1, window >= 1 and 1 <= min_intervals <= max_intervals, got {self}"
-            raise ValueError(msg)
+            raise SettingsError(msg)
         if self.cold_ms >= self.min_hot_ms or self.cold_keys >= self.min_hot_keys:
             msg = f"AutoscalePolicy: the cold thresholds must be under the hot ones (hysteresis), got {self}"
-            raise ValueError(msg)
+            raise SettingsError(msg)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import xxhash
 
 from millwheel._colstore import ColumnarStore
 from millwheel._envelope import Envelope
-from millwheel._errors import EnvelopeError
+from millwheel._errors import EnvelopeError, MillwheelError
 from millwheel._record import decode_key
 from millwheel.runtime._keying import interval_of
 
@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 
-class RescaleMismatch(RuntimeError):
+class RescaleMismatch(MillwheelError, RuntimeError):
     """A rescale's rows met a state other than the one the rescale read: the batch fails
     before anything commits."""
 

@@ -56,7 +56,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from millwheel._errors import MillwheelError
+from millwheel._errors import EnvelopeError, MillwheelError
 from millwheel.runtime._fs import Location
 from millwheel.runtime._install import (
     INSTALL_INPUT,
@@ -257,7 +257,7 @@ def read_all(spark: Any, checkpoint: Location, layout: str, batch: int) -> dict[
         return read_envelopes(spark, checkpoint.uri, batch)
     try:
         what, states = read_interval_states(spark, checkpoint.uri, batch)
-    except ValueError as exc:
+    except (EnvelopeError, ValueError) as exc:  # damaged, or not msgpack
         raise refuse(str(exc)) from None
     if what == "columnar":
         msg = f"the state in {checkpoint.uri} is a columnar computation's stores: a columnar computation keeps the interval-row layout (a store per key interval); millwheel rescale --intervals N re-intervals it"

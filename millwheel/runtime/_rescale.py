@@ -46,6 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from millwheel._colstore import ColumnarStore
+from millwheel._errors import EnvelopeError
 from millwheel.runtime._consumed import ConsumedFiles
 from millwheel.runtime._fs import Location
 from millwheel.runtime._keying import interval_of
@@ -276,7 +277,7 @@ def move_state(tgt: Target, outbox: Outbox, spark: Any, say: Any, t0: float) -> 
         what, states = (
             read_interval_states(spark, checkpoint.uri, last) if last >= 0 else ("envelopes", {})
         )
-    except ValueError as exc:
+    except (EnvelopeError, ValueError) as exc:  # damaged, or not msgpack
         raise refuse(str(exc)) from None
     if what == "keys":
         msg = f"computation {computation!r} keeps its state in the per-key layout; millwheel rescale moves the interval-row layout only"

@@ -43,7 +43,7 @@ from typing import Any
 import msgpack
 import pyarrow.fs as pafs
 
-from millwheel._errors import RunError
+from millwheel._errors import EnvelopeError, RunError
 from millwheel.runtime._fs import Location
 from millwheel.runtime._spark_protocol import MapStatePipeline as MapStatePipeline
 
@@ -119,7 +119,7 @@ def read_envelopes(
                 f"the state in {checkpoint_uri} is a columnar computation's stores (one per key interval), not envelopes: "
                 "read it with SparkRuntime.states() or millwheel state"
             )
-            raise ValueError(msg)
+            raise EnvelopeError(msg)
         if row[0] is not None:
             out.update(_unpackb(row[0], raw=False, strict_map_key=False))
     return out
@@ -152,7 +152,7 @@ def read_interval_states(
             out[group] = {} if row[1] is None else _unpackb(row[1], raw=False, strict_map_key=False)
     if len(kinds) > 1:
         msg = f"the state in {checkpoint_uri} mixes a columnar computation's stores and per-record envelopes: it is damaged"
-        raise ValueError(msg)
+        raise EnvelopeError(msg)
     return kinds.pop() if kinds else "envelopes", out
 
 
