@@ -30,10 +30,24 @@ empty buckets before letting the key go.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import pickle
+from dataclasses import dataclass, field
 from typing import Any
 
-from millwheel import MAX_TIMESTAMP, MIN_TIMESTAMP, Computation, ComputationError, Record, Timer
+import msgpack
+
+from millwheel import (
+    MAX_TIMESTAMP,
+    MIN_TIMESTAMP,
+    Computation,
+    ComputationError,
+    ComputationOptions,
+    DataclassCodec,
+    Record,
+    StateCodecError,
+    Timer,
+    TimerFamily,
+)
 
 AGGREGATES = ("count", "sum", "min", "max", "mean")
 
@@ -176,9 +190,135 @@ def close_bucket(
     return BucketClose(count, empty_run, None, bool(counts))
 
 
+# ----------------------------------------------------------------------------- typed state
+@dataclass
+class Buckets:
+    """A :class:`WindowCounter` key's state: its open buckets' counts by start, and how many
+    empty buckets it has produced in a row."""
+
+    counts: dict[int, int] = field(default_factory=dict)
+    empty_run: int = 0
+
+
+class Window:
+    """One open window of a :class:`WindowAggregate` key: what its records add up to, and how
+    often it has fired."""
+
+    __slots__ = ("count", "total", "low", "high", "fired")
+
+    def __init__(
+        self,
+        count: int = 0,
+        total: float = 0.0,
+        low: float = math.inf,
+        high: float = -math.inf,
+        fired: int = 0,
+    ) -> None:
+        self.count, self.total, self.low, self.high, self.fired = count, total, low, high, fired
+
+    def add(self, v: float | None) -> None:
+        """One record more, with its number (``None``: counted only)."""
+        self.count += 1
+        if v is not None:
+            self.total += v
+            self.low = min(self.low, v)
+            self.high = max(self.high, v)
+
+    def stored(self) -> list[Any]:
+        return [self.count, self.total, self.low, self.high, self.fired]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Window) and self.stored() == other.stored()
+
+    def __repr__(self) -> str:
+        return f"Window(count={self.count}, total={self.total}, low={self.low}, high={self.high}, fired={self.fired})"
+
+
+@dataclass
+class Windows:
+    """A :class:`WindowAggregate` key's state: its open windows by start, and the end of the
+    newest window it dropped (a record for a window ending there or before is too late)."""
+
+    open: dict[int, Window] = field(default_factory=dict)
+    closed: int = MIN_TIMESTAMP
+
+
+def _is_pickle(data: bytes) -> bool:
+    """Whether ``data`` is pickled (protocol 2 or later), not msgpack: msgpack's only value
+    starting with byte 0x80 is the empty map, one byte long."""
+    return len(data) > 1 and data[0] == 0x80
+
+
+class BucketsCodec:
+    """:class:`Buckets` as a msgpack map of its fields (``DataclassCodec``); state that a run
+    stored before the counter's state was typed (a pickled dict, the default codec's) is
+    read as it was, for :meth:`WindowCounter.buckets` to convert."""
+
+    name = "windowing:buckets"
+
+    def __init__(self) -> None:
+        self._typed = DataclassCodec(Buckets)
+
+    def encode(self, value: Any) -> bytes:
+        return self._typed.encode(value)
+
+    def decode(self, data: bytes) -> Any:
+        return pickle.loads(data) if _is_pickle(data) else self._typed.decode(data)
+
+
+class WindowsCodec:
+    """:class:`Windows` as msgpack: ``{"open": {start: [count, total, low, high, fired]},
+    "closed": end}``; state stored before it was typed (pickled) is read as it was, for
+    :meth:`WindowAggregate.windows` to convert."""
+
+    name = "windowing:windows"
+
+    def encode(self, value: Any) -> bytes:
+        if type(value) is not Windows:
+            msg = f"{self.name}: state must be a Windows, got {type(value).__name__}"
+            raise StateCodecError(msg)
+        stored = {s: win.stored() for s, win in value.open.items()}
+        return msgpack.packb({"open": stored, "closed": value.closed}, use_bin_type=True)
+
+    def decode(self, data: bytes) -> Any:
+        if _is_pickle(data):
+            return pickle.loads(data)
+        try:
+            stored = msgpack.unpackb(data, raw=False, strict_map_key=False)
+            return Windows({s: Window(*acc) for s, acc in stored["open"].items()}, stored["closed"])
+        except Exception as exc:
+            msg = f"{self.name}: cannot decode state ({len(data)} bytes): {exc}"
+            raise StateCodecError(msg) from exc
+
+
+def _untyped_timers(comp: Computation, families: dict[str, Any]) -> None:
+    """Move a key's timers from the tags runs set before the timers had families
+    (``"w<start>"``, ``"x<start>"``: :func:`fire_tag`, :func:`collect_tag`) to their family's:
+    called once, in the step that first reads the key's state in its old form, so no window
+    ever has both timers."""
+    for timer in comp.pending_timers():
+        old = _untyped_tag(timer.tag)
+        if old is not None and old[0] in families:
+            comp.delete_timer(timer.tag)
+            families[old[0]].set(timer.timestamp, name=str(old[1]))
+
+
+def _untyped_tag(tag: str) -> tuple[str, int] | None:
+    """``(prefix, start)`` of a tag :func:`fire_tag` or :func:`collect_tag` made, else ``None``."""
+    head, rest = tag[:1], tag[1:]
+    if head in ("w", "x") and rest.lstrip("-").isdigit():
+        return head, int(rest)
+    return None
+
+
 # ------------------------------------------------------------------------------ WindowCounter
 class WindowCounter(Computation):
-    """Counts records per key in ``window_ms`` buckets; produces ``{"key", "window_start", "count"}``."""
+    """Counts records per key in ``window_ms`` buckets; produces ``{"key", "window_start", "count"}``.
+
+    State: :class:`Buckets`. Timers: ``bucket``, one per open bucket, named by its start."""
+
+    options = ComputationOptions(state_codec=BucketsCodec())
+    bucket = TimerFamily(tag="w")  # fires at the bucket's end
 
     def __init__(
         self, window_ms: int = 1_000, output: str = "window_counts", trailing_empty: int = 10
@@ -187,29 +327,49 @@ class WindowCounter(Computation):
         self.output = output
         self.trailing_empty = trailing_empty
 
+    def buckets(self) -> Buckets:
+        """The key's state; state stored untyped by an older run is converted, and its timers
+        moved to the ``bucket`` family."""
+        st = self.state.get()
+        if st is None:
+            return Buckets()
+        if type(st) is dict:
+            _untyped_timers(self, {"w": self.bucket})
+            return Buckets(st["counts"], st["empty_run"])
+        return st
+
     def process_record(self, record: Record) -> None:
         w = self.window_ms
         start = record.timestamp // w * w
-        state = self.state.get() or {"counts": {}, "empty_run": 0}
-        counts = state["counts"]
-        counts[start] = counts.get(start, 0) + 1
-        state["empty_run"] = 0
-        self.state.set(state)
-        self.set_timer(fire_tag(start), start + w)
+        st = self.buckets()
+        st.counts[start] = st.counts.get(start, 0) + 1
+        st.empty_run = 0
+        self.state.set(st)
+        self.bucket.set(start + w, name=str(start))
 
     def process_timer(self, timer: Timer) -> None:
+        """Timers of the ``bucket`` family; and a bucket timer an older run set under its
+        untyped tag (``"w<start>"``), until the key's state is read once."""
+        old = _untyped_tag(timer.tag)
+        if old is not None and old[0] == "w":
+            self.bucket_closed(str(old[1]), timer)
+        else:
+            super().process_timer(timer)
+
+    @bucket.on_fire
+    def bucket_closed(self, _name: str, timer: Timer) -> None:
         w = self.window_ms
         start = timer.timestamp - w
-        state = self.state.get() or {"counts": {}, "empty_run": 0}
+        st = self.buckets()
         res = close_bucket(
-            state["counts"],
-            state["empty_run"],
+            st.counts,
+            st.empty_run,
             start,
             w,
             self.trailing_empty,
             finished=self.low_watermark == MAX_TIMESTAMP,
         )
-        state["empty_run"] = res.empty_run
+        st.empty_run = res.empty_run
         if res.count is not None:
             self.produce(
                 self.output,
@@ -217,9 +377,9 @@ class WindowCounter(Computation):
                 timestamp=timer.timestamp,
             )
         if res.next_start is not None:
-            self.set_timer(fire_tag(res.next_start), res.next_start + w)
+            self.bucket.set(res.next_start + w, name=str(res.next_start))
         if res.keep:
-            self.state.set(state)
+            self.state.set(st)
         else:
             self.state.clear()  # idle key: keep nothing
 
@@ -268,7 +428,8 @@ class WindowAggregate(WindowAggregateSettings, Computation):
 
     ``field`` must hold a finite number (int or float); a record without one is
     dead-lettered (the other records of its key go on). Sums are float sums in record
-    order. State: ``{"w": {start: [count, sum, min, max, updates]}, "closed": end}``.
+    order. State: :class:`Windows`. Timers, named by the window's start: ``fire`` at its
+    end, ``collect`` at its end plus the allowed lateness.
 
     >>> from millwheel.testing import Harness
     >>> h = Harness.for_computation(WindowAggregate, inputs={"q": lambda r: r.value["q"]}, outputs=["window_aggregates"],
@@ -279,52 +440,78 @@ class WindowAggregate(WindowAggregateSettings, Computation):
     [(0, 1, 10.0), (1000, 2, 20.0), (2000, 1, 30.0)]
     """
 
+    options = ComputationOptions(state_codec=WindowsCodec())
+    fire = TimerFamily(tag="w")  # the window's end: it fires (again, for a late update)
+    collect = TimerFamily(tag="x")  # its end plus the allowed lateness: it is dropped
+
+    def windows(self) -> Windows:
+        """The key's state; state stored untyped by an older run is converted, and its timers
+        moved to their families."""
+        st = self.state.get()
+        if st is None:
+            return Windows()
+        if type(st) is dict:
+            _untyped_timers(self, {"w": self.fire, "x": self.collect})
+            return Windows({s: Window(*acc) for s, acc in st["w"].items()}, st["closed"])
+        return st
+
     def process_record(self, record: Record) -> None:
         v = None if self.aggregate == "count" else number_of(record.value, self.field, record.id)  # type: ignore[arg-type]
         w, late = self.window_ms, self.allowed_lateness_ms
-        st = self.state.get() or {"w": {}, "closed": MIN_TIMESTAMP}
-        windows = st["w"]
+        st = self.windows()
         for s in window_starts(record.timestamp, w, self.slide_ms):
-            if s + w <= st["closed"]:
+            if s + w <= st.closed:
                 continue  # its window was dropped: later than the allowed lateness
-            acc = windows.get(s)
-            if acc is None:
-                acc = windows[s] = [0, 0.0, math.inf, -math.inf, 0]
+            win = st.open.get(s)
+            if win is None:
+                win = st.open[s] = Window()
                 if late:
-                    self.set_timer(collect_tag(s), s + w + late)
-            acc[0] += 1
-            if v is not None:
-                acc[1] += v
-                acc[2] = min(acc[2], v)
-                acc[3] = max(acc[3], v)
-            self.set_timer(fire_tag(s), s + w)  # a window that fired fires again (a late update)
-        if windows:
+                    self.collect.set(s + w + late, name=str(s))
+            win.add(v)
+            self.fire.set(s + w, name=str(s))  # a window that fired fires again (a late update)
+        if st.open:
             self.state.set(st)
 
     def process_timer(self, timer: Timer) -> None:
-        st = self.state.get() or {"w": {}, "closed": MIN_TIMESTAMP}
-        windows, w = st["w"], self.window_ms
-        if timer.tag[0] == "w":
-            s = int(timer.tag[1:])
-            acc = windows.get(s)
-            if acc is None:
-                return
-            n, total, lo, hi, update = acc
-            ts = s + w if update == 0 else update_time(self.low_watermark)
-            self.produce(
-                self.output,
-                aggregate_value(self.aggregate, self.key, s, w, n, total, lo, hi, update),
-                timestamp=ts,
-            )
-            acc[4] += 1
-            if self.allowed_lateness_ms:
-                self.state.set(st)
-                return
+        """Timers of the ``fire`` and ``collect`` families; and those an older run set under
+        their untyped tags (``"w<start>"``, ``"x<start>"``), until the key's state is read once."""
+        old = _untyped_tag(timer.tag)
+        if old is None:
+            super().process_timer(timer)
+        elif old[0] == "w":
+            self.fired(str(old[1]), timer)
         else:
-            s = int(timer.tag[1:])
-        windows.pop(s, None)
-        st["closed"] = max(st["closed"], s + w)
-        if windows:
+            self.collected(str(old[1]), timer)
+
+    @fire.on_fire
+    def fired(self, name: str, timer: Timer) -> None:
+        s, w = int(name), self.window_ms
+        st = self.windows()
+        win = st.open.get(s)
+        if win is None:
+            return
+        ts = s + w if win.fired == 0 else update_time(self.low_watermark)
+        self.produce(
+            self.output,
+            aggregate_value(
+                self.aggregate, self.key, s, w, win.count, win.total, win.low, win.high, win.fired
+            ),
+            timestamp=ts,
+        )
+        win.fired += 1
+        if self.allowed_lateness_ms:
+            self.state.set(st)
+        else:
+            self._drop(st, s)
+
+    @collect.on_fire
+    def collected(self, name: str, timer: Timer) -> None:
+        self._drop(self.windows(), int(name))
+
+    def _drop(self, st: Windows, s: int) -> None:
+        st.open.pop(s, None)
+        st.closed = max(st.closed, s + self.window_ms)
+        if st.open:
             self.state.set(st)
         else:
             self.state.clear()  # no window left: keep nothing
