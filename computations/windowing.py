@@ -4,9 +4,13 @@ windows; allowed lateness).
 
 A window fires on a low-watermark timer at its end: once the low watermark passes it, the
 data for it is complete (§4.5, §4.6). The helpers here (:func:`window_starts`,
-:func:`fire_tag`, :func:`close_bucket`, :func:`number_of`, ...) are the one definition of
-the windows, timer tags and firing rules; ``columnar_windowing.py`` runs the same
-computations on the columnar path with them.
+:func:`close_bucket`, :func:`number_of`, ...) are the one definition of the windows and
+firing rules; ``columnar_windowing.py`` runs the same computations on the columnar path
+with them. The per-record classes keep typed state (:class:`Buckets`, :class:`Windows`)
+and timer families named by the window's start, as ``docs/concepts.md`` teaches; the
+columnar ones keep state rows and tag their timers with :func:`fire_tag` /
+:func:`collect_tag` (the per-record classes' tags before they had families, which they
+still read: a run stored before resumes, ``tests/computations/test_windowing_resume.py``).
 
 ``WindowCounter``: each record adds to its bucket's count; the bucket's timer produces
 the count with the bucket's end as timestamp. Empty buckets matter to dip detection (a
@@ -54,12 +58,14 @@ AGGREGATES = ("count", "sum", "min", "max", "mean")
 
 # ---------------------------------------------------------------------------- shared helpers
 def fire_tag(start: int) -> str:
-    """The tag of the timer that fires the window (bucket) starting at ``start``."""
+    """The tag of the columnar timer that fires the window (bucket) starting at ``start``
+    (and of the per-record one, before it had a family)."""
     return f"w{start}"
 
 
 def collect_tag(start: int) -> str:
-    """The tag of the timer that drops the window starting at ``start`` once its allowed lateness is over."""
+    """The tag of the columnar timer that drops the window starting at ``start`` once its
+    allowed lateness is over (and of the per-record one, before it had a family)."""
     return f"x{start}"
 
 
@@ -226,6 +232,11 @@ class Window:
 
     def stored(self) -> list[Any]:
         return [self.count, self.total, self.low, self.high, self.fired]
+
+    def __reduce__(
+        self,
+    ) -> tuple[Any, ...]:  # pickled compactly (a topology's options= pickles state)
+        return (Window, (self.count, self.total, self.low, self.high, self.fired))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Window) and self.stored() == other.stored()

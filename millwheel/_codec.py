@@ -127,6 +127,7 @@ class DataclassCodec:
         self.cls = cls
         self.renamed = dict(renamed or {})
         self.fields = tuple(f.name for f in dataclasses.fields(cls))
+        self._names = frozenset(self.fields)
         self.name = f"dataclass:{cls.__qualname__}"
         self._msgpack = MsgpackCodec()
 
@@ -143,6 +144,8 @@ class DataclassCodec:
         if not isinstance(stored, dict):
             msg = f"{self.name}: stored state is a {type(stored).__name__}, not a map of fields"
             raise StateCodecError(msg)
+        if not self.renamed and stored.keys() <= self._names:
+            return self.cls(**stored)  # the common case: stored under the class's own names
         values: dict[str, Any] = {str(self.renamed.get(k, k)): v for k, v in stored.items()}
         unknown = set(values) - set(self.fields)
         if unknown:
