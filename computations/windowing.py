@@ -34,12 +34,12 @@ empty buckets before letting the key go.
 from __future__ import annotations
 
 import math
-import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
+from computations._untyped import PickledBefore, move_untyped_timers, untyped_tag
 from millwheel import (
     MAX_TIMESTAMP,
     MIN_TIMESTAMP,
@@ -233,9 +233,8 @@ class Window:
     def stored(self) -> list[Any]:
         return [self.count, self.total, self.low, self.high, self.fired]
 
-    def __reduce__(
-        self,
-    ) -> tuple[Any, ...]:  # pickled compactly (a topology's options= pickles state)
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled compactly: a topology's ``options=`` gives the pickle codec."""
         return (Window, (self.count, self.total, self.low, self.high, self.fired))
 
     def __eq__(self, other: object) -> bool:
@@ -254,33 +253,9 @@ class Windows:
     closed: int = MIN_TIMESTAMP
 
 
-def _is_pickle(data: bytes) -> bool:
-    """Whether ``data`` is pickled (protocol 2 or later), not msgpack: msgpack's only value
-    starting with byte 0x80 is the empty map, one byte long."""
-    return len(data) > 1 and data[0] == 0x80
-
-
-class BucketsCodec:
-    """:class:`Buckets` as a msgpack map of its fields (``DataclassCodec``); state that a run
-    stored before the counter's state was typed (a pickled dict, the default codec's) is
-    read as it was, for :meth:`WindowCounter.buckets` to convert."""
-
-    name = "windowing:buckets"
-
-    def __init__(self) -> None:
-        self._typed = DataclassCodec(Buckets)
-
-    def encode(self, value: Any) -> bytes:
-        return self._typed.encode(value)
-
-    def decode(self, data: bytes) -> Any:
-        return pickle.loads(data) if _is_pickle(data) else self._typed.decode(data)
-
-
 class WindowsCodec:
     """:class:`Windows` as msgpack: ``{"open": {start: [count, total, low, high, fired]},
-    "closed": end}``; state stored before it was typed (pickled) is read as it was, for
-    :meth:`WindowAggregate.windows` to convert."""
+    "closed": end}``."""
 
     name = "windowing:windows"
 
@@ -292,8 +267,6 @@ class WindowsCodec:
         return msgpack.packb({"open": stored, "closed": value.closed}, use_bin_type=True)
 
     def decode(self, data: bytes) -> Any:
-        if _is_pickle(data):
-            return pickle.loads(data)
         try:
             stored = msgpack.unpackb(data, raw=False, strict_map_key=False)
             return Windows({s: Window(*acc) for s, acc in stored["open"].items()}, stored["closed"])
@@ -302,33 +275,14 @@ class WindowsCodec:
             raise StateCodecError(msg) from exc
 
 
-def _untyped_timers(comp: Computation, families: dict[str, Any]) -> None:
-    """Move a key's timers from the tags runs set before the timers had families
-    (``"w<start>"``, ``"x<start>"``: :func:`fire_tag`, :func:`collect_tag`) to their family's:
-    called once, in the step that first reads the key's state in its old form, so no window
-    ever has both timers."""
-    for timer in comp.pending_timers():
-        old = _untyped_tag(timer.tag)
-        if old is not None and old[0] in families:
-            comp.delete_timer(timer.tag)
-            families[old[0]].set(timer.timestamp, name=str(old[1]))
-
-
-def _untyped_tag(tag: str) -> tuple[str, int] | None:
-    """``(prefix, start)`` of a tag :func:`fire_tag` or :func:`collect_tag` made, else ``None``."""
-    head, rest = tag[:1], tag[1:]
-    if head in ("w", "x") and rest.lstrip("-").isdigit():
-        return head, int(rest)
-    return None
-
-
 # ------------------------------------------------------------------------------ WindowCounter
 class WindowCounter(Computation):
     """Counts records per key in ``window_ms`` buckets; produces ``{"key", "window_start", "count"}``.
 
     State: :class:`Buckets`. Timers: ``bucket``, one per open bucket, named by its start."""
 
-    options = ComputationOptions(state_codec=BucketsCodec())
+    #: typed state; state stored untyped (pickled) by an older run is read too (``_untyped.py``)
+    options = ComputationOptions(state_codec=PickledBefore(DataclassCodec(Buckets)))
     bucket = TimerFamily(tag="w")  # fires at the bucket's end
 
     def __init__(
@@ -345,7 +299,7 @@ class WindowCounter(Computation):
         if st is None:
             return Buckets()
         if type(st) is dict:
-            _untyped_timers(self, {"w": self.bucket})
+            move_untyped_timers(self, {"w": self.bucket})
             return Buckets(st["counts"], st["empty_run"])
         return st
 
@@ -361,8 +315,8 @@ class WindowCounter(Computation):
     def process_timer(self, timer: Timer) -> None:
         """Timers of the ``bucket`` family; and a bucket timer an older run set under its
         untyped tag (``"w<start>"``), until the key's state is read once."""
-        old = _untyped_tag(timer.tag)
-        if old is not None and old[0] == "w":
+        old = untyped_tag(timer.tag, ("w",))
+        if old is not None:
             self.bucket_closed(str(old[1]), timer)
         else:
             super().process_timer(timer)
@@ -451,7 +405,8 @@ class WindowAggregate(WindowAggregateSettings, Computation):
     [(0, 1, 10.0), (1000, 2, 20.0), (2000, 1, 30.0)]
     """
 
-    options = ComputationOptions(state_codec=WindowsCodec())
+    #: typed state; state stored untyped (pickled) by an older run is read too (``_untyped.py``)
+    options = ComputationOptions(state_codec=PickledBefore(WindowsCodec()))
     fire = TimerFamily(tag="w")  # the window's end: it fires (again, for a late update)
     collect = TimerFamily(tag="x")  # its end plus the allowed lateness: it is dropped
 
@@ -462,7 +417,7 @@ class WindowAggregate(WindowAggregateSettings, Computation):
         if st is None:
             return Windows()
         if type(st) is dict:
-            _untyped_timers(self, {"w": self.fire, "x": self.collect})
+            move_untyped_timers(self, {"w": self.fire, "x": self.collect})
             return Windows({s: Window(*acc) for s, acc in st["w"].items()}, st["closed"])
         return st
 
@@ -486,7 +441,7 @@ class WindowAggregate(WindowAggregateSettings, Computation):
     def process_timer(self, timer: Timer) -> None:
         """Timers of the ``fire`` and ``collect`` families; and those an older run set under
         their untyped tags (``"w<start>"``, ``"x<start>"``), until the key's state is read once."""
-        old = _untyped_tag(timer.tag)
+        old = untyped_tag(timer.tag, ("w", "x"))
         if old is None:
             super().process_timer(timer)
         elif old[0] == "w":

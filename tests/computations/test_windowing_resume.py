@@ -21,13 +21,11 @@ import pytest
 
 from computations.windowing import (
     Buckets,
-    BucketsCodec,
     Window,
     WindowAggregate,
     WindowAggregateSettings,
     WindowCounter,
     Windows,
-    WindowsCodec,
     aggregate_value,
     close_bucket,
     collect_tag,
@@ -331,7 +329,7 @@ def test_an_old_timer_that_fires_first_is_handled_and_the_others_move():
 
 
 def test_the_codecs_read_both_forms():
-    buckets, windows = BucketsCodec(), WindowsCodec()
+    buckets, windows = WindowCounter.options.state_codec, WindowAggregate.options.state_codec
     b = Buckets({1000: 3, -2000: 1}, 2)
     assert buckets.decode(buckets.encode(b)) == b
     w = Windows({0: Window(2, 3.5, 1.0, 2.5, 1), 1000: Window()}, 500)
