@@ -40,11 +40,20 @@ small counts do not trigger on noise):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from computations._untyped import PickledBefore, move_untyped_timers, untyped_tag
 from computations.model import expected_count
-from millwheel import Computation, Record, Timer, TopologyError
+from millwheel import (
+    Computation,
+    ComputationOptions,
+    DataclassCodec,
+    Record,
+    Timer,
+    TimerFamily,
+    TopologyError,
+)
 
 ANOMALIES = "anomalies"
 
@@ -108,6 +117,37 @@ def _anomaly(
     }
 
 
+@dataclass
+class SpikeWatch:
+    """A :class:`SpikeDetector` key's state (pickled, the default codec: it holds sets and the
+    model's snapshot)."""
+
+    #: the latest model snapshot (``ModelCalculator``'s), or ``None`` before the first
+    model: dict[str, Any] | None = None
+    #: events so far per bucket start, for the last ``keep_windows`` buckets
+    counts: dict[int, int] = field(default_factory=dict)
+    #: buckets found anomalous
+    flagged: set[int] = field(default_factory=set)
+    #: buckets reported (an anomaly produced)
+    fired: set[int] = field(default_factory=set)
+    #: the newest bucket counted
+    newest: int | None = None
+    #: buckets counted while there was no model yet, judged when one arrives
+    unjudged: set[int] = field(default_factory=set)
+
+
+@dataclass
+class DipRun:
+    """A :class:`DipDetector` key's state."""
+
+    #: windows waiting for their bucket to complete: start -> ``[count, expected]``
+    pending: dict[int, list[Any]] = field(default_factory=dict)
+    #: the last bucket judged
+    last: int | None = None
+    #: Fig. 9's confidence: how many anomalous buckets in a row
+    confidence: int = 0
+
+
 class SpikeDetector(Computation):
     """Spikes from running bucket counts, without timers (§4.6).
 
@@ -150,53 +190,51 @@ class SpikeDetector(Computation):
         self.keep_windows = keep_windows
         self.max_unjudged = max_unjudged
 
+    def watch(self) -> SpikeWatch:
+        """The key's state (state an older run stored as a dict is converted)."""
+        st = self.state.get()
+        if st is None:
+            return SpikeWatch()
+        if type(st) is dict:
+            return SpikeWatch(**st)
+        return st
+
     def process_record(self, record: Record) -> None:
         value = record.value
-        s = self.state.get() or {
-            "model": None,
-            "counts": {},
-            "flagged": set(),
-            "fired": set(),
-            "newest": None,
-            "unjudged": set(),
-        }
+        st = self.watch()
         if "window_start" in value:  # a model update from ModelCalculator
             if value.get("model") is not None:
-                s["model"] = value["model"]
-                for b in sorted(s["unjudged"]):  # counted before there was a model: judge now
-                    self._judge(s, b)
-                s["unjudged"] = set()
-                self.state.set(s)
+                st.model = value["model"]
+                for b in sorted(st.unjudged):  # counted before there was a model: judge now
+                    self._judge(st, b)
+                st.unjudged = set()
+                self.state.set(st)
             return
         w = self.window_ms
         bucket = record.timestamp // w * w
-        counts = s["counts"]
-        count = counts.get(bucket, 0) + 1
-        counts[bucket] = count
-        if s["newest"] is None or bucket > s["newest"]:
-            s["newest"] = bucket
-            self._collect(s)
-        if s["model"] is None:
-            s["unjudged"].add(bucket)
-            if len(s["unjudged"]) > self.max_unjudged:
-                s["unjudged"].discard(min(s["unjudged"]))
+        st.counts[bucket] = st.counts.get(bucket, 0) + 1
+        if st.newest is None or bucket > st.newest:
+            st.newest = bucket
+            self._collect(st)
+        if st.model is None:
+            st.unjudged.add(bucket)
+            if len(st.unjudged) > self.max_unjudged:
+                st.unjudged.discard(min(st.unjudged))
         else:
-            self._judge(s, bucket)
-        self.state.set(s)
+            self._judge(st, bucket)
+        self.state.set(st)
 
-    def _judge(self, s: dict[str, Any], bucket: int) -> None:
-        if bucket in s["flagged"] or bucket not in s["counts"]:
+    def _judge(self, st: SpikeWatch, bucket: int) -> None:
+        if bucket in st.flagged or bucket not in st.counts:
             return
-        expected = expected_count(s["model"], bucket)
-        if expected is not None and self.thresholds.is_spike(
-            s["counts"][bucket], expected=expected
-        ):
-            s["flagged"].add(bucket)
-            self._fire(s, bucket)
+        expected = expected_count(st.model, bucket)
+        if expected is not None and self.thresholds.is_spike(st.counts[bucket], expected=expected):
+            st.flagged.add(bucket)
+            self._fire(st, bucket)
 
-    def _fire(self, s: dict[str, Any], bucket: int) -> None:
+    def _fire(self, st: SpikeWatch, bucket: int) -> None:
         """Bucket ``bucket`` just became anomalous: fire it and any later run it completes."""
-        w, flagged, fired = self.window_ms, s["flagged"], s["fired"]
+        w, flagged, fired = self.window_ms, st.flagged, st.fired
         confidence = 1
         b = bucket - w
         while b in flagged:
@@ -206,21 +244,21 @@ class SpikeDetector(Computation):
         while b in flagged:  # buckets flagged earlier, out of order, gain confidence too
             if confidence > self.thresholds.confidence_threshold and b not in fired:
                 fired.add(b)
-                expected = expected_count(s["model"], b) or 0.0
+                expected = expected_count(st.model, b) or 0.0
                 self.produce(
                     self.output,
-                    _anomaly(self, "spike", b, w, s["counts"].get(b, 0), expected, confidence),
+                    _anomaly(self, "spike", b, w, st.counts.get(b, 0), expected, confidence),
                 )
             b += w
             confidence += 1
 
-    def _collect(self, s: dict[str, Any]) -> None:
-        horizon = s["newest"] - self.keep_windows * self.window_ms
-        if min(s["counts"]) < horizon:
-            keep = s["unjudged"]
-            s["counts"] = {b: c for b, c in s["counts"].items() if b >= horizon or b in keep}
-            s["flagged"] = {b for b in s["flagged"] if b >= horizon}
-            s["fired"] = {b for b in s["fired"] if b >= horizon}
+    def _collect(self, st: SpikeWatch) -> None:
+        horizon = st.newest - self.keep_windows * self.window_ms  # type: ignore[operator]
+        if min(st.counts) < horizon:
+            keep = st.unjudged
+            st.counts = {b: c for b, c in st.counts.items() if b >= horizon or b in keep}
+            st.flagged = {b for b in st.flagged if b >= horizon}
+            st.fired = {b for b in st.fired if b >= horizon}
 
 
 class DipDetector(Computation):
@@ -251,6 +289,10 @@ class DipDetector(Computation):
     [3000, 4000]
     """
 
+    #: typed state; state stored untyped (pickled) by an older run is read too (``_untyped.py``)
+    options = ComputationOptions(state_codec=PickledBefore(DataclassCodec(DipRun)))
+    judge = TimerFamily(tag="dip")  # one per bucket, at its end; named by its start
+
     def __init__(
         self, output: str = ANOMALIES, thresholds: Thresholds | None = None, window_ms: int = 1_000
     ) -> None:
@@ -258,38 +300,60 @@ class DipDetector(Computation):
         self.thresholds = thresholds or Thresholds()
         self.window_ms = window_ms
 
+    def run(self) -> DipRun:
+        """The key's state; state an older run stored as a dict is converted, and its timers
+        moved to the ``judge`` family."""
+        st = self.state.get()
+        if st is None:
+            return DipRun()
+        if type(st) is dict:
+            move_untyped_timers(self, {"dip": self.judge})
+            pending = {start: list(cv) for start, cv in st["pending"].items()}
+            return DipRun(pending, st["last"], st["confidence"])
+        return st
+
     def process_record(self, record: Record) -> None:
         window = record.value
         start = window["window_start"]
-        s = self.state.get() or {"pending": {}, "last": None, "confidence": 0}
-        s["pending"][start] = (window["count"], window.get("expected"))
-        self.state.set(s)
+        st = self.run()
+        st.pending[start] = [window["count"], window.get("expected")]
+        self.state.set(st)
         # Fig. 9 / §4.6: judge the bucket only once the low watermark has passed its end
-        self.set_timer(f"dip{start}", start + self.window_ms)
+        self.judge.set(start + self.window_ms, name=str(start))
 
     def process_timer(self, timer: Timer) -> None:
+        """Timers of the ``judge`` family; and one an older run set under its untyped tag
+        (``"dip<start>"``), until the key's state is read once."""
+        old = untyped_tag(timer.tag, ("dip",))
+        if old is None:
+            super().process_timer(timer)
+        else:
+            self.judged(str(old[1]), timer)
+
+    @judge.on_fire
+    def judged(self, _name: str, timer: Timer) -> None:
         w = self.window_ms
         start = timer.timestamp - w
-        s = self.state.get() or {"pending": {}, "last": None, "confidence": 0}
-        count, expected = s["pending"].pop(start, (None, None))
-        if s["last"] is not None and s["last"] != start - w:
-            s["confidence"] = 0  # a gap: the run of anomalous buckets is broken
-        s["last"] = start
+        st = self.run()
+        count, expected = st.pending.pop(start, (None, None))
+        if st.last is not None and st.last != start - w:
+            st.confidence = 0  # a gap: the run of anomalous buckets is broken
+        st.last = start
         if (
             count is not None
             and expected is not None
             and self.thresholds.is_dip(count, expected=expected)
         ):
-            s["confidence"] += 1  # UpdateConfidence(prediction, actual)
-            if s["confidence"] > self.thresholds.confidence_threshold:
+            st.confidence += 1  # UpdateConfidence(prediction, actual)
+            if st.confidence > self.thresholds.confidence_threshold:
                 self.produce(
                     self.output,
-                    _anomaly(self, "dip", start, w, count, expected, s["confidence"]),
+                    _anomaly(self, "dip", start, w, count, expected, st.confidence),
                     timestamp=timer.timestamp,
                 )
         else:
-            s["confidence"] = 0
-        if not s["pending"] and s["confidence"] == 0:
+            st.confidence = 0
+        if not st.pending and st.confidence == 0:
             self.state.clear()  # nothing to remember: a quiet key keeps nothing
         else:
-            self.state.set(s)
+            self.state.set(st)

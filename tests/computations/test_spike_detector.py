@@ -104,7 +104,7 @@ def test_old_buckets_are_collected():
     for b in range(0, 30_000, 1_000):
         h.inject("queries", events(h, "cats", b, 3))
     h.run()
-    assert min(h.state("SpikeDetector", "cats")["counts"]) >= 24_000
+    assert min(h.state("SpikeDetector", "cats").counts) >= 24_000
 
 
 def test_buckets_counted_before_the_model_arrives_are_judged_when_it_does():
@@ -122,4 +122,4 @@ def test_buckets_counted_before_the_model_arrives_are_judged_when_it_does():
         (21_000, 2),
         (22_000, 3),
     ]
-    assert h.state("SpikeDetector", "cats")["unjudged"] == set()
+    assert h.state("SpikeDetector", "cats").unjudged == set()

@@ -1,24 +1,35 @@
-"""Runs of the windowing computations from before their state was typed resume with the
-typed ones (``computations/windowing.py``, issue 37). State and timers stored by the old
-classes (below, verbatim but for their names and docstrings: a pickled dict, timers
-``"w<start>"`` / ``"x<start>"``) are read, converted and moved to the timer families in the
-first step that touches a key, and the productions — values, timestamps, ids — are the
-ones the old classes would have made: with the class's codec, and with the pickle codec
-that a topology's ``options=`` gives.
+"""Runs of the built-in computations from before their state was typed resume with the
+typed ones (``computations/windowing.py``, ``computations/anomalies.py``,
+``computations/_untyped.py``; issue 37). State and timers stored by the old classes
+(below, verbatim but for their names and docstrings: a pickled dict, timers
+``"w<start>"`` / ``"x<start>"`` / ``"dip<start>"``) are read, converted and moved to the
+timer families in the first step that touches a key, and the productions — values,
+timestamps, ids — are the ones the old classes would have made: with the class's codec,
+and with the pickle codec that a topology's ``options=`` gives.
 
 The seed is fresh on every run and printed; ``WINDOWING_SEED=<n>`` replays one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import pickle
 import random
 from collections import Counter
+from typing import Any
 
 import pytest
 
+from computations.anomalies import (
+    ANOMALIES,
+    DipDetector,
+    SpikeDetector,
+    Thresholds,
+    _anomaly,
+)
+from computations.model import expected_count, new_model
 from computations.windowing import (
     Buckets,
     Window,
@@ -159,6 +170,143 @@ class OldWindowAggregate(WindowAggregateSettings, Computation):
             self.state.clear()  # no window left: keep nothing
 
 
+class OldSpikeDetector(Computation):
+    """The ``SpikeDetector`` as it was (state: a dict with sets)."""
+
+    def __init__(
+        self,
+        output: str = ANOMALIES,
+        thresholds: Thresholds | None = None,
+        window_ms: int = 1_000,
+        keep_windows: int = 30,
+        max_unjudged: int = 3_600,
+    ) -> None:
+        self.output = output
+        self.thresholds = thresholds or Thresholds()
+        self.window_ms = window_ms
+        self.keep_windows = keep_windows
+        self.max_unjudged = max_unjudged
+
+    def process_record(self, record: Record) -> None:
+        value = record.value
+        s = self.state.get() or {
+            "model": None,
+            "counts": {},
+            "flagged": set(),
+            "fired": set(),
+            "newest": None,
+            "unjudged": set(),
+        }
+        if "window_start" in value:  # a model update from ModelCalculator
+            if value.get("model") is not None:
+                s["model"] = value["model"]
+                for b in sorted(s["unjudged"]):  # counted before there was a model: judge now
+                    self._judge(s, b)
+                s["unjudged"] = set()
+                self.state.set(s)
+            return
+        w = self.window_ms
+        bucket = record.timestamp // w * w
+        counts = s["counts"]
+        count = counts.get(bucket, 0) + 1
+        counts[bucket] = count
+        if s["newest"] is None or bucket > s["newest"]:
+            s["newest"] = bucket
+            self._collect(s)
+        if s["model"] is None:
+            s["unjudged"].add(bucket)
+            if len(s["unjudged"]) > self.max_unjudged:
+                s["unjudged"].discard(min(s["unjudged"]))
+        else:
+            self._judge(s, bucket)
+        self.state.set(s)
+
+    def _judge(self, s: dict[str, Any], bucket: int) -> None:
+        if bucket in s["flagged"] or bucket not in s["counts"]:
+            return
+        expected = expected_count(s["model"], bucket)
+        if expected is not None and self.thresholds.is_spike(
+            s["counts"][bucket], expected=expected
+        ):
+            s["flagged"].add(bucket)
+            self._fire(s, bucket)
+
+    def _fire(self, s: dict[str, Any], bucket: int) -> None:
+        """Bucket ``bucket`` just became anomalous: fire it and any later run it completes."""
+        w, flagged, fired = self.window_ms, s["flagged"], s["fired"]
+        confidence = 1
+        b = bucket - w
+        while b in flagged:
+            confidence += 1
+            b -= w
+        b = bucket
+        while b in flagged:  # buckets flagged earlier, out of order, gain confidence too
+            if confidence > self.thresholds.confidence_threshold and b not in fired:
+                fired.add(b)
+                expected = expected_count(s["model"], b) or 0.0
+                self.produce(
+                    self.output,
+                    _anomaly(self, "spike", b, w, s["counts"].get(b, 0), expected, confidence),
+                )
+            b += w
+            confidence += 1
+
+    def _collect(self, s: dict[str, Any]) -> None:
+        horizon = s["newest"] - self.keep_windows * self.window_ms
+        if min(s["counts"]) < horizon:
+            keep = s["unjudged"]
+            s["counts"] = {b: c for b, c in s["counts"].items() if b >= horizon or b in keep}
+            s["flagged"] = {b for b in s["flagged"] if b >= horizon}
+            s["fired"] = {b for b in s["fired"] if b >= horizon}
+
+
+class OldDipDetector(Computation):
+    """The ``DipDetector`` as it was (state: a dict; timers ``"dip<start>"``)."""
+
+    def __init__(
+        self, output: str = ANOMALIES, thresholds: Thresholds | None = None, window_ms: int = 1_000
+    ) -> None:
+        self.output = output
+        self.thresholds = thresholds or Thresholds()
+        self.window_ms = window_ms
+
+    def process_record(self, record: Record) -> None:
+        window = record.value
+        start = window["window_start"]
+        s = self.state.get() or {"pending": {}, "last": None, "confidence": 0}
+        s["pending"][start] = (window["count"], window.get("expected"))
+        self.state.set(s)
+        # Fig. 9 / §4.6: judge the bucket only once the low watermark has passed its end
+        self.set_timer(f"dip{start}", start + self.window_ms)
+
+    def process_timer(self, timer: Timer) -> None:
+        w = self.window_ms
+        start = timer.timestamp - w
+        s = self.state.get() or {"pending": {}, "last": None, "confidence": 0}
+        count, expected = s["pending"].pop(start, (None, None))
+        if s["last"] is not None and s["last"] != start - w:
+            s["confidence"] = 0  # a gap: the run of anomalous buckets is broken
+        s["last"] = start
+        if (
+            count is not None
+            and expected is not None
+            and self.thresholds.is_dip(count, expected=expected)
+        ):
+            s["confidence"] += 1  # UpdateConfidence(prediction, actual)
+            if s["confidence"] > self.thresholds.confidence_threshold:
+                self.produce(
+                    self.output,
+                    _anomaly(self, "dip", start, w, count, expected, s["confidence"]),
+                    timestamp=timer.timestamp,
+                )
+        else:
+            s["confidence"] = 0
+        if not s["pending"] and s["confidence"] == 0:
+            self.state.clear()  # nothing to remember: a quiet key keeps nothing
+        else:
+            self.state.set(s)
+
+
 # ------------------------------------------------------------------------------ resuming
 def batches_of(seed: int, n: int = 24, keys: int = 5) -> list[list[Record]]:
     """Batches with disorder, duplicates re-sent later and records far behind (late)."""
@@ -179,11 +327,67 @@ def batches_of(seed: int, n: int = 24, keys: int = 5) -> list[list[Record]]:
     return out
 
 
-def harness(cls: type, params: dict, options: ComputationOptions | None) -> Harness:
+def dip_batches(seed: int, n: int = 24, keys: int = 4) -> list[list[Record]]:
+    """``ModelCalculator``-like windows: counts around what is expected, with runs of dips,
+    some without an expectation; in disorder within a batch, duplicates re-sent."""
+    rng = random.Random(seed)
+    out, sent = [], []
+    for b in range(n):
+        batch = []
+        for k in range(keys):
+            start = 10_000 + (b + 2 * k) * 1_000  # keys apart: some buckets still open
+            dip = rng.random() < 0.3
+            count = rng.randrange(0, 3) if dip else rng.randrange(15, 26)
+            expected = None if rng.random() < 0.1 else 20.0
+            value = {"key": f"k{k}", "window_start": start, "count": count, "expected": expected}
+            batch.append(Record(None, value, start + 1_000, f"w{b}-{k}"))
+        sent += batch
+        batch += [rng.choice(sent) for _ in range(rng.randrange(0, 2))]
+        rng.shuffle(batch)
+        out.append(batch)
+    return out
+
+
+def spike_batches(seed: int, n: int = 24, keys: int = 4) -> list[list[Record]]:
+    """Query events (bursts now and then) and model updates, some keys' models late."""
+    rng = random.Random(seed)
+    model = new_model(60_000, 3_000)
+    model.update(level=5.0, windows=20)
+    out = []
+    for b in range(n):
+        t = 10_000 + b * 1_000
+        batch = []
+        for k in range(keys):
+            if b == 2 * k:  # key k gets its model in batch 2k: its earlier buckets wait
+                value = {"key": f"k{k}", "window_start": t - 1_000, "model": model}
+                batch.append(Record(None, value, t, f"m{b}-{k}"))
+            for i in range(rng.randrange(20, 40) if rng.random() < 0.3 else rng.randrange(0, 8)):
+                ts = t + rng.randrange(0, 1_000) - (3_000 if rng.random() < 0.05 else 0)
+                batch.append(Record(None, {"query": f"k{k}"}, ts, f"e{b}-{k}-{i}"))
+        rng.shuffle(batch)
+        out.append(batch)
+    return out
+
+
+def by_key(r: Record) -> str:
+    return r.value["key"]
+
+
+def by_key_or_query(r: Record) -> str:
+    return r.value["key"] if "key" in r.value else r.value["query"]
+
+
+def by_query(r: Record) -> str:
+    return r.value["q"]
+
+
+def harness(
+    cls: type, params: dict, options: ComputationOptions | None, inputs: dict | None = None
+) -> Harness:
     return Harness.for_computation(
         cls,
         name="Win",
-        inputs={"q": lambda r: r.value["q"]},
+        inputs=inputs or {"q": by_query},
         outputs=["out"],
         options=options,
         params={**params, "output": "out"},
@@ -191,11 +395,15 @@ def harness(cls: type, params: dict, options: ComputationOptions | None) -> Harn
 
 
 def drive(h: Harness, batches: list[list[Record]], wm: int) -> int:
+    """Each batch to its stream (``Record.stream``, default ``q``), then the injectors'
+    watermark moved to a third of the way into every other batch, and a run."""
     for i, batch in enumerate(batches):
-        h.inject("q", batch)
+        for stream in sorted({r.stream or "q" for r in batch}):
+            h.inject(stream, [r for r in batch if (r.stream or "q") == stream])
         if i % 2:
             wm = max(wm, sorted(r.timestamp for r in batch)[len(batch) // 3])
-            h.advance_watermark("q", wm)
+            for injector in h.topology.injectors:
+                h.advance_watermark(injector, wm)
         h.run()
     return wm
 
@@ -215,11 +423,37 @@ def transplant(old: Harness, new: Harness, name: str = "Win") -> int:
     return untyped
 
 
+def finish(h: Harness) -> None:
+    for injector in h.topology.injectors:
+        h.finish(injector)
+    h.run()
+
+
+def plain(value: Any) -> Any:
+    """A state, old (a dict) or typed, as plain data to compare: the old dict's names are
+    the typed state's fields."""
+    if isinstance(value, Window):
+        return plain(value.stored())
+    if dataclasses.is_dataclass(value):
+        return plain(vars(value))
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, set):
+        return sorted(value)
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
 def productions(records: list[Record]) -> Counter:
     return Counter((r.id, r.timestamp, repr(sorted(r.value.items()))) for r in records)
 
 
 CASES = [
+    (OldDipDetector, DipDetector, {}),
+    (OldDipDetector, DipDetector, {"thresholds": Thresholds(confidence_threshold=0)}),
+    (OldSpikeDetector, SpikeDetector, {}),
+    (OldSpikeDetector, SpikeDetector, {"keep_windows": 3, "max_unjudged": 2}),
     (OldWindowCounter, WindowCounter, {"trailing_empty": 3}),
     (OldWindowCounter, WindowCounter, {"window_ms": 2_000, "trailing_empty": 0}),
     (OldWindowAggregate, WindowAggregate, {"aggregate": "sum", "field": "ms"}),
@@ -253,7 +487,10 @@ CASES = [
 def test_a_run_of_the_untyped_classes_resumes_with_the_typed_ones(
     seed, old_cls, new_cls, params, codec, late
 ):
-    batches = batches_of(seed)
+    batches, inputs = {
+        DipDetector: (dip_batches(seed), {"q": by_key}),
+        SpikeDetector: (spike_batches(seed), {"q": by_key_or_query}),
+    }.get(new_cls, (batches_of(seed), None))
     policy = LatePolicy.process() if late == "process" else LatePolicy.drop()
     old_options = ComputationOptions(late=policy)  # the default codec then: pickle
     new_options = ComputationOptions(
@@ -262,31 +499,30 @@ def test_a_run_of_the_untyped_classes_resumes_with_the_typed_ones(
     )
     cut = len(batches) // 2
 
-    whole = harness(old_cls, params, old_options)
+    whole = harness(old_cls, params, old_options, inputs)
     wm = drive(whole, batches[:cut], MIN_TIMESTAMP)
     before = whole.output("out")
-    old = harness(old_cls, params, old_options)
+    old = harness(old_cls, params, old_options, inputs)
     assert drive(old, batches[:cut], MIN_TIMESTAMP) == wm
     assert old.output("out") == before
     drive(whole, batches[cut:], wm)
-    whole.finish("q")
-    whole.run()
+    finish(whole)
 
-    resumed = harness(new_cls, params, new_options)
+    resumed = harness(new_cls, params, new_options, inputs)
     assert transplant(old, resumed) > 0  # keys in the old form, with their old timers
-    assert any(
-        t.tag[:1] in "wx" and ":" not in t.tag
-        for key in resumed.keys("Win")
-        for t in resumed.timers("Win", key)
+    assert new_cls is SpikeDetector or any(  # the spike detector sets no timers
+        ":" not in t.tag for key in resumed.keys("Win") for t in resumed.timers("Win", key)
     )
     drive(resumed, batches[cut:], wm)
-    resumed.finish("q")
-    resumed.run()
+    finish(resumed)
 
     after = resumed.output("out")
     assert productions(before + after) == productions(whole.output("out"))
     assert len(after) > 0
-    assert resumed.keys("Win") == [] and whole.keys("Win") == []
+    keys = sorted(whole.keys("Win"), key=repr)
+    assert sorted(resumed.keys("Win"), key=repr) == keys  # the detectors keep long-term state
+    for key in keys:
+        assert plain(resumed.state("Win", key)) == plain(whole.state("Win", key)), key
     assert (
         resumed.metrics("Win")["timers_fired"]
         == whole.metrics("Win")["timers_fired"] - (old.metrics("Win")["timers_fired"])
