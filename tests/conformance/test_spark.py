@@ -1,0 +1,54 @@
+"""Every Spark plan, both kinds of computation, against the model: one local-Spark run per
+plan replays the hand-written scenarios and a random one (a fresh seed, printed), one after
+the other on keys of their own, through a clean restart, a crash at a named point in a
+driver of its own, and a rescale (docs/conformance.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from .model import compare, expected, observed
+from .runners import run_harness, run_spark
+from .scenario import Crash, Rescale, Restart, concat, random_scenario
+from .scenarios import HAND_WRITTEN
+
+pytestmark = pytest.mark.spark
+
+#: where each plan's driver is killed in CI: a different point each, the Arrow mapping at its own
+CI_CRASH = {
+    "per-record/intervals": "after_output",
+    "per-record/keys": "before_commit",
+    "columnar/files": "mid_publish",
+    "columnar/rows": "before_publish",
+    "columnar/arrow": "after_manifest",
+}
+
+
+def ci_scenario(plan_id: str, seed: int):
+    controls = [Restart(), Crash(CI_CRASH[plan_id]), Rescale(2)]
+    drawn = random_scenario(seed, keys=10, batches=10, per_batch=20, controls=controls)
+    return concat([*HAND_WRITTEN[:-1], drawn], name=f"ci-{plan_id}")
+
+
+def test_plan_conforms(plan, spark, tmp_path, conformance_seed):
+    plan_id = f"{plan.kind}/{plan.name}"
+    scenario = ci_scenario(plan_id, conformance_seed)
+    want = expected(scenario)
+    # the harness first: a disagreement there is not the plan's
+    got, problems = observed(run_harness(scenario, plan.kind))
+    assert not compare(want, got, problems), scenario.describe()
+    run = run_spark(scenario, plan, tmp_path, spark)
+    print(
+        f"{plan_id}: {run.seconds:.0f}s, {run.drivers} drivers, crashes {run.crashes}, "
+        f"missed {run.missed}, refused {len(run.refused)}"
+    )
+    got, problems = observed(run.outputs)
+    diff = compare(want, got, problems)
+    assert not diff, (
+        f"{plan_id} disagrees with the model ({sum(want.values())} outputs expected) on\n"
+        + scenario.describe()
+        + "\n"
+        + "\n".join(diff[:60])
+    )
+    assert run.crashes and not run.missed, "the crash did not land"
+    assert bool(run.refused) != plan.rescalable
