@@ -308,7 +308,8 @@ class StepRunner:
         env.seq, env.life = ctx.seq, ctx.life
         env.held = ctx.held
         productions = ctx.productions
-        c.productions = len(productions)
+        # records the late policy sent on are not productions of user code (``_counters.COUNTERS``)
+        c.productions = len(productions) - c.late_to_stream
         c.productions_behind_watermark = ctx.behind_watermark
         if opts.strong_productions and productions:
             env.pending.extend(

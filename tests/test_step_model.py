@@ -1,21 +1,37 @@
-"""The per-key step against a plain reference model (hypothesis), through the harness.
+"""Both kinds of computation against one plain reference model (hypothesis), through the harness.
 
 The model is the obvious batch computation: keep the first delivery of each record id,
 drop records that arrive behind the injector low watermark, sum values per (key, 1 s
 window), emit each window once. The harness must agree whatever the interleaving of
-deliveries, duplicates, watermark advances and processing rounds, and must never emit a
-window before the low watermark has passed its end (§4.5, §4.6, §6.1.1).
+deliveries, duplicates, re-deliveries, late records, watermark advances, processing
+rounds and crashes with their replays, and must never emit a window before the low
+watermark has passed its end (§4.5, §4.6, §6.1.1) — for the per-record computation (the
+per-key step, ``millwheel/_step.py``) and for the same computation written as a columnar
+one (the columnar runner, ``millwheel/_colrunner.py``): both run under one delivery
+contract (``millwheel/_contract.py``), so one model answers for both.
+
+Hypothesis draws fresh examples on every run and prints the falsifying operations (and
+``@reproduce_failure``) when one fails. ``MILLWHEEL_MODEL_EXAMPLES=N`` runs ``N`` examples
+per test instead of the profile's (``tests/conftest.py``: 60 in CI, 200 otherwise).
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
-from hypothesis import given
+import pandas as pd
+import pytest
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from millwheel import Computation, ComputationOptions, Record, Topology
+from millwheel._columnar import ColumnarComputation
 from millwheel.testing import Crash, Harness
+
+#: more examples on request (a long run); the profile's count otherwise
+_EXAMPLES = os.environ.get("MILLWHEEL_MODEL_EXAMPLES")
+examples = settings(print_blob=True, **({"max_examples": int(_EXAMPLES)} if _EXAMPLES else {}))
 
 
 class WindowSum(Computation):
@@ -35,6 +51,56 @@ class WindowSum(Computation):
         else:
             self.state.clear()
 
+
+class ColumnarWindowSum(ColumnarComputation):
+    """:class:`WindowSum` as a columnar computation: the same state, timers and productions."""
+
+    record_columns = ("key", "timestamp", "value")
+
+    def process_batch(self, batch):
+        r = batch.records
+        start = r["timestamp"].to_numpy() // 1_000 * 1_000
+        new = pd.DataFrame(
+            {"key": r["key"].tolist(), "start": start, "sum": r["value"].astype("int64")}
+        )
+        old = batch.state
+        rows = pd.concat([old.astype({"key": object}), new]) if len(old) else new
+        sums = rows.groupby(["key", "start"], sort=False, as_index=False)["sum"].sum()
+        batch.set_state(sums)
+        fresh = new.drop_duplicates(["key", "start"])
+        batch.set_timers(
+            fresh["key"], [str(s) for s in fresh["start"].tolist()], fresh["start"] + 1_000
+        )
+
+    def process_timers(self, batch, timers):
+        s = batch.state
+        sums = dict(
+            zip(
+                zip(s["key"].tolist(), s["start"].tolist(), strict=True),
+                s["sum"].tolist(),
+                strict=True,
+            )
+        )
+        keys, stamps = timers["key"].tolist(), timers["timestamp"].tolist()
+        values = [
+            (k, t - 1_000, sums.pop((k, t - 1_000))) for k, t in zip(keys, stamps, strict=True)
+        ]
+        batch.produce("sums", values, keys=keys, timestamps=stamps)
+        left = list(sums.items())
+        batch.set_state(
+            pd.DataFrame(
+                {
+                    "key": [k for (k, _), _ in left],
+                    "start": pd.array([s for (_, s), _ in left], dtype="int64"),
+                    "sum": pd.array([v for _, v in left], dtype="int64"),
+                }
+            )
+        )
+
+
+KINDS = pytest.mark.parametrize(
+    "kind", [WindowSum, ColumnarWindowSum], ids=["per_record", "columnar"]
+)
 
 pool = st.lists(
     st.tuples(st.sampled_from("abc"), st.integers(0, 6_000), st.integers(1, 9)),
@@ -73,9 +139,11 @@ class Reference:
         self.h.advance_watermark("in", self.watermark)
 
 
-@given(pool, ops)
-def test_harness_matches_the_reference_model(records, operations):
-    h = Harness.for_computation(WindowSum, inputs=["in"], outputs=["sums"])
+@KINDS
+@examples
+@given(records=pool, operations=ops)
+def test_harness_matches_the_reference_model(kind, records, operations):
+    h = Harness.for_computation(kind, inputs=["in"], outputs=["sums"])
     ref = Reference(h, records)
     for op, arg in operations:
         if op == "inject":
@@ -93,8 +161,14 @@ def test_harness_matches_the_reference_model(records, operations):
     got = Counter({(k, s): v for k, s, v in h.values("sums")})
     assert len(h.values("sums")) == len(got), "a window was emitted twice"
     assert got == ref.expected
-    assert all(h.timers("WindowSum", k) == [] for k in "abc")
-    assert all(h.state("WindowSum", k) is None for k in "abc")
+    name = kind.__name__
+    assert all(h.timers(name, k) == [] for k in "abc")
+    assert all(_no_state(h.state(name, k)) for k in "abc")
+
+
+def _no_state(state) -> bool:
+    """A key keeps no state: ``None``, or (a columnar computation) no state rows."""
+    return state is None or (isinstance(state, pd.DataFrame) and len(state) == 0)
 
 
 class Collect(Computation):
@@ -113,13 +187,15 @@ crash_ops = st.lists(
 )
 
 
-@given(pool, crash_ops, st.booleans())
-def test_crashes_anywhere_change_nothing_downstream(records, operations, strong):
+@KINDS
+@examples
+@given(records=pool, operations=crash_ops, strong=st.booleans())
+def test_crashes_anywhere_change_nothing_downstream(kind, records, operations, strong):
     """Crash the first stage at any point (§6.1): the second stage sees each window exactly once."""
     t = Topology("crashy")
     t.injector("in")
     t.computation(
-        WindowSum,
+        kind,
         inputs=["in"],
         outputs=["sums"],
         options=ComputationOptions(strong_productions=strong),
@@ -133,8 +209,8 @@ def test_crashes_anywhere_change_nothing_downstream(records, operations, strong)
         elif op == "watermark":
             ref.advance(arg)
         elif op == "crash":
-            h.process("WindowSum", crash=arg)
-            h.restart("WindowSum")
+            h.process(kind.__name__, crash=arg)
+            h.restart(kind.__name__)
         else:
             h.run()
     h.finish("in")

@@ -1,0 +1,291 @@
+"""One delivery contract, two kinds of computation (``millwheel/_contract.py``).
+
+A per-record computation run by the per-key step (``_step.py`` through ``_delivery.run_key``)
+and the same computation written as a columnar one, run by the columnar runner
+(``_colrunner.py``), get the same random batches: new records, duplicates, re-deliveries of
+records sent batches ago, late records (behind the watermark they arrive under), watermark
+moves that fire timers, and records whose user code raises. Whatever the late policy and
+with or without exactly-once, they must agree: each key's productions (ids, values,
+timestamps, in order), the dead letters (ids and reasons), and every counter the contract
+defines (not the dedup indexes' own: Bloom answers and collections differ by design).
+
+Hypothesis draws fresh examples on every run and prints the falsifying batches when one
+fails; ``MILLWHEEL_MODEL_EXAMPLES=N`` runs ``N`` examples (``tests/test_step_model.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from millwheel import Computation, ComputationOptions, LatePolicy, Record
+from millwheel._colinput import InputColumns
+from millwheel._colrunner import ColumnarRunner
+from millwheel._columnar import ColumnarComputation
+from millwheel._contract import (
+    dedup_horizon,
+    late_watermark,
+    late_watermarks,
+    timer_order,
+    timers_order,
+    within_budget,
+)
+from millwheel._counters import StepMetrics
+from millwheel._deadletter import DEAD_LETTER_STREAM
+from millwheel._delivery import run_key
+from millwheel._identity import batch_life
+from millwheel._record import MIN_TIMESTAMP, encode_key
+from millwheel._step import StepRunner
+
+_EXAMPLES = os.environ.get("MILLWHEEL_MODEL_EXAMPLES")
+examples = settings(
+    print_blob=True, deadline=None, **({"max_examples": int(_EXAMPLES)} if _EXAMPLES else {})
+)
+
+#: the counters both kinds must agree on (the dedup indexes' own differ by design)
+COMPARED = (
+    "records_in",
+    "duplicates",
+    "late",
+    "late_dropped",
+    "late_to_stream",
+    "processed",
+    "timers_fired",
+    "timers_deferred",
+    "productions",
+    "productions_behind_watermark",
+    "dead_letters",
+    "dead_letters_dropped",
+)
+UNLUCKY = 13
+
+
+class Tally(Computation):
+    """Counts each key's records; produces one row per record and per timer; 13 fails."""
+
+    def process_record(self, record):
+        if record.value == UNLUCKY:
+            msg = "unlucky"
+            raise ValueError(msg)
+        n = self.state.get(0) + 1
+        self.state.set(n)
+        self.produce("out", [self.key, record.value, n], timestamp=record.timestamp)
+        self.set_timer(f"t{record.value % 3}", record.timestamp + 100)
+
+    def process_timer(self, timer):
+        self.produce("out", [self.key, timer.tag, self.state.get(0)], timestamp=timer.timestamp)
+
+
+class ColumnarTally(ColumnarComputation):
+    """:class:`Tally` as a columnar computation."""
+
+    record_columns = ("key", "timestamp", "value")
+
+    def process_batch(self, batch):
+        r = batch.records
+        values = r["value"].tolist()
+        if UNLUCKY in values:
+            msg = "unlucky"
+            raise ValueError(msg)
+        s = batch.state
+        count = dict(zip(s["key"].tolist(), s["n"].tolist(), strict=True)) if len(s) else {}
+        keys, rows = r["key"].tolist(), []
+        for k, v in zip(keys, values, strict=True):
+            count[k] = count.get(k, 0) + 1
+            rows.append([k, v, count[k]])
+        ts = r["timestamp"].to_numpy()
+        batch.produce("out", rows, keys=keys, timestamps=ts)
+        batch.set_state(
+            pd.DataFrame({"key": list(count), "n": pd.array(list(count.values()), dtype="int64")})
+        )
+        batch.set_timers(keys, [f"t{v % 3}" for v in values], ts + 100)
+
+    def process_timers(self, batch, timers):
+        s = batch.state
+        count = dict(zip(s["key"].tolist(), s["n"].tolist(), strict=True)) if len(s) else {}
+        keys = timers["key"].tolist()
+        rows = [
+            [k, tag, count.get(k, 0)] for k, tag in zip(keys, timers["tag"].tolist(), strict=True)
+        ]
+        batch.produce("out", rows, keys=keys, timestamps=timers["timestamp"].to_numpy())
+
+
+POLICIES = {
+    "drop": LatePolicy.drop(),
+    "process": LatePolicy.process(),
+    "to_stream": LatePolicy.to_stream("late"),
+}
+
+# a batch: records (key, time offset, value, a new id or a re-delivery of an earlier one),
+# the watermark they arrived under (an offset behind the current one, or none given), then
+# how far the watermark moves before the batch runs
+batches = st.lists(
+    st.tuples(
+        st.lists(
+            st.tuples(
+                st.integers(0, 3),
+                st.integers(-400, 600),
+                st.integers(0, 20),
+                st.one_of(st.none(), st.integers(0, 10**6)),
+            ),
+            max_size=12,
+        ),
+        st.one_of(st.none(), st.integers(0, 500)),
+        st.sampled_from([0, 0, 50, 150, 400, 2_000]),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+class PerRecord:
+    """The per-record side: envelopes per key, each batch through ``run_key`` per key."""
+
+    def __init__(self, options: ComputationOptions) -> None:
+        self.runner = StepRunner(Tally(), name="Tally", outputs=["out"], options=options)
+        self.envs: dict[str, bytes | None] = {}
+        self.metrics = StepMetrics()
+        self.out: dict[str, list] = defaultdict(list)
+        self.dead: list = []
+
+    def batch(self, items, arrival, lw, life):
+        by_key: dict[str, list] = {}
+        for rec in items:
+            by_key.setdefault(rec.key, []).append((rec, arrival))
+        for key in [*by_key, *(k for k in self.envs if k not in by_key)]:
+            got = run_key(
+                self.runner,
+                key,
+                self.envs.get(key),
+                by_key.get(key, []),
+                low_watermark=lw,
+                now=0,
+                metrics=self.metrics,
+                life=life,
+            )
+            self.envs[key] = got.envelope
+            self.out[key] += [_row(p) for p in got.productions]
+            self.dead += [_row(p) for p in got.dead_letters]
+
+
+class Columnar:
+    """The columnar side: one store for every key, each batch one run."""
+
+    def __init__(self, options: ComputationOptions) -> None:
+        self.runner = ColumnarRunner(
+            ColumnarTally(), name="Tally", outputs=["out"], options=options
+        )
+        self.store = None
+        self.metrics = StepMetrics()
+        self.out: dict[str, list] = defaultdict(list)
+        self.dead: list = []
+
+    def batch(self, items, arrival, lw, life):
+        recs = InputColumns(
+            [encode_key(r.key) for r in items],
+            [r.id for r in items],
+            np.array([r.timestamp for r in items], np.int64),
+            ["in"] * len(items),
+            [r.value for r in items],
+            arrival=[arrival] * len(items),
+            encoded=False,
+        )
+        res = self.runner.run(self.store, recs, low_watermark=lw, now=0, life=life)
+        self.store = res.store
+        for name, n in res.metrics.items():
+            setattr(self.metrics, name, getattr(self.metrics, name) + n)
+        for p in res.productions():
+            self.out[p.record.key] += [_row(p)]
+        self.dead += [_row(p) for p in res.dead_letters]
+
+
+def _row(p):
+    r = p.record
+    return (p.stream, r.id, r.value, r.timestamp)
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize("exactly_once", [True, False], ids=["exactly_once", "at_least_once"])
+@examples
+@given(plan=batches)
+def test_the_columnar_runner_and_the_per_key_step_deliver_alike(policy, exactly_once, plan):
+    options = ComputationOptions(
+        late=POLICIES[policy], exactly_once=exactly_once, strong_productions=False
+    )
+    a, b = PerRecord(options), Columnar(options)
+    wm, sent = 1_000, []
+    for i, (recs, behind, move) in enumerate(plan):
+        wm += move
+        items = []
+        for k, dt, value, again in recs:
+            if again is not None and sent:
+                items.append(sent[again % len(sent)])  # a re-delivery: same id, key, time, value
+                continue
+            rec = Record(f"k{k}", value, wm + dt, f"r{len(sent)}", "in")
+            sent.append(rec)
+            items.append(rec)
+        arrival = None if behind is None else wm - behind
+        life = batch_life("contract", i)
+        a.batch(items, arrival, wm, life)
+        b.batch(items, arrival, wm, life)
+    late = [("late",)] if policy == "to_stream" else []
+    for key in sorted(set(a.out) | set(b.out)):
+        # per stream: the late stream's records may come before a key's other productions
+        for stream in ["out", *(s for (s,) in late)]:
+            got_a = [r for r in a.out[key] if r[0] == stream]
+            got_b = [r for r in b.out[key] if r[0] == stream]
+            assert got_a == got_b, (
+                f"key {key}, stream {stream}: per-record {got_a} != columnar {got_b}"
+            )
+    assert sorted(a.dead) == sorted(b.dead)
+    assert all(r[0] == DEAD_LETTER_STREAM for r in a.dead)
+    ca, cb = a.metrics.as_dict(), b.metrics.as_dict()
+    assert {n: ca[n] for n in COMPARED} == {n: cb[n] for n in COMPARED}
+
+
+# ---- the rules' scalar and vectorised forms agree ---------------------------------------------
+@given(
+    st.lists(st.tuples(st.booleans(), st.one_of(st.none(), st.integers(-50, 50))), max_size=20),
+    st.integers(-50, 50),
+)
+def test_the_late_watermark_of_a_column_is_that_of_each_record(rows, lw):
+    not_dead = np.array([not dead for dead, _ in rows], np.bool_)
+    known = np.array([a is not None for _, a in rows], np.bool_)
+    arrival = np.array([0 if a is None else a for _, a in rows], np.int64)
+    got = late_watermarks(not_dead, arrival if known.any() else None, known, lw).tolist()
+    want = [late_watermark(DEAD_LETTER_STREAM if dead else "s", a, lw) for dead, a in rows]
+    assert got == want
+    assert all(w == MIN_TIMESTAMP for w, (dead, _) in zip(got, rows, strict=True) if dead)
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 9), st.integers(0, 1), st.sampled_from("abc")),
+        max_size=30,
+    ),
+    st.integers(0, 4),
+)
+def test_timer_order_and_budget_over_columns_are_the_scalar_rules(timers, budget):
+    key, ts, d, tag = (np.array(c) for c in zip(*timers, strict=True)) if timers else ([],) * 4
+    tag_codes = np.array(["abc".index(t) for t in tag], np.int64)
+    order = timers_order(np.asarray(key), np.asarray(ts), np.asarray(d), tag_codes).tolist()
+    want = sorted(range(len(timers)), key=lambda i: (timers[i][0], timer_order(*timers[i][1:])))
+    assert [timers[i] for i in order] == [timers[i] for i in want]
+    fired_before = np.zeros(4, np.int64)
+    go = within_budget(np.array([timers[i][0] for i in order], np.int64), fired_before, budget)
+    per_key: dict[int, int] = defaultdict(int)
+    for i, ok in zip(order, go.tolist(), strict=True):
+        assert ok == (per_key[timers[i][0]] < budget)
+        per_key[timers[i][0]] += 1
+
+
+def test_the_dedup_horizon_is_the_older_watermark_less_the_slack():
+    assert dedup_horizon(5_000, None, 100) == 4_900
+    assert dedup_horizon(5_000, 3_000, 100) == 2_900
+    assert dedup_horizon(5_000, 7_000, 0) == 5_000
