@@ -7,7 +7,10 @@ dead letters and counters. It performs, per record, MillWheel's exactly-once seq
 timestamp order (§4.6), including timers that ``process_timer`` sets and that are
 already due; then it folds the new record ids into the dedup index and garbage-collects
 old ones. The in-memory harness and the Spark runtime differ only in where envelopes are
-stored and how productions travel.
+stored and how productions travel. The rules it applies — dedup stamps and horizon, the late
+rule and policy, timer order, dead letters, production lives and ids — are the delivery
+contract's (``_contract.py``), which the columnar runner applies too; what user code
+reaches during the step, and careful mode's savepoints, are ``_keycontext.py``.
 
 Failure handling: everything that can fail for one record or timer — user code, a value
 that cannot be encoded (checked when produced), state that cannot be encoded — fails that
