@@ -19,8 +19,8 @@ read from the same Parquet files (``maxFilesPerTrigger`` batches) by:
   around the step;
 * **columnar** (not in the default list) — ``ColumnarWindowCounter`` on the default mapping
   (``mw_col_strong``, ``mw_col_weak``: the step reads its records from the batch's files;
-  ``mw_col_rows_*``: ``RuntimeSettings(columnar_input="rows")``, every record a row
-  through the shuffle) and on the opt-in Arrow mapping
+  the ``mw_col_rows_*`` side-by-side went with ``RuntimeSettings.columnar_input``) and on
+  the opt-in Arrow mapping
   (``ComputationOptions(mapping="arrow")``: ``mw_col_arrow_strong``, ``mw_col_arrow_weak``);
 * **native** — ``groupBy(window(ts, "10 seconds"), query).count()`` in update mode
   (``native_dedup``: with ``dropDuplicatesWithinWatermark("id")`` first);
@@ -167,7 +167,6 @@ def run_millwheel(
     comp: type[Computation] | None = None,
     columnar: bool = False,
     mapping: str = "default",
-    columnar_input: str = "scan",
 ) -> tuple[float, Counter]:
     """One millwheel run; its output windows (``comp``, a computation without output: the
     records it took in, processed and dead-lettered, from its metrics; ``columnar``: the
@@ -214,7 +213,6 @@ def run_millwheel(
         poll_ms=50,
         heartbeat_ms=100,
         state_layout=layout,
-        columnar_input=columnar_input,
     )
     rt = SparkRuntime(t, str(root), settings, spark=spark, log=lambda m: None)
     started = time.perf_counter()
@@ -497,26 +495,6 @@ def main(argv: list[str] | None = None) -> int:
             ),
             "mw_col_weak": lambda: run_millwheel(
                 spark, files, work, args.per_trigger, args.intervals, False, columnar=True
-            ),
-            "mw_col_rows_strong": lambda: run_millwheel(
-                spark,
-                files,
-                work,
-                args.per_trigger,
-                args.intervals,
-                True,
-                columnar=True,
-                columnar_input="rows",
-            ),
-            "mw_col_rows_weak": lambda: run_millwheel(
-                spark,
-                files,
-                work,
-                args.per_trigger,
-                args.intervals,
-                False,
-                columnar=True,
-                columnar_input="rows",
             ),
             "mw_col_arrow_strong": lambda: run_millwheel(
                 spark,

@@ -41,9 +41,10 @@ from runtime_bench import WINDOW, WindowCount, _query, make_data  # noqa: E402
 
 from millwheel import Record, Topology  # noqa: E402
 from millwheel._codec import decode_value  # noqa: E402
-from millwheel.runtime._interval import IntervalStep, MemoryGroupState, make_keying  # noqa: E402
+from millwheel.runtime._interval import MemoryGroupState, make_keying  # noqa: E402
 from millwheel.runtime._keying import Keyer, key_columns  # noqa: E402
 from millwheel.runtime._wire import to_spark  # noqa: E402
+from millwheel.runtime.plans.intervals import IntervalStep  # noqa: E402
 
 
 def _keyed_frame(table: pa.Table) -> pa.Table:
@@ -183,8 +184,8 @@ class _ArrowRun:
         self.n = 0
 
     def batch(self, keyed: pa.Table, wm: int) -> None:
-        from millwheel.runtime._arrowmap import BatchPlan, IntervalTask
         from millwheel.runtime._wire import SUMMARY_STREAM, IntervalSummary, from_spark
+        from millwheel.runtime.plans.arrow import BatchPlan, IntervalTask
 
         table = keyed.rename_columns(["group", *keyed.column_names[1:]])
         lw = from_spark(wm)

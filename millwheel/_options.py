@@ -98,9 +98,32 @@ class DedupOptions:
             raise TopologyError(msg)
 
 
-#: ``ComputationOptions.mapping`` values: the default (``applyInPandasWithState``), and the
-#: opt-in Arrow mapping of columnar computations
-MAPPINGS = ("default", "arrow")
+class Mapping(enum.StrEnum):
+    """How the Spark runtime maps a computation onto Spark (``ComputationOptions.mapping``,
+    ``docs/runtime.md``, "Plans"). The strings ``"default"`` / ``"arrow"`` are accepted too."""
+
+    #: ``applyInPandasWithState`` (or ``transformWithStateInPandas``) over key intervals
+    DEFAULT = "default"
+    #: the opt-in mapping of columnar computations: ``foreachBatch`` → ``repartition`` →
+    #: ``mapInArrow``, state in versioned files
+    ARROW = "arrow"
+
+    def __repr__(self) -> str:
+        # as the string: messages name the value as a user writes it (``mapping='arrow'``)
+        return repr(self.value)
+
+    @classmethod
+    def parse(cls, value: object) -> Mapping:
+        """``value`` as a :class:`Mapping` (a member or its string); :class:`TopologyError` otherwise."""
+        try:
+            return cls(value)  # type: ignore[arg-type]
+        except ValueError:
+            msg = f"ComputationOptions.mapping must be one of {', '.join(map(repr, MAPPINGS))} (or a Mapping), got {value!r}"
+            raise TopologyError(msg) from None
+
+
+#: ``ComputationOptions.mapping`` values, as strings
+MAPPINGS = tuple(m.value for m in Mapping)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,10 +138,12 @@ class ComputationOptions:
     * ``state_codec`` — how state becomes bytes (§4.4).
     * ``max_timer_fires_per_step`` — bound on timers fired for one key in one step, so a
       timer that keeps re-arming itself in the past cannot spin forever; the rest fire next step.
-    * ``mapping`` — how the Spark runtime runs a columnar computation (``docs/runtime.md``):
-      ``"default"`` (``applyInPandasWithState`` over key intervals) or ``"arrow"`` (the
-      opt-in ``foreachBatch`` → ``repartition`` → ``mapInArrow`` mapping, state in
-      versioned files). Fixed for the life of a run directory; the harness ignores it.
+    * ``mapping`` — how the Spark runtime runs a columnar computation (``docs/runtime.md``,
+      "Plans"): :attr:`Mapping.DEFAULT` (``applyInPandasWithState`` over key intervals) or
+      :attr:`Mapping.ARROW` (the opt-in ``foreachBatch`` → ``repartition`` → ``mapInArrow``
+      mapping, state in versioned files); the strings ``"default"`` / ``"arrow"`` are taken
+      too and read back as the member. Fixed for the life of a run directory; the harness
+      ignores it.
     """
 
     exactly_once: bool = True
@@ -128,12 +153,11 @@ class ComputationOptions:
     state_codec: StateCodec = field(default_factory=PickleCodec)
     dedup: DedupOptions = field(default_factory=DedupOptions)
     max_timer_fires_per_step: int = 10_000
-    mapping: str = "default"
+    #: a :class:`Mapping` once made (a string given is read as its member)
+    mapping: Mapping | str = Mapping.DEFAULT
 
     def __post_init__(self) -> None:
-        if self.mapping not in MAPPINGS:
-            msg = f"ComputationOptions.mapping must be one of {', '.join(map(repr, MAPPINGS))}, got {self.mapping!r}"
-            raise TopologyError(msg)
+        object.__setattr__(self, "mapping", Mapping.parse(self.mapping))
         if not isinstance(self.late, LatePolicy):
             msg = f"ComputationOptions.late must be a LatePolicy (e.g. LatePolicy.drop()), got {self.late!r}"
             raise TopologyError(msg)

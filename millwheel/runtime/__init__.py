@@ -32,7 +32,7 @@ _WHERE = {
     "SparkRuntime": "millwheel.runtime._runtime",
     "committed_unpublished": "millwheel.runtime._outbox",
     "rescale": "millwheel.runtime._online",
-    "run_identity": "millwheel.runtime._runtime",
+    "run_identity": "millwheel.runtime._runpin",
     "spark_session": "millwheel.runtime._session",
 }
 

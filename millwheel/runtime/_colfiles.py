@@ -1,4 +1,4 @@
-"""Columnar state in files, versioned by batch id: the state of the Arrow mapping (``_arrowmap.py``).
+"""Columnar state in files, versioned by batch id: the state of the Arrow mapping (``plans/arrow.py``).
 
 Under ``<run>/colstate/<computation>/``::
 
@@ -13,7 +13,7 @@ rename), under a name no other attempt uses: the batch, the driver's token for t
 of the batch, the task's partition and attempt number. The batch's manifest is written
 by the driver after the batch's job and before ``foreachBatch`` returns, so before Spark
 writes the batch's commit-log entry; it names the files of the one task attempt whose
-output the batch staged (the summary rows carry the names, ``_arrowmap.py``).
+output the batch staged (the summary rows carry the names, ``plans/arrow.py``).
 
 **Which version a batch reads.** Batch ``B`` reads the newest manifest of a batch that is
 in the query's commit log (``B - 1``: Spark starts ``B`` only once ``B - 1`` is
@@ -59,7 +59,7 @@ def store_name(batch: int, token: str, partition: int, attempt: int) -> str:
 @dataclass
 class Manifest:
     """What a committed batch left: each key interval's store file, its next timers, and the
-    batch's low watermark (the next batch's starting point, ``_arrowmap.py``)."""
+    batch's low watermark (the next batch's starting point, ``plans/arrow.py``)."""
 
     #: the batch (-1: none yet)
     batch: int = -1

@@ -1,8 +1,10 @@
-"""The Spark side of columnar computations (``millwheel/_columnar.py``).
+"""The Spark side of columnar computations (``millwheel/_columnar.py``): the step both
+columnar plans run (``plans/columnar.py``, ``plans/arrow.py``).
 
-Same query, same mapping (``applyInPandasWithState`` over key intervals, the interval's
-GroupState row, the outbox): only the worker function differs. Where
-:class:`~millwheel.runtime._interval.IntervalStep` groups rows by key in Python and steps
+On interval rows (``plans/columnar.py``) the query is the per-record one's
+(``applyInPandasWithState`` over key intervals, the interval's GroupState row, the outbox):
+only the worker function differs. Where
+:class:`~millwheel.runtime.plans.intervals.IntervalStep` groups rows by key in Python and steps
 one key at a time, :class:`ColumnarIntervalStep` hands the interval's rows to
 :meth:`ColumnarRunner.run` as columns: records in send order (one ``lexsort`` on sender
 watermark, file and row, as the per-record path sorts each key's rows), values still
@@ -37,39 +39,25 @@ import xxhash
 
 from millwheel._colsegments import SegmentFiles
 from millwheel._colstore import ColumnarStore
-from millwheel._columnar import ColumnarResult, ColumnarRunner, InputColumns, is_columnar
+from millwheel._columnar import ColumnarResult, ColumnarRunner, InputColumns
 from millwheel._counters import StepMetrics
 from millwheel._delivery import commit_once
 from millwheel._errors import RunError
 from millwheel._record import MIN_TIMESTAMP, Record
 from millwheel._topology import ComputationSpec
 from millwheel.runtime._fieldcols import CARRY_PREFIX, production_fields, table_frame, with_values
-from millwheel.runtime._interval import IntervalBatch, IntervalStep
+from millwheel.runtime._interval import IntervalBatch
 from millwheel.runtime._keying import wants_dead_letters
 from millwheel.runtime._move import RescaleMismatch, install_stores, retire_group
 from millwheel.runtime._scan import SCAN_COLUMN, BatchScan, FileValues
 from millwheel.runtime._spark_internals import task_batch_id
 from millwheel.runtime._wire import RowKind, from_spark, timer_timeout
+from millwheel.runtime.plans.intervals import IntervalStep
 
 _RECORD = int(RowKind.RECORD)
 _UNKEYED = int(RowKind.UNKEYED)
 _INSTALL = int(RowKind.INSTALL)
 _RETIRE = int(RowKind.RETIRE)
-
-
-def interval_step_class(
-    spec: ComputationSpec, state_layout: str = "intervals"
-) -> type[IntervalStep]:
-    """The ``applyInPandasWithState`` function class of a computation: columnar or per record."""
-    if not is_columnar(spec.cls):
-        return IntervalStep
-    if state_layout != "intervals":
-        msg = (
-            f"computation {spec.name!r} is columnar ({spec.cls.__name__}): it runs on the interval-row layout only; "
-            f"use RuntimeSettings(state_layout='intervals'), not {state_layout!r}"
-        )
-        raise RunError(msg)
-    return ColumnarIntervalStep
 
 
 class ColumnarIntervalStep(IntervalStep):
@@ -205,7 +193,7 @@ class ColumnarIntervalStep(IntervalStep):
         batch_id: int | None = None,
     ) -> tuple[ColumnarResult, dict[str, Any] | None, pd.DataFrame]:
         """One key interval's share of a micro-batch on a mapping that does not move state
-        (``_arrowmap.py``, whose computations ``millwheel rescale`` refuses): the
+        (``plans/arrow.py``, whose computations ``millwheel rescale`` refuses): the
         :class:`ColumnarRunner` over its input ``rows`` (``store``: the interval's columnar
         store, encoded or decoded); its productions as columns (:meth:`step_columns`) and
         the frame of its dead letters and summary row. Rows that are all plain records

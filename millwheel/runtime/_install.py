@@ -21,10 +21,11 @@ from typing import Any
 import msgpack
 import pandas as pd
 
-from millwheel.runtime._interval import KeyMeta, earliest, store_interval
-from millwheel.runtime._mapstate import schedule, state_variables
+from millwheel.runtime._interval import KeyMeta, earliest
 from millwheel.runtime._move import RescaleMismatch, install_envelopes
 from millwheel.runtime._spark_internals import MapStatePipeline
+from millwheel.runtime.plans.intervals import store_interval
+from millwheel.runtime.plans.keys import schedule, state_variables
 
 __all__ = ["INSTALL_INPUT", "INSTALL_OUTPUT", "IntervalInstaller", "make_installer"]
 
@@ -86,7 +87,7 @@ class IntervalInstaller(_Groups):
 
 
 def make_installer(name: str, groups: Sequence[int]) -> Any:
-    """The ``StatefulProcessor`` of an install query into the per-key layout (``_mapstate.py``)."""
+    """The ``StatefulProcessor`` of an install query into the per-key layout (``plans/keys.py``)."""
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
     class KeyInstaller(StatefulProcessor, _Groups):  # type: ignore[misc]

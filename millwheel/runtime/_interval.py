@@ -1,4 +1,4 @@
-"""The worker side: the consumer's keying, then the per-key step over one key interval (MillWheel §7.1).
+"""The per-batch core of every interval plan: one key interval's share of a micro-batch (MillWheel §7.1).
 
 This module is Arrow/pandas plumbing around the delivery core (``millwheel/_delivery.py``:
 keying, step planning, due timers) and the per-key step (``millwheel/_step.py``), the same
@@ -7,16 +7,14 @@ calls the in-memory harness makes.
 Spark groups a computation's input by *key interval* (a hash range of the consumer's
 encoded key), not by raw key: each Spark group costs a pandas frame in and out, so one
 group per key is two orders of magnitude slower (``docs/performance.md``).
-:class:`IntervalBatch` is one interval's share of a micro-batch, whatever the state
-layout: rows grouped by key in one pass, each key's records in send order, each value
+:class:`IntervalBatch` is one interval's share of a micro-batch, whatever the plan keeps
+its state in: rows grouped by key in one pass, each key's records in send order, each value
 decoded once, the step run per key, productions written with the bytes ``produce()``
-made. :class:`IntervalStep` is the default layout (``applyInPandasWithState``): the
-interval's GroupState row holds ``envs`` (key -> envelope, msgpack) and ``meta`` (key ->
-[hold, next low-watermark timer, next wall timer]); a batch decodes the map once, steps
-the keys that have input or due timers, and re-encodes the map; envelopes of untouched
-keys stay opaque bytes, so they cost a copy, not a decode. ``_mapstate.py`` is the
-per-key layout. Either way, state, timers and dedup ids of every key commit atomically
-with Spark's state store at the end of the micro-batch (§6.2).
+made. Where envelopes live is the plan's (``plans/intervals.py``: the interval's
+``GroupState`` row; ``plans/keys.py``: one state-store row per key); rows the producer did
+not key are keyed here with ``_ownkeying.key_row``. Either way, state, timers and dedup
+ids of every key commit atomically with Spark's state store at the end of the micro-batch
+(§6.2).
 
 Time (§4.5, §4.6, §7.2):
 
@@ -35,15 +33,12 @@ batch's outbox, which commits with the state (see ``_query.py`` and ``docs/runti
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from time import perf_counter
 from typing import Any, NamedTuple
 
 import msgpack
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from millwheel._codec import decode_value, encode_value
 from millwheel._counters import StepMetrics
@@ -52,27 +47,23 @@ from millwheel._delivery import (
     KeyOutcome,
     commit_once,
     count_keying,
-    key_record,
     run_key,
     timers_due,
 )
 from millwheel._fields import decode_cell
-from millwheel._options import ErrorPolicy
 from millwheel._record import MIN_TIMESTAMP, Production, Record, decode_key, encode_key
-from millwheel._step import StepRunner
-from millwheel._topology import ComputationSpec
-from millwheel.runtime._fieldcols import output_schema, production_fields, with_values
+from millwheel.runtime._fieldcols import production_fields, with_values
 from millwheel.runtime._groupstate import MemoryGroupState  # noqa: F401 - re-exported: tests and benches run steps with it
-from millwheel.runtime._keying import Keyer, cached_key, dead_interval, wants_dead_letters
+from millwheel.runtime._keying import Keyer, wants_dead_letters
 from millwheel.runtime._life import task_life
-from millwheel.runtime._move import RescaleMismatch, install_envelopes, retire_group
+from millwheel.runtime._move import RescaleMismatch  # noqa: F401 - re-exported: the per-key plan raises it
+from millwheel.runtime._ownkeying import KEYING_STAGE_NEEDED, KeyingStageNeeded, key_row
+from millwheel.runtime._ownkeying import make_keying as make_keying  # re-exported: tests, benches
 from millwheel.runtime._wire import (
-    OUT_SCHEMA,
     SUMMARY_STREAM,
     IntervalSummary,
     RowKind,
     from_spark,
-    timer_timeout,
 )
 
 _packb = msgpack.packb
@@ -118,155 +109,6 @@ class _Row(NamedTuple):
     stream: str
     #: the sender watermark it arrived under (``None``: not known)
     sent: int | None
-
-
-#: what the consumer's keying function returns per row (:func:`make_keying`), as a Spark type
-KEYING_RESULT = "interval int, kind int, key binary, id string, ts long, value binary"
-_KEYING_FIELDS = [
-    pa.field("interval", pa.int32()),
-    pa.field("kind", pa.int32()),
-    pa.field("key", pa.binary()),
-    pa.field("id", pa.string()),
-    pa.field("ts", pa.int64()),
-    pa.field("value", pa.binary()),
-]
-
-
-def key_row(
-    consumer: str,
-    stream: str,
-    extractor: Callable[[Record], Any],
-    intervals: int,
-    cache: dict[Any, tuple[bytes, int]],
-    pk: bytes | None,
-    value: Any,
-    ts: int,
-    rid: str,
-    on_error: ErrorPolicy = ErrorPolicy.DEAD_LETTER,
-) -> tuple[tuple[bytes, int] | None, Record | None]:
-    """One stream-log row keyed by its consumer (§4.2): the value decoded, the record built as
-    its producer made it, :func:`~millwheel._delivery.key_record`. Returns ``((encoded key,
-    interval), None)``, or ``(None, dead letter)`` — ``(None, None)``: a dead letter the
-    consumer could not key, dropped; under ``ErrorPolicy.RAISE`` a failed extractor raises
-    (:func:`~millwheel._delivery.key_record`). Both places a consumer keys rows call it: the keying
-    stage (:func:`make_keying`) and the step (:meth:`IntervalBatch._key_here`)."""
-    rec = Record(None if pk is None else decode_key(pk), decode_cell(value), ts, rid, stream)
-    keyed, dead = key_record(consumer, stream, extractor, rec, on_error)
-    if keyed is None:
-        return None, dead
-    return cached_key(keyed.key, intervals, cache), None
-
-
-def make_keying(
-    consumer: str,
-    stream: str,
-    extractor: Callable[[Record], Any],
-    intervals: int,
-    on_error: ErrorPolicy = ErrorPolicy.DEAD_LETTER,
-) -> Callable[..., pa.StructArray]:
-    """The consumer's own keying of the rows its producer did not key (§4.2), as an Arrow UDF.
-
-    Arguments, one array each: ``needed`` (the row has no ``interval:C``: a failed
-    extractor at the producer, or a file written before this consumer read the stream or
-    by a writer without a keyer), then the row's ``id``, ``ts``, ``key``, ``value`` and ``fields`` (its
-    declared fields' struct, ``_fieldcols.keying_fields``: a value stored as columns) —
-    which the query passes only where ``needed`` (``_query.py``): the rows their producer
-    keyed, the common case, cost a few null columns, not their values, on the way to
-    Python and back. Those rows get an all-null result and keep their producer's
-    ``key:C`` / ``interval:C``. The others are keyed here, one
-    :func:`~millwheel._delivery.key_record` call per record: ``interval``, ``kind`` and
-    ``key``; a failed extractor gives the dead letter's ``kind``, and its ``id``, ``ts``
-    and ``value`` replace the row's (null for a row keyed here: it keeps its own).
-    """
-    kind_record, kind_dropped, kind_dead = (
-        int(RowKind.RECORD),
-        int(RowKind.DROPPED),
-        int(RowKind.DEAD_LETTER),
-    )
-    cache: dict[Any, tuple[bytes, int]] = {}
-
-    def key(
-        needed: pa.Array,
-        ids: pa.Array,
-        tss: pa.Array,
-        pkeys: pa.Array,
-        vals: pa.Array,
-        fields: pa.Array,
-    ) -> pa.Array:  # a StructArray; PySpark reads the hints as "scalar Arrow UDF"
-        n = len(needed)
-        if n == 0 or not pc.any(needed).as_py():  # every row keyed by its producer
-            return pa.StructArray.from_arrays(
-                [pa.nulls(n, f.type) for f in _KEYING_FIELDS], fields=_KEYING_FIELDS
-            )
-        if len(cache) > 100_000:
-            cache.clear()
-        o_interval: list[int | None] = [None] * n
-        o_kind: list[int | None] = [None] * n
-        o_key: list[bytes | None] = [None] * n
-        o_id: list[str | None] = [None] * n
-        o_ts: list[int | None] = [None] * n
-        o_val: list[bytes | None] = [None] * n
-        id_l, ts_l, pk_l, val_l = (
-            ids.to_pylist(),
-            tss.to_pylist(),
-            pkeys.to_pylist(),
-            [
-                v if v is not None else f
-                for v, f in zip(vals.to_pylist(), fields.to_pylist(), strict=True)
-            ],
-        )
-        for i, need in enumerate(needed.to_pylist()):
-            if not need:
-                continue
-            keyed, dead = key_row(
-                consumer,
-                stream,
-                extractor,
-                intervals,
-                cache,
-                pk_l[i],
-                val_l[i],
-                ts_l[i],
-                id_l[i],
-                on_error,
-            )
-            if keyed is not None:
-                o_key[i], o_interval[i] = keyed
-                o_kind[i] = kind_record
-                continue
-            o_interval[i] = dead_interval(id_l[i], intervals)
-            if dead is None:
-                o_kind[i] = kind_dropped
-            else:
-                o_kind[i] = kind_dead
-                o_id[i], o_ts[i], o_val[i] = dead.id, dead.timestamp, encode_value(dead.value)
-        return pa.StructArray.from_arrays(
-            [
-                pa.array(o_interval, pa.int32()),
-                pa.array(o_kind, pa.int32()),
-                pa.array(o_key, pa.binary()),
-                pa.array(o_id, pa.string()),
-                pa.array(o_ts, pa.int64()),
-                pa.array(o_val, pa.binary()),
-            ],
-            fields=_KEYING_FIELDS,
-        )
-
-    return key
-
-
-#: what the message of :class:`KeyingStageNeeded` starts with: the driver looks for it in a
-#: failed query's error (``_query.ComputationQuery.check``)
-KEYING_STAGE_NEEDED = (
-    "millwheel: a row not keyed for this computation belongs to another key interval"
-)
-
-
-class KeyingStageNeeded(RuntimeError):
-    """A row its producer did not key (:attr:`RowKind.UNKEYED`) reached a query planned
-    without the keying stage, and its key falls in another interval than the one it was
-    sent to. The batch fails before anything commits; the driver restarts the query with
-    the keying stage, and the batch runs again from its checkpoint."""
 
 
 class _Out:
@@ -343,7 +185,7 @@ class IntervalBatch:
     """One key interval's share of one micro-batch, whatever the state layout.
 
     Both layouts — interval rows (:class:`IntervalStep`, the default) and per-key rows
-    (``_mapstate.py``) — feed it the interval's input frames, tell it which stored keys
+    (``plans/keys.py``) — feed it the interval's input frames, tell it which stored keys
     have due timers, hand it the envelopes of the keys it will step, and store what
     :meth:`run` returns. It groups rows by key in one pass, puts each key's records back
     in send order, decodes each value once (when its key's step runs), and runs
@@ -366,7 +208,7 @@ class IntervalBatch:
 
     def __init__(
         self,
-        owner: IntervalStep,
+        owner: Any,  # plans.intervals.IntervalStep (or the columnar step)
         interval: int,
         low_watermark: int,
         now: int,
@@ -392,7 +234,7 @@ class IntervalBatch:
     @classmethod
     def of(
         cls,
-        owner: IntervalStep,
+        owner: Any,  # plans.intervals.IntervalStep (or the columnar step)
         group: tuple[Any, ...],
         frames: Iterable[pd.DataFrame],
         spark_watermark: int,
@@ -672,160 +514,4 @@ def earliest(metas: Iterable[KeyMeta]) -> tuple[int | None, int | None, int | No
             nlw_min = t_lw
         if t_wall is not None and (nwall_min is None or t_wall < nwall_min):
             nwall_min = t_wall
-    return hold, nlw_min, nwall_min
-
-
-class IntervalStep:
-    """The ``applyInPandasWithState`` function of one computation: the interval-row layout.
-
-    Picklable; builds its :class:`StepRunner` (and IdRegistry client) lazily, once per
-    Python worker. The interval's GroupState row is ``(envs, meta)``: key -> envelope and
-    key -> :class:`KeyMeta` (only keys that have one), msgpack.
-    With a :class:`~millwheel.runtime._keying.Keyer`, its output rows carry the key columns
-    of every consumer of its output streams (:meth:`out_schema`).
-    """
-
-    def __init__(
-        self,
-        spec: ComputationSpec,
-        *,
-        pipeline: str = "default",
-        registry: Callable[[], Any] | None = None,
-        keyer: Keyer | None = None,
-        groups: Sequence[int] | None = None,
-    ) -> None:
-        self.spec = spec
-        #: the Spark grouping value of each key interval (``_runtime.pin_groups``; ``None``: the interval number)
-        self.groups = None if groups is None else list(groups)
-        #: how many key intervals (for rows keyed in the step: :meth:`IntervalBatch._key_here`)
-        self.intervals = None if groups is None else len(self.groups)
-        self._interval_of = None if groups is None else {g: i for i, g in enumerate(groups)}
-        self.pipeline = pipeline
-        #: a picklable factory of the IdRegistry client that ``once_id`` productions commit to
-        self.registry_factory = registry
-        self.keyer = keyer
-        #: the consumers its output rows are keyed for
-        self.out_consumers = (
-            [] if keyer is None else keyer.consumers_of([*spec.all_outputs, DEAD_LETTER_STREAM])
-        )
-        self.out_fields = (
-            None if keyer is None else keyer.output_fields(spec.all_outputs)
-        )  # its declared output stream
-        self._runner: StepRunner | None = None
-        self._registry: Any = None
-
-    def out_schema(self) -> str:
-        """The Spark schema of its output rows: :data:`OUT_SCHEMA` and the key columns."""
-        extra = self.keyer.ddl(self.out_consumers) if self.keyer is not None else ""
-        return output_schema(f"{OUT_SCHEMA}, {extra}" if extra else OUT_SCHEMA, self.out_fields)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {
-            "spec": self.spec,
-            "pipeline": self.pipeline,
-            "registry": self.registry_factory,
-            "keyer": self.keyer,
-            "groups": self.groups,
-        }
-
-    def __setstate__(self, d: dict[str, Any]) -> None:
-        self.__init__(
-            d["spec"],
-            pipeline=d["pipeline"],
-            registry=d["registry"],
-            keyer=d["keyer"],
-            groups=d.get("groups"),
-        )  # type: ignore[misc]
-
-    def interval_of(self, group: int) -> int:
-        """The key interval of Spark group ``group`` (negative: the heartbeat group)."""
-        if group < 0 or self._interval_of is None:
-            return group
-        return self._interval_of[group]
-
-    def retired(self, group: int) -> bool:
-        """Is ``group`` a Spark group that is not one of this layout's key intervals (a group
-        of the layout before a rescale: it only ever gets its :attr:`RowKind.RETIRE` row)?"""
-        return group >= 0 and self._interval_of is not None and group not in self._interval_of
-
-    def install(self, batch: IntervalBatch, envs: dict[bytes, Any], meta: dict[bytes, Any]) -> None:
-        """A rescale's envelopes into this interval's (empty) maps, before any key runs (``_move.py``)."""
-        install_envelopes(
-            self.spec.name, batch.interval, self.intervals or 0, batch.installs, envs, meta, KeyMeta
-        )
-
-    def _retire(self, batch: IntervalBatch, state: Any) -> None:
-        """Empty a group of the layout before a rescale, once its state is the one the rescale read (``_move.py``)."""
-        retire_group(
-            self.spec.name,
-            self.intervals,
-            batch.retire,
-            bool(batch.per_key or batch.installs),
-            state,
-        )
-
-    def registry(self) -> Any:
-        if self._registry is None and self.registry_factory is not None:
-            self._registry = self.registry_factory()
-        return self._registry
-
-    def runner(self) -> StepRunner:
-        if self._runner is None:
-            spec = self.spec
-            # strong productions are checkpointed in the batch outbox, not in the envelope
-            opts = dataclasses.replace(spec.options, strong_productions=False)
-            self._runner = StepRunner(
-                spec.instantiate(), name=spec.name, outputs=spec.all_outputs, options=opts
-            )
-        return self._runner
-
-    def __call__(
-        self, group: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any
-    ) -> Iterator[pd.DataFrame]:
-        batch = IntervalBatch.of(
-            self, group, frames, state.getCurrentWatermarkMs(), state.getCurrentProcessingTimeMs()
-        )
-        if batch is None:
-            return
-        if self.retired(int(group[0])):
-            self._retire(batch, state)
-            return
-        if batch.retire is not None:
-            msg = f"computation {self.spec.name!r}: a rescale retires Spark group {group[0]}, which is key interval {batch.interval} of this layout"
-            raise RescaleMismatch(msg)
-        if state.exists:
-            envs_b, meta_b = state.get
-            envs = _unpackb(envs_b, raw=False, strict_map_key=False)
-            meta = unpack_meta(meta_b)
-        else:
-            envs, meta = {}, {}
-        if batch.installs:
-            self.install(batch, envs, meta)
-        batch.add_due(meta.items())
-        for kb, outcome in batch.run(envs.get).items():
-            if outcome.envelope is None:
-                envs.pop(kb, None)
-            else:
-                envs[kb] = outcome.envelope
-            m = KeyMeta.of(outcome)
-            if m is None:
-                meta.pop(kb, None)
-            else:
-                meta[kb] = m
-        hold, nlw_min, nwall_min = store_interval(state, envs, meta)
-        yield batch.summary(hold, nlw_min, nwall_min, len(envs))
-
-
-def store_interval(
-    state: Any, envs: dict[bytes, Any], meta: dict[bytes, Any]
-) -> tuple[int | None, int | None, int | None]:
-    """Write an interval's maps into its ``GroupState`` row (or remove the row: no keys) with
-    its event-time timeout at its earliest low-watermark timer; returns :func:`earliest`."""
-    if envs:
-        state.update((_packb(envs, use_bin_type=True), _packb(meta, use_bin_type=True)))
-    elif state.exists:
-        state.remove()
-    hold, nlw_min, nwall_min = earliest(meta.values())
-    if nlw_min is not None and envs:
-        state.setTimeoutTimestamp(max(timer_timeout(nlw_min), state.getCurrentWatermarkMs()))
     return hold, nlw_min, nwall_min

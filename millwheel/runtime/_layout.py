@@ -29,6 +29,7 @@ from typing import Any
 
 from millwheel._errors import MillwheelError
 from millwheel.runtime._fs import Location
+from millwheel.runtime._settings import StateLayout
 
 __all__ = [
     "HIDDEN_MOVE",
@@ -60,9 +61,14 @@ class Layout:
     own: bool = False
     #: the heartbeat file of the rescale that made this layout, until a start has seen it consumed
     migration: dict[str, Any] | None = None
-    #: where its envelopes live (``"intervals"`` or ``"keys"``): the run's ``state_layout``
-    #: unless ``millwheel rescale --layout`` gave it its own (``_relayout.py``)
-    state_layout: str = "intervals"
+    #: where its envelopes live: the run's ``state_layout`` unless ``millwheel rescale
+    #: --layout`` gave it its own (``_relayout.py``); a string is taken as its member
+    state_layout: StateLayout | str = StateLayout.INTERVALS
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "state_layout", StateLayout.parse(self.state_layout, "run.json's state_layout")
+        )
 
 
 def read_pin(root: Location) -> dict[str, Any]:
@@ -106,7 +112,7 @@ def computation_layouts(
 ) -> dict[str, Layout]:
     """Each of ``names``'s layout: its own from ``run.json``'s ``"computations"``, else the run-wide one."""
     own = held.get("computations") or {}
-    run_layout = str(held.get("state_layout", "intervals"))
+    run_layout = held.get("state_layout", "intervals")
     out: dict[str, Layout] = {}
     for name in names:
         entry = own.get(name)
@@ -122,7 +128,7 @@ def computation_layouts(
             gs,
             own=True,
             migration=entry.get("migration"),
-            state_layout=str(entry.get("state_layout", run_layout)),
+            state_layout=entry.get("state_layout", run_layout),
         )
     return out
 

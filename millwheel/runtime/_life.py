@@ -7,8 +7,8 @@ its commit) keeps and no other batch of the query has: Spark plans batches in or
 rescale (``_rescale.py``, ``_move.py``) and a change of state layout (``_relayout.py``)
 keep the checkpoint, its offset and commit logs, and so the numbering. Every plan reads it
 in the task that runs the step: the interval rows and the per-key rows (``_interval.py``,
-``_mapstate.py``), the columnar default mapping on rows or reading the batch's files
-(``_columnar.py``, ``_scan.py``) and the Arrow mapping (``_arrowmap.py``, whose tasks run
+``plans/keys.py``), the columnar default mapping on rows or reading the batch's files
+(``_columnar.py``, ``_scan.py``) and the Arrow mapping (``plans/arrow.py``, whose tasks run
 inside ``foreachBatch`` and are told the batch).
 """
 

@@ -59,9 +59,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from millwheel._errors import MillwheelError
-from millwheel.runtime._autoscale import Decision, Figures, decide
+from millwheel.runtime._autoscale import Figures, decide
 from millwheel.runtime._fs import Location
 from millwheel.runtime._layout import computation_layouts, read_pin
+from millwheel.runtime._onlinejob import Job as _Job
 from millwheel.runtime._outbox import crash_point
 from millwheel.runtime._relayout import finish, move_layout, plan, relayout_wanted
 from millwheel.runtime._requests import (
@@ -102,41 +103,6 @@ MAX_ATTEMPTS = 5
 
 
 # ---- the driver's side ---------------------------------------------------------------------
-class _Job:
-    """One rescale in the driver: a request (or an autoscale decision) and where it is."""
-
-    def __init__(
-        self,
-        rid: str,
-        computation: str,
-        intervals: int | None,
-        decision: Decision | None = None,
-        layout: str | None = None,
-    ) -> None:
-        self.rid, self.computation, self.intervals, self.decision, self.layout = (
-            rid,
-            computation,
-            intervals,
-            decision,
-            layout,
-        )
-        #: a layout change (``_relayout.py``: ``--layout``, or a per-key computation), decided at the first boundary
-        self.relayout = False
-        self.state = "waiting"  # waiting -> moving -> restarted -> done | failed
-        self.detail = "waits for a committed batch boundary"
-        self.at = {"requested": time.monotonic()}
-        self.at_ms = int(time.time() * 1000)
-        self.attempts = 0
-        self.thread: threading.Thread | None = None
-        self.result: dict[str, Any] | None = None
-        self.error: BaseException | None = None
-        self.figures: dict[str, Any] = {}
-
-    def text(self) -> str:
-        how = f"{self.decision.action} " if self.decision else ""
-        return f"rescale {how}{self.computation} -> {what(self.intervals, self.layout)}: {self.state} ({self.detail})"
-
-
 class OnlineRescaler:
     """The driver's side (steps 2-4 of the module docstring), polled by ``SparkRuntime.poll``;
     with ``RuntimeSettings.autoscale``, also the automatic policy's figures and decisions."""

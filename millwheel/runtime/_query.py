@@ -2,15 +2,15 @@
 
 ::
 
-    heartbeats/<C>/*.parquet ─────────────────────────────┐  (input low watermark, ticks)
-    streams/<S>/<producer>/*.parquet ─► key (JVM [+ UDF]) ┤  (one per input stream, §4.2: the
-                                                          ▼   producer's key columns; the rest keyed
-                                                              by a UDF, or by the step: see _keyed_by_producer)
-        union ─► withWatermark("wm_ts", "0 seconds") ─► groupBy(group of interval)
-              ─► applyInPandasWithState(IntervalStep, EventTimeTimeout)
-              ─► foreachBatch(Outbox.sink)  ──(after commit)──► streams/<out>/<C>/
+    heartbeats/<C>/*.parquet ──────┐  (input low watermark, ticks)
+    streams/<S>/<producer>/*.parquet ┤  (plans/_inputs.py: keyed rows, or markers of the scan)
+        union ─► withWatermark ─► the computation's plan (plans/: interval rows, key rows,
+              columnar, Arrow) ─► foreachBatch(its sink: the Outbox) ──(after commit)──► streams/<out>/<C>/
 
-The driver keeps, per computation, what it needs for the low watermark (§4.5, §7.2):
+The query asks its plan (``plans/``) for everything that differs between them — which
+plan (``plans.plan_for``, every refusal included), its state store's configuration, its
+frame and its sink — and keeps what every computation has: its lease, outbox,
+heartbeats, restarts, and what the driver needs for the low watermark (§4.5, §7.2):
 which input files the committed batches consumed (from the query's file-source logs in
 its checkpoint), and each key interval's summary (oldest pending low-watermark timer,
 next timers) from the last published batch.
@@ -20,67 +20,34 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from functools import reduce
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from millwheel._columnar import is_columnar
 from millwheel._counters import StepMetrics
 from millwheel._delivery import low_watermark
 from millwheel._errors import MillwheelError
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel._topology import ComputationSpec
-from millwheel.runtime._arrowmap import arrow_mapping
-from millwheel.runtime._columnar import ColumnarIntervalStep, interval_step_class
 from millwheel.runtime._consumed import ConsumedFiles, read_input_watermarks
 from millwheel.runtime._context import DriverContext
-from millwheel.runtime._fieldcols import (
-    carry_columns,
-    input_schema,
-    keying_fields,
-    needed_fields,
-    reads_values,
-)
-from millwheel.runtime._interval import KEYING_RESULT, KEYING_STAGE_NEEDED, make_keying
 from millwheel.runtime._layout import finish_move, mark_migration, move_pending
 from millwheel.runtime._lease import FencedError, Lease
-from millwheel.runtime._mapstate import make_processor
 from millwheel.runtime._outbox import Outbox
-from millwheel.runtime._scan import (
-    MARKER_SCHEMA,
-    SCAN_ONLY_COLUMNS,
-    BatchScan,
-    Markers,
-    ScannedInput,
-)
+from millwheel.runtime._ownkeying import KEYING_STAGE_NEEDED
+from millwheel.runtime._scan import ScannedInput
 from millwheel.runtime._session import NO_DATA_BATCHES_OFF, start_query, wait_for_jobs
 from millwheel.runtime._spark_internals import drop_uncommitted_state, error_mentions
 from millwheel.runtime._streams import FileStreamLog
 from millwheel.runtime._usercode import RestartPolicy
-from millwheel.runtime._wire import (
-    HEARTBEAT_SCHEMA,
-    LOG_SCHEMA,
-    STATE_SCHEMA,
-    IntervalSummary,
-    RowKind,
-    due_ticks,
-    interval_name,
-    to_spark,
-)
+from millwheel.runtime._wire import IntervalSummary, due_ticks, interval_name, to_spark
+from millwheel.runtime.plans import (
+    STATE_STORE_CONF as STATE_STORE_CONF,
+)  # re-exported: _relayout.py
+from millwheel.runtime.plans import Plan, plan_for
+from millwheel.runtime.plans._inputs import query_inputs
 from watermark_authority import ConflictError, StaleTokenError, UnknownNameError
-
-#: Spark configuration of each state layout's state store (``RuntimeSettings.state_layout``)
-STATE_STORE_CONF: dict[str, dict[str, str]] = {
-    "intervals": {},
-    # transformWithState needs the RocksDB provider; changelog checkpointing makes a
-    # commit write the rows a batch changed, not a snapshot of the store
-    "keys": {
-        "spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-    },
-}
 
 _HB_SCHEMA = pa.schema([("interval", pa.int32()), ("wm", pa.int64()), ("now", pa.int64())])
 #: a rescale's heartbeat file (``_rescale.py``): :data:`_HB_SCHEMA` and the columns of its rows
@@ -150,6 +117,8 @@ class ComputationQuery:
         self._keyed_files: set[tuple[str, str, str]] = set()
         #: the inputs whose records the step reads from its batch's files (``_scan.py``)
         self.scanned: tuple[ScannedInput, ...] = ()
+        #: its physical plan (``plans/``), chosen at each start: the layout may have changed
+        self.plan: Plan | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -163,6 +132,8 @@ class ComputationQuery:
         self.intervals, self.groups = layout.intervals, list(layout.groups)
         self.state_layout = layout.state_layout
         self._migration = layout.migration
+        # its plan (``plans/``): a combination the runtime cannot run is refused here
+        self.plan = plan = plan_for(self, layout)
         if layout.migration is not None:
             self._check_migration(layout.migration)
         dropped = drop_uncommitted_state(
@@ -185,7 +156,7 @@ class ComputationQuery:
         now = int(time.time() * 1000)
         self._write_heartbeat(None, [(s, now) for s in range(self.intervals)])
         self.keying_stage = self._keying_forced or self._unkeyed_input()
-        self.query = self._start(self._build())
+        self.query = self._start(self._build(plan), plan)
 
     def _check_migration(self, migration: dict[str, Any]) -> None:
         """A rescaled computation's state moves into its new groups with the heartbeat file
@@ -269,266 +240,32 @@ class ComputationQuery:
                 self._keyed_files.add(entry)
         return False
 
-    def _start(self, writer: Any) -> Any:
-        """Start the query with its layout's state store (``_session.start_query``: the
+    def _start(self, writer: Any, plan: Plan) -> Any:
+        """Start the query with its plan's state store (``_session.start_query``: the
         checkpoint pins the provider from its first start), without no-data batches if its
         class handles no timers (``docs/runtime.md``, "No-data batches")."""
         return start_query(
             writer,
             self.rt.spark,
             {
-                **STATE_STORE_CONF[self.state_layout],
+                **plan.state_store_conf,
                 **({} if self.spec.handles_timers else NO_DATA_BATCHES_OFF),
             },
         )
 
-    def _build(self) -> Any:
-        from pyspark.sql import functions as F
-        from pyspark.sql.streaming.state import GroupStateTimeout
-
-        spark = self.rt.spark
-        settings = self.rt.settings
-        # heartbeats, ticks, and a rescale's rows (``_rescale.py``), which name their Spark
-        # group themselves (``_group``); a tick for an interval this layout does not have
-        # (written before a rescale) wakes nothing: every interval is ticked at start anyway
-        hb = (
-            spark.readStream.schema(HEARTBEAT_SCHEMA)
-            .option("maxFileAge", "36500d")
-            .parquet(self.heartbeats.uri)
-            .where(F.col("group").isNotNull() | (F.col("interval") < F.lit(self.intervals)))
-            .select(
-                F.col("interval"),
-                F.col("kind"),
-                F.col("key"),
-                F.lit(None).cast("string").alias("id"),
-                F.lit(0).cast("long").alias("ts"),
-                F.col("value"),
-                F.lit(None).cast("long").alias("wm"),
-                F.lit(None).cast("string").alias("stream"),
-                F.lit(None).cast("string").alias("src"),
-                F.lit(None).cast("long").alias("row"),
-                F.col("now"),
-                F.timestamp_millis("wm").alias("wm_ts"),
-                F.col("group").alias("_group"),
-            )
-        )
-        arrow = arrow_mapping(self, ConsumedFiles(self.checkpoint))  # pins the mapping in run.json
-        # the scan plan (``_scan.py``): a columnar computation on either mapping
-        columnar = (arrow is not None or self.state_layout == "intervals") and is_columnar(
-            self.spec.cls
-        )
-        kcol, icol = self.rt.keyer.columns(self.name)
-        records, markers, scanned = [], [], []
-        for stream, extractor in self.spec.inputs.items():
-            readers, schema = (
-                [],
-                input_schema(
-                    f"{LOG_SCHEMA}, {self.rt.keyer.ddl([self.name])}", self.rt.keyer, stream
-                ),
-            )
-            for producer in self.rt.producers(stream):
-                r = spark.readStream.schema(schema).option("maxFileAge", "36500d")
-                if settings.max_files_per_trigger:
-                    r = r.option("maxFilesPerTrigger", settings.max_files_per_trigger)
-                # the file and row a record came from: rows are put back in send order
-                # (file names sort in publication order) so a key's records are stepped as sent
-                readers.append(
-                    r.parquet(self.rt.streams.location(stream, producer).uri)
-                    .withColumn("src", F.col("_metadata.file_name"))
-                    .withColumn("row", F.col("_metadata.row_index"))
-                )
-            raw = reduce(
-                lambda a, b: a.unionByName(b), readers
-            )  # a stream's readers share one schema
-            if (
-                columnar
-                and settings.columnar_input == "scan"
-                and not self.keying_stage
-                and not needed_fields(self.spec, self.rt.keyer, stream)
-            ):
-                # the step reads this input's records from the batch's files (``_scan.py``);
-                # only the interval of each row is read here, as ``_keyed_by_producer`` gives it
-                markers.append(
-                    raw.select(
-                        F.coalesce(
-                            F.col(f"`{icol}`"),
-                            F.pmod(F.xxhash64(F.col("id")), F.lit(self.intervals)).cast("int"),
-                        ).alias("interval")
-                    )
-                )
-                scanned += [
-                    ScannedInput(stream, p, self.rt.streams.location(stream, p).uri)
-                    for p in self.rt.producers(stream)
-                ]
-                continue
-            records.append(
-                self._keyed(raw, stream, extractor)
-                if self.keying_stage
-                else self._keyed_by_producer(raw, stream)
-            )
-        # the Spark group of each key interval (``_runtime.pin_groups``, ``_layout.py``): heartbeats keep -1;
-        # the worker takes the interval from the group, so the column stops here: one
-        # column less through the shuffle and the Arrow/pandas round trip
-        groups = F.array(*(F.lit(g) for g in self.groups))
-        group = F.when(F.col("interval") < 0, F.col("interval")).otherwise(
-            F.element_at(groups, F.col("interval") + 1)
-        )
-        hb = hb.withColumn("group", F.coalesce(F.col("_group"), group)).drop("interval", "_group")
-        records = [part.withColumn("group", group).drop("interval") for part in records]
-        self.scanned = tuple(scanned)
-        scan_only = (
-            bool(markers) and not records and arrow is None
-        )  # the Arrow mapping's tasks select their columns themselves
-        if markers:
-            records.append(
-                reduce(lambda a, b: a.unionByName(b), markers)
-                .select(group.alias("group"))
-                .mapInArrow(Markers(), MARKER_SCHEMA)
-            )
-        # ``mw_fields_<i>``: one per input; heartbeats first: Spark plans sources in this order
-        union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), [hb, *records])
-        if scan_only:
-            # the step reads every record from the batch's files: its frames hold markers,
-            # heartbeats, ticks and a rescale's rows, which need none of a record's columns;
-            # PySpark converts each column of each group's frame to pandas (~4% of the step)
-            union = union.select(*SCAN_ONLY_COLUMNS)
-        union = union.withWatermark("wm_ts", "0 seconds")
-        keyer = self.rt.keyer
-        sink = self.outbox.sink
-        # a computation that reads no values (its ``record_columns``) gets them only if it asks (``FileValues``)
-        scan = (
-            BatchScan(
-                self.checkpoint.uri,
-                tuple(scanned),
-                kcol,
-                icol,
-                self.intervals,
-                reads_values(self.spec),
-            )
-            if scanned
-            else None
-        )
-        if arrow is not None:  # the opt-in mapping of a columnar computation: ``_arrowmap.py``
-            out, sink = union, arrow.sink
-            arrow.step.scan = scan
-        elif self.state_layout == "keys":
-            interval_step_class(self.spec, self.state_layout)  # refuses a columnar computation
-            # one state-store row per key (``_mapstate.py``): transformWithStateInPandas
-            processor = make_processor(
-                self.spec,
-                pipeline=self.rt.pipeline_id,
-                registry=settings.registry,
-                keyer=keyer,
-                groups=self.groups,
-            )
-            out = union.groupBy("group").transformWithStateInPandas(
-                statefulProcessor=processor,
-                outputStructType=processor.owner.out_schema(),
-                outputMode="Append",
-                timeMode="EventTime",
-            )
-        else:
-            # a columnar computation has its own interval function: ``_columnar.py``
-            step = interval_step_class(self.spec)(
-                self.spec,
-                pipeline=self.rt.pipeline_id,
-                registry=settings.registry,
-                keyer=keyer,
-                groups=self.groups,
-            )
-            if isinstance(
-                step, ColumnarIntervalStep
-            ):  # its held ids in files beside the state (``_colsegments.py``)
-                step.scan = scan
-                step.ids_beside(self.checkpoint.child("ids").uri, spark)
-            out = union.groupBy("group").applyInPandasWithState(
-                step,
-                step.out_schema(),
-                STATE_SCHEMA,
-                "append",
-                GroupStateTimeout.EventTimeTimeout,
-            )
+    def _build(self, plan: Plan) -> Any:
+        """The query's streaming writer: its plan's frame over the inputs (``plans/``), into its sink."""
+        inputs = query_inputs(self, plan)
+        self.scanned = inputs.scanned
+        built = plan.build(inputs)
         writer = (
-            out.writeStream.queryName(f"millwheel.{self.name}")
-            .foreachBatch(sink)
+            built.out.writeStream.queryName(f"millwheel.{self.name}")
+            .foreachBatch(built.sink)
             .option("checkpointLocation", self.checkpoint.uri)
         )
-        if settings.trigger_ms > 0:
-            writer = writer.trigger(processingTime=f"{settings.trigger_ms} milliseconds")
+        if self.rt.settings.trigger_ms > 0:
+            writer = writer.trigger(processingTime=f"{self.rt.settings.trigger_ms} milliseconds")
         return writer
-
-    def _keyed_by_producer(self, raw: Any, stream: str) -> Any:
-        """Rows of one input as :data:`KEYED_SCHEMA`, without the keying stage: what the
-        query reads when every input file carries this computation's key columns.
-
-        Key and interval are the producer's ``key:C`` / ``interval:C``. A row without them
-        (its extractor failed at the producer; or a file without them that appeared after
-        the query started) goes to an interval chosen by a hash of its id, as
-        :attr:`RowKind.UNKEYED` with its own key, and the step there keys it
-        (``IntervalBatch._key_here``): a dead letter is emitted from there; a record whose
-        key is in another interval fails the batch, and :meth:`check` restarts the query
-        with the keying stage.
-        """
-        from pyspark.sql import functions as F
-
-        kcol, icol = self.rt.keyer.columns(self.name)
-        unkeyed = F.col(f"`{icol}`").isNull()
-        return raw.select(
-            F.when(unkeyed, F.pmod(F.xxhash64(F.col("id")), F.lit(self.intervals)).cast("int"))
-            .otherwise(F.col(f"`{icol}`"))
-            .alias("interval"),
-            F.when(unkeyed, F.lit(int(RowKind.UNKEYED)))
-            .otherwise(F.lit(int(RowKind.RECORD)))
-            .alias("kind"),
-            F.when(unkeyed, F.col("key")).otherwise(F.col(f"`{kcol}`")).alias("key"),
-            F.col("id"),
-            F.col("ts"),
-            F.col("value"),
-            F.col("wm"),
-            F.lit(stream).alias("stream"),
-            F.col("src"),
-            F.col("row"),
-            F.lit(None).cast("long").alias("now"),
-            *carry_columns(self.spec, self.rt.keyer, stream),
-        )
-
-    def _keyed(self, raw: Any, stream: str, extractor: Any) -> Any:
-        """Rows of one input keyed for this computation (§4.2), as :data:`KEYED_SCHEMA`.
-
-        Key and interval come from the producer's ``key:C`` / ``interval:C`` columns
-        (``_keying.py``), taken in the JVM. The consumer's own keying
-        (:func:`~millwheel.runtime._interval.make_keying`, an Arrow UDF) gets the id,
-        timestamp, key and value only of rows without them, so a keyed row's value never
-        travels to Python here. One plan node per input directory: a file source read
-        twice would be two entries of the offset log (``docs/runtime.md``).
-        """
-        from pyspark.sql import functions as F
-
-        kcol, icol = self.rt.keyer.columns(self.name)
-        keying = F.arrow_udf(
-            make_keying(self.name, stream, extractor, self.intervals, self.spec.options.on_error),
-            KEYING_RESULT,
-        )
-        need = F.col(f"`{icol}`").isNull()
-        k = keying(
-            need,
-            *(F.when(need, F.col(c)) for c in ("id", "ts", "key", "value")),
-            keying_fields(self.rt.keyer, stream, need),
-        )
-        return raw.withColumn("_k", k).select(
-            F.coalesce(F.col(f"`{icol}`"), F.col("_k.interval")).alias("interval"),
-            F.coalesce(F.col("_k.kind"), F.lit(int(RowKind.RECORD))).alias("kind"),
-            F.coalesce(F.col(f"`{kcol}`"), F.col("_k.key")).alias("key"),
-            F.coalesce(F.col("_k.id"), F.col("id")).alias("id"),
-            F.coalesce(F.col("_k.ts"), F.col("ts")).alias("ts"),
-            F.coalesce(F.col("_k.value"), F.col("value")).alias("value"),
-            F.col("wm"),
-            F.lit(stream).alias("stream"),
-            F.col("src"),
-            F.col("row"),
-            F.lit(None).cast("long").alias("now"),
-            *carry_columns(self.spec, self.rt.keyer, stream),
-        )
 
     def check(self) -> None:
         """Restart the query from its checkpoint if it died (e.g. a Python worker was killed).

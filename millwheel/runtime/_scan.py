@@ -7,7 +7,7 @@
     heartbeats, ticks, a rescale's rows ──┴─► union ─► groupBy(group)
         ─► applyInPandasWithState(ColumnarIntervalStep): a marked group reads its key
            interval's records from the files its micro-batch consumed
-           (the Arrow mapping, ``_arrowmap.py``: foreachBatch ─► repartition(N, group)
+           (the Arrow mapping, ``plans/arrow.py``: foreachBatch ─► repartition(N, group)
            ─► mapInArrow(IntervalTask), each task reading its marked intervals' the same way)
 
 ``applyInPandasWithState`` needs its input hash-partitioned and sorted by the grouping
@@ -23,14 +23,13 @@ records, §6.1.1) and reads its interval's rows of them with pyarrow. A Python w
 decodes each file of the batch once (:data:`_CACHE`) for all the intervals it runs.
 
 The records are the ones the row plan hands over, built the same way
-(``_query._keyed_by_producer``): key from ``key:C``, the file name and row index for the
+(``plans/_inputs.keyed_by_producer``): key from ``key:C``, the file name and row index for the
 send order, the stream's name; a row without ``interval:C`` (its producer could not key
 it) goes to interval ``pmod(xxhash64(id), intervals)`` — Spark's hash, which
 :func:`spark_xxhash64` computes — as a row to key in the step. An input whose consumer
 carries declared fields (``_fieldcols.py``) or keys its rows itself (the keying stage) is
-read as rows. ``RuntimeSettings(columnar_input="rows")`` builds the row plan for every
-input (the benchmarks' side-by-side figure); a checkpoint resumes under either: the file
-sources, the grouping key and the state schema are the same.
+read as rows. A checkpoint resumes reading an input either way: the file sources, the
+grouping key and the state schema are the same.
 """
 
 from __future__ import annotations
@@ -324,7 +323,7 @@ def _by_interval(
     row index; the distinct intervals and where each starts; whether the values were read
     (``values``: read them; a null ``value`` column otherwise). A row without
     ``interval:C`` (its producer could not key it) goes where
-    ``_query._keyed_by_producer`` sends it: interval ``pmod(xxhash64(id), intervals)``
+    ``plans/_inputs.keyed_by_producer`` sends it: interval ``pmod(xxhash64(id), intervals)``
     (Spark's hash, seed 42), kind :attr:`RowKind.UNKEYED`, to be keyed by the step, which
     needs its value: such a file is read whole."""
     f = pq.ParquetFile(loc.path, filesystem=loc.fs)
@@ -392,7 +391,7 @@ def spark_xxhash64(s: str | None) -> int:
 
 
 def _union_rows(t: pa.Table, stream: str, name: str) -> pa.Table:
-    """One file's rows of an interval as union rows (``_query.py``'s row plan, less ``group``)."""
+    """One file's rows of an interval as union rows (the rows ``plans/_inputs.py`` reads, less ``group``)."""
     n = t.num_rows
     return pa.table(
         {

@@ -78,7 +78,7 @@ def build(
             from computations.columnar_windowing import ColumnarWindowCounter
 
             counter = ColumnarWindowCounter
-        # ``arrow``: on the opt-in Arrow mapping (``millwheel/runtime/_arrowmap.py``)
+        # ``arrow``: on the opt-in Arrow mapping (``millwheel/runtime/plans/arrow.py``)
         opts = dataclasses.replace(counter.options, mapping="arrow") if arrow else None
         t.computation(
             counter,

@@ -1,4 +1,4 @@
-"""The Arrow mapping's task (``millwheel/runtime/_arrowmap.py``) in process, without Spark: a key
+"""The Arrow mapping's task (``millwheel/runtime/plans/arrow.py``) in process, without Spark: a key
 interval's store read from the file the manifest names or from the worker's cache of it, a
 second run of a batch writing its own files, and the productions the same either way."""
 
@@ -16,12 +16,13 @@ from millwheel._codec import decode_value, encode_value
 from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._errors import MillwheelError, TopologyError
 from millwheel._record import encode_key
-from millwheel.runtime import _arrowmap
-from millwheel.runtime._arrowmap import BatchPlan, IntervalTask, arrow_mapping, out_arrow_schema
 from millwheel.runtime._colfiles import ColumnarFiles, Manifest
 from millwheel.runtime._columnar import ColumnarIntervalStep
 from millwheel.runtime._fs import Location
 from millwheel.runtime._wire import SUMMARY_STREAM, IntervalSummary
+from millwheel.runtime.plans import PlanKind, plan_for
+from millwheel.runtime.plans import arrow as _arrowmap
+from millwheel.runtime.plans.arrow import BatchPlan, IntervalTask, out_arrow_schema
 
 T0 = 1_767_261_600_000
 
@@ -157,7 +158,7 @@ class _Conf(dict):
 
 
 class _FakeSpark:
-    """What ``arrow_mapping`` asks of a session: its shuffle partitions and speculation."""
+    """What ``plans.plan_for`` asks of a session: its shuffle partitions and speculation."""
 
     def __init__(self, speculation: str = "false") -> None:
         self.conf = _Conf({"spark.sql.shuffle.partitions": "2"})
@@ -192,7 +193,7 @@ def _query(
         settings=RuntimeSettings(state_layout=layout),
         keyer=None,
         pipeline_id="p",
-        layout=lambda name: Layout(2, (0, 1), own=own),
+        layout=lambda name: Layout(2, (0, 1), own=own, state_layout=layout),
     )
     return types.SimpleNamespace(
         spec=t.validate().computations["F"],
@@ -204,14 +205,20 @@ def _query(
     )
 
 
+def _plan(query):
+    return plan_for(query, query.rt.layout(query.name))
+
+
 def test_the_arrow_mapping_is_refused_where_it_cannot_keep_its_promises(tmp_path):
-    assert arrow_mapping(_query(tmp_path / "a", "default"), None) is None
+    assert _plan(_query(tmp_path / "a", "default")).kind is PlanKind.COLUMNAR
+    arrow = _plan(_query(tmp_path / "e", "arrow"))
+    assert arrow.kind is PlanKind.ARROW and arrow.partitions == 2  # the session's, pinned
     with pytest.raises(MillwheelError, match="spark.speculation=true"):
-        arrow_mapping(_query(tmp_path / "b", "arrow", speculation="true"), None)
+        _plan(_query(tmp_path / "b", "arrow", speculation="true"))
     with pytest.raises(MillwheelError, match="state_layout='intervals'"):
-        arrow_mapping(_query(tmp_path / "c", "arrow", layout="keys"), None)
+        _plan(_query(tmp_path / "c", "arrow", layout="keys"))
     with pytest.raises(MillwheelError, match="rescaled"):
-        arrow_mapping(_query(tmp_path / "d", "arrow", own=True), None)
+        _plan(_query(tmp_path / "d", "arrow", own=True))
     with pytest.raises(TopologyError, match="is for columnar computations"):
         Topology("t").computation(
             WindowCounter, inputs={"q": None}, options=ComputationOptions(mapping="arrow")

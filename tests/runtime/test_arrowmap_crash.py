@@ -1,4 +1,4 @@
-"""Crash test of the Arrow mapping (``millwheel/runtime/_arrowmap.py``): ``tests/runtime/test_crash.py``'s
+"""Crash test of the Arrow mapping (``millwheel/runtime/plans/arrow.py``): ``tests/runtime/test_crash.py``'s
 two-stage topology with ``ColumnarWindowCounter`` on ``ComputationOptions(mapping="arrow")`` as its
 counter, through a kill after a batch's manifest is written and before Spark commits the batch
 (the replay must read the previous version, not that manifest), a kill -9 of the driver and, in

@@ -6,7 +6,7 @@ from __future__ import annotations
 from millwheel import Record
 from millwheel._codec import decode_value
 from millwheel.runtime import _columnar
-from millwheel.runtime._columnar import interval_step_class
+from millwheel.runtime._columnar import ColumnarIntervalStep
 from millwheel.runtime._groupstate import MemoryGroupState
 from millwheel.runtime._wire import SUMMARY_STREAM, to_spark
 
@@ -32,7 +32,7 @@ def test_a_worker_reuses_its_store_only_for_the_bytes_it_wrote():
     the same bytes after the cache moved on (a replay of a batch that did not commit), then
     from a cold worker: the same productions and the same store bytes each time, and the
     re-sent record counted once."""
-    step = interval_step_class(COLUMNAR)(COLUMNAR, groups=[7])
+    step = ColumnarIntervalStep(COLUMNAR, groups=[7])
     first = [Record(None, {"k": "a"}, 1_000 + i, f"r{i}") for i in range(3)]
     second = [
         Record(None, {"k": "a"}, 1_100, "r3"),

@@ -34,7 +34,8 @@ from millwheel import (
     Topology,
 )
 from millwheel.runtime import RuntimeSettings, SparkRuntime
-from millwheel.runtime._columnar import interval_step_class
+from millwheel.runtime._settings import SettingsError
+from millwheel.runtime.plans import choose_plan
 from millwheel.testing import Harness
 
 pytestmark = pytest.mark.spark
@@ -110,8 +111,8 @@ MAPPINGS = ["default", "arrow"]
 
 @pytest.fixture(scope="module", params=[*MAPPINGS, "default-rows", "arrow-rows"])
 def runs(request, tmp_path_factory, spark):
-    """Per mapping, on the scan plan and on the row plan (``columnar_input="rows"``): the
-    per-record harness, the columnar harness, the columnar computation on Spark, the plain answer."""
+    """Per mapping, reading its records from the batch's files and as rows (a query with the
+    keying stage reads every input as rows, ``plans/_inputs.py``): the per-record harness, the columnar harness, the columnar computation on Spark, the plain answer."""
     base = tmp_path_factory.mktemp(f"columnar-{request.param}")
     mapping, _, plan = request.param.partition("-")
     answer = write_logs(base / "logs")
@@ -122,10 +123,10 @@ def runs(request, tmp_path_factory, spark):
     )
     columnar.run_sources()
     topo = topology(base / "logs", ColumnarWindowCounter, mapping=mapping)
-    settings = RuntimeSettings(
-        drain=True, intervals=4, lockstep=True, columnar_input=plan or "scan"
-    )
+    settings = RuntimeSettings(drain=True, intervals=4, lockstep=True)
     rt = SparkRuntime(topo, str(base / "run"), settings, spark=spark)
+    # as after a record its producer did not key: the query keeps the keying stage
+    rt.computations["Counter"]._keying_forced = plan == "rows"
     rt.run(timeout_s=600)
     assert bool(rt.computations["Counter"].scanned) == (plan != "rows")  # the plan the run had
     return per_record, columnar, rt, answer
@@ -170,8 +171,8 @@ def test_same_dead_letters_and_counters(runs):
 
 def test_a_columnar_computation_refuses_the_per_key_layout():
     t = topology(".", ColumnarWindowCounter)
-    with pytest.raises(Exception, match="interval-row layout only"):
-        interval_step_class(t.computations["Counter"], "keys")
+    with pytest.raises(SettingsError, match="interval-row layout only"):
+        choose_plan(t.computations["Counter"], "keys")
 
 
 class Picky(ColumnarComputation):

@@ -10,14 +10,10 @@ from millwheel import Record, Topology
 from millwheel._codec import decode_value, encode_value
 from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._record import decode_key, encode_key
-from millwheel.runtime._interval import (
-    KEYING_STAGE_NEEDED,
-    IntervalStep,
-    KeyingStageNeeded,
-    MemoryGroupState,
-)
+from millwheel.runtime._interval import KEYING_STAGE_NEEDED, KeyingStageNeeded, MemoryGroupState
 from millwheel.runtime._keying import interval_of
 from millwheel.runtime._wire import SUMMARY_STREAM, IntervalSummary, RowKind
+from millwheel.runtime.plans.intervals import IntervalStep
 
 from ._chain import Double, by_n
 

@@ -25,9 +25,10 @@ from hypothesis import strategies as st
 from millwheel import Computation, Record, Topology
 from millwheel._codec import decode_value, encode_value
 from millwheel._colstore import ColumnarStore
+from millwheel._columnar import is_columnar
 from millwheel._record import decode_key, encode_key
-from millwheel.runtime._columnar import interval_step_class
-from millwheel.runtime._interval import IntervalStep, MemoryGroupState
+from millwheel.runtime._columnar import ColumnarIntervalStep
+from millwheel.runtime._interval import MemoryGroupState
 from millwheel.runtime._keying import Keyer, interval_of
 from millwheel.runtime._move import RescaleMismatch, blob_digest, state_digest
 from millwheel.runtime._rescale import move_rows, move_stores
@@ -39,6 +40,7 @@ from millwheel.runtime._wire import (
     timer_timeout,
     to_spark,
 )
+from millwheel.runtime.plans.intervals import IntervalStep
 
 PARTITIONS = 2
 
@@ -70,6 +72,11 @@ def _spec():
 SPEC = _spec()
 
 
+def _step_class(spec):
+    """The interval plans' step of ``spec`` (``plans/intervals.py``, ``plans/columnar.py``)."""
+    return ColumnarIntervalStep if is_columnar(spec.cls) else IntervalStep
+
+
 class Cluster:
     """One computation's groups and their states, stepped as Spark's stateful operator would."""
 
@@ -77,7 +84,7 @@ class Cluster:
         self.intervals = intervals
         self.groups = groups
         spec = spec or SPEC
-        self.step = interval_step_class(spec)(spec, groups=groups)
+        self.step = _step_class(spec)(spec, groups=groups)
         self.states: dict[int, MemoryGroupState] = {}
         self.out: list[tuple[str, bytes]] = []
 
@@ -397,7 +404,7 @@ def test_a_columnar_install_into_a_busy_interval_or_the_wrong_one_fails():
     new_groups = interval_groups(4, PARTITIONS, avoid=c.groups)
     frames = heartbeat_frames(_move(c, held, new_groups)[0])
     g, frame = next((g, f) for g, f in frames.items() if g in new_groups)
-    step = interval_step_class(COLUMNAR)(COLUMNAR, groups=new_groups)
+    step = ColumnarIntervalStep(COLUMNAR, groups=new_groups)
     busy = MemoryGroupState()
     busy.value = (next(iter(held.values())), b"")
     with pytest.raises(RescaleMismatch, match="already holds a store"):

@@ -1,4 +1,5 @@
-"""The opt-in Arrow mapping of columnar computations (``ComputationOptions(mapping="arrow")``).
+"""Columnar computations on the opt-in Arrow mapping (``ComputationOptions(mapping="arrow")``;
+``docs/runtime.md``, "Plans", "The Arrow mapping").
 
 ::
 
@@ -41,7 +42,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -49,11 +50,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from millwheel._colstore import ColumnarStore
-from millwheel._errors import MillwheelError
 from millwheel._fields import FIELDS_COLUMN
 from millwheel._options import LateAction
 from millwheel._record import MIN_TIMESTAMP
-from millwheel.runtime._colfiles import STATE_DIR, ColumnarFiles, Manifest, pin_mapping, store_name
+from millwheel.runtime._colfiles import STATE_DIR, ColumnarFiles, Manifest, store_name
 from millwheel.runtime._columnar import ColumnarIntervalStep, send_order
 from millwheel.runtime._fieldcols import CARRY_PREFIX
 from millwheel.runtime._outbox import crash_point, staged_version
@@ -61,7 +61,6 @@ from millwheel.runtime._scan import SCAN_COLUMN
 from millwheel.runtime._spark_internals import (
     OFFSETS,
     committed_batches,
-    has_started,
     offset_log_metadata,
 )
 from millwheel.runtime._wire import (
@@ -71,6 +70,10 @@ from millwheel.runtime._wire import (
     from_spark,
     spark_hash_int,
 )
+from millwheel.runtime.plans._base import Built, QueryInputs
+from millwheel.runtime.plans._choice import PlanKind
+
+__all__ = ["ArrowMapping", "ArrowPlan", "BatchPlan", "IntervalTask", "out_arrow_schema"]
 
 #: the union's columns a task reads (``wm_ts`` only moves Spark's watermark, which this mapping does not use)
 _TASK_COLUMNS = ("group", "kind", "key", "id", "ts", "value", "wm", "stream", "src", "row", "now")
@@ -315,38 +318,35 @@ class ArrowMapping:
         return out
 
 
-def arrow_mapping(query: Any, consumed: Any) -> ArrowMapping | None:
-    """The Arrow mapping of ``query``'s computation, or ``None`` for the default mapping;
-    either way the computation's mapping is pinned in ``run.json`` (:func:`pin_mapping`)."""
-    spec, rt = query.spec, query.rt
-    mapping = spec.options.mapping
-    started = has_started(query.checkpoint)
-    partitions = int(rt.spark.conf.get("spark.sql.shuffle.partitions"))
-    pin = pin_mapping(rt.root, spec.name, mapping, started, partitions)
-    if mapping != "arrow":
-        return None
-    why = None
-    if query.state_layout != "intervals":
-        why = f"it needs the interval layout (RuntimeSettings(state_layout='intervals')), not {query.state_layout!r}"
-    elif rt.layout(spec.name).own:
-        why = "it was rescaled (millwheel rescale moves state kept by Spark's state store, which this mapping does not use)"
-    elif rt.spark.sparkContext.getConf().get("spark.speculation", "false").lower() == "true":
-        why = (
-            "the session runs with spark.speculation=true: a speculative copy of a task would write a second version of "
-            "its key intervals' state; start the session with speculation off"
+class ArrowPlan:
+    """:attr:`PlanKind.ARROW`: a columnar computation's state in versioned files, not in Spark."""
+
+    kind: ClassVar[PlanKind] = PlanKind.ARROW
+    #: no stateful operator: Spark's state store is not used
+    state_store_conf: ClassVar[dict[str, str]] = {}
+    takes_markers: ClassVar[bool] = True
+    #: its tasks select their columns themselves (``_TASK_COLUMNS``)
+    narrows_to_markers: ClassVar[bool] = False
+
+    def __init__(self, query: Any, pin: dict[str, Any]) -> None:
+        self.query = query
+        #: the partition count ``run.json`` pinned at its first start (``_colfiles.pin_mapping``)
+        self.partitions = int(pin["partitions"])
+
+    def build(self, inputs: QueryInputs) -> Built:
+        from millwheel.runtime._consumed import ConsumedFiles
+
+        query, rt = self.query, self.query.rt
+        step = ColumnarIntervalStep(
+            query.spec,
+            pipeline=rt.pipeline_id,
+            registry=rt.settings.registry,
+            keyer=rt.keyer,
+            groups=query.groups,
         )
-    if why is not None:
-        msg = f"computation {spec.name!r} runs on the Arrow mapping (ComputationOptions(mapping='arrow')), but {why}"
-        raise MillwheelError(msg)
-    step = ColumnarIntervalStep(
-        spec,
-        pipeline=rt.pipeline_id,
-        registry=rt.settings.registry,
-        keyer=rt.keyer,
-        groups=query.groups,
-    )
-    out = ArrowMapping(query, step, int(pin["partitions"]), consumed)
-    # the held ids beside the stores, not in them (``_colsegments.py``): a store file is
-    # written whole every batch that runs its interval, the ids only once
-    step.ids_beside(out.files.loc.child("ids").uri, rt.spark)
-    return out
+        step.scan = inputs.scan
+        mapping = ArrowMapping(query, step, self.partitions, ConsumedFiles(query.checkpoint))
+        # the held ids beside the stores, not in them (``_colsegments.py``): a store file is
+        # written whole every batch that runs its interval, the ids only once
+        step.ids_beside(mapping.files.loc.child("ids").uri, rt.spark)
+        return Built(inputs.union, mapping.sink)

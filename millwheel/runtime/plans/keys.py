@@ -1,6 +1,12 @@
-"""Per-key rows: the opt-in state layout for very large key spaces (``RuntimeSettings(state_layout="keys")``).
+"""Per-record computations on per-key rows: the opt-in plan for very large key spaces
+(``RuntimeSettings(state_layout="keys")``; ``docs/runtime.md``, "Plans").
 
-The default layout (:class:`~millwheel.runtime._interval.IntervalStep`) keeps one
+::
+
+    query_inputs (heartbeats + every record a row) ─► groupBy(group of interval)
+        ─► transformWithStateInPandas(KeyRows, EventTime) ─► foreachBatch(Outbox.sink)
+
+The default plan (:class:`~millwheel.runtime.plans.intervals.IntervalStep`) keeps one
 GroupState row per key interval holding every envelope of the interval: a batch rewrites
 every *held* key of every interval it touches. MillWheel keeps per-key rows in Bigtable
 (§7.1): a batch should cost what it touches. This layout gets there with Spark's
@@ -36,25 +42,52 @@ nothing until touched.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import msgpack
 import pandas as pd
 
 from millwheel._topology import ComputationSpec
-from millwheel.runtime._interval import (
-    IntervalBatch,
-    IntervalStep,
-    KeyMeta,
-    RescaleMismatch,
-    earliest,
-    unpack_meta,
-)
+from millwheel.runtime._interval import IntervalBatch, KeyMeta, earliest, unpack_meta
+from millwheel.runtime._move import RescaleMismatch
 from millwheel.runtime._spark_internals import MapStatePipeline
 from millwheel.runtime._wire import to_spark
+from millwheel.runtime.plans._base import Built, QueryInputs
+from millwheel.runtime.plans._choice import PlanKind
+from millwheel.runtime.plans.intervals import IntervalRowsPlan, IntervalStep
+
+__all__ = ["KeyRowsPlan", "make_processor", "schedule", "state_variables"]
 
 _packb = msgpack.packb
 _unpackb = msgpack.unpackb
+
+
+class KeyRowsPlan:
+    """:attr:`PlanKind.KEY_ROWS`: a per-record computation, one state-store row per key."""
+
+    kind: ClassVar[PlanKind] = PlanKind.KEY_ROWS
+    # transformWithState needs the RocksDB provider; changelog checkpointing makes a
+    # commit write the rows a batch changed, not a snapshot of the store
+    state_store_conf: ClassVar[dict[str, str]] = {
+        "spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    }
+    takes_markers: ClassVar[bool] = False
+    narrows_to_markers: ClassVar[bool] = False
+
+    def __init__(self, query: Any, pin: dict[str, Any]) -> None:
+        self.query = query
+
+    def build(self, inputs: QueryInputs) -> Built:
+        processor = make_processor(self.query.spec, **IntervalRowsPlan(self.query, {}).step_args())
+        out = inputs.union.groupBy("group").transformWithStateInPandas(
+            statefulProcessor=processor,
+            outputStructType=processor.owner.out_schema(),
+            outputMode="Append",
+            timeMode="EventTime",
+        )
+        return Built(out, self.query.outbox.sink)
+
 
 ENVS_KEY_SCHEMA = "key binary"
 ENVS_VALUE_SCHEMA = "env binary"

@@ -1,0 +1,69 @@
+"""What a plan gives :class:`~millwheel.runtime._query.ComputationQuery` (``docs/runtime.md``, "Plans")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from millwheel.runtime._scan import BatchScan, ScannedInput
+from millwheel.runtime.plans._choice import PlanKind
+
+__all__ = ["Built", "Plan", "QueryInputs", "apply_in_pandas"]
+
+
+@dataclass(frozen=True)
+class QueryInputs:
+    """The query's input, as every plan gets it (``plans/_inputs.py``)."""
+
+    #: heartbeats, ticks, a rescale's rows and the input rows (or markers), with Spark's
+    #: event-time watermark on ``wm_ts``; grouped by ``group`` (the key interval's Spark group)
+    union: Any
+    #: how the step reads the records of the inputs read from the batch's files (``None``: none is)
+    scan: BatchScan | None
+    #: those inputs
+    scanned: tuple[ScannedInput, ...]
+
+
+@dataclass(frozen=True)
+class Built:
+    """A plan's streaming frame and the ``foreachBatch`` sink its micro-batches go to."""
+
+    out: Any
+    sink: Callable[[Any, int], None]
+
+
+class Plan(Protocol):
+    """One physical plan of a computation's query: ``plans/intervals.py``, ``keys.py``,
+    ``columnar.py``, ``arrow.py``. Built per query start by :func:`~millwheel.runtime.plans.plan_for`
+    with the query and its mapping's ``run.json`` pin."""
+
+    kind: ClassVar[PlanKind]
+    #: the Spark configuration of its state store (the checkpoint pins the provider from its first start)
+    state_store_conf: ClassVar[Mapping[str, str]]
+    #: whether an input its producer keyed reaches it as marker rows, its records read by the
+    #: step from the micro-batch's files (``_scan.py``); otherwise every record is a row
+    takes_markers: ClassVar[bool]
+    #: whether a query whose every input is read from the files passes its operator only
+    #: ``_scan.SCAN_ONLY_COLUMNS`` (a plan whose tasks select their columns themselves: no)
+    narrows_to_markers: ClassVar[bool]
+
+    def __init__(self, query: Any, pin: dict[str, Any]) -> None:
+        """``query``: its ``ComputationQuery``; ``pin``: its mapping's ``run.json`` entry."""
+        ...
+
+    def build(self, inputs: QueryInputs) -> Built:
+        """The query's stateful part over ``inputs``, and its sink."""
+        ...
+
+
+def apply_in_pandas(union: Any, step: Any) -> Any:
+    """``applyInPandasWithState`` of ``step`` over the key intervals' groups: the interval-row
+    plans (the interval's ``GroupState`` row, ``_wire.STATE_SCHEMA``; one event-time timeout)."""
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    from millwheel.runtime._wire import STATE_SCHEMA
+
+    return union.groupBy("group").applyInPandasWithState(
+        step, step.out_schema(), STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout
+    )
