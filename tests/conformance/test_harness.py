@@ -3,6 +3,7 @@ hand-written scenarios and random ones (a fresh seed, printed) for both kinds of
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 import pytest
@@ -31,7 +32,7 @@ def test_model_refuses_a_resend_its_answer_would_depend_on():
 
 
 def check(scenario: Scenario, outputs: dict, where: str) -> None:
-    got, problems = observed(outputs)
+    got, problems = observed(outputs, resends=True)
     want = expected(scenario)
     diff = compare(want, got, problems)
     assert not diff, f"{where} disagrees with the model on\n{scenario.describe()}\n" + "\n".join(
@@ -47,10 +48,12 @@ def test_harness_hand_written(scenario, kind):
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_harness_random(conformance_seed, kind):
-    controls = [Restart(), Rescale(2), *(Crash(p) for p in CRASH_POINTS)]
-    for i in range(8):
+    points = sorted(CRASH_POINTS)
+    for i in range(10):  # every crash point twice
         seed = conformance_seed + i
-        sc = random_scenario(seed, controls=controls[i % 3 : i % 3 + 3])
+        controls = [Restart(), Rescale(2), Crash(points[i % len(points)])]
+        random.Random(seed).shuffle(controls)
+        sc = random_scenario(seed, controls=controls)
         check(sc, run_harness(sc, kind), f"the harness ({kind})")
 
 
@@ -60,3 +63,19 @@ def test_concat_keeps_each_scenarios_answer():
     assert sum(expected(both).values()) == sum(len(w) for w in WANT.values())
     late = {v for (s, _t, v) in expected(both) if s == "late"}
     assert len(late) == 3 and all('"s3/' in v for v in late)
+
+
+def test_observed_counts_a_resend_once_only_where_allowed():
+    from millwheel import Record
+
+    out = {"late": [Record(None, {"id": "x"}, 5, "p1"), Record(None, {"id": "x"}, 5, "p1")]}
+    want = Counter([item("late", 5, {"id": "x"})])
+    got, problems = observed(out, resends=True)
+    assert got == want and problems == []
+    got, problems = observed(out)
+    assert compare(want, got, problems) == [
+        "late: production ids given twice: ['p1']",
+        'twice 1x late @5 {"id": "x"}',
+    ]
+    out["late"].append(Record(None, {"id": "y"}, 5, "p1"))
+    assert "ids given to different productions" in observed(out, resends=True)[1][0]

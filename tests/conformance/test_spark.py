@@ -35,7 +35,7 @@ def test_plan_conforms(plan, spark, tmp_path, conformance_seed):
     scenario = ci_scenario(plan_id, conformance_seed)
     want = expected(scenario)
     # the harness first: a disagreement there is not the plan's
-    got, problems = observed(run_harness(scenario, plan.kind))
+    got, problems = observed(run_harness(scenario, plan.kind), resends=True)
     assert not compare(want, got, problems), scenario.describe()
     run = run_spark(scenario, plan, tmp_path, spark)
     print(
