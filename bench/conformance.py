@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         plans = []
     elif args.plans:
         wanted = set(args.plans.split(","))
-        plans = [pl for pl in plans if f"{pl.kind}/{pl.name}" in wanted]
+        plans = [pl for pl in plans if pl.id in wanted]
     print(f"conformance seed: {seed} (rerun with --seed {seed})", flush=True)
     doc: dict = {
         "what": "the conformance suite's long form (bench/conformance.py): random scenarios on the harness and every Spark plan against the reference model",
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             "load_at_start": os.getloadavg()[0],
         },
         "seed": seed,
-        "plans": [f"{pl.kind}/{pl.name}" for pl in plans],
+        "plans": [pl.id for pl in plans],
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "runs": [],
     }

@@ -1,5 +1,5 @@
 """The Spark plans every scenario runs on: :func:`spark_plans` is the one place they are
-named (a plan renamed or a seam introduced is a change here only)."""
+named and selected (a plan renamed or added is a change here only)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,20 @@ import pytest
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """How the Spark runtime runs the computation: its kind (``per-record``, ``columnar``),
-    the ``RuntimeSettings`` fields and the ``ComputationOptions.mapping`` it takes."""
+    """How the Spark runtime is made to run the computation on one of its plans
+    (``millwheel.runtime.plans.PlanKind``, value ``seam``): the computation's kind
+    (``per-record``, ``columnar``), the ``RuntimeSettings`` fields and the
+    ``ComputationOptions.mapping`` that select it."""
 
     name: str
     kind: str
+    seam: str
     settings: tuple[tuple[str, Any], ...] = ()
     mapping: str = "default"
+
+    @property
+    def id(self) -> str:
+        return f"{self.kind}/{self.name}"
 
     def runtime_settings(self, **more: Any) -> Any:
         from millwheel.runtime import RuntimeSettings
@@ -32,19 +39,15 @@ class Plan:
 
 
 def spark_plans() -> list[Plan]:
-    """Every plan of today's runtime, for both kinds of computation. ``columnar_input="rows"``
-    only while ``RuntimeSettings`` still has it."""
-    from millwheel.runtime import RuntimeSettings
-
-    plans = [
-        Plan("intervals", "per-record", (("state_layout", "intervals"),)),
-        Plan("keys", "per-record", (("state_layout", "keys"),)),
-        Plan("files", "columnar"),
+    """Every plan of the runtime's seam (``millwheel/runtime/plans/``), each with both kinds
+    of computation it runs; ``test_harness.py`` checks that these settings choose these plans
+    and that no plan of the seam is left out."""
+    return [
+        Plan("intervals", "per-record", "interval rows", (("state_layout", "intervals"),)),
+        Plan("keys", "per-record", "key rows", (("state_layout", "keys"),)),
+        Plan("files", "columnar", "columnar"),
+        Plan("arrow", "columnar", "arrow", mapping="arrow"),
     ]
-    if "columnar_input" in {f.name for f in dataclasses.fields(RuntimeSettings)}:
-        plans.append(Plan("rows", "columnar", (("columnar_input", "rows"),)))
-    plans.append(Plan("arrow", "columnar", mapping="arrow"))
-    return plans
 
 
 def plan_named(name: str) -> Plan:
@@ -61,7 +64,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """``plan``: one test per Spark plan (its id ``kind/name``)."""
     if "plan" in metafunc.fixturenames:
         plans = spark_plans()
-        metafunc.parametrize("plan", plans, ids=[f"{p.kind}/{p.name}" for p in plans])
+        metafunc.parametrize("plan", plans, ids=[p.id for p in plans])
 
 
 SEED_ENV = "MILLWHEEL_CONFORMANCE_SEED"

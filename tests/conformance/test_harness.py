@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from .computations import KINDS
+from .computations import KINDS, NAME, topology
 from .model import AmbiguousScenario, compare, expected, item, observed
 from .runners import run_harness
 from .scenario import CRASH_POINTS, Crash, Rescale, Restart, Scenario, concat, random_scenario
@@ -79,3 +79,18 @@ def test_observed_counts_a_resend_once_only_where_allowed():
     ]
     out["late"].append(Record(None, {"id": "y"}, 5, "p1"))
     assert "ids given to different productions" in observed(out, resends=True)[1][0]
+
+
+def test_the_plans_are_the_seams_every_plan():
+    """Each conformance plan's settings choose the plan it names, and no plan of the runtime's
+    seam is left out (a new one fails here until ``conftest.spark_plans`` runs it)."""
+    from millwheel.runtime.plans import PlanKind, choose_plan
+
+    from .conftest import spark_plans
+    from .scenarios import IN_ORDER
+
+    plans = spark_plans()
+    assert {p.seam for p in plans} == {k.value for k in PlanKind}
+    for p in plans:
+        spec = topology(IN_ORDER, p.kind, mapping=p.mapping).computations[NAME]
+        assert choose_plan(spec, p.runtime_settings().state_layout).value == p.seam, p.id
