@@ -10,7 +10,7 @@ productions handed over as columns. Each key's records still go through the rule
 by one (the matching is a scan of the key's buffered records: there is no batch-wide
 vectorised form of it that keeps the per-record form's order of matches and ids).
 
-State rows ``(key, data)``: the key's ``{"L": [...], "R": [...]}``, pickled.
+State rows ``(key, data)``: the key's :class:`~computations.join.JoinBuffer`, pickled.
 
 >>> from millwheel.testing import Harness
 >>> h = Harness.for_computation(ColumnarWindowedJoin, inputs={"views": lambda r: r.value["id"], "clicks": lambda r: r.value["id"]},
@@ -32,7 +32,7 @@ import pandas as pd
 
 from millwheel import Batch, ColumnarComputation
 
-from .join import JoinWindow
+from .join import JoinBuffer, JoinWindow, buffer_of
 
 
 class ColumnarWindowedJoin(JoinWindow, ColumnarComputation):
@@ -54,7 +54,7 @@ class ColumnarWindowedJoin(JoinWindow, ColumnarComputation):
         ):
             st = states.get(c)
             if st is None:
-                st = states[c] = {"L": [], "R": []}
+                st = states[c] = JoinBuffer()
             self.arrived(st, stream, ts, rid, value)
         self._save(batch, states, _Collect(batch))
 
@@ -67,21 +67,23 @@ class ColumnarWindowedJoin(JoinWindow, ColumnarComputation):
             fx.key = batch.keys[c]
             st = states.get(c)
             if st is None:
-                st = states[c] = {"L": [], "R": []}
+                st = states[c] = JoinBuffer()
             self.close(fx, st, batch.low_watermark)
         self._save(batch, states, fx)
 
     @staticmethod
-    def _states(batch: Batch) -> dict[int, dict[str, Any]]:
+    def _states(batch: Batch) -> dict[int, JoinBuffer]:
+        """The keys' :class:`~computations.join.JoinBuffer` by key code (pickled in the
+        ``data`` column; a run from before the state was typed stored dicts, converted)."""
         old = batch.state
         if not len(old):
             return {}
         return {
-            c: pickle.loads(d)
+            c: buffer_of(pickle.loads(d))
             for c, d in zip(batch.key_codes(old["key"]).tolist(), old["data"].tolist(), strict=True)
         }
 
-    def _save(self, batch: Batch, states: dict[int, dict[str, Any]], fx: _Collect) -> None:
+    def _save(self, batch: Batch, states: dict[int, JoinBuffer], fx: _Collect) -> None:
         kept = []
         for c, st in states.items():
             fx.key = batch.keys[c]

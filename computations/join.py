@@ -41,9 +41,10 @@ pipelines, see Photon (``topologies/photon``, ``docs/photon.md``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from millwheel import Computation, ComputationError, Record, Timer
+from millwheel import Computation, ComputationError, Record, Timer, TimerFamily
 
 HOWS = ("inner", "left", "outer")
 
@@ -57,14 +58,63 @@ class JoinEffects(Protocol):
     def produce(self, value: dict[str, Any], timestamp: int) -> None: ...
 
     def close_at(self, timestamp: int | None) -> None:
-        """Set the ``close`` timer (``None``: delete it)."""
+        """Set the key's ``"close"`` timer (``None``: delete it)."""
 
     def hold(self, timestamp: int | None) -> None: ...
 
 
+@dataclass(slots=True)
+class Left:
+    """A buffered left record, and the ids of the right records it matched so far."""
+
+    ts: int
+    id: str
+    value: Any
+    matches: list[str]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled compactly (the state codec is pickle: values are any picklable)."""
+        return (Left, (self.ts, self.id, self.value, self.matches))
+
+
+@dataclass(slots=True)
+class Right:
+    """A buffered right record, and whether a left record matched it."""
+
+    ts: int
+    id: str
+    value: Any
+    matched: bool
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Right, (self.ts, self.id, self.value, self.matched))
+
+
+@dataclass
+class JoinBuffer:
+    """A key's state: both sides' records that their windows still hold."""
+
+    left: list[Left] = field(default_factory=list)
+    right: list[Right] = field(default_factory=list)
+
+
+def buffer_of(stored: Any) -> JoinBuffer:
+    """A key's state as stored: ``None`` (nothing yet), a :class:`JoinBuffer`, or the dict
+    runs stored before the state was typed (``{"L": [[ts, id, value, matches]], "R": [[ts,
+    id, value, matched]]}``, converted)."""
+    if stored is None:
+        return JoinBuffer()
+    if type(stored) is dict:
+        return JoinBuffer(
+            [Left(ts, rid, v, list(m)) for ts, rid, v, m in stored["L"]],
+            [Right(ts, rid, v, bool(m)) for ts, rid, v, m in stored["R"]],
+        )
+    return stored
+
+
 class JoinWindow:
-    """The windowed join's settings and its rules for one key's state ``{"L": [...], "R": [...]}``:
-    the one definition both :class:`WindowedJoin` and ``ColumnarWindowedJoin`` run."""
+    """The windowed join's settings and its rules for one key's :class:`JoinBuffer`: the
+    one definition both :class:`WindowedJoin` and ``ColumnarWindowedJoin`` run."""
 
     def __init__(
         self,
@@ -86,60 +136,56 @@ class JoinWindow:
         self.how = how
         self.output = output
 
-    def arrived(
-        self, st: dict[str, Any], stream: str | None, ts: int, rid: str, value: Any
-    ) -> None:
+    def arrived(self, st: JoinBuffer, stream: str | None, ts: int, rid: str, value: Any) -> None:
         """A record: matched at once against what the other side has buffered, then buffered."""
         if stream == self.left:
-            matches = [r[1] for r in st["R"] if ts - self.before_ms <= r[0] <= ts + self.after_ms]
-            for r in st["R"]:
-                if r[1] in matches:
-                    r[3] = True
-            st["L"].append([ts, rid, value, matches])
+            matches = [r.id for r in st.right if ts - self.before_ms <= r.ts <= ts + self.after_ms]
+            for r in st.right:
+                if r.id in matches:
+                    r.matched = True
+            st.left.append(Left(ts, rid, value, matches))
         else:
             matched = False
-            for lrec in st["L"]:
-                if lrec[0] - self.before_ms <= ts <= lrec[0] + self.after_ms:
-                    lrec[3].append(rid)
+            for lrec in st.left:
+                if lrec.ts - self.before_ms <= ts <= lrec.ts + self.after_ms:
+                    lrec.matches.append(rid)
                     matched = True
-            st["R"].append([ts, rid, value, matched])
+            st.right.append(Right(ts, rid, value, matched))
 
-    def close(self, fx: JoinEffects, st: dict[str, Any], lw: int) -> None:
+    def close(self, fx: JoinEffects, st: JoinBuffer, lw: int) -> None:
         """Everything the low watermark ``lw`` closed is emitted and dropped."""
-        rights = {r[1]: r for r in st["R"]}
+        rights = {r.id: r for r in st.right}
         keep_l = []
-        for ts, rid, value, matches in sorted(st["L"], key=lambda x: (x[0], x[1])):
-            if ts + self.after_ms >= lw:
-                keep_l.append([ts, rid, value, matches])
+        for lrec in sorted(st.left, key=lambda x: (x.ts, x.id)):
+            if lrec.ts + self.after_ms >= lw:
+                keep_l.append(lrec)
                 continue
-            for m in sorted(matches, key=lambda i: (rights[i][0], i)):
-                fx.produce({"key": fx.key, "left": value, "right": rights[m][2]}, ts)
-            if not matches and self.how != "inner":
-                fx.produce({"key": fx.key, "left": value, "right": None}, ts)
-        needed = {m for lrec in keep_l for m in lrec[3]}
+            for m in sorted(lrec.matches, key=lambda i: (rights[i].ts, i)):
+                fx.produce({"key": fx.key, "left": lrec.value, "right": rights[m].value}, lrec.ts)
+            if not lrec.matches and self.how != "inner":
+                fx.produce({"key": fx.key, "left": lrec.value, "right": None}, lrec.ts)
+        needed = {m for lrec in keep_l for m in lrec.matches}
         keep_r = []
-        for r in sorted(st["R"], key=lambda x: (x[0], x[1])):
-            if r[0] + self.before_ms >= lw or r[1] in needed:
+        for r in sorted(st.right, key=lambda x: (x.ts, x.id)):
+            if r.ts + self.before_ms >= lw or r.id in needed:
                 keep_r.append(r)
-            elif not r[3] and self.how == "outer":
-                fx.produce({"key": fx.key, "left": None, "right": r[2]}, r[0])
-        st["L"], st["R"] = keep_l, keep_r
+            elif not r.matched and self.how == "outer":
+                fx.produce({"key": fx.key, "left": None, "right": r.value}, r.ts)
+        st.left, st.right = keep_l, keep_r
 
-    def settle(self, fx: JoinEffects, st: dict[str, Any]) -> bool:
+    def settle(self, fx: JoinEffects, st: JoinBuffer) -> bool:
         """The key's timer and hold for its state; whether it keeps any."""
-        if not st["L"] and not st["R"]:
+        if not st.left and not st.right:
             fx.hold(None)
             fx.close_at(None)
             return False
-        needed = {
-            m for lrec in st["L"] for m in lrec[3]
-        }  # rights an open left will emit: dropped with it
-        closes = [lrec[0] + self.after_ms for lrec in st["L"]] + [
-            r[0] + self.before_ms for r in st["R"] if r[1] not in needed
+        needed = {m for lrec in st.left for m in lrec.matches}  # rights an open left emits
+        closes = [lrec.ts + self.after_ms for lrec in st.left] + [
+            r.ts + self.before_ms for r in st.right if r.id not in needed
         ]
         fx.close_at(min(closes) + 1)  # a window [.., c] is closed once the watermark is past c
-        emits = [lrec[0] for lrec in st["L"]] + (
-            [r[0] for r in st["R"] if not r[3]] if self.how == "outer" else []
+        emits = [lrec.ts for lrec in st.left] + (
+            [r.ts for r in st.right if not r.matched] if self.how == "outer" else []
         )
         fx.hold(min(emits) if emits else None)
         return True
@@ -149,22 +195,26 @@ class WindowedJoin(JoinWindow, Computation):
     """Joins ``left`` with every other input stream (the right side) per key, within
     ``[t - before_ms, t + after_ms]`` of each left record; see the module docstring.
 
-    State: ``{"L": [[ts, id, value, [right ids]]], "R": [[ts, id, value, matched]]}``;
-    one low-watermark timer, ``close``, at the earliest moment something can be emitted.
-    The rules are :class:`JoinWindow`'s.
+    State: a :class:`JoinBuffer` (pickled: values are any picklable); one low-watermark
+    timer, ``closing``, at the earliest moment something can be emitted. The rules are
+    :class:`JoinWindow`'s.
     """
 
+    closing = TimerFamily(tag="close")  # a family of one: its timer's tag is "close"
+
     def process_record(self, record: Record) -> None:
-        st = self.state.get() or {"L": [], "R": []}
+        st = buffer_of(self.state.get())
         self.arrived(st, record.stream, record.timestamp, record.id, record.value)
         self._save(st)
 
-    def process_timer(self, timer: Timer) -> None:  # noqa: ARG002 - everything closed by the watermark goes
-        st = self.state.get() or {"L": [], "R": []}
+    @closing.on_fire
+    def closed(self, _name: str, _timer: Timer) -> None:
+        """Everything closed by the watermark goes."""
+        st = buffer_of(self.state.get())
         self.close(_Own(self), st, self.low_watermark)
         self._save(st)
 
-    def _save(self, st: dict[str, Any]) -> None:
+    def _save(self, st: JoinBuffer) -> None:
         if self.settle(_Own(self), st):
             self.state.set(st)
         else:
@@ -188,9 +238,9 @@ class _Own:
 
     def close_at(self, timestamp: int | None) -> None:
         if timestamp is None:
-            self.c.delete_timer("close")
+            self.c.closing.delete()
         else:
-            self.c.set_timer("close", timestamp)
+            self.c.closing.set(timestamp)
 
     def hold(self, timestamp: int | None) -> None:
         self.c.hold_watermark(timestamp)

@@ -7,7 +7,7 @@ timer families in the first step that touches a key, and the productions — val
 timestamps, ids — are the ones the old classes would have made: with the class's codec,
 and with the pickle codec that a topology's ``options=`` gives.
 
-The seed is fresh on every run and printed; ``WINDOWING_SEED=<n>`` replays one.
+The seed is fresh on every run and printed; ``RESUME_SEED=<n>`` replays one.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ from computations.anomalies import (
     Thresholds,
     _anomaly,
 )
+from computations.columnar_join import ColumnarWindowedJoin
+from computations.join import HOWS, JoinBuffer, Left, Right, WindowedJoin
+from computations.join import buffer_of as buffer_of_
 from computations.model import expected_count, new_model
 from computations.windowing import (
     Buckets,
@@ -49,6 +52,7 @@ from millwheel import (
     MAX_TIMESTAMP,
     MIN_TIMESTAMP,
     Computation,
+    ComputationError,
     ComputationOptions,
     LatePolicy,
     PickleCodec,
@@ -61,8 +65,8 @@ from millwheel.testing import Harness
 
 @pytest.fixture
 def seed() -> int:
-    value = int(os.environ.get("WINDOWING_SEED") or random.randrange(1 << 30))
-    print(f"WINDOWING_SEED={value}")
+    value = int(os.environ.get("RESUME_SEED") or random.randrange(1 << 30))
+    print(f"RESUME_SEED={value}")
     return value
 
 
@@ -307,6 +311,133 @@ class OldDipDetector(Computation):
             self.state.set(s)
 
 
+class OldJoinWindow:
+    """The join's rules as they were, on ``{"L": [[ts, id, value, matches]], "R": [...]}``."""
+
+    def __init__(
+        self,
+        left: str,
+        before_ms: int = 0,
+        after_ms: int = 1_000,
+        how: str = "inner",
+        output: str = "joined",
+    ) -> None:
+        if how not in HOWS:
+            msg = f"{type(self).__name__}: how must be one of {HOWS}, got {how!r}"
+            raise ComputationError(msg)
+        if before_ms < 0 or after_ms < 0:
+            msg = f"{type(self).__name__}: before_ms and after_ms must be >= 0, got {before_ms}, {after_ms}"
+            raise ComputationError(msg)
+        self.left = left
+        self.before_ms = before_ms
+        self.after_ms = after_ms
+        self.how = how
+        self.output = output
+
+    def arrived(
+        self, st: dict[str, Any], stream: str | None, ts: int, rid: str, value: Any
+    ) -> None:
+        """A record: matched at once against what the other side has buffered, then buffered."""
+        if stream == self.left:
+            matches = [r[1] for r in st["R"] if ts - self.before_ms <= r[0] <= ts + self.after_ms]
+            for r in st["R"]:
+                if r[1] in matches:
+                    r[3] = True
+            st["L"].append([ts, rid, value, matches])
+        else:
+            matched = False
+            for lrec in st["L"]:
+                if lrec[0] - self.before_ms <= ts <= lrec[0] + self.after_ms:
+                    lrec[3].append(rid)
+                    matched = True
+            st["R"].append([ts, rid, value, matched])
+
+    def close(self, fx: Any, st: dict[str, Any], lw: int) -> None:
+        """Everything the low watermark ``lw`` closed is emitted and dropped."""
+        rights = {r[1]: r for r in st["R"]}
+        keep_l = []
+        for ts, rid, value, matches in sorted(st["L"], key=lambda x: (x[0], x[1])):
+            if ts + self.after_ms >= lw:
+                keep_l.append([ts, rid, value, matches])
+                continue
+            for m in sorted(matches, key=lambda i: (rights[i][0], i)):
+                fx.produce({"key": fx.key, "left": value, "right": rights[m][2]}, ts)
+            if not matches and self.how != "inner":
+                fx.produce({"key": fx.key, "left": value, "right": None}, ts)
+        needed = {m for lrec in keep_l for m in lrec[3]}
+        keep_r = []
+        for r in sorted(st["R"], key=lambda x: (x[0], x[1])):
+            if r[0] + self.before_ms >= lw or r[1] in needed:
+                keep_r.append(r)
+            elif not r[3] and self.how == "outer":
+                fx.produce({"key": fx.key, "left": None, "right": r[2]}, r[0])
+        st["L"], st["R"] = keep_l, keep_r
+
+    def settle(self, fx: Any, st: dict[str, Any]) -> bool:
+        """The key's timer and hold for its state; whether it keeps any."""
+        if not st["L"] and not st["R"]:
+            fx.hold(None)
+            fx.close_at(None)
+            return False
+        needed = {
+            m for lrec in st["L"] for m in lrec[3]
+        }  # rights an open left will emit: dropped with it
+        closes = [lrec[0] + self.after_ms for lrec in st["L"]] + [
+            r[0] + self.before_ms for r in st["R"] if r[1] not in needed
+        ]
+        fx.close_at(min(closes) + 1)  # a window [.., c] is closed once the watermark is past c
+        emits = [lrec[0] for lrec in st["L"]] + (
+            [r[0] for r in st["R"] if not r[3]] if self.how == "outer" else []
+        )
+        fx.hold(min(emits) if emits else None)
+        return True
+
+
+class OldWindowedJoin(OldJoinWindow, Computation):
+    """The per-record ``WindowedJoin`` as it was (one timer, ``"close"``)."""
+
+    def process_record(self, record: Record) -> None:
+        st = self.state.get() or {"L": [], "R": []}
+        self.arrived(st, record.stream, record.timestamp, record.id, record.value)
+        self._save(st)
+
+    def process_timer(self, timer: Timer) -> None:  # noqa: ARG002 - everything closed by the watermark goes
+        st = self.state.get() or {"L": [], "R": []}
+        self.close(_OldOwn(self), st, self.low_watermark)
+        self._save(st)
+
+    def _save(self, st: dict[str, Any]) -> None:
+        if self.settle(_OldOwn(self), st):
+            self.state.set(st)
+        else:
+            self.state.clear()
+
+
+class _OldOwn:
+    """:class:`JoinEffects` of the per-record join: its own calls."""
+
+    __slots__ = ("c",)
+
+    def __init__(self, c: OldWindowedJoin) -> None:
+        self.c = c
+
+    @property
+    def key(self) -> Any:
+        return self.c.key
+
+    def produce(self, value: dict[str, Any], timestamp: int) -> None:
+        self.c.produce(self.c.output, value, timestamp=timestamp)
+
+    def close_at(self, timestamp: int | None) -> None:
+        if timestamp is None:
+            self.c.delete_timer("close")
+        else:
+            self.c.set_timer("close", timestamp)
+
+    def hold(self, timestamp: int | None) -> None:
+        self.c.hold_watermark(timestamp)
+
+
 # ------------------------------------------------------------------------------ resuming
 def batches_of(seed: int, n: int = 24, keys: int = 5) -> list[list[Record]]:
     """Batches with disorder, duplicates re-sent later and records far behind (late)."""
@@ -367,6 +498,29 @@ def spike_batches(seed: int, n: int = 24, keys: int = 4) -> list[list[Record]]:
         rng.shuffle(batch)
         out.append(batch)
     return out
+
+
+def join_batches(seed: int, n: int = 24, keys: int = 5) -> list[list[Record]]:
+    """Views (left) and clicks (right) of a few ids, in disorder, duplicates re-sent."""
+    rng = random.Random(seed)
+    out, sent, t = [], [], 10_000
+    for b in range(n):
+        batch = []
+        for i in range(rng.randrange(3, 12)):
+            stream = "views" if rng.random() < 0.5 else "clicks"
+            ts = t + rng.randrange(-800, 1_500)
+            value = {"id": f"k{rng.randrange(keys)}", "n": i}
+            batch.append(Record(None, value, ts, f"{stream[0]}{b}-{i}", stream))
+        sent += batch
+        batch += [rng.choice(sent) for _ in range(rng.randrange(0, 2))]
+        rng.shuffle(batch)
+        out.append(batch)
+        t += rng.randrange(300, 1_200)
+    return out
+
+
+def by_id(r: Record) -> str:
+    return r.value["id"]
 
 
 def by_key(r: Record) -> str:
@@ -450,6 +604,12 @@ def productions(records: list[Record]) -> Counter:
 
 
 CASES = [
+    (OldWindowedJoin, WindowedJoin, {"left": "views", "after_ms": 1_000, "how": "inner"}),
+    (
+        OldWindowedJoin,
+        WindowedJoin,
+        {"left": "views", "before_ms": 500, "after_ms": 2_000, "how": "outer"},
+    ),
     (OldDipDetector, DipDetector, {}),
     (OldDipDetector, DipDetector, {"thresholds": Thresholds(confidence_threshold=0)}),
     (OldSpikeDetector, SpikeDetector, {}),
@@ -490,6 +650,7 @@ def test_a_run_of_the_untyped_classes_resumes_with_the_typed_ones(
     batches, inputs = {
         DipDetector: (dip_batches(seed), {"q": by_key}),
         SpikeDetector: (spike_batches(seed), {"q": by_key_or_query}),
+        WindowedJoin: (join_batches(seed), {"views": by_id, "clicks": by_id}),
     }.get(new_cls, (batches_of(seed), None))
     policy = LatePolicy.process() if late == "process" else LatePolicy.drop()
     old_options = ComputationOptions(late=policy)  # the default codec then: pickle
@@ -518,7 +679,7 @@ def test_a_run_of_the_untyped_classes_resumes_with_the_typed_ones(
 
     after = resumed.output("out")
     assert productions(before + after) == productions(whole.output("out"))
-    assert len(after) > 0
+    assert len(whole.output("out")) > 0 and resumed.metrics("Win")["processed"] > 0
     keys = sorted(whole.keys("Win"), key=repr)
     assert sorted(resumed.keys("Win"), key=repr) == keys  # the detectors keep long-term state
     for key in keys:
@@ -578,3 +739,29 @@ def test_the_codecs_read_both_forms():
         "counts": {},
         "empty_run": 0,
     }
+
+
+def test_the_columnar_join_reads_the_untyped_state_of_an_older_run():
+    import pandas as pd
+
+    h = Harness.for_computation(
+        ColumnarWindowedJoin,
+        inputs={"views": by_id, "clicks": by_id},
+        outputs=["joined"],
+        params={"left": "views", "after_ms": 1_000, "how": "left"},
+    )
+    old = {"L": [[1_000, "v1", {"id": "a"}, []]], "R": [[900, "c0", {"id": "a", "x": 0}, False]]}
+    rows = pd.DataFrame({"data": [pickle.dumps(old, 5)]})
+    h.set_state("ColumnarWindowedJoin", "a", rows)
+    h.inject("clicks", [Record(None, {"id": "a", "x": 1}, 1_400, "c1")])
+    h.finish("views")
+    h.finish("clicks")
+    got = [(v["left"], v["right"]) for v in h.run().values("joined")]
+    assert got == [({"id": "a"}, {"id": "a", "x": 1})]
+    assert h.state("ColumnarWindowedJoin", "a") is None  # all emitted: nothing kept
+
+
+def test_join_buffer_of_the_untyped_state():
+    old = {"L": [[1, "l", "v", ("r",)]], "R": [[2, "r", "w", 1]]}
+    assert buffer_of_(old) == JoinBuffer([Left(1, "l", "v", ["r"])], [Right(2, "r", "w", True)])
+    assert HOWS == ("inner", "left", "outer")
