@@ -18,7 +18,7 @@ batch's columns, imported when first called: ``import millwheel`` loads no numpy
   computation's :class:`~millwheel.LatePolicy` does with a late record, and how it is
   counted, is :class:`LateRule`;
 * **timers** (§4.6): due at or before the low watermark (event time) or now (wall time)
-  (:func:`timer_due`, :func:`timers_due`); a key's due timers fire by timestamp, then
+  (:func:`timer_due`, :func:`due_timers`, :func:`timers_due`); a key's due timers fire by timestamp, then
   domain, then tag (:func:`timer_order`, :func:`timers_order`); at most
   ``max_timer_fires_per_step`` per key and step (:func:`within_budget`);
 * **dead letters**: a record or timer whose user code failed goes to the dead-letter stream
@@ -39,7 +39,7 @@ batch's columns, imported when first called: ``import millwheel`` loads no numpy
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from millwheel._deadletter import DEAD_LETTER_STREAM, DeadLetter, dead_letter_record, reason_of
@@ -154,6 +154,18 @@ def timer_due(timestamp: int, domain: int, low_watermark: int, now: int) -> bool
     """Whether a timer fires: an event-time timer at or before the low watermark, a wall-time
     timer at or before now."""
     return timestamp <= (low_watermark if domain == _LW else now)
+
+
+def due_timers(
+    timers: Mapping[str, tuple[int, int]], low_watermark: int, now: int
+) -> list[tuple[int, int, str]]:
+    """:func:`timer_due` over one key's timers (``tag -> (timestamp, domain)``): the due ones as
+    ``(timestamp, domain, tag)``, which sort (a heap pops them) in :func:`timer_order`."""
+    return [
+        (ts, d, tag)
+        for tag, (ts, d) in timers.items()
+        if ts <= (low_watermark if d == _LW else now)
+    ]
 
 
 def timers_due(ts: np.ndarray, domains: np.ndarray, low_watermark: int, now: int) -> np.ndarray:

@@ -35,8 +35,8 @@ from millwheel._contract import (
     LateRule,
     dedup_horizon,
     dedup_stamp,
+    due_timers,
     failure_letter,
-    timer_due,
     unacknowledged,
 )
 from millwheel._counters import StepMetrics
@@ -257,9 +257,7 @@ class StepRunner:
             return
         heap = ctx.due_heap
         low_watermark, now = ctx.low_watermark, ctx.now
-        for tag, (ts, d) in timers.items():
-            if timer_due(ts, d, low_watermark, now):
-                heap.append((ts, d, tag))  # popped in ``timer_order``: timestamp, domain, tag
+        heap += due_timers(timers, low_watermark, now)  # popped in ``timer_order``
         if not heap:
             return
         heapq.heapify(heap)
