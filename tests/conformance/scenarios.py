@@ -17,6 +17,8 @@ from .scenario import (
     Restart,
     Scenario,
     Step,
+    concat,
+    random_scenario,
 )
 
 
@@ -95,6 +97,14 @@ CONTROLS = _sc(
 )
 
 HAND_WRITTEN = (IN_ORDER, OUT_OF_ORDER, DUPLICATES, LATE, CONTROLS)
+
+
+def combined(seed: int, crash: str, name: str = "combined") -> Scenario:
+    """What one CI run replays: the hand-written data scenarios, then a random one from
+    ``seed`` with a clean restart, a crash at ``crash`` and a rescale to 2 intervals."""
+    controls = [Restart(), Crash(crash), Rescale(2)]
+    drawn = random_scenario(seed, keys=10, batches=10, per_batch=20, controls=controls)
+    return concat([*HAND_WRITTEN[:-1], drawn], name=name)
 
 
 def _counts(*rows: tuple[str, int, int]) -> list[tuple[str, int, dict]]:

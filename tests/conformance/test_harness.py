@@ -12,7 +12,7 @@ from .computations import KINDS, NAME, topology
 from .model import AmbiguousScenario, compare, expected, item, observed
 from .runners import run_harness
 from .scenario import CRASH_POINTS, Crash, Rescale, Restart, Scenario, concat, random_scenario
-from .scenarios import HAND_WRITTEN, WANT, recs, wm
+from .scenarios import HAND_WRITTEN, WANT, combined, recs, wm
 
 
 @pytest.mark.parametrize("scenario", HAND_WRITTEN, ids=lambda s: s.name)
@@ -54,6 +54,14 @@ def test_harness_random(conformance_seed, kind):
         controls = [Restart(), Rescale(2), Crash(points[i % len(points)])]
         random.Random(seed).shuffle(controls)
         sc = random_scenario(seed, controls=controls)
+        check(sc, run_harness(sc, kind), f"the harness ({kind})")
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_harness_combined(conformance_seed, kind):
+    """The scenario a CI Spark run replays, with each crash point (``test_spark.py``)."""
+    for i, point in enumerate(sorted(CRASH_POINTS)):
+        sc = combined(conformance_seed + i, point)
         check(sc, run_harness(sc, kind), f"the harness ({kind})")
 
 

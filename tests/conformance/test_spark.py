@@ -9,8 +9,7 @@ import pytest
 
 from .model import compare, expected, observed
 from .runners import run_harness, run_spark
-from .scenario import Crash, Rescale, Restart, concat, random_scenario
-from .scenarios import HAND_WRITTEN
+from .scenarios import combined
 
 pytestmark = pytest.mark.spark
 
@@ -23,15 +22,9 @@ CI_CRASH = {
 }
 
 
-def ci_scenario(plan_id: str, seed: int):
-    controls = [Restart(), Crash(CI_CRASH[plan_id]), Rescale(2)]
-    drawn = random_scenario(seed, keys=10, batches=10, per_batch=20, controls=controls)
-    return concat([*HAND_WRITTEN[:-1], drawn], name=f"ci-{plan_id}")
-
-
 def test_plan_conforms(plan, spark, tmp_path, conformance_seed):
     plan_id = plan.id
-    scenario = ci_scenario(plan_id, conformance_seed)
+    scenario = combined(conformance_seed, CI_CRASH[plan_id], name=f"ci-{plan_id}")
     want = expected(scenario)
     # the harness first: a disagreement there is not the plan's
     got, problems = observed(run_harness(scenario, plan.kind), resends=True)
