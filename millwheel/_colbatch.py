@@ -1,5 +1,5 @@
 """The user's view of one columnar call (:class:`Batch`): records or due timers of some
-keys, their state, and the calls that change them, applied by ``_columnar.py``'s runner
+keys, their state, and the calls that change them, applied by ``_colrunner.py``'s runner
 when the call returns (all or nothing)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The productions of one columnar run, as columns (``_columnar.py``'s runner): ids are
+"""The productions of one columnar run, as columns (``_colrunner.py``'s runner): ids are
 assigned at the end from the per-key production sequences and lives (§6.1.2,
 ``_identity.py``), once-production flags (Photon §2) kept beside them.
 

@@ -4,7 +4,7 @@ One blob, committed atomically with the batch (``applyInPandasWithState``'s inte
 on Spark, one per computation in the harness): the user's state as an Arrow table with a
 ``_kb`` (encoded key) column, the timers, each key's production sequence, life and hold,
 pending strong productions and the dedup index (``_coldedup.py``). Used by
-``_columnar.py``'s runner and user view.
+``_colrunner.py``'s runner and ``_colbatch.py``'s user view.
 
 A key's production sequence and life (``meta``, ``_identity.py``) are kept while the key
 holds anything, and forgotten with it (:meth:`ColumnarStore.forget_empty`): its next
@@ -131,7 +131,7 @@ class ColumnarStore:
     def copy(self) -> ColumnarStore:
         """A copy that a run may change and a crash throw away (the harness keeps its store
         decoded between rounds: a round works on a copy, committed by keeping it)."""
-        # meta's lists are replaced, never changed in place (``_columnar.py``): a shallow copy suffices
+        # meta's lists are replaced, never changed in place (``set_hold``, ``_colout.py``): a shallow copy suffices
         return ColumnarStore(
             self.state, self.timers, dict(self.meta), list(self.pending), self.dedup.copy()
         )
