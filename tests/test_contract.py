@@ -4,8 +4,8 @@ A per-record computation run by the per-key step (``_step.py`` through ``_delive
 and the same computation written as a columnar one, run by the columnar runner
 (``_colrunner.py``), get the same random batches: new records, duplicates, re-deliveries of
 records sent batches ago, late records (behind the watermark they arrive under), watermark
-moves that fire timers, and records whose user code raises. Whatever the late policy and
-with or without exactly-once, they must agree: each key's productions (ids, values,
+moves that fire timers (all that are due, or a few per key and step), and records whose user
+code raises. Whatever the late policy and with or without exactly-once, they must agree: each key's productions (ids, values,
 timestamps, in order), the dead letters (ids and reasons), and every counter the contract
 defines (not the dedup indexes' own: Bloom answers and collections differ by design).
 
@@ -214,10 +214,14 @@ def _row(p):
 @pytest.mark.parametrize("policy", list(POLICIES))
 @pytest.mark.parametrize("exactly_once", [True, False], ids=["exactly_once", "at_least_once"])
 @examples
-@given(plan=batches)
-def test_the_columnar_runner_and_the_per_key_step_deliver_alike(policy, exactly_once, plan):
+@given(plan=batches, budget=st.sampled_from([None, 1, 2]))
+def test_the_columnar_runner_and_the_per_key_step_deliver_alike(policy, exactly_once, plan, budget):
+    # ``budget``: max_timer_fires_per_step (``None``: the default), the rest deferred alike
     options = ComputationOptions(
-        late=POLICIES[policy], exactly_once=exactly_once, strong_productions=False
+        late=POLICIES[policy],
+        exactly_once=exactly_once,
+        strong_productions=False,
+        **({} if budget is None else {"max_timer_fires_per_step": budget}),
     )
     a, b = PerRecord(options), Columnar(options)
     wm, sent = 1_000, []
