@@ -9,11 +9,13 @@ from millwheel._computation import Computation, KeyContext, State, TimerFamily
 from millwheel._deadletter import DEAD_LETTER_STREAM, DeadLetter, Stage
 from millwheel._errors import (
     ComputationError,
+    DeclarationError,
     EnvelopeError,
     HarnessError,
     KeyExtractorError,
     MillwheelError,
     RunError,
+    SettingsError,
     StateCodecError,
     TopologyError,
 )
@@ -35,6 +37,7 @@ __all__ = [
     "DEAD_LETTER_STREAM",
     "DataclassCodec",
     "DeadLetter",
+    "DeclarationError",
     "DedupOptions",
     "EnvelopeError",
     "ErrorPolicy",
@@ -54,6 +57,7 @@ __all__ = [
     "Record",
     "RunError",
     "SampleSource",
+    "SettingsError",
     "SinkSpec",
     "Source",
     "SourceBatch",

@@ -65,11 +65,13 @@ INTERNAL = {
 PUBLIC = {
     "millwheel": {
         "ComputationError",
+        "DeclarationError",
         "EnvelopeError",
         "HarnessError",
         "KeyExtractorError",
         "MillwheelError",
         "RunError",
+        "SettingsError",
         "StateCodecError",
         "TopologyError",
     },

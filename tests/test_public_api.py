@@ -19,6 +19,8 @@ def test_exported_members_are_pinned():
         "MIN_TIMESTAMP",
         "Computation",
         "ComputationError",
+        "DeclarationError",
+        "SettingsError",
         "DeadLetter",
         "KeyContext",
         "KeyExtractorError",
