@@ -59,16 +59,20 @@ def controls(seed: int, arrow: bool) -> list:
     """One to three control steps drawn from ``seed`` (the same number, so the same data, on
     every plan; an Arrow-mapped plan may crash at its own point too)."""
     rng = random.Random(seed * 7919 + 1)
-    points = sorted(CRASH_POINTS)
+    points, own_points = sorted(CRASH_POINTS), sorted(ARROW_CRASH_POINTS)
     out = []
     for _ in range(rng.randint(1, 3)):
-        r = rng.random()
-        point = rng.choice(points)
-        if arrow and rng.random() < 0.3:
-            point = rng.choice(sorted(ARROW_CRASH_POINTS))
-        out.append(
-            Restart() if r < 0.3 else Rescale(rng.randint(2, 8)) if r < 0.5 else Crash(point)
+        # as many draws on every plan, so the plans get the same steps but for the Arrow one's point
+        r, point, own, own_point, n = (
+            rng.random(),
+            rng.choice(points),
+            rng.random(),
+            rng.choice(own_points),
+            rng.randint(2, 8),
         )
+        if arrow and own < 0.3:
+            point = own_point
+        out.append(Restart() if r < 0.3 else Rescale(n) if r < 0.5 else Crash(point))
     return out
 
 
