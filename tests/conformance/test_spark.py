@@ -28,7 +28,10 @@ def test_plan_conforms(plan, spark, tmp_path, conformance_seed):
     want = expected(scenario)
     # the harness first: a disagreement there is not the plan's
     got, problems = observed(run_harness(scenario, plan.kind), resends=True)
-    assert not compare(want, got, problems), scenario.describe()
+    on_harness = compare(want, got, problems)
+    assert not on_harness, f"the harness disagrees on\n{scenario.describe()}\n" + "\n".join(
+        on_harness[:60]
+    )
     run = run_spark(scenario, plan, tmp_path, spark)
     print(
         f"{plan_id}: {run.seconds:.0f}s, {run.drivers} drivers, crashes {run.crashes}, "
