@@ -14,18 +14,19 @@ per key, then per record (timer), each failure dead-lettered as the per-key step
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from millwheel._codec import decode_value
 from millwheel._colbatch import Batch, key_categories, key_column_of
 from millwheel._coldedup import chunk_stamps
 from millwheel._colhash import fingerprints
 from millwheel._colinput import InputColumns, factorize
-from millwheel._colout import Outputs
+from millwheel._colout import ColumnarResult, Outputs
+from millwheel._colruns import Runs, due_rounds
 from millwheel._colsegments import SegmentFiles
 from millwheel._colstore import ColumnarStore
 from millwheel._columnar import RECORD_COLUMNS, ColumnarComputation
@@ -54,72 +55,6 @@ from millwheel._record import Key, Production, Record, TimeDomain, Timer, decode
 
 #: decoded keys a runner keeps (``ColumnarRunner._decode_key``); past it, it starts again
 _KEYS_KEPT = 1 << 20
-
-
-@dataclass(slots=True)
-class ColumnarResult:
-    """What one run over a key interval's batch returns."""
-
-    store: bytes | None
-    #: productions as columns, in the order user code made them
-    streams: list[str]
-    ids: list[str]
-    ts: list[int]
-    kbs: list[bytes]
-    keys: list[Key]
-    values: list[Any]
-    encoded: list[bytes]
-    dead_letters: list[Production]
-    metrics: dict[str, int]
-    hold: int | None
-    next_low_watermark_timer: int | None
-    next_wall_timer: int | None
-    keys_kept: int
-    #: per touched key (harness): (hold, next lw timer, next wall timer)
-    key_summaries: dict[bytes, tuple[int | None, int | None, int | None]] | None = None
-    #: per production: its ``once_id`` (Photon §2) or ``None``, and whether it is tentative (``None``: no once-productions)
-    once_ids: list[str | None] | None = None
-    once_tentative: list[bool] | None = None
-    #: the store after the run, decoded (a caller that keeps it skips the next decode; with
-    #: ``run(encode=False)`` the only form of it: ``store`` is then ``None``)
-    decoded: ColumnarStore | None = None
-
-    def productions(self) -> list[Production]:
-        n = len(self.ids)
-        once = self.once_ids or [None] * n
-        tent = self.once_tentative or [False] * n
-        return [
-            Production(s, Record(k, v, t, i, s), e, o, f)
-            for s, k, v, t, i, e, o, f in zip(
-                self.streams,
-                self.keys,
-                self.values,
-                self.ts,
-                self.ids,
-                self.encoded,
-                once,
-                tent,
-                strict=True,
-            )
-        ]
-
-    def drop(self, ids: set[str]) -> None:
-        """Drop the productions ``ids`` (once-productions another pipeline holds)."""
-        keep = [i not in ids for i in self.ids]
-        for name in (
-            "streams",
-            "ids",
-            "ts",
-            "kbs",
-            "keys",
-            "values",
-            "encoded",
-            "once_ids",
-            "once_tentative",
-        ):
-            col = getattr(self, name)
-            if col is not None:
-                setattr(self, name, [x for x, k in zip(col, keep, strict=True) if k])
 
 
 class _CallFailed(Exception):
@@ -223,6 +158,7 @@ class ColumnarRunner:
         lw = low_watermark
         touched: set[bytes] = set()
         oldest_late_wm = None
+        runs: Runs | None = None
         if n:
             ts, kcodes, uniq = (
                 recs.ts,
@@ -235,41 +171,47 @@ class ColumnarRunner:
             late_wm = late_watermarks(not_dead, recs.arrival, recs.arrival_known, lw)
             if not_dead.any():
                 oldest_late_wm = int(late_wm[not_dead].min())
+            if n > 1 and late_wm.min() != late_wm.max():
+                runs = Runs(late_wm, kcodes, lw)  # records under several arrival watermarks
             if opts.exactly_once:
                 stamps = chunk_stamps(
                     None, dedup_stamps(ts, late_wm), opts.dedup.gc_interval_ms, kcodes
                 )
-                keep = st.dedup.admit(
-                    recs.ids,
-                    None,
-                    stamps,
-                    stats,
-                    fingerprints(recs.ids, None, kcodes, uniq),
-                    kcodes,
-                    uniq,
-                )
+                fps = fingerprints(recs.ids, None, kcodes, uniq)
+                if runs is None:
+                    keep = st.dedup.admit(recs.ids, None, stamps, stats, fps, kcodes, uniq)
+                else:  # in run order, as the per-key step: a repeat's first delivery is kept
+                    o = runs.order
+                    keep = np.empty(n, np.bool_)
+                    keep[o] = st.dedup.admit(
+                        recs.ids.take(pa.array(o)), None, stamps[o], stats, fps[o], kcodes[o], uniq
+                    )
             else:
                 keep = np.ones(n, np.bool_)
             c.duplicates = int(n - keep.sum())
             admit, sent = self.late.split(is_late(ts, late_wm), keep, c)
-            if sent is not None:
-                for i in np.flatnonzero(sent).tolist():
-                    kb = recs.kb(i)
-                    dec, enc = recs.decoded(i)
-                    out.add(self.late.stream, kb, key_of[kb], dec, enc, int(ts[i]), recs.id(i))  # type: ignore[arg-type]
-            if admit.all():
-                idx, codes, order = np.arange(n), kcodes, uniq
+            if runs is not None:
+                self._runs(st, recs, runs, admit, sent, key_of, lw, now, out, dead, c, touched)
             else:
-                idx = np.flatnonzero(admit)
-                sub, present = pd.factorize(kcodes[idx])
-                codes, order = sub.astype(np.int64, copy=False), [uniq[k] for k in present.tolist()]
-            if len(idx):
-                # grouped by key, keys in order of first appearance, each key's records in delivery order
-                srt = np.argsort(codes, kind="stable")
-                c.processed += self._records(
-                    st, recs, idx[srt], codes[srt], order, key_of, lw, now, out, dead
-                )
+                if sent is not None:
+                    self._send_late(recs, np.flatnonzero(sent), key_of, out)
+                if admit.all():
+                    idx, codes, order = np.arange(n), kcodes, uniq
+                else:
+                    idx = np.flatnonzero(admit)
+                    sub, present = pd.factorize(kcodes[idx])
+                    codes = sub.astype(np.int64, copy=False)
+                    order = [uniq[k] for k in present.tolist()]
+                if len(idx):
+                    # grouped by key, keys in order of first appearance, each key's records in delivery order
+                    srt = np.argsort(codes, kind="stable")
+                    c.processed += self._records(
+                        st, recs, idx[srt], codes[srt], order, key_of, lw, now, out, dead
+                    )
+        mark = len(out.kbs)
         self._timers(st, key_of, lw, now, out, dead, c, touched)
+        if runs is not None:
+            out.count_behind(mark, lw)
         # ---- checkpoint ----
         if opts.exactly_once:
             horizon = dedup_horizon(lw, oldest_late_wm, opts.dedup.slack_ms)
@@ -460,12 +402,18 @@ class ColumnarRunner:
         dead: list[Any],
         c: StepMetrics,
         touched: set[bytes],
+        only: set[bytes] | None = None,
     ) -> None:
+        """Due timers per key in firing order within the fire budget, rounds of them until none
+        is due (``only``: of these keys only)."""
         budget = self.options.max_timer_fires_per_step
         fired: dict[bytes, int] = {}
         while st.timers:
             tt = st.timers
-            due = tt.ordered(tt.due(lw, now))  # per key, by timestamp, domain, tag
+            due = tt.due(lw, now)
+            if only is not None and len(due):
+                due = due[pd.Index(list(only)).get_indexer(tt.kb[due]) >= 0]
+            due = tt.ordered(due)  # per key, by timestamp, domain, tag
             if not len(due):
                 return
             # at most ``budget`` fires per key and step: each key's first due timers
@@ -524,6 +472,72 @@ class ColumnarRunner:
                                 now,
                             )
                         )
+
+    def _send_late(
+        self, recs: InputColumns, rows: np.ndarray, key_of: dict[bytes, Key], out: Outputs
+    ) -> None:
+        """Late records ``rows`` sent on to the late stream (``LatePolicy.to_stream``)."""
+        for i in rows.tolist():
+            kb = recs.kb(i)
+            dec, enc = recs.decoded(i)
+            out.add(self.late.stream, kb, key_of[kb], dec, enc, int(recs.ts[i]), recs.id(i))  # type: ignore[arg-type]
+
+    def _runs(
+        self,
+        st: ColumnarStore,
+        recs: InputColumns,
+        runs: Runs,
+        admit: np.ndarray,
+        sent: np.ndarray | None,
+        key_of: dict[bytes, Key],
+        lw: int,
+        now: int,
+        out: Outputs,
+        dead: list[Any],
+        c: StepMetrics,
+        touched: set[bytes],
+    ) -> None:
+        """Records under several arrival watermarks, one run after the other, each run's keys'
+        due timers fired before their next run (``_colruns.py``); productions counted behind
+        the watermark of the call that made them, per key, as the per-key step counts them."""
+        out.behind = 0
+        uniq = recs.uniques
+        kbs = np.empty(len(uniq), object)
+        kbs[:] = uniq
+        for s in range(runs.count):
+            rows = runs.rows(s)
+            kc, bounds, later = runs.keys(s)
+            if sent is not None:
+                self._send_late(recs, rows[sent[rows]], key_of, out)
+            idx = rows[admit[rows]]
+            if len(idx):
+                sub, present = pd.factorize(recs.codes[idx])
+                codes = sub.astype(np.int64, copy=False)
+                order = [uniq[k] for k in present.tolist()]
+                srt = np.argsort(codes, kind="stable")
+                mark = len(out.kbs)
+                call_lw = runs.call_watermark(s)
+                c.processed += self._records(
+                    st, recs, idx[srt], codes[srt], order, key_of, call_lw, now, out, dead
+                )
+                if len(out.kbs) > mark:  # each key's productions behind its bound
+                    at = pd.Index(kbs[kc]).get_indexer(np.array(out.kbs[mark:], object))
+                    out.count_behind(mark, np.where(at >= 0, bounds[at], call_lw))
+            if not later.any():
+                continue
+            nxt = kbs[kc[later]]
+            for bound_lw, only in due_rounds(st.timers, nxt, bounds[later], now):
+                mark = len(out.kbs)
+                self._timers(st, key_of, bound_lw, now, out, dead, c, touched, only)
+                out.count_behind(mark, bound_lw)
+            # a key that keeps nothing now starts a new life in its next run (``call_life``)
+            busy = set(out.kbs) if self.options.strong_productions else set()
+            gone = st.keeping_nothing(nxt.tolist(), busy)
+            if gone:
+                out.number(self.name, st)
+                for kb in gone:
+                    st.meta.pop(kb, None)
+                    out.forgotten[kb] = out.forgotten.get(kb, 0) + 1
 
     def acknowledge(
         self, store: Any, ids: Iterable[str] | None = None

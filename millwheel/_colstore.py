@@ -197,6 +197,23 @@ class ColumnarStore:
                 if kb not in busy:
                     del self.meta[kb]
 
+    def keeping_nothing(self, kbs: Iterable[bytes], busy: set[bytes]) -> list[bytes]:
+        """Which of keys ``kbs`` keep nothing — no state, timers, pending productions, dedup
+        ids or hold (an empty per-record envelope, ``Envelope.is_empty``); ``busy``: keys
+        known to keep something."""
+        cands = set(kbs) - busy - self.timers.key_set() - {p[1] for p in self.pending}
+        if cands:
+            cands -= self.dedup.keys_with_ids(list(cands))
+        if cands and self.state is not None and self.state.num_rows:
+            col = self.state.column("_kb")
+            cands -= set(
+                pc.unique(
+                    col.filter(pc.is_in(col, value_set=pa.array(list(cands), pa.binary())))
+                ).to_pylist()
+            )
+        meta = self.meta
+        return [kb for kb in cands if (m := meta.get(kb)) is None or m[1] is None]
+
     def key_summary(
         self, kbs: Iterable[bytes]
     ) -> dict[bytes, tuple[int | None, int | None, int | None]]:

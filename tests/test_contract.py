@@ -3,7 +3,8 @@
 A per-record computation run by the per-key step (``_step.py`` through ``_delivery.run_key``)
 and the same computation written as a columnar one, run by the columnar runner
 (``_colrunner.py``), get the same random batches: new records, duplicates, re-deliveries of
-records sent batches ago, late records (behind the watermark they arrive under), watermark
+records sent batches ago, late records (behind the watermark they arrive under), records of
+one batch under several arrival watermarks (timers falling due between them), watermark
 moves that fire timers (all that are due, or a few per key and step), and records whose user
 code raises. Whatever the late policy and with or without exactly-once, they must agree: each key's productions (ids, values,
 timestamps, in order), the dead letters (ids and reasons), and every counter the contract
@@ -122,10 +123,16 @@ POLICIES = {
     "to_stream": LatePolicy.to_stream("late"),
 }
 
-# a batch: records (key, time offset, value, a new id or a re-delivery of an earlier one),
-# the watermark they arrived under (an offset behind the current one, or none given: one
-# for the whole batch; two in one batch are not yet one rule, the xfail test below), then
-# how far the watermark moves before the batch runs
+# a batch: records (key, time offset, value, a new id or a re-delivery of an earlier one,
+# the watermark it arrived under: an offset behind the current one, or none given), then
+# how far the watermark moves before the batch runs. Records of one batch arrive under one
+# watermark or under several, in any order: a record 400 ms behind sets a timer that falls
+# due before those 0 ms behind are processed (the per-key step fires it between the runs)
+arrivals = st.one_of(
+    st.just([None]),
+    st.lists(st.integers(0, 500), min_size=1, max_size=1),
+    st.lists(st.sampled_from([0, 150, 400]), min_size=2, max_size=3, unique=True),
+)
 batches = st.lists(
     st.tuples(
         st.lists(
@@ -134,10 +141,11 @@ batches = st.lists(
                 st.integers(-400, 600),
                 st.integers(0, 20),
                 st.one_of(st.none(), st.integers(0, 10**6)),
+                st.integers(0, 2),
             ),
             max_size=12,
         ),
-        st.one_of(st.none(), st.integers(0, 500)),
+        arrivals,
         st.sampled_from([0, 0, 50, 150, 400, 2_000]),
     ),
     min_size=1,
@@ -157,8 +165,8 @@ class PerRecord:
 
     def batch(self, items, arrival, lw, life):
         by_key: dict[str, list] = {}
-        for rec in items:
-            by_key.setdefault(rec.key, []).append((rec, arrival))
+        for rec, a in zip(items, arrival, strict=True):
+            by_key.setdefault(rec.key, []).append((rec, a))
         for key in [*by_key, *(k for k in self.envs if k not in by_key)]:
             got = run_key(
                 self.runner,
@@ -194,7 +202,7 @@ class Columnar:
             np.array([r.timestamp for r in items], np.int64),
             ["in"] * len(items),
             [r.value for r in items],
-            arrival=[arrival] * len(items),
+            arrival=arrival,
             encoded=False,
         )
         res = self.runner.run(self.store, recs, low_watermark=lw, now=0, life=life)
@@ -227,15 +235,16 @@ def test_the_columnar_runner_and_the_per_key_step_deliver_alike(policy, exactly_
     wm, sent = 1_000, []
     for i, (recs, behind, move) in enumerate(plan):
         wm += move
-        items = []
-        for k, dt, value, again in recs:
+        items, arrival = [], []
+        for k, dt, value, again, under in recs:
+            back = behind[under % len(behind)]
+            arrival.append(None if back is None else wm - back)
             if again is not None and sent:
                 items.append(sent[again % len(sent)])  # a re-delivery: same id, key, time, value
                 continue
             rec = Record(f"k{k}", value, wm + dt, f"r{len(sent)}", "in")
             sent.append(rec)
             items.append(rec)
-        arrival = None if behind is None else wm - behind
         life = batch_life("contract", i)
         a.batch(items, arrival, wm, life)
         b.batch(items, arrival, wm, life)
@@ -254,39 +263,47 @@ def test_the_columnar_runner_and_the_per_key_step_deliver_alike(policy, exactly_
     assert {n: ca[n] for n in COMPARED} == {n: cb[n] for n in COMPARED}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not yet one rule: the per-key step cuts a key's records into runs of one arrival "
-    "watermark and fires its timers between them up to the next run's (_delivery.plan_steps); "
-    "the columnar runner takes the batch's records in one call, then fires timers",
-)
 def test_records_of_one_batch_under_two_watermarks_fire_timers_between_them_on_both_paths():
     options = ComputationOptions(strong_productions=False)
     a, b = PerRecord(options), Columnar(options)
     life = batch_life("contract", 0)
-    first, second = Record("k", 3, 1_000, "a", "in"), Record("k", 6, 1_200, "b", "in")
-    got = run_key(
-        a.runner,
-        "k",
-        None,
-        [(first, 900), (second, 1_100)],
-        low_watermark=2_000,
-        now=0,
-        metrics=a.metrics,
-        life=life,
-    )
+    # key k under two watermarks, key j under the first only (its timers fire at the end)
+    sent = [
+        (Record("k", 3, 1_000, "a", "in"), 900),
+        (Record("j", 4, 1_000, "c", "in"), 900),
+        (Record("k", 6, 1_200, "b", "in"), 1_100),
+    ]
+    got = []
+    for key in ("k", "j"):
+        out = run_key(
+            a.runner,
+            key,
+            None,
+            [(r, w) for r, w in sent if r.key == key],
+            low_watermark=2_000,
+            now=0,
+            metrics=a.metrics,
+            life=life,
+        )
+        got += [_row(p) for p in out.productions]
     recs = InputColumns(
-        [encode_key("k")] * 2,
-        ["a", "b"],
-        np.array([1_000, 1_200]),
-        ["in"] * 2,
-        [3, 6],
-        arrival=[900, 1_100],
+        [encode_key(r.key) for r, _ in sent],
+        [r.id for r, _ in sent],
+        np.array([r.timestamp for r, _ in sent]),
+        ["in"] * 3,
+        [r.value for r, _ in sent],
+        arrival=[w for _, w in sent],
         encoded=False,
     )
     res = b.runner.run(None, recs, low_watermark=2_000, now=0, life=life)
-    # per-record: the first run's timer t0 (at 1,100) fires before the second run sets it again
-    assert [_row(p) for p in got.productions] == [_row(p) for p in res.productions()]
+    want = {key: [r for r in got if r[2][0] == key] for key in ("k", "j")}
+    cols = {key: [_row(p) for p in res.productions() if p.record.key == key] for key in want}
+    assert cols == want
+    # the first run's timer t0 (at 1,100) fires before the second run sets it again (at 1,300)
+    assert [r[2][1] for r in want["k"]] == [3, "t0", 6, "t0"]
+    assert [r[2][1] for r in want["j"]] == [4, "t1"]
+    ca = a.metrics.as_dict()
+    assert {n: ca[n] for n in COMPARED} == {n: res.metrics[n] for n in COMPARED}
 
 
 # ---- the rules' scalar and vectorised forms agree ---------------------------------------------
