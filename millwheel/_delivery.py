@@ -92,8 +92,11 @@ def record_problem(record: Any) -> str | None:
     return None
 
 
-def invalid_record(injector: str, stream: str, record: Any, problem: str, seq: int) -> Record:
-    """The dead letter of a record refused at an injector boundary (``seq``: its position)."""
+def invalid_record(
+    injector: str, stream: str, record: Any, problem: str, seq: int | tuple[int, ...]
+) -> Record:
+    """The dead letter of a record refused at an injector boundary (``seq``: its position,
+    a number or a tuple of them)."""
     rec = record if isinstance(record, Record) else None
     ts = (
         rec.timestamp

@@ -394,7 +394,7 @@ class LogFileInjector(QueryInjector):
         return not unread(self.offset or initial_offset(), self.source.read_options)  # type: ignore[union-attr]
 
     def status(self) -> dict[str, Any]:
-        out = {
+        out: dict[str, Any] = {
             "records_out": self.records_out,
             "dead_letters": self.dead_letters,
             "low_watermark": self.low_watermark,

@@ -59,7 +59,7 @@ CRASH_ENV = "MILLWHEEL_CRASH"
 CRASH_POINTS = ("before_output", "after_output", "before_commit", "before_publish", "mid_publish")
 
 
-def crash_point(query: str, point: str, batch: int, has_data: bool = True) -> None:
+def crash_point(query: str, point: str, batch: int | None, has_data: bool = True) -> None:
     spec = os.environ.get(CRASH_ENV)
     if not spec:
         return

@@ -225,7 +225,7 @@ def orphan_answer(root: Location, body: dict[str, Any], by: int | None = None) -
             if body.get("decision")
             else "rescale again (offline, or once a driver runs it)"
         )
-        out = {
+        out: dict[str, Any] = {
             "state": "failed",
             "recorded": False,
             "detail": f"the driver (epoch {epoch}) stopped before {kind} of {computation!r} to {what(intervals, layout)} began its move: nothing changed; {again}",

@@ -137,7 +137,7 @@ def rescale(
         epoch.mark(stopped=True)
 
 
-def target(root: Location, computation: str, intervals: int) -> Target:
+def target(root: Location, computation: str, intervals: int | None) -> Target:
     """Check that ``computation`` of the run in ``root`` can be given ``intervals`` key
     intervals at all (a run directory, a known computation, the interval-row layout), and
     what it has now; raises :class:`MillwheelError` saying why not."""

@@ -46,9 +46,9 @@ from millwheel.runtime._runpin import pin_groups, pin_pipeline, pin_run_settings
 from millwheel.runtime._runpin import run_identity as run_identity
 from millwheel.runtime._session import checkpoint_conf, restore_conf, set_conf, warm_python_workers
 from millwheel.runtime._settings import RuntimeSettings
-from millwheel.runtime._sinks import sink_writers
+from millwheel.runtime._sinks import SinkWriter, sink_writers
 from millwheel.runtime._spark_internals import STATE
-from millwheel.runtime._sparksink import spark_sink_writers
+from millwheel.runtime._sparksink import SparkSinkWriter, spark_sink_writers
 from millwheel.runtime._sparksource import SparkSourceInjector
 from millwheel.runtime._streams import FileStreamLog
 from millwheel.runtime._usercode import ship_user_code
@@ -117,7 +117,7 @@ class SparkRuntime:
         }
         #: sinks with a target: each follows its stream log and writes committed files once (``_sinks.py``)
         here = set(self.injectors) | set(self.computations)
-        self.sinks = [
+        self.sinks: list[SinkWriter | SparkSinkWriter] = [
             s
             for s in sink_writers(topology, self.streams, self.root)
             if here & set(self.producers(s.spec.stream))

@@ -42,7 +42,7 @@ from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._delivery import invalid_record
 from millwheel._errors import MillwheelError
 from millwheel._fields import FIELDS_COLUMN
-from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, encode_key
+from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Record, encode_key
 from millwheel._sparkio import SparkSource, kafka_package
 from millwheel._topology import InjectorSpec
 from millwheel.runtime._context import DriverContext
@@ -131,7 +131,7 @@ def convert_batch(
         if declared is not None:
             names.append(FIELDS_COLUMN)
         for batch in batches:
-            out = []
+            out: list[tuple[str, Record, int | None]] = []
             for row in batch.to_pylist():
                 position: tuple[Any, ...] = (batch_id, part, index)
                 if source.id_columns is None:  # the row's place: same offsets, same rows, same ids
@@ -233,7 +233,7 @@ class SparkSourceInjector(QueryInjector):
         if not values or any(v is None for v in values):
             msg = f"injector {self.name!r}: offset_watermark={field!r}, but the offsets of batch {n} have no such field: {entry[1]}"
             raise MillwheelError(msg)
-        return min(int(v) for v in values)
+        return min(int(v) for v in values if v is not None)
 
     def _spark_watermark(self, n: int) -> int | None:
         """Spark's event-time watermark in force for batch ``n`` (``None``: not planned)."""

@@ -198,7 +198,9 @@ def keyed(query: Any, raw: Any, stream: str, extractor: Any) -> Any:
 
     spec = query.spec
     kcol, icol = query.rt.keyer.columns(query.name)
-    keying = F.arrow_udf(
+    # (PySpark's stubs type arrow_udf's overloads by its function type; the keying function is
+    # an Arrow-batch function it infers from the hints)
+    keying = F.arrow_udf(  # type: ignore[call-overload]
         make_keying(query.name, stream, extractor, query.intervals, spec.options.on_error),
         KEYING_RESULT,
     )

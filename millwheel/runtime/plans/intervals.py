@@ -90,7 +90,7 @@ class IntervalStep:
         #: the Spark grouping value of each key interval (``_runtime.pin_groups``; ``None``: the interval number)
         self.groups = None if groups is None else list(groups)
         #: how many key intervals (for rows keyed in the step: :meth:`IntervalBatch._key_here`)
-        self.intervals = None if groups is None else len(self.groups)
+        self.intervals = None if groups is None else len(groups)
         self._interval_of = None if groups is None else {g: i for i, g in enumerate(groups)}
         self.pipeline = pipeline
         #: a picklable factory of the IdRegistry client that ``once_id`` productions commit to
@@ -121,13 +121,13 @@ class IntervalStep:
         }
 
     def __setstate__(self, d: dict[str, Any]) -> None:
-        self.__init__(
+        self.__init__(  # type: ignore[misc]
             d["spec"],
             pipeline=d["pipeline"],
             registry=d["registry"],
             keyer=d["keyer"],
             groups=d.get("groups"),
-        )  # type: ignore[misc]
+        )
 
     def interval_of(self, group: int) -> int:
         """The key interval of Spark group ``group`` (negative: the heartbeat group)."""
