@@ -201,9 +201,13 @@ class ColumnarStore:
         """Which of keys ``kbs`` keep nothing — no state, timers, pending productions, dedup
         ids or hold (an empty per-record envelope, ``Envelope.is_empty``); ``busy``: keys
         known to keep something."""
-        cands = set(kbs) - busy - self.timers.key_set() - {p[1] for p in self.pending}
+        cands = set(kbs) - busy  # the cheapest tests first: most keys keep ids or timers
         if cands:
             cands -= self.dedup.keys_with_ids(list(cands))
+        if cands and len(self.timers):
+            cands -= set(self.timers.kb[self.timers.of_keys(cands)].tolist())
+        if cands and self.pending:
+            cands -= {p[1] for p in self.pending}
         if cands and self.state is not None and self.state.num_rows:
             col = self.state.column("_kb")
             cands -= set(
