@@ -25,7 +25,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from millwheel import Computation, ComputationOptions, LatePolicy, Record
+from millwheel import Computation, ComputationOptions, LatePolicy, Record, TimeDomain
 from millwheel._colinput import InputColumns
 from millwheel._colrunner import ColumnarRunner
 from millwheel._columnar import ColumnarComputation
@@ -65,6 +65,9 @@ COMPARED = (
     "dead_letters_dropped",
 )
 UNLUCKY = 13
+#: wall time in the differential test (wall-time timers at or before it fire in every step)
+NOW = 10
+WALL = TimeDomain.WALL_TIME
 
 
 class Tally(Computation):
@@ -78,6 +81,8 @@ class Tally(Computation):
         self.state.set(n)
         self.produce("out", [self.key, record.value, n], timestamp=record.timestamp)
         self.set_timer(f"t{record.value % 3}", record.timestamp + 100)
+        if record.value % 7 == 0:  # a wall-time timer: due at once unless 14 (``NOW``)
+            self.set_timer("w", 1 + record.value, TimeDomain.WALL_TIME)
 
     def process_timer(self, timer):
         self.produce("out", [self.key, timer.tag, self.state.get(0)], timestamp=timer.timestamp)
@@ -106,6 +111,8 @@ class ColumnarTally(ColumnarComputation):
             pd.DataFrame({"key": list(count), "n": pd.array(list(count.values()), dtype="int64")})
         )
         batch.set_timers(keys, [f"t{v % 3}" for v in values], ts + 100)
+        wall = [(k, 1 + v) for k, v in zip(keys, values, strict=True) if v % 7 == 0]
+        batch.set_timers([k for k, _ in wall], ["w"] * len(wall), [t for _, t in wall], WALL)
 
     def process_timers(self, batch, timers):
         s = batch.state
@@ -174,7 +181,7 @@ class PerRecord:
                 self.envs.get(key),
                 by_key.get(key, []),
                 low_watermark=lw,
-                now=0,
+                now=NOW,
                 metrics=self.metrics,
                 life=life,
             )
@@ -205,7 +212,7 @@ class Columnar:
             arrival=arrival,
             encoded=False,
         )
-        res = self.runner.run(self.store, recs, low_watermark=lw, now=0, life=life)
+        res = self.runner.run(self.store, recs, low_watermark=lw, now=NOW, life=life)
         self.store = res.store
         for name, n in res.metrics.items():
             setattr(self.metrics, name, getattr(self.metrics, name) + n)
