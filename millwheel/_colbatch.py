@@ -14,6 +14,7 @@ import pyarrow as pa
 from millwheel._codec import encode_value
 from millwheel._colout import Outputs
 from millwheel._colstore import ColumnarStore
+from millwheel._contract import check_output
 from millwheel._errors import ComputationError, StateCodecError
 from millwheel._record import (
     MAX_TIMESTAMP,
@@ -379,13 +380,7 @@ class Batch:
         the IdRegistry, as ``Computation.produce(..., once_id=...)`` (Photon §2);
         ``once_tentative`` (one bool, or one per value) marks decisions that yield."""
         runner = self._runner
-        if stream not in runner.outputs:
-            declared = ", ".join(sorted(runner.outputs)) or "none"
-            msg = (
-                f"computation {runner.name!r} produced to stream {stream!r}, which it does not declare "
-                f"(declared outputs: {declared}); add it to outputs=[...] in Topology.computation"
-            )
-            raise ComputationError(msg)
+        check_output(runner.name, runner.outputs, stream)
         kbs = self._kb(keys, f"produce({stream!r})")
         vals = values.tolist() if isinstance(values, (pd.Series, np.ndarray)) else list(values)
         if len(vals) != len(kbs):

@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from millwheel._deadletter import DEAD_LETTER_STREAM, DeadLetter, dead_letter_record, reason_of
+from millwheel._errors import ComputationError
 from millwheel._identity import _hexdigest
 from millwheel._options import LateAction, LatePolicy
 from millwheel._record import MIN_TIMESTAMP, Key, Production, Record, TimeDomain, Timer
@@ -200,6 +201,19 @@ def within_budget(key_codes: np.ndarray, fired: np.ndarray, budget: int) -> np.n
     starts = np.flatnonzero(np.r_[True, key_codes[1:] != key_codes[:-1]])
     rank = np.arange(n) - np.repeat(starts, np.diff(np.r_[starts, n]))
     return fired[key_codes] + rank < budget
+
+
+# ---- outputs ---------------------------------------------------------------------------------
+def check_output(computation: str, outputs: Iterable[str], stream: str) -> None:
+    """A production goes only to a stream its computation declares (§4.1, a computation's
+    outputs are part of the topology): :class:`ComputationError` otherwise."""
+    if stream not in outputs:
+        declared = ", ".join(sorted(outputs)) or "none"
+        msg = (
+            f"computation {computation!r} produced to stream {stream!r}, which it does not declare "
+            f"(declared outputs: {declared}); add it to outputs=[...] in Topology.computation"
+        )
+        raise ComputationError(msg)
 
 
 # ---- dead letters ----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from millwheel._codec import encode_value
 from millwheel._computation import State
-from millwheel._contract import key_life, production_id_of, timer_due
+from millwheel._contract import check_output, key_life, production_id_of, timer_due
 from millwheel._deadletter import Stage
 from millwheel._envelope import Envelope
 from millwheel._errors import ComputationError, StateCodecError
@@ -185,13 +185,7 @@ class StepContext:
         if once_id is not None and (type(once_id) is not str or not once_id):
             msg = f"computation {runner.name!r}: produce({stream!r}, once_id=...) takes a non-empty str, got {short_repr(once_id)}"
             raise ComputationError(msg)
-        if stream not in runner.outputs:
-            declared = ", ".join(sorted(runner.outputs)) or "none"
-            msg = (
-                f"computation {runner.name!r} produced to stream {stream!r}, which it does not declare "
-                f"(declared outputs: {declared}); add it to outputs=[...] in Topology.computation"
-            )
-            raise ComputationError(msg)
+        check_output(runner.name, runner.outputs, stream)
         ts = self.default_ts if timestamp is None else timestamp
         if type(ts) is not int or not MIN_TIMESTAMP < ts < MAX_TIMESTAMP:
             msg = f"computation {runner.name!r}: produce({stream!r}) timestamp must be an int of ms inside the 64-bit range, got {type(ts).__name__} {short_repr(ts)}"
