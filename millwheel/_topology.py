@@ -62,6 +62,18 @@ def record_key(record: Record) -> Key:
     return record.key  # type: ignore[return-value]
 
 
+def check_mapping(name: str, cls: type, mapping: object) -> None:
+    """The one rule of kind x mapping, checked when the topology is built and again when a
+    plan is chosen (``runtime/plans/_choice.py``): the Arrow mapping runs columnar
+    computations only (:class:`TopologyError` otherwise)."""
+    if mapping == "arrow" and not is_columnar(cls):
+        msg = (
+            f"computation {name!r} runs on the Arrow mapping (ComputationOptions(mapping='arrow')), but it "
+            f"is for columnar computations (ColumnarComputation); {cls.__name__} is not one"
+        )
+        raise TopologyError(msg)
+
+
 @dataclass(frozen=True)
 class InjectorSpec:
     """An injector: publishes records to ``stream`` and an injector low watermark (§5.2)."""
@@ -242,9 +254,7 @@ class Topology:
         if not isinstance(opts, ComputationOptions):
             msg = f"computation {name!r}: options must be a ComputationOptions, got {type(opts).__name__}"
             raise TopologyError(msg)
-        if opts.mapping == "arrow" and not is_columnar(cls):
-            msg = f"computation {name!r}: ComputationOptions(mapping='arrow') is for columnar computations (ColumnarComputation); {cls.__name__} is not one"
-            raise TopologyError(msg)
+        check_mapping(name, cls, opts.mapping)
         if params is not None and not isinstance(params, Mapping):
             msg = f"computation {name!r}: params must be a dict of constructor keyword arguments"
             raise TopologyError(msg)

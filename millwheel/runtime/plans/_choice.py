@@ -28,9 +28,9 @@ from __future__ import annotations
 import enum
 
 from millwheel._columnar import is_columnar
-from millwheel._errors import RunError, TopologyError
+from millwheel._errors import RunError
 from millwheel._options import Mapping
-from millwheel._topology import ComputationSpec
+from millwheel._topology import ComputationSpec, check_mapping
 from millwheel.runtime._settings import SettingsError, StateLayout
 
 __all__ = ["PlanKind", "choose_plan"]
@@ -65,11 +65,9 @@ def choose_plan(
     name, mapping = spec.name, Mapping.parse(spec.options.mapping)
     layout = StateLayout.parse(state_layout)
     columnar = is_columnar(spec.cls)
+    check_mapping(name, spec.cls, mapping)
     if mapping is Mapping.ARROW:
         arrow = f"computation {name!r} runs on the Arrow mapping (ComputationOptions(mapping='arrow')), but"
-        if not columnar:
-            msg = f"{arrow} it is for columnar computations (ColumnarComputation); {spec.cls.__name__} is not one"
-            raise TopologyError(msg)
         if layout is not StateLayout.INTERVALS:
             msg = f"{arrow} it needs the interval layout (RuntimeSettings(state_layout='intervals')), not {layout.value!r}"
             raise SettingsError(msg)
