@@ -37,6 +37,7 @@ from millwheel._computation import Computation
 from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._errors import TopologyError
 from millwheel._fields import StreamFields
+from millwheel._initial_state import InitialState
 from millwheel._options import ComputationOptions, LateAction
 from millwheel._record import Key, Record
 from millwheel._sources import Source
@@ -161,6 +162,9 @@ class Topology:
         self.sinks: dict[str, SinkSpec] = {}
         #: streams that declare their fields (:meth:`stream`)
         self.fields: dict[str, StreamFields] = {}
+        #: each computation's initial state, checked (``_initial_state.py``): kept beside its
+        #: spec, which workers unpickle, so a large or Spark-bound source never travels with it
+        self.initial_states: dict[str, InitialState] = {}
 
     # ---- building ------------------------------------------------------------------
     def _check_unique(self, name: str) -> None:
@@ -212,6 +216,7 @@ class Topology:
         name: str | None = None,
         options: ComputationOptions | None = None,
         params: Mapping[str, Any] | None = None,
+        initial_state: Any = None,
     ) -> ComputationSpec:
         """Add a computation.
 
@@ -221,6 +226,9 @@ class Topology:
         it should be a pure function of the record (the Spark runtime applies it where the
         record is written, once for every consumer, and again in the consumer only for a
         record it failed on). ``params`` are keyword arguments for the class's constructor.
+        ``initial_state``: the per-key state it starts from (an iterable of ``(key, state[,
+        timers])``, a DataFrame, a Parquet or JSON-lines path), loaded through its own codec
+        before its first batch (``_initial_state.py``; docs/concepts.md, "Bootstrap").
         """
         if not (isinstance(cls, type) and issubclass(cls, Computation)):
             msg = f"Topology.computation expects a Computation subclass, got {cls!r}"
@@ -264,8 +272,15 @@ class Topology:
         except TypeError as exc:
             msg = f"computation {name!r}: {cls.__name__}(**params) does not fit its constructor: {exc}"
             raise TopologyError(msg) from exc
+        initial = (
+            None
+            if initial_state is None
+            else InitialState(name, initial_state, columnar=is_columnar(cls))
+        )
         spec = ComputationSpec(name, cls, checked, tuple(outputs), opts, params)
         self.computations[name] = spec
+        if initial is not None:
+            self.initial_states[name] = initial
         return spec
 
     @staticmethod
