@@ -83,6 +83,7 @@ from millwheel._step import StepRunner, acknowledge, pending_productions
 from millwheel._topology import KeyExtractor, Topology
 from millwheel.testing._columnar import columnar_sides
 from millwheel.testing._index import MinIndex
+from millwheel.testing._initial import load_initial
 from millwheel.testing._reading import HarnessReading
 from millwheel.testing._result import RunResult, marks_of, since
 from millwheel.testing._rounds import Crash, _Outgoing, _Queued
@@ -143,6 +144,8 @@ class Harness(HarnessReading):
         self._closed = False
         #: columnar computations: their store and rounds, ``testing/_columnar.py``
         self._columnar = columnar_sides(self)
+        for name, initial in topology.initial_states.items():  # ``testing/_initial.py``
+            load_initial(self, name, initial)
 
     @classmethod
     def for_computation(
@@ -159,16 +162,24 @@ class Harness(HarnessReading):
         registry: OnceRegistry | None = None,
         pipeline: str = "harness",
         fields: Mapping[str, Mapping[str, type]] | None = None,
+        initial_state: Any = None,
     ) -> Harness:
         """A harness around one computation, with an injector per input stream (named like
-        it); ``fields`` declares streams' fields (``Topology.stream``)."""
+        it); ``fields`` declares streams' fields (``Topology.stream``); ``initial_state``: the
+        state it starts from (``Topology.computation``)."""
         topo = Topology(f"test_{name or computation.__name__}")
         for stream in inputs:
             topo.injector(stream)
         for stream, declared in (fields or {}).items():
             topo.stream(stream, fields=declared)
         topo.computation(
-            computation, inputs=inputs, outputs=outputs, options=options, params=params, name=name
+            computation,
+            inputs=inputs,
+            outputs=outputs,
+            options=options,
+            params=params,
+            name=name,
+            initial_state=initial_state,
         )
         return cls(
             topo,
