@@ -36,6 +36,7 @@ from millwheel.runtime._layout import finish_move, mark_migration, move_pending
 from millwheel.runtime._lease import FencedError, Lease
 from millwheel.runtime._outbox import Outbox
 from millwheel.runtime._ownkeying import KEYING_STAGE_NEEDED
+from millwheel.runtime._rewrite_pin import settle_rewrite
 from millwheel.runtime._scan import ScannedInput
 from millwheel.runtime._session import NO_DATA_BATCHES_OFF, start_query, wait_for_jobs
 from millwheel.runtime._spark_internals import drop_uncommitted_state, error_mentions
@@ -136,6 +137,8 @@ class ComputationQuery:
         self.plan = plan = plan_for(self, layout)
         if layout.migration is not None:
             self._check_migration(layout.migration)
+        # an offline rewrite (``_rewrite_pin.py``): its swap finished, or forgotten once committed
+        settle_rewrite(self.rt.root, self.name, self.checkpoint, self.rt.log)
         dropped = drop_uncommitted_state(
             self.checkpoint
         )  # a killed attempt's files: its replay is their only writer

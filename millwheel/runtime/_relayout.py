@@ -295,9 +295,14 @@ def build_store(
     groups: list[int],
     table: pa.Table,
     partitions: int,
+    *,
+    installer: Any = None,
+    conf: dict[str, str] | None = None,
 ) -> int:
     """Run the one-batch install query (``_install.py``) on the scratch checkpoint; returns
-    the keys its groups installed."""
+    the keys its groups installed. ``installer``: another group function for the interval-row
+    layout (a rewrite's columnar stores, ``_rewrite_apply.StoreInstaller``); ``conf``: state-store
+    settings to write the store with (a rewrite's: those the computation's checkpoint recorded)."""
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
@@ -320,7 +325,7 @@ def build_store(
         )
     else:
         out = rows.groupBy("group").applyInPandasWithState(
-            IntervalInstaller(computation, groups),
+            installer or IntervalInstaller(computation, groups),
             INSTALL_OUTPUT,
             STATE_SCHEMA,
             "append",
@@ -335,6 +340,7 @@ def build_store(
     )
     conf = {
         **STATE_STORE_CONF[layout],
+        **(conf or {}),
         **_SCRATCH_CONF,
         "spark.sql.shuffle.partitions": str(partitions),
     }

@@ -354,8 +354,22 @@ def render(cs: ComputationState, run: str, *, detail: bool, limit: int) -> str:
     return "\n".join(lines)
 
 
+#: ``millwheel state load|rewrite ...``: the subcommands that write state, each in its own
+#: module (imported when asked for): ``_state_load.py`` (bootstrap), ``_state_rewrite.py``
+SUBCOMMANDS = {
+    "load": ("millwheel.runtime._state_load", "load_main"),
+    "rewrite": ("millwheel.runtime._state_rewrite", "rewrite_main"),
+}
+
+
 def state_main(argv: list[str]) -> int:
-    """``millwheel state``: a computation's committed per-key state, timers and dedup ids."""
+    """``millwheel state``: a computation's committed per-key state, timers and dedup ids
+    (``millwheel state load|rewrite ...``: :data:`SUBCOMMANDS`)."""
+    if argv and argv[0] in SUBCOMMANDS:
+        import importlib
+
+        module, function = SUBCOMMANDS[argv[0]]
+        return int(getattr(importlib.import_module(module), function)(argv[1:]))
     p = argparse.ArgumentParser(
         prog="millwheel state",
         description="print a computation's committed per-key state (read-only, safe during a run)",
@@ -395,6 +409,8 @@ def state_main(argv: list[str]) -> int:
             "local[1]", shuffle_partitions=1, app_name="millwheel-state", jvm_log=jvm_log
         )
         cs = read_state(spark, args.run, args.computation, codec=codec, key=key)
+        # an offline rewrite not yet committed by a batch (``_rewrite_pin.py``): its state is shown
+        rewrite = (read_pin(root).get("rewrites") or {}).get(args.computation)
         if args.json:
             print(
                 json.dumps(
@@ -403,6 +419,7 @@ def state_main(argv: list[str]) -> int:
                         "batch": cs.batch,
                         "unpublished": cs.unpublished,
                         "keys": [k.as_dict() for k in cs.keys],
+                        **({"rewrite": rewrite} if rewrite else {}),
                     },
                     ensure_ascii=False,
                     indent=1,
@@ -415,6 +432,12 @@ def state_main(argv: list[str]) -> int:
             return 1
         else:
             print(render(cs, args.run, detail=key is not None, limit=args.limit))
+            if rewrite:
+                print(
+                    f"  rewritten by {rewrite.get('function')} as of batch {rewrite.get('batch')} ({rewrite.get('step')}): "
+                    f"{rewrite.get('keys')} keys kept, {rewrite.get('deleted')} deleted; "
+                    f"millwheel state rewrite {args.run} {args.computation} --undo puts the old state back until a batch commits"
+                )
     except MillwheelError as exc:
         print(f"millwheel state: {exc}", file=sys.stderr)
         return 2
