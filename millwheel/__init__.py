@@ -17,6 +17,7 @@ from millwheel._errors import (
     RunError,
     SettingsError,
     StateCodecError,
+    StateVersionError,
     TopologyError,
 )
 from millwheel._logfile import LogFileSource, file_time
@@ -25,6 +26,7 @@ from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP, Production, Record, 
 from millwheel._sources import SampleSource, Source, SourceBatch
 from millwheel._sparkio import SparkSink, SparkSource
 from millwheel._topology import InjectorSpec, SinkSpec, Topology
+from millwheel._versions import VersionedCodec
 
 __version__ = "0.1.0"
 
@@ -67,11 +69,13 @@ __all__ = [
     "State",
     "StateCodec",
     "StateCodecError",
+    "StateVersionError",
     "TimeDomain",
     "Timer",
     "TimerFamily",
     "Topology",
     "TopologyError",
+    "VersionedCodec",
     "file_time",
 ]
 

@@ -9,7 +9,8 @@ what plain pickle refuses (lambdas, classes defined in a topology file), and rai
 MillWheel treats state as an opaque byte string with user-chosen serialisation. The
 default state codec is :class:`PickleCodec` (the value codec above: anything goes);
 :class:`MsgpackCodec` is a faster typed codec for plain data (dicts, lists, numbers,
-strings, bytes).
+strings, bytes). :class:`DataclassCodec` and :class:`VersionedCodec` (``_versions.py``)
+carry a state version, and upgrade state older code stored.
 
 >>> decode_value(encode_value({"q": (1, 2)}))
 {'q': (1, 2)}
@@ -28,6 +29,14 @@ import cloudpickle
 import msgpack
 
 from millwheel._errors import DeclarationError, StateCodecError
+from millwheel._versions import (
+    UPGRADE_PREFIX,
+    check_upgrades,
+    check_version,
+    split_version,
+    upgrade,
+    with_version,
+)
 
 _dumps = pickle.dumps
 _HIGHEST = pickle.HIGHEST_PROTOCOL
@@ -108,6 +117,14 @@ class DataclassCodec:
     strings, bytes, lists, dicts, ``None``). ``renamed`` reads state stored under older
     field names (``{"old": "new"}``), so a class can rename a field and keep its runs.
 
+    **Versions** (``millwheel/_versions.py``): a class attribute ``__version__ = N`` (default
+    1) is the version of the state it stores, and a static method ``upgrade_from_K(fields:
+    dict) -> dict`` for an older version ``K`` turns the field map version ``K`` stored into
+    the map of version ``K + 1``. State stored by version ``K`` is upgraded through each
+    upgrade up to ``N`` when it is decoded (then ``renamed`` applies); state of a newer
+    version, or of an older one without the upgrades, raises
+    :class:`~millwheel.StateVersionError`. Version 1 stores the bare map, as before versions.
+
     >>> from dataclasses import dataclass, field
     >>> @dataclass
     ... class Window:
@@ -118,6 +135,17 @@ class DataclassCodec:
     Window(count=2, ids=['a', 'b'])
     >>> DataclassCodec(Window, renamed={"n": "count"}).decode(MsgpackCodec().encode({"n": 5}))
     Window(count=5, ids=[])
+    >>> @dataclass
+    ... class Window2:
+    ...     __version__ = 2
+    ...     count: int = 0
+    ...     first: str = ""
+    ...     @staticmethod
+    ...     def upgrade_from_1(fields):
+    ...         ids = fields.pop("ids")
+    ...         return {**fields, "first": ids[0] if ids else ""}
+    >>> DataclassCodec(Window2).decode(codec.encode(Window(2, ["a", "b"])))
+    Window2(count=2, first='a')
     """
 
     def __init__(self, cls: type, *, renamed: dict[str, str] | None = None) -> None:
@@ -130,6 +158,13 @@ class DataclassCodec:
         self._names = frozenset(self.fields)
         self.name = f"dataclass:{cls.__qualname__}"
         self._msgpack = MsgpackCodec()
+        what = f"DataclassCodec({cls.__qualname__})"
+        if "__version__" in self._names:
+            msg = f"{what}: __version__ is the state's version, a class attribute, not a field (declare it without a type annotation)"
+            raise DeclarationError(msg)
+        #: the version of the state this class stores (``__version__``, default 1)
+        self.version = check_version(getattr(cls, "__version__", 1), what)
+        check_upgrades(cls, self.version, what)
 
     def encode(self, value: Any) -> bytes:
         if type(value) is not self.cls:
@@ -137,21 +172,34 @@ class DataclassCodec:
                 f"{self.name}: state must be a {self.cls.__qualname__}, got {type(value).__name__}"
             )
             raise StateCodecError(msg)
-        return self._msgpack.encode({name: getattr(value, name) for name in self.fields})
+        data = self._msgpack.encode({name: getattr(value, name) for name in self.fields})
+        return data if self.version == 1 else with_version(self.version, data)
 
     def decode(self, data: bytes) -> Any:
-        stored = self._msgpack.decode(data)
-        if not isinstance(stored, dict):
-            msg = f"{self.name}: stored state is a {type(stored).__name__}, not a map of fields"
+        stored, payload = split_version(data)
+        fields = self._msgpack.decode(payload)
+        if not isinstance(fields, dict):
+            msg = f"{self.name}: stored state is a {type(fields).__name__}, not a map of fields"
             raise StateCodecError(msg)
-        if not self.renamed and stored.keys() <= self._names:
-            return self.cls(**stored)  # the common case: stored under the class's own names
-        values: dict[str, Any] = {str(self.renamed.get(k, k)): v for k, v in stored.items()}
+        if stored != self.version:
+            fields = upgrade(
+                fields, stored, self.version, self._upgrade, self.cls.__qualname__, _a_map
+            )
+        if not self.renamed and fields.keys() <= self._names:
+            return self.cls(**fields)  # the common case: stored under the class's own names
+        values: dict[str, Any] = {str(self.renamed.get(k, k)): v for k, v in fields.items()}
         unknown = set(values) - set(self.fields)
         if unknown:
             msg = f"{self.name}: stored state has fields {sorted(unknown)} that {self.cls.__qualname__} does not (renamed=... maps old names)"
             raise StateCodecError(msg)
         return self.cls(**values)
+
+    def stored_version(self, data: bytes) -> int:
+        """The version of the class that stored ``data``."""
+        return split_version(data)[0]
+
+    def _upgrade(self, n: int) -> Any:
+        return getattr(self.cls, f"{UPGRADE_PREFIX}{n}", None)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DataclassCodec) and (self.cls, self.renamed) == (
@@ -161,3 +209,10 @@ class DataclassCodec:
 
     def __hash__(self) -> int:
         return hash((self.cls, tuple(sorted(self.renamed.items()))))
+
+
+def _a_map(n: int, fields: Any) -> None:
+    """An upgrade's result must be a field map (``DataclassCodec``)."""
+    if not isinstance(fields, dict):
+        msg = f"{UPGRADE_PREFIX}{n} must return a dict of fields, got {type(fields).__name__}"
+        raise StateCodecError(msg)

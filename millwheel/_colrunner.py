@@ -32,6 +32,7 @@ from millwheel._colruns import Runs, due_rounds
 from millwheel._colsegments import SegmentFiles
 from millwheel._colstore import ColumnarStore
 from millwheel._columnar import RECORD_COLUMNS, ColumnarComputation
+from millwheel._colversions import upgrade_store
 from millwheel._contract import (
     LateRule,
     dedup_horizon,
@@ -151,6 +152,8 @@ class ColumnarRunner:
         opts = self.options
         live = not encode
         st = ColumnarStore.of(store, opts)
+        #: a store the code cannot upgrade fails every call over its keys (``_colversions.py``)
+        self.unreadable = upgrade_store(self, st)
         stats = DedupStats()
         c = StepMetrics()
         out = Outputs(life)
@@ -162,11 +165,7 @@ class ColumnarRunner:
         oldest_late_wm = None
         runs: Runs | None = None
         if n:
-            ts, kcodes, uniq = (
-                recs.ts,
-                recs.codes,
-                recs.uniques,
-            )  # keys in order of first appearance
+            ts, kcodes, uniq = recs.ts, recs.codes, recs.uniques  # keys by first appearance
             key_of.update(zip(uniq, map(self._decode_key, uniq), strict=True))
             touched.update(key_of)
             not_dead = recs.not_stream(DEAD_LETTER_STREAM)
@@ -302,6 +301,8 @@ class ColumnarRunner:
         out: Outputs,
     ) -> None:
         """One call of user code, applied all or nothing; raises :class:`_CallFailed`."""
+        if self.unreadable is not None:
+            raise _CallFailed(self.unreadable.at(self.name, key_of[kbs[0]], len(kbs)))
         frame = rows if rows is not None else timers
         keys = None if frame is None else frame["key"].array
         # the key column's categories are the call's keys in order: the batch shares them (``Batch._codes`` then

@@ -35,12 +35,14 @@ _LW = int(TimeDomain.LOW_WATERMARK)
 _LAST = MAX_TIMESTAMP - 1
 #: the head of a columnar store blob (a per-record interval row is a msgpack map)
 STORE_MAGIC = "millwheel-columnar"
-#: 3: a key's ``meta`` entry may carry its life (``[sequence, hold, life]``); 2: the dedup
-#: index's ids in segments, its filter over :func:`~millwheel._coldedup.hash_bytes`
-#: fingerprints; version 1 and 2 stores still decode (``ColumnarDedup.from_wire``), their
-#: keys without a life (numbered as before until they are forgotten)
-STORE_VERSION = 3
-_READS = (1, 2, 3)
+#: 4: the version of the user's state (``ColumnarComputation.state_version``) follows the
+#: dedup index (older stores: state version 1); 3: a key's ``meta`` entry may carry its life
+#: (``[sequence, hold, life]``); 2: the dedup index's ids in segments, its filter over
+#: :func:`~millwheel._coldedup.hash_bytes` fingerprints; version 1 and 2 stores still decode
+#: (``ColumnarDedup.from_wire``), their keys without a life (numbered as before until they
+#: are forgotten)
+STORE_VERSION = 4
+_READS = (1, 2, 3, 4)
 _packb = msgpack.packb
 _pending_id = itemgetter(4)
 _unpackb = msgpack.unpackb
@@ -60,6 +62,10 @@ class ColumnarStore:
     #: strong productions checkpointed and not yet acknowledged: [stream, key bytes, value bytes, ts, id]
     pending: list[list[Any]] = field(default_factory=list)
     dedup: ColumnarDedup = field(default_factory=ColumnarDedup)
+    #: the version of the computation that stored ``state`` (``ColumnarComputation.state_version``,
+    #: ``_colversions.py``): 1 for a store written before versions; ``None``: not said (a new
+    #: store), read as the version of the code that reads it
+    state_version: int | None = None
 
     def encode(self, files: SegmentFiles | None = None) -> bytes | None:
         """The blob (the dedup's held ids in segments, each encoded once: ``ColumnarDedup.to_wire``;
@@ -95,6 +101,7 @@ class ColumnarStore:
                 t.d.tolist(),
                 self.pending,
                 dd,
+                self.state_version,
             ],
             use_bin_type=True,
         )
@@ -118,7 +125,7 @@ class ColumnarStore:
         if wire[1] not in _READS:
             msg = f"unknown columnar store version {wire[1]!r}; this millwheel reads versions {', '.join(map(str, _READS))}"
             raise EnvelopeError(msg)
-        _, _, mk, mv, state, tkb, ttag, tts, td, pending, dd = wire
+        _, _, mk, mv, state, tkb, ttag, tts, td, pending, dd, *rest = wire
         table = None if state is None else pa.ipc.open_stream(state).read_all()
         return cls(
             state=table,
@@ -126,6 +133,7 @@ class ColumnarStore:
             meta=dict(zip(mk, mv, strict=True)),
             pending=pending,
             dedup=ColumnarDedup.from_wire(dd, dd_opts.bloom_fpr, dd_opts.bloom_capacity),
+            state_version=rest[0] if rest else 1,
         )
 
     def copy(self) -> ColumnarStore:
@@ -133,7 +141,12 @@ class ColumnarStore:
         decoded between rounds: a round works on a copy, committed by keeping it)."""
         # meta's lists are replaced, never changed in place (``set_hold``, ``_colout.py``): a shallow copy suffices
         return ColumnarStore(
-            self.state, self.timers, dict(self.meta), list(self.pending), self.dedup.copy()
+            self.state,
+            self.timers,
+            dict(self.meta),
+            list(self.pending),
+            self.dedup.copy(),
+            self.state_version,
         )
 
     @classmethod
@@ -289,7 +302,9 @@ class ColumnarStore:
         def at(t: int) -> ColumnarStore:
             st = out.get(t)
             if st is None:
-                st = out[t] = ColumnarStore(dedup=self.dedup.empty_like())
+                st = out[t] = ColumnarStore(
+                    dedup=self.dedup.empty_like(), state_version=self.state_version
+                )
             return st
 
         def of(kb: bytes) -> ColumnarStore:
@@ -322,6 +337,10 @@ class ColumnarStore:
         one new key interval); raises :class:`EnvelopeError` if two hold the same key."""
         if len(stores) == 1:
             return stores[0]
+        versions = {st.state_version for st in stores if st.state is not None and st.state.num_rows}
+        if len(versions) > 1:
+            msg = f"columnar stores to merge hold state of versions {sorted(versions, key=str)}: upgrade each to one version first (``_colversions.py``)"
+            raise EnvelopeError(msg)
         seen: set[bytes] = set()
         for st in stores:
             ks = st.keys_held()
@@ -342,6 +361,7 @@ class ColumnarStore:
             meta={k: v for st in stores for k, v in st.meta.items()},
             pending=[p for st in stores for p in st.pending],
             dedup=ColumnarDedup.merge([st.dedup for st in stores]),
+            state_version=versions.pop() if versions else None,  # no rows: any version reads them
         )
 
     def state_rows(self, kbs: Sequence[bytes] | pa.Array) -> tuple[pa.Table, np.ndarray] | None:

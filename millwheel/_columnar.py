@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from millwheel._computation import Computation
 from millwheel._errors import ComputationError
 from millwheel._record import Record
+from millwheel._versions import check_upgrades, check_version
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -84,9 +85,23 @@ class ColumnarComputation(Computation):
     stream that declares its fields, read from the file's columns without unpickling; a
     value stored pickled gives its field, a missing field or a value that is not a
     mapping gives null.
+
+    ``state_version`` is the version of the state the class stores (default 1), and a method
+    ``upgrade_from_N(self, state)`` for an older version ``N`` turns the state rows version
+    ``N`` stored (a frame with a ``key`` column, as :attr:`Batch.state`) into rows of version
+    ``N + 1``. A store of an older version is upgraded through them when the runner first
+    reads it, and stored at the new version by that batch (``millwheel/_colversions.py``).
     """
 
     record_columns: ClassVar[tuple[str, ...]] = RECORD_COLUMNS
+    #: the version of the state rows this class stores (``upgrade_from_N`` upgrades older ones)
+    state_version: ClassVar[int] = 1
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        what = f"columnar computation {cls.__qualname__}"
+        check_version(cls.state_version, f"{what}: state_version")
+        check_upgrades(cls, cls.state_version, what)
 
     def process_batch(self, batch: Batch) -> None:
         """Called with records of many keys (:attr:`Batch.records`), once per batch (or per key, record: see the module docstring)."""

@@ -9,6 +9,7 @@ Every error derives from one root, so ``except MillwheelError`` catches them all
     ├── ComputationError     user code broke a rule at run time (undeclared stream, bad timestamp)
     │   └── KeyExtractorError    a consumer's key extractor failed under ErrorPolicy.RAISE
     ├── StateCodecError      a state value could not be encoded or decoded
+    │   └── StateVersionError    stored state is of a version the code cannot read (no upgrade path)
     ├── EnvelopeError        a stored per-key envelope is corrupt or of an unknown version
     ├── HarnessError         the in-memory harness was driven wrongly (e.g. time moved backwards)
     ├── RunError             a run stopped: a Spark query failed in a way retrying will not fix
@@ -71,6 +72,71 @@ class KeyExtractorError(ComputationError):
 
 class StateCodecError(MillwheelError):
     """A state value could not be encoded or decoded by the computation's codec."""
+
+
+class StateVersionError(StateCodecError):
+    """Stored state was written by a version of its type that this code cannot read: a newer
+    one, or an older one with no upgrade to the current version (``millwheel/_versions.py``).
+
+    The message names the computation, the key (a columnar store: its keys) and both
+    versions; ``stored`` and ``current`` are the versions, ``computation`` and ``key`` are
+    ``None`` until the step that met the state fills them in."""
+
+    def __init__(
+        self,
+        what: str,
+        stored: int,
+        current: int,
+        why: str,
+        *,
+        computation: str | None = None,
+        key: object = None,
+        keys: int = 1,
+    ) -> None:
+        self.what, self.stored, self.current, self.why = what, stored, current, why
+        self.computation, self.key, self.keys = computation, key, keys
+        where = ""
+        if computation is not None:
+            more = f" (and {keys - 1:,} more keys)" if keys > 1 else ""
+            where = f"computation {computation!r}, key {key!r}{more}: "
+        super().__init__(
+            f"{where}state written by version {stored} of {what} cannot be read by version {current}: {why}"
+        )
+
+    def at(self, computation: str, key: object, keys: int = 1) -> StateVersionError:
+        """This error, located: the computation and the key whose state it is."""
+        if self.computation is not None:
+            return self
+        located = StateVersionError(
+            self.what,
+            self.stored,
+            self.current,
+            self.why,
+            computation=computation,
+            key=key,
+            keys=keys,
+        )
+        located.__cause__ = self.__cause__
+        return located
+
+    def __reduce__(self) -> tuple[object, ...]:  # picklable with its fields (not its message alone)
+        return (
+            _state_version_error,
+            (self.what, self.stored, self.current, self.why, self.computation, self.key, self.keys),
+        )
+
+
+def _state_version_error(*a: object) -> StateVersionError:
+    what, stored, current, why, computation, key, keys = a
+    return StateVersionError(
+        str(what),
+        int(stored),
+        int(current),
+        str(why),  # type: ignore[call-overload]
+        computation=None if computation is None else str(computation),
+        key=key,
+        keys=int(keys),  # type: ignore[call-overload]
+    )
 
 
 class EnvelopeError(MillwheelError):

@@ -45,6 +45,7 @@ from millwheel._envelope import DedupStats, Envelope, PendingProduction
 from millwheel._keycontext import DOMAINS, Careful, Failure, StepContext
 from millwheel._options import ComputationOptions, ErrorPolicy, LateAction
 from millwheel._record import Key, Production, Record, TimeDomain, Timer, production_time
+from millwheel._versions import located
 
 _LW = int(TimeDomain.LOW_WATERMARK)
 
@@ -128,7 +129,7 @@ class StepRunner:
                 )
             except Failure as failure:
                 if self.options.on_error is ErrorPolicy.RAISE:
-                    raise failure.exc from None
+                    raise located(failure.exc, self.name, key) from None
             # something failed: run the step again from the stored envelope, with a
             # savepoint before each record and timer, so each failure costs one rollback
             # (linear in the step's input however many records fail)
@@ -139,9 +140,8 @@ class StepRunner:
 
     def _dead_letter(self, key: Key, failure: Failure, now: int) -> Production | None:
         """The dead letter of a failure; ``None`` for a dead letter that failed (terminal rule)."""
-        return failure_letter(
-            self.name, key, failure.exc, failure.what, failure.record, failure.timer, now
-        )
+        exc = located(failure.exc, self.name, key)  # a state version error names its key
+        return failure_letter(self.name, key, exc, failure.what, failure.record, failure.timer, now)
 
     def _attempt(
         self,

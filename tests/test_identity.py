@@ -251,4 +251,4 @@ def test_a_columnar_store_from_before_lives_keeps_its_keys_numbering(identity_to
         and meta[held] == [1, 1_000, life]
         and meta[encode_key("new")] == [1, None, life]
     )
-    assert msgpack.unpackb(res.store, raw=False)[1] == STORE_VERSION == 3
+    assert msgpack.unpackb(res.store, raw=False)[1] == STORE_VERSION == 4

@@ -51,11 +51,13 @@ def test_exported_members_are_pinned():
         "State",
         "StateCodec",
         "StateCodecError",
+        "StateVersionError",
         "TimeDomain",
         "Timer",
         "TimerFamily",
         "Topology",
         "TopologyError",
+        "VersionedCodec",
     }
     assert millwheel.testing.__all__ == ["Crash", "Harness", "RunResult"]
     for name in millwheel.__all__:
@@ -77,6 +79,7 @@ def test_every_error_derives_from_the_root():
         "EnvelopeError",
         "HarnessError",
         "StateCodecError",
+        "StateVersionError",
         "TopologyError",
     ):
         assert issubclass(getattr(millwheel, name), millwheel.MillwheelError)

@@ -103,17 +103,28 @@ def install_envelopes(
 
 
 def install_stores(
-    name: str, interval: int, intervals: int, pieces: Sequence[bytes], current: Any, options: Any
+    name: str,
+    interval: int,
+    intervals: int,
+    pieces: Sequence[bytes],
+    current: Any,
+    options: Any,
+    upgrade: Any = None,
 ) -> ColumnarStore:
     """A columnar computation's share of a rescale: the store of key interval ``interval``
     merged from the ``pieces`` the rescale split off the old intervals' stores; the
     interval must hold nothing yet (``current``: its store, or ``None``), and every key must
-    hash to it."""
+    hash to it. ``upgrade(store)``: brings a piece's state rows to the code's state version
+    (``_colversions.py``) before the merge, as pieces of stores written by different code
+    versions may differ."""
     if current is not None:
         msg = f"computation {name!r}: a rescale installs columnar stores into key interval {interval}, which already holds a store; the rescale must be redone"
         raise RescaleMismatch(msg)
     try:
-        store = ColumnarStore.merge([ColumnarStore.decode(p, options) for p in pieces])
+        decoded = [ColumnarStore.decode(p, options) for p in pieces]
+        for st in decoded if upgrade is not None else ():
+            upgrade(st)  # one that cannot be stays as it is: the merge says so if versions differ
+        store = ColumnarStore.merge(decoded)
     except EnvelopeError as exc:
         msg = f"computation {name!r}: a rescale's pieces for key interval {interval} do not make one columnar store: {exc}"
         raise RescaleMismatch(msg) from exc

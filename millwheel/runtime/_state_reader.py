@@ -13,7 +13,11 @@ it reads a committed version, and its own Spark session (``local[1]``, no UI) wr
 nothing into the run directory.
 
 The state is decoded with the pickle codec, else the msgpack codec; a computation with
-another codec needs ``--topology T`` (its options say the codec).
+another codec needs ``--topology T`` (its options say the codec; state of an older version
+is then shown upgraded, as that code reads it). Each key's stored *state version* is shown
+(``millwheel/_versions.py``: the version of the code that stored its state; a columnar
+computation's, per store, ``_colversions.py``), with a count of keys per version: no key of
+version N left means an ``upgrade_from_N`` is no longer needed by this run.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from millwheel._codec import MsgpackCodec, PickleCodec
 from millwheel._envelope import Envelope
 from millwheel._errors import MillwheelError
 from millwheel._record import Key, TimeDomain, decode_key, timestamp_text
+from millwheel._versions import split_version, stored_version
 from millwheel.runtime._fs import Location
 from millwheel.runtime._layout import read_pin
 from millwheel.runtime._outbox import _numbers, staged_version
@@ -59,6 +64,8 @@ class KeyState:
     pending_productions: int
     state_bytes: int
     undecodable: str | None = None
+    #: the version of the code that stored the state (``None``: no state)
+    version: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -72,6 +79,7 @@ class KeyState:
             "hold": self.hold,
             "pending_productions": self.pending_productions,
             "state_bytes": self.state_bytes,
+            "version": self.version,
             **({"undecodable": self.undecodable} if self.undecodable else {}),
         }
 
@@ -98,6 +106,8 @@ def _decoder(codec: Any | None) -> Callable[[bytes], tuple[Any, str | None]]:
 
     def decode(raw: bytes) -> tuple[Any, str | None]:
         problem = None
+        if codec is None:
+            raw = split_version(raw)[1]  # the stored value, not upgraded: no code to upgrade it
         for c in codecs:
             try:
                 return c.decode(raw), None
@@ -128,6 +138,7 @@ def decode_envelope(
         len(env.pending),
         len(env.state or b""),
         problem,
+        stored_version(env.state),
     )
 
 
@@ -182,6 +193,7 @@ def columnar_key_states(blobs: list[bytes]) -> list[KeyState]:
                     summary[kb][0],
                     pending.get(kb, 0),
                     sizes.get(kb, 0),
+                    version=st.state_version if kb in rows else None,
                 )
             )
     return out
@@ -302,6 +314,10 @@ def _short(v: Any, width: int = SHOWN) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+def _version(k: KeyState) -> str:
+    return "" if k.version is None else f", version {k.version}"
+
+
 def render(cs: ComputationState, run: str, *, detail: bool, limit: int) -> str:
     lines = []
     where = f"batch {cs.batch}" if cs.batch is not None else "no committed batch yet"
@@ -323,6 +339,15 @@ def render(cs: ComputationState, run: str, *, detail: bool, limit: int) -> str:
     )
     pending = sum(k.pending_productions for k in cs.keys)
     unpublished = ", ".join(f"{s} {n:,}" for s, n in sorted(cs.unpublished.items())) or "none"
+    versions: dict[int, int] = {}
+    for k in cs.keys:
+        if k.version is not None:
+            versions[k.version] = versions.get(k.version, 0) + 1
+    if versions:
+        lines.append(
+            "  state versions: "
+            + ", ".join(f"v{v} {n:,} keys" for v, n in sorted(versions.items()))
+        )
     lines.append(
         f"  pending productions: {pending:,} in envelopes; committed output not yet published: {unpublished}"
     )
@@ -331,7 +356,7 @@ def render(cs: ComputationState, run: str, *, detail: bool, limit: int) -> str:
         if detail:
             lines.append(f"key {k.key!r}")
             lines.append(
-                f"  state ({k.state_bytes:,} bytes): {k.undecodable or _short(k.state, 2_000)}"
+                f"  state ({k.state_bytes:,} bytes{_version(k)}): {k.undecodable or _short(k.state, 2_000)}"
             )
             for tag, (ts, domain) in sorted(k.timers.items(), key=lambda x: x[1][0]):
                 lines.append(
@@ -345,7 +370,8 @@ def render(cs: ComputationState, run: str, *, detail: bool, limit: int) -> str:
             nxt = min((ts for ts, _ in k.timers.values()), default=None)
             lines.append(
                 f"  {_short(k.key, 30):<30} timers {len(k.timers):>4} next {timestamp_text(nxt) if nxt is not None else '-':<19}"
-                f" dedup {k.dedup_ids:>6} state {k.undecodable or _short(k.state, 60)}"
+                f" dedup {k.dedup_ids:>6} v{k.version if k.version is not None else '-'}"
+                f" state {k.undecodable or _short(k.state, 60)}"
             )
     if not detail and len(cs.keys) > limit:
         lines.append(

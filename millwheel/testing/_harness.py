@@ -442,16 +442,27 @@ class Harness(HarnessReading):
                 (self._lw_timers[name].get(key), self._wall_timers[name].get(key)),
             )
 
-    def restart(self, name: str) -> None:
+    def restart(
+        self, name: str, code: type | None = None, *, options: ComputationOptions | None = None
+    ) -> None:
         """Recover computation ``name`` after a crash: rescan envelopes for pending productions (§7.1).
 
         A fresh instance replaces the old one (its ``teardown()`` is called, as a clean
-        stop would; a real crash would not)."""
+        stop would; a real crash would not). ``code`` (``options``: default its class's): the
+        next version of the class, resuming from what the old one committed (its state upgraded
+        as read, ``docs/concepts.md`` "Schema evolution"); the topology runs it from then on."""
         runner = self.topology.computations[name]
         old = self._runner(name)
         old.computation.teardown()
+        opts = old.options
+        if code is not None or options is not None:
+            new = options or getattr(code, "options", None) or runner.options
+            runner = dataclasses.replace(runner, cls=code or runner.cls, options=new)
+            self.topology.computations[name] = runner
+            raising = old.options.on_error is ErrorPolicy.RAISE  # ``raise_errors`` holds
+            opts = _with(new, on_error=ErrorPolicy.RAISE) if raising else new
         self._runners[name] = StepRunner(
-            runner.instantiate(), name=name, outputs=runner.all_outputs, options=old.options
+            runner.instantiate(), name=name, outputs=runner.all_outputs, options=opts
         )
         if name in self._columnar:
             self._columnar[name].restarted(self._runners[name])
