@@ -40,6 +40,7 @@ from millwheel.runtime._rewrite_pin import settle_rewrite
 from millwheel.runtime._scan import ScannedInput
 from millwheel.runtime._session import NO_DATA_BATCHES_OFF, start_query, wait_for_jobs
 from millwheel.runtime._spark_internals import drop_uncommitted_state, error_mentions
+from millwheel.runtime._state_load import bootstrap_at_start
 from millwheel.runtime._streams import FileStreamLog
 from millwheel.runtime._usercode import RestartPolicy
 from millwheel.runtime._wire import IntervalSummary, due_ticks, interval_name, to_spark
@@ -139,6 +140,7 @@ class ComputationQuery:
             self._check_migration(layout.migration)
         # an offline rewrite (``_rewrite_pin.py``): its swap finished, or forgotten once committed
         settle_rewrite(self.rt.root, self.name, self.checkpoint, self.rt.log)
+        bootstrap_at_start(self)  # an initial state, before the first batch (``_state_load.py``)
         dropped = drop_uncommitted_state(
             self.checkpoint
         )  # a killed attempt's files: its replay is their only writer
