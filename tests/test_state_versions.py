@@ -464,3 +464,32 @@ def test_a_store_written_before_versions_reads_as_version_1():
     assert ColumnarStore.decode(old).state_version == 1
     st_.state_version = 2
     assert ColumnarStore.decode(st_.encode()).state_version == 2
+
+
+def test_a_rescales_pieces_of_two_versions_are_brought_to_the_codes_before_they_merge():
+    """An interval not touched since the code changed still holds version 1 while another
+    holds version 2: a rescale that merges pieces of both upgrades each first (``_move.py``),
+    and without the upgrade the merge refuses to mix them."""
+    import pyarrow as pa
+
+    from millwheel._colrunner import ColumnarRunner
+    from millwheel._colversions import upgrade_store
+    from millwheel._record import encode_key
+    from millwheel.runtime._move import RescaleMismatch, install_stores
+
+    cats, dogs = encode_key("cats"), encode_key("dogs")
+    old = ColumnarStore(state=pa.table({"_kb": [cats], "n": [2], "total": [5]}), state_version=1)
+    new = ColumnarStore(
+        state=pa.table({"_kb": [dogs], "n": [1], "cents": [300], "last": ["v2"]}),
+        state_version=2,
+    )
+    pieces = [old.encode(), new.encode()]
+    with pytest.raises(RescaleMismatch, match=r"versions \[1, 2\]"):
+        install_stores("ColTally", 0, 1, pieces, None, None)
+    runner = ColumnarRunner(ColTallyV2(), name="ColTally", outputs=["totals"])
+    st_ = install_stores("ColTally", 0, 1, pieces, None, None, lambda s: upgrade_store(runner, s))
+    assert st_.state_version == 2
+    assert sorted(st_.state.to_pylist(), key=lambda r: r["n"]) == [
+        {"_kb": dogs, "n": 1, "cents": 300, "last": "v2"},
+        {"_kb": cats, "n": 2, "cents": 500, "last": ""},
+    ]
