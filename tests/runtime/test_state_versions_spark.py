@@ -200,7 +200,7 @@ def _write(path: Path, rows: list[tuple[str, int]], start: int) -> None:
 
 def _run(tmp_path: Path, version: str) -> SparkRuntime:
     path = tmp_path / f"evolve_{version}.py"
-    body = V1 if version == "v1" else V2
+    body = {"v1": V1, "v2": V2, "v2-raise": V2.replace("DEAD_LETTER", "RAISE")}[version]
     path.write_text(COMMON + body + WIRING.format(logs=str(tmp_path / "logs")))
     return load_topology(str(path))
 
@@ -285,3 +285,24 @@ def test_the_state_command_shows_each_keys_version(spark, tmp_path, capsys):
     assert {k["key"]: k["version"] for k in data["keys"]} == {"a": 1, "b": 1}
     assert state_main([run, "Tally", "--key", "a"]) == 0
     assert "version 1" in capsys.readouterr().out
+
+
+def test_under_raise_the_resumed_run_stops_with_the_message(spark, tmp_path):
+    """``ErrorPolicy.RAISE``: state no upgrade reaches stops the run, the message naming the
+    computation, the key and both versions."""
+    from millwheel import RunError
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "_DONE").write_text("")
+    _write(logs / "part-1.jsonl", [("a", 1)], 0)
+    run = str(tmp_path / "run")
+    settings = RuntimeSettings(drain=True, intervals=INTERVALS)
+    SparkRuntime(_run(tmp_path, "v1"), run, settings, spark=spark).run(timeout_s=600)
+    _write(logs / "part-2.jsonl", [("a", 2)], 100)
+    with pytest.raises(RunError) as stopped:
+        SparkRuntime(_run(tmp_path, "v2-raise"), run, settings, spark=spark).run(timeout_s=600)
+    text = str(stopped.value)
+    assert "StateVersionError" in text, text[-2000:]
+    assert "key 'a'" in text and "state written by version 1 of" in text, text[-2000:]
+    assert "cannot be read by version 3" in text, text[-2000:]
