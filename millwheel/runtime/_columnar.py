@@ -195,7 +195,8 @@ class ColumnarIntervalStep(IntervalStep):
         batch_id: int | None = None,
     ) -> tuple[ColumnarResult, dict[str, Any] | None, pd.DataFrame]:
         """One key interval's share of a micro-batch on a mapping that does not move state
-        (``plans/arrow.py``, whose computations ``millwheel rescale`` refuses): the
+        (``plans/arrow.py``, whose computations ``millwheel rescale`` refuses; a state load's
+        store is installed into an interval that has none, ``_state_load.py``): the
         :class:`ColumnarRunner` over its input ``rows`` (``store``: the interval's columnar
         store, encoded or decoded); its productions as columns (:meth:`step_columns`) and
         the frame of its dead letters and summary row. Rows that are all plain records
@@ -207,9 +208,19 @@ class ColumnarIntervalStep(IntervalStep):
             recs = arrow_input(rows)
         else:
             recs = self.read_marked(batch, [] if rows is None else [table_frame(rows)], batch_id)[0]
-        if batch.installs or batch.retire is not None:
+        if batch.retire is not None:
             msg = f"computation {self.spec.name!r}: a rescale's state move reached an interval function that cannot apply it (the Arrow mapping)"
             raise RescaleMismatch(msg)
+        # a state load's store (``_state_load.py``): into an interval without one
+        if batch.installs:
+            store = install_stores(
+                self.spec.name,
+                interval,
+                self.intervals or 0,
+                [v for _, v in batch.installs],
+                store,
+                self.spec.options,
+            )
         return self.step_columns(batch, recs, store, batch_id)
 
     def read_marked(

@@ -49,7 +49,7 @@ import pandas as pd
 
 from millwheel._topology import ComputationSpec
 from millwheel.runtime._interval import IntervalBatch, KeyMeta, earliest, unpack_meta
-from millwheel.runtime._move import RescaleMismatch
+from millwheel.runtime._move import RescaleMismatch, install_envelopes
 from millwheel.runtime._spark_internals import MapStatePipeline
 from millwheel.runtime._wire import to_spark
 from millwheel.runtime.plans._base import Built, QueryInputs
@@ -159,9 +159,7 @@ def make_processor(
             batch = IntervalBatch.of(
                 self.owner, key, rows, watermark, timerValues.getCurrentProcessingTimeInMs()
             )
-            if batch is not None and (
-                batch.installs or batch.retire is not None or batch.interval == -2
-            ):
+            if batch is not None and (batch.retire is not None or batch.interval == -2):
                 msg = f"computation {spec.name!r}: a rescale's rows reached the per-key state layout, which millwheel rescale does not move"
                 raise RescaleMismatch(msg)
             if batch is not None:
@@ -180,15 +178,19 @@ def make_processor(
         def _run(self, batch: IntervalBatch, watermark: int, expired: bool) -> pd.DataFrame:
             stored = self.meta.get()
             count, meta = (0, {}) if stored is None else unpack_meta(stored[0])
-            batch.add_due(meta.items())
             envs = MapStatePipeline(self.envs)
+            # a state load's envelopes (``_state_load.py``), before any key runs
+            installed = self._install(batch, envs, count, meta) if batch.installs else {}
+            batch.add_due(meta.items())
             keys = list(batch.per_key)
-            before = envs.get_many(keys) if keys else {}
+            fetch = [kb for kb in keys if kb not in installed]
+            before = envs.get_many(fetch) if fetch else {}
+            before.update((kb, installed[kb]) for kb in keys if kb in installed)
             outcomes = batch.run(before.__getitem__)
             updates: list[tuple[bytes, bytes]] = []
             removals: list[bytes] = []
-            kept = count
-            changed = False
+            kept = count + len(installed)
+            changed = bool(installed)
             for kb, outcome in outcomes.items():
                 env, old = outcome.envelope, before[kb]
                 if env is None:
@@ -216,6 +218,26 @@ def make_processor(
             hold, nlw_min, nwall_min = earliest(meta.values())
             schedule(self.handle, self.timer, nlw_min, watermark, expired)
             return batch.summary(hold, nlw_min, nwall_min, kept)
+
+        def _install(
+            self, batch: IntervalBatch, envs: Any, count: int, meta: dict[bytes, Any]
+        ) -> dict[bytes, bytes]:
+            """A state load's envelopes into this (empty) interval, one row per key (``_move.py``)."""
+            if count or meta:
+                msg = f"computation {spec.name!r}: a state load installs envelopes into key interval {batch.interval}, which already holds {count} keys"
+                raise RescaleMismatch(msg)
+            installed: dict[bytes, bytes] = {}
+            install_envelopes(
+                spec.name,
+                batch.interval,
+                self.owner.intervals or 0,
+                batch.installs,
+                installed,
+                meta,
+                KeyMeta,
+            )
+            envs.write_many(list(installed.items()), [])
+            return installed
 
         def close(self) -> None:
             pass
