@@ -126,16 +126,18 @@ class StateVersionError(StateCodecError):
         )
 
 
-def _state_version_error(*a: object) -> StateVersionError:
-    what, stored, current, why, computation, key, keys = a
+def _state_version_error(
+    what: str,
+    stored: int,
+    current: int,
+    why: str,
+    computation: str | None,
+    key: object,
+    keys: int,
+) -> StateVersionError:
+    """A :class:`StateVersionError` unpickled (``__reduce__``)."""
     return StateVersionError(
-        str(what),
-        int(stored),
-        int(current),
-        str(why),  # type: ignore[call-overload]
-        computation=None if computation is None else str(computation),
-        key=key,
-        keys=int(keys),  # type: ignore[call-overload]
+        what, stored, current, why, computation=computation, key=key, keys=keys
     )
 
 
