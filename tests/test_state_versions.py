@@ -331,9 +331,12 @@ def test_a_per_record_computation_resumed_by_version_2_upgrades_its_state():
     h.restart("Tally", TallyV2)  # the next version of the code, on the same committed state
     upgraded = h.state("Tally", "cats")
     assert isinstance(upgraded, CountV2) and upgraded.last == ""
+    assert h.state_version("Tally", "cats") == 1  # upgraded as read, stored as it was
     _feed(h, LOG[half:], half)
     assert sorted(h.values("totals"), key=repr) == batch_answer(LOG)
     assert h.state("Tally", "dogs").last.startswith("r")  # set by version 2 since
+    assert {h.state_version("Tally", k) for k, _ in LOG} == {2}  # every key set since
+    assert h.state_version("Tally", "mice") is None
 
 
 def test_state_no_upgrade_reaches_is_dead_lettered_and_left_as_it_was():
@@ -430,7 +433,9 @@ def test_a_columnar_computation_resumed_by_version_2_upgrades_its_store():
     _feed(h, LOG[:half], 0)
     assert list(h.state("ColTally", "cats").columns) == ["key", "n", "total"]
     h.restart("ColTally", ColTallyV2)
+    assert h.state_version("ColTally", "cats") == 1
     _feed(h, LOG[half:], half)
+    assert h.state_version("ColTally", "cats") == 2
     assert sorted(h.values("totals"), key=repr) == batch_answer(LOG)
     rows = h.state("ColTally", "cats")
     assert list(rows.columns) == ["key", "n", "cents", "last"] and rows["last"].tolist() == ["v2"]

@@ -13,6 +13,7 @@ from millwheel._envelope import Envelope
 from millwheel._errors import HarnessError
 from millwheel._record import Key, Production, Record, TimeDomain, Timer, key_problem
 from millwheel._step import StepRunner, pending_productions
+from millwheel._versions import stored_version
 from millwheel.testing._index import MinIndex
 
 
@@ -77,6 +78,19 @@ class HarnessReading:
             return self._columnar[computation].state(key)
         raw = self._envelope(computation, key).state
         return None if raw is None else self._runner(computation).codec.decode(raw)
+
+    def state_version(self, computation: str, key: Key) -> int | None:
+        """The version of the code that stored one key's state (``None``: it keeps none), as
+        ``millwheel state`` shows it: state an older version stored stays of that version
+        until it is set again (a columnar store: until a round touches it; ``docs/concepts.md``,
+        "Schema evolution")."""
+        if computation in self._columnar:
+            side = self._columnar[computation]
+            if side.state(key) is None:
+                return None
+            v = side._current().state_version  # None: a store no round wrote, the code's
+            return v if v is not None else type(side.runner.computation).state_version
+        return stored_version(self._envelope(computation, key).state)
 
     def set_state(self, computation: str, key: Key, value: Any) -> None:
         """Seed (or replace) one key's state before running, as a test's given (``None``
