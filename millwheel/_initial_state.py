@@ -57,6 +57,7 @@ __all__ = [
     "columnar_store",
     "envelope_bytes",
     "normalize_timers",
+    "seed_envelope",
 ]
 
 #: tag -> (timestamp, domain as int), the envelope's own form of a key's timers
@@ -168,15 +169,15 @@ def normalize_timers(value: Any, where: str = "") -> Timers:
     return out
 
 
-def envelope_bytes(
+def seed_envelope(
     codec: Any, seed: Seed, base: bytes | None = None, *, computation: str = "?"
-) -> bytes | None:
+) -> Envelope | None:
     """The envelope of one key of a per-record computation holding ``seed``'s state (through
     ``codec``, the computation's ``state_codec``) and timers; ``base``: an envelope whose
     other contents (dedup ids, sequence, life, pending productions) are kept. ``None`` if
     the key keeps nothing. A new key has no life: its first production starts one in the
     batch that makes it (``_identity.py``), as a key made from nothing does."""
-    env = Envelope.decode(base)
+    env = Envelope() if base is None else Envelope.decode(base)
     try:
         env.state = None if seed.state is None else codec.encode(seed.state)
     except Exception as exc:
@@ -185,7 +186,15 @@ def envelope_bytes(
             f"has a state for key {seed.key!r} that its state codec ({type(codec).__name__}) cannot encode: {type(exc).__name__}: {exc}",
         ) from None
     env.timers = dict(seed.timers)
-    return None if env.is_empty() else env.encode()
+    return None if env.is_empty() else env
+
+
+def envelope_bytes(
+    codec: Any, seed: Seed, base: bytes | None = None, *, computation: str = "?"
+) -> bytes | None:
+    """:func:`seed_envelope`, encoded."""
+    env = seed_envelope(codec, seed, base, computation=computation)
+    return None if env is None else env.encode()
 
 
 class InitialState:

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from millwheel._envelope import Envelope
 from millwheel._errors import HarnessError
-from millwheel._initial_state import InitialState, columnar_store, envelope_bytes
+from millwheel._initial_state import InitialState, columnar_store, seed_envelope
 from millwheel._record import decode_key
 
 
@@ -32,10 +31,10 @@ def load_initial(h: Any, name: str, initial: InitialState) -> int:
         return len(kbs)
     keys = 0
     for seed in initial.seeds():
-        env = envelope_bytes(runner.codec, seed, computation=name)
+        env = seed_envelope(runner.codec, seed, computation=name)
         if env is None:
             continue
-        hold, nlw, nwall = Envelope.decode(env).schedule()
-        h._store(name, seed.key, env, hold, (nlw, nwall))
+        hold, nlw, nwall = env.schedule()
+        h._store(name, seed.key, env.encode(), hold, (nlw, nwall))
         keys += 1
     return keys
