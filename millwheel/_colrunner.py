@@ -28,7 +28,7 @@ from millwheel._coldedup import chunk_stamps
 from millwheel._colhash import fingerprints
 from millwheel._colinput import InputColumns, factorize
 from millwheel._colout import ColumnarResult, Outputs
-from millwheel._colruns import Runs, due_rounds
+from millwheel._colruns import Runs, run_in_order
 from millwheel._colsegments import SegmentFiles
 from millwheel._colstore import ColumnarStore
 from millwheel._columnar import RECORD_COLUMNS, ColumnarComputation
@@ -192,7 +192,7 @@ class ColumnarRunner:
             c.duplicates = int(n - keep.sum())
             admit, sent = self.late.split(is_late(ts, late_wm), keep, c)
             if runs is not None:
-                self._runs(st, recs, runs, admit, sent, key_of, lw, now, out, dead, c, touched)
+                run_in_order(self, st, recs, runs, admit, sent, key_of, now, out, dead, c, touched)
             else:
                 if sent is not None:
                     self._send_late(recs, np.flatnonzero(sent), key_of, out)
@@ -484,63 +484,6 @@ class ColumnarRunner:
             kb = recs.kb(i)
             dec, enc = recs.decoded(i)
             out.add(self.late.stream, kb, key_of[kb], dec, enc, int(recs.ts[i]), recs.id(i))  # type: ignore[arg-type]
-
-    def _runs(
-        self,
-        st: ColumnarStore,
-        recs: InputColumns,
-        runs: Runs,
-        admit: np.ndarray,
-        sent: np.ndarray | None,
-        key_of: dict[bytes, Key],
-        lw: int,
-        now: int,
-        out: Outputs,
-        dead: list[Any],
-        c: StepMetrics,
-        touched: set[bytes],
-    ) -> None:
-        """Records under several arrival watermarks, one run after the other, each run's keys'
-        due timers fired before their next run (``_colruns.py``); productions counted behind
-        the watermark of the call that made them, per key, as the per-key step counts them."""
-        out.behind = 0
-        uniq = recs.uniques
-        kbs = np.empty(len(uniq), object)
-        kbs[:] = uniq
-        for s in range(runs.count):
-            rows = runs.rows(s)
-            kc, bounds, later = runs.keys(s)
-            if sent is not None:
-                self._send_late(recs, rows[sent[rows]], key_of, out)
-            idx = rows[admit[rows]]
-            if len(idx):
-                sub, present = pd.factorize(recs.codes[idx])
-                codes = sub.astype(np.int64, copy=False)
-                order = [uniq[k] for k in present.tolist()]
-                srt = np.argsort(codes, kind="stable")
-                mark = len(out.kbs)
-                call_lw = runs.call_watermark(s)
-                c.processed += self._records(
-                    st, recs, idx[srt], codes[srt], order, key_of, call_lw, now, out, dead
-                )
-                if len(out.kbs) > mark:  # each key's productions behind its bound
-                    at = pd.Index(kbs[kc]).get_indexer(np.array(out.kbs[mark:], object))
-                    out.count_behind(mark, np.where(at >= 0, bounds[at], call_lw))
-            if not later.any():
-                continue
-            nxt = kbs[kc[later]]
-            for bound_lw, only in due_rounds(st.timers, nxt, bounds[later], now):
-                mark = len(out.kbs)
-                self._timers(st, key_of, bound_lw, now, out, dead, c, touched, only)
-                out.count_behind(mark, bound_lw)
-            # a key that keeps nothing now starts a new life in its next run (``call_life``)
-            busy = set(out.kbs) if self.options.strong_productions else set()
-            gone = st.keeping_nothing(nxt.tolist(), busy)
-            if gone:
-                out.number(self.name, st)
-                for kb in gone:
-                    st.meta.pop(kb, None)
-                    out.forgotten[kb] = out.forgotten.get(kb, 0) + 1
 
     def acknowledge(
         self, store: Any, ids: Iterable[str] | None = None

@@ -1,80 +1,109 @@
 """Runs of one arrival watermark in a columnar batch: the columnar form of ``_delivery.plan_steps``.
 
 A batch may hold records that arrived under several watermarks (files of several upstream
-batches read in one micro-batch). The per-key step cuts a key's records into runs of one
-arrival watermark, in that order, and after each run fires the key's due timers: event-time
-ones up to the key's next run's watermark (its records are not late, so their windows must
-still be open), up to the batch's low watermark after the last run (§4.5, §4.6). Each of
-these calls has its own fire budget, and a key that keeps nothing after one starts a new
-life in the next (``_identity.call_life``).
+batches, or the byte ranges of several log files, read in one micro-batch). The per-key
+step cuts *each key's* records into runs of one arrival watermark, in that order: every run
+but the key's last sees the low watermark of its next run (capped by the batch's) and is
+followed by the key's timers due by it — event-time ones up to that watermark, since the
+next run's records are not late and their windows must still be open (§4.5, §4.6); the
+last run sees the batch's low watermark and its timers fire with every key's at the end of
+the batch. Each call has its own fire budget, and a key that keeps nothing after one starts
+a new life in the next (``_identity.call_life``).
 
-The columnar runner keeps that order for every key at once (:class:`Runs`): the batch's
-records one arrival watermark after the other (a call of user code per watermark with
-records), then, for the keys of that watermark that have a later run, the timers due by
-their next run's watermark (:func:`due_rounds`: a call per distinct bound, only where some
-are due). The keys of a call are independent, so the results per key are the per-key
-step's. A batch under one arrival watermark, the common case, is one run: none of this runs.
+The columnar runner keeps that for every key at once (:class:`Runs`, :func:`run_in_order`).
+Keys are independent, so a call may take any keys whose runs see the same low watermark: a
+call per (the run's place among its key's runs, its low watermark) for the runs that are not
+their key's last, in that order, each followed by its keys' due timers
+(:func:`due_rounds`); then **one** call with every key's last run — for most batches all of
+their keys, whose records arrived under one watermark. Those first calls hold only the keys
+with records under several watermarks: they run on a store of those keys alone
+(:func:`carve`, :func:`put_back`), so what they cost follows those keys, not what the
+interval holds. A batch under one arrival watermark, the common case, has one run: none of
+this runs.
 
 >>> runs = Runs(np.array([900, 1_100, 900]), np.array([0, 0, 1]), 2_000)
->>> runs.count, runs.rows(0).tolist(), runs.rows(1).tolist(), runs.call_watermark(0)
-(2, [0, 2], [1], 1100)
->>> [(k.tolist(), b.tolist(), n.tolist()) for k, b, n in map(runs.keys, range(2))]
-[([0, 1], [1100, 2000], [True, False]), ([0], [2000], [False])]
+>>> runs.count, runs.rows(0).tolist(), runs.rows(1).tolist()
+(2, [0], [1, 2])
+>>> runs.call_watermark(0), runs.call_watermark(1), runs.keys(0).tolist(), runs.complex_keys.tolist()
+(1100, 2000, [0], [0])
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from millwheel._colstore import ColumnarStore
 from millwheel._coltimers import TimerTable
 from millwheel._contract import timers_due
+
+if TYPE_CHECKING:
+    from millwheel._colinput import InputColumns
+    from millwheel._colout import Outputs
+    from millwheel._colrunner import ColumnarRunner
+    from millwheel._counters import StepMetrics
+    from millwheel._record import Key
 
 
 class Runs:
     """A batch's rows cut by arrival watermark (``late_wm``: each row's, as the late rule
-    judges it; ``kcodes``: each row's key); see the module docstring."""
+    judges it; ``kcodes``: each row's key) into calls; see the module docstring."""
 
-    __slots__ = ("order", "wms", "_bounds", "_ends", "_lw", "_pk", "_pnext", "_pstart", "_starts")
+    __slots__ = ("order", "complex_keys", "_bounds", "_group_keys", "_row_group")
 
     def __init__(self, late_wm: np.ndarray, kcodes: np.ndarray, low_watermark: int) -> None:
-        self._lw = low_watermark
         #: the rows by arrival watermark, each watermark's in delivery order (a stable sort:
-        #: arrival watermarks only grow, so this is the order they were sent in)
+        #: arrival watermarks only grow, so this is the order they were sent in) — the order
+        #: the dedup admits them in
         self.order = np.argsort(late_wm, kind="stable")
-        self.wms, starts = np.unique(late_wm[self.order], return_index=True)
-        s = len(self.wms)
-        self._starts, self._ends = starts, np.r_[starts[1:], len(late_wm)]
+        wms = np.unique(late_wm)
+        s = len(wms)
         # each (key, run) pair once, per key by watermark: a key's next run is the next pair
-        pair = np.unique(kcodes.astype(np.int64) * s + np.searchsorted(self.wms, late_wm))
+        pair, row_pair = np.unique(
+            kcodes.astype(np.int64) * s + np.searchsorted(wms, late_wm), return_inverse=True
+        )
         pk, ps = pair // s, pair % s
         has_next = np.r_[pk[1:] == pk[:-1], False]
-        bounds = np.full(len(pair), low_watermark, np.int64)
+        first = np.flatnonzero(np.r_[True, pk[1:] != pk[:-1]])
+        depth = np.arange(len(pair)) - np.repeat(first, np.diff(np.r_[first, len(pair)]))
+        bound = np.full(len(pair), low_watermark, np.int64)
         nxt = np.flatnonzero(has_next)
-        bounds[nxt] = np.minimum(self.wms[ps[nxt + 1]], low_watermark)
-        by_run = np.argsort(ps, kind="stable")
-        self._pk, self._bounds, self._pnext = pk[by_run], bounds[by_run], has_next[by_run]
-        self._pstart = np.searchsorted(ps[by_run], np.arange(s + 1))
+        bound[nxt] = np.minimum(wms[ps[nxt + 1]], low_watermark)
+        # the calls: (depth, bound) of the runs that are not their key's last, ascending; then one
+        # call of every key's last run
+        early = np.flatnonzero(has_next)
+        groups, early_group = np.unique(
+            np.stack([depth[early], bound[early]]), axis=1, return_inverse=True
+        )
+        pair_group = np.full(len(pair), groups.shape[1], np.int64)
+        pair_group[early] = early_group.reshape(-1)
+        self._row_group = pair_group[row_pair.reshape(-1)]
+        self._bounds = np.r_[groups[1], low_watermark].astype(np.int64)
+        self._group_keys = [pk[early[early_group.reshape(-1) == g]] for g in range(groups.shape[1])]
+        #: the keys with records under several arrival watermarks (ascending codes)
+        self.complex_keys = np.unique(pk[early])
 
     @property
     def count(self) -> int:
-        return len(self.wms)
+        """How many calls (the last: every key's last run)."""
+        return len(self._bounds)
 
-    def rows(self, s: int) -> np.ndarray:
-        """The rows of run ``s`` (all, admitted or not), in delivery order."""
-        return self.order[self._starts[s] : self._ends[s]]
+    def rows(self, g: int) -> np.ndarray:
+        """The rows of call ``g`` (all, admitted or not), in delivery order."""
+        return np.flatnonzero(self._row_group == g)
 
-    def call_watermark(self, s: int) -> int:
-        """The low watermark of run ``s``'s call (``Batch.low_watermark``): the next run's
-        arrival watermark, the batch's after the last."""
-        return self._lw if s + 1 >= self.count else min(self._lw, int(self.wms[s + 1]))
+    def call_watermark(self, g: int) -> int:
+        """The low watermark call ``g`` sees (``Batch.low_watermark``) and its keys' timers fire
+        up to after it: their next run's arrival watermark; the batch's for the last call."""
+        return int(self._bounds[g])
 
-    def keys(self, s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The keys with rows in run ``s``, ascending; for each the watermark its timers fire up
-        to after the run (its next run's, else the batch's low watermark), and whether it has
-        a later run (else its timers fire with every key's at the end of the batch)."""
-        a, b = self._pstart[s], self._pstart[s + 1]
-        return self._pk[a:b], self._bounds[a:b], self._pnext[a:b]
+    def keys(self, g: int) -> np.ndarray:
+        """The keys of call ``g`` (each has a later run; none for the last call)."""
+        return self._group_keys[g] if g < len(self._group_keys) else np.empty(0, np.int64)
 
 
 def due_rounds(
@@ -96,3 +125,98 @@ def due_rounds(
     k = np.unique(own[due])
     kb, b = kbs[k], bounds[k]
     return [(int(lw), set(kb[b == lw].tolist())) for lw in np.unique(b)]
+
+
+def carve(st: ColumnarStore, kbs: list[bytes]) -> ColumnarStore:
+    """What keys ``kbs`` keep in ``st`` — state rows, timers, sequences, lives and holds —
+    moved to a store of their own (each row's relative order kept), sharing ``st``'s dedup
+    index and seeing its pending productions (read only while calls run: admission is done
+    and productions are checkpointed after); :func:`put_back` returns it."""
+    state = st.state
+    part = None
+    if state is not None and state.num_rows:
+        mask = pc.is_in(state.column("_kb"), value_set=pa.array(kbs, pa.binary()))
+        part, st.state = state.filter(mask), state.filter(pc.invert(mask))
+    rows = st.timers.of_keys(kbs)
+    timers = st.timers.take(rows)
+    if len(rows):
+        st.timers = st.timers.without(rows)
+    meta = {kb: m for kb in kbs if (m := st.meta.pop(kb, None)) is not None}
+    want = set(kbs)
+    pending = [p for p in st.pending if p[1] in want]
+    return ColumnarStore(part, timers, meta, pending, st.dedup, st.state_version)
+
+
+def put_back(st: ColumnarStore, part: ColumnarStore) -> None:
+    """The keys :func:`carve` took from ``st``, with what calls changed (a key forgotten in
+    ``part`` stays forgotten)."""
+    if part.state is not None and part.state.num_rows:
+        cur = st.state
+        st.state = (
+            part.state
+            if cur is None or not cur.num_rows
+            else pa.concat_tables([cur, part.state], promote_options="permissive")
+        )
+    st.timers = TimerTable.concat([st.timers, part.timers])
+    st.meta.update(part.meta)
+
+
+def run_in_order(
+    runner: ColumnarRunner,
+    st: ColumnarStore,
+    recs: InputColumns,
+    runs: Runs,
+    admit: np.ndarray,
+    sent: np.ndarray | None,
+    key_of: dict[bytes, Key],
+    now: int,
+    out: Outputs,
+    dead: list[Any],
+    c: StepMetrics,
+    touched: set[bytes],
+) -> None:
+    """Records under several arrival watermarks, as the per-key step takes them (the module
+    docstring); productions counted behind the watermark of the call that made them."""
+    out.behind = 0
+    uniq = recs.uniques
+    kbs = np.empty(len(uniq), object)
+    kbs[:] = uniq
+    last = runs.count - 1
+    part = carve(st, kbs[runs.complex_keys].tolist()) if last else st
+    for g in range(runs.count):
+        if g == last and part is not st:
+            out.number(
+                runner.name, part
+            )  # their ids from the sequences and lives they move back with
+            put_back(st, part)
+            part = st
+        rows = runs.rows(g)
+        call_lw = runs.call_watermark(g)
+        if sent is not None:
+            runner._send_late(recs, rows[sent[rows]], key_of, out)
+        idx = rows[admit[rows]]
+        if len(idx):
+            sub, present = pd.factorize(recs.codes[idx])
+            codes = sub.astype(np.int64, copy=False)
+            order = [uniq[k] for k in present.tolist()]
+            srt = np.argsort(codes, kind="stable")
+            mark = len(out.kbs)
+            c.processed += runner._records(
+                part, recs, idx[srt], codes[srt], order, key_of, call_lw, now, out, dead
+            )
+            out.count_behind(mark, call_lw)
+        if g == last:
+            break
+        nxt = kbs[runs.keys(g)]
+        for bound_lw, only in due_rounds(part.timers, nxt, np.full(len(nxt), call_lw), now):
+            mark = len(out.kbs)
+            runner._timers(part, key_of, bound_lw, now, out, dead, c, touched, only)
+            out.count_behind(mark, bound_lw)
+        # a key that keeps nothing now starts a new life in its next run (``call_life``)
+        busy = set(out.kbs) if runner.options.strong_productions else set()
+        gone = part.keeping_nothing(nxt.tolist(), busy)
+        if gone:
+            out.number(runner.name, part)
+            for kb in gone:
+                part.meta.pop(kb, None)
+                out.forgotten[kb] = out.forgotten.get(kb, 0) + 1

@@ -79,7 +79,11 @@ class Tally(Computation):
             raise ValueError(msg)
         n = self.state.get(0) + 1
         self.state.set(n)
-        self.produce("out", [self.key, record.value, n], timestamp=record.timestamp)
+        # the low watermark a call sees is part of the contract (a key's run before its next one
+        # sees that run's arrival watermark, its last run the batch's: ``_delivery.plan_steps``)
+        self.produce(
+            "out", [self.key, record.value, n, self.low_watermark], timestamp=record.timestamp
+        )
         self.set_timer(f"t{record.value % 3}", record.timestamp + 100)
         if record.value % 7 == 0:  # a wall-time timer: due at once unless 14 (``NOW``)
             self.set_timer("w", 1 + record.value, TimeDomain.WALL_TIME)
@@ -104,7 +108,7 @@ class ColumnarTally(ColumnarComputation):
         keys, rows = r["key"].tolist(), []
         for k, v in zip(keys, values, strict=True):
             count[k] = count.get(k, 0) + 1
-            rows.append([k, v, count[k]])
+            rows.append([k, v, count[k], batch.low_watermark])
         ts = r["timestamp"].to_numpy()
         batch.produce("out", rows, keys=keys, timestamps=ts)
         batch.set_state(
