@@ -215,7 +215,10 @@ class InitialState:
         elif _is_pandas(source):
             self.kind = "frame"
             self._check_columns(list(source.columns), "a DataFrame")
-            if not columnar:
+            if columnar:  # a key has many rows: each distinct key checked once
+                for k in source["key"].drop_duplicates().tolist():
+                    _key(computation, k)
+            else:
                 self._unique([_key(computation, k) for k in source["key"].tolist()])
         elif isinstance(source, (str, os.PathLike)):
             self.kind = "path"

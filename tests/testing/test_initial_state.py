@@ -254,3 +254,14 @@ def test_a_bootstrapped_computation_recovers_from_a_crash_as_any(tmp_path, kind,
     once = {r.id: r.value for r in h.output("daily")}
     both = first.values("daily") + list(once.values())
     assert bd.as_answer(both) == bd.batch_answer(lines)
+
+
+def test_a_columnar_frame_with_a_bad_key_is_refused_when_built():
+    t = Topology("t")
+    t.injector("in")
+    with pytest.raises(TopologyError, match="computation 'ColTotal': initial_state has a bad key"):
+        t.computation(
+            ColTotal,
+            inputs=["in"],
+            initial_state=pd.DataFrame({"key": ["a", 1.5], "total": [1, 2]}),
+        )
