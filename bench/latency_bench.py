@@ -1,25 +1,37 @@
 """Latency benchmark on Spark (a command, not a test): ``python bench/latency_bench.py``.
 
-Two continuous-mode runs (trigger 0, ``local[2]``, streams pruned):
+Continuous-mode runs (trigger 0, ``local[2]``, streams pruned), in one session:
 
-1. **Per-stage latency.** An injector paced at ``--rate`` records/s for ``--seconds``
-   feeds ``PassA -> B`` (each produces one record per input). A stage's latency is the
-   time from its input becoming visible (injector send time; ``PassA``'s publication) to
-   its output becoming visible in the stream log (the outbox publication after the
-   commit). Also: each query's micro-batch time (Spark's ``triggerExecution``, median and
-   p95, with the parts of the median batch), the profile of what a stage waits for.
+1. **Per-stage latency, with Spark's own floor beside it.** An injector paced at ``--rate``
+   records/s for ``--seconds`` feeds ``PassA -> B`` (each produces one record per input).
+   A stage's latency is the time from its input becoming visible (injector send time;
+   ``PassA``'s publication) to its output becoming visible in the stream log (the outbox
+   publication after the commit). The floor (``--floors``, ``_latency_floor.py``) is a
+   native stateful Spark query fed the same way — the same rate, files every 0.2 s read by
+   a file source, the same trigger, a ``foreachBatch`` sink whose driver writes a batch's
+   output — run between millwheel's runs: ``native`` (``dropDuplicates``, the JVM's
+   stateful pass-through) and ``python`` (``applyInPandasWithState`` passing records
+   through, millwheel's plan without millwheel). The runs go in rounds, each round every
+   variant once, the order turned by one each round; round 0 is the session's warm-up
+   (reported as *cold*, every record), later rounds are *warm* (records sent in a run's
+   first ``--skip-s`` seconds left out). Each latency is cut into *wait* (for the batch
+   that reads it), *run* (that batch) and *publish* (batch end to output visible); each
+   query's micro-batch time (Spark's ``triggerExecution``) and, with ``--ui``, its Spark
+   stages (the REST API).
 2. **Zeitgeist, paced.** The generator writes a sample whose event time is wall time; a
    writer thread appends each file's lines while its writing interval passes, as a
    logger would; the topology reads the growing directory. The dip (and spike) delay is
    ``detected_at - window end`` of each matched anomaly (``docs/zeitgeist.md``), end to
    end: log line written -> four queries -> anomaly visible.
 
-Figures go to stdout and ``bench/results/latency.json``.
+Figures go to stdout and ``--out`` (default ``bench/results/latency.json``), with the
+commit measured and the machine's load.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import pickle
 import shutil
 import sys
@@ -31,18 +43,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import pyarrow.parquet as pq  # noqa: E402
+from _latency_floor import (  # noqa: E402
+    FLOOR_KINDS,
+    batch_spans,
+    breakdown,
+    floor,
+    pct,
+    progress_summary,
+    spark_stages,
+)
 from _spark_bench import collect, run_collecting, write_results  # noqa: E402
 
 from millwheel import MAX_TIMESTAMP, Computation, Record, Source, SourceBatch, Topology  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "latency.json"
-
-
-def pct(xs: list[float], p: float) -> float | None:
-    if not xs:
-        return None
-    s = sorted(xs)
-    return s[max(0, min(len(s) - 1, int(round(p / 100 * len(s))) - 1))]
 
 
 class Paced(Source):
@@ -80,25 +94,16 @@ class PassB(Computation):
         self.produce("b_out", {"a_id": record.id})
 
 
-def _batches(progress: dict[int, dict]) -> dict:
-    ps = [p for p in progress.values() if p["numInputRows"] > 0]
-    times = [p["durationMs"]["triggerExecution"] for p in ps]
-    if not ps:
-        return {}
-    median = sorted(ps, key=lambda p: p["durationMs"]["triggerExecution"])[len(ps) // 2][
-        "durationMs"
-    ]
-    return {
-        "data_batches": len(ps),
-        "trigger_ms_p50": pct(times, 50),
-        "trigger_ms_p95": pct(times, 95),
-        "median_batch_parts_ms": median,
-    }
+def _batch_of(name: str) -> int:
+    """The batch id in a published stream-log file's name (``b<batch>-...``)."""
+    return int(name[1:11])
 
 
 def stages(
     spark, work: Path, rate: int, seconds: float, intervals: int, writer: str = "auto"
 ) -> dict:
+    """One paced per-stage run; per stage its records (input visible, output visible, batch)
+    and its query's progress reports (``_latency_floor.breakdown`` reads them)."""
     from millwheel.runtime import RuntimeSettings, SparkRuntime
 
     root = work / "stages"
@@ -116,40 +121,104 @@ def stages(
         outbox_writer=writer,
     )
     rt = SparkRuntime(t, str(root), settings, spark=spark, log=lambda m: None)
-    progress = run_collecting(rt, timeout_s=seconds + 900, poll_s=settings.poll_ms / 1000)
+    polls: list[float] = []  # how long a round of the driver loop takes (publication waits for it)
+    poll = rt.poll
+
+    def timed_poll() -> None:
+        t0 = time.perf_counter()
+        poll()
+        polls.append(time.perf_counter() - t0)
+
+    rt.poll = timed_poll  # type: ignore[method-assign]
+    with _sink_timing() as sinks:
+        progress = run_collecting(rt, timeout_s=seconds + 900, poll_s=settings.poll_ms / 1000)
     pub = {
         **rt.computations["PassA"].outbox.published_at,
         **rt.computations["B"].outbox.published_at,
     }
     a_at: dict[str, float] = {}
-    lat_a, lat_b = [], []
+    recs: dict[str, list[tuple[float, float, int]]] = {"A": [], "B": []}
     for (stream, name), at in pub.items():
         if stream == "a_out":
             for r in _rows(rt, "a_out", "PassA", name):
                 a_at[r["id"]] = at
-                lat_a.append(at - pickle.loads(r["value"])["sent"])
+                recs["A"].append((pickle.loads(r["value"])["sent"], at, _batch_of(name)))
     for (stream, name), at in pub.items():
         if stream == "b_out":
             for r in _rows(rt, "b_out", "B", name):
-                lat_b.append(at - a_at[pickle.loads(r["value"])["a_id"]])
+                recs["B"].append((a_at[pickle.loads(r["value"])["a_id"]], at, _batch_of(name)))
     return {
-        "rate": rate,
-        "seconds": seconds,
-        "intervals": intervals,
-        "outbox_writer": writer,
-        "A": {
-            "records": len(lat_a),
-            "p50_s": pct(lat_a, 50),
-            "p95_s": pct(lat_a, 95),
-            "batches": _batches(progress.get("PassA", {})),
-        },
-        "B": {
-            "records": len(lat_b),
-            "p50_s": pct(lat_b, 50),
-            "p95_s": pct(lat_b, 95),
-            "batches": _batches(progress.get("B", {})),
+        "records": recs,
+        "progress": {"A": progress.get("PassA", {}), "B": progress.get("B", {})},
+        "driver_poll_ms": {"p50": pct(polls, 50) * 1000, "p95": pct(polls, 95) * 1000},
+        "sinks": {"A": sinks.get("PassA", {}), "B": sinks.get("B", {})},
+        "run_ids": {
+            stage: next(iter(p.values()))["runId"]
+            for stage, p in (("A", progress.get("PassA")), ("B", progress.get("B")))
+            if p
         },
     }
+
+
+@contextlib.contextmanager
+def _sink_timing():
+    """Each outbox sink call's times (query -> batch -> (enter, collected, staged, exit)):
+    the ``foreachBatch`` call of a batch, split at the collect of its rows and the staging write."""
+    from millwheel.runtime import _outbox
+
+    calls: dict[str, dict[int, list[float]]] = {}
+    sink, stage = _outbox.Outbox.sink, _outbox.stage_arrow
+    current = threading.local()
+
+    def timed_sink(self, df, batch_id):
+        current.times = times = [time.time(), 0.0, 0.0, 0.0]
+        try:
+            sink(self, df, batch_id)
+        finally:
+            times[3] = time.time()
+            calls.setdefault(self.name, {})[batch_id] = times
+
+    def timed_stage(table, target):
+        times = getattr(current, "times", None)
+        if times is not None:
+            times[1] = time.time()
+        stage(table, target)
+        if times is not None:
+            times[2] = time.time()
+
+    _outbox.Outbox.sink, _outbox.stage_arrow = timed_sink, timed_stage
+    try:
+        yield calls
+    finally:
+        _outbox.Outbox.sink, _outbox.stage_arrow = sink, stage
+
+
+def _sink_parts(
+    progress: dict[int, dict], sinks: dict[int, list[float]], skip_before: float
+) -> dict:
+    """Medians over data batches, ms: addBatch's start to the sink's call (Spark's own work
+    before it), the collect (the batch's whole job), the staging write, the sink's end to
+    addBatch's end."""
+    from _latency_floor import _ts
+
+    parts: dict[str, list[float]] = {"before_sink": [], "collect": [], "stage": [], "after": []}
+    for b, p in progress.items():
+        t = sinks.get(b)
+        if t is None or not p["numInputRows"] or _ts(p["timestamp"]) < skip_before or not t[1]:
+            continue
+        d = p["durationMs"]
+        start = _ts(p["timestamp"])
+        add_start = (
+            start
+            + sum(d.get(k, 0) for k in ("latestOffset", "getBatch", "queryPlanning", "walCommit"))
+            / 1000
+        )
+        add_end = add_start + d.get("addBatch", 0) / 1000
+        parts["before_sink"].append((t[0] - add_start) * 1000)
+        parts["collect"].append((t[1] - t[0]) * 1000)
+        parts["stage"].append((t[2] - t[1]) * 1000)
+        parts["after"].append((add_end - t[3]) * 1000)
+    return {k: pct(v, 50) for k, v in parts.items()}
 
 
 def _rows(rt, stream: str, producer: str, name: str) -> list[dict]:
@@ -241,23 +310,117 @@ def zeitgeist(spark, work: Path, duration_s: int, intervals: int, writer: str = 
         "duration_s": duration_s,
         "events": truth["events"],
         "by_kind": report["by_kind"],
-        "batches": {name: _batches(p) for name, p in progress.items()},
+        "batches": {name: progress_summary(p) for name, p in progress.items()},
     }
+
+
+def _measure(spark, work: Path, variant: str, args, cold: bool) -> dict[str, dict]:
+    """One run of ``variant`` (``mw``: millwheel's two stages; else a floor kind): figures per stage."""
+    skip = 0.0 if cold else args.skip_s
+    if variant == "mw":
+        s = stages(spark, work, args.rate, args.seconds, args.intervals, args.writer)
+        parts = {f"mw.{st}": (s["records"][st], s["progress"][st]) for st in ("A", "B")}
+        run_ids = {f"mw.{st}": r for st, r in s["run_ids"].items()}
+        extra = {"driver_poll_ms": s["driver_poll_ms"]}
+        sink_of = {f"mw.{st}": s["sinks"][st] for st in ("A", "B")}
+    else:
+        recs, progress, run_id, sinks = floor(
+            spark, work, variant, args.rate, args.seconds, groups=args.intervals
+        )
+        parts = {f"floor.{variant}": (recs, progress)}
+        run_ids = {f"floor.{variant}": run_id}
+        extra = {}
+        sink_of = {f"floor.{variant}": sinks}
+    out = {}
+    stages_of = spark_stages(spark, run_ids) if args.ui else {}
+    for name, (recs, progress) in parts.items():
+        first = min((r[0] for r in recs), default=0.0)
+        out[name] = {
+            **breakdown(recs, batch_spans(progress), first + skip),
+            "batches": progress_summary(progress, first + skip),
+            "spark_stages": stages_of.get(name, {}),
+            **extra,
+        }
+        if name in sink_of:
+            out[name]["sink_ms"] = _sink_parts(progress, sink_of[name], first + skip)
+    return out
+
+
+def _line(name: str, f: dict) -> str:
+    b = f["batches"]
+    ms = lambda x: "-" if x is None else f"{x * 1000:.0f}"  # noqa: E731
+    return (
+        f"{name:13s} {f['records']:6d} rec  p50 {ms(f['p50_s']):>5s} ms  p95 {ms(f['p95_s']):>5s} ms  "
+        f"(wait {ms(f['median_wait_s'])}, run {ms(f['median_run_s'])}, publish {ms(f['median_publish_s'])})  "
+        f"batch p50 {b.get('trigger_ms_p50')} ms p95 {b.get('trigger_ms_p95')} ms, {b.get('rows_per_batch_p50')} rows; "
+        f"parts {b.get('median_of_each_part_ms')}"
+        + (f"; stages {f['spark_stages']}" if f.get("spark_stages") else "")
+        + (f"; driver poll {f['driver_poll_ms']}" if f.get("driver_poll_ms") else "")
+        + (f"; sink {f['sink_ms']}" if f.get("sink_ms") else "")
+    )
+
+
+def _summary(runs: list[dict]) -> dict[str, dict]:
+    """Per stage over the warm runs: median (and range) of the runs' p50 and p95, and the
+    ratio of each millwheel stage's to the floors' (each run's own session)."""
+    names = sorted({n for r in runs for n in r["figures"]})
+    out: dict[str, dict] = {}
+    for n in names:
+        p50 = [r["figures"][n]["p50_s"] for r in runs if n in r["figures"]]
+        p95 = [r["figures"][n]["p95_s"] for r in runs if n in r["figures"]]
+        trig = [
+            r["figures"][n]["batches"].get("trigger_ms_p50")
+            for r in runs
+            if n in r["figures"] and r["figures"][n]["batches"]
+        ]
+        out[n] = {
+            "runs": len(p50),
+            "p50_s": pct(p50, 50),
+            "p50_s_range": [min(p50), max(p50)] if p50 else None,
+            "p95_s": pct(p95, 50),
+            "p95_s_range": [min(p95), max(p95)] if p95 else None,
+            "trigger_ms_p50": pct([t for t in trig if t is not None], 50),
+        }
+    for n in names:
+        if n.startswith("mw."):
+            for f in names:
+                if f.startswith("floor.") and out[f]["p50_s"]:
+                    out[n][f"p50_x_{f}"] = round(out[n]["p50_s"] / out[f]["p50_s"], 2)
+                    out[n][f"p95_x_{f}"] = round(out[n]["p95_s"] / out[f]["p95_s"], 2)
+    return out
+
+
+def _commit() -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rate", type=int, default=2_000, help="records/s in the per-stage run")
-    p.add_argument("--seconds", type=float, default=40)
+    p.add_argument("--rate", type=int, default=2_000, help="records/s in the per-stage runs")
+    p.add_argument("--seconds", type=float, default=40, help="each per-stage run's input, seconds")
+    p.add_argument("--rounds", type=int, default=2, help="warm rounds after the warm-up round")
+    p.add_argument("--skip-s", type=float, default=5.0, help="a warm run's first seconds left out")
     p.add_argument(
-        "--intervals",
-        default="8",
-        help="key intervals per computation; a comma list runs the per-stage run once per count, in turn (same session)",
+        "--floors",
+        default=",".join(FLOOR_KINDS),
+        help=f"floor queries run beside millwheel's stages ({','.join(FLOOR_KINDS)}; empty: none)",
     )
+    p.add_argument("--no-mw", action="store_true", help="the floors only")
+    p.add_argument("--intervals", type=int, default=8, help="key intervals per computation")
     p.add_argument(
-        "--writers",
+        "--writer",
         default="auto",
-        help="outbox writers to run the per-stage run with, in turn (same session): auto,spark,driver (auto: the runtime's default)",
+        help="the outbox writer: auto, spark or driver (auto: the runtime's default)",
     )
     p.add_argument(
         "--conf",
@@ -266,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="extra Spark configuration (repeatable)",
     )
+    p.add_argument("--ui", action="store_true", help="Spark UI on: each query's Spark stages")
     p.add_argument("--zeitgeist-seconds", type=int, default=60, help="0 skips the Zeitgeist run")
     p.add_argument("--work", default=str(ROOT / ".millwheel" / "bench" / "latency"))
     p.add_argument("--out", default=str(RESULTS), help="results file")
@@ -273,27 +437,28 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work)
     from millwheel.runtime import spark_session
 
-    spark = spark_session("local[2]", conf=dict(c.split("=", 1) for c in args.conf))
-    out: dict = {"args": vars(args)}
-    writers = args.writers.split(",")
-    counts = [int(n) for n in args.intervals.split(",")]
-    out["by_writer"], out["runs"] = {}, []
-    for writer, intervals in [(w, n) for w in writers for n in counts]:
-        out["by_writer"][writer] = s = stages(
-            spark, work, args.rate, args.seconds, intervals, writer
-        )
-        out["runs"].append(s)
-        for stage in ("A", "B"):
-            b = s[stage]["batches"]
+    spark = spark_session("local[2]", conf=dict(c.split("=", 1) for c in args.conf), ui=args.ui)
+    variants = ([] if args.no_mw else ["mw"]) + [f for f in args.floors.split(",") if f]
+    out: dict = {"args": vars(args), "commit": _commit(), "runs": []}
+    for rnd in range(args.rounds + 1):
+        turn = rnd % len(variants)
+        for variant in variants[turn:] + variants[:turn]:
+            figures = _measure(spark, work, variant, args, cold=rnd == 0)
+            out["runs"].append({"round": rnd, "variant": variant, "figures": figures})
+            for name, f in figures.items():
+                print(f"round {rnd} {'cold' if rnd == 0 else 'warm'} " + _line(name, f), flush=True)
+    out["cold"] = _summary([r for r in out["runs"] if r["round"] == 0])
+    out["warm"] = _summary([r for r in out["runs"] if r["round"] > 0])
+    for label in ("cold", "warm"):
+        for name, f in out[label].items():
+            ratios = {k: v for k, v in f.items() if "_x_" in k}
             print(
-                f"outbox writer {writer}, {intervals} intervals, stage {stage}: {s[stage]['records']} records at {args.rate}/s: latency p50 {s[stage]['p50_s']:.2f} s, p95 {s[stage]['p95_s']:.2f} s; "
-                f"micro-batch p50 {b.get('trigger_ms_p50')} ms, p95 {b.get('trigger_ms_p95')} ms; median batch {b.get('median_batch_parts_ms')}",
-                flush=True,
+                f"{label} {name:13s} p50 {f['p50_s']:.3f} s {f['p50_s_range']}, p95 {f['p95_s']:.3f} s; "
+                f"batch p50 {f['trigger_ms_p50']} ms {ratios}"
             )
-    out["stages"] = out["by_writer"][writers[-1]]
     if args.zeitgeist_seconds:
         out["zeitgeist"] = z = zeitgeist(
-            spark, work, args.zeitgeist_seconds, counts[-1], writers[-1]
+            spark, work, args.zeitgeist_seconds, args.intervals, args.writer
         )
         for kind in ("dip", "spike"):
             k = z["by_kind"][kind]
