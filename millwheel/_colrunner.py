@@ -5,9 +5,9 @@ batch, inside the exactly-once envelope (both backends; ``_columnar.py`` says wh
 columns, as the per-key step (``_step.py``) applies it to one key's records: admission
 (dedup stamps, the Bloom filter and exact ids of ``_coldedup.py``), the late rule and the
 late policy, then user code over the admitted records grouped by key, then due timers per
-key in timestamp order within the fire budget (a batch under several arrival watermarks: a
-run per watermark, each key's timers due before its next run fired between them, as the
-per-key step fires them, ``_colruns.py``), then the dedup horizon, production ids
+key in timestamp order within the fire budget (a batch under several arrival watermarks:
+each key's runs of one watermark in order, its timers due before its next run fired between
+them, as the per-key step cuts and fires them, ``_colruns.py``), then the dedup horizon, production ids
 (``_colout.py``) and pending strong productions. User code's changes are applied per call,
 all or nothing (:meth:`~millwheel._colbatch.Batch.apply`); a call that raises is run again
 per key, then per record (timer), each failure dead-lettered as the per-key step does.
