@@ -209,15 +209,22 @@ PLANS = [
 
 @pytest.mark.parametrize(("kind", "mapping", "layout"), PLANS)
 def test_a_rewrite_is_the_state_the_run_resumes_from_on_every_plan(
-    spark, tmp_path, kind, mapping, layout
+    spark, tmp_path, kind, mapping, layout, capsys
 ):
+    """Rewritten, undone (the state as before, exactly), rewritten again, resumed."""
     run = str(tmp_path / "run")
     t = topology(kind, mapping)
     run_part(t, run, layout, spark)
+    shown = state_json(run, capsys)
     before = {k.key: k for k in read_state(spark, run, "Count").keys}
     at_stop = counts(spark, run)
     assert at_stop
     fn = fns.columnar_times_ten if kind == "columnar" else fns.times_ten
+    rewrite(run, "Count", fn, spark=spark)
+    assert counts(spark, run) != at_stop
+    undo(run, "Count")
+    again = state_json(run, capsys)
+    assert (again["keys"], again["batch"]) == (shown["keys"], shown["batch"])
     done = rewrite(run, "Count", fn, spark=spark)
     gone = {k for k in at_stop if fns.deleted(k)}
     assert (done["keys"], done["deleted"]) == (len(at_stop) - len(gone), len(gone))
