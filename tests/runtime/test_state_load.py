@@ -245,6 +245,8 @@ def test_state_load_command_exactly_once_and_its_refusals(tmp_path, spark, capsy
     spec = bd.build(str(data), 3, DAYS, "columnar").computations[bd.NAME]
     with pytest.raises(MillwheelError, match="has committed .* batches"):
         load(str(fresh), spec, str(src))
+    assert state_main(["load", str(fresh), bd.NAME, str(src), "--topology", str(topo)]) == 2
+    assert "its state is its own now" in capsys.readouterr().err
     # and a topology that names an initial state the run never loaded is refused at start
     late = SparkRuntime(
         bd.build(str(data), 3, DAYS, "columnar", initial_state=str(src)),
