@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import pickle
 import shutil
+import statistics
 import sys
 import threading
 import time
@@ -361,7 +362,7 @@ def _line(name: str, f: dict) -> str:
 
 
 def _summary(runs: list[dict]) -> dict[str, dict]:
-    """Per stage over the warm runs: median (and range) of the runs' p50 and p95, and the
+    """Per stage over the given runs: the median (and range) of the runs' p50 and p95, and the
     ratio of each millwheel stage's to the floors' (each run's own session)."""
     names = sorted({n for r in runs for n in r["figures"]})
     out: dict[str, dict] = {}
@@ -373,13 +374,14 @@ def _summary(runs: list[dict]) -> dict[str, dict]:
             for r in runs
             if n in r["figures"] and r["figures"][n]["batches"]
         ]
+        med = statistics.median
         out[n] = {
             "runs": len(p50),
-            "p50_s": pct(p50, 50),
+            "p50_s": med(p50) if p50 else None,
             "p50_s_range": [min(p50), max(p50)] if p50 else None,
-            "p95_s": pct(p95, 50),
+            "p95_s": med(p95) if p95 else None,
             "p95_s_range": [min(p95), max(p95)] if p95 else None,
-            "trigger_ms_p50": pct([t for t in trig if t is not None], 50),
+            "trigger_ms_p50": med([t for t in trig if t is not None]) if trig else None,
         }
     for n in names:
         if n.startswith("mw."):
