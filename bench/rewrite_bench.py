@@ -88,6 +88,7 @@ def one(spark, work: Path, keys: int, layout: str, columnar: bool) -> dict:
         "keys": keys,
         "layout": layout,
         "columnar": columnar,
+        "apply": "mapInArrow",
         "load_s": round(load_s, 1),
         "rewrite_s": round(rewrite_s, 2),
         "us_per_key": round(rewrite_s / keys * 1e6, 2),
@@ -130,7 +131,8 @@ def main() -> None:
         runs[:] = [
             x
             for x in runs
-            if (x["keys"], x["layout"], x["columnar"]) != (keys, args.layout, args.columnar)
+            if (x["keys"], x["layout"], x["columnar"], x.get("apply"))
+            != (keys, args.layout, args.columnar, r["apply"])
         ]
         runs.append(r)
         out.write_text(json.dumps(doc, indent=1) + "\n")

@@ -13,7 +13,7 @@ A key left keeping nothing is dropped as the step drops it: its next production 
 new life, in a batch after the rewrite, so no production id is ever reused
 (docs/concepts.md, "The identity of a production").
 
-:class:`RewriteTask` runs it on Spark's Python workers (``mapInPandas`` over the stored
+:class:`RewriteTask` runs it on Spark's Python workers (``mapInArrow`` over the stored
 envelopes, or over the interval stores of a columnar computation);
 :class:`StoreInstaller` puts a rewritten columnar store into a scratch query's state row.
 :func:`settled` publishes and settles the stopped computation first, as a rescale does.
@@ -237,13 +237,13 @@ def settled(root: Location, computation: str, checkpoint: Location, lease: Lease
 
 
 def apply_on_spark(spark: Any, table: pa.Table, task: RewriteTask) -> pa.Table:
-    """``task`` over ``table``'s rows on Spark's Python workers (``mapInPandas``), collected."""
+    """``task`` over ``table``'s rows on Spark's Python workers (``mapInArrow``), collected."""
     if table.num_rows == 0:
         return pa.table({"group": [], "key": [], "value": [], "kept": [], "deleted": []})
     parts = max(1, min(64, table.num_rows // 20_000))
-    df = spark.createDataFrame(table.to_pandas(), schema="group int, key binary, value binary")
+    df = spark.createDataFrame(table)
     try:
-        return df.repartition(parts).mapInPandas(task, REWRITE_OUTPUT).toArrow()
+        return df.repartition(parts).mapInArrow(task, REWRITE_OUTPUT).toArrow()
     except Exception as exc:  # noqa: BLE001 - the user's error, from a worker: say it plainly
         text = python_error(exc)
         lines = [line for line in text.splitlines() if "RewriteError" in line]
@@ -254,7 +254,7 @@ def apply_on_spark(spark: Any, table: pa.Table, task: RewriteTask) -> pa.Table:
 
 
 class RewriteTask:
-    """The ``mapInPandas`` function of a rewrite (picklable: the user's function goes with it).
+    """The ``mapInArrow`` function of a rewrite (picklable: the user's function goes with it).
 
     Rows of :data:`REWRITE_INPUT` in, :data:`REWRITE_OUTPUT` out: per-record rows are one
     key's envelope each, columnar rows one interval's store each (key null)."""
@@ -265,24 +265,31 @@ class RewriteTask:
         self.fn, self.name, self.codec, self.options = fn, name, codec, options
         self.columnar = columnar
 
-    def __call__(self, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        for pdf in frames:
-            groups, keys, values, kept, deleted = [], [], [], [], []
-            for g, kb, raw in zip(
-                pdf["group"].tolist(), pdf["key"].tolist(), pdf["value"].tolist(), strict=True
-            ):
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for b in batches:
+            groups = b.column("group").to_pylist()
+            keys = b.column("key").to_pylist()
+            values: list[bytes | None] = []
+            kept: list[int] = []
+            deleted: list[int] = []
+            for kb, raw in zip(keys, b.column("value").to_pylist(), strict=True):
                 if self.columnar:
                     blob, k, d = rewrite_store(self.fn, self.name, raw, self.options)
                 else:
                     blob, gone = rewrite_envelope(self.fn, self.name, self.codec, kb, raw)
                     k, d = int(blob is not None), int(gone)
-                groups.append(g)
-                keys.append(kb)
                 values.append(blob)
                 kept.append(k)
                 deleted.append(d)
-            yield pd.DataFrame(
-                {"group": groups, "key": keys, "value": values, "kept": kept, "deleted": deleted}
+            yield pa.RecordBatch.from_arrays(
+                [
+                    pa.array(groups, pa.int32()),
+                    pa.array(keys, pa.binary()),
+                    pa.array(values, pa.binary()),
+                    pa.array(kept, pa.int64()),
+                    pa.array(deleted, pa.int64()),
+                ],
+                names=["group", "key", "value", "kept", "deleted"],
             )
 
 

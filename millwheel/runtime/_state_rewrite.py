@@ -16,7 +16,7 @@ from (docs/concepts.md, "Offline rewrite"; docs/runtime.md, "Rewriting state off
    batch planned and never committed dropped, so the next start plans it anew on the new state.
 2. **Read** every key at the last committed batch ``B`` (Spark's state data source: the
    interval rows, the per-key rows, or a columnar computation's interval stores) and
-   **apply** the function on Spark (``mapInPandas``, :class:`~millwheel.runtime._rewrite_apply.RewriteTask`).
+   **apply** the function on Spark (``mapInArrow``, :class:`~millwheel.runtime._rewrite_apply.RewriteTask`).
 3. **Build** the new store with the computation's own operator in a one-batch scratch
    query (``_relayout.build_store``, the installers of ``_install.py`` or
    :class:`~millwheel.runtime._rewrite_apply.StoreInstaller`) and **graft** it as version
@@ -54,6 +54,7 @@ import pyarrow as pa
 
 from millwheel._codec import MsgpackCodec, PickleCodec
 from millwheel._errors import EnvelopeError, MillwheelError
+from millwheel._versions import split_version, with_version
 from millwheel.runtime._consumed import ConsumedFiles
 from millwheel.runtime._fs import Location
 from millwheel.runtime._keying import interval_of
@@ -418,7 +419,7 @@ class _AnyCodec:
         self._last: tuple[Any, int] = (self.codecs[0], 1)
 
     def decode(self, data: bytes) -> Any:
-        version, body = _split_version(data)
+        version, body = split_version(data)
         for c in self.codecs:
             try:
                 value = c.decode(body)
@@ -431,23 +432,7 @@ class _AnyCodec:
 
     def encode(self, value: Any) -> bytes:
         codec, version = self._last
-        return _with_version(version, codec.encode(value))
-
-
-def _split_version(data: bytes) -> tuple[int, bytes]:
-    try:
-        from millwheel._versions import split_version
-    except ImportError:  # a millwheel before state versions: every state is version 1
-        return 1, data
-    return split_version(data)
-
-
-def _with_version(version: int, payload: bytes) -> bytes:
-    if version == 1:
-        return payload
-    from millwheel._versions import with_version
-
-    return with_version(version, payload)
+        return with_version(version, codec.encode(value))
 
 
 def load_function(spec: str, topology: str | None = None) -> tuple[Callable[..., Any], str]:

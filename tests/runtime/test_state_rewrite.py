@@ -40,6 +40,7 @@ from millwheel import (
 )
 from millwheel._record import MAX_TIMESTAMP
 from millwheel.runtime import RuntimeSettings, SparkRuntime
+from millwheel.runtime._rewrite_apply import RewriteError
 from millwheel.runtime._state_reader import read_state, state_main
 from millwheel.runtime._state_rewrite import load_function, rewrite, undo
 from tests.runtime import _rewrite_fns as fns
@@ -238,8 +239,9 @@ def test_a_rewrite_is_the_state_the_run_resumes_from_on_every_plan(
 
 
 def test_undo_restores_the_old_state_exactly(spark, tmp_path, capsys):
-    """Refused while a driver runs; two rewrites stack; ``--undo`` puts back the state the run
-    left (``millwheel state --json`` as before), and the run resumes with it."""
+    """Refused while a driver runs; a function that fails changes nothing; two rewrites stack;
+    ``--undo`` puts back the state the run left (``millwheel state --json`` as before), and the
+    run resumes with it."""
     run = str(tmp_path / "run")
     t = topology()
     rt = SparkRuntime(t, run, settings(drain=False), spark=spark)
@@ -256,6 +258,13 @@ def test_undo_restores_the_old_state_exactly(spark, tmp_path, capsys):
         rt.stop()
     before = state_json(run, capsys)
     at_stop = counts(spark, run)
+
+    def boom(key, state, timers):
+        return state // 0
+
+    with pytest.raises(RewriteError, match="boom failed on key 'k\\d+': ZeroDivisionError"):
+        rewrite(run, "Count", boom, spark=spark)  # the function's error, and nothing changed
+    assert counts(spark, run) == at_stop
     rewrite(run, "Count", fns.times_ten, spark=spark)
     second = rewrite(run, "Count", fns.times_ten, spark=spark)  # stacked: times 100
     assert second["stacked"] == 2
