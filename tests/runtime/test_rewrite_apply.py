@@ -179,3 +179,34 @@ def test_a_rewrite_committed_by_a_later_batch_is_forgotten(tmp_path):
     assert settle_rewrite(root, "C", ckpt) == "committed"
     assert not ckpt.child(PRIOR).exists()
     assert "rewrites" not in json.loads((tmp_path / "run.json").read_text())
+
+
+def _run_dir(tmp_path) -> str:
+    """A run directory with one computation ``C`` and no rewrite (no Spark needed)."""
+    (tmp_path / "run.json").write_text(json.dumps({"intervals": 2, "groups": [0, 1]}))
+    (tmp_path / "checkpoints" / "C" / "state").mkdir(parents=True)
+    return str(tmp_path)
+
+
+def test_the_command_refuses_while_a_driver_holds_the_run(tmp_path, capsys):
+    """A lease whose driver (this process) runs: refused before anything is read."""
+    import os
+
+    from millwheel.runtime._state_reader import state_main
+
+    run = _run_dir(tmp_path)
+    lease = tmp_path / "leases" / "C"
+    lease.mkdir(parents=True)
+    (lease / f"{7:012d}").write_text(f"{os.uname().nodename}:{os.getpid()}\n")
+    assert state_main(["rewrite", run, "C", "--with", "tests.runtime._rewrite_fns:times_ten"]) == 2
+    err = capsys.readouterr().err
+    assert "a driver may still be running" in err and f"process {os.getpid()}" in err
+    assert state_main(["rewrite", run, "C", "--undo"]) == 2
+    assert "a driver may still be running" in capsys.readouterr().err
+
+
+def test_undo_without_a_rewrite_says_so(tmp_path, capsys):
+    from millwheel.runtime._state_reader import state_main
+
+    assert state_main(["rewrite", _run_dir(tmp_path), "C", "--undo"]) == 2
+    assert "it has no rewrite to undo" in capsys.readouterr().err

@@ -316,12 +316,18 @@ _CLI = "import sys; from millwheel.cli import main; sys.exit(main(sys.argv[1:]))
 _POINTS = ("rewrite_read", "rewrite_staged", "rewrite_pinned", "rewrite_swapping")
 
 
-def _campaign(spark, tmp_path, rounds: int) -> None:
+def _campaign(spark, tmp_path, rounds: int, mapping: str | None = None) -> None:
+    """``rounds`` kills of the command (``mapping``: a columnar computation on it, else the
+    per-record count on interval rows), each followed by a resume to the end."""
     seed = int(os.environ.get("MILLWHEEL_REWRITE_SEED") or random.SystemRandom().randrange(2**32))
     print(f"rewrite crash campaign: seed {seed} (MILLWHEEL_REWRITE_SEED={seed} repeats it)")
     rng = random.Random(seed)
     run, snapshot = tmp_path / "run", tmp_path / "snapshot"
-    t = topology()
+    kind = "record" if mapping is None else "columnar"
+    t = topology(kind, mapping or "default")
+    fn = "times_ten" if mapping is None else "columnar_times_ten"
+    # the Arrow mapping's rewrite is one manifest written: no swap of directories to kill
+    points = _POINTS if mapping != "arrow" else _POINTS[:3]
     run_part(t, str(run), "intervals", spark)
     at_stop = counts(spark, str(run))
     batch = read_state(spark, str(run), "Count").batch
@@ -336,7 +342,7 @@ def _campaign(spark, tmp_path, rounds: int) -> None:
         env = dict(os.environ)
         point = None
         if r % 2 == 0:
-            point = rng.choice(_POINTS)
+            point = rng.choice(points)
             env["MILLWHEEL_CRASH"] = f"Count:{point}:{batch}"
             where = f"at {point}"
         else:
@@ -345,7 +351,7 @@ def _campaign(spark, tmp_path, rounds: int) -> None:
         t0 = time.monotonic()
         proc = subprocess.Popen(
             [sys.executable, "-c", _CLI, "state", "rewrite", str(run), "Count"]
-            + ["--with", f"{FNS}:times_ten"],
+            + ["--with", f"{FNS}:{fn}"],
             env=env,
             start_new_session=True,
             stdout=subprocess.DEVNULL,
@@ -361,7 +367,7 @@ def _campaign(spark, tmp_path, rounds: int) -> None:
         if rc == 0 or point in ("rewrite_pinned", "rewrite_swapping"):
             whole = max(whole, took) if measured else took  # it ran (nearly) to its end
             measured = True
-        got = which_answer(run_to_end(t, str(run), "intervals", spark), "record", at_stop)
+        got = which_answer(run_to_end(t, str(run), "intervals", spark), kind, at_stop)
         seen[got] += 1
         print(
             f"round {r}: killed {where} (exit {rc}, {took:.1f} s): the run resumed with the {got} state"
@@ -375,9 +381,17 @@ def test_a_rewrite_killed_at_random_points_leaves_the_old_state_or_the_new(spark
     _campaign(spark, tmp_path, 2)
 
 
+def test_a_rewrite_on_the_arrow_mapping_killed_leaves_the_old_state_or_the_new(spark, tmp_path):
+    """Its own files: the old manifest kept, the new one written or not."""
+    _campaign(spark, tmp_path, 2, mapping="arrow")
+
+
 @pytest.mark.slow
-def test_a_rewrite_killed_at_ten_random_points_leaves_the_old_state_or_the_new(spark, tmp_path):
-    _campaign(spark, tmp_path, 10)
+@pytest.mark.parametrize("mapping", [None, "arrow"])
+def test_a_rewrite_killed_at_ten_random_points_leaves_the_old_state_or_the_new(
+    spark, tmp_path, mapping
+):
+    _campaign(spark, tmp_path, 10, mapping)
 
 
 def test_the_docs_example_on_spark(spark, tmp_path):
