@@ -211,7 +211,7 @@ def rewrite(
     settings); ``spark``: the session to read, apply and build with (default: a local one)."""
     t0 = time.perf_counter()
     say = log or (lambda _msg: None)
-    label = name or getattr(fn, "__qualname__", repr(fn))
+    label = str(name or getattr(fn, "__qualname__", repr(fn)))
     root = Location.of(run_dir)
     held, layout, mapping = _check(root, computation)
     checkpoint = root.child("checkpoints", computation)
@@ -415,7 +415,7 @@ class _AnyCodec:
     version it had."""
 
     def __init__(self) -> None:
-        self.codecs = [PickleCodec(), MsgpackCodec()]
+        self.codecs: list[Any] = [PickleCodec(), MsgpackCodec()]
         self._last: tuple[Any, int] = (self.codecs[0], 1)
 
     def decode(self, data: bytes) -> Any:
