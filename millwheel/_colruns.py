@@ -30,7 +30,7 @@ this runs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -44,9 +44,22 @@ from millwheel._contract import timers_due
 if TYPE_CHECKING:
     from millwheel._colinput import InputColumns
     from millwheel._colout import Outputs
-    from millwheel._colrunner import ColumnarRunner
     from millwheel._counters import StepMetrics
+    from millwheel._options import ComputationOptions
     from millwheel._record import Key
+
+
+class _Runner(Protocol):
+    """What :func:`run_in_order` calls of the columnar runner (``_colrunner.ColumnarRunner``)."""
+
+    name: str
+    options: ComputationOptions
+
+    def _send_late(self, recs: Any, rows: np.ndarray, key_of: Any, out: Any) -> None: ...
+
+    def _records(self, *args: Any) -> int: ...
+
+    def _timers(self, *args: Any) -> Any: ...
 
 
 class Runs:
@@ -162,7 +175,7 @@ def put_back(st: ColumnarStore, part: ColumnarStore) -> None:
 
 
 def run_in_order(
-    runner: ColumnarRunner,
+    runner: _Runner,
     st: ColumnarStore,
     recs: InputColumns,
     runs: Runs,
