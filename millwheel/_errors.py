@@ -15,6 +15,7 @@ Every error derives from one root, so ``except MillwheelError`` catches them all
     ├── RunError             a run stopped: a Spark query failed in a way retrying will not fix
     ├── FencedError          (millwheel.runtime) a newer driver took this one's lease
     ├── RescaleMismatch      (millwheel.runtime) a state move does not fit (also a RuntimeError)
+    ├── RewriteError         (millwheel.runtime) a state rewrite's function failed on a key or returned no state
     ├── PipelineNameTaken    (millwheel.once) another run directory holds the name (also a RuntimeError)
     └── MalformedLine        (millwheel.logfiles) a log line is not a record (also a ValueError)
 

@@ -7,6 +7,8 @@
     millwheel authority serve [...]                  run the low-watermark authority service
     millwheel read RUN [STREAM] [--format F]         print a stream of a run directory (JSON lines, CSV, Parquet)
     millwheel state RUN COMPUTATION [--key K]        a computation's committed per-key state and timers
+    millwheel state load RUN C SOURCE --topology T   a computation's initial state, before its first batch
+    millwheel state rewrite RUN C --with M:F [--undo] a function over every key of a stopped run's state
     millwheel cluster up|down|status|launcher        a Spark standalone cluster on this machine
     millwheel NAME ...                               a registered command, e.g. zeitgeist
 

@@ -46,6 +46,7 @@ TREE = {
     "MalformedLine": ("MillwheelError", "ValueError"),
     "FencedError": ("MillwheelError",),
     "RescaleMismatch": ("MillwheelError", "RuntimeError"),
+    "RewriteError": ("MillwheelError",),
     "PlannedBatchPublished": ("MillwheelError",),
     # internal: never leave the module that raises them (see INTERNAL)
     "Failure": ("Exception",),
@@ -99,6 +100,12 @@ BUILTIN_RAISES = {
     # a private helper's check of what its caller passed
     ("StepMetrics.of", "ValueError"): "counter names from millwheel's own summaries",
     ("rebuild_values", "ValueError"): "a stream-log reader that left out the fields column",
+    (
+        "normalize_timers",
+        "ValueError",
+    ): "an initial state's timers: every caller re-raises it as a TopologyError naming the computation and key",
+    ("InitialState.seeds", "TypeError"): "a per-record reader called for a columnar computation",
+    ("install_rows", "ValueError"): "a layout whose group list does not match its interval count",
     # inside Spark's Python workers: the user sees the driver's RunError
     ("MapStatePipeline._answers", "RuntimeError"): "Spark's state server answered an error",
     ("IntervalBatch._key_here", "RuntimeError"): "a step built without its key intervals",
