@@ -96,6 +96,18 @@ class DriverEpoch:
             )
 
 
+def driver_running(root: Location, force: bool = False) -> str | None:
+    """Why an offline command must not touch run directory ``root``: a driver
+    may still run it (``None``: none does, or ``force`` says one on another host stopped)."""
+    live = live_drivers(root.child("leases"))
+    if not live or force:
+        return None
+    return (
+        f"a driver may still be running run directory {root.uri} ({'; '.join(live)}); stop it first "
+        "(or pass --force if you know a driver on another host has stopped)"
+    )
+
+
 def live_drivers(leases: Location) -> list[str]:
     """The drivers that may still be running queries of this run directory, described.
 

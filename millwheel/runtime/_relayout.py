@@ -66,7 +66,7 @@ from millwheel.runtime._install import (
 )
 from millwheel.runtime._keying import interval_of
 from millwheel.runtime._layout import computation_layouts, read_pin, update_pin
-from millwheel.runtime._lease import DriverEpoch, Lease, live_drivers
+from millwheel.runtime._lease import DriverEpoch, Lease, driver_running
 from millwheel.runtime._outbox import Outbox, crash_point
 from millwheel.runtime._query import STATE_STORE_CONF
 from millwheel.runtime._session import start_query
@@ -144,13 +144,8 @@ def relayout(
     say = log or (lambda _msg: None)
     root = Location.of(run_dir)
     change = plan(root, computation, layout, intervals)
-    live = live_drivers(root.child("leases"))
-    if live and not force:
-        msg = (
-            f"a driver may still be running run directory {root.uri} ({'; '.join(live)}); stop it first "
-            "(or pass --force if you know a driver on another host has stopped)"
-        )
-        raise refuse(msg)
+    if (running := driver_running(root, force)) is not None:
+        raise refuse(running)
     with _fenced(root, computation) as lease:
         if change.pending is not None:
             return finish(change, say, t0)

@@ -51,7 +51,7 @@ from millwheel.runtime._consumed import ConsumedFiles
 from millwheel.runtime._fs import Location
 from millwheel.runtime._keying import interval_of
 from millwheel.runtime._layout import HIDDEN_MOVE, computation_layouts, read_pin, update_pin
-from millwheel.runtime._lease import DriverEpoch, Lease, live_drivers
+from millwheel.runtime._lease import DriverEpoch, Lease, driver_running
 from millwheel.runtime._move import blob_digest, state_digest
 from millwheel.runtime._outbox import Outbox, crash_point
 from millwheel.runtime._query import HB_MOVE_SCHEMA
@@ -114,13 +114,8 @@ def rescale(
     say = log or (lambda _msg: None)
     root = Location.of(run_dir)
     tgt = target(root, computation, intervals)
-    live = live_drivers(root.child("leases"))
-    if live and not force:
-        msg = (
-            f"a driver may still be running run directory {root.uri} ({'; '.join(live)}); stop it first "
-            "(or pass --force if you know a driver on another host has stopped)"
-        )
-        raise refuse(msg)
+    if (running := driver_running(root, force)) is not None:
+        raise refuse(running)
     done = settled(tgt, say, t0)
     if done is not None:
         return done

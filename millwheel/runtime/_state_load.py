@@ -42,7 +42,7 @@ from millwheel._topology import ComputationSpec
 from millwheel.runtime._consumed import ConsumedFiles
 from millwheel.runtime._fs import Location
 from millwheel.runtime._layout import computation_layouts, read_pin, update_pin
-from millwheel.runtime._lease import DriverEpoch, Lease, live_drivers
+from millwheel.runtime._lease import DriverEpoch, Lease, driver_running
 from millwheel.runtime._outbox import Outbox, crash_point
 from millwheel.runtime._settle import offline_outbox, settle
 from millwheel.runtime._spark_internals import committed_batches
@@ -231,13 +231,8 @@ def load(
     if not read_pin(root):
         msg = f"{root.uri} has no run.json: not a run directory, or never started (give the topology's computation initial_state=... instead)"
         raise refuse(msg)
-    live = live_drivers(root.child("leases"))
-    if live and not force:
-        msg = (
-            f"a driver may still be running run directory {root.uri} ({'; '.join(live)}); stop it first "
-            "(or pass --force if you know a driver on another host has stopped)"
-        )
-        raise refuse(msg)
+    if (running := driver_running(root, force)) is not None:
+        raise refuse(running)
     leases = root.child("leases")
     epoch = DriverEpoch(leases)
     lease = Lease(leases.child(computation), f"computation {computation!r} (millwheel state load)")

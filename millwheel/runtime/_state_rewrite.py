@@ -59,7 +59,7 @@ from millwheel.runtime._consumed import ConsumedFiles
 from millwheel.runtime._fs import Location
 from millwheel.runtime._keying import interval_of
 from millwheel.runtime._layout import Layout, computation_layouts, read_pin
-from millwheel.runtime._lease import DriverEpoch, Lease, live_drivers
+from millwheel.runtime._lease import DriverEpoch, Lease, driver_running
 from millwheel.runtime._outbox import crash_point
 from millwheel.runtime._rewrite_apply import (
     REWRITE_INPUT,
@@ -131,13 +131,8 @@ def _check(root: Location, computation: str) -> tuple[dict[str, Any], Layout, st
 def _fenced(root: Location, computation: str, force: bool, what: str) -> Iterator[Lease]:
     """``computation``'s lease under a new driver epoch, once no driver runs (a zombie driver
     of it is fenced from here on); the epoch is marked stopped at the end."""
-    live = live_drivers(root.child("leases"))
-    if live and not force:
-        msg = (
-            f"a driver may still be running run directory {root.uri} ({'; '.join(live)}); stop it first "
-            "(or pass --force if you know a driver on another host has stopped)"
-        )
-        raise refuse(computation, msg)
+    if (running := driver_running(root, force)) is not None:
+        raise refuse(computation, running)
     leases = root.child("leases")
     epoch = DriverEpoch(leases)
     lease = Lease(leases.child(computation), f"computation {computation!r} ({what})")
