@@ -399,7 +399,7 @@ def state_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="millwheel state",
         description="print a computation's committed per-key state (read-only, safe during a run)",
-        epilog="write state: `millwheel state load RUN C SOURCE --topology T` (bootstrap before the first batch), `millwheel state rewrite ...`",
+        epilog="write state, subcommands {load,rewrite}: `millwheel state load RUN C SOURCE --topology T` (bootstrap before the first batch), `millwheel state rewrite RUN C --with module:function` (offline, --undo); each has its --help",
     )
     run_argument(p)
     p.add_argument(
