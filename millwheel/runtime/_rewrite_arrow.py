@@ -14,7 +14,7 @@ next batch reads:
    is staged as ``colstate/<C>/.rewrite.json``;
 3. ``run.json`` records the rewrite (``"step": "swapping"``), then the staged manifest is
    written into ``manifests/`` (``"pending"``). Killed in between, the next driver start or
-   command writes it (``_rewrite_pin.settle_arrow``).
+   command writes it (``_rewrite_pin.settle_rewrite``).
 
 ``--undo`` (:func:`undo_arrow`) puts the old store files and manifest back (a batch may
 have collected them and not committed), then deletes the manifests of ``B`` above the old
@@ -41,7 +41,7 @@ from millwheel.runtime._rewrite_pin import (
     mark_step,
     pin_rewrite,
     restore_arrow,
-    settle_arrow,
+    settle_rewrite,
     unpin_rewrite,
 )
 from millwheel.runtime._spark_internals import committed_batches
@@ -172,7 +172,7 @@ def undo_arrow(
         finish_arrow_swap(files)
     committed = committed_batches(checkpoint)
     if entry.get("step") != "undoing" and committed and committed[-1] > batch:
-        settle_arrow(root, computation, checkpoint, entry, say)
+        settle_rewrite(root, computation, checkpoint, say)
         msg = f"the run committed batch {committed[-1]} after the rewrite (made at batch {batch}): it is part of the run now, and the old state is gone"
         raise refuse(computation, msg)
     if entry.get("step") != "undoing":

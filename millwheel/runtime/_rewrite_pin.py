@@ -43,7 +43,6 @@ __all__ = [
     "pending_rewrite",
     "pin_rewrite",
     "restore_arrow",
-    "settle_arrow",
     "settle_rewrite",
     "swap_back",
     "swap_in",
@@ -141,21 +140,60 @@ def settle_rewrite(root: Location, computation: str, checkpoint: Location, log: 
     if entry is None:
         return ""
     if entry.get("mapping") == "arrow":
-        return settle_arrow(root, computation, checkpoint, entry, say)
+        files = ColumnarFiles(root.child(STATE_DIR, computation))
+        return _settle(
+            root,
+            computation,
+            checkpoint,
+            entry,
+            say,
+            undo=lambda: restore_arrow(files, int(entry["batch"])),
+            redo=lambda: finish_arrow_swap(files),
+            drop=lambda: files.loc.child(ARROW_PRIOR).delete(),
+        )
+
+    def drop() -> None:
+        checkpoint.child(PRIOR).delete()
+        checkpoint.child(STAGED).delete()
+
+    return _settle(
+        root,
+        computation,
+        checkpoint,
+        entry,
+        say,
+        undo=lambda: swap_back(checkpoint),
+        redo=lambda: swap_in(checkpoint),
+        drop=drop,
+    )
+
+
+def _settle(
+    root: Location,
+    computation: str,
+    checkpoint: Location,
+    entry: dict[str, Any],
+    say: Any,
+    *,
+    undo: Callable[[], None],
+    redo: Callable[[], None],
+    drop: Callable[[], None],
+) -> str:
+    """:func:`settle_rewrite`'s steps, one set for either store: ``undo`` puts the prior store
+    back, ``redo`` finishes the swap in, ``drop`` forgets the prior store; each is redoable."""
     step = entry.get("step")
     if step == "undoing":
-        swap_back(checkpoint)
+        undo()
         unpin_rewrite(root, computation)
         say(f"computation {computation!r}: finished the interrupted undo of its state rewrite")
         return "undone"
     if step == "swapping":
-        swap_in(checkpoint)
+        redo()
         mark_step(root, computation, "pending")
         say(f"computation {computation!r}: finished the interrupted swap of its rewritten state")
     committed = committed_batches(checkpoint)
     if committed and committed[-1] > int(entry["batch"]):
-        checkpoint.child(PRIOR).delete()
-        checkpoint.child(STAGED).delete()
+        drop()
         unpin_rewrite(root, computation)
         return "committed"
     return "pending"
@@ -189,26 +227,3 @@ def restore_arrow(files: ColumnarFiles, batch: int) -> None:
                 files.manifests.child(name).delete()
     files.loc.child(ARROW_STAGED).delete()
     prior.delete()
-
-
-def settle_arrow(
-    root: Location, computation: str, checkpoint: Location, entry: dict[str, Any], say: Any
-) -> str:
-    """:func:`~millwheel.runtime._rewrite_pin.settle_rewrite` on the Arrow mapping."""
-    files = ColumnarFiles(root.child(STATE_DIR, computation))
-    step = entry.get("step")
-    if step == "undoing":
-        restore_arrow(files, int(entry["batch"]))
-        unpin_rewrite(root, computation)
-        say(f"computation {computation!r}: finished the interrupted undo of its state rewrite")
-        return "undone"
-    if step == "swapping":
-        finish_arrow_swap(files)
-        mark_step(root, computation, "pending")
-        say(f"computation {computation!r}: finished the interrupted swap of its rewritten state")
-    committed = committed_batches(checkpoint)
-    if committed and committed[-1] > int(entry["batch"]):
-        files.loc.child(ARROW_PRIOR).delete()
-        unpin_rewrite(root, computation)
-        return "committed"
-    return "pending"
