@@ -110,6 +110,19 @@ class ColumnarIntervalStep(IntervalStep):
             else SegmentFiles(f"{self.id_segments}/i{interval}", batch, self.keep_batches)
         )
 
+    def _install(self, batch: IntervalBatch, interval: int, store: Any) -> Any:
+        """``store`` with the batch's INSTALL rows merged in (a rescale's pieces, a state
+        load's store), each piece first brought to the code's state version."""
+        return install_stores(
+            self.spec.name,
+            interval,
+            self.intervals or 0,
+            [v for _, v in batch.installs],
+            store,
+            self.spec.options,
+            lambda st: upgrade_store(self.columnar(), st),
+        )
+
     def columnar(self) -> ColumnarRunner:
         if self._columnar is None:
             spec = self.spec
@@ -163,15 +176,7 @@ class ColumnarIntervalStep(IntervalStep):
             msg = f"computation {self.spec.name!r}: a rescale retires Spark group {g}, which is key interval {interval} of this layout"
             raise RescaleMismatch(msg)
         if batch.installs:  # a rescale's pieces of the old intervals' stores (``_move.py``)
-            store = install_stores(
-                self.spec.name,
-                interval,
-                self.intervals or 0,
-                [v for _, v in batch.installs],
-                store,
-                self.spec.options,
-                lambda st: upgrade_store(self.columnar(), st),
-            )
+            store = self._install(batch, interval, store)
         res, out = self.step(batch, recs, _cached_store(self.spec.name, interval, store))
         if res.store is not None:
             state.update((res.store, b""))
@@ -211,16 +216,10 @@ class ColumnarIntervalStep(IntervalStep):
         if batch.retire is not None:
             msg = f"computation {self.spec.name!r}: a rescale's state move reached an interval function that cannot apply it (the Arrow mapping)"
             raise RescaleMismatch(msg)
-        # a state load's store (``_state_load.py``): into an interval without one
-        if batch.installs:
-            store = install_stores(
-                self.spec.name,
-                interval,
-                self.intervals or 0,
-                [v for _, v in batch.installs],
-                store,
-                self.spec.options,
-            )
+        if (
+            batch.installs
+        ):  # a state load's store (``_state_load.py``): into an interval without one
+            store = self._install(batch, interval, store)
         return self.step_columns(batch, recs, store, batch_id)
 
     def read_marked(
