@@ -38,7 +38,8 @@ from .evaluation import RunResult, batch_join, evaluate, render
 from .generator import ensure_sample, generate, load_truth
 from .joiner import Adapter, Joiner
 from .topology import build, join_topology, make_sources, on_finish
-from .verify import Pipeline, verify, verify_runs
+from .verify import Pipeline, verify
+from .verify_runs import verify_runs
 
 __all__ = [
     "Adapter",

@@ -56,7 +56,7 @@ from .drivers import PipelineBusyError, read_manifest, read_run, replay, run_loc
 from .evaluation import RunResult, evaluate, render
 from .generator import check_logs, generate, has_truth, load_truth, resolve_data_dir
 from .registry import PATIENCE_S, OnceRegistryAdapter, RegistryFactory, open_client, registry_secret
-from .verify import report_dict, verify_runs
+from .verify_runs import report_dict, verify_runs
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -312,7 +312,7 @@ class PhotonCheck:
                     op, rng, result, base, data, d1, held, pending_queries, runs, pipes, crashing
                 )
             # the end: both drain; a click file repeating clicks already joined, far behind the
-            # dedup horizon; both drain again; a final verification, reruns until nothing is recovered
+            # dedup horizon; both drain again; a final verification, reruns until nothing is recovered or offered
             wait(drained, "both drained", 900)
             self._repeat_joined(rng, result, data, runs)
             time.sleep(
@@ -325,6 +325,7 @@ class PhotonCheck:
                 result.counts.recovered += r["recovered"]
                 result.plan.append(
                     f"final verify: recovered {r['recovered']} {r['reinjected_into'] or ''}".rstrip()
+                    + (f"; offered {r['offered']} {r['offered_into']}" if r["offered"] else "")
                 )
                 for name, p in sorted(
                     pipes.items()
@@ -334,7 +335,7 @@ class PhotonCheck:
                     if p.proc.returncode != 0:  # type: ignore[union-attr]
                         msg = f"the final rerun of {name} exited with {p.proc.returncode}; see {p.log}"  # type: ignore[union-attr]
                         raise RuntimeError(msg)
-                if r["recovered"] == 0:
+                if r["recovered"] + r["offered"] == 0:
                     break
         finally:
             for p in pipes.values():
@@ -368,6 +369,7 @@ class PhotonCheck:
             r = self._verify(list(runs.values()), rng, result.plan)
             result.plan.append(
                 f"verify both: recovered {r['recovered']} {r['reinjected_into'] or ''}".rstrip()
+                + (f"; offered {r['offered']} {r['offered_into']}" if r["offered"] else "")
             )
         elif op == "verify_subset":
             one = rng.choice(sorted(runs))

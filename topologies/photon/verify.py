@@ -22,7 +22,14 @@ itself: that case heals on its own.) :func:`verify`:
    token still holds it — and the click is re-injected, with a fresh record id, into a
    given pipeline (another one if there is one). If the holder is a pipeline whose run
    is *not* given, or no pipeline the roster knows, it is reported and left alone;
-5. it reports the counts.
+5. a click given up (a tentative token holds it) and joined nowhere is *offered* — the
+   registry left as it is — to each member that has not decided it, was not offered it
+   before, and has its query: a member whose own commit of the click was refused by a
+   holder that verification cleared later (step 4) never decides it otherwise, and the
+   pipeline that took the re-injection may lack the query. The member's join takes the id
+   over from the give-up (§3.3.2, ``millwheel/_once.py``); its give-up conflicts and is
+   dropped;
+6. it reports the counts.
 
 Why it cannot duplicate, whatever subset of runs it is given and whenever it runs: it
 acts only on holders whose whole output it has read (published and staged) and that
@@ -51,23 +58,17 @@ token was cleared is recovered only when every pipeline of the roster is given.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import json
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from millwheel.once import TENTATIVE, holder_of, once_token, pipeline_id, roster
 
 from .config import PhotonConfig
-from .drivers import LOCK, REINJECT, read_manifest, read_run
-from .evaluation import read_records
-from .joiner import ADAPTER_SKIPPED, JOINED, NO_QUERY, REINJECT_ID, UNJOINABLE
+from .joiner import REINJECT_ID
 
 #: ids per registry call
 CHUNK = 10_000
@@ -98,6 +99,10 @@ class Pipeline:
     where: str | None = None
     #: its run directory, as reports name it (``None``: a pipeline without one, e.g. in the harness)
     run: str | None = None
+    #: click ids re-injected into it before (its ``reinject/`` files): a given-up click is offered once
+    offered: set[str] = field(default_factory=set)
+    #: whether its query log holds a query id (``None``: cannot tell; offers go ahead)
+    has_query: Callable[[Any], bool] | None = None
 
     @property
     def identity(self) -> str:
@@ -111,6 +116,14 @@ class Pipeline:
     def decided(self, cid: str) -> bool:
         """It has ``cid`` in its output already: joined, skipped or given up."""
         return bool(self.output and cid in self.output) or cid in self.gave_up
+
+    def may_join(self, cid: str, query_id: Any) -> bool:
+        """A given-up click may be offered to it: undecided here, never offered, its query at hand."""
+        return (
+            not self.decided(cid)
+            and cid not in self.offered
+            and (self.has_query is None or self.has_query(query_id))
+        )
 
 
 class AmbiguousTargetError(ValueError):
@@ -150,6 +163,10 @@ class VerifyReport:
     #: given run directories the registry's roster does not know (a start refused under a taken
     #: name): read, never written into
     not_members: list[str] = field(default_factory=list)
+    #: clicks given up (tentatively) and joined nowhere, offered to members that have their
+    #: query and never decided them (the registry unchanged: a join takes the id over)
+    offered: int = 0
+    offered_into: dict[str, int] = field(default_factory=dict)
     dry_run: bool = False
 
     def text(self) -> str:
@@ -171,6 +188,12 @@ class VerifyReport:
             + (
                 f"  given but not members of the registry's roster (never written into): {', '.join(self.not_members)}\n"
                 if self.not_members
+                else ""
+            )
+            + (
+                f"  given up, joined nowhere, {'to offer' if dry else 'offered'} to a member with the query: "
+                f"{self.offered}{''.join(f'; {n} into {place}' for place, n in sorted(self.offered_into.items()))}\n"
+                if self.offered
                 else ""
             )
             + f"  not registered and in no output: {self.not_registered}; too old for the registry: {self.too_old}\n"
@@ -240,6 +263,7 @@ def verify(
     everyone = bool(members) and not report.pipelines_not_given
     ids = list(by_id)
     safe: list[tuple[str, str]] = []
+    given_up_only: list[str] = []
     lost: dict[
         str, list[tuple[str, str | None]]
     ] = {}  # holder identity ("" for a cleared token) -> (id, token)
@@ -261,6 +285,12 @@ def verify(
             ):
                 if found.token is not None:
                     safe.append((cid, found.token))
+                if not seen[cid] and found.token is not None:
+                    # offered on only once its holder's give-up is visible (else: in flight)
+                    holder = _holder(found.token, by_id[cid][qf], pipelines)
+                    owner = given.get(holder or "") or dead.get(holder or "")
+                    if owner is not None and cid in owner.gave_up:
+                        given_up_only.append(cid)
                 continue
             report.missing += 1
             if (
@@ -288,6 +318,7 @@ def verify(
             tp.reinject([{**by_id[cid], REINJECT_ID: f"{cid}@{stamp}"} for cid in cleared])  # type: ignore[misc]
         report.recovered += len(cleared)
         report.reinjected_into[tp.place] = report.reinjected_into.get(tp.place, 0) + len(cleared)
+    _offer(given_up_only, by_id, qf, takers, report, now_ms=now_ms)
     if clear_tokens and safe:
         if not dry_run:
             for start in range(0, len(safe), CHUNK):
@@ -337,6 +368,35 @@ def _plan(
         )
         raise AmbiguousTargetError(msg)
     return plan
+
+
+def _offer(
+    cids: Sequence[str],
+    by_id: dict[str, dict[str, Any]],
+    qf: str,
+    takers: Sequence[Pipeline],
+    report: VerifyReport,
+    *,
+    now_ms: int | None,
+) -> None:
+    """Offer clicks given up and joined nowhere to every member that may join them
+    (:meth:`Pipeline.may_join`); the registry is not touched: the give-up's tentative token
+    holds each id until a join takes it over. Each member is offered a click once (its
+    ``reinject/`` files remember), so a click nobody can join is offered a bounded number
+    of times."""
+    into: dict[int, list[str]] = {}
+    for cid in cids:
+        for i, p in enumerate(takers):
+            if p.may_join(cid, by_id[cid][qf]):
+                into.setdefault(i, []).append(cid)
+    for i, chosen in sorted(into.items()):
+        tp = takers[i]
+        if not report.dry_run:
+            stamp = time.time_ns() if now_ms is None else now_ms
+            tp.reinject([{**by_id[cid], REINJECT_ID: f"{cid}@{stamp}"} for cid in chosen])  # type: ignore[misc]
+            tp.offered.update(chosen)
+        report.offered += len(chosen)
+        report.offered_into[tp.place] = report.offered_into.get(tp.place, 0) + len(chosen)
 
 
 def _clear(registry: Any, items: list[tuple[str, str | None]]) -> list[str]:
@@ -395,122 +455,3 @@ def _holder(found_token: str, query_id: str, pipelines: Sequence[Pipeline]) -> s
         (p.identity for p in pipelines if not p.epoch and token(p.name, query_id) == found_token),
         None,
     )
-
-
-# ---------------------------------------------------------------------------------- run dirs
-def output_ids(
-    joined: Sequence[dict[str, Any]],
-    unjoinable: Sequence[dict[str, Any]],
-    config: PhotonConfig | None = None,
-) -> Counter[str]:
-    """Click ids a pipeline's visible output decides: joined, or skipped by the adapter (a
-    decision made with the query, under the click's once-id)."""
-    cf = (config or PhotonConfig()).click_id_field
-    out: Counter[str] = Counter(j[cf] for j in joined)
-    out.update(u["click"][cf] for u in unjoinable if u.get("reason_code") == ADAPTER_SKIPPED)
-    return out
-
-
-def gave_up_ids(
-    unjoinable: Sequence[dict[str, Any]], config: PhotonConfig | None = None
-) -> set[str]:
-    """Click ids a pipeline gave up (``no_query``): tentative decisions, which a join supersedes."""
-    cf = (config or PhotonConfig()).click_id_field
-    return {u["click"][cf] for u in unjoinable if u.get("reason_code") == NO_QUERY}
-
-
-def write_reinjection(run: str | os.PathLike[str], clicks: list[dict[str, Any]]) -> Path | None:
-    """Write clicks into a pipeline's ``reinject/`` directory, atomically (hidden name, then rename)."""
-    if not clicks:
-        return None
-    d = Path(run) / REINJECT
-    d.mkdir(parents=True, exist_ok=True)
-    name = f"reinject_{int(time.time() * 1000)}_{os.getpid()}.jsonl"
-    tmp = d / f".{name}"
-    tmp.write_text("".join(json.dumps(c) + "\n" for c in clicks), encoding="utf-8")
-    os.replace(tmp, d / name)
-    return d / name
-
-
-@contextlib.contextmanager
-def _stopped_or_running(run: Path) -> Iterator[bool]:
-    """Yields whether the pipeline of ``run`` is running; if it is not, holds its lock meanwhile."""
-    fd = os.open(run / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield True
-            return
-        yield False
-    finally:
-        os.close(fd)
-
-
-def verify_runs(
-    runs: Sequence[str | os.PathLike[str]],
-    registry: Any,
-    *,
-    clear_tokens: bool = False,
-    dry_run: bool = False,
-    target: str | os.PathLike[str] | None = None,
-) -> VerifyReport:
-    """:func:`verify` over pipelines' run directories (their manifests name the logs and the settings).
-
-    A stopped pipeline's output includes what it committed and has not published yet
-    (``millwheel.runtime.committed_unpublished``): its next start publishes that. ``target``:
-    the run directory (one of ``runs``) that takes re-injections where more than one could.
-    """
-    from millwheel.runtime import committed_unpublished, run_identity
-
-    manifests = []
-    for run in runs:
-        m = read_manifest(run)
-        if m is None:
-            msg = f"{run} is not a Photon run directory (no photon.json); run `millwheel photon run --checkpoint {run}` first"
-            raise FileNotFoundError(msg)
-        manifests.append(m)
-    # the same click log (a pipeline may read its own copy of the query log, e.g. delayed)
-    logs = {os.path.realpath(Path(m["data_dir"]) / "clicks") for m in manifests}
-    if len(logs) != 1:
-        msg = f"the runs read different click logs: {sorted(logs)}; verify pipelines of the same input"
-        raise ValueError(msg)
-    config = PhotonConfig(**manifests[0]["config"])
-    clicks, _ = read_records(Path(logs.pop()), config.click_id_field, config.ts_field)
-    with contextlib.ExitStack() as stack:
-        pipelines = []
-        for run, m in zip(runs, manifests, strict=True):
-            running = stack.enter_context(_stopped_or_running(Path(run)))
-            out = read_run(run)
-            joined, unjoinable = list(out.joined), list(out.unjoinable)
-            if not running:
-                joined += committed_unpublished(os.fspath(run), JOINED)
-                unjoinable += committed_unpublished(os.fspath(run), UNJOINABLE)
-            ident = run_identity(os.fspath(run))
-            epoch, where = (ident[1], ident[2]) if ident is not None else ("", None)
-            pipelines.append(
-                Pipeline(
-                    m["pipeline"],
-                    output_ids(joined, unjoinable, config),
-                    running=running,
-                    reinject=lambda cl, run=run: write_reinjection(run, cl),
-                    gave_up=gave_up_ids(unjoinable, config),
-                    epoch=epoch,
-                    where=where,
-                    run=os.fspath(run),
-                )
-            )
-        chosen = None if target is None else os.fspath(target)
-        return verify(
-            clicks,
-            pipelines,
-            registry,
-            config=config,
-            clear_tokens=clear_tokens,
-            dry_run=dry_run,
-            target=chosen,
-        )
-
-
-def report_dict(report: VerifyReport) -> dict[str, Any]:
-    return asdict(report)

@@ -174,6 +174,10 @@ class KillSwitch:
         self.calls = 0
         self.kill_at: int | None = None
 
+    def __getattr__(self, name: str) -> Any:
+        # the rest of the registry as it is: lookups, holders, clears (a join's take-over of a give-up)
+        return getattr(self.registry, name)
+
     def commit_many(self, items: Any) -> Any:
         out = self.registry.commit_many(items)
         self.calls += 1
@@ -226,6 +230,8 @@ class Stepper:
         self.where = f"harness:{name}"
         join_roster(registry, name, self.epoch, self.where)
         self.dead = False
+        #: click ids verification re-injected into it (a run directory's ``reinject/`` files)
+        self.reinjected: set[str] = set()
 
     def run(self, batches: int | None = None, *, kill_at_commit: int | None = None) -> None:
         """Feed ``batches`` more batches per injector (all: ``None``); with ``kill_at_commit``, die
@@ -245,6 +251,7 @@ class Stepper:
         self.h.run()
 
     def reinject(self, clicks: list[dict]) -> None:
+        self.reinjected.update(c["click_id"] for c in clicks)
         self.h.inject("reinjected", [Record(None, c, c["ts"], c["reinject_id"]) for c in clicks])
         self.h.run()
 

@@ -66,7 +66,7 @@ def test_a_refused_start_leaves_nothing_that_makes_its_directory_a_run(tmp_path,
     from millwheel.runtime._fs import Location
     from millwheel.runtime._runtime import where_of
     from topologies.photon.drivers import run_spark
-    from topologies.photon.verify import verify_runs
+    from topologies.photon.verify_runs import verify_runs
 
     shared = MemoryOnceRegistry()
     join_roster(

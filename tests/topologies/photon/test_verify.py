@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 
 from millwheel.once import roster
 from topologies.photon import PhotonConfig, Pipeline, evaluate, verify
-from topologies.photon.verify import gave_up_ids, output_ids, token
+from topologies.photon.verify import token
+from topologies.photon.verify_runs import gave_up_ids, output_ids
 
 
-def _pipeline(p, *, running=False):
+def _pipeline(p, *, running=False, has_query=None):
     r = p.result()
     return Pipeline(
         p.name,
@@ -32,6 +33,8 @@ def _pipeline(p, *, running=False):
         gave_up=gave_up_ids(r.unjoinable),
         epoch=p.epoch,
         where=p.where,
+        offered=set(p.reinjected),
+        has_query=has_query,
     )
 
 
@@ -162,7 +165,7 @@ def test_a_batch_committed_but_not_published_counts_as_output(staged, tmp_path, 
     from millwheel.runtime._runtime import where_of
     from topologies.photon.drivers import prepare_run
     from topologies.photon.evaluation import batch_join
-    from topologies.photon.verify import verify_runs
+    from topologies.photon.verify_runs import verify_runs
 
     joined = batch_join(sample).joined[0]
     runs = []
@@ -248,6 +251,58 @@ def test_a_click_a_running_pipeline_gave_up_is_not_reinjected_into_it(sample, re
     assert report.recovered == 1 and report.reinjected_into == {"dc1": 1}
 
 
+def test_a_click_given_up_where_it_was_reinjected_is_offered_to_a_pipeline_refused_by_its_dead_holder(
+    tmp_path, sample, truth, registry, pipelines, union
+):
+    # the long check's failed round (seed 402535468, round 1): dc2 registered clicks and lost
+    # its checkpoint; its new epoch's joins of them were refused by the old epoch's tokens.
+    # Verification cleared those and re-injected the clicks into dc1 (the --target), whose
+    # queries were late: dc1 gave them up (tentatively) and nobody joined them — lost
+    import shutil
+
+    from topologies.photon.verify_runs import query_finder
+
+    late = tmp_path / "data-dc1"  # dc1's copy of the logs: the clicks, its queries not yet
+    shutil.copytree(sample, late, ignore=shutil.ignore_patterns("queries_*"))
+    (old,) = pipelines(sample, registry, ["dc2"])
+    old.run(kill_at_commit=2)
+    assert old.dead
+    (dc1,) = pipelines(late, registry, ["dc1"])
+    dc1.run()
+    (dc2,) = pipelines(sample, registry, ["dc2"])  # a new epoch in the same place
+    dc2.run()
+    clicks, config = _clicks(sample), PhotonConfig()
+    has1, has2 = query_finder(late, config), query_finder(sample, config)
+
+    def both():
+        return [
+            _pipeline(dc1, running=True, has_query=has1),
+            _pipeline(dc2, running=True, has_query=has2),
+        ]
+
+    first = verify(clicks, both(), registry, target="dc1")
+    assert first.recovered > 0 and first.reinjected_into == {"dc1": first.recovered}
+    given_up = (
+        {c["click_id"] for c in clicks} & dc1.reinjected & gave_up_ids(dc1.result().unjoinable)
+    )
+    assert given_up, "dc1 could join none of them: it gives them up"
+    # given up by dc1, refused in dc2 by a holder since cleared: offered to dc2, which has the
+    # queries (never to dc1, which decided them), the registry left as it is
+    second = verify(clicks, both(), registry)
+    assert second.recovered == 0 and second.offered_into == {"dc2": len(given_up)}
+    assert dc2.reinjected == given_up
+    assert (
+        f"offered to a member with the query: {len(given_up)}; {len(given_up)} into dc2"
+        in second.text()
+    )
+    final = evaluate(union(dc2.result(), dc1.result()), sample, truth)
+    assert final["joined"]["missing"] == 0 and final["duplicates_in_output"] == 0, final
+    assert dc2.result().metrics["Joiner"]["once_conflicts"] > 0
+    # each member is offered a click once: nothing more to do
+    third = verify(clicks, both(), registry)
+    assert third.offered == third.recovered == 0
+
+
 def _leftover_of_a_refused_start(run, sample, name, epoch):
     """What ``photon run --checkpoint RUN --pipeline NAME`` left when the registry refused NAME (before
     the fix): a manifest and an identity, as if RUN were a pipeline."""
@@ -265,7 +320,7 @@ def test_verification_reinjects_only_into_a_member_of_the_roster_and_names_its_d
     from millwheel.once import join_roster
     from millwheel.runtime._fs import Location
     from millwheel.runtime._runtime import where_of
-    from topologies.photon.verify import verify_runs
+    from topologies.photon.verify_runs import verify_runs
 
     a, y = tmp_path / "a", tmp_path / "y"
     _leftover_of_a_refused_start(
@@ -300,7 +355,8 @@ def test_where_more_than_one_directory_could_take_the_reinjections_verification_
     from millwheel.once import join_roster
     from millwheel.runtime._fs import Location
     from millwheel.runtime._runtime import where_of
-    from topologies.photon.verify import AmbiguousTargetError, verify_runs
+    from topologies.photon.verify import AmbiguousTargetError
+    from topologies.photon.verify_runs import verify_runs
 
     runs = {name: tmp_path / name for name in ("dc1", "dc2")}
     for name, epoch in (("dc1", "new"), ("dc2", "e2")):
@@ -351,6 +407,8 @@ def _scenarios(draw):
                 "running": draw(st.booleans()),
                 "joined": set(draw(st.lists(st.sampled_from(ids), max_size=3))),
                 "gave_up": set(draw(st.lists(st.sampled_from(ids), max_size=3))),
+                "offered": set(draw(st.lists(st.sampled_from(ids), max_size=2))),
+                "queries": {f"q{cid[1:]}" for cid in draw(st.lists(st.sampled_from(ids)))},
             }
         )
     # epochs the roster knows and nobody gave: a dead epoch of a given directory, or another pipeline
@@ -380,6 +438,19 @@ def test_verification_writes_only_into_members_that_have_not_decided_the_click_w
     from topologies.photon.verify import AmbiguousTargetError
 
     clicks, given_, others, held = scenario
+    # given up (held by a tentative token, in some given pipeline's give-ups) and joined nowhere;
+    # of those, the ones whose holder is given and shows the give-up: offered to whoever may join them
+    joined = set().union(*(g["joined"] for g in given_))
+    open_ = {
+        cid
+        for cid, (_, tentative) in held.items()
+        if tentative and any(cid in g["gave_up"] for g in given_) and cid not in joined
+    }
+    shown = {
+        cid
+        for cid in open_
+        if any(f"{g['name']}#{g['epoch']}" == held[cid][0] and cid in g["gave_up"] for g in given_)
+    }
 
     def run(order, *, dry_run):
         with InProcessRegistryClient() as client:
@@ -409,14 +480,23 @@ def test_verification_writes_only_into_members_that_have_not_decided_the_click_w
                     epoch=g["epoch"],
                     where=g["where"],
                     run=g["where"].split(":", 1)[1],
-                    reinject=lambda cl, w=g["where"]: into.setdefault(w, []).extend(
-                        c["click_id"] for c in cl
-                    ),
+                    reinject=lambda cl, w=f"{g['name']}#{g['epoch']}": into.setdefault(
+                        w, []
+                    ).extend(c["click_id"] for c in cl),
+                    offered=set(g["offered"]),
+                    has_query=g["queries"].__contains__,
                 )
                 for g in (given_[i] for i in order)
             ]
             try:
                 report = verify(clicks, pipelines, reg, dry_run=dry_run)
+                # offers leave the registry as it is; a member is offered a click once
+                assert all(
+                    r.token == token(*held[cid][:1], f"q{cid[1:]}") + TENTATIVE
+                    for cid, r in zip(sorted(open_), reg.lookup_many(sorted(open_)), strict=True)
+                )
+                if not dry_run:
+                    assert verify(clicks, pipelines, reg).offered == 0
             except AmbiguousTargetError as exc:
                 assert "--target" in str(exc)
                 ids = [c["click_id"] for c in clicks]
@@ -435,19 +515,37 @@ def test_verification_writes_only_into_members_that_have_not_decided_the_click_w
         assert again == "ambiguous"  # asked in any order, never decided by it
         return
     assert (
-        again != "ambiguous" and again.reinjected_into == report.reinjected_into
+        again != "ambiguous"
+        and again.reinjected_into == report.reinjected_into
+        and again.offered_into == report.offered_into
     )  # the same directories, in any order
-    by_where = {g["where"]: g for g in given_}
-    for where, cids in into.items():
-        g = by_where[where]
+    by_id = {f"{g['name']}#{g['epoch']}": g for g in given_}
+    for ident, cids in into.items():
+        g = by_id[ident]
         assert (
-            f"{g['name']}#{g['epoch']}",
-            where,
+            ident,
+            g["where"],
         ) in members  # a member of the roster, under its identity and place
         assert not set(cids) & (g["joined"] | g["gave_up"])  # never a click it decided already
         assert len(cids) == len(set(cids))
-    assert sum(len(c) for c in into.values()) == report.recovered
+        # a given-up click is offered once, only where its query is
+        assert not set(cids) & open_ & g["offered"]
+        assert all(f"q{cid[1:]}" in g["queries"] for cid in set(cids) & open_)
+    assert sum(len(c) for c in into.values()) == report.recovered + report.offered
+    # ... and to every member that may join it
+    for g in given_:
+        if (f"{g['name']}#{g['epoch']}", g["where"]) in members:
+            want = {
+                cid
+                for cid in shown
+                if cid not in g["joined"] | g["gave_up"] | g["offered"]
+                and f"q{cid[1:]}" in g["queries"]
+            }
+            assert want <= set(into.get(f"{g['name']}#{g['epoch']}", [])), (g, want)
     running = {f"{g['name']}#{g['epoch']}" for g in given_ if g["running"]}
     assert not {
-        cid for cids in into.values() for cid in cids if held.get(cid, ("",))[0] in running
-    }  # in flight: left alone
+        cid
+        for cids in into.values()
+        for cid in cids
+        if held.get(cid, ("",))[0] in running and cid not in open_
+    }  # in flight: left alone (a give-up its holder shows is decided, and may be offered)
