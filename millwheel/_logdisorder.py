@@ -13,12 +13,23 @@ record is looked at by id only when it would raise the measure, most behind firs
 the first that is not a copy sets it — a few lookups per batch. At most
 :data:`MAX_LOOKUPS` per batch, each over at most :data:`SEARCH_BYTES` of earlier bytes;
 past them a record counts as a first delivery (the measure errs high, as before).
+
+A lookup searches this batch's bytes of the record's file with a plain byte search, and
+the bytes read before it — of its file and of the others — in this process's index of
+their ids (:func:`_ids`: each byte scanned once, by one C ``findall``, and kept while the
+file is the same one, within :data:`INDEX_BYTES`). Searching every earlier file for every
+lookup cost Photon's query log planner ~2.4 s of CPU a pass over 19 MB in 145 files (most
+delayed queries are first deliveries, so each search ran to the end); the index, ~0.25 s
+(``bench/results/logplan_lookups_20261128.json``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +40,6 @@ if TYPE_CHECKING:  # imported where used: ``import millwheel`` loads no numpy fo
 MAX_LOOKUPS = 8
 #: earlier bytes searched for one id, at most
 SEARCH_BYTES = 64 << 20
-_CHUNK = 8 << 20
 
 #: ``(path, up to)`` of the bytes of the other files of the directory read so far
 Others = Callable[[], Iterable[tuple[str, int]]]
@@ -78,7 +88,7 @@ def measure(
                 lookups[0] += 1
                 found = lines.line(i) if lookups[0] <= MAX_LOOKUPS else None
                 copies[i] = found is not None and _read_before(
-                    found[1], id_field, full, p.pos + found[0], others
+                    found[1], id_field, data[: found[0]], full, p.pos, others
                 )
             return not copies[i]
 
@@ -128,9 +138,13 @@ class _Lines:
         return start, data[start : len(data) if end < 0 else end]
 
 
-def _read_before(line: bytes, id_field: str, full: str, at: int, others: Others | None) -> bool:
-    """Whether the record on ``line`` (at byte ``at`` of file ``full``) has an id that was
-    read before: earlier in its file, or in what was read of another file."""
+def _read_before(
+    line: bytes, id_field: str, batch: bytes, full: str, pos: int, others: Others | None
+) -> bool:
+    """Whether the record on ``line`` has an id that was read before: in ``batch`` (the bytes
+    of its file read in this batch before it), in its file ``full`` before ``pos`` (where
+    this batch began), or in what was read of another file — at most :data:`SEARCH_BYTES`
+    of files before this batch, its own file first."""
     try:
         value = json.loads(line)
     except (ValueError, RecursionError):
@@ -138,37 +152,96 @@ def _read_before(line: bytes, id_field: str, full: str, at: int, others: Others 
     rid = value.get(id_field) if isinstance(value, dict) else None
     if type(rid) is not str or not rid:
         return False  # no id: the record's id is its file and offset, which no copy shares
-    key = re.escape(json.dumps(id_field).encode())
     spelled = {
-        json.dumps(rid).encode(),
-        json.dumps(rid, ensure_ascii=False).encode("utf-8", "surrogatepass"),
+        json.dumps(rid)[1:-1].encode(),
+        json.dumps(rid, ensure_ascii=False)[1:-1].encode("utf-8", "surrogatepass"),
     }
-    rx = re.compile(key + rb"\s*:\s*(?:" + b"|".join(re.escape(s) for s in spelled) + rb")")
+    if any(s in batch for s in spelled):  # a plain byte search first, the pattern on a hit
+        key = re.escape(json.dumps(id_field).encode())
+        alts = b"|".join(re.escape(s) for s in spelled)
+        if re.search(key + rb'\s*:\s*"(?:' + alts + rb')"', batch):
+            return True
     budget = SEARCH_BYTES
-    for path, upto in [(full, at), *(others() if others is not None else ())]:
+    for path, upto in [(full, pos), *(others() if others is not None else ())]:
         if budget <= 0:
             break
-        start = max(0, upto - budget)
-        budget -= upto - start
-        if _found(rx, path, start, upto):
+        if upto <= 0:
+            continue
+        budget -= min(upto, budget)
+        seen = _ids(path, id_field, upto)
+        if seen is not None and not seen.isdisjoint(spelled):
             return True
     return False
 
 
-def _found(rx: re.Pattern[bytes], path: str, start: int, upto: int) -> bool:
-    """Whether ``rx`` matches within bytes ``[start, upto)`` of file ``path``."""
-    overlap = 4096
+class _FileIds:
+    """The ids (as spelled in the file) of a file's bytes ``[base, upto)``."""
+
+    __slots__ = ("base", "ids", "inode", "upto")
+
+    def __init__(self, inode: tuple[int, int], base: int) -> None:
+        self.inode, self.base, self.upto = inode, base, base
+        self.ids: set[bytes] = set()
+
+
+#: this process's index of the ids in log files, least recently used first: a cache of
+#: immutable bytes (a file that shrank or was replaced is indexed again), never state.
+#: Each byte is scanned once, where a search per lookup scanned every earlier file again
+_INDEX: OrderedDict[tuple[str, str], _FileIds] = OrderedDict()
+#: bytes the index covers, at most (least recently used files are dropped first)
+INDEX_BYTES = 4 * SEARCH_BYTES
+_indexed = [0]
+
+
+def _ids(path: str, id_field: str, upto: int) -> set[bytes] | None:
+    """The ids in the bytes of ``path`` before ``upto`` (the last :data:`SEARCH_BYTES` of them
+    at least); ``None`` when the file cannot be read. Bytes indexed once are trusted while
+    the file is the same one (a log file only grows): one that shrank or was replaced is
+    indexed anew."""
+    key = (path, id_field)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    inode = (st.st_dev, st.st_ino)
+    f = _INDEX.get(key)
+    window = max(0, upto - SEARCH_BYTES)
+    if f is not None and f.inode == inode and f.upto == upto <= st.st_size and f.base <= window:
+        _INDEX.move_to_end(key)
+        return f.ids
+    if (
+        f is None
+        or f.inode != inode
+        or st.st_size < f.upto
+        or f.upto > upto  # asked for less than is indexed (a replay in this process)
+        or upto - f.base > 2 * SEARCH_BYTES
+    ):
+        _forget(key)
+        f = _INDEX[key] = _FileIds(inode, window)
+    _INDEX.move_to_end(key)
     try:
         with open(path, "rb") as fh:
-            pos = start
-            while pos < upto:
-                fh.seek(max(start, pos - overlap))
-                chunk = fh.read(min(_CHUNK, upto - pos) + (pos - max(start, pos - overlap)))
-                if not chunk:
-                    return False
-                if rx.search(chunk):
-                    return True
-                pos += _CHUNK
+            fh.seek(f.upto)
+            data = fh.read(upto - f.upto)
     except OSError:
-        return False
-    return False
+        return None
+    f.ids.update(_id_pattern(id_field).findall(data))
+    f.upto += len(data)
+    _indexed[0] += len(data)
+    while _indexed[0] > INDEX_BYTES and len(_INDEX) > 1:
+        _forget(next(iter(_INDEX)))
+    return f.ids
+
+
+def _forget(key: tuple[str, str]) -> None:
+    old = _INDEX.pop(key, None)
+    if old is not None:
+        _indexed[0] -= old.upto - old.base
+
+
+@functools.lru_cache(maxsize=16)
+def _id_pattern(id_field: str) -> re.Pattern[bytes]:
+    """A JSON member ``"<id_field>": "<string>"``: the string's bytes as spelled (group 1)."""
+    return re.compile(
+        re.escape(json.dumps(id_field).encode()) + rb'\s*:\s*"([^"\\\n]*(?:\\.[^"\\\n]*)*)"'
+    )

@@ -379,6 +379,7 @@ def plan_offset(start: dict[str, Any], opts: ReadOptions, now_ms: int) -> dict[s
     stats: dict[str, tuple[int, float]] = {}
     budget = opts.max_bytes_per_batch
     latest = latest_known(prev, start["lw"], None if opts.finite else now_ms)
+    read_before: dict[str, int] = {}
     for name in logs:
         full = os.path.join(path, name)
         st = os.stat(full)
@@ -407,13 +408,17 @@ def plan_offset(start: dict[str, Any], opts: ReadOptions, now_ms: int) -> dict[s
         if new_pos > p.pos:
 
             def others(me: str = name) -> list[tuple[str, int]]:
+                if not read_before:  # each file's position before this plan, once per plan
+                    read_before.update(
+                        (n, FileProgress.of(n, prev.get(n)).pos) for n in logs if n in prev
+                    )
                 return [
                     (
                         os.path.join(path, n),
-                        files[n].pos if n in files else FileProgress.of(n, prev.get(n)).pos,
+                        files[n].pos if n in files else read_before.get(n, 0),
                     )
                     for n in logs
-                    if n != me
+                    if n != me and (n in files or read_before.get(n, 0) > 0)
                 ]
 
             _read_into(p, full, new_pos, opts, caught_up, latest, others)
