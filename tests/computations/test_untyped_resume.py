@@ -460,16 +460,19 @@ def batches_of(seed: int, n: int = 24, keys: int = 5) -> list[list[Record]]:
 
 def dip_batches(seed: int, n: int = 24, keys: int = 4) -> list[list[Record]]:
     """``ModelCalculator``-like windows: counts around what is expected, with runs of dips,
-    some without an expectation; in disorder within a batch, duplicates re-sent."""
+    some without an expectation; in disorder within a batch, duplicates re-sent. The last key
+    dips two buckets in a row in each half, whatever the seed (a seed with no run of dips
+    judged nothing: RESUME_SEED=205871161)."""
     rng = random.Random(seed)
     out, sent = [], []
     for b in range(n):
         batch = []
         for k in range(keys):
             start = 10_000 + (b + 2 * k) * 1_000  # keys apart: some buckets still open
-            dip = rng.random() < 0.3
+            run = k == keys - 1 and b % (n // 2) in (n // 4, n // 4 + 1)
+            dip = rng.random() < 0.3 or run
             count = rng.randrange(0, 3) if dip else rng.randrange(15, 26)
-            expected = None if rng.random() < 0.1 else 20.0
+            expected = None if rng.random() < 0.1 and not run else 20.0
             value = {"key": f"k{k}", "window_start": start, "count": count, "expected": expected}
             batch.append(Record(None, value, start + 1_000, f"w{b}-{k}"))
         sent += batch
