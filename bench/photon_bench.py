@@ -282,7 +282,15 @@ class Stages:
 
             def onQueryProgress(self, event: Any) -> None:
                 p = event.progress
-                reports.append({"name": p.name, "rows": p.numInputRows, "ms": dict(p.durationMs)})
+                reports.append(
+                    {
+                        "name": p.name,
+                        "rows": p.numInputRows,
+                        "ms": dict(p.durationMs),
+                        "at": p.timestamp,
+                        "wm": (p.eventTime or {}).get("watermark"),
+                    }
+                )
 
             def onQueryIdle(self, event: Any) -> None:
                 pass
@@ -303,11 +311,14 @@ class Stages:
             if not r["rows"] and "addBatch" not in r["ms"]:
                 continue  # an idle poll
             q = out.setdefault(
-                r["name"] or "native", {"batches": 0, "rows": 0, "ms": {}, "batch_ms": []}
+                r["name"] or "native",
+                {"batches": 0, "rows": 0, "ms": {}, "batch_ms": [], "each": []},
             )
             q["batches"] += 1
             q["rows"] += r["rows"]
             q["batch_ms"].append(r["ms"].get("triggerExecution", 0))
+            # each batch: when it started, its rows, its ms, the event-time watermark it ran under
+            q["each"].append([r["at"], r["rows"], r["ms"].get("triggerExecution", 0), r["wm"]])
             for k, v in r["ms"].items():
                 q["ms"][k] = q["ms"].get(k, 0) + v
         return out
