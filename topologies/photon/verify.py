@@ -37,8 +37,9 @@ cannot write meanwhile (it holds the lock of every stopped pipeline it reads, so
 start); it never clears the token of a click that is safe, so a later verification of
 other runs still knows who holds it; a re-injected click is committed under the target's
 own token, so if the holder came back it would conflict. Tokens of safe clicks are
-cleared only on request (``clear_tokens=True``, Photon's space saving), and an id whose
-token was cleared is recovered only when every pipeline of the roster is given.
+cleared only on request (``clear_tokens=True``, Photon's space saving; never a give-up's
+tentative token, which lets a join take the id over), and an id whose token was cleared
+is recovered only when every pipeline of the roster is given.
 
 >>> from id_registry import InProcessRegistryClient
 >>> from millwheel.once import join_roster
@@ -283,7 +284,8 @@ def verify(
             if seen[cid] or (
                 cid in gave_up and (found.token is None or found.token.endswith(TENTATIVE))
             ):
-                if found.token is not None:
+                if found.token is not None and seen[cid]:
+                    # a give-up's tentative token stays: it is what lets a join take the id over
                     safe.append((cid, found.token))
                 if not seen[cid] and found.token is not None:
                     # offered on only once its holder's give-up is visible (else: in flight)
