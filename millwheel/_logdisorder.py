@@ -29,6 +29,7 @@ import functools
 import json
 import os
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -191,13 +192,19 @@ _INDEX: OrderedDict[tuple[str, str], _FileIds] = OrderedDict()
 #: bytes the index covers, at most (least recently used files are dropped first)
 INDEX_BYTES = 4 * SEARCH_BYTES
 _indexed = [0]
+_LOCK = threading.Lock()
 
 
 def _ids(path: str, id_field: str, upto: int) -> set[bytes] | None:
     """The ids in the bytes of ``path`` before ``upto`` (the last :data:`SEARCH_BYTES` of them
     at least); ``None`` when the file cannot be read. Bytes indexed once are trusted while
     the file is the same one (a log file only grows): one that shrank or was replaced is
-    indexed anew."""
+    indexed anew. One caller at a time (plans may run on more than one thread)."""
+    with _LOCK:
+        return _ids_locked(path, id_field, upto)
+
+
+def _ids_locked(path: str, id_field: str, upto: int) -> set[bytes] | None:
     key = (path, id_field)
     try:
         st = os.stat(path)
