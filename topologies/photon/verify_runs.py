@@ -66,7 +66,8 @@ def reinjected_ids(run: str | os.PathLike[str], config: PhotonConfig | None = No
     for path in sorted((Path(run) / REINJECT).glob("reinject_*.jsonl")):
         for line in path.read_text(encoding="utf-8").splitlines():
             with contextlib.suppress(ValueError):
-                cid = json.loads(line).get(cf)
+                value = json.loads(line)
+                cid = value.get(cf) if isinstance(value, dict) else None
                 if isinstance(cid, str):
                     out.add(cid)
     return out
