@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import pyarrow.parquet as pq  # noqa: E402
+from _git import git_head  # noqa: E402
 from _latency_floor import (  # noqa: E402
     FLOOR_KINDS,
     batch_spans,
@@ -392,20 +393,6 @@ def _summary(runs: list[dict]) -> dict[str, dict]:
     return out
 
 
-def _commit() -> str:
-    import subprocess
-
-    try:
-        return subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rate", type=int, default=2_000, help="records/s in the per-stage runs")
@@ -441,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
 
     spark = spark_session("local[2]", conf=dict(c.split("=", 1) for c in args.conf), ui=args.ui)
     variants = ([] if args.no_mw else ["mw"]) + [f for f in args.floors.split(",") if f]
-    out: dict = {"args": vars(args), "commit": _commit(), "runs": []}
+    out: dict = {"args": vars(args), "commit": git_head(ROOT) or "?", "runs": []}
     for rnd in range(args.rounds + 1):
         turn = rnd % len(variants)
         for variant in variants[turn:] + variants[:turn]:

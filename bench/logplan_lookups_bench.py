@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _git import git_head
+
 ROOT = Path(__file__).resolve().parent.parent
 
 #: one pass of the plan over a directory, in the checkout on PYTHONPATH: its CPU seconds, its plans and disorder
@@ -59,14 +61,6 @@ def one_pass(checkout: Path, data: Path, directory: str) -> dict:
         check=True,
     )
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
-
-
-def _commit(checkout: Path) -> str:
-    """A checkout as its commit (``+`` when its tracked files differ from it): no machine path."""
-    git = ["git", "-C", str(checkout)]
-    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run([*git, "diff", "--quiet", "HEAD"], capture_output=True).returncode
-    return head.stdout.strip() + ("+" if dirty else "") if head.returncode == 0 else "?"
 
 
 def main() -> int:
@@ -107,7 +101,7 @@ def main() -> int:
         },
         "started": started,
         "sample": {"seed": 3, "rate": args.rate, "duration_s": args.duration_s, "bytes": sizes},
-        "checkouts": {k: _commit(v) for k, v in checkouts.items()},
+        "checkouts": {k: git_head(v, dirty=True) or "?" for k, v in checkouts.items()},
         "median_cpu_s": {
             k: {d: round(statistics.median(r["cpu_s"] for r in v[d]), 4) for d in v}
             for k, v in runs.items()

@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _git import git_head
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "main_job.json"
 #: the streams whose first published file is timed, and the figure each gives
@@ -163,18 +165,6 @@ def run_once(
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     return out
-
-
-def git_head(checkout: Path) -> str | None:
-    try:
-        return subprocess.run(
-            ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def ensure_sample(checkout: Path, python: str) -> None:
