@@ -333,15 +333,8 @@ class ColumnarIntervalStep(IntervalStep):
         here go through :class:`IntervalBatch` as on the per-record path."""
         if len(pdf) == 0:
             return None
-        pdf = with_values(pdf)  # values stored as columns: ``_fieldcols.py``
+        pdf = batch.take_ticks(with_values(pdf))  # values stored as columns: ``_fieldcols.py``
         kind = pdf["kind"]
-        ticks = kind.isna()
-        if ticks.any():  # a tick: a wall timer of this interval is due
-            t = pdf["now"][ticks].max()
-            if t == t and t is not None and int(t) > batch.now:
-                batch.now = int(t)
-            pdf = pdf[~ticks]
-            kind = pdf["kind"]
         if len(pdf) and (kind != _RECORD).any():
             unkeyed = kind == _UNKEYED
             moves = (kind == _INSTALL) | (kind == _RETIRE)

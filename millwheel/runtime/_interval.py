@@ -21,8 +21,10 @@ Time (§4.5, §4.6, §7.2):
 * the **low watermark** is Spark's event-time watermark, which the driver drives with
   heartbeat rows carrying the framework's input low watermark (``withWatermark(..., "0
   seconds")``). It is recorded in Spark's offset log, so a replayed batch sees the same
-  value. Low-watermark timers map onto Spark's single ``EventTimeTimeout`` per group: the
-  earliest pending timer of the interval.
+  value. A heartbeat row addressed to the interval raises it from the batch that reads it
+  (:meth:`IntervalBatch.take_ticks`; the same files on a replay). Low-watermark timers map
+  onto Spark's single ``EventTimeTimeout`` per group: the earliest pending timer of the
+  interval.
 * **wall time** is the batch's processing time (also fixed per batch and replay); wall
   timers fire when a batch runs for the interval, and the driver sends a tick row to an
   interval whose earliest wall timer is due.
@@ -259,21 +261,30 @@ class IntervalBatch:
             batch.add_frame(pdf)
         return batch
 
+    def take_ticks(self, pdf: pd.DataFrame) -> pd.DataFrame:
+        """``pdf`` without the driver's rows of this interval (no ``kind``): a tick raises the
+        batch's wall time to its ``now`` (a wall timer of the interval is due); a heartbeat
+        addressed to the interval raises its low watermark to its ``wm`` (Spark's time) from
+        this batch on (``docs/runtime.md``, "Heartbeats in the batch that reads them")."""
+        ticks = pdf["kind"].isna()
+        if not ticks.any():
+            return pdf
+        now = pdf["now"][ticks].dropna()
+        if len(now):
+            self.now = max(self.now, int(now.max()))
+        wm = pdf["wm"][ticks].dropna() if "wm" in pdf.columns else ()
+        if len(wm):
+            self.low_watermark = max(self.low_watermark, from_spark(int(wm.max())))
+        return pdf[~ticks]
+
     def add_frame(self, pdf: pd.DataFrame) -> None:
         """The rows of one input frame: records, keying dead letters, wall-time ticks."""
         n = len(pdf)
         if n == 0:
             return
-        pdf = with_values(pdf)  # values stored as columns: ``_fieldcols.py``
+        pdf = self.take_ticks(with_values(pdf))  # values stored as columns: ``_fieldcols.py``
         kind = pdf["kind"]
-        ticks = kind.isna()
-        if ticks.any():  # a tick: a wall timer of this interval is due
-            t = pdf["now"][ticks].max()
-            if t == t and t is not None and int(t) > self.now:
-                self.now = int(t)
-            pdf = pdf[~ticks]
-            kind = pdf["kind"]
-            n = len(pdf)
+        n = len(pdf)
         if n and (kind != int(RowKind.RECORD)).any():
             unkeyed = kind == int(RowKind.UNKEYED)
             moves = (kind == int(RowKind.INSTALL)) | (kind == int(RowKind.RETIRE))

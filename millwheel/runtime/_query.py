@@ -247,16 +247,26 @@ class ComputationQuery:
 
     def _start(self, writer: Any, plan: Plan) -> Any:
         """Start the query with its plan's state store (``_session.start_query``: the
-        checkpoint pins the provider from its first start), without no-data batches if its
-        class handles no timers (``docs/runtime.md``, "No-data batches")."""
+        checkpoint pins the provider from its first start), without no-data batches unless
+        its timers need them (:meth:`_no_data_batches`)."""
         return start_query(
             writer,
             self.rt.spark,
             {
                 **plan.state_store_conf,
-                **({} if self.spec.handles_timers else NO_DATA_BATCHES_OFF),
+                **({} if self._no_data_batches(plan) else NO_DATA_BATCHES_OFF),
             },
         )
+
+    def _no_data_batches(self, plan: Plan | None = None) -> bool:
+        """Whether Spark runs a batch whenever only its watermark moved: for a class that
+        handles timers on a plan whose timers wait for Spark's watermark. Not for a class
+        without timers (nothing for such a batch to do), nor on a plan that takes
+        heartbeats addressed to its key intervals, whose timers fire in the batch that reads
+        the heartbeat (``docs/runtime.md``, "No-data batches", "Heartbeats in the batch
+        that reads them")."""
+        plan = plan or self.plan
+        return self.spec.handles_timers and not (plan is not None and plan.addresses_heartbeats)
 
     def _build(self, plan: Plan) -> Any:
         """The query's streaming writer: its plan's frame over the inputs (``plans/``), into its sink."""
@@ -349,8 +359,12 @@ class ComputationQuery:
                 msg = f"computation {self.name!r}: the watermark authority refused this driver's report, another driver owns its key intervals now ({exc}); this driver stops"
                 raise FencedError(msg) from exc
         self.low_watermark = self.rt.watermark_of(self.name, fresh=True)
+        waited, in_flight = self._waited(waiting), planned > upto
         self._heartbeat(
-            hb_lw, now, self._heartbeat_needed(hb_lw, self._waited(waiting), planned > upto)
+            hb_lw,
+            now,
+            self._heartbeat_needed(hb_lw, waited, in_flight),
+            self._addressed(hb_lw, waited, in_flight),
         )
         self._prune_heartbeats(upto)
         return self.low_watermark
@@ -415,14 +429,36 @@ class ComputationQuery:
             for s in self.summaries.values()
         )
 
-    def _heartbeat(self, in_lw: int, now: int, needed: bool = True) -> None:
+    def _addressed(self, hb_lw: int, waiting: int, in_flight: bool) -> frozenset[int]:
+        """The key intervals a heartbeat to ``hb_lw`` also goes to as rows of their own, on
+        a plan that takes them (``Plan.addresses_heartbeats``), so that its watermark
+        applies in the batch that reads it and the timers it makes due fire there, not in a
+        no-data batch after it (``docs/runtime.md``, "Heartbeats in the batch that reads
+        them"). Every interval when the driver cannot tell which will have timers due
+        (input waiting, a batch in flight that may set timers, an interval not reported
+        since the start); otherwise the intervals whose earliest low-watermark timer it
+        makes due. None for a class that handles no timers."""
+        plan = self.plan
+        if plan is None or not plan.addresses_heartbeats or not self.spec.handles_timers:
+            return frozenset()
+        if waiting or in_flight or len(self.summaries) < self.intervals:
+            return frozenset(range(self.intervals))
+        return frozenset(
+            i
+            for i, s in self.summaries.items()
+            if s.next_low_watermark_timer is not None and s.next_low_watermark_timer <= hb_lw
+        )
+
+    def _heartbeat(
+        self, in_lw: int, now: int, needed: bool = True, to: frozenset[int] = frozenset()
+    ) -> None:
         ticks = [
             (i, now)
             for i in due_ticks(
                 self.summaries,
                 self._ticked,
                 now,
-                None if self.spec.handles_timers else self._hb_sent,
+                None if self._no_data_batches() else self._hb_sent,
                 self.batches,
             )
         ]
@@ -433,12 +469,29 @@ class ComputationQuery:
         )
         due = time.monotonic() - self._hb_at >= self.rt.settings.heartbeat_ms / 1000
         if ticks or (advance and due):
-            self._write_heartbeat(to_spark(in_lw) if advance else None, ticks)
             if advance:
+                self._write_heartbeat(to_spark(in_lw), ticks, to)
                 self._hb_sent = in_lw
+            else:
+                self._write_heartbeat(None, ticks)
 
-    def _write_heartbeat(self, wm: int | None, ticks: list[tuple[int, int]]) -> None:
-        rows = ([(-1, wm, None)] if wm is not None else []) + [(s, None, t) for s, t in ticks]
+    def _write_heartbeat(
+        self, wm: int | None, ticks: list[tuple[int, int]], to: frozenset[int] = frozenset()
+    ) -> None:
+        """One heartbeat file: the watermark ``wm`` (Spark's time) for Spark's watermark (the
+        row of interval -1) and, as rows of their own, for the key intervals ``to``; a wall
+        tick ``(interval, now)`` for each of ``ticks``. A row of a key interval carries
+        ``wm`` if it is addressed, else the newest watermark sent before on a plan that
+        takes addressed heartbeats: written after that heartbeat, it is read no earlier."""
+        at = dict(ticks)
+        sent = self._hb_sent
+        known = (
+            to_spark(sent)
+            if sent > MIN_TIMESTAMP and self.plan is not None and self.plan.addresses_heartbeats
+            else None
+        )
+        rows = [(-1, wm, None)] if wm is not None else []
+        rows += [(i, wm if i in to else known, at.get(i)) for i in sorted(set(at) | to)]
         if not rows:
             return
         table = pa.table(

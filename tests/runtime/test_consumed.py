@@ -21,6 +21,7 @@ from millwheel.runtime._consumed import (
 )
 from millwheel.runtime._fs import Location
 from millwheel.runtime._streams import FileStreamLog
+from millwheel.runtime._wire import to_spark
 
 PAIR = ("s", "P")
 
@@ -200,7 +201,7 @@ def _query(handles_timers: bool, summaries: dict) -> Any:
     from millwheel.runtime._query import ComputationQuery
 
     q = ComputationQuery.__new__(ComputationQuery)
-    q.intervals, q.summaries = 2, summaries
+    q.intervals, q.summaries, q.plan = 2, summaries, None
     q.spec = SimpleNamespace(handles_timers=handles_timers)
     return q
 
@@ -222,6 +223,50 @@ def test_a_heartbeat_waits_while_it_has_nothing_to_do():
     assert _query(True, {0: idle[0]})._heartbeat_needed(
         9_000, 0, False
     )  # interval 1's holds unknown
+
+
+def test_a_heartbeat_goes_as_rows_to_the_intervals_it_may_make_timers_due_in(tmp_path):
+    # on a plan that takes them (the interval plans) a heartbeat also goes to key intervals,
+    # applied in the batch that reads it (docs/runtime.md, "Heartbeats in the batch that
+    # reads them"); every interval when the driver cannot tell which will have timers due
+    from types import SimpleNamespace
+
+    import pyarrow.parquet as pq
+
+    from millwheel._record import MIN_TIMESTAMP
+    from millwheel.runtime._wire import IntervalSummary
+
+    idle = IntervalSummary(1, None, None, None, 0)
+    q = _query(True, {0: IntervalSummary(0, 5_000, 5_000, None, 1), 1: idle})
+    q.plan = SimpleNamespace(addresses_heartbeats=True)
+    assert q._addressed(5_000, 0, False) == {0}  # the timer it makes due
+    assert q._addressed(4_999, 0, False) == set()
+    assert q._addressed(4_999, 3, False) == {0, 1}  # waiting input may set timers anywhere
+    assert q._addressed(4_999, 0, True) == {0, 1}  # so may the batch in flight
+    assert _query(True, {0: idle})._addressed(0, 0, False) == set()  # no plan yet
+    for timerless, plan in ((False, True), (True, False)):  # nothing to fire; the plan's own way
+        other = _query(timerless, {})
+        other.plan = SimpleNamespace(addresses_heartbeats=plan)
+        assert other._addressed(9_000, 1, True) == set()
+    # the rows: interval -1 for Spark's watermark, one per addressed interval, and a tick
+    # of another interval carrying the newest watermark sent before it
+    q.heartbeats, q._hb_seq, q._hb_sent = Location.of(str(tmp_path)), 0, MIN_TIMESTAMP
+    q._write_heartbeat(700, [(1, 42)], frozenset({0}))
+    q._hb_sent = 300
+    q._write_heartbeat(None, [(1, 43)])
+
+    def rows(name):
+        return sorted(
+            zip(
+                *pq.read_table(tmp_path / name, columns=["interval", "wm", "now"])
+                .to_pydict()
+                .values(),
+                strict=True,
+            )
+        )
+
+    assert rows("000000000000.parquet") == [(-1, 700, None), (0, 700, None), (1, None, 42)]
+    assert rows("000000000001.parquet") == [(1, to_spark(300), 43)]
 
 
 def test_a_heartbeat_for_waiting_input_waits_for_the_query_to_take_it():

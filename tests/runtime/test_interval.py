@@ -6,13 +6,13 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from millwheel import Record, Topology
+from millwheel import Computation, Record, Topology
 from millwheel._codec import decode_value, encode_value
 from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._record import decode_key, encode_key
 from millwheel.runtime._interval import KEYING_STAGE_NEEDED, KeyingStageNeeded, MemoryGroupState
 from millwheel.runtime._keying import interval_of
-from millwheel.runtime._wire import SUMMARY_STREAM, IntervalSummary, RowKind
+from millwheel.runtime._wire import SUMMARY_STREAM, IntervalSummary, RowKind, to_spark
 from millwheel.runtime.plans.intervals import IntervalStep
 
 from ._chain import Double, by_n
@@ -114,3 +114,52 @@ def test_the_timestamp_edges_on_spark(tmp_path, spark, edge_timers):
     assert sorted((v["key"], v["total"]) for v in rt.values("totals")) == [("cat", 2), ("dog", 1)]
     assert rt.computations["Totals"].metrics["late"] == 0
     assert {v["key"] for v in rt.values("flushes")} == {"cat", "dog"}
+
+
+class Closer(Computation):
+    """A low-watermark timer at each record's timestamp; its firing is produced."""
+
+    def process_record(self, record: Record) -> None:
+        self.set_timer("close", record.timestamp)
+
+    def process_timer(self, timer) -> None:
+        self.produce("closed", timer.timestamp)
+
+
+def _summary(out: pd.DataFrame) -> IntervalSummary:
+    return IntervalSummary.decode(out[out["stream"] == SUMMARY_STREAM]["value"].iloc[0])
+
+
+def _heartbeat(wm: int | None, now: int | None = None) -> pd.DataFrame:
+    """A row of the driver's addressed to the interval (``_query._write_heartbeat``): no kind."""
+    frame = _frame([(RowKind.RECORD, None, Record(None, None, 0, None))])
+    frame["kind"] = pd.array([None], dtype="Int64")
+    frame["wm"] = pd.array([wm], dtype="Int64")
+    frame["now"] = pd.array([now], dtype="Int64")
+    return frame
+
+
+def test_a_heartbeat_addressed_to_the_interval_fires_its_timers_in_the_batch_that_reads_it():
+    # Spark's watermark moves one batch after the heartbeat it read; a row addressed to the
+    # interval carries it into the batch that reads it (docs/runtime.md, "Heartbeats in the
+    # batch that reads them"), so the timer fires without a no-data batch after it
+    t = Topology("closer")
+    t.injector("in", None)
+    t.computation(Closer, inputs={"in": by_n}, outputs=["closed"])
+    step = IntervalStep(t.validate().computations["Closer"], groups=list(range(INTERVALS)))
+    i = _interval_of_n(1)
+    state = MemoryGroupState(watermark=to_spark(500))
+    rec = Record(1, {"n": 1}, 1_000, "r1")
+    first = pd.concat(
+        list(step((i,), iter([_frame([(RowKind.RECORD, encode_key(1), rec)])]), state))
+    )
+    assert "closed" not in set(first["stream"])
+    assert _summary(first).next_low_watermark_timer == 1_000
+    # a heartbeat below the timer, then a tick with no watermark: nothing fires
+    for frame in (_heartbeat(to_spark(999)), _heartbeat(None, now=5)):
+        out = pd.concat(list(step((i,), iter([frame]), state)))
+        assert "closed" not in set(out["stream"])
+    # Spark's watermark still at 500: the addressed heartbeat at 1,000 fires the timer
+    out = pd.concat(list(step((i,), iter([_heartbeat(to_spark(1_000))]), state)))
+    assert [decode_value(v) for v in out[out["stream"] == "closed"]["value"]] == [1_000]
+    assert _summary(out).low_watermark == 1_000 and _summary(out).next_low_watermark_timer is None

@@ -1,6 +1,9 @@
-"""A query whose computation handles no timers runs no no-data micro-batch (``_query.py``,
-``_session.NO_DATA_BATCHES_OFF``; docs/runtime.md, "No-data batches"); one that set a timer
-all the same is ticked so its timer fails as it would with them (``_wire.due_ticks``)."""
+"""A query runs no no-data micro-batch unless its timers need one (``_query.py``,
+``_session.NO_DATA_BATCHES_OFF``; docs/runtime.md, "No-data batches"): a computation that
+handles no timers never; on the interval plans none, since a heartbeat addressed to the key
+intervals fires their timers in the batch that reads it ("Heartbeats in the batch that
+reads them"). One that set a timer all the same is ticked so its timer fails as it would
+with them (``_wire.due_ticks``)."""
 
 from __future__ import annotations
 
@@ -87,8 +90,12 @@ def test_a_timerless_query_runs_no_no_data_batch_and_a_forgotten_hook_still_fail
     for cls in (Tally, Hooked, NoHook):
         outputs = ["tallies"] if cls is not NoHook else []
         t.computation(cls, inputs={"events": lambda r: r.value["k"]}, outputs=outputs)
+    # the per-key plan's timers wait for Spark's watermark: it keeps no-data batches
     rt = SparkRuntime(
-        t, str(tmp_path / "run"), RuntimeSettings(drain=True, intervals=2), spark=spark
+        t,
+        str(tmp_path / "run"),
+        RuntimeSettings(drain=True, intervals=2, state_layout="keys"),
+        spark=spark,
     )
     hooked, tally = rt.computations["Hooked"].checkpoint, rt.computations["Tally"].checkpoint
     rt.start()
@@ -111,3 +118,55 @@ def test_a_timerless_query_runs_no_no_data_batch_and_a_forgotten_hook_still_fail
     # fail into dead letters and the run drains (the harness: tests/test_timers.py)
     dead = [d.value for d in rt.dead_letters() if d.value.stage == "process_timer"]
     assert len(dead) == 3 and all("does not override process_timer" in d.reason for d in dead)
+
+
+@pytest.mark.spark
+def test_on_the_interval_plans_timers_fire_in_the_batch_that_reads_the_heartbeat(
+    tmp_path, spark, second_counts
+):
+    # each second's count is a low-watermark timer; the last ones are due only at the end of
+    # input (+inf). Fired in the batch that reads the heartbeat at +inf, no batch ever runs
+    # under Spark's watermark at +inf: before, a no-data batch ran there to fire them
+    from collections import Counter
+
+    from computations.columnar_windowing import ColumnarWindowCounter
+    from millwheel import MAX_TIMESTAMP, Record
+    from millwheel.runtime import RuntimeSettings, SparkRuntime
+    from millwheel.runtime._spark_internals import offset_log_metadata
+    from millwheel.runtime._wire import to_spark
+
+    records = [Record(None, {"key": f"k{i % 3}"}, 250 * i, f"r{i}") for i in range(40)]
+    expected = Counter((r.value["key"], r.timestamp // 1_000 * 1_000) for r in records)
+    columnar = Topology("window-counts")  # the columnar plan: the same counts
+    columnar.injector("logs", SampleSource(records, batch_size=10), stream="events")
+    columnar.computation(
+        ColumnarWindowCounter,
+        inputs={"events": lambda r: r.value["key"]},
+        outputs=["window_counts"],
+        params={"trailing_empty": 0},
+    )
+    runs = [
+        (second_counts(SampleSource(records, batch_size=10)), "counts", "second"),
+        (columnar, "window_counts", "window_start"),
+    ]
+    for n, (topology, stream, start) in enumerate(runs):
+        rt = SparkRuntime(
+            topology,
+            str(tmp_path / f"run{n}"),
+            RuntimeSettings(drain=True, intervals=2),
+            spark=spark,
+        )
+        rt.run(timeout_s=300)
+        got = Counter()
+        for v in rt.values(stream):
+            got[(v["key"], v[start])] += v["count"]
+        assert got == expected
+        cp = next(iter(rt.computations.values())).checkpoint
+        assert _no_data_batches(cp) == []
+        marks = [
+            (offset_log_metadata(cp.child(OFFSETS, str(b)).read_text() or "") or {}).get(
+                "batchWatermarkMs", 0
+            )
+            for b in committed_batches(cp)
+        ]
+        assert max(marks) < to_spark(MAX_TIMESTAMP), marks

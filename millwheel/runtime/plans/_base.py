@@ -47,6 +47,10 @@ class Plan(Protocol):
     #: whether a query whose every input is read from the files passes its operator only
     #: ``_scan.SCAN_ONLY_COLUMNS`` (a plan whose tasks select their columns themselves: no)
     narrows_to_markers: ClassVar[bool]
+    #: whether a heartbeat reaches its key intervals' groups as rows of their own, its watermark
+    #: applied in the batch that reads it (``IntervalBatch.take_ticks``), so that the query
+    #: runs no no-data batches (``docs/runtime.md``, "Heartbeats in the batch that reads them")
+    addresses_heartbeats: ClassVar[bool]
 
     def __init__(self, query: Any, pin: dict[str, Any]) -> None:
         """``query``: its ``ComputationQuery``; ``pin``: its mapping's ``run.json`` entry."""

@@ -61,7 +61,9 @@ def query_inputs(query: Any, plan: Plan) -> QueryInputs:
             F.lit(None).cast("string").alias("id"),
             F.lit(0).cast("long").alias("ts"),
             F.col("value"),
-            F.lit(None).cast("long").alias("wm"),
+            # a heartbeat row addressed to a key interval (``_query.ComputationQuery._addressed``):
+            # the watermark applies in the batch that reads it; on a record, ``wm`` is its sender's
+            F.col("wm"),
             F.lit(None).cast("string").alias("stream"),
             F.lit(None).cast("string").alias("src"),
             F.lit(None).cast("long").alias("row"),

@@ -327,6 +327,8 @@ class ArrowPlan:
     takes_markers: ClassVar[bool] = True
     #: its tasks select their columns themselves (``_TASK_COLUMNS``)
     narrows_to_markers: ClassVar[bool] = False
+    #: the driver reads the heartbeats a batch reads itself (``BatchPlan``); no stateful operator, no no-data batch
+    addresses_heartbeats: ClassVar[bool] = False
 
     def __init__(self, query: Any, pin: dict[str, Any]) -> None:
         self.query = query

@@ -48,6 +48,7 @@ class IntervalRowsPlan:
     state_store_conf: ClassVar[dict[str, str]] = {}
     takes_markers: ClassVar[bool] = False
     narrows_to_markers: ClassVar[bool] = False
+    addresses_heartbeats: ClassVar[bool] = True
 
     def __init__(self, query: Any, pin: dict[str, Any]) -> None:
         self.query = query

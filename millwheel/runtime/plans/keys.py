@@ -74,6 +74,7 @@ class KeyRowsPlan:
     }
     takes_markers: ClassVar[bool] = False
     narrows_to_markers: ClassVar[bool] = False
+    addresses_heartbeats: ClassVar[bool] = False
 
     def __init__(self, query: Any, pin: dict[str, Any]) -> None:
         self.query = query
