@@ -272,8 +272,8 @@ class IntervalBatch:
         now = pdf["now"][ticks].dropna()
         if len(now):
             self.now = max(self.now, int(now.max()))
-        wm = pdf["wm"][ticks].dropna() if "wm" in pdf.columns else ()
-        if len(wm):
+        wm = pdf["wm"][ticks].dropna() if "wm" in pdf.columns else None
+        if wm is not None and len(wm):
             self.low_watermark = max(self.low_watermark, from_spark(int(wm.max())))
         return pdf[~ticks]
 

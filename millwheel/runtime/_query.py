@@ -490,7 +490,7 @@ class ComputationQuery:
             if sent > MIN_TIMESTAMP and self.plan is not None and self.plan.addresses_heartbeats
             else None
         )
-        rows = [(-1, wm, None)] if wm is not None else []
+        rows: list[tuple[int, int | None, int | None]] = [(-1, wm, None)] if wm is not None else []
         rows += [(i, wm if i in to else known, at.get(i)) for i in sorted(set(at) | to)]
         if not rows:
             return
