@@ -43,7 +43,7 @@ from millwheel.runtime._spark_internals import drop_uncommitted_state, error_men
 from millwheel.runtime._state_load import bootstrap_at_start
 from millwheel.runtime._streams import FileStreamLog
 from millwheel.runtime._usercode import RestartPolicy
-from millwheel.runtime._wire import IntervalSummary, due_ticks, interval_name, to_spark
+from millwheel.runtime._wire import IntervalSummary, due_ticks, from_spark, interval_name, to_spark
 from millwheel.runtime.plans import (
     STATE_STORE_CONF as STATE_STORE_CONF,
 )  # re-exported: _relayout.py
@@ -103,6 +103,8 @@ class ComputationQuery:
         self._waiting_since: float | None = None
         self._hb_seq = 0
         self._ticked: dict[int, int] = {}
+        #: key interval -> the newest watermark a heartbeat row addressed to it carried (``_write_heartbeat``)
+        self._reached: dict[int, int] = {}
         self._tokens: dict[str, int] = {}
         #: the state move of the rescale that made its layout (``_layout.py``), until a start sees it done
         self._migration: dict[str, Any] | None = None
@@ -460,6 +462,7 @@ class ComputationQuery:
                 now,
                 None if self._no_data_batches() else self._hb_sent,
                 self.batches,
+                self._reached,
             )
         ]
         advance = (
@@ -494,6 +497,9 @@ class ComputationQuery:
         rows += [(i, wm if i in to else known, at.get(i)) for i in sorted(set(at) | to)]
         if not rows:
             return
+        for i, w, _ in rows:
+            if i >= 0 and w is not None:
+                self._reached[i] = max(self._reached.get(i, MIN_TIMESTAMP), from_spark(w))
         table = pa.table(
             {
                 "interval": pa.array([r[0] for r in rows], pa.int32()),

@@ -114,6 +114,7 @@ def due_ticks(
     now: int,
     watermark: int | None = None,
     batches: int = 0,
+    reached: Mapping[int, int] | None = None,
 ) -> list[int]:
     """The key intervals to tick (a heartbeat row that runs the interval's group, §4.6).
 
@@ -123,7 +124,11 @@ def due_ticks(
       interval last ran (its class handles no timers but set one: the tick lets it fire and
       fail as it would with them, instead of holding the low watermark for ever). Ticked
       again after each published batch (``batches``) that left it unfired: a tick read with
-      the heartbeat itself runs under the watermark before it.
+      the heartbeat itself runs under the watermark before it. Not an interval that a
+      heartbeat row addressed to it has carried past the timer (``reached``: interval -> the
+      newest watermark so sent, ``_query.ComputationQuery._write_heartbeat``): the interval
+      has not run under it yet, since it would have fired the timer, so the batch that reads
+      it will (docs/runtime.md, "Heartbeats in the batch that reads them").
 
     ``ticked`` remembers the ticks (wall: interval -> timer; low watermark: ``-1 - interval``
     -> ``batches``).
@@ -134,6 +139,8 @@ def due_ticks(
     ([], [0], [])
     >>> [due_ticks({0: s}, ticked, 0, watermark=w, batches=b) for w, b in [(400, 1), (600, 1), (600, 1), (600, 2)]]
     [[], [0], [], [0]]
+    >>> due_ticks({0: s}, {}, 0, watermark=600, batches=1, reached={0: 500}), due_ticks({0: s}, {}, 0, watermark=600, batches=1, reached={0: 499})
+    ([], [0])
     """
     out = []
     for i, s in summaries.items():
@@ -145,6 +152,7 @@ def due_ticks(
             watermark is not None
             and nlw is not None
             and s.low_watermark < nlw <= watermark
+            and (reached is None or nlw > reached.get(i, MIN_TIMESTAMP))
             and ticked.get(-1 - i, -1) < batches
         ):
             ticked[-1 - i] = batches

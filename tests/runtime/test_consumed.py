@@ -21,7 +21,7 @@ from millwheel.runtime._consumed import (
 )
 from millwheel.runtime._fs import Location
 from millwheel.runtime._streams import FileStreamLog
-from millwheel.runtime._wire import to_spark
+from millwheel.runtime._wire import from_spark, to_spark
 
 PAIR = ("s", "P")
 
@@ -251,6 +251,7 @@ def test_a_heartbeat_goes_as_rows_to_the_intervals_it_may_make_timers_due_in(tmp
     # the rows: interval -1 for Spark's watermark, one per addressed interval, and a tick
     # of another interval carrying the newest watermark sent before it
     q.heartbeats, q._hb_seq, q._hb_sent = Location.of(str(tmp_path)), 0, MIN_TIMESTAMP
+    q._reached = {}
     q._write_heartbeat(700, [(1, 42)], frozenset({0}))
     q._hb_sent = 300
     q._write_heartbeat(None, [(1, 43)])
@@ -267,6 +268,9 @@ def test_a_heartbeat_goes_as_rows_to_the_intervals_it_may_make_timers_due_in(tmp
 
     assert rows("000000000000.parquet") == [(-1, 700, None), (0, 700, None), (1, None, 42)]
     assert rows("000000000001.parquet") == [(1, to_spark(300), 43)]
+    # what each interval's rows carried: a timer at or below it fires when they are read,
+    # so the driver does not tick it (``_wire.due_ticks``)
+    assert q._reached == {0: from_spark(700), 1: 300}
 
 
 def test_a_heartbeat_for_waiting_input_waits_for_the_query_to_take_it():
