@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     spark = spark_session("local[2]", conf=dict(c.split("=", 1) for c in args.conf), ui=args.ui)
     variants = ([] if args.no_mw else ["mw"]) + [f for f in args.floors.split(",") if f]
     out: dict = {"args": vars(args), "commit": git_head(ROOT) or "?", "runs": []}
-    for rnd in range(args.rounds + 1):
+    for rnd in range(args.rounds + 1 if variants else 0):  # none: the Zeitgeist run alone
         turn = rnd % len(variants)
         for variant in variants[turn:] + variants[:turn]:
             figures = _measure(spark, work, variant, args, cold=rnd == 0)
