@@ -61,6 +61,7 @@ from millwheel.runtime._life import task_life
 from millwheel.runtime._move import RescaleMismatch  # noqa: F401 - re-exported: the per-key plan raises it
 from millwheel.runtime._ownkeying import KEYING_STAGE_NEEDED, KeyingStageNeeded, key_row
 from millwheel.runtime._ownkeying import make_keying as make_keying  # re-exported: tests, benches
+from millwheel.runtime._spark_internals import task_batch_id
 from millwheel.runtime._wire import (
     SUMMARY_STREAM,
     IntervalSummary,
@@ -206,6 +207,7 @@ class IntervalBatch:
         "retire",
         "started",
         "life",
+        "batch_id",
     )
 
     def __init__(
@@ -217,9 +219,9 @@ class IntervalBatch:
         batch_id: int | None = None,
     ) -> None:
         self.owner = owner
-        self.life = task_life(
-            batch_id
-        )  # of the micro-batch (``batch_id``: the running task's if None), ``_life.py``
+        #: the micro-batch (the running task's if not given; ``None``: outside a streaming query)
+        self.batch_id = task_batch_id() if batch_id is None else batch_id
+        self.life = task_life(self.batch_id)  # of the micro-batch, ``_life.py``
         self.interval = interval
         self.low_watermark = low_watermark
         self.now = now
@@ -265,16 +267,23 @@ class IntervalBatch:
         """``pdf`` without the driver's rows of this interval (no ``kind``): a tick raises the
         batch's wall time to its ``now`` (a wall timer of the interval is due); a heartbeat
         addressed to the interval raises its low watermark to its ``wm`` (Spark's time) from
-        this batch on (``docs/runtime.md``, "Heartbeats in the batch that reads them")."""
+        this batch on (``docs/runtime.md``, "Heartbeats in the batch that reads them") if
+        this batch is later than every batch whose files that watermark counts as consumed
+        (``upto``). Not otherwise: a rescale drops a planned batch and plans it anew, with
+        heartbeat files written meanwhile that count it; Spark's watermark applies them
+        from the next batch, as it does every heartbeat."""
         ticks = pdf["kind"].isna()
         if not ticks.any():
             return pdf
-        now = pdf["now"][ticks].dropna()
+        rows = pdf[ticks]
+        now = rows["now"].dropna()
         if len(now):
             self.now = max(self.now, int(now.max()))
-        wm = pdf["wm"][ticks].dropna() if "wm" in pdf.columns else None
-        if wm is not None and len(wm):
-            self.low_watermark = max(self.low_watermark, from_spark(int(wm.max())))
+        if "wm" in rows.columns and "upto" in rows.columns and self.batch_id is not None:
+            carried = rows[rows["wm"].notna() & rows["upto"].notna()]
+            wm = carried["wm"][carried["upto"] < self.batch_id]
+            if len(wm):
+                self.low_watermark = max(self.low_watermark, from_spark(int(wm.max())))
         return pdf[~ticks]
 
     def add_frame(self, pdf: pd.DataFrame) -> None:

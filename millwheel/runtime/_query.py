@@ -52,6 +52,8 @@ from millwheel.runtime.plans._inputs import query_inputs
 from watermark_authority import ConflictError, StaleTokenError, UnknownNameError
 
 _HB_SCHEMA = pa.schema([("interval", pa.int32()), ("wm", pa.int64()), ("now", pa.int64())])
+#: a heartbeat file: :data:`_HB_SCHEMA` and the batch its watermark counts (``_wire.HEARTBEAT_SCHEMA``)
+_HB_FILE_SCHEMA = pa.schema([*_HB_SCHEMA, ("upto", pa.int64())])
 #: a rescale's heartbeat file (``_rescale.py``): :data:`_HB_SCHEMA` and the columns of its rows
 HB_MOVE_SCHEMA = pa.schema(
     [
@@ -98,13 +100,16 @@ class ComputationQuery:
         self.low_watermark = MIN_TIMESTAMP
         self.pending_inputs = 0
         self._hb_sent = MIN_TIMESTAMP
+        #: the newest micro-batch whose files :attr:`_hb_sent` counts as consumed
+        self._hb_upto = -1
         self._hb_at = 0.0
         #: since when input files have waited for a batch to plan them (``_waited``); None: none waits
         self._waiting_since: float | None = None
         self._hb_seq = 0
         self._ticked: dict[int, int] = {}
-        #: key interval -> the newest watermark a heartbeat row addressed to it carried (``_write_heartbeat``)
-        self._reached: dict[int, int] = {}
+        #: key interval -> the newest watermark a heartbeat row addressed to it carried
+        #: (``_write_heartbeat``) and how many batches were published when it was written
+        self._reached: dict[int, tuple[int, int]] = {}
         self._tokens: dict[str, int] = {}
         #: the state move of the rescale that made its layout (``_layout.py``), until a start sees it done
         self._migration: dict[str, Any] | None = None
@@ -367,6 +372,7 @@ class ComputationQuery:
             now,
             self._heartbeat_needed(hb_lw, waited, in_flight),
             self._addressed(hb_lw, waited, in_flight),
+            planned,
         )
         self._prune_heartbeats(upto)
         return self.low_watermark
@@ -452,7 +458,12 @@ class ComputationQuery:
         )
 
     def _heartbeat(
-        self, in_lw: int, now: int, needed: bool = True, to: frozenset[int] = frozenset()
+        self,
+        in_lw: int,
+        now: int,
+        needed: bool = True,
+        to: frozenset[int] = frozenset(),
+        upto: int = -1,
     ) -> None:
         ticks = [
             (i, now)
@@ -462,7 +473,7 @@ class ComputationQuery:
                 now,
                 None if self._no_data_batches() else self._hb_sent,
                 self.batches,
-                self._reached,
+                self._unread(),
             )
         ]
         advance = (
@@ -473,19 +484,34 @@ class ComputationQuery:
         due = time.monotonic() - self._hb_at >= self.rt.settings.heartbeat_ms / 1000
         if ticks or (advance and due):
             if advance:
-                self._write_heartbeat(to_spark(in_lw), ticks, to)
-                self._hb_sent = in_lw
+                self._write_heartbeat(to_spark(in_lw), ticks, to, upto)
+                self._hb_sent, self._hb_upto = in_lw, upto
             else:
                 self._write_heartbeat(None, ticks)
 
+    def _unread(self) -> dict[int, int]:
+        """The watermarks rows addressed to each key interval carried (``_reached``) while
+        no batch can have read them yet: a file written while batch ``M`` runs is read by
+        ``M + 1`` at the latest (Spark plans every heartbeat file present; a dropped planned
+        batch is planned anew under the same number), so two batches published since it was
+        written have read it. A row read and not applied (``IntervalBatch.take_ticks``: a
+        batch that its watermark counted) leaves the timer to a tick (``_wire.due_ticks``)."""
+        return {i: w for i, (w, b) in self._reached.items() if self.batches < b + 2}
+
     def _write_heartbeat(
-        self, wm: int | None, ticks: list[tuple[int, int]], to: frozenset[int] = frozenset()
+        self,
+        wm: int | None,
+        ticks: list[tuple[int, int]],
+        to: frozenset[int] = frozenset(),
+        upto: int = -1,
     ) -> None:
         """One heartbeat file: the watermark ``wm`` (Spark's time) for Spark's watermark (the
         row of interval -1) and, as rows of their own, for the key intervals ``to``; a wall
         tick ``(interval, now)`` for each of ``ticks``. A row of a key interval carries
         ``wm`` if it is addressed, else the newest watermark sent before on a plan that
-        takes addressed heartbeats: written after that heartbeat, it is read no earlier."""
+        takes addressed heartbeats: written after that heartbeat, it is read no earlier.
+        Each such row says the newest batch whose files its watermark counts (``upto``: the
+        step applies it only in a later batch, ``IntervalBatch.take_ticks``)."""
         at = dict(ticks)
         sent = self._hb_sent
         known = (
@@ -493,20 +519,31 @@ class ComputationQuery:
             if sent > MIN_TIMESTAMP and self.plan is not None and self.plan.addresses_heartbeats
             else None
         )
-        rows: list[tuple[int, int | None, int | None]] = [(-1, wm, None)] if wm is not None else []
-        rows += [(i, wm if i in to else known, at.get(i)) for i in sorted(set(at) | to)]
+        rows: list[tuple[int, int | None, int | None, int | None]] = (
+            [(-1, wm, None, upto)] if wm is not None else []
+        )
+        for i in sorted(set(at) | to):
+            if i in to:
+                rows.append((i, wm, at.get(i), upto))
+            else:
+                rows.append((i, known, at.get(i), None if known is None else self._hb_upto))
         if not rows:
             return
-        for i, w, _ in rows:
-            if i >= 0 and w is not None:
-                self._reached[i] = max(self._reached.get(i, MIN_TIMESTAMP), from_spark(w))
+        for i, w, _, _ in rows:
+            if (
+                i >= 0
+                and w is not None
+                and from_spark(w) > self._reached.get(i, (MIN_TIMESTAMP, 0))[0]
+            ):
+                self._reached[i] = (from_spark(w), self.batches)
         table = pa.table(
             {
                 "interval": pa.array([r[0] for r in rows], pa.int32()),
                 "wm": pa.array([r[1] for r in rows], pa.int64()),
                 "now": pa.array([r[2] for r in rows], pa.int64()),
+                "upto": pa.array([r[3] for r in rows], pa.int64()),
             },
-            schema=_HB_SCHEMA,
+            schema=_HB_FILE_SCHEMA,
         )
         name = f"{self._hb_seq:012d}.parquet"
         self._hb_seq += 1

@@ -62,7 +62,7 @@ SCAN_COLUMN = "scan"
 MARKER_SCHEMA = f"group int, {SCAN_COLUMN} boolean"
 #: the step's input columns when it reads every input from the files: what markers,
 #: heartbeats, ticks and a rescale's rows carry (``_columnar.ColumnarIntervalStep.read_marked``)
-SCAN_ONLY_COLUMNS = ("kind", "key", "value", "now", "wm", "wm_ts", "group", SCAN_COLUMN)
+SCAN_ONLY_COLUMNS = ("kind", "key", "value", "now", "wm", "upto", "wm_ts", "group", SCAN_COLUMN)
 
 
 class Markers:

@@ -39,7 +39,11 @@ LOG_SCHEMA = "id string, ts long, key binary, value binary, wm long"
 #: and the rows of a rescale (``_rescale.py``): ``kind`` (:attr:`RowKind.INSTALL` or
 #: :attr:`RowKind.RETIRE`), the Spark ``group`` they go to as it is, and for an install the
 #: key and envelope (``key``, ``value``); older heartbeat files read those as nulls
-HEARTBEAT_SCHEMA = "interval int, wm long, now long, kind int, group int, key binary, value binary"
+#: ``upto``: on a row that carries ``wm`` to a key interval, the newest micro-batch whose files
+#: that watermark counts as consumed (``_query.ComputationQuery._write_heartbeat``)
+HEARTBEAT_SCHEMA = (
+    "interval int, wm long, now long, kind int, group int, key binary, value binary, upto long"
+)
 #: rows entering the per-interval step: records, dead letters of keying (``kind``, see
 #: :class:`RowKind`) and heartbeats; ``stream`` is the input stream a record came from,
 #: ``src`` and ``row`` the stream-log file and row it was read from (its send order).

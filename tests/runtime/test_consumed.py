@@ -251,26 +251,30 @@ def test_a_heartbeat_goes_as_rows_to_the_intervals_it_may_make_timers_due_in(tmp
     # the rows: interval -1 for Spark's watermark, one per addressed interval, and a tick
     # of another interval carrying the newest watermark sent before it
     q.heartbeats, q._hb_seq, q._hb_sent = Location.of(str(tmp_path)), 0, MIN_TIMESTAMP
-    q._reached = {}
-    q._write_heartbeat(700, [(1, 42)], frozenset({0}))
-    q._hb_sent = 300
+    q._reached, q.batches = {}, 3
+    q._write_heartbeat(700, [(1, 42)], frozenset({0}), upto=5)
+    q._hb_sent, q._hb_upto = 300, 4
     q._write_heartbeat(None, [(1, 43)])
 
     def rows(name):
+        columns = ["interval", "wm", "now", "upto"]
         return sorted(
-            zip(
-                *pq.read_table(tmp_path / name, columns=["interval", "wm", "now"])
-                .to_pydict()
-                .values(),
-                strict=True,
-            )
+            zip(*pq.read_table(tmp_path / name, columns=columns).to_pydict().values(), strict=True)
         )
 
-    assert rows("000000000000.parquet") == [(-1, 700, None), (0, 700, None), (1, None, 42)]
-    assert rows("000000000001.parquet") == [(1, to_spark(300), 43)]
+    # each row that carries a watermark says the newest batch it counts as consumed
+    assert rows("000000000000.parquet") == [
+        (-1, 700, None, 5),
+        (0, 700, None, 5),
+        (1, None, 42, None),
+    ]
+    assert rows("000000000001.parquet") == [(1, to_spark(300), 43, 4)]
     # what each interval's rows carried: a timer at or below it fires when they are read,
-    # so the driver does not tick it (``_wire.due_ticks``)
-    assert q._reached == {0: from_spark(700), 1: 300}
+    # so the driver does not tick it (``_wire.due_ticks``) — until two batches have been
+    # published since, which have read them
+    assert q._unread() == {0: from_spark(700), 1: 300}
+    q.batches = 5
+    assert q._unread() == {}
 
 
 def test_a_heartbeat_for_waiting_input_waits_for_the_query_to_take_it():

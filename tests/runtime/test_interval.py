@@ -130,19 +130,25 @@ def _summary(out: pd.DataFrame) -> IntervalSummary:
     return IntervalSummary.decode(out[out["stream"] == SUMMARY_STREAM]["value"].iloc[0])
 
 
-def _heartbeat(wm: int | None, now: int | None = None) -> pd.DataFrame:
+def _heartbeat(wm: int | None, now: int | None = None, upto: int | None = None) -> pd.DataFrame:
     """A row of the driver's addressed to the interval (``_query._write_heartbeat``): no kind."""
     frame = _frame([(RowKind.RECORD, None, Record(None, None, 0, None))])
     frame["kind"] = pd.array([None], dtype="Int64")
     frame["wm"] = pd.array([wm], dtype="Int64")
     frame["now"] = pd.array([now], dtype="Int64")
+    frame["upto"] = pd.array([upto], dtype="Int64")
     return frame
 
 
-def test_a_heartbeat_addressed_to_the_interval_fires_its_timers_in_the_batch_that_reads_it():
+def test_a_heartbeat_addressed_to_the_interval_fires_its_timers_in_the_batch_that_reads_it(
+    monkeypatch,
+):
     # Spark's watermark moves one batch after the heartbeat it read; a row addressed to the
     # interval carries it into the batch that reads it (docs/runtime.md, "Heartbeats in the
     # batch that reads them"), so the timer fires without a no-data batch after it
+    import millwheel.runtime._interval as interval_mod
+
+    monkeypatch.setattr(interval_mod, "task_batch_id", lambda: 7)  # the micro-batch running
     t = Topology("closer")
     t.injector("in", None)
     t.computation(Closer, inputs={"in": by_n}, outputs=["closed"])
@@ -155,11 +161,18 @@ def test_a_heartbeat_addressed_to_the_interval_fires_its_timers_in_the_batch_tha
     )
     assert "closed" not in set(first["stream"])
     assert _summary(first).next_low_watermark_timer == 1_000
-    # a heartbeat below the timer, then a tick with no watermark: nothing fires
-    for frame in (_heartbeat(to_spark(999)), _heartbeat(None, now=5)):
+    # a heartbeat below the timer; a tick with no watermark; and one at the timer that counts
+    # this very batch as consumed (a rescale dropped it and planned it anew with the
+    # heartbeat file written meanwhile): Spark's watermark applies that one, a batch later
+    for frame in (
+        _heartbeat(to_spark(999), upto=6),
+        _heartbeat(None, now=5),
+        _heartbeat(to_spark(1_000), upto=7),
+    ):
         out = pd.concat(list(step((i,), iter([frame]), state)))
         assert "closed" not in set(out["stream"])
-    # Spark's watermark still at 500: the addressed heartbeat at 1,000 fires the timer
-    out = pd.concat(list(step((i,), iter([_heartbeat(to_spark(1_000))]), state)))
+        assert _summary(out).low_watermark < 1_000
+    # Spark's watermark still at 500: the heartbeat at 1,000 that counts batch 6 fires the timer
+    out = pd.concat(list(step((i,), iter([_heartbeat(to_spark(1_000), upto=6)]), state)))
     assert [decode_value(v) for v in out[out["stream"] == "closed"]["value"]] == [1_000]
     assert _summary(out).low_watermark == 1_000 and _summary(out).next_low_watermark_timer is None

@@ -70,6 +70,7 @@ def query_inputs(query: Any, plan: Plan) -> QueryInputs:
             F.col("now"),
             F.timestamp_millis("wm").alias("wm_ts"),
             F.col("group").alias("_group"),
+            F.col("upto"),
         )
     )
     kcol, icol = rt.keyer.columns(name)
