@@ -432,9 +432,14 @@ class ComputationQuery:
             or (in_flight and self.spec.handles_timers)
         ):
             return True
-        return any(
-            s.next_low_watermark_timer is not None and s.next_low_watermark_timer <= hb_lw
-            for s in self.summaries.values()
+        return bool(self._due(hb_lw))
+
+    def _due(self, hb_lw: int) -> frozenset[int]:
+        """The key intervals whose earliest low-watermark timer (their last summary) ``hb_lw`` makes due."""
+        return frozenset(
+            i
+            for i, s in self.summaries.items()
+            if s.next_low_watermark_timer is not None and s.next_low_watermark_timer <= hb_lw
         )
 
     def _addressed(self, hb_lw: int, waiting: int, in_flight: bool) -> frozenset[int]:
@@ -451,11 +456,7 @@ class ComputationQuery:
             return frozenset()
         if waiting or in_flight or len(self.summaries) < self.intervals:
             return frozenset(range(self.intervals))
-        return frozenset(
-            i
-            for i, s in self.summaries.items()
-            if s.next_low_watermark_timer is not None and s.next_low_watermark_timer <= hb_lw
-        )
+        return self._due(hb_lw)
 
     def _heartbeat(
         self,

@@ -129,10 +129,10 @@ def due_ticks(
       fail as it would with them, instead of holding the low watermark for ever). Ticked
       again after each published batch (``batches``) that left it unfired: a tick read with
       the heartbeat itself runs under the watermark before it. Not an interval that a
-      heartbeat row addressed to it has carried past the timer (``reached``: interval -> the
-      newest watermark so sent, ``_query.ComputationQuery._write_heartbeat``): the interval
-      has not run under it yet, since it would have fired the timer, so the batch that reads
-      it will (docs/runtime.md, "Heartbeats in the batch that reads them").
+      heartbeat row addressed to it, which no batch can have read yet, carries past the
+      timer (``reached``: interval -> the newest such watermark,
+      ``_query.ComputationQuery._unread``): the batch that reads it fires the timer
+      (docs/runtime.md, "Heartbeats in the batch that reads them").
 
     ``ticked`` remembers the ticks (wall: interval -> timer; low watermark: ``-1 - interval``
     -> ``batches``).
