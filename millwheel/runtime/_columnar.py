@@ -184,7 +184,7 @@ class ColumnarIntervalStep(IntervalStep):
                 _STORES[(self.spec.name, interval)] = (_digest(res.store), res.decoded)
         elif state.exists:
             state.remove()
-        if res.next_low_watermark_timer is not None and res.store is not None:
+        if self.timeouts and res.next_low_watermark_timer is not None and res.store is not None:
             state.setTimeoutTimestamp(
                 max(timer_timeout(res.next_low_watermark_timer), state.getCurrentWatermarkMs())
             )

@@ -82,7 +82,9 @@ class IntervalInstaller(_Groups):
             msg = f"computation {self.name!r}: an install query found state in group {g}: its scratch checkpoint is not new"
             raise RescaleMismatch(msg)
         envs, meta = self.fill(g, _installs(frames))
-        store_interval(state, envs, meta)
+        store_interval(
+            state, envs, meta, timeouts=False
+        )  # its query runs without (``_relayout.build_store``)
         yield pd.DataFrame({"group": [g], "keys": [len(envs)]})
 
 

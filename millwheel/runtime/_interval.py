@@ -22,9 +22,10 @@ Time (§4.5, §4.6, §7.2):
   heartbeat rows carrying the framework's input low watermark (``withWatermark(..., "0
   seconds")``). It is recorded in Spark's offset log, so a replayed batch sees the same
   value. A heartbeat row addressed to the interval raises it from the batch that reads it
-  (:meth:`IntervalBatch.take_ticks`; the same files on a replay). Low-watermark timers map
-  onto Spark's single ``EventTimeTimeout`` per group: the earliest pending timer of the
-  interval.
+  (:meth:`IntervalBatch.take_ticks`; the same files on a replay): that is how low-watermark
+  timers fire. The operator runs without Spark's timeouts, except over state a query with
+  Spark's single ``EventTimeTimeout`` per group wrote (``plans/intervals.py``): there the
+  group's timeout is also set at the earliest pending timer of the interval.
 * **wall time** is the batch's processing time (also fixed per batch and replay); wall
   timers fire when a batch runs for the interval, and the driver sends a tick row to an
   interval whose earliest wall timer is due.

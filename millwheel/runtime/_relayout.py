@@ -324,7 +324,9 @@ def build_store(
             INSTALL_OUTPUT,
             STATE_SCHEMA,
             "append",
-            GroupStateTimeout.EventTimeTimeout,
+            # interval rows without Spark's timeout column, as a new query writes them
+            # (``plans/intervals.py``): the computation's query reads the setting from them
+            GroupStateTimeout.NoTimeout,
         )
     counts: list[int] = []
     writer = (

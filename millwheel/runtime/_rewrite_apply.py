@@ -39,7 +39,6 @@ from millwheel.runtime._lease import Lease
 from millwheel.runtime._move import RescaleMismatch
 from millwheel.runtime._settle import offline_outbox, settle
 from millwheel.runtime._spark_internals import python_error
-from millwheel.runtime._wire import timer_timeout
 
 __all__ = [
     "REWRITE_INPUT",
@@ -296,8 +295,8 @@ class RewriteTask:
 class StoreInstaller:
     """The ``applyInPandasWithState`` function of a scratch query that installs rewritten
     columnar stores (rows ``group, key null, store``): each group's store in its state row,
-    with its event-time timeout at its earliest low-watermark timer, as the columnar step
-    leaves it (``_columnar.py``); each group answers how many keys it installed."""
+    without Spark's timeout (``_relayout.build_store``), as a new columnar query leaves it
+    (``_columnar.py``); each group answers how many keys it installed."""
 
     def __init__(self, name: str, groups: list[int]) -> None:
         self.name = name
@@ -316,10 +315,6 @@ class StoreInstaller:
             raise RescaleMismatch(msg)
         keys = 0
         if blobs:
-            store = ColumnarStore.decode(blobs[0])
-            _, nlw, _, _ = store.summary()
-            keys = len(store.keys_held())
+            keys = len(ColumnarStore.decode(blobs[0]).keys_held())
             state.update((blobs[0], b""))
-            if nlw is not None:
-                state.setTimeoutTimestamp(max(timer_timeout(nlw), state.getCurrentWatermarkMs()))
         yield pd.DataFrame({"group": [g], "keys": [keys]})

@@ -19,7 +19,8 @@ fails in that test, not somewhere in a run:
 * **the checkpoint's file formats** — :func:`committed_batches` (``commits/<n>``),
   :func:`planned_batches`, :func:`offset_log_metadata` and :func:`offset_log_entries`
   (``offsets/<n>``: a version line, the batch's metadata, one line per source), :func:`source_log_files` (a file source's ``sources/<i>/<n>``: a
-  version line, one JSON line per file).
+  version line, one JSON line per file), :func:`interval_state_timeouts` (the interval-row
+  operator's schema file, ``state/0/0/_metadata/schema``).
 * **the text of errors** — Spark passes a Python worker's exception to the driver as
   text inside a Java exception: :func:`python_error` (the traceback in it),
   :func:`error_mentions` (a marker of ours in it), :func:`is_transient` (a lost worker),
@@ -336,6 +337,20 @@ def offset_log_conf(checkpoint: Location, batch: int) -> dict[str, str]:
 def has_started(checkpoint: Location) -> bool:
     """Has the query of this checkpoint planned or committed a batch?"""
     return checkpoint.child(COMMITS).exists() or checkpoint.child(OFFSETS).exists()
+
+
+def interval_state_timeouts(checkpoint: Location) -> bool | None:
+    """Whether the interval rows in ``checkpoint``'s state carry ``applyInPandasWithState``'s
+    timeout column, as a query with ``EventTimeTimeout`` writes them (``None``: no state
+    schema yet). Spark records the operator's schema when it first plans it, in
+    ``state/0/0/_metadata/schema`` (a version line, then the key and the value schema as
+    JSON; the column is ``timeoutTimestamp``), and refuses to run the operator over it with
+    another timeout setting (``plans/intervals.py``)."""
+    schema = checkpoint.child("state", "0", "0", "_metadata", "schema")
+    if not schema.exists():
+        return None
+    with schema.fs.open_input_stream(schema.path) as f:
+        return b'"timeoutTimestamp"' in f.read()
 
 
 def offset_log_entries(text: str) -> list[Any]:

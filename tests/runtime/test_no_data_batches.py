@@ -15,7 +15,12 @@ import pytest
 from millwheel import Computation, SampleSource, TimerFamily, Topology
 from millwheel._topology import ComputationSpec
 from millwheel.runtime._fs import Location
-from millwheel.runtime._spark_internals import OFFSETS, committed_batches, offset_log_entries
+from millwheel.runtime._spark_internals import (
+    OFFSETS,
+    committed_batches,
+    interval_state_timeouts,
+    offset_log_entries,
+)
 
 
 class Tally(Computation):
@@ -170,3 +175,56 @@ def test_on_the_interval_plans_timers_fire_in_the_batch_that_reads_the_heartbeat
             for b in committed_batches(cp)
         ]
         assert max(marks) < to_spark(MAX_TIMESTAMP), marks
+        # and without Spark's timeouts: its state rows have no timeout column
+        assert interval_state_timeouts(cp) is False
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("plan", ["intervals", "columnar"])
+def test_state_written_with_sparks_timeouts_resumes_with_them_and_its_timers_fire(
+    tmp_path, spark, second_counts, monkeypatch, plan
+):
+    # a run started before the interval plans dropped Spark's timeouts: its state rows carry
+    # the timeout column, and Spark refuses another setting over them. Stopped after its
+    # first batch and resumed, it keeps the setting, and every count is out exactly once
+    from collections import Counter
+
+    from computations.columnar_windowing import ColumnarWindowCounter
+    from millwheel import Record
+    from millwheel.runtime import RuntimeSettings, SparkRuntime
+    from millwheel.runtime.plans.intervals import IntervalRowsPlan
+
+    records = [Record(None, {"key": f"k{i % 3}"}, 250 * i, f"r{i}") for i in range(60)]
+    expected = Counter((r.value["key"], r.timestamp // 1_000 * 1_000) for r in records)
+
+    def topology():
+        source = SampleSource(records, batch_size=10)
+        if plan == "intervals":
+            return second_counts(source), "counts", "second"
+        t = Topology("window-counts")
+        t.injector("logs", source, stream="events")
+        t.computation(
+            ColumnarWindowCounter,
+            inputs={"events": lambda r: r.value["key"]},
+            outputs=["window_counts"],
+            params={"trailing_empty": 0},
+        )
+        return t, "window_counts", "window_start"
+
+    settings = RuntimeSettings(drain=True, intervals=2, max_files_per_trigger=1, poll_ms=50)
+    with monkeypatch.context() as m:
+        m.setattr(IntervalRowsPlan, "timeouts", lambda self: True)  # as the code before
+        rt = SparkRuntime(topology()[0], str(tmp_path), settings, spark=spark)
+        rt.start()
+        query = next(iter(rt.computations.values()))
+        _poll_until(rt, lambda: query.metrics["processed"], "first batch", 300)
+        rt.stop()
+    assert interval_state_timeouts(query.checkpoint) is True
+    t, stream, start = topology()
+    rt = SparkRuntime(t, str(tmp_path), settings, spark=spark)
+    rt.run(timeout_s=300)
+    got = Counter()
+    for v in rt.values(stream):
+        got[(v["key"], v[start])] += v["count"]
+    assert got == expected
+    assert interval_state_timeouts(next(iter(rt.computations.values())).checkpoint) is True

@@ -25,6 +25,7 @@ from millwheel.runtime._spark_internals import (
     error_mentions,
     file_source_offsets,
     has_started,
+    interval_state_timeouts,
     is_transient,
     offset_log_entries,
     offset_log_metadata,
@@ -137,6 +138,54 @@ def test_contract_task_batch_id(spark, tmp_path):
     q.awaitTermination(120)
     assert seen == [0, 0]  # each group's task saw the batch its sink was called for
     assert task_batch_id() is None  # not in a task
+
+
+@pytest.mark.parametrize("timeout", ["EventTimeTimeout", "NoTimeout"])
+def test_contract_interval_state_timeouts(spark, tmp_path, timeout):
+    """The interval-row operator's schema file says whether its rows carry Spark's timeout
+    column (``interval_state_timeouts``), and Spark refuses the other setting over them,
+    which is why a query keeps the one its state was written with (``plans/intervals.py``)."""
+    from pyspark.errors import StreamingQueryException
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    data = tmp_path / "in"
+    data.mkdir()
+    pd.DataFrame({"g": [1, 2, 1], "t": [1, 2, 3]}).to_parquet(data / "a.parquet")
+    checkpoint = Location.of(str(tmp_path / "cp"))
+
+    def step(key, frames, state):
+        n = sum(len(f) for f in frames)
+        state.update((n,))
+        yield pd.DataFrame({"g": [int(key[0])], "n": [n]})
+
+    def run(conf: str) -> None:
+        df = (
+            spark.readStream.schema("g long, t long")
+            .parquet(str(data))
+            .withColumn("ts", F.timestamp_millis("t"))
+            .withWatermark("ts", "0 seconds")
+        )
+        out = df.groupBy("g").applyInPandasWithState(
+            step, "g long, n long", "n long", "append", getattr(GroupStateTimeout, conf)
+        )
+        q = (
+            out.writeStream.foreachBatch(lambda b, bid: b.collect())
+            .option("checkpointLocation", checkpoint.uri)
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination(120)
+        if q.exception() is not None:
+            raise q.exception()
+
+    assert interval_state_timeouts(checkpoint) is None
+    run(timeout)
+    assert interval_state_timeouts(checkpoint) is (timeout == "EventTimeTimeout")
+    pd.DataFrame({"g": [3], "t": [4]}).to_parquet(data / "b.parquet")
+    other = "NoTimeout" if timeout == "EventTimeTimeout" else "EventTimeTimeout"
+    with pytest.raises(StreamingQueryException):
+        run(other)
 
 
 def test_contract_task_query_id(spark, tmp_path):

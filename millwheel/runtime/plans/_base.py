@@ -63,11 +63,13 @@ class Plan(Protocol):
 
 def apply_in_pandas(union: Any, step: Any) -> Any:
     """``applyInPandasWithState`` of ``step`` over the key intervals' groups: the interval-row
-    plans (the interval's ``GroupState`` row, ``_wire.STATE_SCHEMA``; one event-time timeout)."""
+    plans (the interval's ``GroupState`` row, ``_wire.STATE_SCHEMA``; Spark's event-time
+    timeout only if ``step.timeouts``: ``plans/intervals.py``)."""
     from pyspark.sql.streaming.state import GroupStateTimeout
 
     from millwheel.runtime._wire import STATE_SCHEMA
 
+    timeout = GroupStateTimeout.EventTimeTimeout if step.timeouts else GroupStateTimeout.NoTimeout
     return union.groupBy("group").applyInPandasWithState(
-        step, step.out_schema(), STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout
+        step, step.out_schema(), STATE_SCHEMA, "append", timeout
     )

@@ -5,9 +5,9 @@
 
     query_inputs (heartbeats + one marker row per group and task for an input its producer
                   keyed; rows for the others) ─► groupBy(group of interval)
-        ─► applyInPandasWithState(ColumnarIntervalStep, EventTimeTimeout) ─► foreachBatch(Outbox.sink)
+        ─► applyInPandasWithState(ColumnarIntervalStep, NoTimeout) ─► foreachBatch(Outbox.sink)
 
-The same operator and state row as ``intervals.py``; the row holds the interval's
+The same operator, state row and timeout setting as ``intervals.py``; the row holds the interval's
 columnar store (``_columnar.py``), its held dedup ids in segment files beside the state
 (``<checkpoint>/ids/i<interval>/``, ``_colsegments.py``). The step reads a marked
 interval's records from the micro-batch's files (``_scan.BatchScan``); inputs read as rows
@@ -35,7 +35,7 @@ class ColumnarPlan(IntervalRowsPlan):
 
     def build(self, inputs: QueryInputs) -> Built:
         query = self.query
-        step = ColumnarIntervalStep(query.spec, **self.step_args())
+        step = ColumnarIntervalStep(query.spec, **self.step_args(), timeouts=self.timeouts())
         step.scan = inputs.scan
         step.ids_beside(query.checkpoint.child("ids").uri, query.rt.spark)
         return Built(apply_in_pandas(inputs.union, step), query.outbox.sink)

@@ -3,7 +3,7 @@
 ::
 
     query_inputs (heartbeats + every record a row) ─► groupBy(group of interval)
-        ─► applyInPandasWithState(IntervalStep, EventTimeTimeout) ─► foreachBatch(Outbox.sink)
+        ─► applyInPandasWithState(IntervalStep, NoTimeout) ─► foreachBatch(Outbox.sink)
 
 The interval's ``GroupState`` row is ``(envs, meta)``: key -> envelope and key ->
 :class:`~millwheel.runtime._interval.KeyMeta` (only keys that have one), msgpack. A batch
@@ -11,7 +11,12 @@ decodes the map once, steps the keys that have input or due timers
 (:class:`~millwheel.runtime._interval.IntervalBatch`) and re-encodes it: envelopes of
 untouched keys stay opaque bytes, so they cost a copy, not a decode, and a batch's cost
 grows with the keys an interval *holds*. Its state store is Spark's default (HDFS-backed)
-provider. :class:`IntervalStep` is also the owner the other interval plans' batches run
+provider. The operator runs without Spark's timeouts: every timer fires from a heartbeat row
+or a tick addressed to its interval (``docs/runtime.md``, "Heartbeats in the batch that reads
+them"), and a timeout would cost every task a second Python pass over the groups it times out,
+even when there are none. State that a query with ``EventTimeTimeout`` wrote (its rows carry
+Spark's timeout column) keeps that setting: Spark refuses another over it
+(:func:`~millwheel.runtime._spark_internals.interval_state_timeouts`). :class:`IntervalStep` is also the owner the other interval plans' batches run
 under (``keys.py`` borrows it, ``_columnar.ColumnarIntervalStep`` extends it).
 """
 
@@ -31,6 +36,7 @@ from millwheel.runtime._fieldcols import output_schema
 from millwheel.runtime._interval import IntervalBatch, KeyMeta, earliest, unpack_meta
 from millwheel.runtime._keying import Keyer
 from millwheel.runtime._move import RescaleMismatch, install_envelopes, retire_group
+from millwheel.runtime._spark_internals import interval_state_timeouts
 from millwheel.runtime._wire import OUT_SCHEMA, timer_timeout
 from millwheel.runtime.plans._base import Built, QueryInputs, apply_in_pandas
 from millwheel.runtime.plans._choice import PlanKind
@@ -63,8 +69,13 @@ class IntervalRowsPlan:
             "groups": self.query.groups,
         }
 
+    def timeouts(self) -> bool:
+        """Whether the query runs with Spark's event-time timeout: only over interval rows
+        written by a query that had it (their schema has its column); new state has none."""
+        return interval_state_timeouts(self.query.checkpoint) is True
+
     def build(self, inputs: QueryInputs) -> Built:
-        step = IntervalStep(self.query.spec, **self.step_args())
+        step = IntervalStep(self.query.spec, **self.step_args(), timeouts=self.timeouts())
         return Built(apply_in_pandas(inputs.union, step), self.query.outbox.sink)
 
 
@@ -86,8 +97,12 @@ class IntervalStep:
         registry: Callable[[], Any] | None = None,
         keyer: Keyer | None = None,
         groups: Sequence[int] | None = None,
+        timeouts: bool = True,
     ) -> None:
         self.spec = spec
+        #: whether its operator runs with Spark's ``EventTimeTimeout``: then each interval's
+        #: timeout is set at its earliest low-watermark timer (:func:`store_interval`)
+        self.timeouts = timeouts
         #: the Spark grouping value of each key interval (``_runtime.pin_groups``; ``None``: the interval number)
         self.groups = None if groups is None else list(groups)
         #: how many key intervals (for rows keyed in the step: :meth:`IntervalBatch._key_here`)
@@ -119,6 +134,7 @@ class IntervalStep:
             "registry": self.registry_factory,
             "keyer": self.keyer,
             "groups": self.groups,
+            "timeouts": self.timeouts,
         }
 
     def __setstate__(self, d: dict[str, Any]) -> None:
@@ -128,6 +144,7 @@ class IntervalStep:
             registry=d["registry"],
             keyer=d["keyer"],
             groups=d.get("groups"),
+            timeouts=d.get("timeouts", True),
         )
 
     def interval_of(self, group: int) -> int:
@@ -205,20 +222,21 @@ class IntervalStep:
                 meta.pop(kb, None)
             else:
                 meta[kb] = m
-        hold, nlw_min, nwall_min = store_interval(state, envs, meta)
+        hold, nlw_min, nwall_min = store_interval(state, envs, meta, timeouts=self.timeouts)
         yield batch.summary(hold, nlw_min, nwall_min, len(envs))
 
 
 def store_interval(
-    state: Any, envs: dict[bytes, Any], meta: dict[bytes, Any]
+    state: Any, envs: dict[bytes, Any], meta: dict[bytes, Any], *, timeouts: bool = True
 ) -> tuple[int | None, int | None, int | None]:
-    """Write an interval's maps into its ``GroupState`` row (or remove the row: no keys) with
-    its event-time timeout at its earliest low-watermark timer; returns :func:`earliest`."""
+    """Write an interval's maps into its ``GroupState`` row (or remove the row: no keys),
+    with ``timeouts`` its event-time timeout at its earliest low-watermark timer; returns
+    :func:`earliest`."""
     if envs:
         state.update((_packb(envs, use_bin_type=True), _packb(meta, use_bin_type=True)))
     elif state.exists:
         state.remove()
     hold, nlw_min, nwall_min = earliest(meta.values())
-    if nlw_min is not None and envs:
+    if timeouts and nlw_min is not None and envs:
         state.setTimeoutTimestamp(max(timer_timeout(nlw_min), state.getCurrentWatermarkMs()))
     return hold, nlw_min, nwall_min
