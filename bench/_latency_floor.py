@@ -99,7 +99,8 @@ def breakdown(
 
 
 def progress_summary(progress: dict[int, dict], skip_before: float = 0.0) -> dict[str, Any]:
-    """Data batches' ``triggerExecution`` p50/p95 and the parts of the median one."""
+    """Data batches' ``triggerExecution`` p50/p95, the parts of the median one, and the
+    stateful operator's own times (``stateOperators``)."""
     ps = [
         p for p in progress.values() if p["numInputRows"] > 0 and _ts(p["timestamp"]) >= skip_before
     ]
@@ -125,6 +126,12 @@ def progress_summary(progress: dict[int, dict], skip_before: float = 0.0) -> dic
             k: pct([p["durationMs"].get(k, 0) for p in ps], 50) for k in parts
         },
         "rows_per_batch_p50": pct([p["numInputRows"] for p in ps], 50),
+        # the stateful operator's time, summed over its tasks: with a timeout set,
+        # ``allRemovalsTimeMs`` is the second Python runner each task starts for timed-out groups
+        "state_ms_p50": {
+            k: pct([sum(o.get(k, 0) for o in p.get("stateOperators") or []) for p in ps], 50)
+            for k in ("allUpdatesTimeMs", "allRemovalsTimeMs", "commitTimeMs")
+        },
     }
 
 

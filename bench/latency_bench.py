@@ -355,7 +355,7 @@ def _line(name: str, f: dict) -> str:
         f"{name:13s} {f['records']:6d} rec  p50 {ms(f['p50_s']):>5s} ms  p95 {ms(f['p95_s']):>5s} ms  "
         f"(wait {ms(f['median_wait_s'])}, run {ms(f['median_run_s'])}, publish {ms(f['median_publish_s'])})  "
         f"batch p50 {b.get('trigger_ms_p50')} ms p95 {b.get('trigger_ms_p95')} ms, {b.get('rows_per_batch_p50')} rows; "
-        f"parts {b.get('median_of_each_part_ms')}"
+        f"parts {b.get('median_of_each_part_ms')}; operator {b.get('state_ms_p50')}"
         + (f"; stages {f['spark_stages']}" if f.get("spark_stages") else "")
         + (f"; driver poll {f['driver_poll_ms']}" if f.get("driver_poll_ms") else "")
         + (f"; sink {f['sink_ms']}" if f.get("sink_ms") else "")

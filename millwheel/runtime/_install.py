@@ -82,9 +82,8 @@ class IntervalInstaller(_Groups):
             msg = f"computation {self.name!r}: an install query found state in group {g}: its scratch checkpoint is not new"
             raise RescaleMismatch(msg)
         envs, meta = self.fill(g, _installs(frames))
-        store_interval(
-            state, envs, meta, timeouts=False
-        )  # its query runs without (``_relayout.build_store``)
+        # without Spark's timeout: its install query runs without (``_relayout.build_store``)
+        store_interval(state, envs, meta, timeouts=False)
         yield pd.DataFrame({"group": [g], "keys": [len(envs)]})
 
 

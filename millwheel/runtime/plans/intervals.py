@@ -11,13 +11,15 @@ decodes the map once, steps the keys that have input or due timers
 (:class:`~millwheel.runtime._interval.IntervalBatch`) and re-encodes it: envelopes of
 untouched keys stay opaque bytes, so they cost a copy, not a decode, and a batch's cost
 grows with the keys an interval *holds*. Its state store is Spark's default (HDFS-backed)
-provider. The operator runs without Spark's timeouts: every timer fires from a heartbeat row
-or a tick addressed to its interval (``docs/runtime.md``, "Heartbeats in the batch that reads
-them"), and a timeout would cost every task a second Python pass over the groups it times out,
-even when there are none. State that a query with ``EventTimeTimeout`` wrote (its rows carry
-Spark's timeout column) keeps that setting: Spark refuses another over it
-(:func:`~millwheel.runtime._spark_internals.interval_state_timeouts`). :class:`IntervalStep` is also the owner the other interval plans' batches run
+provider. :class:`IntervalStep` is also the owner the other interval plans' batches run
 under (``keys.py`` borrows it, ``_columnar.ColumnarIntervalStep`` extends it).
+
+The operator runs without Spark's timeouts: every timer fires from a heartbeat row or a
+tick addressed to its interval (``docs/runtime.md``, "Heartbeats in the batch that reads
+them"), and a timeout costs every task a second Python runner for the groups it timed out,
+even when there are none. State that a query with ``EventTimeTimeout`` wrote (its rows carry
+Spark's timeout column) keeps that setting, since Spark refuses another over it
+(:func:`~millwheel.runtime._spark_internals.interval_state_timeouts`).
 """
 
 from __future__ import annotations
