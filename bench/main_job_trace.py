@@ -77,12 +77,19 @@ def main(argv: list[str]) -> int:
     heartbeats: list[tuple[float, str]] = []
     write_heartbeat, stop = _query.ComputationQuery._write_heartbeat, _runtime.SparkRuntime.stop
 
-    def traced_heartbeat(self: Any, wm: int | None, ticks: list[tuple[int, int]]) -> None:
+    def traced_heartbeat(
+        self: Any, wm: int | None, ticks: list[tuple[int, int]], *rest: Any, **kw: Any
+    ) -> None:
+        # rest: the intervals it is addressed to and the newest batch it counts (``_query.py``)
         at = time.time() - T0
+        to = len(rest[0]) if rest else len(kw.get("to", ()))
         heartbeats.append(
-            (at, f"{at:6.2f} heartbeat {self.name:>16} #{self._hb_seq} wm={wm} ticks={len(ticks)}")
+            (
+                at,
+                f"{at:6.2f} heartbeat {self.name:>16} #{self._hb_seq} wm={wm} ticks={len(ticks)} to={to}",
+            )
         )
-        write_heartbeat(self, wm, ticks)
+        write_heartbeat(self, wm, ticks, *rest, **kw)
 
     def traced_stop(self: Any) -> None:
         lines = [line for _, line in sorted(_batches(self) + heartbeats)]
