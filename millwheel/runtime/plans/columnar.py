@@ -8,8 +8,8 @@
         ─► applyInPandasWithState(ColumnarIntervalStep, NoTimeout) ─► foreachBatch(Outbox.sink)
 
 The same operator, state row and timeout setting as ``intervals.py``; the row holds the
-interval's columnar store (``_columnar.py``), its held dedup ids in segment files beside the state
-(``<checkpoint>/ids/i<interval>/``, ``_colsegments.py``). The step reads a marked
+interval's columnar store (``_columnar.py``), its held dedup ids in segment files beside
+the state (``<checkpoint>/ids/i<interval>/``, ``_colsegments.py``). The step reads a marked
 interval's records from the micro-batch's files (``_scan.BatchScan``); inputs read as rows
 (declared fields, the keying stage) reach it as rows, and a checkpoint resumes under either.
 """
