@@ -7,7 +7,18 @@
 One seed decides everything random: the input, the order of the fault classes, which query's
 progress each fault waits for and how many committed batches. It is printed first, so a
 failure reproduces with the same seed. Each fault waits for progress (committed batches),
-never for seconds. Fault classes (``CLASSES``):
+never for seconds.
+
+Every planned fault lands before the run drains, however fast the run: the input directory
+stays open (the drivers run with ``--follow``; no ``_DONE``) until the last fault is
+applied, and while faults are pending the campaign keeps at least two files unread ahead
+of the driver's reading, appending one more second of records (ids and file times
+continuing, seeded by the campaign's seed and the file's number) whenever the reading
+enters the last two, as a logger keeps writing while an operator works. How many files
+are appended depends on how fast the run went (``Result.appended``); the checker reads
+every file. A soak (``faults=0``: faults until drained) writes its input complete.
+
+Fault classes (``CLASSES``):
 
 * ``driver`` — kill -9 of the driver and everything it started; a new driver resumes;
 * ``workers`` — kill -9 of Spark's Python workers; the driver restarts the failed query;
@@ -32,6 +43,8 @@ from __future__ import annotations
 
 import contextlib
 import random
+import shutil
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -42,11 +55,13 @@ from typing import Any
 from faults import inject
 from faults.check import Report, check_run
 from faults.driver import FENCED_EXIT
-from faults.ledger import write_input
+from faults.ledger import START_MS, WINDOW_MS, write_input
 from faults.operate import OPERATIONS, operate
 
 CLASSES = ("driver", "workers", "authority", "zombie", "disk", "clock")
 QUERIES = ("injector.queries", "LedgerWindow", "LedgerTally")
+#: valid records per file appended while faults are pending (one second of the ledger's input)
+APPEND = 5_000
 
 
 @dataclass
@@ -61,11 +76,15 @@ class Result:
     skipped: dict[str, str] = field(default_factory=dict)
     #: drivers that stopped with an error outside a planned fault (and were replaced)
     unplanned_exits: int = 0
+    #: valid records appended while faults were pending (the run read faster than they landed)
+    appended: int = 0
 
     def line(self) -> str:
         clean = "clean" if self.report is not None and self.report.clean else "VIOLATIONS"
         return (
-            f"seed {self.seed}: {self.records} records, {sum(self.faults.values())} faults {dict(self.faults)}, "
+            f"seed {self.seed}: {self.records} records"
+            + (f" (+{self.appended} appended)" if self.appended else "")
+            + f", {sum(self.faults.values())} faults {dict(self.faults)}, "
             f"{self.drivers} drivers ({self.unplanned_exits} unplanned exits), {self.elapsed_s:.0f}s, checker {clean}"
         )
 
@@ -105,6 +124,14 @@ class Campaign:
         self.injector = injector
         self.queries = QUERIES if injector == "spark" else QUERIES[1:]
         self.result = Result(seed, records)
+        #: the input directory stays open until every planned fault landed (module docstring)
+        self.follow = faults > 0
+        #: log files written so far; the next appended file continues ids and times after them
+        self._files = 0
+        self._feed_error: BaseException | None = None
+        if self.follow and records < APPEND:
+            msg = f"a campaign with faults needs at least {APPEND} records (one file a second), got {records}"
+            raise ValueError(msg)
         self.classes = list(classes)
         why = inject.SmallDisk.available() if "disk" in classes else None
         if why:
@@ -151,6 +178,8 @@ class Campaign:
             "--injector",
             self.injector,
         ]
+        if self.follow:
+            extra.append("--follow")
         if self.clock is not None:
             extra += ["--faketime", str(self.clock.path)]
         if self.cluster is not None:
@@ -282,10 +311,10 @@ class Campaign:
             f"fault campaign: seed {self.seed}, {self.records} records, {self.n_faults} faults over {self.classes}"
             + (f"; skipped: {self.result.skipped}" if self.result.skipped else "")
         )
-        if not (
-            self.data / "_DONE"
-        ).exists():  # written by an earlier attempt with the same seed: reuse it
-            write_input(self.data, self.records, seed=self.seed)
+        shutil.rmtree(self.data, ignore_errors=True)
+        self._files = write_input(
+            self.data, self.records, seed=self.seed, done=not self.follow
+        ).files
         plan = self.result.plan = self.plan()
         if self.disk is not None:
             self.disk.mount()
@@ -299,8 +328,12 @@ class Campaign:
     def _run(self, plan: list[str], started: float) -> Result:
         self.authority.start()
         proc = None
+        stop = threading.Event()
+        feeder = threading.Thread(target=self._feed, args=(stop,), name="campaign-feeder")
         try:
             proc = self._start()
+            if self.follow:
+                feeder.start()
             i = 0
             while not self.n_faults or i < self.n_faults:
                 what = plan[i] if i < len(plan) else self.rng.choice(self.classes)
@@ -320,8 +353,12 @@ class Campaign:
                 self.log(f"  fault {sum(self.result.faults.values()) + 1}: {what}{used}")
                 proc = self._apply(what, proc)
                 self.result.faults[what] += 1
+            self._close_input(stop, feeder)
             proc = self._finish(proc)
         finally:
+            stop.set()  # on an error: no file lands after the campaign stopped
+            if feeder.is_alive():
+                feeder.join()
             if proc is not None:
                 inject.kill_tree(proc)
             self.authority.stop()
@@ -331,6 +368,62 @@ class Campaign:
         self.result.elapsed_s = time.monotonic() - started
         self.log(self.result.line())
         return self.result
+
+    # ---- the input while faults are pending ---------------------------------------------------
+    def _reading(self) -> int:
+        """The number of the input file the injector reads now (0 first), from the oldest
+        timestamp of the newest file it published (sender watermark included: never ahead)."""
+        from millwheel.runtime._streams import FileStreamLog
+        from millwheel.runtime.rundir import Location
+
+        if not (self.root / "streams" / "queries").is_dir():
+            return 0
+        published = FileStreamLog(Location.of(str(self.root))).files("queries", "queries")
+        return (max(published.values(), default=START_MS) - START_MS) // WINDOW_MS
+
+    def _feed(self, stop: threading.Event) -> None:
+        try:
+            self._feed_until(stop)
+        except BaseException as e:  # noqa: BLE001 - raised again by _close_input, in the campaign's thread
+            self._feed_error = e
+
+    def _feed_until(self, stop: threading.Event) -> None:
+        """Keep two files unread ahead of the reading until ``stop`` (module docstring)."""
+        while not stop.wait(0.5):
+            try:
+                if self._reading() < self._files - 2:
+                    continue
+            except OSError:  # a file moved or pruned while listed: look again
+                continue
+            staging = self.work / f".append{self._files}"
+            more = write_input(
+                staging,
+                APPEND,
+                seed=self.seed * 100_003 + self._files,
+                files=1,
+                first=self.records + self.result.appended,
+                done=False,
+            )
+            for f in sorted(staging.glob("queries_*.jsonl")):
+                f.rename(self.data / f.name)  # whole, as a logger rotates
+            staging.rmdir()
+            self._files += more.files
+            self.result.appended += more.records
+
+    def _close_input(self, stop: threading.Event, feeder: threading.Thread) -> None:
+        """Every planned fault landed (or the campaign ends): no more files; ``_DONE``."""
+        stop.set()
+        if feeder.is_alive():
+            feeder.join()
+        if self.follow and not (self.data / "_DONE").exists():
+            if self.result.appended:
+                self.log(
+                    f"  input closed: {self.result.appended} records appended while faults were pending"
+                )
+            (self.data / "_DONE").write_text("")
+        if self._feed_error is not None:
+            error, self._feed_error = self._feed_error, None
+            raise error
 
     def _replace(self, proc: Any) -> Any:
         """A driver that stopped with an error outside a planned fault: counted, and replaced.

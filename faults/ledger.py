@@ -179,11 +179,13 @@ def write_input(
     dup_rate: float = 0.01,
     malformed_rate: float = 0.001,
     late_rate: float = 0.002,
+    done: bool = True,
 ) -> Planted:
     """Write ``n`` valid query events (ids ``e<first>..``) plus planted bad input; ``_DONE`` at the end.
 
-    ``first`` continues the ids and the files' times of an earlier call (a soak writes its
-    input in chunks). About 5,000 events per one-second file unless ``files`` is given.
+    ``first`` continues the ids and the files' times of an earlier call (input written in
+    chunks while a run reads it). About 5,000 events per one-second file unless ``files``
+    is given. ``done=False``: no ``_DONE`` (more input may follow).
     """
     rng = random.Random(seed)
     data.mkdir(parents=True, exist_ok=True)
@@ -225,5 +227,6 @@ def write_input(
                 )
                 out.late += 1
         (data / f"queries_{t0}.jsonl").write_text("\n".join(lines) + "\n")
-    (data / "_DONE").write_text("")
+    if done:
+        (data / "_DONE").write_text("")
     return out

@@ -42,6 +42,21 @@ def _campaign(tmp_path, seed, records, faults, classes):
     assert report.inputs >= records and report.outputs > 0
 
 
+@pytest.mark.timeout(1800)
+def test_every_planned_fault_lands_however_fast_the_run_reads(tmp_path, fault_seed):
+    """One file of input (5,000 records, a few batches) and more faults than it has batches
+    for: the directory stays open and the campaign appends files until the last fault
+    landed, then closes it; the checker reads the appended files too."""
+    result = Campaign(
+        tmp_path, records=5_000, faults=6, seed=fault_seed, classes=("authority", "workers")
+    ).run()
+    print(result.line())
+    assert result.report.clean, result.report.text()
+    assert sum(result.faults.values()) == 6, result.line()
+    assert result.appended > 0, result.line()  # without the open directory it drains first
+    assert result.report.inputs == 5_000 + result.appended, result.report.text()
+
+
 # about 4 minutes on a 2-core machine shared with the rest of the suite
 @pytest.mark.timeout(3600)
 def test_fault_campaign(tmp_path, fault_seed):
