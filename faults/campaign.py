@@ -106,7 +106,7 @@ class Campaign:
         log: Callable[[str], None] = print,
         disk_mb: int = 2048,
         every_s: tuple[float, float] | None = None,
-        injector: str = "driver",
+        injector: str | None = None,
     ) -> None:
         self.work = Path(workdir)
         self.records = records
@@ -120,12 +120,17 @@ class Campaign:
         self.per_trigger = per_trigger
         #: soak: a fault every ``every_s`` seconds (a random pause in that range), until drained
         self.every_s = every_s
-        #: who reads the logs: "driver" (``faults.ledger.InDriver``) or "spark" (a Spark query)
-        self.injector = injector
-        self.queries = QUERIES if injector == "spark" else QUERIES[1:]
-        self.result = Result(seed, records)
         #: the input directory stays open until every planned fault landed (module docstring)
         self.follow = faults > 0
+        #: who reads the logs: "spark" (the log-file reader, a Spark query: it follows an open
+        #: directory) or "driver" (``faults.ledger.InDriver``: the directory as it is when a
+        #: driver starts, so only for complete input: the soak's default)
+        self.injector = injector or ("spark" if self.follow else "driver")
+        if self.follow and self.injector != "spark":
+            msg = "planned faults keep the input directory open, which only the Spark reader follows: injector='spark'"
+            raise ValueError(msg)
+        self.queries = QUERIES if self.injector == "spark" else QUERIES[1:]
+        self.result = Result(seed, records)
         #: log files written so far; the next appended file continues ids and times after them
         self._files = 0
         self._feed_error: BaseException | None = None
@@ -371,15 +376,20 @@ class Campaign:
 
     # ---- the input while faults are pending ---------------------------------------------------
     def _reading(self) -> int:
-        """The number of the input file the injector reads now (0 first), from the oldest
-        timestamp of the newest file it published (sender watermark included: never ahead)."""
-        from millwheel.runtime._streams import FileStreamLog
-        from millwheel.runtime.rundir import Location
+        """The number of the input file (0 first) LedgerWindow reads now: that of the newest
+        injector file its last committed batch had consumed. A file's time is its oldest
+        record's, or the sender watermark it was sent under if newer: never ahead."""
+        from millwheel.runtime._streams import min_ts_of
+        from millwheel.runtime.rundir import ConsumedFiles, Location, committed_batches
 
-        if not (self.root / "streams" / "queries").is_dir():
+        checkpoint = Location.of(str(self.root)).child("checkpoints", "LedgerWindow")
+        done = committed_batches(checkpoint)
+        if not done:
             return 0
-        published = FileStreamLog(Location.of(str(self.root))).files("queries", "queries")
-        return (max(published.values(), default=START_MS) - START_MS) // WINDOW_MS
+        consumed = ConsumedFiles(checkpoint)
+        consumed.refresh()
+        times = (min_ts_of(n) for n in consumed.names("queries", "queries", done[-1]))
+        return (max((t for t in times if t is not None), default=START_MS) - START_MS) // WINDOW_MS
 
     def _feed(self, stop: threading.Event) -> None:
         try:
