@@ -22,9 +22,8 @@ pytestmark = pytest.mark.spark
 
 
 def _campaign(tmp_path, seed, records, faults, classes):
-    # small injector batches: many micro-batches, so the operations (each waits for progress)
-    # land before the run drains (since timers fire in the batch that reads their heartbeat,
-    # a run has fewer batches: 60 kB batches let seed 135768 drain before its 12th fault)
+    # small injector batches: many micro-batches for the faults to land between (the input
+    # stays open until the last one landed in any case: faults/campaign.py)
     result = Campaign(
         tmp_path, records=records, faults=faults, seed=seed, classes=classes, max_bytes=40_000
     ).run()
