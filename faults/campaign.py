@@ -379,8 +379,7 @@ class Campaign:
         """The number of the input file (0 first) LedgerWindow reads now: that of the newest
         injector file its last committed batch had consumed. A file's time is its oldest
         record's, or the sender watermark it was sent under if newer: never ahead."""
-        from millwheel.runtime._streams import min_ts_of
-        from millwheel.runtime.rundir import ConsumedFiles, Location, committed_batches
+        from millwheel.runtime.rundir import ConsumedFiles, Location, committed_batches, min_ts_of
 
         checkpoint = Location.of(str(self.root)).child("checkpoints", "LedgerWindow")
         done = committed_batches(checkpoint)
@@ -403,7 +402,7 @@ class Campaign:
             try:
                 if self._reading() < self._files - 2:
                     continue
-            except OSError:  # a file moved or pruned while listed: look again
+            except Exception:  # noqa: BLE001 - a checkpoint file moved or half written while read: look again
                 continue
             staging = self.work / f".append{self._files}"
             more = write_input(

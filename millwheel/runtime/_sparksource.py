@@ -304,9 +304,8 @@ class SparkSourceInjector(QueryInjector):
         if self.rt.settings.trigger_ms > 0:
             writer = writer.trigger(processingTime=f"{self.rt.settings.trigger_ms} milliseconds")
         try:
-            self.query = start_query(
-                writer, spark, {}
-            )  # not while a computation's start has the session's settings changed
+            # not while a computation's start has the session's settings changed
+            self.query = start_query(writer, spark, {}, pool=f"millwheel.injector.{self.name}")
         except Exception as exc:
             err = missing_connector(exc, spark.version, where)
             if err is not None:
