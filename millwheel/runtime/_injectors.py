@@ -370,10 +370,7 @@ class LogFileInjector(QueryInjector):
         # an idle look at the directory is a round trip to the Python planner: not every 10 ms
         # (``RuntimeSettings.injector_poll_ms``); not while a computation's start has the session's settings changed
         self.query = start_query(
-            writer,
-            spark,
-            polling_delay_conf(self.rt.settings.injector_poll_ms),
-            pool=f"millwheel.injector.{self.name}",
+            writer, spark, polling_delay_conf(self.rt.settings.injector_poll_ms)
         )
 
     def poll(self) -> None:

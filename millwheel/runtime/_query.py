@@ -263,7 +263,6 @@ class ComputationQuery:
                 **plan.state_store_conf,
                 **({} if self._no_data_batches(plan) else NO_DATA_BATCHES_OFF),
             },
-            pool=f"millwheel.{self.name}",
         )
 
     def _no_data_batches(self, plan: Plan | None = None) -> bool:

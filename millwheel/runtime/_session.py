@@ -156,15 +156,8 @@ def restore_conf(spark: Any, saved: dict[str, str | None]) -> None:
             spark.conf.set(k, v)
 
 
-def start_query(writer: Any, spark: Any, conf: dict[str, str], pool: str | None = None) -> Any:
+def start_query(writer: Any, spark: Any, conf: dict[str, str]) -> Any:
     """Start a streaming query (``writer.start()``) with ``conf`` set for its start.
-
-    ``pool``: the fair scheduler pool its jobs run in (Spark's ``spark.scheduler.pool``, a
-    property of the starting thread that the query's stream thread inherits). With
-    ``spark.scheduler.mode=FAIR``, which :func:`spark_session` sets, a pool per query
-    shares the cores between the queries' jobs task by task; in one pool (FIFO) a short
-    batch of one query waits for every task of another's long stage (docs/runtime.md,
-    "Scheduling").
 
     A query keeps the session configuration of its start for what it plans (it runs on a
     clone of the session) and its checkpoint then pins what must not change (the state
@@ -177,21 +170,13 @@ def start_query(writer: Any, spark: Any, conf: dict[str, str], pool: str | None 
     """
     with _START_LOCK:
         saved = set_conf(spark, conf)
-        sc = spark.sparkContext
-        saved_pool = sc.getLocalProperty(POOL) if pool is not None else None
-        if pool is not None:
-            sc.setLocalProperty(POOL, pool)
         try:
             return writer.start()
         finally:
-            if pool is not None:
-                sc.setLocalProperty(POOL, saved_pool)
             restore_conf(spark, saved)
 
 
 _START_LOCK = threading.Lock()
-#: the thread-local property naming a job's fair scheduler pool
-POOL = "spark.scheduler.pool"
 
 
 def _warm(batches: Iterator[Any]) -> Iterator[Any]:
@@ -293,8 +278,6 @@ def spark_session(
         "spark.sql.adaptive.enabled": "false",  # streaming ignores AQE; saying so is noise
         "spark.sql.streaming.fileSource.log.compactInterval": "1000",
         "spark.python.worker.reuse": "true",
-        # queries share the cores task by task, each in a pool of its own (start_query)
-        "spark.scheduler.mode": "FAIR",
         # how long the JVM waits for a Python worker or data-source runner to connect back
         # (default 15 s: missed on a loaded machine, which fails the query)
         "spark.python.authenticate.socketTimeout": "120s",

@@ -304,8 +304,9 @@ class SparkSourceInjector(QueryInjector):
         if self.rt.settings.trigger_ms > 0:
             writer = writer.trigger(processingTime=f"{self.rt.settings.trigger_ms} milliseconds")
         try:
-            # not while a computation's start has the session's settings changed
-            self.query = start_query(writer, spark, {}, pool=f"millwheel.injector.{self.name}")
+            self.query = start_query(
+                writer, spark, {}
+            )  # not while a computation's start has the session's settings changed
         except Exception as exc:
             err = missing_connector(exc, spark.version, where)
             if err is not None:
