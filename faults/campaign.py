@@ -12,9 +12,10 @@ never for seconds.
 Every planned fault lands before the run drains, however fast the run: the input directory
 stays open (the drivers run with ``--follow``; no ``_DONE``) until the last fault is
 applied, and while faults are pending the campaign keeps at least two files unread ahead
-of the driver's reading, appending one more second of records (ids and file times
-continuing, seeded by the campaign's seed and the file's number) whenever the reading
-enters the last two, as a logger keeps writing while an operator works. How many files
+of LedgerWindow (the newest input file its committed batches consumed), appending one more
+second of records (ids and file times continuing, seeded by the campaign's seed and the
+file's number) whenever it enters the last two, as a logger keeps writing while an
+operator works. How many files
 are appended depends on how fast the run went (``Result.appended``); the checker reads
 every file. A soak (``faults=0``: faults until drained) writes its input complete.
 
