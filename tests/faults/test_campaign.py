@@ -2,8 +2,10 @@
 every operation at least once, over 100k Zeitgeist-like records, then the checker, which
 must find nothing (``docs/reliability.md``).
 
-The seed is printed first (``MILLWHEEL_FAULT_SEED=<seed>`` reruns exactly that campaign:
-the same input, the same faults in the same order at the same progress points). Faults:
+The seed is printed first (``MILLWHEEL_FAULT_SEED=<seed>`` reruns that campaign: the same
+input, the same faults in the same order at the same progress points; how many files are
+appended while faults are pending follows the run's speed). Every planned fault lands:
+the input stays open until the last one did (``faults/campaign.py``). Faults:
 kill -9 of the driver, of Spark's Python workers and of the watermark authority, a zombie
 driver, a full disk, a wall clock that jumps an hour (see ``faults/campaign.py``).
 Operations (``faults/operate.py``): online rescales and layout changes, one killed -9
