@@ -135,6 +135,8 @@ class Campaign:
         #: log files written so far; the next appended file continues ids and times after them
         self._files = 0
         self._feed_error: BaseException | None = None
+        self._stop_feed = threading.Event()
+        self._feeder = threading.Thread(target=self._feed, name="campaign-feeder")
         if self.follow and records < APPEND:
             msg = f"a campaign with faults needs at least {APPEND} records (one file a second), got {records}"
             raise ValueError(msg)
@@ -334,12 +336,10 @@ class Campaign:
     def _run(self, plan: list[str], started: float) -> Result:
         self.authority.start()
         proc = None
-        stop = threading.Event()
-        feeder = threading.Thread(target=self._feed, args=(stop,), name="campaign-feeder")
         try:
             proc = self._start()
             if self.follow:
-                feeder.start()
+                self._feeder.start()
             i = 0
             while not self.n_faults or i < self.n_faults:
                 what = plan[i] if i < len(plan) else self.rng.choice(self.classes)
@@ -359,12 +359,10 @@ class Campaign:
                 self.log(f"  fault {sum(self.result.faults.values()) + 1}: {what}{used}")
                 proc = self._apply(what, proc)
                 self.result.faults[what] += 1
-            self._close_input(stop, feeder)
+            self._close_input()
             proc = self._finish(proc)
         finally:
-            stop.set()  # on an error: no file lands after the campaign stopped
-            if feeder.is_alive():
-                feeder.join()
+            self._stop_feeding()  # on an error: no file lands after the campaign stopped
             if proc is not None:
                 inject.kill_tree(proc)
             self.authority.stop()
@@ -380,26 +378,21 @@ class Campaign:
         """The number of the input file (0 first) LedgerWindow reads now: that of the newest
         injector file its last committed batch had consumed. A file's time is its oldest
         record's, or the sender watermark it was sent under if newer: never ahead."""
-        from millwheel.runtime.rundir import ConsumedFiles, Location, committed_batches, min_ts_of
+        from millwheel.runtime.rundir import min_ts_of
 
-        checkpoint = Location.of(str(self.root)).child("checkpoints", "LedgerWindow")
-        done = committed_batches(checkpoint)
-        if not done:
-            return 0
-        consumed = ConsumedFiles(checkpoint)
-        consumed.refresh()
-        times = (min_ts_of(n) for n in consumed.names("queries", "queries", done[-1]))
+        names = inject.consumed_files(self.root, "LedgerWindow").get(("queries", "queries"), ())
+        times = (min_ts_of(n) for n in names)
         return (max((t for t in times if t is not None), default=START_MS) - START_MS) // WINDOW_MS
 
-    def _feed(self, stop: threading.Event) -> None:
+    def _feed(self) -> None:
         try:
-            self._feed_until(stop)
+            self._feed_until_stopped()
         except BaseException as e:  # noqa: BLE001 - raised again by _close_input, in the campaign's thread
             self._feed_error = e
 
-    def _feed_until(self, stop: threading.Event) -> None:
-        """Keep two files unread ahead of the reading until ``stop`` (module docstring)."""
-        while not stop.wait(0.5):
+    def _feed_until_stopped(self) -> None:
+        """Keep two files unread ahead of the reading until :meth:`_stop_feeding` (module docstring)."""
+        while not self._stop_feed.wait(0.5):
             try:
                 if self._reading() < self._files - 2:
                     continue
@@ -420,11 +413,14 @@ class Campaign:
             self._files += more.files
             self.result.appended += more.records
 
-    def _close_input(self, stop: threading.Event, feeder: threading.Thread) -> None:
-        """Every planned fault landed (or the campaign ends): no more files; ``_DONE``."""
-        stop.set()
-        if feeder.is_alive():
-            feeder.join()
+    def _stop_feeding(self) -> None:
+        self._stop_feed.set()
+        if self._feeder.is_alive():
+            self._feeder.join()
+
+    def _close_input(self) -> None:
+        """Every planned fault landed: no more files; ``_DONE``."""
+        self._stop_feeding()
         if self.follow and not (self.data / "_DONE").exists():
             if self.result.appended:
                 self.log(

@@ -172,23 +172,29 @@ def consumed_inputs(root: Path | str, query: str) -> int:
     read input; heartbeat and tick batches (:func:`committed_batches` counts them) add
     nothing, so a kill point in this measure lies in work that really remains.
     """
-    from millwheel.runtime.rundir import ConsumedFiles, FileStreamLog, Location
-    from millwheel.runtime.rundir import committed_batches as committed
+    from millwheel.runtime.rundir import FileStreamLog, Location
 
     run = Location.of(str(root))
     if query.startswith("injector."):
         name = query.split(".", 1)[1]
         log = FileStreamLog(run)
         return sum(len(log.files(stream, name)) for stream in run.child("streams").list())
-    checkpoint = run.child("checkpoints", query)
+    return sum(len(names) for names in consumed_files(root, query).values())
+
+
+def consumed_files(root: Path | str, query: str) -> dict[tuple[str, str], set[str]]:
+    """(stream, producer) -> the stream-log files computation ``query``'s committed batches
+    consumed, from its checkpoint (``rundir.ConsumedFiles``)."""
+    from millwheel.runtime.rundir import ConsumedFiles, Location
+    from millwheel.runtime.rundir import committed_batches as committed
+
+    checkpoint = Location.of(str(root)).child("checkpoints", query)
     done = committed(checkpoint)
     if not done:
-        return 0
+        return {}
     consumed = ConsumedFiles(checkpoint)
     consumed.refresh()
-    return sum(
-        len(consumed.names(stream, producer, done[-1])) for stream, producer in list(consumed.files)
-    )
+    return {pair: consumed.names(*pair, done[-1]) for pair in list(consumed.files)}
 
 
 def wait_for_progress(
