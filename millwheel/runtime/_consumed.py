@@ -15,6 +15,13 @@ and timers"):
   those files has been processed before any batch runs under it. Not for a computation
   that reads a stream it writes itself (dead letters, a loop): the planned batch's own
   productions, not yet published, may be older than its input.
+* where Spark **lists the heartbeat source before every input** when it plans a batch
+  (``listed_first``: ``plans/_inputs.py`` says when), the heartbeat counts every file
+  listed, planned or not: the batch that reads a heartbeat lists the inputs after the
+  heartbeat file existed, so it reads (or an earlier batch read) every file published
+  before it, and a record older than the upstream watermark is in such a file. Its
+  records and the timers the heartbeat makes due then run in the same batch, the records
+  first (``docs/runtime.md``, "Low watermarks and timers").
 """
 
 from __future__ import annotations
@@ -151,6 +158,8 @@ def input_watermarks(
     consumed: ConsumedFiles,
     published: int,
     planned: int,
+    *,
+    listed_first: bool = False,
 ) -> InputWatermarks:
     """The input low watermark over the files that committed-and-published batches up to
     ``published`` consumed, and the one over the files that batches up to ``planned``
@@ -159,7 +168,10 @@ def input_watermarks(
     ``listed`` is each input (stream, producer)'s live files and their oldest timestamps;
     ``upstream`` is the minimum of the upstream's published low watermarks, read *before*
     the files were listed: a file published after the listing carries timestamps at or
-    above its producer's watermark. Pending files hold both, whoever wrote them.
+    above its producer's watermark. Pending files hold both, whoever wrote them; with
+    ``listed_first`` (Spark lists the query's heartbeats before its inputs, and no file
+    a batch reads could wait for a later one) waiting files do not hold the heartbeat,
+    which every batch that reads it reads with them.
     """
     reported = heartbeat = upstream
     pending = waiting = 0
@@ -176,7 +188,8 @@ def input_watermarks(
                 reported = min(reported, lo)
                 if name not in running:
                     waiting += 1
-                    heartbeat = min(heartbeat, lo)
+                    if not listed_first:
+                        heartbeat = min(heartbeat, lo)
     return InputWatermarks(reported, heartbeat, pending, waiting)
 
 
@@ -187,6 +200,8 @@ def read_input_watermarks(
     consumed: ConsumedFiles,
     published: int,
     upstream: Callable[[], int],
+    *,
+    listed_first: bool = False,
 ) -> tuple[InputWatermarks, int]:
     """:func:`input_watermarks` of computation ``name`` now, with the batch its heartbeat
     counts (:func:`heartbeat_batch`), read in the one order that is both safe and current:
@@ -200,10 +215,14 @@ def read_input_watermarks(
     4. the file sources' logs, after 3.: Spark writes a batch's file list before its offset
        log entry, so every file of that batch is known (read before, they would only count
        as waiting: late, never wrong).
+
+    ``listed_first`` (:func:`input_watermarks`) is ignored for a computation that reads a
+    stream it writes itself.
     """
     inputs = list(inputs)
     up = upstream()
     listed = {pair: streams.files(*pair, live_only=True) for pair in inputs}
     planned = heartbeat_batch(name, inputs, consumed, published)
     consumed.refresh()
-    return input_watermarks(up, listed, consumed, published, planned), planned
+    first = listed_first and not any(producer == name for _, producer in inputs)
+    return input_watermarks(up, listed, consumed, published, planned, listed_first=first), planned

@@ -44,9 +44,6 @@ from millwheel.runtime._state_load import bootstrap_at_start
 from millwheel.runtime._streams import FileStreamLog
 from millwheel.runtime._usercode import RestartPolicy
 from millwheel.runtime._wire import IntervalSummary, due_ticks, from_spark, interval_name, to_spark
-from millwheel.runtime.plans import (
-    STATE_STORE_CONF as STATE_STORE_CONF,
-)  # re-exported: _relayout.py
 from millwheel.runtime.plans import Plan, plan_for
 from millwheel.runtime.plans._inputs import query_inputs
 from watermark_authority import ConflictError, StaleTokenError, UnknownNameError
@@ -126,6 +123,7 @@ class ComputationQuery:
         self._keyed_files: set[tuple[str, str, str]] = set()
         #: the inputs whose records the step reads from its batch's files (``_scan.py``)
         self.scanned: tuple[ScannedInput, ...] = ()
+        self.listed_first = False  # Spark lists heartbeats before inputs (``QueryInputs``)
         #: its physical plan (``plans/``), chosen at each start: the layout may have changed
         self.plan: Plan | None = None
 
@@ -148,9 +146,8 @@ class ComputationQuery:
         # an offline rewrite (``_rewrite_pin.py``): its swap finished, or forgotten once committed
         settle_rewrite(self.rt.root, self.name, self.checkpoint, self.rt.log)
         bootstrap_at_start(self)  # an initial state, before the first batch (``_state_load.py``)
-        dropped = drop_uncommitted_state(
-            self.checkpoint
-        )  # a killed attempt's files: its replay is their only writer
+        # a killed attempt's files: its replay is their only writer
+        dropped = drop_uncommitted_state(self.checkpoint)
         if dropped:
             self.rt.log(
                 f"computation {self.name!r}: deleted {len(dropped)} state-store files of a batch that never committed; its replay writes them again"
@@ -176,9 +173,8 @@ class ComputationQuery:
         view here if a kill -9 stopped the rescale just before: ``_layout.finish_move``), or
         read by it already (in its file source's log). Without it, the new layout would
         start from empty groups: refused, never run."""
-        if (
-            "relayout" in migration
-        ):  # a layout change (``_relayout.py``): its state is in place once it says "done"
+        # a layout change (``_relayout.py``): its state is in place once it says "done"
+        if "relayout" in migration:
             if migration["relayout"] != "done":
                 msg = (
                     f"computation {self.name!r}: run.json gives it the {self.state_layout!r} state layout from a `millwheel rescale --layout` that was interrupted "
@@ -279,6 +275,7 @@ class ComputationQuery:
         """The query's streaming writer: its plan's frame over the inputs (``plans/``), into its sink."""
         inputs = query_inputs(self, plan)
         self.scanned = inputs.scanned
+        self.listed_first = inputs.listed_first
         built = plan.build(inputs)
         writer = (
             built.out.writeStream.queryName(f"millwheel.{self.name}")
@@ -345,20 +342,23 @@ class ComputationQuery:
         # the upstream before the listing, the planned batch after it (``read_input_watermarks``): the
         # heartbeat may count the files of the batch Spark planned already (``_consumed.py``)
         (in_lw, hb_lw, pending, waiting), planned = read_input_watermarks(
-            self.name, self.inputs, self.rt.streams, self.consumed, upto, self._upstream_watermark
+            self.name,
+            self.inputs,
+            self.rt.streams,
+            self.consumed,
+            upto,
+            self._upstream_watermark,
+            listed_first=self.listed_first,
         )
         #: input files published and not consumed yet: a computation is drained only without any
         #: (a file sent under a finished watermark, a re-injection, holds no watermark)
         self.pending_inputs = pending
         self.input_watermark = max(self.input_watermark, in_lw)
         reports = []
-        for i in range(self.intervals):
-            summary = self.summaries.get(i)
-            if summary is None:
-                continue
-            oldest = low_watermark(summary.hold, in_lw)
-            name = interval_name(i)
-            reports.append((name, self._tokens[name], oldest))
+        for i, summary in sorted(self.summaries.items()):
+            if 0 <= i < self.intervals:  # (a retired group's summary is not an interval's)
+                name = interval_name(i)
+                reports.append((name, self._tokens[name], low_watermark(summary.hold, in_lw)))
         if reports:
             try:
                 wm.report_batch(self.name, reports)

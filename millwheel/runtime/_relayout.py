@@ -68,7 +68,6 @@ from millwheel.runtime._keying import interval_of
 from millwheel.runtime._layout import computation_layouts, read_pin, update_pin
 from millwheel.runtime._lease import DriverEpoch, Lease, driver_running
 from millwheel.runtime._outbox import Outbox, crash_point
-from millwheel.runtime._query import STATE_STORE_CONF
 from millwheel.runtime._session import start_query
 from millwheel.runtime._settings import STATE_LAYOUTS
 from millwheel.runtime._settle import offline_outbox, refuse, refuse_own_files, settle
@@ -81,6 +80,7 @@ from millwheel.runtime._spark_internals import (
     set_offset_log_conf,
 )
 from millwheel.runtime._wire import STATE_SCHEMA, interval_groups
+from millwheel.runtime.plans import STATE_STORE_CONF
 
 __all__ = ["Change", "finish", "move_layout", "plan", "relayout", "relayout_wanted"]
 

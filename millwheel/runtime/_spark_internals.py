@@ -32,6 +32,7 @@ fails in that test, not somewhere in a run:
   Spark's ``SQLConf``); :func:`task_batch_id` and :func:`task_query_id`: a task's micro-batch
   and query (``streaming.sql.batchId``, ``sql.streaming.queryId``: local properties Spark's
   micro-batch execution sets for its jobs, ``foreachBatch``'s included).
+* **the order sources are listed in** — :func:`sources_asked_in_plan_order`.
 """
 
 from __future__ import annotations
@@ -552,6 +553,13 @@ def polling_delay_conf(ms: int) -> dict[str, str]:
     between two polls of its sources that found no new data (Spark's default: 10 ms); read
     when the query is built, so it holds for that query only."""
     return {"spark.sql.streaming.pollingDelay": f"{int(ms)}ms"}
+
+
+def sources_asked_in_plan_order(sources: int) -> bool:
+    """Whether a query of ``sources`` sources asks them for new offsets (lists them) in the
+    order of its plan whenever it plans a batch: Spark keeps them in an immutable ``Map``
+    (``MicroBatchExecution.uniqueSources``), in insertion order up to four, hashed beyond."""
+    return sources <= 4
 
 
 def error_mentions(exc: Any, marker: str) -> bool:

@@ -151,6 +151,35 @@ def test_a_file_the_planned_batch_does_not_read_still_holds_the_heartbeat(files)
     )
 
 
+def test_where_spark_lists_heartbeats_first_waiting_files_do_not_hold_the_heartbeat(files):
+    # the batch that reads a heartbeat lists the inputs after it was written, so it reads
+    # every file published before: the heartbeat is the upstream's watermark, and the
+    # timers it makes due fire in the batch that reads those files, after their records
+    streams, names, cp = files
+    _plan(cp, 0, names[:1], streams)
+    _plan(cp, 1, names[1:2], streams)
+    consumed = ConsumedFiles(Location.of(str(cp)))
+    consumed.refresh()
+    listed = _listed(streams)
+    assert input_watermarks(MAX_TIMESTAMP, listed, consumed, 0, 1, listed_first=True) == (
+        2_000,  # the reported watermark still holds at every file no published batch read
+        MAX_TIMESTAMP,
+        3,
+        2,  # still waiting: ``_heartbeat_needed`` writes the heartbeat for them
+    )
+    assert input_watermarks(3_500, listed, consumed, 0, 1, listed_first=True)[:2] == (2_000, 3_500)
+    (_, heartbeat, _, waiting), planned = read_input_watermarks(
+        "C", [PAIR], streams, consumed, 0, lambda: 3_500, listed_first=True
+    )
+    assert (planned, heartbeat, waiting) == (1, 3_500, 2)
+    # not for a computation that reads what it writes: its planned batch's productions,
+    # not published yet, may be older than its input
+    (_, heartbeat, _, _), _ = read_input_watermarks(
+        "P", [PAIR], streams, consumed, 0, lambda: 3_500, listed_first=True
+    )
+    assert heartbeat == 2_000
+
+
 def test_a_computation_that_reads_what_it_writes_counts_published_batches_only(files):
     _, _, cp = files
     _plan(cp, 0, [], files[0])
@@ -193,6 +222,41 @@ def test_a_heartbeat_never_moves_past_the_files_no_batch_planned(tmp_path, spark
         (r.value["key"], r.timestamp // 1_000 * 1_000) for r in records
     )
     assert query.batches >= 6  # one file a batch: the planned batch really ran ahead of the others
+
+
+@pytest.mark.spark
+def test_a_heartbeat_past_waiting_files_fires_no_timer_before_their_records(
+    tmp_path, spark, second_counts
+):
+    # every file a listing finds (no maxFilesPerTrigger), heartbeats listed first: a
+    # heartbeat counts files no batch planned yet, so a second's timer fires in the batch
+    # that reads its files; read before them, the second would be emitted twice
+    from millwheel.runtime import RuntimeSettings, SparkRuntime
+
+    records = [
+        Record(None, {"key": f"k{i % 3}"}, 250 * (i // 4) + i % 4, f"r{i}") for i in range(400)
+    ]
+    settings = RuntimeSettings(drain=True, intervals=2, poll_ms=20, heartbeat_ms=20)
+    rt = SparkRuntime(
+        second_counts(SampleSource(records, batch_size=4)),
+        str(tmp_path / "run"),
+        settings,
+        spark=spark,
+    )
+    rt.run(timeout_s=300)
+    query = rt.computations["SecondCounts"]
+    assert query.listed_first
+    consumed = ConsumedFiles(query.checkpoint)
+    consumed.refresh()
+    assert {i for i, _ in consumed.heartbeat_files.values()} <= {0}  # listed first
+    out = rt.output("counts")
+    assert query.metrics["late"] == 0
+    assert Counter((r.value["key"], r.value["second"]) for r in out).most_common(1)[0][1] == 1, (
+        "a second's timer fired early"
+    )
+    assert second_counts.answer(out) == Counter(
+        (r.value["key"], r.timestamp // 1_000 * 1_000) for r in records
+    )
 
 
 def _query(handles_timers: bool, summaries: dict) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -36,6 +37,7 @@ from millwheel.runtime._spark_internals import (
     root_log_level,
     silence_loggers,
     source_log_files,
+    sources_asked_in_plan_order,
     task_batch_id,
     task_query_id,
 )
@@ -346,3 +348,73 @@ def test_contract_polling_delay_spaces_an_idle_querys_polls(spark, tmp_path):
         fast,
         slow,
     )  # its default, 10 ms
+
+
+def _probe_source(log: str) -> type:
+    """A Python streaming source that appends its ``tag`` to ``log`` each time Spark asks it
+    for its latest offset, and always has a new one."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+    class Reader(DataSourceStreamReader):
+        def __init__(self, tag: str) -> None:
+            self.tag, self.n = tag, 0
+
+        def initialOffset(self) -> dict:
+            return {"n": 0}
+
+        def latestOffset(self) -> dict:
+            with open(log, "a") as f:
+                f.write(self.tag + "\n")
+            self.n += 1
+            return {"n": self.n}
+
+        def partitions(self, start: dict, end: dict) -> list:
+            return [InputPartition(0)]
+
+        def read(self, partition: Any) -> Any:
+            yield (1,)
+
+    class Probe(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "mw_order_probe"
+
+        def schema(self) -> str:
+            return "v long"
+
+        def streamReader(self, schema: Any) -> Reader:
+            return Reader(self.options["tag"])
+
+    return Probe
+
+
+def test_contract_sources_asked_in_plan_order(spark, tmp_path):
+    """Up to four sources, a query asks them for new offsets in the order of its plan every
+    time it plans a batch (``sources_asked_in_plan_order``): a query's heartbeats, first in
+    its union, are listed before its inputs (``plans/_inputs.heartbeats_listed_first``)."""
+    from functools import reduce
+
+    assert sources_asked_in_plan_order(4) and not sources_asked_in_plan_order(5)
+    log = tmp_path / "asked"
+    spark.dataSource.register(_probe_source(str(log)))
+    tags = ["hb", "in1", "in2", "in3"]
+    frames = [spark.readStream.format("mw_order_probe").option("tag", t).load() for t in tags]
+    q = (
+        reduce(lambda a, b: a.unionByName(b), frames)
+        .writeStream.foreachBatch(lambda df, n: None)
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .start()
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while (
+            time.monotonic() < deadline
+            and len(planned_batches(Location.of(str(tmp_path / "cp")))) < 5
+        ):
+            time.sleep(0.2)
+    finally:
+        q.stop()
+    asked = log.read_text().split()
+    assert len(asked) >= 5 * len(tags), asked
+    asked = asked[: len(asked) // len(tags) * len(tags)]
+    assert asked == tags * (len(asked) // len(tags)), asked

@@ -23,6 +23,10 @@ class QueryInputs:
     scan: BatchScan | None
     #: those inputs
     scanned: tuple[ScannedInput, ...]
+    #: whether Spark lists the heartbeat source before every input when it plans a batch, and
+    #: takes every file it lists: a heartbeat may then count files no batch planned yet
+    #: (``_consumed.input_watermarks``, :func:`~millwheel.runtime.plans._inputs.heartbeats_listed_first`)
+    listed_first: bool = False
 
 
 @dataclass(frozen=True)

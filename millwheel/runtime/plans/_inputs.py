@@ -34,10 +34,26 @@ from millwheel.runtime._scan import (
     Markers,
     ScannedInput,
 )
+from millwheel.runtime._spark_internals import sources_asked_in_plan_order
 from millwheel.runtime._wire import HEARTBEAT_SCHEMA, LOG_SCHEMA, RowKind
 from millwheel.runtime.plans._base import Plan, QueryInputs
 
-__all__ = ["query_inputs"]
+__all__ = ["heartbeats_listed_first", "query_inputs"]
+
+
+def heartbeats_listed_first(sources: int, max_files_per_trigger: int | None) -> bool:
+    """Whether a query of ``sources`` file sources, its heartbeats first in the plan, lists
+    the heartbeats before every input when Spark plans a batch
+    (:func:`~millwheel.runtime._spark_internals.sources_asked_in_plan_order`), and each
+    input takes every file its listing finds (no ``maxFilesPerTrigger``). Then a batch that
+    reads a heartbeat file reads, or follows a batch that read, every input file published
+    before the heartbeat was written (``_consumed.input_watermarks``; ``docs/runtime.md``,
+    "Low watermarks and timers").
+
+    >>> heartbeats_listed_first(3, None), heartbeats_listed_first(5, None), heartbeats_listed_first(2, 10)
+    (True, False, False)
+    """
+    return sources_asked_in_plan_order(sources) and not max_files_per_trigger
 
 
 def query_inputs(query: Any, plan: Plan) -> QueryInputs:
@@ -133,7 +149,8 @@ def query_inputs(query: Any, plan: Plan) -> QueryInputs:
             .select(group.alias("group"))
             .mapInArrow(Markers(), MARKER_SCHEMA)
         )
-    # ``mw_fields_<i>``: one per input; heartbeats first: Spark plans sources in this order
+    # ``mw_fields_<i>``: one per input; heartbeats first: Spark asks sources for offsets in
+    # this order (up to four: ``heartbeats_listed_first``)
     union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), [hb, *records])
     if scan_only:
         # the step reads every record from the batch's files: its frames hold markers,
@@ -148,7 +165,13 @@ def query_inputs(query: Any, plan: Plan) -> QueryInputs:
         if scanned
         else None
     )
-    return QueryInputs(union.withWatermark("wm_ts", "0 seconds"), scan, tuple(scanned))
+    sources = 1 + sum(len(rt.producers(stream)) for stream in spec.inputs)
+    return QueryInputs(
+        union.withWatermark("wm_ts", "0 seconds"),
+        scan,
+        tuple(scanned),
+        heartbeats_listed_first(sources, settings.max_files_per_trigger),
+    )
 
 
 def keyed_by_producer(query: Any, raw: Any, stream: str) -> Any:
