@@ -194,6 +194,7 @@ class _ArrowRun:
             "prof",
             lw,
             0,
+            self.manifest.low_watermark,
             1,
             dict(self.manifest.files),
             tuple(self.manifest.due(lw, 0)),

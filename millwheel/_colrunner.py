@@ -139,6 +139,7 @@ class ColumnarRunner:
         encode: bool = True,
         files: SegmentFiles | None = None,
         life: int | None = None,
+        arrival: int | None = None,
     ) -> ColumnarResult:
         """Records of the batch (delivery order), then due timers; see the module docstring.
 
@@ -148,7 +149,9 @@ class ColumnarRunner:
         keeps it decoded) ``store`` is not encoded, nor are the whole store's hold and next
         timers summarised, only ``key_summaries``. ``files``: where the store's held-id
         segments are written (``_colsegments.py``; ``None``: inside the blob). ``life``: the
-        life a key the store holds nothing for starts (``_identity.py``; ``None``: none known)."""
+        life a key the store holds nothing for starts (``_identity.py``; ``None``: none known).
+        ``arrival``: the watermark a record whose own is not known arrived under (default:
+        ``low_watermark``; ``_delivery.plan_steps``)."""
         opts = self.options
         live = not encode
         st = ColumnarStore.of(store, opts)
@@ -169,7 +172,9 @@ class ColumnarRunner:
             key_of.update(zip(uniq, map(self._decode_key, uniq), strict=True))
             touched.update(key_of)
             not_dead = recs.not_stream(DEAD_LETTER_STREAM)
-            late_wm = late_watermarks(not_dead, recs.arrival, recs.arrival_known, lw)
+            late_wm = late_watermarks(
+                not_dead, recs.arrival, recs.arrival_known, lw if arrival is None else arrival
+            )
             if not_dead.any():
                 oldest_late_wm = int(late_wm[not_dead].min())
             if n > 1 and late_wm.min() != late_wm.max():

@@ -28,6 +28,8 @@ the Spark interval function only Arrow/pandas plumbing around the same calls:
 (None, 'key_extractor', "KeyError: 'nope'")
 >>> [(len(s.records), s.late_watermark, s.low_watermark) for s in plan_steps([(rec, 1_000), (rec, 2_000)], 5_000)]
 [(1, 1000, 2000), (1, 2000, 5000)]
+>>> [(s.late_watermark, s.low_watermark) for s in plan_steps([(rec, None)], 5_000, arrival=1_200)]
+[(1200, 5000)]
 """
 
 from __future__ import annotations
@@ -160,11 +162,15 @@ class StepInput:
     late_watermark: int
 
 
-def plan_steps(items: Sequence[tuple[Record, int | None]], low_watermark: int) -> list[StepInput]:
+def plan_steps(
+    items: Sequence[tuple[Record, int | None]], low_watermark: int, arrival: int | None = None
+) -> list[StepInput]:
     """Cut one key's delivered ``(record, arrival watermark)`` pairs into step calls.
 
     A record is late if it is older than the watermark it arrived under (``None``: the
-    current ``low_watermark``), whatever batch it travels in; dead letters are never late. Records are put back in the
+    watermark in force when it was delivered, ``arrival``; by default the current
+    ``low_watermark``: a runtime batch whose heartbeat raised it passes the watermark
+    before), whatever batch it travels in; dead letters are never late. Records are put back in the
     order they were sent — arrival watermarks only grow, so a stable sort on them restores
     it across files a Spark batch read in any order — and cut into runs of one arrival
     watermark (almost always a single run). A run may fire low-watermark timers only up
@@ -173,15 +179,14 @@ def plan_steps(items: Sequence[tuple[Record, int | None]], low_watermark: int) -
     """
     if not items:
         return [StepInput([], low_watermark, low_watermark)]
+    unknown = low_watermark if arrival is None else arrival
     w0 = items[0][1]
     if all(w == w0 for _, w in items) and all(r.stream != DEAD_LETTER_STREAM for r, _ in items):
         # the common case, without the general path's bookkeeping: one arrival watermark, one run
-        return [
-            StepInput([r for r, _ in items], low_watermark, low_watermark if w0 is None else w0)
-        ]
+        return [StepInput([r for r, _ in items], low_watermark, unknown if w0 is None else w0)]
     # dead letters are never late: they record that something failed, whenever it happens
     late = [
-        MIN_TIMESTAMP if r.stream == DEAD_LETTER_STREAM else low_watermark if w is None else w
+        MIN_TIMESTAMP if r.stream == DEAD_LETTER_STREAM else unknown if w is None else w
         for r, w in items
     ]
     order = list(range(len(items)))
@@ -252,16 +257,18 @@ def run_key(
     now: int,
     metrics: StepMetrics,
     life: int | None = None,
+    arrival: int | None = None,
 ) -> KeyOutcome:
     """The per-key loop of both backends: ``items`` (a key's delivered ``(record, arrival
     watermark)`` pairs in send order; none: a timer is due) cut by :func:`plan_steps` and
     run through :meth:`StepRunner.step` one call after the other, the envelope of each the
     input of the next; the counters are added to ``metrics``. ``life``: the batch's
-    (``_identity.py``); a key forgotten by one call starts another in the next."""
+    (``_identity.py``); a key forgotten by one call starts another in the next. ``arrival``:
+    the watermark a record whose own is not known arrived under (:func:`plan_steps`)."""
     out = KeyOutcome(envelope)
     res = None
     forgotten = 0
-    for call in plan_steps(items, low_watermark):
+    for call in plan_steps(items, low_watermark, arrival):
         res = runner.step(
             key,
             out.envelope,

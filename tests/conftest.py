@@ -61,30 +61,56 @@ def _bucket_count_class():
             self.produce("counts", {"key": self.key, "second": second, "count": counts.pop(second)})
             self.state.set(counts or None)
 
-    return SecondCounts
+    class Relay(Computation):
+        """Each record on to ``relayed`` under its own timestamp, without timers."""
+
+        def process_record(self, record):
+            self.produce("relayed", record.value, timestamp=record.timestamp)
+
+    return SecondCounts, Relay
 
 
 @pytest.fixture
 def second_counts():
     """``second_counts(source)``: a topology counting each key's records per second from
     ``source`` (``LatePolicy.drop()``), its output stream ``counts``; and ``.answer(output)``
-    turns the output into ``{(key, second): count}`` to compare with a batch answer."""
+    turns the output into ``{(key, second): count}`` to compare with a batch answer.
+    ``second_counts(source, relay=True)``: the records reach the counter through a
+    computation without timers (``Relay``), so the counter reads another computation's
+    productions, whose sender watermark is not in their rows. ``columnar=True``: the
+    counter is ``ColumnarWindowCounter`` (1 s windows); ``mapping``: its
+    ``ComputationOptions.mapping``."""
     from collections import Counter
 
-    from millwheel import Topology
+    from computations.columnar_windowing import ColumnarWindowCounter
+    from millwheel import ComputationOptions, LatePolicy, Topology
 
-    cls = _bucket_count_class()
+    cls, relay_cls = _bucket_count_class()
 
-    def topology(source):
+    def topology(source, relay=False, columnar=False, mapping="default"):
         t = Topology("second-counts")
         t.injector("logs", source, stream="events")
-        t.computation(cls, inputs={"events": lambda r: r.value["key"]}, outputs=["counts"])
+        counted = "events"
+        if relay:
+            t.computation(
+                relay_cls, inputs={"events": lambda r: r.value["key"]}, outputs=["relayed"]
+            )
+            counted = "relayed"
+        t.computation(
+            ColumnarWindowCounter if columnar else cls,
+            name="SecondCounts",
+            inputs={counted: lambda r: r.value["key"]},
+            outputs=["counts"],
+            options=ComputationOptions(late=LatePolicy.drop(), mapping=mapping),
+            params={"output": "counts", "trailing_empty": 0} if columnar else None,
+        )
         return t
 
     def answer(records):
         out = Counter()
         for r in records:
-            out[(r.value["key"], r.value["second"])] += r.value["count"]
+            second = r.value["second"] if "second" in r.value else r.value["window_start"]
+            out[(r.value["key"], second)] += r.value["count"]
         return out
 
     topology.answer = answer

@@ -198,6 +198,7 @@ class ColumnarIntervalStep(IntervalStep):
         low_watermark: int,
         now: int,
         batch_id: int | None = None,
+        arrival: int | None = None,
     ) -> tuple[ColumnarResult, dict[str, Any] | None, pd.DataFrame]:
         """One key interval's share of a micro-batch on a mapping that does not move state
         (``plans/arrow.py``, whose computations ``millwheel rescale`` refuses; a state load's
@@ -207,8 +208,9 @@ class ColumnarIntervalStep(IntervalStep):
         the frame of its dead letters and summary row. Rows that are all plain records
         become :class:`InputColumns` straight from Arrow (:func:`arrow_input`); others
         (ticks, keying dead letters, rows to key here, carried fields) go through pandas; a
-        marker row (``_scan.py``) has the records read from micro-batch ``batch_id``'s files."""
-        batch = IntervalBatch(self, interval, low_watermark, now, batch_id)
+        marker row (``_scan.py``) has the records read from micro-batch ``batch_id``'s files.
+        ``arrival``: the watermark before the batch's heartbeats (``IntervalBatch.arrival``)."""
+        batch = IntervalBatch(self, interval, low_watermark, now, batch_id, arrival)
         if rows is not None and plain_records(rows):
             recs = arrow_input(rows)
         else:
@@ -284,6 +286,7 @@ class ColumnarIntervalStep(IntervalStep):
             now=batch.now,
             files=self.segment_files(batch.interval, batch_id),
             life=batch.life,
+            arrival=batch.arrival,
         )
         batch.totals.add(StepMetrics(**res.metrics))
         for p in res.dead_letters:

@@ -209,6 +209,7 @@ class IntervalBatch:
         "started",
         "life",
         "batch_id",
+        "arrival",
     )
 
     def __init__(
@@ -218,6 +219,7 @@ class IntervalBatch:
         low_watermark: int,
         now: int,
         batch_id: int | None = None,
+        arrival: int | None = None,
     ) -> None:
         self.owner = owner
         #: the micro-batch (the running task's if not given; ``None``: outside a streaming query)
@@ -225,6 +227,11 @@ class IntervalBatch:
         self.life = task_life(self.batch_id)  # of the micro-batch, ``_life.py``
         self.interval = interval
         self.low_watermark = low_watermark
+        #: the watermark before this batch's heartbeats (default: ``low_watermark``): a record
+        #: whose sender watermark is unknown (a computation's production) arrived under it,
+        #: since a heartbeat the batch reads may count the very files it reads
+        #: (``_consumed.input_watermarks``), and is judged late against it
+        self.arrival = low_watermark if arrival is None else arrival
         self.now = now
         #: key bytes -> its input rows
         self.per_key: dict[bytes, list[_Row]] = {}
@@ -481,6 +488,7 @@ class IntervalBatch:
                 now=now,
                 metrics=totals,
                 life=self.life,
+                arrival=self.arrival,
             )
             for plist in (outcome.productions, outcome.dead_letters):
                 for p in plist:

@@ -70,7 +70,15 @@ def _run(
     rows: list[pa.RecordBatch],
 ):
     plan = BatchPlan(
-        batch, token, lw, 0, 1, dict(manifest.files), tuple(manifest.due(lw, 0)), files.loc.uri
+        batch,
+        token,
+        lw,
+        0,
+        manifest.low_watermark,
+        1,
+        dict(manifest.files),
+        tuple(manifest.due(lw, 0)),
+        files.loc.uri,
     )
     out = pa.Table.from_batches(
         list(IntervalTask(step, plan)(iter(rows))), schema=out_arrow_schema(step)
@@ -142,7 +150,7 @@ def test_a_record_of_the_row_plan_dead_lettered_without_its_value_when_the_compu
         5, "value", pa.nulls(2, pa.binary())
     )
     files = ColumnarFiles(Location.of(str(tmp_path / "c")))
-    plan = BatchPlan(0, "t", T0 - 1, 0, 1, {}, (), files.loc.uri)
+    plan = BatchPlan(0, "t", T0 - 1, 0, T0 - 1, 1, {}, (), files.loc.uri)
     out = pa.Table.from_batches(
         list(IntervalTask(step, plan)(iter([rows]))), schema=out_arrow_schema(step)
     ).to_pylist()

@@ -230,7 +230,8 @@ def test_a_heartbeat_past_waiting_files_fires_no_timer_before_their_records(
 ):
     # every file a listing finds (no maxFilesPerTrigger), heartbeats listed first: a
     # heartbeat counts files no batch planned yet, so a second's timer fires in the batch
-    # that reads its files; read before them, the second would be emitted twice
+    # that reads its files; read before them, the second would be emitted twice (a
+    # computation's productions read so, on every plan: tests/conformance/test_chain.py)
     from millwheel.runtime import RuntimeSettings, SparkRuntime
 
     records = [

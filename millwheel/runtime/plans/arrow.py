@@ -105,6 +105,9 @@ class BatchPlan:
     token: str
     low_watermark: int
     now: int
+    #: the watermark before the batch's heartbeats: a production of the computation's
+    #: upstream arrived under it (``IntervalBatch.arrival``)
+    arrival: int
     partitions: int
     #: key interval -> the store file the last committed manifest names
     read: dict[int, str]
@@ -152,7 +155,13 @@ class IntervalTask:
                     else files.read_store(interval, name)
                 )
             res, cols, tail = step.run_interval(
-                interval, frames[interval], store, plan.low_watermark, plan.now, plan.batch
+                interval,
+                frames[interval],
+                store,
+                plan.low_watermark,
+                plan.now,
+                plan.batch,
+                plan.arrival,
             )
             written = None
             if res.store is not None:
@@ -267,6 +276,7 @@ class ArrowMapping:
             uuid.uuid4().hex[:10],
             lw,
             now,
+            prev.low_watermark,
             self.partitions,
             dict(prev.files),
             tuple(prev.due(lw, now)),
