@@ -238,19 +238,14 @@ def verify(
     # the registry's own list of pipelines: an earlier epoch of a given run directory is
     # dead for good (its checkpoint is gone); any other member not given is left alone
     members = roster(registry)
-    dead: dict[str, Pipeline] = {}
+    # a dead epoch -> the give-ups its directory shows: those of every given pipeline of that
+    # directory (whichever of them comes first, so the answer does not depend on their order)
+    dead: dict[str, set[str]] = {}
     for m in members:
         if m.id not in given:
-            same_dir = next(
-                (
-                    p
-                    for p in pipelines
-                    if p.where is not None and p.where == m.where and p.name == m.pipeline
-                ),
-                None,
-            )
-            if same_dir is not None:
-                dead[m.id] = same_dir
+            for p in pipelines:
+                if p.where is not None and p.where == m.where and p.name == m.pipeline:
+                    dead.setdefault(m.id, set()).update(p.gave_up)
     report.pipelines_not_given = sorted({m.id for m in members} - set(given) - set(dead))
     # only a member of the roster takes re-injections: a directory whose start was refused
     # (its name held by another) never runs, and what went there would be stranded
@@ -290,8 +285,9 @@ def verify(
                 if not seen[cid] and found.token is not None:
                     # offered on only once its holder's give-up is visible (else: in flight)
                     holder = _holder(found.token, by_id[cid][qf], pipelines)
-                    owner = given.get(holder or "") or dead.get(holder or "")
-                    if owner is not None and cid in owner.gave_up:
+                    owner = given.get(holder or "")
+                    shows = owner.gave_up if owner is not None else dead.get(holder or "", set())
+                    if cid in shows:
                         given_up_only.append(cid)
                 continue
             report.missing += 1
