@@ -55,6 +55,12 @@ class DriverContext(Protocol):
         the driver loop, or again with ``fresh`` (after reporting it)."""
         ...
 
+    def heartbeat_consumers(self, producer: str) -> list[Any]:
+        """The computations of this driver whose queries run and read ``producer``'s
+        output (``ComputationQuery``): a producer asks them to stage a heartbeat before it
+        publishes (``HeartbeatWriter.stage_heartbeat``)."""
+        ...
+
     def caught_up(self, low_watermark: int) -> bool:
         """Every computation's low watermark has reached ``low_watermark`` (lockstep)."""
         ...

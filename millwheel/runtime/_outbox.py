@@ -183,6 +183,8 @@ class Outbox:
         strong: bool,
         on_summary: Callable[[int, list[IntervalSummary]], None],
         on_published: Callable[[int], None] | None = None,
+        before_publish: Callable[[int, list[IntervalSummary]], Callable[[], None] | None]
+        | None = None,
         tally: Location | None = None,
         lease: Lease | None = None,
         writer: str = "spark",
@@ -199,6 +201,9 @@ class Outbox:
         self.strong = strong
         self.on_summary = on_summary
         self.on_published = on_published
+        #: called with a batch and its summaries before its files are published; what it
+        #: returns is called once they are (``ComputationQuery._before_publish``)
+        self.before_publish = before_publish
         self.published = -1
         self.lock = threading.Lock()
         self.written = 0
@@ -327,7 +332,6 @@ class Outbox:
             staged.delete()
             self.published = max(self.published, n)
             return
-        self._publish_data(n, batch, attempt=None, count=count)
         summary = batch.child(f"stream={SUMMARY_STREAM}")
         for part in sorted(summary.list()):
             if part.endswith(".parquet"):
@@ -335,6 +339,10 @@ class Outbox:
                 with loc.fs.open_input_file(loc.path) as f:
                     table = pq.read_table(f, columns=["value"])
                 summaries += [IntervalSummary.decode(v) for v in table.column("value").to_pylist()]
+        then = self.before_publish(n, summaries) if self.before_publish is not None else None
+        self._publish_data(n, batch, attempt=None, count=count)
+        if then is not None:
+            then()
         if count:
             for s in summaries:
                 self.metrics.update(s.metrics)

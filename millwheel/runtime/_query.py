@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -32,6 +33,7 @@ from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
 from millwheel._topology import ComputationSpec
 from millwheel.runtime._consumed import ConsumedFiles, read_input_watermarks
 from millwheel.runtime._context import DriverContext
+from millwheel.runtime._heartbeats import HB_SCHEMA, HeartbeatWriter
 from millwheel.runtime._layout import finish_move, mark_migration, move_pending
 from millwheel.runtime._lease import FencedError, Lease
 from millwheel.runtime._outbox import Outbox
@@ -43,18 +45,15 @@ from millwheel.runtime._spark_internals import drop_uncommitted_state, error_men
 from millwheel.runtime._state_load import bootstrap_at_start
 from millwheel.runtime._streams import FileStreamLog
 from millwheel.runtime._usercode import RestartPolicy
-from millwheel.runtime._wire import IntervalSummary, due_ticks, from_spark, interval_name, to_spark
+from millwheel.runtime._wire import IntervalSummary, interval_name
 from millwheel.runtime.plans import Plan, plan_for
 from millwheel.runtime.plans._inputs import query_inputs
 from watermark_authority import ConflictError, StaleTokenError, UnknownNameError
 
-_HB_SCHEMA = pa.schema([("interval", pa.int32()), ("wm", pa.int64()), ("now", pa.int64())])
-#: a heartbeat file: :data:`_HB_SCHEMA` and the batch its watermark counts (``_wire.HEARTBEAT_SCHEMA``)
-_HB_FILE_SCHEMA = pa.schema([*_HB_SCHEMA, ("upto", pa.int64())])
-#: a rescale's heartbeat file (``_rescale.py``): :data:`_HB_SCHEMA` and the columns of its rows
+#: a rescale's heartbeat file (``_rescale.py``): :data:`HB_SCHEMA` and the columns of its rows
 HB_MOVE_SCHEMA = pa.schema(
     [
-        *_HB_SCHEMA,
+        *HB_SCHEMA,
         ("kind", pa.int32()),
         ("group", pa.int32()),
         ("key", pa.binary()),
@@ -63,7 +62,7 @@ HB_MOVE_SCHEMA = pa.schema(
 )
 
 
-class ComputationQuery:
+class ComputationQuery(HeartbeatWriter):
     """The Spark query of one computation and the driver's bookkeeping for it."""
 
     def __init__(self, rt: DriverContext, spec: ComputationSpec) -> None:
@@ -85,6 +84,7 @@ class ComputationQuery:
             rt.streams,
             strong=spec.options.strong_productions,
             on_summary=self._on_summary,
+            before_publish=self._before_publish,
             tally=rt.root.child("tallies", f"{self.name}.json"),
             lease=Lease(rt.root.child("leases", self.name), f"computation {self.name!r}"),
             writer=rt.settings.outbox_writer,
@@ -102,7 +102,7 @@ class ComputationQuery:
         self._hb_at = 0.0
         #: since when input files have waited for a batch to plan them (``_waited``); None: none waits
         self._waiting_since: float | None = None
-        self._hb_seq = 0
+        self._hb_seq = self._hb_shown = 0
         self._ticked: dict[int, int] = {}
         #: key interval -> the newest watermark a heartbeat row addressed to it carried
         #: (``_write_heartbeat``) and how many batches were published when it was written
@@ -160,7 +160,8 @@ class ComputationQuery:
             for n in self.heartbeats.list()
             if n.endswith(".parquet") and n[0].isdigit()
         ]
-        self._hb_seq = max(nums, default=-1) + 1
+        self._hb_shown = max(nums, default=-1)
+        self._hb_seq = self._hb_shown + 1
         # every interval reports its summary once, so the low watermark knows all holds
         now = int(time.time() * 1000)
         self._write_heartbeat(None, [(s, now) for s in range(self.intervals)])
@@ -260,16 +261,6 @@ class ComputationQuery:
                 **({} if self._no_data_batches(plan) else NO_DATA_BATCHES_OFF),
             },
         )
-
-    def _no_data_batches(self, plan: Plan | None = None) -> bool:
-        """Whether Spark runs a batch whenever only its watermark moved: for a class that
-        handles timers on a plan whose timers wait for Spark's watermark. Not for a class
-        without timers (nothing for such a batch to do), nor on a plan that takes
-        heartbeats addressed to its key intervals, whose timers fire in the batch that reads
-        the heartbeat (``docs/runtime.md``, "No-data batches", "Heartbeats in the batch
-        that reads them")."""
-        plan = plan or self.plan
-        return self.spec.handles_timers and not (plan is not None and plan.addresses_heartbeats)
 
     def _build(self, plan: Plan) -> Any:
         """The query's streaming writer: its plan's frame over the inputs (``plans/``), into its sink."""
@@ -377,181 +368,39 @@ class ComputationQuery:
         self._prune_heartbeats(upto)
         return self.low_watermark
 
+    def _before_publish(
+        self, batch: int, summaries: list[IntervalSummary]
+    ) -> Callable[[], None] | None:
+        """Before ``batch``'s files are published: the low watermark this computation
+        publishes once they are, given to its consumers in this driver to stage a heartbeat
+        each (:meth:`~millwheel.runtime._heartbeats.HeartbeatWriter.stage_heartbeat`);
+        returns the call that shows them, made once the files are in place. ``None`` without
+        such a consumer, or while an interval's holds are not known (§4.5: the watermark is
+        the minimum over every interval, each bounded by the input files no published batch
+        consumed)."""
+        consumers = self.rt.heartbeat_consumers(self.name)
+        holds = {**self.summaries, **{s.interval: s for s in summaries}}
+        if not consumers or any(i not in holds for i in range(self.intervals)):
+            return None
+        (in_lw, *_), _ = read_input_watermarks(
+            self.name, self.inputs, self.rt.streams, self.consumed, batch, self._upstream_watermark
+        )
+        wm = min(low_watermark(holds[i].hold, in_lw) for i in range(self.intervals))
+        if wm <= self.low_watermark:
+            return None
+        shows = [s for c in consumers if (s := c.stage_heartbeat(self.name, wm)) is not None]
+
+        def show_all() -> None:
+            for show in shows:
+                show()
+
+        return show_all if shows else None
+
     def _upstream_watermark(self) -> int:
         """The minimum of the upstream's published low watermarks (+inf without any)."""
         return min(
             (self.rt.watermark_of(producer) for producer in self.upstream), default=MAX_TIMESTAMP
         )
-
-    def _prune_heartbeats(self, upto: int) -> None:
-        """Delete the heartbeat files committed batches have read: only this query reads
-        them, and a committed batch is never run again (its listing stays short).
-
-        The newest file is kept: the next driver numbers its heartbeats after it, and a
-        file source skips a name it has seen, so a number used again would be a
-        heartbeat no batch reads (the query would wait for ever)."""
-        names = self.consumed.heartbeat_names(upto)
-        migration = self._migration
-        if migration is not None and not migration.get("moved") and migration["file"] in names:
-            # a committed, published batch read the state move: from now on run.json says so,
-            # and starts stop looking for the file (``_check_migration``) — also when it is
-            # the newest file, kept below (a drained run's last batch may be the move's)
-            mark_migration(self.rt.root, self.name, "moved", True)
-            migration["moved"] = True
-        names.discard(f"{self._hb_seq - 1:012d}.parquet")
-        for name in names:
-            self.heartbeats.child(name).delete()
-        if names:
-            self.consumed.forget(None, None, names)
-
-    def _waited(self, waiting: int) -> int:
-        """``waiting`` once input files have waited ``heartbeat_ms`` for a batch to plan them,
-        else 0. A query between batches takes new files within milliseconds (Spark polls its
-        sources), usually before the driver has read the newest batch: a heartbeat written
-        for them then is read only after the data batch, in a stateful batch of its own that
-        does nothing (docs/runtime.md, "Idle heartbeats"). Files still waiting after
-        ``heartbeat_ms`` wait for a batch in flight, whose successor reads them with the
-        heartbeat."""
-        if not waiting:
-            self._waiting_since = None
-            return 0
-        t = time.monotonic()
-        if self._waiting_since is None:
-            self._waiting_since = t
-        return waiting if t - self._waiting_since >= self.rt.settings.heartbeat_ms / 1000 else 0
-
-    def _heartbeat_needed(self, hb_lw: int, waiting: int, in_flight: bool) -> bool:
-        """Whether moving the query's watermark to ``hb_lw`` has anything to do now: input a
-        later batch reads, a timer it makes due, a batch in flight that may set timers, or an
-        interval whose holds are not known yet. Otherwise the heartbeat would be a whole
-        stateful batch that does nothing, and it waits until one of these holds (docs/runtime.md,
-        "Idle heartbeats"): a lower watermark in the query is never wrong, only later."""
-        if (
-            waiting
-            or len(self.summaries) < self.intervals
-            or (in_flight and self.spec.handles_timers)
-        ):
-            return True
-        return bool(self._due(hb_lw))
-
-    def _due(self, hb_lw: int) -> frozenset[int]:
-        """The key intervals whose earliest low-watermark timer (their last summary) ``hb_lw`` makes due."""
-        return frozenset(
-            i
-            for i, s in self.summaries.items()
-            if s.next_low_watermark_timer is not None and s.next_low_watermark_timer <= hb_lw
-        )
-
-    def _addressed(self, hb_lw: int, waiting: int, in_flight: bool) -> frozenset[int]:
-        """The key intervals a heartbeat to ``hb_lw`` also goes to as rows of their own, on
-        a plan that takes them (``Plan.addresses_heartbeats``), so that its watermark
-        applies in the batch that reads it and the timers it makes due fire there, not in a
-        no-data batch after it (``docs/runtime.md``, "Heartbeats in the batch that reads
-        them"). Every interval when the driver cannot tell which will have timers due
-        (input waiting, a batch in flight that may set timers, an interval not reported
-        since the start); otherwise the intervals whose earliest low-watermark timer it
-        makes due. None for a class that handles no timers."""
-        plan = self.plan
-        if plan is None or not plan.addresses_heartbeats or not self.spec.handles_timers:
-            return frozenset()
-        if waiting or in_flight or len(self.summaries) < self.intervals:
-            return frozenset(range(self.intervals))
-        return self._due(hb_lw)
-
-    def _heartbeat(
-        self,
-        in_lw: int,
-        now: int,
-        needed: bool = True,
-        to: frozenset[int] = frozenset(),
-        upto: int = -1,
-    ) -> None:
-        ticks = [
-            (i, now)
-            for i in due_ticks(
-                self.summaries,
-                self._ticked,
-                now,
-                None if self._no_data_batches() else self._hb_sent,
-                self.batches,
-                self._unread(),
-            )
-        ]
-        advance = (
-            in_lw > self._hb_sent
-            and to_spark(in_lw) > to_spark(self._hb_sent)
-            and (needed or bool(ticks))
-        )
-        due = time.monotonic() - self._hb_at >= self.rt.settings.heartbeat_ms / 1000
-        if ticks or (advance and due):
-            if advance:
-                self._write_heartbeat(to_spark(in_lw), ticks, to, upto)
-                self._hb_sent, self._hb_upto = in_lw, upto
-            else:
-                self._write_heartbeat(None, ticks)
-
-    def _unread(self) -> dict[int, int]:
-        """The watermarks rows addressed to each key interval carried (``_reached``) while
-        no batch can have read them yet: a file written while batch ``M`` runs is read by
-        ``M + 1`` at the latest (Spark plans every heartbeat file present; a dropped planned
-        batch is planned anew under the same number), so two batches published since it was
-        written have read it. A row read and not applied (``IntervalBatch.take_ticks``: a
-        batch that its watermark counted) leaves the timer to a tick (``_wire.due_ticks``)."""
-        return {i: w for i, (w, b) in self._reached.items() if self.batches < b + 2}
-
-    def _write_heartbeat(
-        self,
-        wm: int | None,
-        ticks: list[tuple[int, int]],
-        to: frozenset[int] = frozenset(),
-        upto: int = -1,
-    ) -> None:
-        """One heartbeat file: the watermark ``wm`` (Spark's time) for Spark's watermark (the
-        row of interval -1) and, as rows of their own, for the key intervals ``to``; a wall
-        tick ``(interval, now)`` for each of ``ticks``. A row of a key interval carries
-        ``wm`` if it is addressed, else the newest watermark sent before on a plan that
-        takes addressed heartbeats: written after that heartbeat, it is read no earlier.
-        Each such row says the newest batch whose files its watermark counts (``upto``: the
-        step applies it only in a later batch, ``IntervalBatch.take_ticks``)."""
-        at = dict(ticks)
-        sent = self._hb_sent
-        known = (
-            to_spark(sent)
-            if sent > MIN_TIMESTAMP and self.plan is not None and self.plan.addresses_heartbeats
-            else None
-        )
-        rows: list[tuple[int, int | None, int | None, int | None]] = (
-            [(-1, wm, None, upto)] if wm is not None else []
-        )
-        for i in sorted(set(at) | to):
-            if i in to:
-                rows.append((i, wm, at.get(i), upto))
-            else:
-                rows.append((i, known, at.get(i), None if known is None else self._hb_upto))
-        if not rows:
-            return
-        for i, w, _, _ in rows:
-            if (
-                i >= 0
-                and w is not None
-                and from_spark(w) > self._reached.get(i, (MIN_TIMESTAMP, 0))[0]
-            ):
-                self._reached[i] = (from_spark(w), self.batches)
-        table = pa.table(
-            {
-                "interval": pa.array([r[0] for r in rows], pa.int32()),
-                "wm": pa.array([r[1] for r in rows], pa.int64()),
-                "now": pa.array([r[2] for r in rows], pa.int64()),
-                "upto": pa.array([r[3] for r in rows], pa.int64()),
-            },
-            schema=_HB_FILE_SCHEMA,
-        )
-        name = f"{self._hb_seq:012d}.parquet"
-        self._hb_seq += 1
-        tmp = self.heartbeats.child(f".{name}.tmp")
-        pq.write_table(table, tmp.path, filesystem=tmp.fs)
-        tmp.move_to(self.heartbeats.child(name))
-        self._hb_at = time.monotonic()
 
     # ---- reading -----------------------------------------------------------------------------
     def drained(self) -> bool:

@@ -177,6 +177,13 @@ class SparkRuntime:
     def upstream(self, name: str) -> list[str]:
         return self.topology.upstream(name)
 
+    def heartbeat_consumers(self, producer: str) -> list[Any]:
+        return [
+            c
+            for name, c in self.computations.items()
+            if producer in c.upstream and c.query is not None and not self.rescaler.busy(name)
+        ]
+
     def caught_up(self, low_watermark: int) -> bool:
         """Every computation's low watermark has reached ``low_watermark`` (lockstep)."""
         return all(c.low_watermark >= low_watermark for c in self.computations.values())

@@ -315,7 +315,12 @@ def test_a_heartbeat_goes_as_rows_to_the_intervals_it_may_make_timers_due_in(tmp
         assert other._addressed(9_000, 1, True) == set()
     # the rows: interval -1 for Spark's watermark, one per addressed interval, and a tick
     # of another interval carrying the newest watermark sent before it
-    q.heartbeats, q._hb_seq, q._hb_sent = Location.of(str(tmp_path)), 0, MIN_TIMESTAMP
+    q.heartbeats, q._hb_seq, q._hb_shown, q._hb_sent = (
+        Location.of(str(tmp_path)),
+        0,
+        -1,
+        MIN_TIMESTAMP,
+    )
     q._reached, q.batches = {}, 3
     q._write_heartbeat(700, [(1, 42)], frozenset({0}), upto=5)
     q._hb_sent, q._hb_upto = 300, 4

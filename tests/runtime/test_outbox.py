@@ -121,3 +121,42 @@ def test_files_gone_under_a_driver_that_was_taken_over_mean_fenced_not_failed(
     monkeypatch.setattr(lease, "check", check)
     with pytest.raises(FencedError):
         outbox.publish_committed()
+
+
+def test_what_a_batch_tells_its_consumers_before_publication_shows_after_its_files(
+    tmp_path, monkeypatch
+):
+    """``before_publish`` runs with the batch's summaries before any of its files is in the
+    stream log, and what it returns once every one is: a consumer's heartbeat that counts
+    those files becomes visible only after them (``HeartbeatWriter.stage_heartbeat``)."""
+    from millwheel.runtime._outbox import Outbox
+    from millwheel.runtime._wire import SUMMARY_STREAM, IntervalSummary
+
+    root = Location.of(str(tmp_path))
+    log = FileStreamLog(root)
+    summary = IntervalSummary(0, 1_500, 2_000, None, 1, {}, 1_000, 0, 0).encode()
+    rows = _rows(["out", "out", SUMMARY_STREAM], ["a", "b", "s"])
+    rows = rows.set_column(
+        rows.schema.get_field_index("value"),
+        "value",
+        pa.array([encode_value("a"), encode_value("b"), summary], pa.large_binary()),
+    )
+    stage_arrow(rows, root.child("outbox", "C", "0", "e0"))
+    seen = []
+
+    def before(n, summaries):
+        seen.append(("before", n, [s.hold for s in summaries], len(log.read("out"))))
+        return lambda: seen.append(("shown", len(log.read("out"))))
+
+    outbox = Outbox(
+        "C",
+        root.child("outbox", "C"),
+        root.child("checkpoint"),
+        log,
+        strong=True,
+        on_summary=lambda n, s: seen.append(("summary", n)),
+        before_publish=before,
+    )
+    monkeypatch.setattr(outbox, "committed", lambda: {0})
+    assert outbox.publish_committed() == 1
+    assert seen == [("before", 0, [1_500], 0), ("shown", 2), ("summary", 0)]
