@@ -289,5 +289,5 @@ class HeartbeatWriter:
             return None
         # new input is on its way: every key interval may set a timer it makes due
         return self._stage_heartbeat(
-            to_spark(up), [], frozenset(range(self.intervals)), self.consumed.planned()
+            to_spark(up), [], self._addressed(up, 1, True), self.consumed.planned()
         )

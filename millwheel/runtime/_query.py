@@ -155,11 +155,8 @@ class ComputationQuery(HeartbeatWriter):
         self.outbox.recover()
         self.summaries.clear()
         self._tokens = self._acquire(layout)
-        nums = [
-            int(n.split(".")[0])
-            for n in self.heartbeats.list()
-            if n.endswith(".parquet") and n[0].isdigit()
-        ]
+        names = self.heartbeats.list()
+        nums = [int(n.split(".")[0]) for n in names if n.endswith(".parquet") and n[0].isdigit()]
         self._hb_shown = max(nums, default=-1)
         self._hb_seq = self._hb_shown + 1
         # every interval reports its summary once, so the low watermark knows all holds
