@@ -18,6 +18,7 @@ from collections import Counter
 import pytest
 
 from millwheel import Record, SampleSource
+from millwheel.runtime._consumed import ConsumedFiles
 
 pytestmark = pytest.mark.spark
 
@@ -47,6 +48,10 @@ def test_a_timer_over_relayed_records_drops_none_as_late(plan, spark, tmp_path, 
     rt.run(timeout_s=300)
     query = rt.computations["SecondCounts"]
     assert query.listed_first
+    consumed = ConsumedFiles(query.checkpoint)
+    consumed.refresh()
+    # the heartbeats are the query's first source (Spark asks them first: its contract test)
+    assert {i for i, _ in consumed.heartbeat_files.values()} == {0}
     out = rt.output("counts")
     assert query.metrics["late"] == 0, f"seed {seed}: relayed records judged late"
     assert second_counts.answer(out) == Counter(

@@ -44,6 +44,16 @@ def _listed(streams: FileStreamLog) -> dict[tuple[str, str], dict[str, int]]:
     return {PAIR: streams.files(*PAIR, live_only=True)}
 
 
+def _planned(files, *batches: slice) -> ConsumedFiles:
+    """The query at ``files``' checkpoint with batch ``i`` planned over ``names[batches[i]]``, read."""
+    streams, names, cp = files
+    for i, part in enumerate(batches):
+        _plan(cp, i, names[part], streams)
+    consumed = ConsumedFiles(Location.of(str(cp)))
+    consumed.refresh()
+    return consumed
+
+
 @pytest.fixture
 def files(tmp_path):
     """Four published files of ``s/P``, oldest timestamps 1000..4000."""
@@ -62,10 +72,7 @@ def files(tmp_path):
 
 def test_the_heartbeat_counts_the_planned_batch_and_nothing_past_it(files):
     streams, names, cp = files
-    _plan(cp, 0, names[:1], streams)  # published
-    _plan(cp, 1, names[1:3], streams)  # planned, running
-    consumed = ConsumedFiles(Location.of(str(cp)))
-    consumed.refresh()
+    consumed = _planned(files, slice(0, 1), slice(1, 3))  # published; planned, running
     assert consumed.planned() == 1
     # upstream finished (+inf): only the files themselves hold
     assert input_watermarks(MAX_TIMESTAMP, _listed(streams), consumed, 0, 1) == (2_000, 4_000, 3, 1)
@@ -87,11 +94,8 @@ def test_the_heartbeat_counts_the_planned_batch_and_nothing_past_it(files):
 
 
 def test_an_uncommitted_batch_is_read_again_a_rescale_may_plan_it_anew(files):
-    streams, names, cp = files
-    _plan(cp, 0, names[:1], streams)
-    _plan(cp, 1, names[1:2], streams)
-    consumed = ConsumedFiles(Location.of(str(cp)))
-    consumed.refresh()
+    streams, _, cp = files
+    consumed = _planned(files, slice(0, 1), slice(1, 2))
     assert input_watermarks(MAX_TIMESTAMP, _listed(streams), consumed, 0, 1)[1] == 3_000
     (cp / "offsets" / "1").unlink()  # dropped (``drop_planned_batch``): nothing of it counts
     assert input_watermarks(MAX_TIMESTAMP, _listed(streams), consumed, 0, 1)[1] == 2_000
@@ -155,11 +159,8 @@ def test_where_spark_lists_heartbeats_first_waiting_files_do_not_hold_the_heartb
     # the batch that reads a heartbeat lists the inputs after it was written, so it reads
     # every file published before: the heartbeat is the upstream's watermark, and the
     # timers it makes due fire in the batch that reads those files, after their records
-    streams, names, cp = files
-    _plan(cp, 0, names[:1], streams)
-    _plan(cp, 1, names[1:2], streams)
-    consumed = ConsumedFiles(Location.of(str(cp)))
-    consumed.refresh()
+    streams = files[0]
+    consumed = _planned(files, slice(0, 1), slice(1, 2))
     listed = _listed(streams)
     assert input_watermarks(MAX_TIMESTAMP, listed, consumed, 0, 1, listed_first=True) == (
         2_000,  # the reported watermark still holds at every file no published batch read
@@ -192,61 +193,44 @@ def test_a_computation_that_reads_what_it_writes_counts_published_batches_only(f
 
 
 @pytest.mark.spark
-def test_a_heartbeat_never_moves_past_the_files_no_batch_planned(tmp_path, spark, second_counts):
-    # one file a batch (maxFilesPerTrigger), each second's records in two files: the injector
-    # is finished (+inf) long before the query has planned its files, so a heartbeat that
-    # counted more than the planned batch would move Spark's watermark past files still
-    # waiting, fire a second's timer before its second file is read, and emit that second twice
-    from millwheel.runtime import RuntimeSettings, SparkRuntime
-
-    records = [
-        Record(None, {"key": f"k{i % 3}"}, 500 * (i // 4) + i % 4, f"r{i}") for i in range(24)
-    ]
-    settings = RuntimeSettings(
-        drain=True, intervals=2, max_files_per_trigger=1, poll_ms=50, heartbeat_ms=50
-    )
-    rt = SparkRuntime(
-        second_counts(SampleSource(records, batch_size=4)),
-        str(tmp_path / "run"),
-        settings,
-        spark=spark,
-    )
-    rt.run(timeout_s=300)
-    query = rt.computations["SecondCounts"]
-    out = rt.output("counts")
-    assert query.metrics["late"] == 0
-    assert Counter((r.value["key"], r.value["second"]) for r in out).most_common(1)[0][1] == 1, (
-        "a second's timer fired early"
-    )
-    assert second_counts.answer(out) == Counter(
-        (r.value["key"], r.timestamp // 1_000 * 1_000) for r in records
-    )
-    assert query.batches >= 6  # one file a batch: the planned batch really ran ahead of the others
-
-
-@pytest.mark.spark
-def test_a_heartbeat_past_waiting_files_fires_no_timer_before_their_records(
-    tmp_path, spark, second_counts
+@pytest.mark.parametrize(
+    ("per_trigger", "records", "apart_ms"),
+    [(1, 24, 500), (None, 400, 250)],
+    ids=["one-file-a-batch", "listed-first"],
+)
+def test_a_heartbeat_fires_no_timer_before_the_records_of_the_files_it_counts(
+    tmp_path, spark, second_counts, per_trigger, records, apart_ms
 ):
-    # every file a listing finds (no maxFilesPerTrigger), heartbeats listed first: a
-    # heartbeat counts files no batch planned yet, so a second's timer fires in the batch
-    # that reads its files; read before them, the second would be emitted twice (a
-    # computation's productions read so, on every plan: tests/conformance/test_chain.py)
+    # each second's records in several files. One file a batch (maxFilesPerTrigger): the
+    # injector is finished (+inf) long before the query has planned its files, so a
+    # heartbeat that counted more than the planned batch would move the watermark past
+    # files still waiting. Every file a listing finds, heartbeats listed first: a heartbeat
+    # counts files no batch planned yet, and a second's timer fires in the batch that reads
+    # them (a computation's productions read so, on every plan: tests/conformance/test_chain.py).
+    # Either way, a timer fired before a file of its second was read emits the second twice
     from millwheel.runtime import RuntimeSettings, SparkRuntime
 
-    records = [
-        Record(None, {"key": f"k{i % 3}"}, 250 * (i // 4) + i % 4, f"r{i}") for i in range(400)
+    sent = [
+        Record(None, {"key": f"k{i % 3}"}, apart_ms * (i // 4) + i % 4, f"r{i}")
+        for i in range(records)
     ]
-    settings = RuntimeSettings(drain=True, intervals=2, poll_ms=20, heartbeat_ms=20)
+    poll = 50 if per_trigger else 20
+    settings = RuntimeSettings(
+        drain=True,
+        intervals=2,
+        max_files_per_trigger=per_trigger,
+        poll_ms=poll,
+        heartbeat_ms=poll,
+    )
     rt = SparkRuntime(
-        second_counts(SampleSource(records, batch_size=4)),
+        second_counts(SampleSource(sent, batch_size=4)),
         str(tmp_path / "run"),
         settings,
         spark=spark,
     )
     rt.run(timeout_s=300)
     query = rt.computations["SecondCounts"]
-    assert query.listed_first
+    assert query.listed_first is (per_trigger is None)
     consumed = ConsumedFiles(query.checkpoint)
     consumed.refresh()
     assert {i for i, _ in consumed.heartbeat_files.values()} <= {0}  # listed first
@@ -256,8 +240,10 @@ def test_a_heartbeat_past_waiting_files_fires_no_timer_before_their_records(
         "a second's timer fired early"
     )
     assert second_counts.answer(out) == Counter(
-        (r.value["key"], r.timestamp // 1_000 * 1_000) for r in records
+        (r.value["key"], r.timestamp // 1_000 * 1_000) for r in sent
     )
+    if per_trigger:
+        assert query.batches >= 6  # one file a batch: the planned batch ran ahead of the others
 
 
 def _query(handles_timers: bool, summaries: dict) -> Any:

@@ -145,6 +145,9 @@ def test_the_dashboard_plots_wall_and_event_time_lag_and_shows_what_is_stuck(tmp
                 for x, lag in zip(wall["x"], wall["series"][name], strict=True)
                 if lag is not None
             ]
+            # a sample taken between the acquisition and the first report knows nothing yet
+            while points and points[0][1] == "stuck":
+                points.pop(0)
             assert len(points) >= 3, name
             for x, lag in points:
                 assert lag == pytest.approx(x - lw / 1000, abs=1e-3), (name, x, lag)
