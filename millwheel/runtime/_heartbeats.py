@@ -265,7 +265,7 @@ class HeartbeatWriter:
     def stage_heartbeat(self, producer: str, watermark: int) -> Callable[[], None] | None:
         """A heartbeat that counts input ``producer`` is about to publish, written under a
         hidden name before it does, and the call that shows it once the producer's files
-        are in place (``SparkRuntime.before_publish``): ``watermark`` is the producer's
+        are in place (``ComputationQuery._before_publish``): ``watermark`` is the producer's
         published low watermark once they are (§4.5). Spark lists this query's heartbeats
         before its inputs (:attr:`listed_first`), so a batch that reads the heartbeat reads
         those files too, and fires the timers it makes due after their records: the
