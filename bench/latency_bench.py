@@ -18,7 +18,11 @@ Continuous-mode runs (trigger 0, ``local[2]``, streams pruned), in one session:
    that reads it), *run* (that batch) and *publish* (batch end to output visible); each
    query's micro-batch time (Spark's ``triggerExecution``) and, with ``--ui``, its Spark
    stages (the REST API).
-2. **Zeitgeist, paced.** The generator writes a sample whose event time is wall time; a
+2. **State held over time** (``--steady-seconds``): one long run of the two stages and of
+   the native floor, cut into slices (:func:`slices`): a batch's time as the state held
+   grows. ``B`` is keyed by record id, so it holds a key per record until its dedup ids
+   pass the horizon (``DedupOptions.slack_ms``, ten minutes by default; ``--slack-s``).
+3. **Zeitgeist, paced.** The generator writes a sample whose event time is wall time; a
    writer thread appends each file's lines while its writing interval passes, as a
    logger would; the topology reads the growing directory. The dip (and spike) delay is
    ``detected_at - window end`` of each matched anomaly (``docs/zeitgeist.md``), end to
@@ -56,7 +60,16 @@ from _latency_floor import (  # noqa: E402
 )
 from _spark_bench import collect, run_collecting, write_results  # noqa: E402
 
-from millwheel import MAX_TIMESTAMP, Computation, Record, Source, SourceBatch, Topology  # noqa: E402
+from millwheel import (  # noqa: E402
+    MAX_TIMESTAMP,
+    Computation,
+    ComputationOptions,
+    DedupOptions,
+    Record,
+    Source,
+    SourceBatch,
+    Topology,
+)
 
 RESULTS = ROOT / "bench" / "results" / "latency.json"
 
@@ -102,18 +115,28 @@ def _batch_of(name: str) -> int:
 
 
 def stages(
-    spark, work: Path, rate: int, seconds: float, intervals: int, writer: str = "auto"
+    spark,
+    work: Path,
+    rate: int,
+    seconds: float,
+    intervals: int,
+    writer: str = "auto",
+    dedup: DedupOptions | None = None,
 ) -> dict:
     """One paced per-stage run; per stage its records (input visible, output visible, batch)
-    and its query's progress reports (``_latency_floor.breakdown`` reads them)."""
+    and its query's progress reports (``_latency_floor.breakdown`` reads them). ``dedup``:
+    both computations' dedup options (default: the defaults)."""
     from millwheel.runtime import RuntimeSettings, SparkRuntime
 
     root = work / "stages"
     shutil.rmtree(root, ignore_errors=True)
+    opts = ComputationOptions() if dedup is None else ComputationOptions(dedup=dedup)
     t = Topology("latency")
     t.injector("events", Paced(rate, seconds))
-    t.computation(PassA, inputs={"events": lambda r: r.value["k"]}, outputs=["a_out"])
-    t.computation(PassB, inputs={"a_out": lambda r: r.id}, outputs=["b_out"], name="B")
+    t.computation(PassA, inputs={"events": lambda r: r.value["k"]}, outputs=["a_out"], options=opts)
+    t.computation(
+        PassB, inputs={"a_out": lambda r: r.id}, outputs=["b_out"], name="B", options=opts
+    )
     settings = RuntimeSettings(
         drain=True,
         intervals=intervals,
@@ -316,6 +339,60 @@ def zeitgeist(spark, work: Path, duration_s: int, intervals: int, writer: str = 
     }
 
 
+def slices(
+    records: list[tuple[float, float, int]], progress: dict[int, dict], slice_s: float
+) -> list[dict]:
+    """A long run cut into ``slice_s`` slices of its input's send time: per slice, its data
+    batches' ``triggerExecution`` p50, the stateful operator's state in memory (the largest
+    ``memoryUsedBytes`` reported) and update time p50, and its records' latency p50."""
+    from _latency_floor import _ts
+
+    if not records:
+        return []
+    t0 = min(sent for sent, _, _ in records)
+    by: dict[int, dict[str, list[float]]] = {}
+    for sent, at, _ in records:
+        by.setdefault(int((sent - t0) // slice_s), {}).setdefault("lat", []).append(at - sent)
+    for p in progress.values():
+        if not p["numInputRows"]:
+            continue
+        b = by.setdefault(int((_ts(p["timestamp"]) - t0) // slice_s), {})
+        op = (p.get("stateOperators") or [{}])[0]
+        b.setdefault("trigger", []).append(p["durationMs"]["triggerExecution"])
+        b.setdefault("state", []).append(op.get("memoryUsedBytes", 0))
+        b.setdefault("update", []).append(op.get("allUpdatesTimeMs", 0))
+    return [
+        {
+            "from_s": k * slice_s,
+            "batches": len(v.get("trigger", [])),
+            "batch_ms_p50": pct(v.get("trigger", []), 50),
+            "state_mb": round(max(v.get("state", [0])) / 1e6, 1),
+            "update_ms_p50": pct(v.get("update", []), 50),
+            "latency_s_p50": pct(v.get("lat", []), 50),
+        }
+        for k, v in sorted(by.items())
+        if k >= 0
+    ]
+
+
+def steady(spark, work: Path, args) -> dict[str, list[dict]]:
+    """One long run of millwheel's two stages and one of the native floor (``dropDuplicates``:
+    a state-store row per id, kept), ``--steady-seconds`` each: how a batch's time follows
+    the state held as it grows (:func:`slices`)."""
+    dedup = (
+        None
+        if args.slack_s is None
+        else DedupOptions(slack_ms=int(args.slack_s * 1000), gc_interval_ms=int(args.gc_s * 1000))
+    )
+    s = stages(spark, work, args.rate, args.steady_seconds, args.intervals, args.writer, dedup)
+    out = {f"mw.{st}": slices(s["records"][st], s["progress"][st], args.slice_s) for st in "AB"}
+    recs, progress, _, _ = floor(
+        spark, work, "native", args.rate, args.steady_seconds, groups=args.intervals
+    )
+    out["floor.native"] = slices(recs, progress, args.slice_s)
+    return out
+
+
 def _measure(spark, work: Path, variant: str, args, cold: bool) -> dict[str, dict]:
     """One run of ``variant`` (``mw``: millwheel's two stages; else a floor kind): figures per stage."""
     skip = 0.0 if cold else args.skip_s
@@ -420,6 +497,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--ui", action="store_true", help="Spark UI on: each query's Spark stages")
     p.add_argument("--zeitgeist-seconds", type=int, default=60, help="0 skips the Zeitgeist run")
+    p.add_argument(
+        "--steady-seconds",
+        type=float,
+        default=0,
+        help="a long run of the two stages and the native floor after the rounds (0: none)",
+    )
+    p.add_argument("--slice-s", type=float, default=30.0, help="the long run's slices, seconds")
+    p.add_argument(
+        "--slack-s",
+        type=float,
+        default=None,
+        help="the long run's dedup slack, seconds (default: DedupOptions' ten minutes)",
+    )
+    p.add_argument(
+        "--gc-s", type=float, default=10.0, help="with --slack-s: the dedup collection interval"
+    )
     p.add_argument("--work", default=str(ROOT / ".millwheel" / "bench" / "latency"))
     p.add_argument("--out", default=str(RESULTS), help="results file")
     args = p.parse_args(argv)
@@ -445,6 +538,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"{label} {name:13s} p50 {f['p50_s']:.3f} s {f['p50_s_range']}, p95 {f['p95_s']:.3f} s; "
                 f"batch p50 {f['trigger_ms_p50']} ms {ratios}"
             )
+    if args.steady_seconds:
+        out["steady"] = st = steady(spark, work, args)
+        for name, rows in st.items():
+            for r in rows:
+                print(
+                    f"steady {name:13s} " + " ".join(f"{k}={v}" for k, v in r.items()), flush=True
+                )
     if args.zeitgeist_seconds:
         out["zeitgeist"] = z = zeitgeist(
             spark, work, args.zeitgeist_seconds, args.intervals, args.writer

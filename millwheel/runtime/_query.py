@@ -343,10 +343,9 @@ class ComputationQuery(HeartbeatWriter):
         self.pending_inputs = pending
         self.input_watermark = max(self.input_watermark, in_lw)
         reports = []
-        for i, summary in sorted(self.summaries.items()):
-            if 0 <= i < self.intervals:  # (a retired group's summary is not an interval's)
-                name = interval_name(i)
-                reports.append((name, self._tokens[name], low_watermark(summary.hold, in_lw)))
+        for i, lw in self._interval_watermarks(self.summaries, in_lw):
+            name = interval_name(i)
+            reports.append((name, self._tokens[name], lw))
         if reports:
             try:
                 wm.report_batch(self.name, reports)
@@ -382,7 +381,7 @@ class ComputationQuery(HeartbeatWriter):
         (in_lw, *_), _ = read_input_watermarks(
             self.name, self.inputs, self.rt.streams, self.consumed, batch, self._upstream_watermark
         )
-        wm = min(low_watermark(holds[i].hold, in_lw) for i in range(self.intervals))
+        wm = min(lw for _, lw in self._interval_watermarks(holds, in_lw))
         if wm <= self.low_watermark:
             return None
         shows = [s for c in consumers if (s := c.stage_heartbeat(self.name, wm)) is not None]
@@ -392,6 +391,18 @@ class ComputationQuery(HeartbeatWriter):
                 show()
 
         return show_all if shows else None
+
+    def _interval_watermarks(
+        self, summaries: dict[int, IntervalSummary], in_lw: int
+    ) -> list[tuple[int, int]]:
+        """Each key interval's low watermark (§4.5): its oldest pending work (the hold its
+        last summary gives), bounded by the input low watermark ``in_lw``; a retired
+        group's summary is not an interval's."""
+        return [
+            (i, low_watermark(s.hold, in_lw))
+            for i, s in sorted(summaries.items())
+            if 0 <= i < self.intervals
+        ]
 
     def _upstream_watermark(self) -> int:
         """The minimum of the upstream's published low watermarks (+inf without any)."""
