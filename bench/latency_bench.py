@@ -376,9 +376,9 @@ def slices(
 
 
 def steady(spark, work: Path, args) -> dict[str, list[dict]]:
-    """One long run of millwheel's two stages and one of the native floor (``dropDuplicates``:
-    a state-store row per id, kept), ``--steady-seconds`` each: how a batch's time follows
-    the state held as it grows (:func:`slices`)."""
+    """One long run of millwheel's two stages and, if ``--floors`` names it, one of the native
+    floor (``dropDuplicates``: a state-store row per id, kept), ``--steady-seconds`` each:
+    how a batch's time follows the state held as it grows (:func:`slices`)."""
     dedup = (
         None
         if args.slack_s is None
@@ -386,10 +386,11 @@ def steady(spark, work: Path, args) -> dict[str, list[dict]]:
     )
     s = stages(spark, work, args.rate, args.steady_seconds, args.intervals, args.writer, dedup)
     out = {f"mw.{st}": slices(s["records"][st], s["progress"][st], args.slice_s) for st in "AB"}
-    recs, progress, _, _ = floor(
-        spark, work, "native", args.rate, args.steady_seconds, groups=args.intervals
-    )
-    out["floor.native"] = slices(recs, progress, args.slice_s)
+    if "native" in args.floors.split(","):
+        recs, progress, _, _ = floor(
+            spark, work, "native", args.rate, args.steady_seconds, groups=args.intervals
+        )
+        out["floor.native"] = slices(recs, progress, args.slice_s)
     return out
 
 

@@ -17,7 +17,7 @@ and **collects** ids behind the horizon, per key, at the per-record path's momen
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -306,12 +306,14 @@ class HeldIds:
         gc_interval_ms: int,
         stats: DedupStats | None = None,
         keys: Sequence[bytes] | None = None,
-    ) -> None:
-        """Collect ids older than ``horizon`` of each key (of ``keys``, default all) whose
-        oldest id is more than ``gc_interval_ms`` behind it: the per-record rule
-        (``DedupIndex.finish``), applied to the keys a batch stepped."""
+        exclude: Iterable[bytes] = (),
+    ) -> list[bytes]:
+        """Collect ids older than ``horizon`` of each key (of ``keys``, default all but
+        ``exclude``) whose oldest id is more than ``gc_interval_ms`` behind it: the
+        per-record rule (``DedupIndex.finish``), applied to the keys a batch stepped, or
+        woke to collect (``_contract.dedup_collect_at``). Returns the keys it collected from."""
         if not len(self.ts) or horizon <= int(self.ts.min()) + gc_interval_ms:
-            return
+            return []
         stats = stats if stats is not None else DedupStats()
         # each key's rows are one run of the sorted ``kix``
         starts = np.flatnonzero(np.r_[True, self.kix[1:] != self.kix[:-1]])
@@ -322,14 +324,21 @@ class HeldIds:
             scope = np.zeros(len(self.keys), np.bool_)
             scope[[self.key_index[kb] for kb in keys if kb in self.key_index]] = True
             due &= scope[run_keys]
+        else:
+            out = [self.key_index[kb] for kb in exclude if kb in self.key_index]
+            if out:
+                scope = np.ones(len(self.keys), np.bool_)
+                scope[out] = False
+                due &= scope[run_keys]
         if not due.any():
-            return
+            return []
         stats.gc_runs += int(due.sum())
         triggered = np.zeros(len(self.keys), np.bool_)
         triggered[run_keys[due]] = True
+        collected = [self.keys[i] for i in run_keys[due].tolist()]
         drop = triggered[self.kix] & (self.ts < horizon)
         if not drop.any():
-            return
+            return collected
         kept = ~drop
         stats.ids_collected += int(drop.sum())
         fps = self.all_fps()[kept]  # of the rows as they are, before the ids are rewritten
@@ -338,6 +347,7 @@ class HeldIds:
         self.seg, self.segs = np.zeros(len(self.ts), np.int32), None  # rewritten as one segment
         self.compact_keys()
         self.rebuild(self.fps)
+        return collected
 
     def compact_keys(self) -> None:
         """Drop keys without ids from the key table."""
@@ -350,6 +360,21 @@ class HeldIds:
         self.kix = remap[self.kix]
         self.keys = [self.keys[i] for i in used.tolist()]
         self.key_index = {kb: i for i, kb in enumerate(self.keys)}
+
+    def oldest(self, keys: Iterable[bytes]) -> dict[bytes, int]:
+        """The oldest id's timestamp of each of ``keys`` that keeps ids."""
+        want = [self.key_index[kb] for kb in keys if kb in self.key_index]
+        if not want or not len(self.ts):
+            return {}
+        starts = np.flatnonzero(np.r_[True, self.kix[1:] != self.kix[:-1]])
+        mins = dict(
+            zip(
+                self.kix[starts].tolist(),
+                np.minimum.reduceat(self.ts, starts).tolist(),
+                strict=True,
+            )
+        )
+        return {self.keys[i]: mins[i] for i in want if i in mins}
 
     def keys_with_ids(self, keys: Sequence[bytes]) -> set[bytes]:
         """Which of ``keys`` have ids kept."""

@@ -53,7 +53,7 @@ from millwheel._fields import (
     field_type,
     requested_fields,
 )
-from millwheel._options import ComputationOptions, ErrorPolicy, LateAction
+from millwheel._options import ComputationOptions, DedupOptions, ErrorPolicy, LateAction
 from millwheel._record import Key, Production, Record, TimeDomain, Timer, decode_key
 
 #: decoded keys a runner keeps (``ColumnarRunner._decode_key``); past it, it starts again
@@ -222,6 +222,12 @@ class ColumnarRunner:
         if opts.exactly_once:
             horizon = dedup_horizon(lw, oldest_late_wm, opts.dedup.slack_ms)
             st.dedup.collect(horizon, opts.dedup.gc_interval_ms, stats, list(touched))
+            # the other keys whose oldest ids can go, as the per-record path wakes them
+            # (``_contract.dedup_collect_at``): with no records of their own, by the watermark
+            woken = st.dedup.collect(
+                lw - opts.dedup.slack_ms, opts.dedup.gc_interval_ms, stats, exclude=touched
+            )
+            touched.update(woken)
         prods = out.finish(self, st, lw, c)
         if opts.strong_productions and prods.ids:
             st.pending.extend(
@@ -236,8 +242,9 @@ class ColumnarRunner:
         c.dead_letters_dropped = len(dead) - len(letters)
         c.bloom_maybe, c.bloom_false_positive = stats.bloom_maybe, stats.bloom_false_positive
         c.dedup_gc_runs, c.dedup_ids_collected = stats.gc_runs, stats.ids_collected
-        hold, nlw, nwall, kept = (None, None, None, 0) if live else st.summary()
-        summaries = st.key_summary(touched | set(prods.kbs)) if key_summaries else None
+        collect = self._collect_wakes()
+        hold, nlw, nwall, kept = (None, None, None, 0) if live else st.summary(collect)
+        summaries = st.key_summary(touched | set(prods.kbs), collect) if key_summaries else None
         return ColumnarResult(
             None if live else st.encode(files),
             prods.streams,
@@ -499,7 +506,15 @@ class ColumnarRunner:
         if not st.pending:
             return store, {}
         keys = st.acknowledge(ids)
-        return st if isinstance(store, ColumnarStore) else st.encode(), st.key_summary(keys)
+        return (
+            st if isinstance(store, ColumnarStore) else st.encode(),
+            st.key_summary(keys, self._collect_wakes()),
+        )
+
+    def _collect_wakes(self) -> DedupOptions | None:
+        """The dedup options a store's summaries wake keys by to collect their ids
+        (``_contract.dedup_collect_at``); ``None`` without exactly-once."""
+        return self.options.dedup if self.options.exactly_once else None
 
     def pending(self, store: bytes | ColumnarStore | None) -> list[tuple[bytes, Production]]:
         """Strong productions checkpointed and not yet acknowledged, with their keys' bytes."""

@@ -26,9 +26,9 @@ import pyarrow.compute as pc
 from millwheel._coldedup import ColumnarDedup
 from millwheel._colsegments import SegmentFiles
 from millwheel._coltimers import TimerTable
-from millwheel._contract import unacknowledged
+from millwheel._contract import dedup_collect_at, unacknowledged
 from millwheel._errors import EnvelopeError
-from millwheel._options import ComputationOptions
+from millwheel._options import ComputationOptions, DedupOptions
 from millwheel._record import MAX_TIMESTAMP, TimeDomain
 
 _LW = int(TimeDomain.LOW_WATERMARK)
@@ -232,9 +232,11 @@ class ColumnarStore:
         return [kb for kb in cands if (m := meta.get(kb)) is None or m[1] is None]
 
     def key_summary(
-        self, kbs: Iterable[bytes]
+        self, kbs: Iterable[bytes], collect: DedupOptions | None = None
     ) -> dict[bytes, tuple[int | None, int | None, int | None]]:
-        """Per key: (hold, next low-watermark timer, next wall timer) — what the harness indexes."""
+        """Per key: (hold, next low-watermark timer, next wall timer) — what the harness
+        indexes. With ``collect``, a key's next low-watermark wake-up is also when its
+        oldest ids can go (``_contract.dedup_collect_at``), which holds nothing."""
         want = set(kbs)
         out: dict[bytes, list[Any]] = {kb: [None, None, None] for kb in want}
         for kb in want:
@@ -259,10 +261,19 @@ class ColumnarStore:
             if p[1] in want:
                 s = out[p[1]]
                 s[0] = p[3] if s[0] is None or p[3] < s[0] else s[0]
+        if collect is not None:
+            for kb, oldest in self.dedup.oldest(want).items():
+                s = out[kb]
+                at = dedup_collect_at(oldest, collect.slack_ms, collect.gc_interval_ms)
+                s[1] = at if at is not None and (s[1] is None or at < s[1]) else s[1]
         return {kb: (s[0], s[1], s[2]) for kb, s in out.items()}
 
-    def summary(self) -> tuple[int | None, int | None, int | None, int]:
-        """The whole store's hold, earliest low-watermark and wall timers, and keys kept."""
+    def summary(
+        self, collect: DedupOptions | None = None
+    ) -> tuple[int | None, int | None, int | None, int]:
+        """The whole store's hold, earliest low-watermark and wall timers, and keys kept;
+        with ``collect``, the earliest low-watermark wake-up is also when the oldest ids
+        can go (:meth:`key_summary`)."""
         hold = nlw = nwall = None
         for m in self.meta.values():
             if m[1] is not None and (hold is None or m[1] < hold):
@@ -274,6 +285,11 @@ class ColumnarStore:
                 hold = h if hold is None or h < hold else hold
         for p in self.pending:
             hold = p[3] if hold is None or p[3] < hold else hold
+        if collect is not None and len(self.dedup.ts):
+            at = dedup_collect_at(
+                int(self.dedup.ts.min()), collect.slack_ms, collect.gc_interval_ms
+            )
+            nlw = at if at is not None and (nlw is None or at < nlw) else nlw
         keys = set(self.meta) | self.timers.key_set()
         if self.state is not None:
             keys |= set(self.state.column("_kb").to_pylist())

@@ -46,7 +46,15 @@ from millwheel._deadletter import DEAD_LETTER_STREAM, DeadLetter, dead_letter_re
 from millwheel._errors import ComputationError
 from millwheel._identity import _hexdigest
 from millwheel._options import LateAction, LatePolicy
-from millwheel._record import MIN_TIMESTAMP, Key, Production, Record, TimeDomain, Timer
+from millwheel._record import (
+    MAX_TIMESTAMP,
+    MIN_TIMESTAMP,
+    Key,
+    Production,
+    Record,
+    TimeDomain,
+    Timer,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -77,6 +85,24 @@ def dedup_horizon(low_watermark: int, oldest_late_wm: int | None, slack_ms: int)
     the step's records arrived under (``None``: it had none), less the slack."""
     wm = low_watermark if oldest_late_wm is None else min(low_watermark, oldest_late_wm)
     return wm - slack_ms
+
+
+def dedup_collect_at(oldest: int | None, slack_ms: int, gc_interval_ms: int) -> int | None:
+    """The low watermark from which a step with no records collects a key's oldest ids,
+    remembered under ``oldest`` (:func:`dedup_horizon` passes ``oldest`` by more than the
+    collection interval); ``None``: no ids, or never. A key that keeps ids is stepped then
+    even with nothing else due, as for a low-watermark timer that holds nothing: else a key
+    seen once would keep its ids, and its envelope, for ever.
+
+    >>> dedup_collect_at(1_000, 600_000, 60_000)
+    661001
+    >>> dedup_collect_at(None, 600_000, 60_000) is None
+    True
+    """
+    if oldest is None:
+        return None
+    at = oldest + slack_ms + gc_interval_ms + 1
+    return at if at <= MAX_TIMESTAMP else None
 
 
 # ---- lateness (§4.5) -------------------------------------------------------------------------

@@ -75,6 +75,12 @@ class DedupOptions:
     low watermark has passed a timestamp no internal sender can still be retrying a record
     of that age (pending deliveries hold the watermark, §4.5), so only late injectors can
     re-send it: ``slack_ms`` is the allowance for them ("a few hours" in MillWheel).
+    Ids are collected in steps of ``gc_interval_ms`` of watermark progress when a key is
+    stepped, and from a key that keeps no state even when it gets nothing more: it is woken
+    once the watermark passes its oldest ids by ``slack_ms + gc_interval_ms`` (a wake-up
+    that holds no watermark), and forgotten if it kept nothing else. So a key seen once is
+    not kept for ever. A key with state keeps the ids of its last records until its next
+    step; a columnar computation collects every key's due ids in each call.
 
     The Bloom filter is the fast path: a "no" skips the exact id list, a "maybe" always
     falls back to it, so a false positive costs time and never drops a record.

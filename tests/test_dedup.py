@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import random
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from millwheel import Computation, ComputationOptions, DedupOptions, Record
 from millwheel._bloom import BloomFilter, fingerprint
 from millwheel._envelope import DedupIndex, DedupStats
+from millwheel._record import MIN_TIMESTAMP
 from millwheel.testing import Harness
 
 
@@ -106,3 +110,80 @@ def test_bloom_filter_has_no_false_negatives_and_survives_a_round_trip(ids, prob
     g = BloomFilter.load(f.to_bytes(), capacity=f.capacity)
     assert all(fingerprint(i) in g for i in ids)
     assert [fingerprint(p) in f for p in probes] == [fingerprint(p) in g for p in probes]
+
+
+class Relay(Computation):
+    """Keeps nothing but its record ids: a key seen once is an envelope of ids only."""
+
+    def process_record(self, record):
+        self.produce("out", record.value)
+
+
+def _relay(columnar: bool, dedup: DedupOptions) -> Harness:
+    from millwheel import ColumnarComputation
+
+    class ColumnarRelay(ColumnarComputation):
+        record_columns = ("key", "timestamp", "value")
+
+        def process_batch(self, batch):
+            r = batch.records
+            batch.produce("out", list(r["value"]), keys=r["key"], timestamps=r["timestamp"])
+
+    return Harness.for_computation(
+        ColumnarRelay if columnar else Relay,
+        inputs={"in": lambda r: r.id.split("#")[0]},
+        outputs=["out"],
+        options=ComputationOptions(dedup=dedup),
+        name="Relay",
+    )
+
+
+@pytest.mark.parametrize("columnar", [False, True], ids=["per-record", "columnar"])
+def test_a_key_that_keeps_only_ids_is_forgotten_once_they_can_go(columnar):
+    """Invariant (§6.1.1, ``DedupOptions``): after a round at low watermark ``lw``, no key
+    without state keeps an id it could have collected (remembered before ``lw - slack -
+    gc_interval``), touched in the round or not; a key that kept only those ids is
+    forgotten, and the wake-up that
+    collects them holds no watermark. Exactly once is unchanged: every id is delivered
+    once, re-deliveries inside the horizon are duplicates, behind it late. Random rounds
+    of records (many keys seen once, a few seen often), re-deliveries and watermark moves,
+    fresh seed."""
+    seed = random.SystemRandom().randrange(1, 10**6)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    slack, gc = rng.choice([(1_000, 0), (1_000, 250), (5_000, 1_000)])
+    h = _relay(columnar, DedupOptions(slack_ms=slack, gc_interval_ms=gc))
+    lw, t, n, sent = MIN_TIMESTAMP, 0, 0, {}
+    #: an id is remembered under its timestamp, or the watermark it came late for (``dedup_stamp``)
+    stamp: dict[str, int] = {}
+    for _ in range(40):
+        recs = []
+        for _ in range(rng.randrange(0, 30)):
+            key = f"hot{rng.randrange(3)}" if rng.random() < 0.3 else f"once{n}"
+            rid = f"{key}#{n}"
+            n += 1
+            sent[rid] = max(lw, t + rng.randrange(-200, 200), 0)
+            recs.append(Record(None, rid, sent[rid], rid))
+        if sent and rng.random() < 0.3:  # re-deliveries, inside or behind the horizon
+            recs += [Record(None, r, sent[r], r) for r in rng.sample(sorted(sent), 3)]
+        for r in recs:
+            stamp[r.id] = max(stamp.get(r.id, MIN_TIMESTAMP), r.timestamp, lw)
+        h.inject("in", recs)
+        if rng.random() < 0.6:
+            t += rng.randrange(0, 3 * slack)
+            lw = max(lw, t - rng.randrange(0, 500))
+            h.advance_watermark("in", lw)
+        h.run()
+        assert h.low_watermark("Relay") == lw, f"seed {seed}: a wake-up held the watermark"
+        for key in h.keys("Relay"):
+            for rid in h.dedup_ids("Relay", key):
+                assert stamp[rid] >= lw - slack - 2 * gc, (
+                    f"seed {seed}: {key!r} keeps {rid} (stamp at most {stamp[rid]}) at lw {lw}"
+                )
+            assert h.dedup_ids("Relay", key), f"seed {seed}: {key!r} kept with nothing"
+    out = [r.id for r in h.output("out")]
+    assert len({v for v in (r.value for r in h.output("out"))}) == len(out), f"seed {seed}"
+    m = h.metrics("Relay")
+    assert len(out) + m["late_dropped"] >= len(sent), f"seed {seed}: a record was lost"
+    assert {r.value for r in h.output("out")} <= set(sent), f"seed {seed}"
+    assert m["dedup_ids_collected"] > 0, f"seed {seed}: nothing was collected"

@@ -200,7 +200,8 @@ class ColumnarSide:
         k = d.key_index.get(encode_key(key))
         if k is None:
             return set()
-        return set(d.ids.filter(pa.array(d.kix == k)).to_pylist())
+        # row i's id is ``ids[ptr[i]]`` (rows sorted by key, ids in the order they came)
+        return set(d.ids.take(pa.array(d.ptr[d.kix == k])).to_pylist())
 
     def timers(self, key: Key) -> list[Timer]:
         kb = encode_key(key)

@@ -8,6 +8,7 @@ import pytest
 
 from millwheel import Computation, Record, Topology
 from millwheel._codec import decode_value, encode_value
+from millwheel._contract import dedup_collect_at
 from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._record import decode_key, encode_key
 from millwheel.runtime._interval import KEYING_STAGE_NEEDED, KeyingStageNeeded, MemoryGroupState
@@ -175,4 +176,7 @@ def test_a_heartbeat_addressed_to_the_interval_fires_its_timers_in_the_batch_tha
     # Spark's watermark still at 500: the heartbeat at 1,000 that counts batch 6 fires the timer
     out = pd.concat(list(step((i,), iter([_heartbeat(to_spark(1_000), upto=6)]), state)))
     assert [decode_value(v) for v in out[out["stream"] == "closed"]["value"]] == [1_000]
-    assert _summary(out).low_watermark == 1_000 and _summary(out).next_low_watermark_timer is None
+    done = _summary(out)
+    assert done.low_watermark == 1_000 and done.hold is None
+    # what is left to wake the key for is its record id's collection, which holds nothing
+    assert done.next_low_watermark_timer == dedup_collect_at(1_000, 600_000, 60_000)
