@@ -66,7 +66,7 @@ class _Groups:
         envs: dict[bytes, Any] = {}
         meta: dict[bytes, Any] = {}
         install_envelopes(
-            self.name, self.interval(group), len(self.groups), installs, envs, meta, KeyMeta
+            self.name, self.interval(group), len(self.groups), installs, envs, meta, KeyMeta.make
         )
         return envs, meta
 

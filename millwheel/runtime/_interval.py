@@ -83,15 +83,27 @@ class KeyMeta(NamedTuple):
     next_wall_timer: int | None
 
     @classmethod
-    def of(cls, outcome: KeyOutcome) -> KeyMeta | None:
-        """``None``: the key has nothing to schedule (no entry)."""
+    def of(cls, outcome: KeyOutcome) -> KeyMeta | int | None:
+        """``None``: the key has nothing to schedule (no entry); see :meth:`make`."""
         if outcome.envelope is None or outcome.keeps_nothing_to_schedule:
             return None
-        return cls(outcome.hold, outcome.next_low_watermark_timer, outcome.next_wall_timer)
+        return cls.make(outcome.hold, outcome.next_low_watermark_timer, outcome.next_wall_timer)
+
+    @classmethod
+    def make(cls, hold: int | None, nlw: int | None, nwall: int | None) -> KeyMeta | int:
+        """The entry of a key with these: a :class:`KeyMeta`, or for a key whose only
+        entry is a low-watermark wake-up that holds nothing (its ids' collection,
+        ``_contract.dedup_collect_at``; a low-watermark timer always holds) that time
+        alone, an int: msgpack reads it without a Python call, and an interval may keep
+        one for each key it saw in the last ``slack_ms``."""
+        if hold is None and nwall is None and nlw is not None:
+            return nlw
+        return cls(hold, nlw, nwall)
 
 
 def unpack_meta(data: bytes) -> Any:
-    """A msgpack map (or list holding one) whose lists are :class:`KeyMeta`."""
+    """A msgpack map (or list holding one) whose lists are :class:`KeyMeta` (and whose
+    ints are wake-ups: :meth:`KeyMeta.make`)."""
     return _unpackb(data, raw=False, strict_map_key=False, list_hook=_meta_or_list)
 
 
@@ -456,9 +468,9 @@ class IntervalBatch:
         """Keys without input whose earliest timer is due: ``(key bytes, its KeyMeta)``."""
         lw, now, per_key = self.low_watermark, self.now, self.per_key
         for kb, m in meta:
-            if kb not in per_key and timers_due(
-                m.next_low_watermark_timer, m.next_wall_timer, lw, now
-            ):
+            if kb in per_key:
+                continue
+            if m <= lw if isinstance(m, int) else timers_due(m[1], m[2], lw, now):
                 per_key[kb] = []
 
     def run(self, envelopes: Callable[[bytes], bytes | None]) -> dict[bytes, KeyOutcome]:
@@ -533,10 +545,16 @@ class IntervalBatch:
         return self.out.frame(self.owner.keyer, self.owner.out_consumers, self.owner.out_fields)
 
 
-def earliest(metas: Iterable[KeyMeta]) -> tuple[int | None, int | None, int | None]:
-    """The interval's hold, earliest low-watermark timer and earliest wall timer, from its keys' :class:`KeyMeta`."""
+def earliest(metas: Iterable[KeyMeta | int]) -> tuple[int | None, int | None, int | None]:
+    """The interval's hold, earliest low-watermark timer and earliest wall timer, from its
+    keys' entries (:meth:`KeyMeta.make`)."""
     hold = nlw_min = nwall_min = None
-    for h, t_lw, t_wall in metas:
+    for m in metas:
+        if isinstance(m, int):
+            if nlw_min is None or m < nlw_min:
+                nlw_min = m
+            continue
+        h, t_lw, t_wall = m
         if h is not None and (hold is None or h < hold):
             hold = h
         if t_lw is not None and (nlw_min is None or t_lw < nlw_min):

@@ -17,8 +17,10 @@ import msgpack
 import xxhash
 
 from millwheel._colstore import ColumnarStore
+from millwheel._contract import dedup_collect_at
 from millwheel._envelope import Envelope
 from millwheel._errors import EnvelopeError, MillwheelError
+from millwheel._options import DedupOptions
 from millwheel._record import decode_key
 from millwheel.runtime._keying import interval_of
 
@@ -38,18 +40,22 @@ class RescaleMismatch(MillwheelError, RuntimeError):
     before anything commits."""
 
 
-def envelope_meta(env: bytes) -> tuple[int | None, int | None, int | None] | None:
+def envelope_meta(
+    env: bytes, dedup: DedupOptions | None = None
+) -> tuple[int | None, int | None, int | None] | None:
     """``(hold, next low-watermark timer, next wall timer)`` of a stored key, read from its
     envelope (what the step keeps beside it as its ``KeyMeta``); ``None`` if it has
-    nothing to schedule."""
+    nothing to schedule. The next low-watermark wake-up is also when a key without state
+    can collect its ids, as the step says (``_step.py``), by the computation's ``dedup``
+    options; not known (``None``: a relayout, a state load), as soon as the watermark
+    passes its oldest id: too early is one step that collects nothing and sets the real
+    time, too late would keep a key seen once for ever."""
     e = Envelope.decode(env)
-    next_lw = next_wall = None
-    for ts, domain in e.timers.values():
-        if domain == 0:  # TimeDomain.LOW_WATERMARK
-            next_lw = ts if next_lw is None or ts < next_lw else next_lw
-        else:
-            next_wall = ts if next_wall is None or ts < next_wall else next_wall
-    hold = e.hold()
+    hold, next_lw, next_wall = e.schedule()
+    if e.dedup.count and e.state is None:
+        slack, gc = (0, 0) if dedup is None else (dedup.slack_ms, dedup.gc_interval_ms)
+        at = dedup_collect_at(e.dedup.min_ts, slack, gc)
+        next_lw = at if at is not None and (next_lw is None or at < next_lw) else next_lw
     if hold is None and next_lw is None and next_wall is None:
         return None
     return hold, next_lw, next_wall
@@ -86,9 +92,11 @@ def install_envelopes(
     envs: dict[bytes, Any],
     meta: dict[bytes, Any],
     make_meta: Callable[..., Any],
+    dedup: DedupOptions | None = None,
 ) -> None:
     """Put a rescale's ``installs`` into key interval ``interval``'s (empty) maps, each key's
-    meta built by ``make_meta(hold, next lw timer, next wall timer)``."""
+    meta built by ``make_meta(hold, next lw timer, next wall timer)`` (``dedup``:
+    :func:`envelope_meta`)."""
     if envs:
         msg = f"computation {name!r}: a rescale installs envelopes into key interval {interval}, which already holds {len(envs)} keys; the rescale must be redone"
         raise RescaleMismatch(msg)
@@ -97,7 +105,7 @@ def install_envelopes(
             msg = f"computation {name!r}: a rescale sent key {decode_key(kb)!r} to key interval {interval} of {intervals}, not its own ({interval_of(kb, intervals)})"
             raise RescaleMismatch(msg)
         envs[kb] = env
-        m = envelope_meta(env)
+        m = envelope_meta(env, dedup)
         if m is not None:
             meta[kb] = make_meta(*m)
 

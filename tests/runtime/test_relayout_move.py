@@ -172,7 +172,7 @@ def test_every_envelope_moves_once_between_the_layouts_and_the_run_goes_on_as_if
     for h in handles.values():
         count, meta = unpack_meta(h.values["meta"].get()[0])
         want = {
-            kb: KeyMeta(*m)
+            kb: KeyMeta.make(*m)
             for kb in h.maps["envs"]
             if (m := envelope_meta(h.maps["envs"][kb])) is not None
         }

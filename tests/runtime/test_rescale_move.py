@@ -28,7 +28,7 @@ from millwheel._colstore import ColumnarStore
 from millwheel._columnar import is_columnar
 from millwheel._record import decode_key, encode_key
 from millwheel.runtime._columnar import ColumnarIntervalStep
-from millwheel.runtime._interval import MemoryGroupState
+from millwheel.runtime._interval import MemoryGroupState, earliest, unpack_meta
 from millwheel.runtime._keying import Keyer, interval_of
 from millwheel.runtime._move import RescaleMismatch, blob_digest, state_digest
 from millwheel.runtime._rescale import move_rows, move_stores
@@ -244,9 +244,8 @@ def test_a_move_puts_every_key_in_its_new_interval_once_and_changes_nothing_else
     for g in new_groups:
         s = after.states.get(g)
         if s is not None and s.value is not None and s.timeout is not None:
-            meta = msgpack.unpackb(s.value[1], raw=False, strict_map_key=False)
-            lw = [m[1] for m in meta.values() if m[1] is not None]
-            assert s.timeout == max(timer_timeout(min(lw)), s.watermark)
+            _, nlw, _ = earliest(unpack_meta(s.value[1]).values())
+            assert s.timeout == max(timer_timeout(nlw), s.watermark)
 
 
 def _held(keys=("a", "b", "c"), spec=None) -> tuple[Cluster, dict[int, dict[bytes, bytes]]]:

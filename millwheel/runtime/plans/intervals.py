@@ -162,8 +162,16 @@ class IntervalStep:
 
     def install(self, batch: IntervalBatch, envs: dict[bytes, Any], meta: dict[bytes, Any]) -> None:
         """A rescale's envelopes into this interval's (empty) maps, before any key runs (``_move.py``)."""
+        opts = self.spec.options
         install_envelopes(
-            self.spec.name, batch.interval, self.intervals or 0, batch.installs, envs, meta, KeyMeta
+            self.spec.name,
+            batch.interval,
+            self.intervals or 0,
+            batch.installs,
+            envs,
+            meta,
+            KeyMeta.make,
+            opts.dedup if opts.exactly_once else None,
         )
 
     def _retire(self, batch: IntervalBatch, state: Any) -> None:

@@ -235,7 +235,8 @@ def make_processor(
                 batch.installs,
                 installed,
                 meta,
-                KeyMeta,
+                KeyMeta.make,
+                spec.options.dedup if spec.options.exactly_once else None,
             )
             envs.write_many(list(installed.items()), [])
             return installed
