@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from millwheel._coldedup import ColumnarDedup
 from millwheel._colsegments import SegmentFiles
 from millwheel._coltimers import TimerTable
-from millwheel._contract import dedup_collect_at, unacknowledged
+from millwheel._contract import unacknowledged, with_collect_at
 from millwheel._errors import EnvelopeError
 from millwheel._options import ComputationOptions, DedupOptions
 from millwheel._record import MAX_TIMESTAMP, TimeDomain
@@ -264,8 +264,7 @@ class ColumnarStore:
         if collect is not None:
             for kb, oldest in self.dedup.oldest(want).items():
                 s = out[kb]
-                at = dedup_collect_at(oldest, collect.slack_ms, collect.gc_interval_ms)
-                s[1] = at if at is not None and (s[1] is None or at < s[1]) else s[1]
+                s[1] = with_collect_at(s[1], oldest, collect.slack_ms, collect.gc_interval_ms)
         return {kb: (s[0], s[1], s[2]) for kb, s in out.items()}
 
     def summary(
@@ -286,10 +285,9 @@ class ColumnarStore:
         for p in self.pending:
             hold = p[3] if hold is None or p[3] < hold else hold
         if collect is not None and len(self.dedup.ts):
-            at = dedup_collect_at(
-                int(self.dedup.ts.min()), collect.slack_ms, collect.gc_interval_ms
+            nlw = with_collect_at(
+                nlw, int(self.dedup.ts.min()), collect.slack_ms, collect.gc_interval_ms
             )
-            nlw = at if at is not None and (nlw is None or at < nlw) else nlw
         keys = set(self.meta) | self.timers.key_set()
         if self.state is not None:
             keys |= set(self.state.column("_kb").to_pylist())

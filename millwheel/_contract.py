@@ -105,6 +105,14 @@ def dedup_collect_at(oldest: int | None, slack_ms: int, gc_interval_ms: int) -> 
     return at if at <= MAX_TIMESTAMP else None
 
 
+def with_collect_at(
+    next_lw: int | None, oldest: int | None, slack_ms: int, gc_interval_ms: int
+) -> int | None:
+    """The earlier of a low-watermark wake-up ``next_lw`` and :func:`dedup_collect_at`."""
+    at = dedup_collect_at(oldest, slack_ms, gc_interval_ms)
+    return at if at is not None and (next_lw is None or at < next_lw) else next_lw
+
+
 # ---- lateness (§4.5) -------------------------------------------------------------------------
 def late_watermark(stream: str | None, arrival: int | None, low_watermark: int) -> int:
     """The watermark a record is judged late against: the one it arrived under (``None``: the

@@ -34,6 +34,7 @@ from typing import Any
 
 import msgpack
 
+from millwheel._contract import with_collect_at
 from millwheel._dedup import EXACT_IDS_PER_RECORD, SMALL_IDS, DedupIndex, DedupStats
 from millwheel._errors import EnvelopeError
 from millwheel._record import MAX_TIMESTAMP, Key
@@ -117,6 +118,17 @@ class Envelope:
             if hold is None or p.timestamp < hold:
                 hold = p.timestamp
         return hold, next_lw, next_wall
+
+    def collect_wake(self, next_lw: int | None, slack_ms: int, gc_interval_ms: int) -> int | None:
+        """``next_lw``, or earlier the low watermark from which this key, if it keeps ids and
+        no state, is stepped again to collect its oldest ids even with nothing else due
+        (``_contract.dedup_collect_at``): a wake-up, not a timer, so it holds nothing
+        (§6.1.1). Else a key seen once would keep its ids, and its envelope, for ever; a
+        key with state keeps its last ids until its next step (no entry in its interval's
+        timer index for them: a key layout holds millions of such keys)."""
+        if not self.dedup.count or self.state is not None:
+            return next_lw
+        return with_collect_at(next_lw, self.dedup.min_ts, slack_ms, gc_interval_ms)
 
     def encode(self) -> bytes:
         timers: list[Any] = []

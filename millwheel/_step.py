@@ -33,7 +33,6 @@ from millwheel._codec import decode_value, encode_value
 from millwheel._computation import Computation, _NoKey
 from millwheel._contract import (
     LateRule,
-    dedup_collect_at,
     dedup_horizon,
     dedup_stamp,
     due_timers,
@@ -340,17 +339,8 @@ class StepRunner:
         else:
             dead = []
         hold, next_lw, next_wall = env.schedule()
-        if opts.exactly_once and env.dedup.count and env.state is None:
-            # a key that keeps no state is stepped again once its oldest ids can go, even
-            # with nothing else due: a wake-up, not a timer, so it holds nothing (§6.1.1).
-            # Else a key seen once would keep its ids, and its envelope, for ever; a key
-            # with state keeps its last ids until its next step (no entry in its interval's
-            # timer index for them: a key layout holds millions of such keys)
-            collect = dedup_collect_at(
-                env.dedup.min_ts, opts.dedup.slack_ms, opts.dedup.gc_interval_ms
-            )
-            if collect is not None and (next_lw is None or collect < next_lw):
-                next_lw = collect
+        if opts.exactly_once:
+            next_lw = env.collect_wake(next_lw, opts.dedup.slack_ms, opts.dedup.gc_interval_ms)
         return StepResult(
             envelope=None if env.is_empty() else env.encode(),
             productions=productions,

@@ -17,7 +17,6 @@ import msgpack
 import xxhash
 
 from millwheel._colstore import ColumnarStore
-from millwheel._contract import dedup_collect_at
 from millwheel._envelope import Envelope
 from millwheel._errors import EnvelopeError, MillwheelError
 from millwheel._options import DedupOptions
@@ -52,10 +51,8 @@ def envelope_meta(
     time, too late would keep a key seen once for ever."""
     e = Envelope.decode(env)
     hold, next_lw, next_wall = e.schedule()
-    if e.dedup.count and e.state is None:
-        slack, gc = (0, 0) if dedup is None else (dedup.slack_ms, dedup.gc_interval_ms)
-        at = dedup_collect_at(e.dedup.min_ts, slack, gc)
-        next_lw = at if at is not None and (next_lw is None or at < next_lw) else next_lw
+    slack, gc = (0, 0) if dedup is None else (dedup.slack_ms, dedup.gc_interval_ms)
+    next_lw = e.collect_wake(next_lw, slack, gc)
     if hold is None and next_lw is None and next_wall is None:
         return None
     return hold, next_lw, next_wall
