@@ -13,7 +13,10 @@ in the same session, on the same trigger (0: a batch as soon as the previous one
     one state-store row per record) — the floor of any stateful query here;
   - ``python``: ``applyInPandasWithState`` over ``groups`` groups passing every record
     through and keeping a count per group — the floor of a Python stateful operator, the
-    shape of millwheel's interval-row plan without millwheel.
+    shape of millwheel's interval-row plan without millwheel;
+  - ``python_hb``: the same with a second file source unioned in, a one-row file every 0.1 s
+    (as a millwheel driver writes heartbeats at ``heartbeat_ms=100``), and an event-time
+    watermark on its column: what a query's second source and its union cost a batch.
 
   A record's latency: from its send time (just before its file is written) to its batch's
   file being visible (in the sink, before Spark's commit: the earliest a native query's
@@ -42,7 +45,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-FLOOR_KINDS = ("native", "python")
+FLOOR_KINDS = ("native", "python", "python_hb")
 INPUT_SCHEMA = "id string, k long, sent double"
 
 
@@ -168,9 +171,23 @@ class _PassThrough:
     def __call__(self, key: Any, frames: Iterator[Any], state: Any) -> Iterator[Any]:
         n = state.get[0] if state.exists else 0
         for f in frames:
+            f = f[f["id"].notna()]  # ``python_hb``'s heartbeat rows: not records
             n += len(f)
             yield f[["id", "sent"]]
         state.update((n,))
+
+
+def _write_heartbeats(d: Path, every_s: float, stop: threading.Event) -> None:
+    """``python_hb``'s second source: a one-row file every ``every_s`` (its watermark: the time)."""
+    seq = 0
+    while not stop.is_set():
+        name = f"{seq:08d}.parquet"
+        pq.write_table(
+            pa.table({"wm": pa.array([int(time.time() * 1000)], pa.int64())}), d / f".{name}.tmp"
+        )
+        os.replace(d / f".{name}.tmp", d / name)
+        seq += 1
+        stop.wait(every_s)
 
 
 def floor(
@@ -204,7 +221,22 @@ def floor(
     src = spark.readStream.schema(INPUT_SCHEMA).option("maxFileAge", "36500d").parquet(str(inp))
     if kind == "native":
         frame = src.dropDuplicates(["id"])
-    elif kind == "python":
+    elif kind in ("python", "python_hb"):
+        if kind == "python_hb":
+            (root / "hb").mkdir()
+            hb = (
+                spark.readStream.schema("wm long")
+                .option("maxFileAge", "36500d")
+                .parquet(str(root / "hb"))
+                .select(F.lit(-1).cast("long").alias("k"), F.col("wm"))
+            )
+            src = (
+                hb.unionByName(
+                    src.withColumn("wm", F.lit(None).cast("long")), allowMissingColumns=True
+                )
+                .withColumn("wm_ts", F.timestamp_millis("wm"))
+                .withWatermark("wm_ts", "0 seconds")
+            )
         frame = (
             src.withColumn("group", F.pmod(F.col("k"), F.lit(groups)))
             .groupBy("group")
@@ -251,6 +283,10 @@ def floor(
         daemon=True,
     )
     writer.start()
+    if kind == "python_hb":
+        threading.Thread(
+            target=_write_heartbeats, args=(root / "hb", 0.1, stop), daemon=True
+        ).start()
     collected = time.monotonic()
     deadline = time.monotonic() + seconds + 300
     try:

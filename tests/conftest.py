@@ -71,6 +71,27 @@ def _bucket_count_class():
 
 
 @pytest.fixture
+def id_relays():
+    """``(per_record, columnar)``: a computation of each kind that sends each record's value
+    on to ``out`` under its own timestamp and keeps nothing but its record ids, so a key
+    seen once is an envelope of ids only (``DedupOptions``, dedup garbage collection)."""
+    from millwheel import ColumnarComputation, Computation
+
+    class Relay(Computation):
+        def process_record(self, record):
+            self.produce("out", record.value, timestamp=record.timestamp)
+
+    class ColumnarRelay(ColumnarComputation):
+        record_columns = ("key", "timestamp", "value")
+
+        def process_batch(self, batch):
+            r = batch.records
+            batch.produce("out", list(r["value"]), keys=r["key"], timestamps=r["timestamp"])
+
+    return Relay, ColumnarRelay
+
+
+@pytest.fixture
 def second_counts():
     """``second_counts(source)``: a topology counting each key's records per second from
     ``source`` (``LatePolicy.drop()``), its output stream ``counts``; and ``.answer(output)``

@@ -112,25 +112,9 @@ def test_bloom_filter_has_no_false_negatives_and_survives_a_round_trip(ids, prob
     assert [fingerprint(p) in f for p in probes] == [fingerprint(p) in g for p in probes]
 
 
-class Relay(Computation):
-    """Keeps nothing but its record ids: a key seen once is an envelope of ids only."""
-
-    def process_record(self, record):
-        self.produce("out", record.value)
-
-
-def _relay(columnar: bool, dedup: DedupOptions) -> Harness:
-    from millwheel import ColumnarComputation
-
-    class ColumnarRelay(ColumnarComputation):
-        record_columns = ("key", "timestamp", "value")
-
-        def process_batch(self, batch):
-            r = batch.records
-            batch.produce("out", list(r["value"]), keys=r["key"], timestamps=r["timestamp"])
-
+def _relay(relays: tuple[type, type], columnar: bool, dedup: DedupOptions) -> Harness:
     return Harness.for_computation(
-        ColumnarRelay if columnar else Relay,
+        relays[columnar],
         inputs={"in": lambda r: r.id.split("#")[0]},
         outputs=["out"],
         options=ComputationOptions(dedup=dedup),
@@ -139,7 +123,7 @@ def _relay(columnar: bool, dedup: DedupOptions) -> Harness:
 
 
 @pytest.mark.parametrize("columnar", [False, True], ids=["per-record", "columnar"])
-def test_a_key_that_keeps_only_ids_is_forgotten_once_they_can_go(columnar):
+def test_a_key_that_keeps_only_ids_is_forgotten_once_they_can_go(columnar, id_relays):
     """Invariant (§6.1.1, ``DedupOptions``): after a round at low watermark ``lw``, no key
     without state keeps an id it could have collected (remembered before ``lw - slack -
     gc_interval``), touched in the round or not; a key that kept only those ids is
@@ -152,7 +136,7 @@ def test_a_key_that_keeps_only_ids_is_forgotten_once_they_can_go(columnar):
     print(f"seed {seed}")
     rng = random.Random(seed)
     slack, gc = rng.choice([(1_000, 0), (1_000, 250), (5_000, 1_000)])
-    h = _relay(columnar, DedupOptions(slack_ms=slack, gc_interval_ms=gc))
+    h = _relay(id_relays, columnar, DedupOptions(slack_ms=slack, gc_interval_ms=gc))
     lw, t, n, sent = MIN_TIMESTAMP, 0, 0, {}
     #: an id is remembered under its timestamp, or the watermark it came late for (``dedup_stamp``)
     stamp: dict[str, int] = {}
