@@ -165,13 +165,16 @@ class StepRunner:
         c = StepMetrics()
         stats = DedupStats()
         careful = None if failures is None else Careful(ctx, failures)
+        # a step without records delivered none under an older watermark: its ids are judged
+        # against the low watermark alone (a later delivery arrives under a later one)
+        arrived = late_wm if records else None
         records, any_late = self._admit(env, records, late_wm, c, stats)
         if not any_late and careful is None:
             self._records_fast(ctx, records, c)  # the common case: nothing late, nothing failed
         else:
             self._records(ctx, records, late_wm, c, careful)
         self._fire_timers(ctx, c, careful)
-        return self._checkpoint(key, env, ctx, c, stats, careful, late_wm)
+        return self._checkpoint(key, env, ctx, c, stats, careful, arrived)
 
     def _admit(
         self,
@@ -294,10 +297,11 @@ class StepRunner:
         c: StepMetrics,
         stats: DedupStats,
         careful: Careful | None,
-        late_wm: int,
+        arrived: int | None,
     ) -> StepResult:
         """The new envelope (§6.2): state, timers, sequence, hold, pending strong
-        productions (§6.1.2) and dedup ids, with the step's counters and dead letters."""
+        productions (§6.1.2) and dedup ids, with the step's counters and dead letters.
+        ``arrived``: the watermark the step's records arrived under (``None``: it had none)."""
         opts = self.options
         if careful is not None:
             env.state = careful.saved
@@ -327,7 +331,7 @@ class StepRunner:
             dd = opts.dedup
             # ids of records that may still be re-delivered: anything not behind the watermark
             # these records arrived under (later deliveries are judged against a later one)
-            horizon = dedup_horizon(ctx.low_watermark, late_wm, dd.slack_ms)
+            horizon = dedup_horizon(ctx.low_watermark, arrived, dd.slack_ms)
             env.dedup.finish(horizon, dd.bloom_fpr, dd.bloom_capacity, dd.gc_interval_ms, stats)
         c.bloom_maybe, c.bloom_false_positive = stats.bloom_maybe, stats.bloom_false_positive
         c.dedup_gc_runs, c.dedup_ids_collected = stats.gc_runs, stats.ids_collected

@@ -121,6 +121,18 @@ class HeartbeatWriter:
             return True
         return bool(self._due(hb_lw))
 
+    def wakes_pending(self) -> bool:
+        """Whether a key interval has a low-watermark wake-up that the watermark sent has
+        passed since the interval last ran, which a tick will carry out (``_wire.due_ticks``):
+        a key that keeps only dedup ids, woken to collect them (``_contract.dedup_collect_at``).
+        It holds no watermark, so a drained run would stop before the batch that runs it.
+        Not on a plan whose timers wait for Spark's no-data batches (no ticks there)."""
+        return not self._no_data_batches() and any(
+            s.next_low_watermark_timer is not None
+            and s.low_watermark < s.next_low_watermark_timer <= self._hb_sent
+            for s in self.summaries.values()
+        )
+
     def _due(self, hb_lw: int) -> frozenset[int]:
         """The key intervals whose earliest low-watermark timer (their last summary) ``hb_lw`` makes due."""
         return frozenset(

@@ -61,6 +61,11 @@ HB_MOVE_SCHEMA = pa.schema(
     ]
 )
 
+#: how long a drained query waits for the batches that carry out the wake-ups its last
+#: watermark made due (:meth:`ComputationQuery.drained`): a few ticks' batches; past it the
+#: run stops, and those keys stay in its state until new input runs their interval
+DRAIN_WAKE_S = 30.0
+
 
 class ComputationQuery(HeartbeatWriter):
     """The Spark query of one computation and the driver's bookkeeping for it."""
@@ -104,6 +109,8 @@ class ComputationQuery(HeartbeatWriter):
         self._waiting_since: float | None = None
         self._hb_seq = self._hb_shown = 0
         self._ticked: dict[int, int] = {}
+        #: since when a drained query waits for due wake-ups (``drained``); None: it does not
+        self._drain_wait: float | None = None
         #: key interval -> the newest watermark a heartbeat row addressed to it carried
         #: (``_write_heartbeat``) and how many batches were published when it was written
         self._reached: dict[int, tuple[int, int]] = {}
@@ -413,12 +420,20 @@ class ComputationQuery(HeartbeatWriter):
     # ---- reading -----------------------------------------------------------------------------
     def drained(self) -> bool:
         # a state move waiting for its batch is work too: a run rescaled after it drained runs it
-        return (
+        done = (
             self.low_watermark >= MAX_TIMESTAMP
             and not self.outbox.loc.list()
             and not self.pending_inputs
             and not move_pending(self._migration)
         )
+        if not done or not self.wakes_pending():
+            self._drain_wait = None
+            return done
+        # the ticks of the wake-ups the last watermark made due (keys that keep only ids):
+        # waited for, up to DRAIN_WAKE_S, so that a drained run forgets those keys too
+        if self._drain_wait is None:
+            self._drain_wait = time.monotonic()
+        return time.monotonic() - self._drain_wait > DRAIN_WAKE_S
 
     def status(self) -> dict[str, Any]:
         return {

@@ -126,7 +126,8 @@ def due_ticks(
     * With ``watermark`` (the last one sent in a heartbeat), for a query that runs no
       no-data micro-batches: a low-watermark timer the watermark has passed since the
       interval last ran (its class handles no timers but set one: the tick lets it fire and
-      fail as it would with them, instead of holding the low watermark for ever). Ticked
+      fail as it would with them, instead of holding the low watermark for ever; or a key
+      that keeps only ids, woken to collect them). Ticked
       again after each published batch (``batches``) that left it unfired: a tick read with
       the heartbeat itself runs under the watermark before it. Not an interval that a
       heartbeat row addressed to it, which no batch can have read yet, carries past the
