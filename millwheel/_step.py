@@ -109,7 +109,8 @@ class StepRunner:
         fire. A record is late if its timestamp is below ``late_watermark`` (default:
         ``low_watermark``): the backend passes the watermark that was in force when the
         records were delivered. Dedup ids older than the smaller of the two, minus the
-        slack, are collected.
+        slack, are collected; in a step without records, older than the low watermark less
+        the slack (any later delivery arrives under a watermark at least as new).
 
         ``life``: the life the key starts if it makes its first production (since it was
         made from nothing) in this step (``millwheel/_identity.py``: fixed by the batch, so a
