@@ -324,25 +324,13 @@ def test_records_of_one_batch_under_two_watermarks_fire_timers_between_them_on_b
     assert {n: ca[n] for n in COMPARED} == {n: res.metrics[n] for n in COMPARED}
 
 
-class Echo(Computation):
-    """Keeps nothing: a key is forgotten after every step call."""
-
-    def process_record(self, record):
-        self.produce("out", record.value, timestamp=record.timestamp)
-
-
-class ColumnarEcho(ColumnarComputation):
-    record_columns = ("key", "timestamp", "value")
-
-    def process_batch(self, batch):
-        r = batch.records
-        batch.produce("out", r["value"].tolist(), keys=r["key"], timestamps=r["timestamp"])
-
-
-def test_a_key_that_keeps_nothing_between_two_arrival_watermarks_starts_a_new_life_on_both_paths():
+def test_a_key_that_keeps_nothing_between_two_arrival_watermarks_starts_a_new_life_on_both_paths(
+    id_relays,
+):
+    echo, columnar_echo = id_relays
     options = ComputationOptions(exactly_once=False, strong_productions=False)
-    per_key = StepRunner(Echo(), name="Echo", outputs=["out"], options=options)
-    columnar = ColumnarRunner(ColumnarEcho(), name="Echo", outputs=["out"], options=options)
+    per_key = StepRunner(echo(), name="Echo", outputs=["out"], options=options)
+    columnar = ColumnarRunner(columnar_echo(), name="Echo", outputs=["out"], options=options)
     life = batch_life("contract", 0)
     sent = [(Record("k", v, 1_000 * v, f"r{v}", "in"), 100 * (7 + 2 * v)) for v in (1, 2)]
     got = run_key(
