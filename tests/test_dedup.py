@@ -149,7 +149,9 @@ def test_a_key_that_keeps_only_ids_is_forgotten_once_they_can_go(columnar, id_re
             sent[rid] = max(lw, t + rng.randrange(-200, 200), 0)
             recs.append(Record(None, rid, sent[rid], rid))
         if sent and rng.random() < 0.3:  # re-deliveries, inside or behind the horizon
-            recs += [Record(None, r, sent[r], r) for r in rng.sample(sorted(sent), 3)]
+            recs += [
+                Record(None, r, sent[r], r) for r in rng.sample(sorted(sent), min(3, len(sent)))
+            ]
         for r in recs:
             stamp[r.id] = max(stamp.get(r.id, MIN_TIMESTAMP), r.timestamp, lw)
         h.inject("in", recs)
