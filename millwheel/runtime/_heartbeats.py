@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from millwheel._record import MIN_TIMESTAMP
 from millwheel.runtime._layout import mark_migration
-from millwheel.runtime._wire import due_ticks, from_spark, to_spark
+from millwheel.runtime._wire import due_ticks, from_spark, passed_since_run, to_spark
 
 if TYPE_CHECKING:
     from millwheel._topology import ComputationSpec
@@ -127,11 +127,15 @@ class HeartbeatWriter:
         a key that keeps only dedup ids, woken to collect them (``_contract.dedup_collect_at``).
         It holds no watermark, so a drained run would stop before the batch that runs it.
         Not on a plan whose timers wait for Spark's no-data batches (no ticks there)."""
-        return not self._no_data_batches() and any(
-            s.next_low_watermark_timer is not None
-            and s.low_watermark < s.next_low_watermark_timer <= self._hb_sent
-            for s in self.summaries.values()
+        watermark = self._tick_watermark()
+        return watermark is not None and any(
+            passed_since_run(s, watermark) for s in self.summaries.values()
         )
+
+    def _tick_watermark(self) -> int | None:
+        """The watermark :func:`~millwheel.runtime._wire.due_ticks` ticks low-watermark
+        timers under: the one sent, unless Spark's no-data batches fire them."""
+        return None if self._no_data_batches() else self._hb_sent
 
     def _due(self, hb_lw: int) -> frozenset[int]:
         """The key intervals whose earliest low-watermark timer (their last summary) ``hb_lw`` makes due."""
@@ -171,7 +175,7 @@ class HeartbeatWriter:
                 self.summaries,
                 self._ticked,
                 now,
-                None if self._no_data_batches() else self._hb_sent,
+                self._tick_watermark(),
                 self.batches,
                 self._unread(),
             )

@@ -156,13 +156,20 @@ def due_ticks(
         elif (
             watermark is not None
             and nlw is not None
-            and s.low_watermark < nlw <= watermark
+            and passed_since_run(s, watermark)
             and (reached is None or nlw > reached.get(i, MIN_TIMESTAMP))
             and ticked.get(-1 - i, -1) < batches
         ):
             ticked[-1 - i] = batches
             out.append(i)
     return out
+
+
+def passed_since_run(s: IntervalSummary, watermark: int) -> bool:
+    """Has ``watermark`` passed the interval's earliest low-watermark timer (or wake-up)
+    since the interval last ran (its summary ``s``)? What :func:`due_ticks` ticks."""
+    nlw = s.next_low_watermark_timer
+    return nlw is not None and s.low_watermark < nlw <= watermark
 
 
 def interval_name(i: int) -> str:
