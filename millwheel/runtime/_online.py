@@ -82,6 +82,7 @@ from millwheel.runtime._rescale import move_state, settled, target
 from millwheel.runtime._session import quiet_while_stopping, wait_for_jobs
 from millwheel.runtime._settings import STATE_LAYOUTS
 from millwheel.runtime._settle import PlannedBatchPublished
+from millwheel.runtime._spark_internals import release_state_stores
 from millwheel.runtime._wire import IntervalSummary
 
 __all__ = [
@@ -358,6 +359,9 @@ class OnlineRescaler:
         with _quiet(self.rt.spark):
             c.stop()
             wait_for_jobs(self.rt.spark, run_id)
+        # the stopped query's state-store providers: their maintenance writes now, into the
+        # store the move reads and moves aside, not later into the one that replaces it
+        release_state_stores(self.rt.spark, c.checkpoint.child("state"))
         job.figures["stopped_at_batch_boundary"] = waited < BOUNDARY_WAIT_S
         # what it had when the move began: a driver dying in the move changed nothing while run.json still gives these (``_requests.orphan_answer``)
         job.figures["from"] = getattr(c, "intervals", None)

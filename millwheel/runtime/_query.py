@@ -41,7 +41,11 @@ from millwheel.runtime._ownkeying import KEYING_STAGE_NEEDED
 from millwheel.runtime._rewrite_pin import settle_rewrite
 from millwheel.runtime._scan import ScannedInput
 from millwheel.runtime._session import NO_DATA_BATCHES_OFF, start_query, wait_for_jobs
-from millwheel.runtime._spark_internals import drop_uncommitted_state, error_mentions
+from millwheel.runtime._spark_internals import (
+    drop_uncommitted_state,
+    error_mentions,
+    release_state_stores,
+)
 from millwheel.runtime._state_load import bootstrap_at_start
 from millwheel.runtime._streams import FileStreamLog
 from millwheel.runtime._usercode import RestartPolicy
@@ -148,6 +152,9 @@ class ComputationQuery(HeartbeatWriter):
         self._migration = layout.migration
         # its plan (``plans/``): a combination the runtime cannot run is refused here
         self.plan = plan = plan_for(self, layout)
+        # an earlier run's state-store providers in this JVM (a restart after a failure or a
+        # move): their maintenance writes now, before anything below changes the store
+        release_state_stores(self.rt.spark, self.checkpoint.child("state"))
         if layout.migration is not None:
             self._check_migration(layout.migration)
         # an offline rewrite (``_rewrite_pin.py``): its swap finished, or forgotten once committed

@@ -77,6 +77,7 @@ from millwheel.runtime._spark_internals import (
     offset_log_conf,
     read_envelopes,
     read_interval_states,
+    release_state_stores,
     set_offset_log_conf,
 )
 from millwheel.runtime._wire import STATE_SCHEMA, interval_groups
@@ -349,6 +350,8 @@ def build_store(
     if committed_batches(scratch.child("checkpoint")) != [0]:
         msg = f"the query that builds {computation!r}'s state in the {layout!r} layout did not commit its one batch"
         raise MillwheelError(msg)
+    # its providers' maintenance now, not after the graft copied the store (or into a later build's)
+    release_state_stores(spark, scratch.child("checkpoint", "state"))
     return sum(counts)
 
 

@@ -33,11 +33,17 @@ fails in that test, not somewhere in a run:
   and query (``streaming.sql.batchId``, ``sql.streaming.queryId``: local properties Spark's
   micro-batch execution sets for its jobs, ``foreachBatch``'s included).
 * **the order sources are listed in** — :func:`sources_asked_in_plan_order`.
+* **the state stores a JVM keeps loaded** — :func:`release_state_stores` reads the private
+  ``loadedProviders``, ``unloadedProvidersToClose``, ``snapshotPartitions`` and
+  ``cleanupPartitions`` of Spark's ``StateStore`` object by reflection and calls its
+  ``doMaintenanceAndUnload`` and ``closeProvider``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 import urllib.parse
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -257,6 +263,78 @@ def _drop_state_versions(loc: Location, drop: Callable[[int], bool]) -> list[str
             # as transformWithState's schema files ``_stateSchema/default/<batch>_<uuid>`` are)
             dropped += _drop_state_versions(child, drop)
     return dropped
+
+
+_STATE_STORE = "org.apache.spark.sql.execution.streaming.state.StateStore$"
+
+
+def release_state_stores(spark: Any, state: Location, timeout_s: float = 60.0) -> int:
+    """Run the pending maintenance of, and close, every state-store provider this JVM still
+    holds for a store under ``state`` (a stopped query's ``<checkpoint>/state``, every run
+    of it); returns how many. Call it once the query stopped and its jobs are gone
+    (``_session.wait_for_jobs``), *before* changing the store's files.
+
+    A stopped query's providers stay loaded. Spark runs their maintenance later — at its
+    next round, or at once when a new run's provider of the same store reports active —
+    and only then closes them: a RocksDB provider uploads its queued snapshot
+    ``<version>.zip``, an HDFS-backed one writes ``<version>.snapshot``, by path. A store
+    changed in between (a layout change's swap puts a new store at that path; a restart
+    drops a killed attempt's version) then gets an old store's file: a snapshot that
+    replaces the new store's base or a dropped attempt's version, and a later load reads
+    the old keys and timers (a CI fault campaign saw windows fired twice after an online
+    ``keys -> keys`` rescale). Run here, that maintenance writes before the change, which
+    then drops or moves aside what it wrote.
+
+    Providers live in the JVM that ran the tasks: the driver's own in local mode. With
+    executors elsewhere (``spark://``) this finds none (``docs/runtime.md``, "Known limits").
+    """
+    if spark is None:
+        return 0
+    jvm = spark.sparkContext._jvm
+    cls = jvm.java.lang.Class.forName(_STATE_STORE)
+    store = cls.getField("MODULE$").get(None)
+
+    def private(name: str) -> Any:
+        field = cls.getDeclaredField(name)
+        field.setAccessible(True)
+        return field.get(store)
+
+    want = state.path.rstrip("/")
+
+    def ours(provider_id: Any) -> bool:
+        root = str(provider_id.storeId().checkpointRootLocation())
+        path = urllib.parse.urlparse(root).path if ":" in root else root
+        return path.rstrip("/") == want
+
+    def in_flight(ids: list[Any]) -> bool:
+        busy = [private("snapshotPartitions"), private("cleanupPartitions")]
+        return any(b.contains(i) for b in busy for i in ids)
+
+    deadline = time.monotonic() + timeout_s
+    loaded = private("loadedProviders")
+    keys = jvm.java.util.ArrayList(
+        jvm.scala.jdk.javaapi.CollectionConverters.asJava(loaded.keySet())
+    )
+    ids = [i for i in keys if ours(i)]
+    queued = [e for e in list(private("unloadedProvidersToClose").toArray()) if ours(e._1())]
+    everyone = ids + [e._1() for e in queued]
+    while everyone and in_flight(everyone) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the pool's maintenance of one of them: let it finish first
+    # a provider whose maintenance fails (a killed attempt's) is unloaded all the same: it
+    # leaves ``loadedProviders`` (or the queue) first, and nothing runs its maintenance again
+    for provider_id in ids:
+        with contextlib.suppress(Exception):
+            store.doMaintenanceAndUnload(provider_id)
+    queue = private("unloadedProvidersToClose")
+    for entry in queued:
+        if queue.remove(entry):  # else the pool took it meanwhile: waited for below
+            with contextlib.suppress(Exception):
+                entry._2().doMaintenance()
+            with contextlib.suppress(Exception):
+                store.closeProvider(entry._1(), entry._2())
+    while everyone and in_flight(everyone) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return len(everyone)
 
 
 def graft_state(

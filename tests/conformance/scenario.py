@@ -296,8 +296,14 @@ def random_scenario(
         steps.append(Records(tuple(evs)))
         if rng.random() < 0.75 or b in pending:
             target = newest - rng.randint(0, disorder_ms)
-            if b in pending and target <= wm:
-                target = newest
+            if b in pending:
+                # past the end of the window of this batch's earliest record at or above
+                # the watermark: that window is open (its end is above the record) and
+                # closes here, so the round after a control produces (a crash armed for
+                # the first batch with output lands in it)
+                fresh = [e.ts for e in evs if e.ts >= wm]
+                close = (min(fresh) // WINDOW_MS + 1) * WINDOW_MS if fresh else newest
+                target = max(target, close, wm + 1)
             if target > wm:
                 wm = target
                 steps.append(AdvanceWatermark(wm))

@@ -11,7 +11,18 @@ import pytest
 from .computations import KINDS, NAME, topology
 from .model import AmbiguousScenario, compare, expected, item, observed
 from .runners import run_harness
-from .scenario import CRASH_POINTS, Crash, Rescale, Restart, Scenario, concat, random_scenario
+from .scenario import (
+    CRASH_POINTS,
+    WINDOW_MS,
+    AdvanceWatermark,
+    Crash,
+    Records,
+    Rescale,
+    Restart,
+    Scenario,
+    concat,
+    random_scenario,
+)
 from .scenarios import HAND_WRITTEN, WANT, combined, recs, wm
 
 
@@ -63,6 +74,34 @@ def test_harness_combined(conformance_seed, kind):
     for i, point in enumerate(sorted(CRASH_POINTS)):
         sc = combined(conformance_seed + i, point)
         check(sc, run_harness(sc, kind), f"the harness ({kind})")
+
+
+def test_the_round_after_a_control_closes_a_window_that_holds_a_record(conformance_seed):
+    """A Spark run arms its crash for the first batch with output (``runners.crash_driver``):
+    a round after a control that closed no window gave the crash nothing to land in (seed
+    562621 drew one). Over 300 seeds from the printed one: each control's round moves the
+    watermark past the end of a window holding one of its records."""
+    for seed in range(conformance_seed, conformance_seed + 300):
+        sc = random_scenario(
+            seed,
+            keys=10,
+            batches=10,
+            per_batch=20,
+            controls=[Restart(), Crash("after_output"), Rescale(2)],
+        )
+        steps, wm_before = list(sc.steps), None
+        for i, step in enumerate(steps):
+            if isinstance(step, Restart | Crash | Rescale):
+                records, advance = steps[i + 1], steps[i + 2]
+                assert isinstance(records, Records) and isinstance(advance, AdvanceWatermark)
+                open_ends = {
+                    (e.ts // WINDOW_MS + 1) * WINDOW_MS
+                    for e in records.events
+                    if wm_before is None or e.ts >= wm_before
+                }
+                assert any(end <= advance.t for end in open_ends), (seed, i, sc.describe())
+            elif isinstance(step, AdvanceWatermark):
+                wm_before = step.t
 
 
 def test_concat_keeps_each_scenarios_answer():

@@ -59,8 +59,14 @@ def kill_a_worker(proc) -> bool:
     return kill_python_workers(proc.pid, busy=True) > 0
 
 
-def write_logs(data: Path, n: int, files: int, keys: int, seed: int = 3) -> list[dict]:
-    """``n`` JSON-lines records over ``files`` files, roughly time-ordered; returns the records."""
+def write_logs(
+    data: Path, n: int, files: int, keys: int, seed: int = 3, *, first: int = 0, done: bool = True
+) -> list[dict]:
+    """``n`` JSON-lines records over ``files`` files, roughly time-ordered; returns the records.
+
+    ``first``: the index of the first file, continuing the ids and times of an earlier call
+    (a test that writes its input while the run goes on); ``done=False``: no ``_DONE``.
+    """
     import json
     import random
 
@@ -69,7 +75,7 @@ def write_logs(data: Path, n: int, files: int, keys: int, seed: int = 3) -> list
     per = n // files
     out = []
     start = 1_700_000_000_000
-    for f in range(files):
+    for f in range(first, first + files):
         t0 = start + f * 1_000
         lines = []
         for i in range(per):
@@ -81,8 +87,11 @@ def write_logs(data: Path, n: int, files: int, keys: int, seed: int = 3) -> list
             }
             out.append(rec)
             lines.append(json.dumps(rec))
-        (data / f"queries_{t0}.jsonl").write_text("\n".join(lines) + "\n")
-    (data / "_DONE").write_text("")
+        staged = data / f".queries_{t0}.jsonl"  # whole, as a logger rotates it in
+        staged.write_text("\n".join(lines) + "\n")
+        staged.rename(data / f"queries_{t0}.jsonl")
+    if done:
+        (data / "_DONE").write_text("")
     return out
 
 

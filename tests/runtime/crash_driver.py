@@ -1,6 +1,6 @@
 """A driver process for the kill -9 tests: runs a small topology on local Spark until drained.
 
-    python tests/runtime/crash_driver.py ROOT DATA_DIR {twostage|stamp} [--weak] [--dump FILE]
+    python tests/runtime/crash_driver.py ROOT DATA_DIR {twostage|stamp} [--weak] [--dump FILE] [--follow]
 
 ``twostage``: JSON-lines logs -> WindowCounter (per query, 1 s buckets, low-watermark
 timers) -> Tally (per bucket; one production per (bucket, query)). ``stamp``: a
@@ -113,6 +113,11 @@ def main() -> int:
         help="twostage: the columnar WindowCounter on the Arrow mapping",
     )
     p.add_argument("--dump")
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="the log directory is complete once _DONE appears (the test writes input meanwhile)",
+    )
     p.add_argument("--intervals", type=int, default=4)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--max-bytes", type=int, default=64 << 20, help="log bytes per injector batch")
@@ -121,7 +126,13 @@ def main() -> int:
     )
     args = p.parse_args()
     topo = build(
-        args.kind, args.data, args.weak, args.max_bytes, columnar=args.columnar, arrow=args.arrow
+        args.kind,
+        args.data,
+        args.weak,
+        args.max_bytes,
+        columnar=args.columnar,
+        arrow=args.arrow,
+        finite=not args.follow,
     )
     settings = RuntimeSettings(
         drain=True,

@@ -31,7 +31,6 @@ from ._procs import (
     kill_a_worker,
     kill_group,
     start,
-    wait_for_progress,
     write_logs,
 )
 
@@ -60,16 +59,18 @@ def _progress(root) -> str:
 
 
 def _kill_workers_until_a_query_fails(
-    proc, root, log, settle_s: float = 5.0, timeout: float = 300
+    proc, root, log, settle_s: float = 5.0, timeout: float = 300, keep_busy=lambda: None
 ) -> str | None:
     """kill -9 the Spark Python workers running a task (``kill_a_worker``), again until a
     query failed of it: the driver logs that it restarts the query. A task may end between
     seeing its worker busy and the kill, so a kill counts only once the restart is logged;
-    ``settle_s``: how long that may take before the next kill. Returns where the kill that
-    landed was (the progress, and how many kills it took), or ``None`` if the driver ended
-    first."""
+    ``settle_s``: how long that may take before the next kill; ``keep_busy`` is called
+    between kills (:meth:`_Feed.top_up`: the run has work for a worker to be busy with).
+    Returns where the kill that landed was (the progress, and how many kills it took), or
+    ``None`` if the driver ended first."""
     attempts, give_up = 0, time.monotonic() + timeout
     while proc.poll() is None:
+        keep_busy()
         if time.monotonic() > give_up:
             msg = f"no query failed of {attempts} kills of busy Python workers within {timeout}s (see the driver's log: {log})"
             raise TimeoutError(msg)
@@ -88,6 +89,59 @@ def _kill_workers_until_a_query_fails(
                 return None
             time.sleep(0.05)
     return None
+
+
+class _Feed:
+    """A crash loop's input, written while the run goes on (as ``faults/campaign.py`` does):
+    ``files`` log files at first and no ``_DONE``; one more file whenever a planned kill
+    waits and the run has read every file (or made no progress for ``STALL_S``); ``_DONE``
+    once the plan is through. A planned kill then never misses because the run drained
+    first, on a fast machine or a loaded one (CI once drained the short run while its worker
+    kill still looked for a busy worker)."""
+
+    #: no progress for this long: the run has read what there is
+    STALL_S = 20.0
+
+    def __init__(self, data, root, records: int, files: int, keys: int) -> None:
+        self.data, self.root, self.keys, self.files = data, root, keys, files
+        self.per = records // files
+        self.records = write_logs(data, records, files=files, keys=keys, done=False)
+        self.appended = 0
+        self._seen, self._moved = -1, time.monotonic()
+
+    def top_up(self, measure: int | None = None) -> None:
+        """Append a file if the injector published one per file written (it read them all)
+        or ``measure`` (the progress a kill waits for) stood still for ``STALL_S``."""
+        now = time.monotonic()
+        if measure is not None and measure != self._seen:
+            self._seen, self._moved = measure, now
+        read_all = consumed_inputs(self.root, "injector.queries") >= self.files
+        if read_all or now - self._moved > self.STALL_S:
+            self.records += write_logs(
+                self.data, self.per, 1, self.keys, seed=3 + self.files, first=self.files, done=False
+            )
+            self.files += 1
+            self.appended += 1
+            self._moved = now
+
+    def wait_for(self, proc, query: str, more: int, timeout: float = 600) -> bool:
+        """Until ``query`` consumed ``more`` more input files (topping the input up); ``False``
+        if the driver ended first."""
+        target = consumed_inputs(self.root, query) + more
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return False
+            got = consumed_inputs(self.root, query)
+            if got >= target:
+                return True
+            self.top_up(got)
+            time.sleep(0.2)
+        msg = f"{query} did not consume {more} more input files within {timeout}s, at {_progress(self.root)}"
+        raise TimeoutError(msg)
+
+    def close(self) -> None:
+        (self.data / "_DONE").write_text("")
 
 
 def _crash_loop(
@@ -109,21 +163,33 @@ def _crash_loop(
     process tree, and the next step starts a new driver. ``worker``: kill -9 of Python
     workers until a query fails (:func:`_kill_workers_until_a_query_fails`); the same driver
     restarts the query, goes on with the next step and, after the last one, must drain.
-    A kill whose point the run never reached (it drained first) is missed: counted in
-    ``kills["missed"]``, and with ``strict`` an ``AssertionError`` that names it.
+    The input stays open until the plan is through (:class:`_Feed`: the driver follows the
+    log directory, files are appended while a kill waits for work), so a planned kill lands
+    however fast the run reads; a driver that ended on its own before its kill must have
+    drained, and the kill is counted missed (``kills["missed"]``; with ``strict`` an
+    ``AssertionError`` that names it).
 
     ``layout``: the state layout of every driver of the run (``RuntimeSettings.state_layout``);
     ``extra``: more driver arguments (``--columnar``); ``records``, ``files``: the log
-    records and files (one-second buckets) written; ``pacing``: injector and trigger sizes.
+    records and files (one-second buckets) written first; ``pacing``: injector and trigger sizes.
     """
     rng = random.Random(seed)
     data, root, log = tmp_path / "data", tmp_path / "run", tmp_path / "driver.log"
-    records = write_logs(data, records, files=files, keys=300)
+    feed = _Feed(data, root, records, files, keys=300)
     env = {"MILLWHEEL_STATE_LAYOUT": layout}
     kills, landed, missed = Counter(), [], []
 
     def new_driver(crash=None):
-        return start(root, data, "twostage", *pacing, *extra, env={**env, **(crash or {})}, log=log)
+        return start(
+            root,
+            data,
+            "twostage",
+            "--follow",
+            *pacing,
+            *extra,
+            env={**env, **(crash or {})},
+            log=log,
+        )
 
     def ended(proc):
         """``proc`` ended on its own: it must have drained (exit 0)."""
@@ -152,14 +218,14 @@ def _crash_loop(
             query, more = at
             more += rng.randint(0, 2)
             point = f"step {i}: {what} kill after {more} more input files of {query}"
-            if wait_for_progress(proc, root, query, more, measure=consumed_inputs):
+            if feed.wait_for(proc, query, more):
                 if what == "driver":
                     kill_group(proc)
                     proc = None
                     kills["driver"] += 1
                     landed.append(f"{point}, at {_progress(root)}")
                     continue
-                at_kill = _kill_workers_until_a_query_fails(proc, root, log)
+                at_kill = _kill_workers_until_a_query_fails(proc, root, log, keep_busy=feed.top_up)
                 if at_kill is not None:
                     kills["worker"] += 1
                     landed.append(f"{point}, at {at_kill}")
@@ -171,7 +237,9 @@ def _crash_loop(
             assert not strict, f"a planned kill did not land: {missed[-1]}\nlanded:\n" + "\n".join(
                 landed
             )
-        # the last driver (a worker kill's) finishes the run, or a new one
+        # the plan is through: the input is complete; the last driver (a worker kill's)
+        # finishes the run, or a new one
+        feed.close()
         final = proc if proc is not None else new_driver()
         proc = final
         rc = final.wait(timeout=900)
@@ -181,13 +249,13 @@ def _crash_loop(
     assert rc == 0, log.read_text()[-4000:]
     out = FileStreamLog(Location.of(str(root))).read("tallies")
     got = Counter((r.value["window_start"], r.value["key"], r.value["count"]) for r in out)
-    expected = expected_tallies(records)
+    expected = expected_tallies(feed.records)
     ids = Counter(r.id for r in out)
     duplicates = sum(n - 1 for n in ids.values()) + sum(n - 1 for n in got.values())
     losses = sum((expected - got).values())
     print("\n".join(["kills landed:", *landed, *(["missed:", *missed] if missed else [])]))
     print(
-        f"kills: {dict(kills)}; tallies: {len(out)}, expected {sum(expected.values())}; duplicates {duplicates}; losses {losses}"
+        f"kills: {dict(kills)}; {feed.appended} files appended; tallies: {len(out)}, expected {sum(expected.values())}; duplicates {duplicates}; losses {losses}"
     )
     assert duplicates == 0
     assert losses == 0

@@ -42,6 +42,7 @@ from millwheel.runtime._spark_internals import (
     polling_delay_conf,
     python_error,
     read_envelopes,
+    release_state_stores,
     root_log_level,
     silence_loggers,
     source_log_files,
@@ -438,3 +439,35 @@ def test_contract_sources_asked_in_plan_order(spark, tmp_path):
     assert len(asked) >= 5 * len(tags), asked
     asked = asked[: len(asked) // len(tags) * len(tags)]
     assert asked == tags * (len(asked) // len(tags)), asked
+
+
+def test_contract_release_state_stores(spark, tmp_path):
+    """A stopped stateful query's state-store providers stay loaded in this JVM:
+    ``release_state_stores`` finds them under the query's ``state`` directory, runs their
+    maintenance and closes them; none is left for Spark's maintenance to write with later,
+    and another query's providers are left alone."""
+    data = tmp_path / "in"
+    data.mkdir()
+    pd.DataFrame({"k": [1, 2, 3, 1]}).to_parquet(data / "a.parquet")
+
+    def run(name: str):
+        checkpoint = tmp_path / name
+        q = (
+            spark.readStream.schema("k long")
+            .parquet(str(data))
+            .groupBy("k")
+            .count()
+            .writeStream.format("noop")
+            .outputMode("update")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination(120)
+        return Location.of(str(checkpoint / "state"))
+
+    mine, other = run("mine"), run("other")
+    assert release_state_stores(spark, mine) > 0
+    assert release_state_stores(spark, mine) == 0  # closed: nothing left
+    assert release_state_stores(spark, other) > 0  # the other query's were kept until asked
+    assert release_state_stores(spark, Location.of(str(tmp_path / "nothing"))) == 0
