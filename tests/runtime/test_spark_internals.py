@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -471,3 +472,42 @@ def test_contract_release_state_stores(spark, tmp_path):
     assert release_state_stores(spark, mine) == 0  # closed: nothing left
     assert release_state_stores(spark, other) > 0  # the other query's were kept until asked
     assert release_state_stores(spark, Location.of(str(tmp_path / "nothing"))) == 0
+
+
+@pytest.mark.parametrize("release", [False, True], ids=["kept", "released"])
+def test_a_stopped_querys_state_store_writes_into_a_swapped_store_unless_released(
+    tmp_path, release
+):
+    """What ``release_state_stores`` is for: Spark runs a stopped query's providers'
+    maintenance later, by path, so a store swapped into its state directory gets the old
+    store's snapshot (``<version>.zip`` and its SST files); released first, nothing is
+    written there (``docs/reliability.md``, "Stopped queries' state stores")."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p),
+    }
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("stray_snapshot_driver.py")),
+            "release" if release else "keep",
+            str(tmp_path / "run"),
+        ],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    written = json.loads(out.stdout.strip().splitlines()[-1])
+    if release:
+        assert written == []
+    else:  # Spark's behaviour: if it changes, the release may no longer be needed
+        assert any(name.endswith(".zip") for name in written), written
