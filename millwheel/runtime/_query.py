@@ -42,8 +42,10 @@ from millwheel.runtime._rewrite_pin import settle_rewrite
 from millwheel.runtime._scan import ScannedInput
 from millwheel.runtime._session import NO_DATA_BATCHES_OFF, start_query, wait_for_jobs
 from millwheel.runtime._spark_internals import (
-    drop_uncommitted_state,
     error_mentions,
+)
+from millwheel.runtime._state_files import (
+    drop_uncommitted_state,
     release_state_stores,
 )
 from millwheel.runtime._state_load import bootstrap_at_start

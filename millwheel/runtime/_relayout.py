@@ -29,7 +29,7 @@ C's query with the new layout. Stopped, the command fences C itself (:func:`rela
    with their timer index and event-time timer; nothing steps. Each group answers how many
    keys it installed: every key exactly once, or the command stops before anything changed.
 4. **Graft**: the scratch query's committed version 1 is copied beside C's state as version
-   ``B + 1`` (the version C's next batch loads: ``_spark_internals.graft_state``); then
+   ``B + 1`` (the version C's next batch loads: ``_state_files.graft_state``); then
    ``run.json`` gets C's new layout (``"state_layout"``, intervals, groups) with the step
    ``"relayout": "swapping"``, the old state directory is swapped for the new one, the
    offset-log entry of ``B`` gets the state-store settings the new store was written with
@@ -73,12 +73,14 @@ from millwheel.runtime._settings import STATE_LAYOUTS
 from millwheel.runtime._settle import offline_outbox, refuse, refuse_own_files, settle
 from millwheel.runtime._spark_internals import (
     committed_batches,
-    graft_state,
     offset_log_conf,
     read_envelopes,
     read_interval_states,
-    release_state_stores,
     set_offset_log_conf,
+)
+from millwheel.runtime._state_files import (
+    graft_state,
+    release_state_stores,
 )
 from millwheel.runtime._wire import STATE_SCHEMA, interval_groups
 from millwheel.runtime.plans import STATE_STORE_CONF

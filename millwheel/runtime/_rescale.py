@@ -13,7 +13,7 @@ driver on the run directory resumes with it. See docs/runtime.md, "Rescaling key
    does): their per-interval summaries are of the old layout and must be applied before
    it goes. A batch planned and never committed (a driver stopped or killed mid-batch) is
    dropped from the offset log, so the next start plans it anew, with the state move
-   first (``_spark_internals.drop_planned_batch``); refused if it published weak
+   first (``_state_files.drop_planned_batch``); refused if it published weak
    productions already (a new plan could give their ids other contents).
 3. **The state at the last committed batch** is read (Spark's state data source) per old
    group; every envelope becomes an :attr:`~millwheel.runtime._wire.RowKind.INSTALL` row

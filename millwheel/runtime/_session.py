@@ -428,7 +428,7 @@ def _cores(master: str | None) -> int:
 def wait_for_jobs(spark: Any, run_id: str | None, timeout_s: float = 60.0) -> None:
     """Until no Spark job of a stopped or failed query's run (its job group) has a stage
     running: a task of an interrupted batch must not write a state file after an online
-    move read the state and dropped that batch's files (``_spark_internals.drop_planned_batch``),
+    move read the state and dropped that batch's files (``_state_files.drop_planned_batch``),
     or after a restart dropped the files of uncommitted versions (``drop_uncommitted_state``)."""
     if run_id is None:
         return

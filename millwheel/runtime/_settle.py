@@ -8,7 +8,7 @@ state at the last committed batch and change what the next batch starts from. Be
   its per-interval summaries are of the old layout and must be applied before it goes;
 * a batch **planned and never committed** (a driver stopped or killed mid-batch) is
   dropped from the offset log with the state files its tasks may have written
-  (``_spark_internals.drop_planned_batch``), so the next start plans it anew after the
+  (``_state_files.drop_planned_batch``), so the next start plans it anew after the
   move — refused if it published weak productions already (§6.1.3: a new plan could give
   their ids other contents).
 """
@@ -25,8 +25,10 @@ from millwheel.runtime._lease import Lease
 from millwheel.runtime._outbox import Outbox
 from millwheel.runtime._spark_internals import (
     committed_batches,
-    drop_planned_batch,
     planned_batches,
+)
+from millwheel.runtime._state_files import (
+    drop_planned_batch,
 )
 from millwheel.runtime._streams import DONE, FileStreamLog
 from millwheel.runtime._wire import IntervalSummary

@@ -82,10 +82,12 @@ from millwheel.runtime._rewrite_pin import (
 )
 from millwheel.runtime._spark_internals import (
     committed_batches,
-    graft_state,
     offset_log_conf,
     read_envelopes,
     read_interval_states,
+)
+from millwheel.runtime._state_files import (
+    graft_state,
 )
 
 __all__ = ["load_function", "rewrite", "rewrite_main", "undo"]

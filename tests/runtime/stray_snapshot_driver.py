@@ -1,5 +1,5 @@
 """A process of its own for ``test_spark_internals.py``: does a stopped query's state store
-write into its state directory after the stop? (``_spark_internals.release_state_stores``)
+write into its state directory after the stop? (``_state_files.release_state_stores``)
 
     python tests/runtime/stray_snapshot_driver.py {release|keep} DIR
 
@@ -24,7 +24,9 @@ import pandas as pd
 from pyspark.sql import SparkSession
 
 from millwheel.runtime._fs import Location
-from millwheel.runtime._spark_internals import release_state_stores
+from millwheel.runtime._state_files import (
+    release_state_stores,
+)
 
 
 def main() -> int:

@@ -188,9 +188,11 @@ def test_the_command_lists_the_requests_and_their_answers(tmp_path, capsys):
 
 
 class _FakeQuery:
-    """A computation's query as the rescaler drives it: stopped and started, its outbox's published batch."""
+    """A computation's query as the rescaler drives it: stopped and started, its outbox's
+    published batch, its checkpoint (whose state stores the stop releases)."""
 
-    def __init__(self) -> None:
+    def __init__(self, checkpoint: Location) -> None:
+        self.checkpoint = checkpoint
         self.query = None
         self.starts = 0
         self.stops = 0
@@ -215,7 +217,7 @@ def test_a_planned_batch_with_weak_productions_is_committed_first_and_the_rescal
 
     root = _run(tmp_path)
     rt = _driver(root)
-    c = _FakeQuery()
+    c = _FakeQuery(root.child("checkpoints", "C"))
     rt.computations = {"C": c}
     rt.settings = SimpleNamespace(autoscale=None, intervals=4)
     rt.groups, rt.layouts, rt.keyer, rt.spark = [2, 0, 4, 1], {}, SimpleNamespace(own={}), None

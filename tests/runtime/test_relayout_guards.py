@@ -17,10 +17,12 @@ from millwheel.runtime._lease import DriverEpoch, Lease
 from millwheel.runtime._query import ComputationQuery
 from millwheel.runtime._rescale import rescale
 from millwheel.runtime._spark_internals import (
-    drop_planned_batch,
-    graft_state,
     offset_log_metadata,
     set_offset_log_conf,
+)
+from millwheel.runtime._state_files import (
+    drop_planned_batch,
+    graft_state,
 )
 
 OFFSETS_3 = 'v1\n{"batchWatermarkMs":1500,"batchTimestampMs":9,"conf":{"spark.sql.streaming.stateStore.providerClass":"org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider","spark.sql.shuffle.partitions":"2"}}\n{"logOffset":3}\n{"logOffset":7}'

@@ -43,13 +43,15 @@ from millwheel.runtime._spark_internals import (
     polling_delay_conf,
     python_error,
     read_envelopes,
-    release_state_stores,
     root_log_level,
     silence_loggers,
     source_log_files,
     sources_asked_in_plan_order,
     task_batch_id,
     task_query_id,
+)
+from millwheel.runtime._state_files import (
+    release_state_stores,
 )
 
 from ._chain import Double, Sum, by_n

@@ -93,7 +93,7 @@ def test_strong_productions_publish_one_version_consistent_with_committed_state(
     # commit log); Spark takes a replay to be the same batch and keeps a version file
     # already there rather than rename its own over it, and the store's maintenance thread
     # may have snapshotted it. Without the cleanup at start
-    # (``_spark_internals.drop_uncommitted_state``) every load of version B+1 — a restart
+    # (``_state_files.drop_uncommitted_state``) every load of version B+1 — a restart
     # right after batch B, ``millwheel state`` — gave the killed attempt's state (the
     # assertion above failed one run in three on a loaded machine, when the drain ended
     # right after the replay); read at batch B, it fails on every run.

@@ -1,10 +1,12 @@
-"""The checkpoint-file operations of ``millwheel/runtime/_spark_internals.py``, without Spark:
+"""The state-store file operations of ``millwheel/runtime/_state_files.py``, without Spark:
 which state-store files :func:`drop_uncommitted_state` deletes before a query starts."""
 
 from __future__ import annotations
 
 from millwheel.runtime._fs import Location
-from millwheel.runtime._spark_internals import drop_uncommitted_state
+from millwheel.runtime._state_files import (
+    drop_uncommitted_state,
+)
 
 
 def _tree(root: Location, files: list[str]) -> None:
