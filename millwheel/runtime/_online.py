@@ -82,9 +82,7 @@ from millwheel.runtime._rescale import move_state, settled, target
 from millwheel.runtime._session import quiet_while_stopping, wait_for_jobs
 from millwheel.runtime._settings import STATE_LAYOUTS
 from millwheel.runtime._settle import PlannedBatchPublished
-from millwheel.runtime._state_files import (
-    release_state_stores,
-)
+from millwheel.runtime._state_files import release_state_stores
 from millwheel.runtime._wire import IntervalSummary
 
 __all__ = [

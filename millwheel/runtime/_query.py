@@ -41,9 +41,7 @@ from millwheel.runtime._ownkeying import KEYING_STAGE_NEEDED
 from millwheel.runtime._rewrite_pin import settle_rewrite
 from millwheel.runtime._scan import ScannedInput
 from millwheel.runtime._session import NO_DATA_BATCHES_OFF, start_query, wait_for_jobs
-from millwheel.runtime._spark_internals import (
-    error_mentions,
-)
+from millwheel.runtime._spark_internals import error_mentions
 from millwheel.runtime._state_files import (
     drop_uncommitted_state,
     release_state_stores,

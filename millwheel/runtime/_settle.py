@@ -27,9 +27,7 @@ from millwheel.runtime._spark_internals import (
     committed_batches,
     planned_batches,
 )
-from millwheel.runtime._state_files import (
-    drop_planned_batch,
-)
+from millwheel.runtime._state_files import drop_planned_batch
 from millwheel.runtime._streams import DONE, FileStreamLog
 from millwheel.runtime._wire import IntervalSummary
 

@@ -86,9 +86,7 @@ from millwheel.runtime._spark_internals import (
     read_envelopes,
     read_interval_states,
 )
-from millwheel.runtime._state_files import (
-    graft_state,
-)
+from millwheel.runtime._state_files import graft_state
 
 __all__ = ["load_function", "rewrite", "rewrite_main", "undo"]
 

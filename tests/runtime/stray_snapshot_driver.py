@@ -24,9 +24,7 @@ import pandas as pd
 from pyspark.sql import SparkSession
 
 from millwheel.runtime._fs import Location
-from millwheel.runtime._state_files import (
-    release_state_stores,
-)
+from millwheel.runtime._state_files import release_state_stores
 
 
 def main() -> int:

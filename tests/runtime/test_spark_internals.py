@@ -50,9 +50,7 @@ from millwheel.runtime._spark_internals import (
     task_batch_id,
     task_query_id,
 )
-from millwheel.runtime._state_files import (
-    release_state_stores,
-)
+from millwheel.runtime._state_files import release_state_stores
 
 from ._chain import Double, Sum, by_n
 

@@ -4,9 +4,7 @@ which state-store files :func:`drop_uncommitted_state` deletes before a query st
 from __future__ import annotations
 
 from millwheel.runtime._fs import Location
-from millwheel.runtime._state_files import (
-    drop_uncommitted_state,
-)
+from millwheel.runtime._state_files import drop_uncommitted_state
 
 
 def _tree(root: Location, files: list[str]) -> None:
