@@ -27,6 +27,24 @@ from millwheel.runtime._fs import Location
 from millwheel.runtime._state_files import release_state_stores
 
 
+def count(spark: SparkSession, data: Path, checkpoint: Path) -> None:
+    """A stateful query (a count per ``k``) over the parquet files in ``data``, a file per
+    batch, run to its end: a committed store version per batch, and providers left loaded."""
+    q = (
+        spark.readStream.schema("k long")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(data))
+        .groupBy("k")
+        .count()
+        .writeStream.format("noop")
+        .outputMode("update")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination(120)
+
+
 def main() -> int:
     release, base = sys.argv[1] == "release", Path(sys.argv[2])
     spark = (
@@ -46,19 +64,7 @@ def main() -> int:
     data.mkdir(parents=True)
     for i in range(4):
         pd.DataFrame({"k": [1, 2, 3, i]}).to_parquet(data / f"{i}.parquet")
-    q = (
-        spark.readStream.schema("k long")
-        .option("maxFilesPerTrigger", 1)
-        .parquet(str(data))
-        .groupBy("k")
-        .count()
-        .writeStream.format("noop")
-        .outputMode("update")
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    q.awaitTermination()
+    count(spark, data, checkpoint)
     state = checkpoint / "state"
     if release:
         release_state_stores(spark, Location.of(str(state)))

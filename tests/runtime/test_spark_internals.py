@@ -53,6 +53,7 @@ from millwheel.runtime._spark_internals import (
 from millwheel.runtime._state_files import release_state_stores
 
 from ._chain import Double, Sum, by_n
+from .stray_snapshot_driver import count
 
 pytestmark = pytest.mark.spark
 
@@ -452,20 +453,8 @@ def test_contract_release_state_stores(spark, tmp_path):
     pd.DataFrame({"k": [1, 2, 3, 1]}).to_parquet(data / "a.parquet")
 
     def run(name: str):
-        checkpoint = tmp_path / name
-        q = (
-            spark.readStream.schema("k long")
-            .parquet(str(data))
-            .groupBy("k")
-            .count()
-            .writeStream.format("noop")
-            .outputMode("update")
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
-        )
-        q.awaitTermination(120)
-        return Location.of(str(checkpoint / "state"))
+        count(spark, data, tmp_path / name)
+        return Location.of(str(tmp_path / name / "state"))
 
     mine, other = run("mine"), run("other")
     assert release_state_stores(spark, mine) > 0
