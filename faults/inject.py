@@ -204,16 +204,22 @@ def wait_for_progress(
     batches: int,
     timeout: float = 300,
     measure: Callable[[Path | str, str], int] = committed_batches,
+    meanwhile: Callable[[int], None] | None = None,
 ) -> bool:
     """Wait until ``query`` made ``batches`` more progress in ``measure`` (default: committed
-    batches; :func:`consumed_inputs`: input files consumed); ``False`` if ``proc`` ended first."""
+    batches; :func:`consumed_inputs`: input files consumed); ``False`` if ``proc`` ended first.
+    ``meanwhile`` is called with the progress so far at each poll that has not reached it
+    (a test that appends input while it waits)."""
     target = measure(root, query) + batches
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return False
-        if measure(root, query) >= target:
+        got = measure(root, query)
+        if got >= target:
             return True
+        if meanwhile is not None:
+            meanwhile(got)
         time.sleep(0.05)
     msg = f"{query} did not make {batches} more progress ({measure.__name__}) within {timeout}s (is the machine overloaded? see the driver's log)"
     raise TimeoutError(msg)

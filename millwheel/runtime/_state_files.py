@@ -158,34 +158,34 @@ def release_state_stores(spark: Any, state: Location, timeout_s: float = 60.0) -
         path = urllib.parse.urlparse(root).path if ":" in root else root
         return path.rstrip("/") == want
 
-    def in_flight(ids: list[Any]) -> bool:
-        busy = [private("snapshotPartitions"), private("cleanupPartitions")]
-        return any(b.contains(i) for b in busy for i in ids)
-
-    deadline = time.monotonic() + timeout_s
-    loaded = private("loadedProviders")
+    loaded, queue = private("loadedProviders"), private("unloadedProvidersToClose")
+    busy = (private("snapshotPartitions"), private("cleanupPartitions"))
     keys = jvm.java.util.ArrayList(
         jvm.scala.jdk.javaapi.CollectionConverters.asJava(loaded.keySet())
     )
     ids = [i for i in keys if ours(i)]
-    queued = [e for e in list(private("unloadedProvidersToClose").toArray()) if ours(e._1())]
+    queued = [e for e in list(queue.toArray()) if ours(e._1())]
     everyone = ids + [e._1() for e in queued]
-    while everyone and in_flight(everyone) and time.monotonic() < deadline:
-        time.sleep(0.05)  # the pool's maintenance of one of them: let it finish first
+    deadline = time.monotonic() + timeout_s
+
+    def settle() -> None:
+        """Until the pool's maintenance of none of them is under way."""
+        while any(b.contains(i) for b in busy for i in everyone) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    settle()  # the pool's maintenance of one of them: let it finish first
     # a provider whose maintenance fails (a killed attempt's) is unloaded all the same: it
     # leaves ``loadedProviders`` (or the queue) first, and nothing runs its maintenance again
     for provider_id in ids:
         with contextlib.suppress(Exception):
             store.doMaintenanceAndUnload(provider_id)
-    queue = private("unloadedProvidersToClose")
     for entry in queued:
         if queue.remove(entry):  # else the pool took it meanwhile: waited for below
             with contextlib.suppress(Exception):
                 entry._2().doMaintenance()
             with contextlib.suppress(Exception):
                 store.closeProvider(entry._1(), entry._2())
-    while everyone and in_flight(everyone) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    settle()
     return len(everyone)
 
 

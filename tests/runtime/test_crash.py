@@ -31,6 +31,7 @@ from ._procs import (
     kill_a_worker,
     kill_group,
     start,
+    wait_for_progress,
     write_logs,
 )
 
@@ -124,21 +125,12 @@ class _Feed:
             self.appended += 1
             self._moved = now
 
-    def wait_for(self, proc, query: str, more: int, timeout: float = 600) -> bool:
+    def wait_for(self, proc, query: str, more: int) -> bool:
         """Until ``query`` consumed ``more`` more input files (topping the input up); ``False``
         if the driver ended first."""
-        target = consumed_inputs(self.root, query) + more
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                return False
-            got = consumed_inputs(self.root, query)
-            if got >= target:
-                return True
-            self.top_up(got)
-            time.sleep(0.2)
-        msg = f"{query} did not consume {more} more input files within {timeout}s, at {_progress(self.root)}"
-        raise TimeoutError(msg)
+        return wait_for_progress(
+            proc, self.root, query, more, 600, measure=consumed_inputs, meanwhile=self.top_up
+        )
 
     def close(self) -> None:
         (self.data / "_DONE").write_text("")

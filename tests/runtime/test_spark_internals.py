@@ -475,12 +475,7 @@ def test_a_stopped_querys_state_store_writes_into_a_swapped_store_unless_release
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[2]
-    env = {
-        **os.environ,
-        "PYSPARK_PYTHON": sys.executable,
-        "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p),
-    }
+    # the package is installed (editable), and conftest.py set PYSPARK_PYTHON
     out = subprocess.run(
         [
             sys.executable,
@@ -488,8 +483,6 @@ def test_a_stopped_querys_state_store_writes_into_a_swapped_store_unless_release
             "release" if release else "keep",
             str(tmp_path / "run"),
         ],
-        env=env,
-        cwd=root,
         capture_output=True,
         text=True,
         timeout=300,
