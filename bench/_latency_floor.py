@@ -16,7 +16,12 @@ in the same session, on the same trigger (0: a batch as soon as the previous one
     shape of millwheel's interval-row plan without millwheel;
   - ``python_hb``: the same with a second file source unioned in, a one-row file every 0.1 s
     (as a millwheel driver writes heartbeats at ``heartbeat_ms=100``), and an event-time
-    watermark on its column: what a query's second source and its union cost a batch.
+    watermark on its column: what a query's second source and its union cost a batch;
+  - ``python_glob``: ``python_hb``'s two directories read by one file source, a glob over
+    both (``{hb,in}``; Hadoop lists the alternatives in order), the heartbeat rows told apart
+    by their columns: what a second source costs beside the union;
+  - ``python_glob_split``: the same one source split by file path into the two branches
+    of ``python_hb``'s union: the union without the second source.
 
   A record's latency: from its send time (just before its file is written) to its batch's
   file being visible (in the sink, before Spark's commit: the earliest a native query's
@@ -45,7 +50,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-FLOOR_KINDS = ("native", "python", "python_hb")
+FLOOR_KINDS = ("native", "python", "python_hb", "python_glob", "python_glob_split")
 INPUT_SCHEMA = "id string, k long, sent double"
 
 
@@ -171,7 +176,7 @@ class _PassThrough:
     def __call__(self, key: Any, frames: Iterator[Any], state: Any) -> Iterator[Any]:
         n = state.get[0] if state.exists else 0
         for f in frames:
-            f = f[f["id"].notna()]  # ``python_hb``'s heartbeat rows: not records
+            f = f[f["id"].notna()]  # ``python_hb``'s and ``python_glob``'s heartbeat rows
             n += len(f)
             yield f[["id", "sent"]]
         state.update((n,))
@@ -221,8 +226,18 @@ def floor(
     src = spark.readStream.schema(INPUT_SCHEMA).option("maxFileAge", "36500d").parquet(str(inp))
     if kind == "native":
         frame = src.dropDuplicates(["id"])
-    elif kind in ("python", "python_hb"):
-        if kind == "python_hb":
+    elif kind in ("python", "python_hb", "python_glob", "python_glob_split"):
+        if kind == "python_glob":
+            (root / "hb").mkdir()
+            src = (
+                spark.readStream.schema(f"{INPUT_SCHEMA}, wm long")
+                .option("maxFileAge", "36500d")
+                .parquet(f"{root}/{{hb,in}}")
+                .withColumn("k", F.coalesce(F.col("k"), F.lit(-1).cast("long")))
+                .withColumn("wm_ts", F.timestamp_millis("wm"))
+                .withWatermark("wm_ts", "0 seconds")
+            )
+        elif kind == "python_hb":
             (root / "hb").mkdir()
             hb = (
                 spark.readStream.schema("wm long")
@@ -283,7 +298,7 @@ def floor(
         daemon=True,
     )
     writer.start()
-    if kind == "python_hb":
+    if kind in ("python_hb", "python_glob", "python_glob_split"):
         threading.Thread(
             target=_write_heartbeats, args=(root / "hb", 0.1, stop), daemon=True
         ).start()
