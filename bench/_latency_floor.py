@@ -187,10 +187,14 @@ def _write_heartbeats(d: Path, every_s: float, stop: threading.Event) -> None:
     seq = 0
     while not stop.is_set():
         name = f"{seq:08d}.parquet"
-        pq.write_table(
-            pa.table({"wm": pa.array([int(time.time() * 1000)], pa.int64())}), d / f".{name}.tmp"
-        )
-        os.replace(d / f".{name}.tmp", d / name)
+        try:
+            pq.write_table(
+                pa.table({"wm": pa.array([int(time.time() * 1000)], pa.int64())}),
+                d / f".{name}.tmp",
+            )
+            os.replace(d / f".{name}.tmp", d / name)
+        except FileNotFoundError:
+            return  # the run is over and its directory removed
         seq += 1
         stop.wait(every_s)
 

@@ -428,9 +428,12 @@ def sources_asked_in_plan_order(sources: int) -> bool:
 
 def glob_listed_in_order(spark: Any, paths: int) -> bool:
     """Whether a file source over ``paths`` directories written as one glob of alternatives
-    that hold a ``/`` (``root/{heartbeats/C,streams/S/P}``) lists them one after another in
-    that order whenever it plans a batch: Hadoop's ``GlobExpander`` turns such a group into
-    one pattern per alternative, kept in order, and Spark's ``InMemoryFileIndex`` lists up to
+    that hold a ``/`` (``root/{heartbeats/C,streams/S/P}``) lists them one after another,
+    the heartbeats first, whenever it plans a batch. Hadoop's ``GlobExpander`` turns such a
+    group into one pattern per alternative, in the glob's order, and ``globStatus`` returns
+    their directories in that order (Hadoop's ``Globber``) or sorted (the local filesystem
+    of PySpark's jars, Hive's ``ProxyLocalFileSystem``): the heartbeats come first both
+    ways (``heartbeats`` < ``streams``). Spark's ``InMemoryFileIndex`` then lists up to
     ``spark.sql.sources.parallelPartitionDiscovery.threshold`` (32) root paths in turn
     (``HadoopFSUtils.parallelListLeafFiles``), more of them in a Spark job of its own."""
     threshold = spark.conf.get("spark.sql.sources.parallelPartitionDiscovery.threshold", "32")

@@ -64,8 +64,8 @@ _PLAIN_PATH = re.compile(r"[A-Za-z0-9/._:=+@~-]+")
 class OneSource:
     """One file source over a query's heartbeats and every input directory.
 
-    ``path`` is a glob of alternatives that each hold a ``/``, heartbeats first, so Hadoop
-    lists them one after another in that order (``_spark_internals.glob_listed_in_order``);
+    ``path`` is a glob of alternatives that each hold a ``/``, heartbeats first, so Spark
+    lists the heartbeats before the inputs (``_spark_internals.glob_listed_in_order``);
     a row's branch is the directory of its file (``_metadata.file_path``: the run directory's
     path after a scheme and authority, however Hadoop spells them: ``file:/``, ``file:///``).
     """
@@ -101,7 +101,7 @@ class OneSource:
 def one_source(query: Any) -> OneSource | None:
     """The one file source ``query`` reads its directories with, or ``None``: a source per
     directory, for a checkpoint first written that way, for a query without inputs, and
-    for a new one whose paths one glob cannot name (outside the run directory, or with a
+    for a new one started with ``max_files_per_trigger`` (a cap per input directory) or whose paths one glob cannot name (outside the run directory, or with a
     character outside :data:`_PLAIN_PATH`) or whose inputs declare different fields
     (one ``fields`` column of two types). A checkpoint written with one source that can no
     longer be read with one stops the run with the reason."""
@@ -110,8 +110,12 @@ def one_source(query: Any) -> OneSource | None:
     rt, spec, name = query.rt, query.spec, query.name
     written = checkpoint_sources(query.checkpoint)
     dirs = {s: [rt.streams.location(s, p).uri for p in rt.producers(s)] for s in spec.inputs}
-    if written not in (None, 1) or not any(dirs.values()):
-        return None
+    if (
+        written not in (None, 1)
+        or not any(dirs.values())
+        or (written is None and rt.settings.max_files_per_trigger)
+    ):
+        return None  # a cap per input keeps its meaning: a source each
     root = rt.root.uri.rstrip("/")
     every = [query.heartbeats.uri, *(d for ds in dirs.values() for d in ds)]
     fields = {rt.keyer.fields[s].spark_ddl() for s in spec.inputs if s in rt.keyer.fields}
@@ -154,7 +158,8 @@ def one_source(query: Any) -> OneSource | None:
 
 
 def heartbeats_listed_first(sources: int, max_files_per_trigger: int | None) -> bool:
-    """Whether a query of ``sources`` file sources, its heartbeats first in the plan, lists
+    """Whether a query of ``sources`` file sources (a checkpoint written with a source per
+    directory: :func:`one_source`), its heartbeats first in the plan, lists
     the heartbeats before every input when Spark plans a batch
     (:func:`~millwheel.runtime._spark_internals.sources_asked_in_plan_order`), and each
     input takes every file its listing finds (no ``maxFilesPerTrigger``). Then a batch that
