@@ -15,7 +15,7 @@ and timers"):
   those files has been processed before any batch runs under it. Not for a computation
   that reads a stream it writes itself (dead letters, a loop): the planned batch's own
   productions, not yet published, may be older than its input.
-* where Spark **lists the heartbeats before every input** when it plans a batch
+* where Spark **lists the heartbeat source before every input** when it plans a batch
   (``listed_first``: ``plans/_inputs.py`` says when), the heartbeat counts every file
   listed, planned or not: the batch that reads a heartbeat lists the inputs after the
   heartbeat file existed, so it reads (or an earlier batch read) every file published

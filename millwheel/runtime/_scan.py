@@ -50,7 +50,6 @@ from millwheel.runtime._fs import Location
 from millwheel.runtime._spark_internals import (
     OFFSETS,
     SOURCES,
-    checkpoint_sources,
     file_source_offsets,
     source_log_files,
     task_batch_id,
@@ -234,9 +233,9 @@ def batch_files(scan: BatchScan, batch: int) -> list[tuple[ScannedInput, str]]:
 
 def _read_batch_files(scan: BatchScan, batch: int, text: str) -> list[tuple[ScannedInput, str]]:
     cp = Location.of(scan.checkpoint)
-    upto = _source_offsets(cp, text)
+    upto = file_source_offsets(text)
     before = (
-        _source_offsets(cp, cp.child(OFFSETS, str(batch - 1)).read_text() or "")
+        file_source_offsets(cp.child(OFFSETS, str(batch - 1)).read_text() or "")
         if batch > 0
         else {}
     )
@@ -252,16 +251,6 @@ def _read_batch_files(scan: BatchScan, batch: int, text: str) -> list[tuple[Scan
             if inp is not None:
                 out.append((inp, parts[-1]))
     return out
-
-
-def _source_offsets(cp: Location, text: str) -> dict[int, int]:
-    """Source log (``sources/<i>``) -> the offset an offset-log entry read it up to. The
-    entry has a line per branch of the plan that reads a source: a query reading every
-    directory with one source (``plans/_inputs.OneSource``) has one log and several lines."""
-    offsets = file_source_offsets(text)
-    if checkpoint_sources(cp) == 1:
-        return {0: offsets[0]} if 0 in offsets else {}
-    return offsets
 
 
 def _parts(uri: str) -> list[str]:

@@ -63,10 +63,7 @@ class RuntimeSettings:
       ~4 s of CPU of a 13 s Photon run on 2 cores (docs/performance.md, "Photon and the
       IdRegistry"). New data waits at most this long more to be seen, and only after a
       look that found none.
-    * ``max_files_per_trigger`` — cap per input stream per batch (benchmarks). A query first
-      started with it reads each input directory with a source of its own; one started
-      without it reads them all with one (``plans/_inputs.OneSource``), and a cap set later
-      bounds all the files of its batch, heartbeats included.
+    * ``max_files_per_trigger`` — cap per input stream per batch (benchmarks).
     * ``lockstep`` — every injector runs in the driver and releases its next source batch
       only once every computation's low watermark has caught up with the injector's: the
       low watermarks then move through the same values as in the harness's

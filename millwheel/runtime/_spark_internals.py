@@ -33,9 +33,7 @@ fails in that test, not somewhere in a run:
   Spark's ``SQLConf``); :func:`task_batch_id` and :func:`task_query_id`: a task's micro-batch
   and query (``streaming.sql.batchId``, ``sql.streaming.queryId``: local properties Spark's
   micro-batch execution sets for its jobs, ``foreachBatch``'s included).
-* **the order sources are listed in** — :func:`sources_asked_in_plan_order`; and how one
-  file source lists a glob's directories (:func:`glob_listed_in_order`); how many sources
-  wrote a checkpoint (:func:`checkpoint_sources`).
+* **the order sources are listed in** — :func:`sources_asked_in_plan_order`.
 * **state-store files, and the providers that write them** — in ``_state_files.py``: the
   files' names per provider (dropping a version, grafting a store) and the private fields
   of Spark's ``StateStore`` object (releasing a stopped query's providers).
@@ -424,29 +422,6 @@ def sources_asked_in_plan_order(sources: int) -> bool:
     order of its plan whenever it plans a batch: Spark keeps them in an immutable ``Map``
     (``MicroBatchExecution.uniqueSources``), in insertion order up to four, hashed beyond."""
     return sources <= 4
-
-
-def glob_listed_in_order(spark: Any, paths: int) -> bool:
-    """Whether a file source over ``paths`` directories written as one glob of alternatives
-    that hold a ``/`` (``root/{heartbeats/C,streams/S/P}``) lists them one after another,
-    the heartbeats first, whenever it plans a batch. Hadoop's ``GlobExpander`` turns such a
-    group into one pattern per alternative, in the glob's order, and ``globStatus`` returns
-    their directories in that order (Hadoop's ``Globber``) or sorted (the local filesystem
-    of PySpark's jars, Hive's ``ProxyLocalFileSystem``): the heartbeats come first both
-    ways (``heartbeats`` < ``streams``). Spark's ``InMemoryFileIndex`` then lists up to
-    ``spark.sql.sources.parallelPartitionDiscovery.threshold`` (32) root paths in turn
-    (``HadoopFSUtils.parallelListLeafFiles``), more of them in a Spark job of its own."""
-    threshold = spark.conf.get("spark.sql.sources.parallelPartitionDiscovery.threshold", "32")
-    return paths <= int(threshold)
-
-
-def checkpoint_sources(checkpoint: Location) -> int | None:
-    """How many sources the query that wrote ``checkpoint`` read (Spark resumes it only with
-    as many), from their logs' directories (``sources/<i>``, made when the query creates its
-    sources); ``None`` before any. Not from the offset log: it has a line per place a source
-    appears in the plan, so a source read by two branches of a union has two."""
-    found = [n for n in checkpoint.child(SOURCES).list() if n.isdigit()]
-    return len(found) or None
 
 
 def error_mentions(exc: Any, marker: str) -> bool:

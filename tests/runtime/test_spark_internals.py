@@ -30,12 +30,10 @@ from millwheel.runtime._fs import Location
 from millwheel.runtime._spark_internals import (
     SUPPORTED_PYSPARK,
     check_pyspark_version,
-    checkpoint_sources,
     committed_batches,
     compact_interruption,
     error_mentions,
     file_source_offsets,
-    glob_listed_in_order,
     has_started,
     interval_state_timeouts,
     is_transient,
@@ -443,48 +441,6 @@ def test_contract_sources_asked_in_plan_order(spark, tmp_path):
     assert len(asked) >= 5 * len(tags), asked
     asked = asked[: len(asked) // len(tags) * len(tags)]
     assert asked == tags * (len(asked) // len(tags)), asked
-
-
-def test_contract_a_glob_of_alternatives_is_listed_in_order_and_one_source(spark, tmp_path):
-    """``plans/_inputs.OneSource``: the directories a glob of alternatives that hold a ``/``
-    names come out of Spark's glob (``FileSystem.globStatus``) with the heartbeats first,
-    whatever the glob's order: Hadoop's ``GlobExpander`` keeps the glob's order, and the
-    local filesystem of PySpark's jars (Hive's ``ProxyLocalFileSystem``) sorts them, where
-    ``heartbeats`` comes before ``streams``; Spark's file index lists them in turn up to
-    ``glob_listed_in_order``'s threshold. A file source read by two branches of a union is
-    one source (one ``sources/<i>`` log), with a line per branch in the offset log
-    (``checkpoint_sources`` counts the logs)."""
-    for d in ("heartbeats/C", "streams/S/P"):
-        (tmp_path / d).mkdir(parents=True)
-        pd.DataFrame({"k": [1]}).to_parquet(tmp_path / d / "f.parquet")
-    jvm = spark.sparkContext._jvm
-    conf = spark.sparkContext._jsc.hadoopConfiguration()
-    for order in (["streams/S/P", "heartbeats/C"], ["heartbeats/C", "streams/S/P"]):
-        glob = f"{tmp_path}/{{{','.join(order)}}}"
-        pattern = jvm.org.apache.hadoop.fs.Path(glob)
-        expanded = jvm.org.apache.hadoop.fs.GlobExpander.expand(pattern.toUri().getPath())
-        assert [str(e) for e in expanded] == [f"{tmp_path}/{o}" for o in order]
-        found = pattern.getFileSystem(conf).globStatus(pattern)
-        assert [str(f.getPath().toString()).rsplit("/", 2)[-2:] for f in found] == [
-            ["heartbeats", "C"],
-            ["S", "P"],
-        ]
-    assert glob_listed_in_order(spark, 32) and not glob_listed_in_order(spark, 33)
-    both = spark.readStream.schema("k long").parquet(f"{tmp_path}/{{heartbeats/C,streams/S/P}}")
-    is_hb = both["_metadata.file_path"].contains("/heartbeats/")
-    cp = Location.of(str(tmp_path / "cp"))
-    q = (
-        both.where(is_hb)
-        .unionByName(both.where(~is_hb))
-        .writeStream.foreachBatch(lambda df, n: None)
-        .option("checkpointLocation", cp.uri)
-        .trigger(availableNow=True)
-        .start()
-    )
-    q.awaitTermination(120)
-    assert checkpoint_sources(cp) == 1
-    text = cp.child("offsets", "0").read_text() or ""
-    assert len(offset_log_entries(text)) == 2
 
 
 def test_contract_release_state_stores(spark, tmp_path):

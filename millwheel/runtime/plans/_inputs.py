@@ -8,13 +8,6 @@
                                                               by a UDF, or by the step: see keyed_by_producer)
         union ─► withWatermark("wm_ts", "0 seconds")  ─► the plan (``Plan.build``)
 
-Every directory is read by **one file source**, a glob over all of them
-(``<run>/{heartbeats/C,streams/S/P,...}``), split into the union's branches by each file's
-path (:class:`OneSource`): a second file source cost Spark's own stateful floor a quarter of
-its batch (its listing, its batch relation, its plan). A checkpoint first written with a
-source per directory keeps them (Spark resumes a checkpoint only with as many sources), as
-does a run whose paths a glob would read otherwise.
-
 An input its producer keyed reaches a plan that takes markers (``Plan.takes_markers``) as
 one marker row per Spark group and task, its records read by the step from the batch's
 files (``_scan.py``); unless the query has the keying stage or the consumer carries
@@ -23,13 +16,9 @@ declared fields, which need the rows.
 
 from __future__ import annotations
 
-import re
-import urllib.parse
-from dataclasses import dataclass
 from functools import reduce
 from typing import Any
 
-from millwheel._errors import RunError
 from millwheel.runtime._fieldcols import (
     carry_columns,
     input_schema,
@@ -45,121 +34,15 @@ from millwheel.runtime._scan import (
     Markers,
     ScannedInput,
 )
-from millwheel.runtime._spark_internals import (
-    checkpoint_sources,
-    glob_listed_in_order,
-    sources_asked_in_plan_order,
-)
+from millwheel.runtime._spark_internals import sources_asked_in_plan_order
 from millwheel.runtime._wire import HEARTBEAT_SCHEMA, LOG_SCHEMA, RowKind
 from millwheel.runtime.plans._base import Plan, QueryInputs
 
-__all__ = ["OneSource", "heartbeats_listed_first", "one_source", "query_inputs"]
-
-#: a directory path one glob may name: no character Hadoop's glob gives a meaning to, none
-#: that a file's URI would escape (``_metadata.file_path`` is compared with it)
-_PLAIN_PATH = re.compile(r"[A-Za-z0-9/._:=+@~-]+")
-
-
-@dataclass(frozen=True)
-class OneSource:
-    """One file source over a query's heartbeats and every input directory.
-
-    ``path`` is a glob of alternatives that each hold a ``/``, heartbeats first, so Spark
-    lists the heartbeats before the inputs (``_spark_internals.glob_listed_in_order``);
-    a row's branch is the directory of its file (``_metadata.file_path``: the run directory's
-    path after a scheme and authority, however Hadoop spells them: ``file:/``, ``file:///``).
-    """
-
-    #: the run directory as given
-    root: str
-    #: the heartbeat directory and each input's, relative to ``root``
-    heartbeats: str
-    inputs: dict[str, tuple[str, ...]]
-    #: the schema every file is read with: the heartbeats' and the inputs' columns
-    schema: Any
-
-    @property
-    def path(self) -> str:
-        dirs = [self.heartbeats, *(d for ds in self.inputs.values() for d in ds)]
-        return f"{self.root}/{{{','.join(dirs)}}}"
-
-    @property
-    def dirs(self) -> int:
-        return 1 + sum(len(ds) for ds in self.inputs.values())
-
-    def within(self, *dirs: str) -> Any:
-        """The rows read from files directly in ``dirs`` (relative to the run directory)."""
-        from pyspark.sql import functions as F
-
-        root = urllib.parse.urlsplit(self.root).path if "://" in self.root else self.root
-        alternatives = "|".join(re.escape(d) for d in dirs)
-        return F.col("_metadata.file_path").rlike(
-            rf"^(?:[A-Za-z][A-Za-z0-9+.-]*:)?(?://[^/]*)?/*{re.escape(root.strip('/'))}/(?:{alternatives})/[^/]+$"
-        )
-
-
-def one_source(query: Any) -> OneSource | None:
-    """The one file source ``query`` reads its directories with, or ``None``: a source per
-    directory, for a checkpoint first written that way, for a query without inputs, and
-    for a new one started with ``max_files_per_trigger`` (a cap per input directory) or whose paths one glob cannot name (outside the run directory, or with a
-    character outside :data:`_PLAIN_PATH`) or whose inputs declare different fields
-    (one ``fields`` column of two types). A checkpoint written with one source that can no
-    longer be read with one stops the run with the reason."""
-    from pyspark.sql.types import StructType, _parse_datatype_string
-
-    rt, spec, name = query.rt, query.spec, query.name
-    written = checkpoint_sources(query.checkpoint)
-    dirs = {s: [rt.streams.location(s, p).uri for p in rt.producers(s)] for s in spec.inputs}
-    if (
-        written not in (None, 1)
-        or not any(dirs.values())
-        or (written is None and rt.settings.max_files_per_trigger)
-    ):
-        return None  # a cap per input keeps its meaning: a source each
-    root = rt.root.uri.rstrip("/")
-    every = [query.heartbeats.uri, *(d for ds in dirs.values() for d in ds)]
-    fields = {rt.keyer.fields[s].spark_ddl() for s in spec.inputs if s in rt.keyer.fields}
-    why = (
-        "its inputs declare different fields"
-        if len(fields) > 1
-        else next(
-            (
-                f"{d} is not a plain path inside the run directory {root}"
-                for d in every
-                if not (
-                    d.startswith(f"{root}/")
-                    and "/" in d[len(root) + 1 :]
-                    and _PLAIN_PATH.fullmatch(d)
-                )
-            ),
-            None,
-        )
-    )
-    if why is not None:
-        if written == 1:
-            msg = f"computation {name!r}: its checkpoint {query.checkpoint.uri} reads every input with one file source, and now cannot: {why}"
-            raise RunError(msg)
-        return None
-    schema = StructType()
-    ddls = [HEARTBEAT_SCHEMA] + [
-        input_schema(f"{LOG_SCHEMA}, {rt.keyer.ddl([name])}", rt.keyer, s) for s in spec.inputs
-    ]
-    for ddl in ddls:
-        for f in _parse_datatype_string(ddl).fields:
-            if f.name not in schema.fieldNames():
-                schema = schema.add(f)
-    rel = len(root) + 1
-    return OneSource(
-        root,
-        query.heartbeats.uri[rel:],
-        {s: tuple(d[rel:] for d in ds) for s, ds in dirs.items() if ds},
-        schema,
-    )
+__all__ = ["heartbeats_listed_first", "query_inputs"]
 
 
 def heartbeats_listed_first(sources: int, max_files_per_trigger: int | None) -> bool:
-    """Whether a query of ``sources`` file sources (a checkpoint written with a source per
-    directory: :func:`one_source`), its heartbeats first in the plan, lists
+    """Whether a query of ``sources`` file sources, its heartbeats first in the plan, lists
     the heartbeats before every input when Spark plans a batch
     (:func:`~millwheel.runtime._spark_internals.sources_asked_in_plan_order`), and each
     input takes every file its listing finds (no ``maxFilesPerTrigger``). Then a batch that
@@ -182,21 +65,10 @@ def query_inputs(query: Any, plan: Plan) -> QueryInputs:
     # heartbeats, ticks, and a rescale's rows (``_rescale.py``), which name their Spark
     # group themselves (``_group``); a tick for an interval this layout does not have
     # (written before a rescale) wakes nothing: every interval is ticked at start anyway
-    one = one_source(query)
-    both = None
-    if one is not None:
-        both = spark.readStream.schema(one.schema).option("maxFileAge", "36500d")
-        if settings.max_files_per_trigger:
-            both = both.option("maxFilesPerTrigger", settings.max_files_per_trigger)
-        both = both.parquet(one.path)
     hb = (
-        (
-            both.where(one.within(one.heartbeats))
-            if both is not None and one is not None
-            else spark.readStream.schema(HEARTBEAT_SCHEMA)
-            .option("maxFileAge", "36500d")
-            .parquet(query.heartbeats.uri)
-        )
+        spark.readStream.schema(HEARTBEAT_SCHEMA)
+        .option("maxFileAge", "36500d")
+        .parquet(query.heartbeats.uri)
         .where(F.col("group").isNotNull() | (F.col("interval") < F.lit(query.intervals)))
         .select(
             F.col("interval"),
@@ -220,31 +92,22 @@ def query_inputs(query: Any, plan: Plan) -> QueryInputs:
     kcol, icol = rt.keyer.columns(name)
     records, markers, scanned = [], [], []
     for stream, extractor in spec.inputs.items():
-        if both is not None and one is not None:
-            if stream not in one.inputs:
-                continue  # no producer
-            readers = [both.where(one.within(*one.inputs[stream]))]
-        else:
-            readers, schema = (
-                [],
-                input_schema(f"{LOG_SCHEMA}, {rt.keyer.ddl([name])}", rt.keyer, stream),
-            )
-            for producer in rt.producers(stream):
-                r = spark.readStream.schema(schema).option("maxFileAge", "36500d")
-                if settings.max_files_per_trigger:
-                    r = r.option("maxFilesPerTrigger", settings.max_files_per_trigger)
-                readers.append(r.parquet(rt.streams.location(stream, producer).uri))
-        # the file and row a record came from: rows are put back in send order (file names
-        # sort in publication order) so a key's records are stepped as sent
-        raw = reduce(  # a stream's readers share one schema
-            lambda a, b: a.unionByName(b),
-            (
-                r.withColumn("src", F.col("_metadata.file_name")).withColumn(
-                    "row", F.col("_metadata.row_index")
-                )
-                for r in readers
-            ),
+        readers, schema = (
+            [],
+            input_schema(f"{LOG_SCHEMA}, {rt.keyer.ddl([name])}", rt.keyer, stream),
         )
+        for producer in rt.producers(stream):
+            r = spark.readStream.schema(schema).option("maxFileAge", "36500d")
+            if settings.max_files_per_trigger:
+                r = r.option("maxFilesPerTrigger", settings.max_files_per_trigger)
+            # the file and row a record came from: rows are put back in send order
+            # (file names sort in publication order) so a key's records are stepped as sent
+            readers.append(
+                r.parquet(rt.streams.location(stream, producer).uri)
+                .withColumn("src", F.col("_metadata.file_name"))
+                .withColumn("row", F.col("_metadata.row_index"))
+            )
+        raw = reduce(lambda a, b: a.unionByName(b), readers)  # a stream's readers share one schema
         if (
             plan.takes_markers
             and not query.keying_stage
@@ -307,11 +170,7 @@ def query_inputs(query: Any, plan: Plan) -> QueryInputs:
         union.withWatermark("wm_ts", "0 seconds"),
         scan,
         tuple(scanned),
-        (
-            glob_listed_in_order(spark, one.dirs) and not settings.max_files_per_trigger
-            if one is not None
-            else heartbeats_listed_first(sources, settings.max_files_per_trigger)
-        ),
+        heartbeats_listed_first(sources, settings.max_files_per_trigger),
     )
 
 
