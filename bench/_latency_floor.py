@@ -18,7 +18,7 @@ in the same session, on the same trigger (0: a batch as soon as the previous one
     (as a millwheel driver writes heartbeats at ``heartbeat_ms=100``), and an event-time
     watermark on its column: what a query's second source and its union cost a batch;
   - ``python_glob``: ``python_hb``'s two directories read by one file source, a glob over
-    both (``{hb,in}``; Hadoop lists the alternatives in order), the heartbeat rows told apart
+    both (``{hb,in}``), the heartbeat rows told apart
     by their columns: what a second source costs beside the union;
   - ``python_glob_split``: the same one source split by file path into the two branches
     of ``python_hb``'s union: the union without the second source.
