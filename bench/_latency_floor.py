@@ -18,10 +18,8 @@ in the same session, on the same trigger (0: a batch as soon as the previous one
     (as a millwheel driver writes heartbeats at ``heartbeat_ms=100``), and an event-time
     watermark on its column: what a query's second source and its union cost a batch;
   - ``python_glob``: ``python_hb``'s two directories read by one file source, a glob over
-    both (``{hb,in}``), the heartbeat rows told apart
-    by their columns: what a second source costs beside the union;
-  - ``python_glob_split``: the same one source split by file path into the two branches
-    of ``python_hb``'s union: the union without the second source.
+    both (``{hb,in}``), the heartbeat rows told apart by their columns: what a second
+    source costs beside the union.
 
   A record's latency: from its send time (just before its file is written) to its batch's
   file being visible (in the sink, before Spark's commit: the earliest a native query's
@@ -50,7 +48,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-FLOOR_KINDS = ("native", "python", "python_hb", "python_glob", "python_glob_split")
+FLOOR_KINDS = ("native", "python", "python_hb", "python_glob")
 INPUT_SCHEMA = "id string, k long, sent double"
 
 
@@ -187,14 +185,10 @@ def _write_heartbeats(d: Path, every_s: float, stop: threading.Event) -> None:
     seq = 0
     while not stop.is_set():
         name = f"{seq:08d}.parquet"
-        try:
-            pq.write_table(
-                pa.table({"wm": pa.array([int(time.time() * 1000)], pa.int64())}),
-                d / f".{name}.tmp",
-            )
-            os.replace(d / f".{name}.tmp", d / name)
-        except FileNotFoundError:
-            return  # the run is over and its directory removed
+        pq.write_table(
+            pa.table({"wm": pa.array([int(time.time() * 1000)], pa.int64())}), d / f".{name}.tmp"
+        )
+        os.replace(d / f".{name}.tmp", d / name)
         seq += 1
         stop.wait(every_s)
 
@@ -230,9 +224,10 @@ def floor(
     src = spark.readStream.schema(INPUT_SCHEMA).option("maxFileAge", "36500d").parquet(str(inp))
     if kind == "native":
         frame = src.dropDuplicates(["id"])
-    elif kind in ("python", "python_hb", "python_glob", "python_glob_split"):
-        if kind == "python_glob":
+    elif kind in ("python", "python_hb", "python_glob"):
+        if kind != "python":
             (root / "hb").mkdir()
+        if kind == "python_glob":
             src = (
                 spark.readStream.schema(f"{INPUT_SCHEMA}, wm long")
                 .option("maxFileAge", "36500d")
@@ -242,7 +237,6 @@ def floor(
                 .withWatermark("wm_ts", "0 seconds")
             )
         elif kind == "python_hb":
-            (root / "hb").mkdir()
             hb = (
                 spark.readStream.schema("wm long")
                 .option("maxFileAge", "36500d")
@@ -302,7 +296,7 @@ def floor(
         daemon=True,
     )
     writer.start()
-    if kind in ("python_hb", "python_glob", "python_glob_split"):
+    if kind in ("python_hb", "python_glob"):
         threading.Thread(
             target=_write_heartbeats, args=(root / "hb", 0.1, stop), daemon=True
         ).start()
