@@ -3,7 +3,9 @@
 Continuous-mode runs (trigger 0, ``local[2]``, streams pruned), in one session:
 
 1. **Per-stage latency, with Spark's own floor beside it.** An injector paced at ``--rate``
-   records/s for ``--seconds`` feeds ``PassA -> B`` (each produces one record per input).
+   records/s for ``--seconds`` feeds ``A -> B`` (each produces one record per input; ``--mw``:
+   per-record computations ``mw``, columnar ones ``mwcol``, columnar ones on the Arrow
+   mapping ``mwarrow``).
    A stage's latency is the time from its input becoming visible (injector send time;
    ``PassA``'s publication) to its output becoming visible in the stream log (the outbox
    publication after the commit). The floor (``--floors``, ``_latency_floor.py``) is a
@@ -62,6 +64,7 @@ from _spark_bench import collect, run_collecting, write_results  # noqa: E402
 
 from millwheel import (  # noqa: E402
     MAX_TIMESTAMP,
+    ColumnarComputation,
     Computation,
     ComputationOptions,
     DedupOptions,
@@ -72,6 +75,9 @@ from millwheel import (  # noqa: E402
 )
 
 RESULTS = ROOT / "bench" / "results" / "latency.json"
+#: millwheel's variants of the two stages: per-record computations, columnar ones on the
+#: default mapping (``applyInPandasWithState``), columnar ones on the Arrow mapping
+MW_KINDS = ("mw", "mwcol", "mwarrow")
 
 
 class Paced(Source):
@@ -109,6 +115,34 @@ class PassB(Computation):
         self.produce("b_out", {"a_id": record.id})
 
 
+class ColPassA(ColumnarComputation):
+    """``PassA`` as a columnar computation: one production per record, the batch's at once."""
+
+    record_columns = ("key", "id", "timestamp", "value.sent")
+
+    def process_batch(self, batch) -> None:
+        r = batch.records
+        sent = r["value.sent"].tolist()
+        batch.produce(
+            "a_out", [{"sent": x} for x in sent], keys=r["key"], timestamps=r["timestamp"]
+        )
+
+
+class ColPassB(ColumnarComputation):
+    """``PassB`` as a columnar computation."""
+
+    record_columns = ("key", "id", "timestamp")
+
+    def process_batch(self, batch) -> None:
+        r = batch.records
+        batch.produce(
+            "b_out",
+            [{"a_id": i} for i in r["id"].tolist()],
+            keys=r["key"],
+            timestamps=r["timestamp"],
+        )
+
+
 def _batch_of(name: str) -> int:
     """The batch id in a published stream-log file's name (``b<batch>-...``)."""
     return int(name[1:11])
@@ -122,21 +156,28 @@ def stages(
     intervals: int,
     writer: str = "auto",
     dedup: DedupOptions | None = None,
+    columnar: str = "",
 ) -> dict:
     """One paced per-stage run; per stage its records (input visible, output visible, batch)
     and its query's progress reports (``_latency_floor.breakdown`` reads them). ``dedup``:
-    both computations' dedup options (default: the defaults)."""
+    both computations' dedup options (default: the defaults); ``columnar``: the two stages as
+    columnar computations (``ColPassA``, ``ColPassB``) on that mapping (``default`` or
+    ``arrow``) instead of per-record ones."""
     from millwheel.runtime import RuntimeSettings, SparkRuntime
 
     root = work / "stages"
     shutil.rmtree(root, ignore_errors=True)
-    opts = ComputationOptions() if dedup is None else ComputationOptions(dedup=dedup)
+    opts = ComputationOptions(
+        **({} if dedup is None else {"dedup": dedup}),
+        **({"mapping": columnar} if columnar else {}),
+    )
     t = Topology("latency")
     t.injector("events", Paced(rate, seconds))
-    t.computation(PassA, inputs={"events": lambda r: r.value["k"]}, outputs=["a_out"], options=opts)
+    a, b = (ColPassA, ColPassB) if columnar else (PassA, PassB)
     t.computation(
-        PassB, inputs={"a_out": lambda r: r.id}, outputs=["b_out"], name="B", options=opts
+        a, inputs={"events": lambda r: r.value["k"]}, outputs=["a_out"], name="A", options=opts
     )
+    t.computation(b, inputs={"a_out": lambda r: r.id}, outputs=["b_out"], name="B", options=opts)
     settings = RuntimeSettings(
         drain=True,
         intervals=intervals,
@@ -158,14 +199,14 @@ def stages(
     with _sink_timing() as sinks:
         progress = run_collecting(rt, timeout_s=seconds + 900, poll_s=settings.poll_ms / 1000)
     pub = {
-        **rt.computations["PassA"].outbox.published_at,
+        **rt.computations["A"].outbox.published_at,
         **rt.computations["B"].outbox.published_at,
     }
     a_at: dict[str, float] = {}
     recs: dict[str, list[tuple[float, float, int]]] = {"A": [], "B": []}
     for (stream, name), at in pub.items():
         if stream == "a_out":
-            for r in _rows(rt, "a_out", "PassA", name):
+            for r in _rows(rt, "a_out", "A", name):
                 a_at[r["id"]] = at
                 recs["A"].append((pickle.loads(r["value"])["sent"], at, _batch_of(name)))
     for (stream, name), at in pub.items():
@@ -174,12 +215,12 @@ def stages(
                 recs["B"].append((a_at[pickle.loads(r["value"])["a_id"]], at, _batch_of(name)))
     return {
         "records": recs,
-        "progress": {"A": progress.get("PassA", {}), "B": progress.get("B", {})},
+        "progress": {"A": progress.get("A", {}), "B": progress.get("B", {})},
         "driver_poll_ms": {"p50": pct(polls, 50) * 1000, "p95": pct(polls, 95) * 1000},
-        "sinks": {"A": sinks.get("PassA", {}), "B": sinks.get("B", {})},
+        "sinks": {"A": sinks.get("A", {}), "B": sinks.get("B", {})},
         "run_ids": {
             stage: next(iter(p.values()))["runId"]
-            for stage, p in (("A", progress.get("PassA")), ("B", progress.get("B")))
+            for stage, p in (("A", progress.get("A")), ("B", progress.get("B")))
             if p
         },
     }
@@ -395,14 +436,24 @@ def steady(spark, work: Path, args) -> dict[str, list[dict]]:
 
 
 def _measure(spark, work: Path, variant: str, args, cold: bool) -> dict[str, dict]:
-    """One run of ``variant`` (``mw``: millwheel's two stages; else a floor kind): figures per stage."""
+    """One run of ``variant`` (``mw``: millwheel's two stages, per-record; ``mwcol``: the same as
+    columnar computations; ``mwarrow``: those on the Arrow mapping; else a floor kind): figures
+    per stage."""
     skip = 0.0 if cold else args.skip_s
-    if variant == "mw":
-        s = stages(spark, work, args.rate, args.seconds, args.intervals, args.writer)
-        parts = {f"mw.{st}": (s["records"][st], s["progress"][st]) for st in ("A", "B")}
-        run_ids = {f"mw.{st}": r for st, r in s["run_ids"].items()}
+    if variant in MW_KINDS:
+        s = stages(
+            spark,
+            work,
+            args.rate,
+            args.seconds,
+            args.intervals,
+            args.writer,
+            columnar={"mwcol": "default", "mwarrow": "arrow"}.get(variant, ""),
+        )
+        parts = {f"{variant}.{st}": (s["records"][st], s["progress"][st]) for st in ("A", "B")}
+        run_ids = {f"{variant}.{st}": r for st, r in s["run_ids"].items()}
         extra = {"driver_poll_ms": s["driver_poll_ms"]}
-        sink_of = {f"mw.{st}": s["sinks"][st] for st in ("A", "B")}
+        sink_of = {f"{variant}.{st}": s["sinks"][st] for st in ("A", "B")}
     else:
         recs, progress, run_id, sinks = floor(
             spark, work, variant, args.rate, args.seconds, groups=args.intervals
@@ -463,7 +514,7 @@ def _summary(runs: list[dict]) -> dict[str, dict]:
             "trigger_ms_p50": med([t for t in trig if t is not None]) if trig else None,
         }
     for n in names:
-        if n.startswith("mw."):
+        if n.split(".")[0] in MW_KINDS:
             for f in names:
                 if f.startswith("floor.") and out[f]["p50_s"]:
                     out[n][f"p50_x_{f}"] = round(out[n]["p50_s"] / out[f]["p50_s"], 2)
@@ -481,6 +532,12 @@ def main(argv: list[str] | None = None) -> int:
         "--floors",
         default=",".join(FLOOR_KINDS),
         help=f"floor queries run beside millwheel's stages ({','.join(FLOOR_KINDS)}; empty: none)",
+    )
+    p.add_argument(
+        "--mw",
+        default="mw",
+        help="millwheel's variants of the two stages: mw (per-record), mwcol (columnar), mwarrow "
+        "(columnar, Arrow mapping); comma-separated",
     )
     p.add_argument("--no-mw", action="store_true", help="the floors only")
     p.add_argument("--intervals", type=int, default=8, help="key intervals per computation")
@@ -521,7 +578,10 @@ def main(argv: list[str] | None = None) -> int:
     from millwheel.runtime import spark_session
 
     spark = spark_session("local[2]", conf=dict(c.split("=", 1) for c in args.conf), ui=args.ui)
-    variants = ([] if args.no_mw else ["mw"]) + [f for f in args.floors.split(",") if f]
+    mws = [m for m in args.mw.split(",") if m]
+    if unknown := set(mws) - set(MW_KINDS):
+        p.error(f"--mw: unknown {sorted(unknown)} (known: {', '.join(MW_KINDS)})")
+    variants = ([] if args.no_mw else mws) + [f for f in args.floors.split(",") if f]
     out: dict = {"args": vars(args), "commit": git_head(ROOT) or "?", "runs": []}
     for rnd in range(args.rounds + 1 if variants else 0):  # none: the Zeitgeist run alone
         turn = rnd % len(variants)

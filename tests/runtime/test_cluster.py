@@ -1,14 +1,15 @@
 """A real Spark standalone cluster: a master and two workers on loopback, started by ``millwheel cluster up``.
 
-* A topology submitted with ``spark-submit`` (client mode) runs on both workers — each
-  worker's executor runs tasks — and its sink holds exactly the harness's answer, which is
-  also the plain answer computed in pandas.
-* The same topology run with ``millwheel run --master spark://...``, with one worker JVM
-  (and everything it started) killed with SIGKILL mid-run, as a lost machine: Spark
-  reschedules the lost tasks on the other worker and the output is still exactly the
-  answer, no loss and no duplicate (MillWheel §6: exactly-once under failures).
+A topology submitted with ``spark-submit`` (client mode) runs on both workers — each
+worker's executor runs tasks — and, with one worker JVM (and everything it started) killed
+with SIGKILL mid-run, as a lost machine, its sink still holds exactly the harness's answer,
+which is also the plain answer computed in pandas: Spark reschedules the lost tasks on the
+other worker, no loss and no duplicate (MillWheel §6: exactly-once under failures).
 
-The kill is placed by progress (the first windows published), not by seconds.
+The kill is placed by progress (the first windows published), not by seconds. The launcher
+runs ``millwheel run`` inside spark-submit's driver (``millwheel/runtime/_launcher.py``);
+``millwheel run --master`` builds its own session on the URL (its flag:
+``tests/runtime/test_spark_io_cli.py``).
 """
 
 from __future__ import annotations
@@ -177,74 +178,40 @@ def _apps(cluster: StandaloneCluster) -> set[Path]:
     return set(Path(cluster.directory, "work").glob("worker-*/app-*"))
 
 
-def test_spark_submit_on_two_workers_equals_the_local_answer(cluster, data, answer, tmp_path):
-    path, out = _topology(
-        tmp_path, data[0], max_bytes=1 << 20
-    )  # the input in one batch: few micro-batches
-    before = _apps(cluster)
-    done = subprocess.run(
-        [
-            str(BIN / "spark-submit"),
-            "--master",
-            cluster.url,
-            "--deploy-mode",
-            "client",
-            "--conf",
-            "spark.ui.enabled=false",
-            "--conf",
-            "spark.sql.shuffle.partitions=2",
-            "--driver-java-options",
-            f"-Dlog4j2.configurationFile=file:{log4j2_file('ERROR')}",
-            launcher_path(),
-            "run",
-            str(path),
-            "--checkpoint",
-            str(tmp_path / "run"),
-            "--intervals",
-            "2",
-            "--status-every",
-            "0",
-            "--no-metrics",
-        ],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, _said(done.stderr) + done.stdout
-    said = done.stdout + done.stderr  # spark-submit may merge the driver's stderr into its stdout
-    assert f"on {cluster.url}" in said
-    assert "ran on Spark" in said
-    assert _output(out) == answer
-    assert _executors_that_ran_tasks(cluster, before) == {"worker-0", "worker-1"}
-
-
-def test_a_worker_killed_mid_run_changes_nothing_in_the_output(cluster, data, answer, tmp_path):
+def test_spark_submit_on_two_workers_with_one_killed_mid_run_equals_the_local_answer(
+    cluster, data, answer, tmp_path
+):
+    """Submitted with ``spark-submit`` (client mode), run on both workers, worker-0 killed
+    with SIGKILL once the first windows are out: the output is exactly the answer."""
     path, out = _topology(
         tmp_path, data[0], max_bytes=25_000
     )  # ~12 batches: the kill lands mid-run
-    run = tmp_path / "run"
+    before = _apps(cluster)
     log = tmp_path / "driver.log"
     with open(log, "wb") as f:
         proc = subprocess.Popen(
             [
-                str(BIN / "millwheel"),
-                "run",
-                str(path),
+                str(BIN / "spark-submit"),
                 "--master",
                 cluster.url,
+                "--deploy-mode",
+                "client",
+                "--conf",
+                "spark.ui.enabled=false",
+                "--conf",
+                "spark.sql.shuffle.partitions=2",
+                "--driver-java-options",
+                f"-Dlog4j2.configurationFile=file:{log4j2_file('ERROR')}",
+                launcher_path(),
+                "run",
+                str(path),
                 "--checkpoint",
-                str(run),
+                str(tmp_path / "run"),
                 "--intervals",
-                "2",
-                "--shuffle-partitions",
                 "2",
                 "--status-every",
                 "5",
                 "--no-metrics",
-                "--no-ui",
             ],
             cwd=tmp_path,
             env=_env(),
@@ -256,10 +223,12 @@ def test_a_worker_killed_mid_run_changes_nothing_in_the_output(cluster, data, an
         deadline = time.monotonic() + 240  # the kill point: the first windows are out
         while not list(out.glob("*.jsonl")) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert committed_batches(run, "WindowCounter") >= 1
-        assert proc.poll() is None, (
-            "the run ended before the kill point:\n" + log.read_text()[-3000:]
+        assert committed_batches(tmp_path / "run", "WindowCounter") >= 1
+        assert proc.poll() is None, "the run ended before the kill point:\n" + _said(
+            log.read_text()
         )
+        # both executors ran tasks before the kill (two shuffle partitions, one core each)
+        ran_before_kill = _executors_that_ran_tasks(cluster, before)
         killed = cluster.kill_worker(0)
         assert killed, "worker-0 was not running"
         rc = proc.wait(timeout=300)
@@ -269,6 +238,9 @@ def test_a_worker_killed_mid_run_changes_nothing_in_the_output(cluster, data, an
             proc.wait()
     text = log.read_text()
     assert rc == 0, _said(text)
+    assert f"on {cluster.url}" in text
+    assert "ran on Spark" in text
+    assert ran_before_kill == {"worker-0", "worker-1"}
     assert cluster.alive_workers() == 1
     assert _output(out) == answer
     cluster.add_worker()  # the module's cluster has two workers again

@@ -255,8 +255,12 @@ def _crash_loop(
     return kills
 
 
-# per-key rows: slow (-m slow); in CI the fault campaign kills them after its relayout
-@pytest.mark.parametrize("layout", ["intervals", pytest.param("keys", marks=pytest.mark.slow)])
+# slow (-m slow) on both layouts: in CI the fault campaign (tests/faults/test_campaign.py)
+# kills drivers and busy workers at fresh-seeded progress points on interval rows, and on
+# per-key rows after its relayout; crash points inside a batch are the kill tests' of
+# test_strong_productions.py, test_state_load.py, test_spark_sink.py and Photon's
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["intervals", "keys"])
 def test_crash_short(tmp_path, layout):
     # the worker kill's driver goes on to drain the run: no driver of its own at the end
     # the worker kill waits for 0-2 more of Tally's files (seed 1: 2): with one input file a batch,

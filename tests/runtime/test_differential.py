@@ -69,7 +69,9 @@ def _multiset(records):
     return Counter((r.timestamp, _norm(r.value)) for r in records)
 
 
-@pytest.fixture(scope="module", params=["intervals", "keys"])
+# per-key rows: slow (-m slow); in CI the conformance suite runs that plan against its
+# reference model (tests/conformance/test_spark.py, per-record/keys)
+@pytest.fixture(scope="module", params=["intervals", pytest.param("keys", marks=pytest.mark.slow)])
 def runs(request, tmp_path_factory, spark):
     """Both state layouts (``RuntimeSettings.state_layout``) against the same harness run."""
     base = tmp_path_factory.mktemp(f"differential-{request.param}")
