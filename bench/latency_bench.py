@@ -7,7 +7,7 @@ Continuous-mode runs (trigger 0, ``local[2]``, streams pruned), in one session:
    per-record computations ``mw``, columnar ones ``mwcol``, columnar ones on the Arrow
    mapping ``mwarrow``).
    A stage's latency is the time from its input becoming visible (injector send time;
-   ``PassA``'s publication) to its output becoming visible in the stream log (the outbox
+   ``A``'s publication) to its output becoming visible in the stream log (the outbox
    publication after the commit). The floor (``--floors``, ``_latency_floor.py``) is a
    native stateful Spark query fed the same way — the same rate, files every 0.2 s read by
    a file source, the same trigger, a ``foreachBatch`` sink whose driver writes a batch's
