@@ -32,7 +32,8 @@ fails in that test, not somewhere in a run:
   sleeps between two polls of its sources (``spark.sql.streaming.pollingDelay``, internal in
   Spark's ``SQLConf``); :func:`task_batch_id` and :func:`task_query_id`: a task's micro-batch
   and query (``streaming.sql.batchId``, ``sql.streaming.queryId``: local properties Spark's
-  micro-batch execution sets for its jobs, ``foreachBatch``'s included).
+  micro-batch execution sets for its jobs, ``foreachBatch``'s included); :func:`task_property`:
+  any other (the Arrow mapping's batch plan, ``plans/arrow.py``).
 * **the order sources are listed in** — :func:`sources_asked_in_plan_order`.
 * **state-store files, and the providers that write them** — in ``_state_files.py``: the
   files' names per provider (dropping a version, grafting a store) and the private fields
@@ -272,17 +273,18 @@ def file_source_offsets(text: str) -> dict[int, int]:
 
 def task_batch_id() -> int | None:
     """The micro-batch a running Spark task belongs to (``None``: none)."""
-    value = _task_property("streaming.sql.batchId")
+    value = task_property("streaming.sql.batchId")
     return None if value is None else int(value)
 
 
 def task_query_id() -> str | None:
     """The streaming query a running Spark task belongs to (``None``: none): the id its
     checkpoint keeps (``metadata``), the same across restarts of the query."""
-    return _task_property("sql.streaming.queryId")
+    return task_property("sql.streaming.queryId")
 
 
-def _task_property(name: str) -> str | None:
+def task_property(name: str) -> str | None:
+    """A local property of the job the running Spark task belongs to (``None``: none, or not in a task)."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()

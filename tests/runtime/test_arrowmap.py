@@ -286,3 +286,22 @@ def test_records_read_from_arrow_are_the_records_read_through_pandas():
     assert (
         a.ts.tolist() != sorted(a.ts.tolist()) and a.ids.to_pylist() != rows["id"]
     )  # the data was out of send order
+
+
+def test_a_batch_plan_reaches_its_tasks_as_text_and_a_task_without_one_fails(tmp_path, monkeypatch):
+    """The plan a batch's tasks read from their context (``BatchPlan.of_task``) is the one
+    the sink encoded, intervals and due timers included; a task whose job carries no plan,
+    or another batch's, raises instead of running the intervals on a stale one."""
+    plan = BatchPlan(12, "tok", T0, T0 + 5, T0 - 1, 2, {0: "s-1", 7: "s-2"}, (3, 7), str(tmp_path))
+    assert BatchPlan.decode(plan.encode()) == plan
+    props: dict[str, str | None] = {_arrowmap.PLAN_PROPERTY: plan.encode()}
+    batch = {"id": 12}
+    monkeypatch.setattr(_arrowmap, "task_property", lambda name: props.get(name))
+    monkeypatch.setattr(_arrowmap, "task_batch_id", lambda: batch["id"])
+    assert BatchPlan.of_task() == plan
+    batch["id"] = 13
+    with pytest.raises(RuntimeError, match="micro-batch 13 was given the plan of batch 12"):
+        BatchPlan.of_task()
+    props.clear()
+    with pytest.raises(RuntimeError, match="found no batch plan"):
+        list(IntervalTask(_step())(iter([])))

@@ -48,6 +48,7 @@ from millwheel.runtime._spark_internals import (
     source_log_files,
     sources_asked_in_plan_order,
     task_batch_id,
+    task_property,
     task_query_id,
 )
 from millwheel.runtime._state_files import release_state_stores
@@ -269,6 +270,53 @@ def test_contract_task_query_id(spark, tmp_path):
     }
     assert all(bid == batch for _, _, bid, batch in seen)
     assert task_query_id() is None  # not in a task
+
+
+def test_contract_a_property_set_in_foreach_batch_reaches_the_querys_own_tasks(spark, tmp_path):
+    """A local property the ``foreachBatch`` function sets (on the stream's thread: PySpark
+    pins a Py4J callback to the JVM thread that made it) reaches the tasks of the query's own
+    plan, which run in that function's job, as the batch id does (``task_property``): the
+    Arrow mapping's tasks read their batch's plan this way (``plans/arrow.py``). Unset after the
+    job, a later job on the thread sees none."""
+    import pyarrow as pa
+
+    data = tmp_path / "in"
+    data.mkdir()
+    pd.DataFrame({"g": [1, 2, 3]}).to_parquet(data / "a.parquet")
+    seen: list[tuple[int, int, str | None]] = []  # (sink's batch, task's batch, property)
+
+    def task(batches):
+        rows = sum(b.num_rows for b in batches)
+        yield pa.RecordBatch.from_pydict(
+            {"n": [rows], "batch": [task_batch_id()], "p": [task_property("millwheel.test")]}
+        )
+
+    def sink(b, bid):
+        sc = b.sparkSession.sparkContext
+        sc.setLocalProperty("millwheel.test", f"plan-{bid}")
+        try:
+            seen.extend((bid, r.batch, r.p) for r in b.collect() if r.n)
+        finally:
+            sc.setLocalProperty("millwheel.test", None)
+        seen.extend((bid, r.batch, r.p) for r in b.collect() if r.n)
+
+    def run(file):
+        pd.DataFrame({"g": [4, 5]}).to_parquet(data / file)
+        df = spark.readStream.schema("g long").parquet(str(data))
+        out = df.repartition(2, "g").mapInArrow(task, "n long, batch long, p string")
+        q = (
+            out.writeStream.foreachBatch(sink)
+            .option("checkpointLocation", str(tmp_path / "cp"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination(120)
+
+    run("b.parquet")
+    run("c.parquet")
+    with_plan = {(bid, batch, p) for bid, batch, p in seen if p is not None}
+    assert with_plan == {(0, 0, "plan-0"), (1, 1, "plan-1")}
+    assert {(bid, batch) for bid, batch, p in seen if p is None} == {(0, 0), (1, 1)}
 
 
 def test_contract_python_errors_reach_the_driver_as_text(spark):

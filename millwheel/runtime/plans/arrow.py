@@ -5,15 +5,18 @@
 
     union of the inputs (their markers: the scan plan, ``_scan.py``; or rows) and
     heartbeats (``_query.py``, as for the default mapping)
+        ─► select(the task's columns) ─► repartition(N, group) ─► mapInArrow(IntervalTask)
+              (all three in the query's own plan, built once per query start)
         ─► foreachBatch(ArrowMapping.sink):
-              plan the batch (driver): last committed manifest, low watermark, due intervals
-              ─► repartition(N, group) ─► mapInArrow(IntervalTask)   one task per partition:
-                     each key interval of the partition read from its store file (or the
-                     worker's cache of it), its records from the batch's files, run by
-                     ColumnarIntervalStep.run_interval, its new store written to a file of
-                     its own (held ids to segment files, ``_colsegments.py``); productions
-                     + summary rows out
-              ─► Outbox.sink (staged, crash points, weak publication: as the default mapping)
+              plan the batch (driver): last committed manifest, low watermark, due intervals;
+              the plan set as a local property of the stream's thread (``PLAN_PROPERTY``)
+              ─► Outbox.sink (staged, crash points, weak publication: as the default
+                 mapping), whose job runs the tasks, one per partition: each reads the
+                 plan from its task context, then each key interval of the partition from
+                 its store file (or the worker's cache of it), its records from the batch's
+                 files, run by ColumnarIntervalStep.run_interval, its new store written to a
+                 file of its own (held ids to segment files, ``_colsegments.py``);
+                 productions + summary rows out
               ─► the batch's manifest (``_colfiles.py``), before Spark's commit
 
 The default mapping keeps each key interval's columnar store in ``applyInPandasWithState``'s
@@ -23,6 +26,14 @@ task reads the file the last committed manifest names, a Python worker keeps wha
 wrote (a later task of the same interval on the same worker skips the read and the
 decode), and only the new version is written. Spark's role shrinks to reading the input,
 one hash shuffle of raw rows and the offset/commit logs.
+
+**One task function per query.** The tasks' function and their columns are part of the
+query's plan, so Spark plans them with the batch and the driver builds no DataFrame per
+batch: built in the sink, each batch cost ~160 Py4J calls and a new ``pandas_udf`` (its
+function pickled and registered anew), 80-185 ms before its job (``bench/results/HISTORY.md``,
+2026-11-30). What changes per batch, the :class:`BatchPlan`, reaches the tasks as a local
+property of the thread that runs the sink (Spark sends a job's local properties with each of
+its tasks, as it does the batch id): each task checks that the plan is its batch's.
 
 **Time.** Without a stateful operator Spark runs no batch when only its watermark moves, so
 the low watermark is the driver's: batch ``B`` runs under the larger of batch ``B - 1``'s
@@ -39,6 +50,8 @@ The commit protocol (versions, replays, zombie tasks, why speculation must be of
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -62,6 +75,8 @@ from millwheel.runtime._spark_internals import (
     OFFSETS,
     committed_batches,
     offset_log_metadata,
+    task_batch_id,
+    task_property,
 )
 from millwheel.runtime._wire import (
     SUMMARY_STREAM,
@@ -116,6 +131,41 @@ class BatchPlan:
     #: where the store files are (``Location.uri``)
     root: str
 
+    def encode(self) -> str:
+        """The plan as the text of :data:`PLAN_PROPERTY`."""
+        d = dataclasses.asdict(self)
+        d["read"] = [[i, n] for i, n in self.read.items()]
+        return json.dumps(d, separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, text: str) -> BatchPlan:
+        d = json.loads(text)
+        d["read"] = {int(i): n for i, n in d["read"]}
+        d["due"] = tuple(d["due"])
+        return cls(**d)
+
+    @classmethod
+    def of_task(cls) -> BatchPlan:
+        """The plan of the batch the running Spark task belongs to (its job's local
+        property, set by :meth:`ArrowMapping.sink`)."""
+        text = task_property(PLAN_PROPERTY)
+        batch = task_batch_id()
+        if text is None:
+            msg = (
+                f"an Arrow-mapping task of micro-batch {batch} found no batch plan in its task "
+                f"context (local property {PLAN_PROPERTY!r}): its job was not started by the "
+                "query's foreachBatch sink on the stream's thread"
+            )
+            raise RuntimeError(msg)
+        plan = cls.decode(text)
+        if batch is not None and plan.batch != batch:
+            msg = f"an Arrow-mapping task of micro-batch {batch} was given the plan of batch {plan.batch}"
+            raise RuntimeError(msg)
+        return plan
+
+
+#: the local property that carries a batch's :class:`BatchPlan` to its tasks
+PLAN_PROPERTY = "millwheel.arrow.plan"
 
 #: per Python worker: (store directory, interval) -> (file name, the store decoded); a task
 #: that reads the very file this worker wrote uses the object instead
@@ -123,9 +173,11 @@ _CACHE: dict[tuple[str, int], tuple[str, ColumnarStore]] = {}
 
 
 class IntervalTask:
-    """The ``mapInArrow`` function of one batch: runs the key intervals of its partition."""
+    """The ``mapInArrow`` function of a query: runs the key intervals of its partition, by
+    its batch's :class:`BatchPlan` (given, in process; otherwise read from the task's context:
+    :meth:`BatchPlan.of_task`)."""
 
-    def __init__(self, step: ColumnarIntervalStep, plan: BatchPlan) -> None:
+    def __init__(self, step: ColumnarIntervalStep, plan: BatchPlan | None = None) -> None:
         self.step = step
         self.plan = plan
 
@@ -136,7 +188,8 @@ class IntervalTask:
 
         ctx = TaskContext.get()
         partition, attempt = (ctx.partitionId(), ctx.attemptNumber()) if ctx is not None else (0, 0)
-        plan, step = self.plan, self.step
+        plan = self.plan if self.plan is not None else BatchPlan.of_task()
+        step = self.step
         files = ColumnarFiles(Location.of(plan.root))
         frames = _by_interval(step, [b for b in batches if b.num_rows])
         groups = step.groups or []
@@ -239,13 +292,12 @@ class ArrowMapping:
         late = runner.options.late.action is LateAction.TO_STREAM
         self.values = "value" in runner.record_columns or late or bool(runner.value_fields)
 
-    def sink(self, df: Any, batch_id: int) -> None:
-        """``foreachBatch``: plan, run the tasks and stage their output, write the manifest."""
+    def tasks(self, union: Any) -> Any:
+        """The query's frame: ``union``'s task columns, shuffled by group, run by :class:`IntervalTask`."""
         from pyspark.sql import functions as F
 
-        prev, plan = self.plan(batch_id)
         cols = [F.col(c) for c in _TASK_COLUMNS] + [
-            F.col(f"`{c}`") for c in df.columns if c.startswith(CARRY_PREFIX) or c == SCAN_COLUMN
+            F.col(f"`{c}`") for c in union.columns if c.startswith(CARRY_PREFIX) or c == SCAN_COLUMN
         ]
         if not self.values:
             # the computation reads no values: only rows that are not records (dead letters of
@@ -254,9 +306,20 @@ class ArrowMapping:
             cols[_TASK_COLUMNS.index("value")] = F.when(
                 F.col("kind") != record, F.col("value")
             ).alias("value")
-        out = df.select(*cols).repartition(plan.partitions, F.col("group"))
-        out = out.mapInArrow(IntervalTask(self.step, plan), self.step.out_schema())
-        self.outbox.sink(out, batch_id)
+        out = union.select(*cols).repartition(self.partitions, F.col("group"))
+        return out.mapInArrow(IntervalTask(self.step), self.step.out_schema())
+
+    def sink(self, df: Any, batch_id: int) -> None:
+        """``foreachBatch`` of :meth:`tasks`' frame: plan the batch, run its tasks and stage
+        their output, write the manifest."""
+        prev, plan = self.plan(batch_id)
+        sc = df.sparkSession.sparkContext
+        # the stream's thread: its jobs' tasks carry the plan (``BatchPlan.of_task``)
+        sc.setLocalProperty(PLAN_PROPERTY, plan.encode())
+        try:
+            self.outbox.sink(df, batch_id)
+        finally:
+            sc.setLocalProperty(PLAN_PROPERTY, None)
         reports = self._reports(batch_id)
         epoch = self.outbox.lease.epoch if self.outbox.lease is not None else 0
         self.files.write_manifest(prev.after(batch_id, plan.low_watermark, reports, epoch))
@@ -361,4 +424,4 @@ class ArrowPlan:
         # the held ids beside the stores, not in them (``_colsegments.py``): a store file is
         # written whole every batch that runs its interval, the ids only once
         step.ids_beside(mapping.files.loc.child("ids").uri, rt.spark)
-        return Built(inputs.union, mapping.sink)
+        return Built(mapping.tasks(inputs.union), mapping.sink)
