@@ -234,6 +234,9 @@ class ColumnarResult:
     #: the store after the run, decoded (a caller that keeps it skips the next decode; with
     #: ``run(encode=False)`` the only form of it: ``store`` is then ``None``)
     decoded: ColumnarStore | None = None
+    #: the oldest watermark a record was judged against, if older than the run's low
+    #: watermark (``None``: none was): the keys' ids were collected against it
+    judged: int | None = None
 
     def productions(self) -> list[Production]:
         n = len(self.ids)

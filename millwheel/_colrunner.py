@@ -264,6 +264,7 @@ class ColumnarRunner:
             prods.once_ids,
             prods.once_tentative,
             st,
+            oldest_late_wm if oldest_late_wm is not None and oldest_late_wm < lw else None,
         )
 
     # ---------------------------------------------------------------------------------

@@ -289,6 +289,7 @@ class ColumnarIntervalStep(IntervalStep):
             arrival=batch.arrival,
         )
         batch.totals.add(StepMetrics(**res.metrics))
+        batch.judged = res.judged
         for p in res.dead_letters:
             batch.out.add_production(p)
         if res.once_ids is not None:

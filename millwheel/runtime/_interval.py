@@ -213,6 +213,7 @@ class IntervalBatch:
         "interval",
         "low_watermark",
         "now",
+        "judged",
         "per_key",
         "out",
         "totals",
@@ -245,6 +246,9 @@ class IntervalBatch:
         #: (``_consumed.input_watermarks``), and is judged late against it
         self.arrival = low_watermark if arrival is None else arrival
         self.now = now
+        #: the oldest watermark a stepped record was judged against, if older than
+        #: ``low_watermark`` (``IntervalSummary.judged``)
+        self.judged: int | None = None
         #: key bytes -> its input rows
         self.per_key: dict[bytes, list[_Row]] = {}
         self.out = _Out()
@@ -481,8 +485,12 @@ class IntervalBatch:
         lw, now, totals, out = self.low_watermark, self.now, self.totals, self.out
         once: list[tuple[Any, Production]] = []
         outcomes: dict[bytes, KeyOutcome] = {}
+        judged = lw
         for kb, rows in self.per_key.items():
             key = decode_key(kb)
+            for r in rows:  # the watermarks ``plan_steps`` judges the key's records against
+                w = MIN_TIMESTAMP if r.stream == DEAD_LETTER_STREAM else r.sent
+                judged = min(judged, self.arrival if w is None else w)
             if len(rows) > 1:
                 # send order: Spark reads a batch's files in any order; sender watermarks
                 # only grow, and file names (then rows) sort in publication order: rows are
@@ -523,6 +531,8 @@ class IntervalBatch:
                     out.add_production(p)
             for p in result.dead_letters:
                 out.add_production(p)
+        if judged < lw:
+            self.judged = judged
         return outcomes
 
     def summary(
@@ -540,6 +550,7 @@ class IntervalBatch:
             self.low_watermark,
             self.now,
             step_ms,
+            self.judged,
         )
         self.out.add(SUMMARY_STREAM, None, 0, None, summary.encode())
         return self.out.frame(self.owner.keyer, self.owner.out_consumers, self.owner.out_fields)

@@ -103,6 +103,11 @@ class IntervalSummary:
     #: how long the interval's share of the batch took in its worker, ms (what the
     #: automatic rescale policy compares across intervals: ``_autoscale.py``)
     step_ms: int = 0
+    #: the oldest watermark a record of the batch was judged against, when older than
+    #: ``low_watermark`` (``None``: none was): its key's ids were collected against it
+    #: (``_contract.dedup_horizon``), so a wake-up between the two is still to be carried
+    #: out (:func:`passed_since_run`)
+    judged: int | None = None
 
     def encode(self) -> bytes:
         return msgpack.packb(asdict(self), use_bin_type=True)
@@ -167,9 +172,21 @@ def due_ticks(
 
 def passed_since_run(s: IntervalSummary, watermark: int) -> bool:
     """Has ``watermark`` passed the interval's earliest low-watermark timer (or wake-up)
-    since the interval last ran (its summary ``s``)? What :func:`due_ticks` ticks."""
+    since the interval last ran (its summary ``s``)? What :func:`due_ticks` ticks.
+
+    A run carried out what its low watermark made due, but for the keys whose records it
+    judged against an older one (``s.judged``): their ids' wake-ups from there on are still
+    due. So a batch that brings records with the final watermark (+inf) is followed by a
+    tick that forgets the keys it left keeping only ids.
+
+    >>> ran = IntervalSummary(0, None, 700, None, 1, low_watermark=1_000)
+    >>> judged = IntervalSummary(0, None, 700, None, 1, low_watermark=1_000, judged=600)
+    >>> passed_since_run(ran, 2_000), passed_since_run(judged, 2_000)
+    (False, True)
+    """
     nlw = s.next_low_watermark_timer
-    return nlw is not None and s.low_watermark < nlw <= watermark
+    ran = s.low_watermark if s.judged is None else min(s.low_watermark, s.judged)
+    return nlw is not None and ran < nlw <= watermark
 
 
 def interval_name(i: int) -> str:

@@ -305,3 +305,46 @@ def test_a_batch_plan_reaches_its_tasks_as_text_and_a_task_without_one_fails(tmp
     props.clear()
     with pytest.raises(RuntimeError, match="found no batch plan"):
         list(IntervalTask(_step())(iter([])))
+
+
+def test_records_arriving_with_the_final_watermark_are_forgotten_by_the_run_after(tmp_path):
+    """The columnar twin of ``test_interval.py``'s: a batch run under +inf whose records
+    arrived under an older watermark reports it (``judged``), which makes its interval due
+    for a tick (``passed_since_run``), and the tick's run, with no records, forgets the keys."""
+    from millwheel import MAX_TIMESTAMP
+    from millwheel.runtime._wire import passed_since_run
+
+    step, files = _step(), ColumnarFiles(Location.of(str(tmp_path / "c")))
+
+    def run(manifest: Manifest, batch: int, rows: list[pa.RecordBatch]):
+        lw = MAX_TIMESTAMP
+        plan = BatchPlan(
+            batch,
+            f"t{batch}",
+            lw,
+            0,
+            manifest.low_watermark,
+            1,
+            dict(manifest.files),
+            tuple(manifest.due(lw, 0)),
+            files.loc.uri,
+        )
+        out = pa.Table.from_batches(
+            list(IntervalTask(step, plan)(iter(rows))), schema=out_arrow_schema(step)
+        ).to_pylist()
+        (summary,) = [
+            (IntervalSummary.decode(r["value"]), r["id"])
+            for r in out
+            if r["stream"] == SUMMARY_STREAM
+        ]
+        s, name = summary
+        reports = [(s.interval, name, s.next_low_watermark_timer, s.next_wall_timer)]
+        return manifest.after(batch, lw, reports), s
+
+    before = Manifest().after(0, T0 - 1, [])  # the watermark the records arrive under
+    first_manifest, first = run(before, 1, [_rows(["a", "b"], ["x", "y"], [T0, T0 + 10])])
+    assert first.low_watermark == MAX_TIMESTAMP and first.judged == T0 - 1 and first.keys == 2
+    assert passed_since_run(first, MAX_TIMESTAMP)
+    _, tick = run(first_manifest, 2, [])  # the interval due: it runs without records
+    assert tick.keys == 0 and tick.judged is None
+    assert not passed_since_run(tick, MAX_TIMESTAMP)
