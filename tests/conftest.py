@@ -92,6 +92,36 @@ def id_relays():
 
 
 @pytest.fixture
+def timed_id_relays():
+    """``(per_record, columnar)``: :func:`id_relays` that also set a low-watermark timer at
+    each record's timestamp and do nothing when it fires: computations that handle timers,
+    whose heartbeats the interval plans address to their key intervals (``docs/runtime.md``,
+    "Heartbeats in the batch that reads them"); once it fired, a key keeps only its ids."""
+    from millwheel import ColumnarComputation, Computation
+
+    class TimedRelay(Computation):
+        def process_record(self, record):
+            self.produce("out", record.value, timestamp=record.timestamp)
+            self.set_timer("t", record.timestamp)
+
+        def process_timer(self, timer):
+            pass
+
+    class ColumnarTimedRelay(ColumnarComputation):
+        record_columns = ("key", "timestamp", "value")
+
+        def process_batch(self, batch):
+            r = batch.records
+            batch.produce("out", list(r["value"]), keys=r["key"], timestamps=r["timestamp"])
+            batch.set_timers(r["key"], ["t"] * len(r), r["timestamp"])
+
+        def process_timers(self, batch, timers):
+            pass
+
+    return TimedRelay, ColumnarTimedRelay
+
+
+@pytest.fixture
 def second_counts():
     """``second_counts(source)``: a topology counting each key's records per second from
     ``source`` (``LatePolicy.drop()``), its output stream ``counts``; and ``.answer(output)``

@@ -61,13 +61,15 @@ class HeartbeatWriter:
 
     def _no_data_batches(self, plan: Plan | None = None) -> bool:
         """Whether Spark runs a batch whenever only its watermark moved: for a class that
-        handles timers on a plan whose timers wait for Spark's watermark. Not for a class
-        without timers (nothing for such a batch to do), nor on a plan that takes
-        heartbeats addressed to its key intervals, whose timers fire in the batch that reads
-        the heartbeat (``docs/runtime.md``, "No-data batches", "Heartbeats in the batch
-        that reads them")."""
+        handles timers on a plan whose timers wait for Spark's watermark
+        (``Plan.timers_in_no_data_batches``). Not for a class without timers (nothing for
+        such a batch to do), nor on a plan that takes heartbeats addressed to its key
+        intervals, whose timers fire in the batch that reads the heartbeat (``docs/runtime.md``,
+        "No-data batches", "Heartbeats in the batch that reads them"), nor on the Arrow
+        mapping, which has no stateful operator: its due intervals run in the batch a
+        heartbeat or a tick starts."""
         plan = plan or self.plan
-        return self.spec.handles_timers and not (plan is not None and plan.addresses_heartbeats)
+        return self.spec.handles_timers and (plan is None or plan.timers_in_no_data_batches)
 
     def _prune_heartbeats(self, upto: int) -> None:
         """Delete the heartbeat files committed batches have read: only this query reads

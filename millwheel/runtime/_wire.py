@@ -138,7 +138,9 @@ def due_ticks(
       heartbeat row addressed to it, which no batch can have read yet, carries past the
       timer (``reached``: interval -> the newest such watermark,
       ``_query.ComputationQuery._unread``): the batch that reads it fires the timer
-      (docs/runtime.md, "Heartbeats in the batch that reads them").
+      (docs/runtime.md, "Heartbeats in the batch that reads them"); unless the interval's
+      summary shows it ran under that watermark already (the batch read the row, and left
+      the wake-ups of records it judged against an older one: ``IntervalSummary.judged``).
 
     ``ticked`` remembers the ticks (wall: interval -> timer; low watermark: ``-1 - interval``
     -> ``batches``).
@@ -151,6 +153,9 @@ def due_ticks(
     [[], [0], [], [0]]
     >>> due_ticks({0: s}, {}, 0, watermark=600, batches=1, reached={0: 500}), due_ticks({0: s}, {}, 0, watermark=600, batches=1, reached={0: 499})
     ([], [0])
+    >>> ran = IntervalSummary(0, None, 500, None, 1, low_watermark=600, judged=400)
+    >>> due_ticks({0: ran}, {}, 0, watermark=600, batches=1, reached={0: 600})
+    [0]
     """
     out = []
     for i, s in summaries.items():
@@ -162,7 +167,11 @@ def due_ticks(
             watermark is not None
             and nlw is not None
             and passed_since_run(s, watermark)
-            and (reached is None or nlw > reached.get(i, MIN_TIMESTAMP))
+            and (
+                reached is None
+                or nlw > (r := reached.get(i, MIN_TIMESTAMP))
+                or s.low_watermark >= r
+            )
             and ticked.get(-1 - i, -1) < batches
         ):
             ticked[-1 - i] = batches

@@ -55,6 +55,11 @@ class Plan(Protocol):
     #: applied in the batch that reads it (``IntervalBatch.take_ticks``), so that the query
     #: runs no no-data batches (``docs/runtime.md``, "Heartbeats in the batch that reads them")
     addresses_heartbeats: ClassVar[bool]
+    #: whether its low-watermark timers fire in Spark's no-data batches, run when only
+    #: Spark's watermark moved (a stateful operator's event-time timers: the per-key plan);
+    #: otherwise the driver ticks the intervals whose wake-ups the watermark passed
+    #: (``_wire.due_ticks``)
+    timers_in_no_data_batches: ClassVar[bool]
 
     def __init__(self, query: Any, pin: dict[str, Any]) -> None:
         """``query``: its ``ComputationQuery``; ``pin``: its mapping's ``run.json`` entry."""

@@ -402,6 +402,8 @@ class ArrowPlan:
     narrows_to_markers: ClassVar[bool] = False
     #: the driver reads the heartbeats a batch reads itself (``BatchPlan``); no stateful operator, no no-data batch
     addresses_heartbeats: ClassVar[bool] = False
+    #: a due interval runs in any batch (``BatchPlan.due``), which a heartbeat or a tick starts
+    timers_in_no_data_batches: ClassVar[bool] = False
 
     def __init__(self, query: Any, pin: dict[str, Any]) -> None:
         self.query = query

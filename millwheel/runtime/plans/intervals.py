@@ -57,6 +57,7 @@ class IntervalRowsPlan:
     takes_markers: ClassVar[bool] = False
     narrows_to_markers: ClassVar[bool] = False
     addresses_heartbeats: ClassVar[bool] = True
+    timers_in_no_data_batches: ClassVar[bool] = False
 
     def __init__(self, query: Any, pin: dict[str, Any]) -> None:
         self.query = query

@@ -75,6 +75,7 @@ class KeyRowsPlan:
     takes_markers: ClassVar[bool] = False
     narrows_to_markers: ClassVar[bool] = False
     addresses_heartbeats: ClassVar[bool] = False
+    timers_in_no_data_batches: ClassVar[bool] = True
 
     def __init__(self, query: Any, pin: dict[str, Any]) -> None:
         self.query = query
