@@ -54,7 +54,15 @@ from millwheel._fields import (
     requested_fields,
 )
 from millwheel._options import ComputationOptions, DedupOptions, ErrorPolicy, LateAction
-from millwheel._record import Key, Production, Record, TimeDomain, Timer, decode_key
+from millwheel._record import (
+    MAX_TIMESTAMP,
+    Key,
+    Production,
+    Record,
+    TimeDomain,
+    Timer,
+    decode_key,
+)
 
 #: decoded keys a runner keeps (``ColumnarRunner._decode_key``); past it, it starts again
 _KEYS_KEPT = 1 << 20
@@ -264,7 +272,9 @@ class ColumnarRunner:
             prods.once_ids,
             prods.once_tentative,
             st,
-            oldest_late_wm if oldest_late_wm is not None and oldest_late_wm < lw else None,
+            oldest_late_wm
+            if oldest_late_wm is not None and oldest_late_wm < lw < MAX_TIMESTAMP
+            else None,
         )
 
     # ---------------------------------------------------------------------------------

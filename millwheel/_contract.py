@@ -82,9 +82,21 @@ def dedup_stamps(timestamps: np.ndarray, late_wms: np.ndarray) -> np.ndarray:
 def dedup_horizon(low_watermark: int, oldest_late_wm: int | None, slack_ms: int) -> int:
     """Ids older than this may be collected after a step: none of them can be delivered again
     without being late, judged against the older of the low watermark and the oldest watermark
-    the step's records arrived under (``None``: it had none), less the slack."""
-    wm = low_watermark if oldest_late_wm is None else min(low_watermark, oldest_late_wm)
-    return wm - slack_ms
+    the step's records arrived under (``None``: it had none), less the slack.
+
+    At the final low watermark (+inf) the low watermark's alone: nothing is delivered after
+    it but late against +inf (a computation's low watermark reaches +inf only once it has
+    read every file its producers wrote: a heartbeat counts the files it covers), and within
+    a batch the step at +inf is a key's last (``_delivery.plan_steps`` runs the records of an
+    older arrival watermark first, under it). A key that kept only ids is forgotten there and
+    then, not by a batch of ticks after it.
+
+    >>> dedup_horizon(5_000, 3_000, 100), dedup_horizon(MAX_TIMESTAMP, 3_000, 100) == MAX_TIMESTAMP - 100
+    (2900, True)
+    """
+    if oldest_late_wm is None or low_watermark >= MAX_TIMESTAMP:
+        return low_watermark - slack_ms
+    return min(low_watermark, oldest_late_wm) - slack_ms
 
 
 def dedup_collect_at(oldest: int | None, slack_ms: int, gc_interval_ms: int) -> int | None:

@@ -54,7 +54,14 @@ from millwheel._delivery import (
     timers_due,
 )
 from millwheel._fields import decode_cell
-from millwheel._record import MIN_TIMESTAMP, Production, Record, decode_key, encode_key
+from millwheel._record import (
+    MAX_TIMESTAMP,
+    MIN_TIMESTAMP,
+    Production,
+    Record,
+    decode_key,
+    encode_key,
+)
 from millwheel.runtime._fieldcols import production_fields, with_values
 from millwheel.runtime._groupstate import MemoryGroupState  # noqa: F401 - re-exported: tests and benches run steps with it
 from millwheel.runtime._keying import Keyer, wants_dead_letters
@@ -531,7 +538,9 @@ class IntervalBatch:
                     out.add_production(p)
             for p in result.dead_letters:
                 out.add_production(p)
-        if judged < lw:
+        if (
+            judged < lw < MAX_TIMESTAMP
+        ):  # at +inf the ids were collected all the same (``dedup_horizon``)
             self.judged = judged
         return outcomes
 

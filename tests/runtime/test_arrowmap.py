@@ -307,17 +307,19 @@ def test_a_batch_plan_reaches_its_tasks_as_text_and_a_task_without_one_fails(tmp
         list(IntervalTask(_step())(iter([])))
 
 
-def test_records_arriving_with_the_final_watermark_are_forgotten_by_the_run_after(tmp_path):
-    """The columnar twin of ``test_interval.py``'s: a batch run under +inf whose records
-    arrived under an older watermark reports it (``judged``), which makes its interval due
-    for a tick (``passed_since_run``), and the tick's run, with no records, forgets the keys."""
+@pytest.mark.parametrize("jump", [10**12, "final"])
+def test_records_arriving_as_the_watermark_jumps_past_their_ids_are_forgotten(tmp_path, jump):
+    """The columnar twin of ``test_interval.py``'s: a batch run under a watermark past its
+    records' id horizon, whose records arrived under an older one, reports it (``judged``),
+    which makes its interval due for a tick (``passed_since_run``), and the tick's run, with
+    no records, forgets the keys; at +inf the batch forgets them itself."""
     from millwheel import MAX_TIMESTAMP
     from millwheel.runtime._wire import passed_since_run
 
     step, files = _step(), ColumnarFiles(Location.of(str(tmp_path / "c")))
 
     def run(manifest: Manifest, batch: int, rows: list[pa.RecordBatch]):
-        lw = MAX_TIMESTAMP
+        lw = MAX_TIMESTAMP if jump == "final" else T0 + jump
         plan = BatchPlan(
             batch,
             f"t{batch}",
@@ -343,8 +345,13 @@ def test_records_arriving_with_the_final_watermark_are_forgotten_by_the_run_afte
 
     before = Manifest().after(0, T0 - 1, [])  # the watermark the records arrive under
     first_manifest, first = run(before, 1, [_rows(["a", "b"], ["x", "y"], [T0, T0 + 10])])
-    assert first.low_watermark == MAX_TIMESTAMP and first.judged == T0 - 1 and first.keys == 2
-    assert passed_since_run(first, MAX_TIMESTAMP)
+    lw = first.low_watermark
+    if jump == "final":
+        assert lw == MAX_TIMESTAMP and first.keys == 0 and first.judged is None
+        assert not passed_since_run(first, lw)
+        return
+    assert lw == T0 + jump and first.judged == T0 - 1 and first.keys == 2
+    assert passed_since_run(first, lw)
     _, tick = run(first_manifest, 2, [])  # the interval due: it runs without records
     assert tick.keys == 0 and tick.judged is None
-    assert not passed_since_run(tick, MAX_TIMESTAMP)
+    assert not passed_since_run(tick, lw)

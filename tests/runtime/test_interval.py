@@ -182,33 +182,40 @@ def test_a_heartbeat_addressed_to_the_interval_fires_its_timers_in_the_batch_tha
     assert done.next_low_watermark_timer == dedup_collect_at(1_000, 600_000, 60_000)
 
 
-def test_records_arriving_with_the_final_watermark_leave_a_wake_up_a_tick_carries_out(
-    step, monkeypatch
+@pytest.mark.parametrize("jump", [10**9, "final"])
+def test_records_arriving_as_the_watermark_jumps_past_their_ids_are_forgotten(
+    step, monkeypatch, jump
 ):
-    """A batch whose heartbeat raises the low watermark to +inf while bringing records judges
-    them against the watermark they arrived under: their ids stay, and the summary says so
-    (``judged``), so the driver still ticks the interval (``passed_since_run``) and the tick's
-    run, with no records, forgets the key: a drained run keeps nothing (``ComputationQuery.drained``)."""
+    """A batch whose heartbeat raises the low watermark past a record's id horizon while it
+    brings the record judges it against the watermark it arrived under: its id stays, and
+    the summary says so (``judged``), so the driver still ticks the interval
+    (``passed_since_run``: it ran under the new watermark) and the tick's run, with no
+    records, forgets the key. At the final watermark (+inf) nothing can come after it but
+    late, so the batch forgets the key itself (``dedup_horizon``): a drained run keeps
+    nothing, and needs no batch of ticks for it."""
     import millwheel.runtime._interval as interval_mod
     from millwheel import MAX_TIMESTAMP
     from millwheel.runtime._wire import passed_since_run
 
+    lw = MAX_TIMESTAMP if jump == "final" else jump
     monkeypatch.setattr(interval_mod, "task_batch_id", lambda: 7)  # the micro-batch running
     i = _interval_of_n(1)
     state = MemoryGroupState(watermark=to_spark(500))  # what the records arrived under
     rec = Record(1, {"n": 1}, 1_000, "r1")
     both = pd.concat(
-        [
-            _frame([(RowKind.RECORD, encode_key(1), rec)]),
-            _heartbeat(to_spark(MAX_TIMESTAMP), upto=6),
-        ],
+        [_frame([(RowKind.RECORD, encode_key(1), rec)]), _heartbeat(to_spark(lw), upto=6)],
         ignore_index=True,
     )
     first = _summary(pd.concat(list(step((i,), iter([both]), state))))
-    assert first.low_watermark == MAX_TIMESTAMP and first.judged == 500 and first.keys == 1
+    assert first.low_watermark == lw
+    if jump == "final":
+        assert first.keys == 0 and first.judged is None and first.next_low_watermark_timer is None
+        assert not passed_since_run(first, lw)
+        return
+    assert first.judged == 500 and first.keys == 1
     assert first.next_low_watermark_timer == dedup_collect_at(1_000, 600_000, 60_000)
-    assert passed_since_run(first, MAX_TIMESTAMP)  # without ``judged``: ran at +inf, never ticked
-    state.watermark = to_spark(MAX_TIMESTAMP)  # Spark's, a batch after the heartbeat it read
+    assert passed_since_run(first, lw)  # without ``judged``: it ran under ``lw``, never ticked
+    state.watermark = to_spark(lw)  # Spark's, a batch after the heartbeat it read
     tick = _summary(pd.concat(list(step((i,), iter([_heartbeat(None, now=5)]), state))))
     assert tick.keys == 0 and tick.judged is None and tick.next_low_watermark_timer is None
-    assert not passed_since_run(tick, MAX_TIMESTAMP)
+    assert not passed_since_run(tick, lw)
