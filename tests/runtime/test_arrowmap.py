@@ -14,7 +14,7 @@ from computations.windowing import WindowCounter
 from millwheel import ColumnarComputation, ComputationOptions, SampleSource, Topology
 from millwheel._codec import decode_value, encode_value
 from millwheel._deadletter import DEAD_LETTER_STREAM
-from millwheel._errors import MillwheelError, TopologyError
+from millwheel._errors import MillwheelError, RunError, TopologyError
 from millwheel._record import encode_key
 from millwheel.runtime._colfiles import ColumnarFiles, Manifest
 from millwheel.runtime._columnar import ColumnarIntervalStep
@@ -300,10 +300,10 @@ def test_a_batch_plan_reaches_its_tasks_as_text_and_a_task_without_one_fails(tmp
     monkeypatch.setattr(_arrowmap, "task_batch_id", lambda: batch["id"])
     assert BatchPlan.of_task() == plan
     batch["id"] = 13
-    with pytest.raises(RuntimeError, match="micro-batch 13 was given the plan of batch 12"):
+    with pytest.raises(RunError, match="micro-batch 13 was given the plan of batch 12"):
         BatchPlan.of_task()
     props.clear()
-    with pytest.raises(RuntimeError, match="found no batch plan"):
+    with pytest.raises(RunError, match="found no batch plan"):
         list(IntervalTask(_step())(iter([])))
 
 

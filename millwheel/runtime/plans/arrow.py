@@ -63,6 +63,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from millwheel._colstore import ColumnarStore
+from millwheel._errors import RunError
 from millwheel._fields import FIELDS_COLUMN
 from millwheel._options import LateAction
 from millwheel._record import MIN_TIMESTAMP
@@ -156,11 +157,11 @@ class BatchPlan:
                 f"context (local property {PLAN_PROPERTY!r}): its job was not started by the "
                 "query's foreachBatch sink on the stream's thread"
             )
-            raise RuntimeError(msg)
+            raise RunError(msg)
         plan = cls.decode(text)
         if batch is not None and plan.batch != batch:
             msg = f"an Arrow-mapping task of micro-batch {batch} was given the plan of batch {plan.batch}"
-            raise RuntimeError(msg)
+            raise RunError(msg)
         return plan
 
 
