@@ -83,20 +83,21 @@ def _run(
     out = pa.Table.from_batches(
         list(IntervalTask(step, plan)(iter(rows))), schema=out_arrow_schema(step)
     ).to_pylist()
-    reports = []
+    reports, summaries = [], []
     for r in out:
         if r["stream"] == SUMMARY_STREAM:
             s = IntervalSummary.decode(r["value"])
+            summaries.append(s)
             reports.append((s.interval, r["id"], s.next_low_watermark_timer, s.next_wall_timer))
     prods = sorted((r["id"], r["ts"], r["value"]) for r in out if r["stream"] == "window_counts")
-    return manifest.after(batch, lw, reports), prods
+    return manifest.after(batch, lw, reports), prods, summaries
 
 
 def test_a_replayed_batch_writes_its_own_version_and_the_next_batch_reads_the_one_named(tmp_path):
     step, files = _step(), ColumnarFiles(Location.of(str(tmp_path / "c")))
     first = [_rows(["a", "b", "c", "a"], ["x", "y", "x", "x"], [T0, T0 + 10, T0 + 20, T0])]
-    m0, p0 = _run(step, files, Manifest(), 0, "one", T0 - 1, first)
-    m0_again, p0_again = _run(
+    m0, p0, _ = _run(step, files, Manifest(), 0, "one", T0 - 1, first)
+    m0_again, p0_again, _ = _run(
         step, files, Manifest(), 0, "two", T0 - 1, first
     )  # the batch run again (a replay)
     assert p0 == p0_again == []  # nothing due yet
@@ -107,11 +108,11 @@ def test_a_replayed_batch_writes_its_own_version_and_the_next_batch_reads_the_on
     # from the worker's cache (it wrote the version the manifest names: the file is not read) ...
     kept = files.read_store(0, m0_again.files[0])
     files.interval_dir(0).child(m0_again.files[0]).delete()
-    _, cached = _run(step, files, m0_again, 1, "three", T0 + 60_000, second)
+    _, cached, _ = _run(step, files, m0_again, 1, "three", T0 + 60_000, second)
     # ... and from the file, with the cache holding another version
     files.write_store(0, m0_again.files[0], kept)
     assert _arrowmap._CACHE[(files.loc.uri, 0)][0] != m0_again.files[0]
-    _, from_file = _run(step, files, m0_again, 1, "four", T0 + 60_000, second)
+    _, from_file, _ = _run(step, files, m0_again, 1, "four", T0 + 60_000, second)
     assert cached == from_file
     counts = sorted((v["key"], v["count"]) for v in (decode_value(p[2]) for p in cached))
     assert counts == [
@@ -317,40 +318,19 @@ def test_records_arriving_as_the_watermark_jumps_past_their_ids_are_forgotten(tm
     from millwheel.runtime._wire import passed_since_run
 
     step, files = _step(), ColumnarFiles(Location.of(str(tmp_path / "c")))
+    lw = MAX_TIMESTAMP if jump == "final" else T0 + jump
 
     def run(manifest: Manifest, batch: int, rows: list[pa.RecordBatch]):
-        lw = MAX_TIMESTAMP if jump == "final" else T0 + jump
-        plan = BatchPlan(
-            batch,
-            f"t{batch}",
-            lw,
-            0,
-            manifest.low_watermark,
-            1,
-            dict(manifest.files),
-            tuple(manifest.due(lw, 0)),
-            files.loc.uri,
-        )
-        out = pa.Table.from_batches(
-            list(IntervalTask(step, plan)(iter(rows))), schema=out_arrow_schema(step)
-        ).to_pylist()
-        (summary,) = [
-            (IntervalSummary.decode(r["value"]), r["id"])
-            for r in out
-            if r["stream"] == SUMMARY_STREAM
-        ]
-        s, name = summary
-        reports = [(s.interval, name, s.next_low_watermark_timer, s.next_wall_timer)]
-        return manifest.after(batch, lw, reports), s
+        after, _, (summary,) = _run(step, files, manifest, batch, f"t{batch}", lw, rows)
+        return after, summary
 
     before = Manifest().after(0, T0 - 1, [])  # the watermark the records arrive under
     first_manifest, first = run(before, 1, [_rows(["a", "b"], ["x", "y"], [T0, T0 + 10])])
-    lw = first.low_watermark
     if jump == "final":
-        assert lw == MAX_TIMESTAMP and first.keys == 0 and first.judged is None
+        assert first.low_watermark == lw and first.keys == 0 and first.judged is None
         assert not passed_since_run(first, lw)
         return
-    assert lw == T0 + jump and first.judged == T0 - 1 and first.keys == 2
+    assert first.low_watermark == lw and first.judged == T0 - 1 and first.keys == 2
     assert passed_since_run(first, lw)
     _, tick = run(first_manifest, 2, [])  # the interval due: it runs without records
     assert tick.keys == 0 and tick.judged is None
