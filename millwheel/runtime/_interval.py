@@ -538,9 +538,8 @@ class IntervalBatch:
                     out.add_production(p)
             for p in result.dead_letters:
                 out.add_production(p)
-        if (
-            judged < lw < MAX_TIMESTAMP
-        ):  # at +inf the ids were collected all the same (``dedup_horizon``)
+        # at +inf the ids were collected all the same (``_contract.dedup_horizon``)
+        if judged < lw < MAX_TIMESTAMP:
             self.judged = judged
         return outcomes
 

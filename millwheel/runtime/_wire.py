@@ -185,8 +185,9 @@ def passed_since_run(s: IntervalSummary, watermark: int) -> bool:
 
     A run carried out what its low watermark made due, but for the keys whose records it
     judged against an older one (``s.judged``): their ids' wake-ups from there on are still
-    due. So a batch that brings records with the final watermark (+inf) is followed by a
-    tick that forgets the keys it left keeping only ids.
+    due. So a batch whose watermark jumps past the ids of the records it brings is followed
+    by a tick that forgets the keys it left keeping only ids (at +inf the batch forgets them
+    itself: ``_contract.dedup_horizon``).
 
     >>> ran = IntervalSummary(0, None, 700, None, 1, low_watermark=1_000)
     >>> judged = IntervalSummary(0, None, 700, None, 1, low_watermark=1_000, judged=600)
