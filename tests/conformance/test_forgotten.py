@@ -7,8 +7,9 @@ woken once the low watermark passes its oldest ids by ``slack_ms + gc_interval_m
 forgotten if it kept nothing else. ``tests/test_dedup.py`` proves the invariant over random
 rounds in the harness; this runs the production plans on a live input whose watermark moves
 while the run goes on, and checks that the drained run keeps no key: the wake-ups its final
-watermark (+inf) made due are ticked before it stops (``ComputationQuery.drained``), those of
-the last records too, which arrive with it.
+watermark (+inf) made due are ticked before it stops (``ComputationQuery.drained``), and the
+keys of the last records, which arrive with it, are forgotten in the batch that brings them
+(``_contract.dedup_horizon``).
 """
 
 from __future__ import annotations
@@ -67,9 +68,9 @@ class Trickle(Source):
 def test_keys_seen_once_are_forgotten_while_the_run_goes_on(
     plan, spark, tmp_path, id_relays, timed_id_relays, timers
 ):
-    # with timers, the interval plans address heartbeats to the key intervals: a tick for
-    # the records that came with +inf is not held back for a row the batch already read
-    # (``_wire.due_ticks``), else the drain waits ``DRAIN_WAKE_S`` for it and keeps the keys
+    # with timers, the interval plans address heartbeats to the key intervals (a tick is not
+    # held back for a row a batch already read: ``_wire.due_ticks``), and the Arrow mapping,
+    # which has no no-data batches, ticks its wake-ups (``Plan.timers_in_no_data_batches``)
     from millwheel.runtime import SparkRuntime
     from millwheel.runtime._state_reader import read_state
 
@@ -114,8 +115,8 @@ def test_keys_seen_once_are_forgotten_while_the_run_goes_on(
     print(f"{plan.id}, timers {timers}: {len(held)} of {len(sent)} keys held after the drain")
     # a key of batch b can go once the watermark passes b s + SLACK_MS + GC_MS: after the
     # injector's batch b + 4, while the run goes on; the rest with the ticks of the final
-    # watermark (+inf) before the run stops, those whose records arrived with it included
-    # (judged against an older one: ``IntervalSummary.judged``)
+    # watermark (+inf) before the run stops; those whose records arrived with it in that
+    # batch (at +inf every id goes: ``_contract.dedup_horizon``)
     assert not held, (
         f"seed {seed}: {len(held)} keys held after the drain, of injector batches "
         f"{sorted(Counter(sent[k] for k in held).items())}, e.g. {sorted(held)[:5]}"
