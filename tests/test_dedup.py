@@ -167,6 +167,17 @@ def test_a_key_that_keeps_only_ids_is_forgotten_once_they_can_go(columnar, id_re
                     f"seed {seed}: {key!r} keeps {rid} (stamp at most {stamp[rid]}) at lw {lw}"
                 )
             assert h.dedup_ids("Relay", key), f"seed {seed}: {key!r} kept with nothing"
+    # the last records come with the final watermark (+inf), two of them twice: judged
+    # against the watermark they arrived under (the second copies are duplicates), their keys
+    # go in that very round, as every other key's ids (``_contract.dedup_horizon``)
+    dups = h.metrics("Relay")["duplicates"]
+    last = [f"last{i}#{n + i}" for i in range(5)]
+    sent.update((rid, max(lw, t, 0)) for rid in last)
+    h.inject("in", [Record(None, rid, sent[rid], rid) for rid in [*last, *last[:2]]])
+    h.finish("in")
+    h.run()
+    assert list(h.keys("Relay")) == [], f"seed {seed}: keys held at +inf"
+    assert h.metrics("Relay")["duplicates"] == dups + 2, f"seed {seed}"
     out = [r.id for r in h.output("out")]
     assert len({v for v in (r.value for r in h.output("out"))}) == len(out), f"seed {seed}"
     m = h.metrics("Relay")
