@@ -303,7 +303,11 @@ def test_a_batch_plan_reaches_its_tasks_as_text_and_a_task_without_one_fails(tmp
     batch["id"] = 13
     with pytest.raises(RunError, match="micro-batch 13 was given the plan of batch 12"):
         BatchPlan.of_task()
+    batch["id"] = None  # a job not of the stream's thread: no batch id, whatever its plan
+    with pytest.raises(RunError, match="found no micro-batch id"):
+        BatchPlan.of_task()
     props.clear()
+    batch["id"] = 12
     with pytest.raises(RunError, match="found no batch plan"):
         list(IntervalTask(_step())(iter([])))
 

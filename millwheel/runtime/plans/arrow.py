@@ -151,15 +151,17 @@ class BatchPlan:
         property, set by :meth:`ArrowMapping.sink`)."""
         text = task_property(PLAN_PROPERTY)
         batch = task_batch_id()
-        if text is None:
+        if text is None or batch is None:
+            what = "no batch plan" if text is None else "no micro-batch id"
             msg = (
-                f"an Arrow-mapping task of micro-batch {batch} found no batch plan in its task "
-                f"context (local property {PLAN_PROPERTY!r}): its job was not started by the "
-                "query's foreachBatch sink on the stream's thread"
+                f"an Arrow-mapping task of micro-batch {batch} found {what} in its task "
+                f"context (local properties {PLAN_PROPERTY!r}, 'streaming.sql.batchId'): its "
+                "job was not started by the query's foreachBatch sink on the stream's thread "
+                "(PySpark's pinned threads, the default, are off: PYSPARK_PIN_THREAD=false?)"
             )
             raise RunError(msg)
         plan = cls.decode(text)
-        if batch is not None and plan.batch != batch:
+        if plan.batch != batch:
             msg = f"an Arrow-mapping task of micro-batch {batch} was given the plan of batch {plan.batch}"
             raise RunError(msg)
         return plan
