@@ -1,8 +1,10 @@
 """``millwheel state``: a computation's committed per-key state, timers and dedup ids, read from a run directory.
 
 The computation keeps a count per key and a wall-time reminder a day ahead, which is still
-pending when the run has drained (only low-watermark timers hold a low watermark); the
-same key is sent twice, so its dedup ids are kept.
+pending when the run has drained (only low-watermark timers hold a low watermark). At the
+final watermark a step collects every id older than +inf less the slack
+(``_contract.dedup_horizon``), so the records are stamped within the slack of it: the
+finished run keeps their ids, and the same key sent three times keeps three.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pandas as pd
 import pytest
 
 from millwheel import (
+    MAX_TIMESTAMP,
     ColumnarComputation,
     Computation,
     ComputationOptions,
@@ -49,7 +52,10 @@ def finished_run(spark, tmp_path_factory):
     t.injector(
         "words",
         SampleSource(
-            [Record(None, {"word": w, "key": w}, 1_000 + i, f"w{i}") for i, w in enumerate(words)]
+            [
+                Record(None, {"word": w, "key": w}, MAX_TIMESTAMP - 10_000 + i, f"w{i}")
+                for i, w in enumerate(words)
+            ]
         ),
     )
     t.computation(Remember, inputs={"words": lambda r: r.value["key"]})
