@@ -130,10 +130,8 @@ def test_on_the_interval_plans_timers_fire_in_the_batch_that_reads_the_heartbeat
     tmp_path, spark, second_counts
 ):
     # each second's count is a low-watermark timer; the last ones are due only at the end of
-    # input (+inf). Fired in the batch that reads the heartbeat at +inf, no batch under
-    # Spark's watermark at +inf produces any: before, a no-data batch ran there to fire them.
-    # One such batch may run: the tick that forgets the ids of the records that came with
-    # +inf (``IntervalSummary.judged``)
+    # input (+inf). Fired in the batch that reads the heartbeat at +inf, no batch ever runs
+    # under Spark's watermark at +inf: before, a no-data batch ran there to fire them
     from collections import Counter
 
     from computations.columnar_windowing import ColumnarWindowCounter
@@ -170,18 +168,13 @@ def test_on_the_interval_plans_timers_fire_in_the_batch_that_reads_the_heartbeat
         assert got == expected
         cp = next(iter(rt.computations.values())).checkpoint
         assert _no_data_batches(cp) == []
-        marks = {
-            b: (offset_log_metadata(cp.child(OFFSETS, str(b)).read_text() or "") or {}).get(
+        marks = [
+            (offset_log_metadata(cp.child(OFFSETS, str(b)).read_text() or "") or {}).get(
                 "batchWatermarkMs", 0
             )
             for b in committed_batches(cp)
-        }
-        at_inf = {b for b, m in marks.items() if m >= to_spark(MAX_TIMESTAMP)}
-        assert len(at_inf) <= 1, marks
-        loc = rt.streams.location(stream, next(iter(rt.computations)))
-        names = [*loc.list(), *(loc.child("_done").list() if loc.child("_done").exists() else [])]
-        producing = {int(n[1:11]) for n in names if n.startswith("b") and n.endswith(".parquet")}
-        assert producing and not producing & at_inf, (producing, marks)
+        ]
+        assert max(marks) < to_spark(MAX_TIMESTAMP), marks
         # and without Spark's timeouts: its state rows have no timeout column
         assert interval_state_timeouts(cp) is False
 
