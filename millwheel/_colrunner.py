@@ -39,6 +39,7 @@ from millwheel._contract import (
     dedup_stamps,
     failure_letter,
     is_late,
+    judged_watermark,
     late_watermarks,
     within_budget,
 )
@@ -54,15 +55,7 @@ from millwheel._fields import (
     requested_fields,
 )
 from millwheel._options import ComputationOptions, DedupOptions, ErrorPolicy, LateAction
-from millwheel._record import (
-    MAX_TIMESTAMP,
-    Key,
-    Production,
-    Record,
-    TimeDomain,
-    Timer,
-    decode_key,
-)
+from millwheel._record import Key, Production, Record, TimeDomain, Timer, decode_key
 
 #: decoded keys a runner keeps (``ColumnarRunner._decode_key``); past it, it starts again
 _KEYS_KEPT = 1 << 20
@@ -253,6 +246,7 @@ class ColumnarRunner:
         collect = self._collect_wakes()
         hold, nlw, nwall, kept = (None, None, None, 0) if live else st.summary(collect)
         summaries = st.key_summary(touched | set(prods.kbs), collect) if key_summaries else None
+        judged = judged_watermark(lw, oldest_late_wm)
         return ColumnarResult(
             None if live else st.encode(files),
             prods.streams,
@@ -272,9 +266,7 @@ class ColumnarRunner:
             prods.once_ids,
             prods.once_tentative,
             st,
-            oldest_late_wm
-            if oldest_late_wm is not None and oldest_late_wm < lw < MAX_TIMESTAMP
-            else None,
+            judged if judged < lw else None,
         )
 
     # ---------------------------------------------------------------------------------

@@ -79,10 +79,11 @@ def dedup_stamps(timestamps: np.ndarray, late_wms: np.ndarray) -> np.ndarray:
     return np.maximum(timestamps, late_wms)
 
 
-def dedup_horizon(low_watermark: int, oldest_late_wm: int | None, slack_ms: int) -> int:
-    """Ids older than this may be collected after a step: none of them can be delivered again
-    without being late, judged against the older of the low watermark and the oldest watermark
-    the step's records arrived under (``None``: it had none), less the slack.
+def judged_watermark(low_watermark: int, oldest_late_wm: int | None) -> int:
+    """The watermark a step collects its ids against (:func:`dedup_horizon`): the older of the
+    low watermark and the oldest watermark the step's records arrived under (``None``: it
+    had none). Older than ``low_watermark``, the interval's summary says so
+    (``IntervalSummary.judged``), so that a tick collects them later.
 
     At the final low watermark (+inf) the low watermark's alone: nothing is delivered after
     it but late against +inf (a computation's low watermark reaches +inf only once it has
@@ -91,12 +92,22 @@ def dedup_horizon(low_watermark: int, oldest_late_wm: int | None, slack_ms: int)
     older arrival watermark first, under it). A key that kept only ids is forgotten there and
     then, not by a batch of ticks after it.
 
+    >>> judged_watermark(5_000, 3_000), judged_watermark(MAX_TIMESTAMP, 3_000) == MAX_TIMESTAMP
+    (3000, True)
+    """
+    if oldest_late_wm is None or low_watermark >= MAX_TIMESTAMP:
+        return low_watermark
+    return min(low_watermark, oldest_late_wm)
+
+
+def dedup_horizon(low_watermark: int, oldest_late_wm: int | None, slack_ms: int) -> int:
+    """Ids older than this may be collected after a step: none of them can be delivered again
+    without being late, judged against :func:`judged_watermark`, less the slack.
+
     >>> dedup_horizon(5_000, 3_000, 100), dedup_horizon(MAX_TIMESTAMP, 3_000, 100) == MAX_TIMESTAMP - 100
     (2900, True)
     """
-    if oldest_late_wm is None or low_watermark >= MAX_TIMESTAMP:
-        return low_watermark - slack_ms
-    return min(low_watermark, oldest_late_wm) - slack_ms
+    return judged_watermark(low_watermark, oldest_late_wm) - slack_ms
 
 
 def dedup_collect_at(oldest: int | None, slack_ms: int, gc_interval_ms: int) -> int | None:

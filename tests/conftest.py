@@ -92,27 +92,25 @@ def id_relays():
 
 
 @pytest.fixture
-def timed_id_relays():
+def timed_id_relays(id_relays):
     """``(per_record, columnar)``: :func:`id_relays` that also set a low-watermark timer at
     each record's timestamp and do nothing when it fires: computations that handle timers,
     whose heartbeats the interval plans address to their key intervals (``docs/runtime.md``,
     "Heartbeats in the batch that reads them"); once it fired, a key keeps only its ids."""
-    from millwheel import ColumnarComputation, Computation
+    relay, columnar_relay = id_relays
 
-    class TimedRelay(Computation):
+    class TimedRelay(relay):
         def process_record(self, record):
-            self.produce("out", record.value, timestamp=record.timestamp)
+            super().process_record(record)
             self.set_timer("t", record.timestamp)
 
         def process_timer(self, timer):
             pass
 
-    class ColumnarTimedRelay(ColumnarComputation):
-        record_columns = ("key", "timestamp", "value")
-
+    class ColumnarTimedRelay(columnar_relay):
         def process_batch(self, batch):
+            super().process_batch(batch)
             r = batch.records
-            batch.produce("out", list(r["value"]), keys=r["key"], timestamps=r["timestamp"])
             batch.set_timers(r["key"], ["t"] * len(r), r["timestamp"])
 
         def process_timers(self, batch, timers):

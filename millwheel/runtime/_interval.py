@@ -44,6 +44,7 @@ import msgpack
 import pandas as pd
 
 from millwheel._codec import decode_value, encode_value
+from millwheel._contract import judged_watermark, late_watermark
 from millwheel._counters import StepMetrics
 from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._delivery import (
@@ -54,14 +55,7 @@ from millwheel._delivery import (
     timers_due,
 )
 from millwheel._fields import decode_cell
-from millwheel._record import (
-    MAX_TIMESTAMP,
-    MIN_TIMESTAMP,
-    Production,
-    Record,
-    decode_key,
-    encode_key,
-)
+from millwheel._record import MIN_TIMESTAMP, Production, Record, decode_key, encode_key
 from millwheel.runtime._fieldcols import production_fields, with_values
 from millwheel.runtime._groupstate import MemoryGroupState  # noqa: F401 - re-exported: tests and benches run steps with it
 from millwheel.runtime._keying import Keyer, wants_dead_letters
@@ -492,12 +486,11 @@ class IntervalBatch:
         lw, now, totals, out = self.low_watermark, self.now, self.totals, self.out
         once: list[tuple[Any, Production]] = []
         outcomes: dict[bytes, KeyOutcome] = {}
-        judged = lw
+        oldest = lw
         for kb, rows in self.per_key.items():
             key = decode_key(kb)
             for r in rows:  # the watermarks ``plan_steps`` judges the key's records against
-                w = MIN_TIMESTAMP if r.stream == DEAD_LETTER_STREAM else r.sent
-                judged = min(judged, self.arrival if w is None else w)
+                oldest = min(oldest, late_watermark(r.stream, r.sent, self.arrival))
             if len(rows) > 1:
                 # send order: Spark reads a batch's files in any order; sender watermarks
                 # only grow, and file names (then rows) sort in publication order: rows are
@@ -538,8 +531,8 @@ class IntervalBatch:
                     out.add_production(p)
             for p in result.dead_letters:
                 out.add_production(p)
-        # at +inf the ids were collected all the same (``_contract.dedup_horizon``)
-        if judged < lw < MAX_TIMESTAMP:
+        judged = judged_watermark(lw, oldest)
+        if judged < lw:
             self.judged = judged
         return outcomes
 
