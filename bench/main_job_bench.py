@@ -96,7 +96,12 @@ def spark_lock(path: str | None):
 
 
 def run_once(
-    checkout: Path, env_extra: dict[str, str], python: str, lock: str | None, timeout_s: float
+    checkout: Path,
+    env_extra: dict[str, str],
+    python: str,
+    lock: str | None,
+    timeout_s: float,
+    extra_args: list[str] | None = None,
 ) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(prefix="millwheel-main-job-"))
     env = {**os.environ, "PYTHONPATH": str(checkout), **env_extra}
@@ -109,6 +114,7 @@ def run_once(
         "topologies/zeitgeist",
         "--checkpoint",
         str(run_dir / "run"),
+        *(extra_args or []),
     ]
     out: dict[str, Any] = {}
     stderr_lines: list[tuple[float, str]] = []
@@ -222,6 +228,7 @@ def write_results(variants: dict[str, dict[str, Any]], out: str, *, done: bool) 
             "checkout": checkout_label(v["checkout"]),
             "commit": v["commit"],
             "env": v["env"],
+            "args": v["args"],
             "summary": summary(v["runs"]),
             "runs": [{k: val for k, val in r.items() if k != "evaluation"} for r in v["runs"]],
         }
@@ -246,6 +253,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="LABEL:NAME=VALUE",
         help="an environment setting for one variant (repeatable)",
     )
+    p.add_argument(
+        "--arg",
+        action="append",
+        default=[],
+        metavar="LABEL:ARG",
+        help="a command-line argument for one variant's `millwheel run` (repeatable, in order; "
+        'e.g. --arg "i4:--intervals" --arg "i4:4")',
+    )
     p.add_argument("--runs", type=int, default=2, help="runs per variant, alternating")
     p.add_argument(
         "--python", default=sys.executable, help="the interpreter (the one with pyspark)"
@@ -262,11 +277,14 @@ def main(argv: list[str] | None = None) -> int:
     variants: dict[str, dict[str, Any]] = {}
     for item in args.variant or [f"this={ROOT}"]:
         label, _, path = item.partition("=")
-        variants[label] = {"checkout": Path(path).resolve(), "env": {}}
+        variants[label] = {"checkout": Path(path).resolve(), "env": {}, "args": []}
     for item in args.env:
         label, _, setting = item.partition(":")
         name, _, value = setting.partition("=")
         variants[label]["env"][name] = value
+    for item in args.arg:
+        label, _, arg = item.partition(":")
+        variants[label]["args"].append(arg)
     for v in variants.values():
         v["commit"] = git_head(v["checkout"])
         ensure_sample(v["checkout"], args.python)
@@ -274,7 +292,9 @@ def main(argv: list[str] | None = None) -> int:
 
     for i in range(args.runs):
         for label, v in variants.items():
-            r = run_once(v["checkout"], v["env"], args.python, args.lock or None, args.timeout)
+            r = run_once(
+                v["checkout"], v["env"], args.python, args.lock or None, args.timeout, v["args"]
+            )
             v["runs"].append(r)
             figures = {
                 k: r.get(k)

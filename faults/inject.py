@@ -370,6 +370,12 @@ class SmallDisk:
 
     def fill(self) -> int:
         """Write a ballast file until the device is full; returns its size in bytes."""
+        if not os.path.ismount(self.path):
+            # seen once (a campaign's ballast could not be opened: ENOENT): say what is gone
+            # rather than fail inside ``open``
+            state = "exists but is not a mount point" if self.path.is_dir() else "is gone"
+            msg = f"the tmpfs at {self.path} {state}: was its directory moved or removed by another process?"
+            raise AssertionError(msg)
         chunk = b"\0" * (1 << 20)
         written = 0
         with open(self.ballast, "ab") as f:

@@ -66,8 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--intervals",
         type=int,
-        default=16,
-        help="key intervals (Spark groups) per computation (default 16); fixed by a run's first start, then changed with millwheel rescale",
+        default=None,
+        help="key intervals (Spark groups) per computation (default: a run directory's own, else on its first start two per core of local[N], 16 on a cluster); fixed by a run's first start, then changed with millwheel rescale",
     )
     g.add_argument(
         "--shuffle-partitions",

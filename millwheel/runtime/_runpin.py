@@ -5,6 +5,7 @@ group of each key interval (``docs/runtime.md``). Each is refused if a later sta
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import socket
@@ -15,7 +16,7 @@ import xxhash
 from millwheel._errors import MillwheelError
 from millwheel._once import new_epoch
 from millwheel.runtime._fs import Location
-from millwheel.runtime._settings import RuntimeSettings
+from millwheel.runtime._settings import RuntimeSettings, default_intervals
 from millwheel.runtime._spark_internals import has_started
 from millwheel.runtime._wire import interval_groups
 
@@ -37,6 +38,18 @@ def _plain(value: Any) -> Any:
 #: decide which Spark group and which ``interval:C`` column each key's state and input
 #: belong to, and the state layout decides the state stores' schema and provider
 PINNED_SETTINGS = ("intervals", "state_layout")
+
+
+def resolve_intervals(
+    settings: RuntimeSettings, held: dict[str, Any], master: str | None
+) -> RuntimeSettings:
+    """``settings`` with its key intervals decided: as given; else the run directory's own
+    (``held``: its ``run.json``), so a run resumes as it started whatever machine it is on;
+    else, on a first start, :func:`~millwheel.runtime._settings.default_intervals` of ``master``."""
+    if settings.intervals is not None:
+        return settings
+    n = held.get("intervals")
+    return dataclasses.replace(settings, intervals=int(n) if n else default_intervals(master))
 
 
 def pin_run_settings(root: Location, settings: RuntimeSettings) -> None:

@@ -42,7 +42,13 @@ from millwheel.runtime._query import ComputationQuery, prune_streams
 from millwheel.runtime._runpin import (  # re-exported: tests, the photon tools
     PINNED_SETTINGS as PINNED_SETTINGS,
 )
-from millwheel.runtime._runpin import pin_groups, pin_pipeline, pin_run_settings, where_of
+from millwheel.runtime._runpin import (
+    pin_groups,
+    pin_pipeline,
+    pin_run_settings,
+    resolve_intervals,
+    where_of,
+)
 from millwheel.runtime._runpin import run_identity as run_identity
 from millwheel.runtime._session import checkpoint_conf, restore_conf, set_conf, warm_python_workers
 from millwheel.runtime._settings import RuntimeSettings
@@ -75,13 +81,15 @@ class SparkRuntime:
         progress: Callable[[str], None] | None = None,
     ) -> None:
         self.topology = topology.validate()
-        self.settings = settings or RuntimeSettings()
         self.root = Location.of(root)
+        held = read_pin(self.root)
+        settings = settings or RuntimeSettings()
+        master = spark.sparkContext.master if spark is not None else settings.master
+        #: intervals always known here: as given, the run's own, or the master's default
+        self.settings = resolve_intervals(settings, held, master)
         #: every consumer's key extractor: producers key what they write (``_keying.py``), for
         #: each consumer's interval count (a rescaled one has its own: ``_layout.py``)
-        self.keyer = Keyer.of(
-            self.topology, self.settings.intervals, own_intervals(read_pin(self.root))
-        )
+        self.keyer = Keyer.of(self.topology, self.settings.intervals, own_intervals(held))
         self.streams = FileStreamLog(self.root, self.keyer)
         #: the epoch every query's lease is taken under (``_lease.py``): one per driver start
         self.driver_epoch = DriverEpoch(self.root.child("leases"))

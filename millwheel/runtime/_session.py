@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from millwheel.runtime import _cds as cds
+from millwheel.runtime._settings import master_cores
 from millwheel.runtime._spark_internals import (
     check_pyspark_version,
     root_log_level,
@@ -267,7 +268,7 @@ def spark_session(
     if loopback_master(master) and not submitted:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     if shuffle_partitions is None:
-        shuffle_partitions = _cores(master)
+        shuffle_partitions = master_cores(master)
     level = os.environ.get("MILLWHEEL_SPARK_LOG_LEVEL", "ERROR").upper()
     settings = {
         "spark.ui.enabled": "true" if ui else "false",
@@ -411,18 +412,6 @@ def ui_url(spark: Any) -> str | None:
 def _quiet_task_failures(spark: Any) -> None:
     """The same as the log4j2 file, for a JVM that started without it (spark-submit, a test's session)."""
     silence_loggers(spark, (*_TASK_FAILURE_LOGGERS, *_NOISE_LOGGERS))
-
-
-def _cores(master: str | None) -> int:
-    if master is not None and master.startswith("local["):
-        inner = master[len("local[") : -1].split(",")[0]
-        if inner == "*":
-            return os.cpu_count() or 2
-        try:
-            return int(inner)
-        except ValueError:
-            return 2
-    return 8
 
 
 def wait_for_jobs(spark: Any, run_id: str | None, timeout_s: float = 60.0) -> None:

@@ -12,13 +12,49 @@ from typing import Any
 from millwheel._errors import SettingsError
 
 __all__ = [
+    "CLUSTER_INTERVALS",
     "COLUMNAR_INPUT_REMOVED",
+    "INTERVALS_PER_CORE",
     "OUTBOX_WRITERS",
     "STATE_LAYOUTS",
     "RuntimeSettings",
     "SettingsError",
     "StateLayout",
+    "default_intervals",
+    "master_cores",
 ]
+
+#: key intervals per core of a ``local[N]`` master on a run directory's first start without
+#: ``intervals`` (docs/runtime.md, "intervals"): each core runs two, so one slow interval
+#: leaves its core's other to even out, and a split has intervals to work with
+INTERVALS_PER_CORE = 2
+#: the same for any other master: its cores are not known before its executors register
+CLUSTER_INTERVALS = 16
+
+
+def master_cores(master: str | None) -> int:
+    """The cores a ``local[N]`` master runs tasks on (``local[*]``: this machine's); 8 for any other."""
+    if master is not None and master.startswith("local["):
+        inner = master[len("local[") : -1].split(",")[0]
+        if inner == "*":
+            return os.cpu_count() or 2
+        try:
+            return int(inner)
+        except ValueError:
+            return 2
+    return 8
+
+
+def default_intervals(master: str | None) -> int:
+    """A first start's key intervals when none are given: :data:`INTERVALS_PER_CORE` per core
+    of a ``local[N]`` master (at least 2), :data:`CLUSTER_INTERVALS` on any other.
+
+    >>> default_intervals("local[2]"), default_intervals("local[1]"), default_intervals("spark://h:7077")
+    (4, 2, 16)
+    """
+    if master is not None and master.startswith("local["):
+        return max(2, INTERVALS_PER_CORE * master_cores(master))
+    return CLUSTER_INTERVALS
 
 
 class StateLayout(enum.StrEnum):
@@ -49,7 +85,10 @@ class RuntimeSettings:
     """How the Spark runtime runs a topology.
 
     * ``intervals`` — key intervals (Spark groups) per computation (§7.1): more means less
-      state rewritten per touched interval, fewer means less per-group overhead.
+      state rewritten per touched interval, fewer means less per-group overhead. ``None``
+      (the default): a run directory that has started keeps its own (``run.json``); a first
+      start takes :func:`default_intervals` of the master — two per core on ``local[N]``,
+      16 on a cluster.
     * ``trigger_ms`` — micro-batch trigger interval (0: as soon as the previous ends).
     * ``poll_ms`` / ``heartbeat_ms`` — driver loop period; minimum gap between heartbeats.
     * ``drain`` — log-file injectors treat their files as complete (finite input), so the
@@ -110,7 +149,7 @@ class RuntimeSettings:
       that holds it.
     """
 
-    intervals: int = 16
+    intervals: int | None = None
     master: str = "local[2]"
     shuffle_partitions: int | None = None
     trigger_ms: int = 0
@@ -138,6 +177,13 @@ class RuntimeSettings:
     autoscale: Any = None
 
     def __post_init__(self) -> None:
+        if self.intervals is not None and (
+            isinstance(self.intervals, bool)
+            or not isinstance(self.intervals, int)
+            or self.intervals < 1
+        ):
+            msg = f"RuntimeSettings.intervals must be a whole number >= 1 (or None: the run's own, else the master's default), got {self.intervals!r}"
+            raise SettingsError(msg)
         if self.injector_poll_ms < 0:
             msg = f"RuntimeSettings.injector_poll_ms must be >= 0 (milliseconds), got {self.injector_poll_ms!r}"
             raise SettingsError(msg)

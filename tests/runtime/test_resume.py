@@ -10,7 +10,10 @@ from millwheel import Computation, Record, SampleSource, Topology
 from millwheel._errors import MillwheelError
 from millwheel.runtime import RuntimeSettings, SparkRuntime
 from millwheel.runtime._fs import Location
+from millwheel.runtime._layout import read_pin
+from millwheel.runtime._runpin import resolve_intervals
 from millwheel.runtime._runtime import pin_groups, pin_run_settings
+from millwheel.runtime._settings import default_intervals
 from millwheel.runtime._wire import interval_groups, spark_hash_int
 
 pytestmark = pytest.mark.spark
@@ -32,12 +35,17 @@ def _topology(n: int) -> Topology:
 
 
 def test_counters_survive_a_restart_and_count_each_batch_once(spark, run_dir):
-    settings = RuntimeSettings(drain=True, intervals=2)
+    settings = RuntimeSettings(
+        drain=True
+    )  # the intervals: the master's default, then the run's own
     first = SparkRuntime(_topology(200), run_dir, settings, spark=spark)
+    intervals = default_intervals(spark.sparkContext.master)
+    assert first.settings.intervals == intervals
     first.run(timeout_s=300)
     m1 = dict(first.computations["Count"].metrics)
     assert (m1["records_in"], m1["duplicates"], m1["processed"]) == (201, 1, 200)
     again = SparkRuntime(_topology(200), run_dir, settings, spark=spark)
+    assert again.settings.intervals == intervals
     again.run(timeout_s=300)
     m2 = again.computations["Count"].metrics
     assert (m2["records_in"], m2["duplicates"], m2["processed"], m2["productions"]) == (
@@ -51,7 +59,7 @@ def test_counters_survive_a_restart_and_count_each_batch_once(spark, run_dir):
     # the intervals were dealt over the shuffle partitions at the first start, and kept
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
     with open(f"{run_dir}/run.json") as f:
-        assert json.load(f)["groups"] == interval_groups(2, partitions)
+        assert json.load(f)["groups"] == interval_groups(intervals, partitions)
 
 
 def test_a_run_directory_refuses_other_intervals_or_layout(tmp_path):
@@ -71,6 +79,29 @@ def test_a_run_directory_refuses_other_intervals_or_layout(tmp_path):
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
         "run.json"
     ]  # nothing else written
+
+
+@pytest.mark.parametrize(
+    ("master", "first"),
+    [("local[2]", 4), ("local[1]", 2), ("local[3,2]", 6), ("spark://h:7077", 16), ("yarn", 16)],
+)
+def test_intervals_not_given_are_the_runs_own_else_the_masters_default(tmp_path, master, first):
+    """Without ``intervals`` a first start takes two per core of ``local[N]`` (16 elsewhere),
+    pins them, and every later start takes the pinned count on any master; a count given
+    is kept as given (and refused by the pin if it differs)."""
+    root = Location.of(str(tmp_path / "run"))
+    settings = resolve_intervals(RuntimeSettings(), read_pin(root), master)
+    assert settings.intervals == first
+    pin_run_settings(root, settings)
+    for other in ("local[1]", "local[*]", "spark://h:7077"):
+        assert resolve_intervals(RuntimeSettings(), read_pin(root), other).intervals == first
+    assert resolve_intervals(RuntimeSettings(intervals=7), read_pin(root), master).intervals == 7
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "4"])
+def test_intervals_must_be_a_whole_number(bad):
+    with pytest.raises(MillwheelError, match="RuntimeSettings.intervals must be a whole number"):
+        RuntimeSettings(intervals=bad)
 
 
 def test_a_run_directory_from_before_the_pin_gets_one(tmp_path):
