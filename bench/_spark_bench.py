@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from millwheel import MAX_TIMESTAMP, Source, SourceBatch
+from millwheel.runtime import default_intervals
 
 
 class Finished(Source):
@@ -87,7 +88,12 @@ def data_args(p: Any, *, records: int, keys: int, files: int) -> None:
     p.add_argument("--keys", type=int, default=keys)
     p.add_argument("--files", type=int, default=files)
     p.add_argument("--per-trigger", type=int, default=10)
-    p.add_argument("--intervals", type=int, default=16)
+    p.add_argument(
+        "--intervals",
+        type=int,
+        default=default_intervals("local[2]"),
+        help="key intervals per computation (default: the runtime's on local[2], 2 per core)",
+    )
     p.add_argument("--reps", type=int, default=2)
 
 

@@ -540,7 +540,13 @@ def main(argv: list[str] | None = None) -> int:
         "(columnar, Arrow mapping); comma-separated",
     )
     p.add_argument("--no-mw", action="store_true", help="the floors only")
-    p.add_argument("--intervals", type=int, default=8, help="key intervals per computation")
+    p.add_argument(
+        "--intervals",
+        type=int,
+        default=None,
+        help="key intervals per computation (default: the runtime's on the session's master, "
+        "2 per core: 4 on local[2])",
+    )
     p.add_argument(
         "--writer",
         default="auto",
@@ -575,9 +581,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(RESULTS), help="results file")
     args = p.parse_args(argv)
     work = Path(args.work)
-    from millwheel.runtime import spark_session
+    from millwheel.runtime import default_intervals, spark_session
 
     spark = spark_session("local[2]", conf=dict(c.split("=", 1) for c in args.conf), ui=args.ui)
+    if args.intervals is None:
+        args.intervals = default_intervals(spark.sparkContext.master)
     mws = [m for m in args.mw.split(",") if m]
     if unknown := set(mws) - set(MW_KINDS):
         p.error(f"--mw: unknown {sorted(unknown)} (known: {', '.join(MW_KINDS)})")

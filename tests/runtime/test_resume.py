@@ -8,12 +8,11 @@ import pytest
 
 from millwheel import Computation, Record, SampleSource, Topology
 from millwheel._errors import MillwheelError
-from millwheel.runtime import RuntimeSettings, SparkRuntime
+from millwheel.runtime import RuntimeSettings, SparkRuntime, default_intervals
 from millwheel.runtime._fs import Location
 from millwheel.runtime._layout import read_pin
 from millwheel.runtime._runpin import resolve_intervals
 from millwheel.runtime._runtime import pin_groups, pin_run_settings
-from millwheel.runtime._settings import default_intervals
 from millwheel.runtime._wire import interval_groups, spark_hash_int
 
 pytestmark = pytest.mark.spark
