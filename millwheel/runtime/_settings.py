@@ -33,7 +33,9 @@ CLUSTER_INTERVALS = 16
 
 
 def master_cores(master: str | None) -> int:
-    """The cores a ``local[N]`` master runs tasks on (``local[*]``: this machine's); 8 for any other."""
+    """The cores a ``local[N]`` master runs tasks on (``local[*]``: this machine's; ``local``: 1); 8 for any other."""
+    if master == "local":
+        return 1
     if master is not None and master.startswith("local["):
         inner = master[len("local[") : -1].split(",")[0]
         if inner == "*":
@@ -49,10 +51,10 @@ def default_intervals(master: str | None) -> int:
     """A first start's key intervals when none are given: :data:`INTERVALS_PER_CORE` per core
     of a ``local[N]`` master (at least 2), :data:`CLUSTER_INTERVALS` on any other.
 
-    >>> default_intervals("local[2]"), default_intervals("local[1]"), default_intervals("spark://h:7077")
+    >>> default_intervals("local[2]"), default_intervals("local"), default_intervals("spark://h:7077")
     (4, 2, 16)
     """
-    if master is not None and master.startswith("local["):
+    if master is not None and (master == "local" or master.startswith("local[")):
         return max(2, INTERVALS_PER_CORE * master_cores(master))
     return CLUSTER_INTERVALS
 

@@ -82,7 +82,14 @@ def test_a_run_directory_refuses_other_intervals_or_layout(tmp_path):
 
 @pytest.mark.parametrize(
     ("master", "first"),
-    [("local[2]", 4), ("local[1]", 2), ("local[3,2]", 6), ("spark://h:7077", 16), ("yarn", 16)],
+    [
+        ("local[2]", 4),
+        ("local[1]", 2),
+        ("local", 2),
+        ("local[3,2]", 6),
+        ("spark://h:7077", 16),
+        ("yarn", 16),
+    ],
 )
 def test_intervals_not_given_are_the_runs_own_else_the_masters_default(tmp_path, master, first):
     """Without ``intervals`` a first start takes two per core of ``local[N]`` (16 elsewhere),
