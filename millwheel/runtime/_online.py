@@ -412,7 +412,7 @@ class OnlineRescaler:
         """C's query again, with whatever layout ``run.json`` gives it now."""
         held = read_pin(self.rt.root)
         rt = self.rt
-        layout = computation_layouts(held, [job.computation], rt.settings.intervals, rt.groups)[
+        layout = computation_layouts(held, [job.computation], rt.intervals, rt.groups)[
             job.computation
         ]
         rt.layouts[job.computation] = layout

@@ -5,7 +5,6 @@ group of each key interval (``docs/runtime.md``). Each is refused if a later sta
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import json
 import socket
@@ -40,16 +39,14 @@ def _plain(value: Any) -> Any:
 PINNED_SETTINGS = ("intervals", "state_layout")
 
 
-def resolve_intervals(
-    settings: RuntimeSettings, held: dict[str, Any], master: str | None
-) -> RuntimeSettings:
-    """``settings`` with its key intervals decided: as given; else the run directory's own
-    (``held``: its ``run.json``), so a run resumes as it started whatever machine it is on;
-    else, on a first start, :func:`~millwheel.runtime._settings.default_intervals` of ``master``."""
+def resolve_intervals(settings: RuntimeSettings, held: dict[str, Any], master: str | None) -> int:
+    """A run's key intervals: ``settings``' if given; else the run directory's own (``held``:
+    its ``run.json``), so a run resumes as it started whatever machine it is on; else, on a
+    first start, :func:`~millwheel.runtime._settings.default_intervals` of ``master``."""
     if settings.intervals is not None:
-        return settings
+        return settings.intervals
     n = held.get("intervals")
-    return dataclasses.replace(settings, intervals=int(n) if n else default_intervals(master))
+    return int(n) if n else default_intervals(master)
 
 
 def pin_run_settings(root: Location, settings: RuntimeSettings) -> None:

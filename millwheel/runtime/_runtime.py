@@ -14,6 +14,7 @@ heartbeats that carry the input low watermark into each query. See ``docs/runtim
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
@@ -50,7 +51,13 @@ from millwheel.runtime._runpin import (
     where_of,
 )
 from millwheel.runtime._runpin import run_identity as run_identity
-from millwheel.runtime._session import checkpoint_conf, restore_conf, set_conf, warm_python_workers
+from millwheel.runtime._session import (
+    checkpoint_conf,
+    restore_conf,
+    session_master,
+    set_conf,
+    warm_python_workers,
+)
 from millwheel.runtime._settings import RuntimeSettings
 from millwheel.runtime._sinks import SinkWriter, sink_writers
 from millwheel.runtime._spark_internals import STATE
@@ -84,12 +91,14 @@ class SparkRuntime:
         self.root = Location.of(root)
         held = read_pin(self.root)
         settings = settings or RuntimeSettings()
-        master = spark.sparkContext.master if spark is not None else settings.master
-        #: intervals always known here: as given, the run's own, or the master's default
-        self.settings = resolve_intervals(settings, held, master)
+        #: the run-wide key intervals: as given, the run's own, or the master's default
+        self.intervals = resolve_intervals(
+            settings, held, settings.master if spark is None else session_master(spark)
+        )
+        self.settings = dataclasses.replace(settings, intervals=self.intervals)
         #: every consumer's key extractor: producers key what they write (``_keying.py``), for
         #: each consumer's interval count (a rescaled one has its own: ``_layout.py``)
-        self.keyer = Keyer.of(self.topology, self.settings.intervals, own_intervals(held))
+        self.keyer = Keyer.of(self.topology, self.intervals, own_intervals(held))
         self.streams = FileStreamLog(self.root, self.keyer)
         #: the epoch every query's lease is taken under (``_lease.py``): one per driver start
         self.driver_epoch = DriverEpoch(self.root.child("leases"))
@@ -142,7 +151,7 @@ class SparkRuntime:
         #: this run directory's identity in once-tokens (:func:`pin_pipeline`), set by :meth:`start`
         self.pipeline_id: str | None = None
         #: the Spark grouping value of each key interval (:func:`pin_groups`), known at start
-        self.groups: list[int] = list(range(self.settings.intervals))
+        self.groups: list[int] = list(range(self.intervals))
         #: each computation's key intervals (``_layout.py``): the run-wide ones, or its own after a rescale
         self.layouts: dict[str, Layout] = {}
         #: session settings this run changed, to restore at :meth:`stop` (``_session.set_conf``)
@@ -261,7 +270,7 @@ class SparkRuntime:
         self._saved_conf = set_conf(self.spark, checkpoint_conf(self.root))
         self.groups = pin_groups(
             self.root,
-            self.settings.intervals,
+            self.intervals,
             int(self.spark.conf.get("spark.sql.shuffle.partitions")),
         )
         held = read_pin(self.root)
@@ -272,7 +281,7 @@ class SparkRuntime:
             )
             raise MillwheelError(msg)
         self.layouts = computation_layouts(
-            held, list(self.topology.computations), self.settings.intervals, self.groups
+            held, list(self.topology.computations), self.intervals, self.groups
         )
         # the workers start while the queries are planned and started (the driver's and the
         # JVM's work, not the workers'): on 2 cores the two overlap by ~3 s (docs/performance.md)

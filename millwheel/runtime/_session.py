@@ -414,6 +414,13 @@ def _quiet_task_failures(spark: Any) -> None:
     silence_loggers(spark, (*_TASK_FAILURE_LOGGERS, *_NOISE_LOGGERS))
 
 
+def session_master(spark: Any) -> str | None:
+    """The master of a session, or ``None`` for an object that is not one (a test's stand-in:
+    building a runtime does not otherwise touch its session)."""
+    context = getattr(spark, "sparkContext", None)
+    return None if context is None else context.master
+
+
 def wait_for_jobs(spark: Any, run_id: str | None, timeout_s: float = 60.0) -> None:
     """Until no Spark job of a stopped or failed query's run (its job group) has a stage
     running: a task of an interrupted batch must not write a state file after an online

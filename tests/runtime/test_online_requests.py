@@ -219,7 +219,7 @@ def test_a_planned_batch_with_weak_productions_is_committed_first_and_the_rescal
     rt = _driver(root)
     c = _FakeQuery(root.child("checkpoints", "C"))
     rt.computations = {"C": c}
-    rt.settings = SimpleNamespace(autoscale=None, intervals=4)
+    rt.settings, rt.intervals = SimpleNamespace(autoscale=None), 4
     rt.groups, rt.layouts, rt.keyer, rt.spark = [2, 0, 4, 1], {}, SimpleNamespace(own={}), None
     rt.watermarks = SimpleNamespace(note=lambda *_: None)
     attempts = []

@@ -39,12 +39,12 @@ def test_counters_survive_a_restart_and_count_each_batch_once(spark, run_dir):
     )  # the intervals: the master's default, then the run's own
     first = SparkRuntime(_topology(200), run_dir, settings, spark=spark)
     intervals = default_intervals(spark.sparkContext.master)
-    assert first.settings.intervals == intervals
+    assert first.intervals == first.settings.intervals == intervals
     first.run(timeout_s=300)
     m1 = dict(first.computations["Count"].metrics)
     assert (m1["records_in"], m1["duplicates"], m1["processed"]) == (201, 1, 200)
     again = SparkRuntime(_topology(200), run_dir, settings, spark=spark)
-    assert again.settings.intervals == intervals
+    assert again.intervals == intervals
     again.run(timeout_s=300)
     m2 = again.computations["Count"].metrics
     assert (m2["records_in"], m2["duplicates"], m2["processed"], m2["productions"]) == (
@@ -96,12 +96,11 @@ def test_intervals_not_given_are_the_runs_own_else_the_masters_default(tmp_path,
     pins them, and every later start takes the pinned count on any master; a count given
     is kept as given (and refused by the pin if it differs)."""
     root = Location.of(str(tmp_path / "run"))
-    settings = resolve_intervals(RuntimeSettings(), read_pin(root), master)
-    assert settings.intervals == first
-    pin_run_settings(root, settings)
+    assert resolve_intervals(RuntimeSettings(), read_pin(root), master) == first
+    pin_run_settings(root, RuntimeSettings(intervals=first))
     for other in ("local[1]", "local[*]", "spark://h:7077"):
-        assert resolve_intervals(RuntimeSettings(), read_pin(root), other).intervals == first
-    assert resolve_intervals(RuntimeSettings(intervals=7), read_pin(root), master).intervals == 7
+        assert resolve_intervals(RuntimeSettings(), read_pin(root), other) == first
+    assert resolve_intervals(RuntimeSettings(intervals=7), read_pin(root), master) == 7
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True, "4"])
