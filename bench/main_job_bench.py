@@ -14,7 +14,8 @@ directory, and measures from the moment the command is started:
 
 A variant is ``LABEL=CHECKOUT`` (a directory holding ``millwheel/`` and ``topologies/``,
 run with ``PYTHONPATH`` set to it), optionally with environment settings:
-``--variant "main=../main" --variant "mine=." --env "mine:MILLWHEEL_JAVA_OPTIONS=-XX:TieredStopAtLevel=4"``.
+``--variant "main=../main" --variant "mine=." --env "mine:MILLWHEEL_JAVA_OPTIONS=-XX:TieredStopAtLevel=4"``,
+and ``millwheel run`` arguments of its own: ``--variant "i16=." --arg "i16:--intervals" --arg "i16:16"``.
 Each run takes the Spark lock (``--lock``, a file for ``flock``) for itself, so the bench
 can share the machine with other Spark work; the time waiting for it is not counted.
 Every run's evaluation (the text the command prints after ``zeitgeist evaluation``, and
