@@ -32,19 +32,26 @@ INTERVALS_PER_CORE = 2
 CLUSTER_INTERVALS = 16
 
 
-def master_cores(master: str | None) -> int:
-    """The cores a ``local[N]`` master runs tasks on (``local[*]``: this machine's; ``local``: 1); 8 for any other."""
+def _local_cores(master: str | None) -> int | None:
+    """The cores a local master runs tasks on (``local``: 1; ``local[*]``: this machine's);
+    ``None`` for any other master."""
     if master == "local":
         return 1
-    if master is not None and master.startswith("local["):
-        inner = master[len("local[") : -1].split(",")[0]
-        if inner == "*":
-            return os.cpu_count() or 2
-        try:
-            return int(inner)
-        except ValueError:
-            return 2
-    return 8
+    if master is None or not master.startswith("local["):
+        return None
+    inner = master[len("local[") : -1].split(",")[0]
+    if inner == "*":
+        return os.cpu_count() or 2
+    try:
+        return int(inner)
+    except ValueError:
+        return 2
+
+
+def master_cores(master: str | None) -> int:
+    """The cores a ``local[N]`` master runs tasks on (``local[*]``: this machine's; ``local``: 1); 8 for any other."""
+    cores = _local_cores(master)
+    return 8 if cores is None else cores
 
 
 def default_intervals(master: str | None) -> int:
@@ -54,9 +61,8 @@ def default_intervals(master: str | None) -> int:
     >>> default_intervals("local[2]"), default_intervals("local"), default_intervals("spark://h:7077")
     (4, 2, 16)
     """
-    if master is not None and (master == "local" or master.startswith("local[")):
-        return max(2, INTERVALS_PER_CORE * master_cores(master))
-    return CLUSTER_INTERVALS
+    cores = _local_cores(master)
+    return CLUSTER_INTERVALS if cores is None else max(2, INTERVALS_PER_CORE * cores)
 
 
 class StateLayout(enum.StrEnum):
