@@ -199,6 +199,8 @@ class ColumnarIntervalStep(IntervalStep):
         now: int,
         batch_id: int | None = None,
         arrival: int | None = None,
+        *,
+        marked: bool = False,
     ) -> tuple[ColumnarResult, dict[str, Any] | None, pd.DataFrame]:
         """One key interval's share of a micro-batch on a mapping that does not move state
         (``plans/arrow.py``, whose computations ``millwheel rescale`` refuses; a state load's
@@ -208,13 +210,15 @@ class ColumnarIntervalStep(IntervalStep):
         the frame of its dead letters and summary row. Rows that are all plain records
         become :class:`InputColumns` straight from Arrow (:func:`arrow_input`); others
         (ticks, keying dead letters, rows to key here, carried fields) go through pandas; a
-        marker row (``_scan.py``) has the records read from micro-batch ``batch_id``'s files.
-        ``arrival``: the watermark before the batch's heartbeats (``IntervalBatch.arrival``)."""
+        marker row (``_scan.py``), or ``marked`` (its task found the interval in the batch's
+        files: ``_scan.batch_intervals``), has the records read from micro-batch ``batch_id``'s
+        files. ``arrival``: the watermark before the batch's heartbeats (``IntervalBatch.arrival``)."""
         batch = IntervalBatch(self, interval, low_watermark, now, batch_id, arrival)
-        if rows is not None and plain_records(rows):
+        if rows is not None and plain_records(rows) and not marked:
             recs = arrow_input(rows)
         else:
-            recs = self.read_marked(batch, [] if rows is None else [table_frame(rows)], batch_id)[0]
+            frames = [] if rows is None else [table_frame(rows)]
+            recs = self.read_marked(batch, frames, batch_id, marked=marked)[0]
         if batch.retire is not None:
             msg = f"computation {self.spec.name!r}: a rescale's state move reached an interval function that cannot apply it (the Arrow mapping)"
             raise RescaleMismatch(msg)
@@ -225,15 +229,21 @@ class ColumnarIntervalStep(IntervalStep):
         return self.step_columns(batch, recs, store, batch_id)
 
     def read_marked(
-        self, batch: IntervalBatch, frames: Iterable[pd.DataFrame], batch_id: int | None = None
+        self,
+        batch: IntervalBatch,
+        frames: Iterable[pd.DataFrame],
+        batch_id: int | None = None,
+        *,
+        marked: bool = False,
     ) -> tuple[InputColumns, bool]:
         """The records of ``batch``'s input frames as columns (a rescale's rows go to the
         batch), and whether a marker row came (``_scan.py``): it says the interval has
         records in the micro-batch's files (``batch_id``; ``None``: the running task's),
         which the step reads itself. When they are all plain records and no other row is a
         record, they become :class:`InputColumns` straight from Arrow (:func:`arrow_input`);
-        otherwise they join the other rows through pandas."""
-        parts, marked = [], False
+        otherwise they join the other rows through pandas. ``marked``: the interval is marked
+        without a marker row."""
+        parts = []
         for pdf in frames:
             if SCAN_COLUMN in pdf.columns:
                 marker = pdf[SCAN_COLUMN].notna().to_numpy()

@@ -289,6 +289,18 @@ def _file_rows(
     read whole either way). A worker decodes each file of the batch once for all the
     intervals it runs, keeping up to :data:`CACHE_BYTES` of them (a batch bigger than that
     decodes some files again)."""
+    table, intervals, starts, has = _file_entry(scan, inp, name, values)
+    i = int(np.searchsorted(intervals, interval))
+    if i == len(intervals) or intervals[i] != interval:
+        return None
+    return table.slice(starts[i], starts[i + 1] - starts[i]), has
+
+
+def _file_entry(
+    scan: BatchScan, inp: ScannedInput, name: str, values: bool
+) -> tuple[pa.Table, np.ndarray, np.ndarray, bool]:
+    """File ``name`` of ``inp`` decoded by :func:`_by_interval`, from this worker's cache
+    (:func:`batch_files` set up the batch's entry) or read now and kept."""
     path = f"{inp.uri}/{name}"
     with _LOCK:
         rows = _CACHE[scan.checkpoint][2]
@@ -304,11 +316,20 @@ def _file_rows(
         ):
             _SIZES.pop(evicted := next(iter(rows)), None)
             del rows[evicted]
-    table, intervals, starts, has = entry
-    i = int(np.searchsorted(intervals, interval))
-    if i == len(intervals) or intervals[i] != interval:
-        return None
-    return table.slice(starts[i], starts[i + 1] - starts[i]), has
+    return entry
+
+
+def batch_intervals(scan: BatchScan, batch: int | None = None) -> set[int]:
+    """The key intervals with records in micro-batch ``batch``'s files (``None``: the task's):
+    what the markers of a plan that scans the inputs in Spark say, found by a task of a plan
+    that does not (``Plan.marks_in_tasks``). Each file is decoded as :meth:`BatchScan.records_lazy`
+    then reads it, so the worker decodes it once for both."""
+    if batch is None:
+        batch = task_batch()
+    out: set[int] = set()
+    for inp, name in batch_files(scan, batch):
+        out.update(_file_entry(scan, inp, name, scan.values)[1].tolist())
+    return out
 
 
 #: decoded files a Python worker keeps for the other intervals of its batch

@@ -339,3 +339,92 @@ def test_records_arriving_as_the_watermark_jumps_past_their_ids_are_forgotten(tm
     _, tick = run(first_manifest, 2, [])  # the interval due: it runs without records
     assert tick.keys == 0 and tick.judged is None
     assert not passed_since_run(tick, lw)
+
+
+def _scanned_batch(tmp_path, keys_by_interval: dict[int, list[str]]):
+    """A query checkpoint whose batch 0 read one file of stream ``q``: the records of each
+    key interval named, keyed for ``C`` by their producer; and the scan that reads it."""
+    from millwheel.runtime._scan import BatchScan, ScannedInput
+
+    from .test_scan import _log, _write_stream_file
+
+    root, cp = tmp_path / "run", tmp_path / "run" / "checkpoints" / "C"
+    sdir = root / "streams" / "q" / "p"
+    rows = [
+        {
+            "id": f"{k}{n}",
+            "ts": T0 + n,
+            "key": encode_key(k),
+            "value": encode_value(k),
+            "wm": None,
+            "key:C": encode_key(k),
+            "interval:C": i,
+        }
+        for i, keys in keys_by_interval.items()
+        for n, k in enumerate(keys)
+    ]
+    _write_stream_file(sdir / "q-0.parquet", rows)
+    _log(cp / "sources" / "0", "0", [(f"file://{sdir}/q-0.parquet", 0)])
+    (cp / "offsets").mkdir(parents=True)
+    (cp / "offsets" / "0").write_text('v1\n{}\n{"logOffset":0}')
+    return BatchScan(
+        Location.of(str(cp)).uri,
+        (ScannedInput("q", "p", Location.of(str(sdir)).uri),),
+        "key:C",
+        "interval:C",
+        2,
+    )
+
+
+def _task_in(monkeypatch, partition: int) -> None:
+    import pyspark
+
+    ctx = types.SimpleNamespace(
+        partitionId=lambda: partition, attemptNumber=lambda: 0, getLocalProperty=lambda name: None
+    )
+    monkeypatch.setattr(pyspark.TaskContext, "get", classmethod(lambda cls: ctx))
+
+
+def test_a_task_finds_its_own_intervals_in_the_batchs_files(tmp_path, monkeypatch):
+    """``ArrowPlan.marks_in_tasks``: Spark hands a task no marker rows; each task runs the key
+    intervals of its partition that have records in the batch's files (and only those), with
+    the output a marker row would have given."""
+    from millwheel.runtime._wire import spark_hash_int
+
+    files = ColumnarFiles(Location.of(str(tmp_path / "c")))
+    step = _step()
+    step.scan = _scanned_batch(tmp_path, {0: ["x", "x", "z"], 1: ["y"]})
+
+    def run(partitions: int, rows: list[pa.RecordBatch]) -> dict[int, tuple]:
+        plan = BatchPlan(0, "t", T0 - 1, 0, T0 - 1, partitions, {}, (), files.loc.uri)
+        out = pa.Table.from_batches(
+            list(IntervalTask(step, plan)(iter(rows))), schema=out_arrow_schema(step)
+        ).to_pylist()
+        got = {}
+        for r in out:
+            if r["stream"] == SUMMARY_STREAM:
+                s = IntervalSummary.decode(r["value"])
+                got[s.interval] = (s.keys, s.next_low_watermark_timer, s.metrics.get("processed"))
+        return got
+
+    _task_in(monkeypatch, 0)
+    found = run(1, [])
+    assert set(found) == {0, 1}
+    assert found[0][0] == 2 and found[1][0] == 1  # keys x, z; y
+    blank = _rows(
+        ["m", "m"], ["m", "m"], [T0, T0]
+    )  # the union's columns: markers carry group and scan only
+    marker = pa.RecordBatch.from_arrays(
+        [pa.array([0, 1], pa.int32())]
+        + [pa.nulls(2, f.type) for f in blank.schema if f.name != "group"]
+        + [pa.array([True, True])],
+        names=[*blank.schema.names, "scan"],
+    )
+    assert run(1, [marker]) == found  # what marker rows from Spark would have run
+    owner = {i: spark_hash_int(i) % 3 for i in (0, 1)}
+    assert owner == {0: 0, 1: 1}  # Spark's hash partitioning: partition 2 holds neither
+    for partition in (0, 1, 2):
+        _task_in(monkeypatch, partition)
+        got = run(3, [])
+        assert set(got) == {i for i, p in owner.items() if p == partition}
+        assert got == {i: found[i] for i in got}

@@ -22,6 +22,7 @@ from millwheel.runtime._scan import (
     Markers,
     ScannedInput,
     batch_files,
+    batch_intervals,
     log_entries,
     spark_xxhash64,
 )
@@ -185,10 +186,13 @@ def test_a_batch_reads_its_own_files_and_each_interval_its_own_rows(tmp_path):
     )
     assert scan.records(5, batch=1) is None
     assert scan.records(2, batch=0).to_pydict()["id"] == ["a"]
+    # what a task that finds its intervals itself sees (``ArrowPlan.marks_in_tasks``)
+    assert batch_intervals(scan, 1) == {0, 2, 6} and batch_intervals(scan, 0) == {2}
     (cp / "offsets" / "1").write_text(
         'v1\n{}\n{"logOffset":0}\n{"logOffset":0}'
     )  # planned anew: nothing new
     assert batch_files(scan, 1) == [] and scan.records(2, batch=1) is None
+    assert batch_intervals(scan, 1) == set()
 
 
 def test_a_file_without_key_columns_is_read_whole_as_rows_to_key(tmp_path):
@@ -445,6 +449,47 @@ def test_a_checkpoint_resumes_under_the_other_plan(spark, run_dir, first, then, 
     assert sorted(rt.values("doubled")) == sorted(2 * i for i in range(60))
     assert rt.computations["Double"].metrics["duplicates"] == 1
     assert bool(rt.computations["Double"].scanned) == (then == "scan")
+
+
+@pytest.mark.spark
+def test_the_arrow_mapping_reads_no_input_rows_in_spark(spark, run_dir):
+    """Its tasks find their key intervals in the batch's files (``ArrowPlan.marks_in_tasks``):
+    the query's plan keeps the input's file source, reads no column of it and runs no Python
+    before the shuffle (the Markers pass); every record is still doubled once."""
+    records = [Record(None, {"n": i}, 1_000 + i, f"r{i}") for i in range(40)]
+
+    def topo() -> Topology:
+        t = Topology("marks")
+        t.injector("in", SampleSource(records, batch_size=10))
+        t.computation(
+            ColumnarDouble,
+            name="Double",
+            inputs={"in": by_n},
+            outputs=["doubled"],
+            options=ComputationOptions(mapping="arrow"),
+        )
+        return t
+
+    settings = RuntimeSettings(drain=True, intervals=4, max_files_per_trigger=1, poll_ms=50)
+    rt = SparkRuntime(topo(), run_dir, settings, spark=spark)
+    rt.start()
+    deadline = time.monotonic() + 300
+    while not rt.computations["Double"].metrics["processed"]:
+        assert time.monotonic() < deadline
+        rt.poll()
+        time.sleep(0.05)
+    q = rt.computations["Double"].query._jsq.streamingQuery()
+    plan = q.lastExecution().executedPlan().toString()
+    rt.stop()
+    # two file sources: the heartbeats, read; the input, under a filter that is always false
+    scans = [line for line in plan.splitlines() if "FileScan" in line]
+    inputs = [line for line in scans if "PushedFilters: [AlwaysFalse()]" in line]
+    assert len(scans) == 2 and len(inputs) == 1, plan
+    assert "ReadSchema: struct<>" in inputs[0], plan
+    assert plan.count("MapInArrow") == 1, plan  # the tasks' own: no Markers pass
+    rt = SparkRuntime(topo(), run_dir, settings, spark=spark)
+    rt.run(timeout_s=300)
+    assert sorted(rt.values("doubled")) == sorted(2 * i for i in range(40))
 
 
 def _n(r: Record) -> int:

@@ -51,6 +51,10 @@ class Plan(Protocol):
     #: whether a query whose every input is read from the files passes its operator only
     #: ``_scan.SCAN_ONLY_COLUMNS`` (a plan whose tasks select their columns themselves: no)
     narrows_to_markers: ClassVar[bool]
+    #: whether its tasks find the key intervals with records in the micro-batch's files
+    #: themselves (``_scan.batch_intervals``), so Spark reads none of those inputs' rows: their
+    #: file sources stay in the plan, whose offsets name the batch's files
+    marks_in_tasks: ClassVar[bool]
     #: whether a heartbeat reaches its key intervals' groups as rows of their own, its watermark
     #: applied in the batch that reads it (``IntervalBatch.take_ticks``), so that the query
     #: runs no no-data batches (``docs/runtime.md``, "Heartbeats in the batch that reads them")

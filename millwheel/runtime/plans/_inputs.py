@@ -29,6 +29,7 @@ from millwheel.runtime._fieldcols import (
 from millwheel.runtime._ownkeying import KEYING_RESULT, make_keying
 from millwheel.runtime._scan import (
     MARKER_SCHEMA,
+    SCAN_COLUMN,
     SCAN_ONLY_COLUMNS,
     BatchScan,
     Markers,
@@ -100,23 +101,28 @@ def query_inputs(query: Any, plan: Plan) -> QueryInputs:
             r = spark.readStream.schema(schema).option("maxFileAge", "36500d")
             if settings.max_files_per_trigger:
                 r = r.option("maxFilesPerTrigger", settings.max_files_per_trigger)
-            # the file and row a record came from: rows are put back in send order
-            # (file names sort in publication order) so a key's records are stepped as sent
-            readers.append(
-                r.parquet(rt.streams.location(stream, producer).uri)
-                .withColumn("src", F.col("_metadata.file_name"))
-                .withColumn("row", F.col("_metadata.row_index"))
-            )
-        raw = reduce(lambda a, b: a.unionByName(b), readers)  # a stream's readers share one schema
+            readers.append(r.parquet(rt.streams.location(stream, producer).uri))
+        bare = reduce(lambda a, b: a.unionByName(b), readers)  # a stream's readers share one schema
+        # the file and row a record came from: rows are put back in send order
+        # (file names sort in publication order) so a key's records are stepped as sent
+        raw = bare.withColumn("src", F.col("_metadata.file_name")).withColumn(
+            "row", F.col("_metadata.row_index")
+        )
         if (
             plan.takes_markers
             and not query.keying_stage
             and not needed_fields(spec, rt.keyer, stream)
         ):
             # the step reads this input's records from the batch's files (``_scan.py``);
-            # only the interval of each row is read here, as ``keyed_by_producer`` gives it
+            # only the interval of each row is read here, as ``keyed_by_producer`` gives it.
+            # A plan whose tasks find their intervals in those files themselves
+            # (``Plan.marks_in_tasks``) keeps the file source in its place in the plan, for
+            # the offsets that name the batch's files, and reads none of it: a scan of no
+            # columns under a filter that is always false (footers only, no rows)
             markers.append(
-                raw.select(
+                bare.where(F.lit(False)).select(F.lit(None).cast("int").alias("interval"))
+                if plan.marks_in_tasks
+                else raw.select(
                     F.coalesce(
                         F.col(f"`{icol}`"),
                         F.pmod(F.xxhash64(F.col("id")), F.lit(query.intervals)).cast("int"),
@@ -144,10 +150,11 @@ def query_inputs(query: Any, plan: Plan) -> QueryInputs:
     records = [part.withColumn("group", group).drop("interval") for part in records]
     scan_only = bool(markers) and not records and plan.narrows_to_markers
     if markers:
+        marked = reduce(lambda a, b: a.unionByName(b), markers).select(group.alias("group"))
         records.append(
-            reduce(lambda a, b: a.unionByName(b), markers)
-            .select(group.alias("group"))
-            .mapInArrow(Markers(), MARKER_SCHEMA)
+            marked.select("group", F.lit(True).alias(SCAN_COLUMN))  # no rows
+            if plan.marks_in_tasks
+            else marked.mapInArrow(Markers(), MARKER_SCHEMA)
         )
     # ``mw_fields_<i>``: one per input; heartbeats first: Spark asks sources for offsets in
     # this order (up to four: ``heartbeats_listed_first``)

@@ -53,7 +53,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -71,7 +71,7 @@ from millwheel.runtime._colfiles import STATE_DIR, ColumnarFiles, Manifest, stor
 from millwheel.runtime._columnar import ColumnarIntervalStep, send_order
 from millwheel.runtime._fieldcols import CARRY_PREFIX
 from millwheel.runtime._outbox import crash_point, staged_version
-from millwheel.runtime._scan import SCAN_COLUMN
+from millwheel.runtime._scan import SCAN_COLUMN, batch_intervals
 from millwheel.runtime._spark_internals import (
     OFFSETS,
     committed_batches,
@@ -196,9 +196,22 @@ class IntervalTask:
         files = ColumnarFiles(Location.of(plan.root))
         frames = _by_interval(step, [b for b in batches if b.num_rows])
         groups = step.groups or []
-        for i in plan.due:
-            if i not in frames and spark_hash_int(groups[i]) % plan.partitions == partition:
-                frames[i] = None
+
+        def owned(intervals: Iterable[int]) -> set[int]:
+            """Those of ``intervals`` whose group this partition holds (Spark's hash partitioning)."""
+            return {
+                i for i in intervals if spark_hash_int(groups[i]) % plan.partitions == partition
+            }
+
+        # the intervals with records in the batch's files, which Spark did not scan
+        # (``ArrowPlan.marks_in_tasks``): the task reads them as a marker row would say
+        marked = (
+            set()
+            if step.scan is None
+            else owned(_in_layout(step, batch_intervals(step.scan, plan.batch)))
+        )
+        for i in marked | owned(plan.due):
+            frames.setdefault(i, None)
         schema = out_arrow_schema(step)
         for interval in sorted(frames):
             name = plan.read.get(interval)
@@ -218,6 +231,7 @@ class IntervalTask:
                 plan.now,
                 plan.batch,
                 plan.arrival,
+                marked=interval in marked,
             )
             written = None
             if res.store is not None:
@@ -228,6 +242,21 @@ class IntervalTask:
             # the summary row names the store file: the driver's manifest takes it from there
             tail.loc[tail["stream"] == SUMMARY_STREAM, "id"] = written
             yield out_batch(schema, cols, tail)
+
+
+def _in_layout(step: ColumnarIntervalStep, intervals: set[int]) -> set[int]:
+    """``intervals``, each a key interval of ``step``'s layout; a record keyed by its producer
+    for another count of intervals fails the batch (as a row of no group does on a plan that
+    scans its inputs in Spark)."""
+    n = len(step.groups or [])
+    bad = sorted(i for i in intervals if not 0 <= i < n)
+    if bad:
+        msg = (
+            f"computation {step.spec.name!r}: the micro-batch's files hold records keyed for key "
+            f"intervals {bad[:5]}, outside this run's {n}: were they written for another run?"
+        )
+        raise RunError(msg)
+    return intervals
 
 
 def _by_interval(
@@ -403,6 +432,8 @@ class ArrowPlan:
     takes_markers: ClassVar[bool] = True
     #: its tasks select their columns themselves (``_TASK_COLUMNS``)
     narrows_to_markers: ClassVar[bool] = False
+    #: every task runs, rows or none: each finds its own marked intervals (``IntervalTask``)
+    marks_in_tasks: ClassVar[bool] = True
     #: the driver reads the heartbeats a batch reads itself (``BatchPlan``); no stateful operator, no no-data batch
     addresses_heartbeats: ClassVar[bool] = False
     #: a due interval runs in any batch (``BatchPlan.due``), which a heartbeat or a tick starts

@@ -32,6 +32,8 @@ class ColumnarPlan(IntervalRowsPlan):
     kind: ClassVar[PlanKind] = PlanKind.COLUMNAR
     takes_markers: ClassVar[bool] = True
     narrows_to_markers: ClassVar[bool] = True
+    #: ``applyInPandasWithState`` calls a group only for its rows: a marker is one
+    marks_in_tasks: ClassVar[bool] = False
 
     def build(self, inputs: QueryInputs) -> Built:
         query = self.query

@@ -56,6 +56,7 @@ class IntervalRowsPlan:
     state_store_conf: ClassVar[dict[str, str]] = {}
     takes_markers: ClassVar[bool] = False
     narrows_to_markers: ClassVar[bool] = False
+    marks_in_tasks: ClassVar[bool] = False
     addresses_heartbeats: ClassVar[bool] = True
     timers_in_no_data_batches: ClassVar[bool] = False
 

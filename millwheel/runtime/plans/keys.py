@@ -74,6 +74,7 @@ class KeyRowsPlan:
     }
     takes_markers: ClassVar[bool] = False
     narrows_to_markers: ClassVar[bool] = False
+    marks_in_tasks: ClassVar[bool] = False
     addresses_heartbeats: ClassVar[bool] = False
     timers_in_no_data_batches: ClassVar[bool] = True
 
