@@ -10,6 +10,8 @@
    * **millwheel Photon, columnar** (``photon_col``, the default joiner) — the same topology
      with ``ColumnarJoiner`` (``topologies/photon/columnar.py``): the same guarantees and
      registry commits, a batch of query ids per call;
+   * **the same on the Arrow mapping** (``photon_arrow``: ``PhotonConfig(joiner_mapping="arrow")``)
+     — the joiner's state in versioned files, not Spark's state store;
    * **Spark native** — ``readStream.json`` of both directories, ``withWatermark`` on both
      sides, ``dropDuplicatesWithinWatermark`` on the click and query ids, and an inner
      stream-stream join on the query id with a time-range condition (clicks within 60 s
@@ -88,7 +90,7 @@ def lines_of(data: Path) -> int:
 
 # ------------------------------------------------------------------------------ millwheel
 def run_photon(
-    data: Path, work: Path, intervals: int, *, columnar: bool
+    data: Path, work: Path, intervals: int, *, columnar: bool, mapping: str = "default"
 ) -> tuple[float, dict[str, Any]]:
     from id_registry import embedded_registry
     from millwheel.runtime import RuntimeSettings
@@ -101,7 +103,7 @@ def run_photon(
             intervals=intervals, poll_ms=50, heartbeat_ms=100, max_restarts=500
         )
         started = time.perf_counter()
-        config = PhotonConfig(columnar_joiner=columnar)
+        config = PhotonConfig(columnar_joiner=columnar, joiner_mapping=mapping)
         result = run_spark(
             data,
             run,
@@ -195,7 +197,7 @@ def run_native(spark: Any, data: Path, work: Path) -> tuple[float, dict[str, Any
     }
 
 
-VARIANTS = ("photon", "photon_col", "native")
+VARIANTS = ("photon", "photon_col", "photon_arrow", "native")
 
 
 # ---------------------------------------------------------------------------------- stages
@@ -355,7 +357,11 @@ def throughput(
                     elapsed, check = run_native(spark, data, work)
                 else:
                     elapsed, check = run_photon(
-                        data, work, intervals, columnar=variant == "photon_col"
+                        data,
+                        work,
+                        intervals,
+                        columnar=variant != "photon",
+                        mapping="arrow" if variant == "photon_arrow" else "default",
                     )
                 cpu = watch.stop() if watch is not None else {}
                 print(

@@ -7,8 +7,9 @@
     heartbeats, ticks, a rescale's rows ──┴─► union ─► groupBy(group)
         ─► applyInPandasWithState(ColumnarIntervalStep): a marked group reads its key
            interval's records from the files its micro-batch consumed
-           (the Arrow mapping, ``plans/arrow.py``: foreachBatch ─► repartition(N, group)
-           ─► mapInArrow(IntervalTask), each task reading its marked intervals' the same way)
+           (the Arrow mapping, ``plans/arrow.py``: no markers; repartition(N, group)
+           ─► mapInArrow(IntervalTask), each task finding the intervals of its partition
+           in the batch's files, :func:`batch_intervals`, and reading them the same way)
 
 ``applyInPandasWithState`` needs its input hash-partitioned and sorted by the grouping
 key: every record would cross the shuffle as a row of ten columns (Spark's row format,

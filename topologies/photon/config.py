@@ -62,6 +62,10 @@ class PhotonConfig:
     #: run the joiner on the columnar path (``columnar.py``: the same rules, a batch of
     #: query ids at once); ``False``: the per-record ``Joiner``. A run directory keeps the one it started with
     columnar_joiner: bool = True
+    #: the columnar joiner's mapping (``ComputationOptions.mapping``): ``"arrow"`` keeps its
+    #: state in versioned files instead of Spark's state store (a run directory keeps the
+    #: one it started with; the joiner can then not be rescaled)
+    joiner_mapping: str = "default"
 
     def backoff(self, attempt: int) -> int:
         """The wait before retry ``attempt + 1`` (exponential, capped)."""

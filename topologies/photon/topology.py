@@ -108,6 +108,7 @@ def join_topology(
             slack_ms=c.dedup_slack_ms, gc_interval_ms=max(1_000, c.dedup_slack_ms // 6)
         ),
         state_codec=JOIN_STATE,
+        mapping=c.joiner_mapping,
     )
     t.computation(
         ColumnarJoiner if c.columnar_joiner else Joiner,

@@ -11,7 +11,9 @@
 An input its producer keyed reaches a plan that takes markers (``Plan.takes_markers``) as
 one marker row per Spark group and task, its records read by the step from the batch's
 files (``_scan.py``); unless the query has the keying stage or the consumer carries
-declared fields, which need the rows.
+declared fields, which need the rows. A plan whose tasks find the marked intervals
+themselves (``Plan.marks_in_tasks``: the Arrow plan) gets no marker rows, and Spark reads
+no column of those inputs.
 """
 
 from __future__ import annotations

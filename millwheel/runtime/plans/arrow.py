@@ -3,8 +3,9 @@
 
 ::
 
-    union of the inputs (their markers: the scan plan, ``_scan.py``; or rows) and
-    heartbeats (``_query.py``, as for the default mapping)
+    union of the inputs (those the tasks read from the batch's files: their file sources,
+    no row read, ``marks_in_tasks``; or rows) and heartbeats (``_query.py``, as for the
+    default mapping)
         ─► select(the task's columns) ─► repartition(N, group) ─► mapInArrow(IntervalTask)
               (all three in the query's own plan, built once per query start)
         ─► foreachBatch(ArrowMapping.sink):
@@ -12,10 +13,12 @@
               the plan set as a local property of the stream's thread (``PLAN_PROPERTY``)
               ─► Outbox.sink (staged, crash points, weak publication: as the default
                  mapping), whose job runs the tasks, one per partition: each reads the
-                 plan from its task context, then each key interval of the partition from
-                 its store file (or the worker's cache of it), its records from the batch's
-                 files, run by ColumnarIntervalStep.run_interval, its new store written to a
-                 file of its own (held ids to segment files, ``_colsegments.py``);
+                 plan from its task context, then each key interval of the partition that
+                 has rows, records in the batch's files (``_scan.batch_intervals``) or a
+                 timer due: its store from its file (or the worker's cache of it), its
+                 records from the batch's files, run by ColumnarIntervalStep.run_interval,
+                 its new store written to a file of its own (held ids to segment files,
+                 ``_colsegments.py``);
                  productions + summary rows out
               ─► the batch's manifest (``_colfiles.py``), before Spark's commit
 

@@ -34,9 +34,13 @@ SMALL_BATCHES = PhotonConfig(max_bytes_per_batch=20_000)
 @pytest.mark.timeout(
     1800
 )  # about 1 min alone on 2 cores; much longer on a machine shared with other Spark jobs
+@pytest.mark.parametrize("mapping", ["default", "arrow"])
 def test_a_spark_pipeline_equals_the_batch_join_and_the_harness(
-    tmp_path, spark_sample, registry_service
+    tmp_path, spark_sample, registry_service, mapping
 ):
+    """On either mapping of the columnar joiner (``PhotonConfig.joiner_mapping``)."""
+    import dataclasses
+
     from millwheel.runtime import RuntimeSettings
     from topologies.photon import replay
 
@@ -44,8 +48,8 @@ def test_a_spark_pipeline_equals_the_batch_join_and_the_harness(
     result = run_spark(
         spark_sample,
         tmp_path / "run",
-        config=SMALL_BATCHES,
-        pipeline="single",
+        config=dataclasses.replace(SMALL_BATCHES, joiner_mapping=mapping),
+        pipeline=f"single-{mapping}",  # one registry for both: each its own pipeline
         registry=factory,
         registry_url=registry_service.url,
         settings=RuntimeSettings(intervals=4, max_restarts=500),
