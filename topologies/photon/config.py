@@ -62,9 +62,9 @@ class PhotonConfig:
     #: run the joiner on the columnar path (``columnar.py``: the same rules, a batch of
     #: query ids at once); ``False``: the per-record ``Joiner``. A run directory keeps the one it started with
     columnar_joiner: bool = True
-    #: the columnar joiner's mapping (``ComputationOptions.mapping``): ``"arrow"`` keeps its
-    #: state in versioned files instead of Spark's state store (a run directory keeps the
-    #: one it started with; the joiner can then not be rescaled)
+    #: the columnar joiner's mapping (``ComputationOptions.mapping``): default, its state in
+    #: Spark's state store; arrow, in versioned files: faster, but never rescaled. A run
+    #: directory keeps the one it started with
     joiner_mapping: str = "default"
 
     def backoff(self, attempt: int) -> int:
