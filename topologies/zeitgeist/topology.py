@@ -14,6 +14,7 @@ drained its input.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -85,7 +86,9 @@ def build(
         name="WindowCounter",
         inputs={"queries": lambda r: r.value["query"]},
         outputs=["window_counts"],
-        options=options,
+        options=dataclasses.replace(options, mapping=cfg.counter_mapping)
+        if cfg.columnar_counter
+        else options,
         params={"window_ms": cfg.window_ms, "trailing_empty": cfg.trailing_empty},
     )
     t.computation(
