@@ -38,10 +38,6 @@ class ZeitgeistConfig:
     #: run the window counter on the columnar path (``computations.columnar_windowing``):
     #: the same productions, ids included; ``False``: the per-record ``WindowCounter``
     columnar_counter: bool = True
-    #: the columnar counter's mapping (``ComputationOptions.mapping``): default, its state in
-    #: Spark's state store; arrow, in versioned files, its records read by its tasks alone
-    #: (it can then not be rescaled). A run directory keeps the one it started with
-    counter_mapping: str = "default"
 
 
 @dataclass(frozen=True)

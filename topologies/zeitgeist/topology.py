@@ -14,7 +14,6 @@ drained its input.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -86,9 +85,7 @@ def build(
         name="WindowCounter",
         inputs={"queries": lambda r: r.value["query"]},
         outputs=["window_counts"],
-        options=dataclasses.replace(options, mapping=cfg.counter_mapping)
-        if cfg.columnar_counter
-        else options,
+        options=options,
         params={"window_ms": cfg.window_ms, "trailing_empty": cfg.trailing_empty},
     )
     t.computation(
