@@ -8,6 +8,8 @@ import types
 
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from computations.columnar_windowing import ColumnarWindowCounter
 from computations.windowing import WindowCounter
@@ -27,7 +29,7 @@ from millwheel.runtime.plans.arrow import BatchPlan, IntervalTask, out_arrow_sch
 T0 = 1_767_261_600_000
 
 
-def _step() -> ColumnarIntervalStep:
+def _step(groups: list[int] | None = None) -> ColumnarIntervalStep:
     t = Topology("t")
     t.injector("q", SampleSource([]))
     t.computation(
@@ -38,7 +40,7 @@ def _step() -> ColumnarIntervalStep:
         options=ComputationOptions(mapping="arrow"),
         params={"window_ms": 1_000, "trailing_empty": 0},
     )
-    return ColumnarIntervalStep(t.validate().computations["C"], groups=[0, 1])
+    return ColumnarIntervalStep(t.validate().computations["C"], groups=groups or [0, 1])
 
 
 def _rows(ids: list[str], keys: list[str], ts: list[int]) -> pa.RecordBatch:
@@ -341,30 +343,36 @@ def test_records_arriving_as_the_watermark_jumps_past_their_ids_are_forgotten(tm
     assert not passed_since_run(tick, lw)
 
 
-def _scanned_batch(tmp_path, keys_by_interval: dict[int, list[str]]):
-    """A query checkpoint whose batch 0 read one file of stream ``q``: the records of each
-    key interval named, keyed for ``C`` by their producer; and the scan that reads it."""
+def _scanned_batch(tmp_path, *files: dict[int, list[str]], intervals: int = 2):
+    """A query checkpoint whose batch 0 read the given files of stream ``q`` (each: the
+    records of each key interval named, keyed for ``C`` by their producer), and the scan
+    that reads them."""
     from millwheel.runtime._scan import BatchScan, ScannedInput
 
     from .test_scan import _log, _write_stream_file
 
     root, cp = tmp_path / "run", tmp_path / "run" / "checkpoints" / "C"
     sdir = root / "streams" / "q" / "p"
-    rows = [
-        {
-            "id": f"{k}{n}",
-            "ts": T0 + n,
-            "key": encode_key(k),
-            "value": encode_value(k),
-            "wm": None,
-            "key:C": encode_key(k),
-            "interval:C": i,
-        }
-        for i, keys in keys_by_interval.items()
-        for n, k in enumerate(keys)
-    ]
-    _write_stream_file(sdir / "q-0.parquet", rows)
-    _log(cp / "sources" / "0", "0", [(f"file://{sdir}/q-0.parquet", 0)])
+    for f, keys_by_interval in enumerate(files):
+        rows = [
+            {
+                "id": f"{k}-{f}-{n}",
+                "ts": T0 + n,
+                "key": encode_key(k),
+                "value": encode_value(k),
+                "wm": None,
+                "key:C": encode_key(k),
+                "interval:C": i,
+            }
+            for i, keys in keys_by_interval.items()
+            for n, k in enumerate(keys)
+        ]
+        _write_stream_file(sdir / f"q-{f}.parquet", rows)
+    _log(
+        cp / "sources" / "0",
+        "0",
+        [(f"file://{sdir}/q-{f}.parquet", 0) for f in range(len(files))],
+    )
     (cp / "offsets").mkdir(parents=True)
     (cp / "offsets" / "0").write_text('v1\n{}\n{"logOffset":0}')
     return BatchScan(
@@ -372,7 +380,7 @@ def _scanned_batch(tmp_path, keys_by_interval: dict[int, list[str]]):
         (ScannedInput("q", "p", Location.of(str(sdir)).uri),),
         "key:C",
         "interval:C",
-        2,
+        intervals,
     )
 
 
@@ -428,3 +436,64 @@ def test_a_task_finds_its_own_intervals_in_the_batchs_files(tmp_path, monkeypatc
         got = run(3, [])
         assert set(got) == {i for i, p in owner.items() if p == partition}
         assert got == {i: found[i] for i in got}
+
+
+def _summaries(step, plan: BatchPlan) -> dict[int, IntervalSummary]:
+    out = pa.Table.from_batches(
+        list(IntervalTask(step, plan)(iter([]))), schema=out_arrow_schema(step)
+    ).to_pylist()
+    return {
+        (s := IntervalSummary.decode(r["value"])).interval: s
+        for r in out
+        if r["stream"] == SUMMARY_STREAM
+    }
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    intervals=st.integers(1, 6),
+    partitions=st.integers(1, 4),
+    files=st.lists(
+        st.lists(st.tuples(st.integers(0, 5), st.sampled_from("abcdefgh")), max_size=12),
+        min_size=1,
+        max_size=4,
+    ),
+    due=st.sets(st.integers(0, 5)),
+)
+def test_each_interval_with_records_or_due_runs_once_in_its_own_partition_with_all_its_records(
+    monkeypatch, intervals, partitions, files, due
+):
+    """The invariant ``marks_in_tasks`` rests on: over the tasks of one batch, a key interval
+    runs exactly once, in the partition Spark's hash partitioning gives its group, if and only
+    if the batch's files hold records of it or it has a timer due; and it reads every one of its
+    records, whichever file holds them. Groups are dealt out of order, as a layout may."""
+    import tempfile
+    from pathlib import Path
+
+    from millwheel.runtime._wire import spark_hash_int
+
+    groups = [(3 * i + 1) % 7 + 10 * i for i in range(intervals)]
+    by_file = []
+    for rows in files:
+        per: dict[int, list[str]] = {}
+        for i, key in rows:
+            per.setdefault(i % intervals, []).append(key)
+        by_file.append(per)
+    want = {i: sum(len(f.get(i, [])) for f in by_file) for i in range(intervals)}
+    due = tuple(sorted(i % intervals for i in due))
+    with tempfile.TemporaryDirectory() as d:
+        step = _step(groups)
+        step.scan = _scanned_batch(Path(d), *by_file, intervals=intervals)
+        store = ColumnarFiles(Location.of(f"{d}/c"))
+        ran: dict[int, int] = {}
+        for partition in range(partitions):
+            _task_in(monkeypatch, partition)
+            plan = BatchPlan(
+                0, f"t{partition}", T0 - 1, 0, T0 - 1, partitions, {}, due, store.loc.uri
+            )
+            for i, summary in _summaries(step, plan).items():
+                assert i not in ran, f"interval {i} ran twice"
+                assert spark_hash_int(groups[i]) % partitions == partition
+                ran[i] = summary.metrics.get("records_in", 0)
+    assert set(ran) == {i for i, n in want.items() if n} | set(due)
+    assert ran == {i: want[i] for i in ran}
