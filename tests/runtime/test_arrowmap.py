@@ -497,3 +497,14 @@ def test_each_interval_with_records_or_due_runs_once_in_its_own_partition_with_a
                 ran[i] = summary.metrics.get("records_in", 0)
     assert set(ran) == {i for i, n in want.items() if n} | set(due)
     assert ran == {i: want[i] for i in ran}
+
+
+def test_a_record_keyed_for_an_interval_the_layout_lacks_fails_its_batch(tmp_path, monkeypatch):
+    """As a row of no group does on a plan that scans its inputs in Spark: the task raises,
+    naming the intervals, rather than leave the records unread."""
+    step = _step()
+    step.scan = _scanned_batch(tmp_path, {0: ["x"], 5: ["y"]})
+    _task_in(monkeypatch, 0)
+    plan = BatchPlan(0, "t", T0 - 1, 0, T0 - 1, 1, {}, (), str(tmp_path / "c"))
+    with pytest.raises(RunError, match=r"key intervals \[5\], outside this run's 2"):
+        _summaries(step, plan)
