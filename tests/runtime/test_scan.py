@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -410,6 +411,33 @@ def test_the_scan_plan_keys_unkeyed_files_and_restarts_with_the_keying_stage_whe
     ]
 
 
+def _doubling(name: str, records: list[Record], batch_size: int, mapping: str) -> Topology:
+    """``records`` injected ``batch_size`` a file, each doubled by :class:`ColumnarDouble` on ``mapping``."""
+    t = Topology(name)
+    t.injector("in", SampleSource(records, batch_size=batch_size))
+    t.computation(
+        ColumnarDouble,
+        name="Double",
+        inputs={"in": by_n},
+        outputs=["doubled"],
+        options=ComputationOptions(mapping=mapping),
+    )
+    return t
+
+
+_ONE_FILE_A_BATCH = RuntimeSettings(drain=True, intervals=4, max_files_per_trigger=1, poll_ms=50)
+
+
+def _until_first_batch(rt: SparkRuntime) -> None:
+    """Start ``rt`` and poll it until ``Double``'s first batch is published."""
+    rt.start()
+    deadline = time.monotonic() + 300
+    while not rt.computations["Double"].metrics["processed"]:
+        assert time.monotonic() < deadline
+        rt.poll()
+        time.sleep(0.05)
+
+
 @pytest.mark.spark
 @pytest.mark.parametrize("mapping", ["default", "arrow"])
 @pytest.mark.parametrize(("first", "then"), [("rows", "scan"), ("scan", "rows")])
@@ -419,31 +447,13 @@ def test_a_checkpoint_resumes_under_the_other_plan(spark, run_dir, first, then, 
     record doubled once, the sums those of a run that never stopped; on either mapping."""
     records = [Record(None, {"n": i}, 1_000 + i, f"r{i}") for i in range(60)]
     records.insert(30, records[7])  # delivered twice
-
-    def topo() -> Topology:
-        t = Topology("replan")
-        t.injector("in", SampleSource(records, batch_size=15))
-        t.computation(
-            ColumnarDouble,
-            name="Double",
-            inputs={"in": by_n},
-            outputs=["doubled"],
-            options=ComputationOptions(mapping=mapping),
-        )
-        return t
-
-    settings = RuntimeSettings(drain=True, intervals=4, max_files_per_trigger=1, poll_ms=50)
-    rt = SparkRuntime(topo(), run_dir, settings, spark=spark)
+    topo = partial(_doubling, "replan", records, 15, mapping)
+    rt = SparkRuntime(topo(), run_dir, _ONE_FILE_A_BATCH, spark=spark)
     rt.computations["Double"]._keying_forced = first == "rows"
-    rt.start()
-    deadline = time.monotonic() + 300
-    while not rt.computations["Double"].metrics["processed"]:  # its first batch published
-        assert time.monotonic() < deadline
-        rt.poll()
-        time.sleep(0.05)
+    _until_first_batch(rt)
     rt.stop()
     assert rt.computations["Double"].metrics["processed"] < 60
-    rt = SparkRuntime(topo(), run_dir, settings, spark=spark)
+    rt = SparkRuntime(topo(), run_dir, _ONE_FILE_A_BATCH, spark=spark)
     rt.computations["Double"]._keying_forced = then == "rows"
     rt.run(timeout_s=300)
     assert sorted(rt.values("doubled")) == sorted(2 * i for i in range(60))
@@ -457,27 +467,9 @@ def test_the_arrow_mapping_reads_no_input_rows_in_spark(spark, run_dir):
     the query's plan keeps the input's file source, reads no column of it and runs no Python
     before the shuffle (the Markers pass); every record is still doubled once."""
     records = [Record(None, {"n": i}, 1_000 + i, f"r{i}") for i in range(40)]
-
-    def topo() -> Topology:
-        t = Topology("marks")
-        t.injector("in", SampleSource(records, batch_size=10))
-        t.computation(
-            ColumnarDouble,
-            name="Double",
-            inputs={"in": by_n},
-            outputs=["doubled"],
-            options=ComputationOptions(mapping="arrow"),
-        )
-        return t
-
-    settings = RuntimeSettings(drain=True, intervals=4, max_files_per_trigger=1, poll_ms=50)
-    rt = SparkRuntime(topo(), run_dir, settings, spark=spark)
-    rt.start()
-    deadline = time.monotonic() + 300
-    while not rt.computations["Double"].metrics["processed"]:
-        assert time.monotonic() < deadline
-        rt.poll()
-        time.sleep(0.05)
+    topo = partial(_doubling, "marks", records, 10, "arrow")
+    rt = SparkRuntime(topo(), run_dir, _ONE_FILE_A_BATCH, spark=spark)
+    _until_first_batch(rt)
     q = rt.computations["Double"].query._jsq.streamingQuery()
     plan = q.lastExecution().executedPlan().toString()
     rt.stop()
@@ -487,7 +479,7 @@ def test_the_arrow_mapping_reads_no_input_rows_in_spark(spark, run_dir):
     assert len(scans) == 2 and len(inputs) == 1, plan
     assert "ReadSchema: struct<>" in inputs[0], plan
     assert plan.count("MapInArrow") == 1, plan  # the tasks' own: no Markers pass
-    rt = SparkRuntime(topo(), run_dir, settings, spark=spark)
+    rt = SparkRuntime(topo(), run_dir, _ONE_FILE_A_BATCH, spark=spark)
     rt.run(timeout_s=300)
     assert sorted(rt.values("doubled")) == sorted(2 * i for i in range(40))
 
