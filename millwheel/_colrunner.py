@@ -31,7 +31,7 @@ from millwheel._colout import ColumnarResult, Outputs
 from millwheel._colruns import Runs, run_in_order
 from millwheel._colsegments import SegmentFiles
 from millwheel._colstore import ColumnarStore
-from millwheel._columnar import RECORD_COLUMNS, ColumnarComputation
+from millwheel._columnar import RECORD_COLUMNS, ColumnarComputation, check_record_columns
 from millwheel._colversions import upgrade_store
 from millwheel._contract import (
     LateRule,
@@ -107,9 +107,11 @@ class ColumnarRunner:
             outs.add(self.options.late.stream)
         self.outputs = frozenset(outs)
         self.late = LateRule(self.options.late)
+        check_record_columns(computation.record_columns, f"columnar computation {name!r}")
         asked = requested_fields(computation.record_columns)
+        # ``key`` always: a call's records are grouped by it, and the runner reads it back
         self.record_columns = tuple(
-            c for c in RECORD_COLUMNS if c in computation.record_columns
+            c for c in RECORD_COLUMNS if c == "key" or c in computation.record_columns
         ) + tuple(FIELD_PREFIX + f for f in asked)
         #: ``value.<field>`` columns and their types over the declared input streams (``fields``: stream -> its declaration)
         self.value_fields = {

@@ -62,7 +62,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from millwheel._computation import Computation
-from millwheel._errors import ComputationError
+from millwheel._errors import ComputationError, DeclarationError
+from millwheel._fields import FIELD_PREFIX
 from millwheel._record import Record
 from millwheel._versions import check_upgrades, check_version
 
@@ -79,8 +80,10 @@ class ColumnarComputation(Computation):
     """Base class of columnar computations: override :meth:`process_batch` (and
     :meth:`process_timers` if you set timers). See the module docstring.
 
-    ``record_columns`` lists the columns :attr:`Batch.records` carries; leave ``"value"``
-    out and values are never decoded (a count needs only keys and timestamps).
+    ``record_columns`` lists the columns :attr:`Batch.records` carries (``key`` always, as
+    the records are grouped by it); leave ``"value"`` out and values are never decoded (a
+    count needs only keys and timestamps). A name that is not a column is an error as the
+    class is defined (or, for a ``property``, as it is first run).
     ``"value.<field>"`` asks for one field of the values (``millwheel/_fields.py``): on a
     stream that declares its fields, read from the file's columns without unpickling; a
     value stored pickled gives its field, a missing field or a value that is not a
@@ -102,6 +105,8 @@ class ColumnarComputation(Computation):
         what = f"columnar computation {cls.__qualname__}"
         check_version(cls.state_version, f"{what}: state_version")
         check_upgrades(cls, cls.state_version, what)
+        if not isinstance(cls.record_columns, property):  # a property: checked by the runner
+            check_record_columns(cls.record_columns, what)
 
     def process_batch(self, batch: Batch) -> None:
         """Called with records of many keys (:attr:`Batch.records`), once per batch (or per key, record: see the module docstring)."""
@@ -117,6 +122,26 @@ class ColumnarComputation(Computation):
         """Not used: the framework calls :meth:`process_batch` (with one record when it falls back)."""
         msg = f"columnar computation {self.name or type(self).__name__!r} runs process_batch, not process_record"
         raise ComputationError(msg)
+
+
+def check_record_columns(cols: Any, what: str) -> None:
+    """``cols`` names columns of a batch's records (:data:`RECORD_COLUMNS`, ``value.<field>``),
+    else a :class:`DeclarationError` that names the columns there are."""
+    if isinstance(cols, str) or not isinstance(cols, (tuple, list)):
+        msg = f"{what}: record_columns is a tuple of column names, got {cols!r}"
+        raise DeclarationError(msg)
+    bad = [
+        c
+        for c in cols
+        if c not in RECORD_COLUMNS
+        and not (isinstance(c, str) and c.startswith(FIELD_PREFIX) and len(c) > len(FIELD_PREFIX))
+    ]
+    if bad:
+        msg = (
+            f"{what}: record_columns names {bad}, not columns of a batch's records: "
+            f"{', '.join(RECORD_COLUMNS)}, or {FIELD_PREFIX}<field> for one field of the values"
+        )
+        raise DeclarationError(msg)
 
 
 def is_columnar(cls: type) -> bool:

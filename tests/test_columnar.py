@@ -357,6 +357,38 @@ def test_columnar_misuse_is_a_clear_error():
         h.run()
 
 
+def test_records_always_carry_their_key_even_when_record_columns_leave_it_out():
+    """A user's computation keyed by record id that asks only for ids and timestamps: the
+    runner groups by key and reads the column back (it failed with a bare ``KeyError``)."""
+
+    class ById(ColumnarComputation):
+        record_columns = ("id", "timestamp")
+
+        def process_batch(self, batch):
+            r = batch.records
+            assert list(r.columns) == ["key", "id", "timestamp"]
+            batch.produce("out", r["id"].tolist(), keys=r["key"], timestamps=r["timestamp"])
+
+    h = Harness.for_computation(ById, inputs={"q": lambda r: r.id}, outputs=["out"])
+    h.inject("q", [h.record("a", 1, id="x"), h.record("b", 2, id="y"), h.record("a", 1, id="x")])
+    assert sorted(h.run().values("out")) == ["x", "y"]
+
+
+@pytest.mark.parametrize(
+    ("columns", "message"),
+    [
+        (("key", "ts"), r"names \['ts'\], not columns of a batch's records: key, id, timestamp"),
+        (("key", "value."), r"names \['value.'\]"),
+        ("key", "record_columns is a tuple of column names, got 'key'"),
+    ],
+)
+def test_a_record_column_that_is_not_one_is_refused_as_the_class_is_defined(columns, message):
+    from millwheel._errors import DeclarationError
+
+    with pytest.raises(DeclarationError, match=message):
+        type("Typo", (ColumnarComputation,), {"record_columns": columns})
+
+
 def test_dedup_option_is_honoured():
     opts = ComputationOptions(exactly_once=False, dedup=DedupOptions())
     h = Harness.for_computation(
