@@ -412,13 +412,16 @@ def test_the_scan_plan_keys_unkeyed_files_and_restarts_with_the_keying_stage_whe
 
 
 def _doubling(name: str, records: list[Record], batch_size: int, mapping: str) -> Topology:
-    """``records`` injected ``batch_size`` a file, each doubled by :class:`ColumnarDouble` on ``mapping``."""
+    """``records`` injected ``batch_size`` a file by two injectors into one stream (two file
+    sources of one input), each doubled by :class:`ColumnarDouble` on ``mapping``."""
     t = Topology(name)
-    t.injector("in", SampleSource(records, batch_size=batch_size))
+    half = len(records) // 2
+    t.injector("in", SampleSource(records[:half], batch_size=batch_size), stream="nums")
+    t.injector("more", SampleSource(records[half:], batch_size=batch_size), stream="nums")
     t.computation(
         ColumnarDouble,
         name="Double",
-        inputs={"in": by_n},
+        inputs={"nums": by_n},
         outputs=["doubled"],
         options=ComputationOptions(mapping=mapping),
     )
@@ -473,11 +476,11 @@ def test_the_arrow_mapping_reads_no_input_rows_in_spark(spark, run_dir):
     q = rt.computations["Double"].query._jsq.streamingQuery()
     plan = q.lastExecution().executedPlan().toString()
     rt.stop()
-    # two file sources: the heartbeats, read; the input, under a filter that is always false
+    # three file sources: the heartbeats, read; the input's two, under a filter that is always false
     scans = [line for line in plan.splitlines() if "FileScan" in line]
     inputs = [line for line in scans if "PushedFilters: [AlwaysFalse()]" in line]
-    assert len(scans) == 2 and len(inputs) == 1, plan
-    assert "ReadSchema: struct<>" in inputs[0], plan
+    assert len(scans) == 3 and len(inputs) == 2, plan
+    assert all("ReadSchema: struct<>" in line for line in inputs), plan
     assert plan.count("MapInArrow") == 1, plan  # the tasks' own: no Markers pass
     rt = SparkRuntime(topo(), run_dir, _ONE_FILE_A_BATCH, spark=spark)
     rt.run(timeout_s=300)

@@ -95,7 +95,8 @@ def query_inputs(query: Any, plan: Plan) -> QueryInputs:
     kcol, icol = rt.keyer.columns(name)
     records, markers, scanned = [], [], []
     for stream, extractor in spec.inputs.items():
-        readers, schema = (
+        readers, plain, schema = (
+            [],
             [],
             input_schema(f"{LOG_SCHEMA}, {rt.keyer.ddl([name])}", rt.keyer, stream),
         )
@@ -103,13 +104,20 @@ def query_inputs(query: Any, plan: Plan) -> QueryInputs:
             r = spark.readStream.schema(schema).option("maxFileAge", "36500d")
             if settings.max_files_per_trigger:
                 r = r.option("maxFilesPerTrigger", settings.max_files_per_trigger)
-            readers.append(r.parquet(rt.streams.location(stream, producer).uri))
-        bare = reduce(lambda a, b: a.unionByName(b), readers)  # a stream's readers share one schema
-        # the file and row a record came from: rows are put back in send order
-        # (file names sort in publication order) so a key's records are stepped as sent
-        raw = bare.withColumn("src", F.col("_metadata.file_name")).withColumn(
-            "row", F.col("_metadata.row_index")
-        )
+            source = r.parquet(rt.streams.location(stream, producer).uri)
+            plain.append(source)
+            # the file and row a record came from: rows are put back in send order (file
+            # names sort in publication order) so a key's records are stepped as sent; per
+            # reader: a union does not pass its children's ``_metadata`` columns up
+            readers.append(
+                source.withColumn("src", F.col("_metadata.file_name")).withColumn(
+                    "row", F.col("_metadata.row_index")
+                )
+            )
+        # a stream's readers share one schema; the plan takes one of the two unions (each
+        # file source once in the plan: one offset-log entry per input directory)
+        raw = reduce(lambda a, b: a.unionByName(b), readers)
+        bare = reduce(lambda a, b: a.unionByName(b), plain)
         if (
             plan.takes_markers
             and not query.keying_stage
