@@ -393,6 +393,20 @@ def _task_in(monkeypatch, partition: int) -> None:
     monkeypatch.setattr(pyspark.TaskContext, "get", classmethod(lambda cls: ctx))
 
 
+def _summaries(
+    step, plan: BatchPlan, rows: tuple[pa.RecordBatch, ...] = ()
+) -> dict[int, IntervalSummary]:
+    """The summary row of each key interval one task of ``plan`` ran, given ``rows`` from Spark."""
+    out = pa.Table.from_batches(
+        list(IntervalTask(step, plan)(iter(rows))), schema=out_arrow_schema(step)
+    ).to_pylist()
+    return {
+        (s := IntervalSummary.decode(r["value"])).interval: s
+        for r in out
+        if r["stream"] == SUMMARY_STREAM
+    }
+
+
 def test_a_task_finds_its_own_intervals_in_the_batchs_files(tmp_path, monkeypatch):
     """``ArrowPlan.marks_in_tasks``: Spark hands a task no marker rows; each task runs the key
     intervals of its partition that have records in the batch's files (and only those), with
@@ -403,50 +417,33 @@ def test_a_task_finds_its_own_intervals_in_the_batchs_files(tmp_path, monkeypatc
     step = _step()
     step.scan = _scanned_batch(tmp_path, {0: ["x", "x", "z"], 1: ["y"]})
 
-    def run(partitions: int, rows: list[pa.RecordBatch]) -> dict[int, tuple]:
+    def run(partitions: int, *rows: pa.RecordBatch) -> dict[int, tuple]:
         plan = BatchPlan(0, "t", T0 - 1, 0, T0 - 1, partitions, {}, (), files.loc.uri)
-        out = pa.Table.from_batches(
-            list(IntervalTask(step, plan)(iter(rows))), schema=out_arrow_schema(step)
-        ).to_pylist()
-        got = {}
-        for r in out:
-            if r["stream"] == SUMMARY_STREAM:
-                s = IntervalSummary.decode(r["value"])
-                got[s.interval] = (s.keys, s.next_low_watermark_timer, s.metrics.get("processed"))
-        return got
+        return {
+            i: (s.keys, s.next_low_watermark_timer, s.metrics.get("processed"))
+            for i, s in _summaries(step, plan, rows).items()
+        }
 
     _task_in(monkeypatch, 0)
-    found = run(1, [])
+    found = run(1)
     assert set(found) == {0, 1}
     assert found[0][0] == 2 and found[1][0] == 1  # keys x, z; y
-    blank = _rows(
-        ["m", "m"], ["m", "m"], [T0, T0]
-    )  # the union's columns: markers carry group and scan only
+    # the union's columns: markers carry group and scan only
+    blank = _rows(["m", "m"], ["m", "m"], [T0, T0])
     marker = pa.RecordBatch.from_arrays(
         [pa.array([0, 1], pa.int32())]
         + [pa.nulls(2, f.type) for f in blank.schema if f.name != "group"]
         + [pa.array([True, True])],
         names=[*blank.schema.names, "scan"],
     )
-    assert run(1, [marker]) == found  # what marker rows from Spark would have run
+    assert run(1, marker) == found  # what marker rows from Spark would have run
     owner = {i: spark_hash_int(i) % 3 for i in (0, 1)}
     assert owner == {0: 0, 1: 1}  # Spark's hash partitioning: partition 2 holds neither
     for partition in (0, 1, 2):
         _task_in(monkeypatch, partition)
-        got = run(3, [])
+        got = run(3)
         assert set(got) == {i for i, p in owner.items() if p == partition}
         assert got == {i: found[i] for i in got}
-
-
-def _summaries(step, plan: BatchPlan) -> dict[int, IntervalSummary]:
-    out = pa.Table.from_batches(
-        list(IntervalTask(step, plan)(iter([]))), schema=out_arrow_schema(step)
-    ).to_pylist()
-    return {
-        (s := IntervalSummary.decode(r["value"])).interval: s
-        for r in out
-        if r["stream"] == SUMMARY_STREAM
-    }
 
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
