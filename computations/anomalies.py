@@ -40,6 +40,7 @@ small counts do not trigger on noise):
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,7 +97,7 @@ class Thresholds:
 
 
 def _anomaly(
-    comp: Computation,
+    comp: Any,
     kind: str,
     start: int,
     window_ms: int,
@@ -148,33 +149,14 @@ class DipRun:
     confidence: int = 0
 
 
-class SpikeDetector(Computation):
-    """Spikes from running bucket counts, without timers (§4.6).
+class SpikeRules:
+    """The spike rule of one key, shared by :class:`SpikeDetector` and
+    :class:`~computations.columnar_anomalies.ColumnarSpikeDetector`: the settings, and what
+    a model update and a raw event do to a key's :class:`SpikeWatch`.
 
-    Inputs, both keyed by query: the raw query events (any value without
-    ``"window_start"``), counted into ``window_ms`` buckets as they arrive, and
-    ``ModelCalculator``'s ``window_models`` records, whose ``model`` snapshot predicts
-    the buckets still filling. State keeps the latest model and the last ``keep_windows``
-    buckets' counts; there is nothing to wait for, so there are no timers.
-
-    Buckets counted while the key has no model yet are judged when a model arrives: a
-    replay that reads the raw events faster than the model stream follows (Spark reading
-    a whole log directory) still finds its spikes. They are kept until then (at most
-    ``max_unjudged``), so memory grows with that skew (§8.4).
-
-    >>> from millwheel.testing import Harness
-    >>> from computations.model import new_model
-    >>> model = new_model(60_000, 3_000); model.update(level=5.0, windows=20)
-    >>> h = Harness.for_computation(SpikeDetector, outputs=["anomalies"],
-    ...     inputs={"queries": lambda r: r.value["query"], "window_models": lambda r: r.value["key"]})
-    >>> h.inject("window_models", [h.record({"key": "cats", "window_start": 0, "model": model}, 1_000)])
-    >>> h.inject("queries", [h.record({"query": "cats"}, 10_000 + i * 20) for i in range(40)])
-    >>> h.run().values("anomalies")          # first bucket: confidence 1, nothing reported
-    []
-    >>> h.inject("queries", [h.record({"query": "cats"}, 11_000 + i * 20) for i in range(40)])
-    >>> [(a["kind"], a["window_start"], a["actual"], a["confidence"]) for a in h.run().values("anomalies")]
-    [('spike', 11000, 14, 2)]
-    """
+    Each rule acts through ``fx``: the key's computation (per record) or the columnar
+    form's collector, with ``key``, ``now`` and ``low_watermark`` attributes and
+    ``produce(stream, value)`` (timestamped with the record being processed)."""
 
     def __init__(
         self,
@@ -190,28 +172,19 @@ class SpikeDetector(Computation):
         self.keep_windows = keep_windows
         self.max_unjudged = max_unjudged
 
-    def watch(self) -> SpikeWatch:
-        """The key's state (state an older run stored as a dict is converted)."""
-        st = self.state.get()
-        if st is None:
-            return SpikeWatch()
-        if type(st) is dict:
-            return SpikeWatch(**st)
-        return st
+    def model_arrived(self, fx: Any, st: SpikeWatch, model: dict[str, Any]) -> None:
+        """A model snapshot from ``ModelCalculator``: kept, and the buckets counted before
+        there was one judged now, oldest first."""
+        st.model = model
+        for b in sorted(st.unjudged):
+            self._judge(fx, st, b)
+        st.unjudged = set()
 
-    def process_record(self, record: Record) -> None:
-        value = record.value
-        st = self.watch()
-        if "window_start" in value:  # a model update from ModelCalculator
-            if value.get("model") is not None:
-                st.model = value["model"]
-                for b in sorted(st.unjudged):  # counted before there was a model: judge now
-                    self._judge(st, b)
-                st.unjudged = set()
-                self.state.set(st)
-            return
+    def counted(self, fx: Any, st: SpikeWatch, timestamp: int) -> None:
+        """A raw query event at ``timestamp``: counted into its bucket, which is judged at
+        once if there is a model (else kept to judge when one arrives)."""
         w = self.window_ms
-        bucket = record.timestamp // w * w
+        bucket = timestamp // w * w
         st.counts[bucket] = st.counts.get(bucket, 0) + 1
         if st.newest is None or bucket > st.newest:
             st.newest = bucket
@@ -221,18 +194,17 @@ class SpikeDetector(Computation):
             if len(st.unjudged) > self.max_unjudged:
                 st.unjudged.discard(min(st.unjudged))
         else:
-            self._judge(st, bucket)
-        self.state.set(st)
+            self._judge(fx, st, bucket)
 
-    def _judge(self, st: SpikeWatch, bucket: int) -> None:
+    def _judge(self, fx: Any, st: SpikeWatch, bucket: int) -> None:
         if bucket in st.flagged or bucket not in st.counts:
             return
         expected = expected_count(st.model, bucket)
         if expected is not None and self.thresholds.is_spike(st.counts[bucket], expected=expected):
             st.flagged.add(bucket)
-            self._fire(st, bucket)
+            self._fire(fx, st, bucket)
 
-    def _fire(self, st: SpikeWatch, bucket: int) -> None:
+    def _fire(self, fx: Any, st: SpikeWatch, bucket: int) -> None:
         """Bucket ``bucket`` just became anomalous: fire it and any later run it completes."""
         w, flagged, fired = self.window_ms, st.flagged, st.fired
         confidence = 1
@@ -245,9 +217,9 @@ class SpikeDetector(Computation):
             if confidence > self.thresholds.confidence_threshold and b not in fired:
                 fired.add(b)
                 expected = expected_count(st.model, b) or 0.0
-                self.produce(
+                fx.produce(
                     self.output,
-                    _anomaly(self, "spike", b, w, st.counts.get(b, 0), expected, confidence),
+                    _anomaly(fx, "spike", b, w, st.counts.get(b, 0), expected, confidence),
                 )
             b += w
             confidence += 1
@@ -259,6 +231,69 @@ class SpikeDetector(Computation):
             st.counts = {b: c for b, c in st.counts.items() if b >= horizon or b in keep}
             st.flagged = {b for b in st.flagged if b >= horizon}
             st.fired = {b for b in st.fired if b >= horizon}
+
+
+def is_model_update(value: Any) -> bool:
+    """A ``window_models`` record (``ModelCalculator``'s): a mapping with a ``window_start``
+    that is not ``None``. Anything else reaching a spike detector is a raw query event."""
+    return isinstance(value, Mapping) and value.get("window_start") is not None
+
+
+def watch_of(st: Any) -> SpikeWatch:
+    """A key's stored state as a :class:`SpikeWatch` (state an older run stored as a dict is converted)."""
+    if st is None:
+        return SpikeWatch()
+    if type(st) is dict:
+        return SpikeWatch(**st)
+    return st
+
+
+class SpikeDetector(SpikeRules, Computation):
+    """Spikes from running bucket counts, without timers (§4.6).
+
+    Inputs, both keyed by query: the raw query events (any value that is not a model
+    update, :func:`is_model_update`), counted into ``window_ms`` buckets as they arrive, and
+    ``ModelCalculator``'s ``window_models`` records, whose ``model`` snapshot predicts
+    the buckets still filling. State keeps the latest model and the last ``keep_windows``
+    buckets' counts; there is nothing to wait for, so there are no timers.
+
+    Buckets counted while the key has no model yet are judged when a model arrives: a
+    replay that reads the raw events faster than the model stream follows (Spark reading
+    a whole log directory) still finds its spikes. They are kept until then (at most
+    ``max_unjudged``), so memory grows with that skew (§8.4).
+
+    The rules are :class:`SpikeRules`; ``computations.columnar_anomalies.ColumnarSpikeDetector``
+    runs them over a micro-batch of many keys, with the same productions.
+
+    >>> from millwheel.testing import Harness
+    >>> from computations.model import new_model
+    >>> model = new_model(60_000, 3_000); model.update(level=5.0, windows=20)
+    >>> h = Harness.for_computation(SpikeDetector, outputs=["anomalies"],
+    ...     inputs={"queries": lambda r: r.value["query"], "window_models": lambda r: r.value["key"]})
+    >>> h.inject("window_models", [h.record({"key": "cats", "window_start": 0, "model": model}, 1_000)])
+    >>> h.inject("queries", [h.record({"query": "cats"}, 10_000 + i * 20) for i in range(40)])
+    >>> h.run().values("anomalies")          # first bucket: confidence 1, nothing reported
+    []
+    >>> h.inject("queries", [h.record({"query": "cats"}, 11_000 + i * 20) for i in range(40)])
+    >>> [(a["kind"], a["window_start"], a["actual"], a["confidence"]) for a in h.run().values("anomalies")]
+    [('spike', 11000, 14, 2)]
+    """
+
+    def watch(self) -> SpikeWatch:
+        """The key's state (state an older run stored as a dict is converted)."""
+        return watch_of(self.state.get())
+
+    def process_record(self, record: Record) -> None:
+        value = record.value
+        if is_model_update(value):
+            if value.get("model") is not None:
+                st = self.watch()
+                self.model_arrived(self, st, value["model"])
+                self.state.set(st)
+            return
+        st = self.watch()
+        self.counted(self, st, record.timestamp)
+        self.state.set(st)
 
 
 class DipDetector(Computation):

@@ -38,6 +38,9 @@ class ZeitgeistConfig:
     #: run the window counter on the columnar path (``computations.columnar_windowing``):
     #: the same productions, ids included; ``False``: the per-record ``WindowCounter``
     columnar_counter: bool = True
+    #: run the spike detector on the columnar path (``computations.columnar_anomalies``):
+    #: the same productions, ids included; ``False``: the per-record ``SpikeDetector``
+    columnar_detector: bool = True
 
 
 @dataclass(frozen=True)

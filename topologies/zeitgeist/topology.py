@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from computations.anomalies import ANOMALIES, DipDetector, SpikeDetector
+from computations.columnar_anomalies import ColumnarSpikeDetector
 from computations.columnar_windowing import ColumnarWindowCounter
 from computations.model import ModelCalculator
 from computations.windowing import WindowCounter
@@ -103,7 +104,8 @@ def build(
         },
     )
     t.computation(
-        SpikeDetector,
+        ColumnarSpikeDetector if cfg.columnar_detector else SpikeDetector,
+        name="SpikeDetector",
         inputs={**by_query, **by_key},
         outputs=[ANOMALIES],
         options=options,
