@@ -12,7 +12,7 @@ import random
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from computations.anomalies import SpikeDetector, SpikeWatch, Thresholds
@@ -175,13 +175,13 @@ def test_the_scenarios_exercise_spikes_dead_letters_and_collection():
 
 
 @pytest.mark.parametrize("cls", [SpikeDetector, ColumnarSpikeDetector])
-@pytest.mark.parametrize("seed", [random.randrange(2**32)])
+@settings(max_examples=15)
+@given(seed=st.integers(0, 2**32 - 1))
 def test_in_order_traffic_fires_what_a_plain_count_says(cls, seed):
     """A model first, then each query's events in time order, a bucket a round: a bucket is
     reported iff it and the ``confidence_threshold`` buckets before it all end above the
     threshold, and its ``actual`` is the first count past the threshold (it fires as that
     event arrives) — a plain count over the whole input, no detector involved."""
-    print(f"seed {seed}")
     rng = random.Random(seed)
     th = Thresholds(confidence_threshold=rng.choice((0, 1, 2)))
     level = {f"q{i}": rng.randrange(4, 20) for i in range(3)}

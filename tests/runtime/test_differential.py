@@ -77,9 +77,13 @@ def runs(request, tmp_path_factory, spark):
     base = tmp_path_factory.mktemp(f"differential-{request.param}")
     generate(base / "data", GEN)
 
-    # the per-key layout runs per-record computations only: Zeitgeist's columnar counter (its
-    # default) stays on interval rows, so that layout compares the per-record counter
-    cfg = CFG if request.param == "intervals" else dataclasses.replace(CFG, columnar_counter=False)
+    # the per-key layout runs per-record computations only: Zeitgeist's columnar counter and
+    # spike detector (its defaults) stay on interval rows, so that layout compares the per-record ones
+    cfg = (
+        CFG
+        if request.param == "intervals"
+        else dataclasses.replace(CFG, columnar_counter=False, columnar_detector=False)
+    )
 
     def topology():
         return build(
