@@ -3,7 +3,8 @@
 A batch may hold records that arrived under several watermarks (files of several upstream
 batches, or the byte ranges of several log files, read in one micro-batch). The per-key
 step cuts *each key's* records into runs of one arrival watermark, in that order: every run
-but the key's last sees the low watermark of its next run (capped by the batch's) and is
+but the key's last sees the low watermark of its next run (capped by the batch's; runs that
+would see the same one are one run, each record still judged against its own) and is
 followed by the key's timers due by it — event-time ones up to that watermark, since the
 next run's records are not late and their windows must still be open (§4.5, §4.6); the
 last run sees the batch's low watermark and its timers fire with every key's at the end of
@@ -23,9 +24,16 @@ this runs.
 
 >>> runs = Runs(np.array([900, 1_100, 900]), np.array([0, 0, 1]), 2_000)
 >>> runs.count, runs.rows(0).tolist(), runs.rows(1).tolist()
-(2, [0], [1, 2])
+(2, [0], [2, 1])
 >>> runs.call_watermark(0), runs.call_watermark(1), runs.keys(0).tolist(), runs.complex_keys.tolist()
 (1100, 2000, [0], [0])
+
+Under a batch watermark no newer than the runs' (a batch that has not yet seen the
+heartbeat that follows its records), the runs would all see it: one call.
+
+>>> runs = Runs(np.array([1_100, 900, 1_300]), np.array([0, 0, 0]), 800)
+>>> runs.count, runs.rows(0).tolist(), runs.complex_keys.tolist()
+(1, [1, 0, 2], [])
 """
 
 from __future__ import annotations
@@ -80,25 +88,32 @@ class Runs:
             kcodes.astype(np.int64) * s + np.searchsorted(wms, late_wm), return_inverse=True
         )
         pk, ps = pair // s, pair % s
-        has_next = np.r_[pk[1:] == pk[:-1], False]
-        first = np.flatnonzero(np.r_[True, pk[1:] != pk[:-1]])
-        depth = np.arange(len(pair)) - np.repeat(first, np.diff(np.r_[first, len(pair)]))
+        # each run's bound: the watermark its call sees — the next run's arrival watermark,
+        # capped by the batch's; the batch's for a key's last run
         bound = np.full(len(pair), low_watermark, np.int64)
-        nxt = np.flatnonzero(has_next)
+        nxt = np.flatnonzero(np.r_[pk[1:] == pk[:-1], False])
         bound[nxt] = np.minimum(wms[ps[nxt + 1]], low_watermark)
+        # a key's runs whose calls would see the same watermark are one run (its records in
+        # arrival order): nothing could fire between them that does not fire after them all
+        start = np.r_[True, (pk[1:] != pk[:-1]) | (bound[1:] != bound[:-1])]
+        pair_run = np.cumsum(start) - 1
+        rk, rb = pk[start], bound[start]
+        has_next = np.r_[rk[1:] == rk[:-1], False]
+        first = np.flatnonzero(np.r_[True, rk[1:] != rk[:-1]])
+        depth = np.arange(len(rk)) - np.repeat(first, np.diff(np.r_[first, len(rk)]))
         # the calls: (depth, bound) of the runs that are not their key's last, ascending; then one
         # call of every key's last run
         early = np.flatnonzero(has_next)
         groups, early_group = np.unique(
-            np.stack([depth[early], bound[early]]), axis=1, return_inverse=True
+            np.stack([depth[early], rb[early]]), axis=1, return_inverse=True
         )
-        pair_group = np.full(len(pair), groups.shape[1], np.int64)
-        pair_group[early] = early_group.reshape(-1)
-        self._row_group = pair_group[row_pair.reshape(-1)]
+        run_group = np.full(len(rk), groups.shape[1], np.int64)
+        run_group[early] = early_group.reshape(-1)
+        self._row_group = run_group[pair_run[row_pair.reshape(-1)]]
         self._bounds = np.r_[groups[1], low_watermark].astype(np.int64)
-        self._group_keys = [pk[early[early_group.reshape(-1) == g]] for g in range(groups.shape[1])]
-        #: the keys with records under several arrival watermarks (ascending codes)
-        self.complex_keys = np.unique(pk[early])
+        self._group_keys = [rk[early[early_group.reshape(-1) == g]] for g in range(groups.shape[1])]
+        #: the keys with records in more than one call (ascending codes)
+        self.complex_keys = np.unique(rk[early])
 
     @property
     def count(self) -> int:
@@ -106,8 +121,9 @@ class Runs:
         return len(self._bounds)
 
     def rows(self, g: int) -> np.ndarray:
-        """The rows of call ``g`` (all, admitted or not), in delivery order."""
-        return np.flatnonzero(self._row_group == g)
+        """The rows of call ``g`` (all, admitted or not), in the order they were sent (by
+        arrival watermark, each watermark's in delivery order)."""
+        return self.order[self._row_group[self.order] == g]
 
     def call_watermark(self, g: int) -> int:
         """The low watermark call ``g`` sees (``Batch.low_watermark``) and its keys' timers fire

@@ -9,9 +9,9 @@ the Spark interval function only Arrow/pandas plumbing around the same calls:
   the boundary instead of stalling a key downstream;
 * :func:`key_record` — the consumer's key extractor applied to a record (MillWheel
   §4.2): a keyed record carrying its input stream, or a dead letter with the reason;
-* :func:`plan_steps` — a key's delivered records cut into step calls: runs that share
-  the watermark they arrived under (lateness, §4.5), each allowed to fire timers only up
-  to what the key's next, still unprocessed, run allows (§4.6);
+* :func:`plan_steps` — a key's delivered records cut into step calls: each call allowed
+  to fire timers only up to what the key's next, still unprocessed, records allow (§4.6),
+  each record judged late against the watermark it arrived under (§4.5);
 * :func:`timers_due` — whether a key without input has a timer to fire;
 * :func:`run_key` — the per-key loop both backends run: a key's delivered records
   through :func:`plan_steps` and the step, with its counters, into a :class:`KeyOutcome`;
@@ -30,6 +30,8 @@ the Spark interval function only Arrow/pandas plumbing around the same calls:
 [(1, 1000, 2000), (1, 2000, 5000)]
 >>> [(s.late_watermark, s.low_watermark) for s in plan_steps([(rec, None)], 5_000, arrival=1_200)]
 [(1200, 5000)]
+>>> [(len(s.records), s.late_watermark, s.low_watermark) for s in plan_steps([(rec, 1_000), (rec, 2_000)], 900)]
+[(2, [1000, 2000], 900)]
 """
 
 from __future__ import annotations
@@ -158,8 +160,9 @@ class StepInput:
     records: list[Record]
     #: low-watermark timers at or before it fire
     low_watermark: int
-    #: records older than it are late (§4.5)
-    late_watermark: int
+    #: records older than it are late (§4.5); a list: each record's, for a call whose records
+    #: arrived under several watermarks
+    late_watermark: int | list[int]
 
 
 def plan_steps(
@@ -174,8 +177,11 @@ def plan_steps(
     order they were sent — arrival watermarks only grow, so a stable sort on them restores
     it across files a Spark batch read in any order — and cut into runs of one arrival
     watermark (almost always a single run). A run may fire low-watermark timers only up
-    to the next run's arrival watermark: the next run's records are not late, so their
-    windows must still be open. With no records, one call fires the due timers.
+    to the next run's arrival watermark (and the batch's): the next run's records are not
+    late, so their windows must still be open. Runs whose calls would see the same
+    watermark are one call — nothing could fire between them that does not fire after them
+    all — in which each record is still judged against its own arrival watermark (the
+    call's ``late_watermark`` is then a list). With no records, one call fires the due timers.
     """
     if not items:
         return [StepInput([], low_watermark, low_watermark)]
@@ -192,16 +198,31 @@ def plan_steps(
     order = list(range(len(items)))
     if any(w != late[0] for w in late):
         order.sort(key=late.__getitem__)  # stable
-    runs: list[StepInput] = []
+    # runs of one arrival watermark, each seeing the next one's (capped by the batch's)
+    runs: list[tuple[int, list[int]]] = []
     for i in order:
-        w = late[i]
-        if runs and runs[-1].late_watermark == w:
-            runs[-1].records.append(items[i][0])
+        if runs and late[runs[-1][1][0]] == late[i]:
+            runs[-1][1].append(i)
         else:
-            runs.append(StepInput([items[i][0]], low_watermark, w))
-    for a, b in zip(runs, runs[1:], strict=False):
-        a.low_watermark = min(low_watermark, b.late_watermark)
-    return runs
+            runs.append((low_watermark, [i]))
+    runs = [
+        (min(low_watermark, late[nxt[1][0]]), rows)
+        for (_, rows), nxt in zip(runs, runs[1:], strict=False)
+    ] + [runs[-1]]
+    # one call per watermark seen: runs whose calls would see the same one are one call, each
+    # record still judged against its own arrival watermark (``_contract.py``)
+    calls: list[StepInput] = []
+    for seen, rows in runs:
+        if calls and calls[-1].low_watermark == seen:
+            calls[-1].records += [items[i][0] for i in rows]
+            calls[-1].late_watermark += [late[i] for i in rows]  # type: ignore[operator]
+        else:
+            calls.append(StepInput([items[i][0] for i in rows], seen, [late[i] for i in rows]))
+    for call in calls:
+        lates = call.late_watermark
+        if all(w == lates[0] for w in lates):  # type: ignore[index, union-attr]
+            call.late_watermark = lates[0]  # type: ignore[index]
+    return calls
 
 
 def timers_due(

@@ -24,9 +24,10 @@ time). The failed record or timer goes to the dead-letter stream with the reason
 from __future__ import annotations
 
 import heapq
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import compress
+from itertools import compress, repeat
 from operator import attrgetter
 
 from millwheel._codec import decode_value, encode_value
@@ -100,7 +101,7 @@ class StepRunner:
         *,
         low_watermark: int,
         now: int,
-        late_watermark: int | None = None,
+        late_watermark: int | Sequence[int] | None = None,
         life: int | None = None,
     ) -> StepResult:
         """Process ``records`` for ``key`` then fire its due timers; see the module docstring.
@@ -108,9 +109,11 @@ class StepRunner:
         ``low_watermark`` is the input low watermark: low-watermark timers at or before it
         fire. A record is late if its timestamp is below ``late_watermark`` (default:
         ``low_watermark``): the backend passes the watermark that was in force when the
-        records were delivered. Dedup ids older than the smaller of the two, minus the
-        slack, are collected; in a step without records, older than the low watermark less
-        the slack (any later delivery arrives under a watermark at least as new).
+        records were delivered, or one per record when they arrived under several
+        (``_delivery.plan_steps``). Dedup ids older than the smaller of the two (the oldest
+        of several), minus the slack, are collected; in a step without records, older than
+        the low watermark less the slack (any later delivery arrives under a watermark at
+        least as new).
 
         ``life``: the life the key starts if it makes its first production (since it was
         made from nothing) in this step (``millwheel/_identity.py``: fixed by the batch, so a
@@ -122,7 +125,14 @@ class StepRunner:
         delivered for this key and not yet stepped: such records would find their windows
         closed (``millwheel/_delivery.py``'s ``plan_steps`` cuts a key's input so).
         """
-        late_wm = low_watermark if late_watermark is None else late_watermark
+        late_wm: int | list[int]
+        if isinstance(late_watermark, (list, tuple)):  # one per record
+            if len(late_watermark) != len(records):
+                msg = f"step: {len(late_watermark)} late watermarks for {len(records)} records"
+                raise ValueError(msg)
+            late_wm = list(late_watermark)
+        else:
+            late_wm = low_watermark if late_watermark is None else late_watermark  # type: ignore[assignment]
         try:
             try:
                 return self._attempt(
@@ -151,7 +161,7 @@ class StepRunner:
         records: Sequence[Record],
         low_watermark: int,
         now: int,
-        late_wm: int,
+        late_wm: int | list[int],
         failures: list[Failure] | None,
         life: int | None = None,
     ) -> StepResult:
@@ -168,12 +178,12 @@ class StepRunner:
         careful = None if failures is None else Careful(ctx, failures)
         # a step without records delivered none under an older watermark: its ids are judged
         # against the low watermark alone (a later delivery arrives under a later one)
-        arrived = late_wm if records else None
-        records, any_late = self._admit(env, records, late_wm, c, stats)
-        if not any_late and careful is None:
+        arrived = (min(late_wm) if type(late_wm) is list else late_wm) if records else None
+        records, late = self._admit(env, records, late_wm, c, stats)
+        if late is None and careful is None:
             self._records_fast(ctx, records, c)  # the common case: nothing late, nothing failed
         else:
-            self._records(ctx, records, late_wm, c, careful)
+            self._records(ctx, records, late, c, careful)
         self._fire_timers(ctx, c, careful)
         return self._checkpoint(key, env, ctx, c, stats, careful, arrived)
 
@@ -181,19 +191,25 @@ class StepRunner:
         self,
         env: Envelope,
         records: Sequence[Record],
-        late_wm: int,
+        late_wm: int | list[int],
         c: StepMetrics,
         stats: DedupStats,
-    ) -> tuple[Sequence[Record], bool]:
-        """Dedup (§6.1.1): the step's records not seen before, and whether any is late."""
+    ) -> tuple[Sequence[Record], list[bool] | None]:
+        """Dedup (§6.1.1): the step's records not seen before, and which are late (``None``:
+        none). ``late_wm``: the watermark they arrived under, or each record's."""
         n = c.records_in = len(records)
         if not n:
-            return records, False
+            return records, None
         tss = list(map(_timestamp_of, records))
         in_order = tss == sorted(
             tss
         )  # records usually arrive in time order: the oldest is the first
-        any_late = (tss[0] if in_order else min(tss)) < late_wm
+        if type(late_wm) is list:
+            lates: Sequence[int] = late_wm
+            any_late = any(map(operator.lt, tss, lates))
+        else:
+            any_late = (tss[0] if in_order else min(tss)) < late_wm
+            lates = (late_wm,) * n if any_late else ()
         dedup = env.dedup if self.options.exactly_once else None
         if dedup is not None:
             # one call for the whole step: fingerprints and Bloom checks in C-level passes.
@@ -201,14 +217,16 @@ class StepRunner:
             # re-delivery is a duplicate and not counted late again
             kept = dedup.admit(
                 list(map(_id_of, records)),
-                [dedup_stamp(t, late_wm) for t in tss] if any_late else tss,
+                list(map(dedup_stamp, tss, lates)) if any_late else tss,
                 stats,
                 in_order,
             )
             if kept is not None:
                 records = list(compress(records, kept))
                 c.duplicates = n - len(records)
-        return records, any_late
+                if any_late:
+                    tss, lates = list(compress(tss, kept)), list(compress(lates, kept))
+        return records, list(map(operator.lt, tss, lates)) if any_late else None
 
     def _records_fast(self, ctx: StepContext, records: Sequence[Record], c: StepMetrics) -> None:
         """``process_record`` for each record, none late: the per-record hot loop."""
@@ -226,17 +244,18 @@ class StepRunner:
         self,
         ctx: StepContext,
         records: Sequence[Record],
-        late_wm: int,
+        lates: list[bool] | None,
         c: StepMetrics,
         careful: Careful | None,
     ) -> None:
-        """Records some of which are late (§4.5: counted, then dropped, sent to the late
-        stream or processed), or any records in careful mode."""
+        """Records some of which are late (``lates``, one flag per record; ``None``: none is)
+        (§4.5: counted, then dropped, sent to the late stream or processed), or any records
+        in careful mode."""
         late = self.late
         process_record = self.computation.process_record
-        for rec in records:
+        for rec, is_late in zip(records, lates or repeat(False, len(records)), strict=True):
             ts = rec.timestamp
-            if ts < late_wm:
+            if is_late:
                 action = late.route(c)
                 if action is LateAction.DROP:
                     continue

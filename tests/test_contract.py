@@ -138,11 +138,13 @@ POLICIES = {
 # the watermark it arrived under: an offset behind the current one, or none given), then
 # how far the watermark moves before the batch runs. Records of one batch arrive under one
 # watermark or under several, in any order: a record 400 ms behind sets a timer that falls
-# due before those 0 ms behind are processed (the per-key step fires it between the runs)
+# due before those 0 ms behind are processed (the per-key step fires it between the runs);
+# a record 300 ms ahead arrived under a watermark the batch's has not reached yet (its
+# heartbeat comes later), so its run and the ones after it see the batch's: one call
 arrivals = st.one_of(
     st.just([None]),
     st.lists(st.integers(0, 500), min_size=1, max_size=1),
-    st.lists(st.sampled_from([0, 150, 400]), min_size=2, max_size=3, unique=True),
+    st.lists(st.sampled_from([-300, 0, 150, 400]), min_size=2, max_size=3, unique=True),
 )
 batches = st.lists(
     st.tuples(
@@ -322,6 +324,40 @@ def test_records_of_one_batch_under_two_watermarks_fire_timers_between_them_on_b
     assert [r[2][1] for r in want["j"]] == [4, "t1"]
     ca = a.metrics.as_dict()
     assert {n: ca[n] for n in COMPARED} == {n: res.metrics[n] for n in COMPARED}
+
+
+def test_runs_whose_calls_would_see_one_watermark_are_one_call_each_record_late_by_its_own():
+    """Records under arrival watermarks at or past the batch's (their heartbeats come later):
+    every run would see the batch's watermark, so they are one call — the timer the first
+    record sets, due by the batch's watermark, fires once, after all of them — and a record
+    is still late only against the watermark it arrived under (``_delivery.plan_steps``)."""
+    options = ComputationOptions(strong_productions=False, late=LatePolicy.process())
+    a, b = PerRecord(options), Columnar(options)
+    life = batch_life("contract", 0)
+    sent = [
+        (Record("k", 1, 1_000, "a", "in"), 1_100),  # late against its own 1,100: still processed
+        (Record("k", 2, 1_600, "b", "in"), 1_500),
+        (Record("k", 3, 2_000, "c", "in"), 1_900),
+    ]
+    want = run_key(
+        a.runner, "k", None, sent, low_watermark=1_200, now=0, metrics=a.metrics, life=life
+    )
+    recs = InputColumns(
+        [encode_key("k")] * 3,
+        [r.id for r, _ in sent],
+        np.array([r.timestamp for r, _ in sent]),
+        ["in"] * 3,
+        [r.value for r, _ in sent],
+        arrival=[w for _, w in sent],
+        encoded=False,
+    )
+    res = b.runner.run(None, recs, low_watermark=1_200, now=0, life=life)
+    rows = [_row(p) for p in want.productions]
+    assert [_row(p) for p in res.productions()] == rows
+    # the three records, each seeing the batch's watermark, then t1 (set at 1,100, due by 1,200)
+    # with the count of all three (cut into runs, it fired after the first, with 1)
+    assert [r[2][1:] for r in rows] == [[1, 1, 1_200], [2, 2, 1_200], [3, 3, 1_200], ["t1", 3]]
+    assert a.metrics.late == res.metrics["late"] == 1
 
 
 def test_a_key_that_keeps_nothing_between_two_arrival_watermarks_starts_a_new_life_on_both_paths(
