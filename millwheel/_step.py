@@ -126,10 +126,7 @@ class StepRunner:
         closed (``millwheel/_delivery.py``'s ``plan_steps`` cuts a key's input so).
         """
         late_wm: int | list[int]
-        if isinstance(late_watermark, (list, tuple)):  # one per record
-            if len(late_watermark) != len(records):
-                msg = f"step: {len(late_watermark)} late watermarks for {len(records)} records"
-                raise ValueError(msg)
+        if isinstance(late_watermark, (list, tuple)):  # one per record (``plan_steps``)
             late_wm = list(late_watermark)
         else:
             late_wm = low_watermark if late_watermark is None else late_watermark  # type: ignore[assignment]
@@ -178,7 +175,7 @@ class StepRunner:
         careful = None if failures is None else Careful(ctx, failures)
         # a step without records delivered none under an older watermark: its ids are judged
         # against the low watermark alone (a later delivery arrives under a later one)
-        arrived = (min(late_wm) if type(late_wm) is list else late_wm) if records else None
+        arrived = (min(late_wm) if isinstance(late_wm, list) else late_wm) if records else None
         records, late = self._admit(env, records, late_wm, c, stats)
         if late is None and careful is None:
             self._records_fast(ctx, records, c)  # the common case: nothing late, nothing failed
@@ -204,8 +201,9 @@ class StepRunner:
         in_order = tss == sorted(
             tss
         )  # records usually arrive in time order: the oldest is the first
-        if type(late_wm) is list:
-            lates: Sequence[int] = late_wm
+        lates: Sequence[int]
+        if isinstance(late_wm, list):
+            lates = late_wm
             any_late = any(map(operator.lt, tss, lates))
         else:
             any_late = (tss[0] if in_order else min(tss)) < late_wm
