@@ -338,8 +338,15 @@ class LogFileInjector(QueryInjector):
             complete and not any(is_log_file(n) for n in names) and not has_started(self.checkpoint)
         )
 
+    def register(self) -> None:
+        """Register the log-file data source with the session (its first Python data source
+        makes Spark look up the installed ones: :meth:`SparkRuntime.start` does it early)."""
+        from millwheel.runtime._logfiles import LogFileDataSource
+
+        self.rt.spark.dataSource.register(LogFileDataSource)
+
     def start(self) -> None:
-        from millwheel.runtime._logfiles import FORMAT, LogFileDataSource, keyer_options
+        from millwheel.runtime._logfiles import FORMAT, keyer_options
 
         self._recover()
         self.waiting = self._nothing_to_read()
@@ -349,7 +356,7 @@ class LogFileInjector(QueryInjector):
             self.rt.watermarks.report_injector(self.name, "spark", self.low_watermark)
             return
         spark = self.rt.spark
-        spark.dataSource.register(LogFileDataSource)
+        self.register()  # at once if done before (a restart, or :meth:`SparkRuntime.start`)
         options = dict(self.source.options())  # type: ignore[union-attr]
         options.update(injector=self.name, stream=self.stream)
         options.update(keyer_options(self.rt.keyer, self.stream))

@@ -258,6 +258,15 @@ class SparkRuntime:
     def start(self) -> None:
         if self.started:
             return
+        # registering the first Python data source makes Spark look up every installed one in
+        # a Python process of its own (~1.5 s, once per session): a log-file injector's start
+        # waits for it, so it runs beside the setup below (docs/performance.md, "The main job")
+        registering = _Starting(
+            [i for i in self.injectors.values() if isinstance(i, LogFileInjector)],
+            lambda _: None,
+            "register",
+        )
+        registering.start()
         self.claim()
         self.root.child("tallies").mkdirs()
         ship_user_code(self.topology)
@@ -289,6 +298,8 @@ class SparkRuntime:
             target=self._warm_workers, name="millwheel-warm-workers", daemon=True
         )
         warming.start()
+        registering.join()
+        registering.reraise()
         self.driver_epoch.get()  # every lease is taken under it: drawn once, before the threads
         # the injectors start on a thread of their own while the computations start here: a
         # log-file injector's start is mostly Python Data Source planning in worker processes,
@@ -458,20 +469,24 @@ class SparkRuntime:
 
 
 class _Starting(threading.Thread):
-    """Starts injectors one after the other on a thread of its own (:meth:`SparkRuntime.start`);
-    :meth:`reraise` gives the first failure to the thread that joined it."""
+    """Starts injectors (or calls another method of theirs, ``step``) one after the other on a
+    thread of its own (:meth:`SparkRuntime.start`); :meth:`reraise` gives the first failure
+    to the thread that joined it."""
 
-    def __init__(self, injectors: list[Any], progress: Callable[[str], None]) -> None:
-        super().__init__(name="millwheel-start-injectors", daemon=True)
+    def __init__(
+        self, injectors: list[Any], progress: Callable[[str], None], step: str = "start"
+    ) -> None:
+        super().__init__(name=f"millwheel-{step}-injectors", daemon=True)
         self.injectors = injectors
         self.progress = progress
+        self.step = step
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
             for inj in self.injectors:
                 self.progress(f"injector {inj.name}")
-                inj.start()
+                getattr(inj, self.step)()
         except BaseException as exc:  # noqa: BLE001 - raised again in the starting thread
             self.error = exc
 
