@@ -207,9 +207,21 @@ class ModelCalculator(Computation):
         self.require_season = require_season
 
     def process_record(self, record: Record) -> None:
-        window = record.value
+        model = self.state.get() or self.new()
+        value, ts = self.learn(self.key, model, record.value, record.timestamp)
+        self.state.set(model)  # long-term state: never cleared (§2)
+        self.produce(self.output, value, timestamp=ts)
+
+    def new(self) -> dict[str, Any]:
+        """A key's model before its first window."""
+        return new_model(self.day_ms, self.slot_ms, self.window_ms)
+
+    def learn(
+        self, key: Any, model: dict[str, Any], window: Any, timestamp: int
+    ) -> tuple[dict[str, Any], int]:
+        """The rule of one window (shared with ``columnar_model.ColumnarModelCalculator``):
+        ``model`` learns it in place; returns the production's value and timestamp."""
         start = window["window_start"]
-        model = self.state.get() or new_model(self.day_ms, self.slot_ms, self.window_ms)
         warm = model["windows"] >= self.warmup_windows and (
             model["seasonal"] or not self.require_season
         )
@@ -222,15 +234,11 @@ class ModelCalculator(Computation):
             outlier_ratio=self.outlier_ratio,
             outlier_weight=self.outlier_weight,
         )
-        self.state.set(model)  # long-term state: never cleared (§2)
-        self.produce(
-            self.output,
-            {
-                "key": self.key,
-                "window_start": start,
-                "count": window["count"],
-                "expected": predicted if warm else None,
-                "model": snapshot(model) if warm else None,
-            },
-            timestamp=max(record.timestamp, start + self.window_ms),
-        )
+        value = {
+            "key": key,
+            "window_start": start,
+            "count": window["count"],
+            "expected": predicted if warm else None,
+            "model": snapshot(model) if warm else None,
+        }
+        return value, max(timestamp, start + self.window_ms)

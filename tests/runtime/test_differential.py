@@ -77,12 +77,14 @@ def runs(request, tmp_path_factory, spark):
     base = tmp_path_factory.mktemp(f"differential-{request.param}")
     generate(base / "data", GEN)
 
-    # the per-key layout runs per-record computations only: Zeitgeist's columnar counter and
-    # spike detector (its defaults) stay on interval rows, so that layout compares the per-record ones
+    # the per-key layout runs per-record computations only: Zeitgeist's columnar counter, model
+    # and spike detector (its defaults) stay on interval rows, so that layout compares the per-record ones
     cfg = (
         CFG
         if request.param == "intervals"
-        else dataclasses.replace(CFG, columnar_counter=False, columnar_detector=False)
+        else dataclasses.replace(
+            CFG, columnar_counter=False, columnar_detector=False, columnar_model=False
+        )
     )
 
     def topology():

@@ -41,6 +41,9 @@ class ZeitgeistConfig:
     #: run the spike detector on the columnar path (``computations.columnar_anomalies``):
     #: the same productions, ids included; ``False``: the per-record ``SpikeDetector``
     columnar_detector: bool = True
+    #: run the model calculator on the columnar path (``computations.columnar_model``): the
+    #: same productions, ids included; ``False``: the per-record ``ModelCalculator``
+    columnar_model: bool = True
 
 
 @dataclass(frozen=True)

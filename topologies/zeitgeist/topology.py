@@ -20,6 +20,7 @@ from typing import Any
 
 from computations.anomalies import ANOMALIES, DipDetector, SpikeDetector
 from computations.columnar_anomalies import ColumnarSpikeDetector
+from computations.columnar_model import ColumnarModelCalculator
 from computations.columnar_windowing import ColumnarWindowCounter
 from computations.model import ModelCalculator
 from computations.windowing import WindowCounter
@@ -90,7 +91,8 @@ def build(
         params={"window_ms": cfg.window_ms, "trailing_empty": cfg.trailing_empty},
     )
     t.computation(
-        ModelCalculator,
+        ColumnarModelCalculator if cfg.columnar_model else ModelCalculator,
+        name="ModelCalculator",
         inputs={"window_counts": lambda r: r.value["key"]},
         outputs=["window_models"],
         options=options,

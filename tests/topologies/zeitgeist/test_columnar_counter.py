@@ -1,13 +1,16 @@
-"""Zeitgeist with its window counter on the columnar path (the default) against the per-record
-counter (``ZeitgeistConfig(columnar_counter=False)``): the same window counts (ids included), models, anomalies and evaluation as the
-per-record counter, in the harness, on a generated sample with spikes, dips, duplicates,
-late records and malformed lines."""
+"""Zeitgeist with its window counter, model calculator and spike detector on the columnar path
+(the defaults) against the per-record ones (``ZeitgeistConfig(columnar_counter=False)``,
+``columnar_model=False``, ``columnar_detector=False``), one at a time: the same window counts,
+models and anomalies (ids included), counters and evaluation, in the harness, on a generated
+sample with spikes, dips, duplicates, late records and malformed lines."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 from collections import Counter
+
+import pytest
 
 from millwheel import LogFileSource
 from millwheel.testing import Harness
@@ -91,23 +94,34 @@ def test_columnar_counter_gives_the_same_zeitgeist(tmp_path):
     assert a["duplicates"] > 0
 
 
-def test_columnar_detector_gives_the_same_anomalies(tmp_path):
-    """The spike detector's two forms (``ZeitgeistConfig(columnar_detector=False)``: the
-    per-record one) on the same sample: the same anomalies, ids and wall times included,
-    the same counters, and the same evaluation against the generator's ground truth."""
+@pytest.mark.parametrize(
+    ("flag", "computation", "classes"),
+    [
+        ("columnar_detector", "SpikeDetector", ["SpikeDetector", "ColumnarSpikeDetector"]),
+        (
+            "columnar_model",
+            "ModelCalculator",
+            ["ModelCalculator", "ColumnarModelCalculator"],
+        ),
+    ],
+)
+def test_the_columnar_model_and_detector_give_the_same_anomalies(
+    tmp_path, flag, computation, classes
+):
+    """The model calculator's and the spike detector's two forms
+    (``ZeitgeistConfig(columnar_model=False)``, ``columnar_detector=False``: the per-record
+    ones) on the same sample: the same window models and anomalies, ids and wall times
+    included, the same counters, and the same evaluation against the generator's ground truth."""
     generate(tmp_path / "data", GEN)
     runs = [
-        _run(tmp_path / "data", dataclasses.replace(CFG, columnar_detector=columnar))
+        _run(tmp_path / "data", dataclasses.replace(CFG, **{flag: columnar}))
         for columnar in (False, True)
     ]
-    assert [type(h._runners["SpikeDetector"].computation).__name__ for h in runs] == [
-        "SpikeDetector",
-        "ColumnarSpikeDetector",
-    ]
-    expected = _multiset(runs[0].output("anomalies"))
+    assert [type(h._runners[computation].computation).__name__ for h in runs] == classes
+    for stream in ("window_models", "anomalies"):
+        assert _multiset(runs[1].output(stream)) == _multiset(runs[0].output(stream)), stream
     assert sum(1 for a in runs[0].values("anomalies") if a["kind"] == "spike") >= 2
-    assert _multiset(runs[1].output("anomalies")) == expected
-    a, b = (h.metrics("SpikeDetector") for h in runs)
+    a, b = (h.metrics(computation) for h in runs)
     for name in COUNTERS:
         assert a[name] == b[name], name
     truth = load_truth(tmp_path / "data")
