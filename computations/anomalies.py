@@ -296,7 +296,56 @@ class SpikeDetector(SpikeRules, Computation):
         self.state.set(st)
 
 
-class DipDetector(Computation):
+class DipRules:
+    """The dip rule of one key, shared by :class:`DipDetector` and
+    :class:`~computations.columnar_anomalies.ColumnarDipDetector`: a window kept until its
+    bucket is complete, and a complete bucket judged (Fig. 9). ``fx`` as for
+    :class:`SpikeRules`, its ``produce`` taking a ``timestamp``."""
+
+    #: one timer per bucket, at its end; named by its start
+    judge = TimerFamily(tag="dip")
+
+    def __init__(
+        self, output: str = ANOMALIES, thresholds: Thresholds | None = None, window_ms: int = 1_000
+    ) -> None:
+        self.output = output
+        self.thresholds = thresholds or Thresholds()
+        self.window_ms = window_ms
+
+    def window_arrived(self, st: DipRun, window: Any) -> int:
+        """A window from ``ModelCalculator`` kept to judge: returns its start (its timer is
+        due at ``start + window_ms``)."""
+        start = window["window_start"]
+        st.pending[start] = [window["count"], window.get("expected")]
+        return start
+
+    def bucket_complete(self, fx: Any, st: DipRun, start: int, at: int) -> bool:
+        """The bucket starting at ``start`` is complete (its timer fired at ``at``): judged,
+        a dip produced while the confidence exceeds the threshold. Returns whether the key
+        still has anything to keep."""
+        w = self.window_ms
+        count, expected = st.pending.pop(start, (None, None))
+        if st.last is not None and st.last != start - w:
+            st.confidence = 0  # a gap: the run of anomalous buckets is broken
+        st.last = start
+        if (
+            count is not None
+            and expected is not None
+            and self.thresholds.is_dip(count, expected=expected)
+        ):
+            st.confidence += 1  # UpdateConfidence(prediction, actual)
+            if st.confidence > self.thresholds.confidence_threshold:
+                fx.produce(
+                    self.output,
+                    _anomaly(fx, "dip", start, w, count, expected, st.confidence),
+                    timestamp=at,
+                )
+        else:
+            st.confidence = 0
+        return bool(st.pending) or st.confidence != 0
+
+
+class DipDetector(DipRules, Computation):
     """Dips from complete buckets only: a low-watermark timer per bucket (§4.6, Fig. 9).
 
     Consumes ``ModelCalculator``'s ``window_models`` records (``{"key", "window_start",
@@ -326,14 +375,6 @@ class DipDetector(Computation):
 
     #: typed state; state stored untyped (pickled) by an older run is read too (``_untyped.py``)
     options = ComputationOptions(state_codec=PickledBefore(DataclassCodec(DipRun)))
-    judge = TimerFamily(tag="dip")  # one per bucket, at its end; named by its start
-
-    def __init__(
-        self, output: str = ANOMALIES, thresholds: Thresholds | None = None, window_ms: int = 1_000
-    ) -> None:
-        self.output = output
-        self.thresholds = thresholds or Thresholds()
-        self.window_ms = window_ms
 
     def run(self) -> DipRun:
         """The key's state; state an older run stored as a dict is converted, and its timers
@@ -348,10 +389,8 @@ class DipDetector(Computation):
         return st
 
     def process_record(self, record: Record) -> None:
-        window = record.value
-        start = window["window_start"]
         st = self.run()
-        st.pending[start] = [window["count"], window.get("expected")]
+        start = self.window_arrived(st, record.value)
         self.state.set(st)
         # Fig. 9 / §4.6: judge the bucket only once the low watermark has passed its end
         self.judge.set(start + self.window_ms, name=str(start))
@@ -365,30 +404,10 @@ class DipDetector(Computation):
         else:
             self.judged(str(old[1]), timer)
 
-    @judge.on_fire
+    @DipRules.judge.on_fire
     def judged(self, _name: str, timer: Timer) -> None:
-        w = self.window_ms
-        start = timer.timestamp - w
         st = self.run()
-        count, expected = st.pending.pop(start, (None, None))
-        if st.last is not None and st.last != start - w:
-            st.confidence = 0  # a gap: the run of anomalous buckets is broken
-        st.last = start
-        if (
-            count is not None
-            and expected is not None
-            and self.thresholds.is_dip(count, expected=expected)
-        ):
-            st.confidence += 1  # UpdateConfidence(prediction, actual)
-            if st.confidence > self.thresholds.confidence_threshold:
-                self.produce(
-                    self.output,
-                    _anomaly(self, "dip", start, w, count, expected, st.confidence),
-                    timestamp=timer.timestamp,
-                )
-        else:
-            st.confidence = 0
-        if not st.pending and st.confidence == 0:
-            self.state.clear()  # nothing to remember: a quiet key keeps nothing
-        else:
+        if self.bucket_complete(self, st, timer.timestamp - self.window_ms, timer.timestamp):
             self.state.set(st)
+        else:
+            self.state.clear()  # nothing to remember: a quiet key keeps nothing

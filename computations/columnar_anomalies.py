@@ -1,5 +1,5 @@
-"""``ColumnarSpikeDetector``: ``anomalies.py``'s ``SpikeDetector`` on the columnar path
-(``millwheel/_columnar.py``).
+"""``ColumnarSpikeDetector`` and ``ColumnarDipDetector``: ``anomalies.py``'s detectors on the
+columnar path (``millwheel/_columnar.py``).
 
 The same rules (:class:`~computations.anomalies.SpikeRules`: a raw event counted into its
 bucket and judged against the key's model, a model update judging the buckets counted
@@ -15,6 +15,11 @@ never decoded whole: a raw event's ``value.window_start`` and ``value.model`` ar
 pickled value.
 
 State rows ``(key, data)``: the key's :class:`~computations.anomalies.SpikeWatch`, pickled.
+
+``ColumnarDipDetector`` is the same for :class:`~computations.anomalies.DipRules`: a batch's
+windows kept with a low-watermark timer each (timers as columns), the due buckets judged key
+by key in timestamp order; state rows ``(key, data)``, the key's
+:class:`~computations.anomalies.DipRun` pickled, none for a key with nothing to keep.
 
 >>> from millwheel.testing import Harness
 >>> from computations.model import new_model
@@ -37,7 +42,7 @@ import pandas as pd
 
 from millwheel import Batch, ColumnarComputation
 
-from .anomalies import SpikeRules, SpikeWatch, watch_of
+from .anomalies import DipRules, DipRun, SpikeRules, SpikeWatch, watch_of
 
 
 class ColumnarSpikeDetector(SpikeRules, ColumnarComputation):
@@ -51,18 +56,7 @@ class ColumnarSpikeDetector(SpikeRules, ColumnarComputation):
         stamps = r["timestamp"].tolist()
         starts = r["value.window_start"].tolist()
         models = r["value.model"].tolist()
-        old = batch.state
-        stored: dict[int, Any] = (
-            dict(
-                zip(
-                    batch.key_codes(old["key"]).tolist(),
-                    old["data"].tolist(),
-                    strict=True,
-                )
-            )
-            if len(old)
-            else {}
-        )
+        stored = _pickled(batch)
         fx = _Collect(batch)
         states: dict[int, SpikeWatch] = {}
         counted, arrived = self.counted, self.model_arrived
@@ -73,8 +67,7 @@ class ColumnarSpikeDetector(SpikeRules, ColumnarComputation):
                 key, fx.key = c, batch.keys[c]
                 st = states.get(c)  # type: ignore[assignment]
                 if st is None:
-                    data = stored.get(c)
-                    st = watch_of(None if data is None else pickle.loads(data))
+                    st = watch_of(stored.get(c))
             fx.at = ts
             if _null(start):  # a raw event (as ``anomalies.is_model_update`` tells them apart)
                 counted(fx, st, ts)
@@ -83,18 +76,7 @@ class ColumnarSpikeDetector(SpikeRules, ColumnarComputation):
                 arrived(fx, st, model)
                 states[c] = st
         if states:
-            kept = np.fromiter(states, np.int64, len(states))
-            batch.set_state(
-                pd.DataFrame(
-                    {
-                        "key": batch.key_column(kept),
-                        "data": [
-                            pickle.dumps(states[c], pickle.HIGHEST_PROTOCOL) for c in kept.tolist()
-                        ],
-                    }
-                ),
-                keys=batch.key_column(kept),
-            )
+            _save(batch, states, set(states), set(states))
         fx.flush()
 
 
@@ -116,8 +98,10 @@ class _Collect:
         self.at = 0
         self.prods: dict[str, list[tuple[Any, Any, int]]] = {}
 
-    def produce(self, stream: str, value: Any) -> None:
-        self.prods.setdefault(stream, []).append((self.key, value, self.at))
+    def produce(self, stream: str, value: Any, timestamp: int | None = None) -> None:
+        self.prods.setdefault(stream, []).append(
+            (self.key, value, self.at if timestamp is None else timestamp)
+        )
 
     def flush(self) -> None:
         for stream, prods in self.prods.items():
@@ -127,3 +111,82 @@ class _Collect:
                 keys=[p[0] for p in prods],
                 timestamps=np.array([p[2] for p in prods], np.int64),
             )
+
+
+class ColumnarDipDetector(DipRules, ColumnarComputation):
+    """``DipDetector`` over a batch of many keys per call; see the module docstring."""
+
+    record_columns = ("key", "value")
+
+    def process_batch(self, batch: Batch) -> None:
+        states = _pickled(batch)
+        timers: dict[tuple[int, int], int] = {}  # (key code, start) -> due; a start again replaces
+        w, arrived = self.window_ms, self.window_arrived
+        for c, window in zip(
+            batch.key_codes(batch.records["key"]).tolist(),
+            batch.records["value"].tolist(),
+            strict=True,
+        ):
+            st = states.get(c)
+            if st is None:
+                st = states[c] = DipRun()
+            start = arrived(st, window)
+            timers[(c, start)] = start + w
+        _save(batch, states, set(states), set(states))
+        codes = np.fromiter((c for c, _ in timers), np.int64, len(timers))
+        batch.set_timers(
+            batch.key_column(codes),
+            [DipRules.judge.tag(str(start)) for _, start in timers],
+            np.fromiter(timers.values(), np.int64, len(timers)),
+        )
+
+    def process_timers(self, batch: Batch, timers: pd.DataFrame) -> None:
+        states = _pickled(batch)
+        fx = _Collect(batch)
+        keep, touched = set(), set()
+        w, complete, name_of = self.window_ms, self.bucket_complete, DipRules.judge.name_of
+        for c, tag, at in zip(
+            batch.key_codes(timers["key"]).tolist(),
+            timers["tag"].tolist(),
+            timers["timestamp"].tolist(),
+            strict=True,
+        ):
+            if name_of(tag) is None:
+                continue  # not this computation's (it sets no other)
+            fx.key = batch.keys[c]
+            touched.add(c)
+            st = states.get(c)
+            if st is None:
+                st = states[c] = DipRun()
+            if complete(fx, st, at - w, at):
+                keep.add(c)
+            else:
+                keep.discard(c)
+        _save(batch, states, keep, touched)
+        fx.flush()
+
+
+def _pickled(batch: Batch) -> dict[int, Any]:
+    """The call's keys' state, unpickled, by key code."""
+    old = batch.state
+    if not len(old):
+        return {}
+    return {
+        c: pickle.loads(d)
+        for c, d in zip(batch.key_codes(old["key"]).tolist(), old["data"].tolist(), strict=True)
+    }
+
+
+def _save(batch: Batch, states: dict[int, Any], keep: set[int], keys: set[int]) -> None:
+    """The state of the keys ``keys``: their ``states`` pickled for those in ``keep``, none
+    for the others."""
+    kept = np.fromiter(sorted(keep), np.int64, len(keep))
+    batch.set_state(
+        pd.DataFrame(
+            {
+                "key": batch.key_column(kept),
+                "data": [pickle.dumps(states[c], pickle.HIGHEST_PROTOCOL) for c in kept.tolist()],
+            }
+        ),
+        keys=batch.key_column(np.fromiter(keys, np.int64, len(keys))),
+    )

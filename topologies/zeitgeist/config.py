@@ -38,8 +38,8 @@ class ZeitgeistConfig:
     #: run the window counter on the columnar path (``computations.columnar_windowing``):
     #: the same productions, ids included; ``False``: the per-record ``WindowCounter``
     columnar_counter: bool = True
-    #: run the spike detector on the columnar path (``computations.columnar_anomalies``):
-    #: the same productions, ids included; ``False``: the per-record ``SpikeDetector``
+    #: run the spike and dip detectors on the columnar path (``computations.columnar_anomalies``):
+    #: the same productions, ids included; ``False``: the per-record ``SpikeDetector`` and ``DipDetector``
     columnar_detector: bool = True
     #: run the model calculator on the columnar path (``computations.columnar_model``): the
     #: same productions, ids included; ``False``: the per-record ``ModelCalculator``

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from computations.anomalies import ANOMALIES, DipDetector, SpikeDetector
-from computations.columnar_anomalies import ColumnarSpikeDetector
+from computations.columnar_anomalies import ColumnarDipDetector, ColumnarSpikeDetector
 from computations.columnar_model import ColumnarModelCalculator
 from computations.columnar_windowing import ColumnarWindowCounter
 from computations.model import ModelCalculator
@@ -114,7 +114,8 @@ def build(
         params={"thresholds": cfg.thresholds, "window_ms": cfg.window_ms},
     )
     t.computation(
-        DipDetector,
+        ColumnarDipDetector if cfg.columnar_detector else DipDetector,
+        name="DipDetector",
         inputs=by_key,
         outputs=[ANOMALIES],
         options=options,

@@ -98,6 +98,7 @@ def test_columnar_counter_gives_the_same_zeitgeist(tmp_path):
     ("flag", "computation", "classes"),
     [
         ("columnar_detector", "SpikeDetector", ["SpikeDetector", "ColumnarSpikeDetector"]),
+        ("columnar_detector", "DipDetector", ["DipDetector", "ColumnarDipDetector"]),
         (
             "columnar_model",
             "ModelCalculator",
@@ -120,7 +121,8 @@ def test_the_columnar_model_and_detector_give_the_same_anomalies(
     assert [type(h._runners[computation].computation).__name__ for h in runs] == classes
     for stream in ("window_models", "anomalies"):
         assert _multiset(runs[1].output(stream)) == _multiset(runs[0].output(stream)), stream
-    assert sum(1 for a in runs[0].values("anomalies") if a["kind"] == "spike") >= 2
+    kinds = Counter(a["kind"] for a in runs[0].values("anomalies"))
+    assert kinds["spike"] >= 2 and kinds["dip"] >= 2, kinds
     a, b = (h.metrics(computation) for h in runs)
     for name in COUNTERS:
         assert a[name] == b[name], name
