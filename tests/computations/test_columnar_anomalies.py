@@ -6,9 +6,7 @@ in-order data."""
 
 from __future__ import annotations
 
-import json
 import math
-import pickle
 import random
 from typing import Any
 
@@ -16,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from computations.anomalies import DipDetector, DipRun, SpikeDetector, SpikeWatch, Thresholds
+from computations.anomalies import DipDetector, SpikeDetector, Thresholds
 from computations.columnar_anomalies import ColumnarDipDetector, ColumnarSpikeDetector
 from computations.model import expected_count, new_model
 from millwheel import DEAD_LETTER_STREAM, ComputationOptions, LatePolicy, Record
@@ -127,39 +125,19 @@ def run(cls: type, seed: int) -> Harness:
     return h
 
 
-def productions(h: Harness, stream: str) -> list[tuple[str, int, str]]:
-    return sorted(
-        (r.id, r.timestamp, json.dumps(r.value, sort_keys=True, default=str))
-        for r in h.output(stream)
-    )
-
-
-def states(h: Harness, keys: list[Any]) -> dict[Any, Any]:
-    out = {}
-    for k in keys:
-        s = h.state("SpikeDetector", k)
-        if s is None:
-            continue
-        if not isinstance(s, SpikeWatch):  # the columnar form's rows: (key, pickled data)
-            (data,) = s["data"].tolist()
-            s = pickle.loads(data)
-        out[k] = s
-    return out
-
-
 @given(st.integers(0, 2**32 - 1))
-def test_the_columnar_detector_gives_the_per_record_productions_state_and_dead_letters(seed):
-    per_record, columnar = run(SpikeDetector, seed), run(ColumnarSpikeDetector, seed)
-    assert productions(columnar, "anomalies") == productions(per_record, "anomalies")
-    assert productions(columnar, DEAD_LETTER_STREAM) == productions(per_record, DEAD_LETTER_STREAM)
-    keys = sorted(
-        {r.value["query"] for _, b, _ in scenario(seed)[0] for r in b if "query" in r.value},
-        key=str,
+def test_the_columnar_detector_gives_the_per_record_productions_state_and_dead_letters(
+    forms_agree, seed
+):
+    keys = {r.value["query"] for _, b, _ in scenario(seed)[0] for r in b if "query" in r.value}
+    forms_agree(
+        run(SpikeDetector, seed),
+        run(ColumnarSpikeDetector, seed),
+        "SpikeDetector",
+        "anomalies",
+        keys,
+        ("records_in", "duplicates", "late", "late_dropped", "productions", "dead_letters"),
     )
-    assert states(columnar, keys) == states(per_record, keys)
-    a, b = per_record.metrics("SpikeDetector"), columnar.metrics("SpikeDetector")
-    for name in ("records_in", "duplicates", "late", "late_dropped", "productions", "dead_letters"):
-        assert a.get(name) == b.get(name), name
 
 
 def test_the_scenarios_exercise_spikes_dead_letters_and_collection():
@@ -295,27 +273,18 @@ def dip_run(cls: type, seed: int) -> Harness:
     return h
 
 
-def dip_states(h: Harness) -> dict[str, Any]:
-    out = {}
-    for k in [f"q{i}" for i in range(4)]:
-        s = h.state("DipDetector", k)
-        if s is not None and not isinstance(s, DipRun):  # the columnar form's (key, data) rows
-            (data,) = s["data"].tolist()
-            s = pickle.loads(data)
-        if s is not None:
-            out[k] = s
-    return out
-
-
 @given(st.integers(0, 2**32 - 1))
-def test_the_columnar_dip_detector_gives_the_per_record_productions_state_and_dead_letters(seed):
-    per_record, columnar = dip_run(DipDetector, seed), dip_run(ColumnarDipDetector, seed)
-    assert productions(columnar, "anomalies") == productions(per_record, "anomalies")
-    assert productions(columnar, DEAD_LETTER_STREAM) == productions(per_record, DEAD_LETTER_STREAM)
-    assert dip_states(columnar) == dip_states(per_record)
-    a, b = per_record.metrics("DipDetector"), columnar.metrics("DipDetector")
-    for name in ("records_in", "duplicates", "timers_fired", "productions", "dead_letters"):
-        assert a.get(name) == b.get(name), name
+def test_the_columnar_dip_detector_gives_the_per_record_productions_state_and_dead_letters(
+    forms_agree, seed
+):
+    forms_agree(
+        dip_run(DipDetector, seed),
+        dip_run(ColumnarDipDetector, seed),
+        "DipDetector",
+        "anomalies",
+        [f"q{i}" for i in range(4)],
+        ("records_in", "duplicates", "timers_fired", "productions", "dead_letters"),
+    )
 
 
 def test_the_dip_scenarios_exercise_dips_and_dead_letters():
