@@ -20,6 +20,7 @@ evaluation (``tests/topologies/zeitgeist/test_spark.py``).
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from collections import Counter
 
 import pytest
@@ -51,8 +52,19 @@ WALL_CLOCK_FIELDS = ("detected_at", "low_watermark")
 
 
 def _norm(value):
+    if hasattr(value, "columns"):  # a columnar computation's state rows (the harness's frame)
+        rows = value.drop(columns=["key"]).to_dict("records")
+        return _norm(rows[0]) if len(rows) == 1 else tuple(_norm(r) for r in rows)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _norm(dataclasses.asdict(value))
     if isinstance(value, dict):
-        return tuple(sorted((k, _norm(v)) for k, v in value.items() if k not in WALL_CLOCK_FIELDS))
+        return tuple(
+            sorted(
+                (k, _norm(pickle.loads(v) if k == "data" and isinstance(v, bytes) else v))
+                for k, v in value.items()
+                if k not in WALL_CLOCK_FIELDS
+            )
+        )
     if isinstance(value, (list, tuple)):
         return tuple(_norm(v) for v in value)
     if isinstance(value, float):
