@@ -211,17 +211,17 @@ def plan_steps(
     ] + [runs[-1]]
     # one call per watermark seen: runs whose calls would see the same one are one call, each
     # record still judged against its own arrival watermark (``_contract.py``)
-    calls: list[StepInput] = []
+    merged: list[tuple[int, list[int]]] = []
     for seen, rows in runs:
-        if calls and calls[-1].low_watermark == seen:
-            calls[-1].records += [items[i][0] for i in rows]
-            calls[-1].late_watermark += [late[i] for i in rows]  # type: ignore[operator]
+        if merged and merged[-1][0] == seen:
+            merged[-1][1].extend(rows)
         else:
-            calls.append(StepInput([items[i][0] for i in rows], seen, [late[i] for i in rows]))
-    for call in calls:
-        lates = call.late_watermark
-        if all(w == lates[0] for w in lates):  # type: ignore[index, union-attr]
-            call.late_watermark = lates[0]  # type: ignore[index]
+            merged.append((seen, list(rows)))
+    calls = []
+    for seen, rows in merged:
+        lates = [late[i] for i in rows]
+        one = all(w == lates[0] for w in lates)
+        calls.append(StepInput([items[i][0] for i in rows], seen, lates[0] if one else lates))
     return calls
 
 
