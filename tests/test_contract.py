@@ -283,6 +283,19 @@ def test_the_columnar_runner_and_the_per_key_step_deliver_alike(policy, exactly_
     assert {n: ca[n] for n in COMPARED} == {n: cb[n] for n in COMPARED}
 
 
+def _columns(sent):
+    """A batch's ``(record, arrival watermark)`` pairs as the columnar runner's input."""
+    return InputColumns(
+        [encode_key(r.key) for r, _ in sent],
+        [r.id for r, _ in sent],
+        np.array([r.timestamp for r, _ in sent]),
+        [r.stream for r, _ in sent],
+        [r.value for r, _ in sent],
+        arrival=[w for _, w in sent],
+        encoded=False,
+    )
+
+
 def test_records_of_one_batch_under_two_watermarks_fire_timers_between_them_on_both_paths():
     options = ComputationOptions(strong_productions=False)
     a, b = PerRecord(options), Columnar(options)
@@ -306,15 +319,7 @@ def test_records_of_one_batch_under_two_watermarks_fire_timers_between_them_on_b
             life=life,
         )
         got += [_row(p) for p in out.productions]
-    recs = InputColumns(
-        [encode_key(r.key) for r, _ in sent],
-        [r.id for r, _ in sent],
-        np.array([r.timestamp for r, _ in sent]),
-        ["in"] * 3,
-        [r.value for r, _ in sent],
-        arrival=[w for _, w in sent],
-        encoded=False,
-    )
+    recs = _columns(sent)
     res = b.runner.run(None, recs, low_watermark=2_000, now=0, life=life)
     want = {key: [r for r in got if r[2][0] == key] for key in ("k", "j")}
     cols = {key: [_row(p) for p in res.productions() if p.record.key == key] for key in want}
@@ -342,15 +347,7 @@ def test_runs_whose_calls_would_see_one_watermark_are_one_call_each_record_late_
     want = run_key(
         a.runner, "k", None, sent, low_watermark=1_200, now=0, metrics=a.metrics, life=life
     )
-    recs = InputColumns(
-        [encode_key("k")] * 3,
-        [r.id for r, _ in sent],
-        np.array([r.timestamp for r, _ in sent]),
-        ["in"] * 3,
-        [r.value for r, _ in sent],
-        arrival=[w for _, w in sent],
-        encoded=False,
-    )
+    recs = _columns(sent)
     res = b.runner.run(None, recs, low_watermark=1_200, now=0, life=life)
     rows = [_row(p) for p in want.productions]
     assert [_row(p) for p in res.productions()] == rows
@@ -372,15 +369,7 @@ def test_a_key_that_keeps_nothing_between_two_arrival_watermarks_starts_a_new_li
     got = run_key(
         per_key, "k", None, sent, low_watermark=2_000, now=0, metrics=StepMetrics(), life=life
     )
-    recs = InputColumns(
-        [encode_key("k")] * 2,
-        [r.id for r, _ in sent],
-        np.array([r.timestamp for r, _ in sent]),
-        ["in"] * 2,
-        [r.value for r, _ in sent],
-        arrival=[w for _, w in sent],
-        encoded=False,
-    )
+    recs = _columns(sent)
     res = columnar.run(None, recs, low_watermark=2_000, now=0, life=life)
     assert len(got.productions) == 2
     assert [_row(p) for p in res.productions()] == [_row(p) for p in got.productions]
