@@ -67,10 +67,15 @@ def archive_path() -> Path | None:
     key = hashlib.sha256(f"{java}\0{st.st_size}\0{st.st_mtime_ns}\0{jars}".encode()).hexdigest()[
         :16
     ]
+    return cache_dir() / "cds" / f"spark-{pyspark.__version__}-{key}.jsa"
+
+
+def cache_dir() -> Path:
+    """millwheel's cache: ``$MILLWHEEL_CACHE_DIR``, else ``$XDG_CACHE_HOME/millwheel``, else ``~/.cache/millwheel``."""
     base = os.environ.get(CACHE_ENV) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "millwheel"
     )
-    return Path(base) / "cds" / f"spark-{pyspark.__version__}-{key}.jsa"
+    return Path(base)
 
 
 def java_options() -> str:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from millwheel._errors import MillwheelError
+from millwheel.runtime._worker_home import local_spark_home
 from servicekit.ports import free_port
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
@@ -165,7 +166,8 @@ class StandaloneCluster:
     # ---- starting ----------------------------------------------------------------------
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
-        home = spark_home()
+        # the workers' Python processes import compiled PySpark (``_worker_home.py``)
+        home = local_spark_home() or spark_home()
         env.update(
             SPARK_HOME=home,
             SPARK_LOCAL_IP=self.host,

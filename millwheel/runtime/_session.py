@@ -43,6 +43,7 @@ from millwheel.runtime._spark_internals import (
     root_log_level,
     silence_loggers,
 )
+from millwheel.runtime._worker_home import local_spark_home
 
 #: loggers that print a failed task's or query's whole Java trace; the runtime reports the
 #: failure itself, with the Python traceback (``_usercode.py``)
@@ -267,6 +268,10 @@ def spark_session(
         master = "local[*]"
     if loopback_master(master) and not submitted:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    if master is not None and master.startswith("local") and not submitted:
+        home = None if os.environ.get("SPARK_HOME") else local_spark_home()
+        if home is not None:  # its Python workers import compiled PySpark (``_worker_home.py``)
+            os.environ["SPARK_HOME"] = home
     if shuffle_partitions is None:
         shuffle_partitions = master_cores(master)
     level = os.environ.get("MILLWHEEL_SPARK_LOG_LEVEL", "ERROR").upper()

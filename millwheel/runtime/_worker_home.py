@@ -1,0 +1,119 @@
+"""The Spark home a local session runs under: Python workers import compiled PySpark.
+
+Spark starts each of its Python processes with ``$SPARK_HOME/python/lib/pyspark.zip``
+first on ``PYTHONPATH`` (``PythonUtils.sparkPythonPath``). These are the workers, a data
+source's planners and a streaming source's runner. Python keeps no bytecode for modules
+imported from a zip, so each of those processes compiles PySpark's modules from source
+again. That is 0.6-0.7 s of CPU a process, against 0.27 s for the same imports from the
+installed package. A ``millwheel run`` of the sample starts about ten such processes
+while its queries start, on two cores (docs/performance.md, "The main job").
+
+When pip installed PySpark, the package's directory is the Spark home, and the zip holds
+the same code as the package beside it, already compiled. So for a local session,
+:func:`local_spark_home` gives Spark another home: a directory of links to everything in
+the package's home except that zip. The same Java, jars, scripts and configuration are
+found as before. The workers run the driver's interpreter (``PYSPARK_PYTHON``), so they
+find ``pyspark`` where the driver found it, with its bytecode.
+
+* **When.** A ``local[...]`` master started by this process (not under spark-submit) with
+  no ``SPARK_HOME`` in the environment (a home the user set is used as it is), and the
+  workers of a cluster ``millwheel cluster up`` starts on this machine; PySpark in pip's
+  layout (its directory has ``bin/spark-class``, ``jars/`` and the zip). py4j's
+  zip is left out too when py4j is installed as a package (PySpark's pip dependency);
+  otherwise it is linked.
+* **Where.** ``<millwheel cache>/spark-home/<pyspark version>-<key>/``; the key is a
+  hash of the package's directory. It is built once, in a temporary directory renamed
+  into place, so a run never sees half of it. It holds only links, so a reinstall at the
+  same path needs no rebuild.
+* **Otherwise** (links not allowed, a read-only cache): Spark's own home, as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from millwheel.runtime._cds import cache_dir
+
+#: the zips Spark puts first on its Python processes' path, under ``python/lib``
+PYSPARK_ZIP = "pyspark.zip"
+
+
+def _package_home() -> Path | None:
+    """PySpark's directory when pip installed it (a Spark home with the zip); else None."""
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        return None
+    home = Path(spec.origin).resolve().parent
+    lib = home / "python" / "lib"
+    if not ((home / "bin" / "spark-class").exists() and (home / "jars").is_dir()):
+        return None
+    return home if (lib / PYSPARK_ZIP).exists() else None
+
+
+def _installed(module: str) -> bool:
+    """Is ``module`` importable from a directory (compiled bytecode kept), not a zip?"""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return False
+    origin = spec.origin if spec is not None else None
+    return origin is not None and ".zip" + os.sep not in origin and os.path.isfile(origin)
+
+
+def _left_out(lib: Path) -> set[str]:
+    """The zips of ``python/lib`` the workers should not import from."""
+    out = {PYSPARK_ZIP}
+    if _installed("py4j"):
+        out |= {p.name for p in lib.glob("py4j-*.zip")}
+    return out
+
+
+def _link_all(source: Path, target: Path, skip: set[str]) -> None:
+    target.mkdir(parents=True, exist_ok=True)
+    for entry in sorted(source.iterdir()):
+        if entry.name not in skip:
+            (target / entry.name).symlink_to(entry)
+
+
+def _build(home: Path, target: Path) -> None:
+    """Links to ``home``'s entries in ``target``; ``python/lib`` without the left-out zips."""
+    _link_all(home, target, {"python"})
+    _link_all(home / "python", target / "python", {"lib"})
+    lib = home / "python" / "lib"
+    _link_all(lib, target / "python" / "lib", _left_out(lib))
+
+
+def local_spark_home() -> str | None:
+    """A Spark home on this machine whose Python processes import compiled PySpark.
+
+    Returns None (keep Spark's own) when PySpark is not in pip's layout, or the links
+    cannot be made. The caller leaves a ``SPARK_HOME`` the user set as it is.
+    """
+    home = _package_home()
+    if home is None:
+        return None
+    import pyspark
+
+    key = hashlib.sha256(str(home).encode()).hexdigest()[:12]
+    target = cache_dir() / "spark-home" / f"{pyspark.__version__}-{key}"
+    if (target / "bin" / "spark-class").exists() and (target / "jars").is_dir():
+        return str(target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
+        try:
+            _build(home, tmp)
+            tmp.chmod(0o755)  # as any directory of the installation (``mkdtemp`` makes it private)
+            os.rename(tmp, target)  # atomic; fails if another process put it there first
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not (target / "bin" / "spark-class").exists():
+                raise
+    except OSError:
+        return None
+    return str(target)
