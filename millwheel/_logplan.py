@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from millwheel._logdisorder import Others, measure
+from millwheel._logdisorder import Others, PlanIds, measure
 from millwheel._logparse import file_time, first_timestamp, is_log_file
 from millwheel._record import MAX_TIMESTAMP, MIN_TIMESTAMP
 
@@ -290,6 +290,7 @@ def _read_into(
     at_end: bool,
     latest: int | None,
     others: Others | None = None,
+    plan_ids: PlanIds | None = None,
 ) -> None:
     """Scan bytes ``[p.pos, end)`` of a file into its progress: the plausible window of the
     bytes (:func:`plausible_bounds`), and of the plausible timestamps the batch's smallest,
@@ -308,7 +309,7 @@ def _read_into(
         p.oldest = low if p.oldest is None else min(p.oldest, low)
         # the disorder read, over first deliveries only (a copy read again is no late record)
         newest, p.behind, p.early = measure(
-            p, data, values, opts.ts_field, opts.id_field, full, others
+            p, data, values, opts.ts_field, opts.id_field, full, others, plan_ids
         )
         p.newest = max(values) if newest is None else max(newest, max(values))
     if at_end:
@@ -380,6 +381,7 @@ def plan_offset(start: dict[str, Any], opts: ReadOptions, now_ms: int) -> dict[s
     budget = opts.max_bytes_per_batch
     latest = latest_known(prev, start["lw"], None if opts.finite else now_ms)
     read_before: dict[str, int] = {}
+    plan_ids: PlanIds = {}
     for name in logs:
         full = os.path.join(path, name)
         st = os.stat(full)
@@ -421,7 +423,7 @@ def plan_offset(start: dict[str, Any], opts: ReadOptions, now_ms: int) -> dict[s
                     if n != me and (n in files or read_before.get(n, 0) > 0)
                 ]
 
-            _read_into(p, full, new_pos, opts, caught_up, latest, others)
+            _read_into(p, full, new_pos, opts, caught_up, latest, others, plan_ids)
         p.at_end = caught_up
         files[name] = p
         stats[name] = (st.st_size, st.st_mtime)
