@@ -8,7 +8,9 @@ A Photon run's log injectors plan their batches in Python planner processes
 disorder over first deliveries (``millwheel/_logdisorder.py``: a record that would raise
 the measure is looked up by id in the bytes read before it). This measures one pass of
 the plan over each directory of Photon's throughput sample (``bench/photon_bench.py``'s
-default: seed 3, 1,000 queries/s, 120 s), each pass in a fresh process (a planner
+default: seed 3, 1,000 queries/s, 120 s) and, with ``--zeitgeist``, over the main job's
+sample (``millwheel run topologies/zeitgeist``: 241 files, its first plan reads them all),
+each pass in a fresh process (a planner
 process starts cold: no index of ids yet), CPU seconds of the pass (``time.process_time``),
 ``--reps`` passes per checkout, alternated. Prints the medians; writes
 ``bench/results/logplan_lookups_<date>.json`` (``--out``).
@@ -35,8 +37,12 @@ ROOT = Path(__file__).resolve().parent.parent
 PASS = """
 import json, sys, time
 from millwheel._logfile import LogFileSource, disorder, initial_offset, plan_offset
-from topologies.photon import PhotonConfig, make_sources
-src = make_sources(sys.argv[1], PhotonConfig())[sys.argv[2]]
+if sys.argv[2] == "zeitgeist":
+    from topologies.zeitgeist.topology import make_source
+    src = make_source(sys.argv[1])
+else:
+    from topologies.photon import PhotonConfig, make_sources
+    src = make_sources(sys.argv[1], PhotonConfig())[sys.argv[2]]
 opts = src.read_options
 t = time.process_time()
 off, plans = initial_offset(), 0
@@ -72,6 +78,9 @@ def main() -> int:
     p.add_argument("--rate", type=float, default=1_000.0)
     p.add_argument("--duration-s", type=int, default=120)
     p.add_argument("--out", type=Path)
+    p.add_argument(
+        "--zeitgeist", action="store_true", help="also the main job's sample (its query logs)"
+    )
     args = p.parse_args()
     sys.path.insert(0, str(ROOT))
     from topologies.photon import GeneratorConfig, generate
@@ -80,20 +89,28 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="logplan-") as tmp:
         data = Path(tmp) / "data"
         generate(data, GeneratorConfig(seed=3, rate=args.rate, duration_s=args.duration_s))
+        dirs = {"queries": data, "clicks": data}
+        if args.zeitgeist:
+            from topologies.zeitgeist.generator import ensure_sample
+            from topologies.zeitgeist.topology import logs_dir
+
+            dirs["zeitgeist"] = Path(ensure_sample()).resolve()
         sizes = {
-            d: sum(f.stat().st_size for f in (data / d).iterdir()) for d in ("queries", "clicks")
+            d: sum(
+                f.stat().st_size
+                for f in Path(logs_dir(where) if d == "zeitgeist" else where / d).iterdir()
+            )
+            for d, where in dirs.items()
         }
-        runs: dict[str, dict[str, list[dict]]] = {
-            k: {"queries": [], "clicks": []} for k in checkouts
-        }
+        runs: dict[str, dict[str, list[dict]]] = {k: {d: [] for d in dirs} for k in checkouts}
         started = time.strftime("%Y-%m-%dT%H:%M:%S")
         for _ in range(args.reps):
             for name, checkout in checkouts.items():
-                for d in ("queries", "clicks"):
-                    runs[name][d].append(one_pass(checkout, data, d))
+                for d, where in dirs.items():
+                    runs[name][d].append(one_pass(checkout, where, d))
     load = os.getloadavg()
     result = {
-        "what": "one plan pass over each directory of Photon's throughput sample, CPU seconds, fresh process each (bench/logplan_lookups_bench.py)",
+        "what": "one plan pass over each directory of Photon's throughput sample (and the main job's, zeitgeist), CPU seconds, fresh process each (bench/logplan_lookups_bench.py)",
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
@@ -111,7 +128,7 @@ def main() -> int:
     }
     for k, v in result["median_cpu_s"].items():
         print(
-            f"{k:8s} queries {v['queries']:.3f} s   clicks {v['clicks']:.3f} s   ({checkouts[k]})"
+            f"{k:8s} " + "   ".join(f"{d} {t:.3f} s" for d, t in v.items()) + f"   ({checkouts[k]})"
         )
     out = args.out or ROOT / "bench" / "results" / f"logplan_lookups_{time.strftime('%Y%m%d')}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
