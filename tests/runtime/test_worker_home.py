@@ -51,7 +51,8 @@ def test_py4j_zip_is_kept_when_py4j_is_not_installed_as_a_package(cache, monkeyp
 
 def test_without_links_spark_keeps_its_own_home(cache, monkeypatch):
     def refuse(self, target, target_is_directory=False):
-        raise OSError("symbolic links not allowed here")
+        msg = "symbolic links not allowed here"
+        raise OSError(msg)
 
     monkeypatch.setattr(Path, "symlink_to", refuse)
     assert wh.local_spark_home() is None
@@ -80,4 +81,6 @@ def test_local_workers_import_the_installed_pyspark_not_the_zip(spark):
 
     origin, zips = spark.sparkContext.parallelize([0], 1).map(where).collect()[0]
     assert Path(origin).resolve().parent == _package_home()
-    assert not any(Path(z).exists() for z in zips), zips  # a zip on the path is one that is not there
+    assert not any(Path(z).exists() for z in zips), (
+        zips
+    )  # a zip on the path is one that is not there
