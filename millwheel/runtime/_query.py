@@ -41,7 +41,7 @@ from millwheel.runtime._ownkeying import KEYING_STAGE_NEEDED
 from millwheel.runtime._rewrite_pin import settle_rewrite
 from millwheel.runtime._scan import ScannedInput
 from millwheel.runtime._session import NO_DATA_BATCHES_OFF, start_query, wait_for_jobs
-from millwheel.runtime._spark_internals import error_mentions
+from millwheel.runtime._spark_internals import error_mentions, polling_delay_conf
 from millwheel.runtime._state_files import (
     drop_uncommitted_state,
     release_state_stores,
@@ -263,13 +263,16 @@ class ComputationQuery(HeartbeatWriter):
     def _start(self, writer: Any, plan: Plan) -> Any:
         """Start the query with its plan's state store (``_session.start_query``: the
         checkpoint pins the provider from its first start), without no-data batches unless
-        its timers need them (:meth:`_no_data_batches`)."""
+        its timers need them (:meth:`_no_data_batches`), looking at its inputs again
+        ``computation_poll_ms`` after a look found nothing (``RuntimeSettings``)."""
+        poll = self.rt.settings.computation_poll_ms
         return start_query(
             writer,
             self.rt.spark,
             {
                 **plan.state_store_conf,
                 **({} if self._no_data_batches(plan) else NO_DATA_BATCHES_OFF),
+                **(polling_delay_conf(poll) if poll is not None else {}),
             },
         )
 

@@ -58,7 +58,7 @@ from millwheel.runtime._session import (
     set_conf,
     warm_python_workers,
 )
-from millwheel.runtime._settings import RuntimeSettings
+from millwheel.runtime._settings import RuntimeSettings, resolved_computation_poll_ms
 from millwheel.runtime._sinks import SinkWriter, sink_writers
 from millwheel.runtime._spark_internals import STATE
 from millwheel.runtime._sparksink import SparkSinkWriter, spark_sink_writers
@@ -95,7 +95,13 @@ class SparkRuntime:
         self.intervals = resolve_intervals(
             settings, held, settings.master if spark is None else session_master(spark)
         )
-        self.settings = dataclasses.replace(settings, intervals=self.intervals)
+        self.settings = dataclasses.replace(
+            settings,
+            intervals=self.intervals,
+            computation_poll_ms=resolved_computation_poll_ms(
+                settings, [inj.source for inj in self.topology.injectors.values()]
+            ),
+        )
         #: every consumer's key extractor: producers key what they write (``_keying.py``), for
         #: each consumer's interval count (a rescaled one has its own: ``_layout.py``)
         self.keyer = Keyer.of(self.topology, self.intervals, own_intervals(held))

@@ -110,6 +110,14 @@ class RuntimeSettings:
       ~4 s of CPU of a 13 s Photon run on 2 cores (docs/performance.md, "Photon and the
       IdRegistry"). New data waits at most this long more to be seen, and only after a
       look that found none.
+    * ``computation_poll_ms`` — how long a computation's query waits before it lists its
+      inputs again after a look found nothing new. Each look lists the query's input and
+      heartbeat directories in the JVM (~35-40 ms on 2 cores). ``None`` (the default):
+      Spark's own 10 ms in a live run, where a record is picked up soonest; 100 ms on finite
+      input (``drain``, or every injector's source ends by itself: a ``finite`` log
+      directory, a :class:`~millwheel.SampleSource`), where the idle queries' looks would
+      take the cores the busy ones need (:func:`resolved_computation_poll_ms`;
+      docs/performance.md, "The main job").
     * ``max_files_per_trigger`` — cap per input stream per batch (benchmarks).
     * ``lockstep`` — every injector runs in the driver and releases its next source batch
       only once every computation's low watermark has caught up with the injector's: the
@@ -164,6 +172,7 @@ class RuntimeSettings:
     poll_ms: int = 100
     heartbeat_ms: int = 200
     injector_poll_ms: int = 200
+    computation_poll_ms: int | None = None
     drain: bool = False
     max_files_per_trigger: int | None = None
     injector_batches_per_poll: int = 1
@@ -192,9 +201,13 @@ class RuntimeSettings:
         ):
             msg = f"RuntimeSettings.intervals must be a whole number >= 1 (or None: the run's own, else the master's default), got {self.intervals!r}"
             raise SettingsError(msg)
-        if self.injector_poll_ms < 0:
-            msg = f"RuntimeSettings.injector_poll_ms must be >= 0 (milliseconds), got {self.injector_poll_ms!r}"
-            raise SettingsError(msg)
+        for name in ("injector_poll_ms", "computation_poll_ms"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
+                msg = f"RuntimeSettings.{name} must be a whole number >= 0 (milliseconds), got {value!r}"
+                raise SettingsError(msg)
         object.__setattr__(self, "state_layout", StateLayout.parse(self.state_layout))
         if self.outbox_writer not in OUTBOX_WRITERS:
             msg = f"RuntimeSettings.outbox_writer must be one of {', '.join(map(repr, OUTBOX_WRITERS))}, got {self.outbox_writer!r}"
@@ -226,3 +239,37 @@ COLUMNAR_INPUT_REMOVED = (
 OUTBOX_WRITERS = ("auto", "driver", "spark")
 #: ``RuntimeSettings.state_layout`` values, as strings
 STATE_LAYOUTS = tuple(s.value for s in StateLayout)
+
+
+#: a computation's wait between two looks at its inputs that found nothing, in a live run
+#: (Spark's ``spark.sql.streaming.pollingDelay`` default) and on finite input
+LIVE_POLL_MS, FINITE_POLL_MS = 10, 100
+
+
+def resolved_computation_poll_ms(settings: RuntimeSettings, sources: list[Any]) -> int:
+    """``settings.computation_poll_ms``, or for ``None`` :data:`FINITE_POLL_MS` when the input
+    is finite (``drain``, or every injector's source ends by itself) and :data:`LIVE_POLL_MS`
+    otherwise. ``sources``: each injector's source (``None`` for one fed from outside).
+
+    >>> from millwheel import LogFileSource, SampleSource
+    >>> resolved_computation_poll_ms(RuntimeSettings(), [LogFileSource("d", finite=True), SampleSource([])])
+    100
+    >>> resolved_computation_poll_ms(RuntimeSettings(), [LogFileSource("d"), SampleSource([])])
+    10
+    >>> resolved_computation_poll_ms(RuntimeSettings(drain=True), [LogFileSource("d"), None])
+    100
+    >>> resolved_computation_poll_ms(RuntimeSettings(computation_poll_ms=0), [SampleSource([])])
+    0
+    """
+    from millwheel._logfile import LogFileSource
+    from millwheel._sources import SampleSource
+
+    if settings.computation_poll_ms is not None:
+        return settings.computation_poll_ms
+
+    def ends(source: Any) -> bool:
+        if isinstance(source, LogFileSource):
+            return source.read_options.finite
+        return isinstance(source, SampleSource)
+
+    return FINITE_POLL_MS if settings.drain or all(ends(s) for s in sources) else LIVE_POLL_MS
