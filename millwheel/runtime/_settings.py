@@ -113,11 +113,12 @@ class RuntimeSettings:
     * ``computation_poll_ms`` — how long a computation's query waits before it lists its
       inputs again after a look found nothing new. Each look lists the query's input and
       heartbeat directories in the JVM (~35-40 ms on 2 cores). ``None`` (the default):
-      Spark's own 10 ms in a live run, where a record is picked up soonest; 100 ms on finite
-      input (``drain``, or every injector's source ends by itself: a ``finite`` log
-      directory, a :class:`~millwheel.SampleSource`), where the idle queries' looks would
-      take the cores the busy ones need (:func:`resolved_computation_poll_ms`;
-      docs/performance.md, "The main job").
+      Spark's own 10 ms in a live run, where a record is picked up soonest; 100 ms when
+      every injector's source ends by itself (a ``finite`` log directory, a
+      :class:`~millwheel.SampleSource`), where the idle queries' looks would take the cores
+      the busy ones need (:func:`resolved_computation_poll_ms`; docs/performance.md, "The
+      main job"). ``drain`` does not count: it stops a run whose records may still come
+      at their own pace (a paced benchmark).
     * ``max_files_per_trigger`` — cap per input stream per batch (benchmarks).
     * ``lockstep`` — every injector runs in the driver and releases its next source batch
       only once every computation's low watermark has caught up with the injector's: the
@@ -248,8 +249,8 @@ LIVE_POLL_MS, FINITE_POLL_MS = 10, 100
 
 def resolved_computation_poll_ms(settings: RuntimeSettings, sources: list[Any]) -> int:
     """``settings.computation_poll_ms``, or for ``None`` :data:`FINITE_POLL_MS` when the input
-    is finite (``drain``, or every injector's source ends by itself) and :data:`LIVE_POLL_MS`
-    otherwise. ``sources``: each injector's source (``None`` for one fed from outside).
+    is finite (every injector's source ends by itself) and :data:`LIVE_POLL_MS` otherwise.
+    ``sources``: each injector's source (``None`` for one fed from outside).
 
     >>> from millwheel import LogFileSource, SampleSource
     >>> resolved_computation_poll_ms(RuntimeSettings(), [LogFileSource("d", finite=True), SampleSource([])])
@@ -257,7 +258,7 @@ def resolved_computation_poll_ms(settings: RuntimeSettings, sources: list[Any]) 
     >>> resolved_computation_poll_ms(RuntimeSettings(), [LogFileSource("d"), SampleSource([])])
     10
     >>> resolved_computation_poll_ms(RuntimeSettings(drain=True), [LogFileSource("d"), None])
-    100
+    10
     >>> resolved_computation_poll_ms(RuntimeSettings(computation_poll_ms=0), [SampleSource([])])
     0
     """
@@ -272,4 +273,4 @@ def resolved_computation_poll_ms(settings: RuntimeSettings, sources: list[Any]) 
             return source.read_options.finite
         return isinstance(source, SampleSource)
 
-    return FINITE_POLL_MS if settings.drain or all(ends(s) for s in sources) else LIVE_POLL_MS
+    return FINITE_POLL_MS if all(ends(s) for s in sources) else LIVE_POLL_MS
