@@ -19,7 +19,7 @@ State rows ``(key, data)``: the key's model (a plain dict), pickled.
 >>> h.finish("w")
 >>> out = h.run().values("window_models")
 >>> [round(m["expected"]) for m in out[-7:]]   # learnt the seasonal pattern (smoothed)
-[12, 19, 26, 26, 19, 12, 12]
+[12, 19, 27, 27, 20, 12, 12]
 """
 
 from __future__ import annotations

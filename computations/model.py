@@ -20,7 +20,8 @@ The model here is a seasonal moving average with an EWMA level:
 The shape is smoothed over neighbouring slots. Outliers (windows outside both
 ``[1/outlier_ratio, outlier_ratio] x prediction`` and ``prediction ± 3 sqrt(prediction)``,
 Poisson noise) update the model with a much smaller weight (``outlier_weight``) and clipped to the band, so a spike
-or a dip does not become the norm, yet a lasting change is learnt eventually.
+or a dip does not become the norm, yet a lasting change is learnt eventually. The band applies once the model has
+seen a whole day: before, its level-only prediction is no yardstick (a stream's first, partial window would set it).
 
 For each window from ``WindowCounter`` the calculator produces one record to its output
 (default ``window_models``): the window, the ``expected`` count the model predicted for it
@@ -38,7 +39,7 @@ predict the buckets that are still filling (:func:`expected_count`).
 >>> [m["expected"] for m in out[:6]]            # warming up: less than a day of history
 [None, None, None, None, None, None]
 >>> [round(m["expected"]) for m in out[-7:]]   # learnt the seasonal pattern (smoothed)
-[12, 19, 26, 26, 19, 12, 12]
+[12, 19, 27, 27, 20, 12, 12]
 >>> out[-1]["count"], out[-1]["model"]["windows"]
 (40, 19)
 """
@@ -135,8 +136,12 @@ def update_model(
             model["level"] *= (1 - alpha) ** min(gap, 10_000)
     weight = 1.0
     x = float(count)
-    if predicted is not None and model["windows"] >= 3 and predicted > 0:
-        # outside both a ratio band and a Poisson-noise band (small counts are noisy)
+    if predicted is not None and model["seasonal"] and predicted > 0:
+        # outside both a ratio band and a Poisson-noise band (small counts are noisy); only
+        # once the model trusts its prediction (a whole day seen): before, a stream's first,
+        # partial window (it starts mid-second) set a level so low that every later window
+        # was clipped to twice it and learnt as an outlier, and the first day's profile
+        # stayed at half the traffic (false spikes at its peaks, 2026-11-30)
         noise = outlier_z * math.sqrt(predicted)
         lo = min(predicted / outlier_ratio, predicted - noise)
         hi = max(predicted * outlier_ratio, predicted + noise)

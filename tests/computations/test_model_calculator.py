@@ -102,3 +102,19 @@ def test_no_prediction_before_a_whole_day_of_history():
     out = h.values("window_models")
     assert all(m["expected"] is None and m["model"] is None for m in out[:19])
     assert all(m["expected"] is not None for m in out[20:])
+
+
+def test_a_partial_first_window_does_not_poison_the_first_day():
+    """A stream starts mid-second: its first window holds a fraction of a second's traffic.
+    Before the fix that low count set the level, every later window of the first day was
+    clipped to twice it as an outlier, and the first seasonal model predicted half the
+    traffic: false spikes at its peaks (a paced Zeitgeist run, 2026-11-30)."""
+    m = new_model(DAY, 2_000)
+    counts = [6] + [seasonal(i, base=90.0) for i in range(1, 2 * DAY // 1_000)]
+    for i, c in enumerate(counts):
+        update_model(m, i * 1_000, c, alpha=0.1, gamma=0.3, outlier_ratio=2.0, outlier_weight=0.05)
+    assert m["seasonal"]
+    # the second day's predictions are the traffic's own, within a fifth, at every slot
+    for i in range(DAY // 1_000, 2 * DAY // 1_000):
+        want = seasonal(i, base=90.0)
+        assert abs(expected_count(m, (i + DAY // 1_000) * 1_000) - want) / want < 0.2, (i, want)
