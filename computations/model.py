@@ -141,7 +141,7 @@ def update_model(
         # once the model trusts its prediction (a whole day seen): before, a stream's first,
         # partial window (it starts mid-second) set a level so low that every later window
         # was clipped to twice it and learnt as an outlier, and the first day's profile
-        # stayed at half the traffic (false spikes at its peaks, 2026-11-30)
+        # stayed at half the traffic: false spikes at its peaks (test_model_calculator.py)
         noise = outlier_z * math.sqrt(predicted)
         lo = min(predicted / outlier_ratio, predicted - noise)
         hi = max(predicted * outlier_ratio, predicted + noise)

@@ -108,7 +108,7 @@ def test_a_partial_first_window_does_not_poison_the_first_day():
     """A stream starts mid-second: its first window holds a fraction of a second's traffic.
     Before the fix that low count set the level, every later window of the first day was
     clipped to twice it as an outlier, and the first seasonal model predicted half the
-    traffic: false spikes at its peaks (a paced Zeitgeist run, 2026-11-30)."""
+    traffic: false spikes at its peaks (a paced Zeitgeist run)."""
     m = new_model(DAY, 2_000)
     counts = [6] + [seasonal(i, base=90.0) for i in range(1, 2 * DAY // 1_000)]
     for i, c in enumerate(counts):
