@@ -85,6 +85,7 @@ def measure(
     behind, early = p.behind, p.early or 0
     raises = np.flatnonzero((d_behind > behind) | (d_early > early))
     if len(raises):
+        plan_ids = {} if plan_ids is None else plan_ids
         lines = _Lines(data, ts_field, v)
         copies: dict[int, bool] = {}
         lookups = [0]
@@ -163,14 +164,14 @@ def _read_before(
     full: str,
     pos: int,
     others: Others | None,
-    plan_ids: PlanIds | None = None,
+    plan_ids: PlanIds,
 ) -> bool:
     """Whether the record on ``line`` has an id that was read before: in ``batch`` (the bytes
     of its file read in this batch before it), in its file ``full`` before ``pos`` (where
     this batch began), or in what was read of another file — at most :data:`SEARCH_BYTES`
     of files before this batch, its own file first. ``plan_ids``: the ids of each
     ``(path, up to)`` already looked up in this plan (a file's bytes before a position do
-    not change while one plan runs)."""
+    not change while one plan runs), filled as it goes."""
     try:
         value = json.loads(line)
     except (ValueError, RecursionError):
@@ -194,12 +195,9 @@ def _read_before(
         if upto <= 0:
             continue
         budget -= min(upto, budget)
-        if plan_ids is None:
-            seen = _ids(path, id_field, upto)
-        elif (path, upto) in plan_ids:
-            seen = plan_ids[(path, upto)]
-        else:
-            seen = plan_ids[(path, upto)] = _ids(path, id_field, upto)
+        if (path, upto) not in plan_ids:
+            plan_ids[(path, upto)] = _ids(path, id_field, upto)
+        seen = plan_ids[(path, upto)]
         if seen is not None and not seen.isdisjoint(spelled):
             return True
     return False

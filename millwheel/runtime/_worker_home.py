@@ -43,16 +43,18 @@ from millwheel.runtime._cds import cache_dir
 PYSPARK_ZIP = "pyspark.zip"
 
 
+def _built(home: Path) -> bool:
+    """Does ``home`` hold what Spark starts from (its scripts and jars, links followed)?"""
+    return (home / "bin" / "spark-class").exists() and (home / "jars").is_dir()
+
+
 def _package_home() -> Path | None:
     """PySpark's directory when pip installed it (a Spark home with the zip); else None."""
     spec = importlib.util.find_spec("pyspark")
     if spec is None or spec.origin is None:
         return None
     home = Path(spec.origin).resolve().parent
-    lib = home / "python" / "lib"
-    if not ((home / "bin" / "spark-class").exists() and (home / "jars").is_dir()):
-        return None
-    return home if (lib / PYSPARK_ZIP).exists() else None
+    return home if _built(home) and (home / "python" / "lib" / PYSPARK_ZIP).exists() else None
 
 
 def _installed(module: str) -> bool:
@@ -101,7 +103,7 @@ def local_spark_home() -> str | None:
 
     key = hashlib.sha256(str(home).encode()).hexdigest()[:12]
     target = cache_dir() / "spark-home" / f"{pyspark.__version__}-{key}"
-    if (target / "bin" / "spark-class").exists() and (target / "jars").is_dir():
+    if _built(target):
         return str(target)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -112,7 +114,7 @@ def local_spark_home() -> str | None:
             os.rename(tmp, target)  # atomic; fails if another process put it there first
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)
-            if not (target / "bin" / "spark-class").exists():
+            if not _built(target):  # not another process's home, renamed into place first
                 raise
     except OSError:
         return None
