@@ -1,6 +1,6 @@
 """A driver process for the kill -9 tests of ``SparkSource`` and ``SparkSink`` (issue 25).
 
-    python tests/runtime/spark_io_driver.py ROOT {rate|sequence} [--dsn DSN [--kill-in-sink N]]
+    python tests/runtime/spark_io_driver.py ROOT {rate|sequence} [--dsn DSN [--kill-in-sink N | --hold-sink-at N]]
 
 ``rate``: Spark's ``rate`` source (event time from the value, ``end_ms`` after 3000
 values); ``sequence``: the shipped Python Data Source (``examples/sequence_source.py``,
@@ -8,7 +8,10 @@ its own low watermark in its offsets). Either feeds ``SecondCounts`` (per key an
 second); with ``--dsn`` its counts also go to PostgreSQL through a ``SparkSink``
 (``foreach_batch``: an idempotent upsert on the production id, ``tests/runtime/pg.py``);
 ``--kill-in-sink N`` kills this process with SIGKILL right after the writer committed sink
-batch ``N`` to the database and before the sink marked it done (once: a marker file in ROOT).
+batch ``N`` to the database and before the sink marked it done (once: a marker file in ROOT);
+``--hold-sink-at N`` stops the sink before it writes batch ``N`` (once) and writes the marker
+``sink-held`` in ROOT, so a test kills the process from outside at a point it chose rather than
+racing the run's end.
 Paced (small batches, a trigger) so a kill lands mid-run; runs until drained.
 """
 
@@ -18,6 +21,7 @@ import argparse
 import os
 import signal
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -88,7 +92,27 @@ def killing_after(write, batch: int, marker: str):
     return write_then_die
 
 
-def build(kind: str, dsn: str | None, kill_in_sink: int | None = None, root: str = ".") -> Topology:
+def holding_at(write, batch: int, marker: str):
+    """``write``, except that sink batch ``batch`` (the first time only) waits, unwritten, for
+    an outside kill; ``marker`` says it is waiting."""
+
+    def hold_then_write(df, batch_id):
+        if batch_id == batch and not os.path.exists(marker):
+            open(marker, "w").close()
+            while True:
+                time.sleep(1)
+        write(df, batch_id)
+
+    return hold_then_write
+
+
+def build(
+    kind: str,
+    dsn: str | None,
+    kill_in_sink: int | None = None,
+    root: str = ".",
+    hold_sink_at: int | None = None,
+) -> Topology:
     if kind == "rate":
         src = SparkSource(rate_stream, id="value", timestamp="ts", end_ms=T0 + RATE_N * 10)
     else:
@@ -108,6 +132,8 @@ def build(kind: str, dsn: str | None, kill_in_sink: int | None = None, root: str
         write = upsert_counts(dsn)
         if kill_in_sink is not None:
             write = killing_after(write, kill_in_sink, os.path.join(root, "killed-in-sink"))
+        if hold_sink_at is not None:
+            write = holding_at(write, hold_sink_at, os.path.join(root, "sink-held"))
         t.sink("counts", spark_sink=SparkSink(foreach_batch=write))
     return t
 
@@ -118,12 +144,13 @@ def main() -> int:
     p.add_argument("kind", choices=["rate", "sequence"])
     p.add_argument("--dsn", default=None)
     p.add_argument("--kill-in-sink", type=int, default=None)
+    p.add_argument("--hold-sink-at", type=int, default=None)
     p.add_argument("--timeout", type=float, default=600)
     args = p.parse_args()
     settings = RuntimeSettings(intervals=4, master="local[2]", trigger_ms=500)
     os.makedirs(args.root, exist_ok=True)
     rt = SparkRuntime(
-        build(args.kind, args.dsn, args.kill_in_sink, args.root),
+        build(args.kind, args.dsn, args.kill_in_sink, args.root, args.hold_sink_at),
         args.root,
         settings,
         log=lambda m: print(m, flush=True),

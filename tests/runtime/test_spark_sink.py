@@ -24,7 +24,7 @@ from millwheel.runtime._fs import Location
 from millwheel.runtime._sparksink import SparkSinkWriter
 from millwheel.runtime._streams import FileStreamLog
 
-from ._procs import kill_group, wait_for_progress
+from ._procs import kill_group
 from .pg import postgres, postgres_server, table  # noqa: F401 - the fixtures
 from .spark_io_driver import SEQ
 
@@ -240,22 +240,18 @@ def test_postgres_sink_is_exact_after_kill_9(tmp_path, postgres):  # noqa: F811 
         kill_group(proc)
     assert died == -9, log.read_text()[-3000:]
     rows_after_sink_kill = table(postgres, "SELECT count(*) FROM counts")[0][0]
-    # then: killed from outside, mid-run
-    proc = start()
+    # then: killed from outside, mid-run — while the sink holds batch 2 unwritten (the resume
+    # wrote batch 1 again first), so the kill lands before the run can end
+    proc = start("--hold-sink-at", "2")
+    held = root / "sink-held"
     killed = False
     try:
-        # kill once the table has rows and the computation has committed more: mid-run
-        if wait_for_progress(proc, root, "SecondCounts", 3, timeout=400):
-            deadline = time.monotonic() + 300
-            while proc.poll() is None and not table(postgres, "SELECT count(*) FROM counts")[0][0]:
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.2)
-            if proc.poll() is None and wait_for_progress(
-                proc, root, "SecondCounts", 1, timeout=300
-            ):
-                kill_group(proc)
-                killed = True
+        deadline = time.monotonic() + 600
+        while proc.poll() is None and not held.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if proc.poll() is None and held.exists():
+            kill_group(proc)
+            killed = True
     finally:
         kill_group(proc)
     rows_at_kill = table(postgres, "SELECT count(*) FROM counts")[0][0]
