@@ -13,8 +13,9 @@ it. Measured in docs/performance.md ("The main job").
 * **Where.** ``$MILLWHEEL_CACHE_DIR`` (default ``$XDG_CACHE_HOME/millwheel``, else
   ``~/.cache/millwheel``) ``/cds/spark-<pyspark version>-<key>.jsa``, the key a hash of
   the Java binary spark-submit will start (``$JAVA_HOME/bin/java`` else ``java`` on
-  ``PATH``: its real path, size and time) and of where PySpark's jars are. Another JDK or
-  another installation gets its own file; the JVM also checks the archive's JDK and class
+  ``PATH``: its real path, size and time) and of the jars of the Spark home the driver
+  starts from (a local session's own, ``_worker_home.py``). Another JDK, installation or
+  home gets its own file; the JVM also checks the archive's JDK and class
   path itself and ignores one that does not match.
 * **Built** by ``python -m millwheel.runtime._cds`` (``scripts/setup.sh`` runs it), never
   during a run: the training run's JVM writes the archive as it exits, to a temporary
@@ -38,8 +39,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from millwheel.runtime._cache import cache_dir
+from millwheel.runtime._worker_home import local_spark_home
+
 CDS_ENV = "MILLWHEEL_CDS"
-CACHE_ENV = "MILLWHEEL_CACHE_DIR"
 #: the JVM says nothing about the archive: not that it mapped it, nor why it skipped one
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 
@@ -63,19 +66,14 @@ def archive_path() -> Path | None:
     import pyspark
 
     st = os.stat(java)
-    jars = os.path.realpath(os.path.join(os.path.dirname(pyspark.__file__), "jars"))
+    # the jars of the home the driver starts from: the JVM maps an archive only for the
+    # class path it was written with (a new home gets an archive of its own)
+    home = os.environ.get("SPARK_HOME") or local_spark_home() or os.path.dirname(pyspark.__file__)
+    jars = os.path.realpath(os.path.join(home, "jars"))
     key = hashlib.sha256(f"{java}\0{st.st_size}\0{st.st_mtime_ns}\0{jars}".encode()).hexdigest()[
         :16
     ]
     return cache_dir() / "cds" / f"spark-{pyspark.__version__}-{key}.jsa"
-
-
-def cache_dir() -> Path:
-    """millwheel's cache: ``$MILLWHEEL_CACHE_DIR``, else ``$XDG_CACHE_HOME/millwheel``, else ``~/.cache/millwheel``."""
-    base = os.environ.get(CACHE_ENV) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "millwheel"
-    )
-    return Path(base)
 
 
 def java_options() -> str:

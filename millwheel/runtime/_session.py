@@ -43,7 +43,7 @@ from millwheel.runtime._spark_internals import (
     root_log_level,
     silence_loggers,
 )
-from millwheel.runtime._worker_home import local_spark_home
+from millwheel.runtime._worker_home import local_fs_conf, local_spark_home
 
 #: loggers that print a failed task's or query's whole Java trace; the runtime reports the
 #: failure itself, with the Python traceback (``_usercode.py``)
@@ -268,6 +268,7 @@ def spark_session(
         master = "local[*]"
     if loopback_master(master) and not submitted:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    home = None
     if master is not None and master.startswith("local") and not submitted:
         home = None if os.environ.get("SPARK_HOME") else local_spark_home()
         if home is not None:  # its Python workers import compiled PySpark (``_worker_home.py``)
@@ -291,6 +292,8 @@ def spark_session(
         # PySpark's applyInPandasWithState worker pads its output with all-NA frames and
         # pandas 2.x warns about that on every group (PySpark's code, not millwheel's)
         "spark.executorEnv.PYTHONWARNINGS": PYSPARK_WORKER_WARNINGS,
+        # its local file system sets permissions without a process each (``_worker_home.py``)
+        **local_fs_conf(home),
     }
     shared = ""
     if not submitted:  # the driver JVM starts here: it reads its log configuration at start

@@ -22,10 +22,23 @@ find ``pyspark`` where the driver found it, with its bytecode.
   zip is left out too when py4j is installed as a package (PySpark's pip dependency);
   otherwise it is linked.
 * **Where.** ``<millwheel cache>/spark-home/<pyspark version>-<key>/``; the key is a
-  hash of the package's directory. It is built once, in a temporary directory renamed
-  into place, so a run never sees half of it. It holds only links, so a reinstall at the
-  same path needs no rebuild.
+  hash of the package's directory, of the home's layout and of whether a ``javac`` was
+  found (below). It is built once, in a temporary directory renamed into place, so a run
+  never sees half of it. It holds links (``jars/`` one per jar) and the jar below, so a
+  reinstall of the same version at the same path needs no rebuild.
 * **Otherwise** (links not allowed, a read-only cache): Spark's own home, as before.
+
+**Its local file system.** Without Hadoop's native library (pip's PySpark has none),
+Hadoop's ``RawLocalFileSystem`` sets a permission by starting a ``chmod`` process: for
+every file it creates and directory it makes, and again for the checksum file beside it.
+Each micro-batch writes an offset log, a commit log, a log per file source and a state
+file per key interval, so every query started ~16 processes a batch, ~9 ms each on the
+stream thread or in a task (docs/performance.md, "Latency"). When a ``javac`` is found
+(beside ``$JAVA_HOME``'s ``java``, else on ``PATH``), the home's ``jars/`` also holds
+``millwheel-localfs.jar``, compiled from ``java/NioLocalFileSystem.java``: the same file
+system setting the same bits with ``java.nio``. :func:`local_fs_conf` makes it a local
+session's ``file:`` file system; a session with ``spark.hadoop.fs.file.impl`` of its own
+keeps that. Without a ``javac`` (a bare JRE) the home has no jar and Hadoop's own is used.
 """
 
 from __future__ import annotations
@@ -34,13 +47,21 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import subprocess
 import tempfile
+import zipfile
 from pathlib import Path
 
-from millwheel.runtime._cds import cache_dir
+from millwheel.runtime._cache import cache_dir
 
 #: the zips Spark puts first on its Python processes' path, under ``python/lib``
 PYSPARK_ZIP = "pyspark.zip"
+#: the local file system without ``chmod`` processes (see above), and its jar in ``jars/``
+LOCAL_FS_CLASS = "millwheel.hadoop.NioLocalFileSystem"
+LOCAL_FS_JAR = "millwheel-localfs.jar"
+_LOCAL_FS_SOURCE = Path(__file__).with_name("java") / "NioLocalFileSystem.java"
+#: what a home holds changed (2: ``jars/`` a directory, with the local file system's jar)
+_LAYOUT = 2
 
 
 def _built(home: Path) -> bool:
@@ -82,12 +103,58 @@ def _link_all(source: Path, target: Path, skip: set[str]) -> None:
             (target / entry.name).symlink_to(entry)
 
 
-def _build(home: Path, target: Path) -> None:
-    """Links to ``home``'s entries in ``target``; ``python/lib`` without the left-out zips."""
-    _link_all(home, target, {"python"})
+def _javac() -> str | None:
+    """The Java compiler beside the JVM Spark starts (``$JAVA_HOME/bin``), else on ``PATH``."""
+    java_home = os.environ.get("JAVA_HOME")
+    found = os.path.join(java_home, "bin", "javac") if java_home else None
+    return found if found and os.path.isfile(found) else shutil.which("javac")
+
+
+def _compile_local_fs(jars: Path, javac: str, out: Path) -> bool:
+    """``out``: :data:`LOCAL_FS_CLASS` compiled against ``jars``' Hadoop, as a jar.
+    False (and no ``out``) when it does not compile: the home then keeps Hadoop's own."""
+    hadoop = sorted(jars.glob("hadoop-client-api-*.jar"))
+    if not hadoop:
+        return False
+    with tempfile.TemporaryDirectory(prefix="millwheel-localfs-") as work:
+        try:
+            done = subprocess.run(
+                [javac, "--release", "17", "-nowarn", "-cp", str(hadoop[-1]), "-d", work]
+                + [str(_LOCAL_FS_SOURCE)],
+                capture_output=True,
+                timeout=300,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return False
+        classes = sorted(Path(work).rglob("*.class"))
+        if done.returncode != 0 or not classes:
+            return False
+        with zipfile.ZipFile(out, "w") as jar:
+            jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\n")
+            for c in classes:
+                jar.write(c, c.relative_to(work).as_posix())
+    return True
+
+
+def _build(home: Path, target: Path, javac: str | None) -> None:
+    """Links to ``home``'s entries in ``target``; ``python/lib`` without the left-out zips;
+    ``jars/`` a directory of links, with the local file system's jar if ``javac`` builds it."""
+    _link_all(home, target, {"python", "jars"})
+    _link_all(home / "jars", target / "jars", set())
+    if javac is not None:
+        _compile_local_fs(home / "jars", javac, target / "jars" / LOCAL_FS_JAR)
     _link_all(home / "python", target / "python", {"lib"})
     lib = home / "python" / "lib"
     _link_all(lib, target / "python" / "lib", _left_out(lib))
+
+
+def local_fs_conf(home: str | None) -> dict[str, str]:
+    """The session settings that make ``home``'s local file system Spark's ``file:`` one
+    (none when ``home`` has no :data:`LOCAL_FS_JAR`: not built here, or no ``javac``)."""
+    if home is None or not (Path(home) / "jars" / LOCAL_FS_JAR).is_file():
+        return {}
+    return {"spark.hadoop.fs.file.impl": LOCAL_FS_CLASS}
 
 
 def local_spark_home() -> str | None:
@@ -101,7 +168,11 @@ def local_spark_home() -> str | None:
         return None
     import pyspark
 
-    key = hashlib.sha256(str(home).encode()).hexdigest()[:12]
+    javac = _javac()
+    # a home per installation, layout, and whether a compiler could build its file system
+    # (one installed later gets a home with it)
+    what = f"{home}\0{_LAYOUT}\0{javac is not None}"
+    key = hashlib.sha256(what.encode()).hexdigest()[:12]
     target = cache_dir() / "spark-home" / f"{pyspark.__version__}-{key}"
     if _built(target):
         return str(target)
@@ -109,7 +180,7 @@ def local_spark_home() -> str | None:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
         try:
-            _build(home, tmp)
+            _build(home, tmp, javac)
             tmp.chmod(0o755)  # as any directory of the installation (``mkdtemp`` makes it private)
             os.rename(tmp, target)  # atomic; fails if another process put it there first
         except OSError:

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from millwheel.runtime import _cds as cds
 from millwheel.runtime import _worker_home as wh
+from millwheel.runtime._cache import CACHE_ENV
 
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(cds.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     return tmp_path / "cache"
 
 
@@ -28,8 +28,10 @@ def test_the_home_links_the_installation_without_the_zip(cache):
     home = wh.local_spark_home()
     assert home is not None and Path(home).parent == cache / "spark-home"
     real = _package_home()
-    for entry in ("bin", "jars"):
-        assert (Path(home) / entry).resolve() == (real / entry).resolve()
+    assert (Path(home) / "bin").resolve() == (real / "bin").resolve()
+    jars = {p.name for p in (real / "jars").iterdir()}
+    linked = {p.name for p in (Path(home) / "jars").iterdir() if p.is_symlink()}
+    assert linked == jars  # every jar, each a link; the local file system's jar beside them
     assert (Path(home) / "bin" / "spark-class").exists()
     lib = Path(home) / "python" / "lib"
     assert (real / "python" / "lib" / wh.PYSPARK_ZIP).exists()  # what is left out exists
@@ -39,6 +41,42 @@ def test_the_home_links_the_installation_without_the_zip(cache):
     # built once: a second call finds it, whatever is in the cache directory beside it
     assert wh.local_spark_home() == home
     assert [p.name for p in (cache / "spark-home").iterdir()] == [Path(home).name]
+
+
+def test_the_home_holds_the_local_file_system_when_javac_is_found(cache):
+    if wh._javac() is None:
+        pytest.skip("no javac here: the home keeps Hadoop's own file system (tested below)")
+    home = wh.local_spark_home()
+    jar = Path(home) / "jars" / wh.LOCAL_FS_JAR
+    assert jar.is_file() and not jar.is_symlink()
+    import zipfile
+
+    names = set(zipfile.ZipFile(jar).namelist())
+    assert {
+        "millwheel/hadoop/NioLocalFileSystem.class",
+        "millwheel/hadoop/NioLocalFileSystem$Raw.class",
+    } <= names
+    assert wh.local_fs_conf(home) == {"spark.hadoop.fs.file.impl": wh.LOCAL_FS_CLASS}
+
+
+def test_without_javac_the_home_keeps_hadoops_file_system(cache, monkeypatch):
+    with_javac = wh.local_spark_home() if wh._javac() is not None else None
+    monkeypatch.setattr(wh, "_javac", lambda: None)
+    home = wh.local_spark_home()
+    assert home is not None and home != with_javac  # a home of its own: no jar, no setting
+    assert not (Path(home) / "jars" / wh.LOCAL_FS_JAR).exists()
+    assert wh.local_fs_conf(home) == {} and wh.local_fs_conf(None) == {}
+
+
+def test_a_source_that_does_not_compile_leaves_no_jar(cache, monkeypatch, tmp_path):
+    if wh._javac() is None:
+        pytest.skip("no javac here")
+    broken = tmp_path / "NioLocalFileSystem.java"
+    broken.write_text("package millwheel.hadoop; class Broken {")
+    monkeypatch.setattr(wh, "_LOCAL_FS_SOURCE", broken)
+    home = wh.local_spark_home()
+    assert home is not None and (Path(home) / "bin" / "spark-class").exists()
+    assert not (Path(home) / "jars" / wh.LOCAL_FS_JAR).exists() and wh.local_fs_conf(home) == {}
 
 
 def test_py4j_zip_is_kept_when_py4j_is_not_installed_as_a_package(cache, monkeypatch):
@@ -62,7 +100,7 @@ def test_without_links_spark_keeps_its_own_home(cache, monkeypatch):
 
 def test_a_home_that_is_not_pips_layout_is_not_replaced(monkeypatch, tmp_path):
     monkeypatch.setattr(wh, "_package_home", lambda: None)
-    monkeypatch.setenv(cds.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     assert wh.local_spark_home() is None
 
 
@@ -84,3 +122,39 @@ def test_local_workers_import_the_installed_pyspark_not_the_zip(spark):
     assert not any(Path(z).exists() for z in zips), (
         zips
     )  # a zip on the path is one that is not there
+
+
+@pytest.mark.spark
+def test_a_local_session_sets_permissions_with_its_own_file_system(spark, tmp_path):
+    """The session's ``file:`` file system is the home's (no ``chmod`` process a file):
+    a file and a directory made with a permission get exactly its bits, as Hadoop's own
+    would set them, and a file made without one gets the default under the umask."""
+    home = os.environ.get("SPARK_HOME", "")
+    if not (Path(home) / "jars" / wh.LOCAL_FS_JAR).is_file():
+        pytest.skip("this session's home has no local file system jar (no javac at set-up)")
+    jvm = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
+    assert conf.get("fs.file.impl") == wh.LOCAL_FS_CLASS
+    fs = jvm.org.apache.hadoop.fs.FileSystem.get(jvm.java.net.URI("file:///"), conf)
+    assert fs.getClass().getName() == wh.LOCAL_FS_CLASS
+    perm = jvm.org.apache.hadoop.fs.permission.FsPermission
+
+    def path(name):
+        return jvm.org.apache.hadoop.fs.Path(str(tmp_path / name))
+
+    assert fs.mkdirs(path("d/e"), perm(0o750))
+    out = fs.create(path("f"), perm(0o640), True, 4096, 1, 1 << 20, None)
+    out.write(b"x")
+    out.close()
+    plain = fs.create(path("g"), True)
+    plain.close()
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "d" / "e").stat().st_mode & 0o777 == 0o750
+    assert (tmp_path / "f").stat().st_mode & 0o777 == 0o640 and (
+        tmp_path / "f"
+    ).read_bytes() == b"x"
+    assert (tmp_path / "g").stat().st_mode & 0o777 == 0o666 & ~umask
+    assert (tmp_path / ".f.crc").exists()  # still Hadoop's checksummed local file system
+    fs.setPermission(path("g"), perm(0o1644))  # the sticky bit: left to Hadoop's own code
+    assert (tmp_path / "g").stat().st_mode & 0o1777 == 0o1644
