@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up millwheel on a fresh machine: Java (for Spark) if missing, a virtualenv in .venv
+# Set up millwheel on a fresh machine: Java 17's JDK (for Spark) if no Java, a virtualenv in .venv
 # with the package and its pinned dependencies. With --test, also the test tools and
 # Debian's Chromium (for the dashboard's browser test), etcd (the IdRegistry's replicated backend) and
 # PostgreSQL (the database-sink test, tests/runtime/test_spark_sink.py).
@@ -22,8 +22,10 @@ apt_install() {
 }
 
 if ! command -v java >/dev/null 2>&1; then
+    # the JDK, not only the JRE: its javac builds the local sessions' file system, which sets
+    # permissions without a chmod process per file (millwheel/runtime/_worker_home.py)
     echo "setup: installing Java 17 for Spark"
-    apt_install openjdk-17-jre-headless
+    apt_install openjdk-17-jdk-headless
 fi
 if [[ $want_test -eq 1 ]] && ! command -v chromium >/dev/null 2>&1; then
     echo "setup: installing Chromium for the dashboard test"
