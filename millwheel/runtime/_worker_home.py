@@ -32,8 +32,8 @@ find ``pyspark`` where the driver found it, with its bytecode.
 Hadoop's ``RawLocalFileSystem`` sets a permission by starting a ``chmod`` process: for
 every file it creates and directory it makes, and again for the checksum file beside it.
 Each micro-batch writes an offset log, a commit log, a log per file source and a state
-file per key interval, so every query started ~16 processes a batch, ~9 ms each on the
-stream thread or in a task (docs/performance.md, "Latency"). When a ``javac`` is found
+file per key interval, so every query started ~16 processes a batch, ~9.5 ms a file on
+the stream thread or in a task (docs/performance.md, "Latency"). When a ``javac`` is found
 (beside ``$JAVA_HOME``'s ``java``, else on ``PATH``), the home's ``jars/`` also holds
 ``millwheel-localfs.jar``, compiled from ``java/NioLocalFileSystem.java``: the same file
 system setting the same bits with ``java.nio``. :func:`local_fs_conf` makes it a local

@@ -5,7 +5,7 @@
  * sets a permission by starting a `chmod` process: once for every file it creates and
  * every directory it makes, twice with the checksum file beside it. A micro-batch writes
  * its offset log, its commit log, a log per file source and a state file per key interval,
- * so a query started ~16 processes a batch, ~9 ms each (docs/performance.md, "Latency").
+ * so a query started ~16 processes a batch, ~9.5 ms a file (docs/performance.md, "Latency").
  * This one sets the same permission bits with java.nio, in the JVM; anything else (the
  * sticky and set-id bits, a file system without POSIX permissions) is left to Hadoop's
  * own code. Compiled with `javac --release 17` when the Spark home is built.
