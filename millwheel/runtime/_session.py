@@ -270,7 +270,8 @@ def spark_session(
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     home = None
     if master is not None and master.startswith("local") and not submitted:
-        home = None if os.environ.get("SPARK_HOME") else local_spark_home()
+        # a home the user set is kept (one this process set before is this one again)
+        home = os.environ.get("SPARK_HOME") or local_spark_home()
         if home is not None:  # its Python workers import compiled PySpark (``_worker_home.py``)
             os.environ["SPARK_HOME"] = home
     if shuffle_partitions is None:
@@ -292,7 +293,8 @@ def spark_session(
         # PySpark's applyInPandasWithState worker pads its output with all-NA frames and
         # pandas 2.x warns about that on every group (PySpark's code, not millwheel's)
         "spark.executorEnv.PYTHONWARNINGS": PYSPARK_WORKER_WARNINGS,
-        # its local file system sets permissions without a process each (``_worker_home.py``)
+        # its local file system sets permissions without a process each, if the home has it
+        # (``_worker_home.py``: a home the user set has not)
         **local_fs_conf(home),
     }
     shared = ""
