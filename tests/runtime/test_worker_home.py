@@ -4,6 +4,7 @@ installation without ``pyspark.zip``, so Spark's Python processes import compile
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -49,8 +50,6 @@ def test_the_home_holds_the_local_file_system_when_javac_is_found(cache):
     home = wh.local_spark_home()
     jar = Path(home) / "jars" / wh.LOCAL_FS_JAR
     assert jar.is_file() and not jar.is_symlink()
-    import zipfile
-
     names = set(zipfile.ZipFile(jar).namelist())
     assert {
         "millwheel/hadoop/NioLocalFileSystem.class",
