@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,7 +39,7 @@ import time
 from pathlib import Path
 
 from millwheel.runtime._cache import cache_dir
-from millwheel.runtime._worker_home import local_spark_home
+from millwheel.runtime._worker_home import jdk_binary, local_spark_home
 
 CDS_ENV = "MILLWHEEL_CDS"
 #: the JVM says nothing about the archive: not that it mapped it, nor why it skipped one
@@ -53,8 +52,7 @@ def enabled() -> bool:
 
 def _java() -> str | None:
     """The Java binary spark-submit starts (``bin/spark-class``: ``$JAVA_HOME/bin/java``, else ``java`` on ``PATH``)."""
-    home = os.environ.get("JAVA_HOME")
-    found = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    found = jdk_binary("java")
     return os.path.realpath(found) if found and os.path.exists(found) else None
 
 

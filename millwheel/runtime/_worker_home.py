@@ -103,19 +103,25 @@ def _link_all(source: Path, target: Path, skip: set[str]) -> None:
             (target / entry.name).symlink_to(entry)
 
 
+def jdk_binary(name: str) -> str | None:
+    """Where ``bin/spark-class`` looks for the JDK's ``name``: ``$JAVA_HOME/bin`` when
+    ``JAVA_HOME`` is set (whether or not it is there), else ``PATH``."""
+    java_home = os.environ.get("JAVA_HOME")
+    return os.path.join(java_home, "bin", name) if java_home else shutil.which(name)
+
+
 def _javac() -> str | None:
     """The Java compiler beside the JVM Spark starts (``$JAVA_HOME/bin``), else on ``PATH``."""
-    java_home = os.environ.get("JAVA_HOME")
-    found = os.path.join(java_home, "bin", "javac") if java_home else None
+    found = jdk_binary("javac")
     return found if found and os.path.isfile(found) else shutil.which("javac")
 
 
-def _compile_local_fs(jars: Path, javac: str, out: Path) -> bool:
-    """``out``: :data:`LOCAL_FS_CLASS` compiled against ``jars``' Hadoop, as a jar.
-    False (and no ``out``) when it does not compile: the home then keeps Hadoop's own."""
+def _compile_local_fs(jars: Path, javac: str, out: Path) -> None:
+    """``out``: :data:`LOCAL_FS_CLASS` compiled against ``jars``' Hadoop, as a jar; no
+    ``out`` when it does not compile (the home then keeps Hadoop's own)."""
     hadoop = sorted(jars.glob("hadoop-client-api-*.jar"))
     if not hadoop:
-        return False
+        return
     with tempfile.TemporaryDirectory(prefix="millwheel-localfs-") as work:
         try:
             done = subprocess.run(
@@ -126,15 +132,14 @@ def _compile_local_fs(jars: Path, javac: str, out: Path) -> bool:
                 check=False,
             )
         except (OSError, subprocess.SubprocessError):
-            return False
+            return
         classes = sorted(Path(work).rglob("*.class"))
         if done.returncode != 0 or not classes:
-            return False
+            return
         with zipfile.ZipFile(out, "w") as jar:
             jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\n")
             for c in classes:
                 jar.write(c, c.relative_to(work).as_posix())
-    return True
 
 
 def _build(home: Path, target: Path, javac: str | None) -> None:
