@@ -47,6 +47,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from _spark_bench import read_input
 
 FLOOR_KINDS = ("native", "python", "python_hb", "python_glob")
 INPUT_SCHEMA = "id string, k long, sent double"
@@ -108,7 +109,7 @@ def progress_summary(progress: dict[int, dict], skip_before: float = 0.0) -> dic
     """Data batches' ``triggerExecution`` p50/p95, the parts of the median one, and the
     stateful operator's own times (``stateOperators``)."""
     ps = [
-        p for p in progress.values() if p["numInputRows"] > 0 and _ts(p["timestamp"]) >= skip_before
+        p for p in progress.values() if read_input(p) and _ts(p["timestamp"]) >= skip_before
     ]
     if not ps:
         return {}

@@ -39,6 +39,15 @@ def collect(rt: Any, progress: dict[str, dict[int, dict]]) -> None:
 COLLECT_EVERY_S = 2.0
 
 
+def read_input(p: dict) -> bool:
+    """Whether a progress report's batch read input: rows Spark counted, or files a source
+    moved past that Spark did not read itself (an Arrow-mapping query's tasks read their records
+    from the batch's files, ``plans/arrow.py``, and its batch runs no scan at all)."""
+    return p["numInputRows"] > 0 or any(
+        s.get("startOffset") != s.get("endOffset") for s in p.get("sources") or []
+    )
+
+
 def run_collecting(rt: Any, *, timeout_s: float, poll_s: float) -> dict[str, dict[int, dict]]:
     """Start ``rt``, poll it until drained (or ``timeout_s``), stop it; the queries' progress reports."""
     progress: dict[str, dict[int, dict]] = {}

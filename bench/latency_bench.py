@@ -60,7 +60,7 @@ from _latency_floor import (  # noqa: E402
     progress_summary,
     spark_stages,
 )
-from _spark_bench import collect, run_collecting, write_results  # noqa: E402
+from _spark_bench import collect, read_input, run_collecting, write_results  # noqa: E402
 
 from millwheel import (  # noqa: E402
     MAX_TIMESTAMP,
@@ -270,7 +270,7 @@ def _sink_parts(
     parts: dict[str, list[float]] = {"before_sink": [], "collect": [], "stage": [], "after": []}
     for b, p in progress.items():
         t = sinks.get(b)
-        if t is None or not p["numInputRows"] or _ts(p["timestamp"]) < skip_before or not t[1]:
+        if t is None or not read_input(p) or _ts(p["timestamp"]) < skip_before or not t[1]:
             continue
         d = p["durationMs"]
         start = _ts(p["timestamp"])
@@ -395,7 +395,7 @@ def slices(
     for sent, at, _ in records:
         by.setdefault(int((sent - t0) // slice_s), {}).setdefault("lat", []).append(at - sent)
     for p in progress.values():
-        if not p["numInputRows"]:
+        if not read_input(p):
             continue
         b = by.setdefault(int((_ts(p["timestamp"]) - t0) // slice_s), {})
         op = (p.get("stateOperators") or [{}])[0]

@@ -56,7 +56,14 @@ sys.path.insert(0, str(ROOT))
 
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
-from _spark_bench import Finished, data_args, link_stream, run_collecting, write_results  # noqa: E402
+from _spark_bench import (  # noqa: E402
+    Finished,
+    data_args,
+    link_stream,
+    read_input,
+    run_collecting,
+    write_results,
+)
 
 from millwheel import Computation, ComputationOptions, DedupOptions, Record, Topology  # noqa: E402
 from millwheel._step import StepRunner  # noqa: E402
@@ -241,7 +248,7 @@ ROWS: list[tuple[str, int, int]] = []
 
 
 def _breakdown(progress: dict[int, dict]) -> dict:
-    data = [p for p in progress.values() if p["numInputRows"] > 0]
+    data = [p for p in progress.values() if read_input(p)]
     out: dict = {"batches": len(progress), "data_batches": len(data)}
     for k in (
         "triggerExecution",

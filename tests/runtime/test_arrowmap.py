@@ -13,11 +13,17 @@ from hypothesis import strategies as st
 
 from computations.columnar_windowing import ColumnarWindowCounter
 from computations.windowing import WindowCounter
-from millwheel import ColumnarComputation, ComputationOptions, SampleSource, Topology
+from millwheel import (
+    ColumnarComputation,
+    ComputationOptions,
+    SampleSource,
+    TimeDomain,
+    Topology,
+)
 from millwheel._codec import decode_value, encode_value
 from millwheel._deadletter import DEAD_LETTER_STREAM
 from millwheel._errors import MillwheelError, RunError, TopologyError
-from millwheel._record import encode_key
+from millwheel._record import decode_key, encode_key
 from millwheel.runtime._colfiles import ColumnarFiles, Manifest
 from millwheel.runtime._columnar import ColumnarIntervalStep
 from millwheel.runtime._fs import Location
@@ -295,7 +301,9 @@ def test_a_batch_plan_reaches_its_tasks_as_text_and_a_task_without_one_fails(tmp
     """The plan a batch's tasks read from their context (``BatchPlan.of_task``) is the one
     the sink encoded, intervals and due timers included; a task whose job carries no plan,
     or another batch's, raises instead of running the intervals on a stale one."""
-    plan = BatchPlan(12, "tok", T0, T0 + 5, T0 - 1, 2, {0: "s-1", 7: "s-2"}, (3, 7), str(tmp_path))
+    plan = BatchPlan(
+        12, "tok", T0, T0 + 5, T0 - 1, 2, {0: "s-1", 7: "s-2"}, (3, 7), str(tmp_path), {3: T0 + 9}
+    )
     assert BatchPlan.decode(plan.encode()) == plan
     props: dict[str, str | None] = {_arrowmap.PLAN_PROPERTY: plan.encode()}
     batch = {"id": 12}
@@ -505,3 +513,78 @@ def test_a_record_keyed_for_an_interval_the_layout_lacks_fails_its_batch(tmp_pat
     plan = BatchPlan(0, "t", T0 - 1, 0, T0 - 1, 1, {}, (), str(tmp_path / "c"))
     with pytest.raises(RunError, match=r"key intervals \[5\], outside this run's 2"):
         _summaries(step, plan)
+
+
+class Remind(ColumnarComputation):
+    """Sets each key's wall-time timer 500 ms after the batch's wall time; its firing says when it ran."""
+
+    def process_batch(self, batch):
+        keys = batch.records["key"].unique()
+        batch.set_timers(
+            keys, ["remind"] * len(keys), [batch.now + 500] * len(keys), TimeDomain.WALL_TIME
+        )
+
+    def process_timers(self, batch, timers):
+        batch.produce(
+            "reminded", [batch.now] * len(timers), keys=timers["key"], timestamps=[T0] * len(timers)
+        )
+
+
+def test_a_rowless_task_runs_the_intervals_its_plan_ticks_at_the_ticks_time(tmp_path, monkeypatch):
+    """``ArrowMapping.rowless``: no row reaches the task (its partition's one placeholder row
+    carries nothing), so the wall ticks of the batch's heartbeat files come in the plan: a
+    ticked interval of the task's partition runs, at the tick's time when it is later than
+    the batch's, as a tick row would have made it (``IntervalBatch.take_ticks``)."""
+    t = Topology("t")
+    t.injector("q", SampleSource([]))
+    t.computation(
+        Remind,
+        name="C",
+        inputs={"q": lambda r: r.value},
+        outputs=["reminded"],
+        options=ComputationOptions(mapping="arrow"),
+    )
+    step = ColumnarIntervalStep(t.validate().computations["C"], groups=[0, 1])
+    step.scan = _scanned_batch(tmp_path, {0: ["x"], 1: ["y"]})
+    files = ColumnarFiles(Location.of(str(tmp_path / "c")))
+    _task_in(monkeypatch, 0)
+    placeholder = pa.RecordBatch.from_pydict({"id": pa.array([0], pa.int64())})
+
+    def run(batch: int, manifest: Manifest, now: int, ticks: dict[int, int]):
+        plan = BatchPlan(
+            batch,
+            f"t{batch}",
+            T0 - 1,
+            now,
+            T0 - 1,
+            1,
+            dict(manifest.files),
+            tuple(manifest.due(T0 - 1, now)),
+            files.loc.uri,
+            ticks,
+        )
+        out = pa.Table.from_batches(
+            list(IntervalTask(step, plan, rowless=True)(iter([placeholder]))),
+            schema=out_arrow_schema(step),
+        ).to_pylist()
+        reports = []
+        for r in out:
+            if r["stream"] == SUMMARY_STREAM:
+                s = IntervalSummary.decode(r["value"])
+                reports.append((s.interval, r["id"], s.next_low_watermark_timer, s.next_wall_timer))
+        fired = sorted(
+            (decode_key(r["key"]), decode_value(r["value"]))
+            for r in out
+            if r["stream"] == "reminded"
+        )
+        return manifest.after(batch, T0 - 1, reports), {i for i, *_ in reports}, fired
+
+    m, ran, fired = run(0, Manifest(), T0, {})
+    assert ran == {0, 1} and fired == []  # the batch's files hold both intervals' records
+    offsets = tmp_path / "run" / "checkpoints" / "C" / "offsets"
+    for later in ("1", "2"):  # batches of heartbeat files only: no input file past batch 0's
+        (offsets / later).write_text((offsets / "0").read_text())
+    assert run(1, m, T0 + 100, {})[1:] == (set(), [])  # no timer due, no tick: nothing runs
+    m2, ran, fired = run(1, m, T0 + 100, {1: T0 + 600})
+    assert ran == {1} and fired == [("y", T0 + 600)]  # at the tick's time, not the batch's
+    assert run(2, m2, T0 + 700, {})[1:] == ({0}, [("x", T0 + 700)])  # x's timer, due at the batch's

@@ -35,7 +35,7 @@ from millwheel import (
 )
 from millwheel.runtime import RuntimeSettings, SparkRuntime
 from millwheel.runtime._settings import SettingsError
-from millwheel.runtime.plans import choose_plan
+from millwheel.runtime.plans import PlanKind, choose_plan
 from millwheel.testing import Harness
 
 pytestmark = pytest.mark.spark
@@ -126,10 +126,34 @@ def runs(request, tmp_path_factory, spark):
     settings = RuntimeSettings(drain=True, intervals=4, lockstep=True)
     rt = SparkRuntime(topo, str(base / "run"), settings, spark=spark)
     # as after a record its producer did not key: the query keeps the keying stage
-    rt.computations["Counter"]._keying_forced = plan == "rows"
+    counter = rt.computations["Counter"]
+    counter._keying_forced = plan == "rows"
+    stop, counter.run_ids = counter.stop, []
+
+    def stop_recording_its_run() -> None:  # the query's Spark jobs are grouped by its run id
+        if counter.query is not None:
+            counter.run_ids.append(str(counter.query.runId))
+        stop()
+
+    counter.stop = stop_recording_its_run
     rt.run(timeout_s=600)
-    assert bool(rt.computations["Counter"].scanned) == (plan != "rows")  # the plan the run had
+    assert bool(counter.scanned) == (plan != "rows")  # the plan the run had
     return per_record, columnar, rt, answer
+
+
+def test_an_arrow_batch_runs_one_spark_stage_unless_its_rows_are_needed(runs, spark):
+    """``ArrowMapping.tasks``: a query whose tasks read every record from the batch's files
+    runs each batch as one stage of a task per partition (no scan, no shuffle: Spark plans the
+    micro-batch's frame and never runs it); with an input read as rows, as a scan and a shuffle."""
+    _, _, rt, _ = runs
+    counter = rt.computations["Counter"]
+    if counter.plan.kind is not PlanKind.ARROW:
+        pytest.skip("the Arrow mapping's jobs")
+    tracker = spark.sparkContext.statusTracker()
+    jobs = [tracker.getJobInfo(j) for r in counter.run_ids for j in tracker.getJobIdsForGroup(r)]
+    stages = Counter(len(j.stageIds) for j in jobs if j is not None)
+    assert sum(stages.values()) >= counter.batches > 3
+    assert stages == ({1: stages[1]} if counter.scanned else {2: stages[2]}), stages
 
 
 def test_same_productions_everywhere(runs, productions):

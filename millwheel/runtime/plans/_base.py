@@ -27,6 +27,10 @@ class QueryInputs:
     #: takes every file it lists: a heartbeat may then count files no batch planned yet
     #: (``_consumed.input_watermarks``, :func:`~millwheel.runtime.plans._inputs.heartbeats_listed_first`)
     listed_first: bool = False
+    #: whether Spark reads the records of some input as rows (the keying stage, declared
+    #: fields, a plan that scans its inputs' interval column); if not, the union holds only
+    #: the heartbeat source's rows (a plan whose tasks find their records in the batch's files)
+    rows: bool = True
 
 
 @dataclass(frozen=True)

@@ -149,6 +149,7 @@ def query_inputs(query: Any, plan: Plan) -> QueryInputs:
             if query.keying_stage
             else keyed_by_producer(query, raw, stream)
         )
+    as_rows = bool(records)  # an input whose records Spark reads as rows
     # the Spark group of each key interval (``_runtime.pin_groups``, ``_layout.py``): heartbeats keep -1;
     # the worker takes the interval from the group, so the column stops here: one
     # column less through the shuffle and the Arrow/pandas round trip
@@ -188,6 +189,7 @@ def query_inputs(query: Any, plan: Plan) -> QueryInputs:
         scan,
         tuple(scanned),
         heartbeats_listed_first(sources, settings.max_files_per_trigger),
+        as_rows,
     )
 
 

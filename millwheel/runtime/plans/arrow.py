@@ -73,6 +73,7 @@ from millwheel._record import MIN_TIMESTAMP
 from millwheel.runtime._colfiles import STATE_DIR, ColumnarFiles, Manifest, store_name
 from millwheel.runtime._columnar import ColumnarIntervalStep, send_order
 from millwheel.runtime._fieldcols import CARRY_PREFIX
+from millwheel.runtime._heartbeats import HB_FILE_SCHEMA
 from millwheel.runtime._outbox import crash_point, staged_version
 from millwheel.runtime._scan import SCAN_COLUMN, batch_intervals
 from millwheel.runtime._spark_internals import (
@@ -93,6 +94,10 @@ from millwheel.runtime.plans._base import Built, QueryInputs
 from millwheel.runtime.plans._choice import PlanKind
 
 __all__ = ["ArrowMapping", "ArrowPlan", "BatchPlan", "IntervalTask", "out_arrow_schema"]
+
+#: a heartbeat file of watermarks and ticks only (``_heartbeats.HB_FILE_SCHEMA``): a batch whose
+#: files are all such needs none of its rows in its tasks (:meth:`ArrowMapping.tasks`)
+_TICK_FILE_COLUMNS = frozenset(HB_FILE_SCHEMA.names)
 
 #: the union's columns a task reads (``wm_ts`` only moves Spark's watermark, which this mapping does not use)
 _TASK_COLUMNS = ("group", "kind", "key", "id", "ts", "value", "wm", "stream", "src", "row", "now")
@@ -134,11 +139,15 @@ class BatchPlan:
     due: tuple[int, ...]
     #: where the store files are (``Location.uri``)
     root: str
+    #: key interval -> the wall time of a tick the batch's heartbeat files carry for it: the
+    #: interval runs, at that time if it is later than ``now`` (``IntervalBatch.take_ticks``)
+    ticks: dict[int, int] = dataclasses.field(default_factory=dict)
 
     def encode(self) -> str:
         """The plan as the text of :data:`PLAN_PROPERTY`."""
         d = dataclasses.asdict(self)
         d["read"] = [[i, n] for i, n in self.read.items()]
+        d["ticks"] = [[i, t] for i, t in self.ticks.items()]
         return json.dumps(d, separators=(",", ":"))
 
     @classmethod
@@ -146,6 +155,7 @@ class BatchPlan:
         d = json.loads(text)
         d["read"] = {int(i): n for i, n in d["read"]}
         d["due"] = tuple(d["due"])
+        d["ticks"] = {int(i): int(t) for i, t in d["ticks"]}
         return cls(**d)
 
     @classmethod
@@ -181,11 +191,15 @@ _CACHE: dict[tuple[str, int], tuple[str, ColumnarStore]] = {}
 class IntervalTask:
     """The ``mapInArrow`` function of a query: runs the key intervals of its partition, by
     its batch's :class:`BatchPlan` (given, in process; otherwise read from the task's context:
-    :meth:`BatchPlan.of_task`)."""
+    :meth:`BatchPlan.of_task`). ``rowless``: the task of :attr:`ArrowMapping.rowless`, whose
+    one input row per partition carries nothing."""
 
-    def __init__(self, step: ColumnarIntervalStep, plan: BatchPlan | None = None) -> None:
+    def __init__(
+        self, step: ColumnarIntervalStep, plan: BatchPlan | None = None, *, rowless: bool = False
+    ) -> None:
         self.step = step
         self.plan = plan
+        self.rowless = rowless
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -197,7 +211,12 @@ class IntervalTask:
         plan = self.plan if self.plan is not None else BatchPlan.of_task()
         step = self.step
         files = ColumnarFiles(Location.of(plan.root))
-        frames = _by_interval(step, [b for b in batches if b.num_rows])
+        if self.rowless:
+            for _ in batches:  # the partition's placeholder row
+                pass
+            frames: dict[int, pa.Table | None] = {}
+        else:
+            frames = _by_interval(step, [b for b in batches if b.num_rows])
         groups = step.groups or []
 
         def owned(intervals: Iterable[int]) -> set[int]:
@@ -213,7 +232,7 @@ class IntervalTask:
             if step.scan is None
             else owned(_in_layout(step, batch_intervals(step.scan, plan.batch)))
         )
-        for i in marked | owned(plan.due):
+        for i in marked | owned(plan.due) | owned(plan.ticks):
             frames.setdefault(i, None)
         schema = out_arrow_schema(step)
         for interval in sorted(frames):
@@ -231,7 +250,7 @@ class IntervalTask:
                 frames[interval],
                 store,
                 plan.low_watermark,
-                plan.now,
+                max(plan.now, plan.ticks.get(interval, plan.now)),
                 plan.batch,
                 plan.arrival,
                 marked=interval in marked,
@@ -326,10 +345,24 @@ class ArrowMapping:
         runner = step.columnar()
         late = runner.options.late.action is LateAction.TO_STREAM
         self.values = "value" in runner.record_columns or late or bool(runner.value_fields)
+        #: the tasks of a batch whose rows they do not need (:meth:`tasks`): built once
+        self.rowless: Any = None
 
-    def tasks(self, union: Any) -> Any:
-        """The query's frame: ``union``'s task columns, shuffled by group, run by :class:`IntervalTask`."""
+    def tasks(self, union: Any, rows: bool = True) -> Any:
+        """The query's frame: ``union``'s task columns, shuffled by group, run by :class:`IntervalTask`.
+
+        Unless an input reaches the query as rows (``rows``), the union holds only the
+        heartbeat source's rows, which the driver reads itself (:meth:`plan`): then a batch
+        whose heartbeat files carry only watermarks and ticks runs :attr:`rowless` instead,
+        one task per partition and no row of the micro-batch (Spark plans the batch's frame,
+        for its offsets, and never runs it): one Spark stage, no scan, no shuffle."""
         from pyspark.sql import functions as F
+
+        if not rows:
+            n = self.partitions
+            self.rowless = union.sparkSession.range(0, n, 1, n).mapInArrow(
+                IntervalTask(self.step, rowless=True), self.step.out_schema()
+            )
 
         cols = [F.col(c) for c in _TASK_COLUMNS] + [
             F.col(f"`{c}`") for c in union.columns if c.startswith(CARRY_PREFIX) or c == SCAN_COLUMN
@@ -347,12 +380,12 @@ class ArrowMapping:
     def sink(self, df: Any, batch_id: int) -> None:
         """``foreachBatch`` of :meth:`tasks`' frame: plan the batch, run its tasks and stage
         their output, write the manifest."""
-        prev, plan = self.plan(batch_id)
+        prev, plan, rows = self.plan(batch_id)
         sc = df.sparkSession.sparkContext
         # the stream's thread: its jobs' tasks carry the plan (``BatchPlan.of_task``)
         sc.setLocalProperty(PLAN_PROPERTY, plan.encode())
         try:
-            self.outbox.sink(df, batch_id)
+            self.outbox.sink(df if rows or self.rowless is None else self.rowless, batch_id)
         finally:
             sc.setLocalProperty(PLAN_PROPERTY, None)
         reports = self._reports(batch_id)
@@ -361,14 +394,18 @@ class ArrowMapping:
         # test hook (``_outbox.crash_point``): the manifest of a batch Spark has not committed
         crash_point(self.name, "after_manifest", batch_id, any(r[1] for r in reports))
 
-    def plan(self, batch: int) -> tuple[Manifest, BatchPlan]:
+    def plan(self, batch: int) -> tuple[Manifest, BatchPlan, bool]:
+        """The last committed manifest before ``batch``, the batch's plan, and whether its
+        tasks need the batch's rows (its heartbeat files carry rows other than watermarks and
+        ticks: a state load's; the same files on a replay, so the same answer)."""
         prev = self.files.manifest_before(batch, set(committed_batches(self.checkpoint)))
         self.files.collect(prev, self.query.intervals)
         meta = (
             offset_log_metadata(self.checkpoint.child(OFFSETS, str(batch)).read_text() or "") or {}
         )
         now = int(meta.get("batchTimestampMs", 0))
-        lw = max(prev.low_watermark, self._heartbeat_watermark(batch))
+        hb_wm, ticks, rows = self._heartbeats(batch)
+        lw = max(prev.low_watermark, hb_wm)
         plan = BatchPlan(
             batch,
             uuid.uuid4().hex[:10],
@@ -379,15 +416,19 @@ class ArrowMapping:
             dict(prev.files),
             tuple(prev.due(lw, now)),
             self.files.loc.uri,
+            ticks,
         )
-        return prev, plan
+        return prev, plan, rows
 
-    def _heartbeat_watermark(self, batch: int) -> int:
-        """The newest input low watermark among the heartbeat files batch ``batch`` reads."""
+    def _heartbeats(self, batch: int) -> tuple[int, dict[int, int], bool]:
+        """What the heartbeat files batch ``batch`` reads say: the newest input low watermark,
+        each key interval's newest tick, and whether a file holds other rows (a state load's:
+        only the rows path hands them to the tasks). A tick for an interval the layout lacks
+        wakes nothing, as the query's heartbeat source drops it (``plans/_inputs.py``)."""
         c = self.consumed
         c.refresh()
         upto, before = c.log_offsets(batch), c.log_offsets(batch - 1)
-        wm = MIN_TIMESTAMP
+        wm, ticks, rows = MIN_TIMESTAMP, {}, False
         old = set()
         for name, (i, b) in c.heartbeat_files.items():
             if b <= before.get(i, -1):
@@ -396,17 +437,26 @@ class ArrowMapping:
                 f = self.heartbeats.child(name)
                 try:
                     with f.fs.open_input_file(f.path) as s:
-                        t = pq.read_table(s, columns=["interval", "wm"])
+                        t = pq.read_table(s)
                 except FileNotFoundError:
                     continue  # pruned: a batch that read it was published, so this is a late zombie call
-                for interval, w in zip(
-                    t.column("interval").to_pylist(), t.column("wm").to_pylist(), strict=True
-                ):
-                    if interval is not None and interval < 0 and w is not None:
-                        wm = max(wm, from_spark(w))
+                if not set(t.column_names) <= _TICK_FILE_COLUMNS:
+                    rows = True
+                    continue
+                cols = (t.column(c).to_pylist() for c in ("interval", "wm", "now"))
+                for interval, w, at in zip(*cols, strict=True):
+                    if interval is None:
+                        continue
+                    if interval < 0:
+                        if w is not None:
+                            wm = max(wm, from_spark(w))
+                    elif w is not None:
+                        rows = True  # a watermark addressed to an interval: its step applies it
+                    elif at is not None and interval < self.query.intervals:
+                        ticks[interval] = max(ticks.get(interval, at), at)
         if old:
             c.forget(None, None, old)
-        return wm
+        return wm, ticks, rows
 
     def _reports(self, batch: int) -> list[tuple[int, str | None, int | None, int | None]]:
         """Each interval the batch ran: its store file and next timers, from the staged summary rows."""
@@ -463,4 +513,4 @@ class ArrowPlan:
         # the held ids beside the stores, not in them (``_colsegments.py``): a store file is
         # written whole every batch that runs its interval, the ids only once
         step.ids_beside(mapping.files.loc.child("ids").uri, rt.spark)
-        return Built(mapping.tasks(inputs.union), mapping.sink)
+        return Built(mapping.tasks(inputs.union, inputs.rows), mapping.sink)
