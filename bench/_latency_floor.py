@@ -108,9 +108,7 @@ def breakdown(
 def progress_summary(progress: dict[int, dict], skip_before: float = 0.0) -> dict[str, Any]:
     """Data batches' ``triggerExecution`` p50/p95, the parts of the median one, and the
     stateful operator's own times (``stateOperators``)."""
-    ps = [
-        p for p in progress.values() if read_input(p) and _ts(p["timestamp"]) >= skip_before
-    ]
+    ps = [p for p in progress.values() if read_input(p) and _ts(p["timestamp"]) >= skip_before]
     if not ps:
         return {}
     times = [p["durationMs"]["triggerExecution"] for p in ps]

@@ -135,7 +135,10 @@ def main() -> int:
         finite=not args.follow,
     )
     settings = RuntimeSettings(
-        drain=True,
+        # ``drain`` reads a log directory as complete (``_injectors.LogFileInjector``): with
+        # ``--follow`` a file appended after the injector read every file would come under
+        # its +inf watermark, late; ``_DONE`` ends the followed input instead
+        drain=not args.follow,
         intervals=args.intervals,
         master="local[2]",
         max_files_per_trigger=args.per_trigger,

@@ -9,13 +9,15 @@
         ─► select(the task's columns) ─► repartition(N, group) ─► mapInArrow(IntervalTask)
               (all three in the query's own plan, built once per query start)
         ─► foreachBatch(ArrowMapping.sink):
-              plan the batch (driver): last committed manifest, low watermark, due intervals;
-              the plan set as a local property of the stream's thread (``PLAN_PROPERTY``)
+              plan the batch (driver): last committed manifest, low watermark, wall ticks,
+              due intervals; the plan set as a local property of the stream's thread
+              (``PLAN_PROPERTY``)
               ─► Outbox.sink (staged, crash points, weak publication: as the default
-                 mapping), whose job runs the tasks, one per partition: each reads the
-                 plan from its task context, then each key interval of the partition that
-                 has rows, records in the batch's files (``_scan.batch_intervals``) or a
-                 timer due: its store from its file (or the worker's cache of it), its
+                 mapping) of that frame, or of ``ArrowMapping.rowless`` when the batch needs
+                 none of its rows (``ArrowMapping.tasks``), whose job runs the tasks, one
+                 per partition: each reads the plan from its task context, then each key
+                 interval of the partition that has rows, records in the batch's files
+                 (``_scan.batch_intervals``), a tick or a timer due: its store from its file (or the worker's cache of it), its
                  records from the batch's files, run by ColumnarIntervalStep.run_interval,
                  its new store written to a file of its own (held ids to segment files,
                  ``_colsegments.py``);
@@ -27,8 +29,8 @@ GroupState row: pickled from Python to the JVM and back and written whole by the
 store on every batch that touches the interval. Here the store never enters the JVM: a
 task reads the file the last committed manifest names, a Python worker keeps what it
 wrote (a later task of the same interval on the same worker skips the read and the
-decode), and only the new version is written. Spark's role shrinks to reading the input,
-one hash shuffle of raw rows and the offset/commit logs.
+decode), and only the new version is written. Spark's role shrinks to the offset/commit
+logs, scheduling the tasks and, for inputs read as rows, reading them and one hash shuffle.
 
 **One task function per query.** The tasks' function and their columns are part of the
 query's plan, so Spark plans them with the batch and the driver builds no DataFrame per
