@@ -230,7 +230,7 @@ def pin_mapping(
         msg = (
             f"run directory {root.uri}: computation {computation!r} was started with mapping={entry['mapping']!r}, not {mapping!r}; "
             "its state lives where that mapping keeps it: resume it with the same ComputationOptions.mapping, "
-            "or start the new mapping in a new run directory"
+            "or start the new mapping in a new run directory (millwheel run --fresh, or another --checkpoint)"
         )
         raise MillwheelError(msg)
     return dict(entry)

@@ -44,6 +44,11 @@ class ZeitgeistConfig:
     #: run the model calculator on the columnar path (``computations.columnar_model``): the
     #: same productions, ids included; ``False``: the per-record ``ModelCalculator``
     columnar_model: bool = True
+    #: the columnar computations' mapping (``ComputationOptions.mapping``): ``"arrow"`` keeps
+    #: their state in versioned files, not Spark's state store (a dip is seen ~40% sooner,
+    #: docs/performance.md, "Latency"), and ``millwheel rescale`` refuses them; ``"default"``
+    #: for a run to rescale. The per-record forms always run on the default mapping
+    mapping: str = "arrow"
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ drained its input.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -75,6 +76,7 @@ def build(
             slack_ms=cfg.dedup_slack_ms, gc_interval_ms=max(1_000, cfg.dedup_slack_ms // 6)
         ),
     )
+    columnar = dataclasses.replace(options, mapping=cfg.mapping)
     by_query = {"queries": lambda r: r.value["query"]}
     by_key = {"window_models": lambda r: r.value["key"]}
     t = Topology("zeitgeist", spark_conf=SAMPLE_SPARK_CONF if bundled else None)
@@ -87,7 +89,7 @@ def build(
         name="WindowCounter",
         inputs={"queries": lambda r: r.value["query"]},
         outputs=["window_counts"],
-        options=options,
+        options=columnar if cfg.columnar_counter else options,
         params={"window_ms": cfg.window_ms, "trailing_empty": cfg.trailing_empty},
     )
     t.computation(
@@ -95,7 +97,7 @@ def build(
         name="ModelCalculator",
         inputs={"window_counts": lambda r: r.value["key"]},
         outputs=["window_models"],
-        options=options,
+        options=columnar if cfg.columnar_model else options,
         params={
             "day_ms": cfg.day_ms,
             "slot_ms": cfg.slot_ms,
@@ -110,7 +112,7 @@ def build(
         name="SpikeDetector",
         inputs={**by_query, **by_key},
         outputs=[ANOMALIES],
-        options=options,
+        options=columnar if cfg.columnar_detector else options,
         params={"thresholds": cfg.thresholds, "window_ms": cfg.window_ms},
     )
     t.computation(
@@ -118,7 +120,7 @@ def build(
         name="DipDetector",
         inputs=by_key,
         outputs=[ANOMALIES],
-        options=options,
+        options=columnar if cfg.columnar_detector else options,
         params={"thresholds": cfg.thresholds, "window_ms": cfg.window_ms},
     )
     t.sink(ANOMALIES)
