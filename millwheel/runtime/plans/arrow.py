@@ -430,7 +430,8 @@ class ArrowMapping:
         c = self.consumed
         c.refresh()
         upto, before = c.log_offsets(batch), c.log_offsets(batch - 1)
-        wm, ticks, rows = MIN_TIMESTAMP, {}, False
+        wm, rows = MIN_TIMESTAMP, False
+        ticks: dict[int, int] = {}
         old = set()
         for name, (i, b) in c.heartbeat_files.items():
             if b <= before.get(i, -1):
