@@ -576,3 +576,63 @@ def test_a_rowless_task_runs_the_intervals_its_plan_ticks_at_the_ticks_time(tmp_
     m2, ran, fired = run(1, m, T0 + 100, {1: T0 + 600})
     assert ran == {1} and fired == [T0 + 600]  # y's, at the tick's time, not the batch's
     assert run(2, m2, T0 + 700, {})[1:] == ({0}, [T0 + 700])  # x's timer, due at the batch's
+
+
+class _Consumed:
+    """The part of ``ConsumedFiles`` the driver's heartbeat reading uses: each heartbeat file's
+    (source, log entry), batch ``B`` reading log entry ``B`` of source 0."""
+
+    def __init__(self, files: dict[str, int]) -> None:
+        self.heartbeat_files = {name: (0, entry) for name, entry in files.items()}
+        self.forgotten: set[str] = set()
+
+    def refresh(self) -> None:
+        pass
+
+    def log_offsets(self, batch: int) -> dict[int, int]:
+        return {0: batch}
+
+    def forget(self, stream, producer, names) -> None:
+        self.forgotten |= set(names)
+
+
+def test_the_driver_reads_a_batchs_watermark_ticks_and_whether_its_tasks_need_its_rows(tmp_path):
+    """``ArrowMapping._heartbeats``: over the heartbeat files batch 5 reads, the newest watermark
+    (rows of interval -1, whatever else the file holds), each interval's newest tick (none for an
+    interval the layout lacks), and whether a file holds rows only the tasks can apply (a state
+    load's ``INSTALL`` rows, a watermark addressed to an interval): then the batch runs its
+    rows, not :attr:`ArrowMapping.rowless`. Files of earlier batches are not read, and forgotten."""
+    import pyarrow.parquet as pq
+
+    from millwheel.runtime._heartbeats import HB_FILE_SCHEMA
+    from millwheel.runtime._wire import to_spark
+
+    def hb(name: str, rows: list[tuple], **extra: pa.Array) -> None:
+        cols = {
+            "interval": pa.array([r[0] for r in rows], pa.int32()),
+            "wm": pa.array([r[1] for r in rows], pa.int64()),
+            "now": pa.array([r[2] for r in rows], pa.int64()),
+            "upto": pa.nulls(len(rows), pa.int64()),
+        }
+        schema = HB_FILE_SCHEMA if not extra else None
+        pq.write_table(pa.table({**cols, **extra}, schema=schema), tmp_path / name)
+
+    mapping = object.__new__(_arrowmap.ArrowMapping)
+    mapping.heartbeats = Location.of(str(tmp_path))
+    mapping.query = types.SimpleNamespace(intervals=4)
+    hb("old.parquet", [(-1, to_spark(T0 + 50), None)])  # read by batch 4
+    hb("a.parquet", [(-1, to_spark(T0 + 5), None), (2, None, T0 + 9), (9, None, T0 + 10)])
+    hb("b.parquet", [(2, None, T0 + 3), (1, None, T0 + 4)])
+    mapping.consumed = _Consumed({"old.parquet": 4, "a.parquet": 5, "b.parquet": 5})
+    assert mapping._heartbeats(5) == (T0 + 5, {2: T0 + 9, 1: T0 + 4}, False)
+    assert mapping.consumed.forgotten == {"old.parquet"}
+    hb(
+        "load.parquet",
+        [(-1, to_spark(T0 + 7), None), (None, None, None)],
+        kind=pa.array([None, 3], pa.int32()),
+    )
+    mapping.consumed = _Consumed({"a.parquet": 5, "load.parquet": 5})
+    assert mapping._heartbeats(5) == (T0 + 7, {2: T0 + 9}, True)
+    hb("addressed.parquet", [(3, to_spark(T0 + 8), None)])
+    mapping.consumed = _Consumed({"addressed.parquet": 5})
+    assert mapping._heartbeats(5)[2] is True

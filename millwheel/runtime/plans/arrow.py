@@ -17,7 +17,8 @@
                  none of its rows (``ArrowMapping.tasks``), whose job runs the tasks, one
                  per partition: each reads the plan from its task context, then each key
                  interval of the partition that has rows, records in the batch's files
-                 (``_scan.batch_intervals``), a tick or a timer due: its store from its file (or the worker's cache of it), its
+                 (``_scan.batch_intervals``), a tick or a timer due: its store from its
+                 file (or the worker's cache of it), its
                  records from the batch's files, run by ColumnarIntervalStep.run_interval,
                  its new store written to a file of its own (held ids to segment files,
                  ``_colsegments.py``);
@@ -440,13 +441,16 @@ class ArrowMapping:
                 f = self.heartbeats.child(name)
                 try:
                     with f.fs.open_input_file(f.path) as s:
-                        t = pq.read_table(s)
+                        pf = pq.ParquetFile(s)
+                        names = pf.schema_arrow.names
+                        t = pf.read(columns=[c for c in ("interval", "wm", "now") if c in names])
                 except FileNotFoundError:
                     continue  # pruned: a batch that read it was published, so this is a late zombie call
-                if not set(t.column_names) <= _TICK_FILE_COLUMNS:
-                    rows = True
-                    continue
-                cols = (t.column(c).to_pylist() for c in ("interval", "wm", "now"))
+                rows = rows or not set(names) <= _TICK_FILE_COLUMNS
+                cols = (
+                    t.column(c).to_pylist() if c in names else [None] * t.num_rows
+                    for c in ("interval", "wm", "now")
+                )
                 for interval, w, at in zip(*cols, strict=True):
                     if interval is None:
                         continue
