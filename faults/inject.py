@@ -37,7 +37,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import BinaryIO
 
 # ---- processes --------------------------------------------------------------------------------
 
@@ -398,7 +398,7 @@ class SmallDisk:
                 f.flush()
         return written
 
-    def _open_ballast(self) -> Any:
+    def _open_ballast(self) -> BinaryIO | None:
         """The ballast file, to append to; ``None`` if the device is full already. Creating
         it was once refused with ENOSPC on a tmpfs that ``statvfs`` showed empty (a CI run,
         seed 144324; the same seed alone passed): it is tried again for a second, and a
