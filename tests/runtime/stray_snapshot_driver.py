@@ -6,10 +6,11 @@ write into its state directory after the stop? (``_state_files.release_state_sto
 Runs a small RocksDB-backed aggregation (changelog checkpointing, a snapshot queued at
 every commit, maintenance every second) to its end, then, with ``release``, releases its
 providers; moves the state directory aside and puts an empty one in its place, as a layout
-change's swap does; watches the new directory for maintenance ticks (until a snapshot
-appears, or 10 s if released) and prints the files that appeared in it as JSON on its
-last line. Its own session: the maintenance interval is
-fixed when a JVM's first stateful query starts.
+change's swap does (again, in a fresh directory, if maintenance had uploaded every snapshot
+before the swap: nothing would be left to write); watches the new directory for maintenance
+ticks (until a snapshot appears, or 10 s if released) and prints the files that appeared in
+it as JSON on its last line. Its own session: the maintenance interval is fixed when a
+JVM's first stateful query starts.
 """
 
 from __future__ import annotations
@@ -45,6 +46,16 @@ def count(spark: SparkSession, data: Path, checkpoint: Path) -> None:
     q.awaitTermination(120)
 
 
+def queued(store: Path) -> bool:
+    """Whether some partition of ``store`` lacks the snapshot of its last version: a
+    snapshot the provider has queued and maintenance has not uploaded yet."""
+    for part in (p for p in store.glob("*/*") if p.name.isdigit()):
+        versions = [int(c.stem) for c in part.glob("*.changelog")]
+        if versions and not (part / f"{max(versions)}.zip").exists():
+            return True
+    return False
+
+
 def main() -> int:
     release, base = sys.argv[1] == "release", Path(sys.argv[2])
     spark = (
@@ -60,16 +71,27 @@ def main() -> int:
         .config("spark.sql.streaming.stateStore.minDeltasForSnapshot", "1")
         .getOrCreate()
     )
-    data, checkpoint = base / "in", base / "checkpoint"
-    data.mkdir(parents=True)
-    for i in range(4):
-        pd.DataFrame({"k": [1, 2, 3, i]}).to_parquet(data / f"{i}.parquet")
-    count(spark, data, checkpoint)
-    state = checkpoint / "state"
-    if release:
-        release_state_stores(spark, Location.of(str(state)))
-    shutil.move(str(state), str(base / "aside"))
-    state.mkdir()
+    # the scenario needs a snapshot still queued when the directory is swapped: maintenance
+    # may have uploaded the last one already (a loaded machine, a slow stop); then run again
+    for attempt in range(5):
+        run = base / str(attempt)
+        data, checkpoint = run / "in", run / "checkpoint"
+        data.mkdir(parents=True)
+        for i in range(4):
+            pd.DataFrame({"k": [1, 2, 3, i]}).to_parquet(data / f"{i}.parquet")
+        count(spark, data, checkpoint)
+        state = checkpoint / "state"
+        pending = queued(state)  # before the release, which uploads it
+        if release:
+            release_state_stores(spark, Location.of(str(state)))
+        shutil.move(str(state), str(run / "aside"))
+        state.mkdir()
+        if pending and (release or queued(run / "aside")):
+            break
+        print(f"attempt {attempt}: every snapshot was uploaded before the swap", file=sys.stderr)
+    else:
+        print("no attempt left a snapshot queued at the swap", file=sys.stderr)
+        return 1
     # maintenance ticks every second: kept, the old store's snapshot shows within a few (on a
     # loaded machine, later: up to 60 s); released, nothing may come in 10 s
     deadline = time.monotonic() + (10 if release else 60)
