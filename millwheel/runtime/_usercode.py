@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import importlib.machinery
 import os
 import sys
 import sysconfig
@@ -52,16 +51,29 @@ def _modules_of(topology: Any) -> set[str]:
 
 
 def _importable_by_name(name: str) -> bool:
-    """Would a fresh interpreter with the driver's ``sys.path`` find module ``name``'s package?"""
+    """Would a fresh interpreter with the driver's ``sys.path`` find module ``name``'s package?
+
+    Asks every finder on ``sys.meta_path``, not only the one for ``sys.path``: a package
+    installed in development mode (``pip install -e``) is found by the finder its ``.pth``
+    file installs, in the driver and in every worker of the same Python. Shipped by value
+    instead, its classes would exist twice in a worker, and pickling one of their
+    instances (a state, a timer's payload) would fail with "not the same object".
+    """
     if name == "__main__" or name.startswith(TOPOLOGY_MODULE_PREFIX):
         return False
     top = name.split(".", 1)[0]
     if top in sys.builtin_module_names:
         return True
-    try:
-        return importlib.machinery.PathFinder.find_spec(top, sys.path) is not None
-    except (ImportError, ValueError):
-        return False
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        if find is None:
+            continue
+        try:
+            if find(top, None) is not None:
+                return True
+        except (ImportError, ValueError, TypeError):
+            continue
+    return False
 
 
 def ship_user_code(topology: Any) -> list[str]:

@@ -4,6 +4,9 @@
   ``Computation`` class defined in that file and a helper module imported from the same
   directory: classes and functions of the topology file are shipped to Spark's workers
   by value, sibling modules by path.
+* A package of the user's installed in development mode (``pip install -e``: found by an
+  import finder, not by a ``sys.path`` entry), run from another directory: its classes
+  reach the workers by name, so plain ``pickle`` of their instances works there.
 * A computation whose constructor fails in the workers: the run stops after one retry
   with the Python traceback as the message, not twenty restarts and thousands of lines of
   Java traces.
@@ -27,9 +30,14 @@ MILLWHEEL = str(Path(sys.executable).with_name("millwheel"))
 
 
 def _run(
-    tmp_path: Path, topology_file: Path, *extra: str, timeout: float = 300
+    tmp_path: Path,
+    topology_file: Path,
+    *extra: str,
+    timeout: float = 300,
+    cwd: Path | None = None,
+    pythonpath: str = "",
 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": ""}
+    env = {**os.environ, "PYTHONPATH": pythonpath}
     return subprocess.run(
         [
             MILLWHEEL,
@@ -44,7 +52,7 @@ def _run(
             "0",
             *extra,
         ],
-        cwd=tmp_path,
+        cwd=cwd or tmp_path,
         env=env,
         capture_output=True,
         text=True,
@@ -86,6 +94,78 @@ def test_a_sibling_module_of_the_topology_file_reaches_the_workers(tmp_path):
     done = _run(tmp_path, path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "HI!" in done.stdout and "HO!" in done.stdout
+
+
+#: what ``pip install -e`` leaves in site-packages, in short: a finder on ``sys.meta_path``
+#: that knows where the package's source is (here a ``sitecustomize`` on the workers'
+#: ``PYTHONPATH`` installs it, in the driver and in every worker)
+EDITABLE_FINDER = """
+import importlib.abc, importlib.util, sys
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "tallies":
+            return None  # its submodules: through the package's __path__
+        return importlib.util.spec_from_file_location(
+            name, {src!r} + "/tallies/__init__.py", submodule_search_locations=[{src!r} + "/tallies"]
+        )
+
+sys.meta_path.append(_Finder())
+"""
+
+
+def test_a_package_installed_in_development_mode_reaches_the_workers_by_name(tmp_path):
+    src, site, app, elsewhere = (tmp_path / d for d in ("src", "site", "app", "elsewhere"))
+    (src / "tallies").mkdir(parents=True)
+    for d in (site, app, elsewhere):
+        d.mkdir()
+    (site / "sitecustomize.py").write_text(EDITABLE_FINDER.format(src=str(src)))
+    (src / "tallies" / "__init__.py").write_text("")
+    (src / "tallies" / "counting.py").write_text(
+        textwrap.dedent(
+            """
+        import pickle
+        from dataclasses import dataclass
+
+        from millwheel import Computation
+
+
+        @dataclass
+        class Tally:
+            n: int = 0
+
+
+        class Count(Computation):
+            def process_record(self, record):
+                # pickled by its own code, as a columnar computation stores objects in a
+                # binary column: plain pickle finds the class by name
+                tally = pickle.loads(self.state.get(pickle.dumps(Tally())))
+                tally.n += 1
+                self.state.set(pickle.dumps(tally))
+                self.produce("tallies", (self.key, tally.n))
+        """
+        )
+    )
+    path = app / "topology.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+        from millwheel import SampleSource, Topology
+        from tallies.counting import Count
+
+        words = [{"word": w, "ts": i} for i, w in enumerate(["hi", "ho", "hi"])]
+        topology = Topology("tallying")
+        topology.injector("words", SampleSource(words, timestamp="ts"))
+        topology.computation(Count, inputs={"words": lambda r: r.value["word"]}, outputs=["tallies"])
+        topology.sink("tallies")
+        """
+        )
+    )
+    done = _run(tmp_path, path, cwd=elsewhere, pythonpath=str(site))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "dead letters" not in done.stdout, done.stdout
+    for line in ("('hi', 1)", "('ho', 1)", "('hi', 2)"):
+        assert line in done.stdout, done.stdout
 
 
 def test_a_deterministic_worker_failure_stops_with_the_python_traceback(tmp_path):

@@ -1,12 +1,17 @@
-"""When a failed query is restarted, and when the run stops (``millwheel/runtime/_usercode.py``)."""
+"""Which user modules are shipped by value; when a failed query is restarted, and when the
+run stops (``millwheel/runtime/_usercode.py``)."""
 
 from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import sys
 
 import pytest
 
 from millwheel._errors import RunError
 from millwheel.runtime._spark_internals import disk_full
-from millwheel.runtime._usercode import RestartPolicy
+from millwheel.runtime._usercode import RestartPolicy, _importable_by_name
 
 #: the shape of a query failure whose sink's Parquet write found the disk full: the Python
 #: traceback of the foreachBatch function, then the Java causes (abridged from a real one)
@@ -23,6 +28,33 @@ Caused by: java.io.IOException: No space left on device
 
 class Failure(Exception):
     pass
+
+
+class EditableFinder:
+    """What ``pip install -e`` puts on ``sys.meta_path``: a finder for one package whose
+    source is on no ``sys.path`` entry."""
+
+    def __init__(self, name: str, origin: str) -> None:
+        self.name, self.origin = name, origin
+
+    def find_spec(self, name, path, target=None):
+        if name != self.name:
+            return None
+        return importlib.util.spec_from_file_location(name, self.origin)
+
+
+def test_a_module_any_import_finder_finds_goes_by_name_and_a_topology_file_by_value(
+    tmp_path, monkeypatch
+):
+    (tmp_path / "devpkg.py").write_text("")
+    finder = EditableFinder("devpkg", str(tmp_path / "devpkg.py"))
+    assert not _importable_by_name("devpkg.counting")  # found by nothing: shipped by value
+    monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, finder])
+    assert _importable_by_name("devpkg.counting")  # a worker's interpreter finds it too
+    assert _importable_by_name("json") and _importable_by_name("sys")
+    assert not _importable_by_name("__main__")
+    assert not _importable_by_name("_millwheel_topology_counts")  # imported by path
+    assert importlib.machinery.PathFinder.find_spec("devpkg", sys.path) is None
 
 
 def test_a_full_disk_stops_the_run_at_once_with_what_to_do():
