@@ -377,9 +377,17 @@ class HeldIds:
         return {self.keys[i]: mins[i] for i in want if i in mins}
 
     def keys_with_ids(self, keys: Sequence[bytes]) -> set[bytes]:
-        """Which of ``keys`` have ids kept."""
+        """Which of ``keys`` have ids kept: a binary search of each in the sorted key column,
+        so a call costs what it asks, not the ids held (a batch of many arrival watermarks
+        asks once per call, ``_colruns.run_in_order``)."""
         if not len(self.ts) or not keys:
             return set()
-        present = np.zeros(len(self.keys), np.bool_)
-        present[self.kix] = True
-        return {kb for kb in keys if kb in self.key_index and present[self.key_index[kb]]}
+        index = self.key_index
+        asked = [(kb, i) for kb in keys if (i := index.get(kb)) is not None]
+        if not asked:
+            return set()
+        ix = np.fromiter((i for _, i in asked), np.int64, len(asked))
+        pos = np.searchsorted(self.kix, ix)
+        hit = pos < len(self.kix)
+        hit[hit] = self.kix[pos[hit]] == ix[hit]
+        return {kb for (kb, _), h in zip(asked, hit.tolist(), strict=True) if h}

@@ -74,7 +74,7 @@ class Runs:
     """A batch's rows cut by arrival watermark (``late_wm``: each row's, as the late rule
     judges it; ``kcodes``: each row's key) into calls; see the module docstring."""
 
-    __slots__ = ("order", "complex_keys", "_bounds", "_group_keys", "_row_group")
+    __slots__ = ("order", "complex_keys", "_bounds", "_group_keys", "_group_rows")
 
     def __init__(self, late_wm: np.ndarray, kcodes: np.ndarray, low_watermark: int) -> None:
         #: the rows by arrival watermark, each watermark's in delivery order (a stable sort:
@@ -109,8 +109,13 @@ class Runs:
         )
         run_group = np.full(len(rk), groups.shape[1], np.int64)
         run_group[early] = early_group.reshape(-1)
-        self._row_group = run_group[pair_run[row_pair.reshape(-1)]]
         self._bounds = np.r_[groups[1], low_watermark].astype(np.int64)
+        # each call's rows in send order, cut once (a call per read would cost the batch's
+        # rows each: quadratic in a batch of many arrival watermarks)
+        row_group = run_group[pair_run[row_pair.reshape(-1)]][self.order]
+        by_group = np.argsort(row_group, kind="stable")
+        sizes = np.bincount(row_group, minlength=len(self._bounds))
+        self._group_rows = np.split(self.order[by_group], np.cumsum(sizes)[:-1])
         self._group_keys = [rk[early[early_group.reshape(-1) == g]] for g in range(groups.shape[1])]
         #: the keys with records in more than one call (ascending codes)
         self.complex_keys = np.unique(rk[early])
@@ -123,7 +128,7 @@ class Runs:
     def rows(self, g: int) -> np.ndarray:
         """The rows of call ``g`` (all, admitted or not), in the order they were sent (by
         arrival watermark, each watermark's in delivery order)."""
-        return self.order[self._row_group[self.order] == g]
+        return self._group_rows[g]
 
     def call_watermark(self, g: int) -> int:
         """The low watermark call ``g`` sees (``Batch.low_watermark``) and its keys' timers fire
