@@ -93,6 +93,7 @@ def one_pass(checkout: Path, n: int, files: int, keys: int, disorder: int) -> di
     done = subprocess.run(
         [sys.executable, "-c", PASS, str(n), str(files), str(keys), str(disorder)],
         env=env,
+        cwd=checkout,  # ``python -c`` puts the working directory first on sys.path
         capture_output=True,
         text=True,
         check=False,

@@ -161,3 +161,16 @@ def test_decisions_match_a_set_of_pairs_through_round_trips_rebuilds_and_collect
             d.collect(horizon, 0)
             held = {p: t for p, t in held.items() if t >= horizon}
         assert len(d) == len(held)
+        # which keys hold ids: asked of some keys, known or not (``ColumnarStore.keeping_nothing``)
+        asked = [f"k{i}".encode() for i in rng.sample(range(14), rng.randrange(0, 14))]
+        assert d.keys_with_ids(asked) == {k for k, _ in held} & set(asked), f"batch {b}"
+
+
+def test_which_keys_hold_ids_after_a_key_between_others_lost_its_own():
+    """``keys_with_ids`` after a collection took every id of a key whose neighbours in the
+    key table keep theirs, and of keys never seen."""
+    d = ColumnarDedup()
+    d.admit(["x", "y", "z"], [b"a", b"b", b"c"], np.array([200, 1, 300], np.int64))
+    d.collect(150, 0)
+    assert d.keys_with_ids([b"a", b"b", b"c", b"d"]) == {b"a", b"c"}
+    assert d.keys_with_ids([b"b"]) == set() and d.keys_with_ids([]) == set()
