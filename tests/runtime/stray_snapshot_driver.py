@@ -6,11 +6,12 @@ write into its state directory after the stop? (``_state_files.release_state_sto
 Runs a small RocksDB-backed aggregation (changelog checkpointing, a snapshot queued at
 every commit, maintenance every second) to its end, then, with ``release``, releases its
 providers; moves the state directory aside and puts an empty one in its place, as a layout
-change's swap does (again, in a fresh directory, if maintenance had uploaded every snapshot
-before the swap: nothing would be left to write); watches the new directory for maintenance
-ticks (until a snapshot appears, or 10 s if released) and prints the files that appeared in
-it as JSON on its last line. Its own session: the maintenance interval is fixed when a
-JVM's first stateful query starts.
+change's swap does; watches the new directory for maintenance ticks (until a snapshot
+appears, 30 s; 10 s if released) and prints the files that appeared in it as JSON on its
+last line. Again in a fresh directory (up to 5 attempts) if maintenance had uploaded every
+snapshot before the swap, so nothing was left to write, or, kept, if none showed: on a
+loaded machine maintenance may race the swap itself. Its own session: the maintenance
+interval is fixed when a JVM's first stateful query starts.
 """
 
 from __future__ import annotations
@@ -56,6 +57,17 @@ def queued(store: Path) -> bool:
     return False
 
 
+def watch(state: Path, seconds: float) -> list[str]:
+    """The files that appear in ``state`` within ``seconds`` (maintenance ticks every
+    second; on a loaded machine later), until a snapshot does."""
+    deadline = time.monotonic() + seconds
+    written: list[str] = []
+    while time.monotonic() < deadline and not any(n.endswith(".zip") for n in written):
+        time.sleep(0.5)
+        written = sorted(str(p.relative_to(state)) for p in state.rglob("*") if p.is_file())
+    return written
+
+
 def main() -> int:
     release, base = sys.argv[1] == "release", Path(sys.argv[2])
     spark = (
@@ -72,7 +84,12 @@ def main() -> int:
         .getOrCreate()
     )
     # the scenario needs a snapshot still queued when the directory is swapped: maintenance
-    # may have uploaded the last one already (a loaded machine, a slow stop); then run again
+    # may have uploaded the last one already (a loaded machine, a slow stop); and kept, its
+    # upload may still miss the watch (maintenance racing the swap itself). Each attempt in
+    # a fresh directory: kept, until a snapshot shows; released, until one attempt had a
+    # snapshot queued (none may show)
+    written: list[str] = []
+    watched = 0
     for attempt in range(5):
         run = base / str(attempt)
         data, checkpoint = run / "in", run / "checkpoint"
@@ -86,19 +103,19 @@ def main() -> int:
             release_state_stores(spark, Location.of(str(state)))
         shutil.move(str(state), str(run / "aside"))
         state.mkdir()
-        if pending and (release or queued(run / "aside")):
+        if not (pending and (release or queued(run / "aside"))):
+            print(
+                f"attempt {attempt}: every snapshot was uploaded before the swap", file=sys.stderr
+            )
+            continue
+        watched += 1
+        written = watch(state, 10 if release else 30)
+        if release or any(n.endswith(".zip") for n in written):
             break
-        print(f"attempt {attempt}: every snapshot was uploaded before the swap", file=sys.stderr)
-    else:
+        print(f"attempt {attempt}: no snapshot showed in 30 s", file=sys.stderr)
+    if not watched:
         print("no attempt left a snapshot queued at the swap", file=sys.stderr)
         return 1
-    # maintenance ticks every second: kept, the old store's snapshot shows within a few (on a
-    # loaded machine, later: up to 60 s); released, nothing may come in 10 s
-    deadline = time.monotonic() + (10 if release else 60)
-    written: list[str] = []
-    while time.monotonic() < deadline and not any(n.endswith(".zip") for n in written):
-        time.sleep(0.5)
-        written = sorted(str(p.relative_to(state)) for p in state.rglob("*") if p.is_file())
     print(json.dumps(written))
     spark.stop()
     return 0
