@@ -110,13 +110,11 @@ class Runs:
         run_group = np.full(len(rk), groups.shape[1], np.int64)
         run_group[early] = early_group.reshape(-1)
         self._bounds = np.r_[groups[1], low_watermark].astype(np.int64)
-        # each call's rows in send order, cut once (a call per read would cost the batch's
-        # rows each: quadratic in a batch of many arrival watermarks)
+        # each call's rows in send order and its keys, cut once (a pass per call would cost
+        # the batch's rows or runs each: quadratic in a batch of many arrival watermarks)
         row_group = run_group[pair_run[row_pair.reshape(-1)]][self.order]
-        by_group = np.argsort(row_group, kind="stable")
-        sizes = np.bincount(row_group, minlength=len(self._bounds))
-        self._group_rows = np.split(self.order[by_group], np.cumsum(sizes)[:-1])
-        self._group_keys = [rk[early[early_group.reshape(-1) == g]] for g in range(groups.shape[1])]
+        self._group_rows = _cut(self.order, row_group, len(self._bounds))
+        self._group_keys = _cut(rk[early], early_group.reshape(-1), groups.shape[1])
         #: the keys with records in more than one call (ascending codes)
         self.complex_keys = np.unique(rk[early])
 
@@ -138,6 +136,14 @@ class Runs:
     def keys(self, g: int) -> np.ndarray:
         """The keys of call ``g`` (each has a later run; none for the last call)."""
         return self._group_keys[g] if g < len(self._group_keys) else np.empty(0, np.int64)
+
+
+def _cut(values: np.ndarray, group: np.ndarray, n: int) -> list[np.ndarray]:
+    """``values`` by their ``group`` (``0 .. n-1``), each group's in their order: one stable sort."""
+    if not n:
+        return []
+    by = np.argsort(group, kind="stable")
+    return np.split(values[by], np.cumsum(np.bincount(group, minlength=n))[:-1])
 
 
 def due_rounds(
