@@ -101,6 +101,8 @@ __all__ = ["ArrowMapping", "ArrowPlan", "BatchPlan", "IntervalTask", "out_arrow_
 #: a heartbeat file of watermarks and ticks only (``_heartbeats.HB_FILE_SCHEMA``): a batch whose
 #: files are all such needs none of its rows in its tasks (:meth:`ArrowMapping.tasks`)
 _TICK_FILE_COLUMNS = frozenset(HB_FILE_SCHEMA.names)
+#: what the driver reads of a batch's heartbeat files (:meth:`ArrowMapping._heartbeats`)
+_HB_READ = ("interval", "wm", "now")
 
 #: the union's columns a task reads (``wm_ts`` only moves Spark's watermark, which this mapping does not use)
 _TASK_COLUMNS = ("group", "kind", "key", "id", "ts", "value", "wm", "stream", "src", "row", "now")
@@ -443,13 +445,12 @@ class ArrowMapping:
                     with f.fs.open_input_file(f.path) as s:
                         pf = pq.ParquetFile(s)
                         names = pf.schema_arrow.names
-                        t = pf.read(columns=[c for c in ("interval", "wm", "now") if c in names])
+                        t = pf.read(columns=[n for n in _HB_READ if n in names])
                 except FileNotFoundError:
                     continue  # pruned: a batch that read it was published, so this is a late zombie call
                 rows = rows or not set(names) <= _TICK_FILE_COLUMNS
                 cols = (
-                    t.column(c).to_pylist() if c in names else [None] * t.num_rows
-                    for c in ("interval", "wm", "now")
+                    t.column(n).to_pylist() if n in names else [None] * t.num_rows for n in _HB_READ
                 )
                 for interval, w, at in zip(*cols, strict=True):
                     if interval is None:
