@@ -258,6 +258,27 @@ def late_log_topology(tmp_path):
     return path, logs
 
 
+@pytest.fixture(scope="session")
+def drive_windows():
+    """How the windowed tests feed a harness: ``drive(h, batches, wm) -> wm``. Each batch
+    to its stream (``Record.stream``, default ``q``), then every injector's watermark moved
+    to a third of the way into every other batch (one without records leaves it: a seed
+    may draw one), and a run; returns the watermark, to go on from."""
+
+    def drive(h, batches, wm):
+        for i, batch in enumerate(batches):
+            for stream in sorted({r.stream or "q" for r in batch}):
+                h.inject(stream, [r for r in batch if (r.stream or "q") == stream])
+            if i % 2 and batch:
+                wm = max(wm, sorted(r.timestamp for r in batch)[len(batch) // 3])
+                for injector in h.topology.injectors:
+                    h.advance_watermark(injector, wm)
+            h.run()
+        return wm
+
+    return drive
+
+
 @pytest.fixture
 def make_record():
     """Build records with unique ids: ``make_record(value, ts, key=None, id=None)``."""

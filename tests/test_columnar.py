@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -49,7 +50,11 @@ def _events(seed: int, n: int = 600, keys: int = 7) -> list[list[Record]]:
 
 
 def _run(
-    cls: type, batches: list[list[Record]], trailing: int, options: ComputationOptions
+    cls: type,
+    batches: list[list[Record]],
+    trailing: int,
+    options: ComputationOptions,
+    drive: Callable[..., int],
 ) -> Harness:
     h = Harness.for_computation(
         cls,
@@ -59,13 +64,7 @@ def _run(
         options=options,
         params={"window_ms": 1_000, "trailing_empty": trailing},
     )
-    wm = 0
-    for i, batch in enumerate(batches):
-        h.inject("q", batch)
-        if i % 2 and batch:  # a batch without records leaves the watermark
-            wm = max(wm, sorted(r.timestamp for r in batch)[len(batch) // 3])
-            h.advance_watermark("q", wm)
-        h.run()
+    drive(h, batches, 0)
     h.finish("q")
     h.run()
     return h
@@ -81,11 +80,11 @@ def _out(h: Harness) -> list[tuple]:
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize("trailing", [0, 3])
 @pytest.mark.parametrize("late", ["drop", "process"])
-def test_columnar_window_counter_matches_the_per_record_one(seed, trailing, late):
+def test_columnar_window_counter_matches_the_per_record_one(seed, trailing, late, drive_windows):
     options = ComputationOptions(late=LatePolicy.drop() if late == "drop" else LatePolicy.process())
     batches = _events(seed)
-    per_record = _run(WindowCounter, batches, trailing, options)
-    columnar = _run(ColumnarWindowCounter, batches, trailing, options)
+    per_record = _run(WindowCounter, batches, trailing, options, drive_windows)
+    columnar = _run(ColumnarWindowCounter, batches, trailing, options, drive_windows)
     assert _out(columnar) == _out(per_record)
     a, b = per_record.metrics("WindowCounter"), columnar.metrics("WindowCounter")
     for name in ("records_in", "duplicates", "late", "late_dropped", "processed", "productions"):

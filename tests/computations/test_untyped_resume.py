@@ -551,21 +551,6 @@ def harness(
     )
 
 
-def drive(h: Harness, batches: list[list[Record]], wm: int) -> int:
-    """Each batch to its stream (``Record.stream``, default ``q``), then the injectors'
-    watermark moved to a third of the way into every other batch (one without records
-    leaves it: a seed may draw one), and a run."""
-    for i, batch in enumerate(batches):
-        for stream in sorted({r.stream or "q" for r in batch}):
-            h.inject(stream, [r for r in batch if (r.stream or "q") == stream])
-        if i % 2 and batch:
-            wm = max(wm, sorted(r.timestamp for r in batch)[len(batch) // 3])
-            for injector in h.topology.injectors:
-                h.advance_watermark(injector, wm)
-        h.run()
-    return wm
-
-
 def transplant(old: Harness, new: Harness, name: str = "Win") -> int:
     """``new`` takes over ``old``'s envelopes and clocks, as a driver started on a run
     directory does; the number of keys whose state is in the old form."""
@@ -649,7 +634,7 @@ CASES = [
 @pytest.mark.parametrize("codec", ["class", "pickle"])
 @pytest.mark.parametrize("late", ["drop", "process"])
 def test_a_run_of_the_untyped_classes_resumes_with_the_typed_ones(
-    seed, old_cls, new_cls, params, codec, late
+    seed, old_cls, new_cls, params, codec, late, drive_windows
 ):
     batches, inputs = {
         DipDetector: (dip_batches(seed), {"q": by_key}),
@@ -665,6 +650,7 @@ def test_a_run_of_the_untyped_classes_resumes_with_the_typed_ones(
     cut = len(batches) // 2
 
     whole = harness(old_cls, params, old_options, inputs)
+    drive = drive_windows
     wm = drive(whole, batches[:cut], MIN_TIMESTAMP)
     before = whole.output("out")
     old = harness(old_cls, params, old_options, inputs)

@@ -11,6 +11,7 @@ import json
 import math
 import random
 from collections import Counter
+from collections.abc import Callable
 
 import pandas as pd
 import pytest
@@ -54,7 +55,9 @@ def events(seed: int, n: int = 500, keys: int = 6) -> list[list[Record]]:
     return batches
 
 
-def run(cls: type, batches: list[list[Record]], params: dict, late: str) -> Harness:
+def run(
+    cls: type, batches: list[list[Record]], params: dict, late: str, drive: Callable[..., int]
+) -> Harness:
     h = Harness.for_computation(
         cls,
         name="Agg",
@@ -66,13 +69,7 @@ def run(cls: type, batches: list[list[Record]], params: dict, late: str) -> Harn
         params=params,
         raise_errors=False,
     )
-    wm = 0
-    for i, batch in enumerate(batches):
-        h.inject("q", batch)
-        if i % 2 and batch:  # a batch without records leaves the watermark
-            wm = max(wm, sorted(r.timestamp for r in batch)[len(batch) // 3])
-            h.advance_watermark("q", wm)
-        h.run()
+    drive(h, batches, 0)
     h.finish("q")
     h.run()
     return h
@@ -104,11 +101,11 @@ CASES = [
 
 @pytest.mark.parametrize("params", CASES, ids=lambda p: "-".join(f"{k}={v}" for k, v in p.items()))
 @pytest.mark.parametrize("late", ["drop", "process"])
-def test_columnar_aggregate_gives_the_per_record_productions(params, late):
+def test_columnar_aggregate_gives_the_per_record_productions(params, late, drive_windows):
     batches = events(7)
     per_record, columnar = (
-        run(WindowAggregate, batches, params, late),
-        run(ColumnarWindowAggregate, batches, params, late),
+        run(WindowAggregate, batches, params, late, drive_windows),
+        run(ColumnarWindowAggregate, batches, params, late, drive_windows),
     )
     expected = productions(per_record)
     assert sum(expected.values()) > 50
