@@ -59,10 +59,7 @@ def run_collecting(rt: Any, *, timeout_s: float, poll_s: float) -> dict[str, dic
             if time.monotonic() - collected >= COLLECT_EVERY_S:
                 collect(rt, progress)
                 collected = time.monotonic()
-            if hasattr(rt, "wait"):  # woken by a batch's end (checkouts before it sleep)
-                rt.wait()
-            else:
-                time.sleep(poll_s)
+            time.sleep(poll_s)
     finally:
         collect(rt, progress)
         rt.stop()

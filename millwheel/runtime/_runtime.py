@@ -60,7 +60,7 @@ from millwheel.runtime._session import (
 )
 from millwheel.runtime._settings import RuntimeSettings, resolved_computation_poll_ms
 from millwheel.runtime._sinks import SinkWriter, sink_writers
-from millwheel.runtime._spark_internals import STATE, BatchEnds
+from millwheel.runtime._spark_internals import STATE
 from millwheel.runtime._sparksink import SparkSinkWriter, spark_sink_writers
 from millwheel.runtime._sparksource import SparkSourceInjector
 from millwheel.runtime._streams import FileStreamLog
@@ -154,8 +154,6 @@ class SparkRuntime:
             if here & set(self.producers(w.spec.stream))
         ]
         self.started = False
-        #: wakes :meth:`wait` when a query's batch ends (set by :meth:`start`)
-        self._batch_ends: BatchEnds | None = None
         #: this run directory's identity in once-tokens (:func:`pin_pipeline`), set by :meth:`start`
         self.pipeline_id: str | None = None
         #: the Spark grouping value of each key interval (:func:`pin_groups`), known at start
@@ -324,28 +322,8 @@ class SparkRuntime:
         injecting.reraise()
         warming.join()
         self.driver_epoch.mark(stopped=False)
-        self._batch_ends = self._listen_for_batch_ends()
         self.started = True
         self.started_at = time.monotonic()
-
-    def _listen_for_batch_ends(self) -> BatchEnds | None:
-        try:
-            return BatchEnds(self.spark)
-        except Exception as exc:  # noqa: BLE001 - an optimisation: the loop sleeps poll_ms without it
-            self.log(
-                f"listening for the queries' batch ends failed ({str(exc).strip().splitlines()[0][:200]}); the driver loop polls every {self.settings.poll_ms} ms"
-            )
-            return None
-
-    def wait(self) -> None:
-        """The driver loop's pause between two rounds (:meth:`poll`): until a query of the
-        session ends a batch, or ``poll_ms`` passes. Spark reports a batch's end after its
-        commit, so the round that follows publishes it at once (docs/runtime.md, "The
-        driver loop")."""
-        if self._batch_ends is None:
-            time.sleep(self.settings.poll_ms / 1000)
-        else:
-            self._batch_ends.wait(self.settings.poll_ms / 1000)
 
     def _warm_workers(self) -> None:
         try:
@@ -420,7 +398,7 @@ class SparkRuntime:
                 ):
                     on_status(self)
                     last_status = time.monotonic()
-                self.wait()
+                time.sleep(self.settings.poll_ms / 1000)
         finally:
             self.stop()
 
@@ -439,9 +417,6 @@ class SparkRuntime:
         if self._saved_conf is not None:
             restore_conf(self._spark, self._saved_conf)
             self._saved_conf = None
-        if self._batch_ends is not None:
-            self._batch_ends.close()
-            self._batch_ends = None
         self.started = False
 
     # ---- reading -----------------------------------------------------------------------

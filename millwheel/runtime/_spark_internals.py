@@ -35,10 +35,6 @@ fails in that test, not somewhere in a run:
   micro-batch execution sets for its jobs, ``foreachBatch``'s included); :func:`task_property`:
   any other (the Arrow mapping's batch plan, ``plans/arrow.py``).
 * **the order sources are listed in** — :func:`sources_asked_in_plan_order`.
-* **PySpark's listener bridge** — :class:`BatchEnds` registers a Py4J object implementing
-  the JVM's ``PythonStreamingQueryListener``, wrapped in ``PythonStreamingQueryListenerWrapper``
-  (what ``spark.streams.addListener`` does), without the conversion of each event into Python
-  objects that PySpark's ``StreamingQueryListener`` pays.
 * **state-store files, and the providers that write them** — in ``_state_files.py``: the
   files' names per provider (dropping a version, grafting a store) and the private fields
   of Spark's ``StateStore`` object (releasing a stopped query's providers).
@@ -46,9 +42,7 @@ fails in that test, not somewhere in a run:
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
 import urllib.parse
 from collections.abc import Iterable
 from typing import Any
@@ -459,66 +453,3 @@ def silence_loggers(spark: Any, names: Iterable[str]) -> bool:
     except Exception:  # noqa: BLE001 - only log noise is at stake
         return False
     return True
-
-
-# ---- the end of a batch -------------------------------------------------------------------------
-class BatchEnds:
-    """Wakes a waiting driver loop when a streaming query of the session ends a batch.
-
-    Spark posts a query's progress once the batch's commit is written (``MicroBatchExecution``:
-    the commit log, then the progress event), so a loop woken by it publishes a committed
-    batch at once rather than after the rest of its ``poll_ms`` sleep. Any query's batch
-    wakes it: the loop's round looks at every query anyway.
-
-    Each event is one Py4J call into this process that only sets a flag: PySpark's
-    ``StreamingQueryListener`` would first turn the event into Python objects, some fifty Py4J
-    calls each (``StreamingQueryProgress.fromJObject``), on the driver's busy cores.
-    """
-
-    def __init__(self, spark: Any) -> None:
-        from py4j.java_gateway import java_import
-        from pyspark.java_gateway import ensure_callback_server_started
-
-        self._event = threading.Event()
-        self._streams = spark._jsparkSession.streams()
-        gw = spark.sparkContext._gateway
-        java_import(gw.jvm, "org.apache.spark.sql.streaming.*")
-        ensure_callback_server_started(gw)  # foreachBatch started it already; idempotent
-        self._jlistener = gw.jvm.PythonStreamingQueryListenerWrapper(_Bridge(self._event))
-        self._streams.addListener(self._jlistener)
-
-    def wait(self, timeout_s: float) -> bool:
-        """Sleep until a batch ends (since the last wait returned) or ``timeout_s`` passes;
-        whether one ended. A batch that ends while the caller works between two waits makes
-        the next wait return at once, so none is missed."""
-        ended = self._event.wait(timeout_s)
-        self._event.clear()
-        return ended
-
-    def close(self) -> None:
-        """Stop listening (the session may outlive this loop)."""
-        # a stopped session has no listeners left to remove
-        with contextlib.suppress(Exception):
-            self._streams.removeListener(self._jlistener)
-
-
-class _Bridge:
-    """The Py4J side of :class:`BatchEnds`: the JVM calls these from its listener bus."""
-
-    def __init__(self, event: threading.Event) -> None:
-        self._event = event
-
-    def onQueryStarted(self, jevent: Any) -> None:  # noqa: N802 - the Java interface's names
-        pass
-
-    def onQueryProgress(self, jevent: Any) -> None:  # noqa: N802
-        self._event.set()
-
-    def onQueryIdle(self, jevent: Any) -> None:  # noqa: N802
-        pass
-
-    def onQueryTerminated(self, jevent: Any) -> None:  # noqa: N802
-        self._event.set()
-
-    class Java:
-        implements = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]  # noqa: RUF012

@@ -1,14 +1,11 @@
-"""The driver loop's reads of published watermarks (``SparkRuntime.watermark_of``), how
-often its computation queries look at their inputs (``RuntimeSettings.computation_poll_ms``),
-and what wakes it between rounds (``SparkRuntime.wait``)."""
+"""The driver loop's reads of published watermarks (``SparkRuntime.watermark_of``), and how
+often its computation queries look at their inputs (``RuntimeSettings.computation_poll_ms``)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from millwheel import Computation, LogFileSource, Record, SampleSource, Topology
+from millwheel import Computation, LogFileSource, SampleSource, Topology
 from millwheel._errors import SettingsError
 from millwheel.runtime._audit import AuditLog
 from millwheel.runtime._fs import Location
@@ -16,8 +13,6 @@ from millwheel.runtime._runtime import SparkRuntime
 from millwheel.runtime._session import start_query
 from millwheel.runtime._settings import RuntimeSettings
 from watermark_authority.client import InProcessWatermarkClient
-
-from ._chain import chain
 
 
 def test_a_round_reads_each_watermark_once_never_a_newer_one_than_published(tmp_path):
@@ -94,31 +89,3 @@ def test_each_computation_query_starts_with_the_runs_poll_interval(tmp_path, spa
     assert started and all(c.get("spark.sql.streaming.pollingDelay") == "100ms" for c in started), (
         started
     )
-
-
-@pytest.mark.spark
-def test_the_driver_loop_wakes_when_a_batch_ends_not_only_after_poll_ms(tmp_path, spark):
-    """``SparkRuntime.wait``: a query's batch end wakes the loop (``BatchEnds``), so a run
-    whose ``poll_ms`` is far longer than its batches still publishes each one as it commits.
-    Without the wake-ups, a round every 20 s could not drain the chain in the time below."""
-    records = [Record(None, {"n": i}, 1_000 + i, f"r{i}") for i in range(24)]
-    rt = SparkRuntime(
-        chain("woken", records, batch_size=4),
-        str(tmp_path / "run"),
-        RuntimeSettings(intervals=2, poll_ms=20_000),
-        spark=spark,
-    )
-    rounds, poll = [], rt.poll
-
-    def counted() -> None:
-        rounds.append(time.monotonic())
-        poll()
-
-    rt.poll = counted  # type: ignore[method-assign]
-    t0 = time.monotonic()
-    rt.run(timeout_s=300)
-    took = time.monotonic() - t0
-    assert rt.output("sums")[-1].value == 2 * sum(range(24))
-    # each round but the first followed a wait; a wait not woken lasts 20 s
-    assert len(rounds) - 1 > took / 20 + 3, (len(rounds), took)
-    assert rt._batch_ends is None  # stopped: no longer listening

@@ -29,7 +29,6 @@ from millwheel.runtime import RuntimeSettings, SparkRuntime
 from millwheel.runtime._fs import Location
 from millwheel.runtime._spark_internals import (
     SUPPORTED_PYSPARK,
-    BatchEnds,
     check_pyspark_version,
     committed_batches,
     compact_interruption,
@@ -420,37 +419,6 @@ def test_contract_polling_delay_spaces_an_idle_querys_polls(spark, tmp_path):
         fast,
         slow,
     )  # its default, 10 ms
-
-
-def test_contract_batch_ends_wake_after_each_commit(spark, tmp_path):
-    """``BatchEnds``: Spark posts a query's progress after writing the batch's commit, and
-    PySpark's listener bridge delivers it; each wake-up sees a newer committed batch, and
-    none comes once it is closed."""
-    checkpoint = tmp_path / "cp"
-    ends = BatchEnds(spark)
-    query = (
-        spark.readStream.format("rate")
-        .option("rowsPerSecond", 20)
-        .load()
-        .writeStream.foreachBatch(lambda df, _b: df.count())
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(processingTime="300 milliseconds")
-        .start()
-    )
-    try:
-        seen: list[int] = []
-        deadline = time.monotonic() + 90
-        while len(seen) < 4 and time.monotonic() < deadline:
-            if ends.wait(5):
-                seen.append(max(committed_batches(Location.of(str(checkpoint))), default=-1))
-        assert len(seen) == 4, seen
-        assert seen[0] >= 0 and all(b > a for a, b in zip(seen, seen[1:], strict=False)), seen
-        ends.close()
-        ends.wait(1)  # an event already on its way
-        assert not ends.wait(1.5)  # several batches end meanwhile: none wakes a closed one
-    finally:
-        ends.close()
-        query.stop()
 
 
 def _probe_source(log: str) -> type:
