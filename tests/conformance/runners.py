@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from millwheel import MAX_TIMESTAMP
+from millwheel._delivery import timers_due
 from millwheel.testing import Crash as HarnessCrash
 from millwheel.testing import Harness
 
@@ -109,7 +110,7 @@ def due(rt: Any, low_watermark: int) -> bool:
     watermark: Spark's timers see a watermark one batch later), and a crash armed for the
     segment's first batch with output lands in that batch."""
     return any(
-        s.next_low_watermark_timer is not None and s.next_low_watermark_timer <= low_watermark
+        timers_due(s.next_low_watermark_timer, None, low_watermark, 0)
         for c in rt.computations.values()
         for s in c.summaries.values()
     )
