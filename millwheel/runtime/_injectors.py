@@ -34,7 +34,8 @@ from millwheel._sources import Source, SourceBatch
 from millwheel._topology import InjectorSpec
 from millwheel.runtime._context import DriverContext
 from millwheel.runtime._lease import Lease
-from millwheel.runtime._outbox import Outbox
+from millwheel.runtime._logreader import DriverLogReader
+from millwheel.runtime._outbox import Outbox, resolve_writer
 from millwheel.runtime._session import start_query
 from millwheel.runtime._spark_internals import (
     OFFSETS,
@@ -283,6 +284,9 @@ class LogFileInjector(QueryInjector):
         self._warned = False
         #: no query yet: the directory is complete and has no log file (see the class docstring)
         self.waiting = False
+        #: the driver's reader in place of the query (``RuntimeSettings.log_reader``)
+        self.reader: DriverLogReader | None = None
+        self._reader_kind: str | None = None
 
     def _published(self, n: int) -> None:
         text = self.checkpoint.child(OFFSETS, str(n)).read_text()
@@ -338,12 +342,29 @@ class LogFileInjector(QueryInjector):
             complete and not any(is_log_file(n) for n in names) and not has_started(self.checkpoint)
         )
 
+    @property
+    def reading(self) -> bool:
+        """Its query or the driver's reader is running (not :attr:`waiting`, not stopped)."""
+        return self.query is not None or self.reader is not None
+
+    def reader_kind(self) -> str:
+        """``"driver"`` or ``"spark"``: who reads the directory (``RuntimeSettings.log_reader``,
+        ``"auto"`` decided by the session's master as the outbox writer is)."""
+        if self._reader_kind is None:
+            kind = self.rt.settings.log_reader
+            if kind == "auto":
+                kind = resolve_writer(self.rt.spark.sparkContext.master)
+            self._reader_kind = kind
+        return self._reader_kind
+
     def register(self) -> None:
         """Register the log-file data source with the session (its first Python data source
-        makes Spark look up the installed ones: :meth:`SparkRuntime.start` does it early)."""
+        makes Spark look up the installed ones: :meth:`SparkRuntime.start` does it early).
+        The driver's reader needs none."""
         from millwheel.runtime._logfiles import LogFileDataSource
 
-        self.rt.spark.dataSource.register(LogFileDataSource)
+        if self.reader_kind() == "spark":
+            self.rt.spark.dataSource.register(LogFileDataSource)
 
     def start(self) -> None:
         from millwheel.runtime._logfiles import FORMAT, keyer_options
@@ -364,6 +385,14 @@ class LogFileInjector(QueryInjector):
         options["partitions"] = str(max(1, int(spark.sparkContext.defaultParallelism)))
         if self.rt.settings.drain:
             options["finite"] = "1"
+        self.rt.watermarks.expect_injector_processes(self.name, ["spark"])
+        self.rt.watermarks.report_injector(self.name, "spark", self.low_watermark)
+        if self.reader_kind() == "driver":
+            self.reader = DriverLogReader(
+                self.name, self.checkpoint, self.outbox, options, self.rt.settings.injector_poll_ms
+            )
+            self.reader.start()
+            return
         df = spark.readStream.format(FORMAT).options(**options).load()
         writer = (
             df.writeStream.queryName(f"millwheel.injector.{self.name}")
@@ -372,13 +401,31 @@ class LogFileInjector(QueryInjector):
         )
         if self.rt.settings.trigger_ms > 0:
             writer = writer.trigger(processingTime=f"{self.rt.settings.trigger_ms} milliseconds")
-        self.rt.watermarks.expect_injector_processes(self.name, ["spark"])
-        self.rt.watermarks.report_injector(self.name, "spark", self.low_watermark)
         # an idle look at the directory is a round trip to the Python planner: not every 10 ms
         # (``RuntimeSettings.injector_poll_ms``); not while a computation's start has the session's settings changed
         self.query = start_query(
             writer, spark, polling_delay_conf(self.rt.settings.injector_poll_ms)
         )
+
+    def check(self) -> None:
+        """As a query's: fenced if another driver took the lease; a failed reader is
+        restarted from the checkpoint under the restart policy."""
+        reader = self.reader
+        if reader is None:
+            super().check()
+            return
+        self.outbox.fence()
+        if reader.error is None:
+            return
+        self.reader = None
+        self.rt.log(self.restart_policy.failed(reader.error_text or reader.error))
+        self.start()
+
+    def stop(self) -> None:
+        if self.reader is not None:
+            self.reader.halt()
+            self.reader = None
+        super().stop()
 
     def poll(self) -> None:
         if self.waiting and not self._nothing_to_read():

@@ -31,7 +31,7 @@ import gc
 import json
 import pickle
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -119,8 +119,16 @@ class LogFileStreamReader(DataSourceStreamReader):
         ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        for name, begin, end, swm, ftime, lo, hi in partition.value:  # type: ignore[attr-defined]
-            yield from self._read_range(ByteRange(name, begin, end, swm, ftime, lo, hi))
+        yield from self.read_ranges(
+            ByteRange(*fields)
+            for fields in partition.value  # type: ignore[attr-defined]
+        )
+
+    def read_ranges(self, ranges: Iterable[ByteRange]) -> Iterator[pa.RecordBatch]:
+        """The rows of ``ranges``, in order: a Spark task's partition, or a part of a batch
+        the driver's reader stages itself (``_logreader.py``)."""
+        for byte_range in ranges:
+            yield from self._read_range(byte_range)
 
     def _read_range(self, byte_range: ByteRange) -> Iterator[pa.RecordBatch]:
         """The range's records, then its dead letters: one Arrow batch each (either may be absent).

@@ -92,25 +92,60 @@ def staged_version(batch: Location) -> Location | None:
 def stage_arrow(table: pa.Table, target: Location) -> None:
     """Write a batch's output rows as Spark's ``partitionBy("stream")`` would lay them out:
     ``target/stream=<stream>/part-00000-<uuid>.c000.parquet``, one file per stream, without
-    the ``stream`` column — so publication reads either writer's outbox the same way.
+    the ``stream`` column — so publication reads either writer's outbox the same way."""
+    with StagedStreams(target) as staged:
+        staged.write(table)
+
+
+class StagedStreams:
+    """A batch's outbox written in one or more pieces (:meth:`write`), one Parquet file per
+    stream: the driver's log reader stages a large batch a part at a time, in one file per
+    stream all the same, so a consumer listing its stream never sees half a batch.
 
     Types are those Spark's Parquet writer gives (``string``/``binary``, not the large
-    variants Arrow collection may use), so every stream-log file has one schema.
+    variants Arrow collection may use), so every stream-log file has one schema; a stream's
+    later pieces take its first piece's.
     """
-    fields = [
-        pa.field(f.name, _small(f.type), f.nullable) for f in table.schema if f.name != "stream"
-    ]
-    schema = pa.schema(fields)
-    target.mkdirs()  # as Spark's writer does for an empty batch: the batch is staged, with no rows
-    streams = table.column("stream")
-    run = uuid.uuid4().hex
-    for stream in pc.unique(streams).to_pylist():
-        part = table.filter(pc.equal(streams, stream)).drop_columns(["stream"]).cast(schema)
-        d = target.child(f"stream={stream}")
-        d.mkdirs()
-        pq.write_table(
-            part, f"{d.path}/part-00000-{run}.c000.parquet", filesystem=d.fs, compression="snappy"
-        )
+
+    def __init__(self, target: Location) -> None:
+        self.target = target
+        target.mkdirs()  # as Spark's writer does for an empty batch: the batch is staged, with no rows
+        self.run = str(uuid.uuid4())  # dashed, as Spark names a write job (the checker reads it)
+        self.writers: dict[str, pq.ParquetWriter] = {}
+        #: rows written per stream
+        self.rows: Counter[str] = Counter()
+
+    def write(self, table: pa.Table) -> None:
+        streams = table.column("stream")
+        for stream in pc.unique(streams).to_pylist():
+            rows = table.filter(pc.equal(streams, stream)).drop_columns(["stream"])
+            writer = self.writers.get(stream)
+            if writer is None:
+                schema = pa.schema(
+                    [pa.field(f.name, _small(f.type), f.nullable) for f in rows.schema]
+                )
+                d = self.target.child(f"stream={stream}")
+                d.mkdirs()
+                writer = pq.ParquetWriter(
+                    f"{d.path}/part-00000-{self.run}.c000.parquet",
+                    schema,
+                    filesystem=d.fs,
+                    compression="snappy",
+                )
+                self.writers[stream] = writer
+            writer.write_table(rows.cast(writer.schema))
+            self.rows[stream] += rows.num_rows
+
+    def close(self) -> None:
+        for writer in self.writers.values():
+            writer.close()
+        self.writers.clear()
+
+    def __enter__(self) -> StagedStreams:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def resolve_writer(master: str) -> str:
@@ -354,7 +389,10 @@ class Outbox:
         self.published = max(self.published, n)
 
     def _publish_data(self, n: int, batch: Location, attempt: str | None, count: bool) -> None:
-        first = True
+        """Rename the batch's files into the stream logs: every file's footer is read first,
+        so the renames follow each other closely and a consumer listing meanwhile rarely
+        sees part of the batch (it would read the rest in its next batch)."""
+        files: list[tuple[str, Location, str, int, int]] = []
         for sub in sorted(batch.list()):
             if not sub.startswith("stream=") or sub == f"stream={SUMMARY_STREAM}":
                 continue
@@ -368,17 +406,18 @@ class Outbox:
                 if rows == 0 or lo is None:
                     loc.delete()
                     continue
-                stem = part[: -len(".parquet")].replace(".", "_")
-                tag = f"b{n:010d}-{stem}" if attempt is None else f"b{n:010d}-w{attempt}-{stem}"
-                self.streams.ensure(stream, self.name)
-                self.streams.publish(loc, stream, self.name, tag, lo)
-                self.published_at[(stream, file_name(tag, lo))] = time.time()
-                if count:
-                    self.written += rows
-                    self.written_by_stream[stream] = self.written_by_stream.get(stream, 0) + rows
-                if first:
-                    first = False
-                    crash_point(self.name, "mid_publish", n)
+                files.append((stream, loc, part, rows, lo))
+        for i, (stream, loc, part, rows, lo) in enumerate(files):
+            stem = part[: -len(".parquet")].replace(".", "_")
+            tag = f"b{n:010d}-{stem}" if attempt is None else f"b{n:010d}-w{attempt}-{stem}"
+            self.streams.ensure(stream, self.name)
+            self.streams.publish(loc, stream, self.name, tag, lo)
+            self.published_at[(stream, file_name(tag, lo))] = time.time()
+            if count:
+                self.written += rows
+                self.written_by_stream[stream] = self.written_by_stream.get(stream, 0) + rows
+            if i == 0:
+                crash_point(self.name, "mid_publish", n)
 
 
 def committed_unpublished(root: str, stream: str) -> list[Any]:

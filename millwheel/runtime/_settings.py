@@ -147,6 +147,15 @@ class RuntimeSettings:
       batch's output never passes through the driver), or ``"auto"`` (the default:
       ``"driver"`` on a ``local[...]`` master, where the executors are the driver's JVM,
       and ``"spark"`` on a cluster). ``$MILLWHEEL_OUTBOX_WRITER`` sets the default.
+    * ``log_reader`` — who reads a :class:`~millwheel.LogFileSource` (``_logreader.py``):
+      ``"spark"`` (a streaming query over a Python data source: its tasks parse the byte
+      ranges on the executors, in parallel), ``"driver"`` (a thread of the driver plans the
+      same batches and parses them with the same code, and stages them in the same outbox
+      under the same offset and commit logs: no query, no planner processes, no rows through
+      the JVM), or ``"auto"`` (the default: ``"driver"`` on a ``local[...]`` master, where
+      the executors share the driver's machine, ``"spark"`` on a cluster).
+      ``$MILLWHEEL_LOG_READER`` sets the default. A run directory may be resumed with the
+      other reader: both keep the same checkpoint (docs/runtime.md, "Log-file readers").
     * ``prune_streams`` — move stream-log files that every computation of this driver has
       consumed in a committed batch out of the directories consumers list (``_done/``), so
       listings stay short in long runs (``_streams.py``, "Pruning"). Off by default: a
@@ -192,6 +201,7 @@ class RuntimeSettings:
     outbox_writer: str = field(
         default_factory=lambda: os.environ.get("MILLWHEEL_OUTBOX_WRITER", "auto")
     )
+    log_reader: str = field(default_factory=lambda: os.environ.get("MILLWHEEL_LOG_READER", "auto"))
     autoscale: Any = None
 
     def __post_init__(self) -> None:
@@ -212,6 +222,9 @@ class RuntimeSettings:
         object.__setattr__(self, "state_layout", StateLayout.parse(self.state_layout))
         if self.outbox_writer not in OUTBOX_WRITERS:
             msg = f"RuntimeSettings.outbox_writer must be one of {', '.join(map(repr, OUTBOX_WRITERS))}, got {self.outbox_writer!r}"
+            raise SettingsError(msg)
+        if self.log_reader not in OUTBOX_WRITERS:
+            msg = f"RuntimeSettings.log_reader must be one of {', '.join(map(repr, OUTBOX_WRITERS))}, got {self.log_reader!r}"
             raise SettingsError(msg)
 
 
@@ -236,7 +249,7 @@ COLUMNAR_INPUT_REMOVED = (
     "exactly-once, level without; docs/performance.md). To bound what one batch decodes, set "
     "max_files_per_trigger instead. Remove the argument"
 )
-#: ``RuntimeSettings.outbox_writer`` values
+#: ``RuntimeSettings.outbox_writer`` values, and ``log_reader``'s
 OUTBOX_WRITERS = ("auto", "driver", "spark")
 #: ``RuntimeSettings.state_layout`` values, as strings
 STATE_LAYOUTS = tuple(s.value for s in StateLayout)

@@ -209,13 +209,13 @@ def test_a_finished_empty_directory_gets_its_query_only_once_a_file_lands(tmp_pa
     rt.start()
     try:
         waiting = rt.injectors["late"]
-        assert waiting.waiting and waiting.query is None and waiting.low_watermark == MAX_TIMESTAMP
+        assert waiting.waiting and not waiting.reading and waiting.low_watermark == MAX_TIMESTAMP
         poll_until(rt.drained)
-        assert waiting.query is None and sorted(rt.values("seen")) == ["e1", "e2"]
+        assert not waiting.reading and sorted(rt.values("seen")) == ["e1", "e2"]
         (late / "reinject_1767261600999_42.jsonl").write_text(_line(3, T + 3))
         assert not rt.drained()  # something to read: not drained, whatever the watermark
         poll_until(lambda: rt.drained() and len(rt.values("seen")) == 3)
-        assert waiting.query is not None and not waiting.waiting
+        assert waiting.reading and not waiting.waiting
     finally:
         rt.stop()
     assert sorted(rt.values("seen")) == ["e1", "e2", "e3"]
