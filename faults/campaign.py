@@ -123,15 +123,18 @@ class Campaign:
         self.every_s = every_s
         #: the input directory stays open until every planned fault landed (module docstring)
         self.follow = faults > 0
-        #: who reads the logs: "spark" (the log-file reader, a Spark query: it follows an open
-        #: directory) or "driver" (``faults.ledger.InDriver``: the directory as it is when a
-        #: driver starts, so only for complete input: the soak's default)
+        #: who reads the logs: "spark" (the runtime's log-file injector: it follows an open
+        #: directory; each driver draws its reader, Spark's query or the driver's thread,
+        #: ``RuntimeSettings.log_reader``) or "driver" (``faults.ledger.InDriver``: the
+        #: directory as it is when a driver starts, so only for complete input: the soak's default)
         self.injector = injector or ("spark" if self.follow else "driver")
         if self.follow and self.injector != "spark":
             msg = "planned faults keep the input directory open, which only the Spark reader follows: injector='spark'"
             raise ValueError(msg)
         self.queries = QUERIES if self.injector == "spark" else QUERIES[1:]
         self.result = Result(seed, records)
+        #: drivers started with each log reader
+        self.readers: Counter[str] = Counter()
         #: log files written so far; the next appended file continues ids and times after them
         self._files = 0
         self._feed_error: BaseException | None = None
@@ -194,7 +197,11 @@ class Campaign:
             extra += ["--master", self.cluster.url]
         self.result.drivers += 1
         log = self.work / f"driver-{self.result.drivers}.log"
-        proc = inject.start_driver(self.root, self.data, *extra, env=self.authority.env(), log=log)
+        env = self.authority.env()
+        if self.injector == "spark":  # either reader, drawn per driver: both resume each other's run
+            env["MILLWHEEL_LOG_READER"] = self.rng.choice(("driver", "spark"))
+            self.readers[env["MILLWHEEL_LOG_READER"]] += 1
+        proc = inject.start_driver(self.root, self.data, *extra, env=env, log=log)
         self._logs[proc.pid] = log
         return proc
 
@@ -370,6 +377,8 @@ class Campaign:
             str(self.root), str(self.data), authority_dir=self.authority.data_dir
         )
         self.result.elapsed_s = time.monotonic() - started
+        if self.readers:
+            self.log(f"  log readers of the drivers: {dict(self.readers)}")
         self.log(self.result.line())
         return self.result
 

@@ -26,7 +26,8 @@ and dead letters. Batch ``n``:
 A restart re-runs a planned, uncommitted batch between the offsets its log holds: the
 same bytes, so the same rows and ids (MillWheel §6.1.2's checkpoint before the
 productions are visible; §5.2's injector low watermark is the offset's ``lw``). The
-checkpoint is the query's, so a run directory may be resumed with either reader.
+checkpoint is the query's — its ``metadata`` file, offset log and commit log in Spark's
+formats — so a run directory may be resumed with either reader.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import json
 import threading
 import time
 import traceback
+import uuid
 from typing import Any
 
 import pyarrow as pa
@@ -104,6 +106,9 @@ class DriverLogReader(threading.Thread):
         try:
             for log in (OFFSETS, COMMITS):
                 self.checkpoint.child(log).mkdirs()
+            metadata = self.checkpoint.child("metadata")
+            if metadata.read_text() is None:  # the query's id, as Spark writes it at a first start
+                metadata.write_text(json.dumps({"id": str(uuid.uuid4())}))
             n, start, end = self._resume()
             while not self._halt.is_set():
                 if end is None:
