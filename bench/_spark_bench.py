@@ -115,3 +115,26 @@ def link_stream(files: Path, root: Path, stream: str, producer: str) -> None:
     for f in files.iterdir():
         if f.suffix == ".parquet":
             os.link(f, dest / f.name)
+
+
+def tree_cpu(root: int) -> dict[int, float]:
+    """CPU seconds of process ``root`` and of each of its descendants, by pid (from ``/proc``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    kids: dict[int, list[int]] = {}
+    cpu: dict[int, float] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            rest = stat[stat.rindex(")") + 2 :].split()
+            kids.setdefault(int(rest[1]), []).append(int(d))
+            cpu[int(d)] = (int(rest[11]) + int(rest[12])) / tick
+    out, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in cpu:
+            out[pid] = cpu[pid]
+        todo += kids.get(pid, [])
+    return out

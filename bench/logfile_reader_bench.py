@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _spark_bench import tree_cpu
+
 ROOT = Path(__file__).resolve().parent.parent
 DATASETS = ("zeitgeist", "photon_queries")
 
@@ -84,25 +86,9 @@ def worker(dataset: str, data: str, reps: int) -> dict[str, Any]:
 
 
 def _tree_cpu(root: int) -> tuple[float, float]:
-    """CPU seconds of process ``root`` and of all its descendants (from ``/proc``)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    kids: dict[int, list[int]] = {}
-    cpu: dict[int, float] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                stat = Path(f"/proc/{d}/stat").read_text()
-            except OSError:
-                continue
-            rest = stat[stat.rindex(")") + 2 :].split()
-            kids.setdefault(int(rest[1]), []).append(int(d))
-            cpu[int(d)] = (int(rest[11]) + int(rest[12])) / tick
-    todo, below = list(kids.get(root, [])), 0.0
-    while todo:
-        pid = todo.pop()
-        below += cpu.get(pid, 0.0)
-        todo += kids.get(pid, [])
-    return cpu.get(root, 0.0), below
+    """CPU seconds of process ``root`` and of all its descendants together."""
+    cpu = tree_cpu(root)
+    return cpu.get(root, 0.0), sum(v for pid, v in cpu.items() if pid != root)
 
 
 def spark_worker(dataset: str, data: str, reps: int) -> dict[str, Any]:

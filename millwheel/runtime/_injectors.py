@@ -6,9 +6,10 @@ publish an injector low watermark.
   the position is checkpointed after the file is published (a replay re-creates the same
   file name and skips it). For demos and tests.
 * :class:`LogFileInjector` — a :class:`~millwheel.LogFileSource` read by a Spark
-  streaming query (``_logfiles.py``); byte offsets per file live in the query's
-  checkpoint, output goes through the same outbox as computations, malformed lines go to
-  ``dead_letters``.
+  streaming query (``_logfiles.py``) or, on a local master, by a thread of the driver
+  that runs the query's protocol (``_logreader.py``, ``RuntimeSettings.log_reader``);
+  byte offsets per file live in the injector's checkpoint, output goes through the same
+  outbox as computations, malformed lines go to ``dead_letters``.
 """
 
 from __future__ import annotations
@@ -262,7 +263,8 @@ class QueryInjector:
 
 
 class LogFileInjector(QueryInjector):
-    """Reads a :class:`~millwheel.LogFileSource` with a Spark streaming query.
+    """Reads a :class:`~millwheel.LogFileSource` with a Spark streaming query, or with the
+    driver's reader (:attr:`reader`), which keeps the same checkpoint (``_logreader.py``).
 
     **Waiting for a first file.** A directory that is complete (``_DONE``, or a ``finite``
     source) and holds no log file, read by an injector whose query never started, gets no

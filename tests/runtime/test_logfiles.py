@@ -1,6 +1,7 @@
 """The Spark reader of ``LogFileSource`` (``millwheel/runtime/_logfiles.py``): its offsets, ranges
 and rows are the shared plan's (``tests/test_logfile.py`` tests the plan itself). The stream
-reader runs on the driver without a JVM, so it is tested directly.
+reader runs on the driver without a JVM, so it is tested directly; the runs count exactly
+with either reader (``RuntimeSettings.log_reader``; the driver's: ``test_logreader.py``).
 """
 
 from __future__ import annotations
@@ -80,8 +81,9 @@ def test_the_reader_reads_the_shared_plan_as_stream_log_rows(tmp_path):
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("log_reader", ["driver", "spark"])
 def test_finished_part_files_with_cross_file_disorder_count_exactly_on_spark(
-    tmp_path, spark, real_logs, second_counts
+    tmp_path, spark, real_logs, second_counts, log_reader
 ):
     # the harness twin is tests/test_logfile.py; both equal the batch answer, not only each other
     from millwheel.runtime import RuntimeSettings, SparkRuntime
@@ -89,7 +91,10 @@ def test_finished_part_files_with_cross_file_disorder_count_exactly_on_spark(
     truth, _ = real_logs(tmp_path / "logs", events=20_000, files=8, disorder_ms=5_000)
     t = second_counts(LogFileSource(tmp_path / "logs", id_field="id", ts_field="ts", finite=True))
     rt = SparkRuntime(
-        t, str(tmp_path / "run"), RuntimeSettings(drain=True, intervals=2), spark=spark
+        t,
+        str(tmp_path / "run"),
+        RuntimeSettings(drain=True, intervals=2, log_reader=log_reader),
+        spark=spark,
     )
     rt.run(timeout_s=600)
     assert rt.computations["SecondCounts"].metrics["late"] == 0
@@ -97,8 +102,9 @@ def test_finished_part_files_with_cross_file_disorder_count_exactly_on_spark(
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("log_reader", ["driver", "spark"])
 def test_a_growing_file_without_a_time_counts_exactly_on_spark(
-    tmp_path, spark, real_logs, second_counts
+    tmp_path, spark, real_logs, second_counts, log_reader
 ):
     import time
 
@@ -112,7 +118,7 @@ def test_a_growing_file_without_a_time_counts_exactly_on_spark(
     rt = SparkRuntime(
         second_counts(LogFileSource(logs)),
         str(tmp_path / "run"),
-        RuntimeSettings(intervals=2, poll_ms=50),
+        RuntimeSettings(intervals=2, poll_ms=50, log_reader=log_reader),
         spark=spark,
     )
     rt.start()
