@@ -20,8 +20,8 @@ and dead letters. Batch ``n``:
 3. **stage** — the ranges' rows into the outbox (``outbox/<n>/e<epoch>/``, under the
    injector's lease, as the query's sink stages them), read a part of ~8 MB of input at
    a time into one file per stream (a consumer never lists half a batch);
-4. **commit** — ``commits/<n>``; the driver loop publishes the batch as it publishes a
-   query's (:meth:`Outbox.publish_committed`).
+4. **commit** — ``commits/<n>``; then publish the batch as the driver loop publishes a
+   query's (:meth:`Outbox.publish_committed`, under the outbox's lock).
 
 A restart re-runs a planned, uncommitted batch between the offsets its log holds: the
 same bytes, so the same rows and ids (MillWheel §6.1.2's checkpoint before the
@@ -174,6 +174,9 @@ class DriverLogReader(threading.Thread):
         crash_point(name, "before_commit", n, has_data)
         self._entry(COMMITS, n).write_text(COMMIT_ENTRY)
         self.committed += 1
+        # published at once, not at the driver loop's next round: a driver starts its
+        # computations' queries before its loop runs, and they may read this meanwhile
+        self.outbox.publish_committed()
         if n >= RETAIN:  # as Spark purges its logs: the entries no restart can need
             for log in (OFFSETS, COMMITS):
                 self._entry(log, n - RETAIN).delete()
