@@ -198,7 +198,8 @@ class Campaign:
         self.result.drivers += 1
         log = self.work / f"driver-{self.result.drivers}.log"
         env = self.authority.env()
-        if self.injector == "spark":  # either reader, drawn per driver: both resume each other's run
+        # either log reader, drawn per driver: each resumes the other's run
+        if self.injector == "spark":
             env["MILLWHEEL_LOG_READER"] = self.rng.choice(("driver", "spark"))
             self.readers[env["MILLWHEEL_LOG_READER"]] += 1
         proc = inject.start_driver(self.root, self.data, *extra, env=env, log=log)

@@ -419,6 +419,40 @@ def _run(
                 )
             if metrics_server:
                 say(f"metrics (Prometheus) at {metrics_server.url}")
+            display = display_for(
+                args.quiet or not args.status_every,
+                title=f"{topology.name} on {master or 'spark-submit'}",
+            )
+            t_start = [time.perf_counter()]
+
+            def progress(what: str) -> None:
+                say(f"  starting {what} ({time.perf_counter() - t_start[0]:.1f}s)")
+
+            def runtime(on: str, spark: Any = None) -> SparkRuntime:
+                settings = RuntimeSettings(
+                    intervals=args.intervals,
+                    master=on,
+                    trigger_ms=args.trigger_ms,
+                    drain=args.drain,
+                    status_every_s=args.status_every or 2.0,
+                    shuffle_partitions=args.shuffle_partitions,
+                    only=only,
+                    autoscale=AutoscalePolicy() if getattr(args, "autoscale", False) else None,
+                )
+                return SparkRuntime(
+                    topology,
+                    root,
+                    settings,
+                    spark=spark,
+                    watermarks=wm,
+                    log=lambda m: display.message(f"millwheel: {m}"),
+                    progress=progress,
+                )
+
+            # the log files the driver reads are read while Spark starts (they need no JVM)
+            rt = runtime(master) if master is not None else None
+            if rt is not None:
+                rt.start_readers()
             say(f"starting Spark ({master or 'as spark-submit set it'})...")
             t0 = time.perf_counter()
             jvm_log = os.path.join(root, "spark.log")
@@ -437,34 +471,10 @@ def _run(
             )
             if not under_spark_submit():
                 say(f"Spark's own log (its JVM and Python workers): {jvm_log}")
-            settings = RuntimeSettings(
-                intervals=args.intervals,
-                master=spark.sparkContext.master,
-                trigger_ms=args.trigger_ms,
-                drain=args.drain,
-                status_every_s=args.status_every or 2.0,
-                shuffle_partitions=args.shuffle_partitions,
-                only=only,
-                autoscale=AutoscalePolicy() if getattr(args, "autoscale", False) else None,
-            )
-            display = display_for(
-                args.quiet or not args.status_every,
-                title=f"{topology.name} on {spark.sparkContext.master}",
-            )
-            t_start = [time.perf_counter()]
-
-            def progress(what: str) -> None:
-                say(f"  starting {what} ({time.perf_counter() - t_start[0]:.1f}s)")
-
-            rt = SparkRuntime(
-                topology,
-                root,
-                settings,
-                spark=spark,
-                watermarks=wm,
-                log=lambda m: display.message(f"millwheel: {m}"),
-                progress=progress,
-            )
+            if rt is None:
+                rt = runtime(spark.sparkContext.master, spark)
+            else:
+                rt.use_session(spark)
             sampler = Sampler(rt, started=time.monotonic() - (time.perf_counter() - started))
             t_start[0] = time.perf_counter()
             rt.start()

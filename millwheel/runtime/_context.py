@@ -40,6 +40,11 @@ class DriverContext(Protocol):
     @property
     def spark(self) -> Any: ...
 
+    @property
+    def master(self) -> str | None:
+        """The session's master once it is up, else the settings' (``None``: spark-submit's)."""
+        ...
+
     def log(self, msg: str) -> None: ...
 
     def producers(self, stream: str) -> list[str]:

@@ -355,7 +355,8 @@ class LogFileInjector(QueryInjector):
         if self._reader_kind is None:
             kind = self.rt.settings.log_reader
             if kind == "auto":
-                kind = resolve_writer(self.rt.spark.sparkContext.master)
+                master = self.rt.master
+                kind = "spark" if master is None else resolve_writer(master)
             self._reader_kind = kind
         return self._reader_kind
 
@@ -371,6 +372,8 @@ class LogFileInjector(QueryInjector):
     def start(self) -> None:
         from millwheel.runtime._logfiles import FORMAT, keyer_options
 
+        if self.reader is not None and self.reader.is_alive():
+            return  # started before Spark was up (:meth:`SparkRuntime.start_readers`)
         self._recover()
         self.waiting = self._nothing_to_read()
         if self.waiting:
@@ -378,13 +381,9 @@ class LogFileInjector(QueryInjector):
             self.rt.watermarks.expect_injector_processes(self.name, ["spark"])
             self.rt.watermarks.report_injector(self.name, "spark", self.low_watermark)
             return
-        spark = self.rt.spark
-        self.register()  # at once if done before (a restart, or :meth:`SparkRuntime.start`)
         options = dict(self.source.options())  # type: ignore[union-attr]
         options.update(injector=self.name, stream=self.stream)
         options.update(keyer_options(self.rt.keyer, self.stream))
-        # a batch's files are read by one task per core, not one task per file (``_logfiles.py``)
-        options["partitions"] = str(max(1, int(spark.sparkContext.defaultParallelism)))
         if self.rt.settings.drain:
             options["finite"] = "1"
         self.rt.watermarks.expect_injector_processes(self.name, ["spark"])
@@ -395,6 +394,10 @@ class LogFileInjector(QueryInjector):
             )
             self.reader.start()
             return
+        spark = self.rt.spark
+        self.register()  # at once if done before (a restart, or :meth:`SparkRuntime.start`)
+        # a batch's files are read by one task per core, not one task per file (``_logfiles.py``)
+        options["partitions"] = str(max(1, int(spark.sparkContext.defaultParallelism)))
         df = spark.readStream.format(FORMAT).options(**options).load()
         writer = (
             df.writeStream.queryName(f"millwheel.injector.{self.name}")

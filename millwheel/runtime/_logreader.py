@@ -41,6 +41,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from millwheel._errors import RunError
 from millwheel._logfile import initial_offset, plan_ranges
 from millwheel.runtime._fs import Location
 from millwheel.runtime._logfiles import LogFileStreamReader, deal_ranges
@@ -58,10 +59,6 @@ from millwheel.runtime._wire import SUMMARY_STREAM
 PART_BYTES = 8 << 20
 #: offset- and commit-log entries kept, as Spark keeps them (``minBatchesToRetain``)
 RETAIN = 100
-
-
-class CheckpointError(Exception):
-    """The injector's checkpoint lacks an offset a batch needs."""
 
 
 def offset_entry(offset: dict[str, Any]) -> str:
@@ -134,7 +131,7 @@ class DriverLogReader(threading.Thread):
         entries = offset_log_entries(text) if text else []
         if not entries or not isinstance(entries[-1], dict):
             msg = f"{self.checkpoint.uri}: offset-log entry {n} is missing or unreadable; the injector cannot resume"
-            raise CheckpointError(msg)
+            raise RunError(msg)
         return entries[-1]
 
     def _resume(self) -> tuple[int, dict[str, Any], dict[str, Any] | None]:

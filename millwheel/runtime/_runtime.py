@@ -182,6 +182,44 @@ class SparkRuntime:
             )
         return self._spark
 
+    @property
+    def master(self) -> str | None:
+        """The session's master once it is up, else the settings' (``None``: spark-submit's)."""
+        if self._spark is not None:
+            return session_master(self._spark)
+        return self.settings.master
+
+    def use_session(self, spark: Any) -> None:
+        """The session to run on, given after :meth:`start_readers` (``millwheel run`` starts
+        Spark meanwhile); it must run on the master the runtime was built for."""
+        if self._spark is not None and self._spark is not spark:
+            msg = "this runtime already has a Spark session"
+            raise MillwheelError(msg)
+        self._spark = spark
+
+    def start_readers(self) -> None:
+        """Start the log-file injectors the driver reads (``RuntimeSettings.log_reader``)
+        before Spark is up: they need no JVM, and the computations' first batches then find
+        their records (docs/runtime.md, "Log-file readers"). :meth:`start` starts the rest;
+        it is what a run calls either way, so this is only ever a head start."""
+        early = [
+            i
+            for i in self.injectors.values()
+            if isinstance(i, LogFileInjector) and i.reader_kind() == "driver"
+        ]
+        if self.started or not early:
+            return
+        self.claim()
+        self.root.child("tallies").mkdirs()
+        ship_user_code(self.topology)  # the keyer the readers pickle holds the user's extractors
+        for stream in self.topology.streams():
+            for producer in self.producers(stream):
+                self.streams.ensure(stream, producer)
+        self.driver_epoch.get()  # every lease is taken under it: drawn once, before the threads
+        for injector in early:
+            self._progress(f"injector {injector.name}")
+            injector.start()
+
     def layout(self, computation: str) -> Layout:
         """``computation``'s key intervals and their Spark groups (known at :meth:`start`)."""
         lay = self.layouts.get(computation)

@@ -277,3 +277,36 @@ def test_either_reader_resumes_the_others_run(tmp_path, spark, real_logs, second
     )
     rt.run(timeout_s=600)
     assert second_counts.answer(rt.output("counts")) == truth
+
+
+def test_the_driver_reads_before_spark_is_up(tmp_path, real_logs):
+    # ``millwheel run`` starts the driver's readers, then Spark: reading needs no JVM, and
+    # the computations' first batches find the records
+    from millwheel import Computation, Topology
+    from millwheel.runtime import RuntimeSettings, SparkRuntime
+
+    class Count(Computation):
+        def process_record(self, record):
+            self.state.set((self.state.get(0) or 0) + 1)
+
+    real_logs(tmp_path / "logs", events=2_000, files=2)
+    source = LogFileSource(tmp_path / "logs", id_field="id", ts_field="ts", finite=True)
+    t = Topology("early")
+    t.injector("logs", source, stream=STREAM)
+    t.computation(Count, inputs={STREAM: lambda r: r.value["key"]})
+    rt = SparkRuntime(t, str(tmp_path / "run"), RuntimeSettings(master="local[2]"))
+    rt.start_readers()
+    injector = rt.injectors["logs"]
+    try:
+        deadline = time.monotonic() + 60
+        while injector.low_watermark < MAX_TIMESTAMP:  # published by the reader itself
+            assert injector.reader.error is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        assert rt._spark is None  # noqa: SLF001 - no session was made for it
+        assert _published(rt.root) == _in_memory(source)
+    finally:
+        injector.stop()
+    cluster = SparkRuntime(t, str(tmp_path / "other"), RuntimeSettings(master="spark://h:7077"))
+    assert cluster.injectors["logs"].reader_kind() == "spark"
+    cluster.start_readers()  # nothing the driver reads: nothing started
+    assert not cluster.injectors["logs"].reading and cluster._spark is None  # noqa: SLF001
