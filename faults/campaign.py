@@ -202,6 +202,7 @@ class Campaign:
         if self.injector == "spark":
             env["MILLWHEEL_LOG_READER"] = self.rng.choice(("driver", "spark"))
             self.readers[env["MILLWHEEL_LOG_READER"]] += 1
+            self.log(f"    driver {self.result.drivers + 1}: log reader {env['MILLWHEEL_LOG_READER']}")
         proc = inject.start_driver(self.root, self.data, *extra, env=env, log=log)
         self._logs[proc.pid] = log
         return proc
@@ -335,7 +336,12 @@ class Campaign:
         if self.disk is not None:
             self.disk.mount()
         try:
-            return self._run(plan, started)
+            result = self._run(plan, started)
+            if self.disk is not None and not result.report.clean:
+                # the evidence outlives the tmpfs: the run directory beside the drivers' logs
+                shutil.copytree(self.root, self.work / "run-kept", dirs_exist_ok=True)
+                self.log(f"  run directory kept at {self.work / 'run-kept'}")
+            return result
         finally:
             if self.disk is not None:
                 with contextlib.suppress(Exception):

@@ -134,6 +134,19 @@ class DriverLogReader(threading.Thread):
             raise RunError(msg)
         return entries[-1]
 
+    def _purge(self, below: int) -> None:
+        """Drop the log entries of batches before ``below``, as Spark purges its logs: no
+        restart needs them, and what is left is one run of batches (``millwheel check``
+        counts a published batch below the oldest entry as committed)."""
+        if below <= 0:
+            return
+        for log in (OFFSETS, COMMITS):
+            entries = self.checkpoint.child(log)
+            for name in entries.list():
+                number = name.removeprefix(".").removesuffix(".crc")
+                if number.isdigit() and int(number) < below:
+                    entries.child(name).delete()
+
     def _resume(self) -> tuple[int, dict[str, Any], dict[str, Any] | None]:
         """The next batch, where it starts, and where it ends if it is planned already (a
         batch planned and not committed before the last stop: re-run between the same offsets)."""
@@ -174,7 +187,5 @@ class DriverLogReader(threading.Thread):
         # published at once, not at the driver loop's next round: a driver starts its
         # computations' queries before its loop runs, and they may read this meanwhile
         self.outbox.publish_committed()
-        if n >= RETAIN:  # as Spark purges its logs: the entries no restart can need
-            for log in (OFFSETS, COMMITS):
-                self._entry(log, n - RETAIN).delete()
+        self._purge(n - RETAIN)
         return True
