@@ -372,8 +372,10 @@ class LogFileInjector(QueryInjector):
     def start(self) -> None:
         from millwheel.runtime._logfiles import FORMAT, keyer_options
 
-        if self.reader is not None and self.reader.is_alive():
-            return  # started before Spark was up (:meth:`SparkRuntime.start_readers`)
+        if self.reader is not None:
+            # started before Spark was up (:meth:`SparkRuntime.start_readers`); a failure
+            # of it meanwhile goes through :meth:`check` and the restart policy
+            return
         self._recover()
         self.waiting = self._nothing_to_read()
         if self.waiting:

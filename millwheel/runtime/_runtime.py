@@ -195,6 +195,10 @@ class SparkRuntime:
         if self._spark is not None and self._spark is not spark:
             msg = "this runtime already has a Spark session"
             raise MillwheelError(msg)
+        master = session_master(spark)
+        if master is not None and master != self.settings.master:
+            msg = f"this runtime was built for master {self.settings.master!r}, not the session's {master!r}"
+            raise MillwheelError(msg)
         self._spark = spark
 
     def start_readers(self) -> None:
@@ -349,7 +353,10 @@ class SparkRuntime:
         # log-file injector's start is mostly Python Data Source planning in worker processes,
         # a computation's the driver's plan; neither reads what the other writes
         # (docs/runtime.md, "Running")
-        injecting = _Starting(list(self.injectors.values()), self._progress)
+        injecting = _Starting(  # not those :meth:`start_readers` started
+            [i for i in self.injectors.values() if not getattr(i, "reading", False)],
+            self._progress,
+        )
         injecting.start()
         try:
             for name in self.order:

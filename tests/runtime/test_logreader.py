@@ -16,10 +16,11 @@ import os
 import random
 import time
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 
-from millwheel import DEAD_LETTER_STREAM, MAX_TIMESTAMP, LogFileSource
+from millwheel import DEAD_LETTER_STREAM, MAX_TIMESTAMP, LogFileSource, MillwheelError
 from millwheel._logfile import initial_offset, unread
 
 pytest.importorskip("pyspark.sql.datasource")
@@ -314,6 +315,9 @@ def test_the_driver_reads_before_spark_is_up(tmp_path, real_logs):
             time.sleep(0.02)
         assert rt._spark is None  # noqa: SLF001 - no session was made for it
         assert _published(rt.root) == _in_memory(source)
+        other = SimpleNamespace(sparkContext=SimpleNamespace(master="spark://h:7077"))
+        with pytest.raises(MillwheelError, match="built for master 'local\\[2\\]'"):
+            rt.use_session(other)  # the readers were chosen for this master
     finally:
         injector.stop()
     cluster = SparkRuntime(t, str(tmp_path / "other"), RuntimeSettings(master="spark://h:7077"))
