@@ -203,7 +203,7 @@ class Campaign:
             env["MILLWHEEL_LOG_READER"] = self.rng.choice(("driver", "spark"))
             self.readers[env["MILLWHEEL_LOG_READER"]] += 1
             self.log(
-                f"    driver {self.result.drivers + 1}: log reader {env['MILLWHEEL_LOG_READER']}"
+                f"    driver {self.result.drivers}: log reader {env['MILLWHEEL_LOG_READER']}"
             )
         proc = inject.start_driver(self.root, self.data, *extra, env=env, log=log)
         self._logs[proc.pid] = log

@@ -157,11 +157,13 @@ def committed_batches(root: Path | str, query: str) -> int:
     Every batch counts, a batch that read no input too: a driver that starts commits one or
     two for each computation (the ticks of its key intervals, heartbeats) even when nothing
     is left to read. :func:`consumed_inputs` counts only the progress that reads input.
+    The newest entry's number, not the number of entries: the commit log keeps only its last
+    ~100 (Spark's ``minBatchesToRetain``, and the driver's log reader as Spark does).
     """
     commits = Path(root) / "checkpoints" / query / "commits"
     if not commits.is_dir():
         return 0
-    return sum(1 for n in os.listdir(commits) if n.isdigit())
+    return max((int(n) + 1 for n in os.listdir(commits) if n.isdigit()), default=0)
 
 
 def consumed_inputs(root: Path | str, query: str) -> int:
