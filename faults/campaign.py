@@ -202,9 +202,7 @@ class Campaign:
         if self.injector == "spark":
             env["MILLWHEEL_LOG_READER"] = self.rng.choice(("driver", "spark"))
             self.readers[env["MILLWHEEL_LOG_READER"]] += 1
-            self.log(
-                f"    driver {self.result.drivers}: log reader {env['MILLWHEEL_LOG_READER']}"
-            )
+            self.log(f"    driver {self.result.drivers}: log reader {env['MILLWHEEL_LOG_READER']}")
         proc = inject.start_driver(self.root, self.data, *extra, env=env, log=log)
         self._logs[proc.pid] = log
         return proc
