@@ -33,6 +33,7 @@ formats — so a run directory may be resumed with either reader.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 import traceback
@@ -44,6 +45,7 @@ import pyarrow as pa
 from millwheel._errors import RunError
 from millwheel._logfile import initial_offset, plan_ranges
 from millwheel.runtime._fs import Location
+from millwheel.runtime._lease import FencedError
 from millwheel.runtime._logfiles import LogFileStreamReader, deal_ranges
 from millwheel.runtime._outbox import Outbox, StagedStreams, crash_point
 from millwheel.runtime._spark_internals import (
@@ -115,7 +117,7 @@ class DriverLogReader(threading.Thread):
                         self._halt.wait(self.poll_s)
                         continue
                     self.outbox.fence()
-                    self._entry(OFFSETS, n).write_text(offset_entry(end))
+                    self._plan(n, end)
                 if not self._run_batch(n, start, end):
                     return
                 start, end, n = end, None, n + 1
@@ -123,7 +125,31 @@ class DriverLogReader(threading.Thread):
             self.error = exc
             self.error_text = "".join(traceback.format_exception(exc))
 
-    def _entry(self, log: str, n: int) -> Location:
+    def _plan(self, n: int, end: dict[str, Any]) -> None:
+        """Write ``offsets/<n>`` unless it exists: as Spark's offset log, an entry is never
+        replaced (a driver paused between its fence check and this write, whose batch a newer
+        driver planned meanwhile, stops here instead of changing the committed offsets)."""
+        entry = self._entry(OFFSETS, n)
+        text = offset_entry(end)
+        if entry.local:
+            tmp = self._entry(OFFSETS, f".{n}.{uuid.uuid4().hex[:12]}.tmp")
+            tmp.write_text(text)
+            try:
+                os.link(tmp.path, entry.path)  # fails if the entry exists: never replaced
+                taken = False
+            except FileExistsError:
+                taken = True
+            finally:
+                tmp.delete()
+        else:  # elsewhere: a look, then the write (the lease's fence narrows the window)
+            taken = entry.exists()
+            if not taken:
+                entry.write_text(text)
+        if taken:
+            msg = f"{self.checkpoint.uri}: batch {n} was planned by another driver; this one stops"
+            raise FencedError(msg)
+
+    def _entry(self, log: str, n: int | str) -> Location:
         return self.checkpoint.child(log, str(n))
 
     def _offset(self, n: int) -> dict[str, Any]:

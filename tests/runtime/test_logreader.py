@@ -26,6 +26,7 @@ from millwheel._logfile import initial_offset, unread
 pytest.importorskip("pyspark.sql.datasource")
 from millwheel.runtime import _logreader  # noqa: E402
 from millwheel.runtime._fs import Location  # noqa: E402
+from millwheel.runtime._lease import FencedError  # noqa: E402
 from millwheel.runtime._logreader import DriverLogReader  # noqa: E402
 from millwheel.runtime._outbox import Outbox  # noqa: E402
 from millwheel.runtime._spark_internals import (  # noqa: E402
@@ -324,3 +325,24 @@ def test_the_driver_reads_before_spark_is_up(tmp_path, real_logs):
     assert cluster.injectors["logs"].reader_kind() == "spark"
     cluster.start_readers()  # nothing the driver reads: nothing started
     assert not cluster.injectors["logs"].reading and cluster._spark is None  # noqa: SLF001
+
+
+def test_a_batch_another_driver_planned_meanwhile_is_never_replaced(tmp_path, real_logs):
+    # a driver paused between its fence check and its plan's write, whose batch a newer
+    # driver planned meanwhile: it stops, and the newer driver's offsets stay
+    real_logs(tmp_path / "logs", events=500, files=1)
+    source = LogFileSource(tmp_path / "logs", id_field="id", ts_field="ts")
+    driver = _Driver(Location.of(str(tmp_path / "run")), source)
+    entry = driver.checkpoint.child(OFFSETS, "0")
+    plan = driver.reader.reader.latestOffset
+
+    def planned_meanwhile(start):
+        entry.write_text('v1\n{"batchWatermarkMs":0}\n{"newer": "driver"}')
+        return plan(start)
+
+    driver.reader.reader.latestOffset = planned_meanwhile
+    driver.reader.start()
+    driver.reader.join(timeout=60)
+    assert isinstance(driver.reader.error, FencedError), driver.reader.error_text
+    assert offset_log_entries(entry.read_text()) == [{"newer": "driver"}]
+    assert not committed_batches(driver.checkpoint)
