@@ -62,14 +62,39 @@ class Location:
         except (FileNotFoundError, OSError):
             return None
 
+    def _tmp(self) -> str:
+        """A hidden temporary file beside this one, of a name no other writer uses."""
+        parent, name = self.path.rsplit("/", 1)
+        return f"{parent}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
+
     def write_text(self, text: str) -> None:
         """Write atomically: a hidden temporary file, then a rename. The temporary file's
         name is unique, so two writers (a driver and its zombie) never rename each other's."""
-        parent, name = self.path.rsplit("/", 1)
-        tmp = f"{parent}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
+        tmp = self._tmp()
         with self.fs.open_output_stream(tmp) as f:
             f.write(text.encode())
         self.fs.move(tmp, self.path)
+
+    def write_new(self, text: str) -> bool:
+        """Write ``text`` here only if nothing is here yet (``False``: something was). On a
+        local disk a hidden temporary file is linked to the name, so the write is atomic and
+        exclusive; elsewhere a look, then :meth:`write_text` (the caller's fence narrows the
+        window between the two)."""
+        if not self.local:
+            if self.exists():
+                return False
+            self.write_text(text)
+            return True
+        tmp = self._tmp()
+        with open(tmp, "w") as f:
+            f.write(text)
+        try:
+            os.link(tmp, self.path)
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+        return True
 
     def move_to(self, dest: Location) -> None:
         self.fs.move(self.path, dest.path)

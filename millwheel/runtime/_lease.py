@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import os
 
-import pyarrow.fs as pafs
-
 from millwheel._errors import MillwheelError
 from millwheel.runtime._fs import Location
 
@@ -39,20 +37,12 @@ def _epochs(loc: Location) -> list[int]:
 
 
 def _create(loc: Location, epoch: int) -> bool:
-    """Create ``loc/<epoch>`` only if nobody has: ``O_EXCL`` on a local disk, create-then-list elsewhere."""
+    """Create ``loc/<epoch>`` only if nobody has (:meth:`Location.write_new`); elsewhere than
+    a local disk, also only if no higher epoch was created meanwhile."""
     target = loc.child(f"{epoch:012d}")
-    if isinstance(loc.fs, pafs.LocalFileSystem):
-        try:
-            fd = os.open(target.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{os.uname().nodename}:{os.getpid()}\n")
-        return True
-    if target.exists():
+    if not target.write_new(f"{os.uname().nodename}:{os.getpid()}\n"):
         return False
-    target.write_text(f"{os.uname().nodename}:{os.getpid()}\n")
-    return max(_epochs(loc), default=0) == epoch
+    return target.local or max(_epochs(loc), default=0) == epoch
 
 
 class DriverEpoch:

@@ -33,7 +33,6 @@ formats — so a run directory may be resumed with either reader.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import traceback
@@ -92,8 +91,6 @@ class DriverLogReader(threading.Thread):
         self._halt = threading.Event()
         self.error: BaseException | None = None
         self.error_text = ""
-        #: batches this reader committed
-        self.committed = 0
 
     def halt(self) -> None:
         """Stop after the part being read; a batch left uncommitted is re-run by the next start."""
@@ -129,27 +126,11 @@ class DriverLogReader(threading.Thread):
         """Write ``offsets/<n>`` unless it exists: as Spark's offset log, an entry is never
         replaced (a driver paused between its fence check and this write, whose batch a newer
         driver planned meanwhile, stops here instead of changing the committed offsets)."""
-        entry = self._entry(OFFSETS, n)
-        text = offset_entry(end)
-        if entry.local:
-            tmp = self._entry(OFFSETS, f".{n}.{uuid.uuid4().hex[:12]}.tmp")
-            tmp.write_text(text)
-            try:
-                os.link(tmp.path, entry.path)  # fails if the entry exists: never replaced
-                taken = False
-            except FileExistsError:
-                taken = True
-            finally:
-                tmp.delete()
-        else:  # elsewhere: a look, then the write (the lease's fence narrows the window)
-            taken = entry.exists()
-            if not taken:
-                entry.write_text(text)
-        if taken:
+        if not self._entry(OFFSETS, n).write_new(offset_entry(end)):
             msg = f"{self.checkpoint.uri}: batch {n} was planned by another driver; this one stops"
             raise FencedError(msg)
 
-    def _entry(self, log: str, n: int | str) -> Location:
+    def _entry(self, log: str, n: int) -> Location:
         return self.checkpoint.child(log, str(n))
 
     def _offset(self, n: int) -> dict[str, Any]:
@@ -204,12 +185,11 @@ class DriverLogReader(threading.Thread):
                 tables = [pa.Table.from_batches([b]) for b in self.reader.read_ranges(group)]
                 if tables:
                     staged.write(pa.concat_tables(tables, promote_options="default"))
-        has_data = any(n for stream, n in staged.rows.items() if stream != SUMMARY_STREAM)
+        has_data = any(rows for stream, rows in staged.rows.items() if stream != SUMMARY_STREAM)
         crash_point(name, "after_output", n, has_data)
         self.outbox.fence()  # a fenced reader commits nothing
         crash_point(name, "before_commit", n, has_data)
         self._entry(COMMITS, n).write_text(COMMIT_ENTRY)
-        self.committed += 1
         # published at once, not at the driver loop's next round: a driver starts its
         # computations' queries before its loop runs, and they may read this meanwhile
         self.outbox.publish_committed()

@@ -213,12 +213,7 @@ class SparkRuntime:
         ]
         if self.started or not early:
             return
-        self.claim()
-        self.root.child("tallies").mkdirs()
-        ship_user_code(self.topology)  # the keyer the readers pickle holds the user's extractors
-        for stream in self.topology.streams():
-            for producer in self.producers(stream):
-                self.streams.ensure(stream, producer)
+        self._prepare()  # the keyer the readers pickle holds the user's extractors
         self.driver_epoch.get()  # every lease is taken under it: drawn once, before the threads
         for injector in early:
             self._progress(f"injector {injector.name}")
@@ -303,6 +298,16 @@ class SparkRuntime:
         self.pipeline_id = pipeline_id(name, epoch)
         return self.pipeline_id
 
+    def _prepare(self) -> None:
+        """What a start does before Spark is needed (again at once if done before): claim the
+        run directory, ship the user's code, make every producer's stream directory."""
+        self.claim()
+        self.root.child("tallies").mkdirs()
+        ship_user_code(self.topology)
+        for stream in self.topology.streams():
+            for producer in self.producers(stream):
+                self.streams.ensure(stream, producer)
+
     def start(self) -> None:
         if self.started:
             return
@@ -315,12 +320,7 @@ class SparkRuntime:
             "register",
         )
         registering.start()
-        self.claim()
-        self.root.child("tallies").mkdirs()
-        ship_user_code(self.topology)
-        for stream in self.topology.streams():
-            for producer in self.producers(stream):
-                self.streams.ensure(stream, producer)
+        self._prepare()
         for sink in self.sinks:
             sink.start()
         # for the whole run: the file sources' logs take it on the queries' own threads
