@@ -13,10 +13,12 @@ a new life in the next (``_identity.call_life``).
 
 The columnar runner keeps that for every key at once (:class:`Runs`, :func:`run_in_order`).
 Keys are independent, so a call may take any keys whose runs see the same low watermark: a
-call per (the run's place among its key's runs, its low watermark) for the runs that are not
-their key's last, in that order, each followed by its keys' due timers
-(:func:`due_rounds`); then **one** call with every key's last run — for most batches all of
-their keys, whose records arrived under one watermark. Those first calls hold only the keys
+call per low watermark for the runs that are not their key's last, ascending, each followed
+by its keys' due timers (:func:`due_rounds`); then **one** call with every key's last run —
+for most batches all of their keys, whose records arrived under one watermark. A key's runs
+see strictly growing watermarks, so it has at most one run in a call and its runs keep their
+order; the calls are as many as the batch's arrival watermarks, not its keys times them
+(``bench/arrival_runs_bench.py``). Those first calls hold only the keys
 with records under several watermarks: they run on a store of those keys alone
 (:func:`carve`, :func:`put_back`), so what they cost follows those keys, not what the
 interval holds. A batch under one arrival watermark, the common case, has one run: none of
@@ -99,22 +101,20 @@ class Runs:
         pair_run = np.cumsum(start) - 1
         rk, rb = pk[start], bound[start]
         has_next = np.r_[rk[1:] == rk[:-1], False]
-        first = np.flatnonzero(np.r_[True, rk[1:] != rk[:-1]])
-        depth = np.arange(len(rk)) - np.repeat(first, np.diff(np.r_[first, len(rk)]))
-        # the calls: (depth, bound) of the runs that are not their key's last, ascending; then one
-        # call of every key's last run
+        # the calls: one per bound of the runs that are not their key's last, ascending; then
+        # one call of every key's last run. A key's runs see strictly growing bounds (arrival
+        # watermarks grow along them, and equal bounds were merged above), all below the
+        # batch's, so this order keeps each key's runs in order, one per call
         early = np.flatnonzero(has_next)
-        groups, early_group = np.unique(
-            np.stack([depth[early], rb[early]]), axis=1, return_inverse=True
-        )
-        run_group = np.full(len(rk), groups.shape[1], np.int64)
+        groups, early_group = np.unique(rb[early], return_inverse=True)
+        run_group = np.full(len(rk), len(groups), np.int64)
         run_group[early] = early_group.reshape(-1)
-        self._bounds = np.r_[groups[1], low_watermark].astype(np.int64)
+        self._bounds = np.r_[groups, low_watermark].astype(np.int64)
         # each call's rows in send order and its keys, cut once (a pass per call would cost
         # the batch's rows or runs each: quadratic in a batch of many arrival watermarks)
         row_group = run_group[pair_run[row_pair.reshape(-1)]][self.order]
         self._group_rows = _cut(self.order, row_group, len(self._bounds))
-        self._group_keys = _cut(rk[early], early_group.reshape(-1), groups.shape[1])
+        self._group_keys = _cut(rk[early], early_group.reshape(-1), len(groups))
         #: the keys with records in more than one call (ascending codes)
         self.complex_keys = np.unique(rk[early])
 
