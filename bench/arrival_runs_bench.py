@@ -8,7 +8,7 @@ stage) holds records that arrived under many low watermarks; under a batch water
 them the columnar runner takes them as the per-key step does, a call per run of one
 arrival watermark (``millwheel/_colruns.py``). This times one key interval's task on the
 Arrow mapping (``plans/arrow.IntervalTask``, in process) over ``--records`` records of
-``--keys`` keys in ``F`` files (each file's records a second of event time, ``--disorder-ms``
+``--keys`` keys (``--skew``) in ``F`` files (each file's records a second of event time, ``--disorder-ms``
 out of order, sent under the watermark before the file, as a log injector sends them),
 with ``ColumnarWindowCounter`` as the main job runs it (1 s windows, 10 trailing empty
 ones), under the watermark before the records (one call, nothing fires) and under +inf
@@ -51,6 +51,7 @@ from millwheel.runtime._fs import Location
 from millwheel.runtime.plans.arrow import BatchPlan, IntervalTask, out_arrow_schema
 
 n, files, keys, disorder = (int(a) for a in sys.argv[1:5])
+skew = float(sys.argv[5])
 t = Topology("bench")
 t.injector("q", SampleSource([]))
 t.computation(ColumnarWindowCounter, name="C", inputs={"q": lambda r: r.value}, outputs=["window_counts"],
@@ -63,7 +64,7 @@ ids, names, ks, ts, wm = [], [], [], [], []
 for f in range(files):
     for i in range(per):
         ids.append(f"r{f}-{i}")
-        names.append(f"k{rng.randrange(keys)}")
+        names.append(f"k{int(keys * rng.random() ** skew)}")
         ks.append(encode_key(names[-1]))
         ts.append(t0 + f * 1000 + rng.randrange(-disorder, 1000))
         wm.append(t0 + f * 1000 - disorder if f else None)
@@ -101,10 +102,10 @@ print(json.dumps(out))
 """
 
 
-def one_pass(checkout: Path, n: int, files: int, keys: int, disorder: int) -> dict:
+def one_pass(checkout: Path, n: int, files: int, keys: int, disorder: int, skew: float) -> dict:
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     done = subprocess.run(
-        [sys.executable, "-c", PASS, str(n), str(files), str(keys), str(disorder)],
+        [sys.executable, "-c", PASS, str(n), str(files), str(keys), str(disorder), str(skew)],
         env=env,
         cwd=checkout,  # ``python -c`` puts the working directory first on sys.path
         capture_output=True,
@@ -125,6 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--files", default="1,24,241", help="arrival watermarks (files) per batch")
     p.add_argument("--keys", type=int, default=1_000)
     p.add_argument("--disorder-ms", type=int, default=3_000)
+    p.add_argument(
+        "--skew",
+        type=float,
+        default=1.0,
+        help="key k drawn as keys * U**skew: 1 uniform (every key in every file), above 1 a few "
+        "popular keys and many rare ones, as in query logs (a key's records in some files only)",
+    )
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -135,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.reps):
             for name, checkout in checkouts.items():
                 runs[name].append(
-                    one_pass(checkout, args.records, files, args.keys, args.disorder_ms)
+                    one_pass(checkout, args.records, files, args.keys, args.disorder_ms, args.skew)
                 )
         for name, passes in runs.items():
             row = {
@@ -164,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         "records": args.records,
         "keys": args.keys,
         "disorder_ms": args.disorder_ms,
+        "skew": args.skew,
         "reps": args.reps,
         "rows": rows,
     }
