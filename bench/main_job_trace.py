@@ -3,8 +3,10 @@
 Runs ``millwheel run topologies/zeitgeist --checkpoint RUN_DIR`` in this process and, as
 the run stops, prints a timeline in seconds from this script's start: every micro-batch of
 every query (start, duration, input rows, the watermark it ran under, the phases over
-50 ms, from the queries' ``recentProgress``), every heartbeat file the driver wrote
-(computation, watermark, ticks), and when each stream log got its first file. This is how
+50 ms, from the queries' ``recentProgress``), every Spark job (from the UI's REST API:
+its span, its query and task seconds), the runtime's start, the Python workers' warm-up
+and each query's start, every heartbeat file the driver wrote (computation, watermark,
+ticks), and when each stream log got its first file. This is how
 ``docs/performance.md`` ("The main job") follows where the seconds before the first anomaly
 go; ``bench/main_job_bench.py`` gives the wall times side by side. Take the Spark lock
 around it (``flock /tmp/millwheel-spark.lock python bench/main_job_trace.py ...``).
@@ -15,6 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -70,6 +73,51 @@ def _first_files(root: str) -> list[str]:
     return out
 
 
+def _jobs(rt: Any) -> list[tuple[float, str]]:
+    """Every Spark job of the run from the UI's REST API (none without the UI): its start
+    and end, which query's batch ran it, its stages' task time."""
+    import json
+    import urllib.request
+
+    sc = rt.spark.sparkContext
+    url = sc.uiWebUrl
+    if not url:
+        return []
+    base = f"{url}/api/v1/applications/{sc.applicationId}"
+
+    def get(path: str) -> Any:
+        with urllib.request.urlopen(f"{base}/{path}", timeout=10) as r:  # noqa: S310 - the local UI
+            return json.load(r)
+
+    def at(stamp: str) -> float:
+        return (
+            datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%f%Z")
+            .replace(tzinfo=timezone.utc)
+            .timestamp()
+            - T0
+        )
+
+    stages = {s["stageId"]: s for s in get("stages")}
+    rows = []
+    for job in get("jobs"):
+        if "submissionTime" not in job or "completionTime" not in job:
+            continue
+        start, end = at(job["submissionTime"]), at(job["completionTime"])
+        task_s = sum(
+            stages[i].get("executorRunTime", 0) for i in job.get("stageIds", ()) if i in stages
+        )
+        what = (job.get("description") or job.get("name") or "")[:60].replace("\n", " ")
+        rows.append(
+            (
+                start,
+                f"{start:6.2f} +{end - start:5.2f} -> {end:6.2f}   job {job['jobId']:>3} "
+                f"{len(job.get('stageIds', ()))} stage(s) {job.get('numTasks', 0)} tasks "
+                f"{task_s / 1000:.2f} task-s  {what}",
+            )
+        )
+    return rows
+
+
 def main(argv: list[str]) -> int:
     from millwheel.runtime import _query, _runtime
 
@@ -92,7 +140,7 @@ def main(argv: list[str]) -> int:
         write_heartbeat(self, wm, ticks, *rest, **kw)
 
     def traced_stop(self: Any) -> None:
-        lines = [line for _, line in sorted(_batches(self) + heartbeats)]
+        lines = [line for _, line in sorted(_batches(self) + heartbeats + _jobs(self))]
         print(
             "\n".join(
                 [
@@ -107,6 +155,26 @@ def main(argv: list[str]) -> int:
         )
         stop(self)
 
+    def spans(owner: Any, attr: str, label: Callable[[tuple[Any, ...]], str]) -> None:
+        """``owner.attr`` timed: a line when it starts, with how long it took."""
+        inner = getattr(owner, attr)
+
+        def timed(*args: Any, **kw: Any) -> Any:
+            start = time.time() - T0
+            try:
+                return inner(*args, **kw)
+            finally:
+                end = time.time() - T0
+                heartbeats.append(
+                    (start, f"{start:6.2f} +{end - start:5.2f} -> {end:6.2f}   {label(args)}")
+                )
+
+        setattr(owner, attr, timed)
+
+    spans(_runtime.SparkRuntime, "start", lambda a: "runtime start")
+    spans(_runtime.SparkRuntime, "use_session", lambda a: "Spark session handed over")
+    spans(_runtime, "warm_python_workers", lambda a: "warming the Python workers")
+    spans(_query.ComputationQuery, "start", lambda a: f"query start {a[0].name}")
     _query.ComputationQuery._write_heartbeat = traced_heartbeat  # type: ignore[method-assign]
     _runtime.SparkRuntime.stop = traced_stop  # type: ignore[method-assign]
     from millwheel.cli import main as millwheel
