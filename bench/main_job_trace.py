@@ -24,6 +24,11 @@ from typing import Any
 T0 = time.time()
 
 
+def _since_start(stamp: str, fmt: str) -> float:
+    """Seconds from this script's start to a UTC time stamp Spark wrote in ``fmt``."""
+    return datetime.strptime(stamp, fmt).replace(tzinfo=timezone.utc).timestamp() - T0
+
+
 def _batches(rt: Any) -> list[tuple[float, str]]:
     queries = [(n, c.query) for n, c in rt.computations.items()] + [
         (n, i.query) for n, i in rt.injectors.items()
@@ -33,12 +38,7 @@ def _batches(rt: Any) -> list[tuple[float, str]]:
         for p in [] if q is None else q.recentProgress:
             if not p["numInputRows"] and not p["durationMs"].get("addBatch"):
                 continue  # a trigger that found nothing to run
-            at = (
-                datetime.strptime(p["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ")
-                .replace(tzinfo=timezone.utc)
-                .timestamp()
-                - T0
-            )
+            at = _since_start(p["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ")
             took = p["durationMs"].get("triggerExecution", 0) / 1000
             phases = {
                 k: v for k, v in p["durationMs"].items() if v > 50 and k != "triggerExecution"
@@ -89,20 +89,15 @@ def _jobs(rt: Any) -> list[tuple[float, str]]:
         with urllib.request.urlopen(f"{base}/{path}", timeout=10) as r:  # noqa: S310 - the local UI
             return json.load(r)
 
-    def at(stamp: str) -> float:
-        return (
-            datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%f%Z")
-            .replace(tzinfo=timezone.utc)
-            .timestamp()
-            - T0
-        )
-
     stages = {s["stageId"]: s for s in get("stages")}
     rows = []
     for job in get("jobs"):
         if "submissionTime" not in job or "completionTime" not in job:
             continue
-        start, end = at(job["submissionTime"]), at(job["completionTime"])
+        start, end = (
+            _since_start(job[k], "%Y-%m-%dT%H:%M:%S.%f%Z")
+            for k in ("submissionTime", "completionTime")
+        )
         task_s = sum(
             stages[i].get("executorRunTime", 0) for i in job.get("stageIds", ()) if i in stages
         )
@@ -122,7 +117,7 @@ def main(argv: list[str]) -> int:
     from millwheel.runtime import _query, _runtime
 
     run_dir, options = argv[0], argv[1:]
-    heartbeats: list[tuple[float, str]] = []
+    marks: list[tuple[float, str]] = []  # heartbeats written, spans timed
     write_heartbeat, stop = _query.ComputationQuery._write_heartbeat, _runtime.SparkRuntime.stop
 
     def traced_heartbeat(
@@ -131,7 +126,7 @@ def main(argv: list[str]) -> int:
         # rest: the intervals it is addressed to and the newest batch it counts (``_query.py``)
         at = time.time() - T0
         to = len(rest[0]) if rest else len(kw.get("to", ()))
-        heartbeats.append(
+        marks.append(
             (
                 at,
                 f"{at:6.2f} heartbeat {self.name:>16} #{self._hb_seq} wm={wm} ticks={len(ticks)} to={to}",
@@ -140,7 +135,7 @@ def main(argv: list[str]) -> int:
         write_heartbeat(self, wm, ticks, *rest, **kw)
 
     def traced_stop(self: Any) -> None:
-        lines = [line for _, line in sorted(_batches(self) + heartbeats + _jobs(self))]
+        lines = [line for _, line in sorted(_batches(self) + marks + _jobs(self))]
         print(
             "\n".join(
                 [
@@ -165,7 +160,7 @@ def main(argv: list[str]) -> int:
                 return inner(*args, **kw)
             finally:
                 end = time.time() - T0
-                heartbeats.append(
+                marks.append(
                     (start, f"{start:6.2f} +{end - start:5.2f} -> {end:6.2f}   {label(args)}")
                 )
 

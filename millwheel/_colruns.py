@@ -108,13 +108,13 @@ class Runs:
         early = np.flatnonzero(has_next)
         groups, early_group = np.unique(rb[early], return_inverse=True)
         run_group = np.full(len(rk), len(groups), np.int64)
-        run_group[early] = early_group.reshape(-1)
+        run_group[early] = early_group
         self._bounds = np.r_[groups, low_watermark].astype(np.int64)
         # each call's rows in send order and its keys, cut once (a pass per call would cost
         # the batch's rows or runs each: quadratic in a batch of many arrival watermarks)
         row_group = run_group[pair_run[row_pair.reshape(-1)]][self.order]
         self._group_rows = _cut(self.order, row_group, len(self._bounds))
-        self._group_keys = _cut(rk[early], early_group.reshape(-1), len(groups))
+        self._group_keys = _cut(rk[early], early_group, len(groups))
         #: the keys with records in more than one call (ascending codes)
         self.complex_keys = np.unique(rk[early])
 
